@@ -1,0 +1,18 @@
+.PHONY: install test demo bench lint clean-state
+
+PY := .venv/bin/python
+
+install:
+	bash scripts/install.sh
+
+test: install
+	$(PY) -m pytest -q -ra tests
+
+demo: install
+	$(PY) examples/fanout_demo.py
+
+bench: install
+	$(PY) benchmarks/run.py $(if $(QUICK),--quick,)
+
+lint:
+	$(PY) -m ruff check src tests benchmarks examples

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs everything corral needs on a fresh Debian 12 machine (run as root):
+# Debian packages, a virtualenv with corral and its dev extras, and the default image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make iproute2 util-linux procps)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+    for cand in python3.11 python3; do
+        if command -v "$cand" >/dev/null 2>&1; then PY="$cand"; break; fi
+    done
+fi
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+stamp=".venv/.corral-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e ".[dev]"
+    touch "$stamp"
+fi
+
+# Build (or reuse the cached) default image and agent binary.
+.venv/bin/python -m corral.runtime.prepare
