@@ -1,0 +1,148 @@
+"""The one exception tree of corral, shared by the runtime, the server and the SDK.
+
+Every error carries a stable ``code`` (the wire format's ``error.code``), a message
+that says what failed and what to do, and a ``details`` dict. Errors that a caller
+would naturally catch as a builtin also inherit it::
+
+    CorralError
+    ├── InvalidArgument (ValueError)          400 invalid_argument
+    │   └── PathOutsideSandbox                400 path_outside_sandbox
+    ├── Unauthorized (PermissionError)        401 unauthorized
+    ├── NotFound (LookupError)                404 not_found
+    │   ├── SandboxNotFound                   404 sandbox_not_found
+    │   └── ImageNotFound                     404 image_not_found
+    ├── FileError (OSError)                   409 file_error
+    │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
+    │   └── FileTooLarge                      413 file_too_large
+    ├── InvalidState                          409 invalid_state
+    ├── CapacityExceeded                      503 capacity_exceeded
+    ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
+    ├── ExecTimeout (TimeoutError)            408 exec_timeout
+    ├── SandboxLost                           410 sandbox_lost
+    ├── SandboxStartError                     500 sandbox_start_failed
+    ├── Unsupported                           501 unsupported
+    ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
+    └── InternalError                         500 internal
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CorralError(Exception):
+    """Base of every corral error."""
+
+    code: str = "internal"
+    status: int = 500
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = dict(details or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    def __reduce__(self):  # keep errors picklable (futures, multiprocessing)
+        return (_rebuild, (type(self), self.message, self.details))
+
+
+def _rebuild(cls: type[CorralError], message: str, details: dict[str, Any]) -> CorralError:
+    return cls(message, details=details)
+
+
+class InvalidArgument(CorralError, ValueError):
+    code, status = "invalid_argument", 400
+
+
+class PathOutsideSandbox(InvalidArgument):
+    code, status = "path_outside_sandbox", 400
+
+
+class Unauthorized(CorralError, PermissionError):
+    code, status = "unauthorized", 401
+
+
+class NotFound(CorralError, LookupError):
+    code, status = "not_found", 404
+
+
+class SandboxNotFound(NotFound):
+    code, status = "sandbox_not_found", 404
+
+
+class ImageNotFound(NotFound):
+    code, status = "image_not_found", 404
+
+
+class FileError(CorralError, OSError):
+    code, status = "file_error", 409
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        CorralError.__init__(self, message, details=details)
+        self.errno = self.details.get("errno")
+        self.strerror = message
+        self.filename = self.details.get("path")
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class FileNotFound(FileError, FileNotFoundError):
+    code, status = "file_not_found", 404
+
+
+class FileTooLarge(FileError):
+    code, status = "file_too_large", 413
+
+
+class InvalidState(CorralError):
+    code, status = "invalid_state", 409
+
+
+class CapacityExceeded(CorralError):
+    code, status = "capacity_exceeded", 503
+
+
+class SandboxTimeout(CorralError, TimeoutError):
+    code, status = "sandbox_timeout", 408
+
+
+class ExecTimeout(CorralError, TimeoutError):
+    code, status = "exec_timeout", 408
+
+
+class SandboxLost(CorralError):
+    code, status = "sandbox_lost", 410
+
+
+class SandboxStartError(CorralError):
+    code, status = "sandbox_start_failed", 500
+
+
+class Unsupported(CorralError):
+    code, status = "unsupported", 501
+
+
+class DaemonUnavailable(CorralError, ConnectionError):
+    code, status = "daemon_unavailable", 503
+
+
+class InternalError(CorralError):
+    code, status = "internal", 500
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_from_dict(payload: dict[str, Any]) -> CorralError:
+    """Rebuild the typed error a server sent as ``{"code", "message", "details"}``."""
+    by_code = {c.code: c for c in [CorralError, *_all_subclasses(CorralError)]}
+    cls = by_code.get(payload.get("code", ""), CorralError)
+    return cls(payload.get("message", "unknown error"), details=payload.get("details") or {})

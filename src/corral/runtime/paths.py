@@ -1,0 +1,73 @@
+"""Where the engine keeps things on the host.
+
+Environment variables (read only here):
+- ``CORRAL_STATE_DIR``: registry, per-sandbox mounts (default ``/var/lib/corral``).
+- ``CORRAL_CACHE_DIR``: built images and the compiled agent, shared by every engine on
+  the host (default ``/var/cache/corral``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_STATE_DIR = "/var/lib/corral"
+DEFAULT_CACHE_DIR = "/var/cache/corral"
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("CORRAL_STATE_DIR", DEFAULT_STATE_DIR))
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("CORRAL_CACHE_DIR", DEFAULT_CACHE_DIR))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The directory layout of one engine (one state directory)."""
+
+    state_dir: Path
+    cache_dir: Path
+
+    @classmethod
+    def create(cls, state_dir: Path | None = None, cache_dir: Path | None = None) -> "Layout":
+        layout = cls(
+            Path(state_dir or default_state_dir()).absolute(),
+            Path(cache_dir or default_cache_dir()).absolute(),
+        )
+        for d in (layout.state_dir, layout.sandboxes_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            # Traversable but not listable by the unprivileged sandbox uids: bwrap, run
+            # as the sandbox's host uid, must reach its own root directory by path.
+            os.chmod(d, 0o711)
+        layout.images_dir.mkdir(parents=True, exist_ok=True)
+        layout.bin_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(layout.cache_dir, 0o755)
+        return layout
+
+    @property
+    def registry_path(self) -> Path:
+        return self.state_dir / "registry.db"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.state_dir / "sandboxes"
+
+    def sandbox_dir(self, sandbox_id: str) -> Path:
+        return self.sandboxes_dir / sandbox_id
+
+    @property
+    def images_dir(self) -> Path:
+        return self.cache_dir / "images"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.cache_dir / "bin"
+
+    @property
+    def engine_key(self) -> str:
+        """A short name unique to this state directory, used to name its cgroups."""
+        return "e" + hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
