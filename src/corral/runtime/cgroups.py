@@ -1,0 +1,462 @@
+"""Resource limits for sandboxes: cgroup v1 and v2 behind one interface.
+
+:func:`detect` picks the hierarchy at run time: cgroup v2 when a ``cgroup2`` mount
+offers the ``cpu``, ``memory`` and ``pids`` controllers (a pure v2 host, or a hybrid
+whose ``unified`` mount has them), else cgroup v1 when the ``memory``, ``pids``,
+``cpu`` and ``freezer`` controllers are mounted. Groups are always made under each
+hierarchy's root mount, wherever the calling process itself sits::
+
+    driver = detect()
+    group = driver.create("corral/e1234/sb-abc", cpus=1.0, memory_mb=512, pids=256)
+    # the launcher joins with `echo $$ > F` for F in group.procs_files(), then execs
+    group.remove()  # kills whatever is left, then removes the group
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from corral import errors
+
+__all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect"]
+
+CFS_PERIOD_US = 100_000
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+V1_OPTIONAL_CONTROLLERS = ("cpuacct",)
+V2_CONTROLLERS = ("cpu", "memory", "pids")
+MOUNTINFO = "/proc/self/mountinfo"
+_POLL_S = 0.001
+
+
+class CgroupError(errors.InternalError):
+    """A cgroup operation failed (a limit could not be set, a group would not empty)."""
+
+
+@contextmanager
+def _translated(what: str, path: Path) -> Iterator[None]:
+    """The one place where an ``OSError`` on a cgroup file becomes a :class:`CgroupError`."""
+    try:
+        yield
+    except OSError as exc:
+        details = {"path": str(path), "errno": exc.errno}
+        raise CgroupError(f"cannot {what} {path}: {exc.strerror}", details=details) from exc
+
+
+def _write(path: Path, value: str) -> None:
+    # No O_CREAT: a missing control file means the kernel lacks the feature, and
+    # that must fail loudly instead of leaving a stray regular file.
+    with _translated(f"write {value!r} to", path):
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+
+def _read(path: Path) -> str:
+    with _translated("read", path):
+        return path.read_text()
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    """Parse a flat-keyed file such as ``cpu.stat`` or ``memory.events``."""
+    out = {}
+    for line in _read(path).splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            out[key] = int(value)
+    return out
+
+
+def _sigkill(pids: Iterable[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _child_names(dirs: Iterable[Path]) -> list[str]:
+    # In every version each subdirectory of a group is a child group.
+    return sorted({c.name for d in set(dirs) if d.is_dir() for c in d.iterdir() if c.is_dir()})
+
+
+def _quota_us(cpus: float) -> int:
+    return max(1000, round(cpus * CFS_PERIOD_US))  # the kernel refuses quotas under 1 ms
+
+
+def _check_path(path: str) -> str:
+    parts = path.strip("/").split("/")
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise errors.InvalidArgument(
+            f"invalid cgroup path {path!r}: use a relative path like 'corral/e1/sb-abc'"
+        )
+    return path
+
+
+def _check_limits(cpus: float, memory_mb: int, pids: int) -> None:
+    if not cpus > 0 or memory_mb <= 0 or pids <= 0:
+        raise errors.InvalidArgument(
+            f"cgroup limits must be positive (cpus={cpus}, memory_mb={memory_mb}, pids={pids})"
+        )
+
+
+class Cgroup:
+    """One sandbox's group, present in one directory per hierarchy.
+
+    Build it with :meth:`CgroupDriver.create` or :meth:`CgroupDriver.open`.
+    """
+
+    def __init__(self, path: str, dirs: dict[str, Path]) -> None:
+        self.path = path
+        self._dirs = dirs  # controller (or "" on v2) -> directory
+
+    def _hierarchies(self) -> list[Path]:
+        return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
+
+    def procs_files(self) -> list[str]:
+        """The ``cgroup.procs`` files a process writes its pid to, to join every hierarchy."""
+        return [str(d / "cgroup.procs") for d in self._hierarchies()]
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` into this group in every hierarchy."""
+        for procs in self.procs_files():
+            _write(Path(procs), str(pid))
+
+    def pids(self) -> list[int]:
+        """Every process in the group, in any hierarchy (a crash mid-join leaves some in one)."""
+        found: set[int] = set()
+        for procs in self.procs_files():
+            try:
+                found.update(int(line) for line in Path(procs).read_text().split())
+            except FileNotFoundError:
+                continue
+        return sorted(found)
+
+    def freeze(self, timeout: float = 5.0) -> None:
+        """Stop every process in the group; return once they are all stopped."""
+        raise NotImplementedError
+
+    def thaw(self) -> None:
+        """Let the processes of a frozen group run again."""
+        raise NotImplementedError
+
+    def frozen(self) -> bool:
+        """Whether the group is completely frozen."""
+        raise NotImplementedError
+
+    def _wait_frozen(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.frozen():
+            if time.monotonic() > deadline:
+                raise CgroupError(f"cgroup {self.path} did not freeze within {timeout}s")
+            time.sleep(_POLL_S)
+
+    def _kill_frozen(self) -> None:
+        try:
+            self.freeze()
+        except CgroupError:
+            pass  # a task stuck in D state keeps it FREEZING; kill what we can anyway
+        # Frozen tasks cannot exit or fork, so the pids read now stay valid and complete.
+        _sigkill(self.pids())
+        try:
+            self.thaw()  # v1: a frozen task acts on SIGKILL only once it runs again
+        except CgroupError:
+            pass  # not in the freezer hierarchy (half-made group): nothing was frozen
+
+    def _start_kill(self) -> None:
+        self._kill_frozen()
+
+    def kill_all(self, timeout: float = 5.0) -> None:
+        """SIGKILL every process in the group and wait until the group is empty."""
+        self._start_kill()
+        deadline = time.monotonic() + timeout
+        while left := self.pids():
+            if time.monotonic() > deadline:
+                raise CgroupError(
+                    f"cgroup {self.path} still has processes {left} after {timeout}s of SIGKILL",
+                    details={"pids": left},
+                )
+            _sigkill(left)  # stragglers that joined only some hierarchies were not frozen
+            time.sleep(_POLL_S * 10)
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has killed in this group."""
+        raise NotImplementedError
+
+    def memory_bytes(self) -> int:
+        """Current memory use of the group, in bytes."""
+        raise NotImplementedError
+
+    def memory_peak_bytes(self) -> int:
+        """Highest memory use of the group, in bytes (current use if the kernel has no peak)."""
+        raise NotImplementedError
+
+    def cpu_seconds(self) -> float:
+        """CPU time used by every process that ever ran in the group, in seconds."""
+        raise NotImplementedError
+
+    def remove(self) -> None:
+        """Kill every process, then remove the group and its child groups; idempotent."""
+        for name in _child_names(self._hierarchies()):
+            child = {k: d / name for k, d in self._dirs.items()}
+            type(self)(f"{self.path}/{name}", child).remove()
+        if any(d.is_dir() for d in self._hierarchies()):
+            self.kill_all()
+        for d in self._hierarchies():
+            _rmdir(d)
+
+
+def _rmdir(d: Path, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    with _translated("remove cgroup", d):
+        while True:
+            try:
+                return d.rmdir()
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                # EBUSY just after the last task died: the kernel lets go asynchronously.
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+            time.sleep(_POLL_S * 10)
+
+
+class CgroupV1(Cgroup):
+    """A group on cgroup v1: one directory per controller hierarchy."""
+
+    def freeze(self, timeout: float = 5.0) -> None:
+        _write(self._dirs["freezer"] / "freezer.state", "FROZEN")
+        self._wait_frozen(timeout)  # the state goes through FREEZING first
+
+    def thaw(self) -> None:
+        _write(self._dirs["freezer"] / "freezer.state", "THAWED")
+
+    def frozen(self) -> bool:
+        return _read(self._dirs["freezer"] / "freezer.state").strip() == "FROZEN"
+
+    def oom_kills(self) -> int:
+        # The "oom_kill" line of memory.oom_control exists since Linux 4.13; older
+        # kernels do not count kills at all.
+        return _keyed(self._dirs["memory"] / "memory.oom_control").get("oom_kill", 0)
+
+    def memory_bytes(self) -> int:
+        return int(_read(self._dirs["memory"] / "memory.usage_in_bytes"))
+
+    def memory_peak_bytes(self) -> int:
+        return int(_read(self._dirs["memory"] / "memory.max_usage_in_bytes"))
+
+    def cpu_seconds(self) -> float:
+        if "cpuacct" in self._dirs:
+            return int(_read(self._dirs["cpuacct"] / "cpuacct.usage")) / 1e9
+        stat = _keyed(self._dirs["cpu"] / "cpu.stat")
+        if "usage_usec" not in stat:
+            raise CgroupError("cannot measure CPU time: cpuacct is not mounted")
+        return stat["usage_usec"] / 1e6
+
+
+class CgroupV2(Cgroup):
+    """A group on cgroup v2: one directory in the unified hierarchy."""
+
+    @property
+    def _dir(self) -> Path:
+        return self._dirs[""]
+
+    def freeze(self, timeout: float = 5.0) -> None:
+        _write(self._dir / "cgroup.freeze", "1")
+        self._wait_frozen(timeout)
+
+    def thaw(self) -> None:
+        _write(self._dir / "cgroup.freeze", "0")
+
+    def frozen(self) -> bool:
+        return _keyed(self._dir / "cgroup.events").get("frozen") == 1
+
+    def _start_kill(self) -> None:
+        # cgroup.kill (Linux 5.14) kills the whole subtree atomically, forks included.
+        if (self._dir / "cgroup.kill").exists():
+            _write(self._dir / "cgroup.kill", "1")
+        else:
+            self._kill_frozen()
+
+    def oom_kills(self) -> int:
+        return _keyed(self._dir / "memory.events").get("oom_kill", 0)
+
+    def memory_bytes(self) -> int:
+        return int(_read(self._dir / "memory.current"))
+
+    def memory_peak_bytes(self) -> int:
+        peak = self._dir / "memory.peak"  # Linux 5.19
+        return int(_read(peak)) if peak.exists() else self.memory_bytes()
+
+    def cpu_seconds(self) -> float:
+        return _keyed(self._dir / "cpu.stat")["usage_usec"] / 1e6
+
+
+class CgroupDriver:
+    """Creates and finds groups on one cgroup version. Get one from :func:`detect`."""
+
+    version: int
+    _group_type: type[Cgroup]
+
+    def _roots(self) -> dict[str, Path]:
+        """Controller (or "" on v2) -> root directory of its hierarchy."""
+        raise NotImplementedError
+
+    def _dirs(self, path: str) -> dict[str, Path]:
+        return {k: root / _check_path(path) for k, root in self._roots().items()}
+
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+        raise NotImplementedError
+
+    def _prepare_parent(self, parent: Path) -> None:
+        """Called on the parent of every directory on the way to a group, root first."""
+
+    def create(self, path: str, *, cpus: float, memory_mb: int, pids: int) -> Cgroup:
+        """Make group ``path`` (and missing parents) in every hierarchy and set its limits.
+
+        ``cpus`` becomes a CFS quota of ``cpus * 100 ms`` per 100 ms, ``memory_mb`` a
+        hard memory limit with no swap, ``pids`` a cap on tasks. On failure whatever
+        this call created is removed again.
+        """
+        _check_limits(cpus, memory_mb, pids)
+        dirs = self._dirs(path)
+        made: list[Path] = []
+        try:
+            for d, root in {d: self._roots()[k] for k, d in dirs.items()}.items():
+                rel = d.relative_to(root)
+                for here in [root / step for step in (*reversed(rel.parents[:-1]), rel)]:
+                    self._prepare_parent(here.parent)
+                    if not here.is_dir():
+                        with _translated("create cgroup", here):
+                            here.mkdir()
+                        made.append(here)
+            group = self._group_type(path, dirs)
+            self._set_limits(group, cpus, memory_mb, pids)
+        except BaseException:
+            for d in reversed(made):
+                with suppress(OSError):
+                    d.rmdir()
+            raise
+        return group
+
+    def open(self, path: str) -> Cgroup:
+        """The existing group ``path``; :class:`~corral.errors.NotFound` if it is nowhere."""
+        dirs = self._dirs(path)
+        if not any(d.is_dir() for d in dirs.values()):
+            raise errors.NotFound(f"cgroup {path} does not exist (cgroup v{self.version})")
+        return self._group_type(path, dirs)
+
+    def children(self, parent: str) -> list[str]:
+        """Names of the child groups of ``parent`` found in any hierarchy."""
+        return _child_names(self._dirs(parent).values())
+
+
+class CgroupV1Driver(CgroupDriver):
+    """cgroup v1: ``mounts`` maps each controller to its hierarchy's mount point."""
+
+    version = 1
+    _group_type = CgroupV1
+
+    def __init__(self, mounts: dict[str, Path]) -> None:
+        missing = [c for c in V1_CONTROLLERS if c not in mounts]
+        if missing:
+            raise errors.Unsupported(f"cgroup v1 controllers not mounted: {', '.join(missing)}")
+        wanted = V1_CONTROLLERS + V1_OPTIONAL_CONTROLLERS
+        self.mounts = {c: Path(m) for c, m in mounts.items() if c in wanted}
+
+    def _roots(self) -> dict[str, Path]:
+        return self.mounts
+
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+        cpu, memory = group._dirs["cpu"], group._dirs["memory"]
+        _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
+        _write(memory / "memory.limit_in_bytes", str(memory_mb << 20))
+        # memsw (memory + swap) must be >= the memory limit, so it is set second; it
+        # exists only when swap accounting is on, and without it there is no swap cap.
+        if (memory / "memory.memsw.limit_in_bytes").exists():
+            _write(memory / "memory.memsw.limit_in_bytes", str(memory_mb << 20))
+        _write(group._dirs["pids"] / "pids.max", str(pids))
+
+
+class CgroupV2Driver(CgroupDriver):
+    """cgroup v2: ``root`` is the mount point of the ``cgroup2`` hierarchy."""
+
+    version = 2
+    _group_type = CgroupV2
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _roots(self) -> dict[str, Path]:
+        return {"": self.root}
+
+    def _prepare_parent(self, parent: Path) -> None:
+        # A child only gets the controllers its parent delegates in subtree_control.
+        enabled = _read(parent / "cgroup.subtree_control").split()
+        if any(c not in enabled for c in V2_CONTROLLERS):
+            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in V2_CONTROLLERS))
+
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+        d = group._dirs[""]
+        _write(d / "cpu.max", f"{_quota_us(cpus)} {CFS_PERIOD_US}")
+        _write(d / "memory.max", str(memory_mb << 20))
+        if (d / "memory.swap.max").exists():  # absent without swap accounting
+            _write(d / "memory.swap.max", "0")
+        _write(d / "pids.max", str(pids))
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], list[Path]]:
+    """(v1 controller -> mount point, cgroup2 mount points) from a mountinfo file."""
+    v1: dict[str, Path] = {}
+    v2: list[Path] = []
+    for line in Path(mountinfo).read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        mount_point = Path(_unescape(fields[4]))
+        if tail[0] == "cgroup2":
+            v2.append(mount_point)
+        elif tail[0] == "cgroup":
+            for option in tail[2].split(","):
+                v1.setdefault(option, mount_point)
+    return v1, v2
+
+
+def detect(*, mountinfo: str = MOUNTINFO) -> CgroupDriver:
+    """The driver for the best cgroup version this host offers.
+
+    Raises :class:`~corral.errors.Unsupported` when neither a usable v2 hierarchy nor
+    the v1 controllers are available.
+    """
+    v1, v2 = _cgroup_mounts(mountinfo)
+    for root in v2:
+        try:
+            available = (root / "cgroup.controllers").read_text().split()
+        except OSError:
+            continue
+        if all(c in available for c in V2_CONTROLLERS):
+            return CgroupV2Driver(root)
+    missing = [c for c in V1_CONTROLLERS if c not in v1]
+    if not missing:
+        return CgroupV1Driver(v1)
+    raise errors.Unsupported(
+        "no usable cgroups: need a cgroup2 mount with the cpu, memory and pids "
+        f"controllers, or cgroup v1 with {', '.join(V1_CONTROLLERS)} mounted "
+        f"(missing v1: {', '.join(missing)}); mount them or enable them in the kernel",
+        details={"v1_mounted": sorted(v1), "v2_mounts": [str(p) for p in v2]},
+    )

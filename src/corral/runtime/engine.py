@@ -1,0 +1,857 @@
+"""The sandbox engine: creates, drives and cleans up sandboxes on one host.
+
+One :class:`Engine` owns one state directory. It is asyncio-native; every method that
+touches a sandbox is a coroutine. A sandbox is::
+
+    corral-agent launch  (host root: joins the cgroups, drops to the sandbox uid)
+      └─ bwrap           (user, pid, mount, net, ipc, uts, cgroup namespaces; seccomp)
+           └─ corral-agent serve   (pid 1 inside; runs commands and file operations)
+
+Example::
+
+    engine = await Engine.open()
+    info = await engine.create(SandboxSpec(memory_mb=512, tags=["rl"]))
+    result = await engine.exec(info.id, ["python3", "-c", "print(6*7)"], timeout=10)
+    await engine.delete(info.id)
+    await engine.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+from corral.errors import (
+    CorralError,
+    FileError,
+    FileNotFound,
+    FileTooLarge,
+    InvalidArgument,
+    InvalidState,
+    SandboxLost,
+    SandboxNotFound,
+    SandboxStartError,
+    Unsupported,
+)
+from corral.runtime import cgroups, rootfs, seccomp, syscalls
+from corral.runtime.agentbuild import ensure_agent
+from corral.runtime.channel import AgentChannel, ExecStream
+from corral.runtime.images import ImageStore
+from corral.runtime.pathutil import resolve_path
+from corral.runtime.paths import Layout
+from corral.runtime.protocol import Msg, Tag, decode_entry
+from corral.runtime.registry import Registry
+from corral.schema import (
+    DEFAULT_EXEC_TIMEOUT_S,
+    DEFAULT_MAX_OUTPUT,
+    TRANSITIONS,
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    NetworkMode,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+)
+
+SANDBOX_UID = 1000  # the user inside every sandbox
+SANDBOX_HOME = "/home/sandbox"
+# The host uid/gid sandboxes run as: unprivileged, in no group, owning nothing on the
+# host but the sandboxes' own writable layers. Shared by all sandboxes so that a
+# snapshot taken in one keeps its files writable when restored in another; sandboxes
+# are kept apart by their namespaces, not by uid.
+SANDBOX_HOST_UID = 1_000_000
+START_TIMEOUT_S = 20.0
+STOP_WAIT_S = 5.0
+REAPER_INTERVAL_S = 0.5
+FILE_CHUNK = 1 << 20
+DEFAULT_MAX_READ = 64 << 20
+BASE_PATH = (
+    f"{SANDBOX_HOME}/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+
+def _new_id() -> str:
+    return "sb-" + secrets.token_hex(6)
+
+
+@dataclass
+class _Live:
+    """What the engine holds for a sandbox whose processes exist."""
+
+    id: str
+    spec: SandboxSpec
+    state: SandboxState
+    sandbox_dir: Path
+    cgroup: Any
+    proc: subprocess.Popen | None = None
+    channel: AgentChannel | None = None
+    started_at: float = 0.0
+    last_active: float = field(default_factory=time.monotonic)
+    busy: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    ending: bool = False
+
+
+class Engine:
+    """Sandboxes on this host. Build one with :meth:`Engine.open`."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        registry: Registry,
+        images: ImageStore,
+        cgroup_driver: Any,
+        agent_path: Path,
+        bwrap: str,
+        lock_file: Any,
+    ) -> None:
+        self.layout = layout
+        self.registry = registry
+        self.images = images
+        self.cgroups = cgroup_driver
+        self.agent_path = agent_path
+        self.bwrap = bwrap
+        self._lock_file = lock_file
+        self._live: dict[str, _Live] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.cgroup_parent = f"corral/{layout.engine_key}"
+        self.closed = False
+
+    # ------------------------------------------------------------------ setup
+
+    @classmethod
+    async def open(
+        cls, state_dir: Path | str | None = None, cache_dir: Path | str | None = None
+    ) -> "Engine":
+        """Open the engine on a state directory, reconciling it with reality."""
+        if os.geteuid() != 0:
+            raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
+        bwrap = shutil.which("bwrap")
+        if not bwrap:
+            raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
+        layout = Layout.create(
+            Path(state_dir) if state_dir else None, Path(cache_dir) if cache_dir else None
+        )
+        lock_file = open(layout.state_dir / "engine.lock", "a+")
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            owner = lock_file.read().strip() or "?"
+            lock_file.close()
+            raise InvalidState(
+                f"another corral engine (pid {owner}) is using {layout.state_dir}; "
+                "stop it or choose another state directory (CORRAL_STATE_DIR)"
+            ) from None
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(str(os.getpid()))
+        lock_file.flush()
+        engine = cls(
+            layout,
+            Registry(layout.registry_path),
+            ImageStore(layout.images_dir),
+            cgroups.detect(),
+            ensure_agent(layout),
+            bwrap,
+            lock_file,
+        )
+        seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
+        engine.reconcile()
+        engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
+        return engine
+
+    def reconcile(self) -> list[str]:
+        """Clean up after a previous owner of this state directory that died.
+
+        Every sandbox the registry thinks is alive is lost (its agent exits when its
+        engine does): kill what remains of it, unmount, remove its cgroups, and mark
+        it failed with the reason. Then remove leftovers the registry never knew of
+        (a crash in the middle of a create). Returns the ids marked failed.
+        """
+        lost = []
+        for sid, state, pid, pid_start, cg_path in self.registry.live_rows():
+            if pid and pid_start and syscalls.process_start_time(pid) == pid_start:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if cg_path:
+                self._remove_cgroup(cg_path)
+            rootfs.unmount_root(self.layout.sandbox_dir(sid))
+            self.registry.set_state(
+                sid,
+                SandboxState.FAILED,
+                f"lost: the engine that ran it stopped unexpectedly while it was {state}; "
+                "its processes, mounts and cgroups were cleaned up when the engine restarted",
+            )
+            lost.append(sid)
+        for name in self.cgroups.children(self.cgroup_parent):
+            self._remove_cgroup(f"{self.cgroup_parent}/{name}")
+        for d in self.layout.sandboxes_dir.iterdir():
+            rootfs.unmount_root(d)
+        return lost
+
+    def _remove_cgroup(self, path: str) -> None:
+        try:
+            self.cgroups.open(path).remove()
+        except (OSError, CorralError):
+            pass
+
+    async def close(self, *, stop_sandboxes: bool = True) -> None:
+        """Stop every sandbox (they cannot outlive their engine) and release the state dir."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._reaper:
+            self._reaper.cancel()
+        if stop_sandboxes:
+            await asyncio.gather(
+                *(self._end(live, SandboxState.STOPPED, "engine closed", grace=0)
+                  for live in list(self._live.values())),
+                return_exceptions=True,
+            )
+        for t in list(self._tasks):
+            t.cancel()
+        self.registry.close()
+        self._lock_file.close()
+
+    async def __aenter__(self) -> "Engine":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---------------------------------------------------------------- create
+
+    async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, **kw: Any) -> SandboxInfo:
+        """Create a sandbox and wait until its agent is ready to run commands."""
+        if self.closed:
+            raise InvalidState("the engine is closed")
+        if not isinstance(spec, SandboxSpec):
+            spec = SandboxSpec.parse(spec, **kw)
+        elif kw:
+            spec = SandboxSpec.parse(spec.model_dump(), **kw)
+        image = self.images.get(spec.image)  # ImageNotFound before anything is made
+        sid = _new_id()
+        cg_path = f"{self.cgroup_parent}/{sid}"
+        info = self.registry.insert(sid, self.registry.next_seq(), spec, cg_path)
+        live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), None)
+        self._live[sid] = live
+        try:
+            await self._start(live, [image.rootfs], cg_path)
+        except BaseException as exc:
+            reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
+            await self._release(live)
+            self._live.pop(sid, None)
+            self.registry.delete(sid)  # a failed create leaves nothing, not even a row
+            if isinstance(exc, CorralError) or not isinstance(exc, Exception):
+                raise
+            raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
+        info.state = SandboxState.RUNNING
+        info.started_at = live.started_at
+        return info
+
+    async def _start(self, live: _Live, lowers: list[Path], cg_path: str) -> None:
+        spec = live.spec
+        rootfs.mount_root(
+            live.sandbox_dir,
+            lowers,
+            disk_mb=spec.disk_mb,
+            uid=SANDBOX_HOST_UID,
+            gid=SANDBOX_HOST_UID,
+            owned_dirs=sorted({SANDBOX_HOME, spec.workdir} - {"/"}),
+        )
+        live.cgroup = self.cgroups.create(
+            cg_path, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
+        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        seccomp_r, seccomp_w = os.pipe()
+        log_path = live.sandbox_dir / "bwrap.log"
+        try:
+            os.write(seccomp_w, seccomp.build_filter())
+            os.close(seccomp_w)
+            argv = self._launch_argv(live, theirs.fileno(), seccomp_r)
+            with open(log_path, "wb") as log:
+                # Spawned from the event loop's thread on purpose: bwrap's
+                # --die-with-parent fires when the *thread* that forked it exits.
+                live.proc = subprocess.Popen(
+                    argv,
+                    pass_fds=(theirs.fileno(), seccomp_r),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env={},
+                    cwd="/",
+                )
+        finally:
+            theirs.close()
+            os.close(seccomp_r)
+        channel = AgentChannel(ours, live.id)
+        live.channel = channel
+        channel.on_close = lambda: self._on_agent_exit(live)
+        await channel.start()
+        try:
+            await asyncio.wait_for(asyncio.shield(channel.ready), START_TIMEOUT_S)
+        except (SandboxLost, asyncio.TimeoutError):
+            detail = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+            raise SandboxStartError(
+                f"sandbox {live.id} failed to start"
+                + (f": {detail}" if detail else " (no error output; see the daemon log)"),
+                details={"sandbox_id": live.id},
+            ) from None
+        live.started_at = self.registry.set_running(
+            live.id, live.proc.pid, syscalls.process_start_time(live.proc.pid)
+        )
+        live.state = SandboxState.RUNNING
+        live.last_active = time.monotonic()
+
+    def _launch_argv(self, live: _Live, ctl_fd: int, seccomp_fd: int) -> list[str]:
+        spec = live.spec
+        argv = [str(self.agent_path), "launch"]
+        for procs in live.cgroup.procs_files():
+            argv += ["--cgroup", procs]
+        argv += [
+            "--uid", str(SANDBOX_HOST_UID), "--gid", str(SANDBOX_HOST_UID),
+            "--nofile", str(spec.open_files), "--", self.bwrap,
+            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup", "--disable-userns",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+            "--bind", str(live.sandbox_dir / "root"), "/",
+            "--ro-bind", str(self.agent_path), f"/{rootfs.AGENT_DIR}/agent",
+            "--proc", "/proc", "--dev", "/dev",
+            "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1",
+            "--seccomp", str(seccomp_fd), "--chdir", "/",
+        ]
+        if spec.network == NetworkMode.NONE:
+            argv.append("--unshare-net")
+        elif Path("/etc/resolv.conf").exists():
+            argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(ctl_fd)]
+        return argv
+
+    # ------------------------------------------------------------- lifecycle
+
+    def _on_agent_exit(self, live: _Live) -> None:
+        """The agent's channel closed. Unless we are ending it, the sandbox died."""
+        if live.ending:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _death_reason(self, live: _Live) -> str:
+        oom = ""
+        try:
+            if live.cgroup is not None and live.cgroup.oom_kills():
+                oom = " after the kernel's OOM killer fired in it (raise memory_mb)"
+        except (OSError, CorralError):
+            pass
+        return f"the sandbox's agent exited unexpectedly{oom}"
+
+    def _get_live(self, sandbox_id: str) -> _Live:
+        live = self._live.get(sandbox_id)
+        if live is None:
+            info = self.registry.get(sandbox_id)
+            if info is None:
+                raise SandboxNotFound(
+                    f"no sandbox {sandbox_id!r}: it never existed or was deleted "
+                    "(list sandboxes to see what exists)",
+                    details={"sandbox_id": sandbox_id},
+                )
+            raise InvalidState(
+                f"sandbox {sandbox_id} is {info.state.value}"
+                + (f" ({info.reason})" if info.reason else "")
+                + ": create a new one",
+                details={"sandbox_id": sandbox_id, "state": info.state.value},
+            )
+        return live
+
+    def _running(self, sandbox_id: str) -> _Live:
+        live = self._get_live(sandbox_id)
+        if live.state != SandboxState.RUNNING or live.channel is None:
+            hint = "resume it first" if live.state == SandboxState.PAUSED else "create a new one"
+            raise InvalidState(
+                f"sandbox {sandbox_id} is {live.state.value}: {hint}",
+                details={"sandbox_id": sandbox_id, "state": live.state.value},
+            )
+        live.last_active = time.monotonic()
+        return live
+
+    def _transition(self, live: _Live, to: SandboxState, reason: str | None = None) -> None:
+        if to not in TRANSITIONS[live.state]:
+            raise InvalidState(
+                f"sandbox {live.id} cannot go from {live.state.value} to {to.value}",
+                details={"sandbox_id": live.id, "state": live.state.value},
+            )
+        live.state = to
+        self.registry.set_state(live.id, to, reason)
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        """Freeze every process of the sandbox (cgroup freezer). Memory stays resident."""
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.state != SandboxState.PAUSED:
+                self._transition(live, SandboxState.PAUSED)
+                live.cgroup.freeze()
+        return self.get(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.state == SandboxState.PAUSED:
+                live.cgroup.thaw()
+                self._transition(live, SandboxState.RUNNING)
+                live.last_active = time.monotonic()
+            elif live.state != SandboxState.RUNNING:
+                self._transition(live, SandboxState.RUNNING)  # raises InvalidState
+        return self.get(sandbox_id)
+
+    async def stop(
+        self, sandbox_id: str, *, grace: float = 2.0, reason: str = "stopped by request"
+    ) -> SandboxInfo:
+        """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
+        mounts and cgroups. The record stays (state ``stopped``) until deleted."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            info = self.get(sandbox_id)  # raises SandboxNotFound
+            if info.state.terminal:
+                return info
+        else:
+            await self._end(live, SandboxState.STOPPED, reason, grace=grace)
+        return self.get(sandbox_id)
+
+    async def delete(self, sandbox_id: str) -> bool:
+        """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
+        existed = live is not None or self.registry.get(sandbox_id) is not None
+        self.registry.delete(sandbox_id)
+        return existed
+
+    async def _end(self, live: _Live, final: SandboxState, reason: str, *, grace: float) -> None:
+        async with live.lock:
+            if live.ending or live.id not in self._live:
+                return
+            live.ending = True
+            if live.state in (SandboxState.RUNNING, SandboxState.PAUSED):
+                self._transition(live, SandboxState.STOPPING, reason)
+            if grace > 0 and live.channel is not None and not live.channel.closed:
+                if live.cgroup.frozen():
+                    live.cgroup.thaw()
+                try:
+                    live.channel.send(Msg.SIGNAL, 0, [(Tag.SIGNAL, signal.SIGTERM)])
+                    deadline = time.monotonic() + grace
+                    while live.channel.streams and time.monotonic() < deadline:
+                        await asyncio.sleep(0.02)
+                except SandboxLost:
+                    pass
+            await self._release(live)
+            self._live.pop(live.id, None)
+            if live.state == SandboxState.PENDING:
+                live.state = final
+            else:
+                self._transition(live, final, reason)
+
+    async def _release(self, live: _Live) -> None:
+        """Kill every process, then unmount and remove the cgroup. Never raises."""
+        live.ending = True
+        if live.channel is not None:
+            await live.channel.close()
+        if live.proc is not None:
+            try:
+                await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        if live.cgroup is not None:
+            try:
+                live.cgroup.remove()
+            except (OSError, CorralError):
+                pass
+        if live.proc is not None and live.proc.poll() is None:
+            live.proc.kill()
+            live.proc.wait()
+        rootfs.unmount_root(live.sandbox_dir)
+
+    async def _reap_loop(self) -> None:
+        """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
+        while True:
+            await asyncio.sleep(REAPER_INTERVAL_S)
+            now_wall, now = time.time(), time.monotonic()
+            for live in list(self._live.values()):
+                if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                    continue
+                spec = live.spec
+                reason = None
+                if live.started_at and now_wall - live.started_at > spec.timeout:
+                    reason = f"timeout: its lifetime of {spec.timeout:g} s ran out"
+                elif (
+                    spec.idle_timeout
+                    and live.state == SandboxState.RUNNING
+                    and live.busy == 0
+                    and now - live.last_active > spec.idle_timeout
+                ):
+                    reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
+                if reason:
+                    task = asyncio.create_task(
+                        self._end(live, SandboxState.STOPPED, reason, grace=0)
+                    )
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+
+    # ----------------------------------------------------------------- query
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        info = self.registry.get(sandbox_id)
+        if info is None:
+            raise SandboxNotFound(
+                f"no sandbox {sandbox_id!r}: it never existed or was deleted",
+                details={"sandbox_id": sandbox_id},
+            )
+        return info
+
+    def list(
+        self,
+        *,
+        tags: Iterable[str] = (),
+        state: SandboxState | str | Iterable[SandboxState | str] | None = None,
+    ) -> list[SandboxInfo]:
+        """Sandboxes carrying every tag in ``tags``, in any of the given states."""
+        if state is None:
+            states: list[SandboxState] = []
+        elif isinstance(state, (str, SandboxState)):
+            states = [_state(state)]
+        else:
+            states = [_state(s) for s in state]
+        return self.registry.list(tags=list(tags), states=states)
+
+    def usage(self, sandbox_id: str) -> dict[str, float]:
+        """Current CPU seconds and memory (MB) of a live sandbox."""
+        live = self._get_live(sandbox_id)
+        return {
+            "cpu_seconds": live.cgroup.cpu_seconds(),
+            "memory_mb": live.cgroup.memory_bytes() / (1 << 20),
+        }
+
+    def counts(self) -> dict[str, int]:
+        return self.registry.counts()
+
+    # ------------------------------------------------------------------ exec
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        """Run a command to completion; a timeout or OOM kill is a result, not an error."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+        async for ev in self.exec_stream(
+            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+            max_output=max_output,
+        ):
+            if ev.kind == "stdout":
+                out.append(ev.data)
+            elif ev.kind == "stderr":
+                err.append(ev.data)
+            else:
+                assert ev.result is not None
+                ev.result.stdout, ev.result.stderr = b"".join(out), b"".join(err)
+                return ev.result
+        raise SandboxLost(f"sandbox {sandbox_id}: the command's stream ended without an exit")
+
+    async def exec_stream(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> AsyncIterator[ExecEvent]:
+        """Run a command and yield its output as it happens, then its exit.
+
+        Closing the iterator early (or cancelling the task) kills the command's
+        process group.
+        """
+        live = self._running(sandbox_id)
+        fields = self._exec_fields(live, cmd, timeout, env, cwd, stdin, max_output)
+        assert live.channel is not None
+        oom_before = live.cgroup.oom_kills()
+        stream = live.channel.open_exec(fields)
+        live.busy += 1
+        done = False
+        try:
+            while True:
+                reply = await stream.next()
+                if reply.msg == Msg.STDOUT:
+                    yield ExecEvent("stdout", reply.fields.raw(Tag.DATA))
+                elif reply.msg == Msg.STDERR:
+                    yield ExecEvent("stderr", reply.fields.raw(Tag.DATA))
+                elif reply.msg == Msg.EXIT:
+                    done = True
+                    yield ExecEvent("exit", result=self._result(live, reply.fields, oom_before))
+                    return
+                elif reply.msg == Msg.ERR:
+                    done = True
+                    raise _exec_error(sandbox_id, reply.fields, cwd)
+        finally:
+            live.busy -= 1
+            live.last_active = time.monotonic()
+            if not done:
+                try:
+                    stream.signal(signal.SIGKILL)
+                except SandboxLost:
+                    pass
+            stream.close()
+
+    def _exec_fields(
+        self,
+        live: _Live,
+        cmd: str | Sequence[str],
+        timeout: float | None,
+        env: dict[str, str] | None,
+        cwd: str | None,
+        stdin: bytes | str | None,
+        max_output: int,
+    ) -> list[tuple[int, Any]]:
+        if isinstance(cmd, str):
+            if not cmd.strip():
+                raise InvalidArgument("empty command: pass a shell string or an argv list")
+            argv = ["/bin/sh", "-c", cmd]
+        else:
+            argv = list(cmd)
+            if not argv or not all(isinstance(a, str) for a in argv):
+                raise InvalidArgument("cmd must be a non-empty list of strings or a shell string")
+        if any("\0" in a for a in argv):
+            raise InvalidArgument("command arguments may not contain NUL bytes")
+        if timeout is not None and not (0 < timeout <= 86400 * 30):
+            raise InvalidArgument(f"timeout must be > 0 seconds (or None), got {timeout}")
+        if max_output < 0:
+            raise InvalidArgument("max_output must be >= 0 bytes")
+        full_env = {
+            "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
+            "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
+            **live.spec.env, **(env or {}),
+        }
+        for k, v in full_env.items():
+            if not isinstance(k, str) or not isinstance(v, str) or "=" in k or "\0" in k + v:
+                raise InvalidArgument(f"invalid environment variable {k!r}")
+        fields: list[tuple[int, Any]] = [(Tag.ARGV, a) for a in argv]
+        fields += [(Tag.ENV, f"{k}={v}") for k, v in full_env.items()]
+        fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
+        if timeout is not None:
+            fields.append((Tag.TIMEOUT_MS, max(1, int(timeout * 1000))))
+        fields.append((Tag.MAX_OUTPUT, max_output))
+        if stdin:
+            fields.append((Tag.STDIN, stdin.encode() if isinstance(stdin, str) else stdin))
+        return fields
+
+    def _result(self, live: _Live, f: Any, oom_before: int) -> ExecResult:
+        code = f.i64(Tag.CODE)
+        timed_out = bool(f.u64(Tag.TIMED_OUT))
+        oom = False
+        if code == -signal.SIGKILL and not timed_out:
+            try:
+                oom = live.cgroup.oom_kills() > oom_before
+            except (OSError, CorralError):
+                pass
+        return ExecResult(
+            returncode=code,
+            timed_out=timed_out,
+            oom_killed=oom,
+            stdout_truncated=bool(f.u64(Tag.TRUNC_OUT)),
+            stderr_truncated=bool(f.u64(Tag.TRUNC_ERR)),
+            duration=f.u64(Tag.DURATION_US) / 1e6,
+        )
+
+    # ----------------------------------------------------------------- files
+
+    async def _file_request(self, sandbox_id: str, msg: Msg, path: str, fields: list) -> Any:
+        live = self._running(sandbox_id)
+        assert live.channel is not None
+        live.busy += 1
+        try:
+            reply = await live.channel.request(msg, [(Tag.PATH, path), *fields])
+        finally:
+            live.busy -= 1
+            live.last_active = time.monotonic()
+        if reply.msg == Msg.ERR:
+            raise _file_error(sandbox_id, path, reply.fields)
+        return reply.fields
+
+    def _path(self, sandbox_id: str, path: str) -> str:
+        live = self._get_live(sandbox_id)
+        return resolve_path(live.spec.workdir, path)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes | str, *, mode: int = 0o644,
+        parents: bool = True,
+    ) -> None:
+        """Write a file inside the sandbox (as its user), creating parent directories."""
+        p = self._path(sandbox_id, path)
+        if isinstance(data, str):
+            data = data.encode()
+        if not 0 <= mode <= 0o7777:
+            raise InvalidArgument(f"invalid file mode {mode:o}")
+        view = memoryview(data)
+        offset = 0
+        while True:
+            chunk = view[offset : offset + FILE_CHUNK]
+            await self._file_request(
+                sandbox_id, Msg.FWRITE, p,
+                [(Tag.DATA, chunk), (Tag.OFFSET, offset), (Tag.TRUNCATE, offset == 0),
+                 (Tag.MODE, mode), (Tag.PARENTS, parents)],
+            )
+            offset += len(chunk)
+            if offset >= len(data):
+                return
+
+    async def read_file(
+        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
+    ) -> bytes:
+        """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``."""
+        p = self._path(sandbox_id, path)
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            f = await self._file_request(
+                sandbox_id, Msg.FREAD, p, [(Tag.OFFSET, offset), (Tag.LENGTH, FILE_CHUNK)]
+            )
+            size = f.u64(Tag.SIZE)
+            if size > max_bytes:
+                raise FileTooLarge(
+                    f"{p} in sandbox {sandbox_id} is {size} bytes, over the {max_bytes}-byte "
+                    "read limit: raise max_bytes or read it in parts",
+                    details={"path": p, "size": size, "limit": max_bytes},
+                )
+            data = f.raw(Tag.DATA)
+            parts.append(data)
+            offset += len(data)
+            if len(data) < FILE_CHUNK or offset >= size:
+                return b"".join(parts)
+
+    async def list_dir(self, sandbox_id: str, path: str = ".") -> list[FileInfo]:
+        p = self._path(sandbox_id, path)
+        f = await self._file_request(sandbox_id, Msg.FLIST, p, [])
+        infos = [_file_info(p, raw, child=True) for raw in f.all(Tag.ENTRY)]
+        return sorted(infos, key=lambda i: i.name)
+
+    async def stat(self, sandbox_id: str, path: str) -> FileInfo:
+        p = self._path(sandbox_id, path)
+        f = await self._file_request(sandbox_id, Msg.FSTAT, p, [])
+        return _file_info(p, f.raw(Tag.ENTRY), child=False)
+
+    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        p = self._path(sandbox_id, path)
+        if p == "/":
+            raise InvalidArgument("refusing to remove the sandbox's root directory")
+        await self._file_request(sandbox_id, Msg.FREMOVE, p, [(Tag.RECURSIVE, recursive)])
+
+    async def mkdir(
+        self, sandbox_id: str, path: str, *, parents: bool = True, mode: int = 0o755
+    ) -> None:
+        p = self._path(sandbox_id, path)
+        await self._file_request(
+            sandbox_id, Msg.FMKDIR, p, [(Tag.PARENTS, parents), (Tag.MODE, mode)]
+        )
+
+
+async def _wait_exit(proc: subprocess.Popen) -> None:
+    """Wait for a child to exit without a thread or SIGCHLD handler: poll its pidfd."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        proc.wait()
+        return
+    fut = loop.create_future()
+    loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
+    try:
+        if proc.poll() is None:
+            await fut
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    proc.wait()
+
+
+def _state(s: SandboxState | str) -> SandboxState:
+    try:
+        return SandboxState(s)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown state {s!r}: use one of {', '.join(x.value for x in SandboxState)}"
+        ) from None
+
+
+def _file_info(parent: str, raw: bytes, *, child: bool) -> FileInfo:
+    import stat as st
+
+    mode, size, mtime, _uid, _gid, name = decode_entry(raw)
+    path = (parent.rstrip("/") + "/" + name) if child else name
+    return FileInfo(
+        path=path,
+        name=name if child else (path.rsplit("/", 1)[-1] or "/"),
+        size=size,
+        mode=st.S_IMODE(mode),
+        mtime=mtime / 1e9,
+        is_dir=st.S_ISDIR(mode),
+        is_symlink=st.S_ISLNK(mode),
+    )
+
+
+def _file_error(sandbox_id: str, path: str, f: Any) -> CorralError:
+    err = f.u64(Tag.ERRNO)
+    details = {"sandbox_id": sandbox_id, "path": path, "errno": err}
+    if err == errno.ENOENT:
+        return FileNotFound(f"no such file or directory in sandbox {sandbox_id}: {path}", details=details)
+    hint = {
+        errno.EACCES: "permission denied (the image's files are read-only; write under "
+        f"{SANDBOX_HOME}, /workspace, /tmp or a directory you created)",
+        errno.ENOSPC: "the sandbox's disk is full (raise disk_mb)",
+        errno.EISDIR: "it is a directory",
+        errno.ENOTDIR: "a part of the path is not a directory",
+        errno.ENOTEMPTY: "the directory is not empty (remove it with recursive=True)",
+        errno.EEXIST: "it already exists",
+        errno.EROFS: "read-only file system",
+    }.get(err, f.text(Tag.MESSAGE))
+    return FileError(f"{path} in sandbox {sandbox_id}: {hint}", details=details)
+
+
+def _exec_error(sandbox_id: str, f: Any, cwd: str | None) -> CorralError:
+    err = f.u64(Tag.ERRNO)
+    msg = f.text(Tag.MESSAGE)
+    details = {"sandbox_id": sandbox_id, "errno": err}
+    if msg.startswith("working directory") and err == errno.ENOENT:
+        return FileNotFound(
+            f"the working directory {cwd} does not exist in sandbox {sandbox_id}", details=details
+        )
+    if err == errno.EAGAIN:
+        return InvalidState(f"sandbox {sandbox_id}: {msg}", details=details)
+    return FileError(f"sandbox {sandbox_id}: cannot run the command: {msg}", details=details)

@@ -1,0 +1,78 @@
+"""Every raw syscall the engine makes, in one place (ctypes over libc).
+
+Each wrapper raises ``OSError`` on failure, with errno and the path involved.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from functools import lru_cache
+
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MNT_DETACH = 0x2
+UMOUNT_NOFOLLOW = 0x8
+
+
+@lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.mount.restype = ctypes.c_int
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.umount2.restype = ctypes.c_int
+    return libc
+
+
+def _check(rc: int, what: str, path: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}", path)
+
+
+def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
+    rc = _libc().mount(
+        source.encode(), target.encode(), fstype.encode(), flags, data.encode() or None
+    )
+    _check(rc, f"mount {fstype}", target)
+
+
+def umount(target: str, *, lazy: bool = False) -> bool:
+    """Unmount ``target``; False if it was not mounted. Lazy detaches a busy mount."""
+    flags = UMOUNT_NOFOLLOW | (MNT_DETACH if lazy else 0)
+    rc = _libc().umount2(target.encode(), flags)
+    if rc != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.ENOENT):
+            return False
+        if err == errno.EBUSY and not lazy:
+            return umount(target, lazy=True)
+        raise OSError(err, f"umount: {os.strerror(err)}", target)
+    return True
+
+
+def mounts_under(prefix: str) -> list[str]:
+    """Mount points at or below ``prefix``, deepest first (the order to unmount them)."""
+    prefix = prefix.rstrip("/") + "/"
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if (point + "/").startswith(prefix):
+                points.append(point)
+    return sorted(set(points), key=lambda p: (-p.count("/"), p))
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of ``pid``, to detect pid reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[19])

@@ -1,0 +1,202 @@
+"""Data shared by every layer: the sandbox spec, its states, and what calls return.
+
+The same models are the Python API and the wire format (the server serialises them,
+the SDK parses them), so a field added here exists everywhere at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.errors import InvalidArgument
+
+DEFAULT_IMAGE = "python"
+DEFAULT_CPUS = 1.0
+DEFAULT_MEMORY_MB = 1024
+DEFAULT_PIDS = 256
+DEFAULT_DISK_MB = 2048
+DEFAULT_TIMEOUT_S = 3600.0
+DEFAULT_OPEN_FILES = 1024
+DEFAULT_WORKDIR = "/workspace"
+DEFAULT_EXEC_TIMEOUT_S = 60.0
+DEFAULT_MAX_OUTPUT = 1 << 20  # bytes kept per stream (stdout, stderr) of one command
+
+_TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/@+-]{0,127}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SandboxState(str, Enum):
+    """Lifecycle: pending → running ⇄ paused → stopping → stopped / failed."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SandboxState.STOPPED, SandboxState.FAILED)
+
+
+TRANSITIONS: dict[SandboxState, frozenset[SandboxState]] = {
+    SandboxState.PENDING: frozenset({SandboxState.RUNNING, SandboxState.FAILED}),
+    SandboxState.RUNNING: frozenset(
+        {SandboxState.PAUSED, SandboxState.STOPPING, SandboxState.FAILED}
+    ),
+    SandboxState.PAUSED: frozenset(
+        {SandboxState.RUNNING, SandboxState.STOPPING, SandboxState.FAILED}
+    ),
+    SandboxState.STOPPING: frozenset({SandboxState.STOPPED, SandboxState.FAILED}),
+    SandboxState.STOPPED: frozenset(),
+    SandboxState.FAILED: frozenset(),
+}
+
+
+class NetworkMode(str, Enum):
+    NONE = "none"  # loopback only (default)
+    HOST = "host"  # the host's network namespace: opt-in, for builds and trusted code
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox is made of. Every limit has a default; all are validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = DEFAULT_IMAGE
+    cpus: float = Field(DEFAULT_CPUS, gt=0, le=256)
+    memory_mb: int = Field(DEFAULT_MEMORY_MB, ge=16, le=1 << 20)
+    pids: int = Field(DEFAULT_PIDS, ge=4, le=1 << 16)
+    disk_mb: int = Field(DEFAULT_DISK_MB, ge=1, le=1 << 22)
+    open_files: int = Field(DEFAULT_OPEN_FILES, ge=16, le=1 << 16)
+    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=30 * 86400)
+    idle_timeout: float | None = Field(None, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = DEFAULT_WORKDIR
+    tags: list[str] = Field(default_factory=list)
+    network: NetworkMode = NetworkMode.NONE
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, env: dict[str, str]) -> dict[str, str]:
+        for k, v in env.items():
+            if not _ENV_KEY_RE.match(k) or "\0" in v:
+                raise ValueError(f"invalid environment variable name or value: {k!r}")
+        return env
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        if not v.startswith("/") or "\0" in v or ".." in v.split("/"):
+            raise ValueError("workdir must be an absolute path without '..', e.g. /workspace")
+        return v.rstrip("/") or "/"
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: list[str]) -> list[str]:
+        for t in tags:
+            if not _TAG_RE.match(t):
+                raise ValueError(
+                    f"invalid tag {t!r}: use 1-128 letters, digits or _.:=/@+- (e.g. 'job=42')"
+                )
+        return list(dict.fromkeys(tags))
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None = None, **kwargs: Any) -> "SandboxSpec":
+        """Validate, turning pydantic's error into an :class:`InvalidArgument`."""
+        try:
+            return cls.model_validate({**(data or {}), **kwargs})
+        except ValidationError as exc:
+            raise InvalidArgument(
+                "invalid sandbox spec: " + _describe(exc), details={"errors": _errors(exc)}
+            ) from None
+
+
+def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
+    ]
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(f"{e['field']}: {e['message']}" for e in _errors(exc))
+
+
+def validate_model(model: type[BaseModel], data: Any, what: str) -> Any:
+    """Validate ``data`` as ``model`` or raise :class:`InvalidArgument` naming the fields."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidArgument(
+            f"invalid {what}: " + _describe(exc), details={"errors": _errors(exc)}
+        ) from None
+
+
+class SandboxInfo(BaseModel):
+    """A sandbox as listed: identity, state, spec and timestamps (unix seconds)."""
+
+    id: str
+    state: SandboxState
+    spec: SandboxSpec
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    reason: str | None = None
+
+    @property
+    def tags(self) -> list[str]:
+        return self.spec.tags
+
+    @property
+    def image(self) -> str:
+        return self.spec.image
+
+
+@dataclass
+class ExecResult:
+    """How a command ended. ``returncode`` is negative (-signal) if a signal killed it."""
+
+    returncode: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration: float = 0.0
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.oom_killed
+
+
+@dataclass
+class ExecEvent:
+    """One item of a streamed command: a chunk of ``stdout``/``stderr`` or the ``exit``."""
+
+    kind: str  # "stdout" | "stderr" | "exit"
+    data: bytes = b""
+    result: ExecResult | None = field(default=None)
+
+
+@dataclass
+class FileInfo:
+    """A file or directory inside a sandbox."""
+
+    path: str
+    name: str
+    size: int
+    mode: int
+    mtime: float
+    is_dir: bool
+    is_symlink: bool

@@ -1,0 +1,398 @@
+"""Tests of corral.runtime.cgroups.
+
+The ``real_*`` tests make real cgroups and need root (CI runs as root); the others
+point a driver at a fake tree of files to check the v2 writing and parsing logic on
+hosts without a usable cgroup v2.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from corral import errors
+from corral.runtime import cgroups
+from corral.runtime.cgroups import CgroupError, CgroupV1Driver, CgroupV2Driver
+
+PYTHON = "/usr/bin/python3"  # the system python: a pyenv shim would re-exec through bash
+MiB = 1 << 20
+
+
+def _real_driver() -> cgroups.CgroupDriver:
+    if os.geteuid() != 0:
+        pytest.skip("real cgroups need root")
+    try:
+        return cgroups.detect()
+    except errors.Unsupported as exc:
+        pytest.skip(f"no usable cgroups on this host: {exc}")
+
+
+@pytest.fixture
+def driver() -> cgroups.CgroupDriver:
+    return _real_driver()
+
+
+@pytest.fixture
+def parent(driver):
+    """A unique parent group for one test, removed with everything in it afterwards."""
+    path = f"corral-test/{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield path
+    for p in (path, "corral-test"):
+        try:
+            driver.open(p).remove()
+        except errors.NotFound:
+            pass
+        except CgroupError:
+            pass  # "corral-test" is shared with concurrent runs and may still be busy
+    assert not any((root / path).exists() for root in driver._roots().values())
+
+
+@pytest.fixture
+def spawn():
+    """Start ``argv`` the way the launcher does: join every hierarchy, then exec."""
+    started: list[subprocess.Popen] = []
+
+    def start(group: cgroups.Cgroup, argv: list[str], **kwargs) -> subprocess.Popen:
+        joins = "".join(f"echo $$ > {shlex.quote(f)}; " for f in group.procs_files())
+        proc = subprocess.Popen(["/bin/sh", "-c", f"{joins}exec {shlex.join(argv)}"], **kwargs)
+        started.append(proc)
+        deadline = time.monotonic() + 5
+        while proc.pid not in group.pids():
+            assert proc.poll() is None and time.monotonic() < deadline, "did not join"
+            time.sleep(0.001)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+# -- real cgroups -------------------------------------------------------------------
+
+
+@pytest.mark.root
+def test_real_detect_picks_a_working_version(driver):
+    unified = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+    if unified.exists() and "memory" not in unified.read_text().split():
+        # The hybrid layout of the CI machine: v2 there has hugetlb only.
+        assert driver.version == 1 and isinstance(driver, CgroupV1Driver)
+    assert driver.version in (1, 2)
+    assert isinstance(driver, CgroupV1Driver if driver.version == 1 else CgroupV2Driver)
+
+
+@pytest.mark.root
+def test_real_limits_are_written(driver, parent):
+    group = driver.create(f"{parent}/sb-limits", cpus=0.5, memory_mb=64, pids=30)
+    if driver.version == 1:
+        d = group._dirs
+        assert (d["cpu"] / "cpu.cfs_period_us").read_text().strip() == "100000"
+        assert (d["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert int((d["memory"] / "memory.limit_in_bytes").read_text()) == 64 * MiB
+        memsw = d["memory"] / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            assert int(memsw.read_text()) == 64 * MiB
+        assert (d["pids"] / "pids.max").read_text().strip() == "30"
+        assert len(group.procs_files()) == len(set(driver.mounts.values()))
+    else:
+        d = group._dirs[""]
+        assert (d / "cpu.max").read_text().split() == ["50000", "100000"]
+        assert int((d / "memory.max").read_text()) == 64 * MiB
+        assert (d / "pids.max").read_text().strip() == "30"
+        assert len(group.procs_files()) == 1
+    assert group.pids() == [] and group.oom_kills() == 0 and not group.frozen()
+
+
+@pytest.mark.root
+def test_real_create_is_idempotent_for_parents_and_lists_children(driver, parent):
+    driver.create(f"{parent}/sb-a", cpus=1, memory_mb=32, pids=10)
+    driver.create(f"{parent}/sb-b", cpus=1, memory_mb=32, pids=10)
+    assert driver.children(parent) == ["sb-a", "sb-b"]
+    assert driver.open(f"{parent}/sb-a").path == f"{parent}/sb-a"
+    with pytest.raises(errors.NotFound):
+        driver.open(f"{parent}/sb-missing")
+
+
+@pytest.mark.root
+def test_real_add_moves_a_process_into_every_hierarchy(driver, parent):
+    group = driver.create(f"{parent}/sb-add", cpus=1, memory_mb=64, pids=10)
+    proc = subprocess.Popen(["/bin/sleep", "30"])
+    try:
+        group.add(proc.pid)
+        assert group.pids() == [proc.pid]
+        for procs in group.procs_files():
+            assert str(proc.pid) in Path(procs).read_text().split()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.root
+def test_real_memory_bomb_is_oom_killed(driver, parent, spawn):
+    group = driver.create(f"{parent}/sb-mem", cpus=1, memory_mb=50, pids=10)
+    assert group.oom_kills() == 0
+    # bytes * n writes every page, unlike calloc'd zero pages that are never touched.
+    proc = spawn(group, [PYTHON, "-c", "b = b'x' * (200 << 20)"])
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert group.oom_kills() >= 1
+    assert 0 < group.memory_peak_bytes() <= 51 * MiB
+
+
+@pytest.mark.root
+def test_real_fork_bomb_is_capped_by_pids(driver, parent, spawn):
+    group = driver.create(f"{parent}/sb-pids", cpus=1, memory_mb=256, pids=20)
+    bomb = (
+        "import subprocess\n"
+        "ok = fail = 0\n"
+        "for _ in range(60):\n"
+        "    try:\n"
+        "        subprocess.Popen(['/bin/sleep', '30'], stdout=subprocess.DEVNULL)\n"
+        "        ok += 1\n"
+        "    except OSError:\n"
+        "        fail += 1\n"
+        "print(ok, fail, flush=True)\n"
+        "import time; time.sleep(30)\n"
+    )
+    proc = spawn(group, [PYTHON, "-c", bomb], stdout=subprocess.PIPE, text=True)
+    peak = 0
+    deadline = time.monotonic() + 30
+    while not select.select([proc.stdout], [], [], 0.001)[0]:  # sample while it forks
+        assert time.monotonic() < deadline
+        peak = max(peak, len(group.pids()))
+    ok, fail = map(int, proc.stdout.readline().split())
+    assert ok <= 19 and fail >= 41  # the bomb itself is the 20th process
+    assert peak <= 20 and len(group.pids()) <= 20
+    peak_file = group._dirs["pids" if driver.version == 1 else ""] / "pids.peak"
+    if peak_file.exists():
+        assert int(peak_file.read_text()) <= 20
+
+
+@pytest.mark.root
+def test_real_freeze_stops_and_thaw_resumes(driver, parent, spawn, tmp_path):
+    group = driver.create(f"{parent}/sb-freeze", cpus=1, memory_mb=64, pids=10)
+    counter = tmp_path / "counter"
+    counter.write_bytes(b"%20d" % 0)
+    code = (
+        "import os, sys\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY)\n"
+        "n = 0\n"
+        "while True:\n"
+        "    n += 1\n"
+        "    os.pwrite(fd, b'%20d' % n, 0)\n"
+    )
+    spawn(group, [PYTHON, "-c", code, str(counter)])
+
+    def count() -> int:
+        return int(counter.read_bytes())
+
+    deadline = time.monotonic() + 5
+    while count() == 0:
+        assert time.monotonic() < deadline
+    group.freeze()
+    assert group.frozen()
+    before = count()
+    time.sleep(0.3)
+    assert count() == before
+    group.thaw()
+    assert not group.frozen()
+    time.sleep(0.3)
+    assert count() > before
+
+
+@pytest.mark.root
+def test_real_cpu_quota_caps_a_spinner(driver, parent, spawn):
+    group = driver.create(f"{parent}/sb-cpu", cpus=0.2, memory_mb=64, pids=10)
+    spawn(group, [PYTHON, "-c", "while True: pass"])
+    time.sleep(1.0)
+    used = group.cpu_seconds()
+    assert 0.05 < used <= 0.35
+    stat = group._dirs["cpu" if driver.version == 1 else ""] / "cpu.stat"
+    assert cgroups._keyed(stat)["nr_throttled"] > 0
+
+
+@pytest.mark.root
+def test_real_kill_all_and_remove_leave_nothing(driver, parent, spawn):
+    path = f"{parent}/sb-kill"
+    group = driver.create(path, cpus=1, memory_mb=128, pids=50)
+    tree = "trap '' TERM; for i in 1 2 3 4 5; do /bin/sleep 60 & done; /bin/sleep 60"
+    procs = [spawn(group, ["/bin/sh", "-c", tree]) for _ in range(2)]
+    deadline = time.monotonic() + 5
+    while len(group.pids()) < 12:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    victims = group.pids()
+
+    group.kill_all()
+    assert group.pids() == []
+    assert all(p.wait(timeout=5) == -signal.SIGKILL for p in procs)
+    assert not any(_alive(pid) for pid in victims)
+
+    spawn(group, ["/bin/sleep", "60"])
+    group.remove()
+    group.remove()  # idempotent
+    assert not any(Path(f).parent.exists() for f in group.procs_files())
+    assert not any((root / path).exists() for root in driver._roots().values())
+    assert driver.children(parent) == []
+    with pytest.raises(errors.NotFound):
+        driver.open(path)
+
+
+@pytest.mark.root
+def test_real_remove_takes_child_groups_along(driver, parent, spawn):
+    spawn(driver.create(f"{parent}/a/sb-1", cpus=1, memory_mb=32, pids=5), ["/bin/sleep", "60"])
+    driver.create(f"{parent}/a/sb-2", cpus=1, memory_mb=32, pids=5)
+    driver.open(f"{parent}/a").remove()
+    assert driver.children(parent) == []
+
+
+# -- validation and fake trees ------------------------------------------------------
+
+
+def _files(d: Path, contents: dict[str, str]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in contents.items():
+        (d / name).write_text(text)
+
+
+@pytest.mark.parametrize("path", ["", "/abs", "a//b", "a/../b", "a/./b"])
+def test_bad_paths_are_rejected(tmp_path, path):
+    with pytest.raises(errors.InvalidArgument):
+        CgroupV2Driver(tmp_path).open(path)
+
+
+@pytest.mark.parametrize("limits", [(0, 64, 10), (1, 0, 10), (1, 64, 0), (float("nan"), 64, 10)])
+def test_bad_limits_are_rejected(tmp_path, limits):
+    cpus, memory_mb, pids = limits
+    with pytest.raises(errors.InvalidArgument):
+        CgroupV2Driver(tmp_path).create("a/b", cpus=cpus, memory_mb=memory_mb, pids=pids)
+
+
+def test_v2_create_enables_controllers_and_writes_limits(tmp_path):
+    _files(tmp_path, {"cgroup.controllers": "cpu memory pids", "cgroup.subtree_control": ""})
+    _files(tmp_path / "corral", {"cgroup.subtree_control": "cpu memory pids"})
+    leaf = tmp_path / "corral" / "sb-1"
+    names = ["cpu.max", "memory.max", "memory.swap.max", "pids.max", "cgroup.procs"]
+    _files(leaf, dict.fromkeys(names, ""))
+    group = CgroupV2Driver(tmp_path).create("corral/sb-1", cpus=1.5, memory_mb=100, pids=64)
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (tmp_path / "corral" / "cgroup.subtree_control").read_text() == "cpu memory pids"
+    assert (leaf / "cpu.max").read_text() == "150000 100000"
+    assert (leaf / "memory.max").read_text() == str(100 * MiB)
+    assert (leaf / "memory.swap.max").read_text() == "0"
+    assert (leaf / "pids.max").read_text() == "64"
+    assert group.procs_files() == [str(leaf / "cgroup.procs")]
+
+
+def test_v2_create_failure_removes_what_it_made(tmp_path):
+    _files(tmp_path, {"cgroup.subtree_control": "cpu memory pids"})
+    with pytest.raises(CgroupError, match="cpu.max"):
+        # The new leaf is a plain empty directory here, so writing cpu.max fails.
+        CgroupV2Driver(tmp_path).create("sb-1", cpus=1, memory_mb=64, pids=10)
+    assert not (tmp_path / "sb-1").exists()
+
+
+def test_v1_create_failure_removes_parents_it_made(tmp_path):
+    mounts = {c: tmp_path / c for c in ("memory", "pids", "cpu", "freezer")}
+    for d in mounts.values():
+        d.mkdir()
+    (mounts["cpu"] / "kept").mkdir()
+    with pytest.raises(CgroupError, match="cfs_period_us"):
+        CgroupV1Driver(mounts).create("kept/new/sb-1", cpus=1, memory_mb=64, pids=10)
+    assert sorted(p.name for d in mounts.values() for p in d.iterdir()) == ["kept"]
+
+
+def test_v2_parsing(tmp_path):
+    leaf = tmp_path / "sb"
+    _files(leaf, {
+        "memory.events": "low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n",
+        "memory.current": "4096\n",
+        "cpu.stat": "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n",
+        "cgroup.events": "populated 1\nfrozen 1\n",
+        "cgroup.procs": "12\n7\n",
+    })  # fmt: skip
+    group = cgroups.CgroupV2("sb", {"": leaf})
+    assert group.oom_kills() == 2
+    assert group.memory_bytes() == 4096
+    assert group.memory_peak_bytes() == 4096  # no memory.peak before Linux 5.19
+    (leaf / "memory.peak").write_text("8192\n")
+    assert group.memory_peak_bytes() == 8192
+    assert group.cpu_seconds() == 1.5
+    assert group.frozen() and group.pids() == [7, 12]
+
+
+def test_v2_kill_all_prefers_cgroup_kill_else_freezes(tmp_path):
+    leaf = tmp_path / "sb"
+    _files(leaf, {"cgroup.procs": "", "cgroup.freeze": "", "cgroup.events": "frozen 1\n"})
+    group = cgroups.CgroupV2("sb", {"": leaf})
+    group.kill_all()
+    assert (leaf / "cgroup.freeze").read_text() == "0"  # froze, then thawed again
+    _files(leaf, {"cgroup.kill": "", "cgroup.freeze": ""})
+    group.kill_all()
+    assert (leaf / "cgroup.kill").read_text() == "1"
+    assert (leaf / "cgroup.freeze").read_text() == ""
+
+
+def test_v1_parsing_and_cpu_fallback(tmp_path):
+    dirs = {c: tmp_path / c / "sb" for c in ("memory", "pids", "cpu", "freezer")}
+    _files(dirs["memory"], {"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\n"})
+    _files(dirs["cpu"], {"cpu.stat": "nr_periods 3\nnr_throttled 1\n"})
+    _files(dirs["freezer"], {"freezer.state": "FREEZING\n"})
+    group = cgroups.CgroupV1("sb", dirs)
+    assert group.oom_kills() == 0  # no oom_kill line before Linux 4.13
+    (dirs["memory"] / "memory.oom_control").write_text("oom_kill_disable 0\noom_kill 3\n")
+    assert group.oom_kills() == 3
+    assert not group.frozen()
+    with pytest.raises(CgroupError, match="cpuacct"):
+        group.cpu_seconds()
+    _files(dirs["cpu"], {"cpu.stat": "usage_usec 250000\n"})
+    assert group.cpu_seconds() == 0.25
+    dirs["cpuacct"] = tmp_path / "cpuacct" / "sb"
+    _files(dirs["cpuacct"], {"cpuacct.usage": "2000000000\n"})
+    assert cgroups.CgroupV1("sb", dirs).cpu_seconds() == 2.0
+
+
+def _mountinfo(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "mountinfo"
+    path.write_text("".join(f"{i} 1 0:{i} / {line}\n" for i, line in enumerate(lines, 30)))
+    return str(path)
+
+
+def test_detect_prefers_v2_with_the_controllers(tmp_path):
+    _files(tmp_path / "v2 root", {"cgroup.controllers": "cpuset cpu io memory pids\n"})
+    info = _mountinfo(tmp_path, [f"{tmp_path}/v2\\040root rw - cgroup2 cgroup2 rw"])
+    driver = cgroups.detect(mountinfo=info)
+    assert isinstance(driver, CgroupV2Driver) and driver.version == 2
+    assert driver.root == tmp_path / "v2 root"
+
+
+def test_detect_falls_back_to_v1_on_a_hybrid_host(tmp_path):
+    _files(tmp_path / "unified", {"cgroup.controllers": "hugetlb\n"})
+    lines = [f"{tmp_path}/unified rw - cgroup2 cgroup2 rw"]
+    for name in ("cpu,cpuacct", "memory", "pids", "freezer", "name=systemd"):
+        lines.append(f"{tmp_path}/{name} rw,relatime - cgroup cgroup rw,{name}")
+    driver = cgroups.detect(mountinfo=_mountinfo(tmp_path, lines))
+    assert isinstance(driver, CgroupV1Driver) and driver.version == 1
+    assert driver.mounts["cpu"] == driver.mounts["cpuacct"] == tmp_path / "cpu,cpuacct"
+    assert "name=systemd" not in driver.mounts
+
+
+def test_detect_explains_what_is_missing(tmp_path):
+    lines = [f"{tmp_path}/{c} rw - cgroup cgroup rw,{c}" for c in ("cpu", "memory", "pids")]
+    with pytest.raises(errors.Unsupported, match="missing v1: freezer"):
+        cgroups.detect(mountinfo=_mountinfo(tmp_path, lines))
