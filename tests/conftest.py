@@ -1,0 +1,127 @@
+"""Shared fixtures: a real engine on a private state directory, and a real daemon."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT_REASON = "needs root, bubblewrap and cgroups (CI runs as root)"
+
+
+def have_root_runtime() -> bool:
+    return os.geteuid() == 0 and shutil.which("bwrap") is not None
+
+
+requires_root = pytest.mark.skipif(not have_root_runtime(), reason=ROOT_REASON)
+
+
+@pytest.fixture
+def state_dir():
+    d = Path(tempfile.mkdtemp(prefix="corral-test-state-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+async def engine(state_dir):
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    from corral.runtime.engine import Engine
+
+    eng = await Engine.open(state_dir)
+    try:
+        yield eng
+    finally:
+        await eng.close()
+
+
+def _wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}")
+        if path.exists():
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(str(path))
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.05)
+    raise RuntimeError("daemon did not start listening in time")
+
+
+class Daemon:
+    """A real `corral serve` process on a private socket and state directory."""
+
+    def __init__(self, base: Path, extra_args: list[str] | None = None) -> None:
+        self.base = base
+        self.socket = base / "corral.sock"
+        self.state_dir = base / "state"
+        self.log = base / "daemon.log"
+        self.args = extra_args or []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> "Daemon":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.server", "--socket", str(self.socket),
+             "--state-dir", str(self.state_dir), *self.args],
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
+        )
+        _wait_for_socket(self.socket, self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    """One daemon shared by the tests of a session (they must clean up after themselves)."""
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    base = Path(tempfile.mkdtemp(prefix="corral-test-daemon-"))
+    d = Daemon(base).start()
+    yield d
+    d.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def make_daemon():
+    """Start extra daemons with their own arguments; stopped after the test."""
+    started: list[Daemon] = []
+
+    def factory(*args: str) -> Daemon:
+        if not have_root_runtime():
+            pytest.skip(ROOT_REASON)
+        base = Path(tempfile.mkdtemp(prefix="corral-test-daemon-"))
+        d = Daemon(base, list(args)).start()
+        started.append(d)
+        return d
+
+    yield factory
+    for d in started:
+        d.stop()
+        shutil.rmtree(d.base, ignore_errors=True)
