@@ -1,0 +1,226 @@
+"""The agent inside a sandbox: commands, output, timeouts, limits and files."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import zipfile
+
+import pytest
+
+from corral.errors import (
+    CorralError,
+    FileError,
+    FileNotFound,
+    FileTooLarge,
+    InvalidArgument,
+)
+from tests.conftest import requires_root
+
+pytestmark = [requires_root, pytest.mark.root]
+
+COUNT_SLEEPS = "cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$' || true"
+
+
+async def test_argv_shell_env_cwd_stdin(engine):
+    info = await engine.create(env={"GREETING": "hi"}, workdir="/app")
+    r = await engine.exec(info.id, ["python3", "-c", "import os; print(os.getcwd(), os.environ['GREETING'])"])
+    assert (r.returncode, r.stdout) == (0, b"/app hi\n")
+    r = await engine.exec(info.id, "echo $GREETING $EXTRA; pwd", env={"EXTRA": "there"}, cwd="/tmp")
+    assert r.stdout == b"hi there\n/tmp\n"
+    r = await engine.exec(info.id, ["cat"], stdin=b"piped\x00bytes")
+    assert r.stdout == b"piped\x00bytes"
+    r = await engine.exec(info.id, "echo out; echo err >&2; exit 3")
+    assert (r.returncode, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
+    r = await engine.exec(info.id, ["no-such-command"])
+    assert r.returncode == 127 and b"no-such-command" in r.stderr
+    with pytest.raises(FileNotFound):
+        await engine.exec(info.id, ["true"], cwd="/does/not/exist")
+    with pytest.raises(InvalidArgument):
+        await engine.exec(info.id, [])
+    with pytest.raises(InvalidArgument):
+        await engine.exec(info.id, ["true"], timeout=-1)
+
+
+async def test_large_stdin_is_delivered_whole(engine):
+    info = await engine.create()
+    data = bytes(range(256)) * 8192  # 2 MiB, more than a pipe holds
+    r = await engine.exec(info.id, ["sha256sum"], stdin=data)
+    import hashlib
+
+    assert r.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+
+
+async def test_streaming_keeps_order_and_separates_streams(engine):
+    info = await engine.create()
+    events = []
+    cmd = "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.05; done; exit 7"
+    async for ev in engine.exec_stream(info.id, cmd):
+        events.append(ev)
+    assert events[-1].kind == "exit" and events[-1].result.returncode == 7
+    out = b"".join(e.data for e in events if e.kind == "stdout")
+    err = b"".join(e.data for e in events if e.kind == "stderr")
+    assert out == b"out1\nout2\nout3\n" and err == b"err1\nerr2\nerr3\n"
+    # with a pause between lines, they arrive as separate chunks, in order
+    kinds = [(e.kind, e.data) for e in events if e.kind != "exit"]
+    assert kinds.index(("stdout", b"out1\n")) < kinds.index(("stdout", b"out2\n"))
+    assert kinds.index(("stderr", b"err1\n")) < kinds.index(("stdout", b"out2\n"))
+
+
+async def test_closing_a_stream_kills_the_command(engine):
+    info = await engine.create()
+    gen = engine.exec_stream(info.id, "echo started; exec sleep 60")
+    ev = await gen.__anext__()
+    assert ev.data == b"started\n"
+    await gen.aclose()
+    for _ in range(50):
+        r = await engine.exec(info.id, COUNT_SLEEPS)
+        if r.stdout.strip() == b"0":
+            break
+        await asyncio.sleep(0.05)
+    assert r.stdout.strip() == b"0"
+
+
+async def test_timeout_kills_the_whole_process_group(engine):
+    info = await engine.create()
+    r = await engine.exec(info.id, "sleep 100 & sleep 100 & echo begun; wait", timeout=0.5)
+    assert r.timed_out and r.returncode == -9 and r.stdout == b"begun\n"
+    r = await engine.exec(info.id, COUNT_SLEEPS)
+    assert r.stdout.strip() == b"0"
+
+
+async def test_output_flood_is_truncated(engine):
+    info = await engine.create()
+    r = await engine.exec(info.id, "head -c 5000000 /dev/zero; echo tail >&2", max_output=100_000)
+    assert r.stdout_truncated and len(r.stdout) == 100_000 and r.returncode == 0
+    assert not r.stderr_truncated and r.stderr == b"tail\n"
+
+
+async def test_commands_run_concurrently(engine):
+    info = await engine.create()
+    # each command waits until all four have started: only possible if they overlap
+    cmd = (
+        "touch /tmp/started.$N; for i in $(seq 200); do "
+        "[ $(ls /tmp/started.* | wc -l) -ge 4 ] && exit 0; sleep 0.02; done; exit 1"
+    )
+    results = await asyncio.gather(
+        *(engine.exec(info.id, cmd, env={"N": str(i)}) for i in range(4))
+    )
+    assert [r.returncode for r in results] == [0, 0, 0, 0]
+
+
+async def test_orphans_are_reaped(engine):
+    info = await engine.create()
+    for _ in range(5):
+        await engine.exec(info.id, "(sleep 0.1 &) ; true")
+    await asyncio.sleep(0.4)
+    r = await engine.exec(info.id, "cat /proc/[0-9]*/status | grep -c '^State:.Z' || true")
+    assert r.stdout.strip() == b"0"
+
+
+async def test_fork_bomb_is_capped_by_pids(engine):
+    info = await engine.create(pids=40)
+    bomb = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print(n)\n"
+    )
+    r = await engine.exec(info.id, ["python3", "-c", bomb], timeout=20)
+    forked = int(r.stdout)
+    assert 0 < forked < 40
+    assert len(engine.cgroups.open(f"{engine.cgroup_parent}/{info.id}").pids()) <= 40
+    try:
+        await engine.exec(info.id, "true", timeout=5)  # may fail while full; must not hang
+    except CorralError:
+        pass
+
+
+async def test_disk_fill_stops_at_disk_mb(engine):
+    info = await engine.create(disk_mb=16)
+    r = await engine.exec(info.id, "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1; ls -l /workspace/big")
+    assert r.returncode != 0 or b"No space left" in r.stdout
+    assert b"No space left on device" in r.stdout
+    size = int(r.stdout.split(b"\n")[-2].split()[4])
+    assert size <= 16 << 20
+    with pytest.raises(FileError) as exc:
+        await engine.write_file(info.id, "/workspace/more", b"x" * (4 << 20))
+    assert "disk" in str(exc.value)
+    await engine.remove(info.id, "/workspace/big")
+    await engine.write_file(info.id, "/workspace/small", b"ok")  # space is back
+
+
+async def test_cpu_spinner_gets_only_its_quota(engine):
+    info = await engine.create(cpus=0.25)
+    cg = engine.cgroups.open(f"{engine.cgroup_parent}/{info.id}")
+    r = await engine.exec(
+        info.id,
+        ["python3", "-c", "import time\nt=time.monotonic()\nwhile time.monotonic()-t<1.5: pass"],
+    )
+    used = cg.cpu_seconds()
+    # 1.5 s of wall at a quarter CPU is ~0.375 s; allow slack for start-up.
+    assert r.returncode == 0 and used < 0.75, used
+
+
+def _wheel(name: str) -> bytes:
+    buf = io.BytesIO()
+    dist = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": "VALUE = 42\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(buf, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return buf.getvalue()
+
+
+async def test_state_persists_between_calls(engine):
+    info = await engine.create()
+    await engine.write_file(info.id, "/workspace/probe-1.0-py3-none-any.whl", _wheel("probe"))
+    r = await engine.exec(info.id, "pip install --no-index --quiet /workspace/probe-1.0-py3-none-any.whl")
+    assert r.returncode == 0, r.stderr
+    r = await engine.exec(info.id, ["python3", "-c", "import probe; print(probe.VALUE)"])
+    assert r.stdout == b"42\n"
+    await engine.exec(info.id, "mkdir -p /workspace/d && echo kept > /workspace/d/f")
+    r = await engine.exec(info.id, "cat d/f", cwd="/workspace")
+    assert r.stdout == b"kept\n"
+
+
+async def test_file_operations(engine):
+    info = await engine.create()
+    sid = info.id
+    await engine.write_file(sid, "/app/deep/dir/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    r = await engine.exec(sid, ["/app/deep/dir/run.sh"])
+    assert r.stdout == b"ran\n"
+    st = await engine.stat(sid, "/app/deep/dir/run.sh")
+    assert st.mode == 0o755 and st.size == 19 and not st.is_dir
+    big = bytes(range(256)) * 12_000  # ~3 MiB: several chunks each way
+    await engine.write_file(sid, "rel/big.bin", big)  # relative to the workdir
+    assert await engine.read_file(sid, "/workspace/rel/big.bin") == big
+    with pytest.raises(FileTooLarge):
+        await engine.read_file(sid, "/workspace/rel/big.bin", max_bytes=1000)
+    await engine.mkdir(sid, "/app/empty")
+    names = [e.name for e in await engine.list_dir(sid, "/app")]
+    assert names == ["deep", "empty"]
+    assert (await engine.stat(sid, "/app/empty")).is_dir
+    with pytest.raises(FileNotFound) as exc:
+        await engine.read_file(sid, "/app/missing")
+    assert isinstance(exc.value, FileNotFoundError)
+    with pytest.raises(FileError):
+        await engine.remove(sid, "/app/deep")  # not empty
+    await engine.remove(sid, "/app/deep", recursive=True)
+    with pytest.raises(FileNotFound):
+        await engine.stat(sid, "/app/deep")
+    with pytest.raises(FileError):
+        await engine.write_file(sid, "/usr/bin/evil", b"x")
+    with pytest.raises(FileError):
+        await engine.read_file(sid, "/app")  # a directory

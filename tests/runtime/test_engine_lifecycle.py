@@ -1,0 +1,212 @@
+"""Lifecycle, listing, bad input and crash safety of the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.errors import (
+    ImageNotFound,
+    InvalidArgument,
+    InvalidState,
+    SandboxNotFound,
+)
+from corral.runtime import syscalls
+from corral.schema import SandboxState
+from tests.conftest import requires_root
+
+pytestmark = [requires_root, pytest.mark.root]
+
+
+def leftovers(engine) -> dict:
+    """Everything of the engine's that exists on the host besides its registry."""
+    return {
+        "mounts": syscalls.mounts_under(str(engine.layout.sandboxes_dir)),
+        "cgroups": engine.cgroups.children(engine.cgroup_parent),
+        "dirs": sorted(p.name for p in engine.layout.sandboxes_dir.iterdir()),
+    }
+
+
+async def wait_state(engine, sid, state, limit=15.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        info = engine.get(sid)
+        if info.state == state:
+            return info
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{sid} stayed {engine.get(sid).state}, expected {state}")
+
+
+async def test_pause_freezes_and_resume_continues(engine):
+    info = await engine.create()
+    sid = info.id
+    await engine.exec(sid, "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.01; done' >/dev/null 2>&1 &")
+    await asyncio.sleep(0.2)
+    paused = await engine.pause(sid)
+    assert paused.state == SandboxState.PAUSED
+    before = (Path(engine.layout.sandbox_dir(sid)) / "rw/upper/tmp/n").read_text()
+    await asyncio.sleep(0.3)
+    after = (Path(engine.layout.sandbox_dir(sid)) / "rw/upper/tmp/n").read_text()
+    assert before == after, "a paused sandbox kept running"
+    with pytest.raises(InvalidState, match="resume"):
+        await engine.exec(sid, "true")
+    assert (await engine.resume(sid)).state == SandboxState.RUNNING
+    await asyncio.sleep(0.2)
+    r = await engine.exec(sid, "cat /tmp/n")
+    assert int(r.stdout) > int(after)
+
+
+async def test_stop_then_delete_is_idempotent(engine):
+    info = await engine.create(tags=["rl", "job=1"])
+    stopped = await engine.stop(info.id, grace=0.5)
+    assert stopped.state == SandboxState.STOPPED and stopped.ended_at
+    with pytest.raises(InvalidState):
+        await engine.exec(info.id, "true")
+    assert (await engine.stop(info.id)).state == SandboxState.STOPPED
+    assert await engine.delete(info.id) is True
+    assert await engine.delete(info.id) is False
+    with pytest.raises(SandboxNotFound):
+        engine.get(info.id)
+    assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
+
+
+async def test_graceful_stop_lets_commands_handle_sigterm(engine):
+    info = await engine.create()
+    stream = engine.exec_stream(
+        info.id, "trap 'echo got-term > /workspace/term; exit 0' TERM; echo ready; while true; do sleep 0.05; done"
+    )
+    assert (await stream.__anext__()).data == b"ready\n"
+    stop = asyncio.create_task(engine.stop(info.id, grace=3))
+    rest = [ev async for ev in stream]
+    await stop
+    assert rest[-1].kind == "exit" and rest[-1].result.returncode == 0
+
+
+async def test_list_by_tags_and_state(engine):
+    a = await engine.create(tags=["rl", "job=1"])
+    b = await engine.create(tags=["rl", "job=2"])
+    c = await engine.create(tags=["eval"])
+    await engine.pause(b.id)
+    ids = lambda infos: sorted(i.id for i in infos)  # noqa: E731
+    assert ids(engine.list(tags=["rl"])) == sorted([a.id, b.id])
+    assert ids(engine.list(tags=["rl", "job=2"])) == [b.id]
+    assert ids(engine.list(state="paused")) == [b.id]
+    assert ids(engine.list(state=["running"])) == sorted([a.id, c.id])
+    assert ids(engine.list(tags=["nope"])) == []
+    with pytest.raises(InvalidArgument):
+        engine.list(state="sleeping")
+
+
+async def test_lifetime_and_idle_timeouts_are_reaped(engine):
+    short = await engine.create(timeout=1)
+    idle = await engine.create(idle_timeout=1)
+    busy = await engine.create(idle_timeout=1)
+    run = asyncio.create_task(engine.exec(busy.id, "sleep 2.5"))
+    info = await wait_state(engine, short.id, SandboxState.STOPPED)
+    assert "timeout" in info.reason
+    info = await wait_state(engine, idle.id, SandboxState.STOPPED)
+    assert "idle" in info.reason
+    r = await run
+    assert r.returncode == 0, "a sandbox running a command is not idle"
+
+
+async def test_bad_input_leaves_nothing_behind(engine):
+    before = leftovers(engine)
+    rows = len(engine.list())
+    for bad in (
+        dict(cpus=-1), dict(memory_mb=0), dict(pids=-5), dict(disk_mb=-1), dict(timeout=0),
+        dict(tags=["bad tag with spaces"]), dict(env={"1BAD": "x"}), dict(workdir="relative"),
+        dict(workdir="/a/../b"), dict(network="bridge"), dict(unknown_field=1),
+    ):
+        with pytest.raises(InvalidArgument):
+            await engine.create(**bad)
+    with pytest.raises(ImageNotFound, match="no-such-image"):
+        await engine.create(image="no-such-image")
+    with pytest.raises(InvalidArgument):
+        await engine.create(image="../../etc")
+    with pytest.raises(SandboxNotFound):
+        await engine.exec("sb-000000000000", "true")
+    with pytest.raises(SandboxNotFound):
+        await engine.read_file("sb-000000000000", "/etc/passwd")
+    with pytest.raises(SandboxNotFound):
+        await engine.pause("sb-nope")
+    assert leftovers(engine) == before
+    assert len(engine.list()) == rows
+
+
+async def test_an_agent_that_dies_marks_the_sandbox_failed(engine):
+    info = await engine.create()
+    live = engine._live[info.id]
+    os.kill(live.proc.pid, signal.SIGKILL)  # the outer bwrap; --die-with-parent takes the rest
+    failed = await wait_state(engine, info.id, SandboxState.FAILED)
+    assert "unexpectedly" in failed.reason
+    assert leftovers(engine)["mounts"] == []
+
+
+OWNER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from corral.runtime.engine import Engine
+    async def main():
+        eng = await Engine.open(sys.argv[1])
+        ids = []
+        for i in range(3):
+            info = await eng.create(memory_mb=64)
+            await eng.exec(info.id, "sleep 1000 >/dev/null 2>&1 &")
+            ids.append(info.id)
+        await eng.pause(ids[0])
+        print(" ".join(ids), flush=True)
+        await asyncio.sleep(3600)
+    asyncio.run(main())
+    """
+)
+
+
+async def test_restart_after_kill_9_cleans_up_and_reports_failed(state_dir):
+    from corral.runtime.engine import Engine
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(state_dir)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        ids = owner.stdout.readline().split()
+        assert len(ids) == 3, "the owner process did not create its sandboxes"
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        engine = await Engine.open(state_dir)
+        try:
+            for sid in ids:
+                info = engine.get(sid)
+                assert info.state == SandboxState.FAILED
+                assert "lost" in info.reason and "restarted" in info.reason
+            assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
+            # no process of the old sandboxes survives (the paused one included)
+            for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+                try:
+                    uid = os.stat(f"/proc/{pid}").st_uid
+                except FileNotFoundError:
+                    continue
+                if uid == 1_000_000:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    assert str(state_dir).encode() not in cmd, f"leaked process {pid}"
+        finally:
+            await engine.close()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+async def test_two_engines_cannot_share_a_state_dir(engine, state_dir):
+    from corral.runtime.engine import Engine
+
+    with pytest.raises(InvalidState, match="another corral engine"):
+        await Engine.open(state_dir)
