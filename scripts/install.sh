@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make iproute2 util-linux procps)
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 util-linux procps)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

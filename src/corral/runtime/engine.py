@@ -46,10 +46,10 @@ from corral.errors import (
 )
 from corral.runtime import cgroups, rootfs, seccomp, syscalls
 from corral.runtime.agentbuild import ensure_agent
-from corral.runtime.channel import AgentChannel, ExecStream
+from corral.runtime.channel import AgentChannel
 from corral.runtime.images import ImageStore
-from corral.runtime.pathutil import resolve_path
 from corral.runtime.paths import Layout
+from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Msg, Tag, decode_entry
 from corral.runtime.registry import Registry
 from corral.schema import (
