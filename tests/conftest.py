@@ -61,6 +61,14 @@ def _wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float = 60.0) 
     raise RuntimeError("daemon did not start listening in time")
 
 
+def _base_dir() -> Path:
+    base = Path(tempfile.mkdtemp(prefix="corral-test-daemon-"))
+    # mkdtemp makes it 0700; sandboxes run as an unprivileged host uid and bwrap must
+    # traverse the path to their root directory (the engine makes its own dirs 0711).
+    os.chmod(base, 0o711)
+    return base
+
+
 class Daemon:
     """A real `corral serve` process on a private socket and state directory."""
 
@@ -101,7 +109,7 @@ def daemon():
     """One daemon shared by the tests of a session (they must clean up after themselves)."""
     if not have_root_runtime():
         pytest.skip(ROOT_REASON)
-    base = Path(tempfile.mkdtemp(prefix="corral-test-daemon-"))
+    base = _base_dir()
     d = Daemon(base).start()
     yield d
     d.stop()
@@ -116,7 +124,7 @@ def make_daemon():
     def factory(*args: str) -> Daemon:
         if not have_root_runtime():
             pytest.skip(ROOT_REASON)
-        base = Path(tempfile.mkdtemp(prefix="corral-test-daemon-"))
+        base = _base_dir()
         d = Daemon(base, list(args)).start()
         started.append(d)
         return d

@@ -268,17 +268,7 @@ class Engine:
 
     async def _start(self, live: _Live, lowers: list[Path], cg_path: str) -> None:
         spec = live.spec
-        rootfs.mount_root(
-            live.sandbox_dir,
-            lowers,
-            disk_mb=spec.disk_mb,
-            uid=SANDBOX_HOST_UID,
-            gid=SANDBOX_HOST_UID,
-            owned_dirs=sorted({SANDBOX_HOME, spec.workdir} - {"/"}),
-        )
-        live.cgroup = self.cgroups.create(
-            cg_path, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
-        )
+        await asyncio.to_thread(self._prepare_resources, live, lowers, cg_path)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         seccomp_r, seccomp_w = os.pipe()
         log_path = live.sandbox_dir / "bwrap.log"
@@ -319,6 +309,21 @@ class Engine:
         )
         live.state = SandboxState.RUNNING
         live.last_active = time.monotonic()
+
+    def _prepare_resources(self, live: _Live, lowers: list[Path], cg_path: str) -> None:
+        """Mount the root and create the cgroup (blocking syscalls, run in a thread)."""
+        spec = live.spec
+        rootfs.mount_root(
+            live.sandbox_dir,
+            lowers,
+            disk_mb=spec.disk_mb,
+            uid=SANDBOX_HOST_UID,
+            gid=SANDBOX_HOST_UID,
+            owned_dirs=sorted({SANDBOX_HOME, spec.workdir} - {"/"}),
+        )
+        live.cgroup = self.cgroups.create(
+            cg_path, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
+        )
 
     def _launch_argv(self, live: _Live, ctl_fd: int, seccomp_fd: int) -> list[str]:
         spec = live.spec
@@ -480,6 +485,12 @@ class Engine:
                 await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
             except asyncio.TimeoutError:
                 pass
+        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
+        # thread, many teardowns overlap (and use both cores) instead of queueing.
+        await asyncio.to_thread(self._release_resources, live)
+
+    @staticmethod
+    def _release_resources(live: _Live) -> None:
         if live.cgroup is not None:
             try:
                 live.cgroup.remove()
