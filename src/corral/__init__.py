@@ -1,3 +1,97 @@
-"""corral: self-hosted sandboxes for reinforcement learning."""
+"""corral: self-hosted sandboxes for reinforcement learning.
+
+Blocking::
+
+    import corral
+
+    with corral.Sandbox.create(image="python", memory_mb=512, timeout=600) as sb:
+        r = sb.exec(["python3", "-c", "print(6*7)"], timeout=10)
+        print(r.returncode, r.stdout)                      # 0 42
+
+asyncio: the same API on :class:`AsyncSandbox` (``await``, ``async with``,
+``async for``). Fan-out on threads: :func:`submit`, ``Sandbox.create_future``,
+``sb.exec_future``, :func:`wait`, :func:`as_completed`. Sandboxes with shared
+defaults, deleted together: :class:`Session`.
+
+Where the daemon is: ``CORRAL_URL`` / ``CORRAL_SOCKET`` (see ``corral.client._config``);
+with neither, the SDK starts a shared local daemon itself.
+"""
+
+from corral.client._async import (
+    AsyncClient,
+    AsyncExecStream,
+    AsyncFiles,
+    AsyncSandbox,
+    AsyncSession,
+)
+from corral.client._futures import Handle, as_completed, submit, wait
+from corral.client._models import CommandResult, OutputChunk
+from corral.client._sync import Client, ExecStream, Files, Sandbox, Session
+from corral.errors import (
+    CapacityExceeded,
+    CorralError,
+    DaemonUnavailable,
+    ExecTimeout,
+    FileError,
+    FileNotFound,
+    FileTooLarge,
+    ImageNotFound,
+    InternalError,
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    PathOutsideSandbox,
+    SandboxLost,
+    SandboxNotFound,
+    SandboxStartError,
+    SandboxTimeout,
+    Unauthorized,
+    Unsupported,
+)
+from corral.schema import FileInfo, NetworkMode, SandboxInfo, SandboxSpec, SandboxState
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "AsyncExecStream",
+    "AsyncFiles",
+    "AsyncSandbox",
+    "AsyncSession",
+    "CapacityExceeded",
+    "Client",
+    "CommandResult",
+    "CorralError",
+    "DaemonUnavailable",
+    "ExecStream",
+    "ExecTimeout",
+    "FileError",
+    "FileInfo",
+    "FileNotFound",
+    "FileTooLarge",
+    "Files",
+    "Handle",
+    "ImageNotFound",
+    "InternalError",
+    "InvalidArgument",
+    "InvalidState",
+    "NetworkMode",
+    "NotFound",
+    "OutputChunk",
+    "PathOutsideSandbox",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxLost",
+    "SandboxNotFound",
+    "SandboxSpec",
+    "SandboxStartError",
+    "SandboxState",
+    "SandboxTimeout",
+    "Session",
+    "Unauthorized",
+    "Unsupported",
+    "__version__",
+    "as_completed",
+    "submit",
+    "wait",
+]

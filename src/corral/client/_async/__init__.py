@@ -1,0 +1,9 @@
+"""The client's classes (see scripts/unasync.py for how the two variants relate)."""
+
+from corral.client._async._client import AsyncClient
+from corral.client._async._files import AsyncFiles
+from corral.client._async._sandbox import AsyncSandbox
+from corral.client._async._session import AsyncSession
+from corral.client._async._stream import AsyncExecStream
+
+__all__ = ["AsyncClient", "AsyncExecStream", "AsyncFiles", "AsyncSandbox", "AsyncSession"]

@@ -1,0 +1,147 @@
+"""The connection to a corral daemon: one HTTP connection pool, shared by sandboxes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from corral.client._backends import AsyncBackend
+from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint
+from corral.client._embed import ensure_daemon
+from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
+from corral.errors import DaemonUnavailable
+
+# Commands run for minutes and fan-out runs hundreds at once: a connection per call in
+# flight (a Unix socket is cheap), and no wait for a free one.
+_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+
+
+def _timeout(seconds: float | None) -> httpx.Timeout:
+    connect = CONNECT_TIMEOUT if seconds is None else min(CONNECT_TIMEOUT, seconds)
+    return httpx.Timeout(seconds, connect=connect, pool=None)
+
+
+class AsyncClient:
+    """A connection pool to one corral daemon, used by the sandboxes made with it.
+
+    ``url`` is ``unix:///path/to/corral.sock`` or ``http://host:port`` (with
+    ``token``); left out, it comes from ``CORRAL_URL``, else ``CORRAL_SOCKET`` (see
+    :mod:`corral.client._config`), and then the SDK may start a daemon itself.
+    ``timeout`` bounds every request except commands, whose requests last as long as
+    the command's own timeout allows. Building a client does no I/O.
+
+    Example::
+
+        async with corral.AsyncClient("unix:///run/corral/corral.sock") as client:
+            sb = await corral.AsyncSandbox.create(image="python", client=client)
+
+    Calls that get no ``client=`` share :meth:`default`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._endpoint = Endpoint.resolve(url, token)
+        self.timeout = timeout
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport(uds=self._endpoint.uds, limits=_LIMITS)
+        self._http = httpx.AsyncClient(
+            base_url=self._endpoint.base_url,
+            headers=self._endpoint.headers(),
+            timeout=_timeout(timeout),
+            transport=transport,
+        )
+
+    @classmethod
+    def default(cls) -> AsyncClient:
+        """The client shared by calls given none, configured from the environment.
+
+        One per process (and, for asyncio, per event loop); built on first use.
+        """
+        return AsyncBackend.shared(cls)
+
+    @property
+    def url(self) -> str:
+        """The daemon's address, ``unix://...`` or ``http://...``."""
+        return self._endpoint.url
+
+    @property
+    def is_closed(self) -> bool:
+        return self._http.is_closed
+
+    async def health(self) -> dict[str, Any]:
+        """``{"status": "ok"}`` if the daemon answers; :class:`DaemonUnavailable` if not."""
+        return (await self.request("GET", "/v1/health")).json()
+
+    async def info(self) -> dict[str, Any]:
+        """The daemon's version, capacity and sandbox counts (``GET /v1/info``)."""
+        return (await self.request("GET", "/v1/info")).json()
+
+    async def request(
+        self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any
+    ) -> httpx.Response:
+        """Send one request of the HTTP API (``docs/api.md``) and return its reply.
+
+        Error replies raise their typed :class:`~corral.errors.CorralError`; an
+        unreachable daemon raises :class:`~corral.errors.DaemonUnavailable`.
+        """
+        return await self.send(self._build(method, path, timeout, kwargs), stream=False)
+
+    async def stream(
+        self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any
+    ) -> httpx.Response:
+        """Like :meth:`request`, but the body is left unread: read it with
+        ``aiter_lines()``/``aiter_bytes()`` and close the reply with ``aclose()``."""
+        return await self.send(self._build(method, path, timeout, kwargs), stream=True)
+
+    def _build(
+        self, method: str, path: str, timeout: float | None, kwargs: dict[str, Any]
+    ) -> httpx.Request:
+        if timeout is not UNSET:
+            kwargs["timeout"] = _timeout(timeout)
+        return self._http.build_request(method, path, **kwargs)
+
+    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        """Send a built request; start the embedded daemon first if it is needed."""
+        try:
+            response = await self._send_once(request, stream)
+        except DaemonUnavailable as exc:
+            if not (self._endpoint.embed and self._endpoint.uds and is_connect_error(exc)):
+                raise
+            # Nothing listens on the default socket (never started, or it exited when
+            # idle): start the shared daemon, then retry; the request never left.
+            await AsyncBackend.run_blocking(ensure_daemon, self._endpoint.uds)
+            response = await self._send_once(request, stream)
+        if response.is_error and stream:
+            with daemon_errors(self._endpoint):
+                await response.aread()
+            await response.aclose()
+        raise_for_status(response)
+        return response
+
+    async def _send_once(self, request: httpx.Request, stream: bool) -> httpx.Response:
+        with daemon_errors(self._endpoint):
+            return await self._http.send(request, stream=stream)
+
+    def _errors(self) -> Any:
+        """A context manager turning transport errors into ``DaemonUnavailable``."""
+        return daemon_errors(self._endpoint)
+
+    async def aclose(self) -> None:
+        """Close the connections (sandboxes stay; only this process's pool closes)."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"

@@ -1,0 +1,115 @@
+"""What differs between the asyncio client and the blocking one, behind one interface.
+
+The client is written once, as asyncio code under ``corral/client/_async/``, and
+``scripts/unasync.py`` generates the blocking twin under ``_sync/`` by renaming
+(``AsyncBackend`` → ``SyncBackend``, ``await x`` → ``x``, ...). What renaming cannot
+express lives here, in two hand-written classes with the same methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_MAX_GATHER_THREADS = 32
+
+# The client used when a call is given none: one per process (and per event loop for
+# asyncio, whose connections belong to one loop). A cache, built on first use.
+_shared_lock = threading.Lock()
+_shared_sync: dict[tuple[int, type], Any] = {}
+_shared_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, type], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _shared_in(cache: dict[tuple[int, type], Any], factory: type[T]) -> T:
+    key = (os.getpid(), factory)  # a forked child must not share its parent's sockets
+    with _shared_lock:
+        client = cache.get(key)
+        if client is None or client.is_closed:
+            client = cache[key] = factory()
+        return client
+
+
+class AsyncBackend:
+    """asyncio implementations."""
+
+    @staticmethod
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    @staticmethod
+    async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work (file I/O, starting a daemon) without stalling the loop."""
+        return await asyncio.to_thread(fn, *args)
+
+    @staticmethod
+    async def gather(calls: list[Callable[[], Awaitable[T]]]) -> list[T | BaseException]:
+        """Run every call concurrently; each result or exception, in order."""
+        return await asyncio.gather(*(c() for c in calls), return_exceptions=True)
+
+    @staticmethod
+    def shared(factory: type[T]) -> T:
+        """The shared instance of ``factory`` for this process and running event loop."""
+        loop = asyncio.get_running_loop()
+        with _shared_lock:
+            cache = _shared_async.setdefault(loop, {})
+        return _shared_in(cache, factory)
+
+    @staticmethod
+    async def read_file(path: str | os.PathLike[str]) -> bytes:
+        return await asyncio.to_thread(Path(path).read_bytes)
+
+    @staticmethod
+    async def write_file(path: str | os.PathLike[str], data: bytes) -> None:
+        await asyncio.to_thread(Path(path).write_bytes, data)
+
+
+class SyncBackend:
+    """Blocking implementations."""
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
+
+    @staticmethod
+    def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    @staticmethod
+    def gather(calls: list[Callable[[], T]]) -> list[T | BaseException]:
+        """Run every call on threads of its own; each result or exception, in order."""
+        if not calls:
+            return []
+
+        def attempt(call: Callable[[], T]) -> T | BaseException:
+            try:
+                return call()
+            except Exception as exc:
+                return exc
+
+        workers = min(len(calls), _MAX_GATHER_THREADS)
+        with ThreadPoolExecutor(workers, thread_name_prefix="corral-gather") as pool:
+            return list(pool.map(attempt, calls))
+
+    @staticmethod
+    def shared(factory: type[T]) -> T:
+        """The shared instance of ``factory`` for this process."""
+        return _shared_in(_shared_sync, factory)
+
+    @staticmethod
+    def read_file(path: str | os.PathLike[str]) -> bytes:
+        return Path(path).read_bytes()
+
+    @staticmethod
+    def write_file(path: str | os.PathLike[str], data: bytes) -> None:
+        Path(path).write_bytes(data)

@@ -1,0 +1,91 @@
+"""Where the SDK finds the daemon, and the defaults it uses.
+
+Environment variables (read only here, when a client is built):
+
+- ``CORRAL_URL``: the daemon, as ``unix:///path/to/corral.sock`` or ``http://host:port``
+  (``https://`` too). Setting it turns the embedded daemon off: the SDK then only
+  connects.
+- ``CORRAL_TOKEN``: the bearer token sent with every request (needed over TCP).
+- ``CORRAL_SOCKET``: the Unix socket used when ``CORRAL_URL`` is unset
+  (default ``/run/corral/corral.sock``).
+- ``CORRAL_NO_EMBED``: ``1`` stops the SDK from starting a daemon itself when nothing
+  answers on ``CORRAL_SOCKET``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from corral.errors import InvalidArgument
+
+DEFAULT_SOCKET = "/run/corral/corral.sock"
+DEFAULT_TIMEOUT = 60.0
+"""Seconds an ordinary request (not an ``exec``) may take before the SDK gives up."""
+CREATE_TIMEOUT = 600.0
+"""Seconds a create may take: the daemon may queue it (admission control) before starting."""
+EXEC_TIMEOUT_MARGIN = 30.0
+"""Seconds added to a command's own timeout for the HTTP request that runs it."""
+CONNECT_TIMEOUT = 10.0
+UDS_BASE_URL = "http://corral"  # the host part means nothing over a Unix socket
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""Keeps "not passed" apart from ``None`` (for timeouts, ``None`` means "no timeout")."""
+
+
+def exec_http_timeout(timeout: float | None) -> float | None:
+    """The HTTP timeout of a request running a command: always past the command's own."""
+    return None if timeout is None else timeout + EXEC_TIMEOUT_MARGIN
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A resolved daemon address.
+
+    >>> Endpoint.resolve("unix:///tmp/c.sock").uds
+    '/tmp/c.sock'
+    >>> Endpoint.resolve("http://10.0.0.5:7070", token="s3cret").base_url
+    'http://10.0.0.5:7070'
+    """
+
+    url: str
+    base_url: str
+    uds: str | None = None
+    token: str | None = None
+    embed: bool = False  # may start a daemon on ``uds`` when nothing answers there
+
+    @classmethod
+    def resolve(cls, url: str | None = None, token: str | None = None) -> Endpoint:
+        """An explicit ``url`` wins over ``CORRAL_URL``, which wins over ``CORRAL_SOCKET``."""
+        token = token if token is not None else (os.environ.get("CORRAL_TOKEN") or None)
+        url = url or os.environ.get("CORRAL_URL") or None
+        if url is None:
+            sock = os.environ.get("CORRAL_SOCKET") or DEFAULT_SOCKET
+            embed = os.environ.get("CORRAL_NO_EMBED", "").strip().lower() not in _TRUE
+            return cls(f"unix://{sock}", UDS_BASE_URL, sock, token, embed)
+        parts = urlsplit(url)
+        if parts.scheme == "unix":
+            path = unquote(parts.netloc + parts.path)
+            if not path.startswith("/"):
+                raise InvalidArgument(
+                    f"invalid daemon URL {url!r}: write a Unix socket as unix:///abs/path.sock"
+                )
+            return cls(url, UDS_BASE_URL, path, token)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            return cls(url, url.rstrip("/"), None, token)
+        raise InvalidArgument(
+            f"invalid daemon URL {url!r}: use unix:///path/to/corral.sock or http://host:port"
+        )
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}

@@ -1,0 +1,211 @@
+"""What SDK calls return, and the translation between them and the wire format.
+
+Shared by the asyncio and the blocking client (see ``docs/api.md`` for the wire).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import subprocess
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any, Literal
+
+from corral.errors import ExecTimeout, InvalidArgument, error_from_dict
+from corral.schema import FileInfo, SandboxSpec
+
+Command = str | Sequence[str]
+"""An argv list (run as is) or a shell string (run by ``/bin/sh -c``)."""
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class CommandResult:
+    """How a command ended, with its output (like :class:`subprocess.CompletedProcess`).
+
+    A timeout or an out-of-memory kill is a result, not an exception, so reward code
+    can score it; ``check_returncode()`` (or ``exec(..., check=True)``) turns a
+    failure into an exception.
+
+    >>> r = sb.exec(["python3", "-c", "print(6*7)"], timeout=10)   # doctest: +SKIP
+    >>> r.returncode, r.stdout, r.ok                               # doctest: +SKIP
+    (0, '42\\n', True)
+    """
+
+    args: Command
+    returncode: int
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration: float = 0.0
+    sandbox_id: str = ""
+    timeout: float | None = None
+
+    @cached_property
+    def stdout(self) -> str:
+        """The standard output as text (invalid UTF-8 replaced by U+FFFD)."""
+        return self.stdout_bytes.decode(errors="replace")
+
+    @cached_property
+    def stderr(self) -> str:
+        """The standard error as text (invalid UTF-8 replaced by U+FFFD)."""
+        return self.stderr_bytes.decode(errors="replace")
+
+    @property
+    def truncated(self) -> bool:
+        """True if either stream went over ``max_output`` and lost its tail."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def ok(self) -> bool:
+        """Exit status 0, in time, and not killed for memory."""
+        return self.returncode == 0 and not self.timed_out and not self.oom_killed
+
+    def __repr__(self) -> str:
+        flags = "".join(
+            f", {name}=True"
+            for name in ("timed_out", "oom_killed", "truncated")
+            if getattr(self, name)
+        )
+        return (
+            f"CommandResult(returncode={self.returncode}, stdout={_clip(self.stdout)}, "
+            f"stderr={_clip(self.stderr)}{flags}, duration={self.duration:.3f})"
+        )
+
+    def check_returncode(self) -> None:
+        """Raise :class:`~corral.errors.ExecTimeout` if the command timed out, or
+        :class:`subprocess.CalledProcessError` (with ``stdout``/``stderr``) if its exit
+        status is not 0; the exception's ``result`` attribute is this result."""
+        exc: Exception
+        if self.timed_out:
+            exc = ExecTimeout(
+                f"sandbox {self.sandbox_id}: the command {describe_command(self.args)} timed out after "
+                f"{self.timeout}s and was killed: raise timeout= or make it faster",
+                details={"sandbox_id": self.sandbox_id, "timeout": self.timeout},
+            )
+        elif self.returncode != 0:
+            exc = subprocess.CalledProcessError(
+                self.returncode, self.args, output=self.stdout, stderr=self.stderr
+            )
+        else:
+            return
+        exc.result = self  # type: ignore[union-attr]
+        raise exc
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputChunk:
+    """A piece of a streamed command's output, as it was produced.
+
+    ``data`` is exact; ``text`` decodes this chunk alone, so a multi-byte character
+    split between two chunks shows as U+FFFD: join ``data`` when that matters.
+    """
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def describe_command(cmd: Command) -> str:
+    """A short, quoted rendering of a command for messages."""
+    return _clip(cmd if isinstance(cmd, str) else " ".join(cmd))
+
+
+def spec_body(fields: dict[str, Any]) -> dict[str, Any]:
+    """Validate the spec fields that were given (``None`` means "daemon default").
+
+    Raises :class:`~corral.errors.InvalidArgument` before any request is sent.
+    """
+    given = {k: v for k, v in fields.items() if v is not None}
+    return SandboxSpec.parse(given).model_dump(mode="json", exclude_unset=True)
+
+
+def exec_body(
+    cmd: Command,
+    *,
+    timeout: float | None,
+    env: dict[str, str] | None,
+    cwd: str | None,
+    stdin: bytes | str | None,
+    max_output: int | None,
+) -> dict[str, Any]:
+    """The ``ExecRequest`` of ``docs/api.md``."""
+    if not isinstance(cmd, str):
+        if isinstance(cmd, bytes) or not all(isinstance(a, str) for a in cmd):
+            raise InvalidArgument(
+                "cmd must be a list of strings (argv) or one shell string, "
+                f"got {type(cmd).__name__}"
+            )
+        cmd = list(cmd)
+    body: dict[str, Any] = {"cmd": cmd, "timeout": timeout}
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if isinstance(stdin, bytes):
+        try:
+            body["stdin"] = stdin.decode()
+        except UnicodeDecodeError:
+            body["stdin_b64"] = base64.b64encode(stdin).decode()
+    elif stdin is not None:
+        body["stdin"] = stdin
+    if max_output is not None:
+        body["max_output"] = max_output
+    return body
+
+
+def _wire_bytes(data: dict[str, Any], key: str) -> bytes:
+    """A byte string the wire carries as text, or base64 under ``<key>_b64``."""
+    b64 = data.get(f"{key}_b64")
+    if b64 is not None:
+        return base64.b64decode(b64)
+    return (data.get(key) or "").encode()
+
+
+def parse_exec(
+    data: dict[str, Any], *, args: Command, sandbox_id: str, timeout: float | None
+) -> CommandResult:
+    """Build a :class:`CommandResult` from an ``ExecResponse``."""
+    return CommandResult(
+        args=args,
+        returncode=int(data["returncode"]),
+        stdout_bytes=_wire_bytes(data, "stdout"),
+        stderr_bytes=_wire_bytes(data, "stderr"),
+        timed_out=bool(data.get("timed_out")),
+        oom_killed=bool(data.get("oom_killed")),
+        stdout_truncated=bool(data.get("stdout_truncated")),
+        stderr_truncated=bool(data.get("stderr_truncated")),
+        duration=float(data.get("duration") or 0.0),
+        sandbox_id=sandbox_id,
+        timeout=timeout,
+    )
+
+
+def parse_stream_item(item: dict[str, Any]) -> OutputChunk | dict[str, Any] | None:
+    """One line of an exec stream: an output chunk, the exit's ``ExecResponse``, or
+    ``None`` for an item this SDK does not know; an ``error`` item raises."""
+    kind = item.get("type")
+    if kind in ("stdout", "stderr"):
+        return OutputChunk(kind, _wire_bytes(item, "data"))
+    if kind == "exit":
+        return dict(item["result"])
+    if kind == "error":
+        raise error_from_dict(item.get("error") or {})
+    return None
+
+
+_FILE_FIELDS = frozenset(f.name for f in dataclasses.fields(FileInfo))
+
+
+def parse_file_info(data: dict[str, Any]) -> FileInfo:
+    return FileInfo(**{k: v for k, v in data.items() if k in _FILE_FIELDS})

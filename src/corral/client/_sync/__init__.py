@@ -1,0 +1,11 @@
+# Generated from _async/__init__.py by scripts/unasync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""The client's classes (see scripts/unasync.py for how the two variants relate)."""
+
+from corral.client._sync._client import Client
+from corral.client._sync._files import Files
+from corral.client._sync._sandbox import Sandbox
+from corral.client._sync._session import Session
+from corral.client._sync._stream import ExecStream
+
+__all__ = ["Client", "ExecStream", "Files", "Sandbox", "Session"]

@@ -1,0 +1,94 @@
+# Generated from _async/_files.py by scripts/unasync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""Files inside a sandbox: ``sb.files``."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from pathlib import Path
+
+from corral.client._sync._client import Client
+from corral.client._backends import SyncBackend
+from corral.client._models import parse_file_info
+from corral.errors import FileNotFound
+from corral.schema import FileInfo
+
+
+class Files:
+    """Read, write and list files inside one sandbox, as the sandbox's user sees them.
+
+    Relative paths are relative to the sandbox's ``workdir`` (``/workspace`` unless
+    set); a path that climbs above ``/`` raises :class:`~corral.errors.PathOutsideSandbox`.
+
+    Example::
+
+        sb.files.write("/app/solution.py", "print(42)\\n")
+        data = sb.files.read("/app/solution.py")        # b"print(42)\\n"
+        names = [f.name for f in sb.files.list("/app")]
+    """
+
+    def __init__(self, client: Client, sandbox_id: str) -> None:
+        self._client = client
+        self._sandbox_id = sandbox_id
+        self._base = f"/v1/sandboxes/{sandbox_id}/files"
+
+    def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Create or replace a file (parent directories are created); ``str`` is UTF-8."""
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        self._client.request(
+            "PUT", self._base, params={"path": path, "mode": f"{mode:04o}"}, content=content
+        )
+
+    def read(self, path: str) -> bytes:
+        """The whole content of a file."""
+        return (self._client.request("GET", self._base, params={"path": path})).content
+
+    def list(self, path: str = ".") -> builtins.list[FileInfo]:
+        """The entries of a directory, sorted by name."""
+        response = self._client.request("GET", f"{self._base}/list", params={"path": path})
+        return [parse_file_info(e) for e in response.json()["entries"]]
+
+    def stat(self, path: str) -> FileInfo:
+        """Size, mode, mtime and type of a file or directory."""
+        response = self._client.request("GET", f"{self._base}/stat", params={"path": path})
+        return parse_file_info(response.json())
+
+    def exists(self, path: str) -> bool:
+        """True if ``path`` exists (a file, a directory or anything else)."""
+        try:
+            self.stat(path)
+        except FileNotFound:
+            return False
+        return True
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, or a directory (non-empty ones only with ``recursive=True``)."""
+        params = {"path": path, "recursive": "true" if recursive else "false"}
+        self._client.request("DELETE", self._base, params=params)
+
+    def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755) -> None:
+        """Create a directory (and its parents, unless ``parents=False``)."""
+        body = {"path": path, "parents": parents, "mode": mode}
+        self._client.request("POST", f"{self._base}/mkdir", json=body)
+
+    def upload(
+        self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None
+    ) -> None:
+        """Copy a local file into the sandbox; ``mode`` defaults to the local file's
+        permission bits (so an executable stays executable)."""
+        local = Path(local_path)
+        if mode is None:
+            mode = (SyncBackend.run_blocking(local.stat)).st_mode & 0o777
+        data = SyncBackend.read_file(local)
+        self.write(remote_path, data, mode=mode)
+
+    def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
+        """Copy a file out of the sandbox to ``local_path``; returns that path."""
+        data = self.read(remote_path)
+        local = Path(local_path)
+        SyncBackend.write_file(local, data)
+        return local
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self._sandbox_id}>"

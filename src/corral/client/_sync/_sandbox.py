@@ -1,0 +1,249 @@
+# Generated from _async/_sandbox.py by scripts/unasync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""One sandbox: create, connect, run commands, move files, pause, stop, delete."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any, Self
+from urllib.parse import quote
+
+from corral.client._sync._cleanup import CleanupOnExit
+from corral.client._sync._client import Client
+from corral.client._sync._files import Files
+from corral.client._sync._stream import ExecStream
+from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
+from corral.client._futures import SandboxFutures
+from corral.client._models import Command, CommandResult, exec_body, parse_exec, spec_body
+from corral.schema import DEFAULT_EXEC_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxState
+
+
+class Sandbox(CleanupOnExit, SandboxFutures):
+    """An isolated sandbox on a corral daemon.
+
+    Make one with :meth:`create` (or attach to one with :meth:`connect`); used as a
+    context manager, it is deleted when the block ends, also after an exception::
+
+        with corral.Sandbox.create(image="python", timeout=600) as sb:
+            r = sb.exec(["python3", "-c", "print(6*7)"], timeout=10)
+            assert r.stdout == "42\\n"
+            sb.files.write("/app/solution.py", b"print(1)")
+
+    ``info`` and ``state`` are as of the last call that returned them; :meth:`refresh`
+    asks the daemon again.
+    """
+
+    def __init__(
+        self, info: SandboxInfo, *, client: Client, usage: dict[str, float] | None = None
+    ) -> None:
+        self._info = info
+        self._client = client
+        self._usage = usage
+        self._path = f"/v1/sandboxes/{quote(info.id, safe='')}"
+        self._files = Files(client, info.id)
+
+    # ------------------------------------------------------------- factories
+
+    @classmethod
+    def create(
+        cls,
+        image: str | None = None,
+        *,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        pids: int | None = None,
+        disk_mb: int | None = None,
+        open_files: int | None = None,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        tags: Sequence[str] | None = None,
+        network: NetworkMode | str | None = None,
+        client: Client | None = None,
+    ) -> Self:
+        """Start a sandbox and return once it can run commands.
+
+        Every limit left out (``None``) takes the daemon's default (see
+        :class:`corral.schema.SandboxSpec`); ``timeout`` is the sandbox's lifetime in
+        seconds, after which the daemon stops it. Invalid values raise
+        :class:`~corral.errors.InvalidArgument` before anything is sent; a full daemon
+        raises :class:`~corral.errors.CapacityExceeded` after queueing the request.
+        """
+        body = spec_body(
+            {
+                "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
+                "disk_mb": disk_mb, "open_files": open_files, "timeout": timeout,
+                "idle_timeout": idle_timeout, "env": env, "workdir": workdir,
+                "tags": list(tags) if tags is not None else None, "network": network,
+            }
+        )
+        client = client or Client.default()
+        response = client.request(
+            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT)
+        )
+        return cls(SandboxInfo.model_validate(response.json()), client=client)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, client: Client | None = None) -> Self:
+        """Attach to an existing sandbox; :class:`~corral.errors.SandboxNotFound` if none."""
+        client = client or Client.default()
+        data = (client.request("GET", f"/v1/sandboxes/{quote(sandbox_id, safe='')}")).json()
+        return cls(SandboxInfo.model_validate(data), client=client, usage=data.get("usage"))
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        tags: Sequence[str] = (),
+        state: SandboxState | str | Sequence[SandboxState | str] | None = None,
+        client: Client | None = None,
+    ) -> builtins.list[Self]:
+        """The sandboxes that carry every tag in ``tags`` and are in ``state`` (one or
+        several), oldest first.
+
+        >>> [sb.id for sb in corral.Sandbox.list(tags=["job=42"], state="running")]
+        """
+        client = client or Client.default()
+        states = [state] if isinstance(state, (str, SandboxState)) else list(state or ())
+        params = [("tag", t) for t in tags] + [("state", getattr(s, "value", s)) for s in states]
+        response = client.request("GET", "/v1/sandboxes", params=params)
+        return [
+            cls(SandboxInfo.model_validate(d), client=client) for d in response.json()["sandboxes"]
+        ]
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """Identity, state, spec and timestamps, as last seen."""
+        return self._info
+
+    @property
+    def state(self) -> SandboxState:
+        """The state as last seen (:meth:`refresh` updates it)."""
+        return self._info.state
+
+    @property
+    def tags(self) -> builtins.list[str]:
+        return self._info.tags
+
+    @property
+    def usage(self) -> dict[str, float] | None:
+        """``{"cpu_seconds", "memory_mb"}`` as of the last :meth:`refresh`, if it ran."""
+        return self._usage
+
+    @property
+    def files(self) -> Files:
+        """The sandbox's files: ``read``, ``write``, ``list``, ``upload``, ..."""
+        return self._files
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    # ------------------------------------------------------------- lifecycle
+
+    def refresh(self) -> SandboxInfo:
+        """Ask the daemon for this sandbox's current info (and usage)."""
+        data = (self._client.request("GET", self._path)).json()
+        self._info = SandboxInfo.model_validate(data)
+        self._usage = data.get("usage")
+        return self._info
+
+    def _lifecycle(self, action: str, body: dict[str, Any] | None = None) -> SandboxInfo:
+        response = self._client.request("POST", f"{self._path}/{action}", json=body)
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
+    def pause(self) -> SandboxInfo:
+        """Freeze every process of the sandbox (it keeps its memory)."""
+        return self._lifecycle("pause")
+
+    def resume(self) -> SandboxInfo:
+        """Thaw a paused sandbox."""
+        return self._lifecycle("resume")
+
+    def stop(self, *, grace: float | None = None) -> SandboxInfo:
+        """Stop the sandbox's processes (SIGTERM, then SIGKILL after ``grace`` seconds);
+        the sandbox stays listed until :meth:`delete`."""
+        return self._lifecycle("stop", {} if grace is None else {"grace": grace})
+
+    def delete(self) -> None:
+        """Stop the sandbox and remove it and its files; deleting twice is fine."""
+        self._client.request("DELETE", self._path)
+
+    # ------------------------------------------------------------------ exec
+
+    def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int | None = None,
+        check: bool = False,
+    ) -> CommandResult:
+        """Run a command to completion and return its :class:`~corral.CommandResult`.
+
+        ``cmd`` is an argv list or a shell string (run by ``/bin/sh -c``). A command
+        still running after ``timeout`` seconds (``None``: no limit) is killed and
+        returned with ``timed_out=True``; each stream keeps its first ``max_output``
+        bytes (daemon default 1 MiB). With ``check=True``, a timeout raises
+        :class:`~corral.errors.ExecTimeout` and a non-zero exit status
+        :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
+
+        >>> r = sb.exec("echo $GREETING", env={"GREETING": "hi"})
+        >>> r.stdout
+        'hi\\n'
+        """
+        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        response = self._client.request(
+            "POST", f"{self._path}/exec", json=body, timeout=exec_http_timeout(timeout)
+        )
+        result = parse_exec(response.json(), args=cmd, sandbox_id=self.id, timeout=timeout)
+        if check:
+            result.check_returncode()
+        return result
+
+    def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int | None = None,
+        check: bool = False,
+    ) -> ExecStream:
+        """Run a command and iterate over its output as it is written.
+
+        Takes the arguments of :meth:`exec`. The items are
+        :class:`~corral.OutputChunk` (``.stream`` is ``"stdout"`` or ``"stderr"``,
+        ``.data`` bytes, ``.text``); after the last one, the stream's ``.result`` is
+        the :class:`~corral.CommandResult` (with the whole output)::
+
+            with sb.exec_stream("pip install -q requests", timeout=120) as run:
+                for chunk in run:
+                    print(chunk.text, end="")
+            print(run.result.returncode)
+        """
+        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        return ExecStream(
+            self._client, f"{self._path}/exec/stream", body,
+            args=cmd, sandbox_id=self.id, check=check,
+        )
+
+    def _cleanup(self) -> None:
+        self.delete()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.state.value} image={self._info.image!r}>"
