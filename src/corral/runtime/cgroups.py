@@ -203,12 +203,17 @@ class Cgroup:
         """CPU time used by every process that ever ran in the group, in seconds."""
         raise NotImplementedError
 
-    def remove(self) -> None:
-        """Kill every process, then remove the group and its child groups; idempotent."""
-        for name in _child_names(self._hierarchies()):
-            child = {k: d / name for k, d in self._dirs.items()}
-            type(self)(f"{self.path}/{name}", child).remove()
-        if any(d.is_dir() for d in self._hierarchies()):
+    def remove(self, *, children: bool = True) -> None:
+        """Kill every process, then remove the group (and its child groups); idempotent.
+
+        A sandbox cannot make child groups (it has no access to cgroupfs), so the
+        engine passes ``children=False`` and skips the scan for them.
+        """
+        if children:
+            for name in _child_names(self._hierarchies()):
+                child = {k: d / name for k, d in self._dirs.items()}
+                type(self)(f"{self.path}/{name}", child).remove()
+        if self.pids():
             self.kill_all()
         for d in self._hierarchies():
             _rmdir(d)
@@ -335,8 +340,14 @@ class CgroupDriver:
                 for here in [root / step for step in (*reversed(rel.parents[:-1]), rel)]:
                     self._prepare_parent(here.parent)
                     if not here.is_dir():
-                        with _translated("create cgroup", here):
-                            here.mkdir()
+                        try:
+                            with _translated("create cgroup", here):
+                                here.mkdir()
+                        except CgroupError as exc:
+                            # another create made the same parent a moment ago
+                            if not isinstance(exc.__cause__, FileExistsError):
+                                raise
+                            continue
                         made.append(here)
             group = self._group_type(path, dirs)
             self._set_limits(group, cpus, memory_mb, pids)
@@ -346,6 +357,11 @@ class CgroupDriver:
                     d.rmdir()
             raise
         return group
+
+    def set_limits(self, group: Cgroup, *, cpus: float, memory_mb: int, pids: int) -> None:
+        """Change the limits of an existing group (a warm slot gets its sandbox's limits)."""
+        _check_limits(cpus, memory_mb, pids)
+        self._set_limits(group, cpus, memory_mb, pids)
 
     def open(self, path: str) -> Cgroup:
         """The existing group ``path``; :class:`~corral.errors.NotFound` if it is nowhere."""

@@ -3,7 +3,9 @@
 One :class:`Engine` owns one state directory. It is asyncio-native; every method that
 touches a sandbox is a coroutine. A sandbox is::
 
-    corral-agent launch  (host root: joins the cgroups, drops to the sandbox uid)
+    corral-agent launch  (host root, made ahead of time by a SlotPool: joins the
+      │                   cgroups; then mounts the root in a private mount namespace,
+      │                   drops to the sandbox uid and execs bwrap)
       └─ bwrap           (user, pid, mount, net, ipc, uts, cgroup namespaces; seccomp)
            └─ corral-agent serve   (pid 1 inside; runs commands and file operations)
 
@@ -25,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from corral.runtime import cgroups, rootfs, seccomp, syscalls
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.channel import AgentChannel
 from corral.runtime.images import ImageStore
+from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.paths import Layout
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Msg, Tag, decode_entry
@@ -117,6 +119,7 @@ class Engine:
         agent_path: Path,
         bwrap: str,
         lock_file: Any,
+        warm_slots: int = DEFAULT_WARM_SLOTS,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -129,15 +132,30 @@ class Engine:
         self._reaper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.cgroup_parent = f"corral/{layout.engine_key}"
+        self._pool = SlotPool(
+            agent_path=agent_path,
+            cgroups=cgroup_driver,
+            cgroup_parent=self.cgroup_parent,
+            log_dir=layout.slots_dir,
+            target=warm_slots,
+        )
         self.closed = False
 
     # ------------------------------------------------------------------ setup
 
     @classmethod
     async def open(
-        cls, state_dir: Path | str | None = None, cache_dir: Path | str | None = None
+        cls,
+        state_dir: Path | str | None = None,
+        cache_dir: Path | str | None = None,
+        *,
+        warm_slots: int = DEFAULT_WARM_SLOTS,
     ) -> "Engine":
-        """Open the engine on a state directory, reconciling it with reality."""
+        """Open the engine on a state directory, reconciling it with reality.
+
+        ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
+        sandboxes (0 turns that off).
+        """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
         bwrap = shutil.which("bwrap")
@@ -169,10 +187,12 @@ class Engine:
             ensure_agent(layout),
             bwrap,
             lock_file,
+            warm_slots,
         )
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine.reconcile()
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
+        engine._pool.refill()
         return engine
 
     def reconcile(self) -> list[str]:
@@ -191,7 +211,7 @@ class Engine:
                 except ProcessLookupError:
                     pass
             if cg_path:
-                self._remove_cgroup(cg_path)
+                self._remove_cgroup(cg_path)  # kills what is left, frozen or not
             rootfs.unmount_root(self.layout.sandbox_dir(sid))
             self.registry.set_state(
                 sid,
@@ -204,6 +224,8 @@ class Engine:
             self._remove_cgroup(f"{self.cgroup_parent}/{name}")
         for d in self.layout.sandboxes_dir.iterdir():
             rootfs.unmount_root(d)
+        for f in self.layout.slots_dir.iterdir():
+            f.unlink(missing_ok=True)
         return lost
 
     def _remove_cgroup(self, path: str) -> None:
@@ -225,8 +247,10 @@ class Engine:
                   for live in list(self._live.values())),
                 return_exceptions=True,
             )
+        await self._pool.close()
         for t in list(self._tasks):
             t.cancel()
+        self._remove_cgroup(self.cgroup_parent)
         self.registry.close()
         self._lock_file.close()
 
@@ -248,14 +272,18 @@ class Engine:
             spec = SandboxSpec.parse(spec.model_dump(), **kw)
         image = self.images.get(spec.image)  # ImageNotFound before anything is made
         sid = _new_id()
-        cg_path = f"{self.cgroup_parent}/{sid}"
-        info = self.registry.insert(sid, self.registry.next_seq(), spec, cg_path)
-        live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), None)
+        slot = await self._pool.take()
+        info = self.registry.insert(sid, self.registry.next_seq(), spec, slot.cgroup.path)
+        live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup)
+        live.proc = slot.proc
         self._live[sid] = live
         try:
-            await self._start(live, [image.rootfs], cg_path)
+            await self._start(live, slot, [image.rootfs])
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
+            if slot.go_fd >= 0:
+                slot.sock.close()
+                await asyncio.to_thread(slot.discard)
             await self._release(live)
             self._live.pop(sid, None)
             self.registry.delete(sid)  # a failed create leaves nothing, not even a row
@@ -266,73 +294,60 @@ class Engine:
         info.started_at = live.started_at
         return info
 
-    async def _start(self, live: _Live, lowers: list[Path], cg_path: str) -> None:
+    async def _start(self, live: _Live, slot: Slot, lowers: list[Path]) -> None:
         spec = live.spec
-        await asyncio.to_thread(self._prepare_resources, live, lowers, cg_path)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        seccomp_r, seccomp_w = os.pipe()
-        log_path = live.sandbox_dir / "bwrap.log"
-        try:
-            os.write(seccomp_w, seccomp.build_filter())
-            os.close(seccomp_w)
-            argv = self._launch_argv(live, theirs.fileno(), seccomp_r)
-            with open(log_path, "wb") as log:
-                # Spawned from the event loop's thread on purpose: bwrap's
-                # --die-with-parent fires when the *thread* that forked it exits.
-                live.proc = subprocess.Popen(
-                    argv,
-                    pass_fds=(theirs.fileno(), seccomp_r),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    env={},
-                    cwd="/",
-                )
-        finally:
-            theirs.close()
-            os.close(seccomp_r)
-        channel = AgentChannel(ours, live.id)
+        self.cgroups.set_limits(
+            slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
+        )
+        live.sandbox_dir.mkdir(mode=0o711)
+        (live.sandbox_dir / "rw").mkdir()
+        (live.sandbox_dir / "root").mkdir()
+        channel = AgentChannel(slot.sock, live.id)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
+        slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
         try:
             await asyncio.wait_for(asyncio.shield(channel.ready), START_TIMEOUT_S)
         except (SandboxLost, asyncio.TimeoutError):
-            detail = log_path.read_text(errors="replace").strip() if log_path.exists() else ""
+            detail = slot.error_output()
             raise SandboxStartError(
                 f"sandbox {live.id} failed to start"
                 + (f": {detail}" if detail else " (no error output; see the daemon log)"),
                 details={"sandbox_id": live.id},
             ) from None
+        finally:
+            slot.log_path.unlink(missing_ok=True)
         live.started_at = self.registry.set_running(
-            live.id, live.proc.pid, syscalls.process_start_time(live.proc.pid)
+            live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
         live.state = SandboxState.RUNNING
         live.last_active = time.monotonic()
 
-    def _prepare_resources(self, live: _Live, lowers: list[Path], cg_path: str) -> None:
-        """Mount the root and create the cgroup (blocking syscalls, run in a thread)."""
-        spec = live.spec
-        rootfs.mount_root(
-            live.sandbox_dir,
-            lowers,
-            disk_mb=spec.disk_mb,
-            uid=SANDBOX_HOST_UID,
-            gid=SANDBOX_HOST_UID,
-            owned_dirs=sorted({SANDBOX_HOME, spec.workdir} - {"/"}),
-        )
-        live.cgroup = self.cgroups.create(
-            cg_path, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
-        )
+    def cgroup(self, sandbox_id: str) -> Any:
+        """The cgroup of a live sandbox (its usage, its processes)."""
+        return self._get_live(sandbox_id).cgroup
 
-    def _launch_argv(self, live: _Live, ctl_fd: int, seccomp_fd: int) -> list[str]:
+    def upper_dir(self, sandbox_id: str) -> Path:
+        """The host path of a live sandbox's writable layer (inside its mount namespace)."""
+        live = self._get_live(sandbox_id)
+        assert live.proc is not None
+        # The outer bwrap stays in the launcher's private mount namespace, where the
+        # sandbox's tmpfs and overlay are mounted: reach them through its /proc root.
+        return Path(f"/proc/{live.proc.pid}/root{live.sandbox_dir}/rw/upper")
+
+    def _launch_args(self, live: _Live, slot: Slot, lowers: list[Path]) -> list[str]:
+        """The options a warm launcher still needs: its mounts, uid, and bwrap's argv."""
         spec = live.spec
-        argv = [str(self.agent_path), "launch"]
-        for procs in live.cgroup.procs_files():
-            argv += ["--cgroup", procs]
-        argv += [
+        argv = [
             "--uid", str(SANDBOX_HOST_UID), "--gid", str(SANDBOX_HOST_UID),
-            "--nofile", str(spec.open_files), "--", self.bwrap,
+            "--nofile", str(spec.open_files), "--rootdir", str(live.sandbox_dir),
+            "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
+        ]
+        for d in sorted({SANDBOX_HOME, spec.workdir} - {"/"}):
+            argv += ["--owned", d]
+        argv += [
+            "--", self.bwrap,
             "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup", "--disable-userns",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
@@ -340,13 +355,13 @@ class Engine:
             "--ro-bind", str(self.agent_path), f"/{rootfs.AGENT_DIR}/agent",
             "--proc", "/proc", "--dev", "/dev",
             "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1",
-            "--seccomp", str(seccomp_fd), "--chdir", "/",
+            "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
         ]
         if spec.network == NetworkMode.NONE:
             argv.append("--unshare-net")
         elif Path("/etc/resolv.conf").exists():
             argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-        argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(ctl_fd)]
+        argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]
         return argv
 
     # ------------------------------------------------------------- lifecycle
@@ -493,13 +508,13 @@ class Engine:
     def _release_resources(live: _Live) -> None:
         if live.cgroup is not None:
             try:
-                live.cgroup.remove()
+                live.cgroup.remove(children=False)
             except (OSError, CorralError):
                 pass
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
-        rootfs.unmount_root(live.sandbox_dir)
+        rootfs.remove_dirs(live.sandbox_dir)
 
     async def _reap_loop(self) -> None:
         """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""

@@ -38,6 +38,7 @@ class Layout:
             Path(state_dir or default_state_dir()).absolute(),
             Path(cache_dir or default_cache_dir()).absolute(),
         )
+        layout.slots_dir.mkdir(parents=True, exist_ok=True)
         for d in (layout.state_dir, layout.sandboxes_dir):
             d.mkdir(parents=True, exist_ok=True)
             # Traversable but not listable by the unprivileged sandbox uids: bwrap, run
@@ -55,6 +56,11 @@ class Layout:
     @property
     def sandboxes_dir(self) -> Path:
         return self.state_dir / "sandboxes"
+
+    @property
+    def slots_dir(self) -> Path:
+        """Logs of warm launchers (bwrap's error output, read if a start fails)."""
+        return self.state_dir / "slots"
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.sandboxes_dir / sandbox_id

@@ -1,0 +1,219 @@
+"""Warm launch slots: sandboxes half-started before anyone asks for one.
+
+A slot is a ``corral-agent launch --ready`` process that has already joined a fresh
+cgroup (on cgroup v1 a join can wait ~10 ms for an RCU grace period), holding the
+control socket and the seccomp program its sandbox will inherit. Creating a sandbox
+takes a slot, sets the cgroup's limits, and sends the rest of the launch options
+(mounts, uid, the bwrap command line) down the slot's stdin; the launcher then mounts
+the root in a private mount namespace and becomes bwrap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corral.errors import CorralError, SandboxStartError
+from corral.runtime import seccomp
+from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
+
+log = logging.getLogger("corral.runtime")
+
+DEFAULT_WARM_SLOTS = 4
+SPAWN_BACKOFF_S = 1.0
+
+
+@dataclass
+class Slot:
+    """One launcher waiting for its sandbox's options."""
+
+    name: str
+    cgroup: Any
+    proc: subprocess.Popen
+    sock: socket.socket  # the engine's end of the agent's control channel
+    ctl_fd: int  # the number of the agent's end, as the agent will see it
+    seccomp_fd: int
+    go_fd: int  # the launcher's stdin
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def launch(self, args: list[str]) -> None:
+        """Send the remaining options; the launcher mounts the root and execs them."""
+        data = b"\0".join(a.encode() for a in args) + b"\0"
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.go_fd, view) :]
+        finally:
+            os.close(self.go_fd)
+            self.go_fd = -1
+
+    def error_output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def discard(self) -> None:
+        """Stop an unused launcher and remove its cgroup (blocking)."""
+        if self.go_fd >= 0:
+            os.close(self.go_fd)  # EOF: a waiting launcher exits
+            self.go_fd = -1
+        self.sock.close()
+        try:
+            self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            self.cgroup.remove(children=False)
+        except (OSError, CorralError):
+            pass
+        self.log_path.unlink(missing_ok=True)
+
+
+class SlotPool:
+    """Keeps ``target`` slots ready and hands them out."""
+
+    def __init__(
+        self, *, agent_path: Path, cgroups: Any, cgroup_parent: str, log_dir: Path, target: int
+    ) -> None:
+        self.agent_path = agent_path
+        self.cgroups = cgroups
+        self.cgroup_parent = cgroup_parent
+        self.log_dir = log_dir
+        self.target = target
+        self._ready: deque[Slot] = deque()
+        self._spawning = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._backoff_until = 0.0
+        self.closed = False
+
+    async def take(self) -> Slot:
+        """A ready slot: a warm one if there is one, else one made now."""
+        while self._ready:
+            slot = self._ready.popleft()
+            if slot.alive():
+                self.refill()
+                return slot
+            await asyncio.to_thread(slot.discard)
+        self.refill()
+        return await self.spawn()
+
+    def refill(self) -> None:
+        """Start background spawns until ``target`` slots are ready or on their way."""
+        if self.closed or time.monotonic() < self._backoff_until:
+            return
+        while len(self._ready) + self._spawning < self.target:
+            self._spawning += 1
+            task = asyncio.get_running_loop().create_task(self._spawn_one())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _spawn_one(self) -> None:
+        try:
+            slot = await self.spawn()
+        except Exception as exc:  # noqa: BLE001 - a warm slot is an optimisation
+            log.warning("could not prepare a warm sandbox slot: %s", exc)
+            self._backoff_until = time.monotonic() + SPAWN_BACKOFF_S
+            return
+        finally:
+            self._spawning -= 1
+        if self.closed:
+            await asyncio.to_thread(slot.discard)
+        else:
+            self._ready.append(slot)
+
+    async def spawn(self) -> Slot:
+        """Make one slot: a cgroup, a launcher that joined it, and its channels."""
+        name = "slot-" + secrets.token_hex(6)
+        cgroup = await asyncio.to_thread(
+            self.cgroups.create,
+            f"{self.cgroup_parent}/{name}",
+            cpus=1.0,
+            memory_mb=DEFAULT_MEMORY_MB,
+            pids=DEFAULT_PIDS,
+        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        seccomp_r, seccomp_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
+        log_path = self.log_dir / f"{name}.log"
+        argv = [str(self.agent_path), "launch", "--ready"]
+        for procs in cgroup.procs_files():
+            argv += ["--cgroup", procs]
+        try:
+            os.write(seccomp_w, seccomp.build_filter())
+            os.close(seccomp_w)
+            with open(log_path, "wb") as logf:
+                # Spawned from the event loop's thread on purpose: bwrap (which this
+                # process becomes) has --die-with-parent, which fires when the
+                # *thread* that forked it exits.
+                proc = subprocess.Popen(
+                    argv, stdin=go_r, stdout=ready_w, stderr=logf,
+                    pass_fds=(theirs.fileno(), seccomp_r), env={}, cwd="/",
+                )
+        except BaseException:
+            for fd in (go_w, ready_r):
+                os.close(fd)
+            ours.close()
+            await asyncio.to_thread(cgroup.remove, children=False)
+            raise
+        finally:
+            for fd in (seccomp_r, ready_w, go_r):
+                os.close(fd)
+            ctl_fd = theirs.fileno()
+            theirs.close()
+        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log_path)
+        try:
+            ok = await _read_ready(ready_r)
+        finally:
+            os.close(ready_r)
+        if not ok:
+            detail = slot.error_output()
+            await asyncio.to_thread(slot.discard)
+            raise SandboxStartError(
+                "the sandbox launcher failed before it was used"
+                + (f": {detail}" if detail else "")
+            )
+        return slot
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        slots, self._ready = list(self._ready), deque()
+        await asyncio.gather(*(asyncio.to_thread(s.discard) for s in slots))
+
+
+async def _read_ready(fd: int) -> bool:
+    """Wait for the launcher's "R" (it has joined its cgroups) or EOF (it died)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[bytes] = loop.create_future()
+
+    def on_readable() -> None:
+        if not fut.done():
+            try:
+                fut.set_result(os.read(fd, 1))
+            except OSError:
+                fut.set_result(b"")
+
+    loop.add_reader(fd, on_readable)
+    try:
+        return await asyncio.wait_for(fut, 30) == b"R"
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
