@@ -1,0 +1,171 @@
+"""Commands on whole sandboxes: create, ls, pause, resume, stop, rm, and the daemon's info."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+import corral
+from corral.cli._output import PROGRESS_MIN, Context, UsageError, humanize_age
+
+USAGE_MAX_ROWS = 200
+"""``ls`` asks for each live sandbox's usage (one request each) only up to this many rows."""
+
+LIVE = (corral.SandboxState.RUNNING, corral.SandboxState.PAUSED)
+
+
+def create(args: argparse.Namespace, ctx: Context) -> int:
+    """Create ``-n`` sandboxes (concurrently); print their ids, or JSON."""
+    if args.count < 1:
+        raise UsageError(f"-n must be at least 1, got {args.count}")
+    make = partial(
+        corral.Sandbox.create,
+        args.image, cpus=args.cpus, memory_mb=args.memory_mb, pids=args.pids,
+        disk_mb=args.disk_mb, open_files=args.open_files, timeout=args.timeout,
+        idle_timeout=args.idle_timeout, env=args.env or None, workdir=args.workdir,
+        tags=args.tag or None, network=args.network, client=ctx.client,
+    )
+    out = ctx.output
+    results = out.fan_out([make] * args.count, label="creating", progress=args.count > 1)
+    made = [r for r in results if isinstance(r, corral.Sandbox)]
+    if args.json:
+        out.json([sb.info.model_dump(mode="json") for sb in made])
+    else:
+        for sb in made:
+            out.line(sb.id)
+    return out.report_failures(results, "creates")
+
+
+def ls(args: argparse.Namespace, ctx: Context) -> int:
+    """List sandboxes as a table (with usage for live ones), ids (``-q``) or JSON."""
+    out = ctx.output
+    sandboxes = corral.Sandbox.list(tags=args.tag, state=args.state, client=ctx.client)
+    if args.quiet:
+        for sb in sandboxes:
+            out.line(sb.id)
+        return 0
+    live = [sb for sb in sandboxes if sb.state in LIVE]
+    if len(sandboxes) > USAGE_MAX_ROWS:
+        out.err.print(
+            f"[dim]usage not shown for more than {USAGE_MAX_ROWS} sandboxes: "
+            "narrow the list with --tag or --state[/dim]"
+        )
+    else:
+        # A sandbox deleted meanwhile just shows no usage: its error is dropped.
+        out.fan_out([sb.refresh for sb in live], label="usage", progress=False)
+    if args.json:
+        out.json([{**sb.info.model_dump(mode="json"), "usage": sb.usage} for sb in sandboxes])
+        return 0
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("ID", no_wrap=True)
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("IMAGE")
+    table.add_column("AGE", justify="right", no_wrap=True)
+    table.add_column("TAGS", overflow="fold")
+    table.add_column("CPU S", justify="right", no_wrap=True)
+    table.add_column("MEM MB", justify="right", no_wrap=True)
+    now = time.time()
+    for sb in sandboxes:
+        usage = sb.usage or {}
+        cpu, mem = usage.get("cpu_seconds"), usage.get("memory_mb")
+        table.add_row(
+            sb.id, sb.state.value, sb.info.image, humanize_age(now - sb.info.created_at),
+            ",".join(sb.tags), "-" if cpu is None else f"{cpu:.2f}",
+            "-" if mem is None else f"{mem:.1f}",
+        )
+    out.out.print(table)
+    return 0
+
+
+def _on_each(ctx: Context, ids: list[str], verb: str, act: Any) -> int:
+    """``act(sandbox)`` for every id, concurrently; print the ids that succeeded."""
+    def one(sandbox_id: str) -> str:
+        act(corral.Sandbox.connect(sandbox_id, client=ctx.client))
+        return sandbox_id
+
+    out = ctx.output
+    calls = [partial(one, i) for i in dict.fromkeys(ids)]
+    results = out.fan_out(calls, label=verb, progress=len(calls) >= PROGRESS_MIN)
+    for r in results:
+        if isinstance(r, str):
+            out.line(r)
+    return out.report_failures(results, verb)
+
+
+def pause(args: argparse.Namespace, ctx: Context) -> int:
+    return _on_each(ctx, args.ids, "pausing", corral.Sandbox.pause)
+
+
+def resume(args: argparse.Namespace, ctx: Context) -> int:
+    return _on_each(ctx, args.ids, "resuming", corral.Sandbox.resume)
+
+
+def stop(args: argparse.Namespace, ctx: Context) -> int:
+    return _on_each(ctx, args.ids, "stopping", partial(corral.Sandbox.stop, grace=args.grace))
+
+
+def rm(args: argparse.Namespace, ctx: Context) -> int:
+    """Delete the sandboxes named, or every one carrying all ``--tag`` (in ``--state``)."""
+    selecting = bool(args.tag or args.state)
+    if args.ids and selecting:
+        raise UsageError("give sandbox ids or --tag/--state, not both")
+    if args.ids:
+        return _on_each(ctx, args.ids, "deleting", corral.Sandbox.delete)
+    if not selecting:
+        raise UsageError("name the sandboxes to delete: IDs, or --tag/--state to select them")
+    out = ctx.output
+    doomed = corral.Sandbox.list(tags=args.tag, state=args.state, client=ctx.client)
+    if not doomed:
+        out.line("deleted 0 sandboxes (none matched)")
+        return 0
+    if not args.yes and not _confirm(f"delete {len(doomed)} sandboxes?"):
+        out.error(f"not deleted: {len(doomed)} sandboxes match; pass -y to delete them")
+        return 1
+    results = out.fan_out(
+        [sb.delete for sb in doomed], label="deleting", progress=len(doomed) >= PROGRESS_MIN
+    )
+    failed = out.report_failures(results, "deletions")
+    out.line(f"deleted {len(doomed) - sum(isinstance(r, Exception) for r in results)} sandboxes")
+    return failed
+
+
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; without one (a script), the answer is no."""
+    if not sys.stdin.isatty():
+        return False
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def info(args: argparse.Namespace, ctx: Context) -> int:
+    """The daemon's version, capacity, committed memory, queue and counts by state."""
+    data = ctx.client.info()
+    out = ctx.output
+    if args.json:
+        out.json(data)
+        return 0
+    cap = data["capacity"]
+    counts = " · ".join(f"{state} {n}" for state, n in data["counts"].items())
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("daemon", f"{ctx.client.url} (version {data['version']}, cgroup v{data['cgroup_version']})")
+    grid.add_row("sandboxes", counts)
+    grid.add_row(
+        "capacity", f"{cap['max_sandboxes']} alive, {cap['max_starting']} starting at once, "
+        f"{cap['max_memory_mb']} MB of memory limits",
+    )
+    grid.add_row("committed", f"{data['committed_memory_mb']} MB of memory limits")
+    grid.add_row("starting", str(data["starting"]))
+    grid.add_row(
+        "queued", f"{data['queued']} (at most {cap['queue_size']}, for up to "
+        f"{cap['queue_timeout']:g} s each)",
+    )
+    out.out.print(grid)
+    return 0

@@ -1,0 +1,224 @@
+"""The ``corral`` command: run the daemon, and manage sandboxes on it.
+
+Examples::
+
+    corral serve --socket /tmp/corral.sock
+    corral create --image python --memory-mb 512 --tag job=42 -n 20
+    corral ls --tag job=42
+    corral exec sb-1234 -- python3 -c 'print(6*7)'
+    corral cp solution.py sb-1234:/workspace/
+    corral rm --tag job=42 -y
+
+Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
+socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
+``--token``, else ``CORRAL_TOKEN``, is sent to a daemon on TCP.
+
+Exit status: 0 on success; 1 when corral reports an error (``corral: <message>`` on
+stderr); 2 for a command line that makes no sense; ``exec`` exits with the command's
+own status (124 on a timeout, 137 on an out-of-memory kill); 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import corral
+from corral.cli import _copy, _exec, _sandboxes
+from corral.cli._output import Context, UsageError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _seconds_or_none(text: str) -> float | None:
+    if text.lower() in ("none", "0"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+class _EnvAction(argparse.Action):
+    """``--env K=V`` repeated: a dict."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        env = dict(getattr(namespace, self.dest, None) or {})
+        name, value = values
+        env[name] = value
+        setattr(namespace, self.dest, env)
+
+
+def _connection_options(suppress: bool) -> argparse.ArgumentParser:
+    """``--url`` and ``--token``, accepted before the command and after it."""
+    p = argparse.ArgumentParser(add_help=False)
+    default = argparse.SUPPRESS if suppress else None
+    p.add_argument(
+        "--url", default=default,
+        help="the daemon: unix:///path/corral.sock or http://host:port (env CORRAL_URL; "
+        "default: the local socket, starting a daemon if none answers)",
+    )
+    p.add_argument(
+        "--token", dest="client_token", default=default, metavar="TOKEN",
+        help="bearer token for a daemon on TCP (env CORRAL_TOKEN)",
+    )
+    return p
+
+
+def _add_selection(p: argparse.ArgumentParser, verb: str) -> None:
+    p.add_argument(
+        "--tag", action="append", default=[], metavar="TAG",
+        help=f"{verb} only sandboxes carrying this tag (repeat: all of them)",
+    )
+    p.add_argument(
+        "--state", action="append", default=[], metavar="STATE",
+        choices=[s.value for s in corral.SandboxState],
+        help=f"{verb} only sandboxes in this state (repeat: any of them)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="corral", parents=[_connection_options(suppress=False)],
+        description="Self-hosted sandboxes for reinforcement learning.",
+        epilog="Run 'corral COMMAND -h' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"corral {corral.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    conn = [_connection_options(suppress=True)]
+
+    # The daemon's options are parsed by the parser of `python -m corral.server` (see
+    # _serve), which is imported only then: the server is slow to import.
+    p = sub.add_parser(
+        "serve", add_help=False, help="run the daemon (the options of python -m corral.server)"
+    )
+
+    p = sub.add_parser("create", parents=conn, help="create sandboxes; print their ids")
+    p.add_argument("--image", help="root filesystem image (default: python)")
+    p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
+    p.add_argument("--memory-mb", type=int, help="memory limit in MB (default 1024)")
+    p.add_argument("--pids", type=int, help="process limit (default 256)")
+    p.add_argument("--disk-mb", type=int, help="writable disk in MB (default 2048)")
+    p.add_argument("--open-files", type=int, help="open file limit (default 1024)")
+    p.add_argument("--timeout", type=float, metavar="S", help="lifetime in seconds (default 3600)")
+    p.add_argument("--idle-timeout", type=float, metavar="S", help="stop after S seconds unused")
+    p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
+    p.add_argument("--workdir", help="working directory (default /workspace)")
+    p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
+    p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("-n", dest="count", type=int, default=1, metavar="COUNT",
+                   help="how many to create, concurrently (default 1)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of the sandboxes")
+    p.set_defaults(handler=_sandboxes.create)
+
+    p = sub.add_parser("ls", parents=conn, help="list sandboxes")
+    _add_selection(p, "list")
+    p.add_argument("-q", "--quiet", action="store_true", help="print ids only")
+    p.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    p.set_defaults(handler=_sandboxes.ls)
+
+    p = sub.add_parser(
+        "exec", parents=conn, help="run a command in a sandbox, streaming its output",
+        usage="corral exec ID [options] -- CMD...",
+        description="One CMD argument runs through /bin/sh -c; several run as argv. "
+        "Exits with the command's status: 124 on timeout, 137 when killed for memory.",
+    )
+    p.add_argument("id", metavar="ID")
+    p.add_argument("cmd", nargs="+", metavar="CMD")
+    p.add_argument("--timeout", type=_seconds_or_none, metavar="S",
+                   help="kill the command after S seconds (default: no limit)")
+    p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
+    p.add_argument("--cwd", metavar="DIR", help="working directory (default: the workdir)")
+    p.add_argument("--stdin-file", metavar="FILE",
+                   help="feed this file (or - for our stdin, read to its end) to the command")
+    p.set_defaults(handler=_exec.exec_command)
+
+    p = sub.add_parser(
+        "cp", parents=conn, help="copy files or directories into or out of a sandbox",
+        description=_copy.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC", help="local path, - (stdin), or ID:PATH")
+    p.add_argument("dst", metavar="DST", help="local path, - (stdout), or ID:PATH")
+    p.set_defaults(handler=_copy.cp)
+
+    for name, handler, what in (
+        ("pause", _sandboxes.pause, "freeze sandboxes (they keep their memory)"),
+        ("resume", _sandboxes.resume, "thaw paused sandboxes"),
+        ("stop", _sandboxes.stop, "stop sandboxes' processes (they stay listed until rm)"),
+    ):
+        p = sub.add_parser(name, parents=conn, help=what)
+        p.add_argument("ids", nargs="+", metavar="ID")
+        p.set_defaults(handler=handler)
+    sub.choices["stop"].add_argument("--grace", type=float, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL (default: the daemon's)")
+
+    p = sub.add_parser(
+        "rm", parents=conn, help="delete sandboxes, by id or by tag",
+        usage="corral rm ID...\n       corral rm --tag TAG [--tag ...] [--state ...] [-y]",
+    )
+    p.add_argument("ids", nargs="*", metavar="ID")
+    _add_selection(p, "delete")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask before deleting by tag")
+    p.set_defaults(handler=_sandboxes.rm)
+
+    p = sub.add_parser("info", parents=conn, help="the daemon's version, capacity and load")
+    p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
+    p.set_defaults(handler=_sandboxes.info)
+    return parser
+
+
+def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
+    from corral.server.__main__ import build_parser as build_server_parser
+    from corral.server.__main__ import settings_from_args
+    from corral.server.daemon import serve
+
+    server_args = build_server_parser("corral serve").parse_args(server_argv)
+    if server_args.token is None:  # `corral --token T serve` means `corral serve --token T`
+        server_args.token = args.client_token
+    serve(settings_from_args(server_args))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``corral`` command line; return its exit status."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "serve":
+        hint = " (give the command after --: corral exec ID -- CMD...)" if args.command == "exec" else ""
+        parser.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
+    ctx = Context(args.url, args.client_token)
+    try:
+        if args.command == "serve":
+            return _serve(args, rest)
+        return args.handler(args, ctx)
+    except UsageError as exc:
+        ctx.output.error(f"{args.command}: {exc}")
+        return EXIT_USAGE
+    except corral.CorralError as exc:
+        ctx.output.error(exc.message)
+        return EXIT_ERROR
+    except OSError as exc:  # a local file of cp or --stdin-file
+        ctx.output.error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        ctx.output.error("interrupted")
+        return EXIT_INTERRUPTED
+    finally:
+        ctx.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
