@@ -1,0 +1,134 @@
+"""Exec round trip through the SDK and the daemon, against bare fork+exec.
+
+    python3 benchmarks/bench_sdk.py [--quick] [--json OUT]
+
+Starts a private daemon (``python -m corral.server``) on a temporary socket and state
+directory, creates one sandbox and times ``sb.exec(["true"])`` with the blocking and the
+asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the same run.
+Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK. Needs root.
+Target (issue: daemon and SDK): SDK exec round trip p50 ≤ 2.5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import corral
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+async def timed_async(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def start_daemon(base: Path) -> subprocess.Popen:
+    sock = base / "corral.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral.server", "--socket", str(sock),
+         "--state-dir", str(base / "state")],
+        stdout=open(base / "daemon.log", "wb"), stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"daemon exited: {(base / 'daemon.log').read_text()[-2000:]}")
+        if sock.exists():
+            try:
+                with corral.Client(f"unix://{sock}") as c:
+                    c.health()
+                return proc
+            except corral.CorralError:
+                pass
+        time.sleep(0.05)
+    raise SystemExit("daemon did not start")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (the daemon runs real sandboxes)")
+        return 1
+    n = 100 if args.quick else 500
+    base = Path(tempfile.mkdtemp(prefix="corral-bench-sdk-"))
+    os.chmod(base, 0o711)
+    proc = start_daemon(base)
+    url = f"unix://{base / 'corral.sock'}"
+    res: dict[str, float] = {}
+    try:
+        bare = timed(lambda: subprocess.run(["/bin/true"]), n)
+        with corral.Client(url) as client:
+            with corral.Sandbox.create(memory_mb=128, client=client) as sb:
+                sb.exec(["true"])  # warm the connection
+                sync = timed(lambda: sb.exec(["true"]), n)
+
+            async def run_async() -> list[float]:
+                async with corral.AsyncClient(url) as ac:
+                    sb = await corral.AsyncSandbox.create(memory_mb=128, client=ac)
+                    try:
+                        await sb.exec(["true"])
+                        return await timed_async(lambda: sb.exec(["true"]), n)
+                    finally:
+                        await sb.delete()
+
+            async_rtt = asyncio.run(run_async())
+
+            def lifecycle() -> None:
+                with corral.Sandbox.create(memory_mb=128, client=client) as s:
+                    s.exec(["true"])
+
+            full = timed(lifecycle, max(20, n // 10))
+        res = {
+            "bare_exec_ms_p50": statistics.median(bare),
+            "sdk_exec_rtt_ms_p50": statistics.median(sync),
+            "sdk_exec_rtt_ms_p95": pct(sync, 0.95),
+            "sdk_async_exec_rtt_ms_p50": statistics.median(async_rtt),
+            "sdk_create_exec_delete_ms_p50": statistics.median(full),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(base, ignore_errors=True)
+    floor = res["bare_exec_ms_p50"]
+    print(f"{'figure':34} {'value':>8}  {'target':>9}  vs bare fork+exec")
+    targets = {"sdk_exec_rtt_ms_p50": 2.5}
+    for key, value in res.items():
+        target = f"<= {targets[key]} ms" if key in targets else ""
+        print(f"{key:34} {value:8.2f}  {target:>9}  {value / floor:5.1f}x")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
