@@ -493,6 +493,14 @@ class Engine:
     async def _release(self, live: _Live) -> None:
         """Kill every process, then unmount and remove the cgroup. Never raises."""
         live.ending = True
+        if live.cgroup is not None:
+            try:
+                if live.cgroup.frozen():
+                    # Frozen processes cannot see their channel close: kill them now
+                    # rather than waiting STOP_WAIT_S for an exit that cannot come.
+                    await asyncio.to_thread(live.cgroup.kill_all)
+            except (OSError, CorralError):
+                pass
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:

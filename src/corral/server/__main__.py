@@ -1,0 +1,120 @@
+"""``python -m corral.server``: run a daemon (``corral serve`` calls the same :func:`serve`).
+
+Environment variables: ``CORRAL_SOCKET`` and ``CORRAL_TOKEN`` (read in
+:mod:`corral.server.settings`), ``CORRAL_STATE_DIR`` and ``CORRAL_CACHE_DIR`` (read in
+:mod:`corral.runtime.paths`). Options given on the command line win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from corral.errors import CorralError
+from corral.server.daemon import serve
+from corral.server.settings import (
+    DEFAULT_MAX_SANDBOXES,
+    DEFAULT_MAX_STARTING,
+    DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_QUEUE_SIZE,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_SHUTDOWN_GRACE_S,
+    MEMORY_OVERCOMMIT,
+    ServerSettings,
+    parse_tcp,
+)
+
+# Options besides --socket/--state-dir/--cache-dir/--tcp/--token/--log-level: each sets
+# the ServerSettings field of the same name.
+_TUNING: tuple[tuple[str, type, str, str], ...] = (
+    ("--max-starting", int, "N", f"sandboxes starting at once (default {DEFAULT_MAX_STARTING})"),
+    ("--max-sandboxes", int, "N", f"sandboxes alive at once (default {DEFAULT_MAX_SANDBOXES})"),
+    (
+        "--max-memory-mb",
+        int,
+        "N",
+        f"memory promised to live sandboxes (default {MEMORY_OVERCOMMIT}x the host's RAM)",
+    ),
+    ("--queue-size", int, "N", f"creates that may wait for room (default {DEFAULT_QUEUE_SIZE})"),
+    (
+        "--queue-timeout",
+        float,
+        "SECONDS",
+        f"how long a create may wait (default {DEFAULT_QUEUE_TIMEOUT_S:g})",
+    ),
+    (
+        "--max-upload-bytes",
+        int,
+        "N",
+        f"largest upload, download or JSON body (default {DEFAULT_MAX_UPLOAD_BYTES})",
+    ),
+    (
+        "--idle-exit",
+        float,
+        "SECONDS",
+        "exit after this long with no requests and no live sandboxes",
+    ),
+    (
+        "--shutdown-grace",
+        float,
+        "SECONDS",
+        "on SIGTERM, how long in-flight requests may run before sandboxes are stopped "
+        f"(default {DEFAULT_SHUTDOWN_GRACE_S:g})",
+    ),
+)
+
+
+def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentParser:
+    """The daemon's command line (reused by ``corral serve``)."""
+    p = argparse.ArgumentParser(prog=prog, description="Run the corral sandbox daemon.")
+    p.add_argument(
+        "--socket",
+        type=Path,
+        help="Unix socket to listen on, mode 0600, no token needed "
+        "(env CORRAL_SOCKET, default /run/corral/corral.sock)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="registry and sandbox mounts (env CORRAL_STATE_DIR, default /var/lib/corral)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="images and the agent binary (env CORRAL_CACHE_DIR, default /var/cache/corral)",
+    )
+    p.add_argument(
+        "--tcp", metavar="HOST:PORT", help="also listen on TCP, where a bearer token is required"
+    )
+    p.add_argument("--token", help="the bearer token for TCP clients (env CORRAL_TOKEN)")
+    for flag, kind, metavar, text in _TUNING:
+        p.add_argument(flag, type=kind, metavar=metavar, help=text)
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """Settings from parsed options, falling back to the environment and defaults."""
+    options = dict(vars(args))  # every option's dest is a ServerSettings field
+    options["tcp"] = parse_tcp(args.tcp) if args.tcp else None
+    return ServerSettings.from_env(**options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, run the daemon until it is told to stop, return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        serve(settings_from_args(args))
+    except CorralError as exc:
+        print(f"corral daemon: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Admission control: how many sandboxes may start, live, and how much memory they get.
+
+A create passes three caps (``max_starting`` sandboxes starting at once,
+``max_sandboxes`` alive, ``max_memory_mb`` committed). One that does not fit waits in
+a FIFO queue of at most ``queue_size`` entries for up to ``queue_timeout`` seconds;
+past either bound it fails with :class:`~corral.errors.CapacityExceeded`, whose
+``details["limit"]`` names the cap::
+
+    admission = Admission(limits, live_ids=lambda: {i.id for i in engine.list(state=LIVE)})
+    async with admission.admit(spec.memory_mb) as slot:
+        info = await engine.create(spec)
+        slot.commit(info.id)       # now it counts as alive until released
+    ...
+    admission.release(info.id)     # on delete / stop
+
+Sandboxes the engine ends by itself (lifetime, idle timeout, a crash) are noticed
+lazily: when a cap blocks, ``live_ids`` is asked which admitted sandboxes still live
+(at most every ``prune_interval`` seconds, also while creates wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from corral.errors import CapacityExceeded, DaemonUnavailable
+from corral.schema import SandboxState
+
+PRUNE_INTERVAL_S = 0.5
+LIVE_STATES = (  # the states that count against the caps
+    SandboxState.PENDING,
+    SandboxState.RUNNING,
+    SandboxState.PAUSED,
+    SandboxState.STOPPING,
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The caps of one daemon (see :class:`corral.server.ServerSettings`)."""
+
+    max_starting: int
+    max_sandboxes: int
+    max_memory_mb: int
+    queue_size: int
+    queue_timeout: float
+
+
+@dataclass
+class Slot:
+    """A place to start one sandbox; :meth:`commit` the id once it exists."""
+
+    memory_mb: int
+    sandbox_id: str | None = None
+
+    def commit(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+
+
+@dataclass
+class _Waiter:
+    memory_mb: int
+    granted: asyncio.Future[None]
+    blocked_by: str | None = None
+
+
+class Admission:
+    """Caps and a FIFO queue for sandbox creates. Lives on one event loop."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        live_ids: Callable[[], Collection[str]],
+        *,
+        prune_interval: float = PRUNE_INTERVAL_S,
+    ) -> None:
+        self.limits = limits
+        self._live_ids = live_ids
+        self._prune_interval = prune_interval
+        self._last_prune = float("-inf")
+        self._starting = 0
+        self._starting_mb = 0
+        self._admitted: dict[str, int] = {}
+        self._queue: deque[_Waiter] = deque()
+        self._ticker: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- numbers
+
+    @property
+    def starting(self) -> int:
+        """Creates admitted and still starting."""
+        return self._starting
+
+    @property
+    def queued(self) -> int:
+        """Creates waiting for room."""
+        return len(self._queue)
+
+    @property
+    def alive(self) -> int:
+        """Sandboxes counted against ``max_sandboxes`` (starting ones included)."""
+        return len(self._admitted) + self._starting
+
+    @property
+    def committed_memory_mb(self) -> int:
+        """Sum of ``memory_mb`` of live and starting sandboxes."""
+        return sum(self._admitted.values()) + self._starting_mb
+
+    # ------------------------------------------------------------------ admit
+
+    @asynccontextmanager
+    async def admit(self, memory_mb: int) -> AsyncIterator[Slot]:
+        """Wait for room for a sandbox of ``memory_mb``; hold it while it starts."""
+        if self._closed:
+            raise _shutting_down()
+        if memory_mb > self.limits.max_memory_mb:
+            raise CapacityExceeded(
+                f"a sandbox of {memory_mb} MB can never fit under this daemon's "
+                f"max_memory_mb of {self.limits.max_memory_mb}: ask for less memory",
+                details={"limit": "max_memory_mb", "value": self.limits.max_memory_mb},
+            )
+        if self._queue or self._blocked_by(memory_mb):
+            await self._wait(memory_mb)
+        else:
+            self._reserve(memory_mb)
+        slot = Slot(memory_mb)
+        try:
+            yield slot
+        finally:
+            self._starting -= 1
+            self._starting_mb -= memory_mb
+            if slot.sandbox_id is not None:
+                self._admitted[slot.sandbox_id] = memory_mb
+            self._pump()
+
+    def release(self, sandbox_id: str) -> None:
+        """The sandbox was stopped or deleted: its place and memory are free again."""
+        if self._admitted.pop(sandbox_id, None) is not None:
+            self._pump()
+
+    def prune(self) -> None:
+        """Forget admitted sandboxes the engine no longer has alive."""
+        self._last_prune = time.monotonic()
+        live = set(self._live_ids())
+        for sid in [s for s in self._admitted if s not in live]:
+            del self._admitted[sid]
+
+    def close(self) -> None:
+        """Refuse new creates and fail the queued ones (the daemon is stopping)."""
+        self._closed = True
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.granted.done():
+                waiter.granted.set_exception(_shutting_down())
+        if self._ticker is not None:
+            self._ticker.cancel()
+
+    # -------------------------------------------------------------- internals
+
+    def _reserve(self, memory_mb: int) -> None:
+        self._starting += 1
+        self._starting_mb += memory_mb
+
+    def _over(self, memory_mb: int) -> str | None:
+        lim = self.limits
+        if self._starting >= lim.max_starting:
+            return "max_starting"
+        if self.alive >= lim.max_sandboxes:
+            return "max_sandboxes"
+        if self.committed_memory_mb + memory_mb > lim.max_memory_mb:
+            return "max_memory_mb"
+        return None
+
+    def _blocked_by(self, memory_mb: int) -> str | None:
+        """The cap a create of ``memory_mb`` would break now, or None if it fits."""
+        limit = self._over(memory_mb)
+        stale = time.monotonic() - self._last_prune >= self._prune_interval
+        if limit in ("max_sandboxes", "max_memory_mb") and stale:
+            self.prune()
+            limit = self._over(memory_mb)
+        return limit
+
+    async def _wait(self, memory_mb: int) -> None:
+        lim = self.limits
+        if len(self._queue) >= lim.queue_size:
+            raise CapacityExceeded(
+                f"the admission queue is full ({lim.queue_size} creates already wait): "
+                "retry later or raise --queue-size",
+                details={"limit": "queue_size", "value": lim.queue_size},
+            )
+        waiter = _Waiter(memory_mb, asyncio.get_running_loop().create_future())
+        self._queue.append(waiter)
+        self._pump()
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.create_task(self._tick(), name="corral-admission")
+        try:
+            await asyncio.wait({waiter.granted}, timeout=lim.queue_timeout)
+        except asyncio.CancelledError:
+            self._forget(waiter)
+            raise
+        if not waiter.granted.done():
+            error = self._timed_out(waiter)
+            self._forget(waiter)
+            raise error
+        waiter.granted.result()  # raises if the daemon is shutting down
+
+    def _forget(self, waiter: _Waiter) -> None:
+        """A waiter gave up: leave the queue, or give back what it was granted."""
+        if waiter.granted.done():
+            if not waiter.granted.cancelled() and waiter.granted.exception() is None:
+                self._starting -= 1
+                self._starting_mb -= waiter.memory_mb
+        else:
+            waiter.granted.cancel()
+            self._queue.remove(waiter)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Admit queued creates, first come first served, while the head fits."""
+        while self._queue:
+            waiter = self._queue[0]
+            limit = self._blocked_by(waiter.memory_mb)
+            if limit is not None:
+                waiter.blocked_by = limit
+                return
+            self._queue.popleft()
+            self._reserve(waiter.memory_mb)
+            waiter.granted.set_result(None)
+
+    def _timed_out(self, waiter: _Waiter) -> CapacityExceeded:
+        # Behind others in the queue, what holds a create back is what blocks the head.
+        lim = self.limits
+        limit = waiter.blocked_by or self._queue[0].blocked_by or "max_starting"
+        value = getattr(lim, limit)
+        return CapacityExceeded(
+            f"no room for a new sandbox within {lim.queue_timeout:g} s: held back by "
+            f"{limit} ({value}); delete sandboxes you no longer need, retry later, "
+            "or raise the limit",
+            details={"limit": limit, "value": value, "queue_timeout": lim.queue_timeout},
+        )
+
+    async def _tick(self) -> None:
+        # Sandboxes ended by the engine free room without telling anyone: look again
+        # now and then while creates wait.
+        while self._queue:
+            await asyncio.sleep(self._prune_interval)
+            self._pump()
+
+
+def _shutting_down() -> DaemonUnavailable:
+    return DaemonUnavailable("the corral daemon is shutting down: retry against a new one")

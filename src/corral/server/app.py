@@ -1,0 +1,164 @@
+"""The ASGI application: routes, error replies, and the guard in front of them.
+
+:func:`create_app` builds a fresh app around an open :class:`~corral.runtime.engine.Engine`;
+nothing is kept at module level. Every error a client sees has the shape
+``{"error": {"code", "message", "details"}}``:
+
+- a :class:`~corral.errors.CorralError` gets its own ``status`` and ``to_dict()``;
+- an unknown route gets 404 ``not_found``, a wrong method 405 ``method_not_allowed``;
+- anything else is logged with its traceback and the client gets 500 ``internal``.
+
+Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
+are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from corral.errors import CorralError, InternalError, Unauthorized
+from corral.runtime.engine import Engine
+from corral.server.admission import LIVE_STATES, Admission, Limits
+from corral.server.routes import build_routes
+from corral.server.settings import ServerSettings
+from corral.server.wire import error_response
+
+logger = logging.getLogger("corral.server")
+
+
+@dataclass
+class Activity:
+    """When the daemon last served a request, and how many are in flight (for idle exit)."""
+
+    in_flight: int = 0
+    last: float = field(default_factory=time.monotonic)
+
+    def idle_for(self) -> float:
+        """Seconds since the last request ended; 0 while one is in flight."""
+        return 0.0 if self.in_flight else time.monotonic() - self.last
+
+
+def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        code, message = "not_found", f"no route {where}: see GET /openapi.json for the API"
+    elif exc.status_code == 405:
+        code, message = "method_not_allowed", f"{where} is not allowed: see GET /openapi.json"
+    else:
+        code, message = "http_error", f"{where}: {exc.detail}"
+    body = {"error": {"code": code, "message": message, "details": {}}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def _corral_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, CorralError)
+    # A refused upload may still be arriving: hang up rather than read it all.
+    return error_response(exc, {"Connection": "close"} if exc.status == 413 else None)
+
+
+class Guard:
+    """Outermost middleware: authentication, activity, and the last line against crashes."""
+
+    def __init__(
+        self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity
+    ) -> None:
+        self.app = app
+        self.token = token
+        self.unix_socket = unix_socket
+        self.activity = activity
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.activity.in_flight += 1
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            denied = self._check_auth(scope)
+            if denied is not None:
+                await error_response(denied, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+            await self.app(scope, receive, tracked_send)
+        except ClientDisconnect:
+            logger.debug("client left during %s %s", scope["method"], scope["path"])
+        except Exception:
+            logger.exception("unexpected error serving %s %s", scope["method"], scope["path"])
+            if not started:
+                err = InternalError("internal error in the corral daemon; see its log")
+                await error_response(err)(scope, receive, send)
+        finally:
+            self.activity.in_flight -= 1
+            self.activity.last = time.monotonic()
+
+    def _check_auth(self, scope: Scope) -> Unauthorized | None:
+        # uvicorn reports a Unix socket's listener as (its path, None).
+        if scope.get("server") == (self.unix_socket, None):
+            return None  # our own socket file: only its owner can connect
+        if not self.token:
+            return Unauthorized("this daemon accepts requests only on its Unix socket")
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and hmac.compare_digest(
+                    credentials.strip().encode(), self.token.encode()
+                ):
+                    return None
+                return Unauthorized(
+                    "wrong bearer token: send 'Authorization: Bearer TOKEN' with the token "
+                    "the daemon was started with (--token or CORRAL_TOKEN)"
+                )
+        return Unauthorized(
+            "missing credentials: TCP clients must send 'Authorization: Bearer TOKEN' "
+            "(the daemon's --token or CORRAL_TOKEN)"
+        )
+
+
+def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
+    """The HTTP API of one daemon around an open engine (see docs/api.md).
+
+    ``app.state`` holds ``settings``, ``engine``, ``admission`` and ``activity``.
+    """
+    activity = Activity()
+    app = Starlette(
+        routes=build_routes(),
+        middleware=[
+            Middleware(
+                Guard,
+                token=settings.token,
+                unix_socket=str(settings.socket.absolute()),
+                activity=activity,
+            )
+        ],
+        exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
+    )
+    limits = Limits(
+        max_starting=settings.max_starting,
+        max_sandboxes=settings.max_sandboxes,
+        max_memory_mb=settings.max_memory_mb,
+        queue_size=settings.queue_size,
+        queue_timeout=settings.queue_timeout,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.activity = activity
+    app.state.admission = Admission(
+        limits, live_ids=lambda: {info.id for info in engine.list(state=LIVE_STATES)}
+    )
+    return app

@@ -1,0 +1,231 @@
+"""Running the daemon: one engine, one app, a Unix socket and optionally TCP.
+
+:func:`serve` blocks until SIGTERM / SIGINT (or ``idle_exit``), then shuts down in
+order: stop accepting, give in-flight requests ``shutdown_grace`` seconds, close
+the engine (which kills every sandbox and unmounts it), remove the socket file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import uvicorn
+
+import corral
+from corral.errors import InvalidArgument, InvalidState
+from corral.runtime.engine import Engine
+from corral.server.admission import LIVE_STATES
+from corral.server.app import Activity, create_app
+from corral.server.settings import ServerSettings
+
+logger = logging.getLogger("corral.server")
+
+SOCKET_MODE = 0o600
+SOCKET_DIR_MODE = 0o700
+BACKLOG = 4096
+IDLE_CHECK_S = 1.0
+# Idle client connections stay open this long. uvicorn's 5 s default makes a client
+# that reuses a connection just as it is closed fail with 'Server disconnected'.
+KEEP_ALIVE_S = 300
+DRAIN_BACKSTOP_S = 5.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, with signals handled on the loop and never re-raised after shutdown
+    (uvicorn re-raises them, which would kill the process before the engine closes)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def request_exit(self) -> None:
+        """Begin a graceful shutdown (a second request forces it)."""
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+        self._on_exit()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signalled, sig)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    def _signalled(self, sig: int) -> None:
+        logger.info("received %s: shutting down", signal.Signals(sig).name)
+        self.request_exit()
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path`` that only its owner may connect to.
+
+    The parent directory is created (mode 0700) if missing. A stale socket file is
+    replaced; one a live daemon listens on is not.
+    """
+    path = Path(path).absolute()
+    if len(os.fsencode(path)) >= 108:
+        raise InvalidArgument(f"the socket path {path} is too long for a Unix socket (max 107)")
+    if not path.parent.is_dir():
+        path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise InvalidArgument(f"{path} exists and is not a socket: choose another --socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: left over from a daemon that died
+        else:
+            raise InvalidState(f"another daemon is already listening on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # never world-connectable, not even for an instant
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, SOCKET_MODE)
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0 picks a free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def _remove_socket(path: Path, inode: int) -> None:
+    """Remove our socket file, but not one a newer daemon made at the same path."""
+    with contextlib.suppress(OSError):
+        if path.lstat().st_ino == inode:
+            path.unlink()
+
+
+async def _exit_when_idle(
+    server: _Server, activity: Activity, engine: Engine, idle_exit: float
+) -> None:
+    live = {s.value for s in LIVE_STATES}
+    while not server.should_exit:
+        await asyncio.sleep(min(IDLE_CHECK_S, idle_exit / 4))
+        if activity.idle_for() < idle_exit:
+            continue
+        if any(n for state, n in engine.counts().items() if state in live):
+            continue
+        logger.info("no requests for %g s and no sandboxes: exiting (--idle-exit)", idle_exit)
+        server.request_exit()
+
+
+async def _drain(engine: Engine, grace: float) -> None:
+    """After ``grace`` seconds of shutdown, stop every sandbox: commands still running
+    end (their clients get an error, not a cut connection) and requests can finish."""
+    await asyncio.sleep(grace)
+    live = engine.list(state=LIVE_STATES)
+    if live:
+        logger.info("stopping %d sandboxes still alive after %g s", len(live), grace)
+    await asyncio.gather(
+        *(engine.stop(i.id, grace=0, reason="the daemon shut down") for i in live),
+        return_exceptions=True,
+    )
+
+
+async def run(settings: ServerSettings) -> None:
+    """Serve until told to stop; the coroutine behind :func:`serve`."""
+    engine = await Engine.open(settings.state_dir, settings.cache_dir)
+    socket_path = Path(settings.socket).absolute()
+    sockets: list[socket.socket] = []
+    inode = None
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        sockets.append(bind_unix(socket_path))
+        inode = socket_path.lstat().st_ino
+        if settings.tcp is not None:
+            sockets.append(bind_tcp(*settings.tcp))
+        app = create_app(settings, engine)
+
+        def on_exit() -> None:
+            app.state.admission.close()
+            if not tasks:
+                tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace)))
+
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            http="httptools",
+            loop="asyncio",
+            log_config=None,
+            access_log=logger.isEnabledFor(logging.DEBUG),
+            # A backstop only: _drain ends what the engine runs after shutdown_grace.
+            timeout_graceful_shutdown=settings.shutdown_grace + DRAIN_BACKSTOP_S,  # type: ignore[arg-type]
+            backlog=BACKLOG,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
+        server = _Server(config, on_exit=on_exit)
+        _log_start(settings, engine, sockets)
+        if settings.idle_exit is not None:
+            tasks.append(
+                asyncio.create_task(
+                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit)
+                )
+            )
+        await server.serve(sockets=sockets)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sock in sockets:
+            sock.close()
+        await engine.close()
+        if inode is not None:  # only now: a new daemon could not open the engine before
+            _remove_socket(socket_path, inode)
+        logger.info("corral daemon stopped")
+
+
+def _log_start(settings: ServerSettings, engine: Engine, sockets: list[socket.socket]) -> None:
+    where = [f"unix:{sockets[0].getsockname()} (mode 0600, no token)"]
+    if len(sockets) > 1:
+        host, port = sockets[1].getsockname()[:2]
+        where.append(f"http://{host}:{port} (bearer token required)")
+    logger.info(
+        "corral %s listening on %s; state %s; pid %d",
+        corral.__version__,
+        " and ".join(where),
+        engine.layout.state_dir,
+        os.getpid(),
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level`` unless the caller set logging up already."""
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise InvalidArgument(f"unknown log level {level!r}: use debug, info, warning or error")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("corral").setLevel(numeric)
+    # uvicorn's own start/stop chatter only when debugging; its errors always.
+    logging.getLogger("uvicorn").setLevel(
+        numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING)
+    )
+
+
+def serve(settings: ServerSettings) -> None:
+    """Run a daemon in this process until SIGTERM / SIGINT (blocking)."""
+    configure_logging(settings.log_level)
+    asyncio.run(run(settings))

@@ -1,0 +1,186 @@
+"""The HTTP API's own request and reply bodies (the sandbox models are in ``corral.schema``).
+
+Command output is bytes; JSON carries text. :func:`exec_response` keeps both: ``stdout``
+is the text (decoded with replacement characters if need be) and ``stdout_b64`` is
+added, with the exact bytes, only when they are not valid UTF-8.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from corral.errors import InvalidArgument
+from corral.schema import (
+    DEFAULT_EXEC_TIMEOUT_S,
+    DEFAULT_MAX_OUTPUT,
+    ExecResult,
+    FileInfo,
+    SandboxInfo,
+    SandboxState,
+)
+
+MAX_OUTPUT_LIMIT = 1 << 30  # bytes per stream a caller may ask the daemon to keep
+MAX_STOP_GRACE_S = 300.0
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExecRequest(_Body):
+    """``POST /v1/sandboxes/{id}/exec``: a shell string runs under ``/bin/sh -c``."""
+
+    cmd: list[str] | str
+    timeout: float | None = Field(DEFAULT_EXEC_TIMEOUT_S, gt=0, le=30 * 86400)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    stdin: str | None = None
+    stdin_b64: str | None = None
+    max_output: int = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_LIMIT)
+
+    @model_validator(mode="after")
+    def _one_stdin(self) -> "ExecRequest":
+        if self.stdin is not None and self.stdin_b64 is not None:
+            raise ValueError("pass stdin or stdin_b64, not both")
+        return self
+
+    def stdin_bytes(self) -> bytes | None:
+        """The command's standard input as bytes, whichever field carried it."""
+        if self.stdin_b64 is None:
+            return self.stdin.encode() if self.stdin is not None else None
+        try:
+            return base64.b64decode(self.stdin_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument(
+                "stdin_b64 is not valid base64", details={"errors": [{"field": "stdin_b64"}]}
+            ) from None
+
+
+class StopRequest(_Body):
+    """``POST /v1/sandboxes/{id}/stop``: seconds between SIGTERM and SIGKILL."""
+
+    grace: float = Field(2.0, ge=0, le=MAX_STOP_GRACE_S)
+
+
+class MkdirRequest(_Body):
+    """``POST /v1/sandboxes/{id}/files/mkdir``."""
+
+    path: str
+    parents: bool = True
+    mode: int = Field(0o755, ge=0, le=0o7777)
+
+
+class ExecResponse(BaseModel):
+    """How a command ended, with its output (see the module docstring for ``*_b64``)."""
+
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+    stdout_b64: str | None = None
+    stderr_b64: str | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration: float = 0.0
+
+
+class StreamEvent(BaseModel):
+    """One line of ``exec/stream``: output (``data`` or ``data_b64``), ``exit`` or ``error``."""
+
+    type: Literal["stdout", "stderr", "exit", "error"]
+    data: str | None = None
+    data_b64: str | None = None
+    result: ExecResponse | None = None
+    error: "ErrorDetail | None" = None
+
+
+class ErrorDetail(BaseModel):
+    """What failed: a stable ``code`` (``corral.errors``), a message, and details."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error reply."""
+
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Capacity(BaseModel):
+    max_sandboxes: int
+    max_starting: int
+    max_memory_mb: int
+    queue_size: int
+    queue_timeout: float
+
+
+class DaemonInfo(BaseModel):
+    """``GET /v1/info``: limits and how much of them is in use."""
+
+    version: str
+    cgroup_version: int
+    capacity: Capacity
+    committed_memory_mb: int
+    starting: int
+    queued: int
+    counts: dict[SandboxState, int]
+
+
+class Usage(BaseModel):
+    cpu_seconds: float
+    memory_mb: float
+
+
+class SandboxDetail(SandboxInfo):
+    """``GET /v1/sandboxes/{id}``: a sandbox, with its usage while it has processes."""
+
+    usage: Usage | None = None
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxInfo]
+
+
+class FileList(BaseModel):
+    entries: list[FileInfo]
+
+
+StreamEvent.model_rebuild()
+
+
+def text_and_b64(data: bytes) -> tuple[str, str | None]:
+    """``data`` as text, plus its base64 when it is not valid UTF-8."""
+    try:
+        return data.decode(), None
+    except UnicodeDecodeError:
+        return data.decode(errors="replace"), base64.b64encode(data).decode()
+
+
+def exec_response(result: ExecResult) -> dict[str, Any]:
+    """The JSON of an :class:`ExecResult` (``*_b64`` only when needed)."""
+    stdout, stdout_b64 = text_and_b64(result.stdout)
+    stderr, stderr_b64 = text_and_b64(result.stderr)
+    reply = ExecResponse(
+        returncode=result.returncode,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_b64=stdout_b64,
+        stderr_b64=stderr_b64,
+        timed_out=result.timed_out,
+        oom_killed=result.oom_killed,
+        stdout_truncated=result.stdout_truncated,
+        stderr_truncated=result.stderr_truncated,
+        duration=result.duration,
+    )
+    return reply.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,144 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 document built from the route table.
+
+Schemas come from the pydantic models (``corral.schema`` and
+``corral.server.models``) through ``TypeAdapter.json_schemas``; paths come from
+:data:`corral.server.routes.ENDPOINTS`, so every route is listed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import TypeAdapter
+from pydantic.json_schema import JsonSchemaMode
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import corral
+from corral.server.models import ErrorResponse, StreamEvent
+from corral.server.routes import NDJSON, RAW, Endpoint
+
+REF = "#/components/schemas/{model}"
+_PATH_PARAM = re.compile(r"{(\w+)}")
+
+
+def _name(model: Any) -> str:
+    return model.__name__
+
+
+Key = tuple[str, JsonSchemaMode]  # (model name, "validation" for bodies / "serialization")
+
+
+def _schemas(models: dict[Key, Any]) -> tuple[dict[Key, Any], dict[str, Any]]:
+    """(key -> $ref, every definition for components.schemas)."""
+    adapters = [(name, mode, TypeAdapter(model)) for (name, mode), model in models.items()]
+    refs, top = TypeAdapter.json_schemas(adapters, ref_template=REF)
+    return refs, top.get("$defs", {})
+
+
+def _models(endpoints: tuple[Endpoint, ...]) -> dict[Key, Any]:
+    found: dict[Key, Any] = {
+        (_name(ErrorResponse), "serialization"): ErrorResponse,
+        (_name(StreamEvent), "serialization"): StreamEvent,
+    }
+    for e in endpoints:
+        for model, mode in ((e.body, "validation"), (e.reply, "serialization")):
+            if model is not None and not isinstance(model, str):
+                found[(_name(model), mode)] = model
+    return found
+
+
+def _content(kind: Any, refs: dict[Key, Any], mode: JsonSchemaMode) -> dict[str, Any]:
+    if kind == RAW:
+        return {RAW: {"schema": {"type": "string", "format": "binary"}}}
+    if kind == NDJSON:
+        return {NDJSON: {"schema": refs[(_name(StreamEvent), "serialization")]}}
+    return {"application/json": {"schema": refs[(_name(kind), mode)]}}
+
+
+def _operation(e: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PATH_PARAM.findall(e.path)
+    ]
+    for q in e.query:
+        schema: dict[str, Any] = {"type": q.type}
+        if q.repeat:
+            schema = {"type": "array", "items": schema}
+        params.append(
+            {
+                "name": q.name,
+                "in": "query",
+                "required": q.required,
+                "description": q.description,
+                "schema": schema,
+                **({"explode": True} if q.repeat else {}),
+            }
+        )
+    ok: dict[str, Any] = {"description": e.summary}
+    if e.reply is not None:
+        ok["content"] = _content(e.reply, refs, "serialization")
+    op: dict[str, Any] = {
+        "operationId": e.handler.__name__,
+        "summary": e.summary,
+        "parameters": params,
+        "responses": {
+            str(e.status): ok,
+            "default": {
+                "description": "an error (see corral.errors for the codes)",
+                "content": _content(ErrorResponse, refs, "serialization"),
+            },
+        },
+    }
+    if e.body is not None:
+        op["requestBody"] = {
+            "required": e.body == RAW,
+            "content": _content(e.body, refs, "validation"),
+        }
+    return op
+
+
+def openapi_document(endpoints: tuple[Endpoint, ...]) -> dict[str, Any]:
+    """The OpenAPI 3.1 description of ``endpoints``."""
+    refs, defs = _schemas(_models(endpoints))
+    paths: dict[str, dict[str, Any]] = {}
+    for e in endpoints:
+        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e, refs)
+    paths["/openapi.json"] = {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This document",
+            "responses": {
+                "200": {
+                    "description": "OpenAPI 3.1",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
+            },
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "corral",
+            "version": corral.__version__,
+            "description": "Self-hosted sandboxes for reinforcement learning (docs/api.md).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": defs,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{}, {"bearer": []}],  # none on the Unix socket, a token on TCP
+    }
+
+
+def openapi_route(endpoints: tuple[Endpoint, ...]) -> Route:
+    """``GET /openapi.json`` for ``endpoints``."""
+    document = openapi_document(endpoints)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    return Route("/openapi.json", openapi, methods=["GET"])

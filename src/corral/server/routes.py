@@ -1,0 +1,427 @@
+"""The endpoints of API v1, as one table that both routes requests and describes them.
+
+:data:`ENDPOINTS` is the single source: :func:`build_routes` turns it into Starlette
+routes and :mod:`corral.server.openapi` into ``GET /openapi.json``, so a route cannot
+exist without being documented. Handlers find the engine, the admission control and
+the settings on ``request.app.state`` (see :func:`corral.server.create_app`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import corral
+from corral.errors import CorralError, InvalidArgument
+from corral.runtime.engine import Engine
+from corral.runtime.pathutil import resolve_path
+from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, validate_model
+from corral.server.admission import Admission
+from corral.server.models import (
+    DaemonInfo,
+    ExecRequest,
+    ExecResponse,
+    FileList,
+    Health,
+    MkdirRequest,
+    SandboxDetail,
+    SandboxList,
+    StopRequest,
+    exec_response,
+)
+from corral.server.settings import ServerSettings
+from corral.server.streaming import start_stream
+from corral.server.wire import read_body, read_json
+
+logger = logging.getLogger("corral.server")
+
+T = TypeVar("T")
+RAW = "application/octet-stream"  # a body or reply of raw bytes
+NDJSON = "application/x-ndjson"  # a reply of one JSON object per line
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query parameter, for the OpenAPI document."""
+
+    name: str
+    type: str
+    description: str
+    required: bool = False
+    repeat: bool = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route: what it takes and what it gives back (``reply`` None means 204)."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: Any = None
+    reply: Any = None
+    status: int = 200
+    query: tuple[Query, ...] = ()
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def _admission(request: Request) -> Admission:
+    return request.app.state.admission
+
+
+def _settings(request: Request) -> ServerSettings:
+    return request.app.state.settings
+
+
+def _sid(request: Request) -> str:
+    return request.path_params["sandbox_id"]
+
+
+def _param(request: Request, name: str, default: str | None = None) -> str:
+    value = request.query_params.get(name, default)
+    if value is None:
+        raise InvalidArgument(f"missing query parameter {name!r}, e.g. ?{name}=/workspace/x")
+    return value
+
+
+def _flag(request: Request, name: str, default: bool) -> bool:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise InvalidArgument(f"query parameter {name!r} must be true or false, got {value!r}")
+
+
+def _octal_mode(request: Request) -> int:
+    value = request.query_params.get("mode", "0644")
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o7777:
+        raise InvalidArgument(f"invalid file mode {value!r}: use octal digits, e.g. mode=0644")
+    return mode
+
+
+def _no_content() -> Response:
+    return Response(status_code=204)
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client hangs up first (a queued create
+    leaves the queue, a command is killed); then raise :class:`ClientDisconnect`."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_watch_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # let it clean up; never raises
+    if task.cancelled():
+        raise ClientDisconnect()
+    return task.result()
+
+
+def _info_json(info: SandboxInfo) -> dict[str, Any]:
+    return info.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------- daemon
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def info(request: Request) -> Response:
+    engine, admission = _engine(request), _admission(request)
+    admission.prune()
+    counts = {state.value: 0 for state in SandboxState}
+    counts.update(engine.counts())
+    lim = admission.limits
+    return JSONResponse(
+        {
+            "version": corral.__version__,
+            "cgroup_version": engine.cgroups.version,
+            "capacity": dataclasses.asdict(lim),
+            "committed_memory_mb": admission.committed_memory_mb,
+            "starting": admission.starting,
+            "queued": admission.queued,
+            "counts": counts,
+        }
+    )
+
+
+# ------------------------------------------------------------------- sandboxes
+
+
+async def create_sandbox(request: Request) -> Response:
+    engine, admission = _engine(request), _admission(request)
+    spec = SandboxSpec.parse(await read_json(request, "sandbox spec", required=False))
+    engine.images.get(spec.image)  # ImageNotFound now, not after waiting in the queue
+
+    async def admit_and_create() -> SandboxInfo:
+        async with admission.admit(spec.memory_mb) as slot:
+            created = await engine.create(spec)
+            slot.commit(created.id)
+            return created
+
+    created = await unless_disconnected(request, admit_and_create())
+    if await request.is_disconnected():  # it left just as the sandbox became ready
+        await engine.delete(created.id)
+        admission.release(created.id)
+        raise ClientDisconnect()
+    return JSONResponse(_info_json(created), status_code=201)
+
+
+async def list_sandboxes(request: Request) -> Response:
+    states = request.query_params.getlist("state") or None
+    infos = _engine(request).list(tags=request.query_params.getlist("tag"), state=states)
+    return JSONResponse({"sandboxes": [_info_json(i) for i in infos]})
+
+
+async def get_sandbox(request: Request) -> Response:
+    engine, sid = _engine(request), _sid(request)
+    body = _info_json(engine.get(sid))
+    if body["state"] in (SandboxState.RUNNING.value, SandboxState.PAUSED.value):
+        try:
+            body["usage"] = engine.usage(sid)
+        except (CorralError, OSError):
+            pass  # it ended meanwhile
+    return JSONResponse(body)
+
+
+async def pause_sandbox(request: Request) -> Response:
+    return JSONResponse(_info_json(await _engine(request).pause(_sid(request))))
+
+
+async def resume_sandbox(request: Request) -> Response:
+    return JSONResponse(_info_json(await _engine(request).resume(_sid(request))))
+
+
+async def stop_sandbox(request: Request) -> Response:
+    body = validate_model(
+        StopRequest, await read_json(request, "stop request", required=False), "stop request"
+    )
+    stopped = await _engine(request).stop(_sid(request), grace=body.grace)
+    _admission(request).release(stopped.id)
+    return JSONResponse(_info_json(stopped))
+
+
+async def delete_sandbox(request: Request) -> Response:
+    sid = _sid(request)
+    await _engine(request).delete(sid)
+    _admission(request).release(sid)
+    return _no_content()
+
+
+# ------------------------------------------------------------------------ exec
+
+
+async def _exec_request(request: Request) -> dict[str, Any]:
+    body = validate_model(ExecRequest, await read_json(request, "exec request"), "exec request")
+    return {
+        "cmd": body.cmd,
+        "timeout": body.timeout,
+        "env": body.env,
+        "cwd": body.cwd,
+        "stdin": body.stdin_bytes(),
+        "max_output": body.max_output,
+    }
+
+
+async def exec_command(request: Request) -> Response:
+    kwargs = await _exec_request(request)
+    work = _engine(request).exec(_sid(request), **kwargs)
+    return JSONResponse(exec_response(await unless_disconnected(request, work)))
+
+
+async def exec_stream(request: Request) -> Response:
+    kwargs = await _exec_request(request)
+    return await start_stream(_engine(request).exec_stream(_sid(request), **kwargs))
+
+
+# ----------------------------------------------------------------------- files
+
+
+def _sandbox_path(request: Request, default: str | None = None) -> str:
+    """The ``path`` query parameter, checked against the sandbox before any I/O."""
+    workdir = _engine(request).get(_sid(request)).spec.workdir
+    return resolve_path(workdir, _param(request, "path", default))
+
+
+async def upload_file(request: Request) -> Response:
+    engine, sid = _engine(request), _sid(request)
+    path, mode = _sandbox_path(request), _octal_mode(request)
+    data = await read_body(request, _settings(request).max_upload_bytes, "upload")
+    try:
+        await engine.write_file(sid, path, data, mode=mode)
+    except CorralError:
+        await _remove_partial(engine, sid, path)
+        raise
+    return _no_content()
+
+
+async def _remove_partial(engine: Engine, sid: str, path: str) -> None:
+    """After a failed upload, leave no half-written file behind."""
+    try:
+        if not (await engine.stat(sid, path)).is_dir:
+            await engine.remove(sid, path)
+    except CorralError:
+        pass  # nothing was written, or the sandbox is gone
+
+
+async def download_file(request: Request) -> Response:
+    engine, sid = _engine(request), _sid(request)
+    limit = _settings(request).max_upload_bytes
+    data = await engine.read_file(sid, _sandbox_path(request), max_bytes=limit)
+    return Response(data, media_type=RAW)
+
+
+async def remove_file(request: Request) -> Response:
+    recursive = _flag(request, "recursive", False)
+    await _engine(request).remove(_sid(request), _sandbox_path(request), recursive=recursive)
+    return _no_content()
+
+
+async def list_files(request: Request) -> Response:
+    entries = await _engine(request).list_dir(_sid(request), _sandbox_path(request, "."))
+    return JSONResponse({"entries": [dataclasses.asdict(e) for e in entries]})
+
+
+async def stat_file(request: Request) -> Response:
+    found = await _engine(request).stat(_sid(request), _sandbox_path(request))
+    return JSONResponse(dataclasses.asdict(found))
+
+
+async def make_dir(request: Request) -> Response:
+    body = validate_model(MkdirRequest, await read_json(request, "mkdir request"), "mkdir request")
+    await _engine(request).mkdir(_sid(request), body.path, parents=body.parents, mode=body.mode)
+    return _no_content()
+
+
+# ----------------------------------------------------------------------- table
+
+_SB = "/v1/sandboxes/{sandbox_id}"
+_PATH = Query(
+    "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True
+)
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/v1/health", health, "Is the daemon up", reply=Health),
+    Endpoint("GET", "/v1/info", info, "Version, limits and what is in use", reply=DaemonInfo),
+    Endpoint(
+        "POST",
+        "/v1/sandboxes",
+        create_sandbox,
+        "Create a sandbox (waits for room)",
+        body=SandboxSpec,
+        reply=SandboxInfo,
+        status=201,
+    ),
+    Endpoint(
+        "GET",
+        "/v1/sandboxes",
+        list_sandboxes,
+        "List sandboxes",
+        reply=SandboxList,
+        query=(
+            Query("tag", "string", "carries this tag (all must match)", repeat=True),
+            Query("state", "string", "is in this state (any may match)", repeat=True),
+        ),
+    ),
+    Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
+    Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
+    Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
+    Endpoint(
+        "POST",
+        _SB + "/stop",
+        stop_sandbox,
+        "Stop a sandbox (record kept)",
+        body=StopRequest,
+        reply=SandboxInfo,
+    ),
+    Endpoint("DELETE", _SB, delete_sandbox, "Delete a sandbox (idempotent)", status=204),
+    Endpoint(
+        "POST",
+        _SB + "/exec",
+        exec_command,
+        "Run a command to completion",
+        body=ExecRequest,
+        reply=ExecResponse,
+    ),
+    Endpoint(
+        "POST",
+        _SB + "/exec/stream",
+        exec_stream,
+        "Run a command, streaming its output",
+        body=ExecRequest,
+        reply=NDJSON,
+    ),
+    Endpoint(
+        "PUT",
+        _SB + "/files",
+        upload_file,
+        "Write a file (parents created)",
+        body=RAW,
+        status=204,
+        query=(_PATH, Query("mode", "string", "octal permissions, e.g. 0644")),
+    ),
+    Endpoint("GET", _SB + "/files", download_file, "Read a file", reply=RAW, query=(_PATH,)),
+    Endpoint(
+        "DELETE",
+        _SB + "/files",
+        remove_file,
+        "Remove a file or directory",
+        status=204,
+        query=(_PATH, Query("recursive", "boolean", "remove a directory's contents too")),
+    ),
+    Endpoint(
+        "GET",
+        _SB + "/files/list",
+        list_files,
+        "List a directory",
+        reply=FileList,
+        query=(Query("path", "string", "the directory (default: the workdir)"),),
+    ),
+    Endpoint(
+        "GET", _SB + "/files/stat", stat_file, "Describe a file", reply=FileInfo, query=(_PATH,)
+    ),
+    Endpoint(
+        "POST", _SB + "/files/mkdir", make_dir, "Make a directory", body=MkdirRequest, status=204
+    ),
+)
+
+
+def build_routes() -> list[Route]:
+    """Starlette routes for :data:`ENDPOINTS` plus ``GET /openapi.json``."""
+    from corral.server.openapi import openapi_route
+
+    routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
+    return [*routes, openapi_route(ENDPOINTS)]

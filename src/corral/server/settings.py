@@ -1,0 +1,104 @@
+"""How a daemon is configured: where it listens, what it guards, how much it admits.
+
+Environment variables (read only here, by :meth:`ServerSettings.from_env`):
+
+- ``CORRAL_SOCKET``: the Unix socket to listen on (default ``/run/corral/corral.sock``).
+- ``CORRAL_TOKEN``: the bearer token TCP clients must send (no default: TCP is refused
+  without one).
+
+``CORRAL_STATE_DIR`` and ``CORRAL_CACHE_DIR`` are read by :mod:`corral.runtime.paths`
+when ``state_dir`` / ``cache_dir`` are left unset.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import InvalidArgument
+
+DEFAULT_SOCKET = "/run/corral/corral.sock"
+DEFAULT_MAX_STARTING = 8
+DEFAULT_MAX_SANDBOXES = 2000
+DEFAULT_QUEUE_SIZE = 4096
+DEFAULT_QUEUE_TIMEOUT_S = 120.0
+DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
+MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
+DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
+MEMINFO = "/proc/meminfo"
+
+
+def host_memory_mb(meminfo: str = MEMINFO) -> int:
+    """The host's RAM in MB (``MemTotal`` of ``/proc/meminfo``)."""
+    with open(meminfo) as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    raise RuntimeError(f"{meminfo} has no MemTotal line")
+
+
+def default_max_memory_mb() -> int:
+    """Memory that may be promised to sandboxes: limits are caps, rarely all used."""
+    return MEMORY_OVERCOMMIT * host_memory_mb()
+
+
+def parse_tcp(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``[V6]:PORT``) as ``(host, port)``; port 0 picks a free one."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(
+            f"invalid TCP address {value!r}: use HOST:PORT, e.g. 127.0.0.1:7070 or [::1]:7070"
+        )
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything a daemon needs to know; build it with :meth:`from_env` to honour
+    the environment, or directly in tests."""
+
+    socket: Path = Path(DEFAULT_SOCKET)
+    state_dir: Path | None = None
+    cache_dir: Path | None = None
+    tcp: tuple[str, int] | None = None
+    token: str | None = field(default=None, repr=False)
+    max_starting: int = DEFAULT_MAX_STARTING
+    max_sandboxes: int = DEFAULT_MAX_SANDBOXES
+    max_memory_mb: int = field(default_factory=default_max_memory_mb)
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    idle_exit: float | None = None
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name in ("socket", "state_dir", "cache_dir"):  # accept str paths too
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
+            raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
+        if self.idle_exit is not None and self.idle_exit <= 0:
+            raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.tcp is not None and not self.token:
+            raise InvalidArgument(
+                "listening on TCP needs a bearer token: pass --token TOKEN or set "
+                "CORRAL_TOKEN (clients then send 'Authorization: Bearer TOKEN')"
+            )
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> "ServerSettings":
+        """Settings from ``CORRAL_SOCKET`` / ``CORRAL_TOKEN``, then ``overrides``
+        (entries that are ``None`` are ignored, so unset CLI options fall through)."""
+        base: dict[str, Any] = {"socket": Path(os.environ.get("CORRAL_SOCKET", DEFAULT_SOCKET))}
+        if os.environ.get("CORRAL_TOKEN"):
+            base["token"] = os.environ["CORRAL_TOKEN"]
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)

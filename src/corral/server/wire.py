@@ -1,0 +1,56 @@
+"""Reading request bodies and writing error replies, shared by every route."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from corral.errors import CorralError, FileTooLarge, InvalidArgument
+
+
+def error_response(err: CorralError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The reply for an error: its HTTP status and ``{"error": err.to_dict()}``."""
+    return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
+
+
+async def read_body(request: Request, limit: int, what: str) -> bytearray:
+    """The whole request body, refused with 413 once it is known to exceed ``limit``."""
+
+    def too_large(size: int | str) -> FileTooLarge:
+        return FileTooLarge(
+            f"the {what} is {size} bytes, over this daemon's limit of {limit} bytes "
+            "(--max-upload-bytes); send less, or split it",
+            details={"limit": limit},
+        )
+
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidArgument(f"invalid Content-Length header {declared!r}")
+        if int(declared) > limit:
+            raise too_large(int(declared))
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(f"more than {limit}")
+    return body
+
+
+async def read_json(request: Request, what: str, *, required: bool = True) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}`` unless ``required``."""
+    raw = await read_body(request, request.app.state.settings.max_upload_bytes, what)
+    if not raw.strip():
+        if required:
+            raise InvalidArgument(f"missing request body: send the {what} as a JSON object")
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"the {what} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"the {what} must be a JSON object, not {type(data).__name__}")
+    return data
