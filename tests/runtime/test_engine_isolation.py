@@ -173,3 +173,10 @@ async def test_neighbour_and_host_survive_a_memory_bomb(engine):
     assert r.oom_killed and r.returncode == -9 and not r.timed_out
     code, out, _ = await sh(engine, bomb.id, "echo still here")
     assert out == "still here\n"
+
+
+async def test_host_network_is_opt_in(engine):
+    info = await engine.create(network="host")
+    code, out, _ = await sh(engine, info.id, "cat /proc/net/dev")
+    ifaces = [line.split(":")[0].strip() for line in out.splitlines()[2:]]
+    assert code == 0 and "lo" in ifaces and len(ifaces) > 1
