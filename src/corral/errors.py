@@ -10,7 +10,8 @@ would naturally catch as a builtin also inherit it::
     ├── Unauthorized (PermissionError)        401 unauthorized
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
-    │   └── ImageNotFound                     404 image_not_found
+    │   ├── ImageNotFound                     404 image_not_found
+    │   └── SnapshotNotFound                  404 snapshot_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   └── FileTooLarge                      413 file_too_large
@@ -74,6 +75,10 @@ class SandboxNotFound(NotFound):
 
 class ImageNotFound(NotFound):
     code, status = "image_not_found", 404
+
+
+class SnapshotNotFound(NotFound):
+    code, status = "snapshot_not_found", 404
 
 
 class FileError(CorralError, OSError):

@@ -81,6 +81,10 @@ class SandboxSpec(BaseModel):
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list)
     network: NetworkMode = NetworkMode.NONE
+    # Start from a snapshot (its id or name) instead of the bare image. Fields not given
+    # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
+    # taken from; ``image`` may be left out, and if given must be the snapshot's image.
+    snapshot: str | None = Field(None, min_length=1, max_length=128)
 
     @field_validator("env")
     @classmethod
@@ -156,6 +160,23 @@ class SandboxInfo(BaseModel):
     @property
     def image(self) -> str:
         return self.spec.image
+
+
+class SnapshotInfo(BaseModel):
+    """A snapshot: a sandbox's files, committed so that new sandboxes can start from them.
+
+    ``layers`` are the ids of its filesystem layers, top first (the image lies below the
+    last); ``size_bytes`` is their disk usage, the image excluded (layers shared with
+    other snapshots are counted in each).
+    """
+
+    id: str
+    name: str | None = None
+    image: str
+    layers: list[str]
+    size_bytes: int
+    created_at: float
+    source_sandbox: str | None = None
 
 
 @dataclass

@@ -14,6 +14,8 @@ Example::
     engine = await Engine.open()
     info = await engine.create(SandboxSpec(memory_mb=512, tags=["rl"]))
     result = await engine.exec(info.id, ["python3", "-c", "print(6*7)"], timeout=10)
+    snap = await engine.snapshot(info.id, name="configured")  # see corral.runtime.snapshots
+    copies = await engine.fork(info.id, 8)
     await engine.delete(info.id)
     await engine.close()
 """
@@ -54,6 +56,7 @@ from corral.runtime.paths import Layout
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Msg, Tag, decode_entry
 from corral.runtime.registry import Registry
+from corral.runtime.snapshots import Snapshots
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT,
@@ -65,6 +68,7 @@ from corral.schema import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    SnapshotInfo,
 )
 
 SANDBOX_UID = 1000  # the user inside every sandbox
@@ -105,6 +109,7 @@ class _Live:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     ending: bool = False
+    snapshot_id: str | None = None  # started from it: holds a reference until released
 
 
 class Engine:
@@ -132,6 +137,7 @@ class Engine:
         self._reaper: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.cgroup_parent = f"corral/{layout.engine_key}"
+        self.snapshots = Snapshots(layout, registry, images)
         self._pool = SlotPool(
             agent_path=agent_path,
             cgroups=cgroup_driver,
@@ -191,6 +197,7 @@ class Engine:
         )
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine.reconcile()
+        engine.snapshots.open()
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
@@ -269,16 +276,23 @@ class Engine:
         if not isinstance(spec, SandboxSpec):
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
-            spec = SandboxSpec.parse(spec.model_dump(), **kw)
-        image = self.images.get(spec.image)  # ImageNotFound before anything is made
+            spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         sid = _new_id()
-        slot = await self._pool.take()
+        spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
+        try:
+            image = self.images.get(spec.image)  # ImageNotFound before anything is made
+            lowers = await self.snapshots.lowers(snap, image, self.layout.sandbox_dir(sid))
+            slot = await self._pool.take()
+        except BaseException:
+            await self.snapshots.release(snap)
+            raise
         info = self.registry.insert(sid, self.registry.next_seq(), spec, slot.cgroup.path)
         live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup)
         live.proc = slot.proc
+        live.snapshot_id = snap.id if snap else None
         self._live[sid] = live
         try:
-            await self._start(live, slot, [image.rootfs])
+            await self._start(live, slot, lowers)
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
             if slot.go_fd >= 0:
@@ -511,6 +525,8 @@ class Engine:
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
         await asyncio.to_thread(self._release_resources, live)
+        snapshot_id, live.snapshot_id = live.snapshot_id, None
+        await self.snapshots.release(snapshot_id)
 
     @staticmethod
     def _release_resources(live: _Live) -> None:
@@ -549,6 +565,71 @@ class Engine:
                     )
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------- snapshots
+
+    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+        """Commit a sandbox's files as a snapshot that new sandboxes start from
+        (``create(snapshot=...)``). Its processes are frozen while its writable layer is
+        copied (a paused sandbox stays paused), then go on. See
+        :mod:`corral.runtime.snapshots`."""
+        self.snapshots.check_name(name)
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                raise InvalidState(
+                    f"sandbox {sandbox_id} is {live.state.value}: only a running or paused "
+                    "sandbox can be snapshotted",
+                    details={"sandbox_id": sandbox_id, "state": live.state.value},
+                )
+            cgroup = None if live.state == SandboxState.PAUSED else live.cgroup
+            upper = self.upper_dir(sandbox_id)
+            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id)
+        return await self.snapshots.commit(
+            staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
+        )
+
+    async def fork(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
+        """``n`` new sandboxes with a copy of this one's files and its spec, made
+        concurrently from a snapshot that goes away when the last of them ends.
+        All or nothing: if one fails to start, the others are deleted."""
+        if not isinstance(n, int) or n < 1:
+            raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
+        snap = await self.snapshot(sandbox_id)
+        spec = self.get(sandbox_id).spec.model_copy(update={"snapshot": snap.id})
+        try:
+            made = await asyncio.gather(
+                *(self.create(spec) for _ in range(n)), return_exceptions=True
+            )
+        finally:
+            await self.snapshots.delete(snap.id)  # deferred while the copies run
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(self.delete(r.id) for r in made if isinstance(r, SandboxInfo)))
+            raise failed[0]
+        return made  # type: ignore[return-value]
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return self.snapshots.list()
+
+    def get_snapshot(self, id_or_name: str) -> SnapshotInfo:
+        """A snapshot by id or name; :class:`SnapshotNotFound` if there is none."""
+        return self.snapshots.get(id_or_name)
+
+    async def delete_snapshot(self, id_or_name: str) -> bool:
+        """Delete a snapshot. Sandboxes started from it keep running; its layers are
+        removed when the last of them ends. Idempotent: False if it did not exist."""
+        return await self.snapshots.delete(id_or_name)
+
+    async def verify_snapshot(self, id_or_name: str) -> SnapshotInfo:
+        """Re-read a snapshot's layers against their checksums (:class:`InvalidState`
+        if one was changed on disk). Done by itself before a layer's first use after a
+        restart."""
+        return await self.snapshots.verify(id_or_name)
+
+    async def gc_layers(self) -> list[str]:
+        """Remove the layers no snapshot or sandbox references; returns their ids."""
+        return await self.snapshots.gc()
 
     # ----------------------------------------------------------------- query
 

@@ -1,7 +1,8 @@
 """Where the engine keeps things on the host.
 
 Environment variables (read only here):
-- ``CORRAL_STATE_DIR``: registry, per-sandbox mounts (default ``/var/lib/corral``).
+- ``CORRAL_STATE_DIR``: registry, snapshot layers, per-sandbox mounts (default
+  ``/var/lib/corral``).
 - ``CORRAL_CACHE_DIR``: built images and the compiled agent, shared by every engine on
   the host (default ``/var/cache/corral``).
 """
@@ -64,6 +65,11 @@ class Layout:
 
     def sandbox_dir(self, sandbox_id: str) -> Path:
         return self.sandboxes_dir / sandbox_id
+
+    @property
+    def layers_dir(self) -> Path:
+        """Committed snapshot layers: durable state, not cache (see :mod:`.layers`)."""
+        return self.state_dir / "layers"
 
     @property
     def images_dir(self) -> Path:

@@ -1,4 +1,9 @@
-"""The SQLite registry of sandboxes: the engine's memory across restarts.
+"""The SQLite registry of sandboxes and snapshots: the engine's memory across restarts.
+
+Snapshot layers are reference-counted here: a layer's ``refcount`` is the number of
+snapshots (not deleted) whose chain holds it, plus the number of live sandboxes that
+were started from such a chain. Both change in the same transaction as the rows they
+count; :meth:`Registry.recount_snapshots` recomputes them from the rows after a restart.
 
 WAL mode with ``synchronous=NORMAL``: a committed transaction survives a crash of the
 process (the case that matters: ``kill -9`` of the daemon), at ~50 µs a write.
@@ -9,10 +14,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from corral.schema import SandboxInfo, SandboxSpec, SandboxState
+from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -35,7 +41,55 @@ CREATE TABLE IF NOT EXISTS tags (
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS layers (
+    id TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    refcount INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    image TEXT NOT NULL,
+    image_digest TEXT NOT NULL,
+    layers TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    size INTEGER NOT NULL,
+    source_sandbox TEXT,
+    spec TEXT NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0,
+    users INTEGER NOT NULL DEFAULT 0
+);
+CREATE UNIQUE INDEX IF NOT EXISTS snapshots_name ON snapshots(name) WHERE deleted = 0;
 """
+_SNAPSHOT_COLUMNS = (
+    "id, name, image, image_digest, layers, created_at, size, source_sandbox, spec, users"
+)
+_CHAIN = "id IN (SELECT value FROM json_each(?))"
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    """A snapshot as stored: its info plus what restoring it needs."""
+
+    id: str
+    name: str | None
+    image: str
+    image_digest: str
+    layers: list[str]  # top first
+    created_at: float
+    size_bytes: int
+    source_sandbox: str | None
+    spec: SandboxSpec  # of the sandbox it was taken from: defaults for restores
+    users: int = 0  # live sandboxes started from it
+
+    def info(self) -> SnapshotInfo:
+        return SnapshotInfo(
+            id=self.id, name=self.name, image=self.image, layers=self.layers,
+            size_bytes=self.size_bytes, created_at=self.created_at,
+            source_sandbox=self.source_sandbox,
+        )
 
 
 class Registry:
@@ -133,6 +187,115 @@ class Registry:
     def counts(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state"))
 
+    # -------------------------------------------------------------- snapshots
+
+    def add_snapshot(self, row: SnapshotRow, layer: tuple[str, str, int]) -> None:
+        """Insert a snapshot, its new top layer ``(id, digest, size)`` unless known, and
+        a reference on every layer of its chain. ``sqlite3.IntegrityError`` if the name
+        is taken."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT OR IGNORE INTO layers (id, digest, size, created_at) VALUES (?, ?, ?, ?)",
+                (*layer, row.created_at),
+            )
+            self._db.execute(
+                f"INSERT INTO snapshots ({_SNAPSHOT_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (row.id, row.name, row.image, row.image_digest, json.dumps(row.layers),
+                 row.created_at, row.size_bytes, row.source_sandbox, row.spec.model_dump_json()),
+            )
+            self._db.execute(
+                f"UPDATE layers SET refcount = refcount + 1 WHERE {_CHAIN}",
+                (json.dumps(row.layers),),
+            )
+
+    def snapshot(self, ref: str, *, include_deleted: bool = False) -> SnapshotRow | None:
+        """The snapshot with this id or name (names are unique among those not deleted)."""
+        sql = f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE (id=? OR name=?)"
+        if not include_deleted:
+            sql += " AND deleted=0"
+        row = self._db.execute(sql + " ORDER BY deleted LIMIT 1", (ref, ref)).fetchone()
+        return _snapshot(row) if row else None
+
+    def snapshots(self) -> list[SnapshotRow]:
+        return [
+            _snapshot(r) for r in self._db.execute(
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE deleted=0 ORDER BY created_at"
+            )
+        ]
+
+    def layer_rows(self, layer_ids: list[str]) -> dict[str, tuple[str, int]]:
+        """``{id: (digest, size)}`` of the given layers."""
+        rows = self._db.execute(
+            f"SELECT id, digest, size FROM layers WHERE {_CHAIN}", (json.dumps(layer_ids),)
+        )
+        return {lid: (digest, size) for lid, digest, size in rows}
+
+    def use_snapshot(self, snapshot_id: str, delta: int) -> bool:
+        """A sandbox starts (+1) or stops (-1) using a snapshot: count it on the snapshot
+        and its layers; the last user of a deleted snapshot removes its row. Returns
+        whether some layer is left unreferenced."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "UPDATE snapshots SET users = users + ? WHERE id=?", (delta, snapshot_id)
+            )
+            self._db.execute(
+                f"UPDATE layers SET refcount = refcount + ? WHERE {_CHAIN}",
+                (delta, self._chain(snapshot_id)),
+            )
+            self._db.execute(
+                "DELETE FROM snapshots WHERE id=? AND deleted=1 AND users<=0", (snapshot_id,)
+            )
+        return delta < 0 and self._has_unreferenced()
+
+    def drop_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot: its row goes now, or when its last user ends. Its own
+        references go now. Returns whether some layer is left unreferenced."""
+        with self._db:
+            self._db.execute("BEGIN")
+            row = self._db.execute(
+                "SELECT layers FROM snapshots WHERE id=? AND deleted=0", (snapshot_id,)
+            ).fetchone()
+            if row is None:
+                return False
+            self._db.execute(f"UPDATE layers SET refcount = refcount - 1 WHERE {_CHAIN}", row)
+            self._db.execute("UPDATE snapshots SET deleted=1 WHERE id=?", (snapshot_id,))
+            self._db.execute("DELETE FROM snapshots WHERE id=? AND users<=0", (snapshot_id,))
+        return self._has_unreferenced()
+
+    def unreferenced_layers(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT id FROM layers WHERE refcount<=0")]
+
+    def forget_layer(self, layer_id: str) -> bool:
+        """Delete a layer's row if nothing references it (then its files may go)."""
+        cur = self._db.execute("DELETE FROM layers WHERE id=? AND refcount<=0", (layer_id,))
+        return cur.rowcount == 1
+
+    def layer_ids(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT id FROM layers")}
+
+    def recount_snapshots(self) -> None:
+        """After a restart no sandbox of before is alive: drop their uses (and deleted
+        snapshots kept only for them) and recount every layer's references."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM snapshots WHERE deleted=1")
+            self._db.execute("UPDATE snapshots SET users=0")
+            self._db.execute(
+                "UPDATE layers SET refcount = (SELECT COUNT(*) FROM snapshots, "
+                "json_each(snapshots.layers) WHERE json_each.value = layers.id)"
+            )
+
+    def _chain(self, snapshot_id: str) -> str:
+        row = self._db.execute("SELECT layers FROM snapshots WHERE id=?", (snapshot_id,)).fetchone()
+        return row[0] if row else "[]"
+
+    def _has_unreferenced(self) -> bool:
+        row = self._db.execute("SELECT 1 FROM layers WHERE refcount<=0 LIMIT 1").fetchone()
+        return row is not None
+
 
 def _info(row: tuple) -> SandboxInfo:
     sid, state, spec, created, started, ended, reason = row
@@ -144,4 +307,13 @@ def _info(row: tuple) -> SandboxInfo:
         started_at=started,
         ended_at=ended,
         reason=reason,
+    )
+
+
+def _snapshot(row: tuple) -> SnapshotRow:
+    sid, name, image, image_digest, layers, created, size, source, spec, users = row
+    return SnapshotRow(
+        id=sid, name=name, image=image, image_digest=image_digest, layers=json.loads(layers),
+        created_at=created, size_bytes=size, source_sandbox=source,
+        spec=SandboxSpec.model_validate(json.loads(spec)), users=users,
     )

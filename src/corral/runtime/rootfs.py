@@ -23,6 +23,15 @@ from pathlib import Path
 from corral.runtime import syscalls
 
 AGENT_DIR = ".corral"  # in the sandbox: /.corral/agent
+# mount(2) copies one page of options, its NUL included: with many lower layers, their
+# paths must stay short (see layers.py) or be squashed into fewer.
+MAX_MOUNT_DATA = 4095
+
+
+def overlay_data_len(lowers: list[Path], sandbox_dir: Path) -> int:
+    """The length of the overlay options the launcher will mount with (``agent.c``)."""
+    lowerdir = ":".join(str(p) for p in lowers)
+    return len(f"lowerdir={lowerdir},upperdir={sandbox_dir}/rw/upper,workdir={sandbox_dir}/rw/work")
 
 
 def remove_dirs(sandbox_dir: Path) -> None:

@@ -1,0 +1,331 @@
+"""Snapshots: set an environment up once in a sandbox, start many copies of it.
+
+A snapshot is a chain of layers (:mod:`corral.runtime.layers`), top first, over an
+image. Taking one freezes the sandbox, copies its writable layer, and thaws it (the
+rest of the commit works on the copy); the new layer goes on top of the chain the
+sandbox itself started from. A sandbox created from a snapshot mounts
+``chain + [image]`` as its overlay lower layers and writes into a fresh upper of its
+own, so copies never see each other's writes.
+
+Lifetimes: every layer's references (snapshots holding it + live sandboxes started
+from them) are counted in the registry. Deleting a snapshot that sandboxes still use
+hides it at once but keeps its layers until the last of them ends; a layer nothing
+references is removed. Chains deeper than :data:`MAX_CHAIN_DEPTH` (or whose paths
+would overflow overlay's one page of mount options) are squashed into one layer.
+
+Example::
+
+    base = await engine.create()
+    await engine.exec(base.id, "pip install --no-index /workspace/pkg.whl")
+    snap = await engine.snapshot(base.id, name="with-pkg")
+    copies = [await engine.create(snapshot="with-pkg") for _ in range(100)]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import re
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from corral.errors import (
+    CapacityExceeded,
+    CorralError,
+    InternalError,
+    InvalidArgument,
+    InvalidState,
+    SnapshotNotFound,
+    Unsupported,
+)
+from corral.runtime import rootfs
+from corral.runtime.images import Image, ImageStore
+from corral.runtime.layers import ID_HEX, TREE, LayerStore
+from corral.runtime.paths import Layout
+from corral.runtime.registry import Registry, SnapshotRow
+from corral.schema import DEFAULT_IMAGE, SandboxSpec, SnapshotInfo
+
+MAX_CHAIN_DEPTH = 16
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_ID_PREFIX = "snap-"
+# Fields a restore never inherits from the sandbox the snapshot was taken from.
+_NOT_INHERITED = {"tags", "snapshot", "image"}
+
+
+def _new_id() -> str:
+    return _ID_PREFIX + secrets.token_hex(6)
+
+
+class Snapshots:
+    """The snapshots of one engine. The engine calls it; see the module docstring."""
+
+    def __init__(self, layout: Layout, registry: Registry, images: ImageStore) -> None:
+        self.layout = layout
+        self.registry = registry
+        self.images = images
+        self.store = LayerStore(layout.layers_dir)
+        self.max_depth = MAX_CHAIN_DEPTH
+        self._lock = asyncio.Lock()  # installing layers and rows vs removing them
+        self._checked: dict[str, asyncio.Future[bool]] = {}  # layer id -> verification
+
+    def open(self) -> list[str]:
+        """Recount references after a restart and remove what a crash left behind
+        (half-built or half-removed layers). Returns the names removed."""
+        self.registry.recount_snapshots()
+        return self.store.open(self.registry.layer_ids())
+
+    # ---------------------------------------------------------------- taking
+
+    def check_name(self, name: str | None) -> None:
+        if name is None:
+            return
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name.startswith(_ID_PREFIX):
+            raise InvalidArgument(
+                f"invalid snapshot name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+                f"starting with a letter or digit and not with {_ID_PREFIX!r}",
+                details={"name": name},
+            )
+        taken = self.registry.snapshot(name)
+        if taken is not None:
+            raise self._name_taken(name, taken.id)
+
+    async def stage(self, upper: Path, cgroup: Any | None, *, source: str) -> Path:
+        """Copy the writable layer of the sandbox ``source``, its processes frozen
+        meanwhile unless ``cgroup`` is None (already paused)."""
+        with _translated(source):
+            return await asyncio.to_thread(self._stage_frozen, upper, cgroup)
+
+    def _stage_frozen(self, upper: Path, cgroup: Any | None) -> Path:
+        try:
+            if cgroup is not None:
+                cgroup.freeze()
+            return self.store.stage(upper, skip=(rootfs.AGENT_DIR,))
+        finally:
+            if cgroup is not None:
+                cgroup.thaw()
+
+    async def commit(
+        self, staged: Path, *, name: str | None, spec: SandboxSpec, parent: str | None,
+        source: str,
+    ) -> SnapshotInfo:
+        """Turn a staged copy of ``source``'s upper into a snapshot whose chain continues
+        the one ``source`` started from (``parent``), squashed if it grows too deep."""
+        # Called right after staging, with no await in between: ``source`` still holds
+        # its reference on ``parent``. Take one of our own: the sandbox may end now.
+        if parent is not None:
+            self.registry.use_snapshot(parent, +1)
+        try:
+            with _translated(source):
+                row = await self._commit(staged, name=name, spec=spec, parent=parent, source=source)
+        finally:
+            await self.release(parent)
+        if row is None:  # the name was taken meanwhile: collect the layer made for it
+            await self.gc()
+            owner = self.registry.snapshot(name or "")
+            raise self._name_taken(name or "", owner.id if owner else "?")
+        return row.info()
+
+    async def _commit(
+        self, staged: Path, *, name: str | None, spec: SandboxSpec, parent: str | None,
+        source: str,
+    ) -> SnapshotRow | None:
+        try:
+            below = self.registry.snapshot(parent, include_deleted=True).layers if parent else []
+            image = self.images.get(spec.image)
+            if self._needs_squash(len(below) + 1, image):
+                trees = [staged / TREE, *(self.store.path(i) for i in below)]
+                squashed = await asyncio.to_thread(self.store.stage_squashed, trees)
+                await asyncio.to_thread(self.store.discard, staged)
+                staged, below = squashed, []
+            sealed = await asyncio.to_thread(self.store.seal, staged)
+        except BaseException:
+            await asyncio.to_thread(self.store.discard, staged)
+            raise
+        async with self._lock:  # no gc between the layer's rename and its reference
+            try:
+                layer, _ = await asyncio.to_thread(self.store.install, sealed)
+            except BaseException:
+                await asyncio.to_thread(self.store.discard, sealed.tmp)
+                raise
+            self._mark_checked(layer.id)
+            # Layering a tree twice means what layering it once does: keep the top one
+            # (overlayfs refuses a directory given twice).
+            chain = [layer.id, *(i for i in below if i != layer.id)]
+            sizes = self.registry.layer_rows(chain)
+            row = SnapshotRow(
+                id=_new_id(), name=name, image=image.name, image_digest=image.digest,
+                layers=chain, created_at=time.time(),
+                size_bytes=layer.size_bytes + sum(sizes[i][1] for i in chain[1:]),
+                source_sandbox=source,
+                spec=spec.model_copy(update={"snapshot": None, "image": image.name}),
+            )
+            try:
+                self.registry.add_snapshot(row, (layer.id, layer.digest, layer.size_bytes))
+            except sqlite3.IntegrityError:
+                return None
+        return row
+
+    def _needs_squash(self, depth: int, image: Image) -> bool:
+        if depth > self.max_depth:
+            return True
+        lowers = [self.store.path("0" * ID_HEX)] * depth + [image.rootfs]
+        return rootfs.overlay_data_len(lowers, self.layout.sandbox_dir("sb-" + "0" * 12)) > (
+            rootfs.MAX_MOUNT_DATA
+        )
+
+    # ----------------------------------------------------------------- using
+
+    def acquire(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
+        """Resolve ``spec.snapshot`` and take a reference on it for a new sandbox; the
+        spec returned names the snapshot by id, its image, and inherits the fields not
+        given explicitly. Pair with :meth:`release`."""
+        if spec.snapshot is None:
+            return spec, None
+        row = self._find(spec.snapshot)
+        if spec.image not in (DEFAULT_IMAGE, row.image):
+            raise InvalidArgument(
+                f"snapshot {row.id} was taken on image {row.image!r}, not {spec.image!r}: "
+                "leave image out to start from a snapshot",
+                details={"snapshot_id": row.id, "image": spec.image},
+            )
+        inherited = row.spec.model_dump(exclude=_NOT_INHERITED)
+        explicit = spec.model_dump(include=spec.model_fields_set - _NOT_INHERITED)
+        spec = SandboxSpec.parse(
+            {**inherited, **explicit, "tags": spec.tags, "image": row.image, "snapshot": row.id}
+        )
+        self.registry.use_snapshot(row.id, +1)
+        return spec, row
+
+    async def release(self, row: SnapshotRow | str | None) -> None:
+        """A sandbox started from a snapshot ended (or failed to start)."""
+        if row is None:
+            return
+        if self.registry.use_snapshot(row if isinstance(row, str) else row.id, -1):
+            await self.gc()
+
+    async def lowers(self, row: SnapshotRow | None, image: Image, sandbox_dir: Path) -> list[Path]:
+        """The overlay lower layers of a new sandbox, checked: its snapshot's layers
+        verified (once per engine), and the mount options within a page."""
+        lowers = [image.rootfs]
+        if row is not None:
+            if image.digest != row.image_digest:
+                raise InvalidState(
+                    f"snapshot {row.id} was taken on image {row.image!r} before it was "
+                    "rebuilt or replaced; its layers no longer fit: take the snapshot again",
+                    details={"snapshot_id": row.id, "image": row.image},
+                )
+            await self._check(row)
+            lowers = [self.store.path(i) for i in row.layers] + lowers
+        if rootfs.overlay_data_len(lowers, sandbox_dir) > rootfs.MAX_MOUNT_DATA:
+            raise Unsupported(
+                f"the paths of {len(lowers)} filesystem layers under {self.layout.state_dir} "
+                "do not fit in overlayfs's mount options: use a shorter state directory path",
+            )
+        return lowers
+
+    # -------------------------------------------------------------- managing
+
+    def list(self) -> list[SnapshotInfo]:
+        return [row.info() for row in self.registry.snapshots()]
+
+    def get(self, ref: str) -> SnapshotInfo:
+        return self._find(ref).info()
+
+    async def delete(self, ref: str) -> bool:
+        """Delete a snapshot; its layers go once no sandbox started from it runs.
+        Idempotent: False if there was none."""
+        row = self.registry.snapshot(ref)
+        if row is None:
+            return False
+        if self.registry.drop_snapshot(row.id):
+            await self.gc()
+        return True
+
+    async def gc(self) -> list[str]:
+        """Remove every layer nothing references; returns their ids."""
+        removed = []
+        async with self._lock:
+            for layer_id in self.registry.unreferenced_layers():
+                if self.registry.forget_layer(layer_id):
+                    self._checked.pop(layer_id, None)
+                    await asyncio.to_thread(self.store.remove, layer_id)
+                    removed.append(layer_id)
+        return removed
+
+    async def verify(self, ref: str) -> SnapshotInfo:
+        """Re-read every layer of a snapshot against its checksum."""
+        row = self._find(ref)
+        for layer_id in row.layers:
+            self._checked.pop(layer_id, None)
+        await self._check(row)
+        return row.info()
+
+    async def _check(self, row: SnapshotRow) -> None:
+        rows = self.registry.layer_rows(row.layers)
+        for layer_id in row.layers:
+            check = self._checked.get(layer_id)
+            if check is None:  # one check per layer, however many sandboxes wait for it
+                digest = rows.get(layer_id, ("?", 0))[0]
+                check = asyncio.ensure_future(
+                    asyncio.to_thread(self.store.verify, layer_id, digest)
+                )
+                self._checked[layer_id] = check
+            if not await asyncio.shield(check):
+                if self._checked.get(layer_id) is check:
+                    del self._checked[layer_id]  # check again next time
+                raise InvalidState(
+                    f"snapshot {row.id}: layer {layer_id} does not match its checksum (its "
+                    "files were changed or lost on disk): delete the snapshot and take it again",
+                    details={"snapshot_id": row.id, "layer": layer_id},
+                )
+
+    def _mark_checked(self, layer_id: str) -> None:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(True)
+        self._checked[layer_id] = done
+
+    def _find(self, ref: str) -> SnapshotRow:
+        row = self.registry.snapshot(ref) if isinstance(ref, str) else None
+        if row is None:
+            raise SnapshotNotFound(
+                f"no snapshot {ref!r}: it never existed or was deleted "
+                "(list snapshots to see what exists)",
+                details={"snapshot": ref},
+            )
+        return row
+
+    @staticmethod
+    def _name_taken(name: str, owner: str) -> InvalidState:
+        return InvalidState(
+            f"a snapshot named {name!r} already exists ({owner}): delete it or choose "
+            "another name",
+            details={"name": name, "snapshot_id": owner},
+        )
+
+
+@contextlib.contextmanager
+def _translated(sandbox_id: str) -> Iterator[None]:
+    """The one place a failed snapshot's low-level error becomes a corral error."""
+    try:
+        yield
+    except CorralError:
+        raise
+    except Exception as exc:
+        raise _commit_error(sandbox_id, exc) from exc
+
+
+def _commit_error(sandbox_id: str, exc: Exception) -> CorralError:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return CapacityExceeded(
+            f"snapshot of sandbox {sandbox_id} failed: no space left for its layer in the "
+            "state directory: delete snapshots you no longer need",
+            details={"sandbox_id": sandbox_id},
+        )
+    return InternalError(
+        f"snapshot of sandbox {sandbox_id} failed: {type(exc).__name__}: {exc}",
+        details={"sandbox_id": sandbox_id},
+    )
