@@ -12,7 +12,7 @@ demo: install
 	$(PY) examples/fanout_demo.py
 
 bench: install
-	$(PY) benchmarks/run.py $(if $(QUICK),--quick,)
+	bash scripts/install-bench.sh && $(PY) benchmarks/run.py $(if $(QUICK),--quick,)
 
 lint:
 	$(PY) -m ruff check src tests benchmarks examples

@@ -33,3 +33,22 @@ def test_fanout_demo(daemon):
     assert re.search(r"counting-sort\W+1\W+0\.00\W+oom 1", out)
     with corral.Client(daemon.url) as client:
         assert corral.Sandbox.list(tags=["demo"], client=client) == []
+
+
+@requires_root
+def test_pool_fanout(daemon):
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pool_fanout.py"), "--url", daemon.url],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = re.findall(r"^task +(\d+) prime=(True|False) +in (sb-\w+)", p.stdout, re.M)
+    assert sorted(int(t) for t, _, _ in rows) == list(range(50))
+    primes = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47}
+    assert {int(t) for t, answer, _ in rows if answer == "True"} == primes
+    assert len({sb for _, _, sb in rows}) == 50, "a sandbox was used for two tasks"
+    assert "50 tasks in" in p.stdout and ", 0 errors, 50 distinct sandboxes" in p.stdout
+    name = re.search(r"^pool (\S+) on ", p.stdout, re.M).group(1)
+    with corral.Client(daemon.url) as client:
+        assert name not in [pool["name"] for pool in client.info()["pools"]]
+        assert corral.Sandbox.list(tags=[f"pool={name}"], client=client) == []

@@ -11,7 +11,8 @@ Blocking::
 asyncio: the same API on :class:`AsyncSandbox` (``await``, ``async with``,
 ``async for``). Fan-out on threads: :func:`submit`, ``Sandbox.create_future``,
 ``sb.exec_future``, :func:`wait`, :func:`as_completed`. Sandboxes with shared
-defaults, deleted together: :class:`Session`.
+defaults, deleted together: :class:`Session`. Sandboxes kept started ahead of time,
+one per episode: :class:`Pool` (``with pool.acquire() as sb``).
 
 Where the daemon is: ``CORRAL_URL`` / ``CORRAL_SOCKET`` (see ``corral.client._config``);
 with neither, the SDK starts a shared local daemon itself.
@@ -21,12 +22,13 @@ from corral.client._async import (
     AsyncClient,
     AsyncExecStream,
     AsyncFiles,
+    AsyncPool,
     AsyncSandbox,
     AsyncSession,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
-from corral.client._sync import Client, ExecStream, Files, Sandbox, Session
+from corral.client._sync import Client, ExecStream, Files, Pool, Sandbox, Session
 from corral.errors import (
     CapacityExceeded,
     CorralError,
@@ -48,6 +50,7 @@ from corral.errors import (
     Unauthorized,
     Unsupported,
 )
+from corral.pool_schema import PoolInfo
 from corral.schema import FileInfo, NetworkMode, SandboxInfo, SandboxSpec, SandboxState
 
 __version__ = "0.1.0"
@@ -56,6 +59,7 @@ __all__ = [
     "AsyncClient",
     "AsyncExecStream",
     "AsyncFiles",
+    "AsyncPool",
     "AsyncSandbox",
     "AsyncSession",
     "CapacityExceeded",
@@ -79,6 +83,8 @@ __all__ = [
     "NotFound",
     "OutputChunk",
     "PathOutsideSandbox",
+    "Pool",
+    "PoolInfo",
     "Sandbox",
     "SandboxInfo",
     "SandboxLost",

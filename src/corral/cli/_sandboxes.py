@@ -20,17 +20,21 @@ USAGE_MAX_ROWS = 200
 LIVE = (corral.SandboxState.RUNNING, corral.SandboxState.PAUSED)
 
 
+def spec_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The sandbox spec options of ``create`` and ``pool create``, as SDK keywords."""
+    return dict(
+        image=args.image, cpus=args.cpus, memory_mb=args.memory_mb, pids=args.pids,
+        disk_mb=args.disk_mb, open_files=args.open_files, timeout=args.timeout,
+        idle_timeout=args.idle_timeout, env=args.env or None, workdir=args.workdir,
+        tags=args.tag or None, network=args.network,
+    )
+
+
 def create(args: argparse.Namespace, ctx: Context) -> int:
     """Create ``-n`` sandboxes (concurrently); print their ids, or JSON."""
     if args.count < 1:
         raise UsageError(f"-n must be at least 1, got {args.count}")
-    make = partial(
-        corral.Sandbox.create,
-        args.image, cpus=args.cpus, memory_mb=args.memory_mb, pids=args.pids,
-        disk_mb=args.disk_mb, open_files=args.open_files, timeout=args.timeout,
-        idle_timeout=args.idle_timeout, env=args.env or None, workdir=args.workdir,
-        tags=args.tag or None, network=args.network, client=ctx.client,
-    )
+    make = partial(corral.Sandbox.create, **spec_options(args), client=ctx.client)
     out = ctx.output
     results = out.fan_out([make] * args.count, label="creating", progress=args.count > 1)
     made = [r for r in results if isinstance(r, corral.Sandbox)]
@@ -168,4 +172,26 @@ def info(args: argparse.Namespace, ctx: Context) -> int:
         f"{cap['queue_timeout']:g} s each)",
     )
     out.out.print(grid)
+    if data.get("pools"):
+        out.out.print()
+        out.out.print(pool_table(data["pools"]))
     return 0
+
+
+def pool_table(pools: list[dict[str, Any]]) -> Table:
+    """Warm pools as ``info`` and ``pool ls`` show them."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in ("POOL", "IMAGE", "MEM MB"):
+        table.add_column(name, no_wrap=True)
+    for name in ("READY", "STARTING", "ACQUIRED", "WAITING", "MIN", "MAX", "CREATED",
+                 "FAILED", "WAIT P50 MS"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for p in pools:
+        wait = p.get("acquire_wait_ms_p50")
+        table.add_row(
+            p["name"], p["spec"]["image"], str(p["spec"]["memory_mb"]),
+            *(str(p[k]) for k in ("ready", "starting", "acquired", "waiting", "min_ready",
+                                  "max_size", "created", "failed")),
+            "-" if wait is None else f"{wait:.2f}",
+        )
+    return table

@@ -8,6 +8,8 @@ Examples::
     corral exec sb-1234 -- python3 -c 'print(6*7)'
     corral cp solution.py sb-1234:/workspace/
     corral rm --tag job=42 -y
+    corral pool create py256 --memory-mb 256 --min-ready 8 --max-size 64
+    corral info                     # capacity, load, and the pools
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
 socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
@@ -23,10 +25,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import corral
-from corral.cli import _copy, _exec, _sandboxes
+from corral.cli import _copy, _exec, _pools, _sandboxes
 from corral.cli._output import Context, UsageError
+from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -90,6 +94,46 @@ def _add_selection(p: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
+def _add_spec_options(p: argparse.ArgumentParser) -> None:
+    """The options that make a sandbox's spec (see ``_sandboxes.spec_options``)."""
+    p.add_argument("--image", help="root filesystem image (default: python)")
+    p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
+    p.add_argument("--memory-mb", type=int, help="memory limit in MB (default 1024)")
+    p.add_argument("--pids", type=int, help="process limit (default 256)")
+    p.add_argument("--disk-mb", type=int, help="writable disk in MB (default 2048)")
+    p.add_argument("--open-files", type=int, help="open file limit (default 1024)")
+    p.add_argument("--timeout", type=float, metavar="S", help="lifetime in seconds (default 3600)")
+    p.add_argument("--idle-timeout", type=float, metavar="S", help="stop after S seconds unused")
+    p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
+    p.add_argument("--workdir", help="working directory (default /workspace)")
+    p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
+    p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+
+
+def _add_pool_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("pool", help="warm pools: sandboxes kept started (ls, create, rm)")
+    verbs = p.add_subparsers(dest="pool_command", required=True, metavar="VERB")
+    p = verbs.add_parser("ls", parents=conn, help="list pools")
+    p.add_argument("-q", "--quiet", action="store_true", help="print names only")
+    p.add_argument("--json", action="store_true", help="print a JSON list of pools")
+    p.set_defaults(handler=_pools.ls)
+    p = verbs.add_parser(
+        "create", parents=conn, help="create a pool; print its name",
+        description="The pool lives in the daemon until removed (or the daemon stops).",
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help="default: pool-<random hex>")
+    p.add_argument("--min-ready", type=int, default=DEFAULT_MIN_READY, metavar="N",
+                   help=f"sandboxes kept ready (default {DEFAULT_MIN_READY})")
+    p.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE, metavar="N",
+                   help=f"most sandboxes at once, handed out ones included (default {DEFAULT_MAX_SIZE})")
+    _add_spec_options(p)
+    p.add_argument("--json", action="store_true", help="print the pool as JSON")
+    p.set_defaults(handler=_pools.create)
+    p = verbs.add_parser("rm", parents=conn, help="delete pools and their ready sandboxes")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(handler=_pools.rm)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="corral", parents=[_connection_options(suppress=False)],
@@ -107,18 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("create", parents=conn, help="create sandboxes; print their ids")
-    p.add_argument("--image", help="root filesystem image (default: python)")
-    p.add_argument("--cpus", type=float, help="CPU cores (default 1)")
-    p.add_argument("--memory-mb", type=int, help="memory limit in MB (default 1024)")
-    p.add_argument("--pids", type=int, help="process limit (default 256)")
-    p.add_argument("--disk-mb", type=int, help="writable disk in MB (default 2048)")
-    p.add_argument("--open-files", type=int, help="open file limit (default 1024)")
-    p.add_argument("--timeout", type=float, metavar="S", help="lifetime in seconds (default 3600)")
-    p.add_argument("--idle-timeout", type=float, metavar="S", help="stop after S seconds unused")
-    p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
-    p.add_argument("--workdir", help="working directory (default /workspace)")
-    p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
-    p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    _add_spec_options(p)
     p.add_argument("-n", dest="count", type=int, default=1, metavar="COUNT",
                    help="how many to create, concurrently (default 1)")
     p.add_argument("--json", action="store_true", help="print a JSON list of the sandboxes")
@@ -174,9 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-y", "--yes", action="store_true", help="do not ask before deleting by tag")
     p.set_defaults(handler=_sandboxes.rm)
 
-    p = sub.add_parser("info", parents=conn, help="the daemon's version, capacity and load")
+    p = sub.add_parser("info", parents=conn, help="the daemon's version, capacity, load and pools")
     p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
     p.set_defaults(handler=_sandboxes.info)
+    _add_pool_commands(sub, conn)
     return parser
 
 

@@ -66,6 +66,11 @@ class AsyncBackend:
         return _shared_in(cache, factory)
 
     @staticmethod
+    def run_in_constructor(fn: Callable[[], Awaitable[object]]) -> None:
+        """I/O a constructor should do at once: ``__init__`` cannot await, so with
+        asyncio it is left to the object's first awaited call."""
+
+    @staticmethod
     async def read_file(path: str | os.PathLike[str]) -> bytes:
         return await asyncio.to_thread(Path(path).read_bytes)
 
@@ -105,6 +110,11 @@ class SyncBackend:
     def shared(factory: type[T]) -> T:
         """The shared instance of ``factory`` for this process."""
         return _shared_in(_shared_sync, factory)
+
+    @staticmethod
+    def run_in_constructor(fn: Callable[[], object]) -> None:
+        """I/O a constructor should do at once: the blocking client does it now."""
+        fn()
 
     @staticmethod
     def read_file(path: str | os.PathLike[str]) -> bytes:

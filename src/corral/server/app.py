@@ -18,6 +18,7 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,8 +29,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, InternalError, Unauthorized
 from corral.runtime.engine import Engine
+from corral.runtime.pools import PoolManager
 from corral.server.admission import LIVE_STATES, Admission, Limits
-from corral.server.routes import build_routes
+from corral.server.routes import build_routes, create_admitted, delete_admitted
 from corral.server.settings import ServerSettings
 from corral.server.wire import error_response
 
@@ -133,7 +135,9 @@ class Guard:
 def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     """The HTTP API of one daemon around an open engine (see docs/api.md).
 
-    ``app.state`` holds ``settings``, ``engine``, ``admission`` and ``activity``.
+    ``app.state`` holds ``settings``, ``engine``, ``admission``, ``pools`` (the warm
+    pools, whose refills pass admission control; close them before the engine) and
+    ``activity``.
     """
     activity = Activity()
     app = Starlette(
@@ -158,7 +162,12 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.settings = settings
     app.state.engine = engine
     app.state.activity = activity
-    app.state.admission = Admission(
+    admission = app.state.admission = Admission(
         limits, live_ids=lambda: {info.id for info in engine.list(state=LIVE_STATES)}
+    )
+    app.state.pools = PoolManager(
+        engine,
+        create=partial(create_admitted, engine, admission),
+        delete=partial(delete_admitted, engine, admission),
     )
     return app

@@ -153,6 +153,7 @@ async def run(settings: ServerSettings) -> None:
     sockets: list[socket.socket] = []
     inode = None
     tasks: list[asyncio.Task[None]] = []
+    app = None
     try:
         sockets.append(bind_unix(socket_path))
         inode = socket_path.lstat().st_ino
@@ -192,6 +193,8 @@ async def run(settings: ServerSettings) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         for sock in sockets:
             sock.close()
+        if app is not None:
+            await app.state.pools.close()  # deletes the pools' ready sandboxes
         await engine.close()
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.errors import InvalidArgument
+from corral.pool_schema import PoolInfo
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT,
@@ -135,6 +136,7 @@ class DaemonInfo(BaseModel):
     starting: int
     queued: int
     counts: dict[SandboxState, int]
+    pools: list[PoolInfo] = Field(default_factory=list)
 
 
 class Usage(BaseModel):

@@ -21,8 +21,10 @@ from starlette.routing import Route
 
 import corral
 from corral.errors import CorralError, InvalidArgument
+from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
+from corral.runtime.pools import PoolManager
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, validate_model
 from corral.server.admission import Admission
 from corral.server.models import (
@@ -87,6 +89,10 @@ def _admission(request: Request) -> Admission:
 
 def _settings(request: Request) -> ServerSettings:
     return request.app.state.settings
+
+
+def _pools(request: Request) -> PoolManager:
+    return request.app.state.pools
 
 
 def _sid(request: Request) -> str:
@@ -174,6 +180,7 @@ async def info(request: Request) -> Response:
             "starting": admission.starting,
             "queued": admission.queued,
             "counts": counts,
+            "pools": [p.model_dump(mode="json") for p in _pools(request).list_pools()],
         }
     )
 
@@ -181,22 +188,35 @@ async def info(request: Request) -> Response:
 # ------------------------------------------------------------------- sandboxes
 
 
+async def create_admitted(engine: Engine, admission: Admission, spec: SandboxSpec) -> SandboxInfo:
+    """Create a sandbox once admission control lets it start (also a pool's refills)."""
+    async with admission.admit(spec.memory_mb) as slot:
+        created = await engine.create(spec)
+        slot.commit(created.id)
+        return created
+
+
+async def delete_admitted(engine: Engine, admission: Admission, sandbox_id: str) -> None:
+    """Delete a sandbox and give its place back to admission control."""
+    await engine.delete(sandbox_id)
+    admission.release(sandbox_id)
+
+
+async def _unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> SandboxInfo:
+    """``work`` gets a sandbox for the client; if the client left meanwhile, delete it."""
+    got = await unless_disconnected(request, work)
+    if await request.is_disconnected():  # it left just as the sandbox became ready
+        await delete_admitted(_engine(request), _admission(request), got.id)
+        _pools(request).release(got.id)
+        raise ClientDisconnect()
+    return got
+
+
 async def create_sandbox(request: Request) -> Response:
     engine, admission = _engine(request), _admission(request)
     spec = SandboxSpec.parse(await read_json(request, "sandbox spec", required=False))
     engine.images.get(spec.image)  # ImageNotFound now, not after waiting in the queue
-
-    async def admit_and_create() -> SandboxInfo:
-        async with admission.admit(spec.memory_mb) as slot:
-            created = await engine.create(spec)
-            slot.commit(created.id)
-            return created
-
-    created = await unless_disconnected(request, admit_and_create())
-    if await request.is_disconnected():  # it left just as the sandbox became ready
-        await engine.delete(created.id)
-        admission.release(created.id)
-        raise ClientDisconnect()
+    created = await _unless_gone(request, create_admitted(engine, admission, spec))
     return JSONResponse(_info_json(created), status_code=201)
 
 
@@ -231,13 +251,14 @@ async def stop_sandbox(request: Request) -> Response:
     )
     stopped = await _engine(request).stop(_sid(request), grace=body.grace)
     _admission(request).release(stopped.id)
+    _pools(request).release(stopped.id)
     return JSONResponse(_info_json(stopped))
 
 
 async def delete_sandbox(request: Request) -> Response:
     sid = _sid(request)
-    await _engine(request).delete(sid)
-    _admission(request).release(sid)
+    await delete_admitted(_engine(request), _admission(request), sid)
+    _pools(request).release(sid)
     return _no_content()
 
 
@@ -326,9 +347,47 @@ async def make_dir(request: Request) -> Response:
     return _no_content()
 
 
+# ----------------------------------------------------------------------- pools
+
+
+def _pool_name(request: Request) -> str:
+    return request.path_params["name"]
+
+
+async def create_pool(request: Request) -> Response:
+    body = validate_model(PoolSpec, await read_json(request, "pool", required=False), "pool")
+    made = _pools(request).create_pool(
+        body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
+    )
+    return JSONResponse(made.model_dump(mode="json"), status_code=201)
+
+
+async def list_pools(request: Request) -> Response:
+    return JSONResponse({"pools": [p.model_dump(mode="json") for p in _pools(request).list_pools()]})
+
+
+async def get_pool(request: Request) -> Response:
+    return JSONResponse(_pools(request).get_pool(_pool_name(request)).model_dump(mode="json"))
+
+
+async def delete_pool(request: Request) -> Response:
+    await _pools(request).delete_pool(_pool_name(request))
+    return _no_content()
+
+
+async def acquire_from_pool(request: Request) -> Response:
+    body = validate_model(
+        AcquireRequest, await read_json(request, "acquire request", required=False),
+        "acquire request",
+    )
+    work = _pools(request).acquire(_pool_name(request), body.timeout)
+    return JSONResponse(_info_json(await _unless_gone(request, work)))
+
+
 # ----------------------------------------------------------------------- table
 
 _SB = "/v1/sandboxes/{sandbox_id}"
+_POOL = "/v1/pools/{name}"
 _PATH = Query(
     "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True
 )
@@ -415,6 +474,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "POST", _SB + "/files/mkdir", make_dir, "Make a directory", body=MkdirRequest, status=204
+    ),
+    Endpoint(
+        "POST", "/v1/pools", create_pool, "Create a warm pool", body=PoolSpec, reply=PoolInfo,
+        status=201,
+    ),
+    Endpoint("GET", "/v1/pools", list_pools, "List warm pools", reply=PoolList),
+    Endpoint("GET", _POOL, get_pool, "One pool, with its sandboxes' ids", reply=PoolDetail),
+    Endpoint("DELETE", _POOL, delete_pool, "Delete a pool and its ready sandboxes", status=204),
+    Endpoint(
+        "POST",
+        _POOL + "/acquire",
+        acquire_from_pool,
+        "Hand out a live sandbox of the pool (delete it after use)",
+        body=AcquireRequest,
+        reply=SandboxInfo,
     ),
 )
 

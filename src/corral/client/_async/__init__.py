@@ -2,8 +2,16 @@
 
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
+from corral.client._async._pool import AsyncPool
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._async._session import AsyncSession
 from corral.client._async._stream import AsyncExecStream
 
-__all__ = ["AsyncClient", "AsyncExecStream", "AsyncFiles", "AsyncSandbox", "AsyncSession"]
+__all__ = [
+    "AsyncClient",
+    "AsyncExecStream",
+    "AsyncFiles",
+    "AsyncPool",
+    "AsyncSandbox",
+    "AsyncSession",
+]

@@ -4,8 +4,16 @@
 
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files
+from corral.client._sync._pool import Pool
 from corral.client._sync._sandbox import Sandbox
 from corral.client._sync._session import Session
 from corral.client._sync._stream import ExecStream
 
-__all__ = ["Client", "ExecStream", "Files", "Sandbox", "Session"]
+__all__ = [
+    "Client",
+    "ExecStream",
+    "Files",
+    "Pool",
+    "Sandbox",
+    "Session",
+]

@@ -1,0 +1,43 @@
+"""Seeded CartPole-v1 episodes under a random policy; imported in-process by the
+benchmark and run as a script inside sandboxes, so both run the very same code.
+
+    python3 cartpole_episodes.py FIRST_SEED COUNT    # prints one JSON line per episode
+
+Each episode: ``env.reset(seed=s)``, ``env.action_space.seed(s)``, then sampled
+actions until the episode ends. Its record is ``[seed, steps, return, digest]``,
+where the digest covers every observation, so equal records mean equal trajectories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+
+def run_episodes(first_seed: int, count: int) -> list[list]:
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    records = []
+    try:
+        for seed in range(first_seed, first_seed + count):
+            obs, _ = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            digest = hashlib.sha256(obs.tobytes())
+            steps, total, done = 0, 0.0, False
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                digest.update(obs.tobytes())
+                steps += 1
+                total += float(reward)
+                done = terminated or truncated
+            records.append([seed, steps, total, digest.hexdigest()[:16]])
+    finally:
+        env.close()
+    return records
+
+
+if __name__ == "__main__":
+    for record in run_episodes(int(sys.argv[1]), int(sys.argv[2])):
+        print(json.dumps(record))

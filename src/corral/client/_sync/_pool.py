@@ -1,0 +1,198 @@
+# Generated from _async/_pool.py by scripts/unasync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""A warm pool: sandboxes the daemon keeps started, handed out one episode each."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Self
+from urllib.parse import quote
+
+from corral.client._sync._cleanup import CleanupOnExit
+from corral.client._sync._client import Client
+from corral.client._sync._sandbox import Sandbox
+from corral.client._backends import SyncBackend
+from corral.client._config import exec_http_timeout
+from corral.client._models import spec_body
+from corral.errors import InvalidState, NotFound, SandboxTimeout
+from corral.pool_schema import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_MAX_SIZE,
+    DEFAULT_MIN_READY,
+    PoolInfo,
+    PoolSpec,
+)
+from corral.schema import SandboxInfo, validate_model
+
+WAIT_READY_POLL_S = 0.05
+
+
+class Pool(CleanupOnExit):
+    """``min_ready`` sandboxes kept running on the daemon, ready to hand out at once.
+
+    Every :meth:`acquire` hands out a sandbox that was checked to be alive; it is the
+    caller's from then on and is deleted after use (``with``), never handed out
+    again, so nothing one episode leaves behind reaches the next. The daemon starts a
+    replacement in the background, and never runs more than ``max_size`` sandboxes of
+    the pool (ready, starting and handed out) at once.
+
+    ``image`` and the other keyword arguments of :meth:`Sandbox.create`
+    (``memory_mb``, ``cpus``, ``timeout``, ``env``, ``tags``, ...) make the sandboxes'
+    spec. With ``name`` given and a pool of that name on the daemon, this object
+    attaches to it (its settings win, see :attr:`info`); otherwise it creates the pool,
+    when this object is built, except under asyncio (a constructor cannot await):
+    then on entering the context or at the first call. Closing it, or leaving the
+    context, deletes a pool it created, with its ready sandboxes. Pools live in the
+    daemon's memory: if the daemon restarts, the next :meth:`acquire` of the object
+    that created the pool makes it again.
+
+    Example::
+
+        with corral.Pool(image="python", memory_mb=256, min_ready=8) as pool:
+            with pool.acquire(timeout=10) as sb:
+                r = sb.exec(["python3", "-c", "print(6*7)"])
+            stats = pool.stats()
+            print(stats.ready, stats.acquire_wait_ms_p50)
+    """
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        min_ready: int = DEFAULT_MIN_READY,
+        max_size: int = DEFAULT_MAX_SIZE,
+        name: str | None = None,
+        client: Client | None = None,
+        **spec: Any,
+    ) -> None:
+        fields = {
+            "name": name or "pool-" + secrets.token_hex(4),
+            "spec": spec_body({"image": image, **spec}),
+            "min_ready": min_ready,
+            "max_size": max_size,
+        }
+        # Only what was given goes to the daemon, so its defaults fill in the rest.
+        self._body = validate_model(PoolSpec, fields, "pool").model_dump(
+            mode="json", exclude_unset=True
+        )
+        self._client = client
+        self._path = f"/v1/pools/{quote(self._body['name'], safe='')}"
+        self._info: PoolInfo | None = None
+        self._created = False
+        self._closed = False
+        SyncBackend.run_in_constructor(self._open)
+
+    @property
+    def name(self) -> str:
+        return self._body["name"]
+
+    @property
+    def info(self) -> PoolInfo | None:
+        """The pool's settings and numbers as last seen (None before it is opened)."""
+        return self._info
+
+    @property
+    def owned(self) -> bool:
+        """True if this object made the pool on the daemon (closing it deletes the pool);
+        False if it attached to an existing one, or has not opened it yet."""
+        return self._created
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client.default()
+        return self._client
+
+    def _open(self) -> PoolInfo:
+        """Create the pool on the daemon, or attach to the one of the same name."""
+        try:
+            response = self.client.request("POST", "/v1/pools", json=self._body)
+            self._created = True
+        except InvalidState as exc:
+            if exc.details.get("pool") != self.name:
+                raise
+            response = self.client.request("GET", self._path)
+        self._info = PoolInfo.model_validate(response.json())
+        return self._info
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise InvalidState(f"pool {self.name} is closed: make a new corral.Pool")
+        if self._info is None:
+            self._open()
+
+    def acquire(self, *, timeout: float = DEFAULT_ACQUIRE_TIMEOUT_S) -> Sandbox:
+        """A live sandbox of the pool, yours to use once and delete (``with``).
+
+        Waits up to ``timeout`` seconds when none is ready (one is started at once if
+        the pool is below ``max_size``); then raises
+        :class:`~corral.errors.CapacityExceeded`.
+        """
+        self._ensure_open()
+        try:
+            return self._acquire(timeout)
+        except NotFound as exc:
+            if not self._created or exc.details.get("pool") != self.name:
+                raise
+            self._open()  # the daemon restarted and forgot it: make it again
+            return self._acquire(timeout)
+
+    def _acquire(self, timeout: float) -> Sandbox:
+        response = self.client.request(
+            "POST", f"{self._path}/acquire", json={"timeout": timeout},
+            timeout=exec_http_timeout(timeout),
+        )
+        return Sandbox(SandboxInfo.model_validate(response.json()), client=self.client)
+
+    def stats(self) -> PoolInfo:
+        """The pool's numbers now: ready, starting, acquired, created, wait p50, ..."""
+        self._ensure_open()
+        self._info = PoolInfo.model_validate((self.client.request("GET", self._path)).json())
+        return self._info
+
+    def wait_ready(self, *, timeout: float = DEFAULT_ACQUIRE_TIMEOUT_S) -> PoolInfo:
+        """Wait until the pool has ``min_ready`` sandboxes ready (to warm up before a
+        burst of acquires); :class:`~corral.errors.SandboxTimeout` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if stats.ready >= stats.min_ready:
+                return stats
+            if time.monotonic() >= deadline:
+                failing = f"; creates fail: {stats.last_error}" if stats.failed else ""
+                raise SandboxTimeout(
+                    f"pool {self.name}: {stats.ready} of {stats.min_ready} sandboxes ready "
+                    f"after {timeout:g} s{failing}",
+                    details={"pool": self.name, "ready": stats.ready, "timeout": timeout},
+                )
+            SyncBackend.sleep(WAIT_READY_POLL_S)
+
+    def delete(self) -> None:
+        """Delete the pool and its ready sandboxes, whoever created it (idempotent);
+        sandboxes handed out stay with their users."""
+        self._closed = True
+        self.client.request("DELETE", self._path)
+
+    def close(self) -> None:
+        """Delete the pool if this object created it; closing twice is fine."""
+        if self._closed:
+            return
+        if self._created:
+            self.delete()
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        self._ensure_open()
+        return self
+
+    def _cleanup(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._info else "not opened"
+        return f"<{type(self).__name__} {self.name} {state}>"

@@ -1,0 +1,434 @@
+"""Warm pools: sandboxes started ahead of time and handed out one episode each.
+
+A pool keeps ``min_ready`` sandboxes of one spec running and idle. :meth:`PoolManager.acquire`
+takes the oldest ready one, checks that it is alive, and hands it out. From then on it
+belongs to the caller, who deletes it after use: a pool never takes a sandbox back, so
+nothing an episode leaves behind (files, processes, memory) reaches the next one. Ready
+sandboxes are replaced in the background, a few at a time, backing off while creates
+fail; a pool never has more than ``max_size`` sandboxes ready, starting and handed out.
+
+Example::
+
+    pools = PoolManager(engine)
+    pools.create_pool("py", SandboxSpec(memory_mb=256), min_ready=8, max_size=64)
+    info = await pools.acquire("py", timeout=10)   # running, tagged pool=py
+    ...                                            # one episode in it
+    await engine.delete(info.id)
+    pools.release(info.id)                         # its place is free: one more may start
+    await pools.close()                            # deletes every pool's ready sandboxes
+
+A sandbox of a pool goes ``starting → ready → acquired`` and is then the caller's; a
+ready one that fails the liveness check, ends by itself, or has waited half its lifetime
+(``timeout`` runs from its start) is discarded (deleted) and replaced. The liveness check is a file ``stat`` of ``/`` answered by the sandbox's own
+agent (a round trip of ~75 µs): the cheapest check the engine's public API offers that
+proves the agent is alive and serving, not just that the registry says "running".
+
+Pools live in memory, in the process that runs the manager (the daemon): they are not
+in the registry and do not survive a restart. Their ready sandboxes die with the engine
+anyway; whoever made a pool makes it again (the SDK's ``corral.Pool`` does so itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import secrets
+import statistics
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound
+from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
+from corral.runtime.engine import Engine
+from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
+
+logger = logging.getLogger("corral.pools")
+
+DEFAULT_REFILL_CONCURRENCY = 4  # creates one pool runs at once (admission caps the total)
+LIVENESS_TIMEOUT_S = 2.0  # a ready sandbox whose agent does not answer by then is dead
+REFILL_DELAY_S = 0.005  # after a hand-out, before its replacement starts (see acquire)
+PRUNE_INTERVAL_S = 1.0  # how often a pool looks for its sandboxes that ended by themselves
+BACKOFF_BASE_S = 0.25  # the wait after a failed create, doubling per failure in a row
+BACKOFF_MAX_S = 30.0
+WAIT_SAMPLES = 1024  # acquires the wait median is computed over
+ALIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.STOPPING)
+
+CreateFn = Callable[[SandboxSpec], Awaitable[SandboxInfo]]
+DeleteFn = Callable[[str], Awaitable[object]]
+
+
+@dataclass(eq=False)
+class _Pool:
+    name: str
+    spec: SandboxSpec  # with the pool's tag
+    min_ready: int
+    max_size: int
+    created_at: float = field(default_factory=time.time)
+    ready: deque[str] = field(default_factory=deque)
+    acquired: set[str] = field(default_factory=set)  # handed out (or being checked)
+    starting: set[asyncio.Task[None]] = field(default_factory=set)
+    waiters: deque[asyncio.Future[str]] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    closed: bool = False
+    created: int = 0
+    failed: int = 0
+    discarded: int = 0
+    acquires: int = 0
+    waits_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES))
+    failures_in_a_row: int = 0
+    retry_at: float = 0.0
+    last_error: str | None = None
+    last_prune: float = float("-inf")
+
+    @property
+    def tag(self) -> str:
+        return pool_tag(self.name)
+
+    def waiting(self) -> int:
+        """Acquires waiting for a sandbox not yet given to them."""
+        return sum(not f.done() for f in self.waiters)
+
+    def to_start(self, concurrency: int) -> int:
+        """How many creates to start now: enough for ``min_ready`` plus every waiting
+        acquire, within ``max_size`` and ``concurrency``."""
+        pending = len(self.ready) + len(self.starting)
+        wanted = self.min_ready + self.waiting() - pending
+        room = self.max_size - len(self.acquired) - pending
+        return max(0, min(wanted, room, concurrency - len(self.starting)))
+
+    def info(self) -> PoolInfo:
+        return PoolInfo(
+            name=self.name,
+            spec=self.spec,
+            min_ready=self.min_ready,
+            max_size=self.max_size,
+            created_at=self.created_at,
+            ready=len(self.ready),
+            starting=len(self.starting),
+            acquired=len(self.acquired),
+            waiting=self.waiting(),
+            created=self.created,
+            failed=self.failed,
+            discarded=self.discarded,
+            acquires=self.acquires,
+            acquire_wait_ms_p50=statistics.median(self.waits_ms) if self.waits_ms else None,
+            last_error=self.last_error,
+        )
+
+
+class PoolManager:
+    """The warm pools of one engine. Lives on the engine's event loop.
+
+    ``create`` and ``delete`` make and remove one sandbox (default: the engine's own);
+    the daemon passes versions that go through its admission control, so refills never
+    exceed its caps. ``concurrency`` bounds the creates one pool runs at once.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        create: CreateFn | None = None,
+        delete: DeleteFn | None = None,
+        concurrency: int = DEFAULT_REFILL_CONCURRENCY,
+    ) -> None:
+        self._engine = engine
+        self._create = create or engine.create
+        self._delete = delete or engine.delete
+        self._concurrency = max(1, concurrency)
+        self._pools: dict[str, _Pool] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ pools
+
+    def create_pool(
+        self,
+        name: str | None,
+        spec: SandboxSpec,
+        *,
+        min_ready: int,
+        max_size: int,
+    ) -> PoolInfo:
+        """Make a pool and start filling it (needs a running event loop).
+
+        ``name`` None picks one. :class:`~corral.errors.InvalidArgument` for a bad
+        name or sizes, :class:`~corral.errors.InvalidState` if the name is taken,
+        :class:`~corral.errors.ImageNotFound` if the image does not exist.
+        """
+        if self._closed:
+            raise InvalidState("the pool manager is closed")
+        fields = {"name": name, "spec": spec, "min_ready": min_ready, "max_size": max_size}
+        checked = validate_model(PoolSpec, fields, "pool")
+        name = checked.name or "pool-" + secrets.token_hex(4)
+        if name in self._pools:
+            raise InvalidState(
+                f"a pool named {name!r} already exists: use it, delete it first, "
+                "or choose another name",
+                details={"pool": name},
+            )
+        self._engine.images.get(spec.image)  # ImageNotFound now, not at every refill
+        tagged = SandboxSpec.parse(spec.model_dump(), tags=[*spec.tags, pool_tag(name)])
+        pool = _Pool(name, tagged, min_ready, max_size)
+        pool.task = asyncio.get_running_loop().create_task(
+            self._maintain(pool), name=f"corral-pool-{name}"
+        )
+        self._pools[name] = pool
+        logger.info("pool %s: min_ready %d, max_size %d", name, min_ready, max_size)
+        return pool.info()
+
+    def list_pools(self) -> builtins.list[PoolInfo]:
+        return [p.info() for p in self._pools.values()]
+
+    def get_pool(self, name: str) -> PoolDetail:
+        pool = self._get(name)
+        return PoolDetail(
+            **pool.info().model_dump(),
+            ready_ids=list(pool.ready),
+            acquired_ids=sorted(pool.acquired),
+        )
+
+    async def delete_pool(self, name: str) -> bool:
+        """Stop filling the pool and delete its ready sandboxes; False if there was none.
+
+        Sandboxes already handed out are left to their users. Acquires waiting on the
+        pool fail with :class:`~corral.errors.NotFound`.
+        """
+        pool = self._pools.pop(name, None)
+        if pool is None:
+            return False
+        pool.closed = True
+        gone = NotFound(
+            f"pool {name!r} was deleted while this acquire waited", details={"pool": name}
+        )
+        for fut in pool.waiters:
+            if not fut.done():
+                fut.set_exception(gone)
+                fut.exception()  # retrieved: its waiter may have left already
+        tasks = [t for t in (pool.task, *pool.starting) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        doomed, pool.ready = list(pool.ready), deque()
+        await asyncio.gather(*(self._remove(sid) for sid in doomed))
+        logger.info("pool %s deleted (%d ready sandboxes removed)", name, len(doomed))
+        return True
+
+    async def close(self) -> None:
+        """Delete every pool (and its ready sandboxes); later calls do nothing."""
+        self._closed = True
+        await asyncio.gather(*(self.delete_pool(n) for n in list(self._pools)))
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _get(self, name: str) -> _Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            raise NotFound(
+                f"no pool {name!r}: it was never made, was deleted, or the daemon restarted "
+                "(pools live in its memory): create it again",
+                details={"pool": name},
+            )
+        return pool
+
+    # ---------------------------------------------------------------- acquire
+
+    async def acquire(self, name: str, timeout: float) -> SandboxInfo:
+        """Hand out a live sandbox of the pool, waiting up to ``timeout`` seconds.
+
+        With none ready, one is made at once if the pool is below ``max_size``;
+        otherwise the acquire waits for a place to free (a handed-out sandbox deleted).
+        :class:`~corral.errors.CapacityExceeded` if none came in time.
+        """
+        pool = self._get(name)
+        began = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        while True:
+            if pool.ready:
+                sid = pool.ready.popleft()
+                pool.acquired.add(sid)
+            else:
+                sid = await self._wait(pool, deadline, timeout)
+            try:
+                info = await self._alive(sid)
+            except BaseException:  # cancelled while checking: it goes back, unharmed
+                self._give_back(pool, sid)
+                raise
+            if info is not None:
+                pool.acquires += 1
+                pool.waits_ms.append((time.perf_counter() - began) * 1000)
+                # One fewer ready: refill, but only once the reply is on its way. A
+                # create's synchronous setup (~4 ms of CPU on the loop) would delay it.
+                asyncio.get_running_loop().call_later(REFILL_DELAY_S, pool.wake.set)
+                return info
+            logger.info("pool %s: ready sandbox %s is dead; discarded", name, sid)
+            pool.acquired.discard(sid)
+            self._discard(pool, sid)
+
+    async def _alive(self, sid: str) -> SandboxInfo | None:
+        """The sandbox's info if its agent answers and it is running, else None."""
+        try:
+            async with asyncio.timeout(LIVENESS_TIMEOUT_S):  # no task, unlike wait_for
+                await self._engine.stat(sid, "/")
+            info = self._engine.get(sid)
+        except (CorralError, OSError, asyncio.TimeoutError):
+            # OSError: a request to an agent that just died can fail in the channel's
+            # drain (ConnectionResetError) before the engine notices and says SandboxLost.
+            return None
+        return info if info.state == SandboxState.RUNNING else None
+
+    async def _wait(self, pool: _Pool, deadline: float, timeout: float) -> str:
+        """Queue for the next sandbox of the pool (the refiller is told to make one)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _exhausted(pool, timeout)
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        pool.waiters.append(fut)
+        pool.wake.set()
+        try:
+            await asyncio.wait({fut}, timeout=remaining)
+        except asyncio.CancelledError:
+            self._leave(pool, fut)
+            raise
+        if not fut.done():
+            self._leave(pool, fut)
+            raise _exhausted(pool, timeout)
+        return fut.result()  # NotFound if the pool was deleted meanwhile
+
+    def _leave(self, pool: _Pool, fut: asyncio.Future[str]) -> None:
+        """A waiter gave up: leave the queue, or give back the sandbox it was given."""
+        if fut.done():
+            if not fut.cancelled() and fut.exception() is None:
+                self._give_back(pool, fut.result())
+        else:
+            fut.cancel()
+            pool.waiters.remove(fut)
+        pool.wake.set()
+
+    def _give_back(self, pool: _Pool, sid: str) -> None:
+        """An unused sandbox returns to the front of the ready queue (it ran nothing)."""
+        pool.acquired.discard(sid)
+        if pool.closed:
+            self._discard(pool, sid)
+            return
+        pool.ready.appendleft(sid)
+        self._hand_out(pool)
+
+    def _hand_out(self, pool: _Pool) -> None:
+        """Give ready sandboxes to waiting acquires, first come first served."""
+        while pool.ready and pool.waiters:
+            fut = pool.waiters.popleft()
+            if fut.done():
+                continue
+            sid = pool.ready.popleft()
+            pool.acquired.add(sid)
+            fut.set_result(sid)
+
+    def release(self, sandbox_id: str) -> None:
+        """The sandbox was deleted or stopped: if a pool made it, its place is free."""
+        for pool in self._pools.values():
+            if sandbox_id in pool.acquired:
+                pool.acquired.discard(sandbox_id)
+            elif sandbox_id in pool.ready:
+                pool.ready.remove(sandbox_id)
+            else:
+                continue
+            pool.wake.set()
+            return
+
+    # ----------------------------------------------------------------- refill
+
+    async def _maintain(self, pool: _Pool) -> None:
+        """Keep ``min_ready`` ready (plus one per waiting acquire), within ``max_size``."""
+        while not pool.closed:
+            pool.wake.clear()
+            self._prune(pool)
+            delay = PRUNE_INTERVAL_S
+            backoff = pool.retry_at - time.monotonic()
+            if backoff > 0:
+                delay = min(delay, backoff)
+            else:
+                for _ in range(pool.to_start(self._concurrency)):
+                    task = asyncio.create_task(self._start_one(pool))
+                    pool.starting.add(task)
+            try:
+                await asyncio.wait_for(pool.wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _start_one(self, pool: _Pool) -> None:
+        task = asyncio.current_task()
+        try:
+            info = await self._create(pool.spec)
+        except Exception as exc:
+            pool.failed += 1
+            pool.failures_in_a_row += 1
+            pool.last_error = exc.message if isinstance(exc, CorralError) else repr(exc)
+            backoff = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (pool.failures_in_a_row - 1))
+            pool.retry_at = time.monotonic() + backoff
+            logger.warning(
+                "pool %s: a create failed (%d in a row; next try in %.2g s): %s",
+                pool.name, pool.failures_in_a_row, backoff, pool.last_error,
+            )
+            return
+        finally:
+            pool.starting.discard(task)  # type: ignore[arg-type]
+            pool.wake.set()
+        pool.failures_in_a_row = 0
+        pool.created += 1
+        pool.ready.append(info.id)  # a closed pool deletes it when it sweeps
+        self._hand_out(pool)
+
+    def _prune(self, pool: _Pool) -> None:
+        """Forget sandboxes of the pool that ended without the pool being told
+        (lifetime, idle timeout, a crash, a delete that bypassed :meth:`release`), and
+        replace ready ones that have waited half their lifetime (``timeout`` runs from
+        their start: one handed out keeps at least half of it)."""
+        now = time.monotonic()
+        if now - pool.last_prune < PRUNE_INTERVAL_S:
+            return
+        pool.last_prune = now
+        live = {i.id: i for i in self._engine.list(tags=[pool.tag], state=ALIVE)}
+        pool.acquired.intersection_update(live)
+        stale = time.time() - pool.spec.timeout / 2
+        for sid in list(pool.ready):
+            info = live.get(sid)
+            if info is None or info.state != SandboxState.RUNNING or (info.started_at or 0) < stale:
+                pool.ready.remove(sid)
+                self._discard(pool, sid)
+
+    def _discard(self, pool: _Pool, sid: str) -> None:
+        """Delete a sandbox the pool will not hand out, in the background."""
+        pool.discarded += 1
+        task = asyncio.get_running_loop().create_task(self._remove(sid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        pool.wake.set()
+
+    async def _remove(self, sid: str) -> None:
+        try:
+            await self._delete(sid)
+        except CorralError as exc:
+            logger.warning("could not delete pool sandbox %s: %s", sid, exc.message)
+
+
+def _exhausted(pool: _Pool, timeout: float) -> CapacityExceeded:
+    if len(pool.acquired) >= pool.max_size:
+        why = (
+            f"all {pool.max_size} of its sandboxes (max_size) are handed out: delete the "
+            "ones you are done with, raise max_size, or pass a longer timeout"
+        )
+    elif pool.failures_in_a_row and pool.last_error:
+        why = f"creating its sandboxes fails: {pool.last_error}"
+    else:
+        why = "its sandboxes are still starting (the daemon is busy): pass a longer timeout"
+    return CapacityExceeded(
+        f"no sandbox of pool {pool.name!r} within {timeout:g} s: {why}",
+        details={
+            "pool": pool.name, "limit": "max_size", "value": pool.max_size,
+            "acquired": len(pool.acquired), "timeout": timeout,
+        },
+    )
