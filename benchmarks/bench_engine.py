@@ -235,7 +235,7 @@ def bare_exec(argv: list[str]) -> None:
 
 
 def bwrap_argv(bwrap: str, rootfs: Path, agent: Path, seccomp_fd: int) -> list[str]:
-    """The engine's bwrap command line (see ``Engine._launch_argv``) running /bin/true,
+    """The engine's bwrap command line (see ``Engine._launch_args``) running /bin/true,
     with the image's rootfs bound read-only instead of the sandbox's overlay (so
     without the bind of the agent, which needs a mount point in the writable layer)."""
     return [

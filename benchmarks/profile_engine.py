@@ -116,7 +116,7 @@ class Steps:
 
 def instrument(steps: Steps) -> None:
     """Wrap the engine's steps. Labels use '/' for nesting."""
-    from corral.runtime import cgroups, channel, engine, registry, rootfs, syscalls
+    from corral.runtime import cgroups, channel, engine, launcher, registry, rootfs, syscalls
     from corral.schema import SandboxSpec
 
     # create
@@ -124,17 +124,15 @@ def instrument(steps: Steps) -> None:
     steps.wrap(engine.ImageStore, "get", "create/images.get")
     steps.wrap(registry.Registry, "next_seq", "create/registry.next_seq")
     steps.wrap(registry.Registry, "insert", "create/registry.insert")
-    steps.wrap(rootfs, "mount_root", "create/mount_root")
+    steps.wrap(launcher.SlotPool, "take", "create/slot.take")
+    steps.wrap(launcher.Slot, "launch", "create/slot.launch")
     steps.wrap(cgroups.CgroupDriver, "create", "create/cgroup.create")
     steps.wrap(cgroups.CgroupV1Driver, "_set_limits", "create/cgroup.create/set_limits")
     steps.wrap(cgroups.CgroupV2Driver, "_set_limits", "create/cgroup.create/set_limits")
-    steps.wrap(engine.Engine, "_launch_argv", "create/launch_argv")
+    steps.wrap(engine.Engine, "_launch_args", "create/launch_args")
     steps.wrap(channel.AgentChannel, "start", "create/channel.start")
     steps.wrap(registry.Registry, "set_running", "create/registry.set_running")
     steps.wrap(syscalls, "process_start_time", "create/process_start_time")
-    # Both mounts (tmpfs and overlay) and unmounts go through these.
-    steps.wrap(syscalls, "mount", "create/mount_root/mount(2)")
-    steps.wrap(syscalls, "umount", "delete/unmount_root/umount(2)")
     # delete
     steps.wrap(registry.Registry, "set_state", "delete/registry.set_state")
     steps.wrap(registry.Registry, "delete", "delete/registry.delete")
@@ -145,9 +143,7 @@ def instrument(steps: Steps) -> None:
     steps.wrap(cgroups.CgroupV1, "freeze", "delete/cgroup.remove/kill_all/freeze")
     steps.wrap(cgroups.CgroupV1, "thaw", "delete/cgroup.remove/kill_all/thaw")
     steps.wrap(cgroups, "_rmdir", "delete/cgroup.remove/rmdir")
-    steps.wrap(rootfs, "unmount_root", "delete/unmount_root")
-    steps.wrap(rootfs.shutil, "rmtree", "delete/unmount_root/rmtree")
-    steps.wrap(syscalls, "mounts_under", "delete/unmount_root/mounts_under")
+    steps.wrap(rootfs, "remove_dirs", "delete/remove_dirs")
     # Popen is a class: wrap it with a subclass so that isinstance checks still hold.
     orig_popen = subprocess.Popen
 
