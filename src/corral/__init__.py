@@ -12,7 +12,8 @@ asyncio: the same API on :class:`AsyncSandbox` (``await``, ``async with``,
 ``async for``). Fan-out on threads: :func:`submit`, ``Sandbox.create_future``,
 ``sb.exec_future``, :func:`wait`, :func:`as_completed`. Sandboxes with shared
 defaults, deleted together: :class:`Session`. Sandboxes kept started ahead of time,
-one per episode: :class:`Pool` (``with pool.acquire() as sb``).
+one per episode: :class:`Pool` (``with pool.acquire() as sb``). A sandbox set up once,
+started many times: ``snap = sb.snapshot()``, ``snap.restore()``, ``sb.fork(n)``.
 
 Where the daemon is: ``CORRAL_URL`` / ``CORRAL_SOCKET`` (see ``corral.client._config``);
 with neither, the SDK starts a shared local daemon itself.
@@ -25,10 +26,11 @@ from corral.client._async import (
     AsyncPool,
     AsyncSandbox,
     AsyncSession,
+    AsyncSnapshot,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
-from corral.client._sync import Client, ExecStream, Files, Pool, Sandbox, Session
+from corral.client._sync import Client, ExecStream, Files, Pool, Sandbox, Session, Snapshot
 from corral.errors import (
     CapacityExceeded,
     CorralError,
@@ -47,11 +49,19 @@ from corral.errors import (
     SandboxNotFound,
     SandboxStartError,
     SandboxTimeout,
+    SnapshotNotFound,
     Unauthorized,
     Unsupported,
 )
 from corral.pool_schema import PoolInfo
-from corral.schema import FileInfo, NetworkMode, SandboxInfo, SandboxSpec, SandboxState
+from corral.schema import (
+    FileInfo,
+    NetworkMode,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SnapshotInfo,
+)
 
 __version__ = "0.1.0"
 
@@ -62,6 +72,7 @@ __all__ = [
     "AsyncPool",
     "AsyncSandbox",
     "AsyncSession",
+    "AsyncSnapshot",
     "CapacityExceeded",
     "Client",
     "CommandResult",
@@ -94,6 +105,9 @@ __all__ = [
     "SandboxState",
     "SandboxTimeout",
     "Session",
+    "Snapshot",
+    "SnapshotInfo",
+    "SnapshotNotFound",
     "Unauthorized",
     "Unsupported",
     "__version__",

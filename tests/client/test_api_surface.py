@@ -41,6 +41,7 @@ def test_sync_and_async_twins_have_the_same_methods():
         (corral.Session, corral.AsyncSession),
         (corral.Files, corral.AsyncFiles),
         (corral.ExecStream, corral.AsyncExecStream),
+        (corral.Snapshot, corral.AsyncSnapshot),
     ]
     renamed = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__",
                "__aiter__": "__iter__", "__anext__": "__next__"}

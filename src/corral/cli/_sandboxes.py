@@ -26,7 +26,7 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
         image=args.image, cpus=args.cpus, memory_mb=args.memory_mb, pids=args.pids,
         disk_mb=args.disk_mb, open_files=args.open_files, timeout=args.timeout,
         idle_timeout=args.idle_timeout, env=args.env or None, workdir=args.workdir,
-        tags=args.tag or None, network=args.network,
+        tags=args.tag or None, network=args.network, snapshot=args.snapshot,
     )
 
 

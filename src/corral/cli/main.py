@@ -10,6 +10,8 @@ Examples::
     corral rm --tag job=42 -y
     corral pool create py256 --memory-mb 256 --min-ready 8 --max-size 64
     corral info                     # capacity, load, and the pools
+    corral snapshot create sb-1234 --name with-deps
+    corral create --snapshot with-deps -n 8
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
 socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import corral
-from corral.cli import _copy, _exec, _pools, _sandboxes
+from corral.cli import _copy, _exec, _pools, _sandboxes, _snapshots
 from corral.cli._output import Context, UsageError
 from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
 
@@ -108,6 +110,9 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
     p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("--snapshot", metavar="S",
+                   help="start on this snapshot's files (id or name); options left out "
+                   "come from the sandbox it was taken from")
 
 
 def _add_pool_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -132,6 +137,26 @@ def _add_pool_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p = verbs.add_parser("rm", parents=conn, help="delete pools and their ready sandboxes")
     p.add_argument("names", nargs="+", metavar="NAME")
     p.set_defaults(handler=_pools.rm)
+
+
+def _add_snapshot_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("snapshot", help="snapshots: a sandbox's files, to start copies from "
+                       "(create, ls, rm)")
+    verbs = p.add_subparsers(dest="snapshot_command", required=True, metavar="VERB")
+    p = verbs.add_parser("create", parents=conn, help="snapshot a sandbox; print the id")
+    p.add_argument("id", metavar="ID", help="the sandbox")
+    p.add_argument("--name", metavar="N", help="a unique name to use instead of the id")
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    p.set_defaults(handler=_snapshots.create)
+    p = verbs.add_parser("ls", parents=conn, help="list snapshots")
+    p.add_argument("-q", "--quiet", action="store_true", help="print ids only")
+    p.add_argument("--json", action="store_true", help="print a JSON list of snapshots")
+    p.set_defaults(handler=_snapshots.ls)
+    p = verbs.add_parser(
+        "rm", parents=conn, help="delete snapshots (sandboxes started from them keep running)"
+    )
+    p.add_argument("refs", nargs="+", metavar="ID_OR_NAME")
+    p.set_defaults(handler=_snapshots.rm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the daemon's reply as JSON")
     p.set_defaults(handler=_sandboxes.info)
     _add_pool_commands(sub, conn)
+    _add_snapshot_commands(sub, conn)
     return parser
 
 

@@ -609,6 +609,11 @@ class Engine:
             raise failed[0]
         return made  # type: ignore[return-value]
 
+    def resolve_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        """The effective spec of a sandbox created from ``spec``: with ``snapshot``, the
+        fields not given come from the snapshot (:class:`SnapshotNotFound` if none)."""
+        return self.snapshots.resolve(spec)
+
     def list_snapshots(self) -> list[SnapshotInfo]:
         return self.snapshots.list()
 

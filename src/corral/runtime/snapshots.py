@@ -179,10 +179,21 @@ class Snapshots:
 
     # ----------------------------------------------------------------- using
 
+    def resolve(self, spec: SandboxSpec) -> SandboxSpec:
+        """The spec a sandbox made from ``spec`` gets, without taking a reference:
+        ``spec`` itself without a snapshot (to size admission before creating)."""
+        return self._resolve(spec)[0]
+
     def acquire(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
         """Resolve ``spec.snapshot`` and take a reference on it for a new sandbox; the
         spec returned names the snapshot by id, its image, and inherits the fields not
         given explicitly. Pair with :meth:`release`."""
+        spec, row = self._resolve(spec)
+        if row is not None:
+            self.registry.use_snapshot(row.id, +1)
+        return spec, row
+
+    def _resolve(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
         if spec.snapshot is None:
             return spec, None
         row = self._find(spec.snapshot)
@@ -197,7 +208,6 @@ class Snapshots:
         spec = SandboxSpec.parse(
             {**inherited, **explicit, "tags": spec.tags, "image": row.image, "snapshot": row.id}
         )
-        self.registry.use_snapshot(row.id, +1)
         return spec, row
 
     async def release(self, row: SnapshotRow | str | None) -> None:

@@ -22,10 +22,12 @@ from corral.schema import (
     FileInfo,
     SandboxInfo,
     SandboxState,
+    SnapshotInfo,
 )
 
 MAX_OUTPUT_LIMIT = 1 << 30  # bytes per stream a caller may ask the daemon to keep
 MAX_STOP_GRACE_S = 300.0
+MAX_FORK = 1024
 
 
 class _Body(BaseModel):
@@ -65,6 +67,18 @@ class StopRequest(_Body):
     """``POST /v1/sandboxes/{id}/stop``: seconds between SIGTERM and SIGKILL."""
 
     grace: float = Field(2.0, ge=0, le=MAX_STOP_GRACE_S)
+
+
+class SnapshotRequest(_Body):
+    """``POST /v1/sandboxes/{id}/snapshot``: an optional unique name."""
+
+    name: str | None = Field(None, min_length=1, max_length=64)
+
+
+class ForkRequest(_Body):
+    """``POST /v1/sandboxes/{id}/fork``: how many copies."""
+
+    n: int = Field(ge=1, le=MAX_FORK)
 
 
 class MkdirRequest(_Body):
@@ -152,6 +166,10 @@ class SandboxDetail(SandboxInfo):
 
 class SandboxList(BaseModel):
     sandboxes: list[SandboxInfo]
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotInfo]
 
 
 class FileList(BaseModel):

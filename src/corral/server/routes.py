@@ -25,17 +25,27 @@ from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, P
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.pools import PoolManager
-from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, validate_model
+from corral.schema import (
+    FileInfo,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SnapshotInfo,
+    validate_model,
+)
 from corral.server.admission import Admission
 from corral.server.models import (
     DaemonInfo,
     ExecRequest,
     ExecResponse,
     FileList,
+    ForkRequest,
     Health,
     MkdirRequest,
     SandboxDetail,
     SandboxList,
+    SnapshotList,
+    SnapshotRequest,
     StopRequest,
     exec_response,
 )
@@ -189,7 +199,11 @@ async def info(request: Request) -> Response:
 
 
 async def create_admitted(engine: Engine, admission: Admission, spec: SandboxSpec) -> SandboxInfo:
-    """Create a sandbox once admission control lets it start (also a pool's refills)."""
+    """Create a sandbox once admission control lets it start (also a pool's refills).
+
+    A spec with ``snapshot`` is resolved first, so that admission counts the memory the
+    sandbox will really get (inherited from the snapshot unless given)."""
+    spec = engine.resolve_spec(spec)
     async with admission.admit(spec.memory_mb) as slot:
         created = await engine.create(spec)
         slot.commit(created.id)
@@ -214,8 +228,10 @@ async def _unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> Sandbo
 
 async def create_sandbox(request: Request) -> Response:
     engine, admission = _engine(request), _admission(request)
+    # Parsed from the body as sent: a snapshot's spec fills in only the fields left out.
     spec = SandboxSpec.parse(await read_json(request, "sandbox spec", required=False))
-    engine.images.get(spec.image)  # ImageNotFound now, not after waiting in the queue
+    spec = engine.resolve_spec(spec)  # SnapshotNotFound now, not after waiting in the queue
+    engine.images.get(spec.image)  # ImageNotFound now, too
     created = await _unless_gone(request, create_admitted(engine, admission, spec))
     return JSONResponse(_info_json(created), status_code=201)
 
@@ -259,6 +275,60 @@ async def delete_sandbox(request: Request) -> Response:
     sid = _sid(request)
     await delete_admitted(_engine(request), _admission(request), sid)
     _pools(request).release(sid)
+    return _no_content()
+
+
+async def snapshot_sandbox(request: Request) -> Response:
+    body = validate_model(
+        SnapshotRequest, await read_json(request, "snapshot request", required=False),
+        "snapshot request",
+    )
+    made = await _engine(request).snapshot(_sid(request), name=body.name)
+    return JSONResponse(made.model_dump(mode="json"), status_code=201)
+
+
+async def fork_sandbox(request: Request) -> Response:
+    """A snapshot, then ``n`` creates from it through admission control; the snapshot
+    is deleted at once (its layers stay while the copies run). All or nothing."""
+    body = validate_model(ForkRequest, await read_json(request, "fork request"), "fork request")
+    engine, admission, sid = _engine(request), _admission(request), _sid(request)
+    snap = await engine.snapshot(sid)
+    try:
+        spec = engine.get(sid).spec.model_copy(update={"snapshot": snap.id})
+        made = await asyncio.gather(
+            *(create_admitted(engine, admission, spec) for _ in range(body.n)),
+            return_exceptions=True,
+        )
+    finally:
+        await engine.delete_snapshot(snap.id)
+    ok = [r for r in made if isinstance(r, SandboxInfo)]
+    failed = [r for r in made if isinstance(r, BaseException)]
+    if failed or await request.is_disconnected():
+        await asyncio.gather(*(delete_admitted(engine, admission, r.id) for r in ok))
+        if failed:
+            raise failed[0]
+        raise ClientDisconnect()
+    return JSONResponse({"sandboxes": [_info_json(i) for i in ok]}, status_code=201)
+
+
+# ------------------------------------------------------------------- snapshots
+
+
+def _snapshot_ref(request: Request) -> str:
+    return request.path_params["id_or_name"]
+
+
+async def list_snapshots(request: Request) -> Response:
+    snaps = _engine(request).list_snapshots()
+    return JSONResponse({"snapshots": [s.model_dump(mode="json") for s in snaps]})
+
+
+async def get_snapshot(request: Request) -> Response:
+    return JSONResponse(_engine(request).get_snapshot(_snapshot_ref(request)).model_dump(mode="json"))
+
+
+async def delete_snapshot(request: Request) -> Response:
+    await _engine(request).delete_snapshot(_snapshot_ref(request))
     return _no_content()
 
 
@@ -388,6 +458,7 @@ async def acquire_from_pool(request: Request) -> Response:
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
+_SNAP = "/v1/snapshots/{id_or_name}"
 _PATH = Query(
     "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True
 )
@@ -427,6 +498,24 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply=SandboxInfo,
     ),
     Endpoint("DELETE", _SB, delete_sandbox, "Delete a sandbox (idempotent)", status=204),
+    Endpoint(
+        "POST",
+        _SB + "/snapshot",
+        snapshot_sandbox,
+        "Commit a sandbox's files as a snapshot (create from it with snapshot=)",
+        body=SnapshotRequest,
+        reply=SnapshotInfo,
+        status=201,
+    ),
+    Endpoint(
+        "POST",
+        _SB + "/fork",
+        fork_sandbox,
+        "Start n copies of a sandbox's files and spec (each waits for room)",
+        body=ForkRequest,
+        reply=SandboxList,
+        status=201,
+    ),
     Endpoint(
         "POST",
         _SB + "/exec",
@@ -489,6 +578,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Hand out a live sandbox of the pool (delete it after use)",
         body=AcquireRequest,
         reply=SandboxInfo,
+    ),
+    Endpoint("GET", "/v1/snapshots", list_snapshots, "List snapshots", reply=SnapshotList),
+    Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
+    Endpoint(
+        "DELETE", _SNAP, delete_snapshot,
+        "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,
     ),
 )
 

@@ -5,6 +5,7 @@ from corral.client._async._files import AsyncFiles
 from corral.client._async._pool import AsyncPool
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._async._session import AsyncSession
+from corral.client._async._snapshot import AsyncSnapshot
 from corral.client._async._stream import AsyncExecStream
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "AsyncPool",
     "AsyncSandbox",
     "AsyncSession",
+    "AsyncSnapshot",
 ]

@@ -7,6 +7,7 @@ from corral.client._sync._files import Files
 from corral.client._sync._pool import Pool
 from corral.client._sync._sandbox import Sandbox
 from corral.client._sync._session import Session
+from corral.client._sync._snapshot import Snapshot
 from corral.client._sync._stream import ExecStream
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "Pool",
     "Sandbox",
     "Session",
+    "Snapshot",
 ]

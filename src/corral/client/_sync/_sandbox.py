@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
 from corral.client._sync._cleanup import CleanupOnExit
@@ -16,7 +16,16 @@ from corral.client._sync._stream import ExecStream
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import SandboxFutures
 from corral.client._models import Command, CommandResult, exec_body, parse_exec, spec_body
-from corral.schema import DEFAULT_EXEC_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxState
+from corral.schema import (
+    DEFAULT_EXEC_TIMEOUT_S,
+    NetworkMode,
+    SandboxInfo,
+    SandboxState,
+    SnapshotInfo,
+)
+
+if TYPE_CHECKING:
+    from corral.client._sync._snapshot import Snapshot
 
 
 class Sandbox(CleanupOnExit, SandboxFutures):
@@ -61,6 +70,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         workdir: str | None = None,
         tags: Sequence[str] | None = None,
         network: NetworkMode | str | None = None,
+        snapshot: Snapshot | str | None = None,
         client: Client | None = None,
     ) -> Self:
         """Start a sandbox and return once it can run commands.
@@ -70,6 +80,10 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         seconds, after which the daemon stops it. Invalid values raise
         :class:`~corral.errors.InvalidArgument` before anything is sent; a full daemon
         raises :class:`~corral.errors.CapacityExceeded` after queueing the request.
+
+        ``snapshot`` (a :class:`Snapshot`, its id or name) starts the sandbox on
+        the snapshot's files; the limits left out then come from the sandbox the
+        snapshot was taken from. :class:`~corral.errors.SnapshotNotFound` if none.
         """
         body = spec_body(
             {
@@ -77,6 +91,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
                 "disk_mb": disk_mb, "open_files": open_files, "timeout": timeout,
                 "idle_timeout": idle_timeout, "env": env, "workdir": workdir,
                 "tags": list(tags) if tags is not None else None, "network": network,
+                "snapshot": getattr(snapshot, "id", snapshot),
             }
         )
         client = client or Client.default()
@@ -177,6 +192,30 @@ class Sandbox(CleanupOnExit, SandboxFutures):
     def delete(self) -> None:
         """Stop the sandbox and remove it and its files; deleting twice is fine."""
         self._client.request("DELETE", self._path)
+
+    # ------------------------------------------------------------- snapshots
+
+    def snapshot(self, name: str | None = None) -> Snapshot:
+        """Commit the sandbox's files as a snapshot (its processes are frozen meanwhile,
+        then go on); start copies with :meth:`Snapshot.restore` or
+        ``create(snapshot=...)``. ``name`` must be unique on the daemon."""
+        from corral.client._sync._snapshot import Snapshot
+
+        body = {} if name is None else {"name": name}
+        response = self._client.request("POST", f"{self._path}/snapshot", json=body)
+        return Snapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
+
+    def fork(self, n: int) -> builtins.list[Self]:
+        """``n`` new sandboxes with a copy of this one's files and its spec (each waits
+        for room like a create); all or nothing. Delete them when done."""
+        response = self._client.request(
+            "POST", f"{self._path}/fork", json={"n": n},
+            timeout=max(self._client.timeout, CREATE_TIMEOUT),
+        )
+        return [
+            type(self)(SandboxInfo.model_validate(d), client=self._client)
+            for d in response.json()["sandboxes"]
+        ]
 
     # ------------------------------------------------------------------ exec
 
