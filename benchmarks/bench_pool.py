@@ -25,17 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import corral
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sdk import pct, start_daemon  # noqa: E402  (a sibling script, not a package)
+from bench_sdk import pct, private_daemon  # noqa: E402  (a sibling script, not a package)
 
 SPEC = {"image": "python", "memory_mb": 128}
 MIN_READY = 8
@@ -97,11 +95,7 @@ def main() -> int:
         print("needs root (the daemon runs real sandboxes)")
         return 1
     n = 50 if args.quick else 200
-    base = Path(tempfile.mkdtemp(prefix="corral-bench-pool-"))
-    os.chmod(base, 0o711)
-    proc = start_daemon(base)
-    url = f"unix://{base / 'corral.sock'}"
-    try:
+    with private_daemon("corral-bench-pool-") as url:
         with corral.Client(url) as client:
             client.health()  # warm the connection
             health = timed(client.health, n)
@@ -123,10 +117,6 @@ def main() -> int:
             "pool_acquire_burst_ms_p50": statistics.median(bursts),
             "pool_acquire_burst_ms_p95": pct(bursts, 0.95),
         }
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        shutil.rmtree(base, ignore_errors=True)
     print(f"{n} acquires one at a time (pool kept at {MIN_READY} ready), {n} in bursts of "
           f"{BURST}; {len(creates)} creates")
     print(f"{'figure':30} {'value':>8}  {'target':>9}  vs create")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import corral
 
@@ -71,6 +73,20 @@ def start_daemon(base: Path) -> subprocess.Popen:
     raise SystemExit("daemon did not start")
 
 
+@contextlib.contextmanager
+def private_daemon(prefix: str) -> Iterator[str]:
+    """A daemon on a temporary socket and state directory; yields its URL."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o711)  # sandboxes run as an unprivileged uid and must reach it
+    proc = start_daemon(base)
+    try:
+        yield f"unix://{base / 'corral.sock'}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -80,12 +96,8 @@ def main() -> int:
         print("needs root (the daemon runs real sandboxes)")
         return 1
     n = 100 if args.quick else 500
-    base = Path(tempfile.mkdtemp(prefix="corral-bench-sdk-"))
-    os.chmod(base, 0o711)
-    proc = start_daemon(base)
-    url = f"unix://{base / 'corral.sock'}"
     res: dict[str, float] = {}
-    try:
+    with private_daemon("corral-bench-sdk-") as url:
         bare = timed(lambda: subprocess.run(["/bin/true"]), n)
         with corral.Client(url) as client:
             with corral.Sandbox.create(memory_mb=128, client=client) as sb:
@@ -115,10 +127,6 @@ def main() -> int:
             "sdk_async_exec_rtt_ms_p50": statistics.median(async_rtt),
             "sdk_create_exec_delete_ms_p50": statistics.median(full),
         }
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        shutil.rmtree(base, ignore_errors=True)
     floor = res["bare_exec_ms_p50"]
     print(f"{'figure':34} {'value':>8}  {'target':>9}  vs bare fork+exec")
     targets = {"sdk_exec_rtt_ms_p50": 2.5}
