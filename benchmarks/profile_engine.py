@@ -122,7 +122,6 @@ def instrument(steps: Steps) -> None:
     # create
     steps.wrap(SandboxSpec, "parse", "create/spec.parse")
     steps.wrap(engine.ImageStore, "get", "create/images.get")
-    steps.wrap(registry.Registry, "next_seq", "create/registry.next_seq")
     steps.wrap(registry.Registry, "insert", "create/registry.insert")
     steps.wrap(launcher.SlotPool, "take", "create/slot.take")
     steps.wrap(launcher.Slot, "launch", "create/slot.launch")

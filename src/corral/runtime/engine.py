@@ -286,7 +286,7 @@ class Engine:
         except BaseException:
             await self.snapshots.release(snap)
             raise
-        info = self.registry.insert(sid, self.registry.next_seq(), spec, slot.cgroup.path)
+        info = self.registry.insert(sid, spec, slot.cgroup.path)
         live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup)
         live.proc = slot.proc
         live.snapshot_id = snap.id if snap else None

@@ -101,15 +101,16 @@ class Registry:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._seq = int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM sandboxes").fetchone()[0])
 
     def close(self) -> None:
         self._db.close()
 
-    def next_seq(self) -> int:
-        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sandboxes").fetchone()
-        return int(row[0])
-
-    def insert(self, sandbox_id: str, seq: int, spec: SandboxSpec, cgroup: str) -> SandboxInfo:
+    def insert(self, sandbox_id: str, spec: SandboxSpec, cgroup: str) -> SandboxInfo:
+        # Creation order, for listings. Counted here rather than with MAX(seq) per
+        # create (a table scan on the create path): one engine owns the state dir.
+        self._seq += 1
+        seq = self._seq
         now = time.time()
         with self._db:
             self._db.execute("BEGIN")
