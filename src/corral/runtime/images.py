@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import ImageNotFound, InternalError, InvalidArgument
+from corral.runtime import syscalls
 
 DEFAULT_IMAGE = "python"
 DEFAULT_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates")
@@ -732,21 +733,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _mounts_below(path: Path) -> list[str]:
-    prefix = str(path.resolve()) if path.exists() else str(path)
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mountpoint = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
-                                line.split()[4])
-            if mountpoint == prefix or mountpoint.startswith(prefix + "/"):
-                found.append(mountpoint)
-    return found
+    return syscalls.mounts_under(str(path.resolve()) if path.exists() else str(path))
 
 
 def _unmount_below(path: Path) -> None:
     """Unmount whatever an interrupted debootstrap left mounted (proc, sys, dev) in ``path``."""
-    for mountpoint in sorted(_mounts_below(path), key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", mountpoint], capture_output=True, check=False)
+    for mountpoint in _mounts_below(path):  # deepest first
+        try:
+            syscalls.umount(mountpoint, lazy=True)
+        except OSError:
+            pass
 
 
 def _remove_tree(path: Path) -> None:

@@ -9,10 +9,9 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 from functools import lru_cache
 
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
 MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 
@@ -36,6 +35,7 @@ def _check(rc: int, what: str, path: str) -> None:
 
 
 def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
+    """mount(2); sandbox roots are mounted by the launcher in C, this serves tests and tools."""
     rc = _libc().mount(
         source.encode(), target.encode(), fstype.encode(), flags, data.encode() or None
     )
@@ -72,7 +72,8 @@ def mounts_under(prefix: str) -> list[str]:
     points = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
-            point = line.split()[4].encode().decode("unicode_escape")
+            # mountinfo escapes space, tab, newline and backslash as \ooo (octal)
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
             if (point + "/").startswith(prefix):
                 points.append(point)
     return sorted(set(points), key=lambda p: (-p.count("/"), p))
