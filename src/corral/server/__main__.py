@@ -89,6 +89,12 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
         "--tcp", metavar="HOST:PORT", help="also listen on TCP, where a bearer token is required"
     )
     p.add_argument("--token", help="the bearer token for TCP clients (env CORRAL_TOKEN)")
+    p.add_argument(
+        "--grpc",
+        metavar="HOST:PORT",
+        help="also serve the CoreWeave Sandbox (cwsandbox) gRPC API there, for unmodified "
+        "cwsandbox scripts (needs --token; pip install 'corral[compat]')",
+    )
     for flag, kind, metavar, text in _TUNING:
         p.add_argument(flag, type=kind, metavar=metavar, help=text)
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
@@ -99,6 +105,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """Settings from parsed options, falling back to the environment and defaults."""
     options = dict(vars(args))  # every option's dest is a ServerSettings field
     options["tcp"] = parse_tcp(args.tcp) if args.tcp else None
+    options["grpc"] = parse_tcp(args.grpc) if getattr(args, "grpc", None) else None
     return ServerSettings.from_env(**options)
 
 

@@ -31,6 +31,7 @@ from corral.errors import CorralError, InternalError, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.server.admission import LIVE_STATES, Admission, Limits
+from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.routes import build_routes, create_admitted, delete_admitted
 from corral.server.settings import ServerSettings
 from corral.server.wire import error_response
@@ -170,4 +171,5 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
         create=partial(create_admitted, engine, admission),
         delete=partial(delete_admitted, engine, admission),
     )
+    tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     return app

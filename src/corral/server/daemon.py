@@ -16,6 +16,7 @@ import socket
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -108,6 +109,9 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     """A listening TCP socket (port 0 picks a free port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    # Accepted connections inherit this: without it a response written in two parts
+    # waits for the client's delayed ACK (~40 ms per request over TCP).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     return sock
 
@@ -154,15 +158,20 @@ async def run(settings: ServerSettings) -> None:
     inode = None
     tasks: list[asyncio.Task[None]] = []
     app = None
+    frontend = None  # the cwsandbox gRPC API (--grpc)
     try:
         sockets.append(bind_unix(socket_path))
         inode = socket_path.lstat().st_ino
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
+        if settings.grpc is not None:
+            frontend = await _start_grpc(settings, engine, app)
 
         def on_exit() -> None:
             app.state.admission.close()
+            if frontend is not None:  # its calls get as long as HTTP requests
+                frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
             if not tasks:
                 tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace)))
 
@@ -188,6 +197,8 @@ async def run(settings: ServerSettings) -> None:
             )
         await server.serve(sockets=sockets)
     finally:
+        if frontend is not None:  # before the drain is cancelled: it ends their commands
+            await frontend.close()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -199,6 +210,22 @@ async def run(settings: ServerSettings) -> None:
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")
+
+
+async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any) -> Any:
+    """The CoreWeave Sandbox gRPC front-end, listening (imported only when asked for)."""
+    try:
+        from corral.server.compat.cwsandbox import CwSandboxFrontend
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"--grpc needs the cwsandbox client's packages ({exc.name} is missing): "
+            "pip install 'corral[compat]'"
+        ) from None
+    frontend = CwSandboxFrontend(
+        settings, engine, app.state.admission, app.state.pools, app.state.activity
+    )
+    await frontend.start()
+    return frontend
 
 
 def _log_start(settings: ServerSettings, engine: Engine, sockets: list[socket.socket]) -> None:

@@ -65,6 +65,8 @@ class ServerSettings:
     cache_dir: Path | None = None
     tcp: tuple[str, int] | None = None
     token: str | None = field(default=None, repr=False)
+    # Also serve the CoreWeave Sandbox (cwsandbox) gRPC API here (needs the token too).
+    grpc: tuple[str, int] | None = None
     max_starting: int = DEFAULT_MAX_STARTING
     max_sandboxes: int = DEFAULT_MAX_SANDBOXES
     max_memory_mb: int = field(default_factory=default_max_memory_mb)
@@ -91,6 +93,11 @@ class ServerSettings:
             raise InvalidArgument(
                 "listening on TCP needs a bearer token: pass --token TOKEN or set "
                 "CORRAL_TOKEN (clients then send 'Authorization: Bearer TOKEN')"
+            )
+        if self.grpc is not None and not self.token:
+            raise InvalidArgument(
+                "serving the cwsandbox API (--grpc) needs a token: pass --token TOKEN or "
+                "set CORRAL_TOKEN (clients then set CWSANDBOX_API_KEY=TOKEN)"
             )
 
     @classmethod

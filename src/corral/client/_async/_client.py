@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import httpx
@@ -20,6 +21,11 @@ _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 def _timeout(seconds: float | None) -> httpx.Timeout:
     connect = CONNECT_TIMEOUT if seconds is None else min(CONNECT_TIMEOUT, seconds)
     return httpx.Timeout(seconds, connect=connect, pool=None)
+
+
+# Over TCP a request goes out in two writes (headers, body); without TCP_NODELAY the
+# second waits for the daemon's delayed ACK (tens of ms per call).
+_TCP_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 class AsyncClient:
@@ -50,7 +56,11 @@ class AsyncClient:
         self._endpoint = Endpoint.resolve(url, token)
         self.timeout = timeout
         if transport is None:
-            transport = httpx.AsyncHTTPTransport(uds=self._endpoint.uds, limits=_LIMITS)
+            transport = httpx.AsyncHTTPTransport(
+                uds=self._endpoint.uds,
+                limits=_LIMITS,
+                socket_options=None if self._endpoint.uds else _TCP_OPTIONS,
+            )
         self._http = httpx.AsyncClient(
             base_url=self._endpoint.base_url,
             headers=self._endpoint.headers(),

@@ -1,0 +1,464 @@
+"""CoreWeave Sandbox front-end: scripts written for the ``cwsandbox`` client run unmodified.
+
+``corral serve --grpc HOST:PORT`` serves ``coreweave.sandbox.v1.SandboxService`` over
+gRPC on the daemon's own event loop, against the same engine and admission control as
+corral's HTTP API. The client is pointed at it with environment variables only::
+
+    CWSANDBOX_BASE_URL=http://HOST:PORT   # http:// = no TLS
+    CWSANDBOX_API_KEY=<the daemon's --token>
+
+What maps to what (the details live in :mod:`corral.server.compat.cwsandbox_wire`):
+
+- CreateSandbox admits and starts a sandbox and answers once it runs (corral starts
+  one in well under a second), so the client's first poll sees ``RUNNING``. A main
+  command other than the client's keep-alive default runs in the background; when it
+  exits the sandbox stops and reports ``COMPLETED`` with its exit code.
+- DeleteSandbox removes the sandbox; its final state stays visible to GetSandbox (the
+  client polls for it after a stop) in a bounded in-memory record.
+- StreamExec streams a command's output and exit, and its stdin as the client sends
+  it; a cancelled call (the client's exec timeout is the call's deadline) kills the
+  command. See :mod:`corral.server.compat.cwsandbox_exec`.
+- ConnectSandbox (direct data plane) is ``UNIMPLEMENTED``, so the client uses this
+  service for everything; so are TTY sessions, logs, snapshots and templates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
+
+from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument, SandboxNotFound
+from corral.runtime.engine import SANDBOX_HOME, Engine
+from corral.runtime.pools import PoolManager
+from corral.schema import SandboxInfo, SandboxState
+from corral.server.admission import LIVE_STATES, Admission
+from corral.server.compat import cwsandbox_exec as cwexec
+from corral.server.compat import cwsandbox_wire as wire
+from corral.server.routes import create_admitted, delete_admitted
+from corral.server.settings import ServerSettings
+
+__all__ = ["CwSandboxFrontend", "SandboxService"]
+
+logger = logging.getLogger("corral.server.cwsandbox")
+
+MAX_MESSAGE_BYTES = 100 << 20  # what the client's channel allows each way
+UNARY_FILE_CAP = 32 << 20  # ReadFile / WriteFile: larger files take the client's stream path
+MAX_DELETE_GRACE_S = 30.0
+ENDED_RECORDS = 10_000  # deleted sandboxes whose final state GetSandbox still reports
+PYTHON_PATHS = ("/usr/local/bin/python", "/usr/bin/python")
+PYTHON_ALIAS = f"{SANDBOX_HOME}/.local/bin/python"  # first on the PATH the engine sets
+PYTHON_ALIAS_SCRIPT = b'#!/bin/sh\nexec python3 "$@"\n'
+
+
+class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
+    """``coreweave.sandbox.v1.SandboxService`` on a corral engine."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        engine: Engine,
+        admission: Admission,
+        pools: PoolManager,
+        activity: Any = None,
+    ) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._admission = admission
+        self._pools = pools
+        self._activity = activity
+        self._commands: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._mains: dict[str, asyncio.Task[None]] = {}
+        self._exit_codes: dict[str, int] = {}
+        self._ended: OrderedDict[str, Any] = OrderedDict()
+
+    # ------------------------------------------------------------- plumbing
+
+    @contextlib.asynccontextmanager
+    async def _rpc(
+        self, context: grpc.aio.ServicerContext, operation: str, **where: Any
+    ) -> AsyncIterator[None]:
+        """Authenticate, count the call as activity, and turn errors into statuses."""
+        if self._activity is not None:
+            self._activity.in_flight += 1
+        try:
+            self._authenticate(context)
+            yield
+        except wire.RpcFailure as failure:
+            await _abort(context, failure)
+        except CorralError as exc:
+            await _abort(context, wire.from_corral(exc, operation=operation, **where))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            logger.exception("unexpected error serving cwsandbox %s", operation)
+            await _abort(
+                context,
+                wire.RpcFailure(
+                    grpc.StatusCode.INTERNAL, "internal error in the corral daemon; see its log"
+                ),
+            )
+        finally:
+            if self._activity is not None:
+                self._activity.in_flight -= 1
+                self._activity.last = time.monotonic()
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        token = self._settings.token or ""
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() != "authorization":
+                continue
+            value = value.decode("latin-1") if isinstance(value, bytes) else value
+            scheme, _, credentials = value.partition(" ")
+            if token and scheme.lower() == "bearer" and hmac.compare_digest(
+                credentials.strip().encode(), token.encode()
+            ):
+                return
+            raise wire.RpcFailure(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "wrong API key: set CWSANDBOX_API_KEY to the corral daemon's token "
+                "(its --token or CORRAL_TOKEN)",
+            )
+        raise wire.RpcFailure(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing API key: set CWSANDBOX_API_KEY to the corral daemon's token "
+            "(its --token or CORRAL_TOKEN)",
+        )
+
+    def _message(self, info: SandboxInfo) -> Any:
+        return wire.sandbox_message(
+            info, exit_code=self._exit_codes.get(info.id), command=self._commands.get(info.id)
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def CreateSandbox(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._rpc(context, "create"):
+            images = {image.name for image in self._engine.images.list()}
+            plan = wire.plan_create(request, images)
+            spec = self._engine.resolve_spec(plan.spec)
+            self._engine.images.get(spec.image)  # ImageNotFound before waiting for room
+            info = await create_admitted(self._engine, self._admission, spec)
+            try:
+                await self._python_alias(info.id)
+                for path, data in plan.files:
+                    await self._engine.write_file(info.id, path, data)
+                if plan.command is not None:
+                    self._commands[info.id] = plan.command
+                    self._start_main(info.id, plan.command)
+            except BaseException:
+                await asyncio.shield(self._discard(info.id))
+                raise
+            # The reply may never reach a client that gave up just now: then nobody
+            # knows the sandbox, so it goes.
+            context.add_done_callback(lambda ctx: self._discard_if_cancelled(ctx, info.id))
+            logger.debug("cwsandbox client created sandbox %s (image %s)", info.id, spec.image)
+            return self._message(info)
+
+    async def _python_alias(self, sandbox_id: str) -> None:
+        """cwsandbox scripts (and ``@session.function``) run ``python``, which the hosted
+        ``python:3.11`` image has; Debian's python3 does not: add it on the PATH."""
+        for path in PYTHON_PATHS:
+            with contextlib.suppress(FileNotFound):
+                await self._engine.stat(sandbox_id, path)
+                return
+        await self._engine.write_file(sandbox_id, PYTHON_ALIAS, PYTHON_ALIAS_SCRIPT, mode=0o755)
+
+    def _discard_if_cancelled(self, context: grpc.aio.ServicerContext, sandbox_id: str) -> None:
+        if context.cancelled():
+            logger.info(
+                "cwsandbox client left before sandbox %s was handed over: deleting it", sandbox_id
+            )
+            asyncio.ensure_future(self._discard(sandbox_id))
+
+    async def _discard(self, sandbox_id: str) -> None:
+        """Delete a sandbox nobody will use; never raises."""
+        await self._stop_main(sandbox_id)
+        try:
+            await delete_admitted(self._engine, self._admission, sandbox_id)
+        except CorralError as exc:
+            logger.warning("could not delete sandbox %s: %s", sandbox_id, exc.message)
+        self._pools.release(sandbox_id)
+        self._commands.pop(sandbox_id, None)
+        self._exit_codes.pop(sandbox_id, None)
+
+    def _start_main(self, sandbox_id: str, command: tuple[str, tuple[str, ...]]) -> None:
+        task = asyncio.create_task(self._run_main(sandbox_id, [command[0], *command[1]]))
+        self._mains[sandbox_id] = task
+        task.add_done_callback(lambda t: self._forget_main(sandbox_id, t))
+
+    def _forget_main(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._mains.get(sandbox_id) is task:
+            del self._mains[sandbox_id]
+
+    async def _run_main(self, sandbox_id: str, argv: list[str]) -> None:
+        """The sandbox's main command: when it exits, so does the sandbox (COMPLETED)."""
+        try:
+            result = await self._engine.exec(sandbox_id, argv, timeout=None, max_output=0)
+            code = wire.exit_status(result.returncode)
+        except FileError as exc:  # the command could not start
+            code = cwexec.cannot_run_status(exc)
+        except CorralError:
+            return  # the sandbox ended first: its state says why
+        try:
+            if self._engine.get(sandbox_id).state != SandboxState.RUNNING:
+                return  # killed because its sandbox is ending (lifetime, stop): not its exit
+        except CorralError:
+            return
+        self._exit_codes[sandbox_id] = code
+        try:
+            await self._engine.stop(
+                sandbox_id, grace=0, reason=f"its main command exited with status {code}"
+            )
+        except CorralError:
+            return
+        self._admission.release(sandbox_id)
+        self._pools.release(sandbox_id)
+
+    async def _stop_main(self, sandbox_id: str) -> None:
+        task = self._mains.pop(sandbox_id, None)
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+
+    async def GetSandbox(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sid = request.sandbox_id
+        async with self._rpc(context, "get", sandbox_id=sid):
+            try:
+                info = self._engine.get(sid)
+            except SandboxNotFound:
+                if sid in self._ended:
+                    return self._ended[sid]
+                raise
+            message = self._message(info)
+            if info.state in (SandboxState.RUNNING, SandboxState.PAUSED):
+                with contextlib.suppress(CorralError, OSError):  # it may end meanwhile
+                    usage = self._engine.usage(sid)
+                    message.status.resource_usage.memory_mb = int(usage["memory_mb"])
+            return message
+
+    async def ListSandboxes(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._rpc(context, "list"):
+            tags = list(request.tags)
+            wanted = request.state
+            states = wire.corral_states(wanted) if wanted else None
+            found = [self._message(i) for i in self._engine.list(tags=tags, state=states)]
+            terminal = wanted in wire.TERMINAL_STATES or (not wanted and request.show_terminated)
+            if terminal:
+                found += [m for m in self._ended.values() if set(tags) <= set(m.spec.tags)]
+            if wanted:
+                found = [m for m in found if m.status.state == wanted]
+            elif not request.show_terminated:
+                found = [m for m in found if m.status.state not in wire.TERMINAL_STATES]
+            if len(request.volume_ids):
+                found = []  # corral has no registered volumes
+            oldest_first = request.sort_direction == sandbox_pb2.SORT_DIRECTION_ASCENDING
+            found.sort(key=lambda m: m.status.create_time.ToNanoseconds(), reverse=not oldest_first)
+            return _page(found, request.page_size, request.page_token)
+
+    async def DeleteSandbox(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sid = request.sandbox_id
+        async with self._rpc(context, "delete", sandbox_id=sid):
+            if len(request.snapshot_volumes):
+                raise wire.unsupported("snapshot_volumes (file-system snapshots)")
+            try:
+                info = self._engine.get(sid)
+            except SandboxNotFound:
+                if sid in self._ended:
+                    return sandbox_pb2.DeleteSandboxResponse(sandbox=self._ended[sid])
+                if request.allow_missing:
+                    return sandbox_pb2.DeleteSandboxResponse()
+                raise
+            # Shielded: a client that gives up half-way must not leave half a sandbox.
+            final = await asyncio.shield(self._delete(info, float(request.grace_period_seconds)))
+            return sandbox_pb2.DeleteSandboxResponse(sandbox=final)
+
+    async def _delete(self, info: SandboxInfo, grace: float) -> Any:
+        sid = info.id
+        await self._stop_main(sid)
+        if info.state in LIVE_STATES and grace > 0:
+            info = await self._engine.stop(sid, grace=min(grace, MAX_DELETE_GRACE_S))
+        await delete_admitted(self._engine, self._admission, sid)
+        self._pools.release(sid)
+        exit_code = self._exit_codes.pop(sid, None)
+        state = wire.cw_state(info, exit_code)
+        final = wire.sandbox_message(
+            info,
+            exit_code=exit_code,
+            command=self._commands.pop(sid, None),
+            state=state if state in wire.TERMINAL_STATES else sandbox_pb2.STATE_TERMINATED,
+            ended_at=info.ended_at or time.time(),
+        )
+        self._ended[sid] = final
+        while len(self._ended) > ENDED_RECORDS:
+            self._ended.popitem(last=False)
+        return final
+
+    # ----------------------------------------------------------------- exec
+
+    async def StreamExec(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        async with self._rpc(context, "exec"):
+            await cwexec.stream_exec(self._engine, self._settings, context)
+
+    async def Exec(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with self._rpc(context, "exec", sandbox_id=request.sandbox_id):
+            return await cwexec.unary_exec(self._engine, request, context)
+
+    # ---------------------------------------------------------------- files
+
+    async def WriteFile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sid, path = request.sandbox_id, request.path
+        async with self._rpc(context, "write_file", sandbox_id=sid, path=path):
+            cwexec.check_container(request.container)
+            limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
+            if len(request.content) > limit:
+                raise wire.RpcFailure(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{len(request.content)} bytes is over the {limit}-byte limit of one WriteFile",
+                    reason="CWSANDBOX_FILE_TOO_LARGE",
+                    metadata={"filepath": path, "operation": "write_file",
+                              "size_bytes": len(request.content), "max_size_bytes": limit},
+                )
+            try:
+                await self._engine.write_file(sid, path, bytes(request.content))
+            except FileError:
+                await self._remove_partial(sid, path)
+                raise
+            return sandbox_pb2.WriteFileResponse()
+
+    async def _remove_partial(self, sid: str, path: str) -> None:
+        """After a failed write, leave no half-written file behind."""
+        with contextlib.suppress(CorralError):
+            if not (await self._engine.stat(sid, path)).is_dir:
+                await self._engine.remove(sid, path)
+
+    async def ReadFile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sid, path = request.sandbox_id, request.path
+        async with self._rpc(context, "read_file", sandbox_id=sid, path=path):
+            cwexec.check_container(request.container)
+            limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
+            data = await self._engine.read_file(sid, path, max_bytes=limit)
+            return sandbox_pb2.ReadFileResponse(content=data)
+
+
+# What corral lacks answers UNIMPLEMENTED (ConnectSandbox too: the client then falls
+# back to this service for exec and files), with no traceback in the daemon's log.
+
+
+def _not_supported(what: str) -> Callable[..., Any]:
+    async def method(self: SandboxService, request: Any, context: grpc.aio.ServicerContext) -> None:
+        async with self._rpc(context, what):
+            raise wire.unsupported(what)
+
+    return method
+
+
+for _name, _what in (
+    ("ConnectSandbox", "the direct data plane (the client falls back to this service)"),
+    ("CreateSandboxFromTemplate", "creating from a template"),
+    ("CreateSandboxFromFile", "creating from a Compose file"),
+    ("GetSandboxBuildLogs", "build logs"),
+    ("PurgeSandboxes", "PurgeSandboxes"),
+    ("StreamLogs", "streaming logs"),
+    ("CreateFileSystemSnapshot", "file-system snapshots"),
+    ("GetFileSystemSnapshot", "file-system snapshots"),
+    ("ListFileSystemSnapshots", "file-system snapshots"),
+    ("DeleteFileSystemSnapshot", "file-system snapshots"),
+):
+    setattr(SandboxService, _name, _not_supported(_what))
+
+
+# ----------------------------------------------------------------- helpers
+
+
+async def _abort(context: grpc.aio.ServicerContext, failure: wire.RpcFailure) -> None:
+    await context.abort(
+        failure.code, failure.message, trailing_metadata=failure.trailing_metadata()
+    )
+
+
+def _page(found: list[Any], size: int, token: str) -> Any:
+    """One page of a list; the token is the offset of the next page."""
+    try:
+        start = int(token) if token else 0
+    except ValueError:
+        raise wire.invalid(
+            f"invalid page_token {token!r}: pass back a next_page_token", "page_token"
+        ) from None
+    if size <= 0:
+        return sandbox_pb2.ListSandboxesResponse(sandboxes=found[start:])
+    end = start + size
+    return sandbox_pb2.ListSandboxesResponse(
+        sandboxes=found[start:end], next_page_token=str(end) if end < len(found) else ""
+    )
+
+
+# ----------------------------------------------------------------- server
+
+
+class CwSandboxFrontend:
+    """The gRPC server of :class:`SandboxService` on the daemon's loop."""
+
+    def __init__(
+        self, settings: ServerSettings, engine: Engine, admission: Admission,
+        pools: PoolManager, activity: Any = None,
+    ) -> None:
+        assert settings.grpc is not None
+        self.settings = settings
+        self.service = SandboxService(settings, engine, admission, pools, activity)
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Listen on ``settings.grpc``; the port (useful when it was 0)."""
+        host, port = self.settings.grpc  # type: ignore[misc]
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),  # a second daemon on the port must fail, not share it
+            ]
+        )
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.service, server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            raise InvalidArgument(f"cannot listen for gRPC on {address}: is the port in use?")
+        await server.start()
+        self._server, self.port = server, bound
+        logger.info(
+            "CoreWeave Sandbox (cwsandbox) API on grpc://%s:%d: CWSANDBOX_BASE_URL=http://%s:%d, "
+            "CWSANDBOX_API_KEY=<the daemon's token>", host, bound, host, bound,
+        )
+        return bound
+
+    def begin_shutdown(self, grace: float) -> None:
+        """Refuse new calls; calls in flight get ``grace`` seconds to end."""
+        if self._server is not None and self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(grace))
+
+    async def close(self) -> None:
+        """Stop the server (at once if :meth:`begin_shutdown` was not called)."""
+        if self._server is None:
+            return
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._server.stop(0))
+        await self._stopping
+        mains = list(self.service._mains.values())
+        for task in mains:
+            task.cancel()
+        await asyncio.gather(*mains, return_exceptions=True)
+        self._server = None

@@ -1,0 +1,447 @@
+"""Tensorlake's sandbox API on a corral daemon: scripts written for the ``tensorlake``
+Python client run unchanged with ``TENSORLAKE_API_URL=http://127.0.0.1:PORT`` and
+``TENSORLAKE_API_KEY=<the daemon's --token>``.
+
+This module serves the lifecycle API, which the client sends to
+``/v1/namespaces/{namespace}/...`` when the API URL is ``localhost`` / ``127.0.0.1``
+and to flat paths (``/sandboxes``, ...) otherwise; both are served. In-sandbox calls
+(processes, files) are :mod:`.tensorlake_sandbox`. Everything goes through the same
+engine, admission control (creates, copies and pool refills wait for room like native
+ones) and bearer-token guard as the native API.
+
+What maps to what:
+
+- create → a corral sandbox (``cpus``, ``memory_mb``, ``disk_mb``; ``timeout_secs`` is
+  its lifetime, 0 or unset meaning corral's default; the image through
+  :class:`~.tensorlake_model.TensorlakeSettings`). The reply comes once it runs, so
+  ``wait=False`` answers a running sandbox too.
+- suspend / resume → pause / resume (frozen processes, memory kept).
+- snapshot → a corral snapshot of the files (``filesystem`` type; ``memory`` is refused),
+  ``completed`` at once; create with ``snapshot_id`` starts from it.
+- copy → corral's fork (files and spec, not processes), all or nothing.
+- sandbox pools → corral warm pools (``warm_containers`` → ``min_ready``,
+  ``max_containers`` → ``max_size``); claim → acquire.
+
+Refused with 501 ``unsupported`` rather than ignored: GPUs, entrypoints, file-system
+mounts, exposed ports, egress allow/deny lists, resizing, pool updates, logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, Router
+
+from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
+from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
+from corral.runtime.engine import Engine
+from corral.runtime.pools import PoolManager
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, validate_model
+from corral.server.admission import LIVE_STATES, Admission
+from corral.server.compat import tensorlake_sandbox
+from corral.server.compat._wire import flat_errors, unsupported
+from corral.server.compat.tensorlake_model import (
+    NAME_TAG,
+    NS_TAG,
+    TAG,
+    TensorlakeSettings,
+    base_url,
+    check_image,
+    check_name,
+    created_json,
+    namespace,
+    refuse,
+    resolve,
+    resources,
+    sandbox_json,
+    settings,
+    snapshot_json,
+)
+from corral.server.routes import _unless_gone, create_admitted, delete_admitted
+from corral.server.wire import read_json
+
+SERVICE = "Tensorlake"
+MAX_COPIES = 1000
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def _admission(request: Request) -> Admission:
+    return request.app.state.admission
+
+
+def _pools(request: Request) -> PoolManager:
+    return request.app.state.pools
+
+
+# -------------------------------------------------------------- request bodies
+
+
+class _Loose(BaseModel):
+    """Fields a newer client adds are ignored; the ones known are validated."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Resources(_Loose):
+    cpus: float | None = None
+    memory_mb: int | None = None
+    disk_mb: int | None = None
+    gpus: list[Any] | None = None
+
+
+class _Network(_Loose):
+    allow_internet_access: bool = True
+    allow_out: list[str] = Field(default_factory=list)
+    deny_out: list[str] = Field(default_factory=list)
+
+
+class _SpecFields(_Loose):
+    image: str | None = None
+    resources: _Resources | None = None
+    timeout_secs: int | None = Field(None, ge=0)
+    entrypoint: list[str] | None = None
+    network: _Network | None = None
+
+
+class CreateRequest(_SpecFields):
+    snapshot_id: str | None = None
+    name: str | None = None
+    allow_unauthenticated_access: bool | None = None
+    exposed_ports: list[int] | None = None
+    file_systems: list[Any] | None = None
+    wait: bool | None = None
+    max_pending_secs: int | None = None
+    auto_resume: bool | None = None
+
+
+class PoolRequest(_SpecFields):
+    max_containers: int | None = Field(None, ge=1)
+    warm_containers: int | None = Field(None, ge=0)
+
+
+def _spec(
+    req: _SpecFields,
+    cfg: TensorlakeSettings,
+    ns: str,
+    *,
+    name: str | None = None,
+    snapshot_id: str | None = None,
+) -> SandboxSpec:
+    """The corral spec for a Tensorlake create or pool; options corral cannot honour
+    are refused, never dropped."""
+    res = req.resources or _Resources()
+    if res.gpus:
+        raise refuse("GPUs", "corral sandboxes are CPU-only; leave out gpus/gpu_model")
+    if req.entrypoint:
+        raise refuse("entrypoint", "start the command with sandbox.start_process() instead")
+    network = cfg.network
+    if req.network is not None:
+        if req.network.allow_out or req.network.deny_out:
+            raise refuse(
+                "allow_out / deny_out egress rules",
+                "a corral sandbox has no network (the default) or the host's "
+                "(CORRAL_COMPAT_NETWORK=host on the daemon)",
+            )
+        if not req.network.allow_internet_access:
+            network = NetworkMode.NONE
+    tags = [TAG, NS_TAG + ns]
+    if name is not None:
+        tags.append(NAME_TAG + check_name(name))
+    fields: dict[str, Any] = {"tags": tags}
+    if snapshot_id is None or req.image is not None:
+        fields["image"] = cfg.image(req.image)
+    if snapshot_id is not None:
+        fields["snapshot"] = snapshot_id  # unset fields come from the snapshot
+    if snapshot_id is None or req.network is not None:
+        fields["network"] = network
+    for key in ("cpus", "memory_mb", "disk_mb"):
+        if getattr(res, key) is not None:
+            fields[key] = getattr(res, key)
+    if req.timeout_secs:
+        fields["timeout"] = req.timeout_secs
+    return SandboxSpec.parse(fields)
+
+
+async def _body(request: Request, model: type[BaseModel], what: str) -> Any:
+    return validate_model(model, await read_json(request, what, required=False), what)
+
+
+# ------------------------------------------------------------------ sandboxes
+
+
+async def create_sandbox(request: Request) -> Response:
+    engine, ns = _engine(request), namespace(request)
+    req: CreateRequest = await _body(request, CreateRequest, "Tensorlake sandbox request")
+    if req.file_systems:
+        raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
+    if req.exposed_ports:
+        raise refuse("exposed_ports", "corral sandboxes have no ingress proxy")
+    spec = _spec(req, settings(request), ns, name=req.name, snapshot_id=req.snapshot_id)
+    if req.snapshot_id is None:
+        check_image(engine, req.image, spec.image)
+    if req.name is not None:
+        holders = engine.list(tags=[NAME_TAG + req.name], state=LIVE_STATES)
+        if holders:
+            raise InvalidState(
+                f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
+                "delete it, or choose another name",
+                details={"name": req.name, "sandbox_id": holders[0].id},
+            )
+    spec = engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+    engine.images.get(spec.image)
+    created = await _unless_gone(request, create_admitted(engine, _admission(request), spec))
+    status = 202 if req.wait is False else 200
+    return JSONResponse(created_json(created, base_url(request)), status_code=status)
+
+
+def _pool_ready_ids(pools: PoolManager) -> set[str]:
+    return {sid for p in pools.list_pools() for sid in pools.get_pool(p.name).ready_ids}
+
+
+async def list_sandboxes(request: Request) -> Response:
+    ns, url = namespace(request), base_url(request)
+    warm = _pool_ready_ids(_pools(request))  # a pool's idle sandboxes are not handed out
+    infos = _engine(request).list(tags=[NS_TAG + ns])
+    return JSONResponse(
+        {"sandboxes": [sandbox_json(i, ns, url) for i in infos if i.id not in warm]}
+    )
+
+
+def _target(request: Request) -> SandboxInfo:
+    return resolve(_engine(request), request.path_params["sandbox_id"])
+
+
+async def get_sandbox(request: Request) -> Response:
+    info = _target(request)
+    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+
+
+async def delete_sandbox(request: Request) -> Response:
+    sid = _target(request).id
+    tensorlake_sandbox.processes(request).drop(sid)
+    await delete_admitted(_engine(request), _admission(request), sid)
+    _pools(request).release(sid)
+    return JSONResponse({})
+
+
+async def suspend_sandbox(request: Request) -> Response:
+    info = await _engine(request).pause(_target(request).id)
+    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+
+
+async def resume_sandbox(request: Request) -> Response:
+    info = await _engine(request).resume(_target(request).id)
+    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+
+
+class _SnapshotRequest(_Loose):
+    snapshot_type: str | None = None
+
+
+async def snapshot_sandbox(request: Request) -> Response:
+    body: _SnapshotRequest = await _body(request, _SnapshotRequest, "snapshot request")
+    if body.snapshot_type not in (None, "filesystem"):
+        raise refuse(
+            f"{body.snapshot_type!r} snapshots",
+            "corral snapshots hold a sandbox's files, not its memory: leave out "
+            "snapshot_type or use SnapshotType.FILESYSTEM",
+        )
+    snap = await _engine(request).snapshot(_target(request).id)
+    return JSONResponse({"snapshot_id": snap.id, "status": "completed"})
+
+
+async def list_sandbox_snapshots(request: Request) -> Response:
+    sid, ns = _target(request).id, namespace(request)
+    snaps = [s for s in _engine(request).list_snapshots() if s.source_sandbox == sid]
+    return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
+
+
+async def copy_sandbox(request: Request) -> Response:
+    """``times`` new sandboxes with this one's files and spec, like the native fork:
+    one snapshot, creates through admission control, all or nothing."""
+    raw = request.query_params.get("times", "1")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_COPIES:
+        raise InvalidArgument(f"times must be a whole number from 1 to {MAX_COPIES}, got {raw!r}")
+    engine, admission, source = _engine(request), _admission(request), _target(request)
+    snap = await engine.snapshot(source.id)
+    try:
+        tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
+        spec = source.spec.model_copy(update={"snapshot": snap.id, "tags": tags})
+        made = await asyncio.gather(
+            *(create_admitted(engine, admission, spec) for _ in range(int(raw))),
+            return_exceptions=True,
+        )
+    finally:
+        await engine.delete_snapshot(snap.id)  # its layers stay while the copies run
+    ok = [r for r in made if isinstance(r, SandboxInfo)]
+    failed = [r for r in made if isinstance(r, BaseException)]
+    if failed or await request.is_disconnected():
+        await asyncio.gather(*(delete_admitted(engine, admission, r.id) for r in ok))
+        if failed:
+            raise failed[0]
+        raise ClientDisconnect()
+    url = base_url(request)
+    return JSONResponse(
+        {"source_sandbox_id": source.id, "sandboxes": [created_json(i, url) for i in ok]}
+    )
+
+
+# ------------------------------------------------------------------ snapshots
+
+
+async def list_snapshots(request: Request) -> Response:
+    ns = namespace(request)
+    snaps = _engine(request).list_snapshots()
+    return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
+
+
+async def get_snapshot(request: Request) -> Response:
+    snap = _engine(request).get_snapshot(request.path_params["snapshot_id"])
+    return JSONResponse(snapshot_json(snap, namespace(request)))
+
+
+async def delete_snapshot(request: Request) -> Response:
+    ref = request.path_params["snapshot_id"]
+    if not await _engine(request).delete_snapshot(ref):
+        raise SnapshotNotFound(f"no snapshot {ref!r}", details={"snapshot_id": ref})
+    return JSONResponse({})
+
+
+# ---------------------------------------------------------------------- pools
+
+
+def _pool_json(request: Request, name: str, *, detail: bool) -> dict[str, Any]:
+    got = _pools(request).get_pool(name)
+    spec = got.spec
+    body: dict[str, Any] = {
+        "id": got.name,
+        "namespace": namespace(request),
+        "image": spec.image,
+        "resources": resources(spec.cpus, spec.memory_mb, spec.disk_mb),
+        "timeout_secs": int(spec.timeout),
+        "max_containers": got.max_size,
+        "warm_containers": got.min_ready,
+        "created_at": got.created_at,
+    }
+    if detail:
+        body["containers"] = [
+            {"id": sid, "state": "Idle", "sandbox_id": None, "executor_id": "corral"}
+            for sid in got.ready_ids
+        ] + [
+            {"id": sid, "state": "Running", "sandbox_id": sid, "executor_id": "corral"}
+            for sid in got.acquired_ids
+        ]
+    return body
+
+
+async def create_pool(request: Request) -> Response:
+    engine, ns = _engine(request), namespace(request)
+    req: PoolRequest = await _body(request, PoolRequest, "Tensorlake pool request")
+    spec = _spec(req, settings(request), ns)
+    check_image(engine, req.image, spec.image)
+    warm = req.warm_containers or 0
+    made = _pools(request).create_pool(
+        None, spec, min_ready=warm, max_size=req.max_containers or max(DEFAULT_MAX_SIZE, warm)
+    )
+    return JSONResponse({"pool_id": made.name, "namespace": ns})
+
+
+async def list_pools(request: Request) -> Response:
+    names = [p.name for p in _pools(request).list_pools()]
+    return JSONResponse({"pools": [_pool_json(request, n, detail=False) for n in names]})
+
+
+async def get_pool(request: Request) -> Response:
+    return JSONResponse(_pool_json(request, request.path_params["pool_id"], detail=True))
+
+
+async def delete_pool(request: Request) -> Response:
+    name = request.path_params["pool_id"]
+    if not await _pools(request).delete_pool(name):
+        raise NotFound(f"no sandbox pool {name!r}", details={"pool": name})
+    return JSONResponse({})
+
+
+def _claim_timeout(request: Request) -> float:
+    """How long a claim may wait: the client's own request timeout, less a margin
+    for the reply (it sends ``X-Tensorlake-Request-Timeout-Ms``)."""
+    raw = request.headers.get("x-tensorlake-request-timeout-ms", "")
+    if not raw.isdigit():
+        return DEFAULT_ACQUIRE_TIMEOUT_S
+    return min(max(int(raw) / 1000 - 5, 1.0), MAX_ACQUIRE_TIMEOUT_S)
+
+
+class _ClaimRequest(_Loose):
+    file_systems: list[Any] | None = None
+
+
+async def claim_sandbox(request: Request) -> Response:
+    body: _ClaimRequest = await _body(request, _ClaimRequest, "claim request")
+    if body.file_systems:
+        raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
+    work = _pools(request).acquire(request.path_params["pool_id"], _claim_timeout(request))
+    got = await _unless_gone(request, work)
+    return JSONResponse(created_json(got, base_url(request)))
+
+
+# ---------------------------------------------------------------------- table
+
+_SB = "/sandboxes/{sandbox_id}"
+_POOL = "/sandbox-pools/{pool_id}"
+LIFECYCLE = (
+    ("POST", "/sandboxes", create_sandbox),
+    ("GET", "/sandboxes", list_sandboxes),
+    ("GET", _SB, get_sandbox),
+    ("DELETE", _SB, delete_sandbox),
+    ("POST", _SB + "/suspend", suspend_sandbox),
+    ("POST", _SB + "/resume", resume_sandbox),
+    ("POST", _SB + "/snapshot", snapshot_sandbox),
+    ("GET", _SB + "/snapshots", list_sandbox_snapshots),
+    ("POST", _SB + "/copy", copy_sandbox),
+    ("GET", "/snapshots", list_snapshots),
+    ("GET", "/snapshots/{snapshot_id}", get_snapshot),
+    ("DELETE", "/snapshots/{snapshot_id}", delete_snapshot),
+    ("POST", "/sandbox-pools", create_pool),
+    ("GET", "/sandbox-pools", list_pools),
+    ("GET", _POOL, get_pool),
+    ("DELETE", _POOL, delete_pool),
+    ("POST", _POOL + "/sandboxes", claim_sandbox),
+)
+
+
+def routes() -> list[Route]:
+    """The Tensorlake routes, namespaced and flat, then 501 for the rest of its API."""
+    out = [
+        Route(prefix + path, flat_errors(handler), methods=[method])
+        for prefix in ("/v1/namespaces/{namespace}", "")
+        for method, path, handler in LIFECYCLE
+    ]
+    out += tensorlake_sandbox.routes()
+    rest = unsupported(SERVICE)
+    for prefix in ("/v1/namespaces/{namespace}", "/sandboxes", "/snapshots", "/sandbox-pools"):
+        out.append(Route(prefix + "/{rest:path}", rest, methods=ALL_METHODS))
+    out.append(Route("/archived-sandboxes", rest, methods=ALL_METHODS))
+    return out
+
+
+def mount(app: Starlette) -> None:
+    """Serve the Tensorlake API on ``app`` too (its settings are read from the
+    environment now: a malformed one stops the daemon from starting).
+
+    Its routes sit behind the native ones, as the app router's fallback: a request no
+    native route matches (not even by path) comes here, inside the same guard and
+    error handling; what matches nothing here either gets the native 404. The native
+    table (and ``/openapi.json``, which documents corral's own API) stays as it is.
+    """
+    app.state.tensorlake_settings = TensorlakeSettings.from_env()
+    app.state.tensorlake_processes = tensorlake_sandbox.ProcessTable()
+    app.router.default = Router(routes=routes(), default=app.router.default)

@@ -1,0 +1,233 @@
+"""How Tensorlake's sandbox objects map onto corral's, both ways.
+
+Shared by the lifecycle routes (:mod:`.tensorlake`) and the in-sandbox routes
+(:mod:`.tensorlake_sandbox`). Contract checked against the ``tensorlake`` client
+0.5.16x (its Python models and the Rust core they wrap).
+
+**Settings** (environment variables of the daemon, read once when it starts):
+
+- ``CORRAL_COMPAT_DEFAULT_IMAGE`` (default ``rl``): the corral image a Tensorlake
+  create gets when it names no image ("the default managed environment"), and what
+  ``tensorlake/ubuntu-minimal`` means. ``rl`` has python3, gymnasium and numpy.
+- ``CORRAL_COMPAT_IMAGE_MAP``: more names, ``tl-name=corral-image`` pairs separated
+  by commas, e.g. ``my-team/agent-env=python,tensorlake/ubuntu-minimal=python``.
+  A name that is neither mapped nor a corral image is refused (404).
+- ``CORRAL_COMPAT_NETWORK`` (default ``none``): the network of sandboxes whose create
+  does not turn internet access off. Tensorlake allows internet by default; corral does
+  not, unless this is ``host``.
+
+**Names and namespaces** are kept as tags: ``tensorlake.ns=<namespace>`` on every
+sandbox made through the front-end (what ``list`` shows), ``tensorlake.name=<name>``
+on named ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from corral.errors import (
+    ImageNotFound,
+    InvalidArgument,
+    SandboxNotFound,
+    Unsupported,
+)
+from corral.pool_schema import POOL_TAG_KEY
+from corral.runtime.engine import Engine
+from corral.schema import NetworkMode, SandboxInfo, SandboxState, SnapshotInfo
+
+DEFAULT_IMAGE = "rl"
+# Tensorlake's stock image names, meaning "the default image" unless mapped otherwise.
+STOCK_IMAGES = ("tensorlake/ubuntu-minimal",)
+TAG = "tensorlake"
+NS_TAG = "tensorlake.ns="
+NAME_TAG = "tensorlake.name="
+DEFAULT_NAMESPACE = "default"
+
+# corral state -> Tensorlake SandboxStatus value.
+STATUS = {
+    SandboxState.PENDING: "pending",
+    SandboxState.RUNNING: "running",
+    SandboxState.PAUSED: "suspended",
+    SandboxState.STOPPING: "terminated",
+    SandboxState.STOPPED: "terminated",
+    SandboxState.FAILED: "failed",
+}
+
+
+@dataclass(frozen=True)
+class TensorlakeSettings:
+    """The front-end's configuration (see the module docstring)."""
+
+    default_image: str = DEFAULT_IMAGE
+    image_map: Mapping[str, str] = field(default_factory=dict)
+    network: NetworkMode = NetworkMode.NONE
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "TensorlakeSettings":
+        """Settings from ``CORRAL_COMPAT_*``; :class:`InvalidArgument` if one is malformed
+        (the daemon then refuses to start, saying which)."""
+        default = environ.get("CORRAL_COMPAT_DEFAULT_IMAGE", "").strip() or DEFAULT_IMAGE
+        mapping = {name: default for name in STOCK_IMAGES}
+        pairs = environ.get("CORRAL_COMPAT_IMAGE_MAP", "").split(",")
+        for pair in filter(None, (p.strip() for p in pairs)):
+            name, sep, image = (s.strip() for s in pair.partition("="))
+            if not sep or not name or not image:
+                raise InvalidArgument(
+                    f"invalid CORRAL_COMPAT_IMAGE_MAP entry {pair!r}: use "
+                    "tl-name=corral-image pairs separated by commas, e.g. "
+                    "'tensorlake/ubuntu-minimal=python,my/env=rl'"
+                )
+            mapping[name] = image
+        raw_net = environ.get("CORRAL_COMPAT_NETWORK", "").strip() or NetworkMode.NONE.value
+        try:
+            network = NetworkMode(raw_net)
+        except ValueError:
+            raise InvalidArgument(
+                f"invalid CORRAL_COMPAT_NETWORK {raw_net!r}: use 'none' (no network, the "
+                "default) or 'host'"
+            ) from None
+        return cls(default_image=default, image_map=mapping, network=network)
+
+    def image(self, requested: str | None) -> str:
+        """The corral image for a Tensorlake image name (None: the default)."""
+        if requested is None:
+            return self.default_image
+        return self.image_map.get(requested, requested)
+
+
+def settings(request: Request) -> TensorlakeSettings:
+    return request.app.state.tensorlake_settings
+
+
+def check_image(engine: Engine, requested: str | None, image: str) -> None:
+    """:class:`ImageNotFound` now, saying how to map a Tensorlake name, if ``image`` is
+    not a corral image."""
+    try:
+        engine.images.get(image)
+    except (ImageNotFound, InvalidArgument):  # unknown, or not even a corral image name
+        raise ImageNotFound(
+            f"no corral image for Tensorlake image {requested!r}: use a corral image name "
+            "(e.g. 'python' or 'rl'), or map it when starting the daemon with "
+            f"CORRAL_COMPAT_IMAGE_MAP='{requested}=python'",
+            details={"image": requested},
+        ) from None
+
+
+# ------------------------------------------------------------------- identity
+
+
+def namespace(request: Request) -> str:
+    """The namespace of a namespaced path (``/v1/namespaces/{ns}/...``), else default."""
+    ns = request.path_params.get("namespace", DEFAULT_NAMESPACE)
+    if not ns or len(ns) > 100 or not all(c.isalnum() or c in "_.-" for c in ns):
+        raise InvalidArgument(f"invalid namespace {ns!r}: use letters, digits and _.-")
+    return ns
+
+
+def check_name(name: str) -> str:
+    if not name or len(name) > 100 or not all(c.isalnum() or c in "_.-" for c in name):
+        raise InvalidArgument(
+            f"invalid sandbox name {name!r}: use 1-100 letters, digits or _.- (e.g. 'agent-7')"
+        )
+    return name
+
+
+def tag_value(info: SandboxInfo, prefix: str) -> str | None:
+    for tag in info.spec.tags:
+        if tag.startswith(prefix):
+            return tag[len(prefix) :]
+    return None
+
+
+def resolve(engine: Engine, ref: str) -> SandboxInfo:
+    """A sandbox by id, or by the Tensorlake name given at create (live ones first)."""
+    try:
+        return engine.get(ref)
+    except SandboxNotFound:
+        if ref and all(c.isalnum() or c in "_.-" for c in ref):
+            named = engine.list(tags=[NAME_TAG + ref])
+            if named:
+                return min(named, key=lambda i: (STATUS[i.state] != "running", -i.created_at))
+        raise
+
+
+def base_url(request: Request) -> str:
+    """Where the client reached this daemon: the ``sandbox_url`` of running sandboxes.
+
+    Tensorlake's client sends in-sandbox calls there; to ``localhost`` / ``127.0.0.1``
+    with ``Host: <id>.local``, elsewhere with ``X-Tensorlake-Sandbox-Id``."""
+    return str(request.base_url).rstrip("/")
+
+
+# ---------------------------------------------------------------- conversions
+
+
+def resources(cpus: float, memory_mb: int, disk_mb: int) -> dict[str, Any]:
+    return {"cpus": cpus, "memory_mb": memory_mb, "disk_mb": disk_mb}
+
+
+def sandbox_json(info: SandboxInfo, ns: str, url: str) -> dict[str, Any]:
+    """A corral sandbox as Tensorlake's ``SandboxInfo``."""
+    spec = info.spec
+    status = STATUS[info.state]
+    body: dict[str, Any] = {
+        "id": info.id,
+        "namespace": tag_value(info, NS_TAG) or ns,
+        "status": status,
+        "image": spec.image,
+        "resources": resources(spec.cpus, spec.memory_mb, spec.disk_mb),
+        "timeout_secs": int(spec.timeout),
+        "created_at": info.created_at,
+        "name": tag_value(info, NAME_TAG),
+        "pool_id": tag_value(info, POOL_TAG_KEY + "="),
+        "allow_unauthenticated_access": False,
+        "exposed_ports": [],
+        "network_policy": {
+            "allow_internet_access": spec.network == NetworkMode.HOST,
+            "allow_out": [],
+            "deny_out": [],
+        },
+    }
+    if status == "running":
+        body["sandbox_url"] = url
+    if info.ended_at is not None:
+        body["terminated_at"] = info.ended_at
+    if info.state.terminal and info.reason:
+        body["termination_reason"] = info.reason
+    return body
+
+
+def created_json(info: SandboxInfo, url: str) -> dict[str, Any]:
+    """A new (or claimed) sandbox as Tensorlake's ``CreateSandboxResponse``."""
+    body: dict[str, Any] = {"sandbox_id": info.id, "status": STATUS[info.state]}
+    if body["status"] == "running":
+        body["sandbox_url"] = url
+    name = tag_value(info, NAME_TAG)
+    if name is not None:
+        body["name"] = name
+    return body
+
+
+def snapshot_json(snap: SnapshotInfo, ns: str) -> dict[str, Any]:
+    """A corral snapshot as Tensorlake's ``SnapshotInfo`` (always a filesystem snapshot,
+    complete as soon as it exists)."""
+    return {
+        "id": snap.id,
+        "namespace": ns,
+        "sandbox_id": snap.source_sandbox or "",
+        "status": "completed",
+        "base_image": snap.image,
+        "snapshot_type": "filesystem",
+        "size_bytes": snap.size_bytes,
+        "created_at": snap.created_at,
+    }
+
+
+def refuse(what: str, hint: str) -> Unsupported:
+    """The error for a Tensorlake option corral cannot honour (never silently ignored)."""
+    return Unsupported(f"corral's Tensorlake front-end does not support {what}: {hint}")
