@@ -13,7 +13,9 @@ asyncio: the same API on :class:`AsyncSandbox` (``await``, ``async with``,
 ``sb.exec_future``, :func:`wait`, :func:`as_completed`. Sandboxes with shared
 defaults, deleted together: :class:`Session`. Sandboxes kept started ahead of time,
 one per episode: :class:`Pool` (``with pool.acquire() as sb``). A sandbox set up once,
-started many times: ``snap = sb.snapshot()``, ``snap.restore()``, ``sb.fork(n)``.
+started many times: ``snap = sb.snapshot()``, ``snap.restore()``, ``sb.fork(n)``. Images
+built from a spec (base image plus cached ``run``/``copy``/``env``/``workdir`` steps)
+or imported from an OCI archive: :class:`Image` (``Image.build("env.yaml")``).
 
 Where the daemon is: ``CORRAL_URL`` / ``CORRAL_SOCKET`` (see ``corral.client._config``);
 with neither, the SDK starts a shared local daemon itself.
@@ -23,14 +25,26 @@ from corral.client._async import (
     AsyncClient,
     AsyncExecStream,
     AsyncFiles,
+    AsyncImage,
     AsyncPool,
+    AsyncProcess,
     AsyncSandbox,
     AsyncSession,
     AsyncSnapshot,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
-from corral.client._sync import Client, ExecStream, Files, Pool, Sandbox, Session, Snapshot
+from corral.client._sync import (
+    Client,
+    ExecStream,
+    Files,
+    Image,
+    Pool,
+    Process,
+    Sandbox,
+    Session,
+    Snapshot,
+)
 from corral.errors import (
     CapacityExceeded,
     CorralError,
@@ -39,6 +53,9 @@ from corral.errors import (
     FileError,
     FileNotFound,
     FileTooLarge,
+    ImageBuildError,
+    ImageImportError,
+    ImageInUse,
     ImageNotFound,
     InternalError,
     InvalidArgument,
@@ -53,6 +70,7 @@ from corral.errors import (
     Unauthorized,
     Unsupported,
 )
+from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -69,10 +87,14 @@ __all__ = [
     "AsyncClient",
     "AsyncExecStream",
     "AsyncFiles",
+    "AsyncImage",
     "AsyncPool",
+    "AsyncProcess",
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "BuildEvent",
+    "BuildSpec",
     "CapacityExceeded",
     "Client",
     "CommandResult",
@@ -86,6 +108,11 @@ __all__ = [
     "FileTooLarge",
     "Files",
     "Handle",
+    "Image",
+    "ImageBuildError",
+    "ImageImportError",
+    "ImageInUse",
+    "ImageInfo",
     "ImageNotFound",
     "InternalError",
     "InvalidArgument",
@@ -96,6 +123,7 @@ __all__ = [
     "PathOutsideSandbox",
     "Pool",
     "PoolInfo",
+    "Process",
     "Sandbox",
     "SandboxInfo",
     "SandboxLost",

@@ -6,7 +6,8 @@ would naturally catch as a builtin also inherit it::
 
     CorralError
     ├── InvalidArgument (ValueError)          400 invalid_argument
-    │   └── PathOutsideSandbox                400 path_outside_sandbox
+    │   ├── PathOutsideSandbox                400 path_outside_sandbox
+    │   └── ImageImportError                  400 image_import_failed
     ├── Unauthorized (PermissionError)        401 unauthorized
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
@@ -16,6 +17,8 @@ would naturally catch as a builtin also inherit it::
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   └── FileTooLarge                      413 file_too_large
     ├── InvalidState                          409 invalid_state
+    │   └── ImageInUse                        409 image_in_use
+    ├── ImageBuildError                       422 image_build_failed
     ├── CapacityExceeded                      503 capacity_exceeded
     ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
     ├── ExecTimeout (TimeoutError)            408 exec_timeout
@@ -61,6 +64,12 @@ class PathOutsideSandbox(InvalidArgument):
     code, status = "path_outside_sandbox", 400
 
 
+class ImageImportError(InvalidArgument):
+    """An image archive is malformed or unsafe (a path outside the root, a link escaping it)."""
+
+    code, status = "image_import_failed", 400
+
+
 class Unauthorized(CorralError, PermissionError):
     code, status = "unauthorized", 401
 
@@ -104,6 +113,27 @@ class FileTooLarge(FileError):
 
 class InvalidState(CorralError):
     code, status = "invalid_state", 409
+
+
+class ImageInUse(InvalidState):
+    """An image cannot be removed: sandboxes, snapshots or other images use it."""
+
+    code, status = "image_in_use", 409
+
+
+class ImageBuildError(CorralError):
+    """A step of an image build failed. ``details``: ``step`` (1-based), ``instruction``
+    (the step's text), ``output`` (the tail of its stdout and stderr), ``returncode``."""
+
+    code, status = "image_build_failed", 422
+
+    @property
+    def step(self) -> int | None:
+        return self.details.get("step")
+
+    @property
+    def output(self) -> str:
+        return self.details.get("output", "")
 
 
 class CapacityExceeded(CorralError):

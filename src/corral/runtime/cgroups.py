@@ -395,11 +395,16 @@ class CgroupV1Driver(CgroupDriver):
         cpu, memory = group._dirs["cpu"], group._dirs["memory"]
         _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
         _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
-        _write(memory / "memory.limit_in_bytes", str(memory_mb << 20))
-        # memsw (memory + swap) must be >= the memory limit, so it is set second; it
+        # memsw (memory + swap) must stay >= the memory limit: when a limit is raised
+        # (a warm slot starts with the defaults) memsw goes first, else second. It
         # exists only when swap accounting is on, and without it there is no swap cap.
-        if (memory / "memory.memsw.limit_in_bytes").exists():
-            _write(memory / "memory.memsw.limit_in_bytes", str(memory_mb << 20))
+        limit, memsw = memory_mb << 20, memory / "memory.memsw.limit_in_bytes"
+        order = [memory / "memory.limit_in_bytes"]
+        if memsw.exists():
+            raising = limit > int((memory / "memory.limit_in_bytes").read_text())
+            order = [memsw, *order] if raising else [*order, memsw]
+        for path in order:
+            _write(path, str(limit))
         _write(group._dirs["pids"] / "pids.max", str(pids))
 
 

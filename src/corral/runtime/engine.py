@@ -47,10 +47,10 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, rootfs, seccomp, syscalls
+from corral.runtime import cgroups, processes, rootfs, seccomp, syscalls
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.channel import AgentChannel
-from corral.runtime.images import ImageStore
+from corral.runtime.images import Image, ImageStore
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.paths import Layout
 from corral.runtime.pathutil import resolve_path
@@ -110,6 +110,8 @@ class _Live:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     ending: bool = False
     snapshot_id: str | None = None  # started from it: holds a reference until released
+    ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
+    processes: dict[str, Any] = field(default_factory=dict)  # id -> processes.Process
 
 
 class Engine:
@@ -269,10 +271,25 @@ class Engine:
 
     # ---------------------------------------------------------------- create
 
-    async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, **kw: Any) -> SandboxInfo:
-        """Create a sandbox and wait until its agent is ready to run commands."""
+    async def create(
+        self, spec: SandboxSpec | dict[str, Any] | None = None, *,
+        image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
+        **kw: Any,
+    ) -> SandboxInfo:
+        """Create a sandbox and wait until its agent is ready to run commands.
+
+        For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
+        an image not in the store (a base plus the layers built so far), and
+        ``ro_binds`` puts host files read-only at ``/.corral/DIR/FILE`` (never committed).
+        """
         if self.closed:
             raise InvalidState("the engine is closed")
+        for _, dest in ro_binds:
+            if dest.count("/") != 3 or not dest.startswith(f"/{rootfs.AGENT_DIR}/") or (
+                ".." in dest.split("/")
+            ):
+                raise InvalidArgument(
+                    f"ro_binds go to /{rootfs.AGENT_DIR}/DIR/FILE, not {dest!r}")
         if not isinstance(spec, SandboxSpec):
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
@@ -280,7 +297,8 @@ class Engine:
         sid = _new_id()
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
-            image = self.images.get(spec.image)  # ImageNotFound before anything is made
+            image = image_override or self.images.get(spec.image)  # ImageNotFound now
+            spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             lowers = await self.snapshots.lowers(snap, image, self.layout.sandbox_dir(sid))
             slot = await self._pool.take()
         except BaseException:
@@ -290,6 +308,7 @@ class Engine:
         live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup)
         live.proc = slot.proc
         live.snapshot_id = snap.id if snap else None
+        live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         self._live[sid] = live
         try:
             await self._start(live, slot, lowers)
@@ -358,7 +377,9 @@ class Engine:
             "--nofile", str(spec.open_files), "--rootdir", str(live.sandbox_dir),
             "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         ]
-        for d in sorted({SANDBOX_HOME, spec.workdir} - {"/"}):
+        # bwrap (unprivileged) makes bind mount points in a directory the sandbox owns
+        binds = {os.path.dirname(dest) for _, dest in live.ro_binds}
+        for d in sorted({SANDBOX_HOME, spec.workdir, *binds} - {"/"}):
             argv += ["--owned", d]
         argv += [
             "--", self.bwrap,
@@ -375,6 +396,8 @@ class Engine:
             argv.append("--unshare-net")
         elif Path("/etc/resolv.conf").exists():
             argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        for src, dest in live.ro_binds:
+            argv += ["--ro-bind", src, dest]
         argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]
         return argv
 
@@ -809,6 +832,44 @@ class Engine:
             stderr_truncated=bool(f.u64(Tag.TRUNC_ERR)),
             duration=f.u64(Tag.DURATION_US) / 1e6,
         )
+
+    # ------------------------------------------------------------- processes
+
+    async def spawn(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        max_buffer: int = processes.DEFAULT_MAX_BUFFER,
+    ) -> processes.Process:
+        """Start an interactive process: stdin stays open, output is read as it comes.
+
+        Returns a :class:`~corral.runtime.processes.Process` (``write``, ``close_stdin``,
+        ``signal``, ``kill``, ``output()``, ``wait``); it dies with its sandbox.
+        ``timeout`` (seconds, ``None``: none) kills it like an exec's; ``max_buffer``
+        bounds the output kept unread (per stream). See :mod:`corral.runtime.processes`.
+        """
+        live = self._running(sandbox_id)
+        return await processes.spawn(
+            self, live, cmd, env=env, cwd=cwd, timeout=timeout, max_buffer=max_buffer
+        )
+
+    def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:
+        """A process of a live sandbox by id; :class:`~corral.errors.NotFound` if none."""
+        return processes.find(self._get_live(sandbox_id), process_id)
+
+    def list_processes(self, sandbox_id: str) -> list[processes.Process]:
+        """The processes of a live sandbox (running, and recently exited), oldest first."""
+        return list(self._get_live(sandbox_id).processes.values())
+
+    def forget_process(self, sandbox_id: str, process_id: str) -> None:
+        """Drop an exited process's record (a running one is killed first by the caller)."""
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            processes.forget(live, process_id)
 
     # ----------------------------------------------------------------- files
 

@@ -172,7 +172,7 @@ class Snapshots:
     def _needs_squash(self, depth: int, image: Image) -> bool:
         if depth > self.max_depth:
             return True
-        lowers = [self.store.path("0" * ID_HEX)] * depth + [image.rootfs]
+        lowers = [self.store.path("0" * ID_HEX)] * depth + image.lowers
         return rootfs.overlay_data_len(lowers, self.layout.sandbox_dir("sb-" + "0" * 12)) > (
             rootfs.MAX_MOUNT_DATA
         )
@@ -220,7 +220,7 @@ class Snapshots:
     async def lowers(self, row: SnapshotRow | None, image: Image, sandbox_dir: Path) -> list[Path]:
         """The overlay lower layers of a new sandbox, checked: its snapshot's layers
         verified (once per engine), and the mount options within a page."""
-        lowers = [image.rootfs]
+        lowers = image.lowers  # a built image's layers, then its base's rootfs
         if row is not None:
             if image.digest != row.image_digest:
                 raise InvalidState(

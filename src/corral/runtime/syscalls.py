@@ -14,6 +14,8 @@ from functools import lru_cache
 
 MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
+AT_FDCWD = -100
+RENAME_EXCHANGE = 0x2
 
 
 @lru_cache(maxsize=1)
@@ -25,6 +27,9 @@ def _libc() -> ctypes.CDLL:
     libc.umount2.restype = ctypes.c_int
     libc.syncfs.argtypes = [ctypes.c_int]
     libc.syncfs.restype = ctypes.c_int
+    libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_uint]
+    libc.renameat2.restype = ctypes.c_int
     return libc
 
 
@@ -64,6 +69,13 @@ def syncfs(path: str) -> None:
         _check(_libc().syncfs(fd), "syncfs", path)
     finally:
         os.close(fd)
+
+
+def rename_exchange(a: str, b: str) -> None:
+    """Swap two paths in one step (renameat2 RENAME_EXCHANGE): replacing a directory by
+    a new one this way, readers see the old or the new, never neither."""
+    rc = _libc().renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    _check(rc, f"exchange with {b}", a)
 
 
 def mounts_under(prefix: str) -> list[str]:

@@ -45,12 +45,16 @@ def _models(endpoints: tuple[Endpoint, ...]) -> dict[Key, Any]:
     }
     for e in endpoints:
         for model, mode in ((e.body, "validation"), (e.reply, "serialization")):
+            if isinstance(model, tuple):  # (media type, model of each line)
+                model = model[1]
             if model is not None and not isinstance(model, str):
                 found[(_name(model), mode)] = model
     return found
 
 
 def _content(kind: Any, refs: dict[Key, Any], mode: JsonSchemaMode) -> dict[str, Any]:
+    if isinstance(kind, tuple):  # a stream of JSON lines of a model other than StreamEvent
+        return {kind[0]: {"schema": refs[(_name(kind[1]), mode)]}}
     if kind == RAW:
         return {RAW: {"schema": {"type": "string", "format": "binary"}}}
     if kind == NDJSON:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 import corral
 from corral.errors import CorralError, InvalidArgument
+from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
@@ -34,6 +35,13 @@ from corral.schema import (
     validate_model,
 )
 from corral.server.admission import Admission
+from corral.server.image_routes import (
+    build_image,
+    delete_image,
+    get_image,
+    import_image_route,
+    list_images,
+)
 from corral.server.models import (
     DaemonInfo,
     ExecRequest,
@@ -48,6 +56,23 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
     exec_response,
+)
+from corral.server.processes import (
+    ExchangeRequest,
+    ExchangeResponse,
+    ProcessInfo,
+    ProcessList,
+    SignalRequest,
+    SpawnRequest,
+    exchange,
+    exchange_many,
+    get_process,
+    kill_process,
+    list_processes,
+    read_output,
+    signal_process,
+    spawn_process,
+    write_stdin,
 )
 from corral.server.settings import ServerSettings
 from corral.server.streaming import start_stream
@@ -459,6 +484,8 @@ async def acquire_from_pool(request: Request) -> Response:
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
 _SNAP = "/v1/snapshots/{id_or_name}"
+_IMAGE = "/v1/images/{name}"
+_PROC = _SB + "/processes/{process_id}"
 _PATH = Query(
     "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True
 )
@@ -533,6 +560,57 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply=NDJSON,
     ),
     Endpoint(
+        "POST",
+        _SB + "/processes",
+        spawn_process,
+        "Start an interactive process (stdin stays open; see docs/api.md)",
+        body=SpawnRequest,
+        reply=ProcessInfo,
+        status=201,
+    ),
+    Endpoint("GET", _SB + "/processes", list_processes, "List processes", reply=ProcessList),
+    Endpoint("GET", _PROC, get_process, "One process, with its result once exited",
+             reply=ProcessInfo),
+    Endpoint(
+        "POST",
+        _PROC + "/stdin",
+        write_stdin,
+        "Write to a process's stdin (raw body); close=true closes it after",
+        body=RAW,
+        status=204,
+        query=(Query("close", "boolean", "close stdin after writing the body"),),
+    ),
+    Endpoint(
+        "GET",
+        _PROC + "/output",
+        read_output,
+        "Stream a process's unread output, then its exit (leaving does not kill it)",
+        reply=NDJSON,
+    ),
+    Endpoint(
+        "POST",
+        _PROC + "/exchange",
+        exchange,
+        "Write the body to stdin, reply with the next line of stdout (empty: it exited)",
+        body=RAW,
+        reply=RAW,
+        query=(Query("timeout", "number", "seconds to wait for the line (default: none)"),),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/processes/exchange",
+        exchange_many,
+        "Write to many processes, then read one line from each, in one request",
+        body=ExchangeRequest,
+        reply=ExchangeResponse,
+    ),
+    Endpoint(
+        "POST", _PROC + "/signal", signal_process, "Signal a process's group",
+        body=SignalRequest, status=204,
+    ),
+    Endpoint("DELETE", _PROC, kill_process, "Kill a process and forget it (idempotent)",
+             status=204),
+    Endpoint(
         "PUT",
         _SB + "/files",
         upload_file,
@@ -580,6 +658,33 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply=SandboxInfo,
     ),
     Endpoint("GET", "/v1/snapshots", list_snapshots, "List snapshots", reply=SnapshotList),
+    Endpoint("GET", "/v1/images", list_images, "List images", reply=ImageList),
+    Endpoint("GET", _IMAGE, get_image, "One image", reply=ImageInfo),
+    Endpoint(
+        "DELETE", _IMAGE, delete_image,
+        "Delete an image (idempotent; refused while sandboxes, snapshots or images use it)",
+        status=204,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/images/build",
+        build_image,
+        "Build an image from a spec (JSON, or a tar with build.json and context/), "
+        "streaming its log",
+        body=BuildRequest,
+        reply=(NDJSON, BuildEvent),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/images/import",
+        import_image_route,
+        "Import a docker save tarball or an OCI image layout (as a tar)",
+        body=RAW,
+        reply=ImageInfo,
+        status=201,
+        query=(Query("name", "string", "the image's name (one of that name is replaced)",
+                     required=True),),
+    ),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
     Endpoint(
         "DELETE", _SNAP, delete_snapshot,

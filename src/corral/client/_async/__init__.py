@@ -2,7 +2,9 @@
 
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
+from corral.client._async._image import AsyncImage
 from corral.client._async._pool import AsyncPool
+from corral.client._async._process import AsyncProcess
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._async._session import AsyncSession
 from corral.client._async._snapshot import AsyncSnapshot
@@ -12,7 +14,9 @@ __all__ = [
     "AsyncClient",
     "AsyncExecStream",
     "AsyncFiles",
+    "AsyncImage",
     "AsyncPool",
+    "AsyncProcess",
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",

@@ -10,6 +10,7 @@ from urllib.parse import quote
 from corral.client._async._cleanup import AsyncCleanupOnExit
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
+from corral.client._async._process import AsyncProcess
 from corral.client._async._stream import AsyncExecStream
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import AsyncSandboxFutures
@@ -278,6 +279,32 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
             self._client, f"{self._path}/exec/stream", body,
             args=cmd, sandbox_id=self.id, check=check,
         )
+
+    async def spawn(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        text: bool = True,
+        max_buffer: int | None = None,
+    ) -> AsyncProcess:
+        """Start an interactive process: its stdin stays open and its output is read
+        while it runs (see :class:`~corral.AsyncProcess`). ``timeout`` (seconds,
+        ``None``: none) kills it; it ends with the sandbox in any case. ``text=False``
+        makes :meth:`~corral.AsyncProcess.readline` return bytes. ``max_buffer``: bytes
+        of unread output the daemon keeps (default 16 MiB).
+
+        >>> async with await sb.spawn(["python3", "-u", "repl.py"]) as proc:
+        ...     await proc.write("1 + 1\n")
+        ...     answer = await proc.readline()
+        """
+        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None)
+        if max_buffer is not None:
+            body["max_buffer"] = max_buffer
+        response = await self._client.request("POST", f"{self._path}/processes", json=body)
+        return AsyncProcess(response.json(), client=self._client, args=cmd, text=text)
 
     async def _cleanup(self) -> None:
         await self.delete()

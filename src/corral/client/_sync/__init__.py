@@ -4,7 +4,9 @@
 
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files
+from corral.client._sync._image import Image
 from corral.client._sync._pool import Pool
+from corral.client._sync._process import Process
 from corral.client._sync._sandbox import Sandbox
 from corral.client._sync._session import Session
 from corral.client._sync._snapshot import Snapshot
@@ -14,7 +16,9 @@ __all__ = [
     "Client",
     "ExecStream",
     "Files",
+    "Image",
     "Pool",
+    "Process",
     "Sandbox",
     "Session",
     "Snapshot",

@@ -12,6 +12,7 @@ from urllib.parse import quote
 from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files
+from corral.client._sync._process import Process
 from corral.client._sync._stream import ExecStream
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import SandboxFutures
@@ -280,6 +281,32 @@ class Sandbox(CleanupOnExit, SandboxFutures):
             self._client, f"{self._path}/exec/stream", body,
             args=cmd, sandbox_id=self.id, check=check,
         )
+
+    def spawn(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        text: bool = True,
+        max_buffer: int | None = None,
+    ) -> Process:
+        """Start an interactive process: its stdin stays open and its output is read
+        while it runs (see :class:`~corral.Process`). ``timeout`` (seconds,
+        ``None``: none) kills it; it ends with the sandbox in any case. ``text=False``
+        makes :meth:`~corral.Process.readline` return bytes. ``max_buffer``: bytes
+        of unread output the daemon keeps (default 16 MiB).
+
+        >>> with sb.spawn(["python3", "-u", "repl.py"]) as proc:
+        ...     proc.write("1 + 1\n")
+        ...     answer = proc.readline()
+        """
+        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None)
+        if max_buffer is not None:
+            body["max_buffer"] = max_buffer
+        response = self._client.request("POST", f"{self._path}/processes", json=body)
+        return Process(response.json(), client=self._client, args=cmd, text=text)
 
     def _cleanup(self) -> None:
         self.delete()

@@ -39,10 +39,9 @@ from starlette.routing import Route, Router
 
 from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
 from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
-from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, validate_model
-from corral.server.admission import LIVE_STATES, Admission
+from corral.server.admission import LIVE_STATES
 from corral.server.compat import tensorlake_sandbox
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import (
@@ -62,24 +61,19 @@ from corral.server.compat.tensorlake_model import (
     settings,
     snapshot_json,
 )
-from corral.server.routes import _unless_gone, create_admitted, delete_admitted
+from corral.server.routes import (
+    _admission,
+    _engine,
+    _pools,
+    _unless_gone,
+    create_admitted,
+    delete_admitted,
+)
 from corral.server.wire import read_json
 
 SERVICE = "Tensorlake"
 MAX_COPIES = 1000
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-
-
-def _engine(request: Request) -> Engine:
-    return request.app.state.engine
-
-
-def _admission(request: Request) -> Admission:
-    return request.app.state.admission
-
-
-def _pools(request: Request) -> PoolManager:
-    return request.app.state.pools
 
 
 # -------------------------------------------------------------- request bodies

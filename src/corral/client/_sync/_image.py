@@ -1,0 +1,160 @@
+# Generated from _async/_image.py by scripts/unasync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""Images on the daemon: list them, build them from a spec, import archives, delete."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import Callable
+from typing import Any, Self
+from urllib.parse import quote
+
+from corral.client._sync._client import Client
+from corral.client._backends import SyncBackend
+from corral.client._build import TAR, load_spec, pack_build, read_archive
+from corral.errors import DaemonUnavailable, error_from_dict
+from corral.image_schema import BuildEvent, BuildSpec, BuildStats, ImageInfo
+
+
+class Image:
+    """An image on the daemon. Build one from a spec (a YAML file, a dict or a
+    :class:`~corral.image_schema.BuildSpec`), then start sandboxes from it by name::
+
+        img = Image.build("env.yaml")              # name: from the spec
+        img = Image.build({"base": "python", "steps": [
+            {"run": "pip install six==1.16.0"}, {"env": {"MODE": "fast"}}]}, name="six")
+        img.build_stats.cached                                # steps whose layer was reused
+        sb = Sandbox.create(image=img.name)
+
+    Steps run in sandboxes on the daemon, with the network; sandboxes made from the
+    image have none unless they ask. ``copy`` sources are read here and sent along
+    (relative ones start at ``context``, default: the spec file's directory).
+    """
+
+    def __init__(self, info: ImageInfo, *, client: Client,
+                 build_stats: BuildStats | None = None) -> None:
+        self._info = info
+        self._client = client
+        self._build_stats = build_stats
+
+    @classmethod
+    def get(cls, name: str, *, client: Client | None = None) -> Self:
+        """An image by name; :class:`~corral.errors.ImageNotFound` if there is none."""
+        client = client or Client.default()
+        response = client.request("GET", f"/v1/images/{quote(name, safe='')}")
+        return cls(ImageInfo.model_validate(response.json()), client=client)
+
+    @classmethod
+    def list(cls, *, client: Client | None = None) -> builtins.list[Self]:
+        """Every image on the daemon, by name."""
+        client = client or Client.default()
+        response = client.request("GET", "/v1/images")
+        return [cls(ImageInfo.model_validate(d), client=client)
+                for d in response.json()["images"]]
+
+    @classmethod
+    def build(
+        cls, spec: str | os.PathLike[str] | dict[str, Any] | BuildSpec, *,
+        name: str | None = None, context: str | os.PathLike[str] | None = None,
+        on_event: Callable[[BuildEvent], Any] | None = None,
+        client: Client | None = None,
+    ) -> Self:
+        """Build (or find cached) the image of ``spec``, named ``name`` or the spec's
+        ``name``; an image of that name is replaced. ``on_event`` gets each step and
+        output line as the build goes. A failed step raises
+        :class:`~corral.errors.ImageBuildError` (``.step``, ``.output``)."""
+        client = client or Client.default()
+        parsed, ctx = SyncBackend.run_blocking(load_spec, spec, context)
+        content_type, body = SyncBackend.run_blocking(pack_build, parsed, name, ctx)
+        response = client.stream(
+            "POST", "/v1/images/build", content=body,
+            headers={"Content-Type": content_type}, timeout=None,
+        )
+        try:
+            with client._errors():
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = BuildEvent.model_validate_json(line)
+                    if event.type == "image" and event.image is not None:
+                        return cls(event.image, client=client, build_stats=event.stats)
+                    if event.type == "error":
+                        raise error_from_dict(event.error or {})
+                    if on_event is not None:
+                        on_event(event)
+        finally:
+            response.close()
+        raise DaemonUnavailable("the image build's log ended without a result (the daemon "
+                                "may have stopped): build again, finished steps are cached")
+
+    @classmethod
+    def import_archive(
+        cls, path: str | os.PathLike[str], *, name: str, client: Client | None = None,
+    ) -> Self:
+        """Import a ``docker save`` tarball, or an OCI image layout (a directory or its
+        tar), as the image ``name`` (one of that name is replaced)."""
+        client = client or Client.default()
+        body = SyncBackend.run_blocking(read_archive, path)
+        response = client.request(
+            "POST", "/v1/images/import", params={"name": name}, content=body,
+            headers={"Content-Type": TAR}, timeout=None,
+        )
+        return cls(ImageInfo.model_validate(response.json()), client=client)
+
+    @property
+    def info(self) -> ImageInfo:
+        return self._info
+
+    @property
+    def name(self) -> str:
+        return self._info.name
+
+    @property
+    def kind(self) -> str:
+        return self._info.kind
+
+    @property
+    def digest(self) -> str:
+        return self._info.digest
+
+    @property
+    def base(self) -> str | None:
+        return self._info.base
+
+    @property
+    def layers(self) -> builtins.list[str]:
+        return self._info.layers
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self._info.env
+
+    @property
+    def workdir(self) -> str | None:
+        return self._info.workdir
+
+    @property
+    def size_bytes(self) -> int:
+        return self._info.size_bytes
+
+    @property
+    def created_at(self) -> float:
+        return self._info.created_at
+
+    @property
+    def build_stats(self) -> BuildStats | None:
+        """What :meth:`build` did (steps cached and run), for an image it returned."""
+        return self._build_stats
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def delete(self) -> None:
+        """Delete the image (idempotent); :class:`~corral.errors.ImageInUse` while
+        sandboxes, snapshots, pools or other images use it."""
+        self._client.request("DELETE", f"/v1/images/{quote(self.name, safe='')}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} kind={self.kind}>"

@@ -1,0 +1,334 @@
+# Generated from _async/_process.py by scripts/unasync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""A process that runs in a sandbox and is talked to while it runs: ``sb.spawn``."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from corral.client._sync._client import Client
+from corral.client._config import exec_http_timeout
+from corral.client._models import (
+    Command,
+    CommandResult,
+    OutputChunk,
+    parse_exec,
+    parse_stream_item,
+)
+from corral.errors import (
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    SandboxLost,
+    error_from_dict,
+)
+
+STDERR_KEPT = 1 << 20
+"""Bytes of a process's stderr the SDK keeps (the last ones) for :attr:`Process.stderr`."""
+
+
+class Process:
+    """A command running in a sandbox with its stdin open, made by
+    :meth:`Sandbox.spawn`: write to it, read its output line by line as it comes,
+    signal it, wait for it. It dies with its sandbox.
+
+    Two ways to talk to it:
+
+    - streamed: :meth:`write`, then :meth:`readline` / ``for line in proc`` /
+      :meth:`chunks`. The output reaches the SDK over one streamed request, opened at
+      the first read and kept for the process's life; each write is one small request,
+      acknowledged while the process works on it, so a write-then-readline round trip
+      is the quickest there is for one process (~0.7 ms on one host).
+    - request/reply, for a server that answers each line with one line:
+      :meth:`exchange` writes and returns the reply line in one request, with no
+      stream open; :meth:`exchange_all` does it for many processes, in many sandboxes,
+      in one request (what a vector of environments needs). Do not mix it with the
+      streamed readers on one process.
+
+    Read what the process writes: the daemon keeps only ``max_buffer`` bytes of each
+    stream's unread output (16 MiB unless set) and drops the rest (the result then
+    says ``stdout_truncated``/``stderr_truncated``).
+
+    Leaving the ``with`` block (or :meth:`close`) kills the process if it still
+    runs. Example::
+
+        with sb.spawn(["python3", "-u", "-c", ECHO_UPPER]) as proc:
+            proc.write("hello\\n")
+            print(proc.readline())            # 'HELLO\\n'
+            proc.close_stdin()
+            result = proc.wait()              # CommandResult
+    """
+
+    def __init__(
+        self, info: dict[str, Any], *, client: Client, args: Command, text: bool = True
+    ) -> None:
+        self._info = info
+        self._client = client
+        self._args = args
+        self._text = text
+        sandbox, process = quote(info["sandbox_id"], safe=""), quote(info["id"], safe="")
+        self._path = f"/v1/sandboxes/{sandbox}/processes/{process}"
+        self._stdout = bytearray()  # read from the daemon, not yet handed out
+        self._stderr = bytearray()
+        self._stderr_dropped = False
+        self._items: Iterator[OutputChunk] | None = None
+        self._result: CommandResult | None = None
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def id(self) -> str:
+        """The process's id on the daemon (``proc-...``)."""
+        return self._info["id"]
+
+    @property
+    def pid(self) -> int:
+        """Its process id inside the sandbox."""
+        return int(self._info["pid"])
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._info["sandbox_id"]
+
+    @property
+    def args(self) -> Command:
+        return self._args
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the SDK has seen the exit (``None`` before)."""
+        return self._result.returncode if self._result is not None else None
+
+    @property
+    def result(self) -> CommandResult | None:
+        """How it ended, once the SDK has read its exit (``None`` before)."""
+        return self._result
+
+    @property
+    def stderr(self) -> str:
+        """What the process wrote to stderr and the SDK has read so far (its last MiB)."""
+        return self._stderr.decode(errors="replace")
+
+    # ----------------------------------------------------------------- input
+
+    def write(self, data: bytes | str) -> None:
+        """Send ``data`` to the process's stdin (``str`` is UTF-8); they arrive in order.
+        :class:`~corral.errors.InvalidState` once it has exited or its stdin is closed."""
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        self._client.request("POST", f"{self._path}/stdin", content=content)
+
+    def close_stdin(self) -> None:
+        """Close the process's stdin: it reads EOF after what was written. Idempotent."""
+        self._client.request("POST", f"{self._path}/stdin", params={"close": "true"})
+
+    def signal(self, signum: int | str) -> None:
+        """Send a signal (``15``, ``"SIGTERM"``) to the process's group; nothing
+        happens if it has already ended."""
+        sig = int(signum) if not isinstance(signum, str) else signum
+        self._client.request("POST", f"{self._path}/signal", json={"signal": sig})
+
+    def kill(self) -> CommandResult:
+        """SIGKILL the process (if it still runs) and return how it ended."""
+        if self._result is None:
+            self.signal("SIGKILL")
+        return self.wait()
+
+    # ---------------------------------------------------------- request/reply
+
+    def exchange(self, data: bytes | str, *, timeout: float | None = None) -> Any:
+        """Write ``data`` to stdin and return the next line of stdout (``""`` if the
+        process exits first), in one request. :class:`~corral.errors.ExecTimeout` if no
+        line comes within ``timeout`` seconds (what was written stays written: its
+        reply is the next line read). stderr is kept for :meth:`wait` / :meth:`chunks`.
+
+        >>> proc.exchange('{"op": "step", "action": 1}\n')
+        """
+        self._check_exchange()
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        params = {} if timeout is None else {"timeout": repr(float(timeout))}
+        response = self._client.request(
+            "POST", f"{self._path}/exchange", content=content, params=params,
+            timeout=exec_http_timeout(timeout),
+        )
+        line = response.content
+        return line.decode(errors="replace") if self._text else line
+
+    @staticmethod
+    def exchange_all(
+        pairs: Sequence[tuple[Process, bytes | str]], *, timeout: float | None = None
+    ) -> list[Any]:
+        """:meth:`exchange` with many processes (one item per process, in any of the
+        client's sandboxes) in one request: every ``data`` is written first, then every
+        reply line awaited at once. The lines, in order; the first failure (a process
+        gone, a ``timeout``) is raised once all were answered.
+        """
+        if not pairs:
+            return []
+        client = pairs[0][0]._client
+        items = []
+        for proc, data in pairs:
+            if proc._client is not client:
+                raise InvalidArgument("exchange_all: every process must use the same client")
+            proc._check_exchange()
+            item: dict[str, Any] = {"sandbox_id": proc.sandbox_id, "process_id": proc.id}
+            raw = data.encode() if isinstance(data, str) else bytes(data)
+            try:
+                item["data"] = raw.decode()
+            except UnicodeDecodeError:
+                item["data_b64"] = base64.b64encode(raw).decode()
+            items.append(item)
+        response = client.request(
+            "POST", "/v1/processes/exchange", json={"items": items, "timeout": timeout},
+            timeout=exec_http_timeout(timeout),
+        )
+        lines: list[Any] = []
+        for (proc, _), result in zip(pairs, response.json()["results"], strict=True):
+            if result.get("error") is not None:
+                raise error_from_dict(result["error"])
+            line = (
+                base64.b64decode(result["data_b64"]) if result.get("data_b64") is not None
+                else (result.get("data") or "").encode()
+            )
+            lines.append(line.decode(errors="replace") if proc._text else line)
+        return lines
+
+    def _check_exchange(self) -> None:
+        if self._items is not None or self._stdout:
+            raise InvalidState(
+                f"process {self.id}: its output is being streamed (readline, chunks or "
+                "wait was used): keep to write() and readline() on this process"
+            )
+
+    # ---------------------------------------------------------------- output
+
+    def readline(self) -> Any:
+        """The next line of stdout, with its ``\\n``; ``""`` (``b""`` with
+        ``text=False``) once the process has exited and everything was read. Waits
+        for the line as long as it takes: a process that never writes one blocks."""
+        while True:
+            end = self._stdout.find(b"\n")
+            if end >= 0 or self._result is not None:
+                size = end + 1 if end >= 0 else len(self._stdout)
+                line = bytes(self._stdout[:size])
+                del self._stdout[:size]
+                return line.decode(errors="replace") if self._text else line
+            chunk = self._next_chunk()
+            if chunk is not None and chunk.stream == "stdout":
+                self._stdout += chunk.data
+
+    def __iter__(self) -> Iterator[Any]:
+        """The lines of stdout (see :meth:`readline`) until the process exits."""
+        return self._lines()
+
+    def _lines(self) -> Iterator[Any]:
+        while line := self.readline():
+            yield line
+
+    def chunks(self) -> Iterator[OutputChunk]:
+        """The output as the process writes it (stdout and stderr, in order), until it
+        exits; starts with stdout already read but not yet returned by :meth:`readline`."""
+        if self._stdout:
+            data = bytes(self._stdout)
+            self._stdout.clear()
+            yield OutputChunk("stdout", data)
+        while True:
+            chunk = self._next_chunk()
+            if chunk is None:
+                return
+            yield chunk
+
+    def wait(self) -> CommandResult:
+        """Wait for the process to exit; its :class:`~corral.CommandResult`, whose
+        ``stdout`` is the output not read yet and ``stderr`` what :attr:`stderr` holds."""
+        while self._result is None:
+            chunk = self._next_chunk()
+            if chunk is not None and chunk.stream == "stdout":
+                self._stdout += chunk.data
+        assert self._result is not None
+        if self._stdout:
+            self._result = dataclasses.replace(self._result, stdout_bytes=bytes(self._stdout))
+            self._stdout.clear()
+        return self._result
+
+    def refresh(self) -> dict[str, Any]:
+        """The daemon's record of the process (``state``, ``unread_bytes``, ``result``...)."""
+        self._info = (self._client.request("GET", self._path)).json()
+        return self._info
+
+    def _next_chunk(self) -> OutputChunk | None:
+        """The next output chunk (stderr is kept in :attr:`stderr` too), or ``None``
+        once the exit has been read."""
+        if self._result is not None:
+            return None
+        if self._items is None:
+            self._items = self._read_output()
+        for chunk in self._items:
+            if chunk.stream == "stderr":
+                self._keep_stderr(chunk.data)
+            return chunk
+        return None
+
+    def _read_output(self) -> Iterator[OutputChunk]:
+        response = self._client.stream("GET", f"{self._path}/output", timeout=None)
+        try:
+            with self._client._errors():
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    item = parse_stream_item(json.loads(line))
+                    if isinstance(item, OutputChunk):
+                        yield item
+                    elif item is not None:
+                        self._finish(item)
+                        return
+        finally:
+            response.close()
+        raise SandboxLost(
+            f"process {self.id} in sandbox {self.sandbox_id}: its output stream ended "
+            "without an exit status (the daemon may have stopped)",
+            details={"sandbox_id": self.sandbox_id, "process_id": self.id},
+        )
+
+    def _keep_stderr(self, data: bytes) -> None:
+        self._stderr += data
+        if len(self._stderr) > STDERR_KEPT:
+            del self._stderr[: len(self._stderr) - STDERR_KEPT]
+            self._stderr_dropped = True
+
+    def _finish(self, exit_result: dict[str, Any]) -> None:
+        result = parse_exec(exit_result, args=self._args, sandbox_id=self.sandbox_id, timeout=None)
+        self._result = dataclasses.replace(
+            result,
+            stderr_bytes=bytes(self._stderr),
+            stderr_truncated=result.stderr_truncated or self._stderr_dropped,
+        )
+
+    # ------------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Kill the process if it still runs and stop reading its output."""
+        try:
+            if self._result is None:
+                self._client.request("DELETE", self._path)
+        except NotFound:
+            pass  # its sandbox is gone already, and the process with it
+        finally:
+            if self._items is not None:
+                self._items.close()  # type: ignore[attr-defined]
+                self._items = None
+
+    def __enter__(self) -> Process:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self._result is None else f"exited {self._result.returncode}"
+        return f"<{type(self).__name__} {self.id} pid={self.pid} {state} in {self.sandbox_id}>"
+

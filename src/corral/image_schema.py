@@ -1,0 +1,312 @@
+"""Images as the API sees them, and the declarative build spec.
+
+Shared by the runtime (which builds), the server (which validates requests) and the
+SDK (which reads spec files and packs what ``copy`` steps need). A spec is a base
+image plus ordered steps, written in YAML (a JSON object is YAML too) or given as a
+dict::
+
+    name: my-env                  # the image's name (the CLI's --name wins)
+    base: python                  # any image, built ones included
+    steps:
+      - run: pip install six==1.16.0        # a shell command, as the sandbox user
+      - copy: src/ -> /app/src              # from the host (relative: to the spec file)
+      - env: {MODE: fast}                   # defaults for later steps and sandboxes
+      - workdir: /app                       # likewise
+
+``run`` steps get the network (``network="host"``), sandboxes made from the image do
+not. Every step that changes files is cached by its content (see
+:mod:`corral.runtime.image_build`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from corral.errors import InvalidArgument
+from corral.schema import DEFAULT_IMAGE, validate_model
+
+MAX_STEPS = 64
+DEFAULT_STEP_TIMEOUT_S = 1800.0
+DEFAULT_BUILD_MEMORY_MB = 2048
+DEFAULT_BUILD_DISK_MB = 8192
+STEP_KINDS = ("run", "copy", "env", "workdir")
+IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ARROW = "->"
+
+
+def validate_image_name(name: str) -> str:
+    """Return ``name`` if it is a valid image name, else raise :class:`InvalidArgument`."""
+    if not isinstance(name, str) or not IMAGE_NAME_RE.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid image name {name!r}: use 1-64 characters of a-z, 0-9, '.', '_', '-', "
+            "starting with a letter or digit",
+            details={"image": name},
+        )
+    return name
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _absolute(path: str) -> str:
+    if not path.startswith("/") or "\0" in path or ".." in path.split("/"):
+        raise ValueError(f"{path!r} must be an absolute path without '..', e.g. /app")
+    return path.rstrip("/") or "/"
+
+
+class RunStep(_Strict):
+    """``run: <shell command>``: runs under ``/bin/sh -c`` in the image so far."""
+
+    run: str = Field(min_length=1)
+
+    def describe(self) -> str:
+        return f"run: {self.run}"
+
+
+class CopySource(_Strict):
+    src: str = Field(min_length=1)
+    dest: str = Field(min_length=1)
+
+    @field_validator("dest")
+    @classmethod
+    def _dest(cls, v: str) -> str:
+        if "\0" in v or ".." in v.split("/"):
+            raise ValueError(f"copy destination {v!r} may not contain '..'")
+        return v
+
+
+class CopyStep(_Strict):
+    """``copy: <src> -> <dest>``: a file or a directory's contents into the image. A
+    relative ``dest`` starts at the workdir; a file copied to a ``dest`` ending in
+    ``/`` keeps its name."""
+
+    # ``copy`` is the key on the wire; as an attribute it would shadow BaseModel.copy.
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    source: CopySource = Field(alias="copy")
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _arrow(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            src, sep, dest = v.partition(_ARROW)
+            if not sep or not src.strip() or not dest.strip():
+                raise ValueError(f"write copy as 'SRC -> DEST', got {v!r}")
+            return {"src": src.strip(), "dest": dest.strip()}
+        return v
+
+    def describe(self) -> str:
+        return f"copy: {self.source.src} -> {self.source.dest}"
+
+
+class EnvStep(_Strict):
+    """``env: {K: V}``: environment for later steps and sandboxes made from the image."""
+
+    env: dict[str, str] = Field(min_length=1)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _scalars(cls, v: Any) -> Any:
+        if isinstance(v, dict):  # YAML reads `N: 1` as an int: env values are text
+            return {k: str(x) if isinstance(x, (int, float, bool)) else x for k, x in v.items()}
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, x in v.items():
+            if not _ENV_KEY_RE.match(k) or "\0" in x:
+                raise ValueError(f"invalid environment variable name or value: {k!r}")
+        return v
+
+    def describe(self) -> str:
+        return "env: " + " ".join(f"{k}={v}" for k, v in self.env.items())
+
+
+class WorkdirStep(_Strict):
+    """``workdir: /path``: the working directory of later steps and of sandboxes."""
+
+    workdir: str
+
+    @field_validator("workdir")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return _absolute(v)
+
+    def describe(self) -> str:
+        return f"workdir: {self.workdir}"
+
+
+def _step_kind(v: Any) -> str | None:
+    if isinstance(v, dict):
+        return next(iter(v), None)
+    return {RunStep: "run", CopyStep: "copy", EnvStep: "env", WorkdirStep: "workdir"}.get(
+        type(v))
+
+
+Step = Annotated[
+    Union[
+        Annotated[RunStep, Tag("run")],
+        Annotated[CopyStep, Tag("copy")],
+        Annotated[EnvStep, Tag("env")],
+        Annotated[WorkdirStep, Tag("workdir")],
+    ],
+    Discriminator(_step_kind),
+]
+
+
+class BuildSpec(_Strict):
+    """A declarative image build: ``base`` plus ``steps``, and the build sandbox's
+    resources (which do not change what is built, so they are not part of the cache)."""
+
+    name: str | None = None
+    base: str = DEFAULT_IMAGE
+    steps: list[Step] = Field(min_length=1, max_length=MAX_STEPS)
+    step_timeout: float = Field(DEFAULT_STEP_TIMEOUT_S, gt=0, le=86400)
+    memory_mb: int = Field(DEFAULT_BUILD_MEMORY_MB, ge=64, le=1 << 20)
+    disk_mb: int = Field(DEFAULT_BUILD_DISK_MB, ge=64, le=1 << 22)
+
+    @field_validator("name", "base")
+    @classmethod
+    def _image_name(cls, v: str | None) -> str | None:
+        if v is not None and not IMAGE_NAME_RE.fullmatch(v):
+            raise ValueError(f"invalid image name {v!r}: use 1-64 of a-z, 0-9, '.', '_', '-'")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _step_kinds(cls, data: Any) -> Any:
+        """One clear message per bad step, instead of pydantic's four union attempts."""
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            return data
+        for i, step in enumerate(data["steps"], 1):
+            keys = list(step) if isinstance(step, dict) else []
+            if len(keys) != 1 or keys[0] not in STEP_KINDS:
+                raise ValueError(
+                    f"step {i} must be a mapping with exactly one of "
+                    f"{', '.join(STEP_KINDS)}, got {step!r}"
+                )
+        return data
+
+    @classmethod
+    def parse(cls, data: Any) -> BuildSpec:
+        """Validate a dict, raising :class:`InvalidArgument` that names the bad fields."""
+        if isinstance(data, BuildSpec):
+            return data
+        return validate_model(cls, data, "image build spec")
+
+    def describe(self, index: int) -> str:
+        """The text of step ``index`` (0-based), for logs and errors."""
+        return self.steps[index].describe()
+
+
+def read_build_spec(path: str | Path) -> BuildSpec:
+    """A spec from a YAML (or JSON) file; ``copy`` sources stay as written (see
+    :func:`resolve_copy_sources` for the directory they are relative to)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the build spec {path}: {exc.strerror}",
+                              details={"path": str(path)}) from None
+    return parse_build_yaml(text, source=str(path))
+
+
+def parse_build_yaml(text: str, *, source: str = "<spec>") -> BuildSpec:
+    import yaml  # a core dependency, imported where it is needed
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"{source} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{source} must hold a mapping (base:, steps:), "
+                              f"not {type(data).__name__}")
+    return BuildSpec.parse(data)
+
+
+def relative_copy_source(src: str) -> PurePosixPath:
+    """A ``copy`` source as a path inside a build context; refuses absolute paths and
+    ``..`` (a daemon only ever reads the context it was sent)."""
+    p = PurePosixPath(src)
+    if p.is_absolute() or ".." in p.parts or "\0" in src:
+        raise InvalidArgument(
+            f"copy source {src!r} must be relative to the build context, without '..'",
+            details={"src": src},
+        )
+    return p
+
+
+class ImageInfo(BaseModel):
+    """An image: what it is built from and what sandboxes made from it get.
+
+    ``kind`` is ``debootstrap`` (the default image), ``rootfs`` (a directory tree added
+    as is), ``oci`` (imported from a ``docker save`` or OCI archive) or ``built`` (a
+    base image plus ``layers``, top first, from a build spec). ``env`` and ``workdir``
+    are the defaults of sandboxes created from it (their own spec's values win);
+    ``size_bytes`` counts the base too.
+    """
+
+    name: str
+    kind: str
+    digest: str
+    created_at: float
+    size_bytes: int
+    base: str | None = None
+    layers: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    python: str | None = None
+
+
+class ImageList(BaseModel):
+    images: list[ImageInfo]
+
+
+class BuildRequest(_Strict):
+    """``POST /v1/images/build``: a spec and the name to give the image (else the
+    spec's ``name``). ``sources`` says where the sent context holds the source of a
+    ``copy`` step (by step number, from 1) when not at the step's own ``src``."""
+
+    spec: dict[str, Any]
+    name: str | None = None
+    sources: dict[int, str] = Field(default_factory=dict)
+
+
+class BuildStats(BaseModel):
+    """What a build did: ``cached`` steps reused a layer, ``built`` steps ran."""
+
+    steps: int
+    cached: int
+    built: int
+    seconds: float
+
+
+class BuildEvent(BaseModel):
+    """One line of a streamed build: a ``step`` starting (``cached`` if its layer was
+    reused), a ``log`` line of its output, the ``image`` built (with ``stats``), or an
+    ``error`` (an :class:`~corral.errors.ImageBuildError` names the step)."""
+
+    type: Literal["step", "log", "image", "error"]
+    step: int | None = None
+    total: int | None = None
+    instruction: str | None = None
+    cached: bool | None = None
+    line: str | None = None
+    image: ImageInfo | None = None
+    stats: BuildStats | None = None
+    error: dict[str, Any] | None = None

@@ -1,0 +1,463 @@
+"""Importing images: ``docker save`` tarballs and OCI image layouts (a directory or tar).
+
+No registry is involved: the archive is made elsewhere (``docker save``, ``skopeo copy
+... oci:dir``, ``podman save --format oci-archive``) and brought here. Its layers are
+applied in order into one root filesystem, which is registered like any image; the
+image config's ``Env`` and ``WorkingDir`` become the defaults of its sandboxes.
+
+Layers follow the OCI rules for changesets: ``.wh.<name>`` deletes ``<name>`` from the
+layers below, ``.wh..wh..opq`` empties its directory of what the layers below put
+there; whiteouts apply before the layer's own entries (so a layer may re-create what
+it hides). Layers may be plain tar or gzip (zstd is refused); blobs are checked against
+their digests, and layers against the config's ``diff_ids``.
+
+Safety: the archive is untrusted. Entry names that are absolute or contain ``..``,
+hard links that do, and symbolic links whose relative target climbs out of the root
+are refused with :class:`~corral.errors.ImageImportError`; paths are resolved inside
+the root the way the sandbox will see them (a symlink is followed as if the root were
+``/``), so nothing is ever written outside it. Device nodes are skipped (sandboxes
+mount their own ``/dev``). Files owned by uid/gid 1000 become the sandbox user's.
+
+Example::
+
+    image = import_image(store, Path("alpine.tar"), "alpine")     # blocking: a thread
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from corral.errors import ImageImportError
+from corral.image_schema import validate_image_name
+from corral.runtime.debian import SANDBOX_GID, SANDBOX_UID, _make_world_readable
+from corral.runtime.engine import SANDBOX_HOST_UID
+from corral.runtime.fsutil import _remove_tree
+from corral.runtime.images import Image, ImageStore
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+MAX_LINK_HOPS = 40
+_CHUNK = 1 << 20
+_GZIP = b"\x1f\x8b"
+_ZSTD = b"\x28\xb5\x2f\xfd"
+_INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
+                "application/vnd.docker.distribution.manifest.list.v2+json")
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def import_image(store: ImageStore, source: Path, name: str, *, replace: bool = True) -> Image:
+    """Import the archive or OCI layout directory ``source`` as the image ``name``
+    (replacing one of that name unless ``replace`` is false). Blocking."""
+    validate_image_name(name)
+    source = Path(source)
+    if not source.exists():
+        raise ImageImportError(f"{source} does not exist", details={"path": str(source)})
+    if store.exists(name) and not replace:
+        raise ImageImportError(f"image {name!r} already exists", details={"image": name})
+    work = store._new_tmp_dir(name)
+    try:
+        with _open_source(source, work) as src:
+            config, layers, described = _read_image(src)
+            root = work / "tree"
+            root.mkdir(mode=0o755)
+            diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+            for i, (path, digest) in enumerate(layers):
+                layer = _fetch_layer(src, path, digest, work / "layer.tar", i)
+                expected = diff_ids[i] if len(diff_ids) == len(layers) else None
+                if expected and _sha256_file(layer) != expected:
+                    raise ImageImportError(
+                        f"layer {i + 1} of {source} does not match its diff_id {expected} "
+                        "(a damaged or altered archive)", details={"layer": i + 1})
+                apply_layer(root, layer, i + 1)
+                layer.unlink()
+        _sandbox_ready(root)
+        cfg = config.get("config") or {}
+        env, workdir = _env(cfg.get("Env")), _workdir(cfg.get("WorkingDir"))
+        return store.add_rootfs(
+            name, root, move=True, replace=replace,
+            source={"kind": "oci", **described, "layers": [d for _, d in layers]},
+            extra={"kind": "oci", "env": env, "workdir": workdir},
+        )
+    finally:
+        _remove_tree(work)
+
+
+# ------------------------------------------------------------------ the archive
+
+
+class _Source:
+    """Files of an image archive by their path in it."""
+
+    def open(self, path: str) -> IO[bytes]:
+        raise NotImplementedError
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def json(self, path: str) -> Any:
+        try:
+            with self.open(path) as f:
+                return json.load(f)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ImageImportError(f"{path} in the archive is not valid JSON: {exc}") from None
+
+
+class _DirSource(_Source):
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, path: str) -> Path:
+        return self.root / _archive_path(path)
+
+    def open(self, path: str) -> IO[bytes]:
+        p = self._path(path)
+        if p.is_symlink() or not p.is_file():
+            raise ImageImportError(f"{path} is missing from {self.root}", details={"path": path})
+        return open(p, "rb")
+
+    def exists(self, path: str) -> bool:
+        return self._path(path).is_file()
+
+
+class _TarSource(_Source):
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self.tar = tar
+        self.members = {str(_archive_path(m.name)): m for m in tar.getmembers() if m.isfile()}
+
+    def open(self, path: str) -> IO[bytes]:
+        m = self.members.get(str(_archive_path(path)))
+        f = self.tar.extractfile(m) if m is not None else None
+        if f is None:
+            raise ImageImportError(f"{path} is missing from the archive", details={"path": path})
+        return f
+
+    def exists(self, path: str) -> bool:
+        return str(_archive_path(path)) in self.members
+
+
+@contextlib.contextmanager
+def _open_source(source: Path, work: Path) -> Iterator[_Source]:
+    if source.is_dir():
+        yield _DirSource(source)
+        return
+    with open(source, "rb") as f:
+        magic = f.read(4)
+    if magic.startswith(_GZIP):  # `docker save | gzip`: unpacked once, then read at random
+        plain = work / "archive.tar"
+        with gzip.open(source, "rb") as fin, open(plain, "wb") as fout:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+        source = plain
+    try:
+        tar = tarfile.open(source, "r:")
+    except tarfile.TarError as exc:
+        raise ImageImportError(f"{source} is neither a tar archive nor a directory ({exc})",
+                               details={"path": str(source)}) from None
+    with tar:
+        yield _TarSource(tar)
+
+
+def _read_image(src: _Source) -> tuple[dict[str, Any], list[tuple[str, str | None]], dict]:
+    """(image config, [(layer path, sha256 digest or None)], provenance)."""
+    if src.exists("oci-layout") and src.exists("index.json"):
+        manifest = _pick_manifest(src, src.json("index.json"))
+        config = src.json(_blob(manifest["config"]["digest"]))
+        layers = [(_blob(layer["digest"]), layer["digest"]) for layer in manifest["layers"]]
+        return config, layers, {"format": "oci", "config": manifest["config"]["digest"]}
+    if src.exists("manifest.json"):
+        entries = src.json("manifest.json")
+        if not isinstance(entries, list) or not entries:
+            raise ImageImportError("manifest.json of the archive lists no image")
+        if len(entries) > 1:
+            tags = [t for e in entries for t in e.get("RepoTags") or []]
+            raise ImageImportError(
+                f"the archive holds {len(entries)} images ({', '.join(tags) or 'untagged'}): "
+                "save one image per archive")
+        entry = entries[0]
+        try:
+            config = src.json(entry["Config"])
+            layers = [(str(p), _digest_of(str(p))) for p in entry["Layers"]]
+        except (KeyError, TypeError):
+            raise ImageImportError("manifest.json of the archive lacks Config or Layers") from None
+        tags = entry.get("RepoTags") or []
+        return config, layers, {"format": "docker", "ref": tags[0] if tags else None}
+    raise ImageImportError(
+        "not an image archive: expected manifest.json (docker save) or oci-layout and "
+        "index.json (an OCI image layout)")
+
+
+def _pick_manifest(src: _Source, index: dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    """The image manifest of this host's platform (or the only one) in an OCI index."""
+    manifests = index.get("manifests") or []
+    if not manifests or depth > 4:
+        raise ImageImportError("the OCI index lists no image manifest")
+    arch = _ARCH.get(platform.machine(), platform.machine())
+    fitting = [m for m in manifests
+               if (m.get("platform") or {}).get("architecture", arch) == arch
+               and (m.get("platform") or {}).get("os", "linux") == "linux"]
+    if not fitting:
+        raise ImageImportError(f"the OCI index has no manifest for linux/{arch}")
+    chosen = fitting[0]
+    body = src.json(_blob(chosen["digest"]))
+    if chosen.get("mediaType") in _INDEX_TYPES or "manifests" in body:
+        return _pick_manifest(src, body, depth + 1)
+    if "config" not in body or "layers" not in body:
+        raise ImageImportError(f"blob {chosen['digest']} is not an image manifest")
+    return body
+
+
+def _blob(digest: str) -> str:
+    alg, _, hexd = str(digest).partition(":")
+    if alg != "sha256" or len(hexd) != 64 or not all(c in "0123456789abcdef" for c in hexd):
+        raise ImageImportError(f"unsupported blob digest {digest!r} (expected sha256:<hex>)")
+    return f"blobs/sha256/{hexd}"
+
+
+def _digest_of(path: str) -> str | None:
+    """A docker-save layer stored as a blob (``blobs/sha256/<hex>``) is named by its digest."""
+    parts = PurePosixPath(path).parts
+    if len(parts) == 3 and parts[:2] == ("blobs", "sha256"):
+        return "sha256:" + parts[2]
+    return None
+
+
+def _fetch_layer(src: _Source, path: str, digest: str | None, dest: Path, index: int) -> Path:
+    """Copy a layer out of the archive as a plain tar, checking its blob digest."""
+    h = hashlib.sha256()
+    with src.open(path) as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+    if digest is not None and "sha256:" + h.hexdigest() != digest:
+        raise ImageImportError(f"layer {index + 1} ({path}) does not match its digest "
+                               f"{digest} (a damaged or altered archive)",
+                               details={"layer": index + 1})
+    with open(dest, "rb") as f:
+        magic = f.read(4)
+    if magic.startswith(_ZSTD):
+        raise ImageImportError(f"layer {index + 1} is zstd-compressed: re-save the image "
+                               "with gzip or uncompressed layers", details={"layer": index + 1})
+    if magic.startswith(_GZIP):
+        plain = dest.with_suffix(".plain")
+        try:
+            with gzip.open(dest, "rb") as fin, open(plain, "wb") as fout:
+                shutil.copyfileobj(fin, fout, _CHUNK)
+        except (OSError, EOFError) as exc:
+            raise ImageImportError(f"layer {index + 1}: bad gzip data ({exc})") from None
+        os.replace(plain, dest)
+    return dest
+
+
+def _sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+# ----------------------------------------------------------------- applying
+
+
+def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
+    """Apply one layer (a plain tar file) onto the tree ``root``, in place."""
+    try:
+        tar = tarfile.open(layer, "r:")
+    except tarfile.TarError as exc:
+        raise ImageImportError(f"layer {index} is not a tar archive ({exc})") from None
+    with tar:
+        entries = []
+        for m in tar.getmembers():
+            parts = _entry_parts(m.name, index)
+            if parts:
+                entries.append((parts, m))
+        for parts, _ in entries:  # whiteouts hide what the layers below put there
+            if parts[-1] == OPAQUE:
+                d = _resolve_dir(root, parts[:-1], create=False)
+                if d is not None:
+                    for child in os.listdir(d):
+                        _delete(os.path.join(d, child))
+            elif parts[-1].startswith(WHITEOUT):
+                d = _resolve_dir(root, parts[:-1], create=False)
+                if d is not None:
+                    _delete(os.path.join(d, parts[-1][len(WHITEOUT):]))
+        for parts, m in entries:
+            if not parts[-1].startswith(WHITEOUT):
+                _extract(root, tar, parts, m, index)
+
+
+def _archive_path(name: str) -> PurePosixPath:
+    """A path inside the archive itself (``./x`` is ``x``); never absolute or ``..``."""
+    p = PurePosixPath(name)
+    if p.is_absolute() or ".." in p.parts:
+        raise ImageImportError(f"unsafe path {name!r} in the archive", details={"path": name})
+    return p
+
+
+def _entry_parts(name: str, index: int) -> list[str]:
+    """The components of an entry's path; refuses absolute paths and ``..``."""
+    if name.startswith("/") or "\0" in name:
+        raise ImageImportError(f"layer {index}: absolute path {name!r} (unsafe archive)",
+                               details={"layer": index, "path": name})
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ImageImportError(f"layer {index}: path {name!r} climbs out of the root with '..' "
+                               "(unsafe archive)", details={"layer": index, "path": name})
+    return parts
+
+
+def _resolve_dir(root: Path, parts: list[str], *, create: bool) -> str | None:
+    """The host path of directory ``parts`` inside ``root``, symlinks followed as the
+    sandbox will follow them (``/`` is ``root``; ``..`` stops there). Missing
+    directories are made (``create``) or give None."""
+    pending = list(reversed(parts))
+    done: list[str] = []
+    hops = 0
+    while pending:
+        comp = pending.pop()
+        if comp in ("", "."):
+            continue
+        if comp == "..":
+            if done:
+                done.pop()
+            continue
+        here = os.path.join(root, *done, comp)
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            if not create:
+                return None
+            os.mkdir(here, 0o755)
+            done.append(comp)
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise ImageImportError(f"too many symbolic links in {'/'.join(parts)!r}")
+            target = os.readlink(here)
+            if target.startswith("/"):
+                done = []
+            pending.extend(reversed(target.split("/")))
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            if not create:
+                return None
+            os.unlink(here)  # a later layer puts a directory where a file was
+            os.mkdir(here, 0o755)
+        done.append(comp)
+    return os.path.join(root, *done)
+
+
+def _escapes(parts: list[str], target: str) -> bool:
+    """Whether a relative link at ``parts`` climbs above the root with ``..``."""
+    depth = len(parts) - 1
+    for comp in target.split("/"):
+        if comp == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif comp not in ("", "."):
+            depth += 1
+    return False
+
+
+def _extract(root: Path, tar: tarfile.TarFile, parts: list[str], m: tarfile.TarInfo,
+             index: int) -> None:
+    where = f"layer {index}: {'/'.join(parts)}"
+    if m.issym() and not m.linkname.startswith("/") and _escapes(parts, m.linkname):
+        raise ImageImportError(f"{where} links to {m.linkname!r}, outside the root "
+                               "(unsafe archive)", details={"layer": index, "path": m.name})
+    if m.ischr() or m.isblk():
+        return  # sandboxes get their own /dev; device nodes in an image are never used
+    parent = _resolve_dir(root, parts[:-1], create=True)
+    assert parent is not None
+    target = os.path.join(parent, parts[-1])
+    try:
+        old = os.lstat(target)
+    except FileNotFoundError:
+        old = None
+    if m.isdir():
+        if old is None or not stat.S_ISDIR(old.st_mode):
+            if old is not None:
+                _delete(target)
+            os.mkdir(target, 0o700)
+        _set_meta(target, m)
+        return
+    if old is not None:
+        _delete(target)
+    if m.isreg():
+        fin = tar.extractfile(m)
+        assert fin is not None
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fout:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+    elif m.issym():
+        os.symlink(m.linkname, target)
+    elif m.islnk():
+        link_parts = _entry_parts(m.linkname, index)
+        src_dir = _resolve_dir(root, link_parts[:-1], create=False) if link_parts else None
+        src = os.path.join(src_dir, link_parts[-1]) if src_dir else None
+        if src is None or not os.path.isfile(src) or os.path.islink(src):
+            raise ImageImportError(f"{where} is a hard link to {m.linkname!r}, which is not "
+                                   "a file of the image", details={"layer": index})
+        os.link(src, target)
+        return  # a hard link shares its target's owner and mode
+    elif m.isfifo():
+        os.mkfifo(target, 0o600)
+    else:
+        return
+    _set_meta(target, m)
+
+
+def _sandbox_ready(root: Path) -> None:
+    """What a sandbox needs of any image: mount points for the resolver configuration
+    (a sandbox with the network gets the host's), a hosts file, readable files."""
+    etc = Path(_resolve_dir(root, ["etc"], create=True) or root / "etc")
+    for name, text in (("resolv.conf", ""), ("hosts", "127.0.0.1\tlocalhost sandbox\n")):
+        if not os.path.lexists(etc / name):
+            (etc / name).write_text(text)
+            os.chmod(etc / name, 0o644)
+    _make_world_readable(root)
+
+
+def _set_meta(path: str, m: tarfile.TarInfo) -> None:
+    uid = SANDBOX_HOST_UID if m.uid == SANDBOX_UID else m.uid
+    gid = SANDBOX_HOST_UID if m.gid == SANDBOX_GID else m.gid
+    os.chown(path, uid, gid, follow_symlinks=False)
+    if not m.issym():
+        os.chmod(path, stat.S_IMODE(m.mode))
+    with contextlib.suppress(OSError):
+        os.utime(path, (m.mtime, m.mtime), follow_symlinks=False)
+
+
+def _delete(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _env(raw: Any) -> dict[str, str]:
+    """The config's ``Env`` (``["K=V", ...]``) as a dict; names a sandbox cannot take
+    (not ``[A-Za-z_][A-Za-z0-9_]*``) are left out."""
+    env = {}
+    for item in raw or []:
+        k, sep, v = str(item).partition("=")
+        if sep and _ENV_KEY.fullmatch(k) and "\0" not in v:
+            env[k] = v
+    return env
+
+
+def _workdir(raw: Any) -> str | None:
+    if not raw or not isinstance(raw, str) or not raw.startswith("/") or ".." in raw.split("/"):
+        return None
+    return raw.rstrip("/") or "/"

@@ -1,0 +1,480 @@
+"""Interactive processes: started once in a sandbox, then fed and read while they run.
+
+:meth:`Engine.exec <corral.runtime.engine.Engine.exec>` runs a command whose standard
+input is known up front. Some work needs a conversation instead: an RL environment
+server answers one step at a time, a REPL one expression at a time. A :class:`Process`
+keeps the command's stdin open (the agent's ``STDIN_OPEN``) and its output flowing for
+as long as it runs::
+
+    proc = await engine.spawn(sandbox_id, ["python3", "-u", "server.py"])
+    await proc.write(b'{"op": "reset"}\\n')
+    async for event in proc.output():          # ExecEvent: stdout, stderr, then exit
+        ...
+    await proc.close_stdin()
+    result = await proc.wait()                 # ExecResult
+
+What the engine guarantees:
+
+- A process dies with its sandbox (the agent is the sandbox's pid 1); :meth:`wait` and
+  :meth:`output` then raise :class:`~corral.errors.SandboxLost`.
+- The engine keeps at most ``max_buffer`` bytes of each stream's output nobody has read
+  yet; output written while that much is unread is dropped and the result says
+  ``stdout_truncated``/``stderr_truncated``. A reader that keeps up never loses any.
+- One reader at a time: a new :meth:`output` or :meth:`readline` takes the output over
+  and the previous one ends with :class:`~corral.errors.InvalidState` (a client that
+  reconnects gets the rest of the output instead of a refusal).
+- :meth:`readline` serves request/reply servers: write a request, read the reply line,
+  with no stream kept open (the daemon's ``exchange`` endpoints are built on it).
+- While a process runs, its sandbox is busy: an ``idle_timeout`` does not end it.
+- Exited processes are remembered (for their result) until their sandbox ends,
+  at most :data:`MAX_EXITED_KEPT` per sandbox, the oldest forgotten first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import signal as signals
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import (
+    CorralError,
+    ExecTimeout,
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    SandboxLost,
+)
+from corral.runtime.protocol import Msg, Tag
+from corral.schema import ExecEvent, ExecResult
+
+if TYPE_CHECKING:
+    from corral.runtime.channel import ExecStream
+    from corral.runtime.engine import Engine, _Live
+
+DEFAULT_MAX_BUFFER = 16 << 20
+"""Bytes of unread output the engine keeps per process and stream (stdout, stderr)."""
+MAX_EXITED_KEPT = 64
+STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
+# The agent's per-command output cap: forward everything, the engine bounds what is unread.
+UNLIMITED_OUTPUT = (1 << 63) - 1
+
+
+class ProcessState(str, Enum):
+    RUNNING = "running"
+    EXITED = "exited"
+    LOST = "lost"  # its sandbox ended (or the engine closed) before it exited
+
+
+def parse_signal(value: int | str) -> int:
+    """A signal number from ``15``, ``"15"``, ``"TERM"`` or ``"SIGTERM"``."""
+    if isinstance(value, str):
+        name = value.strip().upper()
+        if name.isdigit():
+            value = int(name)
+        else:
+            try:
+                return int(signals.Signals[name if name.startswith("SIG") else "SIG" + name])
+            except KeyError:
+                raise InvalidArgument(
+                    f"unknown signal {value!r}: use a name like SIGTERM or a number"
+                ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+        raise InvalidArgument(f"signal must be a number from 1 to 64 or a name, got {value!r}")
+    return value
+
+
+class Process:
+    """A command running in a sandbox with its stdin open. Made by :func:`spawn`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        live: _Live,
+        stream: ExecStream,
+        argv: list[str],
+        *,
+        pid: int,
+        max_buffer: int,
+        oom_before: int,
+    ) -> None:
+        self.id = "proc-" + secrets.token_hex(6)
+        self.sandbox_id = live.id
+        self.argv = argv
+        self.pid = pid  # as seen inside the sandbox
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.state = ProcessState.RUNNING
+        self.result: ExecResult | None = None
+        self.error: CorralError | None = None
+        self.max_buffer = max_buffer
+        self.stdin_open = True
+        self._engine = engine
+        self._live = live
+        self._stream = stream
+        self._oom_before = oom_before
+        self._events: deque[ExecEvent] = deque()
+        self._unread = {"stdout": 0, "stderr": 0}
+        self._dropped = {"stdout": False, "stderr": False}
+        self._wake = asyncio.Event()
+        self._done = asyncio.Event()
+        self._reader = 0  # generation of the current reader (output() or readline())
+        self._reading = False
+
+    # ----------------------------------------------------------- properties
+
+    @property
+    def returncode(self) -> int | None:
+        return self.result.returncode if self.result is not None else None
+
+    @property
+    def unread_bytes(self) -> int:
+        return self._unread["stdout"] + self._unread["stderr"]
+
+    def info(self) -> dict[str, Any]:
+        """What the HTTP API reports about the process."""
+        return {
+            "id": self.id,
+            "sandbox_id": self.sandbox_id,
+            "pid": self.pid,
+            "cmd": list(self.argv),
+            "state": self.state.value,
+            "stdin_open": self.stdin_open and self.state == ProcessState.RUNNING,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "unread_bytes": self.unread_bytes,
+            "result": self.result,
+            "error": self.error,
+        }
+
+    # --------------------------------------------------------------- input
+
+    def _check_input(self, what: str) -> None:
+        if self.state != ProcessState.RUNNING:
+            raise self._ended(f"cannot {what}")
+        self._engine._running(self.sandbox_id)  # paused or ending: InvalidState
+        if not self.stdin_open:
+            raise InvalidState(
+                f"cannot {what} process {self.id} in sandbox {self.sandbox_id}: its stdin "
+                "was closed (spawn a new process to send more input)",
+                details=self._details(),
+            )
+
+    async def write(self, data: bytes | str) -> None:
+        """Send bytes to the process's stdin (a ``str`` is UTF-8). Returns once they
+        are on their way to the agent, which delivers them in order."""
+        if isinstance(data, str):
+            data = data.encode()
+        self._check_input("write to")
+        view = memoryview(data)
+        for start in range(0, len(view), STDIN_CHUNK):
+            self._stream.send_stdin(view[start : start + STDIN_CHUNK])
+        await self._live.channel.drain()  # type: ignore[union-attr]
+        self._live.last_active = time.monotonic()
+
+    async def close_stdin(self) -> None:
+        """Close the process's stdin (it reads EOF once what was written is consumed).
+        Idempotent; a no-op once the process has ended."""
+        if not self.stdin_open or self.state != ProcessState.RUNNING:
+            self.stdin_open = False
+            return
+        self._check_input("close the stdin of")
+        self.stdin_open = False
+        self._stream.close_stdin()
+        await self._live.channel.drain()  # type: ignore[union-attr]
+
+    def signal(self, signum: int | str) -> bool:
+        """Send a signal to the process's group; False if it has already ended."""
+        sig = parse_signal(signum)
+        if self.state != ProcessState.RUNNING:
+            return False
+        try:
+            self._stream.signal(sig)
+        except SandboxLost:
+            return False
+        return True
+
+    async def kill(self) -> ExecResult:
+        """SIGKILL the process's group and wait for its exit; its result. Idempotent."""
+        self.signal(signals.SIGKILL)
+        return await self.wait()
+
+    # -------------------------------------------------------------- output
+
+    async def output(self) -> AsyncIterator[ExecEvent]:
+        """The output not read yet, as it comes (``stdout``/``stderr`` events), then
+        one ``exit`` event. Takes the output over from a reader already attached."""
+        me = self._take_reader()
+        try:
+            while True:
+                self._check_reader(me)
+                if self._events:
+                    event = self._events.popleft()
+                    self._unread[event.kind] -= len(event.data)
+                    yield event
+                    continue
+                if self.state == ProcessState.EXITED:
+                    yield ExecEvent("exit", result=self.result)
+                    return
+                await self._next_event()
+        finally:
+            self._drop_reader(me)
+
+    def __aiter__(self) -> AsyncIterator[ExecEvent]:
+        """``async for event in proc``: the same as :meth:`output`."""
+        return self.output()
+
+    async def readline(self, limit: int | None = None) -> bytes:
+        """The next line of stdout, with its ``\n``; the last one may lack it, and
+        ``b""`` means the process has exited and all its stdout was read. Takes the
+        output over like :meth:`output`; stderr stays queued for the next reader.
+
+        At most ``limit`` bytes (default ``max_buffer``): a longer line comes back in
+        pieces. Nothing is consumed until the line is complete, so a reader cancelled
+        while it waits (a timeout) loses nothing.
+        """
+        limit = max(1, self.max_buffer) if limit is None else limit
+        if limit < 1:
+            raise InvalidArgument(f"readline needs limit >= 1 byte, got {limit}")
+        me = self._take_reader()
+        try:
+            while True:
+                self._check_reader(me)
+                size = 0
+                for event in self._events:
+                    if event.kind != "stdout":
+                        continue
+                    newline = event.data.find(b"\n", 0, limit - size)
+                    if newline >= 0:
+                        return self._take_stdout(size + newline + 1)
+                    size += len(event.data)
+                    if size >= limit:
+                        return self._take_stdout(limit)
+                if self.state == ProcessState.EXITED:
+                    return self._take_stdout(size)
+                await self._next_event()
+        finally:
+            self._drop_reader(me)
+
+    def _take_stdout(self, size: int) -> bytes:
+        """Remove the first ``size`` bytes of queued stdout, leaving stderr in place."""
+        parts: list[bytes] = []
+        kept: deque[ExecEvent] = deque()
+        want = size
+        while self._events:
+            event = self._events.popleft()
+            if event.kind != "stdout" or want == 0:
+                kept.append(event)
+                continue
+            head, tail = event.data[:want], event.data[want:]
+            parts.append(head)
+            want -= len(head)
+            if tail:
+                kept.append(ExecEvent("stdout", tail))
+        self._events = kept
+        self._unread["stdout"] -= size
+        return b"".join(parts)
+
+    def _take_reader(self) -> int:
+        self._reader += 1
+        self._reading = True
+        self._wake.set()  # a previous reader wakes up and sees it was replaced
+        return self._reader
+
+    def _check_reader(self, me: int) -> None:
+        if self._reader != me:
+            raise InvalidState(
+                f"process {self.id} in sandbox {self.sandbox_id}: another reader took "
+                "its output over",
+                details=self._details(),
+            )
+
+    def _drop_reader(self, me: int) -> None:
+        if self._reader == me:
+            self._reading = False
+
+    async def _next_event(self) -> None:
+        """Wait for more output, the exit, or another reader; raise if the sandbox ended."""
+        if self.state == ProcessState.LOST:
+            assert self.error is not None
+            raise self.error
+        self._wake.clear()
+        await self._wake.wait()
+
+    async def wait(self, timeout: float | None = None) -> ExecResult:
+        """Wait for the process to exit and return its result.
+
+        The result's ``stdout``/``stderr`` hold the output nobody had read (taken now),
+        unless a reader is attached (it gets the output). :class:`ExecTimeout` if it
+        still runs after ``timeout`` seconds (it is not killed); :class:`SandboxLost`
+        if its sandbox ended first.
+        """
+        try:
+            await asyncio.wait_for(asyncio.shield(self._done.wait()), timeout)
+        except asyncio.TimeoutError:
+            raise ExecTimeout(
+                f"process {self.id} in sandbox {self.sandbox_id} still runs after "
+                f"{timeout:g} s: kill() it or wait longer",
+                details={**self._details(), "timeout": timeout},
+            ) from None
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        if self._reading:
+            return self.result
+        out: list[bytes] = []
+        err: list[bytes] = []
+        while self._events:
+            event = self._events.popleft()
+            (out if event.kind == "stdout" else err).append(event.data)
+        self._unread = {"stdout": 0, "stderr": 0}
+        return dataclasses.replace(self.result, stdout=b"".join(out), stderr=b"".join(err))
+
+    # --------------------------------------------------------------- pump
+
+    async def _pump(self) -> None:
+        """Move the agent's frames for this process into its bounded output buffer."""
+        live = self._live
+        try:
+            while True:
+                reply = await self._stream.next()
+                if reply.msg in (Msg.STDOUT, Msg.STDERR):
+                    kind = "stdout" if reply.msg == Msg.STDOUT else "stderr"
+                    self._push(kind, reply.fields.raw(Tag.DATA))
+                    live.last_active = time.monotonic()
+                elif reply.msg == Msg.EXIT:
+                    result = self._engine._result(live, reply.fields, self._oom_before)
+                    result.stdout_truncated |= self._dropped["stdout"]
+                    result.stderr_truncated |= self._dropped["stderr"]
+                    self._end(ProcessState.EXITED, result=result)
+                    return
+        except CorralError as exc:
+            self._end(ProcessState.LOST, error=exc)
+        except asyncio.CancelledError:
+            self._end(
+                ProcessState.LOST,
+                error=SandboxLost(
+                    f"process {self.id}: the engine of sandbox {self.sandbox_id} closed",
+                    details=self._details(),
+                ),
+            )
+            raise
+        finally:
+            if self.state == ProcessState.RUNNING:  # an unexpected error: never hang waiters
+                self._end(ProcessState.LOST, error=SandboxLost(
+                    f"process {self.id}: lost its output stream", details=self._details()
+                ))
+            live.busy -= 1
+            live.last_active = time.monotonic()
+            self._stream.close()
+            _forget_old(live)
+
+    def _push(self, kind: str, data: bytes) -> None:
+        # A budget per stream: stderr nobody reads must not starve stdout (a server
+        # answered line by line with readline() while it logs to stderr).
+        room = self.max_buffer - self._unread[kind]
+        if len(data) > room:
+            self._dropped[kind] = True
+            data = data[: max(room, 0)]
+        if data:
+            self._events.append(ExecEvent(kind, data))
+            self._unread[kind] += len(data)
+            self._wake.set()
+
+    def _end(
+        self, state: ProcessState, *, result: ExecResult | None = None,
+        error: CorralError | None = None,
+    ) -> None:
+        self.state, self.result, self.error = state, result, error
+        self.ended_at = time.time()
+        self.stdin_open = False
+        self._done.set()
+        self._wake.set()
+
+    # ------------------------------------------------------------ helpers
+
+    def _details(self) -> dict[str, Any]:
+        return {"sandbox_id": self.sandbox_id, "process_id": self.id}
+
+    def _ended(self, what: str) -> CorralError:
+        if self.state == ProcessState.LOST and self.error is not None:
+            return self.error
+        return InvalidState(
+            f"{what} process {self.id} in sandbox {self.sandbox_id}: it has exited "
+            f"(returncode {self.returncode})",
+            details={**self._details(), "returncode": self.returncode},
+        )
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} pid={self.pid} {self.state.value} in {self.sandbox_id}>"
+
+
+async def spawn(
+    engine: Engine,
+    live: _Live,
+    cmd: str | Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+    max_buffer: int = DEFAULT_MAX_BUFFER,
+) -> Process:
+    """Start ``cmd`` in a running sandbox with its stdin open (see :meth:`Engine.spawn`)."""
+    if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 0:
+        raise InvalidArgument(f"max_buffer must be >= 0 bytes, got {max_buffer!r}")
+    fields = engine._exec_fields(live, cmd, timeout, env, cwd, None, UNLIMITED_OUTPUT)
+    fields.append((Tag.STDIN_OPEN, 1))
+    assert live.channel is not None
+    oom_before = live.cgroup.oom_kills()
+    stream = live.channel.open_exec(fields)
+    try:
+        await live.channel.drain()
+        reply = await stream.next()
+    except BaseException:
+        stream.close()
+        raise
+    if reply.msg != Msg.STARTED:
+        stream.close()
+        if reply.msg == Msg.ERR:
+            from corral.runtime.engine import _exec_error
+
+            raise _exec_error(live.id, reply.fields, cwd)
+        raise SandboxLost(f"sandbox {live.id}: unexpected reply {reply.msg} to a spawn")
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    proc = Process(
+        engine, live, stream, argv, pid=reply.fields.u64(Tag.PID), max_buffer=max_buffer,
+        oom_before=oom_before,
+    )
+    live.processes[proc.id] = proc  # kept on the sandbox's _Live: they end together
+    live.busy += 1
+    task = asyncio.get_running_loop().create_task(proc._pump(), name=f"process-{proc.id}")
+    engine._tasks.add(task)
+    task.add_done_callback(engine._tasks.discard)
+    return proc
+
+
+def find(live: _Live, process_id: str) -> Process:
+    """A process of a live sandbox; :class:`NotFound` if it has none by that id."""
+    proc = live.processes.get(process_id)
+    if proc is None:
+        raise NotFound(
+            f"no process {process_id!r} in sandbox {live.id}: it never existed, or it "
+            "exited long ago and was forgotten (list the sandbox's processes)",
+            details={"sandbox_id": live.id, "process_id": process_id},
+        )
+    return proc
+
+
+def forget(live: _Live, process_id: str) -> None:
+    live.processes.pop(process_id, None)
+
+
+def _forget_old(live: _Live) -> None:
+    ended = [p for p in live.processes.values() if p.state != ProcessState.RUNNING]
+    for proc in ended[: max(0, len(ended) - MAX_EXITED_KEPT)]:
+        live.processes.pop(proc.id, None)

@@ -1,0 +1,203 @@
+"""The image endpoints: list, get, delete, build (its log streamed), import.
+
+Handlers only; :data:`corral.server.routes.ENDPOINTS` lists them (and so documents
+them in ``/openapi.json``). A build may take minutes, so ``POST /v1/images/build``
+replies with NDJSON :class:`~corral.image_schema.BuildEvent` lines as the build goes:
+its errors before any work (a bad spec, an unknown base image, a missing ``copy``
+source) are ordinary error replies; a step that fails is the stream's last line,
+``{"type": "error", "error": {"code": "image_build_failed", ...}}``. A client that hangs
+up cancels the build, which leaves nothing behind but the steps already cached.
+
+The build request is a JSON :class:`~corral.image_schema.BuildRequest`, or, when its
+``copy`` steps need files, a tar (``Content-Type: application/x-tar``) holding
+``build.json`` (the same request) and ``context/`` (what ``copy`` sources name,
+relative to it); the daemon never reads its own host's files for a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.errors import (
+    CorralError,
+    FileTooLarge,
+    ImageInUse,
+    ImageNotFound,
+    InternalError,
+    InvalidArgument,
+)
+from corral.image_schema import BuildEvent, BuildRequest, validate_image_name
+from corral.runtime.engine import Engine
+from corral.runtime.fsutil import _remove_tree
+from corral.runtime.image_build import ImageBuild
+from corral.runtime.oci import apply_layer, import_image
+from corral.schema import SandboxState, validate_model
+from corral.server.streaming import NDJSONResponse
+from corral.server.wire import read_body, read_json
+
+logger = logging.getLogger("corral.server")
+
+TAR = "application/x-tar"
+SPEC_MEMBER = "build.json"
+CONTEXT_DIR = "context"
+# An image archive is streamed to disk, not held in memory: its own, larger cap.
+MAX_IMPORT_BYTES = 64 << 30
+_LIVE = [SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.STOPPING]
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def _name(request: Request) -> str:
+    return validate_image_name(request.path_params["name"])
+
+
+async def list_images(request: Request) -> Response:
+    images = await asyncio.to_thread(_engine(request).images.list)
+    return JSONResponse({"images": [i.info().model_dump(mode="json") for i in images]})
+
+
+async def get_image(request: Request) -> Response:
+    image = _engine(request).images.get(_name(request), check_base=False)
+    return JSONResponse(image.info().model_dump(mode="json"))
+
+
+async def delete_image(request: Request) -> Response:
+    """Refused (409 ``image_in_use``) while this daemon's sandboxes, snapshots or pools
+    use the image, or other images are built on it; idempotent otherwise."""
+    engine, name = _engine(request), _name(request)
+    if not engine.images.exists(name):
+        return Response(status_code=204)
+    sandboxes = [i.id for i in engine.list(state=_LIVE) if i.spec.image == name]
+    snapshots = [s.id for s in engine.list_snapshots() if s.image == name]
+    pools = [p.name for p in request.app.state.pools.list_pools() if p.spec.image == name]
+    if sandboxes or snapshots or pools:
+        users = [f"{len(v)} {k}" for k, v in (("sandbox(es)", sandboxes),
+                 ("snapshot(s)", snapshots), ("pool(s)", pools)) if v]
+        raise ImageInUse(
+            f"image {name!r} is in use by {', '.join(users)}: delete them first",
+            details={"image": name, "sandboxes": sandboxes, "snapshots": snapshots,
+                     "pools": pools},
+        )
+    with contextlib.suppress(ImageNotFound):  # removed meanwhile: just as good
+        await asyncio.to_thread(engine.images.remove, name)
+    return Response(status_code=204)
+
+
+async def build_image(request: Request) -> Response:
+    engine = _engine(request)
+    store = engine.images
+    work: Path | None = None
+    try:
+        if request.headers.get("content-type", "").split(";")[0].strip() == TAR:
+            body = await read_body(request, request.app.state.settings.max_upload_bytes,
+                                   "build context")
+            work = await asyncio.to_thread(store.work_dir, "build")
+            data = await asyncio.to_thread(_unpack_context, bytes(body), work)
+            context: Path | None = work / "root" / CONTEXT_DIR
+        else:
+            data, context = await read_json(request, "build request"), None
+        req = validate_model(BuildRequest, data, "build request")
+        build = ImageBuild(engine, req.spec, name=req.name, context=context, context_only=True,
+                           sources=req.sources)
+    except BaseException:
+        if work is not None:
+            await asyncio.to_thread(_remove_tree, work)
+        raise
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    task = asyncio.create_task(_run(build, queue))
+
+    async def cleanup() -> None:
+        if not task.done():
+            task.cancel()  # the client left: the build stops, its sandbox goes
+        await asyncio.gather(task, return_exceptions=True)
+        if work is not None:
+            await asyncio.to_thread(_remove_tree, work)
+
+    return NDJSONResponse(_lines(queue), cleanup=cleanup)
+
+
+async def _run(build: ImageBuild, queue: asyncio.Queue[bytes | None]) -> None:
+    try:
+        result = await build.run(lambda event: queue.put_nowait(_line(event)))
+        queue.put_nowait(_line(BuildEvent(type="image", image=result.image.info(),
+                                          stats=result.stats)))
+    except CorralError as exc:
+        queue.put_nowait(_line(BuildEvent(type="error", error=exc.to_dict())))
+    except Exception as exc:  # the reply has started: report in-band
+        logger.exception("image build failed")
+        error = InternalError(f"the image build failed: {type(exc).__name__}: {exc}")
+        queue.put_nowait(_line(BuildEvent(type="error", error=error.to_dict())))
+    finally:
+        queue.put_nowait(None)
+
+
+async def _lines(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    while (line := await queue.get()) is not None:
+        yield line
+
+
+def _line(event: BuildEvent) -> bytes:
+    return event.model_dump_json(exclude_none=True).encode() + b"\n"
+
+
+def _unpack_context(body: bytes, work: Path) -> dict:
+    """Unpack a build tar safely (no path or link may leave ``work/root``)."""
+    archive = work / "context.tar"
+    archive.write_bytes(body)
+    root = work / "root"
+    root.mkdir()
+    apply_layer(root, archive)
+    archive.unlink()
+    spec = root / SPEC_MEMBER
+    if not spec.is_file() or spec.is_symlink():
+        raise InvalidArgument(f"the build tar has no {SPEC_MEMBER} (the build request)")
+    try:
+        data = json.load(io.BytesIO(spec.read_bytes()))
+    except ValueError as exc:
+        raise InvalidArgument(f"{SPEC_MEMBER} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{SPEC_MEMBER} must hold a JSON object")
+    return data
+
+
+async def import_image_route(request: Request) -> Response:
+    """The body is the archive (``docker save`` or an OCI layout as a tar), streamed
+    to disk; ``?name=`` names the image (an image of that name is replaced)."""
+    engine = _engine(request)
+    name = request.query_params.get("name")
+    if not name:
+        raise InvalidArgument("missing query parameter 'name', e.g. ?name=alpine")
+    validate_image_name(name)
+    work = await asyncio.to_thread(engine.images.work_dir, "import")
+    try:
+        archive = work / "archive"
+        await _save_body(request, archive)
+        image = await asyncio.to_thread(import_image, engine.images, archive, name)
+    finally:
+        await asyncio.to_thread(_remove_tree, work)
+    return JSONResponse(image.info().model_dump(mode="json"), status_code=201)
+
+
+async def _save_body(request: Request, path: Path) -> None:
+    size = 0
+    with open(path, "wb") as f:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_IMPORT_BYTES:
+                raise FileTooLarge(f"the image archive is over {MAX_IMPORT_BYTES} bytes",
+                                   details={"limit": MAX_IMPORT_BYTES})
+            await asyncio.to_thread(f.write, chunk)
+    if size == 0:
+        raise InvalidArgument("missing request body: send the image archive (a tar)")
+

@@ -1,0 +1,282 @@
+"""Interactive processes over HTTP: start one, feed its stdin, stream its output.
+
+The endpoints (listed in :data:`corral.server.routes.ENDPOINTS`, described in
+``docs/api.md``) map onto :mod:`corral.runtime.processes`. Two ways to talk to a
+long-lived process, both one small request per exchange:
+
+- push: keep one ``GET .../output`` stream open for the process's whole life and send
+  each input with ``POST .../stdin`` (a raw body, no JSON or base64 around it). Closing
+  the stream only detaches the reader: unlike ``exec/stream``, the process keeps
+  running.
+- request/reply, for servers that answer each input line with one output line (an RL
+  environment): ``POST .../exchange`` writes the body and replies with the next line of
+  stdout; ``POST /v1/processes/exchange`` does that for many processes, in many
+  sandboxes, in one request: writes first, then every line awaited at once, so a
+  vector of environments steps concurrently for the price of one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.errors import CorralError, ExecTimeout, InvalidArgument
+from corral.runtime.engine import Engine
+from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
+from corral.schema import validate_model
+from corral.server.models import (
+    MAX_OUTPUT_LIMIT,
+    ErrorDetail,
+    ExecResponse,
+    exec_response,
+    text_and_b64,
+)
+from corral.server.streaming import start_stream
+from corral.server.wire import read_body, read_json
+
+KILL_WAIT_S = 5.0  # how long DELETE waits for a killed process to be reaped
+MAX_EXCHANGE_ITEMS = 4096
+RAW = "application/octet-stream"
+
+
+class SpawnRequest(BaseModel):
+    """``POST /v1/sandboxes/{id}/processes``: a shell string runs under ``/bin/sh -c``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cmd: list[str] | str
+    timeout: float | None = Field(None, gt=0, le=30 * 86400)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    max_buffer: int = Field(DEFAULT_MAX_BUFFER, ge=0, le=MAX_OUTPUT_LIMIT)
+
+
+class SignalRequest(BaseModel):
+    """``POST .../processes/{process_id}/signal``: a number or a name (``SIGTERM``, ``TERM``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    signal: int | str
+
+
+class ProcessInfo(BaseModel):
+    """A process: ``result`` once it has exited, ``error`` if its sandbox ended first."""
+
+    id: str
+    sandbox_id: str
+    pid: int
+    cmd: list[str]
+    state: Literal["running", "exited", "lost"]
+    stdin_open: bool
+    started_at: float
+    ended_at: float | None = None
+    unread_bytes: int = 0
+    result: ExecResponse | None = None
+    error: ErrorDetail | None = None
+
+
+class ProcessList(BaseModel):
+    processes: list[ProcessInfo]
+
+
+class ExchangeItem(BaseModel):
+    """One process of ``POST /v1/processes/exchange`` and what to write to it first
+    (``data`` as text, or ``data_b64``; neither: write nothing, just read a line)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox_id: str
+    process_id: str
+    data: str | None = None
+    data_b64: str | None = None
+
+    def payload(self) -> bytes:
+        if self.data is not None and self.data_b64 is not None:
+            raise InvalidArgument("an exchange item takes data or data_b64, not both")
+        if self.data_b64 is None:
+            return (self.data or "").encode()
+        try:
+            return base64.b64decode(self.data_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument("an exchange item's data_b64 is not valid base64") from None
+
+
+class ExchangeRequest(BaseModel):
+    """``POST /v1/processes/exchange``: ``timeout`` seconds to wait for each line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[ExchangeItem] = Field(min_length=1, max_length=MAX_EXCHANGE_ITEMS)
+    timeout: float | None = Field(None, gt=0, le=30 * 86400)
+
+
+class ExchangeResult(BaseModel):
+    """One item's line (``data``, or ``data_b64`` if not UTF-8; ``""`` once the process
+    has exited and its stdout was all read), or its ``error``."""
+
+    data: str | None = None
+    data_b64: str | None = None
+    error: ErrorDetail | None = None
+
+
+class ExchangeResponse(BaseModel):
+    results: list[ExchangeResult]
+
+
+def process_json(proc: Process) -> dict[str, Any]:
+    info = proc.info()
+    if info["result"] is not None:
+        info["result"] = exec_response(info["result"])
+    if info["error"] is not None:
+        info["error"] = info["error"].to_dict()
+    return info
+
+
+def _engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def _process(request: Request) -> Process:
+    params = request.path_params
+    return _engine(request).get_process(params["sandbox_id"], params["process_id"])
+
+
+async def spawn_process(request: Request) -> Response:
+    body = validate_model(SpawnRequest, await read_json(request, "spawn request"), "spawn request")
+    proc = await _engine(request).spawn(
+        request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
+        timeout=body.timeout, max_buffer=body.max_buffer,
+    )
+    return JSONResponse(process_json(proc), status_code=201)
+
+
+async def list_processes(request: Request) -> Response:
+    found = _engine(request).list_processes(request.path_params["sandbox_id"])
+    return JSONResponse({"processes": [process_json(p) for p in found]})
+
+
+async def get_process(request: Request) -> Response:
+    return JSONResponse(process_json(_process(request)))
+
+
+async def write_stdin(request: Request) -> Response:
+    proc = _process(request)
+    close = request.query_params.get("close", "false").lower() in ("1", "true", "yes")
+    data = await read_body(request, request.app.state.settings.max_upload_bytes, "stdin")
+    if data:
+        await proc.write(bytes(data))
+    if close:
+        await proc.close_stdin()
+    return Response(status_code=204)
+
+
+async def read_output(request: Request) -> Response:
+    return await start_stream(_process(request).output())
+
+
+def _timeout(request: Request) -> float | None:
+    value = request.query_params.get("timeout")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 30 * 86400:
+        raise InvalidArgument(f"timeout must be a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+async def _reply_line(proc: Process, timeout: float | None) -> bytes:
+    try:
+        return await asyncio.wait_for(proc.readline(), timeout)
+    except asyncio.TimeoutError:
+        raise ExecTimeout(
+            f"process {proc.id} in sandbox {proc.sandbox_id} wrote no line within "
+            f"{timeout:g} s (what was sent stays sent: its line, when it comes, is the "
+            "next one read)",
+            details={"sandbox_id": proc.sandbox_id, "process_id": proc.id, "timeout": timeout},
+        ) from None
+
+
+async def exchange(request: Request) -> Response:
+    """Write the body to the process's stdin, reply with its next line of stdout."""
+    from corral.server.routes import unless_disconnected
+
+    proc, timeout = _process(request), _timeout(request)
+    data = await read_body(request, request.app.state.settings.max_upload_bytes, "stdin")
+    if data:
+        await proc.write(bytes(data))
+    line = await unless_disconnected(request, _reply_line(proc, timeout))
+    return Response(line, media_type=RAW)
+
+
+async def exchange_many(request: Request) -> Response:
+    """Write to every process (in order), then await all their lines at once."""
+    from corral.server.routes import unless_disconnected
+
+    body = validate_model(
+        ExchangeRequest, await read_json(request, "exchange request"), "exchange request"
+    )
+    engine = _engine(request)
+    keys = [(item.sandbox_id, item.process_id) for item in body.items]
+    if len(set(keys)) != len(keys):
+        raise InvalidArgument(
+            "a process appears twice in one exchange: its two lines could not be told "
+            "apart; send one item per process"
+        )
+    started: list[Process | CorralError] = []
+    for item in body.items:
+        try:
+            proc = engine.get_process(item.sandbox_id, item.process_id)
+            data = item.payload()
+            if data:
+                await proc.write(data)
+            started.append(proc)
+        except CorralError as exc:
+            started.append(exc)
+
+    async def line(entry: Process | CorralError) -> dict[str, Any]:
+        try:
+            if isinstance(entry, CorralError):
+                raise entry
+            text, b64 = text_and_b64(await _reply_line(entry, body.timeout))
+        except CorralError as exc:
+            return {"error": exc.to_dict()}
+        return {"data": text} if b64 is None else {"data_b64": b64}
+
+    work = asyncio.gather(*(line(entry) for entry in started))
+    return JSONResponse({"results": await unless_disconnected(request, work)})
+
+
+async def signal_process(request: Request) -> Response:
+    body = validate_model(SignalRequest, await read_json(request, "signal request"), "signal request")
+    signum = parse_signal(body.signal)
+    _process(request).signal(signum)  # one that has ended: nothing to do
+    return Response(status_code=204)
+
+
+async def kill_process(request: Request) -> Response:
+    """SIGKILL a running process, wait for it briefly, forget its record. Idempotent."""
+    engine, params = _engine(request), request.path_params
+    sid, pid = params["sandbox_id"], params["process_id"]
+    try:
+        proc = engine.get_process(sid, pid)
+    except CorralError as exc:
+        if exc.code in ("not_found", "invalid_state"):  # no such process, or its sandbox ended
+            return Response(status_code=204)
+        raise
+    if proc.state == ProcessState.RUNNING:
+        proc.signal("SIGKILL")
+        try:
+            await proc.wait(KILL_WAIT_S)
+        except CorralError:
+            pass  # lost with its sandbox, or not reaped yet: it is dying either way
+    engine.forget_process(sid, pid)
+    return Response(status_code=204)
