@@ -9,7 +9,7 @@ test: install
 	$(PY) -m pytest -q -ra tests
 
 demo: install
-	$(PY) examples/fanout_demo.py
+	$(PY) examples/policy_eval_demo.py
 
 bench: install
 	bash scripts/install-bench.sh && $(PY) benchmarks/run.py $(if $(QUICK),--quick,)

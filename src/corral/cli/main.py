@@ -12,6 +12,8 @@ Examples::
     corral info                     # capacity, load, and the pools
     corral snapshot create sb-1234 --name with-deps
     corral create --snapshot with-deps -n 8
+    corral image build env.yaml     # a base image plus cached steps
+    corral eval policy.py --env CartPole-v1 --seeds 0-99
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
 socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import corral
-from corral.cli import _copy, _exec, _pools, _sandboxes, _snapshots
+from corral.cli import _copy, _eval, _exec, _images, _pools, _sandboxes, _snapshots
 from corral.cli._output import Context, UsageError
 from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
 
@@ -237,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_sandboxes.info)
     _add_pool_commands(sub, conn)
     _add_snapshot_commands(sub, conn)
+    _images.add_commands(sub, conn)
+    _eval.add_parser(sub, conn)
     return parser
 
 

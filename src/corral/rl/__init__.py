@@ -1,1 +1,73 @@
 """corral.rl"""
+
+# Names from modules with heavier imports (numpy; pyarrow only when Parquet is used),
+# loaded on first access so that `import corral.rl` stays cheap.
+_LAZY = {
+    "ExperienceBuffer": "corral.rl.buffer",
+    "ExperienceWriter": "corral.rl.buffer",
+    "Transitions": "corral.rl.buffer",
+    "Game": "corral.rl.envs.multiagent",
+    "MatrixGame": "corral.rl.envs.multiagent",
+    "MultiAgentSandboxEnv": "corral.rl.envs.multiagent",
+    "Outcome": "corral.rl.envs.multiagent",
+    "PrisonersDilemma": "corral.rl.envs.multiagent",
+    "RockPaperScissors": "corral.rl.envs.multiagent",
+    "Turn": "corral.rl.envs.multiagent",
+    "EnvError": "corral.rl.gym_env",
+    "SandboxEnv": "corral.rl.gym_env",
+    "SandboxVectorEnv": "corral.rl.vector",
+    "ReproReport": "corral.rl.reproducibility",
+    "SeedResult": "corral.rl.reproducibility",
+    "trajectory_digest": "corral.rl.reproducibility",
+    "verify_reproducible": "corral.rl.reproducibility",
+    "AsyncCodeReward": "corral.rl.rewards",
+    "CodeReward": "corral.rl.rewards",
+    "RewardOutcome": "corral.rl.rewards",
+    "async_code_reward": "corral.rl.rewards",
+    "code_reward": "corral.rl.rewards",
+    "TestReport": "corral.rl.code",
+    "extract_code": "corral.rl.code",
+    "SandboxToolEnv": "corral.rl.trl_env",
+    "CodegenEnv": "corral.rl.envs.codegen",
+    "Problem": "corral.rl.envs.codegen",
+    "INFRA_ERRORS": "corral.rl.episodes",
+    "EpisodeError": "corral.rl.episodes",
+    "EpisodeResult": "corral.rl.episodes",
+    "EpisodeRunner": "corral.rl.episodes",
+    "EpisodeStatus": "corral.rl.episodes",
+    "EpisodeTimeout": "corral.rl.episodes",
+    "ScriptEpisode": "corral.rl.episodes",
+    "arun_episodes": "corral.rl.episodes",
+    "is_infrastructure_error": "corral.rl.episodes",
+    "parse_json_line": "corral.rl.episodes",
+    "run_episodes": "corral.rl.episodes",
+    "EnvSpec": "corral.rl._policy",
+    "Policy": "corral.rl._policy",
+    "EvalEpisode": "corral.rl.evaluation",
+    "EvalResult": "corral.rl.evaluation",
+    "aevaluate": "corral.rl.evaluation",
+    "evaluate": "corral.rl.evaluation",
+    "parse_seeds": "corral.rl.evaluation",
+    "Summary": "corral.rl.stats",
+    "paired_difference": "corral.rl.stats",
+    "summarize": "corral.rl.stats",
+    "t_quantile": "corral.rl.stats",
+    "TicTacToeEnv": "corral.rl.envs.tictactoe",
+    "plot_returns": "corral.rl._report",
+    "summary_table": "corral.rl._report",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'corral.rl' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

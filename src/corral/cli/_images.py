@@ -1,0 +1,124 @@
+"""``corral image build|ls|rm|import``: images on the daemon.
+
+``build`` shows each step and its output on stderr as the daemon runs it, and prints
+the image's name (or, with ``--json``, the image) on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich import box
+from rich.markup import escape as _escape
+from rich.table import Table
+
+import corral
+from corral.cli._output import Context, humanize_age
+
+
+def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
+    """Register ``corral image VERB``."""
+    p = sub.add_parser("image", help="images: build from a spec, import, list, remove "
+                       "(build, ls, rm, import)")
+    verbs = p.add_subparsers(dest="image_command", required=True, metavar="VERB")
+    p = verbs.add_parser("build", parents=conn, help="build an image from a YAML spec "
+                         "(steps are cached); print its name")
+    p.add_argument("spec", metavar="SPEC", help="the spec file (base:, steps:, name:)")
+    p.add_argument("--name", metavar="N", help="the image's name (default: the spec's name)")
+    p.add_argument("--context", metavar="DIR",
+                   help="where relative copy sources start (default: the spec's directory)")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not show the build's log")
+    p.add_argument("--json", action="store_true", help="print the image as JSON")
+    p.set_defaults(handler=build)
+    p = verbs.add_parser("ls", parents=conn, help="list images")
+    p.add_argument("-q", "--quiet", action="store_true", help="print names only")
+    p.add_argument("--json", action="store_true", help="print a JSON list of images")
+    p.set_defaults(handler=ls)
+    p = verbs.add_parser("rm", parents=conn, help="delete images (refused while in use)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(handler=rm)
+    p = verbs.add_parser("import", parents=conn, help="import a docker save tarball or an "
+                         "OCI image layout (directory or tar)")
+    p.add_argument("archive", metavar="ARCHIVE")
+    p.add_argument("--name", metavar="N", required=True, help="the image's name")
+    p.add_argument("--json", action="store_true", help="print the image as JSON")
+    p.set_defaults(handler=import_archive)
+
+
+def build(args: argparse.Namespace, ctx: Context) -> int:
+    """Build a spec on the daemon, its log on stderr; the image's name on stdout."""
+    err = ctx.output.err
+
+    def show(event: corral.BuildEvent) -> None:
+        if args.quiet:
+            return
+        if event.type == "step":
+            cached = " [dim](cached)[/dim]" if event.cached else ""
+            err.print(f"[bold]step {event.step}/{event.total}[/bold] "
+                      f"{_escape(event.instruction or '')}{cached}")
+        elif event.type == "log":
+            err.print("  " + _escape(event.line or ""), soft_wrap=True)
+
+    image = corral.Image.build(args.spec, name=args.name, context=args.context,
+                               on_event=show, client=ctx.client)
+    stats = image.build_stats
+    if stats is not None and not args.quiet:
+        err.print(f"image {image.name!r}: {stats.built} step(s) run, {stats.cached} cached, "
+                  f"{stats.seconds:.1f} s")
+    if args.json:
+        ctx.output.json(image.info.model_dump(mode="json"))
+    else:
+        ctx.output.line(image.name)
+    return 0
+
+
+def ls(args: argparse.Namespace, ctx: Context) -> int:
+    """The daemon's images as a table, names (``-q``) or JSON."""
+    images = corral.Image.list(client=ctx.client)
+    out = ctx.output
+    if args.json:
+        out.json([i.info.model_dump(mode="json") for i in images])
+        return 0
+    if args.quiet:
+        for i in images:
+            out.line(i.name)
+        return 0
+    if not images:
+        out.line("no images")
+        return 0
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for col in ("NAME", "KIND", "BASE", "LAYERS", "SIZE MB", "AGE"):
+        table.add_column(col, no_wrap=True)
+    now = time.time()
+    for i in images:
+        table.add_row(i.name, i.kind, i.base or "-", str(len(i.layers)),
+                      f"{i.size_bytes / 1e6:.1f}", humanize_age(now - i.created_at))
+    out.out.print(table)
+    return 0
+
+
+def rm(args: argparse.Namespace, ctx: Context) -> int:
+    """Delete images by name. An unknown one, or one in use, is an error (exit status
+    1); the others are still deleted."""
+    failed = 0
+    for name in dict.fromkeys(args.names):
+        try:
+            corral.Image.get(name, client=ctx.client).delete()
+        except (corral.ImageNotFound, corral.ImageInUse, corral.InvalidArgument) as exc:
+            ctx.output.error(exc.message)
+            failed = 1
+            continue
+        ctx.output.line(name)
+    return failed
+
+
+def import_archive(args: argparse.Namespace, ctx: Context) -> int:
+    image = corral.Image.import_archive(args.archive, name=args.name, client=ctx.client)
+    if args.json:
+        ctx.output.json(image.info.model_dump(mode="json"))
+    else:
+        ctx.output.line(image.name)
+    return 0
+

@@ -1,0 +1,176 @@
+"""The server side of :class:`corral.rl.SandboxEnv`: runs inside a sandbox, hosts one
+gymnasium environment, and answers requests on stdin with replies on stdout.
+
+It is uploaded into the sandbox with the codec (``corral.rl.spaces``, as
+``_corral_spaces.py`` next to it) and run by the sandbox's ``python3``; it needs
+gymnasium and numpy there, nothing of corral. One line per message, both ways::
+
+    -> {"op": "make", "id": "CartPole-v1", "kwargs": {...}, "path": [...]}
+    <- {"ok": true, "observation_space": {...}, "action_space": {...}, ...}
+    -> {"op": "step", "action": ...}
+    <- {"ok": true, "obs": ..., "reward": 1.0, "terminated": false, ...}
+    <- {"ok": false, "error": {"type": "ValueError", "message": ..., "traceback": ...}}
+
+An exception in the environment becomes an error reply with its traceback, and the
+server goes on serving (the caller may reset). The environment's own prints go to
+stderr: stdout carries only replies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from typing import Any, BinaryIO
+
+try:  # inside the sandbox the codec sits next to this file
+    import _corral_spaces as wire  # type: ignore[import-not-found]
+except ImportError:  # imported on the host (tests, tools)
+    from corral.rl import spaces as wire
+
+import gymnasium as gym
+
+
+def build_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+    """``module:Attribute`` calls that attribute (a class or factory) if the module
+    has it; anything else, ``module:EnvId`` included, goes to ``gymnasium.make``."""
+    if ":" in env_id:
+        module_name, _, attribute = env_id.partition(":")
+        module = importlib.import_module(module_name)
+        factory = getattr(module, attribute, None)
+        if callable(factory):
+            env = factory(**kwargs)
+            if not isinstance(env, gym.Env):
+                raise TypeError(
+                    f"{env_id} returned a {type(env).__name__}, not a gymnasium.Env"
+                )
+            return env
+    return gym.make(env_id, **kwargs)
+
+
+def _spec_json(env: gym.Env) -> str | None:
+    try:
+        return env.spec.to_json() if env.spec is not None else None
+    except Exception:  # a spec with callables in it cannot be described
+        return None
+
+
+class EnvServer:
+    """The requests one environment answers (``op`` → method ``op_<op>``)."""
+
+    def __init__(self) -> None:
+        self.env: gym.Env | None = None
+
+    def _env(self) -> gym.Env:
+        if self.env is None:
+            raise RuntimeError("no environment yet: the first request must be 'make'")
+        return self.env
+
+    def op_make(self, id: str, kwargs: dict[str, Any], path: list[str] = ()) -> dict[str, Any]:
+        for entry in reversed(path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        env = self.env = build_env(id, kwargs)
+        return {
+            "observation_space": wire.space_to_dict(env.observation_space),
+            "action_space": wire.space_to_dict(env.action_space),
+            "metadata": dict(env.metadata),
+            "render_mode": env.render_mode,
+            "spec": _spec_json(env),
+            "python": sys.version.split()[0],
+            "gymnasium": gym.__version__,
+        }
+
+    def op_reset(self, seed: int | None = None, options: dict | None = None) -> dict[str, Any]:
+        obs, info = self._env().reset(seed=seed, options=options)
+        return {"obs": obs, "info": info}
+
+    def op_step(self, action: Any, autoreset: bool = False) -> dict[str, Any]:
+        """One step; with ``autoreset``, an episode that ends is reset at once and the
+        reply also carries ``final_obs``/``final_info`` (gymnasium's same-step mode)."""
+        env = self._env()
+        obs, reward, terminated, truncated, info = env.step(action)
+        reply = {"obs": obs, "reward": reward, "terminated": terminated,
+                 "truncated": truncated, "info": info}
+        if autoreset and (terminated or truncated):
+            reply["final_obs"], reply["final_info"] = obs, info
+            reply["obs"], reply["info"] = env.reset()
+        return reply
+
+    def op_render(self) -> dict[str, Any]:
+        return {"frame": self._env().render()}
+
+    def op_call(self, name: str, args: list | None = None, kwargs: dict | None = None
+                ) -> dict[str, Any]:
+        value = self._env().get_wrapper_attr(name)
+        if callable(value):
+            value = value(*(args or ()), **(kwargs or {}))
+        return {"value": value}
+
+    def op_set_attr(self, name: str, value: Any) -> dict[str, Any]:
+        self._env().set_wrapper_attr(name, value)
+        return {}
+
+    def op_ping(self) -> dict[str, Any]:
+        return {}
+
+    def op_close(self) -> dict[str, Any]:
+        if self.env is not None:
+            self.env.close()
+        return {}
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        op = message.pop("op", None)
+        method = getattr(self, f"op_{op}", None)
+        if method is None:
+            raise ValueError(f"unknown request {op!r}")
+        return method(**message)
+
+
+def _traceback(exc: BaseException) -> str:
+    """The traceback from the environment's own frames on (this server's are noise)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """Answer each request line with one reply line until ``close`` or EOF."""
+    server = EnvServer()
+    for line in iter(requests.readline, b""):
+        if not line.strip():
+            continue
+        op = None
+        try:
+            message = wire.loads(line)
+            op = message.get("op")
+            reply = {"ok": True, **server.handle(message)}
+            data = wire.dumps(reply)
+        except Exception as exc:  # reported to the caller; the env may go on
+            data = wire.dumps({"ok": False, "error": {
+                "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                "message": str(exc),
+                "traceback": _traceback(exc),
+            }})
+        replies.write(data)
+        replies.flush()
+        if op == "close":
+            return
+
+
+def main() -> None:
+    # Replies get a private copy of stdout; fd 1 then points at stderr, so whatever
+    # the environment prints (even from C code) cannot corrupt the protocol.
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    # Modules in the working directory (a snapshot's /workspace/envs/...) import as with
+    # `python -m`; the uploaded ones come first (see op_make).
+    sys.path.insert(1, os.getcwd())
+    serve(sys.stdin.buffer, replies)
+
+
+if __name__ == "__main__":
+    main()

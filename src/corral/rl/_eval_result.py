@@ -1,0 +1,180 @@
+"""What an evaluation returns: the episodes, their statistics, and views of them."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.rl._policy import EnvSpec
+from corral.rl.episodes import EpisodeStatus
+from corral.rl.stats import Summary, paired_difference
+
+Key = tuple[int, int]  # (seed, episode index k)
+
+
+def eval_tag(policy_hash: str) -> str:
+    return f"eval={policy_hash[:12]}"
+
+
+@dataclass(frozen=True)
+class EvalEpisode:
+    """One evaluated episode: ``status`` as in :class:`~corral.rl.EpisodeStatus`;
+    ``episode_return`` is set only when it is ``ok``. ``cached``: from the cache, no
+    sandbox ran."""
+
+    seed: int
+    k: int
+    status: str
+    episode_return: float | None = None
+    steps: int | None = None
+    digest: str | None = None
+    terminated: bool | None = None
+    truncated: bool | None = None
+    error: str | None = None
+    sandbox_id: str | None = None
+    attempts: int = 0
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == EpisodeStatus.OK.value
+
+    @property
+    def key(self) -> Key:
+        return (self.seed, self.k)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "k": self.k, "status": self.status,
+                "return": self.episode_return, "steps": self.steps, "digest": self.digest,
+                "terminated": self.terminated, "truncated": self.truncated,
+                "error": self.error, "sandbox_id": self.sandbox_id,
+                "attempts": self.attempts, "cached": self.cached}
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any], **extra: Any) -> EvalEpisode:
+        """From the in-sandbox runner's record (or a cached one)."""
+        if "error" in rec:
+            return cls(int(rec["seed"]), int(rec["k"]), EpisodeStatus.ERROR.value,
+                       steps=rec.get("steps"), error=f"{rec['error']} (in {rec.get('where')})",
+                       **extra)
+        return cls(int(rec["seed"]), int(rec["k"]), EpisodeStatus.OK.value,
+                   float(rec["return"]), rec.get("steps"), rec.get("digest"),
+                   rec.get("terminated"), rec.get("truncated"), **extra)
+
+
+@dataclass(frozen=True)
+class SeedStats:
+    seed: int
+    n: int
+    mean: float
+    minimum: float
+    maximum: float
+    failures: int
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` found. ``summary`` (mean, std, stderr, CI) covers the
+    ``ok`` episodes (plus errors and timeouts scored as ``error_return`` if that was
+    given); infrastructure failures are never in it, only in ``infra_failures``."""
+
+    policy: str
+    policy_hash: str
+    env: EnvSpec
+    episodes: list[EvalEpisode]
+    summary: Summary
+    error_return: float | None
+    stop_reason: str
+    elapsed_s: float
+    sandboxes_created: int
+    cache_hits: int
+    target_halfwidth: float | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.counts = Counter(e.status for e in self.episodes)
+
+    mean = property(lambda self: self.summary.mean)
+    std = property(lambda self: self.summary.std)
+    stderr = property(lambda self: self.summary.stderr)
+    halfwidth = property(lambda self: self.summary.halfwidth)
+    n = property(lambda self: self.summary.n, doc="Episodes in the statistics.")
+
+    @property
+    def tag(self) -> str:
+        """The tag every sandbox of this policy's evaluations carries."""
+        return eval_tag(self.policy_hash)
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return (self.summary.ci_low, self.summary.ci_high)
+
+    @property
+    def errors(self) -> int:
+        return self.counts[EpisodeStatus.ERROR.value]
+
+    @property
+    def timeouts(self) -> int:
+        return self.counts[EpisodeStatus.TIMEOUT.value]
+
+    @property
+    def infra_failures(self) -> int:
+        return self.counts[EpisodeStatus.INFRA_ERROR.value]
+
+    @property
+    def episodes_per_second(self) -> float:
+        return len(self.episodes) / self.elapsed_s if self.elapsed_s > 0 else math.inf
+
+    def returns(self) -> dict[Key, float]:
+        """``{(seed, k): return}`` of the ``ok`` episodes."""
+        return {e.key: e.episode_return for e in self.episodes if e.ok}  # type: ignore[misc]
+
+    def per_seed(self) -> list[SeedStats]:
+        by_seed: dict[int, list[EvalEpisode]] = defaultdict(list)
+        for e in self.episodes:
+            by_seed[e.seed].append(e)
+        rows = []
+        for seed, eps in by_seed.items():
+            vals = [e.episode_return for e in eps if e.ok]
+            nan = math.nan
+            rows.append(SeedStats(seed, len(vals), sum(vals) / len(vals) if vals else nan,
+                                  min(vals, default=nan), max(vals, default=nan),
+                                  len(eps) - len(vals)))
+        return rows
+
+    def compare(self, other: EvalResult) -> Summary:
+        """This policy's return minus ``other``'s, paired by (seed, episode)."""
+        return paired_difference(self.returns(), other.returns(), self.summary.confidence)
+
+    def table(self, *, title: str = "Policy evaluation") -> Any:
+        """A rich table of the summary (print it with a rich console)."""
+        from corral.rl._report import summary_table
+
+        return summary_table([self], title=title)
+
+    def per_seed_table(self) -> Any:
+        from corral.rl._report import per_seed_table
+
+        return per_seed_table(self)
+
+    def save_png(self, path: str | Path) -> Path:
+        """Draw the return distribution (needs matplotlib, in the ``rl`` extra)."""
+        from corral.rl._report import plot_returns
+
+        return plot_returns([self], path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy, "policy_hash": self.policy_hash, "env": self.env.to_dict(),
+            "summary": self.summary.to_dict(), "error_return": self.error_return,
+            "counts": dict(self.counts), "errors": self.errors, "timeouts": self.timeouts,
+            "infra_failures": self.infra_failures, "cache_hits": self.cache_hits,
+            "sandboxes_created": self.sandboxes_created, "elapsed_s": self.elapsed_s,
+            "stop_reason": self.stop_reason, "target_halfwidth": self.target_halfwidth,
+            "per_seed": [vars(s) for s in self.per_seed()],
+            "episodes": [e.to_dict() for e in self.episodes],
+        }

@@ -1,0 +1,187 @@
+"""corral's episode runner for policy evaluation; it runs INSIDE the sandbox.
+
+corral copies this file (with ``job.json``, the policy's files and, for tic-tac-toe,
+the env) into a base sandbox, snapshots it, and runs it in sandboxes restored from
+that snapshot. Policy and env share this one process, so an episode costs function
+calls, not round trips. It imports only the standard library (and gymnasium when the
+env is one of its ids), because the sandbox has nothing else: not even corral.
+
+    python3 runner.py check                 # load the policy, make the env, step once
+    python3 runner.py run SEED:K [SEED:K]   # one JSON record per episode, on stdout
+
+A record: ``{"seed", "k", "return", "steps", "terminated", "truncated", "digest",
+"seconds"}``, or ``{"seed", "k", "error", "where", "steps"}`` when the policy or the
+env raised (the next episode still runs). ``digest`` is a SHA-256 of every
+observation, action and reward, so equal digests mean equal trajectories.
+
+Episode ``k`` of a seed resets the env with ``seed``; the policy's randomness
+(``random``, numpy's global generator, the action space) is seeded with ``seed`` for
+``k == 0`` and with a number derived from both otherwise.
+"""
+
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+import types
+
+# Every import here is paid once per episode sandbox: keep them few (no importlib.util,
+# no traceback outside the check, no typing in the env).
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def plain(x):
+    """A JSON-able copy of an observation, action or info (numpy arrays become lists)."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x
+
+
+def load_module(path, name):
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), module.__dict__)
+    return module
+
+
+def linear_policy(path):
+    with open(path) as f:
+        data = json.load(f)
+    w, b = data["W"], data["b"]
+
+    def flat(obs):
+        out = []
+        for v in (obs if isinstance(obs, (list, tuple)) else plain(obs)):
+            out.extend(flat(v) if isinstance(v, (list, tuple)) else [float(v)])
+        return out
+
+    if w and isinstance(w[0], list):
+        def act(obs):
+            x = flat(obs)
+            scores = [sum(wi * xi for wi, xi in zip(row, x, strict=True)) + bi for row, bi in zip(w, b, strict=True)]
+            return max(range(len(scores)), key=scores.__getitem__)
+    else:
+        def act(obs):
+            return int(sum(wi * xi for wi, xi in zip(w, flat(obs), strict=True)) + b[0] > 0)
+    return act, None
+
+
+def load_policy(job):
+    policy = job["policy"]
+    if policy["kind"] == "linear":
+        return linear_policy(os.path.join(HERE, policy["weights"]))
+    module = load_module(os.path.join(HERE, policy["module"]), "policy")
+    for name in ("act", "choose_action"):
+        fn = getattr(module, name, None)
+        if callable(fn):
+            return fn, module
+    raise TypeError("the policy module defines neither act(obs) nor choose_action(obs)")
+
+
+def make_env(job):
+    spec = job["env"]
+    kwargs = spec.get("kwargs") or {}
+    if spec["id"] == "corral/TicTacToe-v0":
+        import tictactoe  # next to this file, which is on sys.path
+
+        return tictactoe.TicTacToeEnv(**kwargs)
+    import gymnasium
+
+    return gymnasium.make(spec["id"], **kwargs)
+
+
+def episode_seed(seed, k):
+    if k == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
+
+
+def run_episode(env, act, module, seed, k, max_steps):
+    rng_seed = episode_seed(seed, k)
+    random.seed(rng_seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(rng_seed % 2**32)
+    started = time.perf_counter()
+    steps, total, where = 0, 0.0, "env.reset"
+    terminated = truncated = False
+    try:
+        obs, _ = env.reset(seed=seed)
+        space = getattr(env, "action_space", None)
+        if space is not None and hasattr(space, "seed"):
+            space.seed(rng_seed)
+        if module is not None:
+            module.env = env
+        digest = hashlib.sha256(json.dumps(plain(obs)).encode())
+        while not (terminated or truncated):
+            where = "policy"
+            action = act(obs)
+            where = "env.step"
+            obs, reward, terminated, truncated, _ = env.step(action)
+            steps += 1
+            total += float(reward)
+            digest.update(json.dumps([plain(action), float(reward), plain(obs)]).encode())
+            if max_steps is not None and steps >= max_steps and not terminated:
+                truncated = True
+    except Exception as exc:  # the policy's (or the env's) failure is this episode's result
+        return {"seed": seed, "k": k, "error": f"{type(exc).__name__}: {exc}"[:500],
+                "where": where, "steps": steps}
+    return {"seed": seed, "k": k, "return": total, "steps": steps, "terminated": bool(terminated),
+            "truncated": bool(truncated), "digest": digest.hexdigest()[:16],
+            "seconds": round(time.perf_counter() - started, 6)}
+
+
+def check(job):
+    """Load everything and take one step, so a broken policy fails once, clearly."""
+    try:
+        act, module = load_policy(job)
+        env = make_env(job)
+        obs, _ = env.reset(seed=0)
+        if module is not None:
+            module.env = env
+        env.step(act(obs))
+        env.close()
+    except Exception as exc:
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = next((f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames)
+                   if f.filename.startswith(HERE)), "")
+        print(json.dumps({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000],
+                          "at": at}))
+        return 3
+    print(json.dumps({"check": "ok", "python": sys.version.split()[0]}))
+    return 0
+
+
+def main(argv):
+    with open(os.path.join(HERE, "job.json")) as f:
+        job = json.load(f)
+    sys.path.insert(0, HERE)
+    if argv[:1] == ["check"]:
+        return check(job)
+    if argv[:1] != ["run"]:
+        print("usage: runner.py check | run SEED:K ...", file=sys.stderr)
+        return 2
+    act, module = load_policy(job)
+    env = make_env(job)
+    try:
+        for item in argv[1:]:
+            seed, k = (int(x) for x in item.split(":"))
+            record = run_episode(env, act, module, seed, k, job["env"].get("max_steps"))
+            print(json.dumps(record), flush=True)
+    finally:
+        env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

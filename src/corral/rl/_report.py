@@ -1,0 +1,98 @@
+"""How evaluation results are shown: rich tables, and a PNG of the return distribution.
+
+matplotlib is optional (the ``rl`` extra): it is imported only to draw, and drawn on
+a ``Figure`` of its own (no ``pyplot``), so a user's interactive backend is untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from corral.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from corral.rl.evaluation import EvalResult
+
+
+def _num(x: float, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if math.isinf(x):
+        return "∞"
+    return f"{x:.{digits}g}"
+
+
+def summary_table(results: Sequence[EvalResult], *, title: str = "Policy evaluation") -> Table:
+    """One row per result: n, mean, std, stderr, the CI, failures kept apart, speed."""
+    conf = results[0].summary.confidence if results else 0.95
+    table = Table(title=title)
+    for name, justify in (("policy", "left"), ("env", "left"), ("n", "right"),
+                          ("mean", "right"), ("std", "right"), ("stderr", "right"),
+                          (f"{conf:.0%} CI", "right"), ("errors", "right"),
+                          ("timeouts", "right"), ("infra", "right"), ("cached", "right"),
+                          ("sandboxes", "right"), ("episodes/s", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in results:
+        s = r.summary
+        ci = f"[{_num(s.ci_low)}, {_num(s.ci_high)}]" if s.n >= 2 else "-"
+        table.add_row(
+            r.policy, str(r.env), str(s.n), _num(s.mean), _num(s.std), _num(s.stderr), ci,
+            str(r.errors), str(r.timeouts), str(r.infra_failures), str(r.cache_hits),
+            str(r.sandboxes_created), f"{r.episodes_per_second:.1f}",
+        )
+    return table
+
+
+def per_seed_table(result: EvalResult) -> Table:
+    table = Table(title=f"{result.policy} on {result.env}: per seed")
+    for name in ("seed", "episodes", "mean", "min", "max", "failures"):
+        table.add_column(name, justify="left" if name == "seed" else "right")
+    for row in result.per_seed():
+        table.add_row(str(row.seed), str(row.n), _num(row.mean), _num(row.minimum),
+                      _num(row.maximum), str(row.failures))
+    return table
+
+
+def plot_returns(results: Sequence[EvalResult], path: str | Path) -> Path:
+    """A histogram of each result's returns with its mean and CI band, as a PNG."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise InvalidArgument(
+            "drawing the return distribution needs matplotlib: pip install 'corral[rl]'") from exc
+    path = Path(path)
+    fig = Figure(figsize=(7.5, 4.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    values = [[e.episode_return for e in r.episodes if e.ok] for r in results]
+    flat = [v for vs in values for v in vs]
+    lo, hi = (min(flat), max(flat)) if flat else (0.0, 1.0)
+    if hi <= lo:  # every return equal: one bar, centred
+        lo, hi = lo - 0.5, hi + 0.5
+    bins = min(30, max(1, len(set(flat))))
+    for i, (r, vs) in enumerate(zip(results, values, strict=True)):
+        color = f"C{i}"
+        label = f"{r.policy}: {_num(r.summary.mean)} ± {_num(r.summary.halfwidth, 3)}"
+        if vs:
+            ax.hist(vs, bins=bins, range=(lo, hi), alpha=0.45,
+                    color=color, label=label)
+        if r.summary.n >= 2:
+            ax.axvspan(r.summary.ci_low, r.summary.ci_high, color=color, alpha=0.15)
+            ax.axvline(r.summary.mean, color=color, linewidth=1.5)
+    env = str(results[0].env) if results else ""
+    ax.set_title(f"Return distribution on {env} ({results[0].summary.confidence:.0%} CI shaded)"
+                 if results else "Return distribution")
+    ax.set_xlabel("episode return")
+    ax.set_ylabel("episodes")
+    if results:
+        ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path

@@ -1,0 +1,444 @@
+"""Evaluate a policy: hundreds of seeded episodes in sandboxes, a mean with a CI back.
+
+::
+
+    result = corral.rl.evaluate("policy.py", "CartPole-v1", seeds=range(200))
+    print(result.mean, result.ci, result.infra_failures)
+
+How it runs:
+
+1. The policy (code defining ``act(obs)``, or a weights file: see
+   :class:`~corral.rl.Policy`), the env spec and a small runner script are written
+   ONCE into a base sandbox, which loads the policy and takes one step (a broken
+   policy fails here, once, with its error) and then is snapshotted. Snapshots are
+   content-addressed overlay layers: every episode's sandbox is restored from it and
+   shares those files, nothing is copied per episode. The check run also leaves
+   Python's byte-code of gymnasium and numpy in the snapshot, so episodes start warm.
+2. Each episode is one ``python3 runner.py run SEED:K`` in its own restored sandbox
+   (``episodes_per_sandbox`` > 1 runs several per sandbox, trading isolation for
+   speed): policy and env in one process, one JSON record per episode, through the
+   episode runner (:mod:`corral.rl.episodes`): bounded concurrency, timeouts, and
+   retries of infrastructure failures only. Those are counted apart
+   (``infra_failures``), never as a return.
+3. Records are cached on disk by (policy hash, env spec, seed, episode, corral
+   version): evaluating an unchanged policy again runs no sandbox at all.
+4. ``adaptive=True`` adds episodes in batches until the CI's half-width is at most
+   ``target_halfwidth`` or a budget (episodes, seconds) is spent; batches are taken
+   in seed order and each ends before the next starts, so which episodes are counted
+   never depends on which sandbox was faster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import corral
+from corral.errors import CorralError, InvalidArgument, SandboxLost
+from corral.rl._cache import EpisodeCache, default_cache_path, episode_key
+from corral.rl._eval_result import EvalEpisode, EvalResult, Key, SeedStats, eval_tag
+from corral.rl._policy import CODE_FILE, WEIGHTS_FILE, EnvSpec, Policy
+from corral.rl._progress import EpisodeProgress
+from corral.rl.episodes import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_RETRIES,
+    EpisodeError,
+    EpisodeResult,
+    EpisodeRunner,
+    EpisodeStatus,
+    _endpoint_args,
+    is_infrastructure_error,
+    sandbox_lost,
+)
+from corral.rl.stats import DEFAULT_CONFIDENCE, Summary, summarize
+
+__all__ = ["EvalEpisode", "EvalResult", "SeedStats", "aevaluate", "evaluate", "parse_seeds"]
+
+EVAL_DIR = "/workspace/.corral-eval"
+RUNNER = f"{EVAL_DIR}/runner.py"
+RUNNER_ENV = {
+    # Byte-code of what the check run imports lands in the snapshot, so every restored
+    # sandbox imports gymnasium/numpy warm (the image's own dirs are read-only).
+    "PYTHONPYCACHEPREFIX": f"{EVAL_DIR}/pycache",
+    # One core per sandbox: BLAS thread pools would only start threads and contend.
+    "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+}
+DEFAULT_SEEDS = range(100)
+DEFAULT_EPISODE_TIMEOUT_S = 60.0
+DEFAULT_SANDBOX = {"memory_mb": 512, "cpus": 1.0}
+CHECK_TIMEOUT_S = 180.0
+EXEC_MARGIN_S = 30.0
+DEFAULT_ADAPTIVE_BUDGET = 1000
+MIN_ADAPTIVE_EPISODES = 10
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-99"``, ``"1,5,9"`` or ``"0-9,100-109"`` as a list of seeds.
+
+    >>> parse_seeds("0-3,10")
+    [0, 1, 2, 3, 10]
+    """
+    seeds: list[int] = []
+    for part in text.replace(" ", "").split(","):
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise InvalidArgument(
+                f"seeds {text!r}: write ranges and numbers like 0-99 or 1,5,9") from None
+        if first < 0 or last < first:
+            raise InvalidArgument(f"seeds {text!r}: {part!r} is not an ascending range of seeds >= 0")
+        seeds.extend(range(first, last + 1))
+    return seeds
+
+
+def _plan(seeds: Iterable[int], per_seed: int) -> Iterator[Key]:
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InvalidArgument(f"seeds must be integers >= 0, got {seed!r}")
+        for k in range(per_seed):
+            yield (seed, k)
+
+
+class _Evaluation:
+    """One evaluation's sandboxes: the base snapshot (made when first needed), the
+    episode runner on it, and what they cost."""
+
+    def __init__(self, policy: Policy, env: EnvSpec, *, client: Any, timeout: float,
+                 concurrency: int, retries: int, per_sandbox: int,
+                 sandbox: Mapping[str, Any]) -> None:
+        self.policy, self.env, self.timeout = policy, env, timeout
+        self.per_sandbox, self.retries, self.concurrency = per_sandbox, retries, concurrency
+        self.spec = {**DEFAULT_SANDBOX, **sandbox}
+        self.tag = eval_tag(policy.hash)
+        self._user_client = client
+        self._client: corral.AsyncClient | None = None
+        self._snapshot: corral.AsyncSnapshot | None = None
+        self._runner: EpisodeRunner | None = None
+        self.base_sandboxes = 0
+
+    @property
+    def sandboxes_created(self) -> int:
+        return self.base_sandboxes + (self._runner.sandboxes_created if self._runner else 0)
+
+    def client(self) -> corral.AsyncClient:
+        if isinstance(self._user_client, corral.AsyncClient):
+            return self._user_client
+        if self._client is None:
+            url, token = _endpoint_args(self._user_client)
+            self._client = corral.AsyncClient(url, token=token)
+        return self._client
+
+    def _files(self) -> dict[str, bytes]:
+        job = {"env": {"id": self.env.id, "kwargs": dict(self.env.kwargs),
+                       "max_steps": self.env.max_steps},
+               "policy": {"kind": self.policy.kind, "module": CODE_FILE, "weights": WEIGHTS_FILE}}
+        here = Path(__file__).parent
+        files = {"runner.py": (here / "_eval_runner.py").read_bytes(),
+                 "job.json": json.dumps(job).encode(), **dict(self.policy.files)}
+        if self.env.is_tictactoe:
+            files["tictactoe.py"] = (here / "envs" / "tictactoe.py").read_bytes()
+        return files
+
+    async def _make_snapshot(self) -> corral.AsyncSnapshot:
+        """The base sandbox: files in, a check run, a snapshot; then it is deleted."""
+        for attempt in range(self.retries + 1):
+            try:
+                base = await corral.AsyncSandbox.create(
+                    image=self.env.image, tags=[self.tag], client=self.client(), **self.spec)
+            except CorralError as exc:
+                if not is_infrastructure_error(exc) or attempt == self.retries:
+                    raise
+                continue
+            self.base_sandboxes += 1
+            try:
+                for name, content in self._files().items():
+                    await base.files.write(f"{EVAL_DIR}/{name}", content)
+                r = await base.exec(["python3", RUNNER, "check"], env=RUNNER_ENV,
+                                    cwd="/workspace", timeout=max(CHECK_TIMEOUT_S, self.timeout))
+                self._raise_on_failed_check(r)
+                return await base.snapshot()
+            except CorralError as exc:
+                if not is_infrastructure_error(exc) or attempt == self.retries:
+                    raise
+            finally:
+                await base.delete()
+        raise AssertionError("unreachable")
+
+    def _raise_on_failed_check(self, r: corral.CommandResult) -> None:
+        try:
+            check = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            check = {}
+        if r.ok and check.get("check") == "ok":
+            return
+        if r.timed_out or r.oom_killed:
+            why = "timed out" if r.timed_out else f"ran out of memory ({self.spec['memory_mb']} MB)"
+            raise InvalidArgument(f"policy {self.policy.label!r} on {self.env}: loading it "
+                                  f"and taking one step {why}")
+        where = f" at {check['at']}" if check.get("at") else ""
+        error = check.get("error") or (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise InvalidArgument(
+            f"policy {self.policy.label!r} cannot run on {self.env} in image "
+            f"{self.env.image!r}: {error}{where}. Fix the policy (or the env id/arguments); "
+            "nothing was evaluated", details={"error": error, "at": check.get("at")})
+
+    async def _episode(self, sb: corral.AsyncSandbox, keys: tuple[Key, ...]) -> dict[str, Any]:
+        """Run ``keys`` in ``sb``: every record printed, and why any is missing."""
+        argv = ["python3", RUNNER, "run", *(f"{s}:{k}" for s, k in keys)]
+        r = await sb.exec(argv, env=RUNNER_ENV, cwd="/workspace",
+                          timeout=self.timeout * len(keys))
+        records: dict[Key, dict[str, Any]] = {}
+        for line in r.stdout.splitlines():
+            try:
+                rec = json.loads(line)
+                records[(int(rec["seed"]), int(rec["k"]))] = rec
+            except (ValueError, KeyError, TypeError):
+                continue
+        missing: tuple[str, str] | None = None
+        if len(records) < len(keys):
+            if r.timed_out:
+                missing = ("timeout", f"the episode ran past its {self.timeout:g} s timeout")
+            elif r.oom_killed:
+                missing = ("error", f"killed for exceeding memory_mb={self.spec['memory_mb']}")
+            else:
+                if r.returncode < 0 and (lost := await sandbox_lost(sb)) is not None:
+                    raise SandboxLost(lost)  # the machine's doing: the runner retries
+                last = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
+                if r.returncode == 0:
+                    raise EpisodeError(f"the runner printed no record: {last}")
+                missing = ("error", f"the runner exited with status {r.returncode}: {last}")
+        return {"records": records, "missing": missing}
+
+    def expand(self, res: EpisodeResult) -> list[EvalEpisode]:
+        """One runner result (a sandbox's worth of episodes) as episodes."""
+        keys: tuple[Key, ...] = res.seed
+        extra = {"sandbox_id": res.sandbox_id, "attempts": res.attempts}
+        if res.status is not EpisodeStatus.OK:
+            return [EvalEpisode(s, k, res.status.value, error=res.error, **extra) for s, k in keys]
+        records, missing = res.value["records"], res.value["missing"]
+        out = []
+        for s, k in keys:
+            rec = records.get((s, k))
+            if rec is None:
+                status, error = missing or ("error", "no record")
+                out.append(EvalEpisode(s, k, status, error=error, **extra))
+            else:
+                out.append(EvalEpisode.from_record(rec, **extra))
+        return out
+
+    async def run(self, keys: list[Key]) -> Any:
+        """Yield the episodes of ``keys`` as their sandboxes finish."""
+        if self._snapshot is None:
+            self._snapshot = await self._make_snapshot()
+            self._runner = EpisodeRunner(
+                self._episode, snapshot=self._snapshot, concurrency=self.concurrency,
+                timeout=self.timeout * self.per_sandbox + EXEC_MARGIN_S, retries=self.retries,
+                tags=[self.tag], client=self.client())
+        assert self._runner is not None
+        groups = [tuple(keys[i:i + self.per_sandbox]) for i in range(0, len(keys), self.per_sandbox)]
+        async for res in self._runner.run(groups):
+            yield self.expand(res)
+
+    async def close(self) -> None:
+        try:
+            if self._snapshot is not None:
+                await self._snapshot.delete()
+        finally:
+            if self._runner is not None:
+                await self._runner.aclose()
+            if self._client is not None:
+                await self._client.aclose()
+
+
+def _open_cache(cache: bool | str | Path | EpisodeCache | None) -> EpisodeCache | None:
+    if cache is None or cache is False:
+        return None
+    if isinstance(cache, EpisodeCache):
+        return cache
+    return EpisodeCache(default_cache_path() if cache is True else cache)
+
+
+def _check_positive(name: str, value: Any, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value <= 0):
+        raise InvalidArgument(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}")
+
+
+async def aevaluate(
+    policy: Policy | str | Path,
+    env: EnvSpec | str = "CartPole-v1",
+    *,
+    seeds: Iterable[int] | str | None = None,
+    episodes_per_seed: int = 1,
+    env_kwargs: Mapping[str, Any] | None = None,
+    image: str | None = None,
+    max_steps: int | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    timeout: float = DEFAULT_EPISODE_TIMEOUT_S,
+    retries: int = DEFAULT_RETRIES,
+    episodes_per_sandbox: int = 1,
+    sandbox: Mapping[str, Any] | None = None,
+    adaptive: bool = False,
+    target_halfwidth: float | None = None,
+    budget_episodes: int | None = None,
+    budget_seconds: float | None = None,
+    batch_size: int | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
+    error_return: float | None = None,
+    cache: bool | str | Path | EpisodeCache | None = True,
+    png: str | Path | None = None,
+    progress: bool | EpisodeProgress = False,
+    label: str | None = None,
+    client: Any = None,
+) -> EvalResult:
+    """:func:`evaluate` for asyncio code (the same arguments)."""
+    pol = Policy.coerce(policy)
+    if label:
+        pol = Policy(pol.kind, pol.files, label)
+    spec = EnvSpec.coerce(env, kwargs=env_kwargs, image=image, max_steps=max_steps)
+    for name, value, integer in (
+        ("episodes_per_seed", episodes_per_seed, True), ("concurrency", concurrency, True),
+        ("timeout", timeout, False), ("episodes_per_sandbox", episodes_per_sandbox, True),
+        ("target_halfwidth", target_halfwidth, False), ("budget_episodes", budget_episodes, True),
+        ("budget_seconds", budget_seconds, False), ("batch_size", batch_size, True),
+    ):
+        _check_positive(name, value, integer=integer)
+    summarize([], confidence)  # validates confidence
+    if adaptive and target_halfwidth is None:
+        raise InvalidArgument("adaptive evaluation needs target_halfwidth (the CI half-width to reach)")
+    if isinstance(seeds, str):
+        seeds = parse_seeds(seeds)
+    if seeds is None:
+        seeds = itertools.count() if adaptive else DEFAULT_SEEDS
+    if adaptive and budget_episodes is None and budget_seconds is None and not hasattr(seeds, "__len__"):
+        budget_episodes = DEFAULT_ADAPTIVE_BUDGET
+    plan = _plan(seeds, episodes_per_seed)
+    if adaptive:
+        batch_size = batch_size or 2 * concurrency * episodes_per_sandbox
+
+    store = _open_cache(cache)
+    run = _Evaluation(pol, spec, client=client, timeout=timeout, concurrency=concurrency,
+                      retries=retries, per_sandbox=episodes_per_sandbox, sandbox=sandbox or {})
+    episodes: dict[Key, EvalEpisode] = {}
+    cache_hits = 0
+    env_key = spec.key()
+    started = time.perf_counter()
+    bar = progress if isinstance(progress, EpisodeProgress) else EpisodeProgress(
+        budget_episodes if adaptive else None, label=f"{pol.label} on {spec}", enabled=bool(progress))
+    own_bar = not isinstance(progress, EpisodeProgress)
+
+    def stats() -> Summary:
+        values = [e.episode_return if e.ok else error_return for e in episodes.values()
+                  if e.ok or (error_return is not None and e.status in ("error", "timeout"))]
+        return summarize(values, confidence)  # type: ignore[arg-type]
+
+    def note(eps: list[EvalEpisode], status: str | None = None) -> None:
+        for e in eps:
+            episodes[e.key] = e
+        s = stats()
+        extra = f"mean {s.mean:.4g} ± {s.halfwidth:.3g}" if s.n >= 2 else ""
+        for e in eps:
+            bar.advance(status or e.status, extra=extra)
+
+    stop_reason = "complete"
+    try:
+        if own_bar:
+            bar.__enter__()
+        while True:
+            want = None
+            if adaptive:
+                want = batch_size if budget_episodes is None else min(
+                    batch_size, budget_episodes - len(episodes))  # type: ignore[type-var]
+            batch = list(plan if want is None else itertools.islice(plan, want))
+            if not batch:
+                stop_reason = "seeds_exhausted" if adaptive else "complete"
+                break
+            if not adaptive:
+                bar.set_total(len(batch))
+            hits: dict[str, dict[str, Any]] = {}
+            keyed = {key: episode_key(pol.hash, env_key, *key) for key in batch}
+            if store is not None:
+                hits = store.get_many(keyed.values())
+            cached = [EvalEpisode.from_record(hits[keyed[key]], cached=True)
+                      for key in batch if keyed[key] in hits]
+            cache_hits += len(cached)
+            note(cached, "cached")
+            todo = [key for key in batch if keyed[key] not in hits]
+            if todo:
+                async for eps in run.run(todo):
+                    note(eps)
+                    if store is not None:
+                        store.put_many((keyed[e.key], _record(e)) for e in eps if e.ok)
+            if not adaptive:
+                break
+            s = stats()
+            if s.n >= MIN_ADAPTIVE_EPISODES and s.halfwidth <= target_halfwidth:  # type: ignore[operator]
+                stop_reason = "target"
+                break
+            if budget_episodes is not None and len(episodes) >= budget_episodes:
+                stop_reason = "budget_episodes"
+                break
+            if budget_seconds is not None and time.perf_counter() - started >= budget_seconds:
+                stop_reason = "budget_seconds"
+                break
+    finally:
+        if own_bar:
+            bar.__exit__(None, None, None)
+        try:
+            await run.close()
+        finally:
+            if store is not None and not isinstance(cache, EpisodeCache):
+                store.close()
+
+    ordered = sorted(episodes.values(), key=lambda e: e.key)
+    result = EvalResult(
+        pol.label, pol.hash, spec, ordered, stats(), error_return, stop_reason,
+        time.perf_counter() - started, run.sandboxes_created, cache_hits,
+        target_halfwidth if adaptive else None)
+    if png is not None:
+        result.save_png(png)
+    return result
+
+
+def _record(e: EvalEpisode) -> dict[str, Any]:
+    return {"seed": e.seed, "k": e.k, "return": e.episode_return, "steps": e.steps,
+            "digest": e.digest, "terminated": e.terminated, "truncated": e.truncated}
+
+
+def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **options: Any) -> EvalResult:
+    """Evaluate ``policy`` on ``env`` over seeded episodes, each in a sandbox.
+
+    ``policy``: code (a string defining ``act(obs)`` or ``choose_action(obs)``), a
+    file (``.py``, or weights: ``.npy``/``.json``/``.pt``) or a
+    :class:`~corral.rl.Policy`. ``env``: a gymnasium id (run in image ``rl``) or
+    ``"tictactoe"`` (image ``python``); ``env_kwargs``, ``image``, ``max_steps``
+    refine it.
+
+    Options: ``seeds`` (iterable of ints >= 0, or ``"0-99"``; default 0-99),
+    ``episodes_per_seed``, ``concurrency`` (sandboxes at once), ``timeout`` (seconds
+    per episode), ``retries`` (of infrastructure failures), ``episodes_per_sandbox``,
+    ``sandbox`` (spec overrides: ``memory_mb``, ``cpus``, ...), ``adaptive`` with
+    ``target_halfwidth``, ``budget_episodes``, ``budget_seconds``, ``batch_size``;
+    ``confidence`` (0.95), ``error_return`` (score policy errors and timeouts as this
+    return instead of leaving them out), ``cache`` (True: the default file; a path;
+    False), ``png`` (draw the return distribution), ``progress`` (a live bar on
+    stderr), ``label``, ``client``.
+
+    >>> r = corral.rl.evaluate(POLICY, "CartPole-v1", seeds=range(200), concurrency=8)
+    >>> print(f"{r.mean:.1f} ± {r.halfwidth:.1f}; infra failures: {r.infra_failures}")
+    """
+    coro = aevaluate(policy, env, **options)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    # Called from a running event loop (a notebook): run on a loop of its own.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
