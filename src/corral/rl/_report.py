@@ -75,7 +75,9 @@ def plot_returns(results: Sequence[EvalResult], path: str | Path) -> Path:
     lo, hi = (min(flat), max(flat)) if flat else (0.0, 1.0)
     if hi <= lo:  # every return equal: one bar, centred
         lo, hi = lo - 0.5, hi + 0.5
-    bins = min(30, max(1, len(set(flat))))
+    # Fixed-width bins over the whole range: a few distinct returns (CartPole's cap at
+    # 500 and one early failure) must show as narrow spikes, not as one wide bar.
+    bins = 30 if len(set(flat)) > 1 else 1
     for i, (r, vs) in enumerate(zip(results, values, strict=True)):
         color = f"C{i}"
         label = f"{r.policy}: {_num(r.summary.mean)} ± {_num(r.summary.halfwidth, 3)}"
