@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,7 +55,8 @@ def main() -> int:
     parser.add_argument("--png", help="draw both CartPole return distributions here")
     parser.add_argument("--url", help="the daemon (default: CORRAL_URL, else the local one)")
     args = parser.parse_args()
-    console = Console()
+    # Piped (CI logs, `| tee`): wide enough for the summary table's 13 columns.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     work = Path(tempfile.mkdtemp(prefix="corral-eval-demo-"))
     weights = work / "linear.npy"
     np.save(weights, LINEAR_WEIGHTS)

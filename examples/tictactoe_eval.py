@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,7 +100,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="sandboxes at once")
     parser.add_argument("--url", help="the daemon (default: CORRAL_URL, else the local one)")
     args = parser.parse_args()
-    console = Console()
+    # Piped (CI logs, `| tee`): wide enough for the summary table's 13 columns.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     # A cache of its own, so every run of the example really runs its episodes.
     cache = Path(tempfile.mkdtemp(prefix="corral-tictactoe-")) / "cache.sqlite"
     common = dict(seeds=range(args.seeds), concurrency=args.concurrency, cache=cache)
