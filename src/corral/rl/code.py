@@ -16,41 +16,50 @@ Extraction (:func:`extract_code`), in this order:
 "Last wins" because models draft, then correct themselves; an unclosed fence (a
 completion cut at ``max_completion_length``) does not count.
 
-Tests (:func:`run_tests`): a test is a snippet of Python, typically ``assert f(2) == 4``,
-run after the solution in a copy of its namespace; the solution is also importable as a
-module (``from solution import f``). All tests of one solution run in one ``python3``
-process inside the sandbox (:data:`HARNESS`): each test is isolated from the others'
-exceptions and may have its own time limit (``SIGALRM``), so one endless loop costs that
-test, not the whole report. The tests travel on the command's standard input and are
-never written into the sandbox, so a solution cannot read them from disk. The harness
-guards against accidental passes (a solution that exits early, or prints what looks like
-a report): a report counts only if it carries a random token the solution is not given.
-A solution that deliberately inspects the harness's memory can still forge one; score
-adversarial code with one process per test if that matters.
+Tests (:func:`run_tests`): a test is a snippet of Python, typically ``assert f(2) == 4``
+or a HumanEval ``check(candidate)``; it reads the names the solution defines as if it
+ran after it in its namespace, and the solution is importable as a module (``from
+solution import f``). Each test is isolated from the others' exceptions and may have
+its own time limit, so one endless loop costs that test, not the whole report.
+
+The verdict is decided where the solution cannot reach it (docs/grading.md): a judge
+process, unreachable from the solution, runs the tests; every call into the solution
+crosses a pipe to the solution's own process and comes back as plain data through a
+strict decoder (an object whose ``__eq__`` always answers True cannot cross). The tests
+and expected values never enter the solution's process, its disk, argv or environment.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
-import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._models import CommandResult
 from corral.client._sync import Sandbox
-from corral.errors import InvalidArgument
+from corral.errors import ExecTimeout, InvalidArgument
+from corral.rl._grading import (
+    READY,
+    Grading,
+    JudgeRun,
+    check_grading,
+    merge_in_process,
+    refuse_unsplittable,
+    unsplittable,
+)
+from corral.rl._inprocess import (
+    MAX_ERROR_CHARS,
+    MAX_OUTPUT_CHARS,
+    harness_request,
+    parse_report,
+)
+from corral.rl._test_report import TestReport
 
 PYTHON_FENCE_LANGS = frozenset({"", "python", "py", "python3"})
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.S)
-
-MAX_ERROR_CHARS = 2000
-"""Characters kept of each test's error (the end of its traceback)."""
-MAX_OUTPUT_CHARS = 4000
-"""Characters kept of what the solution and its tests printed (the end of it)."""
 
 Fallback = Literal["none", "raw"]
 Tests = Sequence[str] | str | None
@@ -124,181 +133,6 @@ def normalize_tests(tests: Tests, *, where: str = "tests") -> list[str]:
     )
 
 
-# The harness runs as `python3 -I -c HARNESS` with a JSON request on stdin. It keeps the
-# real stdout for its report and sends everything the solution prints to a file, so
-# neither a chatty solution nor one printing a fake report can hide or forge the result.
-HARNESS = r"""
-import json, os, signal, sys, tempfile, time, traceback, types
-t0 = time.monotonic()
-req = json.loads(sys.stdin.buffer.read())
-token = req.pop("token")
-sys.stdin = open(os.devnull)
-report_fd = os.dup(1)
-os.set_inheritable(report_fd, False)
-capture = tempfile.TemporaryFile()
-os.dup2(capture.fileno(), 1)
-os.dup2(capture.fileno(), 2)
-deadline = t0 + req["budget"]
-
-class HarnessTimeout(BaseException):
-    pass
-
-def on_alarm(signum, frame):
-    raise HarnessTimeout()
-
-signal.signal(signal.SIGALRM, on_alarm)
-
-def run(src, filename, ns, is_test):
-    left = deadline - time.monotonic()
-    if req["test_timeout"]:
-        left = min(left, req["test_timeout"])
-    if left <= 0.01:
-        return "timeout", "not run: the time budget was used up"
-    try:
-        signal.setitimer(signal.ITIMER_REAL, left)
-        try:
-            exec(compile(src, filename, "exec"), ns)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except HarnessTimeout:
-        return "timeout", "timed out after %.3gs" % left
-    except SystemExit as exc:
-        if not is_test and exc.code in (None, 0):
-            return "ok", None
-        return "error", "SystemExit(%r)" % (exc.code,)
-    except BaseException as exc:
-        # Skip this frame: the traceback starts in the solution or the test.
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
-        return "error", tb[-req["max_error"]:]
-    return "ok", None
-
-path = req.get("path")
-if path is None:
-    code, filename = req["code"], "solution.py"
-else:
-    filename = path
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            code = f.read()
-    except OSError as exc:
-        code = None
-        load = ("error", "cannot read %s: %s" % (path, exc))
-name = os.path.splitext(os.path.basename(filename))[0] or "solution"
-module = types.ModuleType(name)
-module.__file__ = os.path.abspath(filename)
-sys.modules[name] = module
-sys.path.insert(0, os.path.dirname(module.__file__))
-if code is not None:
-    load = run(code, filename, module.__dict__, False)
-results = []
-for i, test in enumerate(req["tests"]):
-    if load[0] != "ok":
-        results.append(["skipped", "not run: the solution did not load"])
-        continue
-    results.append(list(run(test, "<test %d>" % i, dict(module.__dict__), True)))
-sys.stdout.flush()
-sys.stderr.flush()
-capture.seek(0, 2)
-size = capture.tell()
-capture.seek(max(0, size - req["max_output"] * 4))
-out = capture.read().decode(errors="replace")[-req["max_output"]:]
-report = {"load": list(load), "tests": results, "output": out, "elapsed": time.monotonic() - t0}
-os.write(report_fd, (token + json.dumps(report) + "\n").encode())
-os._exit(0)
-"""
-
-
-@dataclass(frozen=True)
-class TestReport:
-    """How one solution did on its tests inside a sandbox.
-
-    ``status`` is ``"ok"`` (the harness reported), ``"timeout"`` (the whole run went over
-    its time and was killed), ``"oom"`` (killed for memory) or ``"crashed"`` (no
-    report: the solution killed the harness, e.g. ``os._exit``). Each test's outcome in
-    ``tests`` is ``"ok"``, ``"error"`` (an exception; its traceback in ``errors``),
-    ``"timeout"`` or ``"skipped"`` (the solution itself did not load).
-    """
-
-    __test__ = False  # not a pytest test class, despite the name
-
-    status: Literal["ok", "timeout", "oom", "crashed"]
-    load: Literal["ok", "error", "timeout", "not run"] = "not run"
-    load_error: str | None = None
-    tests: list[str] = field(default_factory=list)
-    errors: list[str | None] = field(default_factory=list)
-    output: str = ""
-    result: CommandResult | None = None
-
-    @property
-    def loaded(self) -> bool:
-        """The solution ran to its end (its top level) without an exception."""
-        return self.load == "ok"
-
-    @property
-    def timed_out(self) -> bool:
-        """The run, the solution's top level or at least one test went over its time."""
-        return self.status == "timeout" or self.load == "timeout" or "timeout" in self.tests
-
-    @property
-    def total(self) -> int:
-        return len(self.tests)
-
-    @property
-    def passed(self) -> int:
-        return sum(1 for t in self.tests if t == "ok")
-
-    @property
-    def fraction(self) -> float:
-        """Tests passed over tests run; with no tests, 1.0 if the solution ran cleanly."""
-        if self.status != "ok":
-            return 0.0
-        if not self.tests:
-            return 1.0 if self.loaded else 0.0
-        return self.passed / len(self.tests)
-
-    @property
-    def all_passed(self) -> bool:
-        return self.status == "ok" and self.fraction == 1.0
-
-    @property
-    def reason(self) -> str:
-        """One line: why the score is what it is."""
-        if self.status == "timeout":
-            return "timeout: the run was killed at its time limit"
-        if self.status == "oom":
-            return "oom: the run was killed for using too much memory"
-        if self.status == "crashed":
-            code = self.result.returncode if self.result is not None else "?"
-            return f"crashed: the harness gave no report (exit status {code})"
-        if self.load == "timeout":
-            return "timeout: " + _last_line(self.load_error)
-        if not self.loaded:
-            return "load error: " + _last_line(self.load_error)
-        if not self.tests:
-            return "ran cleanly (no tests)"
-        failed = [i for i, t in enumerate(self.tests) if t != "ok"]
-        if not failed:
-            return f"passed {self.total}/{self.total}"
-        first = failed[0]
-        why = "timeout" if self.tests[first] == "timeout" else _last_line(self.errors[first])
-        return f"passed {self.passed}/{self.total}; test {first}: {why}"
-
-    def feedback(self) -> str:
-        """A multi-line account for an agent: what failed, tracebacks, printed output."""
-        lines = [self.reason]
-        if self.load_error:
-            lines.append(self.load_error.rstrip())
-        for i, (state, err) in enumerate(zip(self.tests, self.errors, strict=True)):
-            if state not in ("ok", "skipped"):
-                lines.append(f"--- test {i}: {state}")
-                if err:
-                    lines.append(err.rstrip())
-        if self.output.strip():
-            lines.append("--- output")
-            lines.append(self.output.rstrip())
-        return "\n".join(lines)
-
-
 def clip(text: str, limit: int) -> str:
     """``text`` cut to about ``limit`` characters: its head and its tail (where the
     traceback ends), with a note of what was cut in between."""
@@ -319,59 +153,7 @@ def render_result(result: CommandResult, limit: int) -> str:
     stderr = f"[stderr]\n{result.stderr}" if result.stderr else ""
     return clip(f"{head}\n{result.stdout}{stderr}", limit)
 
-
-def _last_line(text: str | None) -> str:
-    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else "unknown error"
-
-
-def harness_request(
-    tests: Sequence[str],
-    *,
-    code: str | None = None,
-    path: str | None = None,
-    timeout: float,
-    test_timeout: float | None = None,
-) -> tuple[list[str], bytes, str]:
-    """The command, its stdin and the report token of one harness run."""
-    if (code is None) == (path is None):
-        raise InvalidArgument("give the solution as code= or as path=, not both")
-    token = "corral-report-" + secrets.token_hex(16)
-    # Keep a little of the command's time for the report, so a slow test is reported as
-    # a timed-out test rather than the whole run being killed.
-    budget = max(0.05, timeout - min(0.5, timeout * 0.2))
-    request = {
-        "token": token, "code": code, "path": path, "tests": list(tests), "budget": budget,
-        "test_timeout": test_timeout, "max_error": MAX_ERROR_CHARS, "max_output": MAX_OUTPUT_CHARS,
-    }
-    return ["python3", "-I", "-c", HARNESS], json.dumps(request).encode(), token
-
-
-def parse_report(result: CommandResult, token: str, n_tests: int) -> TestReport:
-    """Turn the harness command's result into a :class:`TestReport`."""
-    if result.timed_out:
-        return TestReport("timeout", result=result)
-    if result.oom_killed:
-        return TestReport("oom", result=result)
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(token):
-            try:
-                data = json.loads(line[len(token):])
-                load, tests = data["load"], data["tests"]
-            except (ValueError, KeyError, TypeError):
-                break
-            if len(tests) != n_tests:
-                break
-            return TestReport(
-                "ok",
-                load=load[0],
-                load_error=load[1],
-                tests=[t[0] for t in tests],
-                errors=[t[1] for t in tests],
-                output=str(data.get("output") or ""),
-                result=result,
-            )
-    return TestReport("crashed", result=result)
+# ------------------------------------------------------------------------ running
 
 
 async def arun_tests(
@@ -383,19 +165,42 @@ async def arun_tests(
     timeout: float = 10.0,
     test_timeout: float | None = None,
     cwd: str | None = None,
+    grading: Grading = "auto",
 ) -> TestReport:
     """Run ``tests`` on a solution (``code``, or the file at ``path`` in the sandbox).
 
-    ``timeout`` bounds the whole run (the command is killed after it: status
-    ``"timeout"``); ``test_timeout`` each test. Sandbox and daemon failures raise
+    ``timeout`` bounds the whole run (the judge is killed after it: status
+    ``"timeout"``); ``test_timeout`` each test. ``grading`` (docs/grading.md):
+    ``"isolated"`` judges every test outside the solution's process; ``"auto"`` (the
+    default) does too, and runs the few tests that pass non-plain objects to the
+    solution inside its process, flagged in :attr:`TestReport.grading`;
+    ``"in_process"`` runs all of them there (the weaker, older way). A judged run
+    stops every other process of the sandbox first. Sandbox and daemon failures raise
     their :mod:`corral.errors` exception: they are not the solution's fault.
     """
     snippets = normalize_tests(tests)
-    argv, stdin, token = harness_request(
-        snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
+    check_grading(grading)
+    if grading == "in_process":
+        return await _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
+    run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
+    async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd) as proc:
+        ready = line = None
+        try:
+            ready = await proc.exchange(b"", timeout=timeout)
+            if ready.strip() == READY:
+                line = await proc.exchange(run.request(), timeout=timeout)
+        except ExecTimeout:
+            pass
+        report = run.report(ready, line, await proc.kill())
+    split = unsplittable(report)
+    if not split or report.status != "ok":
+        return report
+    if grading == "isolated":
+        return refuse_unsplittable(report)
+    inproc = await _arun_in_process(
+        sb, [snippets[i] for i in split], code, path, timeout, test_timeout, cwd
     )
-    result = await sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
-    return parse_report(result, token, len(snippets))
+    return merge_in_process(report, split, inproc)
 
 
 def run_tests(
@@ -407,11 +212,56 @@ def run_tests(
     timeout: float = 10.0,
     test_timeout: float | None = None,
     cwd: str | None = None,
+    grading: Grading = "auto",
 ) -> TestReport:
     """The blocking twin of :func:`arun_tests`."""
     snippets = normalize_tests(tests)
+    check_grading(grading)
+    if grading == "in_process":
+        return _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
+    run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
+    with sb.spawn(run.argv, timeout=timeout, cwd=cwd) as proc:
+        ready = line = None
+        try:
+            ready = proc.exchange(b"", timeout=timeout)
+            if ready.strip() == READY:
+                line = proc.exchange(run.request(), timeout=timeout)
+        except ExecTimeout:
+            pass
+        report = run.report(ready, line, proc.kill())
+    split = unsplittable(report)
+    if not split or report.status != "ok":
+        return report
+    if grading == "isolated":
+        return refuse_unsplittable(report)
+    inproc = _run_in_process(sb, [snippets[i] for i in split], code, path, timeout, test_timeout, cwd)
+    return merge_in_process(report, split, inproc)
+
+
+async def _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd) -> TestReport:  # type: ignore[no-untyped-def]
+    argv, stdin, token = harness_request(
+        snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
+    )
+    result = await sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
+    return dataclasses.replace(
+        parse_report(result, token, len(snippets)), grading="in_process",
+        in_process_tests=tuple(range(len(snippets))),
+    )
+
+
+def _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd) -> TestReport:  # type: ignore[no-untyped-def]
     argv, stdin, token = harness_request(
         snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
     )
     result = sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
-    return parse_report(result, token, len(snippets))
+    return dataclasses.replace(
+        parse_report(result, token, len(snippets)), grading="in_process",
+        in_process_tests=tuple(range(len(snippets))),
+    )
+
+
+__all__ = [
+    "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "TestReport", "arun_tests", "clip", "completion_text",
+    "extract_code", "harness_request", "normalize_tests", "parse_report", "render_result",
+    "run_tests",
+]

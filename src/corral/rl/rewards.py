@@ -51,6 +51,7 @@ from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._models import spec_body
 from corral.errors import CorralError, ImageNotFound, InvalidArgument
+from corral.rl._grading import Grading, check_grading
 from corral.rl.code import Fallback, TestReport, arun_tests, extract_code, normalize_tests
 from corral.rl.episodes import INFRA_ERRORS  # "the machinery failed", shared with episodes
 
@@ -132,7 +133,9 @@ class AsyncCodeReward:
         tags: Sequence[str] = (),
         name: str | None = None,
         on_result: Callable[[RewardOutcome], Any] | None = None,
+        grading: Grading = "auto",
     ) -> None:
+        check_grading(grading)
         if mode not in ("binary", "fraction"):
             raise InvalidArgument(f"mode must be 'binary' or 'fraction', got {mode!r}")
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
@@ -147,6 +150,7 @@ class AsyncCodeReward:
         self.mode: Mode = mode
         self.timeout = float(timeout)
         self.test_timeout = test_timeout
+        self.grading: Grading = grading
         self.concurrency = concurrency
         self.tests_column = tests_column
         self.fallback: Fallback = fallback
@@ -244,7 +248,8 @@ class AsyncCodeReward:
             sb = await AsyncSandbox.create(client=client, **self._spec)
             self.stats.sandboxes_created += 1
             report = await arun_tests(
-                sb, tests, code=code, timeout=self.timeout, test_timeout=self.test_timeout
+                sb, tests, code=code, timeout=self.timeout, test_timeout=self.test_timeout,
+                grading=self.grading,
             )
         except ImageNotFound:
             raise  # a configuration error: every completion would fail the same way
@@ -345,6 +350,7 @@ def code_reward(
     tags: Sequence[str] = (),
     name: str | None = None,
     on_result: Callable[[RewardOutcome], Any] | None = None,
+    grading: Grading = "auto",
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
@@ -356,6 +362,9 @@ def code_reward(
     daemon (default: ``CORRAL_URL`` or the local one). ``name``: what TRL logs the
     reward as (default ``code_reward_<mode>``). ``on_result``: called with each
     :class:`RewardOutcome` as it is known (to log the code run and why it scored so).
+    ``grading``: how the verdict is reached (docs/grading.md): ``"auto"`` (default)
+    judges every test outside the completion's process where it can, ``"isolated"``
+    always (a test that cannot be split that way fails), ``"in_process"`` never.
 
     >>> reward = code_reward("fraction", timeout=5)
     >>> reward(prompts=["p"], completions=["```python\\ndef f(x): return 2*x\\n```"],
@@ -365,7 +374,7 @@ def code_reward(
     return CodeReward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
-        tags=tags, name=name, on_result=on_result,
+        tags=tags, name=name, on_result=on_result, grading=grading,
     )
 
 
@@ -384,11 +393,12 @@ def async_code_reward(
     tags: Sequence[str] = (),
     name: str | None = None,
     on_result: Callable[[RewardOutcome], Any] | None = None,
+    grading: Grading = "auto",
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
     return AsyncCodeReward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
-        tags=tags, name=name, on_result=on_result,
+        tags=tags, name=name, on_result=on_result, grading=grading,
     )

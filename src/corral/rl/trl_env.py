@@ -43,6 +43,7 @@ from corral.client._futures import Handle
 from corral.client._models import spec_body
 from corral.client._sync import Client, Sandbox
 from corral.errors import FileNotFound, InvalidArgument, InvalidState
+from corral.rl._grading import Grading, check_grading
 from corral.rl.code import TestReport, clip, normalize_tests, render_result, run_tests
 from corral.rl.episodes import INFRA_ERRORS
 from corral.rl.rewards import Mode
@@ -110,6 +111,7 @@ class SandboxToolEnv:
         lifetime: float = DEFAULT_LIFETIME_S,
         exec_timeout: float = DEFAULT_EXEC_TIMEOUT_S,
         test_timeout: float | None = None,
+        grading: Grading = "auto",
         mode: Mode = "fraction",
         tests_column: str = "tests",
         solution_path: str = "solution.py",
@@ -130,6 +132,8 @@ class SandboxToolEnv:
         self.mode: Mode = mode
         self.exec_timeout = float(exec_timeout)
         self.test_timeout = test_timeout
+        check_grading(grading)
+        self.grading: Grading = grading
         self.tests_column = tests_column
         self.solution_path = solution_path
         self.files = dict(files or {})
@@ -179,7 +183,7 @@ class SandboxToolEnv:
             sb = self._sandbox()
             report = run_tests(
                 sb, self._tests, path=self.solution_path, timeout=self.exec_timeout,
-                test_timeout=self.test_timeout,
+                test_timeout=self.test_timeout, grading=self.grading,
             )
         except INFRA_ERRORS as exc:
             log.warning("rollout not scored (%s: %s): reward None", type(exc).__name__, exc)
@@ -249,7 +253,7 @@ class SandboxToolEnv:
         """
         report = run_tests(
             self._sandbox(), self._tests, path=self.solution_path, timeout=self.exec_timeout,
-            test_timeout=self.test_timeout,
+            test_timeout=self.test_timeout, grading=self.grading,
         )
         return clip(report.feedback(), self.max_output)
 

@@ -45,6 +45,7 @@ from typing import Any, Literal
 from corral.client._models import spec_body
 from corral.client._sync import Client, Sandbox
 from corral.errors import InvalidArgument, InvalidState
+from corral.rl._grading import Grading, check_grading
 from corral.rl.code import TestReport, clip, normalize_tests, render_result, run_tests
 
 ActionType = Literal["edit", "run", "submit"]
@@ -178,6 +179,7 @@ class CodegenEnv:
         edit_penalty: float = DEFAULT_EDIT_PENALTY,
         exec_timeout: float = DEFAULT_EXEC_TIMEOUT_S,
         test_timeout: float | None = None,
+        grading: Grading = "auto",
         solution_path: str = "solution.py",
         max_output: int = DEFAULT_MAX_OUTPUT_CHARS,
         image: str = "python",
@@ -201,6 +203,8 @@ class CodegenEnv:
         self.edit_penalty = float(edit_penalty)
         self.exec_timeout = float(exec_timeout)
         self.test_timeout = test_timeout
+        check_grading(grading)
+        self.grading: Grading = grading
         self.solution_path = solution_path
         self.max_output = max_output
         self._spec = spec_body({
@@ -269,7 +273,7 @@ class CodegenEnv:
         else:
             report = run_tests(
                 self._sb, list(self.problem.tests), path=self.solution_path,  # type: ignore[union-attr]
-                timeout=self.exec_timeout, test_timeout=self.test_timeout,
+                timeout=self.exec_timeout, test_timeout=self.test_timeout, grading=self.grading,
             )
             reward = report.fraction if self.mode == "fraction" else float(report.all_passed)
             obs, terminated = clip(report.feedback(), self.max_output), True

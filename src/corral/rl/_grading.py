@@ -1,0 +1,126 @@
+"""Isolated grading, the host's side: start the judge, hand it the request, read its
+verdict (the judge itself, which runs in the sandbox, is :mod:`corral.rl._judge`).
+
+The exchange, all over one interactive process (``sb.spawn``):
+
+1. ``python3 -I -c <judge>`` starts, makes itself non-dumpable, stops every other
+   process of the sandbox, forks the solution process and prints ``READY``;
+2. only then the request goes to its stdin: solution, tests, limits and a nonce;
+3. it answers one line: the nonce and its report.
+
+Nothing about the tests exists in the sandbox before step 2, and after step 1 nothing
+in the sandbox but the judge can read its stdin or write its stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Literal
+
+from corral.client._models import CommandResult
+from corral.errors import InvalidArgument
+from corral.rl._inprocess import MAX_ERROR_CHARS, MAX_OUTPUT_CHARS, time_budget
+from corral.rl._test_report import TestReport
+
+Grading = Literal["auto", "isolated", "in_process"]
+GRADINGS = ("auto", "isolated", "in_process")
+READY = "corral-judge-ready"
+JUDGE_SOURCE = (resources.files("corral.rl") / "_judge.py").read_text(encoding="utf-8")
+UNSPLITTABLE = "unsplittable"
+
+
+def check_grading(grading: str) -> None:
+    if grading not in GRADINGS:
+        raise InvalidArgument(
+            f"grading must be one of {', '.join(map(repr, GRADINGS))}, got {grading!r} "
+            "(docs/grading.md explains the difference)"
+        )
+
+
+@dataclass(frozen=True)
+class JudgeRun:
+    """One judged run: what to start, what to send, how to read what came back."""
+
+    tests: list[str]
+    code: str | None = None
+    path: str | None = None
+    timeout: float = 10.0
+    test_timeout: float | None = None
+    nonce: str = field(default_factory=lambda: "corral-verdict-" + secrets.token_hex(16))
+
+    def __post_init__(self) -> None:
+        if (self.code is None) == (self.path is None):
+            raise InvalidArgument("give the solution as code= or as path=, not both")
+
+    @property
+    def argv(self) -> list[str]:
+        return ["python3", "-I", "-c", JUDGE_SOURCE]
+
+    def request(self) -> bytes:
+        filename = self.path if self.path is not None else "solution.py"
+        module = os.path.splitext(os.path.basename(filename))[0] or "solution"
+        body = {
+            "nonce": self.nonce, "code": self.code, "filename": filename, "module": module,
+            "tests": self.tests, "budget": time_budget(self.timeout),
+            "test_timeout": self.test_timeout, "max_error": MAX_ERROR_CHARS,
+            "max_output": MAX_OUTPUT_CHARS,
+        }
+        return json.dumps(body).encode() + b"\n"
+
+    def report(self, ready: str | None, line: str | None, result: CommandResult | None) -> TestReport:
+        """The verdict. ``ready``/``line``: what the judge answered (``None``: nothing
+        within the time); ``result``: how its process ended."""
+        if result is not None and result.oom_killed:
+            return TestReport("oom", result=result)
+        if line is None or ready is None or (result is not None and result.timed_out):
+            return TestReport("timeout", result=result)
+        if ready.strip() != READY or not line.startswith(self.nonce):
+            return TestReport("crashed", result=result)
+        try:
+            data = json.loads(line[len(self.nonce):])
+            load, tests = data["load"], data["tests"]
+            states = [str(t[0]) for t in tests]
+            errors = [None if t[1] is None else str(t[1]) for t in tests]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return TestReport("crashed", result=result)
+        if len(states) != len(self.tests):
+            return TestReport("crashed", result=result)
+        return TestReport(
+            "ok", load=load[0], load_error=load[1], tests=states, errors=errors,
+            output=str(data.get("output") or ""), result=result,
+        )
+
+
+def unsplittable(report: TestReport) -> list[int]:
+    """The tests the judge could not run outside the solution's process."""
+    return [i for i, t in enumerate(report.tests) if t == UNSPLITTABLE]
+
+
+def refuse_unsplittable(report: TestReport) -> TestReport:
+    """``grading="isolated"``: a test that cannot be judged in isolation fails."""
+    tests = ["error" if t == UNSPLITTABLE else t for t in report.tests]
+    errors = [
+        f"not graded: {e}; this test needs grading='auto' or 'in_process' "
+        "(it passes objects that are not plain data to the solution)"
+        if t == UNSPLITTABLE else e
+        for t, e in zip(report.tests, report.errors, strict=True)
+    ]
+    return dataclasses.replace(report, tests=tests, errors=errors)
+
+
+def merge_in_process(report: TestReport, indices: list[int], inproc: TestReport) -> TestReport:
+    """``grading="auto"``: the unsplittable tests' outcomes from an in-process run."""
+    tests, errors = list(report.tests), list(report.errors)
+    for k, i in enumerate(indices):
+        if inproc.status == "ok" and k < len(inproc.tests):
+            tests[i], errors[i] = inproc.tests[k], inproc.errors[k]
+        else:
+            tests[i], errors[i] = "error", f"in-process run: {inproc.reason}"
+    return dataclasses.replace(
+        report, tests=tests, errors=errors, grading="in_process", in_process_tests=tuple(indices)
+    )
