@@ -183,6 +183,7 @@ async def arun_tests(
     if grading == "in_process":
         return await _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
+    await sb.kill_processes()  # nothing an earlier step left running may meet the judge
     async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd) as proc:
         ready = line = None
         try:
@@ -220,6 +221,7 @@ def run_tests(
     if grading == "in_process":
         return _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
+    sb.kill_processes()  # nothing an earlier step left running may meet the judge
     with sb.spawn(run.argv, timeout=timeout, cwd=cwd) as proc:
         ready = line = None
         try:

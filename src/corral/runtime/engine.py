@@ -47,7 +47,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, processes, rootfs, seccomp, syscalls
+from corral.runtime import cgroups, processes, rootfs, seccomp, sweep, syscalls
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.channel import AgentChannel
 from corral.runtime.images import Image, ImageStore
@@ -961,6 +961,13 @@ class Engine:
         await self._file_request(
             sandbox_id, Msg.FMKDIR, p, [(Tag.PARENTS, parents), (Tag.MODE, mode)]
         )
+
+    async def kill_processes(self, sandbox_id: str) -> int:
+        """SIGKILL every process the sandbox's code started (the agent stays; running
+        commands end killed); how many there were. See :mod:`corral.runtime.sweep`."""
+        live = self._running(sandbox_id)
+        assert live.proc is not None
+        return await asyncio.to_thread(sweep.kill_sandbox_code, live.cgroup, live.proc.pid)
 
 
 async def _wait_exit(proc: subprocess.Popen) -> None:

@@ -164,6 +164,10 @@ class SandboxDetail(SandboxInfo):
     usage: Usage | None = None
 
 
+class KilledProcesses(BaseModel):
+    killed: int = Field(description="processes killed (commands, spawned processes, leftovers)")
+
+
 class SandboxList(BaseModel):
     sandboxes: list[SandboxInfo]
 

@@ -49,6 +49,7 @@ from corral.server.models import (
     FileList,
     ForkRequest,
     Health,
+    KilledProcesses,
     MkdirRequest,
     SandboxDetail,
     SandboxList,
@@ -280,6 +281,10 @@ async def get_sandbox(request: Request) -> Response:
 
 async def pause_sandbox(request: Request) -> Response:
     return JSONResponse(_info_json(await _engine(request).pause(_sid(request))))
+
+
+async def kill_processes(request: Request) -> Response:
+    return JSONResponse({"killed": await _engine(request).kill_processes(_sid(request))})
 
 
 async def resume_sandbox(request: Request) -> Response:
@@ -516,6 +521,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
+    Endpoint(
+        "POST",
+        _SB + "/kill-processes",
+        kill_processes,
+        "SIGKILL every process the sandbox's code started; the sandbox stays running",
+        reply=KilledProcesses,
+    ),
     Endpoint(
         "POST",
         _SB + "/stop",

@@ -183,6 +183,14 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """Thaw a paused sandbox."""
         return await self._lifecycle("resume")
 
+    async def kill_processes(self) -> int:
+        """SIGKILL every process this sandbox's code started — commands, spawned
+        processes and whatever they left running — and wait until they are gone; the
+        sandbox keeps running with its files. Returns how many there were. Killed from
+        outside (through its cgroup), so nothing inside can dodge or race it."""
+        response = await self._client.request("POST", f"{self._path}/kill-processes")
+        return int(response.json()["killed"])
+
     async def stop(self, *, grace: float | None = None) -> SandboxInfo:
         """Stop the sandbox's processes (SIGTERM, then SIGKILL after ``grace`` seconds);
         the sandbox stays listed until :meth:`delete`."""

@@ -185,6 +185,14 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         """Thaw a paused sandbox."""
         return self._lifecycle("resume")
 
+    def kill_processes(self) -> int:
+        """SIGKILL every process this sandbox's code started — commands, spawned
+        processes and whatever they left running — and wait until they are gone; the
+        sandbox keeps running with its files. Returns how many there were. Killed from
+        outside (through its cgroup), so nothing inside can dodge or race it."""
+        response = self._client.request("POST", f"{self._path}/kill-processes")
+        return int(response.json()["killed"])
+
     def stop(self, *, grace: float | None = None) -> SandboxInfo:
         """Stop the sandbox's processes (SIGTERM, then SIGKILL after ``grace`` seconds);
         the sandbox stays listed until :meth:`delete`."""
