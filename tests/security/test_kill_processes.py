@@ -1,0 +1,45 @@
+"""``Sandbox.kill_processes``: everything the sandbox's code started dies, from outside,
+even processes that fork as fast as they can; the sandbox and its files stay."""
+
+from __future__ import annotations
+
+import pytest
+
+import corral
+from corral.errors import InvalidState
+from tests.conftest import requires_root
+
+pytestmark = requires_root
+
+COUNT = "n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n"
+
+
+def test_kill_processes_sweeps_background_and_forking_processes(daemon):
+    with corral.Client(daemon.url) as client, corral.Sandbox.create(
+        client=client, memory_mb=256, pids=64
+    ) as sb:
+        sb.files.write("/workspace/keep.txt", b"still here")
+        sb.exec("nohup sleep 300 >/dev/null 2>&1 &")
+        # A process that keeps forking children that keep forking (bounded by pids=64).
+        sb.exec("nohup sh -c 'while true; do (sleep 100 &) ; done' >/dev/null 2>&1 &")
+        spawned = sb.spawn(["sleep", "300"])
+        before = int(sb.exec(COUNT).stdout)
+        assert before >= 5  # agent, sleeper, forker and its children, spawned, this shell
+        killed = sb.kill_processes()
+        assert killed >= 4
+        assert spawned.wait().returncode == -9
+        # Only the agent and the counting shell itself are left.
+        assert int(sb.exec(COUNT).stdout) == 2
+        assert sb.files.read("/workspace/keep.txt") == b"still here"
+        assert sb.refresh().state.value == "running"
+        assert sb.exec(["echo", "ok"]).stdout == "ok\n"
+        assert sb.kill_processes() == 0  # nothing left to kill
+
+
+def test_kill_processes_needs_a_running_sandbox(daemon):
+    with corral.Client(daemon.url) as client, corral.Sandbox.create(client=client) as sb:
+        sb.pause()
+        with pytest.raises(InvalidState, match="resume it first"):
+            sb.kill_processes()
+        sb.resume()
+        assert sb.kill_processes() == 0
