@@ -25,7 +25,6 @@ cannot be judged this way: it is reported as ``unsplittable`` and the host decid
 (``grading="auto"`` runs those in the solution's process, flagged ``in_process``).
 """
 
-import ast
 import builtins
 import json
 import os
@@ -33,10 +32,11 @@ import select
 import signal
 import struct
 import sys
-import tempfile
 import time
-import traceback
 import types
+
+# Imported only where needed (traceback on an error, ctypes in the judge): every
+# millisecond of start-up is paid once per graded solution.
 
 READY = "corral-judge-ready"
 MAX_MESSAGE = 64 << 20          # bytes of one message between judge and solution
@@ -264,6 +264,8 @@ def _load(msg):
 
 
 def _describe(exc):
+    import traceback
+
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         message = str(exc)[:2000]
@@ -425,29 +427,21 @@ def _rebuild(info):
     return exc
 
 
-def free_names(source):
-    """Names a test reads but never binds, minus built-ins: what the solution defines."""
-    tree = ast.parse(source)
-    loaded, bound = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            bound.add(node.rest)
-    return sorted(loaded - bound - set(dir(builtins)))
+def free_names(code):
+    """Names a compiled test reads or writes at its top level or as globals of its
+    functions, minus built-ins: what may come from the solution. Over-inclusive (an
+    attribute's name is listed too), which only costs a lookup that finds nothing."""
+    names, todo = set(), [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return sorted(n for n in names - set(dir(builtins)) if not n.startswith("__"))
 
 
 def _solution_error(exc):
+    import traceback
+
     tb = getattr(exc, "solution_traceback", "")
     own = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
     return (tb + "\n" + own) if tb else own
@@ -456,10 +450,11 @@ def _solution_error(exc):
 def run_test(judge, index, source, deadline):
     judge.deadline = deadline
     try:
-        names = free_names(source)
+        code = compile(source, "<test %d>" % index, "exec")
+        names = free_names(code)
         ns = {"__builtins__": builtins, "__name__": "__corral_test__"}
         ns.update(judge.resolve(names) if names else {})
-        exec(compile(source, "<test %d>" % index, "exec"), ns)
+        exec(code, ns)
     except JudgeTimeout:
         return "timeout", "timed out"
     except Unsplittable as exc:
@@ -482,7 +477,7 @@ def judge_main():
         raise SystemExit("corral judge: cannot make itself non-dumpable")
     if not kill_others():
         raise SystemExit("corral judge: other processes of the sandbox would not stop")
-    capture = tempfile.TemporaryFile()
+    capture = os.fdopen(os.memfd_create("corral-output"), "w+b")
     to_sol_r, to_sol_w = os.pipe()
     from_sol_r, from_sol_w = os.pipe()
     pid = os.fork()
