@@ -107,6 +107,8 @@ class RewardStats:
     no_code: int = 0
     timeouts: int = 0
     infra_failures: int = 0
+    in_process_graded: int = 0
+    """Completions with tests run in the solution's own process (docs/grading.md)."""
 
 
 class AsyncCodeReward:
@@ -271,6 +273,15 @@ class AsyncCodeReward:
         if report.timed_out:
             self.stats.timeouts += 1
             log.info("%s: completion %d: %s: reward %.3g", self.__name__, i, report.reason, reward)
+        if report.grading == "in_process":
+            self.stats.in_process_graded += 1
+            if self.stats.in_process_graded == 1 and self.grading == "auto":
+                log.warning(
+                    "%s: tests %s of completion %d pass objects that are not plain data to the "
+                    "solution, so they ran in its own process, where a hostile solution can "
+                    "forge their result (docs/grading.md); grading='isolated' fails them instead",
+                    self.__name__, list(report.in_process_tests), i,
+                )
         return RewardOutcome(
             i, reward, report.reason, code=code, report=report, sandbox_id=sb.id,
             duration=time.monotonic() - start,
