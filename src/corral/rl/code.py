@@ -244,6 +244,7 @@ async def _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     argv, stdin, token = harness_request(
         snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
     )
+    await sb.kill_processes()  # e.g. what the solution left running in the judged run
     result = await sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
     return dataclasses.replace(
         parse_report(result, token, len(snippets)), grading="in_process",
@@ -255,6 +256,7 @@ def _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd) -> Tes
     argv, stdin, token = harness_request(
         snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
     )
+    sb.kill_processes()  # e.g. what the solution left running in the judged run
     result = sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
     return dataclasses.replace(
         parse_report(result, token, len(snippets)), grading="in_process",
