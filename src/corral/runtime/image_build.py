@@ -64,7 +64,7 @@ from corral.image_schema import (
     relative_copy_source,
     validate_image_name,
 )
-from corral.runtime import image_cache
+from corral.runtime import image_cache, paths
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image
 from corral.runtime.layers import LayerStore
@@ -436,13 +436,15 @@ def host_ca_bundle() -> Path | None:
 
 
 def _ca_bundle(images_dir: Path) -> Path | None:
-    """A world-readable copy of the host's CA bundle in the image store, which the
-    unprivileged sandbox launcher can bind wherever the original lies."""
+    """A world-readable copy of the host's CA bundle in the cache's ``share`` directory,
+    which the unprivileged sandbox launcher can bind wherever the original lies."""
     found = host_ca_bundle()
     if found is None:
         return None
     data = found.read_bytes()
-    copy = Path(images_dir) / _CA_COPY
+    share = paths.share_dir(Path(images_dir).parent)  # images_dir itself is root-only
+    share.mkdir(mode=0o711, exist_ok=True)
+    copy = share / _CA_COPY
     with contextlib.suppress(OSError):
         if copy.read_bytes() == data:
             return copy

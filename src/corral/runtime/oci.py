@@ -434,7 +434,11 @@ def _set_meta(path: str, m: tarfile.TarInfo) -> None:
     gid = SANDBOX_HOST_UID if m.gid == SANDBOX_GID else m.gid
     os.chown(path, uid, gid, follow_symlinks=False)
     if not m.issym():
-        os.chmod(path, stat.S_IMODE(m.mode))
+        # No privilege leaves an image: setuid/setgid bits are dropped (they mean
+        # nothing inside a sandbox, with no_new_privs, and on the host they would make
+        # root binaries of anyone's archive). Extended attributes (file capabilities)
+        # are never applied.
+        os.chmod(path, stat.S_IMODE(m.mode) & ~(stat.S_ISUID | stat.S_ISGID))
     with contextlib.suppress(OSError):
         os.utime(path, (m.mtime, m.mtime), follow_symlinks=False)
 

@@ -26,6 +26,10 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("CORRAL_CACHE_DIR", DEFAULT_CACHE_DIR))
 
 
+def share_dir(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "share"
+
+
 @dataclass(frozen=True)
 class Layout:
     """The directory layout of one engine (one state directory)."""
@@ -47,7 +51,13 @@ class Layout:
             os.chmod(d, 0o711)
         layout.images_dir.mkdir(parents=True, exist_ok=True)
         layout.bin_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(layout.cache_dir, 0o755)
+        layout.share_dir.mkdir(parents=True, exist_ok=True)
+        # Images are root's only (overlay reads its lower layers with the mounter's
+        # rights): no local user reaches an image's files, setuid or not. bwrap, as the
+        # sandbox's uid, only needs to reach the agent and shared files by path.
+        os.chmod(layout.images_dir, 0o700)
+        for d in (layout.cache_dir, layout.bin_dir, layout.share_dir):
+            os.chmod(d, 0o711)
         return layout
 
     @property
@@ -78,6 +88,11 @@ class Layout:
     @property
     def bin_dir(self) -> Path:
         return self.cache_dir / "bin"
+
+    @property
+    def share_dir(self) -> Path:
+        """Host files a sandbox's launcher binds read-only (the build CA bundle)."""
+        return share_dir(self.cache_dir)
 
     @property
     def engine_key(self) -> str:

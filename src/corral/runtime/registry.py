@@ -11,7 +11,9 @@ process (the case that matters: ``kill -9`` of the daemon), at ~50 µs a write.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -96,6 +98,13 @@ class Registry:
     """Rows of sandboxes and their tags. One connection, used from one thread."""
 
     def __init__(self, path: Path) -> None:
+        # Root only: rows hold every sandbox's env (secrets included). SQLite gives the
+        # -wal and -shm files the database file's mode.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{path}{suffix}", 0o600)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
