@@ -123,3 +123,54 @@ def test_the_reward_counts_and_warns_about_in_process_grading(daemon, caplog):
     assert got == [1.0, 1.0]
     assert reward.stats.in_process_graded == 1
     assert any("forge" in r.getMessage() for r in caplog.records)
+
+
+MORE = '''
+import collections, enum, sys
+class Color(enum.IntEnum):
+    RED = 1
+class BadInput(ValueError):
+    pass
+Point = collections.namedtuple("Point", "x y")
+class Name(str):
+    pass
+def big():
+    return 10 ** 5000
+def subclasses():
+    return [collections.Counter("aab"), collections.defaultdict(int, a=1), Point(1, 2),
+            Color.RED, Name("n"), bytearray(b"ab")]
+def nested(n):
+    d = {}
+    for _ in range(n):
+        d = {"k": d}
+    return d
+def checked(x):
+    if x < 0:
+        raise BadInput("negative")
+    return x
+def gen():
+    yield 1
+    yield 2
+def nan_list():
+    return [float("nan")]
+def fill(*, into):
+    into.append(1)
+sys.exit(0)
+'''
+
+
+def test_honest_solutions_red_team_found_misjudged(sandbox):
+    r = run_tests(sandbox, [
+        "assert big() == 10 ** 5000",
+        "c, d, p, e, s, b = subclasses()\n"
+        "assert c == {'a': 2, 'b': 1} and d == {'a': 1} and p == (1, 2) and e == 1\n"
+        "assert s == 'n' and b == b'ab'",
+        "try:\n    checked(-1)\nexcept ValueError as e:\n    assert 'negative' in str(e)\n"
+        "else:\n    raise AssertionError",
+        "d = nested(60)\nfor _ in range(60):\n    d = d['k']\nassert d == {}",
+        "g = gen()\nassert next(g) == 1 and next(g) == 2",
+        "import math\nassert nan_list() == [math.nan]",
+        "xs = []\nfill(into=xs)\nassert xs == [1]",
+    ], code=MORE, timeout=20)
+    assert r.loaded, r.feedback()  # sys.exit(0) at the end keeps what was defined
+    assert r.tests == ["ok"] * 7, r.feedback()

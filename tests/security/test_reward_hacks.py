@@ -271,3 +271,93 @@ while time.monotonic() < deadline:
         assert env.get_reward() == 0.0
     with corral.Client(daemon.url) as client:
         assert corral.Sandbox.list(tags=["trl-env"], state="running", client=client) == []
+
+
+def test_a_python3_planted_on_path_is_never_run_as_the_judge(daemon):
+    # ~/.local/bin comes first on the sandbox's PATH and the sandbox may write it: a fake
+    # python3 there answered READY and a passing report (found by a red-team pass).
+    fake = r"""#!/bin/sh
+case "$*" in
+  *corral-judge-ready*)
+    echo corral-judge-ready
+    read -r req
+    echo "$req" > /workspace/stolen
+    nonce=$(printf '%s' "$req" | sed 's/.*"nonce": "\([^"]*\)".*/\1/')
+    echo "$nonce"'{"load": ["ok", null], "tests": [["ok", null]], "output": ""}'
+    ;;
+  *) exec /usr/bin/python3 "$@" ;;
+esac
+"""
+    secret = "corral-secret-" + secrets.token_hex(16)
+    env = SandboxToolEnv(url=daemon.url, exec_timeout=10, mode="fraction")
+    with env:
+        env.reset(tests=[f"assert f(1) == {secret!r}"])
+        env.write_file("/home/sandbox/.local/bin/python3", fake)
+        env.bash("chmod +x /home/sandbox/.local/bin/python3")
+        assert "/home/sandbox/.local/bin/python3" in env.bash("command -v python3")  # planted
+        env.write_file("solution.py", "def f(x):\n    return 'wrong'\n")
+        assert "passed 0/1" in env.run_tests()
+        assert secret not in env.read_file("stolen")
+        assert env.get_reward() == 0.0
+
+
+def test_the_loader_and_top_level_links_cannot_be_replaced(daemon):
+    # Swapping /lib64 (the ELF loader of every later command, the judge's too) for a
+    # patched copy was a red-team hack: the root directory is now sticky and not theirs.
+    with corral.Client(daemon.url) as client, corral.Sandbox.create(client=client) as sb:
+        r = sb.exec("rm /lib64 || mv /lib64 /x; ln -sfn /tmp /bin; mkdir /app && echo made /app")
+        assert "made /app" in r.stdout  # new top-level directories are still allowed
+        check = sb.exec("readlink /lib64 /bin")
+        assert check.stdout.split() == ["usr/lib64", "usr/bin"], (r.stderr, check.stdout)
+        assert sb.exec(["python3", "-c", "print(1)"]).stdout == "1\n"
+
+
+@pytest.mark.parametrize("name, code, tests", [
+    ("a task function named like a built-in", "def pow(a, b):\n    return 0",
+     ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9"]),
+    ("HumanEval shape with a built-in's name", "def max(xs):\n    return -1",
+     ["def check(candidate):\n    assert candidate([1, 5]) == 5\ncheck(max)"]),
+])
+def test_a_function_named_like_a_builtin_is_the_solutions(daemon, name, code, tests):
+    got, outcome = score(daemon, code, tests=tests)
+    assert got == 0.0, f"{name}: {outcome.reason}"
+
+
+FORCE_FALLBACK_DEEP = STEAL_TOKEN.replace("def f(x):\n    return 0", """def f(x):
+    d = []
+    for _ in range(99):
+        d = [d]
+    return d
+def h(x):
+    return 0""")
+
+FORCE_FALLBACK_EXC = STEAL_TOKEN.replace("def f(x):\n    return 0", """def f(x):
+    raise ValueError("x")
+def g(e):
+    return 0""")
+
+
+@pytest.mark.parametrize("name, code, tests", [
+    ("data nested to the limit, wrapped once more by the test", FORCE_FALLBACK_DEEP,
+     ["a = f(1)\nb = f(2)\nassert h([a, b]) == 3"]),
+    ("its own exception passed back", FORCE_FALLBACK_EXC,
+     ["try:\n    f(1)\nexcept ValueError as e:\n    err = e\nassert g(err) == 3"]),
+])
+def test_a_solution_cannot_push_a_test_into_in_process_grading(daemon, name, code, tests):
+    got, outcome = score(daemon, code, tests=tests)
+    assert got == 0.0, f"{name}: {outcome.reason}"
+    assert outcome.report.grading == "isolated"
+
+
+def test_an_answer_after_the_deadline_counts_for_nothing(daemon):
+    late = ("import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+            "def f(x):\n    time.sleep(1.2)\n    return 2 * x")
+    reward = code_reward("fraction", timeout=8, test_timeout=1, url=daemon.url)
+    assert reward(completions=[fence(late)], tests=[["assert f(2) == 4"]]) == [0.0]
+
+
+def test_sigint_to_the_judge_does_not_shift_its_answers(daemon):
+    code = ("import os, signal\ndef f(x):\n    os.kill(os.getppid(), signal.SIGINT)\n"
+            "    return 2 * x")
+    got, outcome = score(daemon, code)
+    assert got == 1.0, outcome.reason  # honest answers, still judged right

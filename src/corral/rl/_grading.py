@@ -30,7 +30,13 @@ from corral.rl._test_report import TestReport
 Grading = Literal["auto", "isolated", "in_process"]
 GRADINGS = ("auto", "isolated", "in_process")
 READY = "corral-judge-ready"
-JUDGE_SOURCE = (resources.files("corral.rl") / "_judge.py").read_text(encoding="utf-8")
+JUDGE_SOURCE = "\n".join(
+    (resources.files("corral.rl") / name).read_text(encoding="utf-8")
+    for name in ("_judge_wire.py", "_judge.py")
+)
+TRUSTED_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""``PATH`` of the judge and the harness: only the image's own directories, which the
+sandbox cannot write (its ``~/.local/bin`` comes first in its usual ``PATH``)."""
 UNSPLITTABLE = "unsplittable"
 
 

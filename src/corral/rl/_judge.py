@@ -1,61 +1,59 @@
-"""The test judge: runs inside the sandbox as ``python3 -I -c <this file>``.
+"""The test judge: runs inside the sandbox as ``python3 -I -c <wire + this file>``.
 
-Not imported by corral on the host; :mod:`corral.rl.code` sends this file's text as the
-command. The design, and why a solution cannot forge its verdict (docs/grading.md):
+Not imported by corral on the host (but by its tests); :mod:`corral.rl._grading` sends
+the text of :mod:`corral.rl._judge_wire` and of this file as the command. The design,
+and why a solution cannot forge its verdict, is in docs/grading.md:
 
 - The judge makes itself non-dumpable (no ``/proc/PID/mem``, ``/proc/PID/fd``,
-  ``pidfd_getfd`` for anything of the same uid), then kills every other process of the
-  sandbox (a background process a multi-step episode left behind could have taken the
-  judge's descriptors while it started), then forks the *solution process*, and only
-  then prints ``READY``. The host answers with one line: the request (solution, tests).
-  So the tests never reach the solution's memory, disk, argv or environment.
-- The solution process loads the code and answers remote calls over a pipe: the judge
-  runs each test itself, and every name the test uses that the solution defines is a
-  proxy; calling it sends the arguments (plain data) to the solution process and
-  brings back its return value through a strict decoder. Plain data is ``None``,
-  ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``, ``tuple``,
-  ``dict``, ``set``, ``frozenset`` — exact types, never subclasses. Anything else comes
-  back as a handle (:class:`Ref`) that can be called, have attributes read, be iterated
-  and measured, but never compared, hashed or tested for truth: an object whose
-  ``__eq__`` always answers True does not exist on the judge's side.
-- The verdict is written to the judge's own stdout, which nothing else holds.
+  ``pidfd_getfd`` for anything of the same uid), kills any other process of the sandbox
+  (the host already swept them), forks the *solution process*, and only then prints
+  ``READY``; the host answers with one line, the request. So the tests never reach the
+  solution's memory, disk, argv or environment.
+- The solution process loads the code and answers remote calls over a pipe. The judge
+  runs each test itself: every name the test uses that the solution defines is looked
+  up there — plain values come back as values, anything else as a :class:`Ref` handle;
+  calling a handle sends the arguments (plain data) and brings back the return value
+  through the strict decoder of :mod:`corral.rl._judge_wire`. A handle can be called,
+  have attributes read, be iterated and measured, but never compared, hashed or tested
+  for truth: an object whose ``__eq__`` always answers True does not exist here.
+- The verdict goes to the judge's own stdout, which nothing else holds.
 
-A test whose *arguments* are not plain data (a lambda, an object of the test's own)
-cannot be judged this way: it is reported as ``unsplittable`` and the host decides
-(``grading="auto"`` runs those in the solution's process, flagged ``in_process``).
+A test that passes an object *it defined itself* (a lambda, an instance of its own
+class) to the solution cannot be judged this way: it is reported ``unsplittable`` and
+the host decides (``grading="auto"`` runs it in the solution's process, flagged).
 """
 
 import builtins
 import json
 import os
-import select
 import signal
-import struct
 import sys
 import time
 import types
+
+if "encode" not in globals():  # on the host (tests, lint); in the sandbox, wire precedes
+    from corral.rl._judge_wire import (
+        MAX_DEPTH,
+        Handle,
+        JudgeTimeout,
+        SolutionGone,
+        decode,
+        encode,
+        recv,
+        send,
+    )
 
 # Imported only where needed (traceback on an error, ctypes in the judge): every
 # millisecond of start-up is paid once per graded solution.
 
 READY = "corral-judge-ready"
-MAX_MESSAGE = 64 << 20          # bytes of one message between judge and solution
-MAX_DEPTH = 100                 # nesting of plain data
 MAX_ITEMS = 1_000_000           # items of an iterated handle
-HEADER = struct.Struct("<I")
-PLAIN_SCALARS = (type(None), bool, int, float, str)
+TEST_MODULE = "__corral_test__"  # the tests' __name__
 
 
 class NotPlainData(BaseException):
-    """A handle to a solution's object was compared, hashed or tested for truth."""
-
-
-class SolutionGone(BaseException):
-    """The solution process died or broke the protocol: no more calls."""
-
-
-class JudgeTimeout(BaseException):
-    """The test's time ran out."""
+    """A handle was compared, hashed or tested for truth, or the test tried to pass the
+    solution something that came from it and is not plain data."""
 
 
 class CandidateError(Exception):
@@ -63,108 +61,7 @@ class CandidateError(Exception):
 
 
 class Unsplittable(BaseException):
-    """A test passed something that is not plain data to the solution."""
-
-
-# ------------------------------------------------------------------- plain data
-
-
-def encode(value, ref=None, depth=0):
-    """``value`` as JSON-able data; objects that are not plain data become handles
-    through ``ref(value)`` (the solution side) or raise ``TypeError`` (the judge)."""
-    if depth > MAX_DEPTH:
-        raise ValueError("plain data nested deeper than %d levels" % MAX_DEPTH)
-    t = type(value)
-    if t is float and value != value or t is float and value in (float("inf"), float("-inf")):
-        return {"$t": "float", "v": repr(value)}
-    if t in PLAIN_SCALARS:
-        return value
-    if t is list:
-        return [encode(v, ref, depth + 1) for v in value]
-    if t in (tuple, set, frozenset):
-        return {"$t": t.__name__, "v": [encode(v, ref, depth + 1) for v in value]}
-    if t is dict:
-        return {"$t": "dict", "v": [[encode(k, ref, depth + 1), encode(v, ref, depth + 1)]
-                                    for k, v in value.items()]}
-    if t is bytes:
-        return {"$t": "bytes", "v": value.hex()}
-    if t is complex:
-        return {"$t": "complex", "v": [repr(value.real), repr(value.imag)]}
-    if isinstance(value, Ref):
-        return {"$t": "ref", "v": value._id}
-    if ref is None:
-        raise TypeError("%s is not plain data" % t.__name__)
-    return {"$t": "ref", "v": ref(value)}
-
-
-def decode(data, ref, depth=0):
-    """The inverse of :func:`encode`, accepting nothing else: any other shape raises
-    ``ValueError`` (the judge treats it as the solution breaking the protocol)."""
-    if depth > MAX_DEPTH:
-        raise ValueError("nested too deep")
-    t = type(data)
-    if t in PLAIN_SCALARS:
-        return data
-    if t is list:
-        return [decode(v, ref, depth + 1) for v in data]
-    if t is not dict or set(data) != {"$t", "v"}:
-        raise ValueError("not a plain-data encoding")
-    kind, v = data["$t"], data["v"]
-    if kind == "ref" and type(v) is int:
-        return ref(v)
-    if kind == "float" and v in ("nan", "inf", "-inf"):
-        return float(v)
-    if kind == "bytes" and type(v) is str:
-        return bytes.fromhex(v)
-    if kind == "complex" and type(v) is list and len(v) == 2 and all(type(x) is str for x in v):
-        return complex(float(v[0]), float(v[1]))
-    if type(v) is not list:
-        raise ValueError("not a plain-data encoding")
-    items = [decode(x, ref, depth + 1) for x in v]
-    if kind == "tuple":
-        return tuple(items)
-    if kind == "set":
-        return set(items)
-    if kind == "frozenset":
-        return frozenset(items)
-    if kind == "dict" and all(type(p) is list and len(p) == 2 for p in items):
-        return {k: val for k, val in items}
-    raise ValueError("not a plain-data encoding")
-
-
-def send(fd, obj):
-    data = json.dumps(obj, allow_nan=False).encode()
-    if len(data) > MAX_MESSAGE:
-        raise ValueError("message of %d bytes is over the %d byte limit" % (len(data), MAX_MESSAGE))
-    view = memoryview(HEADER.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def recv(fd, deadline=None):
-    """One message, or ``SolutionGone`` (EOF, oversize, garbage) / ``JudgeTimeout``."""
-    head = _read_exact(fd, HEADER.size, deadline)
-    (size,) = HEADER.unpack(head)
-    if size > MAX_MESSAGE:
-        raise SolutionGone("the solution sent a message of %d bytes (limit %d)" % (size, MAX_MESSAGE))
-    try:
-        return json.loads(_read_exact(fd, size, deadline))
-    except (ValueError, RecursionError):
-        raise SolutionGone("the solution sent a malformed message") from None
-
-
-def _read_exact(fd, n, deadline):
-    buf = bytearray()
-    while len(buf) < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise JudgeTimeout()
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise SolutionGone("the solution's process ended")
-        buf += chunk
-    return bytes(buf)
+    """A test passed an object of its own that is not plain data to the solution."""
 
 
 # ------------------------------------------------------------- solution process
@@ -205,62 +102,72 @@ def solution_main(rfd, wfd):
             signal.setitimer(signal.ITIMER_REAL, max(0.001, limit) if limit else 0)
             try:
                 if op == "load":
-                    module = _load(msg)
-                    reply = {"ok": True}
+                    module = _new_module(msg)
+                    _load(module, msg)
+                    reply = {}
                 elif op == "resolve":
                     names = module.__dict__ if module is not None else {}
                     reply = {"values": {n: encode(names[n], ref) for n in msg["names"] if n in names}}
                 else:
-                    obj = lookup(msg["ref"])
-                    if op == "call":
-                        args = [decode(a, lookup) for a in msg["args"]]
-                        kwargs = {k: decode(v, lookup) for k, v in msg["kwargs"].items()}
-                        value = obj(*args, **kwargs)
-                        reply = {"value": encode(value, ref),
-                                 "after": [encode(a, ref) if type(a) in (list, dict, set) else None
-                                           for a in args]}
-                    elif op == "getattr":
-                        reply = {"value": encode(getattr(obj, msg["name"]), ref)}
-                    elif op == "iter":
-                        items = []
-                        for item in obj:
-                            if len(items) >= MAX_ITEMS:
-                                raise ValueError("more than %d items" % MAX_ITEMS)
-                            items.append(item)
-                        reply = {"value": encode(items, ref)}
-                    elif op == "len":
-                        reply = {"value": encode(len(obj), ref)}
-                    else:
-                        raise ValueError("unknown op %r" % (op,))
+                    reply = _answer(op, lookup(msg["ref"]), msg, ref, lookup)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except Alarm:
             reply = {"timeout": True}
-        except SystemExit as exc:
-            if op == "load" and exc.code in (None, 0):
-                reply = {"ok": True}
-            else:
-                reply = {"raise": _describe(exc)}
         except BaseException as exc:
             reply = {"raise": _describe(exc)}
+        reply["seq"] = msg.get("seq")
         try:
             send(wfd, reply)
         except (ValueError, RecursionError) as exc:
-            send(wfd, {"raise": _describe(exc)})
+            send(wfd, {"raise": _describe(exc), "seq": msg.get("seq")})
 
 
-def _load(msg):
+def _answer(op, obj, msg, ref, lookup):
+    if op == "call":
+        args = [decode(a, lookup) for a in msg["args"]]
+        kwargs = {k: decode(v, lookup) for k, v in msg["kwargs"].items()}
+        value = obj(*args, **kwargs)
+        # In-place changes of list/dict/set arguments travel back (sort_in_place(xs)).
+        return {"value": encode(value, ref),
+                "after": [encode(a, ref) if type(a) in (list, dict, set) else None for a in args],
+                "after_kw": {k: encode(v, ref) for k, v in kwargs.items()
+                             if type(v) in (list, dict, set)}}
+    if op == "getattr":
+        return {"value": encode(getattr(obj, msg["name"]), ref)}
+    if op == "next":
+        return {"value": encode(next(obj), ref)}
+    if op == "iter":
+        items = []
+        for item in obj:
+            if len(items) >= MAX_ITEMS:
+                raise ValueError("more than %d items" % MAX_ITEMS)
+            items.append(item)
+        return {"value": encode(items, ref)}
+    if op == "len":
+        return {"value": encode(len(obj), ref)}
+    raise ValueError("unknown op %r" % (op,))
+
+
+def _new_module(msg):
+    name = msg["module"]
+    module = types.ModuleType(name)
+    module.__file__ = os.path.abspath(msg["filename"])
+    sys.modules[name] = module
+    sys.path.insert(0, os.path.dirname(module.__file__))
+    return module
+
+
+def _load(module, msg):
     code, filename = msg.get("code"), msg["filename"]
     if code is None:
         with open(filename, encoding="utf-8", errors="replace") as f:
             code = f.read()
-    name = msg["module"]
-    module = types.ModuleType(name)
-    module.__file__ = os.path.abspath(filename)
-    sys.modules[name] = module
-    sys.path.insert(0, os.path.dirname(module.__file__))
-    exec(compile(code, filename, "exec"), module.__dict__)
-    return module
+    try:
+        exec(compile(code, filename, "exec"), module.__dict__)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise  # a clean exit at the top level keeps what was defined before it
 
 
 def _describe(exc):
@@ -271,31 +178,33 @@ def _describe(exc):
         message = str(exc)[:2000]
     except BaseException:
         message = "?"
-    return {"type": type(exc).__name__, "message": message, "traceback": tb[-4000:]}
+    mro = [c.__name__ for c in type(exc).__mro__]
+    return {"type": type(exc).__name__, "mro": mro[:32], "message": message,
+            "traceback": tb[-4000:]}
 
 
 # ------------------------------------------------------------------- the judge
 
 
-class Ref:
+class Ref(Handle):
     """A handle to an object that lives in the solution's process."""
 
-    __slots__ = ("_id",)
+    __slots__ = ()
 
     def __init__(self, i):
         object.__setattr__(self, "_id", i)
 
     def __call__(self, *args, **kwargs):
-        try:
-            enc_args = [encode(a) for a in args]
-            enc_kwargs = {k: encode(v) for k, v in kwargs.items()}
-        except (TypeError, ValueError) as exc:
-            raise Unsplittable("an argument is not plain data (%s)" % exc) from None
+        enc_args = [_send_arg(a) for a in args]
+        enc_kwargs = {k: _send_arg(v) for k, v in kwargs.items()}
         reply = JUDGE.rpc({"op": "call", "ref": self._id, "args": enc_args, "kwargs": enc_kwargs})
-        afters = reply.get("after")
+        afters, after_kw = reply.get("after"), reply.get("after_kw")
         for arg, after in zip(args, afters if type(afters) is list else [], strict=False):
             if after is not None:
                 _update_in_place(arg, JUDGE.decode(after))
+        for key, after in (after_kw.items() if type(after_kw) is dict else ()):
+            if key in kwargs:
+                _update_in_place(kwargs[key], JUDGE.decode(after))
         return JUDGE.value(reply)
 
     def __getattr__(self, name):
@@ -305,6 +214,10 @@ class Ref:
 
     def __iter__(self):
         return iter(JUDGE.value(JUDGE.rpc({"op": "iter", "ref": self._id})))
+
+    def __next__(self):
+        reply = JUDGE.rpc({"op": "next", "ref": self._id})
+        return JUDGE.value(reply)
 
     def __len__(self):
         n = JUDGE.value(JUDGE.rpc({"op": "len", "ref": self._id}))
@@ -323,6 +236,35 @@ class Ref:
 
     def __repr__(self):
         return "<object #%d of the solution>" % self._id
+
+
+def _send_arg(value):
+    """``value`` encoded for the solution. A test becomes unsplittable only by passing
+    something of its own (a lambda, a built-in, an instance of its class); what came
+    from the solution (a rebuilt exception, its data nested deeper) fails the test
+    instead, so a solution cannot push a test into in-process grading by its answers."""
+    try:
+        return encode(value)
+    except TypeError as exc:
+        if _holds_solution_object(value, 0):
+            raise NotPlainData("cannot pass the solution's own objects back: %s" % exc) from None
+        raise Unsplittable("an argument is not plain data (%s)" % exc) from None
+    except (ValueError, RecursionError) as exc:
+        raise NotPlainData("cannot pass this to the solution: %s" % exc) from None
+
+
+def _holds_solution_object(value, depth):
+    if depth > 2 * MAX_DEPTH:
+        return True
+    if getattr(value, "_corral_from_solution", False) is True:
+        return True
+    t = type(value)
+    if t in (list, tuple, set, frozenset):
+        return any(_holds_solution_object(v, depth + 1) for v in value)
+    if t is dict:
+        return any(_holds_solution_object(k, depth + 1) or _holds_solution_object(v, depth + 1)
+                   for k, v in value.items())
+    return False
 
 
 def _update_in_place(arg, new):
@@ -351,6 +293,7 @@ class Judge:
         self.rfd, self.wfd, self.pid = rfd, wfd, pid
         self.deadline = None
         self.gone = None
+        self.seq = 0
 
     def rpc(self, msg):
         if self.gone:
@@ -358,10 +301,11 @@ class Judge:
         left = self.deadline - time.monotonic()
         if left <= 0.002:
             raise JudgeTimeout()
-        msg["timeout"] = left
+        self.seq += 1
+        msg["timeout"], msg["seq"] = left, self.seq
         try:
             send(self.wfd, msg)
-            # The solution stops itself at its deadline; a little later, the judge does.
+            # The solution stops itself at the deadline; a little later, the judge does.
             reply = recv(self.rfd, self.deadline + min(0.5, max(0.05, left * 0.1)))
         except JudgeTimeout:
             self.kill("the solution did not stop at its time limit")
@@ -369,11 +313,11 @@ class Judge:
         except (SolutionGone, OSError) as exc:
             self.kill(str(exc) or "the solution's process ended")
             raise SolutionGone(self.gone) from None
-        if type(reply) is not dict:
-            self.kill("the solution sent a malformed message")
+        if type(reply) is not dict or reply.get("seq") != self.seq:
+            self.kill("the solution broke the protocol")
             raise SolutionGone(self.gone)
-        if reply.get("timeout") is True:
-            raise JudgeTimeout()
+        if reply.get("timeout") is True or time.monotonic() > self.deadline:
+            raise JudgeTimeout()  # an answer after the deadline counts for nothing
         return reply
 
     def value(self, reply):
@@ -408,35 +352,41 @@ class Judge:
 
 
 def _rebuild(info):
-    """The solution's exception as one the test can catch: a built-in exception type of
-    that name (``ValueError``...), else :class:`CandidateError`."""
+    """The solution's exception as one the test can catch: the first built-in
+    exception type in its class's MRO (``class BadInput(ValueError)`` is caught by
+    ``except ValueError``), else :class:`CandidateError`."""
     if type(info) is not dict:
         return CandidateError("the solution raised an exception")
     name, message = str(info.get("type", "")), str(info.get("message", ""))[:2000]
-    cls = getattr(builtins, name, None) if name.isidentifier() else None
+    mro = info.get("mro") if type(info.get("mro")) is list else [name]
     exc = None
-    if (isinstance(cls, type) and issubclass(cls, Exception)
-            and not issubclass(cls, (StopIteration, StopAsyncIteration))):
-        try:
-            exc = cls(message)
-        except Exception:
-            exc = None
-    if exc is None:
+    for cls_name in mro[:32]:
+        cls = getattr(builtins, cls_name, None) if isinstance(cls_name, str) else None
+        if (isinstance(cls, type) and issubclass(cls, Exception)
+                and not issubclass(cls, (StopIteration, StopAsyncIteration))):
+            try:
+                exc = cls(message)
+            except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError wants 5 arguments
+                exc = None
+            break
+    if exc is None or type(exc) is Exception:
         exc = CandidateError("%s: %s" % (name, message))
+    exc._corral_from_solution = True
     exc.solution_traceback = str(info.get("traceback", ""))[-4000:]
     return exc
 
 
 def free_names(code):
     """Names a compiled test reads or writes at its top level or as globals of its
-    functions, minus built-ins: what may come from the solution. Over-inclusive (an
-    attribute's name is listed too), which only costs a lookup that finds nothing."""
+    functions: what may come from the solution (a name the solution defines shadows a
+    built-in, as it would in the solution's own namespace: ``def max(xs)`` tasks).
+    Over-inclusive (an attribute's name is listed too), which only costs a lookup."""
     names, todo = set(), [code]
     while todo:
         c = todo.pop()
         names.update(c.co_names)
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return sorted(n for n in names - set(dir(builtins)) if not n.startswith("__"))
+    return sorted(n for n in names if not n.startswith("__"))
 
 
 def _solution_error(exc):
@@ -452,7 +402,7 @@ def run_test(judge, index, source, deadline):
     try:
         code = compile(source, "<test %d>" % index, "exec")
         names = free_names(code)
-        ns = {"__builtins__": builtins, "__name__": "__corral_test__"}
+        ns = {"__builtins__": builtins, "__name__": TEST_MODULE}
         ns.update(judge.resolve(names) if names else {})
         exec(code, ns)
     except JudgeTimeout:
@@ -475,6 +425,7 @@ def judge_main():
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4
         raise SystemExit("corral judge: cannot make itself non-dumpable")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # no KeyboardInterrupt mid-exchange
     if not kill_others():
         raise SystemExit("corral judge: other processes of the sandbox would not stop")
     capture = os.fdopen(os.memfd_create("corral-output"), "w+b")
@@ -492,6 +443,7 @@ def judge_main():
             os.closerange(5, 1 << 16)
             for fd in (3, 4):
                 os.set_inheritable(fd, False)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             sys.stdin = open(os.devnull)
             sys.stdout = os.fdopen(1, "w", buffering=1)
             sys.stderr = os.fdopen(2, "w", buffering=1)
@@ -509,33 +461,17 @@ def judge_main():
     os.dup2(capture.fileno(), 1)  # what the tests print goes with the solution's output
     global JUDGE
     JUDGE = judge = Judge(from_sol_r, to_sol_w, pid)
-    deadline = t0 + req["budget"]
+    judge.deadline = t0 + req["budget"]
     sys.modules[req["module"]] = SolutionModule(req["module"])
-    judge.deadline = deadline
-    try:
-        send(judge.wfd, {"op": "load", "code": req.get("code"), "filename": req["filename"],
-                         "module": req["module"], "timeout": max(0.001, deadline - time.monotonic())})
-        reply = recv(judge.rfd, deadline + 0.25)
-        if reply.get("timeout") is True:
-            load = ["timeout", "timed out while loading the solution"]
-        elif "raise" in reply:
-            load = ["error", str(reply["raise"].get("traceback", ""))[-req["max_error"]:]]
-        else:
-            load = ["ok", None]
-    except JudgeTimeout:
-        judge.kill("the solution did not stop at its time limit")
-        load = ["timeout", "timed out while loading the solution"]
-    except (SolutionGone, OSError, AttributeError) as exc:
-        judge.kill(str(exc))
-        load = ["error", "the solution's process ended while loading: %s" % exc]
+    load = load_solution(judge, req)
     results = []
     for i, test in enumerate(req["tests"]):
         if load[0] != "ok":
             results.append(["skipped", "not run: the solution did not load"])
             continue
-        test_deadline = deadline
+        test_deadline = t0 + req["budget"]
         if req["test_timeout"]:
-            test_deadline = min(deadline, time.monotonic() + req["test_timeout"])
+            test_deadline = min(test_deadline, time.monotonic() + req["test_timeout"])
         state, err = run_test(judge, i, test, test_deadline)
         results.append([state, err[-req["max_error"]:] if err else None])
     judge.kill("done")
@@ -548,9 +484,24 @@ def judge_main():
     size = capture.tell()
     capture.seek(max(0, size - req["max_output"] * 4))
     out = capture.read().decode(errors="replace")[-req["max_output"]:]
-    report = {"load": load, "tests": results, "output": out,
-              "elapsed": time.monotonic() - t0}
+    report = {"load": load, "tests": results, "output": out, "elapsed": time.monotonic() - t0}
     os.write(report_fd, (req["nonce"] + json.dumps(report) + "\n").encode())
+
+
+def load_solution(judge, req):
+    """``[state, error]`` of running the solution's top level in its process."""
+    try:
+        reply = judge.rpc({"op": "load", "ref": None, "code": req.get("code"),
+                           "filename": req["filename"], "module": req["module"]})
+    except JudgeTimeout:
+        judge.kill("the solution did not stop at its time limit")
+        return ["timeout", "timed out while loading the solution"]
+    except SolutionGone as exc:
+        return ["error", "the solution's process ended while loading: %s" % exc]
+    if "raise" in reply:
+        info = reply["raise"] if type(reply["raise"]) is dict else {}
+        return ["error", str(info.get("traceback", ""))[-req["max_error"]:]]
+    return ["ok", None]
 
 
 def kill_others():
@@ -569,22 +520,21 @@ def kill_others():
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
             return True
-        alive = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in (1, me):
-                continue
-            try:
-                with open("/proc/%s/stat" % entry, "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state not in (b"Z", b"X"):
-                alive = True
-                break
-        if not alive:
+        if not any(_alive(entry, me) for entry in os.listdir("/proc")):
             return True
         time.sleep(0.005)
     return False
+
+
+def _alive(entry, me):
+    if not entry.isdigit() or int(entry) in (1, me):
+        return False
+    try:
+        with open("/proc/%s/stat" % entry, "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 JUDGE = None

@@ -42,6 +42,7 @@ from corral.client._sync import Sandbox
 from corral.errors import ExecTimeout, InvalidArgument
 from corral.rl._grading import (
     READY,
+    TRUSTED_PATH,
     Grading,
     JudgeRun,
     check_grading,
@@ -56,6 +57,8 @@ from corral.rl._inprocess import (
     parse_report,
 )
 from corral.rl._test_report import TestReport
+
+TRUSTED_ENV = {"PATH": TRUSTED_PATH}
 
 PYTHON_FENCE_LANGS = frozenset({"", "python", "py", "python3"})
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
@@ -184,7 +187,7 @@ async def arun_tests(
         return await _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
     await sb.kill_processes()  # nothing an earlier step left running may meet the judge
-    async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd) as proc:
+    async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
         ready = line = None
         try:
             ready = await proc.exchange(b"", timeout=timeout)
@@ -222,7 +225,7 @@ def run_tests(
         return _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
     sb.kill_processes()  # nothing an earlier step left running may meet the judge
-    with sb.spawn(run.argv, timeout=timeout, cwd=cwd) as proc:
+    with sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
         ready = line = None
         try:
             ready = proc.exchange(b"", timeout=timeout)
@@ -245,7 +248,7 @@ async def _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
         snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
     )
     await sb.kill_processes()  # e.g. what the solution left running in the judged run
-    result = await sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
+    result = await sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd, env=TRUSTED_ENV)
     return dataclasses.replace(
         parse_report(result, token, len(snippets)), grading="in_process",
         in_process_tests=tuple(range(len(snippets))),
@@ -257,7 +260,7 @@ def _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd) -> Tes
         snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout
     )
     sb.kill_processes()  # e.g. what the solution left running in the judged run
-    result = sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd)
+    result = sb.exec(argv, stdin=stdin, timeout=timeout, cwd=cwd, env=TRUSTED_ENV)
     return dataclasses.replace(
         parse_report(result, token, len(snippets)), grading="in_process",
         in_process_tests=tuple(range(len(snippets))),
