@@ -188,7 +188,8 @@ def test_tictactoe_eval(daemon):
     rows = dict(re.findall(r"^\W*(random|greedy)\W+tictactoe\W+12\W+(-?[\d.]+)\W", p.stdout, re.M))
     assert float(rows["greedy"]) > float(rows["random"])
     assert re.search(r"^greedy - random, paired by seed: -?[\d.]+ ± ", p.stdout, re.M)
-    iterations = re.findall(r"^iteration (\d): eval (-?[\d.]+) ± \S+ \(95% CI, n=12\) \(13 sandboxes\)",
+    # 12 episodes + the base + seed 0 again (the cache's determinism check)
+    iterations = re.findall(r"^iteration (\d): eval (-?[\d.]+) ± \S+ \(95% CI, n=12\) \(14 sandboxes\)",
                             p.stdout, re.M)
     assert [int(i) for i, _ in iterations] == [1, 2]
     # The Q-table travelled: iteration 2 trained on 800 games in all.
@@ -211,7 +212,8 @@ def test_policy_eval_demo(daemon):
     assert len(means) == 4
     assert means[("linear (.npy)", "CartPole-v1")] > means[("random", "CartPole-v1")]
     assert means[("greedy", "tictactoe")] > means[("random", "tictactoe")]
-    # CartPole runs 4 episodes per sandbox (3 + the base), tic-tac-toe 1 (12 + the base).
-    assert "48 episodes in 34 sandboxes" in p.stdout and "0 infrastructure failures" in p.stdout
+    # CartPole runs 4 episodes per sandbox (3 + the base), tic-tac-toe 1 (12 + the base),
+    # and each policy one episode again (the cache's determinism check).
+    assert "48 episodes in 38 sandboxes" in p.stdout and "0 infrastructure failures" in p.stdout
     assert re.search(r"from the cache in [\d.]+ s: 48 cached episodes, 0 sandboxes, same results: "
                      r"True", p.stdout)

@@ -19,10 +19,16 @@ would naturally catch as a builtin also inherit it::
     ├── InvalidState                          409 invalid_state
     │   └── ImageInUse                        409 image_in_use
     ├── ImageBuildError                       422 image_build_failed
+    ├── HeadersTooLarge                       431 headers_too_large
+    ├── RequestTimeout (TimeoutError)         408 request_timeout
     ├── CapacityExceeded                      503 capacity_exceeded
+    │   └── TooManyRequests                   429 too_many_requests
     ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
     ├── ExecTimeout (TimeoutError)            408 exec_timeout
     ├── SandboxLost                           410 sandbox_lost
+    ├── SandboxProtocolError                  422 sandbox_protocol_error
+    ├── SnapshotTooLarge                      413 snapshot_too_large
+    ├── StorageFull                           507 storage_full
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -140,6 +146,25 @@ class CapacityExceeded(CorralError):
     code, status = "capacity_exceeded", 503
 
 
+class TooManyRequests(CapacityExceeded):
+    """One client has as many requests in flight as the daemon allows one client
+    (``--max-client-requests``); retry once some have finished."""
+
+    code, status = "too_many_requests", 429
+
+
+class HeadersTooLarge(CorralError):
+    """A request's line and headers are larger than the daemon reads before auth."""
+
+    code, status = "headers_too_large", 431
+
+
+class RequestTimeout(CorralError, TimeoutError):
+    """A request's headers, or the next piece of its body, did not arrive in time."""
+
+    code, status = "request_timeout", 408
+
+
 class SandboxTimeout(CorralError, TimeoutError):
     code, status = "sandbox_timeout", 408
 
@@ -149,7 +174,56 @@ class ExecTimeout(CorralError, TimeoutError):
 
 
 class SandboxLost(CorralError):
+    """The sandbox went away for a reason outside it: stopped, deleted, its lifetime ran
+    out, the engine stopped, or its processes were killed from the host. An RL runner
+    retries such an attempt (``corral.rl.INFRA_ERRORS``)."""
+
     code, status = "sandbox_lost", 410
+
+
+SANDBOX_FAULT = "sandbox fault: "
+"""How the ``reason`` of a sandbox ended by its own doing starts (state ``failed``)."""
+
+
+class SandboxProtocolError(CorralError):
+    """The sandbox broke the engine's protocol, or its agent stopped answering or hung up
+    without being asked: the sandbox's own doing (the code it ran), never the machine's.
+
+    The engine ends the sandbox (state ``failed``, its ``reason`` starting with
+    :data:`SANDBOX_FAULT`); every later call on it raises this error again. Not a
+    :class:`SandboxLost`, on purpose: ``corral.rl`` scores it as the policy's error and
+    never retries it. ``details``: ``sandbox_id``, ``violation`` (a short code such as
+    ``duplicate_exit``, ``frame_too_large``, ``agent_unresponsive``,
+    ``agent_disconnected``). 422 rather than a 5xx: nothing failed on the server's side
+    that a retry could fix.
+    """
+
+    code, status = "sandbox_protocol_error", 422
+
+
+class SnapshotTooLarge(CorralError):
+    """A snapshot, fork or image-build step would copy more than the sandbox could hold:
+    more bytes than its ``disk_mb`` or more files than its ``inodes``, or a directory tree
+    deeper than a layer may be, or a sparse file larger than the host's filesystem stores.
+    Nothing was kept. ``details``: ``limit`` (``disk_mb``, ``inodes``, ``depth`` or
+    ``file_size``), ``value`` (the limit) and ``sandbox_id`` when known. 413: the
+    sandbox's content, not the server, is at fault; a retry fails the same way.
+    """
+
+    code, status = "snapshot_too_large", 413
+
+
+def is_sandbox_fault(reason: str | None) -> bool:
+    """True if a sandbox's ``reason`` says it was ended by its own doing."""
+    return bool(reason) and reason.startswith(SANDBOX_FAULT)  # type: ignore[union-attr]
+
+
+class StorageFull(CorralError):
+    """The host's filesystem under the daemon's state directory (or cache) is full: the
+    message names the path; nothing was left half-made. Free space there and retry.
+    ``details``: ``path``, ``errno`` or ``sqlite`` (what failed)."""
+
+    code, status = "storage_full", 507
 
 
 class SandboxStartError(CorralError):

@@ -42,6 +42,7 @@ DEFAULT_STEP_TIMEOUT_S = 1800.0
 DEFAULT_BUILD_MEMORY_MB = 2048
 DEFAULT_BUILD_DISK_MB = 8192
 STEP_KINDS = ("run", "copy", "env", "workdir")
+UPLOADED_ARCHIVE = "the uploaded archive"  # how import errors name the upload
 IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARROW = "->"

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from corral.schema import SandboxSpec
 
@@ -41,8 +49,8 @@ class PoolSpec(BaseModel):
 
     name: str | None = None
     spec: SandboxSpec = Field(default_factory=SandboxSpec)
-    min_ready: int = Field(DEFAULT_MIN_READY, ge=0, le=MAX_POOL_SIZE)
-    max_size: int = Field(DEFAULT_MAX_SIZE, ge=1, le=MAX_POOL_SIZE)
+    min_ready: StrictInt = Field(DEFAULT_MIN_READY, ge=0, le=MAX_POOL_SIZE)
+    max_size: StrictInt = Field(DEFAULT_MAX_SIZE, ge=1, le=MAX_POOL_SIZE)
 
     @field_validator("name")
     @classmethod
@@ -67,7 +75,7 @@ class AcquireRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout: float = Field(DEFAULT_ACQUIRE_TIMEOUT_S, gt=0, le=MAX_ACQUIRE_TIMEOUT_S)
+    timeout: StrictFloat = Field(DEFAULT_ACQUIRE_TIMEOUT_S, gt=0, le=MAX_ACQUIRE_TIMEOUT_S)
 
 
 class PoolInfo(BaseModel):

@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from corral.errors import InvalidArgument
 
@@ -20,11 +28,17 @@ DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 1024
 DEFAULT_PIDS = 256
 DEFAULT_DISK_MB = 2048
+DEFAULT_INODES = 1 << 17  # files, directories and links the writable layer may hold
 DEFAULT_TIMEOUT_S = 3600.0
 DEFAULT_OPEN_FILES = 1024
 DEFAULT_WORKDIR = "/workspace"
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT = 1 << 20  # bytes kept per stream (stdout, stderr) of one command
+MAX_TIMEOUT_S = 30 * 86400.0  # the longest lifetime, command or process timeout
+
+MAX_TAGS = 64  # per sandbox; each tag is 1-128 characters
+MAX_ERRORS = 10  # validation errors listed in one reply (the count is given in full)
+MAX_ERROR_CHARS = 200  # each error's field and message are clipped to this
 
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/@+-]{0,127}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -70,16 +84,18 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     image: str = DEFAULT_IMAGE
-    cpus: float = Field(DEFAULT_CPUS, gt=0, le=256)
-    memory_mb: int = Field(DEFAULT_MEMORY_MB, ge=16, le=1 << 20)
-    pids: int = Field(DEFAULT_PIDS, ge=4, le=1 << 16)
-    disk_mb: int = Field(DEFAULT_DISK_MB, ge=1, le=1 << 22)
-    open_files: int = Field(DEFAULT_OPEN_FILES, ge=16, le=1 << 16)
-    timeout: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=30 * 86400)
-    idle_timeout: float | None = Field(None, gt=0)
+    # Strict numbers: "512" or true is refused, never coerced (an int is a valid float).
+    cpus: StrictFloat = Field(DEFAULT_CPUS, gt=0, le=256)
+    memory_mb: StrictInt = Field(DEFAULT_MEMORY_MB, ge=16, le=1 << 20)
+    pids: StrictInt = Field(DEFAULT_PIDS, ge=4, le=1 << 16)
+    disk_mb: StrictInt = Field(DEFAULT_DISK_MB, ge=1, le=1 << 22)
+    inodes: StrictInt = Field(DEFAULT_INODES, ge=64, le=1 << 22)
+    open_files: StrictInt = Field(DEFAULT_OPEN_FILES, ge=16, le=1 << 16)
+    timeout: StrictFloat = Field(DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
+    idle_timeout: StrictFloat | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str = DEFAULT_WORKDIR
-    tags: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
     network: NetworkMode = NetworkMode.NONE
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
@@ -122,14 +138,24 @@ class SandboxSpec(BaseModel):
             ) from None
 
 
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
 def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """The first :data:`MAX_ERRORS` errors, each clipped: a reply stays small however
+    many elements of a request are wrong."""
+    listed = exc.errors(include_url=False, include_context=False, include_input=False)
     return [
-        {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
+        {"field": _clip(".".join(str(p) for p in e["loc"])), "message": _clip(e["msg"])}
+        for e in listed[:MAX_ERRORS]
     ]
 
 
 def _describe(exc: ValidationError) -> str:
-    return "; ".join(f"{e['field']}: {e['message']}" for e in _errors(exc))
+    more = exc.error_count() - MAX_ERRORS
+    tail = f" (and {more} more errors)" if more > 0 else ""
+    return "; ".join(f"{e['field']}: {e['message']}" for e in _errors(exc)) + tail
 
 
 def validate_model(model: type[BaseModel], data: Any, what: str) -> Any:

@@ -20,7 +20,9 @@ def test_eval_json_table_png_and_cache(cli, tmp_path):
     first = cli(*args, "--json", "--png", str(png))
     data = first.json()
     assert data["summary"]["n"] == 6 and data["infra_failures"] == 0
-    assert data["cache_hits"] == 0 and data["sandboxes_created"] == 7
+    # 1 base + 6 episodes + seed 0 once more, to check the policy is deterministic
+    assert data["cache_hits"] == 0 and data["sandboxes_created"] == 8
+    assert data["deterministic"] is True and data["summary"]["ci_method"] == "bootstrap"
     assert [e["seed"] for e in data["episodes"]] == list(range(6))
     assert data["env"]["id"] == "corral/TicTacToe-v0" and data["policy"] == "greedy.py"
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -64,7 +66,8 @@ def test_eval_help_lists_options(cli_process):
     r = cli_process("eval", "-h")
     assert r.code == 0
     for option in ("--env", "--seeds", "--episodes-per-seed", "--adaptive", "--target-halfwidth",
-                   "--budget", "--png", "--json"):
+                   "--budget", "--png", "--json", "--no-cache", "--on-error", "--ci-method",
+                   "--bounds"):
         assert option in r.out
 
 
@@ -76,3 +79,26 @@ def test_eval_output_is_parseable_json(cli, tmp_path):
     data = r.json()
     assert data["summary"]["n"] == 2 and data["sandboxes_created"] == 2
     assert all(e["steps"] > 0 and e["digest"] for e in data["episodes"])
+
+
+def test_eval_policy_failures_fail_the_command_unless_scored(cli, cli_process, tmp_path):
+    """Issue 13: a policy crashing in some episodes was averaged over the rest, exit 0."""
+    policy = tmp_path / "crashy.py"  # crashes when the opponent answers in the last row
+    policy.write_text("def act(obs):\n    if -1 in obs[6:]:\n        raise RuntimeError('bug')\n"
+                      "    return obs.index(0)\n")
+    args = ["eval", str(policy), "--env", "tictactoe", "--seeds", "0-7", "--no-cache"]
+    r = cli(*args)
+    assert r.code == 1 and "failed in" in r.err and "--on-error" in r.err
+    assert "RuntimeError: bug" in r.err
+    excluded = cli(*args, "--on-error", "exclude", "--json")
+    assert excluded.code == 0, excluded.err
+    data = excluded.json()
+    errors = data["errors"]
+    assert 0 < errors < 8 and data["summary"]["n"] == 8 - errors
+    assert data["on_error"] == "exclude"
+    zero = cli(*args, "--on-error", "zero")
+    assert zero.code == 0, zero.err
+    assert "errors scored" in zero.out and "as 0" in zero.out
+    assert f"failed in {errors} of 8 episodes" in zero.out and "n=8 in the mean" in zero.out
+    r = cli_process(*args, "--on-error", "sometimes")
+    assert r.code == 2 and "expected raise, exclude, zero or a number" in r.err

@@ -7,6 +7,8 @@ import select
 import subprocess
 import sys
 
+import pytest
+
 import corral
 from tests.conftest import requires_root
 
@@ -31,6 +33,9 @@ def test_exec_timeout_exits_124(cli_process, sandbox):
 def test_exec_oom_exits_137(cli_process, sandbox):
     r = cli_process("exec", sandbox.id, "--", "python3", "-c", "b = bytearray(512 << 20)")
     assert r.code == 137 and "ran out of memory" in r.err and "64 MB" in r.err
+    # The same kill inside a shell (which then exits 137 itself) is still an OOM.
+    r = cli_process("exec", sandbox.id, "--", "true; python3 -c 'b = bytearray(512 << 20)'")
+    assert r.code == 137 and "ran out of memory" in r.err, r.err
 
 
 def test_exec_env_cwd_and_stdin(cli, cli_process, sandbox, tmp_path):
@@ -122,3 +127,80 @@ def test_cp_errors(cli, sandbox, tmp_path):
     assert r.code == 2 and "is a directory" in r.err
     assert not os.path.exists(tmp_path / "x")
     assert sandbox.state == corral.SandboxState.RUNNING
+
+
+def test_cp_copies_symlinks_as_links_and_never_follows_them(cli, sandbox, tmp_path):
+    # A virtualenv's layout: absolute links (bin/python), relative ones, links out.
+    sandbox.exec(
+        "mkdir -p /workspace/venv/bin /workspace/venv/lib && echo hi > /workspace/venv/lib/f && "
+        "ln -s /usr/bin/python3 /workspace/venv/bin/python && "
+        "ln -s ../lib/f /workspace/venv/bin/rel && ln -s ../../.. /workspace/venv/up",
+        check=True,
+    )
+    r = cli("cp", f"{sandbox.id}:/workspace/venv", str(tmp_path / "venv"))
+    assert (r.code, r.err) == (0, "")
+    venv = tmp_path / "venv"
+    assert os.readlink(venv / "bin/python") == "/usr/bin/python3"
+    assert os.readlink(venv / "bin/rel") == "../lib/f" and (venv / "bin/rel").read_text() == "hi\n"
+    assert os.readlink(venv / "up") == "../../.."
+    assert sorted(os.listdir(tmp_path)) == ["venv"]  # no staging directory left
+
+    # and back in: the links arrive as links
+    assert cli("cp", str(venv), f"{sandbox.id}:/workspace/again").code == 0
+    assert sandbox.exec("readlink /workspace/again/bin/python").stdout == "/usr/bin/python3\n"
+
+
+def test_cp_out_of_a_sandbox_leaves_nothing_when_it_fails(cli, sandbox, tmp_path):
+    # Files first, then a FIFO, which the host refuses to create: the copy fails part
+    # way through, and must not leave the files it had unpacked.
+    sandbox.exec("mkdir -p /workspace/d && for i in 1 2 3; do echo $i > /workspace/d/a$i; done "
+                 "&& mkfifo /workspace/d/zz-fifo", check=True)
+    r = cli("cp", f"{sandbox.id}:/workspace/d", str(tmp_path / "d"))
+    assert r.code == 1 and r.err.startswith(f"corral: sandbox {sandbox.id}: refused to unpack")
+    assert "nothing was written" in r.err
+    assert os.listdir(tmp_path) == []
+
+
+def test_cp_never_writes_through_a_link_the_copy_made(tmp_path):
+    # What a hostile sandbox could send instead of tar's output: a link out of the
+    # copy, then a file "inside" that link.
+    import io
+    import tarfile
+
+    from corral.cli._copy import _keep_symlinks
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        link = tarfile.TarInfo("escape")
+        link.type, link.linkname = tarfile.SYMTYPE, str(outside)
+        tar.addfile(link)
+        evil = tarfile.TarInfo("escape/pwned")
+        evil.size = 3
+        tar.addfile(evil, io.BytesIO(b"bad"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar, pytest.raises(tarfile.FilterError):
+        tar.extractall(dest, filter=_keep_symlinks)
+    assert os.listdir(outside) == []
+    assert os.readlink(dest / "escape") == str(outside)
+
+
+def test_cp_refuses_to_merge_into_an_existing_directory(cli, sandbox, tmp_path):
+    sandbox.exec("mkdir -p /workspace/d && echo new > /workspace/d/f", check=True)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "mine").write_text("keep")
+    r = cli("cp", f"{sandbox.id}:/workspace/d", str(tmp_path))  # would be tmp_path/d
+    assert r.code == 1 and "exists" in r.err
+    assert os.listdir(tmp_path / "d") == ["mine"]
+
+
+@pytest.mark.parametrize("value", ["0", "1e12", "nan"])
+def test_exec_timeout_is_refused_out_of_range(cli_process, sandbox, value):
+    r = cli_process("exec", sandbox.id, "--timeout", value, "--", "true")
+    assert r.code == 2 and "expected seconds > 0 and <= 2592000 (or 'none' for no limit)" in r.err
+
+
+def test_exec_timeout_none_means_no_limit(cli, sandbox):
+    assert cli("exec", sandbox.id, "--timeout", "none", "--", "echo ok").out == "ok\n"

@@ -74,3 +74,12 @@ def test_image_import(cli, image_name, tmp_path):
     assert info["kind"] == "oci" and info["env"]["GREETING"] == "hello from oci"
     r = cli("image", "import", str(tmp_path / "none.tar"), "--name", f"{image_name}-imp")
     assert r.code == 1 and "cannot read the image archive" in r.err
+
+
+def test_image_import_error_names_the_users_file(cli, image_name, tmp_path):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"not an archive at all\n")
+    r = cli("image", "import", str(bad), "--name", image_name)
+    assert r.code == 1
+    assert r.err.startswith(f"corral: {bad} is neither a tar archive nor a directory"), r.err
+    assert "tmp-import" not in r.err and "/var/cache" not in r.err

@@ -121,11 +121,59 @@ def test_info(cli, sandbox):
 
 
 def test_unknown_sandbox_is_a_message_not_a_traceback(cli_process):
-    for args in (["exec", "sb-000000000000", "--", "true"], ["rm", "sb-000000000000"],
+    for args in (["exec", "sb-000000000000", "--", "true"], ["pause", "sb-000000000000"],
                  ["cp", "sb-000000000000:/x", "/tmp/x"]):
         r = cli_process(*args)
         assert r.code == 1, args
         assert r.err == "corral: no sandbox 'sb-000000000000': it never existed or was deleted\n"
+
+
+def test_rm_is_idempotent_like_the_api(cli, sandbox):
+    r = cli("rm", "sb-000000000000", sandbox.id)
+    assert r.code == 0 and r.out == f"{sandbox.id}\n"
+    assert r.err == ("corral: sb-000000000000: no such sandbox (deleted already, or never "
+                     "made): nothing to delete\n")
+    again = cli("rm", sandbox.id)
+    assert again.code == 0 and again.out == "" and "nothing to delete" in again.err
+
+
+def test_create_n_is_all_or_nothing_at_capacity(make_daemon, capsys, tag):
+    from corral.cli.main import main
+
+    d = make_daemon("--max-sandboxes", "2", "--queue-size", "0")
+    code = main(["--url", d.url, "create", "--memory-mb", "64", "--tag", tag, "-n", "3"])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.out == ""
+    err = captured.err.splitlines()
+    assert err[0] == "corral: 1 of 3 creates failed:"
+    assert err[-1].startswith("corral: deleted the 2 sandboxes that were made (all or nothing): sb-")
+    with corral.Client(d.url) as c:
+        assert [sb.state for sb in corral.Sandbox.list(tags=[tag], client=c)] == []
+
+
+def test_inspect_shows_spec_state_reason_usage_and_processes(cli, sandbox, tag):
+    proc = sandbox.spawn(["sleep", "300"])
+    r = cli("inspect", sandbox.id)
+    assert r.code == 0, r.err
+    assert "running" in r.out and "memory_mb" in r.out and "64" in r.out and tag in r.out
+    assert "MB memory" in r.out and proc.id in r.out and "sleep 300" in r.out
+    data = cli("inspect", sandbox.id, "--json").json()
+    assert data["id"] == sandbox.id and data["usage"]["memory_mb"] >= 0
+    assert [p["id"] for p in data["processes"]] == [proc.id]
+    proc.kill()
+    sandbox.stop()
+    stopped = cli("inspect", sandbox.id, "--json").json()
+    assert stopped["state"] == "stopped" and stopped["reason"]
+    assert stopped["reason"] in cli("inspect", sandbox.id).out
+    listed = cli("ls", "--tag", tag)
+    assert "REASON" in listed.out and stopped["reason"] in listed.out
+    assert cli("inspect", "sb-000000000000").code == 1
+
+
+def test_help_texts_show_no_rst_markup(cli_process):
+    for command in ("cp", "eval", "rm", "create"):
+        r = cli_process(command, "-h")
+        assert r.code == 0 and "``" not in r.out, command
 
 
 def test_serve_runs_a_daemon():

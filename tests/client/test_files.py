@@ -31,6 +31,9 @@ def test_write_read_list_stat_remove(sb):
 
     sb.files.mkdir("/data/a/b")
     assert sb.files.stat("/data/a/b").is_dir
+    sb.files.mkdir("/data/a/b")  # again: it is there, fine
+    with pytest.raises(corral.FileError, match="exists"):
+        sb.files.mkdir("/app/solution.py")  # a regular file is not a directory
     with pytest.raises(corral.FileError):
         sb.files.remove("/data")  # not empty
     sb.files.remove("/data", recursive=True)

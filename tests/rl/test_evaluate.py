@@ -12,7 +12,8 @@ import pytest
 
 import corral
 from corral.errors import InvalidArgument
-from corral.rl import Policy, evaluate, parse_seeds
+from corral.rl import EnvSpec, EpisodeErrors, Policy, evaluate, parse_seeds
+from corral.rl._eval_result import error_scoring
 from corral.rl.envs import tictactoe
 from corral.rl.envs.tictactoe import TicTacToeEnv, greedy_move, perfect_move
 from corral.rl.stats import paired_difference, summarize, t_cdf, t_quantile
@@ -78,6 +79,55 @@ def test_summaries():
         summarize([1.0, 2.0], confidence=1.5)
 
 
+def test_bootstrap_interval_stays_in_the_range_and_is_seeded():
+    # CartPole-like returns piled up at the 500 cap: the symmetric t interval passes it.
+    values = [500.0] * 17 + [412.0, 455.0, 389.0]
+    t = summarize(values)
+    assert t.method == "t" and t.ci_high > 500
+    clamped = summarize(values, bounds=(0, 500))
+    assert (clamped.ci_low, clamped.ci_high) == (t.ci_low, 500.0)
+    b = summarize(values, method="bootstrap")
+    assert b.method == "bootstrap" and min(values) <= b.ci_low < b.mean < b.ci_high <= 500
+    assert summarize(values[::-1], method="bootstrap") == b  # seeded, order-blind
+    assert b.to_dict()["ci_method"] == "bootstrap"
+    same = summarize([7.0] * 5, method="bootstrap")
+    assert (same.ci_low, same.ci_high) == (7.0, 7.0)
+    one = summarize([3.0], bounds=(0, 10))  # one value: the interval is the whole range
+    assert (one.ci_low, one.ci_high) == (0.0, 10.0)
+    # Coverage on a skewed, bounded distribution (true mean 460): near the nominal 95%.
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(200):
+        xs = [500.0 if rng.random() < 0.8 else rng.uniform(100, 500) for _ in range(30)]
+        s = summarize(xs, method="bootstrap", resamples=2000)
+        hits += s.ci_low <= 460.0 <= s.ci_high and s.ci_high <= 500
+    assert 0.88 <= hits / 200 <= 0.99, hits
+    with pytest.raises(InvalidArgument, match="ci_method"):
+        summarize(values, method="bca")
+    with pytest.raises(InvalidArgument, match="bounds"):
+        summarize(values, bounds=(5, 1))
+
+
+def test_error_scoring_and_known_return_bounds():
+    assert error_scoring("raise") == ("raise", None)
+    assert error_scoring("exclude") == ("exclude", None)
+    assert error_scoring("zero") == error_scoring(0) == ("zero", 0.0)
+    assert error_scoring(-1) == ("score", -1.0)
+    assert error_scoring("raise", error_return=-2.0) == ("score", -2.0)  # the older spelling
+    for bad in ("ignore", float("nan"), True):
+        with pytest.raises(InvalidArgument, match="on_error"):
+            error_scoring(bad)
+    with pytest.raises(InvalidArgument, match="not both"):
+        error_scoring("exclude", error_return=1.0)
+    assert EnvSpec.coerce("CartPole-v1").return_bounds == (0.0, 500.0)
+    assert EnvSpec.coerce("CartPole-v1", max_steps=50).return_bounds == (0.0, 50.0)
+    assert EnvSpec.coerce("CartPole-v1", kwargs={"max_episode_steps": 900}).return_bounds is None
+    assert EnvSpec.coerce("MountainCar-v0").return_bounds == (-200.0, 0.0)
+    assert EnvSpec.coerce("tictactoe").return_bounds == (-1.0, 1.0)
+    assert EnvSpec.coerce("tictactoe", kwargs={"illegal_move_reward": -5}).return_bounds == (-5.0, 1.0)
+    assert EnvSpec.coerce("Pendulum-v1").return_bounds is None
+
+
 def test_tictactoe_env():
     env = TicTacToeEnv("greedy")
     obs, info = env.reset(seed=3)
@@ -122,6 +172,10 @@ def test_bad_input_is_refused_before_any_sandbox():
         evaluate(OMEGA, "CartPole-v1", adaptive=True)
     with pytest.raises(InvalidArgument, match="concurrency"):
         evaluate(OMEGA, "CartPole-v1", concurrency=0)
+    with pytest.raises(InvalidArgument, match="on_error"):
+        evaluate(OMEGA, "CartPole-v1", on_error="ignore")
+    with pytest.raises(InvalidArgument, match="ci_method"):
+        evaluate(OMEGA, "CartPole-v1", ci_method="normal")
     with pytest.raises(InvalidArgument, match="file name"):
         Policy.from_code(OMEGA, files={"../x": b""})
     with pytest.raises(InvalidArgument, match="2 dimensions"):
@@ -153,11 +207,12 @@ def test_cartpole_matches_in_process_and_is_cached(client, tmp_path):
     assert first.stop_reason == "complete" and first.counts == {"ok": 6}
     assert {e.seed: (e.episode_return, e.steps) for e in first.episodes} == {
         s: want[s] for s in range(6)}
-    assert first.sandboxes_created == 7 and first.cache_hits == 0  # 1 base + 1 per episode
+    # 1 base + 1 per episode + 1 re-running seed 0, which found the policy deterministic
+    assert first.sandboxes_created == 8 and first.cache_hits == 0 and first.deterministic
     values = [want[s][0] for s in range(6)]
     assert first.mean == pytest.approx(sum(values) / 6)
-    assert first.halfwidth == pytest.approx(t_quantile(0.975, 5) * first.stderr)
-    assert first.ci[0] < first.mean < first.ci[1]
+    assert first.ci_method == "bootstrap"  # CartPole's returns lie in [0, 500]
+    assert min(values) <= first.ci[0] < first.mean < first.ci[1] <= max(values)
     assert len({e.sandbox_id for e in first.episodes}) == 6
 
     snapshots = {s.id for s in corral.Snapshot.list(client=client)}
@@ -172,7 +227,7 @@ def test_cartpole_matches_in_process_and_is_cached(client, tmp_path):
     assert more.returns()[(7, 0)] == want[7][0]
     changed = evaluate(OMEGA + "# one more byte\n", "CartPole-v1", seeds=[0], cache=cache,
                        client=client)
-    assert changed.cache_hits == 0 and changed.sandboxes_created == 2
+    assert changed.cache_hits == 0 and changed.sandboxes_created == 3  # checked again
 
 
 @requires_root
@@ -219,13 +274,27 @@ def test_policy_errors_and_timeouts_are_counted_apart(client):
              "def act(obs):\n    global steps\n    steps += 1\n"
              "    if steps == 3 and random.random() < 0.5:\n        raise RuntimeError('bug')\n"
              "    return int(obs[3] > 0)\n")
-    r = evaluate(flaky, "CartPole-v1", seeds=range(8), cache=False, client=client)
-    assert 0 < r.errors < 8 and r.n == 8 - r.errors and r.infra_failures == 0
+    # By default no mean at all: leaving the failures out would inflate it.
+    with pytest.raises(EpisodeErrors, match=r"failed in \d of 8 episodes .*RuntimeError: bug"
+                       ) as caught:
+        evaluate(flaky, "CartPole-v1", seeds=range(8), cache=False, client=client)
+    errors = caught.value.details["errors"]
+    assert 0 < errors < 8 and caught.value.details["timeouts"] == 0
+    assert len(caught.value.episodes) == 8
+    r = evaluate(flaky, "CartPole-v1", seeds=range(8), cache=False, on_error="exclude",
+                 client=client)
+    assert r.errors == errors and r.n == 8 - r.errors and r.infra_failures == 0
+    assert r.on_error == "exclude" and r.errors_scored == "excluded"
     failed = [e for e in r.episodes if not e.ok]
     assert all("RuntimeError: bug" in e.error and e.episode_return is None for e in failed)
-    scored = evaluate(flaky, "CartPole-v1", seeds=range(8), cache=False, error_return=0.0,
+    scored = evaluate(flaky, "CartPole-v1", seeds=range(8), cache=False, on_error="zero",
                       client=client)
-    assert scored.n == 8 and scored.mean < r.mean
+    assert scored.n == 8 and scored.mean < r.mean and scored.errors == errors
+    assert scored.mean == pytest.approx(sum(r.returns().values()) / 8)
+    assert scored.to_dict()["on_error"] == "zero" and scored.errors_scored == "as 0"
+    minus = evaluate(flaky, "CartPole-v1", seeds=range(8), cache=False, on_error=-10,
+                     client=client)
+    assert minus.mean == pytest.approx((sum(r.returns().values()) - 10 * errors) / 8)
 
     # Hangs whenever the opponent's first mark is in cell 8 (never in the check run).
     hang = ("import time\n"
@@ -241,7 +310,7 @@ def test_policy_errors_and_timeouts_are_counted_apart(client):
     ok_seed = next(s for s in range(100) if not hangs(s))
     hang_seed = next(s for s in range(ok_seed + 1, 200) if hangs(s))
     r = evaluate(hang, "tictactoe", seeds=[ok_seed, hang_seed], timeout=1.5, cache=False,
-                 episodes_per_sandbox=2, client=client)
+                 episodes_per_sandbox=2, on_error="exclude", client=client)
     by_seed = {e.seed: e for e in r.episodes}
     assert by_seed[ok_seed].ok, "the record before the timeout was kept"
     assert by_seed[hang_seed].status == "timeout" and r.timeouts == 1
@@ -274,3 +343,48 @@ def test_a_policy_that_fails_to_load_runs_nothing(client):
         evaluate(OMEGA, "NoSuchEnv-v0", cache=False, client=client)
     with pytest.raises(corral.ImageNotFound):
         evaluate(OMEGA, "CartPole-v1", image="no-such-image", cache=False, client=client)
+
+
+README_POLICY = "def act(obs):\n    return int(obs[2] + obs[3] > 0)\n"
+
+
+@requires_root
+def test_cartpole_interval_stays_below_the_cap(client):
+    """Issue 13: mean 494.5 with a t interval up to 505.8, past the 500 maximum."""
+    r = evaluate(README_POLICY, "CartPole-v1", seeds=range(20), concurrency=8, cache=False,
+                 client=client)
+    values = list(r.returns().values())
+    assert r.ci_method == "bootstrap" and r.summary.bounds == (0.0, 500.0)
+    assert max(values) == 500 and min(values) <= r.ci[0] <= r.mean <= r.ci[1] <= 500
+    assert summarize(values).ci_high > 500  # what the t interval would have said
+    assert r.to_dict()["summary"]["ci_method"] == "bootstrap"
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(r.table())
+    text = console.export_text()
+    assert "95% CI (bootstrap)" in text
+    t = evaluate(README_POLICY, "CartPole-v1", seeds=range(20), cache=False, ci_method="t",
+                 bounds=(0, 500), client=client)
+    assert t.ci_method == "t" and t.mean == r.mean and t.ci[1] == 500.0  # clamped
+
+
+@requires_root
+def test_cache_serves_only_a_deterministic_policy(client, tmp_path):
+    """Issue 13: a policy drawing os.urandom had its first result served forever."""
+    cache = tmp_path / "cache.sqlite"
+    urandom = "import os\ndef act(obs):\n    return os.urandom(1)[0] % 2\n"
+    first = evaluate(urandom, "CartPole-v1", seeds=range(3), cache=cache, client=client)
+    assert first.deterministic is False
+    assert first.sandboxes_created == 5  # base + 3 episodes + seed 0 again
+    again = evaluate(urandom, "CartPole-v1", seeds=range(3), cache=cache, client=client)
+    assert again.cache_hits == 0 and again.deterministic is False
+    assert again.sandboxes_created == 4  # known: no second check, and nothing cached
+    assert [e.digest for e in again.episodes] != [e.digest for e in first.episodes]
+    # The runner seeds `random` per episode: such a policy is deterministic, and cached.
+    seeded = "import random\ndef act(obs):\n    return random.randrange(2)\n"
+    first = evaluate(seeded, "CartPole-v1", seeds=range(3), cache=cache, client=client)
+    assert first.deterministic is True and first.sandboxes_created == 5
+    again = evaluate(seeded, "CartPole-v1", seeds=range(3), cache=cache, client=client)
+    assert again.cache_hits == 3 and again.sandboxes_created == 0 and again.deterministic
+    assert again.summary == first.summary

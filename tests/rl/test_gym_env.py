@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import re
+import subprocess
+import sys
 import textwrap
 import warnings
 
@@ -15,6 +18,7 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 
 import corral
+import corral.rl
 from corral.rl import EnvError, SandboxEnv
 from corral.rl import spaces as wire
 from corral.rl._env_server import serve
@@ -366,3 +370,43 @@ def test_failures_leave_nothing_behind(client, tmp_path):
         SandboxEnv(f"{notenv}:Thing", client=client)
     with pytest.raises(corral.ImageNotFound):
         SandboxEnv("CartPole-v1", image="no-such-image", client=client)
+
+
+def test_import_registers_corral_envs_without_importing_gymnasium():
+    code = ("import sys, corral.rl; assert 'gymnasium' not in sys.modules; "
+            "import gymnasium as gym; spec = gym.spec('corral/SandboxEnv-v0'); "
+            "assert spec.entry_point == 'corral.rl.gym_env:SandboxEnv'; "
+            "assert spec.vector_entry_point == 'corral.rl.vector:SandboxVectorEnv'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert "corral/SandboxEnv-v0" in gym.registry  # gymnasium first, corral.rl after
+
+
+@requires_root
+def test_gym_make_make_vec_and_an_invalid_action(client):
+    local = gym.make("CartPole-v1")
+    # The daemon as a URL: a client object would make the spec uncopyable.
+    env = gym.make("corral/SandboxEnv-v0", env_id="CartPole-v1", client=client.url)
+    try:
+        assert env.spec.id == "corral/SandboxEnv-v0" and env.spec.kwargs["env_id"] == "CartPole-v1"
+        assert env.unwrapped.remote_spec.id == "CartPole-v1"
+        obs, _ = env.reset(seed=3)
+        assert same(obs, local.reset(seed=3)[0])
+        with pytest.raises(AssertionError) as theirs:
+            local.step(5)
+        # What CartPole raises for an invalid action (an AssertionError, its message).
+        with pytest.raises(AssertionError, match=re.escape(str(theirs.value))) as ours:
+            env.step(5)
+        assert isinstance(ours.value, EnvError) and ours.value.remote_type == "AssertionError"
+        assert same(env.step(0), local.step(0))  # the env goes on
+    finally:
+        env.close()
+    envs = gym.make_vec("corral/SandboxEnv-v0", num_envs=2, env_id="CartPole-v1",
+                        client=client.url)
+    try:
+        assert isinstance(envs, corral.rl.SandboxVectorEnv) and envs.num_envs == 2
+        assert envs.spec.id == "corral/SandboxEnv-v0"
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (2, 4) and same(obs[1], local.reset(seed=1)[0])
+        assert envs.step(np.array([0, 1]))[1].tolist() == [1.0, 1.0]
+    finally:
+        envs.close()

@@ -16,6 +16,7 @@ import pytest
 
 from corral.errors import Unsupported
 from corral.runtime.seccomp import DENIED_SYSCALLS, build_filter
+from tests.syscall_probe import NR, PRELUDE, numbers
 
 KILL_PROCESS = 0x80000000
 ALLOW = 0x7FFF0000
@@ -24,16 +25,7 @@ ENOSYS = 0x00050000 | errno.ENOSYS
 CLONE_NEWUSER = 0x10000000
 SIGCHLD = 17
 
-# Kept apart from the module's tables on purpose, so a wrong number there shows here.
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-NR = {
-    "x86_64": {"read": 0, "write": 1, "execve": 59, "clone": 56, "clone3": 435,
-               "mount": 165, "ptrace": 101, "unshare": 272, "keyctl": 250, "bpf": 321,
-               "init_module": 175, "reboot": 169, "swapon": 167, "iopl": 172},
-    "aarch64": {"read": 63, "write": 64, "execve": 221, "clone": 220, "clone3": 435,
-                "mount": 40, "ptrace": 117, "unshare": 97, "keyctl": 219, "bpf": 280,
-                "init_module": 105, "reboot": 142, "swapon": 224},
-}
 HEADERS = {
     "x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
     "aarch64": Path("/usr/include/asm-generic/unistd.h"),
@@ -94,8 +86,11 @@ def test_logic(arch: str) -> None:
         return run_bpf(program, nr=nr[name], arch=audit, args=args)
 
     for name in ("mount", "ptrace", "unshare", "keyctl", "bpf", "init_module", "reboot",
-                 "swapon"):
+                 "swapon", "pidfd_getfd", "process_vm_readv", "kcmp"):
         assert verdict(name) == EPERM, name
+    assert verdict("prlimit64", 0) == ALLOW  # getrlimit/setrlimit: this process
+    assert verdict("prlimit64", 1) == EPERM  # the agent's limits
+    assert verdict("prlimit64", 1 << 32) == ALLOW  # the kernel reads an int: pid 0
     for name in ("read", "write", "execve"):
         assert verdict(name) == ALLOW, name
     assert verdict("clone3") == ENOSYS
@@ -153,21 +148,17 @@ HOST_PYTHON = "/usr/bin/python3"
 # than EPERM where it can (ENOENT, EINVAL, success): that proves the filter is what
 # said no. init_module, reboot, swapon and bpf are EPERM for an unprivileged process
 # anyway; test_logic covers them.
-PROBE = r"""
-import ctypes, json, os, subprocess, sys, threading
-nr, clone_newuser = json.loads(sys.argv[1]), 0x10000000
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-L = ctypes.c_long
+PROBE = PRELUDE + r"""
+import os, subprocess, threading
+clone_newuser = 0x10000000
 
 def call(name, *args):
-    ctypes.set_errno(0)
-    r = libc.syscall(L(nr[name]), *args)
+    r = syscall(name, *args)
     if r == 0 and name == "clone":
         os._exit(0)  # the child of a clone that got through
     if r > 0 and name == "clone":
         os.waitpid(r, 0)
-    return ctypes.get_errno() if r == -1 else 0
+    return -r if r < 0 else 0
 
 def in_child(name, *args):
     pid = os.fork()
@@ -187,6 +178,24 @@ out = {
     "reboot": in_child("reboot", L(0), L(0), L(0), None),  # bad magic: never reboots
     "swapon": in_child("swapon", b"/nonexistent", L(0)),
 }
+# Another process of the same uid, dumpable: what sandbox code could do to the agent
+# if the filter let it (and the agent were dumpable).
+target = os.fork()
+if target == 0:
+    import time
+    time.sleep(60)
+    os._exit(0)
+buf = ctypes.create_string_buffer(b"secret", 16)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 16)
+pidfd = os.pidfd_open(target)
+out["pidfd_getfd"] = call("pidfd_getfd", L(pidfd), L(0), L(0))
+out["process_vm_readv"] = call("process_vm_readv", L(target), iov, L(1), iov, L(1), L(0))
+out["kcmp"] = call("kcmp", L(os.getpid()), L(target), L(0), L(0), L(0))  # KCMP_FILE
+limit = (ctypes.c_uint64 * 2)()
+out["prlimit64"] = call("prlimit64", L(target), L(7), None, limit)  # RLIMIT_NOFILE
+out["prlimit64_self"] = call("prlimit64", L(0), L(7), None, limit)
+os.kill(target, 9)
+os.waitpid(target, 0)
 results = []
 try:  # glibc tries clone3 first, and falls back to clone only on ENOSYS
     t = threading.Thread(target=results.append, args=(1,))
@@ -219,6 +228,11 @@ EXPECTED = {
     "init_module": (errno.EPERM, None),
     "reboot": (errno.EPERM, None),
     "swapon": (errno.EPERM, None),
+    "pidfd_getfd": (errno.EPERM, 0),
+    "process_vm_readv": (errno.EPERM, 0),
+    "kcmp": (errno.EPERM, 0),
+    "prlimit64": (errno.EPERM, 0),
+    "prlimit64_self": (0, 0),
 }
 
 needs_bwrap = pytest.mark.skipif(
@@ -253,10 +267,7 @@ def bwrap(cmd: list[str], *, seccomp: bool) -> subprocess.CompletedProcess[str]:
 
 
 def probe(*, seccomp: bool) -> dict:
-    nrs = NR.get(platform.machine())
-    if nrs is None:
-        pytest.skip(f"no syscall numbers for {platform.machine()} in this test")
-    proc = bwrap([HOST_PYTHON, "-c", PROBE, json.dumps(nrs)], seccomp=seccomp)
+    proc = bwrap([HOST_PYTHON, "-c", PROBE, numbers()], seccomp=seccomp)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 

@@ -22,7 +22,7 @@ from corral.errors import (
     InvalidState,
     SnapshotNotFound,
 )
-from corral.runtime import layers
+from corral.runtime import layers, treecopy
 from corral.schema import SandboxState
 from tests.conftest import requires_root
 from tests.runtime.test_engine_agent import _wheel
@@ -200,23 +200,23 @@ async def test_a_failed_commit_leaves_no_layer_and_the_sandbox_running(engine, m
     await sh(engine, base.id, "mkdir /workspace/d && for i in $(seq 20); do echo $i > /workspace/d/$i; done")
     good = await engine.snapshot(base.id, name="good")
     before = layer_dirs(engine)
-    copy = layers._copy_node
+    copy = treecopy.copy_node
     calls = 0
 
-    def failing(src, dst, st, links):
+    def failing(*args):
         nonlocal calls
         calls += 1
         if calls == 10:
-            raise OSError(errno.ENOSPC, "No space left on device", dst)
-        copy(src, dst, st, links)
+            raise OSError(errno.ENOSPC, "No space left on device", args[3])
+        copy(*args)
 
-    def denied(src, dst, st, links):
-        raise PermissionError(errno.EACCES, "Permission denied", dst)
+    def denied(*args):
+        raise PermissionError(errno.EACCES, "Permission denied", args[3])
 
-    monkeypatch.setattr(layers, "_copy_node", failing)
+    monkeypatch.setattr(treecopy, "copy_node", failing)
     with pytest.raises(CapacityExceeded, match="no space left"):
         await engine.snapshot(base.id, name="bad")
-    monkeypatch.setattr(layers, "_copy_node", denied)
+    monkeypatch.setattr(treecopy, "copy_node", denied)
     with pytest.raises(InternalError, match=base.id):
         await engine.snapshot(base.id, name="bad")
     assert layer_dirs(engine) == before  # no layer, no temporary directory
@@ -233,7 +233,7 @@ async def test_a_failed_commit_leaves_no_layer_and_the_sandbox_running(engine, m
 CRASHER = textwrap.dedent(
     """
     import asyncio, os, sys, time
-    from corral.runtime import layers
+    from corral.runtime import treecopy
     from corral.runtime.engine import Engine
 
     async def main():
@@ -242,12 +242,12 @@ CRASHER = textwrap.dedent(
         await eng.exec(sb.id, "echo old > /workspace/f")
         snap = await eng.snapshot(sb.id, name="old")
         await eng.exec(sb.id, "for i in $(seq 50); do echo $i > /workspace/n$i; done")
-        copy = layers._copy_node
+        copy = treecopy.copy_node
         def slow(*args):
             copy(*args)
             print("copying", flush=True)
             time.sleep(3600)
-        layers._copy_node = slow
+        treecopy.copy_node = slow
         await eng.snapshot(sb.id, name="new")
     asyncio.run(main())
     """

@@ -13,7 +13,7 @@ import pytest
 
 from corral.runtime.oci import import_image
 from tests.conftest import requires_root
-from tests.runtime.oci_archives import Layer, base_layer, docker_save
+from tests.runtime.oci_archives import base_layer, docker_save
 
 pytestmark = [requires_root, pytest.mark.timeout(300)]
 

@@ -6,12 +6,16 @@ A local path that contains ``:`` can be written ``./name:with:colons``.
 
 - A file is copied with its permission bits. A destination that is an existing
   directory, or ends with ``/``, receives it under the source's name.
-- A directory is packed with ``tar`` on one side, moved as one file, and unpacked on
-  the other (so the sandbox's image needs ``tar``; the default one has it). A
+- A directory is packed with tar on one side, moved as one file, and unpacked on
+  the other (so the sandbox's image needs tar; the default one has it). A
   destination that is an existing directory receives the copy under the source's
-  name; otherwise the destination is created as the copy. The host unpacks with
-  tarfile's ``data`` filter: no absolute paths, no links out of the destination, no
-  device files.
+  name; otherwise the destination is created as the copy.
+- Symbolic links are copied as links, with their target unchanged (absolute ones too,
+  as in a virtualenv), and never followed: nothing is written outside the
+  destination. A copy out of a sandbox is unpacked into a temporary directory next to
+  the destination and renamed into place only once complete, so a failed copy leaves
+  nothing behind; it never merges into an existing directory (remove that first).
+  The host refuses device files, absolute paths and hard links out of the copy.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ import os
 import posixpath
 import re
 import secrets
+import shutil
 import sys
 import tarfile
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import corral
@@ -92,8 +99,9 @@ def _download(sandbox: corral.Sandbox, remote: str, local: str) -> None:
             sys.stdout.flush()
             return
         target = _local_target(Path(local), info.name)
-        target.write_bytes(data)
-        target.chmod(info.mode & 0o777)
+        with _staged(target, directory=False) as tmp:
+            tmp.write_bytes(data)
+            tmp.chmod(info.mode & 0o777)
         return
     archive = f"{_ARCHIVE_DIR}/.corral-cp-{secrets.token_hex(6)}.tar"
     if local == "-":
@@ -105,9 +113,47 @@ def _download(sandbox: corral.Sandbox, remote: str, local: str) -> None:
         with contextlib.suppress(corral.FileNotFound):
             sandbox.files.remove(archive)
     target = _local_target(Path(local), info.name)
-    target.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(target, filter="data")
+    if os.path.lexists(target):
+        raise corral.FileError(
+            f"{target} exists: remove it, or copy to a new path ({sandbox.id}:{remote} "
+            "is a directory and is never merged into another)",
+            details={"path": str(target)},
+        )
+    with _staged(target, directory=True) as tmp, tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        try:
+            tar.extractall(tmp, filter=_keep_symlinks)
+        except tarfile.TarError as exc:
+            raise corral.FileError(
+                f"sandbox {sandbox.id}: refused to unpack {remote}: {exc} (nothing was written)",
+                details={"sandbox_id": sandbox.id, "path": remote},
+            ) from None
+        tmp.chmod(info.mode & 0o777)
+
+
+def _keep_symlinks(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's ``data`` filter, except that a symlink keeps its target whatever it is
+    (absolute, or out of the copy): it is created as a link, never followed. Its own
+    path is still checked, and so is every later member's path with the links made so
+    far resolved, so nothing is written through a link."""
+    if not member.issym():
+        return tarfile.data_filter(member, dest)
+    checked = tarfile.data_filter(member.replace(linkname=".", deep=False), dest)
+    return checked.replace(linkname=member.linkname, deep=False)
+
+
+@contextlib.contextmanager
+def _staged(target: Path, *, directory: bool) -> Iterator[Path]:
+    """A temporary path next to ``target``, renamed to it when the block succeeds and
+    removed when it fails, so ``target`` is never left half-written."""
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.corral-cp-", dir=parent))
+    staged = tmp if directory else tmp / target.name
+    try:
+        yield staged
+        os.replace(staged, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _remote_target(sandbox: corral.Sandbox, path: str, name: str) -> str:

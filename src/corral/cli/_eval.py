@@ -6,9 +6,16 @@
     corral eval policy.py --json > result.json
 
 A live progress bar (running mean ± CI) goes to stderr when it is a terminal; the
-summary table (or ``--json``) goes to stdout. Finished episodes are cached, so running
-the same command again costs no sandbox. Exit status 1 if some episodes failed for
-infrastructure reasons (they are not scored: run the command again to fill them in).
+summary table (or --json) goes to stdout. Finished episodes are cached, so running
+the same command again costs no sandbox, once a re-run episode showed the policy
+deterministic (a policy drawing os.urandom is run every time); --no-cache skips it.
+
+Episodes the policy failed (raised or timed out): by default no mean is printed and
+the exit status is 1; --on-error zero (or a return, e.g. -1) scores them, --on-error
+exclude leaves them out, and the table says which. The interval (CI method column)
+is the bootstrap (BCa) when returns are bounded (--bounds, or a known env such as
+CartPole-v1), else Student's t; --ci-method chooses. Exit status 1 also if episodes
+failed for infrastructure reasons (never scored: run again to fill them in).
 """
 
 from __future__ import annotations
@@ -29,6 +36,24 @@ def _env_arg(text: str) -> tuple[str, Any]:
         return name, json.loads(value)
     except ValueError:
         return name, value
+
+
+def _on_error(text: str) -> str | float:
+    if text in ("raise", "exclude", "zero"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected raise, exclude, zero or a number, got {text!r}") from None
+
+
+def _bounds(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(",")
+    try:
+        return float(lo), float(hi)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (e.g. 0,500), got {text!r}") from None
 
 
 def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -62,10 +87,18 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--budget-seconds", type=float, metavar="S", help="adaptive: stop after S seconds")
     p.add_argument("--batch-size", type=int, metavar="N", help="adaptive: episodes per batch")
     p.add_argument("--confidence", type=float, default=0.95, metavar="C")
-    p.add_argument("--error-return", type=float, metavar="R",
-                   help="score policy errors and timeouts as return R (default: left out, counted)")
+    p.add_argument("--on-error", type=_on_error, default=None, metavar="HOW",
+                   help="episodes the policy failed: raise (default: no mean, exit 1), zero, "
+                        "a return R to score them as, or exclude (leave them out)")
+    p.add_argument("--error-return", type=float, metavar="R", help="the same as --on-error R")
+    p.add_argument("--ci-method", choices=("t", "bootstrap"),
+                   help="the interval: bootstrap (BCa, seeded) or Student's t (default: "
+                        "bootstrap if the return's range is known, else t)")
+    p.add_argument("--bounds", type=_bounds, metavar="LO,HI",
+                   help="the range returns can take (the interval stays inside it)")
     p.add_argument("--cache", metavar="PATH", help="the cache file (default: the user's cache dir)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the cache (every episode runs)")
     p.add_argument("--png", metavar="OUT.png", help="draw the return distribution")
     p.add_argument("--per-seed", action="store_true", help="also print a table per seed")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -97,7 +130,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             adaptive=args.adaptive, target_halfwidth=args.target_halfwidth,
             budget_episodes=args.budget, budget_seconds=args.budget_seconds,
             batch_size=args.batch_size, confidence=args.confidence,
-            error_return=args.error_return,
+            on_error=args.on_error if args.on_error is not None else "raise",
+            error_return=args.error_return, ci_method=args.ci_method, bounds=args.bounds,
             cache=False if args.no_cache else (args.cache or True),
             png=args.png, progress=bar, client=ctx.client,
         )
@@ -113,6 +147,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                  f"{extra}")
         if args.png:
             out.line(f"return distribution: {args.png}")
+        failed = result.errors + result.timeouts
+        if failed:
+            out.line(f"the policy failed in {failed} of {len(result.episodes)} episodes "
+                     f"({result.errors} errors, {result.timeouts} timeouts), scored: "
+                     f"{result.errors_scored}; n={result.n} in the mean")
+    if result.deterministic is False:
+        out.error("warning: a re-run episode took another trajectory: the policy draws "
+                  "randomness its seeding does not reach (os.urandom, the clock, an unseeded "
+                  "generator), so its results are not cached and the same seeds give other "
+                  "returns")
     if result.infra_failures:
         out.error(f"{result.infra_failures} episodes failed for infrastructure reasons and are "
                   "not scored: run the command again to fill them in (the rest is cached)")

@@ -110,6 +110,11 @@ class Context:
         self._token = token
         self.output = Output()
 
+    @property
+    def url(self) -> str | None:
+        """The daemon's URL given (``--url``), else ``None``: the environment's."""
+        return self._url
+
     @cached_property
     def client(self) -> corral.Client:
         return corral.Client(self._url, token=self._token)

@@ -24,26 +24,50 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
     """The sandbox spec options of ``create`` and ``pool create``, as SDK keywords."""
     return dict(
         image=args.image, cpus=args.cpus, memory_mb=args.memory_mb, pids=args.pids,
-        disk_mb=args.disk_mb, open_files=args.open_files, timeout=args.timeout,
+        disk_mb=args.disk_mb, inodes=args.inodes, open_files=args.open_files,
+        timeout=args.timeout,
         idle_timeout=args.idle_timeout, env=args.env or None, workdir=args.workdir,
         tags=args.tag or None, network=args.network, snapshot=args.snapshot,
     )
 
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
-    """Create ``-n`` sandboxes (concurrently); print their ids, or JSON."""
+    """Create ``-n`` sandboxes (concurrently); print their ids, or JSON.
+
+    All or nothing: if any create fails, the sandboxes already made are deleted (and
+    the message says so), nothing is printed on stdout and the exit status is 1.
+    """
     if args.count < 1:
         raise UsageError(f"-n must be at least 1, got {args.count}")
     make = partial(corral.Sandbox.create, **spec_options(args), client=ctx.client)
     out = ctx.output
     results = out.fan_out([make] * args.count, label="creating", progress=args.count > 1)
     made = [r for r in results if isinstance(r, corral.Sandbox)]
+    if len(made) < len(results):
+        return _undo_creates(ctx, results, made)
     if args.json:
         out.json([sb.info.model_dump(mode="json") for sb in made])
     else:
         for sb in made:
             out.line(sb.id)
-    return out.report_failures(results, "creates")
+    return 0
+
+
+def _undo_creates(ctx: Context, results: list[Any], made: list[corral.Sandbox]) -> int:
+    """Some creates failed: report why, delete the sandboxes made, say which remain."""
+    out = ctx.output
+    out.report_failures(results, "creates")
+    if not made:
+        return 1
+    undone = out.fan_out([sb.delete for sb in made], label="deleting", progress=False)
+    left = [sb.id for sb, r in zip(made, undone, strict=True) if isinstance(r, Exception)]
+    out.error(
+        f"deleted the {len(made) - len(left)} sandboxes that were made "
+        f"(all or nothing): {' '.join(sb.id for sb in made)}"
+    )
+    if left:
+        out.error(f"could not delete, delete them yourself: {' '.join(left)}")
+    return 1
 
 
 def ls(args: argparse.Namespace, ctx: Context) -> int:
@@ -74,6 +98,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     table.add_column("TAGS", overflow="fold")
     table.add_column("CPU S", justify="right", no_wrap=True)
     table.add_column("MEM MB", justify="right", no_wrap=True)
+    table.add_column("REASON", overflow="fold")
     now = time.time()
     for sb in sandboxes:
         usage = sb.usage or {}
@@ -81,24 +106,36 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
         table.add_row(
             sb.id, sb.state.value, sb.info.image, humanize_age(now - sb.info.created_at),
             ",".join(sb.tags), "-" if cpu is None else f"{cpu:.2f}",
-            "-" if mem is None else f"{mem:.1f}",
+            "-" if mem is None else f"{mem:.1f}", sb.info.reason or "",
         )
     out.out.print(table)
     return 0
 
 
-def _on_each(ctx: Context, ids: list[str], verb: str, act: Any) -> int:
-    """``act(sandbox)`` for every id, concurrently; print the ids that succeeded."""
-    def one(sandbox_id: str) -> str:
-        act(corral.Sandbox.connect(sandbox_id, client=ctx.client))
+def _on_each(ctx: Context, ids: list[str], verb: str, act: Any, *, missing_ok: bool = False) -> int:
+    """``act(sandbox)`` for every id, concurrently; print the ids that succeeded. With
+    ``missing_ok`` (``rm``, idempotent like the API), an id that names no sandbox
+    (deleted already, or never made) is only a note on stderr."""
+    def one(sandbox_id: str) -> str | None:
+        try:
+            sandbox = corral.Sandbox.connect(sandbox_id, client=ctx.client)
+        except corral.SandboxNotFound:
+            if not missing_ok:
+                raise
+            return None
+        act(sandbox)
         return sandbox_id
 
     out = ctx.output
-    calls = [partial(one, i) for i in dict.fromkeys(ids)]
+    wanted = list(dict.fromkeys(ids))
+    calls = [partial(one, i) for i in wanted]
     results = out.fan_out(calls, label=verb, progress=len(calls) >= PROGRESS_MIN)
-    for r in results:
+    for sandbox_id, r in zip(wanted, results, strict=True):
         if isinstance(r, str):
             out.line(r)
+        elif r is None:
+            out.error(f"{sandbox_id}: no such sandbox (deleted already, or never made): "
+                      "nothing to delete")
     return out.report_failures(results, verb)
 
 
@@ -120,7 +157,7 @@ def rm(args: argparse.Namespace, ctx: Context) -> int:
     if args.ids and selecting:
         raise UsageError("give sandbox ids or --tag/--state, not both")
     if args.ids:
-        return _on_each(ctx, args.ids, "deleting", corral.Sandbox.delete)
+        return _on_each(ctx, args.ids, "deleting", corral.Sandbox.delete, missing_ok=True)
     if not selecting:
         raise UsageError("name the sandboxes to delete: IDs, or --tag/--state to select them")
     out = ctx.output

@@ -32,9 +32,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import corral
-from corral.cli import _copy, _eval, _exec, _images, _pools, _sandboxes, _snapshots
+from corral.cli import (
+    _copy,
+    _daemon,
+    _eval,
+    _exec,
+    _images,
+    _inspect,
+    _pools,
+    _sandboxes,
+    _snapshots,
+)
 from corral.cli._output import Context, UsageError
+from corral.client import _validate as check_arg
+from corral.client._embed import answers
 from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
+from corral.schema import MAX_TIMEOUT_S
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -48,16 +61,27 @@ def _env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _seconds_or_none(text: str) -> float | None:
-    if text.lower() in ("none", "0"):
+def _seconds(text: str, *, optional: bool = False) -> float | None:
+    """Seconds > 0 up to the daemon's maximum (30 days); ``none`` (no limit) only if
+    ``optional``. ``0`` is refused, as by the SDK: it never means "no limit"."""
+    if optional and text.lower() == "none":
         return None
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
+        what = "seconds or 'none'" if optional else "seconds"
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    try:
+        return check_arg.timeout("timeout", value, optional=False)
+    except corral.InvalidArgument:
+        none = " (or 'none' for no limit)" if optional else ""
+        raise argparse.ArgumentTypeError(
+            f"expected seconds > 0 and <= {MAX_TIMEOUT_S:.0f}{none}, got {text!r}"
+        ) from None
+
+
+def _seconds_or_none(text: str) -> float | None:
+    return _seconds(text, optional=True)
 
 
 class _EnvAction(argparse.Action):
@@ -105,9 +129,12 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-mb", type=int, help="memory limit in MB (default 1024)")
     p.add_argument("--pids", type=int, help="process limit (default 256)")
     p.add_argument("--disk-mb", type=int, help="writable disk in MB (default 2048)")
+    p.add_argument("--inodes", type=int,
+                   help="files, directories and links it may write (default 131072)")
     p.add_argument("--open-files", type=int, help="open file limit (default 1024)")
-    p.add_argument("--timeout", type=float, metavar="S", help="lifetime in seconds (default 3600)")
-    p.add_argument("--idle-timeout", type=float, metavar="S", help="stop after S seconds unused")
+    p.add_argument("--timeout", type=_seconds, metavar="S",
+                   help=f"lifetime in seconds (default 3600, at most {MAX_TIMEOUT_S:.0f})")
+    p.add_argument("--idle-timeout", type=_seconds, metavar="S", help="stop after S seconds unused")
     p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
@@ -177,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", add_help=False, help="run the daemon (the options of python -m corral.server)"
     )
 
-    p = sub.add_parser("create", parents=conn, help="create sandboxes; print their ids")
+    p = sub.add_parser(
+        "create", parents=conn, help="create sandboxes; print their ids",
+        description="All or nothing: if any of the -n creates fails, those made are "
+        "deleted again (the message lists them), nothing is printed and the exit status is 1.",
+    )
     _add_spec_options(p)
     p.add_argument("-n", dest="count", type=int, default=1, metavar="COUNT",
                    help="how many to create, concurrently (default 1)")
@@ -189,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="print ids only")
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
     p.set_defaults(handler=_sandboxes.ls)
+    _inspect.add_parser(sub, conn)
 
     p = sub.add_parser(
         "exec", parents=conn, help="run a command in a sandbox, streaming its output",
@@ -199,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("cmd", nargs="+", metavar="CMD")
     p.add_argument("--timeout", type=_seconds_or_none, metavar="S",
-                   help="kill the command after S seconds (default: no limit)")
+                   help="kill the command after S seconds (default: none, no limit; "
+                   "0 is refused)")
     p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: the workdir)")
     p.add_argument("--stdin-file", metavar="FILE",
@@ -228,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "rm", parents=conn, help="delete sandboxes, by id or by tag",
         usage="corral rm ID...\n       corral rm --tag TAG [--tag ...] [--state ...] [-y]",
+        description="Deleting is idempotent, as in the API: an ID that names no sandbox "
+        "(deleted already, or never made) is noted on stderr, not an error. Deleting by "
+        "--tag/--state asks first on a terminal; elsewhere (a script) it needs -y.",
     )
     p.add_argument("ids", nargs="*", metavar="ID")
     _add_selection(p, "delete")
@@ -240,8 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_commands(sub, conn)
     _add_snapshot_commands(sub, conn)
     _images.add_commands(sub, conn)
+    _daemon.add_commands(sub, conn)
     _eval.add_parser(sub, conn)
+    _plain_help(parser)
     return parser
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Drop the reST ````literal```` markup of descriptions taken from docstrings: a
+    terminal shows it raw. Walks every subcommand's parser."""
+    if parser.description:
+        parser.description = parser.description.replace("``", "")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _plain_help(sub)
 
 
 def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
@@ -252,7 +301,20 @@ def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
     server_args = build_server_parser("corral serve").parse_args(server_argv)
     if server_args.token is None:  # `corral --token T serve` means `corral serve --token T`
         server_args.token = args.client_token
-    serve(settings_from_args(server_args))
+    settings = settings_from_args(server_args)
+    if answers(settings.socket):  # e.g. the daemon the SDK started (embedded)
+        raise corral.InvalidState(
+            f"{_daemon.describe(str(settings.socket))}, then run corral serve again; or "
+            "give this one another --socket and --state-dir"
+        )
+    try:
+        serve(settings)
+    except corral.InvalidState as exc:  # another engine holds the state directory
+        raise corral.InvalidState(
+            f"{exc.message}; to see the daemon on a socket: corral daemon status "
+            "[--url unix:///path.sock], to stop it: corral daemon stop",
+            details=exc.details,
+        ) from None
     return 0
 
 

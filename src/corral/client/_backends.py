@@ -13,10 +13,10 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -40,8 +40,46 @@ def _shared_in(cache: dict[tuple[int, type], Any], factory: type[T]) -> T:
         return client
 
 
+class AsyncOpening(Coroutine[Any, Any, T], Generic[T]):
+    """What ``AsyncSandbox.create(...)`` returns: a coroutine to ``await`` for the
+    sandbox, that is also an async context manager opening it, so both
+    ``async with await AsyncSandbox.create()`` and ``async with AsyncSandbox.create()``
+    work (and ``asyncio.create_task`` takes it, as any coroutine)."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._coro = coro
+        self._opened: Any = None
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    async def __aenter__(self) -> T:
+        self._opened = await self._coro
+        return await self._opened.__aenter__()
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._opened.__aexit__(*exc_info)
+
+
+Opening = Annotated[T, "the blocking twin of AsyncOpening: the value itself"]
+
+
 class AsyncBackend:
     """asyncio implementations."""
+
+    @staticmethod
+    def opening(coro: Coroutine[Any, Any, T]) -> AsyncOpening[T]:
+        """``coro``, awaitable and usable with ``async with`` (see :class:`AsyncOpening`)."""
+        return AsyncOpening(coro)
 
     @staticmethod
     async def sleep(seconds: float) -> None:
@@ -81,6 +119,11 @@ class AsyncBackend:
 
 class SyncBackend:
     """Blocking implementations."""
+
+    @staticmethod
+    def opening(value: T) -> T:
+        """The value itself: a blocking call has already opened it."""
+        return value
 
     @staticmethod
     def sleep(seconds: float) -> None:

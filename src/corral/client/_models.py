@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, Literal
 
-from corral.errors import ExecTimeout, InvalidArgument, error_from_dict
+from corral.client import _validate as check
+from corral.errors import ExecTimeout, error_from_dict
 from corral.schema import FileInfo, SandboxSpec
 
 Command = str | Sequence[str]
@@ -127,6 +128,15 @@ def spec_body(fields: dict[str, Any]) -> dict[str, Any]:
     Raises :class:`~corral.errors.InvalidArgument` before any request is sent.
     """
     given = {k: v for k, v in fields.items() if v is not None}
+    if "tags" in given:
+        given["tags"] = check.strings("tags", given["tags"])
+    if "env" in given:
+        given["env"] = check.str_map("env", given["env"])
+    for name in ("timeout", "idle_timeout"):
+        if name in given:
+            given[name] = check.timeout(name, given[name], optional=False)
+    if "snapshot" in given:  # an (Async)Snapshot, its id or its name
+        given["snapshot"] = check.text("snapshot", getattr(given["snapshot"], "id", given["snapshot"]))
     return SandboxSpec.parse(given).model_dump(mode="json", exclude_unset=True)
 
 
@@ -139,28 +149,23 @@ def exec_body(
     stdin: bytes | str | None,
     max_output: int | None,
 ) -> dict[str, Any]:
-    """The ``ExecRequest`` of ``docs/api.md``."""
-    if not isinstance(cmd, str):
-        if isinstance(cmd, bytes) or not all(isinstance(a, str) for a in cmd):
-            raise InvalidArgument(
-                "cmd must be a list of strings (argv) or one shell string, "
-                f"got {type(cmd).__name__}"
-            )
-        cmd = list(cmd)
-    body: dict[str, Any] = {"cmd": cmd, "timeout": timeout}
+    """The ``ExecRequest`` of ``docs/api.md``; every argument checked first."""
+    body: dict[str, Any] = {"cmd": check.command(cmd), "timeout": check.timeout("timeout", timeout)}
     if env:
-        body["env"] = dict(env)
+        body["env"] = check.str_map("env", env)
     if cwd is not None:
-        body["cwd"] = cwd
-    if isinstance(stdin, bytes):
-        try:
-            body["stdin"] = stdin.decode()
-        except UnicodeDecodeError:
-            body["stdin_b64"] = base64.b64encode(stdin).decode()
-    elif stdin is not None:
-        body["stdin"] = stdin
+        body["cwd"] = check.text("cwd", cwd)
+    if stdin is not None:
+        if isinstance(stdin, str):
+            body["stdin"] = stdin
+        else:
+            raw = check.content("stdin", stdin)
+            try:
+                body["stdin"] = raw.decode()
+            except UnicodeDecodeError:
+                body["stdin_b64"] = base64.b64encode(raw).decode()
     if max_output is not None:
-        body["max_output"] = max_output
+        body["max_output"] = check.integer("max_output", max_output, minimum=0)
     return body
 
 

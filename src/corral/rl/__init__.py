@@ -43,6 +43,7 @@ _LAZY = {
     "run_episodes": "corral.rl.episodes",
     "EnvSpec": "corral.rl._policy",
     "Policy": "corral.rl._policy",
+    "EpisodeErrors": "corral.rl.evaluation",
     "EvalEpisode": "corral.rl.evaluation",
     "EvalResult": "corral.rl.evaluation",
     "aevaluate": "corral.rl.evaluation",
@@ -53,6 +54,7 @@ _LAZY = {
     "summarize": "corral.rl.stats",
     "t_quantile": "corral.rl.stats",
     "TicTacToeEnv": "corral.rl.envs.tictactoe",
+    "register_envs": "corral.rl._gym_registration",
     "plot_returns": "corral.rl._report",
     "summary_table": "corral.rl._report",
 }
@@ -71,3 +73,10 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+# gym.make("corral/SandboxEnv-v0", ...): registered now if gymnasium is imported, else
+# as soon as it is (without importing it here).
+from corral.rl._gym_registration import register_on_import as _register_on_import  # noqa: E402
+
+_register_on_import()

@@ -6,6 +6,15 @@ change (one byte of the policy, an env argument, an upgrade of corral, whose run
 might compute returns differently) misses. Only finished episodes (status ``ok``) are
 kept: timeouts and infrastructure failures depend on the machine, not the policy.
 
+A cached return is only as good as the policy's determinism: the runner seeds
+``random``, numpy's global generator and the action space, but a policy that draws
+from ``os.urandom``, the clock or an unseeded generator would have its first result
+served forever. So the cache also keeps a verdict per (policy, env, corral version):
+the first evaluation that runs episodes re-runs one of them in a second sandbox and
+compares the two trajectories (:func:`same_trajectory`). Records are read and written
+only for a policy found deterministic; a policy found otherwise is run every time
+(``EvalResult.deterministic`` says which), as it is with ``cache=False``.
+
 One SQLite file (WAL, so several evaluations may share it), by default
 ``$XDG_CACHE_HOME/corral/eval-cache.sqlite`` (``~/.cache/...``).
 
@@ -33,7 +42,12 @@ CREATE TABLE IF NOT EXISTS episodes (
     key TEXT PRIMARY KEY,
     record TEXT NOT NULL,
     created_at REAL NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS policies (
+    key TEXT PRIMARY KEY,
+    deterministic INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
 """
 BUSY_TIMEOUT_S = 30.0
 
@@ -51,6 +65,23 @@ def episode_key(policy_hash: str, env_key: str, seed: int, k: int) -> str:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+def policy_key(policy_hash: str, env_key: str) -> str:
+    """The key of a policy's determinism verdict on an env."""
+    return episode_key(policy_hash, env_key, -1, -1)
+
+
+def same_trajectory(a: Any, b: Any) -> bool | None:
+    """Whether two runs of one episode (:class:`~corral.rl.EvalEpisode`) went the same
+    way: the same status, return, steps and trajectory digest (and error, if any).
+    ``None`` when they cannot tell (a timeout, an infrastructure failure, no digest)."""
+    if a.status not in ("ok", "error") or b.status not in ("ok", "error"):
+        return None
+    if a.digest is None or b.digest is None:
+        return None
+    fields = ("status", "episode_return", "steps", "digest", "error")
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
 class EpisodeCache:
     """Records of finished episodes in a SQLite file (created with its directory)."""
 
@@ -60,7 +91,7 @@ class EpisodeCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(SCHEMA)
+            self._db.executescript(SCHEMA)
             self._db.commit()
         except (OSError, sqlite3.Error) as exc:
             raise InvalidArgument(
@@ -87,6 +118,19 @@ class EpisodeCache:
                 self._db.executemany(
                     "INSERT OR REPLACE INTO episodes (key, record, created_at) VALUES (?, ?, ?)",
                     rows)
+
+    def verdict(self, key: str) -> bool | None:
+        """Whether the policy of ``key`` (:func:`policy_key`) was found deterministic;
+        ``None`` if it was never checked."""
+        row = self._db.execute("SELECT deterministic FROM policies WHERE key = ?",
+                               (key,)).fetchone()
+        return None if row is None else bool(row[0])
+
+    def put_verdict(self, key: str, deterministic: bool) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO policies (key, deterministic, created_at) "
+                "VALUES (?, ?, ?)", (key, int(deterministic), time.time()))
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]

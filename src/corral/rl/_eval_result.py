@@ -9,11 +9,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.errors import CorralError
 from corral.rl._policy import EnvSpec
 from corral.rl.episodes import EpisodeStatus
 from corral.rl.stats import Summary, paired_difference
 
 Key = tuple[int, int]  # (seed, episode index k)
+ON_ERROR = ("raise", "exclude", "zero")
+"""How an episode the policy failed (an error or a timeout) is scored: ``"raise"``
+(the default) refuses to give a mean, ``"exclude"`` leaves it out, ``"zero"`` scores it
+0 (a number scores it as that return). Infrastructure failures are never scored."""
+
+
+def error_scoring(on_error: str | float, error_return: float | None = None) -> tuple[str, float | None]:
+    """``(mode, return errors score as)`` from ``on_error`` and the older
+    ``error_return`` (a number: the same as ``on_error=number``)."""
+    from corral.errors import InvalidArgument
+
+    if error_return is not None:
+        if on_error not in ("raise", error_return):
+            raise InvalidArgument("give on_error or error_return, not both")
+        on_error = error_return
+    if isinstance(on_error, (int, float)) and not isinstance(on_error, bool):
+        if not math.isfinite(on_error):
+            raise InvalidArgument(f"on_error: a return must be a finite number, got {on_error!r}")
+        return ("zero", 0.0) if on_error == 0 else ("score", float(on_error))
+    if on_error not in ON_ERROR:
+        raise InvalidArgument(f"on_error must be one of {', '.join(ON_ERROR)} or a number "
+                              f"(the return to score a failed episode as), got {on_error!r}")
+    return on_error, (0.0 if on_error == "zero" else None)
+
+
+class EpisodeErrors(CorralError):
+    """The policy failed (raised or timed out) in some episodes and ``on_error="raise"``
+    (the default): no mean is given, since leaving those episodes out would inflate it.
+    ``episodes`` are all the evaluated episodes; ``details`` holds the counts."""
+
+    code, status = "policy_episodes_failed", 422
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None,
+                 episodes: list[EvalEpisode] | None = None) -> None:
+        super().__init__(message, details=details)
+        self.episodes = list(episodes or [])
 
 
 def eval_tag(policy_hash: str) -> str:
@@ -59,8 +96,8 @@ class EvalEpisode:
         """From the in-sandbox runner's record (or a cached one)."""
         if "error" in rec:
             return cls(int(rec["seed"]), int(rec["k"]), EpisodeStatus.ERROR.value,
-                       steps=rec.get("steps"), error=f"{rec['error']} (in {rec.get('where')})",
-                       **extra)
+                       steps=rec.get("steps"), digest=rec.get("digest"),
+                       error=f"{rec['error']} (in {rec.get('where')})", **extra)
         return cls(int(rec["seed"]), int(rec["k"]), EpisodeStatus.OK.value,
                    float(rec["return"]), rec.get("steps"), rec.get("digest"),
                    rec.get("terminated"), rec.get("truncated"), **extra)
@@ -79,8 +116,12 @@ class SeedStats:
 @dataclass
 class EvalResult:
     """What :func:`evaluate` found. ``summary`` (mean, std, stderr, CI) covers the
-    ``ok`` episodes (plus errors and timeouts scored as ``error_return`` if that was
-    given); infrastructure failures are never in it, only in ``infra_failures``."""
+    ``ok`` episodes plus errors and timeouts scored as ``error_return`` (``on_error``:
+    ``"zero"`` or ``"score"``; ``"exclude"`` leaves them out, ``"raise"`` means there
+    were none); infrastructure failures are never in it, only in ``infra_failures``.
+    ``ci_method`` is the interval's kind (``"t"`` or ``"bootstrap"``);
+    ``deterministic`` whether a re-run episode retraced its trajectory (``None``: not
+    checked, as with ``cache=False``)."""
 
     policy: str
     policy_hash: str
@@ -93,6 +134,8 @@ class EvalResult:
     sandboxes_created: int
     cache_hits: int
     target_halfwidth: float | None = None
+    on_error: str = "exclude"
+    deterministic: bool | None = None
     counts: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -103,6 +146,17 @@ class EvalResult:
     stderr = property(lambda self: self.summary.stderr)
     halfwidth = property(lambda self: self.summary.halfwidth)
     n = property(lambda self: self.summary.n, doc="Episodes in the statistics.")
+
+    @property
+    def ci_method(self) -> str:
+        return self.summary.method
+
+    @property
+    def errors_scored(self) -> str:
+        """How failed episodes count, in words: ``"excluded"``, ``"as 0"``, ..."""
+        if self.error_return is not None:
+            return f"as {self.error_return:g}"
+        return "excluded" if self.on_error == "exclude" else "none failed"
 
     @property
     def tag(self) -> str:
@@ -171,6 +225,8 @@ class EvalResult:
         return {
             "policy": self.policy, "policy_hash": self.policy_hash, "env": self.env.to_dict(),
             "summary": self.summary.to_dict(), "error_return": self.error_return,
+            "on_error": self.on_error, "ci_method": self.ci_method,
+            "deterministic": self.deterministic,
             "counts": dict(self.counts), "errors": self.errors, "timeouts": self.timeouts,
             "infra_failures": self.infra_failures, "cache_hits": self.cache_hits,
             "sandboxes_created": self.sandboxes_created, "elapsed_s": self.elapsed_s,

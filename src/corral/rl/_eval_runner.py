@@ -10,8 +10,8 @@ env is one of its ids), because the sandbox has nothing else: not even corral.
     python3 runner.py run SEED:K [SEED:K]   # one JSON record per episode, on stdout
 
 A record: ``{"seed", "k", "return", "steps", "terminated", "truncated", "digest",
-"seconds"}``, or ``{"seed", "k", "error", "where", "steps"}`` when the policy or the
-env raised (the next episode still runs). ``digest`` is a SHA-256 of every
+"seconds"}``, or ``{"seed", "k", "error", "where", "steps", "digest"}`` when the policy
+or the env raised (the next episode still runs; no digest if ``reset`` raised). ``digest`` is a SHA-256 of every
 observation, action and reward, so equal digests mean equal trajectories.
 
 Episode ``k`` of a seed resets the env with ``seed``; the policy's randomness
@@ -113,6 +113,7 @@ def run_episode(env, act, module, seed, k, max_steps):
     started = time.perf_counter()
     steps, total, where = 0, 0.0, "env.reset"
     terminated = truncated = False
+    digest = None
     try:
         obs, _ = env.reset(seed=seed)
         space = getattr(env, "action_space", None)
@@ -132,8 +133,11 @@ def run_episode(env, act, module, seed, k, max_steps):
             if max_steps is not None and steps >= max_steps and not terminated:
                 truncated = True
     except Exception as exc:  # the policy's (or the env's) failure is this episode's result
-        return {"seed": seed, "k": k, "error": f"{type(exc).__name__}: {exc}"[:500],
-                "where": where, "steps": steps}
+        record = {"seed": seed, "k": k, "error": f"{type(exc).__name__}: {exc}"[:500],
+                  "where": where, "steps": steps}
+        if digest is not None:  # of the trajectory up to the failure
+            record["digest"] = digest.hexdigest()[:16]
+        return record
     return {"seed": seed, "k": k, "return": total, "steps": steps, "terminated": bool(terminated),
             "truncated": bool(truncated), "digest": digest.hexdigest()[:16],
             "seconds": round(time.perf_counter() - started, 6)}

@@ -31,6 +31,13 @@ _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 TICTACTOE_ALIASES = frozenset({"tictactoe", "tic-tac-toe", "TicTacToe-v0", TICTACTOE_ID})
 TICTACTOE_IMAGE, GYMNASIUM_IMAGE = "python", "rl"
 
+# Registered envs whose return range is known when made without keyword arguments:
+# (lowest reward per step, highest reward per step, the TimeLimit's steps).
+STEP_REWARD_BOUNDS = {
+    "CartPole-v0": (0.0, 1.0, 200), "CartPole-v1": (0.0, 1.0, 500),
+    "MountainCar-v0": (-1.0, 0.0, 200), "Acrobot-v1": (-1.0, 0.0, 500),
+}
+
 
 def _defines_entrypoint(tree: ast.Module) -> bool:
     for node in tree.body:
@@ -261,6 +268,21 @@ class EnvSpec:
     @property
     def is_tictactoe(self) -> bool:
         return self.id == TICTACTOE_ID
+
+    @property
+    def return_bounds(self) -> tuple[float, float] | None:
+        """The range an episode's return can take, if known: tic-tac-toe's
+        ``(min(-1, illegal_move_reward), 1)``, and a few registered gymnasium envs
+        (:data:`STEP_REWARD_BOUNDS`) made without keyword arguments; else ``None``."""
+        if self.is_tictactoe:
+            illegal = dict(self.kwargs).get("illegal_move_reward", -1.0)
+            return (min(-1.0, float(illegal)), 1.0)
+        known = STEP_REWARD_BOUNDS.get(self.id)
+        if known is None or self.kwargs:
+            return None
+        low, high, steps = known
+        steps = min(steps, self.max_steps or steps)
+        return (min(0.0, low * steps), max(0.0, high * steps))
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "kwargs": dict(self.kwargs), "image": self.image,

@@ -28,21 +28,31 @@ def _num(x: float, digits: int = 4) -> str:
 
 
 def summary_table(results: Sequence[EvalResult], *, title: str = "Policy evaluation") -> Table:
-    """One row per result: n, mean, std, stderr, the CI, failures kept apart, speed."""
+    """One row per result: n, mean, std, stderr, the CI (its method in the header, or
+    in each cell if they differ), failures kept apart (and, once the policy failed
+    somewhere, how its failures count in the mean), speed."""
     conf = results[0].summary.confidence if results else 0.95
+    methods = {r.ci_method for r in results}
+    one_method = next(iter(methods)) if len(methods) == 1 else None
+    scored = any(r.errors or r.timeouts for r in results)
     table = Table(title=title)
+    ci_header = f"{conf:.0%} CI ({one_method})" if one_method else f"{conf:.0%} CI"
     for name, justify in (("policy", "left"), ("env", "left"), ("n", "right"),
                           ("mean", "right"), ("std", "right"), ("stderr", "right"),
-                          (f"{conf:.0%} CI", "right"), ("errors", "right"),
-                          ("timeouts", "right"), ("infra", "right"), ("cached", "right"),
+                          (ci_header, "right"), ("errors", "right"), ("timeouts", "right"),
+                          *([("errors scored", "left")] if scored else []),
+                          ("infra", "right"), ("cached", "right"),
                           ("sandboxes", "right"), ("episodes/s", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in results:
         s = r.summary
         ci = f"[{_num(s.ci_low)}, {_num(s.ci_high)}]" if s.n >= 2 else "-"
+        if one_method is None:
+            ci = f"{ci} {s.method}"
         table.add_row(
             r.policy, str(r.env), str(s.n), _num(s.mean), _num(s.std), _num(s.stderr), ci,
-            str(r.errors), str(r.timeouts), str(r.infra_failures), str(r.cache_hits),
+            str(r.errors), str(r.timeouts), *([r.errors_scored] if scored else []),
+            str(r.infra_failures), str(r.cache_hits),
             str(r.sandboxes_created), f"{r.episodes_per_second:.1f}",
         )
     return table

@@ -25,6 +25,11 @@ policy:
   from outside, ...). Such an attempt is retried on a new sandbox up to ``retries``
   times; ``attempts`` counts them. Only when every attempt failed so is the episode
   reported ``infra_error``, with ``reward=None``: never a zero.
+- A sandbox that broke its own engine (:class:`~corral.errors.SandboxProtocolError`:
+  forged or malformed frames from its agent, an agent that hangs up or stops answering,
+  a sandbox ended with a ``"sandbox fault: ..."`` reason) is the policy's doing: an
+  ``error`` (``timeout`` if a command's timeout had to be enforced from outside), never
+  retried. Otherwise a policy could turn every failing episode into a retry.
 
 A configuration error (an unknown image or snapshot, an invalid spec, a bad token)
 fails the same way for every episode, so it is raised at once instead.
@@ -59,6 +64,7 @@ from corral.errors import (
     SandboxNotFound,
     SandboxStartError,
     SandboxTimeout,
+    is_sandbox_fault,
 )
 from corral.rl._progress import EpisodeProgress
 from corral.rl._script import (
@@ -99,7 +105,9 @@ INFRA_ERRORS: tuple[type[CorralError], ...] = (
 )
 """Errors of the machinery, not of the episode: the attempt is retried on a new sandbox.
 (``SandboxNotFound`` / ``InvalidState`` here mean the sandbox was deleted or stopped
-under the episode; ``SandboxTimeout`` that its lifetime ran out.)"""
+under the episode; ``SandboxTimeout`` that its lifetime ran out.) Never
+:class:`~corral.errors.SandboxProtocolError`: a sandbox that broke its engine is the
+policy's error, and it is deliberately not a subclass of any of these."""
 
 
 def is_infrastructure_error(exc: BaseException) -> bool:
@@ -198,7 +206,8 @@ def _interpret(value: Any) -> tuple[float | None, int | None, str]:
 
 
 async def sandbox_lost(sb: corral.AsyncSandbox) -> str | None:
-    """Why ``sb`` is no longer usable (deleted, stopped, failed), or None if it runs.
+    """Why ``sb`` is no longer usable (deleted, stopped, failed), or None if it runs
+    or was ended by its own doing (a ``"sandbox fault: ..."`` reason: the policy's).
 
     A command that died by a signal may be the policy's doing (a segfault) or the
     machine's (the sandbox was stopped under it): this tells them apart.
@@ -211,6 +220,8 @@ async def sandbox_lost(sb: corral.AsyncSandbox) -> str | None:
         return f"sandbox {sb.id} could not be checked: {exc.message}"
     if info.state in (corral.SandboxState.RUNNING, corral.SandboxState.PAUSED):
         return None
+    if is_sandbox_fault(info.reason):
+        return None  # the sandbox broke its engine: the policy's doing, not a loss
     reason = f" ({info.reason})" if info.reason else ""
     return f"sandbox {sb.id} ended during the episode: {info.state.value}{reason}"
 

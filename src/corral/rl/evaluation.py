@@ -21,11 +21,21 @@ How it runs:
    retries of infrastructure failures only. Those are counted apart
    (``infra_failures``), never as a return.
 3. Records are cached on disk by (policy hash, env spec, seed, episode, corral
-   version): evaluating an unchanged policy again runs no sandbox at all.
+   version): evaluating an unchanged policy again runs no sandbox at all. Only for a
+   deterministic policy: the first evaluation re-runs one episode in a second sandbox
+   and compares the trajectories (see :mod:`corral.rl._cache`).
 4. ``adaptive=True`` adds episodes in batches until the CI's half-width is at most
    ``target_halfwidth`` or a budget (episodes, seconds) is spent; batches are taken
    in seed order and each ends before the next starts, so which episodes are counted
    never depends on which sandbox was faster.
+
+Episodes the policy failed (it raised, or timed out) are scored as ``on_error`` says:
+by default (``"raise"``) the evaluation raises :class:`EpisodeErrors` instead of giving
+a mean, because no default score is honest for every env: leaving them out keeps the
+episodes the policy survived (a policy crashing in 16 of 30 CartPole episodes scored
+21.2 on the other 14, 9.9 over all 30), and 0 is the best return there is in
+MountainCar or Acrobot, and better than a loss at tic-tac-toe. ``"zero"`` (or a
+number) scores them, ``"exclude"`` leaves them out; the result says which.
 """
 
 from __future__ import annotations
@@ -41,8 +51,22 @@ from typing import Any
 
 import corral
 from corral.errors import CorralError, InvalidArgument, SandboxLost
-from corral.rl._cache import EpisodeCache, default_cache_path, episode_key
-from corral.rl._eval_result import EvalEpisode, EvalResult, Key, SeedStats, eval_tag
+from corral.rl._cache import (
+    EpisodeCache,
+    default_cache_path,
+    episode_key,
+    policy_key,
+    same_trajectory,
+)
+from corral.rl._eval_result import (
+    EpisodeErrors,
+    EvalEpisode,
+    EvalResult,
+    Key,
+    SeedStats,
+    error_scoring,
+    eval_tag,
+)
 from corral.rl._policy import CODE_FILE, WEIGHTS_FILE, EnvSpec, Policy
 from corral.rl._progress import EpisodeProgress
 from corral.rl.episodes import (
@@ -56,9 +80,10 @@ from corral.rl.episodes import (
     is_infrastructure_error,
     sandbox_lost,
 )
-from corral.rl.stats import DEFAULT_CONFIDENCE, Summary, summarize
+from corral.rl.stats import CI_METHODS, DEFAULT_CONFIDENCE, Summary, summarize
 
-__all__ = ["EvalEpisode", "EvalResult", "SeedStats", "aevaluate", "evaluate", "parse_seeds"]
+__all__ = ["EpisodeErrors", "EvalEpisode", "EvalResult", "SeedStats", "aevaluate", "evaluate",
+           "parse_seeds"]
 
 EVAL_DIR = "/workspace/.corral-eval"
 RUNNER = f"{EVAL_DIR}/runner.py"
@@ -75,6 +100,7 @@ DEFAULT_SANDBOX = {"memory_mb": 512, "cpus": 1.0}
 CHECK_TIMEOUT_S = 180.0
 EXEC_MARGIN_S = 30.0
 DEFAULT_ADAPTIVE_BUDGET = 1000
+FAILED = ("error", "timeout")  # the policy's failures (infrastructure failures are apart)
 MIN_ADAPTIVE_EPISODES = 10
 
 
@@ -233,8 +259,10 @@ class _Evaluation:
                 out.append(EvalEpisode.from_record(rec, **extra))
         return out
 
-    async def run(self, keys: list[Key]) -> Any:
-        """Yield the episodes of ``keys`` as their sandboxes finish."""
+    async def run(self, keys: list[Key], *, verify: bool = False) -> Any:
+        """Yield ``(episodes, is_rerun)`` as sandboxes finish: the episodes of ``keys``,
+        and with ``verify`` the first key once more in a sandbox of its own (run next to
+        its first run, so the check costs a sandbox, not time)."""
         if self._snapshot is None:
             self._snapshot = await self._make_snapshot()
             self._runner = EpisodeRunner(
@@ -243,8 +271,10 @@ class _Evaluation:
                 tags=[self.tag], client=self.client())
         assert self._runner is not None
         groups = [tuple(keys[i:i + self.per_sandbox]) for i in range(0, len(keys), self.per_sandbox)]
+        if verify:
+            groups.insert(1, (keys[0],))
         async for res in self._runner.run(groups):
-            yield self.expand(res)
+            yield self.expand(res), verify and res.index == 1
 
     async def close(self) -> None:
         try:
@@ -291,7 +321,10 @@ async def aevaluate(
     budget_seconds: float | None = None,
     batch_size: int | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
+    on_error: str | float = "raise",
     error_return: float | None = None,
+    ci_method: str | None = None,
+    bounds: tuple[float, float] | None = None,
     cache: bool | str | Path | EpisodeCache | None = True,
     png: str | Path | None = None,
     progress: bool | EpisodeProgress = False,
@@ -310,7 +343,13 @@ async def aevaluate(
         ("budget_seconds", budget_seconds, False), ("batch_size", batch_size, True),
     ):
         _check_positive(name, value, integer=integer)
-    summarize([], confidence)  # validates confidence
+    mode, error_value = error_scoring(on_error, error_return)
+    bounds = bounds if bounds is not None else spec.return_bounds
+    if ci_method is None:  # the t interval is symmetric: it leaves a bounded range
+        ci_method = "bootstrap" if bounds is not None else "t"
+    if ci_method not in CI_METHODS:
+        raise InvalidArgument(f"ci_method must be one of {', '.join(CI_METHODS)}, got {ci_method!r}")
+    summarize([], confidence, bounds=bounds)  # validates confidence and bounds
     if adaptive and target_halfwidth is None:
         raise InvalidArgument("adaptive evaluation needs target_halfwidth (the CI half-width to reach)")
     if isinstance(seeds, str):
@@ -334,15 +373,36 @@ async def aevaluate(
         budget_episodes if adaptive else None, label=f"{pol.label} on {spec}", enabled=bool(progress))
     own_bar = not isinstance(progress, EpisodeProgress)
 
-    def stats() -> Summary:
-        values = [e.episode_return if e.ok else error_return for e in episodes.values()
-                  if e.ok or (error_return is not None and e.status in ("error", "timeout"))]
-        return summarize(values, confidence)  # type: ignore[arg-type]
+    def stats(method: str = ci_method) -> Summary:
+        values = [e.episode_return if e.ok else error_value for e in episodes.values()
+                  if e.ok or (error_value is not None and e.status in FAILED)]
+        return summarize(values, confidence, method=method, bounds=bounds)  # type: ignore[arg-type]
+
+    # The cache serves a policy only once a re-run episode showed it deterministic.
+    verdict_key = policy_key(pol.hash, env_key)
+    deterministic = store.verdict(verdict_key) if store is not None else None
+    unwritten: list[EvalEpisode] = []
+
+    def keep(eps: list[EvalEpisode]) -> None:
+        if store is None or deterministic is False:
+            return
+        unwritten.extend(e for e in eps if e.ok)
+        if deterministic:
+            store.put_many((episode_key(pol.hash, env_key, *e.key), _record(e)) for e in unwritten)
+            unwritten.clear()
+
+    def judge(rerun: EvalEpisode) -> None:
+        nonlocal deterministic
+        same = same_trajectory(episodes[rerun.key], rerun)
+        if same is not None and store is not None:
+            deterministic = same
+            store.put_verdict(verdict_key, same)
+            keep([])
 
     def note(eps: list[EvalEpisode], status: str | None = None) -> None:
         for e in eps:
             episodes[e.key] = e
-        s = stats()
+        s = stats("t")  # the live bar's interval: cheap
         extra = f"mean {s.mean:.4g} ± {s.halfwidth:.3g}" if s.n >= 2 else ""
         for e in eps:
             bar.advance(status or e.status, extra=extra)
@@ -364,7 +424,7 @@ async def aevaluate(
                 bar.set_total(len(batch))
             hits: dict[str, dict[str, Any]] = {}
             keyed = {key: episode_key(pol.hash, env_key, *key) for key in batch}
-            if store is not None:
+            if store is not None and deterministic:
                 hits = store.get_many(keyed.values())
             cached = [EvalEpisode.from_record(hits[keyed[key]], cached=True)
                       for key in batch if keyed[key] in hits]
@@ -372,10 +432,22 @@ async def aevaluate(
             note(cached, "cached")
             todo = [key for key in batch if keyed[key] not in hits]
             if todo:
-                async for eps in run.run(todo):
+                verify = store is not None and deterministic is None
+                rerun: EvalEpisode | None = None
+                async for eps, is_rerun in run.run(todo, verify=verify):
+                    if is_rerun:
+                        rerun = eps[0]
+                        if rerun.key in episodes:
+                            judge(rerun)
+                        continue
                     note(eps)
-                    if store is not None:
-                        store.put_many((keyed[e.key], _record(e)) for e in eps if e.ok)
+                    keep(eps)
+                    if rerun is not None and rerun.key in {e.key for e in eps}:
+                        judge(rerun)
+            failed = sum(e.status in FAILED for e in episodes.values())
+            if mode == "raise" and failed:
+                stop_reason = "policy_failed"
+                break
             if not adaptive:
                 break
             s = stats()
@@ -398,13 +470,34 @@ async def aevaluate(
                 store.close()
 
     ordered = sorted(episodes.values(), key=lambda e: e.key)
+    if stop_reason == "policy_failed":
+        raise _episode_errors(pol, spec, ordered, cached=bool(store is not None and deterministic))
     result = EvalResult(
-        pol.label, pol.hash, spec, ordered, stats(), error_return, stop_reason,
+        pol.label, pol.hash, spec, ordered, stats(), error_value, stop_reason,
         time.perf_counter() - started, run.sandboxes_created, cache_hits,
-        target_halfwidth if adaptive else None)
+        target_halfwidth if adaptive else None, on_error=mode, deterministic=deterministic)
     if png is not None:
         result.save_png(png)
     return result
+
+
+def _episode_errors(pol: Policy, spec: EnvSpec, episodes: list[EvalEpisode], *,
+                    cached: bool) -> EpisodeErrors:
+    failed = [e for e in episodes if e.status in FAILED]
+    errors = sum(e.status == "error" for e in failed)
+    first = failed[0]
+    kept = ("; the finished episodes are cached, so running again costs only the failed ones"
+            if cached else "")
+    return EpisodeErrors(
+        f"policy {pol.label!r} on {spec} failed in {len(failed)} of {len(episodes)} episodes "
+        f"({errors} errors, {len(failed) - errors} timeouts; first: seed {first.seed}: "
+        f"{first.error}). No mean is given, since leaving them out would inflate it: choose "
+        "how to score them with on_error='zero' (or a return, e.g. -1) or on_error='exclude' "
+        f"(CLI: --on-error){kept}",
+        details={"episodes": len(episodes), "errors": errors,
+                 "timeouts": len(failed) - errors, "first_error": first.error,
+                 "first_seed": first.seed},
+        episodes=episodes)
 
 
 def _record(e: EvalEpisode) -> dict[str, Any]:
@@ -426,10 +519,15 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     per episode), ``retries`` (of infrastructure failures), ``episodes_per_sandbox``,
     ``sandbox`` (spec overrides: ``memory_mb``, ``cpus``, ...), ``adaptive`` with
     ``target_halfwidth``, ``budget_episodes``, ``budget_seconds``, ``batch_size``;
-    ``confidence`` (0.95), ``error_return`` (score policy errors and timeouts as this
-    return instead of leaving them out), ``cache`` (True: the default file; a path;
-    False), ``png`` (draw the return distribution), ``progress`` (a live bar on
-    stderr), ``label``, ``client``.
+    ``confidence`` (0.95); ``on_error``, how episodes the policy failed (raised or
+    timed out) count: ``"raise"`` (default: :class:`EpisodeErrors`, no mean),
+    ``"zero"``, a number (the return to score them as; ``error_return=`` says the
+    same), or ``"exclude"``; ``ci_method``: ``"t"`` or ``"bootstrap"`` (BCa, seeded),
+    by default bootstrap when the returns' range is known (``bounds=(lo, hi)``, or the
+    env's: CartPole, MountainCar, Acrobot, tic-tac-toe) and t otherwise; either is
+    clamped to the bounds. ``cache`` (True: the default file; a path; False; used only
+    for a policy a re-run episode found deterministic), ``png`` (draw the return
+    distribution), ``progress`` (a live bar on stderr), ``label``, ``client``.
 
     >>> r = corral.rl.evaluate(POLICY, "CartPole-v1", seeds=range(200), concurrency=8)
     >>> print(f"{r.mean:.1f} ± {r.halfwidth:.1f}; infra failures: {r.infra_failures}")

@@ -22,7 +22,15 @@ while the training loop stays in this process::
     env = corral.rl.SandboxEnv("envs/grid.py:GridWorld", size=5)  # your own class
 
 An exception raised by the environment surfaces as :class:`EnvError` carrying the
-remote traceback; the environment keeps serving (reset it and go on).
+remote traceback; the environment keeps serving (reset it and go on). When it was a
+built-in exception, the error is also one of that type, so code written for gymnasium's
+own envs still catches it: an invalid action in CartPole raises an ``AssertionError``
+("5 (<class 'int'>) invalid") there, and here an :class:`EnvError` that is an
+``AssertionError`` with that message.
+
+Registered as ``corral/SandboxEnv-v0`` (see :mod:`corral.rl._gym_registration`)::
+
+    env = gymnasium.make("corral/SandboxEnv-v0", env_id="CartPole-v1")
 """
 
 from __future__ import annotations
@@ -71,6 +79,27 @@ class EnvError(CorralError):
         super().__init__(message, details=details)
         self.remote_type = remote_type
         self.remote_traceback = remote_traceback
+
+
+# Built-in exceptions an environment may raise, re-raised here as EnvErrors of that
+# type too (``except AssertionError`` works as with a local env). Only those whose
+# instances have no extra fields (OSError's would clash) and a plain str() (KeyError's
+# is the repr of its key).
+_BUILTIN_ERRORS = (AssertionError, ValueError, TypeError, IndexError, RuntimeError,
+                   NotImplementedError, AttributeError, ZeroDivisionError)
+_TYPED_ERRORS: dict[str, type[EnvError]] = {}
+for _base in _BUILTIN_ERRORS:
+    _cls = type(f"Env{_base.__name__}", (EnvError, _base), {
+        "__module__": __name__,
+        "__doc__": f"An :class:`EnvError` from a ``{_base.__name__}`` in the environment."})
+    globals()[_cls.__name__] = _cls
+    _TYPED_ERRORS[_base.__name__] = _cls
+del _base, _cls
+
+
+def env_error_type(remote_type: str | None) -> type[EnvError]:
+    """The :class:`EnvError` class for an exception of ``remote_type`` in the sandbox."""
+    return _TYPED_ERRORS.get(remote_type or "", EnvError)
 
 
 # ------------------------------------------------------------------ the launch
@@ -130,6 +159,7 @@ class _Remote:
         self.streamed = streamed
         self.process: corral.Process | None = None
         self.hello: dict[str, Any] = {}
+        self.own_client: corral.Client | None = None
 
     @classmethod
     def start(
@@ -141,7 +171,7 @@ class _Remote:
         sandbox: corral.Sandbox | None = None,
         snapshot: corral.Snapshot | str | None = None,
         pool: corral.Pool | None = None,
-        client: corral.Client | None = None,
+        client: corral.Client | str | None = None,
         sandbox_options: Mapping[str, Any] | None = None,
         python: str = "python3",
         streamed: bool = True,
@@ -152,17 +182,26 @@ class _Remote:
         if sum(x is not None for x in (sandbox, snapshot, pool)) > 1:
             raise InvalidArgument("pass at most one of sandbox=, snapshot= and pool=")
         options = dict(sandbox_options or {})
+        # A daemon's URL (plain data, so a gymnasium spec holding it can be copied): a
+        # client of this remote's own, closed with it.
+        own_client = corral.Client(client) if isinstance(client, str) else None
         if client is not None:
-            options["client"] = client
-        if sandbox is not None:
-            sb, own = sandbox, False
-        elif pool is not None:
-            sb, own = pool.acquire(), True
-        elif snapshot is not None:
-            sb, own = corral.Sandbox.create(snapshot=snapshot, **options), True
-        else:
-            sb, own = corral.Sandbox.create(image=image, **options), True
+            options["client"] = own_client or client
+        try:
+            if sandbox is not None:
+                sb, own = sandbox, False
+            elif pool is not None:
+                sb, own = pool.acquire(), True
+            elif snapshot is not None:
+                sb, own = corral.Sandbox.create(snapshot=snapshot, **options), True
+            else:
+                sb, own = corral.Sandbox.create(image=image, **options), True
+        except BaseException:
+            if own_client is not None:
+                own_client.close()
+            raise
         remote = cls(sb, own_sandbox=own, streamed=streamed)
+        remote.own_client = own_client
         try:
             for path, data in {**server_files(), **files}.items():
                 remote.sandbox.files.write(path, data)
@@ -191,7 +230,7 @@ class _Remote:
         if not reply.pop("ok", False):
             error = reply.get("error") or {}
             remote_type = str(error.get("type", "")).removeprefix("builtins.")
-            raise EnvError(
+            raise env_error_type(remote_type)(
                 f"{remote_type}: {error.get('message')} (the environment in sandbox "
                 f"{self.sandbox.id})",
                 remote_type=remote_type,
@@ -228,9 +267,14 @@ class _Remote:
         except CorralError:
             pass  # the sandbox is already gone
         finally:
-            if self.own_sandbox:
-                self.own_sandbox = False
-                self.sandbox.delete()
+            try:
+                if self.own_sandbox:
+                    self.own_sandbox = False
+                    self.sandbox.delete()
+            finally:
+                if self.own_client is not None:
+                    self.own_client.close()
+                    self.own_client = None
 
 
 def _close_quietly(remote: _Remote) -> None:
@@ -264,15 +308,20 @@ class SandboxEnv(gym.Env):
 
     Each ``reset``/``step`` is one request to the daemon (about a millisecond on one
     host); the sandbox's ``python3`` runs the environment server, started once.
-    Registered, it is made like any environment::
+    It is registered as ``corral/SandboxEnv-v0``, so it is made like any environment
+    (``gymnasium.make_vec`` makes a :class:`~corral.rl.SandboxVectorEnv`)::
 
-        gymnasium.register("corral/CartPole-v1", entry_point="corral.rl:SandboxEnv",
-                           kwargs={"env_id": "CartPole-v1"})
-        env = gymnasium.make("corral/CartPole-v1")
+        env = gymnasium.make("corral/SandboxEnv-v0", env_id="CartPole-v1")
+        gymnasium.register("my/CartPole-v1", entry_point="corral.rl:SandboxEnv",
+                           kwargs={"env_id": "CartPole-v1"})    # an id of your own
 
     Spaces, ``metadata`` and ``render_mode`` are the remote environment's. ``spec`` is
-    ``None``: ``spec.make()`` would build the environment in this process, not in a
-    sandbox; the remote environment's spec is :attr:`remote_spec`. ``np_random`` is
+    set by ``gymnasium.make("corral/SandboxEnv-v0", ...)``; constructed directly, it is
+    ``None``, because gymnasium deep-copies a spec's arguments (a client, pool or
+    sandbox cannot be copied) and ``check_env`` would make one more sandbox per render
+    mode from it. ``client`` may be a daemon's URL (a client of the env's own, closed
+    with it): the form to give ``gymnasium.make``, whose spec then stays copyable. The
+    remote environment's spec is :attr:`remote_spec`. ``np_random`` is
     seeded here as the remote environment's is by ``reset(seed=...)``; the draws the
     environment makes while stepping happen in the sandbox.
     """
@@ -285,7 +334,7 @@ class SandboxEnv(gym.Env):
         sandbox: corral.Sandbox | None = None,
         snapshot: corral.Snapshot | str | None = None,
         pool: corral.Pool | None = None,
-        client: corral.Client | None = None,
+        client: corral.Client | str | None = None,
         sandbox_options: Mapping[str, Any] | None = None,
         python: str = "python3",
         **kwargs: Any,
@@ -304,7 +353,7 @@ class SandboxEnv(gym.Env):
         self.remote_spec: EnvSpec | None = (
             EnvSpec.from_json(hello["spec"]) if hello.get("spec") else None
         )
-        self.spec = None
+        self.spec = None  # gymnasium.make sets it
 
     @property
     def sandbox(self) -> corral.Sandbox:

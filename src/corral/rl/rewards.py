@@ -50,7 +50,7 @@ from typing import Any, Literal
 from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._models import spec_body
-from corral.errors import CorralError, ImageNotFound, InvalidArgument
+from corral.errors import CorralError, ImageNotFound, InvalidArgument, SandboxProtocolError
 from corral.rl._grading import Grading, check_grading
 from corral.rl.code import Fallback, TestReport, arun_tests, extract_code, normalize_tests
 from corral.rl.episodes import INFRA_ERRORS  # "the machinery failed", shared with episodes
@@ -255,6 +255,10 @@ class AsyncCodeReward:
             )
         except ImageNotFound:
             raise  # a configuration error: every completion would fail the same way
+        except SandboxProtocolError as exc:  # the completion broke its sandbox: it fails
+            log.info("%s: completion %d broke its sandbox: reward 0.0 (%s)", self.__name__, i, exc)
+            return RewardOutcome(i, 0.0, exc.message, code=code, sandbox_id=sb.id if sb else None,
+                                 duration=time.monotonic() - start)
         except INFRA_ERRORS as exc:
             self.stats.infra_failures += 1
             log.warning(

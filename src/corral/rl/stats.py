@@ -1,10 +1,16 @@
-"""Summary statistics for episode returns: mean, spread, and a Student-t confidence interval.
+"""Summary statistics for episode returns: mean, spread, and a confidence interval.
 
-Evaluation reports how sure it is, not only a mean: with ``n`` returns ``x``, the
-interval is ``mean ± t(1 - (1 - confidence) / 2, n - 1) · std / √n``. The t quantile
-is computed here (the regularised incomplete beta function by its continued fraction,
-inverted by bisection), because scipy is not a dependency; it agrees with tables to
-about 1e-9.
+Evaluation reports how sure it is, not only a mean. Two intervals (``method``):
+
+- ``"t"``: ``mean ± t(1 - (1 - confidence) / 2, n - 1) · std / √n``. The t quantile
+  is computed here (the regularised incomplete beta function by its continued
+  fraction, inverted by bisection), because scipy is not a dependency; it agrees with
+  tables to about 1e-9. It is symmetric, so for returns piled up at a bound (CartPole's
+  500) it reaches past the bound: with ``bounds`` it is clamped to them.
+- ``"bootstrap"``: the bias-corrected and accelerated (BCa) bootstrap of the mean,
+  ``resamples`` resamples drawn by numpy's generator seeded with ``seed`` (so the same
+  returns give the same interval). Its ends are quantiles of resampled means, so it
+  never leaves the range of the returns themselves: the interval for bounded returns.
 
 >>> s = summarize([1.0, 2.0, 3.0, 4.0])
 >>> round(s.mean, 3), round(s.halfwidth, 3)
@@ -18,10 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from corral.errors import InvalidArgument
 
 DEFAULT_CONFIDENCE = 0.95
+CI_METHODS = ("t", "bootstrap")
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+_BOOTSTRAP_CHUNK = 1_000_000  # resampled values drawn at once (bounded memory)
 
 _CF_MAX_ITER = 300
 _CF_EPS = 1e-15
@@ -104,7 +115,9 @@ class Summary:
 
     ``std`` is the sample standard deviation (n - 1 in the denominator), ``stderr``
     ``std / √n``; ``halfwidth`` is half the interval's width (``inf`` below 2 values:
-    one value says nothing about the spread).
+    one value says nothing about the spread, unless ``bounds`` cap it). ``method`` is
+    the interval's kind (``"t"`` or ``"bootstrap"``), ``bounds`` the range the values
+    were known to lie in (the interval never leaves it), or ``None``.
     """
 
     n: int
@@ -116,6 +129,8 @@ class Summary:
     confidence: float
     minimum: float
     maximum: float
+    method: str = "t"
+    bounds: tuple[float, float] | None = None
 
     @property
     def halfwidth(self) -> float:
@@ -126,6 +141,7 @@ class Summary:
             "n": self.n, "mean": self.mean, "std": self.std, "stderr": self.stderr,
             "ci_low": self.ci_low, "ci_high": self.ci_high, "halfwidth": self.halfwidth,
             "confidence": self.confidence, "min": self.minimum, "max": self.maximum,
+            "ci_method": self.method, "bounds": list(self.bounds) if self.bounds else None,
         }
 
     def __str__(self) -> str:
@@ -135,23 +151,95 @@ class Summary:
                 f"n={self.n})")
 
 
-def summarize(values: Iterable[float], confidence: float = DEFAULT_CONFIDENCE) -> Summary:
-    """:class:`Summary` of ``values`` with a Student-t interval at ``confidence``."""
+def _check_bounds(bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+    if bounds is None:
+        return None
+    try:
+        lo, hi = (float(b) for b in bounds)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"bounds must be (lowest, highest), got {bounds!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise InvalidArgument(f"bounds must be two finite numbers, lowest first, got {bounds!r}")
+    return (lo, hi)
+
+
+def bootstrap_interval(
+    xs: list[float], confidence: float, *, resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
+    """The BCa bootstrap interval of the mean of ``xs`` (at least 2 values): seeded,
+    so reproducible (whatever the order of ``xs``); within ``[min(xs), max(xs)]`` by
+    construction."""
+    try:
+        import numpy as np
+    except ImportError as exc:
+        raise InvalidArgument("the bootstrap interval needs numpy (pip install 'corral[rl]'); "
+                              "or use method='t'") from exc
+    x = np.sort(np.asarray(xs, dtype=np.float64))  # the same values in any order: the same draws
+    n = len(x)
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _BOOTSTRAP_CHUNK // n)
+    boot = np.concatenate([
+        x[rng.integers(0, n, size=(min(chunk, resamples - done), n))].mean(axis=1)
+        for done in range(0, resamples, chunk)])
+    mean = float(x.mean())
+    alpha = (1.0 - confidence) / 2.0
+    levels = [alpha, 1.0 - alpha]
+    # Bias correction: where the mean falls among the resampled means (ties count half).
+    below = (np.count_nonzero(boot < mean) + 0.5 * np.count_nonzero(boot == mean)) / resamples
+    if 0.0 < below < 1.0:
+        normal = NormalDist()
+        z0 = normal.inv_cdf(below)
+        # Acceleration, from the jackknife (leave-one-out) means.
+        jack = (x.sum() - x) / (n - 1)
+        d = jack.mean() - jack
+        ss = float((d * d).sum())
+        a = float((d ** 3).sum()) / (6.0 * ss ** 1.5) if ss > 0 else 0.0
+        adjusted = []
+        for level in levels:
+            z = z0 + normal.inv_cdf(level)
+            adjusted.append(normal.cdf(z0 + z / (1.0 - a * z)))
+        levels = adjusted
+    lo, hi = np.quantile(boot, levels)
+    return float(lo), float(hi)
+
+
+def summarize(
+    values: Iterable[float], confidence: float = DEFAULT_CONFIDENCE, *, method: str = "t",
+    bounds: tuple[float, float] | None = None, resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Summary:
+    """:class:`Summary` of ``values`` with an interval at ``confidence``: Student-t
+    (``method="t"``) or BCa bootstrap (``"bootstrap"``, ``resamples`` draws seeded with
+    ``seed``). With ``bounds=(lo, hi)``, the range the values can take, the interval
+    is clamped to it (widened to include any value outside it)."""
     if not 0.0 < confidence < 1.0:
         raise InvalidArgument(f"confidence must be strictly between 0 and 1, got {confidence}")
+    if method not in CI_METHODS:
+        raise InvalidArgument(f"ci_method must be one of {', '.join(CI_METHODS)}, got {method!r}")
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
+        raise InvalidArgument(f"resamples must be an integer >= 100, got {resamples!r}")
+    bounds = _check_bounds(bounds)
     xs = [float(v) for v in values]
     n = len(xs)
     if n == 0:
         nan = math.nan
-        return Summary(0, nan, nan, nan, nan, nan, confidence, nan, nan)
+        return Summary(0, nan, nan, nan, nan, nan, confidence, nan, nan, method, bounds)
     mean = math.fsum(xs) / n
+    lo_x, hi_x = min(xs), max(xs)
     if n == 1:
-        return Summary(1, mean, 0.0, math.inf, -math.inf, math.inf, confidence, xs[0], xs[0])
-    var = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
-    std = math.sqrt(var)
-    stderr = std / math.sqrt(n)
-    half = t_quantile(1.0 - (1.0 - confidence) / 2.0, n - 1) * stderr
-    return Summary(n, mean, std, stderr, mean - half, mean + half, confidence, min(xs), max(xs))
+        std, stderr, low, high = 0.0, math.inf, -math.inf, math.inf
+    else:
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
+        stderr = std / math.sqrt(n)
+        if method == "bootstrap":
+            low, high = bootstrap_interval(xs, confidence, resamples=resamples, seed=seed)
+        else:
+            half = t_quantile(1.0 - (1.0 - confidence) / 2.0, n - 1) * stderr
+            low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, min(bounds[0], lo_x)), min(high, max(bounds[1], hi_x))
+    return Summary(n, mean, std, stderr, low, high, confidence, lo_x, hi_x, method, bounds)
 
 
 def paired_difference(

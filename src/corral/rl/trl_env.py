@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 from corral.client._futures import Handle
 from corral.client._models import spec_body
 from corral.client._sync import Client, Sandbox
-from corral.errors import FileNotFound, InvalidArgument, InvalidState
+from corral.errors import FileNotFound, InvalidArgument, InvalidState, SandboxProtocolError
 from corral.rl._grading import Grading, check_grading
 from corral.rl.code import TestReport, clip, normalize_tests, render_result, run_tests
 from corral.rl.episodes import INFRA_ERRORS
@@ -185,6 +185,9 @@ class SandboxToolEnv:
                 sb, self._tests, path=self.solution_path, timeout=self.exec_timeout,
                 test_timeout=self.test_timeout, grading=self.grading,
             )
+        except SandboxProtocolError as exc:  # the rollout broke its sandbox: it fails
+            log.info("rollout broke its sandbox (%s): reward 0.0", exc)
+            self._reward = 0.0
         except INFRA_ERRORS as exc:
             log.warning("rollout not scored (%s: %s): reward None", type(exc).__name__, exc)
             self._reward = None

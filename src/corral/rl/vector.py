@@ -76,7 +76,7 @@ class SandboxVectorEnv(VectorEnv):
         image: str = DEFAULT_IMAGE,
         snapshot: corral.Snapshot | str | None = None,
         pool: corral.Pool | None = None,
-        client: corral.Client | None = None,
+        client: corral.Client | str | None = None,
         sandbox_options: Mapping[str, Any] | None = None,
         python: str = "python3",
         **kwargs: Any,
@@ -90,6 +90,9 @@ class SandboxVectorEnv(VectorEnv):
         self._remotes: list[_Remote] = []
         self._pending: Future[list[tuple[int, str, dict[str, Any]]]] | None = None
         self._worker: ThreadPoolExecutor | None = None  # sends the *_async requests
+        # A daemon's URL: one client of this env's own (exchange_all needs one client).
+        self._own_client = corral.Client(client) if isinstance(client, str) else None
+        client = self._own_client or client
         started = _in_parallel([
             lambda: _Remote.start(
                 env_id, kwargs, image=image, snapshot=snapshot, pool=pool, client=client,
@@ -347,6 +350,9 @@ class SandboxVectorEnv(VectorEnv):
             self._worker = None
         remotes, self._remotes = self._remotes, []
         _in_parallel([r.close for r in remotes])
+        own_client, self._own_client = getattr(self, "_own_client", None), None
+        if own_client is not None:
+            own_client.close()
 
     def __repr__(self) -> str:
         return f"SandboxVectorEnv({self.env_id}, num_envs={self.num_envs})"

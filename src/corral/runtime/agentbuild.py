@@ -1,7 +1,9 @@
 """Compile the in-sandbox agent (``agent/agent.c``) once per source version.
 
 The binary is static, so it runs in any image, with or without a libc of its own.
-It is cached in the cache directory under a name derived from the source's hash.
+``agent.c`` includes the other ``agent/*.c`` files (one translation unit). It is cached
+in the cache directory under a name derived from the hash of all of them: a changed
+source is rebuilt the first time an engine opens.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ from corral.runtime.paths import Layout
 CFLAGS = ["-static", "-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2"]
 
 
-def agent_source() -> bytes:
-    return resources.files("corral.runtime").joinpath("agent/agent.c").read_bytes()
+def agent_sources() -> dict[str, bytes]:
+    """The agent's C sources by file name (``agent.c`` is the one compiled)."""
+    folder = resources.files("corral.runtime").joinpath("agent")
+    return {f.name: f.read_bytes() for f in folder.iterdir() if f.name.endswith(".c")}
 
 
 def ensure_agent(layout: Layout) -> Path:
     """Return the path of the compiled agent, building it if this source is new."""
-    src = agent_source()
-    digest = hashlib.sha256(src + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    sources = agent_sources()
+    h = hashlib.sha256(" ".join(CFLAGS).encode())
+    for name in sorted(sources):
+        h.update(b"\0%s\0%d\0" % (name.encode(), len(sources[name])) + sources[name])
+    digest = h.hexdigest()[:16]
     target = layout.bin_dir / f"corral-agent-{digest}"
     if target.exists():
         return target
@@ -42,13 +49,17 @@ def ensure_agent(layout: Layout) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():
             return target
-        tmp_src = layout.bin_dir / f".agent-{digest}.c"
+        tmp_src = layout.bin_dir / f".agent-{digest}.{os.getpid()}.src"
         tmp_bin = layout.bin_dir / f".agent-{digest}.{os.getpid()}"
-        tmp_src.write_bytes(src)
+        shutil.rmtree(tmp_src, ignore_errors=True)
+        tmp_src.mkdir()
+        for name, data in sources.items():
+            (tmp_src / name).write_bytes(data)
         proc = subprocess.run(
-            [cc, *CFLAGS, "-o", str(tmp_bin), str(tmp_src)], capture_output=True, text=True
+            [cc, *CFLAGS, "-o", str(tmp_bin), str(tmp_src / "agent.c")],
+            capture_output=True, text=True,
         )
-        tmp_src.unlink(missing_ok=True)
+        shutil.rmtree(tmp_src, ignore_errors=True)
         if proc.returncode != 0:
             tmp_bin.unlink(missing_ok=True)
             raise Unsupported(f"building the sandbox agent failed:\n{proc.stderr.strip()}")

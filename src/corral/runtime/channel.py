@@ -2,155 +2,413 @@
 
 Requests are multiplexed by id over one socket: file operations wait for one reply,
 commands receive a stream of events (started, stdout, stderr, exit).
+
+Nothing read here is trusted. The agent is pid 1 of a sandbox whose code is written by
+a model optimised to earn reward, so whatever arrives may be forged (docs/api.md,
+"Sandbox faults"). The reader therefore:
+
+- refuses a frame from its header alone (unknown type, or longer than its type's cap
+  in :mod:`~corral.runtime.protocol`) before reading its payload;
+- checks every field (:func:`~corral.runtime.protocol.validate`);
+- accepts frames only for requests it sent and that are still open, in order: a
+  command gets one STARTED (or one ERR), then output, then exactly one EXIT; a file
+  operation exactly one OK or ERR. Anything else (a second EXIT, output after the
+  exit, a reply to a request never made) is a violation;
+- counts each command's output itself and keeps at most ``max_output`` bytes per
+  stream (the agent's truncated flags are not read);
+- bounds every wait: a request gets no answer within :data:`REQUEST_TIMEOUT_S` →
+  the agent is unresponsive.
+
+A violation, an unresponsive agent, or an agent that hangs up without being asked is
+the sandbox's own doing: every waiter gets :class:`~corral.errors.SandboxProtocolError`
+and :attr:`AgentChannel.reason` (``"sandbox fault: ..."``) says why the engine ended it.
+Only an end the engine asked for, or a sandbox whose processes were killed from the
+host, is :class:`~corral.errors.SandboxLost` (see :func:`eof_cause`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import os
+import signal
 import socket
-from typing import Callable, Iterable
+import subprocess
+from typing import Any, Callable, Iterable
 
-from corral.errors import SandboxLost
-from corral.runtime.protocol import HEADER, Field, Fields, Msg, encode
+from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
+from corral.runtime.protocol import (
+    HEADER,
+    Field,
+    Fields,
+    Msg,
+    ProtocolViolation,
+    Tag,
+    check_header,
+    encode,
+    validate,
+)
+
+logger = logging.getLogger("corral.runtime")
+
+REQUEST_TIMEOUT_S = 60.0
+"""How long a file operation (or a write to the agent) may go unanswered: then the
+agent is unresponsive and the sandbox is ended."""
+SLOW_REQUEST_TIMEOUT_S = {Msg.FREMOVE: 330.0}
+"""Requests the agent may legitimately work on longer (a recursive remove of a huge
+tree runs in a child of the agent, killed after 300 s)."""
+EOF_SETTLE_S = 1.0
+"""After the agent hangs up: how long to wait for the sandbox's outer process to exit,
+to tell a kill from the host from the sandbox's own doing."""
+READER_LIMIT = 256 << 10
+"""Bytes the socket reader buffers ahead (it pauses reading at twice this)."""
 
 
 class Reply:
-    """One frame from the agent."""
+    """One frame from the agent. ``data``: an output frame's bytes, cut to the cap."""
 
-    __slots__ = ("msg", "fields")
+    __slots__ = ("msg", "fields", "data")
 
-    def __init__(self, msg: int, fields: Fields) -> None:
+    def __init__(self, msg: int, fields: Fields, data: bytes = b"") -> None:
         self.msg = msg
         self.fields = fields
+        self.data = data
+
+
+class StreamDeadline(Exception):
+    """The deadline given to :meth:`ExecStream.next` passed with nothing to return."""
 
 
 class ExecStream:
-    """Events of one running command, in the order the agent sent them."""
+    """Events of one running command, in the order the agent sent them.
 
-    def __init__(self, channel: "AgentChannel", request_id: int) -> None:
+    ``max_output`` (None: no cap) bounds the bytes kept per stream; the rest is counted
+    and dropped as it arrives (``truncated``), so an agent flooding output costs the
+    daemon no memory.
+    """
+
+    def __init__(self, channel: "AgentChannel", request_id: int, max_output: int | None) -> None:
         self.channel = channel
         self.request_id = request_id
+        self.max_output = max_output
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
+        self.started = False
+        self.abandoned = False  # closed by its reader: frames still expected, dropped
+        self.received = {Msg.STDOUT: 0, Msg.STDERR: 0}  # bytes the agent sent
+        self.kept = {Msg.STDOUT: 0, Msg.STDERR: 0}
+        self.queued_bytes = 0  # output waiting in the queue
+        self.peak_queued = 0
 
-    async def next(self) -> Reply:
-        item = await self.queue.get()
+    @property
+    def stdout_truncated(self) -> bool:
+        return self.received[Msg.STDOUT] > self.kept[Msg.STDOUT]
+
+    @property
+    def stderr_truncated(self) -> bool:
+        return self.received[Msg.STDERR] > self.kept[Msg.STDERR]
+
+    def _output(self, msg: int, data: bytes) -> bytes:
+        """Count an output frame; the part of it within the cap."""
+        self.received[msg] += len(data)
+        if self.max_output is not None:
+            data = data[: max(0, self.max_output - self.kept[msg])]
+        self.kept[msg] += len(data)
+        return data
+
+    def _put(self, item: Reply | BaseException) -> None:
+        if isinstance(item, Reply):
+            self.queued_bytes += len(item.data)
+            self.peak_queued = max(self.peak_queued, self.queued_bytes)
+        self.queue.put_nowait(item)
+
+    async def next(self, deadline: float | None = None) -> Reply:
+        """The next event; :class:`StreamDeadline` if none came by ``deadline``
+        (``loop.time()`` seconds). Events already queued are returned at once."""
+        if self.queue.empty() and deadline is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    item = await self.queue.get()
+            except TimeoutError:
+                raise StreamDeadline from None
+        else:
+            item = await self.queue.get()
         if isinstance(item, BaseException):
             raise item
+        self.queued_bytes -= len(item.data)
         return item
 
     def send_stdin(self, data: bytes) -> None:
-        self.channel.send(Msg.STDIN, self.request_id, [(9, data)])
+        self.channel.send(Msg.STDIN, self.request_id, [(Tag.DATA, data)])
 
     def close_stdin(self) -> None:
         self.channel.send(Msg.STDIN_CLOSE, self.request_id)
 
     def signal(self, signum: int) -> None:
-        self.channel.send(Msg.SIGNAL, self.request_id, [(16, signum)])
+        self.channel.send(Msg.SIGNAL, self.request_id, [(Tag.SIGNAL, signum)])
 
     def close(self) -> None:
-        self.channel.streams.pop(self.request_id, None)
+        """Stop reading: what still comes for it (up to its exit) is dropped."""
+        if self.channel.streams.get(self.request_id) is self:
+            if self.channel.closed:
+                self.channel.streams.pop(self.request_id, None)
+            self.abandoned = True
+        if not self.queue.empty():
+            self.queue = asyncio.Queue()
+        self.queued_bytes = 0
+
+
+class _Pending:
+    """A request waiting for its OK or ERR."""
+
+    __slots__ = ("msg", "future", "max_data")
+
+    def __init__(self, msg: int, future: asyncio.Future[Reply], max_data: int | None) -> None:
+        self.msg = msg
+        self.future = future
+        self.max_data = max_data
 
 
 class AgentChannel:
-    """Framed, multiplexed requests to one agent over a connected stream socket."""
+    """Framed, multiplexed requests to one agent over a connected stream socket.
 
-    def __init__(self, sock: socket.socket, sandbox_id: str) -> None:
+    ``proc`` (the sandbox's outer process, a child of the engine) and ``cgroup`` tell
+    why the agent hung up, if it does (:func:`eof_cause`).
+    """
+
+    def __init__(
+        self, sock: socket.socket, sandbox_id: str, *, proc: subprocess.Popen | None = None,
+        cgroup: Any = None,
+    ) -> None:
         self.sandbox_id = sandbox_id
         self.sock = sock
+        self.proc = proc
+        self.cgroup = cgroup
         self.ids = itertools.count(1)
-        self.pending: dict[int, asyncio.Future[Reply]] = {}
+        self.last_id = 0
+        self.pending: dict[int, _Pending] = {}
         self.streams: dict[int, ExecStream] = {}
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.closed = False
-        self.close_reason = "the sandbox's agent exited"
+        self.closed = False  # nothing more is sent
+        self.closing = False  # the engine closed it (an end it asked for)
+        self.error: CorralError | None = None  # what every waiter got once it ended
+        self.reason = "the sandbox's agent exited"  # why it ended, for the sandbox's record
         self.on_close: Callable[[], None] | None = None
+        self.received = 0  # bytes read from the agent
+        self.peak_buffered = 0  # the most bytes the reader held at once
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def faulted(self) -> bool:
+        """True if the sandbox ended the channel by its own doing."""
+        return isinstance(self.error, SandboxProtocolError)
+
     async def start(self) -> None:
         self._reader, self._writer = await asyncio.open_unix_connection(
-            sock=self.sock, limit=1 << 26
+            sock=self.sock, limit=READER_LIMIT
         )
         self._task = asyncio.create_task(self._read_loop(), name=f"agent-{self.sandbox_id}")
 
+    # ------------------------------------------------------------------ reading
+
     async def _read_loop(self) -> None:
         assert self._reader is not None
+        reader = self._reader
         try:
-            while True:
-                hdr = await self._reader.readexactly(HEADER.size)
+            while self.error is None:
+                hdr = await reader.readexactly(HEADER.size)
                 length, msg, rid = HEADER.unpack(hdr)
-                payload = await self._reader.readexactly(length) if length else b""
-                self._dispatch(Reply(msg, Fields(payload)), rid)
+                check_header(length, msg)  # before a byte of the payload is read
+                payload = await reader.readexactly(length) if length else b""
+                self.received += HEADER.size + length
+                self.peak_buffered = max(
+                    self.peak_buffered, length + len(getattr(reader, "_buffer", b""))
+                )
+                if self.error is None:
+                    self._dispatch(msg, rid, Fields(payload))
+        except ProtocolViolation as v:
+            self.fault(v.code, f"protocol violation: {v.message}")
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        finally:
-            self._fail_all()
+            await self._hung_up()
+        except Exception as exc:  # noqa: BLE001 - a frame our checks missed: still its doing
+            logger.exception("sandbox %s: unexpected frame", self.sandbox_id)
+            self.fault("malformed_frame", f"protocol violation: a malformed frame ({exc!r})")
 
-    def _dispatch(self, reply: Reply, rid: int) -> None:
-        if reply.msg == Msg.READY:
-            if not self.ready.done():
-                self.ready.set_result(None)
+    async def _hung_up(self) -> None:
+        """The agent's end closed. Unless the engine asked for it, find out who did."""
+        if self.error is not None:
+            return
+        if self.closing or not self.ready.done():
+            # An end the engine asked for, or a start that failed (no code of the
+            # sandbox's has run before READY): the machine's, not the sandbox's.
+            self._end(SandboxLost(
+                f"sandbox {self.sandbox_id} is gone: {self.reason}",
+                details={"sandbox_id": self.sandbox_id},
+            ), self.reason)
+            return
+        self.closed = True
+        infrastructure, why = await eof_cause(self.proc, self.cgroup)
+        if infrastructure:
+            self._end(SandboxLost(
+                f"sandbox {self.sandbox_id} is gone: {why}", details={"sandbox_id": self.sandbox_id}
+            ), why)
+        else:
+            self.fault("agent_disconnected", why)
+
+    def _dispatch(self, msg: int, rid: int, fields: Fields) -> None:
+        if msg == Msg.READY:
+            if rid != 0 or self.ready.done():
+                raise ProtocolViolation("unexpected_ready", f"a READY frame for request {rid}")
+            validate(msg, fields)
+            self.ready.set_result(None)
             return
         stream = self.streams.get(rid)
         if stream is not None:
-            stream.queue.put_nowait(reply)
-            if reply.msg in (Msg.EXIT, Msg.ERR):
-                self.streams.pop(rid, None)
+            validate(msg, fields)
+            self._on_stream(stream, msg, fields)
             return
-        fut = self.pending.pop(rid, None)
-        if fut is not None and not fut.done():
-            fut.set_result(reply)
-
-    def _fail_all(self) -> None:
-        if self.closed:
+        pending = self.pending.get(rid)
+        if pending is not None:
+            if msg not in (Msg.OK, Msg.ERR):
+                raise ProtocolViolation(
+                    "unexpected_reply",
+                    f"a {Msg(msg).name} frame answering a {Msg(pending.msg).name} request",
+                )
+            validate(msg, fields, pending.msg, pending.max_data)
+            del self.pending[rid]
+            if not pending.future.done():  # not abandoned by its caller
+                pending.future.set_result(Reply(msg, fields))
             return
-        self.closed = True
-        err = SandboxLost(
-            f"sandbox {self.sandbox_id} is gone: {self.close_reason}",
-            details={"sandbox_id": self.sandbox_id},
+        if rid == 0 or rid > self.last_id:
+            raise ProtocolViolation(
+                "unknown_request",
+                f"a {Msg(msg).name} frame for request {rid}, which the engine never sent",
+            )
+        raise ProtocolViolation(
+            "finished_request",
+            f"a {Msg(msg).name} frame for request {rid}, which had already ended "
+            "(a second exit, or output after the exit)",
         )
+
+    def _on_stream(self, stream: ExecStream, msg: int, fields: Fields) -> None:
+        rid = stream.request_id
+        data = b""
+        if msg == Msg.STARTED:
+            if stream.started:
+                raise ProtocolViolation("duplicate_started", f"a second STARTED for request {rid}")
+            stream.started = True
+        elif msg in (Msg.STDOUT, Msg.STDERR):
+            if not stream.started:
+                raise ProtocolViolation(
+                    "output_before_start", f"output for request {rid} before its STARTED"
+                )
+            data = stream._output(msg, fields.raw(Tag.DATA))
+            if not data:
+                return  # over the cap (counted), or empty
+        elif msg == Msg.EXIT:
+            if not stream.started:
+                raise ProtocolViolation("exit_before_start", f"an EXIT for request {rid} before its STARTED")
+        elif msg == Msg.ERR:
+            if stream.started:
+                raise ProtocolViolation("error_after_start", f"an ERR for request {rid} after its STARTED")
+        else:
+            raise ProtocolViolation(
+                "unexpected_reply", f"a {Msg(msg).name} frame for command request {rid}"
+            )
+        if msg in (Msg.EXIT, Msg.ERR):
+            del self.streams[rid]  # exactly one end: anything later is a violation
+        if not stream.abandoned:
+            stream._put(Reply(msg, fields, data))
+
+    # ----------------------------------------------------------------- ending
+
+    def fault(self, violation: str, what: str) -> SandboxProtocolError:
+        """End the channel as the sandbox's fault; the error every waiter gets."""
+        if self.error is None:
+            reason = SANDBOX_FAULT + what
+            self._end(SandboxProtocolError(
+                f"sandbox {self.sandbox_id} was ended: {reason}",
+                details={"sandbox_id": self.sandbox_id, "violation": violation},
+            ), reason)
+        return self.error_copy()  # type: ignore[return-value]
+
+    def error_copy(self) -> CorralError:
+        """A fresh instance of the error the channel ended with (one per raise)."""
+        err = self.error
+        assert err is not None
+        return type(err)(err.message, details=err.details)
+
+    def _end(self, err: CorralError, reason: str) -> None:
+        if self.error is not None:
+            return
+        self.error, self.reason, self.closed = err, reason, True
+        if self._writer is not None:
+            self._writer.transport.abort()  # read nothing more from it
         if not self.ready.done():
             self.ready.set_exception(err)
             self.ready.exception()  # mark retrieved
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(err)
+        for pending in self.pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(self.error_copy())
         self.pending.clear()
         for stream in self.streams.values():
-            stream.queue.put_nowait(err)
+            if not stream.abandoned:
+                stream._put(self.error_copy())
         self.streams.clear()
         if self.on_close:
             self.on_close()
 
-    def _lost(self) -> SandboxLost:
-        return SandboxLost(
-            f"sandbox {self.sandbox_id} is gone: {self.close_reason}",
-            details={"sandbox_id": self.sandbox_id},
-        )
+    # ----------------------------------------------------------------- sending
 
     def send(self, msg: int, rid: int, fields: Iterable[Field] = ()) -> None:
-        if self.closed or self._writer is None:
-            raise self._lost()
-        self._writer.write(encode(msg, rid, fields))
+        if self.error is not None or self._writer is None:
+            raise self.error_copy() if self.error is not None else SandboxLost(
+                f"sandbox {self.sandbox_id} is not connected", details={"sandbox_id": self.sandbox_id}
+            )
+        if not self.closed:  # closed without an error yet: the end is being told apart
+            self._writer.write(encode(msg, rid, fields))
 
-    async def request(self, msg: int, fields: Iterable[Field] = ()) -> Reply:
-        """Send one request and wait for its OK or ERR reply."""
-        rid = next(self.ids)
+    def _next_id(self) -> int:
+        self.last_id = next(self.ids)
+        return self.last_id
+
+    async def request(
+        self, msg: int, fields: Iterable[Field] = (), *, max_data: int | None = None
+    ) -> Reply:
+        """Send one request and wait for its OK or ERR reply (an FREAD's data at most
+        ``max_data`` bytes). An agent that does not answer in time is a fault."""
+        rid = self._next_id()
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.pending[rid] = fut
+        self.pending[rid] = _Pending(msg, fut, max_data)
         try:
             self.send(msg, rid, fields)
-            assert self._writer is not None
-            await self._writer.drain()
-            return await fut
-        finally:
+        except BaseException:
             self.pending.pop(rid, None)
+            raise
+        timeout = SLOW_REQUEST_TIMEOUT_S.get(msg, REQUEST_TIMEOUT_S)
+        try:
+            while True:  # ends with the reply, the channel's end, or a fault
+                try:
+                    async with asyncio.timeout(timeout):
+                        await self._drain()
+                        return await asyncio.shield(fut)
+                except TimeoutError:
+                    if not self._frozen():
+                        fut.cancel()  # this caller gets the fault itself
+                        raise self.fault(
+                            "agent_unresponsive",
+                            f"its agent did not answer a {Msg(msg).name} request within "
+                            f"{timeout:g} s",
+                        ) from None
+        except asyncio.CancelledError:
+            fut.cancel()  # the entry stays: the late reply is checked, then dropped
+            raise
 
-    def open_exec(self, fields: Iterable[Field]) -> ExecStream:
-        rid = next(self.ids)
-        stream = ExecStream(self, rid)
+    def open_exec(self, fields: Iterable[Field], *, max_output: int | None = None) -> ExecStream:
+        rid = self._next_id()
+        stream = ExecStream(self, rid, max_output)
         self.streams[rid] = stream
         try:
             self.send(Msg.EXEC, rid, fields)
@@ -159,12 +417,39 @@ class AgentChannel:
             raise
         return stream
 
-    async def drain(self) -> None:
+    async def _drain(self) -> None:
         if self._writer is not None and not self.closed:
-            await self._writer.drain()
+            try:
+                await self._writer.drain()
+            except (ConnectionError, OSError):
+                pass  # the agent hung up: the reader finds out why and fails the waiters
+
+    async def drain(self) -> None:
+        """Wait until what was sent is on its way; a fault if the agent stops reading."""
+        while True:
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    await self._drain()
+                break
+            except TimeoutError:
+                if not self._frozen():
+                    raise self.fault(
+                        "agent_unresponsive",
+                        f"its agent read nothing from the engine for {REQUEST_TIMEOUT_S:g} s",
+                    ) from None
+        if self.error is not None:
+            raise self.error_copy()
+
+    def _frozen(self) -> bool:
+        """The engine froze the sandbox (pause, snapshot): its agent cannot answer."""
+        try:
+            return self.cgroup is not None and bool(self.cgroup.frozen())
+        except (OSError, CorralError):
+            return False
 
     async def close(self) -> None:
         """Close our end: the agent sees EOF and exits, ending the sandbox."""
+        self.closing = True
         if self._writer is not None:
             self._writer.close()
         else:
@@ -174,4 +459,71 @@ class AgentChannel:
                 await asyncio.wait_for(asyncio.shield(self._task), 5)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pass
-        self._fail_all()
+        self._end(SandboxLost(
+            f"sandbox {self.sandbox_id} is gone: {self.reason}",
+            details={"sandbox_id": self.sandbox_id},
+        ), self.reason)
+
+
+async def wait_exit(proc: subprocess.Popen) -> None:
+    """Wait for a child to exit without a thread or SIGCHLD handler: poll its pidfd."""
+    if proc.poll() is not None:
+        return  # reaped already: its pid may belong to another process by now
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        proc.wait()
+        return
+    fut = loop.create_future()
+    loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
+    try:
+        if proc.poll() is None:
+            await fut
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    proc.wait()
+
+
+async def eof_cause(proc: subprocess.Popen | None, cgroup: Any) -> tuple[bool, str]:
+    """Why an agent hung up that the engine did not ask to: (infrastructure?, reason).
+
+    The agent exits only when the engine closes its socket, and nothing inside the
+    sandbox can signal its outer process (bwrap, outside the sandbox's pid namespace).
+    So only that outer process dying of a signal (and not of the sandbox's own OOM) is
+    a kill from the host: infrastructure. Everything else (the agent exiting, whatever
+    its status says, as a hijacked agent can exit with any status; the agent's socket
+    shut down while it runs; its death by the OOM killer of the sandbox's own cgroup)
+    is the sandbox's doing.
+    """
+    if proc is not None:
+        try:
+            await asyncio.wait_for(wait_exit(proc), EOF_SETTLE_S)
+        except asyncio.TimeoutError:
+            pass
+    status = proc.poll() if proc is not None else None
+    try:
+        oom = cgroup is not None and cgroup.oom_kills() > 0
+    except (OSError, CorralError):
+        oom = False
+    if oom:
+        return False, (
+            "its agent exited unexpectedly after the kernel's OOM killer fired in it: "
+            "the sandbox's code ran it out of memory (raise memory_mb)"
+        )
+    if status is not None and status < 0 and -status != signal.SIGPIPE:
+        return True, (
+            "the sandbox's agent exited unexpectedly: its processes were killed from "
+            f"outside the sandbox ({_signal_name(-status)})"
+        )
+    if status is None:
+        return False, "its agent hung up on the engine while the sandbox still ran"
+    return False, f"its agent exited unexpectedly on its own (status {status}) without being asked to"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

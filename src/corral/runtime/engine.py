@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import time
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence
@@ -47,9 +47,11 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, processes, rootfs, seccomp, sweep, syscalls
+from corral.runtime import cgroups, processes, rootfs, seccomp, storage, sweep, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
+from corral.runtime.agentconn import agent_max_output, command_events, ended_error
 from corral.runtime.channel import AgentChannel
+from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.paths import Layout
@@ -112,6 +114,7 @@ class _Live:
     snapshot_id: str | None = None  # started from it: holds a reference until released
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
     processes: dict[str, Any] = field(default_factory=dict)  # id -> processes.Process
+    log: Any = None  # logtail.LogTail: the launcher's, bwrap's and the agent's stderr
 
 
 class Engine:
@@ -137,6 +140,7 @@ class Engine:
         self._lock_file = lock_file
         self._live: dict[str, _Live] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images)
@@ -144,7 +148,6 @@ class Engine:
             agent_path=agent_path,
             cgroups=cgroup_driver,
             cgroup_parent=self.cgroup_parent,
-            log_dir=layout.slots_dir,
             target=warm_slots,
         )
         self.closed = False
@@ -172,21 +175,7 @@ class Engine:
         layout = Layout.create(
             Path(state_dir) if state_dir else None, Path(cache_dir) if cache_dir else None
         )
-        lock_file = open(layout.state_dir / "engine.lock", "a+")
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock_file.seek(0)
-            owner = lock_file.read().strip() or "?"
-            lock_file.close()
-            raise InvalidState(
-                f"another corral engine (pid {owner}) is using {layout.state_dir}; "
-                "stop it or choose another state directory (CORRAL_STATE_DIR)"
-            ) from None
-        lock_file.seek(0)
-        lock_file.truncate()
-        lock_file.write(str(os.getpid()))
-        lock_file.flush()
+        lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
         engine = cls(
             layout,
             Registry(layout.registry_path),
@@ -199,6 +188,7 @@ class Engine:
         )
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine.reconcile()
+        engine._warden = warden.Warden.start(lock_file, engine.cgroups, engine.cgroup_parent)
         engine.snapshots.open()
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
@@ -261,6 +251,8 @@ class Engine:
             t.cancel()
         self._remove_cgroup(self.cgroup_parent)
         self.registry.close()
+        if self._warden:
+            self._warden.stop()
         self._lock_file.close()
 
     async def __aenter__(self) -> "Engine":
@@ -301,16 +293,18 @@ class Engine:
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             lowers = await self.snapshots.lowers(snap, image, self.layout.sandbox_dir(sid))
             slot = await self._pool.take()
-        except BaseException:
+        except BaseException as exc:
             await self.snapshots.release(snap)
+            if (full := storage.full_error(exc, self.layout.state_dir)) is not None:
+                raise full from exc
             raise
-        info = self.registry.insert(sid, spec, slot.cgroup.path)
         live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup)
         live.proc = slot.proc
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
-        self._live[sid] = live
         try:
+            info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
+            self._live[sid] = live
             await self._start(live, slot, lowers)
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
@@ -319,7 +313,10 @@ class Engine:
                 await asyncio.to_thread(slot.discard)
             await self._release(live)
             self._live.pop(sid, None)
-            self.registry.delete(sid)  # a failed create leaves nothing, not even a row
+            with suppress(CorralError):  # a full disk: the restart's reconcile fails the row
+                self.registry.delete(sid)  # a failed create leaves nothing, not even a row
+            if (full := storage.full_error(exc, self.layout.state_dir)) is not None:
+                raise full from exc
             if isinstance(exc, CorralError) or not isinstance(exc, Exception):
                 raise
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
@@ -335,22 +332,21 @@ class Engine:
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
-        channel = AgentChannel(slot.sock, live.id)
+        live.log = slot.log
+        channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
         slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
         try:
             await asyncio.wait_for(asyncio.shield(channel.ready), START_TIMEOUT_S)
-        except (SandboxLost, asyncio.TimeoutError):
+        except (CorralError, asyncio.TimeoutError):  # before READY no sandbox code has run
             detail = slot.error_output()
             raise SandboxStartError(
                 f"sandbox {live.id} failed to start"
                 + (f": {detail}" if detail else " (no error output; see the daemon log)"),
                 details={"sandbox_id": live.id},
             ) from None
-        finally:
-            slot.log_path.unlink(missing_ok=True)
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
@@ -376,6 +372,7 @@ class Engine:
             "--uid", str(SANDBOX_HOST_UID), "--gid", str(SANDBOX_HOST_UID),
             "--nofile", str(spec.open_files), "--rootdir", str(live.sandbox_dir),
             "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
+            *rootfs.inode_args(spec.inodes),
         ]
         # bwrap (unprivileged) makes bind mount points in a directory the sandbox owns
         binds = {os.path.dirname(dest) for _, dest in live.ro_binds}
@@ -414,13 +411,10 @@ class Engine:
         task.add_done_callback(self._tasks.discard)
 
     def _death_reason(self, live: _Live) -> str:
-        oom = ""
-        try:
-            if live.cgroup is not None and live.cgroup.oom_kills():
-                oom = " after the kernel's OOM killer fired in it (raise memory_mb)"
-        except (OSError, CorralError):
-            pass
-        return f"the sandbox's agent exited unexpectedly{oom}"
+        # Who ended it (the sandbox itself: "sandbox fault: ...") is the channel's call.
+        why = live.channel.reason if live.channel else "the sandbox's agent exited unexpectedly"
+        log = live.log.text()[-2000:] if live.log is not None else ""
+        return why + (f"; its log: {log}" if log else "")
 
     def _get_live(self, sandbox_id: str) -> _Live:
         live = self._live.get(sandbox_id)
@@ -432,16 +426,13 @@ class Engine:
                     "(list sandboxes to see what exists)",
                     details={"sandbox_id": sandbox_id},
                 )
-            raise InvalidState(
-                f"sandbox {sandbox_id} is {info.state.value}"
-                + (f" ({info.reason})" if info.reason else "")
-                + ": create a new one",
-                details={"sandbox_id": sandbox_id, "state": info.state.value},
-            )
+            raise ended_error(info)  # its own fault: SandboxProtocolError
         return live
 
     def _running(self, sandbox_id: str) -> _Live:
         live = self._get_live(sandbox_id)
+        if live.channel is not None and live.channel.faulted:
+            raise live.channel.error_copy()  # being ended by its own doing
         if live.state != SandboxState.RUNNING or live.channel is None:
             hint = "resume it first" if live.state == SandboxState.PAUSED else "create a new one"
             raise InvalidState(
@@ -457,8 +448,8 @@ class Engine:
                 f"sandbox {live.id} cannot go from {live.state.value} to {to.value}",
                 details={"sandbox_id": live.id, "state": live.state.value},
             )
+        self.registry.set_state(live.id, to, reason)  # first: a full disk changes nothing
         live.state = to
-        self.registry.set_state(live.id, to, reason)
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
         """Freeze every process of the sandbox (cgroup freezer). Memory stays resident."""
@@ -473,8 +464,8 @@ class Engine:
         live = self._get_live(sandbox_id)
         async with live.lock:
             if live.state == SandboxState.PAUSED:
+                self._transition(live, SandboxState.RUNNING)  # StorageFull: still paused
                 live.cgroup.thaw()
-                self._transition(live, SandboxState.RUNNING)
                 live.last_active = time.monotonic()
             elif live.state != SandboxState.RUNNING:
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
@@ -508,20 +499,22 @@ class Engine:
             if live.ending or live.id not in self._live:
                 return
             live.ending = True
-            if live.state in (SandboxState.RUNNING, SandboxState.PAUSED):
-                self._transition(live, SandboxState.STOPPING, reason)
-            if grace > 0 and live.channel is not None and not live.channel.closed:
-                if live.cgroup.frozen():
-                    live.cgroup.thaw()
-                try:
-                    live.channel.send(Msg.SIGNAL, 0, [(Tag.SIGNAL, signal.SIGTERM)])
-                    deadline = time.monotonic() + grace
-                    while live.channel.streams and time.monotonic() < deadline:
-                        await asyncio.sleep(0.02)
-                except SandboxLost:
-                    pass
-            await self._release(live)
-            self._live.pop(live.id, None)
+            try:  # a registry that cannot be written (a full disk) still frees everything
+                if live.state in (SandboxState.RUNNING, SandboxState.PAUSED):
+                    self._transition(live, SandboxState.STOPPING, reason)
+                if grace > 0 and live.channel is not None and not live.channel.closed:
+                    if live.cgroup.frozen():
+                        live.cgroup.thaw()
+                    try:
+                        live.channel.send(Msg.SIGNAL, 0, [(Tag.SIGNAL, signal.SIGTERM)])
+                        deadline = time.monotonic() + grace
+                        while live.channel.streams and time.monotonic() < deadline:
+                            await asyncio.sleep(0.02)
+                    except CorralError:
+                        pass
+            finally:
+                await self._release(live)
+                self._live.pop(live.id, None)
             if live.state == SandboxState.PENDING:
                 live.state = final
             else:
@@ -532,9 +525,9 @@ class Engine:
         live.ending = True
         if live.cgroup is not None:
             try:
-                if live.cgroup.frozen():
-                    # Frozen processes cannot see their channel close: kill them now
-                    # rather than waiting STOP_WAIT_S for an exit that cannot come.
+                if live.cgroup.frozen() or (live.channel and live.channel.faulted):
+                    # Frozen processes (or a stuck agent) cannot see their channel
+                    # close: kill them now rather than waiting STOP_WAIT_S for an exit.
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
@@ -545,6 +538,8 @@ class Engine:
                 await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
             except asyncio.TimeoutError:
                 pass
+        if live.log is not None:
+            live.log.close()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
         await asyncio.to_thread(self._release_resources, live)
@@ -607,7 +602,7 @@ class Engine:
                 )
             cgroup = None if live.state == SandboxState.PAUSED else live.cgroup
             upper = self.upper_dir(sandbox_id)
-            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id)
+            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id, spec=live.spec)
         return await self.snapshots.commit(
             staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
         )
@@ -740,38 +735,24 @@ class Engine:
         """Run a command and yield its output as it happens, then its exit.
 
         Closing the iterator early (or cancelling the task) kills the command's
-        process group.
+        process group. The engine caps the output and enforces the timeout itself,
+        whatever the agent says (:mod:`corral.runtime.agentconn`).
         """
         live = self._running(sandbox_id)
         fields = self._exec_fields(live, cmd, timeout, env, cwd, stdin, max_output)
         assert live.channel is not None
         oom_before = live.cgroup.oom_kills()
-        stream = live.channel.open_exec(fields)
+        stream = live.channel.open_exec(fields, max_output=max_output)
         live.busy += 1
-        done = False
         try:
-            while True:
-                reply = await stream.next()
-                if reply.msg == Msg.STDOUT:
-                    yield ExecEvent("stdout", reply.fields.raw(Tag.DATA))
-                elif reply.msg == Msg.STDERR:
-                    yield ExecEvent("stderr", reply.fields.raw(Tag.DATA))
-                elif reply.msg == Msg.EXIT:
-                    done = True
-                    yield ExecEvent("exit", result=self._result(live, reply.fields, oom_before))
-                    return
-                elif reply.msg == Msg.ERR:
-                    done = True
-                    raise _exec_error(sandbox_id, reply.fields, cwd)
+            async with aclosing(
+                command_events(live, stream, timeout, cwd, oom_before)
+            ) as events:
+                async for ev in events:
+                    yield ev
         finally:
             live.busy -= 1
             live.last_active = time.monotonic()
-            if not done:
-                try:
-                    stream.signal(signal.SIGKILL)
-                except SandboxLost:
-                    pass
-            stream.close()
 
     def _exec_fields(
         self,
@@ -810,28 +791,10 @@ class Engine:
         fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
         if timeout is not None:
             fields.append((Tag.TIMEOUT_MS, max(1, int(timeout * 1000))))
-        fields.append((Tag.MAX_OUTPUT, max_output))
+        fields.append((Tag.MAX_OUTPUT, agent_max_output(max_output)))
         if stdin:
             fields.append((Tag.STDIN, stdin.encode() if isinstance(stdin, str) else stdin))
         return fields
-
-    def _result(self, live: _Live, f: Any, oom_before: int) -> ExecResult:
-        code = f.i64(Tag.CODE)
-        timed_out = bool(f.u64(Tag.TIMED_OUT))
-        oom = False
-        if code == -signal.SIGKILL and not timed_out:
-            try:
-                oom = live.cgroup.oom_kills() > oom_before
-            except (OSError, CorralError):
-                pass
-        return ExecResult(
-            returncode=code,
-            timed_out=timed_out,
-            oom_killed=oom,
-            stdout_truncated=bool(f.u64(Tag.TRUNC_OUT)),
-            stderr_truncated=bool(f.u64(Tag.TRUNC_ERR)),
-            duration=f.u64(Tag.DURATION_US) / 1e6,
-        )
 
     # ------------------------------------------------------------- processes
 
@@ -878,7 +841,9 @@ class Engine:
         assert live.channel is not None
         live.busy += 1
         try:
-            reply = await live.channel.request(msg, [(Tag.PATH, path), *fields])
+            reply = await live.channel.request(  # validated; its data no more than asked
+                msg, [(Tag.PATH, path), *fields], max_data=FILE_CHUNK if msg == Msg.FREAD else None
+            )
         finally:
             live.busy -= 1
             live.last_active = time.monotonic()
@@ -970,25 +935,6 @@ class Engine:
         return await asyncio.to_thread(sweep.kill_sandbox_code, live.cgroup, live.proc.pid)
 
 
-async def _wait_exit(proc: subprocess.Popen) -> None:
-    """Wait for a child to exit without a thread or SIGCHLD handler: poll its pidfd."""
-    loop = asyncio.get_running_loop()
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        proc.wait()
-        return
-    fut = loop.create_future()
-    loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
-    try:
-        if proc.poll() is None:
-            await fut
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
-    proc.wait()
-
-
 def _state(s: SandboxState | str) -> SandboxState:
     try:
         return SandboxState(s)
@@ -1030,16 +976,3 @@ def _file_error(sandbox_id: str, path: str, f: Any) -> CorralError:
         errno.EROFS: "read-only file system",
     }.get(err, f.text(Tag.MESSAGE))
     return FileError(f"{path} in sandbox {sandbox_id}: {hint}", details=details)
-
-
-def _exec_error(sandbox_id: str, f: Any, cwd: str | None) -> CorralError:
-    err = f.u64(Tag.ERRNO)
-    msg = f.text(Tag.MESSAGE)
-    details = {"sandbox_id": sandbox_id, "errno": err}
-    if msg.startswith("working directory") and err == errno.ENOENT:
-        return FileNotFound(
-            f"the working directory {cwd} does not exist in sandbox {sandbox_id}", details=details
-        )
-    if err == errno.EAGAIN:
-        return InvalidState(f"sandbox {sandbox_id}: {msg}", details=details)
-    return FileError(f"sandbox {sandbox_id}: cannot run the command: {msg}", details=details)

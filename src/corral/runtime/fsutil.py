@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import shutil
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from corral.errors import InternalError
 from corral.runtime import syscalls
+from corral.runtime.treecopy import remove_tree
 
 
 @contextlib.contextmanager
@@ -133,7 +133,4 @@ def _remove_tree(path: Path) -> None:
 
 def _rm(path: Path) -> None:
     """Delete a file, link or tree inside a rootfs that has nothing mounted in it."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+    remove_tree(path)  # iterative: a tree deeper than the recursion limit goes too

@@ -69,6 +69,7 @@ from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image
 from corral.runtime.layers import LayerStore
 from corral.runtime.rootfs import AGENT_DIR
+from corral.runtime.treecopy import Budget
 from corral.schema import DEFAULT_WORKDIR, NetworkMode, SandboxSpec
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 
 BUILD_CA_PATH = f"/{AGENT_DIR}/build/ca-certificates.crt"
 BUILD_PIDS = 4096
+BUILD_INODES = 1 << 20  # files a step may write (pip installs of large packages)
 BUILD_TAG = "corral-build"
 MAX_STEP_OUTPUT = 64 << 20
 TAIL_LINES = 40
@@ -215,6 +217,7 @@ class ImageBuild:
         ca = await asyncio.to_thread(_ca_bundle, self.store.images_dir) if run else None
         sb_spec = SandboxSpec(
             image=spec.base, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb, pids=BUILD_PIDS,
+            inodes=BUILD_INODES,
             cpus=float(min(os.cpu_count() or 1, 256)), timeout=spec.step_timeout + 600,
             workdir=workdir, network=NetworkMode.HOST if run else NetworkMode.NONE,
             tags=[BUILD_TAG, f"image={self.name}"],
@@ -229,8 +232,9 @@ class ImageBuild:
             else:
                 assert source is not None
                 await self._copy(index, step, info.id, source, workdir)
-            staged = await asyncio.to_thread(
-                _stage_frozen, self.layers, engine.upper_dir(info.id), engine.cgroup(info.id))
+            budget = Budget.for_spec(sb_spec, f"build step {index + 1} of {self.name}")
+            staged = await asyncio.to_thread(_stage_frozen, self.layers, engine.upper_dir(info.id),
+                                             engine.cgroup(info.id), budget)
         finally:
             await engine.delete(info.id)
         try:
@@ -416,12 +420,13 @@ def _scan_source(path: Path) -> tuple[list[tuple[str, str, int, str | None]], st
     return entries, h.hexdigest()
 
 
-def _stage_frozen(layers: LayerStore, upper: Path, cgroup: Any) -> Path:
+def _stage_frozen(layers: LayerStore, upper: Path, cgroup: Any, budget: Budget) -> Path:
     """Copy a build sandbox's writable layer with its processes frozen (a daemon a step
-    left running cannot change it meanwhile); the agent's mount points stay out."""
+    left running cannot change it meanwhile), within its limits; the agent's mount
+    points stay out."""
     cgroup.freeze()
     try:
-        return layers.stage(upper, skip=(AGENT_DIR,))
+        return layers.stage(upper, skip=(AGENT_DIR,), budget=budget)
     finally:
         cgroup.thaw()
 

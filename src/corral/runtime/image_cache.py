@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.runtime.layers import LayerStore
+from corral.runtime.treecopy import sweep
 
 LAYERS = ".layers"
 CACHE = ".build-cache"
@@ -184,9 +185,7 @@ def clean_stale_layers(images_dir: Path) -> None:
     """Remove what crashed builds left in the layer store, if no build runs now."""
     with build_lock(images_dir, exclusive=True, wait=False) as got:
         if got:
-            for p in layer_store(images_dir).root.iterdir():
-                if p.name.startswith((".tmp-", ".trash-")):
-                    shutil.rmtree(p, ignore_errors=True)
+            sweep(layer_store(images_dir).root, lambda n: n.startswith((".tmp-", ".trash-")))
 
 
 def manifests(images_dir: Path) -> dict[str, dict[str, Any]]:
@@ -247,7 +246,7 @@ def collect(images_dir: Path) -> list[str]:
         store = layer_store(images_dir)
         for p in store.root.iterdir():
             if p.name.startswith((".tmp-", ".trash-")):
-                shutil.rmtree(p, ignore_errors=True)  # no build runs: nobody's work
+                sweep(store.root, p.name.__eq__)  # no build runs: nobody's work
             elif p.name not in keep and not in_use(p, lowers):
                 store.remove(p.name)
                 removed.append(p.name)

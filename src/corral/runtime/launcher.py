@@ -6,6 +6,11 @@ control socket and the seccomp program its sandbox will inherit. Creating a sand
 takes a slot, sets the cgroup's limits, and sends the rest of the launch options
 (mounts, uid, the bwrap command line) down the slot's stdin; the launcher then mounts
 the root in a private mount namespace and becomes bwrap.
+
+Nothing of the host is handed to the sandbox as a descriptor: the launcher's stdin,
+stdout and stderr are pipes (stderr, which bwrap and the agent inherit, is drained
+by a :class:`~corral.runtime.logtail.LogTail`), and the others are the control
+socket and the seccomp program.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
+from corral.runtime.logtail import LogTail
 from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
 
 log = logging.getLogger("corral.runtime")
@@ -43,7 +49,7 @@ class Slot:
     ctl_fd: int  # the number of the agent's end, as the agent will see it
     seccomp_fd: int
     go_fd: int  # the launcher's stdin
-    log_path: Path
+    log: LogTail  # its stderr (bwrap's and the agent's too), drained with a cap
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -60,10 +66,7 @@ class Slot:
             self.go_fd = -1
 
     def error_output(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace").strip()
-        except OSError:
-            return ""
+        return self.log.text()
 
     def discard(self) -> None:
         """Stop an unused launcher and remove its cgroup (blocking)."""
@@ -80,19 +83,16 @@ class Slot:
             self.cgroup.remove(children=False)
         except (OSError, CorralError):
             pass
-        self.log_path.unlink(missing_ok=True)
+        self.log.close()
 
 
 class SlotPool:
     """Keeps ``target`` slots ready and hands them out."""
 
-    def __init__(
-        self, *, agent_path: Path, cgroups: Any, cgroup_parent: str, log_dir: Path, target: int
-    ) -> None:
+    def __init__(self, *, agent_path: Path, cgroups: Any, cgroup_parent: str, target: int) -> None:
         self.agent_path = agent_path
         self.cgroups = cgroups
         self.cgroup_parent = cgroup_parent
-        self.log_dir = log_dir
         self.target = target
         self._ready: deque[Slot] = deque()
         self._spawning = 0
@@ -149,33 +149,35 @@ class SlotPool:
         seccomp_r, seccomp_w = os.pipe()
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
-        log_path = self.log_dir / f"{name}.log"
+        log_r, log_w = os.pipe()
+        log = LogTail(log_r)
         argv = [str(self.agent_path), "launch", "--ready"]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:
             os.write(seccomp_w, seccomp.build_filter())
             os.close(seccomp_w)
-            with open(log_path, "wb") as logf:
-                # Spawned from the event loop's thread on purpose: bwrap (which this
-                # process becomes) has --die-with-parent, which fires when the
-                # *thread* that forked it exits.
-                proc = subprocess.Popen(
-                    argv, stdin=go_r, stdout=ready_w, stderr=logf,
-                    pass_fds=(theirs.fileno(), seccomp_r), env={}, cwd="/",
-                )
+            # Spawned from the event loop's thread on purpose: bwrap (which this
+            # process becomes) has --die-with-parent, which fires when the *thread*
+            # that forked it exits.
+            proc = subprocess.Popen(
+                argv, stdin=go_r, stdout=ready_w, stderr=log_w,
+                pass_fds=(theirs.fileno(), seccomp_r), env={}, cwd="/",
+            )
         except BaseException:
             for fd in (go_w, ready_r):
                 os.close(fd)
             ours.close()
+            log.close()
             await asyncio.to_thread(cgroup.remove, children=False)
             raise
         finally:
-            for fd in (seccomp_r, ready_w, go_r):
+            for fd in (seccomp_r, ready_w, go_r, log_w):
                 os.close(fd)
             ctl_fd = theirs.fileno()
             theirs.close()
-        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log_path)
+        log.start()
+        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log)
         try:
             ok = await _read_ready(ready_r)
         finally:

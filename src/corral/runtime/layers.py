@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +50,20 @@ from typing import Iterable, Sequence
 
 from corral.errors import InternalError, Unsupported
 from corral.runtime import syscalls
+from corral.runtime.treecopy import (
+    ENTER,
+    LEAVE,
+    Budget,
+    CopyState,
+    Walk,
+    copy_meta,
+    copy_node,
+    copy_tree,
+    fd_path,
+    file_hash,
+    remove_tree,
+    sweep,
+)
 
 TREE = "tree"
 MANIFEST = "manifest.json"
@@ -59,16 +72,9 @@ FORMAT = 1
 OPAQUE = "trusted.overlay.opaque"
 _TMP = ".tmp-"
 _TRASH = ".trash-"
-_DROPPED_XATTRS = frozenset({
-    "trusted.overlay.origin", "trusted.overlay.impure", "trusted.overlay.uuid",
-    "trusted.overlay.nlink",
-})
 _UNSQUASHABLE_XATTRS = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_SENDFILE_CHUNK = 1 << 30
-
-Links = dict[tuple[int, int], str]  # (st_dev, st_ino) of a source file -> its copy
 
 
 @dataclass(frozen=True)
@@ -110,22 +116,20 @@ class LayerStore:
         the registry does not know (a crash after the rename, before the row)."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         known = set(known)
-        removed = []
-        for p in self.root.iterdir():
-            if p.name.startswith((_TMP, _TRASH)) or p.name not in known:
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p.name)
-        return removed
+        return sweep(self.root, lambda n: n.startswith((_TMP, _TRASH)) or n not in known)
 
     def path(self, layer_id: str) -> Path:
         return self.root / layer_id / TREE
 
-    def stage(self, upper: Path, *, skip: Iterable[str] = ()) -> Path:
+    def stage(self, upper: Path, *, skip: Iterable[str] = (), budget: Budget | None = None,
+              ) -> Path:
         """Copy an overlay upper directory (but its top-level entries in ``skip``) into a
-        new temporary directory; returns it, for :meth:`seal` or :meth:`discard`."""
+        new temporary directory; returns it, for :meth:`seal` or :meth:`discard`. With a
+        ``budget`` (the sandbox's limits), stops with SnapshotTooLarge before exceeding
+        it; a failed copy leaves nothing behind."""
         tmp = self._new_tmp()
         try:
-            copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip))
+            copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget)
         except BaseException:
             self.discard(tmp)
             raise
@@ -140,7 +144,7 @@ class LayerStore:
         try:
             copy_tree(str(trees[-1]), str(tmp / TREE))
             for tree in reversed(trees[:-1]):
-                _apply_dir(str(tree), str(tmp / TREE), os.lstat(tree), {})
+                _apply_dir(str(tree), str(tmp / TREE))
         except BaseException:
             self.discard(tmp)
             raise
@@ -196,10 +200,11 @@ class LayerStore:
             os.rename(self.root / layer_id, trash)
         except FileNotFoundError:
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        sweep(self.root, trash.name.__eq__)  # what cannot go now goes at the next open
 
-    def discard(self, tmp: Path) -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
+    def discard(self, tmp: Path | None) -> None:
+        if tmp is not None:
+            sweep(Path(tmp).parent, Path(tmp).name.__eq__)
 
     def _new_tmp(self) -> Path:
         tmp = self.root / f"{_TMP}{secrets.token_hex(6)}"
@@ -207,82 +212,27 @@ class LayerStore:
         return tmp
 
 
-# --------------------------------------------------------------------- copying
-
-
-def copy_tree(
-    src: str, dst: str, *, st: os.stat_result | None = None,
-    skip: frozenset[str] = frozenset(), links: Links | None = None,
-) -> None:
-    """Copy the directory ``src`` to ``dst`` (which must not exist) as overlayfs needs:
-    owners, modes, times, xattrs, symlinks, hardlinks and device nodes (whiteouts)."""
-    links = {} if links is None else links
-    st = st or os.lstat(src)
-    os.mkdir(dst, 0o700)  # its real mode once its entries are in
-    with os.scandir(src) as it:
-        entries = [e for e in it if e.name not in skip]
-    for e in entries:
-        est = e.stat(follow_symlinks=False)
-        target = os.path.join(dst, e.name)
-        if stat.S_ISDIR(est.st_mode):
-            copy_tree(e.path, target, st=est, links=links)
-        else:
-            _copy_node(e.path, target, est, links)
-    _copy_meta(src, dst, st)
-
-
-def _copy_node(src: str, dst: str, st: os.stat_result, links: Links) -> None:
-    """Copy one entry that is not a directory."""
-    mode = st.st_mode
-    if stat.S_ISREG(mode):
-        key = (st.st_dev, st.st_ino)
-        if st.st_nlink > 1 and key in links:
-            os.link(links[key], dst)
-            return
-        fin = os.open(src, _O_READ)
-        try:
-            fout = os.open(dst, _O_CREATE, 0o600)
-            try:
-                # sendfile, not copy_file_range: the latter refuses tmpfs -> ext4 (EXDEV)
-                while st.st_size and os.sendfile(fout, fin, None, _SENDFILE_CHUNK):
-                    pass
-                _copy_meta(fin, fout, st)
-            finally:
-                os.close(fout)
-        finally:
-            os.close(fin)
-        if st.st_nlink > 1:
-            links[key] = dst
-        return
-    if stat.S_ISLNK(mode):
-        os.symlink(os.readlink(src), dst)
-    else:  # whiteouts (0/0 character devices), other devices, fifos, sockets
-        os.mknod(dst, mode, st.st_rdev)
-    _copy_meta(src, dst, st)
-
-
-def _copy_meta(src: str | int, dst: str | int, st: os.stat_result) -> None:
-    """Owner, then mode (a chown clears set-id bits), xattrs (it also clears
-    security.capability), times last. ``src``/``dst`` are paths or open fds."""
-    nofollow = {} if isinstance(dst, int) else {"follow_symlinks": False}
-    os.chown(dst, st.st_uid, st.st_gid, **nofollow)
-    if not stat.S_ISLNK(st.st_mode):
-        os.chmod(dst, stat.S_IMODE(st.st_mode), **nofollow)
-    for name in os.listxattr(src, **nofollow):
-        if name not in _DROPPED_XATTRS:
-            os.setxattr(dst, name, os.getxattr(src, name, **nofollow), **nofollow)
-    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), **nofollow)
-
-
 # -------------------------------------------------------------------- squashing
 
 
-def _apply_dir(src: str, dst: str, st: os.stat_result, links: Links) -> None:
+def _apply_dir(src: str, dst: str) -> None:
     """Lay the directory ``src`` of a higher layer over the directory ``dst`` of the
-    squash so far: their entries merge and ``src``'s attributes win."""
-    with os.scandir(src) as it:
-        entries = list(it)
-    for e in entries:
+    squash so far: their entries merge and ``src``'s attributes win. Iterative; paths
+    (the layers are the store's own copies, bounded in depth by :data:`MAX_DEPTH`)."""
+    links = CopyState(None)
+    stack = [(src, dst, os.lstat(src), _entries(src))]
+    while stack:
+        src, dst, st, entries = stack[-1]
+        if not entries:
+            stack.pop()
+            was_opaque = _is_opaque(dst)
+            for name in os.listxattr(dst, follow_symlinks=False):
+                os.removexattr(dst, name, follow_symlinks=False)
+            copy_meta(src, dst, st)
+            if was_opaque:  # what it hid below is still hidden
+                os.setxattr(dst, OPAQUE, b"y", follow_symlinks=False)
+            continue
+        e = entries.pop()
         est = e.stat(follow_symlinks=False)
         target = os.path.join(dst, e.name)
         try:
@@ -292,23 +242,22 @@ def _apply_dir(src: str, dst: str, st: os.stat_result, links: Links) -> None:
         if stat.S_ISDIR(est.st_mode):
             opaque = _is_opaque(e.path)
             if below is not None and stat.S_ISDIR(below.st_mode) and not opaque:
-                _apply_dir(e.path, target, est, links)
+                stack.append((e.path, target, est, _entries(e.path)))
                 continue
             if below is not None:
-                _remove(target, below)
-            copy_tree(e.path, target, st=est, links=links)
+                remove_tree(target)
+            copy_tree(e.path, target)
             if below is not None and not opaque:
                 os.setxattr(target, OPAQUE, b"y", follow_symlinks=False)
         else:
             if below is not None:
-                _remove(target, below)
-            _copy_node(e.path, target, est, links)
-    was_opaque = _is_opaque(dst)
-    for name in os.listxattr(dst, follow_symlinks=False):
-        os.removexattr(dst, name, follow_symlinks=False)
-    _copy_meta(src, dst, st)
-    if was_opaque:  # what it hid below is still hidden
-        os.setxattr(dst, OPAQUE, b"y", follow_symlinks=False)
+                remove_tree(target)
+            copy_node(None, e.path, None, target, est, links, target)
+
+
+def _entries(path: str) -> list[os.DirEntry]:
+    with os.scandir(path) as it:
+        return list(it)
 
 
 def _is_opaque(path: str) -> bool:
@@ -318,72 +267,66 @@ def _is_opaque(path: str) -> bool:
         return False
 
 
-def _remove(path: str, st: os.stat_result) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
 def _refuse_unsquashable(tree: str) -> None:
-    for dirpath, dirnames, filenames in os.walk(tree):
-        for name in [*dirnames, *filenames]:
-            path = os.path.join(dirpath, name)
-            found = set(os.listxattr(path, follow_symlinks=False)) & set(_UNSQUASHABLE_XATTRS)
-            if found:
-                raise Unsupported(
-                    f"cannot squash snapshot layers: {path} carries {sorted(found)[0]}; "
-                    "mount overlayfs with redirect_dir=off and metacopy=off "
-                    "(the module's defaults) to take deep snapshot chains"
-                )
+    for kind, parent, name, _st, fd in Walk(tree):
+        if kind == LEAVE:
+            continue
+        names = os.listxattr(fd) if kind == ENTER else os.listxattr(
+            fd_path(parent, name), follow_symlinks=False)
+        found = set(names) & set(_UNSQUASHABLE_XATTRS)
+        if found:
+            raise Unsupported(
+                f"cannot squash snapshot layers: {tree} holds a file carrying "
+                f"{sorted(found)[0]}; mount overlayfs with redirect_dir=off and "
+                "metacopy=off (the module's defaults) to take deep snapshot chains"
+            )
 
 
 # ---------------------------------------------------------------------- digest
 
 
 def tree_digest(root: Path) -> tuple[str, int]:
-    """The canonical digest (``sha256:<hex>``) of a tree, and its disk usage in bytes."""
+    """The canonical digest (``sha256:<hex>``) of a tree, and its disk usage in bytes.
+    Iterative and sparse-aware: a file's holes are never read (:func:`file_hash`)."""
     h = hashlib.sha256(b"corral-layer-%d\n" % FORMAT)
     seen: dict[tuple[int, int], bytes] = {}
     size = 0
-    pending = [(str(root), b".", os.lstat(root))]
-    while pending:
-        path, rel, st = pending.pop()
+    walk = Walk(root)
+    for event, parent, name, st, fd in walk:
+        if event == LEAVE:
+            continue
+        rel = walk.rel() if event == ENTER else walk.rel(name)
         size += st.st_blocks * 512
         mode = st.st_mode
         mtime = b"%d" % st.st_mtime_ns
-        if stat.S_ISDIR(mode):
+        if event == ENTER:
             kind, data, mtime = b"d", b"", b""  # a directory's size and mtime are noise
-            with os.scandir(path) as it:
-                children = sorted(it, key=lambda e: os.fsencode(e.name), reverse=True)
-            for e in children:  # reversed onto a stack: visited in sorted order
-                pending.append((e.path, rel + b"/" + os.fsencode(e.name),
-                                e.stat(follow_symlinks=False)))
         elif stat.S_ISREG(mode):
             key = (st.st_dev, st.st_ino)
             if st.st_nlink > 1 and key in seen:
                 kind, data = b"h", seen[key]
             else:
-                kind, data = b"f", _file_sha256(path)
+                f = os.open(name, _O_READ, dir_fd=parent)
+                try:
+                    kind, data = file_hash(f, st.st_size)
+                finally:
+                    os.close(f)
                 if st.st_nlink > 1:
                     seen[key] = rel
         elif stat.S_ISLNK(mode):
-            kind, data = b"l", os.fsencode(os.readlink(path))
+            kind, data = b"l", os.fsencode(os.readlink(name, dir_fd=parent))
         else:
             kind, data = b"n", b"%d:%d" % (os.major(st.st_rdev), os.minor(st.st_rdev))
+        xpath = fd if event == ENTER else fd_path(parent, name)
+        nofollow = {} if event == ENTER else {"follow_symlinks": False}
         xattrs = b";".join(
-            name.encode() + b"=" + os.getxattr(path, name, follow_symlinks=False).hex().encode()
-            for name in sorted(os.listxattr(path, follow_symlinks=False))
+            name.encode() + b"=" + os.getxattr(xpath, name, **nofollow).hex().encode()
+            for name in sorted(os.listxattr(xpath, **nofollow))
         )
         fields = [rel, kind, b"%o" % mode, b"%d" % st.st_uid, b"%d" % st.st_gid,
                   b"%d" % (0 if kind == b"d" else st.st_size), mtime, data, xattrs]
         h.update(b"\0".join(fields) + b"\n")
     return "sha256:" + h.hexdigest(), size
-
-
-def _file_sha256(path: str) -> bytes:
-    with open(os.open(path, _O_READ), "rb", buffering=0) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest().encode()
 
 
 def _fsync_dir(path: Path) -> None:

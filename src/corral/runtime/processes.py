@@ -16,7 +16,11 @@ as long as it runs::
 What the engine guarantees:
 
 - A process dies with its sandbox (the agent is the sandbox's pid 1); :meth:`wait` and
-  :meth:`output` then raise :class:`~corral.errors.SandboxLost`.
+  :meth:`output` then raise :class:`~corral.errors.SandboxLost` (or
+  :class:`~corral.errors.SandboxProtocolError` if the sandbox ended by its own doing).
+- A ``timeout`` holds even if the agent does not enforce it: past it (plus
+  :data:`~corral.runtime.agentconn.EXEC_GRACE_S`) the engine kills the sandbox's
+  processes itself and the process exits ``timed_out`` (:mod:`corral.runtime.agentconn`).
 - The engine keeps at most ``max_buffer`` bytes of each stream's output nobody has read
   yet; output written while that much is unread is dropped and the result says
   ``stdout_truncated``/``stderr_truncated``. A reader that keeps up never loses any.
@@ -49,7 +53,11 @@ from corral.errors import (
     InvalidState,
     NotFound,
     SandboxLost,
+    SandboxProtocolError,
 )
+from corral.runtime import channel as agent_channel
+from corral.runtime.agentconn import UNLIMITED_OUTPUT, Deadline, exec_error, exit_result
+from corral.runtime.channel import StreamDeadline
 from corral.runtime.protocol import Msg, Tag
 from corral.schema import ExecEvent, ExecResult
 
@@ -61,8 +69,8 @@ DEFAULT_MAX_BUFFER = 16 << 20
 """Bytes of unread output the engine keeps per process and stream (stdout, stderr)."""
 MAX_EXITED_KEPT = 64
 STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
-# The agent's per-command output cap: forward everything, the engine bounds what is unread.
-UNLIMITED_OUTPUT = (1 << 63) - 1
+# A process's output cap for the agent is UNLIMITED_OUTPUT: it forwards everything, and
+# the engine bounds what is unread (max_buffer).
 
 
 class ProcessState(str, Enum):
@@ -102,6 +110,7 @@ class Process:
         pid: int,
         max_buffer: int,
         oom_before: int,
+        deadline: Deadline,
     ) -> None:
         self.id = "proc-" + secrets.token_hex(6)
         self.sandbox_id = live.id
@@ -118,6 +127,7 @@ class Process:
         self._live = live
         self._stream = stream
         self._oom_before = oom_before
+        self._deadline = deadline  # the engine's own enforcement of the spawn's timeout
         self._events: deque[ExecEvent] = deque()
         self._unread = {"stdout": 0, "stderr": 0}
         self._dropped = {"stdout": False, "stderr": False}
@@ -195,7 +205,7 @@ class Process:
             return False
         try:
             self._stream.signal(sig)
-        except SandboxLost:
+        except CorralError:  # its sandbox has ended
             return False
         return True
 
@@ -340,15 +350,25 @@ class Process:
     async def _pump(self) -> None:
         """Move the agent's frames for this process into its bounded output buffer."""
         live = self._live
+        limit = self._deadline
         try:
             while True:
-                reply = await self._stream.next()
+                try:
+                    reply = await self._stream.next()
+                except SandboxProtocolError:
+                    if limit.enforced is None:
+                        raise
+                    # The agent did not enforce the timeout: the engine did.
+                    self._end(ProcessState.EXITED, result=await limit.enforced)
+                    return
                 if reply.msg in (Msg.STDOUT, Msg.STDERR):
                     kind = "stdout" if reply.msg == Msg.STDOUT else "stderr"
-                    self._push(kind, reply.fields.raw(Tag.DATA))
+                    self._push(kind, reply.data)
                     live.last_active = time.monotonic()
                 elif reply.msg == Msg.EXIT:
-                    result = self._engine._result(live, reply.fields, self._oom_before)
+                    result = exit_result(
+                        live.cgroup, reply.fields, self._stream, self._oom_before, limit.started
+                    )
                     result.stdout_truncated |= self._dropped["stdout"]
                     result.stderr_truncated |= self._dropped["stderr"]
                     self._end(ProcessState.EXITED, result=result)
@@ -371,6 +391,7 @@ class Process:
                 ))
             live.busy -= 1
             live.last_active = time.monotonic()
+            limit.cancel()
             self._stream.close()
             _forget_old(live)
 
@@ -429,26 +450,30 @@ async def spawn(
         raise InvalidArgument(f"max_buffer must be >= 0 bytes, got {max_buffer!r}")
     fields = engine._exec_fields(live, cmd, timeout, env, cwd, None, UNLIMITED_OUTPUT)
     fields.append((Tag.STDIN_OPEN, 1))
-    assert live.channel is not None
+    channel = live.channel
+    assert channel is not None
     oom_before = live.cgroup.oom_kills()
-    stream = live.channel.open_exec(fields)
+    stream = channel.open_exec(fields)
+    limit = Deadline(live, stream, timeout)  # the timeout holds from now, agent or not
     try:
-        await live.channel.drain()
-        reply = await stream.next()
+        try:
+            await channel.drain()
+            reply = await stream.next(limit.started + agent_channel.REQUEST_TIMEOUT_S)
+        except StreamDeadline:
+            raise channel.fault(
+                "agent_unresponsive",
+                f"its agent did not start a process within {agent_channel.REQUEST_TIMEOUT_S:g} s",
+            ) from None
+        if reply.msg != Msg.STARTED:  # the channel lets only STARTED or ERR come first
+            raise exec_error(live.id, reply.fields, cwd)
     except BaseException:
+        limit.cancel()
         stream.close()
         raise
-    if reply.msg != Msg.STARTED:
-        stream.close()
-        if reply.msg == Msg.ERR:
-            from corral.runtime.engine import _exec_error
-
-            raise _exec_error(live.id, reply.fields, cwd)
-        raise SandboxLost(f"sandbox {live.id}: unexpected reply {reply.msg} to a spawn")
     argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     proc = Process(
         engine, live, stream, argv, pid=reply.fields.u64(Tag.PID), max_buffer=max_buffer,
-        oom_before=oom_before,
+        oom_before=oom_before, deadline=limit,
     )
     live.processes[proc.id] = proc  # kept on the sandbox's _Live: they end together
     live.busy += 1

@@ -3,6 +3,12 @@
 Frame: ``u32 payload_len | u8 type | u32 request_id | payload``, little endian.
 Payload: fields ``u8 tag | u32 len | bytes``; integers are 8-byte little endian.
 The numbers below must match the enums at the top of ``agent.c``.
+
+What the engine accepts from an agent is defined here too, since the agent runs among
+code that may forge its frames: caps on frame sizes by type (:func:`check_header`,
+from the header alone), fields that must tile a payload exactly (:func:`iter_fields`),
+and each reply's field rules (:func:`validate`). A breach raises
+:class:`ProtocolViolation`; :mod:`corral.runtime.channel` ends the sandbox for it.
 """
 
 from __future__ import annotations
@@ -88,11 +94,63 @@ def encode(msg: int, request_id: int, fields: Iterable[Field] = ()) -> bytes:
     return HEADER.pack(len(payload), msg, request_id) + payload
 
 
+class ProtocolViolation(Exception):
+    """Bytes from an agent that the protocol does not allow. ``code`` names the rule."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# What the engine accepts from an agent. Every length is checked from the frame's header,
+# before the payload is read: a sandbox cannot make the daemon allocate past these.
+MAX_FRAME = 16 << 20
+"""The largest frame of any kind (a directory listing, a file chunk)."""
+MAX_DATA_FRAME = (1 << 20) + 64
+"""STDOUT / STDERR frames: the agent forwards what one read of a pipe returned (64 KiB)."""
+MAX_CONTROL_FRAME = 4096
+"""READY, STARTED, EXIT and ERR frames: a few integers and a short message."""
+MAX_MESSAGE = 2048
+MAX_ERRNO = 4095
+MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
+MAX_ENTRY_NAME = 4096
+AGENT_MSGS = frozenset(
+    {Msg.STARTED, Msg.STDOUT, Msg.STDERR, Msg.EXIT, Msg.OK, Msg.ERR, Msg.READY}
+)
+
+
+_CAPS = {
+    m: MAX_DATA_FRAME if m in (Msg.STDOUT, Msg.STDERR) else MAX_FRAME if m == Msg.OK
+    else MAX_CONTROL_FRAME
+    for m in AGENT_MSGS
+}
+
+
+def check_header(length: int, msg: int) -> None:
+    """Refuse a frame from its header alone: an unknown type or a size over its cap."""
+    cap = _CAPS.get(msg)
+    if cap is None:
+        raise ProtocolViolation("unknown_message", f"a frame of unknown type {msg}")
+    if length > cap:
+        raise ProtocolViolation(
+            "frame_too_large",
+            f"a {Msg(msg).name} frame announcing {length} bytes (at most {cap} allowed)",
+        )
+
+
 def iter_fields(payload: bytes) -> Iterator[tuple[int, bytes]]:
+    """The fields of a payload; :class:`ProtocolViolation` unless they tile it exactly."""
     off, n = 0, len(payload)
-    while off + FIELD.size <= n:
+    while off < n:
+        if off + FIELD.size > n:
+            raise ProtocolViolation("bad_field", "a payload ends inside a field header")
         tag, length = FIELD.unpack_from(payload, off)
         off += FIELD.size
+        if length > n - off:
+            raise ProtocolViolation(
+                "bad_field", f"field {tag} announces {length} bytes, {n - off} remain"
+            )
         yield tag, payload[off : off + length]
         off += length
 
@@ -102,8 +160,11 @@ class Fields:
 
     __slots__ = ("_items",)
 
-    def __init__(self, payload: bytes) -> None:
+    def __init__(self, payload: bytes = b"") -> None:
         self._items = list(iter_fields(payload))
+
+    def tags(self) -> list[int]:
+        return [t for t, _ in self._items]
 
     def raw(self, tag: int, default: bytes = b"") -> bytes:
         for t, v in self._items:
@@ -124,6 +185,88 @@ class Fields:
 
     def text(self, tag: int) -> str:
         return self.raw(tag).decode(errors="replace")
+
+
+# Field rules per reply: tag -> (kind, low, high). Kinds: "u64"/"i64" (exactly 8
+# bytes, value within [low, high]), "bytes" (length within [low, high]), "entry"
+# (a stat record and a name). Tags a reply does not list are ignored (never read);
+# a listed tag may appear once, except ENTRY in a listing.
+_Rule = tuple[str, int, int]
+_FLAG: _Rule = ("u64", 0, 1)
+_ERR_RULES: dict[int, _Rule] = {
+    Tag.ERRNO: ("u64", 0, MAX_ERRNO), Tag.MESSAGE: ("bytes", 0, MAX_MESSAGE),
+}
+RULES: dict[int, dict[int, _Rule]] = {
+    Msg.READY: {},
+    Msg.STARTED: {Tag.PID: ("u64", 1, MAX_PID)},
+    Msg.STDOUT: {Tag.DATA: ("bytes", 0, MAX_DATA_FRAME)},
+    Msg.STDERR: {Tag.DATA: ("bytes", 0, MAX_DATA_FRAME)},
+    Msg.EXIT: {
+        Tag.CODE: ("i64", -64, 255), Tag.KILLED_BY_SIGNAL: ("u64", 0, 64),
+        Tag.TIMED_OUT: _FLAG, Tag.TRUNC_OUT: _FLAG, Tag.TRUNC_ERR: _FLAG,
+        Tag.DURATION_US: ("u64", 0, 1 << 53),
+    },
+    Msg.ERR: _ERR_RULES,
+}
+REQUIRED: dict[int, tuple[int, ...]] = {
+    Msg.STARTED: (Tag.PID,), Msg.STDOUT: (Tag.DATA,), Msg.STDERR: (Tag.DATA,),
+    Msg.EXIT: (Tag.CODE,), Msg.ERR: (Tag.ERRNO,),
+}
+_ENTRY_RULE: _Rule = ("entry", 0, MAX_ENTRY_NAME)
+# An OK's fields depend on the request it answers.
+OK_RULES: dict[int, dict[int, _Rule]] = {
+    Msg.FREAD: {Tag.SIZE: ("u64", 0, (1 << 63) - 1), Tag.DATA: ("bytes", 0, MAX_FRAME)},
+    Msg.FLIST: {Tag.ENTRY: _ENTRY_RULE},
+    Msg.FSTAT: {Tag.ENTRY: _ENTRY_RULE},
+}
+OK_REQUIRED: dict[int, tuple[int, ...]] = {
+    Msg.FREAD: (Tag.SIZE, Tag.DATA), Msg.FSTAT: (Tag.ENTRY,),
+}
+
+
+def validate(msg: int, fields: Fields, request: int | None = None, max_data: int | None = None) -> None:
+    """Check a reply's fields against :data:`RULES` (an OK: :data:`OK_RULES` of the
+    ``request`` it answers; ``max_data`` bounds an FREAD's DATA, the length asked)."""
+    if msg == Msg.OK:
+        rules, required = OK_RULES.get(request or 0, {}), OK_REQUIRED.get(request or 0, ())
+    else:
+        rules, required = RULES[msg], REQUIRED.get(msg, ())
+    seen: set[int] = set()
+    for tag, value in fields._items:
+        rule = rules.get(tag)
+        if rule is None:
+            continue
+        if tag in seen and not (tag == Tag.ENTRY and request == Msg.FLIST):
+            raise ProtocolViolation("bad_field", f"field {tag} twice in a {Msg(msg).name} frame")
+        seen.add(tag)
+        _check_value(msg, tag, value, rule)
+    if max_data is not None and len(fields.raw(Tag.DATA)) > max_data:
+        raise ProtocolViolation(
+            "bad_field", f"{len(fields.raw(Tag.DATA))} bytes of data where {max_data} were asked"
+        )
+    missing = [t for t in required if t not in seen]
+    if missing:
+        raise ProtocolViolation("bad_field", f"a {Msg(msg).name} frame without field {missing[0]}")
+
+
+def _check_value(msg: int, tag: int, value: bytes, rule: _Rule) -> None:
+    kind, low, high = rule
+    if kind in ("u64", "i64"):
+        if len(value) != 8:
+            raise ProtocolViolation(
+                "bad_field", f"field {tag} of a {Msg(msg).name} frame is {len(value)} bytes, not 8"
+            )
+        number = (U64 if kind == "u64" else I64).unpack(value)[0]
+    elif kind == "entry":
+        number = len(value) - ENTRY.size
+        if number < 0:
+            raise ProtocolViolation("bad_field", f"a file entry of {len(value)} bytes")
+    else:
+        number = len(value)
+    if not low <= number <= high:
+        raise ProtocolViolation(
+            "bad_field", f"field {tag} of a {Msg(msg).name} frame is out of range ({number})"
+        )
 
 
 def decode_entry(raw: bytes) -> tuple[int, int, int, int, int, str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from corral.runtime import storage
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 SCHEMA = """
@@ -105,7 +106,9 @@ class Registry:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(f"{path}{suffix}", 0o600)
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(  # its "disk is full" is a typed StorageFull
+            str(path), isolation_level=None, check_same_thread=False, factory=storage.Connection
+        )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")

@@ -3,13 +3,15 @@
 The mounts are made by the launcher (``agent.c``) in the sandbox's own mount
 namespace, on top of two empty host directories::
 
-    <sandbox_dir>/rw     tmpfs of ``disk_mb`` (the size cap of everything written)
+    <sandbox_dir>/rw     tmpfs of ``disk_mb`` and ``inodes`` (``size=``/``nr_inodes=``:
+                         the caps of everything written)
     <sandbox_dir>/rw/upper, rw/work   overlayfs upper and work directories
     <sandbox_dir>/root   the overlay mount that becomes the sandbox's ``/``
 
 The host never sees these mounts, so they cannot leak: they vanish with the last
-process of the sandbox. The upper directory's root is owned by the sandbox's host
-uid, so the sandbox may create top-level directories (``/app``); the image's own
+process of the sandbox. The upper directory's root is host root's, mode 1777 (like
+``/tmp``), so the sandbox may create top-level directories (``/app``) but never
+unlink or replace an entry it did not make (``/lib64``, ``/bin``); the image's own
 files belong to host root and appear as ``nobody`` inside, so writing into the
 image fails with EACCES.
 """
@@ -21,6 +23,7 @@ import shutil
 from pathlib import Path
 
 from corral.runtime import syscalls
+from corral.runtime.treecopy import INODE_SLACK
 
 AGENT_DIR = ".corral"  # in the sandbox: /.corral/agent
 # mount(2) copies one page of options, its NUL included: with many lower layers, their
@@ -32,6 +35,12 @@ def overlay_data_len(lowers: list[Path], sandbox_dir: Path) -> int:
     """The length of the overlay options the launcher will mount with (``agent.c``)."""
     lowerdir = ":".join(str(p) for p in lowers)
     return len(f"lowerdir={lowerdir},upperdir={sandbox_dir}/rw/upper,workdir={sandbox_dir}/rw/work")
+
+
+def inode_args(inodes: int) -> list[str]:
+    """The launcher's ``--inodes N``: the writable tmpfs's ``nr_inodes``, the sandbox's
+    inode limit plus the tmpfs's own directories."""
+    return ["--inodes", str(inodes + INODE_SLACK)]
 
 
 def remove_dirs(sandbox_dir: Path) -> None:

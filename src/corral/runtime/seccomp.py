@@ -26,11 +26,21 @@ What the filter does, in order:
    are a register we can check.
 5. ``clone`` with ``CLONE_NEWUSER`` gets ``EPERM``; any other ``clone`` (fork,
    threads) is allowed.
-6. Everything else is allowed.
+6. ``prlimit64`` on another process (a pid other than 0) gets ``EPERM``: the kernel
+   lets a process change the limits of any other of the same uid, and the agent
+   shares the sandbox's uid (a tiny RLIMIT_NOFILE or RLIMIT_CPU would break or kill
+   it). ``getrlimit``/``setrlimit`` (glibc passes pid 0) keep working.
+7. Everything else is allowed.
 
 The sandbox already runs without capabilities inside its own namespaces; this filter
 shrinks the kernel surface an escape would need (new namespaces, mounts, keyrings,
-eBPF, io_uring, modules, ...).
+eBPF, io_uring, modules, ...), and, with the agent being not dumpable (see
+``agent/agent.c``), keeps sandbox code away from the agent: every call that reads or
+writes another process's memory or descriptors is denied here, even though the
+kernel would also refuse it for a non-dumpable target. ``pidfd_open`` stays allowed
+(asyncio and subprocess use it on their own children): without ``pidfd_getfd`` and
+``process_madvise`` a pidfd only waits for an exit or sends a signal, which ``kill``
+can do already.
 """
 
 from __future__ import annotations
@@ -52,8 +62,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     # Namespaces: unshare/setns would reach kernel code (user namespaces above all)
     # that is a frequent source of privilege escalations.
     "unshare", "setns",
-    # Reading or steering other processes.
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    # Reading or steering other processes: their memory, their descriptors.
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "process_madvise", "process_mrelease",
     # Kernel code and kernel state.
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
@@ -92,8 +103,9 @@ _X86_64: Mapping[str, int] = {
     "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
-    "quotactl_fd": 443,
-    "clone": 56, "clone3": 435,
+    "quotactl_fd": 443, "pidfd_getfd": 438, "process_madvise": 440,
+    "process_mrelease": 448,
+    "clone": 56, "clone3": 435, "prlimit64": 302,
 }
 
 # aarch64 uses the generic table, include/uapi/asm-generic/unistd.h. It never had
@@ -110,8 +122,9 @@ _GENERIC: Mapping[str, int] = {
     "kexec_file_load": 294, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
-    "quotactl_fd": 443,
-    "clone": 220, "clone3": 435,
+    "quotactl_fd": 443, "pidfd_getfd": 438, "process_madvise": 440,
+    "process_mrelease": 448,
+    "clone": 220, "clone3": 435, "prlimit64": 261,
 }
 
 
@@ -197,11 +210,17 @@ def _build(machine: str) -> bytes:
             prog.append((_JEQ_K, "eperm", 0, nrs[name]))
     prog += [
         (_JEQ_K, "enosys", 0, nrs["clone3"]),
+        (_JEQ_K, "prlimit", 0, nrs["prlimit64"]),
         (_JEQ_K, 0, "allow", nrs["clone"]),
         # Only the low 32 bits: clone flags are an unsigned long but every flag,
         # CLONE_NEWUSER included, sits in the low word, and BPF loads 32 bits.
         (_LD_W_ABS, 0, 0, low_word_of_flags),
         (_JSET_K, "eperm", "allow", _CLONE_NEWUSER),
+        "prlimit",
+        # prlimit64(pid_t pid, ...): the kernel reads an int, the low word of the
+        # register, so that word alone says whether it is this process (0).
+        (_LD_W_ABS, 0, 0, _OFF_ARGS),
+        (_JEQ_K, "allow", "eperm", 0),
         "allow",
         (_RET_K, 0, 0, _RET_ALLOW),
         "eperm",

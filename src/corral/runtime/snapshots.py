@@ -47,6 +47,7 @@ from corral.runtime.images import Image, ImageStore
 from corral.runtime.layers import ID_HEX, TREE, LayerStore
 from corral.runtime.paths import Layout
 from corral.runtime.registry import Registry, SnapshotRow
+from corral.runtime.treecopy import Budget
 from corral.schema import DEFAULT_IMAGE, SandboxSpec, SnapshotInfo
 
 MAX_CHAIN_DEPTH = 16
@@ -93,17 +94,20 @@ class Snapshots:
         if taken is not None:
             raise self._name_taken(name, taken.id)
 
-    async def stage(self, upper: Path, cgroup: Any | None, *, source: str) -> Path:
+    async def stage(self, upper: Path, cgroup: Any | None, *, source: str,
+                    spec: SandboxSpec) -> Path:
         """Copy the writable layer of the sandbox ``source``, its processes frozen
-        meanwhile unless ``cgroup`` is None (already paused)."""
+        meanwhile unless ``cgroup`` is None (already paused), within its own limits
+        (``spec``'s ``disk_mb`` and ``inodes``: :class:`SnapshotTooLarge` beyond)."""
+        budget = Budget.for_spec(spec, f"sandbox {source}", sandbox_id=source)
         with _translated(source):
-            return await asyncio.to_thread(self._stage_frozen, upper, cgroup)
+            return await asyncio.to_thread(self._stage_frozen, upper, cgroup, budget)
 
-    def _stage_frozen(self, upper: Path, cgroup: Any | None) -> Path:
+    def _stage_frozen(self, upper: Path, cgroup: Any | None, budget: Budget) -> Path:
         try:
             if cgroup is not None:
                 cgroup.freeze()
-            return self.store.stage(upper, skip=(rootfs.AGENT_DIR,))
+            return self.store.stage(upper, skip=(rootfs.AGENT_DIR,), budget=budget)
         finally:
             if cgroup is not None:
                 cgroup.thaw()

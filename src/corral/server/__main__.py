@@ -15,6 +15,7 @@ from pathlib import Path
 from corral.errors import CorralError
 from corral.server.daemon import serve
 from corral.server.settings import (
+    DEFAULT_MAX_CLIENT_REQUESTS,
     DEFAULT_MAX_SANDBOXES,
     DEFAULT_MAX_STARTING,
     DEFAULT_MAX_UPLOAD_BYTES,
@@ -49,6 +50,13 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         int,
         "N",
         f"largest upload, download or JSON body (default {DEFAULT_MAX_UPLOAD_BYTES})",
+    ),
+    (
+        "--max-client-requests",
+        int,
+        "N",
+        "requests one TCP client address may have in flight; more get 429 "
+        f"(default {DEFAULT_MAX_CLIENT_REQUESTS})",
     ),
     (
         "--idle-exit",

@@ -10,6 +10,9 @@ nothing is kept at module level. Every error a client sees has the shape
 
 Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
 are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``.
+The token is checked from the headers alone: a refused request's body is never read, and
+its connection is closed. What a request may cost before and after that is bounded in
+:mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.errors import CorralError, InternalError, Unauthorized
+from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.server.admission import LIVE_STATES, Admission, Limits
 from corral.server.compat import tensorlake as tensorlake_compat
+from corral.server.limits import ClientLimiter, too_many
 from corral.server.routes import build_routes, create_admitted, delete_admitted
 from corral.server.settings import ServerSettings
 from corral.server.wire import error_response
@@ -57,33 +61,48 @@ def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         code, message = "not_found", f"no route {where}: see GET /openapi.json for the API"
     elif exc.status_code == 405:
+        allowed = _allowed_methods(request)
         code, message = "method_not_allowed", f"{where} is not allowed: see GET /openapi.json"
+        body = {"error": {"code": code, "message": message, "details": {"allow": allowed}}}
+        return JSONResponse(body, status_code=405, headers={"Allow": ", ".join(allowed)})
     else:
         code, message = "http_error", f"{where}: {exc.detail}"
     body = {"error": {"code": code, "message": message, "details": {}}}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette names only the
+    first route that matched the path)."""
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and methods and regex.match(request.url.path):
+            allowed |= methods
+    return sorted(allowed)
+
+
 def _corral_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, CorralError)
-    # A refused upload may still be arriving: hang up rather than read it all.
-    return error_response(exc, {"Connection": "close"} if exc.status == 413 else None)
+    # A refused or stalled upload may still be arriving: hang up rather than read it all.
+    return error_response(exc, {"Connection": "close"} if exc.status in (408, 413) else None)
 
 
 class Guard:
     """Outermost middleware: authentication, activity, and the last line against crashes."""
 
     def __init__(
-        self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity
+        self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
+        clients: ClientLimiter,
     ) -> None:
         self.app = app
         self.token = token
         self.unix_socket = unix_socket
         self.activity = activity
+        self.clients = clients
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
             return
         self.activity.in_flight += 1
         started = False
@@ -93,11 +112,21 @@ class Guard:
             started = True
             await send(message)
 
+        client = None
         try:
             denied = self._check_auth(scope)
-            if denied is not None:
-                await error_response(denied, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            if denied is not None:  # its body is never read: hang up after the reply
+                headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
+                await error_response(denied, headers)(scope, receive, send)
                 return
+            if scope.get("server") != (self.unix_socket, None):
+                client = (scope.get("client") or ("?",))[0]
+                if not self.clients.enter(client):
+                    refusal = TooManyRequests(**too_many(client, self.clients.limit))
+                    client = None
+                    headers = {"Retry-After": "1", "Connection": "close"}
+                    await error_response(refusal, headers)(scope, receive, send)
+                    return
             await self.app(scope, receive, tracked_send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
@@ -107,6 +136,8 @@ class Guard:
                 err = InternalError("internal error in the corral daemon; see its log")
                 await error_response(err)(scope, receive, send)
         finally:
+            if client is not None:
+                self.clients.leave(client)
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 
@@ -149,6 +180,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 token=settings.token,
                 unix_socket=str(settings.socket.absolute()),
                 activity=activity,
+                clients=ClientLimiter(settings.max_client_requests),
             )
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},

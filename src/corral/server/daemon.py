@@ -25,6 +25,7 @@ from corral.errors import InvalidArgument, InvalidState
 from corral.runtime.engine import Engine
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
+from corral.server.limits import BoundedHttpProtocol
 from corral.server.settings import ServerSettings
 
 logger = logging.getLogger("corral.server")
@@ -178,7 +179,8 @@ async def run(settings: ServerSettings) -> None:
         config = uvicorn.Config(
             app,
             lifespan="off",
-            http="httptools",
+            http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
+            ws="none",  # no websocket endpoints: never upgrade a connection
             loop="asyncio",
             log_config=None,
             access_log=logger.isEnabledFor(logging.DEBUG),

@@ -30,19 +30,20 @@ from starlette.responses import JSONResponse, Response
 from corral.errors import (
     CorralError,
     FileTooLarge,
+    ImageImportError,
     ImageInUse,
     ImageNotFound,
     InternalError,
     InvalidArgument,
 )
-from corral.image_schema import BuildEvent, BuildRequest, validate_image_name
+from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildRequest, validate_image_name
 from corral.runtime.engine import Engine
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import ImageBuild
 from corral.runtime.oci import apply_layer, import_image
 from corral.schema import SandboxState, validate_model
 from corral.server.streaming import NDJSONResponse
-from corral.server.wire import read_body, read_json
+from corral.server.wire import paced, read_body, read_json
 
 logger = logging.getLogger("corral.server")
 
@@ -184,6 +185,11 @@ async def import_image_route(request: Request) -> Response:
         archive = work / "archive"
         await _save_body(request, archive)
         image = await asyncio.to_thread(import_image, engine.images, archive, name)
+    except ImageImportError as exc:  # name what the client sent, not our temp files
+        message = exc.message
+        for temp in (str(work / "archive.tar"), str(archive), str(work)):
+            message = message.replace(temp, UPLOADED_ARCHIVE)
+        raise ImageImportError(message, details={**exc.details, "path": UPLOADED_ARCHIVE}) from None
     finally:
         await asyncio.to_thread(_remove_tree, work)
     return JSONResponse(image.info().model_dump(mode="json"), status_code=201)
@@ -192,7 +198,7 @@ async def import_image_route(request: Request) -> Response:
 async def _save_body(request: Request, path: Path) -> None:
     size = 0
     with open(path, "wb") as f:
-        async for chunk in request.stream():
+        async for chunk in paced(request):  # a stalled upload is cut (408)
             size += len(chunk)
             if size > MAX_IMPORT_BYTES:
                 raise FileTooLarge(f"the image archive is over {MAX_IMPORT_BYTES} bytes",

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import os
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 
 from corral.errors import InvalidArgument
 from corral.pool_schema import PoolInfo
@@ -31,6 +41,9 @@ MAX_FORK = 1024
 
 
 class _Body(BaseModel):
+    """A request body: unknown fields refused; numbers and booleans are strict (no
+    ``"512"`` for 512, no ``true`` for 1)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -38,12 +51,12 @@ class ExecRequest(_Body):
     """``POST /v1/sandboxes/{id}/exec``: a shell string runs under ``/bin/sh -c``."""
 
     cmd: list[str] | str
-    timeout: float | None = Field(DEFAULT_EXEC_TIMEOUT_S, gt=0, le=30 * 86400)
+    timeout: StrictFloat | None = Field(DEFAULT_EXEC_TIMEOUT_S, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     stdin: str | None = None
     stdin_b64: str | None = None
-    max_output: int = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_LIMIT)
+    max_output: StrictInt = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_LIMIT)
 
     @model_validator(mode="after")
     def _one_stdin(self) -> "ExecRequest":
@@ -66,7 +79,7 @@ class ExecRequest(_Body):
 class StopRequest(_Body):
     """``POST /v1/sandboxes/{id}/stop``: seconds between SIGTERM and SIGKILL."""
 
-    grace: float = Field(2.0, ge=0, le=MAX_STOP_GRACE_S)
+    grace: StrictFloat = Field(2.0, ge=0, le=MAX_STOP_GRACE_S)
 
 
 class SnapshotRequest(_Body):
@@ -78,15 +91,15 @@ class SnapshotRequest(_Body):
 class ForkRequest(_Body):
     """``POST /v1/sandboxes/{id}/fork``: how many copies."""
 
-    n: int = Field(ge=1, le=MAX_FORK)
+    n: StrictInt = Field(ge=1, le=MAX_FORK)
 
 
 class MkdirRequest(_Body):
     """``POST /v1/sandboxes/{id}/files/mkdir``."""
 
     path: str
-    parents: bool = True
-    mode: int = Field(0o755, ge=0, le=0o7777)
+    parents: StrictBool = True
+    mode: StrictInt = Field(0o755, ge=0, le=0o7777)
 
 
 class ExecResponse(BaseModel):
@@ -189,6 +202,27 @@ def text_and_b64(data: bytes) -> tuple[str, str | None]:
         return data.decode(), None
     except UnicodeDecodeError:
         return data.decode(errors="replace"), base64.b64encode(data).decode()
+
+
+def safe_text(name: str) -> tuple[str, str | None]:
+    """A name read from a sandbox's filesystem (``surrogateescape``-decoded, so any
+    bytes) as valid UTF-8 text, plus the base64 of its exact bytes when it is not UTF-8."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return text_and_b64(os.fsencode(name))
+    return name, None
+
+
+def file_json(info: FileInfo) -> dict[str, Any]:
+    """The JSON of a :class:`FileInfo`: ``path``/``name`` always text (invalid bytes
+    replaced by U+FFFD), ``path_b64``/``name_b64`` added with the exact bytes if need be."""
+    reply = dataclasses.asdict(info)
+    for key in ("path", "name"):
+        reply[key], exact = safe_text(reply[key])
+        if exact is not None:
+            reply[f"{key}_b64"] = exact
+    return reply
 
 
 def exec_response(result: ExecResult) -> dict[str, Any]:

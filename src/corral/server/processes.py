@@ -22,7 +22,7 @@ import base64
 import binascii
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -51,10 +51,10 @@ class SpawnRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cmd: list[str] | str
-    timeout: float | None = Field(None, gt=0, le=30 * 86400)
+    timeout: StrictFloat | None = Field(None, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    max_buffer: int = Field(DEFAULT_MAX_BUFFER, ge=0, le=MAX_OUTPUT_LIMIT)
+    max_buffer: StrictInt = Field(DEFAULT_MAX_BUFFER, ge=0, le=MAX_OUTPUT_LIMIT)
 
 
 class SignalRequest(BaseModel):
@@ -62,7 +62,7 @@ class SignalRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    signal: int | str
+    signal: StrictInt | str  # strict: true is not signal 1
 
 
 class ProcessInfo(BaseModel):
@@ -113,7 +113,7 @@ class ExchangeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     items: list[ExchangeItem] = Field(min_length=1, max_length=MAX_EXCHANGE_ITEMS)
-    timeout: float | None = Field(None, gt=0, le=30 * 86400)
+    timeout: StrictFloat | None = Field(None, gt=0, le=30 * 86400)
 
 
 class ExchangeResult(BaseModel):

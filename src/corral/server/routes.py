@@ -42,6 +42,7 @@ from corral.server.image_routes import (
     import_image_route,
     list_images,
 )
+from corral.server.limits import check_host_limits
 from corral.server.models import (
     DaemonInfo,
     ExecRequest,
@@ -57,6 +58,7 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
     exec_response,
+    file_json,
 )
 from corral.server.processes import (
     ExchangeRequest,
@@ -225,11 +227,10 @@ async def info(request: Request) -> Response:
 
 
 async def create_admitted(engine: Engine, admission: Admission, spec: SandboxSpec) -> SandboxInfo:
-    """Create a sandbox once admission control lets it start (also a pool's refills).
-
-    A spec with ``snapshot`` is resolved first, so that admission counts the memory the
-    sandbox will really get (inherited from the snapshot unless given)."""
+    """Create a sandbox once admission control lets it start (also a pool's refills); a
+    ``snapshot`` is resolved first, so admission counts the memory it will really get."""
     spec = engine.resolve_spec(spec)
+    check_host_limits(spec)
     async with admission.admit(spec.memory_mb) as slot:
         created = await engine.create(spec)
         slot.commit(created.id)
@@ -433,12 +434,11 @@ async def remove_file(request: Request) -> Response:
 
 async def list_files(request: Request) -> Response:
     entries = await _engine(request).list_dir(_sid(request), _sandbox_path(request, "."))
-    return JSONResponse({"entries": [dataclasses.asdict(e) for e in entries]})
+    return JSONResponse({"entries": [file_json(e) for e in entries]})
 
 
 async def stat_file(request: Request) -> Response:
-    found = await _engine(request).stat(_sid(request), _sandbox_path(request))
-    return JSONResponse(dataclasses.asdict(found))
+    return JSONResponse(file_json(await _engine(request).stat(_sid(request), _sandbox_path(request))))
 
 
 async def make_dir(request: Request) -> Response:

@@ -25,6 +25,7 @@ DEFAULT_MAX_SANDBOXES = 2000
 DEFAULT_QUEUE_SIZE = 4096
 DEFAULT_QUEUE_TIMEOUT_S = 120.0
 DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
+DEFAULT_MAX_CLIENT_REQUESTS = 1024  # requests in flight per TCP client address
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
 MEMINFO = "/proc/meminfo"
@@ -73,6 +74,7 @@ class ServerSettings:
     queue_size: int = DEFAULT_QUEUE_SIZE
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
@@ -82,7 +84,8 @@ class ServerSettings:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
-        for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes"):
+        for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes",
+                     "max_client_requests"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:

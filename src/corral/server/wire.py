@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from corral.errors import CorralError, FileTooLarge, InvalidArgument
+from corral.errors import CorralError, FileTooLarge, InvalidArgument, RequestTimeout
+from corral.server.limits import BODY_IDLE_TIMEOUT_S, parse_json
 
 
 def error_response(err: CorralError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -33,11 +35,26 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
         if int(declared) > limit:
             raise too_large(int(declared))
     body = bytearray()
-    async for chunk in request.stream():
+    async for chunk in paced(request):
         body += chunk
         if len(body) > limit:
             raise too_large(f"more than {limit}")
     return body
+
+
+async def paced(request: Request) -> AsyncIterator[bytes]:
+    """The pieces of the request body, cut (408) once none comes for a while."""
+    pieces = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(pieces), BODY_IDLE_TIMEOUT_S)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise RequestTimeout(
+                f"no part of the request body arrived for {BODY_IDLE_TIMEOUT_S:g} s"
+            ) from None
+        yield chunk
 
 
 async def read_json(request: Request, what: str, *, required: bool = True) -> dict[str, Any]:
@@ -47,10 +64,7 @@ async def read_json(request: Request, what: str, *, required: bool = True) -> di
         if required:
             raise InvalidArgument(f"missing request body: send the {what} as a JSON object")
         return {}
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"the {what} is not valid JSON: {exc}") from None
+    data = parse_json(raw, what)
     if not isinstance(data, dict):
         raise InvalidArgument(f"the {what} must be a JSON object, not {type(data).__name__}")
     return data

@@ -6,11 +6,22 @@ import builtins
 import os
 from pathlib import Path
 
+from corral.client import _validate
 from corral.client._async._client import AsyncClient
 from corral.client._backends import AsyncBackend
 from corral.client._models import parse_file_info
 from corral.errors import FileNotFound
 from corral.schema import FileInfo
+
+
+def _path(path: object, name: str = "path") -> str:
+    return _validate.text(name, os.fspath(path) if isinstance(path, os.PathLike) else path)
+
+
+def _local(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise _validate.invalid("local_path", f"expected a path, got {path!r}")
+    return Path(path)
 
 
 class AsyncFiles:
@@ -33,23 +44,25 @@ class AsyncFiles:
 
     async def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace a file (parent directories are created); ``str`` is UTF-8."""
-        content = data.encode() if isinstance(data, str) else bytes(data)
-        await self._client.request(
-            "PUT", self._base, params={"path": path, "mode": f"{mode:04o}"}, content=content
-        )
+        params = {"path": _path(path), "mode": f"{_validate.file_mode('mode', mode):04o}"}
+        content = _validate.content("data", data)
+        await self._client.request("PUT", self._base, params=params, content=content)
 
     async def read(self, path: str) -> bytes:
         """The whole content of a file."""
-        return (await self._client.request("GET", self._base, params={"path": path})).content
+        params = {"path": _path(path)}
+        return (await self._client.request("GET", self._base, params=params)).content
 
     async def list(self, path: str = ".") -> builtins.list[FileInfo]:
         """The entries of a directory, sorted by name."""
-        response = await self._client.request("GET", f"{self._base}/list", params={"path": path})
+        params = {"path": _path(path)}
+        response = await self._client.request("GET", f"{self._base}/list", params=params)
         return [parse_file_info(e) for e in response.json()["entries"]]
 
     async def stat(self, path: str) -> FileInfo:
         """Size, mode, mtime and type of a file or directory."""
-        response = await self._client.request("GET", f"{self._base}/stat", params={"path": path})
+        params = {"path": _path(path)}
+        response = await self._client.request("GET", f"{self._base}/stat", params=params)
         return parse_file_info(response.json())
 
     async def exists(self, path: str) -> bool:
@@ -62,12 +75,16 @@ class AsyncFiles:
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file, or a directory (non-empty ones only with ``recursive=True``)."""
-        params = {"path": path, "recursive": "true" if recursive else "false"}
+        recursive = _validate.flag("recursive", recursive)
+        params = {"path": _path(path), "recursive": "true" if recursive else "false"}
         await self._client.request("DELETE", self._base, params=params)
 
     async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755) -> None:
         """Create a directory (and its parents, unless ``parents=False``)."""
-        body = {"path": path, "parents": parents, "mode": mode}
+        body = {
+            "path": _path(path), "parents": _validate.flag("parents", parents),
+            "mode": _validate.file_mode("mode", mode),
+        }
         await self._client.request("POST", f"{self._base}/mkdir", json=body)
 
     async def upload(
@@ -75,7 +92,8 @@ class AsyncFiles:
     ) -> None:
         """Copy a local file into the sandbox; ``mode`` defaults to the local file's
         permission bits (so an executable stays executable)."""
-        local = Path(local_path)
+        local = _local(local_path)
+        _path(remote_path, "remote_path")
         if mode is None:
             mode = (await AsyncBackend.run_blocking(local.stat)).st_mode & 0o777
         data = await AsyncBackend.read_file(local)
@@ -83,8 +101,8 @@ class AsyncFiles:
 
     async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
         """Copy a file out of the sandbox to ``local_path``; returns that path."""
+        local = _local(local_path)
         data = await self.read(remote_path)
-        local = Path(local_path)
         await AsyncBackend.write_file(local, data)
         return local
 

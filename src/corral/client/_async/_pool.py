@@ -7,6 +7,7 @@ import time
 from typing import Any, Self
 from urllib.parse import quote
 
+from corral.client import _validate
 from corral.client._async._cleanup import AsyncCleanupOnExit
 from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
@@ -18,6 +19,7 @@ from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_MAX_SIZE,
     DEFAULT_MIN_READY,
+    MAX_ACQUIRE_TIMEOUT_S,
     PoolInfo,
     PoolSpec,
 )
@@ -36,8 +38,8 @@ class AsyncPool(AsyncCleanupOnExit):
     the pool (ready, starting and handed out) at once.
 
     ``image`` and the other keyword arguments of :meth:`AsyncSandbox.create`
-    (``memory_mb``, ``cpus``, ``timeout``, ``env``, ``tags``, ...) make the sandboxes'
-    spec. With ``name`` given and a pool of that name on the daemon, this object
+    (``memory_mb``, ``cpus``, ``timeout``, ``env``, ``tags``, ``snapshot`` — an
+    :class:`AsyncSnapshot`, its id or name —, ...) make the sandboxes' spec. With ``name`` given and a pool of that name on the daemon, this object
     attaches to it (its settings win, see :attr:`info`); otherwise it creates the pool,
     when this object is built, except under asyncio (a constructor cannot await):
     then on entering the context or at the first call. Closing it, or leaving the
@@ -131,6 +133,9 @@ class AsyncPool(AsyncCleanupOnExit):
         the pool is below ``max_size``); then raises
         :class:`~corral.errors.CapacityExceeded`.
         """
+        timeout = _validate.timeout(
+            "timeout", timeout, optional=False, maximum=MAX_ACQUIRE_TIMEOUT_S
+        )
         await self._ensure_open()
         try:
             return await self._acquire(timeout)

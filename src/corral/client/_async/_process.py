@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from corral.client import _validate
 from corral.client._async._client import AsyncClient
 from corral.client._config import exec_http_timeout
 from corral.client._models import (
@@ -117,7 +118,7 @@ class AsyncProcess:
     async def write(self, data: bytes | str) -> None:
         """Send ``data`` to the process's stdin (``str`` is UTF-8); they arrive in order.
         :class:`~corral.errors.InvalidState` once it has exited or its stdin is closed."""
-        content = data.encode() if isinstance(data, str) else bytes(data)
+        content = _validate.content("data", data)
         await self._client.request("POST", f"{self._path}/stdin", content=content)
 
     async def close_stdin(self) -> None:
@@ -127,6 +128,10 @@ class AsyncProcess:
     async def signal(self, signum: int | str) -> None:
         """Send a signal (``15``, ``"SIGTERM"``) to the process's group; nothing
         happens if it has already ended."""
+        if isinstance(signum, bool) or not isinstance(signum, (int, str)):
+            raise _validate.invalid(
+                "signum", f"expected a signal number or name, got {type(signum).__name__}"
+            )
         sig = int(signum) if not isinstance(signum, str) else signum
         await self._client.request("POST", f"{self._path}/signal", json={"signal": sig})
 
@@ -147,8 +152,9 @@ class AsyncProcess:
         >>> await proc.exchange('{"op": "step", "action": 1}\n')
         """
         self._check_exchange()
-        content = data.encode() if isinstance(data, str) else bytes(data)
-        params = {} if timeout is None else {"timeout": repr(float(timeout))}
+        content = _validate.content("data", data)
+        timeout = _validate.timeout("timeout", timeout)
+        params = {} if timeout is None else {"timeout": repr(timeout)}
         response = await self._client.request(
             "POST", f"{self._path}/exchange", content=content, params=params,
             timeout=exec_http_timeout(timeout),
@@ -165,6 +171,7 @@ class AsyncProcess:
         reply line awaited at once. The lines, in order; the first failure (a process
         gone, a ``timeout``) is raised once all were answered.
         """
+        timeout = _validate.timeout("timeout", timeout)
         if not pairs:
             return []
         client = pairs[0][0]._client
@@ -174,7 +181,7 @@ class AsyncProcess:
                 raise InvalidArgument("exchange_all: every process must use the same client")
             proc._check_exchange()
             item: dict[str, Any] = {"sandbox_id": proc.sandbox_id, "process_id": proc.id}
-            raw = data.encode() if isinstance(data, str) else bytes(data)
+            raw = _validate.content("data", data)
             try:
                 item["data"] = raw.decode()
             except UnicodeDecodeError:

@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
+from corral.client import _validate
 from corral.client._async._cleanup import AsyncCleanupOnExit
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
 from corral.client._async._process import AsyncProcess
 from corral.client._async._stream import AsyncExecStream
+from corral.client._backends import AsyncBackend, AsyncOpening
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import AsyncSandboxFutures
 from corral.client._models import Command, CommandResult, exec_body, parse_exec, spec_body
@@ -54,7 +56,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
     # ------------------------------------------------------------- factories
 
     @classmethod
-    async def create(
+    def create(
         cls,
         image: str | None = None,
         *,
@@ -62,6 +64,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         memory_mb: int | None = None,
         pids: int | None = None,
         disk_mb: int | None = None,
+        inodes: int | None = None,
         open_files: int | None = None,
         timeout: float | None = None,
         idle_timeout: float | None = None,
@@ -71,7 +74,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         network: NetworkMode | str | None = None,
         snapshot: AsyncSnapshot | str | None = None,
         client: AsyncClient | None = None,
-    ) -> Self:
+    ) -> AsyncOpening[Self]:
         """Start a sandbox and return once it can run commands.
 
         Every limit left out (``None``) takes the daemon's default (see
@@ -83,16 +86,23 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         ``snapshot`` (a :class:`AsyncSnapshot`, its id or name) starts the sandbox on
         the snapshot's files; the limits left out then come from the sandbox the
         snapshot was taken from. :class:`~corral.errors.SnapshotNotFound` if none.
+
+        With asyncio, both ``async with await AsyncSandbox.create(...) as sb`` and
+        ``async with AsyncSandbox.create(...) as sb`` work.
         """
         body = spec_body(
             {
                 "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
-                "disk_mb": disk_mb, "open_files": open_files, "timeout": timeout,
+                "disk_mb": disk_mb, "inodes": inodes, "open_files": open_files,
+                "timeout": timeout,
                 "idle_timeout": idle_timeout, "env": env, "workdir": workdir,
-                "tags": list(tags) if tags is not None else None, "network": network,
-                "snapshot": getattr(snapshot, "id", snapshot),
+                "tags": tags, "network": network, "snapshot": snapshot,
             }
         )
+        return AsyncBackend.opening(cls._create(body, client))
+
+    @classmethod
+    async def _create(cls, body: dict[str, Any], client: AsyncClient | None) -> Self:
         client = client or AsyncClient.default()
         response = await client.request(
             "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT)
@@ -102,6 +112,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
     @classmethod
     async def connect(cls, sandbox_id: str, *, client: AsyncClient | None = None) -> Self:
         """Attach to an existing sandbox; :class:`~corral.errors.SandboxNotFound` if none."""
+        sandbox_id = _validate.text("sandbox_id", sandbox_id)
         client = client or AsyncClient.default()
         data = (await client.request("GET", f"/v1/sandboxes/{quote(sandbox_id, safe='')}")).json()
         return cls(SandboxInfo.model_validate(data), client=client, usage=data.get("usage"))
@@ -119,9 +130,15 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
 
         >>> [sb.id for sb in await corral.AsyncSandbox.list(tags=["job=42"], state="running")]
         """
-        client = client or AsyncClient.default()
+        tags = _validate.strings("tags", tags)
         states = [state] if isinstance(state, (str, SandboxState)) else list(state or ())
-        params = [("tag", t) for t in tags] + [("state", getattr(s, "value", s)) for s in states]
+        valid = {s.value for s in SandboxState}
+        states = [getattr(s, "value", s) for s in states]
+        for s in states:
+            if s not in valid:
+                raise _validate.invalid("state", f"expected one of {sorted(valid)}, got {s!r}")
+        client = client or AsyncClient.default()
+        params = [("tag", t) for t in tags] + [("state", s) for s in states]
         response = await client.request("GET", "/v1/sandboxes", params=params)
         return [
             cls(SandboxInfo.model_validate(d), client=client) for d in response.json()["sandboxes"]
@@ -194,7 +211,11 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
     async def stop(self, *, grace: float | None = None) -> SandboxInfo:
         """Stop the sandbox's processes (SIGTERM, then SIGKILL after ``grace`` seconds);
         the sandbox stays listed until :meth:`delete`."""
-        return await self._lifecycle("stop", {} if grace is None else {"grace": grace})
+        if grace is None:
+            return await self._lifecycle("stop", {})
+        return await self._lifecycle("stop", {"grace": _validate.timeout(
+            "grace", grace, zero=True, maximum=_validate.MAX_STOP_GRACE_S
+        )})
 
     async def delete(self) -> None:
         """Stop the sandbox and remove it and its files; deleting twice is fine."""
@@ -208,7 +229,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         ``create(snapshot=...)``. ``name`` must be unique on the daemon."""
         from corral.client._async._snapshot import AsyncSnapshot
 
-        body = {} if name is None else {"name": name}
+        body = {} if name is None else {"name": _validate.text("name", name)}
         response = await self._client.request("POST", f"{self._path}/snapshot", json=body)
         return AsyncSnapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
 
@@ -216,7 +237,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """``n`` new sandboxes with a copy of this one's files and its spec (each waits
         for room like a create); all or nothing. Delete them when done."""
         response = await self._client.request(
-            "POST", f"{self._path}/fork", json={"n": n},
+            "POST", f"{self._path}/fork", json={"n": _validate.integer("n", n, minimum=1)},
             timeout=max(self._client.timeout, CREATE_TIMEOUT),
         )
         return [
@@ -251,6 +272,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         'hi\\n'
         """
         body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        _validate.flag("check", check)
         response = await self._client.request(
             "POST", f"{self._path}/exec", json=body, timeout=exec_http_timeout(timeout)
         )
@@ -283,6 +305,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
             print(run.result.returncode)
         """
         body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        _validate.flag("check", check)
         return AsyncExecStream(
             self._client, f"{self._path}/exec/stream", body,
             args=cmd, sandbox_id=self.id, check=check,
@@ -309,8 +332,9 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         ...     answer = await proc.readline()
         """
         body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None)
+        _validate.flag("text", text)
         if max_buffer is not None:
-            body["max_buffer"] = max_buffer
+            body["max_buffer"] = _validate.integer("max_buffer", max_buffer, minimum=1)
         response = await self._client.request("POST", f"{self._path}/processes", json=body)
         return AsyncProcess(response.json(), client=self._client, args=cmd, text=text)
 

@@ -8,11 +8,22 @@ import builtins
 import os
 from pathlib import Path
 
+from corral.client import _validate
 from corral.client._sync._client import Client
 from corral.client._backends import SyncBackend
 from corral.client._models import parse_file_info
 from corral.errors import FileNotFound
 from corral.schema import FileInfo
+
+
+def _path(path: object, name: str = "path") -> str:
+    return _validate.text(name, os.fspath(path) if isinstance(path, os.PathLike) else path)
+
+
+def _local(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise _validate.invalid("local_path", f"expected a path, got {path!r}")
+    return Path(path)
 
 
 class Files:
@@ -35,23 +46,25 @@ class Files:
 
     def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace a file (parent directories are created); ``str`` is UTF-8."""
-        content = data.encode() if isinstance(data, str) else bytes(data)
-        self._client.request(
-            "PUT", self._base, params={"path": path, "mode": f"{mode:04o}"}, content=content
-        )
+        params = {"path": _path(path), "mode": f"{_validate.file_mode('mode', mode):04o}"}
+        content = _validate.content("data", data)
+        self._client.request("PUT", self._base, params=params, content=content)
 
     def read(self, path: str) -> bytes:
         """The whole content of a file."""
-        return (self._client.request("GET", self._base, params={"path": path})).content
+        params = {"path": _path(path)}
+        return (self._client.request("GET", self._base, params=params)).content
 
     def list(self, path: str = ".") -> builtins.list[FileInfo]:
         """The entries of a directory, sorted by name."""
-        response = self._client.request("GET", f"{self._base}/list", params={"path": path})
+        params = {"path": _path(path)}
+        response = self._client.request("GET", f"{self._base}/list", params=params)
         return [parse_file_info(e) for e in response.json()["entries"]]
 
     def stat(self, path: str) -> FileInfo:
         """Size, mode, mtime and type of a file or directory."""
-        response = self._client.request("GET", f"{self._base}/stat", params={"path": path})
+        params = {"path": _path(path)}
+        response = self._client.request("GET", f"{self._base}/stat", params=params)
         return parse_file_info(response.json())
 
     def exists(self, path: str) -> bool:
@@ -64,12 +77,16 @@ class Files:
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file, or a directory (non-empty ones only with ``recursive=True``)."""
-        params = {"path": path, "recursive": "true" if recursive else "false"}
+        recursive = _validate.flag("recursive", recursive)
+        params = {"path": _path(path), "recursive": "true" if recursive else "false"}
         self._client.request("DELETE", self._base, params=params)
 
     def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755) -> None:
         """Create a directory (and its parents, unless ``parents=False``)."""
-        body = {"path": path, "parents": parents, "mode": mode}
+        body = {
+            "path": _path(path), "parents": _validate.flag("parents", parents),
+            "mode": _validate.file_mode("mode", mode),
+        }
         self._client.request("POST", f"{self._base}/mkdir", json=body)
 
     def upload(
@@ -77,7 +94,8 @@ class Files:
     ) -> None:
         """Copy a local file into the sandbox; ``mode`` defaults to the local file's
         permission bits (so an executable stays executable)."""
-        local = Path(local_path)
+        local = _local(local_path)
+        _path(remote_path, "remote_path")
         if mode is None:
             mode = (SyncBackend.run_blocking(local.stat)).st_mode & 0o777
         data = SyncBackend.read_file(local)
@@ -85,8 +103,8 @@ class Files:
 
     def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
         """Copy a file out of the sandbox to ``local_path``; returns that path."""
+        local = _local(local_path)
         data = self.read(remote_path)
-        local = Path(local_path)
         SyncBackend.write_file(local, data)
         return local
 

@@ -13,8 +13,8 @@ from urllib.parse import quote
 from corral.client._sync._client import Client
 from corral.client._backends import SyncBackend
 from corral.client._build import TAR, load_spec, pack_build, read_archive
-from corral.errors import DaemonUnavailable, error_from_dict
-from corral.image_schema import BuildEvent, BuildSpec, BuildStats, ImageInfo
+from corral.errors import DaemonUnavailable, ImageImportError, error_from_dict
+from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildSpec, BuildStats, ImageInfo
 
 
 class Image:
@@ -96,10 +96,16 @@ class Image:
         tar), as the image ``name`` (one of that name is replaced)."""
         client = client or Client.default()
         body = SyncBackend.run_blocking(read_archive, path)
-        response = client.request(
-            "POST", "/v1/images/import", params={"name": name}, content=body,
-            headers={"Content-Type": TAR}, timeout=None,
-        )
+        try:
+            response = client.request(
+                "POST", "/v1/images/import", params={"name": name}, content=body,
+                headers={"Content-Type": TAR}, timeout=None,
+            )
+        except ImageImportError as exc:  # the daemon names the upload: name our file
+            local = os.fspath(path)
+            raise ImageImportError(
+                exc.message.replace(UPLOADED_ARCHIVE, local), details={**exc.details, "path": local}
+            ) from None
         return cls(ImageInfo.model_validate(response.json()), client=client)
 
     @property

@@ -9,11 +9,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote
 
+from corral.client import _validate
 from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files
 from corral.client._sync._process import Process
 from corral.client._sync._stream import ExecStream
+from corral.client._backends import SyncBackend, Opening
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import SandboxFutures
 from corral.client._models import Command, CommandResult, exec_body, parse_exec, spec_body
@@ -64,6 +66,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         memory_mb: int | None = None,
         pids: int | None = None,
         disk_mb: int | None = None,
+        inodes: int | None = None,
         open_files: int | None = None,
         timeout: float | None = None,
         idle_timeout: float | None = None,
@@ -73,7 +76,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         network: NetworkMode | str | None = None,
         snapshot: Snapshot | str | None = None,
         client: Client | None = None,
-    ) -> Self:
+    ) -> Opening[Self]:
         """Start a sandbox and return once it can run commands.
 
         Every limit left out (``None``) takes the daemon's default (see
@@ -85,16 +88,23 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         ``snapshot`` (a :class:`Snapshot`, its id or name) starts the sandbox on
         the snapshot's files; the limits left out then come from the sandbox the
         snapshot was taken from. :class:`~corral.errors.SnapshotNotFound` if none.
+
+        With asyncio, both ``with Sandbox.create(...) as sb`` and
+        ``with Sandbox.create(...) as sb`` work.
         """
         body = spec_body(
             {
                 "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
-                "disk_mb": disk_mb, "open_files": open_files, "timeout": timeout,
+                "disk_mb": disk_mb, "inodes": inodes, "open_files": open_files,
+                "timeout": timeout,
                 "idle_timeout": idle_timeout, "env": env, "workdir": workdir,
-                "tags": list(tags) if tags is not None else None, "network": network,
-                "snapshot": getattr(snapshot, "id", snapshot),
+                "tags": tags, "network": network, "snapshot": snapshot,
             }
         )
+        return SyncBackend.opening(cls._create(body, client))
+
+    @classmethod
+    def _create(cls, body: dict[str, Any], client: Client | None) -> Self:
         client = client or Client.default()
         response = client.request(
             "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT)
@@ -104,6 +114,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
     @classmethod
     def connect(cls, sandbox_id: str, *, client: Client | None = None) -> Self:
         """Attach to an existing sandbox; :class:`~corral.errors.SandboxNotFound` if none."""
+        sandbox_id = _validate.text("sandbox_id", sandbox_id)
         client = client or Client.default()
         data = (client.request("GET", f"/v1/sandboxes/{quote(sandbox_id, safe='')}")).json()
         return cls(SandboxInfo.model_validate(data), client=client, usage=data.get("usage"))
@@ -121,9 +132,15 @@ class Sandbox(CleanupOnExit, SandboxFutures):
 
         >>> [sb.id for sb in corral.Sandbox.list(tags=["job=42"], state="running")]
         """
-        client = client or Client.default()
+        tags = _validate.strings("tags", tags)
         states = [state] if isinstance(state, (str, SandboxState)) else list(state or ())
-        params = [("tag", t) for t in tags] + [("state", getattr(s, "value", s)) for s in states]
+        valid = {s.value for s in SandboxState}
+        states = [getattr(s, "value", s) for s in states]
+        for s in states:
+            if s not in valid:
+                raise _validate.invalid("state", f"expected one of {sorted(valid)}, got {s!r}")
+        client = client or Client.default()
+        params = [("tag", t) for t in tags] + [("state", s) for s in states]
         response = client.request("GET", "/v1/sandboxes", params=params)
         return [
             cls(SandboxInfo.model_validate(d), client=client) for d in response.json()["sandboxes"]
@@ -196,7 +213,11 @@ class Sandbox(CleanupOnExit, SandboxFutures):
     def stop(self, *, grace: float | None = None) -> SandboxInfo:
         """Stop the sandbox's processes (SIGTERM, then SIGKILL after ``grace`` seconds);
         the sandbox stays listed until :meth:`delete`."""
-        return self._lifecycle("stop", {} if grace is None else {"grace": grace})
+        if grace is None:
+            return self._lifecycle("stop", {})
+        return self._lifecycle("stop", {"grace": _validate.timeout(
+            "grace", grace, zero=True, maximum=_validate.MAX_STOP_GRACE_S
+        )})
 
     def delete(self) -> None:
         """Stop the sandbox and remove it and its files; deleting twice is fine."""
@@ -210,7 +231,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         ``create(snapshot=...)``. ``name`` must be unique on the daemon."""
         from corral.client._sync._snapshot import Snapshot
 
-        body = {} if name is None else {"name": name}
+        body = {} if name is None else {"name": _validate.text("name", name)}
         response = self._client.request("POST", f"{self._path}/snapshot", json=body)
         return Snapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
 
@@ -218,7 +239,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         """``n`` new sandboxes with a copy of this one's files and its spec (each waits
         for room like a create); all or nothing. Delete them when done."""
         response = self._client.request(
-            "POST", f"{self._path}/fork", json={"n": n},
+            "POST", f"{self._path}/fork", json={"n": _validate.integer("n", n, minimum=1)},
             timeout=max(self._client.timeout, CREATE_TIMEOUT),
         )
         return [
@@ -253,6 +274,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         'hi\\n'
         """
         body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        _validate.flag("check", check)
         response = self._client.request(
             "POST", f"{self._path}/exec", json=body, timeout=exec_http_timeout(timeout)
         )
@@ -285,6 +307,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
             print(run.result.returncode)
         """
         body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        _validate.flag("check", check)
         return ExecStream(
             self._client, f"{self._path}/exec/stream", body,
             args=cmd, sandbox_id=self.id, check=check,
@@ -311,8 +334,9 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         ...     answer = proc.readline()
         """
         body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None)
+        _validate.flag("text", text)
         if max_buffer is not None:
-            body["max_buffer"] = max_buffer
+            body["max_buffer"] = _validate.integer("max_buffer", max_buffer, minimum=1)
         response = self._client.request("POST", f"{self._path}/processes", json=body)
         return Process(response.json(), client=self._client, args=cmd, text=text)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections import OrderedDict
@@ -44,6 +43,14 @@ from corral.schema import SandboxInfo, SandboxState
 from corral.server.admission import LIVE_STATES, Admission
 from corral.server.compat import cwsandbox_exec as cwexec
 from corral.server.compat import cwsandbox_wire as wire
+from corral.server.compat.cwsandbox_guard import (
+    MAX_RECEIVE_BYTES,
+    MAX_SEND_BYTES,
+    UNARY_FILE_CAP,
+    Guard,
+    check_token,
+)
+from corral.server.compat.cwsandbox_guard import abort as _abort
 from corral.server.routes import create_admitted, delete_admitted
 from corral.server.settings import ServerSettings
 
@@ -51,8 +58,6 @@ __all__ = ["CwSandboxFrontend", "SandboxService"]
 
 logger = logging.getLogger("corral.server.cwsandbox")
 
-MAX_MESSAGE_BYTES = 100 << 20  # what the client's channel allows each way
-UNARY_FILE_CAP = 32 << 20  # ReadFile / WriteFile: larger files take the client's stream path
 MAX_DELETE_GRACE_S = 30.0
 ENDED_RECORDS = 10_000  # deleted sandboxes whose final state GetSandbox still reports
 PYTHON_PATHS = ("/usr/local/bin/python", "/usr/bin/python")
@@ -113,26 +118,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 self._activity.last = time.monotonic()
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        token = self._settings.token or ""
-        for key, value in context.invocation_metadata() or ():
-            if key.lower() != "authorization":
-                continue
-            value = value.decode("latin-1") if isinstance(value, bytes) else value
-            scheme, _, credentials = value.partition(" ")
-            if token and scheme.lower() == "bearer" and hmac.compare_digest(
-                credentials.strip().encode(), token.encode()
-            ):
-                return
-            raise wire.RpcFailure(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "wrong API key: set CWSANDBOX_API_KEY to the corral daemon's token "
-                "(its --token or CORRAL_TOKEN)",
-            )
-        raise wire.RpcFailure(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing API key: set CWSANDBOX_API_KEY to the corral daemon's token "
-            "(its --token or CORRAL_TOKEN)",
-        )
+        """Again, behind the server's :class:`Guard` (which checked before any read)."""
+        failure = check_token(context.invocation_metadata(), self._settings.token)
+        if failure is not None:
+            raise failure
 
     def _message(self, info: SandboxInfo) -> Any:
         return wire.sandbox_message(
@@ -380,12 +369,6 @@ for _name, _what in (
 # ----------------------------------------------------------------- helpers
 
 
-async def _abort(context: grpc.aio.ServicerContext, failure: wire.RpcFailure) -> None:
-    await context.abort(
-        failure.code, failure.message, trailing_metadata=failure.trailing_metadata()
-    )
-
-
 def _page(found: list[Any], size: int, token: str) -> Any:
     """One page of a list; the token is the offset of the next page."""
     try:
@@ -423,9 +406,14 @@ class CwSandboxFrontend:
         """Listen on ``settings.grpc``; the port (useful when it was 0)."""
         host, port = self.settings.grpc  # type: ignore[misc]
         server = grpc.aio.server(
+            interceptors=[Guard(self.settings.token, self.settings.max_client_requests)],
             options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_SEND_BYTES),
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                # A fixed 1 MiB window per call instead of one that grows (BDP probing):
+                # what an unauthenticated client can push before its reset stays small.
+                ("grpc.http2.bdp_probe", 0),
+                ("grpc.http2.lookahead_bytes", 1 << 20),
                 ("grpc.so_reuseport", 0),  # a second daemon on the port must fail, not share it
             ]
         )

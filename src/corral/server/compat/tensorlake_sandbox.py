@@ -44,6 +44,7 @@ from corral.schema import validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import refuse, resolve
+from corral.server.models import safe_text
 from corral.server.routes import _remove_partial
 from corral.server.streaming import NDJSONResponse, start_stream
 from corral.server.wire import read_body, read_json
@@ -484,7 +485,7 @@ async def list_directory(request: Request) -> Response:
         {
             "path": path,
             "entries": [
-                {"name": e.name, "is_dir": e.is_dir, "size": e.size, "modified_at": e.mtime}
+                {"name": safe_text(e.name)[0], "is_dir": e.is_dir, "size": e.size, "modified_at": e.mtime}
                 for e in entries
             ],
         }

@@ -1,0 +1,267 @@
+/*
+ * corral-agent, commands: part of agent.c (a unity build: agent.c includes this file,
+ * so it shares its statics). Runs commands with pipes, timeouts and output caps, and
+ * reaps every child (the agent is pid 1).
+ */
+
+/* ---------- exec ---------- */
+
+static struct exec_state *find_exec(uint32_t id) {
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (execs[i].used && execs[i].id == id) return &execs[i];
+    return NULL;
+}
+
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+static void do_exec(uint32_t id, struct req *r) {
+    struct exec_state *e = NULL;
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (!execs[i].used) { e = &execs[i]; break; }
+    if (!e) { send_err(id, EAGAIN, "too many concurrent commands in this sandbox"); return; }
+    char **argv = get_list(r, F_ARGV);
+    char **envp = get_list(r, F_ENV);
+    char *cwd = get_str(r, F_CWD);
+    if (!argv[0]) {
+        send_err(id, EINVAL, "empty command");
+        goto out;
+    }
+    int in_p[2], out_p[2], err_p[2], report[2];
+    if (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC) ||
+        pipe2(report, O_CLOEXEC)) {
+        send_err(id, errno, "pipe");
+        goto out;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        int err = errno;
+        close(in_p[0]); close(in_p[1]); close(out_p[0]); close(out_p[1]);
+        close(err_p[0]); close(err_p[1]); close(report[0]); close(report[1]);
+        send_err(id, err, "fork");
+        goto out;
+    }
+    if (pid == 0) {
+        /* Child: own process group (timeouts kill the whole group), default signals. */
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+        setpgid(0, 0);
+        /* The agent runs at oom_score_adj -998 so the OOM killer picks the command,
+           not the agent; commands go back to 0 (raising it needs no privilege). */
+        int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (oom >= 0) { if (write(oom, "0", 1) < 0) {} close(oom); }
+        dup2(in_p[0], 0);
+        dup2(out_p[1], 1);
+        dup2(err_p[1], 2);
+        int stage_err[2];
+        if (cwd && chdir(cwd) != 0) {
+            stage_err[0] = 1; stage_err[1] = errno;
+            if (write(report[1], stage_err, sizeof stage_err) < 0) {}
+            _exit(126);
+        }
+        /* Belt and braces: whatever the agent holds is close-on-exec already; the
+           command starts with its stdin, stdout and stderr and nothing else. */
+        syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+        environ = envp;
+        execvp(argv[0], argv);
+        /* Like a shell: 127 for "not found", 126 for "cannot execute". */
+        int err = errno;
+        dprintf(2, "corral: cannot execute '%s': %s\n", argv[0], strerror(err));
+        _exit(err == ENOENT ? 127 : 126);
+    }
+    close(in_p[0]);
+    close(out_p[1]);
+    close(err_p[1]);
+    close(report[1]);
+    memset(e, 0, sizeof *e);
+    e->used = 1;
+    e->id = id;
+    e->pid = pid;
+    e->in_fd = in_p[1];
+    e->out_fd = out_p[0];
+    e->err_fd = err_p[0];
+    /* Never wait for the child here: sandbox code can SIGSTOP it between fork and
+       exec (kill(-1, SIGSTOP) reaches it), and a blocking read would park the agent.
+       The poll loop learns from report_fd whether it exec'd (check_start). */
+    e->report_fd = report[0];
+    e->cwd = cwd;
+    cwd = NULL;
+    set_nonblock(e->report_fd);
+    set_nonblock(e->in_fd);
+    set_nonblock(e->out_fd);
+    set_nonblock(e->err_fd);
+    e->max_output = get_u64(r, F_MAX_OUTPUT, 1 << 20);
+    e->start_ms = now_ms();
+    e->start_us = now_us();
+    uint64_t tmo = get_u64(r, F_TIMEOUT_MS, 0);
+    e->deadline_ms = tmo ? e->start_ms + (int64_t)tmo : 0;
+    e->exit_ms = 0;
+    const char *sd;
+    uint32_t sn;
+    if (get_field(r, F_STDIN, &sd, &sn) && sn > 0) {
+        e->stdin_buf = malloc(sn);
+        memcpy(e->stdin_buf, sd, sn);
+        e->stdin_len = sn;
+    }
+    e->stdin_close_after = !get_field(r, F_STDIN_OPEN, &sd, &sn);
+    if (e->stdin_close_after && e->stdin_len == 0) {
+        close(e->in_fd);
+        e->in_fd = -1;
+    }
+out:
+    free_list(argv);
+    free_list(envp);
+    free(cwd);
+}
+
+static void close_fd(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+/* Has the child exec'd (EOF: send STARTED) or failed to chdir (an errno: send it)? */
+static void check_start(struct exec_state *e) {
+    int stage_err[2];
+    ssize_t got = read(e->report_fd, stage_err, sizeof stage_err);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    close_fd(&e->report_fd);
+    if (got == (ssize_t)sizeof stage_err) {
+        /* chdir failed before exec: a caller error, reported as such. */
+        char what[600];
+        snprintf(what, sizeof what, "working directory %s", e->cwd);
+        send_err(e->id, stage_err[1], what);
+        e->failed = 1;
+        e->deadline_ms = 0;
+        close_fd(&e->in_fd);
+        close_fd(&e->out_fd);
+        close_fd(&e->err_fd);
+        return;
+    }
+    struct buf b = {0};
+    field_u64(&b, F_PID, (uint64_t)e->pid);
+    send_frame(RSP_STARTED, e->id, &b);
+    free(b.p);
+}
+
+static void pump_stdin(struct exec_state *e) {
+    while (e->in_fd >= 0 && e->stdin_off < e->stdin_len) {
+        ssize_t w = write(e->in_fd, e->stdin_buf + e->stdin_off, e->stdin_len - e->stdin_off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) return;
+            /* EPIPE: the command stopped reading; drop the rest */
+            e->stdin_off = e->stdin_len;
+            break;
+        }
+        e->stdin_off += (size_t)w;
+    }
+    if (e->stdin_off >= e->stdin_len) {
+        free(e->stdin_buf);
+        e->stdin_buf = NULL;
+        e->stdin_len = e->stdin_off = 0;
+        if (e->stdin_close_after && e->in_fd >= 0) {
+            close(e->in_fd);
+            e->in_fd = -1;
+        }
+    }
+}
+
+static void add_stdin(uint32_t id, struct req *r, int close_it) {
+    struct exec_state *e = find_exec(id);
+    if (!e || e->in_fd < 0) return;
+    const char *d;
+    uint32_t n;
+    if (!close_it && get_field(r, F_DATA, &d, &n) && n) {
+        char *nb = realloc(e->stdin_buf, e->stdin_len + n);
+        if (!nb) return;
+        memcpy(nb + e->stdin_len, d, n);
+        e->stdin_buf = nb;
+        e->stdin_len += n;
+    }
+    if (close_it) e->stdin_close_after = 1;
+    pump_stdin(e);
+}
+
+/* Read what a pipe has; forward up to the cap, count and drop the rest. */
+static void drain(struct exec_state *e, int *fd, int is_err) {
+    static char chunk[READ_CHUNK];
+    for (;;) {
+        ssize_t n = read(*fd, chunk, sizeof chunk);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN) return;
+            n = 0;
+        }
+        if (n == 0) {
+            close(*fd);
+            *fd = -1;
+            return;
+        }
+        uint64_t *count = is_err ? &e->err_bytes : &e->out_bytes;
+        int *trunc = is_err ? &e->trunc_err : &e->trunc_out;
+        uint64_t room = *count < e->max_output ? e->max_output - *count : 0;
+        size_t send = (uint64_t)n < room ? (size_t)n : (size_t)room;
+        if (send < (size_t)n) *trunc = 1;
+        if (send) {
+            struct buf b = {0};
+            field(&b, F_DATA, chunk, (uint32_t)send);
+            send_frame(is_err ? RSP_STDERR : RSP_STDOUT, e->id, &b);
+            free(b.p);
+        }
+        *count += (uint64_t)n;
+    }
+}
+
+static void release_exec(struct exec_state *e) {
+    close_fd(&e->out_fd);
+    close_fd(&e->err_fd);
+    close_fd(&e->in_fd);
+    close_fd(&e->report_fd);
+    free(e->stdin_buf);
+    free(e->cwd);
+    memset(e, 0, sizeof *e);
+}
+
+static void finish(struct exec_state *e) {
+    if (e->failed) { release_exec(e); return; } /* its error went out already */
+    struct buf b = {0};
+    int64_t code;
+    uint64_t sig = 0;
+    if (WIFEXITED(e->status)) {
+        code = WEXITSTATUS(e->status);
+    } else {
+        sig = (uint64_t)WTERMSIG(e->status);
+        code = -(int64_t)sig;
+    }
+    field_u64(&b, F_CODE, (uint64_t)code);
+    field_u64(&b, F_KILLED_BY_SIGNAL, sig);
+    field_u64(&b, F_TIMED_OUT, (uint64_t)e->timed_out);
+    field_u64(&b, F_TRUNC_OUT, (uint64_t)e->trunc_out);
+    field_u64(&b, F_TRUNC_ERR, (uint64_t)e->trunc_err);
+    field_u64(&b, F_DURATION_US, (uint64_t)(e->exit_us - e->start_us));
+    send_frame(RSP_EXIT, e->id, &b);
+    free(b.p);
+    release_exec(e);
+}
+
+static int job_exited(pid_t pid, int status);
+
+static void reap(void) {
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) return;
+        if (job_exited(pid, status)) continue;
+        for (int i = 0; i < MAX_EXECS; i++) {
+            struct exec_state *e = &execs[i];
+            if (e->used && e->pid == pid && !e->exited) {
+                e->exited = 1;
+                e->status = status;
+                e->exit_ms = now_ms();
+                e->exit_us = now_us();
+            }
+        }
+        /* anything else was an orphan reparented to us (we are pid 1): now reaped */
+    }
+}

@@ -1,0 +1,85 @@
+"""A full disk under the state directory is a typed error, never a traceback.
+
+When the filesystem holding the daemon's state directory (its SQLite registry, the
+sandboxes' directories) or its cache fills up, ``ENOSPC``/``EDQUOT`` and SQLite's
+"database or disk is full" become :class:`~corral.errors.StorageFull` (507), naming
+the path that is full. The registry's connection translates SQLite's errors itself
+(:class:`Connection`, ``sqlite3.connect(factory=...)``); the engine translates the
+rest with :func:`full_error` after undoing what it had begun.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from corral.errors import StorageFull
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_SQLITE_FULL = 13  # SQLITE_FULL
+
+
+def _free(path: Path) -> str:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ""
+    return f"; {st.f_bavail * st.f_frsize >> 20} MiB and {st.f_favail} inodes free there"
+
+
+def _sqlite_full(exc: BaseException) -> bool:
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == _SQLITE_FULL or "disk is full" in str(exc)
+
+
+def full_error(exc: BaseException, state_dir: Path) -> StorageFull | None:
+    """``exc`` as a :class:`StorageFull` if it says a filesystem is full, else None."""
+    if isinstance(exc, StorageFull):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        where = Path(exc.filename) if exc.filename else state_dir
+        kind = "quota" if exc.errno == errno.EDQUOT else "filesystem"
+        return StorageFull(
+            f"the {kind} holding {where} is full (corral's state directory is {state_dir}): "
+            f"{exc.strerror}{_free(where.parent if exc.filename else where)}; "
+            "free space or inodes there and retry",
+            details={"path": str(where), "errno": exc.errno},
+        )
+    if _sqlite_full(exc):
+        return StorageFull(
+            f"the filesystem holding corral's state directory {state_dir} is full: its "
+            f"registry (SQLite) cannot be written ({exc}){_free(state_dir)}; free space "
+            "there and retry",
+            details={"path": str(state_dir), "sqlite": str(exc)},
+        )
+    return None
+
+
+class Connection(sqlite3.Connection):
+    """A registry connection whose "disk is full" is :class:`StorageFull`."""
+
+    def _typed(self, exc: sqlite3.Error) -> BaseException:
+        path = Path(self.execute("PRAGMA database_list").fetchone()[2] or ".").parent
+        return full_error(exc, path) or exc
+
+    def _call(self, method: Any, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except sqlite3.Error as exc:
+            if not _sqlite_full(exc):
+                raise
+            raise self._typed(exc) from exc
+
+    def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        return self._call(sqlite3.Connection.execute, *args)
+
+    def executemany(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        return self._call(sqlite3.Connection.executemany, *args)
+
+    def commit(self) -> None:
+        self._call(sqlite3.Connection.commit)

@@ -1,0 +1,151 @@
+"""What a cwsandbox gRPC call may cost before and after it is authenticated.
+
+:class:`Guard` is a server interceptor: it checks the ``authorization`` metadata of
+every call *before* the server reads or deserialises a request message. A call
+without the right token is answered ``UNAUTHENTICATED`` by a handler that never asks
+for a message (a request-streaming handler that aborts at once), so an unauthenticated
+client cannot make the daemon buffer its payload: the HTTP/2 stream is reset with
+whatever flow control let through (a few hundred KiB at most).
+
+It also caps the calls one client address may have in flight (the HTTP API's
+``--max-client-requests``, counted apart): more are answered ``RESOURCE_EXHAUSTED``.
+
+Message sizes: requests are capped at :data:`MAX_RECEIVE_BYTES` (the largest unary
+``WriteFile`` the client sends, 32 MiB, plus framing); the client's 100 MiB channel
+limit is never needed, since larger files go through ``StreamExec`` in 64 KiB-1 MiB
+pieces.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from corral.server.compat import cwsandbox_wire as wire
+from corral.server.limits import ClientLimiter, too_many
+
+UNARY_FILE_CAP = 32 << 20  # ReadFile / WriteFile: larger files take the client's stream path
+MAX_RECEIVE_BYTES = UNARY_FILE_CAP + (1 << 20)
+MAX_SEND_BYTES = UNARY_FILE_CAP + (1 << 20)
+
+
+def check_token(metadata: Any, token: str | None) -> wire.RpcFailure | None:
+    """None if ``metadata`` carries ``authorization: Bearer <token>``, else the failure."""
+    for key, value in metadata or ():
+        if key.lower() != "authorization":
+            continue
+        value = value.decode("latin-1") if isinstance(value, bytes) else value
+        scheme, _, credentials = value.partition(" ")
+        if token and scheme.lower() == "bearer" and hmac.compare_digest(
+            credentials.strip().encode(), token.encode()
+        ):
+            return None
+        return wire.RpcFailure(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "wrong API key: set CWSANDBOX_API_KEY to the corral daemon's token "
+            "(its --token or CORRAL_TOKEN)",
+        )
+    return wire.RpcFailure(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "missing API key: set CWSANDBOX_API_KEY to the corral daemon's token "
+        "(its --token or CORRAL_TOKEN)",
+    )
+
+
+def _peer_address(context: grpc.aio.ServicerContext) -> str:
+    """``ipv4:127.0.0.1:5000`` → ``ipv4:127.0.0.1`` (the port changes per connection)."""
+    peer = context.peer() or "?"
+    return peer.rpartition(":")[0] or peer
+
+
+async def abort(context: grpc.aio.ServicerContext, failure: wire.RpcFailure) -> None:
+    """End the call with ``failure`` (its status, message and details)."""
+    await context.abort(failure.code, failure.message, trailing_metadata=failure.trailing_metadata())
+
+
+def _refusal(handler: grpc.RpcMethodHandler, failure: wire.RpcFailure) -> grpc.RpcMethodHandler:
+    """A handler that answers ``failure`` without reading a single request message."""
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await abort(context, failure)
+
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            refuse, response_serializer=handler.response_serializer
+        )
+    return grpc.stream_unary_rpc_method_handler(
+        refuse, response_serializer=handler.response_serializer
+    )
+
+
+def _counted(behavior: Callable[..., Any], clients: ClientLimiter) -> Callable[..., Any]:
+    """``behavior`` refused past the per-client cap, and counted while it runs."""
+
+    async def admit(context: grpc.aio.ServicerContext) -> str:
+        client = _peer_address(context)
+        if not clients.enter(client):
+            said = too_many(client, clients.limit)
+            await abort(context, wire.RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  said["message"]))
+        return client
+
+    if inspect.isasyncgenfunction(behavior):  # else a coroutine (streams with context.write)
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            client = await admit(context)
+            try:
+                async for reply in behavior(request, context):
+                    yield reply
+            finally:
+                clients.leave(client)
+
+        return stream
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        client = await admit(context)
+        try:
+            return await behavior(request, context)
+        finally:
+            clients.leave(client)
+
+    return unary
+
+
+_KINDS = {  # (request_streaming, response_streaming) → (attribute, factory)
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
+
+class Guard(grpc.aio.ServerInterceptor):
+    """Authentication before any message is read, then the per-client cap."""
+
+    def __init__(self, token: str | None, max_client_calls: int) -> None:
+        self.token = token
+        self.clients = ClientLimiter(max_client_calls)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler  # an unknown method: UNIMPLEMENTED, nothing read
+        failure = check_token(handler_call_details.invocation_metadata, self.token)
+        if failure is not None:
+            return _refusal(handler, failure)
+        kind = (handler.request_streaming, handler.response_streaming)
+        attribute, factory = _KINDS[kind]
+        behavior = _counted(getattr(handler, attribute), self.clients)
+        return factory(
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,0 +1,258 @@
+"""The agent (pid 1 inside every sandbox) cannot be read, written, traced, signalled,
+limited or impersonated by the code it runs.
+
+Every attack here ran against the agent as it was before (dumpable, pidfd_getfd
+allowed) and worked: ``pidfd_getfd(pidfd_open(1), N)`` returned the control socket
+and the agent's stderr (a host file), ``/proc/1/mem`` opened for writing, and
+``/proc/1/fd`` listed its descriptors. Each test also runs the same attack on a
+process of the same uid that is *not* protected (a dumpable sibling in the same
+sandbox): it succeeds there, so a failure against the agent is the protection at
+work, not a broken probe. The calls seccomp denies for everyone (``pidfd_getfd``,
+``process_vm_readv``, ``kcmp``, ``prlimit64`` on another pid) have that control in
+``tests/runtime/test_seccomp.py``, which runs them with and without the filter.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_root
+from tests.security.conftest import agent_host_pid, assert_honest, run_json
+from tests.syscall_probe import PRELUDE, numbers
+
+pytestmark = [requires_root, pytest.mark.root]
+
+# argv[2]: the target pid ("sibling": a dumpable child this script forks). Prints
+# {attack: "ok" | errno}.
+ATTACK = PRELUDE + r"""
+import os, time
+
+def sc(name, *args):
+    r = syscall(name, *args)
+    return "ok" if r >= 0 else -r
+
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as e:
+        return e.errno
+
+sibling = None
+if sys.argv[2] == "sibling":
+    r, w = os.pipe()
+    sibling = os.fork()
+    if sibling == 0:
+        os.close(r)
+        time.sleep(120)  # holds w: a descriptor to steal
+        os._exit(0)
+    os.close(w)
+    target = sibling
+else:
+    target = int(sys.argv[2])
+
+def read_mem():
+    start = int(open(f"/proc/{target}/maps").readline().split("-")[0], 16)
+    with open(f"/proc/{target}/mem", "rb", buffering=0) as f:
+        f.seek(start)
+        assert len(f.read(16)) == 16
+
+def write_mem():
+    os.close(os.open(f"/proc/{target}/mem", os.O_RDWR))
+
+def reopen_fds():
+    errs = []
+    for n in range(0, 64):
+        for mode in (os.O_RDONLY, os.O_WRONLY):
+            try:
+                os.close(os.open(f"/proc/{target}/fd/{n}", mode | os.O_NONBLOCK))
+                return
+            except OSError as e:
+                errs.append(e.errno)
+    raise OSError(max(set(errs), key=errs.count), "no descriptor reopened")
+
+def raise_oom_score():
+    with open(f"/proc/{target}/oom_score_adj", "w") as f:
+        f.write("1000")
+
+res = {
+    "mem_read": attempt(read_mem),
+    "mem_write": attempt(write_mem),
+    "environ": attempt(lambda: open(f"/proc/{target}/environ", "rb").read()),
+    "fd_list": attempt(lambda: os.listdir(f"/proc/{target}/fd")),
+    "fd_reopen": attempt(reopen_fds),
+    "cwd_root": attempt(lambda: os.listdir(f"/proc/{target}/root/")),
+    "oom_score_adj": attempt(raise_oom_score),
+    "mem_owner": os.stat(f"/proc/{target}/mem").st_uid,
+}
+pidfd = os.pidfd_open(target)  # allowed: on its own it only waits and signals
+res["pidfd_getfd"] = sorted({sc("pidfd_getfd", L(pidfd), L(n), L(0)) for n in range(64)}, key=str)
+buf = ctypes.create_string_buffer(64)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 64)
+res["process_vm_readv"] = sc("process_vm_readv", L(target), iov, L(1), iov, L(1), L(0))
+res["process_vm_writev"] = sc("process_vm_writev", L(target), iov, L(1), iov, L(1), L(0))
+res["process_madvise"] = sc("process_madvise", L(pidfd), iov, L(1), L(21), L(0))  # COLD
+res["kcmp"] = sc("kcmp", L(os.getpid()), L(target), L(0), L(0), L(0))
+res["ptrace_seize"] = sc("ptrace", L(0x4206), L(target), None, None)
+tiny = (ctypes.c_uint64 * 2)(3, 3)
+res["prlimit_nofile"] = sc("prlimit64", L(target), L(7), tiny, None)
+res["prlimit_cpu"] = sc("prlimit64", L(target), L(0), (ctypes.c_uint64 * 2)(1, 1), None)
+res["prlimit_self"] = sc("prlimit64", L(0), L(7), None, (ctypes.c_uint64 * 2)())
+if sibling:
+    os.kill(sibling, 9)
+    os.waitpid(sibling, 0)
+print(json.dumps(res))
+"""
+
+PROC_ATTACKS = ("mem_read", "mem_write", "environ", "fd_list", "fd_reopen", "cwd_root",
+                "oom_score_adj")
+SECCOMP_ATTACKS = ("process_vm_readv", "process_vm_writev", "process_madvise", "kcmp",
+                   "ptrace_seize", "prlimit_nofile", "prlimit_cpu")
+
+
+async def test_agent_memory_fds_and_limits_are_out_of_reach(sandbox):
+    engine, sid = sandbox
+    control = await run_json(engine, sid, ATTACK, numbers(), "sibling")
+    # The control: a dumpable process of the same uid is wide open through /proc.
+    for name in PROC_ATTACKS:
+        assert control[name] == "ok", (name, control[name])
+    assert control["mem_owner"] == 1000
+
+    pid = agent_host_pid(engine, sid)
+    oom_before = Path(f"/proc/{pid}/oom_score_adj").read_text()
+    res = await run_json(engine, sid, ATTACK, numbers(), "1")
+    for name in PROC_ATTACKS:
+        assert res[name] in (errno.EACCES, errno.EPERM), (name, res[name])
+    # /proc/1 belongs to nobody inside: the kernel's mark of a non-dumpable process
+    assert res["mem_owner"] != 1000
+    assert res["pidfd_getfd"] == [errno.EPERM]  # every descriptor number
+    for name in SECCOMP_ATTACKS:
+        assert res[name] == errno.EPERM, (name, res[name])
+    assert res["prlimit_self"] == "ok"  # getrlimit/setrlimit on itself still work
+
+    # Nothing changed on the agent, seen from the host.
+    limits = Path(f"/proc/{pid}/limits").read_text()
+    nofile = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    assert nofile.split()[3:5] == ["1024", "1024"]
+    cpu = next(line for line in limits.splitlines() if line.startswith("Max cpu time"))
+    assert cpu.split()[3:5] == ["unlimited", "unlimited"]
+    assert Path(f"/proc/{pid}/oom_score_adj").read_text() == oom_before
+    await assert_honest(engine, sid)
+
+
+async def test_a_command_inherits_only_its_three_pipes(sandbox):
+    engine, sid = sandbox
+    for run in (
+        lambda: engine.exec(sid, ["ls", "-l", "/proc/self/fd"]),
+        lambda: engine.exec(sid, ["ls", "-l", "/proc/self/fd"], stdin="x"),
+        lambda: engine.exec(sid, "sleep 5 & ls -l /proc/$!/fd; kill $!"),
+    ):
+        r = await run()
+        assert r.returncode == 0, r.stderr
+        fds = {}
+        for line in r.stdout.decode().splitlines()[1:]:
+            name, target = line.split(" -> ")
+            fds[int(name.split()[-1])] = target
+        own = {n for n, t in fds.items() if t.startswith("/proc/")}  # ls's own listing
+        assert len(own) <= 1
+        assert set(fds) - own == {0, 1, 2}, fds
+        assert all(fds[n].startswith("pipe:") for n in (1, 2)), fds
+
+
+# The signal barrage: every signal number at pid 1, then a storm of forged SIGCHLDs.
+SIGNALS = r"""
+import json, os, signal, sys, time
+
+def status(pid):
+    lines = open(f"/proc/{pid}/status").read().splitlines()
+    return dict(line.split(":", 1) for line in lines if ":" in line)
+
+def barrage(pid):
+    accepted = 0
+    for sig in range(1, signal.SIGRTMAX + 1):
+        try:
+            os.kill(pid, sig)
+            accepted += 1
+        except OSError:
+            pass
+    for _ in range(1000):
+        os.kill(pid, signal.SIGCHLD)
+    return accepted
+
+res = {}
+if sys.argv[1] == "sibling":
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.2)
+    res["stopped_state"] = status(pid)["State"].split()[0]
+    os.kill(pid, signal.SIGCONT)
+    os.kill(pid, signal.SIGUSR1)
+    res["usr1_killed"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+else:
+    before = status(1)
+    res["SigCgt"], res["SigBlk"] = before["SigCgt"].strip(), before["SigBlk"].strip()
+    res["accepted"] = barrage(1)
+    res["state"] = status(1)["State"].split()[0]
+print(json.dumps(res))
+"""
+
+
+async def test_no_signal_from_inside_stops_kills_or_confuses_the_agent(sandbox):
+    engine, sid = sandbox
+    control = await run_json(engine, sid, SIGNALS, "sibling")
+    assert control["stopped_state"] == "T"  # SIGSTOP stops a same-uid process...
+    assert control["usr1_killed"] == -10  # ...and SIGUSR1 kills one without a handler
+
+    res = await run_json(engine, sid, SIGNALS, "1")
+    assert res["accepted"] >= 60  # the kernel took them (kill is not filtered)...
+    assert int(res["SigCgt"], 16) == 0  # ...but pid 1 has no handler for any of them
+    assert int(res["SigBlk"], 16) == 1 << (17 - 1)  # only SIGCHLD, read from a signalfd
+    assert res["state"] in ("S", "R")
+    # A command that sends forged SIGCHLDs while it runs still gets its own exit.
+    r = await engine.exec(
+        sid, ["python3", "-c", "import os\nfor _ in range(2000): os.kill(1, 17)\nprint('x', flush=True)\nos._exit(5)"]
+    )
+    assert (r.returncode, r.stdout) == (5, b"x\n")
+    await assert_honest(engine, sid)
+
+
+# Stops every other process in the sandbox, in a loop, for a bounded time: it catches
+# the agent's freshly forked children between fork and exec. The agent used to wait
+# for that exec in a blocking read: it stopped answering anyone, and the engine ended
+# the sandbox (run against the old agent, the first command did not come back).
+STOPPER = r"""
+import os, signal, time
+end = time.monotonic() + float(os.environ["STOP_FOR"])
+print("stopping", flush=True)
+while time.monotonic() < end:
+    try:
+        os.kill(-1, signal.SIGSTOP)
+    except OSError:
+        pass
+"""
+
+
+async def test_stopping_every_process_cannot_park_the_agent(sandbox):
+    import asyncio
+
+    engine, sid = sandbox
+    stopper = await engine.spawn(sid, ["python3", "-c", STOPPER], env={"STOP_FOR": "4"})
+    assert await asyncio.wait_for(stopper.readline(), 60) == b"stopping\n"
+    outcomes = []
+    for _ in range(40):  # each command is stopped (and killed on time) or runs
+        r = await asyncio.wait_for(engine.exec(sid, ["true"], timeout=0.5), 60)
+        assert r.timed_out or r.returncode == 0, r
+        outcomes.append(r.timed_out)
+        await asyncio.wait_for(engine.write_file(sid, "/tmp/alive", "yes"), 60)
+        if stopper.returncode is not None:
+            break
+    assert any(outcomes), "the stopper never caught a command: the attack did not run"
+    await asyncio.wait_for(stopper.wait(), 60)
+    assert await engine.read_file(sid, "/tmp/alive") == b"yes"
+    await assert_honest(engine, sid)
