@@ -12,7 +12,7 @@ import pytest
 import corral.server
 from corral.errors import InvalidArgument
 from corral.server import ServerSettings, create_app
-from corral.server.routes import ENDPOINTS
+from corral.server.endpoints import ENDPOINTS
 from corral.server.settings import host_memory_mb, parse_tcp
 from corral.server.streaming import Utf8Chunker
 

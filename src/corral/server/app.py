@@ -35,8 +35,9 @@ from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.server.admission import LIVE_STATES, Admission, Limits
 from corral.server.compat import tensorlake as tensorlake_compat
+from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
-from corral.server.routes import build_routes, create_admitted, delete_admitted
+from corral.server.routes import create_admitted, delete_admitted
 from corral.server.settings import ServerSettings
 from corral.server.wire import error_response
 

@@ -2,7 +2,7 @@
 
 Schemas come from the pydantic models (``corral.schema`` and
 ``corral.server.models``) through ``TypeAdapter.json_schemas``; paths come from
-:data:`corral.server.routes.ENDPOINTS`, so every route is listed.
+:data:`corral.server.endpoints.ENDPOINTS`, so every route is listed.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import corral
+from corral.server.endpoint import NDJSON, RAW, Endpoint
 from corral.server.models import ErrorResponse, StreamEvent
-from corral.server.routes import NDJSON, RAW, Endpoint
 
 REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"{(\w+)}")

@@ -1,6 +1,6 @@
 """Interactive processes over HTTP: start one, feed its stdin, stream its output.
 
-The endpoints (listed in :data:`corral.server.routes.ENDPOINTS`, described in
+The endpoints (listed in :data:`corral.server.endpoints.ENDPOINTS`, described in
 ``docs/api.md``) map onto :mod:`corral.runtime.processes`. Two ways to talk to a
 long-lived process, both one small request per exchange:
 
@@ -30,6 +30,7 @@ from corral.errors import CorralError, ExecTimeout, InvalidArgument
 from corral.runtime.engine import Engine
 from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
 from corral.schema import validate_model
+from corral.server.endpoint import RAW
 from corral.server.models import (
     MAX_OUTPUT_LIMIT,
     ErrorDetail,
@@ -37,12 +38,12 @@ from corral.server.models import (
     exec_response,
     text_and_b64,
 )
+from corral.server.routes import unless_disconnected
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body, read_json
 
 KILL_WAIT_S = 5.0  # how long DELETE waits for a killed process to be reaped
 MAX_EXCHANGE_ITEMS = 4096
-RAW = "application/octet-stream"
 
 
 class SpawnRequest(BaseModel):
@@ -207,8 +208,6 @@ async def _reply_line(proc: Process, timeout: float | None) -> bytes:
 
 async def exchange(request: Request) -> Response:
     """Write the body to the process's stdin, reply with its next line of stdout."""
-    from corral.server.routes import unless_disconnected
-
     proc, timeout = _process(request), _timeout(request)
     data = await read_body(request, request.app.state.settings.max_upload_bytes, "stdin")
     if data:
@@ -219,8 +218,6 @@ async def exchange(request: Request) -> Response:
 
 async def exchange_many(request: Request) -> Response:
     """Write to every process (in order), then await all their lines at once."""
-    from corral.server.routes import unless_disconnected
-
     body = validate_model(
         ExchangeRequest, await read_json(request, "exchange request"), "exchange request"
     )

@@ -11,71 +11,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 import corral
 from corral.errors import CorralError, InvalidArgument
-from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
-from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
+from corral.pool_schema import AcquireRequest, PoolSpec
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.pools import PoolManager
 from corral.schema import (
-    FileInfo,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
-    SnapshotInfo,
     validate_model,
 )
 from corral.server.admission import Admission
-from corral.server.image_routes import (
-    build_image,
-    delete_image,
-    get_image,
-    import_image_route,
-    list_images,
-)
+from corral.server.endpoint import RAW
 from corral.server.limits import check_host_limits
 from corral.server.models import (
-    DaemonInfo,
     ExecRequest,
-    ExecResponse,
-    FileList,
     ForkRequest,
-    Health,
-    KilledProcesses,
     MkdirRequest,
-    SandboxDetail,
-    SandboxList,
-    SnapshotList,
     SnapshotRequest,
     StopRequest,
     exec_response,
     file_json,
-)
-from corral.server.processes import (
-    ExchangeRequest,
-    ExchangeResponse,
-    ProcessInfo,
-    ProcessList,
-    SignalRequest,
-    SpawnRequest,
-    exchange,
-    exchange_many,
-    get_process,
-    kill_process,
-    list_processes,
-    read_output,
-    signal_process,
-    spawn_process,
-    write_stdin,
 )
 from corral.server.settings import ServerSettings
 from corral.server.streaming import start_stream
@@ -84,34 +48,6 @@ from corral.server.wire import read_body, read_json
 logger = logging.getLogger("corral.server")
 
 T = TypeVar("T")
-RAW = "application/octet-stream"  # a body or reply of raw bytes
-NDJSON = "application/x-ndjson"  # a reply of one JSON object per line
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-@dataclass(frozen=True)
-class Query:
-    """A query parameter, for the OpenAPI document."""
-
-    name: str
-    type: str
-    description: str
-    required: bool = False
-    repeat: bool = False
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One route: what it takes and what it gives back (``reply`` None means 204)."""
-
-    method: str
-    path: str
-    handler: Handler
-    summary: str
-    body: Any = None
-    reply: Any = None
-    status: int = 200
-    query: tuple[Query, ...] = ()
 
 
 # ----------------------------------------------------------------------- helpers
@@ -485,229 +421,3 @@ async def acquire_from_pool(request: Request) -> Response:
 
 
 # ----------------------------------------------------------------------- table
-
-_SB = "/v1/sandboxes/{sandbox_id}"
-_POOL = "/v1/pools/{name}"
-_SNAP = "/v1/snapshots/{id_or_name}"
-_IMAGE = "/v1/images/{name}"
-_PROC = _SB + "/processes/{process_id}"
-_PATH = Query(
-    "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True
-)
-
-ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("GET", "/v1/health", health, "Is the daemon up", reply=Health),
-    Endpoint("GET", "/v1/info", info, "Version, limits and what is in use", reply=DaemonInfo),
-    Endpoint(
-        "POST",
-        "/v1/sandboxes",
-        create_sandbox,
-        "Create a sandbox (waits for room)",
-        body=SandboxSpec,
-        reply=SandboxInfo,
-        status=201,
-    ),
-    Endpoint(
-        "GET",
-        "/v1/sandboxes",
-        list_sandboxes,
-        "List sandboxes",
-        reply=SandboxList,
-        query=(
-            Query("tag", "string", "carries this tag (all must match)", repeat=True),
-            Query("state", "string", "is in this state (any may match)", repeat=True),
-        ),
-    ),
-    Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
-    Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
-    Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
-    Endpoint(
-        "POST",
-        _SB + "/kill-processes",
-        kill_processes,
-        "SIGKILL every process the sandbox's code started; the sandbox stays running",
-        reply=KilledProcesses,
-    ),
-    Endpoint(
-        "POST",
-        _SB + "/stop",
-        stop_sandbox,
-        "Stop a sandbox (record kept)",
-        body=StopRequest,
-        reply=SandboxInfo,
-    ),
-    Endpoint("DELETE", _SB, delete_sandbox, "Delete a sandbox (idempotent)", status=204),
-    Endpoint(
-        "POST",
-        _SB + "/snapshot",
-        snapshot_sandbox,
-        "Commit a sandbox's files as a snapshot (create from it with snapshot=)",
-        body=SnapshotRequest,
-        reply=SnapshotInfo,
-        status=201,
-    ),
-    Endpoint(
-        "POST",
-        _SB + "/fork",
-        fork_sandbox,
-        "Start n copies of a sandbox's files and spec (each waits for room)",
-        body=ForkRequest,
-        reply=SandboxList,
-        status=201,
-    ),
-    Endpoint(
-        "POST",
-        _SB + "/exec",
-        exec_command,
-        "Run a command to completion",
-        body=ExecRequest,
-        reply=ExecResponse,
-    ),
-    Endpoint(
-        "POST",
-        _SB + "/exec/stream",
-        exec_stream,
-        "Run a command, streaming its output",
-        body=ExecRequest,
-        reply=NDJSON,
-    ),
-    Endpoint(
-        "POST",
-        _SB + "/processes",
-        spawn_process,
-        "Start an interactive process (stdin stays open; see docs/api.md)",
-        body=SpawnRequest,
-        reply=ProcessInfo,
-        status=201,
-    ),
-    Endpoint("GET", _SB + "/processes", list_processes, "List processes", reply=ProcessList),
-    Endpoint("GET", _PROC, get_process, "One process, with its result once exited",
-             reply=ProcessInfo),
-    Endpoint(
-        "POST",
-        _PROC + "/stdin",
-        write_stdin,
-        "Write to a process's stdin (raw body); close=true closes it after",
-        body=RAW,
-        status=204,
-        query=(Query("close", "boolean", "close stdin after writing the body"),),
-    ),
-    Endpoint(
-        "GET",
-        _PROC + "/output",
-        read_output,
-        "Stream a process's unread output, then its exit (leaving does not kill it)",
-        reply=NDJSON,
-    ),
-    Endpoint(
-        "POST",
-        _PROC + "/exchange",
-        exchange,
-        "Write the body to stdin, reply with the next line of stdout (empty: it exited)",
-        body=RAW,
-        reply=RAW,
-        query=(Query("timeout", "number", "seconds to wait for the line (default: none)"),),
-    ),
-    Endpoint(
-        "POST",
-        "/v1/processes/exchange",
-        exchange_many,
-        "Write to many processes, then read one line from each, in one request",
-        body=ExchangeRequest,
-        reply=ExchangeResponse,
-    ),
-    Endpoint(
-        "POST", _PROC + "/signal", signal_process, "Signal a process's group",
-        body=SignalRequest, status=204,
-    ),
-    Endpoint("DELETE", _PROC, kill_process, "Kill a process and forget it (idempotent)",
-             status=204),
-    Endpoint(
-        "PUT",
-        _SB + "/files",
-        upload_file,
-        "Write a file (parents created)",
-        body=RAW,
-        status=204,
-        query=(_PATH, Query("mode", "string", "octal permissions, e.g. 0644")),
-    ),
-    Endpoint("GET", _SB + "/files", download_file, "Read a file", reply=RAW, query=(_PATH,)),
-    Endpoint(
-        "DELETE",
-        _SB + "/files",
-        remove_file,
-        "Remove a file or directory",
-        status=204,
-        query=(_PATH, Query("recursive", "boolean", "remove a directory's contents too")),
-    ),
-    Endpoint(
-        "GET",
-        _SB + "/files/list",
-        list_files,
-        "List a directory",
-        reply=FileList,
-        query=(Query("path", "string", "the directory (default: the workdir)"),),
-    ),
-    Endpoint(
-        "GET", _SB + "/files/stat", stat_file, "Describe a file", reply=FileInfo, query=(_PATH,)
-    ),
-    Endpoint(
-        "POST", _SB + "/files/mkdir", make_dir, "Make a directory", body=MkdirRequest, status=204
-    ),
-    Endpoint(
-        "POST", "/v1/pools", create_pool, "Create a warm pool", body=PoolSpec, reply=PoolInfo,
-        status=201,
-    ),
-    Endpoint("GET", "/v1/pools", list_pools, "List warm pools", reply=PoolList),
-    Endpoint("GET", _POOL, get_pool, "One pool, with its sandboxes' ids", reply=PoolDetail),
-    Endpoint("DELETE", _POOL, delete_pool, "Delete a pool and its ready sandboxes", status=204),
-    Endpoint(
-        "POST",
-        _POOL + "/acquire",
-        acquire_from_pool,
-        "Hand out a live sandbox of the pool (delete it after use)",
-        body=AcquireRequest,
-        reply=SandboxInfo,
-    ),
-    Endpoint("GET", "/v1/snapshots", list_snapshots, "List snapshots", reply=SnapshotList),
-    Endpoint("GET", "/v1/images", list_images, "List images", reply=ImageList),
-    Endpoint("GET", _IMAGE, get_image, "One image", reply=ImageInfo),
-    Endpoint(
-        "DELETE", _IMAGE, delete_image,
-        "Delete an image (idempotent; refused while sandboxes, snapshots or images use it)",
-        status=204,
-    ),
-    Endpoint(
-        "POST",
-        "/v1/images/build",
-        build_image,
-        "Build an image from a spec (JSON, or a tar with build.json and context/), "
-        "streaming its log",
-        body=BuildRequest,
-        reply=(NDJSON, BuildEvent),
-    ),
-    Endpoint(
-        "POST",
-        "/v1/images/import",
-        import_image_route,
-        "Import a docker save tarball or an OCI image layout (as a tar)",
-        body=RAW,
-        reply=ImageInfo,
-        status=201,
-        query=(Query("name", "string", "the image's name (one of that name is replaced)",
-                     required=True),),
-    ),
-    Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
-    Endpoint(
-        "DELETE", _SNAP, delete_snapshot,
-        "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,
-    ),
-)
-
-
-def build_routes() -> list[Route]:
-    """Starlette routes for :data:`ENDPOINTS` plus ``GET /openapi.json``."""
-    from corral.server.openapi import openapi_route
-
-    routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
-    return [*routes, openapi_route(ENDPOINTS)]
