@@ -80,6 +80,13 @@ class Unauthorized(CorralError, PermissionError):
     code, status = "unauthorized", 401
 
 
+class Forbidden(CorralError, PermissionError):
+    """Authenticated, but this daemon does not allow it (e.g. ``network="host"`` over
+    TCP without ``--allow-host-network``)."""
+
+    code, status = "forbidden", 403
+
+
 class NotFound(CorralError, LookupError):
     code, status = "not_found", 404
 

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+import corral
 from tests.conftest import Daemon, _base_dir, have_root_runtime
 from tests.server.conftest import free_port, uds_client
 
@@ -323,3 +324,34 @@ def test_one_client_cannot_hold_every_request_slot(make_daemon):
     finally:
         for sock in held:
             sock.close()
+
+
+# ------------------------------------------------------------------- host network
+
+
+def test_host_network_over_tcp_needs_the_daemons_consent(served):
+    """Before: any TCP client with the token got a sandbox on the host's network (its
+    loopback services, the cloud metadata address)."""
+    spec = {"memory_mb": 64, "network": "host"}
+    with served.client() as c:
+        error = _error(c.post("/v1/sandboxes", json=spec), 403, "forbidden")
+        assert "--allow-host-network" in error["message"]
+        _error(c.post("/v1/pools", json={"name": "hostnet", "spec": spec}), 403, "forbidden")
+    # The Unix socket (the daemon's owner) may always ask for it.
+    with corral.Client(served.daemon.url) as client:
+        with corral.Sandbox.create(network="host", memory_mb=64, client=client) as sb:
+            assert sb.info.spec.network.value == "host"
+
+
+def test_allow_host_network_lets_tcp_clients_ask(tmp_path):
+    if not have_root_runtime():
+        pytest.skip("needs root")
+    s = _serve("--allow-host-network")
+    try:
+        with s.client() as c:
+            reply = c.post("/v1/sandboxes", json={"memory_mb": 64, "network": "host"})
+            assert reply.status_code == 201, reply.text
+            assert c.delete(f"/v1/sandboxes/{reply.json()['id']}").status_code == 204
+    finally:
+        s.daemon.stop()
+        shutil.rmtree(s.daemon.base, ignore_errors=True)

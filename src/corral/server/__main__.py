@@ -105,6 +105,11 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
     )
     for flag, kind, metavar, text in _TUNING:
         p.add_argument(flag, type=kind, metavar=metavar, help=text)
+    p.add_argument(
+        "--allow-host-network", action="store_true", default=None,
+        help="let TCP clients create sandboxes with network='host' (the host's network); "
+        "the Unix socket always may",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return p
 

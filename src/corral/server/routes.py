@@ -18,12 +18,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 import corral
-from corral.errors import CorralError, InvalidArgument
+from corral.errors import CorralError, Forbidden, InvalidArgument
 from corral.pool_schema import AcquireRequest, PoolSpec
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.pools import PoolManager
 from corral.schema import (
+    NetworkMode,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
@@ -189,12 +190,27 @@ async def _unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> Sandbo
     return got
 
 
+def _check_network(request: Request, spec: SandboxSpec) -> None:
+    """``network="host"`` hands a sandbox the host's network (its services, the cloud
+    metadata address): over TCP only if the daemon was started to allow it."""
+    if spec.network != NetworkMode.HOST or _settings(request).allow_host_network:
+        return
+    if request.scope.get("server") == (str(_settings(request).socket.absolute()), None):
+        return  # the Unix socket: the daemon's owner
+    raise Forbidden(
+        "network='host' gives the sandbox the host's network: over TCP it needs a daemon "
+        "started with --allow-host-network (the Unix socket may always ask for it)",
+        details={"field": "network"},
+    )
+
+
 async def create_sandbox(request: Request) -> Response:
     engine, admission = _engine(request), _admission(request)
     # Parsed from the body as sent: a snapshot's spec fills in only the fields left out.
     spec = SandboxSpec.parse(await read_json(request, "sandbox spec", required=False))
     spec = engine.resolve_spec(spec)  # SnapshotNotFound now, not after waiting in the queue
     engine.images.get(spec.image)  # ImageNotFound now, too
+    _check_network(request, spec)
     created = await _unless_gone(request, create_admitted(engine, admission, spec))
     return JSONResponse(_info_json(created), status_code=201)
 
@@ -392,6 +408,7 @@ def _pool_name(request: Request) -> str:
 
 async def create_pool(request: Request) -> Response:
     body = validate_model(PoolSpec, await read_json(request, "pool", required=False), "pool")
+    _check_network(request, body.spec)
     made = _pools(request).create_pool(
         body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
     )

@@ -75,6 +75,7 @@ class ServerSettings:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS
+    allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
