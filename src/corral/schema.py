@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     StrictFloat,
     StrictInt,
     ValidationError,
@@ -94,6 +95,10 @@ class SandboxSpec(BaseModel):
     timeout: StrictFloat = Field(DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     idle_timeout: StrictFloat | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     env: dict[str, str] = Field(default_factory=dict)
+    # Environment variables whose values are never stored or shown: the registry, the
+    # API's replies, `corral ls/inspect` and logs hold "**********" (pydantic's
+    # SecretStr); commands get the real values. Not inherited from a snapshot.
+    secrets: dict[str, SecretStr] = Field(default_factory=dict, max_length=256)
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
     network: NetworkMode = NetworkMode.NONE
@@ -109,6 +114,18 @@ class SandboxSpec(BaseModel):
             if not _ENV_KEY_RE.match(k) or "\0" in v:
                 raise ValueError(f"invalid environment variable name or value: {k!r}")
         return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_keys(cls, secrets: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for k, v in secrets.items():
+            if not _ENV_KEY_RE.match(k) or "\0" in v.get_secret_value():
+                raise ValueError(f"invalid secret name or value: {k!r}")
+        return secrets
+
+    def secret_env(self) -> dict[str, str]:
+        """The secrets as environment variables, in clear (for commands only)."""
+        return {k: v.get_secret_value() for k, v in self.secrets.items()}
 
     @field_validator("workdir")
     @classmethod

@@ -137,7 +137,13 @@ def spec_body(fields: dict[str, Any]) -> dict[str, Any]:
             given[name] = check.timeout(name, given[name], optional=False)
     if "snapshot" in given:  # an (Async)Snapshot, its id or its name
         given["snapshot"] = check.text("snapshot", getattr(given["snapshot"], "id", given["snapshot"]))
-    return SandboxSpec.parse(given).model_dump(mode="json", exclude_unset=True)
+    if "secrets" in given:
+        given["secrets"] = check.str_map("secrets", given["secrets"])
+    spec = SandboxSpec.parse(given)
+    body = spec.model_dump(mode="json", exclude_unset=True)
+    if "secrets" in body:  # the wire carries them in clear (the daemon masks them)
+        body["secrets"] = spec.secret_env()
+    return body
 
 
 def exec_body(

@@ -614,7 +614,7 @@ class Engine:
         if not isinstance(n, int) or n < 1:
             raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
         snap = await self.snapshot(sandbox_id)
-        spec = self.get(sandbox_id).spec.model_copy(update={"snapshot": snap.id})
+        spec = self.fork_spec(sandbox_id, snap.id)
         try:
             made = await asyncio.gather(
                 *(self.create(spec) for _ in range(n)), return_exceptions=True
@@ -626,6 +626,15 @@ class Engine:
             await asyncio.gather(*(self.delete(r.id) for r in made if isinstance(r, SandboxInfo)))
             raise failed[0]
         return made  # type: ignore[return-value]
+
+    def fork_spec(self, sandbox_id: str, snapshot_id: str) -> SandboxSpec:
+        """The spec of a copy of ``sandbox_id`` started from its snapshot: its own, with
+        its secrets, which only the live sandbox holds (the registry keeps them masked)."""
+        live = self._live.get(sandbox_id)
+        secrets = live.spec.secrets if live is not None else {}
+        return self.get(sandbox_id).spec.model_copy(
+            update={"snapshot": snapshot_id, "secrets": secrets}
+        )
 
     def resolve_spec(self, spec: SandboxSpec) -> SandboxSpec:
         """The effective spec of a sandbox created from ``spec``: with ``snapshot``, the
@@ -781,7 +790,7 @@ class Engine:
         full_env = {
             "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
             "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
-            **live.spec.env, **(env or {}),
+            **live.spec.env, **live.spec.secret_env(), **(env or {}),
         }
         for k, v in full_env.items():
             if not isinstance(k, str) or not isinstance(v, str) or "=" in k or "\0" in k + v:

@@ -54,7 +54,7 @@ MAX_CHAIN_DEPTH = 16
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID_PREFIX = "snap-"
 # Fields a restore never inherits from the sandbox the snapshot was taken from.
-_NOT_INHERITED = {"tags", "snapshot", "image"}
+_NOT_INHERITED = {"tags", "snapshot", "image", "secrets"}  # secrets are stored masked
 
 
 def _new_id() -> str:
@@ -210,7 +210,8 @@ class Snapshots:
         inherited = row.spec.model_dump(exclude=_NOT_INHERITED)
         explicit = spec.model_dump(include=spec.model_fields_set - _NOT_INHERITED)
         spec = SandboxSpec.parse(
-            {**inherited, **explicit, "tags": spec.tags, "image": row.image, "snapshot": row.id}
+            {**inherited, **explicit, "tags": spec.tags, "secrets": spec.secrets,
+             "image": row.image, "snapshot": row.id}
         )
         return spec, row
 

@@ -277,7 +277,7 @@ async def fork_sandbox(request: Request) -> Response:
     engine, admission, sid = _engine(request), _admission(request), _sid(request)
     snap = await engine.snapshot(sid)
     try:
-        spec = engine.get(sid).spec.model_copy(update={"snapshot": snap.id})
+        spec = engine.fork_spec(sid, snap.id)
         made = await asyncio.gather(
             *(create_admitted(engine, admission, spec) for _ in range(body.n)),
             return_exceptions=True,

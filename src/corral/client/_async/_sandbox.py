@@ -69,6 +69,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         timeout: float | None = None,
         idle_timeout: float | None = None,
         env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
         workdir: str | None = None,
         tags: Sequence[str] | None = None,
         network: NetworkMode | str | None = None,
@@ -87,6 +88,9 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         the snapshot's files; the limits left out then come from the sandbox the
         snapshot was taken from. :class:`~corral.errors.SnapshotNotFound` if none.
 
+        ``secrets`` are environment variables whose values the daemon never stores or
+        shows (``"**********"`` in :attr:`info`, listings and logs); commands see them.
+
         With asyncio, both ``async with await AsyncSandbox.create(...) as sb`` and
         ``async with AsyncSandbox.create(...) as sb`` work.
         """
@@ -95,7 +99,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
                 "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
                 "disk_mb": disk_mb, "inodes": inodes, "open_files": open_files,
                 "timeout": timeout,
-                "idle_timeout": idle_timeout, "env": env, "workdir": workdir,
+                "idle_timeout": idle_timeout, "env": env, "secrets": secrets, "workdir": workdir,
                 "tags": tags, "network": network, "snapshot": snapshot,
             }
         )

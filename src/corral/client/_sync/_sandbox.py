@@ -71,6 +71,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         timeout: float | None = None,
         idle_timeout: float | None = None,
         env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
         workdir: str | None = None,
         tags: Sequence[str] | None = None,
         network: NetworkMode | str | None = None,
@@ -89,6 +90,9 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         the snapshot's files; the limits left out then come from the sandbox the
         snapshot was taken from. :class:`~corral.errors.SnapshotNotFound` if none.
 
+        ``secrets`` are environment variables whose values the daemon never stores or
+        shows (``"**********"`` in :attr:`info`, listings and logs); commands see them.
+
         With asyncio, both ``with Sandbox.create(...) as sb`` and
         ``with Sandbox.create(...) as sb`` work.
         """
@@ -97,7 +101,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
                 "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
                 "disk_mb": disk_mb, "inodes": inodes, "open_files": open_files,
                 "timeout": timeout,
-                "idle_timeout": idle_timeout, "env": env, "workdir": workdir,
+                "idle_timeout": idle_timeout, "env": env, "secrets": secrets, "workdir": workdir,
                 "tags": tags, "network": network, "snapshot": snapshot,
             }
         )

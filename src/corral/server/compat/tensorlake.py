@@ -269,7 +269,7 @@ async def copy_sandbox(request: Request) -> Response:
     snap = await engine.snapshot(source.id)
     try:
         tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
-        spec = source.spec.model_copy(update={"snapshot": snap.id, "tags": tags})
+        spec = engine.fork_spec(source.id, snap.id).model_copy(update={"tags": tags})
         made = await asyncio.gather(
             *(create_admitted(engine, admission, spec) for _ in range(int(raw))),
             return_exceptions=True,
