@@ -43,3 +43,27 @@ def test_kill_processes_needs_a_running_sandbox(daemon):
             sb.kill_processes()
         sb.resume()
         assert sb.kill_processes() == 0
+
+
+async def test_a_freeze_that_times_out_never_leaves_the_sandbox_frozen(engine, monkeypatch):
+    # Red team: the sweep thawed only after a successful freeze; a freeze that timed out
+    # (a task stuck in D state) left the agent frozen, and then no timeout ever fired.
+    from corral.runtime.cgroups import CgroupError
+
+    info = await engine.create()
+    try:
+        group = engine.cgroup(info.id)
+        real_freeze = type(group).freeze
+
+        def freeze_then_time_out(self, timeout: float = 5.0) -> None:
+            real_freeze(self, timeout)
+            raise CgroupError("did not freeze in time (simulated)")
+
+        monkeypatch.setattr(type(group), "freeze", freeze_then_time_out)
+        await engine.exec(info.id, "sleep 100 > /dev/null 2>&1 &")
+        assert await engine.kill_processes(info.id) >= 1
+        assert not group.frozen()
+        r = await engine.exec(info.id, ["echo", "ok"], timeout=10)
+        assert r.stdout == b"ok\n"
+    finally:
+        await engine.delete(info.id)

@@ -44,11 +44,10 @@ def kill_sandbox_code(cgroup: Any, bwrap_pid: int) -> int:
     read, so none can fork past the sweep."""
     keep = {bwrap_pid} | _children(bwrap_pid)
     try:
-        cgroup.freeze()
-        frozen = True
-    except Exception:  # noqa: BLE001 - a task stuck in D state: sweep what we can
-        frozen = False
-    try:
+        try:
+            cgroup.freeze()
+        except Exception:  # noqa: BLE001 - a task stuck in D state: sweep what we can
+            pass
         victims = [p for p in cgroup.pids() if p not in keep]
         for pid in victims:
             try:
@@ -56,8 +55,9 @@ def kill_sandbox_code(cgroup: Any, bwrap_pid: int) -> int:
             except ProcessLookupError:
                 pass
     finally:
-        if frozen:
-            cgroup.thaw()  # cgroup v1: a frozen task acts on SIGKILL once it runs again
+        # Always: a freeze that timed out leaves the group FREEZING (the agent frozen
+        # with the rest); cgroup v1's frozen tasks also act on SIGKILL only once thawed.
+        cgroup.thaw()
     deadline = time.monotonic() + WAIT_S
     left = [p for p in victims if not _gone(p)]
     while left and time.monotonic() < deadline:
