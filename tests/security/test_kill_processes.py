@@ -3,6 +3,8 @@ even processes that fork as fast as they can; the sandbox and its files stay."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import corral
@@ -65,5 +67,23 @@ async def test_a_freeze_that_times_out_never_leaves_the_sandbox_frozen(engine, m
         assert not group.frozen()
         r = await engine.exec(info.id, ["echo", "ok"], timeout=10)
         assert r.stdout == b"ok\n"
+    finally:
+        await engine.delete(info.id)
+
+
+async def test_unread_output_written_a_byte_at_a_time_stays_compact(engine):
+    # Red team: 12 MB written one byte at a time and never read cost the daemon ~5x that,
+    # one event object per frame (and readline() a scan over all of them).
+    info = await engine.create()
+    try:
+        code = "import os\nfor _ in range(300_000):\n    os.write(1, b'x')\n"
+        proc = await engine.spawn(info.id, ["python3", "-c", code])
+        for _ in range(1200):  # until it exits (at most 60 s), its output left unread
+            if proc.info()["state"] == "exited":
+                break
+            await asyncio.sleep(0.05)
+        assert proc.unread_bytes == 300_000  # nothing lost
+        assert len(proc._events) <= 300_000 // (64 << 10) + 2  # in 64 KiB chunks
+        assert await proc.readline() == b"x" * 300_000
     finally:
         await engine.delete(info.id)

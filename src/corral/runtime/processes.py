@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BUFFER = 16 << 20
 """Bytes of unread output the engine keeps per process and stream (stdout, stderr)."""
 MAX_EXITED_KEPT = 64
+COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
 STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
 # A process's output cap for the agent is UNLIMITED_OUTPUT: it forwards everything, and
 # the engine bounds what is unread (max_buffer).
@@ -226,7 +227,7 @@ class Process:
                 if self._events:
                     event = self._events.popleft()
                     self._unread[event.kind] -= len(event.data)
-                    yield event
+                    yield ExecEvent(event.kind, bytes(event.data))
                     continue
                 if self.state == ProcessState.EXITED:
                     yield ExecEvent("exit", result=self.result)
@@ -403,7 +404,16 @@ class Process:
             self._dropped[kind] = True
             data = data[: max(room, 0)]
         if data:
-            self._events.append(ExecEvent(kind, data))
+            # Small writes join the last unread chunk of their stream (up to
+            # COALESCE_BYTES): a process writing a byte at a time must not cost the daemon
+            # an event object per byte, nor readline() a scan over millions of them.
+            last = self._events[-1] if self._events else None
+            if last is not None and last.kind == kind and len(last.data) < COALESCE_BYTES:
+                if not isinstance(last.data, bytearray):
+                    last = self._events[-1] = ExecEvent(kind, bytearray(last.data))
+                last.data += data
+            else:
+                self._events.append(ExecEvent(kind, data))
             self._unread[kind] += len(data)
             self._wake.set()
 
