@@ -56,16 +56,16 @@ def test_sync_and_async_twins_have_the_same_methods():
 
 def test_generated_blocking_client_is_up_to_date():
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
+        [sys.executable, str(ROOT / "scripts" / "gen_sync.py"), "--check"],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
 
 
-def test_unasync_check_detects_a_stale_file(tmp_path, monkeypatch):
+def test_gen_sync_check_detects_a_stale_file(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import unasync as script  # scripts/unasync.py, not the PyPI package
+        import gen_sync as script  # scripts/gen_sync.py
     finally:
         sys.path.pop(0)
     assert hasattr(script, "stale_files"), script.__file__

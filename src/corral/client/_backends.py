@@ -1,7 +1,7 @@
 """What differs between the asyncio client and the blocking one, behind one interface.
 
 The client is written once, as asyncio code under ``corral/client/_async/``, and
-``scripts/unasync.py`` generates the blocking twin under ``_sync/`` by renaming
+``scripts/gen_sync.py`` generates the blocking twin under ``_sync/`` by renaming
 (``AsyncBackend`` → ``SyncBackend``, ``await x`` → ``x``, ...). What renaming cannot
 express lives here, in two hand-written classes with the same methods.
 """

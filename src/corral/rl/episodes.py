@@ -43,9 +43,7 @@ import hashlib
 import inspect
 import json
 import logging
-import queue
 import secrets
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -53,6 +51,7 @@ from enum import Enum
 from typing import Any
 
 import corral
+from corral._bridge import iterate_sync
 from corral.errors import (
     CapacityExceeded,
     CorralError,
@@ -237,8 +236,8 @@ def _endpoint_args(client: Any) -> tuple[str | None, str | None]:
     SDK's default resolution (and so its embedded daemon)."""
     if client is None:
         return None, None
-    endpoint = client._endpoint
-    return (None if endpoint.embed else endpoint.url), endpoint.token
+    args = client.connect_args
+    return args["url"], args["token"]
 
 
 class EpisodeRunner:
@@ -536,48 +535,7 @@ def run_episodes(
     Arguments are checked at once.
     """
     runner = EpisodeRunner(episode, **options)
-    return _in_background(runner, seeds, progress)
-
-
-def _in_background(runner: EpisodeRunner, seeds: Any, progress: bool) -> Iterator[EpisodeResult]:
-    items: queue.Queue[tuple[str, Any]] = queue.Queue()
-    ready = threading.Event()
-    handle: dict[str, Any] = {}
-
-    async def pump() -> None:
-        handle["loop"], handle["task"] = asyncio.get_running_loop(), asyncio.current_task()
-        ready.set()
-        try:
-            async for result in runner.run(seeds, progress=progress):
-                items.put(("item", result))
-        finally:
-            await runner.aclose()
-
-    def main() -> None:
-        try:
-            asyncio.run(pump())
-            items.put(("done", None))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            items.put(("error", exc))
-        finally:
-            ready.set()
-
-    thread = threading.Thread(target=main, name="corral-episodes", daemon=True)
-    thread.start()
-    ready.wait()
-    try:
-        while True:
-            kind, value = items.get()
-            if kind == "item":
-                yield value
-            elif kind == "error":
-                if isinstance(value, asyncio.CancelledError):
-                    return
-                raise value
-            else:
-                return
-    finally:
-        if thread.is_alive() and "task" in handle:
-            handle["loop"].call_soon_threadsafe(handle["task"].cancel)
-        thread.join()
+    return iterate_sync(
+        lambda: runner.run(seeds, progress=progress), cleanup=runner.aclose, name="corral-episodes"
+    )
 

@@ -40,8 +40,6 @@ number) scores them, ``"exclude"`` leaves them out; the result says which.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import itertools
 import json
 import time
@@ -50,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import corral
+from corral._bridge import run_sync
 from corral.errors import CorralError, InvalidArgument, SandboxLost
 from corral.rl._cache import (
     EpisodeCache,
@@ -532,11 +531,4 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     >>> r = corral.rl.evaluate(POLICY, "CartPole-v1", seeds=range(200), concurrency=8)
     >>> print(f"{r.mean:.1f} ± {r.halfwidth:.1f}; infra failures: {r.infra_failures}")
     """
-    coro = aevaluate(policy, env, **options)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    # Called from a running event loop (a notebook): run on a loop of its own.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return run_sync(aevaluate(policy, env, **options), name="corral-evaluate")

@@ -27,10 +27,10 @@ from typing import Any
 import gymnasium as gym
 
 import corral
+from corral._bridge import in_parallel
 from corral.errors import InvalidArgument
 from corral.rl import spaces as wire
 from corral.rl.gym_env import DEFAULT_IMAGE, SandboxEnv
-from corral.rl.vector import _in_parallel
 
 IN_PROCESS = "in-process"
 
@@ -186,7 +186,7 @@ def verify_reproducible(
     jobs = [lambda: run(factory, None) for _ in range(sandboxes)]
     if local_factory is not None:
         jobs.append(lambda: run(local_factory, IN_PROCESS))
-    outcomes = _in_parallel(jobs)
+    outcomes = in_parallel(jobs)
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     if failed:
         raise failed[0]

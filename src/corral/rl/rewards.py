@@ -41,12 +41,12 @@ import asyncio
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from corral._bridge import run_sync
 from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._models import spec_body
@@ -324,30 +324,7 @@ class CodeReward(AsyncCodeReward):
     ) -> list[RewardOutcome]:
         """Blocking :meth:`AsyncCodeReward.evaluate` (``on_result`` is called on a
         worker thread when this thread already runs an event loop)."""
-        return run_coroutine(super().evaluate(completions, tests, on_result=on_result))
-
-
-def run_coroutine(coro: Any) -> Any:
-    """Run a coroutine to completion from blocking code, even from inside a running
-    event loop (a notebook): then on a thread of its own."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)
-        except BaseException as exc:
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="corral-reward")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+        return run_sync(super().evaluate(completions, tests, on_result=on_result))
 
 
 def code_reward(

@@ -24,7 +24,7 @@ reward 0; ``SAME_STEP`` resets it in the same step, inside the sandbox, with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from copy import deepcopy
 from typing import Any
@@ -35,25 +35,12 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 import corral
+from corral._bridge import in_parallel
 from corral.errors import InvalidArgument, InvalidState
 from corral.rl import spaces as wire
 from corral.rl.gym_env import DEFAULT_IMAGE, _Remote
 
 MAX_PARALLEL_STARTS = 16  # sandboxes started at once when the vector env is built
-
-
-def _in_parallel(calls: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Each call's result or exception, in order, run on threads (blocking SDK calls)."""
-    def attempt(call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception as exc:
-            return exc
-
-    if len(calls) <= 1:
-        return [attempt(c) for c in calls]
-    with ThreadPoolExecutor(min(len(calls), MAX_PARALLEL_STARTS)) as pool:
-        return list(pool.map(attempt, calls))
 
 
 class SandboxVectorEnv(VectorEnv):
@@ -93,7 +80,7 @@ class SandboxVectorEnv(VectorEnv):
         # A daemon's URL: one client of this env's own (exchange_all needs one client).
         self._own_client = corral.Client(client) if isinstance(client, str) else None
         client = self._own_client or client
-        started = _in_parallel([
+        started = in_parallel(limit=MAX_PARALLEL_STARTS, calls=[
             lambda: _Remote.start(
                 env_id, kwargs, image=image, snapshot=snapshot, pool=pool, client=client,
                 sandbox_options=sandbox_options, python=python, streamed=False,
@@ -349,7 +336,7 @@ class SandboxVectorEnv(VectorEnv):
             self._worker.shutdown()
             self._worker = None
         remotes, self._remotes = self._remotes, []
-        _in_parallel([r.close for r in remotes])
+        in_parallel([r.close for r in remotes])
         own_client, self._own_client = getattr(self, "_own_client", None), None
         if own_client is not None:
             own_client.close()

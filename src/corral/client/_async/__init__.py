@@ -1,4 +1,4 @@
-"""The client's classes (see scripts/unasync.py for how the two variants relate)."""
+"""The client's classes (see scripts/gen_sync.py for how the two variants relate)."""
 
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles

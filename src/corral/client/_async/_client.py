@@ -82,6 +82,16 @@ class AsyncClient:
         return self._endpoint.url
 
     @property
+    def connect_args(self) -> dict[str, str | None]:
+        """What builds another client to the same daemon: ``Client(**c.connect_args)``.
+
+        ``url`` is None for the embedded daemon, so the copy resolves (and starts) it
+        the same way; ``token`` is the one this client sends.
+        """
+        return {"url": None if self._endpoint.embed else self._endpoint.url,
+                "token": self._endpoint.token}
+
+    @property
     def is_closed(self) -> bool:
         return self._http.is_closed
 

@@ -1,6 +1,6 @@
-# Generated from _async/__init__.py by scripts/unasync.py: edit that file, not this one.
+# Generated from _async/__init__.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
-"""The client's classes (see scripts/unasync.py for how the two variants relate)."""
+"""The client's classes (see scripts/gen_sync.py for how the two variants relate)."""
 
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files

@@ -1,4 +1,4 @@
-# Generated from _async/_client.py by scripts/unasync.py: edit that file, not this one.
+# Generated from _async/_client.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
 """The connection to a corral daemon: one HTTP connection pool, shared by sandboxes."""
 
@@ -82,6 +82,16 @@ class Client:
     def url(self) -> str:
         """The daemon's address, ``unix://...`` or ``http://...``."""
         return self._endpoint.url
+
+    @property
+    def connect_args(self) -> dict[str, str | None]:
+        """What builds another client to the same daemon: ``Client(**c.connect_args)``.
+
+        ``url`` is None for the embedded daemon, so the copy resolves (and starts) it
+        the same way; ``token`` is the one this client sends.
+        """
+        return {"url": None if self._endpoint.embed else self._endpoint.url,
+                "token": self._endpoint.token}
 
     @property
     def is_closed(self) -> bool:

@@ -1,4 +1,4 @@
-# Generated from _async/_image.py by scripts/unasync.py: edit that file, not this one.
+# Generated from _async/_image.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
 """Images on the daemon: list them, build them from a spec, import archives, delete."""
 

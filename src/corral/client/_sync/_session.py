@@ -1,4 +1,4 @@
-# Generated from _async/_session.py by scripts/unasync.py: edit that file, not this one.
+# Generated from _async/_session.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
 """A session: sandboxes made with shared defaults and tags, deleted together."""
 

@@ -1,4 +1,4 @@
-# Generated from _async/_snapshot.py by scripts/unasync.py: edit that file, not this one.
+# Generated from _async/_snapshot.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
 """A snapshot: a sandbox's files, committed so that new sandboxes start from them."""
 

@@ -7,8 +7,8 @@ substitution (``AsyncSandbox`` → ``Sandbox``, ``async def`` → ``def``, ``awa
 → ``x``, ...). Anything substitution cannot express belongs in
 ``corral/client/_backends.py`` (``AsyncBackend`` / ``SyncBackend``).
 
-    python scripts/unasync.py           # regenerate _sync/
-    python scripts/unasync.py --check   # exit 1 if _sync/ is stale (CI, tests)
+    python scripts/gen_sync.py           # regenerate _sync/
+    python scripts/gen_sync.py --check   # exit 1 if _sync/ is stale (CI, tests)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "src" / "corral" / "client" / "_async"
 TARGET = ROOT / "src" / "corral" / "client" / "_sync"
 HEADER = (
-    "# Generated from _async/{name} by scripts/unasync.py: edit that file, not this one.\n"
+    "# Generated from _async/{name} by scripts/gen_sync.py: edit that file, not this one.\n"
     "# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)\n"
 )
 
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
         problems = stale_files(expected)
         if problems:
             print("".join(problems), file=sys.stderr)
-            print("the blocking client is stale: run python scripts/unasync.py", file=sys.stderr)
+            print("the blocking client is stale: run python scripts/gen_sync.py", file=sys.stderr)
             return 1
         return 0
     TARGET.mkdir(exist_ok=True)
