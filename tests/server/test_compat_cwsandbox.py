@@ -407,9 +407,7 @@ async def test_stdin_is_buffered_on_an_engine_without_processes(engine, tmp_path
         socket=tmp_path / "unused.sock", token=TOKEN, grpc=("127.0.0.1", 0)
     )
     app = create_app(settings, engine)
-    frontend = CwSandboxFrontend(
-        settings, _WithoutSpawn(engine), app.state.admission, app.state.pools
-    )
+    frontend = CwSandboxFrontend(settings, _WithoutSpawn(engine), app.state.service)
     port = await frontend.start()
     monkeypatch.setenv("CWSANDBOX_API_KEY", TOKEN)
     monkeypatch.setenv("CWSANDBOX_DISABLE_SIGNAL_HANDLERS", "1")

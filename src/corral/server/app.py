@@ -21,7 +21,6 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -32,12 +31,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
-from corral.runtime.pools import PoolManager
 from corral.server.admission import LIVE_STATES, Admission, Limits
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
-from corral.server.routes import create_admitted, delete_admitted
+from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 from corral.server.wire import error_response
 
@@ -196,13 +194,10 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.settings = settings
     app.state.engine = engine
     app.state.activity = activity
-    admission = app.state.admission = Admission(
+    admission = Admission(
         limits, live_ids=lambda: {info.id for info in engine.list(state=LIVE_STATES)}
     )
-    app.state.pools = PoolManager(
-        engine,
-        create=partial(create_admitted, engine, admission),
-        delete=partial(delete_admitted, engine, admission),
-    )
+    service = app.state.service = SandboxService(engine, admission)
+    app.state.admission, app.state.pools = service.admission, service.pools
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     return app

@@ -223,9 +223,7 @@ async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any) -> Any
             f"--grpc needs the cwsandbox client's packages ({exc.name} is missing): "
             "pip install 'corral[compat]'"
         ) from None
-    frontend = CwSandboxFrontend(
-        settings, engine, app.state.admission, app.state.pools, app.state.activity
-    )
+    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.activity)
     await frontend.start()
     return frontend
 

@@ -37,11 +37,11 @@ from corral.errors import (
     InvalidArgument,
 )
 from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildRequest, validate_image_name
-from corral.runtime.engine import Engine
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import ImageBuild
 from corral.runtime.oci import apply_layer, import_image
 from corral.schema import SandboxState, validate_model
+from corral.server import context as ctx
 from corral.server.streaming import NDJSONResponse
 from corral.server.wire import paced, read_body, read_json
 
@@ -55,33 +55,29 @@ MAX_IMPORT_BYTES = 64 << 30
 _LIVE = [SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.STOPPING]
 
 
-def _engine(request: Request) -> Engine:
-    return request.app.state.engine
-
-
 def _name(request: Request) -> str:
     return validate_image_name(request.path_params["name"])
 
 
 async def list_images(request: Request) -> Response:
-    images = await asyncio.to_thread(_engine(request).images.list)
+    images = await asyncio.to_thread(ctx.engine(request).images.list)
     return JSONResponse({"images": [i.info().model_dump(mode="json") for i in images]})
 
 
 async def get_image(request: Request) -> Response:
-    image = _engine(request).images.get(_name(request), check_base=False)
+    image = ctx.engine(request).images.get(_name(request), check_base=False)
     return JSONResponse(image.info().model_dump(mode="json"))
 
 
 async def delete_image(request: Request) -> Response:
     """Refused (409 ``image_in_use``) while this daemon's sandboxes, snapshots or pools
     use the image, or other images are built on it; idempotent otherwise."""
-    engine, name = _engine(request), _name(request)
+    engine, name = ctx.engine(request), _name(request)
     if not engine.images.exists(name):
         return Response(status_code=204)
     sandboxes = [i.id for i in engine.list(state=_LIVE) if i.spec.image == name]
     snapshots = [s.id for s in engine.list_snapshots() if s.image == name]
-    pools = [p.name for p in request.app.state.pools.list_pools() if p.spec.image == name]
+    pools = [p.name for p in ctx.pools(request).list_pools() if p.spec.image == name]
     if sandboxes or snapshots or pools:
         users = [f"{len(v)} {k}" for k, v in (("sandbox(es)", sandboxes),
                  ("snapshot(s)", snapshots), ("pool(s)", pools)) if v]
@@ -96,7 +92,7 @@ async def delete_image(request: Request) -> Response:
 
 
 async def build_image(request: Request) -> Response:
-    engine = _engine(request)
+    engine = ctx.engine(request)
     store = engine.images
     work: Path | None = None
     try:
@@ -175,7 +171,7 @@ def _unpack_context(body: bytes, work: Path) -> dict:
 async def import_image_route(request: Request) -> Response:
     """The body is the archive (``docker save`` or an OCI layout as a tar), streamed
     to disk; ``?name=`` names the image (an image of that name is replaced)."""
-    engine = _engine(request)
+    engine = ctx.engine(request)
     name = request.query_params.get("name")
     if not name:
         raise InvalidArgument("missing query parameter 'name', e.g. ?name=alpine")

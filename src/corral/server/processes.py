@@ -27,9 +27,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.errors import CorralError, ExecTimeout, InvalidArgument
-from corral.runtime.engine import Engine
 from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
 from corral.schema import validate_model
+from corral.server import context as ctx
+from corral.server.context import unless_disconnected
 from corral.server.endpoint import RAW
 from corral.server.models import (
     MAX_OUTPUT_LIMIT,
@@ -38,7 +39,6 @@ from corral.server.models import (
     exec_response,
     text_and_b64,
 )
-from corral.server.routes import unless_disconnected
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body, read_json
 
@@ -139,18 +139,14 @@ def process_json(proc: Process) -> dict[str, Any]:
     return info
 
 
-def _engine(request: Request) -> Engine:
-    return request.app.state.engine
-
-
 def _process(request: Request) -> Process:
     params = request.path_params
-    return _engine(request).get_process(params["sandbox_id"], params["process_id"])
+    return ctx.engine(request).get_process(params["sandbox_id"], params["process_id"])
 
 
 async def spawn_process(request: Request) -> Response:
     body = validate_model(SpawnRequest, await read_json(request, "spawn request"), "spawn request")
-    proc = await _engine(request).spawn(
+    proc = await ctx.engine(request).spawn(
         request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
         timeout=body.timeout, max_buffer=body.max_buffer,
     )
@@ -158,7 +154,7 @@ async def spawn_process(request: Request) -> Response:
 
 
 async def list_processes(request: Request) -> Response:
-    found = _engine(request).list_processes(request.path_params["sandbox_id"])
+    found = ctx.engine(request).list_processes(request.path_params["sandbox_id"])
     return JSONResponse({"processes": [process_json(p) for p in found]})
 
 
@@ -221,7 +217,7 @@ async def exchange_many(request: Request) -> Response:
     body = validate_model(
         ExchangeRequest, await read_json(request, "exchange request"), "exchange request"
     )
-    engine = _engine(request)
+    engine = ctx.engine(request)
     keys = [(item.sandbox_id, item.process_id) for item in body.items]
     if len(set(keys)) != len(keys):
         raise InvalidArgument(
@@ -261,7 +257,7 @@ async def signal_process(request: Request) -> Response:
 
 async def kill_process(request: Request) -> Response:
     """SIGKILL a running process, wait for it briefly, forget its record. Idempotent."""
-    engine, params = _engine(request), request.path_params
+    engine, params = ctx.engine(request), request.path_params
     sid, pid = params["sandbox_id"], params["process_id"]
     try:
         proc = engine.get_process(sid, pid)

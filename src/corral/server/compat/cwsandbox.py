@@ -38,9 +38,8 @@ from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
 
 from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument, SandboxNotFound
 from corral.runtime.engine import SANDBOX_HOME, Engine
-from corral.runtime.pools import PoolManager
 from corral.schema import SandboxInfo, SandboxState
-from corral.server.admission import LIVE_STATES, Admission
+from corral.server.admission import LIVE_STATES
 from corral.server.compat import cwsandbox_exec as cwexec
 from corral.server.compat import cwsandbox_wire as wire
 from corral.server.compat.cwsandbox_guard import (
@@ -51,7 +50,7 @@ from corral.server.compat.cwsandbox_guard import (
     check_token,
 )
 from corral.server.compat.cwsandbox_guard import abort as _abort
-from corral.server.routes import create_admitted, delete_admitted
+from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
@@ -72,14 +71,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self,
         settings: ServerSettings,
         engine: Engine,
-        admission: Admission,
-        pools: PoolManager,
+        lifecycle: Lifecycle,
         activity: Any = None,
     ) -> None:
         self._settings = settings
-        self._engine = engine
-        self._admission = admission
-        self._pools = pools
+        self._engine = engine  # exec and files; create, delete and stop go to lifecycle
+        self._lifecycle = lifecycle
         self._activity = activity
         self._commands: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._mains: dict[str, asyncio.Task[None]] = {}
@@ -134,9 +131,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         async with self._rpc(context, "create"):
             images = {image.name for image in self._engine.images.list()}
             plan = wire.plan_create(request, images)
-            spec = self._engine.resolve_spec(plan.spec)
-            self._engine.images.get(spec.image)  # ImageNotFound before waiting for room
-            info = await create_admitted(self._engine, self._admission, spec)
+            spec = self._lifecycle.plan(
+                plan.spec, host_network=self._settings.allow_host_network
+            )  # ImageNotFound and the like before waiting for room
+            info = await self._lifecycle.create(spec)
             try:
                 await self._python_alias(info.id)
                 for path, data in plan.files:
@@ -173,10 +171,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         """Delete a sandbox nobody will use; never raises."""
         await self._stop_main(sandbox_id)
         try:
-            await delete_admitted(self._engine, self._admission, sandbox_id)
+            await self._lifecycle.delete(sandbox_id)
         except CorralError as exc:
             logger.warning("could not delete sandbox %s: %s", sandbox_id, exc.message)
-        self._pools.release(sandbox_id)
+            self._lifecycle.pools.release(sandbox_id)
         self._commands.pop(sandbox_id, None)
         self._exit_codes.pop(sandbox_id, None)
 
@@ -205,13 +203,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             return
         self._exit_codes[sandbox_id] = code
         try:
-            await self._engine.stop(
+            await self._lifecycle.stop(
                 sandbox_id, grace=0, reason=f"its main command exited with status {code}"
             )
         except CorralError:
             return
-        self._admission.release(sandbox_id)
-        self._pools.release(sandbox_id)
 
     async def _stop_main(self, sandbox_id: str) -> None:
         task = self._mains.pop(sandbox_id, None)
@@ -276,8 +272,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._stop_main(sid)
         if info.state in LIVE_STATES and grace > 0:
             info = await self._engine.stop(sid, grace=min(grace, MAX_DELETE_GRACE_S))
-        await delete_admitted(self._engine, self._admission, sid)
-        self._pools.release(sid)
+        await self._lifecycle.delete(sid)
         exit_code = self._exit_codes.pop(sid, None)
         state = wire.cw_state(info, exit_code)
         final = wire.sandbox_message(
@@ -392,12 +387,12 @@ class CwSandboxFrontend:
     """The gRPC server of :class:`SandboxService` on the daemon's loop."""
 
     def __init__(
-        self, settings: ServerSettings, engine: Engine, admission: Admission,
-        pools: PoolManager, activity: Any = None,
+        self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle,
+        activity: Any = None,
     ) -> None:
         assert settings.grpc is not None
         self.settings = settings
-        self.service = SandboxService(settings, engine, admission, pools, activity)
+        self.service = SandboxService(settings, engine, lifecycle, activity)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None

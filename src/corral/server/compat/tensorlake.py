@@ -28,7 +28,6 @@ mounts, exposed ports, egress allow/deny lists, resizing, pool updates, logs.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +40,7 @@ from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFo
 from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
 from corral.runtime.pools import PoolManager
 from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, validate_model
+from corral.server import context as ctx
 from corral.server.admission import LIVE_STATES
 from corral.server.compat import tensorlake_sandbox
 from corral.server.compat._wire import flat_errors, unsupported
@@ -61,14 +61,8 @@ from corral.server.compat.tensorlake_model import (
     settings,
     snapshot_json,
 )
-from corral.server.routes import (
-    _admission,
-    _engine,
-    _pools,
-    _unless_gone,
-    create_admitted,
-    delete_admitted,
-)
+from corral.server.context import unless_gone
+from corral.server.service import Abandoned
 from corral.server.wire import read_json
 
 SERVICE = "Tensorlake"
@@ -173,7 +167,7 @@ async def _body(request: Request, model: type[BaseModel], what: str) -> Any:
 
 
 async def create_sandbox(request: Request) -> Response:
-    engine, ns = _engine(request), namespace(request)
+    engine, ns = ctx.engine(request), namespace(request)
     req: CreateRequest = await _body(request, CreateRequest, "Tensorlake sandbox request")
     if req.file_systems:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
@@ -190,9 +184,9 @@ async def create_sandbox(request: Request) -> Response:
                 "delete it, or choose another name",
                 details={"name": req.name, "sandbox_id": holders[0].id},
             )
-    spec = engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
-    engine.images.get(spec.image)
-    created = await _unless_gone(request, create_admitted(engine, _admission(request), spec))
+    service = ctx.service(request)
+    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
     return JSONResponse(created_json(created, base_url(request)), status_code=status)
 
@@ -203,15 +197,15 @@ def _pool_ready_ids(pools: PoolManager) -> set[str]:
 
 async def list_sandboxes(request: Request) -> Response:
     ns, url = namespace(request), base_url(request)
-    warm = _pool_ready_ids(_pools(request))  # a pool's idle sandboxes are not handed out
-    infos = _engine(request).list(tags=[NS_TAG + ns])
+    warm = _pool_ready_ids(ctx.pools(request))  # a pool's idle sandboxes are not handed out
+    infos = ctx.engine(request).list(tags=[NS_TAG + ns])
     return JSONResponse(
         {"sandboxes": [sandbox_json(i, ns, url) for i in infos if i.id not in warm]}
     )
 
 
 def _target(request: Request) -> SandboxInfo:
-    return resolve(_engine(request), request.path_params["sandbox_id"])
+    return resolve(ctx.engine(request), request.path_params["sandbox_id"])
 
 
 async def get_sandbox(request: Request) -> Response:
@@ -222,18 +216,17 @@ async def get_sandbox(request: Request) -> Response:
 async def delete_sandbox(request: Request) -> Response:
     sid = _target(request).id
     tensorlake_sandbox.processes(request).drop(sid)
-    await delete_admitted(_engine(request), _admission(request), sid)
-    _pools(request).release(sid)
+    await ctx.service(request).delete(sid)
     return JSONResponse({})
 
 
 async def suspend_sandbox(request: Request) -> Response:
-    info = await _engine(request).pause(_target(request).id)
+    info = await ctx.engine(request).pause(_target(request).id)
     return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
 
 
 async def resume_sandbox(request: Request) -> Response:
-    info = await _engine(request).resume(_target(request).id)
+    info = await ctx.engine(request).resume(_target(request).id)
     return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
 
 
@@ -249,13 +242,13 @@ async def snapshot_sandbox(request: Request) -> Response:
             "corral snapshots hold a sandbox's files, not its memory: leave out "
             "snapshot_type or use SnapshotType.FILESYSTEM",
         )
-    snap = await _engine(request).snapshot(_target(request).id)
+    snap = await ctx.engine(request).snapshot(_target(request).id)
     return JSONResponse({"snapshot_id": snap.id, "status": "completed"})
 
 
 async def list_sandbox_snapshots(request: Request) -> Response:
     sid, ns = _target(request).id, namespace(request)
-    snaps = [s for s in _engine(request).list_snapshots() if s.source_sandbox == sid]
+    snaps = [s for s in ctx.engine(request).list_snapshots() if s.source_sandbox == sid]
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
@@ -265,24 +258,14 @@ async def copy_sandbox(request: Request) -> Response:
     raw = request.query_params.get("times", "1")
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_COPIES:
         raise InvalidArgument(f"times must be a whole number from 1 to {MAX_COPIES}, got {raw!r}")
-    engine, admission, source = _engine(request), _admission(request), _target(request)
-    snap = await engine.snapshot(source.id)
+    source = _target(request)
+    tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
     try:
-        tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
-        spec = engine.fork_spec(source.id, snap.id).model_copy(update={"tags": tags})
-        made = await asyncio.gather(
-            *(create_admitted(engine, admission, spec) for _ in range(int(raw))),
-            return_exceptions=True,
+        ok = await ctx.service(request).fork(
+            source.id, int(raw), tags=tags, abandoned=request.is_disconnected
         )
-    finally:
-        await engine.delete_snapshot(snap.id)  # its layers stay while the copies run
-    ok = [r for r in made if isinstance(r, SandboxInfo)]
-    failed = [r for r in made if isinstance(r, BaseException)]
-    if failed or await request.is_disconnected():
-        await asyncio.gather(*(delete_admitted(engine, admission, r.id) for r in ok))
-        if failed:
-            raise failed[0]
-        raise ClientDisconnect()
+    except Abandoned:
+        raise ClientDisconnect() from None
     url = base_url(request)
     return JSONResponse(
         {"source_sandbox_id": source.id, "sandboxes": [created_json(i, url) for i in ok]}
@@ -294,18 +277,18 @@ async def copy_sandbox(request: Request) -> Response:
 
 async def list_snapshots(request: Request) -> Response:
     ns = namespace(request)
-    snaps = _engine(request).list_snapshots()
+    snaps = ctx.engine(request).list_snapshots()
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
 async def get_snapshot(request: Request) -> Response:
-    snap = _engine(request).get_snapshot(request.path_params["snapshot_id"])
+    snap = ctx.engine(request).get_snapshot(request.path_params["snapshot_id"])
     return JSONResponse(snapshot_json(snap, namespace(request)))
 
 
 async def delete_snapshot(request: Request) -> Response:
     ref = request.path_params["snapshot_id"]
-    if not await _engine(request).delete_snapshot(ref):
+    if not await ctx.engine(request).delete_snapshot(ref):
         raise SnapshotNotFound(f"no snapshot {ref!r}", details={"snapshot_id": ref})
     return JSONResponse({})
 
@@ -314,7 +297,7 @@ async def delete_snapshot(request: Request) -> Response:
 
 
 def _pool_json(request: Request, name: str, *, detail: bool) -> dict[str, Any]:
-    got = _pools(request).get_pool(name)
+    got = ctx.pools(request).get_pool(name)
     spec = got.spec
     body: dict[str, Any] = {
         "id": got.name,
@@ -338,19 +321,19 @@ def _pool_json(request: Request, name: str, *, detail: bool) -> dict[str, Any]:
 
 
 async def create_pool(request: Request) -> Response:
-    engine, ns = _engine(request), namespace(request)
+    engine, ns = ctx.engine(request), namespace(request)
     req: PoolRequest = await _body(request, PoolRequest, "Tensorlake pool request")
     spec = _spec(req, settings(request), ns)
     check_image(engine, req.image, spec.image)
     warm = req.warm_containers or 0
-    made = _pools(request).create_pool(
+    made = ctx.pools(request).create_pool(
         None, spec, min_ready=warm, max_size=req.max_containers or max(DEFAULT_MAX_SIZE, warm)
     )
     return JSONResponse({"pool_id": made.name, "namespace": ns})
 
 
 async def list_pools(request: Request) -> Response:
-    names = [p.name for p in _pools(request).list_pools()]
+    names = [p.name for p in ctx.pools(request).list_pools()]
     return JSONResponse({"pools": [_pool_json(request, n, detail=False) for n in names]})
 
 
@@ -360,7 +343,7 @@ async def get_pool(request: Request) -> Response:
 
 async def delete_pool(request: Request) -> Response:
     name = request.path_params["pool_id"]
-    if not await _pools(request).delete_pool(name):
+    if not await ctx.pools(request).delete_pool(name):
         raise NotFound(f"no sandbox pool {name!r}", details={"pool": name})
     return JSONResponse({})
 
@@ -382,8 +365,8 @@ async def claim_sandbox(request: Request) -> Response:
     body: _ClaimRequest = await _body(request, _ClaimRequest, "claim request")
     if body.file_systems:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
-    work = _pools(request).acquire(request.path_params["pool_id"], _claim_timeout(request))
-    got = await _unless_gone(request, work)
+    work = ctx.pools(request).acquire(request.path_params["pool_id"], _claim_timeout(request))
+    got = await unless_gone(request, work)
     return JSONResponse(created_json(got, base_url(request)))
 
 

@@ -44,8 +44,8 @@ from corral.schema import validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import refuse, resolve
+from corral.server.context import remove_partial
 from corral.server.models import safe_text
-from corral.server.routes import _remove_partial
 from corral.server.streaming import NDJSONResponse, start_stream
 from corral.server.wire import read_body, read_json
 
@@ -466,7 +466,7 @@ async def write_file(request: Request) -> Response:
     try:
         await engine.write_file(sid, path, data, mode=0o644)
     except CorralError:
-        await _remove_partial(engine, sid, path)
+        await remove_partial(engine, sid, path)
         raise
     return JSONResponse({})
 

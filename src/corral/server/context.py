@@ -1,0 +1,94 @@
+"""What a request handler finds: the engine, the sandbox service, the settings, and
+the helpers every front-end shares for a client that hangs up.
+
+Handlers of every surface (the native routes, process routes, the Tensorlake
+front-end) take these from here, not from each other, so no front-end imports
+another's private helpers and the import graph has no circles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from starlette.requests import ClientDisconnect, Request
+
+from corral.errors import CorralError
+from corral.runtime.engine import Engine
+from corral.runtime.pools import PoolManager
+from corral.schema import SandboxInfo
+from corral.server.admission import Admission
+from corral.server.service import SandboxService
+from corral.server.settings import ServerSettings
+
+T = TypeVar("T")
+
+
+def engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def service(request: Request) -> SandboxService:
+    return request.app.state.service
+
+
+def admission(request: Request) -> Admission:
+    return service(request).admission
+
+
+def pools(request: Request) -> PoolManager:
+    return service(request).pools
+
+
+def settings(request: Request) -> ServerSettings:
+    return request.app.state.settings
+
+
+def host_network_allowed(request: Request) -> bool:
+    """Whether this caller may give a sandbox ``network="host"``: the daemon allows it
+    on TCP, or the request came on the Unix socket (the daemon's owner)."""
+    conf = settings(request)
+    return conf.allow_host_network or (
+        request.scope.get("server") == (str(conf.socket.absolute()), None)
+    )
+
+
+async def _watch_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client hangs up first (a queued create
+    leaves the queue, a command is killed); then raise :class:`ClientDisconnect`."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_watch_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # let it clean up; never raises
+    if task.cancelled():
+        raise ClientDisconnect()
+    return task.result()
+
+
+async def unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> SandboxInfo:
+    """``work`` gets a sandbox for the client; if the client left meanwhile, delete it."""
+    got = await unless_disconnected(request, work)
+    if await request.is_disconnected():  # it left just as the sandbox became ready
+        await service(request).delete(got.id)
+        raise ClientDisconnect()
+    return got
+
+
+async def remove_partial(eng: Engine, sandbox_id: str, path: str) -> None:
+    """After a failed upload, leave no half-written file behind."""
+    try:
+        if not (await eng.stat(sandbox_id, path)).is_dir:
+            await eng.remove(sandbox_id, path)
+    except CorralError:
+        pass  # nothing was written, or the sandbox is gone

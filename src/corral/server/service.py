@@ -1,0 +1,134 @@
+"""The sandbox service: what every front-end does to sandboxes, with its rules.
+
+The native HTTP routes, the Tensorlake and cwsandbox front-ends and the pools all
+create, delete, stop and fork sandboxes through this one object, and nothing of
+theirs reaches below it for those: the rules live here once.
+
+- **Planning** (:meth:`SandboxService.plan`) turns a requested spec into the one that
+  will run (a snapshot's spec fills the fields left out) and refuses it now, before
+  it waits in the admission queue: an unknown snapshot or image, more than the host
+  has, ``network="host"`` for a caller not allowed it.
+- **Admission**: a create waits for admission control, which counts the memory the
+  sandbox will really get; its place is given back when the sandbox is deleted or
+  stopped, and so is a pool's place (:meth:`release`, the one bookkeeping step).
+- **Fork** is one snapshot and ``n`` admitted creates from it, all or nothing; the
+  snapshot goes at once (its layers stay while the copies run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from corral.errors import Forbidden
+from corral.runtime.engine import Engine
+from corral.runtime.pools import PoolManager
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
+from corral.server.admission import Admission
+from corral.server.limits import check_host_limits
+
+
+def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
+    """``network="host"`` hands a sandbox the host's network (its services, the cloud
+    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`)."""
+    if spec.network == NetworkMode.HOST and not host_network:
+        raise Forbidden(
+            "network='host' gives the sandbox the host's network: over TCP it needs a "
+            "daemon started with --allow-host-network (the Unix socket may always ask)",
+            details={"field": "network"},
+        )
+
+
+class Abandoned(Exception):
+    """The caller left while its sandboxes were being made; they were deleted."""
+
+
+class SandboxService:
+    """Create, delete, stop and fork sandboxes under admission control and pools."""
+
+    def __init__(self, engine: Engine, admission: Admission) -> None:
+        self.engine = engine
+        self.admission = admission
+        self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
+
+    # ----------------------------------------------------------------- create
+
+    def plan(self, spec: SandboxSpec, *, host_network: bool = False) -> SandboxSpec:
+        """The spec that will run, or the typed error it would meet, before queueing.
+
+        ``host_network``: whether this caller may have ``network="host"`` (the daemon
+        was started with ``--allow-host-network``, or it asks on the Unix socket).
+        """
+        spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+        self.engine.images.get(spec.image)  # ImageNotFound now, too
+        check_host_limits(spec)
+        check_network(spec, host_network=host_network)
+        return spec
+
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        """Create a sandbox once admission control lets it start (a pool's refills too).
+
+        A ``snapshot`` is resolved first, so admission counts the memory it will get.
+        """
+        spec = self.engine.resolve_spec(spec)
+        check_host_limits(spec)
+        async with self.admission.admit(spec.memory_mb) as slot:
+            created = await self.engine.create(spec)
+            slot.commit(created.id)
+            return created
+
+    # ------------------------------------------------------------------- end
+
+    async def _delete_admitted(self, sandbox_id: str) -> None:
+        await self.engine.delete(sandbox_id)
+        self.admission.release(sandbox_id)
+
+    async def delete(self, sandbox_id: str) -> None:
+        """Delete a sandbox (idempotent) and give its places back."""
+        await self._delete_admitted(sandbox_id)
+        self.pools.release(sandbox_id)
+
+    async def stop(
+        self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"
+    ) -> SandboxInfo:
+        """Stop a sandbox (its record stays) and give its places back."""
+        stopped = await self.engine.stop(sandbox_id, grace=grace, reason=reason)
+        self.release(stopped.id)
+        return stopped
+
+    def release(self, sandbox_id: str) -> None:
+        """The sandbox ended: its admission place and its pool place are free."""
+        self.admission.release(sandbox_id)
+        self.pools.release(sandbox_id)
+
+    # ------------------------------------------------------------------- fork
+
+    async def fork(
+        self,
+        sandbox_id: str,
+        n: int,
+        *,
+        tags: Sequence[str] | None = None,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+    ) -> list[SandboxInfo]:
+        """``n`` new sandboxes with this one's files and spec (``tags`` replaces its
+        tags), all or nothing: on any failure, or if ``abandoned()`` says the caller
+        left, what was made is deleted and the error (or :class:`Abandoned`) raised."""
+        snap = await self.engine.snapshot(sandbox_id)
+        try:
+            spec = self.engine.fork_spec(sandbox_id, snap.id)
+            if tags is not None:
+                spec = spec.model_copy(update={"tags": list(tags)})
+            made = await asyncio.gather(
+                *(self.create(spec) for _ in range(n)), return_exceptions=True
+            )
+        finally:
+            await self.engine.delete_snapshot(snap.id)  # its layers stay while copies run
+        ok = [r for r in made if isinstance(r, SandboxInfo)]
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed or (abandoned is not None and await abandoned()):
+            await asyncio.gather(*(self.delete(r.id) for r in ok))
+            if failed:
+                raise failed[0]
+            raise Abandoned()
+        return ok
