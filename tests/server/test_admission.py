@@ -86,6 +86,21 @@ async def test_a_client_that_gives_up_leaves_the_queue(make_daemon):
         assert (await c.get("/v1/sandboxes")).json()["sandboxes"] == []
 
 
+async def test_a_sandbox_the_engine_ends_frees_its_room_for_a_waiting_create(make_daemon):
+    """Nobody deletes or stops the first sandbox: its lifetime runs out, the engine
+    announces the end, and the queued create is admitted (no release call, no poll)."""
+    d = make_daemon("--max-sandboxes", "1", "--queue-timeout", "30")
+    async with async_uds_client(d.socket) as c:
+        first = await c.post("/v1/sandboxes", json={"memory_mb": 64, "timeout": 1})
+        assert first.status_code == 201
+        waiting = await c.post("/v1/sandboxes", json={"memory_mb": 64}, timeout=30)
+        assert waiting.status_code == 201, waiting.text
+        ended = (await c.get(f"/v1/sandboxes/{first.json()['id']}")).json()
+        assert ended["state"] == "stopped" and "timeout" in ended["reason"]
+        info = (await c.get("/v1/info")).json()
+        assert info["counts"]["running"] == 1 and info["committed_memory_mb"] == 64
+
+
 async def test_memory_cap_is_named(make_daemon):
     d = make_daemon("--max-memory-mb", "200", "--queue-timeout", "0.3")
     async with async_uds_client(d.socket) as c:

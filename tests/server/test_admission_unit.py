@@ -1,4 +1,4 @@
-"""Admission control on its own: caps, FIFO order, queue bounds, timeouts, pruning."""
+"""Admission control on its own: caps, FIFO order, queue bounds, timeouts."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ from corral.errors import CapacityExceeded, DaemonUnavailable
 from corral.server.admission import Admission, Limits
 
 
-def make(live: set[str] | None = None, **caps) -> Admission:
-    """An admission whose engine has alive exactly ``live`` (default: all it admitted)."""
+def make(**caps) -> Admission:
     limits = dict(
         max_starting=2, max_sandboxes=4, max_memory_mb=1000, queue_size=3, queue_timeout=5.0
     )
     limits.update(caps)
-    adm = Admission(
-        Limits(**limits),
-        live_ids=lambda: live if live is not None else set(adm._admitted),
-        prune_interval=0.01,
-    )
-    return adm
+    return Admission(Limits(**limits))
 
 
 async def create(
@@ -30,15 +24,12 @@ async def create(
     sid: str,
     memory_mb: int = 100,
     hold: asyncio.Event | None = None,
-    live: set[str] | None = None,
 ) -> str:
     """What the create route does: admit, 'start' (until `hold` is set), commit."""
     async with adm.admit(memory_mb) as slot:
         if hold is not None:
             await hold.wait()
         slot.commit(sid)
-        if live is not None:
-            live.add(sid)
     return sid
 
 
@@ -58,19 +49,16 @@ async def test_max_starting_holds_back_the_third_start():
 
 
 async def test_max_sandboxes_waits_for_a_release_in_fifo_order():
-    live: set[str] = set()
-    adm = make(live)
+    adm = make()
     for i in range(4):
-        await create(adm, f"sb-{i}", live=live)
-    waiting = [asyncio.create_task(create(adm, f"late-{i}", live=live)) for i in range(2)]
+        await create(adm, f"sb-{i}")
+    waiting = [asyncio.create_task(create(adm, f"late-{i}")) for i in range(2)]
     await settle()
     assert adm.queued == 2
     adm.release("sb-0")
-    live.discard("sb-0")
     done, _ = await asyncio.wait(waiting, timeout=1, return_when=asyncio.FIRST_COMPLETED)
     assert [t.result() for t in done] == ["late-0"]  # first come, first served
     adm.release("sb-1")
-    live.discard("sb-1")
     assert await asyncio.wait_for(waiting[1], 1) == "late-1"
 
 
@@ -103,19 +91,6 @@ async def test_full_queue_and_timeout_name_their_limits():
         assert exc.value.details["limit"] == "max_sandboxes"
         assert "delete sandboxes" in exc.value.message
     assert (adm.queued, adm.starting, adm.alive) == (0, 0, 1)
-
-
-async def test_sandboxes_the_engine_ended_are_pruned_while_creates_wait():
-    live: set[str] = set()
-    adm = make(live, max_sandboxes=2)
-    await create(adm, "a", live=live)
-    await create(adm, "b", live=live)
-    waiter = asyncio.create_task(create(adm, "c", live=live))
-    await settle()
-    assert adm.queued == 1
-    live.discard("a")  # e.g. its lifetime ran out: nobody calls release()
-    assert await asyncio.wait_for(waiter, 2) == "c"
-    assert adm.alive == 2
 
 
 async def test_a_cancelled_waiter_leaves_the_queue_and_frees_nothing_twice():

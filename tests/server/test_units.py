@@ -69,7 +69,10 @@ class FakeEngine:
         version = 2
 
     def __init__(self, fail: bool = False) -> None:
+        from corral.runtime.events import Events
+
         self.fail = fail
+        self.events = Events()
 
     def list(self, **kwargs):
         if self.fail:

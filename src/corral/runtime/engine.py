@@ -52,6 +52,7 @@ from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import agent_max_output, command_events, ended_error
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.events import Events, SandboxEnded, StateChanged
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.paths import Layout
@@ -142,6 +143,7 @@ class Engine:
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images)
         self._pool = SlotPool(
@@ -449,7 +451,8 @@ class Engine:
                 details={"sandbox_id": live.id, "state": live.state.value},
             )
         self.registry.set_state(live.id, to, reason)  # first: a full disk changes nothing
-        live.state = to
+        old, live.state = live.state, to
+        self.events.emit(StateChanged(live.id, old, to, reason))
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
         """Freeze every process of the sandbox (cgroup freezer). Memory stays resident."""
@@ -515,10 +518,13 @@ class Engine:
             finally:
                 await self._release(live)
                 self._live.pop(live.id, None)
-            if live.state == SandboxState.PENDING:
-                live.state = final
-            else:
-                self._transition(live, final, reason)
+            try:
+                if live.state == SandboxState.PENDING:
+                    live.state = final
+                else:
+                    self._transition(live, final, reason)
+            finally:
+                self.events.emit(SandboxEnded(live.id, final, reason))
 
     async def _release(self, live: _Live) -> None:
         """Kill every process, then unmount and remove the cgroup. Never raises."""

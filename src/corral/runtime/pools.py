@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound
 from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
+from corral.runtime.events import SandboxEnded, StateChanged
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
 logger = logging.getLogger("corral.pools")
@@ -50,11 +51,9 @@ logger = logging.getLogger("corral.pools")
 DEFAULT_REFILL_CONCURRENCY = 4  # creates one pool runs at once (admission caps the total)
 LIVENESS_TIMEOUT_S = 2.0  # a ready sandbox whose agent does not answer by then is dead
 REFILL_DELAY_S = 0.005  # after a hand-out, before its replacement starts (see acquire)
-PRUNE_INTERVAL_S = 1.0  # how often a pool looks for its sandboxes that ended by themselves
 BACKOFF_BASE_S = 0.25  # the wait after a failed create, doubling per failure in a row
 BACKOFF_MAX_S = 30.0
 WAIT_SAMPLES = 1024  # acquires the wait median is computed over
-ALIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.STOPPING)
 
 CreateFn = Callable[[SandboxSpec], Awaitable[SandboxInfo]]
 DeleteFn = Callable[[str], Awaitable[object]]
@@ -82,7 +81,7 @@ class _Pool:
     failures_in_a_row: int = 0
     retry_at: float = 0.0
     last_error: str | None = None
-    last_prune: float = float("-inf")
+    ready_since: dict[str, float] = field(default_factory=dict)  # ready id → started_at
 
     @property
     def tag(self) -> str:
@@ -143,6 +142,10 @@ class PoolManager:
         self._pools: dict[str, _Pool] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._unsubscribe = [
+            engine.events.subscribe(SandboxEnded, self._ended),
+            engine.events.subscribe(StateChanged, self._state_changed),
+        ]
 
     # ------------------------------------------------------------------ pools
 
@@ -223,6 +226,8 @@ class PoolManager:
         self._closed = True
         await asyncio.gather(*(self.delete_pool(n) for n in list(self._pools)))
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
 
     def _get(self, name: str) -> _Pool:
         pool = self._pools.get(name)
@@ -345,11 +350,10 @@ class PoolManager:
         """Keep ``min_ready`` ready (plus one per waiting acquire), within ``max_size``."""
         while not pool.closed:
             pool.wake.clear()
-            self._prune(pool)
-            delay = PRUNE_INTERVAL_S
+            delay = self._expire(pool)  # None: nothing to replace on a timer
             backoff = pool.retry_at - time.monotonic()
             if backoff > 0:
-                delay = min(delay, backoff)
+                delay = backoff if delay is None else min(delay, backoff)
             else:
                 for _ in range(pool.to_start(self._concurrency)):
                     task = asyncio.create_task(self._start_one(pool))
@@ -380,25 +384,40 @@ class PoolManager:
         pool.failures_in_a_row = 0
         pool.created += 1
         pool.ready.append(info.id)  # a closed pool deletes it when it sweeps
+        pool.ready_since[info.id] = info.started_at or time.time()
         self._hand_out(pool)
 
-    def _prune(self, pool: _Pool) -> None:
-        """Forget sandboxes of the pool that ended without the pool being told
-        (lifetime, idle timeout, a crash, a delete that bypassed :meth:`release`), and
-        replace ready ones that have waited half their lifetime (``timeout`` runs from
-        their start: one handed out keeps at least half of it)."""
-        now = time.monotonic()
-        if now - pool.last_prune < PRUNE_INTERVAL_S:
-            return
-        pool.last_prune = now
-        live = {i.id: i for i in self._engine.list(tags=[pool.tag], state=ALIVE)}
-        pool.acquired.intersection_update(live)
-        stale = time.time() - pool.spec.timeout / 2
-        for sid in list(pool.ready):
-            info = live.get(sid)
-            if info is None or info.state != SandboxState.RUNNING or (info.started_at or 0) < stale:
+    def _expire(self, pool: _Pool) -> float | None:
+        """Replace ready sandboxes that have waited half their lifetime (``timeout``
+        runs from their start: one handed out keeps at least half of it); the seconds
+        until the next one will have, or None if none is ready."""
+        half = pool.spec.timeout / 2
+        now = time.time()
+        pool.ready_since = {sid: t for sid, t in pool.ready_since.items() if sid in pool.ready}
+        for sid, started in list(pool.ready_since.items()):
+            if started + half <= now:
                 pool.ready.remove(sid)
+                del pool.ready_since[sid]
                 self._discard(pool, sid)
+        if not pool.ready_since:
+            return None
+        return max(0.0, min(pool.ready_since.values()) + half - now)
+
+    def _ended(self, event: SandboxEnded) -> None:
+        """A sandbox ended (its lifetime, a crash, a delete that bypassed the pool)."""
+        self.release(event.sandbox_id)
+
+    def _state_changed(self, event: StateChanged) -> None:
+        """A ready sandbox someone paused or is stopping will not be handed out."""
+        if event.new == SandboxState.RUNNING:
+            return
+        for pool in self._pools.values():
+            if event.sandbox_id in pool.ready:
+                pool.ready.remove(event.sandbox_id)
+                if not event.new.terminal and event.new != SandboxState.STOPPING:
+                    self._discard(pool, event.sandbox_id)
+                pool.wake.set()
+                return
 
     def _discard(self, pool: _Pool, sid: str) -> None:
         """Delete a sandbox the pool will not hand out, in the background."""

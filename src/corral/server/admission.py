@@ -6,31 +6,30 @@ a FIFO queue of at most ``queue_size`` entries for up to ``queue_timeout`` secon
 past either bound it fails with :class:`~corral.errors.CapacityExceeded`, whose
 ``details["limit"]`` names the cap::
 
-    admission = Admission(limits, live_ids=lambda: {i.id for i in engine.list(state=LIVE)})
+    admission = Admission(limits)
+    engine.events.subscribe(SandboxEnded, lambda e: admission.release(e.sandbox_id))
     async with admission.admit(spec.memory_mb) as slot:
         info = await engine.create(spec)
         slot.commit(info.id)       # now it counts as alive until released
     ...
     admission.release(info.id)     # on delete / stop
 
-Sandboxes the engine ends by itself (lifetime, idle timeout, a crash) are noticed
-lazily: when a cap blocks, ``live_ids`` is asked which admitted sandboxes still live
-(at most every ``prune_interval`` seconds, also while creates wait).
+Sandboxes the engine ends by itself (lifetime, idle timeout, a crash) free their
+room when the engine announces it (:class:`~corral.runtime.events.SandboxEnded`,
+wired by :class:`~corral.server.service.SandboxService`): nothing polls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from corral.errors import CapacityExceeded, DaemonUnavailable
 from corral.schema import SandboxState
 
-PRUNE_INTERVAL_S = 0.5
 LIVE_STATES = (  # the states that count against the caps
     SandboxState.PENDING,
     SandboxState.RUNNING,
@@ -71,22 +70,12 @@ class _Waiter:
 class Admission:
     """Caps and a FIFO queue for sandbox creates. Lives on one event loop."""
 
-    def __init__(
-        self,
-        limits: Limits,
-        live_ids: Callable[[], Collection[str]],
-        *,
-        prune_interval: float = PRUNE_INTERVAL_S,
-    ) -> None:
+    def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._live_ids = live_ids
-        self._prune_interval = prune_interval
-        self._last_prune = float("-inf")
         self._starting = 0
         self._starting_mb = 0
         self._admitted: dict[str, int] = {}
         self._queue: deque[_Waiter] = deque()
-        self._ticker: asyncio.Task[None] | None = None
         self._closed = False
 
     # ----------------------------------------------------------------- numbers
@@ -143,13 +132,6 @@ class Admission:
         if self._admitted.pop(sandbox_id, None) is not None:
             self._pump()
 
-    def prune(self) -> None:
-        """Forget admitted sandboxes the engine no longer has alive."""
-        self._last_prune = time.monotonic()
-        live = set(self._live_ids())
-        for sid in [s for s in self._admitted if s not in live]:
-            del self._admitted[sid]
-
     def close(self) -> None:
         """Refuse new creates and fail the queued ones (the daemon is stopping)."""
         self._closed = True
@@ -157,8 +139,6 @@ class Admission:
             waiter = self._queue.popleft()
             if not waiter.granted.done():
                 waiter.granted.set_exception(_shutting_down())
-        if self._ticker is not None:
-            self._ticker.cancel()
 
     # -------------------------------------------------------------- internals
 
@@ -178,12 +158,7 @@ class Admission:
 
     def _blocked_by(self, memory_mb: int) -> str | None:
         """The cap a create of ``memory_mb`` would break now, or None if it fits."""
-        limit = self._over(memory_mb)
-        stale = time.monotonic() - self._last_prune >= self._prune_interval
-        if limit in ("max_sandboxes", "max_memory_mb") and stale:
-            self.prune()
-            limit = self._over(memory_mb)
-        return limit
+        return self._over(memory_mb)
 
     async def _wait(self, memory_mb: int) -> None:
         lim = self.limits
@@ -196,8 +171,6 @@ class Admission:
         waiter = _Waiter(memory_mb, asyncio.get_running_loop().create_future())
         self._queue.append(waiter)
         self._pump()
-        if self._ticker is None or self._ticker.done():
-            self._ticker = asyncio.create_task(self._tick(), name="corral-admission")
         try:
             await asyncio.wait({waiter.granted}, timeout=lim.queue_timeout)
         except asyncio.CancelledError:
@@ -243,13 +216,6 @@ class Admission:
             "or raise the limit",
             details={"limit": limit, "value": value, "queue_timeout": lim.queue_timeout},
         )
-
-    async def _tick(self) -> None:
-        # Sandboxes ended by the engine free room without telling anyone: look again
-        # now and then while creates wait.
-        while self._queue:
-            await asyncio.sleep(self._prune_interval)
-            self._pump()
 
 
 def _shutting_down() -> DaemonUnavailable:

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
-from corral.server.admission import LIVE_STATES, Admission, Limits
+from corral.server.admission import Admission, Limits
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
@@ -194,10 +194,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.settings = settings
     app.state.engine = engine
     app.state.activity = activity
-    admission = Admission(
-        limits, live_ids=lambda: {info.id for info in engine.list(state=LIVE_STATES)}
-    )
-    service = app.state.service = SandboxService(engine, admission)
+    service = app.state.service = SandboxService(engine, Admission(limits))
     app.state.admission, app.state.pools = service.admission, service.pools
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     return app

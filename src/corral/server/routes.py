@@ -99,7 +99,6 @@ async def health(request: Request) -> Response:
 
 async def info(request: Request) -> Response:
     engine, admission = ctx.engine(request), ctx.admission(request)
-    admission.prune()
     counts = {state.value: 0 for state in SandboxState}
     counts.update(engine.counts())
     lim = admission.limits

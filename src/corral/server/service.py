@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from corral.errors import Forbidden
+from corral.errors import Forbidden, SandboxNotFound
 from corral.runtime.engine import Engine
+from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
 from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
 from corral.server.admission import Admission
@@ -50,6 +51,11 @@ class SandboxService:
         self.engine = engine
         self.admission = admission
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
+        engine.events.subscribe(SandboxEnded, self._ended)
+
+    def _ended(self, event: SandboxEnded) -> None:
+        """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
+        self.release(event.sandbox_id)
 
     # ----------------------------------------------------------------- create
 
@@ -75,7 +81,15 @@ class SandboxService:
         async with self.admission.admit(spec.memory_mb) as slot:
             created = await self.engine.create(spec)
             slot.commit(created.id)
-            return created
+        if self._ended_already(created.id):  # it ended before it was counted
+            self.admission.release(created.id)
+        return created
+
+    def _ended_already(self, sandbox_id: str) -> bool:
+        try:
+            return self.engine.get(sandbox_id).state.terminal
+        except SandboxNotFound:
+            return True
 
     # ------------------------------------------------------------------- end
 

@@ -1,0 +1,61 @@
+"""What the engine announces: a sandbox changed state, a sandbox ended.
+
+Admission control, pools, metrics and the process tables subscribe here instead of
+polling the engine for sandboxes that went away. Listeners are called synchronously,
+on the engine's event loop, right after the registry records the change; they must
+be quick and must not raise (an exception is logged and the others still run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corral.schema import SandboxState
+
+log = logging.getLogger("corral.runtime")
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    sandbox_id: str
+    old: SandboxState
+    new: SandboxState
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class SandboxEnded:
+    """The sandbox's processes, mounts and cgroups are gone (``state`` is terminal)."""
+
+    sandbox_id: str
+    state: SandboxState
+    reason: str
+
+
+Listener = Callable[[object], None]
+
+
+class Events:
+    """A small synchronous publisher: ``subscribe(SandboxEnded, fn)`` → unsubscribe."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[type, list[Callable[..., None]]] = {}
+
+    def subscribe(self, kind: type, listener: Callable[..., None]) -> Callable[[], None]:
+        listeners = self._listeners.setdefault(kind, [])
+        listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in listeners:
+                listeners.remove(listener)
+
+        return unsubscribe
+
+    def emit(self, event: object) -> None:
+        for listener in list(self._listeners.get(type(event), ())):
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - one listener never breaks the engine
+                log.exception("a listener of %s failed", type(event).__name__)
