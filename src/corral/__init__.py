@@ -21,6 +21,7 @@ Where the daemon is: ``CORRAL_URL`` / ``CORRAL_SOCKET`` (see ``corral.client._co
 with neither, the SDK starts a shared local daemon itself.
 """
 
+from corral._version import __version__
 from corral.client._async import (
     AsyncClient,
     AsyncExecStream,
@@ -83,8 +84,6 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",

@@ -20,7 +20,7 @@ from typing import Any
 
 import uvicorn
 
-import corral
+from corral._version import __version__
 from corral.errors import InvalidArgument, InvalidState
 from corral.runtime.engine import Engine
 from corral.server.admission import LIVE_STATES
@@ -235,7 +235,7 @@ def _log_start(settings: ServerSettings, engine: Engine, sockets: list[socket.so
         where.append(f"http://{host}:{port} (bearer token required)")
     logger.info(
         "corral %s listening on %s; state %s; pid %d",
-        corral.__version__,
+        __version__,
         " and ".join(where),
         engine.layout.state_dir,
         os.getpid(),

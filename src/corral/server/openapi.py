@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import corral
+from corral._version import __version__
 from corral.server.endpoint import NDJSON, RAW, Endpoint
 from corral.server.models import ErrorResponse, StreamEvent
 
@@ -126,7 +126,7 @@ def openapi_document(endpoints: tuple[Endpoint, ...]) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "corral",
-            "version": corral.__version__,
+            "version": __version__,
             "description": "Self-hosted sandboxes for reinforcement learning (docs/api.md).",
         },
         "paths": paths,

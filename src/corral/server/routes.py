@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-import corral
+from corral._version import __version__
 from corral.errors import CorralError, InvalidArgument
 from corral.pool_schema import AcquireRequest, PoolSpec
 from corral.runtime.pathutil import resolve_path
@@ -104,7 +104,7 @@ async def info(request: Request) -> Response:
     lim = admission.limits
     return JSONResponse(
         {
-            "version": corral.__version__,
+            "version": __version__,
             "cgroup_version": engine.cgroups.version,
             "capacity": dataclasses.asdict(lim),
             "committed_memory_mb": admission.committed_memory_mb,

@@ -5,9 +5,8 @@ from corral.client._async._files import AsyncFiles
 from corral.client._async._image import AsyncImage
 from corral.client._async._pool import AsyncPool
 from corral.client._async._process import AsyncProcess
-from corral.client._async._sandbox import AsyncSandbox
+from corral.client._async._sandbox import AsyncSandbox, AsyncSnapshot
 from corral.client._async._session import AsyncSession
-from corral.client._async._snapshot import AsyncSnapshot
 from corral.client._async._stream import AsyncExecStream
 
 __all__ = [

@@ -1,10 +1,11 @@
-"""One sandbox: create, connect, run commands, move files, pause, stop, delete."""
+"""One sandbox: create, connect, run commands, move files, pause, stop, delete; and a
+snapshot of one, which new sandboxes start from (one module: each makes the other)."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 from urllib.parse import quote
 
 from corral.client import _validate
@@ -24,9 +25,6 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
-
-if TYPE_CHECKING:
-    from corral.client._async._snapshot import AsyncSnapshot
 
 
 class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
@@ -231,8 +229,6 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """Commit the sandbox's files as a snapshot (its processes are frozen meanwhile,
         then go on); start copies with :meth:`AsyncSnapshot.restore` or
         ``create(snapshot=...)``. ``name`` must be unique on the daemon."""
-        from corral.client._async._snapshot import AsyncSnapshot
-
         body = {} if name is None else {"name": _validate.text("name", name)}
         response = await self._client.request("POST", f"{self._path}/snapshot", json=body)
         return AsyncSnapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
@@ -347,3 +343,84 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.state.value} image={self._info.image!r}>"
+
+
+class AsyncSnapshot:
+    """A snapshot on the daemon; take one with :meth:`AsyncSandbox.snapshot`.
+
+    Every sandbox restored from it starts with the files the sandbox had when the
+    snapshot was taken, and the spec fields not given (all but ``tags``); copies never
+    see each other's writes::
+
+        snap = await base.snapshot(name="with-deps")
+        sb = await snap.restore(tags=["episode=1"])      # or AsyncSandbox.create(snapshot=snap)
+        await snap.delete()                              # sb keeps running
+    """
+
+    def __init__(self, info: SnapshotInfo, *, client: AsyncClient) -> None:
+        self._info = info
+        self._client = client
+        self._path = f"/v1/snapshots/{quote(info.id, safe='')}"
+
+    @classmethod
+    async def get(cls, id_or_name: str, *, client: AsyncClient | None = None) -> Self:
+        """A snapshot by id or name; :class:`~corral.errors.SnapshotNotFound` if none."""
+        client = client or AsyncClient.default()
+        response = await client.request("GET", f"/v1/snapshots/{quote(id_or_name, safe='')}")
+        return cls(SnapshotInfo.model_validate(response.json()), client=client)
+
+    @classmethod
+    async def list(cls, *, client: AsyncClient | None = None) -> builtins.list[Self]:
+        """Every snapshot on the daemon."""
+        client = client or AsyncClient.default()
+        response = await client.request("GET", "/v1/snapshots")
+        return [
+            cls(SnapshotInfo.model_validate(d), client=client)
+            for d in response.json()["snapshots"]
+        ]
+
+    @property
+    def info(self) -> SnapshotInfo:
+        return self._info
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def name(self) -> str | None:
+        return self._info.name
+
+    @property
+    def image(self) -> str:
+        return self._info.image
+
+    @property
+    def layers(self) -> builtins.list[str]:
+        return self._info.layers
+
+    @property
+    def size_bytes(self) -> int:
+        return self._info.size_bytes
+
+    @property
+    def created_at(self) -> float:
+        return self._info.created_at
+
+    @property
+    def client(self) -> AsyncClient:
+        return self._client
+
+    async def restore(self, **overrides: Any) -> AsyncSandbox:
+        """A new sandbox on this snapshot's files; ``overrides`` are keyword arguments
+        of :meth:`AsyncSandbox.create` (``memory_mb``, ``tags``, ...)."""
+        overrides.setdefault("client", self._client)
+        return await AsyncSandbox.create(snapshot=self.id, **overrides)
+
+    async def delete(self) -> None:
+        """Delete the snapshot (idempotent); sandboxes restored from it keep running."""
+        await self._client.request("DELETE", self._path)
+
+    def __repr__(self) -> str:
+        name = f" name={self.name!r}" if self.name else ""
+        return f"<{type(self).__name__} {self.id}{name} image={self.image!r}>"

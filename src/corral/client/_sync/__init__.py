@@ -7,9 +7,8 @@ from corral.client._sync._files import Files
 from corral.client._sync._image import Image
 from corral.client._sync._pool import Pool
 from corral.client._sync._process import Process
-from corral.client._sync._sandbox import Sandbox
+from corral.client._sync._sandbox import Sandbox, Snapshot
 from corral.client._sync._session import Session
-from corral.client._sync._snapshot import Snapshot
 from corral.client._sync._stream import ExecStream
 
 __all__ = [

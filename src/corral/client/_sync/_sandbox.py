@@ -1,12 +1,13 @@
 # Generated from _async/_sandbox.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
-"""One sandbox: create, connect, run commands, move files, pause, stop, delete."""
+"""One sandbox: create, connect, run commands, move files, pause, stop, delete; and a
+snapshot of one, which new sandboxes start from (one module: each makes the other)."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 from urllib.parse import quote
 
 from corral.client import _validate
@@ -26,9 +27,6 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
-
-if TYPE_CHECKING:
-    from corral.client._sync._snapshot import Snapshot
 
 
 class Sandbox(CleanupOnExit, SandboxFutures):
@@ -233,8 +231,6 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         """Commit the sandbox's files as a snapshot (its processes are frozen meanwhile,
         then go on); start copies with :meth:`Snapshot.restore` or
         ``create(snapshot=...)``. ``name`` must be unique on the daemon."""
-        from corral.client._sync._snapshot import Snapshot
-
         body = {} if name is None else {"name": _validate.text("name", name)}
         response = self._client.request("POST", f"{self._path}/snapshot", json=body)
         return Snapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
@@ -349,3 +345,84 @@ class Sandbox(CleanupOnExit, SandboxFutures):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.state.value} image={self._info.image!r}>"
+
+
+class Snapshot:
+    """A snapshot on the daemon; take one with :meth:`Sandbox.snapshot`.
+
+    Every sandbox restored from it starts with the files the sandbox had when the
+    snapshot was taken, and the spec fields not given (all but ``tags``); copies never
+    see each other's writes::
+
+        snap = base.snapshot(name="with-deps")
+        sb = snap.restore(tags=["episode=1"])      # or Sandbox.create(snapshot=snap)
+        snap.delete()                              # sb keeps running
+    """
+
+    def __init__(self, info: SnapshotInfo, *, client: Client) -> None:
+        self._info = info
+        self._client = client
+        self._path = f"/v1/snapshots/{quote(info.id, safe='')}"
+
+    @classmethod
+    def get(cls, id_or_name: str, *, client: Client | None = None) -> Self:
+        """A snapshot by id or name; :class:`~corral.errors.SnapshotNotFound` if none."""
+        client = client or Client.default()
+        response = client.request("GET", f"/v1/snapshots/{quote(id_or_name, safe='')}")
+        return cls(SnapshotInfo.model_validate(response.json()), client=client)
+
+    @classmethod
+    def list(cls, *, client: Client | None = None) -> builtins.list[Self]:
+        """Every snapshot on the daemon."""
+        client = client or Client.default()
+        response = client.request("GET", "/v1/snapshots")
+        return [
+            cls(SnapshotInfo.model_validate(d), client=client)
+            for d in response.json()["snapshots"]
+        ]
+
+    @property
+    def info(self) -> SnapshotInfo:
+        return self._info
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def name(self) -> str | None:
+        return self._info.name
+
+    @property
+    def image(self) -> str:
+        return self._info.image
+
+    @property
+    def layers(self) -> builtins.list[str]:
+        return self._info.layers
+
+    @property
+    def size_bytes(self) -> int:
+        return self._info.size_bytes
+
+    @property
+    def created_at(self) -> float:
+        return self._info.created_at
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def restore(self, **overrides: Any) -> Sandbox:
+        """A new sandbox on this snapshot's files; ``overrides`` are keyword arguments
+        of :meth:`Sandbox.create` (``memory_mb``, ``tags``, ...)."""
+        overrides.setdefault("client", self._client)
+        return Sandbox.create(snapshot=self.id, **overrides)
+
+    def delete(self) -> None:
+        """Delete the snapshot (idempotent); sandboxes restored from it keep running."""
+        self._client.request("DELETE", self._path)
+
+    def __repr__(self) -> str:
+        name = f" name={self.name!r}" if self.name else ""
+        return f"<{type(self).__name__} {self.id}{name} image={self.image!r}>"

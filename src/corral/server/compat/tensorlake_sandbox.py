@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import corral
+from corral._version import __version__
 from corral.errors import CorralError, InvalidArgument, NotFound
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
@@ -505,7 +505,7 @@ async def info(request: Request) -> Response:
     procs = processes(request).list(sandbox.id)
     return JSONResponse(
         {
-            "version": corral.__version__,
+            "version": __version__,
             "uptime_secs": int(time.time() - (sandbox.started_at or sandbox.created_at)),
             "running_processes": sum(not p.done for p in procs),
             "total_processes": len(procs),
