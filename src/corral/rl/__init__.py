@@ -45,6 +45,7 @@ _LAZY = {
     "Policy": "corral.rl._policy",
     "EpisodeErrors": "corral.rl.evaluation",
     "EvalEpisode": "corral.rl.evaluation",
+    "EvalOptions": "corral.rl._eval_options",
     "EvalResult": "corral.rl.evaluation",
     "aevaluate": "corral.rl.evaluation",
     "evaluate": "corral.rl.evaluation",

@@ -57,6 +57,10 @@ from corral.rl._cache import (
     policy_key,
     same_trajectory,
 )
+from corral.rl._eval_options import (
+    EvalOptions,
+    parse_seeds,
+)
 from corral.rl._eval_result import (
     EpisodeErrors,
     EvalEpisode,
@@ -69,8 +73,6 @@ from corral.rl._eval_result import (
 from corral.rl._policy import CODE_FILE, WEIGHTS_FILE, EnvSpec, Policy
 from corral.rl._progress import EpisodeProgress
 from corral.rl.episodes import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_RETRIES,
     EpisodeError,
     EpisodeResult,
     EpisodeRunner,
@@ -79,10 +81,10 @@ from corral.rl.episodes import (
     is_infrastructure_error,
     sandbox_lost,
 )
-from corral.rl.stats import CI_METHODS, DEFAULT_CONFIDENCE, Summary, summarize
+from corral.rl.stats import Summary, summarize
 
-__all__ = ["EpisodeErrors", "EvalEpisode", "EvalResult", "SeedStats", "aevaluate", "evaluate",
-           "parse_seeds"]
+__all__ = ["EpisodeErrors", "EvalEpisode", "EvalOptions", "EvalResult", "SeedStats", "aevaluate",
+           "evaluate", "parse_seeds"]
 
 EVAL_DIR = "/workspace/.corral-eval"
 RUNNER = f"{EVAL_DIR}/runner.py"
@@ -93,34 +95,11 @@ RUNNER_ENV = {
     # One core per sandbox: BLAS thread pools would only start threads and contend.
     "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
 }
-DEFAULT_SEEDS = range(100)
-DEFAULT_EPISODE_TIMEOUT_S = 60.0
 DEFAULT_SANDBOX = {"memory_mb": 512, "cpus": 1.0}
 CHECK_TIMEOUT_S = 180.0
 EXEC_MARGIN_S = 30.0
-DEFAULT_ADAPTIVE_BUDGET = 1000
 FAILED = ("error", "timeout")  # the policy's failures (infrastructure failures are apart)
 MIN_ADAPTIVE_EPISODES = 10
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``"0-99"``, ``"1,5,9"`` or ``"0-9,100-109"`` as a list of seeds.
-
-    >>> parse_seeds("0-3,10")
-    [0, 1, 2, 3, 10]
-    """
-    seeds: list[int] = []
-    for part in text.replace(" ", "").split(","):
-        lo, sep, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise InvalidArgument(
-                f"seeds {text!r}: write ranges and numbers like 0-99 or 1,5,9") from None
-        if first < 0 or last < first:
-            raise InvalidArgument(f"seeds {text!r}: {part!r} is not an ascending range of seeds >= 0")
-        seeds.extend(range(first, last + 1))
-    return seeds
 
 
 def _plan(seeds: Iterable[int], per_seed: int) -> Iterator[Key]:
@@ -294,190 +273,163 @@ def _open_cache(cache: bool | str | Path | EpisodeCache | None) -> EpisodeCache 
     return EpisodeCache(default_cache_path() if cache is True else cache)
 
 
-def _check_positive(name: str, value: Any, *, integer: bool = False) -> None:
-    kind = int if integer else (int, float)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value <= 0):
-        raise InvalidArgument(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}")
-
-
 async def aevaluate(
-    policy: Policy | str | Path,
-    env: EnvSpec | str = "CartPole-v1",
-    *,
-    seeds: Iterable[int] | str | None = None,
-    episodes_per_seed: int = 1,
-    env_kwargs: Mapping[str, Any] | None = None,
-    image: str | None = None,
-    max_steps: int | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    timeout: float = DEFAULT_EPISODE_TIMEOUT_S,
-    retries: int = DEFAULT_RETRIES,
-    episodes_per_sandbox: int = 1,
-    sandbox: Mapping[str, Any] | None = None,
-    adaptive: bool = False,
-    target_halfwidth: float | None = None,
-    budget_episodes: int | None = None,
-    budget_seconds: float | None = None,
-    batch_size: int | None = None,
-    confidence: float = DEFAULT_CONFIDENCE,
-    on_error: str | float = "raise",
-    error_return: float | None = None,
-    ci_method: str | None = None,
-    bounds: tuple[float, float] | None = None,
-    cache: bool | str | Path | EpisodeCache | None = True,
-    png: str | Path | None = None,
-    progress: bool | EpisodeProgress = False,
-    label: str | None = None,
-    client: Any = None,
+    policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **options: Any
 ) -> EvalResult:
-    """:func:`evaluate` for asyncio code (the same arguments)."""
+    """:func:`evaluate` for asyncio code (the same arguments; see :class:`EvalOptions`)."""
+    opts = EvalOptions.of(options)
     pol = Policy.coerce(policy)
-    if label:
-        pol = Policy(pol.kind, pol.files, label)
-    spec = EnvSpec.coerce(env, kwargs=env_kwargs, image=image, max_steps=max_steps)
-    for name, value, integer in (
-        ("episodes_per_seed", episodes_per_seed, True), ("concurrency", concurrency, True),
-        ("timeout", timeout, False), ("episodes_per_sandbox", episodes_per_sandbox, True),
-        ("target_halfwidth", target_halfwidth, False), ("budget_episodes", budget_episodes, True),
-        ("budget_seconds", budget_seconds, False), ("batch_size", batch_size, True),
-    ):
-        _check_positive(name, value, integer=integer)
-    mode, error_value = error_scoring(on_error, error_return)
-    bounds = bounds if bounds is not None else spec.return_bounds
-    if ci_method is None:  # the t interval is symmetric: it leaves a bounded range
-        ci_method = "bootstrap" if bounds is not None else "t"
-    if ci_method not in CI_METHODS:
-        raise InvalidArgument(f"ci_method must be one of {', '.join(CI_METHODS)}, got {ci_method!r}")
-    summarize([], confidence, bounds=bounds)  # validates confidence and bounds
-    if adaptive and target_halfwidth is None:
-        raise InvalidArgument("adaptive evaluation needs target_halfwidth (the CI half-width to reach)")
-    if isinstance(seeds, str):
-        seeds = parse_seeds(seeds)
-    if seeds is None:
-        seeds = itertools.count() if adaptive else DEFAULT_SEEDS
-    if adaptive and budget_episodes is None and budget_seconds is None and not hasattr(seeds, "__len__"):
-        budget_episodes = DEFAULT_ADAPTIVE_BUDGET
-    plan = _plan(seeds, episodes_per_seed)
-    if adaptive:
-        batch_size = batch_size or 2 * concurrency * episodes_per_sandbox
+    if opts.label:
+        pol = Policy(pol.kind, pol.files, opts.label)
+    spec = EnvSpec.coerce(env, kwargs=opts.env_kwargs, image=opts.image, max_steps=opts.max_steps)
+    opts = opts.checked(spec.return_bounds)
+    mode, error_value = error_scoring(opts.on_error, opts.error_return)
+    loop = _EvalLoop(pol, spec, opts, mode, error_value)
+    result = await loop.run()
+    if opts.png is not None:
+        result.save_png(opts.png)
+    return result
 
-    store = _open_cache(cache)
-    run = _Evaluation(pol, spec, client=client, timeout=timeout, concurrency=concurrency,
-                      retries=retries, per_sandbox=episodes_per_sandbox, sandbox=sandbox or {})
-    episodes: dict[Key, EvalEpisode] = {}
-    cache_hits = 0
-    env_key = spec.key()
-    started = time.perf_counter()
-    bar = progress if isinstance(progress, EpisodeProgress) else EpisodeProgress(
-        budget_episodes if adaptive else None, label=f"{pol.label} on {spec}", enabled=bool(progress))
-    own_bar = not isinstance(progress, EpisodeProgress)
 
-    def stats(method: str = ci_method) -> Summary:
-        values = [e.episode_return if e.ok else error_value for e in episodes.values()
+class _EvalLoop:
+    """One evaluation: batches of episodes, the cache, the live bar, when to stop."""
+
+    def __init__(
+        self, pol: Policy, spec: EnvSpec, opts: EvalOptions, mode: str, error_value: float | None
+    ) -> None:
+        self.pol, self.spec, self.opts = pol, spec, opts
+        self.mode, self.error_value = mode, error_value
+        self.store = _open_cache(opts.cache)
+        self.evaluation = _Evaluation(
+            pol, spec, client=opts.client, timeout=opts.timeout, concurrency=opts.concurrency,
+            retries=opts.retries, per_sandbox=opts.episodes_per_sandbox,
+            sandbox=opts.sandbox or {},
+        )
+        self.episodes: dict[Key, EvalEpisode] = {}
+        self.cache_hits = 0
+        self.env_key = spec.key()
+        # The cache serves a policy only once a re-run episode showed it deterministic.
+        self.verdict_key = policy_key(pol.hash, self.env_key)
+        self.deterministic = (
+            self.store.verdict(self.verdict_key) if self.store is not None else None
+        )
+        self.unwritten: list[EvalEpisode] = []
+        progress = opts.progress
+        self.own_bar = not isinstance(progress, EpisodeProgress)
+        self.bar = progress if isinstance(progress, EpisodeProgress) else EpisodeProgress(
+            opts.budget_episodes if opts.adaptive else None, label=f"{pol.label} on {spec}",
+            enabled=bool(progress))
+
+    def stats(self, method: str | None = None) -> Summary:
+        error_value = self.error_value
+        values = [e.episode_return if e.ok else error_value for e in self.episodes.values()
                   if e.ok or (error_value is not None and e.status in FAILED)]
-        return summarize(values, confidence, method=method, bounds=bounds)  # type: ignore[arg-type]
+        return summarize(values, self.opts.confidence, method=method or self.opts.ci_method,  # type: ignore[arg-type]
+                         bounds=self.opts.bounds)
 
-    # The cache serves a policy only once a re-run episode showed it deterministic.
-    verdict_key = policy_key(pol.hash, env_key)
-    deterministic = store.verdict(verdict_key) if store is not None else None
-    unwritten: list[EvalEpisode] = []
-
-    def keep(eps: list[EvalEpisode]) -> None:
-        if store is None or deterministic is False:
+    def keep(self, eps: list[EvalEpisode]) -> None:
+        if self.store is None or self.deterministic is False:
             return
-        unwritten.extend(e for e in eps if e.ok)
-        if deterministic:
-            store.put_many((episode_key(pol.hash, env_key, *e.key), _record(e)) for e in unwritten)
-            unwritten.clear()
+        self.unwritten.extend(e for e in eps if e.ok)
+        if self.deterministic:
+            self.store.put_many(
+                (episode_key(self.pol.hash, self.env_key, *e.key), _record(e))
+                for e in self.unwritten
+            )
+            self.unwritten.clear()
 
-    def judge(rerun: EvalEpisode) -> None:
-        nonlocal deterministic
-        same = same_trajectory(episodes[rerun.key], rerun)
-        if same is not None and store is not None:
-            deterministic = same
-            store.put_verdict(verdict_key, same)
-            keep([])
+    def judge(self, rerun: EvalEpisode) -> None:
+        same = same_trajectory(self.episodes[rerun.key], rerun)
+        if same is not None and self.store is not None:
+            self.deterministic = same
+            self.store.put_verdict(self.verdict_key, same)
+            self.keep([])
 
-    def note(eps: list[EvalEpisode], status: str | None = None) -> None:
+    def note(self, eps: list[EvalEpisode], status: str | None = None) -> None:
         for e in eps:
-            episodes[e.key] = e
-        s = stats("t")  # the live bar's interval: cheap
+            self.episodes[e.key] = e
+        s = self.stats("t")  # the live bar's interval: cheap
         extra = f"mean {s.mean:.4g} ± {s.halfwidth:.3g}" if s.n >= 2 else ""
         for e in eps:
-            bar.advance(status or e.status, extra=extra)
+            self.bar.advance(status or e.status, extra=extra)
 
-    stop_reason = "complete"
-    try:
-        if own_bar:
-            bar.__enter__()
+    async def run(self) -> EvalResult:
+        started = time.perf_counter()
+        try:
+            if self.own_bar:
+                self.bar.__enter__()
+            stop_reason = await self._batches(started)
+        finally:
+            if self.own_bar:
+                self.bar.__exit__(None, None, None)
+            try:
+                await self.evaluation.close()
+            finally:
+                if self.store is not None and not isinstance(self.opts.cache, EpisodeCache):
+                    self.store.close()
+        ordered = sorted(self.episodes.values(), key=lambda e: e.key)
+        if stop_reason == "policy_failed":
+            cached = bool(self.store is not None and self.deterministic)
+            raise _episode_errors(self.pol, self.spec, ordered, cached=cached)
+        opts = self.opts
+        return EvalResult(
+            self.pol.label, self.pol.hash, self.spec, ordered, self.stats(), self.error_value,
+            stop_reason, time.perf_counter() - started, self.evaluation.sandboxes_created,
+            self.cache_hits, opts.target_halfwidth if opts.adaptive else None,
+            on_error=self.mode, deterministic=self.deterministic)
+
+    async def _batches(self, started: float) -> str:
+        """Run batches until the plan is done or a stopping rule holds; the reason."""
+        opts = self.opts
+        plan = _plan(opts.seeds, opts.episodes_per_seed)  # type: ignore[arg-type]
         while True:
             want = None
-            if adaptive:
-                want = batch_size if budget_episodes is None else min(
-                    batch_size, budget_episodes - len(episodes))  # type: ignore[type-var]
+            if opts.adaptive:
+                want = opts.batch_size if opts.budget_episodes is None else min(
+                    opts.batch_size, opts.budget_episodes - len(self.episodes))  # type: ignore[type-var]
             batch = list(plan if want is None else itertools.islice(plan, want))
             if not batch:
-                stop_reason = "seeds_exhausted" if adaptive else "complete"
-                break
-            if not adaptive:
-                bar.set_total(len(batch))
-            hits: dict[str, dict[str, Any]] = {}
-            keyed = {key: episode_key(pol.hash, env_key, *key) for key in batch}
-            if store is not None and deterministic:
-                hits = store.get_many(keyed.values())
-            cached = [EvalEpisode.from_record(hits[keyed[key]], cached=True)
-                      for key in batch if keyed[key] in hits]
-            cache_hits += len(cached)
-            note(cached, "cached")
-            todo = [key for key in batch if keyed[key] not in hits]
-            if todo:
-                verify = store is not None and deterministic is None
-                rerun: EvalEpisode | None = None
-                async for eps, is_rerun in run.run(todo, verify=verify):
-                    if is_rerun:
-                        rerun = eps[0]
-                        if rerun.key in episodes:
-                            judge(rerun)
-                        continue
-                    note(eps)
-                    keep(eps)
-                    if rerun is not None and rerun.key in {e.key for e in eps}:
-                        judge(rerun)
-            failed = sum(e.status in FAILED for e in episodes.values())
-            if mode == "raise" and failed:
-                stop_reason = "policy_failed"
-                break
-            if not adaptive:
-                break
-            s = stats()
-            if s.n >= MIN_ADAPTIVE_EPISODES and s.halfwidth <= target_halfwidth:  # type: ignore[operator]
-                stop_reason = "target"
-                break
-            if budget_episodes is not None and len(episodes) >= budget_episodes:
-                stop_reason = "budget_episodes"
-                break
-            if budget_seconds is not None and time.perf_counter() - started >= budget_seconds:
-                stop_reason = "budget_seconds"
-                break
-    finally:
-        if own_bar:
-            bar.__exit__(None, None, None)
-        try:
-            await run.close()
-        finally:
-            if store is not None and not isinstance(cache, EpisodeCache):
-                store.close()
+                return "seeds_exhausted" if opts.adaptive else "complete"
+            if not opts.adaptive:
+                self.bar.set_total(len(batch))
+            await self._batch(batch)
+            failed = sum(e.status in FAILED for e in self.episodes.values())
+            if self.mode == "raise" and failed:
+                return "policy_failed"
+            if not opts.adaptive:
+                return "complete"
+            s = self.stats()
+            if s.n >= MIN_ADAPTIVE_EPISODES and s.halfwidth <= opts.target_halfwidth:  # type: ignore[operator]
+                return "target"
+            if opts.budget_episodes is not None and len(self.episodes) >= opts.budget_episodes:
+                return "budget_episodes"
+            if opts.budget_seconds is not None and time.perf_counter() - started >= opts.budget_seconds:
+                return "budget_seconds"
 
-    ordered = sorted(episodes.values(), key=lambda e: e.key)
-    if stop_reason == "policy_failed":
-        raise _episode_errors(pol, spec, ordered, cached=bool(store is not None and deterministic))
-    result = EvalResult(
-        pol.label, pol.hash, spec, ordered, stats(), error_value, stop_reason,
-        time.perf_counter() - started, run.sandboxes_created, cache_hits,
-        target_halfwidth if adaptive else None, on_error=mode, deterministic=deterministic)
-    if png is not None:
-        result.save_png(png)
-    return result
+    async def _batch(self, batch: list[Key]) -> None:
+        hits: dict[str, dict[str, Any]] = {}
+        keyed = {key: episode_key(self.pol.hash, self.env_key, *key) for key in batch}
+        if self.store is not None and self.deterministic:
+            hits = self.store.get_many(keyed.values())
+        cached = [EvalEpisode.from_record(hits[keyed[key]], cached=True)
+                  for key in batch if keyed[key] in hits]
+        self.cache_hits += len(cached)
+        self.note(cached, "cached")
+        todo = [key for key in batch if keyed[key] not in hits]
+        if not todo:
+            return
+        verify = self.store is not None and self.deterministic is None
+        rerun: EvalEpisode | None = None
+        async for eps, is_rerun in self.evaluation.run(todo, verify=verify):
+            if is_rerun:
+                rerun = eps[0]
+                if rerun.key in self.episodes:
+                    self.judge(rerun)
+                continue
+            self.note(eps)
+            self.keep(eps)
+            if rerun is not None and rerun.key in {e.key for e in eps}:
+                self.judge(rerun)
 
 
 def _episode_errors(pol: Policy, spec: EnvSpec, episodes: list[EvalEpisode], *,
