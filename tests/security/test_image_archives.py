@@ -18,7 +18,7 @@ from corral.runtime.oci import apply_layer
 from corral.runtime.paths import Layout
 from tests.conftest import requires_root
 from tests.runtime.oci_archives import Layer, base_layer, docker_save
-from tests.server.conftest import assert_error, client  # noqa: F401 (a fixture)
+from tests.server.conftest import assert_error, uds_client
 
 BAD_WHITEOUTS = [".wh...", ".wh..", ".wh.", "etc/.wh...", "etc/.wh..", "etc/.wh."]
 
@@ -52,9 +52,18 @@ def test_a_good_whiteout_still_deletes_its_entry(tmp_path):
 
 
 @requires_root
-def test_importing_a_climbing_whiteout_is_a_typed_400(client):
-    """Over the API: the typed error (the daemon logs no traceback: see ``client``), no
-    image made, and every image the daemon had is still there."""
+def test_importing_a_climbing_whiteout_is_a_typed_400(daemon):
+    """Over the API: the typed error, no traceback in the daemon's log, no image made,
+    and every image the daemon had is still there."""
+    logged = daemon.log.stat().st_size
+    with uds_client(daemon.socket) as client:
+        _import_climbing_whiteouts(client)
+    with open(daemon.log, "rb") as log:
+        log.seek(logged)
+        assert b"Traceback" not in log.read(), f"the daemon logged an error: {daemon.log}"
+
+
+def _import_climbing_whiteouts(client) -> None:
     rootfs = ImageStore(Layout.create().images_dir).get("python").rootfs
     before = {i["name"] for i in client.get("/v1/images").json()["images"]}
     for whiteout in (".wh...", "etc/.wh.."):
