@@ -40,27 +40,25 @@ from starlette.routing import Route, Router
 from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
 from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
 from corral.runtime.pools import PoolManager
-from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, validate_model
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo, validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat import tensorlake_sandbox
+from corral.server.compat import tensorlake_scope as scope
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import (
     NAME_TAG,
-    NS_TAG,
     TAG,
     TensorlakeSettings,
-    base_url,
     check_image,
     check_name,
     created_json,
-    namespace,
     refuse,
-    resolve,
     resources,
     sandbox_json,
     settings,
     snapshot_json,
 )
+from corral.server.compat.tensorlake_scope import namespace, sandbox_url
 from corral.server.routes import (
     _admission,
     _engine,
@@ -147,7 +145,7 @@ def _spec(
             )
         if not req.network.allow_internet_access:
             network = NetworkMode.NONE
-    tags = [TAG, NS_TAG + ns]
+    tags = [TAG, scope.ns_tag(ns)]
     if name is not None:
         tags.append(NAME_TAG + check_name(name))
     fields: dict[str, Any] = {"tags": tags}
@@ -179,11 +177,12 @@ async def create_sandbox(request: Request) -> Response:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
     if req.exposed_ports:
         raise refuse("exposed_ports", "corral sandboxes have no ingress proxy")
-    spec = _spec(req, settings(request), ns, name=req.name, snapshot_id=req.snapshot_id)
-    if req.snapshot_id is None:
+    snap = None if req.snapshot_id is None else scope.snapshot(engine, req.snapshot_id, ns).id
+    spec = _spec(req, settings(request), ns, name=req.name, snapshot_id=snap)
+    if snap is None:
         check_image(engine, req.image, spec.image)
     if req.name is not None:
-        holders = engine.list(tags=[NAME_TAG + req.name], state=LIVE_STATES)
+        holders = engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES)
         if holders:
             raise InvalidState(
                 f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
@@ -194,7 +193,7 @@ async def create_sandbox(request: Request) -> Response:
     engine.images.get(spec.image)
     created = await _unless_gone(request, create_admitted(engine, _admission(request), spec))
     status = 202 if req.wait is False else 200
-    return JSONResponse(created_json(created, base_url(request)), status_code=status)
+    return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
 
 
 def _pool_ready_ids(pools: PoolManager) -> set[str]:
@@ -202,21 +201,21 @@ def _pool_ready_ids(pools: PoolManager) -> set[str]:
 
 
 async def list_sandboxes(request: Request) -> Response:
-    ns, url = namespace(request), base_url(request)
+    ns, url = namespace(request), sandbox_url(request)
     warm = _pool_ready_ids(_pools(request))  # a pool's idle sandboxes are not handed out
-    infos = _engine(request).list(tags=[NS_TAG + ns])
+    infos = _engine(request).list(tags=[scope.ns_tag(ns)])
     return JSONResponse(
         {"sandboxes": [sandbox_json(i, ns, url) for i in infos if i.id not in warm]}
     )
 
 
 def _target(request: Request) -> SandboxInfo:
-    return resolve(_engine(request), request.path_params["sandbox_id"])
+    return scope.resolve(_engine(request), request.path_params["sandbox_id"], namespace(request))
 
 
 async def get_sandbox(request: Request) -> Response:
     info = _target(request)
-    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+    return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 async def delete_sandbox(request: Request) -> Response:
@@ -229,12 +228,12 @@ async def delete_sandbox(request: Request) -> Response:
 
 async def suspend_sandbox(request: Request) -> Response:
     info = await _engine(request).pause(_target(request).id)
-    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+    return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 async def resume_sandbox(request: Request) -> Response:
     info = await _engine(request).resume(_target(request).id)
-    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+    return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 class _SnapshotRequest(_Loose):
@@ -255,7 +254,7 @@ async def snapshot_sandbox(request: Request) -> Response:
 
 async def list_sandbox_snapshots(request: Request) -> Response:
     sid, ns = _target(request).id, namespace(request)
-    snaps = [s for s in _engine(request).list_snapshots() if s.source_sandbox == sid]
+    snaps = [s for s in scope.snapshots(_engine(request), ns) if s.source_sandbox == sid]
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
@@ -283,7 +282,7 @@ async def copy_sandbox(request: Request) -> Response:
         if failed:
             raise failed[0]
         raise ClientDisconnect()
-    url = base_url(request)
+    url = sandbox_url(request)
     return JSONResponse(
         {"source_sandbox_id": source.id, "sandboxes": [created_json(i, url) for i in ok]}
     )
@@ -294,19 +293,23 @@ async def copy_sandbox(request: Request) -> Response:
 
 async def list_snapshots(request: Request) -> Response:
     ns = namespace(request)
-    snaps = _engine(request).list_snapshots()
+    snaps = scope.snapshots(_engine(request), ns)
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
+def _snapshot(request: Request) -> SnapshotInfo:
+    ref = request.path_params["snapshot_id"]
+    return scope.snapshot(_engine(request), ref, namespace(request))
+
+
 async def get_snapshot(request: Request) -> Response:
-    snap = _engine(request).get_snapshot(request.path_params["snapshot_id"])
-    return JSONResponse(snapshot_json(snap, namespace(request)))
+    return JSONResponse(snapshot_json(_snapshot(request), namespace(request)))
 
 
 async def delete_snapshot(request: Request) -> Response:
-    ref = request.path_params["snapshot_id"]
-    if not await _engine(request).delete_snapshot(ref):
-        raise SnapshotNotFound(f"no snapshot {ref!r}", details={"snapshot_id": ref})
+    snap = _snapshot(request)
+    if not await _engine(request).delete_snapshot(snap.id):
+        raise SnapshotNotFound(f"no snapshot {snap.id!r}", details={"snapshot_id": snap.id})
     return JSONResponse({})
 
 
@@ -314,7 +317,7 @@ async def delete_snapshot(request: Request) -> Response:
 
 
 def _pool_json(request: Request, name: str, *, detail: bool) -> dict[str, Any]:
-    got = _pools(request).get_pool(name)
+    got = scope.pool(_pools(request), name, namespace(request))
     spec = got.spec
     body: dict[str, Any] = {
         "id": got.name,
@@ -350,7 +353,7 @@ async def create_pool(request: Request) -> Response:
 
 
 async def list_pools(request: Request) -> Response:
-    names = [p.name for p in _pools(request).list_pools()]
+    names = scope.pool_names(_pools(request), namespace(request))
     return JSONResponse({"pools": [_pool_json(request, n, detail=False) for n in names]})
 
 
@@ -359,7 +362,7 @@ async def get_pool(request: Request) -> Response:
 
 
 async def delete_pool(request: Request) -> Response:
-    name = request.path_params["pool_id"]
+    name = scope.pool(_pools(request), request.path_params["pool_id"], namespace(request)).name
     if not await _pools(request).delete_pool(name):
         raise NotFound(f"no sandbox pool {name!r}", details={"pool": name})
     return JSONResponse({})
@@ -382,9 +385,10 @@ async def claim_sandbox(request: Request) -> Response:
     body: _ClaimRequest = await _body(request, _ClaimRequest, "claim request")
     if body.file_systems:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
-    work = _pools(request).acquire(request.path_params["pool_id"], _claim_timeout(request))
-    got = await _unless_gone(request, work)
-    return JSONResponse(created_json(got, base_url(request)))
+    pools = _pools(request)
+    name = scope.pool(pools, request.path_params["pool_id"], namespace(request)).name
+    got = await _unless_gone(request, pools.acquire(name, _claim_timeout(request)))
+    return JSONResponse(created_json(got, sandbox_url(request)))
 
 
 # ---------------------------------------------------------------------- table
@@ -416,12 +420,12 @@ def routes() -> list[Route]:
     """The Tensorlake routes, namespaced and flat, then 501 for the rest of its API."""
     out = [
         Route(prefix + path, flat_errors(handler), methods=[method])
-        for prefix in ("/v1/namespaces/{namespace}", "")
+        for prefix in (scope.NS_PREFIX, "")
         for method, path, handler in LIFECYCLE
     ]
     out += tensorlake_sandbox.routes()
     rest = unsupported(SERVICE)
-    for prefix in ("/v1/namespaces/{namespace}", "/sandboxes", "/snapshots", "/sandbox-pools"):
+    for prefix in (scope.NS_PREFIX, "/sandboxes", "/snapshots", "/sandbox-pools"):
         out.append(Route(prefix + "/{rest:path}", rest, methods=ALL_METHODS))
     out.append(Route("/archived-sandboxes", rest, methods=ALL_METHODS))
     return out

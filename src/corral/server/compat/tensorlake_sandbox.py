@@ -1,8 +1,11 @@
 """Tensorlake's in-sandbox API (``/api/v1/...``): commands, background processes, files.
 
-Tensorlake's client sends these to the sandbox's ``sandbox_url`` (this daemon) and
-says which sandbox with ``Host: <sandbox_id>.local`` (when that URL is ``localhost`` /
-``127.0.0.1``) or ``X-Tensorlake-Sandbox-Id`` (elsewhere); both are honoured.
+Tensorlake's client sends these to the sandbox's ``sandbox_url``: this daemon, under
+``/v1/namespaces/{ns}`` when the sandbox was reached through a namespaced path (a call
+sees that namespace's sandboxes only; the flat ``/api/v1/...`` sees ``default``'s).
+It says which sandbox with ``Host: <sandbox_id>.local`` (when that URL is
+``localhost`` / ``127.0.0.1``) or ``X-Tensorlake-Sandbox-Id`` (elsewhere); both are
+honoured.
 
 - ``POST /api/v1/processes/run`` runs a command to completion and streams it as
   server-sent events: ``{pid, started_at}``, then ``{line, stream, timestamp}`` per
@@ -43,7 +46,8 @@ from corral.runtime.pathutil import resolve_path
 from corral.schema import validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
-from corral.server.compat.tensorlake_model import refuse, resolve
+from corral.server.compat.tensorlake_model import refuse
+from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
 from corral.server.models import safe_text
 from corral.server.routes import _remove_partial
 from corral.server.streaming import NDJSONResponse, start_stream
@@ -68,7 +72,8 @@ def processes(request: Request) -> "ProcessTable":
 
 
 def _sandbox_id(request: Request) -> str:
-    """The sandbox an in-sandbox call is for (by id or Tensorlake name)."""
+    """The sandbox an in-sandbox call is for (by id or Tensorlake name), in the
+    call's namespace (see :mod:`.tensorlake_scope`)."""
     ref = request.headers.get("x-tensorlake-sandbox-id", "").strip()
     if not ref:
         host = request.headers.get("host", "")
@@ -80,7 +85,7 @@ def _sandbox_id(request: Request) -> str:
             "an in-sandbox call must name its sandbox: send 'Host: <sandbox_id>.local' or "
             "'X-Tensorlake-Sandbox-Id: <sandbox_id>' (Tensorlake's client does this itself)"
         )
-    return resolve(_engine(request), ref).id
+    return resolve(_engine(request), ref, namespace(request)).id
 
 
 # ---------------------------------------------------------------- the stream
@@ -535,8 +540,13 @@ ENDPOINTS = (
 
 
 def routes() -> list[Route]:
-    """The in-sandbox routes, then 501 for the rest of ``/api/v1`` (PTYs, tunnels, ...)."""
-    out = [Route(path, flat_errors(handler), methods=[m]) for m, path, handler in ENDPOINTS]
+    """The in-sandbox routes, namespaced and flat, then 501 for the rest of ``/api/v1``
+    (PTYs, tunnels, ...)."""
+    out = [
+        Route(prefix + path, flat_errors(handler), methods=[m])
+        for prefix in (NS_PREFIX, "")
+        for m, path, handler in ENDPOINTS
+    ]
     out.append(
         Route(
             "/api/v1/{rest:path}", unsupported(SERVICE),
