@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -40,7 +40,14 @@ from starlette.routing import Route, Router
 from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
 from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
 from corral.runtime.pools import PoolManager
-from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo, validate_model
+from corral.schema import (
+    MAX_TIMEOUT_S,
+    NetworkMode,
+    SandboxInfo,
+    SandboxSpec,
+    SnapshotInfo,
+    validate_model,
+)
 from corral.server.admission import LIVE_STATES
 from corral.server.compat import tensorlake_sandbox
 from corral.server.compat import tensorlake_scope as scope
@@ -48,10 +55,13 @@ from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import (
     NAME_TAG,
     TAG,
+    Body,
     TensorlakeSettings,
+    Text,
     check_image,
     check_name,
     created_json,
+    items,
     refuse,
     resources,
     sandbox_json,
@@ -77,39 +87,33 @@ ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 # -------------------------------------------------------------- request bodies
 
 
-class _Loose(BaseModel):
-    """Fields a newer client adds are ignored; the ones known are validated."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Resources(_Loose):
+class _Resources(Body):
     cpus: float | None = None
     memory_mb: int | None = None
     disk_mb: int | None = None
-    gpus: list[Any] | None = None
+    gpus: list[Any] | None = items()
 
 
-class _Network(_Loose):
+class _Network(Body):
     allow_internet_access: bool = True
-    allow_out: list[str] = Field(default_factory=list)
-    deny_out: list[str] = Field(default_factory=list)
+    allow_out: list[Text] = items(list)
+    deny_out: list[Text] = items(list)
 
 
-class _SpecFields(_Loose):
-    image: str | None = None
+class _SpecFields(Body):
+    image: Text | None = None
     resources: _Resources | None = None
-    timeout_secs: int | None = Field(None, ge=0)
-    entrypoint: list[str] | None = None
+    timeout_secs: int | None = Field(None, ge=0, le=int(MAX_TIMEOUT_S))
+    entrypoint: list[Text] | None = items()
     network: _Network | None = None
 
 
 class CreateRequest(_SpecFields):
-    snapshot_id: str | None = None
-    name: str | None = None
+    snapshot_id: Text | None = None
+    name: Text | None = None
     allow_unauthenticated_access: bool | None = None
-    exposed_ports: list[int] | None = None
-    file_systems: list[Any] | None = None
+    exposed_ports: list[int] | None = items()
+    file_systems: list[Any] | None = items()
     wait: bool | None = None
     max_pending_secs: int | None = None
     auto_resume: bool | None = None
@@ -236,8 +240,8 @@ async def resume_sandbox(request: Request) -> Response:
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
-class _SnapshotRequest(_Loose):
-    snapshot_type: str | None = None
+class _SnapshotRequest(Body):
+    snapshot_type: Text | None = None
 
 
 async def snapshot_sandbox(request: Request) -> Response:
@@ -377,8 +381,8 @@ def _claim_timeout(request: Request) -> float:
     return min(max(int(raw) / 1000 - 5, 1.0), MAX_ACQUIRE_TIMEOUT_S)
 
 
-class _ClaimRequest(_Loose):
-    file_systems: list[Any] | None = None
+class _ClaimRequest(Body):
+    file_systems: list[Any] | None = items()
 
 
 async def claim_sandbox(request: Request) -> Response:

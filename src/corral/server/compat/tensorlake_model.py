@@ -27,8 +27,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
 from corral.errors import (
@@ -116,6 +117,30 @@ def check_image(engine: Engine, requested: str | None, image: str) -> None:
             f"CORRAL_COMPAT_IMAGE_MAP='{requested}=python'",
             details={"image": requested},
         ) from None
+
+
+# -------------------------------------------------------------- request bodies
+
+MAX_TEXT = 4096  # characters of one string of a request body
+MAX_ITEMS = 256  # elements of one list (or entries of one mapping) of a request body
+
+
+class Body(BaseModel):
+    """A Tensorlake request body. Fields a newer client adds are ignored, as Tensorlake's
+    server does; the known ones are strict (no ``"512"`` for 512, no ``true`` for 1, no
+    ``1`` for true) and bounded, else 400 ``invalid_argument``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+def items(default: Any = None) -> Any:
+    """A list (or mapping) field of at most :data:`MAX_ITEMS` entries."""
+    if callable(default):
+        return Field(default_factory=default, max_length=MAX_ITEMS)
+    return Field(default, max_length=MAX_ITEMS)
 
 
 # ------------------------------------------------------------------- identity

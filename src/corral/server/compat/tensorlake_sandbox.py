@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -43,10 +43,10 @@ import corral
 from corral.errors import CorralError, InvalidArgument, NotFound
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
-from corral.schema import validate_model
+from corral.schema import MAX_TIMEOUT_S, FileInfo, validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
-from corral.server.compat.tensorlake_model import refuse
+from corral.server.compat.tensorlake_model import Body, Text, items, refuse
 from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
 from corral.server.models import safe_text
 from corral.server.routes import _remove_partial
@@ -61,6 +61,7 @@ PROCESS_OUTPUT_CAP_BYTES = 16 << 20
 FIRST_PID = 100
 KILLING_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGKILL, signal.SIGTERM}
 EVENT_STREAM = "text/event-stream"
+MAX_ARGS = 4096  # arguments of one command
 
 
 def _engine(request: Request) -> Engine:
@@ -173,19 +174,17 @@ def _as_event_stream(response: NDJSONResponse, body: AsyncIterator[bytes]) -> ND
 # ------------------------------------------------------------------ commands
 
 
-class _CommandRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    command: str = Field(min_length=1)
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] | None = None
-    working_dir: str | None = None
-    timeout: float | None = Field(None, gt=0)
+class _CommandRequest(Body):
+    command: Text = Field(min_length=1)
+    args: list[Text] = Field(default_factory=list, max_length=MAX_ARGS)
+    env: dict[Text, Text] | None = items()
+    working_dir: Text | None = None
+    timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     user: Any = None
-    stdin_mode: str | None = None
-    stdout_mode: str | None = None
-    stderr_mode: str | None = None
-    name: str | None = None
+    stdin_mode: Text | None = None
+    stdout_mode: Text | None = None
+    stderr_mode: Text | None = None
+    name: Text | None = None
     restart: Any = None
     health_check: Any = None
 
@@ -403,7 +402,7 @@ async def kill_process(request: Request) -> Response:
     return JSONResponse({})
 
 
-class _SignalRequest(BaseModel):
+class _SignalRequest(Body):
     signal: int
 
 
@@ -482,19 +481,24 @@ async def delete_file(request: Request) -> Response:
     return JSONResponse({})
 
 
+def _entry_json(entry: FileInfo) -> dict[str, Any]:
+    """An entry as Tensorlake's ``DirectoryEntry``. A name that is not UTF-8 (any bytes
+    may name a file) is sent with U+FFFD for its bad bytes, plus ``name_b64`` with the
+    exact bytes, as the native API does (the client ignores the extra field)."""
+    name, exact = safe_text(entry.name)
+    body: dict[str, Any] = {
+        "name": name, "is_dir": entry.is_dir, "size": entry.size, "modified_at": entry.mtime,
+    }
+    if exact is not None:
+        body["name_b64"] = exact
+    return body
+
+
 async def list_directory(request: Request) -> Response:
     sid = _sandbox_id(request)
     path = _path(request, sid)
     entries = await _engine(request).list_dir(sid, path)
-    return JSONResponse(
-        {
-            "path": path,
-            "entries": [
-                {"name": safe_text(e.name)[0], "is_dir": e.is_dir, "size": e.size, "modified_at": e.mtime}
-                for e in entries
-            ],
-        }
-    )
+    return JSONResponse({"path": path, "entries": [_entry_json(e) for e in entries]})
 
 
 # --------------------------------------------------------------------- daemon
