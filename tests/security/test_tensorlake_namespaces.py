@@ -266,3 +266,73 @@ def test_a_native_sandbox_is_in_no_namespace(tl_ok):
                 assert sid not in {s["id"] for s in c.get(prefix + "/sandboxes").json()["sandboxes"]}
         finally:
             c.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_the_cwsandbox_front_end_cannot_reach_a_namespace(monkeypatch):
+    """cwsandbox has no namespaces (its scope is the API key: the daemon's one token),
+    so a Tensorlake namespace's sandbox is out of its reach: unknown to Get, Delete,
+    Exec, StreamExec, ReadFile and WriteFile, left out of List, and a create may not set
+    the namespace and name tags (before: all of it reached, and a create could plant a
+    sandbox in alice's namespace under the name her ``connect("agent")`` resolves)."""
+    cwsandbox = pytest.importorskip("cwsandbox")
+    import grpc
+    from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
+    from cwsandbox.exceptions import SandboxNotFoundError, SandboxValidationError
+
+    from tests.server.conftest import free_port
+
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    port = free_port()
+    d = _start("--grpc", f"127.0.0.1:{port}")
+    monkeypatch.setenv("CWSANDBOX_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("CWSANDBOX_API_KEY", TOKEN)
+    monkeypatch.setenv("CWSANDBOX_DISABLE_SIGNAL_HANDLERS", "1")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        with httpx.Client(base_url=d.api_url, headers=auth, timeout=120) as c:
+            made = c.post("/v1/namespaces/alice/sandboxes",
+                          json={"resources": {"memory_mb": 64}, "name": "agent"})
+            sid = made.json()["sandbox_id"]
+            c.post("/v1/namespaces/alice/sandboxes/agent/suspend")  # not running now
+            with pytest.raises(SandboxNotFoundError):
+                cwsandbox.Sandbox.from_id(sid).result()
+            with pytest.raises(SandboxNotFoundError):
+                cwsandbox.Sandbox.delete(sid).result()
+            assert sid not in {s.sandbox_id for s in cwsandbox.Sandbox.list().result()}
+            with pytest.raises(SandboxValidationError):
+                cwsandbox.Sandbox.run(tags=["tensorlake.ns=alice", "tensorlake.name=agent"],
+                                      resources={"cpu": "500m", "memory": "64Mi"})
+            listed = c.get("/v1/namespaces/alice/sandboxes").json()["sandboxes"]
+            assert [s["id"] for s in listed] == [sid]
+
+            meta = (("authorization", f"Bearer {TOKEN}"),)
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+
+                def status(call, ref: str) -> tuple:
+                    try:
+                        call(ref)
+                    except grpc.RpcError as exc:
+                        return exc.code(), exc.details().replace(ref, "<id>")
+                    return "answered", ref
+
+                calls = {
+                    "exec": lambda ref: stub.Exec(sandbox_pb2.ExecRequest(
+                        sandbox_id=ref, command=["true"]), metadata=meta),
+                    "read": lambda ref: stub.ReadFile(sandbox_pb2.ReadFileRequest(
+                        sandbox_id=ref, path="/etc/hostname"), metadata=meta),
+                    "write": lambda ref: stub.WriteFile(sandbox_pb2.WriteFileRequest(
+                        sandbox_id=ref, path="/tmp/x", content=b"x"), metadata=meta),
+                    "stream": lambda ref: list(stub.StreamExec(iter([sandbox_pb2.ExecStreamRequest(
+                        init=sandbox_pb2.ExecStreamInit(sandbox_id=ref, command=["true"]))]),
+                        metadata=meta)),
+                }
+                for name, call in calls.items():
+                    theirs, nobody = status(call, sid), status(call, UNKNOWN_SANDBOX)
+                    assert theirs == nobody, (name, theirs, nobody)
+                    assert theirs[0] == grpc.StatusCode.NOT_FOUND, (name, theirs)
+            assert c.delete(f"/v1/namespaces/alice/sandboxes/{sid}").status_code == 200
+    finally:
+        d.stop()
+        shutil.rmtree(d.base, ignore_errors=True)

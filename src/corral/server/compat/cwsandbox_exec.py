@@ -51,7 +51,7 @@ async def stream_exec(engine: Engine, settings: ServerSettings, context: Context
         raise wire.unsupported("TTY sessions (Sandbox.shell)")
     argv, sid, env = command_argv(init.command), init.sandbox_id, dict(init.env)
     check_container(init.container)
-    info = engine.get(sid)
+    info = wire.reachable(engine.get(sid))
     if info.state != SandboxState.RUNNING:
         raise wire.RpcFailure(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -180,6 +180,7 @@ async def unary_exec(engine: Engine, request: Any, context: Context) -> Any:
     argv = command_argv(request.command)
     check_container(request.container)
     max_output = min(request.max_output_bytes or DEFAULT_EXEC_OUTPUT, MAX_EXEC_OUTPUT)
+    wire.reachable(engine.get(request.sandbox_id))
     try:
         result = await engine.exec(
             request.sandbox_id, argv, env=dict(request.env), max_output=max_output,

@@ -7,6 +7,10 @@ rules can be read in one place:
   corral images, Kubernetes quantities to ``cpus`` / ``memory_mb``); features corral
   does not have are refused with ``UNIMPLEMENTED`` rather than silently dropped;
 - a :class:`~corral.schema.SandboxInfo` becomes a ``Sandbox`` message;
+- a sandbox of a Tensorlake namespace (made through that front-end, see
+  :mod:`corral.server.compat.tensorlake_scope`) is not reachable from here: it answers
+  like an id that never existed, is left out of lists, and its tags may not be set
+  by a create (no sandbox slips into a namespace through this door);
 - a :class:`~corral.errors.CorralError` becomes a gRPC status carrying the AIP-193
   ``google.rpc.ErrorInfo`` (domain ``cwsandbox.com``) and ``BadRequest`` details the
   client maps to its own exceptions (``SandboxNotFoundError``, ``SandboxFileError``,
@@ -47,6 +51,7 @@ from corral.errors import (
     Unsupported,
 )
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState
+from corral.server.compat.tensorlake_model import TAG as TENSORLAKE_TAG
 
 DOMAIN = "cwsandbox.com"  # the only ErrorInfo domain whose reasons the client trusts
 DEFAULT_IMAGE_ENV = "CORRAL_COMPAT_DEFAULT_IMAGE"  # shared with the Tensorlake front-end
@@ -222,6 +227,25 @@ def _violations(exc: InvalidArgument) -> list[tuple[str, str]]:
     return out or [("", exc.message)]
 
 
+# ------------------------------------------------------------------ reach
+
+
+def tensorlake_owned(tags: Iterable[str]) -> bool:
+    """Whether tags are the Tensorlake front-end's (``tensorlake``, ``tensorlake.*``)."""
+    return any(t == TENSORLAKE_TAG or t.startswith(TENSORLAKE_TAG + ".") for t in tags)
+
+
+def reachable(info: SandboxInfo) -> SandboxInfo:
+    """``info``, unless its sandbox belongs to a Tensorlake namespace: then
+    :class:`SandboxNotFound`, worded as the engine words an unknown id."""
+    if tensorlake_owned(info.spec.tags):
+        raise SandboxNotFound(
+            f"no sandbox {info.id!r}: it never existed or was deleted",
+            details={"sandbox_id": info.id},
+        )
+    return info
+
+
 # -------------------------------------------------------------- create request
 
 
@@ -265,6 +289,12 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
         raise unsupported("volume mounts")
     if len(container.secret_stores):
         raise unsupported("secrets")
+    if tensorlake_owned(spec.tags):
+        raise invalid(
+            f"tags 'tensorlake' and 'tensorlake.*' are reserved for corral's Tensorlake "
+            f"front-end (its namespaces and names), got {list(spec.tags)!r}",
+            _SPEC_FIELDS["tags"],
+        )
     cpus, memory_mb = _resources(container)
     fields: dict[str, Any] = {
         "image": map_image(container.image, available_images),
