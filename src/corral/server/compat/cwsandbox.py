@@ -374,12 +374,7 @@ for _name, _what in (
 
 def _page(found: list[Any], size: int, token: str) -> Any:
     """One page of a list; the token is the offset of the next page."""
-    try:
-        start = int(token) if token else 0
-    except ValueError:
-        raise wire.invalid(
-            f"invalid page_token {token!r}: pass back a next_page_token", "page_token"
-        ) from None
+    start = wire.page_start(token)
     if size <= 0:
         return sandbox_pb2.ListSandboxesResponse(sandboxes=found[start:])
     end = start + size

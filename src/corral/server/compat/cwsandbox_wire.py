@@ -61,6 +61,11 @@ MAIN_CONTAINER = "main"
 # keeps a sandbox alive by itself, so this command is not run.
 KEEP_ALIVE = ("/bin/sh", ("-c", 'trap "exit 0" TERM INT; sleep infinity & wait'))
 _STATUS_DETAILS = "grpc-status-details-bin"
+# Bounds of one request, beyond the message size (protobuf fields are typed: nothing
+# to coerce, but a list may be long).
+MAX_ARGS = 4096  # a command and its arguments
+MAX_ENV = 1024  # environment variables of a create or a command
+MAX_FILES = 1024  # files a create places
 
 _STATES = {
     SandboxState.PENDING: sandbox_pb2.STATE_CREATING,
@@ -295,6 +300,12 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
             f"front-end (its namespaces and names), got {list(spec.tags)!r}",
             _SPEC_FIELDS["tags"],
         )
+    _check_sizes(
+        ("sandbox.spec.containers[0].args", len(container.args) + 1, MAX_ARGS),
+        ("sandbox.spec.containers[0].environment_variables",
+         len(container.environment_variables), MAX_ENV),
+        ("sandbox.spec.containers[0].files", len(container.files), MAX_FILES),
+    )
     cpus, memory_mb = _resources(container)
     fields: dict[str, Any] = {
         "image": map_image(container.image, available_images),
@@ -327,6 +338,29 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
             )
     files = [(f.path, bytes(f.content)) for f in container.files]
     return CreatePlan(parsed, command, files)
+
+
+def _check_sizes(*checks: tuple[str, int, int]) -> None:
+    for field_name, size, limit in checks:
+        if size > limit:
+            raise invalid(f"{field_name} has {size} entries, more than the {limit} allowed",
+                          field_name)
+
+
+def check_command(command: Any, env: Any) -> None:
+    """An exec's argv and env within bounds (INVALID_ARGUMENT naming the field)."""
+    _check_sizes(("command", len(command), MAX_ARGS), ("env", len(env), MAX_ENV))
+
+
+def page_start(token: str) -> int:
+    """The offset a ``page_token`` stands for: the digits this service handed out,
+    nothing else (no sign, spaces or other scripts' digits, as ``int()`` would take)."""
+    if not token:
+        return 0
+    if not (token.isascii() and token.isdigit() and len(token) <= 18):
+        raise invalid(f"invalid page_token {token[:40]!r}: pass back a next_page_token",
+                      "page_token")
+    return int(token)
 
 
 def _resources(container: Any) -> tuple[float | None, int | None]:
