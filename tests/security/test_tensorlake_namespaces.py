@@ -20,8 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT_REASON, have_root_runtime
-from tests.server.conftest import sandbox_ids, uds_client
-from tests.server.test_compat_tensorlake import TOKEN, _start, run_script
+from tests.server.test_compat_tensorlake import TOKEN, _start, checked, run_script, serving
 
 pytest.importorskip("tensorlake.sandbox", reason="the compat extra (tensorlake) is not installed")
 
@@ -30,24 +29,15 @@ UNKNOWN_SANDBOX = "sb-000000000000"
 
 @pytest.fixture(scope="module")
 def tl():
-    if not have_root_runtime():
-        pytest.skip(ROOT_REASON)
-    d = _start()
-    yield d
-    d.stop()
-    shutil.rmtree(d.base, ignore_errors=True)
+    with serving() as d:
+        yield d
 
 
 @pytest.fixture
 def tl_ok(tl):
     """The daemon, checked afterwards: no traceback logged, no sandbox left behind."""
-    logged = tl.log.stat().st_size
-    yield tl
-    with open(tl.log, "rb") as log:
-        log.seek(logged)
-        assert b"Traceback" not in log.read(), f"the daemon logged an error: {tl.log}"
-    with uds_client(tl.socket) as c:
-        assert sandbox_ids(c) == set(), "a test left sandboxes behind"
+    with checked(tl) as d:
+        yield d
 
 
 def test_bob_cannot_reach_alices_objects_with_the_client(tl_ok):

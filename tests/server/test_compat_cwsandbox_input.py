@@ -11,13 +11,12 @@ made or command run.
 
 from __future__ import annotations
 
-import shutil
 import uuid
 
 import pytest
 
-from tests.conftest import have_root_runtime, requires_root
-from tests.server.test_compat_cwsandbox import SMALL, TOKEN, _no_traceback, _start
+from tests.conftest import requires_root
+from tests.server.test_compat_cwsandbox import SMALL, TOKEN, _no_traceback, serving
 
 cwsandbox = pytest.importorskip("cwsandbox")
 import grpc  # noqa: E402
@@ -30,18 +29,11 @@ pytestmark = [requires_root, pytest.mark.root]
 
 @pytest.fixture(scope="module")
 def cw():
-    if not have_root_runtime():
-        pytest.skip("needs root")
-    daemon, url = _start()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CWSANDBOX_BASE_URL", url)
-        mp.setenv("CWSANDBOX_API_KEY", TOKEN)
-        mp.setenv("CWSANDBOX_DISABLE_SIGNAL_HANDLERS", "1")
+    """The daemon's gRPC address; it must log no traceback while these tests run."""
+    with serving() as (daemon, url):
         since = daemon.log.stat().st_size
-        yield daemon, url.removeprefix("http://")
+        yield url.removeprefix("http://")
         _no_traceback(daemon, since)
-    daemon.stop()
-    shutil.rmtree(daemon.base, ignore_errors=True)
 
 
 def test_long_lists_are_refused_before_anything_runs(cw):
@@ -57,8 +49,7 @@ def test_long_lists_are_refused_before_anything_runs(cw):
     try:
         with pytest.raises(SandboxValidationError):
             sb.exec(["echo", *["a"] * 5000]).result()
-        _, address = cw  # the client's exec takes no env: sent as a script could
-        with grpc.insecure_channel(address) as channel:
+        with grpc.insecure_channel(cw) as channel:  # the client's exec takes no env
             stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
             with pytest.raises(grpc.RpcError) as caught:
                 stub.Exec(sandbox_pb2.ExecRequest(
@@ -73,9 +64,8 @@ def test_long_lists_are_refused_before_anything_runs(cw):
 
 @pytest.mark.parametrize("token", ["-1", " 1", "1_0", "\u0661", "+1", "9" * 40])
 def test_a_page_token_is_the_digits_handed_out(cw, token):
-    _, address = cw
     meta = (("authorization", f"Bearer {TOKEN}"),)
-    with grpc.insecure_channel(address) as channel:
+    with grpc.insecure_channel(cw) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.ListSandboxes(sandbox_pb2.ListSandboxesRequest(page_token=token, page_size=1),
