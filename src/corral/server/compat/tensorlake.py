@@ -5,9 +5,11 @@ Python client run unchanged with ``TENSORLAKE_API_URL=http://127.0.0.1:PORT`` an
 This module serves the lifecycle API, which the client sends to
 ``/v1/namespaces/{namespace}/...`` when the API URL is ``localhost`` / ``127.0.0.1``
 and to flat paths (``/sandboxes``, ...) otherwise; both are served. In-sandbox calls
-(processes, files) are :mod:`.tensorlake_sandbox`. Everything goes through the same
-engine, admission control (creates, copies and pool refills wait for room like native
-ones) and bearer-token guard as the native API.
+(processes, files) are :mod:`.tensorlake_sandbox`. Namespaces are a boundary: a request
+sees only its namespace's sandboxes, snapshots and pools (:mod:`.tensorlake_scope`).
+Request bodies are strict and bounded (:class:`~.tensorlake_model.Body`). Everything
+goes through the same engine, admission control (creates, copies and pool refills wait
+for room like native ones) and bearer-token guard as the native API.
 
 What maps to what:
 
