@@ -29,6 +29,8 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictFloat,
+    StrictInt,
     Tag,
     field_validator,
     model_validator,
@@ -38,6 +40,9 @@ from corral.errors import InvalidArgument
 from corral.schema import DEFAULT_IMAGE, validate_model
 
 MAX_STEPS = 64
+MAX_COMMAND = 64 << 10  # characters of a run step
+MAX_PATH = 4096  # characters of a path (copy source or destination, workdir)
+MAX_ENV = 1024  # variables of one env step
 DEFAULT_STEP_TIMEOUT_S = 1800.0
 DEFAULT_BUILD_MEMORY_MB = 2048
 DEFAULT_BUILD_DISK_MB = 8192
@@ -45,6 +50,7 @@ STEP_KINDS = ("run", "copy", "env", "workdir")
 UPLOADED_ARCHIVE = "the uploaded archive"  # how import errors name the upload
 IMAGE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_STEP_NUMBER_RE = re.compile(r"[1-9][0-9]{0,3}")
 _ARROW = "->"
 
 
@@ -60,7 +66,13 @@ def validate_image_name(name: str) -> str:
 
 
 class _Strict(BaseModel):
+    """Unknown fields refused; numbers strict (no ``"512"`` for 512, no ``true`` for 1);
+    text and lists bounded."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_Path = Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
 
 
 def _absolute(path: str) -> str:
@@ -72,15 +84,15 @@ def _absolute(path: str) -> str:
 class RunStep(_Strict):
     """``run: <shell command>``: runs under ``/bin/sh -c`` in the image so far."""
 
-    run: str = Field(min_length=1)
+    run: str = Field(min_length=1, max_length=MAX_COMMAND)
 
     def describe(self) -> str:
         return f"run: {self.run}"
 
 
 class CopySource(_Strict):
-    src: str = Field(min_length=1)
-    dest: str = Field(min_length=1)
+    src: _Path
+    dest: _Path
 
     @field_validator("dest")
     @classmethod
@@ -117,14 +129,7 @@ class CopyStep(_Strict):
 class EnvStep(_Strict):
     """``env: {K: V}``: environment for later steps and sandboxes made from the image."""
 
-    env: dict[str, str] = Field(min_length=1)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _scalars(cls, v: Any) -> Any:
-        if isinstance(v, dict):  # YAML reads `N: 1` as an int: env values are text
-            return {k: str(x) if isinstance(x, (int, float, bool)) else x for k, x in v.items()}
-        return v
+    env: dict[str, str] = Field(min_length=1, max_length=MAX_ENV)
 
     @field_validator("env")
     @classmethod
@@ -141,7 +146,7 @@ class EnvStep(_Strict):
 class WorkdirStep(_Strict):
     """``workdir: /path``: the working directory of later steps and of sandboxes."""
 
-    workdir: str
+    workdir: _Path
 
     @field_validator("workdir")
     @classmethod
@@ -177,9 +182,9 @@ class BuildSpec(_Strict):
     name: str | None = None
     base: str = DEFAULT_IMAGE
     steps: list[Step] = Field(min_length=1, max_length=MAX_STEPS)
-    step_timeout: float = Field(DEFAULT_STEP_TIMEOUT_S, gt=0, le=86400)
-    memory_mb: int = Field(DEFAULT_BUILD_MEMORY_MB, ge=64, le=1 << 20)
-    disk_mb: int = Field(DEFAULT_BUILD_DISK_MB, ge=64, le=1 << 22)
+    step_timeout: StrictFloat = Field(DEFAULT_STEP_TIMEOUT_S, gt=0, le=86400)
+    memory_mb: StrictInt = Field(DEFAULT_BUILD_MEMORY_MB, ge=64, le=1 << 20)
+    disk_mb: StrictInt = Field(DEFAULT_BUILD_DISK_MB, ge=64, le=1 << 22)
 
     @field_validator("name", "base")
     @classmethod
@@ -237,7 +242,23 @@ def parse_build_yaml(text: str, *, source: str = "<spec>") -> BuildSpec:
     if not isinstance(data, dict):
         raise InvalidArgument(f"{source} must hold a mapping (base:, steps:), "
                               f"not {type(data).__name__}")
-    return BuildSpec.parse(data)
+    return BuildSpec.parse(_env_as_text(data))
+
+
+def _env_as_text(data: dict[str, Any]) -> dict[str, Any]:
+    """YAML reads ``N: 1`` as a number: in a spec file, env values written as plain
+    numbers or booleans mean their text (elsewhere, values must be strings)."""
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        return data
+    scalar = (int, float, bool)
+    fixed = [
+        {"env": {k: str(x) if isinstance(x, scalar) else x for k, x in step["env"].items()}}
+        if isinstance(step, dict) and len(step) == 1 and isinstance(step.get("env"), dict)
+        else step
+        for step in steps
+    ]
+    return {**data, "steps": fixed}
 
 
 def relative_copy_source(src: str) -> PurePosixPath:
@@ -284,8 +305,21 @@ class BuildRequest(_Strict):
     ``copy`` step (by step number, from 1) when not at the step's own ``src``."""
 
     spec: dict[str, Any]
-    name: str | None = None
-    sources: dict[int, str] = Field(default_factory=dict)
+    name: str | None = Field(None, max_length=64)
+    sources: dict[int, _Path] = Field(default_factory=dict, max_length=MAX_STEPS)
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _step_numbers(cls, v: Any) -> Any:
+        """JSON keys are text: a step number is written in digits (``"1"``), nothing
+        else is read as one."""
+        if isinstance(v, dict):
+            for k in v:
+                if isinstance(k, bool) or not isinstance(k, (int, str)) or (
+                    isinstance(k, str) and not _STEP_NUMBER_RE.fullmatch(k)
+                ):
+                    raise ValueError(f"sources keys are step numbers such as '1', not {k!r}")
+        return v
 
 
 class BuildStats(BaseModel):

@@ -8,6 +8,7 @@ CWSANDBOX_API_KEY.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -16,6 +17,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -71,19 +73,29 @@ def _no_traceback(daemon: Daemon, since: int) -> None:
         assert b"Traceback" not in log.read(), f"the daemon logged an error: see {daemon.log}"
 
 
-@pytest.fixture(scope="module")
-def cw_daemon():
-    """One daemon serving cwsandbox clients, and the client's environment pointing at it."""
+@contextlib.contextmanager
+def serving() -> Iterator[tuple[Daemon, str]]:
+    """A daemon serving cwsandbox clients, the client's environment pointing at it, and
+    its URL; removed afterwards (the tests are skipped without root)."""
     if not have_root_runtime():
         pytest.skip("needs root")
     daemon, url = _start()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CWSANDBOX_BASE_URL", url)
-        mp.setenv("CWSANDBOX_API_KEY", TOKEN)
-        mp.setenv("CWSANDBOX_DISABLE_SIGNAL_HANDLERS", "1")  # leave pytest's signals alone
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CWSANDBOX_BASE_URL", url)
+            mp.setenv("CWSANDBOX_API_KEY", TOKEN)
+            mp.setenv("CWSANDBOX_DISABLE_SIGNAL_HANDLERS", "1")  # leave pytest's signals alone
+            yield daemon, url
+    finally:
+        daemon.stop()
+        shutil.rmtree(daemon.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cw_daemon():
+    """One daemon serving cwsandbox clients, and the client's environment pointing at it."""
+    with serving() as (daemon, _):
         yield daemon
-    daemon.stop()
-    shutil.rmtree(daemon.base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ that the daemon logged no traceback and, through the native API, that nothing le
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -71,26 +73,42 @@ def _start(*args: str, env: dict[str, str] | None = None) -> TensorlakeDaemon:
     return d
 
 
-@pytest.fixture(scope="module")
-def tl_daemon():
+@contextlib.contextmanager
+def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[TensorlakeDaemon]:
+    """A daemon for a module's tests (they are skipped without root), removed after."""
     if not have_root_runtime():
         pytest.skip(ROOT_REASON)
-    d = _start(env={"CORRAL_COMPAT_IMAGE_MAP": "my-org/agent-env=python"})
+    d = _start(*args, env=env)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(d.base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def checked(d: TensorlakeDaemon) -> Iterator[TensorlakeDaemon]:
+    """``d`` for one test; afterwards its log holds no traceback and no sandbox is left."""
+    logged = d.log.stat().st_size
     yield d
-    d.stop()
-    shutil.rmtree(d.base, ignore_errors=True)
+    with open(d.log, "rb") as log:
+        log.seek(logged)
+        assert b"Traceback" not in log.read(), f"the daemon logged an error: {d.log}"
+    with uds_client(d.socket) as c:
+        assert sandbox_ids(c) == set(), "a test left sandboxes behind"
+
+
+@pytest.fixture(scope="module")
+def tl_daemon():
+    with serving(env={"CORRAL_COMPAT_IMAGE_MAP": "my-org/agent-env=python"}) as d:
+        yield d
 
 
 @pytest.fixture
 def daemon_ok(tl_daemon):
     """The daemon, checked afterwards: no traceback logged, no sandbox left behind."""
-    logged = tl_daemon.log.stat().st_size
-    yield tl_daemon
-    with open(tl_daemon.log, "rb") as log:
-        log.seek(logged)
-        assert b"Traceback" not in log.read(), f"the daemon logged an error: {tl_daemon.log}"
-    with uds_client(tl_daemon.socket) as c:
-        assert sandbox_ids(c) == set(), "a test left sandboxes behind"
+    with checked(tl_daemon) as d:
+        yield d
 
 
 def run_script(d: TensorlakeDaemon, body: str, *, key: str | None = TOKEN) -> dict:

@@ -287,12 +287,27 @@ def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
                     for child in os.listdir(d):
                         _delete(os.path.join(d, child))
             elif parts[-1].startswith(WHITEOUT):
+                gone = _whiteout_target(parts, index)
                 d = _resolve_dir(root, parts[:-1], create=False)
                 if d is not None:
-                    _delete(os.path.join(d, parts[-1][len(WHITEOUT):]))
+                    _delete(os.path.join(d, gone))
         for parts, m in entries:
             if not parts[-1].startswith(WHITEOUT):
                 _extract(root, tar, parts, m, index)
+
+
+def _whiteout_target(parts: list[str], index: int) -> str:
+    """The name a whiteout ``.wh.<name>`` deletes: one entry of its own directory,
+    never the directory itself or its parent (``.wh..``, ``.wh...``, ``.wh.``)."""
+    gone = parts[-1][len(WHITEOUT):]
+    if gone in ("", ".", ".."):
+        path = "/".join(parts)
+        raise ImageImportError(
+            f"layer {index}: whiteout {path!r} names no file (it would delete its own "
+            "directory or the one above: unsafe archive)",
+            details={"layer": index, "path": path},
+        )
+    return gone
 
 
 def _archive_path(name: str) -> PurePosixPath:

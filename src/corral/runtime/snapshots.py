@@ -244,11 +244,18 @@ class Snapshots:
 
     # -------------------------------------------------------------- managing
 
-    def list(self) -> list[SnapshotInfo]:
-        return [row.info() for row in self.registry.snapshots()]
+    def list(self, *, tag: str | None = None) -> list[SnapshotInfo]:
+        """Every snapshot, or those taken from a sandbox that had ``tag``."""
+        rows = self.registry.snapshots()
+        return [row.info() for row in rows if tag is None or tag in row.spec.tags]
 
     def get(self, ref: str) -> SnapshotInfo:
         return self._find(ref).info()
+
+    def source_tags(self, ref: str) -> list[str]:
+        """The tags of the sandbox a snapshot was taken from (who it belongs to, for a
+        front-end that scopes by tag); :class:`SnapshotNotFound` if there is none."""
+        return list(self._find(ref).spec.tags)
 
     async def delete(self, ref: str) -> bool:
         """Delete a snapshot; its layers go once no sandbox started from it runs.

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +40,7 @@ from corral.runtime.image_build import ImageBuild
 from corral.runtime.oci import apply_layer, import_image
 from corral.schema import SandboxState, validate_model
 from corral.server import context as ctx
+from corral.server.limits import parse_json
 from corral.server.streaming import NDJSONResponse
 from corral.server.wire import paced, read_body, read_json
 
@@ -159,10 +158,7 @@ def _unpack_context(body: bytes, work: Path) -> dict:
     spec = root / SPEC_MEMBER
     if not spec.is_file() or spec.is_symlink():
         raise InvalidArgument(f"the build tar has no {SPEC_MEMBER} (the build request)")
-    try:
-        data = json.load(io.BytesIO(spec.read_bytes()))
-    except ValueError as exc:
-        raise InvalidArgument(f"{SPEC_MEMBER} is not valid JSON: {exc}") from None
+    data = parse_json(spec.read_bytes(), SPEC_MEMBER)  # bounded depth and size, like a body
     if not isinstance(data, dict):
         raise InvalidArgument(f"{SPEC_MEMBER} must hold a JSON object")
     return data

@@ -219,7 +219,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid = request.sandbox_id
         async with self._rpc(context, "get", sandbox_id=sid):
             try:
-                info = self._engine.get(sid)
+                info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
                 if sid in self._ended:
                     return self._ended[sid]
@@ -236,7 +236,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             tags = list(request.tags)
             wanted = request.state
             states = wire.corral_states(wanted) if wanted else None
-            found = [self._message(i) for i in self._engine.list(tags=tags, state=states)]
+            infos = self._engine.list(tags=tags, state=states)
+            found = [self._message(i) for i in infos if not wire.tensorlake_owned(i.spec.tags)]
             terminal = wanted in wire.TERMINAL_STATES or (not wanted and request.show_terminated)
             if terminal:
                 found += [m for m in self._ended.values() if set(tags) <= set(m.spec.tags)]
@@ -256,7 +257,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             if len(request.snapshot_volumes):
                 raise wire.unsupported("snapshot_volumes (file-system snapshots)")
             try:
-                info = self._engine.get(sid)
+                info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
                 if sid in self._ended:
                     return sandbox_pb2.DeleteSandboxResponse(sandbox=self._ended[sid])
@@ -303,6 +304,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid, path = request.sandbox_id, request.path
         async with self._rpc(context, "write_file", sandbox_id=sid, path=path):
             cwexec.check_container(request.container)
+            wire.reachable(self._engine.get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
             if len(request.content) > limit:
                 raise wire.RpcFailure(
@@ -329,6 +331,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid, path = request.sandbox_id, request.path
         async with self._rpc(context, "read_file", sandbox_id=sid, path=path):
             cwexec.check_container(request.container)
+            wire.reachable(self._engine.get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
             data = await self._engine.read_file(sid, path, max_bytes=limit)
             return sandbox_pb2.ReadFileResponse(content=data)
@@ -366,12 +369,7 @@ for _name, _what in (
 
 def _page(found: list[Any], size: int, token: str) -> Any:
     """One page of a list; the token is the offset of the next page."""
-    try:
-        start = int(token) if token else 0
-    except ValueError:
-        raise wire.invalid(
-            f"invalid page_token {token!r}: pass back a next_page_token", "page_token"
-        ) from None
+    start = wire.page_start(token)
     if size <= 0:
         return sandbox_pb2.ListSandboxesResponse(sandboxes=found[start:])
     end = start + size

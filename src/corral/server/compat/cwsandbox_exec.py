@@ -49,9 +49,10 @@ async def stream_exec(engine: Engine, settings: ServerSettings, context: Context
     init = first.init
     if init.tty:
         raise wire.unsupported("TTY sessions (Sandbox.shell)")
+    wire.check_command(init.command, init.env)
     argv, sid, env = command_argv(init.command), init.sandbox_id, dict(init.env)
     check_container(init.container)
-    info = engine.get(sid)
+    info = wire.reachable(engine.get(sid))
     if info.state != SandboxState.RUNNING:
         raise wire.RpcFailure(
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -177,9 +178,11 @@ async def _buffered(
 
 async def unary_exec(engine: Engine, request: Any, context: Context) -> Any:
     """``Exec``: run to completion, reply with the output (capped) and exit code."""
+    wire.check_command(request.command, request.env)
     argv = command_argv(request.command)
     check_container(request.container)
     max_output = min(request.max_output_bytes or DEFAULT_EXEC_OUTPUT, MAX_EXEC_OUTPUT)
+    wire.reachable(engine.get(request.sandbox_id))
     try:
         result = await engine.exec(
             request.sandbox_id, argv, env=dict(request.env), max_output=max_output,

@@ -7,6 +7,10 @@ rules can be read in one place:
   corral images, Kubernetes quantities to ``cpus`` / ``memory_mb``); features corral
   does not have are refused with ``UNIMPLEMENTED`` rather than silently dropped;
 - a :class:`~corral.schema.SandboxInfo` becomes a ``Sandbox`` message;
+- a sandbox of a Tensorlake namespace (made through that front-end, see
+  :mod:`corral.server.compat.tensorlake_scope`) is not reachable from here: it answers
+  like an id that never existed, is left out of lists, and its tags may not be set
+  by a create (no sandbox slips into a namespace through this door);
 - a :class:`~corral.errors.CorralError` becomes a gRPC status carrying the AIP-193
   ``google.rpc.ErrorInfo`` (domain ``cwsandbox.com``) and ``BadRequest`` details the
   client maps to its own exceptions (``SandboxNotFoundError``, ``SandboxFileError``,
@@ -47,6 +51,7 @@ from corral.errors import (
     Unsupported,
 )
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState
+from corral.server.compat.tensorlake_model import TAG as TENSORLAKE_TAG
 
 DOMAIN = "cwsandbox.com"  # the only ErrorInfo domain whose reasons the client trusts
 DEFAULT_IMAGE_ENV = "CORRAL_COMPAT_DEFAULT_IMAGE"  # shared with the Tensorlake front-end
@@ -56,6 +61,11 @@ MAIN_CONTAINER = "main"
 # keeps a sandbox alive by itself, so this command is not run.
 KEEP_ALIVE = ("/bin/sh", ("-c", 'trap "exit 0" TERM INT; sleep infinity & wait'))
 _STATUS_DETAILS = "grpc-status-details-bin"
+# Bounds of one request, beyond the message size (protobuf fields are typed: nothing
+# to coerce, but a list may be long).
+MAX_ARGS = 4096  # a command and its arguments
+MAX_ENV = 1024  # environment variables of a create or a command
+MAX_FILES = 1024  # files a create places
 
 _STATES = {
     SandboxState.PENDING: sandbox_pb2.STATE_CREATING,
@@ -222,6 +232,25 @@ def _violations(exc: InvalidArgument) -> list[tuple[str, str]]:
     return out or [("", exc.message)]
 
 
+# ------------------------------------------------------------------ reach
+
+
+def tensorlake_owned(tags: Iterable[str]) -> bool:
+    """Whether tags are the Tensorlake front-end's (``tensorlake``, ``tensorlake.*``)."""
+    return any(t == TENSORLAKE_TAG or t.startswith(TENSORLAKE_TAG + ".") for t in tags)
+
+
+def reachable(info: SandboxInfo) -> SandboxInfo:
+    """``info``, unless its sandbox belongs to a Tensorlake namespace: then
+    :class:`SandboxNotFound`, worded as the engine words an unknown id."""
+    if tensorlake_owned(info.spec.tags):
+        raise SandboxNotFound(
+            f"no sandbox {info.id!r}: it never existed or was deleted",
+            details={"sandbox_id": info.id},
+        )
+    return info
+
+
 # -------------------------------------------------------------- create request
 
 
@@ -265,6 +294,18 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
         raise unsupported("volume mounts")
     if len(container.secret_stores):
         raise unsupported("secrets")
+    if tensorlake_owned(spec.tags):
+        raise invalid(
+            f"tags 'tensorlake' and 'tensorlake.*' are reserved for corral's Tensorlake "
+            f"front-end (its namespaces and names), got {list(spec.tags)!r}",
+            _SPEC_FIELDS["tags"],
+        )
+    _check_sizes(
+        ("sandbox.spec.containers[0].args", len(container.args) + 1, MAX_ARGS),
+        ("sandbox.spec.containers[0].environment_variables",
+         len(container.environment_variables), MAX_ENV),
+        ("sandbox.spec.containers[0].files", len(container.files), MAX_FILES),
+    )
     cpus, memory_mb = _resources(container)
     fields: dict[str, Any] = {
         "image": map_image(container.image, available_images),
@@ -297,6 +338,29 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
             )
     files = [(f.path, bytes(f.content)) for f in container.files]
     return CreatePlan(parsed, command, files)
+
+
+def _check_sizes(*checks: tuple[str, int, int]) -> None:
+    for field_name, size, limit in checks:
+        if size > limit:
+            raise invalid(f"{field_name} has {size} entries, more than the {limit} allowed",
+                          field_name)
+
+
+def check_command(command: Any, env: Any) -> None:
+    """An exec's argv and env within bounds (INVALID_ARGUMENT naming the field)."""
+    _check_sizes(("command", len(command), MAX_ARGS), ("env", len(env), MAX_ENV))
+
+
+def page_start(token: str) -> int:
+    """The offset a ``page_token`` stands for: the digits this service handed out,
+    nothing else (no sign, spaces or other scripts' digits, as ``int()`` would take)."""
+    if not token:
+        return 0
+    if not (token.isascii() and token.isdigit() and len(token) <= 18):
+        raise invalid(f"invalid page_token {token[:40]!r}: pass back a next_page_token",
+                      "page_token")
+    return int(token)
 
 
 def _resources(container: Any) -> tuple[float | None, int | None]:

@@ -5,9 +5,11 @@ Python client run unchanged with ``TENSORLAKE_API_URL=http://127.0.0.1:PORT`` an
 This module serves the lifecycle API, which the client sends to
 ``/v1/namespaces/{namespace}/...`` when the API URL is ``localhost`` / ``127.0.0.1``
 and to flat paths (``/sandboxes``, ...) otherwise; both are served. In-sandbox calls
-(processes, files) are :mod:`.tensorlake_sandbox`. Everything goes through the same
-engine, admission control (creates, copies and pool refills wait for room like native
-ones) and bearer-token guard as the native API.
+(processes, files) are :mod:`.tensorlake_sandbox`. Namespaces are a boundary: a request
+sees only its namespace's sandboxes, snapshots and pools (:mod:`.tensorlake_scope`).
+Request bodies are strict and bounded (:class:`~.tensorlake_model.Body`). Everything
+goes through the same engine, admission control (creates, copies and pool refills wait
+for room like native ones) and bearer-token guard as the native API.
 
 What maps to what:
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -39,28 +41,36 @@ from starlette.routing import Route, Router
 from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
 from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
 from corral.runtime.pools import PoolManager
-from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, validate_model
+from corral.schema import (
+    MAX_TIMEOUT_S,
+    NetworkMode,
+    SandboxInfo,
+    SandboxSpec,
+    SnapshotInfo,
+    validate_model,
+)
 from corral.server import context as ctx
 from corral.server.admission import LIVE_STATES
 from corral.server.compat import tensorlake_sandbox
+from corral.server.compat import tensorlake_scope as scope
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import (
     NAME_TAG,
-    NS_TAG,
     TAG,
+    Body,
     TensorlakeSettings,
-    base_url,
+    Text,
     check_image,
     check_name,
     created_json,
-    namespace,
+    items,
     refuse,
-    resolve,
     resources,
     sandbox_json,
     settings,
     snapshot_json,
 )
+from corral.server.compat.tensorlake_scope import namespace, sandbox_url
 from corral.server.context import unless_gone
 from corral.server.service import Abandoned
 from corral.server.wire import read_json
@@ -73,39 +83,33 @@ ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 # -------------------------------------------------------------- request bodies
 
 
-class _Loose(BaseModel):
-    """Fields a newer client adds are ignored; the ones known are validated."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Resources(_Loose):
+class _Resources(Body):
     cpus: float | None = None
     memory_mb: int | None = None
     disk_mb: int | None = None
-    gpus: list[Any] | None = None
+    gpus: list[Any] | None = items()
 
 
-class _Network(_Loose):
+class _Network(Body):
     allow_internet_access: bool = True
-    allow_out: list[str] = Field(default_factory=list)
-    deny_out: list[str] = Field(default_factory=list)
+    allow_out: list[Text] = items(list)
+    deny_out: list[Text] = items(list)
 
 
-class _SpecFields(_Loose):
-    image: str | None = None
+class _SpecFields(Body):
+    image: Text | None = None
     resources: _Resources | None = None
-    timeout_secs: int | None = Field(None, ge=0)
-    entrypoint: list[str] | None = None
+    timeout_secs: int | None = Field(None, ge=0, le=int(MAX_TIMEOUT_S))
+    entrypoint: list[Text] | None = items()
     network: _Network | None = None
 
 
 class CreateRequest(_SpecFields):
-    snapshot_id: str | None = None
-    name: str | None = None
+    snapshot_id: Text | None = None
+    name: Text | None = None
     allow_unauthenticated_access: bool | None = None
-    exposed_ports: list[int] | None = None
-    file_systems: list[Any] | None = None
+    exposed_ports: list[int] | None = items()
+    file_systems: list[Any] | None = items()
     wait: bool | None = None
     max_pending_secs: int | None = None
     auto_resume: bool | None = None
@@ -141,7 +145,7 @@ def _spec(
             )
         if not req.network.allow_internet_access:
             network = NetworkMode.NONE
-    tags = [TAG, NS_TAG + ns]
+    tags = [TAG, scope.ns_tag(ns)]
     if name is not None:
         tags.append(NAME_TAG + check_name(name))
     fields: dict[str, Any] = {"tags": tags}
@@ -173,11 +177,12 @@ async def create_sandbox(request: Request) -> Response:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
     if req.exposed_ports:
         raise refuse("exposed_ports", "corral sandboxes have no ingress proxy")
-    spec = _spec(req, settings(request), ns, name=req.name, snapshot_id=req.snapshot_id)
-    if req.snapshot_id is None:
+    snap = None if req.snapshot_id is None else scope.snapshot(engine, req.snapshot_id, ns).id
+    spec = _spec(req, settings(request), ns, name=req.name, snapshot_id=snap)
+    if snap is None:
         check_image(engine, req.image, spec.image)
     if req.name is not None:
-        holders = engine.list(tags=[NAME_TAG + req.name], state=LIVE_STATES)
+        holders = engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES)
         if holders:
             raise InvalidState(
                 f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
@@ -188,7 +193,7 @@ async def create_sandbox(request: Request) -> Response:
     spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
-    return JSONResponse(created_json(created, base_url(request)), status_code=status)
+    return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
 
 
 def _pool_ready_ids(pools: PoolManager) -> set[str]:
@@ -196,21 +201,21 @@ def _pool_ready_ids(pools: PoolManager) -> set[str]:
 
 
 async def list_sandboxes(request: Request) -> Response:
-    ns, url = namespace(request), base_url(request)
+    ns, url = namespace(request), sandbox_url(request)
     warm = _pool_ready_ids(ctx.pools(request))  # a pool's idle sandboxes are not handed out
-    infos = ctx.engine(request).list(tags=[NS_TAG + ns])
+    infos = ctx.engine(request).list(tags=[scope.ns_tag(ns)])
     return JSONResponse(
         {"sandboxes": [sandbox_json(i, ns, url) for i in infos if i.id not in warm]}
     )
 
 
 def _target(request: Request) -> SandboxInfo:
-    return resolve(ctx.engine(request), request.path_params["sandbox_id"])
+    return scope.resolve(ctx.engine(request), request.path_params["sandbox_id"], namespace(request))
 
 
 async def get_sandbox(request: Request) -> Response:
     info = _target(request)
-    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+    return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 async def delete_sandbox(request: Request) -> Response:
@@ -222,16 +227,16 @@ async def delete_sandbox(request: Request) -> Response:
 
 async def suspend_sandbox(request: Request) -> Response:
     info = await ctx.engine(request).pause(_target(request).id)
-    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+    return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 async def resume_sandbox(request: Request) -> Response:
     info = await ctx.engine(request).resume(_target(request).id)
-    return JSONResponse(sandbox_json(info, namespace(request), base_url(request)))
+    return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
-class _SnapshotRequest(_Loose):
-    snapshot_type: str | None = None
+class _SnapshotRequest(Body):
+    snapshot_type: Text | None = None
 
 
 async def snapshot_sandbox(request: Request) -> Response:
@@ -248,7 +253,7 @@ async def snapshot_sandbox(request: Request) -> Response:
 
 async def list_sandbox_snapshots(request: Request) -> Response:
     sid, ns = _target(request).id, namespace(request)
-    snaps = [s for s in ctx.engine(request).list_snapshots() if s.source_sandbox == sid]
+    snaps = [s for s in scope.snapshots(ctx.engine(request), ns) if s.source_sandbox == sid]
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
@@ -266,7 +271,7 @@ async def copy_sandbox(request: Request) -> Response:
         )
     except Abandoned:
         raise ClientDisconnect() from None
-    url = base_url(request)
+    url = sandbox_url(request)
     return JSONResponse(
         {"source_sandbox_id": source.id, "sandboxes": [created_json(i, url) for i in ok]}
     )
@@ -277,19 +282,23 @@ async def copy_sandbox(request: Request) -> Response:
 
 async def list_snapshots(request: Request) -> Response:
     ns = namespace(request)
-    snaps = ctx.engine(request).list_snapshots()
+    snaps = scope.snapshots(ctx.engine(request), ns)
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
+def _snapshot(request: Request) -> SnapshotInfo:
+    ref = request.path_params["snapshot_id"]
+    return scope.snapshot(ctx.engine(request), ref, namespace(request))
+
+
 async def get_snapshot(request: Request) -> Response:
-    snap = ctx.engine(request).get_snapshot(request.path_params["snapshot_id"])
-    return JSONResponse(snapshot_json(snap, namespace(request)))
+    return JSONResponse(snapshot_json(_snapshot(request), namespace(request)))
 
 
 async def delete_snapshot(request: Request) -> Response:
-    ref = request.path_params["snapshot_id"]
-    if not await ctx.engine(request).delete_snapshot(ref):
-        raise SnapshotNotFound(f"no snapshot {ref!r}", details={"snapshot_id": ref})
+    snap = _snapshot(request)
+    if not await ctx.engine(request).delete_snapshot(snap.id):
+        raise SnapshotNotFound(f"no snapshot {snap.id!r}", details={"snapshot_id": snap.id})
     return JSONResponse({})
 
 
@@ -297,7 +306,7 @@ async def delete_snapshot(request: Request) -> Response:
 
 
 def _pool_json(request: Request, name: str, *, detail: bool) -> dict[str, Any]:
-    got = ctx.pools(request).get_pool(name)
+    got = scope.pool(ctx.pools(request), name, namespace(request))
     spec = got.spec
     body: dict[str, Any] = {
         "id": got.name,
@@ -333,7 +342,7 @@ async def create_pool(request: Request) -> Response:
 
 
 async def list_pools(request: Request) -> Response:
-    names = [p.name for p in ctx.pools(request).list_pools()]
+    names = scope.pool_names(ctx.pools(request), namespace(request))
     return JSONResponse({"pools": [_pool_json(request, n, detail=False) for n in names]})
 
 
@@ -342,7 +351,7 @@ async def get_pool(request: Request) -> Response:
 
 
 async def delete_pool(request: Request) -> Response:
-    name = request.path_params["pool_id"]
+    name = scope.pool(ctx.pools(request), request.path_params["pool_id"], namespace(request)).name
     if not await ctx.pools(request).delete_pool(name):
         raise NotFound(f"no sandbox pool {name!r}", details={"pool": name})
     return JSONResponse({})
@@ -357,17 +366,18 @@ def _claim_timeout(request: Request) -> float:
     return min(max(int(raw) / 1000 - 5, 1.0), MAX_ACQUIRE_TIMEOUT_S)
 
 
-class _ClaimRequest(_Loose):
-    file_systems: list[Any] | None = None
+class _ClaimRequest(Body):
+    file_systems: list[Any] | None = items()
 
 
 async def claim_sandbox(request: Request) -> Response:
     body: _ClaimRequest = await _body(request, _ClaimRequest, "claim request")
     if body.file_systems:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
-    work = ctx.pools(request).acquire(request.path_params["pool_id"], _claim_timeout(request))
-    got = await unless_gone(request, work)
-    return JSONResponse(created_json(got, base_url(request)))
+    pools = ctx.pools(request)
+    name = scope.pool(pools, request.path_params["pool_id"], namespace(request)).name
+    got = await unless_gone(request, pools.acquire(name, _claim_timeout(request)))
+    return JSONResponse(created_json(got, sandbox_url(request)))
 
 
 # ---------------------------------------------------------------------- table
@@ -399,12 +409,12 @@ def routes() -> list[Route]:
     """The Tensorlake routes, namespaced and flat, then 501 for the rest of its API."""
     out = [
         Route(prefix + path, flat_errors(handler), methods=[method])
-        for prefix in ("/v1/namespaces/{namespace}", "")
+        for prefix in (scope.NS_PREFIX, "")
         for method, path, handler in LIFECYCLE
     ]
     out += tensorlake_sandbox.routes()
     rest = unsupported(SERVICE)
-    for prefix in ("/v1/namespaces/{namespace}", "/sandboxes", "/snapshots", "/sandbox-pools"):
+    for prefix in (scope.NS_PREFIX, "/sandboxes", "/snapshots", "/sandbox-pools"):
         out.append(Route(prefix + "/{rest:path}", rest, methods=ALL_METHODS))
     out.append(Route("/archived-sandboxes", rest, methods=ALL_METHODS))
     return out

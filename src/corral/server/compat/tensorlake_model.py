@@ -17,23 +17,24 @@ Shared by the lifecycle routes (:mod:`.tensorlake`) and the in-sandbox routes
   not, unless this is ``host``.
 
 **Names and namespaces** are kept as tags: ``tensorlake.ns=<namespace>`` on every
-sandbox made through the front-end (what ``list`` shows), ``tensorlake.name=<name>``
-on named ones.
+sandbox and pool made through the front-end, ``tensorlake.name=<name>`` on named
+sandboxes. Namespaces are a boundary: see :mod:`.tensorlake_scope`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
 from corral.errors import (
     ImageNotFound,
     InvalidArgument,
-    SandboxNotFound,
     Unsupported,
 )
 from corral.pool_schema import POOL_TAG_KEY
@@ -46,7 +47,7 @@ STOCK_IMAGES = ("tensorlake/ubuntu-minimal",)
 TAG = "tensorlake"
 NS_TAG = "tensorlake.ns="
 NAME_TAG = "tensorlake.name="
-DEFAULT_NAMESPACE = "default"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 # corral state -> Tensorlake SandboxStatus value.
 STATUS = {
@@ -118,21 +119,38 @@ def check_image(engine: Engine, requested: str | None, image: str) -> None:
         ) from None
 
 
+# -------------------------------------------------------------- request bodies
+
+MAX_TEXT = 4096  # characters of one string of a request body
+MAX_ITEMS = 256  # elements of one list (or entries of one mapping) of a request body
+
+
+class Body(BaseModel):
+    """A Tensorlake request body. Fields a newer client adds are ignored, as Tensorlake's
+    server does; the known ones are strict (no ``"512"`` for 512, no ``true`` for 1, no
+    ``1`` for true) and bounded, else 400 ``invalid_argument``."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+def items(default: Any = None) -> Any:
+    """A list (or mapping) field of at most :data:`MAX_ITEMS` entries."""
+    if callable(default):
+        return Field(default_factory=default, max_length=MAX_ITEMS)
+    return Field(default, max_length=MAX_ITEMS)
+
+
 # ------------------------------------------------------------------- identity
 
 
-def namespace(request: Request) -> str:
-    """The namespace of a namespaced path (``/v1/namespaces/{ns}/...``), else default."""
-    ns = request.path_params.get("namespace", DEFAULT_NAMESPACE)
-    if not ns or len(ns) > 100 or not all(c.isalnum() or c in "_.-" for c in ns):
-        raise InvalidArgument(f"invalid namespace {ns!r}: use letters, digits and _.-")
-    return ns
-
-
 def check_name(name: str) -> str:
-    if not name or len(name) > 100 or not all(c.isalnum() or c in "_.-" for c in name):
+    if not NAME_RE.fullmatch(name):
         raise InvalidArgument(
-            f"invalid sandbox name {name!r}: use 1-100 letters, digits or _.- (e.g. 'agent-7')"
+            f"invalid sandbox name {name[:100]!r}: use 1-100 ASCII letters, digits or _.-, "
+            "starting with a letter or digit (e.g. 'agent-7')"
         )
     return name
 
@@ -142,26 +160,6 @@ def tag_value(info: SandboxInfo, prefix: str) -> str | None:
         if tag.startswith(prefix):
             return tag[len(prefix) :]
     return None
-
-
-def resolve(engine: Engine, ref: str) -> SandboxInfo:
-    """A sandbox by id, or by the Tensorlake name given at create (live ones first)."""
-    try:
-        return engine.get(ref)
-    except SandboxNotFound:
-        if ref and all(c.isalnum() or c in "_.-" for c in ref):
-            named = engine.list(tags=[NAME_TAG + ref])
-            if named:
-                return min(named, key=lambda i: (STATUS[i.state] != "running", -i.created_at))
-        raise
-
-
-def base_url(request: Request) -> str:
-    """Where the client reached this daemon: the ``sandbox_url`` of running sandboxes.
-
-    Tensorlake's client sends in-sandbox calls there; to ``localhost`` / ``127.0.0.1``
-    with ``Host: <id>.local``, elsewhere with ``X-Tensorlake-Sandbox-Id``."""
-    return str(request.base_url).rstrip("/")
 
 
 # ---------------------------------------------------------------- conversions

@@ -1,8 +1,11 @@
 """Tensorlake's in-sandbox API (``/api/v1/...``): commands, background processes, files.
 
-Tensorlake's client sends these to the sandbox's ``sandbox_url`` (this daemon) and
-says which sandbox with ``Host: <sandbox_id>.local`` (when that URL is ``localhost`` /
-``127.0.0.1``) or ``X-Tensorlake-Sandbox-Id`` (elsewhere); both are honoured.
+Tensorlake's client sends these to the sandbox's ``sandbox_url``: this daemon, under
+``/v1/namespaces/{ns}`` when the sandbox was reached through a namespaced path (a call
+sees that namespace's sandboxes only; the flat ``/api/v1/...`` sees ``default``'s).
+It says which sandbox with ``Host: <sandbox_id>.local`` (when that URL is
+``localhost`` / ``127.0.0.1``) or ``X-Tensorlake-Sandbox-Id`` (elsewhere); both are
+honoured.
 
 - ``POST /api/v1/processes/run`` runs a command to completion and streams it as
   server-sent events: ``{pid, started_at}``, then ``{line, stream, timestamp}`` per
@@ -31,7 +34,7 @@ from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -40,10 +43,11 @@ from corral._version import __version__
 from corral.errors import CorralError, InvalidArgument, NotFound
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
-from corral.schema import validate_model
+from corral.schema import MAX_TIMEOUT_S, FileInfo, validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
-from corral.server.compat.tensorlake_model import refuse, resolve
+from corral.server.compat.tensorlake_model import Body, Text, items, refuse
+from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
 from corral.server.context import remove_partial
 from corral.server.models import safe_text
 from corral.server.streaming import NDJSONResponse, start_stream
@@ -57,6 +61,7 @@ PROCESS_OUTPUT_CAP_BYTES = 16 << 20
 FIRST_PID = 100
 KILLING_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGKILL, signal.SIGTERM}
 EVENT_STREAM = "text/event-stream"
+MAX_ARGS = 4096  # arguments of one command
 
 
 def _engine(request: Request) -> Engine:
@@ -68,7 +73,8 @@ def processes(request: Request) -> "ProcessTable":
 
 
 def _sandbox_id(request: Request) -> str:
-    """The sandbox an in-sandbox call is for (by id or Tensorlake name)."""
+    """The sandbox an in-sandbox call is for (by id or Tensorlake name), in the
+    call's namespace (see :mod:`.tensorlake_scope`)."""
     ref = request.headers.get("x-tensorlake-sandbox-id", "").strip()
     if not ref:
         host = request.headers.get("host", "")
@@ -80,7 +86,7 @@ def _sandbox_id(request: Request) -> str:
             "an in-sandbox call must name its sandbox: send 'Host: <sandbox_id>.local' or "
             "'X-Tensorlake-Sandbox-Id: <sandbox_id>' (Tensorlake's client does this itself)"
         )
-    return resolve(_engine(request), ref).id
+    return resolve(_engine(request), ref, namespace(request)).id
 
 
 # ---------------------------------------------------------------- the stream
@@ -168,19 +174,17 @@ def _as_event_stream(response: NDJSONResponse, body: AsyncIterator[bytes]) -> ND
 # ------------------------------------------------------------------ commands
 
 
-class _CommandRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    command: str = Field(min_length=1)
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] | None = None
-    working_dir: str | None = None
-    timeout: float | None = Field(None, gt=0)
+class _CommandRequest(Body):
+    command: Text = Field(min_length=1)
+    args: list[Text] = Field(default_factory=list, max_length=MAX_ARGS)
+    env: dict[Text, Text] | None = items()
+    working_dir: Text | None = None
+    timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     user: Any = None
-    stdin_mode: str | None = None
-    stdout_mode: str | None = None
-    stderr_mode: str | None = None
-    name: str | None = None
+    stdin_mode: Text | None = None
+    stdout_mode: Text | None = None
+    stderr_mode: Text | None = None
+    name: Text | None = None
     restart: Any = None
     health_check: Any = None
 
@@ -398,7 +402,7 @@ async def kill_process(request: Request) -> Response:
     return JSONResponse({})
 
 
-class _SignalRequest(BaseModel):
+class _SignalRequest(Body):
     signal: int
 
 
@@ -477,19 +481,24 @@ async def delete_file(request: Request) -> Response:
     return JSONResponse({})
 
 
+def _entry_json(entry: FileInfo) -> dict[str, Any]:
+    """An entry as Tensorlake's ``DirectoryEntry``. A name that is not UTF-8 (any bytes
+    may name a file) is sent with U+FFFD for its bad bytes, plus ``name_b64`` with the
+    exact bytes, as the native API does (the client ignores the extra field)."""
+    name, exact = safe_text(entry.name)
+    body: dict[str, Any] = {
+        "name": name, "is_dir": entry.is_dir, "size": entry.size, "modified_at": entry.mtime,
+    }
+    if exact is not None:
+        body["name_b64"] = exact
+    return body
+
+
 async def list_directory(request: Request) -> Response:
     sid = _sandbox_id(request)
     path = _path(request, sid)
     entries = await _engine(request).list_dir(sid, path)
-    return JSONResponse(
-        {
-            "path": path,
-            "entries": [
-                {"name": safe_text(e.name)[0], "is_dir": e.is_dir, "size": e.size, "modified_at": e.mtime}
-                for e in entries
-            ],
-        }
-    )
+    return JSONResponse({"path": path, "entries": [_entry_json(e) for e in entries]})
 
 
 # --------------------------------------------------------------------- daemon
@@ -535,8 +544,13 @@ ENDPOINTS = (
 
 
 def routes() -> list[Route]:
-    """The in-sandbox routes, then 501 for the rest of ``/api/v1`` (PTYs, tunnels, ...)."""
-    out = [Route(path, flat_errors(handler), methods=[m]) for m, path, handler in ENDPOINTS]
+    """The in-sandbox routes, namespaced and flat, then 501 for the rest of ``/api/v1``
+    (PTYs, tunnels, ...)."""
+    out = [
+        Route(prefix + path, flat_errors(handler), methods=[m])
+        for prefix in (NS_PREFIX, "")
+        for m, path, handler in ENDPOINTS
+    ]
     out.append(
         Route(
             "/api/v1/{rest:path}", unsupported(SERVICE),
