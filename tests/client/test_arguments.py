@@ -133,3 +133,15 @@ def test_pool_takes_a_snapshot_object_like_create(client):
             corral.Pool(no_such_option=1, client=client)
     finally:
         snap.delete()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: corral.Sandbox.create(memory=512),
+    lambda: corral.Session(defaults={"memroy_mb": 64}),
+    lambda: corral.Pool(image="python", mem_mb=64),
+])
+def test_a_misspelt_spec_field_is_named_before_anything_is_sent(make):
+    # One definition of the spec's fields (SpecFields) for create, Session and Pool.
+    with pytest.raises(corral.InvalidArgument) as exc:
+        make()
+    assert "Extra inputs are not permitted" in exc.value.message

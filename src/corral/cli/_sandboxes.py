@@ -13,6 +13,7 @@ from rich.table import Table
 
 import corral
 from corral.cli._output import PROGRESS_MIN, Context, UsageError, humanize_age
+from corral.client._models import SPEC_FIELDS
 
 USAGE_MAX_ROWS = 200
 """``ls`` asks for each live sandbox's usage (one request each) only up to this many rows."""
@@ -20,15 +21,15 @@ USAGE_MAX_ROWS = 200
 LIVE = (corral.SandboxState.RUNNING, corral.SandboxState.PAUSED)
 
 
+_FLAG_OF = {"tags": "tag"}  # a spec field whose flag is named otherwise (--tag, repeated)
+
+
 def spec_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The sandbox spec options of ``create`` and ``pool create``, as SDK keywords."""
-    return dict(
-        image=args.image, cpus=args.cpus, memory_mb=args.memory_mb, pids=args.pids,
-        disk_mb=args.disk_mb, inodes=args.inodes, open_files=args.open_files,
-        timeout=args.timeout,
-        idle_timeout=args.idle_timeout, env=args.env or None, workdir=args.workdir,
-        tags=args.tag or None, network=args.network, snapshot=args.snapshot,
-    )
+    """The sandbox spec options of ``create`` and ``pool create``, as SDK keywords
+    (the fields of :class:`corral.client._models.SpecFields` that have a flag and
+    were given)."""
+    given = {f: getattr(args, _FLAG_OF.get(f, f), None) for f in SPEC_FIELDS}
+    return {k: v for k, v in given.items() if v is not None and v != [] and v != {}}
 
 
 def create(args: argparse.Namespace, ctx: Context) -> int:

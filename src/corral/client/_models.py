@@ -10,11 +10,39 @@ import dataclasses
 import subprocess
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from corral.client import _validate as check
 from corral.errors import ExecTimeout, error_from_dict
 from corral.schema import FileInfo, SandboxSpec
+
+
+class SpecFields(TypedDict, total=False):
+    """The sandbox spec fields a caller may give, defined once: ``Sandbox.create``,
+    ``Session.create``, ``Pool(...)`` and ``Snapshot.restore`` take them as keyword
+    arguments (``**spec: Unpack[SpecFields]``), the CLI builds its flags' values into
+    one. Left out means "the daemon's default" (see :class:`corral.schema.SandboxSpec`,
+    which checks them)."""
+
+    image: str
+    cpus: float
+    memory_mb: int
+    pids: int
+    disk_mb: int
+    inodes: int
+    open_files: int
+    timeout: float  # the sandbox's lifetime, seconds
+    idle_timeout: float
+    env: dict[str, str]
+    secrets: dict[str, str]  # env whose values are never stored or shown
+    workdir: str
+    tags: Sequence[str]
+    network: str  # "none" | "bridge" | "host" (a corral.schema.NetworkMode)
+    snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
+
+
+SPEC_FIELDS = tuple(SpecFields.__annotations__)
+
 
 Command = str | Sequence[str]
 """An argv list (run as is) or a shell string (run by ``/bin/sh -c``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Self, Unpack
 from urllib.parse import quote
 
 from corral.client import _validate
@@ -17,10 +17,16 @@ from corral.client._async._stream import AsyncExecStream
 from corral.client._backends import AsyncBackend, AsyncOpening
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import AsyncSandboxFutures
-from corral.client._models import Command, CommandResult, exec_body, parse_exec, spec_body
+from corral.client._models import (
+    Command,
+    CommandResult,
+    SpecFields,
+    exec_body,
+    parse_exec,
+    spec_body,
+)
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
-    NetworkMode,
     SandboxInfo,
     SandboxState,
     SnapshotInfo,
@@ -58,21 +64,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         cls,
         image: str | None = None,
         *,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        inodes: int | None = None,
-        open_files: int | None = None,
-        timeout: float | None = None,
-        idle_timeout: float | None = None,
-        env: dict[str, str] | None = None,
-        secrets: dict[str, str] | None = None,
-        workdir: str | None = None,
-        tags: Sequence[str] | None = None,
-        network: NetworkMode | str | None = None,
-        snapshot: AsyncSnapshot | str | None = None,
         client: AsyncClient | None = None,
+        **spec: Unpack[SpecFields],
     ) -> AsyncOpening[Self]:
         """Start a sandbox and return once it can run commands.
 
@@ -92,15 +85,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         With asyncio, both ``async with await AsyncSandbox.create(...) as sb`` and
         ``async with AsyncSandbox.create(...) as sb`` work.
         """
-        body = spec_body(
-            {
-                "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
-                "disk_mb": disk_mb, "inodes": inodes, "open_files": open_files,
-                "timeout": timeout,
-                "idle_timeout": idle_timeout, "env": env, "secrets": secrets, "workdir": workdir,
-                "tags": tags, "network": network, "snapshot": snapshot,
-            }
-        )
+        body = spec_body({"image": image, **spec})
         return AsyncBackend.opening(cls._create(body, client))
 
     @classmethod
@@ -411,11 +396,13 @@ class AsyncSnapshot:
     def client(self) -> AsyncClient:
         return self._client
 
-    async def restore(self, **overrides: Any) -> AsyncSandbox:
+    async def restore(
+        self, *, client: AsyncClient | None = None, **overrides: Unpack[SpecFields]
+    ) -> AsyncSandbox:
         """A new sandbox on this snapshot's files; ``overrides`` are keyword arguments
         of :meth:`AsyncSandbox.create` (``memory_mb``, ``tags``, ...)."""
-        overrides.setdefault("client", self._client)
-        return await AsyncSandbox.create(snapshot=self.id, **overrides)
+        overrides["snapshot"] = self.id
+        return await AsyncSandbox.create(client=client or self._client, **overrides)
 
     async def delete(self) -> None:
         """Delete the snapshot (idempotent); sandboxes restored from it keep running."""

@@ -6,13 +6,13 @@ import builtins
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from corral.client._async._cleanup import AsyncCleanupOnExit
 from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._backends import AsyncBackend
-from corral.client._models import spec_body
+from corral.client._models import SpecFields, spec_body
 from corral.errors import CorralError, InvalidState
 from corral.schema import SandboxState
 
@@ -70,7 +70,7 @@ class AsyncSession(AsyncCleanupOnExit):
     def closed(self) -> bool:
         return self._closed
 
-    async def create(self, **overrides: Any) -> AsyncSandbox:
+    async def create(self, **overrides: Unpack[SpecFields]) -> AsyncSandbox:
         """Create a sandbox from the defaults, updated with ``overrides`` (the keyword
         arguments of :meth:`AsyncSandbox.create`); tags add up rather than replace."""
         if self._closed:

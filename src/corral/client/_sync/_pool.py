@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Self
+from typing import Self, Unpack
 from urllib.parse import quote
 
 from corral.client import _validate
@@ -15,7 +15,7 @@ from corral.client._sync._client import Client
 from corral.client._sync._sandbox import Sandbox
 from corral.client._backends import SyncBackend
 from corral.client._config import exec_http_timeout
-from corral.client._models import spec_body
+from corral.client._models import SpecFields, spec_body
 from corral.errors import InvalidState, NotFound, SandboxTimeout
 from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
@@ -66,7 +66,7 @@ class Pool(CleanupOnExit):
         max_size: int = DEFAULT_MAX_SIZE,
         name: str | None = None,
         client: Client | None = None,
-        **spec: Any,
+        **spec: Unpack[SpecFields],
     ) -> None:
         fields = {
             "name": name or "pool-" + secrets.token_hex(4),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Self, Unpack
 from urllib.parse import quote
 
 from corral.client import _validate
@@ -19,10 +19,16 @@ from corral.client._sync._stream import ExecStream
 from corral.client._backends import SyncBackend, Opening
 from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
 from corral.client._futures import SandboxFutures
-from corral.client._models import Command, CommandResult, exec_body, parse_exec, spec_body
+from corral.client._models import (
+    Command,
+    CommandResult,
+    SpecFields,
+    exec_body,
+    parse_exec,
+    spec_body,
+)
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
-    NetworkMode,
     SandboxInfo,
     SandboxState,
     SnapshotInfo,
@@ -60,21 +66,8 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         cls,
         image: str | None = None,
         *,
-        cpus: float | None = None,
-        memory_mb: int | None = None,
-        pids: int | None = None,
-        disk_mb: int | None = None,
-        inodes: int | None = None,
-        open_files: int | None = None,
-        timeout: float | None = None,
-        idle_timeout: float | None = None,
-        env: dict[str, str] | None = None,
-        secrets: dict[str, str] | None = None,
-        workdir: str | None = None,
-        tags: Sequence[str] | None = None,
-        network: NetworkMode | str | None = None,
-        snapshot: Snapshot | str | None = None,
         client: Client | None = None,
+        **spec: Unpack[SpecFields],
     ) -> Opening[Self]:
         """Start a sandbox and return once it can run commands.
 
@@ -94,15 +87,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         With asyncio, both ``with Sandbox.create(...) as sb`` and
         ``with Sandbox.create(...) as sb`` work.
         """
-        body = spec_body(
-            {
-                "image": image, "cpus": cpus, "memory_mb": memory_mb, "pids": pids,
-                "disk_mb": disk_mb, "inodes": inodes, "open_files": open_files,
-                "timeout": timeout,
-                "idle_timeout": idle_timeout, "env": env, "secrets": secrets, "workdir": workdir,
-                "tags": tags, "network": network, "snapshot": snapshot,
-            }
-        )
+        body = spec_body({"image": image, **spec})
         return SyncBackend.opening(cls._create(body, client))
 
     @classmethod
@@ -413,11 +398,13 @@ class Snapshot:
     def client(self) -> Client:
         return self._client
 
-    def restore(self, **overrides: Any) -> Sandbox:
+    def restore(
+        self, *, client: Client | None = None, **overrides: Unpack[SpecFields]
+    ) -> Sandbox:
         """A new sandbox on this snapshot's files; ``overrides`` are keyword arguments
         of :meth:`Sandbox.create` (``memory_mb``, ``tags``, ...)."""
-        overrides.setdefault("client", self._client)
-        return Sandbox.create(snapshot=self.id, **overrides)
+        overrides["snapshot"] = self.id
+        return Sandbox.create(client=client or self._client, **overrides)
 
     def delete(self) -> None:
         """Delete the snapshot (idempotent); sandboxes restored from it keep running."""

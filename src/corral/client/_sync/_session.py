@@ -8,13 +8,13 @@ import builtins
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
 from corral.client._sync._sandbox import Sandbox
 from corral.client._backends import SyncBackend
-from corral.client._models import spec_body
+from corral.client._models import SpecFields, spec_body
 from corral.errors import CorralError, InvalidState
 from corral.schema import SandboxState
 
@@ -72,7 +72,7 @@ class Session(CleanupOnExit):
     def closed(self) -> bool:
         return self._closed
 
-    def create(self, **overrides: Any) -> Sandbox:
+    def create(self, **overrides: Unpack[SpecFields]) -> Sandbox:
         """Create a sandbox from the defaults, updated with ``overrides`` (the keyword
         arguments of :meth:`Sandbox.create`); tags add up rather than replace."""
         if self._closed:
