@@ -121,7 +121,7 @@ class EpisodeStatus(str, Enum):
     INFRA_ERROR = "infra_error"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EpisodeResult:
     """One episode's record.
 
@@ -137,17 +137,17 @@ class EpisodeResult:
     index: int
     seed: Any
     status: EpisodeStatus
-    reward: float | None
-    steps: int | None
-    digest: str | None
-    value: Any
-    error: str | None
-    sandbox_id: str | None
-    attempts: int
-    queue_s: float
-    create_s: float
-    run_s: float
-    total_s: float
+    reward: float | None = None
+    steps: int | None = None
+    digest: str | None = None
+    value: Any = None
+    error: str | None = None
+    sandbox_id: str | None = None
+    attempts: int = 1
+    queue_s: float = 0.0
+    create_s: float = 0.0
+    run_s: float = 0.0
+    total_s: float = 0.0
     infra_errors: tuple[str, ...] = field(default=())
 
     @property
@@ -448,12 +448,15 @@ class EpisodeRunner:
             if status is EpisodeStatus.OK:
                 reward, steps, digest = _interpret(value)
             return EpisodeResult(
-                index, seed, status, reward, steps, digest, value, error, sandbox_id, attempt,
-                queue_s, create_s, run_s, time.perf_counter() - t_slot, tuple(infra))
+                index=index, seed=seed, status=status, reward=reward, steps=steps,
+                digest=digest, value=value, error=error, sandbox_id=sandbox_id,
+                attempts=attempt, queue_s=queue_s, create_s=create_s, run_s=run_s,
+                total_s=time.perf_counter() - t_slot, infra_errors=tuple(infra))
         return EpisodeResult(
-            index, seed, EpisodeStatus.INFRA_ERROR, None, None, None, None, infra[-1],
-            sandbox_id, self.retries + 1, queue_s, create_s, run_s,
-            time.perf_counter() - t_slot, tuple(infra))
+            index=index, seed=seed, status=EpisodeStatus.INFRA_ERROR, error=infra[-1],
+            sandbox_id=sandbox_id, attempts=self.retries + 1, queue_s=queue_s,
+            create_s=create_s, run_s=run_s, total_s=time.perf_counter() - t_slot,
+            infra_errors=tuple(infra))
 
     async def run(
         self, seeds: Iterable[Any] | int, *, progress: bool | EpisodeProgress = False,
