@@ -224,7 +224,12 @@ class SnapshotInfo(BaseModel):
 
 @dataclass
 class ExecResult:
-    """How a command ended. ``returncode`` is negative (-signal) if a signal killed it."""
+    """How a command ended. ``returncode`` is negative (-signal) if a signal killed it.
+
+    A stream that went over ``max_output`` is ``*_truncated``: it holds its head and
+    its last ``output_tail`` bytes, and ``*_dropped`` bytes were left out between them
+    (with ``output_tail=0``, the head only: the bytes were dropped at its end).
+    """
 
     returncode: int
     stdout: bytes = b""
@@ -234,6 +239,9 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration: float = 0.0
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    output_tail: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -246,11 +254,16 @@ class ExecResult:
 
 @dataclass
 class ExecEvent:
-    """One item of a streamed command: a chunk of ``stdout``/``stderr`` or the ``exit``."""
+    """One item of a streamed command: a chunk of ``stdout``/``stderr`` or the ``exit``.
+
+    A stream over its cap has one event with ``dropped`` bytes (and no data) where they
+    were left out: after its head, before its tail.
+    """
 
     kind: str  # "stdout" | "stderr" | "exit"
     data: bytes = b""
     result: ExecResult | None = field(default=None)
+    dropped: int = 0
 
 
 @dataclass
