@@ -35,6 +35,7 @@ DEFAULT_OPEN_FILES = 1024
 DEFAULT_WORKDIR = "/workspace"
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT = 1 << 20  # bytes kept per stream (stdout, stderr) of one command
+MAX_DEFAULT_OUTPUT_TAIL = 8 << 20  # the default tail's ceiling (the agent holds it in memory)
 MAX_TIMEOUT_S = 30 * 86400.0  # the longest lifetime, command or process timeout
 
 MAX_TAGS = 64  # per sandbox; each tag is 1-128 characters
@@ -220,6 +221,12 @@ class SnapshotInfo(BaseModel):
     size_bytes: int
     created_at: float
     source_sandbox: str | None = None
+
+
+def default_output_tail(max_output: int) -> int:
+    """Bytes of ``max_output`` kept from the end of a stream when ``output_tail`` is not
+    given: half, at most :data:`MAX_DEFAULT_OUTPUT_TAIL`."""
+    return min(max_output // 2, MAX_DEFAULT_OUTPUT_TAIL)
 
 
 @dataclass

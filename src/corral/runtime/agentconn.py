@@ -5,7 +5,8 @@ among the code it supervises, so the engine does not depend on it (docs/api.md,
 "Sandbox faults"):
 
 - Output caps: each stream keeps at most ``max_output`` bytes: all of it, or its head
-  and its last ``output_tail`` bytes (default: half of ``max_output``), with the bytes
+  and its last ``output_tail`` bytes (default: half of ``max_output``, at most 8 MiB:
+  :func:`~corral.schema.default_output_tail`), with the bytes
   dropped in between counted (``stdout_dropped``). The engine checks what arrives
   itself (:mod:`corral.runtime.outputcap`); the agent's own truncated flags are not
   read.
@@ -45,7 +46,7 @@ from corral.errors import (
 )
 from corral.runtime.channel import ExecStream
 from corral.runtime.protocol import Field, Msg, Tag
-from corral.schema import ExecEvent, ExecResult, SandboxInfo, SandboxState
+from corral.schema import ExecEvent, ExecResult, SandboxInfo, SandboxState, default_output_tail
 
 if TYPE_CHECKING:
     from corral.runtime.engine import _Live
@@ -70,11 +71,11 @@ def command_argv(cmd: str | Sequence[str]) -> list[str]:
 
 
 def output_tail_for(max_output: int, output_tail: int | None) -> int:
-    """The checked tail of a command's streams (``None``: half of ``max_output``)."""
+    """The checked tail of a command's streams (``None``: :func:`default_output_tail`)."""
     if max_output < 0:
         raise InvalidArgument("max_output must be >= 0 bytes")
     if output_tail is None:
-        return max_output // 2
+        return default_output_tail(max_output)
     if not 0 <= output_tail <= max_output:
         raise InvalidArgument(
             f"output_tail must be between 0 and max_output ({max_output}) bytes, got {output_tail}"

@@ -724,7 +724,7 @@ class Engine:
     ) -> ExecResult:
         """Run a command to completion; a timeout or OOM kill is a result, not an error.
         Each stream keeps ``max_output`` bytes at most: past that, its head and its last
-        ``output_tail`` bytes (``None``: half; :mod:`corral.runtime.outputcap`)."""
+        ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`)."""
         out: list[bytes] = []
         err: list[bytes] = []
         async for ev in self.exec_stream(
