@@ -6,10 +6,9 @@ among the code it supervises, so the engine does not depend on it (docs/api.md,
 
 - Output caps: each stream keeps at most ``max_output`` bytes: all of it, or its head
   and its last ``output_tail`` bytes (default: half of ``max_output``, at most 8 MiB:
-  :func:`~corral.schema.default_output_tail`), with the bytes
-  dropped in between counted (``stdout_dropped``). The engine checks what arrives
-  itself (:mod:`corral.runtime.outputcap`); the agent's own truncated flags are not
-  read.
+  :func:`~corral.schema.default_output_tail`), with the bytes dropped in between
+  counted (``stdout_dropped``). The engine checks what arrives itself
+  (:mod:`corral.runtime.outputcap`); the agent's own truncated flags are not read.
 - Timeouts: a command with a timeout has an engine deadline of ``timeout`` +
   :data:`EXEC_GRACE_S`. If the agent has not reported the exit by then, the engine
   kills every process of the sandbox through its cgroup and returns ``timed_out=True``;
