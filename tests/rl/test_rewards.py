@@ -12,7 +12,11 @@ from corral.client._models import CommandResult
 from corral.errors import ImageNotFound, InvalidArgument
 from corral.rl import code_reward
 from corral.rl.code import (
-    extract_code, harness_request, normalize_tests, parse_report, render_result,
+    extract_code,
+    harness_request,
+    normalize_tests,
+    parse_report,
+    render_result,
 )
 from corral.rl.rewards import AsyncCodeReward, CodeReward, async_code_reward
 from tests.conftest import requires_root

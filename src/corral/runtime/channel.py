@@ -101,7 +101,7 @@ class ExecStream:
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
         self.abandoned = False  # closed by its reader: frames still expected, dropped
-        self.caps = {
+        self.caps: dict[int, StreamCap] = {
             Msg.STDOUT: StreamCap("stdout", max_output, output_tail),
             Msg.STDERR: StreamCap("stderr", max_output, output_tail),
         }

@@ -50,7 +50,11 @@ from corral.errors import (
 from corral.runtime import cgroups, processes, rootfs, seccomp, storage, sweep, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
-    command_argv, command_events, ended_error, limit_fields, output_tail_for,
+    command_argv,
+    command_events,
+    ended_error,
+    limit_fields,
+    output_tail_for,
 )
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit

@@ -57,7 +57,11 @@ from corral.errors import (
 )
 from corral.runtime import channel as agent_channel
 from corral.runtime.agentconn import (
-    UNLIMITED_OUTPUT, Deadline, exec_error, exit_result, limit_fields,
+    UNLIMITED_OUTPUT,
+    Deadline,
+    exec_error,
+    exit_result,
+    limit_fields,
 )
 from corral.runtime.channel import StreamDeadline
 from corral.runtime.protocol import Msg, Tag
