@@ -35,6 +35,7 @@ DEFAULT_OPEN_FILES = 1024
 DEFAULT_WORKDIR = "/workspace"
 DEFAULT_EXEC_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT = 1 << 20  # bytes kept per stream (stdout, stderr) of one command
+MAX_DEFAULT_OUTPUT_TAIL = 8 << 20  # the default tail's ceiling (the agent holds it in memory)
 MAX_TIMEOUT_S = 30 * 86400.0  # the longest lifetime, command or process timeout
 
 MAX_TAGS = 64  # per sandbox; each tag is 1-128 characters
@@ -222,9 +223,20 @@ class SnapshotInfo(BaseModel):
     source_sandbox: str | None = None
 
 
+def default_output_tail(max_output: int) -> int:
+    """Bytes of ``max_output`` kept from the end of a stream when ``output_tail`` is not
+    given: half, at most :data:`MAX_DEFAULT_OUTPUT_TAIL`."""
+    return min(max_output // 2, MAX_DEFAULT_OUTPUT_TAIL)
+
+
 @dataclass
 class ExecResult:
-    """How a command ended. ``returncode`` is negative (-signal) if a signal killed it."""
+    """How a command ended. ``returncode`` is negative (-signal) if a signal killed it.
+
+    A stream that went over ``max_output`` is ``*_truncated``: it holds its head and
+    its last ``output_tail`` bytes, and ``*_dropped`` bytes were left out between them
+    (with ``output_tail=0``, the head only: the bytes were dropped at its end).
+    """
 
     returncode: int
     stdout: bytes = b""
@@ -234,6 +246,9 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration: float = 0.0
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    output_tail: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -246,11 +261,16 @@ class ExecResult:
 
 @dataclass
 class ExecEvent:
-    """One item of a streamed command: a chunk of ``stdout``/``stderr`` or the ``exit``."""
+    """One item of a streamed command: a chunk of ``stdout``/``stderr`` or the ``exit``.
+
+    A stream over its cap has one event with ``dropped`` bytes (and no data) where they
+    were left out: after its head, before its tail.
+    """
 
     kind: str  # "stdout" | "stderr" | "exit"
     data: bytes = b""
     result: ExecResult | None = field(default=None)
+    dropped: int = 0
 
 
 @dataclass

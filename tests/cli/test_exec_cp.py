@@ -204,3 +204,35 @@ def test_exec_timeout_is_refused_out_of_range(cli_process, sandbox, value):
 
 def test_exec_timeout_none_means_no_limit(cli, sandbox):
     assert cli("exec", sandbox.id, "--timeout", "none", "--", "echo ok").out == "ok\n"
+
+
+def test_exec_marks_where_output_was_left_out(cli_process, daemon, sandbox):
+    """A stream over --max-output: its head, a marker line (stderr, in order with the
+    output), its tail, and a summary; the tail is there by default (issue 13.5)."""
+    from corral.cli._exec import size
+
+    out = "".join(f"{i}\n" for i in range(1, 100_001))
+    dropped = len(out) - 1001
+    argv = ["exec", sandbox.id, "--max-output", "1001", "--output-tail", "100", "--", "seq 1 100000"]
+    r = cli_process(*argv)
+    assert r.code == 0 and r.out == out[:901] + out[-100:]
+    marker = f"corral: [... {size(dropped)} of stdout left out here; its last 100 bytes follow ...]\n"
+    summary = (f"corral: {sandbox.id}: stdout was cut: its first 901 bytes and its last 100 bytes "
+               f"were kept, {size(dropped)} in between left out\n")
+    assert r.err == marker + summary
+    # One terminal for both streams: the marker sits on a line of its own, between them
+    # (the head ends inside a line).
+    merged = subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "--url", daemon.url, *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+    ).stdout
+    assert out[900] != "\n" and merged == out[:901] + "\n" + marker + out[-100:] + summary
+
+    r = cli_process("exec", sandbox.id, "--max-output", "1K", "--output-tail", "0", "--", "seq 1 100000")
+    assert r.out == out[:1024]
+    assert r.err == (f"corral: [... {size(len(out) - 1024)} of stdout left out here ...]\n"
+                     f"corral: {sandbox.id}: stdout was cut after its first 1.0 KiB (1024 bytes): "
+                     f"{size(len(out) - 1024)} left out\n")
+
+    r = cli_process("exec", sandbox.id, "--", "head -c 3000000 /dev/zero | tr '\\0' x; echo VERDICT")
+    assert r.code == 0 and len(r.out) == 1 << 20 and r.out.endswith("xxVERDICT\n")

@@ -58,7 +58,7 @@ def test_exec_refuses_commands_and_arguments_of_the_wrong_type(sb):
     for cmd in (None, [], "", b"ls", ["ls", None], 42):
         with pytest.raises(corral.InvalidArgument, match=r"^cmd: "):
             sb.exec(cmd)
-    for kwargs in (dict(env=["A=1"]), dict(cwd=3), dict(stdin=7), dict(max_output=-1),
+    for kwargs in (dict(env=["A=1"]), dict(cwd=3), dict(stdin=7), dict(max_output=-1), dict(output_tail=-1),
                    dict(check="yes")):
         name = next(iter(kwargs))
         with pytest.raises(corral.InvalidArgument, match=rf"^{name}: "):

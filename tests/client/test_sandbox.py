@@ -54,6 +54,32 @@ def test_output_is_truncated_at_max_output(client):
         assert r.stdout_truncated and r.truncated and len(r.stdout_bytes) == 1000
 
 
+def test_output_keeps_its_head_and_tail_through_the_sdk(client):
+    """The SDK and the HTTP API carry the tail, the counts, and the gap in a stream."""
+    out = "".join(f"{i}\n" for i in range(1, 20_001)).encode()
+    with corral.Sandbox.create(client=client) as sb:
+        r = sb.exec("seq 1 20000; seq 1 20000 >&2", max_output=1000, output_tail=300)
+        assert r.stdout_bytes == out[:700] + out[-300:] and r.stdout_dropped == len(out) - 1000
+        assert r.stderr_bytes == r.stdout_bytes and r.stderr_dropped == r.stdout_dropped
+        assert r.truncated and r.output_tail == 300
+        assert r.head_and_tail("stderr") == (out[:700], out[-300:])
+        r = sb.exec("seq 1 20000", max_output=1000)  # the default tail: half
+        assert r.stdout_bytes == out[:500] + out[-500:] and r.output_tail == 500
+        r = sb.exec("seq 1 20000", max_output=1000, output_tail=0)
+        assert r.stdout_bytes == out[:1000] and r.head_and_tail() == (out[:1000], b"")
+        small = sb.exec("seq 1 10")
+        assert small.stdout_bytes == out[:21] and not small.truncated and small.stdout_dropped == 0
+        assert small.head_and_tail() == (out[:21], b"")
+        with sb.exec_stream("seq 1 20000", max_output=1000, output_tail=300) as stream:
+            chunks = list(stream)
+        gap = [i for i, c in enumerate(chunks) if c.dropped]
+        assert len(gap) == 1 and chunks[gap[0]].data == b"" and chunks[gap[0]].dropped == len(out) - 1000
+        assert b"".join(c.data for c in chunks[: gap[0]]) == out[:700]
+        assert b"".join(c.data for c in chunks[gap[0] + 1 :]) == out[-300:]
+        assert stream.result.stdout_bytes == out[:700] + out[-300:]
+        assert stream.result.stdout_dropped == len(out) - 1000
+
+
 def test_exec_stream_yields_output_in_order_then_the_result(client):
     # Output of one pipe keeps its order; across stdout and stderr, the order is that
     # of arrival, so the writes are spaced out.

@@ -11,7 +11,13 @@ import corral
 from corral.client._models import CommandResult
 from corral.errors import ImageNotFound, InvalidArgument
 from corral.rl import code_reward
-from corral.rl.code import extract_code, harness_request, normalize_tests, parse_report
+from corral.rl.code import (
+    extract_code,
+    harness_request,
+    normalize_tests,
+    parse_report,
+    render_result,
+)
 from corral.rl.rewards import AsyncCodeReward, CodeReward, async_code_reward
 from tests.conftest import requires_root
 
@@ -76,6 +82,19 @@ def test_in_process_report_without_the_token_is_a_crash():
 
 
 # --------------------------------------------------------------------- arguments
+
+
+def test_a_cut_output_shows_the_model_where_it_was_cut():
+    """The tail (the traceback) reaches the model, with a note where the middle was."""
+    err = b"Traceback (most recent call last):\n" + b"." * 400 + b"ZeroDivisionError: division by zero\n"
+    r = CommandResult(
+        args="python3 s.py", returncode=1, stdout_bytes=b"ok\n", stderr_bytes=err[:200] + err[-100:],
+        stderr_truncated=True, stderr_dropped=len(err) - 300 + 5000, output_tail=100,
+    )
+    text = render_result(r, 10_000)
+    note = f"\n... [{len(err) - 300 + 5000} bytes of stderr left out] ...\n"
+    assert text == "exit code 1\nok\n[stderr]\n" + err[:200].decode() + note + err[-100:].decode()
+    assert text.endswith("ZeroDivisionError: division by zero\n")
 
 
 def test_factory_validates_and_names_the_function():

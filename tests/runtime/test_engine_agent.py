@@ -96,6 +96,83 @@ async def test_output_flood_is_truncated(engine):
     assert not r.stderr_truncated and r.stderr == b"tail\n"
 
 
+def seq_bytes(n: int) -> bytes:
+    """What `seq 1 n` prints."""
+    return "".join(f"{i}\n" for i in range(1, n + 1)).encode()
+
+
+async def test_a_20_mb_flood_keeps_its_final_verdict(engine):
+    """Issue 13.5: a solution printing 20 MB, then its verdict: the verdict is kept (the
+    default tail is half of the 1 MiB cap), and the bytes dropped are counted exactly."""
+    info = await engine.create()
+    r = await engine.exec(info.id, "head -c 20000000 /dev/zero | tr '\\0' x; echo 'VERDICT: 3 passed'")
+    assert r.returncode == 0 and r.stdout_truncated and not r.stderr_truncated
+    assert len(r.stdout) == 1 << 20 and r.output_tail == 512 << 10
+    assert r.stdout == b"x" * ((1 << 20) - 18) + b"VERDICT: 3 passed\n"
+    assert r.stdout_dropped == 20_000_000 + 18 - (1 << 20)
+
+
+async def test_head_and_tail_are_exact_and_in_order(engine):
+    """`seq` output through a small ring that wraps many times: head, then tail, byte
+    for byte; stdout and stderr each keep their own."""
+    info = await engine.create()
+    out, err = seq_bytes(200_000), seq_bytes(50_000)
+    r = await engine.exec(
+        info.id, "seq 1 200000; seq 1 50000 >&2; exit 4", max_output=10_000, output_tail=3_333
+    )
+    assert r.returncode == 4 and r.output_tail == 3_333
+    assert r.stdout == out[:6_667] + out[-3_333:] and r.stdout_dropped == len(out) - 10_000
+    assert r.stderr == err[:6_667] + err[-3_333:] and r.stderr_dropped == len(err) - 10_000
+    assert r.stdout_truncated and r.stderr_truncated
+
+
+async def test_output_tail_0_keeps_the_head_only(engine):
+    info = await engine.create()
+    out = seq_bytes(100_000)
+    r = await engine.exec(info.id, "seq 1 100000; echo err >&2", max_output=50_000, output_tail=0)
+    assert r.stdout == out[:50_000] and r.stdout_truncated
+    assert r.stdout_dropped == len(out) - 50_000 and r.output_tail == 0
+    assert r.stderr == b"err\n" and not r.stderr_truncated and r.stderr_dropped == 0
+
+
+@pytest.mark.parametrize("size", [0, 1, 60, 99, 100])
+async def test_output_within_the_cap_is_whole(engine, size):
+    """Up to max_output bytes (also past the head, held back in the tail): all of it."""
+    info = await engine.create()
+    r = await engine.exec(info.id, f"seq 1 100 | head -c {size}", max_output=100, output_tail=40)
+    assert r.stdout == seq_bytes(100)[:size] and not r.stdout_truncated and r.stdout_dropped == 0
+
+
+async def test_one_byte_over_the_cap(engine):
+    info = await engine.create()
+    out = seq_bytes(100)[:101]
+    r = await engine.exec(info.id, "seq 1 100 | head -c 101", max_output=100, output_tail=40)
+    assert r.stdout == out[:60] + out[-40:] and r.stdout_truncated and r.stdout_dropped == 1
+
+
+async def test_a_stream_shows_its_gap_between_head_and_tail(engine):
+    info = await engine.create()
+    out = seq_bytes(100_000)
+    events = [ev async for ev in engine.exec_stream(
+        info.id, "seq 1 100000", max_output=1_000, output_tail=100)]
+    gaps = [i for i, ev in enumerate(events) if ev.dropped]
+    assert len(gaps) == 1 and events[gaps[0]].kind == "stdout" and events[gaps[0]].data == b""
+    assert events[gaps[0]].dropped == len(out) - 1_000
+    head = b"".join(ev.data for ev in events[: gaps[0]])
+    tail = b"".join(ev.data for ev in events[gaps[0] + 1 : -1])
+    assert (head, tail) == (out[:900], out[-100:])
+    assert events[-1].kind == "exit" and events[-1].result.stdout_dropped == len(out) - 1_000
+
+
+async def test_a_timed_out_command_keeps_its_tail(engine):
+    """The agent kills the command at its timeout, then sends the tail: where it hung."""
+    info = await engine.create()
+    r = await engine.exec(info.id, "seq 1 100000; echo 'stuck in step 7'; exec sleep 60",
+                          timeout=1, max_output=1_000)
+    assert r.timed_out and r.stdout.endswith(b"100000\nstuck in step 7\n")
+    assert r.stdout_dropped == len(seq_bytes(100_000)) + 16 - 1_000
+
+
 async def test_commands_run_concurrently(engine):
     info = await engine.create()
     # each command waits until all four have started: only possible if they overlap

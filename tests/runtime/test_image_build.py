@@ -11,7 +11,7 @@ import pytest
 
 from corral.errors import ImageBuildError, ImageNotFound, InvalidArgument
 from corral.image_schema import parse_build_yaml
-from corral.runtime import image_cache
+from corral.runtime import image_build, image_cache
 from corral.runtime.image_build import BUILD_TAG, build_image
 from corral.schema import SandboxState
 from tests.conftest import requires_root
@@ -229,6 +229,23 @@ async def test_a_failing_step_is_named_with_its_output_and_leaves_nothing(engine
     spec["steps"][1] = {"run": "echo fixed > /workspace/second"}
     fixed = await build_image(engine, spec, name=name)
     assert (fixed.stats.cached, fixed.stats.built) == (1, 1)
+
+
+async def test_a_failing_step_with_a_long_log_is_named_with_its_last_lines(
+    engine, name, monkeypatch
+):
+    """The error at the end of a step's long output (apt's "E: ...") reaches the
+    ImageBuildError: the step's output keeps its tail, and the cut is marked."""
+    monkeypatch.setattr(image_build, "MAX_STEP_OUTPUT", 10_000)
+    spec = {"steps": [{"run": "seq 1 100000; echo 'E: Unable to locate package nope'; exit 100"}]}
+    logged: list[str] = []
+    with pytest.raises(ImageBuildError) as info:
+        await build_image(engine, spec, name=name, on_event=lambda ev: logged.append(ev.line or ""))
+    lines = info.value.output.splitlines()
+    assert lines[-1] == "E: Unable to locate package nope" and lines[-2] == "100000"
+    marks = [i for i, line in enumerate(logged) if "bytes of stdout left out" in line]
+    head = "".join(f"{i}\n" for i in range(1, 2000))[:5000].split("\n")  # ends inside a line
+    assert len(marks) == 1 and logged[marks[0] - 2 : marks[0]] == head[-2:] and head[-1]
 
 
 async def test_a_step_out_of_time_and_a_copy_to_a_root_dir_fail_clearly(engine, name, tmp_path):

@@ -118,8 +118,10 @@ async def fault_of(ch: AgentChannel, awaitable) -> SandboxProtocolError:
     return info.value
 
 
-async def exec_on(ch: AgentChannel, agent: HostileAgent, max_output: int | None = 1024):
-    stream = ch.open_exec([(Tag.ARGV, "true")], max_output=max_output)
+async def exec_on(
+    ch: AgentChannel, agent: HostileAgent, max_output: int | None = 1024, output_tail: int = 0
+):
+    stream = ch.open_exec([(Tag.ARGV, "true")], max_output=max_output, output_tail=output_tail)
     msg, rid, _ = await asyncio.to_thread(agent.read_request)
     assert (msg, rid) == (Msg.EXEC, stream.request_id)
     return stream
@@ -228,10 +230,10 @@ async def test_out_of_order_frames_are_violations(wire, frames, violation):
 # ------------------------------------------------------------- output caps
 
 
-async def test_a_50_mb_output_flood_is_capped_by_the_engine(wire):
-    """50 MB of STDOUT frames for a command that asked for 1024 bytes, the agent's
-    flags claiming nothing was truncated: the caller gets 1024 bytes and the truncated
-    flag, and the daemon never holds more than the cap (plus its read buffer)."""
+async def test_a_50_mb_output_flood_is_stopped_at_the_cap(wire):
+    """50 MB of STDOUT frames for a command that asked for 1024 bytes: past the cap
+    without a TAIL is a violation (an agent holds back what goes over the head), and
+    the daemon never queued more than the cap nor buffered more than its reader holds."""
     ch, agent, _ = wire
     live, _ = fake_live()
     stream = await exec_on(ch, agent, max_output=1024)
@@ -239,23 +241,22 @@ async def test_a_50_mb_output_flood_is_capped_by_the_engine(wire):
     total = 50 << 20
 
     def flood() -> None:
-        agent.started(stream.request_id)
-        agent.send(Msg.STDERR, stream.request_id, [(Tag.DATA, b"e" * 100)])
-        for _ in range(total // len(chunk)):
-            agent.send(Msg.STDOUT, stream.request_id, [(Tag.DATA, chunk)])
-        agent.exit(stream.request_id, 0, trunc_out=0, trunc_err=1)  # both flags lie
+        try:
+            agent.started(stream.request_id)
+            agent.send(Msg.STDOUT, stream.request_id, [(Tag.DATA, b"x" * 1000)])
+            for _ in range(total // len(chunk)):
+                agent.send(Msg.STDOUT, stream.request_id, [(Tag.DATA, chunk)])
+            agent.exit(stream.request_id, 0, trunc_out=0)
+        except OSError:
+            pass  # the engine hung up on it
 
     writer = threading.Thread(target=flood, daemon=True)
     writer.start()
-    out, err, result = await asyncio.wait_for(run_command(live, stream), 120)
+    err = await fault_of(ch, run_command(live, stream))
     writer.join(30)
-    assert out == b"x" * 1024 and result.stdout_truncated
-    assert err == b"e" * 100 and not result.stderr_truncated, "the agent's flag is not read"
-    assert ch.received >= total, "the flood really went through the channel"
-    assert stream.peak_queued <= 1024 + 100, "output past the cap (per stream) was never queued"
-    # The reader holds at most two buffer limits, one socket read and one frame.
+    assert err.details["violation"] == "output_over_cap" and "stdout" in ch.reason
+    assert stream.peak_queued <= 1024, "output past the cap (per stream) was never queued"
     assert ch.peak_buffered <= 2 * channel_mod.READER_LIMIT + (256 << 10) + MAX_DATA_FRAME
-    assert not ch.faulted
 
 
 async def test_the_cap_is_the_engines_count_not_the_agents_flag(wire):
@@ -267,6 +268,95 @@ async def test_the_cap_is_the_engines_count_not_the_agents_flag(wire):
     agent.exit(stream.request_id, 0, trunc_out=1)
     out, _, result = await run_command(live, stream)
     assert out == b"y" * 1024 and not result.stdout_truncated
+
+
+# ------------------------------------------------------------ head and tail
+
+
+def tail_frame(agent: HostileAgent, rid: int, dropped: int, stream: int = 1) -> None:
+    agent.send(Msg.TAIL, rid, [(Tag.STREAM, stream), (Tag.DROPPED, dropped)])
+
+
+async def test_a_head_a_tail_and_the_dropped_count_are_taken_in_order(wire):
+    """The protocol as an honest agent speaks it (head, TAIL, tail, EXIT), the agent's
+    truncated flags lying: the engine's own view decides the flags."""
+    ch, agent, _ = wire
+    live, _ = fake_live()
+    stream = await exec_on(ch, agent, max_output=1000, output_tail=100)
+    rid = stream.request_id
+    agent.started(rid)
+    agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"h" * 900)])
+    tail_frame(agent, rid, 12345)
+    agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"t" * 60)])
+    agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"t" * 40)])
+    agent.send(Msg.STDERR, rid, [(Tag.DATA, b"e" * 950)])  # within the cap: no TAIL
+    agent.exit(rid, 0, trunc_out=0, trunc_err=1)
+    out, err, result = await run_command(live, stream)
+    assert out == b"h" * 900 + b"t" * 100 and err == b"e" * 950
+    assert (result.stdout_truncated, result.stdout_dropped) == (True, 12345)
+    assert (result.stderr_truncated, result.stderr_dropped) == (False, 0)
+    assert not ch.faulted
+
+
+@pytest.mark.parametrize("script, violation", [
+    # a second TAIL for the same stream (a forged one after the real one)
+    (["head", "tail", "ring", "tail"], "duplicate_tail"),
+    (["head", "tail", "tail"], "duplicate_tail"),
+    # a TAIL before the head is full, or after more than the head
+    (["half", "tail"], "misplaced_tail"),
+    (["head", "more", "tail"], "misplaced_tail"),
+    # more tail than asked for, or less by the exit
+    (["head", "tail", "ring", "more"], "tail_over_cap"),
+    (["head", "tail", "half_ring", "exit"], "short_tail"),
+    (["head", "tail", "exit"], "short_tail"),
+    # a TAIL before the command started, or after its exit
+    (["tail_first"], "output_before_start"),
+    (["head", "tail", "ring", "exit", "tail"], "finished_request"),
+    # a TAIL naming no stream, or dropping nothing
+    (["head", "tail_stream_3"], "bad_field"),
+    (["head", "tail_0"], "bad_field"),
+])
+async def test_a_forged_tail_is_a_violation(wire, script, violation):
+    ch, agent, _ = wire
+    stream = await exec_on(ch, agent, max_output=1000, output_tail=100)
+    rid = stream.request_id
+    steps = {
+        "head": lambda: agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"h" * 900)]),
+        "half": lambda: agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"h" * 450)]),
+        "more": lambda: agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"m")]),
+        "tail": lambda: tail_frame(agent, rid, 7),
+        "tail_first": lambda: tail_frame(agent, rid, 7),
+        "tail_stream_3": lambda: tail_frame(agent, rid, 7, stream=3),
+        "tail_0": lambda: tail_frame(agent, rid, 0),
+        "ring": lambda: agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"t" * 100)]),
+        "half_ring": lambda: agent.send(Msg.STDOUT, rid, [(Tag.DATA, b"t" * 50)]),
+        "exit": lambda: agent.exit(rid, 0),
+    }
+    if script[0] != "tail_first":
+        agent.started(rid)
+    for step in script:
+        steps[step]()
+
+    async def drain() -> None:
+        while True:
+            await stream.next()
+
+    ended = violation == "finished_request"  # the stream has ended: the next call fails
+    err = await fault_of(ch, ch.request(Msg.FSTAT, [(Tag.PATH, "/")]) if ended else drain())
+    assert err.details["violation"] == violation
+
+
+async def test_a_tail_for_a_process_is_a_violation(wire):
+    """A process streams all its output (no cap): a TAIL for it is forged."""
+    ch, agent, _ = wire
+    stream = await exec_on(ch, agent, max_output=None)
+    agent.started(stream.request_id)
+    agent.send(Msg.STDOUT, stream.request_id, [(Tag.DATA, b"x" * 5000)])
+    tail_frame(agent, stream.request_id, 1)
+    assert (await stream.next()).msg == Msg.STARTED
+    assert (await stream.next()).data == b"x" * 5000
+    err = await fault_of(ch, stream.next())
+    assert err.details["violation"] == "unexpected_tail"
 
 
 # ----------------------------------------------------------- frame checks

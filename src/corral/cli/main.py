@@ -237,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: the workdir)")
     p.add_argument("--stdin-file", metavar="FILE",
                    help="feed this file (or - for our stdin, read to its end) to the command")
+    p.add_argument("--max-output", type=_exec.byte_count, metavar="BYTES",
+                   help="bytes kept of each stream (default 1M); past that, its head and its tail")
+    p.add_argument("--output-tail", type=_exec.byte_count, metavar="BYTES",
+                   help="of --max-output, bytes kept from the end of each stream "
+                   "(default: half, at most 8M; 0: the head only)")
     p.set_defaults(handler=_exec.exec_command)
 
     p = sub.add_parser(

@@ -56,6 +56,10 @@ class CommandResult:
     can score it; ``check_returncode()`` (or ``exec(..., check=True)``) turns a
     failure into an exception.
 
+    A stream longer than ``max_output`` is ``*_truncated``: it holds its head and its
+    last ``output_tail`` bytes (where a verdict or a traceback is printed), and
+    ``*_dropped`` bytes were left out between them (:meth:`head_and_tail` splits it).
+
     >>> r = sb.exec(["python3", "-c", "print(6*7)"], timeout=10)   # doctest: +SKIP
     >>> r.returncode, r.stdout, r.ok                               # doctest: +SKIP
     (0, '42\\n', True)
@@ -72,6 +76,9 @@ class CommandResult:
     duration: float = 0.0
     sandbox_id: str = ""
     timeout: float | None = None
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    output_tail: int = 0
 
     @cached_property
     def stdout(self) -> str:
@@ -85,8 +92,25 @@ class CommandResult:
 
     @property
     def truncated(self) -> bool:
-        """True if either stream went over ``max_output`` and lost its tail."""
+        """True if either stream went over ``max_output`` and lost bytes (its middle;
+        with ``output_tail=0``, its end)."""
         return self.stdout_truncated or self.stderr_truncated
+
+    def head_and_tail(self, stream: Literal["stdout", "stderr"] = "stdout") -> tuple[bytes, bytes]:
+        """A stream's output as (head, tail): the bytes before and after those dropped
+        (``*_dropped``); a stream that was not truncated is all head.
+
+        >>> head, tail = r.head_and_tail("stderr")       # doctest: +SKIP
+        >>> tail.decode().splitlines()[-1]               # doctest: +SKIP
+        'ZeroDivisionError: division by zero'
+        """
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"stream must be 'stdout' or 'stderr', got {stream!r}")
+        data: bytes = getattr(self, f"{stream}_bytes")
+        if not getattr(self, f"{stream}_truncated"):
+            return data, b""
+        cut = max(0, len(data) - self.output_tail)
+        return data[:cut], data[cut:]
 
     @property
     def ok(self) -> bool:
@@ -135,6 +159,9 @@ class OutputChunk:
 
     stream: Literal["stdout", "stderr"]
     data: bytes
+    dropped: int = 0
+    """Not 0 on the one chunk (with no data) that marks the gap after a stream's head:
+    that many bytes were left out there; its tail follows."""
 
     @property
     def text(self) -> str:
@@ -182,6 +209,7 @@ def exec_body(
     cwd: str | None,
     stdin: bytes | str | None,
     max_output: int | None,
+    output_tail: int | None = None,
 ) -> dict[str, Any]:
     """The ``ExecRequest`` of ``docs/api.md``; every argument checked first."""
     body: dict[str, Any] = {"cmd": check.command(cmd), "timeout": check.timeout("timeout", timeout)}
@@ -200,6 +228,8 @@ def exec_body(
                 body["stdin_b64"] = base64.b64encode(raw).decode()
     if max_output is not None:
         body["max_output"] = check.integer("max_output", max_output, minimum=0)
+    if output_tail is not None:
+        body["output_tail"] = check.integer("output_tail", output_tail, minimum=0)
     return body
 
 
@@ -227,6 +257,9 @@ def parse_exec(
         duration=float(data.get("duration") or 0.0),
         sandbox_id=sandbox_id,
         timeout=timeout,
+        stdout_dropped=int(data.get("stdout_dropped") or 0),
+        stderr_dropped=int(data.get("stderr_dropped") or 0),
+        output_tail=int(data.get("output_tail") or 0),
     )
 
 
@@ -235,7 +268,7 @@ def parse_stream_item(item: dict[str, Any]) -> OutputChunk | dict[str, Any] | No
     ``None`` for an item this SDK does not know; an ``error`` item raises."""
     kind = item.get("type")
     if kind in ("stdout", "stderr"):
-        return OutputChunk(kind, _wire_bytes(item, "data"))
+        return OutputChunk(kind, _wire_bytes(item, "data"), int(item.get("dropped") or 0))
     if kind == "exit":
         return dict(item["result"])
     if kind == "error":

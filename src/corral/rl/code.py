@@ -146,15 +146,25 @@ def clip(text: str, limit: int) -> str:
 
 
 def render_result(result: CommandResult, limit: int) -> str:
-    """A command's result as an agent reads it: how it ended, then its output."""
+    """A command's result as an agent reads it: how it ended, then its output (a
+    stream the daemon cut shows where: its head, a note, its tail)."""
     if result.timed_out:
         head = f"timed out after {result.timeout:g}s and was killed"
     elif result.oom_killed:
         head = "killed: out of memory"
     else:
         head = f"exit code {result.returncode}"
-    stderr = f"[stderr]\n{result.stderr}" if result.stderr else ""
-    return clip(f"{head}\n{result.stdout}{stderr}", limit)
+    stdout, stderr = _output_text(result, "stdout"), _output_text(result, "stderr")
+    stderr = f"[stderr]\n{stderr}" if stderr else ""
+    return clip(f"{head}\n{stdout}{stderr}", limit)
+
+
+def _output_text(result: CommandResult, name: Literal["stdout", "stderr"]) -> str:
+    if not getattr(result, f"{name}_truncated"):
+        return getattr(result, name)
+    head, tail = (part.decode(errors="replace") for part in result.head_and_tail(name))
+    dropped = getattr(result, f"{name}_dropped")
+    return f"{head}\n... [{dropped} bytes of {name} left out] ...\n{tail}"
 
 # ------------------------------------------------------------------------ running
 

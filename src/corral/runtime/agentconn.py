@@ -4,10 +4,11 @@ The agent inside a sandbox enforces a command's timeout and output cap, but it r
 among the code it supervises, so the engine does not depend on it (docs/api.md,
 "Sandbox faults"):
 
-- Output caps: the engine asks the agent for ``max_output + 1`` bytes per stream and
-  counts what arrives itself (:class:`~corral.runtime.channel.ExecStream`): it keeps at
-  most ``max_output``, and ``stdout_truncated``/``stderr_truncated`` say whether more
-  came. The agent's own truncated flags are not read.
+- Output caps: each stream keeps at most ``max_output`` bytes: all of it, or its head
+  and its last ``output_tail`` bytes (default: half of ``max_output``, at most 8 MiB:
+  :func:`~corral.schema.default_output_tail`), with the bytes dropped in between
+  counted (``stdout_dropped``). The engine checks what arrives itself
+  (:mod:`corral.runtime.outputcap`); the agent's own truncated flags are not read.
 - Timeouts: a command with a timeout has an engine deadline of ``timeout`` +
   :data:`EXEC_GRACE_S`. If the agent has not reported the exit by then, the engine
   kills every process of the sandbox through its cgroup and returns ``timed_out=True``;
@@ -31,19 +32,20 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
 
 from corral.errors import (
     CorralError,
     FileError,
     FileNotFound,
+    InvalidArgument,
     InvalidState,
     SandboxProtocolError,
     is_sandbox_fault,
 )
 from corral.runtime.channel import ExecStream
-from corral.runtime.protocol import Msg, Tag
-from corral.schema import ExecEvent, ExecResult, SandboxInfo, SandboxState
+from corral.runtime.protocol import Field, Msg, Tag
+from corral.schema import ExecEvent, ExecResult, SandboxInfo, SandboxState, default_output_tail
 
 if TYPE_CHECKING:
     from corral.runtime.engine import _Live
@@ -53,9 +55,44 @@ EXEC_GRACE_S = 2.0
 UNLIMITED_OUTPUT = (1 << 63) - 1
 
 
-def agent_max_output(max_output: int) -> int:
-    """The cap sent to the agent: one byte more than kept, so truncation shows."""
-    return min(max_output + 1, UNLIMITED_OUTPUT)
+def command_argv(cmd: str | Sequence[str]) -> list[str]:
+    """A command's argv: a shell string runs under ``/bin/sh -c``; checked."""
+    if isinstance(cmd, str):
+        if not cmd.strip():
+            raise InvalidArgument("empty command: pass a shell string or an argv list")
+        return ["/bin/sh", "-c", cmd]
+    argv = list(cmd)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise InvalidArgument("cmd must be a non-empty list of strings or a shell string")
+    if any("\0" in a for a in argv):
+        raise InvalidArgument("command arguments may not contain NUL bytes")
+    return argv
+
+
+def output_tail_for(max_output: int, output_tail: int | None) -> int:
+    """The checked tail of a command's streams (``None``: :func:`default_output_tail`)."""
+    if max_output < 0:
+        raise InvalidArgument("max_output must be >= 0 bytes")
+    if output_tail is None:
+        return default_output_tail(max_output)
+    if not 0 <= output_tail <= max_output:
+        raise InvalidArgument(
+            f"output_tail must be between 0 and max_output ({max_output}) bytes, got {output_tail}"
+        )
+    return output_tail
+
+
+def limit_fields(timeout: float | None, max_output: int, output_tail: int) -> list[Field]:
+    """A command's timeout and output cap, checked, as the agent's fields."""
+    if timeout is not None and not (0 < timeout <= 86400 * 30):
+        raise InvalidArgument(f"timeout must be > 0 seconds (or None), got {timeout}")
+    fields: list[Field] = []
+    if timeout is not None:
+        fields.append((Tag.TIMEOUT_MS, max(1, int(timeout * 1000))))
+    fields.append((Tag.MAX_OUTPUT, min(max_output, UNLIMITED_OUTPUT)))
+    if output_tail:
+        fields.append((Tag.OUTPUT_TAIL, output_tail))
+    return fields
 
 
 def exit_result(
@@ -77,10 +114,17 @@ def exit_result(
         returncode=code,
         timed_out=timed_out,
         oom_killed=oom,
-        stdout_truncated=stream.stdout_truncated,
-        stderr_truncated=stream.stderr_truncated,
+        **_output_counts(stream),
         duration=min(f.u64(Tag.DURATION_US) / 1e6, max(elapsed, 0.0)),
     )
+
+
+def _output_counts(stream: ExecStream) -> dict[str, Any]:
+    out, err = stream.stdout, stream.stderr
+    return {
+        "stdout_truncated": out.truncated, "stderr_truncated": err.truncated,
+        "stdout_dropped": out.dropped, "stderr_dropped": err.dropped, "output_tail": out.tail,
+    }
 
 
 def frozen(live: _Live) -> bool:
@@ -143,8 +187,7 @@ def _killed(stream: ExecStream, started: float) -> ExecResult:
     return ExecResult(
         returncode=-signal.SIGKILL,
         timed_out=True,
-        stdout_truncated=stream.stdout_truncated,
-        stderr_truncated=stream.stderr_truncated,
+        **_output_counts(stream),
         duration=asyncio.get_running_loop().time() - started,
     )
 
@@ -201,6 +244,9 @@ async def command_events(
                 yield ExecEvent("stdout", reply.data)
             elif reply.msg == Msg.STDERR:
                 yield ExecEvent("stderr", reply.data)
+            elif reply.msg == Msg.TAIL:  # the gap between a stream's head and its tail
+                kind = "stdout" if reply.fields.u64(Tag.STREAM) == 1 else "stderr"
+                yield ExecEvent(kind, dropped=reply.fields.u64(Tag.DROPPED))
             elif reply.msg == Msg.EXIT:
                 done = True
                 yield ExecEvent(

@@ -11,11 +11,13 @@ a model optimised to earn reward, so whatever arrives may be forged (docs/api.md
   in :mod:`~corral.runtime.protocol`) before reading its payload;
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
-  command gets one STARTED (or one ERR), then output, then exactly one EXIT; a file
-  operation exactly one OK or ERR. Anything else (a second EXIT, output after the
-  exit, a reply to a request never made) is a violation;
-- counts each command's output itself and keeps at most ``max_output`` bytes per
-  stream (the agent's truncated flags are not read);
+  command gets one STARTED (or one ERR), then output (per stream: its head, at most one
+  TAIL and its tail), then exactly one EXIT; a file operation exactly one OK or ERR.
+  Anything else (a second EXIT, output after the exit, a reply to a request never
+  made) is a violation;
+- counts each command's output itself: more than ``max_output`` bytes of a stream, or
+  a tail out of place, is a violation (:mod:`~corral.runtime.outputcap`; the agent's
+  truncated flags are not read);
 - bounds every wait: a request gets no answer within :data:`REQUEST_TIMEOUT_S` →
   the agent is unresponsive.
 
@@ -38,6 +40,7 @@ import subprocess
 from typing import Any, Callable, Iterable
 
 from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
+from corral.runtime.outputcap import StreamCap
 from corral.runtime.protocol import (
     HEADER,
     Field,
@@ -66,7 +69,7 @@ READER_LIMIT = 256 << 10
 
 
 class Reply:
-    """One frame from the agent. ``data``: an output frame's bytes, cut to the cap."""
+    """One frame from the agent. ``data``: an output frame's bytes."""
 
     __slots__ = ("msg", "fields", "data")
 
@@ -83,38 +86,35 @@ class StreamDeadline(Exception):
 class ExecStream:
     """Events of one running command, in the order the agent sent them.
 
-    ``max_output`` (None: no cap) bounds the bytes kept per stream; the rest is counted
-    and dropped as it arrives (``truncated``), so an agent flooding output costs the
-    daemon no memory.
+    ``max_output`` (None: no cap) bounds the bytes received per stream, of which the
+    last ``output_tail`` are its tail (:mod:`~corral.runtime.outputcap`): an agent
+    flooding output is stopped at the cap, and costs the daemon no memory past it.
     """
 
-    def __init__(self, channel: "AgentChannel", request_id: int, max_output: int | None) -> None:
+    def __init__(
+        self, channel: "AgentChannel", request_id: int, max_output: int | None,
+        output_tail: int = 0,
+    ) -> None:
         self.channel = channel
         self.request_id = request_id
         self.max_output = max_output
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
         self.abandoned = False  # closed by its reader: frames still expected, dropped
-        self.received = {Msg.STDOUT: 0, Msg.STDERR: 0}  # bytes the agent sent
-        self.kept = {Msg.STDOUT: 0, Msg.STDERR: 0}
+        self.caps: dict[int, StreamCap] = {
+            Msg.STDOUT: StreamCap("stdout", max_output, output_tail),
+            Msg.STDERR: StreamCap("stderr", max_output, output_tail),
+        }
         self.queued_bytes = 0  # output waiting in the queue
         self.peak_queued = 0
 
     @property
-    def stdout_truncated(self) -> bool:
-        return self.received[Msg.STDOUT] > self.kept[Msg.STDOUT]
+    def stdout(self) -> StreamCap:
+        return self.caps[Msg.STDOUT]
 
     @property
-    def stderr_truncated(self) -> bool:
-        return self.received[Msg.STDERR] > self.kept[Msg.STDERR]
-
-    def _output(self, msg: int, data: bytes) -> bytes:
-        """Count an output frame; the part of it within the cap."""
-        self.received[msg] += len(data)
-        if self.max_output is not None:
-            data = data[: max(0, self.max_output - self.kept[msg])]
-        self.kept[msg] += len(data)
-        return data
+    def stderr(self) -> StreamCap:
+        return self.caps[Msg.STDERR]
 
     def _put(self, item: Reply | BaseException) -> None:
         if isinstance(item, Reply):
@@ -304,12 +304,20 @@ class AgentChannel:
                 raise ProtocolViolation(
                     "output_before_start", f"output for request {rid} before its STARTED"
                 )
-            data = stream._output(msg, fields.raw(Tag.DATA))
+            data = fields.raw(Tag.DATA)
+            stream.caps[msg].feed(len(data))
             if not data:
-                return  # over the cap (counted), or empty
+                return
+        elif msg == Msg.TAIL:
+            if not stream.started:
+                raise ProtocolViolation("output_before_start", f"a TAIL for request {rid} before its STARTED")
+            which = Msg.STDOUT if fields.u64(Tag.STREAM) == 1 else Msg.STDERR
+            stream.caps[which].skip(fields.u64(Tag.DROPPED))
         elif msg == Msg.EXIT:
             if not stream.started:
                 raise ProtocolViolation("exit_before_start", f"an EXIT for request {rid} before its STARTED")
+            for cap in stream.caps.values():
+                cap.end()
         elif msg == Msg.ERR:
             if stream.started:
                 raise ProtocolViolation("error_after_start", f"an ERR for request {rid} after its STARTED")
@@ -406,9 +414,11 @@ class AgentChannel:
             fut.cancel()  # the entry stays: the late reply is checked, then dropped
             raise
 
-    def open_exec(self, fields: Iterable[Field], *, max_output: int | None = None) -> ExecStream:
+    def open_exec(
+        self, fields: Iterable[Field], *, max_output: int | None = None, output_tail: int = 0
+    ) -> ExecStream:
         rid = self._next_id()
-        stream = ExecStream(self, rid, max_output)
+        stream = ExecStream(self, rid, max_output, output_tail)
         self.streams[rid] = stream
         try:
             self.send(Msg.EXEC, rid, fields)

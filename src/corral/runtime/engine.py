@@ -49,7 +49,13 @@ from corral.errors import (
 )
 from corral.runtime import cgroups, processes, rootfs, seccomp, storage, sweep, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
-from corral.runtime.agentconn import agent_max_output, command_events, ended_error
+from corral.runtime.agentconn import (
+    command_argv,
+    command_events,
+    ended_error,
+    limit_fields,
+    output_tail_for,
+)
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.events import Events, SandboxEnded, StateChanged
@@ -718,13 +724,16 @@ class Engine:
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        output_tail: int | None = None,
     ) -> ExecResult:
-        """Run a command to completion; a timeout or OOM kill is a result, not an error."""
+        """Run a command to completion; a timeout or OOM kill is a result, not an error.
+        Each stream keeps ``max_output`` bytes at most: past that, its head and its last
+        ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`)."""
         out: list[bytes] = []
         err: list[bytes] = []
         async for ev in self.exec_stream(
             sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-            max_output=max_output,
+            max_output=max_output, output_tail=output_tail,
         ):
             if ev.kind == "stdout":
                 out.append(ev.data)
@@ -746,18 +755,21 @@ class Engine:
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
+        output_tail: int | None = None,
     ) -> AsyncIterator[ExecEvent]:
         """Run a command and yield its output as it happens, then its exit.
 
         Closing the iterator early (or cancelling the task) kills the command's
         process group. The engine caps the output and enforces the timeout itself,
-        whatever the agent says (:mod:`corral.runtime.agentconn`).
+        whatever the agent says (:mod:`corral.runtime.agentconn`). A stream that went
+        over its cap shows its gap as an event with ``dropped`` set, then its tail.
         """
         live = self._running(sandbox_id)
-        fields = self._exec_fields(live, cmd, timeout, env, cwd, stdin, max_output)
+        tail = output_tail_for(max_output, output_tail)
+        fields = self.command_fields(live, cmd, env, cwd, stdin, limit_fields(timeout, max_output, tail))
         assert live.channel is not None
         oom_before = live.cgroup.oom_kills()
-        stream = live.channel.open_exec(fields, max_output=max_output)
+        stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
         live.busy += 1
         try:
             async with aclosing(
@@ -769,30 +781,17 @@ class Engine:
             live.busy -= 1
             live.last_active = time.monotonic()
 
-    def _exec_fields(
+    def command_fields(
         self,
         live: _Live,
         cmd: str | Sequence[str],
-        timeout: float | None,
         env: dict[str, str] | None,
         cwd: str | None,
         stdin: bytes | str | None,
-        max_output: int,
+        limits: list[tuple[int, Any]],
     ) -> list[tuple[int, Any]]:
-        if isinstance(cmd, str):
-            if not cmd.strip():
-                raise InvalidArgument("empty command: pass a shell string or an argv list")
-            argv = ["/bin/sh", "-c", cmd]
-        else:
-            argv = list(cmd)
-            if not argv or not all(isinstance(a, str) for a in argv):
-                raise InvalidArgument("cmd must be a non-empty list of strings or a shell string")
-        if any("\0" in a for a in argv):
-            raise InvalidArgument("command arguments may not contain NUL bytes")
-        if timeout is not None and not (0 < timeout <= 86400 * 30):
-            raise InvalidArgument(f"timeout must be > 0 seconds (or None), got {timeout}")
-        if max_output < 0:
-            raise InvalidArgument("max_output must be >= 0 bytes")
+        """A command's EXEC fields (``limits``: :func:`~corral.runtime.agentconn.limit_fields`)."""
+        argv = command_argv(cmd)
         full_env = {
             "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
             "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
@@ -804,9 +803,7 @@ class Engine:
         fields: list[tuple[int, Any]] = [(Tag.ARGV, a) for a in argv]
         fields += [(Tag.ENV, f"{k}={v}") for k, v in full_env.items()]
         fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
-        if timeout is not None:
-            fields.append((Tag.TIMEOUT_MS, max(1, int(timeout * 1000))))
-        fields.append((Tag.MAX_OUTPUT, agent_max_output(max_output)))
+        fields += limits
         if stdin:
             fields.append((Tag.STDIN, stdin.encode() if isinstance(stdin, str) else stdin))
         return fields

@@ -262,6 +262,9 @@ class ImageBuild:
         ):
             if ev.kind == "exit":
                 result = ev.result
+            elif ev.dropped:  # a long log: its head went by, its end follows
+                tail.flush()
+                tail.feed(f"[... {ev.dropped} bytes of {ev.kind} left out ...]\n".encode())
             else:
                 tail.feed(ev.data)
         tail.flush()

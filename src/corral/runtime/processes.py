@@ -56,7 +56,13 @@ from corral.errors import (
     SandboxProtocolError,
 )
 from corral.runtime import channel as agent_channel
-from corral.runtime.agentconn import UNLIMITED_OUTPUT, Deadline, exec_error, exit_result
+from corral.runtime.agentconn import (
+    UNLIMITED_OUTPUT,
+    Deadline,
+    exec_error,
+    exit_result,
+    limit_fields,
+)
 from corral.runtime.channel import StreamDeadline
 from corral.runtime.protocol import Msg, Tag
 from corral.schema import ExecEvent, ExecResult
@@ -70,8 +76,9 @@ DEFAULT_MAX_BUFFER = 16 << 20
 MAX_EXITED_KEPT = 64
 COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
 STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
-# A process's output cap for the agent is UNLIMITED_OUTPUT: it forwards everything, and
-# the engine bounds what is unread (max_buffer).
+# A process's output cap for the agent is UNLIMITED_OUTPUT: it forwards everything (no
+# head, no tail: output_tail does not apply), and the engine bounds what is unread
+# (max_buffer).
 
 
 class ProcessState(str, Enum):
@@ -458,7 +465,7 @@ async def spawn(
     """Start ``cmd`` in a running sandbox with its stdin open (see :meth:`Engine.spawn`)."""
     if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 0:
         raise InvalidArgument(f"max_buffer must be >= 0 bytes, got {max_buffer!r}")
-    fields = engine._exec_fields(live, cmd, timeout, env, cwd, None, UNLIMITED_OUTPUT)
+    fields = engine.command_fields(live, cmd, env, cwd, None, limit_fields(timeout, UNLIMITED_OUTPUT, 0))
     fields.append((Tag.STDIN_OPEN, 1))
     channel = live.channel
     assert channel is not None

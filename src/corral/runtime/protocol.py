@@ -14,7 +14,7 @@ and each reply's field rules (:func:`validate`). A breach raises
 from __future__ import annotations
 
 import struct
-from enum import IntEnum
+from enum import IntEnum, unique
 from typing import Iterable, Iterator
 
 HEADER = struct.Struct("<IBI")
@@ -24,6 +24,7 @@ I64 = struct.Struct("<q")
 ENTRY = struct.Struct("<IQqII")
 
 
+@unique
 class Msg(IntEnum):
     EXEC = 1
     STDIN = 2
@@ -44,8 +45,10 @@ class Msg(IntEnum):
     OK = 105
     ERR = 106
     READY = 107
+    TAIL = 108  # a stream went over its cap: DROPPED bytes, then its tail (channel.py)
 
 
+@unique
 class Tag(IntEnum):
     ARGV = 1
     ENV = 2
@@ -74,6 +77,9 @@ class Tag(IntEnum):
     ENTRY = 28
     SIZE = 29
     KILLED_BY_SIGNAL = 30
+    OUTPUT_TAIL = 31  # EXEC: bytes of MAX_OUTPUT kept from the end of each stream
+    STREAM = 32  # TAIL: 1 stdout, 2 stderr
+    DROPPED = 33  # TAIL: bytes dropped between the head and the tail
 
 
 Field = tuple[int, "bytes | str | int"]
@@ -110,13 +116,14 @@ MAX_FRAME = 16 << 20
 MAX_DATA_FRAME = (1 << 20) + 64
 """STDOUT / STDERR frames: the agent forwards what one read of a pipe returned (64 KiB)."""
 MAX_CONTROL_FRAME = 4096
-"""READY, STARTED, EXIT and ERR frames: a few integers and a short message."""
+"""READY, STARTED, TAIL, EXIT and ERR frames: a few integers and a short message."""
 MAX_MESSAGE = 2048
 MAX_ERRNO = 4095
 MAX_PID = 1 << 22  # the kernel's PID_MAX_LIMIT
 MAX_ENTRY_NAME = 4096
+MAX_DROPPED = 1 << 53  # bytes one stream may claim to have dropped (exact in JSON)
 AGENT_MSGS = frozenset(
-    {Msg.STARTED, Msg.STDOUT, Msg.STDERR, Msg.EXIT, Msg.OK, Msg.ERR, Msg.READY}
+    {Msg.STARTED, Msg.STDOUT, Msg.STDERR, Msg.TAIL, Msg.EXIT, Msg.OK, Msg.ERR, Msg.READY}
 )
 
 
@@ -201,6 +208,7 @@ RULES: dict[int, dict[int, _Rule]] = {
     Msg.STARTED: {Tag.PID: ("u64", 1, MAX_PID)},
     Msg.STDOUT: {Tag.DATA: ("bytes", 0, MAX_DATA_FRAME)},
     Msg.STDERR: {Tag.DATA: ("bytes", 0, MAX_DATA_FRAME)},
+    Msg.TAIL: {Tag.STREAM: ("u64", 1, 2), Tag.DROPPED: ("u64", 1, MAX_DROPPED)},
     Msg.EXIT: {
         Tag.CODE: ("i64", -64, 255), Tag.KILLED_BY_SIGNAL: ("u64", 0, 64),
         Tag.TIMED_OUT: _FLAG, Tag.TRUNC_OUT: _FLAG, Tag.TRUNC_ERR: _FLAG,
@@ -210,7 +218,7 @@ RULES: dict[int, dict[int, _Rule]] = {
 }
 REQUIRED: dict[int, tuple[int, ...]] = {
     Msg.STARTED: (Tag.PID,), Msg.STDOUT: (Tag.DATA,), Msg.STDERR: (Tag.DATA,),
-    Msg.EXIT: (Tag.CODE,), Msg.ERR: (Tag.ERRNO,),
+    Msg.TAIL: (Tag.STREAM, Tag.DROPPED), Msg.EXIT: (Tag.CODE,), Msg.ERR: (Tag.ERRNO,),
 }
 _ENTRY_RULE: _Rule = ("entry", 0, MAX_ENTRY_NAME)
 # An OK's fields depend on the request it answers.

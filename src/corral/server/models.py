@@ -57,11 +57,14 @@ class ExecRequest(_Body):
     stdin: str | None = None
     stdin_b64: str | None = None
     max_output: StrictInt = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_LIMIT)
+    output_tail: StrictInt | None = Field(None, ge=0, le=MAX_OUTPUT_LIMIT)
 
     @model_validator(mode="after")
     def _one_stdin(self) -> "ExecRequest":
         if self.stdin is not None and self.stdin_b64 is not None:
             raise ValueError("pass stdin or stdin_b64, not both")
+        if self.output_tail is not None and self.output_tail > self.max_output:
+            raise ValueError("output_tail must not be more than max_output")
         return self
 
     def stdin_bytes(self) -> bytes | None:
@@ -115,14 +118,20 @@ class ExecResponse(BaseModel):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration: float = 0.0
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    output_tail: int = 0
 
 
 class StreamEvent(BaseModel):
-    """One line of ``exec/stream``: output (``data`` or ``data_b64``), ``exit`` or ``error``."""
+    """One line of ``exec/stream``: output (``data`` or ``data_b64``), ``exit`` or ``error``.
+    An output line with ``dropped`` (and empty ``data``) marks the gap between a
+    stream's head and its tail."""
 
     type: Literal["stdout", "stderr", "exit", "error"]
     data: str | None = None
     data_b64: str | None = None
+    dropped: int | None = None
     result: ExecResponse | None = None
     error: "ErrorDetail | None" = None
 
@@ -240,5 +249,8 @@ def exec_response(result: ExecResult) -> dict[str, Any]:
         stdout_truncated=result.stdout_truncated,
         stderr_truncated=result.stderr_truncated,
         duration=result.duration,
+        stdout_dropped=result.stdout_dropped,
+        stderr_dropped=result.stderr_dropped,
+        output_tail=result.output_tail,
     )
     return reply.model_dump(mode="json", exclude_none=True)

@@ -224,6 +224,7 @@ async def _exec_request(request: Request) -> dict[str, Any]:
         "cwd": body.cwd,
         "stdin": body.stdin_bytes(),
         "max_output": body.max_output,
+        "output_tail": body.output_tail,
     }
 
 

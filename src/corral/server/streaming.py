@@ -3,7 +3,8 @@
 Each line is one :class:`~corral.server.models.StreamEvent`. Output chunks are sent as
 text (``data``) when they are UTF-8; a multi-byte character split between two chunks
 is held back until it is complete, so UTF-8 output always arrives as text. Bytes that
-are not UTF-8 arrive as ``data_b64``.
+are not UTF-8 arrive as ``data_b64``. A stream over its cap has one line with
+``dropped`` (the bytes left out, ``data`` empty) between its head and its tail.
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ async def _lines(
                 assert event.result is not None
                 yield _line({"type": "exit", "result": exec_response(event.result)})
                 return
-            if piece := chunkers[event.kind].feed(event.data):
+            if event.dropped:  # the gap after a stream's head: what is held back first
+                if rest := chunkers[event.kind].flush():
+                    yield _line({"type": event.kind, **rest})
+                yield _line({"type": event.kind, "data": "", "dropped": event.dropped})
+            elif piece := chunkers[event.kind].feed(event.data):
                 yield _line({"type": event.kind, **piece})
             event = await anext(events, None)
         error: CorralError = InternalError("the command's stream ended without an exit status")

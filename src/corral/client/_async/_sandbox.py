@@ -241,14 +241,18 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         max_output: int | None = None,
+        output_tail: int | None = None,
         check: bool = False,
     ) -> CommandResult:
         """Run a command to completion and return its :class:`~corral.CommandResult`.
 
         ``cmd`` is an argv list or a shell string (run by ``/bin/sh -c``). A command
         still running after ``timeout`` seconds (``None``: no limit) is killed and
-        returned with ``timed_out=True``; each stream keeps its first ``max_output``
-        bytes (daemon default 1 MiB). With ``check=True``, a timeout raises
+        returned with ``timed_out=True``. Each stream keeps ``max_output`` bytes at
+        most (daemon default 1 MiB): a longer one keeps its head and its last
+        ``output_tail`` bytes (default: half of ``max_output``, at most 8 MiB; ``0``:
+        the head only), and ``stdout_dropped``/``stderr_dropped`` count the bytes left
+        out between them. With ``check=True``, a timeout raises
         :class:`~corral.errors.ExecTimeout` and a non-zero exit status
         :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
 
@@ -256,7 +260,10 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         >>> r.stdout
         'hi\\n'
         """
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        body = exec_body(
+            cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
+            output_tail=output_tail,
+        )
         _validate.flag("check", check)
         response = await self._client.request(
             "POST", f"{self._path}/exec", json=body, timeout=exec_http_timeout(timeout)
@@ -275,6 +282,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         max_output: int | None = None,
+        output_tail: int | None = None,
         check: bool = False,
     ) -> AsyncExecStream:
         """Run a command and iterate over its output as it is written.
@@ -282,14 +290,19 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         Takes the arguments of :meth:`exec`. The items are
         :class:`~corral.OutputChunk` (``.stream`` is ``"stdout"`` or ``"stderr"``,
         ``.data`` bytes, ``.text``); after the last one, the stream's ``.result`` is
-        the :class:`~corral.CommandResult` (with the whole output)::
+        the :class:`~corral.CommandResult` (with the whole output). A stream over its
+        cap yields one chunk with ``dropped`` set (and no data) between its head and
+        its tail::
 
             async with sb.exec_stream("pip install -q requests", timeout=120) as run:
                 async for chunk in run:
                     print(chunk.text, end="")
             print(run.result.returncode)
         """
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        body = exec_body(
+            cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
+            output_tail=output_tail,
+        )
         _validate.flag("check", check)
         return AsyncExecStream(
             self._client, f"{self._path}/exec/stream", body,

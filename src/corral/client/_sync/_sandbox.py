@@ -243,14 +243,18 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         max_output: int | None = None,
+        output_tail: int | None = None,
         check: bool = False,
     ) -> CommandResult:
         """Run a command to completion and return its :class:`~corral.CommandResult`.
 
         ``cmd`` is an argv list or a shell string (run by ``/bin/sh -c``). A command
         still running after ``timeout`` seconds (``None``: no limit) is killed and
-        returned with ``timed_out=True``; each stream keeps its first ``max_output``
-        bytes (daemon default 1 MiB). With ``check=True``, a timeout raises
+        returned with ``timed_out=True``. Each stream keeps ``max_output`` bytes at
+        most (daemon default 1 MiB): a longer one keeps its head and its last
+        ``output_tail`` bytes (default: half of ``max_output``, at most 8 MiB; ``0``:
+        the head only), and ``stdout_dropped``/``stderr_dropped`` count the bytes left
+        out between them. With ``check=True``, a timeout raises
         :class:`~corral.errors.ExecTimeout` and a non-zero exit status
         :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
 
@@ -258,7 +262,10 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         >>> r.stdout
         'hi\\n'
         """
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        body = exec_body(
+            cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
+            output_tail=output_tail,
+        )
         _validate.flag("check", check)
         response = self._client.request(
             "POST", f"{self._path}/exec", json=body, timeout=exec_http_timeout(timeout)
@@ -277,6 +284,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         cwd: str | None = None,
         stdin: bytes | str | None = None,
         max_output: int | None = None,
+        output_tail: int | None = None,
         check: bool = False,
     ) -> ExecStream:
         """Run a command and iterate over its output as it is written.
@@ -284,14 +292,19 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         Takes the arguments of :meth:`exec`. The items are
         :class:`~corral.OutputChunk` (``.stream`` is ``"stdout"`` or ``"stderr"``,
         ``.data`` bytes, ``.text``); after the last one, the stream's ``.result`` is
-        the :class:`~corral.CommandResult` (with the whole output)::
+        the :class:`~corral.CommandResult` (with the whole output). A stream over its
+        cap yields one chunk with ``dropped`` set (and no data) between its head and
+        its tail::
 
             with sb.exec_stream("pip install -q requests", timeout=120) as run:
                 for chunk in run:
                     print(chunk.text, end="")
             print(run.result.returncode)
         """
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output)
+        body = exec_body(
+            cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
+            output_tail=output_tail,
+        )
         _validate.flag("check", check)
         return ExecStream(
             self._client, f"{self._path}/exec/stream", body,

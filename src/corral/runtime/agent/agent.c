@@ -76,14 +76,14 @@ enum { M_EXEC = 1, M_STDIN = 2, M_STDIN_CLOSE = 3, M_SIGNAL = 4,
        M_FMKDIR = 15, M_PING = 16 };
 /* message types: agent -> engine */
 enum { RSP_STARTED = 101, RSP_STDOUT = 102, RSP_STDERR = 103, RSP_EXIT = 104, RSP_OK = 105,
-       RSP_ERR = 106, RSP_READY = 107 };
+       RSP_ERR = 106, RSP_READY = 107, RSP_TAIL = 108 };
 /* field tags */
 enum { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_TIMEOUT_MS = 4, F_MAX_OUTPUT = 5, F_STDIN = 6,
        F_STDIN_OPEN = 7, F_PATH = 8, F_DATA = 9, F_MODE = 10, F_PARENTS = 11,
        F_OFFSET = 12, F_LENGTH = 13, F_TRUNCATE = 14, F_RECURSIVE = 15, F_SIGNAL = 16,
        F_PID = 20, F_CODE = 21, F_TIMED_OUT = 22, F_TRUNC_OUT = 23, F_TRUNC_ERR = 24,
        F_DURATION_US = 25, F_ERRNO = 26, F_MESSAGE = 27, F_ENTRY = 28, F_SIZE = 29,
-       F_KILLED_BY_SIGNAL = 30 };
+       F_KILLED_BY_SIGNAL = 30, F_OUTPUT_TAIL = 31, F_STREAM = 32, F_DROPPED = 33 };
 
 #define MAX_EXECS 256
 #define READ_CHUNK 65536
@@ -92,6 +92,8 @@ enum { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_TIMEOUT_MS = 4, F_MAX_OUTPUT = 5, F_S
 #define MAX_JOBS 16
 #define JOB_TIMEOUT_MS 300000 /* a file job (a recursive remove) that runs longer is killed */
 
+struct tail_ring { char *p; uint64_t cap, pos, len; };
+
 struct exec_state {
     int used;
     uint32_t id;
@@ -99,6 +101,7 @@ struct exec_state {
     int out_fd, err_fd, in_fd;
     int exited, status;
     uint64_t max_output, out_bytes, err_bytes;
+    struct tail_ring tail[2]; /* stdout, stderr: the end of what went over the head (exec.c) */
     int trunc_out, trunc_err, timed_out;
     int64_t start_ms, deadline_ms, exit_ms, start_us, exit_us;
     char *stdin_buf;

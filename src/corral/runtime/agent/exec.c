@@ -92,6 +92,9 @@ static void do_exec(uint32_t id, struct req *r) {
     set_nonblock(e->out_fd);
     set_nonblock(e->err_fd);
     e->max_output = get_u64(r, F_MAX_OUTPUT, 1 << 20);
+    /* Of max_output, the last OUTPUT_TAIL bytes of a stream are its end (see drain). */
+    uint64_t tail = get_u64(r, F_OUTPUT_TAIL, 0);
+    e->tail[0].cap = e->tail[1].cap = tail < e->max_output ? tail : e->max_output;
     e->start_ms = now_ms();
     e->start_us = now_us();
     uint64_t tmo = get_u64(r, F_TIMEOUT_MS, 0);
@@ -183,7 +186,26 @@ static void add_stdin(uint32_t id, struct req *r, int close_it) {
     pump_stdin(e);
 }
 
-/* Read what a pipe has; forward up to the cap, count and drop the rest. */
+/* Keep the last t->cap bytes of what went over a stream's head: a ring, allocated on
+   first use (its memory is charged to the sandbox's own cgroup, like the command's). */
+static void keep_tail(struct tail_ring *t, const char *p, uint64_t n) {
+    if (t->cap == 0 || n == 0) return;
+    if (!t->p && !(t->p = malloc(t->cap))) _exit(70);
+    if (n >= t->cap) {
+        memcpy(t->p, p + (n - t->cap), t->cap);
+        t->pos = 0;
+        t->len = t->cap;
+        return;
+    }
+    uint64_t first = t->cap - t->pos < n ? t->cap - t->pos : n;
+    memcpy(t->p + t->pos, p, first);
+    memcpy(t->p, p + first, n - first);
+    t->pos = (t->pos + n) % t->cap;
+    t->len = t->len + n < t->cap ? t->len + n : t->cap;
+}
+
+/* Read what a pipe has. The head of a stream (max_output minus its tail) is forwarded
+   as it comes; the rest is counted, and its last bytes are kept for send_tail. */
 static void drain(struct exec_state *e, int *fd, int is_err) {
     static char chunk[READ_CHUNK];
     for (;;) {
@@ -199,17 +221,48 @@ static void drain(struct exec_state *e, int *fd, int is_err) {
             return;
         }
         uint64_t *count = is_err ? &e->err_bytes : &e->out_bytes;
-        int *trunc = is_err ? &e->trunc_err : &e->trunc_out;
-        uint64_t room = *count < e->max_output ? e->max_output - *count : 0;
+        struct tail_ring *t = &e->tail[is_err];
+        uint64_t head = e->max_output - t->cap;
+        uint64_t room = *count < head ? head - *count : 0;
         size_t send = (uint64_t)n < room ? (size_t)n : (size_t)room;
-        if (send < (size_t)n) *trunc = 1;
         if (send) {
             struct buf b = {0};
             field(&b, F_DATA, chunk, (uint32_t)send);
             send_frame(is_err ? RSP_STDERR : RSP_STDOUT, e->id, &b);
             free(b.p);
         }
+        keep_tail(t, chunk + send, (uint64_t)n - send);
         *count += (uint64_t)n;
+    }
+}
+
+/* Before the exit: what went over a stream's head. If it was more than the ring holds,
+   a TAIL frame says how many bytes were dropped; then the ring, oldest byte first, as
+   ordinary output frames. */
+static void send_tail(struct exec_state *e, int is_err) {
+    struct tail_ring *t = &e->tail[is_err];
+    uint64_t count = is_err ? e->err_bytes : e->out_bytes;
+    uint64_t head = e->max_output - t->cap;
+    if (count <= head) return;
+    if (count - head > t->len) {
+        struct buf b = {0};
+        field_u64(&b, F_STREAM, (uint64_t)(is_err ? 2 : 1));
+        field_u64(&b, F_DROPPED, count - head - t->len);
+        send_frame(RSP_TAIL, e->id, &b);
+        free(b.p);
+        if (is_err) e->trunc_err = 1; else e->trunc_out = 1;
+    }
+    uint64_t start = t->len == t->cap ? t->pos : 0;
+    for (uint64_t off = 0; off < t->len;) {
+        uint64_t at = (start + off) % t->cap;
+        uint64_t n = t->len - off;
+        if (n > t->cap - at) n = t->cap - at;
+        if (n > READ_CHUNK) n = READ_CHUNK;
+        struct buf b = {0};
+        field(&b, F_DATA, t->p + at, (uint32_t)n);
+        send_frame(is_err ? RSP_STDERR : RSP_STDOUT, e->id, &b);
+        free(b.p);
+        off += n;
     }
 }
 
@@ -220,6 +273,8 @@ static void release_exec(struct exec_state *e) {
     close_fd(&e->report_fd);
     free(e->stdin_buf);
     free(e->cwd);
+    free(e->tail[0].p);
+    free(e->tail[1].p);
     memset(e, 0, sizeof *e);
 }
 
@@ -234,6 +289,8 @@ static void finish(struct exec_state *e) {
         sig = (uint64_t)WTERMSIG(e->status);
         code = -(int64_t)sig;
     }
+    send_tail(e, 0);
+    send_tail(e, 1);
     field_u64(&b, F_CODE, (uint64_t)code);
     field_u64(&b, F_KILLED_BY_SIGNAL, sig);
     field_u64(&b, F_TIMED_OUT, (uint64_t)e->timed_out);

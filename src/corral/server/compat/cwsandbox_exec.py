@@ -152,7 +152,7 @@ async def _buffered(
     stdin: bytes,
 ) -> None:
     events = engine.exec_stream(
-        sid, argv, env=env, stdin=stdin or None, max_output=MAX_OUTPUT_LIMIT,
+        sid, argv, env=env, stdin=stdin or None, max_output=MAX_OUTPUT_LIMIT, output_tail=0,
         timeout=_engine_timeout(context),
     )
     try:
@@ -186,7 +186,7 @@ async def unary_exec(engine: Engine, request: Any, context: Context) -> Any:
     try:
         result = await engine.exec(
             request.sandbox_id, argv, env=dict(request.env), max_output=max_output,
-            timeout=_engine_timeout(context),
+            output_tail=0, timeout=_engine_timeout(context),  # the head, as CoreWeave's
         )
     except FileError as exc:
         message = _cannot_run_message(exc)

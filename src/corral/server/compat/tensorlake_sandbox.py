@@ -218,7 +218,7 @@ async def run_process(request: Request) -> Response:
     pid = processes(request).next_pid(sid)
     events = _engine(request).exec_stream(
         sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
-        max_output=OUTPUT_CAP_BYTES,
+        max_output=OUTPUT_CAP_BYTES, output_tail=0,  # the head, as Tensorlake's
     )
     response = await start_stream(events)  # raises at once for a bad command
     native = response.body_iterator
@@ -376,7 +376,7 @@ async def start_process(request: Request) -> Response:
     table.prune({i.id for i in engine.list(state=LIVE_STATES)})
     events = engine.exec_stream(
         sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
-        max_output=PROCESS_OUTPUT_CAP_BYTES,
+        max_output=PROCESS_OUTPUT_CAP_BYTES, output_tail=0,
     )
     response = await start_stream(events)  # raises at once for a bad command
     proc = Process(table.next_pid(sid), req.argv, discard)
