@@ -7,7 +7,6 @@ CWSANDBOX_API_KEY.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -396,54 +395,6 @@ def test_admission_control_and_image_mapping(make_daemon, monkeypatch, tag):
     assert second.exec(["python", "-c", "import gymnasium"]).result().returncode == 0
     Sandbox.delete(second.sandbox_id).result()
     _no_traceback(daemon, since)
-
-
-class _WithoutSpawn:
-    """The real engine, minus interactive processes (as before ``Engine.spawn``)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def __getattr__(self, name: str):
-        if name == "spawn":
-            raise AttributeError(name)
-        return getattr(self._engine, name)
-
-
-async def test_stdin_is_buffered_on_an_engine_without_processes(engine, tmp_path, monkeypatch):
-    from corral.server.app import create_app
-    from corral.server.compat.cwsandbox import CwSandboxFrontend
-    from corral.server.settings import ServerSettings
-
-    settings = ServerSettings(
-        socket=tmp_path / "unused.sock", token=TOKEN, grpc=("127.0.0.1", 0)
-    )
-    app = create_app(settings, engine)
-    frontend = CwSandboxFrontend(settings, _WithoutSpawn(engine), app.state.service)
-    port = await frontend.start()
-    monkeypatch.setenv("CWSANDBOX_API_KEY", TOKEN)
-    monkeypatch.setenv("CWSANDBOX_DISABLE_SIGNAL_HANDLERS", "1")
-    sandbox = Sandbox(tags=["cwtest-buffered"], resources=SMALL, base_url=f"http://127.0.0.1:{port}")
-    try:
-        proc = sandbox.exec(["sh", "-c", "cat; echo done >&2; exit 4"], stdin=True)
-        await proc.stdin.write(b"abc")
-        await proc.stdin.write(b"def")
-        await proc.stdin.close()
-        result = await proc
-        assert (result.returncode, result.stdout, result.stderr) == (4, "abcdef", "done\n")
-        with pytest.raises(SandboxTimeoutError):
-            await sandbox.exec(["sleep", "4646"], timeout_seconds=1)
-        for _ in range(200):
-            listed = await engine.exec(sandbox.sandbox_id, ["sh", "-c", PS])
-            if b"sleep 4646" not in listed.stdout:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the timed-out command still runs")
-    finally:
-        await sandbox.stop()
-        await frontend.close()
-    assert engine.list(tags=["cwtest-buffered"]) == []
 
 
 def test_grpc_needs_a_token_and_a_free_port(tmp_path):

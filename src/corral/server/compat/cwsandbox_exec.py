@@ -7,9 +7,8 @@ wants to feed stdin, waits for ``ready`` before sending ``stdin`` chunks and a
 ``error``). The client's exec timeout is only the call's deadline: when it passes, or
 the client cancels, the call is cancelled here and the command's process group killed.
 
-With the engine's interactive processes (:meth:`Engine.spawn`) stdin is streamed as it
-arrives, so a command can answer before its input ends. On an engine without them,
-stdin is gathered until the client closes it and the command runs after that.
+The command is one of the engine's interactive processes (:meth:`Engine.spawn`), so
+stdin is streamed as it arrives and a command can answer before its input ends.
 
 A command that cannot start (no such program, not executable) is answered like a
 shell would: a message on stderr and exit status 127 (126 if not executable).
@@ -31,7 +30,6 @@ from corral.errors import CorralError, FileError, InvalidArgument
 from corral.runtime.engine import Engine
 from corral.schema import ExecResult, SandboxState
 from corral.server.compat import cwsandbox_wire as wire
-from corral.server.models import MAX_OUTPUT_LIMIT
 from corral.server.settings import ServerSettings
 
 ENGINE_TIMEOUT_SLACK_S = 1.0  # the engine's timer only backs up the client's deadline
@@ -58,12 +56,7 @@ async def stream_exec(engine: Engine, settings: ServerSettings, context: Context
             grpc.StatusCode.FAILED_PRECONDITION,
             f"sandbox {sid} is {info.state.value}, not running",
         )
-    if hasattr(engine, "spawn"):
-        await _interactive(engine, settings, context, sid, argv, env)
-    else:
-        await context.write(_ready())
-        stdin = await _gather_stdin(context, settings.max_upload_bytes)
-        await _buffered(engine, context, sid, argv, env, stdin)
+    await _interactive(engine, settings, context, sid, argv, env)
 
 
 def _engine_timeout(context: Context) -> float | None:
@@ -75,7 +68,7 @@ async def _interactive(
     engine: Engine, settings: ServerSettings, context: Context, sid: str, argv: list[str],
     env: dict[str, str],
 ) -> None:
-    spawning = asyncio.ensure_future(engine.spawn(  # type: ignore[attr-defined]
+    spawning = asyncio.ensure_future(engine.spawn(
         sid, argv, env=env, timeout=_engine_timeout(context), max_buffer=settings.max_upload_bytes,
     ))
     try:
@@ -84,7 +77,7 @@ async def _interactive(
         await asyncio.wait({spawning})
         if not spawning.cancelled() and spawning.exception() is None:
             spawning.result().signal(signal.SIGKILL)
-            engine.forget_process(sid, spawning.result().id)  # type: ignore[attr-defined]
+            engine.forget_process(sid, spawning.result().id)
         raise
     except FileError as exc:
         await context.write(_ready())
@@ -111,7 +104,7 @@ async def _interactive(
         feeder.cancel()
         await asyncio.wait({feeder})
         proc.signal(signal.SIGKILL)  # no-op once it exited; kills it if the call was cancelled
-        engine.forget_process(sid, proc.id)  # type: ignore[attr-defined]
+        engine.forget_process(sid, proc.id)
 
 
 async def _feed(context: Context, proc: Any) -> None:
@@ -127,53 +120,6 @@ async def _feed(context: Context, proc: Any) -> None:
                 await proc.write(request.stdin)
     except CorralError:
         return  # the process ended: its exit is on the way to the client
-
-
-async def _gather_stdin(context: Context, limit: int) -> bytes:
-    """Stdin the client sends, up to its close (or the end of its requests)."""
-    data = bytearray()
-    while True:
-        request = await context.read()
-        kind = None if request is grpc.aio.EOF else request.WhichOneof("message")
-        if kind in (None, "close"):
-            return bytes(data)
-        if kind == "stdin":
-            data += request.stdin
-            if len(data) > limit:
-                raise wire.RpcFailure(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"stdin over {limit} bytes: this daemon buffers a command's stdin until "
-                    "it is closed; raise its --max-upload-bytes or write a file first",
-                )
-
-
-async def _buffered(
-    engine: Engine, context: Context, sid: str, argv: list[str], env: dict[str, str],
-    stdin: bytes,
-) -> None:
-    events = engine.exec_stream(
-        sid, argv, env=env, stdin=stdin or None, max_output=MAX_OUTPUT_LIMIT, output_tail=0,
-        timeout=_engine_timeout(context),
-    )
-    try:
-        async for event in events:
-            if event.kind != "exit":
-                await context.write(_output(event.kind, event.data))
-                continue
-            assert event.result is not None
-            if event.result.truncated:
-                await context.write(_error(
-                    "STREAM_TRUNCATED",
-                    f"the command wrote over {MAX_OUTPUT_LIMIT} bytes to one stream; the "
-                    "rest was dropped",
-                ))
-            else:
-                await context.write(_exit(event.result))
-            return
-    except FileError as exc:
-        await _cannot_run(context, exc)
-    finally:
-        await events.aclose()  # kills the command if it still runs (e.g. cancelled)
 
 
 async def unary_exec(engine: Engine, request: Any, context: Context) -> Any:
