@@ -30,7 +30,7 @@ pytest.importorskip("tensorlake.sandbox", reason="the compat extra (tensorlake) 
 
 TOKEN = "tl-test-token"
 PRELUDE = """
-import json, sys
+import json, sys, time
 from tensorlake.sandbox import (
     AsyncSandbox, PoolNotFoundError, RemoteAPIError, Sandbox, SandboxClient,
     SandboxNotFoundError,
@@ -282,10 +282,24 @@ def test_background_processes(daemon_ok):
         long = sb.start_process("sleep", ["300"])
         out["running"] = sb.get_process(long.pid).status.value
         out["pids"] = sorted(x.pid for x in sb.list_processes()) == sorted([p.pid, long.pid])
-        out["stdin"] = err(lambda: sb.write_stdin(long.pid, b"x"))
-        out["usr1"] = err(lambda: sb.send_signal(long.pid, 10))
+        out["stdin"] = err(lambda: sb.write_stdin(long.pid, b"x"))  # its stdin is closed
+        from tensorlake.sandbox.models import StdinMode
+        cat = sb.start_process("cat", [], stdin_mode=StdinMode.PIPE)
+        sb.write_stdin(cat.pid, b"hello\\nwor")
+        sb.write_stdin(cat.pid, b"ld\\n")
+        sb.close_stdin(cat.pid)
+        for _ in range(200):  # bounded: cat ends once its stdin is closed
+            if sb.get_process(cat.pid).status.value != "running":
+                break
+            time.sleep(0.05)
+        piped = sb.get_process(cat.pid)
+        out["cat"] = [piped.status.value, piped.exit_code, sb.get_stdout(cat.pid).lines]
         out["term"] = sb.send_signal(long.pid, 15).success
-        gone = sb.get_process(long.pid)
+        for _ in range(200):  # bounded: the signal is delivered, the exit follows
+            gone = sb.get_process(long.pid)
+            if gone.status.value != "running":
+                break
+            time.sleep(0.05)
         out["killed"] = [gone.status.value, gone.signal]
         out["ps"] = sb.run("sh", ["-c", "cat /proc/[0-9]*/comm | grep -c '^sleep$' || true"]).stdout
         out["unknown"] = err(lambda: sb.get_process(99999))
@@ -298,9 +312,10 @@ def test_background_processes(daemon_ok):
     assert out["done"] == ["exited", 4]
     assert out["stdout"] == ["line1", "line2", "line3"]
     assert out["running"] == "running" and out["pids"] is True
-    assert out["stdin"]["status"] == 501 and out["usr1"]["status"] == 501
+    assert out["stdin"]["status"] == 409  # started without stdin_mode=PIPE
+    assert out["cat"] == ["exited", 0, ["hello", "world"]]
     assert out["term"] is True
-    assert out["killed"] == ["signaled", 9]
+    assert out["killed"] == ["signaled", 15]  # the signal sent, not a SIGKILL
     assert out["ps"].strip() == "0"  # the process group is really gone
     assert out["unknown"]["status"] == 404
 

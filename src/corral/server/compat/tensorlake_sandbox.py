@@ -12,26 +12,21 @@ honoured.
   output line, then ``{exit_code, signal, oom_killed, reason}``. It rides on the native
   streamed exec (:func:`corral.server.streaming.start_stream`): errors that happen at
   once get their own status, and a client that hangs up kills the command.
-- ``POST /api/v1/processes`` starts a background process on the same stream, kept
-  in a per-daemon :class:`ProcessTable`: list it, read or follow its output, kill it.
-  Its ``pid`` is a handle the front-end numbers, not the process id inside the sandbox.
-  Any of SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGTERM kills the process group (as SIGKILL);
-  other signals, stdin pipes (write_stdin), managed processes (name, restart,
-  health_check) and ``user`` are refused with 501 until the engine gains interactive
-  processes.
+- ``POST /api/v1/processes`` starts a background process, one of the engine's
+  interactive processes (:mod:`.tensorlake_process`): list it, read or follow its
+  output, write its stdin (``stdin_mode="pipe"``), signal its process group, kill it.
+  Managed processes (name, restart, health_check) and ``user`` are refused with 501.
 - ``GET/PUT/DELETE /api/v1/files?path=`` and ``GET /api/v1/files/list?path=``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import itertools
+import contextlib
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Collection
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import Field
@@ -40,13 +35,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral._version import __version__
-from corral.errors import CorralError, InvalidArgument, NotFound
+from corral.errors import CorralError, InvalidArgument, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
 from corral.schema import MAX_TIMEOUT_S, FileInfo, validate_model
 from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import Body, Text, items, refuse
+from corral.server.compat.tensorlake_process import (
+    LineSplitter,
+    Process,
+    ProcessTable,
+    exit_json,
+    sse,
+)
 from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
 from corral.server.context import remove_partial
 from corral.server.models import safe_text
@@ -57,9 +59,6 @@ SERVICE = "Tensorlake"
 # Output kept per stream of one command (the agent stops sending past it); background
 # processes keep theirs in the daemon's memory until their sandbox is gone.
 OUTPUT_CAP_BYTES = 64 << 20
-PROCESS_OUTPUT_CAP_BYTES = 16 << 20
-FIRST_PID = 100
-KILLING_SIGNALS = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGKILL, signal.SIGTERM}
 EVENT_STREAM = "text/event-stream"
 MAX_ARGS = 4096  # arguments of one command
 
@@ -92,43 +91,6 @@ def _sandbox_id(request: Request) -> str:
 # ---------------------------------------------------------------- the stream
 
 
-class LineSplitter:
-    """Text arriving in chunks, handed on as whole lines (without their newline)."""
-
-    def __init__(self) -> None:
-        self._rest = ""
-
-    def feed(self, text: str) -> list[str]:
-        *lines, self._rest = (self._rest + text).split("\n")
-        return lines
-
-    def flush(self) -> str | None:
-        """The last line if it had no newline, else None."""
-        rest, self._rest = self._rest, ""
-        return rest or None
-
-
-def exit_json(result: dict[str, Any]) -> dict[str, Any]:
-    """A native exec result as Tensorlake's exit event (``exit_code`` null when a signal
-    ended the command; a timeout is reported as ``timed_out``, killed by SIGKILL)."""
-    code, oom = result["returncode"], bool(result.get("oom_killed"))
-    if result.get("timed_out"):
-        reason = "timed_out"
-    elif oom:
-        reason = "oom_killed"
-    else:
-        reason = "signaled" if code < 0 else "exited"
-    return {
-        "exit_code": code if code >= 0 else None,
-        "signal": -code if code < 0 else None,
-        "oom_killed": oom,
-        "reason": reason,
-    }
-
-
-KILLED = {"exit_code": None, "signal": 9, "oom_killed": False, "reason": "signaled"}
-
-
 async def _events(body: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, Any, Any]]:
     """The native NDJSON stream as ``("line", stream, text)``, ``("exit", json, None)``
     and ``("error", error_dict, None)``; closing this closes (and kills) the command."""
@@ -155,10 +117,6 @@ async def _events(body: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, Any, A
         aclose = getattr(body, "aclose", None)
         if aclose is not None:
             await aclose()
-
-
-def _sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _as_event_stream(response: NDJSONResponse, body: AsyncIterator[bytes]) -> NDJSONResponse:
@@ -199,8 +157,11 @@ def _check_command(req: _CommandRequest) -> None:
             "running as another user",
             "commands run as the sandbox's unprivileged user; leave out user",
         )
-    if req.stdin_mode not in (None, "closed"):
-        raise refuse("stdin pipes (stdin_mode='pipe')", "pass input in a file or as arguments")
+    if req.stdin_mode not in (None, "closed", "pipe"):
+        raise InvalidArgument(
+            f"stdin_mode must be 'closed' or 'pipe', got {req.stdin_mode!r}",
+            details={"field": "stdin_mode"},
+        )
     if req.name is not None or req.restart is not None or req.health_check is not None:
         raise refuse("managed processes (name, restart, health_check)", "start it unmanaged")
 
@@ -223,146 +184,20 @@ async def run_process(request: Request) -> Response:
     response = await start_stream(events)  # raises at once for a bad command
     native = response.body_iterator
 
-    async def sse() -> AsyncIterator[bytes]:
-        yield _sse({"pid": pid, "started_at": time.time()})
+    async def events_of_run() -> AsyncIterator[bytes]:
+        yield sse({"pid": pid, "started_at": time.time()})
         async for kind, a, b in _events(native):
             if kind == "line":
-                yield _sse({"line": b, "stream": a, "timestamp": time.time()})
+                yield sse({"line": b, "stream": a, "timestamp": time.time()})
             elif kind == "exit":
-                yield _sse(a)
+                yield sse(a)
             else:  # no exit event follows: the client reports the stream as broken
-                yield _sse({"error": a})
+                yield sse({"error": a})
 
-    return _as_event_stream(response, sse())
+    return _as_event_stream(response, events_of_run())
 
 
 # ------------------------------------------------------- background processes
-
-
-@dataclass
-class _Line:
-    stream: str
-    text: str
-    at: float
-
-
-@dataclass
-class Process:
-    """One background process: its output so far and how it ended."""
-
-    pid: int
-    argv: list[str]
-    discard: frozenset[str]
-    started_at: float = field(default_factory=time.time)
-    lines: list[_Line] = field(default_factory=list)
-    exit: dict[str, Any] | None = None
-    ended_at: float | None = None
-    task: asyncio.Task[None] | None = None
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def done(self) -> bool:
-        return self.ended_at is not None
-
-    def notify(self) -> None:
-        """Wake followers; they wait on the event they saw, so none misses a line."""
-        event, self.changed = self.changed, asyncio.Event()
-        event.set()
-
-    def info(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "pid": self.pid, "status": "running", "stdin_writable": False,
-            "command": self.argv[0], "args": self.argv[1:], "started_at": self.started_at,
-        }
-        if self.exit is not None:
-            reason = self.exit["reason"]
-            body["status"] = reason if reason in ("exited", "oom_killed") else "signaled"
-            body.update(exit_code=self.exit["exit_code"], signal=self.exit["signal"])
-            body["ended_at"] = self.ended_at
-        return body
-
-    def output(self, streams: tuple[str, ...]) -> dict[str, Any]:
-        lines = [line.text for line in self.lines if line.stream in streams]
-        return {"pid": self.pid, "lines": lines, "line_count": len(lines)}
-
-    async def follow(self, streams: tuple[str, ...]) -> AsyncIterator[bytes]:
-        """Every line so far, then new ones as they come, until the process ends."""
-        seen = 0
-        while True:
-            changed = self.changed
-            for line in self.lines[seen:]:
-                if line.stream in streams:
-                    yield _sse({"line": line.text, "stream": line.stream, "timestamp": line.at})
-            seen = len(self.lines)
-            if self.done:
-                return
-            await changed.wait()
-
-
-class ProcessTable:
-    """The background processes of every sandbox, in the daemon's memory."""
-
-    def __init__(self) -> None:
-        self._by_sandbox: dict[str, dict[int, Process]] = {}
-        self._pids: dict[str, itertools.count[int]] = {}
-
-    def next_pid(self, sandbox_id: str) -> int:
-        return next(self._pids.setdefault(sandbox_id, itertools.count(FIRST_PID)))
-
-    def list(self, sandbox_id: str) -> list[Process]:
-        return list(self._by_sandbox.get(sandbox_id, {}).values())
-
-    def get(self, sandbox_id: str, ref: str) -> Process:
-        found = self._by_sandbox.get(sandbox_id, {}).get(int(ref)) if ref.isdigit() else None
-        if found is None:
-            raise NotFound(
-                f"no process {ref!r} in sandbox {sandbox_id}: list them with list_processes()",
-                details={"sandbox_id": sandbox_id, "process": ref},
-            )
-        return found
-
-    async def start(self, sandbox_id: str, body: AsyncIterator[bytes], proc: Process) -> None:
-        self._by_sandbox.setdefault(sandbox_id, {})[proc.pid] = proc
-        proc.task = asyncio.create_task(self._pump(proc, body), name=f"tensorlake-{proc.pid}")
-        await asyncio.sleep(0)  # the pump is now inside the stream: a kill always ends it
-
-    async def _pump(self, proc: Process, body: AsyncIterator[bytes]) -> None:
-        try:
-            async for kind, a, b in _events(body):
-                if kind == "line":
-                    if a not in proc.discard:
-                        proc.lines.append(_Line(a, b, time.time()))
-                        proc.notify()
-                elif kind == "exit":
-                    proc.exit = a
-        except asyncio.CancelledError:
-            pass  # killed: the stream's cleanup has killed the process group
-        except CorralError:
-            pass  # the sandbox went away: reported as killed below
-        finally:
-            proc.exit = proc.exit or KILLED
-            proc.ended_at = time.time()
-            proc.notify()
-
-    async def kill(self, proc: Process) -> bool:
-        """Kill a running process (its whole process group); False if it had ended."""
-        if proc.task is None or proc.task.done():
-            return False
-        proc.task.cancel()
-        await asyncio.wait({proc.task})
-        return True
-
-    def prune(self, live_ids: Collection[str]) -> None:
-        """Forget the processes of sandboxes that are no longer alive."""
-        for sid in [s for s in self._by_sandbox if s not in live_ids]:
-            self.drop(sid)
-
-    def drop(self, sandbox_id: str) -> None:
-        """Forget a deleted sandbox's processes (and kill any still running)."""
-        self._pids.pop(sandbox_id, None)
-        for proc in self._by_sandbox.pop(sandbox_id, {}).values():
-            if proc.task is not None:
-                proc.task.cancel()
 
 
 async def start_process(request: Request) -> Response:
@@ -374,13 +209,15 @@ async def start_process(request: Request) -> Response:
     )
     engine = _engine(request)
     table.prune({i.id for i in engine.list(state=LIVE_STATES)})
-    events = engine.exec_stream(
-        sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
-        max_output=PROCESS_OUTPUT_CAP_BYTES, output_tail=0,
+    engine_proc = await engine.spawn(  # FileError now for a command that cannot start
+        sid, req.argv, env=req.env, cwd=req.working_dir, timeout=req.timeout,
     )
-    response = await start_stream(events)  # raises at once for a bad command
-    proc = Process(table.next_pid(sid), req.argv, discard)
-    await table.start(sid, response.body_iterator, proc)
+    if req.stdin_mode != "pipe":
+        await engine_proc.close_stdin()
+    proc = Process(
+        table.next_pid(sid), req.argv, discard, engine_proc, stdin_open=req.stdin_mode == "pipe"
+    )
+    table.start(engine, sid, proc)
     return JSONResponse(proc.info())
 
 
@@ -410,21 +247,37 @@ async def send_signal(request: Request) -> Response:
     proc = _process(request)
     raw = await read_json(request, "signal request")
     body = validate_model(_SignalRequest, raw, "signal request")
-    if body.signal not in KILLING_SIGNALS:
-        raise refuse(
-            f"signal {body.signal}",
-            "only SIGHUP, SIGINT, SIGQUIT, SIGKILL and SIGTERM, which kill the process group",
-        )
-    return JSONResponse({"success": await processes(request).kill(proc)})
+    if body.signal == signal.SIGKILL:
+        return JSONResponse({"success": await processes(request).kill(proc)})
+    try:
+        sent = proc.engine_proc.signal(body.signal)  # to its process group
+    except InvalidArgument:
+        raise InvalidArgument(
+            f"no signal {body.signal}: send a signal number, e.g. 15 (SIGTERM)",
+            details={"field": "signal"},
+        ) from None
+    return JSONResponse({"success": sent})
 
 
 async def write_stdin(request: Request) -> Response:
-    _process(request)
-    raise refuse("writing to a process's stdin", "pass input in a file or as arguments")
+    proc = _process(request)
+    data = await read_body(request, request.app.state.settings.max_upload_bytes, "stdin")
+    if not proc.stdin_open or proc.done:
+        raise InvalidState(
+            f"process {proc.pid}'s stdin is closed: start it with stdin_mode='pipe' to "
+            "write to it",
+            details={"process": proc.pid},
+        )
+    await proc.engine_proc.write(data)
+    return JSONResponse({})
 
 
 async def close_stdin(request: Request) -> Response:
-    _process(request)  # stdin is always closed: nothing to do
+    proc = _process(request)
+    if proc.stdin_open and not proc.done:
+        proc.stdin_open = False
+        with contextlib.suppress(CorralError):  # it exited meanwhile
+            await proc.engine_proc.close_stdin()
     return JSONResponse({})
 
 
