@@ -61,7 +61,34 @@ def _line(event: dict[str, Any]) -> bytes:
     return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
-async def start_stream(events: AsyncIterator[ExecEvent]) -> "NDJSONResponse":
+class StartedStream:
+    """An engine's event stream whose first step did not fail at once.
+
+    Iterate it for the :class:`ExecEvent` s (each front-end encodes them its own way:
+    NDJSON here, server-sent events for Tensorlake); :meth:`aclose` ends the engine's
+    stream, which kills the command if it is cut short. Safe to close twice.
+    """
+
+    def __init__(self, first: asyncio.Future[ExecEvent], events: AsyncIterator[ExecEvent]):
+        self._first: asyncio.Future[ExecEvent] | None = first
+        self._pending = first
+        self._events = events
+
+    def __aiter__(self) -> AsyncIterator[ExecEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ExecEvent]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield await first
+        async for event in self._events:
+            yield event
+
+    async def aclose(self) -> None:
+        await _close(self._pending, self._events)
+
+
+async def start_events(events: AsyncIterator[ExecEvent]) -> StartedStream:
     """Begin a streamed command; raise its error now if it fails at once.
 
     The engine validates a command when its stream is first advanced, so the first
@@ -76,16 +103,21 @@ async def start_stream(events: AsyncIterator[ExecEvent]) -> "NDJSONResponse":
     if first.done() and first.exception() is not None:
         await _close(first, events)
         first.result()  # raises the error
-    return NDJSONResponse(_lines(first, events), cleanup=lambda: _close(first, events))
+    return StartedStream(first, events)
 
 
-async def _lines(
-    first: asyncio.Future[ExecEvent], events: AsyncIterator[ExecEvent]
-) -> AsyncIterator[bytes]:
+async def start_stream(events: AsyncIterator[ExecEvent]) -> "NDJSONResponse":
+    """:func:`start_events`, replied as NDJSON lines (the native API's streams)."""
+    started = await start_events(events)
+    return NDJSONResponse(ndjson_lines(started), cleanup=started.aclose)
+
+
+async def ndjson_lines(stream: StartedStream) -> AsyncIterator[bytes]:
+    """The native encoding: one :class:`~corral.server.models.StreamEvent` per line,
+    ending with the exit, or an ``error`` line if the stream broke off."""
     chunkers = {"stdout": Utf8Chunker(), "stderr": Utf8Chunker()}
     try:
-        event: ExecEvent | None = await first
-        while event is not None:
+        async for event in stream:
             if event.kind == "exit":
                 for kind, chunker in chunkers.items():
                     if rest := chunker.flush():
@@ -99,7 +131,6 @@ async def _lines(
                 yield _line({"type": event.kind, "data": "", "dropped": event.dropped})
             elif piece := chunkers[event.kind].feed(event.data):
                 yield _line({"type": event.kind, **piece})
-            event = await anext(events, None)
         error: CorralError = InternalError("the command's stream ended without an exit status")
     except CorralError as exc:
         error = exc
@@ -107,7 +138,7 @@ async def _lines(
         logger.exception("exec stream failed")
         error = InternalError(f"the command's stream failed: {type(exc).__name__}")
     finally:
-        await _close(first, events)
+        await stream.aclose()
     yield _line({"type": "error", "error": error.to_dict()})
 
 

@@ -172,7 +172,7 @@ class ProcessTable:
         )
 
     async def _pump(self, engine: Engine, sandbox_id: str, proc: Process) -> None:
-        splitters = {"stdout": _StreamLines(), "stderr": _StreamLines()}
+        splitters = {"stdout": StreamLines(), "stderr": StreamLines()}
         try:
             async for event in proc.engine_proc.output():
                 if event.kind in splitters:
@@ -215,7 +215,7 @@ class ProcessTable:
                 proc.task.cancel()
 
 
-class _StreamLines:
+class StreamLines:
     """Bytes of one stream as whole lines of text (a character split across chunks is
     decoded once whole; undecodable bytes become U+FFFD)."""
 

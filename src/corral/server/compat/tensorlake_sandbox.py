@@ -9,9 +9,9 @@ honoured.
 
 - ``POST /api/v1/processes/run`` runs a command to completion and streams it as
   server-sent events: ``{pid, started_at}``, then ``{line, stream, timestamp}`` per
-  output line, then ``{exit_code, signal, oom_killed, reason}``. It rides on the native
-  streamed exec (:func:`corral.server.streaming.start_stream`): errors that happen at
-  once get their own status, and a client that hangs up kills the command.
+  output line, then ``{exit_code, signal, oom_killed, reason}``, encoded straight from
+  the engine's events (:func:`corral.server.streaming.start_events`): errors that happen
+  at once get their own status, and a client that hangs up kills the command.
 - ``POST /api/v1/processes`` starts a background process, one of the engine's
   interactive processes (:mod:`.tensorlake_process`): list it, read or follow its
   output, write its stdin (``stdin_mode="pipe"``), signal its process group, kill it.
@@ -21,9 +21,8 @@ honoured.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
+import dataclasses
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -43,16 +42,16 @@ from corral.server.admission import LIVE_STATES
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import Body, Text, items, refuse
 from corral.server.compat.tensorlake_process import (
-    LineSplitter,
     Process,
     ProcessTable,
+    StreamLines,
     exit_json,
     sse,
 )
 from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
 from corral.server.context import remove_partial
 from corral.server.models import safe_text
-from corral.server.streaming import NDJSONResponse, start_stream
+from corral.server.streaming import NDJSONResponse, start_events
 from corral.server.wire import read_body, read_json
 
 SERVICE = "Tensorlake"
@@ -89,34 +88,6 @@ def _sandbox_id(request: Request) -> str:
 
 
 # ---------------------------------------------------------------- the stream
-
-
-async def _events(body: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, Any, Any]]:
-    """The native NDJSON stream as ``("line", stream, text)``, ``("exit", json, None)``
-    and ``("error", error_dict, None)``; closing this closes (and kills) the command."""
-    splitters = {"stdout": LineSplitter(), "stderr": LineSplitter()}
-    try:
-        async for raw in body:
-            event = json.loads(raw)
-            kind = event["type"]
-            if kind in splitters:
-                if "data" in event:
-                    text = event["data"]
-                else:
-                    text = base64.b64decode(event["data_b64"]).decode("utf-8", "replace")
-                for line in splitters[kind].feed(text):
-                    yield "line", kind, line
-            elif kind == "exit":
-                for name, splitter in splitters.items():
-                    if (rest := splitter.flush()) is not None:
-                        yield "line", name, rest
-                yield "exit", exit_json(event["result"]), None
-            else:
-                yield "error", event["error"], None
-    finally:
-        aclose = getattr(body, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 def _as_event_stream(response: NDJSONResponse, body: AsyncIterator[bytes]) -> NDJSONResponse:
@@ -177,24 +148,32 @@ async def run_process(request: Request) -> Response:
     sid = _sandbox_id(request)
     req = await _command(request)
     pid = processes(request).next_pid(sid)
-    events = _engine(request).exec_stream(
+    started = await start_events(_engine(request).exec_stream(  # a bad command raises now
         sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
         max_output=OUTPUT_CAP_BYTES, output_tail=0,  # the head, as Tensorlake's
-    )
-    response = await start_stream(events)  # raises at once for a bad command
-    native = response.body_iterator
+    ))
 
     async def events_of_run() -> AsyncIterator[bytes]:
         yield sse({"pid": pid, "started_at": time.time()})
-        async for kind, a, b in _events(native):
-            if kind == "line":
-                yield sse({"line": b, "stream": a, "timestamp": time.time()})
-            elif kind == "exit":
-                yield sse(a)
-            else:  # no exit event follows: the client reports the stream as broken
-                yield sse({"error": a})
+        lines = {"stdout": StreamLines(), "stderr": StreamLines()}
+        try:
+            async for event in started:
+                if event.kind in lines:
+                    for line in lines[event.kind].feed(event.data):
+                        yield sse({"line": line, "stream": event.kind, "timestamp": time.time()})
+                elif event.kind == "exit" and event.result is not None:
+                    for name, splitter in lines.items():
+                        if (rest := splitter.flush()) is not None:
+                            yield sse({"line": rest, "stream": name, "timestamp": time.time()})
+                    yield sse(exit_json(dataclasses.asdict(event.result)))
+                    return
+        except CorralError as exc:  # no exit event follows: the client reports it broken
+            yield sse({"error": exc.to_dict()})
+        finally:
+            await started.aclose()
 
-    return _as_event_stream(response, events_of_run())
+    body = events_of_run()
+    return _as_event_stream(NDJSONResponse(body, cleanup=started.aclose), body)
 
 
 # ------------------------------------------------------- background processes
