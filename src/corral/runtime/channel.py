@@ -11,9 +11,10 @@ a model optimised to earn reward, so whatever arrives may be forged (docs/api.md
   in :mod:`~corral.runtime.protocol`) before reading its payload;
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
-  command gets one STARTED (or one ERR), then output, then exactly one EXIT; a file
-  operation exactly one OK or ERR. Anything else (a second EXIT, output after the
-  exit, a reply to a request never made) is a violation;
+  command gets one STARTED (or one ERR), then output (stdout only, if it runs on a
+  terminal), then exactly one EXIT; a file operation exactly one OK or ERR. Anything
+  else (a second EXIT, output after the exit, a reply to a request never made) is a
+  violation;
 - counts each command's output itself and keeps at most ``max_output`` bytes per
   stream (the agent's truncated flags are not read);
 - bounds every wait: a request gets no answer within :data:`REQUEST_TIMEOUT_S` →
@@ -85,13 +86,18 @@ class ExecStream:
 
     ``max_output`` (None: no cap) bounds the bytes kept per stream; the rest is counted
     and dropped as it arrives (``truncated``), so an agent flooding output costs the
-    daemon no memory.
+    daemon no memory. A command on a pseudo-terminal (``terminal``) has one output
+    stream: a STDERR frame for it is a violation.
     """
 
-    def __init__(self, channel: "AgentChannel", request_id: int, max_output: int | None) -> None:
+    def __init__(
+        self, channel: "AgentChannel", request_id: int, max_output: int | None,
+        terminal: bool = False,
+    ) -> None:
         self.channel = channel
         self.request_id = request_id
         self.max_output = max_output
+        self.terminal = terminal
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
         self.abandoned = False  # closed by its reader: frames still expected, dropped
@@ -146,6 +152,9 @@ class ExecStream:
 
     def signal(self, signum: int) -> None:
         self.channel.send(Msg.SIGNAL, self.request_id, [(Tag.SIGNAL, signum)])
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.channel.send(Msg.RESIZE, self.request_id, [(Tag.ROWS, rows), (Tag.COLS, cols)])
 
     def close(self) -> None:
         """Stop reading: what still comes for it (up to its exit) is dropped."""
@@ -304,6 +313,10 @@ class AgentChannel:
                 raise ProtocolViolation(
                     "output_before_start", f"output for request {rid} before its STARTED"
                 )
+            if msg == Msg.STDERR and stream.terminal:
+                raise ProtocolViolation(
+                    "stderr_on_terminal", f"a STDERR frame for request {rid}, which runs on a terminal"
+                )
             data = stream._output(msg, fields.raw(Tag.DATA))
             if not data:
                 return  # over the cap (counted), or empty
@@ -406,9 +419,11 @@ class AgentChannel:
             fut.cancel()  # the entry stays: the late reply is checked, then dropped
             raise
 
-    def open_exec(self, fields: Iterable[Field], *, max_output: int | None = None) -> ExecStream:
+    def open_exec(
+        self, fields: Iterable[Field], *, max_output: int | None = None, terminal: bool = False
+    ) -> ExecStream:
         rid = self._next_id()
-        stream = ExecStream(self, rid, max_output)
+        stream = ExecStream(self, rid, max_output, terminal)
         self.streams[rid] = stream
         try:
             self.send(Msg.EXEC, rid, fields)

@@ -29,6 +29,7 @@ class Msg(IntEnum):
     STDIN = 2
     STDIN_CLOSE = 3
     SIGNAL = 4
+    RESIZE = 5  # a terminal's new size (ROWS, COLS); no reply
     FWRITE = 10
     FREAD = 11
     FLIST = 12
@@ -74,6 +75,8 @@ class Tag(IntEnum):
     ENTRY = 28
     SIZE = 29
     KILLED_BY_SIGNAL = 30
+    ROWS = 31  # EXEC with ROWS and COLS: on a pseudo-terminal of that size
+    COLS = 32
 
 
 Field = tuple[int, "bytes | str | int"]
