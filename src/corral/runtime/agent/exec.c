@@ -31,7 +31,7 @@ static void do_exec(uint32_t id, struct req *r) {
     int in_p[2], out_p[2], err_p[2], report[2];
     if (pty ? pty_pipes(&ws, in_p, out_p, err_p) != 0
             : (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC))) {
-        send_err(id, errno, pty ? "pseudo-terminal" : "pipe");
+        send_err(id, errno, pty ? "a pseudo-terminal (/dev/pts/ptmx)" : "pipe");
         goto out;
     }
     if (pipe2(report, O_CLOEXEC)) {
