@@ -80,6 +80,9 @@ async def test_tampered_terminal_devices_break_only_the_sandboxs_own_terminals(s
     assert r.returncode == 0 and r.stdout.startswith(b"p"), r.stderr
     proc = await engine.spawn(sid, ["tty"], terminal=TerminalSize())
     assert (await proc.wait()).stdout == b"/dev/pts/0\r\n"
+    # /dev/pts itself is a mount point: it cannot be moved aside for a fake one.
+    r = await engine.exec(sid, "mv /dev/pts /dev/old || rmdir /dev/pts")
+    assert r.returncode != 0 and r.stderr.count(b"busy") == 2, r.stderr
     # Locking the devpts ptmx makes a terminal fail to start, with a clear error.
     assert (await engine.exec(sid, "chmod 000 /dev/pts/ptmx")).returncode == 0
     with pytest.raises(FileError, match="pseudo-terminal"):

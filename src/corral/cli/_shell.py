@@ -136,6 +136,13 @@ def _hangup_exits() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _quietly(call: Any, *args: Any) -> None:
+    """Send something to the process; if it is refused (a paused sandbox) or too late
+    (it ended), drop it: the output stream tells the main thread how the command ended."""
+    with contextlib.suppress(corral.CorralError):
+        call(*args)
+
+
 class _Input(threading.Thread):
     """Sends stdin (if ``fd``) and the terminal's size (if ``terminal``) to ``proc``."""
 
@@ -157,28 +164,28 @@ class _Input(threading.Thread):
 
     def run(self) -> None:
         watched = [self.wake_r] + ([self.fd] if self.fd is not None else [])
-        try:
-            while not self.stopping and watched:
-                ready, _, _ = select.select(watched, [], [])
-                if self.wake_r in ready:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self.wake_r, 512)
-                if self.stopping:
-                    return
-                if self.terminal:
-                    self._send_size()
-                if self.fd is not None and self.fd in ready:
-                    try:
-                        data = os.read(self.fd, READ_SIZE)
-                    except OSError:  # EIO: this terminal hung up
-                        data = b""
-                    if data:
-                        self.proc.write(data)
-                    else:
-                        self.proc.close_stdin()
-                        watched.remove(self.fd)
-        except corral.CorralError:
-            pass  # the command ended (or its sandbox did): the output stream says how
+        while not self.stopping:
+            ready, _, _ = select.select(watched, [], [])
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake_r, 512)
+            if self.stopping:
+                return
+            data = b""
+            if self.fd is not None and self.fd in ready:
+                try:
+                    data = os.read(self.fd, READ_SIZE)
+                except OSError:  # EIO: this terminal hung up
+                    pass
+                if not data:
+                    watched.remove(self.fd)
+            if self.terminal:
+                _quietly(self._send_size)
+            if data:
+                _quietly(self.proc.write, data)
+            elif self.fd is not None and self.fd not in watched:
+                self.fd = None
+                _quietly(self.proc.close_stdin)
 
     def _send_size(self) -> None:
         try:
