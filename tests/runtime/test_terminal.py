@@ -24,7 +24,6 @@ class Screen:
         self.proc = proc
         self.events = proc.output()
         self.text = b""
-        self.result = None
 
     async def until(self, marker: bytes) -> bytes:
         """Read until ``marker`` shows up after what was consumed; return what came

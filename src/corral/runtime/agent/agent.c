@@ -13,8 +13,9 @@
  *   corral-agent serve FD
  *       Runs inside the sandbox as pid 1 (bwrap --as-pid-1). Speaks a framed binary
  *       protocol on FD (a socketpair end inherited from the engine): runs commands
- *       with pipes, timeouts and output caps, serves file operations from the
- *       sandbox's own view of the filesystem, and reaps every orphan (it is pid 1).
+ *       with pipes (or a pseudo-terminal), timeouts and output caps, serves file
+ *       operations from the sandbox's own view of the filesystem, and reaps every
+ *       orphan (it is pid 1).
  *       When FD closes (the engine went away) it exits, which tears down the whole
  *       pid namespace: nothing survives its engine.
  *
