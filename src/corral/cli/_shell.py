@@ -49,16 +49,20 @@ def exec_command(args: argparse.Namespace, ctx: Context) -> int:
         return _exec.exec_command(args, ctx)
     if args.stdin_file is not None:
         raise UsageError("-i and -t send stdin as it comes: drop --stdin-file (or -i/-t)")
-    cmd: str | list[str] = args.cmd[0] if len(args.cmd) == 1 else args.cmd
-    return run(ctx, args.id, cmd, terminal=args.tty, interactive=args.interactive,
+    return run(ctx, args.id, _command(args.cmd), terminal=args.tty, interactive=args.interactive,
                env=args.env, cwd=args.cwd, timeout=args.timeout, verb="exec")
 
 
 def shell_command(args: argparse.Namespace, ctx: Context) -> int:
-    """``corral shell ID [-- CMD...]``: an interactive shell (or CMD) on a terminal."""
-    cmd = args.cmd or ["/bin/sh", "-c", DEFAULT_SHELL]
+    """``corral shell ID [-- CMD...]``: an interactive shell (or CMD, one argument
+    through ``/bin/sh -c`` as for ``exec``) on a terminal."""
+    cmd = _command(args.cmd) if args.cmd else ["/bin/sh", "-c", DEFAULT_SHELL]
     return run(ctx, args.id, cmd, terminal=True, interactive=True, env=args.env,
                cwd=args.cwd, timeout=None, verb="shell")
+
+
+def _command(words: list[str]) -> str | list[str]:
+    return words[0] if len(words) == 1 else words
 
 
 def run(

@@ -250,9 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "shell", parents=conn, help="an interactive shell (or CMD) on a terminal in a sandbox",
         usage="corral shell ID [options] [-- CMD...]",
-        description="Runs bash, or sh if the image has no bash (or CMD), on a pseudo-"
-        "terminal in the sandbox, this terminal in raw mode until it exits: keys, Ctrl-C "
-        "included, go there, and resizing the window resizes it. Exits with its status. "
+        description="Runs bash, or sh if the image has no bash (or CMD; one argument runs "
+        "through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
+        "mode until it exits: keys, Ctrl-C included, go there, and resizing the window "
+        "resizes it. Exits with its status. "
         "Needs a terminal (to pipe input: corral exec -i ID -- sh).",
     )
     p.add_argument("id", metavar="ID")
