@@ -19,13 +19,13 @@ NR = {
                "init_module": 175, "reboot": 169, "swapon": 167, "iopl": 172,
                "pidfd_open": 434, "pidfd_getfd": 438, "process_madvise": 440,
                "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
-               "prlimit64": 302},
+               "prlimit64": 302, "ioctl": 16},
     "aarch64": {"read": 63, "write": 64, "execve": 221, "clone": 220, "clone3": 435,
                 "mount": 40, "ptrace": 117, "unshare": 97, "keyctl": 219, "bpf": 280,
                 "init_module": 105, "reboot": 142, "swapon": 224,
                 "pidfd_open": 434, "pidfd_getfd": 438, "process_madvise": 440,
                 "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
-                "prlimit64": 261},
+                "prlimit64": 261, "ioctl": 29},
 }
 
 PRELUDE = r"""

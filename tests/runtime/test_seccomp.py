@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from corral.errors import Unsupported
-from corral.runtime.seccomp import DENIED_SYSCALLS, build_filter
+from corral.runtime.seccomp import DENIED_IOCTLS, DENIED_SYSCALLS, build_filter
 from tests.syscall_probe import NR, PRELUDE, numbers
 
 KILL_PROCESS = 0x80000000
@@ -101,6 +101,23 @@ def test_logic(arch: str) -> None:
     other_arch = AUDIT_ARCH["aarch64" if arch == "x86_64" else "x86_64"]
     assert run_bpf(program, nr=nr["read"], arch=other_arch) == KILL_PROCESS
     assert run_bpf(program, nr=nr["read"], arch=0x40000003) == KILL_PROCESS  # i386
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_ioctls_that_fake_input_are_denied(arch: str) -> None:
+    program, audit, nr = build_filter(arch), AUDIT_ARCH[arch], NR[arch]
+
+    def ioctl(request: int) -> int:
+        return run_bpf(program, nr=nr["ioctl"], arch=audit, args=(0, request))
+
+    assert ioctl(0x5412) == EPERM  # TIOCSTI
+    assert ioctl(0x541C) == EPERM  # TIOCLINUX
+    assert ioctl(0xFFFFFFFF00005412) == EPERM  # the kernel reads an unsigned int
+    # What a program on a terminal needs: TCGETS, TCSETS, TIOCGWINSZ, TIOCSWINSZ,
+    # TIOCSCTTY, TIOCGPTPEER, TIOCSPTLCK, FIONREAD.
+    for request in (0x5401, 0x5402, 0x5413, 0x5414, 0x540E, 0x5441, 0x40045431, 0x541B):
+        assert ioctl(request) == ALLOW, hex(request)
+    assert DENIED_IOCTLS == {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
 
 
 def test_x86_specifics() -> None:

@@ -62,8 +62,9 @@ def test_process_routes_are_served_and_documented(client):
         for method, path in re.findall(r"`(GET|POST|PUT|DELETE) (/[^`?]*)", DOCS.read_text())
         if "/processes" in path  # not /kill-processes, a sandbox action
     }
-    assert served == documented and len(served) == 9
-    for schema in ("SpawnRequest", "ProcessInfo", "ExchangeRequest", "ExchangeResponse"):
+    assert served == documented and len(served) == 10
+    for schema in ("SpawnRequest", "ProcessInfo", "ExchangeRequest", "ExchangeResponse",
+                   "ResizeRequest"):
         assert schema in doc["components"]["schemas"]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 import corral
-from corral.cli._output import Context
+from corral.cli._output import Context, Output
 from corral.schema import DEFAULT_MAX_OUTPUT, default_output_tail
 
 EXIT_TIMEOUT = 124  # what coreutils' `timeout` returns
@@ -112,8 +112,16 @@ def exec_command(args: argparse.Namespace, ctx: Context) -> int:
     for name in ("stdout", "stderr"):
         if getattr(result, f"{name}_truncated"):
             out.error(f"{sandbox.id}: {_cut(result, name)}")
+    return exit_status(result, sandbox, args.timeout, out)
+
+
+def exit_status(
+    result: corral.CommandResult, sandbox: corral.Sandbox, timeout: float | None, out: Output
+) -> int:
+    """The command's status as ours (124 on a timeout, 137 on an out-of-memory kill,
+    128+N when signal N killed it), saying why on stderr when it was killed."""
     if result.timed_out:
-        out.error(f"{sandbox.id}: the command timed out after {args.timeout:g} s and was killed")
+        out.error(f"{sandbox.id}: the command timed out after {timeout:g} s and was killed")
         return EXIT_TIMEOUT
     if result.oom_killed:
         out.error(

@@ -6,6 +6,8 @@ Examples::
     corral create --image python --memory-mb 512 --tag job=42 -n 20
     corral ls --tag job=42
     corral exec sb-1234 -- python3 -c 'print(6*7)'
+    corral shell sb-1234            # bash (or sh) on a terminal in the sandbox
+    corral exec -it sb-1234 -- python3
     corral cp solution.py sb-1234:/workspace/
     corral rm --tag job=42 -y
     corral pool create py256 --memory-mb 256 --min-ready 8 --max-size 64
@@ -21,7 +23,8 @@ socket, starting the shared daemon if nothing answers; see ``corral.client._conf
 
 Exit status: 0 on success; 1 when corral reports an error (``corral: <message>`` on
 stderr); 2 for a command line that makes no sense; ``exec`` exits with the command's
-own status (124 on a timeout, 137 on an out-of-memory kill); 130 after Ctrl-C.
+own status (124 on a timeout, 137 on an out-of-memory kill), and so does ``shell``;
+130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from corral.cli import (
     _inspect,
     _pools,
     _sandboxes,
+    _shell,
     _snapshots,
 )
 from corral.cli._output import Context, UsageError
@@ -242,7 +246,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tail", type=_exec.byte_count, metavar="BYTES",
                    help="of --max-output, bytes kept from the end of each stream "
                    "(default: half, at most 8M; 0: the head only)")
-    p.set_defaults(handler=_exec.exec_command)
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="send our stdin to the command as it comes (end of input closes its stdin)")
+    p.add_argument("-t", "--tty", action="store_true",
+                   help="run it on a terminal in the sandbox, this one in raw mode (Ctrl-C "
+                   "goes there; needs a terminal on stdin); with -i to type into it")
+    p.set_defaults(handler=_shell.exec_command)
+
+    p = sub.add_parser(
+        "shell", parents=conn, help="an interactive shell (or CMD) on a terminal in a sandbox",
+        usage="corral shell ID [options] [-- CMD...]",
+        description="Runs bash, or sh if the image has no bash (or CMD; one argument runs "
+        "through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
+        "mode until it exits: keys, Ctrl-C included, go there, and resizing the window "
+        "resizes it. Exits with its status. "
+        "Needs a terminal (to pipe input: corral exec -i ID -- sh).",
+    )
+    p.add_argument("id", metavar="ID")
+    p.add_argument("cmd", nargs="*", metavar="CMD")
+    p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
+    p.add_argument("--cwd", metavar="DIR", help="working directory (default: the workdir)")
+    p.set_defaults(handler=_shell.shell_command)
 
     p = sub.add_parser(
         "cp", parents=conn, help="copy files or directories into or out of a sandbox",
@@ -328,7 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "serve":
-        hint = " (give the command after --: corral exec ID -- CMD...)" if args.command == "exec" else ""
+        hint = (
+            f" (give the command after --: corral {args.command} ID -- CMD...)"
+            if args.command in ("exec", "shell") else ""
+        )
         parser.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
     ctx = Context(args.url, args.client_token)
     try:

@@ -12,9 +12,9 @@ a model optimised to earn reward, so whatever arrives may be forged (docs/api.md
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
   command gets one STARTED (or one ERR), then output (per stream: its head, at most one
-  TAIL and its tail), then exactly one EXIT; a file operation exactly one OK or ERR.
-  Anything else (a second EXIT, output after the exit, a reply to a request never
-  made) is a violation;
+  TAIL and its tail; stdout only, if it runs on a terminal), then exactly one EXIT; a
+  file operation exactly one OK or ERR. Anything else (a second EXIT, output after the
+  exit, a reply to a request never made) is a violation;
 - counts each command's output itself: more than ``max_output`` bytes of a stream, or
   a tail out of place, is a violation (:mod:`~corral.runtime.outputcap`; the agent's
   truncated flags are not read);
@@ -88,16 +88,20 @@ class ExecStream:
 
     ``max_output`` (None: no cap) bounds the bytes received per stream, of which the
     last ``output_tail`` are its tail (:mod:`~corral.runtime.outputcap`): an agent
-    flooding output is stopped at the cap, and costs the daemon no memory past it.
+    flooding output is stopped at the cap, and costs the daemon no memory past it. A
+    command on a pseudo-terminal (``terminal``) has one output stream: a STDERR frame
+    for it is a violation.
     """
 
     def __init__(
         self, channel: "AgentChannel", request_id: int, max_output: int | None,
         output_tail: int = 0,
+        terminal: bool = False,
     ) -> None:
         self.channel = channel
         self.request_id = request_id
         self.max_output = max_output
+        self.terminal = terminal
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
         self.abandoned = False  # closed by its reader: frames still expected, dropped
@@ -146,6 +150,9 @@ class ExecStream:
 
     def signal(self, signum: int) -> None:
         self.channel.send(Msg.SIGNAL, self.request_id, [(Tag.SIGNAL, signum)])
+
+    def resize(self, rows: int, cols: int) -> None:
+        self.channel.send(Msg.RESIZE, self.request_id, [(Tag.ROWS, rows), (Tag.COLS, cols)])
 
     def close(self) -> None:
         """Stop reading: what still comes for it (up to its exit) is dropped."""
@@ -304,6 +311,10 @@ class AgentChannel:
                 raise ProtocolViolation(
                     "output_before_start", f"output for request {rid} before its STARTED"
                 )
+            if msg == Msg.STDERR and stream.terminal:
+                raise ProtocolViolation(
+                    "stderr_on_terminal", f"a STDERR frame for request {rid}, which runs on a terminal"
+                )
             data = fields.raw(Tag.DATA)
             stream.caps[msg].feed(len(data))
             if not data:
@@ -415,10 +426,15 @@ class AgentChannel:
             raise
 
     def open_exec(
-        self, fields: Iterable[Field], *, max_output: int | None = None, output_tail: int = 0
+        self,
+        fields: Iterable[Field],
+        *,
+        max_output: int | None = None,
+        output_tail: int = 0,
+        terminal: bool = False,
     ) -> ExecStream:
         rid = self._next_id()
-        stream = ExecStream(self, rid, max_output, output_tail)
+        stream = ExecStream(self, rid, max_output, output_tail, terminal)
         self.streams[rid] = stream
         try:
             self.send(Msg.EXEC, rid, fields)

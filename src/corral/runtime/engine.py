@@ -819,18 +819,17 @@ class Engine:
         cwd: str | None = None,
         timeout: float | None = None,
         max_buffer: int = processes.DEFAULT_MAX_BUFFER,
+        terminal: processes.TerminalSize | None = None,
     ) -> processes.Process:
         """Start an interactive process: stdin stays open, output is read as it comes.
 
         Returns a :class:`~corral.runtime.processes.Process` (``write``, ``close_stdin``,
         ``signal``, ``kill``, ``output()``, ``wait``); it dies with its sandbox.
         ``timeout`` (seconds, ``None``: none) kills it like an exec's; ``max_buffer``
-        bounds the output kept unread (per stream). See :mod:`corral.runtime.processes`.
-        """
-        live = self._running(sandbox_id)
-        return await processes.spawn(
-            self, live, cmd, env=env, cwd=cwd, timeout=timeout, max_buffer=max_buffer
-        )
+        bounds the output kept unread (per stream); ``terminal`` (rows, cols): on a
+        pseudo-terminal (:mod:`corral.runtime.terminal`)."""
+        return await processes.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
+                                     timeout=timeout, max_buffer=max_buffer, terminal=terminal)
 
     def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:
         """A process of a live sandbox by id; :class:`~corral.errors.NotFound` if none."""

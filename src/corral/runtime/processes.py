@@ -32,6 +32,9 @@ What the engine guarantees:
 - While a process runs, its sandbox is busy: an ``idle_timeout`` does not end it.
 - Exited processes are remembered (for their result) until their sandbox ends,
   at most :data:`MAX_EXITED_KEPT` per sandbox, the oldest forgotten first.
+- With ``terminal=TerminalSize(rows, cols)`` the process runs on a pseudo-terminal
+  (:mod:`corral.runtime.terminal`): one output stream, :meth:`Process.resize`, and
+  closing stdin types Ctrl-D.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from corral.runtime.agentconn import (
 )
 from corral.runtime.channel import StreamDeadline
 from corral.runtime.protocol import Msg, Tag
+from corral.runtime.terminal import TerminalSize, terminal_env, terminal_fields, terminal_size
 from corral.schema import ExecEvent, ExecResult
 
 if TYPE_CHECKING:
@@ -119,6 +123,7 @@ class Process:
         max_buffer: int,
         oom_before: int,
         deadline: Deadline,
+        terminal: TerminalSize | None = None,
     ) -> None:
         self.id = "proc-" + secrets.token_hex(6)
         self.sandbox_id = live.id
@@ -131,6 +136,7 @@ class Process:
         self.error: CorralError | None = None
         self.max_buffer = max_buffer
         self.stdin_open = True
+        self.terminal = terminal  # its size now, on a pseudo-terminal; else None
         self._engine = engine
         self._live = live
         self._stream = stream
@@ -163,6 +169,9 @@ class Process:
             "cmd": list(self.argv),
             "state": self.state.value,
             "stdin_open": self.stdin_open and self.state == ProcessState.RUNNING,
+            "pty": self.terminal is not None,
+            "rows": self.terminal.rows if self.terminal else None,
+            "cols": self.terminal.cols if self.terminal else None,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "unread_bytes": self.unread_bytes,
@@ -216,6 +225,21 @@ class Process:
         except CorralError:  # its sandbox has ended
             return False
         return True
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the size of the process's terminal (its foreground job gets SIGWINCH).
+        :class:`InvalidState` if it has no terminal or has exited."""
+        size = terminal_size(rows, cols)
+        if self.terminal is None:
+            raise InvalidState(
+                f"cannot resize process {self.id} in sandbox {self.sandbox_id}: it was not "
+                "started on a terminal (spawn it with pty=True)",
+                details=self._details(),
+            )
+        if self.state != ProcessState.RUNNING:
+            raise self._ended("cannot resize")
+        self._stream.resize(size.rows, size.cols)  # in order with its input
+        self.terminal = size
 
     async def kill(self) -> ExecResult:
         """SIGKILL the process's group and wait for its exit; its result. Idempotent."""
@@ -461,16 +485,23 @@ async def spawn(
     cwd: str | None = None,
     timeout: float | None = None,
     max_buffer: int = DEFAULT_MAX_BUFFER,
+    terminal: TerminalSize | None = None,
 ) -> Process:
-    """Start ``cmd`` in a running sandbox with its stdin open (see :meth:`Engine.spawn`)."""
+    """Start ``cmd`` in a running sandbox with its stdin open (see :meth:`Engine.spawn`),
+    on a pseudo-terminal of that size if ``terminal`` is given."""
     if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 0:
         raise InvalidArgument(f"max_buffer must be >= 0 bytes, got {max_buffer!r}")
+    if terminal is not None:
+        terminal = terminal_size(*terminal)
+        env = terminal_env(env, live.spec.env)
     fields = engine.command_fields(live, cmd, env, cwd, None, limit_fields(timeout, UNLIMITED_OUTPUT, 0))
     fields.append((Tag.STDIN_OPEN, 1))
+    if terminal is not None:
+        fields += terminal_fields(terminal)
     channel = live.channel
     assert channel is not None
     oom_before = live.cgroup.oom_kills()
-    stream = channel.open_exec(fields)
+    stream = channel.open_exec(fields, terminal=terminal is not None)
     limit = Deadline(live, stream, timeout)  # the timeout holds from now, agent or not
     try:
         try:
@@ -490,7 +521,7 @@ async def spawn(
     argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     proc = Process(
         engine, live, stream, argv, pid=reply.fields.u64(Tag.PID), max_buffer=max_buffer,
-        oom_before=oom_before, deadline=limit,
+        oom_before=oom_before, deadline=limit, terminal=terminal,
     )
     live.processes[proc.id] = proc  # kept on the sandbox's _Live: they end together
     live.busy += 1

@@ -30,6 +30,7 @@ class Msg(IntEnum):
     STDIN = 2
     STDIN_CLOSE = 3
     SIGNAL = 4
+    RESIZE = 5  # a terminal's new size (ROWS, COLS); no reply
     FWRITE = 10
     FREAD = 11
     FLIST = 12
@@ -80,6 +81,8 @@ class Tag(IntEnum):
     OUTPUT_TAIL = 31  # EXEC: bytes of MAX_OUTPUT kept from the end of each stream
     STREAM = 32  # TAIL: 1 stdout, 2 stderr
     DROPPED = 33  # TAIL: bytes dropped between the head and the tail
+    ROWS = 34  # EXEC with ROWS and COLS: on a pseudo-terminal of that size
+    COLS = 35
 
 
 Field = tuple[int, "bytes | str | int"]

@@ -30,7 +30,14 @@ What the filter does, in order:
    lets a process change the limits of any other of the same uid, and the agent
    shares the sandbox's uid (a tiny RLIMIT_NOFILE or RLIMIT_CPU would break or kill
    it). ``getrlimit``/``setrlimit`` (glibc passes pid 0) keep working.
-7. Everything else is allowed.
+7. ``ioctl`` with a request in :data:`DENIED_IOCTLS` gets ``EPERM``: ``TIOCSTI``
+   types bytes into a terminal's input and ``TIOCLINUX`` reaches a Linux console's
+   selection (pasted as input). A sandbox has terminals of its own (``corral shell``
+   runs on one, and sandbox code can open ``/dev/ptmx``), and the kernel would refuse
+   ``TIOCSTI`` on any but the caller's controlling terminal, but this host allows it
+   there (``dev.tty.legacy_tiocsti=1``): no code of the sandbox may fake what a user
+   types, wherever a terminal leads.
+8. Everything else is allowed.
 
 The sandbox already runs without capabilities inside its own namespaces; this filter
 shrinks the kernel surface an escape would need (new namespaces, mounts, keyrings,
@@ -53,7 +60,7 @@ from dataclasses import dataclass
 
 from corral.errors import Unsupported
 
-__all__ = ["DENIED_SYSCALLS", "build_filter"]
+__all__ = ["DENIED_IOCTLS", "DENIED_SYSCALLS", "build_filter"]
 
 DENIED_SYSCALLS: tuple[str, ...] = (
     # Mounts and the filesystem view: a sandbox gets its tree from bwrap, never makes one.
@@ -84,6 +91,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
 )
 """Syscalls that fail with ``EPERM`` inside a sandbox (those the architecture has)."""
 
+DENIED_IOCTLS: Mapping[str, int] = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
+"""``ioctl`` requests that fail with ``EPERM`` (the same numbers on x86_64 and arm64)."""
+
 # <linux/audit.h>: AUDIT_ARCH_* values seccomp_data.arch carries.
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _AUDIT_ARCH_AARCH64 = 0xC00000B7
@@ -105,7 +115,7 @@ _X86_64: Mapping[str, int] = {
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
     "quotactl_fd": 443, "pidfd_getfd": 438, "process_madvise": 440,
     "process_mrelease": 448,
-    "clone": 56, "clone3": 435, "prlimit64": 302,
+    "clone": 56, "clone3": 435, "prlimit64": 302, "ioctl": 16,
 }
 
 # aarch64 uses the generic table, include/uapi/asm-generic/unistd.h. It never had
@@ -124,7 +134,7 @@ _GENERIC: Mapping[str, int] = {
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
     "quotactl_fd": 443, "pidfd_getfd": 438, "process_madvise": 440,
     "process_mrelease": 448,
-    "clone": 220, "clone3": 435, "prlimit64": 261,
+    "clone": 220, "clone3": 435, "prlimit64": 261, "ioctl": 29,
 }
 
 
@@ -211,6 +221,7 @@ def _build(machine: str) -> bytes:
     prog += [
         (_JEQ_K, "enosys", 0, nrs["clone3"]),
         (_JEQ_K, "prlimit", 0, nrs["prlimit64"]),
+        (_JEQ_K, "ioctl", 0, nrs["ioctl"]),
         (_JEQ_K, 0, "allow", nrs["clone"]),
         # Only the low 32 bits: clone flags are an unsigned long but every flag,
         # CLONE_NEWUSER included, sits in the low word, and BPF loads 32 bits.
@@ -221,6 +232,11 @@ def _build(machine: str) -> bytes:
         # register, so that word alone says whether it is this process (0).
         (_LD_W_ABS, 0, 0, _OFF_ARGS),
         (_JEQ_K, "allow", "eperm", 0),
+        "ioctl",
+        # ioctl(int fd, unsigned int cmd, ...): the kernel reads the low word of cmd.
+        (_LD_W_ABS, 0, 0, _OFF_ARGS + 8),
+        *[(_JEQ_K, "eperm", 0, request) for request in DENIED_IOCTLS.values()],
+        (_RET_K, 0, 0, _RET_ALLOW),
         "allow",
         (_RET_K, 0, 0, _RET_ALLOW),
         "eperm",

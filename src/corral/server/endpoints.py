@@ -41,6 +41,7 @@ from corral.server.processes import (
     ExchangeResponse,
     ProcessInfo,
     ProcessList,
+    ResizeRequest,
     SignalRequest,
     SpawnRequest,
     exchange,
@@ -49,6 +50,7 @@ from corral.server.processes import (
     kill_process,
     list_processes,
     read_output,
+    resize_process,
     signal_process,
     spawn_process,
     write_stdin,
@@ -217,6 +219,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
         "POST", _PROC + "/signal", signal_process, "Signal a process's group",
         body=SignalRequest, status=204,
+    ),
+    Endpoint(
+        "POST", _PROC + "/resize", resize_process,
+        "Set the size of a process's terminal (spawned with pty=true; it gets SIGWINCH)",
+        body=ResizeRequest, status=204,
     ),
     Endpoint("DELETE", _PROC, kill_process, "Kill a process and forget it (idempotent)",
              status=204),

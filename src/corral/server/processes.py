@@ -13,6 +13,11 @@ long-lived process, both one small request per exchange:
   stdout; ``POST /v1/processes/exchange`` does that for many processes, in many
   sandboxes, in one request: writes first, then every line awaited at once, so a
   vector of environments steps concurrently for the price of one round trip.
+
+A process spawned with ``"pty": true`` runs on a pseudo-terminal (an interactive
+shell: ``corral shell``). It is driven the push way: its output (one stream, stdout)
+on ``GET .../output``, keystrokes on ``POST .../stdin`` (Ctrl-C is byte 0x03; closing
+stdin types Ctrl-D), and ``POST .../resize`` when the user's window changes.
 """
 
 from __future__ import annotations
@@ -22,12 +27,21 @@ import base64
 import binascii
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.errors import CorralError, ExecTimeout, InvalidArgument
 from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
+from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, MAX_SIDE, TerminalSize
 from corral.schema import validate_model
 from corral.server import context as ctx
 from corral.server.context import unless_disconnected
@@ -56,6 +70,29 @@ class SpawnRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     max_buffer: StrictInt = Field(DEFAULT_MAX_BUFFER, ge=0, le=MAX_OUTPUT_LIMIT)
+    pty: StrictBool = False
+    rows: StrictInt | None = Field(None, ge=1, le=MAX_SIDE)
+    cols: StrictInt | None = Field(None, ge=1, le=MAX_SIDE)
+
+    @model_validator(mode="after")
+    def _size_needs_pty(self) -> SpawnRequest:
+        if not self.pty and (self.rows is not None or self.cols is not None):
+            raise ValueError("rows and cols size a terminal: they need pty=true")
+        return self
+
+    def terminal(self) -> TerminalSize | None:
+        if not self.pty:
+            return None
+        return TerminalSize(self.rows or DEFAULT_ROWS, self.cols or DEFAULT_COLS)
+
+
+class ResizeRequest(BaseModel):
+    """``POST .../processes/{process_id}/resize``: the terminal's new size in cells."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rows: StrictInt = Field(ge=1, le=MAX_SIDE)
+    cols: StrictInt = Field(ge=1, le=MAX_SIDE)
 
 
 class SignalRequest(BaseModel):
@@ -75,6 +112,9 @@ class ProcessInfo(BaseModel):
     cmd: list[str]
     state: Literal["running", "exited", "lost"]
     stdin_open: bool
+    pty: bool = False
+    rows: int | None = None
+    cols: int | None = None
     started_at: float
     ended_at: float | None = None
     unread_bytes: int = 0
@@ -148,7 +188,7 @@ async def spawn_process(request: Request) -> Response:
     body = validate_model(SpawnRequest, await read_json(request, "spawn request"), "spawn request")
     proc = await ctx.engine(request).spawn(
         request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
-        timeout=body.timeout, max_buffer=body.max_buffer,
+        timeout=body.timeout, max_buffer=body.max_buffer, terminal=body.terminal(),
     )
     return JSONResponse(process_json(proc), status_code=201)
 
@@ -252,6 +292,12 @@ async def signal_process(request: Request) -> Response:
     body = validate_model(SignalRequest, await read_json(request, "signal request"), "signal request")
     signum = parse_signal(body.signal)
     _process(request).signal(signum)  # one that has ended: nothing to do
+    return Response(status_code=204)
+
+
+async def resize_process(request: Request) -> Response:
+    body = validate_model(ResizeRequest, await read_json(request, "resize request"), "resize request")
+    _process(request).resize(body.rows, body.cols)
     return Response(status_code=204)
 
 

@@ -95,6 +95,11 @@ class AsyncProcess:
         return self._info["sandbox_id"]
 
     @property
+    def pty(self) -> bool:
+        """Whether it runs on a pseudo-terminal (``spawn(..., pty=True)``)."""
+        return bool(self._info.get("pty"))
+
+    @property
     def args(self) -> Command:
         return self._args
 
@@ -134,6 +139,15 @@ class AsyncProcess:
             )
         sig = int(signum) if not isinstance(signum, str) else signum
         await self._client.request("POST", f"{self._path}/signal", json={"signal": sig})
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Set the size of the process's terminal (``pty=True`` only); its foreground
+        job gets ``SIGWINCH``. Input written after this call sees the new size."""
+        body = {
+            "rows": _validate.integer("rows", rows, minimum=1),
+            "cols": _validate.integer("cols", cols, minimum=1),
+        }
+        await self._client.request("POST", f"{self._path}/resize", json=body)
 
     async def kill(self) -> CommandResult:
         """SIGKILL the process (if it still runs) and return how it ended."""

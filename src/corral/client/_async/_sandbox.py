@@ -318,12 +318,21 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         cwd: str | None = None,
         text: bool = True,
         max_buffer: int | None = None,
+        pty: bool = False,
+        rows: int | None = None,
+        cols: int | None = None,
     ) -> AsyncProcess:
         """Start an interactive process: its stdin stays open and its output is read
         while it runs (see :class:`~corral.AsyncProcess`). ``timeout`` (seconds,
         ``None``: none) kills it; it ends with the sandbox in any case. ``text=False``
         makes :meth:`~corral.AsyncProcess.readline` return bytes. ``max_buffer``: bytes
         of unread output the daemon keeps (default 16 MiB).
+
+        ``pty=True`` runs it on a pseudo-terminal of ``rows`` x ``cols`` (default 24 x
+        80) inside the sandbox: an interactive shell, ``tty`` and ``stty`` work, its
+        output is one stream (stdout), Ctrl-C is ``write("\x03")``,
+        :meth:`~corral.AsyncProcess.resize` changes the size and
+        :meth:`~corral.AsyncProcess.close_stdin` types Ctrl-D.
 
         >>> async with await sb.spawn(["python3", "-u", "repl.py"]) as proc:
         ...     await proc.write("1 + 1\n")
@@ -333,6 +342,13 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         _validate.flag("text", text)
         if max_buffer is not None:
             body["max_buffer"] = _validate.integer("max_buffer", max_buffer, minimum=1)
+        if _validate.flag("pty", pty):
+            body["pty"] = True
+        for name, size in (("rows", rows), ("cols", cols)):
+            if size is not None:
+                if not pty:
+                    raise _validate.invalid(name, f"{name} sizes a terminal: pass pty=True too")
+                body[name] = _validate.integer(name, size, minimum=1)
         response = await self._client.request("POST", f"{self._path}/processes", json=body)
         return AsyncProcess(response.json(), client=self._client, args=cmd, text=text)
 

@@ -97,6 +97,11 @@ class Process:
         return self._info["sandbox_id"]
 
     @property
+    def pty(self) -> bool:
+        """Whether it runs on a pseudo-terminal (``spawn(..., pty=True)``)."""
+        return bool(self._info.get("pty"))
+
+    @property
     def args(self) -> Command:
         return self._args
 
@@ -136,6 +141,15 @@ class Process:
             )
         sig = int(signum) if not isinstance(signum, str) else signum
         self._client.request("POST", f"{self._path}/signal", json={"signal": sig})
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the size of the process's terminal (``pty=True`` only); its foreground
+        job gets ``SIGWINCH``. Input written after this call sees the new size."""
+        body = {
+            "rows": _validate.integer("rows", rows, minimum=1),
+            "cols": _validate.integer("cols", cols, minimum=1),
+        }
+        self._client.request("POST", f"{self._path}/resize", json=body)
 
     def kill(self) -> CommandResult:
         """SIGKILL the process (if it still runs) and return how it ended."""

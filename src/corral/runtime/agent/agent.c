@@ -13,8 +13,9 @@
  *   corral-agent serve FD
  *       Runs inside the sandbox as pid 1 (bwrap --as-pid-1). Speaks a framed binary
  *       protocol on FD (a socketpair end inherited from the engine): runs commands
- *       with pipes, timeouts and output caps, serves file operations from the
- *       sandbox's own view of the filesystem, and reaps every orphan (it is pid 1).
+ *       with pipes (or a pseudo-terminal), timeouts and output caps, serves file
+ *       operations from the sandbox's own view of the filesystem, and reaps every
+ *       orphan (it is pid 1).
  *       When FD closes (the engine went away) it exits, which tears down the whole
  *       pid namespace: nothing survives its engine.
  *
@@ -35,7 +36,8 @@
  * also independent of the image: no interpreter is needed inside.
  *
  * One translation unit: this file (protocol, hardening, main loop) includes exec.c
- * (commands), files.c (file operations) and launch.c (launch mode).
+ * (commands), pty.c (commands on a pseudo-terminal), files.c (file operations) and
+ * launch.c (launch mode).
  *
  * Frame: u32 payload_len | u8 type | u32 request_id | payload (little endian).
  * Payload: a sequence of fields, u8 tag | u32 len | bytes. Integers are u64/i64.
@@ -71,7 +73,7 @@
 #endif
 
 /* message types: engine -> agent */
-enum { M_EXEC = 1, M_STDIN = 2, M_STDIN_CLOSE = 3, M_SIGNAL = 4,
+enum { M_EXEC = 1, M_STDIN = 2, M_STDIN_CLOSE = 3, M_SIGNAL = 4, M_RESIZE = 5,
        M_FWRITE = 10, M_FREAD = 11, M_FLIST = 12, M_FSTAT = 13, M_FREMOVE = 14,
        M_FMKDIR = 15, M_PING = 16 };
 /* message types: agent -> engine */
@@ -83,7 +85,8 @@ enum { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_TIMEOUT_MS = 4, F_MAX_OUTPUT = 5, F_S
        F_OFFSET = 12, F_LENGTH = 13, F_TRUNCATE = 14, F_RECURSIVE = 15, F_SIGNAL = 16,
        F_PID = 20, F_CODE = 21, F_TIMED_OUT = 22, F_TRUNC_OUT = 23, F_TRUNC_ERR = 24,
        F_DURATION_US = 25, F_ERRNO = 26, F_MESSAGE = 27, F_ENTRY = 28, F_SIZE = 29,
-       F_KILLED_BY_SIGNAL = 30, F_OUTPUT_TAIL = 31, F_STREAM = 32, F_DROPPED = 33 };
+       F_KILLED_BY_SIGNAL = 30, F_OUTPUT_TAIL = 31, F_STREAM = 32, F_DROPPED = 33,
+       F_ROWS = 34, F_COLS = 35 };
 
 #define MAX_EXECS 256
 #define READ_CHUNK 65536
@@ -109,6 +112,7 @@ struct exec_state {
     int stdin_close_after;
     int report_fd; /* until the child has exec'd (EOF) or failed to chdir (errno) */
     int failed;    /* it failed before exec: an error was sent, no exit will be */
+    int pty;       /* on a pseudo-terminal (pty.c): out_fd and in_fd are its master */
     char *cwd;
 };
 
@@ -263,6 +267,8 @@ static void free_list(char **l) {
     free(l);
 }
 
+static struct exec_state *find_exec(uint32_t id);
+#include "pty.c"
 #include "exec.c"
 #include "files.c"
 
@@ -271,6 +277,7 @@ static void handle(uint8_t type, uint32_t id, struct req *r) {
     case M_EXEC: do_exec(id, r); break;
     case M_STDIN: add_stdin(id, r, 0); break;
     case M_STDIN_CLOSE: add_stdin(id, r, 1); break;
+    case M_RESIZE: pty_resize(id, r); break;
     case M_SIGNAL: {
         /* id 0 signals every running command (a graceful stop) */
         int sig = (int)get_u64(r, F_SIGNAL, SIGKILL);

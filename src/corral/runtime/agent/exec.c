@@ -22,14 +22,23 @@ static void do_exec(uint32_t id, struct req *r) {
     char **argv = get_list(r, F_ARGV);
     char **envp = get_list(r, F_ENV);
     char *cwd = get_str(r, F_CWD);
-    if (!argv[0]) {
-        send_err(id, EINVAL, "empty command");
+    struct winsize ws;
+    int pty = pty_wanted(r, &ws);
+    if (!argv[0] || pty < 0) {
+        send_err(id, EINVAL, pty < 0 ? "bad terminal size" : "empty command");
         goto out;
     }
     int in_p[2], out_p[2], err_p[2], report[2];
-    if (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC) ||
-        pipe2(report, O_CLOEXEC)) {
-        send_err(id, errno, "pipe");
+    if (pty ? pty_pipes(&ws, in_p, out_p, err_p) != 0
+            : (pipe2(in_p, O_CLOEXEC) || pipe2(out_p, O_CLOEXEC) || pipe2(err_p, O_CLOEXEC))) {
+        send_err(id, errno, pty ? "a pseudo-terminal (/dev/pts/ptmx)" : "pipe");
+        goto out;
+    }
+    if (pipe2(report, O_CLOEXEC)) {
+        int err = errno;
+        close(in_p[0]); close(in_p[1]); close(out_p[0]); close(out_p[1]);
+        close(err_p[0]); close(err_p[1]);
+        send_err(id, err, "pipe");
         goto out;
     }
     pid_t pid = fork();
@@ -46,7 +55,8 @@ static void do_exec(uint32_t id, struct req *r) {
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
         for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
-        setpgid(0, 0);
+        if (pty) pty_session(in_p[0]); /* a session: its group, its terminal */
+        else setpgid(0, 0);
         /* The agent runs at oom_score_adj -998 so the OOM killer picks the command,
            not the agent; commands go back to 0 (raising it needs no privilege). */
         int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -85,6 +95,7 @@ static void do_exec(uint32_t id, struct req *r) {
        exec (kill(-1, SIGSTOP) reaches it), and a blocking read would park the agent.
        The poll loop learns from report_fd whether it exec'd (check_start). */
     e->report_fd = report[0];
+    e->pty = pty;
     e->cwd = cwd;
     cwd = NULL;
     set_nonblock(e->report_fd);
@@ -108,7 +119,8 @@ static void do_exec(uint32_t id, struct req *r) {
         e->stdin_len = sn;
     }
     e->stdin_close_after = !get_field(r, F_STDIN_OPEN, &sd, &sn);
-    if (e->stdin_close_after && e->stdin_len == 0) {
+    if (e->stdin_close_after && e->pty) pty_queue_eof(e);
+    else if (e->stdin_close_after && e->stdin_len == 0) {
         close(e->in_fd);
         e->in_fd = -1;
     }
@@ -182,6 +194,7 @@ static void add_stdin(uint32_t id, struct req *r, int close_it) {
         e->stdin_buf = nb;
         e->stdin_len += n;
     }
+    if (close_it && !e->stdin_close_after && e->pty) pty_queue_eof(e);
     if (close_it) e->stdin_close_after = 1;
     pump_stdin(e);
 }
