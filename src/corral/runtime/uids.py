@@ -69,11 +69,11 @@ def translate_acl(name: str, value: bytes, ids: dict[int, int]) -> bytes:
 class UidBlock:
     """The block of uids one engine holds; :meth:`acquire` and :meth:`release` them."""
 
-    def __init__(self, fd: int, index: int) -> None:
+    def __init__(self, fd: int, index: int, size: int = BLOCK_SIZE) -> None:
         self.fd = fd  # the lock: pass it to the warden
         self.index = index
         first = RANGE_START + index * BLOCK_SIZE
-        self._free = deque(range(first, first + BLOCK_SIZE))
+        self._free = deque(range(first, first + min(size, BLOCK_SIZE)))
         self._used: set[int] = set()
 
     @classmethod
