@@ -35,8 +35,7 @@ def launch_args(live: Any, slot: Any, lowers: list[Path], *, bwrap: str,
         "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         *rootfs.inode_args(spec.inodes),
     ]
-    # bwrap (unprivileged) makes mount points (/.corral/agent's parents) in directories
-    # the sandbox owns; its own home and workdir it owns anyway
+    # the sandbox user's own directories, made in its writable layer
     for d in sorted({SANDBOX_HOME, spec.workdir} - {"/"}):
         argv += ["--owned", d]
     for src, dest in live.ro_binds:

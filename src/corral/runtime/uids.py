@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import struct
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -75,6 +76,7 @@ class UidBlock:
         first = RANGE_START + index * BLOCK_SIZE
         self._free = deque(range(first, first + min(size, BLOCK_SIZE)))
         self._used: set[int] = set()
+        self._mutex = threading.Lock()  # releases come from teardown threads
 
     @classmethod
     def lock(cls, lock_dir: Path) -> "UidBlock":
@@ -96,24 +98,23 @@ class UidBlock:
             "corral engines (or by the wardens of engines that died, until they have "
             "cleaned up): stop an engine first")
 
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
     def acquire(self) -> int:
         """A uid no live sandbox uses, the one released longest ago."""
-        if not self._free:
-            raise CapacityExceeded(
-                f"all {BLOCK_SIZE} sandbox uids of this engine are in use: delete sandboxes")
-        uid = self._free.popleft()
-        self._used.add(uid)
-        return uid
+        with self._mutex:
+            if not self._free:
+                raise CapacityExceeded(
+                    f"all {BLOCK_SIZE} sandbox uids of this engine are in use (or held back "
+                    "from sandboxes that could not be cleaned up): delete sandboxes")
+            uid = self._free.popleft()
+            self._used.add(uid)
+            return uid
 
     def release(self, uid: int) -> None:
         """``uid``'s sandbox is gone (no process, no mount): it may be used again."""
-        if uid in self._used:
-            self._used.discard(uid)
-            self._free.append(uid)
+        with self._mutex:
+            if uid in self._used:
+                self._used.discard(uid)
+                self._free.append(uid)
 
     def close(self) -> None:
         """Let go of the block (the warden, if it still runs, keeps it locked)."""
