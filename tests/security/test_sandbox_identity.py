@@ -242,3 +242,35 @@ async def test_an_image_build_steps_files_stay_writable_for_later_sandboxes(engi
     finally:
         if engine.images.exists(name):
             engine.images.remove(name)
+
+
+def test_a_commit_stores_the_sandbox_uid_as_the_canonical_one_in_acls_too(tmp_path):
+    from corral.runtime.treecopy import copy_tree
+
+    sandbox_uid = uids.RANGE_START + 7
+    src = tmp_path / "upper"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_text("x")
+    (src / "root-owned").write_text("r")
+    for p in (src / "d", src / "d" / "f"):
+        os.chown(p, sandbox_uid, sandbox_uid)
+    # an access ACL: user::rw- user:<sandbox uid>:r-- group::r-- mask::r-- other::---
+    entries = [(0x01, 6, 0xFFFFFFFF), (0x02, 4, sandbox_uid), (0x04, 4, 0xFFFFFFFF),
+               (0x10, 4, 0xFFFFFFFF), (0x20, 0, 0xFFFFFFFF)]
+    acl = (2).to_bytes(4, "little") + b"".join(
+        t.to_bytes(2, "little") + p.to_bytes(2, "little") + i.to_bytes(4, "little")
+        for t, p, i in entries)
+    try:
+        os.setxattr(src / "d" / "f", "system.posix_acl_access", acl)
+    except OSError as exc:
+        pytest.skip(f"no POSIX ACLs on {tmp_path}: {exc}")
+    copy_tree(src, tmp_path / "layer", ids=uids.canonical_owner(sandbox_uid))
+    out = tmp_path / "layer"
+    for p in ("d", "d/f"):
+        st = os.stat(out / p)
+        assert (st.st_uid, st.st_gid) == (uids.CANONICAL_UID, uids.CANONICAL_UID), p
+    assert os.stat(out / "root-owned").st_uid == 0  # other owners stay as they are
+    copied = os.getxattr(out / "d" / "f", "system.posix_acl_access")
+    named = [int.from_bytes(copied[o + 4:o + 8], "little") for o in range(4, len(copied), 8)
+             if int.from_bytes(copied[o:o + 2], "little") == 0x02]
+    assert named == [uids.CANONICAL_UID]
