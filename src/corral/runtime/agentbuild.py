@@ -87,8 +87,9 @@ def _ensure_layer(agent: Path) -> None:
         return
     tmp = agent.with_name(f".{agent.name}.{os.getpid()}.layer")
     shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / AGENT_DIR).mkdir(mode=0o755, parents=True)
-    os.chmod(tmp, 0o755)
+    (tmp / AGENT_DIR).mkdir(parents=True)
+    for d in (tmp, tmp / AGENT_DIR):
+        os.chmod(d, 0o755)  # whatever the umask: bwrap, as the sandbox's uid, execs it
     os.link(agent, tmp / AGENT_DIR / "agent")
     try:
         os.rename(tmp, layer)
