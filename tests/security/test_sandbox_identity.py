@@ -44,17 +44,16 @@ async def sh(engine, sid: str, cmd: str) -> str:
 
 
 def processes_of(uid: int) -> list[int]:
-    """The processes running as host ``uid`` (not zombies: dead, only waiting for their
-    parent, which for orphans is pid 1, to collect their exit status)."""
+    """The processes whose real uid is host ``uid`` (not zombies: dead, only waiting for
+    their parent, which for orphans is pid 1, to collect their exit status)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        if state not in (b"Z", b"X"):
+        fields = {line.split(":")[0]: line.split()[1:] for line in status if ":" in line}
+        if int(fields["Uid"][0]) == uid and fields["State"][0] not in ("Z", "X"):
             found.append(int(pid))
     return found
 
@@ -89,6 +88,31 @@ def test_a_block_hands_out_a_uid_again_only_after_its_release():
     assert block.acquire() == first[0]
     with pytest.raises(CapacityExceeded):
         block.acquire()
+
+
+def test_a_block_holds_back_the_uids_processes_still_run_as(tmp_path):
+    # What a sandbox that outlived its engine and its warden (both killed) looks like.
+    uid = uids.RANGE_START + 5
+    survivor = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}",
+                                 "--clear-groups", "sleep", "600"])
+    block = None
+    try:
+        for _ in range(1000):  # bounded: until it has dropped to the uid
+            if processes_of(uid):
+                break
+            time.sleep(0.01)
+        block = uids.UidBlock.lock(tmp_path / "uids")  # a lock dir of its own: block 0
+        assert block.first == uids.RANGE_START
+        handed = []
+        with pytest.raises(CapacityExceeded):
+            for _ in range(uids.BLOCK_SIZE + 1):
+                handed.append(block.acquire())
+        assert uid - 1 in handed and uid + 1 in handed and uid not in handed
+    finally:
+        survivor.kill()
+        survivor.wait()
+        if block is not None:
+            block.close()
 
 
 async def test_a_uid_is_not_reused_while_its_sandbox_could_not_be_cleaned_up(state_dir, monkeypatch):

@@ -20,7 +20,9 @@ them out in memory. Its warden inherits the lock (:mod:`corral.runtime.warden`):
 engine dies, the block stays taken until the warden has killed every sandbox of it.
 Within the block, a uid goes back to the end of the free queue only when its sandbox
 has gone (cgroup removed: no process left; its mounts die with them); one that could
-not be cleaned up stays out of use for the engine's lifetime.
+not be cleaned up stays out of use for the engine's lifetime. And a block is checked
+when locked: a uid some process still runs as (a sandbox that outlived both its engine
+and its warden, both killed) is held back too.
 """
 
 from __future__ import annotations
@@ -67,13 +69,37 @@ def translate_acl(name: str, value: bytes, ids: dict[int, int]) -> bytes:
     return bytes(out)
 
 
+def uids_in_use(low: int, high: int) -> set[int]:
+    """The real uids in ``[low, high)`` that a process on the host runs as (zombies,
+    which are dead and only wait to be collected, excepted)."""
+    found = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                status = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        state = uid = None
+        for line in status.splitlines():
+            if line.startswith(b"State:"):
+                state = line.split()[1:2]
+            elif line.startswith(b"Uid:"):
+                uid = int(line.split()[1])
+                break
+        if uid is not None and low <= uid < high and state not in ([b"Z"], [b"X"]):
+            found.add(uid)
+    return found
+
+
 class UidBlock:
     """The block of uids one engine holds; :meth:`acquire` and :meth:`release` them."""
 
     def __init__(self, fd: int, index: int, size: int = BLOCK_SIZE) -> None:
         self.fd = fd  # the lock: pass it to the warden
         self.index = index
-        first = RANGE_START + index * BLOCK_SIZE
+        self.first = first = RANGE_START + index * BLOCK_SIZE
         self._free = deque(range(first, first + min(size, BLOCK_SIZE)))
         self._used: set[int] = set()
         self._mutex = threading.Lock()  # releases come from teardown threads
@@ -92,7 +118,9 @@ class UidBlock:
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     continue
                 raise
-            return cls(fd, index)
+            block = cls(fd, index)
+            block.hold_back(uids_in_use(block.first, block.first + BLOCK_SIZE))
+            return block
         raise CapacityExceeded(
             f"all {BLOCKS} blocks of sandbox uids under {lock_dir} are held by running "
             "corral engines (or by the wardens of engines that died, until they have "
@@ -108,6 +136,11 @@ class UidBlock:
             uid = self._free.popleft()
             self._used.add(uid)
             return uid
+
+    def hold_back(self, taken: set[int]) -> None:
+        """Never hand out the uids in ``taken`` (something of theirs is still alive)."""
+        with self._mutex:
+            self._free = deque(u for u in self._free if u not in taken)
 
     def release(self, uid: int) -> None:
         """``uid``'s sandbox is gone (no process, no mount): it may be used again."""
