@@ -19,7 +19,7 @@ from corral.errors import (
     InvalidState,
     SandboxNotFound,
 )
-from corral.runtime import syscalls
+from corral.runtime import syscalls, uids
 from corral.schema import SandboxState
 from tests.conftest import requires_root
 
@@ -197,7 +197,7 @@ async def test_restart_after_kill_9_cleans_up_and_reports_failed(state_dir):
                     uid = os.stat(f"/proc/{pid}").st_uid
                 except FileNotFoundError:
                     continue
-                if uid == 1_000_000:
+                if uids.is_sandbox_uid(uid):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                     assert str(state_dir).encode() not in cmd, f"leaked process {pid}"
         finally:

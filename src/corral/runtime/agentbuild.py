@@ -4,6 +4,11 @@ The binary is static, so it runs in any image, with or without a libc of its own
 ``agent.c`` includes the other ``agent/*.c`` files (one translation unit). It is cached
 in the cache directory under a name derived from the hash of all of them: a changed
 source is rebuilt the first time an engine opens.
+
+Next to the binary lies its *layer*, ``<binary>.layer/.corral/agent`` (a hard link): the
+topmost lower layer of every sandbox's overlay, so the agent is at ``/.corral/agent``
+without a bind mount, whose source path (the cache directory) the sandbox would read
+in ``/proc/self/mountinfo``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 
 from corral.errors import Unsupported
 from corral.runtime.paths import Layout
+from corral.runtime.rootfs import AGENT_DIR
 
 CFLAGS = ["-static", "-O2", "-Wall", "-Wextra", "-D_FORTIFY_SOURCE=2"]
 
@@ -37,6 +43,7 @@ def ensure_agent(layout: Layout) -> Path:
     digest = h.hexdigest()[:16]
     target = layout.bin_dir / f"corral-agent-{digest}"
     if target.exists():
+        _ensure_layer(target)
         return target
     cc = shutil.which("gcc") or shutil.which("cc")
     if not cc:
@@ -65,4 +72,28 @@ def ensure_agent(layout: Layout) -> Path:
             raise Unsupported(f"building the sandbox agent failed:\n{proc.stderr.strip()}")
         os.chmod(tmp_bin, 0o755)
         os.replace(tmp_bin, target)
+    _ensure_layer(target)
     return target
+
+
+def agent_layer(agent: Path) -> Path:
+    """The overlay lower layer that holds ``agent`` as ``/.corral/agent``."""
+    return agent.with_name(agent.name + ".layer")
+
+
+def _ensure_layer(agent: Path) -> None:
+    layer = agent_layer(agent)
+    if (layer / AGENT_DIR / "agent").exists():
+        return
+    tmp = agent.with_name(f".{agent.name}.{os.getpid()}.layer")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / AGENT_DIR).mkdir(parents=True)
+    for d in (tmp, tmp / AGENT_DIR):
+        os.chmod(d, 0o755)  # whatever the umask: bwrap, as the sandbox's uid, execs it
+    os.link(agent, tmp / AGENT_DIR / "agent")
+    try:
+        os.rename(tmp, layer)
+    except OSError:  # another engine made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (layer / AGENT_DIR / "agent").exists():
+            raise

@@ -5,7 +5,7 @@ touches a sandbox is a coroutine. A sandbox is::
 
     corral-agent launch  (host root, made ahead of time by a SlotPool: joins the
       │                   cgroups; then mounts the root in a private mount namespace,
-      │                   drops to the sandbox uid and execs bwrap)
+      │                   drops to the sandbox's own host uid and execs bwrap)
       └─ bwrap           (user, pid, mount, net, ipc, uts, cgroup namespaces; seccomp)
            └─ corral-agent serve   (pid 1 inside; runs commands and file operations)
 
@@ -60,12 +60,20 @@ from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.events import Events, SandboxEnded, StateChanged
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
-from corral.runtime.paths import Layout
+from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Msg, Tag, decode_entry
 from corral.runtime.registry import Registry
 from corral.runtime.snapshots import Snapshots
+from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
+    CANONICAL_UID,
+    SANDBOX_HOME,
+    SANDBOX_UID,
+    UidBlock,
+    canonical_owner,
+)
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT,
@@ -73,20 +81,15 @@ from corral.schema import (
     ExecEvent,
     ExecResult,
     FileInfo,
-    NetworkMode,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
     SnapshotInfo,
 )
 
-SANDBOX_UID = 1000  # the user inside every sandbox
-SANDBOX_HOME = "/home/sandbox"
-# The host uid/gid sandboxes run as: unprivileged, in no group, owning nothing on the
-# host but the sandboxes' own writable layers. Shared by all sandboxes so that a
-# snapshot taken in one keeps its files writable when restored in another; sandboxes
-# are kept apart by their namespaces, not by uid.
-SANDBOX_HOST_UID = 1_000_000
+# Owner of the sandbox user's files in layers on disk; each sandbox runs as a host uid
+# of its own, which its idmapped layers show them as (see corral.runtime.uids).
+SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
@@ -110,6 +113,7 @@ class _Live:
     state: SandboxState
     sandbox_dir: Path
     cgroup: Any
+    uid: int = -1  # its host uid and gid, its own (corral.runtime.uids)
     proc: subprocess.Popen | None = None
     channel: AgentChannel | None = None
     started_at: float = 0.0
@@ -136,6 +140,7 @@ class Engine:
         agent_path: Path,
         bwrap: str,
         lock_file: Any,
+        uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
     ) -> None:
         self.layout = layout
@@ -145,6 +150,7 @@ class Engine:
         self.agent_path = agent_path
         self.bwrap = bwrap
         self._lock_file = lock_file
+        self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self._live: dict[str, _Live] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
@@ -157,6 +163,7 @@ class Engine:
             cgroups=cgroup_driver,
             cgroup_parent=self.cgroup_parent,
             target=warm_slots,
+            uids=self.uids,
         )
         self.closed = False
 
@@ -184,6 +191,11 @@ class Engine:
             Path(state_dir) if state_dir else None, Path(cache_dir) if cache_dir else None
         )
         lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
+        try:
+            uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
+        except BaseException:
+            lock_file.close()
+            raise
         engine = cls(
             layout,
             Registry(layout.registry_path),
@@ -192,11 +204,13 @@ class Engine:
             ensure_agent(layout),
             bwrap,
             lock_file,
+            uid_block,
             warm_slots,
         )
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine.reconcile()
-        engine._warden = warden.Warden.start(lock_file, engine.cgroups, engine.cgroup_parent)
+        engine._warden = warden.Warden.start(
+            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
         engine.snapshots.open()
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
@@ -261,6 +275,7 @@ class Engine:
         self.registry.close()
         if self._warden:
             self._warden.stop()
+        self.uids.close()
         self._lock_file.close()
 
     async def __aenter__(self) -> "Engine":
@@ -280,13 +295,14 @@ class Engine:
 
         For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
         an image not in the store (a base plus the layers built so far), and
-        ``ro_binds`` puts host files read-only at ``/.corral/DIR/FILE`` (never committed).
+        ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
+        committed).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
         for _, dest in ro_binds:
             if dest.count("/") != 3 or not dest.startswith(f"/{rootfs.AGENT_DIR}/") or (
-                ".." in dest.split("/")
+                ".." in dest.split("/") or ":" in dest
             ):
                 raise InvalidArgument(
                     f"ro_binds go to /{rootfs.AGENT_DIR}/DIR/FILE, not {dest!r}")
@@ -299,15 +315,15 @@ class Engine:
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
-            lowers = await self.snapshots.lowers(snap, image, self.layout.sandbox_dir(sid))
+            lowers = await self.snapshots.lowers(snap, image)
             slot = await self._pool.take()
         except BaseException as exc:
             await self.snapshots.release(snap)
             if (full := storage.full_error(exc, self.layout.state_dir)) is not None:
                 raise full from exc
             raise
-        live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup)
-        live.proc = slot.proc
+        live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
+                     slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         try:
@@ -373,38 +389,12 @@ class Engine:
         # sandbox's tmpfs and overlay are mounted: reach them through its /proc root.
         return Path(f"/proc/{live.proc.pid}/root{live.sandbox_dir}/rw/upper")
 
+    def owner_ids(self, sandbox_id: str) -> dict[int, int]:
+        """How a live sandbox's owners are stored when its files are committed."""
+        return canonical_owner(self._get_live(sandbox_id).uid)
+
     def _launch_args(self, live: _Live, slot: Slot, lowers: list[Path]) -> list[str]:
-        """The options a warm launcher still needs: its mounts, uid, and bwrap's argv."""
-        spec = live.spec
-        argv = [
-            "--uid", str(SANDBOX_HOST_UID), "--gid", str(SANDBOX_HOST_UID),
-            "--nofile", str(spec.open_files), "--rootdir", str(live.sandbox_dir),
-            "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
-            *rootfs.inode_args(spec.inodes),
-        ]
-        # bwrap (unprivileged) makes bind mount points in a directory the sandbox owns
-        binds = {os.path.dirname(dest) for _, dest in live.ro_binds}
-        for d in sorted({SANDBOX_HOME, spec.workdir, *binds} - {"/"}):
-            argv += ["--owned", d]
-        argv += [
-            "--", self.bwrap,
-            "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup", "--disable-userns",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-            "--bind", str(live.sandbox_dir / "root"), "/",
-            "--ro-bind", str(self.agent_path), f"/{rootfs.AGENT_DIR}/agent",
-            "--proc", "/proc", "--dev", "/dev",
-            "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1",
-            "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
-        ]
-        if spec.network == NetworkMode.NONE:
-            argv.append("--unshare-net")
-        elif Path("/etc/resolv.conf").exists():
-            argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
-        for src, dest in live.ro_binds:
-            argv += ["--ro-bind", src, dest]
-        argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]
-        return argv
+        return launch_args(live, slot, lowers, bwrap=self.bwrap, agent=self.agent_path)
 
     # ------------------------------------------------------------- lifecycle
 
@@ -558,17 +548,19 @@ class Engine:
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
 
-    @staticmethod
-    def _release_resources(live: _Live) -> None:
+    def _release_resources(self, live: _Live) -> None:
+        gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
             try:
                 live.cgroup.remove(children=False)
             except (OSError, CorralError):
-                pass
+                gone = False
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
         rootfs.remove_dirs(live.sandbox_dir)
+        if gone and not live.sandbox_dir.exists():
+            self.uids.release(live.uid)
 
     async def _reap_loop(self) -> None:
         """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
@@ -614,7 +606,8 @@ class Engine:
                 )
             cgroup = None if live.state == SandboxState.PAUSED else live.cgroup
             upper = self.upper_dir(sandbox_id)
-            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id, spec=live.spec)
+            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id, spec=live.spec,
+                                                ids=self.owner_ids(sandbox_id))
         return await self.snapshots.commit(
             staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
         )

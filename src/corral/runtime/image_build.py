@@ -234,7 +234,8 @@ class ImageBuild:
                 await self._copy(index, step, info.id, source, workdir)
             budget = Budget.for_spec(sb_spec, f"build step {index + 1} of {self.name}")
             staged = await asyncio.to_thread(_stage_frozen, self.layers, engine.upper_dir(info.id),
-                                             engine.cgroup(info.id), budget)
+                                             engine.cgroup(info.id), budget,
+                                             engine.owner_ids(info.id))
         finally:
             await engine.delete(info.id)
         try:
@@ -423,13 +424,14 @@ def _scan_source(path: Path) -> tuple[list[tuple[str, str, int, str | None]], st
     return entries, h.hexdigest()
 
 
-def _stage_frozen(layers: LayerStore, upper: Path, cgroup: Any, budget: Budget) -> Path:
+def _stage_frozen(layers: LayerStore, upper: Path, cgroup: Any, budget: Budget,
+                  ids: dict[int, int]) -> Path:
     """Copy a build sandbox's writable layer with its processes frozen (a daemon a step
-    left running cannot change it meanwhile), within its limits; the agent's mount
-    points stay out."""
+    left running cannot change it meanwhile), within its limits, its files owned as in
+    every layer (``ids``: its uid to the canonical one); ``/.corral`` stays out."""
     cgroup.freeze()
     try:
-        return layers.stage(upper, skip=(AGENT_DIR,), budget=budget)
+        return layers.stage(upper, skip=(AGENT_DIR,), budget=budget, ids=ids)
     finally:
         cgroup.thaw()
 

@@ -10,9 +10,9 @@ directory, can start sandboxes from them)::
         .build.lock               flock: builds hold it shared, collection exclusive
         .retired-<name>-<rand>/   an image replaced while sandboxes still used it
 
-What keeps a layer: the manifest of an image that lists it, a cache entry, or an
-overlay mount anywhere on the host that has it as a lower layer (a sandbox of any
-engine). Collection is mark-and-sweep over those three, so it cannot drift from the
+What keeps a layer: the manifest of an image that lists it, a cache entry, or a
+mount anywhere on the host that holds it as a lower layer (a sandbox of any engine:
+see :class:`Mounted`). Collection is mark-and-sweep over those three, so it cannot drift from the
 truth the way a stored count could after a crash. The build cache outlives the images
 it built (a rebuild of a deleted image's spec is instant) until :func:`collect` drops
 the entries no image uses, which deleting an image does.
@@ -106,18 +106,40 @@ def _cache_entries(images_dir: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- what is in use
 
 
-def mounted_lowers() -> set[str]:
-    """The lower layers of every overlay mounted on the host, in any mount namespace.
+@dataclass(frozen=True)
+class Mounted:
+    """What the mounts of every mount namespace on the host hold, read at one moment.
+
+    A sandbox's launcher attaches a clone of each of its lower layers in its private
+    mount namespace (``agent/launch.c``), and mounts the overlay on those under
+    relative names. So what a sandbox uses shows as the *root* of a mount: the
+    directory, as a path inside its filesystem, of a clone or bind mount. Kept as
+    ``(device, path)``: that path stays right when the directory is renamed (a retired
+    image) and needs no view of the mounter's namespace. Overlays mounted by absolute
+    path (older launchers) count by their ``lowerdir=``.
+    """
+
+    roots: frozenset[tuple[str, str]]  # ("major:minor", path in that filesystem)
+    lowers: frozenset[str]  # absolute lowerdir= paths
+    host: tuple[tuple[str, str, str], ...]  # this namespace's (device, mount point, root)
+
+
+def _unescape(field: str) -> str:
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounted_lowers() -> Mounted:
+    """Read every mount namespace on the host once, through one of its processes.
 
     Sandboxes mount their root in private namespaces that the host's own mount table
-    never shows, so each namespace is read once, through one of its processes. The
-    paths are as given at mount time (renaming a directory later does not change
-    them). Costs about a millisecond per namespace: for deletions, not creates.
+    never shows. Costs about a millisecond per namespace: for deletions, not creates.
     """
     seen: set[int] = set()
+    roots: set[tuple[str, str]] = set()
     lowers: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+    host: list[tuple[str, str, str]] = []
+    for pid in ["self", *os.listdir("/proc")]:
+        if not (pid == "self" or pid.isdigit()):
             continue
         try:
             ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
@@ -129,21 +151,57 @@ def mounted_lowers() -> set[str]:
             continue  # gone, or a kernel thread
         seen.add(ns)
         for line in table.splitlines():
-            _, sep, tail = line.partition(" - overlay ")
-            if not sep:
+            head, sep, tail = line.partition(" - ")
+            fields = head.split(" ")
+            if not sep or len(fields) < 5:
+                continue
+            dev, root, point = fields[2], _unescape(fields[3]), _unescape(fields[4])
+            if pid == "self":
+                host.append((dev, point, root))
+            if root != "/":
+                roots.add((dev, root))
+            if not tail.startswith("overlay "):
                 continue
             for opt in tail.split(" ", 2)[-1].split(","):
                 if opt.startswith("lowerdir="):
-                    value = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), opt[9:])
-                    lowers.update(p for p in value.split(":") if p)
-    return lowers
+                    lowers.update(p for p in _unescape(opt[9:]).split(":") if p.startswith("/"))
+    return Mounted(frozenset(roots), frozenset(lowers), tuple(host))
 
 
-def in_use(path: Path, lowers: set[str] | None = None) -> bool:
-    """Whether a mounted overlay has ``path`` (or something below it) as a lower layer."""
-    lowers = mounted_lowers() if lowers is None else lowers
+def _in_filesystem(path: Path, host: tuple[tuple[str, str, str], ...]) -> tuple[str, str] | None:
+    """``(device, path inside its filesystem)`` of an existing ``path``, from the mounts
+    of our own namespace (the deepest mount point above it on its device)."""
+    try:
+        real = os.path.realpath(path, strict=True)
+        st = os.stat(real)
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    best: tuple[str, str] | None = None
+    for d, point, root in host:
+        if d != dev or not (real == point or real.startswith(point.rstrip("/") + "/")):
+            continue
+        if best is None or len(point) > len(best[0]):
+            best = (point, root)
+    if best is None:
+        return None
+    point, root = best
+    return dev, root.rstrip("/") + real[len(point.rstrip("/")):] or "/"
+
+
+def in_use(path: Path, mounted: Mounted | None = None) -> bool:
+    """Whether a mount anywhere on the host holds ``path`` or something below it (a
+    sandbox's lower layer), by :func:`mounted_lowers`."""
+    mounted = mounted_lowers() if mounted is None else mounted
     prefix = str(path).rstrip("/") + "/"
-    return any((p + "/").startswith(prefix) for p in lowers)
+    if any((p + "/").startswith(prefix) for p in mounted.lowers):
+        return True
+    where = _in_filesystem(Path(path), mounted.host)
+    if where is None:
+        return False
+    dev, rel = where
+    rel_prefix = rel.rstrip("/") + "/"
+    return any(d == dev and (r + "/").startswith(rel_prefix) for d, r in mounted.roots)
 
 
 # ------------------------------------------------------------------ collection

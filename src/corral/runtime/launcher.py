@@ -4,8 +4,10 @@ A slot is a ``corral-agent launch --ready`` process that has already joined a fr
 cgroup (on cgroup v1 a join can wait ~10 ms for an RCU grace period), holding the
 control socket and the seccomp program its sandbox will inherit. Creating a sandbox
 takes a slot, sets the cgroup's limits, and sends the rest of the launch options
-(mounts, uid, the bwrap command line) down the slot's stdin; the launcher then mounts
-the root in a private mount namespace and becomes bwrap.
+(mounts, the bwrap command line) down the slot's stdin; the launcher then mounts the
+root in a private mount namespace and becomes bwrap. Each slot has its own host uid
+(:mod:`corral.runtime.uids`), given at spawn: the launcher prepares the idmapping of
+its layers while it waits.
 
 Nothing of the host is handed to the sandbox as a descriptor: the launcher's stdin,
 stdout and stderr are pipes (stderr, which bwrap and the agent inherit, is drained
@@ -30,6 +32,7 @@ from typing import Any
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
 from corral.runtime.logtail import LogTail
+from corral.runtime.uids import CANONICAL_UID, UidBlock
 from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
 
 log = logging.getLogger("corral.runtime")
@@ -50,6 +53,7 @@ class Slot:
     seccomp_fd: int
     go_fd: int  # the launcher's stdin
     log: LogTail  # its stderr (bwrap's and the agent's too), drained with a cap
+    uid: int  # the sandbox's host uid and gid
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -68,8 +72,9 @@ class Slot:
     def error_output(self) -> str:
         return self.log.text()
 
-    def discard(self) -> None:
-        """Stop an unused launcher and remove its cgroup (blocking)."""
+    def discard(self) -> bool:
+        """Stop an unused launcher and remove its cgroup (blocking); whether nothing of
+        it is left (then its uid may be used again)."""
         if self.go_fd >= 0:
             os.close(self.go_fd)  # EOF: a waiting launcher exits
             self.go_fd = -1
@@ -79,18 +84,22 @@ class Slot:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        gone = True
         try:
             self.cgroup.remove(children=False)
         except (OSError, CorralError):
-            pass
+            gone = False
         self.log.close()
+        return gone
 
 
 class SlotPool:
     """Keeps ``target`` slots ready and hands them out."""
 
-    def __init__(self, *, agent_path: Path, cgroups: Any, cgroup_parent: str, target: int) -> None:
+    def __init__(self, *, agent_path: Path, cgroups: Any, cgroup_parent: str, target: int,
+                 uids: UidBlock) -> None:
         self.agent_path = agent_path
+        self.uids = uids
         self.cgroups = cgroups
         self.cgroup_parent = cgroup_parent
         self.target = target
@@ -107,7 +116,7 @@ class SlotPool:
             if slot.alive():
                 self.refill()
                 return slot
-            await asyncio.to_thread(slot.discard)
+            await self._drop(slot)
         self.refill()
         return await self.spawn()
 
@@ -131,27 +140,37 @@ class SlotPool:
         finally:
             self._spawning -= 1
         if self.closed:
-            await asyncio.to_thread(slot.discard)
+            await self._drop(slot)
         else:
             self._ready.append(slot)
+
+    async def _drop(self, slot: Slot) -> None:
+        if await asyncio.to_thread(slot.discard):
+            self.uids.release(slot.uid)
 
     async def spawn(self) -> Slot:
         """Make one slot: a cgroup, a launcher that joined it, and its channels."""
         name = "slot-" + secrets.token_hex(6)
-        cgroup = await asyncio.to_thread(
-            self.cgroups.create,
-            f"{self.cgroup_parent}/{name}",
-            cpus=1.0,
-            memory_mb=DEFAULT_MEMORY_MB,
-            pids=DEFAULT_PIDS,
-        )
+        uid = self.uids.acquire()
+        try:
+            cgroup = await asyncio.to_thread(
+                self.cgroups.create,
+                f"{self.cgroup_parent}/{name}",
+                cpus=1.0,
+                memory_mb=DEFAULT_MEMORY_MB,
+                pids=DEFAULT_PIDS,
+            )
+        except BaseException:
+            self.uids.release(uid)  # nothing ran as it
+            raise
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         seccomp_r, seccomp_w = os.pipe()
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
         log_r, log_w = os.pipe()
         log = LogTail(log_r)
-        argv = [str(self.agent_path), "launch", "--ready"]
+        argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
+                "--canonical", str(CANONICAL_UID)]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:
@@ -170,6 +189,7 @@ class SlotPool:
             ours.close()
             log.close()
             await asyncio.to_thread(cgroup.remove, children=False)
+            self.uids.release(uid)  # the launcher never started
             raise
         finally:
             for fd in (seccomp_r, ready_w, go_r, log_w):
@@ -177,14 +197,14 @@ class SlotPool:
             ctl_fd = theirs.fileno()
             theirs.close()
         log.start()
-        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log)
+        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid)
         try:
             ok = await _read_ready(ready_r)
         finally:
             os.close(ready_r)
         if not ok:
             detail = slot.error_output()
-            await asyncio.to_thread(slot.discard)
+            await self._drop(slot)
             raise SandboxStartError(
                 "the sandbox launcher failed before it was used"
                 + (f": {detail}" if detail else "")
@@ -197,7 +217,7 @@ class SlotPool:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         slots, self._ready = list(self._ready), deque()
-        await asyncio.gather(*(asyncio.to_thread(s.discard) for s in slots))
+        await asyncio.gather(*(self._drop(s) for s in slots))
 
 
 async def _read_ready(fd: int) -> bool:

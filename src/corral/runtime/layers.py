@@ -122,14 +122,15 @@ class LayerStore:
         return self.root / layer_id / TREE
 
     def stage(self, upper: Path, *, skip: Iterable[str] = (), budget: Budget | None = None,
-              ) -> Path:
+              ids: dict[int, int] | None = None) -> Path:
         """Copy an overlay upper directory (but its top-level entries in ``skip``) into a
         new temporary directory; returns it, for :meth:`seal` or :meth:`discard`. With a
         ``budget`` (the sandbox's limits), stops with SnapshotTooLarge before exceeding
-        it; a failed copy leaves nothing behind."""
+        it; a failed copy leaves nothing behind. ``ids`` translates owners (the
+        sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`)."""
         tmp = self._new_tmp()
         try:
-            copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget)
+            copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget, ids=ids)
         except BaseException:
             self.discard(tmp)
             raise

@@ -42,9 +42,9 @@ from typing import IO, Any
 from corral.errors import ImageImportError
 from corral.image_schema import validate_image_name
 from corral.runtime.debian import SANDBOX_GID, SANDBOX_UID, _make_world_readable
-from corral.runtime.engine import SANDBOX_HOST_UID
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.uids import CANONICAL_UID
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -445,8 +445,8 @@ def _sandbox_ready(root: Path) -> None:
 
 
 def _set_meta(path: str, m: tarfile.TarInfo) -> None:
-    uid = SANDBOX_HOST_UID if m.uid == SANDBOX_UID else m.uid
-    gid = SANDBOX_HOST_UID if m.gid == SANDBOX_GID else m.gid
+    uid = CANONICAL_UID if m.uid == SANDBOX_UID else m.uid
+    gid = CANONICAL_UID if m.gid == SANDBOX_GID else m.gid
     os.chown(path, uid, gid, follow_symlinks=False)
     if not m.issym():
         # No privilege leaves an image: setuid/setgid bits are dropped (they mean

@@ -5,6 +5,8 @@ Environment variables (read only here):
   ``/var/lib/corral``).
 - ``CORRAL_CACHE_DIR``: built images and the compiled agent, shared by every engine on
   the host (default ``/var/cache/corral``).
+- ``CORRAL_RUN_DIR``: machine-wide locks of every engine on the host (the blocks of
+  sandbox uids, :mod:`.uids`); the same for all of them (default ``/run/corral``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 DEFAULT_STATE_DIR = "/var/lib/corral"
 DEFAULT_CACHE_DIR = "/var/cache/corral"
+DEFAULT_RUN_DIR = "/run/corral"
 
 
 def default_state_dir() -> Path:
@@ -24,6 +27,11 @@ def default_state_dir() -> Path:
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("CORRAL_CACHE_DIR", DEFAULT_CACHE_DIR))
+
+
+def uid_lock_dir() -> Path:
+    """Where engines lock their blocks of sandbox uids (one directory per host)."""
+    return Path(os.environ.get("CORRAL_RUN_DIR", DEFAULT_RUN_DIR)) / "uids"
 
 
 def share_dir(cache_dir: Path) -> Path:
@@ -91,7 +99,7 @@ class Layout:
 
     @property
     def share_dir(self) -> Path:
-        """Host files a sandbox's launcher binds read-only (the build CA bundle)."""
+        """Host files a sandbox's launcher copies in read-only (the build CA bundle)."""
         return share_dir(self.cache_dir)
 
     @property

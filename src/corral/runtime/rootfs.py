@@ -1,12 +1,17 @@
 """A sandbox's root filesystem: image layers below, a private writable layer on top.
 
-The mounts are made by the launcher (``agent.c``) in the sandbox's own mount
+The mounts are made by the launcher (``agent/launch.c``) in the sandbox's own mount
 namespace, on top of two empty host directories::
 
     <sandbox_dir>/rw     tmpfs of ``disk_mb`` and ``inodes`` (``size=``/``nr_inodes=``:
                          the caps of everything written)
     <sandbox_dir>/rw/upper, rw/work   overlayfs upper and work directories
+    <sandbox_dir>/rw/N   the Nth lower layer: a read-only clone, idmapped so that the
+                         layers' canonical owner is the sandbox's uid (:mod:`.uids`)
     <sandbox_dir>/root   the overlay mount that becomes the sandbox's ``/``
+
+The overlay is mounted with paths relative to ``<sandbox_dir>``, so its options, which
+the sandbox reads in ``/proc/self/mountinfo``, name no host path.
 
 The host never sees these mounts, so they cannot leak: they vanish with the last
 process of the sandbox. The upper directory's root is host root's, mode 1777 (like
@@ -26,15 +31,16 @@ from corral.runtime import syscalls
 from corral.runtime.treecopy import INODE_SLACK
 
 AGENT_DIR = ".corral"  # in the sandbox: /.corral/agent
-# mount(2) copies one page of options, its NUL included: with many lower layers, their
-# paths must stay short (see layers.py) or be squashed into fewer.
+# mount(2) copies one page of options, its NUL included: with very many lower layers,
+# they must be squashed into fewer.
 MAX_MOUNT_DATA = 4095
 
 
-def overlay_data_len(lowers: list[Path], sandbox_dir: Path) -> int:
-    """The length of the overlay options the launcher will mount with (``agent.c``)."""
-    lowerdir = ":".join(str(p) for p in lowers)
-    return len(f"lowerdir={lowerdir},upperdir={sandbox_dir}/rw/upper,workdir={sandbox_dir}/rw/work")
+def overlay_data_len(n_lowers: int) -> int:
+    """The length of the overlay options the launcher mounts with (``launch.c``), for
+    ``n_lowers`` layers besides the agent's."""
+    lowerdir = ":".join(f"rw/{i}" for i in range(n_lowers + 1))
+    return len(f"lowerdir={lowerdir},upperdir=rw/upper,workdir=rw/work")
 
 
 def inode_args(inodes: int) -> list[str]:

@@ -44,7 +44,7 @@ from corral.errors import (
 )
 from corral.runtime import rootfs
 from corral.runtime.images import Image, ImageStore
-from corral.runtime.layers import ID_HEX, TREE, LayerStore
+from corral.runtime.layers import TREE, LayerStore
 from corral.runtime.paths import Layout
 from corral.runtime.registry import Registry, SnapshotRow
 from corral.runtime.treecopy import Budget
@@ -95,19 +95,21 @@ class Snapshots:
             raise self._name_taken(name, taken.id)
 
     async def stage(self, upper: Path, cgroup: Any | None, *, source: str,
-                    spec: SandboxSpec) -> Path:
+                    spec: SandboxSpec, ids: dict[int, int] | None = None) -> Path:
         """Copy the writable layer of the sandbox ``source``, its processes frozen
         meanwhile unless ``cgroup`` is None (already paused), within its own limits
-        (``spec``'s ``disk_mb`` and ``inodes``: :class:`SnapshotTooLarge` beyond)."""
+        (``spec``'s ``disk_mb`` and ``inodes``: :class:`SnapshotTooLarge` beyond), its
+        owners translated by ``ids`` (its uid to the canonical one)."""
         budget = Budget.for_spec(spec, f"sandbox {source}", sandbox_id=source)
         with _translated(source):
-            return await asyncio.to_thread(self._stage_frozen, upper, cgroup, budget)
+            return await asyncio.to_thread(self._stage_frozen, upper, cgroup, budget, ids)
 
-    def _stage_frozen(self, upper: Path, cgroup: Any | None, budget: Budget) -> Path:
+    def _stage_frozen(self, upper: Path, cgroup: Any | None, budget: Budget,
+                      ids: dict[int, int] | None) -> Path:
         try:
             if cgroup is not None:
                 cgroup.freeze()
-            return self.store.stage(upper, skip=(rootfs.AGENT_DIR,), budget=budget)
+            return self.store.stage(upper, skip=(rootfs.AGENT_DIR,), budget=budget, ids=ids)
         finally:
             if cgroup is not None:
                 cgroup.thaw()
@@ -176,10 +178,7 @@ class Snapshots:
     def _needs_squash(self, depth: int, image: Image) -> bool:
         if depth > self.max_depth:
             return True
-        lowers = [self.store.path("0" * ID_HEX)] * depth + image.lowers
-        return rootfs.overlay_data_len(lowers, self.layout.sandbox_dir("sb-" + "0" * 12)) > (
-            rootfs.MAX_MOUNT_DATA
-        )
+        return rootfs.overlay_data_len(depth + len(image.lowers)) > rootfs.MAX_MOUNT_DATA
 
     # ----------------------------------------------------------------- using
 
@@ -222,7 +221,7 @@ class Snapshots:
         if self.registry.use_snapshot(row if isinstance(row, str) else row.id, -1):
             await self.gc()
 
-    async def lowers(self, row: SnapshotRow | None, image: Image, sandbox_dir: Path) -> list[Path]:
+    async def lowers(self, row: SnapshotRow | None, image: Image) -> list[Path]:
         """The overlay lower layers of a new sandbox, checked: its snapshot's layers
         verified (once per engine), and the mount options within a page."""
         lowers = image.lowers  # a built image's layers, then its base's rootfs
@@ -235,10 +234,10 @@ class Snapshots:
                 )
             await self._check(row)
             lowers = [self.store.path(i) for i in row.layers] + lowers
-        if rootfs.overlay_data_len(lowers, sandbox_dir) > rootfs.MAX_MOUNT_DATA:
+        if rootfs.overlay_data_len(len(lowers)) > rootfs.MAX_MOUNT_DATA:
             raise Unsupported(
-                f"the paths of {len(lowers)} filesystem layers under {self.layout.state_dir} "
-                "do not fit in overlayfs's mount options: use a shorter state directory path",
+                f"{len(lowers)} filesystem layers do not fit in overlayfs's mount options: "
+                "build the image with fewer steps",
             )
         return lowers
 

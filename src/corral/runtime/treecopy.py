@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from corral.errors import CorralError, InternalError, SnapshotTooLarge
+from corral.runtime.uids import translate_acl
 
 WINDOW = 32  # ancestors whose descriptors stay open during a walk
 MAX_DEPTH = 4096  # levels of directories a committed tree may have
@@ -231,17 +232,20 @@ class CopyState:
     budget: Budget | None
     links: dict[tuple[int, int], str] = field(default_factory=dict)  # inode -> rel path
     link_base: int | None = None  # the descriptor link paths are relative to
+    ids: dict[int, int] | None = None  # owners translated on the way (uids.canonical_owner)
 
 
 def copy_tree(src: str | os.PathLike, dst: str | os.PathLike, *,
-              skip: frozenset[str] = frozenset(), budget: Budget | None = None) -> None:
+              skip: frozenset[str] = frozenset(), budget: Budget | None = None,
+              ids: dict[int, int] | None = None) -> None:
     """Copy the directory ``src`` to ``dst`` (which must not exist) as overlayfs needs:
-    owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts."""
+    owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts. ``ids``
+    translates owners (uids and gids, in ACLs too)."""
     os.mkdir(dst, 0o700)  # its real mode once its entries are in
     out = _Fds(os.open(dst, _O_DIR))
     try:
         walk = Walk(src, skip=skip, budget=budget)
-        ctx = CopyState(budget, link_base=out.fds[0])
+        ctx = CopyState(budget, link_base=out.fds[0], ids=ids)
         for kind, parent, name, st, fd in walk:
             if kind == ENTER and parent != -1:
                 os.mkdir(name, 0o700, dir_fd=out.top)
@@ -250,7 +254,7 @@ def copy_tree(src: str | os.PathLike, dst: str | os.PathLike, *,
                 rel = walk.rel(name)[2:] if st.st_nlink > 1 else b""
                 copy_node(parent, name, out.top, name, st, ctx, os.fsdecode(rel))
             elif kind == LEAVE:
-                copy_meta(fd, out.top, st)
+                copy_meta(fd, out.top, st, ids)
                 if parent != -1:
                     out.pop()
     finally:
@@ -272,7 +276,7 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
             fout = os.open(dst, _O_CREATE, 0o600, dir_fd=dst_dir)
             try:
                 copy_data(fin, fout, st.st_size, ctx.budget)
-                copy_meta(fin, fout, st)
+                copy_meta(fin, fout, st, ctx.ids)
             finally:
                 os.close(fout)
         finally:
@@ -286,7 +290,7 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
         os.mknod(dst, mode, st.st_rdev, dir_fd=dst_dir)  # made, never opened
     else:
         return  # a device node: no sandbox can make one, and none is wanted in a layer
-    copy_meta(fd_path(src_dir, src), fd_path(dst_dir, dst), st)
+    copy_meta(fd_path(src_dir, src), fd_path(dst_dir, dst), st, ctx.ids)
 
 
 def _link(base: int | None, rel: str, dst_dir: int | None, dst: str) -> None:
@@ -354,16 +358,20 @@ def extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
         offset = end
 
 
-def copy_meta(src: str | int, dst: str | int, st: os.stat_result) -> None:
-    """Owner, then mode (a chown clears set-id bits), xattrs (it also clears
-    security.capability), times last. ``src``/``dst`` are paths or open fds."""
+def copy_meta(src: str | int, dst: str | int, st: os.stat_result,
+              ids: dict[int, int] | None = None) -> None:
+    """Owner (translated by ``ids``), then mode (a chown clears set-id bits), xattrs
+    (it also clears security.capability), times last. ``src``/``dst`` are paths or
+    open fds."""
     nofollow = {} if isinstance(dst, int) else {"follow_symlinks": False}
-    os.chown(dst, st.st_uid, st.st_gid, **nofollow)
+    ids = ids or {}
+    os.chown(dst, ids.get(st.st_uid, st.st_uid), ids.get(st.st_gid, st.st_gid), **nofollow)
     if not stat.S_ISLNK(st.st_mode):
         os.chmod(dst, stat.S_IMODE(st.st_mode), **nofollow)
     for name in os.listxattr(src, **nofollow):
         if name not in DROPPED_XATTRS:
-            os.setxattr(dst, name, os.getxattr(src, name, **nofollow), **nofollow)
+            value = translate_acl(name, os.getxattr(src, name, **nofollow), ids)
+            os.setxattr(dst, name, value, **nofollow)
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), **nofollow)
 
 

@@ -14,7 +14,9 @@ writes one byte first and the warden leaves without touching anything.
 
 The warden also holds the engine's lock (the same open file, inherited), so a new
 engine on the same state directory cannot start, and have its fresh sandboxes swept,
-until the old engine's warden is done; :func:`acquire_lock` waits for that.
+until the old engine's warden is done; :func:`acquire_lock` waits for that. It holds
+the engine's block of sandbox uids the same way (:mod:`corral.runtime.uids`): no other
+engine takes those uids while a sandbox that ran as one of them may still be alive.
 """
 
 from __future__ import annotations
@@ -81,13 +83,16 @@ class Warden:
         self._pipe = pipe
 
     @classmethod
-    def start(cls, lock_file: IO[str], cgroups: Any, cgroup_parent: str) -> "Warden":
+    def start(cls, lock_file: IO[str], cgroups: Any, cgroup_parent: str,
+              locks: tuple[int, ...] = ()) -> "Warden":
+        """Start the warden of the engine that holds ``lock_file`` and the descriptors
+        ``locks`` (other flocks it must keep until its sandboxes are gone)."""
         dirs = [str(d) for d in cgroups._dirs(cgroup_parent).values()]
         r, w = os.pipe()  # both ends close-on-exec: no other child inherits w
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", __file__, *dirs],
-                stdin=r, stdout=subprocess.DEVNULL, pass_fds=(lock_file.fileno(),),
+                stdin=r, stdout=subprocess.DEVNULL, pass_fds=(lock_file.fileno(), *locks),
                 start_new_session=True, env={}, cwd="/",
             )
         except BaseException:

@@ -8,12 +8,16 @@
 struct launch_opts {
     uid_t uid;
     gid_t gid;
+    uid_t canonical;        /* owner of sandbox files in layers on disk (0: no idmap) */
+    int userns;             /* the idmapping canonical <-> uid, made ahead of time */
     rlim_t nofile;
     const char *rootdir, *lower;
     unsigned long disk_mb;
     unsigned long inodes;   /* the tmpfs's nr_inodes: files the sandbox may make */
     const char *owned[16];
     int n_owned;
+    const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
+    int n_copies;
     char **prog;
 };
 
@@ -37,12 +41,14 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
             close(fd);
         } else if (!strcmp(a, "--uid")) o->uid = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--gid")) o->gid = (gid_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--canonical")) o->canonical = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--nofile")) o->nofile = (rlim_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rootdir")) o->rootdir = v;
         else if (!strcmp(a, "--lower")) o->lower = v;
         else if (!strcmp(a, "--disk-mb")) o->disk_mb = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
+        else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
     return 0;
@@ -63,47 +69,157 @@ static int make_owned(const char *upper, const char *path, uid_t uid, gid_t gid)
     return chown(buf, uid, gid);
 }
 
+/* SPEC is SRC:DEST: copy the host file SRC to DEST under UPPER, root's and read-only
+   (a copy in the sandbox's tmpfs, not a bind mount, whose source the sandbox's
+   mountinfo would name). DEST's parent is made, root's, if missing. */
+static int copy_in(const char *upper, const char *spec) {
+    char src[4096], dest[4200], buf[65536];
+    const char *colon = strrchr(spec, ':');
+    if (!colon || colon[1] != '/' || (size_t)(colon - spec) >= sizeof src) { errno = EINVAL; return -1; }
+    memcpy(src, spec, (size_t)(colon - spec));
+    src[colon - spec] = 0;
+    if (snprintf(dest, sizeof dest, "%s%s", upper, colon + 1) >= (int)sizeof dest) { errno = ENAMETOOLONG; return -1; }
+    char *slash = strrchr(dest, '/');
+    *slash = 0;
+    if (mkdir(dest, 0755) != 0 && errno != EEXIST) return -1;
+    *slash = '/';
+    int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = -1;
+    if (in >= 0) out = open(dest, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+    for (ssize_t n; out >= 0 && (n = read(in, buf, sizeof buf)) != 0;) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 || write(out, buf, (size_t)n) != n) goto done;
+    }
+    rc = out >= 0 ? 0 : -1;
+done:
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    return rc;
+}
+
+/*
+ * A user namespace used only as an idmapping (mount_setattr MOUNT_ATTR_IDMAP): the
+ * canonical owner of sandbox files in layers (FROM) and this sandbox's own uid (TO)
+ * swap places, every other id maps to itself, for uids and gids alike. Layers stay
+ * shareable on disk while each sandbox owns its files under a uid of its own. A child
+ * unshares the namespace and waits while we write its maps and keep a descriptor.
+ */
+static int idmap_userns(uint32_t from, uint32_t to) {
+    int up[2], down[2], fd = -1;
+    char map[512], path[64];
+    if (to <= from) { errno = EINVAL; return -1; }
+    if (pipe2(up, O_CLOEXEC) != 0) return -1;
+    if (pipe2(down, O_CLOEXEC) != 0) { close(up[0]); close(up[1]); return -1; }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]); /* EOF on down[0] when the parent is done */
+        char c = unshare(CLONE_NEWUSER) == 0 ? 'U' : 'E';
+        if (write(up[1], &c, 1) != 1) _exit(1);
+        while (read(down[0], &c, 1) < 0 && errno == EINTR) {}
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    char c = 0;
+    while (pid > 0 && read(up[0], &c, 1) < 0 && errno == EINTR) {}
+    int len = snprintf(map, sizeof map, "0 0 %u\n%u %u 1\n", from, from, to);
+    if (to - from > 1) len += snprintf(map + len, sizeof map - len, "%u %u %u\n", from + 1, from + 1, to - from - 1);
+    len += snprintf(map + len, sizeof map - len, "%u %u 1\n%u %u %u\n", to, from, to + 1, to + 1, 4294967295u - to - 1);
+    int ok = c == 'U';
+    for (int k = 0; ok && k < 2; k++) {
+        snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, k ? "gid_map" : "uid_map");
+        int m = open(path, O_WRONLY | O_CLOEXEC);
+        ok = m >= 0 && write(m, map, (size_t)len) == len;
+        if (m >= 0) close(m);
+    }
+    if (ok) {
+        snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    int saved = errno;
+    close(up[0]);
+    close(down[1]); /* the child exits */
+    if (pid > 0) while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+    errno = c == 'U' || pid < 0 ? saved : EPERM;
+    return fd;
+}
+
+/* Attach a read-only clone of the directory LOWER at DEST, idmapped through USERNS. */
+static int attach_lower(const char *lower, const char *dest, int userns) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, lower, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return die("clone the layer", lower);
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    if (userns >= 0) {
+        attr.attr_set |= MOUNT_ATTR_IDMAP;
+        attr.userns_fd = (uint64_t)userns;
+    }
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+        close(fd);
+        return die("idmap the layer (needs idmapped mounts: Linux 5.19+, ext4/xfs/btrfs/tmpfs)", lower);
+    }
+    if (mkdir(dest, 0700) != 0 || syscall(SYS_move_mount, fd, "", AT_FDCWD, dest, MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+        close(fd);
+        return die("attach the layer at", dest);
+    }
+    close(fd);
+    return 0;
+}
+
 /*
  * The sandbox's root lives in a mount namespace of its own, made here: the host's
  * mount table never grows with the number of sandboxes (every bwrap start copies the
  * whole table, and mount(2) serialises on it), and when the last process of the
  * sandbox exits the kernel drops the mounts by itself: a crash cannot leak them.
- *   ROOTDIR/rw    tmpfs of disk_mb: the cap on everything the sandbox writes
- *   ROOTDIR/root  overlay: LOWER read-only, rw/upper private and writable
+ * Paths are relative to ROOTDIR (our cwd meanwhile), so the overlay's options, which
+ * the sandbox reads in /proc/self/mountinfo, name no host path:
+ *   ROOTDIR/rw      tmpfs of disk_mb: the cap on everything the sandbox writes
+ *   ROOTDIR/rw/N    the Nth lower layer (LOWER is a ':' list), an idmapped clone
+ *   ROOTDIR/root    overlay: rw/0:rw/1:... read-only, rw/upper private and writable
  */
-static int mount_root(const struct launch_opts *o) {
-    char rw[4096], upper[4200], work[4200], root[4096], path[4300], data[16384];
+static int mount_root(struct launch_opts *o) {
+    char path[4300], data[16384], *lowers = strdup(o->lower);
+    int n_lowers = 1;
+    for (const char *c = o->lower; *c; c++) n_lowers += *c == ':';
+    if (!lowers) return die("strdup", NULL);
     if (unshare(CLONE_NEWNS) != 0) return die("unshare", "mount namespace");
     /* Nothing mounted here may propagate back to the host. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return die("make mounts private", NULL);
-    snprintf(rw, sizeof rw, "%s/rw", o->rootdir);
-    snprintf(root, sizeof root, "%s/root", o->rootdir);
+    if (chdir(o->rootdir) != 0) return die("chdir", o->rootdir);
+    if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
+        (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
+        return die("make the idmapping for uid", NULL);
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
-    if (mount("corral-rw", rw, "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", rw);
-    snprintf(upper, sizeof upper, "%s/upper", rw);
-    snprintf(work, sizeof work, "%s/work", rw);
-    if (mkdir(upper, 0755) != 0 || mkdir(work, 0700) != 0) return die("mkdir", upper);
-    /* The root directory is root's (nobody inside), world-writable and sticky, like
+    if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
+    if (mkdir("rw/upper", 0755) != 0 || mkdir("rw/work", 0700) != 0) return die("mkdir", "rw/upper");
+    /* The upper's root is root's (nobody inside), world-writable and sticky, like
        /tmp: the sandbox may create /app, but never unlink or replace what it did not
        create (/lib64, /bin, /usr: a swapped ELF loader would run inside every later
        command, the grader's too). The image's own files stay root's as well. */
-    if (chmod(upper, 01777) != 0) return die("chmod", upper);
-    snprintf(path, sizeof path, "%s/.corral", upper);
-    if (mkdir(path, 0755) != 0) return die("mkdir", path);
-    snprintf(path, sizeof path, "%s/.corral/agent", upper);
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0755); /* the agent's mount point */
-    if (fd < 0) return die("create", path);
-    close(fd);
+    if (chmod("rw/upper", 01777) != 0) return die("chmod", "rw/upper");
+    if (mkdir("rw/upper/.corral", 0755) != 0) return die("mkdir", "rw/upper/.corral");
     for (int i = 0; i < o->n_owned; i++)
-        if (make_owned(upper, o->owned[i], o->uid, o->gid) != 0) return die("mkdir", o->owned[i]);
-    if (snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", o->lower, upper, work) >= (int)sizeof data) {
-        errno = E2BIG;
-        return die("overlay options for", root);
+        if (make_owned("rw/upper", o->owned[i], o->uid, o->gid) != 0) return die("mkdir", o->owned[i]);
+    for (int i = 0; i < o->n_copies; i++)
+        if (copy_in("rw/upper", o->copies[i]) != 0) return die("copy", o->copies[i]);
+    int len = snprintf(data, sizeof data, "lowerdir=");
+    char *save = NULL;
+    int i = 0;
+    for (char *l = strtok_r(lowers, ":", &save); l; l = strtok_r(NULL, ":", &save), i++) {
+        snprintf(path, sizeof path, "rw/%d", i);
+        if (attach_lower(l, path, o->userns) != 0) return -1;
+        len += snprintf(data + len, sizeof data - len, "%s%s", i ? ":" : "", path);
     }
-    if (mount("corral-root", root, "overlay", MS_NOSUID | MS_NODEV, data) != 0) return die("mount overlay on", root);
+    free(lowers);
+    len += snprintf(data + len, sizeof data - len, ",upperdir=rw/upper,workdir=rw/work");
+    if (len >= (int)sizeof data) { errno = E2BIG; return die("overlay options for", "root"); }
+    if (mount("corral-root", "root", "overlay", MS_NOSUID | MS_NODEV, data) != 0) return die("mount overlay on", "root");
+    if (o->userns >= 0) close(o->userns);
+    o->userns = -1;
+    if (chdir("/") != 0) return die("chdir", "/");
     return 0;
 }
 
@@ -140,10 +256,13 @@ static char **read_args(int *count) {
  * before anyone asks for a sandbox.
  */
 static int launch(int argc, char **argv) {
-    struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1};
+    struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1, .userns = -1};
     int ready = 0;
     if (parse_launch(argc - 2, argv + 2, &o, &ready) != 0) return 111;
     if (ready) {
+        /* The idmapping costs a fork: made while the slot waits, not at create. */
+        if (o.canonical && o.uid != (uid_t)-1 && (o.userns = idmap_userns(o.canonical, o.uid)) < 0)
+            return die("make the idmapping for uid", NULL);
         if (write(1, "R", 1) != 1) return 111;
         int n = 0;
         char **more = read_args(&n);

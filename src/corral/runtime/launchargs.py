@@ -1,0 +1,58 @@
+"""The command line that turns a warm launcher into a sandbox (``agent/launch.c``).
+
+What a slot (:mod:`corral.runtime.launcher`) still needs once a sandbox is asked for:
+its mounts (the writable tmpfs and its limits, the lower layers, the directories the
+sandbox user owns, files put read-only under ``/.corral``) and bubblewrap's argv. The
+uid is not here: a slot has its own from the start (:mod:`corral.runtime.uids`).
+
+Nothing here names a host path inside the sandbox's mount table: the layers (the
+agent's included: it is the topmost, :func:`~corral.runtime.agentbuild.agent_layer`)
+are idmapped clones under relative names, and the read-only files are copies in the
+sandbox's own tmpfs, not bind mounts of the host's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from corral.runtime import rootfs
+from corral.runtime.agentbuild import agent_layer
+from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
+from corral.schema import NetworkMode
+
+RESOLV_CONF = "/etc/resolv.conf"
+
+
+def launch_args(live: Any, slot: Any, lowers: list[Path], *, bwrap: str,
+                agent: Path) -> list[str]:
+    """The options for ``slot`` to become the sandbox ``live`` (an engine ``_Live``)
+    on ``lowers`` (top first), with the agent binary ``agent``."""
+    spec = live.spec
+    lowers = [agent_layer(agent), *lowers]
+    argv = [
+        "--nofile", str(spec.open_files), "--rootdir", str(live.sandbox_dir),
+        "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
+        *rootfs.inode_args(spec.inodes),
+    ]
+    # the sandbox user's own directories, made in its writable layer
+    for d in sorted({SANDBOX_HOME, spec.workdir} - {"/"}):
+        argv += ["--owned", d]
+    for src, dest in live.ro_binds:
+        argv += ["--copy", f"{src}:{dest}"]
+    argv += [
+        "--", bwrap,
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup", "--disable-userns",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+        "--bind", str(live.sandbox_dir / "root"), "/",
+        "--proc", "/proc", "--dev", "/dev",
+        "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1",
+        "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
+    ]
+    if spec.network == NetworkMode.NONE:
+        argv.append("--unshare-net")
+    elif Path(RESOLV_CONF).exists():
+        argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
+    argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]
+    return argv
