@@ -13,7 +13,7 @@ from corral.schema import (
     SandboxSpec,
     SnapshotInfo,
 )
-from corral.server.endpoint import NDJSON, RAW, Endpoint, Query
+from corral.server.endpoint import NDJSON, RAW, Endpoint, Query, handler_of
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -104,6 +104,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         create_sandbox,
         "Create a sandbox (waits for room)",
         body=SandboxSpec,
+        body_optional=True, body_name="sandbox spec",
         reply=SandboxInfo,
         status=201,
     ),
@@ -134,6 +135,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         stop_sandbox,
         "Stop a sandbox (record kept)",
         body=StopRequest,
+        body_optional=True,
         reply=SandboxInfo,
     ),
     Endpoint("DELETE", _SB, delete_sandbox, "Delete a sandbox (idempotent)", status=204),
@@ -143,6 +145,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         snapshot_sandbox,
         "Commit a sandbox's files as a snapshot (create from it with snapshot=)",
         body=SnapshotRequest,
+        body_optional=True,
         reply=SnapshotInfo,
         status=201,
     ),
@@ -261,6 +264,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "POST", "/v1/pools", create_pool, "Create a warm pool", body=PoolSpec, reply=PoolInfo,
+        body_optional=True, body_name="pool",
         status=201,
     ),
     Endpoint("GET", "/v1/pools", list_pools, "List warm pools", reply=PoolList),
@@ -272,6 +276,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         acquire_from_pool,
         "Hand out a live sandbox of the pool (delete it after use)",
         body=AcquireRequest,
+        body_optional=True,
         reply=SandboxInfo,
     ),
     Endpoint("GET", "/v1/snapshots", list_snapshots, "List snapshots", reply=SnapshotList),
@@ -289,6 +294,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Build an image from a spec (JSON, or a tar with build.json and context/), "
         "streaming its log",
         body=BuildRequest,
+        parse_body=False,
         reply=(NDJSON, BuildEvent),
     ),
     Endpoint(
@@ -314,5 +320,5 @@ def build_routes() -> list[Route]:
     """Starlette routes for :data:`ENDPOINTS` plus ``GET /openapi.json``."""
     from corral.server.openapi import openapi_route
 
-    routes = [Route(e.path, e.handler, methods=[e.method]) for e in ENDPOINTS]
+    routes = [Route(e.path, handler_of(e), methods=[e.method]) for e in ENDPOINTS]
     return [*routes, openapi_route(ENDPOINTS)]

@@ -98,7 +98,7 @@ def _operation(e: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
     }
     if e.body is not None:
         op["requestBody"] = {
-            "required": e.body == RAW,
+            "required": e.body == RAW or (e.takes_model and not e.body_optional),
             "content": _content(e.body, refs, "validation"),
         }
     return op

@@ -42,7 +42,6 @@ from starlette.responses import JSONResponse, Response
 from corral.errors import CorralError, ExecTimeout, InvalidArgument
 from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
 from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, MAX_SIDE, TerminalSize
-from corral.schema import validate_model
 from corral.server import context as ctx
 from corral.server.context import unless_disconnected
 from corral.server.endpoint import RAW
@@ -54,7 +53,7 @@ from corral.server.models import (
     text_and_b64,
 )
 from corral.server.streaming import start_stream
-from corral.server.wire import read_body, read_json
+from corral.server.wire import read_body
 
 KILL_WAIT_S = 5.0  # how long DELETE waits for a killed process to be reaped
 MAX_EXCHANGE_ITEMS = 4096
@@ -184,8 +183,7 @@ def _process(request: Request) -> Process:
     return ctx.engine(request).get_process(params["sandbox_id"], params["process_id"])
 
 
-async def spawn_process(request: Request) -> Response:
-    body = validate_model(SpawnRequest, await read_json(request, "spawn request"), "spawn request")
+async def spawn_process(request: Request, body: SpawnRequest) -> Response:
     proc = await ctx.engine(request).spawn(
         request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
         timeout=body.timeout, max_buffer=body.max_buffer, terminal=body.terminal(),
@@ -252,11 +250,8 @@ async def exchange(request: Request) -> Response:
     return Response(line, media_type=RAW)
 
 
-async def exchange_many(request: Request) -> Response:
+async def exchange_many(request: Request, body: ExchangeRequest) -> Response:
     """Write to every process (in order), then await all their lines at once."""
-    body = validate_model(
-        ExchangeRequest, await read_json(request, "exchange request"), "exchange request"
-    )
     engine = ctx.engine(request)
     keys = [(item.sandbox_id, item.process_id) for item in body.items]
     if len(set(keys)) != len(keys):
@@ -288,15 +283,13 @@ async def exchange_many(request: Request) -> Response:
     return JSONResponse({"results": await unless_disconnected(request, work)})
 
 
-async def signal_process(request: Request) -> Response:
-    body = validate_model(SignalRequest, await read_json(request, "signal request"), "signal request")
+async def signal_process(request: Request, body: SignalRequest) -> Response:
     signum = parse_signal(body.signal)
     _process(request).signal(signum)  # one that has ended: nothing to do
     return Response(status_code=204)
 
 
-async def resize_process(request: Request) -> Response:
-    body = validate_model(ResizeRequest, await read_json(request, "resize request"), "resize request")
+async def resize_process(request: Request, body: ResizeRequest) -> Response:
     _process(request).resize(body.rows, body.cols)
     return Response(status_code=204)
 

@@ -23,7 +23,6 @@ from corral.schema import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
-    validate_model,
 )
 from corral.server import context as ctx
 from corral.server.context import remove_partial, unless_disconnected, unless_gone
@@ -39,7 +38,7 @@ from corral.server.models import (
 )
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream
-from corral.server.wire import read_body, read_json
+from corral.server.wire import read_body
 
 logger = logging.getLogger("corral.server")
 
@@ -119,10 +118,9 @@ async def info(request: Request) -> Response:
 # ------------------------------------------------------------------- sandboxes
 
 
-async def create_sandbox(request: Request) -> Response:
+async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     service = ctx.service(request)
-    # Parsed from the body as sent: a snapshot's spec fills in only the fields left out.
-    spec = SandboxSpec.parse(await read_json(request, "sandbox spec", required=False))
+    # As sent (fields_set): a snapshot's spec fills in only the fields left out.
     spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(_info_json(created), status_code=201)
@@ -157,10 +155,7 @@ async def resume_sandbox(request: Request) -> Response:
     return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request))))
 
 
-async def stop_sandbox(request: Request) -> Response:
-    body = validate_model(
-        StopRequest, await read_json(request, "stop request", required=False), "stop request"
-    )
+async def stop_sandbox(request: Request, body: StopRequest) -> Response:
     stopped = await ctx.service(request).stop(_sid(request), grace=body.grace)
     return JSONResponse(_info_json(stopped))
 
@@ -170,18 +165,13 @@ async def delete_sandbox(request: Request) -> Response:
     return _no_content()
 
 
-async def snapshot_sandbox(request: Request) -> Response:
-    body = validate_model(
-        SnapshotRequest, await read_json(request, "snapshot request", required=False),
-        "snapshot request",
-    )
+async def snapshot_sandbox(request: Request, body: SnapshotRequest) -> Response:
     made = await ctx.engine(request).snapshot(_sid(request), name=body.name)
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
 
-async def fork_sandbox(request: Request) -> Response:
+async def fork_sandbox(request: Request, body: ForkRequest) -> Response:
     """A snapshot, then ``n`` creates from it through admission control; all or nothing."""
-    body = validate_model(ForkRequest, await read_json(request, "fork request"), "fork request")
     try:
         made = await ctx.service(request).fork(
             _sid(request), body.n, abandoned=request.is_disconnected
@@ -215,8 +205,7 @@ async def delete_snapshot(request: Request) -> Response:
 # ------------------------------------------------------------------------ exec
 
 
-async def _exec_request(request: Request) -> dict[str, Any]:
-    body = validate_model(ExecRequest, await read_json(request, "exec request"), "exec request")
+def _exec_args(body: ExecRequest) -> dict[str, Any]:
     return {
         "cmd": body.cmd,
         "timeout": body.timeout,
@@ -228,15 +217,13 @@ async def _exec_request(request: Request) -> dict[str, Any]:
     }
 
 
-async def exec_command(request: Request) -> Response:
-    kwargs = await _exec_request(request)
-    work = ctx.engine(request).exec(_sid(request), **kwargs)
+async def exec_command(request: Request, body: ExecRequest) -> Response:
+    work = ctx.engine(request).exec(_sid(request), **_exec_args(body))
     return JSONResponse(exec_response(await unless_disconnected(request, work)))
 
 
-async def exec_stream(request: Request) -> Response:
-    kwargs = await _exec_request(request)
-    return await start_stream(ctx.engine(request).exec_stream(_sid(request), **kwargs))
+async def exec_stream(request: Request, body: ExecRequest) -> Response:
+    return await start_stream(ctx.engine(request).exec_stream(_sid(request), **_exec_args(body)))
 
 
 # ----------------------------------------------------------------------- files
@@ -282,8 +269,7 @@ async def stat_file(request: Request) -> Response:
     return JSONResponse(file_json(await ctx.engine(request).stat(_sid(request), _sandbox_path(request))))
 
 
-async def make_dir(request: Request) -> Response:
-    body = validate_model(MkdirRequest, await read_json(request, "mkdir request"), "mkdir request")
+async def make_dir(request: Request, body: MkdirRequest) -> Response:
     await ctx.engine(request).mkdir(_sid(request), body.path, parents=body.parents, mode=body.mode)
     return _no_content()
 
@@ -295,8 +281,7 @@ def _pool_name(request: Request) -> str:
     return request.path_params["name"]
 
 
-async def create_pool(request: Request) -> Response:
-    body = validate_model(PoolSpec, await read_json(request, "pool", required=False), "pool")
+async def create_pool(request: Request, body: PoolSpec) -> Response:
     check_network(body.spec, host_network=ctx.host_network_allowed(request))
     made = ctx.pools(request).create_pool(
         body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
@@ -317,11 +302,7 @@ async def delete_pool(request: Request) -> Response:
     return _no_content()
 
 
-async def acquire_from_pool(request: Request) -> Response:
-    body = validate_model(
-        AcquireRequest, await read_json(request, "acquire request", required=False),
-        "acquire request",
-    )
+async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
     work = ctx.pools(request).acquire(_pool_name(request), body.timeout)
     return JSONResponse(_info_json(await unless_gone(request, work)))
 
