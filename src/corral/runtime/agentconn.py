@@ -48,7 +48,7 @@ from corral.runtime.protocol import Field, Msg, Tag
 from corral.schema import ExecEvent, ExecResult, SandboxInfo, SandboxState, default_output_tail
 
 if TYPE_CHECKING:
-    from corral.runtime.engine import _Live
+    from corral.runtime.live import Live as _Live
 
 EXEC_GRACE_S = 2.0
 """How long past a command's timeout the engine waits for the agent to report its end."""

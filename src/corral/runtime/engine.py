@@ -23,48 +23,40 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import secrets
 import shutil
 import signal
-import subprocess
 import time
-from contextlib import aclosing, suppress
-from dataclasses import dataclass, field
+from contextlib import suppress
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from corral.errors import (
     CorralError,
-    FileError,
-    FileNotFound,
-    FileTooLarge,
     InvalidArgument,
     InvalidState,
-    SandboxLost,
     SandboxNotFound,
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, processes, rootfs, seccomp, storage, sweep, syscalls, warden
+from corral.runtime import cgroups, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
-    command_argv,
-    command_events,
     ended_error,
-    limit_fields,
-    output_tail_for,
 )
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
+from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.events import Events, SandboxEnded, StateChanged
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
+from corral.runtime.live import Live
 from corral.runtime.paths import Layout, uid_lock_dir
-from corral.runtime.pathutil import resolve_path
-from corral.runtime.protocol import Msg, Tag, decode_entry
+from corral.runtime.protocol import Msg, Tag
 from corral.runtime.registry import Registry
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
@@ -75,16 +67,10 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     canonical_owner,
 )
 from corral.schema import (
-    DEFAULT_EXEC_TIMEOUT_S,
-    DEFAULT_MAX_OUTPUT,
     TRANSITIONS,
-    ExecEvent,
-    ExecResult,
-    FileInfo,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
-    SnapshotInfo,
 )
 
 # Owner of the sandbox user's files in layers on disk; each sandbox runs as a host uid
@@ -93,43 +79,19 @@ SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
-FILE_CHUNK = 1 << 20
-DEFAULT_MAX_READ = 64 << 20
-BASE_PATH = (
-    f"{SANDBOX_HOME}/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-)
 
 
 def _new_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
-@dataclass
-class _Live:
-    """What the engine holds for a sandbox whose processes exist."""
+class Engine(SnapshotOps, CommandOps, FileOps):
+    """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
-    id: str
-    spec: SandboxSpec
-    state: SandboxState
-    sandbox_dir: Path
-    cgroup: Any
-    uid: int = -1  # its host uid and gid, its own (corral.runtime.uids)
-    proc: subprocess.Popen | None = None
-    channel: AgentChannel | None = None
-    started_at: float = 0.0
-    last_active: float = field(default_factory=time.monotonic)
-    busy: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-    ending: bool = False
-    snapshot_id: str | None = None  # started from it: holds a reference until released
-    ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
-    processes: dict[str, Any] = field(default_factory=dict)  # id -> processes.Process
-    log: Any = None  # logtail.LogTail: the launcher's, bwrap's and the agent's stderr
-
-
-class Engine:
-    """Sandboxes on this host. Build one with :meth:`Engine.open`."""
+    This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
+    reaper) and what a sandbox is (:class:`~corral.runtime.live.Live`); its commands,
+    files and snapshots are in :mod:`.engine_commands`, :mod:`.engine_files` and
+    :mod:`.engine_snapshots`."""
 
     def __init__(
         self,
@@ -151,7 +113,7 @@ class Engine:
         self.bwrap = bwrap
         self._lock_file = lock_file
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -322,7 +284,7 @@ class Engine:
             if (full := storage.full_error(exc, self.layout.state_dir)) is not None:
                 raise full from exc
             raise
-        live = _Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
+        live = Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
@@ -348,7 +310,7 @@ class Engine:
         info.started_at = live.started_at
         return info
 
-    async def _start(self, live: _Live, slot: Slot, lowers: list[Path]) -> None:
+    async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
         spec = live.spec
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
@@ -393,12 +355,12 @@ class Engine:
         """How a live sandbox's owners are stored when its files are committed."""
         return canonical_owner(self._get_live(sandbox_id).uid)
 
-    def _launch_args(self, live: _Live, slot: Slot, lowers: list[Path]) -> list[str]:
+    def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]:
         return launch_args(live, slot, lowers, bwrap=self.bwrap, agent=self.agent_path)
 
     # ------------------------------------------------------------- lifecycle
 
-    def _on_agent_exit(self, live: _Live) -> None:
+    def _on_agent_exit(self, live: Live) -> None:
         """The agent's channel closed. Unless we are ending it, the sandbox died."""
         if live.ending:
             return
@@ -408,13 +370,13 @@ class Engine:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _death_reason(self, live: _Live) -> str:
+    def _death_reason(self, live: Live) -> str:
         # Who ended it (the sandbox itself: "sandbox fault: ...") is the channel's call.
         why = live.channel.reason if live.channel else "the sandbox's agent exited unexpectedly"
         log = live.log.text()[-2000:] if live.log is not None else ""
         return why + (f"; its log: {log}" if log else "")
 
-    def _get_live(self, sandbox_id: str) -> _Live:
+    def _get_live(self, sandbox_id: str) -> Live:
         live = self._live.get(sandbox_id)
         if live is None:
             info = self.registry.get(sandbox_id)
@@ -427,7 +389,7 @@ class Engine:
             raise ended_error(info)  # its own fault: SandboxProtocolError
         return live
 
-    def _running(self, sandbox_id: str) -> _Live:
+    def _running(self, sandbox_id: str) -> Live:
         live = self._get_live(sandbox_id)
         if live.channel is not None and live.channel.faulted:
             raise live.channel.error_copy()  # being ended by its own doing
@@ -440,7 +402,7 @@ class Engine:
         live.last_active = time.monotonic()
         return live
 
-    def _transition(self, live: _Live, to: SandboxState, reason: str | None = None) -> None:
+    def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None:
         if to not in TRANSITIONS[live.state]:
             raise InvalidState(
                 f"sandbox {live.id} cannot go from {live.state.value} to {to.value}",
@@ -493,7 +455,7 @@ class Engine:
         self.registry.delete(sandbox_id)
         return existed
 
-    async def _end(self, live: _Live, final: SandboxState, reason: str, *, grace: float) -> None:
+    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
         async with live.lock:
             if live.ending or live.id not in self._live:
                 return
@@ -522,7 +484,7 @@ class Engine:
             finally:
                 self.events.emit(SandboxEnded(live.id, final, reason))
 
-    async def _release(self, live: _Live) -> None:
+    async def _release(self, live: Live) -> None:
         """Kill every process, then unmount and remove the cgroup. Never raises."""
         live.ending = True
         if live.cgroup is not None:
@@ -548,7 +510,7 @@ class Engine:
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
 
-    def _release_resources(self, live: _Live) -> None:
+    def _release_resources(self, live: Live) -> None:
         gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
             try:
@@ -588,86 +550,6 @@ class Engine:
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
 
-    # ------------------------------------------------------------- snapshots
-
-    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
-        """Commit a sandbox's files as a snapshot that new sandboxes start from
-        (``create(snapshot=...)``). Its processes are frozen while its writable layer is
-        copied (a paused sandbox stays paused), then go on. See
-        :mod:`corral.runtime.snapshots`."""
-        self.snapshots.check_name(name)
-        live = self._get_live(sandbox_id)
-        async with live.lock:
-            if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
-                raise InvalidState(
-                    f"sandbox {sandbox_id} is {live.state.value}: only a running or paused "
-                    "sandbox can be snapshotted",
-                    details={"sandbox_id": sandbox_id, "state": live.state.value},
-                )
-            cgroup = None if live.state == SandboxState.PAUSED else live.cgroup
-            upper = self.upper_dir(sandbox_id)
-            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id, spec=live.spec,
-                                                ids=self.owner_ids(sandbox_id))
-        return await self.snapshots.commit(
-            staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
-        )
-
-    async def fork(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
-        """``n`` new sandboxes with a copy of this one's files and its spec, made
-        concurrently from a snapshot that goes away when the last of them ends.
-        All or nothing: if one fails to start, the others are deleted."""
-        if not isinstance(n, int) or n < 1:
-            raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
-        snap = await self.snapshot(sandbox_id)
-        spec = self.fork_spec(sandbox_id, snap.id)
-        try:
-            made = await asyncio.gather(
-                *(self.create(spec) for _ in range(n)), return_exceptions=True
-            )
-        finally:
-            await self.snapshots.delete(snap.id)  # deferred while the copies run
-        failed = [r for r in made if isinstance(r, BaseException)]
-        if failed:
-            await asyncio.gather(*(self.delete(r.id) for r in made if isinstance(r, SandboxInfo)))
-            raise failed[0]
-        return made  # type: ignore[return-value]
-
-    def fork_spec(self, sandbox_id: str, snapshot_id: str) -> SandboxSpec:
-        """The spec of a copy of ``sandbox_id`` started from its snapshot: its own, with
-        its secrets, which only the live sandbox holds (the registry keeps them masked)."""
-        live = self._live.get(sandbox_id)
-        secrets = live.spec.secrets if live is not None else {}
-        return self.get(sandbox_id).spec.model_copy(
-            update={"snapshot": snapshot_id, "secrets": secrets}
-        )
-
-    def resolve_spec(self, spec: SandboxSpec) -> SandboxSpec:
-        """The effective spec of a sandbox created from ``spec``: with ``snapshot``, the
-        fields not given come from the snapshot (:class:`SnapshotNotFound` if none)."""
-        return self.snapshots.resolve(spec)
-
-    def list_snapshots(self) -> list[SnapshotInfo]:
-        return self.snapshots.list()
-
-    def get_snapshot(self, id_or_name: str) -> SnapshotInfo:
-        """A snapshot by id or name; :class:`SnapshotNotFound` if there is none."""
-        return self.snapshots.get(id_or_name)
-
-    async def delete_snapshot(self, id_or_name: str) -> bool:
-        """Delete a snapshot. Sandboxes started from it keep running; its layers are
-        removed when the last of them ends. Idempotent: False if it did not exist."""
-        return await self.snapshots.delete(id_or_name)
-
-    async def verify_snapshot(self, id_or_name: str) -> SnapshotInfo:
-        """Re-read a snapshot's layers against their checksums (:class:`InvalidState`
-        if one was changed on disk). Done by itself before a layer's first use after a
-        restart."""
-        return await self.snapshots.verify(id_or_name)
-
-    async def gc_layers(self) -> list[str]:
-        """Remove the layers no snapshot or sandbox references; returns their ids."""
-        return await self.snapshots.gc()
-
     # ----------------------------------------------------------------- query
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -705,238 +587,6 @@ class Engine:
     def counts(self) -> dict[str, int]:
         return self.registry.counts()
 
-    # ------------------------------------------------------------------ exec
-
-    async def exec(
-        self,
-        sandbox_id: str,
-        cmd: str | Sequence[str],
-        *,
-        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | str | None = None,
-        max_output: int = DEFAULT_MAX_OUTPUT,
-        output_tail: int | None = None,
-    ) -> ExecResult:
-        """Run a command to completion; a timeout or OOM kill is a result, not an error.
-        Each stream keeps ``max_output`` bytes at most: past that, its head and its last
-        ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`)."""
-        out: list[bytes] = []
-        err: list[bytes] = []
-        async for ev in self.exec_stream(
-            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-            max_output=max_output, output_tail=output_tail,
-        ):
-            if ev.kind == "stdout":
-                out.append(ev.data)
-            elif ev.kind == "stderr":
-                err.append(ev.data)
-            else:
-                assert ev.result is not None
-                ev.result.stdout, ev.result.stderr = b"".join(out), b"".join(err)
-                return ev.result
-        raise SandboxLost(f"sandbox {sandbox_id}: the command's stream ended without an exit")
-
-    async def exec_stream(
-        self,
-        sandbox_id: str,
-        cmd: str | Sequence[str],
-        *,
-        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | str | None = None,
-        max_output: int = DEFAULT_MAX_OUTPUT,
-        output_tail: int | None = None,
-    ) -> AsyncIterator[ExecEvent]:
-        """Run a command and yield its output as it happens, then its exit.
-
-        Closing the iterator early (or cancelling the task) kills the command's
-        process group. The engine caps the output and enforces the timeout itself,
-        whatever the agent says (:mod:`corral.runtime.agentconn`). A stream that went
-        over its cap shows its gap as an event with ``dropped`` set, then its tail.
-        """
-        live = self._running(sandbox_id)
-        tail = output_tail_for(max_output, output_tail)
-        fields = self.command_fields(live, cmd, env, cwd, stdin, limit_fields(timeout, max_output, tail))
-        assert live.channel is not None
-        oom_before = live.cgroup.oom_kills()
-        stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
-        live.busy += 1
-        try:
-            async with aclosing(
-                command_events(live, stream, timeout, cwd, oom_before)
-            ) as events:
-                async for ev in events:
-                    yield ev
-        finally:
-            live.busy -= 1
-            live.last_active = time.monotonic()
-
-    def command_fields(
-        self,
-        live: _Live,
-        cmd: str | Sequence[str],
-        env: dict[str, str] | None,
-        cwd: str | None,
-        stdin: bytes | str | None,
-        limits: list[tuple[int, Any]],
-    ) -> list[tuple[int, Any]]:
-        """A command's EXEC fields (``limits``: :func:`~corral.runtime.agentconn.limit_fields`)."""
-        argv = command_argv(cmd)
-        full_env = {
-            "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
-            "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
-            **live.spec.env, **live.spec.secret_env(), **(env or {}),
-        }
-        for k, v in full_env.items():
-            if not isinstance(k, str) or not isinstance(v, str) or "=" in k or "\0" in k + v:
-                raise InvalidArgument(f"invalid environment variable {k!r}")
-        fields: list[tuple[int, Any]] = [(Tag.ARGV, a) for a in argv]
-        fields += [(Tag.ENV, f"{k}={v}") for k, v in full_env.items()]
-        fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
-        fields += limits
-        if stdin:
-            fields.append((Tag.STDIN, stdin.encode() if isinstance(stdin, str) else stdin))
-        return fields
-
-    # ------------------------------------------------------------- processes
-
-    async def spawn(
-        self,
-        sandbox_id: str,
-        cmd: str | Sequence[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        max_buffer: int = processes.DEFAULT_MAX_BUFFER,
-        terminal: processes.TerminalSize | None = None,
-    ) -> processes.Process:
-        """Start an interactive process: stdin stays open, output is read as it comes.
-
-        Returns a :class:`~corral.runtime.processes.Process` (``write``, ``close_stdin``,
-        ``signal``, ``kill``, ``output()``, ``wait``); it dies with its sandbox.
-        ``timeout`` (seconds, ``None``: none) kills it like an exec's; ``max_buffer``
-        bounds the output kept unread (per stream); ``terminal`` (rows, cols): on a
-        pseudo-terminal (:mod:`corral.runtime.terminal`)."""
-        return await processes.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
-                                     timeout=timeout, max_buffer=max_buffer, terminal=terminal)
-
-    def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:
-        """A process of a live sandbox by id; :class:`~corral.errors.NotFound` if none."""
-        return processes.find(self._get_live(sandbox_id), process_id)
-
-    def list_processes(self, sandbox_id: str) -> list[processes.Process]:
-        """The processes of a live sandbox (running, and recently exited), oldest first."""
-        return list(self._get_live(sandbox_id).processes.values())
-
-    def forget_process(self, sandbox_id: str, process_id: str) -> None:
-        """Drop an exited process's record (a running one is killed first by the caller)."""
-        live = self._live.get(sandbox_id)
-        if live is not None:
-            processes.forget(live, process_id)
-
-    # ----------------------------------------------------------------- files
-
-    async def _file_request(self, sandbox_id: str, msg: Msg, path: str, fields: list) -> Any:
-        live = self._running(sandbox_id)
-        assert live.channel is not None
-        live.busy += 1
-        try:
-            reply = await live.channel.request(  # validated; its data no more than asked
-                msg, [(Tag.PATH, path), *fields], max_data=FILE_CHUNK if msg == Msg.FREAD else None
-            )
-        finally:
-            live.busy -= 1
-            live.last_active = time.monotonic()
-        if reply.msg == Msg.ERR:
-            raise _file_error(sandbox_id, path, reply.fields)
-        return reply.fields
-
-    def _path(self, sandbox_id: str, path: str) -> str:
-        live = self._get_live(sandbox_id)
-        return resolve_path(live.spec.workdir, path)
-
-    async def write_file(
-        self, sandbox_id: str, path: str, data: bytes | str, *, mode: int = 0o644,
-        parents: bool = True,
-    ) -> None:
-        """Write a file inside the sandbox (as its user), creating parent directories."""
-        p = self._path(sandbox_id, path)
-        if isinstance(data, str):
-            data = data.encode()
-        if not 0 <= mode <= 0o7777:
-            raise InvalidArgument(f"invalid file mode {mode:o}")
-        view = memoryview(data)
-        offset = 0
-        while True:
-            chunk = view[offset : offset + FILE_CHUNK]
-            await self._file_request(
-                sandbox_id, Msg.FWRITE, p,
-                [(Tag.DATA, chunk), (Tag.OFFSET, offset), (Tag.TRUNCATE, offset == 0),
-                 (Tag.MODE, mode), (Tag.PARENTS, parents)],
-            )
-            offset += len(chunk)
-            if offset >= len(data):
-                return
-
-    async def read_file(
-        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
-    ) -> bytes:
-        """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``."""
-        p = self._path(sandbox_id, path)
-        parts: list[bytes] = []
-        offset = 0
-        while True:
-            f = await self._file_request(
-                sandbox_id, Msg.FREAD, p, [(Tag.OFFSET, offset), (Tag.LENGTH, FILE_CHUNK)]
-            )
-            size = f.u64(Tag.SIZE)
-            if size > max_bytes:
-                raise FileTooLarge(
-                    f"{p} in sandbox {sandbox_id} is {size} bytes, over the {max_bytes}-byte "
-                    "read limit: raise max_bytes or read it in parts",
-                    details={"path": p, "size": size, "limit": max_bytes},
-                )
-            data = f.raw(Tag.DATA)
-            parts.append(data)
-            offset += len(data)
-            if len(data) < FILE_CHUNK or offset >= size:
-                return b"".join(parts)
-
-    async def list_dir(self, sandbox_id: str, path: str = ".") -> list[FileInfo]:
-        p = self._path(sandbox_id, path)
-        f = await self._file_request(sandbox_id, Msg.FLIST, p, [])
-        infos = [_file_info(p, raw, child=True) for raw in f.all(Tag.ENTRY)]
-        return sorted(infos, key=lambda i: i.name)
-
-    async def stat(self, sandbox_id: str, path: str) -> FileInfo:
-        p = self._path(sandbox_id, path)
-        f = await self._file_request(sandbox_id, Msg.FSTAT, p, [])
-        return _file_info(p, f.raw(Tag.ENTRY), child=False)
-
-    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
-        p = self._path(sandbox_id, path)
-        if p == "/":
-            raise InvalidArgument("refusing to remove the sandbox's root directory")
-        await self._file_request(sandbox_id, Msg.FREMOVE, p, [(Tag.RECURSIVE, recursive)])
-
-    async def mkdir(
-        self, sandbox_id: str, path: str, *, parents: bool = True, mode: int = 0o755
-    ) -> None:
-        p = self._path(sandbox_id, path)
-        await self._file_request(
-            sandbox_id, Msg.FMKDIR, p, [(Tag.PARENTS, parents), (Tag.MODE, mode)]
-        )
-
-    async def kill_processes(self, sandbox_id: str) -> int:
-        """SIGKILL every process the sandbox's code started (the agent stays; running
-        commands end killed); how many there were. See :mod:`corral.runtime.sweep`."""
-        live = self._running(sandbox_id)
-        assert live.proc is not None
-        return await asyncio.to_thread(sweep.kill_sandbox_code, live.cgroup, live.proc.pid)
 
 
 def _state(s: SandboxState | str) -> SandboxState:
@@ -948,35 +598,6 @@ def _state(s: SandboxState | str) -> SandboxState:
         ) from None
 
 
-def _file_info(parent: str, raw: bytes, *, child: bool) -> FileInfo:
-    import stat as st
-
-    mode, size, mtime, _uid, _gid, name = decode_entry(raw)
-    path = (parent.rstrip("/") + "/" + name) if child else name
-    return FileInfo(
-        path=path,
-        name=name if child else (path.rsplit("/", 1)[-1] or "/"),
-        size=size,
-        mode=st.S_IMODE(mode),
-        mtime=mtime / 1e9,
-        is_dir=st.S_ISDIR(mode),
-        is_symlink=st.S_ISLNK(mode),
-    )
 
 
-def _file_error(sandbox_id: str, path: str, f: Any) -> CorralError:
-    err = f.u64(Tag.ERRNO)
-    details = {"sandbox_id": sandbox_id, "path": path, "errno": err}
-    if err == errno.ENOENT:
-        return FileNotFound(f"no such file or directory in sandbox {sandbox_id}: {path}", details=details)
-    hint = {
-        errno.EACCES: "permission denied (the image's files are read-only; write under "
-        f"{SANDBOX_HOME}, /workspace, /tmp or a directory you created)",
-        errno.ENOSPC: "the sandbox's disk is full (raise disk_mb)",
-        errno.EISDIR: "it is a directory",
-        errno.ENOTDIR: "a part of the path is not a directory",
-        errno.ENOTEMPTY: "the directory is not empty (remove it with recursive=True)",
-        errno.EEXIST: "it already exists",
-        errno.EROFS: "read-only file system",
-    }.get(err, f.text(Tag.MESSAGE))
-    return FileError(f"{path} in sandbox {sandbox_id}: {hint}", details=details)
+_Live = Live  # the name the runtime's other modules knew it by

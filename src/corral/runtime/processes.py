@@ -73,7 +73,8 @@ from corral.schema import ExecEvent, ExecResult
 
 if TYPE_CHECKING:
     from corral.runtime.channel import ExecStream
-    from corral.runtime.engine import Engine, _Live
+    from corral.runtime.engine import Engine
+    from corral.runtime.live import Live as _Live
 
 DEFAULT_MAX_BUFFER = 16 << 20
 """Bytes of unread output the engine keeps per process and stream (stdout, stderr)."""

@@ -11,22 +11,24 @@ theirs reaches below it for those: the rules live here once.
 - **Admission**: a create waits for admission control, which counts the memory the
   sandbox will really get; its place is given back when the sandbox is deleted or
   stopped, and so is a pool's place (:meth:`release`, the one bookkeeping step).
-- **Fork** is one snapshot and ``n`` admitted creates from it, all or nothing; the
-  snapshot goes at once (its layers stay while the copies run).
+- **Fork** is one snapshot and ``n`` admitted creates from it, all or nothing (the
+  engine's one fork, :func:`~corral.runtime.engine_snapshots.fork_from`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from corral.errors import Forbidden, SandboxNotFound
 from corral.runtime.engine import Engine
+from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
 from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
 from corral.server.admission import Admission
 from corral.server.limits import check_host_limits
+
+__all__ = ["Abandoned", "SandboxService", "check_network"]
 
 
 def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
@@ -38,10 +40,6 @@ def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
             "daemon started with --allow-host-network (the Unix socket may always ask)",
             details={"field": "network"},
         )
-
-
-class Abandoned(Exception):
-    """The caller left while its sandboxes were being made; they were deleted."""
 
 
 class SandboxService:
@@ -125,24 +123,9 @@ class SandboxService:
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
     ) -> list[SandboxInfo]:
-        """``n`` new sandboxes with this one's files and spec (``tags`` replaces its
-        tags), all or nothing: on any failure, or if ``abandoned()`` says the caller
-        left, what was made is deleted and the error (or :class:`Abandoned`) raised."""
-        snap = await self.engine.snapshot(sandbox_id)
-        try:
-            spec = self.engine.fork_spec(sandbox_id, snap.id)
-            if tags is not None:
-                spec = spec.model_copy(update={"tags": list(tags)})
-            made = await asyncio.gather(
-                *(self.create(spec) for _ in range(n)), return_exceptions=True
-            )
-        finally:
-            await self.engine.delete_snapshot(snap.id)  # its layers stay while copies run
-        ok = [r for r in made if isinstance(r, SandboxInfo)]
-        failed = [r for r in made if isinstance(r, BaseException)]
-        if failed or (abandoned is not None and await abandoned()):
-            await asyncio.gather(*(self.delete(r.id) for r in ok))
-            if failed:
-                raise failed[0]
-            raise Abandoned()
-        return ok
+        """``n`` new sandboxes with this one's files and spec, each created through
+        admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        return await fork_from(
+            self.engine, sandbox_id, n, create=self.create, delete=self.delete, tags=tags,
+            abandoned=abandoned,
+        )

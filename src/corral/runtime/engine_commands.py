@@ -1,0 +1,183 @@
+"""The engine's commands: run to completion, streamed, or interactive processes.
+
+Mixed into :class:`~corral.runtime.engine.Engine`. A command is one EXEC request to
+the sandbox's agent (fields built by :meth:`CommandOps.command_fields`); its events are
+checked and its timeout and output cap enforced from outside by
+:mod:`corral.runtime.agentconn`; interactive processes are in
+:mod:`corral.runtime.processes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import InvalidArgument, SandboxLost
+from corral.runtime import processes, sweep
+from corral.runtime.agentconn import (
+    command_argv,
+    command_events,
+    limit_fields,
+    output_tail_for,
+)
+from corral.runtime.pathutil import resolve_path
+from corral.runtime.protocol import Tag
+from corral.runtime.uids import SANDBOX_HOME
+from corral.schema import DEFAULT_EXEC_TIMEOUT_S, DEFAULT_MAX_OUTPUT, ExecEvent, ExecResult
+
+if TYPE_CHECKING:
+    from corral.runtime.live import Live
+
+BASE_PATH = (
+    f"{SANDBOX_HOME}/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+
+class CommandOps:
+    """``exec``, ``exec_stream``, ``spawn`` and its process table, ``kill_processes``."""
+
+    if TYPE_CHECKING:
+        _live: dict[str, Live]
+
+        def _running(self, sandbox_id: str) -> Live: ...
+        def _get_live(self, sandbox_id: str) -> Live: ...
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        output_tail: int | None = None,
+    ) -> ExecResult:
+        """Run a command to completion; a timeout or OOM kill is a result, not an error.
+        Each stream keeps ``max_output`` bytes at most: past that, its head and its last
+        ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`)."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+        async for ev in self.exec_stream(
+            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+            max_output=max_output, output_tail=output_tail,
+        ):
+            if ev.kind == "stdout":
+                out.append(ev.data)
+            elif ev.kind == "stderr":
+                err.append(ev.data)
+            else:
+                assert ev.result is not None
+                ev.result.stdout, ev.result.stderr = b"".join(out), b"".join(err)
+                return ev.result
+        raise SandboxLost(f"sandbox {sandbox_id}: the command's stream ended without an exit")
+
+    async def exec_stream(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        output_tail: int | None = None,
+    ) -> AsyncIterator[ExecEvent]:
+        """Run a command and yield its output as it happens, then its exit.
+
+        Closing the iterator early (or cancelling the task) kills the command's
+        process group. The engine caps the output and enforces the timeout itself,
+        whatever the agent says (:mod:`corral.runtime.agentconn`). A stream that went
+        over its cap shows its gap as an event with ``dropped`` set, then its tail.
+        """
+        live = self._running(sandbox_id)
+        tail = output_tail_for(max_output, output_tail)
+        fields = self.command_fields(live, cmd, env, cwd, stdin, limit_fields(timeout, max_output, tail))
+        assert live.channel is not None
+        oom_before = live.cgroup.oom_kills()
+        stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
+        live.busy += 1
+        try:
+            async with aclosing(
+                command_events(live, stream, timeout, cwd, oom_before)
+            ) as events:
+                async for ev in events:
+                    yield ev
+        finally:
+            live.busy -= 1
+            live.last_active = time.monotonic()
+
+    def command_fields(
+        self,
+        live: Live,
+        cmd: str | Sequence[str],
+        env: dict[str, str] | None,
+        cwd: str | None,
+        stdin: bytes | str | None,
+        limits: list[tuple[int, Any]],
+    ) -> list[tuple[int, Any]]:
+        """A command's EXEC fields (``limits``: :func:`~corral.runtime.agentconn.limit_fields`)."""
+        argv = command_argv(cmd)
+        full_env = {
+            "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
+            "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
+            **live.spec.env, **live.spec.secret_env(), **(env or {}),
+        }
+        for k, v in full_env.items():
+            if not isinstance(k, str) or not isinstance(v, str) or "=" in k or "\0" in k + v:
+                raise InvalidArgument(f"invalid environment variable {k!r}")
+        fields: list[tuple[int, Any]] = [(Tag.ARGV, a) for a in argv]
+        fields += [(Tag.ENV, f"{k}={v}") for k, v in full_env.items()]
+        fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
+        fields += limits
+        if stdin:
+            fields.append((Tag.STDIN, stdin.encode() if isinstance(stdin, str) else stdin))
+        return fields
+
+    async def spawn(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        max_buffer: int = processes.DEFAULT_MAX_BUFFER,
+        terminal: processes.TerminalSize | None = None,
+    ) -> processes.Process:
+        """Start an interactive process: stdin stays open, output is read as it comes.
+
+        Returns a :class:`~corral.runtime.processes.Process` (``write``, ``close_stdin``,
+        ``signal``, ``kill``, ``output()``, ``wait``); it dies with its sandbox.
+        ``timeout`` (seconds, ``None``: none) kills it like an exec's; ``max_buffer``
+        bounds the output kept unread (per stream); ``terminal`` (rows, cols): on a
+        pseudo-terminal (:mod:`corral.runtime.terminal`)."""
+        return await processes.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
+                                     timeout=timeout, max_buffer=max_buffer, terminal=terminal)
+
+    def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:
+        """A process of a live sandbox by id; :class:`~corral.errors.NotFound` if none."""
+        return processes.find(self._get_live(sandbox_id), process_id)
+
+    def list_processes(self, sandbox_id: str) -> list[processes.Process]:
+        """The processes of a live sandbox (running, and recently exited), oldest first."""
+        return list(self._get_live(sandbox_id).processes.values())
+
+    def forget_process(self, sandbox_id: str, process_id: str) -> None:
+        """Drop an exited process's record (a running one is killed first by the caller)."""
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            processes.forget(live, process_id)
+
+
+    async def kill_processes(self, sandbox_id: str) -> int:
+        """SIGKILL every process the sandbox's code started (the agent stays; running
+        commands end killed); how many there were. See :mod:`corral.runtime.sweep`."""
+        live = self._running(sandbox_id)
+        assert live.proc is not None
+        return await asyncio.to_thread(sweep.kill_sandbox_code, live.cgroup, live.proc.pid)

@@ -1,0 +1,159 @@
+"""The engine's file operations: a sandbox's files, read and written by its agent.
+
+Mixed into :class:`~corral.runtime.engine.Engine`. Every operation is one request to
+the sandbox's agent (a write or read of more than :data:`FILE_CHUNK` is several), runs
+as the sandbox's user, and counts as activity; the agent's errors become
+:class:`~corral.errors.FileNotFound` / :class:`~corral.errors.FileError` saying what
+to do.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat as st
+import time
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge, InvalidArgument
+from corral.runtime.pathutil import resolve_path
+from corral.runtime.protocol import Msg, Tag, decode_entry
+from corral.runtime.uids import SANDBOX_HOME
+from corral.schema import FileInfo
+
+if TYPE_CHECKING:
+    from corral.runtime.live import Live
+
+FILE_CHUNK = 1 << 20
+DEFAULT_MAX_READ = 64 << 20
+
+
+class FileOps:
+    """``write_file``, ``read_file``, ``list_dir``, ``stat``, ``remove``, ``mkdir``."""
+
+    if TYPE_CHECKING:
+        def _running(self, sandbox_id: str) -> Live: ...
+        def _get_live(self, sandbox_id: str) -> Live: ...
+
+    async def _file_request(self, sandbox_id: str, msg: Msg, path: str, fields: list) -> Any:
+        live = self._running(sandbox_id)
+        assert live.channel is not None
+        live.busy += 1
+        try:
+            reply = await live.channel.request(  # validated; its data no more than asked
+                msg, [(Tag.PATH, path), *fields], max_data=FILE_CHUNK if msg == Msg.FREAD else None
+            )
+        finally:
+            live.busy -= 1
+            live.last_active = time.monotonic()
+        if reply.msg == Msg.ERR:
+            raise _file_error(sandbox_id, path, reply.fields)
+        return reply.fields
+
+    def _path(self, sandbox_id: str, path: str) -> str:
+        live = self._get_live(sandbox_id)
+        return resolve_path(live.spec.workdir, path)
+
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes | str, *, mode: int = 0o644,
+        parents: bool = True,
+    ) -> None:
+        """Write a file inside the sandbox (as its user), creating parent directories."""
+        p = self._path(sandbox_id, path)
+        if isinstance(data, str):
+            data = data.encode()
+        if not 0 <= mode <= 0o7777:
+            raise InvalidArgument(f"invalid file mode {mode:o}")
+        view = memoryview(data)
+        offset = 0
+        while True:
+            chunk = view[offset : offset + FILE_CHUNK]
+            await self._file_request(
+                sandbox_id, Msg.FWRITE, p,
+                [(Tag.DATA, chunk), (Tag.OFFSET, offset), (Tag.TRUNCATE, offset == 0),
+                 (Tag.MODE, mode), (Tag.PARENTS, parents)],
+            )
+            offset += len(chunk)
+            if offset >= len(data):
+                return
+
+    async def read_file(
+        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
+    ) -> bytes:
+        """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``."""
+        p = self._path(sandbox_id, path)
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            f = await self._file_request(
+                sandbox_id, Msg.FREAD, p, [(Tag.OFFSET, offset), (Tag.LENGTH, FILE_CHUNK)]
+            )
+            size = f.u64(Tag.SIZE)
+            if size > max_bytes:
+                raise FileTooLarge(
+                    f"{p} in sandbox {sandbox_id} is {size} bytes, over the {max_bytes}-byte "
+                    "read limit: raise max_bytes or read it in parts",
+                    details={"path": p, "size": size, "limit": max_bytes},
+                )
+            data = f.raw(Tag.DATA)
+            parts.append(data)
+            offset += len(data)
+            if len(data) < FILE_CHUNK or offset >= size:
+                return b"".join(parts)
+
+    async def list_dir(self, sandbox_id: str, path: str = ".") -> list[FileInfo]:
+        p = self._path(sandbox_id, path)
+        f = await self._file_request(sandbox_id, Msg.FLIST, p, [])
+        infos = [_file_info(p, raw, child=True) for raw in f.all(Tag.ENTRY)]
+        return sorted(infos, key=lambda i: i.name)
+
+    async def stat(self, sandbox_id: str, path: str) -> FileInfo:
+        p = self._path(sandbox_id, path)
+        f = await self._file_request(sandbox_id, Msg.FSTAT, p, [])
+        return _file_info(p, f.raw(Tag.ENTRY), child=False)
+
+    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+        p = self._path(sandbox_id, path)
+        if p == "/":
+            raise InvalidArgument("refusing to remove the sandbox's root directory")
+        await self._file_request(sandbox_id, Msg.FREMOVE, p, [(Tag.RECURSIVE, recursive)])
+
+    async def mkdir(
+        self, sandbox_id: str, path: str, *, parents: bool = True, mode: int = 0o755
+    ) -> None:
+        p = self._path(sandbox_id, path)
+        await self._file_request(
+            sandbox_id, Msg.FMKDIR, p, [(Tag.PARENTS, parents), (Tag.MODE, mode)]
+        )
+
+
+def _file_info(parent: str, raw: bytes, *, child: bool) -> FileInfo:
+
+    mode, size, mtime, _uid, _gid, name = decode_entry(raw)
+    path = (parent.rstrip("/") + "/" + name) if child else name
+    return FileInfo(
+        path=path,
+        name=name if child else (path.rsplit("/", 1)[-1] or "/"),
+        size=size,
+        mode=st.S_IMODE(mode),
+        mtime=mtime / 1e9,
+        is_dir=st.S_ISDIR(mode),
+        is_symlink=st.S_ISLNK(mode),
+    )
+
+
+def _file_error(sandbox_id: str, path: str, f: Any) -> CorralError:
+    err = f.u64(Tag.ERRNO)
+    details = {"sandbox_id": sandbox_id, "path": path, "errno": err}
+    if err == errno.ENOENT:
+        return FileNotFound(f"no such file or directory in sandbox {sandbox_id}: {path}", details=details)
+    hint = {
+        errno.EACCES: "permission denied (the image's files are read-only; write under "
+        f"{SANDBOX_HOME}, /workspace, /tmp or a directory you created)",
+        errno.ENOSPC: "the sandbox's disk is full (raise disk_mb)",
+        errno.EISDIR: "it is a directory",
+        errno.ENOTDIR: "a part of the path is not a directory",
+        errno.ENOTEMPTY: "the directory is not empty (remove it with recursive=True)",
+        errno.EEXIST: "it already exists",
+        errno.EROFS: "read-only file system",
+    }.get(err, f.text(Tag.MESSAGE))
+    return FileError(f"{path} in sandbox {sandbox_id}: {hint}", details=details)

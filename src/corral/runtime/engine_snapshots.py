@@ -1,0 +1,138 @@
+"""The engine's snapshots and forks (the storage is :mod:`corral.runtime.snapshots`).
+
+Mixed into :class:`~corral.runtime.engine.Engine`. :func:`fork_from` is the one fork:
+the engine's own (:meth:`SnapshotOps.fork`) and the service layer's (through admission
+control) both call it with their own ``create`` and ``delete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral.errors import InvalidArgument, InvalidState
+from corral.runtime.snapshots import Snapshots
+from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
+
+if TYPE_CHECKING:
+    from corral.runtime.live import Live
+
+
+class Abandoned(Exception):
+    """The caller of a fork left while its sandboxes were being made; they were deleted."""
+
+
+class SnapshotOps:
+    """``snapshot``, ``fork``, ``fork_spec``, ``resolve_spec`` and the snapshot store."""
+
+    if TYPE_CHECKING:
+        _live: dict[str, Live]
+        snapshots: Snapshots
+
+        def _get_live(self, sandbox_id: str) -> Live: ...
+        def get(self, sandbox_id: str) -> SandboxInfo: ...
+        def upper_dir(self, sandbox_id: str) -> Path: ...
+        def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
+        async def create(self, spec: SandboxSpec) -> SandboxInfo: ...
+        async def delete(self, sandbox_id: str) -> bool: ...
+
+    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+        """Commit a sandbox's files as a snapshot that new sandboxes start from
+        (``create(snapshot=...)``). Its processes are frozen while its writable layer is
+        copied (a paused sandbox stays paused), then go on. See
+        :mod:`corral.runtime.snapshots`."""
+        self.snapshots.check_name(name)
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                raise InvalidState(
+                    f"sandbox {sandbox_id} is {live.state.value}: only a running or paused "
+                    "sandbox can be snapshotted",
+                    details={"sandbox_id": sandbox_id, "state": live.state.value},
+                )
+            cgroup = None if live.state == SandboxState.PAUSED else live.cgroup
+            upper = self.upper_dir(sandbox_id)
+            staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id, spec=live.spec,
+                                                ids=self.owner_ids(sandbox_id))
+        return await self.snapshots.commit(
+            staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
+        )
+
+    async def fork(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
+        """``n`` new sandboxes with a copy of this one's files and its spec, made
+        concurrently from a snapshot that goes away when the last of them ends.
+        All or nothing: if one fails to start, the others are deleted."""
+        return await fork_from(self, sandbox_id, n, create=self.create, delete=self.delete)
+
+    def fork_spec(self, sandbox_id: str, snapshot_id: str) -> SandboxSpec:
+        """The spec of a copy of ``sandbox_id`` started from its snapshot: its own, with
+        its secrets, which only the live sandbox holds (the registry keeps them masked)."""
+        live = self._live.get(sandbox_id)
+        secrets = live.spec.secrets if live is not None else {}
+        return self.get(sandbox_id).spec.model_copy(
+            update={"snapshot": snapshot_id, "secrets": secrets}
+        )
+
+    def resolve_spec(self, spec: SandboxSpec) -> SandboxSpec:
+        """The effective spec of a sandbox created from ``spec``: with ``snapshot``, the
+        fields not given come from the snapshot (:class:`SnapshotNotFound` if none)."""
+        return self.snapshots.resolve(spec)
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return self.snapshots.list()
+
+    def get_snapshot(self, id_or_name: str) -> SnapshotInfo:
+        """A snapshot by id or name; :class:`SnapshotNotFound` if there is none."""
+        return self.snapshots.get(id_or_name)
+
+    async def delete_snapshot(self, id_or_name: str) -> bool:
+        """Delete a snapshot. Sandboxes started from it keep running; its layers are
+        removed when the last of them ends. Idempotent: False if it did not exist."""
+        return await self.snapshots.delete(id_or_name)
+
+    async def verify_snapshot(self, id_or_name: str) -> SnapshotInfo:
+        """Re-read a snapshot's layers against their checksums (:class:`InvalidState`
+        if one was changed on disk). Done by itself before a layer's first use after a
+        restart."""
+        return await self.snapshots.verify(id_or_name)
+
+    async def gc_layers(self) -> list[str]:
+        """Remove the layers no snapshot or sandbox references; returns their ids."""
+        return await self.snapshots.gc()
+
+
+async def fork_from(
+    engine: SnapshotOps,
+    sandbox_id: str,
+    n: int,
+    *,
+    create: Callable[[SandboxSpec], Awaitable[SandboxInfo]],
+    delete: Callable[[str], Awaitable[object]],
+    tags: Sequence[str] | None = None,
+    abandoned: Callable[[], Awaitable[bool]] | None = None,
+) -> list[SandboxInfo]:
+    """``n`` new sandboxes with ``sandbox_id``'s files and spec (``tags`` replaces its
+    tags), made by ``create`` from one snapshot that goes away at once (its layers stay
+    while the copies run). All or nothing: on any failure, or if ``abandoned()`` says
+    the caller left, what was made is deleted and the error (or :class:`Abandoned`)
+    raised."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
+    snap = await engine.snapshot(sandbox_id)
+    try:
+        spec = engine.fork_spec(sandbox_id, snap.id)
+        if tags is not None:
+            spec = spec.model_copy(update={"tags": list(tags)})
+        made = await asyncio.gather(*(create(spec) for _ in range(n)), return_exceptions=True)
+    finally:
+        await engine.snapshots.delete(snap.id)  # deferred while the copies run
+    ok = [r for r in made if isinstance(r, SandboxInfo)]
+    failed = [r for r in made if isinstance(r, BaseException)]
+    if failed or (abandoned is not None and await abandoned()):
+        await asyncio.gather(*(delete(r.id) for r in ok))
+        if failed:
+            raise failed[0]
+        raise Abandoned()
+    return ok

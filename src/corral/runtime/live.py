@@ -1,0 +1,47 @@
+"""What the engine holds for a sandbox whose processes exist (:class:`Live`).
+
+One per running, paused or ending sandbox, in :attr:`Engine._live
+<corral.runtime.engine.Engine>`; its ``lock`` orders lifecycle changes, ``busy`` counts
+the commands and file operations in flight (an ``idle_timeout`` waits for them),
+``processes`` are its interactive processes (they end with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.runtime.channel import AgentChannel
+from corral.schema import SandboxSpec, SandboxState
+
+
+@dataclass
+class Live:
+    """What the engine holds for a sandbox whose processes exist."""
+
+    id: str
+    spec: SandboxSpec
+    state: SandboxState
+    sandbox_dir: Path
+    cgroup: Any
+    uid: int = -1  # its host uid and gid, its own (corral.runtime.uids)
+    proc: subprocess.Popen | None = None
+    channel: AgentChannel | None = None
+    started_at: float = 0.0
+    last_active: float = field(default_factory=time.monotonic)
+    busy: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    ending: bool = False
+    snapshot_id: str | None = None  # started from it: holds a reference until released
+    ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
+    processes: dict[str, Any] = field(default_factory=dict)  # id -> processes.Process
+    log: Any = None  # logtail.LogTail: the launcher's, bwrap's and the agent's stderr
+
+    def touch(self) -> None:
+        """Something happened in it now (for ``idle_timeout``)."""
+        self.last_active = time.monotonic()
