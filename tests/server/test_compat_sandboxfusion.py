@@ -172,6 +172,47 @@ def test_files_in_and_fetch_files_out(daemon_ok):
     assert base64.b64decode(r["files"]["bin.dat"]) == bytes(range(256))
 
 
+CPP = """
+#include <bits/stdc++.h>
+int main() { long a, b; std::cin >> a >> b; std::cout << a * b << std::endl; }
+"""
+
+
+def test_cpp_and_nodejs_from_the_fusion_image(daemon_ok):
+    """``make test`` builds the ``fusion`` image (scripts/install.sh runs prepare)."""
+    out = run_script(daemon_ok, f"""
+        out["cpp"] = code(language="cpp", stdin="5 7\\n", code={CPP!r})
+        out["bad_cpp"] = code(language="cpp", code="int main() {{ return undeclared; }}")
+        out["cpp_exit"] = code(language="cpp", code="int main() {{ return 4; }}")
+        out["node"] = code(language="nodejs", stdin="hello",
+                           code="const s = require('fs').readFileSync(0, 'utf8');"
+                                "console.log(s.toUpperCase(), process.version.startsWith('v'))")
+        out["node_err"] = code(language="nodejs", code="throw new Error('nope')")
+        out["pytest"] = code(language="pytest",
+                             code="def test_ok():\\n    assert 1 + 1 == 2\\n"
+                                  "def test_bad():\\n    assert 1 + 1 == 3\\n")
+    """)
+    cpp = out["cpp"]
+    assert cpp["status"] == "Success", cpp
+    assert (cpp["compile_result"]["status"], cpp["compile_result"]["return_code"]) == (
+        "Finished", 0)
+    assert cpp["run_result"]["stdout"] == "35\n"
+    bad = out["bad_cpp"]
+    assert bad["status"] == "Failed" and bad["run_result"] is None, bad
+    assert bad["compile_result"]["return_code"] != 0
+    assert "undeclared" in bad["compile_result"]["stderr"]
+    assert out["cpp_exit"]["status"] == "Failed"
+    assert out["cpp_exit"]["run_result"]["return_code"] == 4
+    node = out["node"]
+    assert node["status"] == "Success", node
+    assert node["run_result"]["stdout"] == "HELLO true\n"
+    assert out["node_err"]["run_result"]["return_code"] == 1
+    assert "Error: nope" in out["node_err"]["run_result"]["stderr"]
+    pt = out["pytest"]
+    assert pt["status"] == "Failed" and pt["run_result"]["return_code"] == 1, pt
+    assert "1 failed, 1 passed" in pt["run_result"]["stdout"]
+
+
 def test_run_jupyter_cells(daemon_ok):
     out = run_script(daemon_ok, """
         r = run_jupyter(RunJupyterRequest(cells=[
@@ -267,7 +308,6 @@ def test_wrong_token_is_refused_and_never_logged(daemon_ok):
     assert good not in log
 
 
-@pytest.mark.slow
 def test_load_200_requests_at_concurrency_16(daemon_ok):
     def one(i: int) -> str:
         r = httpx.post(f"{daemon_ok.endpoint}/run_code",
