@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -306,6 +307,34 @@ def test_wrong_token_is_refused_and_never_logged(daemon_ok):
     log = daemon_ok.log.read_text(errors="replace")
     assert "/sandboxfusion/TOKEN/run_code" in log
     assert good not in log
+
+
+def handed_out(d: FusionDaemon) -> set[str]:
+    with uds_client(d.socket) as c:
+        pools = c.get("/v1/pools").json()["pools"]
+        return {sid for p in pools for sid in c.get(f"/v1/pools/{p['name']}").json()[
+            "acquired_ids"]}
+
+
+def test_a_client_that_hangs_up_gets_its_sandbox_deleted(daemon_ok):
+    body = json.dumps({"code": "import time; time.sleep(300)", "language": "python",
+                       "run_timeout": 600}).encode()
+    with socket.create_connection(("127.0.0.1", daemon_ok.port), timeout=10) as s:
+        s.sendall(b"POST /sandboxfusion/" + TOKEN.encode() + b"/run_code HTTP/1.1\r\n"
+                  b"Host: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        for _ in range(600):  # bounded: until the request holds its sandbox
+            if taken := handed_out(daemon_ok):
+                break
+            time.sleep(0.05)
+        assert taken, "the request never got a sandbox"
+    for _ in range(600):  # bounded: until the daemon noticed and deleted it
+        if not handed_out(daemon_ok):
+            break
+        time.sleep(0.05)
+    assert handed_out(daemon_ok) == set()
+    with uds_client(daemon_ok.socket) as c:
+        assert c.get(f"/v1/sandboxes/{taken.pop()}").status_code == 404
 
 
 def test_load_200_requests_at_concurrency_16(daemon_ok):
