@@ -235,6 +235,28 @@ def test_run_jupyter_cells(daemon_ok):
     assert cells[5]["display"] == [{"text/plain": "124"}]  # cells after an error still run
 
 
+def test_run_jupyter_timeouts_and_files(daemon_ok):
+    out = run_script(daemon_ok, """
+        import base64
+        r = run_jupyter(RunJupyterRequest(
+            cells=["import time", "time.sleep(30)", "open('out.txt', 'w').write(open('in.txt').read() * 2)"],
+            cell_timeout=1, files={"in.txt": base64.b64encode(b"ab").decode()},
+            fetch_files=["out.txt"]), max_attempts=1)
+        out["cells"] = r.dict()
+        r = run_jupyter(RunJupyterRequest(cells=["import time; time.sleep(30)"], total_timeout=1),
+                        max_attempts=1)
+        out["total"] = r.dict()
+    """)
+    cells = out["cells"]
+    assert cells["status"] == "Success", cells
+    assert cells["cells"][1]["error"][0]["ename"] == "CellTimeout"
+    assert cells["cells"][2]["display"] == [{"text/plain": "4"}]
+    assert base64.b64decode(cells["files"]["out.txt"]) == b"abab"
+    total = out["total"]
+    assert total["status"] == "Failed" and total["cells"] == [], total
+    assert total["driver"]["status"] == "TimeLimitExceeded"
+
+
 def verl_request(d: FusionDaemon, **over) -> httpx.Response:
     """What verl's ``call_sandbox_api`` posts (raw JSON to ``sandbox_fusion_url``)."""
     payload = {
@@ -286,6 +308,16 @@ def test_bad_input_is_answered_in_its_own_shape(daemon_ok):
     assert r.json()["status"] == "SandboxError" and "CORRAL_FUSION_IMAGES" in r.json()["message"]
     r = httpx.post(url, json={"code": "x", "language": "verilog"}, timeout=30)
     assert r.json()["status"] == "SandboxError" and "does not run" in r.json()["message"]
+    # memory_limit_MB: more than any sandbox may have is a SandboxError, not a 500;
+    # less than the least a sandbox has gets that least
+    r = httpx.post(url, json={"code": "1", "language": "python", "memory_limit_MB": 1 << 40},
+                   timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "SandboxError", r.text
+    r = httpx.post(url, json={"code": "print(2)", "language": "python", "memory_limit_MB": 1},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["status"] in ("Success", "Failed"), r.text
+    r = httpx.post(f"{daemon_ok.endpoint}/run_jupyter", json={"cells": "print(1)"}, timeout=30)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "cells"]
 
 
 def test_wrong_token_is_refused_and_never_logged(daemon_ok):

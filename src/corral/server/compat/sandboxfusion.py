@@ -56,6 +56,7 @@ from corral.server.compat.sandboxfusion_model import (
     LANGUAGES,
     MAX_FETCH_BYTES,
     MAX_OUTPUT,
+    MAX_TIMEOUT_S,
     SANDBOX_ERROR,
     SUCCESS,
     DriverOutput,
@@ -78,7 +79,9 @@ REDACTED = "TOKEN"  # what the path shows in place of the token, from the guard 
 TOKEN_KEY = "corral.sandboxfusion.token"  # where the guard puts it (the ASGI scope)
 TAG = "sandboxfusion"
 MAX_POOLS = 8  # pools the front-end makes; more (image, memory) pairs get plain creates
-POOL_LIFETIME_S = 3600.0  # a handed-out sandbox keeps at least half: > 2 x MAX_TIMEOUT_S
+MAX_POOLED_MEMORY_MB = 4 * DEFAULT_MEMORY_MB  # bigger sandboxes are not kept idle
+MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB gets it
+POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
 MAX_FETCH_TOTAL = 256 << 20
 STDIN_INLINE = 1 << 20  # larger stdin goes through a file
 KERNEL = Path(__file__).with_name("sandboxfusion_kernel.py")
@@ -153,7 +156,8 @@ class FusionFrontend:
         ))
         key = (image, spec.memory_mb)
         name = self.pools.get(key)
-        if name is None and len(self.pools) < MAX_POOLS:
+        pooled = spec.memory_mb <= MAX_POOLED_MEMORY_MB and len(self.pools) < MAX_POOLS
+        if name is None and pooled:
             name = f"{TAG}-{image}-{spec.memory_mb}"
             if name not in {p.name for p in service.pools.list_pools()}:
                 service.pools.create_pool(
@@ -179,7 +183,8 @@ class FusionFrontend:
 
     @staticmethod
     def memory_mb(limit: int) -> int:
-        return limit if limit > 0 else DEFAULT_MEMORY_MB
+        """The sandbox's memory for ``memory_limit_MB`` (-1: corral's default)."""
+        return max(limit, MIN_MEMORY_MB) if limit > 0 else DEFAULT_MEMORY_MB
 
     # ------------------------------------------------------------------- steps
 

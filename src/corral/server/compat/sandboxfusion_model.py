@@ -47,7 +47,7 @@ Language = Literal[
 ]
 
 DEFAULT_TIMEOUT_S = 10.0
-MAX_TIMEOUT_S = 3600.0
+MAX_TIMEOUT_S = 900.0  # compile_timeout, run_timeout, total_timeout: each at most this
 MAX_FILES = 1000
 MAX_OUTPUT = 1 << 20  # bytes kept of each stream, like SandboxFusion's runner (head only)
 MAX_FETCH_BYTES = 64 << 20  # a fetched file bigger than this is an error, not a silent cut
