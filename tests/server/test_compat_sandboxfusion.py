@@ -284,6 +284,12 @@ def test_verl_request_shape(daemon_ok):
                      code="x = bytearray(512 << 20)\nprint('survived')")
     assert r.json()["status"] == "Failed", r.text
     assert r.json()["run_result"]["stdout"] == ""
+    # a big test input (over what goes inline with the command) arrives whole
+    big = "".join(f"{i}\n" for i in range(300_000))
+    r = verl_request(daemon_ok, stdin=big,
+                     code="import sys\nlines = sys.stdin.read().split()\n"
+                          "print(len(lines), sum(map(int, lines)))")
+    assert r.json()["run_result"]["stdout"] == f"300000 {sum(range(300_000))}\n", r.text
     # verl sends stdin None when a case has no input
     r = verl_request(daemon_ok, stdin=None, code="print('no input')")
     assert r.json()["run_result"]["stdout"] == "no input\n"

@@ -146,6 +146,7 @@ class FusionFrontend:
     def __init__(self, settings: FusionSettings) -> None:
         self.settings = settings
         self.pools: dict[tuple[str, int], str] = {}
+        self.kernel = KERNEL.read_bytes()
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -204,7 +205,7 @@ class FusionFrontend:
             try:
                 data = await engine.read_file(sid, name, max_bytes=min(MAX_FETCH_BYTES, left))
             except FileTooLarge:
-                raise
+                raise  # a SandboxError naming it, never a silently missing file
             except FileError:  # missing, a directory, not a regular file
                 continue
             left -= len(data)
@@ -266,7 +267,7 @@ class FusionFrontend:
         job = {"cells": req.cells, "cell_timeout": req.cell_timeout, "result": result}
         async with self.sandbox(request, image, self.memory_mb(req.memory_limit_MB)) as sid:
             await self.write_files(request, sid, {
-                **files, driver: KERNEL.read_bytes(), config: json.dumps(job).encode()
+                **files, driver: self.kernel, config: json.dumps(job).encode()
             })
             ran = await self.command(
                 request, sid, ["python3", driver, config], req.total_timeout
