@@ -34,6 +34,8 @@ import contextlib
 import hashlib
 import hmac
 import json
+import logging
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -73,7 +75,10 @@ from corral.server.compat.sandboxfusion_model import (
 from corral.server.limits import parse_json
 from corral.server.wire import read_body
 
+logger = logging.getLogger("corral.server")
+
 PREFIX = "/sandboxfusion/"
+PATH_SAFE = re.compile(r"[A-Za-z0-9._~-]+")  # a token that needs no escaping in a path
 ENDPOINTS = ("run_code", "run_jupyter")
 REDACTED = "TOKEN"  # what the path shows in place of the token, from the guard on
 TOKEN_KEY = "corral.sandboxfusion.token"  # where the guard puts it (the ASGI scope)
@@ -330,4 +335,10 @@ def mount(app: Starlette) -> None:
     native routes like the Tensorlake front-end's."""
     app.state.sandboxfusion = FusionFrontend(FusionSettings.from_env())
     app.router.default = Router(routes=routes(), default=app.router.default)
+    token = app.state.settings.token
+    if token and not PATH_SAFE.fullmatch(token):
+        logger.warning(
+            "the daemon's token has characters other than letters, digits and -._~: "
+            "SandboxFusion clients, which send it in the URL path, cannot use it as is"
+        )
 
