@@ -322,6 +322,20 @@ def test_bad_input_is_answered_in_its_own_shape(daemon_ok):
     r = httpx.post(url, json={"code": "print(2)", "language": "python", "memory_limit_MB": 1},
                    timeout=60)
     assert r.status_code == 200 and r.json()["status"] in ("Success", "Failed"), r.text
+    # files the sandbox user may not write, or outside its root: a SandboxError, and the
+    # sandbox is gone all the same (checked() looks)
+    for name in ("/etc/passwd", "../../../../../x"):
+        r = httpx.post(url, json={"code": "1", "language": "python", "files": {name: "YQ=="}},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["status"] == "SandboxError", r.text
+    # a fetched file is read only up to a bound: a huge sparse one is refused, named
+    r = httpx.post(url, json={"code": "open('big', 'w').truncate(1 << 40)", "language": "python",
+                              "fetch_files": ["big", "/dev/zero"]}, timeout=60)
+    assert r.json()["status"] == "SandboxError" and "big" in r.json()["message"], r.text
+    r = httpx.post(url, json={"code": "import os; os.mkfifo('pipe')", "language": "python",
+                              "fetch_files": ["pipe", "/dev/zero"]},
+                   timeout=60)
+    assert r.json()["status"] == "Success" and r.json()["files"] == {}, r.text
     r = httpx.post(f"{daemon_ok.endpoint}/run_jupyter", json={"cells": "print(1)"}, timeout=30)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "cells"]
 
