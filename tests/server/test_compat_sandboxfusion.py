@@ -124,6 +124,7 @@ def test_python_with_stdin_and_bash(daemon_ok):
         out["py"] = code(language="python", stdin="21\\n",
                          code="import sys\\nn = int(sys.stdin.read())\\nprint(n * 2)")
         out["bash"] = code(language="bash", code="echo hi; echo err >&2; whoami")
+        out["perl"] = code(language="perl", stdin="4", code="my $n = <STDIN>; print $n ** 2")
     """)
     py, bash = out["py"], out["bash"]
     assert py["status"] == "Success" and py["message"] == "", py
@@ -135,6 +136,7 @@ def test_python_with_stdin_and_bash(daemon_ok):
     assert bash["status"] == "Success", bash
     assert bash["run_result"]["stdout"] == "hi\nsandbox\n"
     assert bash["run_result"]["stderr"] == "err\n"
+    assert out["perl"]["run_result"]["stdout"] == "16", out["perl"]
 
 
 def test_timeout_and_nonzero_exit(daemon_ok):

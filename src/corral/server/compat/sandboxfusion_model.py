@@ -17,8 +17,8 @@ Contract checked against SandboxFusion's server (``sandbox/server/sandbox_api.py
 **Settings** (environment variables of the daemon, read once when it starts):
 
 - ``CORRAL_FUSION_IMAGES``: ``language=image`` pairs separated by commas, over the
-  defaults of :data:`DEFAULT_IMAGES` (``python``/``pytest``/``bash`` → ``python``;
-  ``cpp``/``nodejs``/``js`` → ``fusion``), e.g. ``go=my-go,rust=my-rust``. The image
+  defaults of :data:`DEFAULT_IMAGES` (``python``/``bash``/``perl`` → ``python``;
+  ``cpp``/``nodejs``/``js``/``pytest`` → ``fusion``), e.g. ``go=my-go,rust=my-rust``. The image
   must provide the toolchain :data:`LANGUAGES` runs.
 - ``CORRAL_FUSION_WARM`` (default 4): ready sandboxes each of the front-end's warm
   pools keeps (one pool per image and memory size in use, made on first use).
@@ -91,7 +91,7 @@ LANGUAGES: dict[str, Toolchain] = {
 }
 
 DEFAULT_IMAGES: dict[str, str] = {
-    "python": "python", "pytest": FUSION_IMAGE, "bash": "python",
+    "python": "python", "pytest": FUSION_IMAGE, "bash": "python", "perl": "python",
     "cpp": FUSION_IMAGE, "nodejs": FUSION_IMAGE, "js": FUSION_IMAGE,
 }
 
