@@ -48,6 +48,8 @@ def test_settings_from_env():
             FusionSettings.from_env(bad)
     assert "CORRAL_FUSION_IMAGES=go=IMAGE" in got.missing("rust").replace("rust", "go")
     assert "does not run" in got.missing("verilog")
+    assert "corral.runtime.prepare" in got.not_built("cpp", "fusion")
+    assert "corral image build" in got.not_built("go", "my-go")
 
 
 def test_requests_take_verl_fields_and_refuse_bad_ones():

@@ -48,7 +48,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Scope
 
-from corral.errors import CorralError, FileError, FileTooLarge, InvalidArgument, NotFound
+from corral.errors import (
+    CorralError,
+    FileError,
+    FileTooLarge,
+    ImageNotFound,
+    InvalidArgument,
+    NotFound,
+    Unsupported,
+)
 from corral.pool_schema import MAX_POOL_SIZE
 from corral.schema import DEFAULT_MEMORY_MB, SandboxInfo, SandboxSpec
 from corral.server import context as ctx
@@ -234,12 +242,14 @@ class FusionFrontend:
     # --------------------------------------------------------------- endpoints
 
     def _image(self, request: Request, language: str) -> str:
-        """The image ``language`` runs in; :class:`_Refused` naming what to build."""
+        """The image ``language`` runs in; :class:`Unsupported` or
+        :class:`ImageNotFound` naming what to build (a ``SandboxError`` reply)."""
         image = self.settings.images.get(language)
         if image is None or language not in LANGUAGES:
-            raise _Refused(self.settings.missing(language))
+            raise Unsupported(self.settings.missing(language), details={"language": language})
         if not ctx.engine(request).images.exists(image):
-            raise _Refused(self.settings.not_built(language, image))
+            raise ImageNotFound(self.settings.not_built(language, image),
+                                details={"language": language, "image": image})
         return image
 
     async def run_code(self, request: Request, req: RunCodeRequest) -> dict[str, Any]:
@@ -291,14 +301,6 @@ class FusionFrontend:
         )
 
 
-class _Refused(Exception):
-    """What SandboxFusion's runners would fail on: a ``SandboxError`` reply."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
 def _endpoint(
     model: type[T], run: Callable[[FusionFrontend, Request, T], Awaitable[dict[str, Any]]],
     failed: Callable[..., dict[str, Any]],
@@ -313,7 +315,7 @@ def _endpoint(
         frontend: FusionFrontend = request.app.state.sandboxfusion
         try:
             reply = await ctx.unless_disconnected(request, run(frontend, request, req))
-        except (_Refused, CorralError) as exc:
+        except CorralError as exc:  # what SandboxFusion's runners would fail on
             reply = failed(SANDBOX_ERROR, exc.message)
         return JSONResponse(reply)
 
