@@ -286,6 +286,9 @@ def test_verl_request_shape(daemon_ok):
                      code="x = bytearray(512 << 20)\nprint('survived')")
     assert r.json()["status"] == "Failed", r.text
     assert r.json()["run_result"]["stdout"] == ""
+    # a memory size no pool keeps: a sandbox made for the request alone
+    r = verl_request(daemon_ok, memory_limit_MB=5000)
+    assert r.json()["run_result"]["stdout"] == "cba\n", r.text
     # a big test input (over what goes inline with the command) arrives whole
     big = "".join(f"{i}\n" for i in range(300_000))
     r = verl_request(daemon_ok, stdin=big,

@@ -30,7 +30,8 @@ from corral.runtime.paths import Layout
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 # Debian images built like the default one, with more packages (``fusion``: the
 # toolchains of SandboxFusion's cpp, nodejs and pytest languages).
-DEBIAN_IMAGES = {"fusion": (*DEFAULT_PACKAGES, "g++", "nodejs", "python3-pytest")}
+FUSION_IMAGE = "fusion"
+DEBIAN_IMAGES = {FUSION_IMAGE: (*DEFAULT_PACKAGES, "g++", "nodejs", "python3-pytest")}
 
 
 def builtin_specs() -> list[Path]:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.errors import InvalidArgument
+from corral.runtime.prepare import FUSION_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import ExecResult
 
 # Every language SandboxFusion's server or its 0.3.7 client names (its ``Language``).
@@ -52,7 +53,6 @@ MAX_FILES = 1000
 MAX_OUTPUT = 1 << 20  # bytes kept of each stream, like SandboxFusion's runner (head only)
 MAX_FETCH_BYTES = 64 << 20  # a fetched file bigger than this is an error, not a silent cut
 DEFAULT_WARM = 4
-FUSION_IMAGE = "fusion"  # built by `python -m corral.runtime.prepare` (scripts/install.sh)
 
 
 @dataclass(frozen=True)
