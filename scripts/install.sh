@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything corral needs on a fresh Debian 12 machine (run as root):
-# Debian packages, a virtualenv with corral and its dev extras, and the default image.
+# Debian packages, a virtualenv with corral and its dev extras, and the built-in images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +31,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
-# Build (or reuse the cached) default image and agent binary.
+# Build (or reuse the cached) default image, the agent binary and the built-in images
+# (rl; fusion: g++, nodejs and pytest for SandboxFusion's languages, ~2 minutes the
+# first time). The compat extra above brings the clients the compat tests drive
+# (tensorlake, cwsandbox, sandbox-fusion).
 .venv/bin/python -m corral.runtime.prepare

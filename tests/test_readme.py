@@ -23,6 +23,7 @@ CORRAL = [sys.executable, "-m", "corral.cli.main"]
 SDK_BLOCK = "import corral\n\nwith corral.Sandbox.create("
 RL_BLOCK = "import corral.rl as rl\n"
 CLI_BLOCK = "id=$(corral create"
+FUSION_BLOCK = "from sandbox_fusion import"
 NOT_RUN = {  # first line of a runnable-looking block -> why no test runs it
     "make demo": "installs everything and runs the whole suite: it is how tests run",
     "corral serve --tcp 127.0.0.1:7070": "needs the tensorlake client and your script; "
@@ -44,7 +45,7 @@ def block(lang: str, start: str) -> str:
 
 
 def test_every_block_is_run_checked_or_excused():
-    runnable = (SDK_BLOCK, RL_BLOCK, CLI_BLOCK, *NOT_RUN)
+    runnable = (SDK_BLOCK, RL_BLOCK, CLI_BLOCK, FUSION_BLOCK, *NOT_RUN)
     for lang, text in blocks():
         if lang in ("python", "sh"):
             assert text.startswith(runnable), f"README {lang} block run by no test:\n{text}"
@@ -119,6 +120,18 @@ def test_readme_syntax_names_real_commands():
     for words in commands:
         proc = _run([*CORRAL, *words, "-h"], dict(os.environ), timeout=60)
         assert proc.returncode == 0, (words, proc.stderr)
+
+
+def test_readme_sandboxfusion_example_runs():
+    """The SandboxFusion block, with only SANDBOX_FUSION_ENDPOINT pointing at a daemon."""
+    pytest.importorskip("sandbox_fusion", reason="the compat extra is not installed")
+    from tests.server.test_compat_sandboxfusion import serving
+
+    with serving() as d:
+        env = {**os.environ, "SANDBOX_FUSION_ENDPOINT": d.endpoint}
+        proc = _run([sys.executable, "-c", block("python", FUSION_BLOCK)], env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "Success 'cba\\n'\n"
 
 
 def test_readme_image_spec_parses():

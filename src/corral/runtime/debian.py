@@ -170,8 +170,10 @@ def find_python(rootfs: Path) -> str | None:
     return None
 
 
-def _debootstrap(codename: str, target: Path, mirror: str, log: Log) -> None:
-    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(DEFAULT_PACKAGES),
+def _debootstrap(
+    codename: str, target: Path, mirror: str, log: Log, packages: tuple[str, ...] = DEFAULT_PACKAGES
+) -> None:
+    cmd = ["debootstrap", "--variant=minbase", "--include=" + ",".join(packages),
            codename, str(target), mirror]
     # A clean environment: nothing of the caller's (tokens, paths, locale) may end up in
     # the image through maintainer scripts.
@@ -204,7 +206,7 @@ def _debootstrap(codename: str, target: Path, mirror: str, log: Log) -> None:
             log_tail = (target / "debootstrap/debootstrap.log").read_text().splitlines()[-20:]
             output += "\n--- debootstrap.log ---\n" + "\n".join(log_tail)
         raise InternalError(
-            f"debootstrap failed (exit {rc}) building the default image from {mirror}; "
+            f"debootstrap failed (exit {rc}) building an image from {mirror}; "
             f"check the mirror (or set {MIRROR_ENV}) and the network. Last output:\n{output}",
             details={"exit_code": rc},
         )

@@ -39,7 +39,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,40 +344,65 @@ class ImageStore:
         Safe against concurrent callers in any process: one builds, the others wait
         for it (an flock on ``.build-python.lock``) and then share the result.
         """
-        name = DEFAULT_IMAGE
+        return self._ensure(DEFAULT_IMAGE, DEFAULT_PACKAGES, lambda: self._build_default(log), log)
+
+    def ensure_debian(self, name: str, packages: tuple[str, ...], *, log: Log = print) -> Image:
+        """Return the image ``name``: Debian like the default image, with ``packages``
+        instead of :data:`DEFAULT_PACKAGES` (give them too), built first if missing.
+
+        Built on the host like the default image (debootstrap as root, the packages'
+        maintainer scripts in a chroot of the new tree), so only for package lists
+        written in corral's own code (``python -m corral.runtime.prepare``), never
+        for a list a client sends.
+        """
+        validate_name(name)
+        build = lambda: self._build_debian(name, packages, log)  # noqa: E731
+        return self._ensure(name, packages, build, log)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _ensure(
+        self, name: str, packages: tuple[str, ...], build: Callable[[], Image], log: Log
+    ) -> Image:
         if self.exists(name):
-            return self._checked_default(log)
+            return self._checked_debian(name, packages, log)
         self.images_dir.mkdir(parents=True, exist_ok=True)
         with _flock(self.images_dir / f".build-{name}.lock",
                     on_wait=lambda: log(f"waiting for another build of image {name!r}...")):
             if self.exists(name):
-                return self._checked_default(log)
-            return self._build_default(log)
+                return self._checked_debian(name, packages, log)
+            return build()
 
-    # -- internals -----------------------------------------------------------------
-
-    def _checked_default(self, log: Log) -> Image:
-        image = self.get(DEFAULT_IMAGE)
-        recipe = self.manifest(DEFAULT_IMAGE).get("source", {}).get("recipe")
+    def _checked_debian(self, name: str, packages: tuple[str, ...], log: Log) -> Image:
+        image = self.get(name)
+        source = self.manifest(name).get("source", {})
+        recipe = source.get("recipe")
         if recipe != DEFAULT_RECIPE_VERSION:
-            log(f"note: image {DEFAULT_IMAGE!r} was built by recipe {recipe}, the current one "
+            log(f"note: image {name!r} was built by recipe {recipe}, the current one "
                 f"is {DEFAULT_RECIPE_VERSION}; remove it (and its sandboxes) to rebuild it")
+        elif source.get("include") != list(packages):
+            log(f"note: image {name!r} was built with {', '.join(source.get('include') or [])}; "
+                f"the current list is {', '.join(packages)}: remove it (and its sandboxes) "
+                "to rebuild it")
         return image
 
     def _build_default(self, log: Log) -> Image:
+        return self._build_debian(DEFAULT_IMAGE, DEFAULT_PACKAGES, log)
+
+    def _build_debian(self, name: str, packages: tuple[str, ...], log: Log) -> Image:
         started = time.monotonic()
         if shutil.which("debootstrap") is None:
-            raise InternalError("debootstrap is not installed; install it (apt-get install "
-                                "debootstrap) to build the default image")
+            raise InternalError(f"debootstrap is not installed; install it (apt-get install "
+                                f"debootstrap) to build the image {name!r}")
         codename = host_codename()
         mirror = find_debian_mirror(codename)
         self._clean_stale()
-        tmp = self._new_tmp_dir(DEFAULT_IMAGE)
+        tmp = self._new_tmp_dir(name)
         rootfs = tmp / ROOTFS
-        log(f"building image {DEFAULT_IMAGE!r}: Debian {codename} + "
-            f"{', '.join(DEFAULT_PACKAGES)} (takes a minute or two)")
+        log(f"building image {name!r}: Debian {codename} + "
+            f"{', '.join(packages)} (takes a minute or two)")
         try:
-            _debootstrap(codename, rootfs, mirror, log)
+            _debootstrap(codename, rootfs, mirror, log, packages)
             log("post-processing the root filesystem...")
             _unmount_below(rootfs)
             python = postprocess_default_rootfs(rootfs)
@@ -386,15 +411,15 @@ class ImageStore:
                 "recipe": DEFAULT_RECIPE_VERSION,
                 "suite": codename,
                 "variant": "minbase",
-                "include": list(DEFAULT_PACKAGES),
+                "include": list(packages),
                 "packages": _installed_packages(rootfs),
             }
-            image = self._publish(DEFAULT_IMAGE, tmp, source=source,
+            image = self._publish(name, tmp, source=source,
                                   extra={"debian": codename, "python": python})
         except BaseException:
             _remove_tree(tmp)
             raise
-        log(f"image {DEFAULT_IMAGE!r} ready: {image.size_bytes / 1e6:.0f} MB in "
+        log(f"image {name!r} ready: {image.size_bytes / 1e6:.0f} MB in "
             f"{time.monotonic() - started:.0f} s ({image.rootfs})")
         return image
 

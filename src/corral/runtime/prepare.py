@@ -8,6 +8,8 @@ Everything is cached under ``CORRAL_CACHE_DIR`` (see :mod:`corral.runtime.paths`
 running it again is fast. The built-in images are the specs in
 ``corral/runtime/builtin/*.yaml`` (``rl``: python + gymnasium + numpy); an image of
 that name that is not their build (a hand-made one) is replaced, in one atomic swap.
+The built-in Debian images (:data:`DEBIAN_IMAGES`) need packages only ``apt`` as root
+installs (compilers): they are built like the default image, by debootstrap.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from typing import Any
 
 from corral.errors import CorralError
 from corral.image_schema import BuildEvent
-from corral.runtime.images import ImageStore
+from corral.runtime.images import DEFAULT_PACKAGES, ImageStore
 from corral.runtime.paths import Layout
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+# Debian images built like the default one, with more packages (``fusion``: the
+# toolchains of SandboxFusion's cpp, nodejs and pytest languages).
+FUSION_IMAGE = "fusion"
+DEBIAN_IMAGES = {FUSION_IMAGE: (*DEFAULT_PACKAGES, "g++", "nodejs", "python3-pytest")}
 
 
 def builtin_specs() -> list[Path]:
@@ -35,8 +41,12 @@ def builtin_specs() -> list[Path]:
 
 def main() -> None:
     layout = Layout.create()
-    image = ImageStore(layout.images_dir).ensure_default()
+    store = ImageStore(layout.images_dir)
+    image = store.ensure_default()
     print(f"image {image.name!r}: {image.rootfs} ({image.size_bytes / 1e6:.0f} MB)")
+    for name, packages in DEBIAN_IMAGES.items():
+        image = store.ensure_debian(name, packages)
+        print(f"image {name!r}: {image.rootfs} ({image.size_bytes / 1e6:.0f} MB)")
 
     # The agent binary that runs inside every sandbox (corral.runtime.agentbuild).
     from corral.runtime.agentbuild import ensure_agent

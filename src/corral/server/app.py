@@ -9,7 +9,9 @@ nothing is kept at module level. Every error a client sees has the shape
 - anything else is logged with its traceback and the client gets 500 ``internal``.
 
 Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
-are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``.
+are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``,
+except SandboxFusion's two endpoints, whose clients send the token in the path
+(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs).
 The token is checked from the headers alone: a refused request's body is never read, and
 its connection is closed. What a request may cost before and after that is bounded in
 :mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
@@ -32,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.server.admission import Admission, Limits
+from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
@@ -142,6 +145,8 @@ class Guard:
 
     def _check_auth(self, scope: Scope) -> Unauthorized | None:
         # uvicorn reports a Unix socket's listener as (its path, None).
+        if sandboxfusion_compat.lift_token(scope):
+            return None  # its endpoints check the token in their path themselves
         if scope.get("server") == (self.unix_socket, None):
             return None  # our own socket file: only its owner can connect
         if not self.token:
@@ -197,4 +202,5 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     service = app.state.service = SandboxService(engine, Admission(limits))
     app.state.admission, app.state.pools = service.admission, service.pools
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
+    sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     return app

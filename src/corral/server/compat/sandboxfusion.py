@@ -1,0 +1,346 @@
+"""SandboxFusion's ``/run_code`` and ``/run_jupyter`` on a corral daemon: verl's code
+rewards (``sandbox_fusion_url``) and the ``sandbox-fusion`` client run unchanged
+against ``http://HOST:PORT/sandboxfusion/<token>`` (verl: ``.../run_code``).
+
+These clients send no credentials, so the daemon's token travels in the path. The
+daemon's guard lets exactly ``/sandboxfusion/<token>/run_code`` and ``.../run_jupyter``
+through without a bearer token (:func:`lift_token`), after moving the token out of
+the path, so that no log line (the access log included) ever shows it; the handler
+compares it in constant time before it reads a byte of the body. A wrong or missing
+token is 401 and never a run.
+
+Each request gets a fresh sandbox, taken from a warm pool (one per image and memory
+size, made on first use, refilled through admission control), and deleted after the
+reply is ready, on a client that hangs up, and on every error. The language's
+toolchain runs as SandboxFusion's own runners run it (:data:`.sandboxfusion_model.LANGUAGES`):
+the code is written to a fresh file in the working directory next to ``files``, compiled
+with ``compile_timeout`` if the language compiles, run with ``stdin`` and
+``run_timeout``, and ``fetch_files`` are read back. ``memory_limit_MB`` (verl sends it)
+is the sandbox's memory limit (-1: corral's default); exceeding it is an OOM kill
+(``return_code`` -9). ``/run_jupyter`` runs its cells in one Python process
+(:mod:`.sandboxfusion_kernel`).
+
+Bad input gets SandboxFusion's own answers: 422 ``{"detail": [...]}`` for a body that
+does not fit its models, 200 ``SandboxError`` for what its runners would fail on (bad
+base64, a language no image here provides, a sandbox that could not be had), and no
+sandbox is made or left for any of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, Router
+from starlette.types import Scope
+
+from corral.errors import (
+    CorralError,
+    FileError,
+    FileTooLarge,
+    ImageNotFound,
+    InvalidArgument,
+    NotFound,
+    Unsupported,
+)
+from corral.pool_schema import MAX_POOL_SIZE
+from corral.schema import DEFAULT_MEMORY_MB, SandboxInfo, SandboxSpec
+from corral.server import context as ctx
+from corral.server.compat.sandboxfusion_model import (
+    FAILED,
+    FINISHED,
+    LANGUAGES,
+    MAX_FETCH_BYTES,
+    MAX_OUTPUT,
+    MAX_TIMEOUT_S,
+    SANDBOX_ERROR,
+    SUCCESS,
+    DriverOutput,
+    FusionSettings,
+    RunCodeRequest,
+    RunJupyterRequest,
+    code_response,
+    command_result,
+    decode_files,
+    jupyter_response,
+    run_status,
+    validation_detail,
+)
+from corral.server.limits import parse_json
+from corral.server.wire import read_body
+
+logger = logging.getLogger("corral.server")
+
+PREFIX = "/sandboxfusion/"
+PATH_SAFE = re.compile(r"[A-Za-z0-9._~-]+")  # a token that needs no escaping in a path
+ENDPOINTS = ("run_code", "run_jupyter")
+REDACTED = "TOKEN"  # what the path shows in place of the token, from the guard on
+TOKEN_KEY = "corral.sandboxfusion.token"  # where the guard puts it (the ASGI scope)
+TAG = "sandboxfusion"
+MAX_POOLS = 8  # pools the front-end makes; more (image, memory) pairs get plain creates
+MAX_POOLED_MEMORY_MB = 4 * DEFAULT_MEMORY_MB  # bigger sandboxes are not kept idle
+MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB gets it
+POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
+MAX_FETCH_TOTAL = 256 << 20
+STDIN_INLINE = 1 << 20  # larger stdin goes through a file
+KERNEL = Path(__file__).with_name("sandboxfusion_kernel.py")
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def lift_token(scope: Scope) -> bool:
+    """Called by the daemon's guard first: take the token out of a ``/sandboxfusion/``
+    path (every log shows ``/sandboxfusion/TOKEN/...`` from then on) and say whether
+    the request is one of the two endpoints, which check it themselves; any other
+    path under the prefix still needs the bearer token."""
+    path = scope.get("path", "")
+    if not path.startswith(PREFIX):
+        return False
+    token, sep, rest = path[len(PREFIX):].partition("/")
+    scope["path"] = f"{PREFIX}{REDACTED}{sep}{rest}"
+    scope["raw_path"] = scope["path"].encode()
+    if not (sep and token and rest in ENDPOINTS):
+        return False
+    scope[TOKEN_KEY] = token
+    return True
+
+
+def _token_ok(request: Request) -> bool:
+    expected = ctx.settings(request).token
+    given = request.scope.get(TOKEN_KEY)
+    if not expected or not isinstance(given, str):
+        return False
+    # Digests first: compare_digest leaks the lengths of unequal inputs.
+    digest = lambda s: hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()  # noqa: E731
+    return hmac.compare_digest(digest(given), digest(expected))
+
+
+def _detail(status: int, detail: Any, *, close: bool = False) -> JSONResponse:
+    """An error as FastAPI (SandboxFusion's server) words it."""
+    return JSONResponse(
+        {"detail": detail}, status_code=status, headers={"Connection": "close"} if close else None
+    )
+
+
+async def _body(request: Request, model: type[T]) -> T | JSONResponse:
+    """The request body as ``model``, or the reply SandboxFusion's server gives."""
+    try:
+        raw = await read_body(request, ctx.settings(request).max_upload_bytes, "request body")
+        data = parse_json(raw, "request body")
+    except FileTooLarge as exc:
+        return _detail(413, exc.message, close=True)
+    except InvalidArgument as exc:
+        return _detail(422, [{"type": "json_invalid", "loc": ["body"], "msg": exc.message}])
+    except CorralError as exc:  # a body that stalls (408)
+        return _detail(exc.status, exc.message, close=True)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        return _detail(422, validation_detail(exc))
+
+
+class FusionFrontend:
+    """The front-end's state: its settings and the warm pools it made."""
+
+    def __init__(self, settings: FusionSettings) -> None:
+        self.settings = settings
+        self.pools: dict[tuple[str, int], str] = {}
+        self.kernel = KERNEL.read_bytes()
+
+    # ---------------------------------------------------------------- sandboxes
+
+    async def _acquire(self, request: Request, image: str, memory_mb: int) -> SandboxInfo:
+        service = ctx.service(request)
+        spec = service.plan(SandboxSpec.parse(
+            {"image": image, "memory_mb": memory_mb, "tags": [TAG], "timeout": POOL_LIFETIME_S}
+        ))
+        key = (image, spec.memory_mb)
+        name = self.pools.get(key)
+        pooled = spec.memory_mb <= MAX_POOLED_MEMORY_MB and len(self.pools) < MAX_POOLS
+        if name is None and pooled:
+            name = f"{TAG}-{image}-{spec.memory_mb}"
+            if name not in {p.name for p in service.pools.list_pools()}:
+                service.pools.create_pool(
+                    name, spec, min_ready=self.settings.warm,
+                    max_size=min(MAX_POOL_SIZE, ctx.settings(request).max_sandboxes),
+                )
+            self.pools[key] = name
+        if name is not None:
+            try:
+                return await service.pools.acquire(name, ctx.settings(request).queue_timeout)
+            except NotFound:  # someone deleted the pool: make it again next time
+                self.pools.pop(key, None)
+        return await service.create(spec)
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, request: Request, image: str, memory_mb: int) -> AsyncIterator[str]:
+        """A fresh sandbox for one request, deleted after it whatever happens."""
+        info = await self._acquire(request, image, memory_mb)
+        try:
+            yield info.id
+        finally:  # shielded: a client that left (cancelled) still gets it deleted
+            await asyncio.shield(ctx.service(request).delete(info.id))
+
+    @staticmethod
+    def memory_mb(limit: int) -> int:
+        """The sandbox's memory for ``memory_limit_MB`` (-1: corral's default)."""
+        return max(limit, MIN_MEMORY_MB) if limit > 0 else DEFAULT_MEMORY_MB
+
+    # ------------------------------------------------------------------- steps
+
+    @staticmethod
+    async def write_files(request: Request, sid: str, files: dict[str, bytes]) -> None:
+        engine = ctx.engine(request)
+        for name, data in files.items():
+            await engine.write_file(sid, name, data)
+
+    @staticmethod
+    async def fetch(request: Request, sid: str, names: list[str]) -> dict[str, str]:
+        """``names`` that are regular files, base64; missing ones are left out."""
+        engine, out, left = ctx.engine(request), {}, MAX_FETCH_TOTAL
+        if names:
+            await engine.kill_processes(sid)  # nothing changes them while they are read
+        for name in names:
+            try:
+                data = await engine.read_file(sid, name, max_bytes=min(MAX_FETCH_BYTES, left))
+            except FileTooLarge:
+                raise  # a SandboxError naming it, never a silently missing file
+            except FileError:  # missing, a directory, not a regular file
+                continue
+            left -= len(data)
+            out[name] = base64.b64encode(data).decode()
+        return out
+
+    @staticmethod
+    async def command(
+        request: Request, sid: str, argv: list[str], timeout: float, stdin: str | None = None
+    ) -> dict[str, Any]:
+        engine = ctx.engine(request)
+        if stdin is not None and len(stdin) > STDIN_INLINE:
+            path = f"/tmp/stdin-{secrets.token_hex(4)}"
+            await engine.write_file(sid, path, stdin)
+            argv, stdin = ["/bin/sh", "-c", 'exec "$@" < "$0"', path, *argv], None
+        r = await engine.exec(
+            sid, argv, timeout=timeout, stdin=stdin, max_output=MAX_OUTPUT, output_tail=0
+        )
+        return command_result(r)
+
+    # --------------------------------------------------------------- endpoints
+
+    def _image(self, request: Request, language: str) -> str:
+        """The image ``language`` runs in; :class:`Unsupported` or
+        :class:`ImageNotFound` naming what to build (a ``SandboxError`` reply)."""
+        image = self.settings.images.get(language)
+        if image is None or language not in LANGUAGES:
+            raise Unsupported(self.settings.missing(language), details={"language": language})
+        if not ctx.engine(request).images.exists(image):
+            raise ImageNotFound(self.settings.not_built(language, image),
+                                details={"language": language, "image": image})
+        return image
+
+    async def run_code(self, request: Request, req: RunCodeRequest) -> dict[str, Any]:
+        chain = LANGUAGES.get(req.language)
+        image = self._image(request, req.language)
+        assert chain is not None
+        files = decode_files(req.files)
+        src = f"tmp{secrets.token_hex(4)}{chain.ext}"
+        compiled = ran = None
+        async with self.sandbox(request, image, self.memory_mb(req.memory_limit_MB)) as sid:
+            await self.write_files(request, sid, {**files, src: req.code.encode()})
+            if chain.compile is not None:
+                compiled = await self.command(
+                    request, sid, chain.argv(chain.compile, src), req.compile_timeout
+                )
+            if compiled is None or (compiled["status"] == FINISHED and compiled["return_code"] == 0):
+                argv = chain.argv(chain.run, src) + (req.args if req.language == "pytest" else [])
+                ran = await self.command(request, sid, argv, req.run_timeout, req.stdin)
+            fetched = await self.fetch(request, sid, req.fetch_files)
+        return code_response(
+            run_status(compiled, ran), compile_result=compiled, run_result=ran, files=fetched
+        )
+
+    async def run_jupyter(self, request: Request, req: RunJupyterRequest) -> dict[str, Any]:
+        image = self._image(request, "python")
+        files = decode_files(req.files)
+        engine = ctx.engine(request)
+        nonce = secrets.token_hex(4)
+        driver, config, result = (f"/tmp/kernel-{nonce}{x}" for x in (".py", ".json", ".out"))
+        job = {"cells": req.cells, "cell_timeout": req.cell_timeout, "result": result}
+        async with self.sandbox(request, image, self.memory_mb(req.memory_limit_MB)) as sid:
+            await self.write_files(request, sid, {
+                **files, driver: self.kernel, config: json.dumps(job).encode()
+            })
+            ran = await self.command(
+                request, sid, ["python3", driver, config], req.total_timeout
+            )
+            if ran["status"] != FINISHED or ran["return_code"] != 0:
+                return jupyter_response(FAILED, driver=ran)
+            try:
+                raw = await engine.read_file(sid, result, max_bytes=MAX_FETCH_TOTAL)
+                cells = DriverOutput.model_validate_json(raw).cells
+            except (CorralError, ValidationError):
+                why = "the cells' process ended without its results (did a cell replace them?)"
+                return jupyter_response(FAILED, why, driver=ran)
+            fetched = await self.fetch(request, sid, req.fetch_files)
+        return jupyter_response(
+            SUCCESS, driver=ran, cells=[c.model_dump() for c in cells], files=fetched
+        )
+
+
+def _endpoint(
+    model: type[T], run: Callable[[FusionFrontend, Request, T], Awaitable[dict[str, Any]]],
+    failed: Callable[..., dict[str, Any]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def handler(request: Request) -> Response:
+        if not _token_ok(request):  # before a byte of the body is read
+            return _detail(401, "wrong token: use http://HOST:PORT/sandboxfusion/<the daemon's "
+                           "--token>/ as the SandboxFusion endpoint", close=True)
+        req = await _body(request, model)
+        if isinstance(req, JSONResponse):
+            return req
+        frontend: FusionFrontend = request.app.state.sandboxfusion
+        try:
+            reply = await ctx.unless_disconnected(request, run(frontend, request, req))
+        except CorralError as exc:  # what SandboxFusion's runners would fail on
+            reply = failed(SANDBOX_ERROR, exc.message)
+        return JSONResponse(reply)
+
+    return handler
+
+
+def routes() -> list[Route]:
+    return [
+        Route(PREFIX + "{token}/run_code", _endpoint(
+            RunCodeRequest, FusionFrontend.run_code, code_response), methods=["POST"]),
+        Route(PREFIX + "{token}/run_jupyter", _endpoint(
+            RunJupyterRequest, FusionFrontend.run_jupyter, jupyter_response), methods=["POST"]),
+    ]
+
+
+def mount(app: Starlette) -> None:
+    """Serve SandboxFusion's endpoints on ``app`` too (settings read from the
+    environment now: a malformed one stops the daemon from starting), behind the
+    native routes like the Tensorlake front-end's."""
+    app.state.sandboxfusion = FusionFrontend(FusionSettings.from_env())
+    app.router.default = Router(routes=routes(), default=app.router.default)
+    token = app.state.settings.token
+    if token and not PATH_SAFE.fullmatch(token):
+        logger.warning(
+            "the daemon's token has characters other than letters, digits and -._~: "
+            "SandboxFusion clients, which send it in the URL path, cannot use it as is"
+        )
+
