@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -259,6 +259,10 @@ class ExecResult:
         return self.returncode == 0 and not self.timed_out and not self.oom_killed
 
 
+OutputStream = Literal["stdout", "stderr"]
+ExecEventKind = Literal["stdout", "stderr", "exit"]
+
+
 @dataclass
 class ExecEvent:
     """One item of a streamed command: a chunk of ``stdout``/``stderr`` or the ``exit``.
@@ -267,7 +271,7 @@ class ExecEvent:
     were left out: after its head, before its tail.
     """
 
-    kind: str  # "stdout" | "stderr" | "exit"
+    kind: ExecEventKind
     data: bytes = b""
     result: ExecResult | None = field(default=None)
     dropped: int = 0

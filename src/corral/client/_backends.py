@@ -16,7 +16,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any, Generic, TypeVar
+from types import TracebackType
+from typing import Annotated, Any, Generic, Protocol, Self, TypeVar
 
 T = TypeVar("T")
 
@@ -40,17 +41,31 @@ def _shared_in(cache: dict[tuple[int, type], Any], factory: type[T]) -> T:
         return client
 
 
-class AsyncOpening(Coroutine[Any, Any, T], Generic[T]):
+class _AsyncOpenable(Protocol):
+    """What :class:`AsyncOpening` opens: an async context manager entered as itself."""
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None, /,
+    ) -> bool | None: ...
+
+
+OpenedT = TypeVar("OpenedT", bound=_AsyncOpenable)
+
+
+class AsyncOpening(Coroutine[Any, Any, OpenedT], Generic[OpenedT]):
     """What ``AsyncSandbox.create(...)`` returns: a coroutine to ``await`` for the
     sandbox, that is also an async context manager opening it, so both
     ``async with await AsyncSandbox.create()`` and ``async with AsyncSandbox.create()``
     work (and ``asyncio.create_task`` takes it, as any coroutine)."""
 
-    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, OpenedT]) -> None:
         self._coro = coro
-        self._opened: Any = None
+        self._opened: OpenedT | None = None
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[Any, None, OpenedT]:
         return self._coro.__await__()
 
     def send(self, value: Any) -> Any:
@@ -62,12 +77,16 @@ class AsyncOpening(Coroutine[Any, Any, T], Generic[T]):
     def close(self) -> None:
         self._coro.close()
 
-    async def __aenter__(self) -> T:
+    async def __aenter__(self) -> OpenedT:
         self._opened = await self._coro
         return await self._opened.__aenter__()
 
-    async def __aexit__(self, *exc_info: Any) -> Any:
-        return await self._opened.__aexit__(*exc_info)
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None, /,
+    ) -> bool | None:
+        assert self._opened is not None  # entered: __aenter__ opened it
+        return await self._opened.__aexit__(exc_type, exc, tb)
 
 
 Opening = Annotated[T, "the blocking twin of AsyncOpening: the value itself"]
@@ -77,7 +96,7 @@ class AsyncBackend:
     """asyncio implementations."""
 
     @staticmethod
-    def opening(coro: Coroutine[Any, Any, T]) -> AsyncOpening[T]:
+    def opening(coro: Coroutine[Any, Any, OpenedT]) -> AsyncOpening[OpenedT]:
         """``coro``, awaitable and usable with ``async with`` (see :class:`AsyncOpening`)."""
         return AsyncOpening(coro)
 

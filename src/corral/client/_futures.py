@@ -177,13 +177,13 @@ class SandboxFutures:
         >>> hs = [corral.Sandbox.create_future(image="python") for _ in range(200)]
         >>> sandboxes = [h.result() for h in hs]                      # doctest: +SKIP
         """
-        create: Callable[..., Self] = cls.create  # type: ignore[attr-defined]
+        create: Callable[..., Self] = cls.create  # type: ignore[attr-defined]  # Sandbox's
         return Handle(_executor().submit(create, *args, **kwargs), f"{cls.__name__}.create")
 
     def exec_future(self, cmd: Command, **kwargs: Any) -> Handle[CommandResult]:
         """:meth:`exec` in the background: a :class:`Handle` to its result."""
-        run: Callable[..., CommandResult] = self.exec  # type: ignore[attr-defined]
-        label = f"exec {describe_command(cmd)} in {self.id}"  # type: ignore[attr-defined]
+        run: Callable[..., CommandResult] = self.exec  # type: ignore[attr-defined]  # Sandbox's
+        label = f"exec {describe_command(cmd)} in {self.id}"  # type: ignore[attr-defined]  # mixin
         return Handle(_executor().submit(run, cmd, **kwargs), label)
 
 

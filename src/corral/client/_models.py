@@ -17,14 +17,10 @@ from corral.errors import ExecTimeout, error_from_dict
 from corral.schema import FileInfo, SandboxSpec
 
 
-class SpecFields(TypedDict, total=False):
-    """The sandbox spec fields a caller may give, defined once: ``Sandbox.create``,
-    ``Session.create``, ``Pool(...)`` and ``Snapshot.restore`` take them as keyword
-    arguments (``**spec: Unpack[SpecFields]``), the CLI builds its flags' values into
-    one. Left out means "the daemon's default" (see :class:`corral.schema.SandboxSpec`,
-    which checks them)."""
+class SpecOptions(TypedDict, total=False):
+    """The sandbox spec fields but ``image``, which ``Sandbox.create`` and ``Pool(...)``
+    take as their first argument (``**spec: Unpack[SpecOptions]``)."""
 
-    image: str
     cpus: float
     memory_mb: int
     pids: int
@@ -41,7 +37,17 @@ class SpecFields(TypedDict, total=False):
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
 
 
-SPEC_FIELDS = tuple(SpecFields.__annotations__)
+class SpecFields(SpecOptions, total=False):
+    """The sandbox spec fields a caller may give, defined once: ``Sandbox.create``,
+    ``Session.create``, ``Pool(...)`` and ``Snapshot.restore`` take them as keyword
+    arguments (``**spec: Unpack[SpecFields]``), the CLI builds its flags' values into
+    one. Left out means "the daemon's default" (see :class:`corral.schema.SandboxSpec`,
+    which checks them)."""
+
+    image: str
+
+
+SPEC_FIELDS = ("image", *SpecOptions.__annotations__)
 
 
 Command = str | Sequence[str]
@@ -145,7 +151,7 @@ class CommandResult:
             )
         else:
             return
-        exc.result = self  # type: ignore[union-attr]
+        exc.result = self  # type: ignore[union-attr]  # our own attribute, documented above
         raise exc
 
 

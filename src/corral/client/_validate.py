@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from corral.errors import InvalidArgument
 from corral.schema import MAX_TIMEOUT_S
@@ -33,6 +33,19 @@ def invalid(name: str, message: str, **details: Any) -> InvalidArgument:
 
 def _kind(value: object) -> str:
     return type(value).__name__
+
+
+@overload
+def timeout(
+    name: str, value: object, *, optional: Literal[False], maximum: float = ...,
+    zero: bool = ...,
+) -> float: ...
+
+
+@overload
+def timeout(
+    name: str, value: object, *, optional: bool = ..., maximum: float = ..., zero: bool = ...,
+) -> float | None: ...
 
 
 def timeout(

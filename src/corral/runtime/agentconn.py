@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
-from typing import TYPE_CHECKING, Any, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Sequence
 
 from corral.errors import (
     CorralError,
@@ -43,9 +43,17 @@ from corral.errors import (
     SandboxProtocolError,
     is_sandbox_fault,
 )
+from corral.runtime.cgroups import Cgroup
 from corral.runtime.channel import ExecStream
-from corral.runtime.protocol import Field, Msg, Tag
-from corral.schema import ExecEvent, ExecResult, SandboxInfo, SandboxState, default_output_tail
+from corral.runtime.protocol import Field, Fields, Msg, Tag
+from corral.schema import (
+    ExecEvent,
+    ExecResult,
+    OutputStream,
+    SandboxInfo,
+    SandboxState,
+    default_output_tail,
+)
 
 if TYPE_CHECKING:
     from corral.runtime.live import Live as _Live
@@ -96,7 +104,7 @@ def limit_fields(timeout: float | None, max_output: int, output_tail: int) -> li
 
 
 def exit_result(
-    cgroup: Any, f: Any, stream: ExecStream, oom_before: int, started: float
+    cgroup: Cgroup, f: Fields, stream: ExecStream, oom_before: int, started: float
 ) -> ExecResult:
     """The result of a command from its (validated) EXIT frame and the engine's counts."""
     code = f.i64(Tag.CODE)
@@ -226,7 +234,7 @@ async def _kill(live: _Live, stream: ExecStream, started: float) -> ExecResult:
 
 async def command_events(
     live: _Live, stream: ExecStream, timeout: float | None, cwd: str | None, oom_before: int
-) -> AsyncIterator[ExecEvent]:
+) -> AsyncGenerator[ExecEvent, None]:
     """A command's output events, then its exit; closing early kills its group."""
     limit = Deadline(live, stream, timeout)
     done = False
@@ -245,7 +253,7 @@ async def command_events(
             elif reply.msg == Msg.STDERR:
                 yield ExecEvent("stderr", reply.data)
             elif reply.msg == Msg.TAIL:  # the gap between a stream's head and its tail
-                kind = "stdout" if reply.fields.u64(Tag.STREAM) == 1 else "stderr"
+                kind: OutputStream = "stdout" if reply.fields.u64(Tag.STREAM) == 1 else "stderr"
                 yield ExecEvent(kind, dropped=reply.fields.u64(Tag.DROPPED))
             elif reply.msg == Msg.EXIT:
                 done = True
@@ -268,7 +276,7 @@ async def command_events(
         stream.close()
 
 
-def exec_error(sandbox_id: str, f: Any, cwd: str | None) -> CorralError:
+def exec_error(sandbox_id: str, f: Fields, cwd: str | None) -> CorralError:
     """The error of a command the agent could not start."""
     err = f.u64(Tag.ERRNO)
     msg = f.text(Tag.MESSAGE)

@@ -37,9 +37,10 @@ import os
 import signal
 import socket
 import subprocess
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
+from corral.runtime.cgroups import Cgroup
 from corral.runtime.outputcap import StreamCap
 from corral.runtime.protocol import (
     HEADER,
@@ -58,7 +59,7 @@ logger = logging.getLogger("corral.runtime")
 REQUEST_TIMEOUT_S = 60.0
 """How long a file operation (or a write to the agent) may go unanswered: then the
 agent is unresponsive and the sandbox is ended."""
-SLOW_REQUEST_TIMEOUT_S = {Msg.FREMOVE: 330.0}
+SLOW_REQUEST_TIMEOUT_S: dict[int, float] = {Msg.FREMOVE: 330.0}
 """Requests the agent may legitimately work on longer (a recursive remove of a huge
 tree runs in a child of the agent, killed after 300 s)."""
 EOF_SETTLE_S = 1.0
@@ -142,7 +143,7 @@ class ExecStream:
         self.queued_bytes -= len(item.data)
         return item
 
-    def send_stdin(self, data: bytes) -> None:
+    def send_stdin(self, data: bytes | memoryview) -> None:
         self.channel.send(Msg.STDIN, self.request_id, [(Tag.DATA, data)])
 
     def close_stdin(self) -> None:
@@ -184,8 +185,9 @@ class AgentChannel:
     """
 
     def __init__(
-        self, sock: socket.socket, sandbox_id: str, *, proc: subprocess.Popen | None = None,
-        cgroup: Any = None,
+        self, sock: socket.socket, sandbox_id: str, *,
+        proc: subprocess.Popen[bytes] | None = None,
+        cgroup: Cgroup | None = None,
     ) -> None:
         self.sandbox_id = sandbox_id
         self.sock = sock
@@ -343,15 +345,16 @@ class AgentChannel:
 
     # ----------------------------------------------------------------- ending
 
-    def fault(self, violation: str, what: str) -> SandboxProtocolError:
-        """End the channel as the sandbox's fault; the error every waiter gets."""
+    def fault(self, violation: str, what: str) -> CorralError:
+        """End the channel as the sandbox's fault; the error every waiter gets (a
+        :class:`SandboxProtocolError`, unless the channel had ended already: its error)."""
         if self.error is None:
             reason = SANDBOX_FAULT + what
             self._end(SandboxProtocolError(
                 f"sandbox {self.sandbox_id} was ended: {reason}",
                 details={"sandbox_id": self.sandbox_id, "violation": violation},
             ), reason)
-        return self.error_copy()  # type: ignore[return-value]
+        return self.error_copy()
 
     def error_copy(self) -> CorralError:
         """A fresh instance of the error the channel ended with (one per raise)."""
@@ -491,7 +494,7 @@ class AgentChannel:
         ), self.reason)
 
 
-async def wait_exit(proc: subprocess.Popen) -> None:
+async def wait_exit(proc: subprocess.Popen[bytes]) -> None:
     """Wait for a child to exit without a thread or SIGCHLD handler: poll its pidfd."""
     if proc.poll() is not None:
         return  # reaped already: its pid may belong to another process by now
@@ -501,8 +504,13 @@ async def wait_exit(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         proc.wait()
         return
-    fut = loop.create_future()
-    loop.add_reader(pidfd, lambda: fut.done() or fut.set_result(None))
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def exited() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(pidfd, exited)
     try:
         if proc.poll() is None:
             await fut
@@ -512,7 +520,9 @@ async def wait_exit(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-async def eof_cause(proc: subprocess.Popen | None, cgroup: Any) -> tuple[bool, str]:
+async def eof_cause(
+    proc: subprocess.Popen[bytes] | None, cgroup: Cgroup | None
+) -> tuple[bool, str]:
     """Why an agent hung up that the engine did not ask to: (infrastructure?, reason).
 
     The agent exits only when the engine closes its socket, and nothing inside the

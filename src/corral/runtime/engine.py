@@ -30,7 +30,7 @@ import signal
 import time
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import IO, Any, Iterable, Sequence
 
 from corral.errors import (
     CorralError,
@@ -45,6 +45,7 @@ from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
 )
+from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
@@ -98,10 +99,10 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         layout: Layout,
         registry: Registry,
         images: ImageStore,
-        cgroup_driver: Any,
+        cgroup_driver: CgroupDriver,
         agent_path: Path,
         bwrap: str,
-        lock_file: Any,
+        lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
     ) -> None:
@@ -339,7 +340,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live.state = SandboxState.RUNNING
         live.last_active = time.monotonic()
 
-    def cgroup(self, sandbox_id: str) -> Any:
+    def cgroup(self, sandbox_id: str) -> Cgroup:
         """The cgroup of a live sandbox (its usage, its processes)."""
         return self._get_live(sandbox_id).cgroup
 

@@ -24,7 +24,8 @@ from corral.runtime.agentconn import (
     output_tail_for,
 )
 from corral.runtime.pathutil import resolve_path
-from corral.runtime.protocol import Tag
+from corral.runtime.protocol import Field, Tag
+from corral.runtime.terminal import TerminalSize
 from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import DEFAULT_EXEC_TIMEOUT_S, DEFAULT_MAX_OUTPUT, ExecEvent, ExecResult
 
@@ -41,6 +42,7 @@ class CommandOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
+        _tasks: set[asyncio.Task[Any]]
 
         def _running(self, sandbox_id: str) -> Live: ...
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -119,8 +121,8 @@ class CommandOps:
         env: dict[str, str] | None,
         cwd: str | None,
         stdin: bytes | str | None,
-        limits: list[tuple[int, Any]],
-    ) -> list[tuple[int, Any]]:
+        limits: list[Field],
+    ) -> list[Field]:
         """A command's EXEC fields (``limits``: :func:`~corral.runtime.agentconn.limit_fields`)."""
         argv = command_argv(cmd)
         full_env = {
@@ -131,7 +133,7 @@ class CommandOps:
         for k, v in full_env.items():
             if not isinstance(k, str) or not isinstance(v, str) or "=" in k or "\0" in k + v:
                 raise InvalidArgument(f"invalid environment variable {k!r}")
-        fields: list[tuple[int, Any]] = [(Tag.ARGV, a) for a in argv]
+        fields: list[Field] = [(Tag.ARGV, a) for a in argv]
         fields += [(Tag.ENV, f"{k}={v}") for k, v in full_env.items()]
         fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
         fields += limits
@@ -148,7 +150,7 @@ class CommandOps:
         cwd: str | None = None,
         timeout: float | None = None,
         max_buffer: int = processes.DEFAULT_MAX_BUFFER,
-        terminal: processes.TerminalSize | None = None,
+        terminal: TerminalSize | None = None,
     ) -> processes.Process:
         """Start an interactive process: stdin stays open, output is read as it comes.
 

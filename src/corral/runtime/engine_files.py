@@ -12,11 +12,11 @@ from __future__ import annotations
 import errno
 import stat as st
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge, InvalidArgument
 from corral.runtime.pathutil import resolve_path
-from corral.runtime.protocol import Msg, Tag, decode_entry
+from corral.runtime.protocol import Field, Fields, Msg, Tag, decode_entry
 from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import FileInfo
 
@@ -34,7 +34,9 @@ class FileOps:
         def _running(self, sandbox_id: str) -> Live: ...
         def _get_live(self, sandbox_id: str) -> Live: ...
 
-    async def _file_request(self, sandbox_id: str, msg: Msg, path: str, fields: list) -> Any:
+    async def _file_request(
+        self, sandbox_id: str, msg: Msg, path: str, fields: list[Field]
+    ) -> Fields:
         live = self._running(sandbox_id)
         assert live.channel is not None
         live.busy += 1
@@ -141,7 +143,7 @@ def _file_info(parent: str, raw: bytes, *, child: bool) -> FileInfo:
     )
 
 
-def _file_error(sandbox_id: str, path: str, f: Any) -> CorralError:
+def _file_error(sandbox_id: str, path: str, f: Fields) -> CorralError:
     err = f.u64(Tag.ERRNO)
     details = {"sandbox_id": sandbox_id, "path": path, "errno": err}
     if err == errno.ENOENT:

@@ -65,6 +65,7 @@ from corral.image_schema import (
     validate_image_name,
 )
 from corral.runtime import image_cache, paths
+from corral.runtime.cgroups import Cgroup
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image
 from corral.runtime.layers import LayerStore
@@ -342,6 +343,7 @@ class ImageBuild:
             raise InvalidArgument(f"copy source {src!r} does not exist ({path})",
                                   details={"src": src})
         if self.context_only:  # a link in a sent context may not lead out of it
+            assert self.context is not None  # a context_only source is resolved in it above
             real, root = os.path.realpath(path), os.path.realpath(self.context)
             if real != root and not real.startswith(root + os.sep):
                 raise InvalidArgument(f"copy source {src!r} leads outside the build context",
@@ -355,8 +357,13 @@ class ImageBuild:
         layers: list[dict[str, Any]] = []
         for e in reversed(made):
             layers.append({"id": e.layer_id, "digest": e.digest, "size_bytes": e.size_bytes})
-        seen: set[str] = set()
-        layers = [x for x in [*layers, *base_layers] if not (x["id"] in seen or seen.add(x["id"]))]
+        seen: set[str] = set()  # a layer in both lists once, where it first appears
+        unique: list[dict[str, Any]] = []
+        for x in [*layers, *base_layers]:
+            if x["id"] not in seen:
+                seen.add(x["id"])
+                unique.append(x)
+        layers = unique
         root = {"image": base.root_image or base.name, "digest": base.root_digest or base.digest}
         digest = "sha256:" + _hash(json.dumps(
             {"root": root, "layers": [x["digest"] for x in layers], "env": env,
@@ -424,7 +431,7 @@ def _scan_source(path: Path) -> tuple[list[tuple[str, str, int, str | None]], st
     return entries, h.hexdigest()
 
 
-def _stage_frozen(layers: LayerStore, upper: Path, cgroup: Any, budget: Budget,
+def _stage_frozen(layers: LayerStore, upper: Path, cgroup: Cgroup, budget: Budget,
                   ids: dict[int, int]) -> Path:
     """Copy a build sandbox's writable layer with its processes frozen (a daemon a step
     left running cannot change it meanwhile), within its limits, its files owned as in

@@ -236,7 +236,8 @@ class ImageStore:
     def manifest(self, name: str) -> dict[str, Any]:
         """The full manifest of an image (source, debian release, ...), as stored."""
         self.get(name)
-        return json.loads((self.images_dir / name / MANIFEST).read_text())
+        manifest: dict[str, Any] = json.loads((self.images_dir / name / MANIFEST).read_text())
+        return manifest
 
     # -- writing -------------------------------------------------------------------
 

@@ -14,19 +14,23 @@ sandbox's own tmpfs, not bind mounts of the host's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from corral.runtime import rootfs
 from corral.runtime.agentbuild import agent_layer
 from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
 from corral.schema import NetworkMode
 
+if TYPE_CHECKING:
+    from corral.runtime.launcher import Slot
+    from corral.runtime.live import Live
+
 RESOLV_CONF = "/etc/resolv.conf"
 
 
-def launch_args(live: Any, slot: Any, lowers: list[Path], *, bwrap: str,
+def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
                 agent: Path) -> list[str]:
-    """The options for ``slot`` to become the sandbox ``live`` (an engine ``_Live``)
+    """The options for ``slot`` to become the sandbox ``live``
     on ``lowers`` (top first), with the agent binary ``agent``."""
     spec = live.spec
     lowers = [agent_layer(agent), *lowers]

@@ -27,10 +27,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
+from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.logtail import LogTail
 from corral.runtime.uids import CANONICAL_UID, UidBlock
 from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
@@ -46,8 +46,8 @@ class Slot:
     """One launcher waiting for its sandbox's options."""
 
     name: str
-    cgroup: Any
-    proc: subprocess.Popen
+    cgroup: Cgroup
+    proc: subprocess.Popen[bytes]
     sock: socket.socket  # the engine's end of the agent's control channel
     ctl_fd: int  # the number of the agent's end, as the agent will see it
     seccomp_fd: int
@@ -96,7 +96,7 @@ class Slot:
 class SlotPool:
     """Keeps ``target`` slots ready and hands them out."""
 
-    def __init__(self, *, agent_path: Path, cgroups: Any, cgroup_parent: str, target: int,
+    def __init__(self, *, agent_path: Path, cgroups: CgroupDriver, cgroup_parent: str, target: int,
                  uids: UidBlock) -> None:
         self.agent_path = agent_path
         self.uids = uids

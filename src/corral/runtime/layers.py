@@ -256,7 +256,7 @@ def _apply_dir(src: str, dst: str) -> None:
             copy_node(None, e.path, None, target, est, links, target)
 
 
-def _entries(path: str) -> list[os.DirEntry]:
+def _entries(path: str) -> list[os.DirEntry[str]]:
     with os.scandir(path) as it:
         return list(it)
 

@@ -13,10 +13,15 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from corral.runtime.cgroups import Cgroup
 from corral.runtime.channel import AgentChannel
+from corral.runtime.logtail import LogTail
 from corral.schema import SandboxSpec, SandboxState
+
+if TYPE_CHECKING:  # processes imports this module
+    from corral.runtime.processes import Process
 
 
 @dataclass
@@ -27,9 +32,9 @@ class Live:
     spec: SandboxSpec
     state: SandboxState
     sandbox_dir: Path
-    cgroup: Any
+    cgroup: Cgroup
     uid: int = -1  # its host uid and gid, its own (corral.runtime.uids)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     channel: AgentChannel | None = None
     started_at: float = 0.0
     last_active: float = field(default_factory=time.monotonic)
@@ -39,8 +44,8 @@ class Live:
     ending: bool = False
     snapshot_id: str | None = None  # started from it: holds a reference until released
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
-    processes: dict[str, Any] = field(default_factory=dict)  # id -> processes.Process
-    log: Any = None  # logtail.LogTail: the launcher's, bwrap's and the agent's stderr
+    processes: dict[str, Process] = field(default_factory=dict)  # by id
+    log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

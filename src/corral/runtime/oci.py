@@ -169,7 +169,9 @@ def _open_source(source: Path, work: Path) -> Iterator[_Source]:
         yield _TarSource(tar)
 
 
-def _read_image(src: _Source) -> tuple[dict[str, Any], list[tuple[str, str | None]], dict]:
+def _read_image(
+    src: _Source,
+) -> tuple[dict[str, Any], list[tuple[str, str | None]], dict[str, Any]]:
     """(image config, [(layer path, sha256 digest or None)], provenance)."""
     if src.exists("oci-layout") and src.exists("index.json"):
         manifest = _pick_manifest(src, src.json("index.json"))
@@ -211,6 +213,8 @@ def _pick_manifest(src: _Source, index: dict[str, Any], depth: int = 0) -> dict[
         raise ImageImportError(f"the OCI index has no manifest for linux/{arch}")
     chosen = fitting[0]
     body = src.json(_blob(chosen["digest"]))
+    if not isinstance(body, dict):
+        raise ImageImportError(f"blob {chosen['digest']} is not an image manifest")
     if chosen.get("mediaType") in _INDEX_TYPES or "manifests" in body:
         return _pick_manifest(src, body, depth + 1)
     if "config" not in body or "layers" not in body:

@@ -379,7 +379,7 @@ class PoolManager:
             )
             return
         finally:
-            pool.starting.discard(task)  # type: ignore[arg-type]
+            pool.starting.discard(task)
             pool.wake.set()
         pool.failures_in_a_row = 0
         pool.created += 1

@@ -69,11 +69,11 @@ from corral.runtime.agentconn import (
 from corral.runtime.channel import StreamDeadline
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.terminal import TerminalSize, terminal_env, terminal_fields, terminal_size
-from corral.schema import ExecEvent, ExecResult
+from corral.schema import ExecEvent, ExecResult, OutputStream
 
 if TYPE_CHECKING:
     from corral.runtime.channel import ExecStream
-    from corral.runtime.engine import Engine
+    from corral.runtime.engine_commands import CommandOps
     from corral.runtime.live import Live as _Live
 
 DEFAULT_MAX_BUFFER = 16 << 20
@@ -110,12 +110,20 @@ def parse_signal(value: int | str) -> int:
     return value
 
 
+@dataclasses.dataclass(slots=True)
+class _Chunk:
+    """Unread output of one stream; a bytearray while small writes join it."""
+
+    kind: OutputStream
+    data: bytes | bytearray
+
+
 class Process:
     """A command running in a sandbox with its stdin open. Made by :func:`spawn`."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: CommandOps,
         live: _Live,
         stream: ExecStream,
         argv: list[str],
@@ -143,7 +151,7 @@ class Process:
         self._stream = stream
         self._oom_before = oom_before
         self._deadline = deadline  # the engine's own enforcement of the spawn's timeout
-        self._events: deque[ExecEvent] = deque()
+        self._events: deque[_Chunk] = deque()
         self._unread = {"stdout": 0, "stderr": 0}
         self._dropped = {"stdout": False, "stderr": False}
         self._wake = asyncio.Event()
@@ -202,7 +210,7 @@ class Process:
         view = memoryview(data)
         for start in range(0, len(view), STDIN_CHUNK):
             self._stream.send_stdin(view[start : start + STDIN_CHUNK])
-        await self._live.channel.drain()  # type: ignore[union-attr]
+        await self._stream.channel.drain()  # the sandbox's channel (live.channel)
         self._live.last_active = time.monotonic()
 
     async def close_stdin(self) -> None:
@@ -214,7 +222,7 @@ class Process:
         self._check_input("close the stdin of")
         self.stdin_open = False
         self._stream.close_stdin()
-        await self._live.channel.drain()  # type: ignore[union-attr]
+        await self._stream.channel.drain()
 
     def signal(self, signum: int | str) -> bool:
         """Send a signal to the process's group; False if it has already ended."""
@@ -306,8 +314,8 @@ class Process:
 
     def _take_stdout(self, size: int) -> bytes:
         """Remove the first ``size`` bytes of queued stdout, leaving stderr in place."""
-        parts: list[bytes] = []
-        kept: deque[ExecEvent] = deque()
+        parts: list[bytes | bytearray] = []
+        kept: deque[_Chunk] = deque()
         want = size
         while self._events:
             event = self._events.popleft()
@@ -318,7 +326,7 @@ class Process:
             parts.append(head)
             want -= len(head)
             if tail:
-                kept.append(ExecEvent("stdout", tail))
+                kept.append(_Chunk("stdout", tail))
         self._events = kept
         self._unread["stdout"] -= size
         return b"".join(parts)
@@ -370,8 +378,8 @@ class Process:
         assert self.result is not None
         if self._reading:
             return self.result
-        out: list[bytes] = []
-        err: list[bytes] = []
+        out: list[bytes | bytearray] = []
+        err: list[bytes | bytearray] = []
         while self._events:
             event = self._events.popleft()
             (out if event.kind == "stdout" else err).append(event.data)
@@ -395,7 +403,7 @@ class Process:
                     self._end(ProcessState.EXITED, result=await limit.enforced)
                     return
                 if reply.msg in (Msg.STDOUT, Msg.STDERR):
-                    kind = "stdout" if reply.msg == Msg.STDOUT else "stderr"
+                    kind: OutputStream = "stdout" if reply.msg == Msg.STDOUT else "stderr"
                     self._push(kind, reply.data)
                     live.last_active = time.monotonic()
                 elif reply.msg == Msg.EXIT:
@@ -428,7 +436,7 @@ class Process:
             self._stream.close()
             _forget_old(live)
 
-    def _push(self, kind: str, data: bytes) -> None:
+    def _push(self, kind: OutputStream, data: bytes) -> None:
         # A budget per stream: stderr nobody reads must not starve stdout (a server
         # answered line by line with readline() while it logs to stderr).
         room = self.max_buffer - self._unread[kind]
@@ -442,10 +450,10 @@ class Process:
             last = self._events[-1] if self._events else None
             if last is not None and last.kind == kind and len(last.data) < COALESCE_BYTES:
                 if not isinstance(last.data, bytearray):
-                    last = self._events[-1] = ExecEvent(kind, bytearray(last.data))
+                    last = self._events[-1] = _Chunk(kind, bytearray(last.data))
                 last.data += data
             else:
-                self._events.append(ExecEvent(kind, data))
+                self._events.append(_Chunk(kind, data))
             self._unread[kind] += len(data)
             self._wake.set()
 
@@ -478,7 +486,7 @@ class Process:
 
 
 async def spawn(
-    engine: Engine,
+    engine: CommandOps,
     live: _Live,
     cmd: str | Sequence[str],
     *,

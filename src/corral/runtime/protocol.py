@@ -85,7 +85,8 @@ class Tag(IntEnum):
     COLS = 35
 
 
-Field = tuple[int, "bytes | str | int"]
+Field = tuple[int, "bytes | bytearray | memoryview | str | int"]
+"""(tag, value): an int goes as a u64, a str as UTF-8, anything else as its bytes."""
 
 
 def encode(msg: int, request_id: int, fields: Iterable[Field] = ()) -> bytes:
@@ -130,7 +131,7 @@ AGENT_MSGS = frozenset(
 )
 
 
-_CAPS = {
+_CAPS: dict[int, int] = {  # keyed by Msg, looked up by a header's raw int
     m: MAX_DATA_FRAME if m in (Msg.STDOUT, Msg.STDERR) else MAX_FRAME if m == Msg.OK
     else MAX_CONTROL_FRAME
     for m in AGENT_MSGS

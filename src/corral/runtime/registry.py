@@ -11,6 +11,7 @@ process (the case that matters: ``kill -9`` of the daemon), at ~50 µs a write.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -18,7 +19,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from corral.runtime import storage
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
@@ -179,16 +180,16 @@ class Registry:
         for t in tags:  # every tag must be present
             where.append("id IN (SELECT sandbox_id FROM tags WHERE tag=?)")
             args.append(t)
-        states = [s.value for s in states]
-        if states:
-            where.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(states)
+        values = [s.value for s in states]
+        if values:
+            where.append(f"state IN ({','.join('?' * len(values))})")
+            args.extend(values)
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq"
         return [_info(r) for r in self._db.execute(sql, args)]
 
-    def live_rows(self) -> list[tuple[str, str, int | None, int | None, str]]:
+    def live_rows(self) -> builtins.list[tuple[str, str, int | None, int | None, str]]:
         """(id, state, pid, pid_start, cgroup) of sandboxes not in a terminal state."""
         return list(
             self._db.execute(
@@ -231,14 +232,14 @@ class Registry:
         row = self._db.execute(sql + " ORDER BY deleted LIMIT 1", (ref, ref)).fetchone()
         return _snapshot(row) if row else None
 
-    def snapshots(self) -> list[SnapshotRow]:
+    def snapshots(self) -> builtins.list[SnapshotRow]:
         return [
             _snapshot(r) for r in self._db.execute(
                 f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE deleted=0 ORDER BY created_at"
             )
         ]
 
-    def layer_rows(self, layer_ids: list[str]) -> dict[str, tuple[str, int]]:
+    def layer_rows(self, layer_ids: builtins.list[str]) -> dict[str, tuple[str, int]]:
         """``{id: (digest, size)}`` of the given layers."""
         rows = self._db.execute(
             f"SELECT id, digest, size FROM layers WHERE {_CHAIN}", (json.dumps(layer_ids),)
@@ -278,7 +279,7 @@ class Registry:
             self._db.execute("DELETE FROM snapshots WHERE id=? AND users<=0", (snapshot_id,))
         return self._has_unreferenced()
 
-    def unreferenced_layers(self) -> list[str]:
+    def unreferenced_layers(self) -> builtins.list[str]:
         return [r[0] for r in self._db.execute("SELECT id FROM layers WHERE refcount<=0")]
 
     def forget_layer(self, layer_id: str) -> bool:
@@ -310,7 +311,7 @@ class Registry:
         return row is not None
 
 
-def _info(row: tuple) -> SandboxInfo:
+def _info(row: tuple[Any, ...]) -> SandboxInfo:
     sid, state, spec, created, started, ended, reason = row
     return SandboxInfo(
         id=sid,
@@ -323,7 +324,7 @@ def _info(row: tuple) -> SandboxInfo:
     )
 
 
-def _snapshot(row: tuple) -> SnapshotRow:
+def _snapshot(row: tuple[Any, ...]) -> SnapshotRow:
     sid, name, image, image_digest, layers, created, size, source, spec, users = row
     return SnapshotRow(
         id=sid, name=name, image=image, image_digest=image_digest, layers=json.loads(layers),

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import errno
 import re
@@ -31,7 +32,7 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from corral.errors import (
     CapacityExceeded,
@@ -43,6 +44,7 @@ from corral.errors import (
     Unsupported,
 )
 from corral.runtime import rootfs
+from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layers import TREE, LayerStore
 from corral.runtime.paths import Layout
@@ -94,7 +96,7 @@ class Snapshots:
         if taken is not None:
             raise self._name_taken(name, taken.id)
 
-    async def stage(self, upper: Path, cgroup: Any | None, *, source: str,
+    async def stage(self, upper: Path, cgroup: Cgroup | None, *, source: str,
                     spec: SandboxSpec, ids: dict[int, int] | None = None) -> Path:
         """Copy the writable layer of the sandbox ``source``, its processes frozen
         meanwhile unless ``cgroup`` is None (already paused), within its own limits
@@ -104,7 +106,7 @@ class Snapshots:
         with _translated(source):
             return await asyncio.to_thread(self._stage_frozen, upper, cgroup, budget, ids)
 
-    def _stage_frozen(self, upper: Path, cgroup: Any | None, budget: Budget,
+    def _stage_frozen(self, upper: Path, cgroup: Cgroup | None, budget: Budget,
                       ids: dict[int, int] | None) -> Path:
         try:
             if cgroup is not None:
@@ -140,7 +142,14 @@ class Snapshots:
         source: str,
     ) -> SnapshotRow | None:
         try:
-            below = self.registry.snapshot(parent, include_deleted=True).layers if parent else []
+            below: list[str] = []
+            if parent:
+                parent_row = self.registry.snapshot(parent, include_deleted=True)
+                if parent_row is None:  # cannot be: commit() holds a reference on it
+                    raise InternalError(
+                        f"snapshot {parent} vanished while {source} was snapshotted"
+                    )
+                below = parent_row.layers
             image = self.images.get(spec.image)
             if self._needs_squash(len(below) + 1, image):
                 trees = [staged / TREE, *(self.store.path(i) for i in below)]
@@ -251,7 +260,7 @@ class Snapshots:
     def get(self, ref: str) -> SnapshotInfo:
         return self._find(ref).info()
 
-    def source_tags(self, ref: str) -> list[str]:
+    def source_tags(self, ref: str) -> builtins.list[str]:
         """The tags of the sandbox a snapshot was taken from (who it belongs to, for a
         front-end that scopes by tag); :class:`SnapshotNotFound` if there is none."""
         return list(self._find(ref).spec.tags)
@@ -266,7 +275,7 @@ class Snapshots:
             await self.gc()
         return True
 
-    async def gc(self) -> list[str]:
+    async def gc(self) -> builtins.list[str]:
         """Remove every layer nothing references; returns their ids."""
         removed = []
         async with self._lock:

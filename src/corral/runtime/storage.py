@@ -14,9 +14,11 @@ import errno
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from corral.errors import StorageFull
+
+T = TypeVar("T")
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _SQLITE_FULL = 13  # SQLITE_FULL
@@ -67,7 +69,7 @@ class Connection(sqlite3.Connection):
         path = Path(self.execute("PRAGMA database_list").fetchone()[2] or ".").parent
         return full_error(exc, path) or exc
 
-    def _call(self, method: Any, *args: Any) -> Any:
+    def _call(self, method: Callable[..., T], *args: Any) -> T:
         try:
             return method(self, *args)
         except sqlite3.Error as exc:
@@ -75,10 +77,10 @@ class Connection(sqlite3.Connection):
                 raise
             raise self._typed(exc) from exc
 
-    def execute(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def execute(self, *args: Any) -> sqlite3.Cursor:
         return self._call(sqlite3.Connection.execute, *args)
 
-    def executemany(self, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def executemany(self, *args: Any) -> sqlite3.Cursor:
         return self._call(sqlite3.Connection.executemany, *args)
 
     def commit(self) -> None:

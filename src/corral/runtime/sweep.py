@@ -15,7 +15,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.runtime.cgroups import Cgroup
 
 WAIT_S = 5.0
 
@@ -38,7 +41,7 @@ def _gone(pid: int) -> bool:
     return state in (b"Z", b"X")
 
 
-def kill_sandbox_code(cgroup: Any, bwrap_pid: int) -> int:
+def kill_sandbox_code(cgroup: Cgroup, bwrap_pid: int) -> int:
     """SIGKILL every process of the cgroup but bwrap and the agent; wait until they
     are gone. Returns how many there were. The group is frozen while its members are
     read, so none can fork past the sweep."""

@@ -43,13 +43,16 @@ class TerminalSize(NamedTuple):
 def terminal_size(rows: object, cols: object) -> TerminalSize:
     """A checked :class:`TerminalSize`; :class:`InvalidArgument` unless both are
     whole numbers from 1 to :data:`MAX_SIDE`."""
-    for name, value in (("rows", rows), ("cols", cols)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
-            raise InvalidArgument(
-                f"a terminal's {name} must be a whole number from 1 to {MAX_SIDE}, got {value!r}",
-                details={name: repr(value)},
-            )
-    return TerminalSize(rows, cols)  # type: ignore[arg-type]
+    return TerminalSize(_side("rows", rows), _side("cols", cols))
+
+
+def _side(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
+        raise InvalidArgument(
+            f"a terminal's {name} must be a whole number from 1 to {MAX_SIDE}, got {value!r}",
+            details={name: repr(value)},
+        )
+    return value
 
 
 def terminal_fields(size: TerminalSize) -> list[Field]:

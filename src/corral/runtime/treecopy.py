@@ -30,9 +30,13 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, InternalError, SnapshotTooLarge
 from corral.runtime.uids import translate_acl
+
+if TYPE_CHECKING:
+    from corral.schema import SandboxSpec
 
 WINDOW = 32  # ancestors whose descriptors stay open during a walk
 MAX_DEPTH = 4096  # levels of directories a committed tree may have
@@ -59,12 +63,12 @@ class Budget:
     max_bytes: int
     max_inodes: int
     what: str = "the sandbox"
-    details: dict = field(default_factory=dict)
+    details: dict[str, object] = field(default_factory=dict)
     bytes: int = 0
     inodes: int = 0
 
     @classmethod
-    def for_spec(cls, spec, what: str, **details) -> "Budget":
+    def for_spec(cls, spec: SandboxSpec, what: str, **details: object) -> "Budget":
         return cls(spec.disk_mb << 20, spec.inodes + INODE_SLACK, what, details)
 
     def add_inode(self) -> None:
@@ -112,9 +116,10 @@ class _Fds:
         return self.fds[-1]  # type: ignore[return-value]  # always open
 
     def parent(self) -> int:
-        if self.fds[-2] is None:
-            self.fds[-2] = self._up(self.top, self.ids[-2])
-        return self.fds[-2]  # type: ignore[return-value]
+        fd = self.fds[-2]
+        if fd is None:
+            fd = self.fds[-2] = self._up(self.top, self.ids[-2])
+        return fd
 
     @staticmethod
     def _up(fd: int, ident: tuple[int, int]) -> int:
@@ -129,18 +134,19 @@ class _Fds:
         self.fds.append(fd)
         self.ids.append(_ident(fd))
         old = len(self.fds) - WINDOW - 1
-        if old > 0 and self.fds[old] is not None:
-            os.close(self.fds[old])  # type: ignore[arg-type]
+        if old > 0 and (stale := self.fds[old]) is not None:
+            os.close(stale)
             self.fds[old] = None
 
     def pop(self) -> None:
-        fd = self.fds.pop()
+        fd = self.top
+        self.fds.pop()
         self.ids.pop()
         try:
             if self.fds[-1] is None:
                 self.fds[-1] = self._up(fd, self.ids[-1])
         finally:
-            os.close(fd)  # type: ignore[arg-type]
+            os.close(fd)
 
     def close(self) -> None:
         for fd in self.fds:
@@ -158,7 +164,7 @@ class Walk:
     inode per entry as directories are listed (before they are visited); a directory
     deeper than ``max_depth`` raises :class:`SnapshotTooLarge`."""
 
-    def __init__(self, root: str | os.PathLike, *, skip: frozenset[str] = frozenset(),
+    def __init__(self, root: str | os.PathLike[str], *, skip: frozenset[str] = frozenset(),
                  budget: Budget | None = None, max_depth: int | None = MAX_DEPTH) -> None:
         self.root, self.skip, self.budget = os.fspath(root), skip, budget
         self.max_depth = max_depth
@@ -235,7 +241,7 @@ class CopyState:
     ids: dict[int, int] | None = None  # owners translated on the way (uids.canonical_owner)
 
 
-def copy_tree(src: str | os.PathLike, dst: str | os.PathLike, *,
+def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
               skip: frozenset[str] = frozenset(), budget: Budget | None = None,
               ids: dict[int, int] | None = None) -> None:
     """Copy the directory ``src`` to ``dst`` (which must not exist) as overlayfs needs:
@@ -363,16 +369,17 @@ def copy_meta(src: str | int, dst: str | int, st: os.stat_result,
     """Owner (translated by ``ids``), then mode (a chown clears set-id bits), xattrs
     (it also clears security.capability), times last. ``src``/``dst`` are paths or
     open fds."""
-    nofollow = {} if isinstance(dst, int) else {"follow_symlinks": False}
+    follow = isinstance(dst, int)  # an fd takes the default (it refuses follow_symlinks=False)
     ids = ids or {}
-    os.chown(dst, ids.get(st.st_uid, st.st_uid), ids.get(st.st_gid, st.st_gid), **nofollow)
+    os.chown(dst, ids.get(st.st_uid, st.st_uid), ids.get(st.st_gid, st.st_gid),
+             follow_symlinks=follow)
     if not stat.S_ISLNK(st.st_mode):
-        os.chmod(dst, stat.S_IMODE(st.st_mode), **nofollow)
-    for name in os.listxattr(src, **nofollow):
+        os.chmod(dst, stat.S_IMODE(st.st_mode), follow_symlinks=follow)
+    for name in os.listxattr(src, follow_symlinks=follow):
         if name not in DROPPED_XATTRS:
-            value = translate_acl(name, os.getxattr(src, name, **nofollow), ids)
-            os.setxattr(dst, name, value, **nofollow)
-    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), **nofollow)
+            value = translate_acl(name, os.getxattr(src, name, follow_symlinks=follow), ids)
+            os.setxattr(dst, name, value, follow_symlinks=follow)
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=follow)
 
 
 def file_hash(fd: int, size: int) -> tuple[bytes, bytes]:
@@ -400,7 +407,7 @@ def file_hash(fd: int, size: int) -> tuple[bytes, bytes]:
 # --------------------------------------------------------------------- removing
 
 
-def remove_tree(path: str | os.PathLike) -> None:
+def remove_tree(path: str | os.PathLike[str]) -> None:
     """Delete a file or a whole tree, however deep; never follows a symlink. Raises
     OSError if something cannot go (e.g. a mount point)."""
     path = os.fspath(path)
@@ -419,11 +426,11 @@ def remove_tree(path: str | os.PathLike) -> None:
     os.rmdir(path)
 
 
-def sweep(root: str | os.PathLike, match: Callable[[str], bool]) -> list[str]:
+def sweep(root: str | os.PathLike[str], match: Callable[[str], bool]) -> list[str]:
     """Remove every entry of ``root`` whose name ``match``es (what crashed work left);
     an entry that cannot be removed is skipped, never raised: a start-up must not fail
     on debris. Returns the names removed."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(root)
     except FileNotFoundError:

@@ -28,7 +28,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:  # no import at run time: this file also runs alone, as the warden
+    from corral.runtime.cgroups import CgroupDriver
 
 LOCK_WAIT_S = 30.0  # how long a new engine waits for a dead engine's warden
 CLEAN_S = 20.0  # how long the warden keeps killing before it gives up (D state)
@@ -78,12 +81,12 @@ def acquire_lock(state_dir: Path) -> IO[str]:
 class Warden:
     """The engine's side: start one per engine, :meth:`stop` it on a clean close."""
 
-    def __init__(self, proc: subprocess.Popen, pipe: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], pipe: int) -> None:
         self.proc = proc
         self._pipe = pipe
 
     @classmethod
-    def start(cls, lock_file: IO[str], cgroups: Any, cgroup_parent: str,
+    def start(cls, lock_file: IO[str], cgroups: CgroupDriver, cgroup_parent: str,
               locks: tuple[int, ...] = ()) -> "Warden":
         """Start the warden of the engine that holds ``lock_file`` and the descriptors
         ``locks`` (other flocks it must keep until its sandboxes are gone)."""

@@ -97,11 +97,13 @@ class AsyncClient:
 
     async def health(self) -> dict[str, Any]:
         """``{"status": "ok"}`` if the daemon answers; :class:`DaemonUnavailable` if not."""
-        return (await self.request("GET", "/v1/health")).json()
+        health: dict[str, Any] = (await self.request("GET", "/v1/health")).json()
+        return health
 
     async def info(self) -> dict[str, Any]:
         """The daemon's version, capacity and sandbox counts (``GET /v1/info``)."""
-        return (await self.request("GET", "/v1/info")).json()
+        info: dict[str, Any] = (await self.request("GET", "/v1/info")).json()
+        return info
 
     async def request(
         self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any

@@ -13,7 +13,7 @@ from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._backends import AsyncBackend
 from corral.client._config import exec_http_timeout
-from corral.client._models import SpecFields, spec_body
+from corral.client._models import SpecOptions, spec_body
 from corral.errors import InvalidState, NotFound, SandboxTimeout
 from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
@@ -64,7 +64,7 @@ class AsyncPool(AsyncCleanupOnExit):
         max_size: int = DEFAULT_MAX_SIZE,
         name: str | None = None,
         client: AsyncClient | None = None,
-        **spec: Unpack[SpecFields],
+        **spec: Unpack[SpecOptions],
     ) -> None:
         fields = {
             "name": name or "pool-" + secrets.token_hex(4),
@@ -85,7 +85,7 @@ class AsyncPool(AsyncCleanupOnExit):
 
     @property
     def name(self) -> str:
-        return self._body["name"]
+        return str(self._body["name"])
 
     @property
     def info(self) -> PoolInfo | None:

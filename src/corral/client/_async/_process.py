@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -75,7 +75,7 @@ class AsyncProcess:
         self._stdout = bytearray()  # read from the daemon, not yet handed out
         self._stderr = bytearray()
         self._stderr_dropped = False
-        self._items: AsyncIterator[OutputChunk] | None = None
+        self._items: AsyncGenerator[OutputChunk, None] | None = None
         self._result: CommandResult | None = None
 
     # ------------------------------------------------------------ properties
@@ -83,7 +83,7 @@ class AsyncProcess:
     @property
     def id(self) -> str:
         """The process's id on the daemon (``proc-...``)."""
-        return self._info["id"]
+        return str(self._info["id"])
 
     @property
     def pid(self) -> int:
@@ -92,7 +92,7 @@ class AsyncProcess:
 
     @property
     def sandbox_id(self) -> str:
-        return self._info["sandbox_id"]
+        return str(self._info["sandbox_id"])
 
     @property
     def pty(self) -> bool:
@@ -292,7 +292,7 @@ class AsyncProcess:
             return chunk
         return None
 
-    async def _read_output(self) -> AsyncIterator[OutputChunk]:
+    async def _read_output(self) -> AsyncGenerator[OutputChunk, None]:
         response = await self._client.stream("GET", f"{self._path}/output", timeout=None)
         try:
             with self._client._errors():
@@ -338,7 +338,7 @@ class AsyncProcess:
             pass  # its sandbox is gone already, and the process with it
         finally:
             if self._items is not None:
-                await self._items.aclose()  # type: ignore[attr-defined]
+                await self._items.aclose()
                 self._items = None
 
     async def __aenter__(self) -> AsyncProcess:

@@ -21,6 +21,7 @@ from corral.client._models import (
     Command,
     CommandResult,
     SpecFields,
+    SpecOptions,
     exec_body,
     parse_exec,
     spec_body,
@@ -65,7 +66,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         image: str | None = None,
         *,
         client: AsyncClient | None = None,
-        **spec: Unpack[SpecFields],
+        **spec: Unpack[SpecOptions],
     ) -> AsyncOpening[Self]:
         """Start a sandbox and return once it can run commands.
 

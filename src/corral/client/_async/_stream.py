@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
@@ -53,7 +53,7 @@ class AsyncExecStream:
         self._sandbox_id = sandbox_id
         self._check = check
         self._result: CommandResult | None = None
-        self._chunks: AsyncIterator[OutputChunk] | None = None
+        self._chunks: AsyncGenerator[OutputChunk, None] | None = None
 
     @property
     def result(self) -> CommandResult:
@@ -79,7 +79,7 @@ class AsyncExecStream:
             self._chunks = self._run()
         return await self._chunks.__anext__()
 
-    async def _run(self) -> AsyncIterator[OutputChunk]:
+    async def _run(self) -> AsyncGenerator[OutputChunk, None]:
         timeout = self._body.get("timeout")
         response = await self._client.stream(
             "POST", self._path, json=self._body, timeout=exec_http_timeout(timeout)
@@ -129,7 +129,7 @@ class AsyncExecStream:
     async def aclose(self) -> None:
         """Stop reading; a command still running is killed."""
         if self._chunks is not None:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
+            await self._chunks.aclose()
 
     async def __aenter__(self) -> AsyncExecStream:
         return self

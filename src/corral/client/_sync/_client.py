@@ -99,11 +99,13 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"}`` if the daemon answers; :class:`DaemonUnavailable` if not."""
-        return (self.request("GET", "/v1/health")).json()
+        health: dict[str, Any] = (self.request("GET", "/v1/health")).json()
+        return health
 
     def info(self) -> dict[str, Any]:
         """The daemon's version, capacity and sandbox counts (``GET /v1/info``)."""
-        return (self.request("GET", "/v1/info")).json()
+        info: dict[str, Any] = (self.request("GET", "/v1/info")).json()
+        return info
 
     def request(
         self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any

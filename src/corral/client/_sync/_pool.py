@@ -15,7 +15,7 @@ from corral.client._sync._client import Client
 from corral.client._sync._sandbox import Sandbox
 from corral.client._backends import SyncBackend
 from corral.client._config import exec_http_timeout
-from corral.client._models import SpecFields, spec_body
+from corral.client._models import SpecOptions, spec_body
 from corral.errors import InvalidState, NotFound, SandboxTimeout
 from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
@@ -66,7 +66,7 @@ class Pool(CleanupOnExit):
         max_size: int = DEFAULT_MAX_SIZE,
         name: str | None = None,
         client: Client | None = None,
-        **spec: Unpack[SpecFields],
+        **spec: Unpack[SpecOptions],
     ) -> None:
         fields = {
             "name": name or "pool-" + secrets.token_hex(4),
@@ -87,7 +87,7 @@ class Pool(CleanupOnExit):
 
     @property
     def name(self) -> str:
-        return self._body["name"]
+        return str(self._body["name"])
 
     @property
     def info(self) -> PoolInfo | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -77,7 +77,7 @@ class Process:
         self._stdout = bytearray()  # read from the daemon, not yet handed out
         self._stderr = bytearray()
         self._stderr_dropped = False
-        self._items: Iterator[OutputChunk] | None = None
+        self._items: Generator[OutputChunk, None] | None = None
         self._result: CommandResult | None = None
 
     # ------------------------------------------------------------ properties
@@ -85,7 +85,7 @@ class Process:
     @property
     def id(self) -> str:
         """The process's id on the daemon (``proc-...``)."""
-        return self._info["id"]
+        return str(self._info["id"])
 
     @property
     def pid(self) -> int:
@@ -94,7 +94,7 @@ class Process:
 
     @property
     def sandbox_id(self) -> str:
-        return self._info["sandbox_id"]
+        return str(self._info["sandbox_id"])
 
     @property
     def pty(self) -> bool:
@@ -294,7 +294,7 @@ class Process:
             return chunk
         return None
 
-    def _read_output(self) -> Iterator[OutputChunk]:
+    def _read_output(self) -> Generator[OutputChunk, None]:
         response = self._client.stream("GET", f"{self._path}/output", timeout=None)
         try:
             with self._client._errors():
@@ -340,7 +340,7 @@ class Process:
             pass  # its sandbox is gone already, and the process with it
         finally:
             if self._items is not None:
-                self._items.close()  # type: ignore[attr-defined]
+                self._items.close()
                 self._items = None
 
     def __enter__(self) -> Process:

@@ -23,6 +23,7 @@ from corral.client._models import (
     Command,
     CommandResult,
     SpecFields,
+    SpecOptions,
     exec_body,
     parse_exec,
     spec_body,
@@ -67,7 +68,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         image: str | None = None,
         *,
         client: Client | None = None,
-        **spec: Unpack[SpecFields],
+        **spec: Unpack[SpecOptions],
     ) -> Opening[Self]:
         """Start a sandbox and return once it can run commands.
 

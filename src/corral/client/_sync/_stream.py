@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import httpx
@@ -55,7 +55,7 @@ class ExecStream:
         self._sandbox_id = sandbox_id
         self._check = check
         self._result: CommandResult | None = None
-        self._chunks: Iterator[OutputChunk] | None = None
+        self._chunks: Generator[OutputChunk, None] | None = None
 
     @property
     def result(self) -> CommandResult:
@@ -81,7 +81,7 @@ class ExecStream:
             self._chunks = self._run()
         return self._chunks.__next__()
 
-    def _run(self) -> Iterator[OutputChunk]:
+    def _run(self) -> Generator[OutputChunk, None]:
         timeout = self._body.get("timeout")
         response = self._client.stream(
             "POST", self._path, json=self._body, timeout=exec_http_timeout(timeout)
@@ -131,7 +131,7 @@ class ExecStream:
     def close(self) -> None:
         """Stop reading; a command still running is killed."""
         if self._chunks is not None:
-            self._chunks.close()  # type: ignore[attr-defined]
+            self._chunks.close()
 
     def __enter__(self) -> ExecStream:
         return self
