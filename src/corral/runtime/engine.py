@@ -59,6 +59,7 @@ from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Msg, Tag, decode_entry
 from corral.runtime.registry import Registry
 from corral.runtime.snapshots import Snapshots
+from corral.runtime.startup import open_layout
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT,
@@ -172,9 +173,7 @@ class Engine:
         bwrap = shutil.which("bwrap")
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
-        layout = Layout.create(
-            Path(state_dir) if state_dir else None, Path(cache_dir) if cache_dir else None
-        )
+        layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
         engine = cls(
             layout,
