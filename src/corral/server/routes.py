@@ -278,6 +278,7 @@ async def fork_sandbox(request: Request) -> Response:
     snap = await engine.snapshot(sid)
     try:
         spec = engine.fork_spec(sid, snap.id)
+        admission.check_fits(spec.memory_mb, body.n)  # all or nothing: n must fit at once
         made = await asyncio.gather(
             *(create_admitted(engine, admission, spec) for _ in range(body.n)),
             return_exceptions=True,
