@@ -268,19 +268,23 @@ async def test_an_engine_does_not_start_on_a_full_state_dir(full_state_dir):
         assert sorted(os.listdir(state)) == before, "a refused start writes nothing"
 
 
-def test_the_daemon_says_what_is_full_and_exits(full_state_dir, tmp_path):
-    """``corral serve`` on a full state directory: exit status 1 and one line naming
-    the path and the free space, no traceback (the embedded daemon logs the same)."""
+@pytest.mark.parametrize("command", [
+    ["-m", "corral.server"],  # what the SDK's embedded daemon runs
+    ["-c", "import sys; from corral.cli.main import main; sys.exit(main())", "serve"],
+])
+def test_the_daemon_says_what_is_full_and_exits(command, full_state_dir, tmp_path):
+    """``corral serve`` (or ``python -m corral.server``) on a full state directory: exit
+    status 1 and one line naming the path and the free space, no traceback."""
     _fill(full_state_dir)
     done = subprocess.run(
-        [sys.executable, "-m", "corral.server", "--socket", str(tmp_path / "s.sock"),
+        [sys.executable, *command, "--socket", str(tmp_path / "s.sock"),
          "--state-dir", str(full_state_dir)],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith("corral daemon: cannot start:") and str(full_state_dir) in line
+    assert "cannot start: the filesystem holding" in line and str(full_state_dir) in line
     assert "MiB and" in line and "inodes free there" in line, line
 
 
