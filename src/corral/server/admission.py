@@ -4,7 +4,9 @@ A create passes three caps (``max_starting`` sandboxes starting at once,
 ``max_sandboxes`` alive, ``max_memory_mb`` committed). One that does not fit waits in
 a FIFO queue of at most ``queue_size`` entries for up to ``queue_timeout`` seconds;
 past either bound it fails with :class:`~corral.errors.CapacityExceeded`, whose
-``details["limit"]`` names the cap::
+``details["limit"]`` names the cap. What could never fit however long it waited (more
+memory than ``max_memory_mb``, a fork of more copies than the caps allow at once) is an
+:class:`~corral.errors.InvalidArgument` at once (:meth:`Admission.check_fits`)::
 
     admission = Admission(limits, live_ids=lambda: {i.id for i in engine.list(state=LIVE)})
     async with admission.admit(spec.memory_mb) as slot:

@@ -275,10 +275,10 @@ async def fork_sandbox(request: Request) -> Response:
     is deleted at once (its layers stay while the copies run). All or nothing."""
     body = validate_model(ForkRequest, await read_json(request, "fork request"), "fork request")
     engine, admission, sid = _engine(request), _admission(request), _sid(request)
+    admission.check_fits(engine.get(sid).spec.memory_mb, body.n)  # all or nothing: at once
     snap = await engine.snapshot(sid)
     try:
         spec = engine.fork_spec(sid, snap.id)
-        admission.check_fits(spec.memory_mb, body.n)  # all or nothing: n must fit at once
         made = await asyncio.gather(
             *(create_admitted(engine, admission, spec) for _ in range(body.n)),
             return_exceptions=True,
