@@ -1,14 +1,16 @@
 """kill -9 of a busy daemon, again and again: nothing is lost, nothing leaks.
 
 Each round fills a real daemon (``python -m corral.server``) with sandboxes, exec
-loops, a snapshot commit, an image build and a filling pool, waits a moment, records
-every process the daemon has, and ``kill -9``s it; then it starts a new daemon on the
+loops, a snapshot commit, an image build and a filling pool, records every process the
+daemon has, and ``kill -9``s it (in turn: while a snapshot's layer is being staged,
+while the build's layer is, at a random moment); then it starts a new daemon on the
 same state directory and checks that
 
 - no process of the dead daemon runs, and every process in the engine's cgroup
   subtree belongs to the new daemon; no mount is left under its directories; no
   staging directory (a half-committed snapshot or image layer) survives the restart;
-- every sandbox the dead daemon had alive is ``failed``, with a reason;
+- every sandbox the dead daemon had alive is ``failed``, with a reason saying it was
+  lost, and none is alive;
 - every snapshot that was taken (before this kill or an earlier one) restores byte
   for byte, and so does the interrupted one if its commit finished in time.
 
@@ -16,8 +18,9 @@ At the end a clean SIGTERM must leave nothing at all. The restart times are prin
 (and written as JSON when ``CORRAL_FAULTS_REPORT`` names a file); nothing here waits
 on a wall-clock threshold.
 
-Environment variables (read here): ``CORRAL_FAULTS_KILLS`` (default 2) and
-``CORRAL_FAULTS_SANDBOXES`` (default 30) size a run; ``make faults`` runs 10 x 100.
+Environment variables (read here): ``CORRAL_FAULTS_KILLS`` (default 3: each kind of
+kill moment once) and ``CORRAL_FAULTS_SANDBOXES`` (default 30) size a run; ``make
+faults`` runs 10 x 100.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from tests.faults.host import Host, alive, describe, start_time
 
 pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(3600)]
 
-KILLS = int(os.environ.get("CORRAL_FAULTS_KILLS", "2"))
+KILLS = int(os.environ.get("CORRAL_FAULTS_KILLS", "3"))
 SANDBOXES = int(os.environ.get("CORRAL_FAULTS_SANDBOXES", "30"))
 REPORT = os.environ.get("CORRAL_FAULTS_REPORT")
 LIVE = {"pending", "running", "paused", "stopping"}
