@@ -39,6 +39,7 @@ import corral  # noqa: E402
 
 MAX_FILE = 64 << 10
 MAX_ROUNDS = 10_000_000  # per sandbox: the deadline ends a loop long before
+SETTLE_S = 2.0  # after the client closed its connections, before the last sample
 
 
 @dataclass
@@ -123,7 +124,9 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict:
                   f"wrong {counts.wrong}", flush=True)
         await work
         await asyncio.gather(*(sb.delete() for sb in sandboxes))
-        samples.append(sample(pid, started))
+    # The client's connections are closed now: what is left open is the daemon's own.
+    await asyncio.sleep(SETTLE_S)
+    samples.append(sample(pid, started))
     run = [s for s in samples if s["t_s"] >= created["t_s"]][:-1]  # before the deletes
     first, last = run[0], run[-1]
     return {
@@ -133,13 +136,13 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict:
         "rss_mib": {"start": samples[0]["rss_mib"], "first": first["rss_mib"],
                     "last": last["rss_mib"], "max": max(s["rss_mib"] for s in run),
                     "slope_per_min": slope_per_min(run, "rss_mib"),
-                    "after_delete": samples[-1]["rss_mib"]},
+                    "after_close": samples[-1]["rss_mib"]},
         "fds": {"start": samples[0]["fds"], "first": first["fds"], "last": last["fds"],
                 "max": max(s["fds"] for s in run), "slope_per_min": slope_per_min(run, "fds"),
-                "after_delete": samples[-1]["fds"]},
+                "after_close": samples[-1]["fds"]},
         "threads": {"start": samples[0]["threads"], "first": first["threads"],
                     "last": last["threads"], "max": max(s["threads"] for s in run),
-                    "after_delete": samples[-1]["threads"]},
+                    "after_close": samples[-1]["threads"]},
         "samples": samples,
     }
 
