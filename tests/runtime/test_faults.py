@@ -87,6 +87,10 @@ async def test_a_paused_sandbox_dies_with_its_engine_without_a_restart(state_dir
             time.sleep(0.1)
         assert not [p for p in made["pids"] if _running(p)], "the frozen sandbox outlived its engine"
         assert _group_state(made["dirs"]) == {"pids": [], "frozen": False}
+        parents = {Path(d).parent for d in made["dirs"]}  # the dead engine's own groups
+        while any(p.exists() for p in parents) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in parents if p.exists()], "the dead engine's cgroup is left"
     finally:
         if owner.poll() is None:
             owner.kill()
