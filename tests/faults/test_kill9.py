@@ -14,7 +14,8 @@ same state directory and checks that
 - every snapshot that was taken (before this kill or an earlier one) restores byte
   for byte, and so does the interrupted one if its commit finished in time.
 
-At the end a clean SIGTERM must leave nothing at all. The restart times are printed
+At the end, a kill -9 not followed by a restart must leave no process, cgroup or mount
+once the dead daemon's warden is done, and a clean SIGTERM nothing at all. The restart times are printed
 (and written as JSON when ``CORRAL_FAULTS_REPORT`` names a file); nothing here waits
 on a wall-clock threshold.
 
@@ -231,6 +232,22 @@ async def _after_restart(host: Host, live: set[str], processes: dict[int, int],
             assert kept.status_code == 404, kept.text
 
 
+async def _killed_and_not_restarted(host: Host) -> None:
+    """kill -9 with sandboxes running and paused, and no new daemon: once the dead one's
+    warden is done, no process, cgroup (its own included) or mount of it is left."""
+    async with _client(host) as c:
+        sids = await asyncio.gather(*(_create(c) for _ in range(4)))
+        await _ok(await c.post(f"/v1/sandboxes/{sids[0]}/pause"))
+    old = host.tree()
+    host.kill9()
+    deadline = time.monotonic() + 60  # only against a hang
+    while any(alive(p, start) for p, start in old.items()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not [p for p, start in old.items() if alive(p, start)]
+    assert host.in_cgroups() == {} and not host.cgroup_exists() and not host.host_mounts()
+    # Their records and directories stay for the next start to reconcile.
+
+
 def _assert_nothing_left(host: Host) -> None:
     assert host.in_cgroups() == {}, "processes in the engine's cgroups after a clean stop"
     assert host.cgroup_children() == [] and not host.cgroup_exists()
@@ -250,6 +267,8 @@ async def test_kill9_loses_nothing_and_leaks_nothing():
             figures.restart_s.append(host.start())
             await _after_restart(host, live, processes, groups, inflight, taken, figures)
         assert figures.wrong_results == 0, "an exec returned another command's output"
+        await _killed_and_not_restarted(host)
+        host.start()
         old = host.tree()
         assert host.stop() == 0, f"the daemon did not stop cleanly: see {host.log_file}"
         assert not [p for p, start in old.items() if alive(p, start)]
