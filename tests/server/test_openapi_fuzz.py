@@ -126,7 +126,7 @@ MAX_EXEC_S = 5.0  # a generated command may block: its timeout is capped
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 def test_every_operation_conforms(case, fuzz_daemon, target):
     if "sandbox_id" in (case.path_parameters or {}) and case.method != "DELETE":
