@@ -1,4 +1,4 @@
-.PHONY: install test demo bench lint clean-state
+.PHONY: install test faults demo bench lint clean-state
 
 PY := .venv/bin/python
 
@@ -7,6 +7,12 @@ install:
 
 test: install
 	$(PY) -m pytest -q -ra tests
+
+# The long kill -9 fault suite (10 kills of a daemon with ~100 sandboxes); `make test`
+# runs its short form. Figures: benchmarks/results/faults.json.
+faults: install
+	CORRAL_FAULTS_KILLS=10 CORRAL_FAULTS_SANDBOXES=100 \
+	CORRAL_FAULTS_REPORT=benchmarks/results/faults.json $(PY) -m pytest -q -s tests/faults
 
 demo: install
 	$(PY) examples/policy_eval_demo.py

@@ -87,6 +87,10 @@ async def test_a_paused_sandbox_dies_with_its_engine_without_a_restart(state_dir
             time.sleep(0.1)
         assert not [p for p in made["pids"] if _running(p)], "the frozen sandbox outlived its engine"
         assert _group_state(made["dirs"]) == {"pids": [], "frozen": False}
+        parents = {Path(d).parent for d in made["dirs"]}  # the dead engine's own groups
+        while any(p.exists() for p in parents) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in parents if p.exists()], "the dead engine's cgroup is left"
     finally:
         if owner.poll() is None:
             owner.kill()
@@ -226,3 +230,95 @@ async def test_a_full_state_dir_is_a_typed_error_and_leaks_nothing():
     finally:
         subprocess.run(["umount", str(state)], check=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def full_state_dir():
+    """A state directory on a 4 MiB tmpfs; fill it with ``_fill``."""
+    base = Path(tempfile.mkdtemp(prefix="corral-test-full-"))
+    os.chmod(base, 0o711)
+    state = base / "state"
+    state.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=256,mode=0711", "corral-test", str(state)],
+        check=True,
+    )
+    try:
+        yield state
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_an_engine_does_not_start_on_a_full_state_dir(full_state_dir):
+    """Fresh or used before: ``StorageFull`` naming the state directory and what is
+    free there, nothing written; once space is freed it starts."""
+    from corral.errors import StorageFull
+    from corral.runtime.engine import Engine
+
+    state = full_state_dir
+    for used in (False, True):
+        if used:
+            for p in state.iterdir():
+                if p.name == "filler" or p.name.startswith("inode"):
+                    p.unlink()
+            await (await Engine.open(state, warm_slots=0)).close()
+        _fill(state)
+        before = sorted(os.listdir(state))
+        with pytest.raises(StorageFull) as err:
+            await Engine.open(state, warm_slots=0)
+        assert str(state) in err.value.message and "MiB" in err.value.message
+        assert err.value.details["path"] == str(state) and err.value.status == 507
+        assert sorted(os.listdir(state)) == before, "a refused start writes nothing"
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "corral.server"],  # what the SDK's embedded daemon runs
+    ["-c", "import sys; from corral.cli.main import main; sys.exit(main())", "serve"],
+])
+def test_the_daemon_says_what_is_full_and_exits(command, full_state_dir, tmp_path):
+    """``corral serve`` (or ``python -m corral.server``) on a full state directory: exit
+    status 1 and one line naming the path and the free space, no traceback."""
+    _fill(full_state_dir)
+    done = subprocess.run(
+        [sys.executable, *command, "--socket", str(tmp_path / "s.sock"),
+         "--state-dir", str(full_state_dir)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "cannot start: the filesystem holding" in line and str(full_state_dir) in line
+    assert "MiB and" in line and "inodes free there" in line, line
+
+
+async def test_a_build_killed_mid_layer_leaves_nothing_after_a_restart(state_dir):
+    """What a build or import killed with its engine left in the image store (a staged
+    layer, a half-written cache entry, half an image) is gone once an engine starts."""
+    from corral.runtime import image_cache
+    from corral.runtime.engine import Engine
+
+    cache = state_dir / "cache"  # private: the host-wide one may have builds running
+    images = cache / "images"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    debris = [
+        images / ".layers" / ".tmp-0123456789ab" / "tree",
+        images / ".layers" / ".trash-0123456789ab",
+        images / f".tmp-img-{dead.pid}-0a0b0c0d" / "rootfs",
+        images / image_cache.CACHE / f".{'a' * 64}.{dead.pid}.abcdef",
+    ]
+    for d in debris[:3]:
+        d.mkdir(parents=True)
+    (debris[0] / "blob").write_bytes(os.urandom(1 << 20))
+    debris[3].parent.mkdir(parents=True)
+    debris[3].write_text("{")
+    kept = images / image_cache.CACHE / f"{'b' * 64}.json"
+    kept.write_text("{}")
+    engine = await Engine.open(state_dir / "state", cache, warm_slots=0)
+    try:
+        left = [str(d) for d in debris if d.exists()]
+        assert left == [], f"left after the start: {left}"
+        assert kept.exists(), "a real cache entry is not debris"
+    finally:
+        await engine.close()

@@ -104,10 +104,8 @@ async def test_a_sandbox_the_engine_ends_frees_its_room_for_a_waiting_create(mak
 async def test_memory_cap_is_named(make_daemon):
     d = make_daemon("--max-memory-mb", "200", "--queue-timeout", "0.3")
     async with async_uds_client(d.socket) as c:
-        too_big = await c.post("/v1/sandboxes", json={"memory_mb": 256})
-        assert (
-            assert_error(too_big, 503, "capacity_exceeded")["details"]["limit"] == "max_memory_mb"
-        )
+        too_big = await c.post("/v1/sandboxes", json={"memory_mb": 256})  # never fits: a 4xx
+        assert assert_error(too_big, 400, "invalid_argument")["details"]["limit"] == "max_memory_mb"
         ok = await c.post("/v1/sandboxes", json={"memory_mb": 128})
         assert ok.status_code == 201
         waited = await c.post("/v1/sandboxes", json={"memory_mb": 128})
@@ -116,6 +114,23 @@ async def test_memory_cap_is_named(make_daemon):
 
 
 @pytest.mark.slow
+async def test_a_fork_that_could_never_fit_is_a_400_at_once(make_daemon):
+    """All or nothing: more copies than max_sandboxes, or more memory than max_memory_mb,
+    could never be alive at once: refused at once, not after waiting for room (503)."""
+    d = make_daemon("--max-sandboxes", "10", "--max-memory-mb", "1000", "--queue-timeout", "600")
+    async with async_uds_client(d.socket) as c:
+        made = await c.post("/v1/sandboxes", json={"memory_mb": 200})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        try:
+            for n, cap in ((11, "max_sandboxes"), (6, "max_memory_mb")):
+                reply = await c.post(f"/v1/sandboxes/{sid}/fork", json={"n": n})
+                assert assert_error(reply, 400, "invalid_argument")["details"]["limit"] == cap
+            assert len((await c.get("/v1/sandboxes")).json()["sandboxes"]) == 1
+        finally:
+            await c.delete(f"/v1/sandboxes/{sid}")
+
+
 async def test_500_concurrent_creates(daemon):
     n = 500
     limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)

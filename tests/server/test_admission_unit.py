@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from corral.errors import CapacityExceeded, DaemonUnavailable
+from corral.errors import CapacityExceeded, DaemonUnavailable, InvalidArgument
 from corral.server.admission import Admission, Limits
 
 
@@ -65,7 +65,7 @@ async def test_max_sandboxes_waits_for_a_release_in_fifo_order():
 async def test_memory_cap_and_a_request_that_can_never_fit():
     adm = make(max_memory_mb=250)
     await create(adm, "a", memory_mb=200)
-    with pytest.raises(CapacityExceeded) as exc:
+    with pytest.raises(InvalidArgument) as exc:  # never fits: no wait, a 4xx
         await create(adm, "huge", memory_mb=251)
     assert exc.value.details["limit"] == "max_memory_mb"
     assert adm.queued == 0

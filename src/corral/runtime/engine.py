@@ -60,6 +60,7 @@ from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.registry import Registry
 from corral.runtime.snapshots import Snapshots
+from corral.runtime.startup import open_layout
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     CANONICAL_UID,
     SANDBOX_HOME,
@@ -150,9 +151,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         bwrap = shutil.which("bwrap")
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
-        layout = Layout.create(
-            Path(state_dir) if state_dir else None, Path(cache_dir) if cache_dir else None
-        )
+        layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
         try:
             uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())

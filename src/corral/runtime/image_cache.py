@@ -240,10 +240,14 @@ def hold_build_lock(images_dir: Path) -> int:
 
 
 def clean_stale_layers(images_dir: Path) -> None:
-    """Remove what crashed builds left in the layer store, if no build runs now."""
+    """Remove what crashed builds left in the layer store and the build cache (a
+    half-written entry), if no build runs now."""
+    if not (Path(images_dir) / LAYERS).is_dir():
+        return  # nothing was ever built here
     with build_lock(images_dir, exclusive=True, wait=False) as got:
         if got:
             sweep(layer_store(images_dir).root, lambda n: n.startswith((".tmp-", ".trash-")))
+            sweep(Path(images_dir) / CACHE, lambda n: n.startswith("."))
 
 
 def manifests(images_dir: Path) -> dict[str, dict[str, Any]]:

@@ -484,6 +484,14 @@ class ImageStore:
             path.mkdir(mode=0o700)
         return path
 
+    def sweep_debris(self) -> None:
+        """What killed work left: tmp dirs of builds, copies and imports whose process is
+        gone, and staged layers of crashed builds (unless a build runs now). Called
+        when an engine starts (:mod:`corral.runtime.startup`), so that a build killed
+        with its daemon does not keep its partial layer until the next image operation."""
+        self._clean_stale()
+        image_cache.clean_stale_layers(self.images_dir)
+
     def _clean_stale(self) -> None:
         """Delete the tmp dirs of builds, copies and removals whose process is gone."""
         try:

@@ -22,6 +22,10 @@ T = TypeVar("T")
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _SQLITE_FULL = 13  # SQLITE_FULL
+# What an engine needs free to start: its lock, registry (and journal), directories and,
+# on the first start, the agent binary. Less, and it refuses to start (check_room).
+MIN_FREE_BYTES = 1 << 20
+MIN_FREE_INODES = 64
 
 
 def _free(path: Path) -> str:
@@ -30,6 +34,29 @@ def _free(path: Path) -> str:
     except OSError:
         return ""
     return f"; {st.f_bavail * st.f_frsize >> 20} MiB and {st.f_favail} inodes free there"
+
+
+def check_room(path: Path, state_dir: Path) -> None:
+    """:class:`StorageFull` naming ``path`` (or its nearest existing parent) and the
+    space left there, if its filesystem has less free than an engine needs to start."""
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:  # bounded by the path's depth
+        where = where.parent
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return
+    free, inodes = st.f_bavail * st.f_frsize, st.f_favail
+    # Some filesystems (btrfs) report no inode counts at all: then inodes do not run out.
+    short_inodes = st.f_files > 0 and inodes < MIN_FREE_INODES
+    if free >= MIN_FREE_BYTES and not short_inodes:
+        return
+    raise StorageFull(
+        f"cannot start: the filesystem holding {path} is full{_free(where)} (at least "
+        f"{MIN_FREE_BYTES >> 20} MiB and {MIN_FREE_INODES} inodes are needed; corral's "
+        f"state directory is {state_dir}); free space or inodes there and start again",
+        details={"path": str(path), "free_bytes": free, "free_inodes": inodes},
+    )
 
 
 def _sqlite_full(exc: BaseException) -> bool:

@@ -9,8 +9,9 @@ small process outside every sandbox cgroup (and in a session of its own), starte
 whose only write end the engine holds; the kernel closes that end however the engine
 dies (``kill -9`` included), and at EOF the warden SIGKILLs every process of every
 group under the engine's cgroup parent (``DIR``, one per hierarchy), thaws them, waits
-until they are empty and removes them. On a clean :meth:`Warden.stop` the engine
-writes one byte first and the warden leaves without touching anything.
+until they are empty and removes them, and then the parent. On a clean
+:meth:`Warden.stop` the engine writes one byte first and the warden leaves without
+touching anything.
 
 The warden also holds the engine's lock (the same open file, inherited), so a new
 engine on the same state directory cannot start, and have its fresh sandboxes swept,
@@ -190,6 +191,11 @@ def _clean(dirs: list[Path]) -> None:
             time.sleep(0.01)
     for g in pending:
         print(f"corral warden: could not empty cgroup {g[0]}", file=sys.stderr)
+    for d in dirs:  # the engine's own group too: its state dir may never be opened again
+        try:
+            d.rmdir()
+        except OSError:
+            pass  # not empty (see above), or gone
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,9 @@ A create passes three caps (``max_starting`` sandboxes starting at once,
 ``max_sandboxes`` alive, ``max_memory_mb`` committed). One that does not fit waits in
 a FIFO queue of at most ``queue_size`` entries for up to ``queue_timeout`` seconds;
 past either bound it fails with :class:`~corral.errors.CapacityExceeded`, whose
-``details["limit"]`` names the cap::
+``details["limit"]`` names the cap. What could never fit however long it waited (more
+memory than ``max_memory_mb``, a fork of more copies than the caps allow at once) is an
+:class:`~corral.errors.InvalidArgument` at once (:meth:`Admission.check_fits`)::
 
     admission = Admission(limits)
     engine.events.subscribe(SandboxEnded, lambda e: admission.release(e.sandbox_id))
@@ -27,7 +29,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from corral.errors import CapacityExceeded, DaemonUnavailable
+from corral.errors import CapacityExceeded, DaemonUnavailable, InvalidArgument
 from corral.schema import SandboxState
 
 LIVE_STATES = (  # the states that count against the caps
@@ -102,17 +104,33 @@ class Admission:
 
     # ------------------------------------------------------------------ admit
 
+    def check_fits(self, memory_mb: int, n: int = 1) -> None:
+        """:class:`InvalidArgument` if ``n`` sandboxes of ``memory_mb`` could never be
+        alive at once under the caps, however long they waited (a 4xx: the request is
+        wrong, a retry would fail the same way)."""
+        caps = self.limits
+        if n > caps.max_sandboxes:
+            raise InvalidArgument(
+                f"{n} sandboxes can never be alive at once under this daemon's "
+                f"max_sandboxes of {caps.max_sandboxes}: ask for fewer",
+                details={"errors": [{"field": "n", "message": "above max_sandboxes"}],
+                         "limit": "max_sandboxes", "value": caps.max_sandboxes},
+            )
+        if memory_mb * n > caps.max_memory_mb:
+            what = f"a sandbox of {memory_mb} MB" if n == 1 else f"{n} sandboxes of {memory_mb} MB"
+            raise InvalidArgument(
+                f"{what} can never fit under this daemon's max_memory_mb of "
+                f"{caps.max_memory_mb}: ask for less memory",
+                details={"errors": [{"field": "memory_mb", "message": "above max_memory_mb"}],
+                         "limit": "max_memory_mb", "value": caps.max_memory_mb},
+            )
+
     @asynccontextmanager
     async def admit(self, memory_mb: int) -> AsyncIterator[Slot]:
         """Wait for room for a sandbox of ``memory_mb``; hold it while it starts."""
         if self._closed:
             raise _shutting_down()
-        if memory_mb > self.limits.max_memory_mb:
-            raise CapacityExceeded(
-                f"a sandbox of {memory_mb} MB can never fit under this daemon's "
-                f"max_memory_mb of {self.limits.max_memory_mb}: ask for less memory",
-                details={"limit": "max_memory_mb", "value": self.limits.max_memory_mb},
-            )
+        self.check_fits(memory_mb)
         if self._queue or self._blocked_by(memory_mb):
             await self._wait(memory_mb)
         else:

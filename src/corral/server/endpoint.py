@@ -35,6 +35,8 @@ class Query:
     description: str
     required: bool = False
     repeat: bool = False
+    enum: tuple[str, ...] = ()  # the only values it takes (documented: the handler checks)
+    min_length: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from corral.schema import (
     FileInfo,
     SandboxInfo,
     SandboxSpec,
+    SandboxState,
     SnapshotInfo,
 )
 from corral.server.endpoint import NDJSON, RAW, Endpoint, Query, handler_of
@@ -92,7 +93,8 @@ _SNAP = "/v1/snapshots/{id_or_name}"
 _IMAGE = "/v1/images/{name}"
 _PROC = _SB + "/processes/{process_id}"
 _PATH = Query(
-    "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True
+    "path", "string", "a path in the sandbox (relative ones start at its workdir)", required=True,
+    min_length=1,
 )
 
 ENDPOINTS: tuple[Endpoint, ...] = (
@@ -116,7 +118,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply=SandboxList,
         query=(
             Query("tag", "string", "carries this tag (all must match)", repeat=True),
-            Query("state", "string", "is in this state (any may match)", repeat=True),
+            Query("state", "string", "is in this state (any may match)", repeat=True,
+                  enum=tuple(s.value for s in SandboxState)),
         ),
     ),
     Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
@@ -254,7 +257,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         list_files,
         "List a directory",
         reply=FileList,
-        query=(Query("path", "string", "the directory (default: the workdir)"),),
+        query=(Query("path", "string", "the directory (default: the workdir)", min_length=1),),
     ),
     Endpoint(
         "GET", _SB + "/files/stat", stat_file, "Describe a file", reply=FileInfo, query=(_PATH,)
@@ -306,7 +309,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         reply=ImageInfo,
         status=201,
         query=(Query("name", "string", "the image's name (one of that name is replaced)",
-                     required=True),),
+                     required=True, min_length=1),),
     ),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
     Endpoint(

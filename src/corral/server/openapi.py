@@ -69,6 +69,10 @@ def _operation(e: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
     ]
     for q in e.query:
         schema: dict[str, Any] = {"type": q.type}
+        if q.enum:
+            schema["enum"] = list(q.enum)
+        if q.min_length is not None:
+            schema["minLength"] = q.min_length
         if q.repeat:
             schema = {"type": "array", "items": schema}
         params.append(

@@ -125,6 +125,8 @@ class SandboxService:
     ) -> list[SandboxInfo]:
         """``n`` new sandboxes with this one's files and spec, each created through
         admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        # n copies that could never be alive at once: a 400 now, before the snapshot
+        self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
         return await fork_from(
             self.engine, sandbox_id, n, create=self.create, delete=self.delete, tags=tags,
             abandoned=abandoned,
