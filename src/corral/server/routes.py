@@ -86,8 +86,14 @@ def _no_content() -> Response:
     return Response(status_code=204)
 
 
-def _info_json(info: SandboxInfo) -> dict[str, Any]:
-    return info.model_dump(mode="json")
+def _info_json(info: SandboxInfo, request: Request) -> dict[str, Any]:
+    data = info.model_dump(mode="json")
+    node = ctx.settings(request).node
+    if node is None:
+        del data["node"]  # outside a cluster the reply stays as it always was
+    else:
+        data["node"] = node
+    return data
 
 
 # ---------------------------------------------------------------------- daemon
@@ -112,6 +118,7 @@ async def info(request: Request) -> Response:
             "queued": admission.queued,
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
+            **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
 
@@ -125,18 +132,18 @@ async def create_sandbox(request: Request) -> Response:
     spec = SandboxSpec.parse(await read_json(request, "sandbox spec", required=False))
     spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
-    return JSONResponse(_info_json(created), status_code=201)
+    return JSONResponse(_info_json(created, request), status_code=201)
 
 
 async def list_sandboxes(request: Request) -> Response:
     states = request.query_params.getlist("state") or None
     infos = ctx.engine(request).list(tags=request.query_params.getlist("tag"), state=states)
-    return JSONResponse({"sandboxes": [_info_json(i) for i in infos]})
+    return JSONResponse({"sandboxes": [_info_json(i, request) for i in infos]})
 
 
 async def get_sandbox(request: Request) -> Response:
     engine, sid = ctx.engine(request), _sid(request)
-    body = _info_json(engine.get(sid))
+    body = _info_json(engine.get(sid), request)
     if body["state"] in (SandboxState.RUNNING.value, SandboxState.PAUSED.value):
         try:
             body["usage"] = engine.usage(sid)
@@ -146,7 +153,7 @@ async def get_sandbox(request: Request) -> Response:
 
 
 async def pause_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).pause(_sid(request))))
+    return JSONResponse(_info_json(await ctx.engine(request).pause(_sid(request)), request))
 
 
 async def kill_processes(request: Request) -> Response:
@@ -154,7 +161,7 @@ async def kill_processes(request: Request) -> Response:
 
 
 async def resume_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request))))
+    return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request)), request))
 
 
 async def stop_sandbox(request: Request) -> Response:
@@ -162,7 +169,7 @@ async def stop_sandbox(request: Request) -> Response:
         StopRequest, await read_json(request, "stop request", required=False), "stop request"
     )
     stopped = await ctx.service(request).stop(_sid(request), grace=body.grace)
-    return JSONResponse(_info_json(stopped))
+    return JSONResponse(_info_json(stopped, request))
 
 
 async def delete_sandbox(request: Request) -> Response:
@@ -188,7 +195,7 @@ async def fork_sandbox(request: Request) -> Response:
         )
     except Abandoned:
         raise ClientDisconnect() from None
-    return JSONResponse({"sandboxes": [_info_json(i) for i in made]}, status_code=201)
+    return JSONResponse({"sandboxes": [_info_json(i, request) for i in made]}, status_code=201)
 
 
 # ------------------------------------------------------------------- snapshots
@@ -322,7 +329,7 @@ async def acquire_from_pool(request: Request) -> Response:
         "acquire request",
     )
     work = ctx.pools(request).acquire(_pool_name(request), body.timeout)
-    return JSONResponse(_info_json(await unless_gone(request, work)))
+    return JSONResponse(_info_json(await unless_gone(request, work), request))
 
 
 # ----------------------------------------------------------------------- table
