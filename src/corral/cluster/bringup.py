@@ -18,15 +18,9 @@ from typing import Any
 import httpx
 
 from corral.cluster import _ray
-from corral.cluster.node import (
-    CONFIG_KEY,
-    NODE_KEY,
-    SUPERVISOR,
-    TOKEN_KEY,
-    node_actor,
-    supervisor_actor,
-)
-from corral.errors import DaemonUnavailable, InvalidArgument
+from corral.cluster.directory import NODE_KEY, TOKEN_KEY
+from corral.cluster.node import CONFIG_KEY, SUPERVISOR, node_actor, supervisor_actor
+from corral.errors import InvalidArgument
 
 DEFAULT_STATE_DIR = "/var/lib/corral/cluster"
 """Where each node's daemon keeps its state: ``<this>/<node tag>/`` on that node."""
@@ -143,11 +137,3 @@ def read_entries(gcs: Any) -> dict[str, dict[str, Any]]:
             entry = json.loads(raw)
             entries[entry["node_id"]] = entry
     return entries
-
-
-def require_daemons(address: str, entries: dict[str, Any]) -> None:
-    if not entries:
-        raise DaemonUnavailable(
-            f"the Ray cluster at {address} runs no corral daemons: run "
-            f"`corral cluster up --address {address}`"
-        )

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.cluster import _ray
+from corral.cluster.directory import NODE_KEY, TOKEN_KEY
 from corral.cluster.ids import node_tag
 from corral.errors import DaemonUnavailable
 
@@ -40,9 +41,7 @@ logger = logging.getLogger("corral.cluster")
 
 SUPERVISOR = "corral-supervisor"
 NODE_ACTOR = "corral-node-"  # + the node id
-TOKEN_KEY = "token"
 CONFIG_KEY = "config"
-NODE_KEY = "node:"  # + the node id
 WATCH_INTERVAL_S = 2.0
 DAEMON_START_TIMEOUT_S = 60.0
 DAEMON_STOP_TIMEOUT_S = 60.0
