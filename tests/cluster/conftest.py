@@ -53,13 +53,14 @@ class RayCluster:
     def worker_id(self, node: object) -> str:
         return node.node_id  # type: ignore[attr-defined]
 
-    def replace_worker(self, node: object) -> object:
-        """Kill ``node`` (its raylet and everything on it), then add a fresh one."""
+    def remove_worker(self, node: object) -> None:
+        """Kill ``node``: its raylet and everything on it, as when a machine dies."""
         self.cluster.remove_node(node)
-        self.workers.remove(node)
-        fresh = self.cluster.add_node(**NODE_ARGS)
-        self.workers.append(fresh)
-        return fresh
+
+    def add_worker(self, instead_of: object) -> None:
+        """A fresh node in place of one removed (the session keeps three)."""
+        self.workers.remove(instead_of)
+        self.workers.append(self.cluster.add_node(**NODE_ARGS))
 
     def shutdown(self) -> None:
         ray.shutdown()

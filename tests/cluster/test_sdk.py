@@ -49,3 +49,65 @@ def test_a_handle_pickles(client):
     copy = pickle.loads(pickle.dumps(sb))
     assert copy.id == sb.id and copy.client.url == client.url
     assert copy.exec("echo ok", timeout=30).stdout == "ok\n"
+
+
+def test_a_ray_task_gets_a_local_sandbox_and_uses_a_pickled_one(client, corral_cluster):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def make_here() -> tuple[str, str, str]:
+        with corral.Client("ray://auto") as c:
+            sb = corral.Sandbox.create(memory_mb=64, tags=[TAG], client=c)
+            return ray.get_runtime_context().get_node_id(), sb.info.node, sb.id
+
+    @ray.remote(num_cpus=0)
+    def run_in(sb: corral.Sandbox) -> str:
+        return sb.exec("echo from-task", timeout=30).stdout
+
+    for node in corral_cluster.node_ids():
+        pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+        here, placed, _ = ray.get(make_here.options(scheduling_strategy=pinned).remote(),
+                                  timeout=120)
+        assert here == node and placed == node
+    sb = corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client)
+    assert ray.get(run_in.remote(sb), timeout=120) == "from-task\n"
+
+
+async def test_async_sandbox_and_session(corral_cluster):
+    async with corral.AsyncClient(f"ray://{corral_cluster.address}") as c:
+        async with corral.AsyncSession({"memory_mb": 64}, tags=[TAG], client=c) as session:
+            made = [await session.create() for _ in range(3)]
+            assert len({sb.info.node for sb in made}) == 3
+            r = await made[1].exec("echo async", timeout=30)
+            assert r.stdout == "async\n"
+        assert await corral.AsyncSandbox.list(tags=[TAG], client=c) == []
+
+
+def test_cli_ls_rm_and_info_span_the_cluster(client, corral_cluster, capsys):
+    from corral.cli.main import main
+
+    made = [corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client) for _ in range(3)]
+    url = ["--url", f"ray://{corral_cluster.address}"]
+    assert main(["ls", *url, "--tag", TAG]) == 0
+    table = capsys.readouterr().out
+    assert "NODE" in table and all(sb.id in table for sb in made)
+    assert main(["info", *url, "--json"]) == 0
+    info = __import__("json").loads(capsys.readouterr().out)
+    assert len(info["nodes"]) == 3 and info["counts"]["running"] >= 3
+    assert main(["rm", *url, "--tag", TAG, "-y"]) == 0
+    assert "deleted 3 sandboxes" in capsys.readouterr().out
+    assert corral.Sandbox.list(tags=[TAG], client=client) == []
+
+
+def test_bad_addresses_and_ids(client):
+    with pytest.raises(corral.DaemonUnavailable, match="ray start --head"):
+        corral.Sandbox.list(client=corral.Client("ray://127.0.0.1:1"))
+    with pytest.raises(corral.InvalidArgument, match="ray://HOST:PORT"):
+        corral.Client("ray://")
+    with pytest.raises(corral.SandboxNotFound, match="sb-<node>-<hex>"):
+        corral.Sandbox.connect("sb-0123456789ab", client=client)
+    with pytest.raises(corral.SandboxLost, match="not alive"):
+        corral.Sandbox.connect("sb-ffffffffff-0123456789ab", client=client)
+    with pytest.raises(corral.InvalidArgument, match="CORRAL_URL=ray://"):
+        corral.Sandbox.create(node="abc", client=corral.Client("http://127.0.0.1:1"))

@@ -10,6 +10,7 @@ Both are Ray 2.60 interfaces (``ray==2.60.0`` is pinned by the ``ray`` extra).
 from __future__ import annotations
 
 import functools
+import socket
 from typing import Any
 
 from corral.errors import DaemonUnavailable, Unsupported
@@ -62,7 +63,23 @@ def _gcs_client(address: str) -> Any:
 
 def gcs(address: str) -> Any:
     """A GCS client of the cluster at ``address`` (resolved), checked to answer."""
-    client = _gcs_client(address)
+    host, _, port = address.rpartition(":")
+    try:  # Ray's own client waits ~40 s for an address where nothing listens
+        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise DaemonUnavailable(
+            f"no Ray cluster answers at {address} ({getattr(exc, 'strerror', None) or exc}): "
+            "start one with `ray start --head`, or give the address it printed "
+            "(ray://HOST:PORT)",
+            details={"url": f"ray://{address}"},
+        ) from None
+    try:
+        client = _gcs_client(address)
+    except Exception as exc:
+        raise DaemonUnavailable(
+            f"no Ray cluster answers at {address} ({exc}): check the address "
+            "(`ray status --address HOST:PORT`)", details={"url": f"ray://{address}"},
+        ) from None
     node_states(client)  # fails fast (DaemonUnavailable) if nothing answers there
     return client
 

@@ -39,6 +39,7 @@ class Directory:
         self._gcs: Any = None
         self._token: str | None = None
         self._nodes: dict[str, Node] = {}  # node_id -> Node, alive ones only
+        self._dead: dict[str, Node] = {}  # tag -> Node: registered once, now dead
         self._loaded_at = -TTL_S - 1.0
         self._local: tuple[str | None] | None = None
 
@@ -59,8 +60,11 @@ class Directory:
             if not raw:
                 continue
             entry = json.loads(raw)
-            if states.get(entry["node_id"], {}).get("alive"):
-                nodes[entry["node_id"]] = Node(entry["node_id"], entry["tag"], entry["url"])
+            node = Node(entry["node_id"], entry["tag"], entry["url"])
+            if states.get(node.node_id, {}).get("alive"):
+                nodes[node.node_id] = node
+            else:
+                self._dead[node.tag] = node
         self._token = raw_token.decode() if raw_token else None
         self._nodes = nodes
         self._loaded_at = time.monotonic()
@@ -108,6 +112,8 @@ class Directory:
             for node in self._fresh(force=fresh).values():
                 if node.tag == tag:
                     return node
+        if tag in self._dead:
+            raise self.lost(self._dead[tag], f"sandbox {sandbox_id}", sandbox_id)
         raise SandboxLost(
             f"sandbox {sandbox_id} is lost: its node ({tag}...) is not alive in the Ray "
             f"cluster at {self.address}, or its daemon was stopped (`corral cluster status` "

@@ -29,7 +29,7 @@ from corral.client._transport import is_connect_error
 from corral.cluster.directory import Directory, Node
 from corral.cluster.ids import tag_of
 from corral.cluster.placement import Room, choose, room
-from corral.errors import DaemonUnavailable, InvalidArgument, SandboxNotFound
+from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost, SandboxNotFound
 from corral.schema import DEFAULT_MEMORY_MB
 
 LOAD_TTL_S = 1.0
@@ -66,9 +66,14 @@ class AsyncRouter:
         if method == "GET" and path == "/v1/info":
             return await self._merged_info(kwargs)
         if path.startswith(_SANDBOX_PREFIX):
-            sandbox_id = unquote(path[len(_SANDBOX_PREFIX):].partition("/")[0])
-            target = await self._node_of(sandbox_id)
-            return await self._on(target, method, path, kwargs, stream, f"sandbox {sandbox_id}")
+            sandbox_id, _, rest = unquote(path[len(_SANDBOX_PREFIX):]).partition("/")
+            try:
+                target = await self._node_of(sandbox_id)
+                return await self._on(target, method, path, kwargs, stream, f"sandbox {sandbox_id}")
+            except SandboxLost:
+                if method == "DELETE" and not rest:  # gone with its node: deleted, then
+                    return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
+                raise
         if method == "POST" and path == "/v1/processes/exchange":
             return await self._exchange(kwargs, stream)
         target = await AsyncBackend.run_blocking(self.directory.home)
