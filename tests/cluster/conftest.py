@@ -14,21 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import have_root_runtime
-
-ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
+from tests.conftest import ROOT_REASON, have_root_runtime
 
 NODES = 3
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 << 20}
 HEAD_ARGS = {**NODE_ARGS, "include_dashboard": False}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if not have_root_runtime():
-        skip = pytest.mark.skip(reason="needs root, bubblewrap and cgroups (CI runs as root)")
-        for item in items:
-            if "tests/cluster" in str(item.fspath):
-                item.add_marker(skip)
 
 
 class RayCluster:
@@ -45,9 +35,13 @@ class RayCluster:
         os.chmod(self.base, 0o711)  # sandboxes' uid traverses it to their root
 
     def node_ids(self) -> list[str]:
+        import ray
+
         return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
 
     def head_id(self) -> str:
+        import ray
+
         return ray.get_runtime_context().get_node_id()
 
     def worker_id(self, node: object) -> str:
@@ -63,6 +57,8 @@ class RayCluster:
         self.workers.append(self.cluster.add_node(**NODE_ARGS))
 
     def shutdown(self) -> None:
+        import ray
+
         ray.shutdown()
         self.cluster.shutdown()
         shutil.rmtree(self.base, ignore_errors=True)
@@ -71,7 +67,8 @@ class RayCluster:
 @pytest.fixture(scope="session")
 def ray_cluster():
     if not have_root_runtime():
-        pytest.skip("needs root, bubblewrap and cgroups (CI runs as root)")
+        pytest.skip(ROOT_REASON)
+    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
     c = RayCluster()
     try:
         yield c

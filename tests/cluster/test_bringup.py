@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
+import corral
 from corral.cluster import _ray, bringup
 from corral.runtime.cgroups import detect
 from corral.runtime.paths import Layout
@@ -77,6 +79,9 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
     after = bringup.status(ray_cluster.address)["nodes"]
     assert all(n["alive"] and n["daemon"] is None for n in after)
     assert _ray.kv_get(_ray.gcs(ray_cluster.address), "token") is None
+    # A cluster with no corral daemons: the error says what to run.
+    with pytest.raises(corral.DaemonUnavailable, match="corral cluster up --address"):
+        corral.Sandbox.list(client=corral.Client(f"ray://{ray_cluster.address}"))
 
 
 def test_cli_up_and_down(ray_cluster):
@@ -88,3 +93,9 @@ def test_cli_up_and_down(ray_cluster):
     down = _cli("cluster", "down", "--address", ray_cluster.address)
     assert down.returncode == 0, down.stderr
     assert down.stdout.strip() == "stopped 3 daemons"
+
+
+def test_cli_reports_a_missing_cluster():
+    proc = _cli("cluster", "status", "--address", "127.0.0.1:1")
+    assert proc.returncode == 1
+    assert "no Ray cluster answers" in proc.stderr and "ray start --head" in proc.stderr
