@@ -36,6 +36,7 @@ _CLUSTER_OPTIONS = _TCP_OPTIONS + [
     (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5),
     (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2),
     (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 11_000),  # unacknowledged data, too
 ]
 
 
