@@ -99,3 +99,35 @@ def test_cli_reports_a_missing_cluster():
     proc = _cli("cluster", "status", "--address", "127.0.0.1:1")
     assert proc.returncode == 1
     assert "no Ray cluster answers" in proc.stderr and "ray start --head" in proc.stderr
+
+
+def test_a_daemon_that_dies_is_restarted_and_clients_follow_it(corral_cluster):
+    import signal
+    import time
+
+    node = corral_cluster.node_ids()[1]
+    with corral.Client(f"ray://{corral_cluster.address}") as client:
+        before = corral.Sandbox.create(memory_mb=64, node=node, client=client)
+        old = bringup.read_entries(_ray.gcs(corral_cluster.address))[node]
+        os.kill(old["pid"], signal.SIGKILL)  # the daemon `cluster up` started there
+
+        def restarted():
+            entry = bringup.read_entries(_ray.gcs(corral_cluster.address)).get(node)
+            return entry if entry and entry["pid"] != old["pid"] else None
+
+        for _ in range(600):  # x 0.1 s
+            new = restarted()
+            if new:
+                break
+            time.sleep(0.1)
+        assert new, "Ray did not restart the node's daemon"
+        # The same client reaches the new daemon, which reconciled its state directory
+        # as after any crash: the old sandbox is gone (ended, or deleted).
+        after = corral.Sandbox.create(memory_mb=64, node=node, client=client)
+        try:
+            assert after.exec("echo back", timeout=30).stdout == "back\n"
+            with pytest.raises((corral.InvalidState, corral.SandboxLost, corral.SandboxNotFound)):
+                before.exec("true", timeout=10)
+        finally:
+            after.delete()
+            before.delete()

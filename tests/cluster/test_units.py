@@ -7,7 +7,7 @@ import pytest
 import corral
 from corral.client._config import Endpoint
 from corral.cluster.ids import id_prefix, is_node_id, node_tag, tag_of
-from corral.cluster.placement import Room, choose, room
+from corral.cluster.placement import Room, choose, having_image, room
 
 NODE = "064e3ebd758db2dfcb8ea4527923f4d80b512293fe3ca812d7d58b0f"
 
@@ -62,3 +62,11 @@ def test_ray_urls():
             Endpoint.resolve(bad)
     with pytest.raises(corral.InvalidArgument, match="CORRAL_URL=ray://"):
         corral.Sandbox.create(node=NODE, client=corral.Client("http://127.0.0.1:9"))
+
+
+def test_only_nodes_with_the_image_unless_none_has_it():
+    rooms = {n: room(_info(0, 0)) for n in "abc"}
+    images = {"a": {"python"}, "b": {"python", "mine"}, "c": {"python"}}
+    assert set(having_image(rooms, images, "mine")) == {"b"}
+    assert set(having_image(rooms, images, "python")) == {"a", "b", "c"}
+    assert set(having_image(rooms, images, "nowhere")) == {"a", "b", "c"}

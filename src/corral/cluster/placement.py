@@ -58,3 +58,16 @@ def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = Non
     if fitting:
         return max(fitting, key=lambda n: (rooms[n].fraction, n))
     return min(rooms, key=lambda n: (rooms[n].queued, -rooms[n].fraction, n))
+
+
+def having_image(rooms: Mapping[str, Room], images: Mapping[str, set[str]], image: str
+                 ) -> dict[str, Room]:
+    """The nodes of ``rooms`` that have ``image`` (images do not travel between nodes
+    yet); all of them if none has it (the chosen node then says ImageNotFound).
+
+    >>> sorted(having_image({"a": Room(1, 1, 1.0, 0), "b": Room(1, 1, 1.0, 0)},
+    ...                     {"a": {"python"}, "b": {"python", "mine"}}, "mine"))
+    ['b']
+    """
+    having = {n: r for n, r in rooms.items() if image in images.get(n, ())}
+    return having or dict(rooms)

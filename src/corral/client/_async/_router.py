@@ -3,7 +3,8 @@
 The client does the routing itself, so every call goes straight to the daemon that
 answers it (no proxy hop):
 
-- a create goes where :mod:`corral.cluster.placement` says (or to ``node=``);
+- a create goes where :mod:`corral.cluster.placement` says, among the nodes that have
+  its image (or to ``node=``; from a snapshot, to the node that holds it);
 - a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
 - listing sandboxes or snapshots asks every node and merges; ``/v1/info`` sums;
@@ -28,9 +29,9 @@ from corral.client._backends import AsyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster.directory import Directory, Node
 from corral.cluster.ids import tag_of
-from corral.cluster.placement import Room, choose, room
+from corral.cluster.placement import Room, choose, having_image, room
 from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost, SandboxNotFound
-from corral.schema import DEFAULT_MEMORY_MB
+from corral.schema import DEFAULT_IMAGE, DEFAULT_MEMORY_MB
 
 LOAD_TTL_S = 1.0
 """How long the nodes' loads (``/v1/info``) are trusted for placement; the creates this
@@ -51,6 +52,7 @@ class AsyncRouter:
         self._send = send
         self._lock = AsyncBackend.lock()
         self._loads: dict[str, dict[str, Any]] = {}
+        self._images: dict[str, set[str]] = {}  # node id -> the images it has
         self._loaded_at = -LOAD_TTL_S - 1.0
         self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
 
@@ -127,7 +129,7 @@ class AsyncRouter:
         if body.get("snapshot"):  # a snapshot lives on the node it was taken on
             target = await self._holder_of(str(body["snapshot"]))
         else:
-            target = await self.place(memory_mb)
+            target = await self.place(memory_mb, str(body.get("image") or DEFAULT_IMAGE))
         try:
             return await self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
@@ -135,8 +137,9 @@ class AsyncRouter:
             self._placed[target.node_id] = (max(0, count - 1), max(0, mb - memory_mb))
             raise
 
-    async def place(self, memory_mb: int = DEFAULT_MEMORY_MB) -> Node:
-        """The node a new sandbox of ``memory_mb`` goes to (counted as sent there)."""
+    async def place(self, memory_mb: int = DEFAULT_MEMORY_MB, image: str | None = None) -> Node:
+        """The node a new sandbox of ``memory_mb`` goes to (counted as sent there):
+        among the nodes that have ``image``, if any has it (images do not travel yet)."""
         nodes = await self._refresh_loads()
         rooms: dict[str, Room] = {}
         for n in nodes:
@@ -148,6 +151,8 @@ class AsyncRouter:
                 f"no corral daemon of the Ray cluster at {self.directory.address} answers: "
                 f"see `corral cluster status --address {self.directory.address}`"
             )
+        if image is not None:
+            rooms = having_image(rooms, self._images, image)
         chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node())
         count, mb = self._placed.get(chosen, (0, 0))
         self._placed[chosen] = (count + 1, mb + memory_mb)
@@ -161,10 +166,16 @@ class AsyncRouter:
             return nodes
         async with self._lock:  # one refresh at a time; the others use its result
             if time.monotonic() - self._loaded_at > LOAD_TTL_S:
-                infos = await self._each(nodes, "GET", "/v1/info", {"timeout": INFO_TIMEOUT_S})
+                quick = {"timeout": INFO_TIMEOUT_S}
+                infos = await self._each(nodes, "GET", "/v1/info", quick)
+                images = await self._each(nodes, "GET", "/v1/images", quick)
                 self._loads = {
                     n.node_id: r.json() for n, r in zip(nodes, infos, strict=True)
                     if isinstance(r, httpx.Response)
+                }
+                self._images = {
+                    n.node_id: {i["name"] for i in r.json()["images"]}
+                    for n, r in zip(nodes, images, strict=True) if isinstance(r, httpx.Response)
                 }
                 self._placed = {}  # the daemons count them now
                 self._loaded_at = time.monotonic()
