@@ -28,8 +28,12 @@ class RayCluster:
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args=HEAD_ARGS)
-        self.workers = [self.cluster.add_node(**NODE_ARGS) for _ in range(NODES - 1)]
-        self.cluster.connect(namespace="corral-tests")
+        try:
+            self.workers = [self.cluster.add_node(**NODE_ARGS) for _ in range(NODES - 1)]
+            self.cluster.connect(namespace="corral-tests")
+        except BaseException:
+            self.cluster.shutdown()
+            raise
         self.address = self.cluster.address
         self.base = Path(tempfile.mkdtemp(prefix="corral-test-cluster-"))
         os.chmod(self.base, 0o711)  # sandboxes' uid traverses it to their root

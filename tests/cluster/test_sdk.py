@@ -109,3 +109,15 @@ def test_bad_addresses_and_ids(client):
         corral.Sandbox.connect("sb-0123456789ab", client=client)
     with pytest.raises(corral.SandboxLost, match="not alive"):
         corral.Sandbox.connect("sb-ffffffffff-0123456789ab", client=client)
+
+
+UPPER = "import sys\nfor line in sys.stdin: print(line.upper(), end='', flush=True)"
+
+
+def test_exchange_all_across_nodes(client, corral_cluster):
+    nodes = corral_cluster.node_ids()
+    made = [corral.Sandbox.create(memory_mb=64, tags=[TAG], node=n, client=client) for n in nodes]
+    procs = [sb.spawn(["python3", "-c", UPPER]) for sb in made]
+    lines = corral.Process.exchange_all([(p, f"n{i}\n") for i, p in enumerate(procs)])
+    assert lines == [f"N{i}\n" for i in range(len(nodes))]
+    assert procs[1].exchange("one\n") == "ONE\n"

@@ -70,3 +70,13 @@ def test_only_nodes_with_the_image_unless_none_has_it():
     assert set(having_image(rooms, images, "mine")) == {"b"}
     assert set(having_image(rooms, images, "python")) == {"a", "b", "c"}
     assert set(having_image(rooms, images, "nowhere")) == {"a", "b", "c"}
+
+
+def test_corral_url_selects_the_cluster(monkeypatch):
+    monkeypatch.setenv("CORRAL_URL", "ray://auto")
+    monkeypatch.setenv("CORRAL_TOKEN", "not-sent-to-a-cluster")
+    e = Endpoint.resolve()
+    assert e.cluster == "auto" and not e.embed and e.headers() == {}
+    assert corral.Client().router is not None
+    monkeypatch.delenv("CORRAL_URL")
+    assert corral.Client().router is None

@@ -56,7 +56,7 @@ def resolve(address: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _gcs_client(address: str) -> Any:
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     return GcsClient(address=address)
 

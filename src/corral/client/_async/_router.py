@@ -19,7 +19,8 @@ port), a request that never left is sent again to its new address.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -40,7 +41,7 @@ INFO_TIMEOUT_S = 5.0
 _SANDBOX_PREFIX = "/v1/sandboxes/"
 _MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots"}
 
-Send = Callable[..., Awaitable[httpx.Response]]  # the client's send(request, stream=...)
+Send = Callable[..., Any]  # the client's send(request, stream=...)
 
 
 class AsyncRouter:
@@ -198,7 +199,7 @@ class AsyncRouter:
         async def one(n: Node) -> httpx.Response:
             return await self._send(self._build(n, method, path, kwargs), stream=False)
 
-        return await AsyncBackend.gather([lambda n=n: one(n) for n in nodes])
+        return await AsyncBackend.gather([partial(one, n) for n in nodes])
 
     async def _merged_list(self, path: str, key: str, kwargs: dict[str, Any]) -> httpx.Response:
         nodes = await AsyncBackend.run_blocking(self.directory.nodes)
@@ -236,8 +237,10 @@ class AsyncRouter:
             targets[target.node_id] = target
             groups.setdefault(target.node_id, []).append(index)
         if len(groups) <= 1:
-            target = next(iter(targets.values()), None) or await AsyncBackend.run_blocking(
-                self.directory.home)
+            if targets:
+                (target,) = targets.values()
+            else:
+                target = await AsyncBackend.run_blocking(self.directory.home)
             return await self._on(target, "POST", "/v1/processes/exchange", kwargs, stream, None)
 
         async def part(node_id: str) -> httpx.Response:
@@ -245,7 +248,7 @@ class AsyncRouter:
             return await self._on(targets[node_id], "POST", "/v1/processes/exchange", sub,
                                   False, None)
 
-        replies = await AsyncBackend.gather([lambda k=k: part(k) for k in groups])
+        replies = await AsyncBackend.gather([partial(part, k) for k in groups])
         results: list[Any] = [None] * len(items)
         for node_id, reply in zip(groups, replies, strict=True):
             if isinstance(reply, BaseException):

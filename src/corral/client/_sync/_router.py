@@ -21,7 +21,8 @@ port), a request that never left is sent again to its new address.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -42,7 +43,7 @@ INFO_TIMEOUT_S = 5.0
 _SANDBOX_PREFIX = "/v1/sandboxes/"
 _MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots"}
 
-Send = Callable[..., Awaitable[httpx.Response]]  # the client's send(request, stream=...)
+Send = Callable[..., Any]  # the client's send(request, stream=...)
 
 
 class Router:
@@ -200,7 +201,7 @@ class Router:
         def one(n: Node) -> httpx.Response:
             return self._send(self._build(n, method, path, kwargs), stream=False)
 
-        return SyncBackend.gather([lambda n=n: one(n) for n in nodes])
+        return SyncBackend.gather([partial(one, n) for n in nodes])
 
     def _merged_list(self, path: str, key: str, kwargs: dict[str, Any]) -> httpx.Response:
         nodes = SyncBackend.run_blocking(self.directory.nodes)
@@ -238,8 +239,10 @@ class Router:
             targets[target.node_id] = target
             groups.setdefault(target.node_id, []).append(index)
         if len(groups) <= 1:
-            target = next(iter(targets.values()), None) or SyncBackend.run_blocking(
-                self.directory.home)
+            if targets:
+                (target,) = targets.values()
+            else:
+                target = SyncBackend.run_blocking(self.directory.home)
             return self._on(target, "POST", "/v1/processes/exchange", kwargs, stream, None)
 
         def part(node_id: str) -> httpx.Response:
@@ -247,7 +250,7 @@ class Router:
             return self._on(targets[node_id], "POST", "/v1/processes/exchange", sub,
                                   False, None)
 
-        replies = SyncBackend.gather([lambda k=k: part(k) for k in groups])
+        replies = SyncBackend.gather([partial(part, k) for k in groups])
         results: list[Any] = [None] * len(items)
         for node_id, reply in zip(groups, replies, strict=True):
             if isinstance(reply, BaseException):
