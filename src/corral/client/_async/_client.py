@@ -45,7 +45,8 @@ class AsyncClient:
 
     ``url`` is ``unix:///path/to/corral.sock`` or ``http://host:port`` (with
     ``token``), or ``ray://HOST:PORT`` / ``ray://auto`` for the daemons of a Ray cluster
-    (``corral cluster up``; each call goes straight to the right node's daemon); left out, it comes from ``CORRAL_URL``, else ``CORRAL_SOCKET`` (see
+    (``corral cluster up``; each call goes straight to the right node's daemon); left
+    out, it comes from ``CORRAL_URL``, else ``CORRAL_SOCKET`` (see
     :mod:`corral.client._config`), and then the SDK may start a daemon itself.
     ``timeout`` bounds every request except commands, whose requests last as long as
     the command's own timeout allows. Building a client does no I/O.
