@@ -95,6 +95,15 @@ def test_cli_up_and_down(ray_cluster):
     assert down.stdout.strip() == "stopped 3 daemons"
 
 
+def test_a_daemon_that_cannot_start_leaves_nothing_running(ray_cluster):
+    with pytest.raises(corral.DaemonUnavailable, match="max_starting must be at least 1"):
+        bringup.up(ray_cluster.address, state_dir=str(ray_cluster.base / "bad"),
+                   daemon_args=["--max-starting", "0"])
+    assert all(n["daemon"] is None for n in bringup.status(ray_cluster.address)["nodes"])
+    assert _ray.kv_get(_ray.gcs(ray_cluster.address), "config") is None
+    assert bringup.down(ray_cluster.address) == 0
+
+
 def test_cli_reports_a_missing_cluster():
     proc = _cli("cluster", "status", "--address", "127.0.0.1:1")
     assert proc.returncode == 1

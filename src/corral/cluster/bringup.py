@@ -19,12 +19,13 @@ import httpx
 
 from corral.cluster import _ray
 from corral.cluster.directory import NODE_KEY, TOKEN_KEY
-from corral.cluster.node import CONFIG_KEY, SUPERVISOR, node_actor, supervisor_actor
-from corral.errors import InvalidArgument
+from corral.cluster.node import CONFIG_KEY, NODE_ACTOR, SUPERVISOR, supervisor_actor
+from corral.errors import DaemonUnavailable, InvalidArgument
 
 DEFAULT_STATE_DIR = "/var/lib/corral/cluster"
 """Where each node's daemon keeps its state: ``<this>/<node tag>/`` on that node."""
 STATUS_TIMEOUT_S = 5.0
+UP_ERROR_CHARS = 1500  # of a failed start's cause (the end of the daemon's log)
 
 
 @contextlib.contextmanager
@@ -53,7 +54,8 @@ def up(
     daemon_args: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Start a daemon on every alive node (and, through the supervisor, on nodes that join
-    later); return the nodes' directory entries. Idempotent."""
+    later); return the nodes' directory entries. Idempotent. If a daemon cannot start,
+    everything started is stopped again and :class:`DaemonUnavailable` says why."""
     if not state_dir.startswith("/"):
         raise InvalidArgument(f"--state-dir must be an absolute path, got {state_dir!r}")
     config = {"state_dir": state_dir, "cache_dir": cache_dir, "daemon_args": daemon_args or []}
@@ -63,35 +65,49 @@ def up(
         _ray.kv_put(gcs, CONFIG_KEY, json.dumps(config).encode(), overwrite=False)
         stored = json.loads(_ray.kv_get(gcs, CONFIG_KEY) or b"{}")
         supervisor = supervisor_actor(stored)
-        return sorted(r.get(supervisor.ensure.remote()), key=lambda e: e["node_id"])
+        try:
+            entries = r.get(supervisor.ensure.remote())
+        except Exception as exc:  # a daemon failed to start (Ray wraps its error)
+            _stop_all(r, gcs)
+            cause = str(exc).strip()[-UP_ERROR_CHARS:]
+            raise DaemonUnavailable(
+                f"the corral daemons could not start, so none was left running: {cause}\n"
+                f"(each node's log: {stored['state_dir']}/<node>/daemon.log; corral must be "
+                "installed on every node and the daemons run as root)"
+            ) from None
+        return sorted(entries, key=lambda e: e["node_id"])
 
 
 def down(address: str) -> int:
     """Stop every node's daemon and its sandboxes, the supervisor, and forget the token;
     how many daemons were stopped. Idempotent."""
     with joined(address) as r:
-        gcs = _ray.gcs(r.get_runtime_context().gcs_address)
-        stored = _ray.kv_get(gcs, CONFIG_KEY)
-        stopped = 0
-        try:
-            supervisor = r.get_actor(SUPERVISOR, namespace=_ray.NAMESPACE)
-        except ValueError:
-            supervisor = None
-        if supervisor is not None:
-            stopped = r.get(supervisor.stop.remote())
-            r.kill(supervisor, no_restart=True)
-        elif stored is not None:  # the supervisor is gone but daemons may remain
-            config = json.loads(stored)
-            for node_id, state in _ray.node_states(gcs).items():
-                if state["alive"]:
-                    actor = node_actor(node_id, config)
-                    stopped += r.get(actor.shutdown.remote()) is not None
-                    r.kill(actor, no_restart=True)
-        for key in _ray.kv_keys(gcs, NODE_KEY):
-            _ray.kv_del(gcs, key)
-        _ray.kv_del(gcs, CONFIG_KEY)
-        _ray.kv_del(gcs, TOKEN_KEY)
-        return stopped
+        return _stop_all(r, _ray.gcs(r.get_runtime_context().gcs_address))
+
+
+def _stop_all(r: Any, gcs: Any) -> int:
+    stopped = 0
+    try:
+        supervisor = r.get_actor(SUPERVISOR, namespace=_ray.NAMESPACE)
+    except ValueError:
+        supervisor = None
+    if supervisor is not None:
+        stopped = r.get(supervisor.stop.remote())
+        r.kill(supervisor, no_restart=True)
+    else:  # no supervisor (killed by hand?), but daemons may remain
+        for node_id, state in _ray.node_states(gcs).items():
+            try:
+                actor = r.get_actor(NODE_ACTOR + node_id, namespace=_ray.NAMESPACE)
+            except ValueError:
+                continue
+            if state["alive"]:
+                stopped += r.get(actor.shutdown.remote()) is not None
+            r.kill(actor, no_restart=True)
+    for key in _ray.kv_keys(gcs, NODE_KEY):
+        _ray.kv_del(gcs, key)
+    _ray.kv_del(gcs, CONFIG_KEY)
+    _ray.kv_del(gcs, TOKEN_KEY)
+    return stopped
 
 
 def status(address: str) -> dict[str, Any]:
