@@ -121,3 +121,21 @@ def test_exchange_all_across_nodes(client, corral_cluster):
     lines = corral.Process.exchange_all([(p, f"n{i}\n") for i, p in enumerate(procs)])
     assert lines == [f"N{i}\n" for i in range(len(nodes))]
     assert procs[1].exchange("one\n") == "ONE\n"
+
+
+def test_snapshots_are_found_on_their_node(client, corral_cluster):
+    node = corral_cluster.node_ids()[2]
+    sb = corral.Sandbox.create(memory_mb=64, tags=[TAG], node=node, client=client)
+    sb.files.write("/tmp/mark", b"from the snapshot")
+    name = f"t-cluster-{sb.id[-6:]}"
+    snap = sb.snapshot(name=name)
+    try:
+        assert corral.Snapshot.get(name, client=client).id == snap.id
+        assert snap.id in [s.id for s in corral.Snapshot.list(client=client)]
+        copy = snap.restore(tags=[TAG])
+        assert copy.info.node == node
+        assert copy.files.read("/tmp/mark") == b"from the snapshot"
+    finally:
+        corral.Snapshot.get(name, client=client).delete()
+    with pytest.raises(corral.SnapshotNotFound):
+        corral.Snapshot.get(name, client=client)

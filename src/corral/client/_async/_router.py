@@ -7,6 +7,7 @@ answers it (no proxy hop):
   its image (or to ``node=``; from a snapshot, to the node that holds it);
 - a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
+- a call on a snapshot goes to the node it was taken on (each node is asked);
 - listing sandboxes or snapshots asks every node and merges; ``/v1/info`` sums;
 - pools and images go to one node (this worker's own, else the first).
 
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import httpx
 
@@ -39,6 +40,7 @@ LOAD_TTL_S = 1.0
 client sends meanwhile it counts itself."""
 INFO_TIMEOUT_S = 5.0
 _SANDBOX_PREFIX = "/v1/sandboxes/"
+_SNAPSHOT_PREFIX = "/v1/snapshots/"
 _MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots"}
 
 Send = Callable[..., Any]  # the client's send(request, stream=...)
@@ -77,6 +79,10 @@ class AsyncRouter:
                 if method == "DELETE" and not rest:  # gone with its node: deleted, then
                     return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
                 raise
+        if path.startswith(_SNAPSHOT_PREFIX):  # on the node it was taken on
+            ref = unquote(path[len(_SNAPSHOT_PREFIX):].partition("/")[0])
+            target = await self._holder_of(ref)
+            return await self._on(target, method, path, kwargs, stream, None)
         if method == "POST" and path == "/v1/processes/exchange":
             return await self._exchange(kwargs, stream)
         target = await AsyncBackend.run_blocking(self.directory.home)
@@ -183,8 +189,10 @@ class AsyncRouter:
         return nodes
 
     async def _holder_of(self, snapshot: str) -> Node:
+        """The node holding the snapshot ``snapshot`` (id or name); the first node if
+        none does (it then says SnapshotNotFound)."""
         nodes = await AsyncBackend.run_blocking(self.directory.nodes)
-        path = f"/v1/snapshots/{snapshot}"
+        path = _SNAPSHOT_PREFIX + quote(snapshot, safe="")
         replies = await self._each(nodes, "GET", path, {})
         for n, r in zip(nodes, replies, strict=True):
             if isinstance(r, httpx.Response):
