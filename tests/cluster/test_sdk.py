@@ -139,3 +139,16 @@ def test_snapshots_are_found_on_their_node(client, corral_cluster):
         corral.Snapshot.get(name, client=client).delete()
     with pytest.raises(corral.SnapshotNotFound):
         corral.Snapshot.get(name, client=client)
+
+
+def test_futures_and_a_pool(client, corral_cluster):
+    handles = [corral.Sandbox.create_future(memory_mb=64, tags=[TAG], client=client)
+               for _ in range(6)]
+    made = [h.result(timeout=120) for h in handles]
+    assert len({sb.info.node for sb in made}) == 3
+    runs = [sb.exec_future("echo f") for sb in made]
+    assert [h.result(timeout=60).stdout for h in runs] == ["f\n"] * 6
+    with corral.Pool(memory_mb=64, min_ready=1, max_size=2, client=client) as pool:
+        with pool.acquire(timeout=60) as sb:
+            assert sb.info.node in corral_cluster.node_ids()
+            assert sb.exec("echo pooled", timeout=30).stdout == "pooled\n"
