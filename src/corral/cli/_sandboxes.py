@@ -201,6 +201,8 @@ def info(args: argparse.Namespace, ctx: Context) -> int:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("daemon", f"{ctx.client.url} (version {data['version']}, cgroup v{data['cgroup_version']})")
+    if data.get("nodes"):  # a Ray cluster (CORRAL_URL=ray://): the sums of its daemons
+        grid.add_row("nodes", f"{len(data['nodes'])} daemons (corral cluster status lists them)")
     grid.add_row("sandboxes", counts)
     grid.add_row(
         "capacity", f"{cap['max_sandboxes']} alive, {cap['max_starting']} starting at once, "
