@@ -148,7 +148,10 @@ def test_futures_and_a_pool(client, corral_cluster):
     assert len({sb.info.node for sb in made}) == 3
     runs = [sb.exec_future("echo f") for sb in made]
     assert [h.result(timeout=60).stdout for h in runs] == ["f\n"] * 6
-    with corral.Pool(memory_mb=64, min_ready=1, max_size=2, client=client) as pool:
+    node = corral_cluster.node_ids()[1]
+    with corral.Pool(memory_mb=64, min_ready=1, max_size=2, node=node, client=client) as pool:
         with pool.acquire(timeout=60) as sb:
-            assert sb.info.node in corral_cluster.node_ids()
+            assert sb.info.node == node
             assert sb.exec("echo pooled", timeout=30).stdout == "pooled\n"
+        assert pool.stats().max_size == 2  # found on its node
+        assert pool.name in [p["name"] for p in client.request("GET", "/v1/pools").json()["pools"]]

@@ -9,9 +9,9 @@ answers it (no proxy hop):
   its image (or to ``node=``; from a snapshot, to the node that holds it);
 - a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
-- a call on a snapshot goes to the node it was taken on (each node is asked);
-- listing sandboxes or snapshots asks every node and merges; ``/v1/info`` sums;
-- pools and images go to one node (this worker's own, else the first).
+- a call on a snapshot or a pool goes to the node that holds it (each node is asked);
+- listing sandboxes, snapshots or pools asks every node and merges; ``/v1/info`` sums;
+- a pool is made on ``node=``, else (as images) on this worker's own node or the first.
 
 When a node's daemon cannot be reached and Ray says the node is dead, the call raises
 :class:`~corral.errors.SandboxLost` naming the node (the directory is read again, so
@@ -43,7 +43,8 @@ client sends meanwhile it counts itself."""
 INFO_TIMEOUT_S = 5.0
 _SANDBOX_PREFIX = "/v1/sandboxes/"
 _SNAPSHOT_PREFIX = "/v1/snapshots/"
-_MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots"}
+_POOL_PREFIX = "/v1/pools/"
+_MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots", "/v1/pools": "pools"}
 
 Send = Callable[..., Any]  # the client's send(request, stream=...)
 
@@ -66,8 +67,14 @@ class Router:
     ) -> httpx.Response:
         if method == "POST" and path == "/v1/sandboxes":
             return self._create(kwargs, node, stream)
+        if method == "POST" and path == "/v1/pools":  # a pool lives on one node
+            if node is not None:
+                target = SyncBackend.run_blocking(self.directory.pinned, node)
+            else:
+                target = SyncBackend.run_blocking(self.directory.home)
+            return self._on(target, method, path, kwargs, stream, None)
         if node is not None:
-            raise InvalidArgument("node= applies to creating a sandbox only")
+            raise InvalidArgument("node= applies to creating a sandbox or a pool only")
         if method == "GET" and path in _MERGED_LISTS:
             return self._merged_list(path, _MERGED_LISTS[path], kwargs)
         if method == "GET" and path == "/v1/info":
@@ -81,10 +88,11 @@ class Router:
                 if method == "DELETE" and not rest:  # gone with its node: deleted, then
                     return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
                 raise
-        if path.startswith(_SNAPSHOT_PREFIX):  # on the node it was taken on
-            ref = unquote(path[len(_SNAPSHOT_PREFIX):].partition("/")[0])
-            target = self._holder_of(ref)
-            return self._on(target, method, path, kwargs, stream, None)
+        for prefix in (_SNAPSHOT_PREFIX, _POOL_PREFIX):  # on the node that holds it
+            if path.startswith(prefix):
+                ref = unquote(path[len(prefix):].partition("/")[0])
+                target = self._holder_of(prefix, ref)
+                return self._on(target, method, path, kwargs, stream, None)
         if method == "POST" and path == "/v1/processes/exchange":
             return self._exchange(kwargs, stream)
         target = SyncBackend.run_blocking(self.directory.home)
@@ -136,7 +144,7 @@ class Router:
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         if body.get("snapshot"):  # a snapshot lives on the node it was taken on
-            target = self._holder_of(str(body["snapshot"]))
+            target = self._holder_of(_SNAPSHOT_PREFIX, str(body["snapshot"]))
         else:
             target = self.place(memory_mb, str(body.get("image") or DEFAULT_IMAGE))
         try:
@@ -190,16 +198,15 @@ class Router:
                 self._loaded_at = time.monotonic()
         return nodes
 
-    def _holder_of(self, snapshot: str) -> Node:
-        """The node holding the snapshot ``snapshot`` (id or name); the first node if
-        none does (it then says SnapshotNotFound)."""
+    def _holder_of(self, prefix: str, ref: str) -> Node:
+        """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if
+        none does, the home node (which then says it is not found)."""
         nodes = SyncBackend.run_blocking(self.directory.nodes)
-        path = _SNAPSHOT_PREFIX + quote(snapshot, safe="")
-        replies = self._each(nodes, "GET", path, {})
+        replies = self._each(nodes, "GET", prefix + quote(ref, safe=""), {})
         for n, r in zip(nodes, replies, strict=True):
             if isinstance(r, httpx.Response):
                 return n
-        return nodes[0]  # none has it: that node says SnapshotNotFound
+        return SyncBackend.run_blocking(self.directory.home)
 
     # ------------------------------------------------------------- every node
 
