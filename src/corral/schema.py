@@ -196,6 +196,8 @@ class SandboxInfo(BaseModel):
     started_at: float | None = None
     ended_at: float | None = None
     reason: str | None = None
+    node: str | None = None
+    """The Ray node whose daemon runs it (on a cluster, see ``corral cluster up``)."""
 
     @property
     def tags(self) -> list[str]:

@@ -100,6 +100,9 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     table.add_column("CPU S", justify="right", no_wrap=True)
     table.add_column("MEM MB", justify="right", no_wrap=True)
     table.add_column("REASON", overflow="fold")
+    on_nodes = any(sb.info.node for sb in sandboxes)  # a Ray cluster (CORRAL_URL=ray://)
+    if on_nodes:
+        table.add_column("NODE", no_wrap=True)
     now = time.time()
     for sb in sandboxes:
         usage = sb.usage or {}
@@ -108,6 +111,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
             sb.id, sb.state.value, sb.info.image, humanize_age(now - sb.info.created_at),
             ",".join(sb.tags), "-" if cpu is None else f"{cpu:.2f}",
             "-" if mem is None else f"{mem:.1f}", sb.info.reason or "",
+            *([sb.info.node or "-"] if on_nodes else []),
         )
     out.out.print(table)
     return 0
@@ -198,6 +202,8 @@ def info(args: argparse.Namespace, ctx: Context) -> int:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("daemon", f"{ctx.client.url} (version {data['version']}, cgroup v{data['cgroup_version']})")
+    if data.get("nodes"):  # a Ray cluster (CORRAL_URL=ray://): the sums of its daemons
+        grid.add_row("nodes", f"{len(data['nodes'])} daemons (corral cluster status lists them)")
     grid.add_row("sandboxes", counts)
     grid.add_row(
         "capacity", f"{cap['max_sandboxes']} alive, {cap['max_starting']} starting at once, "

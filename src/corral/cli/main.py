@@ -16,6 +16,7 @@ Examples::
     corral create --snapshot with-deps -n 8
     corral image build env.yaml     # a base image plus cached steps
     corral eval policy.py --env CartPole-v1 --seeds 0-99
+    corral cluster up --address HEAD:6379   # a daemon per Ray node; CORRAL_URL=ray://HEAD:6379
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
 socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
@@ -36,6 +37,7 @@ from typing import Any
 
 import corral
 from corral.cli import (
+    _cluster,
     _copy,
     _daemon,
     _eval,
@@ -306,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_snapshot_commands(sub, conn)
     _images.add_commands(sub, conn)
     _daemon.add_commands(sub, conn)
+    _cluster.add_commands(sub)
     _eval.add_parser(sub, conn)
     _plain_help(parser)
     return parser

@@ -26,18 +26,19 @@ _MAX_GATHER_THREADS = 32
 # The client used when a call is given none: one per process (and per event loop for
 # asyncio, whose connections belong to one loop). A cache, built on first use.
 _shared_lock = threading.Lock()
-_shared_sync: dict[tuple[int, type], Any] = {}
-_shared_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, type], Any]] = (
+_shared_sync: dict[Any, Any] = {}
+_shared_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, Any]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _shared_in(cache: dict[tuple[int, type], Any], factory: type[T]) -> T:
-    key = (os.getpid(), factory)  # a forked child must not share its parent's sockets
+def _shared_in(cache: dict[Any, Any], factory: type[T], kwargs: dict[str, Any]) -> T:
+    # A forked child must not share its parent's sockets.
+    key = (os.getpid(), factory, tuple(sorted(kwargs.items())))
     with _shared_lock:
         client = cache.get(key)
         if client is None or client.is_closed:
-            client = cache[key] = factory()
+            client = cache[key] = factory(**kwargs)
         return client
 
 
@@ -115,12 +116,16 @@ class AsyncBackend:
         return await asyncio.gather(*(c() for c in calls), return_exceptions=True)
 
     @staticmethod
-    def shared(factory: type[T]) -> T:
-        """The shared instance of ``factory`` for this process and running event loop."""
+    def shared(factory: type[T], **kwargs: Any) -> T:
+        """The shared ``factory(**kwargs)`` for this process and running event loop."""
         loop = asyncio.get_running_loop()
         with _shared_lock:
             cache = _shared_async.setdefault(loop, {})
-        return _shared_in(cache, factory)
+        return _shared_in(cache, factory, kwargs)
+
+    @staticmethod
+    def lock() -> asyncio.Lock:
+        return asyncio.Lock()
 
     @staticmethod
     def run_in_constructor(fn: Callable[[], Awaitable[object]]) -> None:
@@ -169,9 +174,13 @@ class SyncBackend:
             return list(pool.map(attempt, calls))
 
     @staticmethod
-    def shared(factory: type[T]) -> T:
-        """The shared instance of ``factory`` for this process."""
-        return _shared_in(_shared_sync, factory)
+    def shared(factory: type[T], **kwargs: Any) -> T:
+        """The shared ``factory(**kwargs)`` for this process."""
+        return _shared_in(_shared_sync, factory, kwargs)
+
+    @staticmethod
+    def lock() -> threading.Lock:
+        return threading.Lock()
 
     @staticmethod
     def run_in_constructor(fn: Callable[[], object]) -> None:

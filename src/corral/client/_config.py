@@ -3,7 +3,9 @@
 Environment variables (read only here, when a client is built):
 
 - ``CORRAL_URL``: the daemon, as ``unix:///path/to/corral.sock`` or ``http://host:port``
-  (``https://`` too). Setting it turns the embedded daemon off: the SDK then only
+  (``https://`` too), or ``ray://HOST:PORT`` (``ray://auto`` inside a Ray job) for the
+  daemons of a Ray cluster that ``corral cluster up`` started (the cluster's token is
+  read from the cluster). Setting it turns the embedded daemon off: the SDK then only
   connects.
 - ``CORRAL_TOKEN``: the bearer token sent with every request (needed over TCP).
 - ``CORRAL_SOCKET``: the Unix socket used when ``CORRAL_URL`` is unset
@@ -30,6 +32,7 @@ EXEC_TIMEOUT_MARGIN = 30.0
 """Seconds added to a command's own timeout for the HTTP request that runs it."""
 CONNECT_TIMEOUT = 10.0
 UDS_BASE_URL = "http://corral"  # the host part means nothing over a Unix socket
+CLUSTER_BASE_URL = "http://corral-cluster"  # unused: a cluster's requests name their node
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -63,6 +66,7 @@ class Endpoint:
     uds: str | None = None
     token: str | None = None
     embed: bool = False  # may start a daemon on ``uds`` when nothing answers there
+    cluster: str | None = None  # ``ray://ADDR``: the Ray cluster's address (or "auto")
 
     @classmethod
     def resolve(cls, url: str | None = None, token: str | None = None) -> Endpoint:
@@ -83,8 +87,11 @@ class Endpoint:
             return cls(url, UDS_BASE_URL, path, token)
         if parts.scheme in ("http", "https") and parts.netloc:
             return cls(url, url.rstrip("/"), None, token)
+        if parts.scheme == "ray" and parts.netloc and parts.path in ("", "/"):
+            return cls(url, CLUSTER_BASE_URL, None, None, cluster=parts.netloc)
         raise InvalidArgument(
-            f"invalid daemon URL {url!r}: use unix:///path/to/corral.sock or http://host:port"
+            f"invalid daemon URL {url!r}: use unix:///path/to/corral.sock, http://host:port "
+            "or ray://HOST:PORT (a Ray cluster, see `corral cluster up`)"
         )
 
     def headers(self) -> dict[str, str]:

@@ -83,8 +83,11 @@ STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
 
 
-def _new_id() -> str:
-    return "sb-" + secrets.token_hex(6)
+ID_PREFIX = "sb-"
+
+
+def _new_id(prefix: str = ID_PREFIX) -> str:
+    return prefix + secrets.token_hex(6)
 
 
 class Engine(SnapshotOps, CommandOps, FileOps):
@@ -130,6 +133,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             uids=self.uids,
         )
         self.closed = False
+        self.id_prefix = ID_PREFIX
 
     # ------------------------------------------------------------------ setup
 
@@ -140,11 +144,13 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         cache_dir: Path | str | None = None,
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        id_prefix: str = ID_PREFIX,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
-        sandboxes (0 turns that off).
+        sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
+        cluster's daemons put their node's tag in it, so an id names its node).
         """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
@@ -169,6 +175,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             uid_block,
             warm_slots,
         )
+        engine.id_prefix = id_prefix
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine.reconcile()
         engine._warden = warden.Warden.start(
@@ -272,7 +279,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
-        sid = _new_id()
+        sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now

@@ -111,6 +111,11 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
         "the Unix socket always may",
     )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    p.add_argument(
+        "--node", metavar="NODE_ID",
+        help="the Ray node this daemon serves (set by `corral cluster up`): sandbox ids "
+        "then name the node",
+    )
     return p
 
 

@@ -21,8 +21,9 @@ from typing import Any
 import uvicorn
 
 from corral._version import __version__
+from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
-from corral.runtime.engine import Engine
+from corral.runtime.engine import ID_PREFIX, Engine
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
 from corral.server.limits import BoundedHttpProtocol
@@ -153,7 +154,8 @@ async def _drain(engine: Engine, grace: float) -> None:
 
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
-    engine = await Engine.open(settings.state_dir, settings.cache_dir)
+    prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
+    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix)
     socket_path = Path(settings.socket).absolute()
     sockets: list[socket.socket] = []
     inode = None

@@ -85,8 +85,14 @@ def _no_content() -> Response:
     return Response(status_code=204)
 
 
-def _info_json(info: SandboxInfo) -> dict[str, Any]:
-    return info.model_dump(mode="json")
+def _info_json(info: SandboxInfo, request: Request) -> dict[str, Any]:
+    data = info.model_dump(mode="json")
+    node = ctx.settings(request).node
+    if node is None:
+        del data["node"]  # outside a cluster the reply stays as it always was
+    else:
+        data["node"] = node
+    return data
 
 
 # ---------------------------------------------------------------------- daemon
@@ -111,6 +117,7 @@ async def info(request: Request) -> Response:
             "queued": admission.queued,
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
+            **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
 
@@ -123,18 +130,18 @@ async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     # As sent (fields_set): a snapshot's spec fills in only the fields left out.
     spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
-    return JSONResponse(_info_json(created), status_code=201)
+    return JSONResponse(_info_json(created, request), status_code=201)
 
 
 async def list_sandboxes(request: Request) -> Response:
     states = request.query_params.getlist("state") or None
     infos = ctx.engine(request).list(tags=request.query_params.getlist("tag"), state=states)
-    return JSONResponse({"sandboxes": [_info_json(i) for i in infos]})
+    return JSONResponse({"sandboxes": [_info_json(i, request) for i in infos]})
 
 
 async def get_sandbox(request: Request) -> Response:
     engine, sid = ctx.engine(request), _sid(request)
-    body = _info_json(engine.get(sid))
+    body = _info_json(engine.get(sid), request)
     if body["state"] in (SandboxState.RUNNING.value, SandboxState.PAUSED.value):
         try:
             body["usage"] = engine.usage(sid)
@@ -144,7 +151,7 @@ async def get_sandbox(request: Request) -> Response:
 
 
 async def pause_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).pause(_sid(request))))
+    return JSONResponse(_info_json(await ctx.engine(request).pause(_sid(request)), request))
 
 
 async def kill_processes(request: Request) -> Response:
@@ -152,12 +159,12 @@ async def kill_processes(request: Request) -> Response:
 
 
 async def resume_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request))))
+    return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request)), request))
 
 
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
     stopped = await ctx.service(request).stop(_sid(request), grace=body.grace)
-    return JSONResponse(_info_json(stopped))
+    return JSONResponse(_info_json(stopped, request))
 
 
 async def delete_sandbox(request: Request) -> Response:
@@ -178,7 +185,7 @@ async def fork_sandbox(request: Request, body: ForkRequest) -> Response:
         )
     except Abandoned:
         raise ClientDisconnect() from None
-    return JSONResponse({"sandboxes": [_info_json(i) for i in made]}, status_code=201)
+    return JSONResponse({"sandboxes": [_info_json(i, request) for i in made]}, status_code=201)
 
 
 # ------------------------------------------------------------------- snapshots
@@ -304,7 +311,7 @@ async def delete_pool(request: Request) -> Response:
 
 async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
     work = ctx.pools(request).acquire(_pool_name(request), body.timeout)
-    return JSONResponse(_info_json(await unless_gone(request, work)))
+    return JSONResponse(_info_json(await unless_gone(request, work), request))
 
 
 # ----------------------------------------------------------------------- table

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.cluster.ids import is_node_id
 from corral.errors import InvalidArgument
 
 DEFAULT_SOCKET = "/run/corral/corral.sock"
@@ -79,6 +80,9 @@ class ServerSettings:
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
+    # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
+    # sandboxes' ids then name the node, and their info says which it is.
+    node: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("socket", "state_dir", "cache_dir"):  # accept str paths too
@@ -93,6 +97,8 @@ class ServerSettings:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.node is not None and not is_node_id(self.node):
+            raise InvalidArgument(f"--node takes a Ray node id (hex), got {self.node!r}")
         if self.tcp is not None and not self.token:
             raise InvalidArgument(
                 "listening on TCP needs a bearer token: pass --token TOKEN or set "

@@ -65,6 +65,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         cls,
         image: str | None = None,
         *,
+        node: str | None = None,
         client: AsyncClient | None = None,
         **spec: Unpack[SpecOptions],
     ) -> AsyncOpening[Self]:
@@ -83,17 +84,26 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         ``secrets`` are environment variables whose values the daemon never stores or
         shows (``"**********"`` in :attr:`info`, listings and logs); commands see them.
 
+        On a Ray cluster (``CORRAL_URL=ray://...``) the sandbox goes to the node with the
+        most room (a Ray task's own node while it has room); ``node`` (a node id from
+        ``corral cluster status``) pins it. :attr:`info` ``.node`` says where it runs.
+
         With asyncio, both ``async with await AsyncSandbox.create(...) as sb`` and
         ``async with AsyncSandbox.create(...) as sb`` work.
         """
         body = spec_body({"image": image, **spec})
-        return AsyncBackend.opening(cls._create(body, client))
+        if node is not None:
+            node = _validate.text("node", node)
+        return AsyncBackend.opening(cls._create(body, client, node))
 
     @classmethod
-    async def _create(cls, body: dict[str, Any], client: AsyncClient | None) -> Self:
+    async def _create(
+        cls, body: dict[str, Any], client: AsyncClient | None, node: str | None = None
+    ) -> Self:
         client = client or AsyncClient.default()
         response = await client.request(
-            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT)
+            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT),
+            node=node,
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
 
@@ -356,8 +366,18 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
     async def _cleanup(self) -> None:
         await self.delete()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A sandbox pickles as its info and how to reach its daemon (not its
+        connections), so one made in a Ray driver can be used in a Ray task."""
+        return (_unpickle, (type(self), self._info.model_dump(mode="json"),
+                            self._client.connect_args))
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.state.value} image={self._info.image!r}>"
+
+
+def _unpickle(cls: type[AsyncSandbox], info: dict[str, Any], connect: dict[str, Any]) -> Any:
+    return cls(SandboxInfo.model_validate(info), client=AsyncClient.reopen(**connect))
 
 
 class AsyncSnapshot:

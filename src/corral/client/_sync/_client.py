@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -13,7 +13,10 @@ from corral.client._backends import SyncBackend
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
-from corral.errors import DaemonUnavailable
+from corral.errors import DaemonUnavailable, InvalidArgument
+
+if TYPE_CHECKING:
+    from corral.client._sync._router import Router
 
 # Commands run for minutes and fan-out runs hundreds at once: a connection per call in
 # flight (a Unix socket is cheap), and no wait for a free one.
@@ -28,13 +31,24 @@ def _timeout(seconds: float | None) -> httpx.Timeout:
 # Over TCP a request goes out in two writes (headers, body); without TCP_NODELAY the
 # second waits for the daemon's delayed ACK (tens of ms per call).
 _TCP_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+# On a cluster, a node that dies mid-call (its host gone, no RST) is noticed in about
+# 5 + 2 x 3 s by keepalive probes rather than when a long exec's timeout ends.
+_CLUSTER_OPTIONS = _TCP_OPTIONS + [
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 5),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 11_000),  # unacknowledged data, too
+]
 
 
 class Client:
     """A connection pool to one corral daemon, used by the sandboxes made with it.
 
     ``url`` is ``unix:///path/to/corral.sock`` or ``http://host:port`` (with
-    ``token``); left out, it comes from ``CORRAL_URL``, else ``CORRAL_SOCKET`` (see
+    ``token``), or ``ray://HOST:PORT`` / ``ray://auto`` for the daemons of a Ray cluster
+    (``corral cluster up``; each call goes straight to the right node's daemon); left
+    out, it comes from ``CORRAL_URL``, else ``CORRAL_SOCKET`` (see
     :mod:`corral.client._config`), and then the SDK may start a daemon itself.
     ``timeout`` bounds every request except commands, whose requests last as long as
     the command's own timeout allows. Building a client does no I/O.
@@ -57,11 +71,11 @@ class Client:
     ) -> None:
         self._endpoint = Endpoint.resolve(url, token)
         self.timeout = timeout
+        cluster = self._endpoint.cluster
         if transport is None:
+            options = _CLUSTER_OPTIONS if cluster else None if self._endpoint.uds else _TCP_OPTIONS
             transport = httpx.HTTPTransport(
-                uds=self._endpoint.uds,
-                limits=_LIMITS,
-                socket_options=None if self._endpoint.uds else _TCP_OPTIONS,
+                uds=self._endpoint.uds, limits=_LIMITS, socket_options=options
             )
         self._http = httpx.Client(
             base_url=self._endpoint.base_url,
@@ -69,6 +83,11 @@ class Client:
             timeout=_timeout(timeout),
             transport=transport,
         )
+        self._router: Router | None = None
+        if cluster is not None:
+            from corral.client._sync._router import Router
+
+            self._router = Router(cluster, self._http, self.send)
 
     @classmethod
     def default(cls) -> Client:
@@ -78,10 +97,24 @@ class Client:
         """
         return SyncBackend.shared(cls)
 
+    @classmethod
+    def reopen(cls, url: str | None, token: str | None) -> Client:
+        """A client to the daemon ``connect_args`` name, shared in this process like
+        :meth:`default` (what an unpickled sandbox uses; outside an event loop, a new one)."""
+        try:
+            return SyncBackend.shared(cls, url=url, token=token)
+        except RuntimeError:  # no running loop: connections must wait for the one used
+            return cls(url, token=token)
+
     @property
     def url(self) -> str:
-        """The daemon's address, ``unix://...`` or ``http://...``."""
+        """The daemon's address, ``unix://...``, ``http://...`` or ``ray://...``."""
         return self._endpoint.url
+
+    @property
+    def router(self) -> Router | None:
+        """Where calls go on a Ray cluster (``ray://``); None for one daemon."""
+        return self._router
 
     @property
     def connect_args(self) -> dict[str, str | None]:
@@ -108,28 +141,38 @@ class Client:
         return info
 
     def request(
-        self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any
+        self, method: str, path: str, *, timeout: float | None = UNSET, node: str | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
         """Send one request of the HTTP API (``docs/api.md``) and return its reply.
 
         Error replies raise their typed :class:`~corral.errors.CorralError`; an
-        unreachable daemon raises :class:`~corral.errors.DaemonUnavailable`.
+        unreachable daemon raises :class:`~corral.errors.DaemonUnavailable`. ``node``
+        pins a create to a node of a cluster.
         """
-        return self.send(self._build(method, path, timeout, kwargs), stream=False)
+        return self._dispatch(method, path, timeout, node, kwargs, stream=False)
 
     def stream(
         self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any
     ) -> httpx.Response:
         """Like :meth:`request`, but the body is left unread: read it with
         ``iter_lines()``/``iter_bytes()`` and close the reply with ``close()``."""
-        return self.send(self._build(method, path, timeout, kwargs), stream=True)
+        return self._dispatch(method, path, timeout, None, kwargs, stream=True)
 
-    def _build(
-        self, method: str, path: str, timeout: float | None, kwargs: dict[str, Any]
-    ) -> httpx.Request:
+    def _dispatch(
+        self, method: str, path: str, timeout: float | None, node: str | None,
+        kwargs: dict[str, Any], *, stream: bool,
+    ) -> httpx.Response:
         if timeout is not UNSET:
             kwargs["timeout"] = _timeout(timeout)
-        return self._http.build_request(method, path, **kwargs)
+        if self._router is not None:
+            return self._router.request(method, path, kwargs, node=node, stream=stream)
+        if node is not None:
+            raise InvalidArgument(
+                f"node= places a sandbox on a node of a Ray cluster, and {self.url} is one "
+                "daemon: set CORRAL_URL=ray://HOST:PORT (see `corral cluster up`)"
+            )
+        return self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
     def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
         """Send a built request; start the embedded daemon first if it is needed."""

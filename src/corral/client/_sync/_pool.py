@@ -47,7 +47,8 @@ class Pool(CleanupOnExit):
     then on entering the context or at the first call. Closing it, or leaving the
     context, deletes a pool it created, with its ready sandboxes. Pools live in the
     daemon's memory: if the daemon restarts, the next :meth:`acquire` of the object
-    that created the pool makes it again.
+    that created the pool makes it again. On a Ray cluster (``ray://``) a pool lives on
+    one node: ``node`` (a node id) picks it, else this worker's own node or the first.
 
     Example::
 
@@ -65,6 +66,7 @@ class Pool(CleanupOnExit):
         min_ready: int = DEFAULT_MIN_READY,
         max_size: int = DEFAULT_MAX_SIZE,
         name: str | None = None,
+        node: str | None = None,
         client: Client | None = None,
         **spec: Unpack[SpecOptions],
     ) -> None:
@@ -79,6 +81,7 @@ class Pool(CleanupOnExit):
             mode="json", exclude_unset=True
         )
         self._client = client
+        self._node = None if node is None else _validate.text("node", node)
         self._path = f"/v1/pools/{quote(self._body['name'], safe='')}"
         self._info: PoolInfo | None = None
         self._created = False
@@ -113,7 +116,9 @@ class Pool(CleanupOnExit):
     def _open(self) -> PoolInfo:
         """Create the pool on the daemon, or attach to the one of the same name."""
         try:
-            response = self.client.request("POST", "/v1/pools", json=self._body)
+            response = self.client.request(
+                "POST", "/v1/pools", json=self._body, node=self._node
+            )
             self._created = True
         except InvalidState as exc:
             if exc.details.get("pool") != self.name:

@@ -67,6 +67,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         cls,
         image: str | None = None,
         *,
+        node: str | None = None,
         client: Client | None = None,
         **spec: Unpack[SpecOptions],
     ) -> Opening[Self]:
@@ -85,17 +86,26 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         ``secrets`` are environment variables whose values the daemon never stores or
         shows (``"**********"`` in :attr:`info`, listings and logs); commands see them.
 
+        On a Ray cluster (``CORRAL_URL=ray://...``) the sandbox goes to the node with the
+        most room (a Ray task's own node while it has room); ``node`` (a node id from
+        ``corral cluster status``) pins it. :attr:`info` ``.node`` says where it runs.
+
         With asyncio, both ``with Sandbox.create(...) as sb`` and
         ``with Sandbox.create(...) as sb`` work.
         """
         body = spec_body({"image": image, **spec})
-        return SyncBackend.opening(cls._create(body, client))
+        if node is not None:
+            node = _validate.text("node", node)
+        return SyncBackend.opening(cls._create(body, client, node))
 
     @classmethod
-    def _create(cls, body: dict[str, Any], client: Client | None) -> Self:
+    def _create(
+        cls, body: dict[str, Any], client: Client | None, node: str | None = None
+    ) -> Self:
         client = client or Client.default()
         response = client.request(
-            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT)
+            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT),
+            node=node,
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
 
@@ -358,8 +368,18 @@ class Sandbox(CleanupOnExit, SandboxFutures):
     def _cleanup(self) -> None:
         self.delete()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A sandbox pickles as its info and how to reach its daemon (not its
+        connections), so one made in a Ray driver can be used in a Ray task."""
+        return (_unpickle, (type(self), self._info.model_dump(mode="json"),
+                            self._client.connect_args))
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.state.value} image={self._info.image!r}>"
+
+
+def _unpickle(cls: type[Sandbox], info: dict[str, Any], connect: dict[str, Any]) -> Any:
+    return cls(SandboxInfo.model_validate(info), client=Client.reopen(**connect))
 
 
 class Snapshot:

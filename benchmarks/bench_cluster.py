@@ -1,0 +1,206 @@
+"""corral on a Ray cluster against one daemon, and against Ray actors as sandboxes.
+
+    python3 benchmarks/bench_cluster.py [--quick] [--json OUT]
+
+Starts a three-node Ray cluster on this host (``ray.cluster_utils.Cluster``: one CPU
+and a small object store a node, no dashboard) and ``corral cluster up`` on it; stops
+both at the end. Times, in the same run, with the blocking SDK (medians):
+
+- ``create_ready_ms`` and ``exec_rtt_ms`` (``exec("true")``) through the cluster client
+  (``ray://``: placement, then straight to the node) and straight to one node's daemon
+  (``http://`` with the cluster's token): the difference is what the cluster costs.
+  Targets: placement adds <= 1 ms to a create, nothing measurable to an exec;
+- ``placement_ms``: the placement decision alone (``router.place``: the nodes' loads are
+  read at most once a second, so it is mostly arithmetic);
+- ``creates_per_s``: 24 creates from 8 threads, one daemon against the cluster (on one
+  host the nodes share its cores: this measures placement, not more machines);
+- ``node_loss_detect_ms``: from ``remove_node`` until a call to a sandbox there raises
+  ``SandboxLost``;
+- baselines: a Ray actor per environment (``actor_create_ms``, ``actor_call_rtt_ms``), and
+  ``ray.experimental.sandbox`` where it can run (else the reason is printed).
+
+Needs root and the ``ray`` extra. Never fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import corral
+
+SPEC = {"image": "python", "memory_mb": 128}
+NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 << 20}
+BURST, THREADS = 24, 8
+POLLS = 600  # x 10 ms: how long node-loss detection is waited for
+
+
+def ms_since(t: float) -> float:
+    return (time.perf_counter() - t) * 1000
+
+
+def create_ready(client: corral.Client, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sb = corral.Sandbox.create(**SPEC, client=client)
+        out.append(ms_since(t))
+        sb.delete()
+    return out
+
+
+def exec_rtt(sb: corral.Sandbox, n: int) -> list[float]:
+    sb.exec("true")  # warm
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sb.exec("true")
+        out.append(ms_since(t))
+    return out
+
+
+def creates_per_s(client: corral.Client) -> float:
+    t = time.perf_counter()
+    with ThreadPoolExecutor(THREADS) as pool:
+        made = list(pool.map(lambda _: corral.Sandbox.create(**SPEC, client=client), range(BURST)))
+    rate = BURST / (time.perf_counter() - t)
+    with ThreadPoolExecutor(THREADS) as pool:
+        list(pool.map(lambda sb: sb.delete(), made))
+    return rate
+
+
+def actor_baseline(ray, n: int) -> dict[str, float]:
+    @ray.remote(num_cpus=0)
+    class Env:
+        def step(self) -> int:
+            return 0
+
+    creates, calls = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        env = Env.remote()
+        ray.get(env.step.remote())
+        creates.append(ms_since(t))
+        t = time.perf_counter()
+        ray.get(env.step.remote())
+        calls.append(ms_since(t))
+        ray.kill(env)
+    return {"actor_create_ms": statistics.median(creates),
+            "actor_call_rtt_ms": statistics.median(calls)}
+
+
+def ray_sandbox_reason() -> str | None:
+    """Why ``ray.experimental.sandbox`` cannot run here (None if it might)."""
+    try:
+        import ray.experimental.sandbox  # noqa: F401
+    except ImportError as exc:
+        return f"ray.experimental.sandbox is not importable ({exc})"
+    if shutil.which("mkfs.erofs") is None:
+        return "it needs mkfs.erofs >= 1.7 (erofs-utils; Debian 12 has 1.5) and a recent runsc"
+    return None
+
+
+def detect_node_loss(cluster, worker, client: corral.Client) -> float | None:
+    sb = corral.Sandbox.create(**SPEC, node=worker.node_id, client=client)
+    t = time.perf_counter()
+    cluster.remove_node(worker)
+    for _ in range(POLLS):
+        try:
+            sb.exec("true", timeout=5)
+        except corral.SandboxLost:
+            return ms_since(t)
+        except corral.DaemonUnavailable:
+            pass
+        time.sleep(0.01)
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (the daemons run real sandboxes)")
+        return 1
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        print("needs Ray: pip install -e '.[ray]'")
+        return 1
+    from corral.cluster import _ray, bringup
+
+    n = 10 if args.quick else 40
+    base = Path(tempfile.mkdtemp(prefix="corral-bench-cluster-"))
+    os.chmod(base, 0o711)
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**NODE_ARGS, "include_dashboard": False})
+    workers = [cluster.add_node(**NODE_ARGS) for _ in range(2)]
+    res: dict[str, float | str | None] = {}
+    try:
+        cluster.connect(namespace="corral-bench")
+        entries = bringup.up(cluster.address, state_dir=str(base))
+        token = _ray.kv_get(_ray.gcs(cluster.address), "token").decode()
+        head = ray.get_runtime_context().get_node_id()
+        url = next(e["url"] for e in entries if e["node_id"] == head)
+        with corral.Client(f"ray://{cluster.address}") as routed, \
+                corral.Client(url, token=token) as direct:
+            for c in (routed, direct):
+                create_ready(c, 2)  # warm: connections, directory, loads
+            direct_creates, routed_creates = [], []
+            for _ in range(n):  # interleaved, so both see the same machine load
+                direct_creates += create_ready(direct, 1)
+                routed_creates += create_ready(routed, 1)
+            sb = corral.Sandbox.create(**SPEC, node=head, client=routed)
+            same = corral.Sandbox.connect(sb.id, client=direct)
+            direct_exec, routed_exec = [], []
+            for _ in range(n):
+                direct_exec += exec_rtt(same, 5)
+                routed_exec += exec_rtt(sb, 5)
+            sb.delete()
+            res.update({
+                "direct_create_ready_ms": statistics.median(direct_creates),
+                "cluster_create_ready_ms": statistics.median(routed_creates),
+                "direct_exec_rtt_ms": statistics.median(direct_exec),
+                "cluster_exec_rtt_ms": statistics.median(routed_exec),
+                "creates_per_s_1_node": creates_per_s(direct),
+                "creates_per_s_3_nodes": creates_per_s(routed),
+            })
+            placements = []
+            for _ in range(20 * n):
+                t = time.perf_counter()
+                routed.router.place(SPEC["memory_mb"])
+                placements.append(ms_since(t))
+            res["placement_ms"] = statistics.median(placements)
+            res.update(actor_baseline(ray, n))
+            res["ray_sandbox"] = ray_sandbox_reason() or "not measured by this script yet"
+            res["node_loss_detect_ms"] = detect_node_loss(cluster, workers[0], routed)
+    finally:
+        bringup.down(cluster.address)
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"{n} creates and {5 * n} execs each way, interleaved; medians")
+    for key, value in res.items():
+        shown = f"{value:9.2f}" if isinstance(value, float) else f"  {value}"
+        print(f"{key:28} {shown}")
+    create_cost = res["cluster_create_ready_ms"] - res["direct_create_ready_ms"]  # type: ignore[operator]
+    exec_cost = res["cluster_exec_rtt_ms"] - res["direct_exec_rtt_ms"]  # type: ignore[operator]
+    print(f"placement adds {create_cost:+.2f} ms to a create (target <= 1), "
+          f"routing {exec_cost:+.3f} ms to an exec")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``corral cluster up|status|down``: a corral daemon on every node of a Ray cluster.
+
+    corral cluster up --address HEAD:6379      # once; again changes nothing
+    export CORRAL_URL=ray://HEAD:6379          # then the SDK, the CLI and corral.rl use it
+    corral cluster status --address HEAD:6379
+    corral cluster down --address HEAD:6379    # every daemon and its sandboxes
+
+Needs the ``ray`` extra (``pip install 'corral[ray]'``) here and on every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from corral.cli._output import Context
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("cluster", help="a corral daemon on every node of a Ray cluster "
+                       "(up, status, down)")
+    verbs = p.add_subparsers(dest="cluster_command", required=True, metavar="VERB")
+    address = argparse.ArgumentParser(add_help=False)
+    address.add_argument(
+        "--address", default="auto", metavar="ADDR",
+        help="the Ray cluster: HOST:PORT of its head (as `ray start --head` printed), or "
+        "auto (default: RAY_ADDRESS, else the cluster started on this host)",
+    )
+    p = verbs.add_parser(
+        "up", parents=[address], help="start a daemon on every node (and on nodes that join)",
+        description="Starts one corral daemon per alive Ray node (a Ray actor pinned to the "
+        "node, restarted by Ray if it dies), and on nodes that join later. Idempotent.",
+    )
+    p.add_argument("--state-dir", metavar="DIR", default=None,
+                   help="each node's daemon keeps its state in DIR/<node> on that node "
+                   "(default /var/lib/corral/cluster)")
+    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: the daemon's)")
+    p.add_argument("--json", action="store_true", help="print the nodes' entries as JSON")
+    p.set_defaults(handler=up)
+    p = verbs.add_parser("status", parents=[address], help="nodes, their daemons and load")
+    p.add_argument("--json", action="store_true", help='print {"nodes": [...]} as JSON')
+    p.set_defaults(handler=status)
+    p = verbs.add_parser("down", parents=[address],
+                         help="stop every node's daemon and its sandboxes")
+    p.set_defaults(handler=down)
+
+
+def up(args: argparse.Namespace, ctx: Context) -> int:
+    from corral.cluster import bringup
+
+    entries = bringup.up(
+        args.address, state_dir=args.state_dir or bringup.DEFAULT_STATE_DIR,
+        cache_dir=args.cache_dir,
+    )
+    if args.json:
+        ctx.output.json({"nodes": entries})
+    else:
+        for e in entries:
+            ctx.output.line(f"{e['node_id']}  {e['url']}")
+        ctx.output.err.print(
+            f"[dim]{len(entries)} daemons; use them with CORRAL_URL=ray://{args.address}[/dim]"
+        )
+    return 0
+
+
+def status(args: argparse.Namespace, ctx: Context) -> int:
+    from corral.cluster import bringup
+
+    report = bringup.status(args.address)
+    if args.json:
+        ctx.output.json(report)
+        return 0
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("NODE", "ADDRESS", "ALIVE", "DAEMON", "SANDBOXES", "MAX"):
+        table.add_column(column, no_wrap=True)
+    for n in report["nodes"]:
+        cap = n["capacity"] or {}
+        table.add_row(
+            n["node_id"], n["address"], "yes" if n["alive"] else "no",
+            n["daemon"] or n.get("error") or "-",
+            "-" if n["sandboxes"] is None else str(n["sandboxes"]),
+            str(cap.get("max_sandboxes", "-")),
+        )
+    ctx.output.out.print(table)
+    return 0
+
+
+def down(args: argparse.Namespace, ctx: Context) -> int:
+    from corral.cluster import bringup
+
+    stopped = bringup.down(args.address)
+    ctx.output.line(f"stopped {stopped} daemons")
+    return 0

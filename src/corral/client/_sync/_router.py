@@ -1,0 +1,310 @@
+# Generated from _async/_router.py by scripts/gen_sync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""A client's calls spread over the daemons of a Ray cluster (``CORRAL_URL=ray://ADDR``).
+
+The client does the routing itself, so every call goes straight to the daemon that
+answers it (no proxy hop):
+
+- a create goes where :mod:`corral.cluster.placement` says, among the nodes that have
+  its image (or to ``node=``; from a snapshot, to the node that holds it);
+- a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
+  (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
+- a call on a snapshot or a pool goes to the node that holds it (each node is asked);
+- listing sandboxes, snapshots or pools asks every node and merges; ``/v1/info`` sums;
+- a pool is made on ``node=``, else (as images) on this worker's own node or the first.
+
+When a node's daemon cannot be reached and Ray says the node is dead, the call raises
+:class:`~corral.errors.SandboxLost` naming the node (the directory is read again, so
+placement stops choosing it); if the daemon only moved (restarted by Ray on another
+port), a request that never left is sent again to its new address.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+from urllib.parse import quote, unquote
+
+import httpx
+
+from corral.client._backends import SyncBackend
+from corral.client._transport import is_connect_error
+from corral.cluster.directory import Directory, Node
+from corral.cluster.ids import tag_of
+from corral.cluster.placement import Room, choose, having_image, room
+from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost, SandboxNotFound
+from corral.schema import DEFAULT_IMAGE, DEFAULT_MEMORY_MB
+
+LOAD_TTL_S = 1.0
+"""How long the nodes' loads (``/v1/info``) are trusted for placement; the creates this
+client sends meanwhile it counts itself."""
+INFO_TIMEOUT_S = 5.0
+_SANDBOX_PREFIX = "/v1/sandboxes/"
+_SNAPSHOT_PREFIX = "/v1/snapshots/"
+_POOL_PREFIX = "/v1/pools/"
+_MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots", "/v1/pools": "pools"}
+
+Send = Callable[..., Any]  # the client's send(request, stream=...)
+
+
+class Router:
+    """Where each request of a cluster client goes (built by the client; no I/O)."""
+
+    def __init__(self, address: str, http: httpx.Client, send: Send) -> None:
+        self.directory = Directory(address)
+        self._http = http
+        self._send = send
+        self._lock = SyncBackend.lock()
+        self._loads: dict[str, dict[str, Any]] = {}
+        self._images: dict[str, set[str]] = {}  # node id -> the images it has
+        self._loaded_at = -LOAD_TTL_S - 1.0
+        self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
+
+    def request(
+        self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
+    ) -> httpx.Response:
+        if method == "POST" and path == "/v1/sandboxes":
+            return self._create(kwargs, node, stream)
+        if method == "POST" and path == "/v1/pools":  # a pool lives on one node
+            if node is not None:
+                target = SyncBackend.run_blocking(self.directory.pinned, node)
+            else:
+                target = SyncBackend.run_blocking(self.directory.home)
+            return self._on(target, method, path, kwargs, stream, None)
+        if node is not None:
+            raise InvalidArgument("node= applies to creating a sandbox or a pool only")
+        if method == "GET" and path in _MERGED_LISTS:
+            return self._merged_list(path, _MERGED_LISTS[path], kwargs)
+        if method == "GET" and path == "/v1/info":
+            return self._merged_info(kwargs)
+        if path.startswith(_SANDBOX_PREFIX):
+            sandbox_id, _, rest = unquote(path[len(_SANDBOX_PREFIX):]).partition("/")
+            try:
+                target = self._node_of(sandbox_id)
+                return self._on(target, method, path, kwargs, stream, f"sandbox {sandbox_id}")
+            except SandboxLost:
+                if method == "DELETE" and not rest:  # gone with its node: deleted, then
+                    return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
+                raise
+        for prefix in (_SNAPSHOT_PREFIX, _POOL_PREFIX):  # on the node that holds it
+            if path.startswith(prefix):
+                ref = unquote(path[len(prefix):].partition("/")[0])
+                target = self._holder_of(prefix, ref)
+                return self._on(target, method, path, kwargs, stream, None)
+        if method == "POST" and path == "/v1/processes/exchange":
+            return self._exchange(kwargs, stream)
+        target = SyncBackend.run_blocking(self.directory.home)
+        return self._on(target, method, path, kwargs, stream, None)
+
+    # ------------------------------------------------------------- one node
+
+    def _build(self, target: Node, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Request:
+        headers = {"Authorization": f"Bearer {self.directory.cached_token()}"}
+        return self._http.build_request(method, target.url + path, headers=headers, **kwargs)
+
+    def _on(
+        self, target: Node, method: str, path: str, kwargs: dict[str, Any], stream: bool,
+        what: str | None,
+    ) -> httpx.Response:
+        try:
+            sent: httpx.Response = self._send(
+                self._build(target, method, path, kwargs), stream=stream
+            )
+            return sent
+        except DaemonUnavailable as exc:
+            now = SyncBackend.run_blocking(self.directory.forget, target)
+            if now is None:
+                raise self.directory.lost(
+                    target, what or f"the daemon of node {target.node_id}", _sandbox(what)
+                ) from exc
+            if now.url == target.url or not is_connect_error(exc):
+                raise
+        # The node is alive but its daemon moved (Ray restarted it): the request never
+        # left, so sending it again is safe.
+        resent: httpx.Response = self._send(self._build(now, method, path, kwargs), stream=stream)
+        return resent
+
+    def _node_of(self, sandbox_id: str) -> Node:
+        tag = tag_of(sandbox_id)
+        if tag is None:
+            raise SandboxNotFound(
+                f"no sandbox {sandbox_id!r} on the cluster at {self.directory.address}: "
+                "the ids of its sandboxes look like sb-<node>-<hex> (`corral ls` lists them)",
+                details={"sandbox_id": sandbox_id},
+            )
+        cached = self.directory.cached(tag)
+        if cached is not None:
+            return cached
+        return SyncBackend.run_blocking(self.directory.by_tag, tag, sandbox_id)
+
+    # ------------------------------------------------------------- placement
+
+    def _create(self, kwargs: dict[str, Any], node: str | None, stream: bool) -> httpx.Response:
+        body = kwargs.get("json") or {}
+        if node is not None:
+            target = SyncBackend.run_blocking(self.directory.pinned, node)
+            return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
+        memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
+        if body.get("snapshot"):  # a snapshot lives on the node it was taken on
+            target = self._holder_of(_SNAPSHOT_PREFIX, str(body["snapshot"]))
+        else:
+            target = self.place(memory_mb, str(body.get("image") or DEFAULT_IMAGE))
+        try:
+            return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
+        except BaseException:  # no sandbox made there: take it off the count
+            count, mb = self._placed.get(target.node_id, (0, 0))
+            self._placed[target.node_id] = (max(0, count - 1), max(0, mb - memory_mb))
+            raise
+
+    def place(self, memory_mb: int = DEFAULT_MEMORY_MB, image: str | None = None) -> Node:
+        """The node a new sandbox of ``memory_mb`` goes to (counted as sent there):
+        among the nodes that have ``image``, if any has it (images do not travel yet)."""
+        nodes = self._refresh_loads()
+        rooms: dict[str, Room] = {}
+        for n in nodes:
+            if n.node_id in self._loads:
+                placed, placed_mb = self._placed.get(n.node_id, (0, 0))
+                rooms[n.node_id] = room(self._loads[n.node_id], placed=placed, placed_mb=placed_mb)
+        if not rooms:
+            raise DaemonUnavailable(
+                f"no corral daemon of the Ray cluster at {self.directory.address} answers: "
+                f"see `corral cluster status --address {self.directory.address}`"
+            )
+        if image is not None:
+            rooms = having_image(rooms, self._images, image)
+        chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node())
+        count, mb = self._placed.get(chosen, (0, 0))
+        self._placed[chosen] = (count + 1, mb + memory_mb)
+        return next(n for n in nodes if n.node_id == chosen)
+
+    def _refresh_loads(self) -> list[Node]:
+        nodes = SyncBackend.run_blocking(self.directory.nodes)
+        if time.monotonic() - self._loaded_at <= LOAD_TTL_S and set(self._loads) <= {
+            n.node_id for n in nodes
+        }:
+            return nodes
+        with self._lock:  # one refresh at a time; the others use its result
+            if time.monotonic() - self._loaded_at > LOAD_TTL_S:
+                quick = {"timeout": INFO_TIMEOUT_S}
+                infos = self._each(nodes, "GET", "/v1/info", quick)
+                images = self._each(nodes, "GET", "/v1/images", quick)
+                self._loads = {
+                    n.node_id: r.json() for n, r in zip(nodes, infos, strict=True)
+                    if isinstance(r, httpx.Response)
+                }
+                self._images = {
+                    n.node_id: {i["name"] for i in r.json()["images"]}
+                    for n, r in zip(nodes, images, strict=True) if isinstance(r, httpx.Response)
+                }
+                self._placed = {}  # the daemons count them now
+                self._loaded_at = time.monotonic()
+        return nodes
+
+    def _holder_of(self, prefix: str, ref: str) -> Node:
+        """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if
+        none does, the home node (which then says it is not found)."""
+        nodes = SyncBackend.run_blocking(self.directory.nodes)
+        replies = self._each(nodes, "GET", prefix + quote(ref, safe=""), {})
+        for n, r in zip(nodes, replies, strict=True):
+            if isinstance(r, httpx.Response):
+                return n
+        return SyncBackend.run_blocking(self.directory.home)
+
+    # ------------------------------------------------------------- every node
+
+    def _each(
+        self, nodes: list[Node], method: str, path: str, kwargs: dict[str, Any]
+    ) -> list[httpx.Response | BaseException]:
+        def one(n: Node) -> httpx.Response:
+            reply: httpx.Response = self._send(self._build(n, method, path, kwargs), stream=False)
+            return reply
+
+        return SyncBackend.gather([partial(one, n) for n in nodes])
+
+    def _merged_list(self, path: str, key: str, kwargs: dict[str, Any]) -> httpx.Response:
+        nodes = SyncBackend.run_blocking(self.directory.nodes)
+        items: list[Any] = []
+        for n, reply in zip(nodes, self._each(nodes, "GET", path, kwargs), strict=True):
+            if isinstance(reply, DaemonUnavailable):
+                SyncBackend.run_blocking(self.directory.forget, n)
+                continue  # a node that just died: its sandboxes are gone with it
+            if isinstance(reply, BaseException):
+                raise reply
+            items.extend(reply.json()[key])
+        items.sort(key=lambda item: item.get("created_at", 0))
+        return _reply(path, {key: items})
+
+    def _merged_info(self, kwargs: dict[str, Any]) -> httpx.Response:
+        nodes = SyncBackend.run_blocking(self.directory.nodes)
+        infos = []
+        for n, reply in zip(nodes, self._each(nodes, "GET", "/v1/info", kwargs), strict=True):
+            if isinstance(reply, httpx.Response):
+                infos.append({"node": n.node_id, "url": n.url, **reply.json()})
+        if not infos:
+            raise DaemonUnavailable(
+                f"no corral daemon of the Ray cluster at {self.directory.address} answers: "
+                f"see `corral cluster status --address {self.directory.address}`"
+            )
+        return _reply("/v1/info", merge_infos(infos))
+
+    def _exchange(self, kwargs: dict[str, Any], stream: bool) -> httpx.Response:
+        body = kwargs.get("json") or {}
+        items = body.get("items") or []
+        groups: dict[str, list[int]] = {}
+        targets: dict[str, Node] = {}
+        for index, item in enumerate(items):
+            target = self._node_of(str(item.get("sandbox_id")))
+            targets[target.node_id] = target
+            groups.setdefault(target.node_id, []).append(index)
+        if len(groups) <= 1:
+            if targets:
+                (target,) = targets.values()
+            else:
+                target = SyncBackend.run_blocking(self.directory.home)
+            return self._on(target, "POST", "/v1/processes/exchange", kwargs, stream, None)
+
+        def part(node_id: str) -> httpx.Response:
+            sub = {**kwargs, "json": {**body, "items": [items[i] for i in groups[node_id]]}}
+            return self._on(targets[node_id], "POST", "/v1/processes/exchange", sub,
+                                  False, None)
+
+        replies = SyncBackend.gather([partial(part, k) for k in groups])
+        results: list[Any] = [None] * len(items)
+        for node_id, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            for index, result in zip(groups[node_id], reply.json()["results"], strict=True):
+                results[index] = result
+        return _reply("/v1/processes/exchange", {"results": results})
+
+
+def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``/v1/info`` for the cluster: capacities, counts and loads summed; per node
+    under ``nodes``."""
+    first = infos[0]
+    capacity = {k: sum(i["capacity"][k] for i in infos) for k in first["capacity"]}
+    capacity["queue_timeout"] = max(i["capacity"]["queue_timeout"] for i in infos)
+    counts: dict[str, int] = {}
+    for i in infos:
+        for state, n in i["counts"].items():
+            counts[state] = counts.get(state, 0) + n
+    return {
+        "version": first["version"], "cgroup_version": first["cgroup_version"],
+        "capacity": capacity,
+        "committed_memory_mb": sum(i["committed_memory_mb"] for i in infos),
+        "starting": sum(i["starting"] for i in infos),
+        "queued": sum(i["queued"] for i in infos),
+        "counts": counts,
+        "pools": [p for i in infos for p in i["pools"]],
+        "nodes": infos,
+    }
+
+
+def _reply(path: str, data: Any) -> httpx.Response:
+    return httpx.Response(200, json=data, request=httpx.Request("GET", f"http://cluster{path}"))
+
+
+def _sandbox(what: str | None) -> str | None:
+    return what.removeprefix("sandbox ") if what and what.startswith("sandbox ") else None

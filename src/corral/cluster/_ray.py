@@ -1,0 +1,134 @@
+"""Every call corral makes into Ray, in one place (as ``runtime/syscalls.py`` is for libc).
+
+Reading the cluster's directory (the internal KV) and node liveness goes through
+Ray's GCS client directly: a process does not have to join the cluster as a driver
+(~0.7 s and a core worker) to find a daemon, so ``corral ls`` with ``CORRAL_URL=ray://``
+stays quick. Starting and stopping actors (``corral cluster up/down``) does join.
+Both are Ray 2.60 interfaces (``ray==2.60.0`` is pinned by the ``ray`` extra).
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from typing import Any
+
+from corral.errors import DaemonUnavailable, Unsupported
+
+NAMESPACE = "corral"
+"""The Ray namespace of corral's actors and the internal-KV namespace of its directory."""
+GCS_TIMEOUT_S = 5.0
+INSTALL_HINT = "pip install 'corral[ray]' (on every node of the cluster)"
+
+
+def ray() -> Any:
+    """The ``ray`` module, or :class:`Unsupported` saying how to install it."""
+    try:
+        import ray as ray_module
+    except ImportError:
+        raise Unsupported(f"running on a Ray cluster needs Ray: {INSTALL_HINT}") from None
+    return ray_module
+
+
+def resolve(address: str) -> str:
+    """The GCS address (``host:port``) of the cluster at ``address`` (``auto``: the one
+    this process is part of, else the one ``ray start`` last started on this host, else
+    ``RAY_ADDRESS``)."""
+    r = ray()
+    if address == "auto" and r.is_initialized():
+        return r.get_runtime_context().gcs_address
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address(address)
+    except Exception as exc:  # a malformed address
+        raise DaemonUnavailable(
+            f"no Ray cluster at {address!r} ({exc}): give ray://HOST:PORT, the address "
+            "`ray start --head` printed, or ray://auto on a node of the cluster"
+        ) from None
+    if not found:
+        raise DaemonUnavailable(
+            f"no Ray cluster found for ray://{address}: start one with `ray start --head`, "
+            "or give its address as ray://HOST:PORT"
+        )
+    return found
+
+
+@functools.lru_cache(maxsize=8)
+def _gcs_client(address: str) -> Any:
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    return GcsClient(address=address)
+
+
+def gcs(address: str) -> Any:
+    """A GCS client of the cluster at ``address`` (resolved), checked to answer."""
+    host, _, port = address.rpartition(":")
+    try:  # Ray's own client waits ~40 s for an address where nothing listens
+        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        raise DaemonUnavailable(
+            f"no Ray cluster answers at {address} ({getattr(exc, 'strerror', None) or exc}): "
+            "start one with `ray start --head`, or give the address it printed "
+            "(ray://HOST:PORT)",
+            details={"url": f"ray://{address}"},
+        ) from None
+    try:
+        client = _gcs_client(address)
+    except Exception as exc:
+        raise DaemonUnavailable(
+            f"no Ray cluster answers at {address} ({exc}): check the address "
+            "(`ray status --address HOST:PORT`)", details={"url": f"ray://{address}"},
+        ) from None
+    node_states(client)  # fails fast (DaemonUnavailable) if nothing answers there
+    return client
+
+
+def node_states(client: Any) -> dict[str, dict[str, Any]]:
+    """``{node_id: {"alive", "address"}}`` for every node the cluster ever had."""
+    try:
+        infos = client.get_all_node_info(timeout=GCS_TIMEOUT_S)
+    except Exception as exc:
+        raise DaemonUnavailable(
+            f"the Ray cluster at {client.address} does not answer ({type(exc).__name__}): "
+            "check that it runs (`ray status --address ADDR`) and the address is right",
+            details={"url": f"ray://{client.address}"},
+        ) from None
+    return {
+        node_id.hex(): {"alive": info.state == 0, "address": info.node_manager_address}
+        for node_id, info in infos.items()
+    }
+
+
+def kv_get(client: Any, key: str) -> bytes | None:
+    return client.internal_kv_get(key.encode(), NAMESPACE.encode(), timeout=GCS_TIMEOUT_S)
+
+
+def kv_put(client: Any, key: str, value: bytes, *, overwrite: bool = True) -> bool:
+    """Store ``value``; with ``overwrite=False`` an existing value is kept. True if added."""
+    added = client.internal_kv_put(
+        key.encode(), value, overwrite, NAMESPACE.encode(), timeout=GCS_TIMEOUT_S
+    )
+    return bool(added)
+
+
+def kv_keys(client: Any, prefix: str) -> list[str]:
+    keys = client.internal_kv_keys(prefix.encode(), NAMESPACE.encode(), timeout=GCS_TIMEOUT_S)
+    return sorted(k.decode() for k in keys)
+
+
+def kv_del(client: Any, key: str) -> None:
+    client.internal_kv_del(key.encode(), False, NAMESPACE.encode(), timeout=GCS_TIMEOUT_S)
+
+
+def worker_node() -> str | None:
+    """The node id of this process if it is a Ray task or actor (not a driver): where a
+    sandbox is "local" to it."""
+    r = ray()
+    if not r.is_initialized():
+        return None
+    from ray._private.worker import WORKER_MODE, global_worker
+
+    if global_worker.mode != WORKER_MODE:
+        return None
+    return r.get_runtime_context().get_node_id()

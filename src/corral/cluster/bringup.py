@@ -1,0 +1,155 @@
+"""``corral cluster up | status | down``: a corral daemon on every node of a Ray cluster.
+
+``up`` generates the cluster's token (once; kept in Ray's internal KV, where only the
+cluster's members read it), starts the :class:`~corral.cluster.node.Supervisor`, and
+waits until every alive node's daemon answers. Running it again changes nothing.
+``down`` stops every daemon (each stops its sandboxes) and forgets the token.
+``status`` reads the directory and asks each daemon for its load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from corral.cluster import _ray
+from corral.cluster.directory import NODE_KEY, TOKEN_KEY
+from corral.cluster.node import CONFIG_KEY, NODE_ACTOR, SUPERVISOR, supervisor_actor
+from corral.errors import DaemonUnavailable, InvalidArgument
+
+DEFAULT_STATE_DIR = "/var/lib/corral/cluster"
+"""Where each node's daemon keeps its state: ``<this>/<node tag>/`` on that node."""
+STATUS_TIMEOUT_S = 5.0
+UP_ERROR_CHARS = 1500  # of a failed start's cause (the end of the daemon's log)
+
+
+@contextlib.contextmanager
+def joined(address: str) -> Iterator[Any]:
+    """This process as a driver of the cluster at ``address`` (the ``ray`` module), for
+    as long as the block runs; a process that already is one stays one."""
+    r = _ray.ray()
+    if r.is_initialized():
+        yield r
+        return
+    gcs_address = _ray.resolve(address)
+    _ray.gcs(gcs_address)  # a clear error, not Ray's retries, if nothing answers there
+    r.init(address=gcs_address, namespace=_ray.NAMESPACE, logging_level="WARNING",
+           log_to_driver=False)
+    try:
+        yield r
+    finally:
+        r.shutdown()
+
+
+def up(
+    address: str,
+    *,
+    state_dir: str = DEFAULT_STATE_DIR,
+    cache_dir: str | None = None,
+    daemon_args: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Start a daemon on every alive node (and, through the supervisor, on nodes that join
+    later); return the nodes' directory entries. Idempotent. If a daemon cannot start,
+    everything started is stopped again and :class:`DaemonUnavailable` says why."""
+    if not state_dir.startswith("/"):
+        raise InvalidArgument(f"--state-dir must be an absolute path, got {state_dir!r}")
+    config = {"state_dir": state_dir, "cache_dir": cache_dir, "daemon_args": daemon_args or []}
+    with joined(address) as r:
+        gcs = _ray.gcs(r.get_runtime_context().gcs_address)
+        _ray.kv_put(gcs, TOKEN_KEY, secrets.token_urlsafe(32).encode(), overwrite=False)
+        _ray.kv_put(gcs, CONFIG_KEY, json.dumps(config).encode(), overwrite=False)
+        stored = json.loads(_ray.kv_get(gcs, CONFIG_KEY) or b"{}")
+        supervisor = supervisor_actor(stored)
+        try:
+            entries = r.get(supervisor.ensure.remote())
+        except Exception as exc:  # a daemon failed to start (Ray wraps its error)
+            _stop_all(r, gcs)
+            cause = str(exc).strip()[-UP_ERROR_CHARS:]
+            raise DaemonUnavailable(
+                f"the corral daemons could not start, so none was left running: {cause}\n"
+                f"(each node's log: {stored['state_dir']}/<node>/daemon.log; corral must be "
+                "installed on every node and the daemons run as root)"
+            ) from None
+        return sorted(entries, key=lambda e: e["node_id"])
+
+
+def down(address: str) -> int:
+    """Stop every node's daemon and its sandboxes, the supervisor, and forget the token;
+    how many daemons were stopped. Idempotent."""
+    with joined(address) as r:
+        return _stop_all(r, _ray.gcs(r.get_runtime_context().gcs_address))
+
+
+def _stop_all(r: Any, gcs: Any) -> int:
+    stopped = 0
+    try:
+        supervisor = r.get_actor(SUPERVISOR, namespace=_ray.NAMESPACE)
+    except ValueError:
+        supervisor = None
+    if supervisor is not None:
+        stopped = r.get(supervisor.stop.remote())
+        r.kill(supervisor, no_restart=True)
+    else:  # no supervisor (killed by hand?), but daemons may remain
+        for node_id, state in _ray.node_states(gcs).items():
+            try:
+                actor = r.get_actor(NODE_ACTOR + node_id, namespace=_ray.NAMESPACE)
+            except ValueError:
+                continue
+            if state["alive"]:
+                stopped += r.get(actor.shutdown.remote()) is not None
+            r.kill(actor, no_restart=True)
+    for key in _ray.kv_keys(gcs, NODE_KEY):
+        _ray.kv_del(gcs, key)
+    _ray.kv_del(gcs, CONFIG_KEY)
+    _ray.kv_del(gcs, TOKEN_KEY)
+    return stopped
+
+
+def status(address: str) -> dict[str, Any]:
+    """``{"nodes": [{"node_id", "address", "alive", "daemon", "sandboxes", "capacity",
+    ...}]}``: every node Ray knows (dead ones too), with its daemon's load."""
+    gcs = _ray.gcs(_ray.resolve(address))
+    token = _ray.kv_get(gcs, TOKEN_KEY)
+    entries = read_entries(gcs)
+    nodes = []
+    with httpx.Client(timeout=STATUS_TIMEOUT_S,
+                      headers={"Authorization": f"Bearer {token.decode()}"} if token else {}) as http:
+        for node_id, state in sorted(_ray.node_states(gcs).items()):
+            entry = entries.get(node_id)
+            row: dict[str, Any] = {
+                "node_id": node_id, "address": state["address"], "alive": state["alive"],
+                "daemon": entry["url"] if entry and state["alive"] else None,
+                "sandboxes": None, "capacity": None,
+            }
+            if row["daemon"]:
+                try:
+                    info = http.get(f"{row['daemon']}/v1/info").raise_for_status().json()
+                except httpx.HTTPError as exc:
+                    row["error"] = f"the daemon does not answer: {type(exc).__name__}: {exc}"
+                else:
+                    counts = info["counts"]
+                    row.update(
+                        sandboxes=counts.get("running", 0) + counts.get("paused", 0)
+                        + counts.get("pending", 0),
+                        capacity=info["capacity"],
+                        committed_memory_mb=info["committed_memory_mb"],
+                        starting=info["starting"], queued=info["queued"],
+                    )
+            nodes.append(row)
+    return {"nodes": nodes}
+
+
+def read_entries(gcs: Any) -> dict[str, dict[str, Any]]:
+    """The directory: ``{node_id: entry}`` of every node whose daemon registered."""
+    entries = {}
+    for key in _ray.kv_keys(gcs, NODE_KEY):
+        raw = _ray.kv_get(gcs, key)
+        if raw:
+            entry = json.loads(raw)
+            entries[entry["node_id"]] = entry
+    return entries

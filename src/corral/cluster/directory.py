@@ -1,0 +1,162 @@
+"""Where a client finds the cluster's daemons: Ray's internal KV, read over the GCS.
+
+Blocking calls (the SDK runs them on a thread with asyncio). The entries are cached
+and read again when :data:`TTL_S` old, when an id names a node not in the cache, and
+after a node failed a call (:meth:`Directory.forget`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from corral.cluster import _ray
+from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost
+
+TTL_S = 5.0
+TOKEN_KEY = "token"
+NODE_KEY = "node:"  # + the node id: its daemon's entry (node.py writes it)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node's daemon, as the directory lists it."""
+
+    node_id: str
+    tag: str
+    url: str
+
+
+class Directory:
+    """The daemons of the cluster at ``address`` (``auto`` or ``host:port``)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._lock = threading.Lock()
+        self._gcs: Any = None
+        self._token: str | None = None
+        self._nodes: dict[str, Node] = {}  # node_id -> Node, alive ones only
+        self._dead: dict[str, Node] = {}  # tag -> Node: registered once, now dead
+        self._loaded_at = -TTL_S - 1.0
+        self._local: tuple[str | None] | None = None
+
+    # ---------------------------------------------------------------- reading
+
+    def _client(self) -> Any:
+        if self._gcs is None:
+            self._gcs = _ray.gcs(_ray.resolve(self.address))
+        return self._gcs
+
+    def _load(self) -> None:
+        gcs = self._client()
+        raw_token = _ray.kv_get(gcs, TOKEN_KEY)
+        states = _ray.node_states(gcs)
+        nodes = {}
+        for key in _ray.kv_keys(gcs, NODE_KEY):
+            raw = _ray.kv_get(gcs, key)
+            if not raw:
+                continue
+            entry = json.loads(raw)
+            node = Node(entry["node_id"], entry["tag"], entry["url"])
+            if states.get(node.node_id, {}).get("alive"):
+                nodes[node.node_id] = node
+            else:
+                self._dead[node.tag] = node
+        self._token = raw_token.decode() if raw_token else None
+        self._nodes = nodes
+        self._loaded_at = time.monotonic()
+
+    def _fresh(self, force: bool = False) -> dict[str, Node]:
+        with self._lock:
+            if force or time.monotonic() - self._loaded_at > TTL_S:
+                self._load()
+            return self._nodes
+
+    def nodes(self) -> list[Node]:
+        """The alive nodes with a daemon; :class:`DaemonUnavailable` (saying to run
+        ``corral cluster up``) if there are none."""
+        nodes = self._fresh()
+        if not nodes or self._token is None:
+            nodes = self._fresh(force=True)
+        if not nodes or self._token is None:
+            raise DaemonUnavailable(
+                f"the Ray cluster at {self.address} runs no corral daemons: run "
+                f"`corral cluster up --address {self.address}`",
+                details={"url": f"ray://{self.address}"},
+            )
+        return sorted(nodes.values(), key=lambda n: n.node_id)
+
+    def token(self) -> str:
+        self.nodes()
+        assert self._token is not None
+        return self._token
+
+    def cached_token(self) -> str:
+        """The token as last read (read now if never; the routed calls read it first)."""
+        return self._token if self._token is not None else self.token()
+
+    def cached(self, tag: str) -> Node | None:
+        """The node of ``tag`` as last read, without asking the cluster (None if unknown)."""
+        for node in self._nodes.values():
+            if node.tag == tag:
+                return node
+        return None
+
+    def by_tag(self, tag: str, sandbox_id: str) -> Node:
+        """The node whose daemon made ``sandbox_id``; :class:`SandboxLost` if that node
+        is gone."""
+        for fresh in (False, True):
+            for node in self._fresh(force=fresh).values():
+                if node.tag == tag:
+                    return node
+        if tag in self._dead:
+            raise self.lost(self._dead[tag], f"sandbox {sandbox_id}", sandbox_id)
+        raise SandboxLost(
+            f"sandbox {sandbox_id} is lost: its node ({tag}...) is not alive in the Ray "
+            f"cluster at {self.address}, or its daemon was stopped (`corral cluster status` "
+            "lists the nodes); create a new sandbox",
+            details={"sandbox_id": sandbox_id, "node": tag},
+        )
+
+    def pinned(self, node: str) -> Node:
+        """The node ``node`` (a node id, or its tag) names; InvalidArgument if none."""
+        for fresh in (False, True):
+            for n in self._fresh(force=fresh).values():
+                if node in (n.node_id, n.tag):
+                    return n
+        raise InvalidArgument(
+            f"no alive node with a corral daemon has the id {node!r}: "
+            f"`corral cluster status --address {self.address}` lists the nodes",
+            details={"node": node},
+        )
+
+    def home(self) -> Node:
+        """Where what is not a sandbox yet goes (pools, images): this worker's own node
+        if it has a daemon, else the first node."""
+        nodes = self.nodes()
+        local = self.local_node()
+        return next((n for n in nodes if n.node_id == local), nodes[0])
+
+    def local_node(self) -> str | None:
+        """This process's node if it is a Ray task or actor (a worker stays on its node)."""
+        if self._local is None:
+            self._local = (_ray.worker_node(),)
+        return self._local[0]
+
+    # ---------------------------------------------------------------- failures
+
+    def forget(self, node: Node) -> Node | None:
+        """``node`` failed a call: read the directory again; the node's new entry if it
+        is still alive (its daemon may have moved to another port), else None."""
+        nodes = self._fresh(force=True)
+        return nodes.get(node.node_id)
+
+    def lost(self, node: Node, what: str, sandbox_id: str | None) -> SandboxLost:
+        return SandboxLost(
+            f"{what} is lost: its Ray node {node.node_id} died (its daemon was at "
+            f"{node.url}); create a new sandbox (corral.rl retries such episodes)",
+            details={"sandbox_id": sandbox_id, "node": node.node_id},
+        )

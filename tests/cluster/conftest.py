@@ -1,0 +1,92 @@
+"""A real Ray cluster of three nodes on this host (``ray.cluster_utils.Cluster``), and
+corral brought up on it with each node's daemon in its own state directory.
+
+Frugal on purpose (the host is shared): one CPU and a small object store per node, no
+dashboard, one cluster for the whole session, stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT_REASON, have_root_runtime
+
+NODES = 3
+NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 << 20}
+HEAD_ARGS = {**NODE_ARGS, "include_dashboard": False}
+
+
+class RayCluster:
+    """The session's cluster: a head (this process is its driver) and two workers."""
+
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args=HEAD_ARGS)
+        try:
+            self.workers = [self.cluster.add_node(**NODE_ARGS) for _ in range(NODES - 1)]
+            self.cluster.connect(namespace="corral-tests")
+        except BaseException:
+            self.cluster.shutdown()
+            raise
+        self.address = self.cluster.address
+        self.base = Path(tempfile.mkdtemp(prefix="corral-test-cluster-"))
+        os.chmod(self.base, 0o711)  # sandboxes' uid traverses it to their root
+
+    def node_ids(self) -> list[str]:
+        import ray
+
+        return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+
+    def head_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def worker_id(self, node: object) -> str:
+        return node.node_id  # type: ignore[attr-defined]
+
+    def remove_worker(self, node: object) -> None:
+        """Kill ``node``: its raylet and everything on it, as when a machine dies."""
+        self.cluster.remove_node(node)
+
+    def add_worker(self, instead_of: object) -> None:
+        """A fresh node in place of one removed (the session keeps three)."""
+        self.workers.remove(instead_of)
+        self.workers.append(self.cluster.add_node(**NODE_ARGS))
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
+    c = RayCluster()
+    try:
+        yield c
+    finally:
+        from corral.cluster import bringup
+
+        bringup.down(c.address)
+        c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def corral_cluster(ray_cluster):
+    """corral brought up on the session's cluster (brought down when the session ends)."""
+    from corral.cluster import bringup
+
+    bringup.up(ray_cluster.address, state_dir=str(ray_cluster.base))
+    return ray_cluster
