@@ -11,7 +11,9 @@ nothing is kept at module level. Every error a client sees has the shape
 Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
 are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``,
 except SandboxFusion's two endpoints, whose clients send the token in the path
-(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs).
+(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs),
+and E2B's clients, which send it as ``X-API-KEY`` or a per-sandbox ``X-Access-Token``
+(:func:`~corral.server.compat.e2b_api.authenticate`).
 The token is checked from the headers alone: a refused request's body is never read, and
 its connection is closed. What a request may cost before and after that is bounded in
 :mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
@@ -34,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.server.admission import Admission, Limits
+from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
@@ -147,6 +150,9 @@ class Guard:
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
             return None  # its endpoints check the token in their path themselves
+        e2b = e2b_compat.authenticate(scope, self.token)  # X-API-KEY or X-Access-Token
+        if e2b is not False:
+            return e2b
         if scope.get("server") == (self.unix_socket, None):
             return None  # our own socket file: only its owner can connect
         if not self.token:
@@ -203,4 +209,5 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
+    e2b_compat.mount(app)  # and E2B's API and envd, for requests with E2B's headers
     return app
