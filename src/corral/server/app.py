@@ -122,7 +122,8 @@ class Guard:
             denied = self._check_auth(scope)
             if denied is not None:  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-                await error_response(denied, headers)(scope, receive, send)
+                reply = e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
+                await (reply or error_response(denied, headers))(scope, receive, send)
                 return
             if scope.get("server") != (self.unix_socket, None):
                 client = (scope.get("client") or ("?",))[0]

@@ -101,11 +101,12 @@ def _same(given: str, expected: str) -> bool:
 def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | bool:
     """For the daemon's guard: ``False`` if the request is not E2B's; else ``None``
     (its credentials are right; the scope is marked for :func:`mount`'s routes) or the
-    :class:`Unauthorized` to answer."""
+    :class:`Unauthorized` to answer (with :func:`refusal`)."""
     sandbox_id = _header(scope, b"e2b-sandbox-id")
     key = _header(scope, b"x-api-key")
     if sandbox_id is None and key is None:
         return False
+    scope[MARK] = "envd" if sandbox_id is not None else "api"
     if not token:
         return Unauthorized("this daemon has no --token: E2B clients cannot reach it")
     if sandbox_id is not None:
@@ -115,15 +116,25 @@ def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | bool:
                 "wrong or missing X-Access-Token for this sandbox: connect to it with "
                 "Sandbox.connect(sandbox_id) using the daemon's token as E2B_API_KEY"
             )
-        scope[MARK] = "envd"
-        return None
-    if not _same(key or "", token):
+    elif not _same(key or "", token):
         return Unauthorized(
             "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
             "with (--token or CORRAL_TOKEN)"
         )
-    scope[MARK] = "api"
     return None
+
+
+def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
+    """The reply to an E2B request :func:`authenticate` refused, in the shape its
+    client turns into ``AuthenticationException``; None for any other request."""
+    kind = scope.get(MARK)
+    if kind == "api":
+        body: dict[str, Any] = {"code": err.status, "message": err.message}
+    elif kind == "envd":
+        body = {"code": "unauthenticated", "message": err.message}
+    else:
+        return None
+    return JSONResponse(body, status_code=err.status, headers=headers)
 
 
 # ---------------------------------------------------------------- settings

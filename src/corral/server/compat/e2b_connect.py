@@ -57,7 +57,7 @@ STATUS = {  # Connect's code -> the HTTP status of a unary error reply
     "invalid_argument": 400, "unauthenticated": 401, "permission_denied": 403,
     "not_found": 404, "already_exists": 409, "failed_precondition": 412,
     "deadline_exceeded": 504, "resource_exhausted": 429, "unimplemented": 501,
-    "unavailable": 503, "internal": 500, "unknown": 500,
+    "unavailable": 502, "internal": 500, "unknown": 500,
 }
 
 
@@ -152,7 +152,9 @@ def sandbox_id(request: Request) -> str:
     except SandboxNotFound:
         info = None
     if info is None or SANDBOX_TAG not in info.spec.tags or info.state.terminal:
-        raise ConnectError("not_found", f"sandbox {sid} not found: it was killed or timed out")
+        # E2B's proxy words it so, and its client then raises SandboxNotRunningException.
+        raise ConnectError("unavailable", f"The sandbox {sid} was not found: it was killed "
+                           "or reached its timeout")
     if info.state == SandboxState.PAUSED:
         raise ConnectError("unavailable", f"sandbox {sid} is paused: Sandbox.connect() "
                            "resumes it")
