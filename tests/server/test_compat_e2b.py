@@ -308,3 +308,20 @@ def test_fifty_sandboxes_in_parallel(daemon_ok):
             out["results"] = list(pool.map(one, range(50)))
     """)
     assert out["results"] == [f"{i}{i + 1}\n" for i in range(50)]
+
+
+def test_pty(daemon_ok):
+    out = run_script(daemon_ok, """
+        from e2b import PtySize
+        with Sandbox.create() as sb:
+            h = sb.pty.create(PtySize(rows=24, cols=80), timeout=60)
+            sb.pty.resize(h.pid, PtySize(rows=30, cols=100))
+            sb.pty.send_stdin(h.pid, b"stty size; exit 3\\n")
+            seen = []
+            try:
+                h.wait(on_pty=seen.append)
+            except CommandExitException as e:
+                out["exit"] = e.exit_code
+            out["size"] = b"30 100" in b"".join(seen)
+    """)
+    assert out == {"exit": 3, "size": True}
