@@ -192,7 +192,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 unix_socket=str(settings.socket.absolute()),
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
-            )
+            ),
+            Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
     )
@@ -210,5 +211,5 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
-    e2b_compat.mount(app)  # and E2B's API and envd, for requests with E2B's headers
+    e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     return app

@@ -41,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Match, Route, Router
-from starlette.types import Receive, Scope, Send
+from starlette.routing import Route, Router
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.errors import (
     CorralError,
@@ -278,7 +278,8 @@ def created_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # Strict: "600" or true is refused, never coerced; fields a newer SDK adds are ignored.
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class NewSandbox(_Body):
@@ -519,28 +520,28 @@ CONTROL = (
 )
 
 
-class _Marked(BaseRoute):
-    """Takes every request the guard marked ``kind`` (whatever its path)."""
+class Dispatch:
+    """Middleware just inside the daemon's guard: the requests :func:`authenticate`
+    marked go to E2B's control API or envd, whatever their path; the rest go on."""
 
-    def __init__(self, kind: str, app: Router) -> None:
-        self.kind, self.app = kind, app
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        control = [Route(path, _e2b_errors(handler), methods=[method])
+                   for method, path, handler in CONTROL]
+        control.append(Route("/{rest:path}", unsupported, methods=ALL_METHODS))
+        self.routers = {
+            "api": Router(routes=control),
+            "envd": Router(routes=e2b_envd.routes() + e2b_files.routes(),
+                           default=e2b_files.no_route),
+        }
 
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        return (Match.FULL if scope.get(MARK) == self.kind else Match.NONE), {}
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.routers.get(scope.get(MARK, ""), self.app)(scope, receive, send)
 
 
 def mount(app: Starlette) -> None:
-    """Serve E2B's control API and envd on ``app`` too, ahead of every other route
-    for the requests :func:`authenticate` marked (settings read from the environment
-    now: a malformed one stops the daemon from starting)."""
+    """The E2B front-end's state on ``app`` (its settings read from the environment
+    now: a malformed one stops the daemon from starting); its routes are
+    :class:`Dispatch`'s."""
     app.state.e2b_settings = E2BSettings.from_env()
     app.state.e2b_processes = e2b_envd.ProcessTable()
-    control = [Route(path, _e2b_errors(handler), methods=[method])
-               for method, path, handler in CONTROL]
-    control.append(Route("/{rest:path}", unsupported, methods=ALL_METHODS))
-    envd = e2b_envd.routes() + e2b_files.routes()
-    app.router.routes.insert(0, _Marked("api", Router(routes=control)))
-    app.router.routes.insert(1, _Marked("envd", Router(routes=envd, default=e2b_files.no_route)))

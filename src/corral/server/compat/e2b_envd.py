@@ -124,6 +124,8 @@ def _find(request: Request, sid: str, msg: dict[str, Any]) -> Process:
     selector = msg.get("process")
     if not isinstance(selector, dict) or not ({"pid", "tag"} & selector.keys()):
         raise ConnectError("invalid_argument", "process: give a pid or a tag")
+    if not isinstance(selector.get("pid", 0), int) or not isinstance(selector.get("tag", ""), str):
+        raise ConnectError("invalid_argument", "process: pid must be a number, tag a string")
     table = _table(request)
     for proc in table.prune(request, sid):
         if proc.state != ProcessState.RUNNING:
@@ -254,7 +256,8 @@ async def send_signal(request: Request) -> Response:
     sid = sandbox_id(request)
     msg = await unary_message(request, "SendSignal")
     proc = _find(request, sid, msg)
-    signum = SIGNALS.get(msg.get("signal"))  # type: ignore[arg-type]
+    given = msg.get("signal")
+    signum = SIGNALS.get(given) if isinstance(given, (str, int)) else None
     if signum is None:
         raise ConnectError("invalid_argument", "SendSignal: signal must be SIGKILL or SIGTERM")
     proc.signal(signum)
