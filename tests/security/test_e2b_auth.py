@@ -129,3 +129,24 @@ def test_user_other_than_the_sandbox_user_is_refused(e2b_ok):
         assert not ran(e2b_ok, sb["sandboxID"])
     finally:
         kill(e2b_ok, sb["sandboxID"])
+
+
+def test_code_interpreter_needs_the_sandbox_s_token(e2b_ok):
+    a, b = created(e2b_ok), created(e2b_ok)
+    try:
+        base = {"E2b-Sandbox-Id": b["sandboxID"], "E2b-Sandbox-Port": "49999"}
+        for extra in ({}, {"X-Access-Token": a["envdAccessToken"]},
+                      {"E2B-Traffic-Access-Token": a["trafficAccessToken"]},
+                      {"E2B-Traffic-Access-Token": b["envdAccessToken"] + "0"}):
+            r = httpx.post(f"{e2b_ok.endpoint}/execute", headers={**base, **extra},
+                           json={"code": "open('/tmp/ran', 'w')"}, timeout=30)
+            assert r.status_code == 401, (extra, r.text)
+            r = httpx.post(f"{e2b_ok.endpoint}/contexts", headers={**base, **extra}, json={})
+            assert r.status_code == 401, (extra, r.text)
+        assert not ran(e2b_ok, b["sandboxID"])
+        r = httpx.post(f"{e2b_ok.endpoint}/contexts", json={}, headers={
+            **base, "E2B-Traffic-Access-Token": b["trafficAccessToken"]})
+        assert r.status_code == 200, r.text
+    finally:
+        kill(e2b_ok, a["sandboxID"])
+        kill(e2b_ok, b["sandboxID"])

@@ -325,3 +325,45 @@ def test_pty(daemon_ok):
             out["size"] = b"30 100" in b"".join(seen)
     """)
     assert out == {"exit": 3, "size": True}
+
+
+def test_code_interpreter(daemon_ok):
+    """``e2b-code-interpreter``'s ``run_code``: state kept, the last expression's text,
+    logs, errors, streaming, contexts, and a timeout that stops the code."""
+    pytest.importorskip("e2b_code_interpreter", reason="the compat extra is not installed")
+    out = run_script(daemon_ok, """
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+        with CodeSandbox.create() as sb:
+            e = sb.run_code("import sys\\nx = 41\\nprint('out'); print('err', file=sys.stderr)\\nx + 1")
+            out["first"] = [e.text, e.logs.stdout, e.logs.stderr, e.error, e.execution_count]
+            out["kept"] = sb.run_code("x * 2").text
+            e = sb.run_code("def f():\\n    raise ValueError('bad')\\nf()")
+            out["error"] = [e.error.name, e.error.value, "ValueError: bad" in e.error.traceback]
+            seen = []
+            sb.run_code("for i in range(3): print(i)", on_stdout=lambda m: seen.append(m.line))
+            out["streamed"] = "".join(seen)
+            out["env"] = sb.run_code("import os; os.environ['Q']", envs={"Q": "v"}).text
+            c = sb.create_code_context(cwd="/tmp")
+            out["context"] = [sb.run_code("import os; y = 5; os.getcwd()", context=c).text,
+                              sb.run_code("'y' in dir()").text]
+            out["listed"] = c.id in [k.id for k in sb.list_code_contexts()]
+            sb.restart_code_context(c)
+            out["restarted"] = sb.run_code("'y' in dir()", context=c).text
+            sb.remove_code_context(c)
+            try:
+                sb.run_code("import time; time.sleep(600)", timeout=1)
+            except TimeoutException:
+                out["timeout"] = True
+            out["after_timeout"] = sb.run_code("'x' in dir()").text
+            out["left"] = [p.args[:2] for p in sb.commands.list()]
+    """)
+    assert out["first"] == ["42", ["out\n"], ["err\n"], None, 1]
+    assert out["kept"] == "82"
+    assert out["error"] == ["ValueError", "bad", True]
+    assert out["streamed"] == "0\n1\n2\n"
+    assert out["env"] == "'v'"
+    assert out["context"] == ["'/tmp'", "False"]
+    assert out["listed"] is True and out["restarted"] == "False"
+    assert out["timeout"] is True
+    assert out["after_timeout"] == "False"  # its kernel was killed: a fresh context
+    assert out["left"] == [["-u", "-c"]]  # only the new default context's kernel

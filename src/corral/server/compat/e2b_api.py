@@ -60,7 +60,7 @@ from corral.schema import (
     validate_model,
 )
 from corral.server import context as ctx
-from corral.server.compat import e2b_envd, e2b_files
+from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter
 from corral.server.context import unless_gone
 from corral.server.wire import read_json
 
@@ -68,10 +68,12 @@ TAG = "e2b"
 TEMPLATE_TAG = "e2b.template="
 META_TAG = "e2b.m:"
 DEFAULT_TEMPLATE = "base"
+INTERPRETER_TEMPLATE = "code-interpreter-v1"  # e2b-code-interpreter's default template
 DEFAULT_IMAGE = "rl"
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default lifetime
 ENVD_VERSION = "0.5.7"  # envd features served: default user, stdin close, octet-stream upload
-MARK = "corral.e2b"  # scope key the guard sets: "api" or "envd"
+MARK = "corral.e2b"  # scope key the guard sets: "api", "envd" or "jupyter"
+TRAFFIC = b"e2b-traffic:"  # the traffic token's label (the Code Interpreter sends it)
 MAX_LIST = 1000
 LIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED)
 STATE = {SandboxState.PAUSED: "paused"}  # everything else alive is "running"
@@ -88,9 +90,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def access_token(token: str, sandbox_id: str) -> str:
-    """The envd access token of one sandbox: opens it, and no other."""
-    return hmac.new(token.encode(), b"e2b-envd:" + sandbox_id.encode(), hashlib.sha256).hexdigest()
+def access_token(token: str, sandbox_id: str, kind: bytes = b"e2b-envd:") -> str:
+    """The envd (or ``TRAFFIC``) access token of one sandbox: opens it, and no other."""
+    return hmac.new(token.encode(), kind + sandbox_id.encode(), hashlib.sha256).hexdigest()
 
 
 def _same(given: str, expected: str) -> bool:
@@ -106,12 +108,18 @@ def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | bool:
     key = _header(scope, b"x-api-key")
     if sandbox_id is None and key is None:
         return False
-    scope[MARK] = "envd" if sandbox_id is not None else "api"
+    jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
+    scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
     if not token:
         return Unauthorized("this daemon has no --token: E2B clients cannot reach it")
     if sandbox_id is not None:
-        given = _header(scope, b"x-access-token") or ""
-        if not _same(given, access_token(token, sandbox_id)):
+        given = _header(scope, b"x-access-token")
+        traffic = _header(scope, b"e2b-traffic-access-token")
+        if not (  # the Code Interpreter's /contexts calls send only the traffic token
+            (given is not None and _same(given, access_token(token, sandbox_id)))
+            or (jupyter and traffic is not None
+                and _same(traffic, access_token(token, sandbox_id, TRAFFIC)))
+        ):
             return Unauthorized(
                 "wrong or missing X-Access-Token for this sandbox: connect to it with "
                 "Sandbox.connect(sandbox_id) using the daemon's token as E2B_API_KEY"
@@ -130,6 +138,8 @@ def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Respons
     kind = scope.get(MARK)
     if kind == "api":
         body: dict[str, Any] = {"code": err.status, "message": err.message}
+    elif kind == "jupyter":
+        body = {"code": err.status, "message": err.message}
     elif kind == "envd":
         body = {"code": "unauthenticated", "message": err.message}
     else:
@@ -145,7 +155,8 @@ class E2BSettings:
     """Which corral image an E2B template means (daemon environment, read at start):
 
     - ``CORRAL_E2B_DEFAULT_IMAGE`` (else ``CORRAL_COMPAT_DEFAULT_IMAGE``, else ``rl``):
-      the image of E2B's default template ``base``;
+      the image of E2B's default template ``base``, and of the Code Interpreter's
+      ``code-interpreter-v1`` (its kernel needs only ``python3``);
     - ``CORRAL_E2B_TEMPLATES``: more, ``template=image`` pairs separated by commas,
       e.g. ``code-interpreter-v1=code-interpreter,my-agent=python``. A template neither
       mapped nor a corral image's name is refused.
@@ -161,7 +172,7 @@ class E2BSettings:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "E2BSettings":
         default = (environ.get("CORRAL_E2B_DEFAULT_IMAGE", "").strip()
                    or environ.get("CORRAL_COMPAT_DEFAULT_IMAGE", "").strip() or DEFAULT_IMAGE)
-        templates = {DEFAULT_TEMPLATE: default}
+        templates = {DEFAULT_TEMPLATE: default, INTERPRETER_TEMPLATE: default}
         for pair in filter(None, (p.strip() for p in
                                   environ.get("CORRAL_E2B_TEMPLATES", "").split(","))):
             name, sep, image = (s.strip() for s in pair.partition("="))
@@ -270,6 +281,7 @@ def created_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
         "clientID": "corral",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": access_token(token, info.id),
+        "trafficAccessToken": access_token(token, info.id, TRAFFIC),
         "domain": None,
     }
 
@@ -533,6 +545,8 @@ class Dispatch:
             "api": Router(routes=control),
             "envd": Router(routes=e2b_envd.routes() + e2b_files.routes(),
                            default=e2b_files.no_route),
+            "jupyter": Router(routes=e2b_interpreter.routes(),
+                              default=e2b_interpreter.no_route),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -545,3 +559,4 @@ def mount(app: Starlette) -> None:
     :class:`Dispatch`'s."""
     app.state.e2b_settings = E2BSettings.from_env()
     app.state.e2b_processes = e2b_envd.ProcessTable()
+    app.state.e2b_contexts = e2b_interpreter.Contexts()
