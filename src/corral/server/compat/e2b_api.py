@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import os
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -61,6 +61,8 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter
+from corral.server.compat._wire import compat_network, name_pairs
+from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.context import unless_gone
 from corral.server.wire import read_json
 
@@ -173,22 +175,9 @@ class E2BSettings:
         default = (environ.get("CORRAL_E2B_DEFAULT_IMAGE", "").strip()
                    or environ.get("CORRAL_COMPAT_DEFAULT_IMAGE", "").strip() or DEFAULT_IMAGE)
         templates = {DEFAULT_TEMPLATE: default, INTERPRETER_TEMPLATE: default}
-        for pair in filter(None, (p.strip() for p in
-                                  environ.get("CORRAL_E2B_TEMPLATES", "").split(","))):
-            name, sep, image = (s.strip() for s in pair.partition("="))
-            if not sep or not name or not image:
-                raise InvalidArgument(
-                    f"invalid CORRAL_E2B_TEMPLATES entry {pair!r}: use template=image pairs "
-                    "separated by commas, e.g. 'code-interpreter-v1=code-interpreter'"
-                )
-            templates[name] = image
-        raw = environ.get("CORRAL_COMPAT_NETWORK", "").strip() or NetworkMode.NONE.value
-        try:
-            network = NetworkMode(raw)
-        except ValueError:
-            raise InvalidArgument(
-                f"invalid CORRAL_COMPAT_NETWORK {raw!r}: use 'none' (default) or 'host'"
-            ) from None
+        templates.update(name_pairs(environ, "CORRAL_E2B_TEMPLATES",
+                                    "code-interpreter-v1=code-interpreter,my-agent=python"))
+        network = compat_network(environ)
         return cls(default_image=default, templates=templates, network=network)
 
     def image(self, template: str) -> str:
@@ -205,10 +194,6 @@ def settings(request: Request) -> E2BSettings:
 def error(status: int, message: str) -> JSONResponse:
     """An error as E2B's API words it: ``{"code": status, "message"}``."""
     return JSONResponse({"code": status, "message": message}, status_code=status)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _b64(text: str) -> str:
@@ -252,8 +237,8 @@ def listed_json(info: SandboxInfo) -> dict[str, Any]:
         "templateID": template(info),
         "sandboxID": info.id,
         "clientID": "corral",
-        "startedAt": _iso(_started(info)),
-        "endAt": _iso(_started(info) + spec.timeout),
+        "startedAt": iso(_started(info)),
+        "endAt": iso(_started(info) + spec.timeout),
         "cpuCount": max(1, round(spec.cpus)),
         "memoryMB": spec.memory_mb,
         "diskSizeMB": spec.disk_mb,
@@ -504,14 +489,10 @@ async def unsupported(request: Request) -> Response:
                  "'Already using E2B?' for what is supported")
 
 
-def _e2b_errors(handler: Callable[[Request], Awaitable[Response]]
-                ) -> Callable[[Request], Awaitable[Response]]:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except CorralError as exc:
-            return error(exc.status, exc.message)
-    return wrapped
+def _api_error(exc: CorralError | ConnectError) -> Response:
+    if isinstance(exc, ConnectError):
+        return error(400, exc.message)
+    return error(exc.status, exc.message)
 
 
 _SB = "/sandboxes/{sandbox_id}"
@@ -538,7 +519,7 @@ class Dispatch:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        control = [Route(path, _e2b_errors(handler), methods=[method])
+        control = [Route(path, caught(handler, _api_error), methods=[method])
                    for method, path, handler in CONTROL]
         control.append(Route("/{rest:path}", unsupported, methods=ALL_METHODS))
         self.routers = {

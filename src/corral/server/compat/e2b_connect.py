@@ -19,9 +19,11 @@ bounded (:data:`MAX_MESSAGE`), and a malformed one is ``invalid_argument``.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from starlette.requests import Request
@@ -138,6 +140,28 @@ def deadline(request: Request) -> float | None:
 
 def stream_reply(chunks: AsyncIterator[bytes]) -> Response:
     return StreamingResponse(chunks, media_type=STREAM_TYPE)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def caught(handler: Handler, reply: Callable[[Any], Response] = error_reply) -> Handler:
+    """``handler``, its :class:`CorralError` or :class:`ConnectError` answered by
+    ``reply`` (the shape of its client); anything else goes on to the guard (500)."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (CorralError, ConnectError) as exc:
+            return reply(exc)
+
+    return wrapped
+
+
+def iso(ts: float) -> str:
+    """A unix time as E2B writes it (RFC 3339, UTC)."""
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 # ----------------------------------------------------- what every envd call needs

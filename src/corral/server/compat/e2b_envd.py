@@ -35,11 +35,11 @@ from corral.schema import ExecResult
 from corral.server import context as ctx
 from corral.server.compat.e2b_connect import (
     ConnectError,
+    caught,
     check_user,
     deadline,
     end_stream,
     envelope,
-    error_reply,
     sandbox_id,
     stream_message,
     stream_reply,
@@ -280,19 +280,10 @@ async def stream_input(request: Request) -> Response:
                        "front-end: send input with commands.send_stdin()")
 
 
-def _unary(handler: Any) -> Any:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except (CorralError, ConnectError) as exc:
-            return error_reply(exc)
-    return wrapped
-
-
 def routes() -> list[Route]:
     unary = {"List": list_processes, "SendInput": send_input, "CloseStdin": close_stdin,
              "SendSignal": send_signal, "Update": update, "StreamInput": stream_input}
     out = [Route(SERVICE + "Start", start, methods=["POST"]),
            Route(SERVICE + "Connect", connect, methods=["POST"])]
-    out += [Route(SERVICE + name, _unary(h), methods=["POST"]) for name, h in unary.items()]
+    out += [Route(SERVICE + name, caught(h), methods=["POST"]) for name, h in unary.items()]
     return out

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from datetime import datetime, timezone
 from typing import Any
 
 from starlette.requests import Request
@@ -32,8 +31,10 @@ from corral.schema import FileInfo
 from corral.server import context as ctx
 from corral.server.compat.e2b_connect import (
     ConnectError,
+    caught,
     check_user,
     error_reply,
+    iso,
     sandbox_id,
     unary_message,
 )
@@ -52,10 +53,6 @@ def _http_error(exc: CorralError | ConnectError) -> JSONResponse:
     return JSONResponse({"code": exc.status, "message": exc.message}, status_code=exc.status)
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
 def entry_json(info: FileInfo) -> dict[str, Any]:
     kind = "FILE_TYPE_DIRECTORY" if info.is_dir else "FILE_TYPE_FILE"
     perms = "".join(c if info.mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
@@ -68,7 +65,7 @@ def entry_json(info: FileInfo) -> dict[str, Any]:
         "permissions": ("d" if info.is_dir else "-") + perms,
         "owner": "user",
         "group": "user",
-        "modifiedTime": _iso(info.mtime),
+        "modifiedTime": iso(info.mtime),
         "isSymlink": info.is_symlink,
     }
 
@@ -242,24 +239,15 @@ async def no_route(scope: Any, receive: Any, send: Any) -> None:
     await reply(scope, receive, send)
 
 
-def _errors(handler: Any, shape: Any) -> Any:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except (CorralError, ConnectError) as exc:
-            return shape(exc)
-    return wrapped
-
-
 def routes() -> list[Route]:
     rpc = {"Stat": stat, "ListDir": list_dir, "MakeDir": make_dir, "Move": move,
            "Remove": remove}
-    out = [Route(SERVICE + name, _errors(h, error_reply), methods=["POST"])
+    out = [Route(SERVICE + name, caught(h), methods=["POST"])
            for name, h in rpc.items()]
     out.append(Route(SERVICE + "{name}", unimplemented, methods=["POST"]))
     out += [
-        Route("/health", _errors(health, _http_error), methods=["GET"]),
-        Route("/files", _errors(download, _http_error), methods=["GET"]),
-        Route("/files", _errors(upload, _http_error), methods=["POST"]),
+        Route("/health", caught(health, _http_error), methods=["GET"]),
+        Route("/files", caught(download, _http_error), methods=["GET"]),
+        Route("/files", caught(upload, _http_error), methods=["POST"]),
     ]
     return out

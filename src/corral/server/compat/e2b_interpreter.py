@@ -38,7 +38,7 @@ from starlette.routing import Route
 from corral.errors import CorralError, InvalidArgument, NotFound
 from corral.runtime.processes import Process, ProcessState
 from corral.server import context as ctx
-from corral.server.compat.e2b_connect import ConnectError, sandbox_id
+from corral.server.compat.e2b_connect import ConnectError, caught, sandbox_id
 from corral.server.wire import read_json
 
 PORT = "49999"
@@ -259,15 +259,10 @@ async def health(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def _errors(handler: Any) -> Any:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except CorralError as exc:
-            return _error(exc.status, exc.message)
-        except ConnectError as exc:
-            return _error(502 if exc.code == "unavailable" else 400, exc.message)
-    return wrapped
+def _http_error(exc: CorralError | ConnectError) -> Response:
+    if isinstance(exc, ConnectError):  # its sandbox is gone (502: the SDK's timeout error)
+        return _error(502 if exc.code == "unavailable" else 400, exc.message)
+    return _error(exc.status, exc.message)
 
 
 async def no_route(scope: Any, receive: Any, send: Any) -> None:
@@ -284,4 +279,4 @@ def routes() -> list[Route]:
         ("POST", "/contexts/{context_id}/restart", restart_context),
         ("GET", "/health", health),
     ]
-    return [Route(path, _errors(h), methods=[m]) for m, path, h in table]
+    return [Route(path, caught(h, _http_error), methods=[m]) for m, path, h in table]
