@@ -237,6 +237,8 @@ def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
         a.set_timeout(900)
         info = a.get_info()
         out["set_timeout"] = 895 <= (info.end_at - info.started_at).total_seconds() <= 2000
+        m = a.get_metrics()
+        out["metrics"] = [len(m), m[0].mem_total > 0, 0 <= m[0].cpu_used_pct <= 100]
         a.pause()
         out["paused"] = Sandbox.get_info(a.sandbox_id).state.value
         listed = Sandbox.list(query=SandboxQuery(metadata={"run": run},
@@ -259,6 +261,7 @@ def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
     assert out["pages"] is True
     assert out["info"] == ["a", "running", "base", 120]
     assert out["set_timeout"] is True
+    assert out["metrics"] == [1, True, True]
     assert out["paused"] == "paused" and out["paused_listed"] == [True]
     assert out["resumed"] == "up\n"
     assert out["kill"] == [True, False]
@@ -367,3 +370,22 @@ def test_code_interpreter(daemon_ok):
     assert out["timeout"] is True
     assert out["after_timeout"] == "False"  # its kernel was killed: a fresh context
     assert out["left"] == [["-u", "-c"]]  # only the new default context's kernel
+
+
+def test_async_sdk(daemon_ok):
+    out = run_script(daemon_ok, """
+        import asyncio
+        from e2b import AsyncSandbox
+        async def main():
+            sb = await AsyncSandbox.create()
+            try:
+                out["run"] = (await sb.commands.run("echo async")).stdout
+                await sb.files.write("f.txt", "1")
+                out["read"] = await sb.files.read("f.txt")
+                h = await sb.commands.run("sleep 600", background=True)
+                out["kill"] = await h.kill()
+            finally:
+                await sb.kill()
+        asyncio.run(main())
+    """)
+    assert out == {"run": "async\n", "read": "1", "kill": True}

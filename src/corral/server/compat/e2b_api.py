@@ -51,6 +51,7 @@ from corral.errors import (
     SandboxNotFound,
     Unauthorized,
 )
+from corral.runtime.events import SandboxEnded
 from corral.schema import (
     MAX_TIMEOUT_S,
     NetworkMode,
@@ -474,7 +475,8 @@ async def metrics(request: Request) -> Response:
         "timestamp": now.isoformat().replace("+00:00", "Z"),
         "timestampUnix": int(now.timestamp()),
         "cpuCount": max(1, round(spec.cpus)),
-        "cpuUsedPct": 0.0,
+        "cpuUsedPct": round(min(100.0, 100 * usage.get("cpu_seconds", 0.0) / max(
+            now.timestamp() - _started(info), 1e-3) / spec.cpus), 2),
         "memUsed": int(usage.get("memory_mb", 0) * (1 << 20)),
         "memTotal": spec.memory_mb << 20,
         "memCache": 0,
@@ -539,5 +541,11 @@ def mount(app: Starlette) -> None:
     now: a malformed one stops the daemon from starting); its routes are
     :class:`Dispatch`'s."""
     app.state.e2b_settings = E2BSettings.from_env()
-    app.state.e2b_processes = e2b_envd.ProcessTable()
-    app.state.e2b_contexts = e2b_interpreter.Contexts()
+    processes = app.state.e2b_processes = e2b_envd.ProcessTable()
+    contexts = app.state.e2b_contexts = e2b_interpreter.Contexts()
+
+    def ended(event: SandboxEnded) -> None:
+        processes.forget(event.sandbox_id)
+        contexts.forget(event.sandbox_id)
+
+    app.state.engine.events.subscribe(SandboxEnded, ended)

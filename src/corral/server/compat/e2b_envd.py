@@ -63,19 +63,25 @@ class Started:
 
 
 class ProcessTable:
-    """The E2B view of the processes the front-end started: their start config by
-    corral process id (forgotten once the engine forgets the process)."""
+    """The E2B view of the processes the front-end started: their start config, by
+    sandbox and corral process id (forgotten once the engine forgets the process, and
+    with their sandbox: :meth:`forget` is subscribed to its end)."""
 
     def __init__(self) -> None:
-        self.started: dict[str, Started] = {}
+        self.started: dict[str, dict[str, Started]] = {}
+
+    def forget(self, sandbox_id: str) -> None:
+        self.started.pop(sandbox_id, None)
 
     def prune(self, request: Request, sid: str) -> list[Process]:
         procs = ctx.engine(request).list_processes(sid)
-        ids = {p.id for p in procs}
-        for pid in [k for k in self.started if k.startswith(sid + "/")]:
-            if pid.partition("/")[2] not in ids:
-                del self.started[pid]
+        mine = self.started.setdefault(sid, {})
+        for gone in mine.keys() - {p.id for p in procs}:
+            del mine[gone]
         return procs
+
+    def config(self, sid: str, proc: Process) -> Started | None:
+        return self.started.get(sid, {}).get(proc.id)
 
 
 def _table(request: Request) -> ProcessTable:
@@ -130,7 +136,7 @@ def _find(request: Request, sid: str, msg: dict[str, Any]) -> Process:
     for proc in table.prune(request, sid):
         if proc.state != ProcessState.RUNNING:
             continue
-        started = table.started.get(f"{sid}/{proc.id}")
+        started = table.config(sid, proc)
         if ("pid" in selector and selector["pid"] == proc.pid) or (
             "tag" in selector and started is not None and started.tag == selector["tag"]
         ):
@@ -191,7 +197,7 @@ async def start(request: Request) -> Response:
         return stream_reply(_only(end_stream(exc)))
     table = _table(request)
     table.prune(request, sid)
-    table.started[f"{sid}/{proc.id}"] = cfg
+    table.started.setdefault(sid, {})[proc.id] = cfg
     if not msg.get("stdin", True) and terminal is None:
         try:
             await proc.close_stdin()
@@ -217,7 +223,7 @@ async def list_processes(request: Request) -> Response:
     for proc in table.prune(request, sid):
         if proc.state != ProcessState.RUNNING:
             continue
-        cfg = table.started.get(f"{sid}/{proc.id}")
+        cfg = table.config(sid, proc)
         config: dict[str, Any] = {"cmd": proc.argv[0], "args": proc.argv[1:], "envs": {}}
         item: dict[str, Any] = {"pid": proc.pid}
         if cfg is not None:

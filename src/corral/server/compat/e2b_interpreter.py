@@ -69,15 +69,17 @@ class Contexts:
         self.by_sandbox: dict[str, dict[str, Kernel]] = {}
         self.source = KERNEL.read_text()
 
+    def forget(self, sandbox_id: str) -> None:
+        """Its sandbox ended (and its kernels with it)."""
+        self.by_sandbox.pop(sandbox_id, None)
+
     def of(self, sid: str) -> dict[str, Kernel]:
-        """Sandbox ``sid``'s contexts (the same dict every time); the ended ones, and
-        the sandboxes left with none, are forgotten first."""
-        for other, kernels in list(self.by_sandbox.items()):
-            for ident in [k for k, v in kernels.items() if v.proc.state != ProcessState.RUNNING]:
-                del kernels[ident]
-            if not kernels and other != sid:
-                del self.by_sandbox[other]
-        return self.by_sandbox.setdefault(sid, {})
+        """Sandbox ``sid``'s contexts (the same dict every time), the ended ones
+        forgotten first."""
+        kernels = self.by_sandbox.setdefault(sid, {})
+        for ident in [k for k, v in kernels.items() if v.proc.state != ProcessState.RUNNING]:
+            del kernels[ident]
+        return kernels
 
     async def start(self, request: Request, sid: str, cwd: str | None) -> Kernel:
         mine = self.of(sid)
