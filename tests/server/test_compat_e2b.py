@@ -190,6 +190,13 @@ def test_files(daemon_ok):
             f.write("/tmp/d/b.bin", bytes(range(256)))
             out["bytes"] = list(f.read("/tmp/d/b.bin", format="bytes")) == list(range(256))
             f.write_files([{"path": "/tmp/d/m1", "data": "1"}, {"path": "/tmp/d/m2", "data": b"2"}])
+            import io  # a file object goes up as application/octet-stream
+            f.write("/tmp/stream.bin", io.BytesIO(b"streamed"))
+            out["octet"] = f.read("/tmp/stream.bin")
+            try:
+                f.watch_dir("/tmp/d")
+            except SandboxException:
+                out["watch"] = "refused"
             out["exists"] = [f.exists("/tmp/d/a.txt"), f.exists("/tmp/d/none")]
             out["mkdir"] = [f.make_dir("/tmp/d/x/y"), f.make_dir("/tmp/d/x/y")]
             out["list"] = sorted((e.name, e.type.value) for e in f.list("/tmp/d"))
@@ -208,6 +215,7 @@ def test_files(daemon_ok):
     """)
     assert out["write"] == "/tmp/d/a.txt" and out["text"] == "héllo"
     assert out["bytes"] is True
+    assert out["octet"] == "streamed" and out["watch"] == "refused"
     assert out["exists"] == [True, False]
     assert out["mkdir"] == [True, False]
     assert out["list"] == [["a.txt", "file"], ["b.bin", "file"], ["m1", "file"],
@@ -255,7 +263,15 @@ def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
         except SandboxNotRunningException:
             out["run_killed"] = True
         out["running"] = a.is_running()
-        b.kill()
+        import time
+        b.set_timeout(1)  # shortened: it ends by itself, soon
+        for _ in range(600):  # bounded wait for the end, no timing asserted
+            try:
+                Sandbox.get_info(b.sandbox_id)
+            except SandboxNotFoundException:
+                out["ended"] = True
+                break
+            time.sleep(0.1)
     """)
     assert out["by_meta"] == [True]
     assert out["pages"] is True
@@ -267,6 +283,7 @@ def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
     assert out["kill"] == [True, False]
     assert out["connect_killed"] is True and out["run_killed"] is True
     assert out["running"] is False
+    assert out["ended"] is True
 
 
 def test_refused_options_create_nothing(daemon_ok):
