@@ -35,7 +35,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
@@ -103,7 +103,7 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(digest(given), digest(expected))
 
 
-def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | bool:
+def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | Literal[False]:
     """For the daemon's guard: ``False`` if the request is not E2B's; else ``None``
     (its credentials are right; the scope is marked for :func:`mount`'s routes) or the
     :class:`Unauthorized` to answer (with :func:`refusal`)."""

@@ -97,7 +97,7 @@ def end_stream(exc: CorralError | ConnectError | None = None) -> bytes:
     return envelope({"error": {"code": err.code, "message": err.message}}, END_STREAM)
 
 
-def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+def _json_object(raw: bytes | bytearray, what: str) -> dict[str, Any]:
     try:
         data = json.loads(raw) if raw else {}
     except (ValueError, UnicodeDecodeError):
