@@ -150,3 +150,13 @@ def test_code_interpreter_needs_the_sandbox_s_token(e2b_ok):
     finally:
         kill(e2b_ok, a["sandboxID"])
         kill(e2b_ok, b["sandboxID"])
+
+
+def test_the_api_key_does_not_open_the_native_api(e2b_ok):
+    """A request with E2B's headers goes to E2B's routes whatever its path: the key
+    is no way around the native API's bearer check (nor the reverse)."""
+    r = httpx.get(f"{e2b_ok.endpoint}/v1/sandboxes", headers={"X-API-KEY": TOKEN})
+    assert r.status_code == 501 and "E2B" in r.json()["message"]
+    r = httpx.get(f"{e2b_ok.endpoint}/v2/sandboxes",
+                  headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
