@@ -60,8 +60,10 @@ def test_bad_creates_are_refused(api, body):
 
 def test_bad_bodies_and_queries(api):
     assert api.post("/v2/sandboxes", content=b"{not json").status_code == 400
+    many = "&".join(f"k{i}=v" for i in range(100))
     for params in ({"limit": "0"}, {"limit": "x"}, {"nextToken": "-1"}, {"state": "dead"},
-                   {"metadata": "%ff%fe=%00"}):
+                   {"metadata": "%ff%fe=%00"}, {"limit": "9" * 5000},
+                   {"nextToken": "9" * 5000}, {"metadata": many}):
         r = api.get("/v2/sandboxes", params=params)
         assert r.status_code in (200, 400), (params, r.text)
     for path in ("/sandboxes/nope", "/sandboxes/nope/timeout", "/v2/sandboxes/nope/connect",
@@ -94,6 +96,9 @@ def test_bad_envd_calls(api, e2b):
                     r = envd.post(f"/process.Process/{method}", content=body, headers=stream)
                     assert r.status_code < 500, (method, body, r.text)
                     assert b'"error"' in r.content or r.status_code >= 400, (method, body)
+            r = envd.post("/process.Process/Start", headers={**stream, "Connect-Timeout-Ms": "9" * 5000},
+                          content=envelope(b'{"process": {"cmd": "/bin/true"}}'))
+            assert r.status_code == 200, r.text  # a deadline it cannot read is none
             unary = {"Content-Type": "application/json"}
             for method in ("List", "SendInput", "SendSignal", "CloseStdin", "Update",
                            "StreamInput"):

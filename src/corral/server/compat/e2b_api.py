@@ -333,8 +333,8 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     for key, value in (req.metadata or {}).items():
         tag = meta_tag(key, value)
         if len(tag) > 128:
-            raise InvalidArgument(f"metadata {key!r}: keys and values of up to about 45 "
-                                  "characters together are kept", details={"key": key})
+            raise InvalidArgument(f"metadata {key[:64]!r}: a key and its value of up to about "
+                                  "90 bytes together are kept", details={"key": key[:64]})
         tags.append(tag)
     return SandboxSpec.parse({
         "image": cfg.image(req.templateID),
@@ -393,25 +393,25 @@ def _query_states(raw: str | None) -> list[SandboxState]:
 def _query_metadata(raw: str | None) -> list[str]:
     if not raw:
         return []
-    pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, max_num_fields=64)
+    try:
+        pairs = urllib.parse.parse_qsl(raw, keep_blank_values=True, max_num_fields=64)
+    except ValueError:
+        raise InvalidArgument("metadata: at most 64 key=value pairs") from None
     return [meta_tag(urllib.parse.unquote(k), urllib.parse.unquote(v)) for k, v in pairs]
 
 
 async def list_sandboxes(request: Request) -> Response:
     q = request.query_params
     raw_limit, raw_next = q.get("limit", "100"), q.get("nextToken", "0")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST:
+    if not (raw_limit.isdigit() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
         raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
-    if not raw_next.isdigit():
+    if not (raw_next.isdigit() and len(raw_next) < 12):
         raise InvalidArgument("invalid nextToken: pass the one the last page gave")
     limit, offset = int(raw_limit), int(raw_next)
     tags = [TAG, *_query_metadata(q.get("metadata"))]
     if q.get("template"):
         tags.append(TEMPLATE_TAG + q["template"])
     infos = ctx.engine(request).list(tags=tags, state=_query_states(q.get("state")))
-    warm = {sid for p in ctx.pools(request).list_pools()
-            for sid in ctx.pools(request).get_pool(p.name).ready_ids}
-    infos = [i for i in infos if i.id not in warm]
     infos.sort(key=_started, reverse=q.get("order") == "desc")
     page = infos[offset:offset + limit]
     headers = {}
