@@ -24,6 +24,7 @@ SDK_BLOCK = "import corral\n\nwith corral.Sandbox.create("
 RL_BLOCK = "import corral.rl as rl\n"
 CLI_BLOCK = "id=$(corral create"
 FUSION_BLOCK = "from sandbox_fusion import"
+E2B_BLOCK = "from e2b import Sandbox"
 NOT_RUN = {  # first line of a runnable-looking block -> why no test runs it
     "make demo": "installs everything and runs the whole suite: it is how tests run",
     "corral serve --tcp 127.0.0.1:7070": "needs the tensorlake client and your script; "
@@ -45,7 +46,7 @@ def block(lang: str, start: str) -> str:
 
 
 def test_every_block_is_run_checked_or_excused():
-    runnable = (SDK_BLOCK, RL_BLOCK, CLI_BLOCK, FUSION_BLOCK, *NOT_RUN)
+    runnable = (SDK_BLOCK, RL_BLOCK, CLI_BLOCK, FUSION_BLOCK, E2B_BLOCK, *NOT_RUN)
     for lang, text in blocks():
         if lang in ("python", "sh"):
             assert text.startswith(runnable), f"README {lang} block run by no test:\n{text}"
@@ -132,6 +133,19 @@ def test_readme_sandboxfusion_example_runs():
         proc = _run([sys.executable, "-c", block("python", FUSION_BLOCK)], env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "Success 'cba\\n'\n"
+
+
+def test_readme_e2b_example_runs():
+    """The E2B block, with only the three E2B variables pointing at a daemon."""
+    pytest.importorskip("e2b", reason="the compat extra is not installed")
+    from tests.server.test_compat_e2b import TOKEN, serving
+
+    with serving() as d:
+        env = {"PATH": os.environ["PATH"], "E2B_API_URL": d.endpoint,
+               "E2B_SANDBOX_URL": d.endpoint, "E2B_API_KEY": TOKEN}
+        proc = _run([sys.executable, "-c", block("python", E2B_BLOCK)], env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "42\n\n"
 
 
 def test_readme_image_spec_parses():

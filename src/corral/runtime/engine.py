@@ -69,6 +69,7 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     canonical_owner,
 )
 from corral.schema import (
+    MAX_TIMEOUT_S,
     TRANSITIONS,
     SandboxInfo,
     SandboxSpec,
@@ -437,6 +438,22 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 live.last_active = time.monotonic()
             elif live.state != SandboxState.RUNNING:
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
+        return self.get(sandbox_id)
+
+    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+        """End the sandbox ``seconds`` from now instead of when its lifetime said (its
+        spec's ``timeout`` becomes the new lifetime, counted from its start)."""
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.ending or live.state.terminal:
+                raise InvalidState(f"sandbox {live.id} is ending: its lifetime cannot change",
+                                   details={"sandbox_id": live.id, "state": live.state.value})
+            lifetime = (time.time() - (live.started_at or time.time())) + max(seconds, 0.001)
+            lifetime = min(lifetime, MAX_TIMEOUT_S)
+            spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
+                                      "secrets": live.spec.secret_env(), "timeout": lifetime})
+            self.registry.set_spec(live.id, spec)
+            live.spec = spec
         return self.get(sandbox_id)
 
     async def stop(

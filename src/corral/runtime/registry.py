@@ -159,6 +159,12 @@ class Registry:
                 (state.value, reason, sandbox_id),
             )
 
+    def set_spec(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        """Replace a sandbox's stored spec (its tags stay as they were)."""
+        self._db.execute(
+            "UPDATE sandboxes SET spec=? WHERE id=?", (spec.model_dump_json(), sandbox_id)
+        )
+
     def delete(self, sandbox_id: str) -> None:
         self._db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
 

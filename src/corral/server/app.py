@@ -11,7 +11,9 @@ nothing is kept at module level. Every error a client sees has the shape
 Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
 are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``,
 except SandboxFusion's two endpoints, whose clients send the token in the path
-(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs).
+(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs),
+and E2B's clients, which send it as ``X-API-KEY`` or a per-sandbox ``X-Access-Token``
+(:func:`~corral.server.compat.e2b_api.authenticate`).
 The token is checked from the headers alone: a refused request's body is never read, and
 its connection is closed. What a request may cost before and after that is bounded in
 :mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
@@ -34,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.server.admission import Admission, Limits
+from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
@@ -119,7 +122,8 @@ class Guard:
             denied = self._check_auth(scope)
             if denied is not None:  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-                await error_response(denied, headers)(scope, receive, send)
+                reply = e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
+                await (reply or error_response(denied, headers))(scope, receive, send)
                 return
             if scope.get("server") != (self.unix_socket, None):
                 client = (scope.get("client") or ("?",))[0]
@@ -147,6 +151,9 @@ class Guard:
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
             return None  # its endpoints check the token in their path themselves
+        e2b = e2b_compat.authenticate(scope, self.token)  # X-API-KEY or X-Access-Token
+        if e2b is not False:
+            return e2b
         if scope.get("server") == (self.unix_socket, None):
             return None  # our own socket file: only its owner can connect
         if not self.token:
@@ -185,7 +192,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 unix_socket=str(settings.socket.absolute()),
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
-            )
+            ),
+            Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
     )
@@ -203,4 +211,5 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
+    e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     return app

@@ -11,12 +11,13 @@ clients map to their own exception types (404 → "not found", 401 → auth erro
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from corral.errors import CorralError, Unsupported
+from corral.errors import CorralError, InvalidArgument, Unsupported
+from corral.schema import NetworkMode
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -57,3 +58,31 @@ def unsupported(service: str) -> Handler:
         return flat_error_response(err)
 
     return handler
+
+
+def name_pairs(environ: Mapping[str, str], var: str, example: str) -> dict[str, str]:
+    """A front-end's ``name=image,...`` setting (``var``), parsed; :class:`InvalidArgument`
+    naming the malformed entry (the daemon then refuses to start)."""
+    out = {}
+    for pair in filter(None, (p.strip() for p in environ.get(var, "").split(","))):
+        name, sep, image = (s.strip() for s in pair.partition("="))
+        if not sep or not name or not image:
+            raise InvalidArgument(
+                f"invalid {var} entry {pair!r}: use name=corral-image pairs separated by "
+                f"commas, e.g. {example!r}"
+            )
+        out[name] = image
+    return out
+
+
+def compat_network(environ: Mapping[str, str]) -> NetworkMode:
+    """``CORRAL_COMPAT_NETWORK``: the network a front-end's sandbox gets when its client
+    asks for internet access (``none``, the default, or ``host``)."""
+    raw = environ.get("CORRAL_COMPAT_NETWORK", "").strip() or NetworkMode.NONE.value
+    try:
+        return NetworkMode(raw)
+    except ValueError:
+        raise InvalidArgument(
+            f"invalid CORRAL_COMPAT_NETWORK {raw!r}: use 'none' (no network, the "
+            "default) or 'host'"
+        ) from None

@@ -40,6 +40,7 @@ from corral.errors import (
 from corral.pool_schema import POOL_TAG_KEY
 from corral.runtime.engine import Engine
 from corral.schema import NetworkMode, SandboxInfo, SandboxState, SnapshotInfo
+from corral.server.compat._wire import compat_network, name_pairs
 
 DEFAULT_IMAGE = "rl"
 # Tensorlake's stock image names, meaning "the default image" unless mapped otherwise.
@@ -74,24 +75,9 @@ class TensorlakeSettings:
         (the daemon then refuses to start, saying which)."""
         default = environ.get("CORRAL_COMPAT_DEFAULT_IMAGE", "").strip() or DEFAULT_IMAGE
         mapping = {name: default for name in STOCK_IMAGES}
-        pairs = environ.get("CORRAL_COMPAT_IMAGE_MAP", "").split(",")
-        for pair in filter(None, (p.strip() for p in pairs)):
-            name, sep, image = (s.strip() for s in pair.partition("="))
-            if not sep or not name or not image:
-                raise InvalidArgument(
-                    f"invalid CORRAL_COMPAT_IMAGE_MAP entry {pair!r}: use "
-                    "tl-name=corral-image pairs separated by commas, e.g. "
-                    "'tensorlake/ubuntu-minimal=python,my/env=rl'"
-                )
-            mapping[name] = image
-        raw_net = environ.get("CORRAL_COMPAT_NETWORK", "").strip() or NetworkMode.NONE.value
-        try:
-            network = NetworkMode(raw_net)
-        except ValueError:
-            raise InvalidArgument(
-                f"invalid CORRAL_COMPAT_NETWORK {raw_net!r}: use 'none' (no network, the "
-                "default) or 'host'"
-            ) from None
+        mapping.update(name_pairs(environ, "CORRAL_COMPAT_IMAGE_MAP",
+                                  "tensorlake/ubuntu-minimal=python,my/env=rl"))
+        network = compat_network(environ)
         return cls(default_image=default, image_map=mapping, network=network)
 
     def image(self, requested: str | None) -> str:

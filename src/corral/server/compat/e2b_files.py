@@ -1,0 +1,253 @@
+"""envd's filesystem: the ``filesystem.Filesystem`` service and the ``/files`` and
+``/health`` HTTP endpoints, on corral's file operations.
+
+What the ``e2b`` SDK's ``sandbox.files`` calls:
+
+- ``GET /files?path=P`` reads a file (text, bytes or a stream, all one download);
+  ``POST /files?path=P`` writes one, as ``application/octet-stream`` or as
+  ``multipart/form-data`` (one part per file, the part's filename its path);
+  the reply lists what was written. Bodies are bounded by the daemon's
+  ``max_upload_bytes``; a failed upload leaves no half-written file.
+- ``Stat``, ``ListDir`` (with ``depth``: a bounded breadth-first walk), ``MakeDir``
+  (``already_exists`` if it does), ``Move`` (``mv`` in the sandbox, as its user) and
+  ``Remove`` (recursive) are unary Connect calls (:mod:`.e2b_connect`).
+- ``WatchDir`` and the watcher calls are ``unimplemented``.
+
+Paths are the sandbox's own: relative ones start at its workdir.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument
+from corral.schema import FileInfo
+from corral.server import context as ctx
+from corral.server.compat.e2b_connect import (
+    ConnectError,
+    caught,
+    check_user,
+    error_reply,
+    iso,
+    sandbox_id,
+    unary_message,
+)
+from corral.server.wire import read_body
+
+SERVICE = "/filesystem.Filesystem/"
+MAX_LISTED = 10_000  # entries a ListDir returns at most
+MAX_PARTS = 100  # files in one multipart upload
+BOUNDARY = re.compile(r'boundary="?([^";]{1,200})"?')
+
+
+def _http_error(exc: CorralError | ConnectError) -> JSONResponse:
+    """An envd HTTP endpoint's error: ``{"code": status, "message"}``."""
+    if isinstance(exc, ConnectError):
+        return error_reply(exc)
+    return JSONResponse({"code": exc.status, "message": exc.message}, status_code=exc.status)
+
+
+def entry_json(info: FileInfo) -> dict[str, Any]:
+    kind = "FILE_TYPE_DIRECTORY" if info.is_dir else "FILE_TYPE_FILE"
+    perms = "".join(c if info.mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+    return {
+        "name": info.name,
+        "type": kind,
+        "path": info.path,
+        "size": info.size,
+        "mode": info.mode,
+        "permissions": ("d" if info.is_dir else "-") + perms,
+        "owner": "user",
+        "group": "user",
+        "modifiedTime": iso(info.mtime),
+        "isSymlink": info.is_symlink,
+    }
+
+
+def _path(msg: dict[str, Any], key: str = "path") -> str:
+    value = msg.get(key)
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise ConnectError("invalid_argument", f"{key} must be a non-empty path")
+    return value
+
+
+# ------------------------------------------------------------------ rpc
+
+
+async def stat(request: Request) -> Response:
+    sid = sandbox_id(request)
+    check_user(request)
+    info = await ctx.engine(request).stat(sid, _path(await unary_message(request, "Stat")))
+    return JSONResponse({"entry": entry_json(info)})
+
+
+async def list_dir(request: Request) -> Response:
+    sid = sandbox_id(request)
+    check_user(request)
+    msg = await unary_message(request, "ListDir")
+    root = _path(msg)
+    depth = msg.get("depth", 1) or 1
+    if not isinstance(depth, int) or depth < 1:
+        raise ConnectError("invalid_argument", "depth must be at least 1")
+    engine = ctx.engine(request)
+    if not (await engine.stat(sid, root)).is_dir:
+        raise ConnectError("invalid_argument", f"{root} is not a directory")
+    out: list[dict[str, Any]] = []
+    todo: deque[tuple[str, int]] = deque([(root, 1)])
+    while todo and len(out) < MAX_LISTED:  # breadth first, bounded
+        path, level = todo.popleft()
+        try:
+            children = await engine.list_dir(sid, path)
+        except FileError:
+            continue  # unreadable below the top, or gone meanwhile
+        for child in children[: MAX_LISTED - len(out)]:
+            out.append(entry_json(child))
+            if child.is_dir and not child.is_symlink and level < depth:
+                todo.append((child.path, level + 1))
+    return JSONResponse({"entries": out})
+
+
+async def make_dir(request: Request) -> Response:
+    sid = sandbox_id(request)
+    check_user(request)
+    path = _path(await unary_message(request, "MakeDir"))
+    engine = ctx.engine(request)
+    try:
+        await engine.stat(sid, path)
+    except FileNotFound:
+        await engine.mkdir(sid, path, parents=True)
+        return JSONResponse({"entry": entry_json(await engine.stat(sid, path))})
+    raise ConnectError("already_exists", f"{path} already exists")
+
+
+async def move(request: Request) -> Response:
+    sid = sandbox_id(request)
+    check_user(request)
+    msg = await unary_message(request, "Move")
+    source, dest = _path(msg, "source"), _path(msg, "destination")
+    engine = ctx.engine(request)
+    await engine.stat(sid, source)  # FileNotFound: not_found
+    result = await engine.exec(sid, ["mv", "-T", "--", source, dest], timeout=60)
+    if result.returncode != 0:
+        raise ConnectError("invalid_argument", f"cannot move {source} to {dest}: "
+                           + result.stderr.decode(errors="replace").strip()[:500])
+    return JSONResponse({"entry": entry_json(await engine.stat(sid, dest))})
+
+
+async def remove(request: Request) -> Response:
+    sid = sandbox_id(request)
+    check_user(request)
+    path = _path(await unary_message(request, "Remove"))
+    await ctx.engine(request).remove(sid, path, recursive=True)
+    return JSONResponse({})
+
+
+async def unimplemented(request: Request) -> Response:
+    name = request.url.path.rsplit("/", 1)[-1]
+    return error_reply(ConnectError(
+        "unimplemented", f"{name} is not served by corral's E2B front-end (no directory "
+        "watching): poll with files.list() instead"))
+
+
+# ----------------------------------------------------------------- http
+
+
+async def health(request: Request) -> Response:
+    sandbox_id(request)
+    return Response(status_code=204)
+
+
+def _query_user(request: Request) -> None:
+    check_user(request, request.query_params.get("username"))
+
+
+async def download(request: Request) -> Response:
+    sid = sandbox_id(request)
+    _query_user(request)
+    path = request.query_params.get("path", "")
+    if not path:
+        raise InvalidArgument("path is required")
+    limit = ctx.settings(request).max_upload_bytes
+    data = await ctx.engine(request).read_file(sid, path, max_bytes=limit)
+    return Response(data, media_type="application/octet-stream")
+
+
+def _multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
+    """``(filename, data)`` of each file part of a multipart/form-data body."""
+    found = BOUNDARY.search(content_type)
+    if found is None:
+        raise InvalidArgument("multipart upload without a boundary")
+    delimiter = b"--" + found.group(1).encode()
+    parts = body.split(delimiter)
+    if len(parts) > MAX_PARTS + 2:
+        raise InvalidArgument(f"at most {MAX_PARTS} files in one upload")
+    files = []
+    for part in parts[1:]:
+        if part.startswith(b"--"):
+            break  # the closing delimiter
+        head, sep, data = part.partition(b"\r\n\r\n")
+        if not sep:
+            raise InvalidArgument("malformed multipart part")
+        name = re.search(rb'filename="([^"]*)"', head)
+        if name is None:
+            continue
+        if data.endswith(b"\r\n"):
+            data = data[:-2]
+        files.append((name.group(1).decode("utf-8", "replace"), data))
+    return files
+
+
+async def upload(request: Request) -> Response:
+    sid = sandbox_id(request)
+    _query_user(request)
+    engine = ctx.engine(request)
+    path = request.query_params.get("path")
+    if request.headers.get("content-encoding"):
+        raise InvalidArgument("compressed uploads (gzip=True) are not served: leave out gzip")
+    body = bytes(await read_body(request, ctx.settings(request).max_upload_bytes, "upload"))
+    kind = request.headers.get("content-type", "")
+    if kind.startswith("multipart/form-data"):
+        files = _multipart(body, kind)
+        if path is not None and len(files) == 1:
+            files = [(path, files[0][1])]
+    else:
+        if not path:
+            raise InvalidArgument("path is required")
+        files = [(path, body)]
+    written = []
+    for name, data in files:
+        try:
+            await engine.write_file(sid, name, data)
+        except CorralError:
+            await ctx.remove_partial(engine, sid, name)
+            raise
+        info = await engine.stat(sid, name)
+        written.append({"name": info.name, "type": "file", "path": info.path})
+    return JSONResponse(written)
+
+
+async def no_route(scope: Any, receive: Any, send: Any) -> None:
+    path = scope.get("path", "")
+    reply = error_reply(ConnectError("unimplemented", f"{path} is not an envd call corral's "
+                                     "E2B front-end serves"))
+    await reply(scope, receive, send)
+
+
+def routes() -> list[Route]:
+    rpc = {"Stat": stat, "ListDir": list_dir, "MakeDir": make_dir, "Move": move,
+           "Remove": remove}
+    out = [Route(SERVICE + name, caught(h), methods=["POST"])
+           for name, h in rpc.items()]
+    out.append(Route(SERVICE + "{name}", unimplemented, methods=["POST"]))
+    out += [
+        Route("/health", caught(health, _http_error), methods=["GET"]),
+        Route("/files", caught(download, _http_error), methods=["GET"]),
+        Route("/files", caught(upload, _http_error), methods=["POST"]),
+    ]
+    return out

@@ -1,0 +1,408 @@
+"""E2B's own SDK (``e2b``) against a real corral daemon.
+
+Each test runs a plain E2B script (no corral import) in a subprocess whose only
+configuration is ``E2B_API_URL``, ``E2B_SANDBOX_URL`` and ``E2B_API_KEY``, exactly what
+a user sets; it prints a JSON summary that the test checks. Every test also checks
+that the daemon logged no traceback and that no sandbox is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT_REASON, Daemon, _base_dir, have_root_runtime
+from tests.server.conftest import free_port, uds_client
+
+pytest.importorskip("e2b", reason="the compat extra (e2b) is not installed")
+
+TOKEN = "e2b-test-token-0123456789"
+PRELUDE = """
+import json, sys
+from e2b import (
+    AuthenticationException, CommandExitException, FileNotFoundException, Sandbox,
+    SandboxNotFoundException, SandboxQuery, SandboxState, TimeoutException,
+)
+from e2b.exceptions import SandboxException, SandboxNotRunningException
+out = {}
+"""
+
+
+class E2BDaemon(Daemon):
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.contextmanager
+def serving(*args: str) -> Iterator[E2BDaemon]:
+    """A daemon for a module's tests (they are skipped without root), removed after."""
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    port = free_port()
+    d = E2BDaemon(_base_dir(), ["--tcp", f"127.0.0.1:{port}", "--token", TOKEN, *args])
+    d.port = port
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(d.base, ignore_errors=True)
+
+
+def live_sandboxes(d: Daemon) -> set[str]:
+    with uds_client(d.socket) as c:
+        return {s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]
+                if s["state"] in ("pending", "running", "paused")}
+
+
+@contextlib.contextmanager
+def checked(d: E2BDaemon) -> Iterator[E2BDaemon]:
+    """``d`` for one test; afterwards its log holds no traceback and nothing is left."""
+    logged = d.log.stat().st_size
+    before = live_sandboxes(d)
+    yield d
+    with open(d.log, "rb") as log:
+        log.seek(logged)
+        assert b"Traceback" not in log.read(), f"the daemon logged an error: {d.log}"
+    assert live_sandboxes(d) - before == set(), "a test left a sandbox behind"
+
+
+@pytest.fixture(scope="module")
+def e2b_daemon():
+    with serving("--log-level", "debug") as d:
+        yield d
+
+
+@pytest.fixture
+def daemon_ok(e2b_daemon):
+    with checked(e2b_daemon) as d:
+        yield d
+
+
+def run_script(d: E2BDaemon, body: str, *, key: str = TOKEN, timeout: float = 300) -> dict:
+    """Run an E2B script with only the three E2B variables set for ``d``."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "E2B_API_URL": d.endpoint,
+        "E2B_SANDBOX_URL": d.endpoint,
+        "E2B_API_KEY": key,
+    }
+    script = Path(d.base) / "script.py"
+    script.write_text(PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_run_exit_codes_and_streaming(daemon_ok):
+    out = run_script(daemon_ok, """
+        with Sandbox.create(envs={"FROM_CREATE": "c"}) as sb:
+            r = sb.commands.run("echo hello $FROM_CREATE $X; echo oops >&2; pwd",
+                                cwd="/tmp", envs={"X": "x"})
+            out["run"] = [r.stdout, r.stderr, r.exit_code]
+            try:
+                sb.commands.run("echo partial; exit 7")
+            except CommandExitException as e:
+                out["exit"] = [e.exit_code, e.stdout]
+            seen_out, seen_err = [], []
+            sb.commands.run("for i in 1 2 3; do echo $i; echo e$i >&2; done",
+                            on_stdout=seen_out.append, on_stderr=seen_err.append)
+            out["streamed"] = ["".join(seen_out), "".join(seen_err)]
+            try:
+                sb.commands.run("id", user="root")
+            except SandboxException as e:
+                out["root"] = type(e).__name__
+    """)
+    assert out["run"] == ["hello c x\n/tmp\n", "oops\n", 0]
+    assert out["exit"] == [7, "partial\n"]
+    assert out["streamed"] == ["1\n2\n3\n", "e1\ne2\ne3\n"]
+    assert out["root"] == "SandboxException"  # refused, never run as someone else
+
+
+def test_command_timeout_kills_the_command(daemon_ok):
+    out = run_script(daemon_ok, """
+        with Sandbox.create() as sb:
+            try:
+                sb.commands.run("sleep 600", timeout=1)
+            except TimeoutException:
+                out["timeout"] = True
+            # bounded: the process is killed at its deadline, not left running
+            for _ in range(200):
+                left = [p.args for p in sb.commands.list() if "sleep 600" in " ".join(p.args)]
+                if not left:
+                    break
+                sb.commands.run("sleep 0.05")
+            out["left"] = left
+    """)
+    assert out == {"timeout": True, "left": []}
+
+
+def test_background_stdin_connect_and_kill(daemon_ok):
+    out = run_script(daemon_ok, """
+        with Sandbox.create() as sb:
+            h = sb.commands.run("cat; echo done", background=True, stdin=True)
+            out["listed"] = h.pid in [p.pid for p in sb.commands.list()]
+            sb.commands.send_stdin(h.pid, "typed\\n")
+            sb.commands.close_stdin(h.pid)
+            out["cat"] = h.wait().stdout
+            h = sb.commands.run("read x; echo got $x", background=True, stdin=True)
+            again = sb.commands.connect(h.pid)
+            sb.commands.send_stdin(h.pid, "late\\n")
+            out["connect"] = again.wait().stdout
+            h = sb.commands.run("sleep 600", background=True)
+            out["killed"] = sb.commands.kill(h.pid)
+            try:
+                h.wait()
+            except CommandExitException as e:
+                out["kill_exit"] = e.exit_code
+            out["kill_missing"] = sb.commands.kill(999999)
+            out["after"] = [p.pid for p in sb.commands.list()]
+    """)
+    assert out["listed"] is True
+    assert out["cat"] == "typed\ndone\n"
+    assert out["connect"] == "got late\n"
+    assert out["killed"] is True and out["kill_exit"] != 0
+    assert out["kill_missing"] is False
+    assert out["after"] == []
+
+
+def test_files(daemon_ok):
+    out = run_script(daemon_ok, """
+        with Sandbox.create() as sb:
+            f = sb.files
+            out["write"] = f.write("/tmp/d/a.txt", "héllo").path
+            out["text"] = f.read("/tmp/d/a.txt")
+            f.write("/tmp/d/b.bin", bytes(range(256)))
+            out["bytes"] = list(f.read("/tmp/d/b.bin", format="bytes")) == list(range(256))
+            f.write_files([{"path": "/tmp/d/m1", "data": "1"}, {"path": "/tmp/d/m2", "data": b"2"}])
+            import io  # a file object goes up as application/octet-stream
+            f.write("/tmp/stream.bin", io.BytesIO(b"streamed"))
+            out["octet"] = f.read("/tmp/stream.bin")
+            try:
+                f.watch_dir("/tmp/d")
+            except SandboxException:
+                out["watch"] = "refused"
+            out["exists"] = [f.exists("/tmp/d/a.txt"), f.exists("/tmp/d/none")]
+            out["mkdir"] = [f.make_dir("/tmp/d/x/y"), f.make_dir("/tmp/d/x/y")]
+            out["list"] = sorted((e.name, e.type.value) for e in f.list("/tmp/d"))
+            out["deep"] = sorted(e.path for e in f.list("/tmp/d", depth=3))
+            moved = f.rename("/tmp/d/a.txt", "/tmp/d/c.txt")
+            out["rename"] = [moved.path, f.exists("/tmp/d/a.txt"), f.read("/tmp/d/c.txt")]
+            info = f.get_info("/tmp/d/c.txt")
+            out["info"] = [info.name, info.type.value, info.size]
+            f.remove("/tmp/d/x")
+            out["removed"] = f.exists("/tmp/d/x")
+            try:
+                f.read("/tmp/d/none")
+            except FileNotFoundException:
+                out["missing"] = True
+            out["seen_by_shell"] = sb.commands.run("cat /tmp/d/m1 /tmp/d/m2").stdout
+    """)
+    assert out["write"] == "/tmp/d/a.txt" and out["text"] == "héllo"
+    assert out["bytes"] is True
+    assert out["octet"] == "streamed" and out["watch"] == "refused"
+    assert out["exists"] == [True, False]
+    assert out["mkdir"] == [True, False]
+    assert out["list"] == [["a.txt", "file"], ["b.bin", "file"], ["m1", "file"],
+                           ["m2", "file"], ["x", "dir"]]
+    assert "/tmp/d/x/y" in out["deep"]
+    assert out["rename"] == ["/tmp/d/c.txt", False, "héllo"]
+    assert out["info"] == ["c.txt", "file", len("héllo".encode())]
+    assert out["removed"] is False and out["missing"] is True
+    assert out["seen_by_shell"] == "12"
+
+
+def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
+    out = run_script(daemon_ok, """
+        import uuid
+        run = uuid.uuid4().hex[:8]
+        a = Sandbox.create(metadata={"run": run, "role": "a"}, timeout=120)
+        b = Sandbox.create(metadata={"run": run, "role": "b b"}, timeout=120)
+        found = Sandbox.list(query=SandboxQuery(metadata={"run": run, "role": "b b"}))
+        out["by_meta"] = [s.sandbox_id == b.sandbox_id for s in found.next_items()]
+        pages, p = [], Sandbox.list(query=SandboxQuery(metadata={"run": run}), limit=1)
+        while p.has_next and len(pages) < 5:
+            pages.append([s.sandbox_id for s in p.next_items()])
+        out["pages"] = sorted(i for page in pages for i in page) == sorted([a.sandbox_id, b.sandbox_id])
+        info = a.get_info()
+        out["info"] = [info.metadata["role"], info.state.value, info.template_id,
+                       round((info.end_at - info.started_at).total_seconds())]
+        a.set_timeout(900)
+        info = a.get_info()
+        out["set_timeout"] = 895 <= (info.end_at - info.started_at).total_seconds() <= 2000
+        m = a.get_metrics()
+        out["metrics"] = [len(m), m[0].mem_total > 0, 0 <= m[0].cpu_used_pct <= 100]
+        a.pause()
+        out["paused"] = Sandbox.get_info(a.sandbox_id).state.value
+        listed = Sandbox.list(query=SandboxQuery(metadata={"run": run},
+                              state=[SandboxState.PAUSED])).next_items()
+        out["paused_listed"] = [s.sandbox_id == a.sandbox_id for s in listed]
+        out["resumed"] = Sandbox.connect(a.sandbox_id).commands.run("echo up").stdout
+        out["kill"] = [a.kill(), Sandbox.kill(a.sandbox_id)]
+        try:
+            Sandbox.connect(a.sandbox_id)
+        except SandboxNotFoundException:
+            out["connect_killed"] = True
+        try:
+            a.commands.run("echo")
+        except SandboxNotRunningException:
+            out["run_killed"] = True
+        out["running"] = a.is_running()
+        import time
+        b.set_timeout(1)  # shortened: it ends by itself, soon
+        for _ in range(600):  # bounded wait for the end, no timing asserted
+            try:
+                Sandbox.get_info(b.sandbox_id)
+            except SandboxNotFoundException:
+                out["ended"] = True
+                break
+            time.sleep(0.1)
+    """)
+    assert out["by_meta"] == [True]
+    assert out["pages"] is True
+    assert out["info"] == ["a", "running", "base", 120]
+    assert out["set_timeout"] is True
+    assert out["metrics"] == [1, True, True]
+    assert out["paused"] == "paused" and out["paused_listed"] == [True]
+    assert out["resumed"] == "up\n"
+    assert out["kill"] == [True, False]
+    assert out["connect_killed"] is True and out["run_killed"] is True
+    assert out["running"] is False
+    assert out["ended"] is True
+
+
+def test_refused_options_create_nothing(daemon_ok):
+    out = run_script(daemon_ok, """
+        for name, kw in [("template", {"template": "no-such-template"}),
+                         ("internet", {"allow_internet_access": True}),
+                         ("lifecycle", {"lifecycle": {"on_timeout": "pause"}})]:
+            try:
+                Sandbox.create(**kw)
+                out[name] = "created"
+            except SandboxException as e:
+                out[name] = str(e)[:3]
+    """)
+    assert out == {"template": "404", "internet": "400", "lifecycle": "400"}
+
+
+def test_wrong_key_is_refused(daemon_ok):
+    out = run_script(daemon_ok, """
+        try:
+            Sandbox.create()
+        except AuthenticationException:
+            out["create"] = "refused"
+        try:
+            Sandbox.list().next_items()
+        except AuthenticationException:
+            out["list"] = "refused"
+    """, key="not-the-token")
+    assert out == {"create": "refused", "list": "refused"}
+
+
+def test_fifty_sandboxes_in_parallel(daemon_ok):
+    out = run_script(daemon_ok, """
+        from concurrent.futures import ThreadPoolExecutor
+        def one(i):
+            sb = Sandbox.create(metadata={"i": str(i)})
+            try:
+                sb.files.write("n.txt", str(i))
+                return sb.commands.run("cat n.txt; echo $((1 + %d))" % i).stdout
+            finally:
+                sb.kill()
+        with ThreadPoolExecutor(50) as pool:
+            out["results"] = list(pool.map(one, range(50)))
+    """)
+    assert out["results"] == [f"{i}{i + 1}\n" for i in range(50)]
+
+
+def test_pty(daemon_ok):
+    out = run_script(daemon_ok, """
+        from e2b import PtySize
+        with Sandbox.create() as sb:
+            h = sb.pty.create(PtySize(rows=24, cols=80), timeout=60)
+            sb.pty.resize(h.pid, PtySize(rows=30, cols=100))
+            sb.pty.send_stdin(h.pid, b"stty size; exit 3\\n")
+            seen = []
+            try:
+                h.wait(on_pty=seen.append)
+            except CommandExitException as e:
+                out["exit"] = e.exit_code
+            out["size"] = b"30 100" in b"".join(seen)
+    """)
+    assert out == {"exit": 3, "size": True}
+
+
+def test_code_interpreter(daemon_ok):
+    """``e2b-code-interpreter``'s ``run_code``: state kept, the last expression's text,
+    logs, errors, streaming, contexts, and a timeout that stops the code."""
+    pytest.importorskip("e2b_code_interpreter", reason="the compat extra is not installed")
+    out = run_script(daemon_ok, """
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+        with CodeSandbox.create() as sb:
+            e = sb.run_code("import sys\\nx = 41\\nprint('out'); print('err', file=sys.stderr)\\nx + 1")
+            out["first"] = [e.text, e.logs.stdout, e.logs.stderr, e.error, e.execution_count]
+            out["kept"] = sb.run_code("x * 2").text
+            e = sb.run_code("def f():\\n    raise ValueError('bad')\\nf()")
+            out["error"] = [e.error.name, e.error.value, "ValueError: bad" in e.error.traceback]
+            seen = []
+            sb.run_code("for i in range(3): print(i)", on_stdout=lambda m: seen.append(m.line))
+            out["streamed"] = "".join(seen)
+            out["env"] = sb.run_code("import os; os.environ['Q']", envs={"Q": "v"}).text
+            c = sb.create_code_context(cwd="/tmp")
+            out["context"] = [sb.run_code("import os; y = 5; os.getcwd()", context=c).text,
+                              sb.run_code("'y' in dir()").text]
+            out["listed"] = c.id in [k.id for k in sb.list_code_contexts()]
+            sb.restart_code_context(c)
+            out["restarted"] = sb.run_code("'y' in dir()", context=c).text
+            sb.remove_code_context(c)
+            try:
+                sb.run_code("import time; time.sleep(600)", timeout=1)
+            except TimeoutException:
+                out["timeout"] = True
+            out["after_timeout"] = sb.run_code("'x' in dir()").text
+            out["left"] = [p.args[:2] for p in sb.commands.list()]
+    """)
+    assert out["first"] == ["42", ["out\n"], ["err\n"], None, 1]
+    assert out["kept"] == "82"
+    assert out["error"] == ["ValueError", "bad", True]
+    assert out["streamed"] == "0\n1\n2\n"
+    assert out["env"] == "'v'"
+    assert out["context"] == ["'/tmp'", "False"]
+    assert out["listed"] is True and out["restarted"] == "False"
+    assert out["timeout"] is True
+    assert out["after_timeout"] == "False"  # its kernel was killed: a fresh context
+    assert out["left"] == [["-u", "-c"]]  # only the new default context's kernel
+
+
+def test_async_sdk(daemon_ok):
+    out = run_script(daemon_ok, """
+        import asyncio
+        from e2b import AsyncSandbox
+        async def main():
+            sb = await AsyncSandbox.create()
+            try:
+                out["run"] = (await sb.commands.run("echo async")).stdout
+                await sb.files.write("f.txt", "1")
+                out["read"] = await sb.files.read("f.txt")
+                h = await sb.commands.run("sleep 600", background=True)
+                out["kill"] = await h.kill()
+            finally:
+                await sb.kill()
+        asyncio.run(main())
+    """)
+    assert out == {"run": "async\n", "read": "1", "kill": True}
