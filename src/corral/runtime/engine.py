@@ -345,7 +345,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
         live.state = SandboxState.RUNNING
-        live.last_active = time.monotonic()
+        live.touch()
 
     def cgroup(self, sandbox_id: str) -> Cgroup:
         """The cgroup of a live sandbox (its usage, its processes)."""
@@ -407,7 +407,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 f"sandbox {sandbox_id} is {live.state.value}: {hint}",
                 details={"sandbox_id": sandbox_id, "state": live.state.value},
             )
-        live.last_active = time.monotonic()
+        live.touch()
         return live
 
     def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None:
@@ -435,7 +435,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             if live.state == SandboxState.PAUSED:
                 self._transition(live, SandboxState.RUNNING)  # StorageFull: still paused
                 live.cgroup.thaw()
-                live.last_active = time.monotonic()
+                live.touch()
             elif live.state != SandboxState.RUNNING:
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
         return self.get(sandbox_id)

@@ -10,7 +10,6 @@ checked and its timeout and output cap enforced from outside by
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -103,16 +102,12 @@ class CommandOps:
         assert live.channel is not None
         oom_before = live.cgroup.oom_kills()
         stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
-        live.busy += 1
-        try:
+        with live.activity():
             async with aclosing(
                 command_events(live, stream, timeout, cwd, oom_before)
             ) as events:
                 async for ev in events:
                     yield ev
-        finally:
-            live.busy -= 1
-            live.last_active = time.monotonic()
 
     def command_fields(
         self,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import stat as st
-import time
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge, InvalidArgument
@@ -39,14 +38,10 @@ class FileOps:
     ) -> Fields:
         live = self._running(sandbox_id)
         assert live.channel is not None
-        live.busy += 1
-        try:
+        with live.activity():
             reply = await live.channel.request(  # validated; its data no more than asked
                 msg, [(Tag.PATH, path), *fields], max_data=FILE_CHUNK if msg == Msg.FREAD else None
             )
-        finally:
-            live.busy -= 1
-            live.last_active = time.monotonic()
         if reply.msg == Msg.ERR:
             raise _file_error(sandbox_id, path, reply.fields)
         return reply.fields

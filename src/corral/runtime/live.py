@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,3 +52,14 @@ class Live:
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""
         self.last_active = time.monotonic()
+
+    @contextmanager
+    def activity(self) -> Iterator[None]:
+        """A command or file operation in flight: busy (an ``idle_timeout`` waits for
+        it) while it runs, and active as of when it ends."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self.touch()

@@ -211,7 +211,7 @@ class Process:
         for start in range(0, len(view), STDIN_CHUNK):
             self._stream.send_stdin(view[start : start + STDIN_CHUNK])
         await self._stream.channel.drain()  # the sandbox's channel (live.channel)
-        self._live.last_active = time.monotonic()
+        self._live.touch()
 
     async def close_stdin(self) -> None:
         """Close the process's stdin (it reads EOF once what was written is consumed).
@@ -405,7 +405,7 @@ class Process:
                 if reply.msg in (Msg.STDOUT, Msg.STDERR):
                     kind: OutputStream = "stdout" if reply.msg == Msg.STDOUT else "stderr"
                     self._push(kind, reply.data)
-                    live.last_active = time.monotonic()
+                    live.touch()
                 elif reply.msg == Msg.EXIT:
                     result = exit_result(
                         live.cgroup, reply.fields, self._stream, self._oom_before, limit.started
@@ -431,7 +431,7 @@ class Process:
                     f"process {self.id}: lost its output stream", details=self._details()
                 ))
             live.busy -= 1
-            live.last_active = time.monotonic()
+            live.touch()
             limit.cancel()
             self._stream.close()
             _forget_old(live)
