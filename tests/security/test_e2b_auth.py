@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import uds_client
-from tests.server.test_compat_e2b import TOKEN, checked, serving
+from tests.server.test_compat_e2b import TOKEN, checked, live_sandboxes, serving
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +160,15 @@ def test_the_api_key_does_not_open_the_native_api(e2b_ok):
     r = httpx.get(f"{e2b_ok.endpoint}/v2/sandboxes",
                   headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_e2b_is_no_way_around_allow_host_network(monkeypatch):
+    """The front-end's CORRAL_COMPAT_NETWORK=host lets E2B ask for the host's network;
+    the daemon's own --allow-host-network still decides (red team: it did not)."""
+    monkeypatch.setenv("CORRAL_COMPAT_NETWORK", "host")
+    with serving() as d:
+        r = httpx.post(f"{d.endpoint}/v2/sandboxes", headers={"X-API-KEY": TOKEN},
+                       json={"templateID": "base", "allow_internet_access": True}, timeout=60)
+        assert r.status_code == 403, r.text
+        assert "--allow-host-network" in r.text
+        assert live_sandboxes(d) == set()

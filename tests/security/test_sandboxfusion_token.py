@@ -78,3 +78,20 @@ def test_the_token_never_reaches_the_log(sf_ok):
     log = sf_ok.log.read_bytes()
     assert b"/sandboxfusion/TOKEN/run_code" in log  # the access log is on, and redacted
     assert TOKEN.encode() not in log
+
+
+def test_a_cell_cannot_hand_back_fewer_results_than_cells(sf_ok):
+    """run_jupyter's results come from the cells' own process (see docs/api.md): a cell
+    that rewrites them at exit to drop the failing cells gets Failed, not Success."""
+    forged = (  # the results file is the kernel's /tmp/kernel-<nonce>.out
+        "import atexit, glob, json\n"
+        "def empty():\n"
+        "    for path in glob.glob('/tmp/kernel-*.out'):\n"
+        "        open(path, 'w').write(json.dumps({'cells': []}))\n"
+        "atexit.register(empty)\n"
+    )
+    r = httpx.post(f"{sf_ok.endpoint}/run_jupyter", timeout=120,
+                   json={"cells": [forged, "assert 1 == 2, 'tests failed'"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] != "Success" or any(c.get("error") for c in body.get("cells", [])), body

@@ -1,7 +1,8 @@
 """``corral cluster up | status | down``: a corral daemon on every node of a Ray cluster.
 
-``up`` generates the cluster's token (once; kept in Ray's internal KV, where only the
-cluster's members read it), starts the :class:`~corral.cluster.node.Supervisor`, and
+``up`` generates the cluster's token (once; kept in Ray's internal KV, which anyone who
+reaches the GCS port can read: Ray does not authenticate it by default, so the cluster
+must be on a private network), starts the :class:`~corral.cluster.node.Supervisor`, and
 waits until every alive node's daemon answers. Running it again changes nothing.
 ``down`` stops every daemon (each stops its sandboxes) and forgets the token.
 ``status`` reads the directory and asks each daemon for its load.

@@ -371,7 +371,9 @@ async def create_sandbox(request: Request) -> Response:
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
             f"IMAGE'", details={"template": req.templateID})
     service = ctx.service(request)
-    spec = service.plan(spec, host_network=spec.network == NetworkMode.HOST)
+    # The daemon's own flag (--allow-host-network) still decides, whatever the front-end's
+    # CORRAL_COMPAT_NETWORK says: E2B may not be the way around it.
+    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(created_json(request, created), status_code=201)
 

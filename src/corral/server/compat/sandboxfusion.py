@@ -293,6 +293,8 @@ class FusionFrontend:
                 raw = await engine.read_file(sid, result, max_bytes=MAX_FETCH_TOTAL)
                 cells = DriverOutput.model_validate_json(raw).cells
             except (CorralError, ValidationError):
+                cells = None
+            if cells is None or len(cells) != len(req.cells):  # one result per cell sent
                 why = "the cells' process ended without its results (did a cell replace them?)"
                 return jupyter_response(FAILED, why, driver=ran)
             fetched = await self.fetch(request, sid, req.fetch_files)
