@@ -51,7 +51,7 @@ class FileOps:
         return resolve_path(live.spec.workdir, path)
 
     async def write_file(
-        self, sandbox_id: str, path: str, data: bytes | str, *, mode: int = 0o644,
+        self, sandbox_id: str, path: str, data: bytes | bytearray | memoryview | str, *, mode: int = 0o644,
         parents: bool = True,
     ) -> None:
         """Write a file inside the sandbox (as its user), creating parent directories."""

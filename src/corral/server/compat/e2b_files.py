@@ -178,28 +178,35 @@ async def download(request: Request) -> Response:
     return Response(data, media_type="application/octet-stream")
 
 
-def _multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
-    """``(filename, data)`` of each file part of a multipart/form-data body."""
+def _multipart(body: bytearray, content_type: str) -> list[tuple[str, memoryview]]:
+    """``(filename, data)`` of each file part of a multipart/form-data body; the data
+    are views into ``body`` (an upload is held once, not copied per part)."""
     found = BOUNDARY.search(content_type)
     if found is None:
         raise InvalidArgument("multipart upload without a boundary")
     delimiter = b"--" + found.group(1).encode()
-    parts = body.split(delimiter)
-    if len(parts) > MAX_PARTS + 2:
-        raise InvalidArgument(f"at most {MAX_PARTS} files in one upload")
-    files = []
-    for part in parts[1:]:
-        if part.startswith(b"--"):
+    view = memoryview(body)
+    files: list[tuple[str, memoryview]] = []
+    start = body.find(delimiter)
+    parts = 0
+    while start >= 0:
+        start += len(delimiter)
+        if body[start : start + 2] == b"--":
             break  # the closing delimiter
-        head, sep, data = part.partition(b"\r\n\r\n")
-        if not sep:
+        end = body.find(delimiter, start)
+        if end < 0:
+            raise InvalidArgument("malformed multipart body: no closing delimiter")
+        parts += 1
+        if parts > MAX_PARTS:
+            raise InvalidArgument(f"at most {MAX_PARTS} files in one upload")
+        head_end = body.find(b"\r\n\r\n", start, end)
+        if head_end < 0:
             raise InvalidArgument("malformed multipart part")
-        name = re.search(rb'filename="([^"]*)"', head)
-        if name is None:
-            continue
-        if data.endswith(b"\r\n"):
-            data = data[:-2]
-        files.append((name.group(1).decode("utf-8", "replace"), data))
+        name = re.search(rb'filename="([^"]*)"', bytes(view[start:head_end]))
+        data_end = end - 2 if body[end - 2 : end] == b"\r\n" else end
+        if name is not None:
+            files.append((name.group(1).decode("utf-8", "replace"), view[head_end + 4 : data_end]))
+        start = end
     return files
 
 
@@ -210,7 +217,7 @@ async def upload(request: Request) -> Response:
     path = request.query_params.get("path")
     if request.headers.get("content-encoding"):
         raise InvalidArgument("compressed uploads (gzip=True) are not served: leave out gzip")
-    body = bytes(await read_body(request, ctx.settings(request).max_upload_bytes, "upload"))
+    body = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
     kind = request.headers.get("content-type", "")
     if kind.startswith("multipart/form-data"):
         files = _multipart(body, kind)
@@ -219,7 +226,7 @@ async def upload(request: Request) -> Response:
     else:
         if not path:
             raise InvalidArgument("path is required")
-        files = [(path, body)]
+        files = [(path, memoryview(body))]
     written = []
     for name, data in files:
         try:
