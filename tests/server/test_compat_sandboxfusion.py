@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from corral.pool_schema import pool_tag
 from tests.conftest import ROOT_REASON, Daemon, _base_dir, have_root_runtime
 from tests.server.conftest import free_port, uds_client
 
@@ -68,14 +69,17 @@ def serving(*args: str) -> Iterator[FusionDaemon]:
         shutil.rmtree(d.base, ignore_errors=True)
 
 
+POOL_TAG_PREFIX = pool_tag("")  # a pool's sandboxes carry pool_tag(its name)
+
+
 def leftovers(d: Daemon) -> set[str]:
-    """Sandboxes that are neither a pool's idle ones nor gone; pools' handed-out ones."""
+    """Sandboxes no pool keeps (a pool's ready or still-starting ones carry its tag),
+    and the pools' handed-out ones: what requests left behind."""
     with uds_client(d.socket) as c:
-        ids = {s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]}
+        ids = {s["id"] for s in c.get("/v1/sandboxes").json()["sandboxes"]
+               if not any(t.startswith(POOL_TAG_PREFIX) for t in s["spec"]["tags"])}
         for pool in c.get("/v1/pools").json()["pools"]:
-            detail = c.get(f"/v1/pools/{pool['name']}").json()
-            ids -= set(detail["ready_ids"])
-            ids |= set(detail["acquired_ids"])
+            ids |= set(c.get(f"/v1/pools/{pool['name']}").json()["acquired_ids"])
     return ids
 
 
