@@ -51,6 +51,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
         "--bind", str(live.sandbox_dir / "root"), "/",
         "--proc", "/proc", "--dev", "/dev",
+        # its own devpts (capped; launch.c), over the one --dev made
+        "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
         "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]

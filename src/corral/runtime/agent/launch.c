@@ -5,6 +5,8 @@
 
 /* ---------- launch (host side) ---------- */
 
+#define SANDBOX_PTYS "32"  /* pseudo-terminals one sandbox may hold at once */
+
 struct launch_opts {
     uid_t uid;
     gid_t gid;
@@ -188,13 +190,20 @@ static int mount_root(struct launch_opts *o) {
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);
-    /* nr_inodes: the sandbox's own, plus a mount point per lower layer */
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer and rw/pts */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 1);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
     if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
     if (mkdir("rw/upper", 0755) != 0 || mkdir("rw/work", 0700) != 0) return die("mkdir", "rw/upper");
+    /* The sandbox's own devpts (bound over bwrap's at /dev/pts): at most SANDBOX_PTYS
+       terminals, so one sandbox cannot use up the pseudo-terminals every devpts on the
+       host shares (kernel.pty.max); its ptmx is root's, so the sandbox cannot chmod it. */
+    if (mkdir("rw/pts", 0755) != 0) return die("mkdir", "rw/pts");
+    if (mount("devpts", "rw/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620,max=" SANDBOX_PTYS) != 0)
+        return die("mount devpts on", "rw/pts");
     /* The upper's root is root's (nobody inside), world-writable and sticky, like
        /tmp: the sandbox may create /app, but never unlink or replace what it did not
        create (/lib64, /bin, /usr: a swapped ELF loader would run inside every later
