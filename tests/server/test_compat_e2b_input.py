@@ -91,7 +91,8 @@ def test_bad_envd_calls(api, e2b):
                          envelope(b'{"process": {"cmd": "/bin/sh", "args": [1]}}'),
                          envelope(b'{"process": {"cmd": "/bin/sh", "cwd": "/no/such"}}'),
                          envelope(b'{"process": {"cmd": "/bin/sh"}, "pty": {"size": {"rows": -1}}}'),
-                         envelope(b'{"process": {"pid": [1]}}'), b"\x00\xff\xff\xff\xff"):
+                         envelope(b'{"process": {"pid": [1]}}'), b"\x00\xff\xff\xff\xff",
+                         envelope(b'{"process": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")):
                 for method in ("Start", "Connect"):
                     r = envd.post(f"/process.Process/{method}", content=body, headers=stream)
                     assert r.status_code < 500, (method, body, r.text)

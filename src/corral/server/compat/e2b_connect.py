@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from corral.errors import CorralError, InvalidArgument, SandboxNotFound
 from corral.schema import SandboxState
 from corral.server import context as ctx
+from corral.server.limits import parse_json
 from corral.server.wire import read_body
 
 MAX_MESSAGE = 8 << 20  # a request message (SendInput carries stdin chunks)
@@ -98,10 +99,8 @@ def end_stream(exc: CorralError | ConnectError | None = None) -> bytes:
 
 
 def _json_object(raw: bytes | bytearray, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(raw) if raw else {}
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument(f"{what}: the message is not JSON") from None
+    # The daemon's one bounded parser: depth and value counts capped before parsing.
+    data = parse_json(raw, f"{what} message") if raw else {}
     if not isinstance(data, dict):
         raise InvalidArgument(f"{what}: the message must be a JSON object")
     return data

@@ -39,6 +39,7 @@ from corral.errors import CorralError, InvalidArgument, NotFound
 from corral.runtime.processes import Process, ProcessState
 from corral.server import context as ctx
 from corral.server.compat.e2b_connect import ConnectError, caught, sandbox_id
+from corral.server.limits import parse_json
 from corral.server.wire import read_json
 
 PORT = "49999"
@@ -116,9 +117,9 @@ def _language(value: Any) -> None:
 
 def _line(raw: bytes) -> dict[str, Any] | None:
     """A validated message of the kernel, or None for anything else."""
-    try:
-        msg = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    try:  # written by code in the sandbox: bounded like a request body
+        msg = parse_json(raw, "kernel message")
+    except CorralError:
         return None
     if not isinstance(msg, dict) or msg.get("type") not in KINDS:
         return None
