@@ -27,18 +27,24 @@ from corral.runtime.engine import Engine
 from corral.runtime.processes import Process as EngineProcess
 
 PROCESS_OUTPUT_CAP_BYTES = 16 << 20  # the lines kept per process
+MAX_LINE_CHARS = 1 << 20  # a line without its newline yet, held at most
 FIRST_PID = 100
 KILLED = {"exit_code": None, "signal": 9, "oom_killed": False, "reason": "signaled"}
 
 
 class LineSplitter:
-    """Text arriving in chunks, handed on as whole lines (without their newline)."""
+    """Text arriving in chunks, handed on as whole lines (without their newline); a
+    line longer than :data:`MAX_LINE_CHARS` is handed on in pieces of that size, so
+    output without newlines holds no more than that here."""
 
     def __init__(self) -> None:
         self._rest = ""
 
     def feed(self, text: str) -> list[str]:
         *lines, self._rest = (self._rest + text).split("\n")
+        while len(self._rest) > MAX_LINE_CHARS:
+            lines.append(self._rest[:MAX_LINE_CHARS])
+            self._rest = self._rest[MAX_LINE_CHARS:]
         return lines
 
     def flush(self) -> str | None:
@@ -175,6 +181,8 @@ class ProcessTable:
         splitters = {"stdout": StreamLines(), "stderr": StreamLines()}
         try:
             async for event in proc.engine_proc.output():
+                if proc.kept_bytes >= PROCESS_OUTPUT_CAP_BYTES and event.kind != "exit":
+                    continue  # full: read on (so the process never blocks), keep nothing
                 if event.kind in splitters:
                     for line in splitters[event.kind].feed(event.data):
                         proc.keep(event.kind, line)
