@@ -1,4 +1,4 @@
-"""Fan-out with handles: blocking corral calls run on a shared thread pool.
+"""Fan-out with handles: blocking corral calls run on the bridge's worker threads.
 
 Every call that takes a while has a ``*_future`` twin that returns at once with a
 :class:`Handle`; :func:`submit` does the same for any function, which is the
@@ -20,45 +20,23 @@ natural unit for "one sandbox per completion"::
 asyncio code needs none of this: ``asyncio.gather`` / ``asyncio.TaskGroup`` over
 :class:`~corral.AsyncSandbox` calls fan out without threads.
 
-Environment variables (read only here, when the pool is first used):
-
-- ``CORRAL_MAX_WORKERS``: threads of the shared pool, i.e. calls running at once
-  (default 64); further calls wait in its queue.
+They run on the worker threads of corral's one sync/async bridge
+(:mod:`corral._bridge`); ``CORRAL_MAX_WORKERS`` (default 64) caps how many run at
+once, further calls wait their turn.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, ParamSpec, Self, TypeVar
 
+from corral._bridge import submit_blocking
 from corral.client._models import Command, CommandResult, describe_command
 from corral.errors import InvalidArgument
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-DEFAULT_MAX_WORKERS = 64
-
-# The shared pool: a cache built on first use, rebuilt in a forked child.
-_pool_lock = threading.Lock()
-_pool: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
-
-
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    with _pool_lock:
-        pool = _pool.get(os.getpid())
-        if pool is None:
-            _pool.clear()
-            raw = os.environ.get("CORRAL_MAX_WORKERS") or str(DEFAULT_MAX_WORKERS)
-            if not raw.isdigit() or int(raw) < 1:
-                raise InvalidArgument(f"CORRAL_MAX_WORKERS must be a positive integer, got {raw!r}")
-            pool = _pool[os.getpid()] = concurrent.futures.ThreadPoolExecutor(
-                int(raw), thread_name_prefix="corral"
-            )
-        return pool
 
 
 class Handle(Generic[T]):
@@ -110,14 +88,14 @@ class Handle(Generic[T]):
 
 
 def submit(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Handle[T]:
-    """Run ``fn(*args, **kwargs)`` on corral's shared thread pool.
+    """Run ``fn(*args, **kwargs)`` on one of corral's worker threads.
 
     >>> h = corral.submit(sum, [1, 2, 3])
     >>> h.result(timeout=5)
     6
     """
     label = getattr(fn, "__qualname__", None) or repr(fn)
-    return Handle(_executor().submit(fn, *args, **kwargs), label)
+    return Handle(submit_blocking(fn, *args, **kwargs), label)
 
 
 def as_completed(handles: Iterable[Handle[T]], *, timeout: float | None = None) -> Iterator[Handle[T]]:
@@ -178,13 +156,13 @@ class SandboxFutures:
         >>> sandboxes = [h.result() for h in hs]                      # doctest: +SKIP
         """
         create: Callable[..., Self] = cls.create  # type: ignore[attr-defined]  # Sandbox's
-        return Handle(_executor().submit(create, *args, **kwargs), f"{cls.__name__}.create")
+        return Handle(submit_blocking(create, *args, **kwargs), f"{cls.__name__}.create")
 
     def exec_future(self, cmd: Command, **kwargs: Any) -> Handle[CommandResult]:
         """:meth:`exec` in the background: a :class:`Handle` to its result."""
         run: Callable[..., CommandResult] = self.exec  # type: ignore[attr-defined]  # Sandbox's
         label = f"exec {describe_command(cmd)} in {self.id}"  # type: ignore[attr-defined]  # mixin
-        return Handle(_executor().submit(run, cmd, **kwargs), label)
+        return Handle(submit_blocking(run, cmd, **kwargs), label)
 
 
 class AsyncSandboxFutures:

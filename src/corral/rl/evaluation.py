@@ -483,4 +483,4 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     >>> r = corral.rl.evaluate(POLICY, "CartPole-v1", seeds=range(200), concurrency=8)
     >>> print(f"{r.mean:.1f} ± {r.halfwidth:.1f}; infra failures: {r.infra_failures}")
     """
-    return run_sync(aevaluate(policy, env, **options), name="corral-evaluate")
+    return run_sync(aevaluate(policy, env, **options))
