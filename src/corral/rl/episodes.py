@@ -539,6 +539,6 @@ def run_episodes(
     """
     runner = EpisodeRunner(episode, **options)
     return iterate_sync(
-        lambda: runner.run(seeds, progress=progress), cleanup=runner.aclose, name="corral-episodes"
+        lambda: runner.run(seeds, progress=progress), cleanup=runner.aclose
     )
 
