@@ -26,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import corral  # noqa: E402
 from bench_sdk import private_daemon, timed  # noqa: E402
+
+import corral  # noqa: E402
 from corral._bridge import run_sync  # noqa: E402
 
 

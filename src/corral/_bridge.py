@@ -299,8 +299,14 @@ def iterate_sync(
             call.cancel_and_wait(state, future)
 
 
-def submit_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+def submit_blocking(
+    fn: Callable[..., T], /, *args: Any, bounded: bool = True, **kwargs: Any
+) -> concurrent.futures.Future[T]:
     """Start ``fn(*args, **kwargs)`` on one of the portal's worker threads.
+
+    ``bounded=False`` does not count it against ``CORRAL_MAX_WORKERS``: for work that
+    callers running on those workers wait for (an env used inside ``corral.submit``),
+    which would otherwise wait for threads its own callers hold.
 
     The returned future stays pending until a worker starts the call, so
     :meth:`~concurrent.futures.Future.cancel` works until then, as with a
@@ -319,7 +325,8 @@ def submit_blocking(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concu
 
     async def start() -> None:
         if not done.cancelled():
-            await anyio.to_thread.run_sync(work, limiter=state.workers)
+            limiter = state.workers if bounded else anyio.CapacityLimiter(1)
+            await anyio.to_thread.run_sync(work, limiter=limiter)
 
     state.spawn(_Call(start()))
     return done

@@ -38,7 +38,6 @@ fails the same way for every episode, so it is raised at once instead.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import inspect
 import json
@@ -49,6 +48,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
+
+import anyio
+import anyio.to_thread
 
 import corral
 from corral._bridge import iterate_sync
@@ -295,7 +297,7 @@ class EpisodeRunner:
         self._user_client = client
         self._aclient: corral.AsyncClient | None = None
         self._sclient: corral.Client | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: anyio.CapacityLimiter | None = None
         self.sandboxes_created = 0
         """Sandboxes this runner got (created, restored or acquired), all attempts."""
 
@@ -317,22 +319,15 @@ class EpisodeRunner:
             self._sclient = corral.Client(url, token=token)
         return self._sclient
 
-    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._executor is None:
-            # A blocking episode that overran its timeout keeps its thread until its
-            # sandbox's deletion fails its call: leave room for those.
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                self.concurrency * 2, thread_name_prefix="corral-episode")
-        return self._executor
-
     async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._threads(), fn, *args)
+        # A blocking episode that overran its timeout is abandoned (its thread runs on
+        # until its sandbox's deletion fails its call) and frees its slot.
+        if self._threads is None:
+            self._threads = anyio.CapacityLimiter(self.concurrency)
+        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self._threads)
 
     async def aclose(self) -> None:
         """Close the clients and threads this runner made (not the caller's)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
         if self._aclient is not None:
             await self._aclient.aclose()
             self._aclient = None

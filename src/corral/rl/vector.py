@@ -25,7 +25,7 @@ reward 0; ``SAME_STEP`` resets it in the same step, inside the sandbox, with
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from copy import deepcopy
 from typing import Any
 
@@ -35,7 +35,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 import corral
-from corral._bridge import in_parallel
+from corral._bridge import in_parallel, submit_blocking
 from corral.errors import InvalidArgument, InvalidState
 from corral.rl import spaces as wire
 from corral.rl.gym_env import DEFAULT_IMAGE, _Remote
@@ -76,7 +76,6 @@ class SandboxVectorEnv(VectorEnv):
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self._remotes: list[_Remote] = []
         self._pending: Future[list[tuple[int, str, dict[str, Any]]]] | None = None
-        self._worker: ThreadPoolExecutor | None = None  # sends the *_async requests
         # A daemon's URL: one client of this env's own (exchange_all needs one client).
         self._own_client = corral.Client(client) if isinstance(client, str) else None
         client = self._own_client or client
@@ -301,9 +300,7 @@ class SandboxVectorEnv(VectorEnv):
         return replies
 
     def _start(self, requests: list[tuple[int, str, dict[str, Any]]]) -> None:
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="corral-vector-env")
-        self._pending = self._worker.submit(self._exchange, requests)
+        self._pending = submit_blocking(self._exchange, requests, bounded=False)
 
     def _finish(self) -> list[tuple[int, str, dict[str, Any]]]:
         pending, self._pending = self._pending, None
@@ -332,9 +329,6 @@ class SandboxVectorEnv(VectorEnv):
         if self._pending is not None:
             self._pending.exception()  # let a request in flight end first
             self._pending = None
-        if self._worker is not None:
-            self._worker.shutdown()
-            self._worker = None
         remotes, self._remotes = self._remotes, []
         in_parallel([r.close for r in remotes])
         own_client, self._own_client = getattr(self, "_own_client", None), None

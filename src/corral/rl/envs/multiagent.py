@@ -34,8 +34,8 @@ is not a move: it raises the typed :mod:`corral.errors` exception, naming the ag
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import functools
 import json
 import operator
 import random
@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import corral
+from corral._bridge import in_parallel
 from corral.client._models import spec_body
 from corral.errors import CorralError, InvalidArgument, InvalidState
 
@@ -289,7 +290,6 @@ class MultiAgentSandboxEnv:
         self._sandboxes: dict[str, corral.Sandbox] = {}
         self._seeds: dict[str, int] = {}
         self._observations: dict[str, Any] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
     # ------------------------------------------------------------- queries
@@ -430,15 +430,12 @@ class MultiAgentSandboxEnv:
     def _fan_out(self, fn: Callable[[str], Any], agents: Sequence[str]) -> dict[str, Any]:
         """``fn(agent)`` for every agent at once: each result, or the exception raised.
 
-        The env has threads of its own rather than corral's shared pool: an env used
-        inside ``corral.submit`` (a tournament running matches side by side) would
-        otherwise wait for threads its own callers hold.
+        Not bounded by ``CORRAL_MAX_WORKERS``: an env used inside ``corral.submit`` (a
+        tournament running matches side by side) would otherwise wait for threads its
+        own callers hold.
         """
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                len(self.possible_agents), thread_name_prefix="corral-multiagent")
-        futures = {a: self._executor.submit(fn, a) for a in agents}
-        return {a: f.exception() or f.result() for a, f in futures.items()}
+        outcomes = in_parallel([functools.partial(fn, a) for a in agents], limit=max(1, len(agents)))
+        return dict(zip(agents, outcomes, strict=True))
 
     def _end_session(self) -> None:
         session, self._session = self._session, None
@@ -450,12 +447,7 @@ class MultiAgentSandboxEnv:
     def close(self) -> None:
         """Delete every sandbox of the env; closing twice is fine."""
         self._closed = True
-        try:
-            self._end_session()
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown()
-                self._executor = None
+        self._end_session()
 
     def __enter__(self) -> Self:
         return self
