@@ -14,10 +14,11 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Annotated, Any, Generic, Protocol, Self, TypeVar
+
+from corral._bridge import in_parallel
 
 T = TypeVar("T")
 
@@ -159,19 +160,8 @@ class SyncBackend:
 
     @staticmethod
     def gather(calls: list[Callable[[], T]]) -> list[T | BaseException]:
-        """Run every call on threads of its own; each result or exception, in order."""
-        if not calls:
-            return []
-
-        def attempt(call: Callable[[], T]) -> T | BaseException:
-            try:
-                return call()
-            except Exception as exc:
-                return exc
-
-        workers = min(len(calls), _MAX_GATHER_THREADS)
-        with ThreadPoolExecutor(workers, thread_name_prefix="corral-gather") as pool:
-            return list(pool.map(attempt, calls))
+        """Run every call on the bridge's threads; each result or exception, in order."""
+        return in_parallel(calls, limit=_MAX_GATHER_THREADS)
 
     @staticmethod
     def shared(factory: type[T], **kwargs: Any) -> T:
