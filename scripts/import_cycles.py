@@ -1,8 +1,9 @@
 """Import circles among corral's modules (``python scripts/import_cycles.py``).
 
-Counts every import of a corral module, at module level or inside a function
-(a lazy import that only breaks a circle still is one); imports under
-``if TYPE_CHECKING:`` are for the type checker only and are not counted. Prints one
+Counts every import of a corral module, at module level, inside a function (a lazy
+import that only breaks a circle still is one) or under ``if TYPE_CHECKING:`` (a
+circle the type checker sees is a circle of the design: name the shared type in a
+module below both, or describe what is needed with a ``Protocol``). Prints one
 circle per line and exits 1 if there is any.
 """
 
@@ -24,24 +25,12 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
-    return lines
-
-
 def graph() -> dict[str, set[str]]:
     mods = _modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
         tree = ast.parse(path.read_text())
-        skip = _type_checking_lines(tree)
         for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in skip:
-                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"

@@ -36,3 +36,20 @@ def test_the_circle_finder_finds_a_circle():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles.circles(edges) == [["a", "b", "c"]]
     assert import_cycles.circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_type_only_import_counts_as_an_edge(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import import_cycles
+    finally:
+        sys.path.pop(0)
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import B\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\n"
+    )
+    monkeypatch.setattr(import_cycles, "SRC", tmp_path)
+    assert import_cycles.circles(import_cycles.graph()) == [["pkg.a", "pkg.b"]]

@@ -299,10 +299,8 @@ def iterate_sync(
             call.cancel_and_wait(state, future)
 
 
-def submit_blocking(
-    fn: Callable[..., T], /, *args: Any, bounded: bool = True, **kwargs: Any
-) -> concurrent.futures.Future[T]:
-    """Start ``fn(*args, **kwargs)`` on one of the portal's worker threads.
+def submit_blocking(fn: Callable[[], T], *, bounded: bool = True) -> concurrent.futures.Future[T]:
+    """Start ``fn()`` on one of the portal's worker threads.
 
     ``bounded=False`` does not count it against ``CORRAL_MAX_WORKERS``: for work that
     callers running on those workers wait for (an env used inside ``corral.submit``),
@@ -319,7 +317,7 @@ def submit_blocking(
         if not done.set_running_or_notify_cancel():
             return
         try:
-            done.set_result(fn(*args, **kwargs))
+            done.set_result(fn())
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
             done.set_exception(exc)
 

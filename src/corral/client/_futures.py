@@ -28,6 +28,7 @@ once, further calls wait their turn.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, ParamSpec, Self, TypeVar
 
@@ -95,7 +96,7 @@ def submit(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Handle[T
     6
     """
     label = getattr(fn, "__qualname__", None) or repr(fn)
-    return Handle(submit_blocking(fn, *args, **kwargs), label)
+    return Handle(submit_blocking(functools.partial(fn, *args, **kwargs)), label)
 
 
 def as_completed(handles: Iterable[Handle[T]], *, timeout: float | None = None) -> Iterator[Handle[T]]:
@@ -156,13 +157,13 @@ class SandboxFutures:
         >>> sandboxes = [h.result() for h in hs]                      # doctest: +SKIP
         """
         create: Callable[..., Self] = cls.create  # type: ignore[attr-defined]  # Sandbox's
-        return Handle(submit_blocking(create, *args, **kwargs), f"{cls.__name__}.create")
+        return Handle(submit_blocking(functools.partial(create, *args, **kwargs)), f"{cls.__name__}.create")
 
     def exec_future(self, cmd: Command, **kwargs: Any) -> Handle[CommandResult]:
         """:meth:`exec` in the background: a :class:`Handle` to its result."""
         run: Callable[..., CommandResult] = self.exec  # type: ignore[attr-defined]  # Sandbox's
         label = f"exec {describe_command(cmd)} in {self.id}"  # type: ignore[attr-defined]  # mixin
-        return Handle(submit_blocking(run, cmd, **kwargs), label)
+        return Handle(submit_blocking(functools.partial(run, cmd, **kwargs)), label)
 
 
 class AsyncSandboxFutures:

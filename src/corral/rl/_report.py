@@ -9,14 +9,66 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rich.table import Table
 
 from corral.errors import InvalidArgument
+from corral.rl.stats import Summary
 
-if TYPE_CHECKING:
-    from corral.rl.evaluation import EvalResult
+
+# What is shown of an evaluation, as protocols: ``_eval_result`` imports this module
+# to draw its results, so this one does not import it back.
+class _SeedRow(Protocol):
+    @property
+    def seed(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def mean(self) -> float: ...
+    @property
+    def minimum(self) -> float: ...
+    @property
+    def maximum(self) -> float: ...
+    @property
+    def failures(self) -> int: ...
+
+
+class _Episode(Protocol):
+    @property
+    def episode_return(self) -> float | None: ...
+    @property
+    def ok(self) -> bool: ...
+
+
+class EvalResult(Protocol):
+    """The parts of :class:`corral.rl.EvalResult` a report shows."""
+
+    @property
+    def policy(self) -> str: ...
+    @property
+    def env(self) -> object: ...
+    @property
+    def summary(self) -> Summary: ...
+    @property
+    def episodes(self) -> Sequence[_Episode]: ...
+    @property
+    def ci_method(self) -> str: ...
+    @property
+    def errors(self) -> int: ...
+    @property
+    def timeouts(self) -> int: ...
+    @property
+    def errors_scored(self) -> str: ...
+    @property
+    def infra_failures(self) -> int: ...
+    @property
+    def cache_hits(self) -> int: ...
+    @property
+    def sandboxes_created(self) -> int: ...
+    @property
+    def episodes_per_second(self) -> float: ...
+    def per_seed(self) -> Sequence[_SeedRow]: ...
 
 
 def _num(x: float, digits: int = 4) -> str:

@@ -24,6 +24,7 @@ reward 0; ``SAME_STEP`` resets it in the same step, inside the sandbox, with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from copy import deepcopy
@@ -300,7 +301,7 @@ class SandboxVectorEnv(VectorEnv):
         return replies
 
     def _start(self, requests: list[tuple[int, str, dict[str, Any]]]) -> None:
-        self._pending = submit_blocking(self._exchange, requests, bounded=False)
+        self._pending = submit_blocking(functools.partial(self._exchange, requests), bounded=False)
 
     def _finish(self) -> list[tuple[int, str, dict[str, Any]]]:
         pending, self._pending = self._pending, None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Sequence
+from typing import Any, AsyncGenerator, Protocol, Sequence
 
 from corral.errors import (
     CorralError,
@@ -55,8 +55,17 @@ from corral.schema import (
     default_output_tail,
 )
 
-if TYPE_CHECKING:
-    from corral.runtime.live import Live as _Live
+
+class _Live(Protocol):
+    """What this module reads of a sandbox's record (:class:`corral.runtime.live.Live`,
+    which it does not import: ``live`` → ``processes`` → this module)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def state(self) -> SandboxState: ...
+    @property
+    def cgroup(self) -> Cgroup: ...
 
 EXEC_GRACE_S = 2.0
 """How long past a command's timeout the engine waits for the agent to report its end."""

@@ -163,7 +163,7 @@ class CommandOps:
 
     def list_processes(self, sandbox_id: str) -> list[processes.Process]:
         """The processes of a live sandbox (running, and recently exited), oldest first."""
-        return list(self._get_live(sandbox_id).processes.values())
+        return processes.kept(self._get_live(sandbox_id))
 
     def forget_process(self, sandbox_id: str, process_id: str) -> None:
         """Drop an exited process's record (a running one is killed first by the caller)."""

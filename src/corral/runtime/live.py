@@ -15,15 +15,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.channel import AgentChannel
 from corral.runtime.logtail import LogTail
 from corral.schema import SandboxSpec, SandboxState
 
-if TYPE_CHECKING:  # processes imports this module
-    from corral.runtime.processes import Process
+
+class LiveProcess(Protocol):
+    """A process kept on its sandbox's record (a :class:`corral.runtime.processes.Process`;
+    named by a protocol because that module imports this one)."""
+
+    @property
+    def id(self) -> str: ...
 
 
 @dataclass
@@ -46,7 +51,7 @@ class Live:
     ending: bool = False
     snapshot_id: str | None = None  # started from it: holds a reference until released
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
-    processes: dict[str, Process] = field(default_factory=dict)  # by id
+    processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
 
     def touch(self) -> None:

@@ -47,7 +47,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from corral.errors import (
     CorralError,
@@ -67,13 +67,12 @@ from corral.runtime.agentconn import (
     limit_fields,
 )
 from corral.runtime.channel import StreamDeadline
-from corral.runtime.protocol import Msg, Tag
+from corral.runtime.protocol import Field, Msg, Tag
 from corral.runtime.terminal import TerminalSize, terminal_env, terminal_fields, terminal_size
 from corral.schema import ExecEvent, ExecResult, OutputStream
 
 if TYPE_CHECKING:
     from corral.runtime.channel import ExecStream
-    from corral.runtime.engine_commands import CommandOps
     from corral.runtime.live import Live as _Live
 
 DEFAULT_MAX_BUFFER = 16 << 20
@@ -84,6 +83,24 @@ STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
 # A process's output cap for the agent is UNLIMITED_OUTPUT: it forwards everything (no
 # head, no tail: output_tail does not apply), and the engine bounds what is unread
 # (max_buffer).
+
+
+class _Engine(Protocol):
+    """What a process needs of the engine (its :class:`~corral.runtime.engine_commands.CommandOps`,
+    which imports this module)."""
+
+    _tasks: set[asyncio.Task[Any]]
+
+    def _running(self, sandbox_id: str) -> _Live: ...
+    def command_fields(
+        self,
+        live: _Live,
+        cmd: str | Sequence[str],
+        env: dict[str, str] | None,
+        cwd: str | None,
+        stdin: bytes | str | None,
+        limits: list[Field],
+    ) -> list[Field]: ...
 
 
 class ProcessState(str, Enum):
@@ -123,7 +140,7 @@ class Process:
 
     def __init__(
         self,
-        engine: CommandOps,
+        engine: _Engine,
         live: _Live,
         stream: ExecStream,
         argv: list[str],
@@ -486,7 +503,7 @@ class Process:
 
 
 async def spawn(
-    engine: CommandOps,
+    engine: _Engine,
     live: _Live,
     cmd: str | Sequence[str],
     *,
@@ -543,7 +560,7 @@ async def spawn(
 def find(live: _Live, process_id: str) -> Process:
     """A process of a live sandbox; :class:`NotFound` if it has none by that id."""
     proc = live.processes.get(process_id)
-    if proc is None:
+    if not isinstance(proc, Process):
         raise NotFound(
             f"no process {process_id!r} in sandbox {live.id}: it never existed, or it "
             "exited long ago and was forgotten (list the sandbox's processes)",
@@ -552,11 +569,16 @@ def find(live: _Live, process_id: str) -> Process:
     return proc
 
 
+def kept(live: _Live) -> list[Process]:
+    """The sandbox's processes (running, and recently exited), oldest first."""
+    return [p for p in live.processes.values() if isinstance(p, Process)]
+
+
 def forget(live: _Live, process_id: str) -> None:
     live.processes.pop(process_id, None)
 
 
 def _forget_old(live: _Live) -> None:
-    ended = [p for p in live.processes.values() if p.state != ProcessState.RUNNING]
+    ended = [p for p in kept(live) if p.state != ProcessState.RUNNING]
     for proc in ended[: max(0, len(ended) - MAX_EXITED_KEPT)]:
         live.processes.pop(proc.id, None)
