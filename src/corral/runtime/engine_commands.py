@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidArgument, SandboxLost
-from corral.runtime import processes, sweep
+from corral.runtime import process_start, processes, sweep
 from corral.runtime.agentconn import (
     command_argv,
     command_events,
@@ -154,7 +154,7 @@ class CommandOps:
         ``timeout`` (seconds, ``None``: none) kills it like an exec's; ``max_buffer``
         bounds the output kept unread (per stream); ``terminal`` (rows, cols): on a
         pseudo-terminal (:mod:`corral.runtime.terminal`)."""
-        return await processes.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
+        return await process_start.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
                                      timeout=timeout, max_buffer=max_buffer, terminal=terminal)
 
     def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:

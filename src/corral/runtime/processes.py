@@ -58,17 +58,12 @@ from corral.errors import (
     SandboxLost,
     SandboxProtocolError,
 )
-from corral.runtime import channel as agent_channel
 from corral.runtime.agentconn import (
-    UNLIMITED_OUTPUT,
     Deadline,
-    exec_error,
     exit_result,
-    limit_fields,
 )
-from corral.runtime.channel import StreamDeadline
-from corral.runtime.protocol import Field, Msg, Tag
-from corral.runtime.terminal import TerminalSize, terminal_env, terminal_fields, terminal_size
+from corral.runtime.protocol import Field, Msg
+from corral.runtime.terminal import TerminalSize, terminal_size
 from corral.schema import ExecEvent, ExecResult, OutputStream
 
 if TYPE_CHECKING:
@@ -85,7 +80,7 @@ STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
 # (max_buffer).
 
 
-class _Engine(Protocol):
+class ProcessEngine(Protocol):
     """What a process needs of the engine (its :class:`~corral.runtime.engine_commands.CommandOps`,
     which imports this module)."""
 
@@ -140,7 +135,7 @@ class Process:
 
     def __init__(
         self,
-        engine: _Engine,
+        engine: ProcessEngine,
         live: _Live,
         stream: ExecStream,
         argv: list[str],
@@ -500,61 +495,6 @@ class Process:
 
     def __repr__(self) -> str:
         return f"<Process {self.id} pid={self.pid} {self.state.value} in {self.sandbox_id}>"
-
-
-async def spawn(
-    engine: _Engine,
-    live: _Live,
-    cmd: str | Sequence[str],
-    *,
-    env: dict[str, str] | None = None,
-    cwd: str | None = None,
-    timeout: float | None = None,
-    max_buffer: int = DEFAULT_MAX_BUFFER,
-    terminal: TerminalSize | None = None,
-) -> Process:
-    """Start ``cmd`` in a running sandbox with its stdin open (see :meth:`Engine.spawn`),
-    on a pseudo-terminal of that size if ``terminal`` is given."""
-    if isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 0:
-        raise InvalidArgument(f"max_buffer must be >= 0 bytes, got {max_buffer!r}")
-    if terminal is not None:
-        terminal = terminal_size(*terminal)
-        env = terminal_env(env, live.spec.env)
-    fields = engine.command_fields(live, cmd, env, cwd, None, limit_fields(timeout, UNLIMITED_OUTPUT, 0))
-    fields.append((Tag.STDIN_OPEN, 1))
-    if terminal is not None:
-        fields += terminal_fields(terminal)
-    channel = live.channel
-    assert channel is not None
-    oom_before = live.cgroup.oom_kills()
-    stream = channel.open_exec(fields, terminal=terminal is not None)
-    limit = Deadline(live, stream, timeout)  # the timeout holds from now, agent or not
-    try:
-        try:
-            await channel.drain()
-            reply = await stream.next(limit.started + agent_channel.REQUEST_TIMEOUT_S)
-        except StreamDeadline:
-            raise channel.fault(
-                "agent_unresponsive",
-                f"its agent did not start a process within {agent_channel.REQUEST_TIMEOUT_S:g} s",
-            ) from None
-        if reply.msg != Msg.STARTED:  # the channel lets only STARTED or ERR come first
-            raise exec_error(live.id, reply.fields, cwd)
-    except BaseException:
-        limit.cancel()
-        stream.close()
-        raise
-    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-    proc = Process(
-        engine, live, stream, argv, pid=reply.fields.u64(Tag.PID), max_buffer=max_buffer,
-        oom_before=oom_before, deadline=limit, terminal=terminal,
-    )
-    live.processes[proc.id] = proc  # kept on the sandbox's _Live: they end together
-    live.busy += 1
-    task = asyncio.get_running_loop().create_task(proc._pump(), name=f"process-{proc.id}")
-    engine._tasks.add(task)
-    task.add_done_callback(engine._tasks.discard)
-    return proc
 
 
 def find(live: _Live, process_id: str) -> Process:
