@@ -74,20 +74,20 @@ class _Portal:
     def spawn(self, call: _Call) -> concurrent.futures.Future[Any]:
         """Start ``call`` on the loop (one hop, no waiting); its future ends when the
         coroutine has ended, cleanup included."""
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done = call.future
 
         def report(task: asyncio.Task[Any]) -> None:
             self.tasks.discard(task)
+            call.close()
             if task.cancelled():
-                done.cancel()
-                done.set_running_or_notify_cancel()  # wakes ``futures.wait``
+                call.cancelled()
             elif (exc := task.exception()) is not None:
                 done.set_exception(exc)
             else:
                 done.set_result(task.result())
 
         def start() -> None:
-            task = self.loop.create_task(call.run())
+            task = call.task = self.loop.create_task(call.run())
             self.tasks.add(task)
             task.add_done_callback(report)
 
@@ -196,10 +196,10 @@ class _Call:
 
     def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
         self._coro = coro
-        self._task: asyncio.Task[Any] | None = None
+        self.task: asyncio.Task[Any] | None = None  # set on the loop when started
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
     async def run(self) -> Any:
-        self._task = asyncio.current_task()
         try:
             return await self._coro
         except (Exception, asyncio.CancelledError):
@@ -207,9 +207,19 @@ class _Call:
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             raise _Carried(exc) from None
 
-    def _cancel(self) -> None:  # on the portal's loop, after ``run`` started
-        if self._task is not None:
-            self._task.cancel()
+    def close(self) -> None:
+        self._coro.close()  # a no-op once it ran; else no "never awaited" warning
+
+    def cancelled(self) -> None:
+        self.future.cancel()
+        self.future.set_running_or_notify_cancel()  # wakes ``futures.wait``
+
+    def _cancel(self) -> None:  # on the portal's loop
+        if self.task is not None:
+            self.task.cancel()
+        else:  # interrupted before it was handed to the loop: it never will be
+            self.close()
+            self.cancelled()
 
     def cancel_and_wait(self, state: _Portal, future: concurrent.futures.Future[Any]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nothing runs
@@ -239,8 +249,9 @@ def run_sync(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T
         coro.close()
         raise
     call = _Call(coro)
-    future = state.spawn(call)
+    future = call.future
     try:
+        state.spawn(call)
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
         call.cancel_and_wait(state, future)
@@ -280,9 +291,10 @@ def iterate_sync(
 
     state = _portal()
     call = _Call(pump())
-    future = state.spawn(call)
+    future = call.future
     future.add_done_callback(lambda _f: items.put((False, None)))
     try:
+        state.spawn(call)
         while True:
             more, value = items.get()
             if not more:
