@@ -22,7 +22,8 @@ would naturally catch as a builtin also inherit it::
     ├── HeadersTooLarge                       431 headers_too_large
     ├── RequestTimeout (TimeoutError)         408 request_timeout
     ├── CapacityExceeded                      503 capacity_exceeded
-    │   └── TooManyRequests                   429 too_many_requests
+    │   ├── TooManyRequests                   429 too_many_requests
+    │   └── QuotaExceeded                     429 quota_exceeded
     ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
     ├── ExecTimeout (TimeoutError)            408 exec_timeout
     ├── SandboxLost                           410 sandbox_lost
@@ -158,6 +159,14 @@ class TooManyRequests(CapacityExceeded):
     (``--max-client-requests``); retry once some have finished."""
 
     code, status = "too_many_requests", 429
+
+
+class QuotaExceeded(CapacityExceeded):
+    """A tenant token's quota (``corral token create --max-sandboxes/--max-memory-mb/
+    --max-cpus``) would be exceeded: delete sandboxes or pools of that tenant first.
+    ``details``: ``quota``, ``limit``, ``used``, ``requested``, ``tenant``."""
+
+    code, status = "quota_exceeded", 429
 
 
 class HeadersTooLarge(CorralError):

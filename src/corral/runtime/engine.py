@@ -56,6 +56,7 @@ from corral.runtime.images import Image, ImageStore
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.registry import Registry
@@ -124,8 +125,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
+        self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
-        self.snapshots = Snapshots(layout, registry, images)
+        self.snapshots = Snapshots(layout, registry, images, self.owners)
         self._pool = SlotPool(
             agent_path=agent_path,
             cgroups=cgroup_driver,
@@ -386,15 +388,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def _get_live(self, sandbox_id: str) -> Live:
         live = self._live.get(sandbox_id)
-        if live is None:
-            info = self.registry.get(sandbox_id)
-            if info is None:
-                raise SandboxNotFound(
-                    f"no sandbox {sandbox_id!r}: it never existed or was deleted "
-                    "(list sandboxes to see what exists)",
-                    details={"sandbox_id": sandbox_id},
-                )
-            raise ended_error(info)  # its own fault: SandboxProtocolError
+        if live is None or not self.owners.sees(live.spec):  # another's: as if unknown
+            raise ended_error(self.get(sandbox_id))  # its own fault: SandboxProtocolError
         return live
 
     def _running(self, sandbox_id: str) -> Live:
@@ -461,9 +456,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
     ) -> SandboxInfo:
         """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
         mounts and cgroups. The record stays (state ``stopped``) until deleted."""
+        info = self.get(sandbox_id)  # raises SandboxNotFound (another owner's too)
         live = self._live.get(sandbox_id)
         if live is None:
-            info = self.get(sandbox_id)  # raises SandboxNotFound
             if info.state.terminal:
                 return info
         else:
@@ -472,6 +467,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     async def delete(self, sandbox_id: str) -> bool:
         """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
+        if (info := self.registry.get(sandbox_id)) and not self.owners.sees(info.spec):
+            return False  # another owner's: as if it did not exist
         live = self._live.get(sandbox_id)
         if live is not None:
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
@@ -578,9 +575,10 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         info = self.registry.get(sandbox_id)
-        if info is None:
+        if info is None or not self.owners.sees(info.spec):  # another's: as if unknown
             raise SandboxNotFound(
-                f"no sandbox {sandbox_id!r}: it never existed or was deleted",
+                f"no sandbox {sandbox_id!r}: it never existed or was deleted "
+                "(list sandboxes to see what exists)",
                 details={"sandbox_id": sandbox_id},
             )
         return info
@@ -598,7 +596,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             states = [_state(state)]
         else:
             states = [_state(s) for s in state]
-        return self.registry.list(tags=list(tags), states=states)
+        return [i for i in self.registry.list(tags=list(tags), states=states)
+                if self.owners.sees(i.spec)]
 
     def usage(self, sandbox_id: str) -> dict[str, float]:
         """Current CPU seconds and memory (MB) of a live sandbox."""

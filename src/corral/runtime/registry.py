@@ -119,6 +119,11 @@ class Registry:
     def close(self) -> None:
         self._db.close()
 
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection, for tables another module keeps (the server's tenants)."""
+        return self._db
+
     def insert(self, sandbox_id: str, spec: SandboxSpec, cgroup: str) -> SandboxInfo:
         # Creation order, for listings. Counted here rather than with MAX(seq) per
         # create (a table scan on the create path): one engine owns the state dir.

@@ -24,6 +24,7 @@ from corral._version import __version__
 from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
 from corral.runtime.engine import ID_PREFIX, Engine
+from corral.runtime.statefiles import secure_state_dir
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
 from corral.server.limits import BoundedHttpProtocol
@@ -156,6 +157,8 @@ async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix)
+    for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
+        logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
     sockets: list[socket.socket] = []
     inode = None

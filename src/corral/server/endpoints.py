@@ -86,6 +86,14 @@ from corral.server.routes import (
     stop_sandbox,
     upload_file,
 )
+from corral.server.tenant_routes import (
+    TokenCreated,
+    TokenList,
+    TokenRequest,
+    create_token,
+    list_tokens,
+    revoke_token,
+)
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
@@ -120,6 +128,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("tag", "string", "carries this tag (all must match)", repeat=True),
             Query("state", "string", "is in this state (any may match)", repeat=True,
                   enum=tuple(s.value for s in SandboxState)),
+            Query("tenant", "string", "belongs to this tenant (the admin's filter)"),
         ),
     ),
     Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
@@ -311,6 +320,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         query=(Query("name", "string", "the image's name (one of that name is replaced)",
                      required=True, min_length=1),),
     ),
+    Endpoint("POST", "/v1/tokens", create_token, "Make a tenant token (admin only; shown once)",
+             body=TokenRequest, reply=TokenCreated, status=201),
+    Endpoint("GET", "/v1/tokens", list_tokens, "List tenants: quotas and use (admin only)",
+             reply=TokenList),
+    Endpoint("DELETE", "/v1/tokens/{name}", revoke_token,
+             "Revoke a tenant token: refused from its next request (admin only)", status=204),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
     Endpoint(
         "DELETE", _SNAP, delete_snapshot,

@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from corral.errors import Forbidden, SandboxNotFound
+from corral.pool_schema import PoolInfo
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
-from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
 from corral.server.admission import Admission
 from corral.server.limits import check_host_limits
+from corral.server.tenants import Tenants
 
 __all__ = ["Abandoned", "SandboxService", "check_network"]
 
@@ -45,15 +47,42 @@ def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
 class SandboxService:
     """Create, delete, stop and fork sandboxes under admission control and pools."""
 
-    def __init__(self, engine: Engine, admission: Admission) -> None:
+    def __init__(
+        self, engine: Engine, admission: Admission, tenants: Tenants | None = None
+    ) -> None:
         self.engine = engine
         self.admission = admission
+        self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
         self.release(event.sandbox_id)
+
+    # ---------------------------------------------------------------- tenants
+    # Ownership is one rule (runtime/ownership.py): the request acts for its caller's
+    # tenant, and every lookup by id and every list shows only what that tenant owns.
+
+    def acting_tenant(self) -> str | None:
+        """The tenant the current request acts for; None for the admin."""
+        return self.engine.owners.acting()
+
+    def list_sandboxes(
+        self, *, tags: Sequence[str] = (), states: Sequence[str] | None = None,
+        tenant: str | None = None,
+    ) -> list[SandboxInfo]:
+        """The caller's sandboxes (the admin's: all, or only ``tenant``'s)."""
+        found = self.engine.list(tags=tags, state=states)
+        return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        """The caller's snapshots (the admin's: all)."""
+        return self.engine.list_snapshots()
+
+    def list_pools(self) -> list[PoolInfo]:
+        """The caller's pools (the admin's: all)."""
+        return self.pools.list_pools()
 
     # ----------------------------------------------------------------- create
 
@@ -74,9 +103,9 @@ class SandboxService:
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
         """
-        spec = self.engine.resolve_spec(spec)
+        spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
         check_host_limits(spec)
-        async with self.admission.admit(spec.memory_mb) as slot:
+        async with self.admission.admit(spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus) as slot:
             created = await self.engine.create(spec)
             slot.commit(created.id)
         if self._ended_already(created.id):  # it ended before it was counted

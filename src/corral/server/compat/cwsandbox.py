@@ -52,6 +52,7 @@ from corral.server.compat.cwsandbox_guard import (
 from corral.server.compat.cwsandbox_guard import abort as _abort
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
+from corral.server.tenants import Caller
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
 
@@ -93,8 +94,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if self._activity is not None:
             self._activity.in_flight += 1
         try:
-            self._authenticate(context)
-            yield
+            caller = self._authenticate(context)
+            with self._engine.owners.acting_as(caller.name):  # a tenant sees only its own
+                yield
         except wire.RpcFailure as failure:
             await _abort(context, failure)
         except CorralError as exc:
@@ -114,11 +116,17 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 self._activity.in_flight -= 1
                 self._activity.last = time.monotonic()
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+    def identify(self, token: str) -> Caller | None:
+        """Who a bearer token is: the daemon's token or a tenant's (server/tenants.py)."""
+        tenants = self._lifecycle.tenants
+        return None if tenants is None else tenants.identify(token)
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
         """Again, behind the server's :class:`Guard` (which checked before any read)."""
-        failure = check_token(context.invocation_metadata(), self._settings.token)
-        if failure is not None:
-            raise failure
+        caller = check_token(context.invocation_metadata(), self.identify)
+        if isinstance(caller, wire.RpcFailure):
+            raise caller
+        return caller
 
     def _message(self, info: SandboxInfo) -> Any:
         return wire.sandbox_message(
@@ -399,7 +407,7 @@ class CwSandboxFrontend:
         """Listen on ``settings.grpc``; the port (useful when it was 0)."""
         host, port = self.settings.grpc  # type: ignore[misc]
         server = grpc.aio.server(
-            interceptors=[Guard(self.settings.token, self.settings.max_client_requests)],
+            interceptors=[Guard(self.service.identify, self.settings.max_client_requests)],
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

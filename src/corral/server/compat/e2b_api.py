@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -65,6 +65,7 @@ from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.context import unless_gone
+from corral.server.tenants import ADMIN, CALLER_KEY, Caller
 from corral.server.wire import read_json
 
 TAG = "e2b"
@@ -103,16 +104,28 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(digest(given), digest(expected))
 
 
-def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | Literal[False]:
+def authenticate(
+    scope: Scope, token: str | None, identify: Callable[[str], Caller | None]
+) -> Unauthorized | None | Literal[False]:
     """For the daemon's guard: ``False`` if the request is not E2B's; else ``None``
-    (its credentials are right; the scope is marked for :func:`mount`'s routes) or the
-    :class:`Unauthorized` to answer (with :func:`refusal`)."""
+    (its credentials are right; the scope is marked for :func:`mount`'s routes and
+    holds the caller: a tenant's API key is that tenant, an access token opens its one
+    sandbox) or the :class:`Unauthorized` to answer (with :func:`refusal`)."""
     sandbox_id = _header(scope, b"e2b-sandbox-id")
     key = _header(scope, b"x-api-key")
     if sandbox_id is None and key is None:
         return False
     jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
     scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
+    if sandbox_id is None:  # the control API: the daemon's token or a tenant's
+        caller = identify(key or "")
+        if caller is None:
+            return Unauthorized(
+                "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
+                "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)"
+            )
+        scope[CALLER_KEY] = caller
+        return None
     if not token:
         return Unauthorized("this daemon has no --token: E2B clients cannot reach it")
     if sandbox_id is not None:
@@ -127,11 +140,7 @@ def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | Liter
                 "wrong or missing X-Access-Token for this sandbox: connect to it with "
                 "Sandbox.connect(sandbox_id) using the daemon's token as E2B_API_KEY"
             )
-    elif not _same(key or "", token):
-        return Unauthorized(
-            "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
-            "with (--token or CORRAL_TOKEN)"
-        )
+    scope[CALLER_KEY] = ADMIN  # the access token opens this one sandbox, whoever's it is
     return None
 
 
