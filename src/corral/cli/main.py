@@ -16,6 +16,7 @@ Examples::
     corral create --snapshot with-deps -n 8
     corral image build env.yaml     # a base image plus cached steps
     corral eval policy.py --env CartPole-v1 --seeds 0-99
+    corral token create team-a --max-sandboxes 50 --max-memory-mb 65536
     corral cluster up --address HEAD:6379   # a daemon per Ray node; CORRAL_URL=ray://HEAD:6379
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
@@ -48,6 +49,7 @@ from corral.cli import (
     _sandboxes,
     _shell,
     _snapshots,
+    _tokens,
 )
 from corral.cli._output import Context, UsageError
 from corral.client import _validate as check_arg
@@ -227,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
     p.set_defaults(handler=_sandboxes.ls)
     _inspect.add_parser(sub, conn)
+    _tokens.add_parser(sub, conn)
 
     p = sub.add_parser(
         "exec", parents=conn, help="run a command in a sandbox, streaming its output",

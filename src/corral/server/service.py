@@ -120,14 +120,17 @@ class SandboxService:
 
     # ------------------------------------------------------------------- end
 
-    async def _delete_admitted(self, sandbox_id: str) -> None:
-        await self.engine.delete(sandbox_id)
+    async def _delete_admitted(self, sandbox_id: str) -> bool:
+        # False: none the caller may see (another tenant's keeps its places)
+        if not await self.engine.delete(sandbox_id):
+            return False
         self.admission.release(sandbox_id)
+        return True
 
     async def delete(self, sandbox_id: str) -> None:
         """Delete a sandbox (idempotent) and give its places back."""
-        await self._delete_admitted(sandbox_id)
-        self.pools.release(sandbox_id)
+        if await self._delete_admitted(sandbox_id):
+            self.pools.release(sandbox_id)
 
     async def stop(
         self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"
