@@ -176,6 +176,20 @@ def test_cwsandbox(clean):
     assert all(e is not None and "NotFound" in e[0] for e in out[sid]), out[sid]
     with team.tenant("alice") as a:
         assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    gone = cw(team.tokens["alice"], f"""
+        TARGET = "-"
+        Sandbox.delete({sid!r}).result()
+        out["after"] = err(lambda: Sandbox.from_id({sid!r}).result())  # its final state
+    """)
+    assert gone["after"] is None
+    out = cw(team.tokens["bob"], """  # a deleted sandbox's last record is alice's alone
+        for target in (SID, UNKNOWN):
+            TARGET = target
+            out[target] = [err(lambda: Sandbox.from_id(target).result()),
+                           err(lambda: Sandbox.delete(target).result())]
+        out["listed"] = [s.sandbox_id for s in Sandbox.list(show_terminated=True).result()]
+    """.replace("SID", repr(sid)).replace("UNKNOWN", repr(UNKNOWN)))
+    assert out[sid] == out[UNKNOWN] and sid not in out["listed"]
     wrong = cw("not-a-token", """
         TARGET = "-"
         out["e"] = err(lambda: Sandbox.list().result())

@@ -46,8 +46,12 @@ class Owners:
 
     def sees(self, spec: SandboxSpec) -> bool:
         """Whether the acting owner may see a thing made with ``spec``."""
+        return self.sees_owner(spec.tenant)
+
+    def sees_owner(self, owner: str | None) -> bool:
+        """Whether the acting owner may see a thing of ``owner`` (None: the admin's)."""
         acting = self._acting.get()
-        return acting is None or acting == spec.tenant
+        return acting is None or acting == owner
 
     def stamp(self, spec: SandboxSpec) -> SandboxSpec:
         """``spec`` as the acting owner makes it: a tenant's things are its own."""

@@ -82,7 +82,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._commands: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._mains: dict[str, asyncio.Task[None]] = {}
         self._exit_codes: dict[str, int] = {}
-        self._ended: OrderedDict[str, Any] = OrderedDict()
+        # deleted sandboxes' last messages, with their tenant (others' are unknown ids)
+        self._ended: OrderedDict[str, tuple[str | None, Any]] = OrderedDict()
 
     # ------------------------------------------------------------- plumbing
 
@@ -229,8 +230,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
-                if sid in self._ended:
-                    return self._ended[sid]
+                if (ended := self._ended_message(sid)) is not None:
+                    return ended
                 raise
             message = self._message(info)
             if info.state in (SandboxState.RUNNING, SandboxState.PAUSED):
@@ -248,7 +249,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             found = [self._message(i) for i in infos if not wire.tensorlake_owned(i.spec.tags)]
             terminal = wanted in wire.TERMINAL_STATES or (not wanted and request.show_terminated)
             if terminal:
-                found += [m for m in self._ended.values() if set(tags) <= set(m.spec.tags)]
+                found += [m for owner, m in self._ended.values()
+                          if set(tags) <= set(m.spec.tags) and self._engine.owners.sees_owner(owner)]
             if wanted:
                 found = [m for m in found if m.status.state == wanted]
             elif not request.show_terminated:
@@ -267,14 +269,19 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
-                if sid in self._ended:
-                    return sandbox_pb2.DeleteSandboxResponse(sandbox=self._ended[sid])
+                if (ended := self._ended_message(sid)) is not None:
+                    return sandbox_pb2.DeleteSandboxResponse(sandbox=ended)
                 if request.allow_missing:
                     return sandbox_pb2.DeleteSandboxResponse()
                 raise
             # Shielded: a client that gives up half-way must not leave half a sandbox.
             final = await asyncio.shield(self._delete(info, float(request.grace_period_seconds)))
             return sandbox_pb2.DeleteSandboxResponse(sandbox=final)
+
+    def _ended_message(self, sid: str) -> Any:
+        """The last message of a deleted sandbox the caller may see, else None."""
+        owner, message = self._ended.get(sid, (None, None))
+        return message if self._engine.owners.sees_owner(owner) else None
 
     async def _delete(self, info: SandboxInfo, grace: float) -> Any:
         sid = info.id
@@ -291,7 +298,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             state=state if state in wire.TERMINAL_STATES else sandbox_pb2.STATE_TERMINATED,
             ended_at=info.ended_at or time.time(),
         )
-        self._ended[sid] = final
+        self._ended[sid] = (info.spec.tenant, final)
         while len(self._ended) > ENDED_RECORDS:
             self._ended.popitem(last=False)
         return final
