@@ -69,10 +69,16 @@ class FakeEngine:
         version = 2
 
     def __init__(self, fail: bool = False) -> None:
+        import sqlite3
+        import types
+
         from corral.runtime.events import Events
+        from corral.runtime.ownership import Owners
 
         self.fail = fail
         self.events = Events()
+        self.owners = Owners()  # who sees what (the guard sets the acting tenant)
+        self.registry = types.SimpleNamespace(db=sqlite3.connect(":memory:"))  # tokens
 
     def list(self, **kwargs):
         if self.fail:
