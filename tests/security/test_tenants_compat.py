@@ -182,7 +182,8 @@ def test_cwsandbox(clean):
         out["after"] = err(lambda: Sandbox.from_id({sid!r}).result())  # its final state
     """)
     assert gone["after"] is None
-    out = cw(team.tokens["bob"], """  # a deleted sandbox's last record is alice's alone
+    # a deleted sandbox's last record is alice's alone
+    out = cw(team.tokens["bob"], """
         for target in (SID, UNKNOWN):
             TARGET = target
             out[target] = [err(lambda: Sandbox.from_id(target).result()),

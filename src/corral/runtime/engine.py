@@ -577,8 +577,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         info = self.registry.get(sandbox_id)
         if info is None or not self.owners.sees(info.spec):  # another's: as if unknown
             raise SandboxNotFound(
-                f"no sandbox {sandbox_id!r}: it never existed or was deleted "
-                "(list sandboxes to see what exists)",
+                f"no sandbox {sandbox_id!r}: it never existed or was deleted",
                 details={"sandbox_id": sandbox_id},
             )
         return info
