@@ -135,6 +135,7 @@ class AsyncRouter:
             )
             return sent
         except DaemonUnavailable as exc:
+            self._loads.pop(target.node_id, None)  # placement skips it until it answers again
             now = await AsyncBackend.run_blocking(self.directory.forget, target)
             if now is None:
                 raise self.directory.lost(

@@ -137,6 +137,7 @@ class Router:
             )
             return sent
         except DaemonUnavailable as exc:
+            self._loads.pop(target.node_id, None)  # placement skips it until it answers again
             now = SyncBackend.run_blocking(self.directory.forget, target)
             if now is None:
                 raise self.directory.lost(
