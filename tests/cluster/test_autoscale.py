@@ -136,3 +136,23 @@ def test_bad_resource_name(ray_cluster):
     with pytest.raises(corral.InvalidArgument, match="Ray resource name"):
         bringup.up(ray_cluster.address, state_dir=str(ray_cluster.base / "x"),
                    resource="no spaces")
+
+
+def test_wild_demand_entries_are_dropped_or_capped(ray_cluster):
+    gcs = _ray.gcs(ray_cluster.address)
+    now = time.time()
+    wild = {
+        "not-json": b"{", "not-a-dict": b"[1]", "no-count": b'{"at": %d}' % now,
+        "inf": b'{"sandboxes": 1e999, "at": %d}' % now,
+        "huge": json.dumps({"sandboxes": 10**12, "at": now}).encode(),
+        "negative": json.dumps({"sandboxes": -5, "at": now}).encode(),
+    }
+    try:
+        for key, raw in wild.items():
+            _ray.kv_put(gcs, autoscale.DEMAND_KEY + key, raw)
+        assert autoscale.pending(gcs) == autoscale.MAX_WAITING  # only "huge" counts, capped
+        left = {k.removeprefix(autoscale.DEMAND_KEY) for k in _ray.kv_keys(gcs, autoscale.DEMAND_KEY)}
+        assert left == {"huge", "negative"}
+    finally:
+        for key in wild:
+            _ray.kv_del(gcs, autoscale.DEMAND_KEY + key)

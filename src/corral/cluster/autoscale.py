@@ -35,6 +35,9 @@ RESOURCE = "corral_sandbox"
 """The custom Ray resource of one sandbox slot (``cluster up --resource`` renames it)."""
 DEMAND_KEY = "demand:"  # + a client's id: {"sandboxes": n, "memory_mb": m, "at": t}
 DEMAND_TTL_S = 30.0
+MAX_WAITING = 100_000
+"""The most creates one entry counts for: the KV is writable by every Ray member, and a
+wild entry must not make the supervisor build a constraint of billions of bundles."""
 REFRESH_S = 5.0
 """How often a waiting client rewrites its entry (well inside :data:`DEMAND_TTL_S`)."""
 
@@ -60,8 +63,8 @@ def pending(gcs: Any, now: float | None = None) -> int:
         try:
             entry = json.loads(raw) if raw else None
             fresh = entry is not None and now - float(entry["at"]) <= DEMAND_TTL_S
-            count = max(0, int(entry["sandboxes"])) if fresh else 0
-        except (ValueError, TypeError, KeyError):
+            count = min(MAX_WAITING, max(0, int(entry["sandboxes"]))) if fresh else 0
+        except (ValueError, TypeError, KeyError, OverflowError):
             fresh, count = False, 0
         if not fresh:
             _ray.kv_del(gcs, key)
