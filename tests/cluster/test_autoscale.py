@@ -14,19 +14,11 @@ import pytest
 import corral
 from corral.cluster import _ray, autoscale, bringup
 from corral.cluster.node import CONFIG_KEY, SUPERVISOR
+from tests.cluster.conftest import until
 
 TAG = "test-cluster-autoscale"
-POLLS = 600  # x 0.1 s
 OTHERS = [{"CPU": 1.0}]  # someone else's request_resources: kept throughout
 
-
-def _until(predicate, what: str):
-    for _ in range(POLLS):
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture
@@ -84,7 +76,7 @@ def test_a_full_cluster_asks_the_autoscaler_and_waits_for_a_node(small_cluster):
             corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client)))
         waiter.start()
         try:
-            _until(lambda: autoscale.pending(gcs) == 1, "the create's demand in the KV")
+            until(lambda: autoscale.pending(gcs) == 1, "the create's demand in the KV")
             assert _tick() == 4 and _asked(gcs) == 4
             status = bringup.status(cluster.address)["autoscaler"]
             assert status == {"resource": autoscale.RESOURCE, "waiting": 1, "requested": 4}

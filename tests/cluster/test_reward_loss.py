@@ -5,25 +5,14 @@ never a reward of 0 (nor None while retries are left)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import corral
-from corral.cluster import bringup
 from corral.rl import code_reward
+from tests.cluster.conftest import until
 
 NAME = "cluster-loss"
-POLLS = 600  # x 0.1 s
 CODE = "```python\ndef f(x):\n    return 2 * x\n```"
 TESTS = ["import time\ntime.sleep(10)", "assert f(2) == 4"]
-
-
-def _until(predicate, what: str):
-    for _ in range(POLLS):
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def test_a_reward_on_a_lost_node_is_scored_elsewhere(corral_cluster):
@@ -42,7 +31,7 @@ def test_a_reward_on_a_lost_node_is_scored_elsewhere(corral_cluster):
             return len(live) >= 6 and doomed_id in seen_on
 
         try:
-            _until(busy, "completions scored on the doomed node")
+            until(busy, "completions scored on the doomed node")
         finally:
             corral_cluster.remove_worker(doomed)
 
@@ -59,9 +48,3 @@ def test_a_reward_on_a_lost_node_is_scored_elsewhere(corral_cluster):
     assert doomed_id in seen_on
 
     corral_cluster.add_worker(instead_of=doomed)
-
-    def three_daemons() -> bool:
-        nodes = bringup.status(corral_cluster.address)["nodes"]
-        return sum(bool(n["alive"] and n["daemon"]) for n in nodes) == 3
-
-    _until(three_daemons, "a daemon on the node that joined")
