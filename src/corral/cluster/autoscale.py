@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from corral.cluster import _ray
+from corral.errors import CapacityExceeded, InvalidArgument
 
 logger = logging.getLogger("corral.cluster")
 
@@ -38,6 +40,9 @@ DEMAND_TTL_S = 30.0
 MAX_WAITING = 100_000
 """The most creates one entry counts for: the KV is writable by every Ray member, and a
 wild entry must not make the supervisor build a constraint of billions of bundles."""
+PLACEMENT_WAIT_S = 120.0
+"""How long a create no node has room for waits by default (as a daemon's queue does);
+``CORRAL_PLACEMENT_WAIT`` sets it."""
 REFRESH_S = 5.0
 """How often a waiting client rewrites its entry (well inside :data:`DEMAND_TTL_S`)."""
 
@@ -118,3 +123,31 @@ def count(constraint: Iterable[dict[str, float]], resource: str = RESOURCE) -> i
     """How many sandbox slots a constraint (:func:`corral.cluster._ray.resource_constraint`)
     asks for."""
     return int(sum(b.get(resource, 0) for b in constraint))
+
+
+def placement_wait() -> float:
+    """Seconds a create no node has room for waits: ``CORRAL_PLACEMENT_WAIT``, else
+    :data:`PLACEMENT_WAIT_S`."""
+    raw = os.environ.get("CORRAL_PLACEMENT_WAIT", "").strip()
+    try:
+        wait = float(raw) if raw else PLACEMENT_WAIT_S
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0:
+        raise InvalidArgument(
+            f"CORRAL_PLACEMENT_WAIT must be a number of seconds >= 0, got {raw!r}")
+    return wait
+
+
+def no_room(address: str, memory_mb: int, waited: float) -> CapacityExceeded:
+    """The error of a create that waited ``waited`` s for room on the cluster in vain."""
+    return CapacityExceeded(
+        f"no node of the Ray cluster at {address} had room for a sandbox of {memory_mb} MB "
+        f"within {waited:g} s (each is at its --max-sandboxes or --max-memory-mb). The wait "
+        f"was shown to Ray's autoscaler as bundles {{{RESOURCE!r}: 1}}: to have it add "
+        f"nodes, give a node type resources: {{{RESOURCE!r}: N}} in its config (or the name "
+        "given to `corral cluster up --resource`; README: Scale out on Ray); else delete "
+        "sandboxes, add nodes, or wait longer (CORRAL_PLACEMENT_WAIT); "
+        f"`corral cluster status --address {address}` shows each node's load",
+        details={"limit": "cluster", "memory_mb": memory_mb, "waited_s": waited},
+    )

@@ -25,7 +25,6 @@ the wait is shown to Ray's autoscaler (:mod:`corral.cluster.autoscale`); then
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -43,7 +42,6 @@ from corral.cluster.directory import Directory, Node
 from corral.cluster.ids import tag_of
 from corral.cluster.placement import Room, choose, has_room, having_image, room
 from corral.errors import (
-    CapacityExceeded,
     DaemonUnavailable,
     InvalidArgument,
     SandboxLost,
@@ -55,8 +53,6 @@ LOAD_TTL_S = 1.0
 """How long the nodes' loads (``/v1/info``) are trusted for placement; the creates this
 client sends meanwhile it counts itself."""
 INFO_TIMEOUT_S = 5.0
-PLACEMENT_WAIT_S = 120.0
-"""How long a create no node has room for waits by default (as a daemon's queue does)."""
 WAIT_POLL_S = 0.5
 _SANDBOX_PREFIX = "/v1/sandboxes/"
 _SNAPSHOT_PREFIX = "/v1/snapshots/"
@@ -78,7 +74,7 @@ class AsyncRouter:
         self._images: dict[str, set[str]] = {}  # node id -> the images it has
         self._loaded_at = -LOAD_TTL_S - 1.0
         self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
-        self.placement_wait = _placement_wait()
+        self.placement_wait = autoscale.placement_wait()
         self._id = uuid.uuid4().hex  # this client's demand entry
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
@@ -214,8 +210,8 @@ class AsyncRouter:
         """Every node is full: wait (at most :attr:`placement_wait` s) until one has room,
         with this create shown to Ray's autoscaler meanwhile."""
         deadline = time.monotonic() + self.placement_wait
-        self._count_waiting(+1, memory_mb)
         gcs = await AsyncBackend.run_blocking(self.directory.gcs)
+        self._count_waiting(+1, memory_mb)
         try:
             published = -autoscale.REFRESH_S
             while (remaining := deadline - time.monotonic()) > 0:
@@ -234,17 +230,7 @@ class AsyncRouter:
                 await AsyncBackend.run_blocking(autoscale.publish, gcs, self._id, waiting, waiting_mb)
             else:
                 await AsyncBackend.run_blocking(autoscale.withdraw, gcs, self._id)
-        address = self.directory.address
-        raise CapacityExceeded(
-            f"no node of the Ray cluster at {address} had room for a sandbox of {memory_mb} MB "
-            f"within {self.placement_wait:g} s (each is at its --max-sandboxes or "
-            "--max-memory-mb). The wait was shown to Ray's autoscaler as bundles "
-            f"{{{autoscale.RESOURCE!r}: 1}}: to have it add nodes, give a node type "
-            f"resources: {{{autoscale.RESOURCE!r}: N}} in its config (or the name given to "
-            "`corral cluster up --resource`; README: Scale out on Ray); else delete sandboxes, add nodes, or wait longer (CORRAL_PLACEMENT_WAIT); "
-            f"`corral cluster status --address {address}` shows each node's load",
-            details={"limit": "cluster", "memory_mb": memory_mb, "waited_s": self.placement_wait},
-        )
+        raise autoscale.no_room(self.directory.address, memory_mb, self.placement_wait)
 
     def _count_waiting(self, delta: int, memory_mb: int) -> tuple[int, int]:
         with self._waiting_lock:
@@ -373,18 +359,6 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         "pools": [p for i in infos for p in i["pools"]],
         "nodes": infos,
     }
-
-
-def _placement_wait() -> float:
-    raw = os.environ.get("CORRAL_PLACEMENT_WAIT", "").strip()
-    try:
-        wait = float(raw) if raw else PLACEMENT_WAIT_S
-    except ValueError:
-        wait = -1.0
-    if not wait >= 0:
-        raise InvalidArgument(
-            f"CORRAL_PLACEMENT_WAIT must be a number of seconds >= 0, got {raw!r}")
-    return wait
 
 
 def _reply(path: str, data: Any) -> httpx.Response:
