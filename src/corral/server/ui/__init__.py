@@ -1,0 +1,54 @@
+"""The dashboard at ``/ui``: the daemon's sandboxes, pools, images, snapshots, admission
+queue, recent errors and evaluation runs, live, in a browser; no build step.
+
+:func:`mount` adds it to an app: its routes (:mod:`corral.server.ui.views`, behind the
+daemon's guard like every API route) and its front door (:mod:`corral.server.ui.gate`:
+log in once with a token, then a session cookie). Server-rendered HTML from autoescaped
+templates, one small script of our own (``static/ui.js``: the live updates, the
+buttons) and a stylesheet; the Content-Security-Policy allows nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route, Router
+from starlette.staticfiles import StaticFiles
+
+from corral.server.ui import views
+from corral.server.ui.gate import UiGate
+from corral.server.ui.render import page
+from corral.server.ui.sessions import Sessions
+
+__all__ = ["mount"]
+
+STATIC = Path(__file__).parent / "static"
+
+
+async def login_page(request: Request) -> Response:
+    return page("login.html")
+
+
+def _public() -> Router:
+    """What needs no session: the login form, the script and the stylesheet."""
+    return Router(routes=[
+        Route("/ui/login", login_page, methods=["GET"]),
+        Mount("/ui/static", StaticFiles(directory=STATIC)),
+    ])
+
+
+def mount(app: Starlette) -> None:
+    """Serve the dashboard at ``/ui`` on ``app`` (before it starts)."""
+    sb = "/ui/sandboxes/{sandbox_id}"
+    app.router.routes.extend([
+        Route("/ui", views.dashboard, methods=["GET"]),
+        Route("/ui/whoami", views.whoami, methods=["GET"]),
+        Route("/ui/events", views.events, methods=["GET"]),
+        Route(sb + "/stop", views.stop, methods=["POST"]),
+        Route(sb + "/delete", views.delete, methods=["POST"]),
+    ])
+    app.state.ui_sessions = Sessions()
+    app.add_middleware(UiGate, sessions=app.state.ui_sessions, public=_public())
