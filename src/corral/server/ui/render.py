@@ -25,7 +25,7 @@ SECURITY_HEADERS = {
     "content-security-policy": CSP,
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # no-referrer would make forms send Origin: null
     "cache-control": "no-store",
     "cross-origin-opener-policy": "same-origin",
 }
