@@ -58,11 +58,11 @@ from corral.rl._cache import (
     policy_key,
     same_trajectory,
 )
-from corral.rl._eval_report import EvalReporter, histogram
 from corral.rl._eval_options import (
     EvalOptions,
     parse_seeds,
 )
+from corral.rl._eval_report import EvalReporter, histogram
 from corral.rl._eval_result import (
     EpisodeErrors,
     EvalEpisode,

@@ -214,14 +214,15 @@ async def _read_token(receive: Receive, headers: Headers) -> str:
     except asyncio.TimeoutError:
         raise InvalidArgument("the login form did not arrive in time") from None
     kind = headers.get("content-type", "").split(";")[0].strip()
+    token: object = None
     if kind == "application/json":
         try:
             data = json.loads(bytes(body))
             token = data.get("token") if isinstance(data, dict) else None
         except ValueError:
-            token = None
+            pass
     else:
-        token = (parse_qs(bytes(body).decode("utf-8", "replace")).get("token") or [None])[0]
+        token = next(iter(parse_qs(bytes(body).decode("utf-8", "replace")).get("token", [])), None)
     if not isinstance(token, str) or not token.strip():
         raise InvalidArgument("type the daemon's token into the form")
     try:
