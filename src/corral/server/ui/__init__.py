@@ -41,14 +41,19 @@ def _public() -> Router:
 
 
 def mount(app: Starlette) -> None:
-    """Serve the dashboard at ``/ui`` on ``app`` (before it starts)."""
+    """Serve the dashboard at ``/ui`` on ``app`` (before it starts).
+
+    Its routes sit in the app router's fallback chain, like the compatibility
+    front-ends: ``/openapi.json`` documents the API, and the page is not part of it.
+    """
     sb = "/ui/sandboxes/{sandbox_id}"
-    app.router.routes.extend([
+    pages = [
         Route("/ui", views.dashboard, methods=["GET"]),
         Route("/ui/whoami", views.whoami, methods=["GET"]),
         Route("/ui/events", views.events, methods=["GET"]),
         Route(sb + "/stop", views.stop, methods=["POST"]),
         Route(sb + "/delete", views.delete, methods=["POST"]),
-    ])
+    ]
+    app.router.default = Router(routes=pages, default=app.router.default)
     app.state.ui_sessions = Sessions()
     app.add_middleware(UiGate, sessions=app.state.ui_sessions, public=_public())
