@@ -58,6 +58,9 @@ def test_every_reply_carries_the_security_headers(ui):
         assert "frame-ancestors 'none'" in csp
         assert reply.headers["x-frame-options"] == "DENY"
         assert reply.headers["x-content-type-options"] == "nosniff"
+    for sneaky in ("/ui/static/../__init__.py", "/ui/static/%2e%2e/__init__.py",
+                   "/ui/static/..%2fgate.py", "/ui/static/templates/login.html"):
+        assert c.get(sneaky).status_code == 404, sneaky
     page = c.get("/ui", headers=HTML).text
     scripts = re.findall(r"<script[^>]*>", page)
     assert scripts == ['<script src="/ui/static/ui.js" defer>']  # no inline script

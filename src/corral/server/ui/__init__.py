@@ -14,9 +14,9 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Mount, Route, Router
-from starlette.staticfiles import StaticFiles
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route, Router
+from starlette.types import Receive, Scope, Send
 
 from corral.server.ui import views
 from corral.server.ui.gate import UiGate
@@ -26,6 +26,7 @@ from corral.server.ui.sessions import Sessions
 __all__ = ["mount"]
 
 STATIC = Path(__file__).parent / "static"
+ASSETS = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
 
 
 async def login_page(request: Request) -> Response:
@@ -33,11 +34,24 @@ async def login_page(request: Request) -> Response:
 
 
 def _public() -> Router:
-    """What needs no session: the login form, the script and the stylesheet."""
+    """What needs no session: the login form, the script and the stylesheet (these two
+    files by name: no path from a request ever reaches the file system)."""
+    assets = {name: (STATIC / name).read_bytes() for name in ASSETS}
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in assets:
+            return PlainTextResponse("not found", status_code=404)
+        return Response(assets[name], media_type=ASSETS[name],
+                        headers={"cache-control": "no-cache"})
+
+    async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+        await PlainTextResponse("not found", status_code=404)(scope, receive, send)
+
     return Router(routes=[
         Route("/ui/login", login_page, methods=["GET"]),
-        Mount("/ui/static", StaticFiles(directory=STATIC)),
-    ])
+        Route("/ui/static/{name:path}", asset, methods=["GET"]),
+    ], default=not_found)
 
 
 def mount(app: Starlette) -> None:

@@ -92,26 +92,32 @@ async def gather(request: Request, filters: Filters) -> dict[str, Any]:
         rows.append({**s, "usage": usage})
     failed = (await _read(routes.list_sandboxes, _as(request, "state=failed")))["sandboxes"]
     runs = (await _read(evals.list_evals, request))["evals"]
+    pools = (await _read(routes.list_pools, request))["pools"]
     return {
         "sandboxes": rows,
         "hidden": max(0, len(listed) - MAX_ROWS),
         "info": await _read(routes.info, _as(request, "")),
-        "pools": (await _read(routes.list_pools, request))["pools"],
+        "pools": pools,
         "images": (await _read(list_images, request))["images"],
         "snapshots": (await _read(routes.list_snapshots, request))["snapshots"],
         "evals": runs,
-        "errors": _errors(failed, runs),
+        "errors": _errors(failed, runs, pools),
         "filters": filters,
         "states": STATES,
     }
 
 
-def _errors(failed: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Recent failures: sandboxes that failed, evaluation runs that did."""
+def _errors(
+    failed: list[dict[str, Any]], runs: list[dict[str, Any]], pools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Recent failures: sandboxes that failed, evaluation runs that did, pools' last
+    failed create."""
     out = [{"at": s.get("ended_at") or s["created_at"], "what": f"sandbox {s['id']}",
             "message": s.get("reason") or "failed"} for s in failed]
     out += [{"at": r["updated_at"], "what": f"evaluation {r['name']}",
              "message": r.get("error") or "failed"} for r in runs if r["state"] == "failed"]
+    out += [{"at": p["created_at"], "what": f"pool {p['name']}", "message": p["last_error"]}
+            for p in pools if p.get("last_error")]
     out.sort(key=lambda e: e["at"], reverse=True)
     return out[:MAX_ERRORS]
 
