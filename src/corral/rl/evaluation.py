@@ -322,6 +322,7 @@ class _EvalLoop:
             opts.budget_episodes if opts.adaptive else None, label=f"{pol.label} on {spec}",
             enabled=bool(progress))
         self.total = opts.budget_episodes if opts.adaptive else None
+        self.final: Summary | None = None  # the run's own statistics, once it ended
         self.reporter = EvalReporter(self.evaluation.client(), name=pol.label, env=str(spec),
                                      enabled=opts.report)
 
@@ -361,7 +362,7 @@ class _EvalLoop:
 
     def summary(self, state: str, error: str | None = None) -> dict[str, Any]:
         """The run so far, as the daemon's dashboard shows it (``PUT /v1/evals/{id}``)."""
-        s = self.stats("t" if state == "running" else None)  # the run's own CI at its end
+        s = self.final or self.stats("t")  # the live bar's interval until the end
         returns = [e.episode_return for e in self.episodes.values() if e.ok]
         return {"state": state, "total": self.total, "done": len(self.episodes),
                 "counts": {k: v for k, v in self.bar.counts.items() if v}, "n": s.n,
@@ -381,7 +382,7 @@ class _EvalLoop:
                 failed = sum(e.status in FAILED for e in self.episodes.values())
                 error = f"the policy failed in {failed} of {len(self.episodes)} episodes"
             else:
-                state = "done"
+                state, self.final = "done", self.stats()
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
@@ -400,8 +401,9 @@ class _EvalLoop:
             cached = bool(self.store is not None and self.deterministic)
             raise _episode_errors(self.pol, self.spec, ordered, cached=cached)
         opts = self.opts
+        assert self.final is not None  # set when the batches ended without policy_failed
         return EvalResult(
-            self.pol.label, self.pol.hash, self.spec, ordered, self.stats(), self.error_value,
+            self.pol.label, self.pol.hash, self.spec, ordered, self.final, self.error_value,
             stop_reason, time.perf_counter() - started, self.evaluation.sandboxes_created,
             self.cache_hits, opts.target_halfwidth if opts.adaptive else None,
             on_error=self.mode, deterministic=self.deterministic)
