@@ -235,3 +235,23 @@ def test_sessions_are_bounded():
     assert len(sessions) == 3
     assert sessions.get(ids[0]) is None and sessions.get(ids[-1]).token == "t4"
     assert sessions.get(None) is None and sessions.get("") is None
+
+
+async def test_a_session_whose_token_is_refused_ends_at_once():
+    """A revoked token (here: the session's token no longer the daemon's) ends the
+    session on its next request; it does not come back when the token would work."""
+    from tests.server.test_units import TOKEN as APP_TOKEN
+    from tests.server.test_units import make_client
+
+    client = make_client()
+    app = client._transport.app
+    async with client:
+        ok = await client.post("/ui/login", data={"token": APP_TOKEN})
+        assert ok.status_code == 303
+        assert (await client.get("/ui/whoami")).status_code == 204
+        (session,) = list(app.state.ui_sessions._by_id.values())
+        session.token = "revoked-" + APP_TOKEN
+        assert (await client.get("/ui/whoami")).status_code == 401
+        assert len(app.state.ui_sessions) == 0
+        session.token = APP_TOKEN
+        assert (await client.get("/ui/whoami")).status_code == 401
