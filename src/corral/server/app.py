@@ -43,6 +43,7 @@ from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
+from corral.server.ui import mount as mount_dashboard
 from corral.server.wire import error_response
 
 logger = logging.getLogger("corral.server")
@@ -212,4 +213,5 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
+    mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
     return app

@@ -15,6 +15,7 @@ from corral.schema import (
     SnapshotInfo,
 )
 from corral.server.endpoint import NDJSON, RAW, Endpoint, Query, handler_of
+from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -316,6 +317,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "DELETE", _SNAP, delete_snapshot,
         "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,
     ),
+    Endpoint(
+        "PUT", "/v1/evals/{eval_id}", put_eval,
+        "Report an evaluation run's progress (corral.rl.evaluate does; shown at /ui)",
+        body=EvalReport, reply=EvalRun,
+    ),
+    Endpoint("GET", "/v1/evals", list_evals, "Recent evaluation runs, newest first",
+             reply=EvalList),
 )
 
 
