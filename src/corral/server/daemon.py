@@ -24,6 +24,7 @@ from corral._version import __version__
 from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
 from corral.runtime.engine import ID_PREFIX, Engine
+from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
 from corral.server.limits import BoundedHttpProtocol
@@ -244,12 +245,15 @@ def _log_start(settings: ServerSettings, engine: Engine, sockets: list[socket.so
     )
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` unless the caller set logging up already."""
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Log to stderr at ``level`` unless the caller set logging up already; as JSON
+    lines with ``log_format="json"`` (:mod:`corral.server.accesslog`)."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise InvalidArgument(f"unknown log level {level!r}: use debug, info, warning or error")
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(accesslog.formatter(log_format))
+    logging.basicConfig(handlers=[handler])
     logging.getLogger("corral").setLevel(numeric)
     # uvicorn's own start/stop chatter only when debugging; its errors always.
     logging.getLogger("uvicorn").setLevel(
@@ -259,5 +263,5 @@ def configure_logging(level: str) -> None:
 
 def serve(settings: ServerSettings) -> None:
     """Run a daemon in this process until SIGTERM / SIGINT (blocking)."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     asyncio.run(run(settings))
