@@ -186,7 +186,8 @@ async def run(settings: ServerSettings) -> None:
             ws="none",  # no websocket endpoints: never upgrade a connection
             loop="asyncio",
             log_config=None,
-            access_log=logger.isEnabledFor(logging.DEBUG),
+            # (--log-format json logs each request itself, with no path: accesslog.py)
+            access_log=logger.isEnabledFor(logging.DEBUG) and settings.log_format == "text",
             # A backstop only: _drain ends what the engine runs after shutdown_grace.
             timeout_graceful_shutdown=settings.shutdown_grace + DRAIN_BACKSTOP_S,  # type: ignore[arg-type]
             backlog=BACKLOG,

@@ -78,10 +78,15 @@ class SandboxService:
         ``host_network``: whether this caller may have ``network="host"`` (the daemon
         was started with ``--allow-host-network``, or it asks on the Unix socket).
         """
-        spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
-        self.engine.images.get(spec.image)  # ImageNotFound now, too
-        check_host_limits(spec)
-        check_network(spec, host_network=host_network)
+        try:
+            spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+            self.engine.images.get(spec.image)  # ImageNotFound now, too
+            check_host_limits(spec)
+            check_network(spec, host_network=host_network)
+        except CorralError as exc:  # a create refused: counted like one that failed
+            now = time.monotonic()
+            self.engine.events.emit(CreateFinished(exc.code, now, None, now))
+            raise
         return spec
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
