@@ -10,7 +10,8 @@ process-wide default: tests run many daemons in one process). Two kinds of figur
   announced once by the service for every front-end), commands and pool hand-outs
   (:class:`~corral.runtime.events.CommandEnded`, :class:`~corral.runtime.events.PoolAcquired`,
   announced by the engine), sandboxes that ended (:class:`~corral.runtime.events.SandboxEnded`).
-  A listener costs an ``observe()`` or ``inc()``: about a microsecond.
+  A listener costs an ``observe()`` and an ``inc()``: a few microseconds
+  (``benchmarks/bench_metrics.py``).
 
 Label values come from closed sets (states, error codes, outcomes, end reasons)
 except pool and tenant names, which clients choose: at most :data:`MAX_LABELLED`
@@ -163,11 +164,11 @@ class Metrics:
         self.pool_acquire = Histogram(
             "corral_pool_acquire_seconds", "A successful warm-pool acquire's wait.",
             buckets=CREATE_BUCKETS, registry=registry)
-        self.creates.labels("ok")  # the series a dashboard reads exist from the start
-        for outcome in EXEC_OUTCOMES:
-            self.exec_results.labels(outcome)
-        for reason in END_REASONS:
-            self.ends.labels(reason)
+        # Each series resolved once (labels() costs ~5 us a call), and the ones a
+        # dashboard reads exist from the start, at 0.
+        self._created = {"ok": self.creates.labels("ok")}
+        self._outcomes = {outcome: self.exec_results.labels(outcome) for outcome in EXEC_OUTCOMES}
+        self._ends = {reason: self.ends.labels(reason) for reason in END_REASONS}
         registry.register(_StateCollector(engine, service))  # type: ignore[arg-type]
         events = engine.events
         events.subscribe(CreateFinished, self._create_finished)
@@ -176,7 +177,10 @@ class Metrics:
         events.subscribe(PoolAcquired, self._pool_acquired)
 
     def _create_finished(self, event: CreateFinished) -> None:
-        self.creates.labels(event.result).inc()
+        child = self._created.get(event.result)
+        if child is None:  # an error code (a closed set) seen for the first time
+            child = self._created[event.result] = self.creates.labels(event.result)
+        child.inc()
         if event.admitted is not None:
             self.admission_wait.observe(event.admitted - event.began)
         if event.result == "ok":
@@ -184,10 +188,10 @@ class Metrics:
 
     def _command_ended(self, event: CommandEnded) -> None:
         self.exec_seconds.observe(event.result.duration)
-        self.exec_results.labels(exec_outcome(event.result)).inc()
+        self._outcomes[exec_outcome(event.result)].inc()
 
     def _sandbox_ended(self, event: SandboxEnded) -> None:
-        self.ends.labels(end_reason(event)).inc()
+        self._ends[end_reason(event)].inc()
 
     def _pool_acquired(self, event: PoolAcquired) -> None:
         self.pool_acquire.observe(event.seconds)
