@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -146,7 +147,7 @@ def main() -> int:
             order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
             for _ in range(execs):  # one each in turn: the host's drift hits all alike
                 for name in order:
-                    exec_ms[name].append(timed_ms(lambda: boxes[name].exec(["true"])))
+                    exec_ms[name].append(timed_ms(partial(boxes[name].exec, ["true"])))
             for _ in range(creates):
                 for name in order:
                     create_ms[name].append(create_ready_ms(clients[name]))
