@@ -18,11 +18,8 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -32,48 +29,18 @@ import httpx
 
 import corral
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sdk import private_daemon  # noqa: E402  (a sibling script, not a package)
+
 CONFIGS = {"off": ["--no-metrics"], "metrics": [], "metrics_json": ["--log-format", "json"]}
 
 
-def start_daemon(base: Path, extra: list[str]) -> subprocess.Popen:
-    sock = base / "corral.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral.server", "--socket", str(sock),
-         "--state-dir", str(base / "state"), *extra],
-        stdout=open(base / "daemon.log", "wb"), stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"daemon exited: {(base / 'daemon.log').read_text()[-2000:]}")
-        if sock.exists():
-            try:
-                with corral.Client(f"unix://{sock}") as c:
-                    c.health()
-                return proc
-            except corral.CorralError:
-                pass
-        time.sleep(0.05)
-    raise SystemExit("daemon did not start")
-
-
 @contextlib.contextmanager
-def daemons() -> Iterator[dict[str, Path]]:
-    """One private daemon per config; yields their socket paths."""
-    bases: dict[str, Path] = {}
-    procs: list[subprocess.Popen] = []
-    try:
-        for name, extra in CONFIGS.items():
-            base = bases[name] = Path(tempfile.mkdtemp(prefix=f"corral-bench-{name}-"))
-            os.chmod(base, 0o711)  # sandboxes run as an unprivileged uid and must reach it
-            procs.append(start_daemon(base, extra))
-        yield {name: base / "corral.sock" for name, base in bases.items()}
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(30)
-        for base in bases.values():
-            shutil.rmtree(base, ignore_errors=True)
+def daemons() -> Iterator[dict[str, str]]:
+    """One private daemon per config; yields their URLs."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(private_daemon(f"corral-bench-{name}-", *extra))
+               for name, extra in CONFIGS.items()}
 
 
 def timed_ms(fn) -> float:
@@ -90,8 +57,8 @@ def create_ready_ms(client: corral.Client) -> float:
     return took
 
 
-def scrape_ms(sock: Path, n: int) -> float:
-    transport = httpx.HTTPTransport(uds=str(sock))
+def scrape_ms(url: str, n: int) -> float:
+    transport = httpx.HTTPTransport(uds=url.removeprefix("unix://"))
     with httpx.Client(transport=transport, base_url="http://corral") as c:
         c.get("/metrics").raise_for_status()
         return statistics.median(timed_ms(lambda: c.get("/metrics")) for _ in range(n))
@@ -137,8 +104,8 @@ def main() -> int:
     rounds, execs, creates = (5, 40, 4) if args.quick else (10, 100, 8)
     exec_ms: dict[str, list[float]] = {name: [] for name in CONFIGS}
     create_ms: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    with daemons() as socks, contextlib.ExitStack() as stack:
-        clients = {n: stack.enter_context(corral.Client(f"unix://{s}")) for n, s in socks.items()}
+    with daemons() as urls, contextlib.ExitStack() as stack:
+        clients = {n: stack.enter_context(corral.Client(url)) for n, url in urls.items()}
         boxes = {n: stack.enter_context(corral.Sandbox.create(memory_mb=64, client=c))
                  for n, c in clients.items()}
         for sb in boxes.values():
@@ -153,7 +120,7 @@ def main() -> int:
                     create_ms[name].append(create_ready_ms(clients[name]))
         alive = [stack.enter_context(corral.Sandbox.create(memory_mb=64, client=clients["metrics"]))
                  for _ in range(19)]
-        scrape = scrape_ms(socks["metrics"], 20 if args.quick else 50)
+        scrape = scrape_ms(urls["metrics"], 20 if args.quick else 50)
         del alive
     res: dict[str, float] = {}
     for name in CONFIGS:
