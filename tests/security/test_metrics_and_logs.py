@@ -11,33 +11,24 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import time
 
 import httpx
 import pytest
 
 from corral.server.metrics import MAX_LABELLED, OTHER
-from tests.conftest import ROOT_REASON, Daemon, _base_dir, have_root_runtime
-from tests.server.conftest import TEST_TAG, free_port, uds_client
-from tests.server.test_metrics import scrape, value
+from tests.conftest import Daemon
+from tests.server.conftest import TEST_TAG, uds_client
+from tests.server.test_metrics import scrape, tcp_daemon_with, value
 
 TOKEN = "log-and-metrics-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="module")
 def daemon_json():
-    """A daemon on TCP with a token, logging JSON lines."""
-    if not have_root_runtime():
-        pytest.skip(ROOT_REASON)
-    base = _base_dir()
-    port = free_port()
-    d = Daemon(base, ["--tcp", f"127.0.0.1:{port}", "--token", TOKEN, "--log-format", "json",
-                      "--log-level", "debug"]).start()
-    d.port = port  # type: ignore[attr-defined]
-    yield d
-    d.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    """A daemon on TCP with a token, logging JSON lines (debug: every record)."""
+    with tcp_daemon_with(TOKEN, "--log-format", "json", "--log-level", "debug") as d:
+        yield d
 
 
 def log_lines(d: Daemon, since: int) -> list[dict]:

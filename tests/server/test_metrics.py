@@ -3,15 +3,18 @@ commands that fail, time out and are OOM-killed, and end by their lifetime."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from corral._version import __version__
 from tests.conftest import ROOT_REASON, Daemon, _base_dir, have_root_runtime
 from tests.server.conftest import TEST_TAG, free_port, uds_client
+from tests.server.test_pools import until
 
 TOKEN = "metrics-test-token"
 MiB = 1 << 20
@@ -33,28 +36,32 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-def wait_for(predicate, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"never reached: {what}")
+def moved(before: dict, after: dict, name: str, **labels: str) -> float:
+    """How far a sample moved between two scrapes."""
+    return value(after, name, **labels) - value(before, name, **labels)
 
 
-@pytest.fixture(scope="module")
-def tcp_daemon():
-    """A daemon on its Unix socket and on TCP with a token (shared by this module)."""
+@contextlib.contextmanager
+def tcp_daemon_with(token: str, *args: str) -> Iterator[Daemon]:
+    """A daemon on its Unix socket and on TCP (``.port``) with ``token``."""
     if not have_root_runtime():
         pytest.skip(ROOT_REASON)
     base = _base_dir()
     port = free_port()
-    d = Daemon(base, ["--tcp", f"127.0.0.1:{port}", "--token", TOKEN]).start()
+    d = Daemon(base, ["--tcp", f"127.0.0.1:{port}", "--token", token, *args]).start()
     d.port = port  # type: ignore[attr-defined]
-    yield d
-    d.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon():
+    """Shared by this module's tests."""
+    with tcp_daemon_with(TOKEN) as d:
+        yield d
 
 
 @pytest.fixture
@@ -82,14 +89,8 @@ def test_metrics_need_the_token_on_tcp_and_not_on_the_socket(tcp_daemon, uds):
         assert tcp.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert tcp.get("/metrics", headers={"X-API-Key": "wrong"}).status_code == 401
         samples = scrape(tcp, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert value(samples, "corral_build_info", version=corral_version()) == 1
+    assert value(samples, "corral_build_info", version=__version__) == 1
     assert ("corral_admission_queue_depth", frozenset()) in scrape(uds)
-
-
-def corral_version() -> str:
-    from corral._version import __version__
-
-    return __version__
 
 
 def test_creates_commands_and_ends_move_the_figures(uds):
@@ -97,18 +98,12 @@ def test_creates_commands_and_ends_move_the_figures(uds):
     sid = create(uds)
     try:
         after = scrape(uds)
-        assert value(after, "corral_sandbox_creates_total", result="ok") == value(
-            before, "corral_sandbox_creates_total", result="ok") + 1
-        assert value(after, "corral_sandbox_create_seconds_count") == value(
-            before, "corral_sandbox_create_seconds_count") + 1
-        assert value(after, "corral_admission_wait_seconds_count") == value(
-            before, "corral_admission_wait_seconds_count") + 1
-        assert value(after, "corral_sandboxes", state="running") == value(
-            before, "corral_sandboxes", state="running") + 1
-        assert value(after, "corral_tenant_sandboxes", tenant="admin") == value(
-            before, "corral_tenant_sandboxes", tenant="admin") + 1
-        assert value(after, "corral_committed_memory_bytes") == value(
-            before, "corral_committed_memory_bytes") + 64 * MiB
+        assert moved(before, after, "corral_sandbox_creates_total", result="ok") == 1
+        assert moved(before, after, "corral_sandbox_create_seconds_count") == 1
+        assert moved(before, after, "corral_admission_wait_seconds_count") == 1
+        assert moved(before, after, "corral_sandboxes", state="running") == 1
+        assert moved(before, after, "corral_tenant_sandboxes", tenant="admin") == 1
+        assert moved(before, after, "corral_committed_memory_bytes") == 64 * MiB
 
         assert exec_(uds, sid, ["true"])["returncode"] == 0
         assert exec_(uds, sid, ["sh", "-c", "exit 3"])["returncode"] == 3
@@ -116,22 +111,16 @@ def test_creates_commands_and_ends_move_the_figures(uds):
         assert slow["timed_out"]
         ran = scrape(uds)
         for outcome in ("ok", "nonzero", "timeout"):
-            assert value(ran, "corral_exec_results_total", outcome=outcome) == value(
-                after, "corral_exec_results_total", outcome=outcome) + 1, outcome
-        assert value(ran, "corral_exec_results_total", outcome="oom") == value(
-            after, "corral_exec_results_total", outcome="oom")
-        assert value(ran, "corral_exec_seconds_count") == value(
-            after, "corral_exec_seconds_count") + 3
+            assert moved(after, ran, "corral_exec_results_total", outcome=outcome) == 1, outcome
+        assert moved(after, ran, "corral_exec_results_total", outcome="oom") == 0
+        assert moved(after, ran, "corral_exec_seconds_count") == 3
         # the timed-out command counts its 0.3 s, not the 30 it asked for
-        assert 0.3 <= value(ran, "corral_exec_seconds_sum") - value(
-            after, "corral_exec_seconds_sum") < 30
+        assert 0.3 <= moved(after, ran, "corral_exec_seconds_sum") < 30
     finally:
         assert uds.delete(f"/v1/sandboxes/{sid}").status_code == 204
     gone = scrape(uds)
-    assert value(gone, "corral_sandbox_ends_total", reason="deleted") == value(
-        before, "corral_sandbox_ends_total", reason="deleted") + 1
-    assert value(gone, "corral_committed_memory_bytes") == value(
-        before, "corral_committed_memory_bytes")
+    assert moved(before, gone, "corral_sandbox_ends_total", reason="deleted") == 1
+    assert moved(before, gone, "corral_committed_memory_bytes") == 0
 
 
 def test_an_oom_kill_is_counted(uds):
@@ -144,23 +133,20 @@ def test_an_oom_kill_is_counted(uds):
         after = scrape(uds)
     finally:
         uds.delete(f"/v1/sandboxes/{sid}")
-    assert value(after, "corral_exec_results_total", outcome="oom") == value(
-        before, "corral_exec_results_total", outcome="oom") + 1
+    assert moved(before, after, "corral_exec_results_total", outcome="oom") == 1
 
 
 def test_a_lifetime_timeout_is_counted(uds):
     before = scrape(uds)
     sid = create(uds, timeout=1)
     try:
-        wait_for(lambda: uds.get(f"/v1/sandboxes/{sid}").json()["state"] == "stopped",
+        until(lambda: uds.get(f"/v1/sandboxes/{sid}").json()["state"] == "stopped",
                  "the sandbox's lifetime ran out")
         after = scrape(uds)
     finally:
         uds.delete(f"/v1/sandboxes/{sid}")
-    assert value(after, "corral_sandbox_ends_total", reason="timeout") == value(
-        before, "corral_sandbox_ends_total", reason="timeout") + 1
-    assert value(after, "corral_sandboxes", state="stopped") == value(
-        before, "corral_sandboxes", state="stopped") + 1
+    assert moved(before, after, "corral_sandbox_ends_total", reason="timeout") == 1
+    assert moved(before, after, "corral_sandboxes", state="stopped") == 1
 
 
 def test_refused_creates_are_counted_by_their_error(uds):
@@ -168,10 +154,8 @@ def test_refused_creates_are_counted_by_their_error(uds):
     reply = uds.post("/v1/sandboxes", json={"image": "no-such-image", "tags": [TEST_TAG]})
     assert reply.status_code == 404, reply.text
     after = scrape(uds)
-    assert value(after, "corral_sandbox_creates_total", result="image_not_found") == value(
-        before, "corral_sandbox_creates_total", result="image_not_found") + 1
-    assert value(after, "corral_sandbox_create_seconds_count") == value(
-        before, "corral_sandbox_create_seconds_count")
+    assert moved(before, after, "corral_sandbox_creates_total", result="image_not_found") == 1
+    assert moved(before, after, "corral_sandbox_create_seconds_count") == 0
 
 
 def test_pools_report_ready_sandboxes_and_acquires(uds):
@@ -179,15 +163,14 @@ def test_pools_report_ready_sandboxes_and_acquires(uds):
     body = {"name": name, "spec": {"memory_mb": 64, "tags": [TEST_TAG]}, "min_ready": 1}
     assert uds.post("/v1/pools", json=body).status_code == 201
     try:
-        wait_for(lambda: value(scrape(uds), "corral_pool_ready", pool=name) == 1,
+        until(lambda: value(scrape(uds), "corral_pool_ready", pool=name) == 1,
                  "the pool's sandbox is ready")
         before = scrape(uds)
         got = uds.post(f"/v1/pools/{name}/acquire", json={"timeout": 30})
         assert got.status_code == 200, got.text
         uds.delete(f"/v1/sandboxes/{got.json()['id']}")
         after = scrape(uds)
-        assert value(after, "corral_pool_acquire_seconds_count") == value(
-            before, "corral_pool_acquire_seconds_count") + 1
+        assert moved(before, after, "corral_pool_acquire_seconds_count") == 1
     finally:
         uds.delete(f"/v1/pools/{name}")
     assert not any(n == "corral_pool_ready" and dict(labels).get("pool") == name
