@@ -47,9 +47,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from corral._version import __version__
+from corral.errors import NotFound
 from corral.runtime.engine import Engine
 from corral.runtime.events import CommandEnded, PoolAcquired, SandboxEnded
 from corral.schema import ExecResult, SandboxState
@@ -204,11 +204,12 @@ class Metrics:
 async def metrics_endpoint(request: Request) -> Response:
     """``GET /metrics``: Prometheus's text format; the administrator's view of the host."""
     require_admin(request.scope, "GET /metrics")
-    metrics: Metrics = request.app.state.metrics
+    metrics: Metrics | None = getattr(request.app.state, "metrics", None)
+    if metrics is None:
+        raise NotFound("this daemon serves no metrics: it was started with --no-metrics")
     return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def mount(app: Starlette) -> None:
-    """Count this daemon's events from now on and serve ``GET /metrics`` on ``app``."""
+    """Count this daemon's events from now on, for ``GET /metrics`` on ``app``."""
     app.state.metrics = Metrics(app.state.engine, app.state.service)
-    app.router.routes.append(Route("/metrics", metrics_endpoint, methods=["GET"]))
