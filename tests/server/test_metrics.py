@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -182,3 +183,24 @@ def test_no_metrics_turns_the_endpoint_off(make_daemon):
     with uds_client(d.socket) as c:
         assert c.get("/metrics").status_code == 404
         assert c.get("/v1/info").status_code == 200
+
+
+def test_a_queued_create_shows_in_the_queue_and_its_wait(make_daemon):
+    d = make_daemon("--max-sandboxes", "1")
+    with uds_client(d.socket) as c, uds_client(d.socket) as waiting:
+        first = create(c)
+        before = scrape(c)
+        second: list[str] = []
+        queued = threading.Thread(target=lambda: second.append(create(waiting)))
+        queued.start()
+        try:
+            until(lambda: value(scrape(c), "corral_admission_queue_depth") == 1,
+                  "the second create waits in the queue")
+            assert c.delete(f"/v1/sandboxes/{first}").status_code == 204
+        finally:
+            queued.join(60)
+        after = scrape(c)
+        assert second and value(after, "corral_admission_queue_depth") == 0
+        assert moved(before, after, "corral_admission_wait_seconds_count") == 1
+        assert moved(before, after, "corral_admission_wait_seconds_sum") > 0
+        c.delete(f"/v1/sandboxes/{second[0]}")
