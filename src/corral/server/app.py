@@ -35,6 +35,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
+from corral.server import metrics
+from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
@@ -187,6 +189,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app = Starlette(
         routes=build_routes(),
         middleware=[
+            *([Middleware(AccessLog)] if settings.log_format == "json" else []),
             Middleware(
                 Guard,
                 token=settings.token,
@@ -214,4 +217,6 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    if settings.metrics:
+        metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events
     return app
