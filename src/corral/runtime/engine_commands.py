@@ -22,6 +22,7 @@ from corral.runtime.agentconn import (
     limit_fields,
     output_tail_for,
 )
+from corral.runtime.events import CommandEnded
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
@@ -29,6 +30,7 @@ from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import DEFAULT_EXEC_TIMEOUT_S, DEFAULT_MAX_OUTPUT, ExecEvent, ExecResult
 
 if TYPE_CHECKING:
+    from corral.runtime.events import Events
     from corral.runtime.live import Live
 
 BASE_PATH = (
@@ -41,6 +43,7 @@ class CommandOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
+        events: Events
         _tasks: set[asyncio.Task[Any]]
 
         def _running(self, sandbox_id: str) -> Live: ...
@@ -107,6 +110,8 @@ class CommandOps:
                 command_events(live, stream, timeout, cwd, oom_before)
             ) as events:
                 async for ev in events:
+                    if ev.result is not None:  # metrics and logs hear of it (events.py)
+                        self.events.emit(CommandEnded(live.id, ev.result))
                     yield ev
 
     def command_fields(

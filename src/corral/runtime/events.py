@@ -1,4 +1,5 @@
-"""What the engine announces: a sandbox changed state, a sandbox ended.
+"""What the engine announces: a sandbox changed state, a sandbox ended, a command
+ended, a pool handed out a sandbox.
 
 Admission control, pools, metrics and the process tables subscribe here instead of
 polling the engine for sandboxes that went away. Listeners are called synchronously,
@@ -12,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.schema import SandboxState
+from corral.schema import ExecResult, SandboxState
 
 log = logging.getLogger("corral.runtime")
 
@@ -32,6 +33,24 @@ class SandboxEnded:
     sandbox_id: str
     state: SandboxState
     reason: str
+
+
+@dataclass(frozen=True)
+class CommandEnded:
+    """A command run by ``exec``/``exec_stream`` ended with a result (a timeout or an OOM
+    kill included; a command the agent could not start raises instead)."""
+
+    sandbox_id: str
+    result: ExecResult
+
+
+@dataclass(frozen=True)
+class PoolAcquired:
+    """A warm pool handed out a live sandbox ``seconds`` after the acquire began."""
+
+    pool: str
+    sandbox_id: str
+    seconds: float
 
 
 Listener = Callable[[object], None]

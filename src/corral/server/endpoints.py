@@ -14,7 +14,8 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
-from corral.server.endpoint import NDJSON, RAW, Endpoint, Query, handler_of
+from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
+from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -22,6 +23,7 @@ from corral.server.image_routes import (
     import_image_route,
     list_images,
 )
+from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,
     ExecRequest,
@@ -108,6 +110,8 @@ _PATH = Query(
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/health", health, "Is the daemon up", reply=Health),
     Endpoint("GET", "/v1/info", info, "Version, limits and what is in use", reply=DaemonInfo),
+    Endpoint("GET", "/metrics", metrics_endpoint,
+             "Prometheus metrics (admin only on TCP; 404 with --no-metrics)", reply=TEXT),
     Endpoint(
         "POST",
         "/v1/sandboxes",
@@ -331,6 +335,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "DELETE", _SNAP, delete_snapshot,
         "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,
     ),
+    Endpoint(
+        "PUT", "/v1/evals/{eval_id}", put_eval,
+        "Report an evaluation run's progress (corral.rl.evaluate does; shown at /ui)",
+        body=EvalReport, reply=EvalRun,
+    ),
+    Endpoint("GET", "/v1/evals", list_evals, "Recent evaluation runs, newest first",
+             reply=EvalList),
 )
 
 

@@ -80,6 +80,8 @@ class ServerSettings:
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
+    log_format: str = "text"  # "json": JSON lines, one per request too (server/accesslog.py)
+    metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
     node: str | None = None
@@ -97,6 +99,8 @@ class ServerSettings:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument(f"--log-format is text or json, got {self.log_format!r}")
         if self.node is not None and not is_node_id(self.node):
             raise InvalidArgument(f"--node takes a Ray node id (hex), got {self.node!r}")
         if self.tcp is not None and not self.token:

@@ -32,6 +32,7 @@ from corral.schema import TENANT_NAME
 
 __all__ = [
     "ADMIN",
+    "ADMIN_NAME",
     "CALLER_KEY",
     "Caller",
     "UNIDENTIFIED",
@@ -45,6 +46,7 @@ __all__ = [
     "tenant_of",
 ]
 
+ADMIN_NAME = "admin"  # how logs and metrics name the admin: no tenant may take the name
 TOKEN_PREFIX = "crl_"  # tells a corral tenant token apart in a config file or a leak scan
 CALLER_KEY = "corral.caller"  # where the guard puts the request's Caller (ASGI scope)
 
@@ -117,10 +119,11 @@ class TokenStore:
         allow_images: bool = False,
     ) -> tuple[Tenant, str]:
         """A new tenant and its token (shown once: only its hash is kept)."""
-        if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name):
+        if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name) or name == ADMIN_NAME:
             raise InvalidArgument(
                 f"invalid tenant name {name!r}: use 1-63 lower-case letters, digits, '-' "
-                "or '_', starting with a letter or digit", details={"name": name},
+                f"or '_', starting with a letter or digit, not {ADMIN_NAME!r}",
+                details={"name": name},
             )
         for field, value in (("max_sandboxes", max_sandboxes), ("max_memory_mb", max_memory_mb),
                              ("max_cpus", max_cpus)):
