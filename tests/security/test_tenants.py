@@ -7,6 +7,7 @@ exactly like an id that never existed. The admin (Unix socket, daemon token) see
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -23,7 +24,7 @@ from tests.security.tenants_helpers import (
 
 @pytest.fixture(scope="module")
 def team():
-    with team_daemon() as t:
+    with team_daemon("--log-format", "json") as t:
         yield t
 
 
@@ -264,3 +265,17 @@ def test_token_names_and_quotas_are_checked(team):
             assert reply.status_code == 400, (body, reply.text)
         assert admin.post("/v1/tokens", json={"name": "bob"}).status_code == 400  # taken
         assert admin.delete("/v1/tokens/nobody").status_code == 404
+
+
+def test_metrics_and_the_access_log_name_the_tenant(team, alice_sb):
+    with team.admin() as admin:
+        text = admin.get("/metrics").text
+    assert 'corral_tenant_sandboxes{tenant="alice"} 1.0' in text
+    with team.tenant("bob") as b:  # the whole host's figures are the admin's
+        assert b.get("/metrics").status_code == 403
+    lines = [json.loads(line) for line in team.daemon.log.read_text().splitlines()
+             if line.startswith("{")]
+    access = [r for r in lines if r.get("logger") == "corral.access"]
+    assert {"alice", "bob", "admin"} <= {r["tenant"] for r in access}
+    assert any(r["tenant"] == "alice" and r["route"] == "/v1/sandboxes" and r["status"] == 201
+               for r in access)
