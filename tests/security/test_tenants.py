@@ -166,14 +166,17 @@ def test_a_revoked_token_is_refused_at_once(team):
     token = team.make_token("shortlived")
     with team.tcp(token) as c:
         sid = c.post("/v1/sandboxes", json={"memory_mb": 64}).json()["id"]
+        assert c.post("/v1/pools", json={"name": "shortlived-pool", "spec": {"memory_mb": 32},
+                                         "min_ready": 1, "max_size": 2}).status_code == 201
         assert c.get("/v1/sandboxes").status_code == 200
         with team.admin() as admin:
             assert admin.delete("/v1/tokens/shortlived").status_code == 204
         for path in ("/v1/sandboxes", f"/v1/sandboxes/{sid}"):
             reply = c.get(path)  # the same connection, the very next request
             assert reply.status_code == 401 and reply.json()["error"]["code"] == "unauthorized"
-    with team.admin() as admin:  # its sandbox stays, the admin's to delete
+    with team.admin() as admin:  # its sandbox stays, the admin's to delete; its pool goes
         assert admin.get(f"/v1/sandboxes/{sid}").json()["spec"]["tenant"] == "shortlived"
+        assert admin.get("/v1/pools/shortlived-pool").status_code == 404
         assert admin.delete(f"/v1/sandboxes/{sid}").status_code == 204
         assert admin.delete("/v1/tokens/shortlived").status_code == 404
 

@@ -82,6 +82,13 @@ async def list_tokens(request: Request) -> Response:
 
 
 async def revoke_token(request: Request) -> Response:
+    """Revoke a token; the tenant's pools go too (nobody may use them, and their
+    refills would go on). Its sandboxes stay for the admin to see and delete."""
     require_admin(request, "revoking a tenant token")
-    _tenants(request).store.revoke(request.path_params["name"])
+    name = request.path_params["name"]
+    _tenants(request).store.revoke(name)
+    pools = ctx.pools(request)
+    for pool in pools.list_pools():
+        if pool.spec.tenant == name:
+            await pools.delete_pool(pool.name)
     return Response(status_code=204)
