@@ -79,7 +79,7 @@ def main() -> int:
                 for _ in range(n):
                     for who, sb in boxes.items():
                         times[who].setdefault("exec_ms", []).append(
-                            _ms(lambda: sb.exec(["true"])))
+                            _ms(lambda sb=sb: sb.exec(["true"])))
                         times[who].setdefault("get_ms", []).append(_ms(sb.refresh))
             finally:
                 for sb in boxes.values():
