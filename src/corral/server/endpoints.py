@@ -37,6 +37,15 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
+from corral.server.peer_layers import (
+    FetchRequest,
+    FetchStats,
+    PeerSnapshot,
+    fetch_snapshot,
+    peer_layer,
+    peer_snapshot,
+    peer_stats,
+)
 from corral.server.processes import (
     ExchangeRequest,
     ExchangeResponse,
@@ -312,6 +321,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                      required=True, min_length=1),),
     ),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
+    Endpoint("POST", "/v1/peer/snapshots/fetch", fetch_snapshot,
+             "Cluster: make a snapshot of another node restorable here (fetches its layers)",
+             body=FetchRequest, reply=SnapshotInfo),
+    Endpoint("GET", "/v1/peer/snapshots/{id_or_name}", peer_snapshot,
+             "Cluster: a snapshot's layers and digests, for another node to fetch",
+             reply=PeerSnapshot),
+    Endpoint("GET", "/v1/peer/layers/{digest}", peer_layer,
+             "Cluster: one layer of a snapshot held here, as a tar stream", reply=RAW),
+    Endpoint("GET", "/v1/peer/stats", peer_stats, "Cluster: layers fetched from other nodes",
+             reply=FetchStats),
     Endpoint(
         "DELETE", _SNAP, delete_snapshot,
         "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,

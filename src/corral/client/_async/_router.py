@@ -4,7 +4,8 @@ The client does the routing itself, so every call goes straight to the daemon th
 answers it (no proxy hop):
 
 - a create goes where :mod:`corral.cluster.placement` says, among the nodes that have
-  its image (or to ``node=``; from a snapshot, to the node that holds it);
+  its image (or to ``node=``); from a snapshot taken on another node, that node's
+  daemon first fetches its layers (:mod:`._travel`);
 - a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
 - a call on a snapshot or a pool goes to the node that holds it (each node is asked);
@@ -27,6 +28,7 @@ from urllib.parse import quote, unquote
 
 import httpx
 
+from corral.client._async import _travel
 from corral.client._backends import AsyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster.directory import Directory, Node
@@ -59,6 +61,7 @@ class AsyncRouter:
         self._images: dict[str, set[str]] = {}  # node id -> the images it has
         self._loaded_at = -LOAD_TTL_S - 1.0
         self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
+        self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
 
     async def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
@@ -86,6 +89,10 @@ class AsyncRouter:
                 if method == "DELETE" and not rest:  # gone with its node: deleted, then
                     return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
                 raise
+        if method == "DELETE" and path.startswith(_SNAPSHOT_PREFIX) and "/" not in path[
+                len(_SNAPSHOT_PREFIX):]:  # a snapshot may have copies on several nodes
+            await _travel.delete_everywhere(self, path, kwargs)
+            return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
         for prefix in (_SNAPSHOT_PREFIX, _POOL_PREFIX):  # on the node that holds it
             if path.startswith(prefix):
                 ref = unquote(path[len(prefix):].partition("/")[0])
@@ -143,13 +150,15 @@ class AsyncRouter:
         body = kwargs.get("json") or {}
         if node is not None:
             target = await AsyncBackend.run_blocking(self.directory.pinned, node)
+            if body.get("snapshot"):
+                await _travel.bring_snapshot(self, target, str(body["snapshot"]))
             return await self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
-        if body.get("snapshot"):  # a snapshot lives on the node it was taken on
-            target = await self._holder_of(_SNAPSHOT_PREFIX, str(body["snapshot"]))
-        else:
-            target = await self.place(memory_mb, str(body.get("image") or DEFAULT_IMAGE))
+        snapshot = body.get("snapshot")
+        target = await self.place(memory_mb, None if snapshot else str(body.get("image") or DEFAULT_IMAGE))
         try:
+            if snapshot:  # taken on any node: its layers come to this one first
+                await _travel.bring_snapshot(self, target, str(snapshot))
             return await self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))
@@ -200,6 +209,10 @@ class AsyncRouter:
                 self._loaded_at = time.monotonic()
         return nodes
 
+    async def alive_nodes(self) -> list[Node]:
+        nodes: list[Node] = await AsyncBackend.run_blocking(self.directory.nodes)
+        return nodes
+
     async def _holder_of(self, prefix: str, ref: str) -> Node:
         """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if
         none does, the home node (which then says it is not found)."""
@@ -232,6 +245,8 @@ class AsyncRouter:
                 raise reply
             items.extend(reply.json()[key])
         items.sort(key=lambda item: item.get("created_at", 0))
+        if key == "snapshots":
+            items = _travel.once_each(items)
         return _reply(path, {key: items})
 
     async def _merged_info(self, kwargs: dict[str, Any]) -> httpx.Response:
