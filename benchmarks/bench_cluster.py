@@ -14,6 +14,10 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
   read at most once a second, so it is mostly arithmetic);
 - ``creates_per_s``: 24 creates from 8 threads, one daemon against the cluster (on one
   host the nodes share its cores: this measures placement, not more machines);
+- ``restore_local_ms`` against ``restore_cross_node_first_ms``: a sandbox from a snapshot
+  (20 MB of files) on the node it was taken on, and on another node the first time (its
+  layers fetched from the first node's daemon, checked, then the create);
+  ``restore_cross_node_warm_ms`` once the layers are there;
 - ``node_loss_detect_ms``: from ``remove_node`` until a call to a sandbox there raises
   ``SandboxLost``;
 - baselines: a Ray actor per environment (``actor_create_ms``, ``actor_call_rtt_ms``), and
@@ -75,6 +79,32 @@ def creates_per_s(client: corral.Client) -> float:
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(lambda sb: sb.delete(), made))
     return rate
+
+
+def restore_times(client: corral.Client, head: str, others: list[str], n: int) -> dict[str, float]:
+    base = corral.Sandbox.create(**SPEC, node=head, client=client)
+    base.exec("mkdir -p /tmp/data && for i in $(seq 20); do head -c 1000000 /dev/urandom "
+              "> /tmp/data/f$i; done", timeout=120)
+    snap = base.snapshot()
+    base.delete()
+
+    def restore(node: str) -> float:
+        t = time.perf_counter()
+        sb = snap.restore(node=node)
+        took = ms_since(t)
+        sb.delete()
+        return took
+
+    try:
+        restore(head)  # warm
+        local = [restore(head) for _ in range(n)]
+        first = [restore(node) for node in others]  # each node fetches the layer once
+        warm = [restore(others[i % len(others)]) for i in range(n)]
+    finally:
+        snap.delete()
+    return {"restore_local_ms": statistics.median(local),
+            "restore_cross_node_first_ms": statistics.median(first),
+            "restore_cross_node_warm_ms": statistics.median(warm)}
 
 
 def actor_baseline(ray, n: int) -> dict[str, float]:
@@ -181,6 +211,7 @@ def main() -> int:
                 routed.router.place(SPEC["memory_mb"])
                 placements.append(ms_since(t))
             res["placement_ms"] = statistics.median(placements)
+            res.update(restore_times(routed, head, [w.node_id for w in workers], n))
             res.update(actor_baseline(ray, n))
             res["ray_sandbox"] = ray_sandbox_reason() or "not measured by this script yet"
             res["node_loss_detect_ms"] = detect_node_loss(cluster, workers[0], routed)
@@ -197,6 +228,9 @@ def main() -> int:
     exec_cost = res["cluster_exec_rtt_ms"] - res["direct_exec_rtt_ms"]  # type: ignore[operator]
     print(f"placement adds {create_cost:+.2f} ms to a create (target <= 1), "
           f"routing {exec_cost:+.3f} ms to an exec")
+    print(f"a restore on another node takes {res['restore_cross_node_first_ms'] / res['restore_local_ms']:.1f}x "  # type: ignore[operator]
+          "a local one the first time (the layers travel), "
+          f"{res['restore_cross_node_warm_ms'] / res['restore_local_ms']:.2f}x after")  # type: ignore[operator]
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

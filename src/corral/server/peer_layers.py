@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -128,9 +129,14 @@ def _peer_url(node: str) -> str:
             "this daemon is not part of a corral cluster, so it fetches no snapshot from "
             "other nodes: start it with `corral cluster up` (which tells it the cluster)"
         )
-    from corral.cluster.directory import Directory
+    return _directory(gcs).pinned(node).url
 
-    return Directory(gcs).pinned(node).url
+
+@functools.lru_cache(maxsize=1)
+def _directory(gcs: str) -> Any:
+    from corral.cluster.directory import Directory  # imports Ray: only on a cluster
+
+    return Directory(gcs)
 
 
 class Peer:
