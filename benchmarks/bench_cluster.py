@@ -17,6 +17,8 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
 - ``restore_local_ms`` against ``restore_cross_node_first_ms``: a sandbox from a snapshot
   (20 MB of files) on the node it was taken on, and on another node the first time (its
   layers fetched from the first node's daemon, checked, then the create);
+  ``restore_cross_node_cold_daemon_ms`` is a daemon's very first fetch (it also imports
+  Ray and reads the cluster's directory then);
   ``restore_cross_node_warm_ms`` once the layers are there;
 - ``node_loss_detect_ms``: from ``remove_node`` until a call to a sandbox there raises
   ``SandboxLost``;
@@ -82,29 +84,37 @@ def creates_per_s(client: corral.Client) -> float:
 
 
 def restore_times(client: corral.Client, head: str, others: list[str], n: int) -> dict[str, float]:
-    base = corral.Sandbox.create(**SPEC, node=head, client=client)
-    base.exec("mkdir -p /tmp/data && for i in $(seq 20); do head -c 1000000 /dev/urandom "
-              "> /tmp/data/f$i; done", timeout=120)
-    snap = base.snapshot()
-    base.delete()
+    def take() -> corral.Snapshot:
+        base = corral.Sandbox.create(**SPEC, node=head, client=client)
+        base.exec("mkdir -p /tmp/data && for i in $(seq 20); do head -c 1000000 /dev/urandom "
+                  "> /tmp/data/f$i; done", timeout=120)
+        snap = base.snapshot()
+        base.delete()
+        return snap
 
-    def restore(node: str) -> float:
+    def restore(snap: corral.Snapshot, node: str) -> float:
         t = time.perf_counter()
         sb = snap.restore(node=node)
         took = ms_since(t)
         sb.delete()
         return took
 
+    snaps = [take(), take()]
     try:
-        restore(head)  # warm
-        local = [restore(head) for _ in range(n)]
-        first = [restore(node) for node in others]  # each node fetches the layer once
-        warm = [restore(others[i % len(others)]) for i in range(n)]
+        restore(snaps[0], head)  # warm
+        local = [restore(snaps[0], head) for _ in range(n)]
+        # each node fetches a snapshot's layer once; the first fetch of a daemon also
+        # imports Ray and reads the cluster's directory (once per daemon)
+        cold = [restore(snaps[0], node) for node in others]
+        first = [restore(snaps[1], node) for node in others]
+        warm = [restore(snaps[1], others[i % len(others)]) for i in range(n)]
     finally:
-        snap.delete()
+        for snap in snaps:
+            snap.delete()
     return {"restore_local_ms": statistics.median(local),
             "restore_cross_node_first_ms": statistics.median(first),
-            "restore_cross_node_warm_ms": statistics.median(warm)}
+            "restore_cross_node_warm_ms": statistics.median(warm),
+            "restore_cross_node_cold_daemon_ms": statistics.median(cold)}
 
 
 def actor_baseline(ray, n: int) -> dict[str, float]:

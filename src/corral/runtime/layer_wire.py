@@ -140,12 +140,13 @@ class _Reader:
 
     def __init__(self, chunks: Iterable[bytes], limit: int, what: str) -> None:
         self._it = iter(chunks)
-        self._buf = b""
+        self._buf = bytearray()
+        self._pos = 0  # what of _buf was read already
         self.count = 0
         self.limit, self.what = limit, what
 
     def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._buf) < n:
+        while n < 0 or len(self._buf) - self._pos < n:
             chunk = next(self._it, None)
             if chunk is None:
                 break
@@ -155,11 +156,13 @@ class _Reader:
                     f"{self.what}: the peer sent more than {self.limit} bytes, more than "
                     "the layer can hold: refused", details={"limit": self.limit},
                 )
+            if self._pos:  # drop what was read, once per chunk (not per read)
+                del self._buf[:self._pos]
+                self._pos = 0
             self._buf += chunk
-        if n < 0:
-            out, self._buf = self._buf, b""
-        else:
-            out, self._buf = self._buf[:n], self._buf[n:]
+        end = len(self._buf) if n < 0 else min(len(self._buf), self._pos + n)
+        out = bytes(self._buf[self._pos:end])
+        self._pos = end
         return out
 
 
@@ -223,7 +226,7 @@ def _extract(root: Path, reader: _Reader, what: str, store_root: Path) -> None:
     files: set[str] = set()
     seen: set[str] = set()
     written_since_check = 0
-    with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8",  # type: ignore[call-overload]
+    with tarfile.open(fileobj=reader, mode="r|", encoding="utf-8", bufsize=_READ,  # type: ignore[call-overload]
                       errors="surrogateescape") as tar:
         for m in tar:
             name = m.name
