@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.errors import InvalidArgument, InvalidState
-from corral.runtime import layer_wire
-from corral.runtime.layers import Layer, layer_id
+from corral.runtime import image_cache, layer_wire
+from corral.runtime.layers import Layer, LayerStore, layer_id
 from corral.runtime.registry import SnapshotRow
 from corral.runtime.snapshots import Snapshots
 from corral.schema import SandboxSpec, SnapshotInfo
@@ -70,14 +70,19 @@ def describe(snapshots: Snapshots, ref: str) -> dict[str, Any]:
 
 
 def layer_path_for(snapshots: Snapshots, digest: str) -> Any:
-    """The tree of the snapshot layer ``digest`` if a snapshot here holds it, else None:
-    a peer reads only layers known to this daemon, by digest, never a path."""
+    """The tree of the layer ``digest`` if a snapshot or a built image here holds it,
+    else None: a peer reads only layers known to this daemon, by digest, never a path."""
     layer_wire.check_digest(digest)
     lid = layer_id(digest)
     row = snapshots.registry.layer_rows([lid]).get(lid)
-    if row is None or row[0] != digest:
+    if row is not None and row[0] == digest:
+        path = snapshots.store.path(lid)
+    elif any(isinstance(x, dict) and x.get("digest") == digest
+             for m in image_cache.manifests(snapshots.images.images_dir).values()
+             for x in m.get("layers") or ()):
+        path = image_cache.layer_store(snapshots.images.images_dir).path(lid)
+    else:
         return None
-    path = snapshots.store.path(lid)
     return path if path.is_dir() else None
 
 
@@ -87,8 +92,8 @@ class LayerFetcher:
     def __init__(self, snapshots: Snapshots) -> None:
         self.snapshots = snapshots
         self.stats = FetchStats()
-        self._inflight: dict[str, asyncio.Future[Layer]] = {}
-        self._imports: dict[str, asyncio.Future[SnapshotInfo]] = {}
+        self._inflight: dict[tuple[str, str], asyncio.Future[Layer]] = {}
+        self._shared: dict[str, asyncio.Future[Any]] = {}
 
     async def import_snapshot(self, desc: dict[str, Any], open_layer: OpenLayer) -> SnapshotInfo:
         """Register here the snapshot ``desc`` (:func:`describe` of a peer), fetching the
@@ -99,15 +104,20 @@ class LayerFetcher:
         here = self.snapshots.registry.snapshot(sid)
         if here is not None:
             return here.info()
-        running = self._imports.get(sid)
+        info: SnapshotInfo = await self.once(sid, lambda: self._import(sid, desc, open_layer))
+        return info
+
+    async def once(self, key: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        """``work()``, or the result of the same ``key``'s work already under way."""
+        running = self._shared.get(key)
         if running is None:
-            running = asyncio.ensure_future(self._import(sid, desc, open_layer))
-            self._imports[sid] = running
-            running.add_done_callback(lambda _f: self._imports.pop(sid, None))
+            running = asyncio.ensure_future(work())
+            self._shared[key] = running
+            running.add_done_callback(lambda _f: self._shared.pop(key, None))
         return await asyncio.shield(running)
 
     async def _import(self, sid: str, desc: dict[str, Any], open_layer: OpenLayer) -> SnapshotInfo:
-        layers = _layers_of(desc)
+        layers = layers_of(desc)
         image = self.snapshots.images.get(str(desc.get("image")))
         if image.digest != desc.get("image_digest"):
             raise InvalidState(
@@ -122,7 +132,7 @@ class LayerFetcher:
         for lid, digest, size in layers:
             if known.get(lid, ("",))[0] == digest and self.snapshots.store.path(lid).is_dir():
                 continue
-            await self._fetch(digest, size, open_layer)
+            await self.fetch(self.snapshots.store, digest, size, open_layer)
         async with self.snapshots._lock:  # no gc between the layers' install and their rows
             row = SnapshotRow(
                 id=sid, name=desc.get("name"), image=image.name, image_digest=image.digest,
@@ -144,21 +154,23 @@ class LayerFetcher:
             self.snapshots._mark_checked(lid)  # verified against its digest as it arrived
         return row.info()
 
-    async def _fetch(self, digest: str, size: int, open_layer: OpenLayer) -> Layer:
-        """Fetch one layer; a fetch of the same digest under way is shared."""
-        running = self._inflight.get(digest)
+    async def fetch(self, store: LayerStore, digest: str, size: int,
+                    open_layer: OpenLayer) -> Layer:
+        """Fetch one layer into ``store``; a fetch of the same one under way is shared."""
+        key = (str(store.root), digest)
+        running = self._inflight.get(key)
         if running is None:
-            running = asyncio.ensure_future(asyncio.to_thread(self._fetch_now, digest, size,
-                                                              open_layer))
-            self._inflight[digest] = running
-            running.add_done_callback(lambda _f: self._inflight.pop(digest, None))
+            running = asyncio.ensure_future(asyncio.to_thread(self._fetch_now, store, digest,
+                                                              size, open_layer))
+            self._inflight[key] = running
+            running.add_done_callback(lambda _f: self._inflight.pop(key, None))
         return await asyncio.shield(running)
 
-    def _fetch_now(self, digest: str, size: int, open_layer: OpenLayer) -> Layer:
+    def _fetch_now(self, store: LayerStore, digest: str, size: int,
+                   open_layer: OpenLayer) -> Layer:
         with open_layer(digest, size) as chunks:
             layer, received = layer_wire.receive(
-                self.snapshots.store, digest, chunks, max_bytes=2 * size + SLACK_BYTES,
-                need_bytes=size,
+                store, digest, chunks, max_bytes=2 * size + SLACK_BYTES, need_bytes=size,
             )
         self.stats.layers += 1
         self.stats.bytes += received
@@ -166,7 +178,8 @@ class LayerFetcher:
         return layer
 
 
-def _layers_of(desc: dict[str, Any]) -> list[tuple[str, str, int]]:
+def layers_of(desc: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """``[(id, digest, size)]`` of a peer's description, checked (ids from digests)."""
     raw = desc.get("layers")
     if not isinstance(raw, list) or not raw or len(raw) > 64:
         raise InvalidArgument("the peer described a snapshot without a valid chain of layers")

@@ -11,9 +11,12 @@ cluster, the cluster's token: only its daemons and clients hold it):
 - ``POST /v1/peer/snapshots/fetch`` ``{"snapshot", "node"}``: make the snapshot
   restorable here, fetching its missing layers from the daemon of ``node``. The peer's
   address comes from the cluster's directory (Ray's KV, at ``CORRAL_RAY_GCS``, which
-  ``corral cluster up`` sets), never from the request: the token is sent only to the
-  cluster's own daemons. The cluster client calls it before restoring a snapshot on a
-  node that lacks it;
+  ``corral cluster up`` sets; or a static map in ``CORRAL_PEERS``), never from the
+  request: the token is sent only to the cluster's own daemons. The cluster client
+  calls it before restoring a snapshot on a node that lacks it;
+- ``GET /v1/peer/images/{name}`` and ``POST /v1/peer/images/fetch`` ``{"image",
+  "node"}``: the same for a built image (:mod:`corral.runtime.image_travel`); its
+  layers are served by ``/v1/peer/layers`` too;
 - ``GET /v1/peer/stats``: the layers and bytes this daemon fetched.
 """
 
@@ -35,16 +38,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from corral.errors import (
     CorralError,
+    InvalidArgument,
     LayerTransferError,
     NotFound,
-    SnapshotNotFound,
     Unsupported,
+    error_from_dict,
 )
 from corral.runtime import layer_wire
+from corral.runtime.image_travel import describe_image, pull_image
 from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
 from corral.server import context as ctx
 
 GCS_ENV = "CORRAL_RAY_GCS"
+PEERS_ENV = "CORRAL_PEERS"  # {"node": "http://host:port"}: peers without Ray (set by its operator)
 PEER_TIMEOUT = httpx.Timeout(30.0, read=120.0)
 MAX_DESCRIPTION = 1 << 20
 
@@ -75,6 +81,24 @@ class PeerSnapshot(BaseModel):
     source_sandbox: str | None = None
     spec: dict[str, Any]
     layers: list[PeerLayer]
+
+
+class PeerImage(BaseModel):
+    """A built image as another node pulls it: its manifest (layers top first)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    digest: str
+    root: dict[str, Any]
+    layers: list[PeerLayer]
+
+
+class ImageFetchRequest(BaseModel):
+    """Make the built image ``image`` usable here, from the daemon of ``node``."""
+
+    model_config = ConfigDict(extra="forbid")
+    image: str = Field(min_length=1, max_length=128)
+    node: str = Field(min_length=1, max_length=128)
 
 
 class FetchStats(BaseModel):
@@ -109,6 +133,24 @@ async def peer_stats(request: Request) -> Response:
     return JSONResponse(fetcher(request).stats.json())
 
 
+async def peer_image(request: Request) -> Response:
+    return JSONResponse(describe_image(ctx.engine(request).images, request.path_params["name"]))
+
+
+async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
+    images = ctx.engine(request).images
+    if images.exists(body.image):  # here already (built here, pulled, or everywhere)
+        return JSONResponse(images.get(body.image, check_base=False).info().model_dump(mode="json"))
+    url = await asyncio.to_thread(_peer_url, body.node)
+    peer = Peer(url, ctx.settings(request).token)
+    desc = await asyncio.to_thread(peer.describe, f"/v1/peer/images/{quote(body.image, safe='')}")
+    if desc.get("name") != body.image:
+        raise LayerTransferError(f"the daemon at {url} described another image than "
+                                 f"{body.image!r}", details={"peer": url})
+    image = await pull_image(fetcher(request), desc, peer.open_layer)
+    return JSONResponse(image.info().model_dump(mode="json"))
+
+
 async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     engine = ctx.engine(request)
     here = engine.snapshots.registry.snapshot(body.snapshot)
@@ -117,12 +159,20 @@ async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     url = await asyncio.to_thread(_peer_url, body.node)
     token = ctx.settings(request).token
     peer = Peer(url, token)
-    desc = await asyncio.to_thread(peer.describe, body.snapshot)
+    desc = await asyncio.to_thread(
+        peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}")
     info = await fetcher(request).import_snapshot(desc, peer.open_layer)
     return JSONResponse(info.model_dump(mode="json"))
 
 
 def _peer_url(node: str) -> str:
+    static = os.environ.get(PEERS_ENV)
+    if static:
+        try:
+            return str(json.loads(static)[node])
+        except (ValueError, KeyError, TypeError):
+            raise InvalidArgument(f"no peer {node[:80]!r} among this daemon's {PEERS_ENV}",
+                                  details={"node": node[:80]}) from None
     gcs = os.environ.get(GCS_ENV)
     if not gcs:
         raise Unsupported(
@@ -146,22 +196,22 @@ class Peer:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    def describe(self, ref: str) -> dict[str, Any]:
-        path = f"/v1/peer/snapshots/{quote(ref, safe='')}"
+    def describe(self, path: str) -> dict[str, Any]:
+        """The JSON object the peer answers ``GET path`` with (bounded)."""
         with self._get(path) as reply:
             body = b""
             for chunk in reply.iter_bytes():
                 body += chunk
                 if len(body) > MAX_DESCRIPTION:
-                    raise LayerTransferError(f"the peer at {self.url} described snapshot "
-                                             f"{ref!r} in more than {MAX_DESCRIPTION} bytes")
+                    raise LayerTransferError(f"the peer at {self.url} answered {path} "
+                                             f"with more than {MAX_DESCRIPTION} bytes")
         try:
             desc = json.loads(body)
         except ValueError:
-            raise LayerTransferError(f"the peer at {self.url} sent no JSON for snapshot "
-                                     f"{ref!r}", details={"peer": self.url}) from None
+            raise LayerTransferError(f"the peer at {self.url} sent no JSON for {path}",
+                                     details={"peer": self.url}) from None
         if not isinstance(desc, dict):
-            raise LayerTransferError(f"the peer at {self.url} sent no snapshot description")
+            raise LayerTransferError(f"the peer at {self.url} sent no object for {path}")
         return desc
 
     @contextlib.contextmanager
@@ -196,16 +246,21 @@ class Peer:
             ) from None
 
 
+_PASSED_ON = {"snapshot_not_found", "image_not_found", "unsupported", "invalid_state"}
+
+
 def _peer_error(url: str, path: str, reply: httpx.Response) -> CorralError:
-    text = reply.read()[:2000].decode(errors="replace")
+    """The peer's refusal: what it says of the snapshot or image itself is passed on
+    (typed), anything else is a failed transfer."""
+    text = reply.read()[:4000].decode(errors="replace")
     try:
         err = json.loads(text)["error"]
         message = str(err.get("message"))
         code = str(err.get("code"))
     except (ValueError, KeyError, TypeError, AttributeError):
         message, code = text[:300], ""
-    if code == "snapshot_not_found":
-        return SnapshotNotFound(f"{message} (on the node at {url})")
+    if code in _PASSED_ON:
+        return error_from_dict({"code": code, "message": f"{message} (on the node at {url})"})
     return LayerTransferError(f"the daemon at {url} refused {path}: HTTP {reply.status_code}: "
                               f"{message[:300]}", details={"peer": url})
 

@@ -5,9 +5,9 @@
 The client does the routing itself, so every call goes straight to the daemon that
 answers it (no proxy hop):
 
-- a create goes where :mod:`corral.cluster.placement` says, among the nodes that have
-  its image (or to ``node=``); from a snapshot taken on another node, that node's
-  daemon first fetches its layers (:mod:`._travel`);
+- a create goes where :mod:`corral.cluster.placement` says (or to ``node=``); if that
+  node lacks its built image or its snapshot, the node's daemon first fetches the
+  layers from a node that has it (:mod:`._travel`);
 - a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
 - a call on a snapshot or a pool goes to the node that holds it (each node is asked);
@@ -154,13 +154,18 @@ class Router:
             target = SyncBackend.run_blocking(self.directory.pinned, node)
             if body.get("snapshot"):
                 _travel.bring_snapshot(self, target, str(body["snapshot"]))
+            else:
+                _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         snapshot = body.get("snapshot")
-        target = self.place(memory_mb, None if snapshot else str(body.get("image") or DEFAULT_IMAGE))
+        target = self.place(memory_mb)  # by room: images and snapshots travel
         try:
             if snapshot:  # taken on any node: its layers come to this one first
                 _travel.bring_snapshot(self, target, str(snapshot))
+            else:
+                target = _travel.bring_image(
+                    self, target, str(body.get("image") or DEFAULT_IMAGE))
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))

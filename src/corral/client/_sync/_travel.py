@@ -2,13 +2,16 @@
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
 """Snapshots that travel across a cluster, for :class:`~._router.Router`.
 
-A snapshot is taken on one node; a sandbox made from it may be placed on any node (by
-free capacity, or ``node=``). Before that create, the node is asked to make the
+A snapshot is taken on one node, an image is built on one node; a sandbox made from
+either may be placed on any node (by free capacity, or ``node=``). Before that create, the node is asked to make the
 snapshot restorable there (``POST /v1/peer/snapshots/fetch``, naming the node that
 holds it): its daemon fetches the layers it lacks straight from the holder's daemon,
 each checked against its digest, once per node (:mod:`corral.server.peer_layers`). The
 snapshot then has the same id and name on both nodes; deleting it through the cluster
-deletes every copy, and lists show it once.
+deletes every copy, and lists show it once. A built image is pulled the same way
+(``POST /v1/peer/images/fetch``) the first time a sandbox of it lands on a node without
+it; an image that cannot travel (a root filesystem) keeps its sandboxes on the nodes
+that have it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from corral.cluster.directory import Node
-from corral.errors import DaemonUnavailable, SnapshotNotFound
+from corral.errors import DaemonUnavailable, SnapshotNotFound, Unsupported
 
 if TYPE_CHECKING:
     from corral.client._sync._router import Router
@@ -42,6 +45,30 @@ def bring_snapshot(router: Router, target: Node, ref: str) -> None:
             router._on(target, "POST", "/v1/peer/snapshots/fetch",
                              {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
     known.add((target.node_id, ref))
+
+
+def bring_image(router: Router, target: Node, image: str) -> Node:
+    """Make the image ``image`` usable on ``target``, pulled from a node that has it
+    (a built image travels); the node to create on: ``target``, or a node that has the
+    image if it cannot travel (a root filesystem imported on some nodes only)."""
+    nodes = router._refresh_loads()
+    if image in router._images.get(target.node_id, ()):
+        return target
+    holders = [n for n in nodes if image in router._images.get(n.node_id, ())]
+    if not holders:  # built a moment ago? ask the nodes again, once
+        router._loaded_at = float("-inf")
+        nodes = router._refresh_loads()
+        holders = [n for n in nodes if image in router._images.get(n.node_id, ())]
+    if image in router._images.get(target.node_id, ()) or not holders:
+        return target  # there now, or no node has it (the create says ImageNotFound)
+    body = {"image": image, "node": holders[0].node_id}
+    try:
+        router._on(target, "POST", "/v1/peer/images/fetch",
+                         {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
+    except Unsupported:
+        return holders[0]
+    router._images.setdefault(target.node_id, set()).add(image)
+    return target
 
 
 def delete_everywhere(router: Router, path: str, kwargs: dict[str, Any]) -> None:
