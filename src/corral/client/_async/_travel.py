@@ -59,11 +59,14 @@ async def bring_image(router: AsyncRouter, target: Node, image: str) -> Node:
         holders = [n for n in nodes if image in router._images.get(n.node_id, ())]
     if image in router._images.get(target.node_id, ()) or not holders:
         return target  # there now, or no node has it (the create says ImageNotFound)
+    if image in router.staying_images:
+        return holders[0]
     body = {"image": image, "node": holders[0].node_id}
     try:
         await router._on(target, "POST", "/v1/peer/images/fetch",
                          {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
-    except Unsupported:
+    except Unsupported:  # a root filesystem: its sandboxes go where it is
+        router.staying_images.add(image)
         return holders[0]
     router._images.setdefault(target.node_id, set()).add(image)
     return target

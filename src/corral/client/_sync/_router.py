@@ -64,6 +64,7 @@ class Router:
         self._loaded_at = -LOAD_TTL_S - 1.0
         self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.staying_images: set[str] = set()  # root filesystems: they do not travel
 
     def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
