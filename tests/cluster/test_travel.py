@@ -119,3 +119,23 @@ def test_fetching_from_a_node_without_the_snapshot_or_an_unknown_node(client, co
         assert r.status_code in (400, 404)
         r = http.get("/v1/peer/layers/sha256:" + "0" * 64)
         assert r.status_code == 404
+
+
+def test_a_pool_spread_over_every_node(client, corral_cluster):
+    nodes = corral_cluster.node_ids()
+    with corral.Pool(memory_mb=64, min_ready=3, max_size=6, spread=True, tags=[TAG],
+                     client=client) as pool:
+        stats = pool.wait_ready(timeout=120)
+        assert (stats.min_ready, stats.max_size, stats.ready) == (3, 6, 3)  # 1 + 1 + 1
+        got = [pool.acquire(timeout=60) for _ in range(3)]
+        assert sorted(sb.info.node for sb in got) == nodes  # each from a node with one ready
+        assert got[0].exec("echo spread", timeout=30).stdout == "spread\n"
+        assert pool.stats().acquired == 3
+        for sb in got:
+            sb.delete()
+        name = pool.name
+    for node in nodes:  # closing it deleted every node's
+        with _daemon(corral_cluster, node) as http:
+            assert http.get(f"/v1/pools/{name}").status_code == 404
+    with pytest.raises(corral.InvalidArgument, match="not both"):
+        corral.Pool(memory_mb=64, spread=True, node=nodes[0], client=client)

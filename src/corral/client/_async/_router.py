@@ -10,7 +10,8 @@ answers it (no proxy hop):
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
 - a call on a snapshot or a pool goes to the node that holds it (each node is asked);
 - listing sandboxes, snapshots or pools asks every node and merges; ``/v1/info`` sums;
-- a pool is made on ``node=``, else (as images) on this worker's own node or the first.
+- a pool is made on ``node=``, else (as images) on this worker's own node or the
+  first; with ``spread=True``, on every node (:mod:`._spread`).
 
 When a node's daemon cannot be reached and Ray says the node is dead, the call raises
 :class:`~corral.errors.SandboxLost` naming the node (the directory is read again, so
@@ -28,7 +29,7 @@ from urllib.parse import quote, unquote
 
 import httpx
 
-from corral.client._async import _travel
+from corral.client._async import _spread, _travel
 from corral.client._backends import AsyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster.directory import Directory, Node
@@ -69,7 +70,9 @@ class AsyncRouter:
     ) -> httpx.Response:
         if method == "POST" and path == "/v1/sandboxes":
             return await self._create(kwargs, node, stream)
-        if method == "POST" and path == "/v1/pools":  # a pool lives on one node
+        if method == "POST" and path == "/v1/pools":  # a pool lives on one node...
+            if node == _spread.SPREAD:  # ...or on every node
+                return await _spread.create(self, kwargs)
             if node is not None:
                 target = await AsyncBackend.run_blocking(self.directory.pinned, node)
             else:
@@ -94,7 +97,9 @@ class AsyncRouter:
                 len(_SNAPSHOT_PREFIX):]:  # a snapshot may have copies on several nodes
             await _travel.delete_everywhere(self, path, kwargs)
             return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
-        for prefix in (_SNAPSHOT_PREFIX, _POOL_PREFIX):  # on the node that holds it
+        if path.startswith(_POOL_PREFIX):  # on the node(s) that hold it
+            return await _spread.on_pool(self, method, path, kwargs, stream)
+        for prefix in (_SNAPSHOT_PREFIX,):  # on the node that holds it
             if path.startswith(prefix):
                 ref = unquote(path[len(prefix):].partition("/")[0])
                 target = await self._holder_of(prefix, ref)
@@ -218,6 +223,10 @@ class AsyncRouter:
     async def alive_nodes(self) -> list[Node]:
         nodes: list[Node] = await AsyncBackend.run_blocking(self.directory.nodes)
         return nodes
+
+    async def home_node(self) -> Node:
+        home: Node = await AsyncBackend.run_blocking(self.directory.home)
+        return home
 
     async def _holder_of(self, prefix: str, ref: str) -> Node:
         """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if

@@ -12,7 +12,8 @@ answers it (no proxy hop):
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
 - a call on a snapshot or a pool goes to the node that holds it (each node is asked);
 - listing sandboxes, snapshots or pools asks every node and merges; ``/v1/info`` sums;
-- a pool is made on ``node=``, else (as images) on this worker's own node or the first.
+- a pool is made on ``node=``, else (as images) on this worker's own node or the
+  first; with ``spread=True``, on every node (:mod:`._spread`).
 
 When a node's daemon cannot be reached and Ray says the node is dead, the call raises
 :class:`~corral.errors.SandboxLost` naming the node (the directory is read again, so
@@ -30,7 +31,7 @@ from urllib.parse import quote, unquote
 
 import httpx
 
-from corral.client._sync import _travel
+from corral.client._sync import _spread, _travel
 from corral.client._backends import SyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster.directory import Directory, Node
@@ -71,7 +72,9 @@ class Router:
     ) -> httpx.Response:
         if method == "POST" and path == "/v1/sandboxes":
             return self._create(kwargs, node, stream)
-        if method == "POST" and path == "/v1/pools":  # a pool lives on one node
+        if method == "POST" and path == "/v1/pools":  # a pool lives on one node...
+            if node == _spread.SPREAD:  # ...or on every node
+                return _spread.create(self, kwargs)
             if node is not None:
                 target = SyncBackend.run_blocking(self.directory.pinned, node)
             else:
@@ -96,7 +99,9 @@ class Router:
                 len(_SNAPSHOT_PREFIX):]:  # a snapshot may have copies on several nodes
             _travel.delete_everywhere(self, path, kwargs)
             return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
-        for prefix in (_SNAPSHOT_PREFIX, _POOL_PREFIX):  # on the node that holds it
+        if path.startswith(_POOL_PREFIX):  # on the node(s) that hold it
+            return _spread.on_pool(self, method, path, kwargs, stream)
+        for prefix in (_SNAPSHOT_PREFIX,):  # on the node that holds it
             if path.startswith(prefix):
                 ref = unquote(path[len(prefix):].partition("/")[0])
                 target = self._holder_of(prefix, ref)
@@ -220,6 +225,10 @@ class Router:
     def alive_nodes(self) -> list[Node]:
         nodes: list[Node] = SyncBackend.run_blocking(self.directory.nodes)
         return nodes
+
+    def home_node(self) -> Node:
+        home: Node = SyncBackend.run_blocking(self.directory.home)
+        return home
 
     def _holder_of(self, prefix: str, ref: str) -> Node:
         """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if
