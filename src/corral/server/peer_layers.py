@@ -55,12 +55,15 @@ PEER_TIMEOUT = httpx.Timeout(30.0, read=120.0)
 MAX_DESCRIPTION = 1 << 20
 
 
-class FetchRequest(BaseModel):
+class _FromPeer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str = Field(min_length=1, max_length=128)  # a node id (the directory has its URL)
+
+
+class FetchRequest(_FromPeer):
     """Make ``snapshot`` (id or name) restorable here, from the daemon of ``node``."""
 
-    model_config = ConfigDict(extra="forbid")
     snapshot: str = Field(min_length=1, max_length=128)
-    node: str = Field(min_length=1, max_length=128)
 
 
 class PeerLayer(BaseModel):
@@ -93,12 +96,10 @@ class PeerImage(BaseModel):
     layers: list[PeerLayer]
 
 
-class ImageFetchRequest(BaseModel):
+class ImageFetchRequest(_FromPeer):
     """Make the built image ``image`` usable here, from the daemon of ``node``."""
 
-    model_config = ConfigDict(extra="forbid")
     image: str = Field(min_length=1, max_length=128)
-    node: str = Field(min_length=1, max_length=128)
 
 
 class FetchStats(BaseModel):
