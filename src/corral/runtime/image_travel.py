@@ -22,7 +22,7 @@ import asyncio
 import os
 from typing import Any
 
-from corral.errors import ImageNotFound, InvalidArgument, InvalidState, Unsupported
+from corral.errors import ImageNotFound, InvalidArgument, InvalidState
 from corral.image_schema import validate_image_name
 from corral.runtime import image_cache
 from corral.runtime.images import Image, ImageStore
@@ -33,10 +33,10 @@ _KEPT = ("digest", "size_bytes", "python", "base", "root", "env", "workdir", "so
 
 def describe_image(images: ImageStore, name: str) -> dict[str, Any]:
     """What another node needs to pull the image ``name``: its manifest, for a built
-    image; :class:`Unsupported` for a root filesystem (those do not travel)."""
+    image; :class:`InvalidState` for a root filesystem (those do not travel)."""
     image = images.get(name)
     if image.kind != "built":
-        raise Unsupported(
+        raise InvalidState(
             f"image {name!r} is a root filesystem ({image.kind}), which does not travel "
             "between nodes: import it on every node, or build on it (a built image travels)",
             details={"image": name},

@@ -39,9 +39,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from corral.errors import (
     CorralError,
     InvalidArgument,
+    InvalidState,
     LayerTransferError,
     NotFound,
-    Unsupported,
     error_from_dict,
 )
 from corral.runtime import layer_wire
@@ -176,7 +176,7 @@ def _peer_url(node: str) -> str:
                                   details={"node": node[:80]}) from None
     gcs = os.environ.get(GCS_ENV)
     if not gcs:
-        raise Unsupported(
+        raise InvalidState(
             "this daemon is not part of a corral cluster, so it fetches no snapshot from "
             "other nodes: start it with `corral cluster up` (which tells it the cluster)"
         )
@@ -247,7 +247,7 @@ class Peer:
             ) from None
 
 
-_PASSED_ON = {"snapshot_not_found", "image_not_found", "unsupported", "invalid_state"}
+_PASSED_ON = {"snapshot_not_found", "image_not_found", "invalid_state"}
 
 
 def _peer_error(url: str, path: str, reply: httpx.Response) -> CorralError:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from corral.cluster.directory import Node
-from corral.errors import DaemonUnavailable, SnapshotNotFound, Unsupported
+from corral.errors import DaemonUnavailable, InvalidState, SnapshotNotFound
 
 if TYPE_CHECKING:
     from corral.client._async._router import AsyncRouter
@@ -65,7 +65,7 @@ async def bring_image(router: AsyncRouter, target: Node, image: str) -> Node:
     try:
         await router._on(target, "POST", "/v1/peer/images/fetch",
                          {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
-    except Unsupported:  # a root filesystem: its sandboxes go where it is
+    except InvalidState:  # a root filesystem, or one built on another root: stay there
         router.staying_images.add(image)
         return holders[0]
     router._images.setdefault(target.node_id, set()).add(image)
