@@ -12,8 +12,9 @@ layer before the manifest that keeps it.
 
 The root image (``python``, or an imported one) does not travel: it must be on the
 node already with the same digest (every node builds the default ``python`` image
-itself; on hosts that build it at different times, give them one image cache or import
-the same archive everywhere), else :class:`~corral.errors.InvalidState` says so.
+itself, and hosts that built it apart differ: give them one image cache), else
+:class:`~corral.errors.InvalidState` says so (and the cluster client keeps the image's
+sandboxes on the nodes that have it).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ async def _pull(fetcher: LayerFetcher, desc: dict[str, Any], open_layer: OpenLay
             f"image {name!r} was built on image {root.get('image')!r} "
             f"({root.get('digest')}), which this node "
             + ("does not have" if here is None else f"has as another build ({here.digest})")
-            + ": give every node the same root image (one image cache, or the same archive "
-            "imported on each), or build the image on this node",
+            + ": give every node the same root image (one image cache), or build the "
+            "image on this node",
             details={"image": name, "root": root.get("image")},
         )
     layers = layers_of(desc)
