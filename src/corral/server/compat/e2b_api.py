@@ -52,6 +52,7 @@ from corral.errors import (
     Unauthorized,
 )
 from corral.runtime.events import SandboxEnded
+from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
     MAX_TIMEOUT_S,
     NetworkMode,
@@ -158,8 +159,9 @@ class E2BSettings:
     """Which corral image an E2B template means (daemon environment, read at start):
 
     - ``CORRAL_E2B_DEFAULT_IMAGE`` (else ``CORRAL_COMPAT_DEFAULT_IMAGE``, else ``rl``):
-      the image of E2B's default template ``base``, and of the Code Interpreter's
-      ``code-interpreter-v1`` (its kernel needs only ``python3``);
+      the image of E2B's default template ``base``; the Code Interpreter's
+      ``code-interpreter-v1`` is the built-in ``code-interpreter`` image (numpy, pandas,
+      matplotlib; its kernel itself needs only ``python3``, so any image may serve);
     - ``CORRAL_E2B_TEMPLATES``: more, ``template=image`` pairs separated by commas,
       e.g. ``code-interpreter-v1=code-interpreter,my-agent=python``. A template neither
       mapped nor a corral image's name is refused.
@@ -175,7 +177,7 @@ class E2BSettings:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "E2BSettings":
         default = (environ.get("CORRAL_E2B_DEFAULT_IMAGE", "").strip()
                    or environ.get("CORRAL_COMPAT_DEFAULT_IMAGE", "").strip() or DEFAULT_IMAGE)
-        templates = {DEFAULT_TEMPLATE: default, INTERPRETER_TEMPLATE: default}
+        templates = {DEFAULT_TEMPLATE: default, INTERPRETER_TEMPLATE: INTERPRETER_IMAGE}
         templates.update(name_pairs(environ, "CORRAL_E2B_TEMPLATES",
                                     "code-interpreter-v1=code-interpreter,my-agent=python"))
         network = compat_network(environ)
