@@ -389,6 +389,39 @@ def test_code_interpreter(daemon_ok):
     assert out["left"] == [["-u", "-c"]]  # only the new default context's kernel
 
 
+
+def test_code_interpreter_figures_and_dataframes(daemon_ok):
+    """On the built-in ``code-interpreter`` image (what ``code-interpreter-v1`` maps
+    to): numpy, pandas and matplotlib import; a figure comes back as a ``png`` result,
+    a DataFrame as ``text`` and ``html``."""
+    pytest.importorskip("e2b_code_interpreter", reason="the compat extra is not installed")
+    out = run_script(daemon_ok, """
+        import base64
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+        with CodeSandbox.create() as sb:
+            e = sb.run_code("import numpy as np, pandas as pd\\n"
+                            "import matplotlib.pyplot as plt\\n"
+                            "plt.plot(np.arange(5), np.arange(5) ** 2)\\n"
+                            "plt.title('squares')\\n"
+                            "pd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+            out["error"] = e.error and [e.error.name, e.error.value]
+            out["results"] = [[r.is_main_result, sorted(r.formats())] for r in e.results]
+            figure = next(r for r in e.results if r.png)
+            out["png"] = base64.b64decode(figure.png)[:8].hex()
+            out["text"] = e.text
+            main = next(r for r in e.results if r.is_main_result)
+            out["html"] = "<table" in (main.html or "")
+            out["closed"] = sb.run_code("len(plt.get_fignums())").text
+            e = sb.run_code("fig, ax = plt.subplots(); ax.bar([1], [2]); fig")
+            out["fig_main"] = [[r.is_main_result, bool(r.png)] for r in e.results]
+    """)
+    assert out["error"] is None
+    assert out["results"] == [[False, ["png", "text"]], [True, ["html", "text"]]]
+    assert out["png"] == "89504e470d0a1a0a"  # a PNG file
+    assert out["text"].split() == ["a", "b", "0", "1", "3", "1", "2", "4"]
+    assert out["html"] is True and out["closed"] == "0"
+    assert out["fig_main"] == [[True, True]]  # the value itself: once, as the main result
+
 def test_async_sdk(daemon_ok):
     out = run_script(daemon_ok, """
         import asyncio
