@@ -62,7 +62,7 @@ from corral.schema import (
     validate_model,
 )
 from corral.server import context as ctx
-from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter
+from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.context import unless_gone
@@ -547,9 +547,11 @@ def mount(app: Starlette) -> None:
     app.state.e2b_settings = E2BSettings.from_env()
     processes = app.state.e2b_processes = e2b_envd.ProcessTable()
     contexts = app.state.e2b_contexts = e2b_interpreter.Contexts()
+    watchers = app.state.e2b_watchers = e2b_watch.Watchers()
 
     def ended(event: SandboxEnded) -> None:
         processes.forget(event.sandbox_id)
         contexts.forget(event.sandbox_id)
+        watchers.forget(event.sandbox_id)
 
     app.state.engine.events.subscribe(SandboxEnded, ended)

@@ -68,8 +68,10 @@ class FusionPools:
         idle = [s for s, t in self.used.items() if now - t >= self.idle_s]
         gone = []
         for shape in idle:
-            name = self.names[shape]
+            name = self.names.get(shape)
             self.forget(shape)
+            if name is None:  # another sweep (the sweeper's, a request's) took it
+                continue
             try:
                 await manager.delete_pool(name)
             except CorralError as exc:  # a sandbox that would not go: the pool is gone
