@@ -35,6 +35,7 @@ from pydantic import (
     StrictInt,
     Tag,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -94,6 +95,13 @@ class RunStep(_Strict):
     @property
     def as_root(self) -> bool:
         return self.user == "root"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)  # without user when unset: specs dump as they always did
+        if isinstance(data, dict) and data.get("user") is None:
+            data.pop("user", None)
+        return data
 
     def describe(self) -> str:
         return f"run{' (as root)' if self.as_root else ''}: {self.run}"
