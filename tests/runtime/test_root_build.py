@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 
 import pytest
 
 from corral.errors import InvalidArgument
 from corral.image_schema import BuildSpec, RunStep
-from corral.runtime import image_cache
+from corral.runtime import image_cache, paths
 from corral.runtime.image_build import build_image
 from corral.runtime.uids import is_sandbox_uid
 from tests.conftest import requires_root
@@ -65,6 +66,9 @@ async def test_apt_get_as_root_then_the_sandbox_user_at_run_time(engine):
                   for d, dirs, files in os.walk(layer) for f in files + dirs}
         assert owners == {0}, owners
         assert (layer / "usr/bin/jq").exists() and not any(map(is_sandbox_uid, owners))
+        # the mirror it used (which may carry credentials) is root's alone on the host
+        share = paths.share_dir(engine.images.images_dir.parent)
+        assert stat.S_IMODE(os.stat(share / ".build-apt-sources.list").st_mode) == 0o600
         again = await build_image(engine, spec, name=name)  # cached, as any step
         assert (again.stats.built, again.stats.cached) == (0, 2)
     finally:

@@ -82,7 +82,9 @@ def apt_files(images_dir: Path, rootfs: Path) -> list[tuple[str, str]]:
         if not mirror.startswith("file:"):
             sources = f"deb {mirror} {codename} main\n".encode()
     return [(str(share_copy(images_dir, ".build-apt.conf", APT_CONF)), APT_CONF_PATH),
-            (str(share_copy(images_dir, ".build-apt-sources.list", sources)),
+            # root-only on the host: a mirror URL may carry credentials (the launcher
+            # copies it into the sandbox as root, before it drops its privileges)
+            (str(share_copy(images_dir, ".build-apt-sources.list", sources, mode=0o600)),
              APT_SOURCES_PATH)]
 
 
@@ -95,18 +97,20 @@ def _os_release(rootfs: Path) -> Path:
     return Path(rootfs) / "usr/lib/os-release"
 
 
-def share_copy(images_dir: Path, name: str, data: bytes) -> Path:
-    """A world-readable file in the cache's ``share`` directory (which the unprivileged
-    launcher can copy into a build sandbox), written atomically when it changed."""
+def share_copy(images_dir: Path, name: str, data: bytes, mode: int = 0o644) -> Path:
+    """A file in the cache's ``share`` directory (``mode``: world-readable by default,
+    for a bind by the unprivileged launcher), written atomically when it changed."""
     share = paths.share_dir(Path(images_dir).parent)
     share.mkdir(mode=0o711, exist_ok=True)
     copy = share / name
     with contextlib.suppress(OSError):
-        if copy.read_bytes() == data:
+        if copy.read_bytes() == data and stat.S_IMODE(copy.stat().st_mode) == mode:
             return copy
     tmp = copy.with_name(f"{name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.chmod(tmp, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
     os.rename(tmp, copy)
     return copy
 
