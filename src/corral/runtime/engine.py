@@ -259,14 +259,15 @@ class Engine(SnapshotOps, CommandOps, FileOps):
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        **kw: Any,
+        build_root: bool = False, **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox and wait until its agent is ready to run commands.
 
         For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
         an image not in the store (a base plus the layers built so far), and
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
-        committed).
+        committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
+        step: :mod:`corral.runtime.rootbuild`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -296,6 +297,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
+        live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -361,7 +363,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def owner_ids(self, sandbox_id: str) -> dict[int, int]:
         """How a live sandbox's owners are stored when its files are committed."""
-        return canonical_owner(self._get_live(sandbox_id).uid)
+        live = self._get_live(sandbox_id)
+        return {live.uid: 0} if live.build_root else canonical_owner(live.uid)
 
     def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]:
         return launch_args(live, slot, lowers, bwrap=self.bwrap, agent=self.agent_path)
