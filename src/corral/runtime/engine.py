@@ -51,7 +51,9 @@ from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
-from corral.runtime.events import Events, SandboxEnded, StateChanged
+from corral.runtime.events import (
+    Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged,
+)
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
@@ -316,6 +318,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
+        self.events.emit(SandboxStarted(sid, spec.snapshot))
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
@@ -477,6 +480,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
+        if existed:
+            self.events.emit(SandboxDeleted(sandbox_id))
         return existed
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:

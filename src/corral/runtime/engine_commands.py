@@ -22,6 +22,8 @@ from corral.runtime.agentconn import (
     limit_fields,
     output_tail_for,
 )
+from corral.runtime.cmdtap import CommandTap
+from corral.runtime.events import Events
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
@@ -41,6 +43,7 @@ class CommandOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
+        events: Events
         _tasks: set[asyncio.Task[Any]]
 
         def _running(self, sandbox_id: str) -> Live: ...
@@ -102,12 +105,17 @@ class CommandOps:
         assert live.channel is not None
         oom_before = live.cgroup.oom_kills()
         stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
+        tap = CommandTap(self.events, live.id, command_argv(cmd))
         with live.activity():
             async with aclosing(
                 command_events(live, stream, timeout, cwd, oom_before)
             ) as events:
-                async for ev in events:
-                    yield ev
+                try:
+                    async for ev in events:
+                        tap.see(ev)
+                        yield ev
+                finally:
+                    tap.end()  # into the sandbox's log (runtime/sandbox_logs.py)
 
     def command_fields(
         self,

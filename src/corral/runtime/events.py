@@ -1,4 +1,5 @@
-"""What the engine announces: a sandbox changed state, a sandbox ended.
+"""What the engine announces: a sandbox started, changed state, ended, was deleted;
+a command ended.
 
 Admission control, pools, metrics and the process tables subscribe here instead of
 polling the engine for sandboxes that went away. Listeners are called synchronously,
@@ -32,6 +33,39 @@ class SandboxEnded:
     sandbox_id: str
     state: SandboxState
     reason: str
+
+
+@dataclass(frozen=True)
+class SandboxStarted:
+    """A create finished: the sandbox is running (``snapshot``: the one it started from)."""
+
+    sandbox_id: str
+    snapshot: str | None
+
+
+@dataclass(frozen=True)
+class SandboxDeleted:
+    """The sandbox's record was removed (its logs are kept for the retention period)."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class CommandEnded:
+    """A command (``exec``/``exec_stream``) ended; the tails are a few KiB at most.
+
+    ``outcome`` is ``exit``, ``timeout``, ``oom`` or ``killed`` (cut short by its caller
+    or its sandbox ending); ``exit_code`` is None unless it exited.
+    """
+
+    sandbox_id: str
+    argv: tuple[str, ...]
+    started_at: float
+    ended_at: float
+    outcome: str
+    exit_code: int | None
+    stdout_tail: bytes
+    stderr_tail: bytes
 
 
 Listener = Callable[[object], None]
