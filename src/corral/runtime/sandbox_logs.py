@@ -87,8 +87,7 @@ def _command(ev: CommandEnded) -> dict[str, Any]:
 
 def _ended_event(reason: str) -> str:
     """What kind of end a reason describes (the engine's reasons start with these)."""
-    for prefix, name in (("timeout", "timeout"), ("idle timeout", "idle_timeout"),
-                         ("deleted", "deleted")):
+    for prefix, name in (("timeout", "timeout"), ("idle timeout", "idle_timeout")):
         if reason.startswith(prefix):
             return name
     if "memory" in reason or "OOM" in reason:
@@ -120,6 +119,7 @@ class SandboxLogs:
         self._flusher: asyncio.Task[None] | None = None
         self._unsubscribe: list[Any] = []
         self._last_sweep = 0.0
+        self._sweep_every = min(SWEEP_INTERVAL_S, max(retention, 1.0))
         self.closed = False
 
     # ---------------------------------------------------------------- writing
@@ -172,15 +172,14 @@ class SandboxLogs:
                    reason=ev.reason)
 
     def _on_deleted(self, ev: SandboxDeleted) -> None:
+        self.event(ev.sandbox_id, "deleted")
         self._deleted.append((ev.sandbox_id, time.time()))
-        self._wake.set()
-        self._wake = asyncio.Event()
 
     async def _flush_loop(self) -> None:
         while not self.closed:
             await asyncio.sleep(FLUSH_INTERVAL_S)
             if not self._pending and not self._deleted:
-                if time.monotonic() - self._last_sweep < SWEEP_INTERVAL_S:
+                if time.monotonic() - self._last_sweep < self._sweep_every:
                     continue
             try:
                 await asyncio.to_thread(self.flush)
@@ -219,7 +218,7 @@ class SandboxLogs:
                     if not self._remove("seq IN (SELECT seq FROM entries ORDER BY seq LIMIT 500)",
                                         ()):
                         break
-                if time.monotonic() - self._last_sweep >= SWEEP_INTERVAL_S:
+                if time.monotonic() - self._last_sweep >= self._sweep_every:
                     self._sweep()
                 db.execute("COMMIT")
             except BaseException:
