@@ -159,3 +159,30 @@ def test_set_timeout_bad_values_are_typed_errors(ops_daemon, sdk):
         assert run.returncode == 2 and "seconds > 0" in run.stderr
     finally:
         sb.delete()
+
+
+def test_files_of_a_stopped_sandbox_can_still_be_downloaded(ops_daemon, sdk, tmp_path):
+    sb = corral.Sandbox.create(client=sdk, timeout=300)
+    try:
+        sb.files.write("/workspace/out/result.txt", b"reward=1\n")
+        sb.exec(["ln", "-s", "out/result.txt", "/workspace/link"])
+        sb.stop()
+        assert sb.refresh().state.value == "stopped"
+        assert sb.files.read("/workspace/out/result.txt") == b"reward=1\n"
+        assert sb.files.read("link") == b"reward=1\n"  # a symlink, resolved in its tree
+        assert [e.name for e in sb.files.list("/workspace")] == ["link", "out"]
+        assert sb.files.stat("/workspace/out/result.txt").size == 9
+        with pytest.raises(corral.FileNotFound, match="only the files it wrote"):
+            sb.files.read("/etc/os-release")  # the image's: not kept
+        run = _cli(ops_daemon, "cp", f"{sb.id}:/workspace/out/result.txt", str(tmp_path / "r"))
+        assert run.returncode == 0, run.stderr
+        assert (tmp_path / "r").read_bytes() == b"reward=1\n"
+        with pytest.raises(corral.InvalidState):
+            sb.files.write("/workspace/x", b"no")  # read-only once stopped
+    finally:
+        sb.delete()
+    stopped = ops_daemon.state_dir / "stopped"
+    deadline = time.monotonic() + 30
+    while (stopped / sb.id).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (stopped / sb.id).exists()  # deleting it removed its files

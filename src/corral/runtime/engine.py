@@ -55,6 +55,7 @@ from corral.runtime.events import (
     Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged,
 )
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
@@ -128,6 +129,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images)
+        self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
             agent_path=agent_path,
             cgroups=cgroup_driver,
@@ -184,6 +186,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         engine._warden = warden.Warden.start(
             lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
         engine.snapshots.open()
+        engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
@@ -502,6 +505,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                             await asyncio.sleep(0.02)
                     except CorralError:
                         pass
+                if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
+                    await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
                 await self._release(live)
                 self._live.pop(live.id, None)
