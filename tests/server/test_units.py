@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
+import logging
 import tempfile
 import types
-import logging
 from pathlib import Path
 
 import httpx

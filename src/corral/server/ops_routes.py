@@ -60,7 +60,8 @@ def open_logs(settings: ServerSettings, engine: Engine) -> SandboxLogs:
 
 
 def logs_of(request: Request) -> SandboxLogs:
-    return request.app.state.logs
+    logs: SandboxLogs = request.app.state.logs
+    return logs
 
 
 async def patch_sandbox(request: Request, body: TimeoutRequest) -> Response:
