@@ -114,6 +114,7 @@ class SandboxLogs:
         self._seq, self._bytes = int(row[0]), int(row[1])
         self._pending: deque[Entry] = deque()
         self._deleted: list[tuple[str, float]] = []
+        self._inflight: list[Entry] = []  # taken from the queue, being written
         self.dropped = 0  # entries dropped before they were written (the queue was full)
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -181,18 +182,35 @@ class SandboxLogs:
             if not self._pending and not self._deleted:
                 if time.monotonic() - self._last_sweep < self._sweep_every:
                     continue
-            try:
-                await asyncio.to_thread(self.flush)
-            except (sqlite3.Error, OSError):  # a full disk: entries are dropped, not kept
-                log.exception("writing sandbox logs failed")
+            await self._flush()
+
+    def _take(self) -> tuple[list[Entry], list[tuple[str, float]]]:
+        """What is queued, taken on the event loop (where entries are added): the
+        writer thread never touches the queue. Readers still see the batch meanwhile."""
+        batch, self._pending = list(self._pending), deque()
+        deleted, self._deleted = self._deleted, []
+        self._inflight = batch
+        return batch, deleted
+
+    async def _flush(self) -> None:
+        batch, deleted = self._take()
+        try:
+            await asyncio.to_thread(self._write, batch, deleted)
+        except (sqlite3.Error, OSError):  # a full disk: the batch is dropped, not retried
+            log.exception("writing sandbox logs failed")
+        finally:
+            self._inflight = []
 
     def flush(self) -> None:
-        """Write what is queued, trim rings and the total, and sweep (bounded)."""
+        """Write what is queued now, in this thread (tests; the loop uses :meth:`_flush`)."""
+        try:
+            self._write(*self._take())
+        finally:
+            self._inflight = []
+
+    def _write(self, batch: list[Entry], deleted: list[tuple[str, float]]) -> None:
+        """Write a batch, trim rings and the total, and sweep (bounded)."""
         with self._lock:
-            batch = list(self._pending)
-            for _ in batch:
-                self._pending.popleft()
-            deleted, self._deleted = self._deleted, []
             per_kind: dict[tuple[str, str], int] = {}
             for entry in reversed(batch):  # past a ring, older ones never reach the disk
                 key = (entry[1], entry[2])
@@ -223,6 +241,8 @@ class SandboxLogs:
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
+                self._bytes = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM entries")
+                                  .fetchone()[0])
                 raise
 
     def _remove(self, where: str, args: tuple[Any, ...]) -> int:
@@ -256,7 +276,7 @@ class SandboxLogs:
             rows = self._db.execute(
                 "SELECT seq, kind, at, data FROM entries WHERE sandbox_id = ? AND seq > ? "
                 "ORDER BY seq LIMIT ?", (sandbox_id, after, limit)).fetchall()
-            queued = [(e[0], e[2], e[3], e[4]) for e in self._pending
+            queued = [(e[0], e[2], e[3], e[4]) for e in (*self._inflight, *self._pending)
                       if e[1] == sandbox_id and e[0] > after]
         seen = {r[0] for r in rows}
         rows += [q for q in queued if q[0] not in seen]
@@ -266,7 +286,7 @@ class SandboxLogs:
 
     def known(self, sandbox_id: str) -> bool:
         """Whether anything of this sandbox is kept (a deleted one, within retention)."""
-        if any(e[1] == sandbox_id for e in self._pending):
+        if any(e[1] == sandbox_id for e in (*self._inflight, *self._pending)):
             return True
         with self._lock:
             return self._db.execute("SELECT 1 FROM entries WHERE sandbox_id = ? LIMIT 1",
@@ -292,10 +312,7 @@ class SandboxLogs:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
-        try:
-            await asyncio.to_thread(self.flush)
-        except (sqlite3.Error, OSError):
-            log.exception("writing sandbox logs failed")
+        await self._flush()
         self.closed = True
         self._wake.set()
         with self._lock:

@@ -90,12 +90,14 @@ async def sandbox_logs(request: Request) -> Response:
     engine, logs, sid = ctx.engine(request), logs_of(request), request.path_params["sandbox_id"]
     after = _int_param(request, "after", 0)
     limit = min(_int_param(request, "limit", MAX_READ), MAX_READ)
-    follow = request.query_params.get("follow", "0").lower() in ("1", "true", "yes")
+    follow = request.query_params.get("follow", "0").lower()
+    if follow not in ("0", "1", "true", "false", "yes", "no"):
+        raise InvalidArgument(f"query parameter 'follow' must be true or false, got {follow!r}")
     if _state(engine, sid) is None and not logs.known(sid):
         raise SandboxNotFound(
             f"no sandbox {sid!r} and no logs of one: it never existed, or was deleted "
             "longer ago than the daemon's --log-retention", details={"sandbox_id": sid})
-    if follow:
+    if follow in ("1", "true", "yes"):
         return NDJSONResponse(_follow(engine, logs, sid, after))
     entries = logs.read(sid, after, limit)
     nxt = entries[-1]["seq"] if entries else after
