@@ -23,7 +23,7 @@ from corral.runtime.agentconn import (
     output_tail_for,
 )
 from corral.runtime.cmdtap import CommandTap
-from corral.runtime.events import Events
+from corral.runtime.events import CommandEnded, Events
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
@@ -31,6 +31,7 @@ from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import DEFAULT_EXEC_TIMEOUT_S, DEFAULT_MAX_OUTPUT, ExecEvent, ExecResult
 
 if TYPE_CHECKING:
+    from corral.runtime.events import Events
     from corral.runtime.live import Live
 
 BASE_PATH = (
@@ -113,6 +114,8 @@ class CommandOps:
                 try:
                     async for ev in events:
                         tap.see(ev)
+                        if ev.result is not None:  # metrics and logs hear of it (events.py)
+                            self.events.emit(CommandEnded(live.id, ev.result))
                         yield ev
                 finally:
                     tap.end()  # into the sandbox's log (runtime/sandbox_logs.py)

@@ -1,5 +1,5 @@
 """What the engine announces: a sandbox started, changed state, ended, was deleted;
-a command ended.
+a command ended (and was logged), a pool handed out a sandbox.
 
 Admission control, pools, metrics and the process tables subscribe here instead of
 polling the engine for sandboxes that went away. Listeners are called synchronously,
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.schema import SandboxState
+from corral.schema import ExecResult, SandboxState
 
 log = logging.getLogger("corral.runtime")
 
@@ -51,8 +51,9 @@ class SandboxDeleted:
 
 
 @dataclass(frozen=True)
-class CommandEnded:
-    """A command (``exec``/``exec_stream``) ended; the tails are a few KiB at most.
+class CommandLogged:
+    """A command (``exec``/``exec_stream``) ended, as its sandbox's log keeps it: the
+    tails are a few KiB at most (:mod:`corral.runtime.cmdtap`).
 
     ``outcome`` is ``exit``, ``timeout``, ``oom`` or ``killed`` (cut short by its caller
     or its sandbox ending); ``exit_code`` is None unless it exited.
@@ -66,6 +67,24 @@ class CommandEnded:
     exit_code: int | None
     stdout_tail: bytes
     stderr_tail: bytes
+
+
+@dataclass(frozen=True)
+class CommandEnded:
+    """A command run by ``exec``/``exec_stream`` ended with a result (a timeout or an OOM
+    kill included; a command the agent could not start raises instead)."""
+
+    sandbox_id: str
+    result: ExecResult
+
+
+@dataclass(frozen=True)
+class PoolAcquired:
+    """A warm pool handed out a live sandbox ``seconds`` after the acquire began."""
+
+    pool: str
+    sandbox_id: str
+    seconds: float
 
 
 Listener = Callable[[object], None]

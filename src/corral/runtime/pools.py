@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound
 from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
-from corral.runtime.events import SandboxEnded, StateChanged
+from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
 logger = logging.getLogger("corral.pools")
@@ -264,7 +264,9 @@ class PoolManager:
                 raise
             if info is not None:
                 pool.acquires += 1
-                pool.waits_ms.append((time.perf_counter() - began) * 1000)
+                waited = time.perf_counter() - began
+                pool.waits_ms.append(waited * 1000)
+                self._engine.events.emit(PoolAcquired(name, sid, waited))
                 # One fewer ready: refill, but only once the reply is on its way. A
                 # create's synchronous setup (~4 ms of CPU on the loop) would delay it.
                 asyncio.get_running_loop().call_later(REFILL_DELAY_S, pool.wake.set)

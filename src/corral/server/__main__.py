@@ -125,6 +125,15 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
     )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="json: every log record as a JSON line, and one line per request (tenant, "
+        "route, status, duration_ms)",
+    )
+    p.add_argument(
+        "--no-metrics", dest="metrics", action="store_false", default=None,
+        help="do not serve GET /metrics (Prometheus) nor count for it",
+    )
+    p.add_argument(
         "--node", metavar="NODE_ID",
         help="the Ray node this daemon serves (set by `corral cluster up`): sandbox ids "
         "then name the node",

@@ -35,6 +35,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
+from corral.server import metrics
+from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
@@ -44,6 +46,7 @@ from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
+from corral.server.ui import mount as mount_dashboard
 from corral.server.wire import error_response
 
 logger = logging.getLogger("corral.server")
@@ -187,6 +190,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app = Starlette(
         routes=build_routes(),
         middleware=[
+            *([Middleware(AccessLog)] if settings.log_format == "json" else []),
             Middleware(
                 Guard,
                 token=settings.token,
@@ -214,4 +218,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
+    mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    if settings.metrics:
+        metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events
     return app

@@ -14,7 +14,8 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
-from corral.server.endpoint import NDJSON, RAW, Endpoint, Query, handler_of
+from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
+from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -22,6 +23,7 @@ from corral.server.image_routes import (
     import_image_route,
     list_images,
 )
+from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,
     ExecRequest,
@@ -42,6 +44,19 @@ from corral.server.ops_routes import (
     TimeoutRequest,
     patch_sandbox,
     sandbox_logs,
+)
+from corral.server.peer_layers import (
+    FetchRequest,
+    FetchStats,
+    ImageFetchRequest,
+    PeerImage,
+    PeerSnapshot,
+    fetch_image,
+    fetch_snapshot,
+    peer_image,
+    peer_layer,
+    peer_snapshot,
+    peer_stats,
 )
 from corral.server.processes import (
     ExchangeRequest,
@@ -106,6 +121,8 @@ _PATH = Query(
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/health", health, "Is the daemon up", reply=Health),
     Endpoint("GET", "/v1/info", info, "Version, limits and what is in use", reply=DaemonInfo),
+    Endpoint("GET", "/metrics", metrics_endpoint,
+             "Prometheus metrics (admin only on TCP; 404 with --no-metrics)", reply=TEXT),
     Endpoint(
         "POST",
         "/v1/sandboxes",
@@ -334,10 +351,32 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                      required=True, min_length=1),),
     ),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
+    Endpoint("POST", "/v1/peer/snapshots/fetch", fetch_snapshot,
+             "Cluster: make a snapshot of another node restorable here (fetches its layers)",
+             body=FetchRequest, reply=SnapshotInfo),
+    Endpoint("GET", "/v1/peer/snapshots/{id_or_name}", peer_snapshot,
+             "Cluster: a snapshot's layers and digests, for another node to fetch",
+             reply=PeerSnapshot),
+    Endpoint("GET", "/v1/peer/layers/{digest}", peer_layer,
+             "Cluster: one layer of a snapshot held here, as a tar stream", reply=RAW),
+    Endpoint("POST", "/v1/peer/images/fetch", fetch_image,
+             "Cluster: make a built image of another node usable here (fetches its layers)",
+             body=ImageFetchRequest, reply=ImageInfo),
+    Endpoint("GET", "/v1/peer/images/{name}", peer_image,
+             "Cluster: a built image's manifest, for another node to pull", reply=PeerImage),
+    Endpoint("GET", "/v1/peer/stats", peer_stats, "Cluster: layers fetched from other nodes",
+             reply=FetchStats),
     Endpoint(
         "DELETE", _SNAP, delete_snapshot,
         "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,
     ),
+    Endpoint(
+        "PUT", "/v1/evals/{eval_id}", put_eval,
+        "Report an evaluation run's progress (corral.rl.evaluate does; shown at /ui)",
+        body=EvalReport, reply=EvalRun,
+    ),
+    Endpoint("GET", "/v1/evals", list_evals, "Recent evaluation runs, newest first",
+             reply=EvalList),
 )
 
 

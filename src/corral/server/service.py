@@ -17,9 +17,12 @@ theirs reaches below it for those: the rules live here once.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-from corral.errors import Forbidden, SandboxNotFound
+from corral.errors import CorralError, Forbidden, SandboxNotFound
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
@@ -28,7 +31,19 @@ from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
 from corral.server.admission import Admission
 from corral.server.limits import check_host_limits
 
-__all__ = ["Abandoned", "SandboxService", "check_network"]
+__all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
+
+
+@dataclass(frozen=True)
+class CreateFinished:
+    """Announced on the engine's events when :meth:`SandboxService.create` ends:
+    ``result`` is ``"ok"``, an error's ``code`` or ``"cancelled"``; the times are
+    ``time.monotonic()`` (``admitted``: None if it never got past admission)."""
+
+    result: str
+    began: float
+    admitted: float | None
+    ended: float
 
 
 def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
@@ -63,10 +78,15 @@ class SandboxService:
         ``host_network``: whether this caller may have ``network="host"`` (the daemon
         was started with ``--allow-host-network``, or it asks on the Unix socket).
         """
-        spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
-        self.engine.images.get(spec.image)  # ImageNotFound now, too
-        check_host_limits(spec)
-        check_network(spec, host_network=host_network)
+        try:
+            spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+            self.engine.images.get(spec.image)  # ImageNotFound now, too
+            check_host_limits(spec)
+            check_network(spec, host_network=host_network)
+        except CorralError as exc:  # a create refused: counted like one that failed
+            now = time.monotonic()
+            self.engine.events.emit(CreateFinished(exc.code, now, None, now))
+            raise
         return spec
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
@@ -74,11 +94,23 @@ class SandboxService:
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
         """
-        spec = self.engine.resolve_spec(spec)
-        check_host_limits(spec)
-        async with self.admission.admit(spec.memory_mb) as slot:
-            created = await self.engine.create(spec)
-            slot.commit(created.id)
+        began, admitted, result = time.monotonic(), None, "internal"
+        try:
+            spec = self.engine.resolve_spec(spec)
+            check_host_limits(spec)
+            async with self.admission.admit(spec.memory_mb) as slot:
+                admitted = time.monotonic()
+                created = await self.engine.create(spec)
+                slot.commit(created.id)
+            result = "ok"
+        except CorralError as exc:
+            result = exc.code
+            raise
+        except asyncio.CancelledError:
+            result = "cancelled"
+            raise
+        finally:  # metrics hear of every create, once (server/metrics.py)
+            self.engine.events.emit(CreateFinished(result, began, admitted, time.monotonic()))
         if self._ended_already(created.id):  # it ended before it was counted
             self.admission.release(created.id)
         return created

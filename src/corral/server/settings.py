@@ -86,6 +86,8 @@ class ServerSettings:
     max_lifetime: float = MAX_TIMEOUT_S
     # How long a deleted sandbox's logs are kept (seconds; 0: dropped at the next sweep).
     log_retention: float = DEFAULT_LOG_RETENTION_S
+    log_format: str = "text"  # "json": JSON lines, one per request too (server/accesslog.py)
+    metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
     node: str | None = None
@@ -107,6 +109,8 @@ class ServerSettings:
                 f"(got {self.max_lifetime:g} and {self.log_retention:g})")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument(f"--log-format is text or json, got {self.log_format!r}")
         if self.node is not None and not is_node_id(self.node):
             raise InvalidArgument(f"--node takes a Ray node id (hex), got {self.node!r}")
         if self.tcp is not None and not self.token:
