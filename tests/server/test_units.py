@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import tempfile
+import types
 from pathlib import Path
 
 import httpx
@@ -73,6 +75,7 @@ class FakeEngine:
 
         self.fail = fail
         self.events = Events()
+        self.layout = types.SimpleNamespace(state_dir=Path(tempfile.mkdtemp()))  # logs.db
 
     def list(self, **kwargs):
         if self.fail:

@@ -51,8 +51,9 @@ from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
-from corral.runtime.events import Events, SandboxEnded, StateChanged
+from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
@@ -126,6 +127,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images)
+        self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
             agent_path=agent_path,
             cgroups=cgroup_driver,
@@ -182,6 +184,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         engine._warden = warden.Warden.start(
             lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
         engine.snapshots.open()
+        engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
@@ -318,6 +321,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
+        self.events.emit(SandboxStarted(sid, spec.snapshot))
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
@@ -480,6 +484,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
+        if existed:
+            self.events.emit(SandboxDeleted(sandbox_id))
         return existed
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
@@ -500,6 +506,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                             await asyncio.sleep(0.02)
                     except CorralError:
                         pass
+                if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
+                    await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
                 await self._release(live)
                 self._live.pop(live.id, None)

@@ -1,5 +1,5 @@
-"""What the engine announces: a sandbox changed state, a sandbox ended, a command
-ended, a pool handed out a sandbox.
+"""What the engine announces: a sandbox started, changed state, ended, was deleted;
+a command ended (and was logged), a pool handed out a sandbox.
 
 Admission control, pools, metrics and the process tables subscribe here instead of
 polling the engine for sandboxes that went away. Listeners are called synchronously,
@@ -33,6 +33,40 @@ class SandboxEnded:
     sandbox_id: str
     state: SandboxState
     reason: str
+
+
+@dataclass(frozen=True)
+class SandboxStarted:
+    """A create finished: the sandbox is running (``snapshot``: the one it started from)."""
+
+    sandbox_id: str
+    snapshot: str | None
+
+
+@dataclass(frozen=True)
+class SandboxDeleted:
+    """The sandbox's record was removed (its logs are kept for the retention period)."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class CommandLogged:
+    """A command (``exec``/``exec_stream``) ended, as its sandbox's log keeps it: the
+    tails are a few KiB at most (:mod:`corral.runtime.cmdtap`).
+
+    ``outcome`` is ``exit``, ``timeout``, ``oom`` or ``killed`` (cut short by its caller
+    or its sandbox ending); ``exit_code`` is None unless it exited.
+    """
+
+    sandbox_id: str
+    argv: tuple[str, ...]
+    started_at: float
+    ended_at: float
+    outcome: str
+    exit_code: int | None
+    stdout_tail: bytes
+    stderr_tail: bytes
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,12 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
+from corral.server.ops_routes import (
+    SandboxLogsReply,
+    TimeoutRequest,
+    patch_sandbox,
+    sandbox_logs,
+)
 from corral.server.peer_layers import (
     FetchRequest,
     FetchStats,
@@ -140,6 +146,22 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ),
     ),
     Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
+    Endpoint(
+        "PATCH", _SB, patch_sandbox,
+        "Set a running sandbox's end to timeout seconds from now (within --max-lifetime)",
+        body=TimeoutRequest, reply=SandboxInfo,
+    ),
+    Endpoint(
+        "GET", _SB + "/logs", sandbox_logs,
+        "Its commands and lifecycle events, also after it stopped (and, for the daemon's "
+        "--log-retention, after it was deleted); follow=1 streams them as NDJSON",
+        reply=SandboxLogsReply,
+        query=(
+            Query("after", "integer", "only entries with a larger seq"),
+            Query("limit", "integer", "at most this many entries (<= 5000)"),
+            Query("follow", "boolean", "stream entries as they come, until it ends"),
+        ),
+    ),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
     Endpoint(

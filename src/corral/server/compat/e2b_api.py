@@ -66,6 +66,7 @@ from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.context import unless_gone
+from corral.server.lifetime import set_lifetime
 from corral.server.wire import read_json
 
 TAG = "e2b"
@@ -436,7 +437,7 @@ async def kill_sandbox(request: Request) -> Response:
 
 async def set_timeout(request: Request) -> Response:
     body: TimeoutBody = await _body(request, TimeoutBody, "timeout request")
-    await ctx.engine(request).set_timeout(_target(request).id, float(body.timeout))
+    await set_lifetime(request, _target(request).id, float(body.timeout))
     return Response(status_code=204)
 
 
@@ -456,7 +457,7 @@ async def connect_sandbox(request: Request) -> Response:
     if body.timeout:
         left = _started(info) + info.spec.timeout - datetime.now(timezone.utc).timestamp()
         if body.timeout > left:  # a running sandbox's timeout only grows
-            info = await engine.set_timeout(info.id, float(body.timeout))
+            info = await set_lifetime(request, info.id, float(body.timeout))
     return JSONResponse(created_json(request, info), status_code=status)
 
 
