@@ -11,7 +11,7 @@ import pytest
 
 from corral.runtime import sandbox_logs
 from corral.runtime.cmdtap import MAX_ARGV_BYTES, TAIL_BYTES, CommandTap
-from corral.runtime.events import CommandLogged, Events, SandboxDeleted
+from corral.runtime.events import CommandEnded, Events, SandboxDeleted
 from corral.runtime.sandbox_logs import MAX_COMMANDS, SandboxLogs
 from corral.schema import ExecEvent, ExecResult
 
@@ -112,6 +112,6 @@ async def test_retention_sweep_forgets_deleted_sandboxes(tmp_path):
 
 
 def test_command_ended_is_frozen():
-    ev = CommandLogged("sb", ("a",), 0.0, 1.0, "exit", 0, b"", b"")
+    ev = CommandEnded("sb", ("a",), 0.0, 1.0, "exit", 0, b"", b"")
     with pytest.raises(AttributeError):
         ev.outcome = "oom"  # type: ignore[misc]

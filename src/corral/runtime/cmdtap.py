@@ -1,7 +1,7 @@
 """What a command leaves in its sandbox's log: its argv, times, how it ended, its tails.
 
 :class:`CommandTap` watches a command's events as they pass (a few appends per chunk,
-nothing on the hot path waits for a disk) and announces :class:`CommandLogged` once,
+nothing on the hot path waits for a disk) and announces :class:`CommandEnded` once,
 however the command ended. Its sizes are bounded here, before anything is queued: a
 sandbox's output cannot make an entry bigger than :data:`TAIL_BYTES` per stream.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from corral.runtime.events import CommandLogged, Events
+from corral.runtime.events import CommandEnded, Events
 from corral.schema import ExecEvent
 
 TAIL_BYTES = 4096  # of each stream, kept in the log
@@ -73,7 +73,7 @@ class CommandTap:
             outcome, code = "oom", None
         else:
             outcome, code = "exit", result.returncode
-        self._events.emit(CommandLogged(
+        self._events.emit(CommandEnded(
             self._sid, bounded_argv(self._argv), self._started, time.time(), outcome, code,
-            bytes(self._out[-TAIL_BYTES:]), bytes(self._err[-TAIL_BYTES:]),
+            bytes(self._out[-TAIL_BYTES:]), bytes(self._err[-TAIL_BYTES:]), result,
         ))

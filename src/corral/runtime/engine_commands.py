@@ -23,7 +23,7 @@ from corral.runtime.agentconn import (
     output_tail_for,
 )
 from corral.runtime.cmdtap import CommandTap
-from corral.runtime.events import CommandEnded, Events
+from corral.runtime.events import Events
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
@@ -114,11 +114,11 @@ class CommandOps:
                 try:
                     async for ev in events:
                         tap.see(ev)
-                        if ev.result is not None:  # metrics and logs hear of it (events.py)
-                            self.events.emit(CommandEnded(live.id, ev.result))
+                        if ev.result is not None:
+                            tap.end()  # announced before the caller sees the exit
                         yield ev
                 finally:
-                    tap.end()  # into the sandbox's log (runtime/sandbox_logs.py)
+                    tap.end()  # CommandEnded: the sandbox's log and metrics hear of it
 
     def command_fields(
         self,

@@ -1,5 +1,5 @@
 """What the engine announces: a sandbox started, changed state, ended, was deleted;
-a command ended (and was logged), a pool handed out a sandbox.
+a command ended, a pool handed out a sandbox.
 
 Admission control, pools, metrics and the process tables subscribe here instead of
 polling the engine for sandboxes that went away. Listeners are called synchronously,
@@ -51,12 +51,13 @@ class SandboxDeleted:
 
 
 @dataclass(frozen=True)
-class CommandLogged:
-    """A command (``exec``/``exec_stream``) ended, as its sandbox's log keeps it: the
-    tails are a few KiB at most (:mod:`corral.runtime.cmdtap`).
+class CommandEnded:
+    """A command (``exec``/``exec_stream``) ended, however it ended: announced once, with
+    what its sandbox's log keeps (tails of a few KiB at most, :mod:`corral.runtime.cmdtap`)
+    and, for metrics, its result.
 
     ``outcome`` is ``exit``, ``timeout``, ``oom`` or ``killed`` (cut short by its caller
-    or its sandbox ending); ``exit_code`` is None unless it exited.
+    or its sandbox ending; then ``result`` is None); ``exit_code`` is None unless it exited.
     """
 
     sandbox_id: str
@@ -67,15 +68,7 @@ class CommandLogged:
     exit_code: int | None
     stdout_tail: bytes
     stderr_tail: bytes
-
-
-@dataclass(frozen=True)
-class CommandEnded:
-    """A command run by ``exec``/``exec_stream`` ended with a result (a timeout or an OOM
-    kill included; a command the agent could not start raises instead)."""
-
-    sandbox_id: str
-    result: ExecResult
+    result: ExecResult | None = None
 
 
 @dataclass(frozen=True)

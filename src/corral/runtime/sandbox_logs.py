@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.runtime.events import (
-    CommandLogged,
+    CommandEnded,
     Events,
     SandboxDeleted,
     SandboxEnded,
@@ -77,7 +77,7 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _command(ev: CommandLogged) -> dict[str, Any]:
+def _command(ev: CommandEnded) -> dict[str, Any]:
     return {
         "argv": list(ev.argv), "started_at": ev.started_at, "ended_at": ev.ended_at,
         "outcome": ev.outcome, "exit_code": ev.exit_code,
@@ -126,7 +126,7 @@ class SandboxLogs:
     # ---------------------------------------------------------------- writing
 
     def attach(self, events: Events) -> None:
-        for kind, fn in ((CommandLogged, self._on_command), (StateChanged, self._on_state),
+        for kind, fn in ((CommandEnded, self._on_command), (StateChanged, self._on_state),
                          (SandboxEnded, self._on_ended), (SandboxStarted, self._on_started),
                          (SandboxDeleted, self._on_deleted)):
             self._unsubscribe.append(events.subscribe(kind, fn))
@@ -155,7 +155,7 @@ class SandboxLogs:
     def event(self, sandbox_id: str, name: str, **fields: Any) -> None:
         self._add(sandbox_id, "event", {"event": name, **fields})
 
-    def _on_command(self, ev: CommandLogged) -> None:
+    def _on_command(self, ev: CommandEnded) -> None:
         self._add(ev.sandbox_id, "command", _command(ev))
 
     def _on_started(self, ev: SandboxStarted) -> None:
