@@ -15,6 +15,12 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
 - ``creates_per_s``: 24 creates from 8 threads: straight to one daemon, through the
   cluster client pinned to one node (``node=``), and placed over the three nodes (on
   one host the nodes share its cores: this measures placement, not more machines);
+- ``restore_local_ms`` against ``restore_cross_node_first_ms``: a sandbox from a snapshot
+  (20 MB of files) on the node it was taken on, and on another node the first time (its
+  layers fetched from the first node's daemon, checked, then the create);
+  ``restore_cross_node_cold_daemon_ms`` is a daemon's very first fetch (it also imports
+  Ray and reads the cluster's directory then);
+  ``restore_cross_node_warm_ms`` once the layers are there;
 - ``node_loss_detect_ms``: from ``remove_node`` until a call to a sandbox there raises
   ``SandboxLost``;
 - baselines: a Ray actor per environment (``actor_create_ms``, ``actor_call_rtt_ms``, and
@@ -81,6 +87,40 @@ def creates_per_s(client: corral.Client, **where: str) -> float:
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(lambda sb: sb.delete(), made))
     return rate
+
+
+def restore_times(client: corral.Client, head: str, others: list[str], n: int) -> dict[str, float]:
+    def take() -> corral.Snapshot:
+        base = corral.Sandbox.create(**SPEC, node=head, client=client)
+        base.exec("mkdir -p /tmp/data && for i in $(seq 20); do head -c 1000000 /dev/urandom "
+                  "> /tmp/data/f$i; done", timeout=120)
+        snap = base.snapshot()
+        base.delete()
+        return snap
+
+    def restore(snap: corral.Snapshot, node: str) -> float:
+        t = time.perf_counter()
+        sb = snap.restore(node=node)
+        took = ms_since(t)
+        sb.delete()
+        return took
+
+    snaps = [take(), take()]
+    try:
+        restore(snaps[0], head)  # warm
+        local = [restore(snaps[0], head) for _ in range(n)]
+        # each node fetches a snapshot's layer once; the first fetch of a daemon also
+        # imports Ray and reads the cluster's directory (once per daemon)
+        cold = [restore(snaps[0], node) for node in others]
+        first = [restore(snaps[1], node) for node in others]
+        warm = [restore(snaps[1], others[i % len(others)]) for i in range(n)]
+    finally:
+        for snap in snaps:
+            snap.delete()
+    return {"restore_local_ms": statistics.median(local),
+            "restore_cross_node_first_ms": statistics.median(first),
+            "restore_cross_node_warm_ms": statistics.median(warm),
+            "restore_cross_node_cold_daemon_ms": statistics.median(cold)}
 
 
 def actor_baseline(ray, n: int, alive: int) -> dict[str, float]:
@@ -244,6 +284,7 @@ def main() -> int:
                 routed.router.place(SPEC["memory_mb"])
                 placements.append(ms_since(t))
             res["placement_ms"] = statistics.median(placements)
+            res.update(restore_times(routed, head, [w.node_id for w in workers], n))
             res.update(actor_baseline(ray, n, alive=5 if args.quick else 20))
             res.update(ray_sandbox_baseline(3 if args.quick else 10))
             res["node_loss_detect_ms"] = detect_node_loss(cluster, workers[0], routed)
@@ -260,6 +301,9 @@ def main() -> int:
     exec_cost = res["cluster_exec_rtt_ms"] - res["direct_exec_rtt_ms"]  # type: ignore[operator]
     print(f"placement adds {create_cost:+.2f} ms to a create (target <= 1), "
           f"routing {exec_cost:+.3f} ms to an exec")
+    print(f"a restore on another node takes {res['restore_cross_node_first_ms'] / res['restore_local_ms']:.1f}x "  # type: ignore[operator]
+          "a local one the first time (the layers travel), "
+          f"{res['restore_cross_node_warm_ms'] / res['restore_local_ms']:.2f}x after")  # type: ignore[operator]
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

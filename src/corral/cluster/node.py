@@ -96,7 +96,8 @@ class NodeDaemon:
             *(["--cache-dir", config["cache_dir"]] if config.get("cache_dir") else []),
             *config.get("daemon_args", []),
         ]
-        env = {**os.environ, "CORRAL_TOKEN": token.decode(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "CORRAL_TOKEN": token.decode(), "PYTHONUNBUFFERED": "1",
+               "CORRAL_RAY_GCS": r.get_runtime_context().gcs_address}  # its peers' directory
         self._stopping = False
         with open(base / "daemon.log", "ab") as log:
             self.proc = subprocess.Popen(

@@ -68,8 +68,8 @@ def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = Non
 
 def having_image(rooms: Mapping[str, Room], images: Mapping[str, set[str]], image: str
                  ) -> dict[str, Room]:
-    """The nodes of ``rooms`` that have ``image`` (images do not travel between nodes
-    yet); all of them if none has it (the chosen node then says ImageNotFound).
+    """The nodes of ``rooms`` that have ``image`` (a root filesystem does not travel
+    between nodes); all of them if none has it (the chosen node then says ImageNotFound).
 
     >>> sorted(having_image({"a": Room(1, 1, 1.0, 0), "b": Room(1, 1, 1.0, 0)},
     ...                     {"a": {"python"}, "b": {"python", "mine"}}, "mine"))

@@ -51,8 +51,9 @@ from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
-from corral.runtime.events import Events, SandboxEnded, StateChanged
+from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
@@ -128,6 +129,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images, self.owners)
+        self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
             agent_path=agent_path,
             cgroups=cgroup_driver,
@@ -184,6 +186,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         engine._warden = warden.Warden.start(
             lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
         engine.snapshots.open()
+        engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
@@ -261,14 +264,15 @@ class Engine(SnapshotOps, CommandOps, FileOps):
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        **kw: Any,
+        build_root: bool = False, **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox and wait until its agent is ready to run commands.
 
         For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
         an image not in the store (a base plus the layers built so far), and
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
-        committed).
+        committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
+        step: :mod:`corral.runtime.rootbuild`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -298,6 +302,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
+        live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -318,6 +323,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
+        self.events.emit(SandboxStarted(sid, spec.snapshot))
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
@@ -363,7 +369,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def owner_ids(self, sandbox_id: str) -> dict[int, int]:
         """How a live sandbox's owners are stored when its files are committed."""
-        return canonical_owner(self._get_live(sandbox_id).uid)
+        live = self._get_live(sandbox_id)
+        return {live.uid: 0} if live.build_root else canonical_owner(live.uid)
 
     def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]:
         return launch_args(live, slot, lowers, bwrap=self.bwrap, agent=self.agent_path)
@@ -474,6 +481,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
+        if existed:
+            self.events.emit(SandboxDeleted(sandbox_id))
         return existed
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
@@ -494,6 +503,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                             await asyncio.sleep(0.02)
                     except CorralError:
                         pass
+                if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
+                    await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
                 await self._release(live)
                 self._live.pop(live.id, None)

@@ -65,6 +65,19 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "exit after this long with no requests and no live sandboxes",
     ),
     (
+        "--max-lifetime",
+        float,
+        "SECONDS",
+        "the furthest ahead set_timeout (PATCH /v1/sandboxes/ID) may put a sandbox's end "
+        "(default: 30 days)",
+    ),
+    (
+        "--log-retention",
+        float,
+        "SECONDS",
+        "how long a deleted sandbox's command and lifecycle log is kept (default 86400)",
+    ),
+    (
         "--shutdown-grace",
         float,
         "SECONDS",

@@ -43,6 +43,7 @@ from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
+from corral.server.ops_routes import open_logs
 from corral.server.quotas import Quotas
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
@@ -199,7 +200,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
 
     ``app.state`` holds ``settings``, ``engine``, ``admission``, ``pools`` (the warm
     pools, whose refills pass admission control; close them before the engine) and
-    ``activity``.
+    ``activity`` and ``logs`` (close it after the engine).
     """
     activity = Activity()
     tenants = Tenants(TokenStore(engine.registry.db), settings.token)
@@ -234,6 +235,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     admission = Admission(limits, Quotas(tenants.quota_of))
     service = app.state.service = SandboxService(engine, admission, tenants)
     app.state.admission, app.state.pools = service.admission, service.pools
+    app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)

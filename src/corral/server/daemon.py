@@ -216,6 +216,8 @@ async def run(settings: ServerSettings) -> None:
         if app is not None:
             await app.state.pools.close()  # deletes the pools' ready sandboxes
         await engine.close()
+        if app is not None:
+            await app.state.logs.close()  # after the engine: its last stops are logged
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")

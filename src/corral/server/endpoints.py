@@ -39,6 +39,25 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
+from corral.server.ops_routes import (
+    SandboxLogsReply,
+    TimeoutRequest,
+    patch_sandbox,
+    sandbox_logs,
+)
+from corral.server.peer_layers import (
+    FetchRequest,
+    FetchStats,
+    ImageFetchRequest,
+    PeerImage,
+    PeerSnapshot,
+    fetch_image,
+    fetch_snapshot,
+    peer_image,
+    peer_layer,
+    peer_snapshot,
+    peer_stats,
+)
 from corral.server.processes import (
     ExchangeRequest,
     ExchangeResponse,
@@ -136,6 +155,22 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ),
     ),
     Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
+    Endpoint(
+        "PATCH", _SB, patch_sandbox,
+        "Set a running sandbox's end to timeout seconds from now (within --max-lifetime)",
+        body=TimeoutRequest, reply=SandboxInfo,
+    ),
+    Endpoint(
+        "GET", _SB + "/logs", sandbox_logs,
+        "Its commands and lifecycle events, also after it stopped (and, for the daemon's "
+        "--log-retention, after it was deleted); follow=1 streams them as NDJSON",
+        reply=SandboxLogsReply,
+        query=(
+            Query("after", "integer", "only entries with a larger seq"),
+            Query("limit", "integer", "at most this many entries (<= 5000)"),
+            Query("follow", "boolean", "stream entries as they come, until it ends"),
+        ),
+    ),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
     Endpoint(
@@ -331,6 +366,21 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("DELETE", "/v1/tokens/{name}", revoke_token,
              "Revoke a tenant token: refused from its next request (admin only)", status=204),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
+    Endpoint("POST", "/v1/peer/snapshots/fetch", fetch_snapshot,
+             "Cluster: make a snapshot of another node restorable here (fetches its layers)",
+             body=FetchRequest, reply=SnapshotInfo),
+    Endpoint("GET", "/v1/peer/snapshots/{id_or_name}", peer_snapshot,
+             "Cluster: a snapshot's layers and digests, for another node to fetch",
+             reply=PeerSnapshot),
+    Endpoint("GET", "/v1/peer/layers/{digest}", peer_layer,
+             "Cluster: one layer of a snapshot held here, as a tar stream", reply=RAW),
+    Endpoint("POST", "/v1/peer/images/fetch", fetch_image,
+             "Cluster: make a built image of another node usable here (fetches its layers)",
+             body=ImageFetchRequest, reply=ImageInfo),
+    Endpoint("GET", "/v1/peer/images/{name}", peer_image,
+             "Cluster: a built image's manifest, for another node to pull", reply=PeerImage),
+    Endpoint("GET", "/v1/peer/stats", peer_stats, "Cluster: layers fetched from other nodes",
+             reply=FetchStats),
     Endpoint(
         "DELETE", _SNAP, delete_snapshot,
         "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,

@@ -187,6 +187,8 @@ class Metrics:
             self.create_seconds.observe(event.ended - event.began)
 
     def _command_ended(self, event: CommandEnded) -> None:
+        if event.result is None:  # cut short by its caller or its sandbox: no outcome
+            return
         self.exec_seconds.observe(event.result.duration)
         self._outcomes[exec_outcome(event.result)].inc()
 
