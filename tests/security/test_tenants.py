@@ -74,6 +74,9 @@ def _sandbox_attacks(sid: str, proc: str) -> list[tuple[str, str, dict]]:
         ("POST", p + "/signal", {"json": {"signal": "KILL"}}),
         ("POST", p + "/resize", {"json": {"rows": 10, "cols": 10}}),
         ("DELETE", p, {}),
+        ("GET", sb + "/logs", {}),
+        ("GET", sb + "/logs?follow=1", {}),
+        ("PATCH", sb, {"json": {"timeout": 5}}),
         ("DELETE", sb, {}),
     ]
 
@@ -100,6 +103,14 @@ def test_another_tenants_sandbox_is_an_unknown_id(team, alice_sb):
         assert "pwned" not in {e["name"] for e in listed}
         assert a.get(f"/v1/sandboxes/{sid}/processes/{proc}").json()["state"] == "running"
         assert len(a.get("/v1/sandboxes").json()["sandboxes"]) == 1  # no fork landed
+        assert a.get(f"/v1/sandboxes/{sid}/logs").status_code == 200
+        # stopped, its files kept: still alice's alone
+        assert a.post(f"/v1/sandboxes/{sid}/stop", json={}).status_code == 200
+        assert a.get(f"/v1/sandboxes/{sid}/files?path=/workspace/secret").content == b"alice's"
+    with team.tenant("bob") as b:
+        for path in (f"/v1/sandboxes/{sid}/files?path=/workspace/secret",
+                     f"/v1/sandboxes/{sid}/files/list?path=/workspace", f"/v1/sandboxes/{sid}/logs"):
+            unknown_like(b.get(path), sid, b.get(path.replace(sid, UNKNOWN)))
 
 
 def test_another_tenants_snapshots_and_pools_are_unknown(team, alice_sb):
@@ -155,6 +166,9 @@ def test_a_tenant_cannot_manage_tokens_or_images(team):
             assert reply.status_code == 403, (path, reply.text)
             assert reply.json()["error"]["code"] == "forbidden"
         assert b.get("/v1/images/python").status_code == 200  # shared read-only
+        for path in ("/v1/peer/stats", "/v1/peer/layers/" + "0" * 64,
+                     "/v1/peer/snapshots/x", "/v1/peer/images/python"):
+            assert b.get(path).status_code == 403, path  # daemon to daemon: the admin's
     with team.tcp(ADMIN_TOKEN) as admin:  # the daemon's own token is the admin on TCP
         assert admin.get("/v1/tokens").status_code == 200
     token = team.make_token("imager", allow_images=True)
