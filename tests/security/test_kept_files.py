@@ -101,3 +101,28 @@ async def test_a_stopped_sandbox_symlink_to_the_host_reads_nothing_of_it(engine)
                 await engine.read_file(sid, f"/workspace/{name}")
     finally:
         await engine.delete(sid)
+
+
+def test_kept_files_never_take_the_disk_below_its_reserve(tmp_path):
+    """Each stopped sandbox may have filled its disk_mb: a stream of them must not fill
+    the host's disk. On a small filesystem nothing is kept; on a roomy one a small
+    sandbox is, a huge one (its disk_mb past the free space) is not."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    try:
+        store = KeptFiles(small / "stopped", snapshots=None, events=Events())  # type: ignore[arg-type]
+        assert not store.has_room(1 << 20)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    roomy = KeptFiles(tmp_path / "stopped", snapshots=None, events=Events())  # type: ignore[arg-type]
+    vfs = os.statvfs(tmp_path)
+    free, size = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
+    if free < size * 0.2 or free < (2 << 30):
+        pytest.skip("the test's disk is too full to show a kept copy allowed")
+    assert roomy.has_room(1 << 20)
+    assert not roomy.has_room(free)

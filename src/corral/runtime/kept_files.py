@@ -5,8 +5,10 @@ When a sandbox stops (by request, its lifetime or idle timeout; not when deleted
 when the engine shuts down), :meth:`KeptFiles.keep` copies its writable layer out, its
 processes frozen meanwhile, with the snapshot machinery (:meth:`Snapshots.stage`:
 bounded by its ``disk_mb`` and ``inodes``, descriptor-relative, no symlink followed)
-to ``<state_dir>/stopped/<id>``. ``read``, ``stat`` and ``list_dir`` then serve the
-files the sandbox wrote; files of its image that it never changed are not kept.
+to ``<state_dir>/stopped/<id>`` — unless its ``disk_mb`` could take that disk below
+its reserve (:meth:`KeptFiles.has_room`: 10 % of the filesystem, at least 1 GiB).
+``read``, ``stat`` and ``list_dir`` then serve the files the sandbox wrote; files of
+its image that it never changed are not kept.
 
 The kept tree is hostile data, read by root: every path is walked from the tree's
 root descriptor one component at a time with ``O_NOFOLLOW``; a symlink is resolved
@@ -40,6 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.runtime")
 
 MAX_SYMLINKS = 40
+# Kept files never take the disk under the state directory below this much free space
+# (the larger of the two): a sandbox's copy is skipped when its disk_mb would.
+RESERVE_BYTES = 1 << 30
+RESERVE_FRACTION = 0.10
 # Stops whose sandbox's files are not kept: a delete, and the engine or daemon ending
 # (copying every sandbox's files would hold up the shutdown).
 NOT_KEPT = ("deleted", "engine closed", "the daemon shut down")
@@ -71,6 +77,11 @@ class KeptFiles:
         launcher) out. Never raises: a sandbox whose files cannot be kept (too many,
         its namespace already gone) is logged and stops anyway."""
         frozen = live.cgroup is not None and live.cgroup.frozen()
+        if not self.has_room(live.spec.disk_mb << 20):
+            log.warning("the files of sandbox %s are not kept after it stops: its disk_mb "
+                        "(%d MiB) would take the disk under %s below its reserve",
+                        live.id, live.spec.disk_mb, self.root)
+            return
         try:
             staged = await self.snapshots.stage(
                 upper, None if frozen else live.cgroup, source=live.id, spec=live.spec)
@@ -79,6 +90,14 @@ class KeptFiles:
             message = exc.message if isinstance(exc, CorralError) else str(exc)
             log.warning("the files of sandbox %s are not kept after it stops: %s",
                         live.id, message)
+
+    def has_room(self, need: int) -> bool:
+        """Whether ``need`` more bytes leave the disk under :attr:`root` its reserve: a
+        stream of stopped sandboxes (each filled up to its ``disk_mb``) cannot fill the
+        host's disk; past the reserve their files are simply not kept."""
+        vfs = os.statvfs(self.root)
+        reserve = max(RESERVE_BYTES, int(vfs.f_blocks * vfs.f_frsize * RESERVE_FRACTION))
+        return vfs.f_bavail * vfs.f_frsize - need >= reserve
 
     def _deleted(self, ev: SandboxDeleted) -> None:
         path = self.root / ev.sandbox_id

@@ -287,7 +287,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid = info.id
         await self._stop_main(sid)
         if info.state in LIVE_STATES and grace > 0:
-            info = await self._engine.stop(sid, grace=min(grace, MAX_DELETE_GRACE_S))
+            # reason "deleted": a sandbox on its way out keeps no copy of its files
+            info = await self._engine.stop(
+                sid, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
         await self._lifecycle.delete(sid)
         exit_code = self._exit_codes.pop(sid, None)
         state = wire.cw_state(info, exit_code)
