@@ -12,12 +12,21 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
   Targets: placement adds <= 1 ms to a create, nothing measurable to an exec;
 - ``placement_ms``: the placement decision alone (``router.place``: the nodes' loads are
   read at most once a second, so it is mostly arithmetic);
-- ``creates_per_s``: 24 creates from 8 threads, one daemon against the cluster (on one
-  host the nodes share its cores: this measures placement, not more machines);
+- ``creates_per_s``: 24 creates from 8 threads: straight to one daemon, through the
+  cluster client pinned to one node (``node=``), and placed over the three nodes (on
+  one host the nodes share its cores: this measures placement, not more machines);
+- ``restore_local_ms`` against ``restore_cross_node_first_ms``: a sandbox from a snapshot
+  (20 MB of files) on the node it was taken on, and on another node the first time (its
+  layers fetched from the first node's daemon, checked, then the create);
+  ``restore_cross_node_cold_daemon_ms`` is a daemon's very first fetch (it also imports
+  Ray and reads the cluster's directory then);
+  ``restore_cross_node_warm_ms`` once the layers are there;
 - ``node_loss_detect_ms``: from ``remove_node`` until a call to a sandbox there raises
   ``SandboxLost``;
-- baselines: a Ray actor per environment (``actor_create_ms``, ``actor_call_rtt_ms``), and
-  ``ray.experimental.sandbox`` where it can run (else the reason is printed).
+- baselines: a Ray actor per environment (``actor_create_ms``, ``actor_call_rtt_ms``, and
+  with several alive at once ``actor_rss_mb`` / ``actor_pss_mb`` each), and
+  ``ray.experimental.sandbox`` (``ray_sandbox_create_ready_ms``, in-process runtime) where
+  it can run, else the reason is printed (``peers/ray_sandbox.py`` checks what it needs).
 
 Needs root and the ``ray`` extra. Never fails on time.
 """
@@ -25,10 +34,12 @@ Needs root and the ``ray`` extra. Never fails on time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,21 +78,60 @@ def exec_rtt(sb: corral.Sandbox, n: int) -> list[float]:
     return out
 
 
-def creates_per_s(client: corral.Client) -> float:
+def creates_per_s(client: corral.Client, **where: str) -> float:
     t = time.perf_counter()
     with ThreadPoolExecutor(THREADS) as pool:
-        made = list(pool.map(lambda _: corral.Sandbox.create(**SPEC, client=client), range(BURST)))
+        made = list(pool.map(lambda _: corral.Sandbox.create(**SPEC, **where, client=client),
+                             range(BURST)))
     rate = BURST / (time.perf_counter() - t)
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(lambda sb: sb.delete(), made))
     return rate
 
 
-def actor_baseline(ray, n: int) -> dict[str, float]:
+def restore_times(client: corral.Client, head: str, others: list[str], n: int) -> dict[str, float]:
+    def take() -> corral.Snapshot:
+        base = corral.Sandbox.create(**SPEC, node=head, client=client)
+        base.exec("mkdir -p /tmp/data && for i in $(seq 20); do head -c 1000000 /dev/urandom "
+                  "> /tmp/data/f$i; done", timeout=120)
+        snap = base.snapshot()
+        base.delete()
+        return snap
+
+    def restore(snap: corral.Snapshot, node: str) -> float:
+        t = time.perf_counter()
+        sb = snap.restore(node=node)
+        took = ms_since(t)
+        sb.delete()
+        return took
+
+    snaps = [take(), take()]
+    try:
+        restore(snaps[0], head)  # warm
+        local = [restore(snaps[0], head) for _ in range(n)]
+        # each node fetches a snapshot's layer once; the first fetch of a daemon also
+        # imports Ray and reads the cluster's directory (once per daemon)
+        cold = [restore(snaps[0], node) for node in others]
+        first = [restore(snaps[1], node) for node in others]
+        warm = [restore(snaps[1], others[i % len(others)]) for i in range(n)]
+    finally:
+        for snap in snaps:
+            snap.delete()
+    return {"restore_local_ms": statistics.median(local),
+            "restore_cross_node_first_ms": statistics.median(first),
+            "restore_cross_node_warm_ms": statistics.median(warm),
+            "restore_cross_node_cold_daemon_ms": statistics.median(cold)}
+
+
+def actor_baseline(ray, n: int, alive: int) -> dict[str, float]:
+    """A Ray actor per environment: create→first call and call RTT (one at a time), then
+    the memory of each of ``alive`` actors held at once (RSS and PSS of its process)."""
+    from bench_engine import pss_kb
+
     @ray.remote(num_cpus=0)
     class Env:
         def step(self) -> int:
-            return 0
+            return os.getpid()
 
     creates, calls = [], []
     for _ in range(n):
@@ -93,19 +143,71 @@ def actor_baseline(ray, n: int) -> dict[str, float]:
         ray.get(env.step.remote())
         calls.append(ms_since(t))
         ray.kill(env)
+    envs = [Env.remote() for _ in range(alive)]
+    try:
+        pids = ray.get([e.step.remote() for e in envs], timeout=600)
+        rss = [rss_kb(pid) for pid in pids]
+        pss = pss_kb(pids)
+    finally:
+        for e in envs:
+            ray.kill(e)
     return {"actor_create_ms": statistics.median(creates),
-            "actor_call_rtt_ms": statistics.median(calls)}
+            "actor_call_rtt_ms": statistics.median(calls),
+            "actor_rss_mb": statistics.median(rss) / 1024,
+            "actor_pss_mb": pss / len(pids) / 1024}
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
 
 
 def ray_sandbox_reason() -> str | None:
     """Why ``ray.experimental.sandbox`` cannot run here (None if it might)."""
+    from peers.ray_sandbox import missing_prerequisites
+
+    problems = missing_prerequisites()
+    return "; ".join(problems) if problems else None
+
+
+def ray_sandbox_baseline(n: int) -> dict[str, float | str]:
+    """create→ready of Ray's own sandboxes (in-process runtime, a flat tar of the python
+    image), or why they could not run."""
+    reason = ray_sandbox_reason()
+    if reason:
+        return {"ray_sandbox": f"not run: {reason}"}
+    from peers.ray_sandbox import PATH
+    from ray.experimental.sandbox.runtime import SandboxRuntime
+
+    from corral.runtime.images import ImageStore
+    from corral.runtime.paths import Layout
+
+    work = Path(tempfile.mkdtemp(prefix="corral-bench-raysb-"))
+    made: list[str] = []
+    rt = SandboxRuntime()
     try:
-        import ray.experimental.sandbox  # noqa: F401
-    except ImportError as exc:
-        return f"ray.experimental.sandbox is not importable ({exc})"
-    if shutil.which("mkfs.erofs") is None:
-        return "it needs mkfs.erofs >= 1.7 (erofs-utils; Debian 12 has 1.5) and a recent runsc"
-    return None
+        tar = work / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(ImageStore(Layout.create().images_dir).get("python").rootfs), "-cf", str(tar), "."],
+                       check=True)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            made.append(rt.create(image=str(tar), env={"PATH": PATH}, timeout_seconds=60))
+            times.append(ms_since(t))
+        return {"ray_sandbox_create_ready_ms": statistics.median(times)}
+    except Exception as exc:  # a runtime that imports but fails here: say why
+        return {"ray_sandbox": f"failed: {type(exc).__name__}: {exc}"}
+    finally:
+        for sid in made:
+            with contextlib.suppress(Exception):
+                rt.delete(sid)
+        for d in Path("/sys/fs/cgroup").glob("*/ray-sandbox-*"):  # Ray leaves these
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def detect_node_loss(cluster, worker, client: corral.Client) -> float | None:
@@ -172,7 +274,8 @@ def main() -> int:
                 "cluster_create_ready_ms": statistics.median(routed_creates),
                 "direct_exec_rtt_ms": statistics.median(direct_exec),
                 "cluster_exec_rtt_ms": statistics.median(routed_exec),
-                "creates_per_s_1_node": creates_per_s(direct),
+                "creates_per_s_direct": creates_per_s(direct),
+                "creates_per_s_1_node": creates_per_s(routed, node=head),
                 "creates_per_s_3_nodes": creates_per_s(routed),
             })
             placements = []
@@ -181,8 +284,9 @@ def main() -> int:
                 routed.router.place(SPEC["memory_mb"])
                 placements.append(ms_since(t))
             res["placement_ms"] = statistics.median(placements)
-            res.update(actor_baseline(ray, n))
-            res["ray_sandbox"] = ray_sandbox_reason() or "not measured by this script yet"
+            res.update(restore_times(routed, head, [w.node_id for w in workers], n))
+            res.update(actor_baseline(ray, n, alive=5 if args.quick else 20))
+            res.update(ray_sandbox_baseline(3 if args.quick else 10))
             res["node_loss_detect_ms"] = detect_node_loss(cluster, workers[0], routed)
     finally:
         bringup.down(cluster.address)
@@ -197,6 +301,9 @@ def main() -> int:
     exec_cost = res["cluster_exec_rtt_ms"] - res["direct_exec_rtt_ms"]  # type: ignore[operator]
     print(f"placement adds {create_cost:+.2f} ms to a create (target <= 1), "
           f"routing {exec_cost:+.3f} ms to an exec")
+    print(f"a restore on another node takes {res['restore_cross_node_first_ms'] / res['restore_local_ms']:.1f}x "  # type: ignore[operator]
+          "a local one the first time (the layers travel), "
+          f"{res['restore_cross_node_warm_ms'] / res['restore_local_ms']:.2f}x after")  # type: ignore[operator]
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

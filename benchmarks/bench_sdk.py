@@ -51,11 +51,11 @@ async def timed_async(fn, n: int) -> list[float]:
     return out
 
 
-def start_daemon(base: Path) -> subprocess.Popen:
+def start_daemon(base: Path, *args: str) -> subprocess.Popen:
     sock = base / "corral.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral.server", "--socket", str(sock),
-         "--state-dir", str(base / "state")],
+         "--state-dir", str(base / "state"), *args],
         stdout=open(base / "daemon.log", "wb"), stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60
@@ -74,11 +74,12 @@ def start_daemon(base: Path) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def private_daemon(prefix: str) -> Iterator[str]:
-    """A daemon on a temporary socket and state directory; yields its URL."""
+def private_daemon(prefix: str, *args: str) -> Iterator[str]:
+    """A daemon (with options ``args``) on a temporary socket and state directory;
+    yields its URL."""
     base = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(base, 0o711)  # sandboxes run as an unprivileged uid and must reach it
-    proc = start_daemon(base)
+    proc = start_daemon(base, *args)
     try:
         yield f"unix://{base / 'corral.sock'}"
     finally:

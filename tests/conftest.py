@@ -72,8 +72,11 @@ def _base_dir() -> Path:
 class Daemon:
     """A real `corral serve` process on a private socket and state directory."""
 
-    def __init__(self, base: Path, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self, base: Path, extra_args: list[str] | None = None, wrapper: list[str] | None = None
+    ) -> None:
         self.base = base
+        self.wrapper = wrapper or []  # a command the daemon runs under (tests/test_deploy.py)
         self.socket = base / "corral.sock"
         self.state_dir = base / "state"
         self.log = base / "daemon.log"
@@ -87,7 +90,7 @@ class Daemon:
     def start(self) -> "Daemon":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.server", "--socket", str(self.socket),
+            [*self.wrapper, sys.executable, "-m", "corral.server", "--socket", str(self.socket),
              "--state-dir", str(self.state_dir), *self.args],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
         )

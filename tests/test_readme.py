@@ -150,7 +150,8 @@ def test_readme_e2b_example_runs():
 
 def test_readme_image_spec_parses():
     spec = parse_build_yaml(block("yaml", "name: my-env"), source="README.md")
-    assert spec.name == "my-env" and len(spec.steps) == 4
+    assert spec.name == "my-env" and len(spec.steps) == 5
+    assert [getattr(s, "as_root", False) for s in spec.steps] == [False, True, False, False, False]
 
 
 @pytest.mark.parametrize("phrase", ["pip install 'corral[", "corral rm --tag job=42\n"])

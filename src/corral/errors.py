@@ -22,13 +22,15 @@ would naturally catch as a builtin also inherit it::
     ├── HeadersTooLarge                       431 headers_too_large
     ├── RequestTimeout (TimeoutError)         408 request_timeout
     ├── CapacityExceeded                      503 capacity_exceeded
-    │   └── TooManyRequests                   429 too_many_requests
+    │   ├── TooManyRequests                   429 too_many_requests
+    │   └── QuotaExceeded                     429 quota_exceeded
     ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
     ├── ExecTimeout (TimeoutError)            408 exec_timeout
     ├── SandboxLost                           410 sandbox_lost
     ├── SandboxProtocolError                  422 sandbox_protocol_error
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
+    ├── LayerTransferError                    502 layer_transfer_failed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -160,6 +162,14 @@ class TooManyRequests(CapacityExceeded):
     code, status = "too_many_requests", 429
 
 
+class QuotaExceeded(CapacityExceeded):
+    """A tenant token's quota (``corral token create --max-sandboxes/--max-memory-mb/
+    --max-cpus``) would be exceeded: delete sandboxes or pools of that tenant first.
+    ``details``: ``quota``, ``limit``, ``used``, ``requested``, ``tenant``."""
+
+    code, status = "quota_exceeded", 429
+
+
 class HeadersTooLarge(CorralError):
     """A request's line and headers are larger than the daemon reads before auth."""
 
@@ -231,6 +241,15 @@ class StorageFull(CorralError):
     ``details``: ``path``, ``errno`` or ``sqlite`` (what failed)."""
 
     code, status = "storage_full", 507
+
+
+class LayerTransferError(CorralError):
+    """A layer fetched from another node's daemon was refused: its bytes do not hash to
+    its digest, the stream was truncated or held an unsafe entry, or the peer did not
+    serve it. Nothing of it was kept; retry, and check the peer named in the message.
+    ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
+
+    code, status = "layer_transfer_failed", 502
 
 
 class SandboxStartError(CorralError):

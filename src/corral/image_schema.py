@@ -9,6 +9,8 @@ dict::
     base: python                  # any image, built ones included
     steps:
       - run: pip install six==1.16.0        # a shell command, as the sandbox user
+      - run: apt-get install -y g++         # as root in the build's user namespace
+        user: root
       - copy: src/ -> /app/src              # from the host (relative: to the spec file)
       - env: {MODE: fast}                   # defaults for later steps and sandboxes
       - workdir: /app                       # likewise
@@ -33,6 +35,7 @@ from pydantic import (
     StrictInt,
     Tag,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -82,12 +85,26 @@ def _absolute(path: str) -> str:
 
 
 class RunStep(_Strict):
-    """``run: <shell command>``: runs under ``/bin/sh -c`` in the image so far."""
+    """``run: <shell command>``: runs under ``/bin/sh -c`` in the image so far, as the
+    sandbox user; with ``user: root``, as root of the build sandbox's user namespace
+    (``apt-get install``: no host privilege, see :mod:`corral.runtime.rootbuild`)."""
 
     run: str = Field(min_length=1, max_length=MAX_COMMAND)
+    user: Literal["root", "sandbox"] | None = None
+
+    @property
+    def as_root(self) -> bool:
+        return self.user == "root"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)  # without user when unset: specs dump as they always did
+        if isinstance(data, dict) and data.get("user") is None:
+            data.pop("user", None)
+        return data
 
     def describe(self) -> str:
-        return f"run: {self.run}"
+        return f"run{' (as root)' if self.as_root else ''}: {self.run}"
 
 
 class CopySource(_Strict):
@@ -159,7 +176,7 @@ class WorkdirStep(_Strict):
 
 def _step_kind(v: Any) -> str | None:
     if isinstance(v, dict):
-        return next(iter(v), None)
+        return "run" if "run" in v else next(iter(v), None)
     return {RunStep: "run", CopyStep: "copy", EnvStep: "env", WorkdirStep: "workdir"}.get(
         type(v))
 
@@ -201,6 +218,8 @@ class BuildSpec(_Strict):
             return data
         for i, step in enumerate(data["steps"], 1):
             keys = list(step) if isinstance(step, dict) else []
+            if "run" in keys and "user" in keys:  # run: ..., user: root
+                keys.remove("user")
             if len(keys) != 1 or keys[0] not in STEP_KINDS:
                 raise ValueError(
                     f"step {i} must be a mapping with exactly one of "

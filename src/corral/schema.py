@@ -34,6 +34,7 @@ DEFAULT_TIMEOUT_S = 3600.0
 DEFAULT_OPEN_FILES = 1024
 DEFAULT_WORKDIR = "/workspace"
 DEFAULT_EXEC_TIMEOUT_S = 60.0
+TENANT_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"  # a tenant's name: lower-case, digits, - and _
 DEFAULT_MAX_OUTPUT = 1 << 20  # bytes kept per stream (stdout, stderr) of one command
 MAX_DEFAULT_OUTPUT_TAIL = 8 << 20  # the default tail's ceiling (the agent holds it in memory)
 MAX_TIMEOUT_S = 30 * 86400.0  # the longest lifetime, command or process timeout
@@ -107,6 +108,9 @@ class SandboxSpec(BaseModel):
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.
     snapshot: str | None = Field(None, min_length=1, max_length=128)
+    # The tenant (``corral token create NAME``) it belongs to; None: the admin's. Set by
+    # the daemon from the caller's token (a tenant's own value is overwritten).
+    tenant: str | None = Field(None, pattern=TENANT_NAME)
 
     @field_validator("env")
     @classmethod
@@ -202,6 +206,10 @@ class SandboxInfo(BaseModel):
     @property
     def tags(self) -> list[str]:
         return self.spec.tags
+
+    @property
+    def tenant(self) -> str | None:
+        return self.spec.tenant
 
     @property
     def image(self) -> str:

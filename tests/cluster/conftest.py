@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ from tests.conftest import ROOT_REASON, have_root_runtime
 NODES = 3
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 << 20}
 HEAD_ARGS = {**NODE_ARGS, "include_dashboard": False}
+POLLS = 600  # x 0.1 s: how long the tests wait for the cluster to change
+
+
+def until(predicate, what: str):
+    """``predicate()``'s first truthy value, asked every 0.1 s (at most :data:`POLLS`)."""
+    for _ in range(POLLS):
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}")
 
 
 class RayCluster:
@@ -56,9 +68,18 @@ class RayCluster:
         self.cluster.remove_node(node)
 
     def add_worker(self, instead_of: object) -> None:
-        """A fresh node in place of one removed (the session keeps three)."""
+        """A fresh node in place of one removed (the session keeps three), once its
+        daemon (started by the supervisor) answers."""
+        from corral.cluster import bringup
+
         self.workers.remove(instead_of)
         self.workers.append(self.cluster.add_node(**NODE_ARGS))
+
+        def three_daemons() -> bool:
+            nodes = bringup.status(self.address)["nodes"]
+            return sum(bool(n["alive"] and n["daemon"]) for n in nodes) == NODES
+
+        until(three_daemons, "a daemon on the node that joined")
 
     def shutdown(self) -> None:
         import ray

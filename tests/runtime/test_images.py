@@ -519,26 +519,6 @@ def test_build_runs_debootstrap_cleanly_and_postprocesses(tmp_path, fake_build):
     assert len(fake.calls) == 1
 
 
-def test_a_debian_image_with_more_packages(tmp_path, fake_build):
-    """prepare's built-in Debian images (``fusion``): debootstrap with their packages,
-    cached, and a note once the list in the code differs from the one built."""
-    fake = fake_build(0)
-    store = ImageStore(tmp_path / "images")
-    packages = (*images.DEFAULT_PACKAGES, "g++", "nodejs")
-    image = store.ensure_debian("fusion", packages, log=lambda _: None)
-    [(cmd, _env)] = fake.calls
-    assert cmd[2] == "--include=python3,python3-pip,python3-venv,ca-certificates,g++,nodejs"
-    assert image.name == "fusion" and store.manifest("fusion")["source"]["include"] == list(
-        packages)
-    lines: list[str] = []
-    assert store.ensure_debian("fusion", packages, log=lines.append) == image
-    assert lines == [] and len(fake.calls) == 1
-    store.ensure_debian("fusion", (*packages, "golang"), log=lines.append)
-    assert len(fake.calls) == 1 and "remove it" in lines[0] and "golang" in lines[0]
-    with pytest.raises(InvalidArgument):
-        store.ensure_debian("Not A Name", packages)
-
-
 def test_failed_build_leaves_nothing(tmp_path, fake_build):
     fake_build(1)
     store = ImageStore(tmp_path / "images")

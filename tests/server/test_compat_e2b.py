@@ -193,10 +193,6 @@ def test_files(daemon_ok):
             import io  # a file object goes up as application/octet-stream
             f.write("/tmp/stream.bin", io.BytesIO(b"streamed"))
             out["octet"] = f.read("/tmp/stream.bin")
-            try:
-                f.watch_dir("/tmp/d")
-            except SandboxException:
-                out["watch"] = "refused"
             out["exists"] = [f.exists("/tmp/d/a.txt"), f.exists("/tmp/d/none")]
             out["mkdir"] = [f.make_dir("/tmp/d/x/y"), f.make_dir("/tmp/d/x/y")]
             out["list"] = sorted((e.name, e.type.value) for e in f.list("/tmp/d"))
@@ -215,7 +211,7 @@ def test_files(daemon_ok):
     """)
     assert out["write"] == "/tmp/d/a.txt" and out["text"] == "héllo"
     assert out["bytes"] is True
-    assert out["octet"] == "streamed" and out["watch"] == "refused"
+    assert out["octet"] == "streamed"
     assert out["exists"] == [True, False]
     assert out["mkdir"] == [True, False]
     assert out["list"] == [["a.txt", "file"], ["b.bin", "file"], ["m1", "file"],
@@ -226,6 +222,76 @@ def test_files(daemon_ok):
     assert out["removed"] is False and out["missing"] is True
     assert out["seen_by_shell"] == "12"
 
+
+
+def test_watch_dir(daemon_ok):
+    """``files.watch_dir``: the sync SDK's polling handle (recursive too), the async
+    SDK's stream, a missing directory, and a stopped watcher."""
+    out = run_script(daemon_ok, """
+        import asyncio, time
+        from e2b import AsyncSandbox, FilesystemEventType
+        def wait_for(handle, n):
+            seen = []
+            for _ in range(100):
+                seen += [(e.name, e.type.value) for e in handle.get_new_events()]
+                if len(seen) >= n:
+                    break
+                time.sleep(0.1)
+            return seen
+        with Sandbox.create() as sb:
+            f = sb.files
+            f.make_dir("/tmp/w/sub")
+            h = f.watch_dir("/tmp/w")
+            f.write("/tmp/w/a.txt", "1")
+            sb.commands.run("echo more >> /tmp/w/a.txt; chmod 600 /tmp/w/a.txt; "
+                            "mv /tmp/w/a.txt /tmp/w/b.txt; rm /tmp/w/b.txt; touch /tmp/w/sub/deep")
+            seen = wait_for(h, 6)
+            out["flat"] = sorted(set(seen))
+            h.stop()
+            try:
+                h.get_new_events()
+            except SandboxException:
+                out["stopped"] = True
+            r = f.watch_dir("/tmp/w", recursive=True)
+            sb.commands.run("mkdir /tmp/w/sub/new && touch /tmp/w/sub/new/x /tmp/w/sub/y")
+            out["recursive"] = sorted({n for n, t in wait_for(r, 3) if t == "create"})
+            r.stop()
+            try:
+                f.watch_dir("/tmp/none")
+            except SandboxException as e:
+                out["missing"] = type(e).__name__
+        async def main():
+            sb = await AsyncSandbox.create()
+            try:
+                got = []
+                h = await sb.files.watch_dir("/tmp", on_event=got.append)
+                await sb.files.write("/tmp/async.txt", "x")
+                for _ in range(100):
+                    if any(e.name == "async.txt" and e.type == FilesystemEventType.CREATE
+                           for e in got):
+                        break
+                    await asyncio.sleep(0.1)
+                await h.stop()
+                out["async"] = sorted({(e.name, e.type.value) for e in got})
+                for _ in range(100):  # the stream's end stops its watcher
+                    left = [p for p in await sb.commands.list() if "-c" in p.args]
+                    if not left:
+                        break
+                    await asyncio.sleep(0.1)
+                out["watchers_left"] = len(left)
+            finally:
+                await sb.kill()
+        asyncio.run(main())
+    """)
+    flat = {tuple(x) for x in out["flat"]}
+    assert {("a.txt", "create"), ("a.txt", "write"), ("a.txt", "chmod"), ("a.txt", "rename"),
+            ("b.txt", "create"), ("b.txt", "remove")} <= flat, flat
+    assert not any(n.startswith("sub/") for n, _ in flat)  # not recursive
+    assert out["stopped"] is True
+    assert out["recursive"] == ["sub/new", "sub/new/x", "sub/y"]
+    assert out["missing"] == "FileNotFoundException"
+    assert ["async.txt", "create"] in out["async"]
+    assert out["watchers_left"] == 0
 
 def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
     out = run_script(daemon_ok, """
@@ -388,6 +454,39 @@ def test_code_interpreter(daemon_ok):
     assert out["after_timeout"] == "False"  # its kernel was killed: a fresh context
     assert out["left"] == [["-u", "-c"]]  # only the new default context's kernel
 
+
+
+def test_code_interpreter_figures_and_dataframes(daemon_ok):
+    """On the built-in ``code-interpreter`` image (what ``code-interpreter-v1`` maps
+    to): numpy, pandas and matplotlib import; a figure comes back as a ``png`` result,
+    a DataFrame as ``text`` and ``html``."""
+    pytest.importorskip("e2b_code_interpreter", reason="the compat extra is not installed")
+    out = run_script(daemon_ok, """
+        import base64
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+        with CodeSandbox.create() as sb:
+            e = sb.run_code("import numpy as np, pandas as pd\\n"
+                            "import matplotlib.pyplot as plt\\n"
+                            "plt.plot(np.arange(5), np.arange(5) ** 2)\\n"
+                            "plt.title('squares')\\n"
+                            "pd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+            out["error"] = e.error and [e.error.name, e.error.value]
+            out["results"] = [[r.is_main_result, sorted(r.formats())] for r in e.results]
+            figure = next(r for r in e.results if r.png)
+            out["png"] = base64.b64decode(figure.png)[:8].hex()
+            out["text"] = e.text
+            main = next(r for r in e.results if r.is_main_result)
+            out["html"] = "<table" in (main.html or "")
+            out["closed"] = sb.run_code("len(plt.get_fignums())").text
+            e = sb.run_code("fig, ax = plt.subplots(); ax.bar([1], [2]); fig")
+            out["fig_main"] = [[r.is_main_result, bool(r.png)] for r in e.results]
+    """)
+    assert out["error"] is None
+    assert out["results"] == [[False, ["png", "text"]], [True, ["html", "text"]]]
+    assert out["png"] == "89504e470d0a1a0a"  # a PNG file
+    assert out["text"].split() == ["a", "b", "0", "1", "3", "1", "2", "4"]
+    assert out["html"] is True and out["closed"] == "0"
+    assert out["fig_main"] == [[True, True]]  # the value itself: once, as the main result
 
 def test_async_sdk(daemon_ok):
     out = run_script(daemon_ok, """

@@ -110,12 +110,20 @@ def test_bad_envd_calls(api, e2b):
                     assert 400 <= r.status_code < 500 or r.status_code == 501 or (
                         method == "List" and r.status_code == 200), (method, body, r.text)
                     assert r.status_code == 200 or isinstance(r.json()["code"], str)
-            for method in ("Stat", "ListDir", "MakeDir", "Move", "Remove", "WatchDir"):
-                for body in (b"{bad", b'{"path": 5}', b'{"path": ""}', b'{"path": "a\\u0000"}',
-                             b'{"source": "/nope"}'):
+            bad_fs = (b"{bad", b'{"path": 5}', b'{"path": ""}', b'{"path": "a\\u0000"}',
+                      b'{"source": "/nope"}')
+            watch = (b'{"path": "/tmp", "recursive": "yes"}', b'{"path": "/nope"}',
+                     b'{"watcherId": 5}', b'{"watcherId": "unknown"}')
+            for method in ("Stat", "ListDir", "MakeDir", "Move", "Remove", "CreateWatcher",
+                           "GetWatcherEvents", "RemoveWatcher"):
+                for body in bad_fs + (watch if "Watcher" in method else ()):
                     r = envd.post(f"/filesystem.Filesystem/{method}", content=body,
                                   headers=unary)
                     assert 400 <= r.status_code < 600 and r.status_code != 500, (method, body)
+            for body in bad_fs + watch[:2]:  # a server stream: its error ends the stream (Connect)
+                r = envd.post("/filesystem.Filesystem/WatchDir", content=envelope(body),
+                              headers=stream)
+                assert r.status_code == 200 and b'"error"' in r.content, (body, r.content)
             r = envd.post("/filesystem.Filesystem/ListDir", headers=unary,
                           content=b'{"path": "/tmp", "depth": "2"}')
             assert r.status_code == 400 and r.json()["code"] == "invalid_argument"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import pytest
@@ -19,6 +20,7 @@ from corral.server.compat.sandboxfusion_model import (
     run_status,
     validation_detail,
 )
+from corral.server.compat.sandboxfusion_pools import FusionPools
 
 
 @pytest.mark.parametrize("path,lifted,token,shown", [
@@ -50,6 +52,42 @@ def test_settings_from_env():
     assert "does not run" in got.missing("verilog")
     assert "corral.runtime.prepare" in got.not_built("cpp", "fusion")
     assert "corral image build" in got.not_built("go", "my-go")
+    assert FusionSettings.from_env({}).pool_idle == 300.0
+    assert FusionSettings.from_env({"CORRAL_FUSION_POOL_IDLE": "2.5"}).pool_idle == 2.5
+    for idle in ("0", "-3", "nan", "1e9", "soon"):
+        with pytest.raises(InvalidArgument, match="CORRAL_FUSION_POOL_IDLE"):
+            FusionSettings.from_env({"CORRAL_FUSION_POOL_IDLE": idle})
+
+
+class _Manager:
+    """What FusionPools calls of the PoolManager: delete_pool, recorded."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def delete_pool(self, name: str) -> bool:
+        await asyncio.sleep(0)  # a real delete awaits: another sweep may run meanwhile
+        self.deleted.append(name)
+        return True
+
+
+async def test_pools_are_bounded_and_idle_ones_swept_once():
+    manager = _Manager()
+    pools = FusionPools(idle_s=0.1, max_pools=2)
+    pools.add(("python", 64), "p64", manager)
+    pools.add(("python", 65), "p65", manager)
+    assert not pools.has_room() and pools.get(("python", 64)) == "p64"
+    pools.used[("python", 65)] -= 10  # long unused
+    # two sweeps at once (a request's and the sweeper's) delete it once, no KeyError
+    await asyncio.gather(pools.sweep(manager), pools.sweep(manager))
+    assert manager.deleted == ["p65"] and pools.has_room()
+    assert pools.get(("python", 65)) is None and pools.get(("python", 64)) == "p64"
+    pools.used[("python", 64)] -= 10
+    for _ in range(100):  # the sweeper task takes the last one by itself
+        if len(manager.deleted) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert manager.deleted == ["p65", "p64"] and pools.names == {}
 
 
 def test_requests_take_verl_fields_and_refuse_bad_ones():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import tempfile
+import types
 from pathlib import Path
 
 import httpx
@@ -69,10 +71,16 @@ class FakeEngine:
         version = 2
 
     def __init__(self, fail: bool = False) -> None:
+        import sqlite3
+
         from corral.runtime.events import Events
+        from corral.runtime.ownership import Owners
 
         self.fail = fail
         self.events = Events()
+        self.owners = Owners()  # who sees what (the guard sets the acting tenant)
+        self.registry = types.SimpleNamespace(db=sqlite3.connect(":memory:"))  # tokens
+        self.layout = types.SimpleNamespace(state_dir=Path(tempfile.mkdtemp()))  # logs.db
 
     def list(self, **kwargs):
         if self.fail:

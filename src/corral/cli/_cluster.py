@@ -38,6 +38,9 @@ def add_commands(sub: Any) -> None:
                    help="each node's daemon keeps its state in DIR/<node> on that node "
                    "(default /var/lib/corral/cluster)")
     p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: the daemon's)")
+    p.add_argument("--resource", metavar="NAME", default=None,
+                   help="the Ray resource of one sandbox slot, which sandboxes no node has "
+                   "room for are asked from Ray's autoscaler as (default corral_sandbox)")
     p.add_argument("--json", action="store_true", help="print the nodes' entries as JSON")
     p.set_defaults(handler=up)
     p = verbs.add_parser("status", parents=[address], help="nodes, their daemons and load")
@@ -53,7 +56,7 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
 
     entries = bringup.up(
         args.address, state_dir=args.state_dir or bringup.DEFAULT_STATE_DIR,
-        cache_dir=args.cache_dir,
+        cache_dir=args.cache_dir, **({"resource": args.resource} if args.resource else {}),
     )
     if args.json:
         ctx.output.json({"nodes": entries})
@@ -85,6 +88,12 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
             str(cap.get("max_sandboxes", "-")),
         )
     ctx.output.out.print(table)
+    demand = report["autoscaler"]
+    if demand["waiting"] or demand["requested"]:
+        ctx.output.err.print(
+            f"[dim]{demand['waiting']} creates wait for room; Ray's autoscaler is asked for "
+            f"{demand['requested']} {demand['resource']} slots[/dim]"
+        )
     return 0
 
 

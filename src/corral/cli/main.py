@@ -16,7 +16,12 @@ Examples::
     corral create --snapshot with-deps -n 8
     corral image build env.yaml     # a base image plus cached steps
     corral eval policy.py --env CartPole-v1 --seeds 0-99
+    corral token create team-a --max-sandboxes 50 --max-memory-mb 65536
     corral cluster up --address HEAD:6379   # a daemon per Ray node; CORRAL_URL=ray://HEAD:6379
+    corral logs sb-1234 -f          # its commands and lifecycle, also after it ended
+    corral timeout sb-1234 600      # end it 10 minutes from now
+    corral doctor                   # is this machine ready to run corral?
+    corral completion bash > /etc/bash_completion.d/corral
 
 Where the daemon is: ``--url``, else ``CORRAL_URL``, else the SDK's default (the local
 socket, starting the shared daemon if nothing answers; see ``corral.client._config``).
@@ -38,16 +43,20 @@ from typing import Any
 import corral
 from corral.cli import (
     _cluster,
+    _completion,
     _copy,
     _daemon,
+    _doctor,
     _eval,
     _exec,
     _images,
     _inspect,
+    _ops,
     _pools,
     _sandboxes,
     _shell,
     _snapshots,
+    _tokens,
 )
 from corral.cli._output import Context, UsageError
 from corral.client import _validate as check_arg
@@ -227,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
     p.set_defaults(handler=_sandboxes.ls)
     _inspect.add_parser(sub, conn)
+    _tokens.add_parser(sub, conn)
 
     p = sub.add_parser(
         "exec", parents=conn, help="run a command in a sandbox, streaming its output",
@@ -310,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     _daemon.add_commands(sub, conn)
     _cluster.add_commands(sub)
     _eval.add_parser(sub, conn)
+    _ops.add_commands(sub, conn, _seconds)
+    _doctor.add_parser(sub, conn)
+    _completion.add_parser(sub, build_parser)
     _plain_help(parser)
     return parser
 

@@ -10,7 +10,9 @@ Both are Ray 2.60 interfaces (``ray==2.60.0`` is pinned by the ``ray`` extra).
 from __future__ import annotations
 
 import functools
+import json
 import socket
+from collections import Counter
 from typing import Any
 
 from corral.errors import DaemonUnavailable, Unsupported
@@ -119,6 +121,46 @@ def kv_keys(client: Any, prefix: str) -> list[str]:
 
 def kv_del(client: Any, key: str) -> None:
     client.internal_kv_del(key.encode(), False, NAMESPACE.encode(), timeout=GCS_TIMEOUT_S)
+
+
+RESOURCE_REQUEST_KEY = b"autoscaler_resource_request"
+"""Where Ray's v1 autoscaler reads ``request_resources`` (``ray_constants.
+AUTOSCALER_RESOURCE_REQUEST_CHANNEL``, default KV namespace); v2 reads the GCS's
+cluster resource constraint. :func:`request_resources` sets both, as Ray's does."""
+
+
+def request_resources(client: Any, bundles: list[dict[str, float]]) -> None:
+    """What ``ray.autoscaler.sdk.request_resources(bundles=...)`` does, through the GCS
+    client (no driver needed): the autoscaler keeps room for ``bundles`` until the next
+    call replaces them (``[]``: none)."""
+    shapes = Counter(tuple(sorted(b.items())) for b in bundles)
+    client.request_cluster_resource_constraint(
+        [dict(s) for s in shapes], [{} for _ in shapes], list(shapes.values()),
+        timeout_s=GCS_TIMEOUT_S,
+    )
+    client.internal_kv_put(RESOURCE_REQUEST_KEY, json.dumps(bundles).encode(), True, None,
+                           timeout=GCS_TIMEOUT_S)
+
+
+def resource_constraint(client: Any) -> list[dict[str, float]]:
+    """The bundles the cluster's resource constraint holds, as Ray's autoscaler (v2) reads
+    them from the GCS (one dict per bundle)."""
+    from ray.core.generated.autoscaler_pb2 import GetClusterResourceStateReply
+
+    reply = GetClusterResourceStateReply()
+    reply.ParseFromString(client.get_cluster_resource_state(timeout_s=GCS_TIMEOUT_S))
+    out: list[dict[str, float]] = []
+    for constraint in reply.cluster_resource_state.cluster_resource_constraints:
+        for by_count in constraint.resource_requests:
+            bundle = dict(by_count.request.resources_bundle)
+            out.extend(dict(bundle) for _ in range(by_count.count))
+    return out
+
+
+def resource_request_v1(client: Any) -> list[dict[str, float]]:
+    """The bundles Ray's v1 autoscaler would read (``request_resources``' KV channel)."""
+    raw = client.internal_kv_get(RESOURCE_REQUEST_KEY, None, timeout=GCS_TIMEOUT_S)
+    return list(json.loads(raw)) if raw else []
 
 
 def worker_node() -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from corral.cluster import _ray
+from corral.cluster import _ray, autoscale
 from corral.cluster.directory import NODE_KEY, TOKEN_KEY
 from corral.cluster.node import CONFIG_KEY, NODE_ACTOR, SUPERVISOR, supervisor_actor
 from corral.errors import DaemonUnavailable, InvalidArgument
@@ -53,13 +53,20 @@ def up(
     state_dir: str = DEFAULT_STATE_DIR,
     cache_dir: str | None = None,
     daemon_args: list[str] | None = None,
+    resource: str = autoscale.RESOURCE,
 ) -> list[dict[str, Any]]:
     """Start a daemon on every alive node (and, through the supervisor, on nodes that join
     later); return the nodes' directory entries. Idempotent. If a daemon cannot start,
-    everything started is stopped again and :class:`DaemonUnavailable` says why."""
+    everything started is stopped again and :class:`DaemonUnavailable` says why.
+    ``resource`` names the Ray resource of a sandbox slot that sandboxes no node has
+    room for are shown to Ray's autoscaler as (:mod:`corral.cluster.autoscale`)."""
     if not state_dir.startswith("/"):
         raise InvalidArgument(f"--state-dir must be an absolute path, got {state_dir!r}")
-    config = {"state_dir": state_dir, "cache_dir": cache_dir, "daemon_args": daemon_args or []}
+    if not resource or not resource.replace("_", "").isalnum():
+        raise InvalidArgument(
+            f"--resource must be a Ray resource name (letters, digits, _), got {resource!r}")
+    config = {"state_dir": state_dir, "cache_dir": cache_dir, "daemon_args": daemon_args or [],
+              "resource": resource}
     with joined(address) as r:
         gcs = _ray.gcs(r.get_runtime_context().gcs_address)
         _ray.kv_put(gcs, TOKEN_KEY, secrets.token_urlsafe(32).encode(), overwrite=False)
@@ -88,6 +95,7 @@ def down(address: str) -> int:
 
 def _stop_all(r: Any, gcs: Any) -> int:
     stopped = 0
+    config = json.loads(_ray.kv_get(gcs, CONFIG_KEY) or b"{}")
     try:
         supervisor = r.get_actor(SUPERVISOR, namespace=_ray.NAMESPACE)
     except ValueError:
@@ -106,6 +114,7 @@ def _stop_all(r: Any, gcs: Any) -> int:
             r.kill(actor, no_restart=True)
     for key in _ray.kv_keys(gcs, NODE_KEY):
         _ray.kv_del(gcs, key)
+    autoscale.clear(gcs, config.get("resource") or autoscale.RESOURCE)
     _ray.kv_del(gcs, CONFIG_KEY)
     _ray.kv_del(gcs, TOKEN_KEY)
     return stopped
@@ -113,7 +122,9 @@ def _stop_all(r: Any, gcs: Any) -> int:
 
 def status(address: str) -> dict[str, Any]:
     """``{"nodes": [{"node_id", "address", "alive", "daemon", "sandboxes", "capacity",
-    ...}]}``: every node Ray knows (dead ones too), with its daemon's load."""
+    ...}], "autoscaler": {"resource", "waiting", "requested"}}``: every node Ray knows
+    (dead ones too), with its daemon's load; the creates waiting for room, and the
+    sandbox slots Ray's autoscaler is asked for."""
     gcs = _ray.gcs(_ray.resolve(address))
     token = _ray.kv_get(gcs, TOKEN_KEY)
     entries = read_entries(gcs)
@@ -142,7 +153,11 @@ def status(address: str) -> dict[str, Any]:
                         starting=info["starting"], queued=info["queued"],
                     )
             nodes.append(row)
-    return {"nodes": nodes}
+    resource = json.loads(_ray.kv_get(gcs, CONFIG_KEY) or b"{}").get("resource") or (
+        autoscale.RESOURCE)
+    demand = {"resource": resource, "waiting": autoscale.pending(gcs),
+              "requested": autoscale.count(_ray.resource_constraint(gcs), resource)}
+    return {"nodes": nodes, "autoscaler": demand}
 
 
 def read_entries(gcs: Any) -> dict[str, dict[str, Any]]:

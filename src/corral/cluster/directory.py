@@ -50,6 +50,10 @@ class Directory:
             self._gcs = _ray.gcs(_ray.resolve(self.address))
         return self._gcs
 
+    def gcs(self) -> Any:
+        """The cluster's GCS client (blocking to make)."""
+        return self._client()
+
     def _load(self) -> None:
         gcs = self._client()
         raw_token = _ray.kv_get(gcs, TOKEN_KEY)

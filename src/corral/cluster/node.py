@@ -10,7 +10,8 @@
   sandboxes and exits.
 - :class:`Supervisor` — one detached actor that starts a :class:`NodeDaemon` on every
   alive node, now and on nodes that join later (it looks every
-  :data:`WATCH_INTERVAL_S`).
+  :data:`WATCH_INTERVAL_S`), and shows Ray's autoscaler the sandboxes no node has room
+  for (:mod:`corral.cluster.autoscale`).
 
 The cluster's token is read from the KV by each actor; it travels in the daemon's
 environment, never on a command line or in a log.
@@ -32,9 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.cluster import _ray
+import httpx
+
+from corral.cluster import _ray, autoscale
 from corral.cluster.directory import NODE_KEY, TOKEN_KEY
 from corral.cluster.ids import node_tag
+from corral.cluster.placement import LIVE
 from corral.errors import DaemonUnavailable
 
 logger = logging.getLogger("corral.cluster")
@@ -45,6 +49,7 @@ CONFIG_KEY = "config"
 WATCH_INTERVAL_S = 2.0
 DAEMON_START_TIMEOUT_S = 60.0
 DAEMON_STOP_TIMEOUT_S = 60.0
+INFO_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -91,7 +96,8 @@ class NodeDaemon:
             *(["--cache-dir", config["cache_dir"]] if config.get("cache_dir") else []),
             *config.get("daemon_args", []),
         ]
-        env = {**os.environ, "CORRAL_TOKEN": token.decode(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "CORRAL_TOKEN": token.decode(), "PYTHONUNBUFFERED": "1",
+               "CORRAL_RAY_GCS": r.get_runtime_context().gcs_address}  # its peers' directory
         self._stopping = False
         with open(base / "daemon.log", "ab") as log:
             self.proc = subprocess.Popen(
@@ -169,6 +175,9 @@ class Supervisor:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self._actors: dict[str, Any] = {}
+        self._gcs = _ray.gcs(_ray.ray().get_runtime_context().gcs_address)
+        self._demand = autoscale.Demand(self._gcs, self._live_sandboxes,
+                                        config.get("resource") or autoscale.RESOURCE)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, name="corral-supervisor", daemon=True).start()
@@ -191,14 +200,36 @@ class Supervisor:
         while not self._stop.wait(WATCH_INTERVAL_S):
             try:
                 self._start_missing()
+                self._demand.tick()
             except Exception:  # a GCS hiccup: look again next time
                 logger.exception("corral supervisor: could not check the nodes")
+
+    def _live_sandboxes(self) -> int:
+        """Sandboxes alive or starting on every node, as their daemons count them."""
+        token = (_ray.kv_get(self._gcs, TOKEN_KEY) or b"").decode()
+        total = 0
+        with httpx.Client(timeout=INFO_TIMEOUT_S,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            for key in _ray.kv_keys(self._gcs, NODE_KEY):
+                raw = _ray.kv_get(self._gcs, key)
+                if not raw:
+                    continue
+                try:
+                    info = http.get(json.loads(raw)["url"] + "/v1/info").raise_for_status().json()
+                except httpx.HTTPError:  # a node that just died or restarts: not counted
+                    continue
+                total += sum(info["counts"].get(state, 0) for state in LIVE)
+        return total
 
     def ensure(self, timeout: float = DAEMON_START_TIMEOUT_S) -> list[dict[str, Any]]:
         """Start the missing daemons and wait for every alive node's; their entries."""
         actors = self._start_missing()
         r = _ray.ray()
         return r.get([a.info.remote() for a in actors.values()], timeout=timeout)
+
+    def demand(self) -> int:
+        """Bring the autoscaler's constraint up to date now; the sandboxes it asks for."""
+        return self._demand.tick()
 
     def stop(self, timeout: float = DAEMON_STOP_TIMEOUT_S) -> int:
         """Stop watching, then stop every node's daemon; how many were stopped."""

@@ -37,6 +37,12 @@ def room(info: Mapping[str, Any], *, placed: int = 0, placed_mb: int = 0) -> Roo
     return Room(slots, memory, fraction, info.get("queued", 0))
 
 
+def has_room(r: Room, memory_mb: int) -> bool:
+    """``r`` can take a sandbox of ``memory_mb`` (perhaps after its queue): when no node
+    can, the cluster is full and the create waits for a node to join."""
+    return r.slots >= 1 and r.memory_mb >= memory_mb
+
+
 def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = None) -> str:
     """The node for a sandbox of ``memory_mb``: ``local`` if it has room for it now,
     else the node with the largest share free; if none has room, the shortest queue
@@ -50,7 +56,7 @@ def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = Non
         raise ValueError("no nodes to choose from")
 
     def fits(r: Room) -> bool:
-        return r.slots >= 1 and r.memory_mb >= memory_mb and r.queued == 0
+        return has_room(r, memory_mb) and r.queued == 0
 
     if local is not None and local in rooms and fits(rooms[local]):
         return local
@@ -62,8 +68,8 @@ def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = Non
 
 def having_image(rooms: Mapping[str, Room], images: Mapping[str, set[str]], image: str
                  ) -> dict[str, Room]:
-    """The nodes of ``rooms`` that have ``image`` (images do not travel between nodes
-    yet); all of them if none has it (the chosen node then says ImageNotFound).
+    """The nodes of ``rooms`` that have ``image`` (a root filesystem does not travel
+    between nodes); all of them if none has it (the chosen node then says ImageNotFound).
 
     >>> sorted(having_image({"a": Room(1, 1, 1.0, 0), "b": Room(1, 1, 1.0, 0)},
     ...                     {"a": {"python"}, "b": {"python", "mine"}}, "mine"))

@@ -48,6 +48,7 @@ class EvalOptions:
     progress: bool | EpisodeProgress = False
     label: str | None = None
     client: Any = None
+    report: bool = True  # progress to the daemon's dashboard (PUT /v1/evals/{id})
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> EvalOptions:

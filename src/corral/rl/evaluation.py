@@ -40,6 +40,7 @@ number) scores them, ``"exclude"`` leaves them out; the result says which.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -61,6 +62,7 @@ from corral.rl._eval_options import (
     EvalOptions,
     parse_seeds,
 )
+from corral.rl._eval_report import EvalReporter, histogram
 from corral.rl._eval_result import (
     EpisodeErrors,
     EvalEpisode,
@@ -319,6 +321,10 @@ class _EvalLoop:
         self.bar = progress if isinstance(progress, EpisodeProgress) else EpisodeProgress(
             opts.budget_episodes if opts.adaptive else None, label=f"{pol.label} on {spec}",
             enabled=bool(progress))
+        self.total = opts.budget_episodes if opts.adaptive else None
+        self.final: Summary | None = None  # the run's own statistics, once it ended
+        self.reporter = EvalReporter(self.evaluation.client(), name=pol.label, env=str(spec),
+                                     enabled=opts.report)
 
     def stats(self, method: str | None = None) -> Summary:
         error_value = self.error_value
@@ -352,17 +358,40 @@ class _EvalLoop:
         extra = f"mean {s.mean:.4g} ± {s.halfwidth:.3g}" if s.n >= 2 else ""
         for e in eps:
             self.bar.advance(status or e.status, extra=extra)
+        self.reporter.update(self.summary("running"))
+
+    def summary(self, state: str, error: str | None = None) -> dict[str, Any]:
+        """The run so far, as the daemon's dashboard shows it (``PUT /v1/evals/{id}``)."""
+        s = self.final or self.stats("t")  # the live bar's interval until the end
+        returns = [e.episode_return for e in self.episodes.values() if e.ok]
+        return {"state": state, "total": self.total, "done": len(self.episodes),
+                "counts": {k: v for k, v in self.bar.counts.items() if v}, "n": s.n,
+                "mean": s.mean if s.n else None, "ci_low": s.ci_low if s.n >= 2 else None,
+                "ci_high": s.ci_high if s.n >= 2 else None, "confidence": s.confidence,
+                "histogram": histogram(r for r in returns if r is not None),
+                "error": error[:1000] if error else None}
 
     async def run(self) -> EvalResult:
         started = time.perf_counter()
+        state, error = "failed", None
         try:
             if self.own_bar:
                 self.bar.__enter__()
             stop_reason = await self._batches(started)
+            if stop_reason == "policy_failed":
+                failed = sum(e.status in FAILED for e in self.episodes.values())
+                error = f"the policy failed in {failed} of {len(self.episodes)} episodes"
+            else:
+                state, self.final = "done", self.stats()
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             if self.own_bar:
                 self.bar.__exit__(None, None, None)
             try:
+                with contextlib.suppress(Exception):
+                    await self.reporter.finish(self.summary(state, error))
                 await self.evaluation.close()
             finally:
                 if self.store is not None and not isinstance(self.opts.cache, EpisodeCache):
@@ -372,8 +401,9 @@ class _EvalLoop:
             cached = bool(self.store is not None and self.deterministic)
             raise _episode_errors(self.pol, self.spec, ordered, cached=cached)
         opts = self.opts
+        assert self.final is not None  # set when the batches ended without policy_failed
         return EvalResult(
-            self.pol.label, self.pol.hash, self.spec, ordered, self.stats(), self.error_value,
+            self.pol.label, self.pol.hash, self.spec, ordered, self.final, self.error_value,
             stop_reason, time.perf_counter() - started, self.evaluation.sandboxes_created,
             self.cache_hits, opts.target_halfwidth if opts.adaptive else None,
             on_error=self.mode, deterministic=self.deterministic)
@@ -391,6 +421,7 @@ class _EvalLoop:
             if not batch:
                 return "seeds_exhausted" if opts.adaptive else "complete"
             if not opts.adaptive:
+                self.total = len(batch)
                 self.bar.set_total(len(batch))
             await self._batch(batch)
             failed = sum(e.status in FAILED for e in self.episodes.values())
@@ -478,7 +509,9 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     env's: CartPole, MountainCar, Acrobot, tic-tac-toe) and t otherwise; either is
     clamped to the bounds. ``cache`` (True: the default file; a path; False; used only
     for a policy a re-run episode found deterministic), ``png`` (draw the return
-    distribution), ``progress`` (a live bar on stderr), ``label``, ``client``.
+    distribution), ``progress`` (a live bar on stderr), ``label``, ``client``,
+    ``report`` (default True: the run's progress is shown on the daemon's dashboard,
+    ``/ui``; see :mod:`corral.rl._eval_report`).
 
     >>> r = corral.rl.evaluate(POLICY, "CartPole-v1", seeds=range(200), concurrency=8)
     >>> print(f"{r.mean:.1f} ± {r.halfwidth:.1f}; infra failures: {r.infra_failures}")

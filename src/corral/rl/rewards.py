@@ -28,7 +28,11 @@ Scores:
   counts, the rest is 0; the reason is logged (``logging`` name ``corral.rl.rewards``).
 - ``None`` when the infrastructure failed (daemon down, sandbox could not start, no
   capacity, sandbox lost): never 0.0, which would teach the policy that its code was
-  wrong. TRL leaves ``None`` out of the reward (NaN) instead.
+  wrong. TRL leaves ``None`` out of the reward (NaN) instead. Before that, a completion
+  whose sandbox could not be had or went away with its node (a daemon or Ray node gone,
+  no room) is run again on a new sandbox, up to ``retries`` times: on a Ray cluster
+  (``CORRAL_URL=ray://``) that is on another node, since placement stops choosing a
+  dead one.
 
 The tests of each completion come from the dataset column named by ``tests_column``
 (default ``"tests"``): a list of Python snippets (``["assert f(2) == 4", ...]``) or one
@@ -43,17 +47,30 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from corral._bridge import run_sync
 from corral.client._async._client import AsyncClient
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._models import spec_body
-from corral.errors import CorralError, ImageNotFound, InvalidArgument, SandboxProtocolError
+from corral.errors import (
+    CapacityExceeded,
+    CorralError,
+    DaemonUnavailable,
+    ImageNotFound,
+    InvalidArgument,
+    SandboxLost,
+    SandboxProtocolError,
+    SandboxStartError,
+)
 from corral.rl._grading import Grading, check_grading
 from corral.rl.code import Fallback, TestReport, arun_tests, extract_code, normalize_tests
-from corral.rl.episodes import INFRA_ERRORS  # "the machinery failed", shared with episodes
+from corral.rl.episodes import (  # "the machinery failed", shared with episodes
+    DEFAULT_RETRIES,
+    INFRA_ERRORS,
+    RETRY_BACKOFF_S,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +80,13 @@ DEFAULT_MEMORY_MB = 512
 SANDBOX_LIFETIME_MARGIN_S = 120.0
 """A reward's sandbox lives at most its timeout plus this: if this process dies between
 create and delete, the daemon still removes it."""
+RETRIED: tuple[type[CorralError], ...] = (
+    SandboxLost, DaemonUnavailable, CapacityExceeded, SandboxStartError,
+)
+"""Infrastructure failures a completion is run again for, on a new sandbox (elsewhere
+on a cluster): its node or daemon went away, or it got no sandbox. The other
+:data:`INFRA_ERRORS` (its sandbox stopped or timed out under it) score ``None`` at once:
+what its own code may have caused is not paid for again."""
 
 
 def default_concurrency() -> int:
@@ -91,6 +115,8 @@ class RewardOutcome:
     sandbox_id: str | None = None
     infra_error: str | None = None
     duration: float = 0.0
+    attempts: int = 1
+    """Sandboxes it took: more than one when an infrastructure failure was retried."""
 
     @property
     def timed_out(self) -> bool:
@@ -107,6 +133,8 @@ class RewardStats:
     no_code: int = 0
     timeouts: int = 0
     infra_failures: int = 0
+    infra_retries: int = 0
+    """Completions run again on a new sandbox after an infrastructure failure."""
     in_process_graded: int = 0
     """Completions with tests run in the solution's own process (docs/grading.md)."""
 
@@ -136,8 +164,12 @@ class AsyncCodeReward:
         name: str | None = None,
         on_result: Callable[[RewardOutcome], Any] | None = None,
         grading: Grading = "auto",
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
         check_grading(grading)
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise InvalidArgument(f"retries must be an integer >= 0, got {retries!r}")
+        self.retries = retries
         if mode not in ("binary", "fraction"):
             raise InvalidArgument(f"mode must be 'binary' or 'fraction', got {mode!r}")
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
@@ -245,6 +277,32 @@ class AsyncCodeReward:
             self.stats.no_code += 1
             log.debug("%s: completion %d has no code: reward 0.0", self.__name__, i)
             return RewardOutcome(i, 0.0, "no code found in the completion")
+        failures: list[str] = []
+        for attempt in range(1, self.retries + 2):
+            if attempt > 1:
+                self.stats.infra_retries += 1
+                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 2))
+            outcome = await self._attempt(client, i, code, tests, start)
+            if isinstance(outcome, RewardOutcome):
+                return replace(outcome, attempts=attempt)
+            exc, sandbox_id = outcome
+            failures.append(f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, RETRIED):
+                break
+            log.info("%s: completion %d attempt %d: %s", self.__name__, i, attempt, failures[-1])
+        self.stats.infra_failures += 1
+        log.warning("%s: completion %d not evaluated (%s): reward None",
+                    self.__name__, i, "; ".join(failures))
+        return RewardOutcome(
+            i, None, f"infrastructure: {type(exc).__name__}", code=code, sandbox_id=sandbox_id,
+            infra_error=str(exc), duration=time.monotonic() - start, attempts=len(failures),
+        )
+
+    async def _attempt(
+        self, client: AsyncClient, i: int, code: str, tests: list[str], start: float
+    ) -> RewardOutcome | tuple[CorralError, str | None]:
+        """One sandbox's try: the outcome, or the infrastructure failure and the sandbox
+        it hit."""
         sb: AsyncSandbox | None = None
         try:
             sb = await AsyncSandbox.create(client=client, **self._spec)
@@ -260,16 +318,7 @@ class AsyncCodeReward:
             return RewardOutcome(i, 0.0, exc.message, code=code, sandbox_id=sb.id if sb else None,
                                  duration=time.monotonic() - start)
         except INFRA_ERRORS as exc:
-            self.stats.infra_failures += 1
-            log.warning(
-                "%s: completion %d not evaluated (%s: %s): reward None",
-                self.__name__, i, type(exc).__name__, exc,
-            )
-            return RewardOutcome(
-                i, None, f"infrastructure: {type(exc).__name__}", code=code,
-                sandbox_id=sb.id if sb else None, infra_error=str(exc),
-                duration=time.monotonic() - start,
-            )
+            return exc, sb.id if sb else None
         finally:
             if sb is not None:
                 await self._delete(sb)
@@ -343,6 +392,7 @@ def code_reward(
     name: str | None = None,
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
+    retries: int = DEFAULT_RETRIES,
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
@@ -357,6 +407,8 @@ def code_reward(
     ``grading``: how the verdict is reached (docs/grading.md): ``"auto"`` (default)
     judges every test outside the completion's process where it can, ``"isolated"``
     always (a test that cannot be split that way fails), ``"in_process"`` never.
+    ``retries``: how many times a completion whose sandbox could not be had or went away
+    (node or daemon lost, no room) is run again on a new one before it scores ``None``.
 
     >>> reward = code_reward("fraction", timeout=5)
     >>> reward(prompts=["p"], completions=["```python\\ndef f(x): return 2*x\\n```"],
@@ -366,7 +418,7 @@ def code_reward(
     return CodeReward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
-        tags=tags, name=name, on_result=on_result, grading=grading,
+        tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
     )
 
 
@@ -386,11 +438,12 @@ def async_code_reward(
     name: str | None = None,
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
+    retries: int = DEFAULT_RETRIES,
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
     return AsyncCodeReward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
-        tags=tags, name=name, on_result=on_result, grading=grading,
+        tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
     )

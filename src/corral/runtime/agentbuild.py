@@ -34,14 +34,20 @@ def agent_sources() -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in folder.iterdir() if f.name.endswith(".c")}
 
 
-def ensure_agent(layout: Layout) -> Path:
-    """Return the path of the compiled agent, building it if this source is new."""
-    sources = agent_sources()
+def agent_path(layout: Layout, sources: dict[str, bytes] | None = None) -> Path:
+    """Where the agent of these sources is (or will be) compiled."""
+    sources = agent_sources() if sources is None else sources
     h = hashlib.sha256(" ".join(CFLAGS).encode())
     for name in sorted(sources):
         h.update(b"\0%s\0%d\0" % (name.encode(), len(sources[name])) + sources[name])
-    digest = h.hexdigest()[:16]
-    target = layout.bin_dir / f"corral-agent-{digest}"
+    return layout.bin_dir / f"corral-agent-{h.hexdigest()[:16]}"
+
+
+def ensure_agent(layout: Layout) -> Path:
+    """Return the path of the compiled agent, building it if this source is new."""
+    sources = agent_sources()
+    target = agent_path(layout, sources)
+    digest = target.name.rsplit("-", 1)[1]
     if target.exists():
         _ensure_layer(target)
         return target

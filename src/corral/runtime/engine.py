@@ -51,11 +51,13 @@ from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
-from corral.runtime.events import Events, SandboxEnded, StateChanged
+from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.registry import Registry
@@ -124,8 +126,10 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
+        self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
-        self.snapshots = Snapshots(layout, registry, images)
+        self.snapshots = Snapshots(layout, registry, images, self.owners)
+        self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
             agent_path=agent_path,
             cgroups=cgroup_driver,
@@ -182,6 +186,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         engine._warden = warden.Warden.start(
             lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
         engine.snapshots.open()
+        engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
@@ -259,14 +264,15 @@ class Engine(SnapshotOps, CommandOps, FileOps):
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        **kw: Any,
+        build_root: bool = False, **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox and wait until its agent is ready to run commands.
 
         For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
         an image not in the store (a base plus the layers built so far), and
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
-        committed).
+        committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
+        step: :mod:`corral.runtime.rootbuild`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -296,6 +302,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
+        live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -316,6 +323,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
+        self.events.emit(SandboxStarted(sid, spec.snapshot))
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
@@ -361,7 +369,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def owner_ids(self, sandbox_id: str) -> dict[int, int]:
         """How a live sandbox's owners are stored when its files are committed."""
-        return canonical_owner(self._get_live(sandbox_id).uid)
+        live = self._get_live(sandbox_id)
+        return {live.uid: 0} if live.build_root else canonical_owner(live.uid)
 
     def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]:
         return launch_args(live, slot, lowers, bwrap=self.bwrap, agent=self.agent_path)
@@ -386,15 +395,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def _get_live(self, sandbox_id: str) -> Live:
         live = self._live.get(sandbox_id)
-        if live is None:
-            info = self.registry.get(sandbox_id)
-            if info is None:
-                raise SandboxNotFound(
-                    f"no sandbox {sandbox_id!r}: it never existed or was deleted "
-                    "(list sandboxes to see what exists)",
-                    details={"sandbox_id": sandbox_id},
-                )
-            raise ended_error(info)  # its own fault: SandboxProtocolError
+        if live is None or not self.owners.sees(live.spec):  # another's: as if unknown
+            raise ended_error(self.get(sandbox_id))  # its own fault: SandboxProtocolError
         return live
 
     def _running(self, sandbox_id: str) -> Live:
@@ -461,9 +463,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
     ) -> SandboxInfo:
         """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
         mounts and cgroups. The record stays (state ``stopped``) until deleted."""
+        info = self.get(sandbox_id)  # raises SandboxNotFound (another owner's too)
         live = self._live.get(sandbox_id)
         if live is None:
-            info = self.get(sandbox_id)  # raises SandboxNotFound
             if info.state.terminal:
                 return info
         else:
@@ -472,11 +474,15 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     async def delete(self, sandbox_id: str) -> bool:
         """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
+        if (info := self.registry.get(sandbox_id)) and not self.owners.sees(info.spec):
+            return False  # another owner's: as if it did not exist
         live = self._live.get(sandbox_id)
         if live is not None:
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
+        if existed:
+            self.events.emit(SandboxDeleted(sandbox_id))
         return existed
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
@@ -497,6 +503,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                             await asyncio.sleep(0.02)
                     except CorralError:
                         pass
+                if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
+                    await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
                 await self._release(live)
                 self._live.pop(live.id, None)
@@ -578,7 +586,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         info = self.registry.get(sandbox_id)
-        if info is None:
+        if info is None or not self.owners.sees(info.spec):  # another's: as if unknown
             raise SandboxNotFound(
                 f"no sandbox {sandbox_id!r}: it never existed or was deleted",
                 details={"sandbox_id": sandbox_id},
@@ -598,7 +606,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             states = [_state(state)]
         else:
             states = [_state(s) for s in state]
-        return self.registry.list(tags=list(tags), states=states)
+        return [i for i in self.registry.list(tags=list(tags), states=states)
+                if self.owners.sees(i.spec)]
 
     def usage(self, sandbox_id: str) -> dict[str, float]:
         """Current CPU seconds and memory (MB) of a live sandbox."""

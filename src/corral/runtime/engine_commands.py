@@ -22,6 +22,8 @@ from corral.runtime.agentconn import (
     limit_fields,
     output_tail_for,
 )
+from corral.runtime.cmdtap import CommandTap
+from corral.runtime.events import Events
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
@@ -29,6 +31,7 @@ from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import DEFAULT_EXEC_TIMEOUT_S, DEFAULT_MAX_OUTPUT, ExecEvent, ExecResult
 
 if TYPE_CHECKING:
+    from corral.runtime.events import Events
     from corral.runtime.live import Live
 
 BASE_PATH = (
@@ -41,6 +44,7 @@ class CommandOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
+        events: Events
         _tasks: set[asyncio.Task[Any]]
 
         def _running(self, sandbox_id: str) -> Live: ...
@@ -102,12 +106,19 @@ class CommandOps:
         assert live.channel is not None
         oom_before = live.cgroup.oom_kills()
         stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
+        tap = CommandTap(self.events, live.id, command_argv(cmd))
         with live.activity():
             async with aclosing(
                 command_events(live, stream, timeout, cwd, oom_before)
             ) as events:
-                async for ev in events:
-                    yield ev
+                try:
+                    async for ev in events:
+                        tap.see(ev)
+                        if ev.result is not None:
+                            tap.end()  # announced before the caller sees the exit
+                        yield ev
+                finally:
+                    tap.end()  # CommandEnded: the sandbox's log and metrics hear of it
 
     def command_fields(
         self,

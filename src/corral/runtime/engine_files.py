@@ -9,6 +9,7 @@ to do.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import stat as st
 from typing import TYPE_CHECKING
@@ -17,9 +18,10 @@ from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge, In
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Fields, Msg, Tag, decode_entry
 from corral.runtime.uids import SANDBOX_HOME
-from corral.schema import FileInfo
+from corral.schema import FileInfo, SandboxInfo
 
 if TYPE_CHECKING:
+    from corral.runtime.kept_files import KeptFiles
     from corral.runtime.live import Live
 
 FILE_CHUNK = 1 << 20
@@ -30,8 +32,19 @@ class FileOps:
     """``write_file``, ``read_file``, ``list_dir``, ``stat``, ``remove``, ``mkdir``."""
 
     if TYPE_CHECKING:
+        _live: dict[str, Live]
+        kept: KeptFiles
+
         def _running(self, sandbox_id: str) -> Live: ...
         def _get_live(self, sandbox_id: str) -> Live: ...
+        def get(self, sandbox_id: str) -> SandboxInfo: ...
+
+    def _kept_path(self, sandbox_id: str, path: str) -> str | None:
+        """``path`` in a stopped sandbox's kept files; None if it is live or kept none
+        (then the agent's error, or the sandbox's, is the answer)."""
+        if sandbox_id in self._live or not self.kept.has(sandbox_id):
+            return None
+        return resolve_path(self.get(sandbox_id).spec.workdir, path)
 
     async def _file_request(
         self, sandbox_id: str, msg: Msg, path: str, fields: list[Field]
@@ -76,7 +89,10 @@ class FileOps:
     async def read_file(
         self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
     ) -> bytes:
-        """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``."""
+        """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``.
+        A stopped sandbox's files are read from what it kept (:mod:`.kept_files`)."""
+        if (kept := self._kept_path(sandbox_id, path)) is not None:
+            return await asyncio.to_thread(self.kept.read, sandbox_id, kept, max_bytes)
         p = self._path(sandbox_id, path)
         parts: list[bytes] = []
         offset = 0
@@ -98,12 +114,16 @@ class FileOps:
                 return b"".join(parts)
 
     async def list_dir(self, sandbox_id: str, path: str = ".") -> list[FileInfo]:
+        if (kept := self._kept_path(sandbox_id, path)) is not None:
+            return await asyncio.to_thread(self.kept.list_dir, sandbox_id, kept)
         p = self._path(sandbox_id, path)
         f = await self._file_request(sandbox_id, Msg.FLIST, p, [])
         infos = [_file_info(p, raw, child=True) for raw in f.all(Tag.ENTRY)]
         return sorted(infos, key=lambda i: i.name)
 
     async def stat(self, sandbox_id: str, path: str) -> FileInfo:
+        if (kept := self._kept_path(sandbox_id, path)) is not None:
+            return await asyncio.to_thread(self.kept.stat, sandbox_id, kept)
         p = self._path(sandbox_id, path)
         f = await self._file_request(sandbox_id, Msg.FSTAT, p, [])
         return _file_info(p, f.raw(Tag.ENTRY), child=False)

@@ -1,4 +1,5 @@
-"""What the engine announces: a sandbox changed state, a sandbox ended.
+"""What the engine announces: a sandbox started, changed state, ended, was deleted;
+a command ended, a pool handed out a sandbox.
 
 Admission control, pools, metrics and the process tables subscribe here instead of
 polling the engine for sandboxes that went away. Listeners are called synchronously,
@@ -12,7 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.schema import SandboxState
+from corral.schema import ExecResult, SandboxState
 
 log = logging.getLogger("corral.runtime")
 
@@ -32,6 +33,51 @@ class SandboxEnded:
     sandbox_id: str
     state: SandboxState
     reason: str
+
+
+@dataclass(frozen=True)
+class SandboxStarted:
+    """A create finished: the sandbox is running (``snapshot``: the one it started from)."""
+
+    sandbox_id: str
+    snapshot: str | None
+
+
+@dataclass(frozen=True)
+class SandboxDeleted:
+    """The sandbox's record was removed (its logs are kept for the retention period)."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
+class CommandEnded:
+    """A command (``exec``/``exec_stream``) ended, however it ended: announced once, with
+    what its sandbox's log keeps (tails of a few KiB at most, :mod:`corral.runtime.cmdtap`)
+    and, for metrics, its result.
+
+    ``outcome`` is ``exit``, ``timeout``, ``oom`` or ``killed`` (cut short by its caller
+    or its sandbox ending; then ``result`` is None); ``exit_code`` is None unless it exited.
+    """
+
+    sandbox_id: str
+    argv: tuple[str, ...]
+    started_at: float
+    ended_at: float
+    outcome: str
+    exit_code: int | None
+    stdout_tail: bytes
+    stderr_tail: bytes
+    result: ExecResult | None = None
+
+
+@dataclass(frozen=True)
+class PoolAcquired:
+    """A warm pool handed out a live sandbox ``seconds`` after the acquire began."""
+
+    pool: str
+    sandbox_id: str
+    seconds: float
 
 
 Listener = Callable[[object], None]

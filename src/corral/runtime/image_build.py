@@ -15,8 +15,10 @@ Rebuilding an unchanged spec finds every key and runs nothing; changing step k r
 k and what follows. A failed step leaves no sandbox and no layer; the steps before it
 stay cached (fix the step, build again, and only it onwards runs).
 
-Steps run as the sandbox user, never root: ``pip install`` goes to the user site
-(``~/.local``), which sandboxes from the image import from. Only ``run`` steps have the
+Steps run as the sandbox user: ``pip install`` goes to the user site (``~/.local``),
+which sandboxes from the image import from. A ``run`` step with ``user: root`` runs as
+root of the build sandbox's user namespace (``apt-get install``; no host privilege:
+:mod:`corral.runtime.rootbuild`), and what it writes is root's in the image. Only ``run`` steps have the
 network (``network="host"``), with the host's CA bundle mounted read-only at
 :data:`BUILD_CA_PATH` (the host may reach package indexes through a TLS-intercepting
 proxy) and ``SSL_CERT_FILE``/``PIP_CERT``/``REQUESTS_CA_BUNDLE`` pointing at it.
@@ -37,7 +39,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -64,7 +65,7 @@ from corral.image_schema import (
     relative_copy_source,
     validate_image_name,
 )
-from corral.runtime import image_cache, paths
+from corral.runtime import image_cache, rootbuild
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image
@@ -164,7 +165,8 @@ class ImageBuild:
             keys: list[str] = []
             for i, step in enumerate(spec.steps):
                 text = step.describe()
-                canonical = json.dumps(step.model_dump(mode="json"), sort_keys=True).encode()
+                canonical = json.dumps(step.model_dump(mode="json", exclude_none=True),
+                                       sort_keys=True).encode()
                 if isinstance(step, (EnvStep, WorkdirStep)):
                     if isinstance(step, EnvStep):
                         env.update(step.env)
@@ -215,7 +217,12 @@ class ImageBuild:
         """Run one step in a fresh sandbox and commit what it wrote as a layer."""
         engine, spec = self.engine, self.spec
         run = isinstance(step, RunStep)
+        as_root = isinstance(step, RunStep) and step.as_root
         ca = await asyncio.to_thread(_ca_bundle, self.store.images_dir) if run else None
+        binds = [(str(ca), BUILD_CA_PATH)] if ca else []
+        if as_root:
+            binds += await asyncio.to_thread(rootbuild.apt_files, self.store.images_dir,
+                                             self.base.rootfs)
         sb_spec = SandboxSpec(
             image=spec.base, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb, pids=BUILD_PIDS,
             inodes=BUILD_INODES,
@@ -223,13 +230,13 @@ class ImageBuild:
             workdir=workdir, network=NetworkMode.HOST if run else NetworkMode.NONE,
             tags=[BUILD_TAG, f"image={self.name}"],
         )
-        info = await engine.create(sb_spec, image_override=chain,
-                                   ro_binds=[(str(ca), BUILD_CA_PATH)] if ca else ())
+        info = await engine.create(sb_spec, image_override=chain, ro_binds=binds,
+                                   build_root=as_root)
         staged: Path | None = None
         try:
             if isinstance(step, RunStep):
-                await self._run(index, step, info.id, {**env, **_build_env(ca is not None)},
-                                workdir)
+                extra = {**_build_env(ca is not None), **(rootbuild.step_env() if as_root else {})}
+                await self._run(index, step, info.id, {**env, **extra}, workdir)
             else:
                 assert source is not None
                 await self._copy(index, step, info.id, source, workdir)
@@ -240,6 +247,8 @@ class ImageBuild:
         finally:
             await engine.delete(info.id)
         try:
+            if as_root:  # no set-id bit or file capability leaves a root step
+                await asyncio.to_thread(rootbuild.strip_privileges, staged)
             sealed = await asyncio.to_thread(self.layers.seal, staged)
             layer, new = await asyncio.to_thread(self.layers.install, sealed)
         except BaseException:
@@ -458,18 +467,7 @@ def _ca_bundle(images_dir: Path) -> Path | None:
     found = host_ca_bundle()
     if found is None:
         return None
-    data = found.read_bytes()
-    share = paths.share_dir(Path(images_dir).parent)  # images_dir itself is root-only
-    share.mkdir(mode=0o711, exist_ok=True)
-    copy = share / _CA_COPY
-    with contextlib.suppress(OSError):
-        if copy.read_bytes() == data:
-            return copy
-    tmp = copy.with_name(f"{_CA_COPY}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, copy)
-    return copy
+    return rootbuild.share_copy(images_dir, _CA_COPY, found.read_bytes())
 
 
 def _build_env(with_ca: bool) -> dict[str, str]:

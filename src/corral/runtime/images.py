@@ -347,19 +347,6 @@ class ImageStore:
         """
         return self._ensure(DEFAULT_IMAGE, DEFAULT_PACKAGES, lambda: self._build_default(log), log)
 
-    def ensure_debian(self, name: str, packages: tuple[str, ...], *, log: Log = print) -> Image:
-        """Return the image ``name``: Debian like the default image, with ``packages``
-        instead of :data:`DEFAULT_PACKAGES` (give them too), built first if missing.
-
-        Built on the host like the default image (debootstrap as root, the packages'
-        maintainer scripts in a chroot of the new tree), so only for package lists
-        written in corral's own code (``python -m corral.runtime.prepare``), never
-        for a list a client sends.
-        """
-        validate_name(name)
-        build = lambda: self._build_debian(name, packages, log)  # noqa: E731
-        return self._ensure(name, packages, build, log)
-
     # -- internals -----------------------------------------------------------------
 
     def _ensure(

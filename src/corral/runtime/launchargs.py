@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.runtime import rootfs
+from corral.runtime import rootbuild, rootfs
 from corral.runtime.agentbuild import agent_layer
 from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
 from corral.schema import NetworkMode
@@ -39,21 +39,27 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         *rootfs.inode_args(spec.inodes),
     ]
-    # the sandbox user's own directories, made in its writable layer
-    for d in sorted({SANDBOX_HOME, spec.workdir} - {"/"}):
-        argv += ["--owned", d]
+    # the sandbox user's own directories, made in its writable layer (a build step as
+    # root makes none: it would commit them as root's)
+    if live.build_root:
+        argv += ["--root-build", "1"]
+    else:
+        for d in sorted({SANDBOX_HOME, spec.workdir} - {"/"}):
+            argv += ["--owned", d]
     for src, dest in live.ro_binds:
         argv += ["--copy", f"{src}:{dest}"]
     argv += [
         "--", bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup", "--disable-userns",
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+        *(rootbuild.bwrap_identity() if live.build_root else
+          ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]),
+        "--hostname", "sandbox",
         "--bind", str(live.sandbox_dir / "root"), "/",
         "--proc", "/proc", "--dev", "/dev",
         # its own devpts (capped; launch.c), over the one --dev made
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
-        "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1",
+        "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]
     if spec.network == NetworkMode.NONE:

@@ -207,6 +207,11 @@ class LayerStore:
         if tmp is not None:
             sweep(Path(tmp).parent, Path(tmp).name.__eq__)
 
+    def new_tmp(self) -> Path:
+        """A fresh temporary directory of the store, for a tree built elsewhere (a
+        layer fetched from a peer: :mod:`corral.runtime.layer_wire`); seal or discard it."""
+        return self._new_tmp()
+
     def _new_tmp(self) -> Path:
         tmp = self.root / f"{_TMP}{secrets.token_hex(6)}"
         tmp.mkdir(mode=0o700)

@@ -51,6 +51,7 @@ class Live:
     ending: bool = False
     snapshot_id: str | None = None  # started from it: holds a reference until released
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
+    build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
 

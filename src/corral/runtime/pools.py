@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound
 from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
-from corral.runtime.events import SandboxEnded, StateChanged
+from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
+from corral.runtime.ownership import Owners
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
 logger = logging.getLogger("corral.pools")
@@ -168,6 +169,7 @@ class PoolManager:
         fields = {"name": name, "spec": spec, "min_ready": min_ready, "max_size": max_size}
         checked = validate_model(PoolSpec, fields, "pool")
         name = checked.name or "pool-" + secrets.token_hex(4)
+        spec = self._engine.owners.stamp(spec)  # a tenant's pool and its sandboxes are its own
         if name in self._pools:
             raise InvalidState(
                 f"a pool named {name!r} already exists: use it, delete it first, "
@@ -177,15 +179,15 @@ class PoolManager:
         self._engine.images.get(spec.image)  # ImageNotFound now, not at every refill
         tagged = SandboxSpec.parse(spec.model_dump(), tags=[*spec.tags, pool_tag(name)])
         pool = _Pool(name, tagged, min_ready, max_size)
-        pool.task = asyncio.get_running_loop().create_task(
-            self._maintain(pool), name=f"corral-pool-{name}"
+        pool.task = asyncio.get_running_loop().create_task(  # refills act for the daemon
+            self._maintain(pool), name=f"corral-pool-{name}", context=Owners.detached()
         )
         self._pools[name] = pool
         logger.info("pool %s: min_ready %d, max_size %d", name, min_ready, max_size)
         return pool.info()
 
     def list_pools(self) -> builtins.list[PoolInfo]:
-        return [p.info() for p in self._pools.values()]
+        return [p.info() for p in self._pools.values() if self._engine.owners.sees(p.spec)]
 
     def get_pool(self, name: str) -> PoolDetail:
         pool = self._get(name)
@@ -201,9 +203,9 @@ class PoolManager:
         Sandboxes already handed out are left to their users. Acquires waiting on the
         pool fail with :class:`~corral.errors.NotFound`.
         """
-        pool = self._pools.pop(name, None)
-        if pool is None:
-            return False
+        if name not in self._pools or not self._engine.owners.sees(self._pools[name].spec):
+            return False  # another tenant's: as if there were none
+        pool = self._pools.pop(name)
         pool.closed = True
         gone = NotFound(
             f"pool {name!r} was deleted while this acquire waited", details={"pool": name}
@@ -231,7 +233,7 @@ class PoolManager:
 
     def _get(self, name: str) -> _Pool:
         pool = self._pools.get(name)
-        if pool is None:
+        if pool is None or not self._engine.owners.sees(pool.spec):  # another's: unknown
             raise NotFound(
                 f"no pool {name!r}: it was never made, was deleted, or the daemon restarted "
                 "(pools live in its memory): create it again",
@@ -264,7 +266,9 @@ class PoolManager:
                 raise
             if info is not None:
                 pool.acquires += 1
-                pool.waits_ms.append((time.perf_counter() - began) * 1000)
+                waited = time.perf_counter() - began
+                pool.waits_ms.append(waited * 1000)
+                self._engine.events.emit(PoolAcquired(name, sid, waited))
                 # One fewer ready: refill, but only once the reply is on its way. A
                 # create's synchronous setup (~4 ms of CPU on the loop) would delay it.
                 asyncio.get_running_loop().call_later(REFILL_DELAY_S, pool.wake.set)
@@ -422,7 +426,7 @@ class PoolManager:
     def _discard(self, pool: _Pool, sid: str) -> None:
         """Delete a sandbox the pool will not hand out, in the background."""
         pool.discarded += 1
-        task = asyncio.get_running_loop().create_task(self._remove(sid))
+        task = asyncio.get_running_loop().create_task(self._remove(sid), context=Owners.detached())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         pool.wake.set()

@@ -6,10 +6,11 @@ Run as root once after installing (``scripts/install.sh`` does it)::
 
 Everything is cached under ``CORRAL_CACHE_DIR`` (see :mod:`corral.runtime.paths`), so
 running it again is fast. The built-in images are the specs in
-``corral/runtime/builtin/*.yaml`` (``rl``: python + gymnasium + numpy); an image of
-that name that is not their build (a hand-made one) is replaced, in one atomic swap.
-The built-in Debian images (:data:`DEBIAN_IMAGES`) need packages only ``apt`` as root
-installs (compilers): they are built like the default image, by debootstrap.
+``corral/runtime/builtin/*.yaml`` (``rl``: python + gymnasium + numpy; ``fusion``:
+g++, nodejs and pytest, installed by ``apt-get`` in a ``user: root`` step, see
+:mod:`corral.runtime.rootbuild`; ``code-interpreter``: numpy, pandas and matplotlib for
+E2B's Code Interpreter); an image of that name that is not their build (a hand-made
+one, or an older ``fusion`` made by debootstrap) is replaced, in one atomic swap.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from typing import Any
 
 from corral.errors import CorralError
 from corral.image_schema import BuildEvent
-from corral.runtime.images import DEFAULT_PACKAGES, ImageStore
+from corral.runtime.images import ImageStore
 from corral.runtime.paths import Layout
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-# Debian images built like the default one, with more packages (``fusion``: the
-# toolchains of SandboxFusion's cpp, nodejs and pytest languages).
+# The built-in image with the toolchains of SandboxFusion's cpp, nodejs and pytest
+# languages (builtin/fusion.yaml).
 FUSION_IMAGE = "fusion"
-DEBIAN_IMAGES = {FUSION_IMAGE: (*DEFAULT_PACKAGES, "g++", "nodejs", "python3-pytest")}
+# The built-in image E2B's Code Interpreter template runs on (builtin/code-interpreter.yaml).
+INTERPRETER_IMAGE = "code-interpreter"
 
 
 def builtin_specs() -> list[Path]:
@@ -44,9 +46,6 @@ def main() -> None:
     store = ImageStore(layout.images_dir)
     image = store.ensure_default()
     print(f"image {image.name!r}: {image.rootfs} ({image.size_bytes / 1e6:.0f} MB)")
-    for name, packages in DEBIAN_IMAGES.items():
-        image = store.ensure_debian(name, packages)
-        print(f"image {name!r}: {image.rootfs} ({image.size_bytes / 1e6:.0f} MB)")
 
     # The agent binary that runs inside every sandbox (corral.runtime.agentbuild).
     from corral.runtime.agentbuild import ensure_agent

@@ -19,7 +19,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from corral.runtime import storage
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
@@ -119,6 +119,11 @@ class Registry:
     def close(self) -> None:
         self._db.close()
 
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection, for tables another module keeps (the server's tenants)."""
+        return self._db
+
     def insert(self, sandbox_id: str, spec: SandboxSpec, cgroup: str) -> SandboxInfo:
         # Creation order, for listings. Counted here rather than with MAX(seq) per
         # create (a table scan on the create path): one engine owns the state dir.
@@ -209,15 +214,16 @@ class Registry:
 
     # -------------------------------------------------------------- snapshots
 
-    def add_snapshot(self, row: SnapshotRow, layer: tuple[str, str, int]) -> None:
-        """Insert a snapshot, its new top layer ``(id, digest, size)`` unless known, and
-        a reference on every layer of its chain. ``sqlite3.IntegrityError`` if the name
-        is taken."""
+    def add_snapshot(self, row: SnapshotRow, layer: tuple[str, str, int], *,
+                     below: Sequence[tuple[str, str, int]] = ()) -> None:
+        """Insert a snapshot, its new top layer ``(id, digest, size)`` (and ``below``,
+        for a snapshot fetched from another node) unless known, and a reference on every
+        layer of its chain. ``sqlite3.IntegrityError`` if the name is taken."""
         with self._db:
             self._db.execute("BEGIN")
-            self._db.execute(
+            self._db.executemany(
                 "INSERT OR IGNORE INTO layers (id, digest, size, created_at) VALUES (?, ?, ?, ?)",
-                (*layer, row.created_at),
+                [(*x, row.created_at) for x in (layer, *below)],
             )
             self._db.execute(
                 f"INSERT INTO snapshots ({_SNAPSHOT_COLUMNS}) "

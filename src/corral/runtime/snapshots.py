@@ -47,6 +47,7 @@ from corral.runtime import rootfs
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layers import TREE, LayerStore
+from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout
 from corral.runtime.registry import Registry, SnapshotRow
 from corral.runtime.treecopy import Budget
@@ -66,8 +67,11 @@ def _new_id() -> str:
 class Snapshots:
     """The snapshots of one engine. The engine calls it; see the module docstring."""
 
-    def __init__(self, layout: Layout, registry: Registry, images: ImageStore) -> None:
+    def __init__(
+        self, layout: Layout, registry: Registry, images: ImageStore, owners: Owners | None = None
+    ) -> None:
         self.layout = layout
+        self.owners = owners or Owners()  # another tenant's snapshot: as if none
         self.registry = registry
         self.images = images
         self.store = LayerStore(layout.layers_dir)
@@ -93,8 +97,8 @@ class Snapshots:
                 details={"name": name},
             )
         taken = self.registry.snapshot(name)
-        if taken is not None:
-            raise self._name_taken(name, taken.id)
+        if taken is not None:  # names are one namespace; another tenant's id stays hidden
+            raise self._name_taken(name, taken.id if self.owners.sees(taken.spec) else "another tenant's")
 
     async def stage(self, upper: Path, cgroup: Cgroup | None, *, source: str,
                     spec: SandboxSpec, ids: dict[int, int] | None = None) -> Path:
@@ -255,7 +259,8 @@ class Snapshots:
     def list(self, *, tag: str | None = None) -> list[SnapshotInfo]:
         """Every snapshot, or those taken from a sandbox that had ``tag``."""
         rows = self.registry.snapshots()
-        return [row.info() for row in rows if tag is None or tag in row.spec.tags]
+        return [row.info() for row in rows
+                if (tag is None or tag in row.spec.tags) and self.owners.sees(row.spec)]
 
     def get(self, ref: str) -> SnapshotInfo:
         return self._find(ref).info()
@@ -269,7 +274,7 @@ class Snapshots:
         """Delete a snapshot; its layers go once no sandbox started from it runs.
         Idempotent: False if there was none."""
         row = self.registry.snapshot(ref)
-        if row is None:
+        if row is None or not self.owners.sees(row.spec):
             return False
         if self.registry.drop_snapshot(row.id):
             await self.gc()
@@ -320,7 +325,7 @@ class Snapshots:
 
     def _find(self, ref: str) -> SnapshotRow:
         row = self.registry.snapshot(ref) if isinstance(ref, str) else None
-        if row is None:
+        if row is None or not self.owners.sees(row.spec):
             raise SnapshotNotFound(
                 f"no snapshot {ref!r}: it never existed or was deleted "
                 "(list snapshots to see what exists)",

@@ -65,6 +65,19 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "exit after this long with no requests and no live sandboxes",
     ),
     (
+        "--max-lifetime",
+        float,
+        "SECONDS",
+        "the furthest ahead set_timeout (PATCH /v1/sandboxes/ID) may put a sandbox's end "
+        "(default: 30 days)",
+    ),
+    (
+        "--log-retention",
+        float,
+        "SECONDS",
+        "how long a deleted sandbox's command and lifecycle log is kept (default 86400)",
+    ),
+    (
         "--shutdown-grace",
         float,
         "SECONDS",
@@ -111,6 +124,15 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
         "the Unix socket always may",
     )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    p.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="json: every log record as a JSON line, and one line per request (tenant, "
+        "route, status, duration_ms)",
+    )
+    p.add_argument(
+        "--no-metrics", dest="metrics", action="store_false", default=None,
+        help="do not serve GET /metrics (Prometheus) nor count for it",
+    )
     p.add_argument(
         "--node", metavar="NODE_ID",
         help="the Ray node this daemon serves (set by `corral cluster up`): sandbox ids "

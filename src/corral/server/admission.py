@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from corral.errors import CapacityExceeded, DaemonUnavailable, InvalidArgument
 from corral.schema import SandboxState
+from corral.server.quotas import Quotas
 
 LIVE_STATES = (  # the states that count against the caps
     SandboxState.PENDING,
@@ -72,8 +73,9 @@ class _Waiter:
 class Admission:
     """Caps and a FIFO queue for sandbox creates. Lives on one event loop."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, quotas: Quotas | None = None) -> None:
         self.limits = limits
+        self.quotas = quotas or Quotas(lambda tenant: None)  # per tenant: server/quotas.py
         self._starting = 0
         self._starting_mb = 0
         self._admitted: dict[str, int] = {}
@@ -126,8 +128,23 @@ class Admission:
             )
 
     @asynccontextmanager
-    async def admit(self, memory_mb: int) -> AsyncIterator[Slot]:
-        """Wait for room for a sandbox of ``memory_mb``; hold it while it starts."""
+    async def admit(
+        self, memory_mb: int, *, tenant: str | None = None, cpus: float = 0.0
+    ) -> AsyncIterator[Slot]:
+        """Wait for room for a sandbox of ``memory_mb``; hold it while it starts.
+        A ``tenant`` over its quota is refused at once (:class:`QuotaExceeded`)."""
+        if self._closed:
+            raise _shutting_down()
+        hold = self.quotas.hold(tenant, memory_mb, cpus)
+        slot = Slot(memory_mb)
+        try:
+            async with self._admit(memory_mb, slot):
+                yield slot
+        finally:
+            self.quotas.settle(hold, slot.sandbox_id)
+
+    @asynccontextmanager
+    async def _admit(self, memory_mb: int, slot: Slot) -> AsyncIterator[Slot]:
         if self._closed:
             raise _shutting_down()
         self.check_fits(memory_mb)
@@ -135,7 +152,6 @@ class Admission:
             await self._wait(memory_mb)
         else:
             self._reserve(memory_mb)
-        slot = Slot(memory_mb)
         try:
             yield slot
         finally:
@@ -147,6 +163,7 @@ class Admission:
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox was stopped or deleted: its place and memory are free again."""
+        self.quotas.release(sandbox_id)
         if self._admitted.pop(sandbox_id, None) is not None:
             self._pump()
 

@@ -21,7 +21,6 @@ its connection is closed. What a request may cost before and after that is bound
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,14 +34,29 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
+from corral.runtime.ownership import Owners
+from corral.server import metrics
+from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
+from corral.server.ops_routes import open_logs
+from corral.server.quotas import Quotas
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
+from corral.server.tenants import (
+    ADMIN,
+    CALLER_KEY,
+    UNIDENTIFIED,
+    Tenants,
+    TokenStore,
+    caller_name,
+    unauthorized_tenant,
+)
+from corral.server.ui import mount as mount_dashboard
 from corral.server.wire import error_response
 
 logger = logging.getLogger("corral.server")
@@ -98,10 +112,12 @@ class Guard:
 
     def __init__(
         self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
-        clients: ClientLimiter,
+        clients: ClientLimiter, tenants: Tenants, owners: Owners,
     ) -> None:
         self.app = app
         self.token = token
+        self.tenants = tenants  # who a credential is (server/tenants.py)
+        self.owners = owners  # the request then acts for its caller (runtime/ownership.py)
         self.unix_socket = unix_socket
         self.activity = activity
         self.clients = clients
@@ -119,7 +135,7 @@ class Guard:
 
         client = None
         try:
-            denied = self._check_auth(scope)
+            denied = self._check_auth(scope)  # and puts the caller in scope[CALLER_KEY]
             if denied is not None:  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
                 reply = e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
@@ -133,7 +149,8 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
-            await self.app(scope, receive, tracked_send)
+            with self.owners.acting_as(caller_name(scope)):
+                await self.app(scope, receive, tracked_send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -150,25 +167,28 @@ class Guard:
     def _check_auth(self, scope: Scope) -> Unauthorized | None:
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
-            return None  # its endpoints check the token in their path themselves
-        e2b = e2b_compat.authenticate(scope, self.token)  # X-API-KEY or X-Access-Token
+            # its endpoints refuse a request without a caller (a wrong path token)
+            caller = self.tenants.identify(scope.get(sandboxfusion_compat.TOKEN_KEY))
+            scope[CALLER_KEY] = caller if caller is not None else UNIDENTIFIED
+            return None
+        # X-API-KEY or X-Access-Token; sets scope[CALLER_KEY]
+        e2b = e2b_compat.authenticate(scope, self.token, self.tenants.identify)
         if e2b is not False:
             return e2b
         if scope.get("server") == (self.unix_socket, None):
+            scope[CALLER_KEY] = ADMIN
             return None  # our own socket file: only its owner can connect
-        if not self.token:
-            return Unauthorized("this daemon accepts requests only on its Unix socket")
         for name, value in scope["headers"]:
             if name == b"authorization":
                 scheme, _, credentials = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer" and hmac.compare_digest(
-                    credentials.strip().encode(), self.token.encode()
-                ):
+                caller = (self.tenants.identify(credentials.strip())
+                          if scheme.lower() == "bearer" else None)
+                if caller is not None:
+                    scope[CALLER_KEY] = caller
                     return None
-                return Unauthorized(
-                    "wrong bearer token: send 'Authorization: Bearer TOKEN' with the token "
-                    "the daemon was started with (--token or CORRAL_TOKEN)"
-                )
+                return unauthorized_tenant()
+        if not self.token:
+            return Unauthorized("this daemon accepts requests only on its Unix socket")
         return Unauthorized(
             "missing credentials: TCP clients must send 'Authorization: Bearer TOKEN' "
             "(the daemon's --token or CORRAL_TOKEN)"
@@ -180,18 +200,22 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
 
     ``app.state`` holds ``settings``, ``engine``, ``admission``, ``pools`` (the warm
     pools, whose refills pass admission control; close them before the engine) and
-    ``activity``.
+    ``activity`` and ``logs`` (close it after the engine).
     """
     activity = Activity()
+    tenants = Tenants(TokenStore(engine.registry.db), settings.token)
     app = Starlette(
         routes=build_routes(),
         middleware=[
+            *([Middleware(AccessLog)] if settings.log_format == "json" else []),
             Middleware(
                 Guard,
                 token=settings.token,
                 unix_socket=str(settings.socket.absolute()),
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
+                tenants=tenants,
+                owners=engine.owners,
             ),
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
@@ -207,9 +231,15 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.settings = settings
     app.state.engine = engine
     app.state.activity = activity
-    service = app.state.service = SandboxService(engine, Admission(limits))
+    app.state.tenants = tenants
+    admission = Admission(limits, Quotas(tenants.quota_of))
+    service = app.state.service = SandboxService(engine, admission, tenants)
     app.state.admission, app.state.pools = service.admission, service.pools
+    app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
+    mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    if settings.metrics:
+        metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events
     return app

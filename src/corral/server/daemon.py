@@ -24,6 +24,8 @@ from corral._version import __version__
 from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
 from corral.runtime.engine import ID_PREFIX, Engine
+from corral.runtime.statefiles import secure_state_dir
+from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
 from corral.server.limits import BoundedHttpProtocol
@@ -156,6 +158,8 @@ async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix)
+    for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
+        logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
     sockets: list[socket.socket] = []
     inode = None
@@ -185,7 +189,8 @@ async def run(settings: ServerSettings) -> None:
             ws="none",  # no websocket endpoints: never upgrade a connection
             loop="asyncio",
             log_config=None,
-            access_log=logger.isEnabledFor(logging.DEBUG),
+            # (--log-format json logs each request itself, with no path: accesslog.py)
+            access_log=logger.isEnabledFor(logging.DEBUG) and settings.log_format == "text",
             # A backstop only: _drain ends what the engine runs after shutdown_grace.
             timeout_graceful_shutdown=settings.shutdown_grace + DRAIN_BACKSTOP_S,  # type: ignore[arg-type]
             backlog=BACKLOG,
@@ -211,6 +216,8 @@ async def run(settings: ServerSettings) -> None:
         if app is not None:
             await app.state.pools.close()  # deletes the pools' ready sandboxes
         await engine.close()
+        if app is not None:
+            await app.state.logs.close()  # after the engine: its last stops are logged
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")
@@ -244,12 +251,15 @@ def _log_start(settings: ServerSettings, engine: Engine, sockets: list[socket.so
     )
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level`` unless the caller set logging up already."""
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Log to stderr at ``level`` unless the caller set logging up already; as JSON
+    lines with ``log_format="json"`` (:mod:`corral.server.accesslog`)."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise InvalidArgument(f"unknown log level {level!r}: use debug, info, warning or error")
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(accesslog.formatter(log_format))
+    logging.basicConfig(handlers=[handler])
     logging.getLogger("corral").setLevel(numeric)
     # uvicorn's own start/stop chatter only when debugging; its errors always.
     logging.getLogger("uvicorn").setLevel(
@@ -259,5 +269,5 @@ def configure_logging(level: str) -> None:
 
 def serve(settings: ServerSettings) -> None:
     """Run a daemon in this process until SIGTERM / SIGINT (blocking)."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     asyncio.run(run(settings))

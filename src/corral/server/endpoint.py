@@ -23,6 +23,7 @@ from corral.server.wire import read_json
 
 RAW = "application/octet-stream"  # a body or reply of raw bytes
 NDJSON = "application/x-ndjson"  # a reply of one JSON object per line
+TEXT = "text/plain"  # a reply of plain text (GET /metrics: Prometheus's format)
 Handler = Callable[..., Awaitable[Response]]  # (request) or (request, body)
 
 

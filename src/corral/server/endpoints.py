@@ -14,7 +14,8 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
-from corral.server.endpoint import NDJSON, RAW, Endpoint, Query, handler_of
+from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
+from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -22,6 +23,7 @@ from corral.server.image_routes import (
     import_image_route,
     list_images,
 )
+from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,
     ExecRequest,
@@ -36,6 +38,25 @@ from corral.server.models import (
     SnapshotList,
     SnapshotRequest,
     StopRequest,
+)
+from corral.server.ops_routes import (
+    SandboxLogsReply,
+    TimeoutRequest,
+    patch_sandbox,
+    sandbox_logs,
+)
+from corral.server.peer_layers import (
+    FetchRequest,
+    FetchStats,
+    ImageFetchRequest,
+    PeerImage,
+    PeerSnapshot,
+    fetch_image,
+    fetch_snapshot,
+    peer_image,
+    peer_layer,
+    peer_snapshot,
+    peer_stats,
 )
 from corral.server.processes import (
     ExchangeRequest,
@@ -86,6 +107,14 @@ from corral.server.routes import (
     stop_sandbox,
     upload_file,
 )
+from corral.server.tenant_routes import (
+    TokenCreated,
+    TokenList,
+    TokenRequest,
+    create_token,
+    list_tokens,
+    revoke_token,
+)
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
@@ -100,6 +129,8 @@ _PATH = Query(
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/health", health, "Is the daemon up", reply=Health),
     Endpoint("GET", "/v1/info", info, "Version, limits and what is in use", reply=DaemonInfo),
+    Endpoint("GET", "/metrics", metrics_endpoint,
+             "Prometheus metrics (admin only on TCP; 404 with --no-metrics)", reply=TEXT),
     Endpoint(
         "POST",
         "/v1/sandboxes",
@@ -120,9 +151,26 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("tag", "string", "carries this tag (all must match)", repeat=True),
             Query("state", "string", "is in this state (any may match)", repeat=True,
                   enum=tuple(s.value for s in SandboxState)),
+            Query("tenant", "string", "belongs to this tenant (the admin's filter)"),
         ),
     ),
     Endpoint("GET", _SB, get_sandbox, "One sandbox, with usage while alive", reply=SandboxDetail),
+    Endpoint(
+        "PATCH", _SB, patch_sandbox,
+        "Set a running sandbox's end to timeout seconds from now (within --max-lifetime)",
+        body=TimeoutRequest, reply=SandboxInfo,
+    ),
+    Endpoint(
+        "GET", _SB + "/logs", sandbox_logs,
+        "Its commands and lifecycle events, also after it stopped (and, for the daemon's "
+        "--log-retention, after it was deleted); follow=1 streams them as NDJSON",
+        reply=SandboxLogsReply,
+        query=(
+            Query("after", "integer", "only entries with a larger seq"),
+            Query("limit", "integer", "at most this many entries (<= 5000)"),
+            Query("follow", "boolean", "stream entries as they come, until it ends"),
+        ),
+    ),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
     Endpoint(
@@ -311,11 +359,39 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         query=(Query("name", "string", "the image's name (one of that name is replaced)",
                      required=True, min_length=1),),
     ),
+    Endpoint("POST", "/v1/tokens", create_token, "Make a tenant token (admin only; shown once)",
+             body=TokenRequest, reply=TokenCreated, status=201),
+    Endpoint("GET", "/v1/tokens", list_tokens, "List tenants: quotas and use (admin only)",
+             reply=TokenList),
+    Endpoint("DELETE", "/v1/tokens/{name}", revoke_token,
+             "Revoke a tenant token: refused from its next request (admin only)", status=204),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),
+    Endpoint("POST", "/v1/peer/snapshots/fetch", fetch_snapshot,
+             "Cluster: make a snapshot of another node restorable here (fetches its layers)",
+             body=FetchRequest, reply=SnapshotInfo),
+    Endpoint("GET", "/v1/peer/snapshots/{id_or_name}", peer_snapshot,
+             "Cluster: a snapshot's layers and digests, for another node to fetch",
+             reply=PeerSnapshot),
+    Endpoint("GET", "/v1/peer/layers/{digest}", peer_layer,
+             "Cluster: one layer of a snapshot held here, as a tar stream", reply=RAW),
+    Endpoint("POST", "/v1/peer/images/fetch", fetch_image,
+             "Cluster: make a built image of another node usable here (fetches its layers)",
+             body=ImageFetchRequest, reply=ImageInfo),
+    Endpoint("GET", "/v1/peer/images/{name}", peer_image,
+             "Cluster: a built image's manifest, for another node to pull", reply=PeerImage),
+    Endpoint("GET", "/v1/peer/stats", peer_stats, "Cluster: layers fetched from other nodes",
+             reply=FetchStats),
     Endpoint(
         "DELETE", _SNAP, delete_snapshot,
         "Delete a snapshot (idempotent; sandboxes started from it keep running)", status=204,
     ),
+    Endpoint(
+        "PUT", "/v1/evals/{eval_id}", put_eval,
+        "Report an evaluation run's progress (corral.rl.evaluate does; shown at /ui)",
+        body=EvalReport, reply=EvalRun,
+    ),
+    Endpoint("GET", "/v1/evals", list_evals, "Recent evaluation runs, newest first",
+             reply=EvalList),
 )
 
 

@@ -42,6 +42,7 @@ from corral.schema import SandboxState, validate_model
 from corral.server import context as ctx
 from corral.server.limits import parse_json
 from corral.server.streaming import NDJSONResponse
+from corral.server.tenants import require_image_rights
 from corral.server.wire import paced, read_body, read_json
 
 logger = logging.getLogger("corral.server")
@@ -71,12 +72,14 @@ async def get_image(request: Request) -> Response:
 async def delete_image(request: Request) -> Response:
     """Refused (409 ``image_in_use``) while this daemon's sandboxes, snapshots or pools
     use the image, or other images are built on it; idempotent otherwise."""
+    require_image_rights(request, "deleting an image")
     engine, name = ctx.engine(request), _name(request)
     if not engine.images.exists(name):
         return Response(status_code=204)
-    sandboxes = [i.id for i in engine.list(state=_LIVE) if i.spec.image == name]
-    snapshots = [s.id for s in engine.list_snapshots() if s.image == name]
-    pools = [p.name for p in ctx.pools(request).list_pools() if p.spec.image == name]
+    with engine.owners.acting_as(None):  # in use by any tenant's: all must be counted
+        sandboxes = [i.id for i in engine.list(state=_LIVE) if i.spec.image == name]
+        snapshots = [s.id for s in engine.list_snapshots() if s.image == name]
+        pools = [p.name for p in ctx.pools(request).list_pools() if p.spec.image == name]
     if sandboxes or snapshots or pools:
         users = [f"{len(v)} {k}" for k, v in (("sandbox(es)", sandboxes),
                  ("snapshot(s)", snapshots), ("pool(s)", pools)) if v]
@@ -91,6 +94,7 @@ async def delete_image(request: Request) -> Response:
 
 
 async def build_image(request: Request) -> Response:
+    require_image_rights(request, "building an image")
     engine = ctx.engine(request)
     store = engine.images
     work: Path | None = None
@@ -167,6 +171,7 @@ def _unpack_context(body: bytes, work: Path) -> dict:
 async def import_image_route(request: Request) -> Response:
     """The body is the archive (``docker save`` or an OCI layout as a tar), streamed
     to disk; ``?name=`` names the image (an image of that name is replaced)."""
+    require_image_rights(request, "importing an image")
     engine = ctx.engine(request)
     name = request.query_params.get("name")
     if not name:

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral._version import __version__
-from corral.server.endpoint import NDJSON, RAW, Endpoint
+from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint
 from corral.server.models import ErrorResponse, StreamEvent
 
 REF = "#/components/schemas/{model}"
@@ -57,6 +57,8 @@ def _content(kind: Any, refs: dict[Key, Any], mode: JsonSchemaMode) -> dict[str,
         return {kind[0]: {"schema": refs[(_name(kind[1]), mode)]}}
     if kind == RAW:
         return {RAW: {"schema": {"type": "string", "format": "binary"}}}
+    if kind == TEXT:
+        return {TEXT: {"schema": {"type": "string"}}}
     if kind == NDJSON:
         return {NDJSON: {"schema": refs[(_name(StreamEvent), "serialization")]}}
     return {"application/json": {"schema": refs[(_name(kind), mode)]}}

@@ -135,7 +135,10 @@ async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
 
 async def list_sandboxes(request: Request) -> Response:
     states = request.query_params.getlist("state") or None
-    infos = ctx.engine(request).list(tags=request.query_params.getlist("tag"), state=states)
+    infos = ctx.service(request).list_sandboxes(  # the caller's own (admin: tenant= filters)
+        tags=request.query_params.getlist("tag"), states=states,
+        tenant=request.query_params.get("tenant"),
+    )
     return JSONResponse({"sandboxes": [_info_json(i, request) for i in infos]})
 
 

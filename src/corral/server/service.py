@@ -17,18 +17,35 @@ theirs reaches below it for those: the rules live here once.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-from corral.errors import Forbidden, SandboxNotFound
+from corral.errors import CorralError, Forbidden, SandboxNotFound
+from corral.pool_schema import PoolInfo
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
-from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
 from corral.server.admission import Admission
 from corral.server.limits import check_host_limits
+from corral.server.tenants import Tenants
 
-__all__ = ["Abandoned", "SandboxService", "check_network"]
+__all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
+
+
+@dataclass(frozen=True)
+class CreateFinished:
+    """Announced on the engine's events when :meth:`SandboxService.create` ends:
+    ``result`` is ``"ok"``, an error's ``code`` or ``"cancelled"``; the times are
+    ``time.monotonic()`` (``admitted``: None if it never got past admission)."""
+
+    result: str
+    began: float
+    admitted: float | None
+    ended: float
 
 
 def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
@@ -45,15 +62,42 @@ def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
 class SandboxService:
     """Create, delete, stop and fork sandboxes under admission control and pools."""
 
-    def __init__(self, engine: Engine, admission: Admission) -> None:
+    def __init__(
+        self, engine: Engine, admission: Admission, tenants: Tenants | None = None
+    ) -> None:
         self.engine = engine
         self.admission = admission
+        self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
         self.release(event.sandbox_id)
+
+    # ---------------------------------------------------------------- tenants
+    # Ownership is one rule (runtime/ownership.py): the request acts for its caller's
+    # tenant, and every lookup by id and every list shows only what that tenant owns.
+
+    def acting_tenant(self) -> str | None:
+        """The tenant the current request acts for; None for the admin."""
+        return self.engine.owners.acting()
+
+    def list_sandboxes(
+        self, *, tags: Sequence[str] = (), states: Sequence[str] | None = None,
+        tenant: str | None = None,
+    ) -> list[SandboxInfo]:
+        """The caller's sandboxes (the admin's: all, or only ``tenant``'s)."""
+        found = self.engine.list(tags=tags, state=states)
+        return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        """The caller's snapshots (the admin's: all)."""
+        return self.engine.list_snapshots()
+
+    def list_pools(self) -> list[PoolInfo]:
+        """The caller's pools (the admin's: all)."""
+        return self.pools.list_pools()
 
     # ----------------------------------------------------------------- create
 
@@ -63,10 +107,15 @@ class SandboxService:
         ``host_network``: whether this caller may have ``network="host"`` (the daemon
         was started with ``--allow-host-network``, or it asks on the Unix socket).
         """
-        spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
-        self.engine.images.get(spec.image)  # ImageNotFound now, too
-        check_host_limits(spec)
-        check_network(spec, host_network=host_network)
+        try:
+            spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+            self.engine.images.get(spec.image)  # ImageNotFound now, too
+            check_host_limits(spec)
+            check_network(spec, host_network=host_network)
+        except CorralError as exc:  # a create refused: counted like one that failed
+            now = time.monotonic()
+            self.engine.events.emit(CreateFinished(exc.code, now, None, now))
+            raise
         return spec
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
@@ -74,11 +123,25 @@ class SandboxService:
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
         """
-        spec = self.engine.resolve_spec(spec)
-        check_host_limits(spec)
-        async with self.admission.admit(spec.memory_mb) as slot:
-            created = await self.engine.create(spec)
-            slot.commit(created.id)
+        began, admitted, result = time.monotonic(), None, "internal"
+        try:
+            spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
+            check_host_limits(spec)
+            async with self.admission.admit(
+                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus
+            ) as slot:
+                admitted = time.monotonic()
+                created = await self.engine.create(spec)
+                slot.commit(created.id)
+            result = "ok"
+        except CorralError as exc:
+            result = exc.code
+            raise
+        except asyncio.CancelledError:
+            result = "cancelled"
+            raise
+        finally:  # metrics hear of every create, once (server/metrics.py)
+            self.engine.events.emit(CreateFinished(result, began, admitted, time.monotonic()))
         if self._ended_already(created.id):  # it ended before it was counted
             self.admission.release(created.id)
         return created
@@ -91,14 +154,17 @@ class SandboxService:
 
     # ------------------------------------------------------------------- end
 
-    async def _delete_admitted(self, sandbox_id: str) -> None:
-        await self.engine.delete(sandbox_id)
+    async def _delete_admitted(self, sandbox_id: str) -> bool:
+        # False: none the caller may see (another tenant's keeps its places)
+        if not await self.engine.delete(sandbox_id):
+            return False
         self.admission.release(sandbox_id)
+        return True
 
     async def delete(self, sandbox_id: str) -> None:
         """Delete a sandbox (idempotent) and give its places back."""
-        await self._delete_admitted(sandbox_id)
-        self.pools.release(sandbox_id)
+        if await self._delete_admitted(sandbox_id):
+            self.pools.release(sandbox_id)
 
     async def stop(
         self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"

@@ -19,6 +19,7 @@ from typing import Any
 
 from corral.cluster.ids import is_node_id
 from corral.errors import InvalidArgument
+from corral.schema import MAX_TIMEOUT_S
 
 DEFAULT_SOCKET = "/run/corral/corral.sock"
 DEFAULT_MAX_STARTING = 8
@@ -28,6 +29,7 @@ DEFAULT_QUEUE_TIMEOUT_S = 120.0
 DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
 DEFAULT_MAX_CLIENT_REQUESTS = 1024  # requests in flight per TCP client address
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
+DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
 MEMINFO = "/proc/meminfo"
 
@@ -80,6 +82,12 @@ class ServerSettings:
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
+    # How far ahead set_timeout / PATCH may put a sandbox's end (seconds from now).
+    max_lifetime: float = MAX_TIMEOUT_S
+    # How long a deleted sandbox's logs are kept (seconds; 0: dropped at the next sweep).
+    log_retention: float = DEFAULT_LOG_RETENTION_S
+    log_format: str = "text"  # "json": JSON lines, one per request too (server/accesslog.py)
+    metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
     node: str | None = None
@@ -95,8 +103,14 @@ class ServerSettings:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
+        if not 0 < self.max_lifetime <= MAX_TIMEOUT_S or not 0 <= self.log_retention:
+            raise InvalidArgument(
+                f"max_lifetime must be > 0 and <= {MAX_TIMEOUT_S:g} s and log_retention >= 0 "
+                f"(got {self.max_lifetime:g} and {self.log_retention:g})")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument(f"--log-format is text or json, got {self.log_format!r}")
         if self.node is not None and not is_node_id(self.node):
             raise InvalidArgument(f"--node takes a Ray node id (hex), got {self.node!r}")
         if self.tcp is not None and not self.token:

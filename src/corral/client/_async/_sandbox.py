@@ -4,7 +4,7 @@ snapshot of one, which new sandboxes start from (one module: each makes the othe
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Self, Unpack
 from urllib.parse import quote
 
@@ -12,6 +12,7 @@ from corral.client import _validate
 from corral.client._async._cleanup import AsyncCleanupOnExit
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
+from corral.client._async._logs import LogEntry, follow_logs, read_logs
 from corral.client._async._process import AsyncProcess
 from corral.client._async._stream import AsyncExecStream
 from corral.client._backends import AsyncBackend, AsyncOpening
@@ -218,6 +219,23 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
     async def delete(self) -> None:
         """Stop the sandbox and remove it and its files; deleting twice is fine."""
         await self._client.request("DELETE", self._path)
+
+    async def set_timeout(self, seconds: float) -> SandboxInfo:
+        """End the sandbox ``seconds`` from now, sooner or later than it would have
+        (within the daemon's ``--max-lifetime``); it then stops with reason timeout."""
+        body = {"timeout": _validate.timeout("timeout", seconds, optional=False)}
+        response = await self._client.request("PATCH", self._path, json=body)
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
+    async def logs(self, *, after: int = 0) -> builtins.list[LogEntry]:
+        """Its commands and lifecycle events (dicts, oldest first; see
+        ``corral.client._async._logs``), also after it stopped, until it is deleted."""
+        return await read_logs(self._client, self._path, after)
+
+    def follow_logs(self, *, after: int = 0) -> AsyncIterator[LogEntry]:
+        """Iterate over entries as they are logged, until the sandbox ends."""
+        return follow_logs(self._client, self._path, after)
 
     # ------------------------------------------------------------- snapshots
 

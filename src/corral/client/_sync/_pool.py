@@ -13,10 +13,11 @@ from corral.client import _validate
 from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
 from corral.client._sync._sandbox import Sandbox
+from corral.client._sync._spread import SPREAD
 from corral.client._backends import SyncBackend
 from corral.client._config import exec_http_timeout
 from corral.client._models import SpecOptions, spec_body
-from corral.errors import InvalidState, NotFound, SandboxTimeout
+from corral.errors import InvalidArgument, InvalidState, NotFound, SandboxTimeout
 from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_MAX_SIZE,
@@ -48,7 +49,10 @@ class Pool(CleanupOnExit):
     context, deletes a pool it created, with its ready sandboxes. Pools live in the
     daemon's memory: if the daemon restarts, the next :meth:`acquire` of the object
     that created the pool makes it again. On a Ray cluster (``ray://``) a pool lives on
-    one node: ``node`` (a node id) picks it, else this worker's own node or the first.
+    one node: ``node`` (a node id) picks it, else this worker's own node or the first;
+    with ``spread=True`` there is one on every node, each with its share of
+    ``min_ready`` and ``max_size``, and an acquire is served by the node with the most
+    ready (see :mod:`corral.client._sync._spread`).
 
     Example::
 
@@ -67,6 +71,7 @@ class Pool(CleanupOnExit):
         max_size: int = DEFAULT_MAX_SIZE,
         name: str | None = None,
         node: str | None = None,
+        spread: bool = False,
         client: Client | None = None,
         **spec: Unpack[SpecOptions],
     ) -> None:
@@ -82,6 +87,10 @@ class Pool(CleanupOnExit):
         )
         self._client = client
         self._node = None if node is None else _validate.text("node", node)
+        if spread:
+            if node is not None:
+                raise InvalidArgument("give node= (one node) or spread=True (every node), not both")
+            self._node = SPREAD
         self._path = f"/v1/pools/{quote(self._body['name'], safe='')}"
         self._info: PoolInfo | None = None
         self._created = False

@@ -5,23 +5,33 @@
 The client does the routing itself, so every call goes straight to the daemon that
 answers it (no proxy hop):
 
-- a create goes where :mod:`corral.cluster.placement` says, among the nodes that have
-  its image (or to ``node=``; from a snapshot, to the node that holds it);
+- a create goes where :mod:`corral.cluster.placement` says (or to ``node=``); if that
+  node lacks its built image or its snapshot, the node's daemon first fetches the
+  layers from a node that has it (:mod:`._travel`);
 - a call on a sandbox (``/v1/sandboxes/ID/...``) goes to the node its id names
   (``sb-<node tag>-<hex>``, see :mod:`corral.cluster.ids`): no lookup;
 - a call on a snapshot or a pool goes to the node that holds it (each node is asked);
 - listing sandboxes, snapshots or pools asks every node and merges; ``/v1/info`` sums;
-- a pool is made on ``node=``, else (as images) on this worker's own node or the first.
+- a pool is made on ``node=``, else (as images) on this worker's own node or the
+  first; with ``spread=True``, on every node (:mod:`._spread`).
 
 When a node's daemon cannot be reached and Ray says the node is dead, the call raises
 :class:`~corral.errors.SandboxLost` naming the node (the directory is read again, so
 placement stops choosing it); if the daemon only moved (restarted by Ray on another
 port), a request that never left is sent again to its new address.
+
+When no node has room for a create (every one full: live sandboxes or committed
+memory), the create waits up to :attr:`Router.placement_wait` seconds
+(``CORRAL_PLACEMENT_WAIT``) for room, a node that joins or a sandbox that ends, while
+the wait is shown to Ray's autoscaler (:mod:`corral.cluster.autoscale`); then
+:class:`~corral.errors.CapacityExceeded` says what to configure.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -29,18 +39,26 @@ from urllib.parse import quote, unquote
 
 import httpx
 
+from corral.client._sync import _spread, _travel
 from corral.client._backends import SyncBackend
 from corral.client._transport import is_connect_error
+from corral.cluster import autoscale
 from corral.cluster.directory import Directory, Node
 from corral.cluster.ids import tag_of
-from corral.cluster.placement import Room, choose, having_image, room
-from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost, SandboxNotFound
+from corral.cluster.placement import Room, choose, has_room, having_image, room
+from corral.errors import (
+    DaemonUnavailable,
+    InvalidArgument,
+    SandboxLost,
+    SandboxNotFound,
+)
 from corral.schema import DEFAULT_IMAGE, DEFAULT_MEMORY_MB
 
 LOAD_TTL_S = 1.0
 """How long the nodes' loads (``/v1/info``) are trusted for placement; the creates this
 client sends meanwhile it counts itself."""
 INFO_TIMEOUT_S = 5.0
+WAIT_POLL_S = 0.5
 _SANDBOX_PREFIX = "/v1/sandboxes/"
 _SNAPSHOT_PREFIX = "/v1/snapshots/"
 _POOL_PREFIX = "/v1/pools/"
@@ -61,13 +79,21 @@ class Router:
         self._images: dict[str, set[str]] = {}  # node id -> the images it has
         self._loaded_at = -LOAD_TTL_S - 1.0
         self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
+        self.placement_wait = autoscale.placement_wait()
+        self._id = uuid.uuid4().hex  # this client's demand entry
+        self._waiting = [0, 0]  # creates (and their MB) waiting for room
+        self._waiting_lock = threading.Lock()
+        self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.staying_images: set[str] = set()  # root filesystems: they do not travel
 
     def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
     ) -> httpx.Response:
         if method == "POST" and path == "/v1/sandboxes":
             return self._create(kwargs, node, stream)
-        if method == "POST" and path == "/v1/pools":  # a pool lives on one node
+        if method == "POST" and path == "/v1/pools":  # a pool lives on one node...
+            if node == _spread.SPREAD:  # ...or on every node
+                return _spread.create(self, kwargs)
             if node is not None:
                 target = SyncBackend.run_blocking(self.directory.pinned, node)
             else:
@@ -88,7 +114,13 @@ class Router:
                 if method == "DELETE" and not rest:  # gone with its node: deleted, then
                     return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
                 raise
-        for prefix in (_SNAPSHOT_PREFIX, _POOL_PREFIX):  # on the node that holds it
+        if method == "DELETE" and path.startswith(_SNAPSHOT_PREFIX) and "/" not in path[
+                len(_SNAPSHOT_PREFIX):]:  # a snapshot may have copies on several nodes
+            _travel.delete_everywhere(self, path, kwargs)
+            return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
+        if path.startswith(_POOL_PREFIX):  # on the node(s) that hold it
+            return _spread.on_pool(self, method, path, kwargs, stream)
+        for prefix in (_SNAPSHOT_PREFIX,):  # on the node that holds it
             if path.startswith(prefix):
                 ref = unquote(path[len(prefix):].partition("/")[0])
                 target = self._holder_of(prefix, ref)
@@ -114,6 +146,7 @@ class Router:
             )
             return sent
         except DaemonUnavailable as exc:
+            self._loads.pop(target.node_id, None)  # placement skips it until it answers again
             now = SyncBackend.run_blocking(self.directory.forget, target)
             if now is None:
                 raise self.directory.lost(
@@ -145,13 +178,20 @@ class Router:
         body = kwargs.get("json") or {}
         if node is not None:
             target = SyncBackend.run_blocking(self.directory.pinned, node)
+            if body.get("snapshot"):
+                _travel.bring_snapshot(self, target, str(body["snapshot"]))
+            else:
+                _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
-        if body.get("snapshot"):  # a snapshot lives on the node it was taken on
-            target = self._holder_of(_SNAPSHOT_PREFIX, str(body["snapshot"]))
-        else:
-            target = self.place(memory_mb, str(body.get("image") or DEFAULT_IMAGE))
+        snapshot = body.get("snapshot")
+        target = self.place(memory_mb)  # by room: images and snapshots travel
         try:
+            if snapshot:  # taken on any node: its layers come to this one first
+                _travel.bring_snapshot(self, target, str(snapshot))
+            else:
+                target = _travel.bring_image(
+                    self, target, str(body.get("image") or DEFAULT_IMAGE))
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))
@@ -160,7 +200,18 @@ class Router:
 
     def place(self, memory_mb: int = DEFAULT_MEMORY_MB, image: str | None = None) -> Node:
         """The node a new sandbox of ``memory_mb`` goes to (counted as sent there):
-        among the nodes that have ``image``, if any has it (images do not travel yet)."""
+        among the nodes that have ``image``, if any has it (``None``: any node; a create
+        places by room and brings the image there, see :mod:`._travel`).
+        If none has room, waits for some (:meth:`_wait_for_room`)."""
+        nodes, rooms = self._rooms(image)
+        if not any(has_room(r, memory_mb) for r in rooms.values()):
+            nodes, rooms = self._wait_for_room(memory_mb, image)
+        chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node())
+        count, mb = self._placed.get(chosen, (0, 0))
+        self._placed[chosen] = (count + 1, mb + memory_mb)
+        return next(n for n in nodes if n.node_id == chosen)
+
+    def _rooms(self, image: str | None) -> tuple[list[Node], dict[str, Room]]:
         nodes = self._refresh_loads()
         rooms: dict[str, Room] = {}
         for n in nodes:
@@ -174,10 +225,41 @@ class Router:
             )
         if image is not None:
             rooms = having_image(rooms, self._images, image)
-        chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node())
-        count, mb = self._placed.get(chosen, (0, 0))
-        self._placed[chosen] = (count + 1, mb + memory_mb)
-        return next(n for n in nodes if n.node_id == chosen)
+        return nodes, rooms
+
+    def _wait_for_room(
+        self, memory_mb: int, image: str | None
+    ) -> tuple[list[Node], dict[str, Room]]:
+        """Every node is full: wait (at most :attr:`placement_wait` s) until one has room,
+        with this create shown to Ray's autoscaler meanwhile."""
+        deadline = time.monotonic() + self.placement_wait
+        gcs = SyncBackend.run_blocking(self.directory.gcs)
+        self._count_waiting(+1, memory_mb)
+        try:
+            published = -autoscale.REFRESH_S
+            while (remaining := deadline - time.monotonic()) > 0:
+                if time.monotonic() - published >= autoscale.REFRESH_S:
+                    waiting, waiting_mb = self._waiting
+                    SyncBackend.run_blocking(
+                        autoscale.publish, gcs, self._id, waiting, waiting_mb)
+                    published = time.monotonic()
+                SyncBackend.sleep(min(WAIT_POLL_S, remaining))
+                nodes, rooms = self._rooms(image)
+                if any(has_room(r, memory_mb) for r in rooms.values()):
+                    return nodes, rooms
+        finally:
+            waiting, waiting_mb = self._count_waiting(-1, memory_mb)
+            if waiting:
+                SyncBackend.run_blocking(autoscale.publish, gcs, self._id, waiting, waiting_mb)
+            else:
+                SyncBackend.run_blocking(autoscale.withdraw, gcs, self._id)
+        raise autoscale.no_room(self.directory.address, memory_mb, self.placement_wait)
+
+    def _count_waiting(self, delta: int, memory_mb: int) -> tuple[int, int]:
+        with self._waiting_lock:
+            self._waiting[0] += delta
+            self._waiting[1] += delta * memory_mb
+            return self._waiting[0], self._waiting[1]
 
     def _refresh_loads(self) -> list[Node]:
         nodes = SyncBackend.run_blocking(self.directory.nodes)
@@ -201,6 +283,14 @@ class Router:
                 self._placed = {}  # the daemons count them now
                 self._loaded_at = time.monotonic()
         return nodes
+
+    def alive_nodes(self) -> list[Node]:
+        nodes: list[Node] = SyncBackend.run_blocking(self.directory.nodes)
+        return nodes
+
+    def home_node(self) -> Node:
+        home: Node = SyncBackend.run_blocking(self.directory.home)
+        return home
 
     def _holder_of(self, prefix: str, ref: str) -> Node:
         """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if
@@ -234,6 +324,8 @@ class Router:
                 raise reply
             items.extend(reply.json()[key])
         items.sort(key=lambda item: item.get("created_at", 0))
+        if key == "snapshots":
+            items = _travel.once_each(items)
         return _reply(path, {key: items})
 
     def _merged_info(self, kwargs: dict[str, Any]) -> httpx.Response:

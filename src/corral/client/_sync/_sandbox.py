@@ -6,7 +6,7 @@ snapshot of one, which new sandboxes start from (one module: each makes the othe
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Self, Unpack
 from urllib.parse import quote
 
@@ -14,6 +14,7 @@ from corral.client import _validate
 from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files
+from corral.client._sync._logs import LogEntry, follow_logs, read_logs
 from corral.client._sync._process import Process
 from corral.client._sync._stream import ExecStream
 from corral.client._backends import SyncBackend, Opening
@@ -220,6 +221,23 @@ class Sandbox(CleanupOnExit, SandboxFutures):
     def delete(self) -> None:
         """Stop the sandbox and remove it and its files; deleting twice is fine."""
         self._client.request("DELETE", self._path)
+
+    def set_timeout(self, seconds: float) -> SandboxInfo:
+        """End the sandbox ``seconds`` from now, sooner or later than it would have
+        (within the daemon's ``--max-lifetime``); it then stops with reason timeout."""
+        body = {"timeout": _validate.timeout("timeout", seconds, optional=False)}
+        response = self._client.request("PATCH", self._path, json=body)
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
+    def logs(self, *, after: int = 0) -> builtins.list[LogEntry]:
+        """Its commands and lifecycle events (dicts, oldest first; see
+        ``corral.client._sync._logs``), also after it stopped, until it is deleted."""
+        return read_logs(self._client, self._path, after)
+
+    def follow_logs(self, *, after: int = 0) -> Iterator[LogEntry]:
+        """Iterate over entries as they are logged, until the sandbox ends."""
+        return follow_logs(self._client, self._path, after)
 
     # ------------------------------------------------------------- snapshots
 

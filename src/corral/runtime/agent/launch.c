@@ -12,6 +12,7 @@ struct launch_opts {
     gid_t gid;
     uid_t canonical;        /* owner of sandbox files in layers on disk (0: no idmap) */
     int userns;             /* the idmapping canonical <-> uid, made ahead of time */
+    int root_build;         /* an image build step as root: host root <-> uid instead */
     rlim_t nofile;
     const char *rootdir, *lower;
     unsigned long disk_mb;
@@ -44,6 +45,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         } else if (!strcmp(a, "--uid")) o->uid = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--gid")) o->gid = (gid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--canonical")) o->canonical = (uid_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--root-build")) o->root_build = !strcmp(v, "1");
         else if (!strcmp(a, "--nofile")) o->nofile = (rlim_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rootdir")) o->rootdir = v;
         else if (!strcmp(a, "--lower")) o->lower = v;
@@ -124,7 +126,8 @@ static int idmap_userns(uint32_t from, uint32_t to) {
     close(down[0]);
     char c = 0;
     while (pid > 0 && read(up[0], &c, 1) < 0 && errno == EINTR) {}
-    int len = snprintf(map, sizeof map, "0 0 %u\n%u %u 1\n", from, from, to);
+    int len = from ? snprintf(map, sizeof map, "0 0 %u\n", from) : 0;
+    len += snprintf(map + len, sizeof map - len, "%u %u 1\n", from, to);
     if (to - from > 1) len += snprintf(map + len, sizeof map - len, "%u %u %u\n", from + 1, from + 1, to - from - 1);
     len += snprintf(map + len, sizeof map - len, "%u %u 1\n%u %u %u\n", to, from, to + 1, to + 1, 4294967295u - to - 1);
     int ok = c == 'U';
@@ -187,6 +190,13 @@ static int mount_root(struct launch_opts *o) {
     /* Nothing mounted here may propagate back to the host. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return die("make mounts private", NULL);
     if (chdir(o->rootdir) != 0) return die("chdir", o->rootdir);
+    /* A build step as root (corral.runtime.rootbuild): the image's root-owned files are
+       the sandbox's (its root is this uid in its user namespace), the sandbox user's are
+       nobody's; what it writes is committed as root's. */
+    if (o->root_build && o->uid != (uid_t)-1) {
+        if (o->userns >= 0) close(o->userns);
+        if ((o->userns = idmap_userns(0, o->uid)) < 0) return die("make the root idmapping for uid", NULL);
+    }
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);

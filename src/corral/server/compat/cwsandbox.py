@@ -52,6 +52,7 @@ from corral.server.compat.cwsandbox_guard import (
 from corral.server.compat.cwsandbox_guard import abort as _abort
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
+from corral.server.tenants import Caller
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
 
@@ -81,7 +82,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._commands: dict[str, tuple[str, tuple[str, ...]]] = {}
         self._mains: dict[str, asyncio.Task[None]] = {}
         self._exit_codes: dict[str, int] = {}
-        self._ended: OrderedDict[str, Any] = OrderedDict()
+        # deleted sandboxes' last messages, with their tenant (others' are unknown ids)
+        self._ended: OrderedDict[str, tuple[str | None, Any]] = OrderedDict()
 
     # ------------------------------------------------------------- plumbing
 
@@ -93,8 +95,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if self._activity is not None:
             self._activity.in_flight += 1
         try:
-            self._authenticate(context)
-            yield
+            caller = self._authenticate(context)
+            with self._engine.owners.acting_as(caller.name):  # a tenant sees only its own
+                yield
         except wire.RpcFailure as failure:
             await _abort(context, failure)
         except CorralError as exc:
@@ -114,11 +117,17 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 self._activity.in_flight -= 1
                 self._activity.last = time.monotonic()
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+    def identify(self, token: str) -> Caller | None:
+        """Who a bearer token is: the daemon's token or a tenant's (server/tenants.py)."""
+        tenants = self._lifecycle.tenants
+        return None if tenants is None else tenants.identify(token)
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
         """Again, behind the server's :class:`Guard` (which checked before any read)."""
-        failure = check_token(context.invocation_metadata(), self._settings.token)
-        if failure is not None:
-            raise failure
+        caller = check_token(context.invocation_metadata(), self.identify)
+        if isinstance(caller, wire.RpcFailure):
+            raise caller
+        return caller
 
     def _message(self, info: SandboxInfo) -> Any:
         return wire.sandbox_message(
@@ -221,8 +230,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
-                if sid in self._ended:
-                    return self._ended[sid]
+                if (ended := self._ended_message(sid)) is not None:
+                    return ended
                 raise
             message = self._message(info)
             if info.state in (SandboxState.RUNNING, SandboxState.PAUSED):
@@ -240,7 +249,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             found = [self._message(i) for i in infos if not wire.tensorlake_owned(i.spec.tags)]
             terminal = wanted in wire.TERMINAL_STATES or (not wanted and request.show_terminated)
             if terminal:
-                found += [m for m in self._ended.values() if set(tags) <= set(m.spec.tags)]
+                found += [m for owner, m in self._ended.values()
+                          if set(tags) <= set(m.spec.tags) and self._engine.owners.sees_owner(owner)]
             if wanted:
                 found = [m for m in found if m.status.state == wanted]
             elif not request.show_terminated:
@@ -259,8 +269,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
-                if sid in self._ended:
-                    return sandbox_pb2.DeleteSandboxResponse(sandbox=self._ended[sid])
+                if (ended := self._ended_message(sid)) is not None:
+                    return sandbox_pb2.DeleteSandboxResponse(sandbox=ended)
                 if request.allow_missing:
                     return sandbox_pb2.DeleteSandboxResponse()
                 raise
@@ -268,11 +278,18 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             final = await asyncio.shield(self._delete(info, float(request.grace_period_seconds)))
             return sandbox_pb2.DeleteSandboxResponse(sandbox=final)
 
+    def _ended_message(self, sid: str) -> Any:
+        """The last message of a deleted sandbox the caller may see, else None."""
+        owner, message = self._ended.get(sid, (None, None))
+        return message if self._engine.owners.sees_owner(owner) else None
+
     async def _delete(self, info: SandboxInfo, grace: float) -> Any:
         sid = info.id
         await self._stop_main(sid)
         if info.state in LIVE_STATES and grace > 0:
-            info = await self._engine.stop(sid, grace=min(grace, MAX_DELETE_GRACE_S))
+            # reason "deleted": a sandbox on its way out keeps no copy of its files
+            info = await self._engine.stop(
+                sid, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
         await self._lifecycle.delete(sid)
         exit_code = self._exit_codes.pop(sid, None)
         state = wire.cw_state(info, exit_code)
@@ -283,7 +300,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             state=state if state in wire.TERMINAL_STATES else sandbox_pb2.STATE_TERMINATED,
             ended_at=info.ended_at or time.time(),
         )
-        self._ended[sid] = final
+        self._ended[sid] = (info.spec.tenant, final)
         while len(self._ended) > ENDED_RECORDS:
             self._ended.popitem(last=False)
         return final
@@ -399,7 +416,7 @@ class CwSandboxFrontend:
         """Listen on ``settings.grpc``; the port (useful when it was 0)."""
         host, port = self.settings.grpc  # type: ignore[misc]
         server = grpc.aio.server(
-            interceptors=[Guard(self.settings.token, self.settings.max_client_requests)],
+            interceptors=[Guard(self.service.identify, self.settings.max_client_requests)],
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

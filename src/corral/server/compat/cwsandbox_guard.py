@@ -18,7 +18,6 @@ pieces.
 
 from __future__ import annotations
 
-import hmac
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -28,27 +27,30 @@ import grpc.aio
 
 from corral.server.compat import cwsandbox_wire as wire
 from corral.server.limits import ClientLimiter, too_many
+from corral.server.tenants import Caller
 
 UNARY_FILE_CAP = 32 << 20  # ReadFile / WriteFile: larger files take the client's stream path
 MAX_RECEIVE_BYTES = UNARY_FILE_CAP + (1 << 20)
 MAX_SEND_BYTES = UNARY_FILE_CAP + (1 << 20)
 
 
-def check_token(metadata: Any, token: str | None) -> wire.RpcFailure | None:
-    """None if ``metadata`` carries ``authorization: Bearer <token>``, else the failure."""
+def check_token(
+    metadata: Any, identify: Callable[[str], Caller | None]
+) -> wire.RpcFailure | Caller:
+    """Who ``metadata``'s ``authorization: Bearer <token>`` is (the daemon's token: the
+    admin; a tenant token: that tenant), else the failure."""
     for key, value in metadata or ():
         if key.lower() != "authorization":
             continue
         value = value.decode("latin-1") if isinstance(value, bytes) else value
         scheme, _, credentials = value.partition(" ")
-        if token and scheme.lower() == "bearer" and hmac.compare_digest(
-            credentials.strip().encode(), token.encode()
-        ):
-            return None
+        caller = identify(credentials.strip()) if scheme.lower() == "bearer" else None
+        if caller is not None:
+            return caller
         return wire.RpcFailure(
             grpc.StatusCode.UNAUTHENTICATED,
             "wrong API key: set CWSANDBOX_API_KEY to the corral daemon's token "
-            "(its --token or CORRAL_TOKEN)",
+            "(its --token or CORRAL_TOKEN) or a tenant token (corral token create)",
         )
     return wire.RpcFailure(
         grpc.StatusCode.UNAUTHENTICATED,
@@ -126,8 +128,8 @@ _KINDS = {  # (request_streaming, response_streaming) → (attribute, factory)
 class Guard(grpc.aio.ServerInterceptor):
     """Authentication before any message is read, then the per-client cap."""
 
-    def __init__(self, token: str | None, max_client_calls: int) -> None:
-        self.token = token
+    def __init__(self, identify: Callable[[str], Caller | None], max_client_calls: int) -> None:
+        self.identify = identify
         self.clients = ClientLimiter(max_client_calls)
 
     async def intercept_service(
@@ -138,8 +140,8 @@ class Guard(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler  # an unknown method: UNIMPLEMENTED, nothing read
-        failure = check_token(handler_call_details.invocation_metadata, self.token)
-        if failure is not None:
+        failure = check_token(handler_call_details.invocation_metadata, self.identify)
+        if isinstance(failure, wire.RpcFailure):
             return _refusal(handler, failure)
         kind = (handler.request_streaming, handler.response_streaming)
         attribute, factory = _KINDS[kind]

@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -52,6 +52,7 @@ from corral.errors import (
     Unauthorized,
 )
 from corral.runtime.events import SandboxEnded
+from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
     MAX_TIMEOUT_S,
     NetworkMode,
@@ -61,10 +62,12 @@ from corral.schema import (
     validate_model,
 )
 from corral.server import context as ctx
-from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter
+from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.context import unless_gone
+from corral.server.lifetime import set_lifetime
+from corral.server.tenants import ADMIN, CALLER_KEY, Caller
 from corral.server.wire import read_json
 
 TAG = "e2b"
@@ -103,16 +106,28 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(digest(given), digest(expected))
 
 
-def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | Literal[False]:
+def authenticate(
+    scope: Scope, token: str | None, identify: Callable[[str], Caller | None]
+) -> Unauthorized | None | Literal[False]:
     """For the daemon's guard: ``False`` if the request is not E2B's; else ``None``
-    (its credentials are right; the scope is marked for :func:`mount`'s routes) or the
-    :class:`Unauthorized` to answer (with :func:`refusal`)."""
+    (its credentials are right; the scope is marked for :func:`mount`'s routes and
+    holds the caller: a tenant's API key is that tenant, an access token opens its one
+    sandbox) or the :class:`Unauthorized` to answer (with :func:`refusal`)."""
     sandbox_id = _header(scope, b"e2b-sandbox-id")
     key = _header(scope, b"x-api-key")
     if sandbox_id is None and key is None:
         return False
     jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
     scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
+    if sandbox_id is None:  # the control API: the daemon's token or a tenant's
+        caller = identify(key or "")
+        if caller is None:
+            return Unauthorized(
+                "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
+                "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)"
+            )
+        scope[CALLER_KEY] = caller
+        return None
     if not token:
         return Unauthorized("this daemon has no --token: E2B clients cannot reach it")
     if sandbox_id is not None:
@@ -127,11 +142,7 @@ def authenticate(scope: Scope, token: str | None) -> Unauthorized | None | Liter
                 "wrong or missing X-Access-Token for this sandbox: connect to it with "
                 "Sandbox.connect(sandbox_id) using the daemon's token as E2B_API_KEY"
             )
-    elif not _same(key or "", token):
-        return Unauthorized(
-            "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
-            "with (--token or CORRAL_TOKEN)"
-        )
+    scope[CALLER_KEY] = ADMIN  # the access token opens this one sandbox, whoever's it is
     return None
 
 
@@ -158,8 +169,9 @@ class E2BSettings:
     """Which corral image an E2B template means (daemon environment, read at start):
 
     - ``CORRAL_E2B_DEFAULT_IMAGE`` (else ``CORRAL_COMPAT_DEFAULT_IMAGE``, else ``rl``):
-      the image of E2B's default template ``base``, and of the Code Interpreter's
-      ``code-interpreter-v1`` (its kernel needs only ``python3``);
+      the image of E2B's default template ``base``; the Code Interpreter's
+      ``code-interpreter-v1`` is the built-in ``code-interpreter`` image (numpy, pandas,
+      matplotlib; its kernel itself needs only ``python3``, so any image may serve);
     - ``CORRAL_E2B_TEMPLATES``: more, ``template=image`` pairs separated by commas,
       e.g. ``code-interpreter-v1=code-interpreter,my-agent=python``. A template neither
       mapped nor a corral image's name is refused.
@@ -175,7 +187,7 @@ class E2BSettings:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "E2BSettings":
         default = (environ.get("CORRAL_E2B_DEFAULT_IMAGE", "").strip()
                    or environ.get("CORRAL_COMPAT_DEFAULT_IMAGE", "").strip() or DEFAULT_IMAGE)
-        templates = {DEFAULT_TEMPLATE: default, INTERPRETER_TEMPLATE: default}
+        templates = {DEFAULT_TEMPLATE: default, INTERPRETER_TEMPLATE: INTERPRETER_IMAGE}
         templates.update(name_pairs(environ, "CORRAL_E2B_TEMPLATES",
                                     "code-interpreter-v1=code-interpreter,my-agent=python"))
         network = compat_network(environ)
@@ -434,7 +446,7 @@ async def kill_sandbox(request: Request) -> Response:
 
 async def set_timeout(request: Request) -> Response:
     body: TimeoutBody = await _body(request, TimeoutBody, "timeout request")
-    await ctx.engine(request).set_timeout(_target(request).id, float(body.timeout))
+    await set_lifetime(request, _target(request).id, float(body.timeout))
     return Response(status_code=204)
 
 
@@ -454,7 +466,7 @@ async def connect_sandbox(request: Request) -> Response:
     if body.timeout:
         left = _started(info) + info.spec.timeout - datetime.now(timezone.utc).timestamp()
         if body.timeout > left:  # a running sandbox's timeout only grows
-            info = await engine.set_timeout(info.id, float(body.timeout))
+            info = await set_lifetime(request, info.id, float(body.timeout))
     return JSONResponse(created_json(request, info), status_code=status)
 
 
@@ -545,9 +557,11 @@ def mount(app: Starlette) -> None:
     app.state.e2b_settings = E2BSettings.from_env()
     processes = app.state.e2b_processes = e2b_envd.ProcessTable()
     contexts = app.state.e2b_contexts = e2b_interpreter.Contexts()
+    watchers = app.state.e2b_watchers = e2b_watch.Watchers()
 
     def ended(event: SandboxEnded) -> None:
         processes.forget(event.sandbox_id)
         contexts.forget(event.sandbox_id)
+        watchers.forget(event.sandbox_id)
 
     app.state.engine.events.subscribe(SandboxEnded, ended)

@@ -11,7 +11,7 @@ What the ``e2b`` SDK's ``sandbox.files`` calls:
 - ``Stat``, ``ListDir`` (with ``depth``: a bounded breadth-first walk), ``MakeDir``
   (``already_exists`` if it does), ``Move`` (``mv`` in the sandbox, as its user) and
   ``Remove`` (recursive) are unary Connect calls (:mod:`.e2b_connect`).
-- ``WatchDir`` and the watcher calls are ``unimplemented``.
+- ``WatchDir`` and the watcher calls (``files.watch_dir``): :mod:`.e2b_watch`.
 
 Paths are the sandbox's own: relative ones start at its workdir.
 """
@@ -29,6 +29,7 @@ from starlette.routing import Route
 from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument
 from corral.schema import FileInfo
 from corral.server import context as ctx
+from corral.server.compat import e2b_watch
 from corral.server.compat.e2b_connect import (
     ConnectError,
     caught,
@@ -151,8 +152,8 @@ async def remove(request: Request) -> Response:
 async def unimplemented(request: Request) -> Response:
     name = request.url.path.rsplit("/", 1)[-1]
     return error_reply(ConnectError(
-        "unimplemented", f"{name} is not served by corral's E2B front-end (no directory "
-        "watching): poll with files.list() instead"))
+        "unimplemented", f"{name} is not an envd filesystem call corral's E2B front-end "
+        "serves"))
 
 
 # ----------------------------------------------------------------- http
@@ -248,9 +249,12 @@ async def no_route(scope: Any, receive: Any, send: Any) -> None:
 
 def routes() -> list[Route]:
     rpc = {"Stat": stat, "ListDir": list_dir, "MakeDir": make_dir, "Move": move,
-           "Remove": remove}
+           "Remove": remove, "CreateWatcher": e2b_watch.create_watcher,
+           "GetWatcherEvents": e2b_watch.get_watcher_events,
+           "RemoveWatcher": e2b_watch.remove_watcher}
     out = [Route(SERVICE + name, caught(h), methods=["POST"])
            for name, h in rpc.items()]
+    out.append(Route(SERVICE + "WatchDir", e2b_watch.watch_dir, methods=["POST"]))
     out.append(Route(SERVICE + "{name}", unimplemented, methods=["POST"]))
     out += [
         Route("/health", caught(health, _http_error), methods=["GET"]),

@@ -16,14 +16,18 @@ user; the default context is made on the first ``/execute`` that names none. One
 execution runs at a time per context. If the client leaves mid-execution (its
 ``timeout``), the kernel is killed and its context forgotten: nothing keeps running.
 Every line the kernel writes is validated and bounded here (it runs the code being
-judged). Only Python is served (no R, JavaScript, Java or Bash contexts), and there is
-no rich display (charts, images, HTML): ``text`` is the ``repr``.
+judged): a result carries only ``text``, ``html`` and ``png`` (base64, else dropped) and
+``is_main_result``; the execution count and the end are the daemon's. Only Python is
+served (no R, JavaScript, Java or Bash contexts). Rich display: matplotlib figures
+come back as ``png`` results, objects with ``_repr_html_`` (pandas DataFrames) with
+``html`` beside ``text``; no charts (``chart``), SVG, LaTeX or JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -47,6 +51,7 @@ KERNEL = Path(__file__).with_name("e2b_kernel.py")
 LANGUAGES = (None, "python", "python3")
 MAX_LINE = 4 << 20  # a line the kernel writes, at most
 MAX_TEXT = 1 << 20  # characters of one message's text passed on
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 MAX_CONTEXTS = 16  # per sandbox
 KINDS = ("stdout", "stderr", "result", "error", "end")
 
@@ -128,7 +133,12 @@ def _line(raw: bytes) -> dict[str, Any] | None:
         if isinstance(msg.get(key), str):
             clean[key] = msg[key][:MAX_TEXT]
     if msg["type"] == "result":
-        clean["is_main_result"] = True
+        if isinstance(msg.get("html"), str) and len(msg["html"]) <= MAX_TEXT:
+            clean["html"] = msg["html"]
+        png = msg.get("png")
+        if isinstance(png, str) and len(png) % 4 == 0 and _BASE64.fullmatch(png):
+            clean["png"] = png
+        clean["is_main_result"] = msg.get("is_main_result") is not False
     return clean
 
 

@@ -4,14 +4,18 @@ process per code context, started by :mod:`.e2b_interpreter` (``python3 -u -c SR
 Protocol, one JSON object per line: the daemon writes ``{"code", "env", "id"}`` on
 its stdin; it answers on the descriptor its stdout was at start (the code's own
 stdout and stderr, its subprocesses' too, go through pipes and come back as
-``{"type": "stdout"|"stderr", "text"}``), then ``result`` (the last expression's
-``repr``, Jupyter-style), or ``error`` (``name``, ``value``, ``traceback``), and
-last ``{"type": "end", "id"}``. State (the globals) is kept between executions.
+``{"type": "stdout"|"stderr", "text"}``), then a ``result`` per open matplotlib figure
+(``png``: base64, then closed) and one for the last expression (``text``: its
+``repr``, Jupyter-style; ``html`` too if it has ``_repr_html_``, e.g. a pandas
+DataFrame; ``png`` if it is a figure), or ``error`` (``name``, ``value``,
+``traceback``), and last ``{"type": "end", "id"}``. State (the globals) is kept between executions.
 This file uses the standard library only. The daemon trusts none of it: every
 line is validated and bounded there.
 """
 
 import ast
+import base64
+import io
 import json
 import os
 import sys
@@ -66,6 +70,38 @@ def main():
             os.write(fd, b"\0")
             drained[kind].wait(10)
 
+    def png(fig):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+    def figures(value):
+        """A result for each figure the cell left open (the value's own: in the main
+        result); all are closed, like Jupyter's inline backend."""
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None:
+            return
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            if fig is not value:
+                send({"type": "result", "png": png(fig), "text": repr(fig),
+                      "is_main_result": False})
+        plt.close("all")
+
+    def main_result(value):
+        msg = {"type": "result", "text": repr(value), "is_main_result": True}
+        html = getattr(type(value), "_repr_html_", None)
+        if html is not None:
+            try:
+                out = html(value)
+                if isinstance(out, str):
+                    msg["html"] = out
+            except Exception:  # noqa: BLE001 - a display method's failure is not the cell's
+                pass
+        if callable(getattr(value, "savefig", None)) and hasattr(value, "get_axes"):
+            msg["png"] = png(value)  # a matplotlib Figure
+        return msg
+
     scope = {"__name__": "__main__", "__builtins__": __builtins__}
     for line in sys.stdin:
         try:
@@ -83,8 +119,9 @@ def main():
             exec(compile(tree, "<cell>", "exec"), scope)
             value = eval(compile(last, "<cell>", "eval"), scope) if last is not None else None
             flush()
+            figures(value)
             if value is not None:
-                send({"type": "result", "text": repr(value), "is_main_result": True})
+                send(main_result(value))
         except BaseException as exc:  # noqa: B036 - a cell's KeyboardInterrupt/SystemExit too
             flush()
             tb = traceback.format_exception(type(exc), exc, exc.__traceback__)

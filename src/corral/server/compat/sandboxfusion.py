@@ -10,7 +10,9 @@ compares it in constant time before it reads a byte of the body. A wrong or miss
 token is 401 and never a run.
 
 Each request gets a fresh sandbox, taken from a warm pool (one per image and memory
-size, made on first use, refilled through admission control), and deleted after the
+size, made on first use, refilled through admission control; at most eight, each
+deleted after ``CORRAL_FUSION_POOL_IDLE`` seconds unused: :mod:`.sandboxfusion_pools`),
+and deleted after the
 reply is ready, on a client that hangs up, and on every error. The language's
 toolchain runs as SandboxFusion's own runners run it (:data:`.sandboxfusion_model.LANGUAGES`):
 the code is written to a fresh file in the working directory next to ``files``, compiled
@@ -31,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import re
@@ -80,7 +80,9 @@ from corral.server.compat.sandboxfusion_model import (
     run_status,
     validation_detail,
 )
+from corral.server.compat.sandboxfusion_pools import FusionPools
 from corral.server.limits import parse_json
+from corral.server.tenants import UNIDENTIFIED, caller_of
 from corral.server.wire import read_body
 
 logger = logging.getLogger("corral.server")
@@ -91,7 +93,6 @@ ENDPOINTS = ("run_code", "run_jupyter")
 REDACTED = "TOKEN"  # what the path shows in place of the token, from the guard on
 TOKEN_KEY = "corral.sandboxfusion.token"  # where the guard puts it (the ASGI scope)
 TAG = "sandboxfusion"
-MAX_POOLS = 8  # pools the front-end makes; more (image, memory) pairs get plain creates
 MAX_POOLED_MEMORY_MB = 4 * DEFAULT_MEMORY_MB  # bigger sandboxes are not kept idle
 MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB gets it
 POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
@@ -120,13 +121,9 @@ def lift_token(scope: Scope) -> bool:
 
 
 def _token_ok(request: Request) -> bool:
-    expected = ctx.settings(request).token
-    given = request.scope.get(TOKEN_KEY)
-    if not expected or not isinstance(given, str):
-        return False
-    # Digests first: compare_digest leaks the lengths of unequal inputs.
-    digest = lambda s: hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()  # noqa: E731
-    return hmac.compare_digest(digest(given), digest(expected))
+    """The path's token is the daemon's or a tenant's (the guard identified it; a
+    tenant's runs are its own sandboxes, under its quota)."""
+    return caller_of(request) is not UNIDENTIFIED
 
 
 def _detail(status: int, detail: Any, *, close: bool = False) -> JSONResponse:
@@ -158,7 +155,7 @@ class FusionFrontend:
 
     def __init__(self, settings: FusionSettings) -> None:
         self.settings = settings
-        self.pools: dict[tuple[str, int], str] = {}
+        self.pools = FusionPools(settings.pool_idle)  # bounded: sandboxfusion_pools
         self.kernel = KERNEL.read_bytes()
 
     # ---------------------------------------------------------------- sandboxes
@@ -168,22 +165,25 @@ class FusionFrontend:
         spec = service.plan(SandboxSpec.parse(
             {"image": image, "memory_mb": memory_mb, "tags": [TAG], "timeout": POOL_LIFETIME_S}
         ))
-        key = (image, spec.memory_mb)
+        tenant = caller_of(request).name
+        key = (tenant, image, spec.memory_mb)
         name = self.pools.get(key)
-        pooled = spec.memory_mb <= MAX_POOLED_MEMORY_MB and len(self.pools) < MAX_POOLS
-        if name is None and pooled:
-            name = f"{TAG}-{image}-{spec.memory_mb}"
+        if name is None and spec.memory_mb <= MAX_POOLED_MEMORY_MB:
+            await self.pools.sweep(service.pools)  # idle pools make room
+        if name is None and spec.memory_mb <= MAX_POOLED_MEMORY_MB and self.pools.has_room():
+            # a tenant's pool is its own (its quota, its sandboxes)
+            name = f"{TAG}-{image}-{spec.memory_mb}" + (f"-{tenant}" if tenant else "")
             if name not in {p.name for p in service.pools.list_pools()}:
                 service.pools.create_pool(
                     name, spec, min_ready=self.settings.warm,
                     max_size=min(MAX_POOL_SIZE, ctx.settings(request).max_sandboxes),
                 )
-            self.pools[key] = name
+            self.pools.add(key, name, service.pools)
         if name is not None:
             try:
                 return await service.pools.acquire(name, ctx.settings(request).queue_timeout)
-            except NotFound:  # someone deleted the pool: make it again next time
-                self.pools.pop(key, None)
+            except NotFound:  # deleted (idle, or by someone): made again next time
+                self.pools.forget(key)
         return await service.create(spec)
 
     @contextlib.asynccontextmanager

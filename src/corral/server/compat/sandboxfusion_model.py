@@ -22,6 +22,8 @@ Contract checked against SandboxFusion's server (``sandbox/server/sandbox_api.py
   must provide the toolchain :data:`LANGUAGES` runs.
 - ``CORRAL_FUSION_WARM`` (default 4): ready sandboxes each of the front-end's warm
   pools keeps (one pool per image and memory size in use, made on first use).
+- ``CORRAL_FUSION_POOL_IDLE`` (seconds, default 300): a pool no request used for
+  that long is deleted with its ready sandboxes (at most 8 pools exist at once).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ MAX_FILES = 1000
 MAX_OUTPUT = 1 << 20  # bytes kept of each stream, like SandboxFusion's runner (head only)
 MAX_FETCH_BYTES = 64 << 20  # a fetched file bigger than this is an error, not a silent cut
 DEFAULT_WARM = 4
+DEFAULT_POOL_IDLE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class FusionSettings:
 
     images: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_IMAGES))
     warm: int = DEFAULT_WARM
+    pool_idle: float = DEFAULT_POOL_IDLE_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "FusionSettings":
@@ -119,7 +123,15 @@ class FusionSettings:
         raw = environ.get("CORRAL_FUSION_WARM", "").strip() or str(DEFAULT_WARM)
         if not raw.isdigit() or int(raw) > 64:
             raise InvalidArgument(f"invalid CORRAL_FUSION_WARM {raw!r}: a whole number 0-64")
-        return cls(images=images, warm=int(raw))
+        idle = environ.get("CORRAL_FUSION_POOL_IDLE", "").strip() or str(DEFAULT_POOL_IDLE_S)
+        try:
+            pool_idle = float(idle)
+        except ValueError:
+            pool_idle = -1.0
+        if not 0.1 <= pool_idle <= 86400:
+            raise InvalidArgument(f"invalid CORRAL_FUSION_POOL_IDLE {idle!r}: seconds, "
+                                  "0.1-86400")
+        return cls(images=images, warm=int(raw), pool_idle=pool_idle)
 
     def missing(self, language: str) -> str:
         """Why ``language`` cannot run here, naming what to build."""

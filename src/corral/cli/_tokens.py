@@ -1,0 +1,88 @@
+"""``corral token create|ls|revoke``: tenant tokens, made and revoked by the admin.
+
+Run them where the daemon's Unix socket is (or with the daemon's own ``--token``): a
+tenant token is refused. ``create`` prints the new token once (``--json``:
+``{"name", "token"}``); only its hash is kept. ``ls`` never shows a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+from urllib.parse import quote
+
+from rich import box
+from rich.table import Table
+
+from corral.cli._output import Context, humanize_age
+
+
+def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("token", help="tenant tokens with quotas (create, ls, revoke; admin)")
+    verbs = p.add_subparsers(dest="token_command", required=True, metavar="VERB")
+    p = verbs.add_parser("create", parents=conn, help="make a tenant token; print it once")
+    p.add_argument("name", metavar="NAME", help="the tenant: lower-case letters, digits, - _")
+    p.add_argument("--max-sandboxes", type=int, metavar="N", help="sandboxes alive at once")
+    p.add_argument("--max-memory-mb", type=int, metavar="M", help="their memory_mb, summed")
+    p.add_argument("--max-cpus", type=float, metavar="C", help="their cpus, summed")
+    p.add_argument("--allow-images", action="store_true",
+                   help="may build, import and delete images (shared by every tenant)")
+    p.add_argument("--json", action="store_true", help='print {"name", "token"}')
+    p.set_defaults(handler=create)
+    p = verbs.add_parser("ls", parents=conn, help="list tenants: quotas, use (never tokens)")
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(handler=ls)
+    p = verbs.add_parser("revoke", parents=conn, help="revoke tenant tokens (refused at once)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(handler=revoke)
+
+
+def create(args: argparse.Namespace, ctx: Context) -> int:
+    body = {"name": args.name, "allow_images": args.allow_images}
+    for key in ("max_sandboxes", "max_memory_mb", "max_cpus"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    made = ctx.client.request("POST", "/v1/tokens", json=body).json()
+    if args.json:
+        ctx.output.json({"name": made["name"], "token": made["token"]})
+    else:
+        ctx.output.line(made["token"])
+    return 0
+
+
+def _limit(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def ls(args: argparse.Namespace, ctx: Context) -> int:
+    tokens = ctx.client.request("GET", "/v1/tokens").json()["tokens"]
+    if args.json:
+        ctx.output.json(tokens)
+        return 0
+    if not tokens:
+        ctx.output.line("no tenant tokens")
+        return 0
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for name in ("TENANT", "SANDBOXES", "MEMORY MB", "CPUS", "IMAGES", "CREATED"):
+        table.add_column(name, no_wrap=True)
+    now = time.time()
+    for t in tokens:
+        use = t.get("usage") or {}
+        table.add_row(
+            t["name"],
+            f"{use.get('sandboxes', 0):g}/{_limit(t['max_sandboxes'])}",
+            f"{use.get('memory_mb', 0):g}/{_limit(t['max_memory_mb'])}",
+            f"{use.get('cpus', 0):g}/{_limit(t['max_cpus'])}",
+            "yes" if t["allow_images"] else "no",
+            humanize_age(now - t["created_at"]) + " ago",
+        )
+    ctx.output.out.print(table)
+    return 0
+
+
+def revoke(args: argparse.Namespace, ctx: Context) -> int:
+    for name in dict.fromkeys(args.names):
+        ctx.client.request("DELETE", f"/v1/tokens/{quote(name, safe='')}")
+        ctx.output.line(name)
+    return 0

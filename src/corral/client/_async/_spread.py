@@ -1,0 +1,104 @@
+"""Pools spread across a cluster, for :class:`~._router.AsyncRouter`.
+
+``corral.Pool(..., spread=True)`` on ``ray://`` makes one pool of that name on every
+alive node, each keeping its share of ``min_ready`` and ``max_size`` (rounded up, at
+least one). An acquire goes to the node whose pool has the most sandboxes ready (this
+worker's own node first while it has one ready), so it is served at once where it can
+be; the pool's stats add the nodes' up (``ready_ids``, ``acquired_ids`` and the counts
+summed, the median wait the largest); deleting it deletes every node's. A pool made
+with ``node=`` (or neither) lives on one node, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from corral.cluster.directory import Node
+from corral.errors import DaemonUnavailable, NotFound
+
+if TYPE_CHECKING:
+    from corral.client._async._router import AsyncRouter
+
+SPREAD = "*"
+"""The ``node`` a pool is made on to spread it over every node."""
+POOLS = "/v1/pools"
+_SUMMED = ("ready", "starting", "acquired", "waiting", "created", "failed", "discarded",
+           "acquires", "min_ready", "max_size")
+
+
+async def create(router: AsyncRouter, kwargs: dict[str, Any]) -> httpx.Response:
+    """Make the pool on every alive node, each with its share; all or nothing."""
+    nodes = await router.alive_nodes()
+    body = dict(kwargs.get("json") or {})
+    share = {k: max(1, math.ceil(int(body[k]) / len(nodes))) for k in ("min_ready", "max_size")
+             if k in body}
+    made: list[Node] = []
+    try:
+        for n in nodes:
+            await router._on(n, "POST", POOLS, {**kwargs, "json": {**body, **share}}, False, None)
+            made.append(n)
+    except BaseException:
+        path = f"{POOLS}/{body.get('name')}"
+        await router._each(made, "DELETE", path, {})
+        raise
+    return await merged(router, "GET", f"{POOLS}/{body.get('name')}", {}, made, status=201)
+
+
+async def holders(router: AsyncRouter, path: str) -> list[tuple[Node, dict[str, Any]]]:
+    """The nodes whose daemon has the pool of ``path``, with its details there."""
+    name_path = POOLS + "/" + path[len(POOLS) + 1:].partition("/")[0]
+    nodes = await router.alive_nodes()
+    out = []
+    for n, reply in zip(nodes, await router._each(nodes, "GET", name_path, {}), strict=True):
+        if isinstance(reply, httpx.Response):
+            out.append((n, reply.json()))
+        elif not isinstance(reply, (NotFound, DaemonUnavailable)):
+            raise reply
+    return out
+
+
+async def on_pool(router: AsyncRouter, method: str, path: str, kwargs: dict[str, Any],
+                  stream: bool) -> httpx.Response:
+    """A call on a pool, sent to the node that holds it, or, for a pool spread over
+    several nodes: an acquire to the best one, a delete to all, its details added up."""
+    found = await holders(router, path)
+    if not found:  # the home node says it is not found
+        home = await router.home_node()
+        return await router._on(home, method, path, kwargs, stream, None)
+    rest = path[len(POOLS) + 1:].partition("/")[2]
+    if len(found) > 1 and method == "POST" and rest == "acquire":
+        local = router.directory.local_node()
+        best = max(found, key=lambda f: (f[1]["ready"] > 0 and f[0].node_id == local,
+                                         f[1]["ready"] - f[1]["waiting"], -f[1]["acquired"]))
+        return await router._on(best[0], method, path, kwargs, stream, None)
+    if len(found) > 1 and method == "DELETE" and not rest:
+        for reply in await router._each([n for n, _ in found], method, path, kwargs):
+            if isinstance(reply, BaseException) and not isinstance(reply, NotFound):
+                raise reply
+        return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
+    if len(found) > 1 and method == "GET" and not rest:
+        return await merged(router, method, path, kwargs, [n for n, _ in found])
+    return await router._on(found[0][0], method, path, kwargs, stream, None)
+
+
+async def merged(router: AsyncRouter, method: str, path: str, kwargs: dict[str, Any],
+                 nodes: list[Node], status: int = 200) -> httpx.Response:
+    """One pool's details, added up over ``nodes``."""
+    parts = []
+    for reply in await router._each(nodes, method, path, kwargs):
+        if isinstance(reply, BaseException):
+            raise reply
+        parts.append(reply.json())
+    out = dict(parts[0])
+    for key in _SUMMED:
+        out[key] = sum(int(p.get(key) or 0) for p in parts)
+    for key in ("ready_ids", "acquired_ids"):
+        out[key] = [i for p in parts for i in p.get(key) or []]
+    waits = [p["acquire_wait_ms_p50"] for p in parts if p.get("acquire_wait_ms_p50") is not None]
+    out["acquire_wait_ms_p50"] = max(waits) if waits else None
+    out["last_error"] = next((p["last_error"] for p in parts if p.get("last_error")), None)
+    out["nodes"] = [n.node_id for n in nodes]
+    return httpx.Response(status, json=out, request=httpx.Request(method, f"http://cluster{path}"))

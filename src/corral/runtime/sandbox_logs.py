@@ -1,0 +1,323 @@
+"""Sandbox logs that outlive the sandbox: its commands and its lifecycle, in SQLite.
+
+A :class:`SandboxLogs` listens to the engine's events (:mod:`corral.runtime.events`)
+and keeps, per sandbox, the last :data:`MAX_COMMANDS` commands (argv, start and end,
+how each ended, the tails of its output: :mod:`corral.runtime.cmdtap`) and the last
+:data:`MAX_EVENTS` lifecycle events (ready, restored, paused, stopping, stopped with
+its reason, timeout, OOM, deleted). They can be read until the sandbox is deleted, and
+for ``retention`` seconds after.
+
+Bounded against a hostile sandbox, which may run a million tiny commands:
+
+- an entry is a few KiB at most (:data:`~corral.runtime.cmdtap.TAIL_BYTES` a stream);
+- entries wait in memory (at most :data:`MAX_PENDING`; past that the oldest are dropped
+  and counted) and are written in one transaction every :data:`FLUSH_INTERVAL_S`, in a
+  thread: a command never waits for the disk;
+- each write trims its sandboxes to their rings, and the whole store to
+  :data:`MAX_TOTAL_BYTES` (oldest entries first);
+- the retention sweep removes at most :data:`SWEEP_BATCH` rows a pass.
+
+Its own database (``logs.db`` next to the registry, mode 0600): the registry's
+transactions never wait for a log write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from corral.runtime.events import (
+    CommandEnded,
+    Events,
+    SandboxDeleted,
+    SandboxEnded,
+    SandboxStarted,
+    StateChanged,
+)
+from corral.schema import SandboxState
+
+log = logging.getLogger("corral.runtime")
+
+MAX_COMMANDS = 1000  # per sandbox: its last commands
+MAX_EVENTS = 200  # per sandbox: its last lifecycle events
+MAX_PENDING = 20_000  # entries not yet written, all sandboxes together
+MAX_TOTAL_BYTES = 256 << 20  # the whole store; past it the oldest entries go
+FLUSH_INTERVAL_S = 0.2
+SWEEP_INTERVAL_S = 30.0
+SWEEP_BATCH = 5000  # rows removed a sweep at most
+DEFAULT_RETENTION_S = 86400.0
+MAX_READ = 5000  # entries one read returns at most
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    size INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_sandbox ON entries(sandbox_id, kind, seq);
+CREATE TABLE IF NOT EXISTS deleted (sandbox_id TEXT PRIMARY KEY, at REAL NOT NULL);
+"""
+
+Entry = tuple[int, str, str, float, str]  # seq, sandbox id, kind, time, JSON data
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _command(ev: CommandEnded) -> dict[str, Any]:
+    return {
+        "argv": list(ev.argv), "started_at": ev.started_at, "ended_at": ev.ended_at,
+        "outcome": ev.outcome, "exit_code": ev.exit_code,
+        "stdout_tail": _text(ev.stdout_tail), "stderr_tail": _text(ev.stderr_tail),
+    }
+
+
+def _ended_event(reason: str) -> str:
+    """What kind of end a reason describes (the engine's reasons start with these)."""
+    for prefix, name in (("timeout", "timeout"), ("idle timeout", "idle_timeout")):
+        if reason.startswith(prefix):
+            return name
+    if "memory" in reason or "OOM" in reason:
+        return "oom"
+    return "stopped"
+
+
+class SandboxLogs:
+    """The log store; :meth:`attach` it to an engine's events, :meth:`close` at the end."""
+
+    def __init__(self, path: Path, *, retention: float = DEFAULT_RETENTION_S) -> None:
+        self.path = Path(path)
+        self.retention = retention
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # sandboxes' output: root's only, also if it existed
+        os.close(fd)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()  # one connection, used by the flush thread and readers
+        row = self._db.execute("SELECT COALESCE(MAX(seq), 0), COALESCE(SUM(size), 0) "
+                               "FROM entries").fetchone()
+        self._seq, self._bytes = int(row[0]), int(row[1])
+        self._pending: deque[Entry] = deque()
+        self._deleted: list[tuple[str, float]] = []
+        self._inflight: list[Entry] = []  # taken from the queue, being written
+        self.dropped = 0  # entries dropped before they were written (the queue was full)
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._unsubscribe: list[Any] = []
+        self._last_sweep = 0.0
+        self._sweep_every = min(SWEEP_INTERVAL_S, max(retention, 1.0))
+        self.closed = False
+
+    # ---------------------------------------------------------------- writing
+
+    def attach(self, events: Events) -> None:
+        for kind, fn in ((CommandEnded, self._on_command), (StateChanged, self._on_state),
+                         (SandboxEnded, self._on_ended), (SandboxStarted, self._on_started),
+                         (SandboxDeleted, self._on_deleted)):
+            self._unsubscribe.append(events.subscribe(kind, fn))
+
+    def detach(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+
+    def _add(self, sandbox_id: str, kind: str, data: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        self._seq += 1
+        self._pending.append((self._seq, sandbox_id, kind, time.time(),
+                              json.dumps(data, ensure_ascii=False)))
+        if len(self._pending) > MAX_PENDING:
+            self._pending.popleft()
+            self.dropped += 1
+        self._wake.set()
+        self._wake = asyncio.Event()
+        if self._flusher is None or self._flusher.done():
+            with contextlib.suppress(RuntimeError):  # no loop: written at close
+                self._flusher = asyncio.get_running_loop().create_task(
+                    self._flush_loop(), name="corral-logs")
+
+    def event(self, sandbox_id: str, name: str, **fields: Any) -> None:
+        self._add(sandbox_id, "event", {"event": name, **fields})
+
+    def _on_command(self, ev: CommandEnded) -> None:
+        self._add(ev.sandbox_id, "command", _command(ev))
+
+    def _on_started(self, ev: SandboxStarted) -> None:
+        if ev.snapshot:
+            self.event(ev.sandbox_id, "restored", snapshot=ev.snapshot)
+        self.event(ev.sandbox_id, "ready")
+
+    def _on_state(self, ev: StateChanged) -> None:
+        if ev.new in (SandboxState.STOPPED, SandboxState.FAILED):
+            return  # SandboxEnded says it, with its kind
+        self.event(ev.sandbox_id, ev.new.value, reason=ev.reason)
+
+    def _on_ended(self, ev: SandboxEnded) -> None:
+        self.event(ev.sandbox_id, _ended_event(ev.reason), state=ev.state.value,
+                   reason=ev.reason)
+
+    def _on_deleted(self, ev: SandboxDeleted) -> None:
+        self.event(ev.sandbox_id, "deleted")
+        self._deleted.append((ev.sandbox_id, time.time()))
+
+    async def _flush_loop(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            if not self._pending and not self._deleted:
+                if time.monotonic() - self._last_sweep < self._sweep_every:
+                    continue
+            await self._flush()
+
+    def _take(self) -> tuple[list[Entry], list[tuple[str, float]]]:
+        """What is queued, taken on the event loop (where entries are added): the
+        writer thread never touches the queue. Readers still see the batch meanwhile."""
+        batch, self._pending = list(self._pending), deque()
+        deleted, self._deleted = self._deleted, []
+        self._inflight = batch
+        return batch, deleted
+
+    async def _flush(self) -> None:
+        batch, deleted = self._take()
+        try:
+            await asyncio.to_thread(self._write, batch, deleted)
+        except (sqlite3.Error, OSError):  # a full disk: the batch is dropped, not retried
+            log.exception("writing sandbox logs failed")
+        finally:
+            self._inflight = []
+
+    def flush(self) -> None:
+        """Write what is queued now, in this thread (tests; the loop uses :meth:`_flush`)."""
+        try:
+            self._write(*self._take())
+        finally:
+            self._inflight = []
+
+    def _write(self, batch: list[Entry], deleted: list[tuple[str, float]]) -> None:
+        """Write a batch, trim rings and the total, and sweep (bounded)."""
+        with self._lock:
+            per_kind: dict[tuple[str, str], int] = {}
+            for entry in reversed(batch):  # past a ring, older ones never reach the disk
+                key = (entry[1], entry[2])
+                per_kind[key] = per_kind.get(key, 0) + 1
+            rows = []
+            seen: dict[tuple[str, str], int] = {}
+            for seq, sid, kind, at, data in batch:
+                seen[(sid, kind)] = seen.get((sid, kind), 0) + 1
+                if per_kind[(sid, kind)] - seen[(sid, kind)] < _ring(kind):
+                    rows.append((seq, sid, kind, at, len(data), data))
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)", rows)
+                self._bytes += sum(r[4] for r in rows)
+                for sid, kind in per_kind:
+                    self._remove(
+                        "sandbox_id = ? AND kind = ? AND seq < (SELECT seq FROM entries WHERE "
+                        "sandbox_id = ? AND kind = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+                        (sid, kind, sid, kind, _ring(kind) - 1))
+                db.executemany("INSERT OR REPLACE INTO deleted VALUES (?, ?)", deleted)
+                while self._bytes > MAX_TOTAL_BYTES:
+                    if not self._remove("seq IN (SELECT seq FROM entries ORDER BY seq LIMIT 500)",
+                                        ()):
+                        break
+                if time.monotonic() - self._last_sweep >= self._sweep_every:
+                    self._sweep()
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                self._bytes = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM entries")
+                                  .fetchone()[0])
+                raise
+
+    def _remove(self, where: str, args: tuple[Any, ...]) -> int:
+        sizes = self._db.execute(f"DELETE FROM entries WHERE {where} RETURNING size",
+                                 args).fetchall()
+        self._bytes -= sum(s for (s,) in sizes)
+        return len(sizes)
+
+    def _sweep(self) -> None:
+        """Forget sandboxes deleted more than ``retention`` ago: a bounded batch a pass."""
+        self._last_sweep = time.monotonic()
+        cutoff = time.time() - self.retention
+        gone = [sid for (sid,) in self._db.execute(
+            "SELECT sandbox_id FROM deleted WHERE at < ? LIMIT 100", (cutoff,))]
+        left = SWEEP_BATCH
+        for sid in gone:
+            left -= self._remove(
+                "seq IN (SELECT seq FROM entries WHERE sandbox_id = ? LIMIT ?)", (sid, left))
+            if left <= 0:
+                self._last_sweep = 0.0  # more to do: the next flush goes on
+                break
+            self._db.execute("DELETE FROM deleted WHERE sandbox_id = ?", (sid,))
+
+    # ---------------------------------------------------------------- reading
+
+    def read(self, sandbox_id: str, after: int = 0, limit: int = MAX_READ) -> list[dict[str, Any]]:
+        """Entries of a sandbox after ``after`` (a ``seq``), oldest first: written ones,
+        then those still queued."""
+        limit = max(1, min(limit, MAX_READ))
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, kind, at, data FROM entries WHERE sandbox_id = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?", (sandbox_id, after, limit)).fetchall()
+            queued = [(e[0], e[2], e[3], e[4]) for e in (*self._inflight, *self._pending)
+                      if e[1] == sandbox_id and e[0] > after]
+        seen = {r[0] for r in rows}
+        rows += [q for q in queued if q[0] not in seen]
+        rows.sort()
+        return [{"seq": seq, "kind": kind, "at": at, **json.loads(data)}
+                for seq, kind, at, data in rows[:limit]]
+
+    def known(self, sandbox_id: str) -> bool:
+        """Whether anything of this sandbox is kept (a deleted one, within retention)."""
+        if any(e[1] == sandbox_id for e in (*self._inflight, *self._pending)):
+            return True
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM entries WHERE sandbox_id = ? LIMIT 1",
+                                    (sandbox_id,)).fetchone() is not None
+
+    async def wait(self, timeout: float) -> None:
+        """Until something new is logged (or ``timeout`` seconds pass)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+        return {"rows": rows, "bytes": self._bytes, "pending": len(self._pending),
+                "dropped": self.dropped}
+
+    async def close(self) -> None:
+        """Write what is queued and close (idempotent)."""
+        if self.closed:
+            return
+        self.detach()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._flusher
+        await self._flush()
+        self.closed = True
+        self._wake.set()
+        with self._lock:
+            self._db.close()
+
+
+def _ring(kind: str) -> int:
+    return MAX_COMMANDS if kind == "command" else MAX_EVENTS

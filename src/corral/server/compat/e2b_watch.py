@@ -1,0 +1,313 @@
+"""envd's directory watching (``files.watch_dir``): ``WatchDir`` (a server stream, the
+async SDK) and ``CreateWatcher`` / ``GetWatcherEvents`` / ``RemoveWatcher`` (unary,
+the sync SDK's polling handle), on inotify inside the sandbox.
+
+A watcher is one small process in the sandbox (:data:`WATCHER`, standard library
+only, so any image with ``python3`` serves), started as the sandbox's user: it watches
+the directory (and, ``recursive``, its subdirectories, new ones too, at most
+:data:`MAX_DIRS`) and writes one JSON line per event: ``{"name"}`` relative to the
+watched directory and ``{"type"}`` among ``create``, ``write``, ``remove``,
+``rename``, ``chmod`` (fsnotify's, as envd reports them). The daemon trusts none of it
+(the sandbox's own code could write to that pipe): every line is parsed by the bounded
+parser, checked, and kept in a bounded queue (:data:`MAX_EVENTS` a watcher, the oldest
+dropped first); a sandbox has at most :data:`MAX_WATCHERS`. A watcher ends with its
+stream (the client's timeout or ``stop()``), with ``RemoveWatcher``, or with its
+sandbox. ``include_entry`` needs a newer envd than the one corral reports (the SDK
+refuses it itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.errors import CorralError, FileNotFound, InvalidArgument
+from corral.runtime.processes import Process, ProcessState
+from corral.server import context as ctx
+from corral.server.compat.e2b_connect import (
+    ConnectError,
+    check_user,
+    end_stream,
+    envelope,
+    sandbox_id,
+    stream_message,
+    stream_reply,
+    unary_message,
+)
+from corral.server.limits import parse_json
+
+MAX_WATCHERS = 16  # per sandbox
+MAX_EVENTS = 4096  # kept per watcher until read; older ones are dropped
+MAX_DIRS = 4096  # directories one recursive watcher watches
+MAX_LINE = 16 << 10
+MAX_NAME = 4096
+START_TIMEOUT_S = 30.0
+KEEPALIVE_S = 30.0
+TYPES = {"create": "EVENT_TYPE_CREATE", "write": "EVENT_TYPE_WRITE",
+         "remove": "EVENT_TYPE_REMOVE", "rename": "EVENT_TYPE_RENAME",
+         "chmod": "EVENT_TYPE_CHMOD"}
+
+WATCHER = r"""
+import ctypes, json, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+root, recursive, max_dirs = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+null = os.open(os.devnull, os.O_WRONLY)
+os.dup2(null, 2)
+CREATE, MODIFY, ATTRIB, MOVED_FROM, MOVED_TO = 0x100, 0x2, 0x4, 0x40, 0x80
+DELETE, DELETE_SELF, MOVE_SELF, ISDIR, IGNORED = 0x200, 0x400, 0x800, 0x40000000, 0x8000
+MASK = CREATE | MODIFY | ATTRIB | MOVED_FROM | MOVED_TO | DELETE | DELETE_SELF | MOVE_SELF
+out = os.fdopen(1, "w", buffering=1)
+def send(m):
+    out.write(json.dumps(m) + "\n")
+def fail(why):
+    send({"error": why})
+    sys.exit(1)
+if not os.path.exists(root):
+    fail("not_found")
+if not os.path.isdir(root):
+    fail("not_a_directory")
+fd = libc.inotify_init1(os.O_CLOEXEC)
+if fd < 0:
+    fail(os.strerror(ctypes.get_errno()))
+wds = {}
+def add(path, rel):
+    if len(wds) >= max_dirs:
+        return 0
+    wd = libc.inotify_add_watch(fd, os.fsencode(path), MASK)
+    if wd < 0:
+        return ctypes.get_errno()
+    wds[wd] = rel
+    return 0
+err = add(root, "")
+if err:
+    fail(os.strerror(err))
+if recursive:
+    for dirpath, dirs, _ in os.walk(root):
+        for d in dirs:
+            p = os.path.join(dirpath, d)
+            add(p, os.path.relpath(p, root))
+send({"ready": True})
+while True:
+    data = os.read(fd, 65536)
+    i = 0
+    while i + 16 <= len(data):
+        wd, mask, _cookie, n = struct.unpack_from("iIII", data, i)
+        name = data[i + 16:i + 16 + n].rstrip(b"\0").decode("utf-8", "replace")
+        i += 16 + n
+        if mask & IGNORED:
+            wds.pop(wd, None)
+            continue
+        base = wds.get(wd)
+        if base is None or (not name and base):  # a subdirectory's own: its parent's says
+            continue
+        rel = os.path.join(base, name) if name else base
+        if mask & (CREATE | MOVED_TO):
+            kind = "create"
+        elif mask & MODIFY:
+            kind = "write"
+        elif mask & (DELETE | DELETE_SELF):
+            kind = "remove"
+        elif mask & (MOVED_FROM | MOVE_SELF):
+            kind = "rename"
+        elif mask & ATTRIB:
+            kind = "chmod"
+        else:
+            continue
+        send({"name": rel, "type": kind})
+        if recursive and mask & ISDIR and mask & (CREATE | MOVED_TO):
+            add(os.path.join(root, rel), rel)
+"""
+
+
+@dataclass
+class Watcher:
+    id: str
+    proc: Process
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    ended: bool = False
+
+    async def pump(self) -> None:
+        """Read its events until the process ends."""
+        try:
+            while True:
+                raw = await self.proc.readline(MAX_LINE)
+                if not raw:
+                    return
+                event = _event(raw)
+                if event is not None:
+                    self.events.append(event)
+                    self.changed.set()
+        except CorralError:
+            return
+        finally:
+            self.ended = True
+            self.changed.set()
+
+    def drain(self) -> list[dict[str, Any]]:
+        out = list(self.events)
+        self.events.clear()
+        self.changed.clear()
+        return out
+
+
+def _event(raw: bytes) -> dict[str, Any] | None:
+    """A validated event line of a watcher, as envd's FilesystemEvent, or None."""
+    try:
+        msg = parse_json(raw, "watcher event")
+    except CorralError:
+        return None
+    if not isinstance(msg, dict):
+        return None
+    name, kind = msg.get("name"), msg.get("type")
+    if not isinstance(name, str) or len(name) > MAX_NAME or kind not in TYPES:
+        return None
+    return {"name": name, "type": TYPES[kind]}
+
+
+class Watchers:
+    """The watchers of every sandbox, by sandbox id, then watcher id."""
+
+    def __init__(self) -> None:
+        self.by_sandbox: dict[str, dict[str, Watcher]] = {}
+
+    def of(self, sid: str) -> dict[str, Watcher]:
+        mine = self.by_sandbox.setdefault(sid, {})
+        for ident in [k for k, w in mine.items() if w.ended and not w.events]:
+            del mine[ident]
+        return mine
+
+    async def start(self, request: Request, sid: str, msg: dict[str, Any]) -> Watcher:
+        path, recursive = msg.get("path"), msg.get("recursive", False)
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise InvalidArgument("path must be a non-empty string")
+        if not isinstance(recursive, bool):
+            raise InvalidArgument("recursive must be a boolean")
+        if msg.get("includeEntry") or msg.get("include_entry"):
+            raise ConnectError("unimplemented", "include_entry is not served by corral's "
+                               "E2B front-end: stat the entry with files.get_info()")
+        mine = self.of(sid)
+        if len(mine) >= MAX_WATCHERS:
+            raise ConnectError("resource_exhausted", f"sandbox {sid} has {MAX_WATCHERS} "
+                               "directory watchers already: stop one first")
+        proc = await ctx.engine(request).spawn(
+            sid, ["python3", "-u", "-c", WATCHER, path, "1" if recursive else "0",
+                  str(MAX_DIRS)], max_buffer=MAX_LINE * 4)
+        try:
+            first = await asyncio.wait_for(proc.readline(MAX_LINE), START_TIMEOUT_S)
+            msg = parse_json(first, "watcher start") if first else {}
+            if not isinstance(msg, dict) or msg.get("ready") is not True:
+                why = msg.get("error") if isinstance(msg, dict) else None
+                if why == "not_found":
+                    raise FileNotFound(f"{path}: no such directory to watch")
+                if why == "not_a_directory":
+                    raise ConnectError("invalid_argument", f"{path} is not a directory")
+                raise ConnectError("internal", f"cannot watch {path}: "
+                                   f"{str(why)[:200] if why else 'the watcher did not start'}")
+        except BaseException:
+            await asyncio.shield(_stop(proc))
+            raise
+        watcher = Watcher(secrets.token_hex(8), proc)
+        watcher.task = asyncio.get_running_loop().create_task(watcher.pump())
+        mine[watcher.id] = watcher
+        return watcher
+
+    def get(self, sid: str, ident: Any) -> Watcher:
+        watcher = self.of(sid).get(ident) if isinstance(ident, str) else None
+        if watcher is None:
+            raise ConnectError("not_found", f"watcher {ident!r} not found in sandbox {sid} "
+                               "(stopped, ended, or never made)")
+        return watcher
+
+    async def remove(self, sid: str, watcher: Watcher) -> None:
+        self.by_sandbox.get(sid, {}).pop(watcher.id, None)
+        await _stop(watcher.proc)
+        if watcher.task is not None:
+            watcher.task.cancel()
+
+    def forget(self, sid: str) -> None:
+        """Its sandbox ended (and its watchers with it)."""
+        for watcher in self.by_sandbox.pop(sid, {}).values():
+            if watcher.task is not None:
+                watcher.task.cancel()
+
+
+async def _stop(proc: Process) -> None:
+    if proc.state == ProcessState.RUNNING:
+        try:
+            await proc.kill()
+        except CorralError:
+            pass  # it ended meanwhile
+
+
+def _watchers(request: Request) -> Watchers:
+    return request.app.state.e2b_watchers
+
+
+async def create_watcher(request: Request) -> Response:
+    sid = sandbox_id(request)
+    check_user(request)
+    watcher = await _watchers(request).start(request, sid, await unary_message(
+        request, "CreateWatcher"))
+    return JSONResponse({"watcherId": watcher.id})
+
+
+def _watcher_id(msg: dict[str, Any]) -> Any:
+    return msg.get("watcherId", msg.get("watcher_id"))
+
+
+async def get_watcher_events(request: Request) -> Response:
+    sid = sandbox_id(request)
+    msg = await unary_message(request, "GetWatcherEvents")
+    watchers = _watchers(request)
+    return JSONResponse({"events": watchers.get(sid, _watcher_id(msg)).drain()})
+
+
+async def remove_watcher(request: Request) -> Response:
+    sid = sandbox_id(request)
+    msg = await unary_message(request, "RemoveWatcher")
+    watchers = _watchers(request)
+    await watchers.remove(sid, watchers.get(sid, _watcher_id(msg)))
+    return JSONResponse({})
+
+
+async def watch_dir(request: Request) -> Response:
+    try:
+        sid = sandbox_id(request)
+        check_user(request)
+        watchers = _watchers(request)
+        watcher = await watchers.start(request, sid, await stream_message(request, "WatchDir"))
+    except (CorralError, ConnectError) as exc:
+        return stream_reply(_only(end_stream(exc)))
+    return stream_reply(_stream(watchers, sid, watcher))
+
+
+async def _only(chunk: bytes) -> AsyncIterator[bytes]:
+    yield chunk
+
+
+async def _stream(watchers: Watchers, sid: str, watcher: Watcher) -> AsyncIterator[bytes]:
+    """``start``, then each event as it comes (``keepalive`` when none does), until the
+    client leaves (its timeout, ``stop()``) or the sandbox ends; the watcher goes too."""
+    try:
+        yield envelope({"start": {}})
+        while True:
+            for event in watcher.drain():
+                yield envelope({"filesystem": event})
+            if watcher.ended:
+                yield end_stream()
+                return
+            try:
+                await asyncio.wait_for(watcher.changed.wait(), KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield envelope({"keepalive": {}})
+    finally:
+        await asyncio.shield(watchers.remove(sid, watcher))

@@ -1,0 +1,164 @@
+"""Evaluation runs reported by ``corral.rl.evaluate``, kept for the dashboard.
+
+An evaluation started through :func:`corral.rl.evaluate` against a daemon sends its
+progress here (``PUT /v1/evals/{eval_id}``, the whole run's summary each time), and
+``GET /v1/evals`` / the dashboard (``/ui``) show the recent ones. Nothing here is
+trusted: a report is a bounded pydantic model (names, error text, histogram bins all
+capped), the daemon keeps at most :data:`MAX_RUNS` runs (the oldest give way), and a
+run belongs to whoever reported it first (:func:`owner_of`): another owner's id
+answers 404 like an unknown one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import OrderedDict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.errors import InvalidArgument, NotFound
+
+MAX_RUNS = 100  # runs the daemon keeps (all owners together)
+MAX_RUNS_PER_OWNER = 50  # so one owner cannot push everyone else's runs out
+MAX_BINS = 50
+MAX_TEXT = 300
+MAX_ERROR = 1000
+EVAL_ID_PATTERN = r"^ev-[0-9a-f]{8,32}$"
+
+
+class Histogram(BaseModel):
+    """Counts of returns in ``len(counts)`` equal bins from ``low`` to ``high``."""
+
+    model_config = ConfigDict(extra="forbid")
+    low: float
+    high: float
+    counts: list[int] = Field(default_factory=list, max_length=MAX_BINS)
+
+    @field_validator("counts")
+    @classmethod
+    def _non_negative(cls, counts: list[int]) -> list[int]:
+        if any(c < 0 for c in counts):
+            raise ValueError("histogram counts must be >= 0")
+        return counts
+
+
+class EvalReport(BaseModel):
+    """One evaluation run's progress, as its client reports it (the whole state each time)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=MAX_TEXT, description="the policy's label")
+    env: str = Field("", max_length=MAX_TEXT)
+    state: Literal["running", "done", "failed"] = "running"
+    total: int | None = Field(None, ge=0, le=10**9, description="episodes planned, if known")
+    done: int = Field(0, ge=0, le=10**9)
+    counts: dict[str, int] = Field(
+        default_factory=dict, max_length=8, description="episodes by status (ok, error, ...)"
+    )
+    n: int = Field(0, ge=0, le=10**9, description="returns in the mean")
+    mean: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = Field(None, gt=0, lt=1)
+    histogram: Histogram | None = None
+    error: str | None = Field(None, max_length=MAX_ERROR)
+
+    @field_validator("counts")
+    @classmethod
+    def _short_keys(cls, counts: dict[str, int]) -> dict[str, int]:
+        if any(len(k) > 20 or v < 0 for k, v in counts.items()):
+            raise ValueError("counts: status names of at most 20 characters, counts >= 0")
+        return counts
+
+    @field_validator("mean", "ci_low", "ci_high")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        return value if value is None or math.isfinite(value) else None
+
+
+class EvalRun(EvalReport):
+    """A run as the daemon keeps it: the last report, its id, owner and times."""
+
+    id: str
+    owner: str | None = None
+    started_at: float
+    updated_at: float
+
+
+class EvalList(BaseModel):
+    evals: list[EvalRun]
+
+
+class EvalStore:
+    """The recent runs of one daemon, newest last, bounded (see the module docstring)."""
+
+    def __init__(self, max_runs: int = MAX_RUNS, per_owner: int = MAX_RUNS_PER_OWNER) -> None:
+        self.max_runs, self.per_owner = max_runs, per_owner
+        self._runs: OrderedDict[str, EvalRun] = OrderedDict()
+
+    def put(self, eval_id: str, report: EvalReport, owner: str | None) -> EvalRun:
+        now = time.time()
+        old = self._runs.get(eval_id)
+        if old is not None and old.owner != owner:
+            raise _not_found(eval_id)  # someone else's run: as if unknown
+        started = old.started_at if old is not None else now
+        run = EvalRun(**report.model_dump(), id=eval_id, owner=owner, started_at=started,
+                      updated_at=now)
+        self._runs.pop(eval_id, None)
+        self._runs[eval_id] = run
+        self._evict(owner)
+        return run
+
+    def _evict(self, owner: str | None) -> None:
+        mine = [k for k, r in self._runs.items() if r.owner == owner]
+        for key in mine[: max(0, len(mine) - self.per_owner)]:
+            del self._runs[key]
+        while len(self._runs) > self.max_runs:
+            self._runs.popitem(last=False)
+
+    def list(self, owner: str | None, *, admin: bool) -> list[EvalRun]:
+        """Newest first: all of them for an admin, else the owner's own."""
+        runs = [r for r in self._runs.values() if admin or r.owner == owner]
+        return runs[::-1]
+
+
+def _not_found(eval_id: str) -> NotFound:
+    return NotFound(f"no evaluation run {eval_id!r}: list them with GET /v1/evals",
+                    details={"eval_id": eval_id})
+
+
+def store(request: Request) -> EvalStore:
+    """The daemon's run store (made on first use, one per app)."""
+    state = request.app.state
+    if not hasattr(state, "evals"):
+        state.evals = EvalStore()
+    found: EvalStore = state.evals
+    return found
+
+
+def owner_of(request: Request) -> tuple[str | None, bool]:
+    """``(owner, is_admin)`` of a request. Today every authenticated caller is the
+    admin (one token); with tenant tokens this is the one place to name the tenant."""
+    return None, True
+
+
+async def put_eval(request: Request, body: EvalReport) -> Response:
+    eval_id = request.path_params["eval_id"]
+    if not re.fullmatch(EVAL_ID_PATTERN, eval_id):
+        raise InvalidArgument(
+            f"invalid evaluation id {eval_id[:40]!r}: 'ev-' and 8 to 32 hex digits",
+            details={"eval_id": eval_id[:40]},
+        )
+    owner, _ = owner_of(request)
+    run = store(request).put(eval_id, body, owner)
+    return JSONResponse(run.model_dump(mode="json"))
+
+
+async def list_evals(request: Request) -> Response:
+    owner, admin = owner_of(request)
+    runs = store(request).list(owner, admin=admin)
+    return JSONResponse({"evals": [r.model_dump(mode="json") for r in runs]})

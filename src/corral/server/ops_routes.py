@@ -1,0 +1,128 @@
+"""Routes for operating sandboxes: their logs (``GET .../logs``, ``?follow=1`` streams)
+and their lifetime (``PATCH /v1/sandboxes/{id}`` with ``{"timeout": seconds}``).
+
+The log store (:class:`~corral.runtime.sandbox_logs.SandboxLogs`) is opened with the app
+(:func:`open_logs`) and kept on ``app.state.logs``; it is written from the engine's
+events, never from here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import Field, StrictFloat, StrictInt
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.errors import InvalidArgument, SandboxNotFound
+from corral.runtime.engine import Engine
+from corral.runtime.sandbox_logs import MAX_READ, SandboxLogs
+from corral.schema import MAX_TIMEOUT_S, SandboxInfo
+from corral.server import context as ctx
+from corral.server.lifetime import set_lifetime
+from corral.server.models import _Body
+from corral.server.settings import ServerSettings
+from corral.server.streaming import NDJSONResponse
+
+FOLLOW_POLL_S = 1.0  # a follower looks at the sandbox's state at least this often
+
+
+class TimeoutRequest(_Body):
+    """``PATCH /v1/sandboxes/{id}``: end the sandbox this many seconds from now."""
+
+    timeout: StrictFloat | StrictInt = Field(..., gt=0, le=MAX_TIMEOUT_S)
+
+
+class LogEntry(_Body):
+    """A command (``kind="command"``: argv, started_at, ended_at, outcome =
+    exit|timeout|oom|killed, exit_code, stdout_tail, stderr_tail) or a lifecycle event
+    (``kind="event"``: event = ready|restored|paused|running|stopping|stopped|timeout|
+    idle_timeout|oom|deleted, reason)."""
+
+    model_config = {"extra": "allow"}
+    seq: int
+    kind: str
+    at: float
+
+
+class SandboxLogsReply(_Body):
+    sandbox_id: str
+    entries: list[LogEntry]
+    next: int = Field(description="pass as ?after= to get only newer entries")
+
+
+def open_logs(settings: ServerSettings, engine: Engine) -> SandboxLogs:
+    logs = SandboxLogs(engine.layout.state_dir / "logs.db", retention=settings.log_retention)
+    logs.attach(engine.events)
+    return logs
+
+
+def logs_of(request: Request) -> SandboxLogs:
+    logs: SandboxLogs = request.app.state.logs
+    return logs
+
+
+async def patch_sandbox(request: Request, body: TimeoutRequest) -> Response:
+    info = await set_lifetime(request, request.path_params["sandbox_id"], float(body.timeout))
+    return JSONResponse(info.model_dump(mode="json"))
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise InvalidArgument(f"query parameter {name!r} must be a whole number >= 0, "
+                              f"got {value!r}")
+    return int(value)
+
+
+def _state(engine: Engine, sid: str) -> SandboxInfo | None:
+    try:
+        return engine.get(sid)
+    except SandboxNotFound:
+        return None
+
+
+async def sandbox_logs(request: Request) -> Response:
+    engine, logs, sid = ctx.engine(request), logs_of(request), request.path_params["sandbox_id"]
+    after = _int_param(request, "after", 0)
+    limit = min(_int_param(request, "limit", MAX_READ), MAX_READ)
+    follow = request.query_params.get("follow", "0").lower()
+    if follow not in ("0", "1", "true", "false", "yes", "no"):
+        raise InvalidArgument(f"query parameter 'follow' must be true or false, got {follow!r}")
+    if engine.owners.acting() is not None:  # a tenant: only a sandbox it can still see
+        engine.get(sid)  # (another's, or a deleted one, answers as an unknown id)
+    if _state(engine, sid) is None and not logs.known(sid):
+        raise SandboxNotFound(
+            f"no sandbox {sid!r} and no logs of one: it never existed, or was deleted "
+            "longer ago than the daemon's --log-retention", details={"sandbox_id": sid})
+    if follow in ("1", "true", "yes"):
+        return NDJSONResponse(_follow(engine, logs, sid, after))
+    entries = logs.read(sid, after, limit)
+    nxt = entries[-1]["seq"] if entries else after
+    return JSONResponse({"sandbox_id": sid, "entries": entries, "next": nxt})
+
+
+def _line(entry: dict[str, Any]) -> bytes:
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+async def _follow(engine: Engine, logs: SandboxLogs, sid: str, after: int) -> AsyncIterator[bytes]:
+    """Entries as they are logged; ends with ``{"kind": "end", "state": ...}`` once the
+    sandbox has ended (or was deleted) and its last entries were sent."""
+    while True:
+        info = _state(engine, sid)
+        ended = info is None or info.state.terminal
+        entries = logs.read(sid, after)
+        for entry in entries:
+            yield _line(entry)
+        if entries:
+            after = entries[-1]["seq"]
+            continue
+        if ended or logs.closed:
+            yield _line({"kind": "end", "state": info.state.value if info else "deleted"})
+            return
+        await logs.wait(FOLLOW_POLL_S)

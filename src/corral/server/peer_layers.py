@@ -1,0 +1,275 @@
+"""Daemon to daemon: the layers of snapshots travel between the nodes of a cluster.
+
+Served on the daemon's TCP port, behind the same bearer token as everything else (on a
+cluster, the cluster's token: only its daemons and clients hold it); the admin's only
+(a tenant token gets 403: layers are named by digest, whoever's snapshot they hold):
+
+- ``GET /v1/peer/snapshots/{id_or_name}``: what another node needs to restore a
+  snapshot (:func:`corral.runtime.layer_fetch.describe`);
+- ``GET /v1/peer/layers/{digest}``: one layer's tree as a stream
+  (:mod:`corral.runtime.layer_wire`). Only the layers of snapshots this daemon holds
+  can be read, named by digest; a digest is never a path;
+- ``POST /v1/peer/snapshots/fetch`` ``{"snapshot", "node"}``: make the snapshot
+  restorable here, fetching its missing layers from the daemon of ``node``. The peer's
+  address comes from the cluster's directory (Ray's KV, at ``CORRAL_RAY_GCS``, which
+  ``corral cluster up`` sets; or a static map in ``CORRAL_PEERS``), never from the
+  request: the token is sent only to the cluster's own daemons. The cluster client
+  calls it before restoring a snapshot on a node that lacks it;
+- ``GET /v1/peer/images/{name}`` and ``POST /v1/peer/images/fetch`` ``{"image",
+  "node"}``: the same for a built image (:mod:`corral.runtime.image_travel`); its
+  layers are served by ``/v1/peer/layers`` too;
+- ``GET /v1/peer/stats``: the layers and bytes this daemon fetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from corral.errors import (
+    CorralError,
+    InvalidArgument,
+    InvalidState,
+    LayerTransferError,
+    NotFound,
+    error_from_dict,
+)
+from corral.runtime import layer_wire
+from corral.runtime.image_travel import describe_image, pull_image
+from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
+from corral.server import context as ctx
+from corral.server.tenants import require_admin
+
+GCS_ENV = "CORRAL_RAY_GCS"
+PEERS_ENV = "CORRAL_PEERS"  # {"node": "http://host:port"}: peers without Ray (set by its operator)
+PEER_TIMEOUT = httpx.Timeout(30.0, read=120.0)
+MAX_DESCRIPTION = 1 << 20
+
+
+class _FromPeer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str = Field(min_length=1, max_length=128)  # a node id (the directory has its URL)
+
+
+class FetchRequest(_FromPeer):
+    """Make ``snapshot`` (id or name) restorable here, from the daemon of ``node``."""
+
+    snapshot: str = Field(min_length=1, max_length=128)
+
+
+class PeerLayer(BaseModel):
+    id: str
+    digest: str
+    size_bytes: int
+
+
+class PeerSnapshot(BaseModel):
+    """A snapshot as another node restores it: its row, and its layers, top first."""
+
+    id: str
+    name: str | None = None
+    image: str
+    image_digest: str
+    created_at: float
+    size_bytes: int
+    source_sandbox: str | None = None
+    spec: dict[str, Any]
+    layers: list[PeerLayer]
+
+
+class PeerImage(BaseModel):
+    """A built image as another node pulls it: its manifest (layers top first)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    digest: str
+    root: dict[str, Any]
+    layers: list[PeerLayer]
+
+
+class ImageFetchRequest(_FromPeer):
+    """Make the built image ``image`` usable here, from the daemon of ``node``."""
+
+    image: str = Field(min_length=1, max_length=128)
+
+
+class FetchStats(BaseModel):
+    layers: int
+    bytes: int
+    by_digest: dict[str, int]
+
+
+def fetcher(request: Request) -> LayerFetcher:
+    state = request.app.state
+    found: LayerFetcher | None = getattr(state, "layer_fetcher", None)
+    if found is None:
+        found = state.layer_fetcher = LayerFetcher(ctx.engine(request).snapshots)
+    return found
+
+
+async def peer_snapshot(request: Request) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    ref = request.path_params["id_or_name"]
+    return JSONResponse(describe(ctx.engine(request).snapshots, ref))
+
+
+async def peer_layer(request: Request) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    digest = layer_wire.check_digest(request.path_params["digest"])
+    path = layer_path_for(ctx.engine(request).snapshots, digest)
+    if path is None:
+        raise NotFound(f"no snapshot on this node holds layer {digest}",
+                       details={"digest": digest})
+    return StreamingResponse(layer_wire.stream(path), media_type="application/x-tar")
+
+
+async def peer_stats(request: Request) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    return JSONResponse(fetcher(request).stats.json())
+
+
+async def peer_image(request: Request) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    return JSONResponse(describe_image(ctx.engine(request).images, request.path_params["name"]))
+
+
+async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    images = ctx.engine(request).images
+    if images.exists(body.image):  # here already (built here, pulled, or everywhere)
+        return JSONResponse(images.get(body.image, check_base=False).info().model_dump(mode="json"))
+    url = await asyncio.to_thread(_peer_url, body.node)
+    peer = Peer(url, ctx.settings(request).token)
+    desc = await asyncio.to_thread(peer.describe, f"/v1/peer/images/{quote(body.image, safe='')}")
+    if desc.get("name") != body.image:
+        raise LayerTransferError(f"the daemon at {url} described another image than "
+                                 f"{body.image!r}", details={"peer": url})
+    image = await pull_image(fetcher(request), desc, peer.open_layer)
+    return JSONResponse(image.info().model_dump(mode="json"))
+
+
+async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    engine = ctx.engine(request)
+    here = engine.snapshots.registry.snapshot(body.snapshot)
+    if here is not None:
+        return JSONResponse(here.info().model_dump(mode="json"))
+    url = await asyncio.to_thread(_peer_url, body.node)
+    token = ctx.settings(request).token
+    peer = Peer(url, token)
+    desc = await asyncio.to_thread(
+        peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}")
+    info = await fetcher(request).import_snapshot(desc, peer.open_layer)
+    return JSONResponse(info.model_dump(mode="json"))
+
+
+def _peer_url(node: str) -> str:
+    static = os.environ.get(PEERS_ENV)
+    if static:
+        try:
+            return str(json.loads(static)[node])
+        except (ValueError, KeyError, TypeError):
+            raise InvalidArgument(f"no peer {node[:80]!r} among this daemon's {PEERS_ENV}",
+                                  details={"node": node[:80]}) from None
+    gcs = os.environ.get(GCS_ENV)
+    if not gcs:
+        raise InvalidState(
+            "this daemon is not part of a corral cluster, so it fetches no snapshot from "
+            "other nodes: start it with `corral cluster up` (which tells it the cluster)"
+        )
+    return _directory(gcs).pinned(node).url
+
+
+@functools.lru_cache(maxsize=1)
+def _directory(gcs: str) -> Any:
+    from corral.cluster.directory import Directory  # imports Ray: only on a cluster
+
+    return Directory(gcs)
+
+
+class Peer:
+    """Another node's daemon, as this daemon reads snapshots and layers from it."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def describe(self, path: str) -> dict[str, Any]:
+        """The JSON object the peer answers ``GET path`` with (bounded)."""
+        with self._get(path) as reply:
+            body = b""
+            for chunk in reply.iter_bytes():
+                body += chunk
+                if len(body) > MAX_DESCRIPTION:
+                    raise LayerTransferError(f"the peer at {self.url} answered {path} "
+                                             f"with more than {MAX_DESCRIPTION} bytes")
+        try:
+            desc = json.loads(body)
+        except ValueError:
+            raise LayerTransferError(f"the peer at {self.url} sent no JSON for {path}",
+                                     details={"peer": self.url}) from None
+        if not isinstance(desc, dict):
+            raise LayerTransferError(f"the peer at {self.url} sent no object for {path}")
+        return desc
+
+    @contextlib.contextmanager
+    def open_layer(self, digest: str, size: int) -> Iterator[Iterable[bytes]]:
+        with self._get(f"/v1/peer/layers/{layer_wire.check_digest(digest)}") as reply:
+            yield self._chunks(reply, digest)
+
+    def _chunks(self, reply: httpx.Response, digest: str) -> Iterator[bytes]:
+        try:
+            yield from reply.iter_raw()
+        except httpx.HTTPError as exc:
+            raise LayerTransferError(
+                f"layer {digest}: the stream from {self.url} broke off "
+                f"({type(exc).__name__}: {exc}): nothing of it was kept; retry",
+                details={"digest": digest, "peer": self.url},
+            ) from None
+
+    @contextlib.contextmanager
+    def _get(self, path: str) -> Iterator[httpx.Response]:
+        try:
+            with httpx.Client(timeout=PEER_TIMEOUT) as http, http.stream(
+                "GET", self.url + path, headers=self.headers
+            ) as reply:
+                if reply.status_code != 200:
+                    raise _peer_error(self.url, path, reply)
+                yield reply
+        except httpx.HTTPError as exc:
+            raise LayerTransferError(
+                f"the daemon at {self.url} did not answer {path} ({type(exc).__name__}: "
+                f"{exc}): is its node alive? (`corral cluster status`)",
+                details={"peer": self.url},
+            ) from None
+
+
+_PASSED_ON = {"snapshot_not_found", "image_not_found", "invalid_state"}
+
+
+def _peer_error(url: str, path: str, reply: httpx.Response) -> CorralError:
+    """The peer's refusal: what it says of the snapshot or image itself is passed on
+    (typed), anything else is a failed transfer."""
+    text = reply.read()[:4000].decode(errors="replace")
+    try:
+        err = json.loads(text)["error"]
+        message = str(err.get("message"))
+        code = str(err.get("code"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, code = text[:300], ""
+    if code in _PASSED_ON:
+        return error_from_dict({"code": code, "message": f"{message} (on the node at {url})"})
+    return LayerTransferError(f"the daemon at {url} refused {path}: HTTP {reply.status_code}: "
+                              f"{message[:300]}", details={"peer": url})
+

@@ -1,0 +1,100 @@
+"""Per-tenant quotas, checked by admission control before a create waits for room.
+
+A tenant token may carry ``max_sandboxes`` (alive and starting), ``max_memory_mb``
+(the sum of their ``memory_mb``) and ``max_cpus`` (the sum of their ``cpus``). A create
+that would pass one is refused at once with :class:`~corral.errors.QuotaExceeded`
+(429), naming the quota, its limit and the current use: waiting would not help, only
+the tenant's own deletes would. The check and the reservation are one synchronous step
+on the event loop, so twenty concurrent creates at a quota of five admit exactly five.
+Sandboxes of a tenant's pools carry the tenant and count like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corral.errors import QuotaExceeded
+from corral.server.tenants import Tenant
+
+__all__ = ["Hold", "Quotas", "Usage"]
+
+
+@dataclass
+class Usage:
+    """What one tenant holds: sandboxes alive or starting, their memory and CPUs."""
+
+    sandboxes: int = 0
+    memory_mb: int = 0
+    cpus: float = 0.0
+
+    def add(self, memory_mb: int, cpus: float, sign: int = 1) -> None:
+        self.sandboxes += sign
+        self.memory_mb += sign * memory_mb
+        self.cpus += sign * cpus
+
+
+@dataclass
+class Hold:
+    """One create's place in its tenant's quota, from before it queues until it ends."""
+
+    tenant: str
+    memory_mb: int
+    cpus: float
+
+
+class Quotas:
+    """The quota book of one daemon; ``quota_of`` reads a tenant's current quotas."""
+
+    def __init__(self, quota_of: Callable[[str | None], Tenant | None]) -> None:
+        self._quota_of = quota_of
+        self._usage: dict[str, Usage] = {}
+        self._held: dict[str, Hold] = {}  # sandbox id -> its hold
+
+    def usage(self, tenant: str) -> Usage:
+        got = self._usage.get(tenant, Usage())
+        return Usage(got.sandboxes, got.memory_mb, got.cpus)
+
+    def hold(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
+        """Reserve room for one sandbox, or raise :class:`QuotaExceeded` (None: no tenant)."""
+        if tenant is None:
+            return None
+        quota = self._quota_of(tenant)
+        used = self._usage.setdefault(tenant, Usage())
+        if quota is not None:
+            for name, limit, now, asked in (
+                ("max_sandboxes", quota.max_sandboxes, used.sandboxes, 1),
+                ("max_memory_mb", quota.max_memory_mb, used.memory_mb, memory_mb),
+                ("max_cpus", quota.max_cpus, used.cpus, cpus),
+            ):
+                if limit is not None and now + asked > limit + 1e-9:
+                    raise QuotaExceeded(
+                        f"tenant {tenant!r} is over its {name} quota: the limit is {limit:g}, "
+                        f"{now:g} in use, {asked:g} asked: delete sandboxes or pools of this "
+                        "tenant, or ask the admin for a larger quota",
+                        details={"quota": name, "limit": limit, "used": now,
+                                 "requested": asked, "tenant": tenant},
+                    )
+        used.add(memory_mb, cpus)
+        return Hold(tenant, memory_mb, cpus)
+
+    def settle(self, hold: Hold | None, sandbox_id: str | None) -> None:
+        """The create ended: keep the hold for the sandbox made, or give it back."""
+        if hold is None:
+            return
+        if sandbox_id is None:
+            self._give_back(hold)
+        else:
+            self._held[sandbox_id] = hold
+
+    def release(self, sandbox_id: str) -> None:
+        """The sandbox ended or was deleted: its tenant's room is free again."""
+        hold = self._held.pop(sandbox_id, None)
+        if hold is not None:
+            self._give_back(hold)
+
+    def _give_back(self, hold: Hold) -> None:
+        used = self._usage[hold.tenant]
+        used.add(hold.memory_mb, hold.cpus, -1)
+        if used.sandboxes <= 0:
+            del self._usage[hold.tenant]

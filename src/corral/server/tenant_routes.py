@@ -1,0 +1,93 @@
+"""The admin's routes for tenant tokens: ``/v1/tokens`` (``corral token create|ls|revoke``).
+
+Only the admin may call them: a request on the daemon's Unix socket, or one carrying
+the daemon's own token; a tenant token gets 403. A token is shown once, in the reply
+to its creation; the registry keeps only its hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.server import context as ctx
+from corral.server.tenants import Tenants, require_admin
+
+__all__ = [
+    "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "create_token", "list_tokens",
+    "revoke_token",
+]
+
+
+class TokenRequest(BaseModel):
+    """A new tenant: its name and quotas (left out: only the daemon's own caps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=64)  # checked by TokenStore.create, with what to do
+    max_sandboxes: StrictInt | None = Field(None, ge=0)
+    max_memory_mb: StrictInt | None = Field(None, ge=0)
+    max_cpus: StrictFloat | None = Field(None, ge=0)
+    allow_images: StrictBool = False
+
+
+class TokenInfo(BaseModel):
+    """A tenant as listed: quotas, rights, creation time and current use (never its token)."""
+
+    name: str
+    max_sandboxes: int | None = None
+    max_memory_mb: int | None = None
+    max_cpus: float | None = None
+    allow_images: bool = False
+    created_at: float
+    usage: dict[str, float] = Field(default_factory=dict)
+
+
+class TokenCreated(TokenInfo):
+    token: str
+    """The bearer token: shown this once."""
+
+
+class TokenList(BaseModel):
+    tokens: list[TokenInfo]
+
+
+def _tenants(request: Request) -> Tenants:
+    return request.app.state.tenants
+
+
+def _usage(request: Request, name: str) -> dict[str, float]:
+    return dataclasses.asdict(ctx.admission(request).quotas.usage(name))
+
+
+async def create_token(request: Request, body: TokenRequest) -> Response:
+    require_admin(request, "creating a tenant token")
+    tenant, token = _tenants(request).store.create(
+        body.name, max_sandboxes=body.max_sandboxes, max_memory_mb=body.max_memory_mb,
+        max_cpus=body.max_cpus, allow_images=body.allow_images,
+    )
+    made = TokenCreated(**tenant.to_dict(), token=token, usage=_usage(request, tenant.name))
+    return JSONResponse(made.model_dump(mode="json"), status_code=201)
+
+
+async def list_tokens(request: Request) -> Response:
+    require_admin(request, "listing tenant tokens")
+    tokens = [TokenInfo(**t.to_dict(), usage=_usage(request, t.name)).model_dump(mode="json")
+              for t in _tenants(request).store.list()]
+    return JSONResponse({"tokens": tokens})
+
+
+async def revoke_token(request: Request) -> Response:
+    """Revoke a token; the tenant's pools go too (nobody may use them, and their
+    refills would go on). Its sandboxes stay for the admin to see and delete."""
+    require_admin(request, "revoking a tenant token")
+    name = request.path_params["name"]
+    _tenants(request).store.revoke(name)
+    pools = ctx.pools(request)
+    for pool in pools.list_pools():
+        if pool.spec.tenant == name:
+            await pools.delete_pool(pool.name)
+    return Response(status_code=204)

@@ -1,0 +1,235 @@
+"""Tenants: named bearer tokens with quotas, each seeing only its own sandboxes.
+
+``corral token create NAME`` (on the Unix socket: the admin) makes a token of 256
+random bits; the registry keeps only its SHA-256 (table ``tenants``, made on open, so
+an older registry gains it), looked up on every request: a revoked token is refused
+at once, no cache outlives :meth:`TokenStore.revoke`.
+
+Who a request is (:class:`Caller`) comes from its credentials in one place,
+:meth:`Tenants.identify`: the daemon's own token (``--token``/``CORRAL_TOKEN``) and
+the Unix socket are the admin (``tenant`` None, sees everything); a tenant token is
+that tenant. The guard then runs the request acting for it
+(:class:`~corral.runtime.ownership.Owners`), so every lookup by id, on every
+front-end, hides other tenants' things exactly as ids that do not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import Scope
+
+from corral.errors import Forbidden, InvalidArgument, NotFound, Unauthorized
+from corral.schema import TENANT_NAME
+
+__all__ = [
+    "ADMIN",
+    "ADMIN_NAME",
+    "CALLER_KEY",
+    "Caller",
+    "UNIDENTIFIED",
+    "caller_name",
+    "Tenant",
+    "Tenants",
+    "TokenStore",
+    "caller_of",
+    "require_admin",
+    "require_image_rights",
+    "tenant_of",
+]
+
+ADMIN_NAME = "admin"  # how logs and metrics name the admin: no tenant may take the name
+TOKEN_PREFIX = "crl_"  # tells a corral tenant token apart in a config file or a leak scan
+CALLER_KEY = "corral.caller"  # where the guard puts the request's Caller (ASGI scope)
+
+TABLE = """
+CREATE TABLE IF NOT EXISTS tenants (
+    name TEXT PRIMARY KEY,
+    token_sha256 BLOB NOT NULL UNIQUE,
+    max_sandboxes INTEGER,
+    max_memory_mb INTEGER,
+    max_cpus REAL,
+    allow_images INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+"""
+_COLUMNS = "name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant token's name, quotas (None: only the daemon's caps) and rights."""
+
+    name: str
+    max_sandboxes: int | None = None
+    max_memory_mb: int | None = None
+    max_cpus: float | None = None
+    allow_images: bool = False
+    created_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: ``tenant`` None is the admin."""
+
+    tenant: Tenant | None = None
+
+    @property
+    def name(self) -> str | None:
+        return None if self.tenant is None else self.tenant.name
+
+    @property
+    def may_manage_images(self) -> bool:
+        return self.tenant is None or self.tenant.allow_images
+
+
+ADMIN = Caller()
+UNIDENTIFIED = Caller(Tenant(""))  # a wrong credential an endpoint refuses itself: sees nothing
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+class TokenStore:
+    """The ``tenants`` table of the registry's database."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._db.executescript(TABLE)  # the migration: older registries gain the table
+
+    def create(
+        self,
+        name: str,
+        *,
+        max_sandboxes: int | None = None,
+        max_memory_mb: int | None = None,
+        max_cpus: float | None = None,
+        allow_images: bool = False,
+    ) -> tuple[Tenant, str]:
+        """A new tenant and its token (shown once: only its hash is kept)."""
+        if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name) or name == ADMIN_NAME:
+            raise InvalidArgument(
+                f"invalid tenant name {name!r}: use 1-63 lower-case letters, digits, '-' "
+                f"or '_', starting with a letter or digit, not {ADMIN_NAME!r}",
+                details={"name": name},
+            )
+        for field, value in (("max_sandboxes", max_sandboxes), ("max_memory_mb", max_memory_mb),
+                             ("max_cpus", max_cpus)):
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
+                                      details={"field": field})
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
+        tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time())
+        try:
+            self._db.execute(
+                f"INSERT INTO tenants ({_COLUMNS}, token_sha256) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (name, max_sandboxes, max_memory_mb, max_cpus, int(allow_images),
+                 tenant.created_at, _digest(token)),
+            )
+        except sqlite3.IntegrityError:
+            raise InvalidArgument(
+                f"a tenant named {name!r} already exists: revoke it first or choose another "
+                "name", details={"name": name},
+            ) from None
+        return tenant, token
+
+    def list(self) -> list[Tenant]:
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM tenants ORDER BY name").fetchall()
+        return [_tenant(r) for r in rows]
+
+    def get(self, name: str) -> Tenant | None:
+        row = self._db.execute(f"SELECT {_COLUMNS} FROM tenants WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _tenant(row)
+
+    def revoke(self, name: str) -> None:
+        """Forget a tenant's token: its next request is 401. Its sandboxes stay (the
+        admin sees and deletes them)."""
+        if self._db.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount == 0:
+            raise NotFound(f"no tenant {name!r}: see `corral token ls`", details={"name": name})
+
+    def lookup(self, token: str) -> Tenant | None:
+        """The tenant whose token this is, or None. Only the token's hash is looked up."""
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM tenants WHERE token_sha256 = ?", (_digest(token),)
+        ).fetchone()
+        return None if row is None else _tenant(row)
+
+
+def _tenant(row: tuple[Any, ...]) -> Tenant:
+    name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at = row
+    return Tenant(name, max_sandboxes, max_memory_mb, max_cpus, bool(allow_images), created_at)
+
+
+class Tenants:
+    """Who a credential is: the one place the daemon's token and tenant tokens are checked."""
+
+    def __init__(self, store: TokenStore, admin_token: str | None) -> None:
+        self.store = store
+        self._admin = _digest(admin_token) if admin_token else None
+
+    def identify(self, given: str | None) -> Caller | None:
+        """The caller ``given`` authenticates, or None if it is no valid token."""
+        if not given:
+            return None
+        if self._admin is not None and hmac.compare_digest(_digest(given), self._admin):
+            return ADMIN
+        tenant = self.store.lookup(given)
+        return None if tenant is None else Caller(tenant)
+
+    def quota_of(self, name: str | None) -> Tenant | None:
+        """A tenant's current quotas (None: the admin's, or a revoked tenant's)."""
+        return None if name is None else self.store.get(name)
+
+
+def caller_name(scope: Scope) -> str | None:
+    """The owner a request acts for: its caller's tenant, None for the admin, and
+    nothing at all ("", fail closed) if no credential was checked."""
+    caller = scope.get(CALLER_KEY)
+    return caller.name if isinstance(caller, Caller) else ""
+
+
+def caller_of(request: Request) -> Caller:
+    """Who sent ``request`` (set by the daemon's guard; the Unix socket is the admin)."""
+    caller = request.scope.get(CALLER_KEY)
+    return caller if isinstance(caller, Caller) else UNIDENTIFIED
+
+
+def tenant_of(request: Request) -> str | None:
+    """The tenant name of ``request``'s caller; None for the admin."""
+    return caller_of(request).name
+
+
+def require_admin(request: Request, what: str) -> None:
+    """:class:`Forbidden` unless the admin sent ``request``."""
+    if caller_of(request).tenant is not None:
+        raise Forbidden(f"{what} needs the admin (the Unix socket or the daemon's token)")
+
+
+def require_image_rights(request: Request, what: str) -> None:
+    """Images are shared read-only: changing them is the admin's, or a tenant's whose
+    token was made with ``--allow-images``."""
+    if not caller_of(request).may_manage_images:
+        raise Forbidden(
+            f"{what} needs the admin or a tenant token made with --allow-images "
+            "(images are shared by every tenant)"
+        )
+
+
+def unauthorized_tenant() -> Unauthorized:
+    return Unauthorized(
+        "wrong bearer token: send 'Authorization: Bearer TOKEN' with the daemon's token "
+        "(--token or CORRAL_TOKEN) or a tenant token from `corral token create` "
+        "(revoked tokens are refused)"
+    )

@@ -1,0 +1,43 @@
+"""``corral token create|ls|revoke`` on the test daemon's Unix socket (the admin)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+
+import corral
+
+
+def test_token_create_ls_revoke(cli, daemon):
+    name = f"cli-{secrets.token_hex(3)}"
+    made = cli("token", "create", name, "--max-sandboxes", "2", "--max-memory-mb", "256",
+               "--max-cpus", "1.5", "--allow-images", "--json").json()
+    assert set(made) == {"name", "token"} and made["name"] == name
+    assert re.fullmatch(r"crl_[A-Za-z0-9_-]{43}", made["token"])
+    listed = {t["name"]: t for t in cli("token", "ls", "--json").json()}
+    assert listed[name] | {"created_at": 0} == {
+        "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
+        "allow_images": True, "created_at": 0,
+        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0}}
+    table = cli("token", "ls")
+    assert table.code == 0 and name in table.out and made["token"] not in table.out
+    assert re.search(rf"{name}\s+0/2\s+0/256\s+0/1.5\s+yes", table.out), table.out
+    plain = cli("token", "create", f"{name}-2")
+    assert plain.code == 0 and re.fullmatch(r"crl_[A-Za-z0-9_-]{43}\n", plain.out)
+    again = cli("token", "create", name)
+    assert again.code == 1 and "already exists" in again.err
+    bad = cli("token", "create", "Not A Name")
+    assert bad.code == 1 and "invalid tenant name" in bad.err
+    gone = cli("token", "revoke", name, f"{name}-2")
+    assert gone.code == 0 and gone.out.split() == [name, f"{name}-2"]
+    assert name not in {t["name"] for t in json.loads(cli("token", "ls", "--json").out)}
+    missing = cli("token", "revoke", name)
+    assert missing.code == 1 and "no tenant" in missing.err
+
+
+def test_ls_shows_the_tenant_of_sandboxes(cli, client, tag):
+    with corral.Sandbox.create(memory_mb=64, tags=[tag], client=client) as sb:
+        listed = cli("ls", "--tag", tag, "--json").json()
+        assert [s["spec"]["tenant"] for s in listed] == [None]  # the admin's
+        assert sb.info.tenant is None

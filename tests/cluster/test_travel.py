@@ -1,0 +1,141 @@
+"""Snapshots travel: taken on node A, restored on node B byte-identical, each layer
+fetched once per node (counted by the receiving daemon), a corrupt layer refused."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import httpx
+import pytest
+
+import corral
+from corral.cluster.directory import Directory
+from corral.cluster.ids import node_tag
+
+TAG = "test-cluster-travel"
+LISTING = (  # what a layer's digest covers (a directory's size and mtime are noise)
+    "cd /tmp/t && find . ! -type d -printf '%p %y %m %U %G %s %T@ %l\\n' | sort && "
+    "find . -type d -printf '%p %m %U %G\\n' | sort && sha256sum $(find . -type f | sort) && "
+    "du -k sparse"
+)
+
+
+@pytest.fixture
+def client(corral_cluster):
+    with corral.Client(f"ray://{corral_cluster.address}") as c:
+        yield c
+        for sb in corral.Sandbox.list(tags=[TAG], client=c):
+            sb.delete()
+
+
+def _daemon(cluster, node: str) -> httpx.Client:
+    d = Directory(cluster.address)
+    return httpx.Client(base_url=d.pinned(node).url, timeout=60,
+                        headers={"Authorization": f"Bearer {d.token()}"})
+
+
+def _stats(cluster, node: str) -> dict:
+    with _daemon(cluster, node) as http:
+        return http.get("/v1/peer/stats").raise_for_status().json()
+
+
+def _layers_dir(cluster, node: str):
+    return cluster.base / node_tag(node) / "state" / "layers"
+
+
+def _fill(sb) -> None:
+    r = sb.exec(["sh", "-c", "mkdir -p /tmp/t/sub && head -c 3000000 /dev/urandom > /tmp/t/big && "
+             "echo hi > /tmp/t/sub/small && chmod 640 /tmp/t/sub/small && ln -s small "
+             "/tmp/t/sub/link && ln /tmp/t/big /tmp/t/hard && truncate -s 50M /tmp/t/sparse"],
+                timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_snapshot_taken_on_a_restores_on_b_byte_identical_fetched_once(client, corral_cluster):
+    a, b, c = corral_cluster.node_ids()
+    base = corral.Sandbox.create(memory_mb=64, tags=[TAG], node=a, client=client)
+    _fill(base)
+    first = base.snapshot(name=f"travel-{base.id[-6:]}")
+    mid = first.restore(node=a, tags=[TAG])
+    mid.exec("echo more > /tmp/t/second", timeout=30)
+    snap = mid.snapshot(name=f"travel2-{base.id[-6:]}")  # a chain of two layers
+    expected = mid.exec(["sh", "-c", LISTING], timeout=60).stdout
+    before_b, before_c = _stats(corral_cluster, b), _stats(corral_cluster, c)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two first uses at once
+            copies = list(pool.map(lambda _: snap.restore(node=b, tags=[TAG]), range(2)))
+        copies.append(snap.restore(node=b, tags=[TAG]))  # and one after
+        copies.append(snap.restore(node=c, tags=[TAG]))
+        assert [x.info.node for x in copies] == [b, b, b, c]
+        for copy in copies:
+            assert copy.exec(["sh", "-c", LISTING], timeout=60).stdout == expected
+        after_b, after_c = _stats(corral_cluster, b), _stats(corral_cluster, c)
+        fetched_b = {d: n - before_b["by_digest"].get(d, 0) for d, n in after_b["by_digest"].items()}
+        fetched_b = {d: n for d, n in fetched_b.items() if n}
+        assert len(snap.info.layers) == 2
+        assert len(fetched_b) == 2 and set(fetched_b.values()) == {1}  # each layer once
+        assert after_b["bytes"] - before_b["bytes"] > 3_000_000  # crossed, not in a sparse hole
+        assert after_c["layers"] - before_c["layers"] == 2
+        # the lower layer is shared: restoring the first snapshot on B fetches nothing
+        assert first.restore(node=b, tags=[TAG]).files.read("/tmp/t/sub/small") == b"hi\n"
+        assert _stats(corral_cluster, b)["layers"] == after_b["layers"]
+        assert [s.id for s in corral.Snapshot.list(client=client)].count(snap.id) == 1
+    finally:
+        for s in (snap, first):
+            corral.Snapshot.get(s.id, client=client).delete()
+    for node in (a, b, c):  # every copy went
+        with _daemon(corral_cluster, node) as http:
+            assert http.get(f"/v1/snapshots/{snap.id}").status_code == 404
+
+
+def test_a_corrupt_layer_from_a_peer_is_refused_and_nothing_is_left(client, corral_cluster):
+    a, b, _ = corral_cluster.node_ids()
+    base = corral.Sandbox.create(memory_mb=64, tags=[TAG], node=a, client=client)
+    base.files.write("/tmp/secret", b"the right bytes")
+    snap = base.snapshot(name=f"corrupt-{base.id[-6:]}")
+    layer = _layers_dir(corral_cluster, a) / snap.info.layers[0] / "tree" / "tmp" / "secret"
+    try:
+        with open(layer, "r+b") as f:  # the peer's copy rots on its disk
+            f.write(b"THE")
+        before = set(os.listdir(_layers_dir(corral_cluster, b)))
+        with pytest.raises(corral.LayerTransferError, match="hash to"):
+            snap.restore(node=b, tags=[TAG])
+        assert set(os.listdir(_layers_dir(corral_cluster, b))) == before  # no .tmp-, no layer
+        with _daemon(corral_cluster, b) as http:
+            assert http.get(f"/v1/snapshots/{snap.id}").status_code == 404
+    finally:
+        corral.Snapshot.get(snap.id, client=client).delete()
+
+
+def test_fetching_from_a_node_without_the_snapshot_or_an_unknown_node(client, corral_cluster):
+    a, b, _ = corral_cluster.node_ids()
+    with _daemon(corral_cluster, b) as http:
+        r = http.post("/v1/peer/snapshots/fetch", json={"snapshot": "snap-000000000000", "node": a})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "snapshot_not_found"
+        r = http.post("/v1/peer/snapshots/fetch", json={"snapshot": "x", "node": "f" * 56})
+        assert r.status_code == 400 and "corral cluster status" in r.json()["error"]["message"]
+        r = http.get("/v1/peer/layers/..%2F..%2Fetc%2Fpasswd")
+        assert r.status_code in (400, 404)
+        r = http.get("/v1/peer/layers/sha256:" + "0" * 64)
+        assert r.status_code == 404
+
+
+def test_a_pool_spread_over_every_node(client, corral_cluster):
+    nodes = corral_cluster.node_ids()
+    with corral.Pool(memory_mb=64, min_ready=3, max_size=6, spread=True, tags=[TAG],
+                     client=client) as pool:
+        stats = pool.wait_ready(timeout=120)
+        assert (stats.min_ready, stats.max_size, stats.ready) == (3, 6, 3)  # 1 + 1 + 1
+        got = [pool.acquire(timeout=60) for _ in range(3)]
+        assert sorted(sb.info.node for sb in got) == nodes  # each from a node with one ready
+        assert got[0].exec("echo spread", timeout=30).stdout == "spread\n"
+        assert pool.stats().acquired == 3
+        for sb in got:
+            sb.delete()
+        name = pool.name
+    for node in nodes:  # closing it deleted every node's
+        with _daemon(corral_cluster, node) as http:
+            assert http.get(f"/v1/pools/{name}").status_code == 404
+    with pytest.raises(corral.InvalidArgument, match="not both"):
+        corral.Pool(memory_mb=64, spread=True, node=nodes[0], client=client)

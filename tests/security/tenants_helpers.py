@@ -1,0 +1,89 @@
+"""A daemon shared by a module's tenant tests: TCP with an admin token, two tenants."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT_REASON, Daemon, _base_dir, have_root_runtime
+from tests.server.conftest import free_port, uds_client
+
+ADMIN_TOKEN = "admin-" + "t" * 40
+UNKNOWN = "sb-0123456789ab"  # an id nobody has
+
+
+@dataclass
+class Team:
+    daemon: Daemon
+    port: int
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def admin(self) -> httpx.Client:
+        return uds_client(self.daemon.socket)
+
+    def tcp(self, token: str, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=120,
+                            headers={"Authorization": f"Bearer {token}"}, **kwargs)
+
+    def tenant(self, name: str) -> httpx.Client:
+        return self.tcp(self.tokens[name])
+
+    def make_token(self, name: str, **quotas) -> str:
+        with self.admin() as c:
+            reply = c.post("/v1/tokens", json={"name": name, **quotas})
+        assert reply.status_code == 201, reply.text
+        self.tokens[name] = reply.json()["token"]
+        return self.tokens[name]
+
+    def cleanup(self) -> None:
+        """Delete every sandbox, pool and snapshot (as the admin)."""
+        with self.admin() as c:
+            for p in c.get("/v1/pools").json()["pools"]:
+                c.delete(f"/v1/pools/{p['name']}")
+            for s in c.get("/v1/sandboxes").json()["sandboxes"]:
+                c.delete(f"/v1/sandboxes/{s['id']}")
+            for s in c.get("/v1/snapshots").json()["snapshots"]:
+                c.delete(f"/v1/snapshots/{s['id']}")
+
+
+@contextmanager
+def team_daemon(*args: str) -> Iterator[Team]:
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    port = free_port()
+    d = Daemon(_base_dir(), ["--tcp", f"127.0.0.1:{port}", "--token", ADMIN_TOKEN, *args])
+    d.start()
+    team = Team(d, port)
+    try:
+        team.make_token("alice", max_sandboxes=8)
+        team.make_token("bob")
+        yield team
+    finally:
+        d.stop()
+        shutil.rmtree(d.base, ignore_errors=True)
+
+
+def unknown_like(reply: httpx.Response, hidden_id: str, unknown: httpx.Response) -> None:
+    """``reply`` (about another tenant's ``hidden_id``) is byte for byte the reply about
+    an id that does not exist, but for the id itself."""
+    assert reply.status_code == unknown.status_code, (reply.status_code, reply.text)
+    assert reply.text.replace(hidden_id, "ID") == unknown.text.replace(UNKNOWN, "ID"), (
+        reply.text, unknown.text)
+
+
+def no_traceback(team: Team) -> None:
+    text = team.daemon.log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-4000:]
+
+
+TOKEN_RE = re.compile(r"crl_[A-Za-z0-9_-]{43}")

@@ -1,0 +1,70 @@
+"""``files.watch_dir`` against a hostile sandbox: watchers per sandbox and events per
+watcher are bounded, and the watcher's pipe (which the sandbox's own code can write
+to) carries nothing the daemon trusts: garbage, huge and deeply nested lines are
+dropped, forged events only describe names, and the daemon logs no error."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.server.compat.e2b_watch import MAX_EVENTS, MAX_WATCHERS
+from tests.server.test_compat_e2b import checked, run_script, serving
+
+
+@pytest.fixture(scope="module")
+def e2b():
+    with serving() as d:
+        yield d
+
+
+FORGE = r"""
+import os, json
+bad = [json.dumps({"name": "forged", "type": "create", "entry": {"size": 1}}).encode(),
+       json.dumps({"name": 1, "type": "create"}).encode(),
+       json.dumps({"name": "n", "type": "explode"}).encode(),
+       b"not json", b"[" * 100000, b"x" * 100000]  # past the pipe's buffer: cut, dropped
+for pid in os.listdir("/proc"):
+    try:
+        if b"inotify_init1" in open(f"/proc/{pid}/cmdline", "rb").read():
+            fd = os.open(f"/proc/{pid}/fd/1", os.O_WRONLY)
+            os.write(fd, b"\n".join(bad) + b"\n")
+            os.close(fd)
+    except OSError:
+        pass
+"""
+
+
+def test_watchers_and_events_are_bounded_and_forgeries_dropped(e2b):
+    with checked(e2b) as d:
+        out = run_script(d, f"""
+            import time
+            with Sandbox.create() as sb:
+                f = sb.files
+                f.make_dir("/tmp/w")
+                hs = [f.watch_dir("/tmp/w") for _ in range({MAX_WATCHERS})]
+                try:
+                    f.watch_dir("/tmp/w")
+                except SandboxException as e:
+                    out["17th"] = str(e)[:200]
+                for h in hs[1:]:
+                    h.stop()
+                h = hs[0]
+                # a flood: far more events than a watcher keeps
+                sb.commands.run("cd /tmp/w && for i in $(seq 1 3000); do : > f$i; "
+                                "echo x >> f$i; done", timeout=120)
+                # forgeries, written to every watcher's stdout pipe from inside
+                f.write("/tmp/forge.py", {FORGE!r})
+                sb.commands.run("python3 /tmp/forge.py", timeout=60)
+                time.sleep(1)
+                events = h.get_new_events()
+                out["count"] = len(events)
+                out["forged"] = [(e.name, e.type.value, e.entry) for e in events
+                                 if e.name == "forged"]
+                out["names_ok"] = all(isinstance(e.name, str) for e in events)
+                h.stop()
+        """)
+    assert "directory watchers already" in out["17th"]
+    assert 0 < out["count"] <= MAX_EVENTS
+    assert out["names_ok"] is True
+    # a forged event is only a name and a type: no entry, nothing else gets through
+    assert out["forged"] == [["forged", "create", None]]  # it did reach the pipe

@@ -1,0 +1,226 @@
+"""Tenants through the compatibility front-ends, each with its real client package in
+a subprocess: Tensorlake's bearer, E2B's X-API-KEY, cwsandbox's token and
+SandboxFusion's path token each map onto the tenant the same way. Tenant bob, given
+alice's sandbox id, meets exactly what an unknown id meets; the admin token still works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.security.tenants_helpers import ADMIN_TOKEN, UNKNOWN, no_traceback, team_daemon
+from tests.server.conftest import free_port
+
+
+@pytest.fixture(scope="module")
+def team():
+    grpc_port = free_port()
+    with team_daemon("--grpc", f"127.0.0.1:{grpc_port}") as t:
+        t.grpc_url = f"http://127.0.0.1:{grpc_port}"
+        yield t
+
+
+@pytest.fixture
+def clean(team):
+    yield team
+    team.cleanup()
+    no_traceback(team)
+
+
+def run(team, env: dict[str, str], body: str, prelude: str = "") -> dict:
+    """A script of a client package, configured only by its environment variables."""
+    script = Path(team.daemon.base) / "script.py"
+    script.write_text("import json, sys\nout = {}\n" + textwrap.dedent(prelude)
+                      + textwrap.dedent(body) + "\nprint(json.dumps(out), flush=True)\n"
+                      "import os\nos._exit(0)\n")
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env}
+    proc = subprocess.run([sys.executable, str(script)], env=full, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+ERR = """
+def err(f):
+    try:
+        f()
+    except Exception as e:
+        return [type(e).__name__, str(e).replace(TARGET, "ID")]
+    return None
+"""
+
+
+def _owner(team, sid: str) -> str | None:
+    with team.admin() as admin:
+        return admin.get(f"/v1/sandboxes/{sid}").json()["spec"]["tenant"]
+
+
+# -------------------------------------------------------------- Tensorlake
+
+
+def test_tensorlake(clean):
+    pytest.importorskip("tensorlake.sandbox")
+    team = clean
+
+    def tl(key: str, body: str) -> dict:
+        prelude = "from tensorlake.sandbox import Sandbox, SandboxClient\n" + ERR
+        return run(team, {"TENSORLAKE_API_URL": team.url, "TENSORLAKE_API_KEY": key},
+                   body, prelude)
+
+    made = tl(team.tokens["alice"], """
+        TARGET = "-"
+        sb = Sandbox.create(memory_mb=64, timeout_secs=600)
+        sb.write_file("/workspace/secret", b"alice's")
+        out["sid"] = sb.sandbox_id
+    """)
+    sid = made["sid"]
+    assert _owner(team, sid) == "alice"
+    attacks = """
+        client = SandboxClient(_internal=True)
+        out["listed"] = [s.sandbox_id for s in client.list()]
+        for target in (SID, UNKNOWN):
+            TARGET = target
+            out[target] = [err(lambda: Sandbox.connect(target)), err(lambda: client.get(target)),
+                           err(lambda: client.delete(target)),
+                           err(lambda: client.snapshot(target))]
+    """.replace("SID", repr(sid)).replace("UNKNOWN", repr(UNKNOWN))
+    out = tl(team.tokens["bob"], attacks)
+    assert sid not in out["listed"]
+    assert out[sid] == out[UNKNOWN]
+    assert all(e is not None and e[0] == "SandboxNotFoundError" for e in out[sid][:3]), out[sid]
+    admin = tl(ADMIN_TOKEN, f"""
+        TARGET = "-"
+        sb = Sandbox.connect({sid!r})
+        out["read"] = sb.read_file("/workspace/secret").value.decode()
+        out["listed"] = [s.sandbox_id for s in SandboxClient(_internal=True).list()]
+    """)
+    assert admin["read"] == "alice's" and sid in admin["listed"]
+
+
+# --------------------------------------------------------------------- E2B
+
+
+def test_e2b(clean):
+    pytest.importorskip("e2b")
+    team = clean
+
+    def e2b(key: str, body: str) -> dict:
+        prelude = "from e2b import Sandbox\n" + ERR
+        env = {"E2B_API_URL": team.url, "E2B_SANDBOX_URL": team.url, "E2B_API_KEY": key}
+        return run(team, env, body, prelude)
+
+    made = e2b(team.tokens["alice"], """
+        TARGET = "-"
+        sb = Sandbox.create(timeout=600)
+        sb.files.write("/workspace/secret", "alice's")
+        out["run"] = sb.commands.run("echo hi").stdout
+        out["sid"] = sb.sandbox_id
+    """)
+    sid = made["sid"]
+    assert made["run"] == "hi\n"
+    assert _owner(team, sid) == "alice"
+    out = e2b(team.tokens["bob"], """
+        out["listed"] = [s.sandbox_id for s in Sandbox.list().next_items()]
+        for target in (SID, UNKNOWN):
+            TARGET = target
+            out[target] = [err(lambda: Sandbox.connect(target)),
+                           err(lambda: Sandbox.get_info(target)),
+                           Sandbox.kill(target), err(lambda: Sandbox.set_timeout(target, 5))]
+    """.replace("SID", repr(sid)).replace("UNKNOWN", repr(UNKNOWN)))
+    assert sid not in out["listed"]
+    assert out[sid] == out[UNKNOWN]
+    assert out[sid][0] is not None and "NotFound" in out[sid][0][0], out[sid]
+    assert out[sid][2] is False  # kill: as for an id that does not exist
+    with team.tenant("alice") as a:
+        assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+
+
+# --------------------------------------------------------------- cwsandbox
+
+
+def test_cwsandbox(clean):
+    pytest.importorskip("cwsandbox")
+    team = clean
+
+    def cw(key: str, body: str) -> dict:
+        prelude = "from cwsandbox import Sandbox\n" + ERR
+        env = {"CWSANDBOX_BASE_URL": team.grpc_url, "CWSANDBOX_API_KEY": key,
+               "CWSANDBOX_DISABLE_SIGNAL_HANDLERS": "1"}
+        return run(team, env, body, prelude)
+
+    made = cw(team.tokens["alice"], """
+        TARGET = "-"
+        sb = Sandbox.run(resources={"cpu": "500m", "memory": "64Mi"})
+        sb.wait()
+        out["sid"] = sb.sandbox_id
+    """)
+    sid = made["sid"]
+    assert _owner(team, sid) == "alice"
+    out = cw(team.tokens["bob"], """
+        out["listed"] = [s.sandbox_id for s in Sandbox.list().result()]
+        for target in (SID, UNKNOWN):
+            TARGET = target
+            out[target] = [err(lambda: Sandbox.from_id(target).result()),
+                           err(lambda: Sandbox.delete(target).result())]
+    """.replace("SID", repr(sid)).replace("UNKNOWN", repr(UNKNOWN)))
+    assert sid not in out["listed"]
+    assert out[sid] == out[UNKNOWN]
+    assert all(e is not None and "NotFound" in e[0] for e in out[sid]), out[sid]
+    with team.tenant("alice") as a:
+        assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+    gone = cw(team.tokens["alice"], f"""
+        TARGET = "-"
+        Sandbox.delete({sid!r}).result()
+        out["after"] = err(lambda: Sandbox.from_id({sid!r}).result())  # its final state
+    """)
+    assert gone["after"] is None
+    # a deleted sandbox's last record is alice's alone
+    out = cw(team.tokens["bob"], """
+        for target in (SID, UNKNOWN):
+            TARGET = target
+            out[target] = [err(lambda: Sandbox.from_id(target).result()),
+                           err(lambda: Sandbox.delete(target).result())]
+        out["listed"] = [s.sandbox_id for s in Sandbox.list(show_terminated=True).result()]
+    """.replace("SID", repr(sid)).replace("UNKNOWN", repr(UNKNOWN)))
+    assert out[sid] == out[UNKNOWN] and sid not in out["listed"]
+    wrong = cw("not-a-token", """
+        TARGET = "-"
+        out["e"] = err(lambda: Sandbox.list().result())
+    """)
+    assert "Authentication" in wrong["e"][0]
+
+
+# ---------------------------------------------------------- SandboxFusion
+
+
+def test_sandboxfusion_tenant_path_token(clean):
+    team = clean
+    body = {"code": "print(6*7)", "language": "python"}
+
+    def fusion(token: str) -> httpx.Response:
+        return httpx.post(f"{team.url}/sandboxfusion/{token}/run_code", json=body, timeout=120)
+
+    for token in (team.tokens["alice"], ADMIN_TOKEN):
+        reply = fusion(token)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["run_result"]["stdout"] == "42\n"
+    with team.admin() as admin:  # alice's warm pool is hers, apart from the admin's
+        pools = {p["name"]: p["spec"]["tenant"] for p in admin.get("/v1/pools").json()["pools"]}
+    assert set(pools.values()) == {"alice", None}
+    with team.tenant("bob") as b:
+        assert b.get("/v1/pools").json()["pools"] == []
+    with team.tenant("alice") as a:
+        assert [p["spec"]["tenant"] for p in a.get("/v1/pools").json()["pools"]] == ["alice"]
+    assert fusion("crl_" + "x" * 43).status_code == 401
+    with team.admin() as admin:
+        assert admin.delete("/v1/tokens/bob").status_code == 204
+    assert fusion(team.tokens["bob"]).status_code == 401  # revoked: refused at once
+    team.make_token("bob")  # for the module's other tests
