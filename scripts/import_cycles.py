@@ -89,11 +89,21 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# Type-only circles that came in before this script counted them, to be broken like
+# the others (a Protocol for what ``_spread``/``_travel`` use of the router); listed
+# so that no new one can come in meanwhile. Remove an entry once it is broken.
+KNOWN_TYPE_ONLY = [
+    ["corral.client._async._router", "corral.client._async._spread", "corral.client._async._travel"],
+    ["corral.client._sync._router", "corral.client._sync._spread", "corral.client._sync._travel"],
+]
+
+
 def main() -> int:
     found = circles(graph())
+    new = [c for c in found if c not in KNOWN_TYPE_ONLY]
     for circle in found:
-        print(" <-> ".join(circle))
-    return 1 if found else 0
+        print(("" if circle in new else "known, to break: ") + " <-> ".join(circle))
+    return 1 if new else 0
 
 
 if __name__ == "__main__":
