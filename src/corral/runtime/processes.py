@@ -67,6 +67,7 @@ from corral.runtime.agentconn import (
     limit_fields,
 )
 from corral.runtime.channel import StreamDeadline
+from corral.runtime.cmdtap import CommandTap
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.terminal import TerminalSize, terminal_env, terminal_fields, terminal_size
 from corral.schema import ExecEvent, ExecResult, OutputStream
@@ -158,6 +159,8 @@ class Process:
         self._done = asyncio.Event()
         self._reader = 0  # generation of the current reader (output() or readline())
         self._reading = False
+        # its sandbox's log and the exec metrics hear of it when it ends (CommandEnded)
+        self._tap = CommandTap(engine.events, live.id, argv)
 
     # ----------------------------------------------------------- properties
 
@@ -405,6 +408,7 @@ class Process:
                 if reply.msg in (Msg.STDOUT, Msg.STDERR):
                     kind: OutputStream = "stdout" if reply.msg == Msg.STDOUT else "stderr"
                     self._push(kind, reply.data)
+                    self._tap.see(ExecEvent(kind, reply.data))
                     live.touch()
                 elif reply.msg == Msg.EXIT:
                     result = exit_result(
@@ -463,6 +467,9 @@ class Process:
     ) -> None:
         self.state, self.result, self.error = state, result, error
         self.ended_at = time.time()
+        if result is not None:
+            self._tap.see(ExecEvent("exit", result=result))
+        self._tap.end()  # once; LOST (its sandbox ended first): outcome "killed"
         self.stdin_open = False
         self._done.set()
         self._wake.set()
