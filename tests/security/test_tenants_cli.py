@@ -7,18 +7,14 @@ from __future__ import annotations
 import pytest
 
 import corral
-from corral.cli.main import main
-from tests.security.tenants_helpers import UNKNOWN, no_traceback, team_daemon
-from tests.server.conftest import free_port
+from tests.security.tenants_helpers import UNKNOWN, grpc_team
+from tests.security.test_tenants_sdk import _cli
 
 
 @pytest.fixture(scope="module")
 def team():
-    grpc_port = free_port()
-    with team_daemon("--grpc", f"127.0.0.1:{grpc_port}") as t:
-        t.grpc = f"127.0.0.1:{grpc_port}"
+    with grpc_team() as t:
         yield t
-        no_traceback(t)
 
 
 @pytest.fixture
@@ -31,13 +27,6 @@ def alice_sb(team):
         assert sb.files.read("/workspace/secret") == b"alice's"
         assert [e for e in sb.logs() if e["kind"] == "command"] == []  # bob ran nothing
     team.cleanup()
-
-
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_another_tenants_sandbox_is_an_unknown_id(team, alice_sb, capsys, tmp_path):

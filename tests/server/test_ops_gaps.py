@@ -12,20 +12,15 @@ import httpx
 import pytest
 
 import corral
-from tests.security.tenants_helpers import ADMIN_TOKEN, no_traceback, team_daemon
-from tests.server.conftest import free_port
+from tests.security.tenants_helpers import ADMIN_TOKEN, grpc_team
 
 MAX_LIFETIME = 600
 
 
 @pytest.fixture(scope="module")
 def team():
-    grpc_port = free_port()
-    with team_daemon("--log-format", "json", "--grpc", f"127.0.0.1:{grpc_port}",
-                     "--max-lifetime", str(MAX_LIFETIME)) as t:
-        t.grpc = f"127.0.0.1:{grpc_port}"
+    with grpc_team("--log-format", "json", "--max-lifetime", str(MAX_LIFETIME)) as t:
         yield t
-        no_traceback(t)
 
 
 @pytest.fixture
