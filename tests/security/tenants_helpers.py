@@ -23,6 +23,7 @@ class Team:
     daemon: Daemon
     port: int
     tokens: dict[str, str] = field(default_factory=dict)
+    grpc: str = ""  # host:port of the cwsandbox front-end, if it runs (grpc_team)
 
     @property
     def url(self) -> str:
@@ -71,6 +72,17 @@ def team_daemon(*args: str) -> Iterator[Team]:
     finally:
         d.stop()
         shutil.rmtree(d.base, ignore_errors=True)
+
+
+@contextmanager
+def grpc_team(*args: str) -> Iterator[Team]:
+    """:func:`team_daemon` with the cwsandbox front-end (``team.grpc``: host:port); the
+    daemon must log no traceback meanwhile."""
+    port = free_port()
+    with team_daemon("--grpc", f"127.0.0.1:{port}", *args) as team:
+        team.grpc = f"127.0.0.1:{port}"
+        yield team
+        no_traceback(team)
 
 
 def unknown_like(reply: httpx.Response, hidden_id: str, unknown: httpx.Response) -> None:

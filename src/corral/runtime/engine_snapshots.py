@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from corral.errors import InvalidArgument, InvalidState
+from corral.runtime.events import Events, Forking
 from corral.runtime.snapshots import Snapshots
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
@@ -30,6 +31,7 @@ class SnapshotOps:
     if TYPE_CHECKING:
         _live: dict[str, Live]
         snapshots: Snapshots
+        events: Events
 
         def _get_live(self, sandbox_id: str) -> Live: ...
         def get(self, sandbox_id: str) -> SandboxInfo: ...
@@ -121,12 +123,14 @@ async def fork_from(
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
     snap = await engine.snapshot(sandbox_id)
+    engine.events.emit(Forking(sandbox_id, snap.id))  # the copies' logs say "forked"
     try:
         spec = engine.fork_spec(sandbox_id, snap.id)
         if tags is not None:
             spec = spec.model_copy(update={"tags": list(tags)})
         made = await asyncio.gather(*(create(spec) for _ in range(n)), return_exceptions=True)
     finally:
+        engine.events.emit(Forking(sandbox_id, snap.id, done=True))
         await engine.snapshots.delete(snap.id)  # deferred while the copies run
     ok = [r for r in made if isinstance(r, SandboxInfo)]
     failed = [r for r in made if isinstance(r, BaseException)]

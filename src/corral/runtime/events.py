@@ -72,6 +72,16 @@ class CommandEnded:
 
 
 @dataclass(frozen=True)
+class Forking:
+    """A fork of ``source`` starts its copies from ``snapshot`` (``done``: it finished,
+    however): a :class:`SandboxStarted` from that snapshot meanwhile is a fork's copy."""
+
+    source: str
+    snapshot: str
+    done: bool = False
+
+
+@dataclass(frozen=True)
 class PoolAcquired:
     """A warm pool handed out a live sandbox ``seconds`` after the acquire began."""
 

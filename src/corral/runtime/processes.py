@@ -62,12 +62,14 @@ from corral.runtime.agentconn import (
     Deadline,
     exit_result,
 )
+from corral.runtime.cmdtap import CommandTap
 from corral.runtime.protocol import Field, Msg
 from corral.runtime.terminal import TerminalSize, terminal_size
 from corral.schema import ExecEvent, ExecResult, OutputStream
 
 if TYPE_CHECKING:
     from corral.runtime.channel import ExecStream
+    from corral.runtime.events import Events
     from corral.runtime.live import Live as _Live
 
 DEFAULT_MAX_BUFFER = 16 << 20
@@ -85,6 +87,7 @@ class ProcessEngine(Protocol):
     which imports this module)."""
 
     _tasks: set[asyncio.Task[Any]]
+    events: Events
 
     def _running(self, sandbox_id: str) -> _Live: ...
     def command_fields(
@@ -170,6 +173,8 @@ class Process:
         self._done = asyncio.Event()
         self._reader = 0  # generation of the current reader (output() or readline())
         self._reading = False
+        # its sandbox's log and the exec metrics hear of it when it ends (CommandEnded)
+        self._tap = CommandTap(engine.events, live.id, argv)
 
     # ----------------------------------------------------------- properties
 
@@ -417,6 +422,7 @@ class Process:
                 if reply.msg in (Msg.STDOUT, Msg.STDERR):
                     kind: OutputStream = "stdout" if reply.msg == Msg.STDOUT else "stderr"
                     self._push(kind, reply.data)
+                    self._tap.see(ExecEvent(kind, reply.data))
                     live.touch()
                 elif reply.msg == Msg.EXIT:
                     result = exit_result(
@@ -475,6 +481,9 @@ class Process:
     ) -> None:
         self.state, self.result, self.error = state, result, error
         self.ended_at = time.time()
+        if result is not None:
+            self._tap.see(ExecEvent("exit", result=result))
+        self._tap.end()  # once; LOST (its sandbox ended first): outcome "killed"
         self.stdin_open = False
         self._done.set()
         self._wake.set()

@@ -3,7 +3,7 @@
 A :class:`SandboxLogs` listens to the engine's events (:mod:`corral.runtime.events`)
 and keeps, per sandbox, the last :data:`MAX_COMMANDS` commands (argv, start and end,
 how each ended, the tails of its output: :mod:`corral.runtime.cmdtap`) and the last
-:data:`MAX_EVENTS` lifecycle events (ready, restored, paused, stopping, stopped with
+:data:`MAX_EVENTS` lifecycle events (ready, restored or forked, paused, stopping, stopped with
 its reason, timeout, OOM, deleted). They can be read until the sandbox is deleted, and
 for ``retention`` seconds after.
 
@@ -38,6 +38,7 @@ from typing import Any
 from corral.runtime.events import (
     CommandEnded,
     Events,
+    Forking,
     SandboxDeleted,
     SandboxEnded,
     SandboxStarted,
@@ -119,6 +120,7 @@ class SandboxLogs:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._unsubscribe: list[Any] = []
+        self._forking: dict[str, str] = {}  # a fork's snapshot → the sandbox forked
         self._last_sweep = 0.0
         self._sweep_every = min(SWEEP_INTERVAL_S, max(retention, 1.0))
         self.closed = False
@@ -128,7 +130,7 @@ class SandboxLogs:
     def attach(self, events: Events) -> None:
         for kind, fn in ((CommandEnded, self._on_command), (StateChanged, self._on_state),
                          (SandboxEnded, self._on_ended), (SandboxStarted, self._on_started),
-                         (SandboxDeleted, self._on_deleted)):
+                         (SandboxDeleted, self._on_deleted), (Forking, self._on_forking)):
             self._unsubscribe.append(events.subscribe(kind, fn))
 
     def detach(self) -> None:
@@ -159,9 +161,18 @@ class SandboxLogs:
         self._add(ev.sandbox_id, "command", _command(ev))
 
     def _on_started(self, ev: SandboxStarted) -> None:
-        if ev.snapshot:
+        source = self._forking.get(ev.snapshot) if ev.snapshot else None
+        if source is not None:
+            self.event(ev.sandbox_id, "forked", source=source)
+        elif ev.snapshot:
             self.event(ev.sandbox_id, "restored", snapshot=ev.snapshot)
         self.event(ev.sandbox_id, "ready")
+
+    def _on_forking(self, ev: Forking) -> None:
+        if ev.done:
+            self._forking.pop(ev.snapshot, None)
+        else:
+            self._forking[ev.snapshot] = ev.source
 
     def _on_state(self, ev: StateChanged) -> None:
         if ev.new in (SandboxState.STOPPED, SandboxState.FAILED):

@@ -233,7 +233,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.activity = activity
     app.state.tenants = tenants
     admission = Admission(limits, Quotas(tenants.quota_of))
-    service = app.state.service = SandboxService(engine, admission, tenants)
+    service = app.state.service = SandboxService(
+        engine, admission, tenants, max_lifetime=settings.max_lifetime)
     app.state.admission, app.state.pools = service.admission, service.pools
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)

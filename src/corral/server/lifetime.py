@@ -5,6 +5,14 @@ One mechanism for every front-end (``PATCH /v1/sandboxes/{id}``, E2B's
 how far ahead a deadline may be set; the engine keeps it (the sandbox's ``timeout``
 becomes its new lifetime, counted from its start) and its reaper ends the sandbox then,
 with the reason ``timeout``.
+
+The same maximum bounds the ``timeout`` a sandbox is created with, on every front-end
+(the service's :meth:`~corral.server.service.SandboxService.plan` and ``create``,
+:mod:`corral.server.limits`): a timeout asked for above it is refused (a typed 400
+naming ``--max-lifetime``: a job that asked for an hour must not be cut at ten minutes
+without a word), while the default one (:data:`~corral.schema.DEFAULT_TIMEOUT_S`, what
+a create that names none gets) and one inherited (a snapshot's, a fork's, a pool's)
+are lowered to it.
 """
 
 from __future__ import annotations
@@ -16,19 +24,14 @@ from starlette.requests import Request
 from corral.errors import InvalidArgument
 from corral.schema import SandboxInfo
 from corral.server import context as ctx
+from corral.server.limits import check_lifetime
 
 
 async def set_lifetime(request: Request, sandbox_id: str, seconds: float) -> SandboxInfo:
     """End the sandbox ``seconds`` from now (0 < seconds <= the daemon's maximum; E2B's
     front-end may pass 0: at once). A stopped sandbox raises ``InvalidState``."""
-    limit = ctx.settings(request).max_lifetime
     if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
         raise InvalidArgument(f"timeout must be a number of seconds > 0, got {seconds!r}",
                               details={"field": "timeout"})
-    if seconds > limit:
-        raise InvalidArgument(
-            f"timeout {seconds:g} s is more than this daemon's maximum lifetime of "
-            f"{limit:g} s (corral serve --max-lifetime): ask for at most that",
-            details={"field": "timeout", "max": limit},
-        )
+    check_lifetime(seconds, ctx.settings(request).max_lifetime)
     return await ctx.engine(request).set_timeout(sandbox_id, float(seconds))

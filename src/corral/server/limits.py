@@ -33,7 +33,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
-from corral.schema import SandboxSpec
+from corral.schema import DEFAULT_TIMEOUT_S, SandboxSpec
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 65_536  # values (array elements, object members) in one JSON body
@@ -85,6 +85,27 @@ def check_host_limits(spec: SandboxSpec) -> None:
             details={"errors": [{"field": "cpus", "message": f"at most {cores}"}],
                      "limit": cores},
         )
+
+
+def check_lifetime(seconds: float, limit: float) -> None:
+    """Refuse a lifetime of ``seconds`` above the daemon's ``--max-lifetime``."""
+    if seconds > limit:
+        raise InvalidArgument(
+            f"timeout {seconds:g} s is more than this daemon's maximum lifetime of "
+            f"{limit:g} s (corral serve --max-lifetime): ask for at most that",
+            details={"field": "timeout", "max": limit},
+        )
+
+
+def check_create_lifetime(spec: SandboxSpec, limit: float) -> None:
+    """Refuse a create whose ``timeout`` (not the default one) is above ``limit``."""
+    if spec.timeout != DEFAULT_TIMEOUT_S:
+        check_lifetime(spec.timeout, limit)
+
+
+def capped_lifetime(spec: SandboxSpec, limit: float) -> SandboxSpec:
+    """``spec`` with its ``timeout`` lowered to ``limit`` if it was above."""
+    return spec if spec.timeout <= limit else spec.model_copy(update={"timeout": limit})
 
 
 def check_open_files(open_files: int) -> None:

@@ -28,9 +28,9 @@ from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
-from corral.schema import NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
+from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
 from corral.server.admission import Admission
-from corral.server.limits import check_host_limits
+from corral.server.limits import capped_lifetime, check_create_lifetime, check_host_limits
 from corral.server.tenants import Tenants
 
 __all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
@@ -63,9 +63,11 @@ class SandboxService:
     """Create, delete, stop and fork sandboxes under admission control and pools."""
 
     def __init__(
-        self, engine: Engine, admission: Admission, tenants: Tenants | None = None
+        self, engine: Engine, admission: Admission, tenants: Tenants | None = None,
+        *, max_lifetime: float = MAX_TIMEOUT_S,
     ) -> None:
         self.engine = engine
+        self.max_lifetime = max_lifetime  # --max-lifetime: bounds every create's timeout
         self.admission = admission
         self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
@@ -108,6 +110,7 @@ class SandboxService:
         was started with ``--allow-host-network``, or it asks on the Unix socket).
         """
         try:
+            check_create_lifetime(spec, self.max_lifetime)  # --max-lifetime
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
@@ -126,6 +129,7 @@ class SandboxService:
         began, admitted, result = time.monotonic(), None, "internal"
         try:
             spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
+            spec = capped_lifetime(spec, self.max_lifetime)  # a default or inherited one
             check_host_limits(spec)
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus

@@ -416,7 +416,8 @@ class CwSandboxFrontend:
         """Listen on ``settings.grpc``; the port (useful when it was 0)."""
         host, port = self.settings.grpc  # type: ignore[misc]
         server = grpc.aio.server(
-            interceptors=[Guard(self.service.identify, self.settings.max_client_requests)],
+            interceptors=[Guard(self.service.identify, self.settings.max_client_requests,
+                                log_calls=self.settings.log_format == "json")],
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

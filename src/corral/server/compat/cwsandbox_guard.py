@@ -19,6 +19,7 @@ pieces.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ import grpc
 import grpc.aio
 
 from corral.server.compat import cwsandbox_wire as wire
+from corral.server.compat.cwsandbox_log import log_call, logged, rpc_name
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.tenants import Caller
 
@@ -126,11 +128,16 @@ _KINDS = {  # (request_streaming, response_streaming) → (attribute, factory)
 
 
 class Guard(grpc.aio.ServerInterceptor):
-    """Authentication before any message is read, then the per-client cap."""
+    """Authentication before any message is read, then the per-client cap; with
+    ``log_calls`` (``--log-format json``) one access-log line per call (cwsandbox_log)."""
 
-    def __init__(self, identify: Callable[[str], Caller | None], max_client_calls: int) -> None:
+    def __init__(
+        self, identify: Callable[[str], Caller | None], max_client_calls: int,
+        log_calls: bool = False,
+    ) -> None:
         self.identify = identify
         self.clients = ClientLimiter(max_client_calls)
+        self.log_calls = log_calls
 
     async def intercept_service(
         self,
@@ -141,11 +148,16 @@ class Guard(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler  # an unknown method: UNIMPLEMENTED, nothing read
         failure = check_token(handler_call_details.invocation_metadata, self.identify)
+        method = rpc_name(handler_call_details.method)
         if isinstance(failure, wire.RpcFailure):
+            if self.log_calls:
+                log_call(method, None, failure.code.name, time.perf_counter())
             return _refusal(handler, failure)
         kind = (handler.request_streaming, handler.response_streaming)
         attribute, factory = _KINDS[kind]
         behavior = _counted(getattr(handler, attribute), self.clients)
+        if self.log_calls:
+            behavior = logged(behavior, method, failure.name)
         return factory(
             behavior,
             request_deserializer=handler.request_deserializer,
