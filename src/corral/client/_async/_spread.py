@@ -12,15 +12,13 @@ with ``node=`` (or neither) lives on one node, as before.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
+from corral.client._async._cluster_view import ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable, NotFound
-
-if TYPE_CHECKING:
-    from corral.client._async._router import AsyncRouter
 
 SPREAD = "*"
 """The ``node`` a pool is made on to spread it over every node."""
@@ -29,7 +27,7 @@ _SUMMED = ("ready", "starting", "acquired", "waiting", "created", "failed", "dis
            "acquires", "min_ready", "max_size")
 
 
-async def create(router: AsyncRouter, kwargs: dict[str, Any]) -> httpx.Response:
+async def create(router: ClusterView, kwargs: dict[str, Any]) -> httpx.Response:
     """Make the pool on every alive node, each with its share; all or nothing."""
     nodes = await router.alive_nodes()
     body = dict(kwargs.get("json") or {})
@@ -47,7 +45,7 @@ async def create(router: AsyncRouter, kwargs: dict[str, Any]) -> httpx.Response:
     return await merged(router, "GET", f"{POOLS}/{body.get('name')}", {}, made, status=201)
 
 
-async def holders(router: AsyncRouter, path: str) -> list[tuple[Node, dict[str, Any]]]:
+async def holders(router: ClusterView, path: str) -> list[tuple[Node, dict[str, Any]]]:
     """The nodes whose daemon has the pool of ``path``, with its details there."""
     name_path = POOLS + "/" + path[len(POOLS) + 1:].partition("/")[0]
     nodes = await router.alive_nodes()
@@ -60,7 +58,7 @@ async def holders(router: AsyncRouter, path: str) -> list[tuple[Node, dict[str, 
     return out
 
 
-async def on_pool(router: AsyncRouter, method: str, path: str, kwargs: dict[str, Any],
+async def on_pool(router: ClusterView, method: str, path: str, kwargs: dict[str, Any],
                   stream: bool) -> httpx.Response:
     """A call on a pool, sent to the node that holds it, or, for a pool spread over
     several nodes: an acquire to the best one, a delete to all, its details added up."""
@@ -84,7 +82,7 @@ async def on_pool(router: AsyncRouter, method: str, path: str, kwargs: dict[str,
     return await router._on(found[0][0], method, path, kwargs, stream, None)
 
 
-async def merged(router: AsyncRouter, method: str, path: str, kwargs: dict[str, Any],
+async def merged(router: ClusterView, method: str, path: str, kwargs: dict[str, Any],
                  nodes: list[Node], status: int = 200) -> httpx.Response:
     """One pool's details, added up over ``nodes``."""
     parts = []

@@ -14,20 +14,18 @@ that have it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
+from corral.client._async._cluster_view import ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable, InvalidState, SnapshotNotFound
-
-if TYPE_CHECKING:
-    from corral.client._async._router import AsyncRouter
 
 SNAPSHOT_PREFIX = "/v1/snapshots/"
 FETCH_TIMEOUT_S = 900.0  # a big chain of layers over a slow link
 
 
-async def bring_snapshot(router: AsyncRouter, target: Node, ref: str) -> None:
+async def bring_snapshot(router: ClusterView, target: Node, ref: str) -> None:
     """Make the snapshot ``ref`` restorable on ``target``: nothing if it is there
     already (remembered per client), else fetched from a node that holds it."""
     known = router.snapshots_at
@@ -45,7 +43,7 @@ async def bring_snapshot(router: AsyncRouter, target: Node, ref: str) -> None:
     known.add((target.node_id, ref))
 
 
-async def bring_image(router: AsyncRouter, target: Node, image: str) -> Node:
+async def bring_image(router: ClusterView, target: Node, image: str) -> Node:
     """Make the image ``image`` usable on ``target``, pulled from a node that has it
     (a built image travels); the node to create on: ``target``, or a node that has the
     image if it cannot travel (a root filesystem imported on some nodes only)."""
@@ -72,7 +70,7 @@ async def bring_image(router: AsyncRouter, target: Node, image: str) -> Node:
     return target
 
 
-async def delete_everywhere(router: AsyncRouter, path: str, kwargs: dict[str, Any]) -> None:
+async def delete_everywhere(router: ClusterView, path: str, kwargs: dict[str, Any]) -> None:
     """Delete a snapshot on every node that has a copy (idempotent)."""
     nodes = await router.alive_nodes()
     for reply in await router._each(nodes, "DELETE", path, kwargs):

@@ -14,15 +14,13 @@ with ``node=`` (or neither) lives on one node, as before.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
+from corral.client._sync._cluster_view import ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable, NotFound
-
-if TYPE_CHECKING:
-    from corral.client._sync._router import Router
 
 SPREAD = "*"
 """The ``node`` a pool is made on to spread it over every node."""
@@ -31,7 +29,7 @@ _SUMMED = ("ready", "starting", "acquired", "waiting", "created", "failed", "dis
            "acquires", "min_ready", "max_size")
 
 
-def create(router: Router, kwargs: dict[str, Any]) -> httpx.Response:
+def create(router: ClusterView, kwargs: dict[str, Any]) -> httpx.Response:
     """Make the pool on every alive node, each with its share; all or nothing."""
     nodes = router.alive_nodes()
     body = dict(kwargs.get("json") or {})
@@ -49,7 +47,7 @@ def create(router: Router, kwargs: dict[str, Any]) -> httpx.Response:
     return merged(router, "GET", f"{POOLS}/{body.get('name')}", {}, made, status=201)
 
 
-def holders(router: Router, path: str) -> list[tuple[Node, dict[str, Any]]]:
+def holders(router: ClusterView, path: str) -> list[tuple[Node, dict[str, Any]]]:
     """The nodes whose daemon has the pool of ``path``, with its details there."""
     name_path = POOLS + "/" + path[len(POOLS) + 1:].partition("/")[0]
     nodes = router.alive_nodes()
@@ -62,7 +60,7 @@ def holders(router: Router, path: str) -> list[tuple[Node, dict[str, Any]]]:
     return out
 
 
-def on_pool(router: Router, method: str, path: str, kwargs: dict[str, Any],
+def on_pool(router: ClusterView, method: str, path: str, kwargs: dict[str, Any],
                   stream: bool) -> httpx.Response:
     """A call on a pool, sent to the node that holds it, or, for a pool spread over
     several nodes: an acquire to the best one, a delete to all, its details added up."""
@@ -86,7 +84,7 @@ def on_pool(router: Router, method: str, path: str, kwargs: dict[str, Any],
     return router._on(found[0][0], method, path, kwargs, stream, None)
 
 
-def merged(router: Router, method: str, path: str, kwargs: dict[str, Any],
+def merged(router: ClusterView, method: str, path: str, kwargs: dict[str, Any],
                  nodes: list[Node], status: int = 200) -> httpx.Response:
     """One pool's details, added up over ``nodes``."""
     parts = []

@@ -16,20 +16,18 @@ that have it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
+from corral.client._sync._cluster_view import ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable, InvalidState, SnapshotNotFound
-
-if TYPE_CHECKING:
-    from corral.client._sync._router import Router
 
 SNAPSHOT_PREFIX = "/v1/snapshots/"
 FETCH_TIMEOUT_S = 900.0  # a big chain of layers over a slow link
 
 
-def bring_snapshot(router: Router, target: Node, ref: str) -> None:
+def bring_snapshot(router: ClusterView, target: Node, ref: str) -> None:
     """Make the snapshot ``ref`` restorable on ``target``: nothing if it is there
     already (remembered per client), else fetched from a node that holds it."""
     known = router.snapshots_at
@@ -47,7 +45,7 @@ def bring_snapshot(router: Router, target: Node, ref: str) -> None:
     known.add((target.node_id, ref))
 
 
-def bring_image(router: Router, target: Node, image: str) -> Node:
+def bring_image(router: ClusterView, target: Node, image: str) -> Node:
     """Make the image ``image`` usable on ``target``, pulled from a node that has it
     (a built image travels); the node to create on: ``target``, or a node that has the
     image if it cannot travel (a root filesystem imported on some nodes only)."""
@@ -74,7 +72,7 @@ def bring_image(router: Router, target: Node, image: str) -> Node:
     return target
 
 
-def delete_everywhere(router: Router, path: str, kwargs: dict[str, Any]) -> None:
+def delete_everywhere(router: ClusterView, path: str, kwargs: dict[str, Any]) -> None:
     """Delete a snapshot on every node that has a copy (idempotent)."""
     nodes = router.alive_nodes()
     for reply in router._each(nodes, "DELETE", path, kwargs):

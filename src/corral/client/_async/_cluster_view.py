@@ -1,0 +1,35 @@
+"""What :mod:`._spread` and :mod:`._travel` use of the cluster router: a Protocol, so
+they need not import :class:`~._router.AsyncRouter` (which imports them)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+from corral.cluster.directory import Directory, Node
+
+
+class ClusterView(Protocol):
+    directory: Directory
+    snapshots_at: set[tuple[str, str]]  # (node id, snapshot) known there
+    staying_images: set[str]  # root filesystems: they do not travel
+    _images: dict[str, set[str]]  # node id -> the images it has
+    _loaded_at: float
+
+    async def alive_nodes(self) -> list[Node]: ...
+
+    async def home_node(self) -> Node: ...
+
+    async def _refresh_loads(self) -> list[Node]: ...
+
+    async def _holder_of(self, prefix: str, ref: str) -> Node: ...
+
+    async def _on(
+        self, target: Node, method: str, path: str, kwargs: dict[str, Any], stream: bool,
+        what: str | None,
+    ) -> httpx.Response: ...
+
+    async def _each(
+        self, nodes: list[Node], method: str, path: str, kwargs: dict[str, Any]
+    ) -> list[httpx.Response | BaseException]: ...

@@ -1,0 +1,37 @@
+# Generated from _async/_cluster_view.py by scripts/gen_sync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""What :mod:`._spread` and :mod:`._travel` use of the cluster router: a Protocol, so
+they need not import :class:`~._router.Router` (which imports them)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+from corral.cluster.directory import Directory, Node
+
+
+class ClusterView(Protocol):
+    directory: Directory
+    snapshots_at: set[tuple[str, str]]  # (node id, snapshot) known there
+    staying_images: set[str]  # root filesystems: they do not travel
+    _images: dict[str, set[str]]  # node id -> the images it has
+    _loaded_at: float
+
+    def alive_nodes(self) -> list[Node]: ...
+
+    def home_node(self) -> Node: ...
+
+    def _refresh_loads(self) -> list[Node]: ...
+
+    def _holder_of(self, prefix: str, ref: str) -> Node: ...
+
+    def _on(
+        self, target: Node, method: str, path: str, kwargs: dict[str, Any], stream: bool,
+        what: str | None,
+    ) -> httpx.Response: ...
+
+    def _each(
+        self, nodes: list[Node], method: str, path: str, kwargs: dict[str, Any]
+    ) -> list[httpx.Response | BaseException]: ...
