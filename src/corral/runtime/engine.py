@@ -60,6 +60,7 @@ from corral.runtime.live import Live
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
+from corral.runtime.reconcile import reconcile, remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
@@ -192,43 +193,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         return engine
 
     def reconcile(self) -> list[str]:
-        """Clean up after a previous owner of this state directory that died.
-
-        Every sandbox the registry thinks is alive is lost (its agent exits when its
-        engine does): kill what remains of it, unmount, remove its cgroups, and mark
-        it failed with the reason. Then remove leftovers the registry never knew of
-        (a crash in the middle of a create). Returns the ids marked failed.
-        """
-        lost = []
-        for sid, state, pid, pid_start, cg_path in self.registry.live_rows():
-            if pid and pid_start and syscalls.process_start_time(pid) == pid_start:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if cg_path:
-                self._remove_cgroup(cg_path)  # kills what is left, frozen or not
-            rootfs.unmount_root(self.layout.sandbox_dir(sid))
-            self.registry.set_state(
-                sid,
-                SandboxState.FAILED,
-                f"lost: the engine that ran it stopped unexpectedly while it was {state}; "
-                "its processes, mounts and cgroups were cleaned up when the engine restarted",
-            )
-            lost.append(sid)
-        for name in self.cgroups.children(self.cgroup_parent):
-            self._remove_cgroup(f"{self.cgroup_parent}/{name}")
-        for d in self.layout.sandboxes_dir.iterdir():
-            rootfs.unmount_root(d)
-        for f in self.layout.slots_dir.iterdir():
-            f.unlink(missing_ok=True)
-        return lost
-
-    def _remove_cgroup(self, path: str) -> None:
-        try:
-            self.cgroups.open(path).remove()
-        except (OSError, CorralError):
-            pass
+        """Clean up after a previous owner of this state directory that died
+        (:func:`~corral.runtime.reconcile.reconcile`); the ids it marked failed."""
+        return reconcile(self.layout, self.registry, self.cgroups, self.cgroup_parent)
 
     async def close(self, *, stop_sandboxes: bool = True) -> None:
         """Stop every sandbox (they cannot outlive their engine) and release the state dir."""
@@ -246,7 +213,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         await self._pool.close()
         for t in list(self._tasks):
             t.cancel()
-        self._remove_cgroup(self.cgroup_parent)
+        remove_cgroup(self.cgroups, self.cgroup_parent)
         self.registry.close()
         if self._warden:
             self._warden.stop()
