@@ -177,9 +177,11 @@ class PoolManager:
                 details={"pool": name},
             )
         self._engine.images.get(spec.image)  # ImageNotFound now, not at every refill
+        self._engine.resolve_spec(spec)  # SnapshotNotFound now: one its owner may see
         tagged = SandboxSpec.parse(spec.model_dump(), tags=[*spec.tags, pool_tag(name)])
         pool = _Pool(name, tagged, min_ready, max_size)
-        pool.task = asyncio.get_running_loop().create_task(  # refills act for the daemon
+        # the loop acts for the daemon, each refill for the pool's owner (_start_one)
+        pool.task = asyncio.get_running_loop().create_task(
             self._maintain(pool), name=f"corral-pool-{name}", context=Owners.detached()
         )
         self._pools[name] = pool
@@ -369,8 +371,9 @@ class PoolManager:
 
     async def _start_one(self, pool: _Pool) -> None:
         task = asyncio.current_task()
-        try:
-            info = await self._create(pool.spec)
+        try:  # a refill is its owner's create: it sees (snapshots) only what its owner may
+            with self._engine.owners.acting_as(pool.spec.tenant):
+                info = await self._create(pool.spec)
         except Exception as exc:
             pool.failed += 1
             pool.failures_in_a_row += 1

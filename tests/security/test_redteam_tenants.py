@@ -1,0 +1,56 @@
+"""Red-team attacks of a tenant holding a valid token against another tenant's data,
+through surfaces where the daemon acts for itself (a pool's refills, background
+work) or keeps data past a sandbox's life (logs, reports, counts)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon() as t:
+        yield t
+
+
+@pytest.fixture
+def alice_snap(team):
+    """alice's snapshot 'alice-snap' of a sandbox holding /workspace/secret."""
+    with team.tenant("alice") as a:
+        reply = a.post("/v1/sandboxes", json={"memory_mb": 64})
+        assert reply.status_code == 201, reply.text
+        sid = reply.json()["id"]
+        assert a.put(f"/v1/sandboxes/{sid}/files?path=/workspace/secret",
+                     content=b"alice's").status_code == 204
+        snap = a.post(f"/v1/sandboxes/{sid}/snapshot", json={"name": "alice-snap"})
+        assert snap.status_code in (200, 201), snap.text
+    yield {"sid": sid, "snap": snap.json()["id"]}
+    team.cleanup()
+    no_traceback(team)
+
+
+@pytest.mark.parametrize("ref", ["name", "id"])
+def test_a_pool_cannot_start_from_another_tenants_snapshot(team, alice_snap, ref):
+    """A pool's refills run as the daemon: the snapshot its spec names must be one its
+    tenant may see, checked when the pool is made (and not found as the daemon later)."""
+    snap = "alice-snap" if ref == "name" else alice_snap["snap"]
+    with team.tenant("bob") as b:
+        unknown = b.post("/v1/sandboxes", json={"memory_mb": 64, "snapshot": snap})
+        assert unknown.status_code == 404, unknown.text
+        made = b.post("/v1/pools", json={"name": "bob-pool", "spec": {
+            "memory_mb": 64, "snapshot": snap}, "min_ready": 1, "max_size": 1})
+        if made.status_code == 201:  # the attack's second half: what a refill holds
+            got = b.post("/v1/pools/bob-pool/acquire", json={"timeout": 60})
+            text = None
+            if got.status_code == 200:
+                sid = got.json()["id"]
+                read = b.get(f"/v1/sandboxes/{sid}/files?path=/workspace/secret")
+                text = read.content if read.status_code == 200 else None
+            b.delete("/v1/pools/bob-pool")
+            pytest.fail(f"bob's pool from alice's snapshot was made; its sandbox read {text!r}")
+        assert made.status_code == 404, made.text
+        assert made.json()["error"]["code"] == unknown.json()["error"]["code"]
