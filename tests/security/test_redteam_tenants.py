@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.security.tenants_helpers import no_traceback, team_daemon
+from tests.security.tenants_helpers import ADMIN_TOKEN, no_traceback, team_daemon
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +54,26 @@ def test_a_pool_cannot_start_from_another_tenants_snapshot(team, alice_snap, ref
             pytest.fail(f"bob's pool from alice's snapshot was made; its sandbox read {text!r}")
         assert made.status_code == 404, made.text
         assert made.json()["error"]["code"] == unknown.json()["error"]["code"]
+
+
+def _report(name: str, mean: float) -> dict:
+    return {"name": name, "state": "done", "done": 10, "total": 10, "n": 10, "mean": mean}
+
+
+def test_evaluation_runs_are_their_reporters_own(team):
+    """A tenant neither reads another's (or the admin's) evaluation runs nor overwrites
+    them: a forged report would show on the admin's dashboard as the admin's run."""
+    with team.tcp(ADMIN_TOKEN) as admin, team.tenant("alice") as a, team.tenant("bob") as b:
+        assert admin.put("/v1/evals/ev-000000000000a0a0", json=_report("admin-policy", 0.1)
+                         ).status_code == 200
+        assert a.put("/v1/evals/ev-00000000000a11ce", json=_report("alice-policy", 0.2)
+                     ).status_code == 200
+        assert b.get("/v1/evals").json()["evals"] == []
+        assert [r["name"] for r in a.get("/v1/evals").json()["evals"]] == ["alice-policy"]
+        for eid in ("ev-000000000000a0a0", "ev-00000000000a11ce"):
+            forged = b.put(f"/v1/evals/{eid}", json=_report("forged", 99.0))
+            assert forged.status_code == 404, forged.text
+        runs = {r["id"]: r for r in admin.get("/v1/evals").json()["evals"]}
+        assert runs["ev-000000000000a0a0"]["mean"] == 0.1
+        assert runs["ev-00000000000a11ce"]["mean"] == 0.2
+        assert runs["ev-00000000000a11ce"]["owner"] == "alice"
