@@ -77,3 +77,12 @@ def test_evaluation_runs_are_their_reporters_own(team):
         assert runs["ev-000000000000a0a0"]["mean"] == 0.1
         assert runs["ev-00000000000a11ce"]["mean"] == 0.2
         assert runs["ev-00000000000a11ce"]["owner"] == "alice"
+
+
+def test_info_counts_only_the_tenants_own_sandboxes(team, alice_snap):
+    """/v1/info tells a tenant how many sandboxes it has in each state, not how many
+    the daemon runs for everyone."""
+    with team.tenant("bob") as b, team.tenant("alice") as a, team.admin() as admin:
+        assert sum(b.get("/v1/info").json()["counts"].values()) == 0
+        assert a.get("/v1/info").json()["counts"]["running"] == 1
+        assert admin.get("/v1/info").json()["counts"]["running"] >= 1

@@ -618,7 +618,11 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         }
 
     def counts(self) -> dict[str, int]:
-        return self.registry.counts()
+        """Sandboxes by state: the acting owner's own (the admin's: all of them)."""
+        if self.owners.acting() is None:
+            return self.registry.counts()
+        mine = [i.state.value for i in self.list()]
+        return {state: mine.count(state) for state in set(mine)}
 
 
 
