@@ -86,3 +86,28 @@ def test_info_counts_only_the_tenants_own_sandboxes(team, alice_snap):
         assert sum(b.get("/v1/info").json()["counts"].values()) == 0
         assert a.get("/v1/info").json()["counts"]["running"] == 1
         assert admin.get("/v1/info").json()["counts"]["running"] >= 1
+
+
+def test_a_deleted_sandboxs_logs_stay_its_tenants_alone(team):
+    """logs.db keeps a deleted sandbox's owner: its tenant reads its logs for the
+    retention period; another tenant's read answers like an unknown id, also after a
+    restart of the daemon (the owner is on disk, not only in memory)."""
+    with team.tenant("alice") as a:
+        sid = a.post("/v1/sandboxes", json={"memory_mb": 64}).json()["id"]
+        ran = a.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["echo", "alice-output"]})
+        assert ran.status_code == 200, ran.text
+        assert a.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    path, unknown_path = f"/v1/sandboxes/{sid}/logs", "/v1/sandboxes/sb-0123456789ab/logs"
+    for restart in (False, True):
+        if restart:
+            team.daemon.stop()
+            team.daemon.start()
+        with team.tenant("alice") as a, team.tenant("bob") as b, team.admin() as admin:
+            mine = a.get(path)
+            assert mine.status_code == 200, (restart, mine.text)
+            assert "alice-output" in mine.text and mine.json()["entries"][-1]["event"] == "deleted"
+            theirs, unknown = b.get(path), b.get(unknown_path)
+            assert theirs.status_code == 404 and "alice-output" not in theirs.text
+            assert theirs.text.replace(sid, "ID") == unknown.text.replace("sb-0123456789ab", "ID")
+            assert b.get(path + "?follow=1").status_code == 404
+            assert "alice-output" in admin.get(path).text

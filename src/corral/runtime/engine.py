@@ -482,7 +482,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
         if existed:
-            self.events.emit(SandboxDeleted(sandbox_id))
+            self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
         return existed
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
