@@ -111,3 +111,24 @@ def test_a_deleted_sandboxs_logs_stay_its_tenants_alone(team):
             assert theirs.text.replace(sid, "ID") == unknown.text.replace("sb-0123456789ab", "ID")
             assert b.get(path + "?follow=1").status_code == 404
             assert "alice-output" in admin.get(path).text
+
+
+def test_a_cpu_quota_counts_the_cpus_a_sandbox_gets(team):
+    """The kernel gives a sandbox at least 1 ms of CPU per 100 ms (0.01 CPU), whatever
+    smaller ``cpus`` it asked: the quota counts what it gets, so asking 0.0001 CPU does
+    not fit a hundred times more sandboxes under max_cpus."""
+    team.make_token("carol", max_cpus=0.05)
+    made, refused = [], None
+    with team.tenant("carol") as c:
+        try:
+            for _ in range(8):  # bounded: 5 fit at 0.01 each
+                reply = c.post("/v1/sandboxes", json={"memory_mb": 32, "cpus": 0.0001})
+                if reply.status_code != 201:
+                    refused = reply
+                    break
+                made.append(reply.json()["id"])
+        finally:
+            for sid in made:
+                c.delete(f"/v1/sandboxes/{sid}")
+    assert len(made) == 5, len(made)
+    assert refused is not None and refused.json()["error"]["code"] == "quota_exceeded"
