@@ -3,8 +3,9 @@
 A tenant token may carry ``max_sandboxes`` (alive and starting), ``max_memory_mb``
 (the sum of their ``memory_mb``) and ``max_cpus`` (the sum of their ``cpus``, each
 counted as at least the 0.01 CPU the kernel gives it). A create that would pass one
-is refused at once with :class:`~corral.errors.QuotaExceeded` (429), naming the quota, its limit and the current use: waiting would not help, only
-the tenant's own deletes would. The check and the reservation are one synchronous step
+is refused at once with :class:`~corral.errors.QuotaExceeded` (429), naming the
+quota, its limit and the current use: waiting would not help, only the tenant's own
+deletes would. The check and the reservation are one synchronous step
 on the event loop, so twenty concurrent creates at a quota of five admit exactly five.
 Sandboxes of a tenant's pools carry the tenant and count like any other.
 """
