@@ -4,8 +4,6 @@ work) or keeps data past a sandbox's life (logs, reports, counts)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.security.tenants_helpers import ADMIN_TOKEN, no_traceback, team_daemon
