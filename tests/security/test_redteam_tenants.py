@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.security.tenants_helpers import ADMIN_TOKEN, no_traceback, team_daemon
+from tests.security.tenants_helpers import (
+    ADMIN_TOKEN,
+    no_traceback,
+    sandbox_with_secret,
+    team_daemon,
+)
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +24,7 @@ def team():
 def alice_snap(team):
     """alice's snapshot 'alice-snap' of a sandbox holding /workspace/secret."""
     with team.tenant("alice") as a:
-        reply = a.post("/v1/sandboxes", json={"memory_mb": 64})
-        assert reply.status_code == 201, reply.text
-        sid = reply.json()["id"]
-        assert a.put(f"/v1/sandboxes/{sid}/files?path=/workspace/secret",
-                     content=b"alice's").status_code == 204
+        sid = sandbox_with_secret(a)
         snap = a.post(f"/v1/sandboxes/{sid}/snapshot", json={"name": "alice-snap"})
         assert snap.status_code in (200, 201), snap.text
     yield {"sid": sid, "snap": snap.json()["id"]}
