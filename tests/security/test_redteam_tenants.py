@@ -131,3 +131,29 @@ def test_a_cpu_quota_counts_the_cpus_a_sandbox_gets(team):
                 c.delete(f"/v1/sandboxes/{sid}")
     assert len(made) == 5, len(made)
     assert refused is not None and refused.json()["error"]["code"] == "quota_exceeded"
+
+
+def test_a_tenant_cannot_make_pools_without_end(team):
+    """Pools with min_ready 0 cost no quota, but each is a task and state in the daemon:
+    a tenant's pools are bounded (429 quota_exceeded past the bound), other tenants and
+    the admin unaffected."""
+    from corral.runtime.pools import MAX_POOLS_PER_TENANT
+
+    made, refused = 0, None
+    with team.tenant("bob") as b:
+        try:
+            for i in range(MAX_POOLS_PER_TENANT + 1):  # bounded
+                reply = b.post("/v1/pools", json={"name": f"bob-{i}", "spec": {"memory_mb": 32},
+                                                  "min_ready": 0, "max_size": 1})
+                if reply.status_code != 201:
+                    refused = reply
+                    break
+                made += 1
+            assert made == MAX_POOLS_PER_TENANT, made
+            assert refused is not None and refused.status_code == 429, refused
+            assert refused.json()["error"]["details"]["quota"] == "pools"
+            with team.tenant("alice") as a:
+                assert a.post("/v1/pools", json={"name": "alice-ok", "spec": {"memory_mb": 32},
+                                                 "min_ready": 0, "max_size": 1}).status_code == 201
+        finally:
+            team.cleanup()
