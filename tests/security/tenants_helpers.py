@@ -93,6 +93,16 @@ def unknown_like(reply: httpx.Response, hidden_id: str, unknown: httpx.Response)
         reply.text, unknown.text)
 
 
+def sandbox_with_secret(client: httpx.Client) -> str:
+    """A new sandbox (64 MB) of ``client``'s tenant holding /workspace/secret."""
+    reply = client.post("/v1/sandboxes", json={"memory_mb": 64})
+    assert reply.status_code == 201, reply.text
+    sid = reply.json()["id"]
+    assert client.put(f"/v1/sandboxes/{sid}/files?path=/workspace/secret",
+                      content=b"alice's").status_code == 204
+    return sid
+
+
 def no_traceback(team: Team) -> None:
     text = team.daemon.log.read_text(errors="replace")
     assert "Traceback" not in text, text[-4000:]

@@ -17,6 +17,7 @@ from tests.security.tenants_helpers import (
     ADMIN_TOKEN,
     UNKNOWN,
     no_traceback,
+    sandbox_with_secret,
     team_daemon,
     unknown_like,
 )
@@ -32,11 +33,7 @@ def team():
 def alice_sb(team):
     """A running sandbox of alice's with a file, a snapshot, a pool and a process."""
     with team.tenant("alice") as a:
-        reply = a.post("/v1/sandboxes", json={"memory_mb": 64})
-        assert reply.status_code == 201, reply.text
-        sid = reply.json()["id"]
-        assert a.put(f"/v1/sandboxes/{sid}/files?path=/workspace/secret",
-                     content=b"alice's").status_code == 204
+        sid = sandbox_with_secret(a)
         proc = a.post(f"/v1/sandboxes/{sid}/processes", json={"cmd": ["sleep", "600"]}).json()
         snap = a.post(f"/v1/sandboxes/{sid}/snapshot", json={"name": "alice-snap"}).json()
         pool = a.post("/v1/pools", json={"name": "alice-pool", "spec": {"memory_mb": 64},

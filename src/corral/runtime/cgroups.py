@@ -25,7 +25,8 @@ from pathlib import Path
 
 from corral import errors
 
-__all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect"]
+__all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
+           "effective_cpus"]
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
@@ -90,6 +91,11 @@ def _child_names(dirs: Iterable[Path]) -> list[str]:
 
 def _quota_us(cpus: float) -> int:
     return max(1000, round(cpus * CFS_PERIOD_US))  # the kernel refuses quotas under 1 ms
+
+
+def effective_cpus(cpus: float) -> float:
+    """The CPUs a sandbox asking ``cpus`` gets (at least 0.01: the smallest CFS quota)."""
+    return _quota_us(cpus) / CFS_PERIOD_US
 
 
 def _check_path(path: str) -> str:

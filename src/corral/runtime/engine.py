@@ -449,7 +449,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
         if existed:
-            self.events.emit(SandboxDeleted(sandbox_id))
+            self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
         return existed
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
@@ -585,7 +585,11 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         }
 
     def counts(self) -> dict[str, int]:
-        return self.registry.counts()
+        """Sandboxes by state: the acting owner's own (the admin's: all of them)."""
+        if self.owners.acting() is None:
+            return self.registry.counts()
+        mine = [i.state.value for i in self.list()]
+        return {state: mine.count(state) for state in set(mine)}
 
 
 

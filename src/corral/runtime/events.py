@@ -45,9 +45,11 @@ class SandboxStarted:
 
 @dataclass(frozen=True)
 class SandboxDeleted:
-    """The sandbox's record was removed (its logs are kept for the retention period)."""
+    """The sandbox's record was removed (its logs are kept for the retention period,
+    readable by its owner ``tenant``; None: the admin's)."""
 
     sandbox_id: str
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ when the engine shuts down), :meth:`KeptFiles.keep` copies its writable layer ou
 processes frozen meanwhile, with the snapshot machinery (:meth:`Snapshots.stage`:
 bounded by its ``disk_mb`` and ``inodes``, descriptor-relative, no symlink followed)
 to ``<state_dir>/stopped/<id>`` — unless its ``disk_mb`` could take that disk below
-its reserve (:meth:`KeptFiles.has_room`: 10 % of the filesystem, at least 1 GiB).
+its reserve (:meth:`KeptFiles.has_room`: 10 % of the filesystem, at least 1 GiB,
+:func:`~corral.runtime.storage.room_above_reserve`).
 ``read``, ``stat`` and ``list_dir`` then serve the files the sandbox wrote; files of
 its image that it never changed are not kept.
 
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge
 from corral.runtime.events import Events, SandboxDeleted
 from corral.runtime.layers import TREE
+from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import remove_tree
 from corral.schema import FileInfo
 
@@ -42,10 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.runtime")
 
 MAX_SYMLINKS = 40
-# Kept files never take the disk under the state directory below this much free space
-# (the larger of the two): a sandbox's copy is skipped when its disk_mb would.
-RESERVE_BYTES = 1 << 30
-RESERVE_FRACTION = 0.10
 # Stops whose sandbox's files are not kept: a delete, and the engine or daemon ending
 # (copying every sandbox's files would hold up the shutdown).
 NOT_KEPT = ("deleted", "engine closed", "the daemon shut down")
@@ -95,9 +93,7 @@ class KeptFiles:
         """Whether ``need`` more bytes leave the disk under :attr:`root` its reserve: a
         stream of stopped sandboxes (each filled up to its ``disk_mb``) cannot fill the
         host's disk; past the reserve their files are simply not kept."""
-        vfs = os.statvfs(self.root)
-        reserve = max(RESERVE_BYTES, int(vfs.f_blocks * vfs.f_frsize * RESERVE_FRACTION))
-        return vfs.f_bavail * vfs.f_frsize - need >= reserve
+        return room_above_reserve(self.root) >= need
 
     def _deleted(self, ev: SandboxDeleted) -> None:
         path = self.root / ev.sandbox_id

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound
+from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound, QuotaExceeded
 from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
 from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
@@ -54,6 +54,7 @@ LIVENESS_TIMEOUT_S = 2.0  # a ready sandbox whose agent does not answer by then 
 REFILL_DELAY_S = 0.005  # after a hand-out, before its replacement starts (see acquire)
 BACKOFF_BASE_S = 0.25  # the wait after a failed create, doubling per failure in a row
 BACKOFF_MAX_S = 30.0
+MAX_POOLS_PER_TENANT = 64  # a tenant's pools (each a task and state here, even at min_ready 0)
 WAIT_SAMPLES = 1024  # acquires the wait median is computed over
 
 CreateFn = Callable[[SandboxSpec], Awaitable[SandboxInfo]]
@@ -176,15 +177,31 @@ class PoolManager:
                 "or choose another name",
                 details={"pool": name},
             )
+        self._check_count(spec.tenant)
         self._engine.images.get(spec.image)  # ImageNotFound now, not at every refill
+        self._engine.resolve_spec(spec)  # SnapshotNotFound now: one its owner may see
         tagged = SandboxSpec.parse(spec.model_dump(), tags=[*spec.tags, pool_tag(name)])
         pool = _Pool(name, tagged, min_ready, max_size)
-        pool.task = asyncio.get_running_loop().create_task(  # refills act for the daemon
+        # the loop acts for the daemon, each refill for the pool's owner (_start_one)
+        pool.task = asyncio.get_running_loop().create_task(
             self._maintain(pool), name=f"corral-pool-{name}", context=Owners.detached()
         )
         self._pools[name] = pool
         logger.info("pool %s: min_ready %d, max_size %d", name, min_ready, max_size)
         return pool.info()
+
+    def _check_count(self, tenant: str | None) -> None:
+        """A tenant's pools are bounded (the admin's are not)."""
+        if tenant is None:
+            return
+        mine = sum(1 for p in self._pools.values() if p.spec.tenant == tenant)
+        if mine >= MAX_POOLS_PER_TENANT:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} has {mine} pools, the most a tenant may have: delete "
+                "pools it no longer uses",
+                details={"quota": "pools", "limit": MAX_POOLS_PER_TENANT, "used": mine,
+                         "requested": 1, "tenant": tenant},
+            )
 
     def list_pools(self) -> builtins.list[PoolInfo]:
         return [p.info() for p in self._pools.values() if self._engine.owners.sees(p.spec)]
@@ -369,8 +386,9 @@ class PoolManager:
 
     async def _start_one(self, pool: _Pool) -> None:
         task = asyncio.current_task()
-        try:
-            info = await self._create(pool.spec)
+        try:  # a refill is its owner's create: it sees (snapshots) only what its owner may
+            with self._engine.owners.acting_as(pool.spec.tenant):
+                info = await self._create(pool.spec)
         except Exception as exc:
             pool.failed += 1
             pool.failures_in_a_row += 1

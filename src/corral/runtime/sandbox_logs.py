@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS entries (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_sandbox ON entries(sandbox_id, kind, seq);
-CREATE TABLE IF NOT EXISTS deleted (sandbox_id TEXT PRIMARY KEY, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS deleted (sandbox_id TEXT PRIMARY KEY, at REAL NOT NULL,
+                                    owner TEXT);
 """
 
 Entry = tuple[int, str, str, float, str]  # seq, sandbox id, kind, time, JSON data
@@ -109,13 +110,16 @@ class SandboxLogs:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        if "owner" not in {r[1] for r in self._db.execute("PRAGMA table_info(deleted)")}:
+            self._db.execute("ALTER TABLE deleted ADD COLUMN owner TEXT")  # an older logs.db
         self._lock = threading.Lock()  # one connection, used by the flush thread and readers
         row = self._db.execute("SELECT COALESCE(MAX(seq), 0), COALESCE(SUM(size), 0) "
                                "FROM entries").fetchone()
         self._seq, self._bytes = int(row[0]), int(row[1])
         self._pending: deque[Entry] = deque()
-        self._deleted: list[tuple[str, float]] = []
+        self._deleted: list[tuple[str, float, str | None]] = []  # id, when, its owner
         self._inflight: list[Entry] = []  # taken from the queue, being written
+        self._inflight_deleted: list[tuple[str, float, str | None]] = []
         self.dropped = 0  # entries dropped before they were written (the queue was full)
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -185,7 +189,7 @@ class SandboxLogs:
 
     def _on_deleted(self, ev: SandboxDeleted) -> None:
         self.event(ev.sandbox_id, "deleted")
-        self._deleted.append((ev.sandbox_id, time.time()))
+        self._deleted.append((ev.sandbox_id, time.time(), ev.tenant))
 
     async def _flush_loop(self) -> None:
         while not self.closed:
@@ -195,12 +199,12 @@ class SandboxLogs:
                     continue
             await self._flush()
 
-    def _take(self) -> tuple[list[Entry], list[tuple[str, float]]]:
+    def _take(self) -> tuple[list[Entry], list[tuple[str, float, str | None]]]:
         """What is queued, taken on the event loop (where entries are added): the
         writer thread never touches the queue. Readers still see the batch meanwhile."""
         batch, self._pending = list(self._pending), deque()
         deleted, self._deleted = self._deleted, []
-        self._inflight = batch
+        self._inflight, self._inflight_deleted = batch, deleted
         return batch, deleted
 
     async def _flush(self) -> None:
@@ -210,16 +214,16 @@ class SandboxLogs:
         except (sqlite3.Error, OSError):  # a full disk: the batch is dropped, not retried
             log.exception("writing sandbox logs failed")
         finally:
-            self._inflight = []
+            self._inflight, self._inflight_deleted = [], []
 
     def flush(self) -> None:
         """Write what is queued now, in this thread (tests; the loop uses :meth:`_flush`)."""
         try:
             self._write(*self._take())
         finally:
-            self._inflight = []
+            self._inflight, self._inflight_deleted = [], []
 
-    def _write(self, batch: list[Entry], deleted: list[tuple[str, float]]) -> None:
+    def _write(self, batch: list[Entry], deleted: list[tuple[str, float, str | None]]) -> None:
         """Write a batch, trim rings and the total, and sweep (bounded)."""
         with self._lock:
             per_kind: dict[tuple[str, str], int] = {}
@@ -242,7 +246,8 @@ class SandboxLogs:
                         "sandbox_id = ? AND kind = ? AND seq < (SELECT seq FROM entries WHERE "
                         "sandbox_id = ? AND kind = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)",
                         (sid, kind, sid, kind, _ring(kind) - 1))
-                db.executemany("INSERT OR REPLACE INTO deleted VALUES (?, ?)", deleted)
+                db.executemany("INSERT OR REPLACE INTO deleted (sandbox_id, at, owner) "
+                               "VALUES (?, ?, ?)", deleted)
                 while self._bytes > MAX_TOTAL_BYTES:
                     if not self._remove("seq IN (SELECT seq FROM entries ORDER BY seq LIMIT 500)",
                                         ()):
@@ -302,6 +307,17 @@ class SandboxLogs:
         with self._lock:
             return self._db.execute("SELECT 1 FROM entries WHERE sandbox_id = ? LIMIT 1",
                                     (sandbox_id,)).fetchone() is not None
+
+    def deleted_owner(self, sandbox_id: str) -> tuple[bool, str | None]:
+        """``(True, owner)`` if this sandbox was deleted and its logs are kept (owner
+        None: the admin's), else ``(False, None)``."""
+        for sid, _, owner in reversed([*self._inflight_deleted, *self._deleted]):
+            if sid == sandbox_id:
+                return True, owner
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM deleted WHERE sandbox_id = ?",
+                                   (sandbox_id,)).fetchone()
+        return (True, row[0]) if row is not None else (False, None)
 
     async def wait(self, timeout: float) -> None:
         """Until something new is logged (or ``timeout`` seconds pass)."""

@@ -50,6 +50,7 @@ from corral.runtime.layers import TREE, LayerStore
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout
 from corral.runtime.registry import Registry, SnapshotRow
+from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import Budget
 from corral.schema import DEFAULT_IMAGE, SandboxSpec, SnapshotInfo
 
@@ -107,6 +108,7 @@ class Snapshots:
         (``spec``'s ``disk_mb`` and ``inodes``: :class:`SnapshotTooLarge` beyond), its
         owners translated by ``ids`` (its uid to the canonical one)."""
         budget = Budget.for_spec(spec, f"sandbox {source}", sandbox_id=source)
+        budget.room = room_above_reserve(self.store.root)  # a loop of them cannot fill the disk
         with _translated(source):
             return await asyncio.to_thread(self._stage_frozen, upper, cgroup, budget, ids)
 

@@ -26,6 +26,19 @@ _SQLITE_FULL = 13  # SQLITE_FULL
 # on the first start, the agent binary. Less, and it refuses to start (check_room).
 MIN_FREE_BYTES = 1 << 20
 MIN_FREE_INODES = 64
+# What snapshots and stopped sandboxes' kept files leave free on the disk under the
+# state directory (the larger of the two): a stream of them, each as large as its
+# sandbox's disk_mb (a client's or a sandbox's loop), cannot fill the host's disk.
+RESERVE_BYTES = 1 << 30
+RESERVE_FRACTION = 0.10
+
+
+def room_above_reserve(path: Path) -> int:
+    """Bytes that may still be written under ``path`` before its filesystem's free
+    space falls to its reserve (negative: below it already)."""
+    vfs = os.statvfs(path)
+    reserve = max(RESERVE_BYTES, int(vfs.f_blocks * vfs.f_frsize * RESERVE_FRACTION))
+    return vfs.f_bavail * vfs.f_frsize - reserve
 
 
 def _free(path: Path) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from corral.errors import CorralError, InternalError, SnapshotTooLarge
+from corral.errors import CorralError, InternalError, SnapshotTooLarge, StorageFull
 from corral.runtime.uids import translate_acl
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class Budget:
     details: dict[str, object] = field(default_factory=dict)
     bytes: int = 0
     inodes: int = 0
+    room: int | None = None  # bytes before the disk's reserve (storage.room_above_reserve)
 
     @classmethod
     def for_spec(cls, spec: SandboxSpec, what: str, **details: object) -> "Budget":
@@ -79,6 +80,14 @@ class Budget:
 
     def add_bytes(self, n: int) -> None:
         self.bytes += -(-n // BLOCK) * BLOCK
+        if self.room is not None and self.bytes > self.room:
+            raise StorageFull(
+                f"the files of {self.what} do not fit on the disk under corral's state "
+                "directory above its reserve (10 % of it, at least 1 GiB, kept free so "
+                "snapshots cannot fill the host's disk): nothing was kept; delete "
+                "snapshots or free space there and retry",
+                details={**self.details, "room_bytes": max(self.room, 0)},
+            )
         if self.bytes > self.max_bytes:
             raise self.exceeded("disk_mb", self.max_bytes >> 20,
                                 f"more than {self.max_bytes >> 20} MB of data")

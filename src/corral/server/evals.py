@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.errors import InvalidArgument, NotFound
+from corral.server.tenants import tenant_of
 
 MAX_RUNS = 100  # runs the daemon keeps (all owners together)
 MAX_RUNS_PER_OWNER = 50  # so one owner cannot push everyone else's runs out
@@ -141,9 +142,11 @@ def store(request: Request) -> EvalStore:
 
 
 def owner_of(request: Request) -> tuple[str | None, bool]:
-    """``(owner, is_admin)`` of a request. Today every authenticated caller is the
-    admin (one token); with tenant tokens this is the one place to name the tenant."""
-    return None, True
+    """``(owner, is_admin)`` of a request: its caller's tenant (None: the admin, who
+    lists every run but owns only its own). A tenant neither reads nor overwrites
+    another's runs or the admin's (a forged report would show as theirs)."""
+    name = tenant_of(request)
+    return name, name is None
 
 
 async def put_eval(request: Request, body: EvalReport) -> Response:

@@ -93,8 +93,12 @@ async def sandbox_logs(request: Request) -> Response:
     follow = request.query_params.get("follow", "0").lower()
     if follow not in ("0", "1", "true", "false", "yes", "no"):
         raise InvalidArgument(f"query parameter 'follow' must be true or false, got {follow!r}")
-    if engine.owners.acting() is not None:  # a tenant: only a sandbox it can still see
-        engine.get(sid)  # (another's, or a deleted one, answers as an unknown id)
+    if (tenant := engine.owners.acting()) is not None:  # a tenant: only its own sandbox's
+        try:
+            engine.get(sid)  # another's answers as an unknown id
+        except SandboxNotFound:
+            if logs.deleted_owner(sid) != (True, tenant):  # a deleted one of its own: kept
+                raise
     if _state(engine, sid) is None and not logs.known(sid):
         raise SandboxNotFound(
             f"no sandbox {sid!r} and no logs of one: it never existed, or was deleted "

@@ -1,10 +1,11 @@
 """Per-tenant quotas, checked by admission control before a create waits for room.
 
 A tenant token may carry ``max_sandboxes`` (alive and starting), ``max_memory_mb``
-(the sum of their ``memory_mb``) and ``max_cpus`` (the sum of their ``cpus``). A create
-that would pass one is refused at once with :class:`~corral.errors.QuotaExceeded`
-(429), naming the quota, its limit and the current use: waiting would not help, only
-the tenant's own deletes would. The check and the reservation are one synchronous step
+(the sum of their ``memory_mb``) and ``max_cpus`` (the sum of their ``cpus``, each
+counted as at least the 0.01 CPU the kernel gives it). A create that would pass one
+is refused at once with :class:`~corral.errors.QuotaExceeded` (429), naming the
+quota, its limit and the current use: waiting would not help, only the tenant's own
+deletes would. The check and the reservation are one synchronous step
 on the event loop, so twenty concurrent creates at a quota of five admit exactly five.
 Sandboxes of a tenant's pools carry the tenant and count like any other.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from corral.errors import QuotaExceeded
+from corral.runtime.cgroups import effective_cpus
 from corral.server.tenants import Tenant
 
 __all__ = ["Hold", "Quotas", "Usage"]
@@ -60,6 +62,7 @@ class Quotas:
         if tenant is None:
             return None
         quota = self._quota_of(tenant)
+        cpus = effective_cpus(cpus)  # what the kernel gives it, not less
         used = self._usage.setdefault(tenant, Usage())
         if quota is not None:
             for name, limit, now, asked in (
