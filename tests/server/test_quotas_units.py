@@ -88,4 +88,8 @@ def test_tokens_are_hashed_checked_and_revoked():
     assert tenants.identify(token) is None
     with pytest.raises(NotFound):
         store.revoke("team-a")
+    # ownership is by name: a revoked tenant's name is never given to a new tenant
+    with pytest.raises(InvalidArgument, match="revoked tenant"):
+        store.create("team-a")
+    assert store.list() == []
     assert Tenants(store, None).identify("") is None  # no admin token: none matches

@@ -60,6 +60,10 @@ CREATE TABLE IF NOT EXISTS tenants (
     allow_images INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS revoked_tenants (
+    name TEXT PRIMARY KEY,
+    revoked_at REAL NOT NULL
+);
 """
 _COLUMNS = "name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at"
 
@@ -130,6 +134,12 @@ class TokenStore:
             if value is not None and (isinstance(value, bool) or value < 0):
                 raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
                                       details={"field": field})
+        if self._db.execute("SELECT 1 FROM revoked_tenants WHERE name = ?", (name,)).fetchone():
+            # ownership is by name: a new tenant of that name would own what is left of
+            # the revoked one (sandboxes, snapshots, logs, eval runs)
+            raise InvalidArgument(
+                f"the name {name!r} belonged to a revoked tenant, whose sandboxes, "
+                "snapshots and logs may remain: choose another name", details={"name": name})
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
         tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time())
         try:
@@ -155,9 +165,19 @@ class TokenStore:
 
     def revoke(self, name: str) -> None:
         """Forget a tenant's token: its next request is 401. Its sandboxes stay (the
-        admin sees and deletes them)."""
-        if self._db.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount == 0:
-            raise NotFound(f"no tenant {name!r}: see `corral token ls`", details={"name": name})
+        admin sees and deletes them). Its name is never given to another tenant."""
+        self._db.execute("SAVEPOINT revoke")  # both statements or neither
+        try:
+            if self._db.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount == 0:
+                raise NotFound(f"no tenant {name!r}: see `corral token ls`",
+                               details={"name": name})
+            self._db.execute("INSERT OR REPLACE INTO revoked_tenants VALUES (?, ?)",
+                             (name, time.time()))
+        except BaseException:
+            self._db.execute("ROLLBACK TO revoke")
+            self._db.execute("RELEASE revoke")
+            raise
+        self._db.execute("RELEASE revoke")
 
     def lookup(self, token: str) -> Tenant | None:
         """The tenant whose token this is, or None. Only the token's hash is looked up."""
