@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from typing import Any
 from urllib.parse import quote
@@ -41,8 +42,22 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _inert(text: str) -> str:
+    """``text`` with control characters shown as ``\\xNN``: a sandbox's output (and its
+    argv) cannot send escape sequences to the reader's terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def format_entry(e: LogEntry) -> str:
-    """One line (a command's output tails follow it, indented)."""
+    """One line (a command's output tails follow it, indented); what the sandbox chose
+    (argv, output, reasons) is made inert for a terminal."""
+    return _inert(_format(e))
+
+
+def _format(e: LogEntry) -> str:
     if e["kind"] == "command":
         how = (f"exit {e['exit_code']}" if e["outcome"] == "exit" else e["outcome"])
         took = e["ended_at"] - e["started_at"]
