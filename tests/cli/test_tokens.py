@@ -12,13 +12,13 @@ import corral
 def test_token_create_ls_revoke(cli, daemon):
     name = f"cli-{secrets.token_hex(3)}"
     made = cli("token", "create", name, "--max-sandboxes", "2", "--max-memory-mb", "256",
-               "--max-cpus", "1.5", "--allow-images", "--json").json()
+               "--max-cpus", "1.5", "--max-lifetime", "900", "--allow-images", "--json").json()
     assert set(made) == {"name", "token"} and made["name"] == name
     assert re.fullmatch(r"crl_[A-Za-z0-9_-]{43}", made["token"])
     listed = {t["name"]: t for t in cli("token", "ls", "--json").json()}
     assert listed[name] | {"created_at": 0} == {
         "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
-        "allow_images": True, "created_at": 0,
+        "allow_images": True, "created_at": 0, "max_lifetime": 900,
         "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0}}
     table = cli("token", "ls")
     assert table.code == 0 and name in table.out and made["token"] not in table.out

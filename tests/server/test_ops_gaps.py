@@ -160,3 +160,28 @@ def test_cwsandbox_calls_are_in_the_access_log(team):
     assert got == [("bob", "ListSandboxes", "OK"), ("bob", "GetSandbox", "NOT_FOUND"),
                    (None, "ListSandboxes", "UNAUTHENTICATED")], got
     assert all(isinstance(r["duration_ms"], float) and r["duration_ms"] >= 0 for r in calls)
+
+
+def test_a_tenant_maximum_lifetime_below_the_daemons(team):
+    """`corral token create --max-lifetime 120`: its creates (asked, default, via E2B)
+    and its set_timeout stay within 120 s, named as its tenant's maximum; another
+    tenant keeps the daemon's."""
+    token = team.make_token("shortlived", max_lifetime=120)
+    with corral.Client(team.url, token=token) as short:
+        with pytest.raises(corral.InvalidArgument, match="token create --max-lifetime"):
+            corral.Sandbox.create(memory_mb=64, timeout=121, client=short)
+        sb = corral.Sandbox.create(memory_mb=64, client=short)  # the default: lowered
+        assert sb.info.spec.timeout == 120
+        with pytest.raises(corral.InvalidArgument, match="token create --max-lifetime"):
+            sb.set_timeout(300)
+        assert sb.set_timeout(60).spec.timeout <= 120
+    with httpx.Client(base_url=team.url, headers={"X-API-KEY": token}, timeout=120) as e2b:
+        reply = e2b.post("/v2/sandboxes", json={"templateID": "base", "timeout": 300})
+        assert reply.status_code == 400 and "--max-lifetime" in reply.text, reply.text
+    with team.admin() as admin:
+        listed = {t["name"]: t for t in admin.get("/v1/tokens").json()["tokens"]}
+    assert listed["shortlived"]["max_lifetime"] == 120
+    with corral.Client(team.url, token=team.tokens["bob"]) as bob:
+        other = corral.Sandbox.create(memory_mb=64, timeout=MAX_LIFETIME, client=bob)
+        assert other.info.spec.timeout == MAX_LIFETIME
+    team.cleanup()

@@ -26,6 +26,8 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-sandboxes", type=int, metavar="N", help="sandboxes alive at once")
     p.add_argument("--max-memory-mb", type=int, metavar="M", help="their memory_mb, summed")
     p.add_argument("--max-cpus", type=float, metavar="C", help="their cpus, summed")
+    p.add_argument("--max-lifetime", type=float, metavar="S",
+                   help="longest lifetime of its sandboxes, seconds (create and set_timeout)")
     p.add_argument("--allow-images", action="store_true",
                    help="may build, import and delete images (shared by every tenant)")
     p.add_argument("--json", action="store_true", help='print {"name", "token"}')
@@ -40,7 +42,7 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
     body = {"name": args.name, "allow_images": args.allow_images}
-    for key in ("max_sandboxes", "max_memory_mb", "max_cpus"):
+    for key in ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     made = ctx.client.request("POST", "/v1/tokens", json=body).json()

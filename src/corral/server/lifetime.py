@@ -1,8 +1,9 @@
 """Lifetime control: a running sandbox's deadline moved to ``seconds`` from now.
 
 One mechanism for every front-end (``PATCH /v1/sandboxes/{id}``, E2B's
-``/sandboxes/{id}/timeout`` and ``connect``): the daemon's ``--max-lifetime`` bounds
-how far ahead a deadline may be set; the engine keeps it (the sandbox's ``timeout``
+``/sandboxes/{id}/timeout`` and ``connect``): the daemon's ``--max-lifetime`` (or the
+caller's tenant's, if lower: ``corral token create --max-lifetime``) bounds how far
+ahead a deadline may be set; the engine keeps it (the sandbox's ``timeout``
 becomes its new lifetime, counted from its start) and its reaper ends the sandbox then,
 with the reason ``timeout``.
 
@@ -33,5 +34,5 @@ async def set_lifetime(request: Request, sandbox_id: str, seconds: float) -> San
     if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
         raise InvalidArgument(f"timeout must be a number of seconds > 0, got {seconds!r}",
                               details={"field": "timeout"})
-    check_lifetime(seconds, ctx.settings(request).max_lifetime)
+    check_lifetime(seconds, *ctx.service(request).lifetime_limit())  # daemon's or tenant's
     return await ctx.engine(request).set_timeout(sandbox_id, float(seconds))

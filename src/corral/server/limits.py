@@ -87,20 +87,23 @@ def check_host_limits(spec: SandboxSpec) -> None:
         )
 
 
-def check_lifetime(seconds: float, limit: float) -> None:
-    """Refuse a lifetime of ``seconds`` above the daemon's ``--max-lifetime``."""
+DAEMON_LIFETIME = "this daemon's maximum lifetime (corral serve --max-lifetime)"
+TENANT_LIFETIME = "your tenant's maximum lifetime (corral token create --max-lifetime)"
+
+
+def check_lifetime(seconds: float, limit: float, whose: str = DAEMON_LIFETIME) -> None:
+    """Refuse a lifetime of ``seconds`` above ``limit`` (``whose``: which maximum)."""
     if seconds > limit:
         raise InvalidArgument(
-            f"timeout {seconds:g} s is more than this daemon's maximum lifetime of "
-            f"{limit:g} s (corral serve --max-lifetime): ask for at most that",
+            f"timeout {seconds:g} s is more than {whose}, {limit:g} s: ask for at most that",
             details={"field": "timeout", "max": limit},
         )
 
 
-def check_create_lifetime(spec: SandboxSpec, limit: float) -> None:
+def check_create_lifetime(spec: SandboxSpec, limit: float, whose: str = DAEMON_LIFETIME) -> None:
     """Refuse a create whose ``timeout`` (not the default one) is above ``limit``."""
     if spec.timeout != DEFAULT_TIMEOUT_S:
-        check_lifetime(spec.timeout, limit)
+        check_lifetime(spec.timeout, limit, whose)
 
 
 def capped_lifetime(spec: SandboxSpec, limit: float) -> SandboxSpec:

@@ -30,7 +30,13 @@ from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
 from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
 from corral.server.admission import Admission
-from corral.server.limits import capped_lifetime, check_create_lifetime, check_host_limits
+from corral.server.limits import (
+    DAEMON_LIFETIME,
+    TENANT_LIFETIME,
+    capped_lifetime,
+    check_create_lifetime,
+    check_host_limits,
+)
 from corral.server.tenants import Tenants
 
 __all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
@@ -85,6 +91,15 @@ class SandboxService:
         """The tenant the current request acts for; None for the admin."""
         return self.engine.owners.acting()
 
+    def lifetime_limit(self) -> tuple[float, str]:
+        """The longest lifetime the caller's sandboxes may have, and whose maximum it is:
+        the daemon's ``--max-lifetime``, or its tenant's if that is lower."""
+        tenant = self.tenants.quota_of(self.acting_tenant()) if self.tenants else None
+        if tenant is not None and tenant.max_lifetime is not None \
+                and tenant.max_lifetime < self.max_lifetime:
+            return tenant.max_lifetime, TENANT_LIFETIME
+        return self.max_lifetime, DAEMON_LIFETIME
+
     def list_sandboxes(
         self, *, tags: Sequence[str] = (), states: Sequence[str] | None = None,
         tenant: str | None = None,
@@ -110,7 +125,7 @@ class SandboxService:
         was started with ``--allow-host-network``, or it asks on the Unix socket).
         """
         try:
-            check_create_lifetime(spec, self.max_lifetime)  # --max-lifetime
+            check_create_lifetime(spec, *self.lifetime_limit())  # --max-lifetime
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
@@ -129,7 +144,7 @@ class SandboxService:
         began, admitted, result = time.monotonic(), None, "internal"
         try:
             spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
-            spec = capped_lifetime(spec, self.max_lifetime)  # a default or inherited one
+            spec = capped_lifetime(spec, self.lifetime_limit()[0])  # a default or inherited one
             check_host_limits(spec)
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.schema import MAX_TIMEOUT_S
 from corral.server import context as ctx
 from corral.server.tenants import Tenants, require_admin
 
@@ -32,6 +33,7 @@ class TokenRequest(BaseModel):
     max_memory_mb: StrictInt | None = Field(None, ge=0)
     max_cpus: StrictFloat | None = Field(None, ge=0)
     allow_images: StrictBool = False
+    max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
 
 
 class TokenInfo(BaseModel):
@@ -43,6 +45,7 @@ class TokenInfo(BaseModel):
     max_cpus: float | None = None
     allow_images: bool = False
     created_at: float
+    max_lifetime: float | None = None
     usage: dict[str, float] = Field(default_factory=dict)
 
 
@@ -68,6 +71,7 @@ async def create_token(request: Request, body: TokenRequest) -> Response:
     tenant, token = _tenants(request).store.create(
         body.name, max_sandboxes=body.max_sandboxes, max_memory_mb=body.max_memory_mb,
         max_cpus=body.max_cpus, allow_images=body.allow_images,
+        max_lifetime=None if body.max_lifetime is None else float(body.max_lifetime),
     )
     made = TokenCreated(**tenant.to_dict(), token=token, usage=_usage(request, tenant.name))
     return JSONResponse(made.model_dump(mode="json"), status_code=201)

@@ -58,14 +58,15 @@ CREATE TABLE IF NOT EXISTS tenants (
     max_memory_mb INTEGER,
     max_cpus REAL,
     allow_images INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    max_lifetime REAL
 );
 CREATE TABLE IF NOT EXISTS revoked_tenants (
     name TEXT PRIMARY KEY,
     revoked_at REAL NOT NULL
 );
 """
-_COLUMNS = "name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at"
+_COLUMNS = "name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime"
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Tenant:
     max_cpus: float | None = None
     allow_images: bool = False
     created_at: float = 0.0
+    max_lifetime: float | None = None  # seconds; below the daemon's --max-lifetime
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +114,9 @@ class TokenStore:
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
         self._db.executescript(TABLE)  # the migration: older registries gain the table
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(tenants)")}
+        if "max_lifetime" not in columns:  # and a table from before it, the column
+            self._db.execute("ALTER TABLE tenants ADD COLUMN max_lifetime REAL")
 
     def create(
         self,
@@ -121,6 +126,7 @@ class TokenStore:
         max_memory_mb: int | None = None,
         max_cpus: float | None = None,
         allow_images: bool = False,
+        max_lifetime: float | None = None,
     ) -> tuple[Tenant, str]:
         """A new tenant and its token (shown once: only its hash is kept)."""
         if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name) or name == ADMIN_NAME:
@@ -130,7 +136,7 @@ class TokenStore:
                 details={"name": name},
             )
         for field, value in (("max_sandboxes", max_sandboxes), ("max_memory_mb", max_memory_mb),
-                             ("max_cpus", max_cpus)):
+                             ("max_cpus", max_cpus), ("max_lifetime", max_lifetime)):
             if value is not None and (isinstance(value, bool) or value < 0):
                 raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
                                       details={"field": field})
@@ -141,12 +147,13 @@ class TokenStore:
                 f"the name {name!r} belonged to a revoked tenant, whose sandboxes, "
                 "snapshots and logs may remain: choose another name", details={"name": name})
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
-        tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time())
+        tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time(),
+                        max_lifetime)
         try:
             self._db.execute(
-                f"INSERT INTO tenants ({_COLUMNS}, token_sha256) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO tenants ({_COLUMNS}, token_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (name, max_sandboxes, max_memory_mb, max_cpus, int(allow_images),
-                 tenant.created_at, _digest(token)),
+                 tenant.created_at, max_lifetime, _digest(token)),
             )
         except sqlite3.IntegrityError:
             raise InvalidArgument(
@@ -188,8 +195,9 @@ class TokenStore:
 
 
 def _tenant(row: tuple[Any, ...]) -> Tenant:
-    name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at = row
-    return Tenant(name, max_sandboxes, max_memory_mb, max_cpus, bool(allow_images), created_at)
+    name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime = row
+    return Tenant(name, max_sandboxes, max_memory_mb, max_cpus, bool(allow_images), created_at,
+                  max_lifetime)
 
 
 class Tenants:
