@@ -45,8 +45,9 @@ class SnapshotOps:
         (``create(snapshot=...)``). Its processes are frozen while its writable layer is
         copied (a paused sandbox stays paused), then go on. See
         :mod:`corral.runtime.snapshots`."""
-        self.snapshots.check_name(name)
+        self.snapshots.valid_name(name)  # a bad name first
         live = self._get_live(sandbox_id)
+        self.snapshots.check_name(name, live.spec.tenant)  # free in its owner's namespace
         async with live.lock:
             if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 raise InvalidState(

@@ -143,7 +143,7 @@ class LayerFetcher:
             try:
                 self.snapshots.registry.add_snapshot(row, layers[0], below=layers[1:])
             except sqlite3.IntegrityError:
-                other = self.snapshots.registry.snapshot(row.name or sid)
+                other = self.snapshots.registry.snapshot(sid)
                 if other is not None and other.id == sid:
                     return other.info()
                 raise InvalidState(

@@ -44,6 +44,7 @@ from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound,
 from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
 from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
+from corral.runtime.namespaces import pick
 from corral.runtime.ownership import Owners
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
@@ -88,6 +89,11 @@ class _Pool:
     @property
     def tag(self) -> str:
         return pool_tag(self.name)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Its place among the pools: names are per owner."""
+        return (self.spec.tenant or "", self.name)
 
     def waiting(self) -> int:
         """Acquires waiting for a sandbox not yet given to them."""
@@ -141,7 +147,7 @@ class PoolManager:
         self._create = create or engine.create
         self._delete = delete or engine.delete
         self._concurrency = max(1, concurrency)
-        self._pools: dict[str, _Pool] = {}
+        self._pools: dict[tuple[str, str], _Pool] = {}  # by (owner or "", name)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._unsubscribe = [
@@ -171,7 +177,8 @@ class PoolManager:
         checked = validate_model(PoolSpec, fields, "pool")
         name = checked.name or "pool-" + secrets.token_hex(4)
         spec = self._engine.owners.stamp(spec)  # a tenant's pool and its sandboxes are its own
-        if name in self._pools:
+        key = (spec.tenant or "", name)  # names are per owner (.namespaces)
+        if key in self._pools:
             raise InvalidState(
                 f"a pool named {name!r} already exists: use it, delete it first, "
                 "or choose another name",
@@ -186,7 +193,7 @@ class PoolManager:
         pool.task = asyncio.get_running_loop().create_task(
             self._maintain(pool), name=f"corral-pool-{name}", context=Owners.detached()
         )
-        self._pools[name] = pool
+        self._pools[key] = pool
         logger.info("pool %s: min_ready %d, max_size %d", name, min_ready, max_size)
         return pool.info()
 
@@ -206,8 +213,16 @@ class PoolManager:
     def list_pools(self) -> builtins.list[PoolInfo]:
         return [p.info() for p in self._pools.values() if self._engine.owners.sees(p.spec)]
 
+    def details(self) -> builtins.list[PoolDetail]:
+        """:meth:`get_pool` of every pool the caller sees (names may repeat for the
+        admin: one per owner)."""
+        return [self._detail(p) for p in self._pools.values() if self._engine.owners.sees(p.spec)]
+
     def get_pool(self, name: str) -> PoolDetail:
-        pool = self._get(name)
+        return self._detail(self._get(name))
+
+    @staticmethod
+    def _detail(pool: _Pool) -> PoolDetail:
         return PoolDetail(
             **pool.info().model_dump(),
             ready_ids=list(pool.ready),
@@ -220,9 +235,22 @@ class PoolManager:
         Sandboxes already handed out are left to their users. Acquires waiting on the
         pool fail with :class:`~corral.errors.NotFound`.
         """
-        if name not in self._pools or not self._engine.owners.sees(self._pools[name].spec):
+        pool = self._lookup(name)
+        if pool is None:
             return False  # another tenant's: as if there were none
-        pool = self._pools.pop(name)
+        return await self._drop(pool)
+
+    async def delete_owned(self, owner: str | None, name: str) -> bool:
+        """Delete ``owner``'s pool ``name`` (for the daemon's own work, which knows
+        whose pool it means); False if there was none."""
+        pool = self._pools.get((owner or "", name))
+        return False if pool is None else await self._drop(pool)
+
+    async def _drop(self, pool: _Pool) -> bool:
+        if self._pools.get(pool.key) is not pool:
+            return False
+        name = pool.name
+        del self._pools[pool.key]
         pool.closed = True
         gone = NotFound(
             f"pool {name!r} was deleted while this acquire waited", details={"pool": name}
@@ -243,14 +271,27 @@ class PoolManager:
     async def close(self) -> None:
         """Delete every pool (and its ready sandboxes); later calls do nothing."""
         self._closed = True
-        await asyncio.gather(*(self.delete_pool(n) for n in list(self._pools)))
+        await asyncio.gather(*(self._drop(p) for p in list(self._pools.values())))
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         for unsubscribe in self._unsubscribe:
             unsubscribe()
 
-    def _get(self, name: str) -> _Pool:
-        pool = self._pools.get(name)
-        if pool is None or not self._engine.owners.sees(pool.spec):  # another's: unknown
+    def owns(self, owner: str | None, name: str) -> bool:
+        """Whether ``owner`` (None: the admin) has a pool named ``name``."""
+        return (owner or "", name) in self._pools
+
+    def _lookup(self, name: str, *, exact: bool = False) -> _Pool | None:
+        """The pool named ``name`` in the acting owner's namespace (.namespaces);
+        ``exact``: the acting owner's own only (the admin's too)."""
+        acting = self._engine.owners.acting()
+        if exact:
+            return self._pools.get((acting or "", name))
+        return pick("pool", name, acting,
+                    ((p.spec.tenant, p.name, p) for p in self._pools.values() if p.name == name))
+
+    def _get(self, name: str, *, exact: bool = False) -> _Pool:
+        pool = self._lookup(name, exact=exact)
+        if pool is None:  # another's: unknown
             raise NotFound(
                 f"no pool {name!r}: it was never made, was deleted, or the daemon restarted "
                 "(pools live in its memory): create it again",
@@ -260,14 +301,15 @@ class PoolManager:
 
     # ---------------------------------------------------------------- acquire
 
-    async def acquire(self, name: str, timeout: float) -> SandboxInfo:
-        """Hand out a live sandbox of the pool, waiting up to ``timeout`` seconds.
+    async def acquire(self, name: str, timeout: float, *, exact: bool = False) -> SandboxInfo:
+        """Hand out a live sandbox of the pool, waiting up to ``timeout`` seconds
+        (``exact``: of the acting owner's own pool, never a tenant's for the admin).
 
         With none ready, one is made at once if the pool is below ``max_size``;
         otherwise the acquire waits for a place to free (a handed-out sandbox deleted).
         :class:`~corral.errors.CapacityExceeded` if none came in time.
         """
-        pool = self._get(name)
+        pool = self._get(name, exact=exact)
         began = time.perf_counter()
         deadline = time.monotonic() + timeout
         while True:

@@ -63,9 +63,9 @@ CREATE TABLE IF NOT EXISTS snapshots (
     source_sandbox TEXT,
     spec TEXT NOT NULL,
     deleted INTEGER NOT NULL DEFAULT 0,
-    users INTEGER NOT NULL DEFAULT 0
+    users INTEGER NOT NULL DEFAULT 0,
+    tenant TEXT NOT NULL DEFAULT ''
 );
-CREATE UNIQUE INDEX IF NOT EXISTS snapshots_name ON snapshots(name) WHERE deleted = 0;
 """
 _SNAPSHOT_COLUMNS = (
     "id, name, image, image_digest, layers, created_at, size, source_sandbox, spec, users"
@@ -114,6 +114,7 @@ class Registry:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        _names_per_tenant(self._db)
         self._seq = int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM sandboxes").fetchone()[0])
 
     def close(self) -> None:
@@ -218,7 +219,8 @@ class Registry:
                      below: Sequence[tuple[str, str, int]] = ()) -> None:
         """Insert a snapshot, its new top layer ``(id, digest, size)`` (and ``below``,
         for a snapshot fetched from another node) unless known, and a reference on every
-        layer of its chain. ``sqlite3.IntegrityError`` if the name is taken."""
+        layer of its chain. ``sqlite3.IntegrityError`` if its owner (``spec.tenant``)
+        has a snapshot of that name."""
         with self._db:
             self._db.execute("BEGIN")
             self._db.executemany(
@@ -226,10 +228,11 @@ class Registry:
                 [(*x, row.created_at) for x in (layer, *below)],
             )
             self._db.execute(
-                f"INSERT INTO snapshots ({_SNAPSHOT_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                f"INSERT INTO snapshots ({_SNAPSHOT_COLUMNS}, tenant) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?)",
                 (row.id, row.name, row.image, row.image_digest, json.dumps(row.layers),
-                 row.created_at, row.size_bytes, row.source_sandbox, row.spec.model_dump_json()),
+                 row.created_at, row.size_bytes, row.source_sandbox, row.spec.model_dump_json(),
+                 row.spec.tenant or ""),
             )
             self._db.execute(
                 f"UPDATE layers SET refcount = refcount + 1 WHERE {_CHAIN}",
@@ -237,12 +240,18 @@ class Registry:
             )
 
     def snapshot(self, ref: str, *, include_deleted: bool = False) -> SnapshotRow | None:
-        """The snapshot with this id or name (names are unique among those not deleted)."""
-        sql = f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE (id=? OR name=?)"
+        """The snapshot with this id (names: :meth:`named`)."""
+        sql = f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE id=?"
         if not include_deleted:
             sql += " AND deleted=0"
-        row = self._db.execute(sql + " ORDER BY deleted LIMIT 1", (ref, ref)).fetchone()
+        row = self._db.execute(sql, (ref,)).fetchone()
         return _snapshot(row) if row else None
+
+    def named(self, name: str) -> builtins.list[SnapshotRow]:
+        """The snapshots (not deleted) named ``name``: at most one per owner."""
+        return [_snapshot(r) for r in self._db.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE name=? AND deleted=0 "
+            "ORDER BY created_at", (name,))]
 
     def snapshots(self) -> builtins.list[SnapshotRow]:
         return [
@@ -321,6 +330,20 @@ class Registry:
     def _has_unreferenced(self) -> bool:
         row = self._db.execute("SELECT 1 FROM layers WHERE refcount<=0 LIMIT 1").fetchone()
         return row is not None
+
+
+def _names_per_tenant(db: sqlite3.Connection) -> None:
+    """Snapshot names are unique per owner: a registry made when they were one
+    namespace gets the ``tenant`` column (from each row's spec) and the new index."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(snapshots)")}
+    with db:
+        db.execute("BEGIN")
+        if "tenant" not in columns:
+            db.execute("ALTER TABLE snapshots ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+            db.execute("UPDATE snapshots SET tenant = COALESCE(json_extract(spec, '$.tenant'), '')")
+        db.execute("DROP INDEX IF EXISTS snapshots_name")
+        db.execute("CREATE UNIQUE INDEX IF NOT EXISTS snapshots_tenant_name "
+                   "ON snapshots(tenant, name) WHERE deleted = 0")
 
 
 def _info(row: tuple[Any, ...]) -> SandboxInfo:

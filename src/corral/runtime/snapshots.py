@@ -47,6 +47,7 @@ from corral.runtime import rootfs
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layers import TREE, LayerStore
+from corral.runtime.namespaces import pick
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout
 from corral.runtime.registry import Registry, SnapshotRow
@@ -88,7 +89,17 @@ class Snapshots:
 
     # ---------------------------------------------------------------- taking
 
-    def check_name(self, name: str | None) -> None:
+    def check_name(self, name: str | None, owner: str | None = None) -> None:
+        """A valid name, free in ``owner``'s namespace (the snapshot's owner: that of
+        the sandbox it is taken from; names are per owner, :mod:`.namespaces`)."""
+        self.valid_name(name)
+        taken = None if name is None else self._owned(name, owner)
+        if taken is not None:  # only the owner's own: another tenant's name is free
+            raise self._name_taken(name or "", taken.id)
+
+    @staticmethod
+    def valid_name(name: str | None) -> None:
+        """:class:`InvalidArgument` unless ``name`` is None or a valid snapshot name."""
         if name is None:
             return
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name.startswith(_ID_PREFIX):
@@ -97,9 +108,6 @@ class Snapshots:
                 f"starting with a letter or digit and not with {_ID_PREFIX!r}",
                 details={"name": name},
             )
-        taken = self.registry.snapshot(name)
-        if taken is not None:  # names are one namespace; another tenant's id stays hidden
-            raise self._name_taken(name, taken.id if self.owners.sees(taken.spec) else "another tenant's")
 
     async def stage(self, upper: Path, cgroup: Cgroup | None, *, source: str,
                     spec: SandboxSpec, ids: dict[int, int] | None = None) -> Path:
@@ -139,8 +147,8 @@ class Snapshots:
             await self.release(parent)
         if row is None:  # the name was taken meanwhile: collect the layer made for it
             await self.gc()
-            owner = self.registry.snapshot(name or "")
-            raise self._name_taken(name or "", owner.id if owner else "?")
+            taken = self._owned(name or "", spec.tenant)
+            raise self._name_taken(name or "", taken.id if taken else "?")
         return row.info()
 
     async def _commit(
@@ -275,8 +283,8 @@ class Snapshots:
     async def delete(self, ref: str) -> bool:
         """Delete a snapshot; its layers go once no sandbox started from it runs.
         Idempotent: False if there was none."""
-        row = self.registry.snapshot(ref)
-        if row is None or not self.owners.sees(row.spec):
+        row = self.lookup(ref)
+        if row is None:
             return False
         if self.registry.drop_snapshot(row.id):
             await self.gc()
@@ -325,9 +333,23 @@ class Snapshots:
         done.set_result(True)
         self._checked[layer_id] = done
 
+    def lookup(self, ref: str) -> SnapshotRow | None:
+        """The snapshot with this id, or this name in the acting owner's namespace
+        (:func:`~corral.runtime.namespaces.pick`); None if the caller has none."""
+        row = self.registry.snapshot(ref)
+        if row is not None and self.owners.sees(row.spec):
+            return row
+        return pick("snapshot", ref, self.owners.acting(),
+                    ((r.spec.tenant, r.id, r) for r in self.registry.named(ref)))
+
+    def _owned(self, name: str, owner: str | None) -> SnapshotRow | None:
+        """``owner``'s own snapshot named ``name``."""
+        return next((r for r in self.registry.named(name) if (r.spec.tenant or None) == owner),
+                    None)
+
     def _find(self, ref: str) -> SnapshotRow:
-        row = self.registry.snapshot(ref) if isinstance(ref, str) else None
-        if row is None or not self.owners.sees(row.spec):
+        row = self.lookup(ref) if isinstance(ref, str) else None
+        if row is None:
             raise SnapshotNotFound(
                 f"no snapshot {ref!r}: it never existed or was deleted "
                 "(list snapshots to see what exists)",

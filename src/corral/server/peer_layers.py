@@ -162,7 +162,7 @@ async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
 async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
     engine = ctx.engine(request)
-    here = engine.snapshots.registry.snapshot(body.snapshot)
+    here = engine.snapshots.lookup(body.snapshot)
     if here is not None:
         return JSONResponse(here.info().model_dump(mode="json"))
     url = await asyncio.to_thread(_peer_url, body.node)

@@ -173,7 +173,7 @@ class FusionFrontend:
         if name is None and spec.memory_mb <= MAX_POOLED_MEMORY_MB and self.pools.has_room():
             # a tenant's pool is its own (its quota, its sandboxes)
             name = f"{TAG}-{image}-{spec.memory_mb}" + (f"-{tenant}" if tenant else "")
-            if name not in {p.name for p in service.pools.list_pools()}:
+            if not service.pools.owns(tenant, name):  # its own: names are per tenant
                 service.pools.create_pool(
                     name, spec, min_ready=self.settings.warm,
                     max_size=min(MAX_POOL_SIZE, ctx.settings(request).max_sandboxes),
@@ -181,7 +181,8 @@ class FusionFrontend:
             self.pools.add(key, name, service.pools)
         if name is not None:
             try:
-                return await service.pools.acquire(name, ctx.settings(request).queue_timeout)
+                return await service.pools.acquire(
+                    name, ctx.settings(request).queue_timeout, exact=True)
             except NotFound:  # deleted (idle, or by someone): made again next time
                 self.pools.forget(key)
         return await service.create(spec)

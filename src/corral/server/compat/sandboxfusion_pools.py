@@ -74,9 +74,10 @@ class FusionPools:
             self.forget(shape)
             if name is None:  # another sweep (the sweeper's, a request's) took it
                 continue
-            try:  # as the daemon: the caller's tenant may not see another's idle pool
+            try:  # as the daemon (the caller's tenant may not see another's idle pool),
+                # the shape's tenant's pool of that name: names are per tenant
                 await asyncio.get_running_loop().create_task(
-                    manager.delete_pool(name), context=Owners.detached())
+                    manager.delete_owned(shape[0] or None, name), context=Owners.detached())
             except CorralError as exc:  # a sandbox that would not go: the pool is gone
                 logger.warning("deleting the idle pool %s: %s", name, exc.message)
             gone.append(name)

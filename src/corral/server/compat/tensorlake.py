@@ -39,7 +39,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
 from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
-from corral.pool_schema import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_MAX_SIZE, MAX_ACQUIRE_TIMEOUT_S
+from corral.pool_schema import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_MAX_SIZE,
+    MAX_ACQUIRE_TIMEOUT_S,
+    PoolDetail,
+)
 from corral.runtime.pools import PoolManager
 from corral.schema import (
     MAX_TIMEOUT_S,
@@ -197,7 +202,7 @@ async def create_sandbox(request: Request) -> Response:
 
 
 def _pool_ready_ids(pools: PoolManager) -> set[str]:
-    return {sid for p in pools.list_pools() for sid in pools.get_pool(p.name).ready_ids}
+    return {sid for p in pools.details() for sid in p.ready_ids}
 
 
 async def list_sandboxes(request: Request) -> Response:
@@ -305,8 +310,7 @@ async def delete_snapshot(request: Request) -> Response:
 # ---------------------------------------------------------------------- pools
 
 
-def _pool_json(request: Request, name: str, *, detail: bool) -> dict[str, Any]:
-    got = scope.pool(ctx.pools(request), name, namespace(request))
+def _pool_json(request: Request, got: PoolDetail, *, detail: bool) -> dict[str, Any]:
     spec = got.spec
     body: dict[str, Any] = {
         "id": got.name,
@@ -342,12 +346,13 @@ async def create_pool(request: Request) -> Response:
 
 
 async def list_pools(request: Request) -> Response:
-    names = scope.pool_names(ctx.pools(request), namespace(request))
-    return JSONResponse({"pools": [_pool_json(request, n, detail=False) for n in names]})
+    found = scope.pools(ctx.pools(request), namespace(request))
+    return JSONResponse({"pools": [_pool_json(request, p, detail=False) for p in found]})
 
 
 async def get_pool(request: Request) -> Response:
-    return JSONResponse(_pool_json(request, request.path_params["pool_id"], detail=True))
+    got = scope.pool(ctx.pools(request), request.path_params["pool_id"], namespace(request))
+    return JSONResponse(_pool_json(request, got, detail=True))
 
 
 async def delete_pool(request: Request) -> Response:

@@ -120,5 +120,5 @@ def pool(pools: PoolManager, name: str, ns: str) -> PoolDetail:
     return got
 
 
-def pool_names(pools: PoolManager, ns: str) -> list[str]:
-    return [p.name for p in pools.list_pools() if ns_tag(ns) in p.spec.tags]
+def pools(manager: PoolManager, ns: str) -> list[PoolDetail]:
+    return [p for p in manager.details() if ns_tag(ns) in p.spec.tags]
