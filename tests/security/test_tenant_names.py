@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+import httpx
 import pytest
 
 from corral.runtime.registry import Registry, SnapshotRow
@@ -232,3 +233,34 @@ def test_a_registry_of_one_namespace_is_migrated(tmp_path):
         assert "snapshots_name" not in indexes and "snapshots_tenant_name" in indexes
     finally:
         again.close()
+
+
+# ------------------------------------------------------- a front-end's pools
+
+def test_a_tenant_cannot_squat_the_admins_sandboxfusion_pool():
+    """SandboxFusion names the admin's pool of a shape ``sandboxfusion-python-64``:
+    bob's pool of that name is his own, and the admin's request neither runs in his
+    sandbox nor is refused; it gets (and makes) a pool of the admin's own."""
+    from tests.server.conftest import uds_client
+    from tests.server.test_compat_sandboxfusion import serving, verl_request
+
+    with serving() as d:
+        with uds_client(d.socket) as admin:
+            made = admin.post("/v1/tokens", json={"name": "bob"})
+            assert made.status_code == 201, made.text
+            bob_token = made.json()["token"]
+            with httpx.Client(base_url=f"http://127.0.0.1:{d.port}", timeout=120,
+                              headers={"Authorization": f"Bearer {bob_token}"}) as b:
+                squat = b.post("/v1/pools", json={
+                    "name": "sandboxfusion-python-64", "min_ready": 1, "max_size": 1,
+                    "spec": {"image": "python", "memory_mb": 64}})
+                assert squat.status_code == 201, squat.text
+                r = verl_request(d, memory_limit_MB=64, stdin="ab")
+                assert (r.json().get("run_result") or {}).get("stdout") == "ba\n", r.text
+                mine = b.get("/v1/pools/sandboxfusion-python-64").json()
+                assert mine["acquires"] == 0 and mine["spec"]["tenant"] == "bob"
+                owners = sorted(str(p["spec"]["tenant"]) for p in
+                                admin.get("/v1/pools").json()["pools"])
+                assert owners == ["None", "bob"]
+                assert b.delete("/v1/pools/sandboxfusion-python-64").status_code == 204
+        assert "Traceback" not in d.log.read_text(errors="replace")

@@ -60,12 +60,12 @@ def test_settings_from_env():
 
 
 class _Manager:
-    """What FusionPools calls of the PoolManager: delete_pool, recorded."""
+    """What FusionPools calls of the PoolManager: delete_owned, recorded."""
 
     def __init__(self) -> None:
         self.deleted: list[str] = []
 
-    async def delete_pool(self, name: str) -> bool:
+    async def delete_owned(self, owner: str | None, name: str) -> bool:
         await asyncio.sleep(0)  # a real delete awaits: another sweep may run meanwhile
         self.deleted.append(name)
         return True
