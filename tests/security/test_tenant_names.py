@@ -14,7 +14,7 @@ import pytest
 
 from corral.runtime.registry import Registry, SnapshotRow
 from corral.schema import SandboxSpec
-from tests.security.tenants_helpers import no_traceback, team_daemon
+from tests.security.tenants_helpers import ADMIN_TOKEN, no_traceback, team_daemon
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,10 @@ def test_two_tenants_each_have_their_own_pool_x(clean):
         assert b.get(f"/v1/sandboxes/{a_sid}").status_code == 404
         again = _pool(b, "x")  # his own: taken
         assert again.status_code == 409, again.text
+        with team.tcp(ADMIN_TOKEN) as admin:  # one series per pool, not two named "x"
+            text = admin.get("/metrics").text
+        assert 'corral_pool_ready{pool="alice/x"}' in text
+        assert 'corral_pool_ready{pool="bob/x"}' in text
         # delete by name: the caller's
         assert b.delete("/v1/pools/x").status_code == 204
         assert b.get("/v1/pools/x").status_code == 404

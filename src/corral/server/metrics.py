@@ -28,7 +28,7 @@ the rest are summed under ``pool="_other"`` / ``tenant="_other"``.
 ``corral_admission_queue_depth``    creates waiting for room (gauge)
 ``corral_admission_wait_seconds``   from a create's call to its admission (histogram)
 ``corral_committed_memory_bytes``   memory promised to live and starting sandboxes (gauge)
-``corral_pool_ready{pool}``         ready sandboxes per warm pool (gauge)
+``corral_pool_ready{pool}``         ready sandboxes per warm pool (a tenant's: ``tenant/name``) (gauge)
 ``corral_pool_acquire_seconds``     a successful pool acquire's wait (histogram)
 ``corral_layer_store_bytes``        bytes of committed snapshot layers (gauge)
 ``corral_tenant_sandboxes{tenant}`` live sandboxes per tenant (gauge)
@@ -50,6 +50,7 @@ from starlette.responses import Response
 
 from corral._version import __version__
 from corral.errors import NotFound
+from corral.pool_schema import PoolInfo
 from corral.runtime.engine import Engine
 from corral.runtime.events import CommandEnded, PoolAcquired, SandboxEnded
 from corral.schema import ExecResult, SandboxState
@@ -123,7 +124,7 @@ class _StateCollector:
         )
         pools = sorted(self.service.pools.list_pools(), key=lambda p: (p.created_at, p.name))
         yield _gauge("corral_pool_ready", "Ready sandboxes of each warm pool.", "pool",
-                     bounded((p.name, p.ready) for p in pools))
+                     bounded((_pool_label(p), p.ready) for p in pools))
         registry = self.engine.registry
         layers = registry.layer_rows(sorted(registry.layer_ids()))
         yield GaugeMetricFamily("corral_layer_store_bytes",
@@ -133,6 +134,12 @@ class _StateCollector:
         yield _gauge("corral_tenant_sandboxes", "Live sandboxes of each tenant.", "tenant",
                      bounded(tenants.most_common()))
         yield _gauge("corral_build_info", "The daemon's version.", "version", [(__version__, 1)])
+
+
+def _pool_label(pool: PoolInfo) -> str:
+    """Pool names are per tenant: a tenant's pool is ``tenant/name`` (a pool name
+    holds no ``/``), the admin's its name."""
+    return pool.name if pool.spec.tenant is None else f"{pool.spec.tenant}/{pool.name}"
 
 
 def _gauge(name: str, doc: str, label: str, values: Iterable[tuple[str, float]]) -> Metric:
