@@ -28,7 +28,7 @@ def clean(team):
     yield team
     for name in team.tokens:  # tenants' pools first: the admin cannot name a shared one
         with team.tenant(name) as c:
-            for p in c.get("/v1/pools").json()["pools"]:
+            for p in c.get("/v1/pools").json().get("pools", []):  # a revoked token: none
                 c.delete(f"/v1/pools/{p['name']}")
     team.cleanup()
     no_traceback(team)
@@ -180,6 +180,19 @@ def test_admin_pools_own_first_then_a_single_tenants(clean):
         assert admin.delete("/v1/pools/x").status_code == 204
         assert a.get("/v1/pools/x").json()["spec"]["tenant"] == "alice"
         assert b.get("/v1/pools/x").json()["spec"]["tenant"] == "bob"
+
+
+def test_revoking_a_tenant_deletes_its_pools_not_others_of_the_same_name(clean):
+    team = clean
+    team.make_token("carol")
+    with team.tenant("alice") as a, team.tenant("carol") as c, team.admin() as admin:
+        for client in (a, c, admin):
+            assert _pool(client, "x").status_code == 201
+        assert admin.delete("/v1/tokens/carol").status_code == 204
+        owners = sorted(str(p["spec"]["tenant"]) for p in admin.get("/v1/pools").json()["pools"])
+        assert owners == ["None", "alice"]
+        assert a.get("/v1/pools/x").json()["spec"]["tenant"] == "alice"
+    del team.tokens["carol"]
 
 
 # ---------------------------------------------------------------- migration

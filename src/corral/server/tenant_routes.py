@@ -93,5 +93,5 @@ async def revoke_token(request: Request) -> Response:
     pools = ctx.pools(request)
     for pool in pools.list_pools():
         if pool.spec.tenant == name:
-            await pools.delete_pool(pool.name)
+            await pools.delete_owned(name, pool.name)  # its own: names are per tenant
     return Response(status_code=204)
