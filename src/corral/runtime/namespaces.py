@@ -40,5 +40,7 @@ def pick(kind: str, name: str, acting: str | None,
     raise InvalidArgument(
         f"several tenants have a {kind} named {name!r} and the admin has none: {listed}; "
         f"address the {kind} by id, or act with its tenant's token",
-        details={"name": name, "candidates": sorted(ident for _, ident, _ in held)},
+        details={"name": name, "candidates": sorted(
+            ({"id": ident, "tenant": owner} for owner, ident, _ in held),
+            key=lambda c: (str(c["tenant"]), c["id"]))},
     )
