@@ -93,6 +93,19 @@ if recursive:
         for d in dirs:
             p = os.path.join(dirpath, d)
             add(p, os.path.relpath(p, root))
+def add_new(rel):
+    # A directory that appeared: watch it, then report what is already in it (made
+    # before its watch was added: inotify would never tell), its subdirectories too.
+    add(os.path.join(root, rel), rel)
+    for dirpath, dirs, files in os.walk(os.path.join(root, rel)):
+        if len(wds) >= max_dirs:  # bounded like the watches themselves
+            break
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            send({"name": os.path.relpath(p, root), "type": "create"})
+        for d in dirs:
+            p = os.path.join(dirpath, d)
+            add(p, os.path.relpath(p, root))
 send({"ready": True})
 while True:
     data = os.read(fd, 65536)
@@ -122,7 +135,7 @@ while True:
             continue
         send({"name": rel, "type": kind})
         if recursive and mask & ISDIR and mask & (CREATE | MOVED_TO):
-            add(os.path.join(root, rel), rel)
+            add_new(rel)
 """
 
 
