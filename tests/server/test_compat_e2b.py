@@ -101,6 +101,7 @@ def run_script(d: E2BDaemon, body: str, *, key: str = TOKEN, timeout: float = 30
         "E2B_SANDBOX_URL": d.endpoint,
         "E2B_API_KEY": key,
         "LIBC_FATAL_STDERR_": "1",  # glibc's own aborts say why on stderr, not the tty
+        "PYTHONFAULTHANDLER": "1",  # and an abort shows where each thread was
     }
     script = Path(d.base) / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(out))\n")
