@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.server.admin_hooks import request_tenant
+from corral.server.tenants import ADMIN_NAME, caller_name
 
 ACCESS_LOGGER = "corral.access"
 LOG_FORMATS = ("text", "json")
@@ -93,10 +93,17 @@ class AccessLog:
             access_log.info(
                 "%s %s %d", scope["method"], route or "-", status,
                 extra={
-                    "tenant": None if status == 401 else request_tenant(scope),
+                    "tenant": None if status == 401 else _principal(scope),
                     "method": scope["method"],
                     "route": route,
                     "status": status,
                     "duration_ms": round((time.perf_counter() - began) * 1000, 3),
                 },
             )
+
+
+def _principal(scope: Scope) -> str:
+    """Whom the guard let in: a tenant's name, ``admin``, or "" if no credential was
+    checked (an endpoint that checks its own, like SandboxFusion's path token)."""
+    name = caller_name(scope)
+    return ADMIN_NAME if name is None else name

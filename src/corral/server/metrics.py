@@ -54,9 +54,9 @@ from corral.pool_schema import PoolInfo
 from corral.runtime.engine import Engine
 from corral.runtime.events import CommandEnded, PoolAcquired, SandboxEnded
 from corral.schema import ExecResult, SandboxState
-from corral.server.admin_hooks import require_admin, sandbox_tenant
 from corral.server.admission import LIVE_STATES
 from corral.server.service import CreateFinished, SandboxService
+from corral.server.tenants import ADMIN_NAME, require_admin
 
 MAX_LABELLED = 50  # pools (and tenants) with a series of their own; the rest are "_other"
 OTHER = "_other"
@@ -130,7 +130,7 @@ class _StateCollector:
         yield GaugeMetricFamily("corral_layer_store_bytes",
                                 "Bytes of committed snapshot layers in the state directory.",
                                 value=sum(size for _, size in layers.values()))
-        tenants = Tally(sandbox_tenant(i) for i in self.engine.list(state=LIVE_STATES))
+        tenants = Tally(i.spec.tenant or ADMIN_NAME for i in self.engine.list(state=LIVE_STATES))
         yield _gauge("corral_tenant_sandboxes", "Live sandboxes of each tenant.", "tenant",
                      bounded(tenants.most_common()))
         yield _gauge("corral_build_info", "The daemon's version.", "version", [(__version__, 1)])
@@ -212,7 +212,7 @@ class Metrics:
 
 async def metrics_endpoint(request: Request) -> Response:
     """``GET /metrics``: Prometheus's text format; the administrator's view of the host."""
-    require_admin(request.scope, "GET /metrics")
+    require_admin(request, "GET /metrics")  # the whole host's view
     metrics: Metrics | None = getattr(request.app.state, "metrics", None)
     if metrics is None:
         raise NotFound("this daemon serves no metrics: it was started with --no-metrics")
