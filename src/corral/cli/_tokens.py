@@ -1,6 +1,7 @@
 """``corral token create|ls|revoke``: tenant tokens, made and revoked by the admin.
 
-Run them where the daemon's Unix socket is (or with the daemon's own ``--token``): a
+Run them where the daemon's Unix socket is (or with the daemon's own ``--token``), or
+with ``CORRAL_URL=ray://ADDR`` as a cluster's admin (then they act on every node): a
 tenant token is refused. ``create`` prints the new token once (``--json``:
 ``{"name", "token"}``); only its hash is kept. ``ls`` never shows a token.
 """
@@ -84,7 +85,17 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def revoke(args: argparse.Namespace, ctx: Context) -> int:
+    """Revoke each name; on a cluster, say which nodes did not confirm (exit 1): the
+    daemon waited out their lease, so each refuses the token however it fares."""
+    code = 0
     for name in dict.fromkeys(args.names):
-        ctx.client.request("DELETE", f"/v1/tokens/{quote(name, safe='')}")
+        reply = ctx.client.request("DELETE", f"/v1/tokens/{quote(name, safe='')}")
         ctx.output.line(name)
-    return 0
+        done = reply.json() if reply.status_code == 200 else {}
+        for node in done.get("unconfirmed") or ():
+            code = 1
+            ctx.output.error(
+                f"node {node['node']} ({node['url']}) did not confirm the revoke of {name} "
+                f"({node['error']}): it refuses the token anyway, as it could not read the "
+                f"registry for {done.get('lease_s', 0):g} s or has read the revoke")
+    return code

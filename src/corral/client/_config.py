@@ -5,8 +5,11 @@ Environment variables (read only here, when a client is built):
 - ``CORRAL_URL``: the daemon, as ``unix:///path/to/corral.sock`` or ``http://host:port``
   (``https://`` too), or ``ray://HOST:PORT`` (``ray://auto`` inside a Ray job) for the
   daemons of a Ray cluster that ``corral cluster up`` started (the cluster's token is
-  read from the cluster). Setting it turns the embedded daemon off: the SDK then only
-  connects.
+  read from the cluster, unless ``CORRAL_TOKEN`` is set: then the directory alone is read
+  there and that token is sent, e.g. a tenant's), or ``cluster+http://HOST:PORT`` for
+  the same cluster reached through one of its daemons (its ``GET /v1/cluster/nodes``),
+  without being a Ray member (needs ``CORRAL_TOKEN``). Setting it turns the embedded
+  daemon off: the SDK then only connects.
 - ``CORRAL_TOKEN``: the bearer token sent with every request (needed over TCP).
 - ``CORRAL_SOCKET``: the Unix socket used when ``CORRAL_URL`` is unset
   (default ``/run/corral/corral.sock``).
@@ -66,7 +69,9 @@ class Endpoint:
     uds: str | None = None
     token: str | None = None
     embed: bool = False  # may start a daemon on ``uds`` when nothing answers there
-    cluster: str | None = None  # ``ray://ADDR``: the Ray cluster's address (or "auto")
+    # ``ray://ADDR``: the Ray cluster's address (or "auto"); ``cluster+http://``: the
+    # URL of the daemon whose directory the client starts from
+    cluster: str | None = None
 
     @classmethod
     def resolve(cls, url: str | None = None, token: str | None = None) -> Endpoint:
@@ -88,10 +93,18 @@ class Endpoint:
         if parts.scheme in ("http", "https") and parts.netloc:
             return cls(url, url.rstrip("/"), None, token)
         if parts.scheme == "ray" and parts.netloc and parts.path in ("", "/"):
-            return cls(url, CLUSTER_BASE_URL, None, None, cluster=parts.netloc)
+            return cls(url, CLUSTER_BASE_URL, None, token, cluster=parts.netloc)
+        if parts.scheme in ("cluster+http", "cluster+https") and parts.netloc:
+            if not token:
+                raise InvalidArgument(
+                    f"{url} reaches a cluster through one of its daemons, which needs a "
+                    "token: set CORRAL_TOKEN (a tenant token from `corral token create`)")
+            daemon = f"{parts.scheme.removeprefix('cluster+')}://{parts.netloc}"
+            return cls(url, CLUSTER_BASE_URL, None, token, cluster=daemon)
         raise InvalidArgument(
-            f"invalid daemon URL {url!r}: use unix:///path/to/corral.sock, http://host:port "
-            "or ray://HOST:PORT (a Ray cluster, see `corral cluster up`)"
+            f"invalid daemon URL {url!r}: use unix:///path/to/corral.sock, http://host:port, "
+            "ray://HOST:PORT (a Ray cluster, see `corral cluster up`) or "
+            "cluster+http://HOST:PORT (a cluster, through one of its daemons)"
         )
 
     def headers(self) -> dict[str, str]:

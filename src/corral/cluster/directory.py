@@ -31,13 +31,15 @@ class Node:
 
 
 class Directory:
-    """The daemons of the cluster at ``address`` (``auto`` or ``host:port``)."""
+    """The daemons of the cluster at ``address`` (``auto`` or ``host:port``). With a
+    ``token`` (a tenant's, say), the cluster's own token is never read: only nodes."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, token: str | None = None) -> None:
         self.address = address
         self._lock = threading.Lock()
         self._gcs: Any = None
-        self._token: str | None = None
+        self._given = token
+        self._token: str | None = token
         self._nodes: dict[str, Node] = {}  # node_id -> Node, alive ones only
         self._dead: dict[str, Node] = {}  # tag -> Node: registered once, now dead
         self._loaded_at = -TTL_S - 1.0
@@ -56,7 +58,8 @@ class Directory:
 
     def _load(self) -> None:
         gcs = self._client()
-        raw_token = _ray.kv_get(gcs, TOKEN_KEY)
+        raw_token = _ray.kv_get(gcs, TOKEN_KEY) if self._given is None else (
+            self._given.encode())
         states = _ray.node_states(gcs)
         nodes = {}
         for key in _ray.kv_keys(gcs, NODE_KEY):

@@ -135,7 +135,7 @@ class Admission:
         A ``tenant`` over its quota is refused at once (:class:`QuotaExceeded`)."""
         if self._closed:
             raise _shutting_down()
-        hold = self.quotas.hold(tenant, memory_mb, cpus)
+        hold = await self.quotas.acquire(tenant, memory_mb, cpus)
         slot = Slot(memory_mb)
         try:
             async with self._admit(memory_mb, slot):

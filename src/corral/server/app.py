@@ -38,6 +38,7 @@ from corral.runtime.ownership import Owners
 from corral.server import metrics
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
+from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
@@ -54,7 +55,6 @@ from corral.server.tenants import (
     Tenants,
     TokenStore,
     caller_name,
-    unauthorized_tenant,
 )
 from corral.server.ui import mount as mount_dashboard
 from corral.server.wire import error_response
@@ -186,7 +186,7 @@ class Guard:
                 if caller is not None:
                     scope[CALLER_KEY] = caller
                     return None
-                return unauthorized_tenant()
+                return self.tenants.refusal()
         if not self.token:
             return Unauthorized("this daemon accepts requests only on its Unix socket")
         return Unauthorized(
@@ -203,7 +203,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     ``activity`` and ``logs`` (close it after the engine).
     """
     activity = Activity()
-    tenants = Tenants(TokenStore(engine.registry.db), settings.token)
+    cluster = open_tenancy(settings, engine)  # on a Ray cluster: the cluster's tenants
+    tenants = Tenants(cluster.store if cluster else TokenStore(engine.registry.db), settings.token)
     app = Starlette(
         routes=build_routes(),
         middleware=[
@@ -232,10 +233,14 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.engine = engine
     app.state.activity = activity
     app.state.tenants = tenants
-    admission = Admission(limits, Quotas(tenants.quota_of))
+    admission = Admission(limits, cluster.quotas(tenants.quota_of) if cluster
+                          else Quotas(tenants.quota_of))
     service = app.state.service = SandboxService(
         engine, admission, tenants, max_lifetime=settings.max_lifetime)
     app.state.admission, app.state.pools = service.admission, service.pools
+    app.state.cluster_tenancy = cluster  # its refresh runs with the daemon (daemon.py)
+    if cluster is not None:
+        cluster.pools = service.pools
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter

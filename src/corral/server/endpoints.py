@@ -14,6 +14,15 @@ from corral.schema import (
     SandboxState,
     SnapshotInfo,
 )
+from corral.server.cluster_routes import (
+    ClusterNodes,
+    RefreshReply,
+    RefreshRequest,
+    cluster_nodes,
+    fetch_own_image,
+    fetch_own_snapshot,
+    refresh_tenants,
+)
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
 from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.image_routes import (
@@ -371,7 +380,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              body=FetchRequest, reply=SnapshotInfo),
     Endpoint("GET", "/v1/peer/snapshots/{id_or_name}", peer_snapshot,
              "Cluster: a snapshot's layers and digests, for another node to fetch",
-             reply=PeerSnapshot),
+             reply=PeerSnapshot,
+             query=(Query("owner", "string", "find it as this tenant does (its own only)"),)),
+    Endpoint("POST", "/v1/peer/tenants/refresh", refresh_tenants,
+             "Cluster: read the cluster's tenant registry again now", body=RefreshRequest,
+             reply=RefreshReply),
+    Endpoint("GET", "/v1/cluster/nodes", cluster_nodes,
+             "Cluster: every alive node's daemon (id, URL, capacity), for a cluster client",
+             reply=ClusterNodes),
+    Endpoint("POST", "/v1/cluster/snapshots/fetch", fetch_own_snapshot,
+             "Cluster: make a snapshot of yours on another node restorable here",
+             body=FetchRequest, reply=SnapshotInfo),
+    Endpoint("POST", "/v1/cluster/images/fetch", fetch_own_image,
+             "Cluster: make a built image of another node usable here",
+             body=ImageFetchRequest, reply=ImageInfo),
     Endpoint("GET", "/v1/peer/layers/{digest}", peer_layer,
              "Cluster: one layer of a snapshot held here, as a tar stream", reply=RAW),
     Endpoint("POST", "/v1/peer/images/fetch", fetch_image,

@@ -43,6 +43,7 @@ from corral.errors import (
     InvalidState,
     LayerTransferError,
     NotFound,
+    SnapshotNotFound,
     error_from_dict,
 )
 from corral.runtime import layer_wire
@@ -121,7 +122,10 @@ def fetcher(request: Request) -> LayerFetcher:
 async def peer_snapshot(request: Request) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
     ref = request.path_params["id_or_name"]
-    return JSONResponse(describe(ctx.engine(request).snapshots, ref))
+    engine = ctx.engine(request)
+    # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
+    with engine.owners.acting_as(request.query_params.get("owner") or None):
+        return JSONResponse(describe(engine.snapshots, ref))
 
 
 async def peer_layer(request: Request) -> Response:
@@ -146,6 +150,11 @@ async def peer_image(request: Request) -> Response:
 
 async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
+    return await pull_image_here(request, body)
+
+
+async def pull_image_here(request: Request, body: ImageFetchRequest) -> Response:
+    """Make the built image ``body.image`` usable here, pulled from ``body.node``."""
     images = ctx.engine(request).images
     if images.exists(body.image):  # here already (built here, pulled, or everywhere)
         return JSONResponse(images.get(body.image, check_base=False).info().model_dump(mode="json"))
@@ -161,6 +170,14 @@ async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
 
 async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
+    return await import_snapshot_here(request, body, None)
+
+
+async def import_snapshot_here(request: Request, body: FetchRequest, owner: str | None
+                               ) -> Response:
+    """Make ``body.snapshot`` restorable here, fetched from ``body.node``; ``owner`` (a
+    tenant): only a snapshot of its own, found as it names it (the peer is asked with
+    the cluster's token, never the tenant's)."""
     engine = ctx.engine(request)
     here = engine.snapshots.lookup(body.snapshot)
     if here is not None:
@@ -168,8 +185,12 @@ async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     url = await asyncio.to_thread(_peer_url, body.node)
     token = ctx.settings(request).token
     peer = Peer(url, token)
+    query = "" if owner is None else f"?owner={quote(owner, safe='')}"
     desc = await asyncio.to_thread(
-        peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}")
+        peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}{query}")
+    if owner is not None and (desc.get("spec") or {}).get("tenant") != owner:
+        raise SnapshotNotFound(f"no snapshot {body.snapshot!r}: `corral snapshot ls` lists "
+                               "yours", details={"snapshot": body.snapshot})
     info = await fetcher(request).import_snapshot(desc, peer.open_layer)
     return JSONResponse(info.model_dump(mode="json"))
 

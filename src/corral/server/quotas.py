@@ -57,29 +57,22 @@ class Quotas:
         got = self._usage.get(tenant, Usage())
         return Usage(got.sandboxes, got.memory_mb, got.cpus)
 
-    def hold(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
-        """Reserve room for one sandbox, or raise :class:`QuotaExceeded` (None: no tenant)."""
+    def hold(self, tenant: str | None, memory_mb: int, cpus: float,
+             elsewhere: Usage | None = None) -> Hold | None:
+        """Reserve room for one sandbox, or raise :class:`QuotaExceeded` (None: no
+        tenant); ``elsewhere``: what the tenant holds beyond this book (other nodes)."""
         if tenant is None:
             return None
-        quota = self._quota_of(tenant)
         cpus = effective_cpus(cpus)  # what the kernel gives it, not less
         used = self._usage.setdefault(tenant, Usage())
-        if quota is not None:
-            for name, limit, now, asked in (
-                ("max_sandboxes", quota.max_sandboxes, used.sandboxes, 1),
-                ("max_memory_mb", quota.max_memory_mb, used.memory_mb, memory_mb),
-                ("max_cpus", quota.max_cpus, used.cpus, cpus),
-            ):
-                if limit is not None and now + asked > limit + 1e-9:
-                    raise QuotaExceeded(
-                        f"tenant {tenant!r} is over its {name} quota: the limit is {limit:g}, "
-                        f"{now:g} in use, {asked:g} asked: delete sandboxes or pools of this "
-                        "tenant, or ask the admin for a larger quota",
-                        details={"quota": name, "limit": limit, "used": now,
-                                 "requested": asked, "tenant": tenant},
-                    )
+        check(tenant, self._quota_of(tenant), total(used, elsewhere), memory_mb, cpus)
         used.add(memory_mb, cpus)
         return Hold(tenant, memory_mb, cpus)
+
+    async def acquire(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
+        """:meth:`hold`, as admission control asks for it (a cluster's book may have to
+        ask the other nodes: :class:`~corral.server.cluster_quotas.ClusterQuotas`)."""
+        return self.hold(tenant, memory_mb, cpus)
 
     def settle(self, hold: Hold | None, sandbox_id: str | None) -> None:
         """The create ended: keep the hold for the sandbox made, or give it back."""
@@ -96,8 +89,43 @@ class Quotas:
         if hold is not None:
             self._give_back(hold)
 
+    def local(self) -> dict[str, Usage]:
+        """What this book holds, per tenant (copies)."""
+        return {t: Usage(u.sandboxes, u.memory_mb, u.cpus) for t, u in self._usage.items()}
+
     def _give_back(self, hold: Hold) -> None:
         used = self._usage[hold.tenant]
         used.add(hold.memory_mb, hold.cpus, -1)
         if used.sandboxes <= 0:
             del self._usage[hold.tenant]
+
+
+def total(*parts: Usage | None) -> Usage:
+    """The sum of ``parts``."""
+    out = Usage()
+    for part in parts:
+        if part is not None:
+            out.sandboxes += part.sandboxes
+            out.memory_mb += part.memory_mb
+            out.cpus += part.cpus
+    return out
+
+
+def check(tenant: str, quota: Tenant | None, used: Usage, memory_mb: int, cpus: float) -> None:
+    """:class:`QuotaExceeded` if one more sandbox (``memory_mb``, ``cpus``) would take
+    ``tenant`` past a quota, with ``used`` in use already."""
+    if quota is None:
+        return
+    for name, limit, now, asked in (
+        ("max_sandboxes", quota.max_sandboxes, used.sandboxes, 1),
+        ("max_memory_mb", quota.max_memory_mb, used.memory_mb, memory_mb),
+        ("max_cpus", quota.max_cpus, used.cpus, cpus),
+    ):
+        if limit is not None and now + asked > limit + 1e-9:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} is over its {name} quota: the limit is {limit:g}, "
+                f"{now:g} in use, {asked:g} asked: delete sandboxes or pools of this "
+                "tenant, or ask the admin for a larger quota",
+                details={"quota": name, "limit": limit, "used": now,
+                         "requested": asked, "tenant": tenant},
+            )

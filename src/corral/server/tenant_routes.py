@@ -2,7 +2,9 @@
 
 Only the admin may call them: a request on the daemon's Unix socket, or one carrying
 the daemon's own token; a tenant token gets 403. A token is shown once, in the reply
-to its creation; the registry keeps only its hash.
+to its creation; the registry keeps only its hash. On a node of a Ray cluster they act
+on the cluster's registry (:mod:`corral.server.cluster_tenants`): a revoke there
+replies ``{"name", "confirmed", "unconfirmed", "lease_s"}`` rather than 204.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from starlette.responses import JSONResponse, Response
 
 from corral.schema import MAX_TIMEOUT_S
 from corral.server import context as ctx
-from corral.server.tenants import Tenants, require_admin
+from corral.server.cluster_tenants import ClusterTenancy, drop_pools
+from corral.server.tenants import Tenants, TokenStore, require_admin
 
 __all__ = [
     "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "create_token", "list_tokens",
@@ -62,17 +65,30 @@ def _tenants(request: Request) -> Tenants:
     return request.app.state.tenants
 
 
+def _store(request: Request) -> TokenStore:
+    store = _tenants(request).store
+    assert isinstance(store, TokenStore)
+    return store
+
+
+def _cluster(request: Request) -> ClusterTenancy | None:
+    return getattr(request.app.state, "cluster_tenancy", None)
+
+
 def _usage(request: Request, name: str) -> dict[str, float]:
     return dataclasses.asdict(ctx.admission(request).quotas.usage(name))
 
 
 async def create_token(request: Request, body: TokenRequest) -> Response:
     require_admin(request, "creating a tenant token")
-    tenant, token = _tenants(request).store.create(
-        body.name, max_sandboxes=body.max_sandboxes, max_memory_mb=body.max_memory_mb,
-        max_cpus=body.max_cpus, allow_images=body.allow_images,
-        max_lifetime=None if body.max_lifetime is None else float(body.max_lifetime),
-    )
+    fields = {"max_sandboxes": body.max_sandboxes, "max_memory_mb": body.max_memory_mb,
+              "max_cpus": body.max_cpus, "allow_images": body.allow_images,
+              "max_lifetime": None if body.max_lifetime is None else float(body.max_lifetime)}
+    cluster = _cluster(request)
+    if cluster is not None:  # the cluster's registry: valid on every node
+        tenant, token = await cluster.create(name=body.name, **fields)
+    else:
+        tenant, token = _store(request).create(body.name, **fields)
     made = TokenCreated(**tenant.to_dict(), token=token, usage=_usage(request, tenant.name))
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
@@ -89,9 +105,9 @@ async def revoke_token(request: Request) -> Response:
     refills would go on). Its sandboxes stay for the admin to see and delete."""
     require_admin(request, "revoking a tenant token")
     name = request.path_params["name"]
-    _tenants(request).store.revoke(name)
-    pools = ctx.pools(request)
-    for pool in pools.list_pools():
-        if pool.spec.tenant == name:
-            await pools.delete_owned(name, pool.name)  # its own: names are per tenant
+    cluster = _cluster(request)
+    if cluster is not None:  # on every node, or it says which did not confirm (and
+        return JSONResponse(await cluster.revoke(name))  # waited until they refuse it)
+    _store(request).revoke(name)
+    await drop_pools(ctx.pools(request), name)
     return Response(status_code=204)

@@ -22,7 +22,7 @@ import secrets
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.types import Scope
@@ -108,6 +108,49 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
+def check_new_tenant(name: str, **quotas: float | None) -> None:
+    """:class:`InvalidArgument` unless ``name`` and ``quotas`` may make a tenant."""
+    if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name) or name == ADMIN_NAME:
+        raise InvalidArgument(
+            f"invalid tenant name {name!r}: use 1-63 lower-case letters, digits, '-' "
+            f"or '_', starting with a letter or digit, not {ADMIN_NAME!r}",
+            details={"name": name},
+        )
+    for field, value in quotas.items():
+        if value is not None and (isinstance(value, bool) or value < 0):
+            raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
+                                  details={"field": field})
+
+
+def new_token() -> str:
+    """A fresh tenant token: 256 random bits."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> bytes:
+    """What a registry keeps of a token: its SHA-256."""
+    return _digest(token)
+
+
+def name_of_revoked(name: str) -> InvalidArgument:
+    # ownership is by name: a new tenant of that name would own what is left of
+    # the revoked one (sandboxes, snapshots, logs, eval runs)
+    return InvalidArgument(
+        f"the name {name!r} belonged to a revoked tenant, whose sandboxes, "
+        "snapshots and logs may remain: choose another name", details={"name": name})
+
+
+def name_taken(name: str) -> InvalidArgument:
+    return InvalidArgument(
+        f"a tenant named {name!r} already exists: revoke it first or choose another "
+        "name", details={"name": name},
+    )
+
+
+def no_tenant(name: str) -> NotFound:
+    return NotFound(f"no tenant {name!r}: see `corral token ls`", details={"name": name})
+
+
 class TokenStore:
     """The ``tenants`` table of the registry's database."""
 
@@ -129,24 +172,11 @@ class TokenStore:
         max_lifetime: float | None = None,
     ) -> tuple[Tenant, str]:
         """A new tenant and its token (shown once: only its hash is kept)."""
-        if not isinstance(name, str) or not re.fullmatch(TENANT_NAME, name) or name == ADMIN_NAME:
-            raise InvalidArgument(
-                f"invalid tenant name {name!r}: use 1-63 lower-case letters, digits, '-' "
-                f"or '_', starting with a letter or digit, not {ADMIN_NAME!r}",
-                details={"name": name},
-            )
-        for field, value in (("max_sandboxes", max_sandboxes), ("max_memory_mb", max_memory_mb),
-                             ("max_cpus", max_cpus), ("max_lifetime", max_lifetime)):
-            if value is not None and (isinstance(value, bool) or value < 0):
-                raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
-                                      details={"field": field})
+        check_new_tenant(name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb,
+                         max_cpus=max_cpus, max_lifetime=max_lifetime)
         if self._db.execute("SELECT 1 FROM revoked_tenants WHERE name = ?", (name,)).fetchone():
-            # ownership is by name: a new tenant of that name would own what is left of
-            # the revoked one (sandboxes, snapshots, logs, eval runs)
-            raise InvalidArgument(
-                f"the name {name!r} belonged to a revoked tenant, whose sandboxes, "
-                "snapshots and logs may remain: choose another name", details={"name": name})
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
+            raise name_of_revoked(name)
+        token = new_token()
         tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time(),
                         max_lifetime)
         try:
@@ -156,10 +186,7 @@ class TokenStore:
                  tenant.created_at, max_lifetime, _digest(token)),
             )
         except sqlite3.IntegrityError:
-            raise InvalidArgument(
-                f"a tenant named {name!r} already exists: revoke it first or choose another "
-                "name", details={"name": name},
-            ) from None
+            raise name_taken(name) from None
         return tenant, token
 
     def list(self) -> list[Tenant]:
@@ -176,8 +203,7 @@ class TokenStore:
         self._db.execute("SAVEPOINT revoke")  # both statements or neither
         try:
             if self._db.execute("DELETE FROM tenants WHERE name = ?", (name,)).rowcount == 0:
-                raise NotFound(f"no tenant {name!r}: see `corral token ls`",
-                               details={"name": name})
+                raise no_tenant(name)
             self._db.execute("INSERT OR REPLACE INTO revoked_tenants VALUES (?, ?)",
                              (name, time.time()))
         except BaseException:
@@ -200,10 +226,21 @@ def _tenant(row: tuple[Any, ...]) -> Tenant:
                   max_lifetime)
 
 
+class TenantStore(Protocol):
+    """Where tenants are kept: a daemon's registry (:class:`TokenStore`), or on a Ray
+    cluster the cluster's (:class:`corral.server.cluster_tenants.ClusterTokenStore`)."""
+
+    def list(self) -> list[Tenant]: ...
+
+    def get(self, name: str) -> Tenant | None: ...
+
+    def lookup(self, token: str) -> Tenant | None: ...
+
+
 class Tenants:
     """Who a credential is: the one place the daemon's token and tenant tokens are checked."""
 
-    def __init__(self, store: TokenStore, admin_token: str | None) -> None:
+    def __init__(self, store: TenantStore, admin_token: str | None) -> None:
         self.store = store
         self._admin = _digest(admin_token) if admin_token else None
 
@@ -219,6 +256,11 @@ class Tenants:
     def quota_of(self, name: str | None) -> Tenant | None:
         """A tenant's current quotas (None: the admin's, or a revoked tenant's)."""
         return None if name is None else self.store.get(name)
+
+    def refusal(self) -> Unauthorized:
+        """What a credential that is no valid token is told (the store may say why)."""
+        why = getattr(self.store, "unavailable", lambda: None)()
+        return Unauthorized(why) if why else unauthorized_tenant()
 
 
 def caller_name(scope: Scope) -> str | None:

@@ -85,7 +85,7 @@ class AsyncClient:
         if cluster is not None:
             from corral.client._async._router import AsyncRouter
 
-            self._router = AsyncRouter(cluster, self._http, self.send)
+            self._router = AsyncRouter(cluster, self._http, self.send, self._endpoint.token)
 
     @classmethod
     def default(cls) -> AsyncClient:

@@ -41,7 +41,8 @@ from corral.client._async import _spread, _travel
 from corral.client._backends import AsyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster import autoscale
-from corral.cluster.directory import Directory, Node
+from corral.cluster.directory import Node
+from corral.cluster.http_directory import open_directory
 from corral.cluster.ids import tag_of
 from corral.cluster.placement import Room, choose, has_room, having_image, room
 from corral.errors import (
@@ -68,8 +69,9 @@ Send = Callable[..., Any]  # the client's send(request, stream=...)
 class AsyncRouter:
     """Where each request of a cluster client goes (built by the client; no I/O)."""
 
-    def __init__(self, address: str, http: httpx.AsyncClient, send: Send) -> None:
-        self.directory = Directory(address)
+    def __init__(self, address: str, http: httpx.AsyncClient, send: Send,
+                 token: str | None = None) -> None:
+        self.directory = open_directory(address, token)  # token given: never the cluster's
         self._http = http
         self._send = send
         self._lock = AsyncBackend.lock()
@@ -236,7 +238,7 @@ class AsyncRouter:
         try:
             published = -autoscale.REFRESH_S
             while (remaining := deadline - time.monotonic()) > 0:
-                if time.monotonic() - published >= autoscale.REFRESH_S:
+                if gcs is not None and time.monotonic() - published >= autoscale.REFRESH_S:
                     waiting, waiting_mb = self._waiting
                     await AsyncBackend.run_blocking(
                         autoscale.publish, gcs, self._id, waiting, waiting_mb)
@@ -247,7 +249,9 @@ class AsyncRouter:
                     return nodes, rooms
         finally:
             waiting, waiting_mb = self._count_waiting(-1, memory_mb)
-            if waiting:
+            if gcs is None:  # a client outside Ray (cluster+http://) publishes nothing
+                pass
+            elif waiting:
                 await AsyncBackend.run_blocking(autoscale.publish, gcs, self._id, waiting, waiting_mb)
             else:
                 await AsyncBackend.run_blocking(autoscale.withdraw, gcs, self._id)

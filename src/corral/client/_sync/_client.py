@@ -87,7 +87,7 @@ class Client:
         if cluster is not None:
             from corral.client._sync._router import Router
 
-            self._router = Router(cluster, self._http, self.send)
+            self._router = Router(cluster, self._http, self.send, self._endpoint.token)
 
     @classmethod
     def default(cls) -> Client:

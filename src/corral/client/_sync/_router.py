@@ -43,7 +43,8 @@ from corral.client._sync import _spread, _travel
 from corral.client._backends import SyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster import autoscale
-from corral.cluster.directory import Directory, Node
+from corral.cluster.directory import Node
+from corral.cluster.http_directory import open_directory
 from corral.cluster.ids import tag_of
 from corral.cluster.placement import Room, choose, has_room, having_image, room
 from corral.errors import (
@@ -70,8 +71,9 @@ Send = Callable[..., Any]  # the client's send(request, stream=...)
 class Router:
     """Where each request of a cluster client goes (built by the client; no I/O)."""
 
-    def __init__(self, address: str, http: httpx.Client, send: Send) -> None:
-        self.directory = Directory(address)
+    def __init__(self, address: str, http: httpx.Client, send: Send,
+                 token: str | None = None) -> None:
+        self.directory = open_directory(address, token)  # token given: never the cluster's
         self._http = http
         self._send = send
         self._lock = SyncBackend.lock()
@@ -238,7 +240,7 @@ class Router:
         try:
             published = -autoscale.REFRESH_S
             while (remaining := deadline - time.monotonic()) > 0:
-                if time.monotonic() - published >= autoscale.REFRESH_S:
+                if gcs is not None and time.monotonic() - published >= autoscale.REFRESH_S:
                     waiting, waiting_mb = self._waiting
                     SyncBackend.run_blocking(
                         autoscale.publish, gcs, self._id, waiting, waiting_mb)
@@ -249,7 +251,9 @@ class Router:
                     return nodes, rooms
         finally:
             waiting, waiting_mb = self._count_waiting(-1, memory_mb)
-            if waiting:
+            if gcs is None:  # a client outside Ray (cluster+http://) publishes nothing
+                pass
+            elif waiting:
                 SyncBackend.run_blocking(autoscale.publish, gcs, self._id, waiting, waiting_mb)
             else:
                 SyncBackend.run_blocking(autoscale.withdraw, gcs, self._id)

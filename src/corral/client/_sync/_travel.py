@@ -4,12 +4,13 @@
 
 A snapshot is taken on one node, an image is built on one node; a sandbox made from
 either may be placed on any node (by free capacity, or ``node=``). Before that create, the node is asked to make the
-snapshot restorable there (``POST /v1/peer/snapshots/fetch``, naming the node that
-holds it): its daemon fetches the layers it lacks straight from the holder's daemon,
+snapshot restorable there (``POST /v1/cluster/snapshots/fetch``, naming the node that
+holds it; a tenant may ask for its own): its daemon fetches the layers it lacks straight
+from the holder's daemon with the cluster's credential,
 each checked against its digest, once per node (:mod:`corral.server.peer_layers`). The
 snapshot then has the same id and name on both nodes; deleting it through the cluster
 deletes every copy, and lists show it once. A built image is pulled the same way
-(``POST /v1/peer/images/fetch``) the first time a sandbox of it lands on a node without
+(``POST /v1/cluster/images/fetch``) the first time a sandbox of it lands on a node without
 it; an image that cannot travel (a root filesystem) keeps its sandboxes on the nodes
 that have it.
 """
@@ -40,7 +41,7 @@ def bring_snapshot(router: ClusterView, target: Node, ref: str) -> None:
         holder = router._holder_of(SNAPSHOT_PREFIX, ref)
         if holder.node_id != target.node_id:  # else: none has it, and the create says so
             body = {"snapshot": ref, "node": holder.node_id}
-            router._on(target, "POST", "/v1/peer/snapshots/fetch",
+            router._on(target, "POST", "/v1/cluster/snapshots/fetch",
                              {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
     known.add((target.node_id, ref))
 
@@ -63,7 +64,7 @@ def bring_image(router: ClusterView, target: Node, image: str) -> Node:
         return holders[0]
     body = {"image": image, "node": holders[0].node_id}
     try:
-        router._on(target, "POST", "/v1/peer/images/fetch",
+        router._on(target, "POST", "/v1/cluster/images/fetch",
                          {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
     except InvalidState:  # a root filesystem, or one built on another root: stay there
         router.staying_images.add(image)

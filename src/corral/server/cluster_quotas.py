@@ -1,0 +1,162 @@
+"""A tenant's quotas held across a Ray cluster: a tenant at its quota on node A cannot
+create on node B.
+
+Each daemon keeps its own book (:class:`~corral.server.quotas.Quotas`: exact among its
+own creates) and writes what it holds for each tenant to the cluster's KV
+(``tenant-usage:<node>``, :mod:`corral.cluster.tenant_registry`). A create of a
+tenant that has a quota, on any node:
+
+1. reserves in the local book (refused at once if this node's use alone passes);
+2. **publishes** this node's book, the new reservation in it;
+3. **then reads** every alive node's book and refuses (:class:`QuotaExceeded`, the
+   reservation given back) if the sum passes a quota.
+
+No overshoot: of two creates on different nodes, the one that read last read after
+the other had published (each publishes before it reads), so it counted it. Nothing is
+exact for free, though: two creates racing for the last place may both see each other
+and both be refused. A refusal that other nodes' use decided is tried again after
+:data:`RETRY_S` (twice), which also lets a delete just made on another node (published
+at once, but asynchronously) be seen. Each create of such a tenant costs two calls to
+Ray's GCS (a few ms); tenants without quotas and the admin cost nothing. A node that
+died stops counting once Ray marks it dead; a daemon that restarts (its sandboxes
+lost) writes its empty book at start. If the GCS cannot be read, a tenant with quotas
+cannot create (fail closed: :class:`DaemonUnavailable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from corral.cluster import _ray, tenant_registry
+from corral.errors import DaemonUnavailable, QuotaExceeded
+from corral.server.quotas import Hold, Quotas, Usage, check, total
+from corral.server.tenants import Tenant
+
+logger = logging.getLogger("corral.server")
+
+RETRY_S = (0.05, 0.25)  # waits before the second and third look at the other nodes
+
+
+def _limited(quota: Tenant | None) -> bool:
+    return quota is not None and any(
+        q is not None for q in (quota.max_sandboxes, quota.max_memory_mb, quota.max_cpus))
+
+
+class ClusterQuotas(Quotas):
+    """The quota book of one node of a cluster, checked against every node's."""
+
+    def __init__(self, quota_of: Callable[[str | None], Tenant | None], gcs: Any,
+                 node_id: str) -> None:
+        super().__init__(quota_of)
+        self._gcs = gcs
+        self._node = node_id
+        self._write_lock = threading.Lock()  # one write at a time, each of the newest book
+        self._elsewhere: dict[str, Usage] = {}  # other alive nodes' sums, as last read
+        self._alive: set[str] | None = None
+        self._kicked = False
+        with contextlib.suppress(Exception):  # a restarted daemon holds nothing yet
+            self._publish()
+
+    def usage(self, tenant: str) -> Usage:
+        """What ``tenant`` holds on the whole cluster (other nodes as last read)."""
+        return total(super().usage(tenant), self._elsewhere.get(tenant))
+
+    async def acquire(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
+        quota = self._quota_of(tenant) if tenant is not None else None
+        if tenant is None or not _limited(quota):
+            hold = self.hold(tenant, memory_mb, cpus)
+            self._kick()
+            return hold
+        for attempt, wait in enumerate((0.0, *RETRY_S)):
+            await asyncio.sleep(wait)
+            hold = self.hold(tenant, memory_mb, cpus)  # this node's own use alone
+            assert hold is not None
+            try:
+                elsewhere = await asyncio.to_thread(self._publish_and_read, tenant)
+            except Exception as exc:
+                self._give_back(hold)
+                self._kick()
+                raise DaemonUnavailable(
+                    f"cannot check tenant {tenant!r}'s quotas across the cluster: Ray's GCS "
+                    f"does not answer ({type(exc).__name__}); retry, or see `corral cluster "
+                    "status`") from None
+            before = total(super().usage(tenant), elsewhere)
+            before.add(hold.memory_mb, hold.cpus, -1)  # the cluster's use but this create
+            try:
+                check(tenant, quota, before, hold.memory_mb, hold.cpus)
+            except QuotaExceeded:
+                self._give_back(hold)
+                self._kick()
+                if attempt == len(RETRY_S):
+                    raise
+                continue
+            return hold
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def release(self, sandbox_id: str) -> None:
+        super().release(sandbox_id)
+        self._kick()
+
+    # --------------------------------------------------------------- the GCS
+
+    def _kick(self) -> None:
+        """Write this node's book soon (on a thread), once however often asked."""
+        if self._kicked:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # the periodic sync writes it
+        self._kicked = True
+
+        def done(_: Any) -> None:
+            self._kicked = False
+
+        loop.run_in_executor(None, self._publish_quietly).add_done_callback(done)
+
+    def _publish_quietly(self) -> None:
+        try:
+            self._publish()
+        except Exception as exc:
+            logger.debug("could not write this node's quota use: %s", exc)
+
+    def _publish(self) -> None:
+        with self._write_lock:  # the book as it is at the write, so writes never go back
+            book = {t: [u.sandboxes, u.memory_mb, u.cpus] for t, u in self.local().items()}
+            tenant_registry.publish_usage(self._gcs, self._node, book)
+
+    def _publish_and_read(self, tenant: str) -> Usage:
+        self._publish()
+        self._read()
+        return self._elsewhere.get(tenant, Usage())
+
+    def _read(self) -> None:
+        books = tenant_registry.read_usage(self._gcs)
+        alive = self._alive
+        elsewhere: dict[str, Usage] = {}
+        for node, book in books.items():
+            if node == self._node or (alive is not None and node not in alive):
+                continue
+            for tenant, used in book.items():
+                try:
+                    n, mb, c = (float(x) for x in used)
+                except (TypeError, ValueError):
+                    continue
+                part = elsewhere.setdefault(tenant, Usage())
+                part.sandboxes += int(n)
+                part.memory_mb += int(mb)
+                part.cpus += c
+        self._elsewhere = elsewhere
+
+    def sync(self) -> None:
+        """Blocking: write this node's book, learn which nodes are alive, read the others'
+        (every few seconds, for ``corral token ls``)."""
+        self._publish()
+        self._alive = {n for n, s in _ray.node_states(self._gcs).items() if s["alive"]}
+        self._read()
+

@@ -1,0 +1,114 @@
+"""What a cluster client calls on any node's daemon, tenant or admin (``/v1/cluster/``),
+and the one daemon-to-daemon call of the cluster's tenants (``/v1/peer/tenants``).
+
+- ``GET /v1/cluster/nodes``: the directory (each alive node's id, tag, daemon URL and
+  capacity; nothing secret) to any authenticated caller, so a tenant's client can
+  start from one daemon's URL (``CORRAL_URL=cluster+http://HOST:PORT``) without being
+  a member of the Ray cluster or ever holding its token.
+- ``POST /v1/cluster/snapshots/fetch`` ``{"snapshot", "node"}``: make a snapshot of
+  the caller's, held by ``node``, restorable here. This daemon asks the holder with
+  the cluster's credential, as that tenant (``?owner=``): another tenant's snapshot,
+  by id or name, answers exactly like one that does not exist, on every node.
+- ``POST /v1/cluster/images/fetch`` ``{"image", "node"}``: make a built image of
+  ``node`` usable here (images are shared read-only; pulling one changes none).
+- ``POST /v1/peer/tenants/refresh`` ``{"name"}``: (the cluster's credential only) read
+  the tenant registry again now; ``{"revoked": true}`` once ``name`` is refused here.
+
+The layer routes (``/v1/peer/layers``, ``/v1/peer/snapshots``, ``/v1/peer/images``)
+stay the cluster credential's alone: a tenant never reads a layer by digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.cluster import _ray
+from corral.cluster.bringup import read_entries
+from corral.cluster.ids import node_tag
+from corral.errors import InvalidState
+from corral.server.cluster_tenants import ClusterTenancy
+from corral.server.peer_layers import (
+    FetchRequest,
+    ImageFetchRequest,
+    import_snapshot_here,
+    pull_image_here,
+)
+from corral.server.tenants import require_admin, tenant_of
+
+__all__ = [
+    "ClusterNode", "ClusterNodes", "RefreshReply", "RefreshRequest", "cluster_nodes",
+    "fetch_own_image", "fetch_own_snapshot", "refresh_tenants",
+]
+
+
+class ClusterNode(BaseModel):
+    node_id: str
+    tag: str
+    url: str
+    alive: bool = True
+    capacity: dict[str, Any] | None = None
+
+
+class ClusterNodes(BaseModel):
+    nodes: list[ClusterNode]
+
+
+class RefreshRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, max_length=64)
+
+
+class RefreshReply(BaseModel):
+    tenants: int
+    revoked: bool
+
+
+def tenancy(request: Request) -> ClusterTenancy:
+    """This daemon's part in the cluster's tenants; :class:`InvalidState` if it serves
+    no cluster."""
+    found: ClusterTenancy | None = getattr(request.app.state, "cluster_tenancy", None)
+    if found is None:
+        raise InvalidState("this daemon is not part of a corral cluster: start it with "
+                           "`corral cluster up`, or talk to it as one daemon (http://)")
+    return found
+
+
+async def cluster_nodes(request: Request) -> Response:
+    here = tenancy(request)
+    nodes = await asyncio.to_thread(_listing, here)
+    return JSONResponse({"nodes": nodes})
+
+
+def _listing(here: ClusterTenancy) -> list[dict[str, Any]]:
+    states = _ray.node_states(here.gcs)
+    capacities = here.capacities()
+    return [
+        {"node_id": node_id, "tag": node_tag(node_id), "url": str(entry["url"]),
+         "alive": True, "capacity": capacities.get(node_id)}
+        for node_id, entry in sorted(read_entries(here.gcs).items())
+        if states.get(node_id, {}).get("alive")
+    ]
+
+
+async def fetch_own_snapshot(request: Request, body: FetchRequest) -> Response:
+    tenancy(request)
+    return await import_snapshot_here(request, body, tenant_of(request))
+
+
+async def fetch_own_image(request: Request, body: ImageFetchRequest) -> Response:
+    tenancy(request)
+    return await pull_image_here(request, body)
+
+
+async def refresh_tenants(request: Request, body: RefreshRequest) -> Response:
+    require_admin(request, "a peer (daemon to daemon) call")
+    here = tenancy(request)
+    await here.refresh()
+    revoked = body.name is not None and here.store.revoked(body.name)
+    return JSONResponse({"tenants": len(here.store.list()), "revoked": revoked})
+
