@@ -89,19 +89,30 @@ class RayCluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+_SHARED = pytest.StashKey["RayCluster"]()
+
+
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_cluster(request):
+    """The session's one cluster: a test module elsewhere (tests/security) that imports
+    these fixtures gets the same one, stopped once when the session ends."""
     if not have_root_runtime():
         pytest.skip(ROOT_REASON)
     pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
-    c = RayCluster()
-    try:
-        yield c
-    finally:
-        from corral.cluster import bringup
+    config = request.config
+    if _SHARED not in config.stash:
+        c = config.stash[_SHARED] = RayCluster()
 
-        bringup.down(c.address)
-        c.shutdown()
+        def stop() -> None:
+            from corral.cluster import bringup
+
+            try:
+                bringup.down(c.address)
+            finally:
+                c.shutdown()
+
+        config.add_cleanup(stop)
+    return config.stash[_SHARED]
 
 
 @pytest.fixture(scope="session")
