@@ -70,7 +70,8 @@ class ClusterQuotas(Quotas):
         quota = self._quota_of(tenant) if tenant is not None else None
         if tenant is None or not _limited(quota):
             hold = self.hold(tenant, memory_mb, cpus)
-            self._kick()
+            if hold is not None:  # shown in `token ls` (the admin's are not counted)
+                self._kick()
             return hold
         for attempt, wait in enumerate((0.0, *RETRY_S)):
             await asyncio.sleep(wait)
@@ -99,8 +100,9 @@ class ClusterQuotas(Quotas):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def release(self, sandbox_id: str) -> None:
-        super().release(sandbox_id)
-        self._kick()
+        if self.holds(sandbox_id):
+            super().release(sandbox_id)
+            self._kick()  # at once: a create on another node may wait for this
 
     # --------------------------------------------------------------- the GCS
 

@@ -89,6 +89,10 @@ class Quotas:
         if hold is not None:
             self._give_back(hold)
 
+    def holds(self, sandbox_id: str) -> bool:
+        """Whether a tenant's quota counts this sandbox."""
+        return sandbox_id in self._held
+
     def local(self) -> dict[str, Usage]:
         """What this book holds, per tenant (copies)."""
         return {t: Usage(u.sandboxes, u.memory_mb, u.cpus) for t, u in self._usage.items()}
