@@ -236,3 +236,21 @@ def test_a_tenants_snapshot_restores_on_another_node_for_it_alone(corral_cluster
     assert corral.Snapshot.get(snap.id, client=clients[alice]).id == snap.id  # still hers
     own.delete()
     snap.delete()
+
+
+def test_a_tenants_lifetime_cap_and_image_pulls_on_every_node(corral_cluster):
+    token = make_tenant(corral_cluster, unique("short"), max_lifetime=60)
+    urls = daemons(corral_cluster)
+    with tenant_client(corral_cluster, token) as client:
+        for node in urls:  # its max-lifetime, from the one registry, on every node
+            with pytest.raises(corral.InvalidArgument, match="lifetime"):
+                corral.Sandbox.create(memory_mb=32, timeout=120, node=node, tags=[TAG],
+                                      client=client)
+    first = next(iter(urls))
+    for url in urls.values():  # a tenant may ask a node to pull a built image (shared)
+        with on(url, token) as http:
+            pulled = http.post("/v1/cluster/images/fetch", json={"image": "python", "node": first})
+            assert pulled.status_code == 200 and pulled.json()["name"] == "python"
+            nowhere = http.post("/v1/cluster/images/fetch",
+                                json={"image": "python-x", "node": "http://10.0.0.1:1"})
+            assert nowhere.status_code == 400  # a node id from the directory, never a URL

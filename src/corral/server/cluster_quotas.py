@@ -55,12 +55,12 @@ class ClusterQuotas(Quotas):
         super().__init__(quota_of)
         self._gcs = gcs
         self._node = node_id
-        self._write_lock = threading.Lock()  # one write at a time, each of the newest book
+        self._write_lock = threading.Lock()
+        self._seq = self._written = 0  # the last book numbered, and the last written
         self._elsewhere: dict[str, Usage] = {}  # other alive nodes' sums, as last read
         self._alive: set[str] | None = None
-        self._kicked = False
         with contextlib.suppress(Exception):  # a restarted daemon holds nothing yet
-            self._publish()
+            self._write(*self.book())
 
     def usage(self, tenant: str) -> Usage:
         """What ``tenant`` holds on the whole cluster (other nodes as last read)."""
@@ -78,7 +78,7 @@ class ClusterQuotas(Quotas):
             hold = self.hold(tenant, memory_mb, cpus)  # this node's own use alone
             assert hold is not None
             try:
-                elsewhere = await asyncio.to_thread(self._publish_and_read, tenant)
+                elsewhere = await asyncio.to_thread(self._publish_and_read, tenant, *self.book())
             except Exception as exc:
                 self._give_back(hold)
                 self._kick()
@@ -106,34 +106,34 @@ class ClusterQuotas(Quotas):
 
     # --------------------------------------------------------------- the GCS
 
+    def book(self) -> tuple[int, dict[str, list[float]]]:
+        """This node's book as it is now, numbered (taken on the event loop, which
+        alone changes it; written on a thread)."""
+        self._seq += 1
+        return self._seq, {t: [u.sandboxes, u.memory_mb, u.cpus] for t, u in self.local().items()}
+
     def _kick(self) -> None:
-        """Write this node's book soon (on a thread), once however often asked."""
-        if self._kicked:
-            return
+        """Write this node's book now, on a thread."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # the periodic sync writes it
-        self._kicked = True
+        loop.run_in_executor(None, self._write_quietly, *self.book())
 
-        def done(_: Any) -> None:
-            self._kicked = False
-
-        loop.run_in_executor(None, self._publish_quietly).add_done_callback(done)
-
-    def _publish_quietly(self) -> None:
+    def _write_quietly(self, seq: int, book: dict[str, list[float]]) -> None:
         try:
-            self._publish()
+            self._write(seq, book)
         except Exception as exc:
             logger.debug("could not write this node's quota use: %s", exc)
 
-    def _publish(self) -> None:
-        with self._write_lock:  # the book as it is at the write, so writes never go back
-            book = {t: [u.sandboxes, u.memory_mb, u.cpus] for t, u in self.local().items()}
-            tenant_registry.publish_usage(self._gcs, self._node, book)
+    def _write(self, seq: int, book: dict[str, list[float]]) -> None:
+        with self._write_lock:  # one write at a time, never of an older book than the last
+            if seq > self._written:
+                tenant_registry.publish_usage(self._gcs, self._node, book)
+                self._written = seq
 
-    def _publish_and_read(self, tenant: str) -> Usage:
-        self._publish()
+    def _publish_and_read(self, tenant: str, seq: int, book: dict[str, list[float]]) -> Usage:
+        self._write(seq, book)  # (or a newer book, this create in it too, was written)
         self._read()
         return self._elsewhere.get(tenant, Usage())
 
@@ -155,10 +155,10 @@ class ClusterQuotas(Quotas):
                 part.cpus += c
         self._elsewhere = elsewhere
 
-    def sync(self) -> None:
-        """Blocking: write this node's book, learn which nodes are alive, read the others'
-        (every few seconds, for ``corral token ls``)."""
-        self._publish()
+    def sync(self, seq: int, book: dict[str, list[float]]) -> None:
+        """Blocking: write this node's ``book`` (:meth:`book`), learn which nodes are
+        alive, read the others' (every few seconds, for ``corral token ls``)."""
+        self._write(seq, book)
         self._alive = {n for n, s in _ray.node_states(self._gcs).items() if s["alive"]}
         self._read()
 

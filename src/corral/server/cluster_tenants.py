@@ -209,7 +209,7 @@ class ClusterTenancy:
         """Read the registry now; a tenant revoked since loses its pools here."""
         gone = await asyncio.to_thread(self.store.reload)
         if self._quotas is not None:
-            await asyncio.to_thread(self._quotas.sync)
+            await asyncio.to_thread(self._quotas.sync, *self._quotas.book())
         for name in sorted(gone):
             await drop_pools(self.pools, name)
 
