@@ -74,9 +74,16 @@ def test_only_nodes_with_the_image_unless_none_has_it():
 
 def test_corral_url_selects_the_cluster(monkeypatch):
     monkeypatch.setenv("CORRAL_URL", "ray://auto")
-    monkeypatch.setenv("CORRAL_TOKEN", "not-sent-to-a-cluster")
+    monkeypatch.setenv("CORRAL_TOKEN", "crl_a-tenants")  # sent instead of the cluster's
     e = Endpoint.resolve()
-    assert e.cluster == "auto" and not e.embed and e.headers() == {}
+    assert e.cluster == "auto" and not e.embed and e.token == "crl_a-tenants"
     assert corral.Client().router is not None
+    assert corral.Client().router.directory.cached_token() == "crl_a-tenants"  # no KV read
+    e = Endpoint.resolve("cluster+https://node-a:7070")  # through one daemon (no Ray)
+    assert e.cluster == "https://node-a:7070" and e.token == "crl_a-tenants"
+    monkeypatch.delenv("CORRAL_TOKEN")
+    with pytest.raises(corral.InvalidArgument, match="CORRAL_TOKEN"):
+        Endpoint.resolve("cluster+http://node-a:7070")
+    assert Endpoint.resolve("ray://auto").token is None  # the admin: the cluster's token
     monkeypatch.delenv("CORRAL_URL")
     assert corral.Client().router is None
