@@ -254,3 +254,31 @@ def test_a_tenants_lifetime_cap_and_image_pulls_on_every_node(corral_cluster):
             nowhere = http.post("/v1/cluster/images/fetch",
                                 json={"image": "python-x", "node": "http://10.0.0.1:1"})
             assert nowhere.status_code == 400  # a node id from the directory, never a URL
+
+
+def test_a_tenants_ray_task_gets_a_local_sandbox_and_uses_a_pickled_one(corral_cluster, pair):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    tokens, clients = pair
+    name = next(iter(tokens))
+
+    @ray.remote(num_cpus=0)
+    def make_here(token: str) -> tuple[str, str]:
+        with corral.Client("ray://auto", token=token) as c:
+            sb = corral.Sandbox.create(memory_mb=32, tags=[TAG], client=c)
+            return ray.get_runtime_context().get_node_id(), sb.info.node
+
+    @ray.remote(num_cpus=0)
+    def run_in(sb: corral.Sandbox) -> tuple[str, str | None]:
+        return sb.exec("echo from-task", timeout=30).stdout, sb.client.connect_args["token"]
+
+    for node in corral_cluster.node_ids():  # locality holds for a tenant too
+        pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+        here, placed = ray.get(make_here.options(scheduling_strategy=pinned).remote(tokens[name]),
+                               timeout=120)
+        assert here == node and placed == node
+    sb = corral.Sandbox.create(memory_mb=32, tags=[TAG], client=clients[name])
+    out, sent = ray.get(run_in.remote(sb), timeout=120)  # its handle carries its token
+    assert (out, sent) == ("from-task\n", tokens[name])
+    assert len(corral.Sandbox.list(tags=[TAG], client=clients[name])) == 4
