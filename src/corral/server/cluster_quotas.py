@@ -16,11 +16,12 @@ the other had published (each publishes before it reads), so it counted it. Noth
 exact for free, though: two creates racing for the last place may both see each other
 and both be refused. A refusal that other nodes' use decided is tried again after
 :data:`RETRY_S` (twice), which also lets a delete just made on another node (published
-at once, but asynchronously) be seen. Each create of such a tenant costs two calls to
-Ray's GCS (a few ms); tenants without quotas and the admin cost nothing. A node that
-died stops counting once Ray marks it dead; a daemon that restarts (its sandboxes
-lost) writes its empty book at start. If the GCS cannot be read, a tenant with quotas
-cannot create (fail closed: :class:`DaemonUnavailable`).
+at once, but asynchronously) be seen. Each create of such a tenant costs calls to
+Ray's GCS (three, ~3 ms here: ``benchmarks/bench_cluster_tenants.py``); tenants
+without quotas and the admin cost nothing. A daemon that restarts (its sandboxes lost)
+writes its empty book at start; a node Ray marks dead stops counting at the next sync
+(a few seconds), one that joins counts at once. If the GCS cannot be read, a tenant
+with quotas cannot create (fail closed: :class:`DaemonUnavailable`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class ClusterQuotas(Quotas):
         self._write_lock = threading.Lock()
         self._seq = self._written = 0  # the last book numbered, and the last written
         self._elsewhere: dict[str, Usage] = {}  # other alive nodes' sums, as last read
-        self._alive: set[str] | None = None
+        self._dead: set[str] = set()  # Ray's dead nodes, as of the last sync
         with contextlib.suppress(Exception):  # a restarted daemon holds nothing yet
             self._write(*self.book())
 
@@ -139,10 +140,10 @@ class ClusterQuotas(Quotas):
 
     def _read(self) -> None:
         books = tenant_registry.read_usage(self._gcs)
-        alive = self._alive
+        dead = self._dead  # known dead; a node that joined since is counted
         elsewhere: dict[str, Usage] = {}
         for node, book in books.items():
-            if node == self._node or (alive is not None and node not in alive):
+            if node == self._node or node in dead:
                 continue
             for tenant, used in book.items():
                 try:
@@ -156,9 +157,9 @@ class ClusterQuotas(Quotas):
         self._elsewhere = elsewhere
 
     def sync(self, seq: int, book: dict[str, list[float]]) -> None:
-        """Blocking: write this node's ``book`` (:meth:`book`), learn which nodes are
-        alive, read the others' (every few seconds, for ``corral token ls``)."""
+        """Blocking: write this node's ``book`` (:meth:`book`), learn which nodes died,
+        read the others' (every few seconds, for ``corral token ls``)."""
         self._write(seq, book)
-        self._alive = {n for n, s in _ray.node_states(self._gcs).items() if s["alive"]}
+        self._dead = {n for n, s in _ray.node_states(self._gcs).items() if not s["alive"]}
         self._read()
 
