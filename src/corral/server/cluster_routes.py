@@ -20,7 +20,6 @@ stay the cluster credential's alone: a tenant never reads a layer by digest.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,7 +30,7 @@ from corral.cluster import _ray
 from corral.cluster.bringup import read_entries
 from corral.cluster.ids import node_tag
 from corral.errors import InvalidState
-from corral.server.cluster_tenants import ClusterTenancy
+from corral.server.cluster_tenants import ClusterTenancy, on_gcs
 from corral.server.peer_layers import (
     FetchRequest,
     ImageFetchRequest,
@@ -80,7 +79,7 @@ def tenancy(request: Request) -> ClusterTenancy:
 
 async def cluster_nodes(request: Request) -> Response:
     here = tenancy(request)
-    nodes = await asyncio.to_thread(_listing, here)
+    nodes = await on_gcs(lambda: _listing(here))
     return JSONResponse({"nodes": nodes})
 
 

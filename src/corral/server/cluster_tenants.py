@@ -26,14 +26,15 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from corral.cluster import _ray, tenant_registry
 from corral.cluster.bringup import read_entries
-from corral.errors import DaemonUnavailable, InvalidArgument
+from corral.errors import CorralError, DaemonUnavailable, InvalidArgument
 from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.server.cluster_quotas import ClusterQuotas
@@ -50,6 +51,7 @@ from corral.server.tenants import (
 )
 
 logger = logging.getLogger("corral.server")
+T = TypeVar("T")
 
 GCS_ENV = "CORRAL_RAY_GCS"  # set by `corral cluster up` (cluster/node.py): its KV
 REFRESH_S = 2.0
@@ -216,13 +218,13 @@ class ClusterTenancy:
     # ----------------------------------------------------------- the admin
 
     async def create(self, **fields: Any) -> tuple[Tenant, str]:
-        made: tuple[Tenant, str] = await asyncio.to_thread(lambda: self.store.create(**fields))
+        made: tuple[Tenant, str] = await on_gcs(lambda: self.store.create(**fields))
         await self.tell_peers(None)  # best effort: the others read it within REFRESH_S
         return made
 
     async def revoke(self, name: str) -> dict[str, Any]:
         """Revoke everywhere; which nodes confirmed, which did not (and the lease waited)."""
-        await asyncio.to_thread(self.store.revoke, name)
+        await on_gcs(lambda: self.store.revoke(name))
         written = time.monotonic()
         await self.refresh()
         confirmed, unconfirmed = await self.tell_peers(name)
@@ -234,7 +236,7 @@ class ClusterTenancy:
     async def tell_peers(self, name: str | None) -> tuple[list[str], list[dict[str, str]]]:
         """Ask every other node's daemon to reload; the nodes that confirmed (that
         ``name`` is revoked there, if given) and those that did not, with why."""
-        peers = await asyncio.to_thread(self.peers)
+        peers = await on_gcs(self.peers)
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
         async def one(http: httpx.AsyncClient, url: str) -> str | None:
@@ -261,6 +263,19 @@ class ClusterTenancy:
         states = _ray.node_states(self.gcs)
         return {n: str(e["url"]) for n, e in read_entries(self.gcs).items()
                 if n != self.node_id and states.get(n, {}).get("alive")}
+
+
+async def on_gcs(call: Callable[[], T]) -> T:
+    """``call()`` (blocking calls to Ray's GCS) on a thread; a GCS that does not answer
+    is :class:`DaemonUnavailable` saying so (corral's own errors pass unchanged)."""
+    try:
+        return await asyncio.to_thread(call)
+    except CorralError:
+        raise
+    except Exception as exc:
+        raise DaemonUnavailable(
+            f"this daemon cannot reach its Ray cluster's GCS ({type(exc).__name__}: "
+            f"{str(exc)[:200]}): retry, and see `corral cluster status`") from None
 
 
 async def drop_pools(pools: PoolManager | None, name: str) -> None:
