@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 import corral
-from tests.cluster.conftest import until
+from tests.cluster.conftest import NODE_ARGS, until
 from tests.cluster.tenants_on_cluster import (
     admin,
     cli,
@@ -282,3 +282,20 @@ def test_a_tenants_ray_task_gets_a_local_sandbox_and_uses_a_pickled_one(corral_c
     out, sent = ray.get(run_in.remote(sb), timeout=120)  # its handle carries its token
     assert (out, sent) == ("from-task\n", tokens[name])
     assert len(corral.Sandbox.list(tags=[TAG], client=clients[name])) == 4
+
+
+def test_a_node_that_joins_later_knows_the_cluster_tenants(corral_cluster):
+    kept, gone = unique("early"), unique("early-gone")
+    kept_token, gone_token = make_tenant(corral_cluster, kept), make_tenant(corral_cluster, gone)
+    with admin(corral_cluster) as ad:
+        ad.request("DELETE", f"/v1/tokens/{gone}")
+    before = set(corral_cluster.node_ids())
+    node = corral_cluster.cluster.add_node(**NODE_ARGS)  # a fourth, for this test only
+    try:
+        joined = until(lambda: next((u for n, u in daemons(corral_cluster).items()
+                                     if n not in before), None), "a daemon on the new node")
+        until(lambda: _status(joined, kept_token) == 200, "the new daemon to answer")
+        assert _status(joined, gone_token) == 401
+    finally:
+        corral_cluster.cluster.remove_node(node)
+        until(lambda: set(corral_cluster.node_ids()) == before, "the fourth node to go")
