@@ -5,16 +5,20 @@ They need three things bookworm does not have, all checked before anything start
 file with ``mkfs.erofs --tar``; bookworm ships 1.5, which has no ``--tar``), a runsc
 that can boot an EROFS root filesystem (Ray passes it through the
 ``dev.gvisor.spec.rootfs.*`` annotations, which bookworm's runsc 20221219 predates),
-and the ``ray`` package itself (not in the ``bench`` extra: it cannot run here and
-is large). When all three are present, sandboxes are made with
-``SandboxRuntime.create`` from a flat tar of the corral image, with an explicit
-``PATH`` (a flat tar carries no image config). Ray writes to fixed paths under /tmp
-and can leave ``ray-sandbox-*`` cgroups behind; those are removed afterwards.
+and the ``ray`` package itself. ``setup_ray_sandbox.py`` (run by ``make bench``) puts
+trixie's erofs-utils and bookworm-backports' runsc in a private prefix
+(:func:`tools_dir`); :func:`use_tools` puts them first on this process's PATH, which
+is where Ray looks for them. Sandboxes are made with ``SandboxRuntime.create`` from a
+flat tar of the corral image, with an explicit ``PATH`` (a flat tar carries no image
+config). Ray writes to fixed paths under /tmp and can leave ``ray-sandbox-*`` cgroups
+behind; ``ray_sandbox_baseline.RayLeftovers`` removes what a run made.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +28,41 @@ from peers import Peer, Skip, first_line
 
 RUNSC_EROFS_MARKER = b"dev.gvisor.spec.rootfs"
 PATH = "/usr/local/bin:/usr/bin:/bin"
+EROFS_MIN_VERSION = "1.7"  # mkfs.erofs --tar
+RUNSC_MIN_VERSION = "0.0~20240101"  # bookworm's 0.0~20221219 cannot boot an EROFS root
+TOOLS_FILE = "tools.json"
+
+
+def tools_dir() -> Path:
+    """Where ``setup_ray_sandbox.py`` keeps Ray's tools: ``CORRAL_RAY_SANDBOX_TOOLS``, else
+    ``bench/ray-sandbox`` in corral's cache directory."""
+    if os.environ.get("CORRAL_RAY_SANDBOX_TOOLS"):
+        return Path(os.environ["CORRAL_RAY_SANDBOX_TOOLS"])
+    from corral.runtime.paths import default_cache_dir
+
+    return default_cache_dir() / "bench" / "ray-sandbox"
+
+
+def tools_bin() -> str | None:
+    """The bin directory ``setup_ray_sandbox.py`` filled, if it did."""
+    try:
+        found = json.loads((tools_dir() / TOOLS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found.get("bin") if isinstance(found, dict) else None
+
+
+def use_tools() -> None:
+    """Put the private tools first on PATH (Ray finds runsc and mkfs.erofs there); processes
+    started afterwards (a Ray cluster's raylets and workers) inherit it."""
+    extra = tools_bin()
+    path = os.environ.get("PATH", "")
+    if extra and extra not in path.split(os.pathsep):
+        os.environ["PATH"] = extra + os.pathsep + path
+
+
+def runsc_boots_erofs(runsc: str) -> bool:
+    return binary_contains(os.path.realpath(runsc), RUNSC_EROFS_MARKER)
 
 
 def binary_contains(path: str, needle: bytes, chunk: int = 1 << 22) -> bool:
@@ -37,26 +76,28 @@ def binary_contains(path: str, needle: bytes, chunk: int = 1 << 22) -> bool:
 
 
 def missing_prerequisites() -> list[str]:
+    use_tools()
     problems = []
+    hint = ("" if tools_bin() else
+            f" (python3 benchmarks/setup_ray_sandbox.py fetches it into {tools_dir()})")
     mkfs = shutil.which("mkfs.erofs") or shutil.which("mkfs.erofs", path="/usr/sbin:/sbin")
     if not mkfs:
         problems.append("mkfs.erofs is not installed (Ray needs erofs-utils >= 1.7; "
-                        "Debian 12 has 1.5, Debian 13 has a new enough one)")
+                        "Debian 12 has 1.5, Debian 13 has a new enough one)" + hint)
     else:
         helptext = subprocess.run([mkfs, "--help"], capture_output=True, text=True)
         if "--tar" not in helptext.stdout + helptext.stderr:
             problems.append(f"{mkfs} ({first_line([mkfs, '--version']) or 'old'}) has no "
-                            "--tar: Ray needs erofs-utils >= 1.7, Debian 12 has 1.5")
+                            "--tar: Ray needs erofs-utils >= 1.7, Debian 12 has 1.5" + hint)
     runsc = shutil.which("runsc")
     if not runsc:
-        problems.append("runsc is not installed")
-    elif not binary_contains(runsc, RUNSC_EROFS_MARKER):
+        problems.append("runsc is not installed" + hint)
+    elif not runsc_boots_erofs(runsc):
         problems.append(f"{first_line([runsc, '--version']) or 'this runsc'} cannot boot an "
                         "EROFS root (no dev.gvisor.spec.rootfs annotations): Ray needs a newer "
-                        "runsc (bookworm-backports or gVisor's own release)")
+                        "runsc (bookworm-backports or gVisor's own release)" + hint)
     if importlib.util.find_spec("ray") is None:
-        problems.append("the ray package is not installed (pip install ray==2.60.0; left "
-                        "out of the bench extra because it cannot run here)")
+        problems.append("the ray package is not installed (pip install -e '.[ray]')")
     return problems
 
 
