@@ -1,0 +1,300 @@
+"""Ray's own sandboxes (``ray.experimental.sandbox``, ray 2.60) as a baseline for
+``bench_cluster.py``, on the same Ray cluster and in the same run as corral.
+
+Two ways Ray offers them, both with the corral ``python`` image as a flat tar, an
+explicit ``PATH`` and the same 128 MiB memory limit as corral's sandboxes:
+
+- ``ray_sandbox_*``: the in-process runtime (``SandboxRuntime``, in the driver);
+- ``ray_sandbox_actor_*``: ``ray.experimental.sandbox.create``, a Ray actor per sandbox
+  (``cpu=0``, so the three one-CPU nodes can hold several), placed by Ray.
+
+Per way: ``create_ready_ms`` (create until it runs; the EROFS image is built once
+beforehand: ``ray_sandbox_image_build_ms``), ``exec_rtt_ms`` (``exec(["true"])``) and
+``idle_pss_mb``: the proportional set size (``/proc/PID/smaps_rollup``) of each idle
+sandbox's processes with several alive at once: the gVisor processes (``runsc`` run,
+gofer and sandbox) and, for the actor form, the actor's worker process too.
+
+Ray writes to fixed paths (``/tmp/ray/sandbox``, ``/tmp/runsc``) and can leave
+``ray-sandbox-*`` cgroups behind: :class:`RayLeftovers` notes what was there before and
+afterwards removes only what appeared since, and kills any runsc process of a
+sandbox this run made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from peers import descendants
+from peers.ray_sandbox import PATH, missing_prerequisites
+
+MEMORY = "128Mi"  # corral's sandboxes in bench_cluster.py get memory_mb=128
+CREATE_TIMEOUT_S = 60
+SETTLE_S = 1.0
+FIXED_DIRS = ("/tmp/ray/sandbox/images", "/tmp/ray/sandbox", "/tmp/runsc")
+CGROUP_GLOBS = ("/sys/fs/cgroup/*/ray-sandbox-*", "/sys/fs/cgroup/*/*/ray-sandbox-*")
+SANDBOX_ID = re.compile(r"ray-sandbox-[0-9a-f]{12}")
+
+
+def ms_since(t: float) -> float:
+    return (time.perf_counter() - t) * 1000
+
+
+def _listing(d: str) -> set[str] | None:
+    try:
+        return set(os.listdir(d))
+    except OSError:
+        return None
+
+
+def _cgroups() -> set[str]:
+    return {p for pattern in CGROUP_GLOBS for p in glob.glob(pattern)}
+
+
+def _runsc_pids(ids: set[str]) -> list[int]:
+    """Live processes whose command line names one of ``ids`` (sandboxes of this run)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "runsc" in cmd and any(i in cmd for i in ids):
+            found.append(int(entry))
+    return found
+
+
+class RayLeftovers:
+    """What Ray's sandboxes leave on the host, as it stood before this run. Only entries
+    that are new *and* named after this run (a sandbox id it made, its image's name) are
+    removed: others may be using Ray's sandboxes on this host at the same time."""
+
+    def __init__(self, image_name: str) -> None:
+        self.before = {d: _listing(d) for d in FIXED_DIRS}
+        self.cgroups = _cgroups()
+        self.image_name = image_name
+        self.ids: set[str] = set()  # sandbox ids this run made
+
+    @contextlib.contextmanager
+    def noting(self) -> Iterator[None]:
+        """Note the ids a failed create names (Ray says which sandbox timed out)."""
+        try:
+            yield
+        except Exception as exc:
+            self.ids.update(SANDBOX_ID.findall(str(exc)))
+            raise
+
+    def ours(self, name: str) -> bool:
+        return self.image_name in name or any(i in name for i in self.ids)
+
+    def new_cgroups(self) -> list[str]:
+        return sorted((cg for cg in _cgroups() - self.cgroups if self.ours(os.path.basename(cg))),
+                      key=len, reverse=True)
+
+    def clean(self) -> list[str]:
+        """Remove what appeared since ``__init__``; say what had to be removed by force."""
+        forced = []
+        for pid in _runsc_pids(self.ids):  # a create that timed out can leave these
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                forced.append(f"runsc process {pid}")
+        for sid in self.ids:  # runsc's own state for a container it did not delete
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["runsc", "--root", "/tmp/runsc", "delete", "-force", sid],
+                               capture_output=True, timeout=10)
+        for d, before in self.before.items():
+            now = _listing(d)
+            if now is None:
+                continue
+            for name in sorted(now - (before or set())):
+                if not self.ours(name):
+                    continue
+                path = os.path.join(d, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+        for d, before in self.before.items():  # directories this run created, if now empty
+            if before is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+        new = self.new_cgroups()
+        forced += [f"cgroup {cg}" for cg in new]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # a cgroup empties once its processes are reaped
+            left = self.new_cgroups()
+            for cg in left:
+                with contextlib.suppress(OSError):
+                    os.rmdir(cg)
+            if not self.new_cgroups():
+                break
+            time.sleep(0.1)
+        forced += [f"cgroup {cg} (could not be removed)" for cg in self.new_cgroups()]
+        return forced
+
+
+def _pss_kb(pids: list[int]) -> int:
+    from bench_engine import pss_kb
+
+    return pss_kb(pids)
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def in_process(tar: str, leftovers: RayLeftovers, n: int, idle: int) -> dict[str, Any]:
+    """The in-process runtime, in this process: every runsc below it is a sandbox's."""
+    from ray.experimental.sandbox.runtime import SandboxRuntime
+
+    rt = SandboxRuntime()
+    opts = {"image": tar, "env": {"PATH": PATH}, "memory": MEMORY,
+            "timeout_seconds": CREATE_TIMEOUT_S}
+    made: list[str] = []
+
+    def create() -> tuple[str, float]:
+        t = time.perf_counter()
+        with leftovers.noting():
+            sid = rt.create(**opts)
+        took = ms_since(t)
+        leftovers.ids.add(sid)
+        made.append(sid)
+        return sid, took
+
+    def delete(sid: str) -> None:
+        made.remove(sid)
+        rt.delete(sid)
+
+    res: dict[str, Any] = {}
+    try:
+        t = time.perf_counter()
+        rt.pull_image(tar, timeout_seconds=300)  # builds the EROFS image once
+        res["ray_sandbox_image_build_ms"] = ms_since(t)
+        creates, execs = [], []
+        for _ in range(n):
+            sid, took = create()
+            creates.append(took)
+            rt.exec(sid, ["true"], timeout=30)  # warm
+            for _ in range(5):
+                t = time.perf_counter()
+                r = rt.exec(sid, ["true"], timeout=30)
+                execs.append(ms_since(t))
+                if r.exit_code != 0:
+                    raise RuntimeError(f"true failed in Ray sandbox {sid}: {r!r}")
+            delete(sid)
+        res["ray_sandbox_create_ready_ms"] = _median(creates)
+        res["ray_sandbox_exec_rtt_ms"] = _median(execs)
+        runsc = os.path.realpath(shutil.which("runsc") or "runsc")
+
+        def gvisor_pss() -> int:
+            return _pss_kb([p for p in descendants() if _exe(p) == runsc])
+
+        base = gvisor_pss()
+        for _ in range(idle):
+            create()
+        time.sleep(SETTLE_S)
+        res["ray_sandbox_idle_pss_mb"] = (gvisor_pss() - base) / idle / 1024
+    finally:
+        for sid in list(made):
+            with contextlib.suppress(Exception):
+                delete(sid)
+    return res
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def as_actors(ray: Any, tar: str, leftovers: RayLeftovers, n: int, idle: int) -> dict[str, Any]:
+    """``ray.experimental.sandbox.create``: a Ray actor per sandbox, on the cluster."""
+    from ray.experimental import sandbox as raysb
+
+    alive: list[Any] = []
+
+    def create() -> tuple[Any, float]:
+        t = time.perf_counter()
+        handle = raysb.create(image=tar, env={"PATH": PATH}, memory=MEMORY, cpu=0,
+                              timeout_seconds=CREATE_TIMEOUT_S)
+        alive.append(handle)
+        with leftovers.noting():
+            sid = ray.get(handle.get_instance_id.remote(), timeout=CREATE_TIMEOUT_S + 60)
+        took = ms_since(t)
+        leftovers.ids.add(sid)
+        return handle, took
+
+    def delete(handle: Any) -> None:
+        alive.remove(handle)
+        try:
+            ray.get(handle.delete.remote(), timeout=60)
+        finally:
+            ray.kill(handle)
+
+    res: dict[str, Any] = {}
+    try:
+        creates, execs = [], []
+        for _ in range(n):
+            h, took = create()
+            creates.append(took)
+            ray.get(h.exec.remote(["true"]), timeout=60)  # warm
+            for _ in range(5):
+                t = time.perf_counter()
+                r = ray.get(h.exec.remote(["true"]), timeout=60)
+                execs.append(ms_since(t))
+                if r.exit_code != 0:
+                    raise RuntimeError(f"true failed in a Ray sandbox actor: {r!r}")
+            delete(h)
+        res["ray_sandbox_actor_create_ready_ms"] = _median(creates)
+        res["ray_sandbox_actor_exec_rtt_ms"] = _median(execs)
+        handles = [create()[0] for _ in range(idle)]
+        time.sleep(SETTLE_S)
+        pids = ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles],
+                       timeout=60)
+        per = [_pss_kb([pid, *descendants(pid)]) / 1024 for pid in pids]
+        res["ray_sandbox_actor_idle_pss_mb"] = _median(per)
+    finally:
+        for h in list(alive):
+            with contextlib.suppress(Exception):
+                delete(h)
+    return res
+
+
+def baseline(ray: Any, rootfs: Path, work: Path, n: int, idle: int) -> dict[str, Any]:
+    """Both forms, or for each the precise reason it could not run. Cleans up after both."""
+    problems = missing_prerequisites()
+    if problems:
+        return {"ray_sandbox": "not run: " + "; ".join(problems)}
+    # a name of this run's own: Ray caches the built image under the tar's name
+    tar = work / f"corral-bench-{os.getpid()}.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
+    leftovers = RayLeftovers(tar.stem)
+    res: dict[str, Any] = {}
+    try:
+        for name, run in (("ray_sandbox", lambda: in_process(str(tar), leftovers, n, idle)),
+                          ("ray_sandbox_actor",
+                           lambda: as_actors(ray, str(tar), leftovers, n, idle))):
+            try:
+                res.update(run())
+            except Exception as exc:  # say exactly what failed; the run goes on
+                res[name] = f"failed: {type(exc).__name__}: {str(exc).strip()[-800:]}"
+    finally:
+        forced = leftovers.clean()
+        tar.unlink(missing_ok=True)
+    if forced:
+        res["ray_sandbox_leftovers_removed"] = ", ".join(forced)
+    return res
