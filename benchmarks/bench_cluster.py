@@ -167,8 +167,9 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def corral_idle_pss_mb(client: corral.Client, node: str, daemon_pid: int, k: int) -> float:
-    """PSS of the processes ``k`` idle sandboxes add below their node's daemon, each."""
+def corral_idle_pss_mb(client: corral.Client, daemon_pid: int, k: int) -> float:
+    """PSS of the processes ``k`` idle sandboxes add below their daemon (``client`` goes
+    straight to it), each."""
     from bench_engine import pss_kb
     from peers import descendants
 
@@ -176,7 +177,7 @@ def corral_idle_pss_mb(client: corral.Client, node: str, daemon_pid: int, k: int
         return pss_kb([daemon_pid, *descendants(daemon_pid)])
 
     before = tree()
-    made = [corral.Sandbox.create(**SPEC, node=node, client=client) for _ in range(k)]
+    made = [corral.Sandbox.create(**SPEC, client=client) for _ in range(k)]
     try:
         for sb in made:
             sb.exec("true")
@@ -289,7 +290,7 @@ def main() -> int:
             res.update(restore_times(routed, head, [w.node_id for w in workers], n))
             res.update(actor_baseline(ray, n, alive=5 if args.quick else 20))
             daemon_pid = next(e["pid"] for e in entries if e["node_id"] == head)
-            res["corral_idle_pss_mb"] = corral_idle_pss_mb(direct, head, daemon_pid, idle)
+            res["corral_idle_pss_mb"] = corral_idle_pss_mb(direct, daemon_pid, idle)
             res.update(ray_sandbox_baseline(
                 ray, ImageStore(Layout.create().images_dir).get(SPEC["image"]).rootfs, base,
                 n=3 if args.quick else 8, idle=idle))

@@ -15,135 +15,32 @@ sandbox's processes with several alive at once: the gVisor processes (``runsc`` 
 gofer and sandbox) and, for the actor form, the actor's worker process too.
 
 Ray writes to fixed paths (``/tmp/ray/sandbox``, ``/tmp/runsc``) and can leave
-``ray-sandbox-*`` cgroups behind: :class:`RayLeftovers` notes what was there before and
-afterwards removes only what appeared since, and kills any runsc process of a
-sandbox this run made.
+``ray-sandbox-*`` cgroups behind: ``peers.ray_sandbox.RayLeftovers`` notes what was there
+before and afterwards removes only what appeared since and is named after this run (its
+sandboxes' ids, its image), and kills any runsc process of a sandbox this run made.
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from peers import descendants
-from peers.ray_sandbox import PATH, missing_prerequisites
+from peers.ray_sandbox import PATH, RayLeftovers, missing_prerequisites
 
 MEMORY = "128Mi"  # corral's sandboxes in bench_cluster.py get memory_mb=128
 CREATE_TIMEOUT_S = 60
 SETTLE_S = 1.0
-FIXED_DIRS = ("/tmp/ray/sandbox/images", "/tmp/ray/sandbox", "/tmp/runsc")
-CGROUP_GLOBS = ("/sys/fs/cgroup/*/ray-sandbox-*", "/sys/fs/cgroup/*/*/ray-sandbox-*")
-SANDBOX_ID = re.compile(r"ray-sandbox-[0-9a-f]{12}")
 
 
 def ms_since(t: float) -> float:
     return (time.perf_counter() - t) * 1000
-
-
-def _listing(d: str) -> set[str] | None:
-    try:
-        return set(os.listdir(d))
-    except OSError:
-        return None
-
-
-def _cgroups() -> set[str]:
-    return {p for pattern in CGROUP_GLOBS for p in glob.glob(pattern)}
-
-
-def _runsc_pids(ids: set[str]) -> list[int]:
-    """Live processes whose command line names one of ``ids`` (sandboxes of this run)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if "runsc" in cmd and any(i in cmd for i in ids):
-            found.append(int(entry))
-    return found
-
-
-class RayLeftovers:
-    """What Ray's sandboxes leave on the host, as it stood before this run. Only entries
-    that are new *and* named after this run (a sandbox id it made, its image's name) are
-    removed: others may be using Ray's sandboxes on this host at the same time."""
-
-    def __init__(self, image_name: str) -> None:
-        self.before = {d: _listing(d) for d in FIXED_DIRS}
-        self.cgroups = _cgroups()
-        self.image_name = image_name
-        self.ids: set[str] = set()  # sandbox ids this run made
-
-    @contextlib.contextmanager
-    def noting(self) -> Iterator[None]:
-        """Note the ids a failed create names (Ray says which sandbox timed out)."""
-        try:
-            yield
-        except Exception as exc:
-            self.ids.update(SANDBOX_ID.findall(str(exc)))
-            raise
-
-    def ours(self, name: str) -> bool:
-        return self.image_name in name or any(i in name for i in self.ids)
-
-    def new_cgroups(self) -> list[str]:
-        return sorted((cg for cg in _cgroups() - self.cgroups if self.ours(os.path.basename(cg))),
-                      key=len, reverse=True)
-
-    def clean(self) -> list[str]:
-        """Remove what appeared since ``__init__``; say what had to be removed by force."""
-        forced = []
-        for pid in _runsc_pids(self.ids):  # a create that timed out can leave these
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                forced.append(f"runsc process {pid}")
-        for sid in self.ids:  # runsc's own state for a container it did not delete
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(["runsc", "--root", "/tmp/runsc", "delete", "-force", sid],
-                               capture_output=True, timeout=10)
-        for d, before in self.before.items():
-            now = _listing(d)
-            if now is None:
-                continue
-            for name in sorted(now - (before or set())):
-                if not self.ours(name):
-                    continue
-                path = os.path.join(d, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-        for d, before in self.before.items():  # directories this run created, if now empty
-            if before is None:
-                with contextlib.suppress(OSError):
-                    os.rmdir(d)
-        new = self.new_cgroups()
-        forced += [f"cgroup {cg}" for cg in new]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # a cgroup empties once its processes are reaped
-            left = self.new_cgroups()
-            for cg in left:
-                with contextlib.suppress(OSError):
-                    os.rmdir(cg)
-            if not self.new_cgroups():
-                break
-            time.sleep(0.1)
-        forced += [f"cgroup {cg} (could not be removed)" for cg in self.new_cgroups()]
-        return forced
 
 
 def _pss_kb(pids: list[int]) -> int:

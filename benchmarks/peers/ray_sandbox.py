@@ -11,18 +11,23 @@ trixie's erofs-utils and bookworm-backports' runsc in a private prefix
 is where Ray looks for them. Sandboxes are made with ``SandboxRuntime.create`` from a
 flat tar of the corral image, with an explicit ``PATH`` (a flat tar carries no image
 config). Ray writes to fixed paths under /tmp and can leave ``ray-sandbox-*`` cgroups
-behind; ``ray_sandbox_baseline.RayLeftovers`` removes what a run made.
+behind; :class:`RayLeftovers` removes what a run made (and only that).
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from peers import Peer, Skip, first_line
 
@@ -101,6 +106,110 @@ def missing_prerequisites() -> list[str]:
     return problems
 
 
+FIXED_DIRS = ("/tmp/ray/sandbox/images", "/tmp/ray/sandbox", "/tmp/runsc")
+CGROUP_GLOBS = ("/sys/fs/cgroup/*/ray-sandbox-*", "/sys/fs/cgroup/*/*/ray-sandbox-*")
+SANDBOX_ID = re.compile(r"ray-sandbox-[0-9a-f]{12}")
+
+
+def _listing(d: str) -> set[str] | None:
+    try:
+        return set(os.listdir(d))
+    except OSError:
+        return None
+
+
+def _cgroups() -> set[str]:
+    return {p for pattern in CGROUP_GLOBS for p in glob.glob(pattern)}
+
+
+def _runsc_pids(ids: set[str]) -> list[int]:
+    """Live processes whose command line names one of ``ids`` (sandboxes of this run)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "runsc" in cmd and any(i in cmd for i in ids):
+            found.append(int(entry))
+    return found
+
+
+class RayLeftovers:
+    """What Ray's sandboxes leave on the host, as it stood before this run. Only entries
+    that are new *and* named after this run (a sandbox id it made, its image's name) are
+    removed: others may be using Ray's sandboxes on this host at the same time."""
+
+    def __init__(self, image_name: str) -> None:
+        self.before = {d: _listing(d) for d in FIXED_DIRS}
+        self.cgroups = _cgroups()
+        self.image_name = image_name
+        self.ids: set[str] = set()  # sandbox ids this run made
+
+    @contextlib.contextmanager
+    def noting(self) -> Iterator[None]:
+        """Note the ids a failed create names (Ray says which sandbox timed out)."""
+        try:
+            yield
+        except Exception as exc:
+            self.ids.update(SANDBOX_ID.findall(str(exc)))
+            raise
+
+    def ours(self, name: str) -> bool:
+        return self.image_name in name or any(i in name for i in self.ids)
+
+    def new_cgroups(self) -> list[str]:
+        return sorted((cg for cg in _cgroups() - self.cgroups if self.ours(os.path.basename(cg))),
+                      key=len, reverse=True)
+
+    def clean(self) -> list[str]:
+        """Remove what appeared since ``__init__``; say what had to be removed by force."""
+        forced = []
+        for pid in _runsc_pids(self.ids):  # a create that timed out can leave these
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                forced.append(f"runsc process {pid}")
+        for sid in self.ids:  # runsc's own state for a container it did not delete
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["runsc", "--root", "/tmp/runsc", "delete", "-force", sid],
+                               capture_output=True, timeout=10)
+        for d, before in self.before.items():
+            now = _listing(d)
+            if now is None:
+                continue
+            for name in sorted(now - (before or set())):
+                if not self.ours(name):
+                    continue
+                path = os.path.join(d, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+        for d, before in self.before.items():  # directories this run created, if now empty
+            if before is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+        new = self.new_cgroups()
+        if new:  # Ray leaves these behind even after a clean delete, now and then
+            names = sorted({os.path.basename(cg) for cg in new})
+            forced.append(f"{len(new)} cgroups of {', '.join(names)}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # a cgroup empties once its processes are reaped
+            left = self.new_cgroups()
+            for cg in left:
+                with contextlib.suppress(OSError):
+                    os.rmdir(cg)
+            if not self.new_cgroups():
+                break
+            time.sleep(0.1)
+        forced += [f"cgroup {cg} (could not be removed)" for cg in self.new_cgroups()]
+        return forced
+
+
 class RaySandboxPeer(Peer):
     name = "ray_sandbox"
     title = "Ray sandboxes (in-process runtime)"
@@ -119,20 +228,22 @@ class RaySandboxPeer(Peer):
     def setup(self) -> None:
         from ray.experimental.sandbox.runtime import SandboxRuntime
 
-        self.tar = self.ctx.workdir / "ray-rootfs.tar"
+        # a name of this run's own: Ray caches the built image under the tar's name
+        self.tar = self.ctx.workdir / f"corral-peer-{os.getpid()}.tar"
         subprocess.run(["tar", "-C", str(self.ctx.rootfs), "-cf", str(self.tar), "."],
                        check=True)
+        self.leftovers = RayLeftovers(self.tar.stem)
         self.rt = SandboxRuntime()
 
     def teardown(self) -> None:
-        for d in Path("/sys/fs/cgroup").glob("*/ray-sandbox-*"):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        self.leftovers.clean()
 
     def _create(self) -> str:
-        return self.rt.create(image=str(self.tar), env={"PATH": PATH}, timeout_seconds=60)
+        with self.leftovers.noting():
+            sid: str = self.rt.create(image=str(self.tar), env={"PATH": PATH},
+                                      timeout_seconds=60)
+        self.leftovers.ids.add(sid)
+        return sid
 
     def cycle(self) -> None:
         sid = self._create()
