@@ -234,6 +234,7 @@ class RaySandboxPeer(Peer):
                        check=True)
         self.leftovers = RayLeftovers(self.tar.stem)
         self.rt = SandboxRuntime()
+        self.rt.pull_image(str(self.tar), timeout_seconds=300)  # the EROFS build, once
 
     def teardown(self) -> None:
         self.leftovers.clean()
