@@ -26,13 +26,12 @@ import contextlib
 import os
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from peers import descendants
-from peers.ray_sandbox import PATH, RayLeftovers, missing_prerequisites
+from peers.ray_sandbox import PATH, RayLeftovers, flat_tar, missing_prerequisites
 
 MEMORY = "128Mi"  # corral's sandboxes in bench_cluster.py get memory_mb=128
 CREATE_TIMEOUT_S = 60
@@ -51,6 +50,25 @@ def _pss_kb(pids: list[int]) -> int:
 
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
+
+
+def cycles(n: int, create: Callable[[], tuple[Any, float]], exec_true: Callable[[Any], Any],
+           delete: Callable[[Any], None]) -> tuple[list[float], list[float]]:
+    """``n`` times: create (timed by ``create``), ``true`` once to warm, five ``true``
+    timed, delete. The create times and the exec round trips."""
+    creates, execs = [], []
+    for _ in range(n):
+        handle, took = create()
+        creates.append(took)
+        exec_true(handle)
+        for _ in range(5):
+            t = time.perf_counter()
+            r = exec_true(handle)
+            execs.append(ms_since(t))
+            if r.exit_code != 0:
+                raise RuntimeError(f"true failed in a Ray sandbox: {r!r}")
+        delete(handle)
+    return creates, execs
 
 
 def in_process(tar: str, leftovers: RayLeftovers, n: int, idle: int) -> dict[str, Any]:
@@ -80,18 +98,8 @@ def in_process(tar: str, leftovers: RayLeftovers, n: int, idle: int) -> dict[str
         t = time.perf_counter()
         rt.pull_image(tar, timeout_seconds=300)  # builds the EROFS image once
         res["ray_sandbox_image_build_ms"] = ms_since(t)
-        creates, execs = [], []
-        for _ in range(n):
-            sid, took = create()
-            creates.append(took)
-            rt.exec(sid, ["true"], timeout=30)  # warm
-            for _ in range(5):
-                t = time.perf_counter()
-                r = rt.exec(sid, ["true"], timeout=30)
-                execs.append(ms_since(t))
-                if r.exit_code != 0:
-                    raise RuntimeError(f"true failed in Ray sandbox {sid}: {r!r}")
-            delete(sid)
+        creates, execs = cycles(n, create, lambda sid: rt.exec(sid, ["true"], timeout=30),
+                                delete)
         res["ray_sandbox_create_ready_ms"] = _median(creates)
         res["ray_sandbox_exec_rtt_ms"] = _median(execs)
         runsc = os.path.realpath(shutil.which("runsc") or "runsc")
@@ -144,18 +152,8 @@ def as_actors(ray: Any, tar: str, leftovers: RayLeftovers, n: int, idle: int) ->
 
     res: dict[str, Any] = {}
     try:
-        creates, execs = [], []
-        for _ in range(n):
-            h, took = create()
-            creates.append(took)
-            ray.get(h.exec.remote(["true"]), timeout=60)  # warm
-            for _ in range(5):
-                t = time.perf_counter()
-                r = ray.get(h.exec.remote(["true"]), timeout=60)
-                execs.append(ms_since(t))
-                if r.exit_code != 0:
-                    raise RuntimeError(f"true failed in a Ray sandbox actor: {r!r}")
-            delete(h)
+        creates, execs = cycles(n, create,
+                                lambda h: ray.get(h.exec.remote(["true"]), timeout=60), delete)
         res["ray_sandbox_actor_create_ready_ms"] = _median(creates)
         res["ray_sandbox_actor_exec_rtt_ms"] = _median(execs)
         handles = [create()[0] for _ in range(idle)]
@@ -178,10 +176,13 @@ def baseline(ray: Any, rootfs: Path, work: Path, n: int, idle: int) -> dict[str,
         return {"ray_sandbox": "not run: " + "; ".join(problems)}
     # a name of this run's own: Ray caches the built image under the tar's name
     tar = work / f"corral-bench-{os.getpid()}.tar"
-    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True)
     leftovers = RayLeftovers(tar.stem)
     res: dict[str, Any] = {}
     try:
+        try:
+            flat_tar(rootfs, tar)
+        except RuntimeError as exc:
+            return {"ray_sandbox": f"not run: {exc}"}
         for name, run in (("ray_sandbox", lambda: in_process(str(tar), leftovers, n, idle)),
                           ("ray_sandbox_actor",
                            lambda: as_actors(ray, str(tar), leftovers, n, idle))):

@@ -66,6 +66,17 @@ def use_tools() -> None:
         os.environ["PATH"] = extra + os.pathsep + path
 
 
+def flat_tar(rootfs: Path, tar: Path) -> None:
+    """The image's root as a flat tar (what Ray's ``image=`` takes). GNU tar's status 1
+    only says a file changed while it was read (its times, when another process touches
+    the shared image): the tar is still whole."""
+    r = subprocess.run(["tar", "-C", str(rootfs), "--warning=no-file-changed", "-cf", str(tar),
+                        "."], capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        tar.unlink(missing_ok=True)
+        raise RuntimeError(f"tar of {rootfs} failed: {r.stderr.strip()[-300:]}")
+
+
 def runsc_boots_erofs(runsc: str) -> bool:
     return binary_contains(os.path.realpath(runsc), RUNSC_EROFS_MARKER)
 
@@ -230,8 +241,7 @@ class RaySandboxPeer(Peer):
 
         # a name of this run's own: Ray caches the built image under the tar's name
         self.tar = self.ctx.workdir / f"corral-peer-{os.getpid()}.tar"
-        subprocess.run(["tar", "-C", str(self.ctx.rootfs), "-cf", str(self.tar), "."],
-                       check=True)
+        flat_tar(Path(self.ctx.rootfs), self.tar)
         self.leftovers = RayLeftovers(self.tar.stem)
         self.rt = SandboxRuntime()
         self.rt.pull_image(str(self.tar), timeout_seconds=300)  # the EROFS build, once
