@@ -16,8 +16,9 @@ cluster, the cluster's token: only its daemons and clients hold it); the admin's
   request: the token is sent only to the cluster's own daemons. The cluster client
   calls it before restoring a snapshot on a node that lacks it;
 - ``GET /v1/peer/images/{name}`` and ``POST /v1/peer/images/fetch`` ``{"image",
-  "node"}``: the same for a built image (:mod:`corral.runtime.image_travel`); its
-  layers are served by ``/v1/peer/layers`` too;
+  "node"}``: the same for an image (:mod:`corral.runtime.image_travel`); its layers
+  are served by ``/v1/peer/layers`` too, and so is a root image's tree, by its content
+  digest (:mod:`corral.runtime.root_travel`; only a root a peer was described);
 - ``GET /v1/peer/stats``: the layers and bytes this daemon fetched.
 """
 
@@ -48,6 +49,7 @@ from corral.errors import (
 from corral.runtime import layer_wire
 from corral.runtime.image_travel import describe_image, pull_image
 from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
+from corral.runtime.root_travel import root_path_for
 from corral.server import context as ctx
 from corral.server.tenants import require_admin
 
@@ -89,13 +91,17 @@ class PeerSnapshot(BaseModel):
 
 
 class PeerImage(BaseModel):
-    """A built image as another node pulls it: its manifest (layers top first)."""
+    """An image as another node pulls it: a built one's manifest (layers top first) and
+    its root's content digest, or a root filesystem's ``kind`` and ``content``."""
 
     model_config = ConfigDict(extra="allow")
     name: str
     digest: str
-    root: dict[str, Any]
-    layers: list[PeerLayer]
+    kind: str = "built"
+    root: dict[str, Any] | None = None
+    layers: list[PeerLayer] = []
+    content: dict[str, Any] | None = None
+    root_content: dict[str, Any] | None = None
 
 
 class ImageFetchRequest(_FromPeer):
@@ -127,10 +133,15 @@ async def peer_snapshot(request: Request) -> Response:
 async def peer_layer(request: Request) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
     digest = layer_wire.check_digest(request.path_params["digest"])
-    path = layer_path_for(ctx.engine(request).snapshots, digest)
-    if path is None:
-        raise NotFound(f"no snapshot on this node holds layer {digest}",
+    engine = ctx.engine(request)
+    path = layer_path_for(engine.snapshots, digest)
+    root = None if path is not None else root_path_for(engine.images, digest)
+    if path is None and root is None:
+        raise NotFound(f"no snapshot or image on this node holds layer {digest}",
                        details={"digest": digest})
+    if root is not None:  # a root image's tree, in the form a root travels in
+        return StreamingResponse(layer_wire.stream(root, root_form=True),
+                                 media_type="application/x-tar")
     return StreamingResponse(layer_wire.stream(path), media_type="application/x-tar")
 
 
@@ -141,7 +152,8 @@ async def peer_stats(request: Request) -> Response:
 
 async def peer_image(request: Request) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
-    return JSONResponse(describe_image(ctx.engine(request).images, request.path_params["name"]))
+    images, name = ctx.engine(request).images, request.path_params["name"]
+    return JSONResponse(await asyncio.to_thread(describe_image, images, name))  # hashes a root
 
 
 async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:

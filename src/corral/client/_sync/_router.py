@@ -84,7 +84,6 @@ class Router:
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
-        self.staying_images: set[str] = set()  # root filesystems: they do not travel
 
     def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
