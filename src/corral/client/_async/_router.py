@@ -130,7 +130,9 @@ class AsyncRouter:
     # ------------------------------------------------------------- one node
 
     def _build(self, target: Node, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Request:
-        headers = {"Authorization": f"Bearer {self.directory.cached_token()}"}
+        kwargs = dict(kwargs)  # a call's own headers (a build's Content-Type) kept
+        headers = {**(kwargs.pop("headers", None) or {}),
+                   "Authorization": f"Bearer {self.directory.cached_token()}"}
         return self._http.build_request(method, target.url + path, headers=headers, **kwargs)
 
     async def _on(
