@@ -22,14 +22,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import httpx
 import pytest
 
 import corral
-from corral.cluster.directory import Directory
 from corral.cluster.ids import node_tag
 from corral.runtime.images import ImageStore
 from corral.runtime.paths import default_cache_dir
+from tests.cluster.test_travel import _daemon, _stats
 from tests.runtime.oci_archives import base_layer, docker_save, second_layer
 
 TAG = "test-root-travel"
@@ -89,20 +88,9 @@ def client(ray_cluster, nodes):
             sb.delete()
 
 
-def _daemon(cluster, node: str) -> httpx.Client:
-    d = Directory(cluster.address)
-    return httpx.Client(base_url=d.pinned(node).url, timeout=120,
-                        headers={"Authorization": f"Bearer {d.token()}"})
-
-
 def _images(cluster, node: str) -> dict[str, dict]:
     with _daemon(cluster, node) as http:
         return {i["name"]: i for i in http.get("/v1/images").raise_for_status().json()["images"]}
-
-
-def _stats(cluster, node: str) -> dict:
-    with _daemon(cluster, node) as http:
-        return http.get("/v1/peer/stats").raise_for_status().json()
 
 
 def _run(sb, cmd: str) -> str:

@@ -31,6 +31,7 @@ from corral.runtime.layers import LayerStore, tree_digest
 from corral.runtime.paths import default_cache_dir
 from tests.conftest import requires_root
 from tests.security.tenants_helpers import ADMIN_TOKEN, team_daemon
+from tests.security.test_layer_transfer import _tar
 
 pytestmark = requires_root  # root owners, device nodes and trusted xattrs need root
 
@@ -81,25 +82,6 @@ def test_a_root_travels_without_devices_setuid_bits_or_foreign_xattrs(store, tmp
     assert os.readlink(tree / "hn") == "/etc/hostname"
     assert tree_digest(tree)[0] == digest  # the received tree is its own travelling form
     store.discard(sealed.tmp)
-
-
-def _tar(entries) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        top = tarfile.TarInfo(".")
-        top.type, top.mode = tarfile.DIRTYPE, 0o755
-        tar.addfile(top)
-        for name, kind, extra in entries:
-            m = tarfile.TarInfo(name)
-            m.type = kind
-            data = None
-            for k, v in extra.items():
-                if k == "data":
-                    data, m.size = io.BytesIO(v), len(v)
-                else:
-                    setattr(m, k, v)
-            tar.addfile(m, data)
-    return buf.getvalue()
 
 
 DIGEST = "sha256:" + "cd" * 32
