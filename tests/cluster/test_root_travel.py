@@ -155,3 +155,21 @@ def test_an_image_imported_on_a_runs_on_b(client, ray_cluster, nodes, tmp_path):
     assert on_b.info.node == b
     assert _run(on_b, show) == expected  # its env and workdir travelled too
     assert _images(ray_cluster, b)[name]["digest"] == image.digest
+
+
+def test_a_snapshot_of_a_python_sandbox_on_a_restores_on_b(client, ray_cluster, nodes):
+    a, b = nodes[0], nodes[1]  # A has the host's python, B one of its own
+    src = corral.Sandbox.create(node=a, memory_mb=64, tags=[TAG], client=client)
+    _run(src, "mkdir -p /tmp/t && head -c 1000000 /dev/urandom > /tmp/t/blob")
+    snap = src.snapshot(name=f"roots-{src.id[-6:]}")
+    show = "sha256sum /tmp/t/blob; cat /etc/corral-node 2>/dev/null || echo none"
+    expected = _run(src, show)
+    assert expected.endswith("none\n")  # A's python
+    python_b = _images(ray_cluster, b)["python"]["digest"]
+    copy = snap.restore(node=b, tags=[TAG])
+    assert copy.info.node == b
+    assert _run(copy, show) == expected  # A's python below it, not B's
+    assert _images(ray_cluster, b)["python"]["digest"] == python_b
+    own = corral.Sandbox.create(node=b, memory_mb=64, tags=[TAG], client=client)
+    assert _run(own, "cat /etc/corral-node") == node_tag(b) + "\n"
+    snap.delete()

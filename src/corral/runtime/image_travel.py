@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 from corral.errors import ImageNotFound, InvalidArgument
@@ -102,3 +103,33 @@ async def _pull(fetcher: LayerFetcher, desc: dict[str, Any], open_layer: OpenLay
         return await asyncio.to_thread(images.publish_built, name, manifest)
     finally:
         os.close(lock)
+
+
+async def image_for_snapshot(fetcher: LayerFetcher, desc: dict[str, Any],
+                             describe_peer: Callable[[str], dict[str, Any]],
+                             open_layer: OpenLayer) -> dict[str, Any]:
+    """The description ``desc`` of a peer's snapshot, with its image made usable here:
+    as it is if this node has the image with the same digest; else the image pulled
+    from the peer (``describe_peer(name)``: its description there), a built one by
+    name, a root one under its internal name when this node has its own of that name
+    (another ``python``), which the snapshot is then registered on, kept from
+    collection from then on (:func:`root_travel.keep`)."""
+    images = fetcher.snapshots.images
+    name = validate_image_name(str(desc.get("image")))
+    try:
+        here: Image | None = images.get(name, check_base=False)
+    except ImageNotFound:
+        here = None
+    if here is not None and here.digest == desc.get("image_digest"):
+        return desc
+    peer = await asyncio.to_thread(describe_peer, name)
+    if peer.get("digest") != desc.get("image_digest") or peer.get("name") != name:
+        return desc  # replaced there since: the import says the snapshot does not fit
+    if peer.get("kind", "built") == "built":
+        if here is None:
+            await pull_image(fetcher, peer, open_layer)
+        return desc  # or another build of it here: the import says so
+    root = await root_travel.pull_root(fetcher, peer.get("content"), open_layer, meta=peer,
+                                      name=None if here is not None else name)
+    await asyncio.to_thread(root_travel.keep, images, root.name)
+    return {**desc, "image": root.name}

@@ -203,3 +203,13 @@ def _source(digest: str, meta: dict[str, Any]) -> dict[str, Any]:
 def _extra(digest: str, size: int, meta: dict[str, Any], target: str) -> dict[str, Any]:
     return {**meta, CONTENT: {"digest": digest, "size_bytes": size},
             **({PULLED: True} if target.startswith(INTERNAL_PREFIX) else {})}
+
+
+def keep(images: ImageStore, name: str) -> None:
+    """Keep the pulled root ``name`` from collection (a snapshot here stands on it,
+    which :func:`image_cache.collect` cannot see): it stays until removed by hand."""
+    with images._store_lock():
+        manifest = images.manifest(name)
+        if manifest.pop(PULLED, None) is not None:
+            _write_atomic(images.images_dir / name / MANIFEST,
+                          json.dumps(manifest, indent=2, sort_keys=True) + "\n")

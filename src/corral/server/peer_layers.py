@@ -14,7 +14,9 @@ cluster, the cluster's token: only its daemons and clients hold it); the admin's
   address comes from the cluster's directory (Ray's KV, at ``CORRAL_RAY_GCS``, which
   ``corral cluster up`` sets; or a static map in ``CORRAL_PEERS``), never from the
   request: the token is sent only to the cluster's own daemons. The cluster client
-  calls it before restoring a snapshot on a node that lacks it;
+  calls it before restoring a snapshot on a node that lacks it. The snapshot's image
+  comes along if this node lacks it or has another build of it
+  (:func:`corral.runtime.image_travel.image_for_snapshot`);
 - ``GET /v1/peer/images/{name}`` and ``POST /v1/peer/images/fetch`` ``{"image",
   "node"}``: the same for an image (:mod:`corral.runtime.image_travel`); its layers
   are served by ``/v1/peer/layers`` too, and so is a root image's tree, by its content
@@ -47,7 +49,7 @@ from corral.errors import (
     error_from_dict,
 )
 from corral.runtime import layer_wire
-from corral.runtime.image_travel import describe_image, pull_image
+from corral.runtime.image_travel import describe_image, image_for_snapshot, pull_image
 from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
 from corral.runtime.root_travel import root_path_for
 from corral.server import context as ctx
@@ -182,6 +184,9 @@ async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     peer = Peer(url, token)
     desc = await asyncio.to_thread(
         peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}")
+    desc = await image_for_snapshot(  # its image here too (a root by its content)
+        fetcher(request), desc, lambda name: peer.describe(f"/v1/peer/images/{quote(name)}"),
+        peer.open_layer)
     info = await fetcher(request).import_snapshot(desc, peer.open_layer)
     return JSONResponse(info.model_dump(mode="json"))
 
