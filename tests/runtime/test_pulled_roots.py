@@ -2,8 +2,9 @@
 stays while an image is built on it or a mount holds it (a sandbox's lower layer), and
 goes with the collection after that; a root of this node's own is never collected.
 
-The mount that holds it is a real bind mount of its ``rootfs`` (what a sandbox's
-launcher makes of its lower layers), read back by :func:`image_cache.mounted_lowers`.
+The mount that holds it is a real bind mount of its ``rootfs`` in a mount namespace of
+its own (what a sandbox's launcher makes of its lower layers), read back by
+:func:`image_cache.mounted_lowers`.
 """
 
 from __future__ import annotations
@@ -45,12 +46,17 @@ def test_a_pulled_root_lives_as_long_as_its_users(tmp_path):
     mnt.mkdir()
     images.remove("b1")
     assert images.exists(name)  # b2 is built on it
-    subprocess.run(["mount", "--bind", str(root.rootfs), str(mnt)], check=True)
+    holder = subprocess.Popen(  # in a mount namespace of its own, as a sandbox's
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         f"mount --bind {root.rootfs} {mnt} && echo ready && exec sleep 60"],
+        stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
         images.remove("b2")  # collects: but a sandbox (the mount) holds the root
         assert images.exists(name)
     finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+        holder.kill()
+        holder.wait()
     assert name in image_cache.collect(images.images_dir)
     assert not images.exists(name) and images.get("python") == own  # its own: kept
     assert not [n for n in os.listdir(images.images_dir) if n.startswith((".tmp-", "root-"))]
