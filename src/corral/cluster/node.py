@@ -93,7 +93,8 @@ class NodeDaemon:
             sys.executable, "-m", "corral.server",
             "--socket", str(base / "corral.sock"), "--state-dir", str(base / "state"),
             "--tcp", f"{self.host}:{self.port}", "--node", self.node_id,
-            *(["--cache-dir", config["cache_dir"]] if config.get("cache_dir") else []),
+            *(["--cache-dir", config["cache_dir"].replace("{node}", node_tag(self.node_id))]
+              if config.get("cache_dir") else []),  # {node}: a cache of its own per node
             *config.get("daemon_args", []),
         ]
         env = {**os.environ, "CORRAL_TOKEN": token.decode(), "PYTHONUNBUFFERED": "1",
