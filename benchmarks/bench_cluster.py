@@ -8,7 +8,7 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
 
 - ``create_ready_ms`` and ``exec_rtt_ms`` (``exec("true")``) through the cluster client
   (``ray://``: placement, then straight to the node) and straight to one node's daemon
-  (``http://`` with the cluster's token): the difference is what the cluster costs.
+  (``http://`` with that node's token): the difference is what the cluster costs.
   Targets: placement adds <= 1 ms to a create, nothing measurable to an exec;
 - ``placement_ms``: the placement decision alone (``router.place``: the nodes' loads are
   read at most once a second, so it is mostly arithmetic);
@@ -239,7 +239,7 @@ def main() -> int:
     except ImportError:
         print("needs Ray: pip install -e '.[ray]'")
         return 1
-    from corral.cluster import _ray, bringup
+    from corral.cluster import _ray, auth, bringup
 
     n = 10 if args.quick else 40
     base = Path(tempfile.mkdtemp(prefix="corral-bench-cluster-"))
@@ -251,8 +251,8 @@ def main() -> int:
     try:
         cluster.connect(namespace="corral-bench")
         entries = bringup.up(cluster.address, state_dir=str(base))
-        token = _ray.kv_get(_ray.gcs(cluster.address), "token").decode()
         head = ray.get_runtime_context().get_node_id()
+        token = auth.node_token(_ray.gcs(cluster.address), head)  # that daemon's own
         url = next(e["url"] for e in entries if e["node_id"] == head)
         with corral.Client(f"ray://{cluster.address}") as routed, \
                 corral.Client(url, token=token) as direct:

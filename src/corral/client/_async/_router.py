@@ -131,7 +131,7 @@ class AsyncRouter:
     # ------------------------------------------------------------- one node
 
     def _build(self, target: Node, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Request:
-        headers = {"Authorization": f"Bearer {self.directory.cached_token()}"}
+        headers = {"Authorization": f"Bearer {target.token}"}  # that node's own token
         return self._http.build_request(method, target.url + path, headers=headers, **kwargs)
 
     async def _on(
