@@ -135,6 +135,7 @@ def test_a_daemon_that_dies_is_restarted_and_clients_follow_it(corral_cluster):
     with corral.Client(f"ray://{corral_cluster.address}") as client:
         before = corral.Sandbox.create(memory_mb=64, node=node, client=client)
         old = bringup.read_entries(_ray.gcs(corral_cluster.address))[node]
+        token = _tokens(corral_cluster.address)[node]
         os.kill(old["pid"], signal.SIGKILL)  # the daemon `cluster up` started there
 
         def restarted():
@@ -147,6 +148,7 @@ def test_a_daemon_that_dies_is_restarted_and_clients_follow_it(corral_cluster):
                 break
             time.sleep(0.1)
         assert new, "Ray did not restart the node's daemon"
+        assert _tokens(corral_cluster.address)[node] == token  # it got its token again
         # The same client reaches the new daemon, which reconciled its state directory
         # as after any crash: the old sandbox is gone (ended, or deleted).
         after = corral.Sandbox.create(memory_mb=64, node=node, client=client)

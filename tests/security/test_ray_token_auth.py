@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,23 @@ finally:
     sb.delete()
 """
 
+TRAVEL = """
+import json, sys, corral
+a, b = sys.argv[1], sys.argv[2]
+sb = corral.Sandbox.create(memory_mb=64, node=a)
+try:
+    sb.exec("echo travelled > /tmp/mark", timeout=60, check=True)
+    snap = sb.snapshot(name="token-travel")
+    try:
+        copy = snap.restore(node=b)
+        print(json.dumps({"node": copy.info.node, "mark": copy.files.read("/tmp/mark").decode()}))
+        copy.delete()
+    finally:
+        snap.delete()
+finally:
+    sb.delete()
+"""
+
 RAW_KV_READ = """
 import sys
 from ray._raylet import GcsClient
@@ -210,6 +228,13 @@ def test_cluster_up_status_and_the_sdk_work_with_rays_token(corral_up):
     result = json.loads(run.stdout)
     assert result["out"] == "routed\n" and result["listed"] and result["node"] in c.nodes
 
+    # A snapshot taken on one node restores on another: daemon B finds daemon A through
+    # Ray's KV (with Ray's token) and fetches the layers with the peer credential.
+    a, b = sorted(c.nodes)[:2]
+    run = c.python(TRAVEL, a, b, env={"CORRAL_URL": f"ray://{c.address}"})
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"node": b, "mark": "travelled\n"}
+
     doctor = c.corral("doctor", "--json", CORRAL_URL=f"ray://{c.address}")
     check = next(x for x in json.loads(doctor.stdout) if x["name"] == "cluster")
     assert check["status"] == "OK", check
@@ -269,6 +294,24 @@ def test_a_node_that_joins_gets_a_daemon_with_its_own_token(corral_up):
     first = sorted(before)[0]
     assert httpx.get(f"{url}/v1/info", headers=_bearer(before[first]),
                      timeout=60).status_code == 401
+
+
+def test_a_daemon_restarted_by_ray_gets_its_token_again(corral_up):
+    c = corral_up
+    found = c.secrets()
+    node = sorted(found["entries"])[-1]
+    old = found["entries"][node]
+    os.kill(old["pid"], signal.SIGKILL)  # a daemon started by `cluster up` (we are root)
+
+    def restarted():
+        now = c.secrets()
+        entry = now["entries"].get(node)
+        return now if entry and entry["pid"] != old["pid"] else None
+
+    now = _until(restarted, "Ray to restart the daemon")
+    assert now["tokens"][node] == found["tokens"][node]
+    assert httpx.get(now["entries"][node]["url"] + "/v1/info", timeout=60,
+                     headers=_bearer(found["tokens"][node])).status_code == 200
 
 
 def test_down_stops_every_daemon_and_forgets_every_token(corral_up):

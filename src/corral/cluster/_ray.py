@@ -84,6 +84,8 @@ def gcs(address: str) -> Any:
             "(ray://HOST:PORT)",
             details={"url": f"ray://{address}"},
         ) from None
+    if not _token_mode() and gcs_authenticated(address):  # refused: say why, before Ray
+        raise unauthorized(address)  # logs its own complaint (from C++) on stderr
     try:
         client = _gcs_client(address)
     except Exception as exc:
@@ -122,6 +124,13 @@ def unauthorized(address: str) -> Unauthorized:
         f"this client (no token, or a wrong one): {HOW_TO_AUTH}",
         details={"url": f"ray://{address}"},
     )
+
+
+def _token_mode() -> bool:
+    """Whether this process sends Ray's token (``RAY_AUTH_MODE=token``)."""
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
+
+    return bool(get_authentication_mode() == AuthenticationMode.TOKEN)
 
 
 def is_auth_error(exc: BaseException) -> bool:

@@ -35,8 +35,9 @@ class Node:
 class Directory:
     """The daemons of the cluster at ``address`` (``auto`` or ``host:port``)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, tokens: bool = True) -> None:
         self.address = address
+        self._with_tokens = tokens  # False: a daemon finding its peers holds no admin token
         self._lock = threading.Lock()
         self._gcs: Any = None
         self._nodes: dict[str, Node] = {}  # node_id -> Node, alive ones only
@@ -58,16 +59,16 @@ class Directory:
     def _load(self) -> None:
         gcs = self._client()
         states = _ray.node_states(gcs)
-        tokens = auth.node_tokens(gcs)
+        tokens = auth.node_tokens(gcs) if self._with_tokens else None
         nodes = {}
         for key in _ray.kv_keys(gcs, NODE_KEY):
             raw = _ray.kv_get(gcs, key)
             if not raw:
                 continue
             entry = json.loads(raw)
-            node = Node(entry["node_id"], entry["tag"], entry["url"],
-                        tokens.get(entry["node_id"], ""))
-            if states.get(node.node_id, {}).get("alive") and node.token:
+            token = tokens.get(entry["node_id"], "") if tokens is not None else ""
+            node = Node(entry["node_id"], entry["tag"], entry["url"], token)
+            if states.get(node.node_id, {}).get("alive") and (token or tokens is None):
                 nodes[node.node_id] = node
             else:
                 self._dead[node.tag] = node

@@ -202,7 +202,7 @@ def _peer_url(node: str) -> str:
 def _directory(gcs: str) -> Any:
     from corral.cluster.directory import Directory  # imports Ray: only on a cluster
 
-    return Directory(gcs)
+    return Directory(gcs, tokens=False)  # peers' URLs only: no node's admin token here
 
 
 class Peer:
