@@ -24,17 +24,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import ROOT_REASON, have_root_runtime
+from tests.cluster.conftest import require_ray_and_root, until
 
 HELPER = Path(__file__).with_name("ray_token_cluster.py")
 TIMEOUT = 240
-POLLS = 600  # x 0.1 s
 
 
 def _env(**auth: str) -> dict[str, str]:
@@ -158,9 +156,7 @@ except Exception as exc:
 
 @pytest.fixture(scope="module")
 def token_cluster():
-    if not have_root_runtime():
-        pytest.skip(ROOT_REASON)
-    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
+    require_ray_and_root()
     c = TokenCluster()
     try:
         yield c
@@ -177,15 +173,6 @@ def corral_up(token_cluster):
     assert "warning:" not in up.stderr  # Ray's token auth is on: nothing to warn of
     assert sorted(n["node_id"] for n in json.loads(up.stdout)["nodes"]) == sorted(c.nodes)
     return c
-
-
-def _until(predicate, what: str):
-    for _ in range(POLLS):
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 def _bearer(token: str) -> dict[str, str]:
@@ -286,7 +273,7 @@ def test_a_node_that_joins_gets_a_daemon_with_its_own_token(corral_up):
         found = c.secrets()
         return found if node in found["entries"] and node in found["tokens"] else None
 
-    found = _until(registered, "a daemon on the node that joined")
+    found = until(registered, "a daemon on the node that joined")
     assert found["tokens"][node] not in before.values()
     url = found["entries"][node]["url"]
     assert httpx.get(f"{url}/v1/info", headers=_bearer(found["tokens"][node]),
@@ -308,7 +295,7 @@ def test_a_daemon_restarted_by_ray_gets_its_token_again(corral_up):
         entry = now["entries"].get(node)
         return now if entry and entry["pid"] != old["pid"] else None
 
-    now = _until(restarted, "Ray to restart the daemon")
+    now = until(restarted, "Ray to restart the daemon")
     assert now["tokens"][node] == found["tokens"][node]
     assert httpx.get(now["entries"][node]["url"] + "/v1/info", timeout=60,
                      headers=_bearer(found["tokens"][node])).status_code == 200
