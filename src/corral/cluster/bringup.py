@@ -101,16 +101,21 @@ def _stop_all(r: Any, gcs: Any) -> int:
     except ValueError:
         supervisor = None
     if supervisor is not None:
-        stopped = r.get(supervisor.stop.remote())
+        try:
+            stopped = r.get(supervisor.stop.remote())
+        except Exception:  # Ray restarts it (its node died): stop the daemons from here
+            stopped = -1
         r.kill(supervisor, no_restart=True)
-    else:  # no supervisor (killed by hand?), but daemons may remain
+    if supervisor is None or stopped < 0:  # no supervisor (killed by hand?): daemons may remain
+        stopped = 0
         for node_id, state in _ray.node_states(gcs).items():
             try:
                 actor = r.get_actor(NODE_ACTOR + node_id, namespace=_ray.NAMESPACE)
             except ValueError:
                 continue
             if state["alive"]:
-                stopped += r.get(actor.shutdown.remote()) is not None
+                with contextlib.suppress(Exception):  # it restarts: killed below, its
+                    stopped += r.get(actor.shutdown.remote()) is not None  # daemon follows
             r.kill(actor, no_restart=True)
     for key in _ray.kv_keys(gcs, NODE_KEY):
         _ray.kv_del(gcs, key)
