@@ -176,6 +176,13 @@ def test_the_peer_credential_opens_only_the_peer_reads(cluster_daemon):
             ]:
                 r = http.request(method, path, json=body, headers=peer)
                 assert r.status_code == 403, (method, path, r.status_code, r.text)
+            # Paths that look like a peer read but climb out of it reach nothing else.
+            for path in ("/v1/peer/layers/..", "/v1/peer/snapshots/..%2F..%2Fv1%2Finfo",
+                         "/v1/peer/images/x%2F..%2F..%2Fsandboxes", "/v1/peer/layers/%2e%2e",
+                         "/v1/peer/snapshots/../../v1/info", "/v1/peer//v1/info"):
+                r = http.get(path, headers=peer)
+                assert r.status_code in (400, 403, 404), (path, r.status_code, r.text)
+                assert sandbox not in r.text and "capacity" not in r.text
             # The dashboard takes no bearer token at all (its own session, whose login
             # asks the guard: 403 for this credential).
             assert http.get("/ui/api/sandboxes", headers=peer).status_code == 401

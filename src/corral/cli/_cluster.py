@@ -75,7 +75,7 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def status(args: argparse.Namespace, ctx: Context) -> int:
-    from corral.cluster import auth, bringup
+    from corral.cluster import bringup
 
     report = bringup.status(args.address)
     if args.json:
@@ -94,7 +94,7 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
         )
     ctx.output.out.print(table)
     if not report["gcs_authenticated"]:
-        print(auth.OPEN_WARNING.format(address=args.address), file=sys.stderr, flush=True)
+        print(bringup.open_warning(args.address) or "", file=sys.stderr, flush=True)
     demand = report["autoscaler"]
     if demand["waiting"] or demand["requested"]:
         ctx.output.err.print(

@@ -68,10 +68,10 @@ class Directory:
             entry = json.loads(raw)
             token = tokens.get(entry["node_id"], "") if tokens is not None else ""
             node = Node(entry["node_id"], entry["tag"], entry["url"], token)
-            if states.get(node.node_id, {}).get("alive") and (token or tokens is None):
-                nodes[node.node_id] = node
-            else:
+            if not states.get(node.node_id, {}).get("alive"):
                 self._dead[node.tag] = node
+            elif token or tokens is None:  # (its token is made before its entry)
+                nodes[node.node_id] = node
         self._nodes = nodes
         self._loaded_at = time.monotonic()
 
