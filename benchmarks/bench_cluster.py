@@ -8,7 +8,7 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
 
 - ``create_ready_ms`` and ``exec_rtt_ms`` (``exec("true")``) through the cluster client
   (``ray://``: placement, then straight to the node) and straight to one node's daemon
-  (``http://`` with the cluster's token): the difference is what the cluster costs.
+  (``http://`` with that node's token): the difference is what the cluster costs.
   Targets: placement adds <= 1 ms to a create, nothing measurable to an exec;
 - ``placement_ms``: the placement decision alone (``router.place``: the nodes' loads are
   read at most once a second, so it is mostly arithmetic);
@@ -238,7 +238,7 @@ def main() -> int:
     from peers.ray_sandbox import use_tools as use_ray_sandbox_tools
     from ray_sandbox_baseline import baseline as ray_sandbox_baseline
 
-    from corral.cluster import _ray, bringup
+    from corral.cluster import _ray, auth, bringup
     from corral.runtime.images import ImageStore
     from corral.runtime.paths import Layout
 
@@ -254,8 +254,8 @@ def main() -> int:
     try:
         cluster.connect(namespace="corral-bench")
         entries = bringup.up(cluster.address, state_dir=str(base))
-        token = _ray.kv_get(_ray.gcs(cluster.address), "token").decode()
         head = ray.get_runtime_context().get_node_id()
+        token = auth.node_token(_ray.gcs(cluster.address), head)  # that daemon's own
         url = next(e["url"] for e in entries if e["node_id"] == head)
         with corral.Client(f"ray://{cluster.address}") as routed, \
                 corral.Client(url, token=token) as direct:

@@ -89,11 +89,16 @@ class RayCluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
+def require_ray_and_root() -> None:
+    """Skip (saying why) unless this host can run sandboxes and has Ray."""
     if not have_root_runtime():
         pytest.skip(ROOT_REASON)
     pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    require_ray_and_root()
     c = RayCluster()
     try:
         yield c

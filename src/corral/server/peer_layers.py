@@ -1,8 +1,9 @@
 """Daemon to daemon: the layers of snapshots travel between the nodes of a cluster.
 
-Served on the daemon's TCP port, behind the same bearer token as everything else (on a
-cluster, the cluster's token: only its daemons and clients hold it); the admin's only
-(a tenant token gets 403: layers are named by digest, whoever's snapshot they hold):
+Served on the daemon's TCP port, behind the same bearer token as everything else; the
+admin's only (a tenant token gets 403: layers are named by digest, whoever's snapshot
+they hold). Daemons call each other's GET routes with the cluster's peer credential,
+which opens those and nothing else (:mod:`corral.server.peer_auth`):
 
 - ``GET /v1/peer/snapshots/{id_or_name}``: what another node needs to restore a
   snapshot (:func:`corral.runtime.layer_fetch.describe`);
@@ -164,7 +165,7 @@ async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
     if images.exists(body.image):  # here already (built here, pulled, or everywhere)
         return JSONResponse(images.get(body.image, check_base=False).info().model_dump(mode="json"))
     url = await asyncio.to_thread(_peer_url, body.node)
-    peer = Peer(url, ctx.settings(request).token)
+    peer = Peer(url, _peer_credential(request))
     desc = await asyncio.to_thread(peer.describe, f"/v1/peer/images/{quote(body.image, safe='')}")
     if desc.get("name") != body.image:
         raise LayerTransferError(f"the daemon at {url} described another image than "
@@ -180,8 +181,7 @@ async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
     if here is not None:
         return JSONResponse(here.info().model_dump(mode="json"))
     url = await asyncio.to_thread(_peer_url, body.node)
-    token = ctx.settings(request).token
-    peer = Peer(url, token)
+    peer = Peer(url, _peer_credential(request))
     desc = await asyncio.to_thread(
         peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}")
     desc = await image_for_snapshot(  # its image here too (a root by its content)
@@ -189,6 +189,13 @@ async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
         peer.open_layer)
     info = await fetcher(request).import_snapshot(desc, peer.open_layer)
     return JSONResponse(info.model_dump(mode="json"))
+
+
+def _peer_credential(request: Request) -> str | None:
+    """What this daemon shows its peers: the peer credential, else (peers configured
+    by hand with ``CORRAL_PEERS`` and one shared token) its own token."""
+    settings = ctx.settings(request)
+    return settings.peer_token or settings.token
 
 
 def _peer_url(node: str) -> str:
@@ -212,7 +219,7 @@ def _peer_url(node: str) -> str:
 def _directory(gcs: str) -> Any:
     from corral.cluster.directory import Directory  # imports Ray: only on a cluster
 
-    return Directory(gcs)
+    return Directory(gcs, tokens=False)  # peers' URLs only: no node's admin token here
 
 
 class Peer:

@@ -132,7 +132,7 @@ class AsyncRouter:
     def _build(self, target: Node, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Request:
         kwargs = dict(kwargs)  # a call's own headers (a build's Content-Type) kept
         headers = {**(kwargs.pop("headers", None) or {}),
-                   "Authorization": f"Bearer {self.directory.cached_token()}"}
+                   "Authorization": f"Bearer {target.token}"}  # that node's own token
         return self._http.build_request(method, target.url + path, headers=headers, **kwargs)
 
     async def _on(
