@@ -8,7 +8,7 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
 
 - ``create_ready_ms`` and ``exec_rtt_ms`` (``exec("true")``) through the cluster client
   (``ray://``: placement, then straight to the node) and straight to one node's daemon
-  (``http://`` with the cluster's token): the difference is what the cluster costs.
+  (``http://`` with that node's token): the difference is what the cluster costs.
   Targets: placement adds <= 1 ms to a create, nothing measurable to an exec;
 - ``placement_ms``: the placement decision alone (``router.place``: the nodes' loads are
   read at most once a second, so it is mostly arithmetic);
@@ -24,9 +24,13 @@ both at the end. Times, in the same run, with the blocking SDK (medians):
 - ``node_loss_detect_ms``: from ``remove_node`` until a call to a sandbox there raises
   ``SandboxLost``;
 - baselines: a Ray actor per environment (``actor_create_ms``, ``actor_call_rtt_ms``, and
-  with several alive at once ``actor_rss_mb`` / ``actor_pss_mb`` each), and
-  ``ray.experimental.sandbox`` (``ray_sandbox_create_ready_ms``, in-process runtime) where
-  it can run, else the reason is printed (``peers/ray_sandbox.py`` checks what it needs).
+  with several alive at once ``actor_rss_mb`` / ``actor_pss_mb`` each), and Ray's own
+  ``ray.experimental.sandbox`` on the same cluster, in-process (``ray_sandbox_*``) and as
+  an actor per sandbox (``ray_sandbox_actor_*``): create→ready, exec RTT and PSS per idle
+  sandbox (``ray_sandbox_baseline.py``), each against corral straight to one daemon
+  (``*_x_corral``; ``corral_idle_pss_mb``: the PSS idle sandboxes add below their
+  daemon). Ray's tools come from ``setup_ray_sandbox.py`` (``make bench`` runs it);
+  when they are missing, or Ray fails, the precise reason is printed instead.
 
 Needs root and the ``ray`` extra. Never fails on time.
 """
@@ -34,12 +38,10 @@ Needs root and the ``ray`` extra. Never fails on time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -165,49 +167,43 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def ray_sandbox_reason() -> str | None:
-    """Why ``ray.experimental.sandbox`` cannot run here (None if it might)."""
-    from peers.ray_sandbox import missing_prerequisites
+def corral_idle_pss_mb(client: corral.Client, daemon_pid: int, k: int) -> float:
+    """PSS of the processes ``k`` idle sandboxes add below their daemon (``client`` goes
+    straight to it), each."""
+    from bench_engine import pss_kb
+    from peers import descendants
 
-    problems = missing_prerequisites()
-    return "; ".join(problems) if problems else None
+    def tree() -> int:
+        return pss_kb([daemon_pid, *descendants(daemon_pid)])
 
-
-def ray_sandbox_baseline(n: int) -> dict[str, float | str]:
-    """create→ready of Ray's own sandboxes (in-process runtime, a flat tar of the python
-    image), or why they could not run."""
-    reason = ray_sandbox_reason()
-    if reason:
-        return {"ray_sandbox": f"not run: {reason}"}
-    from peers.ray_sandbox import PATH
-    from ray.experimental.sandbox.runtime import SandboxRuntime
-
-    from corral.runtime.images import ImageStore
-    from corral.runtime.paths import Layout
-
-    work = Path(tempfile.mkdtemp(prefix="corral-bench-raysb-"))
-    made: list[str] = []
-    rt = SandboxRuntime()
+    before = tree()
+    made = [corral.Sandbox.create(**SPEC, client=client) for _ in range(k)]
     try:
-        tar = work / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(ImageStore(Layout.create().images_dir).get("python").rootfs), "-cf", str(tar), "."],
-                       check=True)
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            made.append(rt.create(image=str(tar), env={"PATH": PATH}, timeout_seconds=60))
-            times.append(ms_since(t))
-        return {"ray_sandbox_create_ready_ms": statistics.median(times)}
-    except Exception as exc:  # a runtime that imports but fails here: say why
-        return {"ray_sandbox": f"failed: {type(exc).__name__}: {exc}"}
+        for sb in made:
+            sb.exec("true")
+        time.sleep(1.0)  # the same settle as the Ray baselines
+        return (tree() - before) / k / 1024
     finally:
-        for sid in made:
-            with contextlib.suppress(Exception):
-                rt.delete(sid)
-        for d in Path("/sys/fs/cgroup").glob("*/ray-sandbox-*"):  # Ray leaves these
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        shutil.rmtree(work, ignore_errors=True)
+        for sb in made:
+            sb.delete()
+
+
+def ray_sandbox_ratios(res: dict[str, float | str | None]) -> list[str]:
+    """Ray's sandboxes against corral straight to one daemon, same run."""
+    lines = []
+    for way, label in (("ray_sandbox", "in-process"), ("ray_sandbox_actor", "as actors")):
+        pairs = [(f"{way}_create_ready_ms", "direct_create_ready_ms", "create->ready"),
+                 (f"{way}_exec_rtt_ms", "direct_exec_rtt_ms", "exec RTT"),
+                 (f"{way}_idle_pss_mb", "corral_idle_pss_mb", "PSS per idle sandbox")]
+        parts = []
+        for theirs, ours, what in pairs:
+            a, b = res.get(theirs), res.get(ours)
+            if isinstance(a, float) and isinstance(b, float) and b > 0:
+                res[f"{theirs.removesuffix('_ms').removesuffix('_mb')}_x_corral"] = a / b
+                parts.append(f"{what} {a / b:.1f}x")
+        if parts:
+            lines.append(f"Ray sandboxes {label} vs corral: " + ", ".join(parts))
+    return lines
 
 
 def detect_node_loss(cluster, worker, client: corral.Client) -> float | None:
@@ -239,9 +235,16 @@ def main() -> int:
     except ImportError:
         print("needs Ray: pip install -e '.[ray]'")
         return 1
-    from corral.cluster import _ray, bringup
+    from peers.ray_sandbox import use_tools as use_ray_sandbox_tools
+    from ray_sandbox_baseline import baseline as ray_sandbox_baseline
+
+    from corral.cluster import _ray, auth, bringup
+    from corral.runtime.images import ImageStore
+    from corral.runtime.paths import Layout
 
     n = 10 if args.quick else 40
+    idle = 3 if args.quick else 5  # idle sandboxes at once (100 Ray actors swamp 2 cores)
+    use_ray_sandbox_tools()  # before the cluster starts: its workers inherit PATH
     base = Path(tempfile.mkdtemp(prefix="corral-bench-cluster-"))
     os.chmod(base, 0o711)
     cluster = Cluster(initialize_head=True,
@@ -251,8 +254,8 @@ def main() -> int:
     try:
         cluster.connect(namespace="corral-bench")
         entries = bringup.up(cluster.address, state_dir=str(base))
-        token = _ray.kv_get(_ray.gcs(cluster.address), "token").decode()
         head = ray.get_runtime_context().get_node_id()
+        token = auth.node_token(_ray.gcs(cluster.address), head)  # that daemon's own
         url = next(e["url"] for e in entries if e["node_id"] == head)
         with corral.Client(f"ray://{cluster.address}") as routed, \
                 corral.Client(url, token=token) as direct:
@@ -286,7 +289,11 @@ def main() -> int:
             res["placement_ms"] = statistics.median(placements)
             res.update(restore_times(routed, head, [w.node_id for w in workers], n))
             res.update(actor_baseline(ray, n, alive=5 if args.quick else 20))
-            res.update(ray_sandbox_baseline(3 if args.quick else 10))
+            daemon_pid = next(e["pid"] for e in entries if e["node_id"] == head)
+            res["corral_idle_pss_mb"] = corral_idle_pss_mb(direct, daemon_pid, idle)
+            res.update(ray_sandbox_baseline(
+                ray, ImageStore(Layout.create().images_dir).get(SPEC["image"]).rootfs, base,
+                n=3 if args.quick else 8, idle=idle))
             res["node_loss_detect_ms"] = detect_node_loss(cluster, workers[0], routed)
     finally:
         bringup.down(cluster.address)
@@ -304,6 +311,8 @@ def main() -> int:
     print(f"a restore on another node takes {res['restore_cross_node_first_ms'] / res['restore_local_ms']:.1f}x "  # type: ignore[operator]
           "a local one the first time (the layers travel), "
           f"{res['restore_cross_node_warm_ms'] / res['restore_local_ms']:.2f}x after")  # type: ignore[operator]
+    for line in ray_sandbox_ratios(res):
+        print(line)
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

@@ -89,6 +89,13 @@ class RayCluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def require_ray_and_root() -> None:
+    """Skip (saying why) unless this host can run sandboxes and has Ray."""
+    if not have_root_runtime():
+        pytest.skip(ROOT_REASON)
+    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
+
+
 _SHARED = pytest.StashKey["RayCluster"]()
 
 
@@ -96,9 +103,7 @@ _SHARED = pytest.StashKey["RayCluster"]()
 def ray_cluster(request):
     """The session's one cluster: a test module elsewhere (tests/security) that imports
     these fixtures gets the same one, stopped once when the session ends."""
-    if not have_root_runtime():
-        pytest.skip(ROOT_REASON)
-    pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]' (CI has it)")
+    require_ray_and_root()
     config = request.config
     if _SHARED not in config.stash:
         c = config.stash[_SHARED] = RayCluster()

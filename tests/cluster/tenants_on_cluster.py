@@ -13,7 +13,7 @@ import uuid
 import httpx
 
 import corral
-from corral.cluster import _ray
+from corral.cluster import _ray, auth
 from corral.cluster.bringup import read_entries
 from corral.cluster.directory import Directory
 
@@ -45,8 +45,15 @@ def daemons(cluster) -> dict[str, str]:
     return {n.node_id: n.url for n in Directory(cluster.address).nodes()}
 
 
-def admin_token(cluster) -> str:
-    return Directory(cluster.address).token()
+def admin_tokens(cluster) -> dict[str, str]:
+    """``{node id: its daemon's own admin token}``."""
+    return {n.node_id: n.token for n in Directory(cluster.address).nodes()}
+
+
+def secrets(cluster) -> list[str]:
+    """Every credential of the cluster's daemons: each node's admin token, the peer one."""
+    peer = _ray.kv_get(_ray.gcs(_ray.resolve(cluster.address)), auth.PEER_TOKEN_KEY)
+    return [*admin_tokens(cluster).values(), *([peer.decode()] if peer else [])]
 
 
 def entries(cluster) -> dict[str, dict]:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import corral
-from corral.cluster import _ray, bringup
+from corral.cluster import _ray, auth, bringup
 from corral.runtime.cgroups import detect
 from corral.runtime.paths import Layout
 
@@ -25,8 +25,8 @@ def _pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def _token(address: str) -> str:
-    return _ray.kv_get(_ray.gcs(address), "token").decode()
+def _tokens(address: str) -> dict[str, str]:
+    return auth.node_tokens(_ray.gcs(address))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,14 +46,15 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
         (e["node_id"], e["pid"], e["url"]) for e in entries
     ]
 
-    # Each daemon accepts the cluster's token, and only it; a sandbox on every node.
-    token = _token(ray_cluster.address)
+    # Each daemon accepts its own node's token, and only it; a sandbox on every node.
+    tokens = _tokens(ray_cluster.address)
+    assert sorted(tokens) == ray_cluster.node_ids() and len(set(tokens.values())) == 3
     made = []
     for e in entries:
         assert httpx.get(f"{e['url']}/v1/info").status_code == 401
         reply = httpx.post(
             f"{e['url']}/v1/sandboxes", json={"memory_mb": 64},
-            headers={"Authorization": f"Bearer {token}"}, timeout=60,
+            headers={"Authorization": f"Bearer {tokens[e['node_id']]}"}, timeout=60,
         )
         assert reply.status_code == 201, reply.text
         assert reply.json()["id"].startswith(f"sb-{e['node_id'][:10]}-")
@@ -66,7 +67,10 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
     assert [n["node_id"] for n in nodes] == ray_cluster.node_ids()
     assert all(n["alive"] and n["daemon"] and n["sandboxes"] == 1 for n in nodes)
     assert all(n["capacity"]["max_sandboxes"] > 0 for n in nodes)
-    assert token not in report.stdout + report.stderr
+    assert json.loads(report.stdout)["gcs_authenticated"] is False  # a cluster without Ray's auth
+    secrets_ = [*tokens.values(), auth.peer_token(_ray.gcs(ray_cluster.address))]
+    logs = "".join((Path(e["state_dir"]) / "daemon.log").read_text() for e in entries)
+    assert not any(t in report.stdout + report.stderr + logs for t in secrets_)
 
     assert bringup.down(ray_cluster.address) == 3
     for e in entries:
@@ -79,7 +83,8 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
     after = bringup.status(ray_cluster.address)["nodes"]
     assert len([n for n in after if n["alive"]]) == 3
     assert all(n["daemon"] is None for n in after)
-    assert _ray.kv_get(_ray.gcs(ray_cluster.address), "token") is None
+    gcs = _ray.gcs(ray_cluster.address)  # every token forgotten
+    assert auth.node_tokens(gcs) == {} and _ray.kv_get(gcs, auth.PEER_TOKEN_KEY) is None
     # A cluster with no corral daemons: the error says what to run.
     with pytest.raises(corral.DaemonUnavailable, match="corral cluster up --address"):
         corral.Sandbox.list(client=corral.Client(f"ray://{ray_cluster.address}"))
@@ -91,6 +96,17 @@ def test_cli_up_and_down(ray_cluster):
               "--json")
     assert up.returncode == 0, up.stderr
     assert len(json.loads(up.stdout)["nodes"]) == 3
+    # This cluster runs without Ray's token auth: one line says what that exposes and how
+    # to turn it on; the human status says it too.
+    warned = [line for line in up.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "GCS port" in warned[0] and "RAY_AUTH_MODE=token" in warned[0]
+    status = _cli("cluster", "status", "--address", ray_cluster.address)
+    assert status.returncode == 0 and "RAY_AUTH_MODE=token" in status.stderr
+    doctor = subprocess.run(
+        [sys.executable, "-m", "corral.cli.main", "doctor", "--json"], capture_output=True,
+        text=True, timeout=240, env={**os.environ, "CORRAL_URL": f"ray://{ray_cluster.address}"})
+    check = next(c for c in json.loads(doctor.stdout) if c["name"] == "cluster")
+    assert check["status"] == "WARN" and "GCS port" in check["detail"], check
     down = _cli("cluster", "down", "--address", ray_cluster.address)
     assert down.returncode == 0, down.stderr
     assert down.stdout.strip() == "stopped 3 daemons"
@@ -119,6 +135,7 @@ def test_a_daemon_that_dies_is_restarted_and_clients_follow_it(corral_cluster):
     with corral.Client(f"ray://{corral_cluster.address}") as client:
         before = corral.Sandbox.create(memory_mb=64, node=node, client=client)
         old = bringup.read_entries(_ray.gcs(corral_cluster.address))[node]
+        token = _tokens(corral_cluster.address)[node]
         os.kill(old["pid"], signal.SIGKILL)  # the daemon `cluster up` started there
 
         def restarted():
@@ -131,6 +148,7 @@ def test_a_daemon_that_dies_is_restarted_and_clients_follow_it(corral_cluster):
                 break
             time.sleep(0.1)
         assert new, "Ray did not restart the node's daemon"
+        assert _tokens(corral_cluster.address)[node] == token  # it got its token again
         # The same client reaches the new daemon, which reconciled its state directory
         # as after any crash: the old sandbox is gone (ended, or deleted).
         after = corral.Sandbox.create(memory_mb=64, node=node, client=client)

@@ -30,9 +30,9 @@ def client(corral_cluster):
 
 
 def _daemon(cluster, node: str) -> httpx.Client:
-    d = Directory(cluster.address)
-    return httpx.Client(base_url=d.pinned(node).url, timeout=60,
-                        headers={"Authorization": f"Bearer {d.token()}"})
+    n = Directory(cluster.address).pinned(node)
+    return httpx.Client(base_url=n.url, timeout=60,
+                        headers={"Authorization": f"Bearer {n.token}"})
 
 
 def _stats(cluster, node: str) -> dict:

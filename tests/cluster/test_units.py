@@ -78,7 +78,7 @@ def test_corral_url_selects_the_cluster(monkeypatch):
     e = Endpoint.resolve()
     assert e.cluster == "auto" and not e.embed and e.token == "crl_a-tenants"
     assert corral.Client().router is not None
-    assert corral.Client().router.directory.cached_token() == "crl_a-tenants"  # no KV read
+    assert corral.Client().router.directory.token == "crl_a-tenants"  # no node's read
     e = Endpoint.resolve("cluster+https://node-a:7070")  # through one daemon (no Ray)
     assert e.cluster == "https://node-a:7070" and e.token == "crl_a-tenants"
     monkeypatch.delenv("CORRAL_TOKEN")

@@ -12,16 +12,16 @@ import time
 import pytest
 
 import corral
-from corral.cluster import _ray
-from corral.cluster.directory import TOKEN_KEY
+from corral.cluster import _ray, auth
 from tests.cluster.conftest import corral_cluster, ray_cluster  # noqa: F401 (the session's)
 from tests.cluster.tenants_on_cluster import (
-    admin_token,
+    admin_tokens,
     cli,
     daemons,
     entries,
     make_tenant,
     on,
+    secrets,
     tenant_client,
     unique,
 )
@@ -51,7 +51,7 @@ def test_a_tenant_token_is_refused_by_every_peer_route_on_every_node(corral_clus
     sb = corral.Sandbox.create(memory_mb=64, tags=[TAG], node=a, client=client)
     snap = sb.snapshot()
     urls = daemons(corral_cluster)
-    digest = _digests(urls[a], admin_token(corral_cluster), snap.id)[0]
+    digest = _digests(urls[a], admin_tokens(corral_cluster)[a], snap.id)[0]
     for url in urls.values():
         with on(url, token) as http:
             for method, path, body in (
@@ -77,7 +77,7 @@ def _expand(path: str, ids: dict[str, str]) -> str:
     return path
 
 
-def test_no_corral_route_gives_a_tenant_the_clusters_token(corral_cluster, tenant, monkeypatch):  # noqa: F811
+def test_no_corral_route_gives_a_tenant_a_daemons_token(corral_cluster, tenant, monkeypatch):  # noqa: F811
     name, token, client = tenant
     read: list[str] = []
     real = _ray.kv_get
@@ -86,15 +86,18 @@ def test_no_corral_route_gives_a_tenant_the_clusters_token(corral_cluster, tenan
         sb = corral.Sandbox.create(memory_mb=64, tags=[TAG], client=fresh)
         proc = sb.exec("env; cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'", timeout=30)
         corral.Sandbox.list(tags=[TAG], client=fresh)
-    assert read and TOKEN_KEY not in read
-    secret = admin_token(corral_cluster)
-    assert secret not in proc.stdout + proc.stderr
+    assert read and not [k for k in read if k.startswith(auth.NODE_TOKEN_KEY)
+                         or k in (auth.PEER_TOKEN_KEY, auth.LEGACY_TOKEN_KEY)]
+    hidden = secrets(corral_cluster)
+    assert len(hidden) == len(daemons(corral_cluster)) + 1
+    assert not [h for h in hidden if h in proc.stdout + proc.stderr]
     sb = corral.Sandbox.connect(sb.id, client=client)
     snap = sb.snapshot(name="probe")
     pool = corral.Pool(name=unique("pool"), min_ready=0, max_size=1, client=client)
     ids = {"sandbox_id": sb.id, "id_or_name": snap.id, "name": pool.name, "digest": "0" * 64,
            "process_id": "p-0", "eval_id": "e-0"}
-    with on(daemons(corral_cluster)[sb.info.node], secret) as http:
+    with on(daemons(corral_cluster)[sb.info.node], admin_tokens(corral_cluster)[sb.info.node]
+            ) as http:
         routes = http.get("/openapi.json").raise_for_status().json()["paths"]
     seen = 0
     for url in daemons(corral_cluster).values():
@@ -104,7 +107,7 @@ def test_no_corral_route_gives_a_tenant_the_clusters_token(corral_cluster, tenan
                     continue
                 reply = http.get(_expand(path, ids), params={"path": "/"})
                 body = reply.content + str(reply.headers).encode()
-                assert secret.encode() not in body, path
+                assert not [h for h in hidden if h.encode() in body], path
                 seen += 1
             listing = http.get("/v1/cluster/nodes").raise_for_status().json()["nodes"]
             assert {n["node_id"] for n in listing} == set(corral_cluster.node_ids())
@@ -168,12 +171,12 @@ def test_a_revoked_token_is_refused_on_each_node_and_its_pools_go(corral_cluster
         pool = corral.Pool(name="spread", min_ready=0, max_size=3, spread=True, client=client)
         assert pool.name == "spread"
     urls = daemons(corral_cluster).values()
-    secret = admin_token(corral_cluster)
+    own = admin_tokens(corral_cluster)
 
     def pools_of_tenant() -> int:
         count = 0
-        for url in urls:
-            with on(url, secret) as http:
+        for node, url in daemons(corral_cluster).items():
+            with on(url, own[node]) as http:
                 pools = http.get("/v1/pools").raise_for_status().json()["pools"]
                 count += sum(p["spec"].get("tenant") == name for p in pools)
         return count

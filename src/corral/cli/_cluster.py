@@ -11,6 +11,7 @@ Needs the ``ray`` extra (``pip install 'corral[ray]'``) here and on every node.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from rich import box
@@ -37,14 +38,16 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--state-dir", metavar="DIR", default=None,
                    help="each node's daemon keeps its state in DIR/<node> on that node "
                    "(default /var/lib/corral/cluster)")
-    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: the daemon's)")
+    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: the daemon's); "
+                   "{node} in it is replaced by the node's tag (a cache per node)")
     p.add_argument("--resource", metavar="NAME", default=None,
                    help="the Ray resource of one sandbox slot, which sandboxes no node has "
                    "room for are asked from Ray's autoscaler as (default corral_sandbox)")
     p.add_argument("--json", action="store_true", help="print the nodes' entries as JSON")
     p.set_defaults(handler=up)
     p = verbs.add_parser("status", parents=[address], help="nodes, their daemons and load")
-    p.add_argument("--json", action="store_true", help='print {"nodes": [...]} as JSON')
+    p.add_argument("--json", action="store_true",
+                   help='print {"nodes": [...], "gcs_authenticated": ...} as JSON')
     p.set_defaults(handler=status)
     p = verbs.add_parser("down", parents=[address],
                          help="stop every node's daemon and its sandboxes")
@@ -58,6 +61,9 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
         args.address, state_dir=args.state_dir or bringup.DEFAULT_STATE_DIR,
         cache_dir=args.cache_dir, **({"resource": args.resource} if args.resource else {}),
     )
+    warning = bringup.open_warning(args.address)
+    if warning:  # one line, on stderr (also with --json)
+        print(warning, file=sys.stderr, flush=True)
     if args.json:
         ctx.output.json({"nodes": entries})
     else:
@@ -88,6 +94,8 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
             str(cap.get("max_sandboxes", "-")),
         )
     ctx.output.out.print(table)
+    if not report["gcs_authenticated"]:
+        print(bringup.open_warning(args.address) or "", file=sys.stderr, flush=True)
     demand = report["autoscaler"]
     if demand["waiting"] or demand["requested"]:
         ctx.output.err.print(

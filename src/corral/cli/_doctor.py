@@ -35,7 +35,7 @@ def _daemon(ctx: Context) -> Any:
 
     endpoint = Endpoint.resolve(ctx.url)
     if endpoint.cluster:
-        return Check("daemon", WARN, f"{endpoint.url} is a cluster: run doctor on its nodes")
+        return _cluster(endpoint.url, endpoint.cluster)
     if endpoint.uds is not None and not answers(endpoint.uds):  # never start one here
         return Check("daemon", WARN, f"no daemon answers on {endpoint.uds}",
                      "corral serve (or the systemd unit); the SDK starts one on first use")
@@ -52,6 +52,25 @@ def _daemon(ctx: Context) -> Any:
         return Check("daemon", WARN, f"{detail} (this CLI is {corral.__version__})",
                      "restart the daemon after upgrading corral")
     return Check("daemon", status, detail)
+
+
+def _cluster(url: str, address: str) -> Any:
+    """A Ray cluster (``CORRAL_URL=ray://``): does its GCS authenticate its clients?"""
+    from corral.runtime.doctor import FAIL, OK, WARN, Check
+
+    try:
+        from corral.cluster import bringup
+
+        warning = bringup.open_warning(address)
+        bringup.status(address)  # this client may read it (Ray's token, if it needs one)
+    except corral.CorralError as exc:
+        return Check("cluster", FAIL, f"{url}: {exc.message}")
+    if warning:
+        return Check("cluster", WARN, warning.removeprefix("warning: "),
+                     "RAY_AUTH_MODE=token on every node (see README 'Scale out on Ray'); "
+                     "run doctor on each node for its host checks")
+    return Check("cluster", OK, f"{url}: Ray's token authentication is on "
+                 "(run doctor on each node for its host checks)")
 
 
 def doctor(args: argparse.Namespace, ctx: Context) -> int:

@@ -5,6 +5,10 @@ Ray's GCS client directly: a process does not have to join the cluster as a driv
 (~0.7 s and a core worker) to find a daemon, so ``corral ls`` with ``CORRAL_URL=ray://``
 stays quick. Starting and stopping actors (``corral cluster up/down``) does join.
 Both are Ray 2.60 interfaces (``ray==2.60.0`` is pinned by the ``ray`` extra).
+
+On a cluster with Ray's token authentication, this process's token (``RAY_AUTH_MODE=token``
+and ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, as for any Ray
+client) goes with every GCS call; a GCS that refuses it is :func:`unauthorized`.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ import socket
 from collections import Counter
 from typing import Any
 
-from corral.errors import DaemonUnavailable, Unsupported
+from corral.errors import DaemonUnavailable, Unauthorized, Unsupported
 
 NAMESPACE = "corral"
 """The Ray namespace of corral's actors and the internal-KV namespace of its directory."""
 GCS_TIMEOUT_S = 5.0
 INSTALL_HINT = "pip install 'corral[ray]' (on every node of the cluster)"
+HOW_TO_AUTH = (
+    "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN (or in a file named "
+    "by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token; `ray get-auth-token` on a node of the "
+    "cluster prints it)"
+)
 
 
 def ray() -> Any:
@@ -75,9 +84,13 @@ def gcs(address: str) -> Any:
             "(ray://HOST:PORT)",
             details={"url": f"ray://{address}"},
         ) from None
+    if not _token_mode() and gcs_authenticated(address):  # refused: say why, before Ray
+        raise unauthorized(address)  # logs its own complaint (from C++) on stderr
     try:
         client = _gcs_client(address)
     except Exception as exc:
+        if is_auth_error(exc):
+            raise unauthorized(address) from None
         raise DaemonUnavailable(
             f"no Ray cluster answers at {address} ({exc}): check the address "
             "(`ray status --address HOST:PORT`)", details={"url": f"ray://{address}"},
@@ -91,6 +104,8 @@ def node_states(client: Any) -> dict[str, dict[str, Any]]:
     try:
         infos = client.get_all_node_info(timeout=GCS_TIMEOUT_S)
     except Exception as exc:
+        if is_auth_error(exc):
+            raise unauthorized(client.address) from None
         raise DaemonUnavailable(
             f"the Ray cluster at {client.address} does not answer ({type(exc).__name__}): "
             "check that it runs (`ray status --address ADDR`) and the address is right",
@@ -100,6 +115,49 @@ def node_states(client: Any) -> dict[str, dict[str, Any]]:
         node_id.hex(): {"alive": info.state == 0, "address": info.node_manager_address}
         for node_id, info in infos.items()
     }
+
+
+def unauthorized(address: str) -> Unauthorized:
+    """What a client that Ray's GCS refused is told."""
+    return Unauthorized(
+        f"the Ray cluster at {address} requires Ray's token authentication and refused "
+        f"this client (no token, or a wrong one): {HOW_TO_AUTH}",
+        details={"url": f"ray://{address}"},
+    )
+
+
+def _token_mode() -> bool:
+    """Whether this process sends Ray's token (``RAY_AUTH_MODE=token``)."""
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
+
+    return bool(get_authentication_mode() == AuthenticationMode.TOKEN)
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """True if ``exc`` is Ray's GCS refusing this client's token."""
+    from ray.exceptions import AuthenticationError
+
+    return isinstance(exc, AuthenticationError) or "InvalidAuthToken" in str(exc)
+
+
+def gcs_authenticated(address: str) -> bool:
+    """Whether the GCS at ``address`` (``host:port``) refuses a client without a token:
+    one call without credentials (Ray's own client would send this process's token)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=GCS_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return True
+            raise DaemonUnavailable(
+                f"the Ray cluster at {address} does not answer ({exc.code().name}): check "
+                "that it runs (`ray status --address ADDR`)", details={"url": f"ray://{address}"},
+            ) from None
+    return False
 
 
 def kv_get(client: Any, key: str) -> bytes | None:

@@ -1,25 +1,25 @@
 """``corral cluster up | status | down``: a corral daemon on every node of a Ray cluster.
 
-``up`` generates the cluster's token (once; kept in Ray's internal KV, which anyone who
-reaches the GCS port can read: Ray does not authenticate it by default, so the cluster
-must be on a private network), starts the :class:`~corral.cluster.node.Supervisor`, and
-waits until every alive node's daemon answers. Running it again changes nothing.
-``down`` stops every daemon (each stops its sandboxes) and forgets the token.
-``status`` reads the directory and asks each daemon for its load.
+``up`` starts the :class:`~corral.cluster.node.Supervisor` and waits until every alive
+node's daemon answers; each node actor makes its daemon's own token, kept in Ray's
+internal KV (:mod:`corral.cluster.auth`: on a cluster without Ray's token
+authentication anyone who reaches the GCS port reads them, and :func:`up`'s caller is
+warned). Running it again changes nothing. ``down`` stops every daemon (each stops its
+sandboxes) and forgets the tokens. ``status`` reads the directory and asks each daemon
+for its load.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-from corral.cluster import _ray, autoscale
-from corral.cluster.directory import NODE_KEY, TOKEN_KEY
+from corral.cluster import _ray, auth, autoscale
+from corral.cluster.directory import NODE_KEY
 from corral.cluster.node import CONFIG_KEY, NODE_ACTOR, SUPERVISOR, supervisor_actor
 from corral.errors import DaemonUnavailable, InvalidArgument
 
@@ -69,7 +69,7 @@ def up(
               "resource": resource}
     with joined(address) as r:
         gcs = _ray.gcs(r.get_runtime_context().gcs_address)
-        _ray.kv_put(gcs, TOKEN_KEY, secrets.token_urlsafe(32).encode(), overwrite=False)
+        auth.peer_token(gcs)
         _ray.kv_put(gcs, CONFIG_KEY, json.dumps(config).encode(), overwrite=False)
         stored = json.loads(_ray.kv_get(gcs, CONFIG_KEY) or b"{}")
         supervisor = supervisor_actor(stored)
@@ -101,36 +101,42 @@ def _stop_all(r: Any, gcs: Any) -> int:
     except ValueError:
         supervisor = None
     if supervisor is not None:
-        stopped = r.get(supervisor.stop.remote())
+        try:
+            stopped = r.get(supervisor.stop.remote())
+        except Exception:  # Ray restarts it (its node died): stop the daemons from here
+            stopped = -1
         r.kill(supervisor, no_restart=True)
-    else:  # no supervisor (killed by hand?), but daemons may remain
+    if supervisor is None or stopped < 0:  # no supervisor (killed by hand?): daemons may remain
+        stopped = 0
         for node_id, state in _ray.node_states(gcs).items():
             try:
                 actor = r.get_actor(NODE_ACTOR + node_id, namespace=_ray.NAMESPACE)
             except ValueError:
                 continue
             if state["alive"]:
-                stopped += r.get(actor.shutdown.remote()) is not None
+                with contextlib.suppress(Exception):  # it restarts: killed below, its
+                    stopped += r.get(actor.shutdown.remote()) is not None  # daemon follows
             r.kill(actor, no_restart=True)
     for key in _ray.kv_keys(gcs, NODE_KEY):
         _ray.kv_del(gcs, key)
     autoscale.clear(gcs, config.get("resource") or autoscale.RESOURCE)
     _ray.kv_del(gcs, CONFIG_KEY)
-    _ray.kv_del(gcs, TOKEN_KEY)
+    auth.forget(gcs)
     return stopped
 
 
 def status(address: str) -> dict[str, Any]:
     """``{"nodes": [{"node_id", "address", "alive", "daemon", "sandboxes", "capacity",
-    ...}], "autoscaler": {"resource", "waiting", "requested"}}``: every node Ray knows
-    (dead ones too), with its daemon's load; the creates waiting for room, and the
-    sandbox slots Ray's autoscaler is asked for."""
-    gcs = _ray.gcs(_ray.resolve(address))
-    token = _ray.kv_get(gcs, TOKEN_KEY)
+    ...}], "autoscaler": {"resource", "waiting", "requested"}, "gcs_authenticated"}``:
+    every node Ray knows (dead ones too), with its daemon's load; the creates waiting for
+    room, and the sandbox slots Ray's autoscaler is asked for; whether Ray's GCS refuses
+    clients without its token (:mod:`corral.cluster.auth`)."""
+    gcs_address = _ray.resolve(address)
+    gcs = _ray.gcs(gcs_address)
+    tokens = auth.node_tokens(gcs)
     entries = read_entries(gcs)
     nodes = []
-    with httpx.Client(timeout=STATUS_TIMEOUT_S,
-                      headers={"Authorization": f"Bearer {token.decode()}"} if token else {}) as http:
+    with httpx.Client(timeout=STATUS_TIMEOUT_S) as http:
         for node_id, state in sorted(_ray.node_states(gcs).items()):
             entry = entries.get(node_id)
             row: dict[str, Any] = {
@@ -140,7 +146,9 @@ def status(address: str) -> dict[str, Any]:
             }
             if row["daemon"]:
                 try:
-                    info = http.get(f"{row['daemon']}/v1/info").raise_for_status().json()
+                    info = http.get(f"{row['daemon']}/v1/info", headers={
+                        "Authorization": f"Bearer {tokens.get(node_id, '')}"},
+                    ).raise_for_status().json()
                 except httpx.HTTPError as exc:
                     row["error"] = f"the daemon does not answer: {type(exc).__name__}: {exc}"
                 else:
@@ -157,7 +165,14 @@ def status(address: str) -> dict[str, Any]:
         autoscale.RESOURCE)
     demand = {"resource": resource, "waiting": autoscale.pending(gcs),
               "requested": autoscale.count(_ray.resource_constraint(gcs), resource)}
-    return {"nodes": nodes, "autoscaler": demand}
+    return {"nodes": nodes, "autoscaler": demand,
+            "gcs_authenticated": _ray.gcs_authenticated(gcs_address)}
+
+
+def open_warning(address: str) -> str | None:
+    """A one-line warning if the Ray cluster at ``address`` lets anyone who reaches its
+    GCS read corral's tokens (no Ray token authentication), else None."""
+    return auth.open_warning(_ray.resolve(address))
 
 
 def read_entries(gcs: Any) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,7 @@
 """Where a client finds the cluster's daemons: Ray's internal KV, read over the GCS.
 
+Each :class:`Node` carries its daemon's own admin token (:mod:`corral.cluster.auth`).
+
 Blocking calls (the SDK runs them on a thread with asyncio). The entries are cached
 and read again when :data:`TTL_S` old, when an id names a node not in the cache, and
 after a node failed a call (:meth:`Directory.forget`).
@@ -10,14 +12,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from corral.cluster import _ray
+from corral.cluster import _ray, auth
 from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost
 
 TTL_S = 5.0
-TOKEN_KEY = "token"
 NODE_KEY = "node:"  # + the node id: its daemon's entry (node.py writes it)
 
 
@@ -28,18 +29,20 @@ class Node:
     node_id: str
     tag: str
     url: str
+    token: str = field(default="", repr=False, compare=False)  # its daemon's admin token
 
 
 class Directory:
     """The daemons of the cluster at ``address`` (``auto`` or ``host:port``). With a
-    ``token`` (a tenant's, say), the cluster's own token is never read: only nodes."""
+    ``token`` (a tenant's, say), every node is sent that one: no node's own token is
+    ever read from the KV, only where the nodes are."""
 
-    def __init__(self, address: str, token: str | None = None) -> None:
+    def __init__(self, address: str, token: str | None = None, *, tokens: bool = True) -> None:
         self.address = address
+        self.token = token  # sent to every node instead of its own admin token
+        self._with_tokens = tokens and token is None  # False: no node's admin token read
         self._lock = threading.Lock()
         self._gcs: Any = None
-        self._given = token
-        self._token: str | None = token
         self._nodes: dict[str, Node] = {}  # node_id -> Node, alive ones only
         self._dead: dict[str, Node] = {}  # tag -> Node: registered once, now dead
         self._loaded_at = -TTL_S - 1.0
@@ -58,21 +61,21 @@ class Directory:
 
     def _load(self) -> None:
         gcs = self._client()
-        raw_token = _ray.kv_get(gcs, TOKEN_KEY) if self._given is None else (
-            self._given.encode())
         states = _ray.node_states(gcs)
+        tokens = auth.node_tokens(gcs) if self._with_tokens else None
         nodes = {}
         for key in _ray.kv_keys(gcs, NODE_KEY):
             raw = _ray.kv_get(gcs, key)
             if not raw:
                 continue
             entry = json.loads(raw)
-            node = Node(entry["node_id"], entry["tag"], entry["url"])
-            if states.get(node.node_id, {}).get("alive"):
-                nodes[node.node_id] = node
-            else:
+            token = tokens.get(entry["node_id"], "") if tokens is not None else (
+                self.token or "")
+            node = Node(entry["node_id"], entry["tag"], entry["url"], token)
+            if not states.get(node.node_id, {}).get("alive"):
                 self._dead[node.tag] = node
-        self._token = raw_token.decode() if raw_token else None
+            elif token or tokens is None:  # (its token is made before its entry)
+                nodes[node.node_id] = node
         self._nodes = nodes
         self._loaded_at = time.monotonic()
 
@@ -86,24 +89,15 @@ class Directory:
         """The alive nodes with a daemon; :class:`DaemonUnavailable` (saying to run
         ``corral cluster up``) if there are none."""
         nodes = self._fresh()
-        if not nodes or self._token is None:
+        if not nodes:
             nodes = self._fresh(force=True)
-        if not nodes or self._token is None:
+        if not nodes:
             raise DaemonUnavailable(
                 f"the Ray cluster at {self.address} runs no corral daemons: run "
                 f"`corral cluster up --address {self.address}`",
                 details={"url": f"ray://{self.address}"},
             )
         return sorted(nodes.values(), key=lambda n: n.node_id)
-
-    def token(self) -> str:
-        self.nodes()
-        assert self._token is not None
-        return self._token
-
-    def cached_token(self) -> str:
-        """The token as last read (read now if never; the routed calls read it first)."""
-        return self._token if self._token is not None else self.token()
 
     def cached(self, tag: str) -> Node | None:
         """The node of ``tag`` as last read, without asking the cluster (None if unknown)."""

@@ -26,6 +26,7 @@ class HttpDirectory(Directory):
 
     def __init__(self, url: str, token: str) -> None:
         super().__init__(url.rstrip("/"), token)
+        self._given = token
         self._known: dict[str, Node] = {}  # every node listed once: asked if ``url`` is not
 
     def gcs(self) -> Any:
@@ -47,7 +48,7 @@ class HttpDirectory(Directory):
         listing = self._ask()
         nodes = {}
         for item in listing:
-            node = Node(str(item["node_id"]), str(item["tag"]), str(item["url"]))
+            node = Node(str(item["node_id"]), str(item["tag"]), str(item["url"]), self._given)
             nodes[node.node_id] = node
         for node_id, node in {**self._nodes, **self._known}.items():
             if node_id not in nodes:  # listed before, not now: its node died

@@ -13,8 +13,9 @@
   :data:`WATCH_INTERVAL_S`), and shows Ray's autoscaler the sandboxes no node has room
   for (:mod:`corral.cluster.autoscale`).
 
-The cluster's token is read from the KV by each actor; it travels in the daemon's
-environment, never on a command line or in a log.
+Each node actor makes (or, restarted, reads again) its daemon's own admin token and
+reads the cluster's peer credential from the KV (:mod:`corral.cluster.auth`); they
+travel in the daemon's environment, never on a command line or in a log.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from typing import Any
 
 import httpx
 
-from corral.cluster import _ray, autoscale
-from corral.cluster.directory import NODE_KEY, TOKEN_KEY
+from corral.cluster import _ray, auth, autoscale
+from corral.cluster.directory import NODE_KEY
 from corral.cluster.ids import node_tag
 from corral.cluster.placement import LIVE
 from corral.errors import DaemonUnavailable
@@ -80,9 +81,6 @@ class NodeDaemon:
         self.host = r.util.get_node_ip_address()
         gcs = _ray.gcs(r.get_runtime_context().gcs_address)
         self._gcs = gcs
-        token = _ray.kv_get(gcs, TOKEN_KEY)
-        if not token:
-            raise DaemonUnavailable("the cluster has no token: run `corral cluster up` again")
         base = Path(config["state_dir"]) / node_tag(self.node_id)
         base.mkdir(parents=True, exist_ok=True)
         os.chmod(base, 0o711)  # sandboxes (an unprivileged uid) traverse it to their root
@@ -93,10 +91,12 @@ class NodeDaemon:
             sys.executable, "-m", "corral.server",
             "--socket", str(base / "corral.sock"), "--state-dir", str(base / "state"),
             "--tcp", f"{self.host}:{self.port}", "--node", self.node_id,
-            *(["--cache-dir", config["cache_dir"]] if config.get("cache_dir") else []),
+            *(["--cache-dir", config["cache_dir"].replace("{node}", node_tag(self.node_id))]
+              if config.get("cache_dir") else []),  # {node}: a cache of its own per node
             *config.get("daemon_args", []),
         ]
-        env = {**os.environ, "CORRAL_TOKEN": token.decode(), "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, "CORRAL_TOKEN": auth.node_token(gcs, self.node_id),
+               "CORRAL_PEER_TOKEN": auth.peer_token(gcs), "PYTHONUNBUFFERED": "1",
                "CORRAL_RAY_GCS": r.get_runtime_context().gcs_address}  # its peers' directory
         self._stopping = False
         with open(base / "daemon.log", "ab") as log:
@@ -206,16 +206,18 @@ class Supervisor:
 
     def _live_sandboxes(self) -> int:
         """Sandboxes alive or starting on every node, as their daemons count them."""
-        token = (_ray.kv_get(self._gcs, TOKEN_KEY) or b"").decode()
+        tokens = auth.node_tokens(self._gcs)
         total = 0
-        with httpx.Client(timeout=INFO_TIMEOUT_S,
-                          headers={"Authorization": f"Bearer {token}"}) as http:
+        with httpx.Client(timeout=INFO_TIMEOUT_S) as http:
             for key in _ray.kv_keys(self._gcs, NODE_KEY):
                 raw = _ray.kv_get(self._gcs, key)
                 if not raw:
                     continue
+                entry = json.loads(raw)
+                bearer = {"Authorization": f"Bearer {tokens.get(entry['node_id'], '')}"}
                 try:
-                    info = http.get(json.loads(raw)["url"] + "/v1/info").raise_for_status().json()
+                    info = http.get(entry["url"] + "/v1/info", headers=bearer
+                                    ).raise_for_status().json()
                 except httpx.HTTPError:  # a node that just died or restarts: not counted
                     continue
                 total += sum(info["counts"].get(state, 0) for state in LIVE)

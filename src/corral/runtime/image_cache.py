@@ -271,6 +271,25 @@ def retire(images_dir: Path, image_dir: Path, name: str) -> Path:
     return target
 
 
+def _collect_pulled_roots(images_dir: Path, found: dict[str, dict[str, Any]],
+                          lowers: Mounted) -> list[str]:
+    """Delete the roots pulled from peers for built images (``pulled_root``, see
+    :mod:`corral.runtime.root_travel`) that no image is built on any more (a retired
+    one included) and no sandbox mounts."""
+    used = {(m.get("root") or {}).get("image") for m in found.values()}
+    removed = []
+    for name, manifest in found.items():
+        if (name.startswith(RETIRED) or not manifest.get("pulled_root") or name in used
+                or in_use(images_dir / name, lowers)):
+            continue
+        doomed = images_dir / f".tmp-{name}-0-{secrets.token_hex(4)}"  # swept if we die
+        with contextlib.suppress(OSError):
+            os.rename(images_dir / name, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
 def collect(images_dir: Path) -> list[str]:
     """Drop the build cache no image uses, then every layer nothing keeps (see the
     module docstring), and the retired images no sandbox mounts any more. Does nothing
@@ -298,6 +317,8 @@ def collect(images_dir: Path) -> list[str]:
                 shutil.rmtree(images_dir / name, ignore_errors=True)
                 removed.append(name)
         live = {n: m for n, m in found.items() if not n.startswith(RETIRED)}
+        removed += _collect_pulled_roots(images_dir, found, lowers)
+        live = {n: m for n, m in live.items() if n not in removed}
         keys = {k for m in live.values() for k in (m.get("source", {}) or {}).get("keys", [])}
         keep = {layer["id"] for m in live.values() for layer in m.get("layers", [])}
         for key, layer_id in _cache_entries(images_dir).items():

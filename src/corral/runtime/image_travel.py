@@ -10,22 +10,25 @@ checked against its digest, once per host, concurrent pulls sharing one fetch) a
 publishes the same manifest here, under the build lock so that no collection takes a
 layer before the manifest that keeps it.
 
-The root image (``python``, or an imported one) does not travel: it must be on the
-node already with the same digest (every node builds the default ``python`` image
-itself, and hosts that built it apart differ: give them one image cache), else
-:class:`~corral.errors.InvalidState` says so (and the cluster client keeps the image's
-sandboxes on the nodes that have it).
+The root image (``python``, or an imported one) travels too, by the digest of its
+content (:mod:`corral.runtime.root_travel`): a node that has it with the same digest
+uses its own; one that lacks it, or has another build of it (every host debootstraps
+its own ``python``, with its own digest), pulls the builder's root once, under an
+internal name (``root-<hex>``), never over its own ``python``, and publishes the built
+image on that. A root filesystem image (``corral image import``) is pulled the same
+way, under its own name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
-from corral.errors import ImageNotFound, InvalidArgument, InvalidState
+from corral.errors import ImageNotFound, InvalidArgument
 from corral.image_schema import validate_image_name
-from corral.runtime import image_cache
+from corral.runtime import image_cache, root_travel
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layer_fetch import LayerFetcher, OpenLayer, layers_of
 
@@ -33,18 +36,25 @@ _KEPT = ("digest", "size_bytes", "python", "base", "root", "env", "workdir", "so
 
 
 def describe_image(images: ImageStore, name: str) -> dict[str, Any]:
-    """What another node needs to pull the image ``name``: its manifest, for a built
-    image; :class:`InvalidState` for a root filesystem (those do not travel)."""
+    """What another node needs to pull the image ``name``: its manifest, with the
+    content digest of its root (a built image's, or its own for a root filesystem).
+    Blocking: the first description of a root hashes it (run it in a thread)."""
     image = images.get(name)
     if image.kind != "built":
-        raise InvalidState(
-            f"image {name!r} is a root filesystem ({image.kind}), which does not travel "
-            "between nodes: import it on every node, or build on it (a built image travels)",
-            details={"image": name},
-        )
+        return {"name": name, "kind": image.kind, "digest": image.digest,
+                "env": dict(image.env), "workdir": image.workdir,
+                "content": root_travel.content_of(images, name)}
     manifest = images.manifest(name)
+    assert image.root_image is not None
     return {"name": name, **{k: manifest.get(k) for k in _KEPT},
-            "layers": list(manifest.get("layers") or [])}
+            "layers": list(manifest.get("layers") or []),
+            "root_content": root_travel.content_of(images, image.root_image),
+            "root_meta": _root_meta(images.get(image.root_image))}
+
+
+def _root_meta(root: Image) -> dict[str, Any]:
+    return {"kind": root.kind, "digest": root.digest, "env": dict(root.env),
+            "workdir": root.workdir}
 
 
 async def pull_image(fetcher: LayerFetcher, desc: dict[str, Any], open_layer: OpenLayer
@@ -53,7 +63,11 @@ async def pull_image(fetcher: LayerFetcher, desc: dict[str, Any], open_layer: Op
     Idempotent: an image here with the same digest is left as it is; concurrent pulls
     of one image share one."""
     name = validate_image_name(str(desc.get("name")))
-    image: Image = await fetcher.once(f"image:{name}", lambda: _pull(fetcher, desc, open_layer))
+    if desc.get("kind", "built") != "built":  # a root filesystem, by name
+        image: Image = await root_travel.pull_root(
+            fetcher, desc.get("content"), open_layer, meta=desc, name=name)
+        return image
+    image = await fetcher.once(f"image:{name}", lambda: _pull(fetcher, desc, open_layer))
     return image
 
 
@@ -70,25 +84,52 @@ async def _pull(fetcher: LayerFetcher, desc: dict[str, Any], open_layer: OpenLay
         here = images.get(validate_image_name(str(root.get("image"))))
     except ImageNotFound:
         here = None
-    if here is None or here.digest != root.get("digest"):
-        raise InvalidState(
-            f"image {name!r} was built on image {root.get('image')!r} "
-            f"({root.get('digest')}), which this node "
-            + ("does not have" if here is None else f"has as another build ({here.digest})")
-            + ": give every node the same root image (one image cache), or build the "
-            "image on this node",
-            details={"image": name, "root": root.get("image")},
-        )
     layers = layers_of(desc)
     store = image_cache.layer_store(images.images_dir)
     lock = await asyncio.to_thread(image_cache.hold_build_lock, images.images_dir)
-    try:  # no collection while layers are here without the manifest that keeps them
+    try:  # no collection while a root or layers are here without the manifest keeping them
+        if here is None or here.digest != root.get("digest"):  # this node's root differs
+            if not isinstance(desc.get("root_meta"), dict):
+                raise InvalidArgument(f"the peer described image {name!r} without its root")
+            here = await root_travel.pull_root(fetcher, desc.get("root_content"), open_layer,
+                                               meta=desc["root_meta"])
         for lid, layer_digest, size in layers:
             if not store.path(lid).is_dir():
                 await fetcher.fetch(store, layer_digest, size, open_layer)
         manifest = {k: desc.get(k) for k in _KEPT}
+        manifest["root"] = {"image": here.name, "digest": here.digest}
         manifest["layers"] = [{"id": lid, "digest": d, "size_bytes": size}
                               for lid, d, size in layers]
         return await asyncio.to_thread(images.publish_built, name, manifest)
     finally:
         os.close(lock)
+
+
+async def image_for_snapshot(fetcher: LayerFetcher, desc: dict[str, Any],
+                             describe_peer: Callable[[str], dict[str, Any]],
+                             open_layer: OpenLayer) -> dict[str, Any]:
+    """The description ``desc`` of a peer's snapshot, with its image made usable here:
+    as it is if this node has the image with the same digest; else the image pulled
+    from the peer (``describe_peer(name)``: its description there), a built one by
+    name, a root one under its internal name when this node has its own of that name
+    (another ``python``), which the snapshot is then registered on, kept from
+    collection from then on (:func:`root_travel.keep`)."""
+    images = fetcher.snapshots.images
+    name = validate_image_name(str(desc.get("image")))
+    try:
+        here: Image | None = images.get(name, check_base=False)
+    except ImageNotFound:
+        here = None
+    if here is not None and here.digest == desc.get("image_digest"):
+        return desc
+    peer = await asyncio.to_thread(describe_peer, name)
+    if peer.get("digest") != desc.get("image_digest") or peer.get("name") != name:
+        return desc  # replaced there since: the import says the snapshot does not fit
+    if peer.get("kind", "built") == "built":
+        if here is None:
+            await pull_image(fetcher, peer, open_layer)
+        return desc  # or another build of it here: the import says so
+    root = await root_travel.pull_root(fetcher, peer.get("content"), open_layer, meta=peer,
+                                      name=None if here is not None else name)
+    await asyncio.to_thread(root_travel.keep, images, root.name)
+    return {**desc, "image": root.name}

@@ -418,7 +418,7 @@ class ImageStore:
         size, listing = _scan_tree(rootfs)
         extra = dict(extra or {})
         python = extra.pop("python", None) or find_python(rootfs)
-        digest = "sha256:" + hashlib.sha256(
+        digest = extra.pop("digest", None) or "sha256:" + hashlib.sha256(  # or a peer's
             json.dumps({"source": source, "tree": listing}, sort_keys=True).encode()
         ).hexdigest()
         manifest = {

@@ -18,6 +18,9 @@ The stream is untrusted (any token holder, or a broken peer, may send it), so
   devices); any other device node is refused, as are extended attributes other than
   ``trusted.overlay.opaque`` and ``user.*`` (a redirect or metacopy xattr would make
   overlayfs follow paths below);
+- for a root image (``root_form``: :func:`~corral.runtime.layers.root_form_mode`),
+  refuses every device node (whiteouts too), setuid and setgid bits, and every
+  extended attribute but ``user.*``: a root image travels without them;
 - stops at ``max_bytes`` of stream and when the disk's free space falls below
   :data:`RESERVE_BYTES` (:class:`~corral.errors.StorageFull`);
 - on any failure (a truncated stream, a bad entry, a digest mismatch) deletes the
@@ -36,7 +39,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from corral.errors import CorralError, InvalidArgument, LayerTransferError, StorageFull
-from corral.runtime.layers import TREE, Layer, LayerStore
+from corral.runtime.layers import (
+    ROOT_DROPPED_BITS,
+    TREE,
+    Layer,
+    LayerStore,
+    Sealed,
+    root_form_mode,
+    root_form_xattr,
+)
 from corral.runtime.treecopy import ENTER, LEAVE, Walk, extents, fd_path
 
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -64,21 +75,28 @@ def check_digest(digest: object) -> str:
 # --------------------------------------------------------------------- sending
 
 
-def stream(tree: Path) -> Iterator[bytes]:
-    """The tar stream of the layer tree ``tree`` (blocking; run it in a thread)."""
+def stream(tree: Path, *, root_form: bool = False) -> Iterator[bytes]:
+    """The tar stream of the layer tree ``tree`` (blocking; run it in a thread); with
+    ``root_form``, of a root image's tree as it travels (what
+    ``tree_digest(tree, root_form=True)`` covers)."""
     links: dict[tuple[int, int], str] = {}
     walk = Walk(tree)
     for event, parent, name, st, fd in walk:
         if event == LEAVE:
             continue
+        mode = root_form_mode(st) if root_form else st.st_mode
+        if mode is None:
+            continue
         rel = os.fsdecode(walk.rel() if event == ENTER else walk.rel(name))
         info = tarfile.TarInfo(rel)
-        info.mode, info.uid, info.gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+        info.mode, info.uid, info.gid = stat.S_IMODE(mode), st.st_uid, st.st_gid
         info.mtime = st.st_mtime_ns // 10**9
         pax = {"CORRAL.mtime_ns": str(st.st_mtime_ns)}
         xpath = fd if event == ENTER else fd_path(parent, name)
         nofollow = event != ENTER
         for x in os.listxattr(xpath, follow_symlinks=not nofollow):
+            if root_form and not root_form_xattr(x):
+                continue
             value = os.getxattr(xpath, x, follow_symlinks=not nofollow)
             pax[_XATTR + x] = value.hex()
         spans: list[tuple[int, int]] = []
@@ -171,14 +189,30 @@ def receive(store: LayerStore, digest: str, chunks: Iterable[bytes], *, max_byte
     """Rebuild the layer ``digest`` from a tar stream into ``store`` and install it;
     returns the layer and the bytes read. Blocking (a thread). ``need_bytes``: what the
     layer takes on disk, checked against the free space first."""
+    sealed, count = receive_tree(store, digest, chunks, max_bytes=max_bytes,
+                                 need_bytes=need_bytes)
+    try:
+        layer, _ = store.install(sealed)
+    except BaseException:
+        store.discard(sealed.tmp)
+        raise
+    return layer, count
+
+
+def receive_tree(store: LayerStore, digest: str, chunks: Iterable[bytes], *, max_bytes: int,
+                 need_bytes: int = 0, root_form: bool = False) -> tuple[Sealed, int]:
+    """Rebuild the tree ``digest`` from a tar stream in a temporary directory of
+    ``store``, checked against its digest but not installed: the caller installs or
+    moves ``sealed.tmp``, or discards it. ``root_form``: a root image's tree (stricter:
+    see the module docstring). Nothing is left on failure."""
     check_digest(digest)
-    what = f"layer {digest}"
+    what = f"{'root image' if root_form else 'layer'} {digest}"
     _check_free(store.root, need_bytes, what)
     tmp = store.new_tmp()
     reader = _Reader(chunks, max_bytes, what)
     try:
         try:
-            _extract(tmp / TREE, reader, what, store.root)
+            _extract(tmp / TREE, reader, what, store.root, root_form)
         except tarfile.TarError as exc:
             raise LayerTransferError(
                 f"{what}: the peer's stream is not a valid layer archive ({exc}; truncated?)",
@@ -191,8 +225,7 @@ def receive(store: LayerStore, digest: str, chunks: Iterable[bytes], *, max_byte
                 "asked for: refused and deleted (a corrupt or hostile peer)",
                 details={"digest": digest, "received": sealed.digest},
             )
-        layer, _ = store.install(sealed)
-        return layer, reader.count
+        return sealed, reader.count
     except BaseException as exc:
         store.discard(tmp)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -221,7 +254,8 @@ def _refuse(what: str, name: str, why: str) -> LayerTransferError:
                               details={"path": name[:200]})
 
 
-def _extract(root: Path, reader: _Reader, what: str, store_root: Path) -> None:
+def _extract(root: Path, reader: _Reader, what: str, store_root: Path,
+             root_form: bool = False) -> None:
     dirs: set[str] = set()
     files: set[str] = set()
     seen: set[str] = set()
@@ -243,7 +277,10 @@ def _extract(root: Path, reader: _Reader, what: str, store_root: Path) -> None:
             if parent is not None and parent not in dirs:
                 raise _refuse(what, name, "is not inside a directory of the stream")
             path = os.path.join(root, name) if name != "." else str(root)
-            xattrs = _xattrs(m, what)
+            xattrs = _xattrs(m, what, root_form)
+            if root_form and (m.mode & ROOT_DROPPED_BITS or m.ischr() or m.isblk()):
+                raise _refuse(what, name, "is a device node or setuid/setgid, which a root "
+                              "image never carries")
             if m.isdir():
                 os.mkdir(path, 0o700)
                 dirs.add(name)
@@ -271,13 +308,13 @@ def _extract(root: Path, reader: _Reader, what: str, store_root: Path) -> None:
         raise LayerTransferError(f"{what}: the peer sent an empty stream: refused")
 
 
-def _xattrs(m: tarfile.TarInfo, what: str) -> dict[str, bytes]:
+def _xattrs(m: tarfile.TarInfo, what: str, root_form: bool) -> dict[str, bytes]:
     out = {}
     for key, value in m.pax_headers.items():
         if not key.startswith(_XATTR):
             continue
         name = key[len(_XATTR):]
-        if name not in _ALLOWED_XATTRS and not name.startswith("user."):
+        if not (root_form_xattr(name) or (not root_form and name in _ALLOWED_XATTRS)):
             raise _refuse(what, m.name, f"carries the extended attribute {name[:80]!r}")
         try:
             out[name] = bytes.fromhex(value)

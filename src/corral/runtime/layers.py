@@ -291,9 +291,29 @@ def _refuse_unsquashable(tree: str) -> None:
 # ---------------------------------------------------------------------- digest
 
 
-def tree_digest(root: Path) -> tuple[str, int]:
+ROOT_DROPPED_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+def root_form_mode(st: os.stat_result) -> int | None:
+    """The mode of an entry of a root image's tree as it travels between nodes, or None
+    for an entry that does not travel: device nodes and sockets are dropped and the
+    setuid/setgid bits cleared. Sandboxes mount their lower layers ``nosuid,nodev`` and
+    get ``/dev`` from the launcher, so neither ever counts inside one; a root image
+    received from a peer therefore never has them (:mod:`corral.runtime.layer_wire`)."""
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+        return None
+    return st.st_mode & ~ROOT_DROPPED_BITS
+
+
+def root_form_xattr(name: str) -> bool:
+    """Whether an extended attribute of a root image travels (``user.*`` only)."""
+    return name.startswith("user.")
+
+
+def tree_digest(root: Path, *, root_form: bool = False) -> tuple[str, int]:
     """The canonical digest (``sha256:<hex>``) of a tree, and its disk usage in bytes.
-    Iterative and sparse-aware: a file's holes are never read (:func:`file_hash`)."""
+    Iterative and sparse-aware: a file's holes are never read (:func:`file_hash`).
+    With ``root_form``: of the tree as a root image travels (:func:`root_form_mode`)."""
     h = hashlib.sha256(b"corral-layer-%d\n" % FORMAT)
     seen: dict[tuple[int, int], bytes] = {}
     size = 0
@@ -302,8 +322,13 @@ def tree_digest(root: Path) -> tuple[str, int]:
         if event == LEAVE:
             continue
         rel = walk.rel() if event == ENTER else walk.rel(name)
-        size += st.st_blocks * 512
         mode = st.st_mode
+        if root_form:
+            kept = root_form_mode(st)
+            if kept is None:
+                continue
+            mode = kept
+        size += st.st_blocks * 512
         mtime = b"%d" % st.st_mtime_ns
         if event == ENTER:
             kind, data, mtime = b"d", b"", b""  # a directory's size and mtime are noise
@@ -328,6 +353,7 @@ def tree_digest(root: Path) -> tuple[str, int]:
         xattrs = b";".join(
             name.encode() + b"=" + os.getxattr(xpath, name, **nofollow).hex().encode()
             for name in sorted(os.listxattr(xpath, **nofollow))
+            if not root_form or root_form_xattr(name)
         )
         fields = [rel, kind, b"%o" % mode, b"%d" % st.st_uid, b"%d" % st.st_gid,
                   b"%d" % (0 if kind == b"d" else st.st_size), mtime, data, xattrs]

@@ -13,7 +13,8 @@ are trusted; requests from anywhere else (TCP) must carry ``Authorization: Beare
 except SandboxFusion's two endpoints, whose clients send the token in the path
 (:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs),
 and E2B's clients, which send it as ``X-API-KEY`` or a per-sandbox ``X-Access-Token``
-(:func:`~corral.server.compat.e2b_api.authenticate`).
+(:func:`~corral.server.compat.e2b_api.authenticate`). A cluster's peer credential
+(:mod:`corral.server.peer_auth`) is accepted on the read-only peer routes only (403 elsewhere).
 The token is checked from the headers alone: a refused request's body is never read, and
 its connection is closed. What a request may cost before and after that is bounded in
 :mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
@@ -32,7 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
+from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
 from corral.server import metrics
@@ -45,6 +46,7 @@ from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
+from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
@@ -112,7 +114,7 @@ class Guard:
 
     def __init__(
         self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
-        clients: ClientLimiter, tenants: Tenants, owners: Owners,
+        clients: ClientLimiter, tenants: Tenants, owners: Owners, peer: PeerCredential,
     ) -> None:
         self.app = app
         self.token = token
@@ -121,6 +123,7 @@ class Guard:
         self.unix_socket = unix_socket
         self.activity = activity
         self.clients = clients
+        self.peer = peer  # another daemon of the cluster: peer reads only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
@@ -138,7 +141,8 @@ class Guard:
             denied = self._check_auth(scope)  # and puts the caller in scope[CALLER_KEY]
             if denied is not None:  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-                reply = e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
+                reply = (e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
+                         if isinstance(denied, Unauthorized) else None)
                 await (reply or error_response(denied, headers))(scope, receive, send)
                 return
             if scope.get("server") != (self.unix_socket, None):
@@ -164,7 +168,7 @@ class Guard:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 
-    def _check_auth(self, scope: Scope) -> Unauthorized | None:
+    def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
             # its endpoints refuse a request without a caller (a wrong path token)
@@ -186,6 +190,10 @@ class Guard:
                 if caller is not None:
                     scope[CALLER_KEY] = caller
                     return None
+                if scheme.lower() == "bearer" and self.peer.matches(credentials.strip()):
+                    refused = self.peer.refusal(scope)
+                    scope[CALLER_KEY] = ADMIN if refused is None else UNIDENTIFIED
+                    return refused
                 return self.tenants.refusal()
         if not self.token:
             return Unauthorized("this daemon accepts requests only on its Unix socket")
@@ -217,6 +225,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 clients=ClientLimiter(settings.max_client_requests),
                 tenants=tenants,
                 owners=engine.owners,
+                peer=PeerCredential(settings.peer_token),
             ),
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],

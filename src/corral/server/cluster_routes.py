@@ -7,11 +7,12 @@ and the one daemon-to-daemon call of the cluster's tenants (``/v1/peer/tenants``
   a member of the Ray cluster or ever holding its token.
 - ``POST /v1/cluster/snapshots/fetch`` ``{"snapshot", "node"}``: make a snapshot of
   the caller's, held by ``node``, restorable here. This daemon asks the holder with
-  the cluster's credential, as that tenant (``?owner=``): another tenant's snapshot,
+  the cluster's peer credential, as that tenant (``?owner=``): another tenant's snapshot,
   by id or name, answers exactly like one that does not exist, on every node.
 - ``POST /v1/cluster/images/fetch`` ``{"image", "node"}``: make a built image of
   ``node`` usable here (images are shared read-only; pulling one changes none).
-- ``POST /v1/peer/tenants/refresh`` ``{"name"}``: (the cluster's credential only) read
+- ``POST /v1/peer/tenants/refresh`` ``{"name"}``: (the admin or the cluster's peer
+  credential, :mod:`corral.server.peer_auth`) read
   the tenant registry again now; ``{"revoked": true}`` once ``name`` is refused here.
 
 The layer routes (``/v1/peer/layers``, ``/v1/peer/snapshots``, ``/v1/peer/images``)

@@ -10,7 +10,7 @@ daemons Ray restarts, which load the registry before they accept a tenant token.
   and is in its reply alone; the KV and the other daemons get its SHA-256.
 - **Every node reads it.** Each daemon reloads the registry every :data:`REFRESH_S`;
   a create or revoke also tells every other daemon to reload at once
-  (``POST /v1/peer/tenants/refresh``, with the cluster's credential).
+  (``POST /v1/peer/tenants/refresh``, with the cluster's peer credential).
 - **Revoke fails closed.** A daemon accepts tenant tokens only while its copy is
   younger than :data:`LEASE_S` (counted from when its last successful read began);
   past that, every tenant token is refused there (401 saying why; the admin's token
@@ -300,7 +300,9 @@ def open_tenancy(settings: ServerSettings, engine: Engine) -> ClusterTenancy | N
         capacity = {"max_sandboxes": settings.max_sandboxes,
                     "max_memory_mb": settings.max_memory_mb,
                     "max_starting": settings.max_starting}
-        return ClusterTenancy(gcs, settings.node, settings.token, capacity)
+        # its peers are told of a change with the peer credential (server/peer_auth.py)
+        return ClusterTenancy(gcs, settings.node, settings.peer_token or settings.token,
+                              capacity)
     except DaemonUnavailable as exc:
         raise DaemonUnavailable(f"the daemon of node {settings.node} cannot reach its Ray "
                                 f"cluster's GCS at {gcs}: {exc}") from None

@@ -1,8 +1,9 @@
 """Daemon to daemon: the layers of snapshots travel between the nodes of a cluster.
 
-Served on the daemon's TCP port, behind the same bearer token as everything else (on a
-cluster, the cluster's token: only its daemons and clients hold it); the admin's only
-(a tenant token gets 403: layers are named by digest, whoever's snapshot they hold):
+Served on the daemon's TCP port, behind the same bearer token as everything else; the
+admin's only (a tenant token gets 403: layers are named by digest, whoever's snapshot
+they hold). Daemons call each other's GET routes with the cluster's peer credential,
+which opens those and nothing else (:mod:`corral.server.peer_auth`):
 
 - ``GET /v1/peer/snapshots/{id_or_name}``: what another node needs to restore a
   snapshot (:func:`corral.runtime.layer_fetch.describe`);
@@ -14,10 +15,13 @@ cluster, the cluster's token: only its daemons and clients hold it); the admin's
   address comes from the cluster's directory (Ray's KV, at ``CORRAL_RAY_GCS``, which
   ``corral cluster up`` sets; or a static map in ``CORRAL_PEERS``), never from the
   request: the token is sent only to the cluster's own daemons. The cluster client
-  calls it before restoring a snapshot on a node that lacks it;
+  calls it before restoring a snapshot on a node that lacks it. The snapshot's image
+  comes along if this node lacks it or has another build of it
+  (:func:`corral.runtime.image_travel.image_for_snapshot`);
 - ``GET /v1/peer/images/{name}`` and ``POST /v1/peer/images/fetch`` ``{"image",
-  "node"}``: the same for a built image (:mod:`corral.runtime.image_travel`); its
-  layers are served by ``/v1/peer/layers`` too;
+  "node"}``: the same for an image (:mod:`corral.runtime.image_travel`); its layers
+  are served by ``/v1/peer/layers`` too, and so is a root image's tree, by its content
+  digest (:mod:`corral.runtime.root_travel`; only a root a peer was described);
 - ``GET /v1/peer/stats``: the layers and bytes this daemon fetched.
 """
 
@@ -47,8 +51,9 @@ from corral.errors import (
     error_from_dict,
 )
 from corral.runtime import layer_wire
-from corral.runtime.image_travel import describe_image, pull_image
+from corral.runtime.image_travel import describe_image, image_for_snapshot, pull_image
 from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
+from corral.runtime.root_travel import root_path_for
 from corral.server import context as ctx
 from corral.server.tenants import require_admin
 
@@ -90,13 +95,17 @@ class PeerSnapshot(BaseModel):
 
 
 class PeerImage(BaseModel):
-    """A built image as another node pulls it: its manifest (layers top first)."""
+    """An image as another node pulls it: a built one's manifest (layers top first) and
+    its root's content digest, or a root filesystem's ``kind`` and ``content``."""
 
     model_config = ConfigDict(extra="allow")
     name: str
     digest: str
-    root: dict[str, Any]
-    layers: list[PeerLayer]
+    kind: str = "built"
+    root: dict[str, Any] | None = None
+    layers: list[PeerLayer] = []
+    content: dict[str, Any] | None = None
+    root_content: dict[str, Any] | None = None
 
 
 class ImageFetchRequest(_FromPeer):
@@ -131,10 +140,15 @@ async def peer_snapshot(request: Request) -> Response:
 async def peer_layer(request: Request) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
     digest = layer_wire.check_digest(request.path_params["digest"])
-    path = layer_path_for(ctx.engine(request).snapshots, digest)
-    if path is None:
-        raise NotFound(f"no snapshot on this node holds layer {digest}",
+    engine = ctx.engine(request)
+    path = layer_path_for(engine.snapshots, digest)
+    root = None if path is not None else root_path_for(engine.images, digest)
+    if path is None and root is None:
+        raise NotFound(f"no snapshot or image on this node holds layer {digest}",
                        details={"digest": digest})
+    if root is not None:  # a root image's tree, in the form a root travels in
+        return StreamingResponse(layer_wire.stream(root, root_form=True),
+                                 media_type="application/x-tar")
     return StreamingResponse(layer_wire.stream(path), media_type="application/x-tar")
 
 
@@ -145,7 +159,8 @@ async def peer_stats(request: Request) -> Response:
 
 async def peer_image(request: Request) -> Response:
     require_admin(request, "a peer (daemon to daemon) call")
-    return JSONResponse(describe_image(ctx.engine(request).images, request.path_params["name"]))
+    images, name = ctx.engine(request).images, request.path_params["name"]
+    return JSONResponse(await asyncio.to_thread(describe_image, images, name))  # hashes a root
 
 
 async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
@@ -159,7 +174,7 @@ async def pull_image_here(request: Request, body: ImageFetchRequest) -> Response
     if images.exists(body.image):  # here already (built here, pulled, or everywhere)
         return JSONResponse(images.get(body.image, check_base=False).info().model_dump(mode="json"))
     url = await asyncio.to_thread(_peer_url, body.node)
-    peer = Peer(url, ctx.settings(request).token)
+    peer = Peer(url, _peer_credential(request))
     desc = await asyncio.to_thread(peer.describe, f"/v1/peer/images/{quote(body.image, safe='')}")
     if desc.get("name") != body.image:
         raise LayerTransferError(f"the daemon at {url} described another image than "
@@ -177,22 +192,31 @@ async def import_snapshot_here(request: Request, body: FetchRequest, owner: str 
                                ) -> Response:
     """Make ``body.snapshot`` restorable here, fetched from ``body.node``; ``owner`` (a
     tenant): only a snapshot of its own, found as it names it (the peer is asked with
-    the cluster's token, never the tenant's)."""
+    the cluster's peer credential, never the tenant's)."""
     engine = ctx.engine(request)
     here = engine.snapshots.lookup(body.snapshot)
     if here is not None:
         return JSONResponse(here.info().model_dump(mode="json"))
     url = await asyncio.to_thread(_peer_url, body.node)
-    token = ctx.settings(request).token
-    peer = Peer(url, token)
+    peer = Peer(url, _peer_credential(request))
     query = "" if owner is None else f"?owner={quote(owner, safe='')}"
     desc = await asyncio.to_thread(
         peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}{query}")
     if owner is not None and (desc.get("spec") or {}).get("tenant") != owner:
         raise SnapshotNotFound(f"no snapshot {body.snapshot!r}: `corral snapshot ls` lists "
                                "yours", details={"snapshot": body.snapshot})
+    desc = await image_for_snapshot(  # its image here too (a root by its content)
+        fetcher(request), desc, lambda name: peer.describe(f"/v1/peer/images/{quote(name)}"),
+        peer.open_layer)
     info = await fetcher(request).import_snapshot(desc, peer.open_layer)
     return JSONResponse(info.model_dump(mode="json"))
+
+
+def _peer_credential(request: Request) -> str | None:
+    """What this daemon shows its peers: the peer credential, else (peers configured
+    by hand with ``CORRAL_PEERS`` and one shared token) its own token."""
+    settings = ctx.settings(request)
+    return settings.peer_token or settings.token
 
 
 def _peer_url(node: str) -> str:
@@ -216,7 +240,7 @@ def _peer_url(node: str) -> str:
 def _directory(gcs: str) -> Any:
     from corral.cluster.directory import Directory  # imports Ray: only on a cluster
 
-    return Directory(gcs)
+    return Directory(gcs, tokens=False)  # peers' URLs only: no node's admin token here
 
 
 class Peer:

@@ -5,6 +5,8 @@ Environment variables (read only here, by :meth:`ServerSettings.from_env`):
 - ``CORRAL_SOCKET``: the Unix socket to listen on (default ``/run/corral/corral.sock``).
 - ``CORRAL_TOKEN``: the bearer token TCP clients must send (no default: TCP is refused
   without one).
+- ``CORRAL_PEER_TOKEN``: the cluster's peer credential, sent to other daemons and
+  accepted from them on the read-only peer routes only (:mod:`corral.server.peer_auth`).
 
 ``CORRAL_STATE_DIR`` and ``CORRAL_CACHE_DIR`` are read by :mod:`corral.runtime.paths`
 when ``state_dir`` / ``cache_dir`` are left unset.
@@ -69,6 +71,7 @@ class ServerSettings:
     cache_dir: Path | None = None
     tcp: tuple[str, int] | None = None
     token: str | None = field(default=None, repr=False)
+    peer_token: str | None = field(default=None, repr=False)  # server/peer_auth.py
     # Also serve the CoreWeave Sandbox (cwsandbox) gRPC API here (needs the token too).
     grpc: tuple[str, int] | None = None
     max_starting: int = DEFAULT_MAX_STARTING
@@ -118,6 +121,8 @@ class ServerSettings:
                 "listening on TCP needs a bearer token: pass --token TOKEN or set "
                 "CORRAL_TOKEN (clients then send 'Authorization: Bearer TOKEN')"
             )
+        if self.peer_token is not None and self.peer_token == self.token:
+            raise InvalidArgument("the peer token must differ from the daemon's token")
         if self.grpc is not None and not self.token:
             raise InvalidArgument(
                 "serving the cwsandbox API (--grpc) needs a token: pass --token TOKEN or "
@@ -129,7 +134,8 @@ class ServerSettings:
         """Settings from ``CORRAL_SOCKET`` / ``CORRAL_TOKEN``, then ``overrides``
         (entries that are ``None`` are ignored, so unset CLI options fall through)."""
         base: dict[str, Any] = {"socket": Path(os.environ.get("CORRAL_SOCKET", DEFAULT_SOCKET))}
-        if os.environ.get("CORRAL_TOKEN"):
-            base["token"] = os.environ["CORRAL_TOKEN"]
+        for name in ("token", "peer_token"):
+            if os.environ.get(f"CORRAL_{name.upper()}"):
+                base[name] = os.environ[f"CORRAL_{name.upper()}"]
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)

@@ -4,13 +4,14 @@ A snapshot is taken on one node, an image is built on one node; a sandbox made f
 either may be placed on any node (by free capacity, or ``node=``). Before that create, the node is asked to make the
 snapshot restorable there (``POST /v1/cluster/snapshots/fetch``, naming the node that
 holds it; a tenant may ask for its own): its daemon fetches the layers it lacks straight
-from the holder's daemon with the cluster's credential,
+from the holder's daemon with the cluster's peer credential,
 each checked against its digest, once per node (:mod:`corral.server.peer_layers`). The
 snapshot then has the same id and name on both nodes; deleting it through the cluster
 deletes every copy, and lists show it once. A built image is pulled the same way
 (``POST /v1/cluster/images/fetch``) the first time a sandbox of it lands on a node without
-it; an image that cannot travel (a root filesystem) keeps its sandboxes on the nodes
-that have it.
+it, and so is a root filesystem image (imported on one node), or a built image's root
+that the node lacks (:mod:`corral.runtime.root_travel`): placement is free of where
+images are.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from urllib.parse import quote
 
 from corral.client._async._cluster_view import ClusterView
 from corral.cluster.directory import Node
-from corral.errors import DaemonUnavailable, InvalidState, SnapshotNotFound
+from corral.errors import DaemonUnavailable, SnapshotNotFound
 
 SNAPSHOT_PREFIX = "/v1/snapshots/"
 FETCH_TIMEOUT_S = 900.0  # a big chain of layers over a slow link
@@ -46,8 +47,8 @@ async def bring_snapshot(router: ClusterView, target: Node, ref: str) -> None:
 
 async def bring_image(router: ClusterView, target: Node, image: str) -> Node:
     """Make the image ``image`` usable on ``target``, pulled from a node that has it
-    (a built image travels); the node to create on: ``target``, or a node that has the
-    image if it cannot travel (a root filesystem imported on some nodes only)."""
+    (built images and root filesystems travel); returns ``target``, the node to create
+    on."""
     nodes = await router._refresh_loads()
     if image in router._images.get(target.node_id, ()):
         return target
@@ -58,15 +59,9 @@ async def bring_image(router: ClusterView, target: Node, image: str) -> Node:
         holders = [n for n in nodes if image in router._images.get(n.node_id, ())]
     if image in router._images.get(target.node_id, ()) or not holders:
         return target  # there now, or no node has it (the create says ImageNotFound)
-    if image in router.staying_images:
-        return holders[0]
     body = {"image": image, "node": holders[0].node_id}
-    try:
-        await router._on(target, "POST", "/v1/cluster/images/fetch",
-                         {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
-    except InvalidState:  # a root filesystem, or one built on another root: stay there
-        router.staying_images.add(image)
-        return holders[0]
+    await router._on(target, "POST", "/v1/cluster/images/fetch",
+                     {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
     router._images.setdefault(target.node_id, set()).add(image)
     return target
 

@@ -15,7 +15,6 @@ from corral.cluster.directory import Directory, Node
 class ClusterView(Protocol):
     directory: Directory
     snapshots_at: set[tuple[str, str]]  # (node id, snapshot) known there
-    staying_images: set[str]  # root filesystems: they do not travel
     _images: dict[str, set[str]]  # node id -> the images it has
     _loaded_at: float
 

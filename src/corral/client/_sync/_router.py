@@ -86,7 +86,6 @@ class Router:
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
-        self.staying_images: set[str] = set()  # root filesystems: they do not travel
 
     def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
@@ -135,7 +134,9 @@ class Router:
     # ------------------------------------------------------------- one node
 
     def _build(self, target: Node, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Request:
-        headers = {"Authorization": f"Bearer {self.directory.cached_token()}"}
+        kwargs = dict(kwargs)  # a call's own headers (a build's Content-Type) kept
+        headers = {**(kwargs.pop("headers", None) or {}),
+                   "Authorization": f"Bearer {target.token}"}  # that node's own token
         return self._http.build_request(method, target.url + path, headers=headers, **kwargs)
 
     def _on(
