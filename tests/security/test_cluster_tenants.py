@@ -215,3 +215,23 @@ def test_a_node_that_cannot_be_told_of_a_revoke_refuses_the_token_anyway(corral_
 def _status(url: str, token: str) -> int:
     with on(url, token) as http:
         return http.get("/v1/sandboxes").status_code
+
+
+def test_the_peer_credential_may_ask_for_a_registry_reload_and_nothing_new_else(corral_cluster):  # noqa: F811
+    peer = secrets(corral_cluster)[-1]  # every daemon holds it: it must stay this narrow
+    node, url = next(iter(daemons(corral_cluster).items()))
+    with on(url, peer) as http:
+        reloaded = http.post("/v1/peer/tenants/refresh", json={"name": None})
+        assert reloaded.status_code == 200 and set(reloaded.json()) == {"tenants", "revoked"}
+        for method, path, body in (
+            ("GET", "/v1/cluster/nodes", None),
+            ("POST", "/v1/cluster/snapshots/fetch", {"snapshot": "x", "node": node}),
+            ("POST", "/v1/cluster/images/fetch", {"image": "python", "node": node}),
+            ("POST", "/v1/tokens", {"name": unique("by-peer")}),
+            ("GET", "/v1/tokens", None),
+            ("DELETE", "/v1/tokens/anyone", None),
+            ("GET", "/v1/peer/tenants/refresh", None),
+            ("POST", "/v1/peer/tenants/refresh/", {"name": None}),
+        ):
+            reply = http.request(method, path, json=body)
+            assert reply.status_code == 403, (method, path, reply.text)
