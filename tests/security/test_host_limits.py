@@ -38,8 +38,9 @@ def team():
 
 
 def _spec(run: str = "true", **extra) -> dict:
-    return {"spec": {"base": "python", "memory_mb": 256, "steps": [{"run": run}], **extra},
-            "name": f"hl-{os.urandom(4).hex()}"}
+    nonce = os.urandom(4).hex()  # a step never built before: the build cache is host-wide
+    return {"spec": {"base": "python", "memory_mb": 256, "steps": [{"run": f"{run}; : {nonce}"}],
+                     **extra}, "name": f"hl-{nonce}"}
 
 
 def _build(client: httpx.Client, body: dict) -> tuple[int, list[dict], dict]:
@@ -77,7 +78,7 @@ def test_a_build_counts_against_quota_and_host_memory_while_it_runs(team):
                 if _usage(team, "builder")["usage"].get("memory_mb", 0) == 256:
                     break
                 threading.Event().wait(0.1)
-            assert _usage(team, "builder")["usage"]["memory_mb"] == 256
+            assert _usage(team, "builder")["usage"]["memory_mb"] == 256, done
             with team.admin() as c:
                 assert c.get("/v1/info").json()["committed_memory_mb"] >= 256
             # its quota of 512 MB holds the build's 256: a sandbox of 512 no longer fits
