@@ -11,6 +11,7 @@ from corral.runtime.cmdtap import TAIL_BYTES, CommandTap
 from corral.runtime.events import Events
 from corral.runtime.sandbox_logs import SandboxLogs
 from corral.schema import ExecEvent, ExecResult
+from corral.server.compat.sandboxfusion_pools import FusionPools
 from corral.server.evals import EvalReport, EvalStore
 
 OWNERS = {"sb-quiet": "quiet", "sb-admin": None}
@@ -102,3 +103,21 @@ def test_one_tenant_cannot_push_out_anothers_eval_runs(hostile_runs):
     share = 100 // 3
     assert min(admins, 40) >= min(40, share) and mine >= min(50, share), (admins, mine)
     assert hostile <= max(mine, admins) and hostile <= min(hostile_runs, 50)
+
+
+async def test_one_tenant_cannot_take_every_sandboxfusion_pool():
+    class Manager:
+        async def delete_owned(self, owner, name):
+            return True
+
+    pools = FusionPools(idle_s=300, max_pools=8, per_owner=2)
+    for memory in (64, 65, 66):  # a hostile client's ever new shapes
+        if pools.has_room("hostile"):
+            pools.add(("hostile", "python", memory), f"p{memory}", Manager())
+    assert len(pools.names) == 2  # its third shape runs in a plain sandbox
+    assert pools.has_room("quiet") and pools.has_room(None)
+    pools.add(("quiet", "python", 64), "q64", Manager())
+    assert pools.get(("quiet", "python", 64)) == "q64"
+    for task in [pools._sweeper]:
+        if task is not None:
+            task.cancel()
