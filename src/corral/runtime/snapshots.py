@@ -119,7 +119,6 @@ class Snapshots:
         meanwhile unless ``cgroup`` is None (already paused), within its own limits
         (``spec``'s ``disk_mb`` and ``inodes``: :class:`SnapshotTooLarge` beyond), its
         owners translated by ``ids`` (its uid to the canonical one)."""
-        self.check_quota(spec.tenant, {})  # already full: refused before copying anything
         budget = Budget.for_spec(spec, f"sandbox {source}", sandbox_id=source)
         budget.room = room_above_reserve(self.store.root)  # a loop of them cannot fill the disk
         with _translated(source):
