@@ -20,7 +20,8 @@ def test_token_create_ls_revoke(cli, daemon):
         "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
         "allow_images": True, "created_at": 0, "max_lifetime": 900, "max_snapshot_mb": None,
         "max_builds": None,
-        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "builds": 0, "snapshot_mb": 0}}
+        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "builds": 0, "snapshot_mb": 0,
+                  "kept_mb": 0}}
     table = cli("token", "ls")
     assert table.code == 0 and name in table.out and made["token"] not in table.out
     assert re.search(rf"{name}\s+0/2\s+0/256\s+0/1.5\s+0/-\s+0/-\s+yes", table.out), table.out

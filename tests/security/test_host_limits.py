@@ -189,6 +189,31 @@ def test_snapshot_quota_counts_shared_layers_once(team):
     team.cleanup()
 
 
+def test_stopped_sandboxes_kept_files_count_against_the_disk_quota(team):
+    team.make_token("stopper", max_snapshot_mb=2)
+    with team.tenant("stopper") as s:
+        first = _sandbox_with(s, 1500 << 10)
+        assert s.post(f"/v1/sandboxes/{first}/stop", json={}).status_code == 200
+        kept = s.get(f"/v1/sandboxes/{first}/files?path=/workspace/blob")
+        assert kept.status_code == 200 and len(kept.content) == 1500 << 10
+        assert 1.4 < _usage(team, "stopper")["usage"]["kept_mb"] < 1.7
+        # a loop of create, fill, stop: past the quota the files are not kept
+        second = _sandbox_with(s, 1500 << 10)
+        assert s.post(f"/v1/sandboxes/{second}/stop", json={}).status_code == 200
+        assert s.get(f"/v1/sandboxes/{second}/files?path=/workspace/blob").status_code != 200
+        assert 1.4 < _usage(team, "stopper")["usage"]["kept_mb"] < 1.7
+        stopped = team.daemon.state_dir / "stopped"
+        assert sorted(p.name for p in stopped.iterdir()) == [first]  # nothing half-kept
+        # and a snapshot does not fit beside them until they go
+        third = _sandbox_with(s, 1 << 20)
+        snap = s.post(f"/v1/sandboxes/{third}/snapshot", json={})
+        assert snap.status_code == 429, snap.text
+        assert "stopped sandboxes" in snap.json()["error"]["message"]
+        assert s.delete(f"/v1/sandboxes/{first}").status_code == 204
+        assert s.post(f"/v1/sandboxes/{third}/snapshot", json={}).status_code == 201
+    team.cleanup()
+
+
 def test_token_update_changes_a_quota(team):
     with team.admin() as c:
         up = c.patch("/v1/tokens/hoarder", json={"max_snapshot_mb": 8})
@@ -221,11 +246,14 @@ def test_a_restart_hands_no_tenant_a_fresh_quota():
         with t.tenant("keeper") as k:
             sid = _sandbox_with(k, 1500 << 10)
             assert k.post(f"/v1/sandboxes/{sid}/snapshot", json={"name": "a"}).status_code == 201
-            k.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
-        used = _usage(t, "keeper")["usage"]["snapshot_mb"]
+            stopped = _sandbox_with(k, 300 << 10)  # its kept files count too
+            assert k.post(f"/v1/sandboxes/{stopped}/stop", json={}).status_code == 200
+        used = _usage(t, "keeper")["usage"]
+        assert used["snapshot_mb"] > 1.4 and used["kept_mb"] > 0.25, used
         d.stop()
         d.start()
-        assert _usage(t, "keeper")["usage"]["snapshot_mb"] == used  # from the registry
+        again = _usage(t, "keeper")["usage"]  # from the registry and the kept trees
+        assert (again["snapshot_mb"], again["kept_mb"]) == (used["snapshot_mb"], used["kept_mb"])
         with t.tenant("keeper") as k:
             # the sandbox did not survive the restart: its place is free, nothing more
             assert _usage(t, "keeper")["usage"].get("sandboxes", 0) == 0

@@ -106,7 +106,8 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
             f"{use.get('sandboxes', 0):g}/{_limit(t['max_sandboxes'])}",
             f"{use.get('memory_mb', 0):g}/{_limit(t['max_memory_mb'])}",
             f"{use.get('cpus', 0):g}/{_limit(t['max_cpus'])}",
-            f"{use.get('snapshot_mb', 0):g}/{_limit(t.get('max_snapshot_mb'))}",
+            f"{use.get('snapshot_mb', 0) + use.get('kept_mb', 0):g}"  # snapshots, kept files
+            f"/{_limit(t.get('max_snapshot_mb'))}",
             f"{use.get('builds', 0):g}/{_limit(t.get('max_builds'))}",
             "yes" if t["allow_images"] else "no",
             humanize_age(now - t["created_at"]) + " ago",

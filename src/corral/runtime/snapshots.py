@@ -84,6 +84,8 @@ class Snapshots:
         # An owner's snapshot disk quota in bytes (None: none), set by the daemon
         # from its tenants' max_snapshot_mb; checked before a snapshot is committed.
         self.quota_of: Callable[[str | None], int | None] = lambda owner: None
+        # What else of an owner's counts against it: its stopped sandboxes' kept files
+        self.also_held: Callable[[str | None], int] = lambda owner: 0
 
     def open(self) -> list[str]:
         """Recount references after a restart and remove what a crash left behind
@@ -217,15 +219,17 @@ class Snapshots:
         if limit is None:
             return
         held = self.registry.owner_layers(owner)
-        now, after = sum(held.values()), sum({**held, **adding}.values())
+        kept = self.also_held(owner)
+        now, after = sum(held.values()) + kept, sum({**held, **adding}.values()) + kept
         if (adding and after > limit) or (not adding and now >= limit):
             mb = 1 << 20
             raise QuotaExceeded(
                 f"tenant {owner!r} is over its max_snapshot_mb quota: the limit is "
-                f"{limit / mb:g} MB, {now / mb:.3f} MB held by its snapshots, "
-                f"{(after - now) / mb:.3f} MB more asked: delete snapshots of this tenant "
-                "(their layers go once no sandbox uses them), or ask the admin for a larger "
-                "quota (corral token update --max-snapshot-mb)",
+                f"{limit / mb:g} MB, {now / mb:.3f} MB held by its snapshots and the kept "
+                f"files of its stopped sandboxes, {(after - now) / mb:.3f} MB more asked: "
+                "delete snapshots (their layers go once no sandbox uses them) or stopped "
+                "sandboxes of this tenant, or ask the admin for a larger quota "
+                "(corral token update --max-snapshot-mb)",
                 details={"quota": "max_snapshot_mb", "limit": limit / mb, "used": now / mb,
                          "requested": (after - now) / mb, "tenant": owner},
             )

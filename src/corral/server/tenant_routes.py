@@ -83,10 +83,13 @@ def _tenants(request: Request) -> Tenants:
 
 def _usage(request: Request, name: str) -> dict[str, float]:
     """What the tenant holds: sandboxes (its builds included), their memory and CPUs,
-    its running builds and its snapshots' MB on disk (from the registry)."""
+    its running builds, its snapshots' MB on disk (from the registry) and its stopped
+    sandboxes' kept files (both count against max_snapshot_mb)."""
     used: dict[str, float] = dataclasses.asdict(ctx.admission(request).quotas.usage(name))
     used["builds"] = builds_gate(request).running_of(name)
-    used["snapshot_mb"] = round(ctx.engine(request).snapshots.usage_bytes(name) / (1 << 20), 3)
+    engine = ctx.engine(request)
+    used["snapshot_mb"] = round(engine.snapshots.usage_bytes(name) / (1 << 20), 3)
+    used["kept_mb"] = round(engine.kept.bytes_of(name) / (1 << 20), 3)  # stopped sandboxes'
     return used
 
 
