@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import threading
 
 import httpx
@@ -267,3 +268,24 @@ def test_a_restart_hands_no_tenant_a_fresh_quota():
     finally:
         d.stop()
         shutil.rmtree(d.base, ignore_errors=True)
+
+
+def test_a_tenants_log_entries_count_against_its_own_bound(team):
+    with team.tenant("hoarder") as h:
+        made = h.post("/v1/sandboxes", json={"memory_mb": 64})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        assert h.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["echo", "hi"]}).status_code == 200
+        db = sqlite3.connect(team.daemon.state_dir / "logs.db")
+        try:
+            owners: set = set()
+            for _ in range(100):  # bounded: until the writer flushed (every 0.2 s)
+                owners = {o for (o,) in db.execute(
+                    "SELECT owner FROM entries WHERE sandbox_id = ?", (sid,))}
+                if owners:
+                    break
+                threading.Event().wait(0.1)
+        finally:
+            db.close()
+        assert owners == {"hoarder"}
+        h.delete(f"/v1/sandboxes/{sid}")

@@ -109,7 +109,8 @@ class SandboxLogs:
     def __init__(self, path: Path, *, retention: float = DEFAULT_RETENTION_S,
                  owner_of: Callable[[str], str | None] | None = None) -> None:
         self.path = Path(path)
-        self._owner_of = owner_of or (lambda sandbox_id: None)  # its tenant; None: admin
+        # a sandbox's tenant (None: the admin's; KeyError: unknown yet, not cached)
+        self._owner_of = owner_of or (lambda sandbox_id: None)
         self._owners: dict[str, str] = {}  # sandbox id -> owner ('' the admin), cached
         self.retention = retention
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -177,9 +178,13 @@ class SandboxLogs:
     def _owner(self, sandbox_id: str) -> str:
         owner = self._owners.get(sandbox_id)
         if owner is None:
+            try:
+                owner = self._owner_of(sandbox_id) or ""
+            except KeyError:  # not known yet: the admin's, asked again next time
+                return ""
             if len(self._owners) >= 4 * MAX_PENDING:  # a bounded cache
                 self._owners.clear()
-            owner = self._owners[sandbox_id] = self._owner_of(sandbox_id) or ""
+            self._owners[sandbox_id] = owner
         return owner
 
     def owner_bytes(self, owner: str | None) -> int:

@@ -56,7 +56,9 @@ class SandboxLogsReply(_Body):
 def open_logs(settings: ServerSettings, engine: Engine) -> SandboxLogs:
     def owner_of(sandbox_id: str) -> str | None:  # whose bound its log counts against
         info = engine.registry.get(sandbox_id)
-        return None if info is None else info.spec.tenant
+        if info is None:
+            raise KeyError(sandbox_id)
+        return info.spec.tenant
 
     logs = SandboxLogs(engine.layout.state_dir / "logs.db", retention=settings.log_retention,
                        owner_of=owner_of)
