@@ -46,7 +46,7 @@ from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
-from corral.server.quotas import Quotas
+from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 from corral.server.tenants import (
@@ -245,6 +245,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     service = app.state.service = SandboxService(
         engine, admission, tenants, max_lifetime=settings.max_lifetime)
     app.state.admission, app.state.pools = service.admission, service.pools
+    engine.snapshots.quota_of = snapshot_quota(tenants.quota_of)  # server/quotas.py
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
