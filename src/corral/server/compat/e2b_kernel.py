@@ -84,7 +84,7 @@ def _axis(ax, axis, which):
 
 def _points(xs, ys):
     out = []
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys):  # noqa: B905 - any python3 runs this (no strict=)
         x, y = _value(x), _value(y)
         if x is not None and y is not None:
             out.append([x, y])
@@ -118,7 +118,7 @@ def _axes_chart(ax):
             flat = getattr(c, "orientation", "vertical") == "horizontal"
             axis = ax.yaxis if flat else ax.xaxis
             names = {round(float(loc), 6): t.get_text()
-                     for loc, t in zip(axis.get_ticklocs(), axis.get_ticklabels())}
+                     for loc, t in zip(axis.get_ticklocs(), axis.get_ticklabels())}  # noqa: B905
             for r in c.patches:
                 where = r.get_y() + r.get_height() / 2 if flat else r.get_x() + r.get_width() / 2
                 label = names.get(round(where, 6)) or f"{where:g}"
