@@ -122,10 +122,10 @@ def event(rel, kind):
         p = os.path.join(top, rel)
         try:
             s = os.lstat(p)  # never followed: a link is described as itself
-            m["entry"] = {"path": p, "size": s.st_size, "mode": s.st_mode,
-                          "mtime": s.st_mtime}
+            entry = {"path": p, "size": s.st_size, "mode": s.st_mode, "mtime": s.st_mtime}
             if s.st_mode & 0o170000 == 0o120000:
-                m["entry"]["target"] = os.readlink(p)
+                entry["target"] = os.readlink(p)  # swapped for a non-link meanwhile: none
+            m["entry"] = entry
         except (OSError, ValueError):
             pass  # gone already (removed, renamed away): no entry, as envd
     return m
