@@ -145,3 +145,56 @@ def test_the_byte_budget_keeps_only_text_past_it():
     assert budget.admit(dict(big), size) == {"type": "result", "text": "t",
                                              "is_main_result": False}
     assert budget.note() is not None and budget.note() is None  # said once
+
+
+POINT = {"type": "line", "title": "t", "x_label": "x", "y_label": None, "x_unit": None,
+         "y_unit": None, "x_scale": "log", "y_scale": "linear", "x_ticks": [0, "a"],
+         "x_tick_labels": ["0", "a"], "y_ticks": [1.5], "y_tick_labels": ["1.5"],
+         "elements": [{"label": "l", "points": [[0, 1], ["a", 2.5]]}]}
+VALID = [
+    POINT, dict(POINT, type="scatter"),
+    {"type": "bar", "title": None, "x_label": None, "y_label": "n", "x_unit": None,
+     "y_unit": None, "elements": [{"label": "a", "group": "g", "value": 3}]},
+    {"type": "pie", "title": "p", "elements": [{"label": "x", "angle": 90, "radius": 1}]},
+    {"type": "box_and_whisker", "title": None, "x_label": None, "y_label": None,
+     "x_unit": None, "y_unit": None, "elements": [
+         {"label": "b", "min": 0, "first_quartile": 1, "median": 2, "third_quartile": 3,
+          "max": 4, "outliers": [9]}]},
+    {"type": "unknown", "title": "u", "elements": []},
+]
+VALID.append({"type": "superchart", "title": "s", "elements": VALID[:5]})
+
+
+def _mutations(value, path=()):
+    """Each way of breaking ``value`` at one place: a field removed, or set to a value
+    of another type."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield {k: v for k, v in value.items() if k != key}
+            for bad in (None, 7, "s", [], {}, float("nan"), True):
+                yield {**value, key: bad}
+            for sub in _mutations(item):
+                yield {**value, key: sub}
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            for sub in _mutations(item):
+                yield value[:i] + [sub] + value[i + 1:]
+
+
+def test_every_chart_the_daemon_passes_on_is_one_the_client_parses():
+    """The client's chart parser raises (and logs an error) on any missing field:
+    whatever a cell writes, the daemon passes on a chart the client parses or none."""
+    from e2b_code_interpreter.charts import _deserialize_chart
+
+    for good in VALID:
+        assert e2b_results.chart(good) == good, good["type"]
+        assert _deserialize_chart(good) is not None
+    checked_count = 0
+    for good in VALID:
+        for bad in _mutations(good):
+            clean = e2b_results.chart(bad)
+            if clean is not None:
+                _deserialize_chart(clean)  # does not raise
+                assert "NaN" not in repr(clean) and "nan" not in repr(clean).lower()
+            checked_count += 1
+    assert checked_count > 1000

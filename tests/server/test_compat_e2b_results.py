@@ -193,3 +193,35 @@ def test_watch_dir_with_entries(e2b):
     assert out["mode"] == "0o640"
     assert out["removed"] is None  # gone: no entry, as envd
     assert out["plain"] == [True]
+
+
+def test_async_watch_stream_with_entries_and_metadata_refused(e2b):
+    with checked(e2b) as d:
+        out = run_script(d, """
+            import asyncio
+            from e2b import AsyncSandbox, InvalidArgumentException
+            async def main():
+                sb = await AsyncSandbox.create()
+                try:
+                    await sb.files.make_dir("/tmp/a")
+                    got = asyncio.Queue()
+                    h = await sb.files.watch_dir("/tmp/a", got.put_nowait, include_entry=True)
+                    await sb.files.write("/tmp/a/f.txt", "hello")
+                    while True:  # bounded by wait_for
+                        e = await asyncio.wait_for(got.get(), 20)
+                        if e.name == "f.txt" and e.entry is not None and e.entry.size == 5:
+                            out["entry"] = [e.entry.path, e.entry.type.value]
+                            break
+                    await h.stop()
+                    try:
+                        await sb.files.write("/tmp/a/m.txt", "x", metadata={"k": "v"})
+                    except (SandboxException, InvalidArgumentException) as exc:
+                        out["metadata"] = str(exc)[:300]
+                    out["written"] = await sb.files.exists("/tmp/a/m.txt")
+                finally:
+                    await sb.kill()
+            asyncio.run(main())
+        """)
+    assert out["entry"] == ["/tmp/a/f.txt", "file"]
+    assert "metadata" in out["metadata"] and "leave out metadata" in out["metadata"]
+    assert out["written"] is False  # refused before anything was written
