@@ -1,4 +1,4 @@
-"""``corral token create|ls|revoke`` on the test daemon's Unix socket (the admin)."""
+"""``corral token create|ls|update|revoke`` on the test daemon's Unix socket (the admin)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,19 @@ def test_token_create_ls_revoke(cli, daemon):
     listed = {t["name"]: t for t in cli("token", "ls", "--json").json()}
     assert listed[name] | {"created_at": 0} == {
         "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
-        "allow_images": True, "created_at": 0, "max_lifetime": 900,
-        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0}}
+        "allow_images": True, "created_at": 0, "max_lifetime": 900, "max_snapshot_mb": None,
+        "max_builds": None,
+        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "builds": 0, "snapshot_mb": 0,
+                  "kept_mb": 0}}
     table = cli("token", "ls")
     assert table.code == 0 and name in table.out and made["token"] not in table.out
-    assert re.search(rf"{name}\s+0/2\s+0/256\s+0/1.5\s+yes", table.out), table.out
+    assert re.search(rf"{name}\s+0/2\s+0/256\s+0/1.5\s+0/-\s+0/-\s+yes", table.out), table.out
+    up = cli("token", "update", name, "--max-snapshot-mb", "64", "--max-cpus", "none", "--json")
+    assert up.code == 0, up.err
+    assert (up.json()["max_snapshot_mb"], up.json()["max_cpus"]) == (64, None)
+    assert up.json()["max_sandboxes"] == 2  # left out: unchanged
+    nobody = cli("token", "update", "no-such-tenant", "--max-builds", "2")
+    assert nobody.code == 1 and "no tenant" in nobody.err
     plain = cli("token", "create", f"{name}-2")
     assert plain.code == 0 and re.fullmatch(r"crl_[A-Za-z0-9_-]{43}\n", plain.out)
     again = cli("token", "create", name)

@@ -114,7 +114,8 @@ def test_a_tenant_reaches_the_cluster_through_one_daemon_without_ray(corral_clus
 
 def test_a_tenants_quota_holds_across_nodes(corral_cluster):
     a, b, c = corral_cluster.node_ids()
-    token = make_tenant(corral_cluster, unique("quota"), max_sandboxes=2, max_memory_mb=512)
+    name = unique("quota")
+    token = make_tenant(corral_cluster, name, max_sandboxes=2, max_memory_mb=512)
     with tenant_client(corral_cluster, token) as client:
         try:
             first = corral.Sandbox.create(memory_mb=64, tags=[TAG], node=a, client=client)
@@ -136,10 +137,20 @@ def test_a_tenants_quota_holds_across_nodes(corral_cluster):
             assert refused.value.details["quota"] == "max_memory_mb"
             with admin(corral_cluster) as ad:  # `token ls` shows the cluster's use
                 use = {t["name"]: t["usage"] for t in ad.request("GET", "/v1/tokens").json()["tokens"]}
+                ad.request("PATCH", f"/v1/tokens/{name}", json={"max_memory_mb": 1024})
+            until(lambda: _created(client, c), "the raised quota on node C")  # within a refresh
         finally:
             for sb in corral.Sandbox.list(tags=[TAG], client=client):
                 sb.delete()
     assert any(u.get("sandboxes") == 1 and u.get("memory_mb") == 256 for u in use.values())
+
+
+def _created(client, node: str) -> bool:
+    try:
+        corral.Sandbox.create(memory_mb=300, tags=[TAG], node=node, client=client)
+    except corral.QuotaExceeded:
+        return False
+    return True
 
 
 def test_concurrent_creates_on_three_nodes_never_pass_the_quota(corral_cluster):

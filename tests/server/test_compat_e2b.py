@@ -476,8 +476,8 @@ def test_code_interpreter(daemon_ok):
 
 def test_code_interpreter_figures_and_dataframes(daemon_ok):
     """On the built-in ``code-interpreter`` image (what ``code-interpreter-v1`` maps
-    to): numpy, pandas and matplotlib import; a figure comes back as a ``png`` result,
-    a DataFrame as ``text`` and ``html``."""
+    to): numpy, pandas and matplotlib import; a figure comes back as a ``png`` result
+    with its ``chart``, a DataFrame as ``text`` and ``html``."""
     pytest.importorskip("e2b_code_interpreter", reason="the compat extra is not installed")
     out = run_script(daemon_ok, """
         import base64
@@ -500,7 +500,7 @@ def test_code_interpreter_figures_and_dataframes(daemon_ok):
             out["fig_main"] = [[r.is_main_result, bool(r.png)] for r in e.results]
     """)
     assert out["error"] is None
-    assert out["results"] == [[False, ["png", "text"]], [True, ["html", "text"]]]
+    assert out["results"] == [[False, ["chart", "png", "text"]], [True, ["html", "text"]]]
     assert out["png"] == "89504e470d0a1a0a"  # a PNG file
     assert out["text"].split() == ["a", "b", "0", "1", "3", "1", "2", "4"]
     assert out["html"] is True and out["closed"] == "0"

@@ -1,9 +1,10 @@
-"""``corral token create|ls|revoke``: tenant tokens, made and revoked by the admin.
+"""``corral token create|ls|update|revoke``: tenant tokens, made and revoked by the admin.
 
 Run them where the daemon's Unix socket is (or with the daemon's own ``--token``), or
 with ``CORRAL_URL=ray://ADDR`` as a cluster's admin (then they act on every node): a
 tenant token is refused. ``create`` prints the new token once (``--json``:
-``{"name", "token"}``); only its hash is kept. ``ls`` never shows a token.
+``{"name", "token"}``); only its hash is kept. ``ls`` never shows a token. ``update``
+changes the quotas given (``none`` drops one); what the tenant holds stays.
 """
 
 from __future__ import annotations
@@ -20,15 +21,12 @@ from corral.cli._output import Context, humanize_age
 
 
 def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("token", help="tenant tokens with quotas (create, ls, revoke; admin)")
+    p = sub.add_parser("token",
+                       help="tenant tokens with quotas (create, ls, update, revoke; admin)")
     verbs = p.add_subparsers(dest="token_command", required=True, metavar="VERB")
     p = verbs.add_parser("create", parents=conn, help="make a tenant token; print it once")
     p.add_argument("name", metavar="NAME", help="the tenant: lower-case letters, digits, - _")
-    p.add_argument("--max-sandboxes", type=int, metavar="N", help="sandboxes alive at once")
-    p.add_argument("--max-memory-mb", type=int, metavar="M", help="their memory_mb, summed")
-    p.add_argument("--max-cpus", type=float, metavar="C", help="their cpus, summed")
-    p.add_argument("--max-lifetime", type=float, metavar="S",
-                   help="longest lifetime of its sandboxes, seconds (create and set_timeout)")
+    _quota_options(p, int, float)
     p.add_argument("--allow-images", action="store_true",
                    help="may build, import and delete images (shared by every tenant)")
     p.add_argument("--json", action="store_true", help='print {"name", "token"}')
@@ -36,16 +34,47 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p = verbs.add_parser("ls", parents=conn, help="list tenants: quotas, use (never tokens)")
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(handler=ls)
+    p = verbs.add_parser("update", parents=conn, help="change a tenant's quotas ('none': drop)")
+    p.add_argument("name", metavar="NAME")
+    _quota_options(p, _or_none(int), _or_none(float))
+    p.add_argument("--json", action="store_true", help="print the tenant as JSON")
+    p.set_defaults(handler=update)
     p = verbs.add_parser("revoke", parents=conn, help="revoke tenant tokens (refused at once)")
     p.add_argument("names", nargs="+", metavar="NAME")
     p.set_defaults(handler=revoke)
 
 
+_UNSET = object()
+_QUOTAS = ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime", "max_snapshot_mb",
+           "max_builds")
+
+
+def _quota_options(p: argparse.ArgumentParser, whole: Any, real: Any) -> None:
+    for flag, kind, meta, text in (
+        ("--max-sandboxes", whole, "N", "sandboxes alive at once (its builds count)"),
+        ("--max-memory-mb", whole, "M", "their memory_mb, summed"),
+        ("--max-cpus", real, "C", "their cpus, summed"),
+        ("--max-lifetime", real, "S",
+         "longest lifetime of its sandboxes, seconds (create and set_timeout)"),
+        ("--max-snapshot-mb", whole, "M", "its snapshots' layers on disk, MB (shared once)"),
+        ("--max-builds", whole, "N", "image builds at once (default 1)"),
+    ):
+        p.add_argument(flag, type=kind, metavar=meta, help=text, default=_UNSET)
+
+
+def _or_none(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        return None if text.lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _given(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in _QUOTAS if getattr(args, k) is not _UNSET}
+
+
 def create(args: argparse.Namespace, ctx: Context) -> int:
-    body = {"name": args.name, "allow_images": args.allow_images}
-    for key in ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime"):
-        if getattr(args, key) is not None:
-            body[key] = getattr(args, key)
+    body = {"name": args.name, "allow_images": args.allow_images, **_given(args)}
     made = ctx.client.request("POST", "/v1/tokens", json=body).json()
     if args.json:
         ctx.output.json({"name": made["name"], "token": made["token"]})
@@ -67,7 +96,8 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.line("no tenant tokens")
         return 0
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for name in ("TENANT", "SANDBOXES", "MEMORY MB", "CPUS", "IMAGES", "CREATED"):
+    for name in ("TENANT", "SANDBOXES", "MEMORY MB", "CPUS", "SNAPSHOT MB", "BUILDS", "IMAGES",
+                 "CREATED"):
         table.add_column(name, no_wrap=True)
     now = time.time()
     for t in tokens:
@@ -77,10 +107,23 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
             f"{use.get('sandboxes', 0):g}/{_limit(t['max_sandboxes'])}",
             f"{use.get('memory_mb', 0):g}/{_limit(t['max_memory_mb'])}",
             f"{use.get('cpus', 0):g}/{_limit(t['max_cpus'])}",
+            f"{use.get('snapshot_mb', 0) + use.get('kept_mb', 0):g}"  # snapshots, kept files
+            f"/{_limit(t.get('max_snapshot_mb'))}",
+            f"{use.get('builds', 0):g}/{_limit(t.get('max_builds'))}",
             "yes" if t["allow_images"] else "no",
             humanize_age(now - t["created_at"]) + " ago",
         )
     ctx.output.out.print(table)
+    return 0
+
+
+def update(args: argparse.Namespace, ctx: Context) -> int:
+    changed = ctx.client.request("PATCH", f"/v1/tokens/{quote(args.name, safe='')}",
+                                 json=_given(args)).json()
+    if args.json:
+        ctx.output.json(changed)
+    else:
+        ctx.output.line(" ".join(f"{k}={_limit(changed.get(k))}" for k in _QUOTAS))
     return 0
 
 

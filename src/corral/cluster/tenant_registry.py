@@ -56,6 +56,11 @@ def get(gcs: Any, name: str) -> dict[str, Any] | None:
     return _decode(_ray.kv_get(gcs, TENANT_KEY + name))
 
 
+def replace(gcs: Any, record: dict[str, Any]) -> None:
+    """Write ``record`` over its tenant's entry (new quotas; its hash unchanged)."""
+    _ray.kv_put(gcs, TENANT_KEY + record["name"], json.dumps(record).encode())
+
+
 def revoke(gcs: Any, name: str) -> None:
     """Replace the tenant's entry by a tombstone: no hash is left to match a token."""
     tomb = {"name": name, "revoked_at": time.time()}

@@ -48,6 +48,7 @@ class SnapshotOps:
         self.snapshots.valid_name(name)  # a bad name first
         live = self._get_live(sandbox_id)
         self.snapshots.check_name(name, live.spec.tenant)  # free in its owner's namespace
+        self.snapshots.check_quota(live.spec.tenant, {})  # quota full: before copying
         async with live.lock:
             if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                 raise InvalidState(

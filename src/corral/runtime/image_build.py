@@ -71,6 +71,7 @@ from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image
 from corral.runtime.layers import LayerStore
 from corral.runtime.rootfs import AGENT_DIR
+from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import Budget
 from corral.schema import DEFAULT_WORKDIR, NetworkMode, SandboxSpec
 
@@ -127,7 +128,8 @@ class ImageBuild:
 
     def __init__(self, engine: Engine, spec: BuildSpec | dict[str, Any], *,
                  name: str | None = None, context: str | os.PathLike[str] | None = None,
-                 context_only: bool = False, sources: dict[int, str] | None = None) -> None:
+                 context_only: bool = False, sources: dict[int, str] | None = None,
+                 cpus: float | None = None) -> None:
         self.spec = spec = BuildSpec.parse(spec)
         name = name or spec.name
         if not name:
@@ -137,6 +139,7 @@ class ImageBuild:
         self.store = engine.images
         self.context = None if context is None else Path(context)
         self.context_only = context_only
+        self.cpus = cpus or host_cpus()  # each step's sandbox (a tenant's: its max_cpus)
         self.on_event: OnEvent | None = None
         self.base = self.store.get(spec.base)
         self.sources = {i: self._copy_source(s, (sources or {}).get(i + 1))
@@ -226,10 +229,11 @@ class ImageBuild:
         sb_spec = SandboxSpec(
             image=spec.base, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb, pids=BUILD_PIDS,
             inodes=BUILD_INODES,
-            cpus=float(min(os.cpu_count() or 1, 256)), timeout=spec.step_timeout + 600,
+            cpus=self.cpus, timeout=spec.step_timeout + 600,
             workdir=workdir, network=NetworkMode.HOST if run else NetworkMode.NONE,
             tags=[BUILD_TAG, f"image={self.name}"],
         )
+        sb_spec = engine.owners.stamp(sb_spec)  # the building tenant's: it runs its steps
         info = await engine.create(sb_spec, image_override=chain, ro_binds=binds,
                                    build_root=as_root)
         staged: Path | None = None
@@ -241,6 +245,8 @@ class ImageBuild:
                 assert source is not None
                 await self._copy(index, step, info.id, source, workdir)
             budget = Budget.for_spec(sb_spec, f"build step {index + 1} of {self.name}")
+            # its layer is bounded by disk_mb and never takes the disk below its reserve
+            budget.room = await asyncio.to_thread(room_above_reserve, self.store.images_dir)
             staged = await asyncio.to_thread(_stage_frozen, self.layers, engine.upper_dir(info.id),
                                              engine.cgroup(info.id), budget,
                                              engine.owner_ids(info.id))
@@ -394,6 +400,11 @@ class ImageBuild:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def host_cpus() -> float:
+    """The CPUs a build step gets by default: all of the host's."""
+    return float(min(os.cpu_count() or 1, 256))
 
 
 def _hash(*parts: bytes) -> str:

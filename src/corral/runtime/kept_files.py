@@ -11,6 +11,12 @@ its reserve (:meth:`KeptFiles.has_room`: 10 % of the filesystem, at least 1 GiB,
 ``read``, ``stat`` and ``list_dir`` then serve the files the sandbox wrote; files of
 its image that it never changed are not kept.
 
+A tenant's kept files count with its snapshots against its ``max_snapshot_mb``
+(:meth:`Snapshots.check_quota`): past it a stopping sandbox's files are not kept (and a
+snapshot is refused while they are), so a loop of create, fill, stop cannot take the
+disk from the other tenants. Each tree's size and owner are written beside it
+(``kept.json``), so a restart counts them again.
+
 The kept tree is hostile data, read by root: every path is walked from the tree's
 root descriptor one component at a time with ``O_NOFOLLOW``; a symlink is resolved
 *inside* the tree (an absolute target restarts at the tree's root, ``..`` never climbs
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
 import stat as st
@@ -44,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.runtime")
 
 MAX_SYMLINKS = 40
+RECORD = "kept.json"  # beside the tree: {"owner": tenant or null, "bytes": allocated}
 # Stops whose sandbox's files are not kept: a delete, and the engine or daemon ending
 # (copying every sandbox's files would hold up the shutdown).
 NOT_KEPT = ("deleted", "engine closed", "the daemon shut down")
@@ -66,6 +74,17 @@ class KeptFiles:
         root.mkdir(mode=0o700, exist_ok=True)
         events.subscribe(SandboxDeleted, self._deleted)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held: dict[str, tuple[str | None, int]] = {}  # id -> (owner, bytes)
+        for entry in os.listdir(root):  # counted again after a restart
+            with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                record = json.loads((root / entry / RECORD).read_text())
+                self._held[entry] = (record["owner"], int(record["bytes"]))
+        if snapshots is not None:  # they share the owner's max_snapshot_mb
+            snapshots.also_held = self.bytes_of
+
+    def bytes_of(self, owner: str | None) -> int:
+        """Bytes the kept files of ``owner``'s stopped sandboxes take."""
+        return sum(n for o, n in self._held.values() if o == owner)
 
     def has(self, sandbox_id: str) -> bool:
         return (self.root / sandbox_id / TREE).is_dir()
@@ -80,11 +99,19 @@ class KeptFiles:
                         "(%d MiB) would take the disk under %s below its reserve",
                         live.id, live.spec.disk_mb, self.root)
             return
+        staged = None
         try:
             staged = await self.snapshots.stage(
                 upper, None if frozen else live.cgroup, source=live.id, spec=live.spec)
+            size = await asyncio.to_thread(_allocated, staged)
+            self.snapshots.check_quota(live.spec.tenant, {f"kept:{live.id}": size})
+            record = json.dumps({"owner": live.spec.tenant, "bytes": size})
+            await asyncio.to_thread((staged / RECORD).write_text, record)
             await asyncio.to_thread(os.rename, staged, self.root / live.id)
+            self._held[live.id] = (live.spec.tenant, size)
         except (CorralError, OSError) as exc:
+            if staged is not None and staged.exists():
+                await asyncio.to_thread(remove_tree, staged)
             message = exc.message if isinstance(exc, CorralError) else str(exc)
             log.warning("the files of sandbox %s are not kept after it stops: %s",
                         live.id, message)
@@ -96,6 +123,7 @@ class KeptFiles:
         return room_above_reserve(self.root) >= need
 
     def _deleted(self, ev: SandboxDeleted) -> None:
+        self._held.pop(ev.sandbox_id, None)
         path = self.root / ev.sandbox_id
         if not path.exists():
             return
@@ -110,6 +138,7 @@ class KeptFiles:
         for entry in os.listdir(self.root):
             if not exists(entry) or not (self.root / entry / TREE).is_dir():
                 remove_tree(self.root / entry)
+                self._held.pop(entry, None)
 
     # ---------------------------------------------------------------- reading
 
@@ -167,6 +196,16 @@ class KeptFiles:
             return sorted(infos, key=lambda i: i.name)
         finally:
             os.close(fd)
+
+
+def _allocated(tree: Path) -> int:
+    """Bytes the files under ``tree`` take on disk (bounded: it is a sandbox's disk_mb)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
 
 
 def _whiteout(s: os.stat_result) -> bool:

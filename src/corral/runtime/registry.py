@@ -267,6 +267,14 @@ class Registry:
         )
         return {lid: (digest, size) for lid, digest, size in rows}
 
+    def owner_layers(self, owner: str | None) -> dict[str, int]:
+        """``{layer id: size}`` of the layers ``owner``'s snapshots hold (also those
+        deleted but still used by a sandbox: their layers are still on disk), each once."""
+        return dict(self._db.execute(
+            "SELECT DISTINCT layers.id, layers.size FROM snapshots, json_each(snapshots.layers) "
+            "JOIN layers ON layers.id = json_each.value WHERE snapshots.tenant = ?",
+            (owner or "",)))
+
     def use_snapshot(self, snapshot_id: str, delta: int) -> bool:
         """A sandbox starts (+1) or stops (-1) using a snapshot: count it on the snapshot
         and its layers; the last user of a deleted snapshot removes its row. Returns

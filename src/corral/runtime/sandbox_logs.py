@@ -13,8 +13,10 @@ Bounded against a hostile sandbox, which may run a million tiny commands:
 - entries wait in memory (at most :data:`MAX_PENDING`; past that the oldest are dropped
   and counted) and are written in one transaction every :data:`FLUSH_INTERVAL_S`, in a
   thread: a command never waits for the disk;
-- each write trims its sandboxes to their rings, and the whole store to
-  :data:`MAX_TOTAL_BYTES` (oldest entries first);
+- each write trims its sandboxes to their rings, each owner (a tenant, or the admin) to
+  :data:`MAX_OWNER_BYTES` (its own oldest entries first), and the whole store to
+  :data:`MAX_TOTAL_BYTES` (the oldest entries of the owner holding the most first): a
+  tenant's flood never pushes out another's logs while it holds more than they do;
 - the retention sweep removes at most :data:`SWEEP_BATCH` rows a pass.
 
 Its own database (``logs.db`` next to the registry, mode 0600): the registry's
@@ -32,6 +34,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,9 @@ log = logging.getLogger("corral.runtime")
 MAX_COMMANDS = 1000  # per sandbox: its last commands
 MAX_EVENTS = 200  # per sandbox: its last lifecycle events
 MAX_PENDING = 20_000  # entries not yet written, all sandboxes together
-MAX_TOTAL_BYTES = 256 << 20  # the whole store; past it the oldest entries go
+MAX_TOTAL_BYTES = 256 << 20  # the whole store; past it the biggest owner's oldest go
+MAX_OWNER_BYTES = 64 << 20  # one owner's (tenant's) entries; past it its own oldest go
+_TRIM_GUESS = 16 << 10  # bytes an entry is taken for when trimming (entries are smaller)
 FLUSH_INTERVAL_S = 0.2
 SWEEP_INTERVAL_S = 30.0
 SWEEP_BATCH = 5000  # rows removed a sweep at most
@@ -65,14 +70,15 @@ CREATE TABLE IF NOT EXISTS entries (
     kind TEXT NOT NULL,
     at REAL NOT NULL,
     size INTEGER NOT NULL,
-    data TEXT NOT NULL
+    data TEXT NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS entries_sandbox ON entries(sandbox_id, kind, seq);
 CREATE TABLE IF NOT EXISTS deleted (sandbox_id TEXT PRIMARY KEY, at REAL NOT NULL,
                                     owner TEXT);
 """
 
-Entry = tuple[int, str, str, float, str]  # seq, sandbox id, kind, time, JSON data
+Entry = tuple[int, str, str, float, str, str]  # seq, sandbox id, kind, time, JSON, owner
 
 
 def _text(data: bytes) -> str:
@@ -100,8 +106,12 @@ def _ended_event(reason: str) -> str:
 class SandboxLogs:
     """The log store; :meth:`attach` it to an engine's events, :meth:`close` at the end."""
 
-    def __init__(self, path: Path, *, retention: float = DEFAULT_RETENTION_S) -> None:
+    def __init__(self, path: Path, *, retention: float = DEFAULT_RETENTION_S,
+                 owner_of: Callable[[str], str | None] | None = None) -> None:
         self.path = Path(path)
+        # a sandbox's tenant (None: the admin's; KeyError: unknown yet, not cached)
+        self._owner_of = owner_of or (lambda sandbox_id: None)
+        self._owners: dict[str, str] = {}  # sandbox id -> owner ('' the admin), cached
         self.retention = retention
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         os.fchmod(fd, 0o600)  # sandboxes' output: root's only, also if it existed
@@ -109,13 +119,20 @@ class SandboxLogs:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        if "owner" not in {r[1] for r in self._db.execute("PRAGMA table_info(entries)")} \
+                and self._db.execute("SELECT 1 FROM sqlite_master WHERE name='entries'").fetchone():
+            self._db.execute("ALTER TABLE entries ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
         self._db.executescript(SCHEMA)
+        self._db.execute("CREATE INDEX IF NOT EXISTS entries_owner ON entries(owner, seq)")
         if "owner" not in {r[1] for r in self._db.execute("PRAGMA table_info(deleted)")}:
             self._db.execute("ALTER TABLE deleted ADD COLUMN owner TEXT")  # an older logs.db
         self._lock = threading.Lock()  # one connection, used by the flush thread and readers
         row = self._db.execute("SELECT COALESCE(MAX(seq), 0), COALESCE(SUM(size), 0) "
                                "FROM entries").fetchone()
         self._seq, self._bytes = int(row[0]), int(row[1])
+        self._owner_bytes: dict[str, int] = {  # counted from the rows: a restart keeps it
+            o: int(n) for o, n in self._db.execute(
+                "SELECT owner, SUM(size) FROM entries GROUP BY owner")}
         self._pending: deque[Entry] = deque()
         self._deleted: list[tuple[str, float, str | None]] = []  # id, when, its owner
         self._inflight: list[Entry] = []  # taken from the queue, being written
@@ -147,7 +164,7 @@ class SandboxLogs:
             return
         self._seq += 1
         self._pending.append((self._seq, sandbox_id, kind, time.time(),
-                              json.dumps(data, ensure_ascii=False)))
+                              json.dumps(data, ensure_ascii=False), self._owner(sandbox_id)))
         if len(self._pending) > MAX_PENDING:
             self._pending.popleft()
             self.dropped += 1
@@ -157,6 +174,22 @@ class SandboxLogs:
             with contextlib.suppress(RuntimeError):  # no loop: written at close
                 self._flusher = asyncio.get_running_loop().create_task(
                     self._flush_loop(), name="corral-logs")
+
+    def _owner(self, sandbox_id: str) -> str:
+        owner = self._owners.get(sandbox_id)
+        if owner is None:
+            try:
+                owner = self._owner_of(sandbox_id) or ""
+            except KeyError:  # not known yet: the admin's, asked again next time
+                return ""
+            if len(self._owners) >= 4 * MAX_PENDING:  # a bounded cache
+                self._owners.clear()
+            self._owners[sandbox_id] = owner
+        return owner
+
+    def owner_bytes(self, owner: str | None) -> int:
+        """Bytes of log entries written for ``owner``'s sandboxes (None: the admin's)."""
+        return self._owner_bytes.get(owner or "", 0)
 
     def event(self, sandbox_id: str, name: str, **fields: Any) -> None:
         self._add(sandbox_id, "event", {"event": name, **fields})
@@ -190,6 +223,7 @@ class SandboxLogs:
     def _on_deleted(self, ev: SandboxDeleted) -> None:
         self.event(ev.sandbox_id, "deleted")
         self._deleted.append((ev.sandbox_id, time.time(), ev.tenant))
+        self._owners.pop(ev.sandbox_id, None)
 
     async def _flush_loop(self) -> None:
         while not self.closed:
@@ -232,15 +266,18 @@ class SandboxLogs:
                 per_kind[key] = per_kind.get(key, 0) + 1
             rows = []
             seen: dict[tuple[str, str], int] = {}
-            for seq, sid, kind, at, data in batch:
+            for seq, sid, kind, at, data, owner in batch:
                 seen[(sid, kind)] = seen.get((sid, kind), 0) + 1
                 if per_kind[(sid, kind)] - seen[(sid, kind)] < _ring(kind):
-                    rows.append((seq, sid, kind, at, len(data), data))
+                    rows.append((seq, sid, kind, at, len(data), data, owner))
             db = self._db
             db.execute("BEGIN")
             try:
-                db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?)", rows)
-                self._bytes += sum(r[4] for r in rows)
+                db.executemany("INSERT INTO entries (seq, sandbox_id, kind, at, size, data, "
+                               "owner) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                for r in rows:
+                    self._bytes += r[4]
+                    self._owner_bytes[r[6]] = self._owner_bytes.get(r[6], 0) + r[4]
                 for sid, kind in per_kind:
                     self._remove(
                         "sandbox_id = ? AND kind = ? AND seq < (SELECT seq FROM entries WHERE "
@@ -248,10 +285,7 @@ class SandboxLogs:
                         (sid, kind, sid, kind, _ring(kind) - 1))
                 db.executemany("INSERT OR REPLACE INTO deleted (sandbox_id, at, owner) "
                                "VALUES (?, ?, ?)", deleted)
-                while self._bytes > MAX_TOTAL_BYTES:
-                    if not self._remove("seq IN (SELECT seq FROM entries ORDER BY seq LIMIT 500)",
-                                        ()):
-                        break
+                self._trim_owners({r[6] for r in rows})
                 if time.monotonic() - self._last_sweep >= self._sweep_every:
                     self._sweep()
                 db.execute("COMMIT")
@@ -259,13 +293,38 @@ class SandboxLogs:
                 db.execute("ROLLBACK")
                 self._bytes = int(db.execute("SELECT COALESCE(SUM(size), 0) FROM entries")
                                   .fetchone()[0])
+                self._owner_bytes = {o: int(n) for o, n in db.execute(
+                    "SELECT owner, SUM(size) FROM entries GROUP BY owner")}
                 raise
 
+    def _trim_owners(self, written: set[str]) -> None:
+        """Each owner that wrote back under :data:`MAX_OWNER_BYTES`, then the store under
+        :data:`MAX_TOTAL_BYTES`, taking from the owner holding the most."""
+        for owner in written:
+            while self._owner_bytes.get(owner, 0) > MAX_OWNER_BYTES:
+                if not self._remove_oldest(owner, self._owner_bytes[owner] - MAX_OWNER_BYTES):
+                    break
+        while self._bytes > MAX_TOTAL_BYTES and self._owner_bytes:
+            owner = max(self._owner_bytes, key=self._owner_bytes.__getitem__)
+            if not self._remove_oldest(owner, self._bytes - MAX_TOTAL_BYTES):
+                break
+
+    def _remove_oldest(self, owner: str, excess: int) -> int:
+        n = max(1, min(500, excess // _TRIM_GUESS + 1))
+        return self._remove(
+            "seq IN (SELECT seq FROM entries WHERE owner = ? ORDER BY seq LIMIT ?)", (owner, n))
+
     def _remove(self, where: str, args: tuple[Any, ...]) -> int:
-        sizes = self._db.execute(f"DELETE FROM entries WHERE {where} RETURNING size",
-                                 args).fetchall()
-        self._bytes -= sum(s for (s,) in sizes)
-        return len(sizes)
+        gone = self._db.execute(f"DELETE FROM entries WHERE {where} RETURNING size, owner",
+                                args).fetchall()
+        for size, owner in gone:
+            self._bytes -= size
+            left = self._owner_bytes.get(owner, 0) - size
+            if left > 0:
+                self._owner_bytes[owner] = left
+            else:
+                self._owner_bytes.pop(owner, None)
+        return len(gone)
 
     def _sweep(self) -> None:
         """Forget sandboxes deleted more than ``retention`` ago: a bounded batch a pass."""

@@ -32,7 +32,7 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from corral.errors import (
     CapacityExceeded,
@@ -40,6 +40,7 @@ from corral.errors import (
     InternalError,
     InvalidArgument,
     InvalidState,
+    QuotaExceeded,
     SnapshotNotFound,
     Unsupported,
 )
@@ -80,6 +81,11 @@ class Snapshots:
         self.max_depth = MAX_CHAIN_DEPTH
         self._lock = asyncio.Lock()  # installing layers and rows vs removing them
         self._checked: dict[str, asyncio.Future[bool]] = {}  # layer id -> verification
+        # An owner's snapshot disk quota in bytes (None: none), set by the daemon
+        # from its tenants' max_snapshot_mb; checked before a snapshot is committed.
+        self.quota_of: Callable[[str | None], int | None] = lambda owner: None
+        # What else of an owner's counts against it: its stopped sandboxes' kept files
+        self.also_held: Callable[[str | None], int] = lambda owner: 0
 
     def open(self) -> list[str]:
         """Recount references after a restart and remove what a crash left behind
@@ -175,7 +181,10 @@ class Snapshots:
             await asyncio.to_thread(self.store.discard, staged)
             raise
         async with self._lock:  # no gc between the layer's rename and its reference
-            try:
+            try:  # under the lock: two snapshots of one owner are counted one after the other
+                sizes = self.registry.layer_rows(below)
+                self.check_quota(spec.tenant, {sealed.id: sealed.size_bytes,
+                                               **{i: sizes[i][1] for i in below if i in sizes}})
                 layer, _ = await asyncio.to_thread(self.store.install, sealed)
             except BaseException:
                 await asyncio.to_thread(self.store.discard, sealed.tmp)
@@ -197,6 +206,33 @@ class Snapshots:
             except sqlite3.IntegrityError:
                 return None
         return row
+
+    def usage_bytes(self, owner: str | None) -> int:
+        """What ``owner``'s snapshots hold on disk: each layer once, however many of its
+        snapshots share it (layers shared with other owners count for each of them)."""
+        return sum(self.registry.owner_layers(owner).values())
+
+    def check_quota(self, owner: str | None, adding: dict[str, int]) -> None:
+        """:class:`QuotaExceeded` if ``owner``'s snapshots with the layers ``adding``
+        (``{id: size}``) would pass its snapshot disk quota (or it is full already)."""
+        limit = self.quota_of(owner)
+        if limit is None:
+            return
+        held = self.registry.owner_layers(owner)
+        kept = self.also_held(owner)
+        now, after = sum(held.values()) + kept, sum({**held, **adding}.values()) + kept
+        if (adding and after > limit) or (not adding and now >= limit):
+            mb = 1 << 20
+            raise QuotaExceeded(
+                f"tenant {owner!r} is over its max_snapshot_mb quota: the limit is "
+                f"{limit / mb:g} MB, {now / mb:.3f} MB held by its snapshots and the kept "
+                f"files of its stopped sandboxes, {(after - now) / mb:.3f} MB more asked: "
+                "delete snapshots (their layers go once no sandbox uses them) or stopped "
+                "sandboxes of this tenant, or ask the admin for a larger quota "
+                "(corral token update --max-snapshot-mb)",
+                details={"quota": "max_snapshot_mb", "limit": limit / mb, "used": now / mb,
+                         "requested": (after - now) / mb, "tenant": owner},
+            )
 
     def _needs_squash(self, depth: int, image: Image) -> bool:
         if depth > self.max_depth:

@@ -15,6 +15,7 @@ from pathlib import Path
 from corral.errors import CorralError
 from corral.server.daemon import serve
 from corral.server.settings import (
+    DEFAULT_MAX_BUILDS,
     DEFAULT_MAX_CLIENT_REQUESTS,
     DEFAULT_MAX_SANDBOXES,
     DEFAULT_MAX_STARTING,
@@ -32,6 +33,7 @@ from corral.server.settings import (
 _TUNING: tuple[tuple[str, type, str, str], ...] = (
     ("--max-starting", int, "N", f"sandboxes starting at once (default {DEFAULT_MAX_STARTING})"),
     ("--max-sandboxes", int, "N", f"sandboxes alive at once (default {DEFAULT_MAX_SANDBOXES})"),
+    ("--max-builds", int, "N", f"image builds at once (default {DEFAULT_MAX_BUILDS})"),
     (
         "--max-memory-mb",
         int,

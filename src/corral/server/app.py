@@ -47,7 +47,7 @@ from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
-from corral.server.quotas import Quotas
+from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 from corral.server.tenants import (
@@ -247,6 +247,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     service = app.state.service = SandboxService(
         engine, admission, tenants, max_lifetime=settings.max_lifetime)
     app.state.admission, app.state.pools = service.admission, service.pools
+    engine.snapshots.quota_of = snapshot_quota(tenants.quota_of)  # server/quotas.py
     app.state.cluster_tenancy = cluster  # its refresh runs with the daemon (daemon.py)
     if cluster is not None:
         cluster.pools = service.pools

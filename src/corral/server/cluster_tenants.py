@@ -43,6 +43,7 @@ from corral.server.settings import ServerSettings
 from corral.server.tenants import (
     Tenant,
     check_new_tenant,
+    check_updates,
     name_of_revoked,
     name_taken,
     new_token,
@@ -67,7 +68,8 @@ def _tenant(entry: dict[str, Any]) -> Tenant:
 
     return Tenant(str(entry["name"]), num("max_sandboxes", int), num("max_memory_mb", int),
                   num("max_cpus", float), bool(entry.get("allow_images")),
-                  float(entry.get("created_at") or 0.0), num("max_lifetime", float))
+                  float(entry.get("created_at") or 0.0), num("max_lifetime", float),
+                  num("max_snapshot_mb", int), num("max_builds", int))
 
 
 @dataclass
@@ -145,16 +147,13 @@ class ClusterTokenStore:
         self._copy = copy
         return copy.revoked - (old.revoked if old is not None else set())
 
-    def create(self, name: str, *, max_sandboxes: int | None = None,
-               max_memory_mb: int | None = None, max_cpus: float | None = None,
-               allow_images: bool = False, max_lifetime: float | None = None,
+    def create(self, name: str, *, allow_images: bool = False, **quotas: Any
                ) -> tuple[Tenant, str]:
-        """A new tenant of the cluster and its token (only its hash is written)."""
-        check_new_tenant(name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb,
-                         max_cpus=max_cpus, max_lifetime=max_lifetime)
+        """A new tenant of the cluster and its token (only its hash is written);
+        ``quotas``: names of :data:`~corral.server.tenants.QUOTAS`."""
+        check_new_tenant(name, **quotas)
         token = new_token()
-        tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time(),
-                        max_lifetime)
+        tenant = Tenant(name, allow_images=allow_images, created_at=time.time(), **quotas)
         record = {**tenant.to_dict(), "token_sha256": token_digest(token).hex()}
         if not tenant_registry.add(self._gcs, record):
             held = tenant_registry.get(self._gcs, name)
@@ -163,6 +162,19 @@ class ClusterTokenStore:
             raise name_taken(name)
         self.reload()
         return tenant, token
+
+    def update(self, name: str, changes: dict[str, Any]) -> Tenant:
+        """Set quotas of a tenant in the registry (as :meth:`TokenStore.update`)."""
+        check_updates(changes)
+        held = tenant_registry.get(self._gcs, name)
+        if held is None or not tenant_registry.is_alive(held):
+            raise no_tenant(name)
+        tenant_registry.replace(self._gcs, {**held, **changes})
+        self.reload()
+        found = self.get(name)
+        if found is None:  # revoked meanwhile
+            raise no_tenant(name)
+        return found
 
     def revoke(self, name: str) -> None:
         """Write the tenant's tombstone (:class:`NotFound` if it has no token)."""
@@ -221,6 +233,11 @@ class ClusterTenancy:
         made: tuple[Tenant, str] = await on_gcs(lambda: self.store.create(**fields))
         await self.tell_peers(None)  # best effort: the others read it within REFRESH_S
         return made
+
+    async def update(self, name: str, changes: dict[str, Any]) -> Tenant:
+        tenant: Tenant = await on_gcs(lambda: self.store.update(name, changes))
+        await self.tell_peers(None)  # best effort: the others read it within REFRESH_S
+        return tenant
 
     async def revoke(self, name: str) -> dict[str, Any]:
         """Revoke everywhere; which nodes confirmed, which did not (and the lease waited)."""

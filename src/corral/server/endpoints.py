@@ -118,11 +118,14 @@ from corral.server.routes import (
 )
 from corral.server.tenant_routes import (
     TokenCreated,
+    TokenInfo,
     TokenList,
     TokenRequest,
+    TokenUpdate,
     create_token,
     list_tokens,
     revoke_token,
+    update_token,
 )
 
 _SB = "/v1/sandboxes/{sandbox_id}"
@@ -372,6 +375,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              body=TokenRequest, reply=TokenCreated, status=201),
     Endpoint("GET", "/v1/tokens", list_tokens, "List tenants: quotas and use (admin only)",
              reply=TokenList),
+    Endpoint("PATCH", "/v1/tokens/{name}", update_token,
+             "Change a tenant's quotas (admin only; fields left out stay)",
+             body=TokenUpdate, reply=TokenInfo),
     Endpoint("DELETE", "/v1/tokens/{name}", revoke_token,
              "Revoke a tenant token: refused from its next request (admin only)", status=204),
     Endpoint("GET", _SNAP, get_snapshot, "One snapshot, by id or name", reply=SnapshotInfo),

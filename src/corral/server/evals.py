@@ -4,7 +4,8 @@ An evaluation started through :func:`corral.rl.evaluate` against a daemon sends 
 progress here (``PUT /v1/evals/{eval_id}``, the whole run's summary each time), and
 ``GET /v1/evals`` / the dashboard (``/ui``) show the recent ones. Nothing here is
 trusted: a report is a bounded pydantic model (names, error text, histogram bins all
-capped), the daemon keeps at most :data:`MAX_RUNS` runs (the oldest give way), and a
+capped), the daemon keeps at most :data:`MAX_RUNS` runs, :data:`MAX_RUNS_PER_OWNER` an owner
+(past them the oldest of the owner holding the most give way), and a
 run belongs to whoever reported it first (:func:`owner_of`): another owner's id
 answers 404 like an unknown one.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -115,11 +116,17 @@ class EvalStore:
         return run
 
     def _evict(self, owner: str | None) -> None:
+        """Past ``per_owner``, the owner's own oldest go; past ``max_runs``, the oldest
+        of the owner holding the most (the reporter itself on a tie): no owner pushes
+        another below an equal share."""
         mine = [k for k, r in self._runs.items() if r.owner == owner]
         for key in mine[: max(0, len(mine) - self.per_owner)]:
             del self._runs[key]
         while len(self._runs) > self.max_runs:
-            self._runs.popitem(last=False)
+            held = Counter(r.owner for r in self._runs.values())
+            most = max(held.values())
+            biggest = owner if held[owner] == most else next(o for o in held if held[o] == most)
+            del self._runs[next(k for k, r in self._runs.items() if r.owner == biggest)]
 
     def list(self, owner: str | None, *, admin: bool) -> list[EvalRun]:
         """Newest first: all of them for an admin, else the owner's own."""

@@ -36,13 +36,14 @@ from corral.errors import (
 )
 from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildRequest, validate_image_name
 from corral.runtime.fsutil import _remove_tree
-from corral.runtime.image_build import ImageBuild
+from corral.runtime.image_build import ImageBuild, host_cpus
 from corral.runtime.oci import apply_layer, import_image
 from corral.schema import SandboxState, validate_model
 from corral.server import context as ctx
+from corral.server.builds import builds_gate
 from corral.server.limits import parse_json
 from corral.server.streaming import NDJSONResponse
-from corral.server.tenants import require_image_rights
+from corral.server.tenants import require_image_rights, tenant_of
 from corral.server.wire import paced, read_body, read_json
 
 logger = logging.getLogger("corral.server")
@@ -108,8 +109,11 @@ async def build_image(request: Request) -> Response:
         else:
             data, context = await read_json(request, "build request"), None
         req = validate_model(BuildRequest, data, "build request")
+        gate, owner = builds_gate(request), tenant_of(request)
         build = ImageBuild(engine, req.spec, name=req.name, context=context, context_only=True,
-                           sources=req.sources)
+                           sources=req.sources, cpus=gate.cpus_for(owner, host_cpus()))
+        # admitted like a sandbox, before the reply starts: a refusal is a plain error
+        ticket = await gate.admit(owner, build.spec.memory_mb, build.cpus)
     except BaseException:
         if work is not None:
             await asyncio.to_thread(_remove_tree, work)
@@ -118,11 +122,14 @@ async def build_image(request: Request) -> Response:
     task = asyncio.create_task(_run(build, queue))
 
     async def cleanup() -> None:
-        if not task.done():
-            task.cancel()  # the client left: the build stops, its sandbox goes
-        await asyncio.gather(task, return_exceptions=True)
-        if work is not None:
-            await asyncio.to_thread(_remove_tree, work)
+        try:
+            if not task.done():
+                task.cancel()  # the client left: the build stops, its sandbox goes
+            await asyncio.gather(task, return_exceptions=True)
+        finally:
+            gate.release(ticket)  # its places, however it ended
+            if work is not None:
+                await asyncio.to_thread(_remove_tree, work)
 
     return NDJSONResponse(_lines(queue), cleanup=cleanup)
 

@@ -171,6 +171,7 @@ class DaemonInfo(BaseModel):
     committed_memory_mb: int
     starting: int
     queued: int
+    builds: int = 0
     counts: dict[SandboxState, int]
     pools: list[PoolInfo] = Field(default_factory=list)
 

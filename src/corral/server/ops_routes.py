@@ -54,7 +54,14 @@ class SandboxLogsReply(_Body):
 
 
 def open_logs(settings: ServerSettings, engine: Engine) -> SandboxLogs:
-    logs = SandboxLogs(engine.layout.state_dir / "logs.db", retention=settings.log_retention)
+    def owner_of(sandbox_id: str) -> str | None:  # whose bound its log counts against
+        info = engine.registry.get(sandbox_id)
+        if info is None:
+            raise KeyError(sandbox_id)
+        return info.spec.tenant
+
+    logs = SandboxLogs(engine.layout.state_dir / "logs.db", retention=settings.log_retention,
+                       owner_of=owner_of)
     logs.attach(engine.events)
     return logs
 

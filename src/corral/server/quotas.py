@@ -19,7 +19,7 @@ from corral.errors import QuotaExceeded
 from corral.runtime.cgroups import effective_cpus
 from corral.server.tenants import Tenant
 
-__all__ = ["Hold", "Quotas", "Usage"]
+__all__ = ["Hold", "Quotas", "Usage", "snapshot_quota"]
 
 
 @dataclass
@@ -133,3 +133,16 @@ def check(tenant: str, quota: Tenant | None, used: Usage, memory_mb: int, cpus: 
                 details={"quota": name, "limit": limit, "used": now,
                          "requested": asked, "tenant": tenant},
             )
+
+
+def snapshot_quota(quota_of: Callable[[str | None], Tenant | None]) -> Callable[[str | None], int | None]:
+    """A tenant's snapshot disk quota in bytes (its token's ``max_snapshot_mb``), for
+    :attr:`corral.runtime.snapshots.Snapshots.quota_of`: its snapshots' layers on disk,
+    each layer once however many of its snapshots share it, checked before a snapshot
+    is committed (nothing is kept on refusal). Counted from the registry: a restart
+    keeps it."""
+    def quota(owner: str | None) -> int | None:
+        tenant = quota_of(owner)
+        return None if tenant is None or tenant.max_snapshot_mb is None \
+            else tenant.max_snapshot_mb << 20
+    return quota

@@ -25,6 +25,7 @@ from corral.schema import (
     SandboxState,
 )
 from corral.server import context as ctx
+from corral.server.builds import builds_gate
 from corral.server.context import remove_partial, unless_disconnected, unless_gone
 from corral.server.endpoint import RAW
 from corral.server.models import (
@@ -115,6 +116,7 @@ async def info(request: Request) -> Response:
             "committed_memory_mb": admission.committed_memory_mb,
             "starting": admission.starting,
             "queued": admission.queued,
+            "builds": builds_gate(request).running,  # image builds now (server/builds.py)
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
             **({"node": node} if (node := ctx.settings(request).node) else {}),

@@ -25,6 +25,7 @@ from corral.schema import MAX_TIMEOUT_S
 
 DEFAULT_SOCKET = "/run/corral/corral.sock"
 DEFAULT_MAX_STARTING = 8
+DEFAULT_MAX_BUILDS = 2  # image builds at once, all tenants together
 DEFAULT_MAX_SANDBOXES = 2000
 DEFAULT_QUEUE_SIZE = 4096
 DEFAULT_QUEUE_TIMEOUT_S = 120.0
@@ -75,6 +76,7 @@ class ServerSettings:
     # Also serve the CoreWeave Sandbox (cwsandbox) gRPC API here (needs the token too).
     grpc: tuple[str, int] | None = None
     max_starting: int = DEFAULT_MAX_STARTING
+    max_builds: int = DEFAULT_MAX_BUILDS  # image builds at once (server/builds.py)
     max_sandboxes: int = DEFAULT_MAX_SANDBOXES
     max_memory_mb: int = field(default_factory=default_max_memory_mb)
     queue_size: int = DEFAULT_QUEUE_SIZE
@@ -101,7 +103,7 @@ class ServerSettings:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes",
-                     "max_client_requests"):
+                     "max_client_requests", "max_builds"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:

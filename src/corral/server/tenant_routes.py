@@ -1,4 +1,4 @@
-"""The admin's routes for tenant tokens: ``/v1/tokens`` (``corral token create|ls|revoke``).
+"""The admin's routes for tenant tokens: ``/v1/tokens`` (``corral token create|ls|update|revoke``).
 
 Only the admin may call them: a request on the daemon's Unix socket, or one carrying
 the daemon's own token; a tenant token gets 403. A token is shown once, in the reply
@@ -17,12 +17,13 @@ from starlette.responses import JSONResponse, Response
 
 from corral.schema import MAX_TIMEOUT_S
 from corral.server import context as ctx
+from corral.server.builds import builds_gate
 from corral.server.cluster_tenants import ClusterTenancy, drop_pools
 from corral.server.tenants import Tenants, TokenStore, require_admin
 
 __all__ = [
-    "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "create_token", "list_tokens",
-    "revoke_token",
+    "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "TokenUpdate", "create_token",
+    "list_tokens", "revoke_token", "update_token",
 ]
 
 
@@ -37,6 +38,22 @@ class TokenRequest(BaseModel):
     max_cpus: StrictFloat | None = Field(None, ge=0)
     allow_images: StrictBool = False
     max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    max_snapshot_mb: StrictInt | None = Field(None, ge=0)
+    max_builds: StrictInt | None = Field(None, ge=0)
+
+
+class TokenUpdate(BaseModel):
+    """New quotas of a tenant (``PATCH /v1/tokens/{name}``): only the fields sent
+    change; ``null`` drops a quota."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_sandboxes: StrictInt | None = Field(None, ge=0)
+    max_memory_mb: StrictInt | None = Field(None, ge=0)
+    max_cpus: StrictFloat | StrictInt | None = Field(None, ge=0)
+    max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    max_snapshot_mb: StrictInt | None = Field(None, ge=0)
+    max_builds: StrictInt | None = Field(None, ge=0)
 
 
 class TokenInfo(BaseModel):
@@ -49,6 +66,8 @@ class TokenInfo(BaseModel):
     allow_images: bool = False
     created_at: float
     max_lifetime: float | None = None
+    max_snapshot_mb: int | None = None
+    max_builds: int | None = None
     usage: dict[str, float] = Field(default_factory=dict)
 
 
@@ -76,14 +95,23 @@ def _cluster(request: Request) -> ClusterTenancy | None:
 
 
 def _usage(request: Request, name: str) -> dict[str, float]:
-    return dataclasses.asdict(ctx.admission(request).quotas.usage(name))
+    """What the tenant holds: sandboxes (its builds included), their memory and CPUs,
+    its running builds, its snapshots' MB on disk (from the registry) and its stopped
+    sandboxes' kept files (both count against max_snapshot_mb)."""
+    used: dict[str, float] = dataclasses.asdict(ctx.admission(request).quotas.usage(name))
+    used["builds"] = builds_gate(request).running_of(name)
+    engine = ctx.engine(request)
+    used["snapshot_mb"] = round(engine.snapshots.usage_bytes(name) / (1 << 20), 3)
+    used["kept_mb"] = round(engine.kept.bytes_of(name) / (1 << 20), 3)  # stopped sandboxes'
+    return used
 
 
 async def create_token(request: Request, body: TokenRequest) -> Response:
     require_admin(request, "creating a tenant token")
     fields = {"max_sandboxes": body.max_sandboxes, "max_memory_mb": body.max_memory_mb,
               "max_cpus": body.max_cpus, "allow_images": body.allow_images,
-              "max_lifetime": None if body.max_lifetime is None else float(body.max_lifetime)}
+              "max_lifetime": None if body.max_lifetime is None else float(body.max_lifetime),
+              "max_snapshot_mb": body.max_snapshot_mb, "max_builds": body.max_builds}
     cluster = _cluster(request)
     if cluster is not None:  # the cluster's registry: valid on every node
         tenant, token = await cluster.create(name=body.name, **fields)
@@ -98,6 +126,23 @@ async def list_tokens(request: Request) -> Response:
     tokens = [TokenInfo(**t.to_dict(), usage=_usage(request, t.name)).model_dump(mode="json")
               for t in _tenants(request).store.list()]
     return JSONResponse({"tokens": tokens})
+
+
+async def update_token(request: Request, body: TokenUpdate) -> Response:
+    """Change a tenant's quotas (``corral token update``); what it holds stays."""
+    require_admin(request, "updating a tenant token")
+    changes = body.model_dump(include=body.model_fields_set)
+    if changes.get("max_cpus") is not None:
+        changes["max_cpus"] = float(changes["max_cpus"])
+    if changes.get("max_lifetime") is not None:
+        changes["max_lifetime"] = float(changes["max_lifetime"])
+    cluster = _cluster(request)
+    if cluster is not None:  # the cluster's registry: on every node
+        tenant = await cluster.update(request.path_params["name"], changes)
+    else:
+        tenant = _store(request).update(request.path_params["name"], changes)
+    info = TokenInfo(**tenant.to_dict(), usage=_usage(request, tenant.name))
+    return JSONResponse(info.model_dump(mode="json"))
 
 
 async def revoke_token(request: Request) -> Response:

@@ -59,14 +59,21 @@ CREATE TABLE IF NOT EXISTS tenants (
     max_cpus REAL,
     allow_images INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
-    max_lifetime REAL
+    max_lifetime REAL,
+    max_snapshot_mb INTEGER,
+    max_builds INTEGER
 );
 CREATE TABLE IF NOT EXISTS revoked_tenants (
     name TEXT PRIMARY KEY,
     revoked_at REAL NOT NULL
 );
 """
-_COLUMNS = "name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime"
+_COLUMNS = ("name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, "
+            "max_lifetime, max_snapshot_mb, max_builds")
+# The quotas `corral token update` may change (None: no quota of the tenant's own)
+QUOTAS = ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime", "max_snapshot_mb",
+          "max_builds")
+DEFAULT_MAX_BUILDS = 1  # image builds a tenant runs at once, unless its token says
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class Tenant:
     allow_images: bool = False
     created_at: float = 0.0
     max_lifetime: float | None = None  # seconds; below the daemon's --max-lifetime
+    max_snapshot_mb: int | None = None  # its snapshots' layers on disk (server/quotas.py)
+    max_builds: int | None = None  # image builds at once (None: DEFAULT_MAX_BUILDS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,10 +125,15 @@ def check_new_tenant(name: str, **quotas: float | None) -> None:
             f"or '_', starting with a letter or digit, not {ADMIN_NAME!r}",
             details={"name": name},
         )
-    for field, value in quotas.items():
-        if value is not None and (isinstance(value, bool) or value < 0):
-            raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
-                                  details={"field": field})
+    _check_quotas(quotas)
+
+
+def check_updates(changes: dict[str, Any]) -> None:
+    """:class:`InvalidArgument` unless ``changes`` are new values of :data:`QUOTAS`."""
+    unknown = set(changes) - set(QUOTAS)
+    if unknown:
+        raise InvalidArgument(f"cannot update {sorted(unknown)}: only {', '.join(QUOTAS)}")
+    _check_quotas(changes)
 
 
 def new_token() -> str:
@@ -158,8 +172,10 @@ class TokenStore:
         self._db = db
         self._db.executescript(TABLE)  # the migration: older registries gain the table
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(tenants)")}
-        if "max_lifetime" not in columns:  # and a table from before it, the column
-            self._db.execute("ALTER TABLE tenants ADD COLUMN max_lifetime REAL")
+        for column, kind in (("max_lifetime", "REAL"), ("max_snapshot_mb", "INTEGER"),
+                             ("max_builds", "INTEGER")):
+            if column not in columns:  # and a table from before it, the column
+                self._db.execute(f"ALTER TABLE tenants ADD COLUMN {column} {kind}")
 
     def create(
         self,
@@ -170,24 +186,43 @@ class TokenStore:
         max_cpus: float | None = None,
         allow_images: bool = False,
         max_lifetime: float | None = None,
+        max_snapshot_mb: int | None = None,
+        max_builds: int | None = None,
     ) -> tuple[Tenant, str]:
         """A new tenant and its token (shown once: only its hash is kept)."""
-        check_new_tenant(name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb,
-                         max_cpus=max_cpus, max_lifetime=max_lifetime)
+        quotas = {"max_sandboxes": max_sandboxes, "max_memory_mb": max_memory_mb,
+                  "max_cpus": max_cpus, "max_lifetime": max_lifetime,
+                  "max_snapshot_mb": max_snapshot_mb, "max_builds": max_builds}
+        check_new_tenant(name, **quotas)
         if self._db.execute("SELECT 1 FROM revoked_tenants WHERE name = ?", (name,)).fetchone():
             raise name_of_revoked(name)
         token = new_token()
-        tenant = Tenant(name, max_sandboxes, max_memory_mb, max_cpus, allow_images, time.time(),
-                        max_lifetime)
+        tenant = Tenant(name, allow_images=allow_images, created_at=time.time(), **quotas)
         try:
             self._db.execute(
-                f"INSERT INTO tenants ({_COLUMNS}, token_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO tenants ({_COLUMNS}, token_sha256) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (name, max_sandboxes, max_memory_mb, max_cpus, int(allow_images),
-                 tenant.created_at, max_lifetime, _digest(token)),
+                 tenant.created_at, max_lifetime, max_snapshot_mb, max_builds, _digest(token)),
             )
         except sqlite3.IntegrityError:
             raise name_taken(name) from None
         return tenant, token
+
+    def update(self, name: str, changes: dict[str, Any]) -> Tenant:
+        """Set quotas of a tenant (``changes``: names of :data:`QUOTAS`, a value or None
+        to drop it); takes effect at its next request. What it holds stays (a lower quota
+        refuses only what comes next)."""
+        check_updates(changes)
+        if self.get(name) is None:
+            raise NotFound(f"no tenant {name!r}: see `corral token ls`", details={"name": name})
+        if changes:
+            sets = ", ".join(f"{k} = ?" for k in changes)  # names checked against QUOTAS
+            self._db.execute(f"UPDATE tenants SET {sets} WHERE name = ?",
+                             (*changes.values(), name))
+        found = self.get(name)
+        assert found is not None
+        return found
 
     def list(self) -> list[Tenant]:
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM tenants ORDER BY name").fetchall()
@@ -221,9 +256,18 @@ class TokenStore:
 
 
 def _tenant(row: tuple[Any, ...]) -> Tenant:
-    name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime = row
+    (name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime,
+     max_snapshot_mb, max_builds) = row
     return Tenant(name, max_sandboxes, max_memory_mb, max_cpus, bool(allow_images), created_at,
-                  max_lifetime)
+                  max_lifetime, max_snapshot_mb, max_builds)
+
+
+def _check_quotas(quotas: dict[str, Any]) -> None:
+    for field, value in quotas.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value < 0):
+            raise InvalidArgument(f"{field} must be a number >= 0, got {value!r}",
+                                  details={"field": field})
 
 
 class TenantStore(Protocol):

@@ -77,7 +77,9 @@ DEFAULT_TEMPLATE = "base"
 INTERPRETER_TEMPLATE = "code-interpreter-v1"  # e2b-code-interpreter's default template
 DEFAULT_IMAGE = "rl"
 DEFAULT_TIMEOUT_S = 300  # the SDK's own default lifetime
-ENVD_VERSION = "0.5.7"  # envd features served: default user, stdin close, octet-stream upload
+# envd features served: default user, stdin close, octet-stream upload, watch events'
+# entries (0.6.3; file metadata, 0.6.2, is refused by the upload)
+ENVD_VERSION = "0.6.3"
 MARK = "corral.e2b"  # scope key the guard sets: "api", "envd" or "jupyter"
 TRAFFIC = b"e2b-traffic:"  # the traffic token's label (the Code Interpreter sends it)
 MAX_LIST = 1000

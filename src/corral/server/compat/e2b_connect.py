@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from corral.errors import CorralError, InvalidArgument, SandboxNotFound
-from corral.schema import SandboxState
+from corral.schema import FileInfo, SandboxState
 from corral.server import context as ctx
 from corral.server.limits import parse_json
 from corral.server.wire import read_body
@@ -161,6 +161,24 @@ def caught(handler: Handler, reply: Callable[[Any], Response] = error_reply) -> 
 def iso(ts: float) -> str:
     """A unix time as E2B writes it (RFC 3339, UTC)."""
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def entry_json(info: FileInfo) -> dict[str, Any]:
+    """A file's envd EntryInfo (``Stat``, ``ListDir``, a watch event's ``entry``)."""
+    kind = "FILE_TYPE_DIRECTORY" if info.is_dir else "FILE_TYPE_FILE"
+    perms = "".join(c if info.mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+    return {
+        "name": info.name,
+        "type": kind,
+        "path": info.path,
+        "size": info.size,
+        "mode": info.mode,
+        "permissions": ("d" if info.is_dir else "-") + perms,
+        "owner": "user",
+        "group": "user",
+        "modifiedTime": iso(info.mtime),
+        "isSymlink": info.is_symlink,
+    }
 
 
 # ----------------------------------------------------- what every envd call needs

@@ -27,15 +27,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument
-from corral.schema import FileInfo
 from corral.server import context as ctx
 from corral.server.compat import e2b_watch
 from corral.server.compat.e2b_connect import (
     ConnectError,
     caught,
     check_user,
+    entry_json,
     error_reply,
-    iso,
     sandbox_id,
     unary_message,
 )
@@ -52,23 +51,6 @@ def _http_error(exc: CorralError | ConnectError) -> JSONResponse:
     if isinstance(exc, ConnectError):
         return error_reply(exc)
     return JSONResponse({"code": exc.status, "message": exc.message}, status_code=exc.status)
-
-
-def entry_json(info: FileInfo) -> dict[str, Any]:
-    kind = "FILE_TYPE_DIRECTORY" if info.is_dir else "FILE_TYPE_FILE"
-    perms = "".join(c if info.mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
-    return {
-        "name": info.name,
-        "type": kind,
-        "path": info.path,
-        "size": info.size,
-        "mode": info.mode,
-        "permissions": ("d" if info.is_dir else "-") + perms,
-        "owner": "user",
-        "group": "user",
-        "modifiedTime": iso(info.mtime),
-        "isSymlink": info.is_symlink,
-    }
 
 
 def _path(msg: dict[str, Any], key: str = "path") -> str:
@@ -218,6 +200,9 @@ async def upload(request: Request) -> Response:
     path = request.query_params.get("path")
     if request.headers.get("content-encoding"):
         raise InvalidArgument("compressed uploads (gzip=True) are not served: leave out gzip")
+    if any(k.lower().startswith("x-metadata-") for k in request.headers):
+        raise InvalidArgument("file metadata (files.write(metadata=...)) is not kept by "
+                              "corral's E2B front-end: leave out metadata")
     body = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
     kind = request.headers.get("content-type", "")
     if kind.startswith("multipart/form-data"):

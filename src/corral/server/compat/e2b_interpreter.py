@@ -16,18 +16,19 @@ user; the default context is made on the first ``/execute`` that names none. One
 execution runs at a time per context. If the client leaves mid-execution (its
 ``timeout``), the kernel is killed and its context forgotten: nothing keeps running.
 Every line the kernel writes is validated and bounded here (it runs the code being
-judged): a result carries only ``text``, ``html`` and ``png`` (base64, else dropped) and
-``is_main_result``; the execution count and the end are the daemon's. Only Python is
-served (no R, JavaScript, Java or Bash contexts). Rich display: matplotlib figures
-come back as ``png`` results, objects with ``_repr_html_`` (pandas DataFrames) with
-``html`` beside ``text``; no charts (``chart``), SVG, LaTeX or JSON.
+judged): a result carries only checked formats (:mod:`.e2b_results`), one execution's
+results are bounded (:class:`~.e2b_results.Budget`); the execution count and the end
+are the daemon's. Only Python is served (no R, JavaScript, Java or Bash contexts).
+Rich display: matplotlib figures come back as results with ``png`` and e2b's ``chart``,
+other values with every format their ``_repr_*_`` methods give (``html``, ``markdown``,
+``svg``, ``png``, ``jpeg``, ``pdf``, ``latex``, ``json``, ``javascript``; other MIME
+types of ``_repr_mimebundle_`` in ``extra``); ``display(obj)`` adds a result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +43,7 @@ from starlette.routing import Route
 from corral.errors import CorralError, InvalidArgument, NotFound
 from corral.runtime.processes import Process, ProcessState
 from corral.server import context as ctx
+from corral.server.compat import e2b_results
 from corral.server.compat.e2b_connect import ConnectError, caught, sandbox_id
 from corral.server.limits import parse_json
 from corral.server.wire import read_json
@@ -51,7 +53,6 @@ KERNEL = Path(__file__).with_name("e2b_kernel.py")
 LANGUAGES = (None, "python", "python3")
 MAX_LINE = 4 << 20  # a line the kernel writes, at most
 MAX_TEXT = 1 << 20  # characters of one message's text passed on
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 MAX_CONTEXTS = 16  # per sandbox
 KINDS = ("stdout", "stderr", "result", "error", "end")
 
@@ -129,16 +130,11 @@ def _line(raw: bytes) -> dict[str, Any] | None:
     if not isinstance(msg, dict) or msg.get("type") not in KINDS:
         return None
     clean: dict[str, Any] = {"type": msg["type"]}
+    if msg["type"] == "result":
+        return e2b_results.result(msg)
     for key in ("text", "name", "value", "traceback", "id"):
         if isinstance(msg.get(key), str):
             clean[key] = msg[key][:MAX_TEXT]
-    if msg["type"] == "result":
-        if isinstance(msg.get("html"), str) and len(msg["html"]) <= MAX_TEXT:
-            clean["html"] = msg["html"]
-        png = msg.get("png")
-        if isinstance(png, str) and len(png) % 4 == 0 and _BASE64.fullmatch(png):
-            clean["png"] = png
-        clean["is_main_result"] = msg.get("is_main_result") is not False
     return clean
 
 
@@ -151,6 +147,7 @@ async def _run(request: Request, sid: str, kernel: Kernel, code: str,
     """One execution's reply lines; the kernel is killed if the client leaves first."""
     ident = secrets.token_hex(8)
     done = False
+    budget = e2b_results.Budget()
     async with kernel.lock:
         try:
             await kernel.proc.write(_ndjson({"code": code, "env": env, "id": ident}))
@@ -180,6 +177,15 @@ async def _run(request: Request, sid: str, kernel: Kernel, code: str,
                 if msg["type"] == "error":
                     for key in ("name", "value", "traceback"):
                         msg.setdefault(key, "")
+                if msg["type"] == "result":
+                    kept = budget.admit(msg, len(raw))
+                    note = budget.note()
+                    if note is not None:
+                        yield _ndjson({"type": "stderr", "text": note,
+                                       "timestamp": time.time_ns() // 1000})
+                    if kept is None:
+                        continue
+                    msg = kept
                 yield _ndjson(msg)
         except CorralError as exc:
             yield _ndjson({"type": "error", "name": type(exc).__name__, "value": exc.message,

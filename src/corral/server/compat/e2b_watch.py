@@ -7,19 +7,25 @@ only, so any image with ``python3`` serves), started as the sandbox's user: it w
 the directory (and, ``recursive``, its subdirectories, new ones too, at most
 :data:`MAX_DIRS`) and writes one JSON line per event: ``{"name"}`` relative to the
 watched directory and ``{"type"}`` among ``create``, ``write``, ``remove``,
-``rename``, ``chmod`` (fsnotify's, as envd reports them). The daemon trusts none of it
+``rename``, ``chmod`` (fsnotify's, as envd reports them); with ``include_entry``,
+also ``{"entry"}``: the entry's ``lstat`` in the sandbox when the event is read (none
+once it is gone: removed, renamed away). The watcher never follows a symlink (an
+entry that is one describes the link: its own size, mode and target text), and it
+runs in the sandbox's own mount namespace as its user: nothing of the host is ever
+stat-ed, so a symlink swapped in under the watched directory names only what the
+sandbox itself could read. The daemon trusts none of it
 (the sandbox's own code could write to that pipe): every line is parsed by the bounded
 parser, checked, and kept in a bounded queue (:data:`MAX_EVENTS` a watcher, the oldest
 dropped first); a sandbox has at most :data:`MAX_WATCHERS`. A watcher ends with its
 stream (the client's timeout or ``stop()``), with ``RemoveWatcher``, or with its
-sandbox. ``include_entry`` needs a newer envd than the one corral reports (the SDK
-refuses it itself).
+sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import stat
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,11 +36,13 @@ from starlette.responses import JSONResponse, Response
 
 from corral.errors import CorralError, FileNotFound, InvalidArgument
 from corral.runtime.processes import Process, ProcessState
+from corral.schema import FileInfo
 from corral.server import context as ctx
 from corral.server.compat.e2b_connect import (
     ConnectError,
     check_user,
     end_stream,
+    entry_json,
     envelope,
     sandbox_id,
     stream_message,
@@ -58,6 +66,7 @@ WATCHER = r"""
 import ctypes, json, os, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
 root, recursive, max_dirs = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+with_entry = sys.argv[4] == "1"
 null = os.open(os.devnull, os.O_WRONLY)
 os.dup2(null, 2)
 CREATE, MODIFY, ATTRIB, MOVED_FROM, MOVED_TO = 0x100, 0x2, 0x4, 0x40, 0x80
@@ -102,10 +111,24 @@ def add_new(rel):
             break
         for name in dirs + files:
             p = os.path.join(dirpath, name)
-            send({"name": os.path.relpath(p, root), "type": "create"})
+            send(event(os.path.relpath(p, root), "create"))
         for d in dirs:
             p = os.path.join(dirpath, d)
             add(p, os.path.relpath(p, root))
+top = os.path.abspath(root)
+def event(rel, kind):
+    m = {"name": rel, "type": kind}
+    if with_entry:
+        p = os.path.join(top, rel)
+        try:
+            s = os.lstat(p)  # never followed: a link is described as itself
+            entry = {"path": p, "size": s.st_size, "mode": s.st_mode, "mtime": s.st_mtime}
+            if s.st_mode & 0o170000 == 0o120000:
+                entry["target"] = os.readlink(p)  # swapped for a non-link meanwhile: none
+            m["entry"] = entry
+        except (OSError, ValueError):
+            pass  # gone already (removed, renamed away): no entry, as envd
+    return m
 send({"ready": True})
 while True:
     data = os.read(fd, 65536)
@@ -133,7 +156,7 @@ while True:
             kind = "chmod"
         else:
             continue
-        send({"name": rel, "type": kind})
+        send(event(rel, kind))
         if recursive and mask & ISDIR and mask & (CREATE | MOVED_TO):
             add_new(rel)
 """
@@ -143,6 +166,7 @@ while True:
 class Watcher:
     id: str
     proc: Process
+    with_entry: bool = False
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -155,7 +179,7 @@ class Watcher:
                 raw = await self.proc.readline(MAX_LINE)
                 if not raw:
                     return
-                event = _event(raw)
+                event = _event(raw, self.with_entry)
                 if event is not None:
                     self.events.append(event)
                     self.changed.set()
@@ -172,7 +196,7 @@ class Watcher:
         return out
 
 
-def _event(raw: bytes) -> dict[str, Any] | None:
+def _event(raw: bytes, with_entry: bool = False) -> dict[str, Any] | None:
     """A validated event line of a watcher, as envd's FilesystemEvent, or None."""
     try:
         msg = parse_json(raw, "watcher event")
@@ -183,7 +207,38 @@ def _event(raw: bytes) -> dict[str, Any] | None:
     name, kind = msg.get("name"), msg.get("type")
     if not isinstance(name, str) or len(name) > MAX_NAME or kind not in TYPES:
         return None
-    return {"name": name, "type": TYPES[kind]}
+    out: dict[str, Any] = {"name": name, "type": TYPES[kind]}
+    if with_entry and msg.get("entry") is not None:
+        entry = _entry(msg["entry"])
+        if entry is not None:
+            out["entry"] = entry
+    return out
+
+
+def _entry(raw: Any) -> dict[str, Any] | None:
+    """A watcher's ``lstat`` of an entry as envd's EntryInfo, or None if any field is
+    missing or out of range."""
+    if not isinstance(raw, dict):
+        return None
+    path, size, mode, mtime = (raw.get(k) for k in ("path", "size", "mode", "mtime"))
+    target = raw.get("target")
+    if (not isinstance(path, str) or not path.startswith("/") or len(path) > MAX_NAME
+            or "\0" in path or not _int(size, 1 << 63) or not _int(mode, 1 << 16)
+            or isinstance(mtime, bool) or not isinstance(mtime, (int, float))
+            or not 0 <= mtime < 1 << 40
+            or target is not None and (not isinstance(target, str) or len(target) > MAX_NAME)):
+        return None
+    info = FileInfo(path=path, name=path.rsplit("/", 1)[-1] or "/", size=size,
+                    mode=stat.S_IMODE(mode), mtime=float(mtime), is_dir=stat.S_ISDIR(mode),
+                    is_symlink=stat.S_ISLNK(mode))
+    entry = entry_json(info)
+    if info.is_symlink and target is not None:
+        entry["symlinkTarget"] = target
+    return entry
+
+
+def _int(value: Any, bound: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < bound
 
 
 class Watchers:
@@ -204,16 +259,16 @@ class Watchers:
             raise InvalidArgument("path must be a non-empty string")
         if not isinstance(recursive, bool):
             raise InvalidArgument("recursive must be a boolean")
-        if msg.get("includeEntry") or msg.get("include_entry"):
-            raise ConnectError("unimplemented", "include_entry is not served by corral's "
-                               "E2B front-end: stat the entry with files.get_info()")
+        with_entry = msg.get("includeEntry", msg.get("include_entry", False))
+        if not isinstance(with_entry, bool):
+            raise InvalidArgument("include_entry must be a boolean")
         mine = self.of(sid)
         if len(mine) >= MAX_WATCHERS:
             raise ConnectError("resource_exhausted", f"sandbox {sid} has {MAX_WATCHERS} "
                                "directory watchers already: stop one first")
         proc = await ctx.engine(request).spawn(
             sid, ["python3", "-u", "-c", WATCHER, path, "1" if recursive else "0",
-                  str(MAX_DIRS)], max_buffer=MAX_LINE * 4)
+                  str(MAX_DIRS), "1" if with_entry else "0"], max_buffer=MAX_LINE * 4)
         try:
             first = await asyncio.wait_for(proc.readline(MAX_LINE), START_TIMEOUT_S)
             msg = parse_json(first, "watcher start") if first else {}
@@ -228,7 +283,7 @@ class Watchers:
         except BaseException:
             await asyncio.shield(_stop(proc))
             raise
-        watcher = Watcher(secrets.token_hex(8), proc)
+        watcher = Watcher(secrets.token_hex(8), proc, with_entry)
         watcher.task = asyncio.get_running_loop().create_task(watcher.pump())
         mine[watcher.id] = watcher
         return watcher

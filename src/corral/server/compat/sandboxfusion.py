@@ -170,7 +170,7 @@ class FusionFrontend:
         name = self.pools.get(key)
         if name is None and spec.memory_mb <= MAX_POOLED_MEMORY_MB:
             await self.pools.sweep(service.pools)  # idle pools make room
-        if name is None and spec.memory_mb <= MAX_POOLED_MEMORY_MB and self.pools.has_room():
+        if name is None and spec.memory_mb <= MAX_POOLED_MEMORY_MB and self.pools.has_room(tenant):
             # a tenant's pool is its own (its quota, its sandboxes)
             name = f"{TAG}-{image}-{spec.memory_mb}" + (f"-{tenant}" if tenant else "")
             if not service.pools.owns(tenant, name):  # its own: names are per tenant

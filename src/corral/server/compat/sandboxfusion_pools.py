@@ -4,8 +4,10 @@ A pool is made on the first request of its shape (image, memory size) and keeps
 ``CORRAL_FUSION_WARM`` sandboxes running. A stream of requests of ever new shapes (a
 hostile client's ``memory_limit_MB`` 17, 18, 19, ...) must not pin sandboxes forever:
 
-- at most :data:`MAX_POOLS` pools exist at once; a shape past that runs in a plain
-  sandbox (created for the request, deleted after it), no pool made;
+- at most :data:`MAX_POOLS` pools exist at once, at most :data:`MAX_POOLS_PER_OWNER` of
+  them one tenant's (or the admin's): one tenant's shapes cannot take every pool from
+  the others; a shape past either runs in a plain sandbox (created for the request,
+  deleted after it), no pool made;
 - a pool no request used for ``CORRAL_FUSION_POOL_IDLE`` seconds (default 300) is
   deleted with its ready sandboxes, by a sweeper task that runs while pools exist
   (every :data:`SWEEP_EVERY_S` at most) and before a new pool is made; its place is
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("corral.server")
 
 MAX_POOLS = 8  # pools the front-end makes; more (image, memory) pairs get plain creates
+MAX_POOLS_PER_OWNER = 2  # of them, one tenant's (the admin's)
 SWEEP_EVERY_S = 30.0
 
 Shape = tuple[str | None, str, int]  # (tenant, image, memory_mb): a tenant's pools are its own
@@ -36,9 +39,11 @@ Shape = tuple[str | None, str, int]  # (tenant, image, memory_mb): a tenant's po
 class FusionPools:
     """Which pool serves which shape, when each was last used, and their sweeper."""
 
-    def __init__(self, idle_s: float, max_pools: int = MAX_POOLS) -> None:
+    def __init__(self, idle_s: float, max_pools: int = MAX_POOLS,
+                 per_owner: int = MAX_POOLS_PER_OWNER) -> None:
         self.idle_s = idle_s
         self.max_pools = max_pools
+        self.per_owner = per_owner
         self.names: dict[Shape, str] = {}
         self.used: dict[Shape, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
@@ -50,8 +55,10 @@ class FusionPools:
             self.used[shape] = time.monotonic()
         return name
 
-    def has_room(self) -> bool:
-        return len(self.names) < self.max_pools
+    def has_room(self, owner: str | None = None) -> bool:
+        """Whether a new pool of ``owner`` (a tenant; None: the admin) may be made."""
+        mine = sum(1 for shape in self.names if (shape[0] or None) == owner)
+        return len(self.names) < self.max_pools and mine < self.per_owner
 
     def add(self, shape: Shape, name: str, manager: PoolManager) -> None:
         self.names[shape] = name
