@@ -80,9 +80,11 @@ class ClusterQuotas(Quotas):
             assert hold is not None
             try:
                 elsewhere = await asyncio.to_thread(self._publish_and_read, tenant, *self.book())
-            except Exception as exc:
+            except BaseException as exc:  # a cancel too (its client hung up): give it back
                 self._give_back(hold)
                 self._kick()
+                if not isinstance(exc, Exception):
+                    raise
                 raise DaemonUnavailable(
                     f"cannot check tenant {tenant!r}'s quotas across the cluster: Ray's GCS "
                     f"does not answer ({type(exc).__name__}); retry, or see `corral cluster "

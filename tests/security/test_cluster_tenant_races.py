@@ -1,0 +1,57 @@
+"""Red team: races on the cluster's tenant registry and its cluster-wide quotas, in
+Ray's real KV (the session's Ray cluster; no corral daemon needed for these).
+
+- A create cancelled (its client hung up: ``unless_gone`` cancels it) while it checks
+  the other nodes' books must not leave its reservation behind: that place would be
+  counted against the tenant on every node until the daemon restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.cluster import _ray, tenant_registry
+from corral.server.cluster_quotas import ClusterQuotas
+from corral.server.tenants import Tenant
+from tests.cluster.conftest import ray_cluster  # noqa: F401 (the session's)
+from tests.cluster.tenants_on_cluster import unique
+
+SPINS = 10_000  # event-loop turns a test waits for a create to reach the GCS
+
+
+@pytest.fixture
+def gcs(ray_cluster):  # noqa: F811
+    return _ray.gcs(ray_cluster.address)
+
+
+def test_a_create_cancelled_during_the_cluster_check_gives_its_place_back(gcs):
+    name = unique("hangup")
+    node = unique("no-such-node")  # a book of its own: no daemon's book is touched
+    quota = Tenant(name, max_sandboxes=1)
+    book = ClusterQuotas(lambda t: quota if t == name else None, gcs, node)
+
+    async def attack() -> None:
+        create = asyncio.ensure_future(book.acquire(name, 64, 0.5))
+        for _ in range(SPINS):  # until it holds its place and asks the GCS (a thread)
+            await asyncio.sleep(0)
+            if name in book.local() or create.done():
+                break
+        assert not create.done() and name in book.local()
+        create.cancel()  # the client hung up
+        with pytest.raises(asyncio.CancelledError):
+            await create
+        assert name not in book.local()  # its place is free again, here...
+        hold = await book.acquire(name, 64, 0.5)  # ...so the tenant's one create fits
+        assert hold is not None
+        book.settle(hold, None)
+
+    try:
+        asyncio.run(attack())
+        book.sync(*book.book())
+        usage = tenant_registry.read_usage(gcs).get(node, {})
+        assert name not in usage  # ...and on every other node, which read this book
+    finally:
+        _ray.kv_del(gcs, tenant_registry.USAGE_KEY + node)
+
