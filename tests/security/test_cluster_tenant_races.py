@@ -4,6 +4,9 @@ Ray's real KV (the session's Ray cluster; no corral daemon needed for these).
 - A create cancelled (its client hung up: ``unless_gone`` cancels it) while it checks
   the other nodes' books must not leave its reservation behind: that place would be
   counted against the tenant on every node until the daemon restarts.
+- A ``token update`` that reads the entry just before a ``token revoke`` writes its
+  tombstone must not write the live entry (its hash) back over the tombstone: the
+  revoked token would work again on every node.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import asyncio
 import pytest
 
 from corral.cluster import _ray, tenant_registry
+from corral.errors import CorralError
 from corral.server.cluster_quotas import ClusterQuotas
+from corral.server.cluster_tenants import ClusterTokenStore
 from corral.server.tenants import Tenant
 from tests.cluster.conftest import ray_cluster  # noqa: F401 (the session's)
 from tests.cluster.tenants_on_cluster import unique
@@ -55,3 +60,29 @@ def test_a_create_cancelled_during_the_cluster_check_gives_its_place_back(gcs):
     finally:
         _ray.kv_del(gcs, tenant_registry.USAGE_KEY + node)
 
+
+def test_an_update_racing_a_revoke_does_not_bring_the_token_back(gcs, monkeypatch):
+    name = unique("undead")
+    store, admin2 = ClusterTokenStore(gcs), ClusterTokenStore(gcs)
+    _, token = store.create(name, max_sandboxes=2)
+    assert store.lookup(token) is not None
+    real_get, raced = tenant_registry.get, []
+
+    def get_then_revoke(client, wanted):  # the other admin revokes right after the read
+        entry = real_get(client, wanted)
+        if wanted == name and not raced:
+            raced.append(True)
+            admin2.revoke(name)
+        return entry
+
+    monkeypatch.setattr(tenant_registry, "get", get_then_revoke)
+    with pytest.raises(CorralError):  # the update finds it revoked...
+        store.update(name, {"max_sandboxes": 5})
+    monkeypatch.undo()
+    assert raced
+    for daemon in (store, admin2, ClusterTokenStore(gcs)):  # ...and it stays revoked
+        daemon.reload()
+        assert daemon.lookup(token) is None
+        assert daemon.revoked(name)
+    with pytest.raises(CorralError):  # nor is the name given again
+        store.create(name)

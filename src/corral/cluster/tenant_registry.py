@@ -8,7 +8,10 @@ daemon's own registry outlives a restart.
 
 - ``tenant:<name>``: ``{"name", "token_sha256" (hex), quotas..., "created_at"}``, or
   after a revoke a tombstone ``{"name", "revoked_at"}`` (no hash): the name is never
-  given again, since ownership is by name. Only the SHA-256 of a token is written: the
+  given again, since ownership is by name. A revoke first adds ``tenant:<name>/revoked``
+  (never overwritten; a name has no ``/``), which wins over whatever ``tenant:<name>``
+  holds: an update that read the entry before the revoke and writes it back after
+  cannot bring the token back (the KV has no compare-and-swap). Only the SHA-256 of a token is written: the
   token itself exists in the reply to its creation alone. A new name is claimed with
   an insert that fails if the key exists, so two concurrent creates of one name
   cannot both win.
@@ -30,6 +33,7 @@ from typing import Any
 from corral.cluster import _ray
 
 TENANT_KEY = "tenant:"  # + the tenant's name
+REVOKED = "/revoked"  # TENANT_KEY + name + this: the revoke's own mark, never overwritten
 USAGE_KEY = "tenant-usage:"  # + a node id
 CAPACITY_KEY = "capacity:"  # + a node id: its daemon's caps, for the HTTP directory
 MAX_RECORD = 4096  # bytes of one entry: the KV is writable by every Ray member
@@ -53,7 +57,13 @@ def add(gcs: Any, record: dict[str, Any]) -> bool:
 
 def get(gcs: Any, name: str) -> dict[str, Any] | None:
     """A tenant's entry (a tombstone too), or None."""
-    return _decode(_ray.kv_get(gcs, TENANT_KEY + name))
+    mark = _decode(_ray.kv_get(gcs, TENANT_KEY + name + REVOKED))
+    return _tombstone(name, mark) if mark is not None else \
+        _decode(_ray.kv_get(gcs, TENANT_KEY + name))
+
+
+def _tombstone(name: str, mark: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "revoked_at": mark.get("revoked_at") or 1.0}
 
 
 def replace(gcs: Any, record: dict[str, Any]) -> None:
@@ -63,14 +73,20 @@ def replace(gcs: Any, record: dict[str, Any]) -> None:
 
 def revoke(gcs: Any, name: str) -> None:
     """Replace the tenant's entry by a tombstone: no hash is left to match a token."""
-    tomb = {"name": name, "revoked_at": time.time()}
-    _ray.kv_put(gcs, TENANT_KEY + name, json.dumps(tomb).encode())
+    tomb = json.dumps({"name": name, "revoked_at": time.time()}).encode()
+    _ray.kv_put(gcs, TENANT_KEY + name + REVOKED, tomb, overwrite=False)
+    _ray.kv_put(gcs, TENANT_KEY + name, tomb)
 
 
 def read_all(gcs: Any) -> dict[str, dict[str, Any]]:
     """Every entry, tombstones included, by name (two calls to the GCS)."""
-    return {name: entry for name, entry in _multi(gcs, TENANT_KEY).items()
-            if entry.get("name") == name}
+    found = _multi(gcs, TENANT_KEY)
+    entries = {name: entry for name, entry in found.items() if entry.get("name") == name}
+    for key, mark in found.items():
+        name = key.removesuffix(REVOKED)
+        if name != key and mark.get("name") == name:  # revoked, whatever tenant:<name> says
+            entries[name] = _tombstone(name, mark)
+    return entries
 
 
 def is_alive(entry: dict[str, Any]) -> bool:
