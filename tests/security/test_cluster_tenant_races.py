@@ -7,6 +7,8 @@ Ray's real KV (the session's Ray cluster; no corral daemon needed for these).
 - A ``token update`` that reads the entry just before a ``token revoke`` writes its
   tombstone must not write the live entry (its hash) back over the tombstone: the
   revoked token would work again on every node.
+- A lost node's book is deleted once Ray marks the node dead (Ray forgets old dead
+  nodes, and the book would count again).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from corral.errors import CorralError
 from corral.server.cluster_quotas import ClusterQuotas
 from corral.server.cluster_tenants import ClusterTokenStore
 from corral.server.tenants import Tenant
-from tests.cluster.conftest import ray_cluster  # noqa: F401 (the session's)
+from tests.cluster.conftest import ray_cluster, until  # noqa: F401 (the session's)
 from tests.cluster.tenants_on_cluster import unique
 
 SPINS = 10_000  # event-loop turns a test waits for a create to reach the GCS
@@ -86,3 +88,28 @@ def test_an_update_racing_a_revoke_does_not_bring_the_token_back(gcs, monkeypatc
         assert daemon.revoked(name)
     with pytest.raises(CorralError):  # nor is the name given again
         store.create(name)
+
+
+def test_a_lost_nodes_book_is_deleted_so_it_never_counts_again(ray_cluster, gcs):  # noqa: F811
+    """Ray forgets dead nodes past a count (``maximum_gcs_dead_node_cached_count``);
+    a lost node's book left in the KV would then count again, on every node, and hold
+    its tenants at their quotas for good."""
+    name = unique("lost")
+    quota = Tenant(name, max_sandboxes=2)
+    doomed = ray_cluster.cluster.add_node(num_cpus=0, object_store_memory=80 << 20)
+    node = doomed.node_id
+    try:
+        tenant_registry.publish_usage(gcs, node, {name: [2, 128, 1.0]})
+        ray_cluster.cluster.remove_node(doomed)  # the machine dies with its sandboxes
+        until(lambda: not _ray.node_states(gcs).get(node, {"alive": True})["alive"],
+              "Ray to mark the lost node dead")
+        here = unique("no-such-node")
+        book = ClusterQuotas(lambda t: quota if t == name else None, gcs, here)
+        try:
+            book.sync(*book.book())
+            assert node not in tenant_registry.read_usage(gcs)  # forgotten in the KV
+            assert book.usage(name).sandboxes == 0
+        finally:
+            _ray.kv_del(gcs, tenant_registry.USAGE_KEY + here)
+    finally:
+        _ray.kv_del(gcs, tenant_registry.USAGE_KEY + node)

@@ -99,6 +99,11 @@ def publish_usage(gcs: Any, node_id: str, usage: dict[str, list[float]]) -> None
     _ray.kv_put(gcs, USAGE_KEY + node_id, json.dumps(usage).encode())
 
 
+def drop_usage(gcs: Any, node_id: str) -> None:
+    """Forget the book of a node Ray marks dead (its sandboxes died with it)."""
+    _ray.kv_del(gcs, USAGE_KEY + node_id)
+
+
 def read_usage(gcs: Any) -> dict[str, dict[str, list[float]]]:
     """``{node id: {tenant: [sandboxes, memory_mb, cpus]}}`` as every node last wrote it."""
     return _multi(gcs, USAGE_KEY, limit=1 << 20)

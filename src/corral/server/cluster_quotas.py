@@ -20,7 +20,8 @@ at once, but asynchronously) be seen. Each create of such a tenant costs calls t
 Ray's GCS (three, ~3 ms here: ``benchmarks/bench_cluster_tenants.py``); tenants
 without quotas and the admin cost nothing. A daemon that restarts (its sandboxes lost)
 writes its empty book at start; a node Ray marks dead stops counting at the next sync
-(a few seconds), one that joins counts at once. If the GCS cannot be read, a tenant
+(a few seconds) and its book is deleted then (Ray forgets old dead nodes: a book left
+behind would count again), one that joins counts at once. If the GCS cannot be read, a tenant
 with quotas cannot create (fail closed: :class:`DaemonUnavailable`).
 """
 
@@ -140,7 +141,8 @@ class ClusterQuotas(Quotas):
         self._read()
         return self._elsewhere.get(tenant, Usage())
 
-    def _read(self) -> None:
+    def _read(self) -> set[str]:
+        """Sum the other alive nodes' books; the dead nodes that still have one."""
         books = tenant_registry.read_usage(self._gcs)
         dead = self._dead  # known dead; a node that joined since is counted
         elsewhere: dict[str, Usage] = {}
@@ -157,11 +159,13 @@ class ClusterQuotas(Quotas):
                 part.memory_mb += int(mb)
                 part.cpus += c
         self._elsewhere = elsewhere
+        return dead & set(books)
 
     def sync(self, seq: int, book: dict[str, list[float]]) -> None:
         """Blocking: write this node's ``book`` (:meth:`book`), learn which nodes died,
         read the others' (every few seconds, for ``corral token ls``)."""
         self._write(seq, book)
         self._dead = {n for n, s in _ray.node_states(self._gcs).items() if not s["alive"]}
-        self._read()
+        for node in self._read():  # Ray forgets old dead nodes: their books would count again
+            tenant_registry.drop_usage(self._gcs, node)
 
