@@ -7,6 +7,8 @@ Ray's real KV (the session's Ray cluster; no corral daemon needed for these).
 - A ``token update`` that reads the entry just before a ``token revoke`` writes its
   tombstone must not write the live entry (its hash) back over the tombstone: the
   revoked token would work again on every node.
+- A create that fails or is abandoned while it waits for room frees its place on the
+  other nodes at once, not at the next periodic sync.
 - A lost node's book is deleted once Ray marks the node dead (Ray forgets old dead
   nodes, and the book would count again).
 """
@@ -26,6 +28,7 @@ from tests.cluster.conftest import ray_cluster, until  # noqa: F401 (the session
 from tests.cluster.tenants_on_cluster import unique
 
 SPINS = 10_000  # event-loop turns a test waits for a create to reach the GCS
+POLLS = 200  # x 0.05 s: how long a test waits for a write on a thread to land
 
 
 @pytest.fixture
@@ -111,5 +114,33 @@ def test_a_lost_nodes_book_is_deleted_so_it_never_counts_again(ray_cluster, gcs)
             assert book.usage(name).sandboxes == 0
         finally:
             _ray.kv_del(gcs, tenant_registry.USAGE_KEY + here)
+    finally:
+        _ray.kv_del(gcs, tenant_registry.USAGE_KEY + node)
+
+
+def test_an_abandoned_create_frees_its_place_on_the_other_nodes_at_once(gcs):
+    """A create that fails or whose client hangs up while it waits for room gives its
+    place back; the other nodes must see that at once, not at the next periodic sync,
+    or the tenant's next create elsewhere is refused for a place nothing holds."""
+    name = unique("abandoned")
+    node = unique("no-such-node")
+    quota = Tenant(name, max_sandboxes=1)
+    book = ClusterQuotas(lambda t: quota if t == name else None, gcs, node)
+
+    def published() -> dict:
+        return tenant_registry.read_usage(gcs).get(node, {})
+
+    async def attack() -> None:
+        hold = await book.acquire(name, 64, 0.5)
+        assert name in published()  # the other nodes count it while it starts
+        book.settle(hold, None)  # ...the create failed (or its client left)
+        for _ in range(POLLS):
+            if name not in published():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the other nodes still count the place an abandoned create held")
+
+    try:
+        asyncio.run(attack())
     finally:
         _ray.kv_del(gcs, tenant_registry.USAGE_KEY + node)

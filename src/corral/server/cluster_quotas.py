@@ -103,6 +103,11 @@ class ClusterQuotas(Quotas):
             return hold
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def settle(self, hold: Hold | None, sandbox_id: str | None) -> None:
+        super().settle(hold, sandbox_id)
+        if hold is not None and sandbox_id is None:
+            self._kick()  # a create that failed or was abandoned: its place, at once
+
     def release(self, sandbox_id: str) -> None:
         if self.holds(sandbox_id):
             super().release(sandbox_id)
