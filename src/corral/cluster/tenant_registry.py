@@ -11,8 +11,8 @@ daemon's own registry outlives a restart.
   given again, since ownership is by name. A revoke first adds ``tenant:<name>/revoked``
   (never overwritten; a name has no ``/``), which wins over whatever ``tenant:<name>``
   holds: an update that read the entry before the revoke and writes it back after
-  cannot bring the token back (the KV has no compare-and-swap). Only the SHA-256 of a token is written: the
-  token itself exists in the reply to its creation alone. A new name is claimed with
+  cannot bring the token back (the KV has no compare-and-swap). Only the SHA-256 of a
+  token is written: the token itself exists in the reply to its creation alone. A new name is claimed with
   an insert that fails if the key exists, so two concurrent creates of one name
   cannot both win.
 - ``tenant-usage:<node id>``: ``{tenant: [sandboxes, memory_mb, cpus]}``, what that

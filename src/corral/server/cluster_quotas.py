@@ -21,8 +21,8 @@ Ray's GCS (three, ~3 ms here: ``benchmarks/bench_cluster_tenants.py``); tenants
 without quotas and the admin cost nothing. A daemon that restarts (its sandboxes lost)
 writes its empty book at start; a node Ray marks dead stops counting at the next sync
 (a few seconds) and its book is deleted then (Ray forgets old dead nodes: a book left
-behind would count again), one that joins counts at once. If the GCS cannot be read, a tenant
-with quotas cannot create (fail closed: :class:`DaemonUnavailable`).
+behind would count again), one that joins counts at once. If the GCS cannot be read,
+a tenant with quotas cannot create (fail closed: :class:`DaemonUnavailable`).
 """
 
 from __future__ import annotations
