@@ -79,8 +79,11 @@ def test_corral_url_selects_the_cluster(monkeypatch):
     assert e.cluster == "auto" and not e.embed and e.token == "crl_a-tenants"
     assert corral.Client().router is not None
     assert corral.Client().router.directory.token == "crl_a-tenants"  # no node's read
-    e = Endpoint.resolve("cluster+https://node-a:7070")  # through one daemon (no Ray)
-    assert e.cluster == "https://node-a:7070" and e.token == "crl_a-tenants"
+    e = Endpoint.resolve("cluster+http://node-a:7070")  # through one daemon (no Ray)
+    assert e.cluster == "http://node-a:7070" and e.token == "crl_a-tenants"
+    # daemons register plain-HTTP URLs: https to the first would be TLS in name only
+    with pytest.raises(corral.InvalidArgument, match="in clear"):
+        Endpoint.resolve("cluster+https://node-a:7070")
     monkeypatch.delenv("CORRAL_TOKEN")
     with pytest.raises(corral.InvalidArgument, match="CORRAL_TOKEN"):
         Endpoint.resolve("cluster+http://node-a:7070")

@@ -94,7 +94,12 @@ class Endpoint:
             return cls(url, url.rstrip("/"), None, token)
         if parts.scheme == "ray" and parts.netloc and parts.path in ("", "/"):
             return cls(url, CLUSTER_BASE_URL, None, token, cluster=parts.netloc)
-        if parts.scheme in ("cluster+http", "cluster+https") and parts.netloc:
+        if parts.scheme == "cluster+https":
+            raise InvalidArgument(
+                f"{url}: a cluster's daemons serve plain HTTP, so after the first daemon "
+                "a tenant token would cross the network in clear; reach the cluster from "
+                "its private network with cluster+http://HOST:PORT (or ray://HOST:PORT)")
+        if parts.scheme == "cluster+http" and parts.netloc:
             if not token:
                 raise InvalidArgument(
                     f"{url} reaches a cluster through one of its daemons, which needs a "
