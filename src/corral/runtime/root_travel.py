@@ -52,6 +52,7 @@ PULLED = "pulled_root"
 INTERNAL_PREFIX = "root-"
 ROOT_KINDS = ("debootstrap", "rootfs", "oci")
 _MAX_ENV = 512
+_MAX_ENV_VALUE = 64 << 10  # characters of one variable
 _computing = threading.Lock()  # one content digest computed at a time (they are big)
 
 
@@ -126,17 +127,24 @@ def _checked_meta(meta: dict[str, Any]) -> dict[str, Any]:
     digest = meta.get("digest")
     if isinstance(digest, str) and layer_wire.DIGEST_RE.fullmatch(digest):
         out["digest"] = digest
-    env = meta.get("env") or {}
-    if (not isinstance(env, dict) or len(env) > _MAX_ENV or not all(
-            isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w{0,255}", k)
-            for k, v in env.items())):
-        raise InvalidArgument("the peer described a root image with an invalid env")
+    env = checked_env(meta.get("env"), "a root image")
     if env:
         out["env"] = env
     workdir = meta.get("workdir")
     if isinstance(workdir, str) and workdir.startswith("/") and len(workdir) < 4096:
         out["workdir"] = workdir
     return out
+
+
+def checked_env(env: Any, what: str) -> dict[str, str]:
+    """A peer's ``env`` of an image, checked (names, count, sizes), else
+    :class:`InvalidArgument`: it goes into a manifest every sandbox of the image reads."""
+    env = env or {}
+    if (not isinstance(env, dict) or len(env) > _MAX_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w{0,255}", k)
+            and len(v) <= _MAX_ENV_VALUE and "\0" not in v for k, v in env.items())):
+        raise InvalidArgument(f"the peer described {what} with an invalid env")
+    return env
 
 
 async def pull_root(fetcher: LayerFetcher, content: Any, open_layer: OpenLayer, *,
