@@ -155,6 +155,5 @@ async def image_for_snapshot(fetcher: LayerFetcher, desc: dict[str, Any],
             await pull_image(fetcher, peer, open_layer)
         return desc  # or another build of it here: the import says so
     root = await root_travel.pull_root(fetcher, peer.get("content"), open_layer, meta=peer,
-                                      name=None if here is not None else name)
-    await asyncio.to_thread(root_travel.keep, images, root.name)
+                                      name=None if here is not None else name, keep_it=True)
     return {**desc, "image": root.name}
