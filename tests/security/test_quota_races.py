@@ -82,3 +82,24 @@ def test_a_build_whose_client_hangs_up_gives_its_places_back():
             assert live == [], live
             assert _usage(team, "quitter")["usage"].get("memory_mb", 0) == 0
         no_traceback(team)
+
+
+def test_snapshots_and_stops_at_once_fit_in_the_quota_together():
+    """Two snapshots and two stops of one tenant at once, each alone within its
+    max_snapshot_mb, two together over it: at most one is kept, whichever wins."""
+    with team_daemon() as team:
+        team.make_token("mixer", max_snapshot_mb=2, max_sandboxes=4)
+        with team.tenant("mixer") as m:
+            for _ in range(3):  # a few rounds: the checks interleave differently
+                ids = [_sandbox_with(m, 1500 << 10) for _ in range(4)]
+                calls = [lambda s=ids[0]: m.post(f"/v1/sandboxes/{s}/snapshot", json={}),
+                         lambda s=ids[1]: m.post(f"/v1/sandboxes/{s}/stop", json={}),
+                         lambda s=ids[2]: m.post(f"/v1/sandboxes/{s}/snapshot", json={}),
+                         lambda s=ids[3]: m.post(f"/v1/sandboxes/{s}/stop", json={})]
+                replies = _at_once(calls)
+                assert all(r.status_code in (200, 201, 429) for r in replies), \
+                    [r.text for r in replies]
+                used = _usage(team, "mixer")["usage"]
+                assert used.get("snapshot_mb", 0) + used.get("kept_mb", 0) <= 2, used
+                team.cleanup()
+        no_traceback(team)
