@@ -19,7 +19,8 @@ Steps run as the sandbox user: ``pip install`` goes to the user site (``~/.local
 which sandboxes from the image import from. A ``run`` step with ``user: root`` runs as
 root of the build sandbox's user namespace (``apt-get install``; no host privilege:
 :mod:`corral.runtime.rootbuild`), and what it writes is root's in the image. Only ``run`` steps have the
-network (``network="host"``), with the host's CA bundle mounted read-only at
+network (``network="host"``; a tenant's only where its sandboxes may have it too,
+``--allow-host-network``, else none), with the host's CA bundle mounted read-only at
 :data:`BUILD_CA_PATH` (the host may reach package indexes through a TLS-intercepting
 proxy) and ``SSL_CERT_FILE``/``PIP_CERT``/``REQUESTS_CA_BUNDLE`` pointing at it.
 
@@ -129,8 +130,11 @@ class ImageBuild:
     def __init__(self, engine: Engine, spec: BuildSpec | dict[str, Any], *,
                  name: str | None = None, context: str | os.PathLike[str] | None = None,
                  context_only: bool = False, sources: dict[int, str] | None = None,
-                 cpus: float | None = None) -> None:
+                 cpus: float | None = None, host_network: bool = True) -> None:
         self.spec = spec = BuildSpec.parse(spec)
+        # run steps' network: the host's, unless the caller may not have it (a tenant on
+        # a daemon without --allow-host-network): then none, as its sandboxes
+        self.host_network = host_network
         name = name or spec.name
         if not name:
             raise InvalidArgument("the image needs a name: pass name= or set name: in the spec")
@@ -230,7 +234,8 @@ class ImageBuild:
             image=spec.base, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb, pids=BUILD_PIDS,
             inodes=BUILD_INODES,
             cpus=self.cpus, timeout=spec.step_timeout + 600,
-            workdir=workdir, network=NetworkMode.HOST if run else NetworkMode.NONE,
+            workdir=workdir,
+            network=NetworkMode.HOST if run and self.host_network else NetworkMode.NONE,
             tags=[BUILD_TAG, f"image={self.name}"],
         )
         sb_spec = engine.owners.stamp(sb_spec)  # the building tenant's: it runs its steps
