@@ -9,7 +9,8 @@ sandboxes made from the image, get by default.
 
 Caching: a step's key is the sha256 of its parent's key and the step itself (for
 ``copy``, of the copied files' names, modes and contents too); the parent of the first
-step is the base image's digest, and after a layer step the chain continues from the
+step is the base image's digest (and a tenant's name: a tenant may exec in its own
+step's sandbox, so what its builds cache serves its builds only), and after a layer step the chain continues from the
 layer's digest, so a step rebuilt with a different result invalidates those after it.
 Rebuilding an unchanged spec finds every key and runs nothing; changing step k runs
 k and what follows. A failed step leaves no sandbox and no layer; the steps before it
@@ -135,6 +136,9 @@ class ImageBuild:
         # run steps' network: the host's, unless the caller may not have it (a tenant on
         # a daemon without --allow-host-network): then none, as its sandboxes
         self.host_network = host_network
+        # whose build cache it reads and fills: a tenant can exec in its own step's
+        # sandbox and plant files in the layer, so its entries serve its builds only
+        self.owner = engine.owners.acting()
         name = name or spec.name
         if not name:
             raise InvalidArgument("the image needs a name: pass name= or set name: in the spec")
@@ -167,7 +171,8 @@ class ImageBuild:
         lock = await asyncio.to_thread(image_cache.hold_build_lock, images_dir)
         try:
             env, workdir = dict(base.env), base.workdir
-            parent = _hash(_KEY_FORMAT, base.digest.encode())
+            parent = _hash(_KEY_FORMAT, base.digest.encode(), *(
+                () if self.owner is None else (b"tenant\0" + self.owner.encode(),)))
             made: list[CacheEntry] = []  # bottom first
             keys: list[str] = []
             for i, step in enumerate(spec.steps):
