@@ -75,3 +75,46 @@ def test_a_content_digest_is_computed_once_and_kept(tmp_path):
                                    "layers": [], "digest": "sha256:" + "1" * 64,
                                    "size_bytes": 0, "python": None})
         root_travel.content_of(images, "b")
+
+
+def test_a_root_pulled_for_a_snapshot_is_kept_before_any_collection_can_run(tmp_path):
+    """The race: a snapshot's root is pulled (or found already pulled for a built image),
+    and a collection (any build or image removal, which a tenant can start) runs before
+    the snapshot is registered on it. Returned kept, the root survives it."""
+    import asyncio
+    import contextlib
+
+    from corral.runtime import layer_wire
+    from corral.runtime.layer_fetch import LayerFetcher
+    from corral.runtime.paths import Layout
+    from corral.runtime.registry import Registry
+    from corral.runtime.snapshots import Snapshots
+
+    layout = Layout.create(tmp_path / "state", tmp_path / "cache")
+    images = ImageStore(layout.cache_dir / "images")
+    fetcher = LayerFetcher(Snapshots(layout, Registry(tmp_path / "reg.db"), images))
+    peer = _tree(tmp_path / "peer")
+    (peer / "bin").mkdir()
+    os.chmod(peer, 0o755)
+    content, size = tree_digest(peer, root_form=True)
+    data = b"".join(layer_wire.stream(peer, root_form=True))
+    fetched: list[str] = []
+
+    @contextlib.contextmanager
+    def open_layer(digest, _size):
+        fetched.append(digest)
+        yield [data]
+
+    meta = {"kind": "rootfs", "digest": "sha256:" + "ab" * 32}
+    desc = {"digest": content, "size_bytes": size}
+    # already here for a built image (marked pulled), as the snapshot asks for it
+    first = asyncio.run(root_travel.pull_root(fetcher, desc, open_layer, meta=meta))
+    images.publish_built("b", {"root": {"image": first.name, "digest": first.digest},
+                               "layers": [], "digest": "sha256:" + "0" * 64,
+                               "size_bytes": 0, "python": None})
+    root = asyncio.run(root_travel.pull_root(fetcher, desc, open_layer, meta=meta,
+                                             keep_it=True))
+    assert root.name == first.name and fetched == [content]  # found, not fetched again
+    images.remove("b")  # collects: the one user the collection can see goes
+    assert images.exists(root.name), "collected between the pull and its snapshot"
+    assert root_travel.PULLED not in images.manifest(root.name)

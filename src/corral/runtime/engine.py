@@ -308,7 +308,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
         try:
-            await asyncio.wait_for(asyncio.shield(channel.ready), START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
+                await asyncio.shield(channel.ready)
         except (CorralError, asyncio.TimeoutError):  # before READY no sandbox code has run
             detail = slot.error_output()
             raise SandboxStartError(

@@ -9,7 +9,8 @@ sandboxes made from the image, get by default.
 
 Caching: a step's key is the sha256 of its parent's key and the step itself (for
 ``copy``, of the copied files' names, modes and contents too); the parent of the first
-step is the base image's digest, and after a layer step the chain continues from the
+step is the base image's digest (and a tenant's name: a tenant may exec in its own
+step's sandbox, so what its builds cache serves its builds only), and after a layer step the chain continues from the
 layer's digest, so a step rebuilt with a different result invalidates those after it.
 Rebuilding an unchanged spec finds every key and runs nothing; changing step k runs
 k and what follows. A failed step leaves no sandbox and no layer; the steps before it
@@ -19,7 +20,8 @@ Steps run as the sandbox user: ``pip install`` goes to the user site (``~/.local
 which sandboxes from the image import from. A ``run`` step with ``user: root`` runs as
 root of the build sandbox's user namespace (``apt-get install``; no host privilege:
 :mod:`corral.runtime.rootbuild`), and what it writes is root's in the image. Only ``run`` steps have the
-network (``network="host"``), with the host's CA bundle mounted read-only at
+network (``network="host"``; a tenant's only where its sandboxes may have it too,
+``--allow-host-network``, else none), with the host's CA bundle mounted read-only at
 :data:`BUILD_CA_PATH` (the host may reach package indexes through a TLS-intercepting
 proxy) and ``SSL_CERT_FILE``/``PIP_CERT``/``REQUESTS_CA_BUNDLE`` pointing at it.
 
@@ -129,8 +131,14 @@ class ImageBuild:
     def __init__(self, engine: Engine, spec: BuildSpec | dict[str, Any], *,
                  name: str | None = None, context: str | os.PathLike[str] | None = None,
                  context_only: bool = False, sources: dict[int, str] | None = None,
-                 cpus: float | None = None) -> None:
+                 cpus: float | None = None, host_network: bool = True) -> None:
         self.spec = spec = BuildSpec.parse(spec)
+        # run steps' network: the host's, unless the caller may not have it (a tenant on
+        # a daemon without --allow-host-network): then none, as its sandboxes
+        self.host_network = host_network
+        # whose build cache it reads and fills: a tenant can exec in its own step's
+        # sandbox and plant files in the layer, so its entries serve its builds only
+        self.owner = engine.owners.acting()
         name = name or spec.name
         if not name:
             raise InvalidArgument("the image needs a name: pass name= or set name: in the spec")
@@ -163,7 +171,8 @@ class ImageBuild:
         lock = await asyncio.to_thread(image_cache.hold_build_lock, images_dir)
         try:
             env, workdir = dict(base.env), base.workdir
-            parent = _hash(_KEY_FORMAT, base.digest.encode())
+            parent = _hash(_KEY_FORMAT, base.digest.encode(), *(
+                () if self.owner is None else (b"tenant\0" + self.owner.encode(),)))
             made: list[CacheEntry] = []  # bottom first
             keys: list[str] = []
             for i, step in enumerate(spec.steps):
@@ -230,7 +239,8 @@ class ImageBuild:
             image=spec.base, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb, pids=BUILD_PIDS,
             inodes=BUILD_INODES,
             cpus=self.cpus, timeout=spec.step_timeout + 600,
-            workdir=workdir, network=NetworkMode.HOST if run else NetworkMode.NONE,
+            workdir=workdir,
+            network=NetworkMode.HOST if run and self.host_network else NetworkMode.NONE,
             tags=[BUILD_TAG, f"image={self.name}"],
         )
         sb_spec = engine.owners.stamp(sb_spec)  # the building tenant's: it runs its steps

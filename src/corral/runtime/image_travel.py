@@ -28,7 +28,7 @@ from typing import Any
 
 from corral.errors import ImageNotFound, InvalidArgument
 from corral.image_schema import validate_image_name
-from corral.runtime import image_cache, root_travel
+from corral.runtime import image_cache, layer_wire, root_travel
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layer_fetch import LayerFetcher, OpenLayer, layers_of
 
@@ -96,13 +96,38 @@ async def _pull(fetcher: LayerFetcher, desc: dict[str, Any], open_layer: OpenLay
         for lid, layer_digest, size in layers:
             if not store.path(lid).is_dir():
                 await fetcher.fetch(store, layer_digest, size, open_layer)
-        manifest = {k: desc.get(k) for k in _KEPT}
+        manifest = _checked_built(desc)
         manifest["root"] = {"image": here.name, "digest": here.digest}
         manifest["layers"] = [{"id": lid, "digest": d, "size_bytes": size}
                               for lid, d, size in layers]
         return await asyncio.to_thread(images.publish_built, name, manifest)
     finally:
         os.close(lock)
+
+
+def _checked_built(desc: dict[str, Any]) -> dict[str, Any]:
+    """What of a peer's description of a built image goes into its manifest here, each
+    field checked as :meth:`ImageStore.get` and the sandboxes of the image read it (a
+    damaged manifest would fail this node's image listing for everyone), else
+    :class:`InvalidArgument`. Its source's build-cache keys are the peer's, not kept."""
+    name = desc.get("name")
+    digest, size, python = desc.get("digest"), desc.get("size_bytes"), desc.get("python")
+    base, workdir, source = desc.get("base"), desc.get("workdir"), desc.get("source")
+    if not (isinstance(digest, str) and layer_wire.DIGEST_RE.fullmatch(digest)
+            and isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 1 << 62
+            and (python is None or isinstance(python, str) and python.startswith("/")
+                 and len(python) < 4096 and "\0" not in python)
+            and (base is None or isinstance(base, str) and len(base) < 256)
+            and (workdir is None or isinstance(workdir, str) and workdir.startswith("/")
+                 and len(workdir) < 4096 and "\0" not in workdir)
+            and (source is None or isinstance(source, dict))):
+        raise InvalidArgument(
+            f"the peer described image {str(name)[:100]!r} with an invalid digest, size, "
+            "python, base, workdir or source: refused (a broken or hostile peer)")
+    env = root_travel.checked_env(desc.get("env"), f"image {str(name)[:100]!r}")
+    kept_source = {k: v for k, v in (source or {}).items() if k != "keys"}
+    return {"digest": digest, "size_bytes": size, "python": python, "base": base,
+            "env": env, "workdir": workdir, "source": kept_source}
 
 
 async def image_for_snapshot(fetcher: LayerFetcher, desc: dict[str, Any],
@@ -130,6 +155,5 @@ async def image_for_snapshot(fetcher: LayerFetcher, desc: dict[str, Any],
             await pull_image(fetcher, peer, open_layer)
         return desc  # or another build of it here: the import says so
     root = await root_travel.pull_root(fetcher, peer.get("content"), open_layer, meta=peer,
-                                      name=None if here is not None else name)
-    await asyncio.to_thread(root_travel.keep, images, root.name)
+                                      name=None if here is not None else name, keep_it=True)
     return {**desc, "image": root.name}

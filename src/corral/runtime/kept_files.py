@@ -105,11 +105,16 @@ class KeptFiles:
                 upper, None if frozen else live.cgroup, source=live.id, spec=live.spec)
             size = await asyncio.to_thread(_allocated, staged)
             self.snapshots.check_quota(live.spec.tenant, {f"kept:{live.id}": size})
+            # counted at once, with no await since the check: the next check sees it
+            self._held[live.id] = (live.spec.tenant, size)
             record = json.dumps({"owner": live.spec.tenant, "bytes": size})
             await asyncio.to_thread((staged / RECORD).write_text, record)
             await asyncio.to_thread(os.rename, staged, self.root / live.id)
-            self._held[live.id] = (live.spec.tenant, size)
-        except (CorralError, OSError) as exc:
+        except BaseException as exc:
+            if not (self.root / live.id).exists():
+                self._held.pop(live.id, None)
+            if not isinstance(exc, (CorralError, OSError)):
+                raise
             if staged is not None and staged.exists():
                 await asyncio.to_thread(remove_tree, staged)
             message = exc.message if isinstance(exc, CorralError) else str(exc)

@@ -52,6 +52,7 @@ PULLED = "pulled_root"
 INTERNAL_PREFIX = "root-"
 ROOT_KINDS = ("debootstrap", "rootfs", "oci")
 _MAX_ENV = 512
+_MAX_ENV_VALUE = 64 << 10  # characters of one variable
 _computing = threading.Lock()  # one content digest computed at a time (they are big)
 
 
@@ -126,11 +127,7 @@ def _checked_meta(meta: dict[str, Any]) -> dict[str, Any]:
     digest = meta.get("digest")
     if isinstance(digest, str) and layer_wire.DIGEST_RE.fullmatch(digest):
         out["digest"] = digest
-    env = meta.get("env") or {}
-    if (not isinstance(env, dict) or len(env) > _MAX_ENV or not all(
-            isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w{0,255}", k)
-            for k, v in env.items())):
-        raise InvalidArgument("the peer described a root image with an invalid env")
+    env = checked_env(meta.get("env"), "a root image")
     if env:
         out["env"] = env
     workdir = meta.get("workdir")
@@ -139,12 +136,26 @@ def _checked_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def checked_env(env: Any, what: str) -> dict[str, str]:
+    """A peer's ``env`` of an image, checked (names, count, sizes), else
+    :class:`InvalidArgument`: it goes into a manifest every sandbox of the image reads."""
+    env = env or {}
+    if (not isinstance(env, dict) or len(env) > _MAX_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[A-Za-z_]\w{0,255}", k)
+            and len(v) <= _MAX_ENV_VALUE and "\0" not in v for k, v in env.items())):
+        raise InvalidArgument(f"the peer described {what} with an invalid env")
+    return env
+
+
 async def pull_root(fetcher: LayerFetcher, content: Any, open_layer: OpenLayer, *,
-                    meta: dict[str, Any], name: str | None = None) -> Image:
+                    meta: dict[str, Any], name: str | None = None,
+                    keep_it: bool = False) -> Image:
     """The root image here whose content is ``content`` (``{"digest", "size_bytes"}``
     from a peer), fetched if no image here has it. ``name``: publish it under that name
     (an image pulled by name), else under :func:`internal_name`. ``meta``: the peer's
-    description of the image (its kind, digest, env, workdir). Concurrent pulls of one
+    description of the image (its kind, digest, env, workdir). ``keep_it``: the root is
+    returned kept from collection (:func:`keep`), made so under the build lock, so no
+    collection between the pull and the caller's use takes it. Concurrent pulls of one
     root share one fetch."""
     if not isinstance(content, dict):
         raise InvalidArgument("the peer described a root image without its content digest")
@@ -155,9 +166,22 @@ async def pull_root(fetcher: LayerFetcher, content: Any, open_layer: OpenLayer, 
     target = name or internal_name(digest)
     checked = _checked_meta(meta)
     image: Image = await fetcher.once(
-        f"root:{digest}:{target}",
-        lambda: asyncio.to_thread(_pull_now, fetcher, digest, size, open_layer, target, checked))
+        f"root:{digest}:{target}:{keep_it}",
+        lambda: asyncio.to_thread(_pull_kept if keep_it else _pull_now, fetcher, digest, size,
+                                  open_layer, target, checked))
     return image
+
+
+def _pull_kept(fetcher: LayerFetcher, digest: str, size: int, open_layer: OpenLayer,
+               target: str, meta: dict[str, Any]) -> Image:
+    images = fetcher.snapshots.images
+    lock = image_cache.hold_build_lock(images.images_dir)  # held across both: no collection
+    try:
+        image = _pull_now(fetcher, digest, size, open_layer, target, meta)
+        keep(images, image.name)
+        return image
+    finally:
+        os.close(lock)
 
 
 def _pull_now(fetcher: LayerFetcher, digest: str, size: int, open_layer: OpenLayer,

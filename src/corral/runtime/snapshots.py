@@ -86,6 +86,9 @@ class Snapshots:
         self.quota_of: Callable[[str | None], int | None] = lambda owner: None
         # What else of an owner's counts against it: its stopped sandboxes' kept files
         self.also_held: Callable[[str | None], int] = lambda owner: 0
+        # Layers checked against an owner's quota and being installed (not yet rows):
+        # a check meanwhile (a kept tree's, another snapshot's) counts them too
+        self._installing: dict[int, tuple[str | None, dict[str, int]]] = {}
 
     def open(self) -> list[str]:
         """Recount references after a restart and remove what a crash left behind
@@ -183,10 +186,13 @@ class Snapshots:
         async with self._lock:  # no gc between the layer's rename and its reference
             try:  # under the lock: two snapshots of one owner are counted one after the other
                 sizes = self.registry.layer_rows(below)
-                self.check_quota(spec.tenant, {sealed.id: sealed.size_bytes,
-                                               **{i: sizes[i][1] for i in below if i in sizes}})
+                adding = {sealed.id: sealed.size_bytes,
+                          **{i: sizes[i][1] for i in below if i in sizes}}
+                self.check_quota(spec.tenant, adding)
+                self._installing[id(sealed)] = (spec.tenant, adding)  # until its row is in
                 layer, _ = await asyncio.to_thread(self.store.install, sealed)
             except BaseException:
+                self._installing.pop(id(sealed), None)
                 await asyncio.to_thread(self.store.discard, sealed.tmp)
                 raise
             self._mark_checked(layer.id)
@@ -205,6 +211,8 @@ class Snapshots:
                 self.registry.add_snapshot(row, (layer.id, layer.digest, layer.size_bytes))
             except sqlite3.IntegrityError:
                 return None
+            finally:
+                self._installing.pop(id(sealed), None)
         return row
 
     def usage_bytes(self, owner: str | None) -> int:
@@ -219,6 +227,9 @@ class Snapshots:
         if limit is None:
             return
         held = self.registry.owner_layers(owner)
+        for who, layers in self._installing.values():
+            if who == owner:
+                held.update(layers)
         kept = self.also_held(owner)
         now, after = sum(held.values()) + kept, sum({**held, **adding}.values()) + kept
         if (adding and after > limit) or (not adding and now >= limit):

@@ -111,7 +111,8 @@ async def build_image(request: Request) -> Response:
         req = validate_model(BuildRequest, data, "build request")
         gate, owner = builds_gate(request), tenant_of(request)
         build = ImageBuild(engine, req.spec, name=req.name, context=context, context_only=True,
-                           sources=req.sources, cpus=gate.cpus_for(owner, host_cpus()))
+                           sources=req.sources, cpus=gate.cpus_for(owner, host_cpus()),
+                           host_network=owner is None or ctx.host_network_allowed(request))
         # admitted like a sandbox, before the reply starts: a refusal is a plain error
         ticket = await gate.admit(owner, build.spec.memory_mb, build.cpus)
     except BaseException:
