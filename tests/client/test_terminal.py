@@ -36,6 +36,7 @@ def test_a_shell_on_a_terminal(client):
             proc.write('echo "<<$(tty) $(stty size)>>"\r')
             read_until(chunks, "\r\n", seen)  # the echo of the typed line
             assert read_until(chunks, "\r\n", seen).endswith("<</dev/pts/0 20 70>>")
+            read_until(chunks, PROMPT, seen)  # typed ahead, a line is echoed twice (tty, readline)
             proc.resize(30, 90)  # what is typed next sees the new size
             proc.write('echo "<<$(stty size)>>"\r')
             read_until(chunks, "\r\n", seen)
