@@ -221,21 +221,31 @@ def detect_node_loss(cluster, worker, client: corral.Client) -> float | None:
     return None
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cluster_bench_args(doc: str) -> argparse.Namespace | None:
+    """The arguments of a cluster benchmark (``--quick``, ``--json``), or None after
+    saying what is missing (root, the ``ray`` extra)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemons run real sandboxes)")
-        return 1
+        return None
     try:
-        import ray
-        from ray.cluster_utils import Cluster
+        import ray  # noqa: F401
     except ImportError:
         print("needs Ray: pip install -e '.[ray]'")
+        return None
+    return args
+
+
+def main() -> int:
+    args = cluster_bench_args(__doc__)
+    if args is None:
         return 1
+    import ray
     from peers.ray_sandbox import use_tools as use_ray_sandbox_tools
+    from ray.cluster_utils import Cluster
     from ray_sandbox_baseline import baseline as ray_sandbox_baseline
 
     from corral.cluster import _ray, auth, bringup

@@ -18,7 +18,6 @@ Needs root and the ``ray`` extra. Never fails on time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,14 +28,11 @@ import time
 import uuid
 from pathlib import Path
 
+from bench_cluster import NODE_ARGS, cluster_bench_args, exec_rtt, ms_since
+
 import corral
 
 SPEC = {"image": "python", "memory_mb": 64}
-NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 << 20}
-
-
-def ms_since(t: float) -> float:
-    return (time.perf_counter() - t) * 1000
 
 
 def create_ready(client: corral.Client, node: str) -> float:
@@ -47,29 +43,13 @@ def create_ready(client: corral.Client, node: str) -> float:
     return took
 
 
-def exec_rtt(sb: corral.Sandbox, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sb.exec("true")
-        out.append(ms_since(t))
-    return out
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("needs root (the daemons run real sandboxes)")
+    args = cluster_bench_args(__doc__)
+    if args is None:
         return 1
-    try:
-        import ray
-        from ray.cluster_utils import Cluster
-    except ImportError:
-        print("needs Ray: pip install -e '.[ray]'")
-        return 1
+    import ray
+    from ray.cluster_utils import Cluster
+
     from corral.cluster import bringup
 
     n = 10 if args.quick else 40
