@@ -72,11 +72,18 @@ def _tenant(entry: dict[str, Any]) -> Tenant:
                   num("max_snapshot_mb", int), num("max_builds", int))
 
 
+def lease_clock() -> float:
+    """Seconds on the clock a registry copy's lease runs on: CLOCK_BOOTTIME, which
+    (unlike ``time.monotonic``) goes on while the host is suspended, so a node that
+    wakes up holds no copy it could not have refreshed meanwhile."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 @dataclass
 class _Copy:
     """One read of the registry."""
 
-    started: float  # time.monotonic() when the read began
+    started: float  # lease_clock() when the read began
     by_hash: dict[bytes, Tenant] = field(default_factory=dict)
     by_name: dict[str, Tenant] = field(default_factory=dict)
     revoked: set[str] = field(default_factory=set)
@@ -95,7 +102,7 @@ class ClusterTokenStore:
 
     def fresh(self) -> bool:
         copy = self._copy
-        return copy is not None and time.monotonic() - copy.started < LEASE_S
+        return copy is not None and lease_clock() - copy.started < LEASE_S
 
     def unavailable(self) -> str | None:
         """Why tenant tokens are refused here now (None: they are not)."""
@@ -127,7 +134,7 @@ class ClusterTokenStore:
 
     def reload(self) -> set[str]:
         """Read the registry again; the names revoked since the last read."""
-        started = time.monotonic()
+        started = lease_clock()
         entries = tenant_registry.read_all(self._gcs)
         copy = _Copy(started)
         for name, entry in entries.items():
