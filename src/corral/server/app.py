@@ -43,6 +43,7 @@ from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
+from corral.server.conn_limits import mark_authenticated
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
@@ -145,6 +146,8 @@ class Guard:
                          if isinstance(denied, Unauthorized) else None)
                 await (reply or error_response(denied, headers))(scope, receive, send)
                 return
+            if scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
+                mark_authenticated(scope)  # its connection is no stranger now (conn_limits)
             if scope.get("server") != (self.unix_socket, None):
                 client = (scope.get("client") or ("?",))[0]
                 if not self.clients.enter(client):

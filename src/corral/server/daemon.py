@@ -28,7 +28,14 @@ from corral.runtime.statefiles import secure_state_dir
 from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
-from corral.server.limits import BoundedHttpProtocol
+from corral.server.conn_limits import (
+    ConnectionBook,
+    accept_backlog,
+    default_max_connections,
+    protocol_for,
+    raise_open_file_limit,
+)
+from corral.server.log_limits import RepeatFilter
 from corral.server.settings import ServerSettings
 
 logger = logging.getLogger("corral.server")
@@ -172,6 +179,10 @@ async def run(settings: ServerSettings) -> None:
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
+        open_files = raise_open_file_limit()
+        book = ConnectionBook(  # every TCP connection, counted from accept (conn_limits.py)
+            settings.max_connections or default_max_connections(open_files),
+            settings.max_client_connections)
         if settings.grpc is not None:
             frontend = await _start_grpc(settings, engine, app)
 
@@ -185,7 +196,7 @@ async def run(settings: ServerSettings) -> None:
         config = uvicorn.Config(
             app,
             lifespan="off",
-            http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
+            http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
             ws="none",  # no websocket endpoints: never upgrade a connection
             loop="asyncio",
             log_config=None,
@@ -193,7 +204,7 @@ async def run(settings: ServerSettings) -> None:
             access_log=logger.isEnabledFor(logging.DEBUG) and settings.log_format == "text",
             # A backstop only: _drain ends what the engine runs after shutdown_grace.
             timeout_graceful_shutdown=settings.shutdown_grace + DRAIN_BACKSTOP_S,  # type: ignore[arg-type]
-            backlog=BACKLOG,
+            backlog=accept_backlog(open_files, BACKLOG),
             timeout_keep_alive=KEEP_ALIVE_S,
         )
         server = _Server(config, on_exit=on_exit)
@@ -261,6 +272,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         raise InvalidArgument(f"unknown log level {level!r}: use debug, info, warning or error")
     handler = logging.StreamHandler()
     handler.setFormatter(accesslog.formatter(log_format))
+    handler.addFilter(RepeatFilter())  # a flood of one line becomes a count (log_limits.py)
     logging.basicConfig(handlers=[handler])
     logging.getLogger("corral").setLevel(numeric)
     # uvicorn's own start/stop chatter only when debugging; its errors always.

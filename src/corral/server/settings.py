@@ -31,6 +31,7 @@ DEFAULT_QUEUE_SIZE = 4096
 DEFAULT_QUEUE_TIMEOUT_S = 120.0
 DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
 DEFAULT_MAX_CLIENT_REQUESTS = 1024  # requests in flight per TCP client address
+DEFAULT_MAX_CLIENT_CONNECTIONS = 64  # unauthenticated TCP connections per client address
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
 DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
@@ -83,6 +84,10 @@ class ServerSettings:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS
+    # TCP connections held at once (None: the open-file limit less a reserve) and
+    # unauthenticated ones per client address (server/conn_limits.py)
+    max_connections: int | None = None
+    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
@@ -103,9 +108,11 @@ class ServerSettings:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes",
-                     "max_client_requests", "max_builds"):
+                     "max_client_requests", "max_builds", "max_client_connections"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise InvalidArgument(f"max_connections must be at least 1, got {self.max_connections}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
         if not 0 < self.max_lifetime <= MAX_TIMEOUT_S or not 0 <= self.log_retention:
