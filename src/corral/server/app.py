@@ -36,9 +36,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
-from corral.server import metrics
+from corral.server import metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
+from corral.server.auth_throttle import AuthThrottle, presented, retry_headers
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
@@ -116,6 +117,7 @@ class Guard:
     def __init__(
         self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
         clients: ClientLimiter, tenants: Tenants, owners: Owners, peer: PeerCredential,
+        throttle: AuthThrottle,
     ) -> None:
         self.app = app
         self.token = token
@@ -125,6 +127,7 @@ class Guard:
         self.activity = activity
         self.clients = clients
         self.peer = peer  # another daemon of the cluster: peer reads only
+        self.throttle = throttle  # wrong credentials cost time (auth_throttle.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
@@ -139,7 +142,15 @@ class Guard:
 
         client = None
         try:
+            tcp = scope.get("server") != (self.unix_socket, None)
+            address, credential = (scope.get("client") or ("?",))[0], presented(scope)
+            slow = self.throttle.refusal(address, credential) if tcp else None
+            if slow is not None:  # a guesser: refused before its credential is checked
+                await error_response(slow, retry_headers(slow))(scope, receive, send)
+                return
             denied = self._check_auth(scope)  # and puts the caller in scope[CALLER_KEY]
+            if tcp:  # (auth_throttle.py) SandboxFusion's token is in the path
+                self._count(scope, address, credential, denied)
             if denied is not None:  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
                 reply = (e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
@@ -170,6 +181,14 @@ class Guard:
                 self.clients.leave(client)
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
+
+    def _count(self, scope: Scope, address: str, credential: str | None,
+               denied: Unauthorized | Forbidden | None) -> None:
+        credential = credential or scope.get(sandboxfusion_compat.TOKEN_KEY)
+        if denied is None and scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
+            self.throttle.succeeded(address, credential)
+        elif not isinstance(denied, Forbidden):  # a good credential on the wrong route
+            self.throttle.failed(address, credential)
 
     def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
         # uvicorn reports a Unix socket's listener as (its path, None).
@@ -229,6 +248,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 tenants=tenants,
                 owners=engine.owners,
                 peer=PeerCredential(settings.peer_token),
+                throttle=AuthThrottle(),
             ),
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
@@ -259,6 +279,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    node_proof.mount(app, settings)  # on a cluster: proves who it is, ahead of any guard
     if settings.metrics:
         metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events
     return app

@@ -28,6 +28,7 @@ from corral.runtime.statefiles import secure_state_dir
 from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
+from corral.server.auth_throttle import weak_token_warning
 from corral.server.conn_limits import (
     ConnectionBook,
     accept_backlog,
@@ -168,6 +169,8 @@ async def run(settings: ServerSettings) -> None:
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
+    if settings.tcp is not None and (weak := weak_token_warning(settings.token)):
+        logger.warning("%s", weak)
     sockets: list[socket.socket] = []
     inode = None
     tasks: list[asyncio.Task[None]] = []

@@ -7,6 +7,8 @@ Environment variables (read only here, by :meth:`ServerSettings.from_env`):
   without one).
 - ``CORRAL_PEER_TOKEN``: the cluster's peer credential, sent to other daemons and
   accepted from them on the read-only peer routes only (:mod:`corral.server.peer_auth`).
+- ``CORRAL_NODE_KEY``: on a cluster, the key this node's daemon proves who it is with
+  before clients send it a credential (:mod:`corral.server.node_proof`).
 
 ``CORRAL_STATE_DIR`` and ``CORRAL_CACHE_DIR`` are read by :mod:`corral.runtime.paths`
 when ``state_dir`` / ``cache_dir`` are left unset.
@@ -74,6 +76,9 @@ class ServerSettings:
     tcp: tuple[str, int] | None = None
     token: str | None = field(default=None, repr=False)
     peer_token: str | None = field(default=None, repr=False)  # server/peer_auth.py
+    # On a cluster: the private key this node's daemon proves itself with (CORRAL_NODE_KEY,
+    # set by its node actor; server/node_proof.py, cluster/proof.py)
+    node_key: str | None = field(default=None, repr=False)
     # Also serve the CoreWeave Sandbox (cwsandbox) gRPC API here (needs the token too).
     grpc: tuple[str, int] | None = None
     max_starting: int = DEFAULT_MAX_STARTING
@@ -143,7 +148,7 @@ class ServerSettings:
         """Settings from ``CORRAL_SOCKET`` / ``CORRAL_TOKEN``, then ``overrides``
         (entries that are ``None`` are ignored, so unset CLI options fall through)."""
         base: dict[str, Any] = {"socket": Path(os.environ.get("CORRAL_SOCKET", DEFAULT_SOCKET))}
-        for name in ("token", "peer_token"):
+        for name in ("token", "peer_token", "node_key"):
             if os.environ.get(f"CORRAL_{name.upper()}"):
                 base[name] = os.environ[f"CORRAL_{name.upper()}"]
         base.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,92 @@
+"""Attack 8 of issue 23: wrong credentials were never throttled (13-15 guesses a second
+on the login form and on bearer auth), and a 9-character admin token was accepted
+without a word. Now failures are counted per client address and per name
+(:mod:`corral.server.auth_throttle`): past a few, a blocked guesser gets 429 before its
+credential is even checked, while the admin (another address, one that used the token
+before, or the Unix socket) keeps working. Real daemon, real sockets, loopback sources
+of their own; counts are asserted, never times.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from corral.server.auth_throttle import FREE_FAILURES, NAME_FREE_FAILURES
+from tests.conftest import have_root_runtime
+from tests.security.edge_daemon import AUTH, HANG_GUARD_S, TOKEN, served, source
+from tests.server.conftest import uds_client
+
+pytestmark = pytest.mark.skipif(not have_root_runtime(), reason="needs root (a real daemon)")
+
+GUESSES = 40
+# each block doubles (1, 2, 4, ... s): a burst of GUESSES could pass at most this many
+# more checks even if every request took a second
+MAX_CHECKED = FREE_FAILURES + 6
+
+
+def _from(daemon, src: str, **kwargs) -> httpx.Client:
+    return httpx.Client(base_url=daemon.base, timeout=HANG_GUARD_S,
+                        transport=httpx.HTTPTransport(local_address=src), **kwargs)
+
+
+def test_bearer_guesses_from_one_address_are_refused_unchecked():
+    with served() as daemon:
+        with _from(daemon, source(0)) as guesser:
+            statuses = [guesser.get("/v1/info", headers={
+                "Authorization": f"Bearer guess-{i:04d}-" + "x" * 40}).status_code
+                for i in range(GUESSES)]
+            print("statuses:", statuses)
+            assert statuses.count(401) <= MAX_CHECKED
+            assert statuses.count(429) >= GUESSES - MAX_CHECKED
+            # refused before the check: even the right token gets no answer from there
+            blocked = guesser.get("/v1/info", headers=AUTH)
+            assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+            assert blocked.json()["error"]["code"] == "too_many_requests"
+        with _from(daemon, source(1), headers=AUTH) as admin:  # another address
+            assert admin.get("/v1/info").status_code == 200
+        with uds_client(daemon.daemon.socket) as local:  # the Unix socket: never throttled
+            assert local.get("/v1/info").status_code == 200
+
+
+def test_guesses_spread_over_addresses_do_not_lock_out_the_admin():
+    with served() as daemon:
+        with _from(daemon, source(0), headers=AUTH) as admin:
+            assert admin.get("/v1/info").status_code == 200  # this address knows the token
+            statuses = []
+            for i in range(NAME_FREE_FAILURES + 20):  # one guess per fresh address
+                with _from(daemon, source(10 + i)) as guesser:
+                    statuses.append(guesser.get("/v1/info", headers={
+                        "Authorization": "Bearer " + f"{i:04d}" * 10}).status_code)
+            print("statuses:", statuses)
+            assert statuses.count(401) <= NAME_FREE_FAILURES + 6
+            assert statuses[-1] == 429  # the admin token's name is blocked for strangers
+            assert admin.get("/v1/info").status_code == 200  # not for the admin's machine
+
+
+def test_the_login_form_is_throttled_too():
+    with served() as daemon:
+        with _from(daemon, source(0), follow_redirects=False) as browser:
+            statuses = [browser.post("/ui/login", data={"token": f"wrong-{i}"}).status_code
+                        for i in range(GUESSES // 2)]
+            print("statuses:", statuses)
+            assert statuses.count(401) <= MAX_CHECKED
+            assert statuses[-1] == 429
+            assert browser.post("/ui/login", data={"token": TOKEN}).status_code == 429
+        with _from(daemon, source(1), follow_redirects=False) as other:
+            assert other.post("/ui/login", data={"token": TOKEN}).status_code == 303
+
+
+def test_requests_without_credentials_and_good_ones_are_not_counted():
+    with served() as daemon:
+        with _from(daemon, source(0)) as client:
+            for _ in range(GUESSES):
+                assert client.get("/v1/info").status_code == 401  # no credential: no guess
+                assert client.get("/v1/info", headers=AUTH).status_code == 200
+
+
+def test_a_short_admin_token_is_warned_about():
+    with served("--token", "nine-char") as daemon:
+        assert "is only 9 characters" in daemon.log()
+    with served() as daemon:
+        assert "characters: anyone who reaches" not in daemon.log()
