@@ -91,3 +91,31 @@ def closed_by_daemon(sockets: list[socket.socket], within: float) -> int:
             poller.unregister(fd)
             del open_[fd]
     return closed
+
+
+def burst(port: int, sources: list[str], requests: list[bytes]) -> list[int]:
+    """Send ``requests[i]`` from ``sources[i]``, all connected first and then written at
+    once (so the daemon sees them together, however slow this host is); the statuses."""
+    conns = []
+    for src in sources:
+        s = socket.socket()
+        s.settimeout(HANG_GUARD_S)
+        s.bind((src, 0))
+        s.connect(("127.0.0.1", port))
+        conns.append(s)
+    for s, request in zip(conns, requests, strict=True):
+        s.sendall(request)
+    statuses = []
+    for s in conns:
+        with s:
+            head = b""
+            while b"\r\n" not in head and (chunk := s.recv(4096)):
+                head += chunk
+            statuses.append(int(head.split(b" ", 2)[1]) if head else 0)
+    return statuses
+
+
+def get_info(token: str) -> bytes:
+    """``GET /v1/info`` with ``token`` as its bearer token, as raw bytes."""
+    return (f"GET /v1/info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            "Connection: close\r\n\r\n").encode()

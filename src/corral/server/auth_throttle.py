@@ -5,7 +5,9 @@ against two keys: its **client address**, and the **name** of what it tried (the
 admin token, or a tenant token: a tenant token's value names no tenant before it is
 checked, so tenant guesses share one name). After :data:`FREE_FAILURES` failures a key
 is blocked for a time that doubles with each further failure (:data:`FIRST_BLOCK_S`,
-at most :data:`MAX_BLOCK_S`); a key with no failure for :data:`FORGET_S` starts over.
+at most :data:`MAX_BLOCK_S`). Failures leak away (one per :data:`DECAY_S` for an
+address, :data:`NAME_DECAY_S` for a name), so an occasional typo never blocks anyone,
+and a key with no failure for :data:`FORGET_S` starts over.
 
 While a key is blocked, a request it covers is answered 429 ``too_many_requests``
 with ``Retry-After`` *before its credential is checked*, so a blocked guesser learns
@@ -32,8 +34,10 @@ from starlette.types import Scope
 
 from corral.errors import TooManyRequests
 
-FREE_FAILURES = 5  # per address
-NAME_FREE_FAILURES = 20  # per name, all addresses together
+FREE_FAILURES = 20  # per address
+NAME_FREE_FAILURES = 50  # per name, all addresses together
+DECAY_S = 2.0  # one failure of an address is forgotten every this long
+NAME_DECAY_S = 0.5  # ... of a name
 FIRST_BLOCK_S = 1.0
 MAX_BLOCK_S = 60.0
 FORGET_S = 600.0
@@ -46,7 +50,7 @@ _CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"x-access-token")
 
 @dataclass
 class _Record:
-    failures: int = 0
+    failures: float = 0.0
     last: float = 0.0
     blocked_until: float = 0.0
 
@@ -82,6 +86,7 @@ class AuthThrottle:
                  first: float = FIRST_BLOCK_S, most: float = MAX_BLOCK_S,
                  forget: float = FORGET_S) -> None:
         self.free, self.name_free = free, name_free
+        self.decay, self.name_decay = DECAY_S, NAME_DECAY_S
         self.first, self.most, self.forget = first, most, forget
         self._records: OrderedDict[tuple[str, str], _Record] = OrderedDict()
         self._good: OrderedDict[tuple[str, str], float] = OrderedDict()  # (name, address)
@@ -114,8 +119,8 @@ class AuthThrottle:
         if credential is None:
             return
         now = time.monotonic()
-        self._fail(("address", address), now, self.free)
-        self._fail(("name", name_of(credential)), now, self.name_free)
+        self._fail(("address", address), now, self.free, self.decay)
+        self._fail(("name", name_of(credential)), now, self.name_free, self.name_decay)
 
     def succeeded(self, address: str, credential: str | None) -> None:
         """``credential`` opened the daemon from ``address``: remembered, so a blocked
@@ -136,12 +141,13 @@ class AuthThrottle:
         record = self._records.get(key)
         return max(0.0, record.blocked_until - now) if record is not None else 0.0
 
-    def _fail(self, key: tuple[str, str], now: float, free: int) -> None:
+    def _fail(self, key: tuple[str, str], now: float, free: int, decay: float) -> None:
         record = self._records.pop(key, None)
         if record is None or now - record.last > self.forget:
             record = _Record()
         self._records[key] = record  # the most recent last
-        record.failures += 1
+        # a leaky bucket: a slow trickle of mistakes never blocks anyone
+        record.failures = max(0.0, record.failures - (now - record.last) / decay) + 1
         record.last = now
         over = record.failures - free
         if over > 0:
