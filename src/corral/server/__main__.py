@@ -19,7 +19,9 @@ from corral.server.settings import (
     DEFAULT_MAX_CLIENT_CONNECTIONS,
     DEFAULT_MAX_CLIENT_REQUESTS,
     DEFAULT_MAX_SANDBOXES,
+    DEFAULT_MAX_SESSION_STREAMS,
     DEFAULT_MAX_STARTING,
+    DEFAULT_MAX_TENANT_STREAMS,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
@@ -74,6 +76,19 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "N",
         "connections one TCP client address may hold before any of them authenticated "
         f"(default {DEFAULT_MAX_CLIENT_CONNECTIONS})",
+    ),
+    (
+        "--max-session-streams",
+        int,
+        "N",
+        "live streams (events, followed logs, streamed commands) one dashboard session may "
+        f"hold open (default {DEFAULT_MAX_SESSION_STREAMS})",
+    ),
+    (
+        "--max-tenant-streams",
+        int,
+        "N",
+        f"live streams one tenant may hold open (default {DEFAULT_MAX_TENANT_STREAMS})",
     ),
     (
         "--idle-exit",

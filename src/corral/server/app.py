@@ -52,6 +52,7 @@ from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
+from corral.server.stream_limits import StreamBook, StreamLimits
 from corral.server.tenants import (
     ADMIN,
     CALLER_KEY,
@@ -250,6 +251,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 peer=PeerCredential(settings.peer_token),
                 throttle=AuthThrottle(),
             ),
+            Middleware(StreamLimits, book=StreamBook(  # live streams per session and tenant
+                settings.max_session_streams, settings.max_tenant_streams)),
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},

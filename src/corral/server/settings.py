@@ -34,6 +34,8 @@ DEFAULT_QUEUE_TIMEOUT_S = 120.0
 DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
 DEFAULT_MAX_CLIENT_REQUESTS = 1024  # requests in flight per TCP client address
 DEFAULT_MAX_CLIENT_CONNECTIONS = 64  # unauthenticated TCP connections per client address
+DEFAULT_MAX_SESSION_STREAMS = 8  # live streams (SSE, followed logs...) per dashboard session
+DEFAULT_MAX_TENANT_STREAMS = 256  # ... per tenant
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
 DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
@@ -93,6 +95,9 @@ class ServerSettings:
     # unauthenticated ones per client address (server/conn_limits.py)
     max_connections: int | None = None
     max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
+    # live streams one dashboard session, and one tenant, hold open (server/stream_limits.py)
+    max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
+    max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
@@ -113,7 +118,8 @@ class ServerSettings:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes",
-                     "max_client_requests", "max_builds", "max_client_connections"):
+                     "max_client_requests", "max_builds", "max_client_connections",
+                     "max_session_streams", "max_tenant_streams"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_connections is not None and self.max_connections < 1:
