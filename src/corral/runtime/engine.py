@@ -553,8 +553,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
     # ----------------------------------------------------------------- query
 
     def get(self, sandbox_id: str) -> SandboxInfo:
-        info = self.registry.get(sandbox_id)
-        if info is None or not self.owners.sees(info.spec):  # another's: as if unknown
+        # another tenant's is not even read (registry.get): it answers like an unknown id
+        info = self.registry.get(sandbox_id, owner=self.owners.acting())
+        if info is None or not self.owners.sees(info.spec):
             raise SandboxNotFound(
                 f"no sandbox {sandbox_id!r}: it never existed or was deleted",
                 details={"sandbox_id": sandbox_id},
