@@ -3,7 +3,7 @@
 Every request that presents a credential over TCP and is refused counts as a failure
 against two keys: its **client address**, and the **name** of what it tried (the
 admin token, or a tenant token: a tenant token's value names no tenant before it is
-checked, so tenant guesses share one name). After :data:`FREE_FAILURES` failures a key
+checked, so tenant guesses share one name). Past :data:`FREE_FAILURES` failures a key
 is blocked for a time that doubles with each further failure (:data:`FIRST_BLOCK_S`,
 at most :data:`MAX_BLOCK_S`). Failures leak away (one per :data:`DECAY_S` for an
 address, :data:`NAME_DECAY_S` for a name), so an occasional typo never blocks anyone,
