@@ -3,7 +3,7 @@
 closes one, plus a dashboard session trying to hold 400 live event streams, while the
 admin creates sandboxes and runs a command in each.
 
-    python3 benchmarks/bench_preauth.py [--quick] [--json OUT]
+    python3 benchmarks/bench_preauth.py [--quick | --smoke] [--json OUT]
 
 One daemon on loopback TCP, its open-file limit raised to 8192 for the run (2000
 connections must fit). The admin's create→ready and exec round trip are timed quiet,
@@ -14,7 +14,6 @@ process, from 40 loopback addresses (50 connections each). Needs root.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -29,6 +28,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 
 ADMIN_TOKEN = "bench-preauth-admin-" + "x" * 32
 OPEN_FILES = 8192
@@ -65,8 +67,9 @@ def _start(base: Path, port: int) -> subprocess.Popen:
 # ------------------------------------------------------------------ the attacker
 
 
-def _hold_idle(port: int, stop: multiprocessing.synchronize.Event, stats: dict) -> None:
-    """Keep IDLE_CONNECTIONS unauthenticated connections open: reconnect each one the
+def _hold_idle(port: int, idle: int, stop: multiprocessing.synchronize.Event,
+               stats: dict) -> None:
+    """Keep ``idle`` unauthenticated connections open: reconnect each one the
     daemon closes (at most 500 new connections a second, so this process does not
     starve the host's two cores by itself)."""
     sel = selectors.DefaultSelector()
@@ -85,7 +88,7 @@ def _hold_idle(port: int, stop: multiprocessing.synchronize.Event, stats: dict) 
             s.close()
             refused += 1
 
-    for i in range(IDLE_CONNECTIONS):
+    for i in range(idle):
         one(i)
     held_samples = []
     last_sample = time.monotonic()
@@ -116,7 +119,7 @@ def _hold_idle(port: int, stop: multiprocessing.synchronize.Event, stats: dict) 
                 if budget > 0:
                     budget -= 1
                     one(index)
-        while len(sel.get_map()) < IDLE_CONNECTIONS and budget > 0:
+        while len(sel.get_map()) < idle and budget > 0:
             budget -= 1
             one(len(sel.get_map()))
         if time.monotonic() - last_sample > 1.0:
@@ -126,17 +129,17 @@ def _hold_idle(port: int, stop: multiprocessing.synchronize.Event, stats: dict) 
                  held_median=statistics.median(held_samples) if held_samples else 0)
 
 
-def _flood_streams(base: str, token: str, stop: multiprocessing.synchronize.Event,
-                   stats: dict) -> None:
-    """One dashboard session trying to hold STREAMS live event streams."""
-    limits = httpx.Limits(max_connections=STREAMS + 10, max_keepalive_connections=STREAMS)
+def _flood_streams(base: str, token: str, streams: int,
+                   stop: multiprocessing.synchronize.Event, stats: dict) -> None:
+    """One dashboard session trying to hold ``streams`` live event streams."""
+    limits = httpx.Limits(max_connections=streams + 10, max_keepalive_connections=streams)
     accepted = refused = 0
     with httpx.Client(base_url=base, timeout=30, limits=limits,
                       follow_redirects=False) as browser:
         browser.post("/ui/login", data={"token": token})
         open_ = []
         while not stop.is_set():
-            while len(open_) < STREAMS and not stop.is_set():
+            while len(open_) < streams and not stop.is_set():
                 reply = browser.send(browser.build_request("GET", "/ui/events"), stream=True)
                 if reply.status_code == 200:
                     accepted += 1
@@ -151,13 +154,13 @@ def _flood_streams(base: str, token: str, stop: multiprocessing.synchronize.Even
     stats.update(streams_accepted=accepted, streams_refused=refused)
 
 
-def _attack(port: int, token: str, stop, stats) -> None:
+def _attack(port: int, token: str, idle: int, streams: int, stop, stats) -> None:
     import threading
 
     flood = threading.Thread(target=_flood_streams,
-                             args=(f"http://127.0.0.1:{port}", token, stop, stats))
+                             args=(f"http://127.0.0.1:{port}", token, streams, stop, stats))
     flood.start()
-    _hold_idle(port, stop, stats)
+    _hold_idle(port, idle, stop, stats)
     flood.join()
 
 
@@ -190,14 +193,12 @@ def _rounds(admin: httpx.Client, n: int, at_least_s: float = 0.0) -> dict[str, l
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = bench_args.parser(__doc__).parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 20 if args.quick else 60
+    n = bench_args.pick(args, 60, 20, 3)
+    loaded_s = bench_args.pick(args, LOADED_S, LOADED_S, 1.0)
     base = Path(tempfile.mkdtemp(prefix="corral-bench-preauth-"))
     os.chmod(base, 0o711)
     port = _port()
@@ -214,10 +215,12 @@ def main() -> int:
             with ctx.Manager() as manager:
                 stats = manager.dict()
                 stop = ctx.Event()
-                attacker = ctx.Process(target=_attack, args=(port, tenant, stop, stats))
+                attacker = ctx.Process(target=_attack, args=(
+                    port, tenant, bench_args.pick(args, IDLE_CONNECTIONS, IDLE_CONNECTIONS, 100),
+                    bench_args.pick(args, STREAMS, STREAMS, 20), stop, stats))
                 attacker.start()
-                time.sleep(5)  # the connections are up, the flood has hit its limits
-                loaded = _rounds(admin, n, at_least_s=LOADED_S)  # idle ones churn meanwhile
+                time.sleep(bench_args.pick(args, 5.0, 5.0, 1.0))  # all up, the flood at its limits
+                loaded = _rounds(admin, n, at_least_s=loaded_s)  # idle ones churn meanwhile
                 stop.set()
                 attacker.join(60)
                 attack = dict(stats)
