@@ -18,6 +18,7 @@ import time
 import corral
 from corral.cluster import _ray, auth, bringup
 from tests.cluster.conftest import corral_cluster, ray_cluster  # noqa: F401 (the session's)
+from tests.cluster.tenants_on_cluster import make_tenant, unique
 from tests.security.squatter import Squatter
 
 SERVICE_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
@@ -33,39 +34,49 @@ def _bind_when_free(host: str, port: int) -> Squatter:
     raise AssertionError(f"{host}:{port} never came free")
 
 
+def _create(client: corral.Client, node: str) -> str:
+    """One try at a sandbox on ``node``: "created", or the error's name."""
+    try:
+        sb = corral.Sandbox.create(memory_mb=64, node=node, client=client)
+    except (corral.DaemonUnavailable, corral.InvalidArgument) as exc:
+        return type(exc).__name__
+    try:
+        assert sb.exec("echo back", timeout=60).stdout == "back\n"
+    finally:
+        sb.delete()
+    return "created"
+
+
 def test_a_squatter_on_a_dead_daemons_port_gets_no_token(corral_cluster):  # noqa: F811
     gcs = _ray.gcs(corral_cluster.address)
-    node = corral_cluster.node_ids()[1]
+    head, node = corral_cluster.node_ids()[0], corral_cluster.node_ids()[1]
     token = auth.node_tokens(gcs)[node]
-    with corral.Client(f"ray://{corral_cluster.address}") as client:
-        sb = corral.Sandbox.create(memory_mb=64, node=node, client=client)
-        sb.delete()
+    tenant_token = make_tenant(corral_cluster, unique("squat"))
+    entry = bringup.read_entries(gcs)[head]["url"]  # a tenant outside Ray starts there
+    with corral.Client(f"ray://{corral_cluster.address}") as client, \
+            corral.Client(f"cluster+{entry}", token=tenant_token) as tenant:
+        assert _create(client, node) == "created" and _create(tenant, node) == "created"
         old = bringup.read_entries(gcs)[node]
         host, port = old["url"].removeprefix("http://").rsplit(":", 1)
         os.kill(old["pid"], signal.SIGKILL)
         squatter = _bind_when_free(host, int(port))
         try:
-            outcomes = []
-            for _ in range(ATTEMPTS):  # the client keeps working that node meanwhile
-                try:
-                    after = corral.Sandbox.create(memory_mb=64, node=node, client=client)
-                except (corral.DaemonUnavailable, corral.InvalidArgument) as exc:
-                    outcomes.append(type(exc).__name__)
-                    time.sleep(0.1)
-                    continue
-                outcomes.append("created")
-                break
-            print(f"{len(outcomes)} calls; squatter: {squatter.connections} connections, "
+            outcomes: dict[str, list[str]] = {"admin": [], "tenant": []}
+            for _ in range(ATTEMPTS):  # both clients keep working that node meanwhile
+                for who, c in (("admin", client), ("tenant", tenant)):
+                    if outcomes[who][-1:] != ["created"]:
+                        outcomes[who].append(_create(c, node))
+                if all(o[-1:] == ["created"] for o in outcomes.values()):
+                    break
+                time.sleep(0.1)
+            print(f"calls: {outcomes}; squatter: {squatter.connections} connections, "
                   f"{len(squatter.received)} bytes")
-            assert outcomes[-1] == "created", outcomes[-5:]
-            try:
-                assert after.exec("echo back", timeout=60).stdout == "back\n"
-            finally:
-                after.delete()
+            assert all(o[-1] == "created" for o in outcomes.values()), outcomes
             new = bringup.read_entries(gcs)[node]
             assert new["url"] != old["url"] and new["key"] != old["key"]
             # what the squatter got: proof requests, never the node's token
             assert token.encode() not in squatter.received
+            assert tenant_token.encode() not in squatter.received
             assert b"authorization" not in bytes(squatter.received).lower()
         finally:
             squatter.close()
