@@ -72,11 +72,11 @@ def test_a_squatter_on_a_dead_daemons_port_gets_no_token(corral_cluster):  # noq
             print(f"calls: {outcomes}; squatter: {squatter.connections} connections, "
                   f"{len(squatter.received)} bytes")
             assert all(o[-1] == "created" for o in outcomes.values()), outcomes
-            new = bringup.read_entries(gcs)[node]
-            assert new["url"] != old["url"] and new["key"] != old["key"]
             # what the squatter got: proof requests, never the node's token
             assert token.encode() not in squatter.received
             assert tenant_token.encode() not in squatter.received
+            new = bringup.read_entries(gcs)[node]
+            assert new["url"] != old["url"] and new["key"] != old["key"]
             assert b"authorization" not in bytes(squatter.received).lower()
         finally:
             squatter.close()
