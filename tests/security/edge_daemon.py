@@ -68,8 +68,10 @@ def idle_login_page(port: int, src: str) -> socket.socket | None:
     return s
 
 
-def closed_by_daemon(sockets: list[socket.socket], within: float) -> int:
-    """How many of ``sockets`` the daemon closed (EOF or reset) within ``within`` s."""
+def closed_by_daemon(sockets: list[socket.socket], within: float,
+                     enough: int | None = None) -> int:
+    """How many of ``sockets`` the daemon closed (EOF or reset) within ``within`` s;
+    it stops looking once ``enough`` are closed."""
     open_ = {s.fileno(): s for s in sockets}
     poller = select.poll()
     for fd, s in open_.items():
@@ -77,7 +79,8 @@ def closed_by_daemon(sockets: list[socket.socket], within: float) -> int:
         poller.register(fd, select.POLLIN)
     closed = 0
     deadline = time.monotonic() + within
-    while open_ and (left := deadline - time.monotonic()) > 0:
+    while open_ and (left := deadline - time.monotonic()) > 0 and (
+            enough is None or closed < enough):
         for fd, _ in poller.poll(min(left, 1.0) * 1000):
             s = open_[fd]
             try:
@@ -90,6 +93,8 @@ def closed_by_daemon(sockets: list[socket.socket], within: float) -> int:
             closed += 1
             poller.unregister(fd)
             del open_[fd]
+            if enough is not None and closed >= enough:
+                break
     return closed
 
 
@@ -119,3 +124,18 @@ def get_info(token: str) -> bytes:
     """``GET /v1/info`` with ``token`` as its bearer token, as raw bytes."""
     return (f"GET /v1/info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
             "Connection: close\r\n\r\n").encode()
+
+
+def still_open(sockets: list[socket.socket]) -> int:
+    """How many of ``sockets`` the daemon has not closed yet (whatever it sent is read)."""
+    alive = 0
+    for s in sockets:
+        s.setblocking(False)
+        try:
+            while s.recv(65536):
+                pass
+        except BlockingIOError:
+            alive += 1  # nothing more to read, and no EOF
+        except OSError:
+            pass
+    return alive
