@@ -44,6 +44,105 @@ print(f"MATMUL_S={time.perf_counter() - t:.4f} DEVICE={torch.cuda.get_device_nam
       f" COUNT={torch.cuda.device_count()}")
 """
 NO_GPU = "import torch; print('CUDA', torch.cuda.is_available(), torch.cuda.device_count())"
+REFERENCE = """
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.bias = nn.Parameter(torch.randn(2048))
+    def forward(self, a, b):
+        return torch.relu(a @ b + self.bias) * self.scale
+def get_inputs():
+    return [torch.randn(2048, 2048), torch.randn(2048, 2048)]
+def get_init_inputs():
+    return [2.0]
+"""
+HEAD = """
+import torch, torch.nn as nn
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.bias = nn.Parameter(torch.randn(2048))
+"""
+CANDIDATES = {
+    "fast_tf32": HEAD + """
+    def forward(self, a, b):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        return torch.relu(torch.addmm(self.bias, a, b)) * self.scale
+""",
+    "same": HEAD + """
+    def forward(self, a, b):
+        return torch.clamp_min(torch.addmm(self.bias, a, b), 0) * self.scale
+""",
+    "slow": HEAD + """
+    def forward(self, a, b):
+        for _ in range(8):
+            x = torch.relu(a @ b + self.bias) * self.scale
+        return x
+""",
+    "triton": HEAD + """
+    def forward(self, a, b):
+        import triton, triton.language as tl
+        @triton.jit
+        def relu_scale(x_ptr, n, scale, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            m = i < n
+            x = tl.load(x_ptr + i, mask=m)
+            tl.store(x_ptr + i, tl.maximum(x, 0.0) * scale, mask=m)
+        y = torch.addmm(self.bias, a, b)
+        relu_scale[(triton.cdiv(y.numel(), 1024),)](y, y.numel(), self.scale, BLOCK=1024)
+        return y
+""",
+    "wrong": HEAD + """
+    def forward(self, a, b):
+        return (a @ b + self.bias) * self.scale
+""",
+    "hack_cache": HEAD + """
+    cache = None
+    def forward(self, a, b):
+        if ModelNew.cache is None:
+            ModelNew.cache = torch.relu(a @ b + self.bias) * self.scale
+        return ModelNew.cache
+""",
+    "hack_skip_timed": HEAD + """
+    calls = 0
+    def forward(self, a, b):
+        ModelNew.calls += 1
+        if ModelNew.calls > 3:
+            return torch.zeros(2048, 2048, device=a.device)
+        return torch.relu(a @ b + self.bias) * self.scale
+""",
+    "hack_other_stream": HEAD + """
+    def forward(self, a, b):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            y = torch.relu(a @ b + self.bias) * self.scale
+        return y
+""",
+    "hack_read_judge": HEAD + """
+    def forward(self, a, b):
+        import os
+        judge, got = os.getppid(), []
+        for what in ("fd/1", "mem", "environ", "fd/0"):
+            try:
+                with open(f"/proc/{judge}/{what}", "wb" if what == "fd/1" else "rb") as f:
+                    if what == "fd/1":
+                        f.write(b'{"correct": true, "speedup": 1000.0, "status": "ok"}\\n')
+                    else:
+                        f.read(4096)
+                got.append(what)
+            except OSError:
+                pass
+        raise SystemExit(f"reached {got}")
+""",
+    "hack_kill_judge": HEAD + """
+    def forward(self, a, b):
+        import os, signal
+        os.kill(os.getppid(), signal.SIGKILL)
+""",
+}
 results: dict[str, object] = {}
 
 
@@ -129,6 +228,8 @@ async def main() -> int:
                     await step("hostroot_no_gpu_cuda", run(engine, cpu.id, [TORCH_PY, "-c", NO_GPU]))
                 await engine.delete(cpu.id)
             await step(f"{image}_shared", _shared(engine, image))
+            if image == "hostroot":
+                await step("kernel_rewards", _kernels(engine, image))
             await step(f"{image}_create_ready", create_ready_ms(engine, 15, image=image))
         await step("gpus_released", _released(engine))
     finally:
@@ -157,6 +258,42 @@ async def _shared(engine, image):
     finally:
         for s in (a, b):
             await engine.delete(s.id)
+
+
+async def _kernels(engine, image):
+    """corral.rl.kernel's judge in a GPU sandbox, as kernel_reward runs it (through the
+    engine here: no daemon on this machine), for honest candidates and hacks; and the
+    same judge run unsandboxed on the host for its overhead."""
+    from corral.rl.kernel import kernel_payload, outcome, parse_verdict
+
+    out = {}
+    for name, source in CANDIDATES.items():
+        payload = kernel_payload(source, REFERENCE, device="cuda", trials=3, timing_inputs=4,
+                                 repeats=10, timeout=240)
+        t = time.perf_counter()
+        sb = await engine.create(image=image, gpus=1, memory_mb=32768, pids=1024,
+                                 open_files=4096)
+        try:
+            r = await engine.exec(sb.id, [TORCH_PY, "-I", "-c", payload["program"]],
+                                  stdin=json.dumps(payload), timeout=600)
+        finally:
+            await engine.delete(sb.id)
+        o = outcome(parse_verdict(r.stdout), max_speedup=10.0, stderr=r.stderr)
+        out[name] = {"reward": o.reward, "status": o.status, "speedup": o.speedup,
+                     "reason": (o.reason or "")[:300], "ref_ms": o.reference_ms,
+                     "cand_ms": o.candidate_ms, "wall_s": round(time.perf_counter() - t, 2),
+                     "stderr": r.stderr.decode(errors="replace")[-400:]}
+        print(f"   kernel {name}: {out[name]}", flush=True)
+    for name in ("same", "fast_tf32"):  # the judge's overhead: the same check, unsandboxed
+        payload = kernel_payload(CANDIDATES[name], REFERENCE, device="cuda", trials=3,
+                                 timing_inputs=4, repeats=10, timeout=240)
+        t = time.perf_counter()
+        p = subprocess.run([TORCH_PY, "-I", "-c", payload["program"]], input=json.dumps(payload),
+                           capture_output=True, text=True, timeout=600)
+        o = outcome(parse_verdict(p.stdout), max_speedup=10.0, stderr=p.stderr)
+        out[f"unsandboxed_{name}"] = {"reward": o.reward, "status": o.status,
+                                      "speedup": o.speedup, "wall_s": round(time.perf_counter() - t, 2)}
+    return out
 
 
 async def _released(engine):

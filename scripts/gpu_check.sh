@@ -53,7 +53,7 @@ fi
 echo "== check"
 env PATH="$W/bin:$PATH" PYTHONPATH="$PWD/src:$W/py" CORRAL_STATE_DIR="$W/state" \
     CORRAL_CACHE_DIR="$W/cache" CORRAL_RUN_DIR="$W/run" OUT="$OUT" TORCH_PY="$TORCH_PY" \
-    timeout 420 "$TORCH_PY" scripts/gpu_check.py
+    timeout 520 "$TORCH_PY" scripts/gpu_check.py
 echo "== exit $?"
 umount "$W/cache/images/hostroot/rootfs"; umount -l "$W"
 } 2>&1 | tee "$OUT/log.txt"
