@@ -53,6 +53,15 @@ def source(index: int) -> str:
     return f"127.0.{2 + index // 250}.{1 + index % 250}"
 
 
+def silent(port: int, src: str) -> socket.socket:
+    """A connection from ``src`` that sends nothing at all."""
+    s = socket.socket()
+    s.settimeout(HANG_GUARD_S)
+    s.bind((src, 0))
+    s.connect(("127.0.0.1", port))
+    return s
+
+
 def idle_login_page(port: int, src: str) -> socket.socket | None:
     """A connection from ``src`` that fetched ``GET /ui/login`` (no credentials) and now
     only stays open; None if the daemon refused or closed it first."""

@@ -40,10 +40,17 @@ def test_a_full_book_closes_idle_strangers_first_then_refuses():
     assert [c.client for c in closed] == ["d"]
     for c in list(book._unauth):  # noqa: SLF001
         c.busy = 1
-    _conn(book, "f", closed).busy = 1  # no idle stranger left: the idle authenticated goes
-    assert closed[-1] is known
-    assert not book.admit(Connection("g", lambda: None))  # all busy: refused
-    assert book.refused == 1
+    # no idle stranger left, and the authenticated hold no more than half: refused, the
+    # authenticated connection stays
+    assert not book.admit(Connection("f", lambda: None))
+    assert book.refused == 1 and known not in closed
+    crowd = ConnectionBook(max_connections=3, max_client_connections=10)
+    first = _conn(crowd, "a", closed)
+    crowd.promote(first)
+    crowd.promote(_conn(crowd, "b", closed))
+    _conn(crowd, "c", closed).busy = 1
+    _conn(crowd, "d", closed)  # two of three authenticated: the oldest idle one makes room
+    assert closed[-1] is first
 
 
 def test_one_address_makes_room_among_its_own():

@@ -9,11 +9,12 @@ owner and is never counted.
 
 - **Total** (``--max-connections``; default: the daemon's open-file limit less a
   reserve, :func:`default_max_connections`): past it, the oldest idle unauthenticated
-  connection is closed to make room, else the oldest idle authenticated one (closing an
-  idle keep-alive connection is harmless in HTTP), else the new connection is refused
-  (a 503 and closed at once: its descriptor is freed). So ``accept()`` never runs out of
-  descriptors because of connections, and a client with a token always gets in while
-  the others only hold idle sockets.
+  connection is closed to make room; else, if authenticated connections hold more than
+  half the limit, the oldest idle one of them (closing an idle keep-alive connection is
+  harmless in HTTP); else the new connection is refused (a 503, closed at once: its
+  descriptor is freed). So ``accept()`` never runs out of descriptors because of
+  connections, strangers never push out a connection that authenticated, and a client
+  with a token gets in while the others only hold idle sockets.
 - **Per client address** (``--max-client-connections``): unauthenticated connections of
   one address beyond it make room the same way, among that address's own.
 - **Idle time**: an unauthenticated connection is kept alive :data:`UNAUTH_KEEP_ALIVE_S`
@@ -135,7 +136,8 @@ class ConnectionBook:
         ):
             return self._refuse()
         if len(self) >= self.max_connections and not (
-            self._evict(self._unauth) or self._evict(self._auth)
+            self._evict(self._unauth)
+            or (len(self._auth) > self.max_connections // 2 and self._evict(self._auth))
         ):
             return self._refuse()
         self._unauth[conn] = None
