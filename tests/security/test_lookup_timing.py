@@ -33,7 +33,8 @@ async def test_another_tenants_id_costs_what_an_unknown_id_costs(engine, monkeyp
                 with pytest.raises(SandboxNotFound) as refused:
                     engine.get(sid)
                 assert refused.value.message == f"no sandbox {sid!r}: it never existed or was deleted"
-        assert parsed == []  # neither lookup read a sandbox's row
+                assert await engine.delete(sid) is False  # deleting reads no row either
+        assert parsed == []  # no lookup read a sandbox's row
         with engine.owners.acting_as("alice"):
             assert engine.get(theirs.id).id == theirs.id  # its owner still finds it
         assert parsed == [theirs.id]
