@@ -108,6 +108,7 @@ def test_the_throttle_blocks_unchecked_and_remembers_good_addresses():
 
 def test_credential_names_and_headers():
     assert name_of("crl_abc") != name_of("admin-secret")
+    assert name_of("alice.0f0f") == name_of("alice.1e1e") != name_of("bob.0f0f")
     scope = {"headers": [(b"authorization", b"Basic abc"), (b"x-api-key", b" key ")]}
     assert presented(scope) == "key"
     assert presented({"headers": [(b"authorization", b"Bearer t")]}) == "t"

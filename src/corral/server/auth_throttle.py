@@ -2,8 +2,8 @@
 
 Every request that presents a credential over TCP and is refused counts as a failure
 against two keys: its **client address**, and the **name** of what it tried (the
-admin token, or a tenant token: a tenant token's value names no tenant before it is
-checked, so tenant guesses share one name). Past :data:`FREE_FAILURES` failures a key
+admin token; a tenant token, whose value names no tenant before it is checked, so
+tenant guesses share one name; a per-sandbox token, by the token that minted it). Past :data:`FREE_FAILURES` failures a key
 is blocked for a time that doubles with each further failure (:data:`FIRST_BLOCK_S`,
 at most :data:`MAX_BLOCK_S`). Failures leak away (one per :data:`DECAY_S` for an
 address, :data:`NAME_DECAY_S` for a name), so an occasional typo never blocks anyone,
@@ -56,7 +56,11 @@ class _Record:
 
 
 def name_of(credential: str) -> str:
-    """The name a credential's failures count against (see the module docstring)."""
+    """The name a credential's failures count against (see the module docstring): a
+    per-sandbox token (``TOKEN_ID.MAC``) names the token that minted it."""
+    minter, dot, _ = credential.rpartition(".")
+    if dot and minter:
+        return f"the sandbox tokens of {minter[:64]}"
     return TENANT_NAME if credential.startswith(TENANT_PREFIX) else ADMIN_NAME
 
 
