@@ -88,7 +88,8 @@ def test_the_login_form_is_throttled_too():
         assert statuses.count(401) <= MAX_CHECKED
         assert statuses.count(429) >= GUESSES - MAX_CHECKED
         with _from(daemon, source(0), follow_redirects=False) as browser:
-            assert browser.post("/ui/login", data={"token": TOKEN}).status_code == 429
+            page = browser.post("/ui/login", data={"token": TOKEN})
+            assert page.status_code == 429 and "too many failed logins" in page.text
         with _from(daemon, source(1), follow_redirects=False) as other:
             assert other.post("/ui/login", data={"token": TOKEN}).status_code == 303
 
