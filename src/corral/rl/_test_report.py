@@ -44,6 +44,8 @@ class TestReport:
     ``RE``, ``CE``, ``IE``, ``SKIP``); empty for Python tests (see :attr:`verdicts`)."""
     compile_error: str | None = None
     """The compiler's message (bounded) when the solution did not compile (``CE``)."""
+    case_stats: tuple[tuple[float, int], ...] = ()
+    """stdin/stdout judge: ``(cpu_seconds, peak_bytes)`` of each test case's run."""
 
     @property
     def verdicts(self) -> list[str]:
