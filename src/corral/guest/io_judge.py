@@ -217,7 +217,7 @@ def _watch(pid, w_in, r_out, r_err, data, deadline, mem_bytes, out_cap):
                     status = "output"
                     break
                 if fd == r_err and len(buf) > 1 << 20:
-                    del buf[:len(buf) - STDERR_KEPT * 4]
+                    del buf[4096:len(buf) - STDERR_KEPT * 4]  # its head and its tail
             if status:
                 break
     finally:
@@ -235,7 +235,8 @@ def _watch(pid, w_in, r_out, r_err, data, deadline, mem_bytes, out_cap):
         status = "exited" if code >= 0 else "signaled"
     return {"status": status, "code": code, "cpu": usage.ru_utime + usage.ru_stime,
             "rss": usage.ru_maxrss * 1024, "stdout": bytes(out[:out_cap]),
-            "stderr": err.decode(errors="replace")[-STDERR_KEPT:]}
+            "stderr": err.decode(errors="replace")[-STDERR_KEPT:],
+            "stderr_head": bytes(err[:4096]).decode(errors="replace")}
 
 
 def _rss(pid):
@@ -364,7 +365,7 @@ def judge_case(program, case, req, checker):
     r = run_program(argv, program.workdir, case["input"].encode(), cpu * 2 + 1, mem_bytes,
                     req["output_limit"], cpu=cpu, env=build_env(program.workdir))
     used = [round(r["cpu"], 4), r["rss"]]
-    oom = any(sign in r["stderr"] for sign in oom_signs)
+    oom = any(sign in r["stderr"] or sign in r["stderr_head"] for sign in oom_signs)
     if r["status"] == "memory" or r["rss"] > mem_bytes or (oom and r["code"] != 0):
         return ["MLE", *used, "memory limit %d MiB exceeded" % mem_mb]
     if r["status"] == "timeout" or r["cpu"] > cpu or r["code"] == -signal.SIGXCPU:
