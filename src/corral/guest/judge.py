@@ -117,7 +117,10 @@ def solution_main(rfd, wfd):
                              "defined": [n for n in msg.get("probe", ()) if n in names]}
                 elif op == "setattr":
                     target = module if msg["ref"] is None else lookup(msg["ref"])
-                    setattr(target, msg["name"], decode(msg["value"], lookup))
+                    if "value" in msg:
+                        setattr(target, msg["name"], decode(msg["value"], lookup))
+                    else:
+                        delattr(target, msg["name"])
                     reply = {}
                 else:
                     reply = _answer(op, lookup(msg["ref"]), msg, ref, lookup)
@@ -580,7 +583,11 @@ def task_names(code, entry_point):
     imports (``from solution import max``), which its import statement binds."""
     read, stored = free_names(code)
     ask = [n for n in read if n not in BUILTIN_NAMES or n == entry_point]
-    probe = [n for n in read if n in BUILTIN_NAMES and n != entry_point and n not in stored]
+    if entry_point:  # the task's name is known: every other built-in is the judge's
+        return ask, []
+    # Not known: a built-in the solution redefines may be the task's function (``def
+    # max``) or a hack; the test is not gradable rather than judged either way.
+    probe = [n for n in read if n in BUILTIN_NAMES and n not in stored]
     return ask, probe
 
 
