@@ -5,8 +5,10 @@ default image), not by the host's interpreter: standard library only, nothing of
 corral outside this package (an import-linter contract and
 ``tests/guest/test_guest_stdlib.py`` hold both), no syntax newer than 3.11.
 
-- :mod:`corral.guest.judge_wire` + :mod:`corral.guest.judge`: the Python test judge
-  (``assert`` tests, HumanEval's ``check``), sent as one ``python3 -I -c`` program.
+- :mod:`corral.guest.confine`: what every judge does first (non-dumpable, alone).
+- :mod:`corral.guest.judge_wire` + :mod:`corral.guest.judge_solution` +
+  :mod:`corral.guest.judge`: the Python test judge (``assert`` tests, HumanEval's
+  ``check``), sent with ``confine`` as one ``python3 -I -c`` program.
 - :mod:`corral.guest.io_judge`: the stdin/stdout judge (compile once, run every test
   case under time and memory limits, compare or call a checker).
 - :mod:`corral.guest.harness`: the weaker in-process harness (docs/grading.md).

@@ -63,7 +63,7 @@ class JudgeRun:
 
     @property
     def argv(self) -> list[str]:
-        return ["python3", "-I", "-c", program("confine", "judge_wire", "judge")]
+        return ["python3", "-I", "-c", program("confine", "judge_wire", "judge_solution", "judge")]
 
     def request(self) -> bytes:
         filename = self.path if self.path is not None else "solution.py"
