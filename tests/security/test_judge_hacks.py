@@ -232,3 +232,10 @@ def test_cpu_time_not_wall_time_decides_a_tle(judge_sb):
     r = run_io_tests(judge_sb, [{"input": "", "output": "ok"}],
                      code="import time\ntime.sleep(1.2)\nprint('ok')", time_limit=1)
     assert r.verdicts == ["AC"], r.errors
+
+
+def test_a_task_function_the_solution_does_not_define_is_not_the_builtin(daemon):
+    # HumanEval-style task named like a built-in; the completion defines nothing.
+    tests = ["def check(candidate):\n    assert candidate([1, 5, 2]) == 5\ncheck(max)"]
+    got, outcome = reward_of(daemon, "print('hi')", tests, entry_point="max")
+    assert got == 0.0 and "defines no 'max'" in outcome.report.errors[0], outcome.reason

@@ -417,6 +417,19 @@ def task_names(code, entry_point):
     return ask, probe
 
 
+class _Missing:
+    """The task's function, which the solution does not define: using it fails."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise NameError("the solution defines no %r (the task's function)" % self.name)
+
+    def __getattr__(self, attr):
+        raise NameError("the solution defines no %r (the task's function)" % self.name)
+
+
 def _solution_error(exc):
     import traceback
 
@@ -441,6 +454,9 @@ def run_test(judge, index, source, deadline, entry_point=None):
                     "task's function (entry_point=) or import it in the test (from "
                     "solution import ...)" % ", ".join(shadowed))
             ns.update(values)
+        if entry_point and entry_point in ask and entry_point not in ns:
+            # The task's function, missing: never the built-in of the same name.
+            ns[entry_point] = _Missing(entry_point)
         sys.stdin, sys.stdout = judge.stdin, judge.stdout
         exec(code, ns)
     except JudgeTimeout:
