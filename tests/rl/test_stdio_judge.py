@@ -95,3 +95,22 @@ def test_shapes_languages_and_fences():
     assert extract_program(text, language="python") == ("print(1)\n", "python")
     assert extract_program("```\nx\n```", language="rust") == ("x\n", "rust")
     assert extract_program("no code") is None
+
+
+def test_codegen_env_submits_a_c_file_to_stdin_stdout_tests(daemon):
+    from corral.rl.envs.codegen import CodegenEnv, edit, submit
+
+    problem = {"prompt": "Print a+b.", "tests": SUM_TESTS, "language": "c"}
+    with CodegenEnv([problem], image="judge", memory_mb=1536, solution_path="main.c",
+                    url=daemon.url) as env:
+        try:
+            env.reset(seed=0)
+        except corral.errors.ImageNotFound:
+            pytest.skip("the judge built-in image is not built (make install)")
+        env.step(edit(PROGRAMS["c"]["AC"]))
+        _, reward, terminated, _, info = env.step(submit())
+        assert terminated and reward == 1.0, info["report"].feedback()
+        env.reset(seed=0)
+        env.step(edit(PROGRAMS["c"]["CE"]))
+        _, reward, _, _, info = env.step(submit())
+        assert reward == 0.0 and info["report"].verdicts == ["CE", "CE"]

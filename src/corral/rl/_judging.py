@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from corral.client._async._sandbox import AsyncSandbox
+from corral.client._sync import Sandbox
 from corral.errors import InvalidArgument
 from corral.rl._grading import Grading
 from corral.rl._test_report import TestReport
-from corral.rl.code import Fallback, arun_tests, extract_code, normalize_tests
+from corral.rl.code import Fallback, arun_tests, extract_code, normalize_tests, run_tests
 from corral.rl.stdio import (
     DEFAULT_MEMORY_MB,
     DEFAULT_TIME_LIMIT,
@@ -30,6 +31,7 @@ from corral.rl.stdio import (
     is_io_tests,
     language_name,
     normalize_io_tests,
+    run_io_tests,
 )
 
 Mode = Literal["binary", "fraction", "first_failure"]
@@ -154,3 +156,17 @@ def score(report: TestReport, mode: Mode) -> float | None:
         passed = next((i for i, v in enumerate(verdicts) if v != "AC"), len(verdicts))
         return passed / len(verdicts)
     return float(report.all_passed)
+
+
+def judge_file(
+    sb: Sandbox, tests: list[str] | list[IOCase], path: str, *, timeout: float,
+    test_timeout: float | None = None, grading: Grading = "auto",
+    entry_point: str | None = None, language: str | None = None,
+) -> TestReport:
+    """The tests on the solution file at ``path`` in ``sb`` (the multi-step envs):
+    stdin/stdout cases are judged on its text, in ``language`` (default: by suffix)."""
+    if tests and isinstance(tests[0], IOCase):
+        code = sb.files.read(path).decode(errors="replace")
+        return run_io_tests(sb, tests, code=code, language=language or path.rsplit(".", 1)[-1])
+    return run_tests(sb, tests, path=path, timeout=timeout, test_timeout=test_timeout,  # type: ignore[arg-type]
+                     grading=grading, entry_point=entry_point)
