@@ -59,11 +59,11 @@ class CodeTask:
 
     def row(self) -> dict[str, Any]:
         """The task as a dataset row for :func:`corral.rl.code_reward` (plain data)."""
-        tests: list[Any] = (
-            [{"input": c.input, "output": c.output, "time_limit": c.time_limit,
-              "memory_mb": c.memory_mb} for c in self.tests]  # type: ignore[union-attr]
-            if self.io else list(self.tests)
-        )
+        tests: list[Any] = [
+            {"input": c.input, "output": c.output, "time_limit": c.time_limit,
+             "memory_mb": c.memory_mb} if isinstance(c, IOCase) else c
+            for c in self.tests
+        ]
         return {"id": self.id, "prompt": self.prompt, "tests": tests,
                 "entry_point": self.entry_point or "", "language": self.language or ""}
 
@@ -210,7 +210,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if path.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
         except ImportError:
             raise InvalidArgument("reading .parquet needs pyarrow: pip install pyarrow") from None
         return list(pq.read_table(path).to_pylist())
