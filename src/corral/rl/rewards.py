@@ -26,6 +26,9 @@ Scores:
 - No code found in the completion (see :func:`corral.rl.code.extract_code`): 0.0.
 - A timeout (the whole run, the solution's top level, or a test): what passed before
   counts, the rest is 0; the reason is logged (``logging`` name ``corral.rl.rewards``).
+- ``None`` when a test is not gradable (verdict ``IE``: a built-in the solution
+  redefines with no ``entry_point`` to say which is meant, a broken checker, a missing
+  toolchain; docs/grading.md), logged with the reason.
 - ``None`` when the infrastructure failed (daemon down, sandbox could not start, no
   capacity, sandbox lost): never 0.0, which would teach the policy that its code was
   wrong. TRL leaves ``None`` out of the reward (NaN) instead. Before that, a completion
@@ -36,7 +39,11 @@ Scores:
 
 The tests of each completion come from the dataset column named by ``tests_column``
 (default ``"tests"``): a list of Python snippets (``["assert f(2) == 4", ...]``) or one
-string; an empty list means "the code must run without an exception".
+string (an empty list means "the code must run without an exception"), or stdin/stdout
+cases (``[{"input": ..., "output": ...}]``, :mod:`corral.rl.stdio`), judged in any of
+seven languages on the ``judge`` image with per-case ``time_limit`` and
+``case_memory_mb``; ``mode="first_failure"`` scores the cases passed before the first
+failure. Optional columns ``entry_point``, ``checker`` and ``language`` reach the judge.
 """
 
 from __future__ import annotations
