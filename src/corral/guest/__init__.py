@@ -1,7 +1,8 @@
 """Programs that run inside a sandbox, shipped as files.
 
 Everything here is executed by the *image's* ``python3`` (Debian 12's 3.11 in the
-default image), not by the host's interpreter: standard library only, nothing of
+default image), not by the host's interpreter: standard library only (but for what a
+program imports from its image, listed in the test), nothing of
 corral outside this package (an import-linter contract and
 ``tests/guest/test_guest_stdlib.py`` hold both), no syntax newer than 3.11.
 
@@ -12,6 +13,8 @@ corral outside this package (an import-linter contract and
 - :mod:`corral.guest.io_judge`: the stdin/stdout judge (compile once, run every test
   case under time and memory limits, compare or call a checker).
 - :mod:`corral.guest.harness`: the weaker in-process harness (docs/grading.md).
+- :mod:`corral.guest.kernel_judge`: the GPU kernel judge (docs/gpus.md); it imports the
+  image's PyTorch inside its functions, the one exception to "standard library only".
 
 The host reads a program's text with :func:`program`; the pieces are concatenated in
 the order given (a later piece sees the names of an earlier one, as the judge sees the
