@@ -222,12 +222,19 @@ def _stdin_feed():
     return sys.stdin, text, 0
 
 
+# Standard modules whose import does something (opens a browser, prints, starts Tk):
+# never imported on a solution's say-so.
+NO_IMPORT = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo",
+                       "webbrowser", "pydoc", "venv", "ensurepip", "site"})
+
+
 def _stdlib_module(name, ref_id):
     """A module the solution holds: the judge's own copy if it is the standard
     library's (a test's ``math.isclose`` is never the solution's), else a handle."""
     import importlib
 
-    if name.split(".")[0] in sys.stdlib_module_names:
+    top = name.split(".")[0]
+    if top in sys.stdlib_module_names and not top.startswith("_") and top not in NO_IMPORT:
         try:
             return importlib.import_module(name)
         except ImportError:
