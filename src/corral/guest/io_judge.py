@@ -368,7 +368,9 @@ def judge_case(program, case, req, checker):
     cpu = tl * factor + extra
     mem_bytes = (mem_mb + runtime_mb) << 20
     argv = [a.replace("{mem}", str(mem_mb)) for a in program.argv]
-    r = run_program(argv, program.workdir, case["input"].encode(), cpu * 2 + 1, mem_bytes,
+    # CPU time decides a TLE; the wall-clock guard only stops a program that waits
+    # (sleeps, blocks), generous so a loaded machine never turns a fast one into a TLE.
+    r = run_program(argv, program.workdir, case["input"].encode(), cpu * 3 + 5, mem_bytes,
                     req["output_limit"], cpu=cpu, env=build_env(program.workdir))
     used = [round(r["cpu"], 4), r["rss"]]
     oom = any(sign in r["stderr"] or sign in r["stderr_head"] for sign in oom_signs)

@@ -189,7 +189,9 @@ class IORun:
 
     def default_timeout(self) -> float:
         """A bound on the whole run: compiling, then every case at its wall limit."""
-        per = sum(2 * (c.time_limit or self.time_limit) * 2 + 3 for c in self.cases)
+        # The judge's wall guard per case is 3x its CPU limit (Java: 2x the time + 1 s)
+        # + 5 s; a little more here so the judge, not the host, reports a slow case.
+        per = sum(6 * (c.time_limit or self.time_limit) + 10 for c in self.cases)
         return COMPILE_ALLOWANCE_S + per
 
     def request(self) -> bytes:

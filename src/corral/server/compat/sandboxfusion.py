@@ -321,7 +321,7 @@ async def _submit(frontend: FusionFrontend, request: Request, req: SubmitRequest
         raise ImageNotFound(f"/submit runs on the {JUDGE_IMAGE!r} built-in image, which is not "
                             "built here: run `make install` (corral.runtime.prepare)",
                             details={"image": JUDGE_IMAGE})
-    per_case = 2 * 2 * (req.config.run_timeout or 10.0) + 3
+    per_case = 6 * (req.config.run_timeout or 10.0) + 10  # the judge's wall guard, and some
     timeout = min(MAX_TIMEOUT_S, (req.config.compile_timeout or 60.0) + per_case * len(cases))
     async with frontend.sandbox(request, JUDGE_IMAGE, JUDGE_MEMORY_MB) as sid:
         r = await ctx.engine(request).exec(
