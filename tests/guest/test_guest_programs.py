@@ -20,10 +20,12 @@ PROGRAMS = {
     "stdin/stdout judge": ("confine", "io_judge"),
     "in-process harness": ("harness",),
     "kernel judge": ("kernel_judge",),
+    "SandboxFusion's run_jupyter cell runner": ("fusion_kernel",),
+    "E2B Code Interpreter kernel": ("e2b_kernel",),
 }
 # What a program may import from its image besides the standard library, and only
 # inside a function (the GPU image's PyTorch for the kernel judge).
-IMAGE_PACKAGES = {"kernel_judge": {"torch"}}
+IMAGE_PACKAGES = {"kernel_judge": {"torch"}, "e2b_kernel": {"matplotlib"}}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -14,7 +14,10 @@ corral outside this package (an import-linter contract and
   case under time and memory limits, compare or call a checker).
 - :mod:`corral.guest.harness`: the weaker in-process harness (docs/grading.md).
 - :mod:`corral.guest.kernel_judge`: the GPU kernel judge (docs/gpus.md); it imports the
-  image's PyTorch inside its functions, the one exception to "standard library only".
+  image's PyTorch inside its functions.
+- :mod:`corral.guest.fusion_kernel`: SandboxFusion's ``/run_jupyter`` cell runner.
+- :mod:`corral.guest.e2b_kernel`: the E2B Code Interpreter's kernel (matplotlib, when
+  the image has it, inside its functions).
 
 The host reads a program's text with :func:`program`; the pieces are concatenated in
 the order given (a later piece sees the names of an earlier one, as the judge sees the

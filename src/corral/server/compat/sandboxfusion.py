@@ -21,7 +21,7 @@ with ``compile_timeout`` if the language compiles, run with ``stdin`` and
 ``run_timeout``, and ``fetch_files`` are read back. ``memory_limit_MB`` (verl sends it)
 is the sandbox's memory limit (-1: corral's default); exceeding it is an OOM kill
 (``return_code`` -9). ``/run_jupyter`` runs its cells in one Python process
-(:mod:`.sandboxfusion_kernel`).
+(:mod:`corral.guest.fusion_kernel`).
 
 Bad input gets SandboxFusion's own answers: 422 ``{"detail": [...]}`` for a body that
 does not fit its models, 200 ``SandboxError`` for what its runners would fail on (bad
@@ -39,7 +39,6 @@ import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -58,6 +57,7 @@ from corral.errors import (
     NotFound,
     Unsupported,
 )
+from corral.guest import program
 from corral.pool_schema import MAX_POOL_SIZE
 from corral.schema import DEFAULT_MEMORY_MB, SandboxInfo, SandboxSpec
 from corral.server import context as ctx
@@ -107,7 +107,6 @@ MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB get
 POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
 MAX_FETCH_TOTAL = 256 << 20
 STDIN_INLINE = 1 << 20  # larger stdin goes through a file
-KERNEL = Path(__file__).with_name("sandboxfusion_kernel.py")
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -165,7 +164,7 @@ class FusionFrontend:
     def __init__(self, settings: FusionSettings) -> None:
         self.settings = settings
         self.pools = FusionPools(settings.pool_idle)  # bounded: sandboxfusion_pools
-        self.kernel = KERNEL.read_bytes()
+        self.kernel = program("fusion_kernel").encode()
 
     # ---------------------------------------------------------------- sandboxes
 
