@@ -401,7 +401,8 @@ class AsyncCodeReward:
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} {self.__name__} mode={self.mode} timeout={self.timeout:g}s "
+            f"<{type(self).__name__} {self.__name__} mode={self.mode} "
+            f"timeout={'auto' if self.timeout is None else format(self.timeout, 'g') + 's'} "
             f"concurrency={self.concurrency}>"
         )
 
@@ -450,9 +451,13 @@ def code_reward(
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
-    ``mode``: ``"binary"`` (all tests pass → 1.0) or ``"fraction"`` (tests passed /
-    tests). ``timeout``: seconds for one completion's whole run (``test_timeout``: per
-    test). ``concurrency``: sandboxes at once (default four per core). ``tests_column``:
+    ``mode``: ``"binary"`` (all tests pass → 1.0), ``"fraction"`` (tests passed /
+    tests) or ``"first_failure"`` (tests passed before the first failure / tests).
+    ``timeout``: seconds for one completion's whole run (default: 10 for Python tests,
+    enough to compile and run every case for stdin/stdout tests; ``test_timeout``: per
+    Python test). stdin/stdout rows also take ``language``, ``time_limit`` (CPU
+    seconds a case), ``case_memory_mb``, ``compare`` and ``tolerance``
+    (docs/grading.md). ``concurrency``: sandboxes at once (default four per core). ``tests_column``:
     the dataset column with each row's tests. ``fallback="raw"`` scores the whole
     completion as code when it has no ``<answer>`` tag or code fence. ``url``: the
     daemon (default: ``CORRAL_URL`` or the local one). ``name``: what TRL logs the
