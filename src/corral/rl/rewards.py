@@ -447,7 +447,11 @@ def code_reward(
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
     retries: int = DEFAULT_RETRIES,
-    **judge: Any,
+    language: str | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    case_memory_mb: int = 256,
+    compare: Compare = "tokens",
+    tolerance: float = 1e-6,
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
@@ -477,7 +481,9 @@ def code_reward(
     return CodeReward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
-        tags=tags, name=name, on_result=on_result, grading=grading, retries=retries, **judge,
+        tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
+        language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
+        compare=compare, tolerance=tolerance,
     )
 
 
@@ -498,14 +504,20 @@ def async_code_reward(
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
     retries: int = DEFAULT_RETRIES,
-    **judge: Any,
+    language: str | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    case_memory_mb: int = 256,
+    compare: Compare = "tokens",
+    tolerance: float = 1e-6,
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
     return AsyncCodeReward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
-        tags=tags, name=name, on_result=on_result, grading=grading, retries=retries, **judge,
+        tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
+        language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
+        compare=compare, tolerance=tolerance,
     )
 
 
