@@ -239,3 +239,34 @@ def test_a_task_function_the_solution_does_not_define_is_not_the_builtin(daemon)
     tests = ["def check(candidate):\n    assert candidate([1, 5, 2]) == 5\ncheck(max)"]
     got, outcome = reward_of(daemon, "print('hi')", tests, entry_point="max")
     assert got == 0.0 and "defines no 'max'" in outcome.report.errors[0], outcome.reason
+
+
+REPLACE_CHECKER = r"""
+import os, stat
+for root, dirs, files in os.walk("/tmp"):
+    for name in files:
+        path = os.path.join(root, name)
+        try:
+            if os.stat(path).st_mode & stat.S_IXUSR and name != "main.py":
+                with open(path, "w") as f:
+                    f.write("#!/bin/sh\nexit 0\n")
+        except OSError:
+            pass
+print("garbage")
+"""
+
+
+def test_the_checker_program_cannot_be_replaced(judge_sb):
+    checker = {"kind": "program", "language": "c", "source": (
+        "#include <stdio.h>\n#include <string.h>\nint main(int c,char**v){char a[64]={0},"
+        "b[64]={0};FILE*o=fopen(v[2],\"r\"),*e=fopen(v[3],\"r\");fscanf(o,\"%63s\",a);"
+        "fscanf(e,\"%63s\",b);return strcmp(a,b)?1:0;}\n")}
+    tests = [{"input": "", "output": "right"}] * 2
+    r = run_io_tests(judge_sb, tests, code=REPLACE_CHECKER, checker=checker)
+    assert r.verdicts == ["WA", "WA"], (r.verdicts, r.errors)
+
+
+def test_a_program_that_waits_forever_is_a_tle(judge_sb):
+    r = run_io_tests(judge_sb, [{"input": "", "output": "x"}],
+                     code="import time\ntime.sleep(1000)", time_limit=0.5)
+    assert r.verdicts == ["TLE"], r.errors
