@@ -22,6 +22,7 @@ PROGRAMS = {
     "kernel judge": ("kernel_judge",),
     "SandboxFusion's run_jupyter cell runner": ("fusion_kernel",),
     "E2B Code Interpreter kernel": ("e2b_kernel",),
+    "E2B watch_dir watcher": ("e2b_watcher",),
 }
 # What a program may import from its image besides the standard library, and only
 # inside a function (the GPU image's PyTorch for the kernel judge).

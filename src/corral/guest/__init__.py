@@ -17,7 +17,8 @@ corral outside this package (an import-linter contract and
   image's PyTorch inside its functions.
 - :mod:`corral.guest.fusion_kernel`: SandboxFusion's ``/run_jupyter`` cell runner.
 - :mod:`corral.guest.e2b_kernel`: the E2B Code Interpreter's kernel (matplotlib, when
-  the image has it, inside its functions).
+  the image has it, inside its functions); :mod:`corral.guest.e2b_watcher`: the
+  inotify watcher behind E2B's ``watch_dir``.
 
 The host reads a program's text with :func:`program`; the pieces are concatenated in
 the order given (a later piece sees the names of an earlier one, as the judge sees the
