@@ -59,6 +59,11 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--proc", "/proc", "--dev", "/dev",
         # its own devpts (capped; launch.c), over the one --dev made
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
+        # /dev/shm is a directory of the writable layer (its disk_mb and inodes bound
+        # it), and the tmpfs --dev made (host-sized, the sandbox user's) is read-only:
+        # nothing the sandbox writes escapes its limits there
+        "--bind", str(live.sandbox_dir / "rw" / "shm"), "/dev/shm",
+        "--remount-ro", "/dev",
         "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]

@@ -6,6 +6,7 @@
 /* ---------- launch (host side) ---------- */
 
 #define SANDBOX_PTYS "32"  /* pseudo-terminals one sandbox may hold at once */
+#define AGENT_OOM_SCORE_ADJ "500"  /* the agent's, and the floor of the sandbox's */
 
 struct launch_opts {
     uid_t uid;
@@ -178,6 +179,7 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
  * Paths are relative to ROOTDIR (our cwd meanwhile), so the overlay's options, which
  * the sandbox reads in /proc/self/mountinfo, name no host path:
  *   ROOTDIR/rw      tmpfs of disk_mb: the cap on everything the sandbox writes
+ *   ROOTDIR/rw/shm  the sandbox's /dev/shm (sticky, world-writable, like the host's)
  *   ROOTDIR/rw/N    the Nth lower layer (LOWER is a ':' list), an idmapped clone
  *   ROOTDIR/root    overlay: rw/0:rw/1:... read-only, rw/upper private and writable
  */
@@ -200,9 +202,9 @@ static int mount_root(struct launch_opts *o) {
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);
-    /* nr_inodes: the sandbox's own, plus a mount point per lower layer and rw/pts */
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts and rw/shm */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 1);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
     if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
@@ -211,6 +213,8 @@ static int mount_root(struct launch_opts *o) {
        terminals, so one sandbox cannot use up the pseudo-terminals every devpts on the
        host shares (kernel.pty.max); its ptmx is root's, so the sandbox cannot chmod it. */
     if (mkdir("rw/pts", 0755) != 0) return die("mkdir", "rw/pts");
+    /* /dev/shm (bound there by bwrap): in this tmpfs, so under its size and inodes */
+    if (mkdir("rw/shm", 0755) != 0 || chmod("rw/shm", 01777) != 0) return die("mkdir", "rw/shm");
     if (mount("devpts", "rw/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,max=" SANDBOX_PTYS) != 0)
         return die("mount devpts on", "rw/pts");
@@ -293,10 +297,15 @@ static int launch(int argc, char **argv) {
     }
     if (!o.prog || !o.prog[0]) { fprintf(stderr, "corral-agent launch: missing program\n"); return 111; }
     if (o.rootdir && (!o.lower || mount_root(&o) != 0)) return 111;
-    /* Inherited by bwrap and the agent: under memory pressure the kernel kills the
-       sandbox's command, and the agent survives to report the OOM. */
+    /* Inherited by bwrap and the agent (commands go higher still: exec.c). Sandbox
+       code is the first thing a host-wide OOM should kill, before the daemon or any
+       host service, and it must not be able to lower itself: written with
+       CAP_SYS_RESOURCE, this value is also the floor (oom_score_adj_min) that nothing
+       in the sandbox can go below. A negative value for the agent would be that floor
+       too (a command could take -998 and outlive the host's own processes). Without
+       CAP_SYS_RESOURCE (some containers) raising still works, unpinned. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom >= 0) { if (write(oom, "-998", 4) < 0) {} close(oom); }
+    if (oom >= 0) { if (write(oom, AGENT_OOM_SCORE_ADJ, strlen(AGENT_OOM_SCORE_ADJ)) < 0) {} close(oom); }
     if (o.nofile) {
         struct rlimit rl = {o.nofile, o.nofile};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
