@@ -40,7 +40,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -85,6 +85,7 @@ SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
+TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
 ID_PREFIX = "sb-"
@@ -504,13 +505,16 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 pass
         if live.log is not None:
             live.log.close()
+        dropped = processes.release(live)
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.to_thread(self._release_resources, live)
+        await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
 
-    def _release_resources(self, live: Live) -> None:
+    def _release_resources(self, live: Live, trim: bool = False) -> None:
+        if trim:  # megabytes of unread output were freed: give them back (a few ms)
+            syscalls.malloc_trim()
         gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
             try:
