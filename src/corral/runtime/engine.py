@@ -48,6 +48,7 @@ from corral.runtime.agentconn import (
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.cpus import CpuPicker
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
@@ -123,6 +124,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.bwrap = bwrap
         self._lock_file = lock_file
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
+        self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self._live: dict[str, Live] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
@@ -299,6 +301,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
+        live.cpus = self.cpu_picker.take(spec.cpus)
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
@@ -506,6 +509,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if live.log is not None:
             live.log.close()
         dropped = processes.release(live)
+        self.cpu_picker.give_back(live.cpus)
+        live.cpus = ()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
         await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)

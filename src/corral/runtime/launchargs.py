@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from corral.runtime import rootbuild, rootfs
 from corral.runtime.agentbuild import agent_layer
+from corral.runtime.cpus import cpu_list
 from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
 from corral.schema import NetworkMode
 
@@ -39,6 +40,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         *rootfs.inode_args(spec.inodes),
     ]
+    if live.cpus:  # its affinity, and the /sys that shows its CPUs (corral.runtime.cpus)
+        argv += ["--cpus", cpu_list(live.cpus)]
     # the sandbox user's own directories, made in its writable layer (a build step as
     # root makes none: it would commit them as root's)
     if live.build_root:
@@ -64,6 +67,7 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         # nothing the sandbox writes escapes its limits there
         "--bind", str(live.sandbox_dir / "rw" / "shm"), "/dev/shm",
         "--remount-ro", "/dev",
+        *(["--ro-bind", str(live.sandbox_dir / "rw" / "sys"), "/sys"] if live.cpus else []),
         "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]

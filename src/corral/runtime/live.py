@@ -53,6 +53,7 @@ class Live:
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
+    cpus: tuple[int, ...] = ()  # the CPUs it runs on (corral.runtime.cpus)
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
 
     def touch(self) -> None:

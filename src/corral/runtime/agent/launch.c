@@ -18,6 +18,7 @@ struct launch_opts {
     const char *rootdir, *lower;
     unsigned long disk_mb;
     unsigned long inodes;   /* the tmpfs's nr_inodes: files the sandbox may make */
+    const char *cpus;       /* "0,3": the CPUs it runs on (affinity, its /sys's view) */
     const char *owned[16];
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
@@ -52,6 +53,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--lower")) o->lower = v;
         else if (!strcmp(a, "--disk-mb")) o->disk_mb = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--cpus")) o->cpus = v;
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
@@ -99,6 +101,39 @@ done:
     if (in >= 0) close(in);
     if (out >= 0) close(out);
     return rc;
+}
+
+/*
+ * The sandbox's CPUs (CPUS: "0,3"): its affinity, inherited by everything in it, so
+ * nproc and sched_getaffinity say how many it has; and ROOTDIR/rw/sys, bound read-only
+ * at /sys, where glibc's sysconf(_SC_NPROCESSORS_ONLN/_CONF) (Python's os.cpu_count(),
+ * getconf) reads the CPUs online and present. The host's /sys is never shown.
+ */
+static int set_cpus(const char *cpus) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    char path[128];
+    static const char *dirs[] = {"rw/sys", "rw/sys/devices", "rw/sys/devices/system", "rw/sys/devices/system/cpu"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
+        if (mkdir(dirs[i], 0555) != 0) return die("mkdir", dirs[i]);
+    for (const char *c = cpus; *c;) {
+        char *end;
+        unsigned long n = strtoul(c, &end, 10);
+        if (end == c || n >= CPU_SETSIZE || (*end && *end != ',')) { errno = EINVAL; return die("bad --cpus", cpus); }
+        CPU_SET(n, &set);
+        snprintf(path, sizeof path, "rw/sys/devices/system/cpu/cpu%lu", n);
+        if (mkdir(path, 0555) != 0) return die("mkdir", path);
+        c = *end ? end + 1 : end;
+    }
+    static const char *files[] = {"online", "possible", "present"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "rw/sys/devices/system/cpu/%s", files[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+        if (fd < 0 || dprintf(fd, "%s\n", cpus) < 0) return die("write", path);
+        close(fd);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0) return die("sched_setaffinity", cpus);
+    return 0;
 }
 
 /*
@@ -180,6 +215,7 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
  * the sandbox reads in /proc/self/mountinfo, name no host path:
  *   ROOTDIR/rw      tmpfs of disk_mb: the cap on everything the sandbox writes
  *   ROOTDIR/rw/shm  the sandbox's /dev/shm (sticky, world-writable, like the host's)
+ *   ROOTDIR/rw/sys  its /sys: only devices/system/cpu, its CPUs (set_cpus)
  *   ROOTDIR/rw/N    the Nth lower layer (LOWER is a ':' list), an idmapped clone
  *   ROOTDIR/root    overlay: rw/0:rw/1:... read-only, rw/upper private and writable
  */
@@ -188,6 +224,8 @@ static int mount_root(struct launch_opts *o) {
     int n_lowers = 1;
     for (const char *c = o->lower; *c; c++) n_lowers += *c == ':';
     if (!lowers) return die("strdup", NULL);
+    unsigned long sys_inodes = 0; /* rw/sys: 4 directories, 3 files, one per CPU */
+    if (o->cpus) { sys_inodes = 8; for (const char *c = o->cpus; *c; c++) sys_inodes += *c == ','; }
     if (unshare(CLONE_NEWNS) != 0) return die("unshare", "mount namespace");
     /* Nothing mounted here may propagate back to the host. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return die("make mounts private", NULL);
@@ -202,9 +240,10 @@ static int mount_root(struct launch_opts *o) {
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);
-    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts and rw/shm */
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts, rw/shm
+       and rw/sys (its files, a directory per CPU) */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2 + sys_inodes);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
     if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
@@ -228,6 +267,7 @@ static int mount_root(struct launch_opts *o) {
         if (make_owned("rw/upper", o->owned[i], o->uid, o->gid) != 0) return die("mkdir", o->owned[i]);
     for (int i = 0; i < o->n_copies; i++)
         if (copy_in("rw/upper", o->copies[i]) != 0) return die("copy", o->copies[i]);
+    if (o->cpus && set_cpus(o->cpus) != 0) return -1;
     int len = snprintf(data, sizeof data, "lowerdir=");
     char *save = NULL;
     int i = 0;
