@@ -49,6 +49,7 @@ from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.cpus import CpuPicker
+from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
@@ -78,6 +79,7 @@ from corral.schema import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    Storage,
 )
 
 # Owner of the sandbox user's files in layers on disk; each sandbox runs as a host uid
@@ -305,6 +307,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
+        if spec.storage == Storage.DISK:
+            await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
+                                    inodes=spec.inodes)
         live.log = slot.log
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel

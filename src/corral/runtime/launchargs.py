@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 from corral.runtime import rootbuild, rootfs
 from corral.runtime.agentbuild import agent_layer
 from corral.runtime.cpus import cpu_list
+from corral.runtime.diskimage import IMAGE_NAME
 from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
-from corral.schema import NetworkMode
+from corral.schema import NetworkMode, Storage
 
 if TYPE_CHECKING:
     from corral.runtime.launcher import Slot
@@ -40,6 +41,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         *rootfs.inode_args(spec.inodes),
     ]
+    if spec.storage == Storage.DISK:  # corral.runtime.diskimage
+        argv += ["--disk-image", str(live.sandbox_dir / IMAGE_NAME)]
     if live.cpus:  # its affinity, and the /sys that shows its CPUs (corral.runtime.cpus)
         argv += ["--cpus", cpu_list(live.cpus)]
     # the sandbox user's own directories, made in its writable layer (a build step as

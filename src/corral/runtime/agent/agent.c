@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -66,6 +67,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/loop.h>
 #include <linux/magic.h>
 
 #ifndef CLOSE_RANGE_CLOEXEC

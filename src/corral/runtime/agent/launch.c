@@ -19,6 +19,7 @@ struct launch_opts {
     unsigned long disk_mb;
     unsigned long inodes;   /* the tmpfs's nr_inodes: files the sandbox may make */
     const char *cpus;       /* "0,3": the CPUs it runs on (affinity, its /sys's view) */
+    const char *disk_image; /* an ext4 image: the writable layer on disk, not a tmpfs */
     const char *owned[16];
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
@@ -54,6 +55,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--disk-mb")) o->disk_mb = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--cpus")) o->cpus = v;
+        else if (!strcmp(a, "--disk-image")) o->disk_image = v;
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
@@ -101,6 +103,47 @@ done:
     if (in >= 0) close(in);
     if (out >= 0) close(out);
     return rc;
+}
+
+/*
+ * The writable layer on disk (storage="disk"; corral.runtime.diskimage): the ext4
+ * image IMAGE (made by the engine, bounded by its size and inode count) on a loop
+ * device, mounted at DEST. The loop device clears itself when the mount goes, which
+ * is when the last process of the sandbox exits (the mount namespace is ours alone).
+ */
+static int mount_disk(const char *image, const char *dest) {
+    char dev[64];
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0) return die("open", "/dev/loop-control");
+    int img = open(image, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (img < 0) { close(ctl); return die("open", image); }
+    int rc = -1;
+    for (int tries = 0; tries < 64 && rc != 0; tries++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0) break;
+        snprintf(dev, sizeof dev, "/dev/loop%d", n);
+        int lfd = open(dev, O_RDWR | O_CLOEXEC);
+        if (lfd < 0) break;
+        struct loop_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.fd = (uint32_t)img;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        if (ioctl(lfd, LOOP_CONFIGURE, &cfg) == 0) {
+            rc = mount(dev, dest, "ext4", MS_NOSUID | MS_NODEV, "errors=remount-ro,noinit_itable");
+            if (rc != 0) { int e = errno; ioctl(lfd, LOOP_CLR_FD, 0); errno = e; close(lfd); break; }
+        } else if (errno != EBUSY) {  /* EBUSY: another launcher took it first */
+            close(lfd);
+            break;
+        }
+        close(lfd);
+    }
+    int saved = errno;
+    close(img);
+    close(ctl);
+    errno = saved;
+    if (rc != 0) return die("mount the disk image", image);
+    if (chmod(dest, 0711) != 0 || (rmdir("rw/lost+found") != 0 && errno != ENOENT)) return die("prepare", dest);
+    return 0;
 }
 
 /*
@@ -213,7 +256,8 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
  * sandbox exits the kernel drops the mounts by itself: a crash cannot leak them.
  * Paths are relative to ROOTDIR (our cwd meanwhile), so the overlay's options, which
  * the sandbox reads in /proc/self/mountinfo, name no host path:
- *   ROOTDIR/rw      tmpfs of disk_mb: the cap on everything the sandbox writes
+ *   ROOTDIR/rw      tmpfs of disk_mb (or an ext4 image of it: mount_disk): the cap
+ *                   on everything the sandbox writes
  *   ROOTDIR/rw/shm  the sandbox's /dev/shm (sticky, world-writable, like the host's)
  *   ROOTDIR/rw/sys  its /sys: only devices/system/cpu, its CPUs (set_cpus)
  *   ROOTDIR/rw/N    the Nth lower layer (LOWER is a ':' list), an idmapped clone
@@ -246,7 +290,9 @@ static int mount_root(struct launch_opts *o) {
         snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2 + sys_inodes);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
-    if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
+    if (o->disk_image) {
+        if (mount_disk(o->disk_image, "rw") != 0) return -1;
+    } else if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
     if (mkdir("rw/upper", 0755) != 0 || mkdir("rw/work", 0700) != 0) return die("mkdir", "rw/upper");
     /* The sandbox's own devpts (bound over bwrap's at /dev/pts): at most SANDBOX_PTYS
        terminals, so one sandbox cannot use up the pseudo-terminals every devpts on the
