@@ -136,7 +136,8 @@ class CommandOps:
         full_env = {
             "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
             "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
-            **thread_env(live.spec.cpus, len(self.cpu_picker.cpus)), **live.spec.env, **live.spec.secret_env(), **(env or {}),
+            **thread_env(live.spec.cpus, len(self.cpu_picker.cpus)),  # the spec's env wins
+            **live.spec.env, **live.spec.secret_env(), **(env or {}),
         }
         for k, v in full_env.items():
             if not isinstance(k, str) or not isinstance(v, str) or "=" in k or "\0" in k + v:

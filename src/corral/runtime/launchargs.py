@@ -54,6 +54,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
             argv += ["--owned", d]
     for src, dest in live.ro_binds:
         argv += ["--copy", f"{src}:{dest}"]
+    for path in live.gpus.mount_points() if live.gpus else ():
+        argv += ["--stub", path]
     argv += [
         "--", bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -65,9 +67,11 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--proc", "/proc", "--dev", "/dev",
         # its own devpts (capped; launch.c), over the one --dev made
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
+        # its GPUs' device nodes and the driver's files, if it holds any (runtime.gpus)
+        *(live.gpus.bwrap_args() if live.gpus else []),
         # /dev/shm is a directory of the writable layer (its disk_mb and inodes bound
-        # it), and the tmpfs --dev made (host-sized, the sandbox user's) is read-only:
-        # nothing the sandbox writes escapes its limits there
+        # it), and the tmpfs --dev made (host-sized, the sandbox user's) is read-only
+        # once every node is bound in: nothing the sandbox writes escapes its limits
         "--bind", str(live.sandbox_dir / "rw" / "shm"), "/dev/shm",
         "--remount-ro", "/dev",
         *(["--ro-bind", str(live.sandbox_dir / "rw" / "sys"), "/sys"] if live.cpus else []),
