@@ -1,6 +1,6 @@
 """The writable layer on disk (``storage="disk"``) against the default tmpfs.
 
-    python3 benchmarks/bench_disk_layer.py [--n 20] [--json OUT]
+    python3 benchmarks/bench_disk_layer.py [--quick | --smoke] [--json OUT]
 
 On one real engine (private state directory), alternating the two kinds so load from
 elsewhere hits both alike: the create time of a sandbox (``Engine.create`` until its
@@ -10,13 +10,15 @@ medians and the disk/memory ratio of each. Needs root. Never fails on time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import bench_args  # noqa: E402  (a sibling script, not a package)
 
 from corral.runtime.engine import Engine
 
@@ -53,12 +55,11 @@ async def main(n: int) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=20)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    result = asyncio.run(main(args.n))
+    args = bench_args.parser(__doc__).parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (real sandboxes)")
+    result = asyncio.run(main(bench_args.pick(args, 20, 8, 1)))
     for kind, row in result.items():
         print(f"{kind:22s}", "  ".join(f"{k} {v:8.2f}" for k, v in row.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2))
