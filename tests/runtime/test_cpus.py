@@ -34,6 +34,16 @@ def test_the_picker_spreads_sandboxes_and_takes_cpus_back():
 
 COUNTS = r"""
 import json, os, subprocess
+
+def widen():
+    # sandbox code asks for every CPU of the host: where a cpuset confines the
+    # sandbox, it keeps its own
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1024))
+    except OSError as e:
+        return e.errno
+    return sorted(os.sched_getaffinity(0))
+
 print(json.dumps({
     "nproc": int(subprocess.run(["nproc"], capture_output=True, text=True).stdout),
     "cpu_count": os.cpu_count(),
@@ -41,8 +51,15 @@ print(json.dumps({
     "sysconf": os.sysconf("SC_NPROCESSORS_ONLN"),
     "sysconf_conf": os.sysconf("SC_NPROCESSORS_CONF"),
     "env": {k: v for k, v in os.environ.items() if k.endswith(("_THREADS", "PROCS", "CPU_COUNT"))},
+    "widened": widen(),
 }))
 """
+
+
+def has_cpuset(engine) -> bool:
+    """Whether the engine's cgroups have a cpuset controller (cgroup v1 here)."""
+    return any((d / "cpuset.cpus").exists()
+               for d in engine.cgroups._dirs(engine.cgroup_parent).values())
 
 
 async def _counts(engine, sid, env=None):
@@ -61,6 +78,8 @@ async def test_a_sandbox_sees_ceil_cpus_cpus_everywhere(engine):
         assert (got["nproc"], got["cpu_count"], len(got["affinity"])) == (n, n, n), got
         assert got["sysconf"] == got["sysconf_conf"] == n, got
         assert got["env"] == dict.fromkeys(THREAD_VARIABLES, str(n)), got
+        if has_cpuset(engine):
+            assert got["widened"] == got["affinity"], got  # confined: it cannot widen it
         await engine.delete(sid)
 
 

@@ -8,8 +8,10 @@ launcher sets its affinity and shows them in its ``/sys``; ``agent/launch.c``), 
 where the fewest of this engine's sandboxes run, and every command's environment says
 how many threads to use (:func:`thread_env`; a sandbox's own ``env`` wins).
 
-The affinity is a placement and an honest count, not a limit: CPU time is bounded by
-the quota, and sandbox code may move itself to other CPUs (``sched_setaffinity``).
+Where the host offers a cpuset controller the engine also confines the sandbox's cgroup
+to those CPUs (:meth:`~corral.runtime.cgroups.CgroupDriver.set_cpus`): sandbox code
+cannot move itself elsewhere. Without one the affinity is placement and an honest
+count, not a limit (CPU time is bounded by the quota either way).
 """
 
 from __future__ import annotations

@@ -316,6 +316,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
         live.cpus = self.cpu_picker.take(spec.cpus)
+        self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
