@@ -54,3 +54,15 @@ async def test_a_full_disk_layer_is_enospc_inside_and_typed_outside(engine):
     # /dev/shm is in the same layer
     r = await engine.exec(sid, "df -P /dev/shm | tail -1", timeout=60)
     assert r.returncode == 0 and "tmpfs" not in r.stdout.decode()
+
+
+@requires_root
+def test_the_sdk_asks_for_a_disk_layer_and_gets_a_typed_full_disk(daemon):
+    import corral
+
+    client = corral.Client(daemon.url)
+    with corral.Sandbox.create(client=client, storage="disk", disk_mb=64, memory_mb=64) as sb:
+        assert sb.info.spec.storage == Storage.DISK
+        with pytest.raises(corral.SandboxDiskFull) as info:
+            sb.files.write("/workspace/g", b"x" * (70 << 20))
+        assert info.value.errno == 28 and info.value.code == "sandbox_disk_full"
