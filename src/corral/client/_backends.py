@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any, Generic, Protocol, Self, TypeVar
+from typing import Annotated, Any, BinaryIO, Generic, Protocol, Self, TypeVar
 
 from corral._bridge import in_parallel
+from corral.client._body import AsyncFileBody, SyncFileBody
 
 T = TypeVar("T")
 
@@ -141,6 +143,24 @@ class AsyncBackend:
     async def write_file(path: str | os.PathLike[str], data: bytes) -> None:
         await asyncio.to_thread(Path(path).write_bytes, data)
 
+    @staticmethod
+    async def file_body(path: str | os.PathLike[str]) -> AsyncFileBody:
+        """A local file as a request body, read in pieces as it is sent."""
+        return await asyncio.to_thread(AsyncFileBody, path)
+
+    @staticmethod
+    async def save(pieces: AsyncIterator[bytes], path: Path) -> None:
+        """Write ``pieces`` to ``path`` as they come, through a temporary file beside
+        it, so a failed download leaves nothing at ``path``."""
+        f, tmp = await asyncio.to_thread(_open_beside, path)
+        try:
+            async for piece in pieces:
+                await asyncio.to_thread(f.write, piece)
+            await asyncio.to_thread(_finish, f, tmp, path)
+        except BaseException:
+            await asyncio.to_thread(_discard, f, tmp)
+            raise
+
 
 class SyncBackend:
     """Blocking implementations."""
@@ -184,3 +204,37 @@ class SyncBackend:
     @staticmethod
     def write_file(path: str | os.PathLike[str], data: bytes) -> None:
         Path(path).write_bytes(data)
+
+    @staticmethod
+    def file_body(path: str | os.PathLike[str]) -> SyncFileBody:
+        """A local file as a request body, read in pieces as it is sent."""
+        return SyncFileBody(path)
+
+    @staticmethod
+    def save(pieces: Iterator[bytes], path: Path) -> None:
+        """Write ``pieces`` to ``path`` as they come (see :meth:`AsyncBackend.save`)."""
+        f, tmp = _open_beside(path)
+        try:
+            for piece in pieces:
+                f.write(piece)
+            _finish(f, tmp, path)
+        except BaseException:
+            _discard(f, tmp)
+            raise
+
+
+def _open_beside(path: Path) -> tuple[BinaryIO, Path]:
+    # O_EXCL on a fresh name, with the mode a plain open() gives (the umask applies)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.corral-part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    return os.fdopen(fd, "wb"), tmp
+
+
+def _finish(f: BinaryIO, tmp: Path, path: Path) -> None:
+    f.close()
+    os.replace(tmp, path)
+
+
+def _discard(f: BinaryIO, tmp: Path) -> None:
+    f.close()
+    tmp.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.client._backends import AsyncBackend
+from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
@@ -173,7 +174,10 @@ class AsyncClient:
         return await self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
     async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send a built request; start the embedded daemon first if it is needed."""
+        """Send a built request; start the embedded daemon first if it is needed.
+
+        A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
+        request = bounded(request)
         try:
             response = await self._send_once(request, stream)
         except DaemonUnavailable as exc:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.client._backends import SyncBackend
+from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
@@ -175,7 +176,10 @@ class Client:
         return self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
     def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send a built request; start the embedded daemon first if it is needed."""
+        """Send a built request; start the embedded daemon first if it is needed.
+
+        A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
+        request = bounded(request)
         try:
             response = self._send_once(request, stream)
         except DaemonUnavailable as exc:
