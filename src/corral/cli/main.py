@@ -60,7 +60,7 @@ from corral.cli import (
 )
 from corral.cli._output import Context, UsageError
 from corral.client import _validate as check_arg
-from corral.client._embed import answers
+from corral.client._embed import answers, daemon_missing
 from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
 from corral.schema import MAX_TIMEOUT_S
 
@@ -339,6 +339,9 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
+    why = daemon_missing()
+    if why is not None:
+        raise corral.Unsupported(f"corral serve: {why}")
     from corral.server.__main__ import build_parser as build_server_parser
     from corral.server.__main__ import settings_from_args
     from corral.server.daemon import serve

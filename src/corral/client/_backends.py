@@ -17,7 +17,9 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any, BinaryIO, Generic, Protocol, Self, TypeVar
+from typing import Annotated, Any, BinaryIO, Generic, Protocol, TypeVar
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral._bridge import in_parallel
 from corral.client._body import AsyncFileBody, SyncFileBody

@@ -45,10 +45,13 @@ import asyncio
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+import anyio
 
 from corral._bridge import run_sync
 from corral.client._async._client import AsyncClient
@@ -71,6 +74,9 @@ from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     INFRA_ERRORS,
     RETRY_BACKOFF_S,
 )
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger(__name__)
 
@@ -234,21 +240,25 @@ class AsyncCodeReward:
         semaphore = asyncio.Semaphore(self.concurrency)
         async with AsyncClient(self.url) as client:
 
-            async def one(i: int) -> RewardOutcome:
+            results: list[RewardOutcome | None] = [None] * len(completions)
+
+            async def one(i: int) -> None:
                 async with semaphore:
                     outcome = await self._score(client, i, completions[i], snippets[i])
                 if on_result is not None:
                     on_result(outcome)
-                return outcome
+                results[i] = outcome
 
-            # A TaskGroup, not gather: if one evaluation raises (a configuration error),
+            # A task group, not gather: if one evaluation raises (a configuration error),
             # the others are cancelled and delete their sandboxes before the client closes.
+            # (anyio's: asyncio.TaskGroup is Python 3.11+.)
             try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(one(i)) for i in range(len(completions))]
+                async with anyio.create_task_group() as group:
+                    for i in range(len(completions)):
+                        group.start_soon(one, i)
             except BaseExceptionGroup as group_error:
                 raise group_error.exceptions[0] from None
-        outcomes = [t.result() for t in tasks]
+        outcomes = [r for r in results if r is not None]
         self.last_outcomes = outcomes
         return outcomes
 

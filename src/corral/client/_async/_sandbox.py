@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Self, Unpack
+from typing import Any
 from urllib.parse import quote
+
+from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
 from corral.client import _validate
 from corral.client._async._cleanup import AsyncCleanupOnExit
