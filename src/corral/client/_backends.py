@@ -9,7 +9,9 @@ express lives here, in two hand-written classes with the same methods.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import queue
 import secrets
 import threading
 import time
@@ -98,6 +100,90 @@ class AsyncOpening(Coroutine[Any, Any, OpenedT], Generic[OpenedT]):
 Opening = Annotated[T, "the blocking twin of AsyncOpening: the value itself"]
 
 
+class AsyncPuller(Generic[T]):
+    """The items of an async iterator, each awaited with a timeout. A wait that times
+    out leaves its read pending, so the item it was waiting for is not lost: the next
+    :meth:`next` gets it. ``None`` once the iterator is exhausted."""
+
+    def __init__(self, items: AsyncIterator[T]) -> None:
+        self._items = items
+        self._pending: asyncio.Future[T] | None = None
+        self._done = False
+
+    async def next(self, timeout: float | None) -> T | None:
+        """The next item; :class:`TimeoutError` if none comes within ``timeout`` s."""
+        if self._done:
+            return None
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(anext(self._items))
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            raise TimeoutError
+        pending, self._pending = self._pending, None
+        try:
+            return pending.result()
+        except StopAsyncIteration:
+            self._done = True
+            return None
+
+    async def aclose(self) -> None:
+        self._done = True
+        if self._pending is not None:
+            self._pending.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pending
+            self._pending = None
+        closing = getattr(self._items, "aclose", None)
+        if closing is not None:
+            await closing()
+
+
+class Puller(Generic[T]):
+    """:class:`AsyncPuller` for a blocking iterator: a thread reads it one item ahead
+    (a queue of one), so a wait can time out without losing what it waited for."""
+
+    def __init__(self, items: Iterator[T]) -> None:
+        self._items = items
+        self._queue: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+        self._thread: threading.Thread | None = None
+        self._done = False
+
+    def _read(self) -> None:
+        try:
+            for item in self._items:
+                self._queue.put((True, item))
+                if self._done:
+                    return
+            self._queue.put((False, None))
+        except BaseException as exc:  # handed to the reader
+            self._queue.put((False, exc))
+
+    def next(self, timeout: float | None) -> T | None:
+        """The next item; :class:`TimeoutError` if none comes within ``timeout`` s."""
+        if self._done:
+            return None
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._read, name="corral-output", daemon=True)
+            self._thread.start()
+        try:
+            ok, value = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+        if ok:
+            return value  # type: ignore[no-any-return]
+        self._done = True
+        if value is not None:
+            raise value
+        return None
+
+    def close(self) -> None:
+        """Stop handing out items (the thread ends when its iterator does: the
+        caller ends that, e.g. by killing the process whose output it reads)."""
+        self._done = True
+        with contextlib.suppress(queue.Empty):
+            self._queue.get_nowait()  # unblock a thread waiting to put
+
+
 class AsyncBackend:
     """asyncio implementations."""
 
@@ -131,6 +217,11 @@ class AsyncBackend:
     @staticmethod
     def lock() -> asyncio.Lock:
         return asyncio.Lock()
+
+    @staticmethod
+    def puller(items: AsyncIterator[T]) -> AsyncPuller[T]:
+        """``items`` read with timeouts that lose nothing (see :class:`AsyncPuller`)."""
+        return AsyncPuller(items)
 
     @staticmethod
     def run_in_constructor(fn: Callable[[], Awaitable[object]]) -> None:
@@ -193,6 +284,11 @@ class SyncBackend:
     @staticmethod
     def lock() -> threading.Lock:
         return threading.Lock()
+
+    @staticmethod
+    def puller(items: Iterator[T]) -> Puller[T]:
+        """``items`` read with timeouts that lose nothing (see :class:`Puller`)."""
+        return Puller(items)
 
     @staticmethod
     def run_in_constructor(fn: Callable[[], object]) -> None:

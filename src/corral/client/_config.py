@@ -33,6 +33,9 @@ CREATE_TIMEOUT = 600.0
 """Seconds a create may take: the daemon may queue it (admission control) before starting."""
 EXEC_TIMEOUT_MARGIN = 30.0
 """Seconds added to a command's own timeout for the HTTP request that runs it."""
+CREATE_WAIT_MARGIN = 10.0
+"""Seconds of a create's HTTP timeout left to the daemon to answer after it waited for
+room or for its tenant's quota (the rest is sent as ``?wait=``)."""
 CONNECT_TIMEOUT = 10.0
 UDS_BASE_URL = "http://corral"  # the host part means nothing over a Unix socket
 CLUSTER_BASE_URL = "http://corral-cluster"  # unused: a cluster's requests name their node

@@ -18,7 +18,7 @@ from corral.client._async._logs import LogEntry, follow_logs, read_logs
 from corral.client._async._process import AsyncProcess
 from corral.client._async._stream import AsyncExecStream
 from corral.client._backends import AsyncBackend, AsyncOpening
-from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
+from corral.client._config import CREATE_TIMEOUT, CREATE_WAIT_MARGIN, exec_http_timeout
 from corral.client._futures import AsyncSandboxFutures
 from corral.client._models import (
     Command,
@@ -70,6 +70,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         *,
         node: str | None = None,
         client: AsyncClient | None = None,
+        wait: float | None = None,
         **spec: Unpack[SpecOptions],
     ) -> AsyncOpening[Self]:
         """Start a sandbox and return once it can run commands.
@@ -77,8 +78,14 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         Every limit left out (``None``) takes the daemon's default (see
         :class:`corral.schema.SandboxSpec`); ``timeout`` is the sandbox's lifetime in
         seconds, after which the daemon stops it. Invalid values raise
-        :class:`~corral.errors.InvalidArgument` before anything is sent; a full daemon
-        raises :class:`~corral.errors.CapacityExceeded` after queueing the request.
+        :class:`~corral.errors.InvalidArgument` before anything is sent.
+
+        A full daemon queues the create, and a tenant at its quota (``corral token
+        create --max-sandboxes ...``) waits for its own sandboxes to end: at most
+        ``wait`` seconds (default: as long as the request may take, 590 s; the
+        daemon's ``--queue-timeout`` caps it), then
+        :class:`~corral.errors.CapacityExceeded` or
+        :class:`~corral.errors.QuotaExceeded`. ``wait=0`` fails at once.
 
         ``snapshot`` (a :class:`AsyncSnapshot`, its id or name) starts the sandbox on
         the snapshot's files; the limits left out then come from the sandbox the
@@ -97,16 +104,24 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         body = spec_body({"image": image, **spec})
         if node is not None:
             node = _validate.text("node", node)
-        return AsyncBackend.opening(cls._create(body, client, node))
+        if wait is not None:
+            wait = _validate.timeout("wait", wait, optional=False, zero=True)
+        return AsyncBackend.opening(cls._create(body, client, node, wait))
 
     @classmethod
     async def _create(
-        cls, body: dict[str, Any], client: AsyncClient | None, node: str | None = None
+        cls, body: dict[str, Any], client: AsyncClient | None, node: str | None = None,
+        wait: float | None = None,
     ) -> Self:
         client = client or AsyncClient.default()
+        timeout = max(client.timeout, CREATE_TIMEOUT)
+        # the daemon may wait for room or for a tenant's quota: say how long this
+        # caller waits, so that it answers before the caller gives up
+        longest = max(0.0, timeout - CREATE_WAIT_MARGIN)
+        wait = longest if wait is None else min(wait, longest)
         response = await client.request(
-            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT),
-            node=node,
+            "POST", "/v1/sandboxes", json=body, timeout=timeout, node=node,
+            params={"wait": f"{wait:g}"},
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
 
