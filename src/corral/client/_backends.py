@@ -39,9 +39,12 @@ _shared_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, An
 )
 
 
-def _shared_in(cache: dict[Any, Any], factory: type[T], kwargs: dict[str, Any]) -> T:
-    # A forked child must not share its parent's sockets.
-    key = (os.getpid(), factory, tuple(sorted(kwargs.items())))
+def _shared_in(
+    cache: dict[Any, Any], factory: type[T], kwargs: dict[str, Any], env: tuple[Any, ...] = ()
+) -> T:
+    # A forked child must not share its parent's sockets; ``env``: what the factory
+    # reads from the environment, so that changing it gives another client.
+    key = (os.getpid(), factory, tuple(sorted(kwargs.items())), env)
     with _shared_lock:
         client = cache.get(key)
         if client is None or client.is_closed:
@@ -207,12 +210,13 @@ class AsyncBackend:
         return await asyncio.gather(*(c() for c in calls), return_exceptions=True)
 
     @staticmethod
-    def shared(factory: type[T], **kwargs: Any) -> T:
-        """The shared ``factory(**kwargs)`` for this process and running event loop."""
+    def shared(factory: type[T], env: tuple[Any, ...] = (), **kwargs: Any) -> T:
+        """The shared ``factory(**kwargs)`` for this process, running event loop and
+        ``env`` (the environment variables the factory reads, as they are now)."""
         loop = asyncio.get_running_loop()
         with _shared_lock:
             cache = _shared_async.setdefault(loop, {})
-        return _shared_in(cache, factory, kwargs)
+        return _shared_in(cache, factory, kwargs, env)
 
     @staticmethod
     def lock() -> asyncio.Lock:
@@ -277,9 +281,9 @@ class SyncBackend:
         return in_parallel(calls, limit=_MAX_GATHER_THREADS)
 
     @staticmethod
-    def shared(factory: type[T], **kwargs: Any) -> T:
-        """The shared ``factory(**kwargs)`` for this process."""
-        return _shared_in(_shared_sync, factory, kwargs)
+    def shared(factory: type[T], env: tuple[Any, ...] = (), **kwargs: Any) -> T:
+        """The shared ``factory(**kwargs)`` for this process and ``env``."""
+        return _shared_in(_shared_sync, factory, kwargs, env)
 
     @staticmethod
     def lock() -> threading.Lock:

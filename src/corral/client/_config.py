@@ -1,6 +1,8 @@
 """Where the SDK finds the daemon, and the defaults it uses.
 
-Environment variables (read only here, when a client is built):
+Environment variables (read only here, when a client is built; the default client,
+used by calls given none, is looked up by their current values, so changing one takes
+effect on the next such call):
 
 - ``CORRAL_URL``: the daemon, as ``unix:///path/to/corral.sock`` or ``http://host:port``
   (``https://`` too), or ``ray://HOST:PORT`` (``ray://auto`` inside a Ray job) for the
@@ -50,6 +52,16 @@ class _Unset:
 
 UNSET: Any = _Unset()
 """Keeps "not passed" apart from ``None`` (for timeouts, ``None`` means "no timeout")."""
+
+
+ENV_VARS = ("CORRAL_URL", "CORRAL_TOKEN", "CORRAL_SOCKET", "CORRAL_NO_EMBED")
+"""What :meth:`Endpoint.resolve` reads from the environment."""
+
+
+def env_now() -> tuple[str | None, ...]:
+    """The values of :data:`ENV_VARS` now: the default client is keyed by them, so a
+    change (a notebook cell, a test) takes effect on the next call given no client."""
+    return tuple(os.environ.get(name) for name in ENV_VARS)
 
 
 def exec_http_timeout(timeout: float | None) -> float | None:
