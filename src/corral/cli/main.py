@@ -241,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "exec", parents=conn, help="run a command in a sandbox, streaming its output",
         usage="corral exec ID [options] -- CMD...",
-        description="One CMD argument runs through /bin/sh -c; several run as argv. "
+        description="Several CMD arguments run as argv, and so does one plain word "
+        "(/bin/hello, ls); one argument with shell syntax (spaces, $, ;, |, ...) runs "
+        "through /bin/sh -c. "
         "Exits with the command's status: 124 on timeout, 137 when killed for memory.",
     )
     p.add_argument("id", metavar="ID")
@@ -268,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "shell", parents=conn, help="an interactive shell (or CMD) on a terminal in a sandbox",
         usage="corral shell ID [options] [-- CMD...]",
-        description="Runs bash, or sh if the image has no bash (or CMD; one argument runs "
-        "through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
+        description="Runs bash, or sh if the image has no bash (or CMD; one argument with "
+        "shell syntax runs through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
         "mode until it exits: keys, Ctrl-C included, go there, and resizing the window "
         "resizes it. Exits with its status. "
         "Needs a terminal (to pipe input: corral exec -i ID -- sh).",

@@ -4,6 +4,7 @@ snapshot of one, which new sandboxes start from (one module: each makes the othe
 from __future__ import annotations
 
 import builtins
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -173,8 +174,15 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
 
     @property
     def state(self) -> SandboxState:
-        """The state as last seen (:meth:`refresh` updates it)."""
-        return self._info.state
+        """The state as last seen (:meth:`refresh` updates it), except that a sandbox
+        last seen running or paused whose lifetime (``timeout`` seconds from its start)
+        has run out by this host's clock is ``STOPPED``: the daemon stops it then."""
+        state = self._info.state
+        started = self._info.started_at
+        if (state in (SandboxState.RUNNING, SandboxState.PAUSED) and started is not None
+                and time.time() > started + self._info.spec.timeout):
+            return SandboxState.STOPPED
+        return state
 
     @property
     def tags(self) -> builtins.list[str]:
@@ -301,6 +309,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         out between them. With ``check=True``, a timeout raises
         :class:`~corral.errors.ExecTimeout` and a non-zero exit status
         :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
+        ``r.stdout`` / ``r.stderr`` are text (UTF-8, invalid bytes replaced);
+        ``r.stdout_bytes`` / ``r.stderr_bytes`` are the bytes as written (binary output).
 
         >>> r = await sb.exec("echo $GREETING", env={"GREETING": "hi"})
         >>> r.stdout
