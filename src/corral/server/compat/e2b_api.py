@@ -325,6 +325,11 @@ def _refuse(what: str, hint: str) -> InvalidArgument:
     return InvalidArgument(f"{what} is not supported by corral's E2B front-end: {hint}")
 
 
+E2B_HOME = "/home/user"
+"""E2B's working directory and ``$HOME`` (its user ``user``'s home), made owned by
+the sandbox's user."""
+
+
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
@@ -353,7 +358,9 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     return SandboxSpec.parse({
         "image": cfg.image(req.templateID),
         "timeout": float(req.timeout or DEFAULT_TIMEOUT_S),
-        "env": req.envVars or {},
+        # where E2B's own sandboxes start their commands and put relative paths
+        "workdir": E2B_HOME,
+        "env": {"HOME": E2B_HOME, **(req.envVars or {})},
         "network": network,
         "tags": tags,
     })
