@@ -17,11 +17,16 @@ effect on the next such call):
   (default ``/run/corral/corral.sock``).
 - ``CORRAL_NO_EMBED``: ``1`` stops the SDK from starting a daemon itself when nothing
   answers on ``CORRAL_SOCKET``.
+- ``WANDB_RUN_ID`` / ``SLURM_JOB_ID``: each sandbox created is tagged
+  ``wandb-run:ID`` / ``slurm-job:ID`` (CoreWeave's convention: ``corral ls --tag
+  wandb-run:ID`` finds a training run's sandboxes, ``corral rm --tag`` cleans them up);
+  ``CORRAL_AUTO_TAGS=0`` turns that off. Read at each create.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -43,6 +48,7 @@ UDS_BASE_URL = "http://corral"  # the host part means nothing over a Unix socket
 CLUSTER_BASE_URL = "http://corral-cluster"  # unused: a cluster's requests name their node
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 
 
 class _Unset:
@@ -52,6 +58,24 @@ class _Unset:
 
 UNSET: Any = _Unset()
 """Keeps "not passed" apart from ``None`` (for timeouts, ``None`` means "no timeout")."""
+
+
+_AUTO_TAGS = (("WANDB_RUN_ID", "wandb-run:"), ("SLURM_JOB_ID", "slurm-job:"))
+_TAG_VALUE = re.compile(r"[A-Za-z0-9_.:=/@+-]{1,100}")
+
+
+def auto_tags() -> list[str]:
+    """The tags naming the training run or batch job this process belongs to, from
+    ``WANDB_RUN_ID`` and ``SLURM_JOB_ID`` (none with ``CORRAL_AUTO_TAGS=0``; a value
+    that could not be a tag is left out)."""
+    if os.environ.get("CORRAL_AUTO_TAGS", "").strip().lower() in _FALSE:
+        return []
+    tags = []
+    for var, prefix in _AUTO_TAGS:
+        value = (os.environ.get(var) or "").strip()
+        if _TAG_VALUE.fullmatch(value):
+            tags.append(prefix + value)
+    return tags
 
 
 ENV_VARS = ("CORRAL_URL", "CORRAL_TOKEN", "CORRAL_SOCKET", "CORRAL_NO_EMBED")

@@ -68,6 +68,7 @@ from corral.errors import (
     SandboxStartError,
 )
 from corral.rl._grading import Grading, check_grading
+from corral.rl._wandb import log_metrics
 from corral.rl.code import Fallback, TestReport, arun_tests, extract_code, normalize_tests
 from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     DEFAULT_RETRIES,
@@ -171,8 +172,10 @@ class AsyncCodeReward:
         on_result: Callable[[RewardOutcome], Any] | None = None,
         grading: Grading = "auto",
         retries: int = DEFAULT_RETRIES,
+        wandb: bool = True,
     ) -> None:
         check_grading(grading)
+        self.wandb = bool(wandb)  # log each batch's metrics to an open W&B run
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise InvalidArgument(f"retries must be an integer >= 0, got {retries!r}")
         self.retries = retries
@@ -260,7 +263,22 @@ class AsyncCodeReward:
                 raise group_error.exceptions[0] from None
         outcomes = [r for r in results if r is not None]
         self.last_outcomes = outcomes
+        if self.wandb:
+            self._log_batch(outcomes)
         return outcomes
+
+    def _log_batch(self, outcomes: Sequence[RewardOutcome]) -> None:
+        """One batch's metrics to an open W&B run, at the trainer's current step."""
+        scored = [o.reward for o in outcomes if o.reward is not None]
+        prefix = f"corral/{self.__name__}/"
+        log_metrics({
+            prefix + "reward_mean": sum(scored) / len(scored) if scored else math.nan,
+            prefix + "completions": len(outcomes),
+            prefix + "infra_failures": len(outcomes) - len(scored),
+            prefix + "timeouts": self.stats.timeouts,
+            prefix + "infra_retries": self.stats.infra_retries,
+            prefix + "sandboxes_created": self.stats.sandboxes_created,
+        }, commit=False)
 
     def _tests_from(self, kwargs: dict[str, Any], n: int) -> Sequence[Any]:
         if self.tests_column not in kwargs:
@@ -403,6 +421,7 @@ def code_reward(
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
     retries: int = DEFAULT_RETRIES,
+    wandb: bool = True,
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
@@ -419,6 +438,9 @@ def code_reward(
     always (a test that cannot be split that way fails), ``"in_process"`` never.
     ``retries``: how many times a completion whose sandbox could not be had or went away
     (node or daemon lost, no room) is run again on a new one before it scores ``None``.
+    ``wandb``: with a W&B run open (``wandb.init()``), each batch's metrics are logged
+    to it (``corral/<name>/reward_mean``, ``infra_failures``, ``timeouts``...) at the
+    trainer's current step; ``False`` keeps them out.
 
     >>> reward = code_reward("fraction", timeout=5)
     >>> reward(prompts=["p"], completions=["```python\\ndef f(x): return 2*x\\n```"],
@@ -429,6 +451,7 @@ def code_reward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
+        wandb=wandb,
     )
 
 
@@ -449,6 +472,7 @@ def async_code_reward(
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
     retries: int = DEFAULT_RETRIES,
+    wandb: bool = True,
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
@@ -456,4 +480,5 @@ def async_code_reward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
+        wandb=wandb,
     )

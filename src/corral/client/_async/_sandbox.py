@@ -19,7 +19,12 @@ from corral.client._async._logs import LogEntry, follow_logs, read_logs
 from corral.client._async._process import AsyncProcess
 from corral.client._async._stream import AsyncExecStream
 from corral.client._backends import AsyncBackend, AsyncOpening
-from corral.client._config import CREATE_TIMEOUT, CREATE_WAIT_MARGIN, exec_http_timeout
+from corral.client._config import (
+    CREATE_TIMEOUT,
+    CREATE_WAIT_MARGIN,
+    auto_tags,
+    exec_http_timeout,
+)
 from corral.client._futures import AsyncSandboxFutures
 from corral.client._models import (
     Command,
@@ -32,6 +37,7 @@ from corral.client._models import (
 )
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
+    MAX_TAGS,
     SandboxInfo,
     SandboxState,
     SnapshotInfo,
@@ -115,6 +121,10 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         wait: float | None = None,
     ) -> Self:
         client = client or AsyncClient.default()
+        tags = auto_tags()  # wandb-run:ID, slurm-job:ID of this process
+        if tags:
+            merged = list(dict.fromkeys([*body.get("tags", []), *tags]))[:MAX_TAGS]
+            body = {**body, "tags": merged}
         timeout = max(client.timeout, CREATE_TIMEOUT)
         # the daemon may wait for room or for a tenant's quota: say how long this
         # caller waits, so that it answers before the caller gives up

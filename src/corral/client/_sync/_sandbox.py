@@ -21,7 +21,12 @@ from corral.client._sync._logs import LogEntry, follow_logs, read_logs
 from corral.client._sync._process import Process
 from corral.client._sync._stream import ExecStream
 from corral.client._backends import SyncBackend, Opening
-from corral.client._config import CREATE_TIMEOUT, CREATE_WAIT_MARGIN, exec_http_timeout
+from corral.client._config import (
+    CREATE_TIMEOUT,
+    CREATE_WAIT_MARGIN,
+    auto_tags,
+    exec_http_timeout,
+)
 from corral.client._futures import SandboxFutures
 from corral.client._models import (
     Command,
@@ -34,6 +39,7 @@ from corral.client._models import (
 )
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
+    MAX_TAGS,
     SandboxInfo,
     SandboxState,
     SnapshotInfo,
@@ -117,6 +123,10 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         wait: float | None = None,
     ) -> Self:
         client = client or Client.default()
+        tags = auto_tags()  # wandb-run:ID, slurm-job:ID of this process
+        if tags:
+            merged = list(dict.fromkeys([*body.get("tags", []), *tags]))[:MAX_TAGS]
+            body = {**body, "tags": merged}
         timeout = max(client.timeout, CREATE_TIMEOUT)
         # the daemon may wait for room or for a tenant's quota: say how long this
         # caller waits, so that it answers before the caller gives up
