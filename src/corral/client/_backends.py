@@ -151,15 +151,24 @@ class Puller(Generic[T]):
         self._thread: threading.Thread | None = None
         self._done = False
 
+    def _put(self, entry: tuple[bool, Any]) -> bool:
+        """Hand ``entry`` to the reader; False once it stopped reading (closed)."""
+        while not self._done:
+            try:
+                self._queue.put(entry, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _read(self) -> None:
         try:
             for item in self._items:
-                self._queue.put((True, item))
-                if self._done:
+                if not self._put((True, item)):
                     return
-            self._queue.put((False, None))
+            self._put((False, None))
         except BaseException as exc:  # handed to the reader
-            self._queue.put((False, exc))
+            self._put((False, exc))
 
     def next(self, timeout: float | None) -> T | None:
         """The next item; :class:`TimeoutError` if none comes within ``timeout`` s."""
