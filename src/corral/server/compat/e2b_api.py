@@ -326,8 +326,7 @@ def _refuse(what: str, hint: str) -> InvalidArgument:
 
 
 E2B_HOME = "/home/user"
-"""E2B's working directory and ``$HOME`` (its user ``user``'s home), made owned by
-the sandbox's user."""
+"""E2B's working directory (its user ``user``'s home), made owned by the sandbox's user."""
 
 
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
@@ -358,9 +357,10 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     return SandboxSpec.parse({
         "image": cfg.image(req.templateID),
         "timeout": float(req.timeout or DEFAULT_TIMEOUT_S),
-        # where E2B's own sandboxes start their commands and put relative paths
+        # where E2B's own sandboxes start their commands and put relative paths ($HOME
+        # stays the image's: its user's ~/.local packages are found there)
         "workdir": E2B_HOME,
-        "env": {"HOME": E2B_HOME, **(req.envVars or {})},
+        "env": req.envVars or {},
         "network": network,
         "tags": tags,
     })
