@@ -14,12 +14,13 @@ from tests.conftest import requires_root
 
 pytestmark = requires_root
 
-# echoes each line upper-cased; "slow" lines are answered in two halves
+# echoes each line upper-cased; a "slow" line is answered in two halves, the second
+# only once a "go" line comes (no clock decides what a read finds)
 UPPER = (
-    "import sys, time\n"
+    "import sys\n"
     "for line in sys.stdin:\n"
     "    if line.startswith('slow'):\n"
-    "        sys.stdout.write('HA'); sys.stdout.flush(); time.sleep(1.0)\n"
+    "        sys.stdout.write('HA'); sys.stdout.flush(); sys.stdin.readline()\n"
     "        sys.stdout.write('LF\\n'); sys.stdout.flush(); continue\n"
     "    sys.stdout.write(line.upper()); sys.stdout.flush()\n"
 )
@@ -43,9 +44,11 @@ def test_readline_then_exchange_and_timeouts_lose_nothing(client):
         proc.write("slow\n")
         with pytest.raises(corral.ExecTimeout):
             proc.readline(timeout=0.3)  # half a line came: kept, not lost
+        proc.write("go\n")
         assert proc.readline(timeout=30) == "HALF\n"
         with pytest.raises(corral.ExecTimeout):
             proc.exchange("slow\n", timeout=0.3)
+        proc.write("go\n")
         assert proc.readline() == "HALF\n"  # the reply to the timed-out exchange
         with pytest.raises(corral.ExecTimeout, match="its exit"):
             proc.wait(timeout=0.3)  # stdin is open: it runs on, not killed
@@ -74,6 +77,7 @@ async def test_the_async_process_keeps_the_same_rules(aclient):
         await proc.write("slow\n")
         with pytest.raises(corral.ExecTimeout):
             await proc.readline(timeout=0.3)
+        await proc.write("go\n")
         assert await proc.readline(timeout=30) == "HALF\n"
         with pytest.raises(corral.ExecTimeout):
             await proc.wait(timeout=0.2)

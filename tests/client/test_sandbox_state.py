@@ -13,7 +13,7 @@ pytestmark = requires_root
 def test_state_is_not_running_once_the_lifetime_ran_out(client):
     sb = corral.Sandbox.create(memory_mb=64, timeout=1, client=client)
     try:
-        assert sb.state == corral.SandboxState.RUNNING
+        assert sb.info.state == corral.SandboxState.RUNNING  # as the create saw it
         time.sleep(1.2)
         # no call since the create: the lifetime alone says it
         assert sb.state == corral.SandboxState.STOPPED

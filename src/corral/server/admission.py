@@ -84,6 +84,7 @@ class Admission:
         self._starting_mb = 0
         self._admitted: dict[str, int] = {}
         self._queue: deque[_Waiter] = deque()
+        self._quota_waiting: dict[str, int] = {}  # per tenant: creates waiting for its quota
         self._closed = False
 
     # ----------------------------------------------------------------- numbers
@@ -162,9 +163,11 @@ class Admission:
         """The tenant's quota hold for one more sandbox, waiting until ``deadline`` for
         its own sandboxes to end when it is at a quota (a reward function at quota 2
         with 16 completions waits its turn rather than fail 14 of them). What could
-        never fit (one sandbox above the quota itself) is refused at once."""
+        never fit (one sandbox above the quota itself) is refused at once, and so is a
+        create of a tenant that has ``queue_size`` creates waiting already (a tenant
+        cannot park unbounded work on the daemon)."""
         loop = asyncio.get_running_loop()
-        began = loop.time()
+        began, first = loop.time(), True
         while True:
             try:
                 return await self.quotas.acquire(tenant, memory_mb, cpus)
@@ -181,9 +184,21 @@ class Admission:
                         raise
                     raise QuotaExceeded(f"{exc.message} (after waiting {waited:.3g} s for "
                                         "its own sandboxes to end)", details=exc.details) from None
+                waiting = self._quota_waiting.get(tenant or "", 0)
+                if first and waiting >= self.limits.queue_size:
+                    raise  # as many of this tenant's creates wait as the queue holds
+                first = False
                 # a release of this book's holds wakes it; a cluster's other nodes
                 # free room it hears of no other way: look again now and then
-                await self.quotas.freed(min(remaining, QUOTA_RECHECK_S))
+                self._quota_waiting[tenant or ""] = waiting + 1
+                try:
+                    await self.quotas.freed(min(remaining, QUOTA_RECHECK_S))
+                finally:
+                    left = self._quota_waiting[tenant or ""] - 1
+                    if left:
+                        self._quota_waiting[tenant or ""] = left
+                    else:
+                        del self._quota_waiting[tenant or ""]
 
     @asynccontextmanager
     async def _admit(self, memory_mb: int, slot: Slot, deadline: float) -> AsyncIterator[Slot]:
