@@ -1,9 +1,9 @@
 """File transfer throughput: the blocking SDK, the asyncio SDK and curl, by size.
 
-    python3 benchmarks/bench_files.py [--quick] [--json OUT]
+    python3 benchmarks/bench_files.py [--quick | --smoke] [--json OUT]
 
 One private daemon, one sandbox; for each size (10, 20, 40, 80, 200 MB; ``--quick``
-10 and 40) the median seconds of an upload (``PUT .../files``) and of a download
+10 and 40; ``--smoke`` 1 and 2) the median seconds of an upload (``PUT .../files``) and of a download
 (``GET .../files``) by:
 
 - ``sync``: ``sb.files.write(path, data)`` / ``sb.files.read(path)``;
@@ -18,7 +18,6 @@ after every partial ``send``: 131 s for 200 MB). Needs root (real sandboxes).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import private_daemon  # noqa: E402
 
 import corral  # noqa: E402
@@ -102,15 +102,12 @@ def measure(url: str, sizes: list[int], rounds: int) -> dict[str, dict[str, floa
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = bench_args.parser(__doc__).parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    sizes = [10, 40] if args.quick else [10, 20, 40, 80, 200]
-    rounds = 3
+    sizes = bench_args.pick(args, [10, 20, 40, 80, 200], [10, 40], [1, 2])
+    rounds = bench_args.pick(args, 3, 3, 1)
     with private_daemon("corral-bench-files-", "--max-upload-bytes", str(512 * MB)) as url:
         res = measure(url, sizes, rounds)
     first, last = res[f"{sizes[0]}MB"], res[f"{sizes[-1]}MB"]
