@@ -270,7 +270,7 @@ class Admission:
             self._forget(waiter)
             raise
         if not waiter.granted.done():
-            error = self._timed_out(waiter)
+            error = self._timed_out(waiter, timeout)
             self._forget(waiter)
             raise error
         waiter.granted.result()  # raises if the daemon is shutting down
@@ -298,13 +298,13 @@ class Admission:
             self._reserve(waiter.memory_mb)
             waiter.granted.set_result(None)
 
-    def _timed_out(self, waiter: _Waiter) -> CapacityExceeded:
+    def _timed_out(self, waiter: _Waiter, waited: float) -> CapacityExceeded:
         # Behind others in the queue, what holds a create back is what blocks the head.
         lim = self.limits
         limit = waiter.blocked_by or self._queue[0].blocked_by or "max_starting"
         value = getattr(lim, limit)
         return CapacityExceeded(
-            f"no room for a new sandbox within {lim.queue_timeout:g} s: held back by "
+            f"no room for a new sandbox within {waited:.3g} s: held back by "
             f"{limit} ({value}); delete sandboxes you no longer need, retry later, "
             "or raise the limit",
             details={"limit": limit, "value": value, "queue_timeout": lim.queue_timeout},
