@@ -66,6 +66,7 @@ from corral.errors import (
     NotFound,
     PathOutsideSandbox,
     QuotaExceeded,
+    SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
     SandboxProtocolError,
@@ -85,6 +86,7 @@ from corral.schema import (
     SandboxSpec,
     SandboxState,
     SnapshotInfo,
+    Storage,
 )
 
 __all__ = [
@@ -132,6 +134,7 @@ __all__ = [
     "Process",
     "QuotaExceeded",
     "Sandbox",
+    "SandboxDiskFull",
     "SandboxInfo",
     "SandboxLost",
     "SandboxNotFound",
@@ -145,6 +148,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "SnapshotTooLarge",
+    "Storage",
     "Unauthorized",
     "Unsupported",
     "__version__",
