@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from corral.errors import InvalidArgument
+from corral.network_schema import NetworkPolicy
 
 DEFAULT_IMAGE = "python"
 DEFAULT_CPUS = 1.0
@@ -103,7 +104,9 @@ class SandboxSpec(BaseModel):
     secrets: dict[str, SecretStr] = Field(default_factory=dict, max_length=256)
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
-    network: NetworkMode = NetworkMode.NONE
+    # "none" (loopback only), "host" (the host's network: admins only) or an egress
+    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md)
+    network: NetworkMode | NetworkPolicy = NetworkMode.NONE
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.

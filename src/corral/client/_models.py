@@ -33,7 +33,9 @@ class SpecOptions(TypedDict, total=False):
     secrets: dict[str, str]  # env whose values are never stored or shown
     workdir: str
     tags: Sequence[str]
-    network: str  # "none" | "bridge" | "host" (a corral.schema.NetworkMode)
+    # "none" | "host" (a corral.schema.NetworkMode) or an egress policy
+    # {"allow": [...], "deny": [...]} (corral.network_schema; docs/network.md)
+    network: str | dict[str, list[str]]
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
 
 

@@ -40,6 +40,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
+from corral.network_schema import NetworkPolicy
 from corral.runtime import cgroups, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
@@ -50,6 +51,7 @@ from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.images import Image, ImageStore
@@ -57,6 +59,7 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.net import NetworkManager
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -94,7 +97,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -113,6 +116,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        network_hosts: dict[str, str] | None = None,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -138,6 +142,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             target=warm_slots,
             uids=self.uids,
         )
+        # egress policies (runtime/net): names in network_hosts resolve to their address
+        self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
+                                  hosts=network_hosts)
         self.closed = False
         self.id_prefix = ID_PREFIX
 
@@ -151,12 +158,15 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        network_hosts: dict[str, str] | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``network_hosts``: names the resolver of policy sandboxes answers with these
+        addresses, not the host's resolver's (docs/network.md).
         """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
@@ -180,6 +190,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             lock_file,
             uid_block,
             warm_slots,
+            network_hosts,
         )
         engine.id_prefix = id_prefix
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
@@ -211,6 +222,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 return_exceptions=True,
             )
         await self._pool.close()
+        await self.net.close()
         for t in list(self._tasks):
             t.cancel()
         remove_cgroup(self.cgroups, self.cgroup_parent)
@@ -302,6 +314,11 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
         live.log = slot.log
+        if isinstance(spec.network, NetworkPolicy):
+            link = await self.net.attach(live.id, spec.network)
+            live.netns = str(link.netns_path)
+            # any nameserver does: nftables sends all DNS to corral's resolver
+            (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
@@ -495,6 +512,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
+        self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:
@@ -520,6 +538,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
+        self.net.detach(live.id)
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)

@@ -48,6 +48,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
             argv += ["--owned", d]
     for src, dest in live.ro_binds:
         argv += ["--copy", f"{src}:{dest}"]
+    if live.netns:  # a policy's namespace (runtime/net), joined before bwrap starts
+        argv += ["--netns", live.netns]
     argv += [
         "--", bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -64,6 +66,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
     ]
     if spec.network == NetworkMode.NONE:
         argv.append("--unshare-net")
+    elif live.netns:
+        argv += ["--ro-bind", str(live.sandbox_dir / "resolv.conf"), RESOLV_CONF]
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
     argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]

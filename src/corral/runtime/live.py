@@ -54,6 +54,7 @@ class Live:
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
+    netns: str | None = None  # a policy sandbox's network namespace (runtime/net)
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

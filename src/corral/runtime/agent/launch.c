@@ -21,6 +21,7 @@ struct launch_opts {
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
     int n_copies;
+    const char *netns;      /* a network namespace to join (a policy's: runtime/net) */
     char **prog;
 };
 
@@ -53,6 +54,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
+        else if (!strcmp(a, "--netns")) o->netns = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
     return 0;
@@ -300,6 +302,15 @@ static int launch(int argc, char **argv) {
     if (o.nofile) {
         struct rlimit rl = {o.nofile, o.nofile};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
+    }
+    /* bwrap (0.8) cannot join a network namespace: we join it here, as root, and bwrap
+       runs without --unshare-net. The namespace belongs to the host's user namespace,
+       so nothing in the sandbox (root in its own user namespace included) may change
+       its addresses, routes or firewall. */
+    if (o.netns) {
+        int nfd = open(o.netns, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) return die("join network namespace", o.netns);
+        close(nfd);
     }
     if (o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
         return die("setgid", NULL);

@@ -1,0 +1,82 @@
+"""Test servers for the egress-policy tests, each in a network namespace the test makes.
+
+:func:`server_ns` makes ``ctest-<hex>`` linked to the host by a veth pair whose ends
+have addresses of TEST-NET-2 (198.51.100.0/24, documentation addresses: no packet to
+them leaves this host, the connected route sends them down the veth), and runs in it a
+server that answers every HTTP request with its own ``marker`` and echoes raw TCP on
+port 7000. The proxy reaches it as it would reach a public server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+SERVER = r"""
+import socket, sys, threading
+marker = sys.argv[1].encode()
+def http(c):
+    try:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = c.recv(4096)
+            if not chunk:
+                return
+            data += chunk
+        body = marker + b" " + data.split(b"\r\n")[0]
+        c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    finally:
+        c.close()
+def echo(c):
+    try:
+        while data := c.recv(4096):
+            c.sendall(data)
+    finally:
+        c.close()
+def serve(port, fn):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(64)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=fn, args=(c,), daemon=True).start()
+threading.Thread(target=serve, args=(7000, echo), daemon=True).start()
+print("ready", flush=True)
+serve(80, http)
+"""
+
+
+def _ip(*args: str, ns: str | None = None) -> None:
+    argv = ["ip", *(["-n", ns] if ns else []), *args]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def server_ns(octet: int, marker: str) -> Iterator[str]:
+    """A server answering with ``marker`` at 198.51.100.<octet> (octet % 4 == 2)."""
+    assert octet % 4 == 2
+    ns, host_if = f"ctest-{secrets.token_hex(3)}", f"ct{secrets.token_hex(4)}"
+    server_ip, host_ip = f"198.51.100.{octet}", f"198.51.100.{octet - 1}"
+    _ip("netns", "add", ns)
+    proc = None
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("addr", "add", f"{host_ip}/30", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("addr", "add", f"{server_ip}/30", "dev", "eth0", ns=ns)
+        _ip("link", "set", "eth0", "up", ns=ns)
+        _ip("link", "set", "lo", "up", ns=ns)
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, marker],
+                                stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        time.sleep(0.05)
+        yield server_ip
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
