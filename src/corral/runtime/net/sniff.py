@@ -13,7 +13,7 @@ import struct
 
 MAX_PEEK = 16 * 1024  # bytes read before deciding: a ClientHello or request head fits
 MORE = object()  # need more bytes
-_HOST_RE = re.compile(rb"^host:[ \t]*([^\r\n]*)$", re.IGNORECASE | re.MULTILINE)
+_HOST_RE = re.compile(rb"^host:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.IGNORECASE | re.MULTILINE)
 
 
 def _http_host(data: bytes) -> object:
