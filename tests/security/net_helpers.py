@@ -3,8 +3,8 @@
 :func:`server_ns` makes ``ctest-<hex>`` linked to the host by a veth pair whose ends
 have addresses of TEST-NET-2 (198.51.100.0/24, documentation addresses: no packet to
 them leaves this host, the connected route sends them down the veth), and runs in it a
-server that answers every HTTP request with its own ``marker`` and echoes raw TCP on
-port 7000. The proxy reaches it as it would reach a public server.
+server that answers every HTTP request with its own ``marker``, echoes raw TCP on
+port 7000 and sends 100 MB of zeros to whoever connects to port 7001. The proxy reaches it as it would reach a public server.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ def echo(c):
             c.sendall(data)
     finally:
         c.close()
+def blob(c):
+    try:
+        zeros = bytes(1 << 20)
+        for _ in range(100):
+            c.sendall(zeros)
+    finally:
+        c.close()
 def serve(port, fn):
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", port)); s.listen(64)
@@ -44,6 +51,7 @@ def serve(port, fn):
         c, _ = s.accept()
         threading.Thread(target=fn, args=(c,), daemon=True).start()
 threading.Thread(target=serve, args=(7000, echo), daemon=True).start()
+threading.Thread(target=serve, args=(7001, blob), daemon=True).start()
 print("ready", flush=True)
 serve(80, http)
 """

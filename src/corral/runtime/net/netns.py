@@ -119,10 +119,9 @@ def setup(link: Link, table: str) -> None:
     host = (f"netns add {link.netns}\n"
             f"link add {link.host_if} type veth peer name eth0 netns {link.netns}\n"
             f"addr add {link.host_ip}/30 dev {link.host_if}\n")
-    _run(["ip", "-batch", "-"], host)
+    _run(["ip", "-batch", "-"], host + f"link set {link.host_if} up\n")
     # No IPv6 on the host end: the sandbox's link-local address has nobody to talk to.
     Path(f"/proc/sys/net/ipv6/conf/{link.host_if}/disable_ipv6").write_text("1")
-    _run(["ip", "link", "set", link.host_if, "up"])
     inside = ("link set lo up\n"
               f"addr add {link.sandbox_ip}/30 dev eth0\n"
               "link set eth0 up\n"
