@@ -65,6 +65,7 @@ from corral.errors import (
     LayerTransferError,
     NotFound,
     PathOutsideSandbox,
+    PortClosed,
     QuotaExceeded,
     SandboxLost,
     SandboxNotFound,
@@ -77,6 +78,7 @@ from corral.errors import (
     Unsupported,
 )
 from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -124,11 +126,13 @@ __all__ = [
     "InvalidState",
     "LayerTransferError",
     "NetworkMode",
+    "NetworkPolicy",
     "NotFound",
     "OutputChunk",
     "PathOutsideSandbox",
     "Pool",
     "PoolInfo",
+    "PortClosed",
     "Process",
     "QuotaExceeded",
     "Sandbox",

@@ -31,6 +31,7 @@ would naturally catch as a builtin also inherit it::
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
     ├── LayerTransferError                    502 layer_transfer_failed
+    ├── PortClosed (ConnectionError)          502 port_closed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -250,6 +251,12 @@ class LayerTransferError(CorralError):
     ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
 
     code, status = "layer_transfer_failed", 502
+
+
+class PortClosed(CorralError, ConnectionError):
+    """Nothing listens on an exposed port inside the sandbox (docs/network.md)."""
+
+    code, status = "port_closed", 502
 
 
 class SandboxStartError(CorralError):

@@ -8,11 +8,17 @@ a policy sandbox may change its policy (:meth:`NetworkOps.update_network`), but 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
+import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidArgument, InvalidState
+from corral.errors import InvalidArgument, InvalidState, PortClosed
 from corral.network_schema import NetworkPolicy
-from corral.schema import SandboxInfo, SandboxSpec
+from corral.runtime import syscalls
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
 
 if TYPE_CHECKING:
     from corral.runtime.live import Live
@@ -20,14 +26,18 @@ if TYPE_CHECKING:
     from corral.runtime.registry import Registry
 
 
+PORT_CONNECT_TIMEOUT_S = 10.0
+
+
 class NetworkOps:
-    """``network_events``, ``update_network``."""
+    """``network_events``, ``update_network``, ``connect_port``."""
 
     if TYPE_CHECKING:
         net: NetworkManager
         registry: Registry
 
         def _get_live(self, sandbox_id: str) -> Live: ...
+        def _running(self, sandbox_id: str) -> Live: ...
         def get(self, sandbox_id: str) -> SandboxInfo: ...
 
     def _policy_live(self, sandbox_id: str) -> Live:
@@ -39,6 +49,28 @@ class NetworkOps:
                 "show or change; create a new one with a policy",
                 details={"sandbox_id": sandbox_id})
         return live
+
+    async def connect_port(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connected, non-blocking TCP socket to ``port`` on the sandbox's own
+        loopback (what an exposed port serves): made in the sandbox's network
+        namespace by the daemon, so it works with ``network="none"`` too, and the
+        sandbox reaches nothing new."""
+        if not 1 <= port <= 65535:
+            raise InvalidArgument(f"invalid port {port}: use 1-65535")
+        live = self._running(sandbox_id)
+        netns = live.netns or _namespace_of(live)
+        sock = await asyncio.to_thread(socket_in, netns) if netns else socket.socket()
+        sock.setblocking(False)
+        try:
+            async with asyncio.timeout(PORT_CONNECT_TIMEOUT_S):
+                await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            raise PortClosed(
+                f"nothing answers on port {port} in sandbox {sandbox_id} ({exc}): start a "
+                f"server there listening on 0.0.0.0:{port} or 127.0.0.1:{port}",
+                details={"sandbox_id": sandbox_id, "port": port}) from None
+        return sock
 
     def network_events(self, sandbox_id: str) -> list[dict[str, Any]]:
         """The connections and DNS queries of a policy sandbox, allowed and refused,
@@ -66,3 +98,46 @@ class NetworkOps:
             live.spec = spec
             await self.net.update(sandbox_id, network)
         return self.get(sandbox_id)
+
+
+def _namespace_of(live: Live) -> str | None:
+    """The network namespace of a sandbox without a policy: its agent's (``"none"``:
+    bwrap's own), or None for ``"host"`` (the daemon's)."""
+    if live.spec.network == NetworkMode.HOST or live.proc is None:
+        return None
+    bwrap = live.proc.pid
+    children = Path(f"/proc/{bwrap}/task/{bwrap}/children").read_text().split()
+    if len(children) != 1:
+        raise InvalidState(f"sandbox {live.id} is ending", details={"sandbox_id": live.id})
+    return f"/proc/{children[0]}/ns/net"
+
+
+def socket_in(netns: str) -> socket.socket:
+    """A TCP socket of the network namespace at ``netns`` (a socket keeps the namespace
+    it was made in). Made in a thread of its own that exits right after: setns moves
+    only the calling thread, and a thread that could not move back must not serve
+    anything else."""
+    made: list[socket.socket | BaseException] = []
+
+    def work() -> None:
+        try:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                syscalls.setns_net(target, netns)
+                try:
+                    made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                finally:
+                    syscalls.setns_net(own, "the daemon's own network namespace")
+            finally:
+                os.close(own)
+                os.close(target)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            made.append(exc)
+
+    t = threading.Thread(target=work, name="corral-netns", daemon=True)
+    t.start()
+    t.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]

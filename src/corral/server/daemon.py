@@ -187,7 +187,8 @@ async def run(settings: ServerSettings) -> None:
             app,
             lifespan="off",
             http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
-            ws="none",  # no websocket endpoints: never upgrade a connection
+            # WebSocket only to an exposed port (server/expose.py): the guard closes others
+            ws="websockets",
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)

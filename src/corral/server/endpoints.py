@@ -26,6 +26,7 @@ from corral.server.cluster_routes import (
 )
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
 from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
+from corral.server.expose import ExposedPort, ExposeRequest, expose_port
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -184,6 +185,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("limit", "integer", "at most this many entries (<= 5000)"),
             Query("follow", "boolean", "stream entries as they come, until it ends"),
         ),
+    ),
+    Endpoint(
+        "POST", _SB + "/ports", expose_port,
+        "Expose a port of the sandbox (HTTP, WebSocket) at a URL with its own access token",
+        body=ExposeRequest, reply=ExposedPort, status=201,
     ),
     Endpoint(
         "GET", _SB + "/network/events", network_events,

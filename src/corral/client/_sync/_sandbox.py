@@ -29,6 +29,7 @@ from corral.client._models import (
     parse_exec,
     spec_body,
 )
+from corral.errors import InvalidArgument
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     SandboxInfo,
@@ -231,6 +232,17 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         return self._info
 
     # --------------------------------------------------------------- network
+
+    def expose(self, port: int) -> str:
+        """Serve ``port`` (an HTTP or WebSocket server listening in the sandbox) through
+        the daemon; the URL returned carries the port's own access token: whoever holds
+        it reaches that port and nothing else, until the sandbox ends. Works with
+        ``network="none"`` too. See docs/network.md."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidArgument(f"invalid port {port!r}: use 1-65535")
+        response = self._client.request("POST", self._path + "/ports", json={"port": port})
+        url: str = response.json()["url"]
+        return url
 
     def network_events(self) -> builtins.list[dict[str, Any]]:
         """What a sandbox created with a network policy tried to reach, oldest first
