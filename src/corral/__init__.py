@@ -76,6 +76,7 @@ from corral.errors import (
     SnapshotTooLarge,
     Unauthorized,
     Unsupported,
+    VolumeNotFound,
 )
 from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
 from corral.network_schema import NetworkPolicy
@@ -151,6 +152,7 @@ __all__ = [
     "SnapshotTooLarge",
     "Unauthorized",
     "Unsupported",
+    "VolumeNotFound",
     "__version__",
     "as_completed",
     "submit",

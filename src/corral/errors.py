@@ -12,7 +12,8 @@ would naturally catch as a builtin also inherit it::
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
     │   ├── ImageNotFound                     404 image_not_found
-    │   └── SnapshotNotFound                  404 snapshot_not_found
+    │   ├── SnapshotNotFound                  404 snapshot_not_found
+    │   └── VolumeNotFound                    404 volume_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   └── FileTooLarge                      413 file_too_large
@@ -104,6 +105,10 @@ class ImageNotFound(NotFound):
 
 class SnapshotNotFound(NotFound):
     code, status = "snapshot_not_found", 404
+
+
+class VolumeNotFound(NotFound):
+    code, status = "volume_not_found", 404
 
 
 class FileError(CorralError, OSError):

@@ -24,6 +24,7 @@ from pydantic import (
 
 from corral.errors import InvalidArgument
 from corral.network_schema import NetworkPolicy
+from corral.volume_schema import check_volumes
 
 DEFAULT_IMAGE = "python"
 DEFAULT_CPUS = 1.0
@@ -107,6 +108,9 @@ class SandboxSpec(BaseModel):
     # "none" (loopback only), "host" (the host's network: admins only) or an egress
     # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md)
     network: NetworkMode | NetworkPolicy = NetworkMode.NONE
+    # Volumes by mount point: {"/data": "NAME"} ("NAME:ro", "NAME:cow" (the default),
+    # "NAME:rw"; an admin may give a host directory, "/srv/data:ro"): corral.volume_schema
+    volumes: dict[str, str] = Field(default_factory=dict)
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.
@@ -141,6 +145,11 @@ class SandboxSpec(BaseModel):
         if not v.startswith("/") or "\0" in v or ".." in v.split("/"):
             raise ValueError("workdir must be an absolute path without '..', e.g. /workspace")
         return v.rstrip("/") or "/"
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: dict[str, str]) -> dict[str, str]:
+        return check_volumes(volumes)
 
     @field_validator("tags")
     @classmethod

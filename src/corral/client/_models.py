@@ -36,6 +36,7 @@ class SpecOptions(TypedDict, total=False):
     # "none" | "host" (a corral.schema.NetworkMode) or an egress policy
     # {"allow": [...], "deny": [...]} (corral.network_schema; docs/network.md)
     network: str | dict[str, list[str]]
+    volumes: dict[str, str]  # {"/data": "NAME[:ro|cow|rw]"} (corral.volume_schema)
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
 
 

@@ -74,6 +74,7 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     UidBlock,
     canonical_owner,
 )
+from corral.runtime.volumes import Volumes
 from corral.schema import (
     MAX_TIMEOUT_S,
     TRANSITIONS,
@@ -143,6 +144,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps):
             uids=self.uids,
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
+        self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
         self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
                                   hosts=network_hosts)
         self.closed = False
@@ -269,6 +271,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps):
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
+            mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             lowers = await self.snapshots.lowers(snap, image)
             slot = await self._pool.take()
@@ -280,6 +283,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps):
         live = Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
+        live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         try:

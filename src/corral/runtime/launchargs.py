@@ -48,6 +48,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
             argv += ["--owned", d]
     for src, dest in live.ro_binds:
         argv += ["--copy", f"{src}:{dest}"]
+    for mode, src, dest in live.volumes:  # mounted on the root before bwrap starts
+        argv += ["--volume", f"{mode}:{src}:{dest}"]
     if live.netns:  # a policy's namespace (runtime/net), joined before bwrap starts
         argv += ["--netns", live.netns]
     argv += [

@@ -127,7 +127,7 @@ class Resolver:
         self._tcp = tcp
         udp, _ = await loop.create_datagram_endpoint(
             lambda: _Udp(self.lookup), local_addr=("0.0.0.0", self.port))
-        self._udp = udp  # type: ignore[assignment]
+        self._udp = udp
 
     async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")[0]

@@ -24,8 +24,6 @@ else. So a sandbox reaches no address directly, not even the host's.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import ipaddress
 import os
 import random
@@ -34,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import CapacityExceeded, SandboxStartError, Unsupported
+from corral.runtime.fsutil import try_lock
 
 SUBNET_ENV = "CORRAL_NET_SUBNET"
 DEFAULT_SUBNET = "10.219.0.0/16"
@@ -94,16 +93,8 @@ class Links:
     def acquire(self) -> Link:
         self.lock_dir.mkdir(parents=True, exist_ok=True)
         for index in random.sample(range(self.size), min(self.size, 64)):
-            fd = os.open(self.lock_dir / f"{index}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                         0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    continue
-                raise
-            return Link(index, fd)
+            if (fd := try_lock(self.lock_dir / f"{index}.lock")) is not None:
+                return Link(index, fd)
         raise CapacityExceeded(f"no free network link in {subnet()}: too many sandboxes "
                                f"with a network policy on this host (set {SUBNET_ENV})")
 
