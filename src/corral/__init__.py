@@ -32,6 +32,7 @@ from corral.client._async import (
     AsyncSandbox,
     AsyncSession,
     AsyncSnapshot,
+    AsyncVolume,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
@@ -45,6 +46,7 @@ from corral.client._sync import (
     Sandbox,
     Session,
     Snapshot,
+    Volume,
 )
 from corral.errors import (
     CapacityExceeded,
@@ -100,6 +102,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "AsyncVolume",
     "BuildEvent",
     "BuildSpec",
     "CapacityExceeded",
@@ -152,6 +155,7 @@ __all__ = [
     "SnapshotTooLarge",
     "Unauthorized",
     "Unsupported",
+    "Volume",
     "VolumeNotFound",
     "__version__",
     "as_completed",

@@ -53,6 +53,7 @@ from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_snapshots import SnapshotOps
+from corral.runtime.engine_volumes import VolumeOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.kept_files import KeptFiles, keeps_files
@@ -98,7 +99,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -145,6 +146,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps):
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
+        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
         self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
                                   hosts=network_hosts)
         self.closed = False

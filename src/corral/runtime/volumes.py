@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from corral.errors import Forbidden, InvalidArgument, InvalidState, VolumeNotFound
@@ -68,8 +69,13 @@ class Volumes:
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
 
-    def create(self, owner: str | None, name: str, archive: Path) -> VolumeInfo:
-        """A new volume ``name`` of ``owner`` from the tar file ``archive``."""
+    def data_dir(self, owner: str | None, name: str) -> Path:
+        return self._dir(owner, name) / "data"
+
+    def create(self, owner: str | None, name: str, archive: Path, *,
+               check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+        """A new volume ``name`` of ``owner`` from the tar file ``archive``; ``check``
+        (owner, bytes) may refuse it (a quota) before it appears."""
         final = self._dir(owner, name)
         if final.exists():
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
@@ -80,6 +86,8 @@ class Volumes:
             (work / "data").mkdir()
             apply_layer(work / "data", archive)
             size, files = _canonical(work / "data")
+            if check is not None:
+                check(owner, size)
             info = VolumeInfo(name=name, size_bytes=size, files=files, created_at=time.time())
             (work / "meta.json").write_text(info.model_dump_json())
             os.chmod(work, 0o711)
@@ -135,6 +143,6 @@ class Volumes:
                 path = source
             else:
                 self.get(owner, source)
-                path = str(self._dir(owner, source) / "data")
+                path = str(self.data_dir(owner, source))
             out.append((mode, path, dest))
         return out

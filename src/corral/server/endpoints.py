@@ -130,6 +130,14 @@ from corral.server.tenant_routes import (
     revoke_token,
     update_token,
 )
+from corral.server.volume_routes import (
+    VolumeList,
+    create_volume,
+    delete_volume,
+    get_volume,
+    list_volumes,
+)
+from corral.volume_schema import VolumeInfo
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
@@ -186,6 +194,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("follow", "boolean", "stream entries as they come, until it ends"),
         ),
     ),
+    Endpoint(
+        "POST", "/v1/volumes", create_volume,
+        "Create a volume from a tar archive (the body); mount it with volumes={PATH: NAME}",
+        body=RAW, reply=VolumeInfo, status=201,
+        query=(Query("name", "string", "the volume's name (a-z 0-9 . _ -)", required=True,
+                     min_length=1),),
+    ),
+    Endpoint("GET", "/v1/volumes", list_volumes, "The caller's volumes", reply=VolumeList),
+    Endpoint("GET", "/v1/volumes/{name}", get_volume, "One volume", reply=VolumeInfo),
+    Endpoint("DELETE", "/v1/volumes/{name}", delete_volume,
+             "Remove a volume no running sandbox mounts", status=204),
     Endpoint(
         "POST", _SB + "/ports", expose_port,
         "Expose a port of the sandbox (HTTP, WebSocket) at a URL with its own access token",
