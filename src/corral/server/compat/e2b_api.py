@@ -19,8 +19,10 @@ which the SDK raises as ``AuthenticationException``.
 What maps to what: a template is a corral image (:class:`E2BSettings`); ``timeout``
 is the sandbox's lifetime from now (``set_timeout`` moves it); ``metadata`` is kept as
 tags (and listed by them); ``envs`` are the sandbox's environment. ``pause`` freezes
-the sandbox, ``connect`` thaws it. Refused (400, never ignored): internet access
-when the daemon does not give it, egress rules, MCP, volume mounts, IAM, auto-pause.
+the sandbox, ``connect`` thaws it. ``allow_internet_access`` gives the public internet
+through corral's egress filter, ``network={allow_out, deny_out}`` an egress policy
+(docs/network.md). Refused (400, never ignored): other network options, MCP, volume
+mounts, IAM, auto-pause.
 Answered 501: snapshots, forks, network updates, logs, templates, volumes, secrets.
 """
 
@@ -73,6 +75,7 @@ from corral.server.wire import read_json
 TAG = "e2b"
 TEMPLATE_TAG = "e2b.template="
 META_TAG = "e2b.m:"
+ALL_TRAFFIC = "0.0.0.0/0"  # E2B's name for every destination
 DEFAULT_TEMPLATE = "base"
 INTERPRETER_TEMPLATE = "code-interpreter-v1"  # e2b-code-interpreter's default template
 DEFAULT_IMAGE = "rl"
@@ -268,7 +271,7 @@ def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
     return {
         **listed_json(info),
         "envdAccessToken": access_token(token, info.id),
-        "allowInternetAccess": info.spec.network == NetworkMode.HOST,
+        "allowInternetAccess": info.spec.network != NetworkMode.NONE,
         "domain": None,
     }
 
@@ -325,6 +328,21 @@ def _refuse(what: str, hint: str) -> InvalidArgument:
     return InvalidArgument(f"{what} is not supported by corral's E2B front-end: {hint}")
 
 
+def _egress(raw: Any) -> dict[str, list[str]]:
+    """E2B's ``network={"allowOut", "denyOut"}`` as a corral policy. E2B allows what is
+    not denied, and ``allowOut`` are exceptions to ``denyOut``: with ``0.0.0.0/0``
+    denied that is corral's allow list exactly; otherwise the exceptions are dropped
+    (stricter: what denyOut names stays refused)."""
+    if not isinstance(raw, dict) or set(raw) - {"allowOut", "denyOut", "allowPublicTraffic",
+                                                "dnsServers"}:
+        raise _refuse("these network options", "corral maps allow_out and deny_out only")
+    allow, deny = raw.get("allowOut") or [], raw.get("denyOut") or []
+    if not isinstance(allow, list) or not isinstance(deny, list):
+        raise InvalidArgument("network.allowOut and network.denyOut are lists of strings")
+    return {"allow": allow if ALL_TRAFFIC in deny else [],
+            "deny": [d for d in deny if d != ALL_TRAFFIC]}
+
+
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
@@ -334,15 +352,13 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         raise _refuse("iam", "corral sandboxes have no workload identity")
     if req.autoPause:
         raise _refuse("lifecycle on_timeout='pause'", "a corral sandbox ends at its timeout")
+    network: NetworkMode | dict[str, list[str]] = NetworkMode.NONE
     if req.network:
-        raise _refuse("network rules", "a corral sandbox has no network (the default) or "
-                      "the host's (CORRAL_COMPAT_NETWORK=host on the daemon)")
-    network = NetworkMode.NONE
-    if req.allow_internet_access:
-        if cfg.network != NetworkMode.HOST:
-            raise _refuse("allow_internet_access=True", "this daemon gives sandboxes no "
-                          "network; start it with CORRAL_COMPAT_NETWORK=host to allow it")
-        network = NetworkMode.HOST
+        network = _egress(req.network)
+    elif req.allow_internet_access:
+        # the public internet through corral's filter (docs/network.md); the host's own
+        # network only where the front-end was told so (and the daemon allows it)
+        network = NetworkMode.HOST if cfg.network == NetworkMode.HOST else {}
     tags = [TAG, TEMPLATE_TAG + req.templateID]
     for key, value in (req.metadata or {}).items():
         tag = meta_tag(key, value)
