@@ -211,3 +211,24 @@ async def test_none_and_host_have_no_filter_to_change(servers):
         await engine.update_network(sb.id, {"allow": ["good.test"]})
     with pytest.raises(InvalidState):
         engine.network_events(sb.id)
+
+
+async def test_links_of_a_killed_daemon_are_swept(servers, tmp_path):
+    """A namespace whose owner died (its lock free) is removed when a filter starts."""
+    from corral.runtime.net import netns
+    from corral.runtime.net.manager import NetworkManager
+
+    engine, _, _ = servers
+    await engine.create(network={"allow": ["good.test"]})  # its filter is up
+    links = engine.net.links
+    orphan = links.acquire()
+    netns.setup(orphan, engine.net.table)
+    links.release(orphan)  # as if its daemon were killed: nobody holds the lock
+    assert orphan.netns_path.exists()
+    other = NetworkManager("etest" + tmp_path.name[-6:], links.lock_dir, warm=0)
+    try:
+        await other._start()
+        assert not orphan.netns_path.exists()
+        assert all(att.link.netns_path.exists() for att in engine.net._by_id.values())
+    finally:
+        await other.close()

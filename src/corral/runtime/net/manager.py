@@ -86,6 +86,7 @@ class NetworkManager:
         async with self._start_lock:
             if self._started:
                 return
+            await asyncio.to_thread(self.links.sweep)  # what a killed daemon left
             await self._resolver.start()
             await self._proxy.start()
             await asyncio.to_thread(netns.create_table, self.table,

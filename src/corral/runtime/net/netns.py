@@ -102,6 +102,25 @@ class Links:
     def release(link: Link) -> None:
         os.close(link.lock_fd)
 
+    def sweep(self) -> list[str]:
+        """Remove the namespaces (and veths) of links whose owner is gone (a killed
+        daemon): those whose lock nobody holds. The names removed."""
+        gone = []
+        for path in sorted(NETNS_DIR.glob("corral-*")) if NETNS_DIR.is_dir() else []:
+            index = path.name.removeprefix("corral-")
+            if not index.isdigit() or int(index) >= self.size:
+                continue
+            fd = try_lock(self.lock_dir / f"{index}.lock") if self.lock_dir.is_dir() else None
+            if fd is None:
+                continue
+            link = Link(int(index), fd)
+            try:
+                teardown(link, "", quiet=True)
+                gone.append(path.name)
+            finally:
+                self.release(link)
+        return gone
+
 
 def setup(link: Link, table: str) -> None:
     """Make the namespace, the veth pair and their addresses; add the host end to
