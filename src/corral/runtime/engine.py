@@ -40,7 +40,6 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.network_schema import NetworkPolicy
 from corral.runtime import cgroups, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
@@ -321,11 +320,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
         live.log = slot.log
-        if isinstance(spec.network, NetworkPolicy):
-            link = await self.net.attach(live.id, spec.network)
-            live.netns = str(link.netns_path)
-            # any nameserver does: nftables sends all DNS to corral's resolver
-            (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
+        await self._attach_network(live)  # a policy's namespace (engine_network.py)
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)

@@ -50,6 +50,15 @@ class NetworkOps:
                 details={"sandbox_id": sandbox_id})
         return live
 
+    async def _attach_network(self, live: Live) -> None:
+        """A policy sandbox's link, made before its launcher starts (which joins it)."""
+        if not isinstance(live.spec.network, NetworkPolicy):
+            return
+        link = await self.net.attach(live.id, live.spec.network)
+        live.netns = str(link.netns_path)
+        # any nameserver does: nftables sends all DNS to corral's resolver
+        (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
+
     async def connect_port(self, sandbox_id: str, port: int) -> socket.socket:
         """A connected, non-blocking TCP socket to ``port`` on the sandbox's own
         loopback (what an exposed port serves): made in the sandbox's network
