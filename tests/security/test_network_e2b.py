@@ -51,3 +51,35 @@ def test_allow_out_deny_out(e2b_net):
     assert out["open"] == "BAD GET / HTTP/1.0"  # deny nothing: the public internet
     assert out["host"] in ("ConnectionRefusedError", "ConnectionResetError")
     assert out["malformed"] == "400"
+
+
+def test_get_host_reaches_a_port_with_the_traffic_token(e2b_net):
+    """``get_host(port)`` of the unmodified client names ``PORT-ID.domain``: the daemon
+    serves that Host (a wildcard DNS name would point at it) to whoever brings the
+    sandbox's traffic access token, and to nobody else."""
+    with checked(e2b_net) as d:
+        out = run_script(d, """
+            import time, httpx
+            with Sandbox.create() as sb:
+                sb.files.write("/workspace/index.html", "served from e2b")
+                sb.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace",
+                                background=True)
+                host = sb.get_host(8000)
+                out["host"] = host.startswith("8000-" + sb.sandbox_id + ".")
+                token = sb.traffic_access_token
+                for _ in range(100):
+                    r = httpx.get(ENDPOINT,
+                                  headers={"Host": host, "e2b-traffic-access-token": token})
+                    if r.status_code != 502:
+                        break
+                    time.sleep(0.1)
+                out["got"] = [r.status_code, r.text]
+                r = httpx.get(ENDPOINT, headers={"Host": host,
+                                                 "e2b-traffic-access-token": "0" * 64})
+                out["forged"] = r.status_code
+                r = httpx.get(ENDPOINT, headers={"Host": host})
+                out["none"] = r.status_code
+        """.replace("ENDPOINT", repr(d.endpoint + "/index.html")))
+    assert out["host"] is True
+    assert out["got"] == [200, "served from e2b"]
+    assert out["forged"] == 401 and out["none"] == 401

@@ -127,12 +127,10 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # only an exposed port's (server/expose.py)
-            if expose.lift(scope) is None:
+            if self._exposure(scope) is None:
                 await send({"type": "websocket.close", "code": 1008})
                 return
-            scope[CALLER_KEY] = UNIDENTIFIED
-            with self.owners.acting_as(caller_name(scope)):
-                await self.app(scope, receive, send)
+            await expose.relay(scope, receive, send)
             return
         if scope["type"] != "http":  # lifespan is off: no such thing
             return
@@ -161,8 +159,9 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
+            app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
             with self.owners.acting_as(caller_name(scope)):
-                await self.app(scope, receive, tracked_send)
+                await app(scope, receive, tracked_send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -176,9 +175,16 @@ class Guard:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 
-    def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
-        if expose.lift(scope) is not None:  # the path's token is the credential
+    def _exposure(self, scope: Scope) -> expose.Exposure | None:
+        """An exposed port's request (server/expose.py): by its URL's token, or E2B's
+        get_host (Host ``PORT-ID.domain`` with the sandbox's traffic token)."""
+        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.token))
+        if exp is not None:
             scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
+        return exp
+
+    def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
+        if self._exposure(scope) is not None:  # its token is the credential
             return None
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):

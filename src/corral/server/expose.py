@@ -26,15 +26,15 @@ from pydantic import Field, StrictInt
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, Router, WebSocketRoute
-from starlette.types import Scope
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from corral.errors import CorralError, FileTooLarge, NotFound
+from corral.errors import CorralError, FileTooLarge
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
 from corral.server import context as ctx
 from corral.server.models import _Body
+from corral.server.wire import error_response
 
 PREFIX = "/expose/"
 MAX_PORTS = 64  # exposed at once per sandbox
@@ -93,14 +93,29 @@ def exposures(app: Starlette) -> Exposures:
     return app.state.exposures  # type: ignore[no-any-return]
 
 
-def lift(scope: Scope) -> Exposure | None:
-    """The exposure a request's path names (``/expose/<token>/...``), if its token is
-    valid; the guard lets only these through without a bearer token."""
+KEY = "corral.exposure"  # scope key: the Exposure a request is for (set by the guard)
+PREFIX_KEY = "corral.exposure_prefix"  # and the part of its path that named it
+
+
+def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | None:
+    """The exposure a request is for, marked on its scope: a path ``/expose/<token>/...``
+    whose token is valid, or ``by_host`` (a sandbox and port a front-end authenticated:
+    E2B's ``get_host``). The guard lets only these through without a bearer token."""
     path: str = scope.get("path", "")
-    if not path.startswith(PREFIX):
+    app = scope["app"]
+    if path.startswith(PREFIX):
+        token = path[len(PREFIX):].split("/", 1)[0]
+        exp = exposures(app).find(token) if token else None
+        prefix = len(PREFIX) + len(token)
+    elif by_host is not None:
+        info = app.state.engine.registry.get(by_host[0])
+        exp = None if info is None else Exposure(by_host[0], by_host[1], info.spec.tenant)
+        prefix = 0
+    else:
         return None
-    token = path[len(PREFIX):].split("/", 1)[0]
-    return exposures(scope["app"]).find(token) if token else None
+    if exp is not None:
+        scope[KEY], scope[PREFIX_KEY] = exp, prefix
+    return exp
 
 
 async def expose_port(request: Request, body: ExposeRequest) -> Response:
@@ -120,8 +135,7 @@ async def _connect(engine: Engine, exp: Exposure) -> tuple[asyncio.StreamReader,
 
 
 def _target(scope: Scope) -> bytes:
-    rest = scope["path"][len(PREFIX):].split("/", 1)
-    path = "/" + (rest[1] if len(rest) > 1 else "")
+    path = "/" + scope["path"][scope[PREFIX_KEY]:].lstrip("/")
     query = scope.get("query_string", b"")
     return path.encode() + (b"?" + query if query else b"")
 
@@ -137,10 +151,7 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 async def relay_http(request: Request) -> Response:
-    exp = lift(request.scope)
-    if exp is None:
-        raise NotFound("no exposed port has this token: expose it again (tokens end with "
-                       "their sandbox)")
+    exp: Exposure = request.scope[KEY]
     engine = ctx.engine(request)
     body = await _body(request, ctx.settings(request).max_upload_bytes)
     reader, writer = await _connect(engine, exp)
@@ -183,10 +194,7 @@ async def relay_websocket(websocket: WebSocket) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
 
-    exp = lift(websocket.scope)
-    if exp is None:
-        await websocket.close(code=1008)
-        return
+    exp: Exposure = websocket.scope[KEY]
     engine: Engine = websocket.app.state.engine
     try:
         with engine.owners.acting_as(exp.owner):
@@ -235,12 +243,19 @@ async def relay_websocket(websocket: WebSocket) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def relay(scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI app of requests :func:`lift` marked (the guard sends them here)."""
+    if scope["type"] == "websocket":
+        await relay_websocket(WebSocket(scope, receive, send))
+        return
+    request = Request(scope, receive)
+    try:
+        response = await relay_http(request)
+    except CorralError as exc:
+        response = error_response(exc)
+    await response(scope, receive, send)
+
+
 def mount(app: Starlette, engine: Engine) -> None:
-    """Serve ``/expose/<token>/...`` on ``app`` (behind the native routes)."""
+    """Keep the exposed ports' tokens on ``app`` (their requests: :func:`relay`)."""
     app.state.exposures = Exposures(engine)
-    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-    app.router.default = Router(routes=[
-        Route(PREFIX + "{token}/{path:path}", relay_http, methods=methods),
-        Route(PREFIX + "{token}", relay_http, methods=methods),
-        WebSocketRoute(PREFIX + "{token}/{path:path}", relay_websocket),
-    ], default=app.router.default)

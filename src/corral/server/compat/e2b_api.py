@@ -33,6 +33,7 @@ import binascii
 import hashlib
 import hmac
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -149,6 +150,25 @@ def authenticate(
             )
     scope[CALLER_KEY] = ADMIN  # the access token opens this one sandbox, whoever's it is
     return None
+
+
+_HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
+
+
+def traffic_target(scope: Scope, token: str | None) -> tuple[str, int] | None:
+    """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
+    ``PORT-ID.domain``) carrying that sandbox's traffic access token
+    (``e2b-traffic-access-token``, from the create reply); None for any other."""
+    host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
+    if not token or host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
+        return None
+    m = _HOST_RE.match(host.lower())
+    if m is None or not 1 <= int(m.group(1)) <= 65535:
+        return None
+    sandbox_id = m.group(2)
+    if not _same(traffic, access_token(token, sandbox_id, TRAFFIC)):
+        return None
+    return sandbox_id, int(m.group(1))
 
 
 def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
