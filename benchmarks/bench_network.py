@@ -12,6 +12,8 @@ host's network in the same run.
   namespace this benchmark made; baseline: the same from a ``network="host"`` sandbox.
 - ``download_100mb_policy_s``: 100 MB from that server through the proxy; baseline:
   the host's network. Needs root. No packet leaves the host (TEST-NET-2 addresses).
+- ``create_cow_volume_ms``: create→ready of a sandbox mounting a 1000-file ``cow``
+  volume (median); baseline: ``network="none"`` without it, interleaved.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -51,6 +56,18 @@ print(time.perf_counter() - t)
 """
 
 
+def _make_volume(engine: Engine) -> None:
+    src = Path(tempfile.mkdtemp(prefix="corral-bench-vol-"))
+    for i in range(1000):
+        (src / f"f{i}.txt").write_text(f"row {i}\n")
+    tar = src.with_suffix(".tar")
+    with tarfile.open(tar, "w") as t:
+        t.add(src, arcname=".")
+    engine.volumes.create(None, "bench", tar)
+    shutil.rmtree(src)
+    tar.unlink()
+
+
 async def _figure(engine: Engine, sid: str, code: str, ip: str) -> float:
     r = await engine.exec(sid, ["python3", "-c", code, ip], timeout=300)
     assert r.returncode == 0, r.stderr.decode()
@@ -63,11 +80,15 @@ async def run(quick: bool) -> dict[str, float | bool]:
         engine = await Engine.open(tempfile.mkdtemp(prefix="corral-bench-net-"))
         try:
             policy = {"allow": [f"{ip}"]}
-            times: dict[str, list[float]] = {"none": [], "policy": []}
+            await asyncio.to_thread(_make_volume, engine)
+            times: dict[str, list[float]] = {"none": [], "policy": [], "cow": []}
+            kinds: tuple[tuple[str, dict[str, Any]], ...] = (
+                ("none", {}), ("policy", {"network": policy}),
+                ("cow", {"volumes": {"/data": "bench"}}))
             for _ in range(rounds):
-                for kind, net in (("none", "none"), ("policy", policy)):
+                for kind, extra in kinds:
                     t = time.perf_counter()
-                    sb = await engine.create(network=net, memory_mb=128)
+                    sb = await engine.create(memory_mb=128, **extra)
                     times[kind].append((time.perf_counter() - t) * 1000)
                     await engine.delete(sb.id)
                     await asyncio.sleep(0.1)  # both kinds: warm slots (and links) refill
@@ -76,6 +97,7 @@ async def run(quick: bool) -> dict[str, float | bool]:
             res: dict[str, float | bool] = {
                 "create_policy_ms": statistics.median(times["policy"]),
                 "create_none_ms": statistics.median(times["none"]),
+                "create_cow_volume_ms": statistics.median(times["cow"]),
                 "connect_policy_ms": await _figure(engine, filtered.id, CONNECT, ip),
                 "connect_host_ms": await _figure(engine, host.id, CONNECT, ip),
                 "download_100mb_policy_s": await _figure(engine, filtered.id, DOWNLOAD, ip),
@@ -98,6 +120,7 @@ def main() -> int:
     res = asyncio.run(run(args.quick))
     rows = [
         ("create_policy_ms", "create_none_ms", 'network="none"'),
+        ("create_cow_volume_ms", "create_none_ms", "no volume"),
         ("connect_policy_ms", "connect_host_ms", 'network="host"'),
         ("download_100mb_policy_s", "download_100mb_host_s", 'network="host"'),
     ]
