@@ -39,6 +39,9 @@ def test_allow_out_deny_out(e2b_net):
                 sb.files.write("/tmp/fetch.py", fetch)
                 out["open"] = sb.commands.run("python3 /tmp/fetch.py bad.test").stdout.strip()
                 out["host"] = sb.commands.run("python3 /tmp/fetch.py 127.0.0.53").stdout.strip()
+                sb.update_network({"allow_out": ["good.test"], "deny_out": ["0.0.0.0/0"]})
+                out["locked"] = sb.commands.run("python3 /tmp/fetch.py bad.test").stdout.strip()
+                out["still"] = sb.commands.run("python3 /tmp/fetch.py good.test").stdout.strip()
             try:
                 Sandbox.create(network={"allow_out": ["10.0.0.0/33"],
                                         "deny_out": [ALL_TRAFFIC]})
@@ -50,6 +53,7 @@ def test_allow_out_deny_out(e2b_net):
     assert out["bad"] == "gaierror"
     assert out["open"] == "BAD GET / HTTP/1.0"  # deny nothing: the public internet
     assert out["host"] in ("ConnectionRefusedError", "ConnectionResetError")
+    assert out["locked"] == "gaierror" and out["still"] == "GOOD GET / HTTP/1.0"
     assert out["malformed"] == "400"
 
 

@@ -23,7 +23,7 @@ the sandbox, ``connect`` thaws it. ``allow_internet_access`` gives the public in
 through corral's egress filter, ``network={allow_out, deny_out}`` an egress policy
 (docs/network.md). Refused (400, never ignored): other network options, MCP, volume
 mounts, IAM, auto-pause.
-Answered 501: snapshots, forks, network updates, logs, templates, volumes, secrets.
+Answered 501: snapshots, forks, logs, templates, volumes, secrets.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from corral.errors import (
     SandboxNotFound,
     Unauthorized,
 )
+from corral.network_schema import NetworkPolicy
 from corral.runtime.events import SandboxEnded
 from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
@@ -68,6 +69,7 @@ from corral.server import context as ctx
 from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
+from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
 from corral.server.lifetime import set_lifetime
 from corral.server.tenants import ADMIN, CALLER_KEY, Caller
@@ -76,7 +78,6 @@ from corral.server.wire import read_json
 TAG = "e2b"
 TEMPLATE_TAG = "e2b.template="
 META_TAG = "e2b.m:"
-ALL_TRAFFIC = "0.0.0.0/0"  # E2B's name for every destination
 DEFAULT_TEMPLATE = "base"
 INTERPRETER_TEMPLATE = "code-interpreter-v1"  # e2b-code-interpreter's default template
 DEFAULT_IMAGE = "rl"
@@ -348,21 +349,6 @@ def _refuse(what: str, hint: str) -> InvalidArgument:
     return InvalidArgument(f"{what} is not supported by corral's E2B front-end: {hint}")
 
 
-def _egress(raw: Any) -> dict[str, list[str]]:
-    """E2B's ``network={"allowOut", "denyOut"}`` as a corral policy. E2B allows what is
-    not denied, and ``allowOut`` are exceptions to ``denyOut``: with ``0.0.0.0/0``
-    denied that is corral's allow list exactly; otherwise the exceptions are dropped
-    (stricter: what denyOut names stays refused)."""
-    if not isinstance(raw, dict) or set(raw) - {"allowOut", "denyOut", "allowPublicTraffic",
-                                                "dnsServers"}:
-        raise _refuse("these network options", "corral maps allow_out and deny_out only")
-    allow, deny = raw.get("allowOut") or [], raw.get("denyOut") or []
-    if not isinstance(allow, list) or not isinstance(deny, list):
-        raise InvalidArgument("network.allowOut and network.denyOut are lists of strings")
-    return {"allow": allow if ALL_TRAFFIC in deny else [],
-            "deny": [d for d in deny if d != ALL_TRAFFIC]}
-
-
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
@@ -374,7 +360,7 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         raise _refuse("lifecycle on_timeout='pause'", "a corral sandbox ends at its timeout")
     network: NetworkMode | dict[str, list[str]] = NetworkMode.NONE
     if req.network:
-        network = _egress(req.network)
+        network = egress_policy(req.network)
     elif req.allow_internet_access:
         # the public internet through corral's filter (docs/network.md); the host's own
         # network only where the front-end was told so (and the daemon allows it)
@@ -488,6 +474,14 @@ async def set_timeout(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def update_network(request: Request) -> Response:
+    """``update_network``: a new egress policy (only for a sandbox made with one:
+    ``network=`` or ``allow_internet_access=True``); connections it refuses are cut."""
+    policy = egress_policy(await read_json(request, "network update", required=True))
+    await ctx.service(request).update_network(_target(request).id, NetworkPolicy(**policy))
+    return Response(status_code=204)
+
+
 async def refresh(request: Request) -> Response:
     _target(request)
     return Response(status_code=204)
@@ -559,6 +553,7 @@ CONTROL = (
     ("DELETE", _SB, kill_sandbox),
     ("POST", _SB + "/timeout", set_timeout),
     ("POST", _SB + "/refreshes", refresh),
+    ("PUT", _SB + "/network", update_network),
     ("POST", "/v2" + _SB + "/connect", connect_sandbox),
     ("POST", _SB + "/connect", connect_sandbox),
     ("POST", _SB + "/resume", connect_sandbox),
