@@ -4,6 +4,8 @@ out (``network="none"`` stays none)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 
 import httpx
@@ -114,6 +116,43 @@ def test_websocket_echo(team):
             with pytest.raises(InvalidStatus):  # a websocket without a valid token: refused
                 with connect(f"{team.url.replace('http', 'ws')}/expose/nope/", open_timeout=30) as ws:
                     ws.recv(timeout=5)
+        finally:
+            sb.delete()
+    team.cleanup()
+    no_traceback(team)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PAGE = """<!doctype html><title>waiting</title><script>
+const ws = new WebSocket(new URLSearchParams(location.search).get("ws") + "chat");
+ws.onopen = () => ws.send("hi");
+ws.onmessage = (e) => { document.title = e.data; };
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/install.sh)")
+def test_chromium_loads_a_page_that_talks_websocket(team):
+    """A browser (Debian's chromium via Playwright) opens the sandbox's web app through
+    its exposed URL, and the page's own WebSocket reaches the sandbox's echo server."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(memory_mb=256, client=alice)
+        try:
+            sb.files.write("/workspace/app/index.html", PAGE.encode())
+            sb.files.write("/workspace/ws.py", WS_ECHO.encode())
+            _serve(sb, "python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace/app", 8000)
+            _serve(sb, "python3 /workspace/ws.py", 9000)
+            page_url = sb.expose(8000)
+            ws_url = sb.expose(9000).replace("http://", "ws://")
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                            args=["--no-sandbox"] if os.geteuid() == 0 else [])
+                try:
+                    page = browser.new_page()
+                    page.goto(f"{page_url}?ws={ws_url}", timeout=60_000)
+                    page.wait_for_function("document.title === 'echo:hi'", timeout=60_000)
+                finally:
+                    browser.close()
         finally:
             sb.delete()
     team.cleanup()
