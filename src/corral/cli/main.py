@@ -138,6 +138,15 @@ def _add_selection(p: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
+def _gpus(text: str) -> int | str | list[str]:
+    """``--gpus``: ``2``, ``all`` or ``0,1`` / ``GPU-...``."""
+    if text == "all":
+        return text
+    if text.isdigit():
+        return int(text)
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def _add_spec_options(p: argparse.ArgumentParser) -> None:
     """The options that make a sandbox's spec (see ``_sandboxes.spec_options``)."""
     p.add_argument("--image", help="root filesystem image (default: python)")
@@ -162,6 +171,10 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--volume", dest="volumes", type=_env_pair, action=_EnvAction,
                    metavar="PATH=NAME[:MODE]", help="mount a volume (mode cow, ro or rw); "
                    "repeatable")
+    p.add_argument("--gpus", type=_gpus, metavar="N|all|I,J",
+                   help="NVIDIA GPUs: a count, 'all', or GPU indices/UUIDs (comma-separated)")
+    p.add_argument("--gpu-shared", action="store_true", default=None,
+                   help="share the GPUs with other sandboxes that share (default: exclusive)")
     p.add_argument("--snapshot", metavar="S",
                    help="start on this snapshot's files (id or name); options left out "
                    "come from the sandbox it was taken from")

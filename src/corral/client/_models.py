@@ -38,6 +38,8 @@ class SpecOptions(TypedDict, total=False):
     network: str | dict[str, list[str]]
     volumes: dict[str, str]  # {"/data": "NAME[:ro|cow|rw]"} (corral.volume_schema)
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
+    gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
+    gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)
 
 
 class SpecFields(SpecOptions, total=False):
