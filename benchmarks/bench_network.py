@@ -1,7 +1,7 @@
 """Egress policies: what a policy sandbox costs, against ``network="none"`` and the
 host's network in the same run.
 
-    python3 benchmarks/bench_network.py [--quick] [--json OUT]
+    python3 benchmarks/bench_network.py [--quick | --smoke] [--json OUT]
 
 - ``create_policy_ms``: create→ready of a sandbox with a policy (median); baseline:
   ``network="none"``, interleaved with it. The difference is the link (a namespace,
@@ -18,7 +18,6 @@ host's network in the same run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -33,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from tests.security.net_helpers import server_ns  # noqa: E402
 
 from corral.runtime.engine import Engine  # noqa: E402
@@ -74,8 +74,7 @@ async def _figure(engine: Engine, sid: str, code: str, ip: str) -> float:
     return float(r.stdout)
 
 
-async def run(quick: bool) -> dict[str, float | bool]:
-    rounds = 8 if quick else 30
+async def run(rounds: int) -> dict[str, float]:
     with server_ns(2, "BENCH") as ip:
         engine = await Engine.open(tempfile.mkdtemp(prefix="corral-bench-net-"))
         try:
@@ -94,7 +93,7 @@ async def run(quick: bool) -> dict[str, float | bool]:
                     await asyncio.sleep(0.1)  # both kinds: warm slots (and links) refill
             filtered = await engine.create(network=policy, memory_mb=256)
             host = await engine.create(network="host", memory_mb=256)
-            res: dict[str, float | bool] = {
+            res: dict[str, float] = {
                 "create_policy_ms": statistics.median(times["policy"]),
                 "create_none_ms": statistics.median(times["none"]),
                 "create_cow_volume_ms": statistics.median(times["cow"]),
@@ -102,7 +101,7 @@ async def run(quick: bool) -> dict[str, float | bool]:
                 "connect_host_ms": await _figure(engine, host.id, CONNECT, ip),
                 "download_100mb_policy_s": await _figure(engine, filtered.id, DOWNLOAD, ip),
                 "download_100mb_host_s": await _figure(engine, host.id, DOWNLOAD, ip),
-                "quick": quick,
+                "rounds": rounds,
             }
         finally:
             await engine.close()
@@ -110,14 +109,11 @@ async def run(quick: bool) -> dict[str, float | bool]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = bench_args.parser(__doc__).parse_args()
     if os.geteuid() != 0:
         print("needs root (real sandboxes, namespaces, nftables)")
         return 1
-    res = asyncio.run(run(args.quick))
+    res = asyncio.run(run(bench_args.pick(args, 30, 8, 1)))
     rows = [
         ("create_policy_ms", "create_none_ms", 'network="none"'),
         ("create_cow_volume_ms", "create_none_ms", "no volume"),
