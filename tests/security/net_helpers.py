@@ -57,14 +57,24 @@ serve(80, http)
 """
 
 
+HTTP_DIR = r"""
+import functools, http.server, sys
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 80), handler)
+print("ready", flush=True)
+server.serve_forever()
+"""
+
+
 def _ip(*args: str, ns: str | None = None) -> None:
     argv = ["ip", *(["-n", ns] if ns else []), *args]
     subprocess.run(argv, check=True, capture_output=True)
 
 
 @contextlib.contextmanager
-def server_ns(octet: int, marker: str) -> Iterator[str]:
-    """A server answering with ``marker`` at 198.51.100.<octet> (octet % 4 == 2)."""
+def server_ns(octet: int, marker: str, *, serve_dir: str | None = None) -> Iterator[str]:
+    """A server answering with ``marker`` at 198.51.100.<octet> (octet % 4 == 2); with
+    ``serve_dir``, ``python3 -m http.server 80`` of that directory instead."""
     assert octet % 4 == 2
     ns, host_if = f"ctest-{secrets.token_hex(3)}", f"ct{secrets.token_hex(4)}"
     server_ip, host_ip = f"198.51.100.{octet}", f"198.51.100.{octet - 1}"
@@ -77,8 +87,9 @@ def server_ns(octet: int, marker: str) -> Iterator[str]:
         _ip("addr", "add", f"{server_ip}/30", "dev", "eth0", ns=ns)
         _ip("link", "set", "eth0", "up", ns=ns)
         _ip("link", "set", "lo", "up", ns=ns)
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, marker],
-                                stdout=subprocess.PIPE)
+        code = SERVER if serve_dir is None else HTTP_DIR
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code,
+                                 serve_dir or marker], stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         time.sleep(0.05)
         yield server_ip

@@ -232,3 +232,52 @@ async def test_links_of_a_killed_daemon_are_swept(servers, tmp_path):
         assert all(att.link.netns_path.exists() for att in engine.net._by_id.values())
     finally:
         await other.close()
+
+
+async def test_pypi_preset_downloads_from_the_configured_index_only(tmp_path, monkeypatch):
+    """``"pypi"`` is the index the daemon's pip is configured with (PIP_INDEX_URL here,
+    a test index in a namespace the test made): pip in the sandbox downloads a wheel
+    from it, and the policy reaches nothing else."""
+    import shutil as sh
+    from pathlib import Path
+
+    from corral.runtime.engine import Engine
+    from corral.runtime.net import policy
+
+    wheels = sorted(Path("/opt/pypi/files").glob("six-*.whl")) if Path(
+        "/opt/pypi/files").is_dir() else []
+    if not wheels:
+        pytest.skip("no six wheel in the machine's local package index to serve")
+    index = tmp_path / "index"
+    (index / "simple" / "six").mkdir(parents=True)
+    (index / "files").mkdir()
+    sh.copy(wheels[-1], index / "files")
+    (index / "simple" / "six" / "index.html").write_text(
+        f'<a href="../../files/{wheels[-1].name}">{wheels[-1].name}</a>')
+    index.chmod(0o755)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://pypi.test/simple")
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    policy.pip_index_hosts.cache_clear()
+    try:
+        with server_ns(22, "", serve_dir=str(index)) as ip, server_ns(26, "BAD") as bad:
+            engine = await Engine.open(tempfile.mkdtemp(prefix="corral-test-state-"),
+                                       network_hosts={"pypi.test": ip, "bad.test": bad})
+            try:
+                sb = await engine.create(network={"allow": ["pypi"]}, memory_mb=512)
+                r = await engine.exec(sb.id, [
+                    "python3", "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+                    "--index-url", "http://pypi.test/simple", "--trusted-host", "pypi.test",
+                    "-d", "/tmp/dl", "six"],
+                    timeout=300)
+                if b"No module named pip" in r.stderr:
+                    pytest.skip("the image has no pip")
+                assert r.returncode == 0, r.stderr.decode()[-2000:]
+                ls = await engine.exec(sb.id, ["ls", "/tmp/dl"], timeout=30)
+                assert ls.stdout.decode().strip() == wheels[-1].name
+                got = await probe(engine, sb.id, bad='http("bad.test")',
+                                  bad_ip=f'http("x", ip="{bad}")')
+                assert got["bad"][0] == "gaierror" and got["bad_ip"][0] == "ConnectionResetError"
+            finally:
+                await engine.close()
+    finally:
+        policy.pip_index_hosts.cache_clear()
