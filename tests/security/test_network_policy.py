@@ -74,8 +74,9 @@ async def test_allowed_name_reached_denied_name_refused(servers):
                       bad_ip=f'http("x", ip="{bad}")')
     assert got["good"][0] == "GOOD GET / HTTP/1.0"
     assert got["bad"][0] == "gaierror"  # NXDOMAIN: the name does not exist for it
-    assert got["bad_ip"][0] == "ConnectionResetError"  # not allowed: reset at once
-    assert got["bad_ip"][1] < 1.0
+    # not allowed: reset at once (a filter that dropped it would time out after 10 s;
+    # no wall-clock bound here: the tests run under load)
+    assert got["bad_ip"][0] == "ConnectionResetError"
     other = await engine.create(network={"allow": ["bad.test"]})
     got = await probe(engine, other.id, good='http("good.test")')
     assert got["good"][0] == "gaierror"
@@ -133,9 +134,9 @@ print(json.dumps(out))
 """
     r = await engine.exec(sb.id, ["python3", "-c", code], timeout=60)
     got = json.loads(r.stdout)
-    assert got["v6"] == "OSError" and got["v6_s"] < 1.0  # no IPv6 route: unreachable
+    assert got["v6"] == "OSError"  # no IPv6 route: ENETUNREACH at once, not a timeout
     assert got["v6_mapped"] != "connected"
-    assert got["udp"] == "ConnectionRefusedError" and got["udp_s"] < 1.0
+    assert got["udp"] == "ConnectionRefusedError"  # ICMP unreachable, not a 5 s timeout
 
 
 async def test_never_reachable_under_any_policy(servers):
@@ -166,9 +167,8 @@ async def test_never_reachable_under_any_policy(servers):
             meta='http("x", ip="169.254.169.254")',
             meta_name='http("169.254.169.254")',
         )
-        for key, (outcome, seconds) in got.items():
-            assert outcome == "ConnectionResetError", (key, outcome)
-            assert seconds < 1.0
+        for key, (outcome, _) in got.items():
+            assert outcome == "ConnectionResetError", (key, outcome)  # a reset, not a hang
         reasons = [e["reason"] for e in engine.network_events(sb.id) if e["verdict"] == "refused"]
         assert sum("never reachable" in r for r in reasons) >= 3
     finally:
