@@ -50,6 +50,16 @@ def serve(port, fn):
     while True:
         c, _ = s.accept()
         threading.Thread(target=fn, args=(c,), daemon=True).start()
+def tls(c):
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+    try:
+        http(ctx.wrap_socket(c, server_side=True))
+    except (OSError, ssl.SSLError):
+        c.close()
+if len(sys.argv) > 3:
+    threading.Thread(target=serve, args=(443, tls), daemon=True).start()
 threading.Thread(target=serve, args=(7000, echo), daemon=True).start()
 threading.Thread(target=serve, args=(7001, blob), daemon=True).start()
 print("ready", flush=True)
@@ -66,14 +76,42 @@ server.serve_forever()
 """
 
 
+def self_signed(directory: str, name: str) -> tuple[str, str]:
+    """A self-signed certificate for ``name`` and its key, as PEM files."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = f"{directory}/cert.pem", f"{directory}/key.pem"
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
 def _ip(*args: str, ns: str | None = None) -> None:
     argv = ["ip", *(["-n", ns] if ns else []), *args]
     subprocess.run(argv, check=True, capture_output=True)
 
 
 @contextlib.contextmanager
-def server_ns(octet: int, marker: str, *, serve_dir: str | None = None) -> Iterator[str]:
+def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
+              tls: tuple[str, str] | None = None) -> Iterator[str]:
     """A server answering with ``marker`` at 198.51.100.<octet> (octet % 4 == 2); with
+    ``tls`` (certificate and key files) the same over TLS on port 443; with
     ``serve_dir``, ``python3 -m http.server 80`` of that directory instead."""
     assert octet % 4 == 2
     ns, host_if = f"ctest-{secrets.token_hex(3)}", f"ct{secrets.token_hex(4)}"
@@ -89,7 +127,7 @@ def server_ns(octet: int, marker: str, *, serve_dir: str | None = None) -> Itera
         _ip("link", "set", "lo", "up", ns=ns)
         code = SERVER if serve_dir is None else HTTP_DIR
         proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code,
-                                 serve_dir or marker], stdout=subprocess.PIPE)
+                                 serve_dir or marker, *(tls or ())], stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         time.sleep(0.05)
         yield server_ip
