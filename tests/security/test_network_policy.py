@@ -281,3 +281,32 @@ async def test_pypi_preset_downloads_from_the_configured_index_only(tmp_path, mo
                 await engine.close()
     finally:
         policy.pip_index_hosts.cache_clear()
+
+
+async def test_a_host_process_cannot_pose_as_a_sandbox(servers):
+    """A host process that binds a sandbox's address (IP_FREEBIND needs no privilege)
+    and talks to the proxy gets nothing: it would otherwise get the sandbox's policy (the
+    proxy knows sandboxes by address). Here the kernel refuses the route already
+    (ENETUNREACH); the table's rule against link addresses off the links backs it."""
+    engine, _, _ = servers
+    sb = await engine.create(network={"allow": ["good.test"]})
+    link = engine.net._by_id[sb.id].link
+    before = len(engine.network_events(sb.id))
+
+    def pose() -> str:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_IP, 15, 1)  # IP_FREEBIND
+        s.bind((link.sandbox_ip, 0))
+        s.settimeout(2)
+        try:
+            s.connect((link.host_ip, engine.net._proxy.port))
+            s.sendall(b"GET / HTTP/1.0\r\nHost: good.test\r\n\r\n")
+            return s.recv(100).decode() or "closed"
+        except OSError as exc:
+            return f"{type(exc).__name__} {exc}"
+        finally:
+            s.close()
+
+    got = await asyncio.to_thread(pose)
+    assert got.startswith(("TimeoutError", "timeout", "OSError")), got  # never an answer
+    assert len(engine.network_events(sb.id)) == before  # the proxy never saw it

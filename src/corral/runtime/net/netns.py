@@ -16,8 +16,11 @@ in on the engine's links (the set ``@links``): TCP and UDP to port 53 go to the
 resolver (:mod:`.dns`), every other TCP connection to the proxy (:mod:`.proxy`, which
 reads its original destination), other UDP to a closed port (refused at once: ICMP
 port unreachable); IPv6 and other protocols are dropped (the host ends have no IPv6);
-nothing is forwarded. The resolver's and proxy's ports take no packet from anywhere
-else. So a sandbox reaches no address directly, not even the host's.
+nothing is forwarded. A packet that claims a link's address but did not come in on a
+link is dropped (a host process could bind one with IP_FREEBIND and pose as a sandbox
+to the resolver or the proxy, which know sandboxes by address). No rule names the
+resolver's and proxy's ports outside the links, so a table a killed daemon left behind
+blocks nothing. A sandbox reaches no address directly, not even the host's.
 
 ``CORRAL_NET_SUBNET`` (default ``10.219.0.0/16``): where links take their addresses.
 """
@@ -175,8 +178,7 @@ def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
     iifname @links udp dport {dns_port} accept
     iifname @links meta l4proto tcp reject with tcp reset
     iifname @links reject
-    tcp dport {{ {dns_port}, {proxy_port} }} drop
-    udp dport {dns_port} drop
+    ip saddr {subnet()} iifname != @links drop
   }}
   chain forward {{ type filter hook forward priority filter; policy accept;
     iifname @links drop
