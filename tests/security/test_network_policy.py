@@ -310,3 +310,57 @@ async def test_a_host_process_cannot_pose_as_a_sandbox(servers):
     got = await asyncio.to_thread(pose)
     assert got.startswith(("TimeoutError", "timeout", "OSError")), got  # never an answer
     assert len(engine.network_events(sb.id)) == before  # the proxy never saw it
+
+
+async def test_idle_connections_count_against_the_cap(servers):
+    """Connections held open without a request (no name yet) count against the
+    sandbox's cap, so one sandbox cannot pile up the daemon's descriptors; closed ones
+    give their place back."""
+    from corral.runtime.net.manager import MAX_CONNECTIONS
+
+    engine, _, _ = servers
+    sb = await engine.create(network={"allow": ["good.test"]})
+    code = f"""
+import json, socket, time
+held, refused, early = [], set(), 0
+for _ in range({MAX_CONNECTIONS} + 20):
+    try:
+        s = socket.create_connection(("good.test", 80), timeout=10)
+    except ConnectionResetError:  # reset before connect() returned
+        early += 1
+        continue
+    s.setblocking(False)
+    held.append(s)
+for _ in range(300):  # the proxy resets the ones over the cap (polled: the host is loaded)
+    for i, s in enumerate(held):
+        try:
+            if s.recv(1) == b"":
+                refused.add(i)
+        except BlockingIOError:
+            pass
+        except ConnectionResetError:
+            refused.add(i)
+    if len(refused) + early >= 20:
+        break
+    time.sleep(0.1)
+for s in held:
+    s.close()
+for _ in range(100):  # their places come back as the proxy sees them close
+    try:
+        s = socket.create_connection(("good.test", 80), timeout=10)
+        s.sendall(b"GET / HTTP/1.0\\r\\nHost: good.test\\r\\n\\r\\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        break
+    except ConnectionResetError:
+        time.sleep(0.1)
+refused = len(refused) + early
+print(json.dumps({{"refused": refused, "after": data.split(b"\\r\\n\\r\\n", 1)[-1].decode()}}))
+"""
+    r = await engine.exec(sb.id, ["python3", "-c", code], timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    got = json.loads(r.stdout)
+    assert got["refused"] == 20
+    assert got["after"] == "GOOD GET / HTTP/1.0"
+    assert any("connections at once" in e["reason"] for e in engine.network_events(sb.id))

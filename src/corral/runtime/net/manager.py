@@ -19,6 +19,7 @@ import ipaddress
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from corral.runtime.net.proxy import Conn, Proxy
 
 WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create otherwise)
 MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
-MAX_CONNECTIONS = 256  # relayed at once per sandbox; more are refused
+MAX_CONNECTIONS = 256  # open at once per sandbox (relayed or being read); more refused
 RESOLVE_TIMEOUT_S = 5.0
 
 
@@ -43,6 +44,7 @@ class Attached:
     policy: Compiled
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     conns: set[Conn] = field(default_factory=set)
+    open: int = 0  # connections accepted and not yet closed (relayed or being read)
 
     def record(self, kind: str, verdict: bool, reason: str, *, name: str | None = None,
                ip: str | None = None, port: int | None = None) -> None:
@@ -73,7 +75,7 @@ class NetworkManager:
         self._by_ip: dict[str, Attached] = {}
         self._by_id: dict[str, Attached] = {}
         self._resolver = Resolver(self._lookup)
-        self._proxy = Proxy(self._decide)
+        self._proxy = Proxy(self._decide, self._admit)
         self._started = False
         self._start_lock = asyncio.Lock()
         self.warm = warm
@@ -221,6 +223,19 @@ class NetworkManager:
         att.record("dns", True, "the name is allowed", name=q.name)
         return found
 
+    def _admit(self, src: str) -> Callable[[], None] | None:
+        att = self._by_ip.get(src)
+        if att is None:
+            return None
+        if att.open >= MAX_CONNECTIONS:
+            att.record("tcp", False, f"over {MAX_CONNECTIONS} connections at once")
+            return None
+        att.open += 1
+
+        def done() -> None:
+            att.open -= 1
+        return done
+
     def _never(self, ip: str) -> bool:
         addr = ipaddress.ip_address(ip)
         return addr.is_loopback or addr in netns.subnet() or is_local(ip)
@@ -246,7 +261,5 @@ class NetworkManager:
                        name=name, ip=ip, port=port)
             return None, None
         verdict = att.policy.decide(name, ipaddress.ip_address(ip), port)
-        if verdict.allowed and len(att.conns) >= MAX_CONNECTIONS:
-            verdict = type(verdict)(False, f"over {MAX_CONNECTIONS} connections at once")
         att.record("tcp", verdict.allowed, verdict.reason, name=name, ip=ip, port=port)
         return (ip, att.conns) if verdict.allowed else (None, None)

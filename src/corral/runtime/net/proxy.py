@@ -66,11 +66,17 @@ def original_dst(writer: asyncio.StreamWriter) -> tuple[str, int]:
 Decide = Callable[[str, "str | None", str, int], Awaitable["tuple[str | None, set[Conn] | None]"]]
 
 
+# Admits a new connection from a source address: a function to call when it ends, or
+# None (refused: an unknown source, or one with too many connections open already).
+Admit = Callable[[str], "Callable[[], None] | None"]
+
+
 class Proxy:
     """Listens on 0.0.0.0:``port`` (nftables admits only the engine's links)."""
 
-    def __init__(self, decide: Decide) -> None:
+    def __init__(self, decide: Decide, admit: Admit) -> None:
         self.decide = decide
+        self.admit = admit
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -83,10 +89,18 @@ class Proxy:
             self._server.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # counted from the accept, not from the verdict: connections that never send a
+        # name (held open on port 80) count against the sandbox's cap too
+        done = self.admit(writer.get_extra_info("peername")[0])
+        if done is None:
+            reset(writer)
+            return
         try:
             await self._relay(reader, writer)
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             reset(writer)
+        finally:
+            done()
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         src = writer.get_extra_info("peername")[0]
