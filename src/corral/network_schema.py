@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 __all__ = [
     "MAX_RULES",
@@ -140,6 +140,8 @@ class NetworkPolicy(BaseModel):
 
     allow: list[str] = Field(default_factory=list, max_length=MAX_RULES)
     deny: list[str] = Field(default_factory=list, max_length=MAX_RULES)
+    # A cap on the sandbox's bandwidth, each way, in megabits per second (None: none).
+    max_mbps: StrictInt | None = Field(None, ge=1, le=100_000)
 
     @field_validator("allow", "deny")
     @classmethod

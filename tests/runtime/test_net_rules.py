@@ -53,6 +53,10 @@ def test_spec_network_kinds():
         SandboxSpec.parse(network={"allow": ["a.com"], "other": []})
     with pytest.raises(InvalidArgument):
         SandboxSpec.parse(network="bridge")
+    assert SandboxSpec.parse(network={"max_mbps": 8}).network.max_mbps == 8
+    for bad in (0, -1, 100_001, "8", 1.5, True):
+        with pytest.raises(InvalidArgument):
+            SandboxSpec.parse(network={"max_mbps": bad})
 
 
 def test_private_ranges_need_an_explicit_cidr():

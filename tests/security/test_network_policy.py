@@ -364,3 +364,30 @@ print(json.dumps({{"refused": refused, "after": data.split(b"\\r\\n\\r\\n", 1)[-
     assert got["refused"] == 20
     assert got["after"] == "GOOD GET / HTTP/1.0"
     assert any("connections at once" in e["reason"] for e in engine.network_events(sb.id))
+
+
+async def test_bandwidth_cap_on_both_ends_out_of_the_sandboxs_reach(servers):
+    """``max_mbps`` shapes both ends of the link (token buckets the sandbox, without
+    capabilities in the namespace, cannot remove); update_network changes or lifts it."""
+    import subprocess as sp
+
+    engine, good, _ = servers
+    sb = await engine.create(network={"allow": ["good.test"], "max_mbps": 8})
+    link = engine.net._by_id[sb.id].link
+
+    def qdiscs() -> str:
+        return (sp.run(["tc", "qdisc", "show", "dev", link.host_if], capture_output=True,
+                       text=True).stdout
+                + sp.run(["tc", "-n", link.netns, "qdisc", "show", "dev", "eth0"],
+                         capture_output=True, text=True).stdout)
+
+    assert qdiscs().count("rate 8Mbit") == 2
+    r = await engine.exec(sb.id, "tc qdisc del dev eth0 root 2>&1; ip link set eth0 down 2>&1",
+                          timeout=30)
+    assert qdiscs().count("rate 8Mbit") == 2  # not the sandbox's to change
+    await engine.update_network(sb.id, {"allow": ["good.test"], "max_mbps": 100})
+    assert qdiscs().count("rate 100Mbit") == 2
+    await engine.update_network(sb.id, {"allow": ["good.test"]})
+    assert "tbf" not in qdiscs()
+    got = await probe(engine, sb.id, good='http("good.test")')
+    assert got["good"][0] == "GOOD GET / HTTP/1.0", r

@@ -102,6 +102,12 @@ class NetworkManager:
         compiled = await self._compile(policy)
         link = self._ready.popleft() if self._ready else await self._make()
         self._refill()
+        if policy.max_mbps is not None:
+            try:
+                await asyncio.to_thread(netns.shape, link, policy.max_mbps)
+            except BaseException:
+                await asyncio.to_thread(self._teardown, link)
+                raise
         att = Attached(sandbox_id, link, compiled)
         self._by_ip[link.sandbox_ip] = att
         self._by_id[sandbox_id] = att
@@ -174,6 +180,8 @@ class NetworkManager:
     async def update(self, sandbox_id: str, policy: NetworkPolicy) -> int:
         """Enforce ``policy`` from now on; reset the connections it refuses (how many)."""
         att = self._get(sandbox_id)
+        if policy.max_mbps != att.policy.policy.max_mbps:
+            await asyncio.to_thread(netns.shape, att.link, policy.max_mbps)
         att.policy = await self._compile(policy)
         cut = 0
         for conn in list(att.conns):

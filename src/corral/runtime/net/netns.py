@@ -160,6 +160,21 @@ def teardown(link: Link, table: str, *, quiet: bool = False) -> None:
                 raise
 
 
+def shape(link: Link, mbps: int | None) -> None:
+    """Cap the link at ``mbps`` each way (a token bucket on both ends of the veth: the
+    host's end shapes what the sandbox receives, the sandbox's end what it sends, out of
+    its reach); None removes the cap."""
+    ends = ((["tc"], link.host_if), (["tc", "-n", link.netns], "eth0"))
+    for tc, dev in ends:
+        if mbps is None:
+            subprocess.run([*tc, "qdisc", "del", "dev", dev, "root"], capture_output=True,
+                           check=False)
+            continue
+        burst = max(32 * 1024, mbps * 1_000_000 // 8 // 100)  # >= 10 ms at that rate
+        _run([*tc, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbps}mbit",
+              "burst", str(burst), "latency", "100ms"])
+
+
 def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
     """The engine's nftables table (see the module's docstring)."""
     return f"""table inet {table} {{
