@@ -252,11 +252,12 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         events: builtins.list[dict[str, Any]] = response.json()["events"]
         return events
 
-    def update_network(self, *, allow: Sequence[str] = (),
-                             deny: Sequence[str] = ()) -> SandboxInfo:
+    def update_network(self, *, allow: Sequence[str] = (), deny: Sequence[str] = (),
+                             max_mbps: int | None = None) -> SandboxInfo:
         """Enforce a new egress policy from now on (only on a sandbox created with
-        one); open connections the new policy refuses are reset."""
-        body = {"allow": list(allow), "deny": list(deny)}
+        one); open connections the new policy refuses are reset. ``max_mbps``: a
+        bandwidth cap each way (None: none)."""
+        body: dict[str, Any] = {"allow": list(allow), "deny": list(deny), "max_mbps": max_mbps}
         response = self._client.request("PUT", self._path + "/network", json=body)
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
