@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+import pytest
+
 SERVER = r"""
 import socket, sys, threading
 marker = sys.argv[1].encode()
@@ -102,6 +104,20 @@ def self_signed(directory: str, name: str) -> tuple[str, str]:
     return cert_path, key_path
 
 
+PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy",
+              "all_proxy", "NO_PROXY", "no_proxy")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_host_proxy() -> Iterator[None]:
+    """The daemons and engines of a module dial test servers directly, even on a
+    machine whose environment names an HTTP proxy (import it into a test module)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var in PROXY_VARS:
+            mp.delenv(var, raising=False)
+        yield
+
+
 def _ip(*args: str, ns: str | None = None) -> None:
     argv = ["ip", *(["-n", ns] if ns else []), *args]
     subprocess.run(argv, check=True, capture_output=True)
@@ -125,9 +141,12 @@ def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
         _ip("addr", "add", f"{server_ip}/30", "dev", "eth0", ns=ns)
         _ip("link", "set", "eth0", "up", ns=ns)
         _ip("link", "set", "lo", "up", ns=ns)
-        code = SERVER if serve_dir is None else HTTP_DIR
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code,
-                                 serve_dir or marker, *(tls or ())], stdout=subprocess.PIPE)
+        if serve_dir is not None:
+            argv = [HTTP_DIR, serve_dir]
+        else:
+            argv = [SERVER, marker, *(tls or ())]
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", *argv],
+                                stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         time.sleep(0.05)
         yield server_ip
@@ -137,3 +156,49 @@ def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
             proc.wait()
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+CONNECT_PROXY = r"""
+import socket, sys, threading
+names = dict(p.split("=") for p in sys.argv[2].split(","))
+log = sys.argv[1]
+def pipe(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+        b.shutdown(socket.SHUT_WR)  # a FIN now (close() waits for the other thread's recv)
+    except OSError:
+        pass
+def client(c):
+    head = b""
+    while b"\r\n\r\n" not in head and (chunk := c.recv(4096)):
+        head += chunk
+    line = head.split(b"\r\n")[0].decode()
+    with open(log, "a") as f:
+        f.write(line + "\n")
+    host, port = line.split()[1].rsplit(":", 1)
+    up = socket.create_connection((names.get(host, host), int(port)))
+    c.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    threading.Thread(target=pipe, args=(c, up), daemon=True).start()
+    pipe(up, c)
+s = socket.socket()
+s.bind(("127.0.0.1", 0)); s.listen(64)
+print(s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=client, args=(c,), daemon=True).start()
+"""
+
+
+@contextlib.contextmanager
+def connect_proxy(log: str, names: str) -> Iterator[int]:
+    """An HTTP CONNECT proxy on 127.0.0.1 (its port) that logs each request line and
+    dials ``names`` (``name=ip,...``) at those addresses."""
+    proc = subprocess.Popen([sys.executable, "-c", CONNECT_PROXY, log, names],
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        yield int(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.security.net_helpers import self_signed, server_ns
+from tests.security.net_helpers import no_host_proxy, self_signed, server_ns  # noqa: F401  (a fixture)
 
 cwsandbox = pytest.importorskip("cwsandbox")
 from cwsandbox import EgressRule, NetworkOptions, Sandbox  # noqa: E402

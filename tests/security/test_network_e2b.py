@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.security.net_helpers import server_ns
+from tests.security.net_helpers import no_host_proxy, server_ns  # noqa: F401  (a fixture)
 from tests.server.test_compat_e2b import checked, run_script, serving
 
 

@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from tests.conftest import ROOT_REASON, have_root_runtime
-from tests.security.net_helpers import server_ns
+from tests.security.net_helpers import connect_proxy, no_host_proxy, server_ns  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not have_root_runtime(), reason=ROOT_REASON)
 
@@ -391,3 +391,31 @@ async def test_bandwidth_cap_on_both_ends_out_of_the_sandboxs_reach(servers):
     assert "tbf" not in qdiscs()
     got = await probe(engine, sb.id, good='http("good.test")')
     assert got["good"][0] == "GOOD GET / HTTP/1.0", r
+
+
+async def test_allowed_traffic_goes_through_the_hosts_proxy(tmp_path, monkeypatch):
+    """With HTTPS_PROXY / HTTP_PROXY set on the daemon, allowed connections leave
+    through that proxy (CONNECT, by name); refused ones never reach it."""
+    from corral.runtime.engine import Engine
+
+    with server_ns(2, "GOOD") as good, server_ns(6, "BAD") as bad:
+        log = tmp_path / "proxy.log"
+        log.write_text("")
+        with connect_proxy(str(log), f"good.test={good}") as port:
+            for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+                monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
+            for var in ("NO_PROXY", "no_proxy"):
+                monkeypatch.delenv(var, raising=False)
+            engine = await Engine.open(tempfile.mkdtemp(prefix="corral-test-state-"),
+                                       network_hosts={"good.test": good, "bad.test": bad})
+            try:
+                sb = await engine.create(network={"allow": ["good.test"]})
+                got = await probe(engine, sb.id, good='http("good.test")',
+                                  forged=f'http("good.test", ip="{bad}")',
+                                  bad=f'http("bad.test", ip="{bad}")')
+            finally:
+                await engine.close()
+        assert got["good"][0] == "GOOD GET / HTTP/1.0"
+        assert got["forged"][0] == "GOOD GET / HTTP/1.0"
+        assert got["bad"][0] == "ConnectionResetError"
+        assert log.read_text().splitlines() == ["CONNECT good.test:80 HTTP/1.1"] * 2

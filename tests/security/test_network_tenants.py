@@ -8,7 +8,7 @@ import pytest
 
 import corral
 from corral.errors import Forbidden, InvalidArgument, SandboxNotFound
-from tests.security.net_helpers import server_ns
+from tests.security.net_helpers import no_host_proxy, server_ns  # noqa: F401  (a fixture)
 from tests.security.tenants_helpers import no_traceback, team_daemon
 
 FETCH = r"""

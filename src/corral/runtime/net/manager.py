@@ -29,7 +29,7 @@ from corral.network_schema import PRESETS, NetworkPolicy
 from corral.runtime.net import netns
 from corral.runtime.net.dns import QTYPE_A, Query, Resolver
 from corral.runtime.net.policy import Compiled
-from corral.runtime.net.proxy import Conn, Proxy
+from corral.runtime.net.proxy import Conn, Proxy, upstream_proxy
 
 WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create otherwise)
 MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
@@ -260,6 +260,10 @@ class NetworkManager:
                            port=port)
                 return None, None
             found = await self.resolve(name)
+            if not found and self._proxied(name, port):
+                att.record("tcp", True, f"the name {name} is allowed (through the host's "
+                           "proxy, which resolves it)", name=name, port=port)
+                return name, att.conns
             if not found:
                 att.record("tcp", False, f"{name} does not resolve", name=name, port=port)
                 return None, None
@@ -270,4 +274,10 @@ class NetworkManager:
             return None, None
         verdict = att.policy.decide(name, ipaddress.ip_address(ip), port)
         att.record("tcp", verdict.allowed, verdict.reason, name=name, ip=ip, port=port)
-        return (ip, att.conns) if verdict.allowed else (None, None)
+        if not verdict.allowed:
+            return None, None
+        # through the host's proxy a name is asked for by name (its own policy may want it)
+        return (name if name is not None and self._proxied(name, port) else ip), att.conns
+
+    def _proxied(self, host: str, port: int) -> bool:
+        return upstream_proxy(self._proxy.proxies, host, port) is not None

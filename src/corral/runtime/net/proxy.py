@@ -8,7 +8,10 @@ allowed, resolves it *on the host* and dials that name's address itself: whateve
 the sandbox's ``/etc/hosts`` or resolver said, an allowed name reaches only that
 name's server. Other ports are judged by the destination address. A refusal is a
 TCP reset at once, recorded with the sandbox's network events. TLS is never
-terminated: bytes pass through unchanged.
+terminated: bytes pass through unchanged. Allowed connections go through the host's
+proxy (``HTTPS_PROXY``, ``HTTP_PROXY`` for port 80, ``NO_PROXY``; a plain-HTTP proxy,
+by CONNECT) when one is set; a name the host cannot resolve itself is then handed to
+that proxy by name.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import asyncio
 import ipaddress
 import socket
 import struct
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from corral.runtime.net.sniff import MAX_PEEK, MORE, requested_name
 
@@ -77,6 +82,8 @@ class Proxy:
     def __init__(self, decide: Decide, admit: Admit) -> None:
         self.decide = decide
         self.admit = admit
+        # the host's HTTP(S)_PROXY / NO_PROXY, read when the filter is made
+        self.proxies = urllib.request.getproxies_environment()
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -123,7 +130,7 @@ class Proxy:
             reset(writer)
             return
         async with asyncio.timeout(DIAL_TIMEOUT_S):
-            up_reader, up_writer = await asyncio.open_connection(target, port)
+            up_reader, up_writer = await self._dial(target, port)
         conn = Conn(name, target, port, [writer, up_writer])
         conns.add(conn)
         try:
@@ -134,6 +141,38 @@ class Proxy:
             conns.discard(conn)
             up_writer.close()
             writer.close()
+
+
+    async def _dial(self, target: str, port: int) -> tuple[asyncio.StreamReader,
+                                                           asyncio.StreamWriter]:
+        """Open ``target``:``port`` (an address, or a name only when the host's proxy
+        resolves it), through the host's HTTP(S) proxy when one applies (CONNECT)."""
+        upstream = upstream_proxy(self.proxies, target, port)
+        if upstream is None:
+            return await asyncio.open_connection(target, port)
+        reader, writer = await asyncio.open_connection(*upstream)
+        writer.write(f"CONNECT {target}:{port} HTTP/1.1\r\nHost: {target}:{port}\r\n\r\n"
+                     .encode())
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            head = b""
+        if head.split(b" ", 2)[1:2] != [b"200"]:
+            writer.close()
+            raise ConnectionRefusedError(f"the host's proxy refused CONNECT {target}:{port}")
+        return reader, writer
+
+
+def upstream_proxy(proxies: dict[str, str], host: str, port: int) -> tuple[str, int] | None:
+    """The host's proxy (``HTTPS_PROXY``, or ``HTTP_PROXY`` for port 80) for ``host``,
+    unless ``NO_PROXY`` names it; None: dial directly."""
+    url = proxies.get("http" if port == 80 else "https") or proxies.get("https")
+    if not url or urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
+        return None
+    parts = urlsplit(url if "://" in url else "http://" + url)
+    if parts.scheme != "http" or not parts.hostname:
+        return None  # only plain-HTTP proxies speak CONNECT here
+    return parts.hostname, parts.port or 3128
 
 
 def _is_ip(text: str) -> bool:
