@@ -64,6 +64,14 @@ def is_local(ip: str) -> bool:
     return True
 
 
+def _still_allowed(policy: Compiled, conn: Conn) -> bool:
+    try:
+        ip = ipaddress.ip_address(conn.ip)
+    except ValueError:  # a name the host's proxy resolves (and dials)
+        return conn.name is not None and policy.name_allowed(conn.name, conn.port)
+    return policy.decide(conn.name, ip, conn.port).allowed
+
+
 class NetworkManager:
     """The egress filter of one engine (``key``: its table's and links' owner)."""
 
@@ -185,7 +193,7 @@ class NetworkManager:
         att.policy = await self._compile(policy)
         cut = 0
         for conn in list(att.conns):
-            if not att.policy.decide(conn.name, ipaddress.ip_address(conn.ip), conn.port).allowed:
+            if not _still_allowed(att.policy, conn):
                 conn.cut()
                 att.record("tcp", False, "cut: the new policy refuses it", name=conn.name,
                            ip=conn.ip, port=conn.port)
