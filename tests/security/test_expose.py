@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import corral
-from corral.errors import InvalidArgument, PortClosed, SandboxNotFound
+from corral.errors import InvalidArgument, InvalidState, PortClosed, SandboxNotFound
 from tests.security.tenants_helpers import no_traceback, team_daemon
 
 # A WebSocket echo server in the standard library (the image has no websockets package):
@@ -67,12 +67,14 @@ def test_http_server_in_a_sandbox_without_network(team):
         sb = corral.Sandbox.create(memory_mb=128, client=alice)  # network="none"
         try:
             sb.files.write("/workspace/hello.txt", b"hello from the sandbox")
+            sb.files.write("/workspace/a b?.txt", b"encoded")
             _serve(sb, "python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace", 8000)
             url = sb.expose(8000)
             assert url.startswith(team.url + "/expose/")
             assert sb.expose(8000) == url  # one token per port
             got = httpx.get(url + "hello.txt", timeout=30)  # no credential but the URL's
             assert got.status_code == 200 and got.text == "hello from the sandbox"
+            assert httpx.get(url + "a%20b%3F.txt", timeout=30).text == "encoded"  # as sent
             listing = httpx.get(url, timeout=30)
             assert "hello.txt" in listing.text
             assert httpx.get(url + "missing", timeout=30).status_code == 404
@@ -89,6 +91,9 @@ def test_http_server_in_a_sandbox_without_network(team):
             with corral.Client(team.url, token=team.tokens["bob"]) as bob:
                 with pytest.raises(SandboxNotFound):
                     corral.Sandbox.connect(sb.id, client=bob).expose(8000)
+            sb.stop()
+            with pytest.raises(InvalidState):
+                sb.expose(8000)
         finally:
             sb.delete()
         dead = httpx.get(url, timeout=30)

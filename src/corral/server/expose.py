@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from corral.errors import CorralError, FileTooLarge
+from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
 from corral.server import context as ctx
@@ -122,6 +122,9 @@ async def expose_port(request: Request, body: ExposeRequest) -> Response:
     """``POST /v1/sandboxes/{id}/ports``: the caller's own running sandbox only."""
     engine, sid = ctx.engine(request), request.path_params["sandbox_id"]
     info = engine.get(sid)  # SandboxNotFound for another tenant's
+    if info.state.terminal:
+        raise InvalidState(f"sandbox {sid} is {info.state.value}: a port of a running "
+                           "sandbox can be exposed", details={"sandbox_id": sid})
     token = exposures(request.app).add(sid, body.port, info.spec.tenant)
     url = f"{str(request.base_url).rstrip('/')}{PREFIX}{token}/"
     return JSONResponse({"port": body.port, "token": token, "url": url}, status_code=201)
@@ -135,9 +138,12 @@ async def _connect(engine: Engine, exp: Exposure) -> tuple[asyncio.StreamReader,
 
 
 def _target(scope: Scope) -> bytes:
-    path = "/" + scope["path"][scope[PREFIX_KEY]:].lstrip("/")
+    """The request's target as the sandbox's server sees it: its path (as sent, still
+    percent-encoded) past the ``/expose/<token>`` part, and its query."""
+    raw: bytes = scope.get("raw_path") or scope["path"].encode()
+    path = b"/" + raw[scope[PREFIX_KEY]:].lstrip(b"/")
     query = scope.get("query_string", b"")
-    return path.encode() + (b"?" + query if query else b"")
+    return path + (b"?" + query if query else b"")
 
 
 async def _body(request: Request, limit: int) -> bytes:
