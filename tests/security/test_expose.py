@@ -118,9 +118,11 @@ def test_websocket_echo(team):
                 assert ws.recv(timeout=30) == "echo:again"
             from websockets.exceptions import InvalidStatus
 
-            with pytest.raises(InvalidStatus):  # a websocket without a valid token: refused
-                with connect(f"{team.url.replace('http', 'ws')}/expose/nope/", open_timeout=30) as ws:
-                    ws.recv(timeout=5)
+            base = team.url.replace("http", "ws")
+            for path in ("/expose/nope/", "/v1/health", "/v1/sandboxes"):
+                with pytest.raises(InvalidStatus):  # WebSocket only to an exposed port
+                    with connect(base + path, open_timeout=30) as ws:
+                        ws.recv(timeout=5)
         finally:
             sb.delete()
     team.cleanup()
