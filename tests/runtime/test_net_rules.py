@@ -131,3 +131,43 @@ def test_dns_wire():
     for bad in (q[:11], q[:-3], q[:12] + b"\xc0\x0c" + q[-4:], q.replace(b"\x04good", b"\x50good")):
         assert dns.parse_query(bad) is None
     assert dns.parse_query(q[:2] + b"\x81\x00" + q[4:]) is None  # a response, not a query
+
+
+async def test_one_sources_dns_flood_leaves_others_answered():
+    """Queries in flight are capped per source: a sandbox flooding the resolver gets its
+    excess dropped, another sandbox is still answered."""
+    import asyncio
+    import socket
+
+    stuck = asyncio.Event()
+
+    async def lookup(src: str, q: dns.Query) -> list[str] | None:
+        if src == "127.0.0.1":
+            await stuck.wait()  # the flooder's queries never finish
+        return ["192.0.2.1"]
+
+    resolver = dns.Resolver(lookup)
+    await resolver.start()
+    loop = asyncio.get_running_loop()
+    q = struct.pack("!6H", 7, 0x0100, 1, 0, 0, 0) + b"\x01a\x00" + struct.pack("!2H", 1, 1)
+    flood = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other.bind(("127.0.0.2", 0))
+    other.setblocking(False)
+    try:
+        for _ in range(dns.MAX_IN_FLIGHT * 4):
+            flood.sendto(q, ("127.0.0.1", resolver.port))
+        for _ in range(100):  # until the resolver has taken in the flood
+            await asyncio.sleep(0.01)
+            if resolver._udp is not None and resolver._udp.get_protocol().per_src.get(
+                    "127.0.0.1") == dns.MAX_IN_FLIGHT:
+                break
+        assert resolver._udp.get_protocol().per_src["127.0.0.1"] == dns.MAX_IN_FLIGHT
+        other.sendto(q, ("127.0.0.1", resolver.port))
+        reply = await asyncio.wait_for(loop.sock_recv(other, 512), 30)
+        assert struct.unpack("!6H", reply[:12])[3] == 1  # answered
+    finally:
+        stuck.set()
+        flood.close()
+        other.close()
+        resolver.close()

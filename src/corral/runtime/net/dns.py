@@ -24,6 +24,8 @@ RCODE_NXDOMAIN = 3
 RCODE_FORMERR = 1
 MAX_QUERY = 512
 TTL = 30
+MAX_IN_FLIGHT = 64  # queries being answered at once, per source address (a sandbox)
+MAX_TASKS = 4096  # and in all
 
 
 @dataclass(frozen=True)
@@ -93,16 +95,27 @@ class _Udp(asyncio.DatagramProtocol):
         self.lookup = lookup
         self.transport: asyncio.DatagramTransport | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.per_src: dict[str, int] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if len(self.tasks) > 1024:  # a flood: drop, the sandbox retries
+        # a flood is dropped (the sandbox retries), per source: one sandbox's flood
+        # leaves the others' queries answered
+        src = addr[0]
+        if self.per_src.get(src, 0) >= MAX_IN_FLIGHT or len(self.tasks) >= MAX_TASKS:
             return
+        self.per_src[src] = self.per_src.get(src, 0) + 1
         task = asyncio.get_running_loop().create_task(self._reply(data, addr))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self.tasks.discard(t)
+            left = self.per_src.pop(src, 1) - 1
+            if left:
+                self.per_src[src] = left
+        task.add_done_callback(done)
 
     async def _reply(self, data: bytes, addr: tuple[str, int]) -> None:
         q = parse_query(data)
