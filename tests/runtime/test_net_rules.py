@@ -171,3 +171,16 @@ async def test_one_sources_dns_flood_leaves_others_answered():
         flood.close()
         other.close()
         resolver.close()
+
+
+def test_doctor_warns_without_nft(monkeypatch):
+    """``corral doctor`` says when policy sandboxes could not start (no nft), as a warning:
+    the other network modes still work."""
+    import shutil
+
+    from corral.runtime import doctor
+
+    real = shutil.which
+    monkeypatch.setattr(doctor.shutil, "which", lambda t: None if t == "nft" else real(t))
+    check = doctor.nftables()
+    assert check.status == doctor.WARN and "nft" in check.detail and "nftables" in check.fix
