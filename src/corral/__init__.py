@@ -69,6 +69,7 @@ from corral.errors import (
     PathOutsideSandbox,
     PortClosed,
     QuotaExceeded,
+    SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
     SandboxProtocolError,
@@ -90,6 +91,7 @@ from corral.schema import (
     SandboxSpec,
     SandboxState,
     SnapshotInfo,
+    Storage,
 )
 
 __all__ = [
@@ -140,6 +142,7 @@ __all__ = [
     "Process",
     "QuotaExceeded",
     "Sandbox",
+    "SandboxDiskFull",
     "SandboxInfo",
     "SandboxLost",
     "SandboxNotFound",
@@ -153,6 +156,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "SnapshotTooLarge",
+    "Storage",
     "Unauthorized",
     "Unsupported",
     "Volume",
