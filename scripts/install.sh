@@ -34,7 +34,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # Build (or reuse the cached) default image, the agent binary and the built-in images
-# (rl; fusion: g++, nodejs and pytest by apt in a `user: root` build step, ~20 s;
+# (rl; fusion: g++, nodejs and pytest by apt in a `user: root` build step, ~20 s; judge:
+# gcc, OpenJDK, Go and Rust on fusion for the code judge, ~25 s and ~1 GB more;
 # code-interpreter: numpy, pandas, matplotlib for E2B's Code Interpreter, ~13 s). The
 # compat extra above brings the clients the compat tests drive (tensorlake, cwsandbox,
 # sandbox-fusion).
