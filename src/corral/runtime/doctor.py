@@ -142,7 +142,7 @@ def gpus(backend: "gpu_inventory.GpuBackend | None" = None) -> Check:
             return Check("gpus", WARN, "an NVIDIA driver is loaded but NVML found no GPU "
                          "usable by corral: gpus= fails", "pip install nvidia-ml-py")
         return Check("gpus", OK, "no NVIDIA GPU on this host: sandboxes asking for gpus= "
-                     "fail with 'unsupported'; everything else works")
+                     "fail with invalid_argument; everything else works")
     files = backend.driver_files()
     names = ", ".join(f"{g.index}: {g.name}" for g in found)
     detail = (f"{len(found)} GPU(s) ({names}); driver {files.version}: "
