@@ -40,7 +40,8 @@ _LOG_TAIL = 3000
 
 
 # What ``corral serve`` imports beyond the SDK: the [daemon] extra.
-_DAEMON_MODULES = ("starlette", "uvicorn", "httptools", "jinja2", "prometheus_client")
+_DAEMON_MODULES = ("starlette", "uvicorn", "httptools", "jinja2", "prometheus_client",
+                   "websockets")
 
 
 def daemon_missing() -> str | None:
