@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
-from corral.server import metrics, node_proof
+from corral.server import expose, metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.auth_throttle import AuthThrottle, presented, retry_headers
@@ -131,7 +131,13 @@ class Guard:
         self.throttle = throttle  # wrong credentials cost time (auth_throttle.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
+        if scope["type"] == "websocket":  # only an exposed port's (server/expose.py)
+            if self._exposure(scope) is None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await expose.relay(scope, receive, send)
+            return
+        if scope["type"] != "http":  # lifespan is off: no such thing
             return
         self.activity.in_flight += 1
         started = False
@@ -168,8 +174,9 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
+            app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
             with self.owners.acting_as(caller_name(scope)):
-                await self.app(scope, receive, tracked_send)
+                await app(scope, receive, tracked_send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -185,13 +192,25 @@ class Guard:
 
     def _count(self, scope: Scope, address: str, credential: str | None,
                denied: Unauthorized | Forbidden | None) -> None:
+        if expose.KEY in scope:  # an exposed port's: its URL's token, the app's headers
+            return
         credential = credential or scope.get(sandboxfusion_compat.TOKEN_KEY)
         if denied is None and scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
             self.throttle.succeeded(address, credential)
         elif not isinstance(denied, Forbidden):  # a good credential on the wrong route
             self.throttle.failed(address, credential)
 
+    def _exposure(self, scope: Scope) -> expose.Exposure | None:
+        """An exposed port's request (server/expose.py): by its URL's token, or E2B's
+        get_host (Host ``PORT-ID.domain`` with the sandbox's traffic token)."""
+        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.token))
+        if exp is not None:
+            scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
+        return exp
+
     def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
+        if self._exposure(scope) is not None:  # its token is the credential
+            return None
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
             # its endpoints refuse a request without a caller (a wrong path token)
@@ -282,6 +301,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    expose.mount(app, engine)  # and exposed ports at /expose/<token>/ (server/expose.py)
     node_proof.mount(app, settings)  # on a cluster: proves who it is, ahead of any guard
     if settings.metrics:
         metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events

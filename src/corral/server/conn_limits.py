@@ -235,6 +235,14 @@ class GuardedHttpProtocol(BoundedHttpProtocol):
             self.book.touch(self._conn)
         super().data_received(data)
 
+    def handle_websocket_upgrade(self) -> None:
+        # The WebSocket protocol takes the transport (and its connection_lost) from here:
+        # the book lets go of it now (only an exposed port's survives the guard).
+        if self._conn is not None:
+            self.book.remove(self._conn)
+            self._conn = None
+        super().handle_websocket_upgrade()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._conn is not None:
