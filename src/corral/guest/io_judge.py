@@ -167,7 +167,28 @@ def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True,
     result["wall"] = time.monotonic() - start
     if sweep:
         kill_others()
+        cpu, rss = _reap()  # what it left behind counts: its CPU, its peak
+        result["cpu"] += cpu
+        result["rss"] = max(result["rss"], rss)
     return result
+
+
+def _reap():
+    """CPU seconds and the largest peak of the processes a program left behind. This
+    process is a child subreaper: an orphan of the program (double-forked, a chain of
+    forks each under ``RLIMIT_CPU``) comes to it, is killed by the sweep and reaped
+    here, so work or memory spread over processes is not free."""
+    cpu, rss = 0.0, 0
+    while True:
+        try:
+            pid, _, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        cpu += usage.ru_utime + usage.ru_stime
+        rss = max(rss, usage.ru_maxrss * 1024)
+    return cpu, rss
 
 
 def _watch(pid, w_in, r_out, r_err, data, deadline, mem_bytes, out_cap):
@@ -327,14 +348,26 @@ class Checker:
         self.program = Program(lang, workdir, ["checker", "input", "output", "answer"], fd)
 
     def __call__(self, given, got, expected):
+        verdict, note = self._check(given, got, expected)
+        if verdict != "CRASH":
+            return verdict, note
+        # It crashed on this output. A checker that accepts the expected answer is sound:
+        # the output broke it (garbage where it parses a number), the program's wrong
+        # answer, never "not gradable" (reward None would spare a wrong program its 0).
+        if self._check(given, expected, expected)[0] == "AC":
+            return "WA", "the checker failed on this output: %s" % (note or "")[-200:]
+        return "IE", note
+
+    def _check(self, given, got, expected):
+        """``(verdict, note)``; ``CRASH``: it raised, crashed or answered nonsense."""
         if self.program is None:
             try:
                 verdict = self.fn(given, got, expected)
             except Exception as exc:  # noqa: BLE001 - the checker's fault, not the solution's
-                return "IE", "the checker raised %s: %s" % (type(exc).__name__, exc)
+                return "CRASH", "the checker raised %s: %s" % (type(exc).__name__, exc)
             if isinstance(verdict, bool) or verdict in (0, 1):
                 return ("AC", None) if verdict else ("WA", "the checker rejected the output")
-            return "IE", "the checker returned %r, not True or False" % (verdict,)
+            return "CRASH", "the checker returned %r, not True or False" % (verdict,)
         # Every process of the solution is gone (swept after its run): the files exist
         # only while the checker runs.
         cdir = tempfile.mkdtemp(prefix="check-", dir=self.program.workdir)
@@ -347,7 +380,8 @@ class Checker:
         finally:
             shutil.rmtree(cdir, ignore_errors=True)
         if r["status"] != "exited" or r["code"] not in TESTLIB:
-            return "IE", "the checker failed (%s %s): %s" % (r["status"], r["code"], r["stderr"])
+            return "CRASH", "the checker failed (%s %s): %s" % (r["status"], r["code"],
+                                                               r["stderr"])
         verdict = TESTLIB[r["code"]]
         return verdict, None if verdict == "AC" else r["stderr"].strip()[-200:] or None
 
@@ -428,6 +462,9 @@ def judge_all(req):
 def main():
     t0 = time.monotonic()
     confine("corral io judge")
+    import ctypes
+    if ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER: see _reap
+        raise SystemExit("corral io judge: cannot become a child subreaper")
     os.umask(0o077)
     signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # the CPU limit set around each spawn
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # inherited by every program run

@@ -1,0 +1,110 @@
+"""Red-team: limits of the stdin/stdout judge a program could escape by spreading its work
+over processes the judge does not wait for (docs/grading.md, "stdin/stdout problems")."""
+
+from __future__ import annotations
+
+import pytest
+
+import corral
+from corral.rl.stdio import run_io_tests
+
+# A program that needs ~2.4 s of CPU under a 1 s limit. Alone it is a TLE; the attack
+# hands the work down a chain of double-forked processes: each one burns 0.6 s and forks
+# the next before exiting, so no process reaches RLIMIT_CPU, and none is the judge's
+# child (each is reparented away), so wait4's rusage of the program never shows it.
+CPU_CHAIN = r"""
+import os, time
+r, w = os.pipe()
+def burn(sec):
+    end = time.process_time() + sec
+    while time.process_time() < end:
+        pass
+if os.fork() == 0:
+    if os.fork() == 0:
+        for _ in range(4):
+            burn(0.6)
+            if os.fork():
+                os._exit(0)
+        os.write(w, b"done\n")
+    os._exit(0)
+os.wait()
+os.close(w)
+print(os.read(r, 64).decode().strip())
+"""
+
+ALONE = r"""
+import time
+end = time.process_time() + 2.4
+while time.process_time() < end:
+    pass
+print("done")
+"""
+
+# The same with memory: the program itself stays small, a child it does not wait for
+# holds 400 MiB while the answer is printed.
+MEM_CHILD = r"""
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:
+        blob = bytearray(400 << 20)
+        for i in range(0, len(blob), 4096):
+            blob[i] = 1
+        os.write(w, b"done\n")
+        time.sleep(3)
+    os._exit(0)
+os.wait()
+os.close(w)
+print(os.read(r, 64).decode().strip())
+"""
+
+
+@pytest.fixture(scope="module")
+def judge_sb(daemon):
+    with corral.Client(daemon.url) as client:
+        try:
+            sb = corral.Sandbox.create(client=client, image="judge", memory_mb=1536)
+        except corral.errors.ImageNotFound:
+            pytest.skip("the judge built-in image is not built (make install)")
+        with sb:
+            yield sb
+
+
+def test_cpu_time_spread_over_orphaned_processes_is_counted(judge_sb):
+    case = [{"input": "", "output": "done"}]
+    alone = run_io_tests(judge_sb, case, code=ALONE, time_limit=1)
+    assert alone.verdicts == ["TLE"], alone.errors
+    chain = run_io_tests(judge_sb, case, code=CPU_CHAIN, time_limit=1)
+    assert chain.verdicts == ["TLE"], (chain.verdicts, chain.errors)
+
+
+def test_memory_held_by_an_orphaned_child_is_counted(judge_sb):
+    r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=MEM_CHILD,
+                     time_limit=5, memory_mb=128)
+    assert r.verdicts == ["MLE"], (r.verdicts, r.errors)
+
+
+# A checker that parses the output raises on garbage. That must be the program's wrong
+# answer, not "not gradable" (reward None, which spares a wrong program its 0).
+FLOAT_CHECKER = {"kind": "python", "source": (
+    "def check(i, o, e):\n    return abs(float(o) - float(e)) < 1e-6\n")}
+FLOAT_CHECKER_C = {"kind": "program", "language": "c", "source": (
+    "#include <stdio.h>\n#include <stdlib.h>\n#include <math.h>\n"
+    "int main(int c,char**v){double a,b;FILE*o=fopen(v[2],\"r\"),*e=fopen(v[3],\"r\");"
+    "if(fscanf(o,\"%lf\",&a)!=1)abort();fscanf(e,\"%lf\",&b);return fabs(a-b)<1e-6?0:1;}\n")}
+
+
+@pytest.mark.parametrize("checker", [FLOAT_CHECKER, FLOAT_CHECKER_C], ids=["python", "program"])
+def test_output_that_crashes_the_checker_is_a_wrong_answer(judge_sb, checker):
+    case = [{"input": "", "output": "0.5"}]
+    r = run_io_tests(judge_sb, case, code="print('garbage')", checker=checker)
+    assert r.verdicts == ["WA"], (r.verdicts, r.errors)
+    right = run_io_tests(judge_sb, case, code="print(0.5)", checker=checker)
+    assert right.verdicts == ["AC"], right.errors
+
+
+def test_a_checker_that_fails_on_the_right_answer_is_still_not_gradable(judge_sb):
+    broken = {"kind": "python", "source": "def check(i, o, e):\n    return int(e) > 0\n"}
+    r = run_io_tests(judge_sb, [{"input": "", "output": "0.5"}], code="print('x')",
+                     checker=broken)
+    assert r.verdicts == ["IE"], (r.verdicts, r.errors)
