@@ -95,7 +95,7 @@ def send(fd: int, header: dict, blobs: list[bytes] = ()) -> None:
 
 def worker(role: str) -> None:  # pragma: no cover - runs in its own process
     """A model's process: loads its source, answers load/inputs/run/stage/time."""
-    if role == "reference":
+    if role != "candidate":
         _undumpable()
     import torch
 
@@ -143,9 +143,10 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
                 init = header.get("init")
                 if init is None:
                     init = list(module["get_init_inputs"]())
-                torch.manual_seed(header["init_seed"])
-                cls = module["Model" if role == "reference" else "ModelNew"]
-                model = cls(*init).to(device).eval()
+                if role != "inputs":  # the input maker runs get_inputs only
+                    torch.manual_seed(header["init_seed"])
+                    cls = module["Model" if role == "reference" else "ModelNew"]
+                    model = cls(*init).to(device).eval()
                 send(wfd, {"ok": True, "init": init})
             elif op == "inputs":
                 torch.manual_seed(header["seed"])
@@ -158,6 +159,8 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
                 descs, raw = pack(out)
                 send(wfd, {"ok": True, "tensors": descs}, raw)
             elif op == "stage":
+                if header.get("reset"):
+                    staged.clear()
                 staged.append(unpack(header, blobs))
                 sync()
                 send(wfd, {"ok": True})
@@ -282,6 +285,13 @@ def digests_match(ref: list, cand: list, atol: float, rtol: float) -> bool:
     return True
 
 
+def stage(source: Worker, to: Worker, seeds: list) -> None:
+    """Stage in ``to`` the input sets ``source`` makes from ``seeds``, replacing the last."""
+    for i, seed in enumerate(seeds):
+        r, data = source.call({"op": "inputs", "seed": seed})
+        to.call({"op": "stage", "tensors": r["tensors"], "reset": i == 0}, data)
+
+
 def judge(payload: dict, me: str) -> dict:
     import torch
 
@@ -303,19 +313,23 @@ def judge(payload: dict, me: str) -> dict:
                              "init_seed": payload["init_seed"]})
         init = reply["init"]
         inputs, expected = [], []
-        for seed in payload["seeds"][:trials + runs]:
+        for seed in payload["seeds"][:trials]:
             r, data = ref.call({"op": "inputs", "seed": seed})
             inputs.append((r, data))
-        for r, data in inputs[:trials]:
+        for r, data in inputs:
             out_r, out_d = ref.call({"op": "run", "tensors": r["tensors"]}, data)
             expected.append(described(out_r, out_d))
-        for r, data in inputs[trials:]:
-            ref.call({"op": "stage", "tensors": r["tensors"]}, data)
-        ref.timed()  # warm-up
-        ref_times, ref_digests = [], None
-        for _ in range(repeats):
-            took, ref_digests = ref.timed()
-            ref_times.append(took)
+        # The warm-up and each timed repeat on input sets of their own: the same sets
+        # again would let a candidate answer every repeat from a memo of the first.
+        rounds = [payload["seeds"][trials + k * runs:trials + (k + 1) * runs]
+                  for k in range(repeats + 1)]
+        ref_times, ref_digests = [], []
+        for k, seeds in enumerate(rounds):
+            stage(ref, ref, seeds)
+            took, digests = ref.timed()
+            ref_digests.append(digests)
+            if k:
+                ref_times.append(took)
     except (WorkerError, TimeoutError, EOFError, KeyError, ValueError) as exc:
         return {**verdict, "status": "reference_error",
                 "reason": f"the reference failed: {exc}; {ref.stderr_tail()}".strip()}
@@ -325,6 +339,16 @@ def judge(payload: dict, me: str) -> dict:
 
     # phase B: the candidate, given only inputs (the marker tells the host that a judge
     # which dies from now on was ended by the candidate: corral.rl.kernel.outcome)
+    # The timed rounds' inputs are made again, round by round, by a process that runs
+    # only the reference's get_inputs (holding every round's inputs at once would not fit).
+    maker = Worker("inputs", me, timeout)
+    try:
+        maker.call({"op": "load", "source": payload["reference"], "device": "cpu",
+                    "init_seed": payload["init_seed"], "init": init})
+    except (WorkerError, TimeoutError, EOFError) as exc:
+        maker.end()
+        return {**verdict, "status": "reference_error",
+                "reason": f"the reference's inputs failed: {exc}"}
     sys.stderr.write("corral-kernel-judge: candidate started\n")
     sys.stderr.flush()
     cand = Worker("candidate", me, timeout)
@@ -340,19 +364,16 @@ def judge(payload: dict, me: str) -> dict:
             why = close(expected[i], described(out_r, out_d), atol, rtol)
             if why:
                 return {**verdict, "status": "wrong", "reason": f"trial {i}: {why}"}
-        for r, data in inputs[trials:]:
-            cand.call({"op": "stage", "tensors": r["tensors"]}, data)
-        took, digests = cand.timed()  # warm-up, checked too
         times = []
-        for _ in range(repeats):
-            if not digests_match(ref_digests, digests, atol, rtol):
+        for k, seeds in enumerate(rounds):  # the warm-up (round 0) is checked too
+            stage(maker, cand, seeds)
+            took, digests = cand.timed()
+            if not digests_match(ref_digests[k], digests, atol, rtol):
                 return {**verdict, "status": "wrong",
                         "reason": "the timed runs' outputs differ from the reference's "
                                   "(work skipped, cached or left unfinished?)"}
-            took, digests = cand.timed()
-            times.append(took)
-        if not digests_match(ref_digests, digests, atol, rtol):
-            return {**verdict, "status": "wrong", "reason": "timed outputs differ"}
+            if k:
+                times.append(took)
     except TimeoutError:
         return {**verdict, "status": "timeout", "reason": f"over {timeout:g} s"}
     except (WorkerError, EOFError, KeyError, ValueError) as exc:
@@ -360,6 +381,7 @@ def judge(payload: dict, me: str) -> dict:
                 "reason": f"{exc}; {cand.stderr_tail()}".strip()[:2000]}
     finally:
         cand.end()
+        maker.end()
     cand_ms = statistics.median(times) * 1000
     return {**verdict, "correct": True, "candidate_ms": cand_ms,
             "speedup": verdict["reference_ms"] / cand_ms if cand_ms > 0 else None}

@@ -65,7 +65,9 @@ def kernel_payload(
     if trials < 1 or timing_inputs < 1 or repeats < 1:
         raise ValueError("trials, timing_inputs and repeats must be at least 1")
     rng = secrets.SystemRandom() if seed is None else random.Random(seed)
-    seeds = [rng.randrange(1 << 62) for _ in range(trials + timing_inputs)]
+    # Fresh input sets for the warm-up and each timed repeat: a candidate that memoizes
+    # the staged inputs has nothing to answer from memory (tests/security/test_kernel_hacks.py).
+    seeds = [rng.randrange(1 << 62) for _ in range(trials + timing_inputs * (repeats + 1))]
     return {"program": judge_program(), "candidate": candidate, "reference": reference,
             "device": device, "trials": trials, "timing_inputs": timing_inputs,
             "repeats": repeats, "atol": atol, "rtol": rtol, "timeout": timeout,

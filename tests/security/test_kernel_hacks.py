@@ -1,0 +1,85 @@
+"""Red-team: the kernel judge (docs/gpus.md, "Kernel rewards") on the CPU with the host's
+PyTorch, unprivileged as in a sandbox (see tests/rl/test_kernel_reward.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.rl.test_kernel_reward import HEADER, scored
+
+pytest.importorskip("torch", reason="the kernel judge needs PyTorch (the trl extra)")
+
+# 60 times the work of the reference, but each input set is computed once. When the
+# timed repeats reused the same staged tensors, a memo keyed by them (holding them, so no
+# id is reused) answered every repeat after the warm-up from memory, with right outputs
+# and so right digests: measured 100x "faster" than the reference, the maximum reward.
+# Each hit is written down, so the test does not depend on the clock.
+MEMO_BY_OBJECT = HEADER + """
+    memo = {}
+    def forward(self, a, b):
+        key = (id(a), id(b))
+        if key in ModelNew.memo:
+            with open(HITS, "a") as f:
+                f.write("hit\\n")
+        else:
+            for _ in range(60):
+                x = torch.relu(a @ b + self.bias) * self.scale
+            ModelNew.memo[key] = (a, b, x)
+        return ModelNew.memo[key][2]
+"""
+
+
+def test_memoizing_the_staged_inputs_across_timed_repeats_has_nothing_to_answer(tmp_path):
+    hits = tmp_path / "hits"
+    hits.touch(mode=0o666)
+    tmp_path.chmod(0o777)
+    out = scored(f"HITS = {str(hits)!r}\n" + MEMO_BY_OBJECT)
+    assert out.correct, out
+    assert hits.read_text() == "", "the memo answered %d timed runs" % len(hits.read_text().split())
+
+
+# The same memo, filled while the judge stages the inputs (not timed): the worker moves
+# each staged tensor with Tensor.to, which the candidate wraps; once a set is complete it
+# computes the output there, and the timed run answers from the memo.
+PRECOMPUTES_WHILE_STAGING = HEADER + """
+    memo, pending, me = {}, [], None
+    def forward(self, a, b):
+        ModelNew.me = self
+        key = (id(a), id(b))
+        if key in ModelNew.memo:
+            with open(HITS, "a") as f:
+                f.write("hit\\n")
+            return ModelNew.memo[key][2]
+        return ModelNew.work(self, a, b)
+    @staticmethod
+    def work(self, a, b):
+        for _ in range(60):
+            x = torch.relu(a @ b + self.bias) * self.scale
+        return x
+_to = torch.Tensor.to
+def to(t, *args, **kw):
+    out = _to(t, *args, **kw)
+    ModelNew.pending.append(out)
+    if len(ModelNew.pending) == 2 and ModelNew.me is not None:
+        a, b = ModelNew.pending
+        with torch.no_grad():
+            ModelNew.memo[(id(a), id(b))] = (a, b, ModelNew.work(ModelNew.me, a, b))
+    if len(ModelNew.pending) == 2:
+        ModelNew.pending = []
+    return out
+torch.Tensor.to = to
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "staging the timed inputs is not timed (their transfer must not count), and the "
+    "candidate's process runs it: work done there, in a wrapped Tensor.to (on a GPU, a "
+    "patched torch.cuda.synchronize), is free; closing it needs the staging timed and "
+    "the transfer measured apart, or the inputs made in the timed window"))
+def test_precomputing_while_the_inputs_are_staged_has_nothing_to_answer(tmp_path):
+    hits = tmp_path / "hits"
+    hits.touch(mode=0o666)
+    tmp_path.chmod(0o777)
+    out = scored(f"HITS = {str(hits)!r}\n" + PRECOMPUTES_WHILE_STAGING)
+    assert out.correct, out
+    assert hits.read_text() == "", "the memo answered %d timed runs" % len(hits.read_text().split())
