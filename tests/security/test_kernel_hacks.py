@@ -83,3 +83,27 @@ def test_precomputing_while_the_inputs_are_staged_has_nothing_to_answer(tmp_path
     out = scored(f"HITS = {str(hits)!r}\n" + PRECOMPUTES_WHILE_STAGING)
     assert out.correct, out
     assert hits.read_text() == "", "the memo answered %d timed runs" % len(hits.read_text().split())
+
+
+# Right in the correctness trials; in the timed runs (told apart by the worker's frame)
+# it computes 48 of the 64 rows and fills the rest with copies: a quarter of the work
+# skipped. Sums, sums of squares and max |x| of such outputs stayed within the digests'
+# old tolerance (10% of each, plus 1000 * atol) in ~99% of the checks.
+SKIPS_A_QUARTER_WHEN_TIMED = HEADER + """
+    def forward(self, a, b):
+        import sys
+        f, op = sys._getframe(), None
+        while f is not None:
+            if f.f_code.co_name == "worker":
+                op = f.f_locals.get("op")
+            f = f.f_back
+        if op != "time":
+            return torch.relu(a @ b + self.bias) * self.scale
+        part = torch.relu(a[:48] @ b + self.bias) * self.scale
+        return torch.cat([part, part[:16]])
+"""
+
+
+def test_skipping_part_of_the_work_in_the_timed_runs_scores_zero():
+    out = scored(SKIPS_A_QUARTER_WHEN_TIMED)
+    assert out.status == "wrong" and out.reward == 0.0 and "timed" in (out.reason or ""), out
