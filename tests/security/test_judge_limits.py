@@ -138,3 +138,20 @@ def test_memory_split_between_processes_is_counted_together(judge_sb):
     r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=MEM_SPLIT,
                      time_limit=5, memory_mb=128)
     assert r.verdicts == ["MLE"], (r.verdicts, r.errors)
+
+
+def test_a_language_the_image_cannot_run_chosen_by_the_completion_scores_zero(daemon):
+    # The reward runs on an image without compilers (image=); the completion picks Rust.
+    # A missing toolchain is "not gradable" (reward None) only when the task asked for
+    # the language: chosen by the completion, it would spare every wrong answer its 0.
+    from corral.rl import code_reward
+
+    reward = code_reward("fraction", url=daemon.url, image="python", time_limit=2)
+    wrong = "```rust\nfn main() { println!(\"41\"); }\n```"
+    got = reward(completions=[wrong], tests=[[{"input": "", "output": "42"}]])
+    outcome = reward.last_outcomes[0]
+    assert got == [0.0], (got, outcome.report and outcome.report.feedback())
+    assert outcome.verdicts == ["CE"], outcome.verdicts
+    forced = code_reward("fraction", url=daemon.url, image="python", time_limit=2,
+                         language="rust")
+    assert forced(completions=[wrong], tests=[[{"input": "", "output": "42"}]]) == [None]

@@ -10,7 +10,7 @@ which). :func:`score` turns a report into a reward, never scoring "not gradable"
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from corral.client._async._sandbox import AsyncSandbox
@@ -66,6 +66,8 @@ class Task:
     cases: list[IOCase] | None = None
     entry_point: str | None = None
     checker: Mapping[str, Any] | None = None
+    chosen: bool = False
+    """The completion chose the language (no ``language`` from the row or the reward)."""
 
     @property
     def io(self) -> bool:
@@ -106,7 +108,8 @@ def make_task(
         found = (completion_text(completion), language_name(lang or "python"))
     if found is None:
         return None
-    return Task(found[0], found[1], cases=list(tests), checker=checker)  # type: ignore[arg-type]
+    return Task(found[0], found[1], cases=list(tests), checker=checker,  # type: ignore[arg-type]
+                chosen=lang is None)
 
 
 def sandbox_needs(task_io: bool, image: str | None, memory_mb: int) -> tuple[str, int]:
@@ -135,12 +138,29 @@ async def ajudge(sb: AsyncSandbox, task: Task, options: JudgeOptions, mode: Mode
             test_timeout=options.test_timeout, grading=options.grading,
             entry_point=task.entry_point,
         )
-    return await arun_io_tests(
+    report = await arun_io_tests(
         sb, task.cases, code=task.code, language=task.language,
         time_limit=options.time_limit, memory_mb=options.case_memory_mb,
         compare=options.compare, tolerance=options.tolerance, checker=task.checker,
         stop_on_failure=options.stop_on_failure or mode != "fraction", timeout=timeout,
     )
+    return chosen_toolchain_missing(task, report)
+
+
+NO_TOOLCHAIN = "is not installed in this image"  # corral/guest/io_judge.py's NoToolchain
+
+
+def chosen_toolchain_missing(task: Task, report: TestReport) -> TestReport:
+    """A language the image cannot run is not gradable (``IE``, reward ``None``) when the
+    task asked for it; chosen by the completion, it is a compile error (``CE``, 0): else
+    a wrong answer in a language the image lacks would be spared its 0."""
+    if not (task.chosen and report.status == "ok" and report.load == "error"
+            and report.compile_error is None and NO_TOOLCHAIN in (report.load_error or "")):
+        return report
+    why = f"{report.load_error}: the completion chose {task.language}"
+    n = len(report.verdicts)
+    return replace(report, load_error=why, compile_error=why, tests=["error"] * n,
+                   errors=[f"CE: {why}"] * n, verdict_list=("CE",) * n)
 
 
 def score(report: TestReport, mode: Mode) -> float | None:
