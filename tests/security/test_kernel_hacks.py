@@ -107,3 +107,24 @@ SKIPS_A_QUARTER_WHEN_TIMED = HEADER + """
 def test_skipping_part_of_the_work_in_the_timed_runs_scores_zero():
     out = scored(SKIPS_A_QUARTER_WHEN_TIMED)
     assert out.status == "wrong" and out.reward == 0.0 and "timed" in (out.reason or ""), out
+
+
+# A wrong candidate answers with a descriptor whose shape does not match its bytes (its
+# worker is its own process: it writes the wire itself). The judge's reshape raised an
+# exception it did not expect: "judge_error", reward None, instead of the 0 it earned.
+MALFORMED_ANSWER = HEADER + """
+    def forward(self, a, b):
+        import sys, json, struct, os
+        f = sys._getframe()
+        while f is not None and f.f_code.co_name != "worker":
+            f = f.f_back
+        header = json.dumps({"ok": True, "tensors": [
+            {"dtype": "float32", "shape": [3], "nbytes": 8}]}).encode()
+        os.write(f.f_locals["wfd"], struct.pack(">I", len(header)) + header + bytes(8))
+        os._exit(0)
+"""
+
+
+def test_a_malformed_answer_scores_zero_not_none():
+    out = scored(MALFORMED_ANSWER)
+    assert out.reward == 0.0 and out.status == "runtime_error", out

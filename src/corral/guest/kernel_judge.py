@@ -182,6 +182,8 @@ def tensor_from(torch, desc: dict, raw: bytes):
     shape = [int(s) for s in desc["shape"]]
     if len(shape) > 16 or any(s < 0 for s in shape):
         raise ValueError("bad shape")
+    if math.prod(shape) * torch.empty(0, dtype=dtype).element_size() != len(raw):
+        raise ValueError(f"shape {shape} {desc['dtype']} does not match {len(raw)} bytes")
     t = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
     return t.reshape(shape)
 
@@ -394,7 +396,8 @@ def judge(payload: dict, me: str) -> dict:
                 times.append(took)
     except TimeoutError:
         return {**verdict, "status": "timeout", "reason": f"over {timeout:g} s"}
-    except (WorkerError, EOFError, KeyError, ValueError) as exc:
+    except (WorkerError, EOFError, KeyError, ValueError, TypeError, AttributeError,
+            IndexError, RuntimeError) as exc:  # what the candidate sent did not parse: its 0
         return {**verdict, "status": "runtime_error",
                 "reason": f"{exc}; {cand.stderr_tail()}".strip()[:2000]}
     finally:
