@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-import corral
 from corral.rl.stdio import run_io_tests
+from tests.security import test_judge_hacks
+
+judge_sb = test_judge_hacks.judge_sb  # the fixture: a sandbox of the judge image
 
 # A program that needs ~2.4 s of CPU under a 1 s limit. Alone it is a TLE; the attack
 # hands the work down a chain of double-forked processes: each one burns 0.6 s and forks
@@ -57,17 +59,6 @@ os.wait()
 os.close(w)
 print(os.read(r, 64).decode().strip())
 """
-
-
-@pytest.fixture(scope="module")
-def judge_sb(daemon):
-    with corral.Client(daemon.url) as client:
-        try:
-            sb = corral.Sandbox.create(client=client, image="judge", memory_mb=1536)
-        except corral.errors.ImageNotFound:
-            pytest.skip("the judge built-in image is not built (make install)")
-        with sb:
-            yield sb
 
 
 def test_cpu_time_spread_over_orphaned_processes_is_counted(judge_sb):

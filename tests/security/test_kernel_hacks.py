@@ -29,13 +29,18 @@ MEMO_BY_OBJECT = HEADER + """
 """
 
 
-def test_memoizing_the_staged_inputs_across_timed_repeats_has_nothing_to_answer(tmp_path):
+def memo_hits(candidate: str, tmp_path) -> int:
+    """How many timed runs ``candidate`` (correct) answered from its memo."""
     hits = tmp_path / "hits"
     hits.touch(mode=0o666)
     tmp_path.chmod(0o777)
-    out = scored(f"HITS = {str(hits)!r}\n" + MEMO_BY_OBJECT)
+    out = scored(f"HITS = {str(hits)!r}\n" + candidate)
     assert out.correct, out
-    assert hits.read_text() == "", "the memo answered %d timed runs" % len(hits.read_text().split())
+    return len(hits.read_text().split())
+
+
+def test_memoizing_the_staged_inputs_across_timed_repeats_has_nothing_to_answer(tmp_path):
+    assert memo_hits(MEMO_BY_OBJECT, tmp_path) == 0
 
 
 # The same memo, filled while the judge stages the inputs (not timed): the worker moves
@@ -77,12 +82,7 @@ torch.Tensor.to = to
     "patched torch.cuda.synchronize), is free; closing it needs the staging timed and "
     "the transfer measured apart, or the inputs made in the timed window"))
 def test_precomputing_while_the_inputs_are_staged_has_nothing_to_answer(tmp_path):
-    hits = tmp_path / "hits"
-    hits.touch(mode=0o666)
-    tmp_path.chmod(0o777)
-    out = scored(f"HITS = {str(hits)!r}\n" + PRECOMPUTES_WHILE_STAGING)
-    assert out.correct, out
-    assert hits.read_text() == "", "the memo answered %d timed runs" % len(hits.read_text().split())
+    assert memo_hits(PRECOMPUTES_WHILE_STAGING, tmp_path) == 0
 
 
 # Right in the correctness trials; in the timed runs (told apart by the worker's frame)
