@@ -146,7 +146,8 @@ class NodeDaemon:
         with contextlib.suppress(Exception):
             _ray.kv_del(self._gcs, NODE_KEY + self.node_id)
         if self.proc.poll() is None:
-            self.proc.terminate()
+            # SIGINT: the daemon stops its sandboxes (SIGTERM hands them over to a next one)
+            self.proc.send_signal(signal.SIGINT)
             try:
                 return self.proc.wait(DAEMON_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

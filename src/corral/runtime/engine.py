@@ -50,6 +50,7 @@ from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.images import Image, ImageStore
@@ -62,6 +63,7 @@ from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.reconcile import reconcile, remove_cgroup
 from corral.runtime.registry import Registry
+from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
@@ -85,6 +87,7 @@ SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
+RETENTION_BATCH = 100  # ended sandboxes removed per reaper pass, past their retention
 
 
 ID_PREFIX = "sb-"
@@ -94,7 +97,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps):
+class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -113,6 +116,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        restore_grace: float = 0.0,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -140,6 +144,10 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         )
         self.closed = False
         self.id_prefix = ID_PREFIX
+        self.restore_grace = restore_grace  # live restore: runtime/restore.py
+        # Ended sandboxes (and their kept files) are deleted this long after they ended
+        # (None: kept until deleted).
+        self.retention: float | None = None
 
     # ------------------------------------------------------------------ setup
 
@@ -151,12 +159,18 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        restore_grace: float = 0.0,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+
+        Live restore (:mod:`corral.runtime.restore`): the running and paused
+        sandboxes of the previous engine on this state directory are adopted if its
+        warden still keeps them; with ``restore_grace`` > 0 this engine's warden keeps
+        this engine's for that many seconds after it dies or closes with ``handover``.
         """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
@@ -164,9 +178,12 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
-        lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
+        lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
         try:
-            uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
+            if handover is not None and handover.uids_fd >= 0:
+                uid_block = UidBlock.adopt(handover.uids_fd)
+            else:
+                uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
         except BaseException:
             lock_file.close()
             raise
@@ -180,13 +197,20 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             lock_file,
             uid_block,
             warm_slots,
+            restore_grace,
         )
         engine.id_prefix = id_prefix
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
-        engine.reconcile()
         engine._warden = warden.Warden.start(
-            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
-        engine.snapshots.open()
+            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,),
+            state_dir=layout.state_dir, grace=restore_grace)
+        adopting = engine._adoptable(handover)  # the rest is reconciled: lost
+        users: dict[str, int] = {}
+        for live in adopting:
+            if live.snapshot_id:
+                users[live.snapshot_id] = users.get(live.snapshot_id, 0) + 1
+        engine.snapshots.open(users)
+        await engine._adopt(adopting)
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
@@ -197,14 +221,18 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         (:func:`~corral.runtime.reconcile.reconcile`); the ids it marked failed."""
         return reconcile(self.layout, self.registry, self.cgroups, self.cgroup_parent)
 
-    async def close(self, *, stop_sandboxes: bool = True) -> None:
-        """Stop every sandbox (they cannot outlive their engine) and release the state dir."""
+    async def close(self, *, stop_sandboxes: bool = True, handover: bool = False) -> None:
+        """Stop every sandbox and release the state dir; with ``handover`` (and a
+        ``restore_grace``) leave them running for the next engine to adopt."""
         if self.closed:
             return
         self.closed = True
         if self._reaper:
             self._reaper.cancel()
-        if stop_sandboxes:
+        handover = handover and self.restore_grace > 0 and self._warden is not None
+        if handover:
+            await self._hand_over()
+        elif stop_sandboxes:
             await asyncio.gather(
                 *(self._end(live, SandboxState.STOPPED, "engine closed", grace=0)
                   for live in list(self._live.values())),
@@ -213,10 +241,11 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         await self._pool.close()
         for t in list(self._tasks):
             t.cancel()
-        remove_cgroup(self.cgroups, self.cgroup_parent)
+        if not handover:  # (it would kill what is handed over)
+            remove_cgroup(self.cgroups, self.cgroup_parent)
         self.registry.close()
         if self._warden:
-            self._warden.stop()
+            self._warden.stop(handover=handover)
         self.uids.close()
         self._lock_file.close()
 
@@ -270,6 +299,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
+        live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -320,6 +350,10 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
+        live.reattach, slot.reattach = slot.reattach, None  # type: ignore[assignment]
+        self._keep_with_warden(live, [live.reattach.fileno(), slot.log_fd])
+        os.close(slot.log_fd)
+        slot.log_fd = -1
         live.state = SandboxState.RUNNING
         live.touch()
 
@@ -495,6 +529,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
+        self._forget(live)  # its agent exits once its channel closes too
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:
@@ -529,6 +564,9 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         while True:
             await asyncio.sleep(REAPER_INTERVAL_S)
             now_wall, now = time.time(), time.monotonic()
+            if self.retention is not None:
+                for sid in self.registry.ended_before(now_wall - self.retention, RETENTION_BATCH):
+                    await self.delete(sid)  # its kept files go with it (kept_files.py)
             for live in list(self._live.values()):
                 if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                     continue

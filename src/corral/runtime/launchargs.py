@@ -59,12 +59,14 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--proc", "/proc", "--dev", "/dev",
         # its own devpts (capped; launch.c), over the one --dev made
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
-        "--new-session", "--die-with-parent", "--as-pid-1",
+        # No --die-with-parent: a sandbox outlives its daemon (a restart, an upgrade)
+        # while the warden keeps its reattach socket (runtime/restore.py)
+        "--new-session", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]
     if spec.network == NetworkMode.NONE:
         argv.append("--unshare-net")
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
-    argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]
+    argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd), str(slot.reattach_fd)]
     return argv

@@ -9,6 +9,7 @@ the commands and file operations in flight (an ``idle_timeout`` waits for them),
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -54,6 +55,8 @@ class Live:
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
+    reattach: socket.socket | None = None  # the host end of its agent's reattach socket
+    adoptable: bool = True  # survives its engine (live restore); not an image build's
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

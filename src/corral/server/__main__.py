@@ -80,6 +80,21 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "how long a deleted sandbox's command and lifecycle log is kept (default 86400)",
     ),
     (
+        "--restore-grace",
+        float,
+        "SECONDS",
+        "live restore: after SIGTERM or a crash, how long the sandboxes keep running for "
+        "the next daemon on this state dir to adopt them (default 300; 0: they end with "
+        "the daemon; SIGINT always stops them)",
+    ),
+    (
+        "--retention",
+        float,
+        "SECONDS",
+        "how long an ended sandbox stays listed (and its kept files on disk) before it is "
+        "removed (default 86400)",
+    ),
+    (
         "--shutdown-grace",
         float,
         "SECONDS",

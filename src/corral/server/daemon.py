@@ -2,7 +2,12 @@
 
 :func:`serve` blocks until SIGTERM / SIGINT (or ``idle_exit``), then shuts down in
 order: stop accepting, give in-flight requests ``shutdown_grace`` seconds, close
-the engine (which kills every sandbox and unmounts it), remove the socket file.
+the engine, remove the socket file.
+
+SIGINT (Ctrl-C, ``corral daemon stop``) stops every sandbox. SIGTERM (systemd,
+``corral daemon restart``, an upgrade) hands them over when ``restore_grace`` > 0:
+they keep running, their agents detached, and the next daemon on the same state
+directory adopts them (live restore: :mod:`corral.runtime.restore`, docs/restart.md).
 """
 
 from __future__ import annotations
@@ -50,11 +55,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self.handover = False  # SIGTERM: leave the sandboxes to the next daemon
 
-    def request_exit(self) -> None:
+    def request_exit(self, *, handover: bool = False) -> None:
         """Begin a graceful shutdown (a second request forces it)."""
         if self.should_exit:
             self.force_exit = True
+        else:
+            self.handover = handover
         self.should_exit = True
         self._on_exit()
 
@@ -71,7 +79,7 @@ class _Server(uvicorn.Server):
 
     def _signalled(self, sig: int) -> None:
         logger.info("received %s: shutting down", signal.Signals(sig).name)
-        self.request_exit()
+        self.request_exit(handover=sig == signal.SIGTERM)
 
 
 def bind_unix(path: Path) -> socket.socket:
@@ -141,10 +149,18 @@ async def _exit_when_idle(
         server.request_exit()
 
 
-async def _drain(engine: Engine, grace: float) -> None:
-    """After ``grace`` seconds of shutdown, stop every sandbox: commands still running
-    end (their clients get an error, not a cut connection) and requests can finish."""
+async def _drain(engine: Engine, grace: float, handover: Any = None) -> None:
+    """After ``grace`` seconds of shutdown, stop every sandbox (or, with ``handover``,
+    detach from them all): commands still streaming end (their clients get an error,
+    not a cut connection) and requests can finish. ``handover``: the warm pools, closed
+    first (their ready sandboxes are deleted, not handed over)."""
     await asyncio.sleep(grace)
+    if handover is not None:
+        await handover.close()
+        logger.info("handing %d live sandboxes over to the next daemon (for %g s)",
+                    len(engine.list(state=LIVE_STATES)), engine.restore_grace)
+        await engine.close(handover=True)
+        return
     live = engine.list(state=LIVE_STATES)
     if live:
         logger.info("stopping %d sandboxes still alive after %g s", len(live), grace)
@@ -157,7 +173,9 @@ async def _drain(engine: Engine, grace: float) -> None:
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
-    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix)
+    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
+                               restore_grace=settings.restore_grace)
+    engine.retention = settings.retention
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
@@ -165,6 +183,7 @@ async def run(settings: ServerSettings) -> None:
     inode = None
     tasks: list[asyncio.Task[None]] = []
     app = None
+    server: _Server | None = None
     frontend = None  # the cwsandbox gRPC API (--grpc)
     try:
         sockets.append(bind_unix(socket_path))
@@ -180,7 +199,9 @@ async def run(settings: ServerSettings) -> None:
             if frontend is not None:  # its calls get as long as HTTP requests
                 frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
             if not tasks:
-                tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace)))
+                handover = server is not None and server.handover and settings.restore_grace > 0
+                tasks.append(asyncio.create_task(_drain(
+                    engine, settings.shutdown_grace, app.state.pools if handover else None)))
 
         config = uvicorn.Config(
             app,
@@ -217,7 +238,7 @@ async def run(settings: ServerSettings) -> None:
             sock.close()
         if app is not None:
             await app.state.pools.close()  # deletes the pools' ready sandboxes
-        await engine.close()
+        await engine.close(handover=server is not None and server.handover)
         if app is not None:
             await app.state.logs.close()  # after the engine: its last stops are logged
         if inode is not None:  # only now: a new daemon could not open the engine before

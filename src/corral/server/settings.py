@@ -34,6 +34,8 @@ DEFAULT_MAX_CLIENT_REQUESTS = 1024  # requests in flight per TCP client address
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
 DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
+DEFAULT_RESTORE_GRACE_S = 300.0  # SIGTERM/crash: sandboxes wait this long for the next daemon
+DEFAULT_RETENTION_S = 86400.0  # an ended sandbox's record and kept files, then removed
 MEMINFO = "/proc/meminfo"
 
 
@@ -92,6 +94,11 @@ class ServerSettings:
     # How long a deleted sandbox's logs are kept (seconds; 0: dropped at the next sweep).
     log_retention: float = DEFAULT_LOG_RETENTION_S
     log_format: str = "text"  # "json": JSON lines, one per request too (server/accesslog.py)
+    # Live restore (docs/restart.md): after SIGTERM or a crash the sandboxes keep running
+    # this long for the next daemon on the state dir to adopt them (0: they end with it).
+    restore_grace: float = DEFAULT_RESTORE_GRACE_S
+    # How long an ended sandbox (stopped, failed, lost) stays listed with its kept files.
+    retention: float = DEFAULT_RETENTION_S
     metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
@@ -108,6 +115,10 @@ class ServerSettings:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
+        if not 0 <= self.restore_grace <= 86400 or not self.retention >= 0:
+            raise InvalidArgument(
+                "restore_grace must be between 0 and 86400 seconds and retention >= 0 "
+                f"(got {self.restore_grace:g} and {self.retention:g})")
         if not 0 < self.max_lifetime <= MAX_TIMEOUT_S or not 0 <= self.log_retention:
             raise InvalidArgument(
                 f"max_lifetime must be > 0 and <= {MAX_TIMEOUT_S:g} s and log_retention >= 0 "
