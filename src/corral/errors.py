@@ -12,7 +12,8 @@ would naturally catch as a builtin also inherit it::
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
     │   ├── ImageNotFound                     404 image_not_found
-    │   └── SnapshotNotFound                  404 snapshot_not_found
+    │   ├── SnapshotNotFound                  404 snapshot_not_found
+    │   └── LeaseNotFound                     404 lease_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   └── FileTooLarge                      413 file_too_large
@@ -103,6 +104,10 @@ class ImageNotFound(NotFound):
 
 class SnapshotNotFound(NotFound):
     code, status = "snapshot_not_found", 404
+
+
+class LeaseNotFound(NotFound):
+    code, status = "lease_not_found", 404
 
 
 class FileError(CorralError, OSError):

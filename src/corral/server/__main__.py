@@ -95,6 +95,13 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "removed (default 86400)",
     ),
     (
+        "--default-lease",
+        float,
+        "SECONDS",
+        "the lease the SDK's sessions over TCP take by default: their sandboxes end this "
+        "long after the client stops renewing it (its process died); default: none",
+    ),
+    (
         "--shutdown-grace",
         float,
         "SECONDS",

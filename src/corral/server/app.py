@@ -44,6 +44,7 @@ from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.endpoints import build_routes
+from corral.server.leases import Leases
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
@@ -252,6 +253,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     if cluster is not None:
         cluster.pools = service.pools
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
+    app.state.leases = service.leases = Leases(engine.registry.db, engine)  # server/leases.py
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)

@@ -219,6 +219,7 @@ async def run(settings: ServerSettings) -> None:
         )
         server = _Server(config, on_exit=on_exit)
         _log_start(settings, engine, sockets)
+        tasks.append(asyncio.create_task(app.state.leases.run()))  # ends expired leases
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
             tasks.append(asyncio.create_task(app.state.cluster_tenancy.run()))
         if settings.idle_exit is not None:

@@ -32,6 +32,13 @@ from corral.server.image_routes import (
     import_image_route,
     list_images,
 )
+from corral.server.leases import (
+    LeaseInfo,
+    LeaseRequest,
+    create_lease,
+    release_lease,
+    renew_lease,
+)
 from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,
@@ -330,6 +337,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body_optional=True, body_name="pool",
         status=201,
     ),
+    Endpoint("POST", "/v1/leases", create_lease,
+             "Take a client lease: sandboxes tagged with it end once it is not renewed",
+             body=LeaseRequest, reply=LeaseInfo, status=201),
+    Endpoint("POST", "/v1/leases/{lease_id}/renew", renew_lease,
+             "Renew a lease for another ttl", reply=LeaseInfo),
+    Endpoint("DELETE", "/v1/leases/{lease_id}", release_lease,
+             "Release a lease: its sandboxes stop now (idempotent)", status=204),
     Endpoint("GET", "/v1/pools", list_pools, "List warm pools", reply=PoolList),
     Endpoint("GET", _POOL, get_pool, "One pool, with its sandboxes' ids", reply=PoolDetail),
     Endpoint("DELETE", _POOL, delete_pool, "Delete a pool and its ready sandboxes", status=204),

@@ -174,6 +174,7 @@ class DaemonInfo(BaseModel):
     builds: int = 0
     counts: dict[SandboxState, int]
     pools: list[PoolInfo] = Field(default_factory=list)
+    default_lease: float | None = None  # seconds: the SDK's sessions over TCP take one
 
 
 class Usage(BaseModel):

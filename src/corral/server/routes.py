@@ -119,6 +119,7 @@ async def info(request: Request) -> Response:
             "builds": builds_gate(request).running,  # image builds now (server/builds.py)
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
+            "default_lease": ctx.settings(request).default_lease,  # server/leases.py
             **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )

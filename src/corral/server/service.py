@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
 from corral.pool_schema import PoolInfo
@@ -38,6 +39,9 @@ from corral.server.limits import (
     check_host_limits,
 )
 from corral.server.tenants import Tenants
+
+if TYPE_CHECKING:
+    from corral.server.leases import Leases
 
 __all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
 
@@ -76,6 +80,7 @@ class SandboxService:
         self.max_lifetime = max_lifetime  # --max-lifetime: bounds every create's timeout
         self.admission = admission
         self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
+        self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
 
@@ -126,6 +131,8 @@ class SandboxService:
         """
         try:
             check_create_lifetime(spec, *self.lifetime_limit())  # --max-lifetime
+            if self.leases is not None:  # a lease tag: a live lease of the caller's
+                self.leases.check_tags(spec.tags, self.acting_tenant())
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)

@@ -99,6 +99,8 @@ class ServerSettings:
     restore_grace: float = DEFAULT_RESTORE_GRACE_S
     # How long an ended sandbox (stopped, failed, lost) stays listed with its kept files.
     retention: float = DEFAULT_RETENTION_S
+    # The lease the SDK's sessions take by default over TCP (server/leases.py); None: none.
+    default_lease: float | None = None
     metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
@@ -115,6 +117,9 @@ class ServerSettings:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
+        if self.default_lease is not None and not 1 <= self.default_lease <= 86400:
+            raise InvalidArgument(
+                f"default_lease must be between 1 and 86400 seconds, got {self.default_lease:g}")
         if not 0 <= self.restore_grace <= 86400 or not self.retention >= 0:
             raise InvalidArgument(
                 "restore_grace must be between 0 and 86400 seconds and retention >= 0 "

@@ -125,6 +125,12 @@ class AsyncClient:
                 "token": self._endpoint.token}
 
     @property
+    def over_tcp(self) -> bool:
+        """Whether this client reaches one daemon over TCP (not on its Unix socket, nor
+        a Ray cluster): a session then takes the daemon's ``default_lease``."""
+        return self._endpoint.uds is None and self._endpoint.cluster is None
+
+    @property
     def is_closed(self) -> bool:
         return self._http.is_closed
 
