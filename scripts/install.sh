@@ -38,3 +38,11 @@ fi
 # compat extra above brings the clients the compat tests drive (tensorlake, cwsandbox,
 # sandbox-fusion).
 .venv/bin/python -m corral.runtime.prepare
+
+# The command where deploy/corral.service runs it (ExecStart): a link to this install,
+# when run as root and nothing else is there already.
+INSTALLED_AS=/usr/local/bin/corral
+if [ "$(id -u)" = 0 ] && [ -d "$(dirname "$INSTALLED_AS")" ] &&
+   { [ ! -e "$INSTALLED_AS" ] || [ -L "$INSTALLED_AS" ]; }; then
+    ln -sfn "$PWD/.venv/bin/corral" "$INSTALLED_AS"
+fi

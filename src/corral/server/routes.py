@@ -120,6 +120,10 @@ async def info(request: Request) -> Response:
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
             "default_lease": ctx.settings(request).default_lease,  # server/leases.py
+            # where it keeps its state (`corral doctor` checks those): the admin's only
+            **({"state_dir": str(engine.layout.state_dir),
+                "cache_dir": str(engine.layout.cache_dir)}
+               if engine.owners.acting() is None else {}),
             **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
