@@ -92,6 +92,7 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
     with _client(host) as c:
         sb = corral.Sandbox.connect(sid, client=c)
         assert sb.state == corral.SandboxState.RUNNING, sb.info
+        assert c.info()["committed_memory_mb"] >= 128  # counted by the new daemon's caps
         # the same processes, never restarted: every one alive before still is
         assert all(alive(pid) for pid in before), (before, _sandbox_pids(host))
         assert sb.files.read("/home/sandbox/notes.txt") == b"written before the restart"

@@ -50,6 +50,7 @@ from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_lifetime import LifetimeOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
@@ -74,7 +75,6 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     canonical_owner,
 )
 from corral.schema import (
-    MAX_TIMEOUT_S,
     TRANSITIONS,
     SandboxInfo,
     SandboxSpec,
@@ -86,8 +86,6 @@ from corral.schema import (
 SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
-REAPER_INTERVAL_S = 0.5
-RETENTION_BATCH = 100  # ended sandboxes removed per reaper pass, past their retention
 
 
 ID_PREFIX = "sb-"
@@ -97,7 +95,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps):
+class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -350,7 +348,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps):
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
-        live.reattach, slot.reattach = slot.reattach, None  # type: ignore[assignment]
+        live.reattach, slot.reattach = slot.reattach, None
+        assert live.reattach is not None
         self._keep_with_warden(live, [live.reattach.fileno(), slot.log_fd])
         os.close(slot.log_fd)
         slot.log_fd = -1
@@ -442,22 +441,6 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps):
                 live.touch()
             elif live.state != SandboxState.RUNNING:
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
-        return self.get(sandbox_id)
-
-    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
-        """End the sandbox ``seconds`` from now instead of when its lifetime said (its
-        spec's ``timeout`` becomes the new lifetime, counted from its start)."""
-        live = self._get_live(sandbox_id)
-        async with live.lock:
-            if live.ending or live.state.terminal:
-                raise InvalidState(f"sandbox {live.id} is ending: its lifetime cannot change",
-                                   details={"sandbox_id": live.id, "state": live.state.value})
-            lifetime = (time.time() - (live.started_at or time.time())) + max(seconds, 0.001)
-            lifetime = min(lifetime, MAX_TIMEOUT_S)
-            spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
-                                      "secrets": live.spec.secret_env(), "timeout": lifetime})
-            self.registry.set_spec(live.id, spec)
-            live.spec = spec
         return self.get(sandbox_id)
 
     async def stop(
@@ -558,35 +541,6 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps):
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
-
-    async def _reap_loop(self) -> None:
-        """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
-        while True:
-            await asyncio.sleep(REAPER_INTERVAL_S)
-            now_wall, now = time.time(), time.monotonic()
-            if self.retention is not None:
-                for sid in self.registry.ended_before(now_wall - self.retention, RETENTION_BATCH):
-                    await self.delete(sid)  # its kept files go with it (kept_files.py)
-            for live in list(self._live.values()):
-                if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
-                    continue
-                spec = live.spec
-                reason = None
-                if live.started_at and now_wall - live.started_at > spec.timeout:
-                    reason = f"timeout: its lifetime of {spec.timeout:g} s ran out"
-                elif (
-                    spec.idle_timeout
-                    and live.state == SandboxState.RUNNING
-                    and live.busy == 0
-                    and now - live.last_active > spec.idle_timeout
-                ):
-                    reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
-                if reason:
-                    task = asyncio.create_task(
-                        self._end(live, SandboxState.STOPPED, reason, grace=0)
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
 
     # ----------------------------------------------------------------- query
 

@@ -86,6 +86,8 @@ class RestoreOps:
                 if syscalls.process_start_time(pid) != pid_start:
                     continue
                 info = self.registry.get(sid)
+                if info is None:
+                    continue
                 try:
                     cgroup = self.cgroups.open(cg_path)
                     proc = restore.AdoptedProcess(pid)

@@ -73,7 +73,7 @@ def acquire_lock(state_dir: Path,
     """
     from corral.errors import InvalidState
 
-    lock_file = open(state_dir / "engine.lock", "a+")
+    lock_file: IO[str] = open(state_dir / "engine.lock", "a+")
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         if take_over is not None and (taken := take_over()) is not None:

@@ -161,6 +161,12 @@ class Admission:
                 self._admitted[slot.sandbox_id] = memory_mb
             self._pump()
 
+    def adopt(self, sandbox_id: str, memory_mb: int, tenant: str | None, cpus: float) -> None:
+        """Count a sandbox this daemon did not admit (adopted from the daemon before it:
+        live restore), against the caps and its tenant's quota, without a check."""
+        self._admitted[sandbox_id] = memory_mb
+        self.quotas.adopt(tenant, memory_mb, cpus, sandbox_id)
+
     def release(self, sandbox_id: str) -> None:
         """The sandbox was stopped or deleted: its place and memory are free again."""
         self.quotas.release(sandbox_id)

@@ -30,7 +30,7 @@ from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
 from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
-from corral.server.admission import Admission
+from corral.server.admission import LIVE_STATES, Admission
 from corral.server.limits import (
     DAEMON_LIFETIME,
     TENANT_LIFETIME,
@@ -83,6 +83,8 @@ class SandboxService:
         self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
+        for info in engine.list(state=LIVE_STATES):  # adopted from the daemon before
+            admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
