@@ -8,6 +8,7 @@ A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_commands`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -165,6 +166,10 @@ class RestoreOps:
         """The sandbox ends: nobody may reattach it; its agent exits once its control
         socket closes too."""
         if live.reattach is not None:
+            # Shut down, not only closed: the warden's copy is the same socket, and the
+            # agent must see its end now, not when the warden gets to its ``drop``.
+            with contextlib.suppress(OSError):
+                live.reattach.shutdown(socket.SHUT_RDWR)
             live.reattach.close()
             live.reattach = None
             if self._warden is not None and live.adoptable:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -324,6 +325,9 @@ def _hand_over(state_dir: Path, grace: float, locks: list[int],
 def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)  # only the engine's end of the socket counts
+    # two descriptors a sandbox: past the usual soft limit of 1024
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     opts, dirs = _options(argv)
     engine = socket.socket(fileno=0)
     held: dict[str, list[int]] = {}  # sandbox id -> [reattach socket, log pipe]
