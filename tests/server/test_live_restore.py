@@ -13,6 +13,7 @@ wall-clock assertion.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,21 @@ def test_without_a_next_daemon_the_warden_ends_them_after_the_grace() -> None:
     finally:
         h.stop()
         h.remove()
+
+
+def test_a_client_waits_through_the_restart(host: Host) -> None:
+    """A call made while no daemon answers (it restarts) waits for the next one: a
+    script mid-episode never notices (``Client.reconnect_wait``)."""
+    c = _client(host)
+    try:
+        sb = corral.Sandbox.create(client=c, memory_mb=64, timeout=600)
+        host.kill9()
+        starter = threading.Timer(1.0, host.start)
+        starter.start()
+        try:
+            assert sb.exec("echo after").stdout == "after\n"  # sent while it was down
+        finally:
+            starter.join()
+        sb.delete()
+    finally:
+        c.close()
