@@ -110,6 +110,8 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
         proc = sb.spawn(["sh", "-c", "echo spawned after the restart"])
         assert proc.wait().returncode == 0
         assert sb.stop().state == corral.SandboxState.STOPPED
+        # its files are kept after the stop, as any sandbox's
+        assert sb.files.read("/home/sandbox/after.txt") == b"after"
 
 
 def test_a_lifetime_still_ends_the_sandbox_after_a_restart(host: Host) -> None:
