@@ -32,13 +32,8 @@ from corral.server.image_routes import (
     import_image_route,
     list_images,
 )
-from corral.server.leases import (
-    LeaseInfo,
-    LeaseRequest,
-    create_lease,
-    release_lease,
-    renew_lease,
-)
+from corral.server.lease_routes import create_lease, release_lease, renew_lease
+from corral.server.leases import LeaseInfo, LeaseRequest
 from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,

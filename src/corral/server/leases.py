@@ -28,12 +28,9 @@ import time
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from corral.errors import InvalidArgument, LeaseNotFound
 from corral.runtime.engine import Engine
-from corral.server import context as ctx
 
 logger = logging.getLogger("corral.server")
 
@@ -154,27 +151,3 @@ class Leases:
                 "never existed; take a new one", details={"lease_id": lease_id})
         return row[0]
 
-
-# ------------------------------------------------------------------ routes
-
-
-def leases_of(request: Request) -> Leases:
-    leases: Leases = request.app.state.leases
-    return leases
-
-
-async def create_lease(request: Request, body: LeaseRequest) -> Response:
-    info = leases_of(request).create(ctx.service(request).acting_tenant(), body.ttl)
-    return JSONResponse(info.model_dump(mode="json"), status_code=201)
-
-
-async def renew_lease(request: Request) -> Response:
-    info = leases_of(request).renew(ctx.service(request).acting_tenant(),
-                                    request.path_params["lease_id"])
-    return JSONResponse(info.model_dump(mode="json"))
-
-
-async def release_lease(request: Request) -> Response:
-    await leases_of(request).release(ctx.service(request).acting_tenant(),
-                                     request.path_params["lease_id"])
-    return Response(status_code=204)
