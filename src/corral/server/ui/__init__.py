@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from corral.server.ui import views
+from corral.server.ui import sandbox_view, views
 from corral.server.ui.gate import UiGate
 from corral.server.ui.render import page
 from corral.server.ui.sessions import Sessions
@@ -65,6 +65,7 @@ def mount(app: Starlette) -> None:
         Route("/ui", views.dashboard, methods=["GET"]),
         Route("/ui/whoami", views.whoami, methods=["GET"]),
         Route("/ui/events", views.events, methods=["GET"]),
+        Route(sb, sandbox_view.sandbox_page, methods=["GET"]),  # its logs, files, processes
         Route(sb + "/stop", views.stop, methods=["POST"]),
         Route(sb + "/delete", views.delete, methods=["POST"]),
     ]
