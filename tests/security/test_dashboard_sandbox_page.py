@@ -9,15 +9,13 @@ import html
 import httpx
 import pytest
 
-from tests.security.dashboard_daemon import login, start
+from tests.security.dashboard_daemon import HTML, PLANTED, login, start
 from tests.server.conftest import uds_client
-
-PLANTED = '<img src=x onerror="alert(1)">'
-HTML = {"Accept": "text/html"}
 
 
 @pytest.fixture
 def ui(make_daemon):
+    """``(daemon, its TCP URL, a client of it without credentials)``."""
     d, url = start(make_daemon)
     with httpx.Client(base_url=url, timeout=60) as c:
         yield d, url, c
