@@ -4,6 +4,7 @@ Run as root::
 
     python3 benchmarks/bench_restore.py            # ~1 min
     python3 benchmarks/bench_restore.py --n 200 --sandboxes 100
+    python3 benchmarks/bench_restore.py --quick --json out.json
 
 1. The sandbox lifecycle with live restore on vs off: create, one ``/bin/true``, delete,
    on two engines opened side by side (``restore_grace`` 60 vs 0: with it on, each
@@ -17,18 +18,20 @@ Run as root::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import bench_args  # a sibling script, not a package
+
 BLOCK = 10
 
 
-async def lifecycle(n: int) -> None:
+async def lifecycle(n: int) -> dict[str, float]:
     from corral.runtime.engine import Engine
 
     base = Path(tempfile.mkdtemp(prefix="corral-bench-restore-"))
@@ -54,9 +57,11 @@ async def lifecycle(n: int) -> None:
     print(f"create+exec+delete, live restore on:  median {on * 1000:.1f} ms")
     print(f"create+exec+delete, live restore off: median {off * 1000:.1f} ms")
     print(f"ratio on/off: {on / off:.2f}")
+    return {"lifecycle_on_ms": on * 1000, "lifecycle_off_ms": off * 1000,
+            "lifecycle_ratio": on / off}
 
 
-async def restart(sandboxes: int, rounds: int) -> None:
+async def restart(sandboxes: int, rounds: int) -> dict[str, float]:
     from corral.runtime.engine import Engine
 
     base = Path(tempfile.mkdtemp(prefix="corral-bench-restore-"))
@@ -85,16 +90,22 @@ async def restart(sandboxes: int, rounds: int) -> None:
           f"({a / max(sandboxes, 1) * 1000:.2f} ms a sandbox)")
     print(f"open of an engine with none:          median {e * 1000:.0f} ms")
     print(f"ratio: {a / e:.1f}")
+    return {"restart_ms": a * 1000, "restart_per_sandbox_ms": a / max(sandboxes, 1) * 1000,
+            "open_empty_ms": e * 1000, "restart_ratio": a / e, "sandboxes": sandboxes}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=100, help="lifecycles per side")
-    p.add_argument("--sandboxes", type=int, default=50, help="running through a restart")
-    p.add_argument("--rounds", type=int, default=3)
+    p = bench_args.parser(__doc__)
+    p.add_argument("--n", type=int, help="lifecycles per side (default 100)")
+    p.add_argument("--sandboxes", type=int, help="running through a restart (default 50)")
+    p.add_argument("--rounds", type=int, help="restarts (default 3)")
     args = p.parse_args()
-    asyncio.run(lifecycle(args.n))
-    asyncio.run(restart(args.sandboxes, args.rounds))
+    n = args.n or bench_args.pick(args, 100, 40, 2 * BLOCK)
+    sandboxes = args.sandboxes or bench_args.pick(args, 50, 20, 2)
+    rounds = args.rounds or bench_args.pick(args, 3, 2, 1)
+    figures = {**asyncio.run(lifecycle(n)), **asyncio.run(restart(sandboxes, rounds))}
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

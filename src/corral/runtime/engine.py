@@ -54,6 +54,8 @@ from corral.runtime.engine_lifetime import LifetimeOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
+from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
+from corral.runtime.gpus import detect as detect_gpus
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
@@ -146,6 +148,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         # Ended sandboxes (and their kept files) are deleted this long after they ended
         # (None: kept until deleted).
         self.retention: float | None = None
+        self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
 
     # ------------------------------------------------------------------ setup
 
@@ -158,12 +161,14 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
         restore_grace: float = 0.0,
+        gpus: GpuBackend | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
 
         Live restore (:mod:`corral.runtime.restore`): the running and paused
         sandboxes of the previous engine on this state directory are adopted if its
@@ -198,6 +203,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
             restore_grace,
         )
         engine.id_prefix = id_prefix
+        engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
+            detect_gpus))
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine._warden = warden.Warden.start(
             lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,),
@@ -285,9 +292,13 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
+            if grant is not None:
+                spec = spec.model_copy(update={"env": grant.env(spec.env)})
             lowers = await self.snapshots.lowers(snap, image)
             slot = await self._pool.take()
         except BaseException as exc:
+            self.gpus.release(sid)
             await self.snapshots.release(snap)
             if (full := storage.full_error(exc, self.layout.state_dir)) is not None:
                 raise full from exc
@@ -297,6 +308,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
+        live.gpus = grant
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
@@ -527,6 +539,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         await asyncio.to_thread(self._release_resources, live)
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
+        self.gpus.release(live.id)  # after its processes are gone
 
     def _release_resources(self, live: Live) -> None:
         gone = True  # then nothing runs as its uid any more: it may be used again

@@ -26,6 +26,7 @@ from corral.schema import SandboxState
 if TYPE_CHECKING:
     from corral.runtime.cgroups import CgroupDriver
     from corral.runtime.events import Events
+    from corral.runtime.gpus import GpuAllocator
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
     from corral.runtime.uids import UidBlock
@@ -63,6 +64,7 @@ class RestoreOps:
     cgroups: CgroupDriver
     cgroup_parent: str
     uids: UidBlock
+    gpus: GpuAllocator
     events: Events
     _live: dict[str, Live]
     _warden: Warden | None
@@ -90,14 +92,21 @@ class RestoreOps:
                 if info is None:
                     continue
                 try:
+                    grant = None
+                    if info.spec.gpus:  # the same GPUs, held again (its env names them)
+                        held = info.spec.env.get("CORRAL_GPUS", "")
+                        grant = self.gpus.assign(sid, held.split(","),
+                                                 shared=info.spec.gpu_shared)
                     cgroup = self.cgroups.open(cg_path)
                     proc = restore.AdoptedProcess(pid)
                 except (OSError, CorralError):
+                    self.gpus.release(sid)
                     continue
                 live = Live(sid, info.spec, SandboxState(state), self.layout.sandbox_dir(sid),
                             cgroup, restore.process_uid(pid), proc)  # type: ignore[arg-type]
                 live.started_at = info.started_at or 0.0
                 live.snapshot_id = info.spec.snapshot
+                live.gpus = grant
                 live.reattach = socket.socket(fileno=fds[0])
                 if len(fds) > 1:
                     live.log = LogTail(fds[1])
