@@ -191,6 +191,7 @@ async def run(settings: ServerSettings) -> None:
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
+        app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
         if settings.grpc is not None:
             frontend = await _start_grpc(settings, engine, app)
 

@@ -83,8 +83,12 @@ class SandboxService:
         self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
-        for info in engine.list(state=LIVE_STATES):  # adopted from the daemon before
-            admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus)
+
+    def count_adopted(self) -> None:
+        """Count the sandboxes the engine adopted from the daemon before it (live
+        restore) against the caps and their tenants' quotas (at the daemon's start)."""
+        for info in self.engine.list(state=LIVE_STATES):
+            self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
