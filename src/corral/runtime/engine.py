@@ -64,7 +64,7 @@ from corral.runtime.live import Live
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
-from corral.runtime.reconcile import reconcile, remove_cgroup
+from corral.runtime.reconcile import remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.snapshots import Snapshots
@@ -220,11 +220,6 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
-
-    def reconcile(self) -> list[str]:
-        """Clean up after a previous owner of this state directory that died
-        (:func:`~corral.runtime.reconcile.reconcile`); the ids it marked failed."""
-        return reconcile(self.layout, self.registry, self.cgroups, self.cgroup_parent)
 
     async def close(self, *, stop_sandboxes: bool = True, handover: bool = False) -> None:
         """Stop every sandbox and release the state dir; with ``handover`` (and a
