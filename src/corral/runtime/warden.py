@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # no import at run time: this file also runs alone, as the wa
     from corral.runtime.cgroups import CgroupDriver
 
 LOCK_WAIT_S = 30.0  # how long a new engine waits for a dead engine's warden
+SELF_WAIT_S = 2.0  # ... and for the warden of an engine of its own process
 CLEAN_S = 20.0  # how long the warden keeps killing before it gives up (D state)
 STOP_WAIT_S = 5.0
 
@@ -75,7 +76,8 @@ def acquire_lock(state_dir: Path,
     from corral.errors import InvalidState
 
     lock_file: IO[str] = open(state_dir / "engine.lock", "a+")
-    deadline = time.monotonic() + LOCK_WAIT_S
+    started = time.monotonic()
+    deadline = started + LOCK_WAIT_S
     while True:
         if take_over is not None and (taken := take_over()) is not None:
             lock_file.close()
@@ -87,8 +89,11 @@ def acquire_lock(state_dir: Path,
         except BlockingIOError:
             lock_file.seek(0)
             owner = lock_file.read().strip() or "?"
-            # (our own pid: an engine of this process closed, its warden holds on)
-            if (_alive(owner) and owner != str(os.getpid())) or time.monotonic() > deadline:
+            now = time.monotonic()
+            # Our own pid: an engine of this process is open, or closed with a handover
+            # and its warden is about to offer it (a moment: SELF_WAIT_S).
+            mine = owner == str(os.getpid())
+            if (_alive(owner) and (not mine or now > started + SELF_WAIT_S)) or now > deadline:
                 lock_file.close()
                 raise InvalidState(
                     f"another corral engine (pid {owner}) is using {state_dir}; "
