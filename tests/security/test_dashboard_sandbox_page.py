@@ -5,6 +5,7 @@ chose is escaped; a tenant's session sees only its own sandboxes' pages."""
 from __future__ import annotations
 
 import html
+import json
 
 import httpx
 import pytest
@@ -64,3 +65,33 @@ def test_a_tenant_sees_only_its_own_sandboxes_pages(ui):
         mine = tenant.post("/v1/sandboxes", json={"memory_mb": 64},
                            headers={"Authorization": f"Bearer {token}"}).json()["id"]
         assert tenant.get(f"/ui/sandboxes/{mine}", headers=HTML).status_code == 200
+
+
+def test_the_terminal_runs_a_shell_in_the_sandbox_behind_the_csrf_token(ui):
+    d, _, c = ui
+    with uds_client(d.socket) as api:
+        sid = api.post("/v1/sandboxes", json={"memory_mb": 64}).json()["id"]
+    csrf = login(c)
+    page = c.get(f"/ui/sandboxes/{sid}", headers=HTML).text
+    assert 'id="terminal-open"' in page and "/ui/static/terminal.js" in page
+    assert c.get("/ui/static/terminal.js").status_code == 200
+    # without the session's CSRF token: refused (a cross-site page cannot open one)
+    assert c.post(f"/ui/sandboxes/{sid}/terminal").status_code == 403
+    opened = c.post(f"/ui/sandboxes/{sid}/terminal", headers={"X-CSRF-Token": csrf})
+    assert opened.status_code == 201, opened.text
+    proc = opened.json()
+    assert proc["pty"] is True
+    at = f"/ui/sandboxes/{sid}/processes/{proc['id']}"
+    assert c.post(at + "/stdin", content=b"echo $((6*7)) from $(id -u)\r").status_code == 403
+    sent = c.post(at + "/stdin", content=b"echo $((6*7)) from $(id -u); exit\r",
+                  headers={"X-CSRF-Token": csrf})
+    assert sent.status_code == 204, sent.text
+    seen = ""
+    with c.stream("GET", at + "/output") as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            event = json.loads(line)
+            seen += event.get("data", "")
+            if event["type"] == "exit":
+                break
+    assert "42 from 1000" in seen  # run inside, as the sandbox's user

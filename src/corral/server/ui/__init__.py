@@ -26,7 +26,8 @@ from corral.server.ui.sessions import Sessions
 __all__ = ["mount"]
 
 STATIC = Path(__file__).parent / "static"
-ASSETS = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+ASSETS = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8",
+          "terminal.js": "text/javascript; charset=utf-8"}
 
 
 async def login_page(request: Request) -> Response:
@@ -66,6 +67,11 @@ def mount(app: Starlette) -> None:
         Route("/ui/whoami", views.whoami, methods=["GET"]),
         Route("/ui/events", views.events, methods=["GET"]),
         Route(sb, sandbox_view.sandbox_page, methods=["GET"]),  # its logs, files, processes
+        Route(sb + "/terminal", sandbox_view.open_terminal, methods=["POST"]),
+        Route(sb + "/processes/{process_id}/output", sandbox_view.terminal_output,
+              methods=["GET"]),
+        Route(sb + "/processes/{process_id}/stdin", sandbox_view.terminal_input,
+              methods=["POST"]),
         Route(sb + "/stop", views.stop, methods=["POST"]),
         Route(sb + "/delete", views.delete, methods=["POST"]),
     ]

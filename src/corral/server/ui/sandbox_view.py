@@ -4,8 +4,14 @@ own handlers with the session's credentials, like the rest of the dashboard
 (:mod:`corral.server.ui.views`): a tenant sees only its own sandboxes' pages.
 
 Each part that cannot be read (a sandbox that ended has no processes; a path that is
-not a directory) shows the API's error message in its place; the page is static (no
-script of its own): reload it to see it again.
+not a directory) shows the API's error message in its place; reload the page to see
+it again.
+
+A terminal (``static/terminal.js``): ``POST .../terminal`` spawns ``bash -l`` (else
+``sh``) on a pseudo-terminal through the API's spawn handler; the page then reads its
+output with the API's output stream and sends keys to its stdin, both through routes
+under ``/ui`` (the session's cookie, and its CSRF token for the POSTs, like the stop and
+delete buttons); leaving the page does not kill the shell (it ends with ``exit``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from starlette.responses import Response
 from corral.errors import CorralError
 from corral.runtime.uids import SANDBOX_HOME
 from corral.server import ops_routes, processes, routes
+from corral.server.processes import SpawnRequest
 from corral.server.ui.render import page
 from corral.server.ui.views import _as, _read, _session
 
@@ -67,3 +74,24 @@ async def sandbox_page(request: Request) -> Response:
         logs_error=logs_error,
         link=lambda p: "?" + urlencode({"path": p}),
     )
+
+
+TERMINAL = SpawnRequest(
+    cmd=["/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi"],
+    pty=True, rows=30, cols=110, env={"TERM": "dumb"},
+)
+
+
+async def open_terminal(request: Request) -> Response:
+    """``POST /ui/sandboxes/{id}/terminal``: a shell on a terminal (the API's spawn)."""
+    return await processes.spawn_process(request, TERMINAL)
+
+
+async def terminal_output(request: Request) -> Response:
+    """``GET .../processes/{pid}/output``: the API's output stream (NDJSON)."""
+    return await processes.read_output(request)
+
+
+async def terminal_input(request: Request) -> Response:
+    """``POST .../processes/{pid}/stdin``: the API's stdin write (raw body)."""
+    return await processes.write_stdin(request)
