@@ -4,8 +4,9 @@ queue, recent errors and evaluation runs, live, in a browser; no build step.
 :func:`mount` adds it to an app: its routes (:mod:`corral.server.ui.views`, behind the
 daemon's guard like every API route) and its front door (:mod:`corral.server.ui.gate`:
 log in once with a token, then a session cookie). Server-rendered HTML from autoescaped
-templates, one small script of our own (``static/ui.js``: the live updates, the
-buttons) and a stylesheet; the Content-Security-Policy allows nothing else.
+templates, two small scripts of our own (``static/ui.js``: the live updates, the
+buttons; ``static/terminal.js``: a sandbox page's terminal, :mod:`.sandbox_view`) and a
+stylesheet; the Content-Security-Policy allows nothing else.
 """
 
 from __future__ import annotations
