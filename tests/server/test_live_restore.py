@@ -87,6 +87,7 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
         inner_pid = _poll(lambda: sb.exec("cat /tmp/ticker.pid").stdout.strip(), "ticker up")
         assert ticker.id
         sid = sb.id
+        lease = c.request("POST", "/v1/leases", json={"ttl": 60}).json()["id"]
     before = _sandbox_pids(host)
     assert len(before) >= 3  # bwrap, the agent, the ticker
     _restart(host, how)
@@ -94,6 +95,7 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
         sb = corral.Sandbox.connect(sid, client=c)
         assert sb.state == corral.SandboxState.RUNNING, sb.info
         assert c.info()["committed_memory_mb"] >= 128  # counted by the new daemon's caps
+        c.request("POST", f"/v1/leases/{lease}/renew")  # leases are kept too
         # the same processes, never restarted: every one alive before still is
         assert all(alive(pid) for pid in before), (before, _sandbox_pids(host))
         assert sb.files.read("/home/sandbox/notes.txt") == b"written before the restart"
