@@ -67,6 +67,7 @@ from corral.errors import (
     NotFound,
     PathOutsideSandbox,
     QuotaExceeded,
+    SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
     SandboxProtocolError,
@@ -86,6 +87,7 @@ from corral.schema import (
     SandboxSpec,
     SandboxState,
     SnapshotInfo,
+    Storage,
 )
 
 __all__ = [
@@ -134,6 +136,7 @@ __all__ = [
     "Process",
     "QuotaExceeded",
     "Sandbox",
+    "SandboxDiskFull",
     "SandboxInfo",
     "SandboxLost",
     "SandboxNotFound",
@@ -147,6 +150,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "SnapshotTooLarge",
+    "Storage",
     "Unauthorized",
     "Unsupported",
     "__version__",

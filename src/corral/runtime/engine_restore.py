@@ -25,6 +25,7 @@ from corral.schema import SandboxState
 
 if TYPE_CHECKING:
     from corral.runtime.cgroups import CgroupDriver
+    from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
     from corral.runtime.gpus import GpuAllocator
     from corral.runtime.paths import Layout
@@ -65,6 +66,7 @@ class RestoreOps:
     cgroup_parent: str
     uids: UidBlock
     gpus: GpuAllocator
+    cpu_picker: CpuPicker
     events: Events
     _live: dict[str, Live]
     _warden: Warden | None
@@ -107,6 +109,10 @@ class RestoreOps:
                 live.started_at = info.started_at or 0.0
                 live.snapshot_id = info.spec.snapshot
                 live.gpus = grant
+                try:  # the CPUs it runs on (its affinity, set at its launch)
+                    live.cpus = self.cpu_picker.hold(sorted(os.sched_getaffinity(pid)))
+                except OSError:
+                    live.cpus = ()
                 live.reattach = socket.socket(fileno=fds[0])
                 if len(fds) > 1:
                     live.log = LogTail(fds[1])
