@@ -67,11 +67,18 @@ def _sandbox_pids(h: Host) -> set[int]:
     agent, the ticker; not its short sleeps): warm slots are other cgroups, and do
     not survive a restart."""
     groups = h.in_cgroups()
-    mine = {path for pid, path in groups.items()
-            if b"ticker.pid" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    mine = {path for pid, path in groups.items() if b"ticker.pid" in _read(pid, "cmdline")}
     assert len(mine) == 1, groups
     return {pid for pid, path in groups.items()
-            if path in mine and Path(f"/proc/{pid}/comm").read_text().strip() != "sleep"}
+            if path in mine and _read(pid, "comm").strip() not in (b"sleep", b"")}
+
+
+def _read(pid: int, name: str) -> bytes:
+    """``/proc/PID/NAME``, or nothing if the process has gone meanwhile (a short sleep)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
 
 
 def _ticks(sb: corral.Sandbox) -> int:
