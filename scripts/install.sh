@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# nftables: the egress filter of sandboxes with a network policy (docs/network.md)
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 util-linux e2fsprogs procps chromium)
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,6 +32,7 @@ from corral.client._async import (
     AsyncSandbox,
     AsyncSession,
     AsyncSnapshot,
+    AsyncVolume,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
@@ -45,6 +46,7 @@ from corral.client._sync import (
     Sandbox,
     Session,
     Snapshot,
+    Volume,
 )
 from corral.errors import (
     CapacityExceeded,
@@ -66,6 +68,7 @@ from corral.errors import (
     LeaseNotFound,
     NotFound,
     PathOutsideSandbox,
+    PortClosed,
     QuotaExceeded,
     SandboxDiskFull,
     SandboxLost,
@@ -77,8 +80,10 @@ from corral.errors import (
     SnapshotTooLarge,
     Unauthorized,
     Unsupported,
+    VolumeNotFound,
 )
 from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -100,6 +105,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "AsyncVolume",
     "BuildEvent",
     "BuildSpec",
     "CapacityExceeded",
@@ -128,11 +134,13 @@ __all__ = [
     "LayerTransferError",
     "LeaseNotFound",
     "NetworkMode",
+    "NetworkPolicy",
     "NotFound",
     "OutputChunk",
     "PathOutsideSandbox",
     "Pool",
     "PoolInfo",
+    "PortClosed",
     "Process",
     "QuotaExceeded",
     "Sandbox",
@@ -153,6 +161,8 @@ __all__ = [
     "Storage",
     "Unauthorized",
     "Unsupported",
+    "Volume",
+    "VolumeNotFound",
     "__version__",
     "as_completed",
     "submit",

@@ -13,7 +13,8 @@ would naturally catch as a builtin also inherit it::
     │   ├── SandboxNotFound                   404 sandbox_not_found
     │   ├── ImageNotFound                     404 image_not_found
     │   ├── SnapshotNotFound                  404 snapshot_not_found
-    │   └── LeaseNotFound                     404 lease_not_found
+    │   ├── LeaseNotFound                     404 lease_not_found
+    │   └── VolumeNotFound                    404 volume_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   ├── FileTooLarge                      413 file_too_large
@@ -34,6 +35,7 @@ would naturally catch as a builtin also inherit it::
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
     ├── LayerTransferError                    502 layer_transfer_failed
+    ├── PortClosed (ConnectionError)          502 port_closed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -110,6 +112,10 @@ class SnapshotNotFound(NotFound):
 
 class LeaseNotFound(NotFound):
     code, status = "lease_not_found", 404
+
+
+class VolumeNotFound(NotFound):
+    code, status = "volume_not_found", 404
 
 
 class FileError(CorralError, OSError):
@@ -273,6 +279,12 @@ class LayerTransferError(CorralError):
     ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
 
     code, status = "layer_transfer_failed", 502
+
+
+class PortClosed(CorralError, ConnectionError):
+    """Nothing listens on an exposed port inside the sandbox (docs/network.md)."""
+
+    code, status = "port_closed", 502
 
 
 class SandboxStartError(CorralError):

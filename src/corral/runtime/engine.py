@@ -53,8 +53,10 @@ from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_lifetime import LifetimeOps
+from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
+from corral.runtime.engine_volumes import VolumeOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
@@ -63,6 +65,7 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.net import NetworkManager
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -78,6 +81,7 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     UidBlock,
     canonical_owner,
 )
+from corral.runtime.volumes import Volumes
 from corral.schema import (
     TRANSITIONS,
     SandboxInfo,
@@ -101,7 +105,8 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
+             LifetimeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -120,6 +125,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        network_hosts: dict[str, str] | None = None,
         restore_grace: float = 0.0,
     ) -> None:
         self.layout = layout
@@ -147,6 +153,12 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
             target=warm_slots,
             uids=self.uids,
         )
+        # egress policies (runtime/net): names in network_hosts resolve to their address
+        self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
+        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
+        self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
+                                  hosts=network_hosts)
         self.closed = False
         self.id_prefix = ID_PREFIX
         self.restore_grace = restore_grace  # live restore: runtime/restore.py
@@ -165,6 +177,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        network_hosts: dict[str, str] | None = None,
         restore_grace: float = 0.0,
         gpus: GpuBackend | None = None,
     ) -> "Engine":
@@ -173,6 +186,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``network_hosts``: names the resolver of policy sandboxes answers with these
+        addresses, not the host's resolver's (docs/network.md).
         ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
 
         Live restore (:mod:`corral.runtime.restore`): the running and paused
@@ -205,6 +220,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
             lock_file,
             uid_block,
             warm_slots,
+            network_hosts,
             restore_grace,
         )
         engine.id_prefix = id_prefix
@@ -244,6 +260,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
                 return_exceptions=True,
             )
         await self._pool.close()
+        await self.net.close()
         for t in list(self._tasks):
             t.cancel()
         if not handover:  # (it would kill what is handed over)
@@ -291,6 +308,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
+            mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
@@ -306,6 +324,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         live = Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
+        live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         live.gpus = grant
@@ -347,6 +366,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
             await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
                                     inodes=spec.inodes)
         live.log = slot.log
+        await self._attach_network(live)  # a policy's namespace (engine_network.py)
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
@@ -530,6 +550,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
             except (OSError, CorralError):
                 pass
         self._forget(live)  # its agent exits once its channel closes too
+        self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:
@@ -561,6 +582,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, RestoreOps, LifetimeOps):
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
+        self.net.detach(live.id)
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)

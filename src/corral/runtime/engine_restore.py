@@ -173,7 +173,11 @@ class RestoreOps:
 
     def _keep_with_warden(self, live: Live, fds: list[int]) -> None:
         """A new sandbox's reattach socket and log pipe go to the warden (it may then
-        outlive this engine); an image build's stay ours (it ends with the engine)."""
+        outlive this engine); an image build's stay ours (it ends with the engine), and
+        so do those of a sandbox under a network policy (its namespace, proxy and
+        resolver are this engine's: runtime/net)."""
+        if live.netns is not None:
+            live.adoptable = False
         if self._warden is not None and live.adoptable:
             self._warden.keep(live.id, fds)
 

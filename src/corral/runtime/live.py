@@ -60,6 +60,8 @@ class Live:
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
     reattach: socket.socket | None = None  # the host end of its agent's reattach socket
     adoptable: bool = True  # survives its engine (live restore); not an image build's
+    netns: str | None = None  # a policy sandbox's network namespace (runtime/net)
+    volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

@@ -174,6 +174,7 @@ async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
+                               network_hosts=settings.network_hosts,
                                restore_grace=settings.restore_grace)
     engine.retention = settings.retention
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
@@ -208,7 +209,8 @@ async def run(settings: ServerSettings) -> None:
             app,
             lifespan="off",
             http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
-            ws="none",  # no websocket endpoints: never upgrade a connection
+            # WebSocket only to an exposed port (server/expose.py): the guard closes others
+            ws="websockets",
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)

@@ -299,7 +299,8 @@ def _pool_name(request: Request) -> str:
 
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
-    check_network(body.spec, host_network=ctx.host_network_allowed(request))
+    check_network(body.spec, host_network=ctx.host_network_allowed(request),
+                  admin=ctx.service(request).acting_tenant() is None)
     made = ctx.pools(request).create_pool(
         body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
     )
