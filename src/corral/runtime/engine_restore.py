@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
     from corral.runtime.uids import UidBlock
+    from corral.runtime.volumes import Volumes
     from corral.runtime.warden import Warden
 
 log = logging.getLogger("corral.runtime")
@@ -67,6 +68,7 @@ class RestoreOps:
     uids: UidBlock
     gpus: GpuAllocator
     cpu_picker: CpuPicker
+    volumes: Volumes
     events: Events
     _live: dict[str, Live]
     _warden: Warden | None
@@ -99,6 +101,7 @@ class RestoreOps:
                         held = info.spec.env.get("CORRAL_GPUS", "")
                         grant = self.gpus.assign(sid, held.split(","),
                                                  shared=info.spec.gpu_shared)
+                    mounts = tuple(self.volumes.mounts(info.spec.tenant, info.spec.volumes))
                     cgroup = self.cgroups.open(cg_path)
                     proc = restore.AdoptedProcess(pid)
                 except (OSError, CorralError):
@@ -109,6 +112,7 @@ class RestoreOps:
                 live.started_at = info.started_at or 0.0
                 live.snapshot_id = info.spec.snapshot
                 live.gpus = grant
+                live.volumes = mounts  # (a volume in use is not removed)
                 try:  # the CPUs it runs on (its affinity, set at its launch)
                     live.cpus = self.cpu_picker.hold(sorted(os.sched_getaffinity(pid)))
                 except OSError:
