@@ -27,9 +27,11 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=".venv/.corral-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/constraints.txt -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev,rl,trl,compat,ray,gpu]"
+    # pyproject.toml says what corral needs (lower bounds); constraints.txt pins the
+    # versions tested here, so CI is reproducible
+    .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[daemon,dev,rl,trl,compat,ray,gpu]"
     touch "$stamp"
 fi
 

@@ -61,7 +61,7 @@ from corral.cli import (
 )
 from corral.cli._output import Context, UsageError
 from corral.client import _validate as check_arg
-from corral.client._embed import answers
+from corral.client._embed import answers, daemon_missing
 from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
 from corral.schema import MAX_TIMEOUT_S
 
@@ -265,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "exec", parents=conn, help="run a command in a sandbox, streaming its output",
         usage="corral exec ID [options] -- CMD...",
-        description="One CMD argument runs through /bin/sh -c; several run as argv. "
+        description="Several CMD arguments run as argv, and so does one plain word "
+        "(/bin/hello, ls); one argument with shell syntax (spaces, $, ;, |, ...) runs "
+        "through /bin/sh -c. "
         "Exits with the command's status: 124 on timeout, 137 when killed for memory.",
     )
     p.add_argument("id", metavar="ID")
@@ -292,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "shell", parents=conn, help="an interactive shell (or CMD) on a terminal in a sandbox",
         usage="corral shell ID [options] [-- CMD...]",
-        description="Runs bash, or sh if the image has no bash (or CMD; one argument runs "
-        "through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
+        description="Runs bash, or sh if the image has no bash (or CMD; one argument with "
+        "shell syntax runs through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
         "mode until it exits: keys, Ctrl-C included, go there, and resizing the window "
         "resizes it. Exits with its status. "
         "Needs a terminal (to pipe input: corral exec -i ID -- sh).",
@@ -364,6 +366,9 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
+    why = daemon_missing()
+    if why is not None:
+        raise corral.Unsupported(f"corral serve: {why}")
     from corral.server.__main__ import build_parser as build_server_parser
     from corral.server.__main__ import settings_from_args
     from corral.server.daemon import serve

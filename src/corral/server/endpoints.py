@@ -160,11 +160,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/v1/sandboxes",
         create_sandbox,
-        "Create a sandbox (waits for room)",
+        "Create a sandbox (waits for room, and for its tenant's quota)",
         body=SandboxSpec,
         body_optional=True, body_name="sandbox spec",
         reply=SandboxInfo,
         status=201,
+        query=(Query("wait", "number", "seconds the create may wait for room or for its "
+                     "tenant's quota (cap: the daemon's queue_timeout; left out: room is "
+                     "waited for, a quota refused at once)"),),
     ),
     Endpoint(
         "GET",

@@ -160,10 +160,12 @@ class SandboxService:
             raise
         return spec
 
-    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+    async def create(self, spec: SandboxSpec, *, wait: float | None = None) -> SandboxInfo:
         """Create a sandbox once admission control lets it start (a pool's refills too).
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
+        ``wait``: the caller's deadline for the wait for room or for its tenant's quota
+        (default and cap: the daemon's ``queue_timeout``).
         """
         began, admitted, result = time.monotonic(), None, "internal"
         try:
@@ -171,7 +173,7 @@ class SandboxService:
             spec = capped_lifetime(spec, self.lifetime_limit()[0])  # a default or inherited one
             check_host_limits(spec)
             async with self.admission.admit(
-                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus
+                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait
             ) as slot:
                 admitted = time.monotonic()
                 created = await self.engine.create(spec)

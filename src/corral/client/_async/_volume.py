@@ -7,8 +7,9 @@ import bz2
 import gzip
 import lzma
 import os
-from typing import Self
 from urllib.parse import quote
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral.client._async._client import AsyncClient
 from corral.client._backends import AsyncBackend

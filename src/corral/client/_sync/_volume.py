@@ -9,8 +9,9 @@ import bz2
 import gzip
 import lzma
 import os
-from typing import Self
 from urllib.parse import quote
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral.client._sync._client import Client
 from corral.client._backends import SyncBackend

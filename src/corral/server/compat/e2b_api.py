@@ -349,6 +349,10 @@ def _refuse(what: str, hint: str) -> InvalidArgument:
     return InvalidArgument(f"{what} is not supported by corral's E2B front-end: {hint}")
 
 
+E2B_HOME = "/home/user"
+"""E2B's working directory (its user ``user``'s home), made owned by the sandbox's user."""
+
+
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
@@ -375,6 +379,9 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     return SandboxSpec.parse({
         "image": cfg.image(req.templateID),
         "timeout": float(req.timeout or DEFAULT_TIMEOUT_S),
+        # where E2B's own sandboxes start their commands and put relative paths ($HOME
+        # stays the image's: its user's ~/.local packages are found there)
+        "workdir": E2B_HOME,
         "env": req.envVars or {},
         "network": network,
         "tags": tags,
