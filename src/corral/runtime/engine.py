@@ -496,8 +496,12 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
 
     async def delete(self, sandbox_id: str) -> bool:
         """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
-        if (info := self.registry.get(sandbox_id)) and not self.owners.sees(info.spec):
-            return False  # another owner's: as if it did not exist
+        acting = self.owners.acting()
+        # a tenant: another's row is not even read (registry.get), so it costs what an
+        # unknown id costs, and answers the same (a row is written before its sandbox lives)
+        info = self.registry.get(sandbox_id, owner=acting)
+        if acting is not None and info is None:
+            return False
         live = self._live.get(sandbox_id)
         if live is not None:
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
@@ -590,8 +594,9 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
     # ----------------------------------------------------------------- query
 
     def get(self, sandbox_id: str) -> SandboxInfo:
-        info = self.registry.get(sandbox_id)
-        if info is None or not self.owners.sees(info.spec):  # another's: as if unknown
+        # another tenant's is not even read (registry.get): it answers like an unknown id
+        info = self.registry.get(sandbox_id, owner=self.owners.acting())
+        if info is None or not self.owners.sees(info.spec):
             raise SandboxNotFound(
                 f"no sandbox {sandbox_id!r}: it never existed or was deleted",
                 details={"sandbox_id": sandbox_id},

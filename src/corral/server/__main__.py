@@ -16,9 +16,12 @@ from corral.errors import CorralError
 from corral.server.daemon import serve
 from corral.server.settings import (
     DEFAULT_MAX_BUILDS,
+    DEFAULT_MAX_CLIENT_CONNECTIONS,
     DEFAULT_MAX_CLIENT_REQUESTS,
     DEFAULT_MAX_SANDBOXES,
+    DEFAULT_MAX_SESSION_STREAMS,
     DEFAULT_MAX_STARTING,
+    DEFAULT_MAX_TENANT_STREAMS,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
@@ -59,6 +62,33 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "N",
         "requests one TCP client address may have in flight; more get 429 "
         f"(default {DEFAULT_MAX_CLIENT_REQUESTS})",
+    ),
+    (
+        "--max-connections",
+        int,
+        "N",
+        "TCP connections held at once; past it idle ones are closed, then new ones refused "
+        "(default: the open-file limit less a reserve)",
+    ),
+    (
+        "--max-client-connections",
+        int,
+        "N",
+        "connections one TCP client address may hold before any of them authenticated "
+        f"(default {DEFAULT_MAX_CLIENT_CONNECTIONS})",
+    ),
+    (
+        "--max-session-streams",
+        int,
+        "N",
+        "live streams (events, followed logs, streamed commands) one dashboard session may "
+        f"hold open (default {DEFAULT_MAX_SESSION_STREAMS})",
+    ),
+    (
+        "--max-tenant-streams",
+        int,
+        "N",
+        f"live streams one tenant may hold open (default {DEFAULT_MAX_TENANT_STREAMS})",
     ),
     (
         "--idle-exit",

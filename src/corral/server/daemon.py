@@ -33,7 +33,15 @@ from corral.runtime.statefiles import secure_state_dir
 from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
-from corral.server.limits import BoundedHttpProtocol
+from corral.server.auth_throttle import weak_token_warning
+from corral.server.conn_limits import (
+    ConnectionBook,
+    accept_backlog,
+    default_max_connections,
+    protocol_for,
+    raise_open_file_limit,
+)
+from corral.server.log_limits import RepeatFilter
 from corral.server.settings import ServerSettings
 
 logger = logging.getLogger("corral.server")
@@ -180,6 +188,8 @@ async def run(settings: ServerSettings) -> None:
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
+    if settings.tcp is not None and (weak := weak_token_warning(settings.token)):
+        logger.warning("%s", weak)
     sockets: list[socket.socket] = []
     inode = None
     tasks: list[asyncio.Task[None]] = []
@@ -193,6 +203,10 @@ async def run(settings: ServerSettings) -> None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
         app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
+        open_files = raise_open_file_limit()
+        book = ConnectionBook(  # every TCP connection, counted from accept (conn_limits.py)
+            settings.max_connections or default_max_connections(open_files),
+            settings.max_client_connections)
         if settings.grpc is not None:
             frontend = await _start_grpc(settings, engine, app)
 
@@ -208,7 +222,7 @@ async def run(settings: ServerSettings) -> None:
         config = uvicorn.Config(
             app,
             lifespan="off",
-            http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
+            http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
             ws="websockets",
             loop="asyncio",
@@ -217,7 +231,7 @@ async def run(settings: ServerSettings) -> None:
             access_log=logger.isEnabledFor(logging.DEBUG) and settings.log_format == "text",
             # A backstop only: _drain ends what the engine runs after shutdown_grace.
             timeout_graceful_shutdown=settings.shutdown_grace + DRAIN_BACKSTOP_S,  # type: ignore[arg-type]
-            backlog=BACKLOG,
+            backlog=accept_backlog(open_files, BACKLOG),
             timeout_keep_alive=KEEP_ALIVE_S,
         )
         server = _Server(config, on_exit=on_exit)
@@ -286,6 +300,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         raise InvalidArgument(f"unknown log level {level!r}: use debug, info, warning or error")
     handler = logging.StreamHandler()
     handler.setFormatter(accesslog.formatter(log_format))
+    handler.addFilter(RepeatFilter())  # a flood of one line becomes a count (log_limits.py)
     logging.basicConfig(handlers=[handler])
     logging.getLogger("corral").setLevel(numeric)
     # uvicorn's own start/stop chatter only when debugging; its errors always.
