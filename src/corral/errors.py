@@ -31,6 +31,8 @@ would naturally catch as a builtin also inherit it::
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
     ├── LayerTransferError                    502 layer_transfer_failed
+    ├── RegistryError (ConnectionError)       502 registry_failed
+    │   └── RegistryAuthError (PermissionError) 502 registry_auth_failed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -250,6 +252,25 @@ class LayerTransferError(CorralError):
     ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
 
     code, status = "layer_transfer_failed", 502
+
+
+class RegistryError(CorralError, ConnectionError):
+    """A container registry could not be reached or broke the distribution protocol
+    (a manifest too large or malformed, an unexpected status). The message names the
+    registry; nothing half-pulled was kept as an image. ``details``: ``registry``,
+    ``ref`` (and ``status`` when the registry answered)."""
+
+    code, status = "registry_failed", 502
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    """A container registry refused the credentials (or wanted some and none were
+    configured): add them to ``~/.docker/config.json`` or the file named by
+    ``REGISTRY_AUTH_FILE`` of the daemon's user (``docker login`` / ``skopeo login``
+    write it). The credentials themselves are never in the message. ``details``:
+    ``registry``, ``ref``."""
+
+    code, status = "registry_auth_failed", 502
 
 
 class SandboxStartError(CorralError):
