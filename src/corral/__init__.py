@@ -66,6 +66,8 @@ from corral.errors import (
     NotFound,
     PathOutsideSandbox,
     QuotaExceeded,
+    RegistryAuthError,
+    RegistryError,
     SandboxLost,
     SandboxNotFound,
     SandboxProtocolError,
@@ -76,7 +78,7 @@ from corral.errors import (
     Unauthorized,
     Unsupported,
 )
-from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
+from corral.image_schema import BuildEvent, BuildSpec, ImageInfo, PruneResult, PullEvent
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -130,7 +132,11 @@ __all__ = [
     "Pool",
     "PoolInfo",
     "Process",
+    "PruneResult",
+    "PullEvent",
     "QuotaExceeded",
+    "RegistryAuthError",
+    "RegistryError",
     "Sandbox",
     "SandboxInfo",
     "SandboxLost",

@@ -312,6 +312,8 @@ class ImageInfo(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     python: str | None = None
+    ref: str | None = None  # pulled: the registry reference it came from
+    unique_bytes: int | None = None  # in listings: what deleting it alone would free
 
 
 class ImageList(BaseModel):
@@ -364,3 +366,38 @@ class BuildEvent(BaseModel):
     image: ImageInfo | None = None
     stats: BuildStats | None = None
     error: dict[str, Any] | None = None
+
+
+class PullRequest(_Strict):
+    """``POST /v1/images/pull``: a registry reference (``host[:port]/repo[:tag][@digest]``),
+    the local name (default: derived from the reference) and whether plain HTTP is
+    meant (accepted for loopback hosts and those the daemon lists)."""
+
+    ref: str = Field(min_length=3, max_length=512)
+    name: str | None = Field(None, max_length=64)
+    insecure: bool = False
+
+
+class PullEvent(BaseModel):
+    """One line of a streamed pull: a ``layer``'s progress (``bytes`` of ``size``,
+    ``cached`` if it was stored before), a ``log`` line, the ``image`` pulled, or an
+    ``error``."""
+
+    type: Literal["layer", "log", "image", "error"]
+    layer: int | None = None
+    total: int | None = None
+    digest: str | None = None
+    size: int | None = None
+    bytes: int | None = None
+    cached: bool | None = None
+    line: str | None = None
+    image: ImageInfo | None = None
+    error: dict[str, Any] | None = None
+
+
+class PruneResult(BaseModel):
+    """What ``POST /v1/images/prune`` removed: layers no image, cache entry or mounted
+    sandbox holds, and abandoned partial downloads."""
+
+    layers: list[str]
+    freed_bytes: int

@@ -173,10 +173,10 @@ class _Pull:
         lock = image_cache.hold_build_lock(self.images_dir)  # no collection meanwhile
         try:
             made = [self._layer(i, d, str(diff_ids[i]), len(descs)) for i, d in enumerate(descs)]
-            layers = [{"id": e.layer_id, "digest": e.digest, "size_bytes": e.size_bytes}
-                      for e in reversed(made)]
-            seen: set[str] = set()
-            layers = [x for x in layers if not (x["id"] in seen or seen.add(x["id"]))]
+            unique = {e.layer_id: e for e in reversed(made)}  # top first, each once
+            layers: list[dict[str, Any]] = [
+                {"id": e.layer_id, "digest": e.digest, "size_bytes": e.size_bytes}
+                for e in unique.values()]
             cfg = config.get("config") or {}
             image = self.store.publish_built(self.name, {
                 "digest": digest, "size_bytes": scratch.size_bytes + sum(
@@ -387,3 +387,51 @@ def _strings(value: Any) -> list[str] | None:
     if isinstance(value, list) and all(isinstance(x, str) for x in value):
         return value
     return None
+
+
+def prune(images_dir: Path, *, partial_age_s: float = 60.0) -> tuple[list[str], int]:
+    """Delete the layers nothing keeps (:func:`image_cache.collect`: no image, build
+    cache entry of an image, or mounted sandbox) and partial downloads untouched for
+    ``partial_age_s``; ``(what went, bytes freed)``. Does nothing while a build runs."""
+    images_dir = Path(images_dir)
+    sizes: dict[str, int] = {}
+    layers_root = images_dir / image_cache.LAYERS
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(layers_root):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                sizes[entry.name] = int(json.loads(
+                    Path(entry.path, "manifest.json").read_text())["size_bytes"])
+    removed = image_cache.collect(images_dir)
+    freed = sum(sizes.get(n, 0) for n in removed)
+    now = time.time()
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(images_dir / BLOBS):
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if now - st.st_mtime > partial_age_s:
+                    os.unlink(entry.path)
+                    removed.append(f"{BLOBS}/{entry.name}")
+                    freed += st.st_size
+    return removed, freed
+
+
+def unique_sizes(images_dir: Path) -> dict[str, int]:
+    """``{image: bytes only it uses}``: its layers no other image lists, and its own
+    root filesystem unless another image stands on it."""
+    found = {n: m for n, m in image_cache.manifests(images_dir).items()
+             if not n.startswith(".")}
+    users: dict[str, int] = {}
+    for m in found.values():
+        for layer in m.get("layers") or []:
+            users[str(layer.get("id"))] = users.get(str(layer.get("id")), 0) + 1
+        root = (m.get("root") or {}).get("image")
+        if root:
+            users["root:" + str(root)] = users.get("root:" + str(root), 0) + 1
+    out = {}
+    for name, m in found.items():
+        own = 0 if m.get("kind") == "built" else int(m.get("size_bytes") or 0)
+        if users.get("root:" + name):
+            own = 0
+        out[name] = own + sum(int(x.get("size_bytes") or 0) for x in m.get("layers") or []
+                              if users.get(str(x.get("id"))) == 1)
+    return out

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
+from corral.image_schema import (
+    BuildEvent,
+    BuildRequest,
+    ImageInfo,
+    ImageList,
+    PruneResult,
+    PullEvent,
+    PullRequest,
+)
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import (
     FileInfo,
@@ -31,6 +39,8 @@ from corral.server.image_routes import (
     get_image,
     import_image_route,
     list_images,
+    prune_images,
+    pull_image_route,
 )
 from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
@@ -360,6 +370,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         parse_body=False,
         reply=(NDJSON, BuildEvent),
     ),
+    Endpoint(
+        "POST",
+        "/v1/images/pull",
+        pull_image_route,
+        "Pull an image from an OCI/Docker registry, streaming its progress",
+        body=PullRequest,
+        parse_body=False,
+        reply=(NDJSON, PullEvent),
+    ),
+    Endpoint("POST", "/v1/images/prune", prune_images,
+             "Delete the layers no image, cache entry or sandbox holds", reply=PruneResult),
     Endpoint(
         "POST",
         "/v1/images/import",

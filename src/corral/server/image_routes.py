@@ -34,9 +34,21 @@ from corral.errors import (
     InternalError,
     InvalidArgument,
 )
-from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildRequest, validate_image_name
+from corral.image_schema import (
+    UPLOADED_ARCHIVE,
+    BuildEvent,
+    BuildRequest,
+    ImageInfo,
+    PruneResult,
+    PullEvent,
+    PullRequest,
+    validate_image_name,
+)
+from corral.runtime.distribution import parse_reference
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import ImageBuild, host_cpus
+from corral.runtime.image_pull import prune, pull_image, unique_sizes
+from corral.runtime.images import Image, ImageStore
 from corral.runtime.oci import apply_layer, import_image
 from corral.schema import SandboxState, validate_model
 from corral.server import context as ctx
@@ -61,13 +73,78 @@ def _name(request: Request) -> str:
 
 
 async def list_images(request: Request) -> Response:
-    images = await asyncio.to_thread(ctx.engine(request).images.list)
-    return JSONResponse({"images": [i.info().model_dump(mode="json") for i in images]})
+    store = ctx.engine(request).images
+    images, unique = await asyncio.gather(asyncio.to_thread(store.list),
+                                          asyncio.to_thread(unique_sizes, store.images_dir))
+    return JSONResponse({"images": [
+        _info(store, i).model_copy(update={"unique_bytes": unique.get(i.name)})
+        .model_dump(mode="json") for i in images]})
 
 
 async def get_image(request: Request) -> Response:
-    image = ctx.engine(request).images.get(_name(request), check_base=False)
-    return JSONResponse(image.info().model_dump(mode="json"))
+    store = ctx.engine(request).images
+    image = store.get(_name(request), check_base=False)
+    return JSONResponse(_info(store, image).model_dump(mode="json"))
+
+
+def _info(store: ImageStore, image: Image) -> ImageInfo:
+    """An image's info, with the reference it was pulled from."""
+    info = image.info()
+    if image.kind == "built":
+        with contextlib.suppress(OSError, ValueError, ImageNotFound):
+            source = store.manifest(image.name).get("source") or {}
+            if source.get("kind") == "pull":
+                info = info.model_copy(update={"ref": source.get("ref")})
+    return info
+
+
+async def pull_image_route(request: Request) -> Response:
+    """Pull a registry image into the store, streaming :class:`PullEvent` lines; the
+    registry's credentials are the daemon's (its ``REGISTRY_AUTH_FILE`` or
+    ``~/.docker/config.json``), never sent by a client."""
+    require_image_rights(request, "pulling an image")
+    req = validate_model(PullRequest, await read_json(request, "pull request"), "pull request")
+    store = ctx.engine(request).images
+    parse_reference(req.ref)  # a malformed reference: a plain error reply
+    if req.name is not None:
+        validate_image_name(req.name)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def progress(event: dict) -> None:
+        line = PullEvent(**event).model_dump_json(exclude_none=True).encode() + b"\n"
+        loop.call_soon_threadsafe(queue.put_nowait, line)
+
+    async def run() -> None:
+        try:
+            image = await asyncio.to_thread(pull_image, store, req.ref, name=req.name,
+                                            insecure=req.insecure, on_progress=progress)
+            event = PullEvent(type="image", image=_info(store, image))
+        except CorralError as exc:
+            event = PullEvent(type="error", error=exc.to_dict())
+        except Exception as exc:  # the reply has started: report in-band
+            logger.exception("image pull failed")
+            error = InternalError(f"the image pull failed: {type(exc).__name__}")
+            event = PullEvent(type="error", error=error.to_dict())
+        queue.put_nowait(event.model_dump_json(exclude_none=True).encode() + b"\n")
+        queue.put_nowait(None)
+
+    task = asyncio.create_task(run())
+
+    async def cleanup() -> None:
+        # A client that leaves does not stop the pull (a thread): it finishes, and the
+        # next pull of the reference finds it, or resumes its blobs.
+        await asyncio.gather(asyncio.shield(task), return_exceptions=True)
+
+    return NDJSONResponse(_lines(queue), cleanup=cleanup)
+
+
+async def prune_images(request: Request) -> Response:
+    """Delete the layers no image, build cache entry or sandbox holds."""
+    require_image_rights(request, "pruning images")
+    store = ctx.engine(request).images
+    removed, freed = await asyncio.to_thread(prune, store.images_dir)
+    return JSONResponse(PruneResult(layers=removed, freed_bytes=freed).model_dump(mode="json"))
 
 
 async def delete_image(request: Request) -> Response:

@@ -50,6 +50,7 @@ from corral.errors import (
     Unauthorized,
     Unsupported,
 )
+from corral.runtime.distribution import is_reference
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState
 from corral.server.compat.tensorlake_model import TAG as TENSORLAKE_TAG
 
@@ -269,8 +270,11 @@ def default_image() -> str:
 
 
 def map_image(requested: str, available: Collection[str]) -> str:
-    """A corral image name is used as is; any other name (``python:3.11``, an image of a
-    registry) gets the default image, since corral runs no container images."""
+    """A corral image name is used as is; a reference to an image of a
+    registry with its host, ``host/repo:tag``) is pulled on first use; any other name
+    (``python:3.11``) gets the default image."""
+    if is_reference(requested):
+        return requested
     return requested if requested in available else default_image()
 
 
