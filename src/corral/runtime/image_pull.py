@@ -250,13 +250,19 @@ class _Pull:
         if desc["size"] > self.budget:
             raise self._too_large(index, desc["size"])
         blob = self._download(index, digest, desc["size"], base)
+        try:
+            return self._install(index, key, digest, blob, diff_id)
+        finally:
+            blob.unlink(missing_ok=True)  # unpacked or refused: never kept
+
+    def _install(self, index: int, key: str, digest: str, blob: Path,
+                 diff_id: str) -> CacheEntry:
         work = self.store.work_dir("pull")
         layers = image_cache.layer_store(self.images_dir)
         staged = None
         try:
             plain = work / "layer.tar"
             self._unpack(index, blob, plain, diff_id)
-            blob.unlink()
             staged = layers.new_tmp()
             tree = staged / "tree"
             tree.mkdir(mode=0o755)
