@@ -7,7 +7,8 @@ would naturally catch as a builtin also inherit it::
     CorralError
     ├── InvalidArgument (ValueError)          400 invalid_argument
     │   ├── PathOutsideSandbox                400 path_outside_sandbox
-    │   └── ImageImportError                  400 image_import_failed
+    │   ├── ImageImportError                  400 image_import_failed
+    │   └── DockerfileError                   400 invalid_dockerfile
     ├── Unauthorized (PermissionError)        401 unauthorized
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
@@ -78,6 +79,14 @@ class ImageImportError(InvalidArgument):
     """An image archive is malformed or unsafe (a path outside the root, a link escaping it)."""
 
     code, status = "image_import_failed", 400
+
+
+class DockerfileError(InvalidArgument):
+    """A Dockerfile uses what corral cannot build (``HEALTHCHECK``, ``VOLUME``, heredocs,
+    ``RUN --mount``, another user...) or is malformed; nothing was built. ``details``:
+    ``line`` (from 1) and ``instruction``."""
+
+    code, status = "invalid_dockerfile", 400
 
 
 class Unauthorized(CorralError, PermissionError):

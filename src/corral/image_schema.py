@@ -128,6 +128,20 @@ class CopyStep(_Strict):
     model_config = ConfigDict(serialize_by_alias=True)
 
     source: CopySource = Field(alias="copy")
+    # root: written by root of the build's user namespace, owned by root in the image
+    # (a Dockerfile's COPY); else by the sandbox user, owned by it
+    user: Literal["root", "sandbox"] | None = None
+
+    @property
+    def as_root(self) -> bool:
+        return self.user == "root"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)  # without user when unset: specs dump as they always did
+        if isinstance(data, dict) and data.get("user") is None:
+            data.pop("user", None)
+        return data
 
     @field_validator("source", mode="before")
     @classmethod
@@ -140,7 +154,8 @@ class CopyStep(_Strict):
         return v
 
     def describe(self) -> str:
-        return f"copy: {self.source.src} -> {self.source.dest}"
+        return (f"copy{' (as root)' if self.as_root else ''}: {self.source.src} -> "
+                f"{self.source.dest}")
 
 
 class EnvStep(_Strict):
@@ -218,7 +233,7 @@ class BuildSpec(_Strict):
             return data
         for i, step in enumerate(data["steps"], 1):
             keys = list(step) if isinstance(step, dict) else []
-            if "run" in keys and "user" in keys:  # run: ..., user: root
+            if ("run" in keys or "copy" in keys) and "user" in keys:  # ..., user: root
                 keys.remove("user")
             if len(keys) != 1 or keys[0] not in STEP_KINDS:
                 raise ValueError(
