@@ -416,3 +416,20 @@ class PruneResult(BaseModel):
 
     layers: list[str]
     freed_bytes: int
+
+
+class DockerfileRequest(_Strict):
+    """``POST /v1/images/dockerfile`` (``dockerfile.json`` in the tar): the Dockerfile's
+    text, the image's name, ``--build-arg`` values and the stage to stop at."""
+
+    dockerfile: str = Field(min_length=1, max_length=1 << 20)
+    name: str = Field(min_length=1, max_length=64)
+    build_args: dict[str, str] = Field(default_factory=dict, max_length=256)
+    target: str | None = Field(None, max_length=128)
+
+    @field_validator("name")
+    @classmethod
+    def _image_name(cls, v: str) -> str:
+        if not IMAGE_NAME_RE.fullmatch(v):
+            raise ValueError(f"invalid image name {v!r}: use 1-64 of a-z, 0-9, '.', '_', '-'")
+        return v

@@ -30,9 +30,9 @@ def setup(tmp_path, make_daemon, monkeypatch):
     """(daemon, client, registry behind a counting proxy, creds, layers)."""
     rootfs = SHARED_PYTHON_ROOTFS
     if not (rootfs / "usr/bin/dash").exists():
-        from corral.runtime.paths import cache_dir  # the shared cache, read only
+        from corral.runtime.paths import default_cache_dir  # the shared cache, read only
 
-        rootfs = cache_dir() / "images/python/rootfs"
+        rootfs = default_cache_dir() / "images/python/rootfs"
     layers = [base_layer(rootfs).bytes(), second_layer().bytes()]
     creds = ("corral", "s3cret-" + secrets.token_hex(8))
     cache = tmp_path / "cache"

@@ -7,11 +7,13 @@ cut a blob download half-way and counts the requests it forwards.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 import urllib.error
@@ -200,3 +202,22 @@ class Proxy:
             pass
         with contextlib.suppress(OSError):
             upstream.shutdown(socket.SHUT_WR)
+
+
+def rootfs_layer(rootfs: Path) -> bytes:
+    """A plain tar layer of a corral image's root filesystem (the sandbox user's files
+    as uid 1000, as an image made elsewhere has them)."""
+    from corral.runtime.uids import CANONICAL_UID
+
+    def owner(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if not (info.isfile() or info.isdir() or info.issym() or info.islnk()):
+            return None
+        if info.uid == CANONICAL_UID:
+            info.uid = info.gid = 1000
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(rootfs.iterdir()):
+            tar.add(entry, arcname=entry.name, filter=owner)
+    return buf.getvalue()

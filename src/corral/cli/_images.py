@@ -7,6 +7,7 @@ the image's name (or, with ``--json``, the image) on stdout.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -23,9 +24,15 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("image", help="images: build from a spec, pull from a registry, "
                        "import, list, remove (build, pull, ls, rm, prune, import)")
     verbs = p.add_subparsers(dest="image_command", required=True, metavar="VERB")
-    p = verbs.add_parser("build", parents=conn, help="build an image from a YAML spec "
-                         "(steps are cached); print its name")
-    p.add_argument("spec", metavar="SPEC", help="the spec file (base:, steps:, name:)")
+    p = verbs.add_parser("build", parents=conn, help="build an image from a YAML spec or "
+                         "a Dockerfile (steps are cached); print its name")
+    p.add_argument("spec", metavar="SPEC|DIR", help="the spec file (base:, steps:, name:), "
+                   "or a Dockerfile's build context directory")
+    p.add_argument("-f", "--file", metavar="DOCKERFILE",
+                   help="the Dockerfile (default: DIR/Dockerfile when SPEC is a directory)")
+    p.add_argument("--build-arg", action="append", default=[], metavar="K=V",
+                   help="a Dockerfile ARG value (repeatable)")
+    p.add_argument("--target", metavar="STAGE", help="the Dockerfile stage to build")
     p.add_argument("--name", metavar="N", help="the image's name (default: the spec's name)")
     p.add_argument("--context", metavar="DIR",
                    help="where relative copy sources start (default: the spec's directory)")
@@ -74,8 +81,20 @@ def build(args: argparse.Namespace, ctx: Context) -> int:
         elif event.type == "log":
             err.print("  " + _escape(event.line or ""), soft_wrap=True)
 
-    image = corral.Image.build(args.spec, name=args.name, context=args.context,
-                               on_event=show, client=ctx.client)
+    if args.file or os.path.isdir(args.spec):
+        build_args = {}
+        for item in args.build_arg:
+            k, sep, v = item.partition("=")
+            if not sep:
+                ctx.output.error(f"--build-arg {item!r}: write KEY=VALUE")
+                return 2
+            build_args[k] = v
+        image = corral.Image.from_dockerfile(
+            args.spec, dockerfile=args.file, name=args.name, build_args=build_args,
+            target=args.target, on_event=show, client=ctx.client)
+    else:
+        image = corral.Image.build(args.spec, name=args.name, context=args.context,
+                                   on_event=show, client=ctx.client)
     stats = image.build_stats
     if stats is not None and not args.quiet:
         err.print(f"image {image.name!r}: {stats.built} step(s) run, {stats.cached} cached, "

@@ -31,6 +31,7 @@ from corral.server.cluster_routes import (
     fetch_own_snapshot,
     refresh_tenants,
 )
+from corral.server.dockerfile_routes import build_dockerfile_route
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
 from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.image_routes import (
@@ -368,6 +369,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "streaming its log",
         body=BuildRequest,
         parse_body=False,
+        reply=(NDJSON, BuildEvent),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/images/dockerfile",
+        build_dockerfile_route,
+        "Build a Dockerfile (a tar with dockerfile.json and context/), streaming its log",
+        body=RAW,
         reply=(NDJSON, BuildEvent),
     ),
     Endpoint(

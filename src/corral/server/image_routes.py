@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from starlette.requests import Request
@@ -46,7 +46,7 @@ from corral.image_schema import (
 )
 from corral.runtime.distribution import parse_reference
 from corral.runtime.fsutil import _remove_tree
-from corral.runtime.image_build import ImageBuild, host_cpus
+from corral.runtime.image_build import BuildResult, ImageBuild, OnEvent, host_cpus
 from corral.runtime.image_pull import prune, pull_image, unique_sizes
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.oci import apply_layer, import_image
@@ -212,9 +212,11 @@ async def build_image(request: Request) -> Response:
     return NDJSONResponse(_lines(queue), cleanup=cleanup)
 
 
-async def _run(build: ImageBuild, queue: asyncio.Queue[bytes | None]) -> None:
+async def _run(build: ImageBuild | Callable[[OnEvent], Awaitable[BuildResult]],
+               queue: asyncio.Queue[bytes | None]) -> None:
+    run = build.run if isinstance(build, ImageBuild) else build
     try:
-        result = await build.run(lambda event: queue.put_nowait(_line(event)))
+        result = await run(lambda event: queue.put_nowait(_line(event)))
         queue.put_nowait(_line(BuildEvent(type="image", image=result.image.info(),
                                           stats=result.stats)))
     except CorralError as exc:
@@ -236,20 +238,21 @@ def _line(event: BuildEvent) -> bytes:
     return event.model_dump_json(exclude_none=True).encode() + b"\n"
 
 
-def _unpack_context(body: bytes, work: Path) -> dict:
-    """Unpack a build tar safely (no path or link may leave ``work/root``)."""
+def _unpack_context(body: bytes, work: Path, member: str = SPEC_MEMBER) -> dict:
+    """Unpack a build tar safely (no path or link may leave ``work/root``); the JSON
+    request it holds as ``member``."""
     archive = work / "context.tar"
     archive.write_bytes(body)
     root = work / "root"
     root.mkdir()
     apply_layer(root, archive)
     archive.unlink()
-    spec = root / SPEC_MEMBER
+    spec = root / member
     if not spec.is_file() or spec.is_symlink():
-        raise InvalidArgument(f"the build tar has no {SPEC_MEMBER} (the build request)")
-    data = parse_json(spec.read_bytes(), SPEC_MEMBER)  # bounded depth and size, like a body
+        raise InvalidArgument(f"the build tar has no {member} (the build request)")
+    data = parse_json(spec.read_bytes(), member)  # bounded depth and size, like a body
     if not isinstance(data, dict):
-        raise InvalidArgument(f"{SPEC_MEMBER} must hold a JSON object")
+        raise InvalidArgument(f"{member} must hold a JSON object")
     return data
 
 

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from corral.client._async._client import AsyncClient
 from corral.client._backends import AsyncBackend
-from corral.client._build import TAR, load_spec, pack_build, read_archive
+from corral.client._build import TAR, load_spec, pack_build, pack_dockerfile, read_archive
 from corral.errors import DaemonUnavailable, ImageImportError, error_from_dict
 from corral.image_schema import (
     UPLOADED_ARCHIVE,
@@ -77,6 +77,33 @@ class AsyncImage:
             "POST", "/v1/images/build", content=body,
             headers={"Content-Type": content_type}, timeout=None,
         )
+        return await cls._built(client, response, on_event)
+
+    @classmethod
+    async def from_dockerfile(
+        cls, context: str | os.PathLike[str], *, dockerfile: str | os.PathLike[str] | None = None,
+        name: str | None = None, build_args: dict[str, str] | None = None,
+        target: str | None = None, on_event: Callable[[BuildEvent], Any] | None = None,
+        client: AsyncClient | None = None,
+    ) -> Self:
+        """Build a Dockerfile (default ``context/Dockerfile``) into the image ``name``
+        (default: the context directory's name); the context goes to the daemon less
+        what ``.dockerignore`` excludes. Each instruction is a cached step; ``FROM`` may
+        name a registry image (pulled), a corral image or an earlier stage. What corral
+        cannot build raises :class:`~corral.errors.DockerfileError` naming the line, a
+        failed step :class:`~corral.errors.ImageBuildError`."""
+        client = client or AsyncClient.default()
+        content_type, body = await AsyncBackend.run_blocking(
+            pack_dockerfile, context, dockerfile, name, build_args, target)
+        response = await client.stream(
+            "POST", "/v1/images/dockerfile", content=body,
+            headers={"Content-Type": content_type}, timeout=None,
+        )
+        return await cls._built(client, response, on_event)
+
+    @classmethod
+    async def _built(cls, client: AsyncClient, response: Any,
+                     on_event: Callable[[BuildEvent], Any] | None) -> Self:
         try:
             with client._errors():
                 async for line in response.aiter_lines():

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from corral.client._sync._client import Client
 from corral.client._backends import SyncBackend
-from corral.client._build import TAR, load_spec, pack_build, read_archive
+from corral.client._build import TAR, load_spec, pack_build, pack_dockerfile, read_archive
 from corral.errors import DaemonUnavailable, ImageImportError, error_from_dict
 from corral.image_schema import (
     UPLOADED_ARCHIVE,
@@ -79,6 +79,33 @@ class Image:
             "POST", "/v1/images/build", content=body,
             headers={"Content-Type": content_type}, timeout=None,
         )
+        return cls._built(client, response, on_event)
+
+    @classmethod
+    def from_dockerfile(
+        cls, context: str | os.PathLike[str], *, dockerfile: str | os.PathLike[str] | None = None,
+        name: str | None = None, build_args: dict[str, str] | None = None,
+        target: str | None = None, on_event: Callable[[BuildEvent], Any] | None = None,
+        client: Client | None = None,
+    ) -> Self:
+        """Build a Dockerfile (default ``context/Dockerfile``) into the image ``name``
+        (default: the context directory's name); the context goes to the daemon less
+        what ``.dockerignore`` excludes. Each instruction is a cached step; ``FROM`` may
+        name a registry image (pulled), a corral image or an earlier stage. What corral
+        cannot build raises :class:`~corral.errors.DockerfileError` naming the line, a
+        failed step :class:`~corral.errors.ImageBuildError`."""
+        client = client or Client.default()
+        content_type, body = SyncBackend.run_blocking(
+            pack_dockerfile, context, dockerfile, name, build_args, target)
+        response = client.stream(
+            "POST", "/v1/images/dockerfile", content=body,
+            headers={"Content-Type": content_type}, timeout=None,
+        )
+        return cls._built(client, response, on_event)
+
+    @classmethod
+    def _built(cls, client: Client, response: Any,
+                     on_event: Callable[[BuildEvent], Any] | None) -> Self:
         try:
             with client._errors():
                 for line in response.iter_lines():
