@@ -86,7 +86,7 @@ class Stage:
 def parse_dockerfile(text: str, build_args: dict[str, str] | None = None,
                      context: Path | None = None) -> list[Stage]:
     """The stages of a Dockerfile, or :class:`DockerfileError` naming a line."""
-    from dockerfile_parse import DockerfileParser  # a core dependency, imported when used
+    from dockerfile_parse import DockerfileParser  # type: ignore[import-untyped]
 
     parser = DockerfileParser(fileobj=io.BytesIO(text.encode()))
     build_args = dict(build_args or {})
@@ -150,7 +150,7 @@ class _Translator:
 
     @property
     def vars(self) -> dict[str, str]:
-        env = {}
+        env: dict[str, str] = {}
         for step in self.stage.steps:
             env.update(step.get("env") or {})
         return {**env, **self.stage.meta["_args"]}
@@ -219,7 +219,7 @@ class _Translator:
     def _current_workdir(self) -> str:
         for step in reversed(self.stage.steps):
             if "workdir" in step:
-                return step["workdir"]
+                return str(step["workdir"])
         return "/"
 
     def _user(self, value: str, line: int) -> None:
@@ -356,7 +356,7 @@ def _pairs(value: str, line: int, ins: str, env: dict[str, str]) -> dict[str, st
     words = _words(value, line, ins)
     if words and "=" not in words[0]:  # the old form: ENV KEY value with spaces
         return {words[0]: _expand(" ".join(words[1:]), env, line)}
-    pairs = {}
+    pairs: dict[str, str] = {}
     for word in words:
         k, sep, v = word.partition("=")
         if not sep or not k:
