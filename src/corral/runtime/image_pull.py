@@ -60,7 +60,7 @@ from corral.runtime.distribution import (
 from corral.runtime.fsutil import _flock, _remove_tree
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image, ImageStore
-from corral.runtime.oci import _env, _workdir, apply_layer, choose_platform
+from corral.runtime.oci import _env, _workdir, apply_overlay_layer, choose_platform
 
 SCRATCH = "scratch"
 BLOBS = ".blobs"
@@ -257,25 +257,19 @@ class _Pull:
 
     def _install(self, index: int, key: str, digest: str, blob: Path,
                  diff_id: str) -> CacheEntry:
-        work = self.store.work_dir("pull")
         layers = image_cache.layer_store(self.images_dir)
         staged = None
         try:
-            plain = work / "layer.tar"
-            self._unpack(index, blob, plain, diff_id)
             staged = layers.new_tmp()
             tree = staged / "tree"
             tree.mkdir(mode=0o755)
-            apply_layer(tree, plain, index + 1, overlay=True)
-            plain.unlink()
+            self._unpack(index, blob, tree, diff_id)
             _make_world_readable(tree)
             sealed = layers.seal(staged)
             layer, _new = layers.install(sealed)
         except BaseException:
             layers.discard(staged)
             raise
-        finally:
-            _remove_tree(work)
         entry = CacheEntry(key, layer.id, layer.digest, layer.size_bytes,
                            f"pull {self.ref} layer {index + 1}: {digest}")
         image_cache.cache_put(self.images_dir, entry)
@@ -288,6 +282,7 @@ class _Pull:
         done = blobs / digest.removeprefix("sha256:")
         partial = done.with_suffix(".partial")
         last = 0.0
+        h, hashed = hashlib.sha256(), 0  # hashed as it arrives: no second read
         for attempt in range(RESUME_TRIES):
             have = partial.stat().st_size if partial.exists() else 0
             if have > size:
@@ -300,6 +295,8 @@ class _Pull:
                 if start == 0 and have:
                     partial.unlink()
                     have = 0
+                if hashed != have:  # resuming what an earlier pull (or try) fetched
+                    h, hashed = _hash_prefix(partial, have)
                 try:
                     with open(partial, "ab") as f:
                         while chunk := resp.read(_CHUNK):
@@ -309,6 +306,8 @@ class _Pull:
                                     f"blob {digest} of {self.ref} is longer than its "
                                     f"{size} bytes: refused", details={"digest": digest})
                             f.write(chunk)
+                            h.update(chunk)
+                            hashed = have
                             now = time.monotonic()
                             if now - last > 0.2:
                                 last = now
@@ -327,8 +326,9 @@ class _Pull:
             raise RegistryError(f"registry {self.ref.host} kept dropping blob {digest} of "
                                 f"{self.ref}; pull again to resume from where it stopped",
                                 details={"registry": self.ref.host, "ref": str(self.ref)})
-        with open(partial, "rb") as f:
-            got = "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+        if hashed != size:
+            h, hashed = _hash_prefix(partial, size)
+        got = "sha256:" + h.hexdigest()
         if got != digest:
             partial.unlink()
             raise ImageImportError(
@@ -339,30 +339,25 @@ class _Pull:
         self.emit({**event, "cached": False, "bytes": size})
         return done
 
-    def _unpack(self, index: int, blob: Path, plain: Path, diff_id: str) -> None:
-        """The blob as a plain tar, its sha256 checked against ``diff_id``, within the
-        pull's byte budget."""
+    def _unpack(self, index: int, blob: Path, tree: Path, diff_id: str) -> None:
+        """Unpack the blob into ``tree`` in one pass (gunzipped on the way), its tar's
+        sha256 checked against ``diff_id``, within the pull's byte budget."""
         with open(blob, "rb") as f:
             magic = f.read(4)
         if magic.startswith(_ZSTD):
             raise ImageImportError(f"layer {index + 1} of {self.ref} is zstd-compressed, "
                                    "which corral cannot unpack yet: push it with gzip layers")
-        h = hashlib.sha256()
-        written = 0
-        try:
-            with open(blob, "rb") as raw, open(plain, "wb") as out:
-                src = gzip.GzipFile(fileobj=raw) if magic.startswith(_GZIP) else raw
-                while chunk := src.read(_CHUNK):
-                    written += len(chunk)
-                    if written > self.budget:
-                        raise self._too_large(index, written)
-                    h.update(chunk)
-                    out.write(chunk)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise ImageImportError(f"layer {index + 1} of {self.ref}: bad gzip data ({exc})",
-                                   details={"layer": index + 1}) from None
-        self.budget -= written
-        if "sha256:" + h.hexdigest() != diff_id:
+        with open(blob, "rb") as raw:
+            src: Any = gzip.GzipFile(fileobj=raw) if magic.startswith(_GZIP) else raw
+            reader = _Checked(src, self.budget, lambda n: self._too_large(index, n))
+            try:
+                apply_overlay_layer(tree, reader, index + 1)
+                reader.drain()  # the tar's zero blocks and padding count in diff_id
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                raise ImageImportError(f"layer {index + 1} of {self.ref}: bad gzip data "
+                                       f"({exc})", details={"layer": index + 1}) from None
+        self.budget -= reader.count
+        if "sha256:" + reader.hash.hexdigest() != diff_id:
             raise ImageImportError(
                 f"layer {index + 1} of {self.ref} does not match its diff_id {diff_id} "
                 "(a damaged or altered image): refused", details={"layer": index + 1})
@@ -381,6 +376,38 @@ class _Pull:
                 if os.path.lexists(p) and not p.is_char_device():
                     return "/" + rel
         return None
+
+
+class _Checked:
+    """A reader that hashes what passes and stops past ``limit`` bytes."""
+
+    def __init__(self, src: Any, limit: int, too_large: Callable[[int], Exception]) -> None:
+        self.src, self.limit, self.too_large = src, limit, too_large
+        self.hash = hashlib.sha256()
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self.src.read(n if n is not None and n >= 0 else _CHUNK)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise self.too_large(self.count)
+        self.hash.update(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(_CHUNK):
+            pass
+
+
+def _hash_prefix(path: Path, length: int) -> tuple[Any, int]:
+    """sha256 over the first ``length`` bytes of ``path``."""
+    h = hashlib.sha256()
+    done = 0
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+        while done < length and (chunk := f.read(min(_CHUNK, length - done))):
+            h.update(chunk)
+            done += len(chunk)
+    return h, done
 
 
 def _digest(value: Any) -> str:

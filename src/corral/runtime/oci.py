@@ -282,11 +282,8 @@ def _sha256_file(path: Path) -> str:
 # ----------------------------------------------------------------- applying
 
 
-def apply_layer(root: Path, layer: Path, index: int = 1, *, overlay: bool = False) -> None:
-    """Apply one layer (a plain tar file) onto the tree ``root``, in place; with
-    ``overlay``, ``root`` is the layer's own (empty) tree, to be an overlayfs lower
-    layer: a whiteout becomes overlayfs's marker (a 0/0 character device) and an opaque
-    directory gets ``trusted.overlay.opaque`` (both need root), deleting nothing."""
+def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
+    """Apply one layer (a plain tar file) onto the tree ``root``, in place."""
     try:
         tar = tarfile.open(layer, "r:")
     except tarfile.TarError as exc:
@@ -298,9 +295,7 @@ def apply_layer(root: Path, layer: Path, index: int = 1, *, overlay: bool = Fals
             if parts:
                 entries.append((parts, m))
         for parts, _ in entries:  # whiteouts hide what the layers below put there
-            if overlay:
-                _mark_whiteout(root, parts, index)
-            elif parts[-1] == OPAQUE:
+            if parts[-1] == OPAQUE:
                 d = _resolve_dir(root, parts[:-1], create=False)
                 if d is not None:
                     for child in os.listdir(d):
@@ -313,6 +308,30 @@ def apply_layer(root: Path, layer: Path, index: int = 1, *, overlay: bool = Fals
         for parts, m in entries:
             if not parts[-1].startswith(WHITEOUT):
                 _extract(root, tar, parts, m, index)
+
+
+def apply_overlay_layer(root: Path, stream: IO[bytes], index: int = 1) -> None:
+    """Unpack one layer, read once from ``stream`` (a plain tar), into the empty tree
+    ``root``, to be an overlayfs lower layer: a whiteout becomes overlayfs's marker (a
+    0/0 character device) and an opaque directory gets ``trusted.overlay.opaque``
+    (both need root); nothing is deleted. The rules of :func:`apply_layer` hold."""
+    made: set[tuple[str, ...]] = set()  # what this layer itself put there
+    try:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
+            for m in tar:
+                parts = _entry_parts(m.name, index)
+                if not parts:
+                    continue
+                if parts[-1] == OPAQUE or parts[-1].startswith(WHITEOUT):
+                    gone = parts[-1] if parts[-1] == OPAQUE else _whiteout_target(parts, index)
+                    if tuple([*parts[:-1], gone]) not in made:  # hides lower layers only
+                        _mark_whiteout(root, parts, index)
+                    continue
+                _extract(root, tar, parts, m, index)
+                made.add(tuple(parts))
+    except (tarfile.TarError, EOFError) as exc:
+        raise ImageImportError(f"layer {index} is not a valid tar archive ({exc})",
+                               details={"layer": index}) from None
 
 
 def _mark_whiteout(root: Path, parts: list[str], index: int) -> None:
