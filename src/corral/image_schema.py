@@ -327,7 +327,7 @@ class ImageInfo(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     python: str | None = None
-    ref: str | None = None  # pulled: the registry reference it came from
+    ref: str | None = Field(None, exclude_if=lambda v: v is None)  # pulled: its registry ref
     unique_bytes: int | None = None  # in listings: what deleting it alone would free
 
 

@@ -62,7 +62,7 @@ async def build_dockerfile_route(request: Request) -> Response:
             target=req.target, on_event=on_event, cpus=cpus, host_network=host_network)
 
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    task = asyncio.create_task(_run(run, queue))
+    task = asyncio.create_task(_run(run, queue, engine.images))
 
     async def cleanup() -> None:
         try:

@@ -76,20 +76,24 @@ async def list_images(request: Request) -> Response:
     store = ctx.engine(request).images
     images, unique = await asyncio.gather(asyncio.to_thread(store.list),
                                           asyncio.to_thread(unique_sizes, store.images_dir))
-    return JSONResponse({"images": [
-        _info(store, i).model_copy(update={"unique_bytes": unique.get(i.name)})
-        .model_dump(mode="json") for i in images]})
+    return JSONResponse({"images": [_info(store, i, unique).model_dump(mode="json")
+                                    for i in images]})
 
 
 async def get_image(request: Request) -> Response:
     store = ctx.engine(request).images
     image = store.get(_name(request), check_base=False)
-    return JSONResponse(_info(store, image).model_dump(mode="json"))
+    info = await asyncio.to_thread(_info, store, image)
+    return JSONResponse(info.model_dump(mode="json"))
 
 
-def _info(store: ImageStore, image: Image) -> ImageInfo:
-    """An image's info, with the reference it was pulled from."""
-    info = image.info()
+def _info(store: ImageStore, image: Image, unique: dict[str, int] | None = None) -> ImageInfo:
+    """An image's info, with the reference it was pulled from and the bytes only it
+    uses (``unique``: :func:`unique_sizes` of the store, computed if not given).
+    Blocking."""
+    if unique is None:
+        unique = unique_sizes(store.images_dir)
+    info = image.info().model_copy(update={"unique_bytes": unique.get(image.name)})
     if image.kind == "built":
         with contextlib.suppress(OSError, ValueError, ImageNotFound):
             source = store.manifest(image.name).get("source") or {}
@@ -119,7 +123,7 @@ async def pull_image_route(request: Request) -> Response:
         try:
             image = await asyncio.to_thread(pull_image, store, req.ref, name=req.name,
                                             insecure=req.insecure, on_progress=progress)
-            event = PullEvent(type="image", image=_info(store, image))
+            event = PullEvent(type="image", image=await asyncio.to_thread(_info, store, image))
         except CorralError as exc:
             event = PullEvent(type="error", error=exc.to_dict())
         except Exception as exc:  # the reply has started: report in-band
@@ -197,7 +201,7 @@ async def build_image(request: Request) -> Response:
             await asyncio.to_thread(_remove_tree, work)
         raise
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    task = asyncio.create_task(_run(build, queue))
+    task = asyncio.create_task(_run(build, queue, store))
 
     async def cleanup() -> None:
         try:
@@ -213,11 +217,12 @@ async def build_image(request: Request) -> Response:
 
 
 async def _run(build: ImageBuild | Callable[[OnEvent], Awaitable[BuildResult]],
-               queue: asyncio.Queue[bytes | None]) -> None:
+               queue: asyncio.Queue[bytes | None], store: ImageStore) -> None:
     run = build.run if isinstance(build, ImageBuild) else build
     try:
         result = await run(lambda event: queue.put_nowait(_line(event)))
-        queue.put_nowait(_line(BuildEvent(type="image", image=result.image.info(),
+        info = await asyncio.to_thread(_info, store, result.image)
+        queue.put_nowait(_line(BuildEvent(type="image", image=info,
                                           stats=result.stats)))
     except CorralError as exc:
         queue.put_nowait(_line(BuildEvent(type="error", error=exc.to_dict())))

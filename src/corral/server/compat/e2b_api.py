@@ -51,6 +51,7 @@ from corral.errors import (
     SandboxNotFound,
     Unauthorized,
 )
+from corral.runtime.distribution import is_reference
 from corral.runtime.events import SandboxEnded
 from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
@@ -379,7 +380,7 @@ async def create_sandbox(request: Request) -> Response:
     req: NewSandbox = await _body(request, NewSandbox, "E2B sandbox request")
     cfg = settings(request)
     spec = _spec(req, cfg)
-    if not ctx.engine(request).images.exists(spec.image):
+    if not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
         raise ImageNotFound(
             f"no corral image for E2B template {req.templateID!r}: build one, or map the "
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
