@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import corral
+from corral.runtime.image_pull import local_name
 from corral.runtime.paths import default_cache_dir
 from tests.conftest import requires_root
 from tests.runtime.oci_archives import oci_layout
@@ -78,4 +79,4 @@ def test_dockerfile_from_a_registry_image(daemon, tmp_path, registry_ref):
                 corral.Image.from_dockerfile(ctx, name=name, client=client)
             assert info.value.details["instruction"] == "VOLUME"
     finally:
-        cli(daemon, "image", "rm", name)
+        cli(daemon, "image", "rm", name, local_name(registry_ref))  # the built, the pulled

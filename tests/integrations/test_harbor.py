@@ -17,11 +17,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import corral
+from corral.runtime.image_pull import local_name
 from corral.runtime.paths import default_cache_dir
 from tests.conftest import requires_root
 from tests.runtime.oci_archives import oci_layout
@@ -115,8 +116,17 @@ def harbor_run(venv: Path, daemon, task: Path, jobs: Path) -> float:
 
 
 def test_harbor_oracle_rewards_on_corral(harbor_venv, daemon, base_ref, tmp_path):
-    assert sys.version_info >= (3, 11)
-    good = make_task(tmp_path / "good" / "sum-task", base_ref, "$((a + b))")
-    assert harbor_run(harbor_venv, daemon, good, tmp_path / "jobs-good") == 1.0
-    broken = make_task(tmp_path / "broken" / "sum-task", base_ref, "$((a * b))")
-    assert harbor_run(harbor_venv, daemon, broken, tmp_path / "jobs-broken") == 0.0
+    with corral.Client(daemon.url) as client:
+        before = {i.name for i in corral.Image.list(client=client)}
+        try:
+            good = make_task(tmp_path / "good" / "sum-task", base_ref, "$((a + b))")
+            assert harbor_run(harbor_venv, daemon, good, tmp_path / "jobs-good") == 1.0
+            broken = make_task(tmp_path / "broken" / "sum-task", base_ref, "$((a * b))")
+            assert harbor_run(harbor_venv, daemon, broken, tmp_path / "jobs-broken") == 0.0
+            made = {i.name for i in corral.Image.list(client=client)} - before
+            assert local_name(base_ref) in made  # FROM the registry: pulled once
+            assert not corral.Sandbox.list(tags=["harbor"], client=client)  # stop deleted
+        finally:
+            for name in sorted({i.name for i in corral.Image.list(client=client)} - before,
+                               key=lambda n: n == local_name(base_ref)):  # the base last
+                corral.Image.get(name, client=client).delete()

@@ -88,8 +88,11 @@ class Reference:
 
 
 def is_reference(image: str) -> bool:
-    """Whether ``image`` names a registry image (it has a ``/``) rather than a local one."""
-    return isinstance(image, str) and "/" in image
+    """Whether ``image`` names a registry image (``HOST[:PORT]/...``: its first part has
+    a ``.`` or a ``:`` or is ``localhost``, as Docker tells hosts) rather than a local one."""
+    if not isinstance(image, str) or "/" not in image:
+        return False
+    return _is_host(image.split("/", 1)[0])
 
 
 def parse_reference(ref: str) -> Reference:
