@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -79,8 +80,10 @@ class Registry:
 
 
 @contextlib.contextmanager
-def run_registry(tmp: Path, *, creds: tuple[str, str] | None = None) -> Iterator[Registry]:
-    """A registry on 127.0.0.1 for the length of the block."""
+def run_registry(tmp: Path, *, creds: tuple[str, str] | None = None,
+                 token: TokenService | None = None) -> Iterator[Registry]:
+    """A registry on 127.0.0.1 for the length of the block: open, with basic auth
+    (``creds``), or with token auth (``token``, started, and its ``creds``)."""
     with warnings.catch_warnings():  # deprecated, still there: bcrypt via libxcrypt
         warnings.simplefilter("ignore", DeprecationWarning)
         import crypt as _crypt
@@ -94,6 +97,8 @@ def run_registry(tmp: Path, *, creds: tuple[str, str] | None = None) -> Iterator
         hashed = _crypt.crypt(creds[1], _crypt.mksalt(_crypt.METHOD_BLOWFISH))
         (tmp / "htpasswd").write_text(f"{creds[0]}:{hashed}\n")
         auth = f"auth:\n  htpasswd:\n    realm: corral-test\n    path: {tmp / 'htpasswd'}\n"
+    elif token is not None:
+        auth, creds = token.auth_config(), token.creds
     config = tmp / "config.yml"
     config.write_text(
         "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n"
@@ -221,3 +226,94 @@ def rootfs_layer(rootfs: Path) -> bytes:
         for entry in sorted(rootfs.iterdir()):
             tar.add(entry, arcname=entry.name, filter=owner)
     return buf.getvalue()
+
+
+@dataclass
+class TokenService:
+    """A registry token service (the Docker v2 token protocol): checks basic auth and
+    signs ES256 JWTs with a self-signed key the registry trusts (``cert``)."""
+
+    creds: tuple[str, str]
+    cert: Path
+    realm: str = ""
+    issued: list[str] = field(default_factory=list)  # the scopes it granted
+    service: str = "corral-test"
+    issuer: str = "corral-test-issuer"
+
+    def start(self) -> TokenService:
+        import base64
+        import datetime
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, urlsplit
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "corral-test-token")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(days=1))
+                .not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .sign(key, hashes.SHA256()))
+        self.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        der = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
+        service = self
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        def jwt(sub: str, scopes: list[str]) -> str:
+            access = []
+            for scope in scopes:
+                kind, _, rest = scope.partition(":")
+                repo, _, actions = rest.rpartition(":")
+                access.append({"type": kind, "name": repo, "actions": actions.split(",")})
+            t = int(time.time())
+            head = b64(json.dumps({"typ": "JWT", "alg": "ES256", "x5c": [der]}).encode())
+            body = b64(json.dumps({"iss": service.issuer, "sub": sub, "aud": service.service,
+                                   "exp": t + 600, "nbf": t - 60, "iat": t,
+                                   "jti": secrets.token_hex(8), "access": access}).encode())
+            r, s = decode_dss_signature(key.sign(f"{head}.{body}".encode(),
+                                                 ec.ECDSA(hashes.SHA256())))
+            return f"{head}.{body}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                query = parse_qs(urlsplit(self.path).query)
+                auth = self.headers.get("Authorization", "")
+                want = "Basic " + base64.b64encode(":".join(service.creds).encode()).decode()
+                if auth != want:
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                scopes = query.get("scope", [])
+                service.issued += scopes
+                body = json.dumps({"token": jwt(service.creds[0], scopes)}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = f"http://127.0.0.1:{self._server.server_address[1]}/token"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def auth_config(self) -> str:
+        return (f"auth:\n  token:\n    realm: {self.realm}\n    service: {self.service}\n"
+                f"    issuer: {self.issuer}\n    rootcertbundle: {self.cert}\n")

@@ -20,6 +20,7 @@ from tests.conftest import requires_root
 from tests.runtime.oci_archives import Layer, base_layer, oci_layout, second_layer
 from tests.runtime.registries import (
     Proxy,
+    TokenService,
     requires_registry,
     run_registry,
     write_auth_file,
@@ -216,3 +217,23 @@ async def test_two_concurrent_first_uses_pull_once(engine, registry, layers, tmp
     assert len(results) == 2 and results[0].digest == results[1].digest
     manifests = [r for r in proxy.requests if "/manifests/" in r]
     assert len(manifests) == 1, proxy.requests
+
+
+async def test_token_auth_from_the_auth_file(engine, tmp_path, layers, cleanup, monkeypatch):
+    creds = ("corral", secrets.token_hex(8))
+    token = TokenService(creds, tmp_path / "token.pem").start()
+    try:
+        with run_registry(tmp_path / "reg", token=token) as registry:
+            ref = registry.push(oci_layout(tmp_path / "layout", layers), f"{repo()}:v1")
+            wrong = write_auth_file(tmp_path / "wrong.json", registry.host, (creds[0], "nope"))
+            monkeypatch.setenv("REGISTRY_AUTH_FILE", str(wrong))
+            with pytest.raises(RegistryAuthError, match=registry.host):
+                await asyncio.to_thread(pull_image, engine.images, ref)
+            right = write_auth_file(tmp_path / "right.json", registry.host, creds)
+            monkeypatch.setenv("REGISTRY_AUTH_FILE", str(right))
+            image = await asyncio.to_thread(pull_image, engine.images, ref)
+            cleanup.append(image.name)
+            assert f"repository:{ref.split('/', 1)[1].split(':')[0]}:pull" in token.issued
+            assert creds[1] not in registry.log.read_text()
+    finally:
+        token.stop()
