@@ -311,11 +311,11 @@ def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
 
 
 def apply_overlay_layer(root: Path, stream: Any, index: int = 1) -> None:
-    """Unpack one layer, read once from ``stream`` (a plain tar, anything with
-    ``read(n)``), into the empty tree
-    ``root``, to be an overlayfs lower layer: a whiteout becomes overlayfs's marker (a
-    0/0 character device) and an opaque directory gets ``trusted.overlay.opaque``
-    (both need root); nothing is deleted. The rules of :func:`apply_layer` hold."""
+    """Unpack one layer, read once from ``stream`` (a plain tar: anything with
+    ``read(n)``), into the empty tree ``root``, to be an overlayfs lower layer: a
+    whiteout becomes overlayfs's marker (a 0/0 character device) and an opaque directory
+    gets ``trusted.overlay.opaque`` (both need root); nothing is deleted. The rules of
+    :func:`apply_layer` hold."""
     made: set[tuple[str, ...]] = set()  # what this layer itself put there
     try:
         with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
