@@ -237,3 +237,30 @@ async def test_token_auth_from_the_auth_file(engine, tmp_path, layers, cleanup, 
             assert creds[1] not in registry.log.read_text()
     finally:
         token.stop()
+
+
+async def test_a_pull_cut_off_is_resumed_by_the_next(engine, registry, tmp_path, cleanup,
+                                                      monkeypatch):
+    from corral.errors import RegistryError
+    from corral.runtime import image_pull
+
+    big = Layer().file("srv/big.bin", secrets.token_bytes(3 << 20)).bytes()
+    pushed = registry.push(oci_layout(tmp_path / "layout", [big], gzip_layers=False),
+                           f"{repo()}:cut")
+    proxy = Proxy(registry.host, cut_after=1 << 20).start()
+    try:
+        ref = pushed.replace(registry.host, proxy.host)
+        monkeypatch.setattr(image_pull, "RESUME_TRIES", 1)  # this pull gives up at the cut
+        with pytest.raises(RegistryError, match="pull again to resume"):
+            await asyncio.to_thread(pull_image, engine.images, ref)
+        partial = [p for p in os.listdir(engine.images.images_dir / BLOBS)
+                   if p.endswith(".partial")]
+        assert partial, "the bytes fetched before the cut are kept"
+        monkeypatch.setattr(image_pull, "RESUME_TRIES", 8)
+        image = await asyncio.to_thread(pull_image, engine.images, ref)
+        cleanup.append(image.name)
+    finally:
+        proxy.stop()
+    ranged = [r for r in proxy.requests if "/blobs/" in r and "Range: bytes=" in r]
+    assert ranged and int(ranged[0].split("bytes=")[1].rstrip("-")) > 0
+    assert not os.listdir(engine.images.images_dir / BLOBS)
