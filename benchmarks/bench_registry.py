@@ -1,6 +1,6 @@
 """Registry pulls and Dockerfile builds, against baselines measured in the same run.
 
-    python3 benchmarks/bench_registry.py [--quick] [--json OUT]
+    python3 benchmarks/bench_registry.py [--quick|--smoke] [--json OUT]
 
 A private image cache (a temporary ``CORRAL_CACHE_DIR``) and Debian's docker-registry
 on 127.0.0.1. Medians of interleaved rounds:
@@ -35,10 +35,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from corral.runtime.paths import default_cache_dir  # noqa: E402
+
+PYTHON_ROOTFS = default_cache_dir() / "images/python/rootfs"  # the host's, read only
 CACHE = Path(tempfile.mkdtemp(prefix="corral-bench-registry-"))
 os.chmod(CACHE, 0o711)
 os.environ["CORRAL_CACHE_DIR"] = str(CACHE / "cache")
 
+from bench_args import parser, pick  # noqa: E402
 from tests.runtime.oci_archives import Layer  # noqa: E402
 from tests.runtime.oci_archives import oci_layout as _oci_layout  # noqa: E402
 from tests.runtime.registries import rootfs_layer, run_registry  # noqa: E402
@@ -136,8 +141,8 @@ async def dockerfile_builds(engine: Engine, base_ref: str, tmp: Path) -> dict[st
 
 async def main_async(args: argparse.Namespace) -> dict[str, float]:
     res: dict[str, float] = {}
-    size_mb = 100 if args.quick else 500
-    rounds = 2 if args.quick else 3
+    size_mb = pick(args, 500, 100, 5)
+    rounds = pick(args, 3, 2, 1)
     tmp = CACHE / "work"
     tmp.mkdir()
     with run_registry(tmp / "registry") as registry:
@@ -158,7 +163,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
         res["download_ratio_client_over_skopeo"] = (res[f"download_{mb}_corral_client_s"]
                                                     / res[f"copy_{mb}_skopeo_s"])
 
-        base = rootfs_layer(Path("/var/cache/corral/images/python/rootfs"))
+        base = rootfs_layer(PYTHON_ROOTFS)
         base_ref = registry.push(oci_layout(tmp / "base", [base], gzip_layers=False),
                                  "bench/python:1")
         engine = await Engine.open(CACHE / "state")
@@ -170,7 +175,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
                 firsts.append(await first_command(engine, ref))
             res["first_command_after_pull_s"] = statistics.median(firsts)
 
-            n = 6 if args.quick else 20
+            n = pick(args, 20, 6, 2)
             sizes = 0
             for i in range(n):
                 ref = registry.push(oci_layout(tmp / f"share{i}", [base, Layer().file(
@@ -189,10 +194,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = parser(__doc__).parse_args()
     if os.geteuid() != 0 or not shutil.which("docker-registry") or not shutil.which("skopeo"):
         print("needs root, docker-registry and skopeo")
         return 1

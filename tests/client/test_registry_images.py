@@ -16,23 +16,19 @@ import pytest
 
 import corral
 from corral.runtime.image_pull import local_name
+from corral.runtime.paths import default_cache_dir
 from tests.conftest import requires_root
 from tests.runtime.oci_archives import Layer, base_layer, oci_layout, second_layer
 from tests.runtime.registries import Proxy, requires_registry, run_registry, write_auth_file
 
 pytestmark = [requires_root, requires_registry, pytest.mark.root, pytest.mark.timeout(300)]
 
-SHARED_PYTHON_ROOTFS = Path("/var/cache/corral/images/python/rootfs")
 
 
 @pytest.fixture
 def setup(tmp_path, make_daemon, monkeypatch):
     """(daemon, client, registry behind a counting proxy, creds, layers)."""
-    rootfs = SHARED_PYTHON_ROOTFS
-    if not (rootfs / "usr/bin/dash").exists():
-        from corral.runtime.paths import default_cache_dir  # the shared cache, read only
-
-        rootfs = default_cache_dir() / "images/python/rootfs"
+    rootfs = default_cache_dir() / "images/python/rootfs"  # the shared cache, read only
     layers = [base_layer(rootfs).bytes(), second_layer().bytes()]
     creds = ("corral", "s3cret-" + secrets.token_hex(8))
     cache = tmp_path / "cache"
