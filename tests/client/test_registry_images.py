@@ -140,3 +140,12 @@ def test_registry_errors_are_typed(setup):
     done = cli(daemon, "image", "pull", other)
     assert done.returncode != 0 and registry.host in done.stderr
     assert creds[1] not in done.stderr
+
+
+def test_a_pool_of_a_registry_image(setup):
+    daemon, client, registry, proxy, creds, layers, tmp = setup
+    ref = push(registry, proxy, oci_layout(tmp / "a", layers), "team/pool:v1")
+    with corral.Pool(image=ref, memory_mb=64, min_ready=1, client=client) as pool:
+        with pool.acquire(timeout=60) as sb:
+            assert sb.exec("cat /opt/keep/k.txt").stdout == "kept\n"
+            assert sb.info.spec.image == local_name(ref)

@@ -296,8 +296,9 @@ def _pool_name(request: Request) -> str:
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
     check_network(body.spec, host_network=ctx.host_network_allowed(request))
+    spec = await ctx.service(request).with_image(body.spec)  # a registry image: pulled now
     made = ctx.pools(request).create_pool(
-        body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
+        body.name, spec, min_ready=body.min_ready, max_size=body.max_size
     )
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
