@@ -29,7 +29,8 @@ def python_layer() -> bytes:
 def registry_ref(tmp_path, python_layer):
     layout = oci_layout(tmp_path / "layout", [python_layer], gzip_layers=False, config={
         "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "WorkingDir": "/workspace"}})
+        # a WorkingDir the image lacks: Docker makes it, so must corral
+        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "WorkingDir": "/srv/task"}})
     with run_registry(tmp_path / "registry") as registry:
         yield registry.push(layout, "base/python:12")
 

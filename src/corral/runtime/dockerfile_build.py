@@ -23,6 +23,7 @@ import gzip
 import lzma
 import os
 import posixpath
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,15 @@ async def _build_stage(engine: Any, stage: Stage, names: dict[int, str], context
                        host_network: bool) -> BuildResult:
     base = await _base(engine, stage.base, names)
     steps = list(stage.steps)
+    workdir = engine.images.get(base).workdir
+    shift = 0
+    if workdir and workdir != "/" and any("run" in s for s in steps):
+        # the base's WorkingDir may be missing from its files (Docker makes it): made
+        # before the first step that runs there
+        made = [{"workdir": "/"}, {"run": f"mkdir -p {shlex.quote(workdir)}", "user": "root"},
+                {"workdir": workdir}]
+        steps[:0] = made
+        shift = len(made)
     if not any("run" in s or "copy" in s for s in steps):
         # nothing changes files: the stage is its base with metadata
         steps.append({"run": "true", "user": "root"})
@@ -102,7 +112,8 @@ async def _build_stage(engine: Any, stage: Stage, names: dict[int, str], context
     try:
         sources: dict[int, str] = {}
         for i, src in stage.sources.items():
-            sources[i + 1] = str(await _source(engine, src, names, context, work / f"s{i}"))
+            path = await _source(engine, src, names, context, work / f"s{i}")
+            sources[i + shift + 1] = str(path)
         meta = {k: v for k, v in stage.meta.items() if not k.startswith("_")}
         build = ImageBuild(engine, {"base": base, "steps": steps}, name=names[stage.index],
                            context=context, sources=sources, cpus=cpus or host_cpus(),
