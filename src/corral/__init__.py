@@ -69,6 +69,7 @@ from corral.errors import (
     QuotaExceeded,
     RegistryAuthError,
     RegistryError,
+    SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
     SandboxProtocolError,
@@ -88,6 +89,7 @@ from corral.schema import (
     SandboxSpec,
     SandboxState,
     SnapshotInfo,
+    Storage,
 )
 
 __all__ = [
@@ -140,6 +142,7 @@ __all__ = [
     "RegistryAuthError",
     "RegistryError",
     "Sandbox",
+    "SandboxDiskFull",
     "SandboxInfo",
     "SandboxLost",
     "SandboxNotFound",
@@ -153,6 +156,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "SnapshotTooLarge",
+    "Storage",
     "Unauthorized",
     "Unsupported",
     "__version__",

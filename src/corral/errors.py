@@ -16,7 +16,8 @@ would naturally catch as a builtin also inherit it::
     │   └── SnapshotNotFound                  404 snapshot_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
-    │   └── FileTooLarge                      413 file_too_large
+    │   ├── FileTooLarge                      413 file_too_large
+    │   └── SandboxDiskFull                   507 sandbox_disk_full
     ├── InvalidState                          409 invalid_state
     │   └── ImageInUse                        409 image_in_use
     ├── ImageBuildError                       422 image_build_failed
@@ -128,6 +129,14 @@ class FileError(CorralError, OSError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class SandboxDiskFull(FileError):
+    """The sandbox's own writable layer is full (its ``disk_mb`` or ``inodes``): free
+    space in it, or create it with a larger ``disk_mb``/``inodes``. Not the host's disk
+    (that is :class:`StorageFull`). ``details``: ``sandbox_id``, ``path``, ``errno``."""
+
+    code, status = "sandbox_disk_full", 507
 
 
 class FileNotFound(FileError, FileNotFoundError):

@@ -77,6 +77,13 @@ TRANSITIONS: dict[SandboxState, frozenset[SandboxState]] = {
 }
 
 
+class Storage(str, Enum):
+    """Where a sandbox's writable layer lives (:mod:`corral.runtime.diskimage`)."""
+
+    MEMORY = "memory"  # a tmpfs of disk_mb, charged to its memory (default: fastest)
+    DISK = "disk"  # an ext4 image of disk_mb on the host's disk: writes cost no memory
+
+
 class NetworkMode(str, Enum):
     NONE = "none"  # loopback only (default)
     HOST = "host"  # the host's network namespace: opt-in, for builds and trusted code
@@ -94,6 +101,7 @@ class SandboxSpec(BaseModel):
     pids: StrictInt = Field(DEFAULT_PIDS, ge=4, le=1 << 16)
     disk_mb: StrictInt = Field(DEFAULT_DISK_MB, ge=1, le=1 << 22)
     inodes: StrictInt = Field(DEFAULT_INODES, ge=64, le=1 << 22)
+    storage: Storage = Storage.MEMORY
     open_files: StrictInt = Field(DEFAULT_OPEN_FILES, ge=16, le=1 << 16)
     timeout: StrictFloat = Field(DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     idle_timeout: StrictFloat | None = Field(None, gt=0, le=MAX_TIMEOUT_S)

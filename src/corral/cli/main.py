@@ -155,6 +155,9 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-mb", type=int, help="writable disk in MB (default 2048)")
     p.add_argument("--inodes", type=int,
                    help="files, directories and links it may write (default 131072)")
+    p.add_argument("--storage", choices=("memory", "disk"),
+                   help="its writable layer: a tmpfs charged to memory (default) or an "
+                        "ext4 image on the host's disk")
     p.add_argument("--open-files", type=int, help="open file limit (default 1024)")
     p.add_argument("--timeout", type=_seconds, metavar="S",
                    help=f"lifetime in seconds (default 3600, at most {MAX_TIMEOUT_S:.0f})")

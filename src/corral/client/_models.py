@@ -26,6 +26,7 @@ class SpecOptions(TypedDict, total=False):
     pids: int
     disk_mb: int
     inodes: int
+    storage: str  # "memory" (default) | "disk": where the writable layer lives
     open_files: int
     timeout: float  # the sandbox's lifetime, seconds
     idle_timeout: float

@@ -40,7 +40,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -48,6 +48,8 @@ from corral.runtime.agentconn import (
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.cpus import CpuPicker
+from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
@@ -79,6 +81,7 @@ from corral.schema import (
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    Storage,
 )
 
 # Owner of the sandbox user's files in layers on disk; each sandbox runs as a host uid
@@ -87,6 +90,7 @@ SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
+TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
 ID_PREFIX = "sb-"
@@ -124,6 +128,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.bwrap = bwrap
         self._lock_file = lock_file
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
+        self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self._live: dict[str, Live] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
@@ -310,9 +315,14 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
+        live.cpus = self.cpu_picker.take(spec.cpus)
+        self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
+        if spec.storage == Storage.DISK:
+            await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
+                                    inodes=spec.inodes)
         live.log = slot.log
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
@@ -516,14 +526,19 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 pass
         if live.log is not None:
             live.log.close()
+        dropped = processes.release(live)
+        self.cpu_picker.give_back(live.cpus)
+        live.cpus = ()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.to_thread(self._release_resources, live)
+        await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
         self.gpus.release(live.id)  # after its processes are gone
 
-    def _release_resources(self, live: Live) -> None:
+    def _release_resources(self, live: Live, trim: bool = False) -> None:
+        if trim:  # megabytes of unread output were freed: give them back (a few ms)
+            syscalls.malloc_trim()
         gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
             try:

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 from corral.runtime import rootbuild, rootfs
 from corral.runtime.agentbuild import agent_layer
+from corral.runtime.cpus import cpu_list
+from corral.runtime.diskimage import IMAGE_NAME
 from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
-from corral.schema import NetworkMode
+from corral.schema import NetworkMode, Storage
 
 if TYPE_CHECKING:
     from corral.runtime.launcher import Slot
@@ -39,6 +41,10 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         *rootfs.inode_args(spec.inodes),
     ]
+    if spec.storage == Storage.DISK:  # corral.runtime.diskimage
+        argv += ["--disk-image", str(live.sandbox_dir / IMAGE_NAME)]
+    if live.cpus:  # its affinity, and the /sys that shows its CPUs (corral.runtime.cpus)
+        argv += ["--cpus", cpu_list(live.cpus)]
     # the sandbox user's own directories, made in its writable layer (a build step as
     # root makes none: it would commit them as root's)
     if live.build_root:
@@ -63,6 +69,12 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
         # its GPUs' device nodes and the driver's files, if it holds any (runtime.gpus)
         *(live.gpus.bwrap_args() if live.gpus else []),
+        # /dev/shm is a directory of the writable layer (its disk_mb and inodes bound
+        # it), and the tmpfs --dev made (host-sized, the sandbox user's) is read-only
+        # once every node is bound in: nothing the sandbox writes escapes its limits
+        "--bind", str(live.sandbox_dir / "rw" / "shm"), "/dev/shm",
+        "--remount-ro", "/dev",
+        *(["--ro-bind", str(live.sandbox_dir / "rw" / "sys"), "/sys"] if live.cpus else []),
         "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]

@@ -55,6 +55,7 @@ class Live:
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
     gpus: GpuGrant | None = None  # the GPUs it holds (corral.runtime.gpus)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
+    cpus: tuple[int, ...] = ()  # the CPUs it runs on (corral.runtime.cpus)
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
 
     def touch(self) -> None:

@@ -33,6 +33,19 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
+def malloc_trim() -> bool:
+    """Give the heap's free memory back to the system (glibc's ``malloc_trim(0)``);
+    False where the C library has none (musl). Freed memory otherwise stays in the
+    process: glibc returns only what sits at the top of its heaps, and megabytes of
+    output buffers freed between live objects never are."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return bool(trim(0))
+
+
 def _check(rc: int, what: str, path: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()

@@ -6,6 +6,7 @@
 /* ---------- launch (host side) ---------- */
 
 #define SANDBOX_PTYS "32"  /* pseudo-terminals one sandbox may hold at once */
+#define AGENT_OOM_SCORE_ADJ "500"  /* the agent's, and the floor of the sandbox's */
 
 struct launch_opts {
     uid_t uid;
@@ -17,6 +18,8 @@ struct launch_opts {
     const char *rootdir, *lower;
     unsigned long disk_mb;
     unsigned long inodes;   /* the tmpfs's nr_inodes: files the sandbox may make */
+    const char *cpus;       /* "0,3": the CPUs it runs on (affinity, its /sys's view) */
+    const char *disk_image; /* an ext4 image: the writable layer on disk, not a tmpfs */
     const char *owned[16];
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
@@ -53,6 +56,8 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--lower")) o->lower = v;
         else if (!strcmp(a, "--disk-mb")) o->disk_mb = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--cpus")) o->cpus = v;
+        else if (!strcmp(a, "--disk-image")) o->disk_image = v;
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
         else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
@@ -118,6 +123,80 @@ done:
     if (in >= 0) close(in);
     if (out >= 0) close(out);
     return rc;
+}
+
+/*
+ * The writable layer on disk (storage="disk"; corral.runtime.diskimage): the ext4
+ * image IMAGE (made by the engine, bounded by its size and inode count) on a loop
+ * device, mounted at DEST. The loop device clears itself when the mount goes, which
+ * is when the last process of the sandbox exits (the mount namespace is ours alone).
+ */
+static int mount_disk(const char *image, const char *dest) {
+    char dev[64];
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0) return die("open", "/dev/loop-control");
+    int img = open(image, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (img < 0) { close(ctl); return die("open", image); }
+    int rc = -1;
+    for (int tries = 0; tries < 64 && rc != 0; tries++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0) break;
+        snprintf(dev, sizeof dev, "/dev/loop%d", n);
+        int lfd = open(dev, O_RDWR | O_CLOEXEC);
+        if (lfd < 0) break;
+        struct loop_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.fd = (uint32_t)img;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        if (ioctl(lfd, LOOP_CONFIGURE, &cfg) == 0) {
+            rc = mount(dev, dest, "ext4", MS_NOSUID | MS_NODEV, "errors=remount-ro,noinit_itable");
+            if (rc != 0) { int e = errno; ioctl(lfd, LOOP_CLR_FD, 0); errno = e; close(lfd); break; }
+        } else if (errno != EBUSY) {  /* EBUSY: another launcher took it first */
+            close(lfd);
+            break;
+        }
+        close(lfd);
+    }
+    int saved = errno;
+    close(img);
+    close(ctl);
+    errno = saved;
+    if (rc != 0) return die("mount the disk image", image);
+    if (chmod(dest, 0711) != 0 || (rmdir("rw/lost+found") != 0 && errno != ENOENT)) return die("prepare", dest);
+    return 0;
+}
+
+/*
+ * The sandbox's CPUs (CPUS: "0,3"): its affinity, inherited by everything in it, so
+ * nproc and sched_getaffinity say how many it has; and ROOTDIR/rw/sys, bound read-only
+ * at /sys, where glibc's sysconf(_SC_NPROCESSORS_ONLN/_CONF) (Python's os.cpu_count(),
+ * getconf) reads the CPUs online and present. The host's /sys is never shown.
+ */
+static int set_cpus(const char *cpus) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    char path[128];
+    static const char *dirs[] = {"rw/sys", "rw/sys/devices", "rw/sys/devices/system", "rw/sys/devices/system/cpu"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
+        if (mkdir(dirs[i], 0555) != 0) return die("mkdir", dirs[i]);
+    for (const char *c = cpus; *c;) {
+        char *end;
+        unsigned long n = strtoul(c, &end, 10);
+        if (end == c || n >= CPU_SETSIZE || (*end && *end != ',')) { errno = EINVAL; return die("bad --cpus", cpus); }
+        CPU_SET(n, &set);
+        snprintf(path, sizeof path, "rw/sys/devices/system/cpu/cpu%lu", n);
+        if (mkdir(path, 0555) != 0) return die("mkdir", path);
+        c = *end ? end + 1 : end;
+    }
+    static const char *files[] = {"online", "possible", "present"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "rw/sys/devices/system/cpu/%s", files[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+        if (fd < 0 || dprintf(fd, "%s\n", cpus) < 0) return die("write", path);
+        close(fd);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0) return die("sched_setaffinity", cpus);
+    return 0;
 }
 
 /*
@@ -197,7 +276,10 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
  * sandbox exits the kernel drops the mounts by itself: a crash cannot leak them.
  * Paths are relative to ROOTDIR (our cwd meanwhile), so the overlay's options, which
  * the sandbox reads in /proc/self/mountinfo, name no host path:
- *   ROOTDIR/rw      tmpfs of disk_mb: the cap on everything the sandbox writes
+ *   ROOTDIR/rw      tmpfs of disk_mb (or an ext4 image of it: mount_disk): the cap
+ *                   on everything the sandbox writes
+ *   ROOTDIR/rw/shm  the sandbox's /dev/shm (sticky, world-writable, like the host's)
+ *   ROOTDIR/rw/sys  its /sys: only devices/system/cpu, its CPUs (set_cpus)
  *   ROOTDIR/rw/N    the Nth lower layer (LOWER is a ':' list), an idmapped clone
  *   ROOTDIR/root    overlay: rw/0:rw/1:... read-only, rw/upper private and writable
  */
@@ -206,6 +288,8 @@ static int mount_root(struct launch_opts *o) {
     int n_lowers = 1;
     for (const char *c = o->lower; *c; c++) n_lowers += *c == ':';
     if (!lowers) return die("strdup", NULL);
+    unsigned long sys_inodes = 0; /* rw/sys: 4 directories, 3 files, one per CPU */
+    if (o->cpus) { sys_inodes = 8; for (const char *c = o->cpus; *c; c++) sys_inodes += *c == ','; }
     if (unshare(CLONE_NEWNS) != 0) return die("unshare", "mount namespace");
     /* Nothing mounted here may propagate back to the host. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return die("make mounts private", NULL);
@@ -220,17 +304,22 @@ static int mount_root(struct launch_opts *o) {
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);
-    /* nr_inodes: the sandbox's own, plus a mount point per lower layer and rw/pts */
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts, rw/shm
+       and rw/sys (its files, a directory per CPU) */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 1);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2 + sys_inodes);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
-    if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
+    if (o->disk_image) {
+        if (mount_disk(o->disk_image, "rw") != 0) return -1;
+    } else if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
     if (mkdir("rw/upper", 0755) != 0 || mkdir("rw/work", 0700) != 0) return die("mkdir", "rw/upper");
     /* The sandbox's own devpts (bound over bwrap's at /dev/pts): at most SANDBOX_PTYS
        terminals, so one sandbox cannot use up the pseudo-terminals every devpts on the
        host shares (kernel.pty.max); its ptmx is root's, so the sandbox cannot chmod it. */
     if (mkdir("rw/pts", 0755) != 0) return die("mkdir", "rw/pts");
+    /* /dev/shm (bound there by bwrap): in this tmpfs, so under its size and inodes */
+    if (mkdir("rw/shm", 0755) != 0 || chmod("rw/shm", 01777) != 0) return die("mkdir", "rw/shm");
     if (mount("devpts", "rw/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,max=" SANDBOX_PTYS) != 0)
         return die("mount devpts on", "rw/pts");
@@ -246,6 +335,7 @@ static int mount_root(struct launch_opts *o) {
         if (copy_in("rw/upper", o->copies[i]) != 0) return die("copy", o->copies[i]);
     for (int i = 0; i < o->n_stubs; i++)
         if (make_stub("rw/upper", o->stubs[i]) != 0) return die("make the mount point", o->stubs[i]);
+    if (o->cpus && set_cpus(o->cpus) != 0) return -1;
     int len = snprintf(data, sizeof data, "lowerdir=");
     char *save = NULL;
     int i = 0;
@@ -315,10 +405,15 @@ static int launch(int argc, char **argv) {
     }
     if (!o.prog || !o.prog[0]) { fprintf(stderr, "corral-agent launch: missing program\n"); return 111; }
     if (o.rootdir && (!o.lower || mount_root(&o) != 0)) return 111;
-    /* Inherited by bwrap and the agent: under memory pressure the kernel kills the
-       sandbox's command, and the agent survives to report the OOM. */
+    /* Inherited by bwrap and the agent (commands go higher still: exec.c). Sandbox
+       code is the first thing a host-wide OOM should kill, before the daemon or any
+       host service, and it must not be able to lower itself: written with
+       CAP_SYS_RESOURCE, this value is also the floor (oom_score_adj_min) that nothing
+       in the sandbox can go below. A negative value for the agent would be that floor
+       too (a command could take -998 and outlive the host's own processes). Without
+       CAP_SYS_RESOURCE (some containers) raising still works, unpinned. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom >= 0) { if (write(oom, "-998", 4) < 0) {} close(oom); }
+    if (oom >= 0) { if (write(oom, AGENT_OOM_SCORE_ADJ, strlen(AGENT_OOM_SCORE_ADJ)) < 0) {} close(oom); }
     if (o.nofile) {
         struct rlimit rl = {o.nofile, o.nofile};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
