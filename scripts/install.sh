@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# nftables: the egress filter of sandboxes with a network policy (docs/network.md)
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
 # docker-registry, skopeo: a local registry for the image pull tests (docs/agentic.md)
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 util-linux e2fsprogs procps chromium
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium
               docker-registry skopeo)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -28,9 +29,11 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=".venv/.corral-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/constraints.txt -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev,rl,trl,compat,ray,gpu]"
+    # pyproject.toml says what corral needs (lower bounds); constraints.txt pins the
+    # versions tested here, so CI is reproducible
+    .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[daemon,dev,rl,trl,compat,ray,gpu]"
     touch "$stamp"
 fi
 

@@ -32,6 +32,7 @@ from corral.client._async import (
     AsyncSandbox,
     AsyncSession,
     AsyncSnapshot,
+    AsyncVolume,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
@@ -45,6 +46,7 @@ from corral.client._sync import (
     Sandbox,
     Session,
     Snapshot,
+    Volume,
 )
 from corral.errors import (
     CapacityExceeded,
@@ -66,6 +68,7 @@ from corral.errors import (
     LayerTransferError,
     NotFound,
     PathOutsideSandbox,
+    PortClosed,
     QuotaExceeded,
     RegistryAuthError,
     RegistryError,
@@ -79,8 +82,10 @@ from corral.errors import (
     SnapshotTooLarge,
     Unauthorized,
     Unsupported,
+    VolumeNotFound,
 )
 from corral.image_schema import BuildEvent, BuildSpec, ImageInfo, PruneResult, PullEvent
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -102,6 +107,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "AsyncVolume",
     "BuildEvent",
     "BuildSpec",
     "CapacityExceeded",
@@ -130,11 +136,13 @@ __all__ = [
     "InvalidState",
     "LayerTransferError",
     "NetworkMode",
+    "NetworkPolicy",
     "NotFound",
     "OutputChunk",
     "PathOutsideSandbox",
     "Pool",
     "PoolInfo",
+    "PortClosed",
     "Process",
     "PruneResult",
     "PullEvent",
@@ -159,6 +167,8 @@ __all__ = [
     "Storage",
     "Unauthorized",
     "Unsupported",
+    "Volume",
+    "VolumeNotFound",
     "__version__",
     "as_completed",
     "submit",

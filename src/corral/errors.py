@@ -13,7 +13,8 @@ would naturally catch as a builtin also inherit it::
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
     │   ├── ImageNotFound                     404 image_not_found
-    │   └── SnapshotNotFound                  404 snapshot_not_found
+    │   ├── SnapshotNotFound                  404 snapshot_not_found
+    │   └── VolumeNotFound                    404 volume_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   ├── FileTooLarge                      413 file_too_large
@@ -36,6 +37,7 @@ would naturally catch as a builtin also inherit it::
     ├── LayerTransferError                    502 layer_transfer_failed
     ├── RegistryError (ConnectionError)       502 registry_failed
     │   └── RegistryAuthError (PermissionError) 502 registry_auth_failed
+    ├── PortClosed (ConnectionError)          502 port_closed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -116,6 +118,10 @@ class ImageNotFound(NotFound):
 
 class SnapshotNotFound(NotFound):
     code, status = "snapshot_not_found", 404
+
+
+class VolumeNotFound(NotFound):
+    code, status = "volume_not_found", 404
 
 
 class FileError(CorralError, OSError):
@@ -298,6 +304,12 @@ class RegistryAuthError(RegistryError, PermissionError):
     ``registry``, ``ref``."""
 
     code, status = "registry_auth_failed", 502
+
+
+class PortClosed(CorralError, ConnectionError):
+    """Nothing listens on an exposed port inside the sandbox (docs/network.md)."""
+
+    code, status = "port_closed", 502
 
 
 class SandboxStartError(CorralError):

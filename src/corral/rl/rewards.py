@@ -52,10 +52,13 @@ import asyncio
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import anyio
 
 from corral._bridge import run_sync
 from corral.client._async._client import AsyncClient
@@ -84,6 +87,7 @@ from corral.rl._judging import (
     sandbox_needs,
     score,
 )
+from corral.rl._wandb import log_metrics
 from corral.rl.code import Fallback, TestReport
 from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     DEFAULT_RETRIES,
@@ -91,6 +95,9 @@ from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     RETRY_BACKOFF_S,
 )
 from corral.rl.stdio import COMPARES, DEFAULT_TIME_LIMIT, Compare, IOCase
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +204,10 @@ class AsyncCodeReward:
         case_memory_mb: int = 256,
         compare: Compare = "tokens",
         tolerance: float = 1e-6,
+        wandb: bool = True,
     ) -> None:
         check_grading(grading)
+        self.wandb = bool(wandb)  # log each batch's metrics to an open W&B run
         check_mode(mode)
         if compare not in COMPARES:
             raise InvalidArgument(f"compare must be one of {COMPARES}, got {compare!r}")
@@ -279,23 +288,42 @@ class AsyncCodeReward:
         semaphore = asyncio.Semaphore(self.concurrency)
         async with AsyncClient(self.url) as client:
 
-            async def one(i: int) -> RewardOutcome:
+            results: list[RewardOutcome | None] = [None] * len(completions)
+
+            async def one(i: int) -> None:
                 async with semaphore:
                     outcome = await self._score(client, i, completions[i], snippets[i], extras[i])
                 if on_result is not None:
                     on_result(outcome)
-                return outcome
+                results[i] = outcome
 
-            # A TaskGroup, not gather: if one evaluation raises (a configuration error),
+            # A task group, not gather: if one evaluation raises (a configuration error),
             # the others are cancelled and delete their sandboxes before the client closes.
+            # (anyio's: asyncio.TaskGroup is Python 3.11+.)
             try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(one(i)) for i in range(len(completions))]
+                async with anyio.create_task_group() as group:
+                    for i in range(len(completions)):
+                        group.start_soon(one, i)
             except BaseExceptionGroup as group_error:
                 raise group_error.exceptions[0] from None
-        outcomes = [t.result() for t in tasks]
+        outcomes = [r for r in results if r is not None]
         self.last_outcomes = outcomes
+        if self.wandb:
+            self._log_batch(outcomes)
         return outcomes
+
+    def _log_batch(self, outcomes: Sequence[RewardOutcome]) -> None:
+        """One batch's metrics to an open W&B run, at the trainer's current step."""
+        scored = [o.reward for o in outcomes if o.reward is not None]
+        prefix = f"corral/{self.__name__}/"
+        log_metrics({
+            prefix + "reward_mean": sum(scored) / len(scored) if scored else math.nan,
+            prefix + "completions": len(outcomes),
+            prefix + "infra_failures": len(outcomes) - len(scored),
+            prefix + "timeouts": self.stats.timeouts,
+            prefix + "infra_retries": self.stats.infra_retries,
+            prefix + "sandboxes_created": self.stats.sandboxes_created,
+        }, commit=False)
 
     def _tests_from(self, kwargs: dict[str, Any], n: int) -> Sequence[Any]:
         if self.tests_column not in kwargs:
@@ -452,6 +480,7 @@ def code_reward(
     case_memory_mb: int = 256,
     compare: Compare = "tokens",
     tolerance: float = 1e-6,
+    wandb: bool = True,
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
@@ -472,6 +501,9 @@ def code_reward(
     always (a test that cannot be split that way fails), ``"in_process"`` never.
     ``retries``: how many times a completion whose sandbox could not be had or went away
     (node or daemon lost, no room) is run again on a new one before it scores ``None``.
+    ``wandb``: with a W&B run open (``wandb.init()``), each batch's metrics are logged
+    to it (``corral/<name>/reward_mean``, ``infra_failures``, ``timeouts``...) at the
+    trainer's current step; ``False`` keeps them out.
 
     >>> reward = code_reward("fraction", timeout=5)
     >>> reward(prompts=["p"], completions=["```python\\ndef f(x): return 2*x\\n```"],
@@ -484,6 +516,7 @@ def code_reward(
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
         language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
         compare=compare, tolerance=tolerance,
+        wandb=wandb,
     )
 
 
@@ -509,6 +542,7 @@ def async_code_reward(
     case_memory_mb: int = 256,
     compare: Compare = "tokens",
     tolerance: float = 1e-6,
+    wandb: bool = True,
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
@@ -518,6 +552,7 @@ def async_code_reward(
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
         language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
         compare=compare, tolerance=tolerance,
+        wandb=wandb,
     )
 
 

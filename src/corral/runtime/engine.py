@@ -52,7 +52,9 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_snapshots import SnapshotOps
+from corral.runtime.engine_volumes import VolumeOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
@@ -61,6 +63,7 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.net import NetworkManager
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -75,6 +78,7 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     UidBlock,
     canonical_owner,
 )
+from corral.runtime.volumes import Volumes
 from corral.schema import (
     MAX_TIMEOUT_S,
     TRANSITIONS,
@@ -100,7 +104,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -119,6 +123,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        network_hosts: dict[str, str] | None = None,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -145,6 +150,12 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             target=warm_slots,
             uids=self.uids,
         )
+        # egress policies (runtime/net): names in network_hosts resolve to their address
+        self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
+        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
+        self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
+                                  hosts=network_hosts)
         self.closed = False
         self.id_prefix = ID_PREFIX
         self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
@@ -159,6 +170,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        network_hosts: dict[str, str] | None = None,
         gpus: GpuBackend | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
@@ -166,6 +178,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``network_hosts``: names the resolver of policy sandboxes answers with these
+        addresses, not the host's resolver's (docs/network.md).
         ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
         """
         if os.geteuid() != 0:
@@ -190,6 +204,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             lock_file,
             uid_block,
             warm_slots,
+            network_hosts,
         )
         engine.id_prefix = id_prefix
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
@@ -223,6 +238,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 return_exceptions=True,
             )
         await self._pool.close()
+        await self.net.close()
         for t in list(self._tasks):
             t.cancel()
         remove_cgroup(self.cgroups, self.cgroup_parent)
@@ -269,6 +285,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
+            mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
@@ -284,6 +301,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live = Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
+        live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         live.gpus = grant
@@ -324,6 +342,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
                                     inodes=spec.inodes)
         live.log = slot.log
+        await self._attach_network(live)  # a policy's namespace (engine_network.py)
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
@@ -517,6 +536,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
+        self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:
@@ -548,6 +568,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
+        self.net.detach(live.id)
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)

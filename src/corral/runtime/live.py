@@ -57,6 +57,8 @@ class Live:
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     cpus: tuple[int, ...] = ()  # the CPUs it runs on (corral.runtime.cpus)
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
+    netns: str | None = None  # a policy sandbox's network namespace (runtime/net)
+    volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
-from corral.server import metrics
+from corral.server import expose, metrics
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.cluster_tenants import open_tenancy
@@ -126,7 +126,13 @@ class Guard:
         self.peer = peer  # another daemon of the cluster: peer reads only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
+        if scope["type"] == "websocket":  # only an exposed port's (server/expose.py)
+            if self._exposure(scope) is None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await expose.relay(scope, receive, send)
+            return
+        if scope["type"] != "http":  # lifespan is off: no such thing
             return
         self.activity.in_flight += 1
         started = False
@@ -153,8 +159,9 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
+            app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
             with self.owners.acting_as(caller_name(scope)):
-                await self.app(scope, receive, tracked_send)
+                await app(scope, receive, tracked_send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -168,7 +175,17 @@ class Guard:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 
+    def _exposure(self, scope: Scope) -> expose.Exposure | None:
+        """An exposed port's request (server/expose.py): by its URL's token, or E2B's
+        get_host (Host ``PORT-ID.domain`` with the sandbox's traffic token)."""
+        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.token))
+        if exp is not None:
+            scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
+        return exp
+
     def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
+        if self._exposure(scope) is not None:  # its token is the credential
+            return None
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
             # its endpoints refuse a request without a caller (a wrong path token)
@@ -256,6 +273,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    expose.mount(app, engine)  # and exposed ports at /expose/<token>/ (server/expose.py)
     if settings.metrics:
         metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events
     return app

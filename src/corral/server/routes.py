@@ -132,8 +132,23 @@ async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     # As sent (fields_set): a snapshot's spec fills in only the fields left out.
     spec = service.plan(await service.with_image(spec),
                         host_network=ctx.host_network_allowed(request))
-    created = await unless_gone(request, service.create(spec))
+    created = await unless_gone(request, service.create(spec, wait=_wait_param(request)))
     return JSONResponse(_info_json(created, request), status_code=201)
+
+
+def _wait_param(request: Request) -> float | None:
+    """``?wait=SECONDS``: the caller's deadline for waiting in admission control (for
+    room, or for its tenant's quota); the daemon's ``queue_timeout`` caps it."""
+    value = request.query_params.get("wait")
+    if value is None:
+        return None
+    try:
+        wait = float(value)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait < float("inf"):
+        raise InvalidArgument(f"query parameter 'wait' must be seconds >= 0, got {value!r}")
+    return wait
 
 
 async def list_sandboxes(request: Request) -> Response:
@@ -295,7 +310,8 @@ def _pool_name(request: Request) -> str:
 
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
-    check_network(body.spec, host_network=ctx.host_network_allowed(request))
+    check_network(body.spec, host_network=ctx.host_network_allowed(request),
+                  admin=ctx.service(request).acting_tenant() is None)
     spec = await ctx.service(request).with_image(body.spec)  # a registry image: pulled now
     made = ctx.pools(request).create_pool(
         body.name, spec, min_ready=body.min_ready, max_size=body.max_size

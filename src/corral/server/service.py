@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
@@ -56,14 +57,24 @@ class CreateFinished:
     ended: float
 
 
-def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
+def check_network(spec: SandboxSpec, *, host_network: bool, admin: bool) -> None:
     """``network="host"`` hands a sandbox the host's network (its services, the cloud
-    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`)."""
-    if spec.network == NetworkMode.HOST and not host_network:
+    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`).
+    A policy naming a private, loopback or link-local CIDR: only the admin's."""
+    if spec.network == NetworkMode.HOST and not (host_network and admin):
         raise Forbidden(
-            "network='host' gives the sandbox the host's network: over TCP it needs a "
-            "daemon started with --allow-host-network (the Unix socket may always ask)",
+            "network='host' gives the sandbox the host's network: it is the admin's only, "
+            "and over TCP it needs a daemon started with --allow-host-network (the Unix "
+            "socket may always ask); a tenant may ask for a policy "
+            "{'allow': ['example.com', ...]} instead (docs/network.md)",
             details={"field": "network"},
+        )
+    if isinstance(spec.network, NetworkPolicy) and not admin and spec.network.names_special():
+        raise Forbidden(
+            f"network rules {spec.network.names_special()} name private, loopback or "
+            "link-local addresses: only the admin may allow those; allow public names "
+            "or addresses instead",
+            details={"field": "network.allow"},
         )
 
 
@@ -148,17 +159,19 @@ class SandboxService:
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
-            check_network(spec, host_network=host_network)
+            check_network(spec, host_network=host_network, admin=self.acting_tenant() is None)
         except CorralError as exc:  # a create refused: counted like one that failed
             now = time.monotonic()
             self.engine.events.emit(CreateFinished(exc.code, now, None, now))
             raise
         return spec
 
-    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+    async def create(self, spec: SandboxSpec, *, wait: float | None = None) -> SandboxInfo:
         """Create a sandbox once admission control lets it start (a pool's refills too).
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
+        ``wait``: the caller's deadline for the wait for room or for its tenant's quota
+        (default and cap: the daemon's ``queue_timeout``).
         """
         began, admitted, result = time.monotonic(), None, "internal"
         try:
@@ -166,7 +179,7 @@ class SandboxService:
             spec = capped_lifetime(spec, self.lifetime_limit()[0])  # a default or inherited one
             check_host_limits(spec)
             async with self.admission.admit(
-                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus
+                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait
             ) as slot:
                 admitted = time.monotonic()
                 created = await self.engine.create(spec)
@@ -203,6 +216,12 @@ class SandboxService:
         """Delete a sandbox (idempotent) and give its places back."""
         if await self._delete_admitted(sandbox_id):
             self.pools.release(sandbox_id)
+
+    async def update_network(self, sandbox_id: str, network: NetworkPolicy) -> SandboxInfo:
+        """A running policy sandbox's new policy (a tenant's may name no private range)."""
+        spec = SandboxSpec.parse(network=network.model_dump())
+        check_network(spec, host_network=False, admin=self.acting_tenant() is None)
+        return await self.engine.update_network(sandbox_id, network)
 
     async def stop(
         self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral.client._async._client import AsyncClient
 from corral.client._backends import AsyncBackend

@@ -6,7 +6,9 @@ import builtins
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any
+
+from typing_extensions import Unpack  # typing's since 3.11 only
 
 from corral.client._async._cleanup import AsyncCleanupOnExit
 from corral.client._async._client import AsyncClient

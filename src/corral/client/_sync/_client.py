@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.client._backends import SyncBackend
-from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint
+from corral.client._body import bounded
+from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
 from corral.errors import DaemonUnavailable, InvalidArgument
@@ -93,16 +94,19 @@ class Client:
     def default(cls) -> Client:
         """The client shared by calls given none, configured from the environment.
 
-        One per process (and, for asyncio, per event loop); built on first use.
+        One per process (and, for asyncio, per event loop) and per value of
+        ``CORRAL_URL``/``CORRAL_TOKEN``/``CORRAL_SOCKET``/``CORRAL_NO_EMBED``: built on
+        first use, and again when one of them changed (sandboxes made before keep
+        the client they were made with).
         """
-        return SyncBackend.shared(cls)
+        return SyncBackend.shared(cls, env=env_now())
 
     @classmethod
     def reopen(cls, url: str | None, token: str | None) -> Client:
         """A client to the daemon ``connect_args`` name, shared in this process like
         :meth:`default` (what an unpickled sandbox uses; outside an event loop, a new one)."""
         try:
-            return SyncBackend.shared(cls, url=url, token=token)
+            return SyncBackend.shared(cls, env=env_now(), url=url, token=token)
         except RuntimeError:  # no running loop: connections must wait for the one used
             return cls(url, token=token)
 
@@ -175,7 +179,10 @@ class Client:
         return self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
     def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send a built request; start the embedded daemon first if it is needed."""
+        """Send a built request; start the embedded daemon first if it is needed.
+
+        A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
+        request = bounded(request)
         try:
             response = self._send_once(request, stream)
         except DaemonUnavailable as exc:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import builtins
 import os
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 from urllib.parse import quote
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral.client._sync._client import Client
 from corral.client._backends import SyncBackend

@@ -8,7 +8,9 @@ import builtins
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any
+
+from typing_extensions import Unpack  # typing's since 3.11 only
 
 from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
