@@ -7,7 +7,8 @@ would naturally catch as a builtin also inherit it::
     CorralError
     ├── InvalidArgument (ValueError)          400 invalid_argument
     │   ├── PathOutsideSandbox                400 path_outside_sandbox
-    │   └── ImageImportError                  400 image_import_failed
+    │   ├── ImageImportError                  400 image_import_failed
+    │   └── DockerfileError                   400 invalid_dockerfile
     ├── Unauthorized (PermissionError)        401 unauthorized
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
@@ -35,6 +36,8 @@ would naturally catch as a builtin also inherit it::
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
     ├── LayerTransferError                    502 layer_transfer_failed
+    ├── RegistryError (ConnectionError)       502 registry_failed
+    │   └── RegistryAuthError (PermissionError) 502 registry_auth_failed
     ├── PortClosed (ConnectionError)          502 port_closed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
@@ -81,6 +84,14 @@ class ImageImportError(InvalidArgument):
     """An image archive is malformed or unsafe (a path outside the root, a link escaping it)."""
 
     code, status = "image_import_failed", 400
+
+
+class DockerfileError(InvalidArgument):
+    """A Dockerfile uses what corral cannot build (``HEALTHCHECK``, ``VOLUME``, heredocs,
+    ``RUN --mount``, another user...) or is malformed; nothing was built. ``details``:
+    ``line`` (from 1) and ``instruction``."""
+
+    code, status = "invalid_dockerfile", 400
 
 
 class Unauthorized(CorralError, PermissionError):
@@ -279,6 +290,25 @@ class LayerTransferError(CorralError):
     ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
 
     code, status = "layer_transfer_failed", 502
+
+
+class RegistryError(CorralError, ConnectionError):
+    """A container registry could not be reached or broke the distribution protocol
+    (a manifest too large or malformed, an unexpected status). The message names the
+    registry; nothing half-pulled was kept as an image. ``details``: ``registry``,
+    ``ref`` (and ``status`` when the registry answered)."""
+
+    code, status = "registry_failed", 502
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    """A container registry refused the credentials (or wanted some and none were
+    configured): add them to ``~/.docker/config.json`` or the file named by
+    ``REGISTRY_AUTH_FILE`` of the daemon's user (``docker login`` / ``skopeo login``
+    write it). The credentials themselves are never in the message. ``details``:
+    ``registry``, ``ref``."""
+
+    code, status = "registry_auth_failed", 502
 
 
 class PortClosed(CorralError, ConnectionError):

@@ -135,7 +135,8 @@ async def info(request: Request) -> Response:
 async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     service = ctx.service(request)
     # As sent (fields_set): a snapshot's spec fills in only the fields left out.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(await service.with_image(spec),
+                        host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec, wait=_wait_param(request)))
     return JSONResponse(_info_json(created, request), status_code=201)
 
@@ -316,8 +317,9 @@ def _pool_name(request: Request) -> str:
 async def create_pool(request: Request, body: PoolSpec) -> Response:
     check_network(body.spec, host_network=ctx.host_network_allowed(request),
                   admin=ctx.service(request).acting_tenant() is None)
+    spec = await ctx.service(request).with_image(body.spec)  # a registry image: pulled now
     made = ctx.pools(request).create_pool(
-        body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
+        body.name, spec, min_ready=body.min_ready, max_size=body.max_size
     )
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 from corral.errors import CorralError, Forbidden, SandboxNotFound
 from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
+from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
+from corral.runtime.image_pull import local_name, pull_image
 from corral.runtime.pools import PoolManager
 from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
 from corral.server.admission import LIVE_STATES, Admission
@@ -139,6 +141,23 @@ class SandboxService:
         return self.pools.list_pools()
 
     # ----------------------------------------------------------------- create
+
+    async def with_image(self, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` with a registry reference as its image (``host/repo:tag``) replaced
+        by the local image it was pulled as, pulling it on first use (concurrent first
+        uses pull once). Only the admin makes the daemon reach a registry: a tenant may
+        name a reference the admin (or ``corral image pull``) already pulled."""
+        if not is_reference(spec.image):
+            return spec
+        store = self.engine.images
+        name = local_name(spec.image)
+        if self.acting_tenant() is not None and not store.exists(name):
+            raise Forbidden(
+                f"image {spec.image} is not pulled yet, and tenants do not make the daemon "
+                "reach registries: ask the admin to `corral image pull` it",
+                details={"image": spec.image})
+        image = await asyncio.to_thread(pull_image, store, spec.image, if_missing=True)
+        return spec.model_copy(update={"image": image.name})
 
     def plan(self, spec: SandboxSpec, *, host_network: bool = False) -> SandboxSpec:
         """The spec that will run, or the typed error it would meet, before queueing.

@@ -55,6 +55,7 @@ from corral.errors import (
     Unauthorized,
 )
 from corral.network_schema import NetworkPolicy
+from corral.runtime.distribution import is_reference
 from corral.runtime.events import SandboxEnded
 from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
@@ -408,7 +409,7 @@ async def create_sandbox(request: Request) -> Response:
     req: NewSandbox = await _body(request, NewSandbox, "E2B sandbox request")
     cfg = settings(request)
     spec = _spec(req, cfg)
-    if not ctx.engine(request).images.exists(spec.image):
+    if not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
         raise ImageNotFound(
             f"no corral image for E2B template {req.templateID!r}: build one, or map the "
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
@@ -416,7 +417,8 @@ async def create_sandbox(request: Request) -> Response:
     service = ctx.service(request)
     # The daemon's own flag (--allow-host-network) still decides, whatever the front-end's
     # CORRAL_COMPAT_NETWORK says: E2B may not be the way around it.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(await service.with_image(spec),
+                        host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(created_json(request, created), status_code=201)
 

@@ -192,7 +192,8 @@ async def create_sandbox(request: Request) -> Response:
                 details={"name": req.name, "sandbox_id": holders[0].id},
             )
     service = ctx.service(request)
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(await service.with_image(spec),
+                        host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
     return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
