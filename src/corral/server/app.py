@@ -8,15 +8,13 @@ nothing is kept at module level. Every error a client sees has the shape
 - an unknown route gets 404 ``not_found``, a wrong method 405 ``method_not_allowed``;
 - anything else is logged with its traceback and the client gets 500 ``internal``.
 
-Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
-are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``,
-except SandboxFusion's two endpoints, whose clients send the token in the path
-(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs),
-and E2B's clients, which send it as ``X-API-KEY`` or a per-sandbox ``X-Access-Token``
-(:func:`~corral.server.compat.e2b_api.authenticate`). A cluster's peer credential
-(:mod:`corral.server.peer_auth`) is accepted on the read-only peer routes only (403 elsewhere).
-The token is checked from the headers alone: a refused request's body is never read, and
-its connection is closed. What a request may cost before and after that is bounded in
+Who a request is comes from one place, the door (:mod:`corral.server.door`): the Unix
+socket is the admin; TCP clients send ``Authorization: Bearer TOKEN``, or what their
+front-end's client sends (SandboxFusion's token in the path, E2B's ``X-API-KEY`` and
+per-sandbox ``X-Access-Token``). The token is checked from the headers alone: a
+refused request's body is never read, and its connection is closed. The request then
+runs as its :class:`~corral.server.caller.Caller`, and is cancelled at once if its
+token is revoked or its dashboard session ends. What a request may cost before and after that is bounded in
 :mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
 """
 
@@ -26,6 +24,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -33,31 +32,27 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
+from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
 from corral.server import metrics
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
+from corral.server.caller import Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
+from corral.server.door import Door
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
+from corral.server.revocation import Revocation
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
-from corral.server.tenants import (
-    ADMIN,
-    CALLER_KEY,
-    UNIDENTIFIED,
-    Tenants,
-    TokenStore,
-    caller_name,
-)
+from corral.server.tenants import Tenants, TokenStore
 from corral.server.ui import mount as mount_dashboard
 from corral.server.wire import error_response
 
@@ -110,20 +105,18 @@ def _corral_error(request: Request, exc: Exception) -> Response:
 
 
 class Guard:
-    """Outermost middleware: authentication, activity, and the last line against crashes."""
+    """Outermost middleware: the door (who the caller is), activity, the calls a
+    credential has open, and the last line against crashes."""
 
     def __init__(
-        self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
-        clients: ClientLimiter, tenants: Tenants, owners: Owners, peer: PeerCredential,
+        self, app: ASGIApp, *, door: Door, activity: Activity, clients: ClientLimiter,
+        owners: Owners,
     ) -> None:
         self.app = app
-        self.token = token
-        self.tenants = tenants  # who a credential is (server/tenants.py)
-        self.owners = owners  # the request then acts for its caller (runtime/ownership.py)
-        self.unix_socket = unix_socket
+        self.door = door  # who a credential is, and what it has open (server/door.py)
+        self.owners = owners  # the engine then shows only the caller's own (runtime/ownership.py)
         self.activity = activity
         self.clients = clients
-        self.peer = peer  # another daemon of the cluster: peer reads only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
@@ -138,14 +131,14 @@ class Guard:
 
         client = None
         try:
-            denied = self._check_auth(scope)  # and puts the caller in scope[CALLER_KEY]
-            if denied is not None:  # its body is never read: hang up after the reply
+            caller = self.door.authenticate(scope)  # and puts it in scope[CALLER_KEY]
+            if not isinstance(caller, Caller):  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-                reply = (e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
-                         if isinstance(denied, Unauthorized) else None)
-                await (reply or error_response(denied, headers))(scope, receive, send)
+                reply = (e2b_compat.refusal(scope, caller, headers)  # E2B's shape if E2B's
+                         if isinstance(caller, Unauthorized) else None)
+                await (reply or error_response(caller, headers))(scope, receive, send)
                 return
-            if scope.get("server") != (self.unix_socket, None):
+            if not self.door.on_socket(scope):
                 client = (scope.get("client") or ("?",))[0]
                 if not self.clients.enter(client):
                     refusal = TooManyRequests(**too_many(client, self.clients.limit))
@@ -153,8 +146,11 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
-            with self.owners.acting_as(caller_name(scope)):
+            with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel), \
+                    self.owners.acting_as(caller.name):
                 await self.app(scope, receive, tracked_send)
+            if call.cancelled_caught and not started:  # streams just end (the connection too)
+                await error_response(_revoked(), {"Connection": "close"})(scope, receive, send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -168,39 +164,11 @@ class Guard:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 
-    def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
-        # uvicorn reports a Unix socket's listener as (its path, None).
-        if sandboxfusion_compat.lift_token(scope):
-            # its endpoints refuse a request without a caller (a wrong path token)
-            caller = self.tenants.identify(scope.get(sandboxfusion_compat.TOKEN_KEY))
-            scope[CALLER_KEY] = caller if caller is not None else UNIDENTIFIED
-            return None
-        # X-API-KEY or X-Access-Token; sets scope[CALLER_KEY]
-        e2b = e2b_compat.authenticate(scope, self.token, self.tenants.identify)
-        if e2b is not False:
-            return e2b
-        if scope.get("server") == (self.unix_socket, None):
-            scope[CALLER_KEY] = ADMIN
-            return None  # our own socket file: only its owner can connect
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, credentials = value.decode("latin-1").partition(" ")
-                caller = (self.tenants.identify(credentials.strip())
-                          if scheme.lower() == "bearer" else None)
-                if caller is not None:
-                    scope[CALLER_KEY] = caller
-                    return None
-                if scheme.lower() == "bearer" and self.peer.matches(credentials.strip()):
-                    refused = self.peer.refusal(scope)
-                    scope[CALLER_KEY] = ADMIN if refused is None else UNIDENTIFIED
-                    return refused
-                return self.tenants.refusal()
-        if not self.token:
-            return Unauthorized("this daemon accepts requests only on its Unix socket")
-        return Unauthorized(
-            "missing credentials: TCP clients must send 'Authorization: Bearer TOKEN' "
-            "(the daemon's --token or CORRAL_TOKEN)"
-        )
+
+def _revoked() -> Unauthorized:
+    return Unauthorized(
+        "the token of this request was revoked, or its dashboard session ended, while it ran"
+    )
 
 
 def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
@@ -213,19 +181,20 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     activity = Activity()
     cluster = open_tenancy(settings, engine)  # on a Ray cluster: the cluster's tenants
     tenants = Tenants(cluster.store if cluster else TokenStore(engine.registry.db), settings.token)
+    door = Door(tenants, token=settings.token, unix_socket=str(settings.socket.absolute()),
+                peer=PeerCredential(settings.peer_token),
+                extractors=[sandboxfusion_compat.credentials, e2b_compat.credentials])
+    engine.owners.require_caller()  # from now on, engine code acting for nobody raises
     app = Starlette(
         routes=build_routes(),
         middleware=[
             *([Middleware(AccessLog)] if settings.log_format == "json" else []),
             Middleware(
                 Guard,
-                token=settings.token,
-                unix_socket=str(settings.socket.absolute()),
+                door=door,
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
-                tenants=tenants,
                 owners=engine.owners,
-                peer=PeerCredential(settings.peer_token),
             ),
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
@@ -242,6 +211,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.engine = engine
     app.state.activity = activity
     app.state.tenants = tenants
+    app.state.door = door
     admission = Admission(limits, cluster.quotas(tenants.quota_of) if cluster
                           else Quotas(tenants.quota_of))
     service = app.state.service = SandboxService(
@@ -249,8 +219,9 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     engine.snapshots.quota_of = snapshot_quota(tenants.quota_of)  # server/quotas.py
     app.state.cluster_tenancy = cluster  # its refresh runs with the daemon (daemon.py)
-    if cluster is not None:
-        cluster.pools = service.pools
+    revocation = app.state.revocation = Revocation(door, service, settings.on_revoke)
+    if cluster is not None:  # a revoke made on another node ends things here too
+        cluster.on_revoked = revocation
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter

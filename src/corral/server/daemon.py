@@ -234,7 +234,8 @@ async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any) -> Any
             f"--grpc needs the cwsandbox client's packages ({exc.name} is missing): "
             "pip install 'corral[compat]'"
         ) from None
-    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.activity)
+    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.door,
+                                 app.state.activity)
     await frontend.start()
     return frontend
 

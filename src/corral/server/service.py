@@ -28,7 +28,14 @@ from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
-from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
+from corral.schema import (
+    MAX_TIMEOUT_S,
+    NetworkMode,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SnapshotInfo,
+)
 from corral.server.admission import Admission
 from corral.server.limits import (
     DAEMON_LIFETIME,
@@ -36,6 +43,7 @@ from corral.server.limits import (
     capped_lifetime,
     check_create_lifetime,
     check_host_limits,
+    check_total_lifetime,
 )
 from corral.server.tenants import Tenants
 
@@ -60,7 +68,8 @@ def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
     if spec.network == NetworkMode.HOST and not host_network:
         raise Forbidden(
             "network='host' gives the sandbox the host's network: over TCP it needs a "
-            "daemon started with --allow-host-network (the Unix socket may always ask)",
+            "daemon started with --allow-host-network and, for a tenant, a token made with "
+            "`corral token create --allow-host-network` (the Unix socket may always ask)",
             details={"field": "network"},
         )
 
@@ -91,17 +100,20 @@ class SandboxService:
         """The tenant the current request acts for; None for the admin."""
         return self.engine.owners.acting()
 
-    def lifetime_limit(self) -> tuple[float, str]:
-        """The longest lifetime the caller's sandboxes may have, and whose maximum it is:
-        the daemon's ``--max-lifetime``, or its tenant's if that is lower."""
-        tenant = self.tenants.quota_of(self.acting_tenant()) if self.tenants else None
+    def lifetime_limit(self, owner: str | None | object = ...) -> tuple[float, str]:
+        """The longest total lifetime, from create, that ``owner``'s sandboxes (left
+        out: the caller's) may have, and whose maximum it is: the daemon's
+        ``--max-lifetime``, or the tenant's if that is lower."""
+        name = self.acting_tenant() if owner is ... else owner
+        assert name is None or isinstance(name, str)
+        tenant = self.tenants.quota_of(name) if self.tenants else None
         if tenant is not None and tenant.max_lifetime is not None \
                 and tenant.max_lifetime < self.max_lifetime:
             return tenant.max_lifetime, TENANT_LIFETIME
         return self.max_lifetime, DAEMON_LIFETIME
 
     def list_sandboxes(
-        self, *, tags: Sequence[str] = (), states: Sequence[str] | None = None,
+        self, *, tags: Sequence[str] = (), states: Sequence[SandboxState | str] | None = None,
         tenant: str | None = None,
     ) -> list[SandboxInfo]:
         """The caller's sandboxes (the admin's: all, or only ``tenant``'s)."""
@@ -144,7 +156,8 @@ class SandboxService:
         began, admitted, result = time.monotonic(), None, "internal"
         try:
             spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
-            spec = capped_lifetime(spec, self.lifetime_limit()[0])  # a default or inherited one
+            # a default or inherited one; the owner's limit (a pool refills as the daemon)
+            spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus
@@ -170,6 +183,15 @@ class SandboxService:
             return self.engine.get(sandbox_id).state.terminal
         except SandboxNotFound:
             return True
+
+    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+        """End the sandbox ``seconds`` from now, within its owner's maximum lifetime
+        counted from its create: however often it is moved, a sandbox never outlives
+        ``--max-lifetime`` (or its tenant's, if lower)."""
+        info = self.engine.get(sandbox_id)  # SandboxNotFound: another tenant's too
+        limit, whose = self.lifetime_limit(info.spec.tenant)
+        check_total_lifetime(info, seconds, limit, whose)
+        return await self.engine.set_timeout(info.id, seconds)
 
     # ------------------------------------------------------------------- end
 

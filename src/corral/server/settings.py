@@ -84,6 +84,9 @@ class ServerSettings:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
+    # What a revoked tenant's running sandboxes become (server/revocation.py): "stop"
+    # (their records and files stay for the admin) or "keep" (running, the admin's).
+    on_revoke: str = "stop"
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
@@ -114,6 +117,8 @@ class ServerSettings:
                 f"(got {self.max_lifetime:g} and {self.log_retention:g})")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.on_revoke not in ("stop", "keep"):
+            raise InvalidArgument(f"--on-revoke is stop or keep, got {self.on_revoke!r}")
         if self.log_format not in ("text", "json"):
             raise InvalidArgument(f"--log-format is text or json, got {self.log_format!r}")
         if self.node is not None and not is_node_id(self.node):

@@ -47,12 +47,11 @@ from corral.server.compat.cwsandbox_guard import (
     MAX_SEND_BYTES,
     UNARY_FILE_CAP,
     Guard,
-    check_token,
 )
 from corral.server.compat.cwsandbox_guard import abort as _abort
+from corral.server.door import Door
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
-from corral.server.tenants import Caller
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
 
@@ -73,9 +72,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         settings: ServerSettings,
         engine: Engine,
         lifecycle: Lifecycle,
+        guard: Guard,
         activity: Any = None,
     ) -> None:
         self._settings = settings
+        self._guard = guard  # the door's caller of each call
         self._engine = engine  # exec and files; create, delete and stop go to lifecycle
         self._lifecycle = lifecycle
         self._activity = activity
@@ -95,7 +96,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if self._activity is not None:
             self._activity.in_flight += 1
         try:
-            caller = self._authenticate(context)
+            caller = self._guard.caller_of(context)  # resolved once, by the door
             with self._engine.owners.acting_as(caller.name):  # a tenant sees only its own
                 yield
         except wire.RpcFailure as failure:
@@ -117,18 +118,6 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 self._activity.in_flight -= 1
                 self._activity.last = time.monotonic()
 
-    def identify(self, token: str) -> Caller | None:
-        """Who a bearer token is: the daemon's token or a tenant's (server/tenants.py)."""
-        tenants = self._lifecycle.tenants
-        return None if tenants is None else tenants.identify(token)
-
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
-        """Again, behind the server's :class:`Guard` (which checked before any read)."""
-        caller = check_token(context.invocation_metadata(), self.identify)
-        if isinstance(caller, wire.RpcFailure):
-            raise caller
-        return caller
-
     def _message(self, info: SandboxInfo) -> Any:
         return wire.sandbox_message(
             info, exit_code=self._exit_codes.get(info.id), command=self._commands.get(info.id)
@@ -140,8 +129,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         async with self._rpc(context, "create"):
             images = {image.name for image in self._engine.images.list()}
             plan = wire.plan_create(request, images)
+            host_network = (self._settings.allow_host_network  # the daemon's and the caller's
+                            and self._guard.caller_of(context).may_use_host_network)
             spec = self._lifecycle.plan(
-                plan.spec, host_network=self._settings.allow_host_network
+                plan.spec, host_network=host_network
             )  # ImageNotFound and the like before waiting for room
             info = await self._lifecycle.create(spec)
             try:
@@ -402,12 +393,14 @@ class CwSandboxFrontend:
     """The gRPC server of :class:`SandboxService` on the daemon's loop."""
 
     def __init__(
-        self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle,
+        self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle, door: Door,
         activity: Any = None,
     ) -> None:
         assert settings.grpc is not None
         self.settings = settings
-        self.service = SandboxService(settings, engine, lifecycle, activity)
+        self.guard = Guard(door, settings.max_client_requests,
+                           log_calls=settings.log_format == "json")
+        self.service = SandboxService(settings, engine, lifecycle, self.guard, activity)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
@@ -416,8 +409,7 @@ class CwSandboxFrontend:
         """Listen on ``settings.grpc``; the port (useful when it was 0)."""
         host, port = self.settings.grpc  # type: ignore[misc]
         server = grpc.aio.server(
-            interceptors=[Guard(self.service.identify, self.settings.max_client_requests,
-                                log_calls=self.settings.log_format == "json")],
+            interceptors=[self.guard],
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

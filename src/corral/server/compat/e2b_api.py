@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import os
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
@@ -62,12 +60,13 @@ from corral.schema import (
     validate_model,
 )
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.context import unless_gone
+from corral.server.door import ENVD, TRAFFIC, Credential, Kind
 from corral.server.lifetime import set_lifetime
-from corral.server.tenants import ADMIN, CALLER_KEY, Caller
 from corral.server.wire import read_json
 
 TAG = "e2b"
@@ -81,7 +80,6 @@ DEFAULT_TIMEOUT_S = 300  # the SDK's own default lifetime
 # entries (0.6.3; file metadata, 0.6.2, is refused by the upload)
 ENVD_VERSION = "0.6.3"
 MARK = "corral.e2b"  # scope key the guard sets: "api", "envd" or "jupyter"
-TRAFFIC = b"e2b-traffic:"  # the traffic token's label (the Code Interpreter sends it)
 MAX_LIST = 1000
 LIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED)
 STATE = {SandboxState.PAUSED: "paused"}  # everything else alive is "running"
@@ -98,54 +96,31 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def access_token(token: str, sandbox_id: str, kind: bytes = b"e2b-envd:") -> str:
-    """The envd (or ``TRAFFIC``) access token of one sandbox: opens it, and no other."""
-    return hmac.new(token.encode(), kind + sandbox_id.encode(), hashlib.sha256).hexdigest()
+WRONG_KEY = ("wrong API key: set E2B_API_KEY to the token the corral daemon was started "
+             "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)")
+WRONG_ACCESS = ("wrong, missing or revoked X-Access-Token for this sandbox: connect to it "
+                "with Sandbox.connect(sandbox_id) using a live token as E2B_API_KEY")
 
 
-def _same(given: str, expected: str) -> bool:
-    digest = lambda s: hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()  # noqa: E731
-    return hmac.compare_digest(digest(given), digest(expected))
-
-
-def authenticate(
-    scope: Scope, token: str | None, identify: Callable[[str], Caller | None]
-) -> Unauthorized | None | Literal[False]:
-    """For the daemon's guard: ``False`` if the request is not E2B's; else ``None``
-    (its credentials are right; the scope is marked for :func:`mount`'s routes and
-    holds the caller: a tenant's API key is that tenant, an access token opens its one
-    sandbox) or the :class:`Unauthorized` to answer (with :func:`refusal`)."""
+def credentials(scope: Scope) -> tuple[Credential, ...] | None:
+    """For the door: None if the request is not E2B's; else the credentials it
+    carries (the scope is marked for :class:`Dispatch`): the control API's key, or
+    envd's per-sandbox access token (the Code Interpreter's ``/contexts`` calls may
+    send only the traffic token)."""
     sandbox_id = _header(scope, b"e2b-sandbox-id")
     key = _header(scope, b"x-api-key")
     if sandbox_id is None and key is None:
-        return False
+        return None
     jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
     scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
     if sandbox_id is None:  # the control API: the daemon's token or a tenant's
-        caller = identify(key or "")
-        if caller is None:
-            return Unauthorized(
-                "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
-                "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)"
-            )
-        scope[CALLER_KEY] = caller
-        return None
-    if not token:
-        return Unauthorized("this daemon has no --token: E2B clients cannot reach it")
-    if sandbox_id is not None:
-        given = _header(scope, b"x-access-token")
-        traffic = _header(scope, b"e2b-traffic-access-token")
-        if not (  # the Code Interpreter's /contexts calls send only the traffic token
-            (given is not None and _same(given, access_token(token, sandbox_id)))
-            or (jupyter and traffic is not None
-                and _same(traffic, access_token(token, sandbox_id, TRAFFIC)))
-        ):
-            return Unauthorized(
-                "wrong or missing X-Access-Token for this sandbox: connect to it with "
-                "Sandbox.connect(sandbox_id) using the daemon's token as E2B_API_KEY"
-            )
-    scope[CALLER_KEY] = ADMIN  # the access token opens this one sandbox, whoever's it is
-    return None
+        return (Credential(key or "", wrong=WRONG_KEY),)
+    found = [Credential(_header(scope, b"x-access-token"), Kind.SANDBOX, sandbox_id, ENVD,
+                        wrong=WRONG_ACCESS)]
+    if jupyter:
+        found.append(Credential(_header(scope, b"e2b-traffic-access-token"), Kind.SANDBOX,
+                                sandbox_id, TRAFFIC, wrong=WRONG_ACCESS))
+    return tuple(found)
 
 
 def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
@@ -264,24 +239,23 @@ def listed_json(info: SandboxInfo) -> dict[str, Any]:
 
 
 def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
-    token = ctx.settings(request).token or ""
     return {
         **listed_json(info),
-        "envdAccessToken": access_token(token, info.id),
+        "envdAccessToken": ctx.door(request).mint(caller_of(request), info.id),
         "allowInternetAccess": info.spec.network == NetworkMode.HOST,
         "domain": None,
     }
 
 
 def created_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
-    token = ctx.settings(request).token or ""
+    door, caller = ctx.door(request), caller_of(request)
     return {
         "templateID": template(info),
         "sandboxID": info.id,
         "clientID": "corral",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": access_token(token, info.id),
-        "trafficAccessToken": access_token(token, info.id, TRAFFIC),
+        "envdAccessToken": door.mint(caller, info.id),
+        "trafficAccessToken": door.mint(caller, info.id, TRAFFIC),
         "domain": None,
     }
 

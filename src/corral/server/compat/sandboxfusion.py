@@ -81,6 +81,7 @@ from corral.server.compat.sandboxfusion_model import (
     validation_detail,
 )
 from corral.server.compat.sandboxfusion_pools import FusionPools
+from corral.server.door import Credential, Kind
 from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
 from corral.server.wire import read_body
@@ -118,6 +119,15 @@ def lift_token(scope: Scope) -> bool:
         return False
     scope[TOKEN_KEY] = token
     return True
+
+
+def credentials(scope: Scope) -> tuple[Credential, ...] | None:
+    """For the door: the token in the path of the two endpoints (lifted out of it, see
+    :func:`lift_token`); a wrong one is let in unidentified, and they refuse it in
+    SandboxFusion's words. None for any other request."""
+    if not lift_token(scope):
+        return None
+    return (Credential(scope.get(TOKEN_KEY), Kind.LENIENT),)
 
 
 def _token_ok(request: Request) -> bool:
