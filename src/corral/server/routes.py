@@ -26,6 +26,7 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
+from corral.server.caller import caller_of
 from corral.server.context import remove_partial, unless_disconnected, unless_gone
 from corral.server.endpoint import RAW
 from corral.server.models import (
@@ -37,6 +38,7 @@ from corral.server.models import (
     exec_response,
     file_json,
 )
+from corral.server.reserved_tags import check_tags
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body
@@ -103,6 +105,20 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+def _activity(request: Request) -> dict[str, float]:
+    """Memory committed, creates starting and queued, image builds running: the
+    daemon's in all for the admin, only its own for a tenant."""
+    admission, builds, caller = ctx.admission(request), builds_gate(request), caller_of(request)
+    if caller.tenant is None:
+        return {"committed_memory_mb": admission.committed_memory_mb,
+                "starting": admission.starting, "queued": admission.queued,
+                "builds": builds.running}  # image builds now (server/builds.py)
+    name = caller.name
+    return {"committed_memory_mb": admission.quotas.usage(name or "").memory_mb,
+            "starting": admission.starting_of(name), "queued": admission.queued_of(name),
+            "builds": builds.running_of(name)}
+
+
 async def info(request: Request) -> Response:
     engine, admission = ctx.engine(request), ctx.admission(request)
     counts = {state.value: 0 for state in SandboxState}
@@ -113,10 +129,7 @@ async def info(request: Request) -> Response:
             "version": __version__,
             "cgroup_version": engine.cgroups.version,
             "capacity": dataclasses.asdict(lim),
-            "committed_memory_mb": admission.committed_memory_mb,
-            "starting": admission.starting,
-            "queued": admission.queued,
-            "builds": builds_gate(request).running,  # image builds now (server/builds.py)
+            **_activity(request),  # the caller's own: a tenant never sees another's creates
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
             **({"node": node} if (node := ctx.settings(request).node) else {}),
@@ -295,6 +308,7 @@ def _pool_name(request: Request) -> str:
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
     check_network(body.spec, host_network=ctx.host_network_allowed(request))
+    check_tags(body.spec.tags, "native")  # what its sandboxes carry: reserved_tags
     made = ctx.pools(request).create_pool(
         body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
@@ -45,6 +45,7 @@ from corral.server.limits import (
     check_host_limits,
     check_total_lifetime,
 )
+from corral.server.reserved_tags import check_tags
 from corral.server.tenants import Tenants
 
 __all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
@@ -120,6 +121,12 @@ class SandboxService:
         found = self.engine.list(tags=tags, state=states)
         return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
 
+    def own(self, infos: Iterable[SandboxInfo]) -> list[SandboxInfo]:
+        """Those of ``infos`` the caller itself owns (the admin: its own, not its
+        tenants'): what a lookup by name or metadata may resolve to."""
+        acting = self.acting_tenant()
+        return [i for i in infos if i.spec.tenant == acting]
+
     def list_snapshots(self) -> list[SnapshotInfo]:
         """The caller's snapshots (the admin's: all)."""
         return self.engine.list_snapshots()
@@ -130,13 +137,18 @@ class SandboxService:
 
     # ----------------------------------------------------------------- create
 
-    def plan(self, spec: SandboxSpec, *, host_network: bool = False) -> SandboxSpec:
+    def plan(
+        self, spec: SandboxSpec, *, host_network: bool = False, frontend: str = "native",
+    ) -> SandboxSpec:
         """The spec that will run, or the typed error it would meet, before queueing.
 
         ``host_network``: whether this caller may have ``network="host"`` (the daemon
         was started with ``--allow-host-network``, or it asks on the Unix socket).
+        ``frontend``: which front-end asks; only its own reserved tags may be set
+        (:mod:`corral.server.reserved_tags`).
         """
         try:
+            check_tags(spec.tags, frontend)
             check_create_lifetime(spec, *self.lifetime_limit())  # --max-lifetime
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
@@ -229,9 +241,11 @@ class SandboxService:
         *,
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
+        frontend: str = "native",
     ) -> list[SandboxInfo]:
         """``n`` new sandboxes with this one's files and spec, each created through
         admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
         # n copies that could never be alive at once: a 400 now, before the snapshot
         self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
         return await fork_from(

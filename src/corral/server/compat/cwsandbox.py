@@ -131,9 +131,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             plan = wire.plan_create(request, images)
             host_network = (self._settings.allow_host_network  # the daemon's and the caller's
                             and self._guard.caller_of(context).may_use_host_network)
-            spec = self._lifecycle.plan(
-                plan.spec, host_network=host_network
-            )  # ImageNotFound and the like before waiting for room
+            spec = self._lifecycle.plan(  # ImageNotFound and the like before waiting for room
+                plan.spec, host_network=host_network, frontend="cwsandbox")
             info = await self._lifecycle.create(spec)
             try:
                 await self._python_alias(info.id)

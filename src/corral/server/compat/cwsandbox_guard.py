@@ -109,10 +109,14 @@ def _counted(
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             client = await admit(context)
             callers[id(context)] = caller
+            ended = _Revoked()
             try:
-                with door.calls.holding(caller, _canceller()):
+                with door.calls.holding(caller, ended.cancel):
                     async for reply in behavior(request, context):
                         yield reply
+            except asyncio.CancelledError:
+                await ended.abort(context)
+                raise
             finally:
                 callers.pop(id(context), None)
                 clients.leave(client)
@@ -122,9 +126,13 @@ def _counted(
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         client = await admit(context)
         callers[id(context)] = caller
+        ended = _Revoked()
         try:
-            with door.calls.holding(caller, _canceller()):
+            with door.calls.holding(caller, ended.cancel):
                 return await behavior(request, context)
+        except asyncio.CancelledError:
+            await ended.abort(context)
+            raise
         finally:
             callers.pop(id(context), None)
             clients.leave(client)
@@ -132,13 +140,26 @@ def _counted(
     return unary
 
 
-def _canceller() -> Callable[[], object]:
-    """What ends the running call when its token is revoked: its task is cancelled (a
-    running command is killed, as when the client cancels) and the client sees
-    CANCELLED."""
-    task = asyncio.current_task()
-    assert task is not None
-    return task.cancel
+class _Revoked:
+    """Ends the running call when its token is revoked: its task is cancelled (a
+    running command is killed, as when the client cancels), and the client is told
+    UNAUTHENTICATED (a handler that just stops would leave it waiting for a status)."""
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.revoked = False
+
+    def cancel(self) -> None:
+        self.revoked = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def abort(self, context: grpc.aio.ServicerContext) -> None:
+        """After the cancel: the status, if it was the revoke's (raises AbortError)."""
+        if self.revoked and not context.done():
+            await abort(context, wire.RpcFailure(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the token of this call was revoked while it ran"))
 
 
 _KINDS = {  # (request_streaming, response_streaming) → (attribute, factory)

@@ -361,7 +361,7 @@ async def create_sandbox(request: Request) -> Response:
     service = ctx.service(request)
     # The daemon's own flag (--allow-host-network) still decides, whatever the front-end's
     # CORRAL_COMPAT_NETWORK says: E2B may not be the way around it.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(spec, host_network=ctx.host_network_allowed(request), frontend="e2b")
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(created_json(request, created), status_code=201)
 
@@ -401,7 +401,10 @@ async def list_sandboxes(request: Request) -> Response:
     tags = [TAG, *_query_metadata(q.get("metadata"))]
     if q.get("template"):
         tags.append(TEMPLATE_TAG + q["template"])
-    infos = ctx.engine(request).list(tags=tags, state=_query_states(q.get("state")))
+    # the caller's own only (the admin's too): a team lists its own sandboxes, and a
+    # search by metadata never finds another tenant's (server/reserved_tags.py)
+    infos = ctx.service(request).own(
+        ctx.engine(request).list(tags=tags, state=_query_states(q.get("state"))))
     infos.sort(key=_started, reverse=q.get("order") == "desc")
     page = infos[offset:offset + limit]
     headers = {}

@@ -187,7 +187,8 @@ async def create_sandbox(request: Request) -> Response:
     if snap is None:
         check_image(engine, req.image, spec.image)
     if req.name is not None:
-        holders = engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES)
+        holders = ctx.service(request).own(  # names are per tenant: never another's
+            engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES))
         if holders:
             raise InvalidState(
                 f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
@@ -195,7 +196,8 @@ async def create_sandbox(request: Request) -> Response:
                 details={"name": req.name, "sandbox_id": holders[0].id},
             )
     service = ctx.service(request)
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(spec, host_network=ctx.host_network_allowed(request),
+                        frontend="tensorlake")
     created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
     return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
@@ -215,7 +217,8 @@ async def list_sandboxes(request: Request) -> Response:
 
 
 def _target(request: Request) -> SandboxInfo:
-    return scope.resolve(ctx.engine(request), request.path_params["sandbox_id"], namespace(request))
+    return scope.resolve(ctx.engine(request), request.path_params["sandbox_id"], namespace(request),
+                         ctx.service(request).own)
 
 
 async def get_sandbox(request: Request) -> Response:
@@ -272,7 +275,8 @@ async def copy_sandbox(request: Request) -> Response:
     tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
     try:
         ok = await ctx.service(request).fork(
-            source.id, int(raw), tags=tags, abandoned=request.is_disconnected
+            source.id, int(raw), tags=tags, abandoned=request.is_disconnected,
+            frontend="tensorlake",
         )
     except Abandoned:
         raise ClientDisconnect() from None

@@ -19,6 +19,8 @@ path, and Tensorlake's client keeps that path in front of ``/api/v1/...``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.requests import Request
 
 from corral.errors import InvalidArgument, NotFound, SandboxNotFound, SnapshotNotFound
@@ -59,9 +61,13 @@ def sandbox_url(request: Request) -> str:
     return url
 
 
-def resolve(engine: Engine, ref: str, ns: str) -> SandboxInfo:
+def resolve(
+    engine: Engine, ref: str, ns: str,
+    own: Callable[[list[SandboxInfo]], list[SandboxInfo]],
+) -> SandboxInfo:
     """A sandbox of namespace ``ns`` by id, or by the Tensorlake name given at create
-    (live ones first); :func:`no_sandbox` for anything else."""
+    (live ones first, and only the caller's own: ``own`` keeps those, so a name never
+    resolves to another tenant's sandbox); :func:`no_sandbox` for anything else."""
     tag = ns_tag(ns)
     try:
         info = engine.get(ref)
@@ -70,7 +76,7 @@ def resolve(engine: Engine, ref: str, ns: str) -> SandboxInfo:
     if info is not None and tag in info.spec.tags:
         return info
     if NAME_RE.fullmatch(ref):
-        named = engine.list(tags=[NAME_TAG + ref, tag])
+        named = own(engine.list(tags=[NAME_TAG + ref, tag]))
         if named:
             return min(named, key=lambda i: (STATUS[i.state] != "running", -i.created_at))
     raise no_sandbox(ref, ns)
