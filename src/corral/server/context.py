@@ -21,6 +21,7 @@ from corral.schema import SandboxInfo
 from corral.server.admission import Admission
 from corral.server.caller import caller_of
 from corral.server.door import Door
+from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 
@@ -49,6 +50,12 @@ def settings(request: Request) -> ServerSettings:
 
 def door(request: Request) -> Door:
     return request.app.state.door
+
+
+def sandboxes(request: Request) -> SandboxVerbs:
+    """The service's verbs on a sandbox (exec, processes, files, pause), for the
+    request's caller (resolved by the door)."""
+    return SandboxVerbs(engine(request), caller_of(request))
 
 
 def host_network_allowed(request: Request) -> bool:

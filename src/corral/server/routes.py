@@ -169,15 +169,15 @@ async def get_sandbox(request: Request) -> Response:
 
 
 async def pause_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).pause(_sid(request)), request))
+    return JSONResponse(_info_json(await ctx.sandboxes(request).pause(_sid(request)), request))
 
 
 async def kill_processes(request: Request) -> Response:
-    return JSONResponse({"killed": await ctx.engine(request).kill_processes(_sid(request))})
+    return JSONResponse({"killed": await ctx.sandboxes(request).kill_processes(_sid(request))})
 
 
 async def resume_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request)), request))
+    return JSONResponse(_info_json(await ctx.sandboxes(request).resume(_sid(request)), request))
 
 
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
@@ -191,7 +191,7 @@ async def delete_sandbox(request: Request) -> Response:
 
 
 async def snapshot_sandbox(request: Request, body: SnapshotRequest) -> Response:
-    made = await ctx.engine(request).snapshot(_sid(request), name=body.name)
+    made = await ctx.sandboxes(request).snapshot(_sid(request), name=body.name)
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
 
@@ -243,12 +243,12 @@ def _exec_args(body: ExecRequest) -> dict[str, Any]:
 
 
 async def exec_command(request: Request, body: ExecRequest) -> Response:
-    work = ctx.engine(request).exec(_sid(request), **_exec_args(body))
+    work = ctx.sandboxes(request).exec(_sid(request), **_exec_args(body))
     return JSONResponse(exec_response(await unless_disconnected(request, work)))
 
 
 async def exec_stream(request: Request, body: ExecRequest) -> Response:
-    return await start_stream(ctx.engine(request).exec_stream(_sid(request), **_exec_args(body)))
+    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **_exec_args(body)))
 
 
 # ----------------------------------------------------------------------- files
@@ -256,7 +256,7 @@ async def exec_stream(request: Request, body: ExecRequest) -> Response:
 
 def _sandbox_path(request: Request, default: str | None = None) -> str:
     """The ``path`` query parameter, checked against the sandbox before any I/O."""
-    workdir = ctx.engine(request).get(_sid(request)).spec.workdir
+    workdir = ctx.sandboxes(request).get(_sid(request)).spec.workdir
     return resolve_path(workdir, _param(request, "path", default))
 
 
@@ -281,21 +281,21 @@ async def download_file(request: Request) -> Response:
 
 async def remove_file(request: Request) -> Response:
     recursive = _flag(request, "recursive", False)
-    await ctx.engine(request).remove(_sid(request), _sandbox_path(request), recursive=recursive)
+    await ctx.sandboxes(request).remove(_sid(request), _sandbox_path(request), recursive=recursive)
     return _no_content()
 
 
 async def list_files(request: Request) -> Response:
-    entries = await ctx.engine(request).list_dir(_sid(request), _sandbox_path(request, "."))
+    entries = await ctx.sandboxes(request).list_dir(_sid(request), _sandbox_path(request, "."))
     return JSONResponse({"entries": [file_json(e) for e in entries]})
 
 
 async def stat_file(request: Request) -> Response:
-    return JSONResponse(file_json(await ctx.engine(request).stat(_sid(request), _sandbox_path(request))))
+    return JSONResponse(file_json(await ctx.sandboxes(request).stat(_sid(request), _sandbox_path(request))))
 
 
 async def make_dir(request: Request, body: MkdirRequest) -> Response:
-    await ctx.engine(request).mkdir(_sid(request), body.path, parents=body.parents, mode=body.mode)
+    await ctx.sandboxes(request).mkdir(_sid(request), body.path, parents=body.parents, mode=body.mode)
     return _no_content()
 
 

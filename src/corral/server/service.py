@@ -196,6 +196,10 @@ class SandboxService:
         except SandboxNotFound:
             return True
 
+    def lifetime_left(self, info: SandboxInfo) -> float:
+        """Seconds ``info``'s sandbox may still live under its owner's maximum."""
+        return max(0.0, self.lifetime_limit(info.spec.tenant)[0] - (time.time() - info.created_at))
+
     async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
         """End the sandbox ``seconds`` from now, within its owner's maximum lifetime
         counted from its create: however often it is moved, a sandbox never outlives

@@ -50,6 +50,7 @@ from corral.server.compat.cwsandbox_guard import (
 )
 from corral.server.compat.cwsandbox_guard import abort as _abort
 from corral.server.door import Door
+from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
 
@@ -117,6 +118,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             if self._activity is not None:
                 self._activity.in_flight -= 1
                 self._activity.last = time.monotonic()
+
+    def _verbs(self, context: grpc.aio.ServicerContext) -> SandboxVerbs:
+        """The service's sandbox verbs, for this call's caller (from the door)."""
+        return SandboxVerbs(self._engine, self._guard.caller_of(context))
 
     def _message(self, info: SandboxInfo) -> Any:
         return wire.sandbox_message(
@@ -278,7 +283,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._stop_main(sid)
         if info.state in LIVE_STATES and grace > 0:
             # reason "deleted": a sandbox on its way out keeps no copy of its files
-            info = await self._engine.stop(
+            info = await self._lifecycle.stop(  # the service's: its places given back
                 sid, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
         await self._lifecycle.delete(sid)
         exit_code = self._exit_codes.pop(sid, None)
@@ -299,11 +304,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def StreamExec(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         async with self._rpc(context, "exec"):
-            await cwexec.stream_exec(self._engine, self._settings, context)
+            await cwexec.stream_exec(self._verbs(context), self._settings, context)
 
     async def Exec(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._rpc(context, "exec", sandbox_id=request.sandbox_id):
-            return await cwexec.unary_exec(self._engine, request, context)
+            return await cwexec.unary_exec(self._verbs(context), request, context)
 
     # ---------------------------------------------------------------- files
 
@@ -311,7 +316,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid, path = request.sandbox_id, request.path
         async with self._rpc(context, "write_file", sandbox_id=sid, path=path):
             cwexec.check_container(request.container)
-            wire.reachable(self._engine.get(sid))
+            wire.reachable(self._verbs(context).get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
             if len(request.content) > limit:
                 raise wire.RpcFailure(
@@ -322,7 +327,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                               "size_bytes": len(request.content), "max_size_bytes": limit},
                 )
             try:
-                await self._engine.write_file(sid, path, bytes(request.content))
+                await self._verbs(context).write_file(sid, path, bytes(request.content))
             except FileError:
                 await self._remove_partial(sid, path)
                 raise
@@ -338,9 +343,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid, path = request.sandbox_id, request.path
         async with self._rpc(context, "read_file", sandbox_id=sid, path=path):
             cwexec.check_container(request.container)
-            wire.reachable(self._engine.get(sid))
+            wire.reachable(self._verbs(context).get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
-            data = await self._engine.read_file(sid, path, max_bytes=limit)
+            data = await self._verbs(context).read_file(sid, path, max_bytes=limit)
             return sandbox_pb2.ReadFileResponse(content=data)
 
 

@@ -340,7 +340,7 @@ def _target(request: Request) -> SandboxInfo:
     """A live sandbox made through this front-end, else the one 404."""
     sid = request.path_params["sandbox_id"]
     try:
-        info = ctx.engine(request).get(sid)
+        info = ctx.sandboxes(request).get(sid)
     except SandboxNotFound:
         info = None
     if info is None or TAG not in info.spec.tags or info.state not in LIVE:
@@ -437,15 +437,16 @@ async def refresh(request: Request) -> Response:
 async def connect_sandbox(request: Request) -> Response:
     body: ConnectBody = await _body(request, ConnectBody, "connect request")
     info = _target(request)
-    engine = ctx.engine(request)
     status = 200
     if info.state == SandboxState.PAUSED:
-        info = await engine.resume(info.id)
+        info = await ctx.sandboxes(request).resume(info.id)
         status = 201
     if body.timeout:
         left = _started(info) + info.spec.timeout - datetime.now(timezone.utc).timestamp()
-        if body.timeout > left:  # a running sandbox's timeout only grows
-            info = await set_lifetime(request, info.id, float(body.timeout))
+        # a running sandbox's timeout only grows, as far as its maximum lifetime allows
+        want = min(float(body.timeout), ctx.service(request).lifetime_left(info))
+        if want > left:
+            info = await set_lifetime(request, info.id, want)
     return JSONResponse(created_json(request, info), status_code=status)
 
 
@@ -453,7 +454,7 @@ async def pause_sandbox(request: Request) -> Response:
     info = _target(request)
     if info.state == SandboxState.PAUSED:
         return error(409, f"sandbox {info.id} is already paused")
-    await ctx.engine(request).pause(info.id)
+    await ctx.sandboxes(request).pause(info.id)
     return Response(status_code=204)
 
 
@@ -461,7 +462,7 @@ async def metrics(request: Request) -> Response:
     info = _target(request)
     if info.state != SandboxState.RUNNING:
         return JSONResponse([])
-    usage = ctx.engine(request).usage(info.id)
+    usage = ctx.sandboxes(request).usage(info.id)
     now = datetime.now(timezone.utc)
     spec = info.spec
     return JSONResponse([{

@@ -234,12 +234,12 @@ async def delete_sandbox(request: Request) -> Response:
 
 
 async def suspend_sandbox(request: Request) -> Response:
-    info = await ctx.engine(request).pause(_target(request).id)
+    info = await ctx.sandboxes(request).pause(_target(request).id)
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 async def resume_sandbox(request: Request) -> Response:
-    info = await ctx.engine(request).resume(_target(request).id)
+    info = await ctx.sandboxes(request).resume(_target(request).id)
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
@@ -255,7 +255,7 @@ async def snapshot_sandbox(request: Request) -> Response:
             "corral snapshots hold a sandbox's files, not its memory: leave out "
             "snapshot_type or use SnapshotType.FILESYSTEM",
         )
-    snap = await ctx.engine(request).snapshot(_target(request).id)
+    snap = await ctx.sandboxes(request).snapshot(_target(request).id)
     return JSONResponse({"snapshot_id": snap.id, "status": "completed"})
 
 

@@ -149,7 +149,7 @@ async def run_process(request: Request) -> Response:
     sid = _sandbox_id(request)
     req = await _command(request)
     pid = processes(request).next_pid(sid)
-    started = await start_events(_engine(request).exec_stream(  # a bad command raises now
+    started = await start_events(ctx.sandboxes(request).exec_stream(  # a bad command raises now
         sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
         max_output=OUTPUT_CAP_BYTES, output_tail=0,  # the head, as Tensorlake's
     ))
@@ -189,7 +189,7 @@ async def start_process(request: Request) -> Response:
     )
     engine = _engine(request)
     table.prune({i.id for i in engine.list(state=LIVE_STATES)})
-    engine_proc = await engine.spawn(  # FileError now for a command that cannot start
+    engine_proc = await ctx.sandboxes(request).spawn(  # FileError now for a command that cannot start
         sid, req.argv, env=req.env, cwd=req.working_dir, timeout=req.timeout,
     )
     if req.stdin_mode != "pipe":
@@ -286,19 +286,19 @@ def _path(request: Request, sid: str) -> str:
     raw = request.query_params.get("path")
     if not raw:
         raise InvalidArgument("missing query parameter 'path', e.g. ?path=/workspace/x")
-    return resolve_path(_engine(request).get(sid).spec.workdir, raw)
+    return resolve_path(ctx.sandboxes(request).get(sid).spec.workdir, raw)
 
 
 async def read_file(request: Request) -> Response:
     sid = _sandbox_id(request)
     limit = request.app.state.settings.max_upload_bytes
-    data = await _engine(request).read_file(sid, _path(request, sid), max_bytes=limit)
+    data = await ctx.sandboxes(request).read_file(sid, _path(request, sid), max_bytes=limit)
     return Response(data, media_type="application/octet-stream")
 
 
 async def write_file(request: Request) -> Response:
     sid = _sandbox_id(request)
-    engine, path = _engine(request), _path(request, sid)
+    engine, path = ctx.sandboxes(request), _path(request, sid)
     data = await read_body(request, request.app.state.settings.max_upload_bytes, "upload")
     try:
         await engine.write_file(sid, path, data, mode=0o644)
@@ -310,7 +310,7 @@ async def write_file(request: Request) -> Response:
 
 async def delete_file(request: Request) -> Response:
     sid = _sandbox_id(request)
-    await _engine(request).remove(sid, _path(request, sid))
+    await ctx.sandboxes(request).remove(sid, _path(request, sid))
     return JSONResponse({})
 
 
@@ -330,7 +330,7 @@ def _entry_json(entry: FileInfo) -> dict[str, Any]:
 async def list_directory(request: Request) -> Response:
     sid = _sandbox_id(request)
     path = _path(request, sid)
-    entries = await _engine(request).list_dir(sid, path)
+    entries = await ctx.sandboxes(request).list_dir(sid, path)
     return JSONResponse({"path": path, "entries": [_entry_json(e) for e in entries]})
 
 
@@ -338,12 +338,12 @@ async def list_directory(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    state = _engine(request).get(_sandbox_id(request)).state
+    state = ctx.sandboxes(request).get(_sandbox_id(request)).state
     return JSONResponse({"healthy": state.value == "running"})
 
 
 async def info(request: Request) -> Response:
-    sandbox = _engine(request).get(_sandbox_id(request))
+    sandbox = ctx.sandboxes(request).get(_sandbox_id(request))
     procs = processes(request).list(sandbox.id)
     return JSONResponse(
         {
