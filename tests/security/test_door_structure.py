@@ -199,3 +199,24 @@ def test_engine_code_acting_for_nobody_fails_closed():
     app = _app()
     with pytest.raises(InternalError):
         app.state.engine.owners.acting()
+
+
+VERBS = ("pause", "resume", "exec", "exec_stream", "spawn", "read_file", "write_file", "stat",
+         "list_dir", "mkdir", "remove", "kill_processes", "snapshot")
+
+
+def test_front_ends_reach_sandboxes_through_the_service_not_the_engine():
+    """Exec, processes, files and pause go through the service's verbs for the
+    request's caller (``ctx.sandboxes(request)``), never straight to the engine."""
+    root = Path(corral.server.__file__).parent
+    direct = re.compile(r"(ctx\.engine\(request\)|_engine\(request\))\.(%s)\(" % "|".join(VERBS))
+    assigned = re.compile(r"^\s*engine(, \w+)* = ctx\.engine\(request\)", re.M)
+    front_ends = [root / "routes.py", root / "processes.py", *sorted((root / "compat").glob("*.py"))]
+    for path in front_ends:
+        text = path.read_text()
+        rel = path.relative_to(root).as_posix()
+        assert not direct.search(text), (rel, direct.search(text))
+        for match in assigned.finditer(text):  # an engine held in a handler: no verb on it
+            rest = text[match.end():match.end() + 2000].split("\ndef ")[0].split("\nasync def ")[0]
+            called = re.search(r"\bengine\.(%s)\(" % "|".join(VERBS), rest)
+            assert called is None, (rel, match.group(0), called)

@@ -158,7 +158,7 @@ async def list_sandboxes(request: Request) -> Response:
 
 
 async def get_sandbox(request: Request) -> Response:
-    engine, sid = ctx.engine(request), _sid(request)
+    engine, sid = ctx.sandboxes(request), _sid(request)
     body = _info_json(engine.get(sid), request)
     if body["state"] in (SandboxState.RUNNING.value, SandboxState.PAUSED.value):
         try:
@@ -261,7 +261,7 @@ def _sandbox_path(request: Request, default: str | None = None) -> str:
 
 
 async def upload_file(request: Request) -> Response:
-    engine, sid = ctx.engine(request), _sid(request)
+    engine, sid = ctx.sandboxes(request), _sid(request)
     path, mode = _sandbox_path(request), _octal_mode(request)
     data = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
     try:
@@ -273,7 +273,7 @@ async def upload_file(request: Request) -> Response:
 
 
 async def download_file(request: Request) -> Response:
-    engine, sid = ctx.engine(request), _sid(request)
+    engine, sid = ctx.sandboxes(request), _sid(request)
     limit = ctx.settings(request).max_upload_bytes
     data = await engine.read_file(sid, _sandbox_path(request), max_bytes=limit)
     return Response(data, media_type=RAW)

@@ -215,14 +215,14 @@ class FusionFrontend:
 
     @staticmethod
     async def write_files(request: Request, sid: str, files: dict[str, bytes]) -> None:
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         for name, data in files.items():
             await engine.write_file(sid, name, data)
 
     @staticmethod
     async def fetch(request: Request, sid: str, names: list[str]) -> dict[str, str]:
         """``names`` that are regular files, base64; missing ones are left out."""
-        engine, out, left = ctx.engine(request), {}, MAX_FETCH_TOTAL
+        engine, out, left = ctx.sandboxes(request), {}, MAX_FETCH_TOTAL
         if names:
             await engine.kill_processes(sid)  # nothing changes them while they are read
         for name in names:
@@ -240,7 +240,7 @@ class FusionFrontend:
     async def command(
         request: Request, sid: str, argv: list[str], timeout: float, stdin: str | None = None
     ) -> dict[str, Any]:
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         if stdin is not None and len(stdin) > STDIN_INLINE:
             path = f"/tmp/stdin-{secrets.token_hex(4)}"
             await engine.write_file(sid, path, stdin)
@@ -287,7 +287,7 @@ class FusionFrontend:
     async def run_jupyter(self, request: Request, req: RunJupyterRequest) -> dict[str, Any]:
         image = self._image(request, "python")
         files = decode_files(req.files)
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         nonce = secrets.token_hex(4)
         driver, config, result = (f"/tmp/kernel-{nonce}{x}" for x in (".py", ".json", ".out"))
         job = {"cells": req.cells, "cell_timeout": req.cell_timeout, "result": result}
