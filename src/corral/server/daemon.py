@@ -154,6 +154,22 @@ async def _drain(engine: Engine, grace: float) -> None:
     )
 
 
+async def _shut_down(engine: Engine, app: Any, frontend: Any,
+                     tasks: list[asyncio.Task[None]], sockets: list[socket.socket]) -> None:
+    if frontend is not None:  # before the drain is cancelled: it ends their commands
+        await frontend.close()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for sock in sockets:
+        sock.close()
+    if app is not None:
+        await app.state.pools.close()  # deletes the pools' ready sandboxes
+    await engine.close()
+    if app is not None:
+        await app.state.logs.close()  # after the engine: its last stops are logged
+
+
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
@@ -179,8 +195,9 @@ async def run(settings: ServerSettings) -> None:
             app.state.admission.close()
             if frontend is not None:  # its calls get as long as HTTP requests
                 frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
-            if not tasks:
-                tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace)))
+            if not tasks:  # the daemon's own work: it acts for the daemon, said so
+                tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace),
+                                                 context=engine.owners.detached()))
 
         config = uvicorn.Config(
             app,
@@ -199,27 +216,19 @@ async def run(settings: ServerSettings) -> None:
         server = _Server(config, on_exit=on_exit)
         _log_start(settings, engine, sockets)
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
-            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run()))
+            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run(),
+                                             context=engine.owners.detached()))
         if settings.idle_exit is not None:
             tasks.append(
                 asyncio.create_task(
-                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit)
+                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit),
+                    context=engine.owners.detached(),
                 )
             )
         await server.serve(sockets=sockets)
     finally:
-        if frontend is not None:  # before the drain is cancelled: it ends their commands
-            await frontend.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for sock in sockets:
-            sock.close()
-        if app is not None:
-            await app.state.pools.close()  # deletes the pools' ready sandboxes
-        await engine.close()
-        if app is not None:
-            await app.state.logs.close()  # after the engine: its last stops are logged
+        with engine.owners.acting_as(None):  # the daemon's own shutdown work
+            await _shut_down(engine, app, frontend, tasks, sockets)
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")

@@ -21,6 +21,7 @@ it while the jobs it started finish.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from corral.errors import CorralError
@@ -58,12 +59,15 @@ class Revocation:
                     name, closed, stopped)
 
     async def _stop_sandboxes(self, name: str) -> int:
-        stopped = 0
-        for info in self.service.list_sandboxes(states=LIVE_STATES, tenant=name):
+        """Stop them all at once (each gets :data:`STOP_GRACE_S`); how many stopped."""
+        async def stop(sandbox_id: str) -> bool:
             try:
-                await self.service.stop(info.id, grace=STOP_GRACE_S,
+                await self.service.stop(sandbox_id, grace=STOP_GRACE_S,
                                         reason="its tenant's token was revoked")
-                stopped += 1
+                return True
             except CorralError as exc:  # it ended meanwhile
-                logger.debug("stopping %s of revoked %s: %s", info.id, name, exc.message)
-        return stopped
+                logger.debug("stopping %s of revoked %s: %s", sandbox_id, name, exc.message)
+                return False
+
+        live = self.service.list_sandboxes(states=LIVE_STATES, tenant=name)
+        return sum(await asyncio.gather(*(stop(i.id) for i in live)))

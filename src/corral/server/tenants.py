@@ -5,12 +5,12 @@ random bits; the registry keeps only its SHA-256 (table ``tenants``, made on ope
 an older registry gains it), looked up on every request: a revoked token is refused
 at once, no cache outlives :meth:`TokenStore.revoke`.
 
-Who a request is (:class:`Caller`) comes from its credentials in one place,
-:meth:`Tenants.identify`: the daemon's own token (``--token``/``CORRAL_TOKEN``) and
-the Unix socket are the admin (``tenant`` None, sees everything); a tenant token is
-that tenant. The guard then runs the request acting for it
-(:class:`~corral.runtime.ownership.Owners`), so every lookup by id, on every
-front-end, hides other tenants' things exactly as ids that do not exist.
+Who a request is (:class:`~corral.server.caller.Caller`) is decided by the daemon's
+door (:mod:`corral.server.door`), which asks :meth:`Tenants.identify` whether a token
+is the daemon's own (``--token``/``CORRAL_TOKEN``: the admin, ``tenant`` None, sees
+everything) or a tenant's; nothing else calls it. The request then runs acting for
+its caller, so every lookup by id, on every front-end, hides other tenants' things
+exactly as ids that do not exist.
 """
 
 from __future__ import annotations
