@@ -19,7 +19,7 @@ def test_token_create_ls_revoke(cli, daemon):
     assert listed[name] | {"created_at": 0} == {
         "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
         "allow_images": True, "created_at": 0, "max_lifetime": 900, "max_snapshot_mb": None,
-        "max_builds": None,
+        "max_builds": None, "allow_host_network": False,
         "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "builds": 0, "snapshot_mb": 0,
                   "kept_mb": 0}}
     table = cli("token", "ls")
