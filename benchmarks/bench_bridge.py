@@ -15,7 +15,6 @@ Needs root (the daemon runs real sandboxes).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import private_daemon, timed  # noqa: E402
 
 import corral  # noqa: E402
@@ -37,14 +37,12 @@ async def nothing() -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 100 if args.quick else 400
+    n = bench_args.pick(args, 400, 100, 8)
     res: dict[str, float] = {}
     with private_daemon("corral-bench-bridge-") as url, corral.Client(url) as client:
         with corral.Sandbox.create(memory_mb=128, client=client) as sb, ThreadPoolExecutor(64) as pool:

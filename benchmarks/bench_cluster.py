@@ -48,6 +48,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
+
 import corral
 
 SPEC = {"image": "python", "memory_mb": 128}
@@ -224,9 +226,7 @@ def detect_node_loss(cluster, worker, client: corral.Client) -> float | None:
 def cluster_bench_args(doc: str) -> argparse.Namespace | None:
     """The arguments of a cluster benchmark (``--quick``, ``--json``), or None after
     saying what is missing (root, the ``ray`` extra)."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(doc)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemons run real sandboxes)")
@@ -252,8 +252,8 @@ def main() -> int:
     from corral.runtime.images import ImageStore
     from corral.runtime.paths import Layout
 
-    n = 10 if args.quick else 40
-    idle = 3 if args.quick else 5  # idle sandboxes at once (100 Ray actors swamp 2 cores)
+    n = bench_args.pick(args, 40, 10, 2)
+    idle = bench_args.pick(args, 5, 3, 1)  # idle sandboxes at once (100 Ray actors swamp 2 cores)
     use_ray_sandbox_tools()  # before the cluster starts: its workers inherit PATH
     base = Path(tempfile.mkdtemp(prefix="corral-bench-cluster-"))
     os.chmod(base, 0o711)
@@ -298,12 +298,12 @@ def main() -> int:
                 placements.append(ms_since(t))
             res["placement_ms"] = statistics.median(placements)
             res.update(restore_times(routed, head, [w.node_id for w in workers], n))
-            res.update(actor_baseline(ray, n, alive=5 if args.quick else 20))
+            res.update(actor_baseline(ray, n, alive=bench_args.pick(args, 20, 5, 1)))
             daemon_pid = next(e["pid"] for e in entries if e["node_id"] == head)
             res["corral_idle_pss_mb"] = corral_idle_pss_mb(direct, daemon_pid, idle)
             res.update(ray_sandbox_baseline(
                 ray, ImageStore(Layout.create().images_dir).get(SPEC["image"]).rootfs, base,
-                n=3 if args.quick else 8, idle=idle))
+                n=bench_args.pick(args, 8, 3, 1), idle=idle))
             res["node_loss_detect_ms"] = detect_node_loss(cluster, workers[0], routed)
     finally:
         bringup.down(cluster.address)

@@ -28,6 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_cluster import NODE_ARGS, cluster_bench_args, exec_rtt, ms_since
 
 import corral
@@ -52,7 +53,7 @@ def main() -> int:
 
     from corral.cluster import bringup
 
-    n = 10 if args.quick else 40
+    n = bench_args.pick(args, 40, 10, 2)
     base = Path(tempfile.mkdtemp(prefix="corral-bench-tenants-"))
     os.chmod(base, 0o711)
     cluster = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "include_dashboard": False})

@@ -109,7 +109,10 @@ class Sizes:
     density: int
 
     @classmethod
-    def pick(cls, quick: bool) -> "Sizes":
+    def pick(cls, quick: bool, smoke: bool = False) -> "Sizes":
+        if smoke:  # every path once; the figures mean nothing
+            return cls(baseline=3, create=3, spaced=2, exec_true=3, exec_python=2, cycle=2,
+                       rate_s=0.5, density=5)
         if quick:
             return cls(baseline=50, create=30, spaced=15, exec_true=50, exec_python=10, cycle=20,
                        rate_s=3.0, density=200)
@@ -549,7 +552,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from corral.runtime import seccomp
     from corral.runtime.engine import SANDBOX_HOST_UID, Engine
 
-    sizes = Sizes.pick(args.quick)
+    sizes = Sizes.pick(args.quick, args.smoke)
     if args.density is not None:
         sizes = Sizes(**{**sizes.__dict__, "density": args.density})
     fig: dict[str, Any] = dict.fromkeys(FIGURES)
@@ -621,6 +624,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (~20 s)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes: proves the benchmark runs; the figures mean nothing")
     parser.add_argument("--json", metavar="OUT", help="also write the figures here as JSON")
     parser.add_argument("--image", default="python", help="image to start (default: python)")
     parser.add_argument("--density", type=int, metavar="N",

@@ -15,7 +15,6 @@ a canonical solution that fails is a grader defect). Needs root.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import private_daemon  # noqa: E402  (a sibling script, not a package)
 
 MODES = ("isolated", "in_process")
@@ -39,18 +39,16 @@ def batch(limit: int | None) -> tuple[list[str], list[list[str]]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="20 problems, 1 round")
+    ap = bench_args.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
     import corral.rl as rl
 
-    completions, tests = batch(20 if args.quick else None)
-    rounds = 1 if args.quick else args.rounds
+    completions, tests = batch(bench_args.pick(args, None, 20, 3))
+    rounds = bench_args.pick(args, args.rounds, 1, 1)
     walls: dict[str, list[float]] = {m: [] for m in MODES}
     per: dict[str, list[float]] = {m: [] for m in MODES}
     passed: dict[str, int] = {}

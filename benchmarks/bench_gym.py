@@ -22,7 +22,6 @@ Actions come from a seeded action space; episodes autoreset. Needs root and the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,6 +35,7 @@ import corral
 import corral.rl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import pct, private_daemon  # noqa: E402  (a sibling script, not a package)
 
 ECHO = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()\n"
@@ -89,15 +89,13 @@ def echo_times(sb: corral.Sandbox, n: int) -> tuple[list[float], list[float]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     ap.add_argument("--envs", default="1,2,4,8", help="vector sizes (default 1,2,4,8)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 300 if args.quick else 2000
+    n = bench_args.pick(args, 2000, 300, 10)
     sizes = [int(x) for x in args.envs.split(",")]
     res: dict[str, float] = {}
     with private_daemon("corral-bench-gym-") as url, corral.Client(url) as client:

@@ -18,18 +18,20 @@ the medians of both and their ratio.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import bench_args  # a sibling script, not a package
+
 BLOCK = 50
 
 
-async def main(n: int) -> None:
+async def main(n: int, pairs: int) -> dict[str, float]:
     from corral.runtime.engine import Engine
     from corral.runtime.sandbox_logs import SandboxLogs
 
@@ -43,11 +45,12 @@ async def main(n: int) -> None:
             await engine.exec(sid, ["/bin/true"])
         times: dict[bool, list[float]] = {False: [], True: []}
         on = False
-        for block in range(2 * max(1, n // BLOCK)):
+        block_len = min(BLOCK, n)
+        for block in range(2 * max(1, n // block_len)):
             on = block % 2 == 1
             if on:
                 logs.attach(engine.events)
-            for _ in range(BLOCK):
+            for _ in range(block_len):
                 t0 = time.perf_counter()
                 await engine.exec(sid, ["/bin/true"])
                 times[on].append((time.perf_counter() - t0) * 1000)
@@ -64,14 +67,17 @@ async def main(n: int) -> None:
         print(f"  store: {stats['rows']} rows kept, {stats['bytes']} bytes, "
               f"{stats['dropped']} dropped")
         await engine.delete(sid)
-        await stop_vs_delete(engine)
+        stop_ms, delete_ms = await stop_vs_delete(engine, pairs)
+        return {"logs_off_exec_ms_p50": off_ms, "logs_on_exec_ms_p50": on_ms,
+                "logs_exec_ratio": on_ms / off_ms, "stop_kept_ms_p50": stop_ms,
+                "delete_ms_p50": delete_ms, "stop_delete_ratio": stop_ms / delete_ms}
     finally:
         await logs.close()
         await engine.close()
         shutil.rmtree(state, ignore_errors=True)
 
 
-async def stop_vs_delete(engine, pairs: int = 10) -> None:  # type: ignore[no-untyped-def]
+async def stop_vs_delete(engine, pairs: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     write = ("mkdir -p /workspace/o; for i in $(seq 20); do "
              "head -c 10000 /dev/urandom > /workspace/o/$i; done")
     stops: list[float] = []
@@ -90,9 +96,14 @@ async def stop_vs_delete(engine, pairs: int = 10) -> None:  # type: ignore[no-un
     s, d = statistics.median(stops), statistics.median(deletes)
     print(f"end of a sandbox with 200 kB of files, {pairs} each, median:")
     print(f"  stop (files kept) {s:.1f} ms   delete {d:.1f} ms   ratio {s / d:.2f}")
+    return s, d
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=1000, help="commands on each side")
-    asyncio.run(main(parser.parse_args().n))
+    parser = bench_args.parser(__doc__)
+    parser.add_argument("--n", type=int, help="commands on each side (default 1000)")
+    args = parser.parse_args()
+    n = args.n or bench_args.pick(args, 1000, 200, 4)
+    res = asyncio.run(main(n, bench_args.pick(args, 10, 5, 1)))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")

@@ -14,7 +14,6 @@ the daemons' noise) what the metrics' listeners add to each command and create. 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -30,6 +29,7 @@ import httpx
 import corral
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import private_daemon  # noqa: E402  (a sibling script, not a package)
 
 CONFIGS = {"off": ["--no-metrics"], "metrics": [], "metrics_json": ["--log-format", "json"]}
@@ -74,7 +74,10 @@ def listener_us(n: int = 200_000) -> dict[str, float]:
     from corral.server.metrics import Metrics
     from corral.server.service import CreateFinished
 
-    command = CommandEnded("sb-x", ExecResult(returncode=0, duration=0.002))
+    result = ExecResult(returncode=0, duration=0.002)
+    command = CommandEnded(sandbox_id="sb-x", argv=("true",), started_at=1.0, ended_at=1.002,
+                           outcome="exit", exit_code=0, stdout_tail=b"", stderr_tail=b"",
+                           result=result)
     create = CreateFinished("ok", 1.0, 1.001, 1.02)
     bare = Events()
     stand_in = SimpleNamespace(events=Events())  # Metrics keeps it for scrapes only
@@ -94,14 +97,12 @@ def listener_us(n: int = 200_000) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemons run real sandboxes)")
         return 1
-    rounds, execs, creates = (5, 40, 4) if args.quick else (10, 100, 8)
+    rounds, execs, creates = bench_args.pick(args, (10, 100, 8), (5, 40, 4), (1, 4, 1))
     exec_ms: dict[str, list[float]] = {name: [] for name in CONFIGS}
     create_ms: dict[str, list[float]] = {name: [] for name in CONFIGS}
     with daemons() as urls, contextlib.ExitStack() as stack:
@@ -120,7 +121,7 @@ def main() -> int:
                     create_ms[name].append(create_ready_ms(clients[name]))
         alive = [stack.enter_context(corral.Sandbox.create(memory_mb=64, client=clients["metrics"]))
                  for _ in range(19)]
-        scrape = scrape_ms(urls["metrics"], 20 if args.quick else 50)
+        scrape = scrape_ms(urls["metrics"], bench_args.pick(args, 50, 20, 2))
         del alive
     res: dict[str, float] = {}
     for name in CONFIGS:
@@ -131,7 +132,7 @@ def main() -> int:
         res[f"{name}_create_ratio"] = (res[f"{name}_create_ready_ms_p50"]
                                        / res["off_create_ready_ms_p50"])
     res["scrape_ms_p50_20_sandboxes"] = scrape
-    res.update(listener_us(50_000 if args.quick else 200_000))
+    res.update(listener_us(bench_args.pick(args, 200_000, 50_000, 1000)))
     print(f"{'config':14} {'exec p50 ms':>12} {'ratio':>6} {'create p50 ms':>14} {'ratio':>6}"
           f"   (exec n={rounds * execs}, create n={rounds * creates} each)")
     for name in CONFIGS:

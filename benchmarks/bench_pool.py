@@ -22,7 +22,6 @@ Needs root. Target (issue: snapshots, images and warm pools): pool acquire p50 â
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ from pathlib import Path
 import corral
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import pct, private_daemon  # noqa: E402  (a sibling script, not a package)
 
 SPEC = {"image": "python", "memory_mb": 128}
@@ -87,14 +87,12 @@ def timed_bursts(pool: corral.Pool, n: int) -> list[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 50 if args.quick else 200
+    n = bench_args.pick(args, 200, 50, 4)
     with private_daemon("corral-bench-pool-") as url:
         with corral.Client(url) as client:
             client.health()  # warm the connection

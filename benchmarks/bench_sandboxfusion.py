@@ -19,7 +19,6 @@ with its published figures in the README. Needs root. Never fails on time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -35,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
 import httpx
 
 import corral
@@ -97,14 +97,12 @@ def measure(one: Callable[[], None], n: int, concurrency: int) -> dict[str, floa
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 48 if args.quick else 200
+    n = bench_args.pick(args, 200, 48, 4)
     token = secrets.token_urlsafe(16)
     res: dict[str, dict[str, float]] = {}
     with private_daemon(token) as (unix_url, http_url):

@@ -11,7 +11,6 @@ Target (issue: daemon and SDK): SDK exec round trip p50 ≤ 2.5 ms.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -24,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
+
+import bench_args  # noqa: E402  (a sibling script, not a package)
 
 import corral
 
@@ -89,14 +90,12 @@ def private_daemon(prefix: str, *args: str) -> Iterator[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 100 if args.quick else 500
+    n = bench_args.pick(args, 500, 100, 8)
     res: dict[str, float] = {}
     with private_daemon("corral-bench-sdk-") as url:
         bare = timed(lambda: subprocess.run(["/bin/true"]), n)

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -23,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import bench_args  # noqa: E402  (a sibling script, not a package)
 
 from corral.runtime.engine import Engine
 
@@ -71,10 +72,10 @@ async def creates(engine: Engine, n: int, **spec) -> float:
     return elapsed
 
 
-async def run(quick: bool) -> dict[str, float]:
+async def run(sizes: tuple[int, int]) -> dict[str, float]:
     state = Path(tempfile.mkdtemp(prefix="corral-bench-snap-"))
     os.chmod(state, 0o711)
-    rounds, n = (3, 30) if quick else (5, 100)
+    rounds, n = sizes
     engine = await Engine.open(state)
     try:
         commits = await commit_times(engine, rounds)
@@ -95,19 +96,17 @@ async def run(quick: bool) -> dict[str, float]:
         "copy_50mb_ms": statistics.median(copies),
         "restore_100_s": restore * scale,
         "plain_create_100_s": plain * scale,
-        "quick": quick,
+        "restores": n,
     }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (real sandboxes)")
         return 1
-    res = asyncio.run(run(args.quick))
+    res = asyncio.run(run(bench_args.pick(args, (5, 100), (3, 30), (1, 3))))
     rows = [
         ("snapshot_commit_ms", "<= 100 ms", "copy_50mb_ms", "cp -a + sync of 50 MB"),
         ("restore_100_s", "<= 1 s", "plain_create_100_s", "100 plain creates"),
@@ -116,8 +115,8 @@ def main() -> int:
     for key, target, base, what in rows:
         print(f"{key:22} {res[key]:9.3f}  {target:>9}  {what}: {res[base]:.3f} "
               f"({res[key] / res[base]:.2f}x)")
-    if args.quick:
-        print("note: quick run: restore_100_s is scaled from 30 restores")
+    if args.quick or args.smoke:
+        print("note: quick run: restore_100_s is scaled from fewer restores")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

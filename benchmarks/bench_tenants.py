@@ -11,7 +11,6 @@ through the SDK. Reports medians and the tenant's over the admin's. Needs root.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import httpx
 import corral
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import start_daemon  # noqa: E402  (a sibling script, not a package)
 
 ADMIN_TOKEN = "bench-admin-" + "x" * 32
@@ -45,14 +45,12 @@ def _ms(fn) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = 200 if args.quick else 1000
+    n = bench_args.pick(args, 1000, 200, 8)
     base = Path(tempfile.mkdtemp(prefix="corral-bench-tenants-"))
     os.chmod(base, 0o711)
     port = _port()

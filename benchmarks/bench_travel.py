@@ -22,7 +22,6 @@ its root (the first time a peer asks; kept in its manifest). Never fails on time
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -35,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_args  # noqa: E402  (a sibling script, not a package)
 import httpx
 
 import corral
@@ -110,14 +110,12 @@ def _first_use(b: corral.Client, http: httpx.Client, name: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
     args = ap.parse_args()
     if os.geteuid() != 0 or not (default_cache_dir() / "images/python").is_dir():
         print("needs root and the default image (python -m corral.runtime.prepare)")
         return 1
-    rounds = 2 if args.quick else 4
+    rounds = bench_args.pick(args, 4, 2, 1)
     top = Path(tempfile.mkdtemp(prefix="corral-bench-travel-"))
     os.chmod(top, 0o711)
     ports = {"a": _port(), "b": _port()}

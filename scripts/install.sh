@@ -28,7 +28,7 @@ fi
 stamp=".venv/.corral-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev,rl,trl,compat,ray]"
+    .venv/bin/python -m pip install -q -e ".[dev,rl,trl,compat,ray,gpu]"
     touch "$stamp"
 fi
 

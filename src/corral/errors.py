@@ -23,7 +23,8 @@ would naturally catch as a builtin also inherit it::
     ├── RequestTimeout (TimeoutError)         408 request_timeout
     ├── CapacityExceeded                      503 capacity_exceeded
     │   ├── TooManyRequests                   429 too_many_requests
-    │   └── QuotaExceeded                     429 quota_exceeded
+    │   ├── QuotaExceeded                     429 quota_exceeded
+    │   └── NoGpuCapacity                     503 no_gpu_capacity
     ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
     ├── ExecTimeout (TimeoutError)            408 exec_timeout
     ├── SandboxLost                           410 sandbox_lost
@@ -168,6 +169,14 @@ class QuotaExceeded(CapacityExceeded):
     ``details``: ``quota``, ``limit``, ``used``, ``requested``, ``tenant``."""
 
     code, status = "quota_exceeded", 429
+
+
+class NoGpuCapacity(CapacityExceeded):
+    """Not enough free GPUs for a sandbox right now: wait for one to end, ask for fewer,
+    or share one (``gpu_shared=True``). ``details``: ``requested``, ``free`` (GPU
+    indices), ``total``."""
+
+    code, status = "no_gpu_capacity", 503
 
 
 class HeadersTooLarge(CorralError):

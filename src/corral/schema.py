@@ -45,6 +45,7 @@ MAX_ERROR_CHARS = 200  # each error's field and message are clipped to this
 
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=/@+-]{0,127}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_GPU_REF_RE = re.compile(r"^(\d{1,2}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$")
 
 
 class SandboxState(str, Enum):
@@ -104,6 +105,10 @@ class SandboxSpec(BaseModel):
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
     network: NetworkMode = NetworkMode.NONE
+    # GPUs (NVIDIA, :mod:`corral.runtime.gpus`): a count, "all", or GPU indices/UUIDs;
+    # held exclusively unless ``gpu_shared`` (then only with other sharers).
+    gpus: StrictInt | Literal["all"] | list[str] | None = None
+    gpu_shared: bool = False
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.
@@ -138,6 +143,18 @@ class SandboxSpec(BaseModel):
         if not v.startswith("/") or "\0" in v or ".." in v.split("/"):
             raise ValueError("workdir must be an absolute path without '..', e.g. /workspace")
         return v.rstrip("/") or "/"
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: int | str | list[str] | None) -> int | str | list[str] | None:
+        if isinstance(v, int) and not 0 <= v <= 64:
+            raise ValueError("gpus must be a count from 0 to 64, 'all', or a list of GPU "
+                             "indices or UUIDs")
+        if isinstance(v, list):
+            if not 1 <= len(v) <= 64 or any(not _GPU_REF_RE.match(r) for r in v):
+                raise ValueError("gpus: list 1-64 GPU indices ('0') or UUIDs ('GPU-...')")
+            v = list(dict.fromkeys(v))
+        return v
 
     @field_validator("tags")
     @classmethod

@@ -70,7 +70,7 @@ def _summary(sandbox: corral.Sandbox) -> Table:
     ))
     spec = info.spec.model_dump(mode="json")
     for key in ("image", "snapshot", "cpus", "memory_mb", "pids", "disk_mb", "inodes",
-                "open_files", "timeout", "idle_timeout", "network", "workdir"):
+                "open_files", "timeout", "idle_timeout", "network", "gpus", "workdir"):
         if spec.get(key) is not None:
             grid.add_row(key, escape(str(spec[key])))
     grid.add_row("tags", escape(", ".join(info.tags) or "-"))

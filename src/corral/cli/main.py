@@ -137,6 +137,15 @@ def _add_selection(p: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
+def _gpus(text: str) -> int | str | list[str]:
+    """``--gpus``: ``2``, ``all`` or ``0,1`` / ``GPU-...``."""
+    if text == "all":
+        return text
+    if text.isdigit():
+        return int(text)
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
 def _add_spec_options(p: argparse.ArgumentParser) -> None:
     """The options that make a sandbox's spec (see ``_sandboxes.spec_options``)."""
     p.add_argument("--image", help="root filesystem image (default: python)")
@@ -154,6 +163,10 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
     p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("--gpus", type=_gpus, metavar="N|all|I,J",
+                   help="NVIDIA GPUs: a count, 'all', or GPU indices/UUIDs (comma-separated)")
+    p.add_argument("--gpu-shared", action="store_true", default=None,
+                   help="share the GPUs with other sandboxes that share (default: exclusive)")
     p.add_argument("--snapshot", metavar="S",
                    help="start on this snapshot's files (id or name); options left out "
                    "come from the sandbox it was taken from")

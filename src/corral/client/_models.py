@@ -35,6 +35,8 @@ class SpecOptions(TypedDict, total=False):
     tags: Sequence[str]
     network: str  # "none" | "bridge" | "host" (a corral.schema.NetworkMode)
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
+    gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
+    gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)
 
 
 class SpecFields(SpecOptions, total=False):

@@ -56,6 +56,8 @@ _LAZY = {
     "t_quantile": "corral.rl.stats",
     "TicTacToeEnv": "corral.rl.envs.tictactoe",
     "register_envs": "corral.rl._gym_registration",
+    "KernelOutcome": "corral.rl.kernel",
+    "kernel_reward": "corral.rl.kernel",
     "plot_returns": "corral.rl._report",
     "summary_table": "corral.rl._report",
 }

@@ -17,6 +17,7 @@ from typing import Any
 
 from corral.errors import CorralError
 from corral.runtime import cgroups, seccomp, storage
+from corral.runtime import gpus as gpu_inventory
 from corral.runtime.agentbuild import agent_path
 from corral.runtime.images import DEFAULT_IMAGE, ImageStore
 from corral.runtime.paths import Layout, default_cache_dir, default_state_dir
@@ -122,6 +123,27 @@ def bubblewrap() -> Check:
     return Check("bubblewrap", OK, path)
 
 
+def gpus(backend: "gpu_inventory.GpuBackend | None" = None) -> Check:
+    """The NVIDIA GPUs sandboxes could get (``gpus=``), and the driver's files found."""
+    backend = backend if backend is not None else gpu_inventory.detect()
+    found = backend.devices()
+    if not found:
+        if Path("/dev/nvidiactl").exists():
+            return Check("gpus", WARN, "an NVIDIA driver is loaded but NVML found no GPU "
+                         "usable by corral: gpus= fails", "pip install nvidia-ml-py")
+        return Check("gpus", OK, "no NVIDIA GPU on this host: sandboxes asking for gpus= "
+                     "fail with 'unsupported'; everything else works")
+    files = backend.driver_files()
+    names = ", ".join(f"{g.index}: {g.name}" for g in found)
+    detail = (f"{len(found)} GPU(s) ({names}); driver {files.version}: "
+              f"{len(files.libraries)} libraries, {len(files.tools)} tools, "
+              f"{len(files.control_nodes)} control nodes")
+    if not any(soname.startswith("libcuda.so") for _, soname in files.libraries):
+        return Check("gpus", WARN, detail + "; libcuda not found in the ldconfig cache: "
+                     "CUDA will not load inside", "run ldconfig; check the driver install")
+    return Check("gpus", OK, detail)
+
+
 def root() -> Check:
     if os.geteuid() == 0:
         return Check("root", OK, "running as root (the daemon needs it)")
@@ -198,4 +220,5 @@ def run_checks(state_dir: Path | None = None, cache_dir: Path | None = None) -> 
         root(), kernel(), user_namespaces(), overlayfs(), cgroup_controllers(),
         seccomp_filter(), bubblewrap(), agent(layout), images(layout),
         disk("state dir", layout.state_dir), disk("cache dir", layout.cache_dir), memory(),
+        gpus(),
     ]

@@ -52,6 +52,8 @@ from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
+from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
+from corral.runtime.gpus import detect as detect_gpus
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
@@ -140,6 +142,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         )
         self.closed = False
         self.id_prefix = ID_PREFIX
+        self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
 
     # ------------------------------------------------------------------ setup
 
@@ -151,12 +154,14 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        gpus: GpuBackend | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
         """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
@@ -182,6 +187,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             warm_slots,
         )
         engine.id_prefix = id_prefix
+        engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
+            detect_gpus))
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine.reconcile()
         engine._warden = warden.Warden.start(
@@ -259,9 +266,13 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
+            if grant is not None:
+                spec = spec.model_copy(update={"env": grant.env(spec.env)})
             lowers = await self.snapshots.lowers(snap, image)
             slot = await self._pool.take()
         except BaseException as exc:
+            self.gpus.release(sid)
             await self.snapshots.release(snap)
             if (full := storage.full_error(exc, self.layout.state_dir)) is not None:
                 raise full from exc
@@ -271,6 +282,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live.snapshot_id = snap.id if snap else None
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
+        live.gpus = grant
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -511,6 +523,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         await asyncio.to_thread(self._release_resources, live)
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
+        self.gpus.release(live.id)  # after its processes are gone
 
     def _release_resources(self, live: Live) -> None:
         gone = True  # then nothing runs as its uid any more: it may be used again

@@ -48,6 +48,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
             argv += ["--owned", d]
     for src, dest in live.ro_binds:
         argv += ["--copy", f"{src}:{dest}"]
+    for path in live.gpus.mount_points() if live.gpus else ():
+        argv += ["--stub", path]
     argv += [
         "--", bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -59,6 +61,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--proc", "/proc", "--dev", "/dev",
         # its own devpts (capped; launch.c), over the one --dev made
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
+        # its GPUs' device nodes and the driver's files, if it holds any (runtime.gpus)
+        *(live.gpus.bwrap_args() if live.gpus else []),
         "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]

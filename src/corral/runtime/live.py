@@ -19,6 +19,7 @@ from typing import Protocol
 
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.channel import AgentChannel
+from corral.runtime.gpus import GpuGrant
 from corral.runtime.logtail import LogTail
 from corral.schema import SandboxSpec, SandboxState
 
@@ -52,6 +53,7 @@ class Live:
     snapshot_id: str | None = None  # started from it: holds a reference until released
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
+    gpus: GpuGrant | None = None  # the GPUs it holds (corral.runtime.gpus)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
 

@@ -21,6 +21,8 @@ struct launch_opts {
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
     int n_copies;
+    const char *stubs[32];  /* empty root-owned files: mount points for bwrap's --ro-bind */
+    int n_stubs;
     char **prog;
 };
 
@@ -53,6 +55,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
+        else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
     return 0;
@@ -71,6 +74,23 @@ static int make_owned(const char *upper, const char *path, uid_t uid, gid_t gid)
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
     return chown(buf, uid, gid);
+}
+
+/* An empty file at PATH (absolute, in the sandbox) under UPPER, its missing parents
+   made: root's, read-only. bwrap binds a host file onto it (a GPU driver's library:
+   corral.runtime.gpus); it could not make the file itself in a root-owned directory. */
+static int make_stub(const char *upper, const char *path) {
+    char buf[4096];
+    if (path[0] != '/' || strstr(path, "/../") || snprintf(buf, sizeof buf, "%s%s", upper, path) >= (int)sizeof buf) { errno = EINVAL; return -1; }
+    for (char *s = buf + strlen(upper) + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        *s = '/';
+    }
+    int fd = open(buf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+    if (fd < 0) return errno == EEXIST ? 0 : -1;
+    return close(fd);
 }
 
 /* SPEC is SRC:DEST: copy the host file SRC to DEST under UPPER, root's and read-only
@@ -224,6 +244,8 @@ static int mount_root(struct launch_opts *o) {
         if (make_owned("rw/upper", o->owned[i], o->uid, o->gid) != 0) return die("mkdir", o->owned[i]);
     for (int i = 0; i < o->n_copies; i++)
         if (copy_in("rw/upper", o->copies[i]) != 0) return die("copy", o->copies[i]);
+    for (int i = 0; i < o->n_stubs; i++)
+        if (make_stub("rw/upper", o->stubs[i]) != 0) return die("make the mount point", o->stubs[i]);
     int len = snprintf(data, sizeof data, "lowerdir=");
     char *save = NULL;
     int i = 0;

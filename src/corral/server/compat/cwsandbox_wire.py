@@ -306,7 +306,7 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
          len(container.environment_variables), MAX_ENV),
         ("sandbox.spec.containers[0].files", len(container.files), MAX_FILES),
     )
-    cpus, memory_mb = _resources(container)
+    cpus, memory_mb, gpus = _resources(container)
     fields: dict[str, Any] = {
         "image": map_image(container.image, available_images),
         "tags": list(spec.tags),
@@ -318,6 +318,8 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
         fields["cpus"] = cpus
     if memory_mb is not None:
         fields["memory_mb"] = memory_mb
+    if gpus:
+        fields["gpus"] = gpus  # exclusive, like a Kubernetes nvidia.com/gpu request
     if spec.max_lifetime_seconds < 0:
         raise invalid("max_lifetime_seconds must be >= 0", _SPEC_FIELDS["timeout"])
     if spec.max_lifetime_seconds:
@@ -363,8 +365,9 @@ def page_start(token: str) -> int:
     return int(token)
 
 
-def _resources(container: Any) -> tuple[float | None, int | None]:
-    """cpus and memory_mb from limits, else requests, else the legacy ``resources``."""
+def _resources(container: Any) -> tuple[float | None, int | None, int | None]:
+    """cpus, memory_mb and the GPU count from limits, else requests, else the legacy
+    ``resources``."""
     sides = []
     if container.HasField("resource_requirements"):
         rr = container.resource_requirements
@@ -373,14 +376,15 @@ def _resources(container: Any) -> tuple[float | None, int | None]:
         sides.append((container.resources, "resources"))
     cpus: float | None = None
     memory_mb: int | None = None
+    gpus: int | None = None
     for res, where in sides:
-        if res.HasField("gpu") and res.gpu.count:
-            raise unsupported("GPUs")
+        if gpus is None and res.HasField("gpu") and res.gpu.count:
+            gpus = int(res.gpu.count)
         if cpus is None and res.cpu:
             cpus = parse_cpu(res.cpu, f"sandbox.spec.containers[0].{where}.cpu")
         if memory_mb is None and res.memory:
             memory_mb = parse_memory_mb(res.memory, f"sandbox.spec.containers[0].{where}.memory")
-    return cpus, memory_mb
+    return cpus, memory_mb, gpus
 
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
