@@ -1,10 +1,11 @@
 """What the door costs: exec round trip and create→ready through a tenant token, on
 this tree's daemon and on a baseline tree's, in one run.
 
-    python3 benchmarks/bench_door.py --baseline-src OTHER/src [--quick] [--json OUT]
+    git archive <commit before the door> src | tar -x -C /tmp/base
+    python3 benchmarks/bench_door.py --baseline-src /tmp/base/src [--quick|--smoke] [--json OUT]
 
-Two daemons on TCP, one started from each source tree (``PYTHONPATH``), each with a
-tenant; the two take turns one call at a time (so the host's drift hits both alike):
+Two daemons on TCP, one started from each source tree (``PYTHONPATH``; without
+``--baseline-src``, this tree against itself: the noise floor), each with a tenant; the two take turns one call at a time (so the host's drift hits both alike):
 ``sb.exec(["true"])`` and a 64 MB ``Sandbox.create`` (to ready) then delete, through
 the SDK with the tenant's token. Reports medians and this tree's over the baseline's.
 Needs root.
@@ -12,7 +13,6 @@ Needs root.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,6 +27,9 @@ from pathlib import Path
 import httpx
 
 import corral
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 
 TOKEN = "bench-door-admin-" + "x" * 32
 HERE = Path(__file__).resolve().parent.parent / "src"
@@ -68,16 +71,14 @@ def _start(base: Path, src: Path) -> tuple[subprocess.Popen, str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline-src", type=Path, required=True,
-                    help="the src/ folder of the tree to compare against")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", type=Path)
+    ap = bench_args.parser(__doc__)
+    ap.add_argument("--baseline-src", type=Path, default=HERE,
+                    help="the src/ folder of the tree to compare against (default: this one)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemons run real sandboxes)")
         return 1
-    n, creates = (200, 20) if args.quick else (1000, 60)
+    n, creates = bench_args.pick(args, (1000, 60), (200, 20), (5, 2))
     bases, procs, clients = {}, {}, {}
     try:
         for who, src in (("baseline", args.baseline_src.resolve()), ("door", HERE)):
