@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import base64
+import contextvars
 
 import pytest
 from pydantic import ValidationError
