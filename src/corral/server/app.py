@@ -14,8 +14,9 @@ front-end's client sends (SandboxFusion's token in the path, E2B's ``X-API-KEY``
 per-sandbox ``X-Access-Token``). The token is checked from the headers alone: a
 refused request's body is never read, and its connection is closed. The request then
 runs as its :class:`~corral.server.caller.Caller`, and is cancelled at once if its
-token is revoked or its dashboard session ends. What a request may cost before and after that is bounded in
-:mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
+token is revoked or its dashboard session ends. What a request may cost before and
+after that is bounded in :mod:`corral.server.limits` (per-client requests in flight:
+``max_client_requests``).
 """
 
 from __future__ import annotations
