@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -113,7 +115,9 @@ def _script(team: Team, env: dict[str, str], body: str) -> subprocess.Popen[str]
                             stderr=subprocess.PIPE)
 
 
-def _line(proc: subprocess.Popen[str]) -> dict:
+def _line(proc: subprocess.Popen[str], wait: float = 300) -> dict:
+    ready, _, _ = select.select([proc.stdout], [], [], wait)
+    assert ready, f"the client script said nothing in {wait} s: its call outlived the revoke"
     line = proc.stdout.readline()
     if not line:
         proc.wait(10)
@@ -125,7 +129,7 @@ def _finish(proc: subprocess.Popen[str]) -> dict:
     proc.stdin.write("go\n")
     proc.stdin.flush()
     try:
-        return _line(proc)
+        return _line(proc, END_S)
     finally:
         proc.kill()
         proc.wait(30)
@@ -225,6 +229,36 @@ def test_revoking_ends_a_cwsandbox_exec_stream(team):
     with team.admin() as admin:
         fed = admin.get(f"/v1/sandboxes/{made['sid']}/files", params={"path": "/tmp/fed"})
         assert b"after" not in fed.content
+    team.cleanup()
+
+
+def test_revoking_ends_a_tensorlake_output_follow(team):
+    """Tensorlake's client follows a process's output until it exits; the revoke ends
+    the stream under it (the process itself is the kept sandbox's, the admin's)."""
+    pytest.importorskip("tensorlake.sandbox")
+    token = team.make_token("tl-tenant")
+    env = {"TENSORLAKE_API_URL": team.url, "TENSORLAKE_API_KEY": token}
+    proc = _script(team, env, f"""
+        from tensorlake.sandbox import Sandbox
+        sb = Sandbox.create(memory_mb=64, timeout_secs=600)
+        p = sb.start_process("sh", ["-c", {TICK!r}])
+        print(json.dumps({{"sid": sb.sandbox_id}}), flush=True)
+        sys.stdin.readline()
+        try:
+            out = {{"events": len(list(sb.follow_stdout(p.pid)))}}
+        except Exception as e:
+            out = {{"error": type(e).__name__}}
+        print(json.dumps(out), flush=True)
+    """)
+    _line(proc)
+    proc.stdin.write("follow\n")
+    proc.stdin.flush()
+    time.sleep(1)  # let the follow open (a later one is refused 401: ends as well)
+    revoke(team, "tl-tenant")
+    out = _line(proc, END_S)
+    proc.kill()
+    proc.wait(30)
+    assert out, out
     team.cleanup()
 
 
