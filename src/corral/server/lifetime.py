@@ -26,6 +26,7 @@ from starlette.requests import Request
 from corral.errors import InvalidArgument
 from corral.schema import SandboxInfo
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.limits import check_lifetime
 
 
@@ -37,5 +38,5 @@ async def set_lifetime(request: Request, sandbox_id: str, seconds: float) -> San
         raise InvalidArgument(f"timeout must be a number of seconds > 0, got {seconds!r}",
                               details={"field": "timeout"})
     service = ctx.service(request)
-    check_lifetime(seconds, *service.lifetime_limit())  # the caller's own maximum first
+    check_lifetime(seconds, *service.lifetime_limit(caller_of(request).name))  # the caller's first
     return await service.set_timeout(sandbox_id, float(seconds))  # and its owner's, in all

@@ -143,7 +143,7 @@ async def info(request: Request) -> Response:
 async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     service = ctx.service(request)
     # As sent (fields_set): a snapshot's spec fills in only the fields left out.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(spec, caller_of(request), host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(_info_json(created, request), status_code=201)
 

@@ -37,6 +37,7 @@ from corral.schema import (
     SnapshotInfo,
 )
 from corral.server.admission import Admission
+from corral.server.caller import Caller
 from corral.server.limits import (
     DAEMON_LIFETIME,
     TENANT_LIFETIME,
@@ -97,17 +98,11 @@ class SandboxService:
     # Ownership is one rule (runtime/ownership.py): the request acts for its caller's
     # tenant, and every lookup by id and every list shows only what that tenant owns.
 
-    def acting_tenant(self) -> str | None:
-        """The tenant the current request acts for; None for the admin."""
-        return self.engine.owners.acting()
-
-    def lifetime_limit(self, owner: str | None | object = ...) -> tuple[float, str]:
-        """The longest total lifetime, from create, that ``owner``'s sandboxes (left
-        out: the caller's) may have, and whose maximum it is: the daemon's
+    def lifetime_limit(self, owner: str | None) -> tuple[float, str]:
+        """The longest total lifetime, from create, that ``owner``'s sandboxes (None:
+        the admin's) may have, and whose maximum it is: the daemon's
         ``--max-lifetime``, or the tenant's if that is lower."""
-        name = self.acting_tenant() if owner is ... else owner
-        assert name is None or isinstance(name, str)
-        tenant = self.tenants.quota_of(name) if self.tenants else None
+        tenant = self.tenants.quota_of(owner) if self.tenants else None
         if tenant is not None and tenant.max_lifetime is not None \
                 and tenant.max_lifetime < self.max_lifetime:
             return tenant.max_lifetime, TENANT_LIFETIME
@@ -121,11 +116,11 @@ class SandboxService:
         found = self.engine.list(tags=tags, state=states)
         return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
 
-    def own(self, infos: Iterable[SandboxInfo]) -> list[SandboxInfo]:
-        """Those of ``infos`` the caller itself owns (the admin: its own, not its
+    @staticmethod
+    def own(caller: Caller, infos: Iterable[SandboxInfo]) -> list[SandboxInfo]:
+        """Those of ``infos`` ``caller`` itself owns (the admin: its own, not its
         tenants'): what a lookup by name or metadata may resolve to."""
-        acting = self.acting_tenant()
-        return [i for i in infos if i.spec.tenant == acting]
+        return [i for i in infos if i.spec.tenant == caller.name]
 
     def list_snapshots(self) -> list[SnapshotInfo]:
         """The caller's snapshots (the admin's: all)."""
@@ -138,9 +133,11 @@ class SandboxService:
     # ----------------------------------------------------------------- create
 
     def plan(
-        self, spec: SandboxSpec, *, host_network: bool = False, frontend: str = "native",
+        self, spec: SandboxSpec, caller: Caller, *, host_network: bool = False,
+        frontend: str = "native",
     ) -> SandboxSpec:
-        """The spec that will run, or the typed error it would meet, before queueing.
+        """The spec that will run for ``caller`` (from the door), or the typed error it
+        would meet, before queueing.
 
         ``host_network``: whether this caller may have ``network="host"`` (the daemon
         was started with ``--allow-host-network``, or it asks on the Unix socket).
@@ -149,7 +146,7 @@ class SandboxService:
         """
         try:
             check_tags(spec.tags, frontend)
-            check_create_lifetime(spec, *self.lifetime_limit())  # --max-lifetime
+            check_create_lifetime(spec, *self.lifetime_limit(caller.name))  # --max-lifetime
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)

@@ -134,10 +134,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         async with self._rpc(context, "create"):
             images = {image.name for image in self._engine.images.list()}
             plan = wire.plan_create(request, images)
+            caller = self._guard.caller_of(context)  # from the door
             host_network = (self._settings.allow_host_network  # the daemon's and the caller's
-                            and self._guard.caller_of(context).may_use_host_network)
+                            and caller.may_use_host_network)
             spec = self._lifecycle.plan(  # ImageNotFound and the like before waiting for room
-                plan.spec, host_network=host_network, frontend="cwsandbox")
+                plan.spec, caller, host_network=host_network, frontend="cwsandbox")
             info = await self._lifecycle.create(spec)
             try:
                 await self._python_alias(info.id)

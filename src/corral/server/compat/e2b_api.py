@@ -361,7 +361,8 @@ async def create_sandbox(request: Request) -> Response:
     service = ctx.service(request)
     # The daemon's own flag (--allow-host-network) still decides, whatever the front-end's
     # CORRAL_COMPAT_NETWORK says: E2B may not be the way around it.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request), frontend="e2b")
+    spec = service.plan(spec, caller_of(request), host_network=ctx.host_network_allowed(request),
+                        frontend="e2b")
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(created_json(request, created), status_code=201)
 
@@ -403,7 +404,7 @@ async def list_sandboxes(request: Request) -> Response:
         tags.append(TEMPLATE_TAG + q["template"])
     # the caller's own only (the admin's too): a team lists its own sandboxes, and a
     # search by metadata never finds another tenant's (server/reserved_tags.py)
-    infos = ctx.service(request).own(
+    infos = ctx.service(request).own(caller_of(request),
         ctx.engine(request).list(tags=tags, state=_query_states(q.get("state"))))
     infos.sort(key=_started, reverse=q.get("order") == "desc")
     page = infos[offset:offset + limit]

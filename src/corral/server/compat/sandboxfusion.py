@@ -174,7 +174,7 @@ class FusionFrontend:
         service = ctx.service(request)
         spec = service.plan(SandboxSpec.parse(
             {"image": image, "memory_mb": memory_mb, "tags": [TAG], "timeout": POOL_LIFETIME_S}
-        ), frontend="sandboxfusion")
+        ), caller_of(request), frontend="sandboxfusion")
         tenant = caller_of(request).name
         key = (tenant, image, spec.memory_mb)
         name = self.pools.get(key)

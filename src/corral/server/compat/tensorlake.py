@@ -56,6 +56,7 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.admission import LIVE_STATES
+from corral.server.caller import caller_of
 from corral.server.compat import tensorlake_sandbox
 from corral.server.compat import tensorlake_scope as scope
 from corral.server.compat._wire import flat_errors, unsupported
@@ -188,7 +189,7 @@ async def create_sandbox(request: Request) -> Response:
         check_image(engine, req.image, spec.image)
     if req.name is not None:
         holders = ctx.service(request).own(  # names are per tenant: never another's
-            engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES))
+            caller_of(request), engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES))
         if holders:
             raise InvalidState(
                 f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
@@ -196,7 +197,7 @@ async def create_sandbox(request: Request) -> Response:
                 details={"name": req.name, "sandbox_id": holders[0].id},
             )
     service = ctx.service(request)
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request),
+    spec = service.plan(spec, caller_of(request), host_network=ctx.host_network_allowed(request),
                         frontend="tensorlake")
     created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
@@ -218,7 +219,7 @@ async def list_sandboxes(request: Request) -> Response:
 
 def _target(request: Request) -> SandboxInfo:
     return scope.resolve(ctx.engine(request), request.path_params["sandbox_id"], namespace(request),
-                         ctx.service(request).own)
+                         caller_of(request))
 
 
 async def get_sandbox(request: Request) -> Response:

@@ -40,6 +40,7 @@ from corral.runtime.pathutil import resolve_path
 from corral.schema import MAX_TIMEOUT_S, FileInfo, validate_model
 from corral.server import context as ctx
 from corral.server.admission import LIVE_STATES
+from corral.server.caller import caller_of
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import Body, Text, items, refuse
 from corral.server.compat.tensorlake_process import (
@@ -85,7 +86,7 @@ def _sandbox_id(request: Request) -> str:
             "an in-sandbox call must name its sandbox: send 'Host: <sandbox_id>.local' or "
             "'X-Tensorlake-Sandbox-Id: <sandbox_id>' (Tensorlake's client does this itself)"
         )
-    return resolve(_engine(request), ref, namespace(request), ctx.service(request).own).id
+    return resolve(_engine(request), ref, namespace(request), caller_of(request)).id
 
 
 # ---------------------------------------------------------------- the stream
