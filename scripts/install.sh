@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# nftables: the egress filter of sandboxes with a network policy (docs/network.md)
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 util-linux procps chromium)
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,7 +34,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # Build (or reuse the cached) default image, the agent binary and the built-in images
-# (rl; fusion: g++, nodejs and pytest by apt in a `user: root` build step, ~20 s;
+# (rl; fusion: g++, nodejs and pytest by apt in a `user: root` build step, ~20 s; judge:
+# gcc, OpenJDK, Go and Rust on fusion for the code judge, ~25 s and ~1 GB more;
 # code-interpreter: numpy, pandas, matplotlib for E2B's Code Interpreter, ~13 s). The
 # compat extra above brings the clients the compat tests drive (tensorlake, cwsandbox,
 # sandbox-fusion).

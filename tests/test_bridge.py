@@ -121,15 +121,24 @@ def test_ctrl_c_while_waiting_cancels_the_coroutine_and_leaks_no_task():
         finally:
             state["cleaned"] = True
 
+    def ctrl_c() -> None:
+        # Only once the coroutine runs, however long that takes under load: a SIGINT
+        # sent earlier would land before (or outside) the call it is meant to cancel.
+        if state["started"].wait(600):
+            os.kill(os.getpid(), signal.SIGINT)
+
     before = len(run_sync(_all_tasks()))
-    timer = threading.Thread(target=lambda: (state["started"].wait(10), os.kill(os.getpid(), signal.SIGINT)))
-    timer.start()
+    # Python's own Ctrl-C handler, whatever an earlier test left installed
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Thread(target=ctrl_c)
     try:
+        timer.start()
         with pytest.raises(KeyboardInterrupt):
             run_sync(slow())
     finally:
         timer.join()
-    assert state["cleaned"]
+        signal.signal(signal.SIGINT, handler)
+    assert state["started"].is_set() and state["cleaned"]
     assert len(run_sync(_all_tasks())) == before
 
 

@@ -32,6 +32,7 @@ from corral.client._async import (
     AsyncSandbox,
     AsyncSession,
     AsyncSnapshot,
+    AsyncVolume,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
@@ -45,6 +46,7 @@ from corral.client._sync import (
     Sandbox,
     Session,
     Snapshot,
+    Volume,
 )
 from corral.errors import (
     CapacityExceeded,
@@ -65,7 +67,9 @@ from corral.errors import (
     LayerTransferError,
     NotFound,
     PathOutsideSandbox,
+    PortClosed,
     QuotaExceeded,
+    SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
     SandboxProtocolError,
@@ -75,8 +79,10 @@ from corral.errors import (
     SnapshotTooLarge,
     Unauthorized,
     Unsupported,
+    VolumeNotFound,
 )
 from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -85,6 +91,7 @@ from corral.schema import (
     SandboxSpec,
     SandboxState,
     SnapshotInfo,
+    Storage,
 )
 
 __all__ = [
@@ -97,6 +104,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "AsyncVolume",
     "BuildEvent",
     "BuildSpec",
     "CapacityExceeded",
@@ -124,14 +132,17 @@ __all__ = [
     "InvalidState",
     "LayerTransferError",
     "NetworkMode",
+    "NetworkPolicy",
     "NotFound",
     "OutputChunk",
     "PathOutsideSandbox",
     "Pool",
     "PoolInfo",
+    "PortClosed",
     "Process",
     "QuotaExceeded",
     "Sandbox",
+    "SandboxDiskFull",
     "SandboxInfo",
     "SandboxLost",
     "SandboxNotFound",
@@ -145,8 +156,11 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "SnapshotTooLarge",
+    "Storage",
     "Unauthorized",
     "Unsupported",
+    "Volume",
+    "VolumeNotFound",
     "__version__",
     "as_completed",
     "submit",

@@ -12,10 +12,12 @@ would naturally catch as a builtin also inherit it::
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
     │   ├── ImageNotFound                     404 image_not_found
-    │   └── SnapshotNotFound                  404 snapshot_not_found
+    │   ├── SnapshotNotFound                  404 snapshot_not_found
+    │   └── VolumeNotFound                    404 volume_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
-    │   └── FileTooLarge                      413 file_too_large
+    │   ├── FileTooLarge                      413 file_too_large
+    │   └── SandboxDiskFull                   507 sandbox_disk_full
     ├── InvalidState                          409 invalid_state
     │   └── ImageInUse                        409 image_in_use
     ├── ImageBuildError                       422 image_build_failed
@@ -32,6 +34,7 @@ would naturally catch as a builtin also inherit it::
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
     ├── LayerTransferError                    502 layer_transfer_failed
+    ├── PortClosed (ConnectionError)          502 port_closed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
     ├── DaemonUnavailable (ConnectionError)   503 daemon_unavailable
@@ -106,6 +109,10 @@ class SnapshotNotFound(NotFound):
     code, status = "snapshot_not_found", 404
 
 
+class VolumeNotFound(NotFound):
+    code, status = "volume_not_found", 404
+
+
 class FileError(CorralError, OSError):
     code, status = "file_error", 409
 
@@ -117,6 +124,14 @@ class FileError(CorralError, OSError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class SandboxDiskFull(FileError):
+    """The sandbox's own writable layer is full (its ``disk_mb`` or ``inodes``): free
+    space in it, or create it with a larger ``disk_mb``/``inodes``. Not the host's disk
+    (that is :class:`StorageFull`). ``details``: ``sandbox_id``, ``path``, ``errno``."""
+
+    code, status = "sandbox_disk_full", 507
 
 
 class FileNotFound(FileError, FileNotFoundError):
@@ -259,6 +274,12 @@ class LayerTransferError(CorralError):
     ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
 
     code, status = "layer_transfer_failed", 502
+
+
+class PortClosed(CorralError, ConnectionError):
+    """Nothing listens on an exposed port inside the sandbox (docs/network.md)."""
+
+    code, status = "port_closed", 502
 
 
 class SandboxStartError(CorralError):

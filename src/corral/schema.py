@@ -23,6 +23,8 @@ from pydantic import (
 )
 
 from corral.errors import InvalidArgument
+from corral.network_schema import NetworkPolicy
+from corral.volume_schema import check_volumes
 
 DEFAULT_IMAGE = "python"
 DEFAULT_CPUS = 1.0
@@ -77,6 +79,13 @@ TRANSITIONS: dict[SandboxState, frozenset[SandboxState]] = {
 }
 
 
+class Storage(str, Enum):
+    """Where a sandbox's writable layer lives (:mod:`corral.runtime.diskimage`)."""
+
+    MEMORY = "memory"  # a tmpfs of disk_mb, charged to its memory (default: fastest)
+    DISK = "disk"  # an ext4 image of disk_mb on the host's disk: writes cost no memory
+
+
 class NetworkMode(str, Enum):
     NONE = "none"  # loopback only (default)
     HOST = "host"  # the host's network namespace: opt-in, for builds and trusted code
@@ -94,6 +103,7 @@ class SandboxSpec(BaseModel):
     pids: StrictInt = Field(DEFAULT_PIDS, ge=4, le=1 << 16)
     disk_mb: StrictInt = Field(DEFAULT_DISK_MB, ge=1, le=1 << 22)
     inodes: StrictInt = Field(DEFAULT_INODES, ge=64, le=1 << 22)
+    storage: Storage = Storage.MEMORY
     open_files: StrictInt = Field(DEFAULT_OPEN_FILES, ge=16, le=1 << 16)
     timeout: StrictFloat = Field(DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     idle_timeout: StrictFloat | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
@@ -104,7 +114,12 @@ class SandboxSpec(BaseModel):
     secrets: dict[str, SecretStr] = Field(default_factory=dict, max_length=256)
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
-    network: NetworkMode = NetworkMode.NONE
+    # "none" (loopback only), "host" (the host's network: admins only) or an egress
+    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md)
+    network: NetworkMode | NetworkPolicy = NetworkMode.NONE
+    # Volumes by mount point: {"/data": "NAME"} ("NAME:ro", "NAME:cow" (the default),
+    # "NAME:rw"; an admin may give a host directory, "/srv/data:ro"): corral.volume_schema
+    volumes: dict[str, str] = Field(default_factory=dict)
     # GPUs (NVIDIA, :mod:`corral.runtime.gpus`): a count, "all", or GPU indices/UUIDs;
     # held exclusively unless ``gpu_shared`` (then only with other sharers).
     gpus: StrictInt | Literal["all"] | list[str] | None = None
@@ -143,6 +158,11 @@ class SandboxSpec(BaseModel):
         if not v.startswith("/") or "\0" in v or ".." in v.split("/"):
             raise ValueError("workdir must be an absolute path without '..', e.g. /workspace")
         return v.rstrip("/") or "/"
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: dict[str, str]) -> dict[str, str]:
+        return check_volumes(volumes)
 
     @field_validator("gpus")
     @classmethod

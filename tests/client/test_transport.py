@@ -92,6 +92,7 @@ def _info(sid: str) -> corral.SandboxInfo:
         (401, "unauthorized", corral.Unauthorized, PermissionError),
         (503, "capacity_exceeded", corral.CapacityExceeded, corral.CorralError),
         (413, "file_too_large", corral.FileTooLarge, OSError),
+        (507, "sandbox_disk_full", corral.SandboxDiskFull, OSError),
     ],
 )
 def test_error_replies_become_typed_exceptions(status, code, exc_type, builtin):

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import corral
-from corral.cluster import _ray, auth, bringup
+from corral.cluster import _ray, auth, bringup, tenant_registry
 from corral.runtime.cgroups import detect
 from corral.runtime.paths import Layout
 
@@ -72,6 +72,8 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
     logs = "".join((Path(e["state_dir"]) / "daemon.log").read_text() for e in entries)
     assert not any(t in report.stdout + report.stderr + logs for t in secrets_)
 
+    gcs = _ray.gcs(ray_cluster.address)
+    assert _ray.kv_keys(gcs, tenant_registry.CAPACITY_KEY)  # each daemon published its caps
     assert bringup.down(ray_cluster.address) == 3
     for e in entries:
         assert not _pid_alive(e["pid"])
@@ -79,6 +81,11 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
         key = Layout(state.absolute(), Path("/unused")).engine_key
         assert detect().children(f"corral/{key}") == []
         assert str(state) not in Path("/proc/self/mountinfo").read_text()
+        assert not Path(e["state_dir"]).exists()  # its state, snapshots and log: removed
+    assert os.listdir(base) == []
+    # no per-node key outlives its node
+    for prefix in (tenant_registry.CAPACITY_KEY, tenant_registry.USAGE_KEY, "node:"):
+        assert _ray.kv_keys(gcs, prefix) == [], prefix
     assert bringup.down(ray_cluster.address) == 0
     after = bringup.status(ray_cluster.address)["nodes"]
     assert len([n for n in after if n["alive"]]) == 3
@@ -118,6 +125,7 @@ def test_a_daemon_that_cannot_start_leaves_nothing_running(ray_cluster):
                    daemon_args=["--max-starting", "0"])
     assert all(n["daemon"] is None for n in bringup.status(ray_cluster.address)["nodes"])
     assert _ray.kv_get(_ray.gcs(ray_cluster.address), "config") is None
+    assert not (ray_cluster.base / "bad").exists() or os.listdir(ray_cluster.base / "bad") == []
     assert bringup.down(ray_cluster.address) == 0
 
 

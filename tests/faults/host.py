@@ -107,9 +107,13 @@ class Host:
         return f"corral/{self.layout.engine_key}"
 
     @classmethod
-    def make(cls, *extra_args: str) -> "Host":
-        """A base directory with a private cache holding the default image."""
-        base = Path(tempfile.mkdtemp(prefix="corral-faults-"))
+    def make(cls, *extra_args: str, base: Path | None = None) -> "Host":
+        """A base directory (a new temporary one, or ``base``, made) with a private
+        cache holding the default image."""
+        if base is None:
+            base = Path(tempfile.mkdtemp(prefix="corral-faults-"))
+        else:
+            base.mkdir(parents=True)
         os.chmod(base, 0o711)  # bwrap, as the sandbox's host uid, traverses it
         host = cls(base, list(extra_args))
         shared = default_cache_dir() / "images" / DEFAULT_IMAGE

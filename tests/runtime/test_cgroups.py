@@ -396,3 +396,41 @@ def test_detect_explains_what_is_missing(tmp_path):
     lines = [f"{tmp_path}/{c} rw - cgroup cgroup rw,{c}" for c in ("cpu", "memory", "pids")]
     with pytest.raises(errors.Unsupported, match="missing v1: freezer"):
         cgroups.detect(mountinfo=_mountinfo(tmp_path, lines))
+
+
+def test_v2_delegates_cpuset_where_offered_and_confines_a_group(tmp_path):
+    _files(tmp_path, {"cgroup.controllers": "cpuset cpu memory pids", "cgroup.subtree_control": ""})
+    leaf = tmp_path / "sb-1"
+    names = ["cpu.max", "memory.max", "pids.max", "cgroup.procs", "cpuset.cpus"]
+    _files(leaf, dict.fromkeys(names, ""))
+    driver = CgroupV2Driver(tmp_path)
+    group = driver.create("sb-1", cpus=2, memory_mb=100, pids=64)
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory +pids +cpuset"
+    assert driver.set_cpus(group, (1, 3))
+    assert (leaf / "cpuset.cpus").read_text() == "1,3"
+
+
+def test_v1_new_cpuset_groups_start_with_their_parents_cpus(tmp_path):
+    mounts = {c: tmp_path / c for c in ("memory", "pids", "cpu", "freezer", "cpuset")}
+    for c, root in mounts.items():
+        _files(root, {"cpuset.cpus": "0-3\n", "cpuset.mems": "0\n"} if c == "cpuset" else {})
+    driver = CgroupV1Driver(mounts)
+
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **kw):  # the kernel makes a cpuset group's files, empty
+        real_mkdir(self, *a, **kw)
+        names = (("cpuset.cpus", "cpuset.mems") if self.is_relative_to(mounts["cpuset"]) else
+                 ("cpu.cfs_period_us", "cpu.cfs_quota_us", "pids.max", "memory.limit_in_bytes"))
+        for name in (*names, "cgroup.procs"):
+            (self / name).write_text("0" if name == "memory.limit_in_bytes" else "")
+
+    Path.mkdir = mkdir
+    try:
+        group = driver.create("corral/sb-1", cpus=1, memory_mb=64, pids=10)
+    finally:
+        Path.mkdir = real_mkdir
+    for d in (mounts["cpuset"] / "corral", mounts["cpuset"] / "corral" / "sb-1"):
+        assert (d / "cpuset.cpus").read_text() == "0-3" and (d / "cpuset.mems").read_text() == "0"
+    assert driver.set_cpus(group, (2,))
+    assert (mounts["cpuset"] / "corral" / "sb-1" / "cpuset.cpus").read_text() == "2"

@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from corral.errors import Unsupported
-from corral.runtime.seccomp import DENIED_IOCTLS, DENIED_SYSCALLS, build_filter
+from corral.runtime.seccomp import (
+    ALLOWED_SOCKET_FAMILIES,
+    DENIED_IOCTLS,
+    DENIED_SYSCALLS,
+    build_filter,
+)
 from tests.syscall_probe import NR, PRELUDE, numbers
 
 KILL_PROCESS = 0x80000000
@@ -325,3 +330,28 @@ def test_ordinary_work_still_runs(filtered: dict, unfiltered: dict) -> None:
 def test_true_runs_under_the_filter() -> None:
     proc = bwrap(["true"], seccomp=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_socket_families_outside_the_allow_list_are_refused(arch: str) -> None:
+    program, audit, nr = build_filter(arch), AUDIT_ARCH[arch], SOCKET_NR[arch]
+    eafnosupport, eprotonosupport = 0x00050000 | errno.EAFNOSUPPORT, 0x00050000 | errno.EPROTONOSUPPORT
+
+    def verdict(call: str, family: int, protocol: int = 0) -> int:
+        return run_bpf(program, nr=nr[call], arch=audit, args=(family, 1, protocol))
+
+    for call in ("socket", "socketpair"):
+        for family in (1, 2, 10):  # AF_UNIX, AF_INET, AF_INET6
+            assert verdict(call, family) == ALLOW, (call, family)
+        assert verdict(call, 16, 0) == ALLOW  # AF_NETLINK, NETLINK_ROUTE
+        for protocol in (4, 9, 12, 15):  # sock_diag, audit, netfilter, uevent
+            assert verdict(call, 16, protocol) == eprotonosupport, (call, protocol)
+        for family in (0, 3, 17, 30, 38, 40, 44, 45, 46, 255, 0xFFFF):  # AF_VSOCK is 40
+            assert verdict(call, family) == eafnosupport, (call, family)
+        assert verdict(call, 40 | (1 << 32)) == eafnosupport  # the kernel reads an int
+    assert ALLOWED_SOCKET_FAMILIES == {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+
+
+# Kept apart from the filter's own table, like tests/syscall_probe.py's numbers.
+SOCKET_NR = {"x86_64": {"socket": 41, "socketpair": 53},
+             "aarch64": {"socket": 198, "socketpair": 199}}

@@ -69,7 +69,7 @@ def _summary(sandbox: corral.Sandbox) -> Table:
         f"{usage.get('cpu_seconds', 0):.2f} CPU s, {usage.get('memory_mb', 0):.1f} MB memory"
     ))
     spec = info.spec.model_dump(mode="json")
-    for key in ("image", "snapshot", "cpus", "memory_mb", "pids", "disk_mb", "inodes",
+    for key in ("image", "snapshot", "cpus", "memory_mb", "pids", "disk_mb", "inodes", "storage",
                 "open_files", "timeout", "idle_timeout", "network", "gpus", "workdir"):
         if spec.get(key) is not None:
             grid.add_row(key, escape(str(spec[key])))

@@ -57,6 +57,7 @@ from corral.cli import (
     _shell,
     _snapshots,
     _tokens,
+    _volumes,
 )
 from corral.cli._output import Context, UsageError
 from corral.client import _validate as check_arg
@@ -155,6 +156,9 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-mb", type=int, help="writable disk in MB (default 2048)")
     p.add_argument("--inodes", type=int,
                    help="files, directories and links it may write (default 131072)")
+    p.add_argument("--storage", choices=("memory", "disk"),
+                   help="its writable layer: a tmpfs charged to memory (default) or an "
+                        "ext4 image on the host's disk")
     p.add_argument("--open-files", type=int, help="open file limit (default 1024)")
     p.add_argument("--timeout", type=_seconds, metavar="S",
                    help=f"lifetime in seconds (default 3600, at most {MAX_TIMEOUT_S:.0f})")
@@ -163,6 +167,13 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
     p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("--allow", action="append", metavar="RULE",
+                   help="egress policy: allow a domain, *.domain, IP or CIDR (:PORT), or "
+                   "'pypi'; repeatable (docs/network.md)")
+    p.add_argument("--deny", action="append", metavar="RULE", help="egress policy: deny")
+    p.add_argument("--volume", dest="volumes", type=_env_pair, action=_EnvAction,
+                   metavar="PATH=NAME[:MODE]", help="mount a volume (mode cow, ro or rw); "
+                   "repeatable")
     p.add_argument("--gpus", type=_gpus, metavar="N|all|I,J",
                    help="NVIDIA GPUs: a count, 'all', or GPU indices/UUIDs (comma-separated)")
     p.add_argument("--gpu-shared", action="store_true", default=None,
@@ -334,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster.add_commands(sub)
     _eval.add_parser(sub, conn)
     _ops.add_commands(sub, conn, _seconds)
+    _volumes.add_commands(sub, conn)
     _doctor.add_parser(sub, conn)
     _completion.add_parser(sub, build_parser)
     _plain_help(parser)

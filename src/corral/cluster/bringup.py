@@ -14,13 +14,22 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from corral.cluster import _ray, auth, autoscale
 from corral.cluster.directory import NODE_KEY
-from corral.cluster.node import CONFIG_KEY, NODE_ACTOR, SUPERVISOR, supervisor_actor
+from corral.cluster.ids import node_tag
+from corral.cluster.node import (
+    CONFIG_KEY,
+    NODE_ACTOR,
+    SUPERVISOR,
+    remove_node_dir,
+    supervisor_actor,
+)
+from corral.cluster.tenant_registry import CAPACITY_KEY, USAGE_KEY
 from corral.errors import DaemonUnavailable, InvalidArgument
 
 DEFAULT_STATE_DIR = "/var/lib/corral/cluster"
@@ -96,6 +105,7 @@ def down(address: str) -> int:
 def _stop_all(r: Any, gcs: Any) -> int:
     stopped = 0
     config = json.loads(_ray.kv_get(gcs, CONFIG_KEY) or b"{}")
+    entries = read_entries(gcs)
     try:
         supervisor = r.get_actor(SUPERVISOR, namespace=_ray.NAMESPACE)
     except ValueError:
@@ -117,12 +127,29 @@ def _stop_all(r: Any, gcs: Any) -> int:
                 with contextlib.suppress(Exception):  # it restarts: killed below, its
                     stopped += r.get(actor.shutdown.remote()) is not None  # daemon follows
             r.kill(actor, no_restart=True)
-    for key in _ray.kv_keys(gcs, NODE_KEY):
-        _ray.kv_del(gcs, key)
+    for prefix in (NODE_KEY, USAGE_KEY, CAPACITY_KEY):  # per-node keys: none outlives it
+        for key in _ray.kv_keys(gcs, prefix):
+            _ray.kv_del(gcs, key)
+    _remove_node_dirs(config, entries, _ray.node_states(gcs))
     autoscale.clear(gcs, config.get("resource") or autoscale.RESOURCE)
     _ray.kv_del(gcs, CONFIG_KEY)
     auth.forget(gcs)
     return stopped
+
+
+def _remove_node_dirs(config: dict[str, Any], entries: dict[str, dict[str, Any]],
+                      nodes: dict[str, Any]) -> None:
+    """The directories of nodes whose actor could not remove its own (a dead node's, a
+    daemon's that failed to start), those on this host (a local cluster's), within the
+    cluster's state directory only."""
+    root = config.get("state_dir")
+    if not root:
+        return
+    bases = {Path(e["state_dir"]) for e in entries.values() if e.get("state_dir")}
+    bases |= {Path(root) / node_tag(node_id) for node_id in nodes}
+    for base in bases:
+        if base.is_relative_to(Path(root)) and base != Path(root) and base.is_dir():
+            remove_node_dir(base)
 
 
 def status(address: str) -> dict[str, Any]:

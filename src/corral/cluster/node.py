@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -140,20 +142,39 @@ class NodeDaemon:
         return self.entry
 
     def shutdown(self) -> int | None:
-        """Stop the daemon (it stops its sandboxes) and drop the node's entry; the exit
+        """Stop the daemon (it stops its sandboxes), drop the node's entry and remove
+        its directory (state, snapshots, log: ``cluster down`` leaves nothing); the exit
         status, or None if it had to be killed."""
         self._stopping = True
         with contextlib.suppress(Exception):
             _ray.kv_del(self._gcs, NODE_KEY + self.node_id)
+        status = self.proc.returncode
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                return self.proc.wait(DAEMON_STOP_TIMEOUT_S)
+                status = self.proc.wait(DAEMON_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                return None
-        return self.proc.returncode
+                status = None
+        remove_node_dir(Path(self.entry["state_dir"]))
+        return status
+
+
+def remove_node_dir(base: Path) -> None:
+    """Remove a node's directory once its daemon is gone. A daemon that had to be
+    killed leaves its cleanup to its warden, which holds the state's lock until it is
+    done: wait for that (bounded) so nothing is removed under it."""
+    lock = base / "state" / "engine.lock"
+    with contextlib.suppress(OSError), open(lock, "a+") as f:
+        deadline = time.monotonic() + DAEMON_STOP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.05)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def node_actor(node_id: str, config: dict[str, Any]) -> Any:

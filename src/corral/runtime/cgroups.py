@@ -19,7 +19,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -30,7 +30,7 @@ __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2D
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
-V1_OPTIONAL_CONTROLLERS = ("cpuacct",)
+V1_OPTIONAL_CONTROLLERS = ("cpuacct", "cpuset")
 V2_CONTROLLERS = ("cpu", "memory", "pids")
 MOUNTINFO = "/proc/self/mountinfo"
 _POLL_S = 0.001
@@ -311,6 +311,15 @@ class CgroupV2(Cgroup):
         return _keyed(self._dir / "cpu.stat")["usage_usec"] / 1e6
 
 
+def _fill_cpuset(d: Path) -> None:
+    """A new cpuset group has no CPUs and no memory nodes (v1; on v2 it inherits them):
+    no task could join it. It starts with its parent's. Idempotent: a concurrent create
+    that finds the group made by another fills it too, rather than race its maker."""
+    for name in ("cpuset.cpus", "cpuset.mems"):
+        if (d / name).exists() and not _read(d / name).strip():
+            _write(d / name, _read(d.parent / name).strip())
+
+
 class CgroupDriver:
     """Creates and finds groups on one cgroup version. Get one from :func:`detect`."""
 
@@ -329,6 +338,19 @@ class CgroupDriver:
 
     def _prepare_parent(self, parent: Path) -> None:
         """Called on the parent of every directory on the way to a group, root first."""
+
+    def _made(self, d: Path) -> None:
+        """Called on every directory :meth:`create` made, parents first."""
+        _fill_cpuset(d)
+
+    def set_cpus(self, group: Cgroup, cpus: Sequence[int]) -> bool:
+        """Confine ``group`` to the CPUs ``cpus`` (its cpuset); False where the host
+        offers no cpuset controller to us (the launcher's affinity still applies)."""
+        for d in group._hierarchies():
+            if (d / "cpuset.cpus").exists():
+                _write(d / "cpuset.cpus", ",".join(str(c) for c in cpus))
+                return True
+        return False
 
     def create(self, path: str, *, cpus: float, memory_mb: int, pids: int) -> Cgroup:
         """Make group ``path`` (and missing parents) in every hierarchy and set its limits.
@@ -355,6 +377,7 @@ class CgroupDriver:
                                 raise
                             continue
                         made.append(here)
+                        self._made(here)
             group = self._group_type(path, dirs)
             self._set_limits(group, cpus, memory_mb, pids)
         except BaseException:
@@ -397,6 +420,10 @@ class CgroupV1Driver(CgroupDriver):
     def _roots(self) -> dict[str, Path]:
         return self.mounts
 
+    def _prepare_parent(self, parent: Path) -> None:
+        if parent not in self.mounts.values():  # a root's cpuset is the host's own
+            _fill_cpuset(parent)
+
     def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
         cpu, memory = group._dirs["cpu"], group._dirs["memory"]
         _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
@@ -427,10 +454,14 @@ class CgroupV2Driver(CgroupDriver):
         return {"": self.root}
 
     def _prepare_parent(self, parent: Path) -> None:
-        # A child only gets the controllers its parent delegates in subtree_control.
+        # A child only gets the controllers its parent delegates in subtree_control
+        # (cpuset too, where the parent has it: corral.runtime.cpus).
         enabled = _read(parent / "cgroup.subtree_control").split()
-        if any(c not in enabled for c in V2_CONTROLLERS):
-            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in V2_CONTROLLERS))
+        offered = (_read(parent / "cgroup.controllers").split()
+                   if (parent / "cgroup.controllers").exists() else [])
+        wanted = [*V2_CONTROLLERS, *(["cpuset"] if "cpuset" in offered else [])]
+        if any(c not in enabled for c in wanted):
+            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
 
     def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
         d = group._dirs[""]

@@ -40,7 +40,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -48,9 +48,13 @@ from corral.runtime.agentconn import (
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.cpus import CpuPicker
+from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_snapshots import SnapshotOps
+from corral.runtime.engine_volumes import VolumeOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
@@ -59,6 +63,7 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.net import NetworkManager
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -73,12 +78,14 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     UidBlock,
     canonical_owner,
 )
+from corral.runtime.volumes import Volumes
 from corral.schema import (
     MAX_TIMEOUT_S,
     TRANSITIONS,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
+    Storage,
 )
 
 # Owner of the sandbox user's files in layers on disk; each sandbox runs as a host uid
@@ -87,6 +94,7 @@ SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
 REAPER_INTERVAL_S = 0.5
+TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
 ID_PREFIX = "sb-"
@@ -96,7 +104,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -115,6 +123,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        network_hosts: dict[str, str] | None = None,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -124,6 +133,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.bwrap = bwrap
         self._lock_file = lock_file
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
+        self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self._live: dict[str, Live] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
@@ -140,6 +150,12 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             target=warm_slots,
             uids=self.uids,
         )
+        # egress policies (runtime/net): names in network_hosts resolve to their address
+        self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
+        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
+        self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
+                                  hosts=network_hosts)
         self.closed = False
         self.id_prefix = ID_PREFIX
         self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
@@ -154,6 +170,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        network_hosts: dict[str, str] | None = None,
         gpus: GpuBackend | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
@@ -161,6 +178,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``network_hosts``: names the resolver of policy sandboxes answers with these
+        addresses, not the host's resolver's (docs/network.md).
         ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
         """
         if os.geteuid() != 0:
@@ -185,6 +204,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             lock_file,
             uid_block,
             warm_slots,
+            network_hosts,
         )
         engine.id_prefix = id_prefix
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
@@ -219,6 +239,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 return_exceptions=True,
             )
         await self._pool.close()
+        await self.net.close()
         for t in list(self._tasks):
             t.cancel()
         remove_cgroup(self.cgroups, self.cgroup_parent)
@@ -265,6 +286,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
+            mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
@@ -280,6 +302,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live = Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
+        live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         live.gpus = grant
@@ -311,10 +334,16 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
+        live.cpus = self.cpu_picker.take(spec.cpus)
+        self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
+        if spec.storage == Storage.DISK:
+            await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
+                                    inodes=spec.inodes)
         live.log = slot.log
+        await self._attach_network(live)  # a policy's namespace (engine_network.py)
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
@@ -509,6 +538,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
+        self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:
@@ -518,14 +548,19 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 pass
         if live.log is not None:
             live.log.close()
+        dropped = processes.release(live)
+        self.cpu_picker.give_back(live.cpus)
+        live.cpus = ()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.to_thread(self._release_resources, live)
+        await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
         self.gpus.release(live.id)  # after its processes are gone
 
-    def _release_resources(self, live: Live) -> None:
+    def _release_resources(self, live: Live, trim: bool = False) -> None:
+        if trim:  # megabytes of unread output were freed: give them back (a few ms)
+            syscalls.malloc_trim()
         gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
             try:
@@ -535,6 +570,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
+        self.net.detach(live.id)
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)

@@ -23,6 +23,7 @@ from corral.runtime.agentconn import (
     output_tail_for,
 )
 from corral.runtime.cmdtap import CommandTap
+from corral.runtime.cpus import CpuPicker, thread_env
 from corral.runtime.events import Events
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
@@ -46,6 +47,7 @@ class CommandOps:
         _live: dict[str, Live]
         events: Events
         _tasks: set[asyncio.Task[Any]]
+        cpu_picker: CpuPicker
 
         def _running(self, sandbox_id: str) -> Live: ...
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -134,6 +136,7 @@ class CommandOps:
         full_env = {
             "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
             "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
+            **thread_env(live.spec.cpus, len(self.cpu_picker.cpus)),  # the spec's env wins
             **live.spec.env, **live.spec.secret_env(), **(env or {}),
         }
         for k, v in full_env.items():

@@ -14,7 +14,14 @@ import errno
 import stat as st
 from typing import TYPE_CHECKING
 
-from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge, InvalidArgument
+from corral.errors import (
+    CorralError,
+    FileError,
+    FileNotFound,
+    FileTooLarge,
+    InvalidArgument,
+    SandboxDiskFull,
+)
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Fields, Msg, Tag, decode_entry
 from corral.runtime.uids import SANDBOX_HOME
@@ -163,10 +170,14 @@ def _file_error(sandbox_id: str, path: str, f: Fields) -> CorralError:
     details = {"sandbox_id": sandbox_id, "path": path, "errno": err}
     if err == errno.ENOENT:
         return FileNotFound(f"no such file or directory in sandbox {sandbox_id}: {path}", details=details)
+    if err in (errno.ENOSPC, errno.EDQUOT):
+        return SandboxDiskFull(
+            f"{path} in sandbox {sandbox_id}: the sandbox's disk is full (its disk_mb or "
+            "inodes): free space in it, or create it with a larger disk_mb/inodes",
+            details=details)
     hint = {
         errno.EACCES: "permission denied (the image's files are read-only; write under "
         f"{SANDBOX_HOME}, /workspace, /tmp or a directory you created)",
-        errno.ENOSPC: "the sandbox's disk is full (raise disk_mb)",
         errno.EISDIR: "it is a directory",
         errno.ENOTDIR: "a part of the path is not a directory",
         errno.ENOTEMPTY: "the directory is not empty (remove it with recursive=True)",

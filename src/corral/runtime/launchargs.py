@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 from corral.runtime import rootbuild, rootfs
 from corral.runtime.agentbuild import agent_layer
+from corral.runtime.cpus import cpu_list
+from corral.runtime.diskimage import IMAGE_NAME
 from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
-from corral.schema import NetworkMode
+from corral.schema import NetworkMode, Storage
 
 if TYPE_CHECKING:
     from corral.runtime.launcher import Slot
@@ -39,6 +41,10 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--lower", ":".join(str(p) for p in lowers), "--disk-mb", str(spec.disk_mb),
         *rootfs.inode_args(spec.inodes),
     ]
+    if spec.storage == Storage.DISK:  # corral.runtime.diskimage
+        argv += ["--disk-image", str(live.sandbox_dir / IMAGE_NAME)]
+    if live.cpus:  # its affinity, and the /sys that shows its CPUs (corral.runtime.cpus)
+        argv += ["--cpus", cpu_list(live.cpus)]
     # the sandbox user's own directories, made in its writable layer (a build step as
     # root makes none: it would commit them as root's)
     if live.build_root:
@@ -48,6 +54,10 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
             argv += ["--owned", d]
     for src, dest in live.ro_binds:
         argv += ["--copy", f"{src}:{dest}"]
+    for mode, src, dest in live.volumes:  # mounted on the root before bwrap starts
+        argv += ["--volume", f"{mode}:{src}:{dest}"]
+    if live.netns:  # a policy's namespace (runtime/net), joined before bwrap starts
+        argv += ["--netns", live.netns]
     for path in live.gpus.mount_points() if live.gpus else ():
         argv += ["--stub", path]
     argv += [
@@ -63,11 +73,19 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--dev-bind", str(live.sandbox_dir / "rw" / "pts"), "/dev/pts",
         # its GPUs' device nodes and the driver's files, if it holds any (runtime.gpus)
         *(live.gpus.bwrap_args() if live.gpus else []),
+        # /dev/shm is a directory of the writable layer (its disk_mb and inodes bound
+        # it), and the tmpfs --dev made (host-sized, the sandbox user's) is read-only
+        # once every node is bound in: nothing the sandbox writes escapes its limits
+        "--bind", str(live.sandbox_dir / "rw" / "shm"), "/dev/shm",
+        "--remount-ro", "/dev",
+        *(["--ro-bind", str(live.sandbox_dir / "rw" / "sys"), "/sys"] if live.cpus else []),
         "--new-session", "--die-with-parent", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]
     if spec.network == NetworkMode.NONE:
         argv.append("--unshare-net")
+    elif live.netns:
+        argv += ["--ro-bind", str(live.sandbox_dir / "resolv.conf"), RESOLV_CONF]
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
     argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]

@@ -55,7 +55,10 @@ class Live:
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
     gpus: GpuGrant | None = None  # the GPUs it holds (corral.runtime.gpus)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
+    cpus: tuple[int, ...] = ()  # the CPUs it runs on (corral.runtime.cpus)
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
+    netns: str | None = None  # a policy sandbox's network namespace (runtime/net)
+    volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

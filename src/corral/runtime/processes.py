@@ -31,7 +31,9 @@ What the engine guarantees:
   with no stream kept open (the daemon's ``exchange`` endpoints are built on it).
 - While a process runs, its sandbox is busy: an ``idle_timeout`` does not end it.
 - Exited processes are remembered (for their result) until their sandbox ends,
-  at most :data:`MAX_EXITED_KEPT` per sandbox, the oldest forgotten first.
+  at most :data:`MAX_EXITED_KEPT` per sandbox, the oldest forgotten first. When the
+  sandbox ends, output nobody is reading is dropped and the engine gives the memory
+  back to the system (:func:`release`).
 - With ``terminal=TerminalSize(rows, cols)`` the process runs on a pseudo-terminal
   (:mod:`corral.runtime.terminal`): one output stream, :meth:`Process.resize`, and
   closing stdin types Ctrl-D.
@@ -488,6 +490,16 @@ class Process:
         self._done.set()
         self._wake.set()
 
+    def discard_output(self) -> int:
+        """Drop the output nobody reads (its sandbox ended and no reader is attached);
+        the bytes dropped."""
+        if self._reading:
+            return 0  # a reader drains it, then lets it go
+        dropped = self.unread_bytes
+        self._events.clear()
+        self._unread = {"stdout": 0, "stderr": 0}
+        return dropped
+
     # ------------------------------------------------------------ helpers
 
     def _details(self) -> dict[str, Any]:
@@ -525,6 +537,14 @@ def kept(live: _Live) -> list[Process]:
 
 def forget(live: _Live, process_id: str) -> None:
     live.processes.pop(process_id, None)
+
+
+def release(live: _Live) -> int:
+    """Its sandbox ended: drop the processes' unread output and forget them (nobody can
+    ask for them any more); the bytes of output dropped."""
+    dropped = sum(p.discard_output() for p in kept(live))
+    live.processes.clear()
+    return dropped
 
 
 def _forget_old(live: _Live) -> None:

@@ -37,7 +37,19 @@ What the filter does, in order:
    ``TIOCSTI`` on any but the caller's controlling terminal, but this host allows it
    there (``dev.tty.legacy_tiocsti=1``): no code of the sandbox may fake what a user
    types, wherever a terminal leads.
-8. Everything else is allowed.
+8. ``socket`` and ``socketpair`` with an address family not in
+   :data:`ALLOWED_SOCKET_FAMILIES` get ``EAFNOSUPPORT`` (what a kernel without that
+   family says, so programs fall back as they would there), and ``AF_NETLINK`` with
+   a protocol other than ``NETLINK_ROUTE`` gets ``EPROTONOSUPPORT``. A sandbox needs
+   Unix sockets, IPv4 and IPv6 (loopback in ``network="none"``, its veth otherwise)
+   and route netlink (``getaddrinfo`` with ``AI_ADDRCONFIG``, ``getifaddrs``, ``ip``:
+   namespaced, it shows only the sandbox's own interfaces). The others are ways out
+   of the network namespace or into kernel code a sandbox has no use for:
+   ``AF_VSOCK`` ignores network namespaces (a sandbox with no network could reach
+   the hypervisor or its other guests), and ``AF_PACKET``, ``AF_BLUETOOTH``,
+   ``AF_ALG``, ``AF_XDP``, netlink's audit, uevent and netfilter protocols, ... are
+   kernel surface a sandbox never needs.
+9. Everything else is allowed.
 
 The sandbox already runs without capabilities inside its own namespaces; this filter
 shrinks the kernel surface an escape would need (new namespaces, mounts, keyrings,
@@ -60,7 +72,7 @@ from dataclasses import dataclass
 
 from corral.errors import Unsupported
 
-__all__ = ["DENIED_IOCTLS", "DENIED_SYSCALLS", "build_filter"]
+__all__ = ["ALLOWED_SOCKET_FAMILIES", "DENIED_IOCTLS", "DENIED_SYSCALLS", "build_filter"]
 
 DENIED_SYSCALLS: tuple[str, ...] = (
     # Mounts and the filesystem view: a sandbox gets its tree from bwrap, never makes one.
@@ -94,6 +106,14 @@ DENIED_SYSCALLS: tuple[str, ...] = (
 DENIED_IOCTLS: Mapping[str, int] = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
 """``ioctl`` requests that fail with ``EPERM`` (the same numbers on x86_64 and arm64)."""
 
+ALLOWED_SOCKET_FAMILIES: Mapping[str, int] = {
+    "AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16,
+}
+"""The address families ``socket``/``socketpair`` accept (the same numbers on every
+Linux); ``AF_NETLINK`` only with :data:`NETLINK_ROUTE`."""
+
+NETLINK_ROUTE = 0
+
 # <linux/audit.h>: AUDIT_ARCH_* values seccomp_data.arch carries.
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _AUDIT_ARCH_AARCH64 = 0xC00000B7
@@ -116,6 +136,7 @@ _X86_64: Mapping[str, int] = {
     "quotactl_fd": 443, "pidfd_getfd": 438, "process_madvise": 440,
     "process_mrelease": 448,
     "clone": 56, "clone3": 435, "prlimit64": 302, "ioctl": 16,
+    "socket": 41, "socketpair": 53,
 }
 
 # aarch64 uses the generic table, include/uapi/asm-generic/unistd.h. It never had
@@ -135,6 +156,7 @@ _GENERIC: Mapping[str, int] = {
     "quotactl_fd": 443, "pidfd_getfd": 438, "process_madvise": 440,
     "process_mrelease": 448,
     "clone": 220, "clone3": 435, "prlimit64": 261, "ioctl": 29,
+    "socket": 198, "socketpair": 199,
 }
 
 
@@ -167,6 +189,8 @@ _RET_ALLOW = 0x7FFF0000
 # Errno values are the generic ones on both supported architectures.
 _EPERM = 1
 _ENOSYS = 38
+_EPROTONOSUPPORT = 93
+_EAFNOSUPPORT = 97
 
 _X32_SYSCALL_BIT = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -222,6 +246,8 @@ def _build(machine: str) -> bytes:
         (_JEQ_K, "enosys", 0, nrs["clone3"]),
         (_JEQ_K, "prlimit", 0, nrs["prlimit64"]),
         (_JEQ_K, "ioctl", 0, nrs["ioctl"]),
+        (_JEQ_K, "socket", 0, nrs["socket"]),
+        (_JEQ_K, "socket", 0, nrs["socketpair"]),
         (_JEQ_K, 0, "allow", nrs["clone"]),
         # Only the low 32 bits: clone flags are an unsigned long but every flag,
         # CLONE_NEWUSER included, sits in the low word, and BPF loads 32 bits.
@@ -237,12 +263,24 @@ def _build(machine: str) -> bytes:
         (_LD_W_ABS, 0, 0, _OFF_ARGS + 8),
         *[(_JEQ_K, "eperm", 0, request) for request in DENIED_IOCTLS.values()],
         (_RET_K, 0, 0, _RET_ALLOW),
+        "socket",
+        # socket(int domain, int type, int protocol): ints, the low words.
+        (_LD_W_ABS, 0, 0, _OFF_ARGS),
+        *[(_JEQ_K, "allow", 0, family) for name, family in ALLOWED_SOCKET_FAMILIES.items()
+          if name != "AF_NETLINK"],
+        (_JEQ_K, 0, "eafnosupport", ALLOWED_SOCKET_FAMILIES["AF_NETLINK"]),
+        (_LD_W_ABS, 0, 0, _OFF_ARGS + 16),
+        (_JEQ_K, "allow", "eprotonosupport", NETLINK_ROUTE),
         "allow",
         (_RET_K, 0, 0, _RET_ALLOW),
         "eperm",
         (_RET_K, 0, 0, _RET_ERRNO | _EPERM),
         "enosys",
         (_RET_K, 0, 0, _RET_ERRNO | _ENOSYS),
+        "eafnosupport",
+        (_RET_K, 0, 0, _RET_ERRNO | _EAFNOSUPPORT),
+        "eprotonosupport",
+        (_RET_K, 0, 0, _RET_ERRNO | _EPROTONOSUPPORT),
     ]
     return _assemble(prog)
 

@@ -16,6 +16,7 @@ MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 AT_FDCWD = -100
 RENAME_EXCHANGE = 0x2
+CLONE_NEWNET = 0x40000000
 
 
 @lru_cache(maxsize=1)
@@ -30,13 +31,33 @@ def _libc() -> ctypes.CDLL:
     libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                                ctypes.c_uint]
     libc.renameat2.restype = ctypes.c_int
+    libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.setns.restype = ctypes.c_int
     return libc
+
+
+def malloc_trim() -> bool:
+    """Give the heap's free memory back to the system (glibc's ``malloc_trim(0)``);
+    False where the C library has none (musl). Freed memory otherwise stays in the
+    process: glibc returns only what sits at the top of its heaps, and megabytes of
+    output buffers freed between live objects never are."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return bool(trim(0))
 
 
 def _check(rc: int, what: str, path: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}", path)
+
+
+def setns_net(fd: int, what: str) -> None:
+    """setns(2) into the network namespace ``fd``: the calling *thread* only."""
+    _check(_libc().setns(fd, CLONE_NEWNET), "setns", what)
 
 
 def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:

@@ -36,10 +36,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
-from corral.server import metrics
+from corral.server import expose, metrics
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
-from corral.server.caller import Caller
+from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
@@ -120,7 +120,13 @@ class Guard:
         self.clients = clients
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
+        if scope["type"] == "websocket":  # only an exposed port's (server/expose.py)
+            if self._exposure(scope) is None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await expose.relay(scope, receive, send)
+            return
+        if scope["type"] != "http":  # lifespan is off: no such thing
             return
         self.activity.in_flight += 1
         started = False
@@ -132,7 +138,8 @@ class Guard:
 
         client = None
         try:
-            caller = self.door.authenticate(scope)  # and puts it in scope[CALLER_KEY]
+            # an exposed port's own token, else the door (both put the caller in the scope)
+            caller = UNIDENTIFIED if self._exposure(scope) else self.door.authenticate(scope)
             if not isinstance(caller, Caller):  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
                 reply = (e2b_compat.refusal(scope, caller, headers)  # E2B's shape if E2B's
@@ -147,9 +154,10 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
+            app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
             with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel), \
                     self.owners.acting_as(caller.name):
-                await self.app(scope, receive, tracked_send)
+                await app(scope, receive, tracked_send)
             if call.cancelled_caught and not started:  # streams just end (the connection too)
                 await error_response(_revoked(), {"Connection": "close"})(scope, receive, send)
         except ClientDisconnect:
@@ -164,6 +172,16 @@ class Guard:
                 self.clients.leave(client)
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
+
+
+    def _exposure(self, scope: Scope) -> expose.Exposure | None:
+        """An exposed port's request (server/expose.py): by its URL's token, or E2B's
+        get_host (Host ``PORT-ID.domain`` with a live traffic token of the sandbox's,
+        checked by the door)."""
+        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.door.opens))
+        if exp is not None:
+            scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
+        return exp
 
 
 def _revoked() -> Unauthorized:
@@ -223,6 +241,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     revocation = app.state.revocation = Revocation(door, service, settings.on_revoke)
     if cluster is not None:  # a revoke made on another node ends things here too
         cluster.on_revoked = revocation
+    expose.mount(app, engine)  # and exposed ports at /expose/<token>/ (server/expose.py)
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter

@@ -173,7 +173,8 @@ async def _shut_down(engine: Engine, app: Any, frontend: Any,
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
-    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix)
+    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
+                               network_hosts=settings.network_hosts)
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
@@ -203,7 +204,8 @@ async def run(settings: ServerSettings) -> None:
             app,
             lifespan="off",
             http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
-            ws="none",  # no websocket endpoints: never upgrade a connection
+            # WebSocket only to an exposed port (server/expose.py): the guard closes others
+            ws="websockets",
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)

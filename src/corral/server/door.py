@@ -177,6 +177,11 @@ class Door:
         message = label + token_id.encode() + b"\0" + sandbox_id.encode()
         return hmac.new(self._mint_key, message, hashlib.sha256).hexdigest()
 
+    def opens(self, sandbox_id: str, secret: str, label: bytes = TRAFFIC) -> bool:
+        """Whether ``secret`` is a live per-sandbox token of ``sandbox_id`` (E2B's
+        ``get_host`` addresses carry the traffic token)."""
+        return self._sandbox_token(Credential(secret, Kind.SANDBOX, sandbox_id, label)) is not None
+
     def _sandbox_token(self, cred: Credential) -> Caller | None:
         if not cred.secret or not cred.sandbox_id:
             return None

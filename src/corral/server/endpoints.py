@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.routing import Route
 
 from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import (
     FileInfo,
@@ -25,6 +26,7 @@ from corral.server.cluster_routes import (
 )
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
 from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
+from corral.server.expose import ExposedPort, ExposeRequest, expose_port
 from corral.server.image_routes import (
     build_image,
     delete_image,
@@ -48,6 +50,7 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
+from corral.server.network_routes import NetworkEvents, network_events, update_network
 from corral.server.ops_routes import (
     SandboxLogsReply,
     TimeoutRequest,
@@ -127,6 +130,14 @@ from corral.server.tenant_routes import (
     revoke_token,
     update_token,
 )
+from corral.server.volume_routes import (
+    VolumeList,
+    create_volume,
+    delete_volume,
+    get_volume,
+    list_volumes,
+)
+from corral.volume_schema import VolumeInfo
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
@@ -182,6 +193,32 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("limit", "integer", "at most this many entries (<= 5000)"),
             Query("follow", "boolean", "stream entries as they come, until it ends"),
         ),
+    ),
+    Endpoint(
+        "POST", "/v1/volumes", create_volume,
+        "Create a volume from a tar archive (the body); mount it with volumes={PATH: NAME}",
+        body=RAW, reply=VolumeInfo, status=201,
+        query=(Query("name", "string", "the volume's name (a-z 0-9 . _ -)", required=True,
+                     min_length=1),),
+    ),
+    Endpoint("GET", "/v1/volumes", list_volumes, "The caller's volumes", reply=VolumeList),
+    Endpoint("GET", "/v1/volumes/{name}", get_volume, "One volume", reply=VolumeInfo),
+    Endpoint("DELETE", "/v1/volumes/{name}", delete_volume,
+             "Remove a volume no running sandbox mounts", status=204),
+    Endpoint(
+        "POST", _SB + "/ports", expose_port,
+        "Expose a port of the sandbox (HTTP, WebSocket) at a URL with its own access token",
+        body=ExposeRequest, reply=ExposedPort, status=201,
+    ),
+    Endpoint(
+        "GET", _SB + "/network/events", network_events,
+        "A policy sandbox's connections and DNS queries, allowed and refused (the last 1000)",
+        reply=NetworkEvents,
+    ),
+    Endpoint(
+        "PUT", _SB + "/network", update_network,
+        "Enforce a new egress policy on a running policy sandbox; connections it refuses "
+        "are reset", body=NetworkPolicy, body_name="network policy", reply=SandboxInfo,
     ),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),

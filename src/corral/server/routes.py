@@ -307,7 +307,9 @@ def _pool_name(request: Request) -> str:
 
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
-    check_network(body.spec, host_network=ctx.host_network_allowed(request))
+    caller = caller_of(request)
+    check_network(body.spec, host_network=ctx.host_network_allowed(request),
+                  admin=caller.may_use_host_network)
     check_tags(body.spec.tags, "native")  # what its sandboxes carry: reserved_tags
     made = ctx.pools(request).create_pool(
         body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size

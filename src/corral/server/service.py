@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
@@ -64,15 +65,25 @@ class CreateFinished:
     ended: float
 
 
-def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
+def check_network(spec: SandboxSpec, *, host_network: bool, admin: bool) -> None:
     """``network="host"`` hands a sandbox the host's network (its services, the cloud
-    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`)."""
-    if spec.network == NetworkMode.HOST and not host_network:
+    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`).
+    A policy naming a private, loopback or link-local CIDR: only the admin's."""
+    if spec.network == NetworkMode.HOST and not (host_network and admin):
         raise Forbidden(
             "network='host' gives the sandbox the host's network: over TCP it needs a "
             "daemon started with --allow-host-network and, for a tenant, a token made with "
-            "`corral token create --allow-host-network` (the Unix socket may always ask)",
+            "`corral token create --allow-host-network` (the Unix socket may always ask); "
+            "a tenant may ask for a policy {'allow': ['example.com', ...]} instead "
+            "(docs/network.md)",
             details={"field": "network"},
+        )
+    if isinstance(spec.network, NetworkPolicy) and not admin and spec.network.names_special():
+        raise Forbidden(
+            f"network rules {spec.network.names_special()} name private, loopback or "
+            "link-local addresses: only the admin may allow those; allow public names "
+            "or addresses instead",
+            details={"field": "network.allow"},
         )
 
 
@@ -150,7 +161,7 @@ class SandboxService:
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
-            check_network(spec, host_network=host_network)
+            check_network(spec, host_network=host_network, admin=caller.may_use_host_network)
         except CorralError as exc:  # a create refused: counted like one that failed
             now = time.monotonic()
             self.engine.events.emit(CreateFinished(exc.code, now, None, now))
@@ -219,6 +230,14 @@ class SandboxService:
         """Delete a sandbox (idempotent) and give its places back."""
         if await self._delete_admitted(sandbox_id):
             self.pools.release(sandbox_id)
+
+    async def update_network(
+        self, sandbox_id: str, network: NetworkPolicy, caller: Caller,
+    ) -> SandboxInfo:
+        """A running policy sandbox's new policy (a tenant's may name no private range)."""
+        spec = SandboxSpec.parse(network=network.model_dump())
+        check_network(spec, host_network=False, admin=caller.may_use_host_network)
+        return await self.engine.update_network(sandbox_id, network)
 
     async def stop(
         self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"

@@ -14,6 +14,7 @@ when ``state_dir`` / ``cache_dir`` are left unset.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,9 @@ class ServerSettings:
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
     node: str | None = None
+    # Names corral's resolver answers for policy sandboxes with these addresses instead
+    # of the host's resolver's (CORRAL_NETWORK_HOSTS="name=ip,name=ip"; docs/network.md)
+    network_hosts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("socket", "state_dir", "cache_dir"):  # accept str paths too
@@ -144,5 +148,21 @@ class ServerSettings:
         for name in ("token", "peer_token"):
             if os.environ.get(f"CORRAL_{name.upper()}"):
                 base[name] = os.environ[f"CORRAL_{name.upper()}"]
+        if os.environ.get("CORRAL_NETWORK_HOSTS"):
+            base["network_hosts"] = parse_hosts(os.environ["CORRAL_NETWORK_HOSTS"])
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
+
+
+def parse_hosts(text: str) -> dict[str, str]:
+    """``CORRAL_NETWORK_HOSTS``: ``name=ip`` pairs separated by commas."""
+    hosts: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, _, ip = pair.partition("=")
+        try:
+            ipaddress.IPv4Address(ip.strip())
+        except ValueError:
+            raise InvalidArgument(f"invalid CORRAL_NETWORK_HOSTS entry {pair!r}: use "
+                                  "name=IPv4,name=IPv4") from None
+        hosts[name.strip().lower()] = ip.strip()
+    return hosts

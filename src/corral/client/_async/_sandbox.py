@@ -27,6 +27,7 @@ from corral.client._models import (
     parse_exec,
     spec_body,
 )
+from corral.errors import InvalidArgument
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     SandboxInfo,
@@ -225,6 +226,37 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         (within the daemon's ``--max-lifetime``); it then stops with reason timeout."""
         body = {"timeout": _validate.timeout("timeout", seconds, optional=False)}
         response = await self._client.request("PATCH", self._path, json=body)
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
+    # --------------------------------------------------------------- network
+
+    async def expose(self, port: int) -> str:
+        """Serve ``port`` (an HTTP or WebSocket server listening in the sandbox) through
+        the daemon; the URL returned carries the port's own access token: whoever holds
+        it reaches that port and nothing else, until the sandbox ends. Works with
+        ``network="none"`` too. See docs/network.md."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidArgument(f"invalid port {port!r}: use 1-65535")
+        response = await self._client.request("POST", self._path + "/ports", json={"port": port})
+        url: str = response.json()["url"]
+        return url
+
+    async def network_events(self) -> builtins.list[dict[str, Any]]:
+        """What a sandbox created with a network policy tried to reach, oldest first
+        (the last 1000): dicts with time, kind (``tcp``, ``dns``), name, ip, port,
+        verdict (``allowed``, ``refused``) and reason. See docs/network.md."""
+        response = await self._client.request("GET", self._path + "/network/events")
+        events: builtins.list[dict[str, Any]] = response.json()["events"]
+        return events
+
+    async def update_network(self, *, allow: Sequence[str] = (), deny: Sequence[str] = (),
+                             max_mbps: int | None = None) -> SandboxInfo:
+        """Enforce a new egress policy from now on (only on a sandbox created with
+        one); open connections the new policy refuses are reset. ``max_mbps``: a
+        bandwidth cap each way (None: none)."""
+        body: dict[str, Any] = {"allow": list(allow), "deny": list(deny), "max_mbps": max_mbps}
+        response = await self._client.request("PUT", self._path + "/network", json=body)
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
 

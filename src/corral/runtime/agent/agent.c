@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -66,6 +67,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/loop.h>
 #include <linux/magic.h>
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -117,6 +119,11 @@ struct exec_state {
 };
 
 static int ctl = -1;
+/* The agent's own oom_score_adj, opened before it stops being dumpable (then the file
+   is root's): commands are forked at COMMAND_OOM_SCORE_ADJ (fork_command in exec.c). */
+static int oom_fd = -1;
+static char oom_agent[16];
+static size_t oom_agent_len;
 static struct exec_state execs[MAX_EXECS];
 
 static int64_t now_ms(void) {
@@ -305,17 +312,22 @@ static void handle(uint8_t type, uint32_t id, struct req *r) {
  *   process_vm_readv/writev and kcmp need CAP_SYS_PTRACE over a non-dumpable process,
  *   even for the same uid; sandbox code has no capability. (Forked children inherit
  *   it until they exec a command.)
- * - No descriptor but stdin/stdout/stderr and the control channel, all close-on-exec
- *   or replaced in a command.
+ * - No descriptor but stdin/stdout/stderr, the control channel and its own
+ *   oom_score_adj, all close-on-exec or replaced in a command.
  * - No signal handler: the kernel drops every signal sent from inside the pid namespace
  *   to its pid 1 unless pid 1 handles it (SIGKILL and SIGSTOP included). Everything is
  *   ignored but SIGCHLD, which stays blocked and is read from a signalfd: a forged one
  *   only makes the agent call waitpid.
  */
 static int harden(int fd) {
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return -1;
     if (fd > 3) syscall(SYS_close_range, 3U, (unsigned)fd - 1, 0U);
     syscall(SYS_close_range, (unsigned)(fd < 3 ? 3 : fd + 1), ~0U, 0U);
+    oom_fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+    ssize_t n = oom_fd >= 0 ? pread(oom_fd, oom_agent, sizeof oom_agent - 1, 0) : -1;
+    while (n > 0 && (oom_agent[n - 1] == '\n' || oom_agent[n - 1] == 0)) n--;
+    if (n > 0) oom_agent_len = (size_t)n;
+    else if (oom_fd >= 0) { close(oom_fd); oom_fd = -1; }
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return -1;
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return -1;
     for (int s = 1; s < NSIG; s++)
         if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) signal(s, SIG_IGN);

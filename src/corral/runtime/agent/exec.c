@@ -14,6 +14,23 @@ static struct exec_state *find_exec(uint32_t id) {
 
 static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
+#define COMMAND_OOM_SCORE_ADJ "1000"
+
+/*
+ * fork() for a command: the child is born at oom_score_adj 1000, above the agent's
+ * (launch.c), so the OOM killer of the sandbox's memory cgroup picks a command and the
+ * agent survives to report the OOM. The child cannot write its own value: it is not
+ * dumpable until it execs, so its /proc files are root's (and making it dumpable
+ * would open a copy of the agent's memory to sandbox code). So the agent raises its
+ * own value for the fork and lowers it back (to no lower than it started: allowed).
+ */
+static pid_t fork_command(void) {
+    if (oom_fd >= 0 && pwrite(oom_fd, COMMAND_OOM_SCORE_ADJ, strlen(COMMAND_OOM_SCORE_ADJ), 0) < 0) {}
+    pid_t pid = fork();
+    if (pid != 0 && oom_fd >= 0 && pwrite(oom_fd, oom_agent, oom_agent_len, 0) < 0) {}
+    return pid;
+}
+
 static void do_exec(uint32_t id, struct req *r) {
     struct exec_state *e = NULL;
     for (int i = 0; i < MAX_EXECS; i++)
@@ -41,7 +58,7 @@ static void do_exec(uint32_t id, struct req *r) {
         send_err(id, err, "pipe");
         goto out;
     }
-    pid_t pid = fork();
+    pid_t pid = fork_command();
     if (pid < 0) {
         int err = errno;
         close(in_p[0]); close(in_p[1]); close(out_p[0]); close(out_p[1]);
@@ -57,10 +74,6 @@ static void do_exec(uint32_t id, struct req *r) {
         for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
         if (pty) pty_session(in_p[0]); /* a session: its group, its terminal */
         else setpgid(0, 0);
-        /* The agent runs at oom_score_adj -998 so the OOM killer picks the command,
-           not the agent; commands go back to 0 (raising it needs no privilege). */
-        int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-        if (oom >= 0) { if (write(oom, "0", 1) < 0) {} close(oom); }
         dup2(in_p[0], 0);
         dup2(out_p[1], 1);
         dup2(err_p[1], 2);

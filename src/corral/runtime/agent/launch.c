@@ -6,6 +6,7 @@
 /* ---------- launch (host side) ---------- */
 
 #define SANDBOX_PTYS "32"  /* pseudo-terminals one sandbox may hold at once */
+#define AGENT_OOM_SCORE_ADJ "500"  /* the agent's, and the floor of the sandbox's */
 
 struct launch_opts {
     uid_t uid;
@@ -17,10 +18,15 @@ struct launch_opts {
     const char *rootdir, *lower;
     unsigned long disk_mb;
     unsigned long inodes;   /* the tmpfs's nr_inodes: files the sandbox may make */
+    const char *cpus;       /* "0,3": the CPUs it runs on (affinity, its /sys's view) */
+    const char *disk_image; /* an ext4 image: the writable layer on disk, not a tmpfs */
     const char *owned[16];
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
     int n_copies;
+    const char *netns;      /* a network namespace to join (a policy's: runtime/net) */
+    const char *volumes[16]; /* MODE:SRC:DEST, a volume (runtime/volumes.py) */
+    int n_volumes;
     const char *stubs[32];  /* empty root-owned files: mount points for bwrap's --ro-bind */
     int n_stubs;
     char **prog;
@@ -53,8 +59,12 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--lower")) o->lower = v;
         else if (!strcmp(a, "--disk-mb")) o->disk_mb = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--inodes")) o->inodes = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--cpus")) o->cpus = v;
+        else if (!strcmp(a, "--disk-image")) o->disk_image = v;
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
+        else if (!strcmp(a, "--netns")) o->netns = v;
+        else if (!strcmp(a, "--volume") && o->n_volumes < 16) o->volumes[o->n_volumes++] = v;
         else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
@@ -118,6 +128,80 @@ done:
     if (in >= 0) close(in);
     if (out >= 0) close(out);
     return rc;
+}
+
+/*
+ * The writable layer on disk (storage="disk"; corral.runtime.diskimage): the ext4
+ * image IMAGE (made by the engine, bounded by its size and inode count) on a loop
+ * device, mounted at DEST. The loop device clears itself when the mount goes, which
+ * is when the last process of the sandbox exits (the mount namespace is ours alone).
+ */
+static int mount_disk(const char *image, const char *dest) {
+    char dev[64];
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0) return die("open", "/dev/loop-control");
+    int img = open(image, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (img < 0) { close(ctl); return die("open", image); }
+    int rc = -1;
+    for (int tries = 0; tries < 64 && rc != 0; tries++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0) break;
+        snprintf(dev, sizeof dev, "/dev/loop%d", n);
+        int lfd = open(dev, O_RDWR | O_CLOEXEC);
+        if (lfd < 0) break;
+        struct loop_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.fd = (uint32_t)img;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        if (ioctl(lfd, LOOP_CONFIGURE, &cfg) == 0) {
+            rc = mount(dev, dest, "ext4", MS_NOSUID | MS_NODEV, "errors=remount-ro,noinit_itable");
+            if (rc != 0) { int e = errno; ioctl(lfd, LOOP_CLR_FD, 0); errno = e; close(lfd); break; }
+        } else if (errno != EBUSY) {  /* EBUSY: another launcher took it first */
+            close(lfd);
+            break;
+        }
+        close(lfd);
+    }
+    int saved = errno;
+    close(img);
+    close(ctl);
+    errno = saved;
+    if (rc != 0) return die("mount the disk image", image);
+    if (chmod(dest, 0711) != 0 || (rmdir("rw/lost+found") != 0 && errno != ENOENT)) return die("prepare", dest);
+    return 0;
+}
+
+/*
+ * The sandbox's CPUs (CPUS: "0,3"): its affinity, inherited by everything in it, so
+ * nproc and sched_getaffinity say how many it has; and ROOTDIR/rw/sys, bound read-only
+ * at /sys, where glibc's sysconf(_SC_NPROCESSORS_ONLN/_CONF) (Python's os.cpu_count(),
+ * getconf) reads the CPUs online and present. The host's /sys is never shown.
+ */
+static int set_cpus(const char *cpus) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    char path[128];
+    static const char *dirs[] = {"rw/sys", "rw/sys/devices", "rw/sys/devices/system", "rw/sys/devices/system/cpu"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
+        if (mkdir(dirs[i], 0555) != 0) return die("mkdir", dirs[i]);
+    for (const char *c = cpus; *c;) {
+        char *end;
+        unsigned long n = strtoul(c, &end, 10);
+        if (end == c || n >= CPU_SETSIZE || (*end && *end != ',')) { errno = EINVAL; return die("bad --cpus", cpus); }
+        CPU_SET(n, &set);
+        snprintf(path, sizeof path, "rw/sys/devices/system/cpu/cpu%lu", n);
+        if (mkdir(path, 0555) != 0) return die("mkdir", path);
+        c = *end ? end + 1 : end;
+    }
+    static const char *files[] = {"online", "possible", "present"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "rw/sys/devices/system/cpu/%s", files[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+        if (fd < 0 || dprintf(fd, "%s\n", cpus) < 0) return die("write", path);
+        close(fd);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0) return die("sched_setaffinity", cpus);
+    return 0;
 }
 
 /*
@@ -190,6 +274,87 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
     return 0;
 }
 
+/* The directory PATH (absolute, in the sandbox) under the sandbox's root, made root's
+   where missing, one component at a time without following any symlink: the image or
+   a snapshot may hold a symlink there, and this runs as host root with the host's
+   files in view. An O_PATH descriptor of it, or -1. */
+static int open_mount_point(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) { errno = ENAMETOOLONG; return -1; }
+    int dir = open("root", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    char *save = NULL;
+    for (char *part = strtok_r(buf, "/", &save); dir >= 0 && part; part = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(part, "..") || !strcmp(part, ".")) { close(dir); errno = EINVAL; return -1; }
+        if (mkdirat(dir, part, 0755) != 0 && errno != EEXIST) { close(dir); return -1; }
+        int next = openat(dir, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        close(dir);
+        dir = next;
+    }
+    return dir;
+}
+
+/*
+ * SPEC is MODE:SRC:DEST (runtime/volumes.py checked it): the host directory SRC,
+ * idmapped like the layers, at DEST in the sandbox (K: its number, for its dirs).
+ *   ro   a read-only overlay of the clone alone
+ *   cow  an overlay: the clone below, an upper in the sandbox's tmpfs (what it writes
+ *        costs its own disk_mb; nobody else sees it), the sandbox's user owning its root
+ *   rw   a writable clone: writes land in the volume, seen by every sandbox that has it
+ * (ro and cow are overlays so that mountinfo names only rw/vK, no host path; an rw
+ * volume's mountinfo shows its path in the state directory.)
+ * Mounted on the sandbox's root (root/DEST), so bwrap's bind of root carries them.
+ */
+static int mount_volume(struct launch_opts *o, const char *spec, int k) {
+    char mode[8], src[4096], dest[64], lower[64], data[512];
+    const char *c1 = strchr(spec, ':'), *c2 = c1 ? strrchr(spec, ':') : NULL;
+    if (!c1 || c2 == c1 || c1 - spec >= (long)sizeof mode || c2 - c1 - 1 >= (long)sizeof src || c2[1] != '/') {
+        errno = EINVAL;
+        return die("volume", spec);
+    }
+    memcpy(mode, spec, (size_t)(c1 - spec)); mode[c1 - spec] = 0;
+    memcpy(src, c1 + 1, (size_t)(c2 - c1 - 1)); src[c2 - c1 - 1] = 0;
+    int point = open_mount_point(c2 + 1);
+    if (point < 0) return die("make the volume's mount point (no symlinks)", c2 + 1);
+    snprintf(dest, sizeof dest, "/proc/self/fd/%d", point);
+    int rw = !strcmp(mode, "rw");
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return die("clone the volume", src);
+    struct mount_attr attr = {.attr_set = (rw ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    if (o->userns >= 0) { attr.attr_set |= MOUNT_ATTR_IDMAP; attr.userns_fd = (uint64_t)o->userns; }
+    snprintf(lower, sizeof lower, "rw/v%d", k);
+    int cow = strcmp(mode, "rw") != 0;  /* cow and ro: overlays */
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0 ||
+        (cow && mkdir(lower, 0700) != 0) ||
+        (cow ? syscall(SYS_move_mount, fd, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH)
+             : syscall(SYS_move_mount, fd, "", point, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)) != 0) {
+        close(fd);
+        close(point);
+        return die("attach the volume at", c2 + 1);
+    }
+    close(fd);
+    if (!cow) { close(point); return 0; }
+    if (!strcmp(mode, "ro")) {  /* no upper: overlay wants two lowers, the 2nd empty */
+        char empty[64];
+        snprintf(empty, sizeof empty, "rw/ve%d", k);
+        if (mkdir(empty, 0755) != 0) { close(point); return die("mkdir", empty); }
+        snprintf(data, sizeof data, "lowerdir=%s:%s", lower, empty);
+        int rc = mount("corral-volume", dest, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, data);
+        close(point);
+        return rc != 0 ? die("mount the volume's overlay on", c2 + 1) : 0;
+    }
+    char upper[64], work[64];
+    snprintf(upper, sizeof upper, "rw/vu%d", k);
+    snprintf(work, sizeof work, "rw/vw%d", k);
+    if (mkdir(upper, 0755) != 0 || mkdir(work, 0700) != 0 || chown(upper, o->uid, o->gid) != 0) {
+        close(point);
+        return die("make the volume's upper", upper);
+    }
+    snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work);
+    int rc = mount("corral-volume", dest, "overlay", MS_NOSUID | MS_NODEV, data);
+    close(point);
+    return rc != 0 ? die("mount the volume's overlay on", c2 + 1) : 0;
+}
+
 /*
  * The sandbox's root lives in a mount namespace of its own, made here: the host's
  * mount table never grows with the number of sandboxes (every bwrap start copies the
@@ -197,7 +362,10 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
  * sandbox exits the kernel drops the mounts by itself: a crash cannot leak them.
  * Paths are relative to ROOTDIR (our cwd meanwhile), so the overlay's options, which
  * the sandbox reads in /proc/self/mountinfo, name no host path:
- *   ROOTDIR/rw      tmpfs of disk_mb: the cap on everything the sandbox writes
+ *   ROOTDIR/rw      tmpfs of disk_mb (or an ext4 image of it: mount_disk): the cap
+ *                   on everything the sandbox writes
+ *   ROOTDIR/rw/shm  the sandbox's /dev/shm (sticky, world-writable, like the host's)
+ *   ROOTDIR/rw/sys  its /sys: only devices/system/cpu, its CPUs (set_cpus)
  *   ROOTDIR/rw/N    the Nth lower layer (LOWER is a ':' list), an idmapped clone
  *   ROOTDIR/root    overlay: rw/0:rw/1:... read-only, rw/upper private and writable
  */
@@ -206,6 +374,8 @@ static int mount_root(struct launch_opts *o) {
     int n_lowers = 1;
     for (const char *c = o->lower; *c; c++) n_lowers += *c == ':';
     if (!lowers) return die("strdup", NULL);
+    unsigned long sys_inodes = 0; /* rw/sys: 4 directories, 3 files, one per CPU */
+    if (o->cpus) { sys_inodes = 8; for (const char *c = o->cpus; *c; c++) sys_inodes += *c == ','; }
     if (unshare(CLONE_NEWNS) != 0) return die("unshare", "mount namespace");
     /* Nothing mounted here may propagate back to the host. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return die("make mounts private", NULL);
@@ -220,17 +390,22 @@ static int mount_root(struct launch_opts *o) {
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);
-    /* nr_inodes: the sandbox's own, plus a mount point per lower layer and rw/pts */
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts, rw/shm,
+       rw/sys (its files, a directory per CPU) and three directories per volume */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 1);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2 + sys_inodes + 3ul * (unsigned long)o->n_volumes);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
-    if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
+    if (o->disk_image) {
+        if (mount_disk(o->disk_image, "rw") != 0) return -1;
+    } else if (mount("corral-rw", "rw", "tmpfs", MS_NOSUID | MS_NODEV, data) != 0) return die("mount tmpfs on", "rw");
     if (mkdir("rw/upper", 0755) != 0 || mkdir("rw/work", 0700) != 0) return die("mkdir", "rw/upper");
     /* The sandbox's own devpts (bound over bwrap's at /dev/pts): at most SANDBOX_PTYS
        terminals, so one sandbox cannot use up the pseudo-terminals every devpts on the
        host shares (kernel.pty.max); its ptmx is root's, so the sandbox cannot chmod it. */
     if (mkdir("rw/pts", 0755) != 0) return die("mkdir", "rw/pts");
+    /* /dev/shm (bound there by bwrap): in this tmpfs, so under its size and inodes */
+    if (mkdir("rw/shm", 0755) != 0 || chmod("rw/shm", 01777) != 0) return die("mkdir", "rw/shm");
     if (mount("devpts", "rw/pts", "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,max=" SANDBOX_PTYS) != 0)
         return die("mount devpts on", "rw/pts");
@@ -246,6 +421,7 @@ static int mount_root(struct launch_opts *o) {
         if (copy_in("rw/upper", o->copies[i]) != 0) return die("copy", o->copies[i]);
     for (int i = 0; i < o->n_stubs; i++)
         if (make_stub("rw/upper", o->stubs[i]) != 0) return die("make the mount point", o->stubs[i]);
+    if (o->cpus && set_cpus(o->cpus) != 0) return -1;
     int len = snprintf(data, sizeof data, "lowerdir=");
     char *save = NULL;
     int i = 0;
@@ -258,6 +434,8 @@ static int mount_root(struct launch_opts *o) {
     len += snprintf(data + len, sizeof data - len, ",upperdir=rw/upper,workdir=rw/work");
     if (len >= (int)sizeof data) { errno = E2BIG; return die("overlay options for", "root"); }
     if (mount("corral-root", "root", "overlay", MS_NOSUID | MS_NODEV, data) != 0) return die("mount overlay on", "root");
+    for (int k = 0; k < o->n_volumes; k++)
+        if (mount_volume(o, o->volumes[k], k) != 0) return -1;
     if (o->userns >= 0) close(o->userns);
     o->userns = -1;
     if (chdir("/") != 0) return die("chdir", "/");
@@ -315,13 +493,27 @@ static int launch(int argc, char **argv) {
     }
     if (!o.prog || !o.prog[0]) { fprintf(stderr, "corral-agent launch: missing program\n"); return 111; }
     if (o.rootdir && (!o.lower || mount_root(&o) != 0)) return 111;
-    /* Inherited by bwrap and the agent: under memory pressure the kernel kills the
-       sandbox's command, and the agent survives to report the OOM. */
+    /* Inherited by bwrap and the agent (commands go higher still: exec.c). Sandbox
+       code is the first thing a host-wide OOM should kill, before the daemon or any
+       host service, and it must not be able to lower itself: written with
+       CAP_SYS_RESOURCE, this value is also the floor (oom_score_adj_min) that nothing
+       in the sandbox can go below. A negative value for the agent would be that floor
+       too (a command could take -998 and outlive the host's own processes). Without
+       CAP_SYS_RESOURCE (some containers) raising still works, unpinned. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom >= 0) { if (write(oom, "-998", 4) < 0) {} close(oom); }
+    if (oom >= 0) { if (write(oom, AGENT_OOM_SCORE_ADJ, strlen(AGENT_OOM_SCORE_ADJ)) < 0) {} close(oom); }
     if (o.nofile) {
         struct rlimit rl = {o.nofile, o.nofile};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
+    }
+    /* bwrap (0.8) cannot join a network namespace: we join it here, as root, and bwrap
+       runs without --unshare-net. The namespace belongs to the host's user namespace,
+       so nothing in the sandbox (root in its own user namespace included) may change
+       its addresses, routes or firewall. */
+    if (o.netns) {
+        int nfd = open(o.netns, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) return die("join network namespace", o.netns);
+        close(nfd);
     }
     if (o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
         return die("setgid", NULL);

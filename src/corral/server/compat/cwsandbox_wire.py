@@ -51,6 +51,7 @@ from corral.errors import (
     Unsupported,
 )
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState
+from corral.server.compat.cwsandbox_network import egress_policy
 from corral.server.compat.tensorlake_model import TAG as TENSORLAKE_TAG
 
 DOMAIN = "cwsandbox.com"  # the only ErrorInfo domain whose reasons the client trusts
@@ -285,8 +286,10 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
             raise unsupported(what)
     if spec.HasField("object_storage_access"):
         raise unsupported("object_storage_access")
-    if spec.HasField("network") and (len(spec.network.egress) or len(spec.network.ingress)):
-        raise unsupported("network egress / ingress rules (corral sandboxes have no network)")
+    try:
+        network = egress_policy(spec.network) if spec.HasField("network") else None
+    except ValueError as exc:
+        raise unsupported(str(exc)) from None
     if len(spec.containers) > 1:
         raise unsupported("more than one container")
     container = spec.containers[0] if len(spec.containers) else sandbox_pb2.Container()
@@ -318,6 +321,8 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
         fields["cpus"] = cpus
     if memory_mb is not None:
         fields["memory_mb"] = memory_mb
+    if network is not None:
+        fields["network"] = network  # an egress policy (compat/cwsandbox_network.py)
     if gpus:
         fields["gpus"] = gpus  # exclusive, like a Kubernetes nvidia.com/gpu request
     if spec.max_lifetime_seconds < 0:

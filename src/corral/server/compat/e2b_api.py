@@ -19,9 +19,11 @@ which the SDK raises as ``AuthenticationException``.
 What maps to what: a template is a corral image (:class:`E2BSettings`); ``timeout``
 is the sandbox's lifetime from now (``set_timeout`` moves it); ``metadata`` is kept as
 tags (and listed by them); ``envs`` are the sandbox's environment. ``pause`` freezes
-the sandbox, ``connect`` thaws it. Refused (400, never ignored): internet access
-when the daemon does not give it, egress rules, MCP, volume mounts, IAM, auto-pause.
-Answered 501: snapshots, forks, network updates, logs, templates, volumes, secrets.
+the sandbox, ``connect`` thaws it. ``allow_internet_access`` gives the public internet
+through corral's egress filter, ``network={allow_out, deny_out}`` an egress policy
+(docs/network.md). Refused (400, never ignored): other network options, MCP, volume
+mounts, IAM, auto-pause.
+Answered 501: snapshots, forks, logs, templates, volumes, secrets.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -49,6 +52,7 @@ from corral.errors import (
     SandboxNotFound,
     Unauthorized,
 )
+from corral.network_schema import NetworkPolicy
 from corral.runtime.events import SandboxEnded
 from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
@@ -64,6 +68,7 @@ from corral.server.caller import caller_of
 from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
+from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
 from corral.server.door import ENVD, TRAFFIC, Credential, Kind
 from corral.server.lifetime import set_lifetime
@@ -121,6 +126,28 @@ def credentials(scope: Scope) -> tuple[Credential, ...] | None:
         found.append(Credential(_header(scope, b"e2b-traffic-access-token"), Kind.SANDBOX,
                                 sandbox_id, TRAFFIC, wrong=WRONG_ACCESS))
     return tuple(found)
+
+
+_HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
+
+
+def traffic_target(
+    scope: Scope, opens: Callable[[str, str], bool]
+) -> tuple[str, int] | None:
+    """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
+    ``PORT-ID.domain``) carrying that sandbox's traffic access token
+    (``e2b-traffic-access-token``, from the create reply; ``opens`` is the door's
+    check, so a revoked tenant's token opens nothing); None for any other."""
+    host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
+    if host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
+        return None
+    m = _HOST_RE.match(host.lower())
+    if m is None or not 1 <= int(m.group(1)) <= 65535:
+        return None
+    sandbox_id = m.group(2)
+    if not opens(sandbox_id, traffic):
+        return None
+    return sandbox_id, int(m.group(1))
 
 
 def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
@@ -242,7 +269,7 @@ def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
     return {
         **listed_json(info),
         "envdAccessToken": ctx.door(request).mint(caller_of(request), info.id),
-        "allowInternetAccess": info.spec.network == NetworkMode.HOST,
+        "allowInternetAccess": info.spec.network != NetworkMode.NONE,
         "domain": None,
     }
 
@@ -308,15 +335,13 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         raise _refuse("iam", "corral sandboxes have no workload identity")
     if req.autoPause:
         raise _refuse("lifecycle on_timeout='pause'", "a corral sandbox ends at its timeout")
+    network: NetworkMode | dict[str, list[str]] = NetworkMode.NONE
     if req.network:
-        raise _refuse("network rules", "a corral sandbox has no network (the default) or "
-                      "the host's (CORRAL_COMPAT_NETWORK=host on the daemon)")
-    network = NetworkMode.NONE
-    if req.allow_internet_access:
-        if cfg.network != NetworkMode.HOST:
-            raise _refuse("allow_internet_access=True", "this daemon gives sandboxes no "
-                          "network; start it with CORRAL_COMPAT_NETWORK=host to allow it")
-        network = NetworkMode.HOST
+        network = egress_policy(req.network)
+    elif req.allow_internet_access:
+        # the public internet through corral's filter (docs/network.md); the host's own
+        # network only where the front-end was told so (and the daemon allows it)
+        network = NetworkMode.HOST if cfg.network == NetworkMode.HOST else {}
     tags = [TAG, TEMPLATE_TAG + req.templateID]
     for key, value in (req.metadata or {}).items():
         tag = meta_tag(key, value)
@@ -430,6 +455,15 @@ async def set_timeout(request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def update_network(request: Request) -> Response:
+    """``update_network``: a new egress policy (only for a sandbox made with one:
+    ``network=`` or ``allow_internet_access=True``); connections it refuses are cut."""
+    policy = egress_policy(await read_json(request, "network update", required=True))
+    await ctx.service(request).update_network(_target(request).id, NetworkPolicy(**policy),
+                                              caller_of(request))
+    return Response(status_code=204)
+
+
 async def refresh(request: Request) -> Response:
     _target(request)
     return Response(status_code=204)
@@ -502,6 +536,7 @@ CONTROL = (
     ("DELETE", _SB, kill_sandbox),
     ("POST", _SB + "/timeout", set_timeout),
     ("POST", _SB + "/refreshes", refresh),
+    ("PUT", _SB + "/network", update_network),
     ("POST", "/v2" + _SB + "/connect", connect_sandbox),
     ("POST", _SB + "/connect", connect_sandbox),
     ("POST", _SB + "/resume", connect_sandbox),

@@ -1,5 +1,5 @@
 """The Python kernel behind E2B's Code Interpreter: runs *inside* a sandbox, one
-process per code context, started by :mod:`.e2b_interpreter` (``python3 -u -c SRC``).
+process per code context, started by :mod:`corral.server.compat.e2b_interpreter` (``python3 -u -c SRC``).
 
 Protocol, one JSON object per line: the daemon writes ``{"code", "env", "id"}`` on
 its stdin; it answers on the descriptor its stdout was at start (the code's own
