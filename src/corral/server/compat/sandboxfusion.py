@@ -333,7 +333,7 @@ async def _submit(frontend: FusionFrontend, request: Request, req: SubmitRequest
     per_case = 6 * (req.config.run_timeout or 10.0) + 10  # the judge's wall guard, and some
     timeout = min(MAX_TIMEOUT_S, (req.config.compile_timeout or 60.0) + per_case * len(cases))
     async with frontend.sandbox(request, JUDGE_IMAGE, JUDGE_MEMORY_MB) as sid:
-        r = await ctx.engine(request).exec(
+        r = await ctx.sandboxes(request).exec(
             sid, judge_argv(), timeout=timeout, stdin=line, max_output=MAX_OUTPUT, output_tail=0,
             env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
         )
