@@ -132,7 +132,7 @@ def main() -> int:
             results = [one_round(found.path, mb, work) for _ in range(rounds)]
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        dump, restore, cold = (statistics.median(x) * 1000 for x in zip(*results))
+        dump, restore, cold = (statistics.median(x) * 1000 for x in zip(*results, strict=True))
         figures.update(criu=found.version_text, checkpoint_ms=round(dump, 1),
                        restore_ms=round(restore, 1), cold_start_ms=round(cold, 1),
                        restore_vs_cold=round(restore / cold, 2))
