@@ -7,7 +7,6 @@ naming its cause and leaving no images behind."""
 from __future__ import annotations
 
 import asyncio
-import os
 import stat
 
 import pytest
