@@ -4,8 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# nftables: the egress filter of sandboxes with a network policy (docs/network.md)
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 util-linux e2fsprogs procps chromium)
+# docker-registry, skopeo: a local registry for the image pull tests (docs/agentic.md)
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium
+              docker-registry skopeo)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,15 +33,26 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 stamp=".venv/.corral-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/constraints.txt -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[dev,rl,trl,compat,ray,gpu]"
+    # pyproject.toml says what corral needs (lower bounds); constraints.txt pins the
+    # versions tested here, so CI is reproducible
+    .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[daemon,dev,rl,trl,compat,ray,gpu]"
     touch "$stamp"
 fi
 
 # Build (or reuse the cached) default image, the agent binary and the built-in images
-# (rl; fusion: g++, nodejs and pytest by apt in a `user: root` build step, ~20 s;
+# (rl; fusion: g++, nodejs and pytest by apt in a `user: root` build step, ~20 s; judge:
+# gcc, OpenJDK, Go and Rust on fusion for the code judge, ~25 s and ~1 GB more;
 # code-interpreter: numpy, pandas, matplotlib for E2B's Code Interpreter, ~13 s). The
 # compat extra above brings the clients the compat tests drive (tensorlake, cwsandbox,
 # sandbox-fusion).
 .venv/bin/python -m corral.runtime.prepare
+
+# The command where deploy/corral.service runs it (ExecStart): a link to this install,
+# when run as root and nothing else is there already.
+INSTALLED_AS=/usr/local/bin/corral
+if [ "$(id -u)" = 0 ] && [ -d "$(dirname "$INSTALLED_AS")" ] &&
+   { [ ! -e "$INSTALLED_AS" ] || [ -L "$INSTALLED_AS" ]; }; then
+    ln -sfn "$PWD/.venv/bin/corral" "$INSTALLED_AS"
+fi

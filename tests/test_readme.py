@@ -27,6 +27,7 @@ FUSION_BLOCK = "from sandbox_fusion import"
 E2B_BLOCK = "from e2b import Sandbox"
 NOT_RUN = {  # first line of a runnable-looking block -> why no test runs it
     "make demo": "installs everything and runs the whole suite: it is how tests run",
+    "pip install -e .": "run as written, in a fresh virtualenv, by tests/packaging/test_install.py",
     "corral serve --tcp 127.0.0.1:7070": "needs the tensorlake client and your script; "
     "tests/server/compat covers the front-end",
     "corral serve --grpc 127.0.0.1:7072": "needs the cwsandbox client; tests/server/compat "

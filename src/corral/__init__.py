@@ -32,6 +32,7 @@ from corral.client._async import (
     AsyncSandbox,
     AsyncSession,
     AsyncSnapshot,
+    AsyncVolume,
 )
 from corral.client._futures import Handle, as_completed, submit, wait
 from corral.client._models import CommandResult, OutputChunk
@@ -45,11 +46,13 @@ from corral.client._sync import (
     Sandbox,
     Session,
     Snapshot,
+    Volume,
 )
 from corral.errors import (
     CapacityExceeded,
     CorralError,
     DaemonUnavailable,
+    DockerfileError,
     ExecTimeout,
     FileError,
     FileNotFound,
@@ -63,9 +66,13 @@ from corral.errors import (
     InvalidArgument,
     InvalidState,
     LayerTransferError,
+    LeaseNotFound,
     NotFound,
     PathOutsideSandbox,
+    PortClosed,
     QuotaExceeded,
+    RegistryAuthError,
+    RegistryError,
     SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
@@ -76,8 +83,10 @@ from corral.errors import (
     SnapshotTooLarge,
     Unauthorized,
     Unsupported,
+    VolumeNotFound,
 )
-from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
+from corral.image_schema import BuildEvent, BuildSpec, ImageInfo, PruneResult, PullEvent
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     FileInfo,
@@ -99,6 +108,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "AsyncVolume",
     "BuildEvent",
     "BuildSpec",
     "CapacityExceeded",
@@ -106,6 +116,7 @@ __all__ = [
     "CommandResult",
     "CorralError",
     "DaemonUnavailable",
+    "DockerfileError",
     "ExecStream",
     "ExecTimeout",
     "FileError",
@@ -125,14 +136,21 @@ __all__ = [
     "InvalidArgument",
     "InvalidState",
     "LayerTransferError",
+    "LeaseNotFound",
     "NetworkMode",
+    "NetworkPolicy",
     "NotFound",
     "OutputChunk",
     "PathOutsideSandbox",
     "Pool",
     "PoolInfo",
+    "PortClosed",
     "Process",
+    "PruneResult",
+    "PullEvent",
     "QuotaExceeded",
+    "RegistryAuthError",
+    "RegistryError",
     "Sandbox",
     "SandboxDiskFull",
     "SandboxInfo",
@@ -151,6 +169,8 @@ __all__ = [
     "Storage",
     "Unauthorized",
     "Unsupported",
+    "Volume",
+    "VolumeNotFound",
     "__version__",
     "as_completed",
     "submit",

@@ -23,6 +23,8 @@ from pydantic import (
 )
 
 from corral.errors import InvalidArgument
+from corral.network_schema import NetworkPolicy
+from corral.volume_schema import check_volumes
 
 DEFAULT_IMAGE = "python"
 DEFAULT_CPUS = 1.0
@@ -112,7 +114,12 @@ class SandboxSpec(BaseModel):
     secrets: dict[str, SecretStr] = Field(default_factory=dict, max_length=256)
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
-    network: NetworkMode = NetworkMode.NONE
+    # "none" (loopback only), "host" (the host's network: admins only) or an egress
+    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md)
+    network: NetworkMode | NetworkPolicy = NetworkMode.NONE
+    # Volumes by mount point: {"/data": "NAME"} ("NAME:ro", "NAME:cow" (the default),
+    # "NAME:rw"; an admin may give a host directory, "/srv/data:ro"): corral.volume_schema
+    volumes: dict[str, str] = Field(default_factory=dict)
     # GPUs (NVIDIA, :mod:`corral.runtime.gpus`): a count, "all", or GPU indices/UUIDs;
     # held exclusively unless ``gpu_shared`` (then only with other sharers).
     gpus: StrictInt | Literal["all"] | list[str] | None = None
@@ -151,6 +158,11 @@ class SandboxSpec(BaseModel):
         if not v.startswith("/") or "\0" in v or ".." in v.split("/"):
             raise ValueError("workdir must be an absolute path without '..', e.g. /workspace")
         return v.rstrip("/") or "/"
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: dict[str, str]) -> dict[str, str]:
+        return check_volumes(volumes)
 
     @field_validator("gpus")
     @classmethod

@@ -167,7 +167,7 @@ def test_cp_never_writes_through_a_link_the_copy_made(tmp_path):
     import io
     import tarfile
 
-    from corral.cli._copy import _keep_symlinks
+    from corral.client._tree import keep_symlinks
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -182,7 +182,7 @@ def test_cp_never_writes_through_a_link_the_copy_made(tmp_path):
     dest = tmp_path / "dest"
     dest.mkdir()
     with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar, pytest.raises(tarfile.FilterError):
-        tar.extractall(dest, filter=_keep_symlinks)
+        tar.extractall(dest, filter=keep_symlinks)
     assert os.listdir(outside) == []
     assert os.readlink(dest / "escape") == str(outside)
 

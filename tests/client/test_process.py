@@ -64,8 +64,9 @@ def test_exchange_and_exchange_all(client):
         assert pa.exchange(" done\n") == "HALF DONE\n"
         pb.write(b"stream\n")
         assert pb.readline() == b"STREAM\n"
+        assert pb.exchange(b"z\n") == b"Z\n"  # on the stream now: write + readline
         with pytest.raises(corral.InvalidState, match="streamed"):
-            pb.exchange(b"z\n")  # the output now arrives on the stream
+            corral.Process.exchange_all([(pb, b"w\n")])  # cannot be batched any more
         pa.close_stdin()
         assert pa.exchange("") == ""  # exited
         assert pa.wait().stderr == "got ping\ngot x\ngot half done\n"  # kept for wait()

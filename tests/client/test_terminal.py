@@ -41,6 +41,7 @@ def test_a_shell_on_a_terminal(client):
             proc.write('echo "<<$(stty size)>>"\r')
             read_until(chunks, "\r\n", seen)
             assert read_until(chunks, "\r\n", seen).endswith("<<30 90>>")
+            read_until(chunks, PROMPT, seen)  # a Ctrl-D typed ahead may be flushed by readline
             proc.close_stdin()  # Ctrl-D at the prompt: the shell exits
             assert proc.wait().returncode == 0
             with pytest.raises(corral.InvalidState):

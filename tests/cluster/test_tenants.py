@@ -122,18 +122,18 @@ def test_a_tenants_quota_holds_across_nodes(corral_cluster):
             corral.Sandbox.create(memory_mb=64, tags=[TAG], node=a, client=client)
             for node in (b, c):  # at its quota on A: refused on B and C
                 with pytest.raises(corral.QuotaExceeded) as refused:
-                    corral.Sandbox.create(memory_mb=64, tags=[TAG], node=node, client=client)
+                    corral.Sandbox.create(wait=0, memory_mb=64, tags=[TAG], node=node, client=client)
                 assert refused.value.details["quota"] == "max_sandboxes"
                 assert refused.value.details["used"] == 2
             first.delete()  # room again: on another node
             corral.Sandbox.create(memory_mb=64, tags=[TAG], node=b, client=client)
             with pytest.raises(corral.QuotaExceeded):
-                corral.Sandbox.create(memory_mb=64, tags=[TAG], node=c, client=client)
+                corral.Sandbox.create(wait=0, memory_mb=64, tags=[TAG], node=c, client=client)
             for sb in corral.Sandbox.list(tags=[TAG], client=client):
                 sb.delete()
             corral.Sandbox.create(memory_mb=256, tags=[TAG], node=a, client=client)
             with pytest.raises(corral.QuotaExceeded) as refused:  # memory, summed over nodes
-                corral.Sandbox.create(memory_mb=300, tags=[TAG], node=c, client=client)
+                corral.Sandbox.create(wait=0, memory_mb=300, tags=[TAG], node=c, client=client)
             assert refused.value.details["quota"] == "max_memory_mb"
             with admin(corral_cluster) as ad:  # `token ls` shows the cluster's use
                 use = {t["name"]: t["usage"] for t in ad.request("GET", "/v1/tokens").json()["tokens"]}
@@ -147,7 +147,7 @@ def test_a_tenants_quota_holds_across_nodes(corral_cluster):
 
 def _created(client, node: str) -> bool:
     try:
-        corral.Sandbox.create(memory_mb=300, tags=[TAG], node=node, client=client)
+        corral.Sandbox.create(wait=0, memory_mb=300, tags=[TAG], node=node, client=client)
     except corral.QuotaExceeded:
         return False
     return True
@@ -159,7 +159,7 @@ def test_concurrent_creates_on_three_nodes_never_pass_the_quota(corral_cluster):
     with tenant_client(corral_cluster, token) as client:
         def one(node: str):
             try:
-                return corral.Sandbox.create(memory_mb=32, tags=[TAG], node=node, client=client)
+                return corral.Sandbox.create(wait=0, memory_mb=32, tags=[TAG], node=node, client=client)
             except corral.QuotaExceeded:
                 return None
 
@@ -170,7 +170,7 @@ def test_concurrent_creates_on_three_nodes_never_pass_the_quota(corral_cluster):
             while len(corral.Sandbox.list(tags=[TAG], client=client)) < 3:  # the rest fits
                 corral.Sandbox.create(memory_mb=32, tags=[TAG], node=nodes[0], client=client)
             with pytest.raises(corral.QuotaExceeded):
-                corral.Sandbox.create(memory_mb=32, tags=[TAG], node=nodes[-1], client=client)
+                corral.Sandbox.create(wait=0, memory_mb=32, tags=[TAG], node=nodes[-1], client=client)
         finally:
             for sb in corral.Sandbox.list(tags=[TAG], client=client):
                 sb.delete()

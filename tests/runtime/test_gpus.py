@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import InvalidArgument, NoGpuCapacity, Unsupported
+from corral.errors import InvalidArgument, NoGpuCapacity
 from corral.runtime.gpus import (
     DriverFiles,
     GpuAllocator,
@@ -92,7 +92,7 @@ def test_assignment_is_exclusive_unless_shared(tmp_path):
 
 
 def test_a_host_without_gpus_refuses_typed():
-    with pytest.raises(Unsupported, match="no usable NVIDIA GPU"):
+    with pytest.raises(InvalidArgument, match="no usable NVIDIA GPU"):
         GpuAllocator(StaticBackend()).assign("sb-a", 1)
 
 

@@ -326,7 +326,11 @@ def test_image_not_found_names_the_available_ones_and_the_fix(tmp_path):
     assert isinstance(info.value, LookupError)
     assert "alpha, beta" in info.value.message
     assert "python -m corral.runtime.prepare" in info.value.message
-    assert info.value.details == {"image": "python", "available": ["alpha", "beta"]}
+    assert info.value.details == {"image": "python", "available": ["alpha", "beta"],
+                                  "did_you_mean": []}
+    assert str(tmp_path) not in info.value.message  # never a path of the host
+    with pytest.raises(ImageNotFound, match="did you mean 'alpha'"):
+        store.get("alpah")
 
 
 @pytest.mark.parametrize("name", ["", "Python", "-x", ".hidden", "_x", "a/b", "../etc", "x y",

@@ -39,3 +39,19 @@ def test_own_entries_are_hardened_and_another_engines_state_is_not_touched(tmp_p
     assert mode(state / "registry.db") == 0o600
     assert mode(state / "slots") == mode(state / "odd") == mode(state / "odd" / "deeper") == 0o700
     assert mode(state) == mode(state / "sandboxes") == 0o711
+
+
+def test_a_hard_linked_file_keeps_its_mode(tmp_path):
+    """chmod through a hard link changes the other name's file too (a private cache
+    that hard-links the shared default image once made its python3 0600)."""
+    outside = tmp_path / "shared-python3"
+    outside.write_text("#!")
+    outside.chmod(0o755)
+    state = tmp_path / "state"
+    (state / "cache" / "bin").mkdir(parents=True)
+    os.link(outside, state / "cache" / "bin" / "python3")
+    (state / "registry.db").write_text("")
+    (state / "registry.db").chmod(0o644)
+    secure_state_dir(state)
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o755
+    assert stat.S_IMODE((state / "registry.db").stat().st_mode) == 0o600

@@ -111,7 +111,9 @@ def test_no_corral_route_gives_a_tenant_a_daemons_token(corral_cluster, tenant, 
                 seen += 1
             listing = http.get("/v1/cluster/nodes").raise_for_status().json()["nodes"]
             assert {n["node_id"] for n in listing} == set(corral_cluster.node_ids())
-            assert all(set(n) <= {"node_id", "tag", "url", "alive", "capacity"} for n in listing)
+            # key: the public key its daemon proves itself with (cluster/proof.py)
+            assert all(set(n) <= {"node_id", "tag", "url", "alive", "capacity", "key"}
+                       for n in listing)
     assert seen > 30
     pool.delete()
     snap.delete()

@@ -319,8 +319,14 @@ def test_the_loader_and_top_level_links_cannot_be_replaced(daemon):
      ["def check(candidate):\n    assert candidate([1, 5]) == 5\ncheck(max)"]),
 ])
 def test_a_function_named_like_a_builtin_is_the_solutions(daemon, name, code, tests):
+    entry_point = code.split("(")[0].removeprefix("def ")
+    reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url)
+    got = reward(completions=[fence(code)], tests=[tests], entry_point=[entry_point])
+    assert got == [0.0], f"{name}: {reward.last_outcomes[0].reason}"
+    # Without the task's name the judge cannot tell the built-in from the solution's
+    # function: not gradable (None, logged), never the built-in's pass.
     got, outcome = score(daemon, code, tests=tests)
-    assert got == 0.0, f"{name}: {outcome.reason}"
+    assert got is None and outcome.verdicts[0] == "IE", f"{name}: {outcome.reason}"
 
 
 FORCE_FALLBACK_DEEP = STEAL_TOKEN.replace("def f(x):\n    return 0", """def f(x):

@@ -61,7 +61,7 @@ def test_sdk_quota_is_a_typed_error(team, clients):
     with corral.Client(team.url, token=token) as c:
         first = corral.Sandbox.create(memory_mb=64, client=c)
         with pytest.raises(corral.QuotaExceeded) as caught:
-            corral.Sandbox.create(memory_mb=64, client=c)
+            corral.Sandbox.create(memory_mb=64, client=c, wait=0)  # refused at once
         assert isinstance(caught.value, corral.CapacityExceeded)
         assert caught.value.details["quota"] == "max_sandboxes"
         assert "max_sandboxes" in str(caught.value)

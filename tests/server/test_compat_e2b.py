@@ -373,7 +373,6 @@ def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
 def test_refused_options_create_nothing(daemon_ok):
     out = run_script(daemon_ok, """
         for name, kw in [("template", {"template": "no-such-template"}),
-                         ("internet", {"allow_internet_access": True}),
                          ("lifecycle", {"lifecycle": {"on_timeout": "pause"}})]:
             try:
                 Sandbox.create(**kw)
@@ -381,7 +380,7 @@ def test_refused_options_create_nothing(daemon_ok):
             except SandboxException as e:
                 out[name] = str(e)[:3]
     """)
-    assert out == {"template": "404", "internet": "400", "lifecycle": "400"}
+    assert out == {"template": "404", "lifecycle": "400"}
 
 
 def test_wrong_key_is_refused(daemon_ok):

@@ -179,7 +179,8 @@ def test_errors_map_to_the_clients_exceptions(daemon_ok):
         out["memory"] = err(lambda: Sandbox.create(memory_mb=1))
         out["image"] = err(lambda: Sandbox.create(image="no-such-image"))
         out["gpu"] = err(lambda: Sandbox.create(gpus=1))
-        out["egress"] = err(lambda: Sandbox.create(allow_out=["10.0.0.0/8"]))
+        out["egress"] = err(lambda: Sandbox.create(allow_out=["10.0.0.0/33"],
+                                                   deny_out=["0.0.0.0/0"]))
         out["snapshot"] = err(lambda: Sandbox.create(snapshot_id="snap-nope"))
         out["name"] = err(lambda: Sandbox.create(name="not a name!"))
         sb = Sandbox.create(memory_mb=64, name="agent-1")
@@ -193,7 +194,7 @@ def test_errors_map_to_the_clients_exceptions(daemon_ok):
     for key in ("connect", "get", "delete"):
         assert out[key]["type"] == "SandboxNotFoundError", out[key]
     expected = {
-        "memory": 400, "image": 404, "gpu": 501, "egress": 501, "snapshot": 404,
+        "memory": 400, "image": 404, "gpu": 501, "egress": 400, "snapshot": 404,
         "name": 400, "dup": 409, "pty": 501, "cwd": 404,
     }
     for key, status in expected.items():

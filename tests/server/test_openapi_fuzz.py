@@ -35,10 +35,11 @@ EXAMPLES = int(os.environ.get("CORRAL_FUZZ_EXAMPLES", "20"))
 
 def no_server_fault(ctx, response, case):
     """No 5xx but the documented back-pressure: 503 ``capacity_exceeded`` when creates
-    waited ``queue_timeout`` for room (the daemon is full for now, not broken)."""
+    waited ``queue_timeout`` for room, ``no_gpu_capacity`` when the GPUs asked for are
+    held (the daemon is full for now, not broken)."""
     if response.status_code == 503:
         try:
-            if response.json()["error"]["code"] == "capacity_exceeded":
+            if response.json()["error"]["code"] in ("capacity_exceeded", "no_gpu_capacity"):
                 return None
         except (ValueError, KeyError, TypeError):
             pass

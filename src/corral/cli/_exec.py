@@ -83,10 +83,29 @@ def _same_file(a: TextIO, b: TextIO) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
+# Characters that give a word a meaning in sh (and whitespace): a single word without
+# any is a program to run as it is, not a script.
+_SHELL_SYNTAX = frozenset(" \t\n;&|<>()$`\\\"'*?[]#~={}!")
+
+
+def command_of(words: list[str]) -> str | list[str]:
+    """``corral exec ID -- CMD...`` as the SDK's command: several words are an argv; one
+    word is run as it is (``/bin/hello``, ``ls``) unless it holds shell syntax, then
+    it is a script for ``sh -c`` (``"echo $HOME; ls"``).
+
+    >>> command_of(["/bin/hello"]), command_of(["echo $HOME"]), command_of(["ls", "-l"])
+    (['/bin/hello'], 'echo $HOME', ['ls', '-l'])
+    """
+    if len(words) > 1:
+        return words
+    word = words[0]
+    return [word] if word and not (set(word) & _SHELL_SYNTAX) else word
+
+
 def exec_command(args: argparse.Namespace, ctx: Context) -> int:
     """Stream the command's stdout/stderr to ours; exit with its status (124 on a
     timeout, 137 on an out-of-memory kill, 128+N when signal N killed it)."""
-    cmd: str | list[str] = args.cmd[0] if len(args.cmd) == 1 else args.cmd
+    cmd = command_of(args.cmd)
     stdin = read_stdin(args.stdin_file)
     sandbox = corral.Sandbox.connect(args.id, client=ctx.client)
     shared = _same_file(sys.stdout, sys.stderr)  # one terminal: the marker needs its own line

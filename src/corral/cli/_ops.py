@@ -37,6 +37,22 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser], seconds: Any) ->
     p.add_argument("seconds", type=seconds, metavar="SECONDS")
     p.set_defaults(handler=set_timeout)
 
+    p = sub.add_parser(
+        "expose", parents=conn, help="serve a port of a sandbox through the daemon; prints "
+        "its URL",
+        description="An HTTP or WebSocket server listening on PORT in the sandbox becomes "
+        "reachable at the URL printed, which carries the port's own access token (anyone "
+        "holding it reaches that port only, until the sandbox ends). See docs/network.md.",
+    )
+    p.add_argument("id", metavar="ID")
+    p.add_argument("port", type=int, metavar="PORT")
+    p.set_defaults(handler=expose)
+
+
+def expose(args: argparse.Namespace, ctx: Context) -> int:
+    ctx.output.line(corral.Sandbox.connect(args.id, client=ctx.client).expose(args.port))
+    return 0
+
 
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"

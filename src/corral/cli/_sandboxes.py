@@ -29,6 +29,11 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
     (the fields of :class:`corral.client._models.SpecFields` that have a flag and
     were given)."""
     given = {f: getattr(args, _FLAG_OF.get(f, f), None) for f in SPEC_FIELDS}
+    allow, deny = getattr(args, "allow", None), getattr(args, "deny", None)
+    if allow or deny:
+        if given.get("network") is not None:
+            raise UsageError("--allow/--deny make an egress policy: leave out --network")
+        given["network"] = {"allow": allow or [], "deny": deny or []}
     return {k: v for k, v in given.items() if v is not None and v != [] and v != {}}
 
 

@@ -62,7 +62,7 @@ def shell_command(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _command(words: list[str]) -> str | list[str]:
-    return words[0] if len(words) == 1 else words
+    return _exec.command_of(words)
 
 
 def run(

@@ -57,10 +57,11 @@ from corral.cli import (
     _shell,
     _snapshots,
     _tokens,
+    _volumes,
 )
 from corral.cli._output import Context, UsageError
 from corral.client import _validate as check_arg
-from corral.client._embed import answers
+from corral.client._embed import answers, daemon_missing
 from corral.pool_schema import DEFAULT_MAX_SIZE, DEFAULT_MIN_READY
 from corral.schema import MAX_TIMEOUT_S
 
@@ -166,6 +167,13 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
     p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("--allow", action="append", metavar="RULE",
+                   help="egress policy: allow a domain, *.domain, IP or CIDR (:PORT), or "
+                   "'pypi'; repeatable (docs/network.md)")
+    p.add_argument("--deny", action="append", metavar="RULE", help="egress policy: deny")
+    p.add_argument("--volume", dest="volumes", type=_env_pair, action=_EnvAction,
+                   metavar="PATH=NAME[:MODE]", help="mount a volume (mode cow, ro or rw); "
+                   "repeatable")
     p.add_argument("--gpus", type=_gpus, metavar="N|all|I,J",
                    help="NVIDIA GPUs: a count, 'all', or GPU indices/UUIDs (comma-separated)")
     p.add_argument("--gpu-shared", action="store_true", default=None,
@@ -257,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "exec", parents=conn, help="run a command in a sandbox, streaming its output",
         usage="corral exec ID [options] -- CMD...",
-        description="One CMD argument runs through /bin/sh -c; several run as argv. "
+        description="Several CMD arguments run as argv, and so does one plain word "
+        "(/bin/hello, ls); one argument with shell syntax (spaces, $, ;, |, ...) runs "
+        "through /bin/sh -c. "
         "Exits with the command's status: 124 on timeout, 137 when killed for memory.",
     )
     p.add_argument("id", metavar="ID")
@@ -284,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "shell", parents=conn, help="an interactive shell (or CMD) on a terminal in a sandbox",
         usage="corral shell ID [options] [-- CMD...]",
-        description="Runs bash, or sh if the image has no bash (or CMD; one argument runs "
-        "through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
+        description="Runs bash, or sh if the image has no bash (or CMD; one argument with "
+        "shell syntax runs through /bin/sh -c), on a pseudo-terminal in the sandbox, this terminal in raw "
         "mode until it exits: keys, Ctrl-C included, go there, and resizing the window "
         "resizes it. Exits with its status. "
         "Needs a terminal (to pipe input: corral exec -i ID -- sh).",
@@ -337,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster.add_commands(sub)
     _eval.add_parser(sub, conn)
     _ops.add_commands(sub, conn, _seconds)
+    _volumes.add_commands(sub, conn)
     _doctor.add_parser(sub, conn)
     _completion.add_parser(sub, build_parser)
     _plain_help(parser)
@@ -355,6 +366,9 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
+    why = daemon_missing()
+    if why is not None:
+        raise corral.Unsupported(f"corral serve: {why}")
     from corral.server.__main__ import build_parser as build_server_parser
     from corral.server.__main__ import settings_from_args
     from corral.server.daemon import serve

@@ -1,6 +1,8 @@
 """Where the SDK finds the daemon, and the defaults it uses.
 
-Environment variables (read only here, when a client is built):
+Environment variables (read only here, when a client is built; the default client,
+used by calls given none, is looked up by their current values, so changing one takes
+effect on the next such call):
 
 - ``CORRAL_URL``: the daemon, as ``unix:///path/to/corral.sock`` or ``http://host:port``
   (``https://`` too), or ``ray://HOST:PORT`` (``ray://auto`` inside a Ray job) for the
@@ -15,11 +17,16 @@ Environment variables (read only here, when a client is built):
   (default ``/run/corral/corral.sock``).
 - ``CORRAL_NO_EMBED``: ``1`` stops the SDK from starting a daemon itself when nothing
   answers on ``CORRAL_SOCKET``.
+- ``WANDB_RUN_ID`` / ``SLURM_JOB_ID``: each sandbox created is tagged
+  ``wandb-run:ID`` / ``slurm-job:ID`` (CoreWeave's convention: ``corral ls --tag
+  wandb-run:ID`` finds a training run's sandboxes, ``corral rm --tag`` cleans them up);
+  ``CORRAL_AUTO_TAGS=0`` turns that off. Read at each create.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -33,11 +40,15 @@ CREATE_TIMEOUT = 600.0
 """Seconds a create may take: the daemon may queue it (admission control) before starting."""
 EXEC_TIMEOUT_MARGIN = 30.0
 """Seconds added to a command's own timeout for the HTTP request that runs it."""
+CREATE_WAIT_MARGIN = 10.0
+"""Seconds of a create's HTTP timeout left to the daemon to answer after it waited for
+room or for its tenant's quota (the rest is sent as ``?wait=``)."""
 CONNECT_TIMEOUT = 10.0
 UDS_BASE_URL = "http://corral"  # the host part means nothing over a Unix socket
 CLUSTER_BASE_URL = "http://corral-cluster"  # unused: a cluster's requests name their node
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
 
 
 class _Unset:
@@ -47,6 +58,34 @@ class _Unset:
 
 UNSET: Any = _Unset()
 """Keeps "not passed" apart from ``None`` (for timeouts, ``None`` means "no timeout")."""
+
+
+_AUTO_TAGS = (("WANDB_RUN_ID", "wandb-run:"), ("SLURM_JOB_ID", "slurm-job:"))
+_TAG_VALUE = re.compile(r"[A-Za-z0-9_.:=/@+-]{1,100}")
+
+
+def auto_tags() -> list[str]:
+    """The tags naming the training run or batch job this process belongs to, from
+    ``WANDB_RUN_ID`` and ``SLURM_JOB_ID`` (none with ``CORRAL_AUTO_TAGS=0``; a value
+    that could not be a tag is left out)."""
+    if os.environ.get("CORRAL_AUTO_TAGS", "").strip().lower() in _FALSE:
+        return []
+    tags = []
+    for var, prefix in _AUTO_TAGS:
+        value = (os.environ.get(var) or "").strip()
+        if _TAG_VALUE.fullmatch(value):
+            tags.append(prefix + value)
+    return tags
+
+
+ENV_VARS = ("CORRAL_URL", "CORRAL_TOKEN", "CORRAL_SOCKET", "CORRAL_NO_EMBED")
+"""What :meth:`Endpoint.resolve` reads from the environment."""
+
+
+def env_now() -> tuple[str | None, ...]:
+    """The values of :data:`ENV_VARS` now: the default client is keyed by them, so a
+    change (a notebook cell, a test) takes effect on the next call given no client."""
+    return tuple(os.environ.get(name) for name in ENV_VARS)
 
 
 def exec_http_timeout(timeout: float | None) -> float | None:

@@ -21,6 +21,7 @@ Environment variables (read only here):
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import socket
 import subprocess
@@ -36,6 +37,24 @@ START_TIMEOUT = 60.0
 """Seconds the embedded daemon may take to answer (it opens the engine first)."""
 _POLL = 0.05
 _LOG_TAIL = 3000
+
+
+# What ``corral serve`` imports beyond the SDK: the [daemon] extra.
+_DAEMON_MODULES = ("starlette", "uvicorn", "httptools", "jinja2", "prometheus_client",
+                   "websockets")
+
+
+def daemon_missing() -> str | None:
+    """Why this Python cannot run a daemon (``None`` if it can): the daemon needs
+    Python 3.11+ and the ``daemon`` extra, which an SDK-only install leaves out."""
+    if sys.version_info < (3, 11):
+        return (f"the corral daemon needs Python 3.11 or newer (this is "
+                f"{sys.version_info[0]}.{sys.version_info[1]}; the SDK runs on 3.10+)")
+    missing = [m for m in _DAEMON_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"the corral daemon's dependencies are not installed here (missing: "
+                f"{', '.join(missing)}): pip install 'corral[daemon]'")
+    return None
 
 
 def connect_error(socket_path: str | Path, timeout: float = 1.0) -> OSError | None:
@@ -82,6 +101,13 @@ def ensure_daemon(socket_path: str, *, start_timeout: float = START_TIMEOUT) -> 
             f"no corral daemon answers on {socket_path}, and this process cannot start one: "
             "the sandbox engine needs root. Run as root, start a daemon with "
             "`sudo corral serve`, or set CORRAL_URL to a running one",
+            details={"socket": socket_path},
+        )
+    why = daemon_missing()
+    if why is not None:
+        raise DaemonUnavailable(
+            f"no corral daemon answers on {socket_path}, and this process cannot start "
+            f"one: {why}; or set CORRAL_URL to a running daemon",
             details={"socket": socket_path},
         )
     sock = Path(socket_path)

@@ -30,7 +30,9 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, ParamSpec, Self, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral._bridge import submit_blocking
 from corral.client._models import Command, CommandResult, describe_command

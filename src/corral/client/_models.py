@@ -34,7 +34,10 @@ class SpecOptions(TypedDict, total=False):
     secrets: dict[str, str]  # env whose values are never stored or shown
     workdir: str
     tags: Sequence[str]
-    network: str  # "none" | "bridge" | "host" (a corral.schema.NetworkMode)
+    # "none" | "host" (a corral.schema.NetworkMode) or an egress policy
+    # {"allow": [...], "deny": [...]} (corral.network_schema; docs/network.md)
+    network: str | dict[str, list[str]]
+    volumes: dict[str, str]  # {"/data": "NAME[:ro|cow|rw]"} (corral.volume_schema)
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
     gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
     gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from corral.cluster import _ray, auth, autoscale
+from corral.cluster import _ray, auth, autoscale, proof
 from corral.cluster.directory import NODE_KEY
 from corral.cluster.ids import node_tag
 from corral.cluster.node import (
@@ -163,8 +163,11 @@ def status(address: str) -> dict[str, Any]:
     tokens = auth.node_tokens(gcs)
     entries = read_entries(gcs)
     nodes = []
-    with httpx.Client(timeout=STATUS_TIMEOUT_S) as http:
-        for node_id, state in sorted(_ray.node_states(gcs).items()):
+    states = _ray.node_states(gcs)
+    alive = [e for n, e in entries.items() if states.get(n, {}).get("alive")]
+    # each daemon proves who it is before its token is sent (cluster/proof.py)
+    with proof.proven_client(proof.pins_of(alive), timeout=STATUS_TIMEOUT_S) as http:
+        for node_id, state in sorted(states.items()):
             entry = entries.get(node_id)
             row: dict[str, Any] = {
                 "node_id": node_id, "address": state["address"], "alive": state["alive"],

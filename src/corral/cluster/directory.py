@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.cluster import _ray, auth
+from corral.cluster import _ray, auth, proof
 from corral.errors import DaemonUnavailable, InvalidArgument, SandboxLost
 
 TTL_S = 5.0
@@ -30,6 +30,7 @@ class Node:
     tag: str
     url: str
     token: str = field(default="", repr=False, compare=False)  # its daemon's admin token
+    key: str = ""  # the public key its daemon proves itself with (cluster/proof.py)
 
 
 class Directory:
@@ -47,6 +48,9 @@ class Directory:
         self._dead: dict[str, Node] = {}  # tag -> Node: registered once, now dead
         self._loaded_at = -TTL_S - 1.0
         self._local: tuple[str | None] | None = None
+        # the addresses listed now, each with its node's key: connections anywhere else,
+        # or to a daemon that cannot prove it is that node, carry no credential
+        self.pins = proof.Pins()
 
     # ---------------------------------------------------------------- reading
 
@@ -71,12 +75,14 @@ class Directory:
             entry = json.loads(raw)
             token = tokens.get(entry["node_id"], "") if tokens is not None else (
                 self.token or "")
-            node = Node(entry["node_id"], entry["tag"], entry["url"], token)
+            node = Node(entry["node_id"], entry["tag"], entry["url"], token,
+                        str(entry.get("key") or ""))
             if not states.get(node.node_id, {}).get("alive"):
                 self._dead[node.tag] = node
             elif token or tokens is None:  # (its token is made before its entry)
                 nodes[node.node_id] = node
         self._nodes = nodes
+        self.pins.replace((n.url, n.node_id, n.key) for n in nodes.values())
         self._loaded_at = time.monotonic()
 
     def _fresh(self, force: bool = False) -> dict[str, Node]:

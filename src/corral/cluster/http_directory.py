@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from corral.cluster import proof
 from corral.cluster.directory import Directory, Node
 from corral.errors import DaemonUnavailable, Unauthorized
 
@@ -48,20 +49,26 @@ class HttpDirectory(Directory):
         listing = self._ask()
         nodes = {}
         for item in listing:
-            node = Node(str(item["node_id"]), str(item["tag"]), str(item["url"]), self._given)
+            node = Node(str(item["node_id"]), str(item["tag"]), str(item["url"]), self._given,
+                        str(item.get("key") or ""))
             nodes[node.node_id] = node
         for node_id, node in {**self._nodes, **self._known}.items():
             if node_id not in nodes:  # listed before, not now: its node died
                 self._dead[node.tag] = node
         self._known.update(nodes)
         self._nodes = nodes
+        self.pins.replace((n.url, n.node_id, n.key) for n in nodes.values())
         self._loaded_at = time.monotonic()
 
     def _ask(self) -> list[dict[str, Any]]:
         headers = {"Authorization": f"Bearer {self._given}"}
-        urls = [self.address, *(n.url for n in self._known.values() if n.url != self.address)]
+        # The daemons listed last time (proven); the configured address too, proven if it
+        # was listed, and trusted as configured only before anything was ever listed.
+        urls = [*(n.url for n in self._nodes.values() if n.url != self.address), self.address]
+        first = not self._known
         failures = []
-        with httpx.Client(timeout=TIMEOUT_S, headers=headers) as http:
+        with (httpx.Client(timeout=TIMEOUT_S, headers=headers) if first else
+              proof.proven_client(self.pins, timeout=TIMEOUT_S, headers=headers)) as http:
             for url in urls:
                 try:
                     reply = http.get(url + "/v1/cluster/nodes")

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from corral.cluster import _ray, auth, autoscale
+from corral.cluster import _ray, auth, autoscale, proof
 from corral.cluster.directory import NODE_KEY
 from corral.cluster.ids import node_tag
 from corral.cluster.placement import LIVE
@@ -97,7 +97,9 @@ class NodeDaemon:
               if config.get("cache_dir") else []),  # {node}: a cache of its own per node
             *config.get("daemon_args", []),
         ]
+        private, self.key = proof.make_key()  # a new pair per start (cluster/proof.py)
         env = {**os.environ, "CORRAL_TOKEN": auth.node_token(gcs, self.node_id),
+               proof.KEY_ENV: private,
                "CORRAL_PEER_TOKEN": auth.peer_token(gcs), "PYTHONUNBUFFERED": "1",
                "CORRAL_RAY_GCS": r.get_runtime_context().gcs_address}  # its peers' directory
         self._stopping = False
@@ -110,6 +112,7 @@ class NodeDaemon:
         self.entry = {
             "node_id": self.node_id, "tag": node_tag(self.node_id), "url": self.url,
             "pid": self.proc.pid, "state_dir": str(base), "started_at": time.time(),
+            "key": self.key,  # what its daemon proves itself with
         }
         _ray.kv_put(gcs, NODE_KEY + self.node_id, json.dumps(self.entry).encode())
         threading.Thread(target=self._watch, name="corral-daemon-watch", daemon=True).start()
@@ -150,7 +153,8 @@ class NodeDaemon:
             _ray.kv_del(self._gcs, NODE_KEY + self.node_id)
         status = self.proc.returncode
         if self.proc.poll() is None:
-            self.proc.terminate()
+            # SIGINT: the daemon stops its sandboxes (SIGTERM hands them over to a next one)
+            self.proc.send_signal(signal.SIGINT)
             try:
                 status = self.proc.wait(DAEMON_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -228,13 +232,12 @@ class Supervisor:
     def _live_sandboxes(self) -> int:
         """Sandboxes alive or starting on every node, as their daemons count them."""
         tokens = auth.node_tokens(self._gcs)
+        entries = [json.loads(raw) for key in _ray.kv_keys(self._gcs, NODE_KEY)
+                   if (raw := _ray.kv_get(self._gcs, key))]
         total = 0
-        with httpx.Client(timeout=INFO_TIMEOUT_S) as http:
-            for key in _ray.kv_keys(self._gcs, NODE_KEY):
-                raw = _ray.kv_get(self._gcs, key)
-                if not raw:
-                    continue
-                entry = json.loads(raw)
+        # each daemon proves who it is before its token is sent (cluster/proof.py)
+        with proof.proven_client(proof.pins_of(entries), timeout=INFO_TIMEOUT_S) as http:
+            for entry in entries:
                 bearer = {"Authorization": f"Bearer {tokens.get(entry['node_id'], '')}"}
                 try:
                     info = http.get(entry["url"] + "/v1/info", headers=bearer

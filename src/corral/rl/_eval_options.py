@@ -49,6 +49,7 @@ class EvalOptions:
     label: str | None = None
     client: Any = None
     report: bool = True  # progress to the daemon's dashboard (PUT /v1/evals/{id})
+    wandb: bool = True  # the result's statistics to an open W&B run (corral.rl._wandb)
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> EvalOptions:

@@ -1,5 +1,5 @@
 """Isolated grading, the host's side: start the judge, hand it the request, read its
-verdict (the judge itself, which runs in the sandbox, is :mod:`corral.rl._judge`).
+verdict (the judge itself, which runs in the sandbox, is :mod:`corral.guest.judge`).
 
 The exchange, all over one interactive process (``sb.spawn``):
 
@@ -19,25 +19,22 @@ import json
 import os
 import secrets
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Literal
 
 from corral.client._models import CommandResult
 from corral.errors import InvalidArgument
+from corral.guest import program
 from corral.rl._inprocess import MAX_ERROR_CHARS, MAX_OUTPUT_CHARS, time_budget
 from corral.rl._test_report import TestReport
 
 Grading = Literal["auto", "isolated", "in_process"]
 GRADINGS = ("auto", "isolated", "in_process")
 READY = "corral-judge-ready"
-JUDGE_SOURCE = "\n".join(
-    (resources.files("corral.rl") / name).read_text(encoding="utf-8")
-    for name in ("_judge_wire.py", "_judge.py")
-)
 TRUSTED_PATH = "/usr/local/bin:/usr/bin:/bin"
 """``PATH`` of the judge and the harness: only the image's own directories, which the
 sandbox cannot write (its ``~/.local/bin`` comes first in its usual ``PATH``)."""
 UNSPLITTABLE = "unsplittable"
+UNGRADABLE = "ungradable"
 
 
 def check_grading(grading: str) -> None:
@@ -57,6 +54,7 @@ class JudgeRun:
     path: str | None = None
     timeout: float = 10.0
     test_timeout: float | None = None
+    entry_point: str | None = None
     nonce: str = field(default_factory=lambda: "corral-verdict-" + secrets.token_hex(16))
 
     def __post_init__(self) -> None:
@@ -65,7 +63,7 @@ class JudgeRun:
 
     @property
     def argv(self) -> list[str]:
-        return ["python3", "-I", "-c", JUDGE_SOURCE]
+        return ["python3", "-I", "-c", program("confine", "judge_wire", "judge_solution", "judge")]
 
     def request(self) -> bytes:
         filename = self.path if self.path is not None else "solution.py"
@@ -74,7 +72,7 @@ class JudgeRun:
             "nonce": self.nonce, "code": self.code, "filename": filename, "module": module,
             "tests": self.tests, "budget": time_budget(self.timeout),
             "test_timeout": self.test_timeout, "max_error": MAX_ERROR_CHARS,
-            "max_output": MAX_OUTPUT_CHARS,
+            "max_output": MAX_OUTPUT_CHARS, "entry_point": self.entry_point,
         }
         return json.dumps(body).encode() + b"\n"
 
@@ -92,6 +90,8 @@ class JudgeRun:
             load, tests = data["load"], data["tests"]
             states = [str(t[0]) for t in tests]
             errors = [None if t[1] is None else str(t[1]) for t in tests]
+            # Tests that compared two of the solution's objects: its process said how.
+            compared = tuple(i for i, t in enumerate(tests) if len(t) > 2 and t[2] is True)
         except (ValueError, KeyError, TypeError, IndexError):
             return TestReport("crashed", result=result)
         if len(states) != len(self.tests):
@@ -99,6 +99,7 @@ class JudgeRun:
         return TestReport(
             "ok", load=load[0], load_error=load[1], tests=states, errors=errors,
             output=str(data.get("output") or ""), result=result,
+            grading="in_process" if compared else "isolated", in_process_tests=compared,
         )
 
 
@@ -108,8 +109,9 @@ def unsplittable(report: TestReport) -> list[int]:
 
 
 def refuse_unsplittable(report: TestReport) -> TestReport:
-    """``grading="isolated"``: a test that cannot be judged in isolation fails."""
-    tests = ["error" if t == UNSPLITTABLE else t for t in report.tests]
+    """``grading="isolated"``: a test that cannot be judged in isolation is reported
+    not gradable (never scored as a failure)."""
+    tests = [UNGRADABLE if t == UNSPLITTABLE else t for t in report.tests]
     errors = [
         f"not graded: {e}; this test needs grading='auto' or 'in_process' "
         "(it passes objects that are not plain data to the solution)"
@@ -127,6 +129,7 @@ def merge_in_process(report: TestReport, indices: list[int], inproc: TestReport)
             tests[i], errors[i] = inproc.tests[k], inproc.errors[k]
         else:
             tests[i], errors[i] = "error", f"in-process run: {inproc.reason}"
+    flagged = tuple(sorted(set(indices) | set(report.in_process_tests)))
     return dataclasses.replace(
-        report, tests=tests, errors=errors, grading="in_process", in_process_tests=tuple(indices)
+        report, tests=tests, errors=errors, grading="in_process", in_process_tests=flagged
     )

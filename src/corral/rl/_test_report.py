@@ -15,8 +15,10 @@ class TestReport:
     ``status`` is ``"ok"`` (the judge reported), ``"timeout"`` (the whole run went over
     its time and was killed), ``"oom"`` (killed for memory) or ``"crashed"`` (no
     report: e.g. the solution killed the judge). Each test's outcome in ``tests`` is
-    ``"ok"``, ``"error"`` (an exception; its traceback in ``errors``), ``"timeout"`` or
-    ``"skipped"`` (the solution itself did not load).
+    ``"ok"``, ``"error"`` (an exception; its traceback in ``errors``), ``"timeout"``,
+    ``"skipped"`` (the solution itself did not load) or ``"ungradable"`` (the judge
+    cannot grade it, ``errors`` says why: never counted as a failure, a reward is
+    ``None``). :attr:`verdicts` gives the judge's letters (``AC``, ``WA``...).
 
     ``grading`` says how the verdict was reached (docs/grading.md): ``"isolated"`` —
     every test ran in a judge process the solution cannot reach, on plain data the
@@ -36,6 +38,28 @@ class TestReport:
     result: CommandResult | None = None
     grading: Literal["isolated", "in_process"] = "isolated"
     in_process_tests: tuple[int, ...] = ()
+
+    verdict_list: tuple[str, ...] = ()
+    """Per-test verdicts from the stdin/stdout judge (``AC``, ``WA``, ``TLE``, ``MLE``,
+    ``RE``, ``CE``, ``IE``, ``SKIP``); empty for Python tests (see :attr:`verdicts`)."""
+    compile_error: str | None = None
+    """The compiler's message (bounded) when the solution did not compile (``CE``)."""
+    case_stats: tuple[tuple[float, int], ...] = ()
+    """stdin/stdout judge: ``(cpu_seconds, peak_bytes)`` of each test case's run."""
+
+    @property
+    def verdicts(self) -> list[str]:
+        """One judge verdict per test: ``AC`` accepted, ``WA`` wrong answer (a failed
+        ``assert``), ``RE`` another exception, ``TLE``, ``MLE``, ``CE`` (did not compile
+        or load), ``IE`` not gradable, ``SKIP`` not run."""
+        if self.verdict_list:
+            return list(self.verdict_list)
+        return [_verdict(t, e, self.load) for t, e in zip(self.tests, self.errors, strict=True)]
+
+    @property
+    def ungradable(self) -> list[int]:
+        """Tests the judge could not grade (their reason in :attr:`errors`)."""
+        return [i for i, v in enumerate(self.verdicts) if v == "IE"]
 
     @property
     def loaded(self) -> bool:
@@ -84,6 +108,9 @@ class TestReport:
             return "load error: " + _last_line(self.load_error)
         if not self.tests:
             return "ran cleanly (no tests)"
+        if self.ungradable:
+            i = self.ungradable[0]
+            return f"not gradable: test {i}: {_last_line(self.errors[i])}"
         failed = [i for i, t in enumerate(self.tests) if t != "ok"]
         if not failed:
             return f"passed {self.total}/{self.total}"
@@ -106,6 +133,20 @@ class TestReport:
             lines.append(self.output.rstrip())
         return "\n".join(lines)
 
+
+
+def _verdict(state: str, error: str | None, load: str) -> str:
+    if state == "ok":
+        return "AC"
+    if state == "timeout":
+        return "TLE"
+    if state == "ungradable":
+        return "IE"
+    if state == "skipped":
+        return "CE" if load == "error" else "TLE" if load == "timeout" else "SKIP"
+    if error and "AssertionError" in _last_line(error):
+        return "WA"
+    return "RE"
 
 
 def _last_line(text: str | None) -> str:

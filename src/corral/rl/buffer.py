@@ -66,9 +66,10 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
+from typing_extensions import Self  # typing's since 3.11 only
 
 from corral.errors import InvalidArgument, InvalidState
 from corral.rl._buffer_layout import (

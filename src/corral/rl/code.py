@@ -179,6 +179,7 @@ async def arun_tests(
     test_timeout: float | None = None,
     cwd: str | None = None,
     grading: Grading = "auto",
+    entry_point: str | None = None,
 ) -> TestReport:
     """Run ``tests`` on a solution (``code``, or the file at ``path`` in the sandbox).
 
@@ -190,12 +191,18 @@ async def arun_tests(
     ``"in_process"`` runs all of them there (the weaker, older way). A judged run
     stops every other process of the sandbox first. Sandbox and daemon failures raise
     their :mod:`corral.errors` exception: they are not the solution's fault.
+
+    Built-in names a test uses are the judge's, never the solution's, except
+    ``entry_point`` (the task's function, e.g. HumanEval's ``def max``) and what a test
+    imports from the solution; a test that uses a built-in the solution redefines is
+    reported not gradable (``"ungradable"``, verdict ``IE``).
     """
     snippets = normalize_tests(tests)
     check_grading(grading)
     if grading == "in_process":
         return await _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
-    run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
+    run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout,
+                   entry_point=entry_point)
     await sb.kill_processes()  # nothing an earlier step left running may meet the judge
     async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
         ready = line = None
@@ -227,13 +234,15 @@ def run_tests(
     test_timeout: float | None = None,
     cwd: str | None = None,
     grading: Grading = "auto",
+    entry_point: str | None = None,
 ) -> TestReport:
     """The blocking twin of :func:`arun_tests`."""
     snippets = normalize_tests(tests)
     check_grading(grading)
     if grading == "in_process":
         return _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
-    run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout)
+    run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout,
+                   entry_point=entry_point)
     sb.kill_processes()  # nothing an earlier step left running may meet the judge
     with sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
         ready = line = None

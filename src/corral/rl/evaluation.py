@@ -74,6 +74,7 @@ from corral.rl._eval_result import (
 )
 from corral.rl._policy import CODE_FILE, WEIGHTS_FILE, EnvSpec, Policy
 from corral.rl._progress import EpisodeProgress
+from corral.rl._wandb import log_metrics
 from corral.rl.episodes import (
     EpisodeError,
     EpisodeResult,
@@ -290,7 +291,21 @@ async def aevaluate(
     result = await loop.run()
     if opts.png is not None:
         result.save_png(opts.png)
+    if opts.wandb:
+        _log_to_wandb(result)
     return result
+
+
+def _log_to_wandb(result: EvalResult) -> None:
+    """The statistics of ``result`` to an open W&B run (``corral/eval/<policy>/...``)."""
+    prefix = f"corral/eval/{result.policy}/"
+    log_metrics({prefix + k: v for k, v in {
+        "mean": result.mean, "std": result.std, "stderr": result.stderr,
+        "ci_low": result.ci[0], "ci_high": result.ci[1], "episodes": result.n,
+        "errors": result.errors, "timeouts": result.timeouts,
+        "infra_failures": result.infra_failures,
+        "episodes_per_second": result.episodes_per_second,
+    }.items()})
 
 
 class _EvalLoop:
@@ -511,7 +526,9 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     for a policy a re-run episode found deterministic), ``png`` (draw the return
     distribution), ``progress`` (a live bar on stderr), ``label``, ``client``,
     ``report`` (default True: the run's progress is shown on the daemon's dashboard,
-    ``/ui``; see :mod:`corral.rl._eval_report`).
+    ``/ui``; see :mod:`corral.rl._eval_report`), ``wandb`` (default True: with a W&B
+    run open, ``wandb.init()``, the statistics are logged to it as
+    ``corral/eval/<policy>/mean``, ``ci_low``...; see :mod:`corral.rl._wandb`).
 
     >>> r = corral.rl.evaluate(POLICY, "CartPole-v1", seeds=range(200), concurrency=8)
     >>> print(f"{r.mean:.1f} ± {r.halfwidth:.1f}; infra failures: {r.infra_failures}")

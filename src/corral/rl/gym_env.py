@@ -241,14 +241,15 @@ class _Remote:
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         process, line = self.request(op, **fields)
+        # an environment's step takes as long as it takes (its sandbox's lifetime bounds it)
         if self.streamed:
             process.write(line)
-            return self.reply(process.readline())
-        return self.reply(process.exchange(line))
+            return self.reply(process.readline(timeout=None))
+        return self.reply(process.exchange(line, timeout=None))
 
     def _server_died(self) -> EnvError:
         assert self.process is not None
-        result = self.process.wait()
+        result = self.process.wait(timeout=None)
         how = "was killed" if result.oom_killed or result.returncode < 0 else "exited"
         oom = " (out of memory: raise memory_mb in sandbox_options)" if result.oom_killed else ""
         tail = result.stderr.strip()[-4000:]

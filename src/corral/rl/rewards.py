@@ -26,6 +26,9 @@ Scores:
 - No code found in the completion (see :func:`corral.rl.code.extract_code`): 0.0.
 - A timeout (the whole run, the solution's top level, or a test): what passed before
   counts, the rest is 0; the reason is logged (``logging`` name ``corral.rl.rewards``).
+- ``None`` when a test is not gradable (verdict ``IE``: a built-in the solution
+  redefines with no ``entry_point`` to say which is meant, a broken checker, a missing
+  toolchain; docs/grading.md), logged with the reason.
 - ``None`` when the infrastructure failed (daemon down, sandbox could not start, no
   capacity, sandbox lost): never 0.0, which would teach the policy that its code was
   wrong. TRL leaves ``None`` out of the reward (NaN) instead. Before that, a completion
@@ -36,7 +39,11 @@ Scores:
 
 The tests of each completion come from the dataset column named by ``tests_column``
 (default ``"tests"``): a list of Python snippets (``["assert f(2) == 4", ...]``) or one
-string; an empty list means "the code must run without an exception".
+string (an empty list means "the code must run without an exception"), or stdin/stdout
+cases (``[{"input": ..., "output": ...}]``, :mod:`corral.rl.stdio`), judged in any of
+seven languages on the ``judge`` image with per-case ``time_limit`` and
+``case_memory_mb``; ``mode="first_failure"`` scores the cases passed before the first
+failure. Optional columns ``entry_point``, ``checker`` and ``language`` reach the judge.
 """
 
 from __future__ import annotations
@@ -45,10 +52,13 @@ import asyncio
 import logging
 import math
 import os
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
+
+import anyio
 
 from corral._bridge import run_sync
 from corral.client._async._client import AsyncClient
@@ -65,16 +75,32 @@ from corral.errors import (
     SandboxStartError,
 )
 from corral.rl._grading import Grading, check_grading
-from corral.rl.code import Fallback, TestReport, arun_tests, extract_code, normalize_tests
+from corral.rl._judging import (
+    JudgeOptions,
+    Mode,
+    Task,
+    ajudge,
+    check_mode,
+    make_task,
+    parse_tests,
+    run_timeout,
+    sandbox_needs,
+    score,
+)
+from corral.rl._wandb import log_metrics
+from corral.rl.code import Fallback, TestReport
 from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     DEFAULT_RETRIES,
     INFRA_ERRORS,
     RETRY_BACKOFF_S,
 )
+from corral.rl.stdio import COMPARES, DEFAULT_TIME_LIMIT, Compare, IOCase
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["binary", "fraction"]
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_MB = 512
 SANDBOX_LIFETIME_MARGIN_S = 120.0
@@ -122,6 +148,12 @@ class RewardOutcome:
     def timed_out(self) -> bool:
         return self.report is not None and self.report.timed_out
 
+    @property
+    def verdicts(self) -> list[str]:
+        """The judge's verdict per test (``AC``, ``WA``, ``TLE``, ``MLE``, ``RE``, ``CE``,
+        ``IE``: not gradable, ``SKIP``); empty if nothing ran."""
+        return self.report.verdicts if self.report is not None else []
+
 
 @dataclass
 class RewardStats:
@@ -137,6 +169,8 @@ class RewardStats:
     """Completions run again on a new sandbox after an infrastructure failure."""
     in_process_graded: int = 0
     """Completions with tests run in the solution's own process (docs/grading.md)."""
+    ungradable: int = 0
+    """Completions with a test the judge could not grade: reward ``None``, reason logged."""
 
 
 class AsyncCodeReward:
@@ -151,9 +185,9 @@ class AsyncCodeReward:
         self,
         mode: Mode = "binary",
         *,
-        timeout: float = DEFAULT_TIMEOUT_S,
+        timeout: float | None = None,
         test_timeout: float | None = None,
-        image: str = "python",
+        image: str | None = None,
         concurrency: int | None = None,
         tests_column: str = "tests",
         memory_mb: int = DEFAULT_MEMORY_MB,
@@ -165,14 +199,24 @@ class AsyncCodeReward:
         on_result: Callable[[RewardOutcome], Any] | None = None,
         grading: Grading = "auto",
         retries: int = DEFAULT_RETRIES,
+        language: str | None = None,
+        time_limit: float = DEFAULT_TIME_LIMIT,
+        case_memory_mb: int = 256,
+        compare: Compare = "tokens",
+        tolerance: float = 1e-6,
+        wandb: bool = True,
     ) -> None:
         check_grading(grading)
+        self.wandb = bool(wandb)  # log each batch's metrics to an open W&B run
+        check_mode(mode)
+        if compare not in COMPARES:
+            raise InvalidArgument(f"compare must be one of {COMPARES}, got {compare!r}")
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise InvalidArgument(f"retries must be an integer >= 0, got {retries!r}")
         self.retries = retries
-        if mode not in ("binary", "fraction"):
-            raise InvalidArgument(f"mode must be 'binary' or 'fraction', got {mode!r}")
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
+        ):
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
         if test_timeout is not None and not test_timeout > 0:
             raise InvalidArgument(f"test_timeout must be positive or None, got {test_timeout!r}")
@@ -182,7 +226,13 @@ class AsyncCodeReward:
         if fallback not in ("none", "raw"):
             raise InvalidArgument(f"fallback must be 'none' or 'raw', got {fallback!r}")
         self.mode: Mode = mode
-        self.timeout = float(timeout)
+        self.timeout = None if timeout is None else float(timeout)
+        self.image, self.memory_mb = image, memory_mb
+        self.options = JudgeOptions(
+            timeout=self.timeout, test_timeout=test_timeout, grading=grading,
+            fallback=fallback, language=language, time_limit=time_limit,
+            case_memory_mb=case_memory_mb, compare=compare, tolerance=tolerance,
+        )
         self.test_timeout = test_timeout
         self.grading: Grading = grading
         self.concurrency = concurrency
@@ -193,8 +243,8 @@ class AsyncCodeReward:
         self.__name__ = name or f"code_reward_{mode}"
         # Validated now, so a typo fails at construction rather than at step 1.
         self._spec = spec_body({
-            "image": image, "memory_mb": memory_mb, "cpus": cpus,
-            "timeout": self.timeout + SANDBOX_LIFETIME_MARGIN_S,
+            "image": image or "python", "memory_mb": memory_mb, "cpus": cpus,
+            "timeout": (self.timeout or DEFAULT_TIMEOUT_S) + SANDBOX_LIFETIME_MARGIN_S,
             "tags": ["corral.rl", f"reward={self.__name__}", *tags],
         })
         self.stats = RewardStats()
@@ -206,7 +256,7 @@ class AsyncCodeReward:
         self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **kwargs: Any
     ) -> list[float | None]:
         tests = self._tests_from(kwargs, len(completions))
-        outcomes = await self.evaluate(completions, tests)
+        outcomes = await self.evaluate(completions, tests, columns=kwargs)
         return [o.reward for o in outcomes]
 
     # ------------------------------------------------------------------ direct use
@@ -217,12 +267,15 @@ class AsyncCodeReward:
         tests: Sequence[Any],
         *,
         on_result: Callable[[RewardOutcome], Any] | None = None,
+        columns: Mapping[str, Sequence[Any]] | None = None,
     ) -> list[RewardOutcome]:
         """Score ``completions[i]`` against ``tests[i]``; outcomes in input order.
 
         ``on_result`` (default: the one given at construction) is called with each
         outcome as soon as it is known (completion order, not input order), e.g. to
-        print progress or log the code that was run.
+        print progress or log the code that was run. ``columns``: the dataset's other
+        columns, one value per completion; ``entry_point`` (the task's function name,
+        HumanEval's), ``checker`` and ``language`` are read from them when present.
         """
         on_result = on_result or self.on_result
         if len(tests) != len(completions):
@@ -230,27 +283,47 @@ class AsyncCodeReward:
                 f"got {len(completions)} completions but {len(tests)} test lists: "
                 "give one list of tests per completion"
             )
-        snippets = [normalize_tests(t, where=f"{self.tests_column}[{i}]") for i, t in enumerate(tests)]
+        snippets = [parse_tests(t, f"{self.tests_column}[{i}]") for i, t in enumerate(tests)]
+        extras = [_row_extras(columns or {}, i) for i in range(len(completions))]
         semaphore = asyncio.Semaphore(self.concurrency)
         async with AsyncClient(self.url) as client:
 
-            async def one(i: int) -> RewardOutcome:
+            results: list[RewardOutcome | None] = [None] * len(completions)
+
+            async def one(i: int) -> None:
                 async with semaphore:
-                    outcome = await self._score(client, i, completions[i], snippets[i])
+                    outcome = await self._score(client, i, completions[i], snippets[i], extras[i])
                 if on_result is not None:
                     on_result(outcome)
-                return outcome
+                results[i] = outcome
 
-            # A TaskGroup, not gather: if one evaluation raises (a configuration error),
+            # A task group, not gather: if one evaluation raises (a configuration error),
             # the others are cancelled and delete their sandboxes before the client closes.
+            # (anyio's: asyncio.TaskGroup is Python 3.11+.)
             try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(one(i)) for i in range(len(completions))]
+                async with anyio.create_task_group() as group:
+                    for i in range(len(completions)):
+                        group.start_soon(one, i)
             except BaseExceptionGroup as group_error:
                 raise group_error.exceptions[0] from None
-        outcomes = [t.result() for t in tasks]
+        outcomes = [r for r in results if r is not None]
         self.last_outcomes = outcomes
+        if self.wandb:
+            self._log_batch(outcomes)
         return outcomes
+
+    def _log_batch(self, outcomes: Sequence[RewardOutcome]) -> None:
+        """One batch's metrics to an open W&B run, at the trainer's current step."""
+        scored = [o.reward for o in outcomes if o.reward is not None]
+        prefix = f"corral/{self.__name__}/"
+        log_metrics({
+            prefix + "reward_mean": sum(scored) / len(scored) if scored else math.nan,
+            prefix + "completions": len(outcomes),
+            prefix + "infra_failures": len(outcomes) - len(scored),
+            prefix + "timeouts": self.stats.timeouts,
+            prefix + "infra_retries": self.stats.infra_retries,
+            prefix + "sandboxes_created": self.stats.sandboxes_created,
+        }, commit=False)
 
     def _tests_from(self, kwargs: dict[str, Any], n: int) -> Sequence[Any]:
         if self.tests_column not in kwargs:
@@ -268,12 +341,14 @@ class AsyncCodeReward:
         return tests
 
     async def _score(
-        self, client: AsyncClient, i: int, completion: Any, tests: list[str]
+        self, client: AsyncClient, i: int, completion: Any, tests: list[str] | list[IOCase],
+        extras: dict[str, Any],
     ) -> RewardOutcome:
         start = time.monotonic()
         self.stats.completions += 1
-        code = extract_code(completion, fallback=self.fallback)
-        if code is None:
+        task = make_task(completion, tests, self.options, **extras)
+        code = task.code if task is not None else None
+        if task is None:
             self.stats.no_code += 1
             log.debug("%s: completion %d has no code: reward 0.0", self.__name__, i)
             return RewardOutcome(i, 0.0, "no code found in the completion")
@@ -282,7 +357,7 @@ class AsyncCodeReward:
             if attempt > 1:
                 self.stats.infra_retries += 1
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 2))
-            outcome = await self._attempt(client, i, code, tests, start)
+            outcome = await self._attempt(client, i, task, start)
             if isinstance(outcome, RewardOutcome):
                 return replace(outcome, attempts=attempt)
             exc, sandbox_id = outcome
@@ -299,18 +374,19 @@ class AsyncCodeReward:
         )
 
     async def _attempt(
-        self, client: AsyncClient, i: int, code: str, tests: list[str], start: float
+        self, client: AsyncClient, i: int, task: Task, start: float
     ) -> RewardOutcome | tuple[CorralError, str | None]:
         """One sandbox's try: the outcome, or the infrastructure failure and the sandbox
         it hit."""
         sb: AsyncSandbox | None = None
+        code = task.code
+        image, memory_mb = sandbox_needs(task.io, self.image, self.memory_mb)
+        spec = {**self._spec, "image": image, "memory_mb": memory_mb,
+                "timeout": run_timeout(task, self.options) + SANDBOX_LIFETIME_MARGIN_S}
         try:
-            sb = await AsyncSandbox.create(client=client, **self._spec)
+            sb = await AsyncSandbox.create(client=client, **spec)
             self.stats.sandboxes_created += 1
-            report = await arun_tests(
-                sb, tests, code=code, timeout=self.timeout, test_timeout=self.test_timeout,
-                grading=self.grading,
-            )
+            report = await ajudge(sb, task, self.options, self.mode)
         except ImageNotFound:
             raise  # a configuration error: every completion would fail the same way
         except SandboxProtocolError as exc:  # the completion broke its sandbox: it fails
@@ -322,8 +398,12 @@ class AsyncCodeReward:
         finally:
             if sb is not None:
                 await self._delete(sb)
-        reward = report.fraction if self.mode == "fraction" else float(report.all_passed)
-        if report.timed_out:
+        reward = score(report, self.mode)
+        if reward is None:
+            self.stats.ungradable += 1
+            log.warning("%s: completion %d is not gradable (%s): reward None",
+                        self.__name__, i, report.reason)
+        elif report.timed_out:
             self.stats.timeouts += 1
             log.info("%s: completion %d: %s: reward %.3g", self.__name__, i, report.reason, reward)
         if report.grading == "in_process":
@@ -349,7 +429,8 @@ class AsyncCodeReward:
 
     def __repr__(self) -> str:
         return (
-            f"<{type(self).__name__} {self.__name__} mode={self.mode} timeout={self.timeout:g}s "
+            f"<{type(self).__name__} {self.__name__} mode={self.mode} "
+            f"timeout={'auto' if self.timeout is None else format(self.timeout, 'g') + 's'} "
             f"concurrency={self.concurrency}>"
         )
 
@@ -362,7 +443,7 @@ class CodeReward(AsyncCodeReward):
         self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **kwargs: Any
     ) -> list[float | None]:
         tests = self._tests_from(kwargs, len(completions))
-        return [o.reward for o in self.evaluate(completions, tests)]
+        return [o.reward for o in self.evaluate(completions, tests, columns=kwargs)]
 
     def evaluate(  # type: ignore[override]
         self,
@@ -370,18 +451,19 @@ class CodeReward(AsyncCodeReward):
         tests: Sequence[Any],
         *,
         on_result: Callable[[RewardOutcome], Any] | None = None,
+        columns: Mapping[str, Sequence[Any]] | None = None,
     ) -> list[RewardOutcome]:
         """Blocking :meth:`AsyncCodeReward.evaluate` (``on_result`` is called on a
         worker thread when this thread already runs an event loop)."""
-        return run_sync(super().evaluate(completions, tests, on_result=on_result))
+        return run_sync(super().evaluate(completions, tests, on_result=on_result, columns=columns))
 
 
 def code_reward(
     mode: Mode = "binary",
     *,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = None,
     test_timeout: float | None = None,
-    image: str = "python",
+    image: str | None = None,
     concurrency: int | None = None,
     tests_column: str = "tests",
     memory_mb: int = DEFAULT_MEMORY_MB,
@@ -393,12 +475,22 @@ def code_reward(
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
     retries: int = DEFAULT_RETRIES,
+    language: str | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    case_memory_mb: int = 256,
+    compare: Compare = "tokens",
+    tolerance: float = 1e-6,
+    wandb: bool = True,
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
-    ``mode``: ``"binary"`` (all tests pass → 1.0) or ``"fraction"`` (tests passed /
-    tests). ``timeout``: seconds for one completion's whole run (``test_timeout``: per
-    test). ``concurrency``: sandboxes at once (default four per core). ``tests_column``:
+    ``mode``: ``"binary"`` (all tests pass → 1.0), ``"fraction"`` (tests passed /
+    tests) or ``"first_failure"`` (tests passed before the first failure / tests).
+    ``timeout``: seconds for one completion's whole run (default: 10 for Python tests,
+    enough to compile and run every case for stdin/stdout tests; ``test_timeout``: per
+    Python test). stdin/stdout rows also take ``language``, ``time_limit`` (CPU
+    seconds a case), ``case_memory_mb``, ``compare`` and ``tolerance``
+    (docs/grading.md). ``concurrency``: sandboxes at once (default four per core). ``tests_column``:
     the dataset column with each row's tests. ``fallback="raw"`` scores the whole
     completion as code when it has no ``<answer>`` tag or code fence. ``url``: the
     daemon (default: ``CORRAL_URL`` or the local one). ``name``: what TRL logs the
@@ -409,6 +501,9 @@ def code_reward(
     always (a test that cannot be split that way fails), ``"in_process"`` never.
     ``retries``: how many times a completion whose sandbox could not be had or went away
     (node or daemon lost, no room) is run again on a new one before it scores ``None``.
+    ``wandb``: with a W&B run open (``wandb.init()``), each batch's metrics are logged
+    to it (``corral/<name>/reward_mean``, ``infra_failures``, ``timeouts``...) at the
+    trainer's current step; ``False`` keeps them out.
 
     >>> reward = code_reward("fraction", timeout=5)
     >>> reward(prompts=["p"], completions=["```python\\ndef f(x): return 2*x\\n```"],
@@ -419,15 +514,18 @@ def code_reward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
+        language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
+        compare=compare, tolerance=tolerance,
+        wandb=wandb,
     )
 
 
 def async_code_reward(
     mode: Mode = "binary",
     *,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float | None = None,
     test_timeout: float | None = None,
-    image: str = "python",
+    image: str | None = None,
     concurrency: int | None = None,
     tests_column: str = "tests",
     memory_mb: int = DEFAULT_MEMORY_MB,
@@ -439,6 +537,12 @@ def async_code_reward(
     on_result: Callable[[RewardOutcome], Any] | None = None,
     grading: Grading = "auto",
     retries: int = DEFAULT_RETRIES,
+    language: str | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    case_memory_mb: int = 256,
+    compare: Compare = "tokens",
+    tolerance: float = 1e-6,
+    wandb: bool = True,
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
@@ -446,4 +550,20 @@ def async_code_reward(
         mode, timeout=timeout, test_timeout=test_timeout, image=image, concurrency=concurrency,
         tests_column=tests_column, memory_mb=memory_mb, cpus=cpus, fallback=fallback, url=url,
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
+        language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
+        compare=compare, tolerance=tolerance,
+        wandb=wandb,
     )
+
+
+ROW_EXTRAS = ("entry_point", "checker", "language")
+
+
+def _row_extras(columns: Mapping[str, Sequence[Any]], i: int) -> dict[str, Any]:
+    """A row's ``entry_point``, ``checker`` and ``language`` columns, where present."""
+    out: dict[str, Any] = {}
+    for name in ROW_EXTRAS:
+        values = columns.get(name)
+        if values is not None and i < len(values) and values[i]:
+            out[name] = values[i]
+    return out

@@ -44,9 +44,10 @@ from corral.client._models import spec_body
 from corral.client._sync import Client, Sandbox
 from corral.errors import FileNotFound, InvalidArgument, InvalidState, SandboxProtocolError
 from corral.rl._grading import Grading, check_grading
-from corral.rl.code import TestReport, clip, normalize_tests, render_result, run_tests
+from corral.rl._judging import Mode, judge_file, parse_tests, score
+from corral.rl.code import TestReport, clip, render_result
 from corral.rl.episodes import INFRA_ERRORS
-from corral.rl.rewards import Mode
+from corral.rl.stdio import IOCase
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,9 @@ class SandboxToolEnv:
         self.max_output = max_output
         self._client = Client(url) if url is not None else None
         self._slot = _Slot()
-        self._tests: list[str] = []
+        self._tests: list[str] | list[IOCase] = []
+        self._entry_point: str | None = None
+        self._language: str | None = None
         self._reward: float | None = None
         self._scored = False
         self.last_report: TestReport | None = None
@@ -161,7 +164,9 @@ class SandboxToolEnv:
                 f"SandboxToolEnv.reset: the row has no {self.tests_column!r} column "
                 f"(columns: {sorted(row)}); add the hidden tests there or pass tests_column="
             )
-        self._tests = normalize_tests(row[self.tests_column], where=self.tests_column)
+        self._tests = parse_tests(row[self.tests_column], self.tests_column)
+        self._entry_point = row.get("entry_point") or None
+        self._language = row.get("language") or None
         self._reward, self._scored, self.last_report = None, False, None
         self.rollouts += 1
         kwargs = dict(self._spec)
@@ -181,10 +186,7 @@ class SandboxToolEnv:
         self._scored = True
         try:
             sb = self._sandbox()
-            report = run_tests(
-                sb, self._tests, path=self.solution_path, timeout=self.exec_timeout,
-                test_timeout=self.test_timeout, grading=self.grading,
-            )
+            report = self._judge(sb)
         except SandboxProtocolError as exc:  # the rollout broke its sandbox: it fails
             log.info("rollout broke its sandbox (%s): reward 0.0", exc)
             self._reward = 0.0
@@ -193,8 +195,10 @@ class SandboxToolEnv:
             self._reward = None
         else:
             self.last_report = report
-            self._reward = report.fraction if self.mode == "fraction" else float(report.all_passed)
-            if report.timed_out:
+            self._reward = score(report, self.mode)
+            if self._reward is None:
+                log.warning("rollout in %s is not gradable (%s): reward None", sb.id, report.reason)
+            elif report.timed_out:
                 log.info("rollout in %s: %s: reward %.3g", sb.id, report.reason, self._reward)
         finally:
             _delete(self._slot.take())
@@ -254,11 +258,14 @@ class SandboxToolEnv:
         Returns:
             How many tests passed, with the errors of those that failed.
         """
-        report = run_tests(
-            self._sandbox(), self._tests, path=self.solution_path, timeout=self.exec_timeout,
+        return clip(self._judge(self._sandbox()).feedback(), self.max_output)
+
+    def _judge(self, sb: Sandbox) -> TestReport:
+        return judge_file(
+            sb, self._tests, self.solution_path, timeout=self.exec_timeout,
             test_timeout=self.test_timeout, grading=self.grading,
+            entry_point=self._entry_point, language=self._language,
         )
-        return clip(report.feedback(), self.max_output)
 
     # ---------------------------------------------------------------- lifecycle
 

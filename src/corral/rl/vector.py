@@ -288,7 +288,7 @@ class SandboxVectorEnv(VectorEnv):
         as ``(env index, op, fields)``. The first error is raised once every reply was
         read, so none is left behind to be taken for the answer to a later request."""
         calls = [self._remotes[i].request(op, **fields) for i, op, fields in requests]
-        lines = corral.Process.exchange_all(calls)
+        lines = corral.Process.exchange_all(calls, timeout=None)  # a step takes what it takes
         replies: list[tuple[int, str, dict[str, Any]]] = []
         error: Exception | None = None
         for (i, op, _), line in zip(requests, lines, strict=True):

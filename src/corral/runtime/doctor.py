@@ -123,6 +123,16 @@ def bubblewrap() -> Check:
     return Check("bubblewrap", OK, path)
 
 
+def nftables() -> Check:
+    """Sandboxes with an egress policy need nft and ip (docs/network.md); the rest not."""
+    missing = [tool for tool in ("nft", "ip") if shutil.which(tool) is None]
+    if missing:
+        return Check("nftables", WARN, f"{' and '.join(missing)} not on PATH: sandboxes with "
+                     "a network policy cannot start (network='none' and 'host' can)",
+                     f"apt-get install nftables iproute2; {INSTALL}")
+    return Check("nftables", OK, shutil.which("nft") or "nft")
+
+
 def gpus(backend: "gpu_inventory.GpuBackend | None" = None) -> Check:
     """The NVIDIA GPUs sandboxes could get (``gpus=``), and the driver's files found."""
     backend = backend if backend is not None else gpu_inventory.detect()
@@ -132,7 +142,7 @@ def gpus(backend: "gpu_inventory.GpuBackend | None" = None) -> Check:
             return Check("gpus", WARN, "an NVIDIA driver is loaded but NVML found no GPU "
                          "usable by corral: gpus= fails", "pip install nvidia-ml-py")
         return Check("gpus", OK, "no NVIDIA GPU on this host: sandboxes asking for gpus= "
-                     "fail with 'unsupported'; everything else works")
+                     "fail with invalid_argument; everything else works")
     files = backend.driver_files()
     names = ", ".join(f"{g.index}: {g.name}" for g in found)
     detail = (f"{len(found)} GPU(s) ({names}); driver {files.version}: "
@@ -243,7 +253,7 @@ def run_checks(state_dir: Path | None = None, cache_dir: Path | None = None) -> 
                     Path(cache_dir or default_cache_dir()).absolute())
     return [
         root(), kernel(), user_namespaces(), overlayfs(), cgroup_controllers(),
-        seccomp_filter(), bubblewrap(), agent(layout), images(layout),
+        seccomp_filter(), bubblewrap(), nftables(), agent(layout), images(layout),
         disk("state dir", layout.state_dir), disk("cache dir", layout.cache_dir), memory(),
         gpus(), live_checkpoints(layout),
     ]

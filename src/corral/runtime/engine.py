@@ -52,7 +52,11 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_lifetime import LifetimeOps
+from corral.runtime.engine_network import NetworkOps
+from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
+from corral.runtime.engine_volumes import VolumeOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
@@ -61,11 +65,13 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
+from corral.runtime.net import NetworkManager
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
-from corral.runtime.reconcile import reconcile, remove_cgroup
+from corral.runtime.reconcile import remove_cgroup
 from corral.runtime.registry import Registry
+from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
@@ -75,8 +81,8 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     UidBlock,
     canonical_owner,
 )
+from corral.runtime.volumes import Volumes
 from corral.schema import (
-    MAX_TIMEOUT_S,
     TRANSITIONS,
     SandboxInfo,
     SandboxSpec,
@@ -89,7 +95,6 @@ from corral.schema import (
 SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
-REAPER_INTERVAL_S = 0.5
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
@@ -100,7 +105,8 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
+             LifetimeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -119,6 +125,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         lock_file: IO[str],
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
+        network_hosts: dict[str, str] | None = None,
+        restore_grace: float = 0.0,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -145,8 +153,18 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             target=warm_slots,
             uids=self.uids,
         )
+        # egress policies (runtime/net): names in network_hosts resolve to their address
+        self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
+        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
+        self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
+                                  hosts=network_hosts)
         self.closed = False
         self.id_prefix = ID_PREFIX
+        self.restore_grace = restore_grace  # live restore: runtime/restore.py
+        # Ended sandboxes (and their kept files) are deleted this long after they ended
+        # (None: kept until deleted).
+        self.retention: float | None = None
         self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
 
     # ------------------------------------------------------------------ setup
@@ -159,6 +177,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         *,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
+        network_hosts: dict[str, str] | None = None,
+        restore_grace: float = 0.0,
         gpus: GpuBackend | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
@@ -166,7 +186,14 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
+        ``network_hosts``: names the resolver of policy sandboxes answers with these
+        addresses, not the host's resolver's (docs/network.md).
         ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
+
+        Live restore (:mod:`corral.runtime.restore`): the running and paused
+        sandboxes of the previous engine on this state directory are adopted if its
+        warden still keeps them; with ``restore_grace`` > 0 this engine's warden keeps
+        this engine's for that many seconds after it dies or closes with ``handover``.
         """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
@@ -174,9 +201,12 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
-        lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
+        lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
         try:
-            uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
+            if handover is not None and handover.uids_fd >= 0:
+                uid_block = UidBlock.adopt(handover.uids_fd)
+            else:
+                uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
         except BaseException:
             lock_file.close()
             raise
@@ -190,45 +220,54 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             lock_file,
             uid_block,
             warm_slots,
+            network_hosts,
+            restore_grace,
         )
         engine.id_prefix = id_prefix
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
             detect_gpus))
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
-        engine.reconcile()
         engine._warden = warden.Warden.start(
-            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
-        engine.snapshots.open()
+            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,),
+            state_dir=layout.state_dir, grace=restore_grace)
+        adopting = engine._adoptable(handover)  # the rest is reconciled: lost
+        users: dict[str, int] = {}
+        for live in adopting:
+            if live.snapshot_id:
+                users[live.snapshot_id] = users.get(live.snapshot_id, 0) + 1
+        engine.snapshots.open(users)
+        await engine._adopt(adopting)
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
 
-    def reconcile(self) -> list[str]:
-        """Clean up after a previous owner of this state directory that died
-        (:func:`~corral.runtime.reconcile.reconcile`); the ids it marked failed."""
-        return reconcile(self.layout, self.registry, self.cgroups, self.cgroup_parent)
-
-    async def close(self, *, stop_sandboxes: bool = True) -> None:
-        """Stop every sandbox (they cannot outlive their engine) and release the state dir."""
+    async def close(self, *, stop_sandboxes: bool = True, handover: bool = False) -> None:
+        """Stop every sandbox and release the state dir; with ``handover`` (and a
+        ``restore_grace``) leave them running for the next engine to adopt."""
         if self.closed:
             return
         self.closed = True
         if self._reaper:
             self._reaper.cancel()
-        if stop_sandboxes:
+        handover = handover and self.restore_grace > 0 and self._warden is not None
+        if handover:
+            await self._hand_over()
+        elif stop_sandboxes:
             await asyncio.gather(
                 *(self._end(live, SandboxState.STOPPED, "engine closed", grace=0)
                   for live in list(self._live.values())),
                 return_exceptions=True,
             )
         await self._pool.close()
+        await self.net.close()
         for t in list(self._tasks):
             t.cancel()
-        remove_cgroup(self.cgroups, self.cgroup_parent)
+        if not handover:  # (it would kill what is handed over)
+            remove_cgroup(self.cgroups, self.cgroup_parent)
         self.registry.close()
         if self._warden:
-            self._warden.stop()
+            self._warden.stop(handover=handover)
         self.uids.close()
         self._lock_file.close()
 
@@ -269,6 +308,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
+            mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
@@ -284,9 +324,11 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live = Live(sid, spec, SandboxState.PENDING, self.layout.sandbox_dir(sid), slot.cgroup,
                      slot.uid, slot.proc)
         live.snapshot_id = snap.id if snap else None
+        live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         live.gpus = grant
+        live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -324,6 +366,7 @@ class Engine(SnapshotOps, CommandOps, FileOps):
             await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
                                     inodes=spec.inodes)
         live.log = slot.log
+        await self._attach_network(live)  # a policy's namespace (engine_network.py)
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
@@ -342,6 +385,11 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
+        live.reattach, slot.reattach = slot.reattach, None
+        assert live.reattach is not None
+        self._keep_with_warden(live, [live.reattach.fileno(), slot.log_fd])
+        os.close(slot.log_fd)
+        slot.log_fd = -1
         live.state = SandboxState.RUNNING
         live.touch()
 
@@ -432,22 +480,6 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
         return self.get(sandbox_id)
 
-    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
-        """End the sandbox ``seconds`` from now instead of when its lifetime said (its
-        spec's ``timeout`` becomes the new lifetime, counted from its start)."""
-        live = self._get_live(sandbox_id)
-        async with live.lock:
-            if live.ending or live.state.terminal:
-                raise InvalidState(f"sandbox {live.id} is ending: its lifetime cannot change",
-                                   details={"sandbox_id": live.id, "state": live.state.value})
-            lifetime = (time.time() - (live.started_at or time.time())) + max(seconds, 0.001)
-            lifetime = min(lifetime, MAX_TIMEOUT_S)
-            spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
-                                      "secrets": live.spec.secret_env(), "timeout": lifetime})
-            self.registry.set_spec(live.id, spec)
-            live.spec = spec
-        return self.get(sandbox_id)
-
     async def stop(
         self, sandbox_id: str, *, grace: float = 2.0, reason: str = "stopped by request"
     ) -> SandboxInfo:
@@ -464,8 +496,12 @@ class Engine(SnapshotOps, CommandOps, FileOps):
 
     async def delete(self, sandbox_id: str) -> bool:
         """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
-        if (info := self.registry.get(sandbox_id)) and not self.owners.sees(info.spec):
-            return False  # another owner's: as if it did not exist
+        acting = self.owners.acting()
+        # a tenant: another's row is not even read (registry.get), so it costs what an
+        # unknown id costs, and answers the same (a row is written before its sandbox lives)
+        info = self.registry.get(sandbox_id, owner=acting)
+        if acting is not None and info is None:
+            return False
         live = self._live.get(sandbox_id)
         if live is not None:
             await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
@@ -517,6 +553,8 @@ class Engine(SnapshotOps, CommandOps, FileOps):
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
+        self._forget(live)  # its agent exits once its channel closes too
+        self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
         if live.proc is not None:
@@ -548,41 +586,17 @@ class Engine(SnapshotOps, CommandOps, FileOps):
         if live.proc is not None and live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
+        self.net.detach(live.id)
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
 
-    async def _reap_loop(self) -> None:
-        """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
-        while True:
-            await asyncio.sleep(REAPER_INTERVAL_S)
-            now_wall, now = time.time(), time.monotonic()
-            for live in list(self._live.values()):
-                if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
-                    continue
-                spec = live.spec
-                reason = None
-                if live.started_at and now_wall - live.started_at > spec.timeout:
-                    reason = f"timeout: its lifetime of {spec.timeout:g} s ran out"
-                elif (
-                    spec.idle_timeout
-                    and live.state == SandboxState.RUNNING
-                    and live.busy == 0
-                    and now - live.last_active > spec.idle_timeout
-                ):
-                    reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
-                if reason:
-                    task = asyncio.create_task(
-                        self._end(live, SandboxState.STOPPED, reason, grace=0)
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-
     # ----------------------------------------------------------------- query
 
     def get(self, sandbox_id: str) -> SandboxInfo:
-        info = self.registry.get(sandbox_id)
-        if info is None or not self.owners.sees(info.spec):  # another's: as if unknown
+        # another tenant's is not even read (registry.get): it answers like an unknown id
+        info = self.registry.get(sandbox_id, owner=self.owners.acting())
+        if info is None or not self.owners.sees(info.spec):
             raise SandboxNotFound(
                 f"no sandbox {sandbox_id!r}: it never existed or was deleted",
                 details={"sandbox_id": sandbox_id},

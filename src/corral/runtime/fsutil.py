@@ -7,6 +7,7 @@ build and import modules. Removal refuses to descend into anything still mounted
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -33,6 +34,20 @@ def _flock(path: Path, on_wait: Callable[[], Any] | None = None) -> Iterator[Non
         yield
     finally:
         os.close(fd)  # closing the last descriptor releases the lock
+
+
+def try_lock(path: Path) -> int | None:
+    """A descriptor of ``path`` (made 0600) holding its exclusive flock, or None if
+    another process holds it (the lock lives as long as the descriptor)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise
+    return fd
 
 
 def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:

@@ -299,12 +299,13 @@ class GpuAllocator:
 
     def assign(self, sandbox_id: str, request: GpuRequest, *, shared: bool = False) -> GpuGrant | None:
         """Give ``sandbox_id`` the GPUs it asked for (a count, ``"all"``, or indices or
-        UUIDs), or raise :class:`NoGpuCapacity` / :class:`Unsupported` without holding any."""
+        UUIDs), or raise :class:`NoGpuCapacity` / :class:`InvalidArgument` holding none."""
         if request is None or request == 0:
             return None
-        if not self._gpus:
-            raise Unsupported("this host has no usable NVIDIA GPU: create the sandbox without "
-                              "gpus= (`corral doctor` says what it found)")
+        if not self._gpus:  # the caller's to fix (ask another host), not the daemon's fault
+            raise InvalidArgument("gpus=: this host has no usable NVIDIA GPU; create the "
+                                  "sandbox without gpus= or on a GPU host (`corral doctor` "
+                                  "says what it found)", details={"requested": request})
         free = self.free(shared=shared)
         asked: int | str | list[str]
         if isinstance(request, str):

@@ -32,6 +32,7 @@ The Debian part (mirror, debootstrap, post-processing) is :mod:`corral.runtime.d
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import json
 import os
@@ -94,6 +95,8 @@ DEFAULT_RECIPE_VERSION = 1
 MANIFEST = "manifest.json"
 ROOTFS = "rootfs"
 _TMP_PREFIX = ".tmp-"
+
+_NAMES_SHOWN = 20  # image names an ImageNotFound message lists (details: all)
 
 
 @dataclass(frozen=True)
@@ -504,12 +507,23 @@ class ImageStore:
             yield
 
     def _not_found(self, name: str) -> ImageNotFound:
-        available = ", ".join(self._names()) or "none yet"
-        hint = (f"build the default image {DEFAULT_IMAGE!r} with "
-                "`python -m corral.runtime.prepare` (as root)")
+        # What a tenant may read: names and what to do, never a path of the host.
+        names = list(self._names())
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        if close:
+            hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+        elif name == DEFAULT_IMAGE:
+            hint = ("the default image is not built yet: build it on the daemon's host "
+                    "with `python -m corral.runtime.prepare` (as root)")
+        else:
+            hint = ("`corral image ls` lists the images; build one with `corral image build "
+                    "SPEC.yaml` or import one with `corral image import`")
+        shown = ", ".join(names[:_NAMES_SHOWN]) or "none yet"
+        if len(names) > _NAMES_SHOWN:
+            shown += f", and {len(names) - _NAMES_SHOWN} more"
         return ImageNotFound(
-            f"image {name!r} not found in {self.images_dir} (available: {available}); {hint}",
-            details={"image": name, "available": list(self._names())},
+            f"image {name!r} not found (available: {shown}): {hint}",
+            details={"image": name, "available": names, "did_you_mean": close},
         )
 
     def _exists(self, name: str) -> InvalidArgument:

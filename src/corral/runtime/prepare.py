@@ -8,7 +8,8 @@ Everything is cached under ``CORRAL_CACHE_DIR`` (see :mod:`corral.runtime.paths`
 running it again is fast. The built-in images are the specs in
 ``corral/runtime/builtin/*.yaml`` (``rl``: python + gymnasium + numpy; ``fusion``:
 g++, nodejs and pytest, installed by ``apt-get`` in a ``user: root`` step, see
-:mod:`corral.runtime.rootbuild`; ``code-interpreter``: numpy, pandas and matplotlib for
+:mod:`corral.runtime.rootbuild`; ``judge``: on ``fusion`` (built before it, in name
+order), gcc, OpenJDK, Go and Rust for the stdin/stdout code judge; ``code-interpreter``: numpy, pandas and matplotlib for
 E2B's Code Interpreter); an image of that name that is not their build (a hand-made
 one, or an older ``fusion`` made by debootstrap) is replaced, in one atomic swap.
 """

@@ -174,12 +174,16 @@ class Registry:
     def delete(self, sandbox_id: str) -> None:
         self._db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
 
-    def get(self, sandbox_id: str) -> SandboxInfo | None:
-        row = self._db.execute(
-            "SELECT id, state, spec, created_at, started_at, ended_at, reason "
-            "FROM sandboxes WHERE id=?",
-            (sandbox_id,),
-        ).fetchone()
+    def get(self, sandbox_id: str, *, owner: str | None = None) -> SandboxInfo | None:
+        """The sandbox of that id; with ``owner`` (a tenant), only if it is that tenant's:
+        another's row is then filtered out by SQLite itself, never read or parsed, so it
+        costs the same as an id that never existed (no timing tells them apart)."""
+        sql = ("SELECT id, state, spec, created_at, started_at, ended_at, reason "
+               "FROM sandboxes WHERE id=?")
+        if owner is not None:
+            sql += " AND json_extract(spec, '$.tenant') IS ?"
+        args = (sandbox_id,) if owner is None else (sandbox_id, owner)
+        row = self._db.execute(sql, args).fetchone()
         return _info(row) if row else None
 
     def list(
@@ -209,6 +213,13 @@ class Registry:
                 "WHERE state NOT IN ('stopped', 'failed')"
             )
         )
+
+    def ended_before(self, cutoff: float, limit: int) -> builtins.list[str]:
+        """Ids of sandboxes that ended (stopped or failed) before ``cutoff``, oldest first."""
+        return [r[0] for r in self._db.execute(
+            "SELECT id FROM sandboxes WHERE state IN (?, ?) AND ended_at < ? "
+            "ORDER BY ended_at LIMIT ?",
+            (SandboxState.STOPPED.value, SandboxState.FAILED.value, cutoff, limit))]
 
     def counts(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state"))
@@ -319,16 +330,25 @@ class Registry:
     def layer_ids(self) -> set[str]:
         return {r[0] for r in self._db.execute("SELECT id FROM layers")}
 
-    def recount_snapshots(self) -> None:
-        """After a restart no sandbox of before is alive: drop their uses (and deleted
-        snapshots kept only for them) and recount every layer's references."""
+    def recount_snapshots(self, users: dict[str, int] | None = None) -> None:
+        """After a restart only the sandboxes adopted from before are alive (``users``:
+        how many use each snapshot): drop the other uses (and deleted snapshots kept
+        only for them) and recount every layer's references."""
+        users = users or {}
         with self._db:
             self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM snapshots WHERE deleted=1")
+            self._db.execute(
+                "DELETE FROM snapshots WHERE deleted=1 AND id NOT IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(list(users)),))
             self._db.execute("UPDATE snapshots SET users=0")
+            self._db.executemany("UPDATE snapshots SET users=? WHERE id=?",
+                                 [(n, sid) for sid, n in users.items()])
             self._db.execute(
                 "UPDATE layers SET refcount = (SELECT COUNT(*) FROM snapshots, "
-                "json_each(snapshots.layers) WHERE json_each.value = layers.id)"
+                "json_each(snapshots.layers) WHERE json_each.value = layers.id "
+                "AND snapshots.deleted=0) + (SELECT COALESCE(SUM(snapshots.users), 0) "
+                "FROM snapshots, json_each(snapshots.layers) "
+                "WHERE json_each.value = layers.id)"
             )
 
     def _chain(self, snapshot_id: str) -> str:

@@ -12,6 +12,10 @@ own files with the modes their code gave them (a snapshot's layer is a restored
 sandbox's lower layer), and a host walk of sandbox-made trees is what the threat
 model forbids. ``layers/`` itself is 0700, so no local user reaches into it.
 
+A regular file with more than one link is left alone: its mode is its inode's, shared
+with a name outside the state directory (a test's private cache hard-links the shared
+default image; 0600 there made every sandbox's ``python3`` unexecutable).
+
 It never touches another engine's state either: a directory that holds one (an
 ``engine.lock`` in it or up to :data:`FOREIGN_DEPTH` levels below, like the nodes of
 a local cluster under ``/var/lib/corral/cluster/<node>/state``) is left exactly as it
@@ -76,7 +80,8 @@ def _secure(path: Path, traversed: bool, not_entered: bool, changed: list[str]) 
     if stat.S_ISLNK(st.st_mode):
         return  # never followed: its target is not ours to change
     if stat.S_ISREG(st.st_mode):
-        _set_mode(path, FILE_MODE, changed, st)
+        if st.st_nlink == 1:
+            _set_mode(path, FILE_MODE, changed, st)
     elif stat.S_ISDIR(st.st_mode):
         _set_mode(path, TRAVERSE_MODE if traversed else DIR_MODE, changed, st)
         if not not_entered:
@@ -89,7 +94,7 @@ def _secure(path: Path, traversed: bool, not_entered: bool, changed: list[str]) 
                     if stat.S_ISDIR(sub.st_mode):
                         _set_mode(Path(entry.path), DIR_MODE, changed, sub)
                         stack.append(Path(entry.path))
-                    elif stat.S_ISREG(sub.st_mode):
+                    elif stat.S_ISREG(sub.st_mode) and sub.st_nlink == 1:
                         _set_mode(Path(entry.path), FILE_MODE, changed, sub)
 
 

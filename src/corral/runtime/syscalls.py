@@ -16,6 +16,7 @@ MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 AT_FDCWD = -100
 RENAME_EXCHANGE = 0x2
+CLONE_NEWNET = 0x40000000
 
 
 @lru_cache(maxsize=1)
@@ -30,6 +31,8 @@ def _libc() -> ctypes.CDLL:
     libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                                ctypes.c_uint]
     libc.renameat2.restype = ctypes.c_int
+    libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.setns.restype = ctypes.c_int
     return libc
 
 
@@ -50,6 +53,11 @@ def _check(rc: int, what: str, path: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}", path)
+
+
+def setns_net(fd: int, what: str) -> None:
+    """setns(2) into the network namespace ``fd``: the calling *thread* only."""
+    _check(_libc().setns(fd, CLONE_NEWNET), "setns", what)
 
 
 def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:

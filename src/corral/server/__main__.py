@@ -16,9 +16,12 @@ from corral.errors import CorralError
 from corral.server.daemon import serve
 from corral.server.settings import (
     DEFAULT_MAX_BUILDS,
+    DEFAULT_MAX_CLIENT_CONNECTIONS,
     DEFAULT_MAX_CLIENT_REQUESTS,
     DEFAULT_MAX_SANDBOXES,
+    DEFAULT_MAX_SESSION_STREAMS,
     DEFAULT_MAX_STARTING,
+    DEFAULT_MAX_TENANT_STREAMS,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
@@ -61,6 +64,33 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         f"(default {DEFAULT_MAX_CLIENT_REQUESTS})",
     ),
     (
+        "--max-connections",
+        int,
+        "N",
+        "TCP connections held at once; past it idle ones are closed, then new ones refused "
+        "(default: the open-file limit less a reserve)",
+    ),
+    (
+        "--max-client-connections",
+        int,
+        "N",
+        "connections one TCP client address may hold before any of them authenticated "
+        f"(default {DEFAULT_MAX_CLIENT_CONNECTIONS})",
+    ),
+    (
+        "--max-session-streams",
+        int,
+        "N",
+        "live streams (events, followed logs, streamed commands) one dashboard session may "
+        f"hold open (default {DEFAULT_MAX_SESSION_STREAMS})",
+    ),
+    (
+        "--max-tenant-streams",
+        int,
+        "N",
+        f"live streams one tenant may hold open (default {DEFAULT_MAX_TENANT_STREAMS})",
+    ),
+    (
         "--idle-exit",
         float,
         "SECONDS",
@@ -78,6 +108,28 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         float,
         "SECONDS",
         "how long a deleted sandbox's command and lifecycle log is kept (default 86400)",
+    ),
+    (
+        "--restore-grace",
+        float,
+        "SECONDS",
+        "live restore: after SIGTERM or a crash, how long the sandboxes keep running for "
+        "the next daemon on this state dir to adopt them (default 300; 0: they end with "
+        "the daemon; SIGINT always stops them)",
+    ),
+    (
+        "--retention",
+        float,
+        "SECONDS",
+        "how long an ended sandbox stays listed (and its kept files on disk) before it is "
+        "removed (default 86400)",
+    ),
+    (
+        "--default-lease",
+        float,
+        "SECONDS",
+        "the lease the SDK's sessions over TCP take by default: their sandboxes end this "
+        "long after the client stops renewing it (its process died); default: none",
     ),
     (
         "--shutdown-grace",

@@ -29,9 +29,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from corral.errors import CapacityExceeded, DaemonUnavailable, InvalidArgument
+from corral.errors import CapacityExceeded, DaemonUnavailable, InvalidArgument, QuotaExceeded
 from corral.schema import SandboxState
-from corral.server.quotas import Quotas
+from corral.server.quotas import Hold, Quotas
+
+QUOTA_RECHECK_S = 1.0
+"""How often a create waiting for its tenant's quota looks again without being woken
+(a cluster's book counts other nodes' sandboxes, whose ends it is not told of)."""
 
 LIVE_STATES = (  # the states that count against the caps
     SandboxState.PENDING,
@@ -80,6 +84,7 @@ class Admission:
         self._starting_mb = 0
         self._admitted: dict[str, int] = {}
         self._queue: deque[_Waiter] = deque()
+        self._quota_waiting: dict[str, int] = {}  # per tenant: creates waiting for its quota
         self._closed = False
 
     # ----------------------------------------------------------------- numbers
@@ -129,27 +134,79 @@ class Admission:
 
     @asynccontextmanager
     async def admit(
-        self, memory_mb: int, *, tenant: str | None = None, cpus: float = 0.0
+        self, memory_mb: int, *, tenant: str | None = None, cpus: float = 0.0,
+        wait: float | None = None,
     ) -> AsyncIterator[Slot]:
         """Wait for room for a sandbox of ``memory_mb``; hold it while it starts.
-        A ``tenant`` over its quota is refused at once (:class:`QuotaExceeded`)."""
+
+        ``wait`` is the caller's deadline in seconds (capped by ``queue_timeout``) for
+        both waits together: for room, and for a ``tenant`` at its quota, for its own
+        sandboxes to end (see :meth:`_quota_hold`). ``None`` (a caller that did not say,
+        as before there was a choice): room is waited for up to ``queue_timeout``, a
+        quota is refused at once."""
         if self._closed:
             raise _shutting_down()
-        hold = await self.quotas.acquire(tenant, memory_mb, cpus)
+        now = asyncio.get_running_loop().time()
+        budget = self.limits.queue_timeout if wait is None else min(wait, self.limits.queue_timeout)
+        deadline = now + max(0.0, budget)
+        hold = await self._quota_hold(tenant, memory_mb, cpus, now if wait is None else deadline)
         slot = Slot(memory_mb)
         try:
-            async with self._admit(memory_mb, slot):
+            async with self._admit(memory_mb, slot, deadline):
                 yield slot
         finally:
             self.quotas.settle(hold, slot.sandbox_id)
 
+    async def _quota_hold(
+        self, tenant: str | None, memory_mb: int, cpus: float, deadline: float
+    ) -> Hold | None:
+        """The tenant's quota hold for one more sandbox, waiting until ``deadline`` for
+        its own sandboxes to end when it is at a quota (a reward function at quota 2
+        with 16 completions waits its turn rather than fail 14 of them). What could
+        never fit (one sandbox above the quota itself) is refused at once, and so is a
+        create of a tenant that has ``queue_size`` creates waiting already (a tenant
+        cannot park unbounded work on the daemon)."""
+        loop = asyncio.get_running_loop()
+        began, first = loop.time(), True
+        while True:
+            try:
+                return await self.quotas.acquire(tenant, memory_mb, cpus)
+            except QuotaExceeded as exc:
+                remaining = deadline - loop.time()
+                if self._closed:
+                    raise _shutting_down() from None
+                alone = self.quotas.alone_over(tenant, memory_mb, cpus)
+                if alone is not None:
+                    raise alone from None
+                if remaining <= 0:
+                    waited = loop.time() - began
+                    if waited < 0.001:
+                        raise
+                    raise QuotaExceeded(f"{exc.message} (after waiting {waited:.3g} s for "
+                                        "its own sandboxes to end)", details=exc.details) from None
+                waiting = self._quota_waiting.get(tenant or "", 0)
+                if first and waiting >= self.limits.queue_size:
+                    raise  # as many of this tenant's creates wait as the queue holds
+                first = False
+                # a release of this book's holds wakes it; a cluster's other nodes
+                # free room it hears of no other way: look again now and then
+                self._quota_waiting[tenant or ""] = waiting + 1
+                try:
+                    await self.quotas.freed(min(remaining, QUOTA_RECHECK_S))
+                finally:
+                    left = self._quota_waiting[tenant or ""] - 1
+                    if left:
+                        self._quota_waiting[tenant or ""] = left
+                    else:
+                        del self._quota_waiting[tenant or ""]
+
     @asynccontextmanager
-    async def _admit(self, memory_mb: int, slot: Slot) -> AsyncIterator[Slot]:
+    async def _admit(self, memory_mb: int, slot: Slot, deadline: float) -> AsyncIterator[Slot]:
         if self._closed:
             raise _shutting_down()
         self.check_fits(memory_mb)
         if self._queue or self._blocked_by(memory_mb):
-            await self._wait(memory_mb)
+            await self._wait(memory_mb, deadline)
         else:
             self._reserve(memory_mb)
         try:
@@ -160,6 +217,12 @@ class Admission:
             if slot.sandbox_id is not None:
                 self._admitted[slot.sandbox_id] = memory_mb
             self._pump()
+
+    def adopt(self, sandbox_id: str, memory_mb: int, tenant: str | None, cpus: float) -> None:
+        """Count a sandbox this daemon did not admit (adopted from the daemon before it:
+        live restore), against the caps and its tenant's quota, without a check."""
+        self._admitted[sandbox_id] = memory_mb
+        self.quotas.adopt(tenant, memory_mb, cpus, sandbox_id)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox was stopped or deleted: its place and memory are free again."""
@@ -195,7 +258,7 @@ class Admission:
         """The cap a create of ``memory_mb`` would break now, or None if it fits."""
         return self._over(memory_mb)
 
-    async def _wait(self, memory_mb: int) -> None:
+    async def _wait(self, memory_mb: int, deadline: float) -> None:
         lim = self.limits
         if len(self._queue) >= lim.queue_size:
             raise CapacityExceeded(
@@ -207,12 +270,13 @@ class Admission:
         self._queue.append(waiter)
         self._pump()
         try:
-            await asyncio.wait({waiter.granted}, timeout=lim.queue_timeout)
+            timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+            await asyncio.wait({waiter.granted}, timeout=timeout)
         except asyncio.CancelledError:
             self._forget(waiter)
             raise
         if not waiter.granted.done():
-            error = self._timed_out(waiter)
+            error = self._timed_out(waiter, timeout)
             self._forget(waiter)
             raise error
         waiter.granted.result()  # raises if the daemon is shutting down
@@ -240,13 +304,13 @@ class Admission:
             self._reserve(waiter.memory_mb)
             waiter.granted.set_result(None)
 
-    def _timed_out(self, waiter: _Waiter) -> CapacityExceeded:
+    def _timed_out(self, waiter: _Waiter, waited: float) -> CapacityExceeded:
         # Behind others in the queue, what holds a create back is what blocks the head.
         lim = self.limits
         limit = waiter.blocked_by or self._queue[0].blocked_by or "max_starting"
         value = getattr(lim, limit)
         return CapacityExceeded(
-            f"no room for a new sandbox within {lim.queue_timeout:g} s: held back by "
+            f"no room for a new sandbox within {waited:.3g} s: held back by "
             f"{limit} ({value}); delete sandboxes you no longer need, retry later, "
             "or raise the limit",
             details={"limit": limit, "value": value, "queue_timeout": lim.queue_timeout},

@@ -36,20 +36,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
 from corral.runtime.ownership import Owners
-from corral.server import metrics
+from corral.server import expose, metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
+from corral.server.auth_throttle import AuthThrottle, presented, retry_headers
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
+from corral.server.conn_limits import mark_authenticated
 from corral.server.endpoints import build_routes
+from corral.server.leases import Leases
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
+from corral.server.stream_limits import StreamBook, StreamLimits
 from corral.server.tenants import (
     ADMIN,
     CALLER_KEY,
@@ -115,6 +119,7 @@ class Guard:
     def __init__(
         self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
         clients: ClientLimiter, tenants: Tenants, owners: Owners, peer: PeerCredential,
+        throttle: AuthThrottle,
     ) -> None:
         self.app = app
         self.token = token
@@ -124,9 +129,16 @@ class Guard:
         self.activity = activity
         self.clients = clients
         self.peer = peer  # another daemon of the cluster: peer reads only
+        self.throttle = throttle  # wrong credentials cost time (auth_throttle.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan is off and websockets disabled: no such thing
+        if scope["type"] == "websocket":  # only an exposed port's (server/expose.py)
+            if self._exposure(scope) is None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await expose.relay(scope, receive, send)
+            return
+        if scope["type"] != "http":  # lifespan is off: no such thing
             return
         self.activity.in_flight += 1
         started = False
@@ -138,13 +150,23 @@ class Guard:
 
         client = None
         try:
+            tcp = scope.get("server") != (self.unix_socket, None)
+            address, credential = (scope.get("client") or ("?",))[0], presented(scope)
+            slow = self.throttle.refusal(address, credential) if tcp else None
+            if slow is not None:  # a guesser: refused before its credential is checked
+                await error_response(slow, retry_headers(slow))(scope, receive, send)
+                return
             denied = self._check_auth(scope)  # and puts the caller in scope[CALLER_KEY]
+            if tcp:  # (auth_throttle.py) SandboxFusion's token is in the path
+                self._count(scope, address, credential, denied)
             if denied is not None:  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
                 reply = (e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
                          if isinstance(denied, Unauthorized) else None)
                 await (reply or error_response(denied, headers))(scope, receive, send)
                 return
+            if scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
+                mark_authenticated(scope)  # its connection is no stranger now (conn_limits)
             if scope.get("server") != (self.unix_socket, None):
                 client = (scope.get("client") or ("?",))[0]
                 if not self.clients.enter(client):
@@ -153,8 +175,9 @@ class Guard:
                     headers = {"Retry-After": "1", "Connection": "close"}
                     await error_response(refusal, headers)(scope, receive, send)
                     return
+            app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
             with self.owners.acting_as(caller_name(scope)):
-                await self.app(scope, receive, tracked_send)
+                await app(scope, receive, tracked_send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -168,7 +191,27 @@ class Guard:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 
+    def _count(self, scope: Scope, address: str, credential: str | None,
+               denied: Unauthorized | Forbidden | None) -> None:
+        if expose.KEY in scope:  # an exposed port's: its URL's token, the app's headers
+            return
+        credential = credential or scope.get(sandboxfusion_compat.TOKEN_KEY)
+        if denied is None and scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
+            self.throttle.succeeded(address, credential)
+        elif not isinstance(denied, Forbidden):  # a good credential on the wrong route
+            self.throttle.failed(address, credential)
+
+    def _exposure(self, scope: Scope) -> expose.Exposure | None:
+        """An exposed port's request (server/expose.py): by its URL's token, or E2B's
+        get_host (Host ``PORT-ID.domain`` with the sandbox's traffic token)."""
+        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.token))
+        if exp is not None:
+            scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
+        return exp
+
     def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
+        if self._exposure(scope) is not None:  # its token is the credential
+            return None
         # uvicorn reports a Unix socket's listener as (its path, None).
         if sandboxfusion_compat.lift_token(scope):
             # its endpoints refuse a request without a caller (a wrong path token)
@@ -226,7 +269,10 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 tenants=tenants,
                 owners=engine.owners,
                 peer=PeerCredential(settings.peer_token),
+                throttle=AuthThrottle(),
             ),
+            Middleware(StreamLimits, book=StreamBook(  # live streams per session and tenant
+                settings.max_session_streams, settings.max_tenant_streams)),
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
@@ -252,10 +298,13 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     if cluster is not None:
         cluster.pools = service.pools
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
+    app.state.leases = service.leases = Leases(engine.registry.db, engine)  # server/leases.py
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
+    expose.mount(app, engine)  # and exposed ports at /expose/<token>/ (server/expose.py)
+    node_proof.mount(app, settings)  # on a cluster: proves who it is, ahead of any guard
     if settings.metrics:
         metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events
     return app

@@ -52,6 +52,7 @@ class ClusterNode(BaseModel):
     url: str
     alive: bool = True
     capacity: dict[str, Any] | None = None
+    key: str | None = None  # what its daemon proves itself with (cluster/proof.py)
 
 
 class ClusterNodes(BaseModel):
@@ -89,7 +90,7 @@ def _listing(here: ClusterTenancy) -> list[dict[str, Any]]:
     capacities = here.capacities()
     return [
         {"node_id": node_id, "tag": node_tag(node_id), "url": str(entry["url"]),
-         "alive": True, "capacity": capacities.get(node_id)}
+         "alive": True, "capacity": capacities.get(node_id), "key": entry.get("key")}
         for node_id, entry in sorted(read_entries(here.gcs).items())
         if states.get(node_id, {}).get("alive")
     ]

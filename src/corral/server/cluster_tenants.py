@@ -34,6 +34,7 @@ import httpx
 
 from corral.cluster import _ray, tenant_registry
 from corral.cluster.bringup import read_entries
+from corral.cluster.proof import Pins, async_proven_client, pins_of
 from corral.errors import CorralError, DaemonUnavailable, InvalidArgument
 from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
@@ -260,7 +261,7 @@ class ClusterTenancy:
     async def tell_peers(self, name: str | None) -> tuple[list[str], list[dict[str, str]]]:
         """Ask every other node's daemon to reload; the nodes that confirmed (that
         ``name`` is revoked there, if given) and those that did not, with why."""
-        peers = await on_gcs(self.peers)
+        peers, pins = await on_gcs(self._peers_pinned)
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
         async def one(http: httpx.AsyncClient, url: str) -> str | None:
@@ -275,7 +276,8 @@ class ClusterTenancy:
                 return "it still knows the token"
             return None
 
-        async with httpx.AsyncClient(timeout=PEER_TIMEOUT_S) as http:
+        # each peer proves who it is before the peer credential is sent (cluster/proof.py)
+        async with async_proven_client(pins, timeout=PEER_TIMEOUT_S) as http:
             errors = await asyncio.gather(*(one(http, url) for url in peers.values()))
         confirmed = [n for n, e in zip(peers, errors, strict=True) if e is None]
         unconfirmed = [{"node": n, "url": peers[n], "error": e}
@@ -284,9 +286,13 @@ class ClusterTenancy:
 
     def peers(self) -> dict[str, str]:
         """``{node id: daemon URL}`` of every other alive node's daemon."""
+        return self._peers_pinned()[0]
+
+    def _peers_pinned(self) -> tuple[dict[str, str], Pins]:
         states = _ray.node_states(self.gcs)
-        return {n: str(e["url"]) for n, e in read_entries(self.gcs).items()
-                if n != self.node_id and states.get(n, {}).get("alive")}
+        entries = {n: e for n, e in read_entries(self.gcs).items()
+                   if n != self.node_id and states.get(n, {}).get("alive")}
+        return {n: str(e["url"]) for n, e in entries.items()}, pins_of(entries.values())
 
 
 async def on_gcs(call: Callable[[], T]) -> T:

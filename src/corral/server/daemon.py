@@ -2,7 +2,12 @@
 
 :func:`serve` blocks until SIGTERM / SIGINT (or ``idle_exit``), then shuts down in
 order: stop accepting, give in-flight requests ``shutdown_grace`` seconds, close
-the engine (which kills every sandbox and unmounts it), remove the socket file.
+the engine, remove the socket file.
+
+SIGINT (Ctrl-C, ``corral daemon stop``) stops every sandbox. SIGTERM (systemd,
+``corral daemon restart``, an upgrade) hands them over when ``restore_grace`` > 0:
+they keep running, their agents detached, and the next daemon on the same state
+directory adopts them (live restore: :mod:`corral.runtime.restore`, docs/restart.md).
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from corral.runtime.statefiles import secure_state_dir
 from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
 from corral.server.app import Activity, create_app
-from corral.server.limits import BoundedHttpProtocol
+from corral.server.auth_throttle import weak_token_warning
+from corral.server.conn_limits import (
+    ConnectionBook,
+    accept_backlog,
+    default_max_connections,
+    protocol_for,
+    raise_open_file_limit,
+)
+from corral.server.log_limits import RepeatFilter
 from corral.server.settings import ServerSettings
 
 logger = logging.getLogger("corral.server")
@@ -50,11 +63,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self.handover = False  # SIGTERM: leave the sandboxes to the next daemon
 
-    def request_exit(self) -> None:
+    def request_exit(self, *, handover: bool = False) -> None:
         """Begin a graceful shutdown (a second request forces it)."""
         if self.should_exit:
             self.force_exit = True
+        else:
+            self.handover = handover
         self.should_exit = True
         self._on_exit()
 
@@ -71,7 +87,7 @@ class _Server(uvicorn.Server):
 
     def _signalled(self, sig: int) -> None:
         logger.info("received %s: shutting down", signal.Signals(sig).name)
-        self.request_exit()
+        self.request_exit(handover=sig == signal.SIGTERM)
 
 
 def bind_unix(path: Path) -> socket.socket:
@@ -141,10 +157,18 @@ async def _exit_when_idle(
         server.request_exit()
 
 
-async def _drain(engine: Engine, grace: float) -> None:
-    """After ``grace`` seconds of shutdown, stop every sandbox: commands still running
-    end (their clients get an error, not a cut connection) and requests can finish."""
+async def _drain(engine: Engine, grace: float, handover: Any = None) -> None:
+    """After ``grace`` seconds of shutdown, stop every sandbox (or, with ``handover``,
+    detach from them all): commands still streaming end (their clients get an error,
+    not a cut connection) and requests can finish. ``handover``: the warm pools, closed
+    first (their ready sandboxes are deleted, not handed over)."""
     await asyncio.sleep(grace)
+    if handover is not None:
+        await handover.close()
+        logger.info("handing %d live sandboxes over to the next daemon (for %g s)",
+                    len(engine.list(state=LIVE_STATES)), engine.restore_grace)
+        await engine.close(handover=True)
+        return
     live = engine.list(state=LIVE_STATES)
     if live:
         logger.info("stopping %d sandboxes still alive after %g s", len(live), grace)
@@ -157,14 +181,20 @@ async def _drain(engine: Engine, grace: float) -> None:
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
-    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix)
+    engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
+                               network_hosts=settings.network_hosts,
+                               restore_grace=settings.restore_grace)
+    engine.retention = settings.retention
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
+    if settings.tcp is not None and (weak := weak_token_warning(settings.token)):
+        logger.warning("%s", weak)
     sockets: list[socket.socket] = []
     inode = None
     tasks: list[asyncio.Task[None]] = []
     app = None
+    server: _Server | None = None
     frontend = None  # the cwsandbox gRPC API (--grpc)
     try:
         sockets.append(bind_unix(socket_path))
@@ -172,6 +202,11 @@ async def run(settings: ServerSettings) -> None:
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
+        app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
+        open_files = raise_open_file_limit()
+        book = ConnectionBook(  # every TCP connection, counted from accept (conn_limits.py)
+            settings.max_connections or default_max_connections(open_files),
+            settings.max_client_connections)
         if settings.grpc is not None:
             frontend = await _start_grpc(settings, engine, app)
 
@@ -180,24 +215,28 @@ async def run(settings: ServerSettings) -> None:
             if frontend is not None:  # its calls get as long as HTTP requests
                 frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
             if not tasks:
-                tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace)))
+                handover = server is not None and server.handover and settings.restore_grace > 0
+                tasks.append(asyncio.create_task(_drain(
+                    engine, settings.shutdown_grace, app.state.pools if handover else None)))
 
         config = uvicorn.Config(
             app,
             lifespan="off",
-            http=BoundedHttpProtocol,  # httptools, bounded before auth (limits.py)
-            ws="none",  # no websocket endpoints: never upgrade a connection
+            http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
+            # WebSocket only to an exposed port (server/expose.py): the guard closes others
+            ws="websockets",
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)
             access_log=logger.isEnabledFor(logging.DEBUG) and settings.log_format == "text",
             # A backstop only: _drain ends what the engine runs after shutdown_grace.
             timeout_graceful_shutdown=settings.shutdown_grace + DRAIN_BACKSTOP_S,  # type: ignore[arg-type]
-            backlog=BACKLOG,
+            backlog=accept_backlog(open_files, BACKLOG),
             timeout_keep_alive=KEEP_ALIVE_S,
         )
         server = _Server(config, on_exit=on_exit)
         _log_start(settings, engine, sockets)
+        tasks.append(asyncio.create_task(app.state.leases.run()))  # ends expired leases
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
             tasks.append(asyncio.create_task(app.state.cluster_tenancy.run()))
         if settings.idle_exit is not None:
@@ -217,7 +256,7 @@ async def run(settings: ServerSettings) -> None:
             sock.close()
         if app is not None:
             await app.state.pools.close()  # deletes the pools' ready sandboxes
-        await engine.close()
+        await engine.close(handover=server is not None and server.handover)
         if app is not None:
             await app.state.logs.close()  # after the engine: its last stops are logged
         if inode is not None:  # only now: a new daemon could not open the engine before
@@ -261,6 +300,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         raise InvalidArgument(f"unknown log level {level!r}: use debug, info, warning or error")
     handler = logging.StreamHandler()
     handler.setFormatter(accesslog.formatter(log_format))
+    handler.addFilter(RepeatFilter())  # a flood of one line becomes a count (log_limits.py)
     logging.basicConfig(handlers=[handler])
     logging.getLogger("corral").setLevel(numeric)
     # uvicorn's own start/stop chatter only when debugging; its errors always.

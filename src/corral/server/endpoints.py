@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
+from corral.image_schema import (
+    BuildEvent,
+    BuildRequest,
+    ImageInfo,
+    ImageList,
+    PruneResult,
+    PullEvent,
+    PullRequest,
+)
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import (
     FileInfo,
@@ -23,15 +32,21 @@ from corral.server.cluster_routes import (
     fetch_own_snapshot,
     refresh_tenants,
 )
+from corral.server.dockerfile_routes import build_dockerfile_route
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
 from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
+from corral.server.expose import ExposedPort, ExposeRequest, expose_port
 from corral.server.image_routes import (
     build_image,
     delete_image,
     get_image,
     import_image_route,
     list_images,
+    prune_images,
+    pull_image_route,
 )
+from corral.server.lease_routes import create_lease, release_lease, renew_lease
+from corral.server.leases import LeaseInfo, LeaseRequest
 from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,
@@ -48,6 +63,7 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
+from corral.server.network_routes import NetworkEvents, network_events, update_network
 from corral.server.ops_routes import (
     SandboxLogsReply,
     TimeoutRequest,
@@ -127,6 +143,14 @@ from corral.server.tenant_routes import (
     revoke_token,
     update_token,
 )
+from corral.server.volume_routes import (
+    VolumeList,
+    create_volume,
+    delete_volume,
+    get_volume,
+    list_volumes,
+)
+from corral.volume_schema import VolumeInfo
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _POOL = "/v1/pools/{name}"
@@ -147,11 +171,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "POST",
         "/v1/sandboxes",
         create_sandbox,
-        "Create a sandbox (waits for room)",
+        "Create a sandbox (waits for room, and for its tenant's quota)",
         body=SandboxSpec,
         body_optional=True, body_name="sandbox spec",
         reply=SandboxInfo,
         status=201,
+        query=(Query("wait", "number", "seconds the create may wait for room or for its "
+                     "tenant's quota (cap: the daemon's queue_timeout; left out: room is "
+                     "waited for, a quota refused at once)"),),
     ),
     Endpoint(
         "GET",
@@ -182,6 +209,32 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             Query("limit", "integer", "at most this many entries (<= 5000)"),
             Query("follow", "boolean", "stream entries as they come, until it ends"),
         ),
+    ),
+    Endpoint(
+        "POST", "/v1/volumes", create_volume,
+        "Create a volume from a tar archive (the body); mount it with volumes={PATH: NAME}",
+        body=RAW, reply=VolumeInfo, status=201,
+        query=(Query("name", "string", "the volume's name (a-z 0-9 . _ -)", required=True,
+                     min_length=1),),
+    ),
+    Endpoint("GET", "/v1/volumes", list_volumes, "The caller's volumes", reply=VolumeList),
+    Endpoint("GET", "/v1/volumes/{name}", get_volume, "One volume", reply=VolumeInfo),
+    Endpoint("DELETE", "/v1/volumes/{name}", delete_volume,
+             "Remove a volume no running sandbox mounts", status=204),
+    Endpoint(
+        "POST", _SB + "/ports", expose_port,
+        "Expose a port of the sandbox (HTTP, WebSocket) at a URL with its own access token",
+        body=ExposeRequest, reply=ExposedPort, status=201,
+    ),
+    Endpoint(
+        "GET", _SB + "/network/events", network_events,
+        "A policy sandbox's connections and DNS queries, allowed and refused (the last 1000)",
+        reply=NetworkEvents,
+    ),
+    Endpoint(
+        "PUT", _SB + "/network", update_network,
+        "Enforce a new egress policy on a running policy sandbox; connections it refuses "
+        "are reset", body=NetworkPolicy, body_name="network policy", reply=SandboxInfo,
     ),
     Endpoint("POST", _SB + "/pause", pause_sandbox, "Freeze a sandbox", reply=SandboxInfo),
     Endpoint("POST", _SB + "/resume", resume_sandbox, "Thaw a sandbox", reply=SandboxInfo),
@@ -330,6 +383,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body_optional=True, body_name="pool",
         status=201,
     ),
+    Endpoint("POST", "/v1/leases", create_lease,
+             "Take a client lease: sandboxes tagged with it end once it is not renewed",
+             body=LeaseRequest, reply=LeaseInfo, status=201),
+    Endpoint("POST", "/v1/leases/{lease_id}/renew", renew_lease,
+             "Renew a lease for another ttl", reply=LeaseInfo),
+    Endpoint("DELETE", "/v1/leases/{lease_id}", release_lease,
+             "Release a lease: its sandboxes stop now (idempotent)", status=204),
     Endpoint("GET", "/v1/pools", list_pools, "List warm pools", reply=PoolList),
     Endpoint("GET", _POOL, get_pool, "One pool, with its sandboxes' ids", reply=PoolDetail),
     Endpoint("DELETE", _POOL, delete_pool, "Delete a pool and its ready sandboxes", status=204),
@@ -360,6 +420,25 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         parse_body=False,
         reply=(NDJSON, BuildEvent),
     ),
+    Endpoint(
+        "POST",
+        "/v1/images/dockerfile",
+        build_dockerfile_route,
+        "Build a Dockerfile (a tar with dockerfile.json and context/), streaming its log",
+        body=RAW,
+        reply=(NDJSON, BuildEvent),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/images/pull",
+        pull_image_route,
+        "Pull an image from an OCI/Docker registry, streaming its progress",
+        body=PullRequest,
+        parse_body=False,
+        reply=(NDJSON, PullEvent),
+    ),
+    Endpoint("POST", "/v1/images/prune", prune_images,
+             "Delete the layers no image, cache entry or sandbox holds", reply=PruneResult),
     Endpoint(
         "POST",
         "/v1/images/import",

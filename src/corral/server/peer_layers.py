@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from corral.cluster.proof import Pins, proven_client
 from corral.errors import (
     CorralError,
     InvalidArgument,
@@ -173,8 +174,8 @@ async def pull_image_here(request: Request, body: ImageFetchRequest) -> Response
     images = ctx.engine(request).images
     if images.exists(body.image):  # here already (built here, pulled, or everywhere)
         return JSONResponse(images.get(body.image, check_base=False).info().model_dump(mode="json"))
-    url = await asyncio.to_thread(_peer_url, body.node)
-    peer = Peer(url, _peer_credential(request))
+    url, pins = await asyncio.to_thread(_peer_at, body.node)
+    peer = Peer(url, _peer_credential(request), pins)
     desc = await asyncio.to_thread(peer.describe, f"/v1/peer/images/{quote(body.image, safe='')}")
     if desc.get("name") != body.image:
         raise LayerTransferError(f"the daemon at {url} described another image than "
@@ -197,8 +198,8 @@ async def import_snapshot_here(request: Request, body: FetchRequest, owner: str 
     here = engine.snapshots.lookup(body.snapshot)
     if here is not None:
         return JSONResponse(here.info().model_dump(mode="json"))
-    url = await asyncio.to_thread(_peer_url, body.node)
-    peer = Peer(url, _peer_credential(request))
+    url, pins = await asyncio.to_thread(_peer_at, body.node)
+    peer = Peer(url, _peer_credential(request), pins)
     query = "" if owner is None else f"?owner={quote(owner, safe='')}"
     desc = await asyncio.to_thread(
         peer.describe, f"/v1/peer/snapshots/{quote(body.snapshot, safe='')}{query}")
@@ -219,11 +220,13 @@ def _peer_credential(request: Request) -> str | None:
     return settings.peer_token or settings.token
 
 
-def _peer_url(node: str) -> str:
+def _peer_at(node: str) -> tuple[str, Pins | None]:
+    """The URL of ``node``'s daemon, and the directory's pins its connections are
+    proven against (None for a static ``CORRAL_PEERS`` map: its operator vouches)."""
     static = os.environ.get(PEERS_ENV)
     if static:
         try:
-            return str(json.loads(static)[node])
+            return str(json.loads(static)[node]), None
         except (ValueError, KeyError, TypeError):
             raise InvalidArgument(f"no peer {node[:80]!r} among this daemon's {PEERS_ENV}",
                                   details={"node": node[:80]}) from None
@@ -233,7 +236,8 @@ def _peer_url(node: str) -> str:
             "this daemon is not part of a corral cluster, so it fetches no snapshot from "
             "other nodes: start it with `corral cluster up` (which tells it the cluster)"
         )
-    return _directory(gcs).pinned(node).url
+    directory = _directory(gcs)
+    return directory.pinned(node).url, directory.pins
 
 
 @functools.lru_cache(maxsize=1)
@@ -246,9 +250,10 @@ def _directory(gcs: str) -> Any:
 class Peer:
     """Another node's daemon, as this daemon reads snapshots and layers from it."""
 
-    def __init__(self, url: str, token: str | None) -> None:
+    def __init__(self, url: str, token: str | None, pins: Pins | None = None) -> None:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.pins = pins  # the peer proves who it is on each connection (cluster/proof.py)
 
     def describe(self, path: str) -> dict[str, Any]:
         """The JSON object the peer answers ``GET path`` with (bounded)."""
@@ -286,7 +291,9 @@ class Peer:
     @contextlib.contextmanager
     def _get(self, path: str) -> Iterator[httpx.Response]:
         try:
-            with httpx.Client(timeout=PEER_TIMEOUT) as http, http.stream(
+            http = (httpx.Client(timeout=PEER_TIMEOUT) if self.pins is None
+                    else proven_client(self.pins, timeout=PEER_TIMEOUT))
+            with http, http.stream(
                 "GET", self.url + path, headers=self.headers
             ) as reply:
                 if reply.status_code != 200:

@@ -3,15 +3,20 @@
 A tenant token may carry ``max_sandboxes`` (alive and starting), ``max_memory_mb``
 (the sum of their ``memory_mb``) and ``max_cpus`` (the sum of their ``cpus``, each
 counted as at least the 0.01 CPU the kernel gives it). A create that would pass one
-is refused at once with :class:`~corral.errors.QuotaExceeded` (429), naming the
-quota, its limit and the current use: waiting would not help, only the tenant's own
-deletes would. The check and the reservation are one synchronous step
-on the event loop, so twenty concurrent creates at a quota of five admit exactly five.
+and names its deadline (``POST /v1/sandboxes?wait=S``; the SDK always does) waits in
+admission control (:meth:`corral.server.admission.Admission.admit`) for the tenant's
+own sandboxes to end, up to that deadline (at most the daemon's ``queue_timeout``),
+woken by :meth:`Quotas.freed`; then, or at once for a caller that named none, it is
+refused with :class:`~corral.errors.QuotaExceeded` (429), naming the quota, its limit
+and the current use. One sandbox above a quota by itself is refused at once. The check and
+the reservation are one synchronous step on the event loop, so twenty concurrent
+creates at a quota of five admit exactly five at a time.
 Sandboxes of a tenant's pools carry the tenant and count like any other.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +57,7 @@ class Quotas:
         self._quota_of = quota_of
         self._usage: dict[str, Usage] = {}
         self._held: dict[str, Hold] = {}  # sandbox id -> its hold
+        self._freed: asyncio.Future[None] | None = None  # set when room is given back
 
     def usage(self, tenant: str) -> Usage:
         got = self._usage.get(tenant, Usage())
@@ -69,6 +75,17 @@ class Quotas:
         used.add(memory_mb, cpus)
         return Hold(tenant, memory_mb, cpus)
 
+    def alone_over(self, tenant: str | None, memory_mb: int, cpus: float) -> QuotaExceeded | None:
+        """The refusal one sandbox would meet with nothing else of its tenant alive
+        (waiting could never help), or None."""
+        if tenant is None:
+            return None
+        try:
+            check(tenant, self._quota_of(tenant), Usage(), memory_mb, effective_cpus(cpus))
+        except QuotaExceeded as exc:
+            return exc
+        return None
+
     async def acquire(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
         """:meth:`hold`, as admission control asks for it (a cluster's book may have to
         ask the other nodes: :class:`~corral.server.cluster_quotas.ClusterQuotas`)."""
@@ -80,14 +97,37 @@ class Quotas:
             return
         if sandbox_id is None:
             self._give_back(hold)
+            self._wake()
         else:
             self._held[sandbox_id] = hold
+
+    def adopt(self, tenant: str | None, memory_mb: int, cpus: float, sandbox_id: str) -> None:
+        """Count a sandbox that exists already (adopted after a restart), unchecked."""
+        if tenant is None:
+            return
+        cpus = effective_cpus(cpus)
+        self._usage.setdefault(tenant, Usage()).add(memory_mb, cpus)
+        self._held[sandbox_id] = Hold(tenant, memory_mb, cpus)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox ended or was deleted: its tenant's room is free again."""
         hold = self._held.pop(sandbox_id, None)
         if hold is not None:
             self._give_back(hold)
+            self._wake()
+
+    async def freed(self, timeout: float) -> None:
+        """Return once a hold is given back (a sandbox ended, a create failed), or
+        after ``timeout`` seconds. Waiters wake in the order they came."""
+        if self._freed is None or self._freed.done():
+            self._freed = asyncio.get_running_loop().create_future()
+        await asyncio.wait({self._freed}, timeout=timeout)
+
+    def _wake(self) -> None:
+        # only real releases wake waiters: a cluster's book gives back its own failed
+        # tries too, and waking on those would spin every waiter
+        if self._freed is not None and not self._freed.done():
+            self._freed.set_result(None)
 
     def holds(self, sandbox_id: str) -> bool:
         """Whether a tenant's quota counts this sandbox."""

@@ -119,6 +119,11 @@ async def info(request: Request) -> Response:
             "builds": builds_gate(request).running,  # image builds now (server/builds.py)
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
+            "default_lease": ctx.settings(request).default_lease,  # server/leases.py
+            # where it keeps its state (`corral doctor` checks those): the admin's only
+            **({"state_dir": str(engine.layout.state_dir),
+                "cache_dir": str(engine.layout.cache_dir)}
+               if engine.owners.acting() is None else {}),
             **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
@@ -130,9 +135,25 @@ async def info(request: Request) -> Response:
 async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     service = ctx.service(request)
     # As sent (fields_set): a snapshot's spec fills in only the fields left out.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
-    created = await unless_gone(request, service.create(spec))
+    spec = service.plan(await service.with_image(spec),
+                        host_network=ctx.host_network_allowed(request))
+    created = await unless_gone(request, service.create(spec, wait=_wait_param(request)))
     return JSONResponse(_info_json(created, request), status_code=201)
+
+
+def _wait_param(request: Request) -> float | None:
+    """``?wait=SECONDS``: the caller's deadline for waiting in admission control (for
+    room, or for its tenant's quota); the daemon's ``queue_timeout`` caps it."""
+    value = request.query_params.get("wait")
+    if value is None:
+        return None
+    try:
+        wait = float(value)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait < float("inf"):
+        raise InvalidArgument(f"query parameter 'wait' must be seconds >= 0, got {value!r}")
+    return wait
 
 
 async def list_sandboxes(request: Request) -> Response:
@@ -294,9 +315,11 @@ def _pool_name(request: Request) -> str:
 
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
-    check_network(body.spec, host_network=ctx.host_network_allowed(request))
+    check_network(body.spec, host_network=ctx.host_network_allowed(request),
+                  admin=ctx.service(request).acting_tenant() is None)
+    spec = await ctx.service(request).with_image(body.spec)  # a registry image: pulled now
     made = ctx.pools(request).create_pool(
-        body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
+        body.name, spec, min_ready=body.min_ready, max_size=body.max_size
     )
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 

@@ -21,15 +21,19 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
+from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
+from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
+from corral.runtime.image_pull import local_name, pull_image
 from corral.runtime.pools import PoolManager
 from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
-from corral.server.admission import Admission
+from corral.server.admission import LIVE_STATES, Admission
 from corral.server.limits import (
     DAEMON_LIFETIME,
     TENANT_LIFETIME,
@@ -38,6 +42,9 @@ from corral.server.limits import (
     check_host_limits,
 )
 from corral.server.tenants import Tenants
+
+if TYPE_CHECKING:
+    from corral.server.leases import Leases
 
 __all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
 
@@ -54,14 +61,24 @@ class CreateFinished:
     ended: float
 
 
-def check_network(spec: SandboxSpec, *, host_network: bool) -> None:
+def check_network(spec: SandboxSpec, *, host_network: bool, admin: bool) -> None:
     """``network="host"`` hands a sandbox the host's network (its services, the cloud
-    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`)."""
-    if spec.network == NetworkMode.HOST and not host_network:
+    metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`).
+    A policy naming a private, loopback or link-local CIDR: only the admin's."""
+    if spec.network == NetworkMode.HOST and not (host_network and admin):
         raise Forbidden(
-            "network='host' gives the sandbox the host's network: over TCP it needs a "
-            "daemon started with --allow-host-network (the Unix socket may always ask)",
+            "network='host' gives the sandbox the host's network: it is the admin's only, "
+            "and over TCP it needs a daemon started with --allow-host-network (the Unix "
+            "socket may always ask); a tenant may ask for a policy "
+            "{'allow': ['example.com', ...]} instead (docs/network.md)",
             details={"field": "network"},
+        )
+    if isinstance(spec.network, NetworkPolicy) and not admin and spec.network.names_special():
+        raise Forbidden(
+            f"network rules {spec.network.names_special()} name private, loopback or "
+            "link-local addresses: only the admin may allow those; allow public names "
+            "or addresses instead",
+            details={"field": "network.allow"},
         )
 
 
@@ -76,8 +93,15 @@ class SandboxService:
         self.max_lifetime = max_lifetime  # --max-lifetime: bounds every create's timeout
         self.admission = admission
         self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
+        self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
+
+    def count_adopted(self) -> None:
+        """Count the sandboxes the engine adopted from the daemon before it (live
+        restore) against the caps and their tenants' quotas (at the daemon's start)."""
+        for info in self.engine.list(state=LIVE_STATES):
+            self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
@@ -118,6 +142,23 @@ class SandboxService:
 
     # ----------------------------------------------------------------- create
 
+    async def with_image(self, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` with a registry reference as its image (``host/repo:tag``) replaced
+        by the local image it was pulled as, pulling it on first use (concurrent first
+        uses pull once). Only the admin makes the daemon reach a registry: a tenant may
+        name a reference the admin (or ``corral image pull``) already pulled."""
+        if not is_reference(spec.image):
+            return spec
+        store = self.engine.images
+        name = local_name(spec.image)
+        if self.acting_tenant() is not None and not store.exists(name):
+            raise Forbidden(
+                f"image {spec.image} is not pulled yet, and tenants do not make the daemon "
+                "reach registries: ask the admin to `corral image pull` it",
+                details={"image": spec.image})
+        image = await asyncio.to_thread(pull_image, store, spec.image, if_missing=True)
+        return spec.model_copy(update={"image": image.name})
+
     def plan(self, spec: SandboxSpec, *, host_network: bool = False) -> SandboxSpec:
         """The spec that will run, or the typed error it would meet, before queueing.
 
@@ -126,20 +167,24 @@ class SandboxService:
         """
         try:
             check_create_lifetime(spec, *self.lifetime_limit())  # --max-lifetime
+            if self.leases is not None:  # a lease tag: a live lease of the caller's
+                self.leases.check_tags(spec.tags, self.acting_tenant())
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
-            check_network(spec, host_network=host_network)
+            check_network(spec, host_network=host_network, admin=self.acting_tenant() is None)
         except CorralError as exc:  # a create refused: counted like one that failed
             now = time.monotonic()
             self.engine.events.emit(CreateFinished(exc.code, now, None, now))
             raise
         return spec
 
-    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+    async def create(self, spec: SandboxSpec, *, wait: float | None = None) -> SandboxInfo:
         """Create a sandbox once admission control lets it start (a pool's refills too).
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
+        ``wait``: the caller's deadline for the wait for room or for its tenant's quota
+        (default and cap: the daemon's ``queue_timeout``).
         """
         began, admitted, result = time.monotonic(), None, "internal"
         try:
@@ -147,7 +192,7 @@ class SandboxService:
             spec = capped_lifetime(spec, self.lifetime_limit()[0])  # a default or inherited one
             check_host_limits(spec)
             async with self.admission.admit(
-                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus
+                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait
             ) as slot:
                 admitted = time.monotonic()
                 created = await self.engine.create(spec)
@@ -184,6 +229,12 @@ class SandboxService:
         """Delete a sandbox (idempotent) and give its places back."""
         if await self._delete_admitted(sandbox_id):
             self.pools.release(sandbox_id)
+
+    async def update_network(self, sandbox_id: str, network: NetworkPolicy) -> SandboxInfo:
+        """A running policy sandbox's new policy (a tenant's may name no private range)."""
+        spec = SandboxSpec.parse(network=network.model_dump())
+        check_network(spec, host_network=False, admin=self.acting_tenant() is None)
+        return await self.engine.update_network(sandbox_id, network)
 
     async def stop(
         self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"

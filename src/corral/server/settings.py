@@ -7,6 +7,8 @@ Environment variables (read only here, by :meth:`ServerSettings.from_env`):
   without one).
 - ``CORRAL_PEER_TOKEN``: the cluster's peer credential, sent to other daemons and
   accepted from them on the read-only peer routes only (:mod:`corral.server.peer_auth`).
+- ``CORRAL_NODE_KEY``: on a cluster, the key this node's daemon proves who it is with
+  before clients send it a credential (:mod:`corral.server.node_proof`).
 
 ``CORRAL_STATE_DIR`` and ``CORRAL_CACHE_DIR`` are read by :mod:`corral.runtime.paths`
 when ``state_dir`` / ``cache_dir`` are left unset.
@@ -14,6 +16,7 @@ when ``state_dir`` / ``cache_dir`` are left unset.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +34,14 @@ DEFAULT_QUEUE_SIZE = 4096
 DEFAULT_QUEUE_TIMEOUT_S = 120.0
 DEFAULT_MAX_UPLOAD_BYTES = 256 << 20
 DEFAULT_MAX_CLIENT_REQUESTS = 1024  # requests in flight per TCP client address
+DEFAULT_MAX_CLIENT_CONNECTIONS = 64  # unauthenticated TCP connections per client address
+DEFAULT_MAX_SESSION_STREAMS = 8  # live streams (SSE, followed logs...) per dashboard session
+DEFAULT_MAX_TENANT_STREAMS = 256  # ... per tenant
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
 DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
+DEFAULT_RESTORE_GRACE_S = 300.0  # SIGTERM/crash: sandboxes wait this long for the next daemon
+DEFAULT_RETENTION_S = 86400.0  # an ended sandbox's record and kept files, then removed
 MEMINFO = "/proc/meminfo"
 
 
@@ -73,6 +81,9 @@ class ServerSettings:
     tcp: tuple[str, int] | None = None
     token: str | None = field(default=None, repr=False)
     peer_token: str | None = field(default=None, repr=False)  # server/peer_auth.py
+    # On a cluster: the private key this node's daemon proves itself with (CORRAL_NODE_KEY,
+    # set by its node actor; server/node_proof.py, cluster/proof.py)
+    node_key: str | None = field(default=None, repr=False)
     # Also serve the CoreWeave Sandbox (cwsandbox) gRPC API here (needs the token too).
     grpc: tuple[str, int] | None = None
     max_starting: int = DEFAULT_MAX_STARTING
@@ -83,6 +94,13 @@ class ServerSettings:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     max_client_requests: int = DEFAULT_MAX_CLIENT_REQUESTS
+    # TCP connections held at once (None: the open-file limit less a reserve) and
+    # unauthenticated ones per client address (server/conn_limits.py)
+    max_connections: int | None = None
+    max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
+    # live streams one dashboard session, and one tenant, hold open (server/stream_limits.py)
+    max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
+    max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
@@ -92,10 +110,20 @@ class ServerSettings:
     # How long a deleted sandbox's logs are kept (seconds; 0: dropped at the next sweep).
     log_retention: float = DEFAULT_LOG_RETENTION_S
     log_format: str = "text"  # "json": JSON lines, one per request too (server/accesslog.py)
+    # Live restore (docs/restart.md): after SIGTERM or a crash the sandboxes keep running
+    # this long for the next daemon on the state dir to adopt them (0: they end with it).
+    restore_grace: float = DEFAULT_RESTORE_GRACE_S
+    # How long an ended sandbox (stopped, failed, lost) stays listed with its kept files.
+    retention: float = DEFAULT_RETENTION_S
+    # The lease the SDK's sessions take by default over TCP (server/leases.py); None: none.
+    default_lease: float | None = None
     metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
     node: str | None = None
+    # Names corral's resolver answers for policy sandboxes with these addresses instead
+    # of the host's resolver's (CORRAL_NETWORK_HOSTS="name=ip,name=ip"; docs/network.md)
+    network_hosts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("socket", "state_dir", "cache_dir"):  # accept str paths too
@@ -103,11 +131,21 @@ class ServerSettings:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         for name in ("max_starting", "max_sandboxes", "max_memory_mb", "max_upload_bytes",
-                     "max_client_requests", "max_builds"):
+                     "max_client_requests", "max_builds", "max_client_connections",
+                     "max_session_streams", "max_tenant_streams"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise InvalidArgument(f"max_connections must be at least 1, got {self.max_connections}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
+        if self.default_lease is not None and not 1 <= self.default_lease <= 86400:
+            raise InvalidArgument(
+                f"default_lease must be between 1 and 86400 seconds, got {self.default_lease:g}")
+        if not 0 <= self.restore_grace <= 86400 or not self.retention >= 0:
+            raise InvalidArgument(
+                "restore_grace must be between 0 and 86400 seconds and retention >= 0 "
+                f"(got {self.restore_grace:g} and {self.retention:g})")
         if not 0 < self.max_lifetime <= MAX_TIMEOUT_S or not 0 <= self.log_retention:
             raise InvalidArgument(
                 f"max_lifetime must be > 0 and <= {MAX_TIMEOUT_S:g} s and log_retention >= 0 "
@@ -136,8 +174,24 @@ class ServerSettings:
         """Settings from ``CORRAL_SOCKET`` / ``CORRAL_TOKEN``, then ``overrides``
         (entries that are ``None`` are ignored, so unset CLI options fall through)."""
         base: dict[str, Any] = {"socket": Path(os.environ.get("CORRAL_SOCKET", DEFAULT_SOCKET))}
-        for name in ("token", "peer_token"):
+        for name in ("token", "peer_token", "node_key"):
             if os.environ.get(f"CORRAL_{name.upper()}"):
                 base[name] = os.environ[f"CORRAL_{name.upper()}"]
+        if os.environ.get("CORRAL_NETWORK_HOSTS"):
+            base["network_hosts"] = parse_hosts(os.environ["CORRAL_NETWORK_HOSTS"])
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
+
+
+def parse_hosts(text: str) -> dict[str, str]:
+    """``CORRAL_NETWORK_HOSTS``: ``name=ip`` pairs separated by commas."""
+    hosts: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, _, ip = pair.partition("=")
+        try:
+            ipaddress.IPv4Address(ip.strip())
+        except ValueError:
+            raise InvalidArgument(f"invalid CORRAL_NETWORK_HOSTS entry {pair!r}: use "
+                                  "name=IPv4,name=IPv4") from None
+        hosts[name.strip().lower()] = ip.strip()
+    return hosts

@@ -8,6 +8,7 @@ from corral.client._async._process import AsyncProcess
 from corral.client._async._sandbox import AsyncSandbox, AsyncSnapshot
 from corral.client._async._session import AsyncSession
 from corral.client._async._stream import AsyncExecStream
+from corral.client._async._volume import AsyncVolume
 
 __all__ = [
     "AsyncClient",
@@ -19,4 +20,5 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSession",
     "AsyncSnapshot",
+    "AsyncVolume",
 ]

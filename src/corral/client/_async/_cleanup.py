@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Self
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 logger = logging.getLogger("corral")
 

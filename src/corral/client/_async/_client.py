@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from corral.client._backends import AsyncBackend
-from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint
+from corral.client._body import bounded
+from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
 from corral.errors import DaemonUnavailable, InvalidArgument
@@ -24,6 +26,12 @@ _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 def _timeout(seconds: float | None) -> httpx.Timeout:
     connect = CONNECT_TIMEOUT if seconds is None else min(CONNECT_TIMEOUT, seconds)
     return httpx.Timeout(seconds, connect=connect, pool=None)
+
+
+RECONNECT_WAIT_S = 30.0
+"""How long a request waits for a daemon that answered this client before and now does
+not (it is restarting: its sandboxes live on, docs/restart.md), retrying the connect."""
+_RECONNECT_POLL_S = 0.2
 
 
 # Over TCP a request goes out in two writes (headers, body); without TCP_NODELAY the
@@ -82,6 +90,8 @@ class AsyncClient:
             transport=transport,
         )
         self._router: AsyncRouter | None = None
+        self._answered = False  # a daemon answered: a later refusal is a restart
+        self.reconnect_wait = RECONNECT_WAIT_S
         if cluster is not None:
             from corral.client._async._router import AsyncRouter
 
@@ -91,16 +101,19 @@ class AsyncClient:
     def default(cls) -> AsyncClient:
         """The client shared by calls given none, configured from the environment.
 
-        One per process (and, for asyncio, per event loop); built on first use.
+        One per process (and, for asyncio, per event loop) and per value of
+        ``CORRAL_URL``/``CORRAL_TOKEN``/``CORRAL_SOCKET``/``CORRAL_NO_EMBED``: built on
+        first use, and again when one of them changed (sandboxes made before keep
+        the client they were made with).
         """
-        return AsyncBackend.shared(cls)
+        return AsyncBackend.shared(cls, env=env_now())
 
     @classmethod
     def reopen(cls, url: str | None, token: str | None) -> AsyncClient:
         """A client to the daemon ``connect_args`` name, shared in this process like
         :meth:`default` (what an unpickled sandbox uses; outside an event loop, a new one)."""
         try:
-            return AsyncBackend.shared(cls, url=url, token=token)
+            return AsyncBackend.shared(cls, env=env_now(), url=url, token=token)
         except RuntimeError:  # no running loop: connections must wait for the one used
             return cls(url, token=token)
 
@@ -123,6 +136,12 @@ class AsyncClient:
         """
         return {"url": None if self._endpoint.embed else self._endpoint.url,
                 "token": self._endpoint.token}
+
+    @property
+    def over_tcp(self) -> bool:
+        """Whether this client reaches one daemon over TCP (not on its Unix socket, nor
+        a Ray cluster): a session then takes the daemon's ``default_lease``."""
+        return self._endpoint.uds is None and self._endpoint.cluster is None
 
     @property
     def is_closed(self) -> bool:
@@ -173,22 +192,48 @@ class AsyncClient:
         return await self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
     async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send a built request; start the embedded daemon first if it is needed."""
+        """Send a built request; start the embedded daemon first if it is needed, and
+        wait up to :attr:`reconnect_wait` seconds for one that answered before (it is
+        restarting) when the request could not be sent.
+
+        A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
+        request = bounded(request)
         try:
             response = await self._send_once(request, stream)
         except DaemonUnavailable as exc:
-            if not (self._endpoint.embed and self._endpoint.uds and is_connect_error(exc)):
+            if not is_connect_error(exc):
                 raise
-            # Nothing listens on the default socket (never started, or it exited when
-            # idle): start the shared daemon, then retry; the request never left.
-            await AsyncBackend.run_blocking(ensure_daemon, self._endpoint.uds)
-            response = await self._send_once(request, stream)
+            if self._endpoint.embed and self._endpoint.uds:
+                # Nothing listens on the default socket (never started, it exited when
+                # idle, or it restarts): start the shared daemon, then retry; the
+                # request never left.
+                await AsyncBackend.run_blocking(ensure_daemon, self._endpoint.uds)
+                response = await self._send_once(request, stream)
+            elif self._answered and self.reconnect_wait > 0:
+                response = await self._reconnect(request, stream, exc)
+            else:
+                raise
+        self._answered = True
         if response.is_error and stream:
             with daemon_errors(self._endpoint):
                 await response.aread()
             await response.aclose()
         raise_for_status(response)
         return response
+
+    async def _reconnect(
+        self, request: httpx.Request, stream: bool, first: DaemonUnavailable
+    ) -> httpx.Response:
+        """Retry a request that never left until the daemon answers again (bounded)."""
+        deadline = time.monotonic() + self.reconnect_wait
+        while time.monotonic() < deadline:
+            await AsyncBackend.sleep(_RECONNECT_POLL_S)
+            try:
+                return await self._send_once(request, stream)
+            except DaemonUnavailable as exc:
+                if not is_connect_error(exc):
+                    raise
+        raise first
 
     async def _send_once(self, request: httpx.Request, stream: bool) -> httpx.Response:
         with daemon_errors(self._endpoint):

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import os
+import secrets
 from pathlib import Path
 
-from corral.client import _validate
+from corral.client import _tree, _validate
 from corral.client._async._client import AsyncClient
 from corral.client._backends import AsyncBackend
-from corral.client._models import parse_file_info
-from corral.errors import FileNotFound
+from corral.client._body import CHUNK_BYTES
+from corral.client._config import exec_http_timeout
+from corral.client._models import exec_body, parse_exec, parse_file_info
+from corral.errors import FileError, FileNotFound
 from corral.schema import FileInfo
 
 
@@ -91,20 +96,99 @@ class AsyncFiles:
         self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None
     ) -> None:
         """Copy a local file into the sandbox; ``mode`` defaults to the local file's
-        permission bits (so an executable stays executable)."""
+        permission bits (so an executable stays executable). The file is read in
+        pieces as it is sent, never whole into memory."""
         local = _local(local_path)
-        _path(remote_path, "remote_path")
+        params = {"path": _path(remote_path, "remote_path")}
         if mode is None:
             mode = (await AsyncBackend.run_blocking(local.stat)).st_mode & 0o777
-        data = await AsyncBackend.read_file(local)
-        await self.write(remote_path, data, mode=mode)
+        params["mode"] = f"{_validate.file_mode('mode', mode):04o}"
+        body = await AsyncBackend.file_body(local)
+        await self._client.request(
+            "PUT", self._base, params=params, content=body, headers=body.headers
+        )
 
     async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
-        """Copy a file out of the sandbox to ``local_path``; returns that path."""
+        """Copy a file out of the sandbox to ``local_path``; returns that path. The
+        bytes are written as they arrive, to a temporary file renamed into place once
+        complete (a failed download leaves nothing at ``local_path``)."""
         local = _local(local_path)
-        data = await self.read(remote_path)
-        await AsyncBackend.write_file(local, data)
+        params = {"path": _path(remote_path, "remote_path")}
+        response = await self._client.stream("GET", self._base, params=params)
+        try:
+            with self._client._errors():
+                await AsyncBackend.save(response.aiter_bytes(CHUNK_BYTES), local)
+        finally:
+            await response.aclose()
         return local
+
+    async def upload_dir(
+        self, local_dir: str | os.PathLike[str], remote_dir: str, *, timeout: float | None = None
+    ) -> None:
+        """Copy a local directory's contents into ``remote_dir`` (created if missing;
+        what is there already stays unless overwritten). The tree travels as one tar
+        archive, unpacked by the sandbox's ``tar`` (the default image has it);
+        symbolic links are copied as links, never followed. ``timeout`` bounds the
+        unpacking (``None``: no limit)."""
+        local = _local(local_dir)
+        target = _path(remote_dir, "remote_dir")
+        archive = await AsyncBackend.run_blocking(_tree.pack, local)
+        remote_archive = f"{_tree.ARCHIVE_DIR}/.corral-cp-{secrets.token_hex(6)}.tar"
+        try:
+            await self.upload(archive, remote_archive, mode=0o600)
+        finally:
+            await AsyncBackend.run_blocking(archive.unlink)
+        await self._sh(_tree.UNPACK, [target, remote_archive], f"unpacking {local}", timeout)
+
+    async def download_dir(
+        self, remote_dir: str, local_dir: str | os.PathLike[str], *, timeout: float | None = None
+    ) -> Path:
+        """Copy the directory ``remote_dir`` out of the sandbox as the new local
+        directory ``local_dir`` (which must not exist: a copy never merges); returns
+        that path. Packed by the sandbox's ``tar``; symbolic links stay links (never
+        followed); device files, absolute paths and hard links out of the copy are
+        refused; a failed copy leaves nothing behind. ``timeout`` bounds the packing."""
+        local = _local(local_dir)
+        source = _path(remote_dir, "remote_dir")
+        info = await self.stat(source)
+        if not info.is_dir:
+            raise FileError(
+                f"sandbox {self._sandbox_id}: {source} is not a directory: use files.download",
+                details={"sandbox_id": self._sandbox_id, "path": source},
+            )
+        await AsyncBackend.run_blocking(
+            _tree.refuse_existing, local, f"{self._sandbox_id}:{source}")
+        remote_archive = f"{_tree.ARCHIVE_DIR}/.corral-cp-{secrets.token_hex(6)}.tar"
+        archive = await AsyncBackend.run_blocking(_tree.scratch)
+        try:
+            await self._sh(_tree.PACK, [source, remote_archive], f"packing {source}", timeout)
+            await self.download(remote_archive, archive)
+            await AsyncBackend.run_blocking(functools.partial(
+                _tree.unpack, archive, local, mode=info.mode, sandbox_id=self._sandbox_id,
+                source=source))
+        finally:
+            await AsyncBackend.run_blocking(functools.partial(archive.unlink, missing_ok=True))
+            with contextlib.suppress(FileNotFound):
+                await self.remove(remote_archive)
+        return local
+
+    async def _sh(self, script: str, params: builtins.list[str], what: str,
+                  timeout: float | None) -> None:
+        """Run a shell script (``$1``, ``$2``... from ``params``); raise if it fails."""
+        cmd = ["sh", "-c", script, "sh", *params]
+        body = exec_body(cmd, timeout=timeout, env=None, cwd=None, stdin=None,
+                         max_output=None, output_tail=None)
+        response = await self._client.request(
+            "POST", f"/v1/sandboxes/{self._sandbox_id}/exec", json=body,
+            timeout=exec_http_timeout(timeout))
+        result = parse_exec(response.json(), args=cmd, sandbox_id=self._sandbox_id,
+                            timeout=timeout)
+        if not result.ok:
+            raise FileError(
+                f"sandbox {self._sandbox_id}: {what} failed (exit status {result.returncode}): "
+                f"{result.stderr.strip() or 'no message'}",
+                details={"sandbox_id": self._sandbox_id},
+            )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._sandbox_id}>"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Self, Unpack
 from urllib.parse import quote
+
+from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
 from corral.client import _validate
 from corral.client._async._cleanup import AsyncCleanupOnExit

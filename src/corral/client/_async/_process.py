@@ -5,12 +5,14 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from corral.client import _validate
 from corral.client._async._client import AsyncClient
+from corral.client._backends import AsyncBackend, AsyncPuller
 from corral.client._config import exec_http_timeout
 from corral.client._models import (
     Command,
@@ -20,15 +22,20 @@ from corral.client._models import (
     parse_stream_item,
 )
 from corral.errors import (
+    ExecTimeout,
     InvalidArgument,
     InvalidState,
     NotFound,
     SandboxLost,
     error_from_dict,
 )
+from corral.schema import DEFAULT_EXEC_TIMEOUT_S
 
 STDERR_KEPT = 1 << 20
 """Bytes of a process's stderr the SDK keeps (the last ones) for :attr:`AsyncProcess.stderr`."""
+DEFAULT_READ_TIMEOUT_S = DEFAULT_EXEC_TIMEOUT_S
+"""Seconds :meth:`AsyncProcess.readline`, :meth:`~AsyncProcess.exchange` and
+:meth:`~AsyncProcess.wait` wait unless given ``timeout=`` (``None``: no limit)."""
 
 
 class AsyncProcess:
@@ -46,8 +53,14 @@ class AsyncProcess:
     - request/reply, for a server that answers each line with one line:
       :meth:`exchange` writes and returns the reply line in one request, with no
       stream open; :meth:`exchange_all` does it for many processes, in many sandboxes,
-      in one request (what a vector of environments needs). Do not mix it with the
-      streamed readers on one process.
+      in one request (what a vector of environments needs). Once the output is
+      streamed (a :meth:`readline`, :meth:`chunks` or :meth:`wait` came first),
+      :meth:`exchange` is a :meth:`write` and a :meth:`readline`: the same reply.
+
+    :meth:`readline`, :meth:`exchange` and :meth:`wait` give up after ``timeout``
+    seconds (60 unless given; ``None``: no limit) with
+    :class:`~corral.errors.ExecTimeout` (a :class:`TimeoutError`). The process keeps
+    running and nothing it wrote is lost: the next call reads on from there.
 
     Read what the process writes: the daemon keeps only ``max_buffer`` bytes of each
     stream's unread output (16 MiB unless set) and drops the rest (the result then
@@ -75,7 +88,7 @@ class AsyncProcess:
         self._stdout = bytearray()  # read from the daemon, not yet handed out
         self._stderr = bytearray()
         self._stderr_dropped = False
-        self._items: AsyncGenerator[OutputChunk, None] | None = None
+        self._items: AsyncPuller[OutputChunk | dict[str, Any]] | None = None
         self._result: CommandResult | None = None
 
     # ------------------------------------------------------------ properties
@@ -153,21 +166,27 @@ class AsyncProcess:
         """SIGKILL the process (if it still runs) and return how it ended."""
         if self._result is None:
             await self.signal("SIGKILL")
-        return await self.wait()
+        return await self.wait(timeout=None)
 
     # ---------------------------------------------------------- request/reply
 
-    async def exchange(self, data: bytes | str, *, timeout: float | None = None) -> Any:
+    async def exchange(
+        self, data: bytes | str, *, timeout: float | None = DEFAULT_READ_TIMEOUT_S
+    ) -> Any:
         """Write ``data`` to stdin and return the next line of stdout (``""`` if the
         process exits first), in one request. :class:`~corral.errors.ExecTimeout` if no
-        line comes within ``timeout`` seconds (what was written stays written: its
-        reply is the next line read). stderr is kept for :meth:`wait` / :meth:`chunks`.
+        line comes within ``timeout`` seconds (default 60; ``None``: no limit; what was
+        written stays written: its reply is the next line read). stderr is kept for
+        :meth:`wait` / :meth:`chunks`. After a streamed read it is :meth:`write` then
+        :meth:`readline`.
 
         >>> await proc.exchange('{"op": "step", "action": 1}\n')
         """
-        self._check_exchange()
         content = _validate.content("data", data)
         timeout = _validate.timeout("timeout", timeout)
+        if self._streamed:
+            await self.write(content)
+            return await self.readline(timeout=timeout)
         params = {} if timeout is None else {"timeout": repr(timeout)}
         response = await self._client.request(
             "POST", f"{self._path}/exchange", content=content, params=params,
@@ -178,12 +197,16 @@ class AsyncProcess:
 
     @staticmethod
     async def exchange_all(
-        pairs: Sequence[tuple[AsyncProcess, bytes | str]], *, timeout: float | None = None
+        pairs: Sequence[tuple[AsyncProcess, bytes | str]], *,
+        timeout: float | None = DEFAULT_READ_TIMEOUT_S,
     ) -> list[Any]:
         """:meth:`exchange` with many processes (one item per process, in any of the
         client's sandboxes) in one request: every ``data`` is written first, then every
-        reply line awaited at once. The lines, in order; the first failure (a process
-        gone, a ``timeout``) is raised once all were answered.
+        reply line awaited at once (``timeout``: default 60 s, ``None``: no limit). The
+        lines, in order; the first failure (a process gone, a ``timeout``) is raised
+        once all were answered. A process whose output is streamed already (see
+        :meth:`exchange`) raises :class:`~corral.errors.InvalidState`: use
+        :meth:`exchange` on it.
         """
         timeout = _validate.timeout("timeout", timeout)
         if not pairs:
@@ -216,19 +239,28 @@ class AsyncProcess:
             lines.append(line.decode(errors="replace") if proc._text else line)
         return lines
 
+    @property
+    def _streamed(self) -> bool:
+        """Whether its output is read from the stream (a streamed read came first)."""
+        return self._items is not None or bool(self._stdout)
+
     def _check_exchange(self) -> None:
-        if self._items is not None or self._stdout:
+        if self._streamed:
             raise InvalidState(
                 f"process {self.id}: its output is being streamed (readline, chunks or "
-                "wait was used): keep to write() and readline() on this process"
+                "wait was used): exchange_all cannot batch it; use proc.exchange()"
             )
 
     # ---------------------------------------------------------------- output
 
-    async def readline(self) -> Any:
+    async def readline(self, *, timeout: float | None = DEFAULT_READ_TIMEOUT_S) -> Any:
         """The next line of stdout, with its ``\\n``; ``""`` (``b""`` with
-        ``text=False``) once the process has exited and everything was read. Waits
-        for the line as long as it takes: a process that never writes one blocks."""
+        ``text=False``) once the process has exited and everything was read.
+        :class:`~corral.errors.ExecTimeout` if no whole line comes within ``timeout``
+        seconds (default 60; ``None``: no limit); the process runs on, and what it
+        wrote so far is returned by the next call."""
+        timeout = _validate.timeout("timeout", timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             end = self._stdout.find(b"\n")
             if end >= 0 or self._result is not None:
@@ -236,16 +268,17 @@ class AsyncProcess:
                 line = bytes(self._stdout[:size])
                 del self._stdout[:size]
                 return line.decode(errors="replace") if self._text else line
-            chunk = await self._next_chunk()
+            chunk = await self._next_chunk(deadline, "a line of output")
             if chunk is not None and chunk.stream == "stdout":
                 self._stdout += chunk.data
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        """The lines of stdout (see :meth:`readline`) until the process exits."""
+        """The lines of stdout (see :meth:`readline`) until the process exits, each
+        waited for without a time limit."""
         return self._lines()
 
     async def _lines(self) -> AsyncIterator[Any]:
-        while line := await self.readline():
+        while line := await self.readline(timeout=None):  # as long as the process lives
             yield line
 
     async def chunks(self) -> AsyncIterator[OutputChunk]:
@@ -261,11 +294,15 @@ class AsyncProcess:
                 return
             yield chunk
 
-    async def wait(self) -> CommandResult:
+    async def wait(self, *, timeout: float | None = DEFAULT_READ_TIMEOUT_S) -> CommandResult:
         """Wait for the process to exit; its :class:`~corral.CommandResult`, whose
-        ``stdout`` is the output not read yet and ``stderr`` what :attr:`stderr` holds."""
+        ``stdout`` is the output not read yet and ``stderr`` what :attr:`stderr` holds.
+        :class:`~corral.errors.ExecTimeout` if it still runs after ``timeout`` seconds
+        (default 60; ``None``: no limit): it is not killed (:meth:`kill` does that)."""
+        timeout = _validate.timeout("timeout", timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self._result is None:
-            chunk = await self._next_chunk()
+            chunk = await self._next_chunk(deadline, "its exit")
             if chunk is not None and chunk.stream == "stdout":
                 self._stdout += chunk.data
         assert self._result is not None
@@ -279,20 +316,35 @@ class AsyncProcess:
         self._info = (await self._client.request("GET", self._path)).json()
         return self._info
 
-    async def _next_chunk(self) -> OutputChunk | None:
+    async def _next_chunk(
+        self, deadline: float | None = None, what: str = "output"
+    ) -> OutputChunk | None:
         """The next output chunk (stderr is kept in :attr:`stderr` too), or ``None``
-        once the exit has been read."""
+        once the exit has been read; :class:`ExecTimeout` past ``deadline``
+        (``time.monotonic()``), with nothing lost."""
         if self._result is not None:
             return None
         if self._items is None:
-            self._items = self._read_output()
-        async for chunk in self._items:
-            if chunk.stream == "stderr":
-                self._keep_stderr(chunk.data)
-            return chunk
-        return None
+            self._items = AsyncBackend.puller(self._read_output())
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            item = await self._items.next(left)
+        except TimeoutError:
+            raise ExecTimeout(
+                f"process {self.id} in sandbox {self.sandbox_id}: no {what} within the "
+                "timeout; it still runs, and what it writes is read by the next call "
+                "(pass timeout=None to wait without a limit)",
+                details={"sandbox_id": self.sandbox_id, "process_id": self.id},
+            ) from None
+        if isinstance(item, dict):  # the exit: stderr read before it is kept by now
+            self._finish(item)
+            return None
+        if item is not None and item.stream == "stderr":
+            self._keep_stderr(item.data)
+        return item
 
-    async def _read_output(self) -> AsyncGenerator[OutputChunk, None]:
+    async def _read_output(self) -> AsyncGenerator[OutputChunk | dict[str, Any], None]:
+        """The output chunks, then the exit result (a dict), as the daemon streams them."""
         response = await self._client.stream("GET", f"{self._path}/output", timeout=None)
         try:
             with self._client._errors():
@@ -303,7 +355,7 @@ class AsyncProcess:
                     if isinstance(item, OutputChunk):
                         yield item
                     elif item is not None:
-                        self._finish(item)
+                        yield item
                         return
         finally:
             await response.aclose()

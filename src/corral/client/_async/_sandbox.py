@@ -4,9 +4,12 @@ snapshot of one, which new sandboxes start from (one module: each makes the othe
 from __future__ import annotations
 
 import builtins
+import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Self, Unpack
+from typing import Any
 from urllib.parse import quote
+
+from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
 from corral.client import _validate
 from corral.client._async._cleanup import AsyncCleanupOnExit
@@ -16,7 +19,12 @@ from corral.client._async._logs import LogEntry, follow_logs, read_logs
 from corral.client._async._process import AsyncProcess
 from corral.client._async._stream import AsyncExecStream
 from corral.client._backends import AsyncBackend, AsyncOpening
-from corral.client._config import CREATE_TIMEOUT, exec_http_timeout
+from corral.client._config import (
+    CREATE_TIMEOUT,
+    CREATE_WAIT_MARGIN,
+    auto_tags,
+    exec_http_timeout,
+)
 from corral.client._futures import AsyncSandboxFutures
 from corral.client._models import (
     Command,
@@ -27,8 +35,10 @@ from corral.client._models import (
     parse_exec,
     spec_body,
 )
+from corral.errors import InvalidArgument
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
+    MAX_TAGS,
     SandboxInfo,
     SandboxState,
     SnapshotInfo,
@@ -68,6 +78,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         *,
         node: str | None = None,
         client: AsyncClient | None = None,
+        wait: float | None = None,
         **spec: Unpack[SpecOptions],
     ) -> AsyncOpening[Self]:
         """Start a sandbox and return once it can run commands.
@@ -75,8 +86,14 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         Every limit left out (``None``) takes the daemon's default (see
         :class:`corral.schema.SandboxSpec`); ``timeout`` is the sandbox's lifetime in
         seconds, after which the daemon stops it. Invalid values raise
-        :class:`~corral.errors.InvalidArgument` before anything is sent; a full daemon
-        raises :class:`~corral.errors.CapacityExceeded` after queueing the request.
+        :class:`~corral.errors.InvalidArgument` before anything is sent.
+
+        A full daemon queues the create, and a tenant at its quota (``corral token
+        create --max-sandboxes ...``) waits for its own sandboxes to end: at most
+        ``wait`` seconds (default: as long as the request may take, 590 s; the
+        daemon's ``--queue-timeout`` caps it), then
+        :class:`~corral.errors.CapacityExceeded` or
+        :class:`~corral.errors.QuotaExceeded`. ``wait=0`` fails at once.
 
         ``snapshot`` (a :class:`AsyncSnapshot`, its id or name) starts the sandbox on
         the snapshot's files; the limits left out then come from the sandbox the
@@ -95,16 +112,28 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         body = spec_body({"image": image, **spec})
         if node is not None:
             node = _validate.text("node", node)
-        return AsyncBackend.opening(cls._create(body, client, node))
+        if wait is not None:
+            wait = _validate.timeout("wait", wait, optional=False, zero=True)
+        return AsyncBackend.opening(cls._create(body, client, node, wait))
 
     @classmethod
     async def _create(
-        cls, body: dict[str, Any], client: AsyncClient | None, node: str | None = None
+        cls, body: dict[str, Any], client: AsyncClient | None, node: str | None = None,
+        wait: float | None = None,
     ) -> Self:
         client = client or AsyncClient.default()
+        tags = auto_tags()  # wandb-run:ID, slurm-job:ID of this process
+        if tags:
+            merged = list(dict.fromkeys([*body.get("tags", []), *tags]))[:MAX_TAGS]
+            body = {**body, "tags": merged}
+        timeout = max(client.timeout, CREATE_TIMEOUT)
+        # the daemon may wait for room or for a tenant's quota: say how long this
+        # caller waits, so that it answers before the caller gives up
+        longest = max(0.0, timeout - CREATE_WAIT_MARGIN)
+        wait = longest if wait is None else min(wait, longest)
         response = await client.request(
-            "POST", "/v1/sandboxes", json=body, timeout=max(client.timeout, CREATE_TIMEOUT),
-            node=node,
+            "POST", "/v1/sandboxes", json=body, timeout=timeout, node=node,
+            params={"wait": f"{wait:g}"},
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
 
@@ -156,8 +185,15 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
 
     @property
     def state(self) -> SandboxState:
-        """The state as last seen (:meth:`refresh` updates it)."""
-        return self._info.state
+        """The state as last seen (:meth:`refresh` updates it), except that a sandbox
+        last seen running or paused whose lifetime (``timeout`` seconds from its start)
+        has run out by this host's clock is ``STOPPED``: the daemon stops it then."""
+        state = self._info.state
+        started = self._info.started_at
+        if (state in (SandboxState.RUNNING, SandboxState.PAUSED) and started is not None
+                and time.time() > started + self._info.spec.timeout):
+            return SandboxState.STOPPED
+        return state
 
     @property
     def tags(self) -> builtins.list[str]:
@@ -228,6 +264,37 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
 
+    # --------------------------------------------------------------- network
+
+    async def expose(self, port: int) -> str:
+        """Serve ``port`` (an HTTP or WebSocket server listening in the sandbox) through
+        the daemon; the URL returned carries the port's own access token: whoever holds
+        it reaches that port and nothing else, until the sandbox ends. Works with
+        ``network="none"`` too. See docs/network.md."""
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidArgument(f"invalid port {port!r}: use 1-65535")
+        response = await self._client.request("POST", self._path + "/ports", json={"port": port})
+        url: str = response.json()["url"]
+        return url
+
+    async def network_events(self) -> builtins.list[dict[str, Any]]:
+        """What a sandbox created with a network policy tried to reach, oldest first
+        (the last 1000): dicts with time, kind (``tcp``, ``dns``), name, ip, port,
+        verdict (``allowed``, ``refused``) and reason. See docs/network.md."""
+        response = await self._client.request("GET", self._path + "/network/events")
+        events: builtins.list[dict[str, Any]] = response.json()["events"]
+        return events
+
+    async def update_network(self, *, allow: Sequence[str] = (), deny: Sequence[str] = (),
+                             max_mbps: int | None = None) -> SandboxInfo:
+        """Enforce a new egress policy from now on (only on a sandbox created with
+        one); open connections the new policy refuses are reset. ``max_mbps``: a
+        bandwidth cap each way (None: none)."""
+        body: dict[str, Any] = {"allow": list(allow), "deny": list(deny), "max_mbps": max_mbps}
+        response = await self._client.request("PUT", self._path + "/network", json=body)
+        self._info = SandboxInfo.model_validate(response.json())
+        return self._info
+
     async def logs(self, *, after: int = 0) -> builtins.list[LogEntry]:
         """Its commands and lifecycle events (dicts, oldest first; see
         ``corral.client._async._logs``), also after it stopped, until it is deleted."""
@@ -284,6 +351,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         out between them. With ``check=True``, a timeout raises
         :class:`~corral.errors.ExecTimeout` and a non-zero exit status
         :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
+        ``r.stdout`` / ``r.stderr`` are text (UTF-8, invalid bytes replaced);
+        ``r.stdout_bytes`` / ``r.stderr_bytes`` are the bytes as written (binary output).
 
         >>> r = await sb.exec("echo $GREETING", env={"GREETING": "hi"})
         >>> r.stdout

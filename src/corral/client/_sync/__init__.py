@@ -10,6 +10,7 @@ from corral.client._sync._process import Process
 from corral.client._sync._sandbox import Sandbox, Snapshot
 from corral.client._sync._session import Session
 from corral.client._sync._stream import ExecStream
+from corral.client._sync._volume import Volume
 
 __all__ = [
     "Client",
@@ -21,4 +22,5 @@ __all__ = [
     "Sandbox",
     "Session",
     "Snapshot",
+    "Volume",
 ]

@@ -47,6 +47,7 @@ from corral.cluster.directory import Node
 from corral.cluster.http_directory import open_directory
 from corral.cluster.ids import tag_of
 from corral.cluster.placement import Room, choose, has_room, having_image, room
+from corral.cluster.proof import guard_client
 from corral.errors import (
     DaemonUnavailable,
     InvalidArgument,
@@ -74,6 +75,8 @@ class Router:
     def __init__(self, address: str, http: httpx.Client, send: Send,
                  token: str | None = None) -> None:
         self.directory = open_directory(address, token)  # token given: never the cluster's
+        # a daemon proves it is the node the directory lists before any token goes to it
+        guard_client(http, self.directory.pins)
         self._http = http
         self._send = send
         self._lock = SyncBackend.lock()

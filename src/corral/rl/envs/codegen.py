@@ -46,7 +46,9 @@ from corral.client._models import spec_body
 from corral.client._sync import Client, Sandbox
 from corral.errors import InvalidArgument, InvalidState
 from corral.rl._grading import Grading, check_grading
-from corral.rl.code import TestReport, clip, normalize_tests, render_result, run_tests
+from corral.rl._judging import judge_file, parse_tests
+from corral.rl.code import TestReport, clip, render_result
+from corral.rl.stdio import IOCase
 
 ActionType = Literal["edit", "run", "submit"]
 DEFAULT_MAX_STEPS = 20
@@ -83,15 +85,18 @@ class Problem:
     """One task: what the agent is told, the hidden tests, and the starting files.
 
     ``tests`` follow :mod:`corral.rl.code` (Python snippets run after the solution,
-    e.g. ``"assert f(2) == 4"``). ``files`` are written into the sandbox at reset
+    e.g. ``"assert f(2) == 4"``) or are stdin/stdout cases (:mod:`corral.rl.stdio`:
+    ``[{"input": ..., "output": ...}]``, judged on the file in ``language``). ``files`` are written into the sandbox at reset
     (``{"solution.py": prompt}`` gives the agent the signature to complete).
     """
 
     prompt: str
-    tests: Sequence[str] = ()
+    tests: Sequence[str] | Sequence[IOCase] = ()
     task_id: str = ""
     entry_point: str | None = None
     files: Mapping[str, str] = field(default_factory=dict)
+    language: str | None = None
+    """stdin/stdout problems: the solution file's language (default: by its suffix)."""
 
     @classmethod
     def from_humaneval(cls, problem: Mapping[str, Any], *, split: bool = True) -> Problem:
@@ -148,9 +153,10 @@ def _as_problem(p: Problem | Mapping[str, Any]) -> Problem:
             return Problem.from_humaneval(p)
         if "prompt" in p:
             return Problem(
-                prompt=str(p["prompt"]), tests=normalize_tests(p.get("tests")),
-                task_id=str(p.get("task_id", "")), entry_point=p.get("entry_point"),
-                files=dict(p.get("files") or {}),
+                prompt=str(p["prompt"]), tests=parse_tests(p.get("tests"), "tests"),
+                task_id=str(p.get("task_id", p.get("id", ""))),
+                entry_point=p.get("entry_point") or None, files=dict(p.get("files") or {}),
+                language=p.get("language") or None,
             )
     raise InvalidArgument(
         f"a problem is a corral.rl.envs.codegen.Problem or a dict with 'prompt' and "
@@ -271,10 +277,7 @@ class CodegenEnv:
             obs, reward = render_result(r, self.max_output), 0.0
             extra = {"returncode": r.returncode, "timed_out": r.timed_out}
         else:
-            report = run_tests(
-                self._sb, list(self.problem.tests), path=self.solution_path,  # type: ignore[union-attr]
-                timeout=self.exec_timeout, test_timeout=self.test_timeout, grading=self.grading,
-            )
+            report = self._judge()
             reward = report.fraction if self.mode == "fraction" else float(report.all_passed)
             obs, terminated = clip(report.feedback(), self.max_output), True
             extra = {"report": report, "passed": report.passed, "total": report.total}
@@ -297,6 +300,15 @@ class CodegenEnv:
         self.close()
 
     # ------------------------------------------------------------------ helpers
+
+    def _judge(self) -> TestReport:
+        """The hidden tests on the solution file: Python tests, or stdin/stdout cases."""
+        assert self._sb is not None and self.problem is not None
+        return judge_file(
+            self._sb, list(self.problem.tests), self.solution_path,  # type: ignore[arg-type]
+            timeout=self.exec_timeout, test_timeout=self.test_timeout, grading=self.grading,
+            entry_point=self.problem.entry_point, language=self.problem.language,
+        )
 
     @property
     def sandbox(self) -> Sandbox | None:

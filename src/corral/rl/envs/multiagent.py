@@ -42,7 +42,9 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any
+
+from typing_extensions import Self  # typing's since 3.11 only
 
 import corral
 from corral._bridge import in_parallel

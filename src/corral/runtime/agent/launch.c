@@ -24,6 +24,9 @@ struct launch_opts {
     int n_owned;
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
     int n_copies;
+    const char *netns;      /* a network namespace to join (a policy's: runtime/net) */
+    const char *volumes[16]; /* MODE:SRC:DEST, a volume (runtime/volumes.py) */
+    int n_volumes;
     const char *stubs[32];  /* empty root-owned files: mount points for bwrap's --ro-bind */
     int n_stubs;
     char **prog;
@@ -60,6 +63,8 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--disk-image")) o->disk_image = v;
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
+        else if (!strcmp(a, "--netns")) o->netns = v;
+        else if (!strcmp(a, "--volume") && o->n_volumes < 16) o->volumes[o->n_volumes++] = v;
         else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
@@ -269,6 +274,87 @@ static int attach_lower(const char *lower, const char *dest, int userns) {
     return 0;
 }
 
+/* The directory PATH (absolute, in the sandbox) under the sandbox's root, made root's
+   where missing, one component at a time without following any symlink: the image or
+   a snapshot may hold a symlink there, and this runs as host root with the host's
+   files in view. An O_PATH descriptor of it, or -1. */
+static int open_mount_point(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) { errno = ENAMETOOLONG; return -1; }
+    int dir = open("root", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    char *save = NULL;
+    for (char *part = strtok_r(buf, "/", &save); dir >= 0 && part; part = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(part, "..") || !strcmp(part, ".")) { close(dir); errno = EINVAL; return -1; }
+        if (mkdirat(dir, part, 0755) != 0 && errno != EEXIST) { close(dir); return -1; }
+        int next = openat(dir, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        close(dir);
+        dir = next;
+    }
+    return dir;
+}
+
+/*
+ * SPEC is MODE:SRC:DEST (runtime/volumes.py checked it): the host directory SRC,
+ * idmapped like the layers, at DEST in the sandbox (K: its number, for its dirs).
+ *   ro   a read-only overlay of the clone alone
+ *   cow  an overlay: the clone below, an upper in the sandbox's tmpfs (what it writes
+ *        costs its own disk_mb; nobody else sees it), the sandbox's user owning its root
+ *   rw   a writable clone: writes land in the volume, seen by every sandbox that has it
+ * (ro and cow are overlays so that mountinfo names only rw/vK, no host path; an rw
+ * volume's mountinfo shows its path in the state directory.)
+ * Mounted on the sandbox's root (root/DEST), so bwrap's bind of root carries them.
+ */
+static int mount_volume(struct launch_opts *o, const char *spec, int k) {
+    char mode[8], src[4096], dest[64], lower[64], data[512];
+    const char *c1 = strchr(spec, ':'), *c2 = c1 ? strrchr(spec, ':') : NULL;
+    if (!c1 || c2 == c1 || c1 - spec >= (long)sizeof mode || c2 - c1 - 1 >= (long)sizeof src || c2[1] != '/') {
+        errno = EINVAL;
+        return die("volume", spec);
+    }
+    memcpy(mode, spec, (size_t)(c1 - spec)); mode[c1 - spec] = 0;
+    memcpy(src, c1 + 1, (size_t)(c2 - c1 - 1)); src[c2 - c1 - 1] = 0;
+    int point = open_mount_point(c2 + 1);
+    if (point < 0) return die("make the volume's mount point (no symlinks)", c2 + 1);
+    snprintf(dest, sizeof dest, "/proc/self/fd/%d", point);
+    int rw = !strcmp(mode, "rw");
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) return die("clone the volume", src);
+    struct mount_attr attr = {.attr_set = (rw ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    if (o->userns >= 0) { attr.attr_set |= MOUNT_ATTR_IDMAP; attr.userns_fd = (uint64_t)o->userns; }
+    snprintf(lower, sizeof lower, "rw/v%d", k);
+    int cow = strcmp(mode, "rw") != 0;  /* cow and ro: overlays */
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0 ||
+        (cow && mkdir(lower, 0700) != 0) ||
+        (cow ? syscall(SYS_move_mount, fd, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH)
+             : syscall(SYS_move_mount, fd, "", point, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)) != 0) {
+        close(fd);
+        close(point);
+        return die("attach the volume at", c2 + 1);
+    }
+    close(fd);
+    if (!cow) { close(point); return 0; }
+    if (!strcmp(mode, "ro")) {  /* no upper: overlay wants two lowers, the 2nd empty */
+        char empty[64];
+        snprintf(empty, sizeof empty, "rw/ve%d", k);
+        if (mkdir(empty, 0755) != 0) { close(point); return die("mkdir", empty); }
+        snprintf(data, sizeof data, "lowerdir=%s:%s", lower, empty);
+        int rc = mount("corral-volume", dest, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, data);
+        close(point);
+        return rc != 0 ? die("mount the volume's overlay on", c2 + 1) : 0;
+    }
+    char upper[64], work[64];
+    snprintf(upper, sizeof upper, "rw/vu%d", k);
+    snprintf(work, sizeof work, "rw/vw%d", k);
+    if (mkdir(upper, 0755) != 0 || mkdir(work, 0700) != 0 || chown(upper, o->uid, o->gid) != 0) {
+        close(point);
+        return die("make the volume's upper", upper);
+    }
+    snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work);
+    int rc = mount("corral-volume", dest, "overlay", MS_NOSUID | MS_NODEV, data);
+    close(point);
+    return rc != 0 ? die("mount the volume's overlay on", c2 + 1) : 0;
+}
+
 /*
  * The sandbox's root lives in a mount namespace of its own, made here: the host's
  * mount table never grows with the number of sandboxes (every bwrap start copies the
@@ -304,10 +390,10 @@ static int mount_root(struct launch_opts *o) {
     if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
         (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
         return die("make the idmapping for uid", NULL);
-    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts, rw/shm
-       and rw/sys (its files, a directory per CPU) */
+    /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts, rw/shm,
+       rw/sys (its files, a directory per CPU) and three directories per volume */
     if (o->inodes)
-        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2 + sys_inodes);
+        snprintf(data, sizeof data, "size=%lum,nr_inodes=%lu,mode=0711", o->disk_mb ? o->disk_mb : 1024, o->inodes + (unsigned long)n_lowers + 2 + sys_inodes + 3ul * (unsigned long)o->n_volumes);
     else
         snprintf(data, sizeof data, "size=%lum,mode=0711", o->disk_mb ? o->disk_mb : 1024);
     if (o->disk_image) {
@@ -348,6 +434,8 @@ static int mount_root(struct launch_opts *o) {
     len += snprintf(data + len, sizeof data - len, ",upperdir=rw/upper,workdir=rw/work");
     if (len >= (int)sizeof data) { errno = E2BIG; return die("overlay options for", "root"); }
     if (mount("corral-root", "root", "overlay", MS_NOSUID | MS_NODEV, data) != 0) return die("mount overlay on", "root");
+    for (int k = 0; k < o->n_volumes; k++)
+        if (mount_volume(o, o->volumes[k], k) != 0) return -1;
     if (o->userns >= 0) close(o->userns);
     o->userns = -1;
     if (chdir("/") != 0) return die("chdir", "/");
@@ -417,6 +505,15 @@ static int launch(int argc, char **argv) {
     if (o.nofile) {
         struct rlimit rl = {o.nofile, o.nofile};
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
+    }
+    /* bwrap (0.8) cannot join a network namespace: we join it here, as root, and bwrap
+       runs without --unshare-net. The namespace belongs to the host's user namespace,
+       so nothing in the sandbox (root in its own user namespace included) may change
+       its addresses, routes or firewall. */
+    if (o.netns) {
+        int nfd = open(o.netns, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) return die("join network namespace", o.netns);
+        close(nfd);
     }
     if (o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
         return die("setgid", NULL);

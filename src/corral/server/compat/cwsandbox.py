@@ -141,7 +141,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             images = {image.name for image in self._engine.images.list()}
             plan = wire.plan_create(request, images)
             spec = self._lifecycle.plan(
-                plan.spec, host_network=self._settings.allow_host_network
+                await self._lifecycle.with_image(plan.spec),
+                host_network=self._settings.allow_host_network
             )  # ImageNotFound and the like before waiting for room
             info = await self._lifecycle.create(spec)
             try:

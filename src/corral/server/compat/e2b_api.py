@@ -19,9 +19,11 @@ which the SDK raises as ``AuthenticationException``.
 What maps to what: a template is a corral image (:class:`E2BSettings`); ``timeout``
 is the sandbox's lifetime from now (``set_timeout`` moves it); ``metadata`` is kept as
 tags (and listed by them); ``envs`` are the sandbox's environment. ``pause`` freezes
-the sandbox, ``connect`` thaws it. Refused (400, never ignored): internet access
-when the daemon does not give it, egress rules, MCP, volume mounts, IAM, auto-pause.
-Answered 501: snapshots, forks, network updates, logs, templates, volumes, secrets.
+the sandbox, ``connect`` thaws it. ``allow_internet_access`` gives the public internet
+through corral's egress filter, ``network={allow_out, deny_out}`` an egress policy
+(docs/network.md). Refused (400, never ignored): other network options, MCP, volume
+mounts, IAM, auto-pause.
+Answered 501: snapshots, forks, logs, templates, volumes, secrets.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import binascii
 import hashlib
 import hmac
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +54,8 @@ from corral.errors import (
     SandboxNotFound,
     Unauthorized,
 )
+from corral.network_schema import NetworkPolicy
+from corral.runtime.distribution import is_reference
 from corral.runtime.events import SandboxEnded
 from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
@@ -65,6 +70,7 @@ from corral.server import context as ctx
 from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
+from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
 from corral.server.lifetime import set_lifetime
 from corral.server.tenants import ADMIN, CALLER_KEY, Caller
@@ -146,6 +152,25 @@ def authenticate(
             )
     scope[CALLER_KEY] = ADMIN  # the access token opens this one sandbox, whoever's it is
     return None
+
+
+_HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
+
+
+def traffic_target(scope: Scope, token: str | None) -> tuple[str, int] | None:
+    """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
+    ``PORT-ID.domain``) carrying that sandbox's traffic access token
+    (``e2b-traffic-access-token``, from the create reply); None for any other."""
+    host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
+    if not token or host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
+        return None
+    m = _HOST_RE.match(host.lower())
+    if m is None or not 1 <= int(m.group(1)) <= 65535:
+        return None
+    sandbox_id = m.group(2)
+    if not _same(traffic, access_token(token, sandbox_id, TRAFFIC)):
+        return None
+    return sandbox_id, int(m.group(1))
 
 
 def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
@@ -268,7 +293,7 @@ def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
     return {
         **listed_json(info),
         "envdAccessToken": access_token(token, info.id),
-        "allowInternetAccess": info.spec.network == NetworkMode.HOST,
+        "allowInternetAccess": info.spec.network != NetworkMode.NONE,
         "domain": None,
     }
 
@@ -325,6 +350,10 @@ def _refuse(what: str, hint: str) -> InvalidArgument:
     return InvalidArgument(f"{what} is not supported by corral's E2B front-end: {hint}")
 
 
+E2B_HOME = "/home/user"
+"""E2B's working directory (its user ``user``'s home), made owned by the sandbox's user."""
+
+
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
@@ -334,15 +363,13 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         raise _refuse("iam", "corral sandboxes have no workload identity")
     if req.autoPause:
         raise _refuse("lifecycle on_timeout='pause'", "a corral sandbox ends at its timeout")
+    network: NetworkMode | dict[str, list[str]] = NetworkMode.NONE
     if req.network:
-        raise _refuse("network rules", "a corral sandbox has no network (the default) or "
-                      "the host's (CORRAL_COMPAT_NETWORK=host on the daemon)")
-    network = NetworkMode.NONE
-    if req.allow_internet_access:
-        if cfg.network != NetworkMode.HOST:
-            raise _refuse("allow_internet_access=True", "this daemon gives sandboxes no "
-                          "network; start it with CORRAL_COMPAT_NETWORK=host to allow it")
-        network = NetworkMode.HOST
+        network = egress_policy(req.network)
+    elif req.allow_internet_access:
+        # the public internet through corral's filter (docs/network.md); the host's own
+        # network only where the front-end was told so (and the daemon allows it)
+        network = NetworkMode.HOST if cfg.network == NetworkMode.HOST else {}
     tags = [TAG, TEMPLATE_TAG + req.templateID]
     for key, value in (req.metadata or {}).items():
         tag = meta_tag(key, value)
@@ -353,6 +380,9 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     return SandboxSpec.parse({
         "image": cfg.image(req.templateID),
         "timeout": float(req.timeout or DEFAULT_TIMEOUT_S),
+        # where E2B's own sandboxes start their commands and put relative paths ($HOME
+        # stays the image's: its user's ~/.local packages are found there)
+        "workdir": E2B_HOME,
         "env": req.envVars or {},
         "network": network,
         "tags": tags,
@@ -379,7 +409,7 @@ async def create_sandbox(request: Request) -> Response:
     req: NewSandbox = await _body(request, NewSandbox, "E2B sandbox request")
     cfg = settings(request)
     spec = _spec(req, cfg)
-    if not ctx.engine(request).images.exists(spec.image):
+    if not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
         raise ImageNotFound(
             f"no corral image for E2B template {req.templateID!r}: build one, or map the "
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
@@ -387,7 +417,8 @@ async def create_sandbox(request: Request) -> Response:
     service = ctx.service(request)
     # The daemon's own flag (--allow-host-network) still decides, whatever the front-end's
     # CORRAL_COMPAT_NETWORK says: E2B may not be the way around it.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(await service.with_image(spec),
+                        host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(created_json(request, created), status_code=201)
 
@@ -449,6 +480,14 @@ async def kill_sandbox(request: Request) -> Response:
 async def set_timeout(request: Request) -> Response:
     body: TimeoutBody = await _body(request, TimeoutBody, "timeout request")
     await set_lifetime(request, _target(request).id, float(body.timeout))
+    return Response(status_code=204)
+
+
+async def update_network(request: Request) -> Response:
+    """``update_network``: a new egress policy (only for a sandbox made with one:
+    ``network=`` or ``allow_internet_access=True``); connections it refuses are cut."""
+    policy = egress_policy(await read_json(request, "network update", required=True))
+    await ctx.service(request).update_network(_target(request).id, NetworkPolicy(**policy))
     return Response(status_code=204)
 
 
@@ -523,6 +562,7 @@ CONTROL = (
     ("DELETE", _SB, kill_sandbox),
     ("POST", _SB + "/timeout", set_timeout),
     ("POST", _SB + "/refreshes", refresh),
+    ("PUT", _SB + "/network", update_network),
     ("POST", "/v2" + _SB + "/connect", connect_sandbox),
     ("POST", _SB + "/connect", connect_sandbox),
     ("POST", _SB + "/resume", connect_sandbox),

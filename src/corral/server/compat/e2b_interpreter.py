@@ -10,7 +10,7 @@ The SDK sends these to ``E2B_SANDBOX_URL`` with ``E2b-Sandbox-Port: 49999``:
 - ``POST /contexts`` (``cwd``, ``language``), ``GET /contexts``, ``DELETE
   /contexts/{id}``, ``POST /contexts/{id}/restart``.
 
-A context is one Python process (:mod:`.e2b_kernel`, standard library only, so any
+A context is one Python process (:mod:`corral.guest.e2b_kernel`, standard library only, so any
 image with ``python3`` serves) started through :meth:`Engine.spawn` as the sandbox's
 user; the default context is made on the first ``/execute`` that names none. One
 execution runs at a time per context. If the client leaves mid-execution (its
@@ -33,7 +33,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -41,6 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from corral.errors import CorralError, InvalidArgument, NotFound
+from corral.guest import program
 from corral.runtime.processes import Process, ProcessState
 from corral.server import context as ctx
 from corral.server.compat import e2b_results
@@ -49,7 +49,6 @@ from corral.server.limits import parse_json
 from corral.server.wire import read_json
 
 PORT = "49999"
-KERNEL = Path(__file__).with_name("e2b_kernel.py")
 LANGUAGES = (None, "python", "python3")
 MAX_LINE = 4 << 20  # a line the kernel writes, at most
 MAX_TEXT = 1 << 20  # characters of one message's text passed on
@@ -74,7 +73,7 @@ class Contexts:
 
     def __init__(self) -> None:
         self.by_sandbox: dict[str, dict[str, Kernel]] = {}
-        self.source = KERNEL.read_text()
+        self.source = program("e2b_kernel")
 
     def forget(self, sandbox_id: str) -> None:
         """Its sandbox ended (and its kernels with it)."""

@@ -1,6 +1,6 @@
 """What one Code Interpreter ``result`` may carry, as the daemon passes it on.
 
-The kernel (:mod:`.e2b_kernel`) runs in the same process as the code being judged, so
+The kernel (:mod:`corral.guest.e2b_kernel`) runs in the same process as the code being judged, so
 a cell can write any line to the protocol channel; each ``result`` it writes is
 rebuilt here from checked fields only, in the shape ``e2b-code-interpreter``'s
 ``Result`` parses:

@@ -1,9 +1,10 @@
-"""SandboxFusion's ``/run_code`` and ``/run_jupyter`` on a corral daemon: verl's code
+"""SandboxFusion's ``/run_code``, ``/run_jupyter`` (and ``/submit`` for stdin/stdout
+tests, judged by corral's judge: :mod:`.sandboxfusion_submit`) on a corral daemon: verl's code
 rewards (``sandbox_fusion_url``) and the ``sandbox-fusion`` client run unchanged
 against ``http://HOST:PORT/sandboxfusion/<token>`` (verl: ``.../run_code``).
 
 These clients send no credentials, so the daemon's token travels in the path. The
-daemon's guard lets exactly ``/sandboxfusion/<token>/run_code`` and ``.../run_jupyter``
+daemon's guard lets exactly ``/sandboxfusion/<token>/run_code``, ``.../run_jupyter`` and ``.../submit``
 through without a bearer token (:func:`lift_token`), after moving the token out of
 the path, so that no log line (the access log included) ever shows it; the handler
 compares it in constant time before it reads a byte of the body. A wrong or missing
@@ -20,7 +21,7 @@ with ``compile_timeout`` if the language compiles, run with ``stdin`` and
 ``run_timeout``, and ``fetch_files`` are read back. ``memory_limit_MB`` (verl sends it)
 is the sandbox's memory limit (-1: corral's default); exceeding it is an OOM kill
 (``return_code`` -9). ``/run_jupyter`` runs its cells in one Python process
-(:mod:`.sandboxfusion_kernel`).
+(:mod:`corral.guest.fusion_kernel`).
 
 Bad input gets SandboxFusion's own answers: 422 ``{"detail": [...]}`` for a body that
 does not fit its models, 200 ``SandboxError`` for what its runners would fail on (bad
@@ -38,7 +39,6 @@ import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -57,6 +57,7 @@ from corral.errors import (
     NotFound,
     Unsupported,
 )
+from corral.guest import program
 from corral.pool_schema import MAX_POOL_SIZE
 from corral.schema import DEFAULT_MEMORY_MB, SandboxInfo, SandboxSpec
 from corral.server import context as ctx
@@ -81,6 +82,14 @@ from corral.server.compat.sandboxfusion_model import (
     validation_detail,
 )
 from corral.server.compat.sandboxfusion_pools import FusionPools
+from corral.server.compat.sandboxfusion_submit import (
+    JUDGE_IMAGE,
+    JUDGE_MEMORY_MB,
+    SubmitRequest,
+    eval_result,
+    judge_argv,
+    judge_request,
+)
 from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
 from corral.server.wire import read_body
@@ -89,7 +98,7 @@ logger = logging.getLogger("corral.server")
 
 PREFIX = "/sandboxfusion/"
 PATH_SAFE = re.compile(r"[A-Za-z0-9._~-]+")  # a token that needs no escaping in a path
-ENDPOINTS = ("run_code", "run_jupyter")
+ENDPOINTS = ("run_code", "run_jupyter", "submit")
 REDACTED = "TOKEN"  # what the path shows in place of the token, from the guard on
 TOKEN_KEY = "corral.sandboxfusion.token"  # where the guard puts it (the ASGI scope)
 TAG = "sandboxfusion"
@@ -98,7 +107,6 @@ MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB get
 POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
 MAX_FETCH_TOTAL = 256 << 20
 STDIN_INLINE = 1 << 20  # larger stdin goes through a file
-KERNEL = Path(__file__).with_name("sandboxfusion_kernel.py")
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -156,7 +164,7 @@ class FusionFrontend:
     def __init__(self, settings: FusionSettings) -> None:
         self.settings = settings
         self.pools = FusionPools(settings.pool_idle)  # bounded: sandboxfusion_pools
-        self.kernel = KERNEL.read_bytes()
+        self.kernel = program("fusion_kernel").encode()
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -304,6 +312,29 @@ class FusionFrontend:
         )
 
 
+async def _submit(frontend: FusionFrontend, request: Request, req: SubmitRequest) -> dict[str, Any]:
+    """``/submit``: a completion against stdin/stdout cases, by corral's judge
+    (:mod:`.sandboxfusion_submit`)."""
+    _, cases, line, nonce = judge_request(req)
+    if not ctx.engine(request).images.exists(JUDGE_IMAGE):
+        raise ImageNotFound(f"/submit runs on the {JUDGE_IMAGE!r} built-in image, which is not "
+                            "built here: run `make install` (corral.runtime.prepare)",
+                            details={"image": JUDGE_IMAGE})
+    per_case = 6 * (req.config.run_timeout or 10.0) + 10  # the judge's wall guard, and some
+    timeout = min(MAX_TIMEOUT_S, (req.config.compile_timeout or 60.0) + per_case * len(cases))
+    async with frontend.sandbox(request, JUDGE_IMAGE, JUDGE_MEMORY_MB) as sid:
+        r = await ctx.engine(request).exec(
+            sid, judge_argv(), timeout=timeout, stdin=line, max_output=MAX_OUTPUT, output_tail=0,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        )
+    return eval_result(req, cases, r.stdout.decode("utf-8", "replace"), nonce, r.timed_out)
+
+
+def _submit_failed(status: str, message: str = "") -> dict[str, Any]:
+    return {"id": "", "accepted": False, "extracted_code": "", "tests": [],
+            "extra": {"status": status, "message": message}}
+
+
 def _endpoint(
     model: type[T], run: Callable[[FusionFrontend, Request, T], Awaitable[dict[str, Any]]],
     failed: Callable[..., dict[str, Any]],
@@ -331,6 +362,8 @@ def routes() -> list[Route]:
             RunCodeRequest, FusionFrontend.run_code, code_response), methods=["POST"]),
         Route(PREFIX + "{token}/run_jupyter", _endpoint(
             RunJupyterRequest, FusionFrontend.run_jupyter, jupyter_response), methods=["POST"]),
+        Route(PREFIX + "{token}/submit", _endpoint(SubmitRequest, _submit, _submit_failed),
+              methods=["POST"]),
     ]
 
 

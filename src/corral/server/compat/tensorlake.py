@@ -59,6 +59,7 @@ from corral.server.admission import LIVE_STATES
 from corral.server.compat import tensorlake_sandbox
 from corral.server.compat import tensorlake_scope as scope
 from corral.server.compat._wire import flat_errors, unsupported
+from corral.server.compat.e2b_network import out_rules
 from corral.server.compat.tensorlake_model import (
     NAME_TAG,
     TAG,
@@ -140,16 +141,12 @@ def _spec(
         raise refuse("GPUs", "corral sandboxes are CPU-only; leave out gpus/gpu_model")
     if req.entrypoint:
         raise refuse("entrypoint", "start the command with sandbox.start_process() instead")
-    network = cfg.network
+    network: NetworkMode | dict[str, list[str]] = cfg.network
     if req.network is not None:
-        if req.network.allow_out or req.network.deny_out:
-            raise refuse(
-                "allow_out / deny_out egress rules",
-                "a corral sandbox has no network (the default) or the host's "
-                "(CORRAL_COMPAT_NETWORK=host on the daemon)",
-            )
         if not req.network.allow_internet_access:
             network = NetworkMode.NONE
+        elif req.network.allow_out or req.network.deny_out:  # an egress policy
+            network = out_rules(list(req.network.allow_out), list(req.network.deny_out))
     tags = [TAG, scope.ns_tag(ns)]
     if name is not None:
         tags.append(NAME_TAG + check_name(name))
@@ -195,7 +192,8 @@ async def create_sandbox(request: Request) -> Response:
                 details={"name": req.name, "sandbox_id": holders[0].id},
             )
     service = ctx.service(request)
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    spec = service.plan(await service.with_image(spec),
+                        host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
     return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)

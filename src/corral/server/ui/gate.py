@@ -157,7 +157,9 @@ class UiGate:
         status = await self._check(scope, token)
         if status // 100 != 2:
             error = ("wrong token: type the daemon's token (--token or CORRAL_TOKEN) or a "
-                     "tenant token" if status == 401 else f"the daemon refused the login ({status})")
+                     "tenant token" if status == 401 else
+                     "too many failed logins from here: wait a minute, then try again"
+                     if status == 429 else f"the daemon refused the login ({status})")
             await page("login.html", 401 if status == 401 else status, error=error)(
                 scope, receive, send)
             return

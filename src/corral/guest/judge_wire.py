@@ -1,7 +1,7 @@
 """Plain data and framing between the judge and the solution process.
 
 Runs inside the sandbox: :mod:`corral.rl._grading` sends this file's text followed by
-:mod:`corral.rl._judge`'s as one ``python3 -I -c`` program, so it imports nothing of
+:mod:`corral.guest.judge`'s as one ``python3 -I -c`` program, so it imports nothing of
 corral. The decoder is the trust boundary: whatever the solution's process sends, the
 judge gets back only exact built-in types (docs/grading.md).
 """
@@ -95,24 +95,31 @@ def encode(value, ref=None, depth=0):
     exact = _exact(value)
     if exact is not None:
         return encode(exact, ref, depth)
+    if isinstance(value, type(sys)):  # a module: the judge imports its own if stdlib
+        return {"$t": "module", "v": [str(getattr(value, "__name__", "")), ref(value)]}
     return {"$t": "ref", "v": ref(value)}
 
 
-def decode(data, ref, depth=0):
+def decode(data, ref, depth=0, module=None):
     """The inverse of :func:`encode`, accepting nothing else: any other shape raises
-    ``ValueError`` (the judge treats it as the solution breaking the protocol)."""
+    ``ValueError`` (the judge treats it as the solution breaking the protocol).
+    ``module(name, id)`` turns a module of the solution into the judge's own (else it is
+    a handle like any object)."""
     if depth > MAX_DEPTH:
         raise ValueError("nested too deep")
     t = type(data)
     if t in PLAIN_SCALARS:
         return data
     if t is list:
-        return [decode(v, ref, depth + 1) for v in data]
+        return [decode(v, ref, depth + 1, module) for v in data]
     if t is not dict or set(data) != {"$t", "v"}:
         raise ValueError("not a plain-data encoding")
     kind, v = data["$t"], data["v"]
     if kind == "ref" and type(v) is int:
         return ref(v)
+    if kind == "module" and type(v) is list and len(v) == 2 and type(v[0]) is str \
+            and type(v[1]) is int:
+        return module(v[0], v[1]) if module is not None else ref(v[1])
     if kind == "float" and v in ("nan", "inf", "-inf"):
         return math.nan if v == "nan" else float(v)  # one NaN: [nan] == [nan] holds
     if kind == "bytes" and type(v) is str:
@@ -124,8 +131,8 @@ def decode(data, ref, depth=0):
     if kind == "dict":
         if not all(type(p) is list and len(p) == 2 for p in v):
             raise ValueError("not a plain-data encoding")
-        return {decode(k, ref, depth + 1): decode(x, ref, depth + 1) for k, x in v}
-    items = [decode(x, ref, depth + 1) for x in v]
+        return {decode(k, ref, depth + 1, module): decode(x, ref, depth + 1, module) for k, x in v}
+    items = [decode(x, ref, depth + 1, module) for x in v]
     if kind == "tuple":
         return tuple(items)
     if kind == "set":

@@ -1,5 +1,5 @@
 """The Python kernel behind E2B's Code Interpreter: runs *inside* a sandbox, one
-process per code context, started by :mod:`.e2b_interpreter` (``python3 -u -c SRC``).
+process per code context, started by :mod:`corral.server.compat.e2b_interpreter` (``python3 -u -c SRC``).
 
 Protocol, one JSON object per line: the daemon writes ``{"code", "env", "id"}`` on
 its stdin; it answers on the descriptor its stdout was at start (the code's own
@@ -11,7 +11,9 @@ Jupyter-style) and every format its ``_repr_mimebundle_`` / ``_repr_*_`` methods
 (``html``, ``markdown``, ``svg``, ``png``, ``jpeg``, ``pdf`` (binary ones base64),
 ``latex``, ``json``, ``javascript``; other MIME types of a bundle in ``extra``); or
 ``error`` (``name``, ``value``, ``traceback``), and last ``{"type": "end", "id"}``.
-State (the globals) is kept between executions.
+State (the globals) is kept between executions. A cell that is not Python because
+of IPython's shell lines (``!pip install x``, ``!ls``) runs each such line through
+``/bin/sh -c``, its output streamed like the cell's own (as in Jupyter).
 This file uses the standard library only. The daemon trusts none of it: every
 line is validated and bounded there.
 """
@@ -206,6 +208,33 @@ def _fit(msg):
     return line
 
 
+SHELL_LINE = re.compile(r"^([ \t]*)!(.*)$")
+
+
+def shell(command):
+    """A cell's ``!command`` line: run by /bin/sh on the cell's stdout and stderr."""
+    import subprocess
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    subprocess.run(command, shell=True, stdin=subprocess.DEVNULL)
+
+
+def parse_cell(code):
+    """The cell's syntax tree; IPython's ``!command`` lines (never Python outside a
+    string, so only tried once the cell does not parse) become ``shell()`` calls."""
+    try:
+        return ast.parse(code, "<cell>", "exec")
+    except SyntaxError:
+        lines = code.split("\n")
+        changed = [SHELL_LINE.sub(lambda m: m.group(1) + "__corral_shell__(" + repr(m.group(2))
+                                  + ")", line) if SHELL_LINE.match(line) else line
+                   for line in lines]
+        if changed == lines:
+            raise
+        return ast.parse("\n".join(changed), "<cell>", "exec")
+
+
 def main():
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     lock = threading.Lock()
@@ -304,7 +333,8 @@ def main():
 
     import builtins
     builtins.display = display
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    scope = {"__name__": "__main__", "__builtins__": __builtins__,
+             "__corral_shell__": shell}
     for line in sys.stdin:
         try:
             req = json.loads(line)
@@ -314,7 +344,7 @@ def main():
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update({str(k): str(v) for k, v in env.items()})
         try:
-            tree = ast.parse(code, "<cell>", "exec")
+            tree = parse_cell(code)
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)

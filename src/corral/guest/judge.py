@@ -1,7 +1,8 @@
 """The test judge: runs inside the sandbox as ``python3 -I -c <wire + this file>``.
 
 Not imported by corral on the host (but by its tests); :mod:`corral.rl._grading` sends
-the text of :mod:`corral.rl._judge_wire` and of this file as the command. The design,
+the text of :mod:`corral.guest.confine`, :mod:`corral.guest.judge_wire`,
+:mod:`corral.guest.judge_solution` (the solution process) and this file as the command. The design,
 and why a solution cannot forge its verdict, is in docs/grading.md:
 
 - The judge makes itself non-dumpable (no ``/proc/PID/mem``, ``/proc/PID/fd``,
@@ -13,7 +14,7 @@ and why a solution cannot forge its verdict, is in docs/grading.md:
   runs each test itself: every name the test uses that the solution defines is looked
   up there — plain values come back as values, anything else as a :class:`Ref` handle;
   calling a handle sends the arguments (plain data) and brings back the return value
-  through the strict decoder of :mod:`corral.rl._judge_wire`. A handle can be called,
+  through the strict decoder of :mod:`corral.guest.judge_wire`. A handle can be called,
   have attributes read, be iterated and measured, but never compared, hashed or tested
   for truth: an object whose ``__eq__`` always answers True does not exist here.
 - The verdict goes to the judge's own stdout, which nothing else holds.
@@ -32,7 +33,9 @@ import time
 import types
 
 if "encode" not in globals():  # on the host (tests, lint); in the sandbox, wire precedes
-    from corral.rl._judge_wire import (
+    from corral.guest.confine import confine
+    from corral.guest.judge_solution import solution_main
+    from corral.guest.judge_wire import (
         MAX_DEPTH,
         Handle,
         JudgeTimeout,
@@ -47,7 +50,6 @@ if "encode" not in globals():  # on the host (tests, lint); in the sandbox, wire
 # millisecond of start-up is paid once per graded solution.
 
 READY = "corral-judge-ready"
-MAX_ITEMS = 1_000_000           # items of an iterated handle
 TEST_MODULE = "__corral_test__"  # the tests' __name__
 
 
@@ -64,123 +66,8 @@ class Unsplittable(BaseException):
     """A test passed an object of its own that is not plain data to the solution."""
 
 
-# ------------------------------------------------------------- solution process
-
-
-def solution_main(rfd, wfd):
-    """The solution's side: load the code, then answer calls until EOF."""
-    objects, ids = [], {}
-
-    def ref(obj):
-        key = id(obj)
-        if key not in ids:
-            ids[key] = len(objects)
-            objects.append(obj)
-        return ids[key]
-
-    def lookup(i):
-        if not 0 <= i < len(objects):
-            raise ValueError("no such object")
-        return objects[i]
-
-    class Alarm(BaseException):
-        pass
-
-    def on_alarm(signum, frame):
-        raise Alarm()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    module = None
-    while True:
-        try:
-            msg = recv(rfd)
-        except SolutionGone:
-            os._exit(0)
-        op = msg.get("op")
-        try:
-            limit = msg.get("timeout")
-            signal.setitimer(signal.ITIMER_REAL, max(0.001, limit) if limit else 0)
-            try:
-                if op == "load":
-                    module = _new_module(msg)
-                    _load(module, msg)
-                    reply = {}
-                elif op == "resolve":
-                    names = module.__dict__ if module is not None else {}
-                    reply = {"values": {n: encode(names[n], ref) for n in msg["names"] if n in names}}
-                else:
-                    reply = _answer(op, lookup(msg["ref"]), msg, ref, lookup)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except Alarm:
-            reply = {"timeout": True}
-        except BaseException as exc:
-            reply = {"raise": _describe(exc)}
-        reply["seq"] = msg.get("seq")
-        try:
-            send(wfd, reply)
-        except (ValueError, RecursionError) as exc:
-            send(wfd, {"raise": _describe(exc), "seq": msg.get("seq")})
-
-
-def _answer(op, obj, msg, ref, lookup):
-    if op == "call":
-        args = [decode(a, lookup) for a in msg["args"]]
-        kwargs = {k: decode(v, lookup) for k, v in msg["kwargs"].items()}
-        value = obj(*args, **kwargs)
-        # In-place changes of list/dict/set arguments travel back (sort_in_place(xs)).
-        return {"value": encode(value, ref),
-                "after": [encode(a, ref) if type(a) in (list, dict, set) else None for a in args],
-                "after_kw": {k: encode(v, ref) for k, v in kwargs.items()
-                             if type(v) in (list, dict, set)}}
-    if op == "getattr":
-        return {"value": encode(getattr(obj, msg["name"]), ref)}
-    if op == "next":
-        return {"value": encode(next(obj), ref)}
-    if op == "iter":
-        items = []
-        for item in obj:
-            if len(items) >= MAX_ITEMS:
-                raise ValueError("more than %d items" % MAX_ITEMS)
-            items.append(item)
-        return {"value": encode(items, ref)}
-    if op == "len":
-        return {"value": encode(len(obj), ref)}
-    raise ValueError("unknown op %r" % (op,))
-
-
-def _new_module(msg):
-    name = msg["module"]
-    module = types.ModuleType(name)
-    module.__file__ = os.path.abspath(msg["filename"])
-    sys.modules[name] = module
-    sys.path.insert(0, os.path.dirname(module.__file__))
-    return module
-
-
-def _load(module, msg):
-    code, filename = msg.get("code"), msg["filename"]
-    if code is None:
-        with open(filename, encoding="utf-8", errors="replace") as f:
-            code = f.read()
-    try:
-        exec(compile(code, filename, "exec"), module.__dict__)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise  # a clean exit at the top level keeps what was defined before it
-
-
-def _describe(exc):
-    import traceback
-
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        message = str(exc)[:2000]
-    except BaseException:
-        message = "?"
-    mro = [c.__name__ for c in type(exc).__mro__]
-    return {"type": type(exc).__name__, "mro": mro[:32], "message": message,
-            "traceback": tb[-4000:]}
+class Ungradable(BaseException):
+    """A test the judge cannot grade at all (it says why); never scored as a failure."""
 
 
 # ------------------------------------------------------------------- the judge
@@ -234,6 +121,20 @@ class Ref(Handle):
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __hash__ = _refuse
     __contains__ = __index__ = __int__ = __float__ = __str__ = _refuse
 
+    def __eq__(self, other):  # noqa: F811 - two of the solution's objects: by their state
+        if not isinstance(other, Ref):
+            self._refuse()
+        return JUDGE.same(self, other)
+
+    def __ne__(self, other):  # noqa: F811
+        return not self.__eq__(other)
+
+    def __setattr__(self, name, value):
+        JUDGE.setattr(self._id, name, value)
+
+    def __delattr__(self, name):
+        JUDGE.setattr(self._id, name)
+
     def __repr__(self):
         return "<object #%d of the solution>" % self._id
 
@@ -277,15 +178,68 @@ def _update_in_place(arg, new):
 
 
 class SolutionModule(types.ModuleType):
-    """``import solution`` / ``from solution import f`` in a test."""
+    """``import solution`` / ``from solution import f`` in a test; ``solution.LIMIT = 3``
+    (and ``mock.patch.object``) changes the solution's own module."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        values = JUDGE.resolve([name])
+        values = JUDGE.resolve([name])[0]
         if name not in values:
             raise AttributeError("the solution defines no %r" % name)
         return values[name]
+
+    def __setattr__(self, name, value):
+        if name.startswith("__"):
+            return super().__setattr__(name, value)
+        JUDGE.setattr(None, name, value)
+
+    def __delattr__(self, name):
+        if name.startswith("__"):
+            return super().__delattr__(name)
+        JUDGE.setattr(None, name)
+
+
+ORIGINAL = {"input": builtins.input, "print": builtins.print}
+_NO_VALUE = object()
+
+
+def _stdin_feed():
+    """What the test feeds the solution's stdin (``sys.stdin = io.StringIO(...)``, or
+    ``mock.patch("sys.stdin", ...)``): ``(stream, text, position)``, or ``None`` when
+    the judge's own stdin (nothing) is in place."""
+    import io
+
+    stream = sys.stdin
+    if stream is JUDGE.stdin:
+        return None
+    if isinstance(stream, io.StringIO):
+        pos = stream.tell()
+        return stream, stream.getvalue()[pos:], pos
+    text = stream.read()
+    text = text.decode(errors="replace") if isinstance(text, (bytes, bytearray)) else str(text)
+    sys.stdin = io.StringIO(text)
+    return sys.stdin, text, 0
+
+
+# Standard modules whose import does something (opens a browser, prints, starts Tk):
+# never imported on a solution's say-so.
+NO_IMPORT = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo",
+                       "webbrowser", "pydoc", "venv", "ensurepip", "site"})
+
+
+def _stdlib_module(name, ref_id):
+    """A module the solution holds: the judge's own copy if it is the standard
+    library's (a test's ``math.isclose`` is never the solution's), else a handle."""
+    import importlib
+
+    top = name.split(".")[0]
+    if top in sys.stdlib_module_names and not top.startswith("_") and top not in NO_IMPORT:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    return Ref(ref_id)
 
 
 class Judge:
@@ -294,6 +248,9 @@ class Judge:
         self.deadline = None
         self.gone = None
         self.seq = 0
+        self.stdin = sys.stdin
+        self.compared = False  # the current test compared two of the solution's objects
+        self._comparing = set()
 
     def rpc(self, msg):
         if self.gone:
@@ -301,8 +258,61 @@ class Judge:
         left = self.deadline - time.monotonic()
         if left <= 0.002:
             raise JudgeTimeout()
+        if builtins.input is not ORIGINAL["input"] or builtins.print is not ORIGINAL["print"]:
+            raise Unsplittable("the test replaces input() or print(), which the solution's "
+                               "process cannot see")
+        feed = _stdin_feed()
+        if feed is not None:
+            msg["stdin"] = feed[1]
         self.seq += 1
         msg["timeout"], msg["seq"] = left, self.seq
+        reply = self._exchange(msg, left)
+        self._streams(reply, feed)
+        if reply.get("timeout") is True or time.monotonic() > self.deadline:
+            raise JudgeTimeout()  # an answer after the deadline counts for nothing
+        return reply
+
+    def _streams(self, reply, feed):
+        """What the solution printed goes to the test's ``sys.stdout``/``stderr`` (a
+        ``redirect_stdout`` sees it); the stdin it used is consumed on the test's side."""
+        out, err = reply.get("out"), reply.get("err")
+        if type(out) is str and out:
+            sys.stdout.write(out)
+        if type(err) is str and err:
+            sys.stderr.write(err)
+        left = reply.get("stdin_left")
+        if feed is not None and type(left) is int and 0 <= left <= len(feed[1]):
+            feed[0].seek(feed[2] + len(feed[1]) - left)
+
+    def same(self, a, b):
+        """``a == b`` for two of the solution's objects: the same object, or objects of
+        the same class whose state (``vars`` and slots) is equal. The state is what the
+        solution's process reports, so the test is flagged (docs/grading.md)."""
+        self.compared = True
+        if a._id == b._id:
+            return True
+        key = (a._id, b._id)
+        if key in self._comparing:  # a cycle: equal unless something else differs
+            return True
+        self._comparing.add(key)
+        try:
+            ra, rb = (self.rpc({"op": "state", "ref": r._id}) for r in (a, b))
+            if type(ra.get("cls")) is not int or ra.get("cls") != rb.get("cls"):
+                return False
+            sa, sb = self.value(ra), self.value(rb)
+            return sa is not None and sb is not None and sa == sb
+        finally:
+            self._comparing.discard(key)
+
+    def setattr(self, ref_id, name, value=_NO_VALUE):
+        msg = {"op": "setattr", "ref": ref_id, "name": str(name)}
+        if value is not _NO_VALUE:
+            msg["value"] = _send_arg(value)
+        reply = self.rpc(msg)
+        if "raise" in reply:
+            raise _rebuild(reply["raise"])
+
+    def _exchange(self, msg, left):
         try:
             send(self.wfd, msg)
             # The solution stops itself at the deadline; a little later, the judge does.
@@ -316,8 +326,6 @@ class Judge:
         if type(reply) is not dict or reply.get("seq") != self.seq:
             self.kill("the solution broke the protocol")
             raise SolutionGone(self.gone)
-        if reply.get("timeout") is True or time.monotonic() > self.deadline:
-            raise JudgeTimeout()  # an answer after the deadline counts for nothing
         return reply
 
     def value(self, reply):
@@ -330,17 +338,19 @@ class Judge:
 
     def decode(self, data):
         try:
-            return decode(data, Ref)
+            return decode(data, Ref, 0, _stdlib_module)
         except (ValueError, TypeError, RecursionError) as exc:
             self.kill("the solution sent data that is not plain data: %s" % exc)
             raise SolutionGone(self.gone) from None
 
-    def resolve(self, names):
-        reply = self.rpc({"op": "resolve", "names": names})
-        values = reply.get("values")
-        if type(values) is not dict:
-            return {}
-        return {n: self.decode(v) for n, v in values.items() if n in names}
+    def resolve(self, names, probe=()):
+        """The solution's values of ``names``, and which of ``probe`` it defines."""
+        reply = self.rpc({"op": "resolve", "names": list(names), "probe": list(probe)})
+        values, defined = reply.get("values"), reply.get("defined")
+        values = {n: self.decode(v) for n, v in values.items() if n in names} \
+            if type(values) is dict else {}
+        defined = [n for n in defined if n in probe] if type(defined) is list else []
+        return values, defined
 
     def kill(self, why):
         if not self.gone:
@@ -376,17 +386,55 @@ def _rebuild(info):
     return exc
 
 
+GLOBAL_LOADS = frozenset({"LOAD_NAME", "LOAD_GLOBAL", "DELETE_NAME", "DELETE_GLOBAL"})
+GLOBAL_STORES = frozenset({"STORE_NAME", "STORE_GLOBAL"})
+BUILTIN_NAMES = frozenset(dir(builtins))
+
+
 def free_names(code):
-    """Names a compiled test reads or writes at its top level or as globals of its
-    functions: what may come from the solution (a name the solution defines shadows a
-    built-in, as it would in the solution's own namespace: ``def max(xs)`` tasks).
-    Over-inclusive (an attribute's name is listed too), which only costs a lookup."""
-    names, todo = set(), [code]
+    """``(read, stored)``: the global names a compiled test reads (at its top level, in
+    its functions, classes and comprehensions), and those it binds itself."""
+    import dis
+
+    read, stored, todo = set(), set(), [code]
     while todo:
         c = todo.pop()
-        names.update(c.co_names)
+        for ins in dis.get_instructions(c):
+            if ins.opname in GLOBAL_LOADS:
+                read.add(ins.argval)
+            elif ins.opname in GLOBAL_STORES:
+                stored.add(ins.argval)
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return sorted(n for n in names if not n.startswith("__"))
+    return sorted(n for n in read if not n.startswith("__")), stored
+
+
+def task_names(code, entry_point):
+    """Which names of a test come from the solution, and which built-ins to ask it
+    about. Built-ins come from the judge: a solution's ``range = lambda *a: []`` must
+    not turn ``for i in range(10): assert ...`` into a pass. The exception is the
+    task's own name (``entry_point``, e.g. HumanEval's ``def max``), and what a test
+    imports (``from solution import max``), which its import statement binds."""
+    read, stored = free_names(code)
+    ask = [n for n in read if n not in BUILTIN_NAMES or n == entry_point]
+    if entry_point:  # the task's name is known: every other built-in is the judge's
+        return ask, []
+    # Not known: a built-in the solution redefines may be the task's function (``def
+    # max``) or a hack; the test is not gradable rather than judged either way.
+    probe = [n for n in read if n in BUILTIN_NAMES and n not in stored]
+    return ask, probe
+
+
+class _Missing:
+    """The task's function, which the solution does not define: using it fails."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise NameError("the solution defines no %r (the task's function)" % self.name)
+
+    def __getattr__(self, attr):
+        raise NameError("the solution defines no %r (the task's function)" % self.name)
 
 
 def _solution_error(exc):
@@ -397,16 +445,31 @@ def _solution_error(exc):
     return (tb + "\n" + own) if tb else own
 
 
-def run_test(judge, index, source, deadline):
+def run_test(judge, index, source, deadline, entry_point=None):
     judge.deadline = deadline
+    judge.compared = False
     try:
         code = compile(source, "<test %d>" % index, "exec")
-        names = free_names(code)
+        ask, probe = task_names(code, entry_point)
         ns = {"__builtins__": builtins, "__name__": TEST_MODULE}
-        ns.update(judge.resolve(names) if names else {})
+        if ask or probe:
+            values, shadowed = judge.resolve(ask, probe)
+            if shadowed:
+                raise Ungradable(
+                    "the solution defines %s, a built-in name this test uses: the test "
+                    "cannot tell whether it means the built-in or the solution's; name the "
+                    "task's function (entry_point=) or import it in the test (from "
+                    "solution import ...)" % ", ".join(shadowed))
+            ns.update(values)
+        if entry_point and entry_point in ask and entry_point not in ns:
+            # The task's function, missing: never the built-in of the same name.
+            ns[entry_point] = _Missing(entry_point)
+        sys.stdin, sys.stdout = judge.stdin, judge.stdout
         exec(code, ns)
     except JudgeTimeout:
         return "timeout", "timed out"
+    except Ungradable as exc:
+        return "ungradable", str(exc)
     except Unsplittable as exc:
         return "unsplittable", str(exc)
     except SolutionGone as exc:
@@ -420,14 +483,7 @@ def run_test(judge, index, source, deadline):
 
 def judge_main():
     t0 = time.monotonic()
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4
-        raise SystemExit("corral judge: cannot make itself non-dumpable")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # no KeyboardInterrupt mid-exchange
-    if not kill_others():
-        raise SystemExit("corral judge: other processes of the sandbox would not stop")
+    confine("corral judge")
     capture = os.fdopen(os.memfd_create("corral-output"), "w+b")
     to_sol_r, to_sol_w = os.pipe()
     from_sol_r, from_sol_w = os.pipe()
@@ -458,9 +514,16 @@ def judge_main():
     req = json.loads(sys.stdin.buffer.readline())
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    os.dup2(capture.fileno(), 1)  # what the tests print goes with the solution's output
+    sys.stdin = open(os.devnull)
+    # What the tests print (and the solution's prints, which come back with each answer)
+    # goes to a file of the judge's own: the solution holds its capture as its stdout,
+    # so test output written there could be read back (os.pread(1, ...)).
+    tests_out = os.fdopen(os.memfd_create("corral-tests-output"), "w+b")
+    os.dup2(tests_out.fileno(), 1)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
     global JUDGE
     JUDGE = judge = Judge(from_sol_r, to_sol_w, pid)
+    judge.stdout = sys.stdout
     judge.deadline = t0 + req["budget"]
     sys.modules[req["module"]] = SolutionModule(req["module"])
     load = load_solution(judge, req)
@@ -472,20 +535,24 @@ def judge_main():
         test_deadline = t0 + req["budget"]
         if req["test_timeout"]:
             test_deadline = min(test_deadline, time.monotonic() + req["test_timeout"])
-        state, err = run_test(judge, i, test, test_deadline)
-        results.append([state, err[-req["max_error"]:] if err else None])
+        state, err = run_test(judge, i, test, test_deadline, req.get("entry_point"))
+        results.append([state, err[-req["max_error"]:] if err else None, judge.compared])
     judge.kill("done")
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
     sys.stdout.flush()
-    capture.seek(0, 2)
-    size = capture.tell()
-    capture.seek(max(0, size - req["max_output"] * 4))
-    out = capture.read().decode(errors="replace")[-req["max_output"]:]
+    out = (_tail(capture, req["max_output"]) + _tail(tests_out, req["max_output"]))
+    out = out[-req["max_output"]:]
     report = {"load": load, "tests": results, "output": out, "elapsed": time.monotonic() - t0}
     os.write(report_fd, (req["nonce"] + json.dumps(report) + "\n").encode())
+
+
+def _tail(f, n):
+    f.seek(0, 2)
+    f.seek(max(0, f.tell() - n * 4))
+    return f.read().decode(errors="replace")[-n:]
 
 
 def load_solution(judge, req):
@@ -502,39 +569,6 @@ def load_solution(judge, req):
         info = reply["raise"] if type(reply["raise"]) is dict else {}
         return ["error", str(info.get("traceback", ""))[-req["max_error"]:]]
     return ["ok", None]
-
-
-def kill_others():
-    """SIGKILL every process of the sandbox but pid 1 (the agent) and this one, until
-    none is left but zombies; ``True`` if that happened within ~2 s."""
-    me = os.getpid()
-    try:
-        with open("/proc/1/cmdline", "rb") as f:
-            init = f.read().split(b"\0")[0]
-    except OSError:
-        init = b""
-    if os.geteuid() == 0 or init != b"/.corral/agent":
-        return False  # never outside a corral sandbox: kill(-1) would hit the host
-    for _ in range(400):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            return True
-        if not any(_alive(entry, me) for entry in os.listdir("/proc")):
-            return True
-        time.sleep(0.005)
-    return False
-
-
-def _alive(entry, me):
-    if not entry.isdigit() or int(entry) in (1, me):
-        return False
-    try:
-        with open("/proc/%s/stat" % entry, "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 JUDGE = None

@@ -1,6 +1,6 @@
 """The cell runner of SandboxFusion's ``/run_jupyter``, run *inside* the sandbox.
 
-Not imported by the daemon: :mod:`.sandboxfusion` copies this file into the sandbox
+Not imported by the daemon: :mod:`corral.server.compat.sandboxfusion` copies this file into the sandbox
 and runs it with ``python3 KERNEL REQUEST``, where the file ``REQUEST`` holds
 ``{"cells", "cell_timeout", "result"}``. Like a Jupyter ``python3`` kernel, the cells share one namespace, run in
 order whatever failed before, and the value of a cell's last expression is its

@@ -1,0 +1,87 @@
+# Generated from _async/_volume.py by scripts/gen_sync.py: edit that file, not this one.
+# ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
+"""Volumes on the daemon: named trees that sandboxes mount with ``volumes={...}``."""
+
+from __future__ import annotations
+
+import builtins
+import bz2
+import gzip
+import lzma
+import os
+from urllib.parse import quote
+
+from typing_extensions import Self  # typing's since 3.11 only
+
+from corral.client._sync._client import Client
+from corral.client._backends import SyncBackend
+from corral.client._build import read_archive
+from corral.volume_schema import VolumeInfo
+
+_DECOMPRESS = ((b"\x1f\x8b", gzip.decompress), (b"BZh", bz2.decompress),
+               (b"\xfd7zXZ\x00", lzma.decompress))
+
+
+def _archive(source: str | os.PathLike[str]) -> bytes:
+    """A directory as a tar, or a tar file (gzip, bzip2 or xz: decompressed here)."""
+    data = read_archive(source)
+    for magic, decompress in _DECOMPRESS:
+        if data.startswith(magic):
+            return decompress(data)
+    return data
+
+
+class Volume:
+    """A volume: a tree of files made once, mounted into many sandboxes at no copy cost::
+
+        vol = Volume.create("dataset", "./data")     # a directory or a tarball
+        sb = Sandbox.create(volumes={"/data": "dataset"})       # cow (default)
+        sb = Sandbox.create(volumes={"/data": "dataset:ro"})    # or ro, rw
+
+    ``cow``: each sandbox writes to a private layer over the shared files (nobody else
+    sees it); ``ro``: read-only; ``rw``: shared, writes land in the volume. A volume is
+    its tenant's own and counts against its ``max_snapshot_mb``. See docs/network.md.
+    """
+
+    def __init__(self, info: VolumeInfo, *, client: Client) -> None:
+        self._info = info
+        self._client = client
+
+    @property
+    def info(self) -> VolumeInfo:
+        return self._info
+
+    @property
+    def name(self) -> str:
+        return self._info.name
+
+    @classmethod
+    def create(cls, name: str, source: str | os.PathLike[str], *,
+                     client: Client | None = None) -> Self:
+        """A new volume ``name`` holding the directory or tar archive ``source``."""
+        client = client or Client.default()
+        body = SyncBackend.run_blocking(_archive, source)
+        response = client.request(
+            "POST", "/v1/volumes", params={"name": name}, content=body,
+            headers={"Content-Type": "application/x-tar"}, timeout=None)
+        return cls(VolumeInfo.model_validate(response.json()), client=client)
+
+    @classmethod
+    def get(cls, name: str, *, client: Client | None = None) -> Self:
+        client = client or Client.default()
+        response = client.request("GET", f"/v1/volumes/{quote(name, safe='')}")
+        return cls(VolumeInfo.model_validate(response.json()), client=client)
+
+    @classmethod
+    def list(cls, *, client: Client | None = None) -> builtins.list[Self]:
+        client = client or Client.default()
+        response = client.request("GET", "/v1/volumes")
+        return [cls(VolumeInfo.model_validate(v), client=client)
+                for v in response.json()["volumes"]]
+
+    def delete(self) -> None:
+        """Remove it (refused while a running sandbox mounts it)."""
+        self._client.request("DELETE", f"/v1/volumes/{quote(self.name, safe='')}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {self._info.size_bytes} bytes>"

@@ -1,0 +1,152 @@
+"""The engine's network verbs: a policy sandbox's events, a live policy change.
+
+Mixed into :class:`~corral.runtime.engine.Engine`; the filter itself is
+:mod:`corral.runtime.net`. A sandbox's ``network`` is fixed in kind when it starts:
+a policy sandbox may change its policy (:meth:`NetworkOps.update_network`), but a
+``"none"`` or ``"host"`` sandbox has no filter to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import InvalidArgument, InvalidState, PortClosed
+from corral.network_schema import NetworkPolicy
+from corral.runtime import syscalls
+from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
+
+if TYPE_CHECKING:
+    from corral.runtime.live import Live
+    from corral.runtime.net import NetworkManager
+    from corral.runtime.registry import Registry
+
+
+PORT_CONNECT_TIMEOUT_S = 10.0
+
+
+class NetworkOps:
+    """``network_events``, ``update_network``, ``connect_port``."""
+
+    if TYPE_CHECKING:
+        net: NetworkManager
+        registry: Registry
+
+        def _get_live(self, sandbox_id: str) -> Live: ...
+        def _running(self, sandbox_id: str) -> Live: ...
+        def get(self, sandbox_id: str) -> SandboxInfo: ...
+
+    def _policy_live(self, sandbox_id: str) -> Live:
+        live = self._get_live(sandbox_id)
+        if not isinstance(live.spec.network, NetworkPolicy):
+            raise InvalidState(
+                f"sandbox {sandbox_id} was created with network={live.spec.network.value!r}: "
+                "only a sandbox created with a policy ({'allow': [...]}) has a filter to "
+                "show or change; create a new one with a policy",
+                details={"sandbox_id": sandbox_id})
+        return live
+
+    async def _attach_network(self, live: Live) -> None:
+        """A policy sandbox's link, made before its launcher starts (which joins it)."""
+        if not isinstance(live.spec.network, NetworkPolicy):
+            return
+        link = await self.net.attach(live.id, live.spec.network)
+        live.netns = str(link.netns_path)
+        # any nameserver does: nftables sends all DNS to corral's resolver
+        (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
+
+    async def connect_port(self, sandbox_id: str, port: int) -> socket.socket:
+        """A connected, non-blocking TCP socket to ``port`` on the sandbox's own
+        loopback (what an exposed port serves): made in the sandbox's network
+        namespace by the daemon, so it works with ``network="none"`` too, and the
+        sandbox reaches nothing new."""
+        if not 1 <= port <= 65535:
+            raise InvalidArgument(f"invalid port {port}: use 1-65535")
+        live = self._running(sandbox_id)
+        netns = live.netns or _namespace_of(live)
+        sock = await asyncio.to_thread(socket_in, netns) if netns else socket.socket()
+        sock.setblocking(False)
+        try:
+            async with asyncio.timeout(PORT_CONNECT_TIMEOUT_S):
+                await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            raise PortClosed(
+                f"nothing answers on port {port} in sandbox {sandbox_id} ({exc}): start a "
+                f"server there listening on 0.0.0.0:{port} or 127.0.0.1:{port}",
+                details={"sandbox_id": sandbox_id, "port": port}) from None
+        return sock
+
+    def network_events(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """The connections and DNS queries of a policy sandbox, allowed and refused,
+        oldest first (the last 1000): time, kind (tcp, dns), name, ip, port, verdict
+        (allowed, refused) and the reason."""
+        self._policy_live(sandbox_id)
+        return self.net.events(sandbox_id)
+
+    async def update_network(self, sandbox_id: str,
+                             network: NetworkPolicy | dict[str, Any]) -> SandboxInfo:
+        """Enforce a new policy on a running policy sandbox; connections it refuses
+        are reset at once."""
+        live = self._policy_live(sandbox_id)
+        if not isinstance(network, NetworkPolicy):
+            if not isinstance(network, dict):
+                raise InvalidArgument("update_network takes a policy {'allow': [...], "
+                                      "'deny': [...]}; 'none' and 'host' are fixed at create")
+            network = SandboxSpec.parse(network=network).network  # type: ignore[assignment]
+        assert isinstance(network, NetworkPolicy)
+        async with live.lock:
+            spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
+                                      "secrets": live.spec.secret_env(),
+                                      "network": network.model_dump()})
+            self.registry.set_spec(live.id, spec)
+            live.spec = spec
+            await self.net.update(sandbox_id, network)
+        return self.get(sandbox_id)
+
+
+def _namespace_of(live: Live) -> str | None:
+    """The network namespace of a sandbox without a policy: its agent's (``"none"``:
+    bwrap's own), or None for ``"host"`` (the daemon's)."""
+    if live.spec.network == NetworkMode.HOST or live.proc is None:
+        return None
+    bwrap = live.proc.pid
+    children = Path(f"/proc/{bwrap}/task/{bwrap}/children").read_text().split()
+    if len(children) != 1:
+        raise InvalidState(f"sandbox {live.id} is ending", details={"sandbox_id": live.id})
+    return f"/proc/{children[0]}/ns/net"
+
+
+def socket_in(netns: str) -> socket.socket:
+    """A TCP socket of the network namespace at ``netns`` (a socket keeps the namespace
+    it was made in). Made in a thread of its own that exits right after: setns moves
+    only the calling thread, and a thread that could not move back must not serve
+    anything else."""
+    made: list[socket.socket | BaseException] = []
+
+    def work() -> None:
+        try:
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                syscalls.setns_net(target, netns)
+                try:
+                    made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                finally:
+                    syscalls.setns_net(own, "the daemon's own network namespace")
+            finally:
+                os.close(own)
+                os.close(target)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            made.append(exc)
+
+    t = threading.Thread(target=work, name="corral-netns", daemon=True)
+    t.start()
+    t.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]

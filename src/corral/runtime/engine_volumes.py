@@ -1,0 +1,51 @@
+"""The engine's volume verbs, for the acting owner (:mod:`corral.runtime.volumes`).
+
+Mixed into :class:`~corral.runtime.engine.Engine`. A volume counts against its
+tenant's ``max_snapshot_mb`` like its snapshots (checked before it appears), and one
+mounted by a live sandbox cannot be removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from corral.volume_schema import VolumeInfo
+
+if TYPE_CHECKING:
+    from corral.runtime.live import Live
+    from corral.runtime.ownership import Owners
+    from corral.runtime.snapshots import Snapshots
+    from corral.runtime.volumes import Volumes
+
+
+class VolumeOps:
+    """``create_volume``, ``list_volumes``, ``get_volume``, ``remove_volume``."""
+
+    if TYPE_CHECKING:
+        _live: dict[str, Live]
+        owners: Owners
+        snapshots: Snapshots
+        volumes: Volumes
+
+    def _volume_quota(self, owner: str | None, size: int) -> None:
+        self.snapshots.check_quota(owner, {"volume": size})  # QuotaExceeded
+
+    async def create_volume(self, name: str, archive: Path) -> VolumeInfo:
+        """A volume of the acting owner from the tar file ``archive`` (all or nothing)."""
+        owner = self.owners.acting()
+        return await asyncio.to_thread(self.volumes.create, owner, name, archive,
+                                       check=self._volume_quota)
+
+    def list_volumes(self) -> list[VolumeInfo]:
+        return self.volumes.of(self.owners.acting())
+
+    def get_volume(self, name: str) -> VolumeInfo:
+        return self.volumes.get(self.owners.acting(), name)
+
+    async def remove_volume(self, name: str) -> None:
+        owner = self.owners.acting()
+        path = str(self.volumes.data_dir(owner, name))
+        in_use = any(src == path for live in self._live.values() for _, src, _ in live.volumes)
+        await asyncio.to_thread(self.volumes.remove, owner, name, in_use)

@@ -1,0 +1,291 @@
+"""One engine's egress filter: its links, resolver, proxy and the events they record.
+
+:class:`NetworkManager` starts lazily, at the first sandbox with a policy: the
+nftables table (:mod:`.netns`), the resolver (:mod:`.dns`) and the proxy
+(:mod:`.proxy`). Each policy sandbox is *attached* (a link of its own) before its
+launcher starts and *detached* when it ends. :meth:`NetworkManager.update` swaps a
+policy live and resets every relayed connection the new one refuses.
+
+Addresses the proxy never dials, whatever a policy says: the host's own addresses
+(its loopback and every interface's: the daemon's API, other services) and the links'
+subnet (other sandboxes). Names are resolved on the host, through ``hosts`` first
+(a daemon-side mapping, e.g. for a test's server) and then the host's resolver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import SandboxNotFound
+from corral.network_schema import PRESETS, NetworkPolicy
+from corral.runtime.net import netns
+from corral.runtime.net.dns import QTYPE_A, Query, Resolver
+from corral.runtime.net.policy import Compiled
+from corral.runtime.net.proxy import Conn, Proxy, upstream_proxy
+
+WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create otherwise)
+MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
+MAX_CONNECTIONS = 256  # open at once per sandbox (relayed or being read); more refused
+RESOLVE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Attached:
+    sandbox_id: str
+    link: netns.Link
+    policy: Compiled
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
+    conns: set[Conn] = field(default_factory=set)
+    open: int = 0  # connections accepted and not yet closed (relayed or being read)
+
+    def record(self, kind: str, verdict: bool, reason: str, *, name: str | None = None,
+               ip: str | None = None, port: int | None = None) -> None:
+        self.events.append({"time": time.time(), "kind": kind, "name": name, "ip": ip,
+                            "port": port, "verdict": "allowed" if verdict else "refused",
+                            "reason": reason})
+
+
+def is_local(ip: str) -> bool:
+    """Whether ``ip`` is one of this host's own addresses (binding to it works)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _still_allowed(policy: Compiled, conn: Conn) -> bool:
+    try:
+        ip = ipaddress.ip_address(conn.ip)
+    except ValueError:  # a name the host's proxy resolves (and dials)
+        return conn.name is not None and policy.name_allowed(conn.name, conn.port)
+    return policy.decide(conn.name, ip, conn.port).allowed
+
+
+class NetworkManager:
+    """The egress filter of one engine (``key``: its table's and links' owner)."""
+
+    def __init__(self, key: str, lock_dir: Path, hosts: dict[str, str] | None = None,
+                 *, warm: int = WARM_LINKS) -> None:
+        self.table = f"corral_{key}"
+        self.links = netns.Links(lock_dir)
+        self.hosts = {k.lower(): v for k, v in (hosts or {}).items()}
+        self._by_ip: dict[str, Attached] = {}
+        self._by_id: dict[str, Attached] = {}
+        self._resolver = Resolver(self._lookup)
+        self._proxy = Proxy(self._decide, self._admit)
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self.warm = warm
+        self._ready: deque[netns.Link] = deque()
+        self._making = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def _start(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            await asyncio.to_thread(self.links.sweep)  # what a killed daemon left
+            await self._resolver.start()
+            await self._proxy.start()
+            await asyncio.to_thread(netns.create_table, self.table,
+                                    proxy_port=self._proxy.port, dns_port=self._resolver.port)
+            self._started = True
+
+    async def attach(self, sandbox_id: str, policy: NetworkPolicy) -> netns.Link:
+        """A link for ``sandbox_id``, enforcing ``policy``; its namespace is ready.
+        Links are never reused: a warm one is fresh, made ahead of time."""
+        await self._start()
+        compiled = await self._compile(policy)
+        link = self._ready.popleft() if self._ready else await self._make()
+        self._refill()
+        if policy.max_mbps is not None:
+            try:
+                await asyncio.to_thread(netns.shape, link, policy.max_mbps)
+            except BaseException:
+                await asyncio.to_thread(self._teardown, link)
+                raise
+        att = Attached(sandbox_id, link, compiled)
+        self._by_ip[link.sandbox_ip] = att
+        self._by_id[sandbox_id] = att
+        return link
+
+    @staticmethod
+    async def _compile(policy: NetworkPolicy) -> Compiled:
+        if any(r in PRESETS for r in (*policy.allow, *policy.deny)):
+            return await asyncio.to_thread(Compiled.of, policy)  # a preset may ask pip
+        return Compiled.of(policy)
+
+    async def _make(self) -> netns.Link:
+        link = await asyncio.to_thread(self.links.acquire)
+        try:
+            await asyncio.to_thread(netns.setup, link, self.table)
+        except BaseException:
+            await asyncio.to_thread(self._teardown, link)
+            raise
+        return link
+
+    def _refill(self) -> None:
+        while not self._closed and len(self._ready) + self._making < self.warm:
+            self._making += 1
+            task = asyncio.get_running_loop().create_task(self._make_warm())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _make_warm(self) -> None:
+        try:
+            link = await self._make()
+        except Exception:  # noqa: BLE001 - a warm link is an optimisation; attach retries
+            return
+        finally:
+            self._making -= 1
+        if self._closed:
+            await asyncio.to_thread(self._teardown, link)
+        else:
+            self._ready.append(link)
+
+    def detach(self, sandbox_id: str) -> None:
+        """Cut its connections, remove its link (blocking: call it from a thread)."""
+        att = self._by_id.pop(sandbox_id, None)
+        if att is None:
+            return
+        self._by_ip.pop(att.link.sandbox_ip, None)
+        self._teardown(att.link)  # its relayed connections: cut_all, on the loop, first
+
+    def cut_all(self, sandbox_id: str) -> None:
+        """Reset every connection the sandbox has open through the proxy."""
+        att = self._by_id.get(sandbox_id)
+        for conn in list(att.conns if att else ()):
+            conn.cut()
+
+    def _teardown(self, link: netns.Link) -> None:
+        try:
+            netns.teardown(link, self.table, quiet=True)
+        finally:
+            self.links.release(link)
+
+    def _get(self, sandbox_id: str) -> Attached:
+        att = self._by_id.get(sandbox_id)
+        if att is None:
+            raise SandboxNotFound(f"sandbox {sandbox_id} has no network policy",
+                                  details={"sandbox_id": sandbox_id})
+        return att
+
+    def events(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return list(self._get(sandbox_id).events)
+
+    async def update(self, sandbox_id: str, policy: NetworkPolicy) -> int:
+        """Enforce ``policy`` from now on; reset the connections it refuses (how many)."""
+        att = self._get(sandbox_id)
+        if policy.max_mbps != att.policy.policy.max_mbps:
+            await asyncio.to_thread(netns.shape, att.link, policy.max_mbps)
+        att.policy = await self._compile(policy)
+        cut = 0
+        for conn in list(att.conns):
+            if not _still_allowed(att.policy, conn):
+                conn.cut()
+                att.record("tcp", False, "cut: the new policy refuses it", name=conn.name,
+                           ip=conn.ip, port=conn.port)
+                cut += 1
+        return cut
+
+    async def close(self) -> None:
+        self._closed = True  # warm links being made are torn down when made
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._ready:
+            await asyncio.to_thread(self._teardown, self._ready.popleft())
+        for sid in list(self._by_id):
+            self.cut_all(sid)
+            await asyncio.to_thread(self.detach, sid)
+        self._proxy.close()
+        self._resolver.close()
+        if self._started:
+            await asyncio.to_thread(netns.delete_table, self.table)
+
+    # ------------------------------------------------------------ enforcement
+
+    async def resolve(self, name: str) -> list[str]:
+        """IPv4 addresses of ``name``, resolved on the host (``hosts`` first)."""
+        if name in self.hosts:
+            return [self.hosts[name]]
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                infos = await loop.getaddrinfo(name, None, family=socket.AF_INET,
+                                               type=socket.SOCK_STREAM)
+        except (OSError, TimeoutError):
+            return []
+        return list(dict.fromkeys(str(i[4][0]) for i in infos))
+
+    async def _lookup(self, src: str, q: Query) -> list[str] | None:
+        att = self._by_ip.get(src)
+        if att is None:
+            return None
+        if not att.policy.name_allowed(q.name):
+            att.record("dns", False, "the name is not allowed", name=q.name)
+            return None
+        found = await self.resolve(q.name) if q.qtype == QTYPE_A else []
+        att.record("dns", True, "the name is allowed", name=q.name)
+        return found
+
+    def _admit(self, src: str) -> Callable[[], None] | None:
+        att = self._by_ip.get(src)
+        if att is None:
+            return None
+        if att.open >= MAX_CONNECTIONS:
+            att.record("tcp", False, f"over {MAX_CONNECTIONS} connections at once")
+            return None
+        att.open += 1
+
+        def done() -> None:
+            att.open -= 1
+        return done
+
+    def _never(self, ip: str) -> bool:
+        addr = ipaddress.ip_address(ip)
+        return addr.is_loopback or addr in netns.subnet() or is_local(ip)
+
+    async def _decide(self, src: str, name: str | None, ip: str, port: int
+                      ) -> tuple[str | None, set[Conn] | None]:
+        att = self._by_ip.get(src)
+        if att is None:
+            return None, None
+        if name is not None:
+            name = name.lower().rstrip(".")
+            if not att.policy.name_allowed(name, port):
+                att.record("tcp", False, f"the name {name} is not allowed", name=name, ip=ip,
+                           port=port)
+                return None, None
+            found = await self.resolve(name)
+            if not found and self._proxied(name, port):
+                att.record("tcp", True, f"the name {name} is allowed (through the host's "
+                           "proxy, which resolves it)", name=name, port=port)
+                return name, att.conns
+            if not found:
+                att.record("tcp", False, f"{name} does not resolve", name=name, port=port)
+                return None, None
+            ip = found[0]
+        if self._never(ip):
+            att.record("tcp", False, f"{ip} is the host or a sandbox: never reachable",
+                       name=name, ip=ip, port=port)
+            return None, None
+        verdict = att.policy.decide(name, ipaddress.ip_address(ip), port)
+        att.record("tcp", verdict.allowed, verdict.reason, name=name, ip=ip, port=port)
+        if not verdict.allowed:
+            return None, None
+        # through the host's proxy a name is asked for by name (its own policy may want it)
+        return (name if name is not None and self._proxied(name, port) else ip), att.conns
+
+    def _proxied(self, host: str, port: int) -> bool:
+        return upstream_proxy(self._proxy.proxies, host, port) is not None

@@ -1,0 +1,148 @@
+"""Volumes: named directory trees mounted into many sandboxes at no copy cost.
+
+A volume belongs to a tenant (the admin's: ``_admin``) and lives in the state
+directory, its files owned by the canonical sandbox uid (like layers: each sandbox
+sees them as its own through its idmapping)::
+
+    <state>/volumes/<owner>/<name>/data        the tree
+    <state>/volumes/<owner>/<name>/meta.json   {"name", "size_bytes", "files", "created_at"}
+
+It is made from a tar archive (:meth:`Volumes.create`, extracted by the same checked
+code as image layers, :func:`corral.runtime.oci.apply_layer`: no path leaves the tree,
+no device, no setuid bit), in a temporary directory renamed into place when complete:
+nothing half-made is ever visible. A sandbox mounts it with ``volumes={"/data":
+"NAME"}`` (``"NAME:ro"``, ``"NAME:cow"`` (the default), ``"NAME:rw"``; an admin may
+name a host directory instead, ``"/srv/data:ro"``); the launcher mounts it
+(``agent/launch.c --volume``). A volume in use by a running sandbox cannot be removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from corral.errors import Forbidden, InvalidArgument, InvalidState, VolumeNotFound
+from corral.runtime.oci import apply_layer
+from corral.runtime.uids import CANONICAL_UID
+from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
+
+ADMIN_DIR = "_admin"
+
+
+def _owner_dir(owner: str | None) -> str:
+    return ADMIN_DIR if owner is None else owner
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
+        raise InvalidArgument(
+            f"invalid volume name {name!r}: use 1-63 lower-case letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit (no '/', no '..')")
+    return name
+
+
+def _canonical(root: Path) -> tuple[int, int]:
+    """Chown the tree to the canonical uid; its (bytes, files)."""
+    size = files = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in (*dirnames, *filenames):
+            p = os.path.join(dirpath, n)
+            os.chown(p, CANONICAL_UID, CANONICAL_UID, follow_symlinks=False)
+            st = os.lstat(p)
+            size += st.st_blocks * 512
+            files += 1
+    os.chown(root, CANONICAL_UID, CANONICAL_UID)
+    os.chmod(root, 0o755)
+    return size, files
+
+
+class Volumes:
+    """The volumes of one state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _dir(self, owner: str | None, name: str) -> Path:
+        return self.root / _owner_dir(owner) / check_name(name)
+
+    def data_dir(self, owner: str | None, name: str) -> Path:
+        return self._dir(owner, name) / "data"
+
+    def create(self, owner: str | None, name: str, archive: Path, *,
+               check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+        """A new volume ``name`` of ``owner`` from the tar file ``archive``; ``check``
+        (owner, bytes) may refuse it (a quota) before it appears."""
+        final = self._dir(owner, name)
+        if final.exists():
+            raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
+                               f"{name}) or pick another name", details={"volume": name})
+        final.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+        try:
+            (work / "data").mkdir()
+            apply_layer(work / "data", archive)
+            size, files = _canonical(work / "data")
+            if check is not None:
+                check(owner, size)
+            info = VolumeInfo(name=name, size_bytes=size, files=files, created_at=time.time())
+            (work / "meta.json").write_text(info.model_dump_json())
+            os.chmod(work, 0o711)
+            os.rename(work, final)  # atomic; fails if a racing create won
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        return info
+
+    def of(self, owner: str | None) -> list[VolumeInfo]:
+        base = self.root / _owner_dir(owner)
+        if not base.is_dir():
+            return []
+        out = []
+        for d in sorted(base.iterdir()):
+            if not d.name.startswith(".") and (d / "meta.json").exists():
+                out.append(VolumeInfo.model_validate_json((d / "meta.json").read_text()))
+        return out
+
+    def get(self, owner: str | None, name: str) -> VolumeInfo:
+        meta = self._dir(owner, name) / "meta.json"
+        if not meta.exists():
+            raise VolumeNotFound(f"no volume {name!r}: create it with corral volume create "
+                                 f"{name} --from DIR", details={"volume": name})
+        return VolumeInfo.model_validate_json(meta.read_text())
+
+    def remove(self, owner: str | None, name: str, in_use: bool) -> None:
+        self.get(owner, name)
+        if in_use:
+            raise InvalidState(f"volume {name!r} is mounted by a running sandbox: delete "
+                               "those first", details={"volume": name})
+        d = self._dir(owner, name)
+        trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
+        os.rename(d, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def used_bytes(self, owner: str | None) -> int:
+        return sum(v.size_bytes for v in self.of(owner))
+
+    def mounts(self, owner: str | None, volumes: dict[str, str]) -> list[tuple[str, str, str]]:
+        """``(mode, host path, dest)`` of a spec's volumes, checked: its owner's own
+        volumes; a host directory only for the admin."""
+        out = []
+        for dest, value in volumes.items():
+            source, mode = parse_mount(value)
+            if source.startswith("/"):
+                if owner is not None:
+                    raise Forbidden(f"volume {dest}: a host directory ({source}) is the "
+                                    "admin's only; create a volume with corral volume create",
+                                    details={"field": "volumes"})
+                if not os.path.isdir(source):
+                    raise InvalidArgument(f"volume {dest}: {source} is not a directory")
+                path = source
+            else:
+                self.get(owner, source)
+                path = str(self.data_dir(owner, source))
+            out.append((mode, path, dest))
+        return out

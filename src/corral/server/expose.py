@@ -1,0 +1,267 @@
+"""Exposed ports: an HTTP or WebSocket service inside a sandbox, reached through the
+daemon at a URL that carries its own access token (docs/network.md).
+
+``POST /v1/sandboxes/{id}/ports {"port": 8000}`` (the sandbox's owner) gives back
+``{"port", "token", "url"}``; ``url`` is ``<daemon>/expose/<token>/``. Whoever holds
+that URL (a grader, a browser, a WebSocket client) reaches that one port of that one
+sandbox, and nothing else: the token is 256 random bits, looked up by its digest; it
+dies with the sandbox. The daemon dials the port itself, inside the sandbox's network
+namespace (:meth:`corral.runtime.engine.Engine.connect_port`), so it works with
+``network="none"`` and the sandbox gains no way out.
+
+Requests are relayed as HTTP/1.1 (``h11``) with ``Connection: close`` and ``Host:
+localhost:<port>``, bodies up to the daemon's upload limit; responses stream back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import h11
+from pydantic import Field, StrictInt
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from corral.errors import CorralError, FileTooLarge, InvalidState
+from corral.runtime.engine import Engine
+from corral.runtime.events import SandboxEnded
+from corral.server import context as ctx
+from corral.server.models import _Body
+from corral.server.wire import error_response
+
+PREFIX = "/expose/"
+MAX_PORTS = 64  # exposed at once per sandbox
+_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade",
+        b"transfer-encoding", b"host", b"content-length", b"proxy-authorization"}
+
+
+class ExposeRequest(_Body):
+    port: StrictInt = Field(..., ge=1, le=65535)
+
+
+class ExposedPort(_Body):
+    port: int
+    token: str = Field(description="the port's access token (also in url)")
+    url: str = Field(description="where the port is served: <daemon>/expose/<token>/")
+
+
+@dataclass(frozen=True)
+class Exposure:
+    sandbox_id: str
+    port: int
+    owner: str | None  # the tenant the sandbox belongs to (None: the admin's)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class Exposures:
+    """The access tokens of exposed ports, by digest; a sandbox's die with it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._by_digest: dict[bytes, Exposure] = {}
+        self._tokens: dict[tuple[str, int], str] = {}
+        engine.events.subscribe(SandboxEnded, self._ended)
+
+    def _ended(self, event: SandboxEnded) -> None:
+        for key in [k for k in self._tokens if k[0] == event.sandbox_id]:
+            self._by_digest.pop(_digest(self._tokens.pop(key)), None)
+
+    def add(self, sandbox_id: str, port: int, owner: str | None) -> str:
+        if (token := self._tokens.get((sandbox_id, port))) is not None:
+            return token
+        if sum(k[0] == sandbox_id for k in self._tokens) >= MAX_PORTS:
+            raise CorralError(f"sandbox {sandbox_id} has {MAX_PORTS} ports exposed already")
+        token = secrets.token_urlsafe(32)
+        self._tokens[(sandbox_id, port)] = token
+        self._by_digest[_digest(token)] = Exposure(sandbox_id, port, owner)
+        return token
+
+    def find(self, token: str) -> Exposure | None:
+        return self._by_digest.get(_digest(token))
+
+
+def exposures(app: Starlette) -> Exposures:
+    return app.state.exposures  # type: ignore[no-any-return]
+
+
+KEY = "corral.exposure"  # scope key: the Exposure a request is for (set by the guard)
+PREFIX_KEY = "corral.exposure_prefix"  # and the part of its path that named it
+
+
+def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | None:
+    """The exposure a request is for, marked on its scope: a path ``/expose/<token>/...``
+    whose token is valid, or ``by_host`` (a sandbox and port a front-end authenticated:
+    E2B's ``get_host``). The guard lets only these through without a bearer token."""
+    path: str = scope.get("path", "")
+    app = scope["app"]
+    if path.startswith(PREFIX):
+        token = path[len(PREFIX):].split("/", 1)[0]
+        exp = exposures(app).find(token) if token else None
+        prefix = len(PREFIX) + len(token)
+    elif by_host is not None:
+        info = app.state.engine.registry.get(by_host[0])
+        exp = None if info is None else Exposure(by_host[0], by_host[1], info.spec.tenant)
+        prefix = 0
+    else:
+        return None
+    if exp is not None:
+        scope[KEY], scope[PREFIX_KEY] = exp, prefix
+    return exp
+
+
+async def expose_port(request: Request, body: ExposeRequest) -> Response:
+    """``POST /v1/sandboxes/{id}/ports``: the caller's own running sandbox only."""
+    engine, sid = ctx.engine(request), request.path_params["sandbox_id"]
+    info = engine.get(sid)  # SandboxNotFound for another tenant's
+    if info.state.terminal:
+        raise InvalidState(f"sandbox {sid} is {info.state.value}: a port of a running "
+                           "sandbox can be exposed", details={"sandbox_id": sid})
+    token = exposures(request.app).add(sid, body.port, info.spec.tenant)
+    url = f"{str(request.base_url).rstrip('/')}{PREFIX}{token}/"
+    return JSONResponse({"port": body.port, "token": token, "url": url}, status_code=201)
+
+
+async def _connect(engine: Engine, exp: Exposure) -> tuple[asyncio.StreamReader,
+                                                          asyncio.StreamWriter]:
+    with engine.owners.acting_as(exp.owner):
+        sock = await engine.connect_port(exp.sandbox_id, exp.port)
+    return await asyncio.open_connection(sock=sock)
+
+
+def _target(scope: Scope) -> bytes:
+    """The request's target as the sandbox's server sees it: its path (as sent, still
+    percent-encoded) past the ``/expose/<token>`` part, and its query."""
+    raw: bytes = scope.get("raw_path") or scope["path"].encode()
+    path = b"/" + raw[scope[PREFIX_KEY]:].lstrip(b"/")
+    query = scope.get("query_string", b"")
+    return path + (b"?" + query if query else b"")
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    data = b""
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise FileTooLarge(f"the request body is over the daemon's upload limit ({limit} "
+                               "bytes)")
+    return data
+
+
+async def relay_http(request: Request) -> Response:
+    exp: Exposure = request.scope[KEY]
+    engine = ctx.engine(request)
+    body = await _body(request, ctx.settings(request).max_upload_bytes)
+    reader, writer = await _connect(engine, exp)
+    conn = h11.Connection(h11.CLIENT)
+    headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
+    headers += [(b"host", b"localhost:%d" % exp.port), (b"connection", b"close"),
+                (b"content-length", b"%d" % len(body))]
+    writer.write(conn.send(h11.Request(method=request.method.encode(),
+                                       target=_target(request.scope), headers=headers)))
+    writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+    await writer.drain()
+    head = await _next_event(conn, reader)
+    if not isinstance(head, h11.Response):
+        writer.close()
+        raise CorralError(f"the server on port {exp.port} sent no HTTP response")
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            while isinstance(event := await _next_event(conn, reader), h11.Data):
+                yield bytes(event.data)
+        finally:
+            writer.close()
+
+    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+    response = StreamingResponse(stream(), status_code=head.status_code)
+    response.raw_headers = out
+    return response
+
+
+async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(1 << 16))
+            continue
+        return event
+
+
+async def relay_websocket(websocket: WebSocket) -> None:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
+
+    exp: Exposure = websocket.scope[KEY]
+    engine: Engine = websocket.app.state.engine
+    try:
+        with engine.owners.acting_as(exp.owner):
+            sock = await engine.connect_port(exp.sandbox_id, exp.port)
+    except CorralError:
+        await websocket.close(code=1011)
+        return
+    uri = f"ws://localhost:{exp.port}{_target(websocket.scope).decode()}"
+    try:
+        upstream = await connect(uri, sock=sock, max_size=1 << 24, open_timeout=10)
+    except (OSError, TimeoutError, InvalidHandshake, InvalidMessage):
+        sock.close()
+        await websocket.close(code=1011)  # the sandbox's server would not speak WebSocket
+        return
+    async with upstream:
+        await websocket.accept()
+
+        async def down() -> None:
+            async for msg in upstream:
+                if isinstance(msg, bytes):
+                    await websocket.send_bytes(msg)
+                else:
+                    await websocket.send_text(msg)
+            await websocket.close()
+
+        async def up() -> None:
+            try:
+                while True:
+                    msg = await websocket.receive()
+                    if msg["type"] == "websocket.disconnect":
+                        break
+                    await upstream.send(msg["bytes"] if msg.get("bytes") is not None
+                                        else msg.get("text", ""))
+            except WebSocketDisconnect:
+                pass
+            await upstream.close()
+
+        tasks = [asyncio.create_task(down()), asyncio.create_task(up())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except ConnectionClosed:
+            pass
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def relay(scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI app of requests :func:`lift` marked (the guard sends them here)."""
+    if scope["type"] == "websocket":
+        await relay_websocket(WebSocket(scope, receive, send))
+        return
+    request = Request(scope, receive)
+    try:
+        response = await relay_http(request)
+    except CorralError as exc:
+        response = error_response(exc)
+    await response(scope, receive, send)
+
+
+def mount(app: Starlette, engine: Engine) -> None:
+    """Keep the exposed ports' tokens on ``app`` (their requests: :func:`relay`)."""
+    app.state.exposures = Exposures(engine)

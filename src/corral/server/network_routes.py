@@ -1,0 +1,43 @@
+"""Routes for a policy sandbox's network (docs/network.md): what it tried to reach
+(``GET .../network/events``) and a new policy (``PUT .../network``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.network_schema import NetworkPolicy
+from corral.server import context as ctx
+from corral.server.models import _Body
+
+
+class NetworkEvent(_Body):
+    """One connection or DNS query of a policy sandbox and the filter's verdict."""
+
+    time: float
+    kind: Literal["tcp", "dns"]
+    name: str | None = None
+    ip: str | None = None
+    port: int | None = None
+    verdict: Literal["allowed", "refused"]
+    reason: str
+
+
+class NetworkEvents(_Body):
+    sandbox_id: str
+    events: list[NetworkEvent] = Field(description="oldest first, the last 1000")
+
+
+async def network_events(request: Request) -> Response:
+    sid = request.path_params["sandbox_id"]
+    events = ctx.engine(request).network_events(sid)
+    return JSONResponse({"sandbox_id": sid, "events": events})
+
+
+async def update_network(request: Request, body: NetworkPolicy) -> Response:
+    sid = request.path_params["sandbox_id"]
+    info = await ctx.service(request).update_network(sid, body)
+    return JSONResponse(info.model_dump(mode="json"))

@@ -1,0 +1,60 @@
+"""Routes for volumes (:mod:`corral.runtime.volumes`): the caller's own.
+
+``POST /v1/volumes?name=NAME`` with a tar archive as the body (at most
+``--max-upload-bytes``; ``corral volume create NAME --from DIR`` makes it), ``GET
+/v1/volumes``, ``GET /v1/volumes/{name}``, ``DELETE /v1/volumes/{name}``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from corral.errors import InvalidArgument
+from corral.runtime.volumes import check_name
+from corral.server import context as ctx
+from corral.server.models import _Body
+from corral.server.wire import read_body
+from corral.volume_schema import VolumeInfo
+
+
+class VolumeList(_Body):
+    volumes: list[VolumeInfo] = Field(description="the caller's volumes, by name")
+
+
+async def create_volume(request: Request) -> Response:
+    name = request.query_params.get("name")
+    if name is None:
+        raise InvalidArgument("missing query parameter 'name', e.g. ?name=dataset")
+    check_name(name)  # before the body is read
+    engine = ctx.engine(request)
+    data = await read_body(request, ctx.settings(request).max_upload_bytes, "volume archive")
+    fd, tmp = tempfile.mkstemp(prefix=".volume-upload-", dir=engine.layout.state_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        del data
+        info = await engine.create_volume(name, Path(tmp))
+    finally:
+        os.unlink(tmp)
+    return JSONResponse(info.model_dump(mode="json"), status_code=201)
+
+
+async def list_volumes(request: Request) -> Response:
+    vols = ctx.engine(request).list_volumes()
+    return JSONResponse({"volumes": [v.model_dump(mode="json") for v in vols]})
+
+
+async def get_volume(request: Request) -> Response:
+    info = ctx.engine(request).get_volume(request.path_params["name"])
+    return JSONResponse(info.model_dump(mode="json"))
+
+
+async def delete_volume(request: Request) -> Response:
+    await ctx.engine(request).remove_volume(request.path_params["name"])
+    return Response(status_code=204)

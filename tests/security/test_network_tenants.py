@@ -1,0 +1,92 @@
+"""Egress policies through the daemon: tenants may not have the host's network nor a
+policy naming private ranges; the SDK's network_events / update_network; the daemon's
+TCP port is never reachable from a policy sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+import corral
+from corral.errors import Forbidden, InvalidArgument, SandboxNotFound
+from tests.security.net_helpers import no_host_proxy, server_ns  # noqa: F401  (a fixture)
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+FETCH = r"""
+import socket, sys
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    s.sendall(b"GET / HTTP/1.0\r\nHost: " + sys.argv[3].encode() + b"\r\n\r\n")
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    print(data.split(b"\r\n\r\n", 1)[-1].decode())
+except Exception as e:
+    print(type(e).__name__)
+"""
+
+
+@pytest.fixture(scope="module")
+def team():
+    with server_ns(10, "GOOD") as good, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CORRAL_NETWORK_HOSTS", f"good.test={good}")
+        with team_daemon("--allow-host-network") as t:
+            yield t
+
+
+def test_tenant_gets_no_host_network_nor_private_ranges(team):
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        with pytest.raises(Forbidden):
+            corral.Sandbox.create(network="host", client=alice)
+        with pytest.raises(Forbidden):
+            corral.Sandbox.create(network={"allow": ["10.0.0.0/8"]}, client=alice)
+        with pytest.raises(InvalidArgument):
+            corral.Sandbox.create(network={"allow": ["example.com:65536"]}, client=alice)
+        sb = corral.Sandbox.create(network={"allow": ["good.test"]}, memory_mb=64, client=alice)
+        try:
+            with pytest.raises(Forbidden):
+                sb.update_network(allow=["169.254.169.254/32"])
+            r = sb.exec(["python3", "-c", FETCH, "good.test", "80", "good.test"], timeout=60)
+            assert r.stdout.strip() == "GOOD GET / HTTP/1.0"
+            # the daemon's TCP port, on the link's host end and on loopback's address
+            r = sb.exec(["python3", "-c", FETCH, "127.0.0.1", str(team.port), "x"], timeout=60)
+            assert r.stdout.strip() == "ConnectionRefusedError"  # its own loopback
+            events = sb.network_events()
+            assert any(e["name"] == "good.test" and e["verdict"] == "allowed" for e in events)
+            with corral.Client(team.url, token=team.tokens["bob"]) as bob:
+                with pytest.raises(SandboxNotFound):
+                    corral.Sandbox.connect(sb.id, client=bob).network_events()
+            sb.update_network(allow=["other.test"])
+            assert sb.info.spec.network.allow == ["other.test"]
+            r = sb.exec(["python3", "-c", FETCH, "good.test", "80", "good.test"], timeout=60)
+            assert r.stdout.strip() == "gaierror"
+            assert sb.network_events()[-1]["verdict"] == "refused"
+        finally:
+            sb.delete()
+    team.cleanup()
+    no_traceback(team)
+
+
+def test_daemon_port_unreachable_from_a_policy_sandbox(team):
+    with team.admin() as admin:
+        reply = admin.post("/v1/sandboxes", json={
+            "memory_mb": 64, "network": {"allow": ["*", "0.0.0.0/0", "127.0.0.0/8"]}})
+        assert reply.status_code == 201, reply.text
+        sid = reply.json()["id"]
+        host_end = admin.get(f"/v1/sandboxes/{sid}/network/events")
+        assert host_end.status_code == 200 and host_end.json()["events"] == []
+        code = "print(open('/etc/resolv.conf').read().split()[1])"
+        r = admin.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["python3", "-c", code]})
+        gateway = r.json()["stdout"].strip()  # the link's host end
+        for ip in (gateway, "127.0.0.1"):
+            r = admin.post(f"/v1/sandboxes/{sid}/exec", json={
+                "cmd": ["python3", "-c", FETCH, ip, str(team.port), "x"]})
+            assert r.json()["stdout"].strip() in ("ConnectionResetError",
+                                                  "ConnectionRefusedError"), r.json()
+        events = admin.get(f"/v1/sandboxes/{sid}/network/events").json()["events"]
+        assert [e["verdict"] for e in events] == ["refused"]
+        assert "never reachable" in events[0]["reason"]
+        none = admin.post("/v1/sandboxes", json={"memory_mb": 64}).json()["id"]
+        reply = admin.get(f"/v1/sandboxes/{none}/network/events")
+        assert reply.status_code == 409 and "invalid_state" in reply.text
+    team.cleanup()
+    no_traceback(team)

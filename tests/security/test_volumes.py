@@ -1,0 +1,157 @@
+"""Volumes (runtime/volumes.py): one copy on disk mounted into many sandboxes; ``cow``
+writes stay private, ``ro`` refuses them, ``rw`` shares them; a tenant's volumes are
+its own; names, host paths and mount points an attacker picks are refused typed."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral.cli.main import main
+from corral.errors import (
+    Forbidden,
+    InvalidArgument,
+    InvalidState,
+    QuotaExceeded,
+    SandboxStartError,
+    VolumeNotFound,
+)
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+N_COW = 20  # sandboxes sharing one cow volume
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon() as t:
+        t.make_token("carol", max_snapshot_mb=1)
+        t.make_token("dave")  # no quota: N_COW sandboxes at once
+        yield t
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a.csv").write_text("1,2,3\n")
+    (tmp_path / "README").write_text("the dataset\n")
+    return tmp_path
+
+
+def test_cow_volume_shared_by_many_sandboxes_stays_unchanged(team, dataset):
+    with corral.Client(team.url, token=team.tokens["dave"]) as alice:
+        vol = corral.Volume.create("ds", dataset, client=alice)
+        assert vol.info.files == 3
+        boxes = [corral.Sandbox.create(memory_mb=64, volumes={"/data": "ds"}, client=alice)
+                 for _ in range(N_COW)]
+        try:
+            for i, sb in enumerate(boxes):
+                r = sb.exec(f"echo {i} > /data/mine-{i} && echo x >> /data/rows/a.csv && "
+                            "ls /data | sort | tr '\\n' ' '", timeout=60)
+                assert r.returncode == 0, r.stderr
+                assert r.stdout.split() == sorted(["README", "rows", f"mine-{i}"])
+            assert boxes[0].files.read("/data/rows/a.csv") == b"1,2,3\nx\n"
+            ro = corral.Sandbox.create(memory_mb=64, volumes={"/data": "ds:ro"}, client=alice)
+            assert ro.exec("echo > /data/x", timeout=30).returncode != 0
+            assert ro.files.read("/data/rows/a.csv") == b"1,2,3\n"  # nobody's writes
+            assert ro.exec("ls /data", timeout=30).stdout.split() == ["README", "rows"]
+            with pytest.raises(InvalidState):
+                vol.delete()  # mounted
+            ro.delete()
+        finally:
+            for sb in boxes:
+                sb.delete()
+        rw = [corral.Sandbox.create(memory_mb=64, volumes={"/d": "ds:rw"}, client=alice)
+              for _ in range(2)]
+        rw[0].exec("echo shared > /d/out", timeout=30)
+        assert rw[1].files.read("/d/out") == b"shared\n"
+        for sb in rw:
+            sb.delete()
+        vol.delete()
+        assert corral.Volume.list(client=alice) == []
+    team.cleanup()
+    no_traceback(team)
+
+
+def test_volumes_are_their_tenants_own(team, dataset):
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice, \
+            corral.Client(team.url, token=team.tokens["bob"]) as bob:
+        corral.Volume.create("private", dataset, client=alice)
+        with pytest.raises(VolumeNotFound):
+            corral.Sandbox.create(memory_mb=64, volumes={"/data": "private"}, client=bob)
+        with pytest.raises(VolumeNotFound):
+            corral.Volume.get("private", client=bob)
+        assert corral.Volume.list(client=bob) == []
+        with pytest.raises(Forbidden):  # host directories: the admin's only
+            corral.Sandbox.create(memory_mb=64, volumes={"/data": "/etc:ro"}, client=bob)
+        for bad in ("../x", "a/b", "..", "A", ""):
+            with pytest.raises(InvalidArgument):
+                corral.Volume.create(bad, dataset, client=bob)
+            with pytest.raises(InvalidArgument):
+                corral.Sandbox.create(volumes={"/data": bad}, client=bob)
+        for dest in ("/proc/x", "data", "/", "/a/../etc", "/etc/cron.d"):
+            with pytest.raises(InvalidArgument):
+                corral.Sandbox.create(volumes={dest: "private"}, client=alice)
+        corral.Volume.get("private", client=alice).delete()
+    with corral.Client(team.url, token=team.tokens["carol"]) as carol:
+        big = dataset / "big"
+        big.write_bytes(os.urandom(2 << 20))  # over carol's 1 MB
+        with pytest.raises(QuotaExceeded):
+            corral.Volume.create("big", dataset, client=carol)
+        assert corral.Volume.list(client=carol) == []  # nothing half-made
+    team.cleanup()
+    no_traceback(team)
+
+
+def test_archive_escapes_and_symlinked_mount_points(team, dataset):
+    outside = Path(tempfile.mkdtemp(prefix="corral-test-outside-"))
+    target = outside / "made-by-the-launcher"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../../escape")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    evil = dataset / "evil.tar"
+    evil.write_bytes(buf.getvalue())
+    try:
+        with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+            with pytest.raises(InvalidArgument):
+                corral.Volume.create("evil", evil, client=alice)
+            evil.unlink()
+            corral.Volume.create("ds2", dataset, client=alice)
+            # a snapshot with a symlink where a volume will be mounted
+            sb = corral.Sandbox.create(memory_mb=64, client=alice)
+            sb.exec(f"ln -s {target} /workspace/link", timeout=30)
+            snap = sb.snapshot()
+            with pytest.raises(SandboxStartError):
+                corral.Sandbox.create(memory_mb=64, snapshot=snap.id,
+                                      volumes={"/workspace/link/sub": "ds2"}, client=alice)
+            assert not target.exists()  # nothing made through the link on the host
+            sb.delete()
+    finally:
+        for p in sorted(outside.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+        outside.rmdir()
+    team.cleanup()
+    no_traceback(team)
+
+
+def test_cli_volume_create_ls_rm(team, dataset, capsys):
+    tenant = ("--url", team.url, "--token", team.tokens["bob"])
+    assert main([*tenant, "volume", "create", "clivol", "--from", str(dataset)]) == 0
+    assert "3 files" in capsys.readouterr().out
+    assert main([*tenant, "volume", "ls"]) == 0
+    assert capsys.readouterr().out.startswith("clivol\t3\t")
+    assert main([*tenant, "create", "--memory-mb", "64", "--volume", "/data=clivol:ro"]) == 0
+    sid = capsys.readouterr().out.strip().split()[-1]
+    assert main([*tenant, "exec", sid, "cat", "/data/README"]) == 0
+    assert capsys.readouterr().out == "the dataset\n"
+    assert main([*tenant, "rm", sid]) == 0
+    assert main([*tenant, "volume", "rm", "clivol"]) == 0
+    capsys.readouterr()
+    team.cleanup()
