@@ -238,7 +238,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         engine.snapshots.open(users)
         await engine._adopt(adopting)
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
-        engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
+        engine._reaper = asyncio.create_task(  # the engine's own work: acts for the daemon
+            engine._reap_loop(), name="corral-reaper", context=engine.owners.detached())
         engine._pool.refill()
         return engine
 
@@ -420,7 +421,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         if live.ending:
             return
         task = asyncio.get_running_loop().create_task(
-            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0)
+            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0),
+            context=self.owners.detached(),  # the engine's own work, whoever made it
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -177,6 +177,11 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
         help="let TCP clients create sandboxes with network='host' (the host's network); "
         "the Unix socket always may",
     )
+    p.add_argument(
+        "--on-revoke", choices=("stop", "keep"), default=None,
+        help="what a revoked tenant's running sandboxes become: stop (default: what the "
+        "revoked token started ends; records and files stay for the admin) or keep",
+    )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.add_argument(
         "--log-format", choices=("text", "json"), default="text",

@@ -178,6 +178,23 @@ async def _drain(engine: Engine, grace: float, handover: Any = None) -> None:
     )
 
 
+async def _shut_down(engine: Engine, app: Any, frontend: Any,
+                     tasks: list[asyncio.Task[None]], sockets: list[socket.socket], *,
+                     handover: bool) -> None:
+    if frontend is not None:  # before the drain is cancelled: it ends their commands
+        await frontend.close()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for sock in sockets:
+        sock.close()
+    if app is not None:
+        await app.state.pools.close()  # deletes the pools' ready sandboxes
+    await engine.close(handover=handover)  # handover: its sandboxes wait for the next daemon
+    if app is not None:
+        await app.state.logs.close()  # after the engine: its last stops are logged
+
+
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
@@ -214,10 +231,11 @@ async def run(settings: ServerSettings) -> None:
             app.state.admission.close()
             if frontend is not None:  # its calls get as long as HTTP requests
                 frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
-            if not tasks:
+            if not tasks:  # the daemon's own work: it acts for the daemon, said so
                 handover = server is not None and server.handover and settings.restore_grace > 0
                 tasks.append(asyncio.create_task(_drain(
-                    engine, settings.shutdown_grace, app.state.pools if handover else None)))
+                    engine, settings.shutdown_grace, app.state.pools if handover else None),
+                    context=engine.owners.detached()))
 
         config = uvicorn.Config(
             app,
@@ -238,27 +256,20 @@ async def run(settings: ServerSettings) -> None:
         _log_start(settings, engine, sockets)
         tasks.append(asyncio.create_task(app.state.leases.run()))  # ends expired leases
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
-            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run()))
+            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run(),
+                                             context=engine.owners.detached()))
         if settings.idle_exit is not None:
             tasks.append(
                 asyncio.create_task(
-                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit)
+                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit),
+                    context=engine.owners.detached(),
                 )
             )
         await server.serve(sockets=sockets)
     finally:
-        if frontend is not None:  # before the drain is cancelled: it ends their commands
-            await frontend.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for sock in sockets:
-            sock.close()
-        if app is not None:
-            await app.state.pools.close()  # deletes the pools' ready sandboxes
-        await engine.close(handover=server is not None and server.handover)
-        if app is not None:
-            await app.state.logs.close()  # after the engine: its last stops are logged
+        with engine.owners.acting_as(None):  # the daemon's own shutdown work
+            await _shut_down(engine, app, frontend, tasks, sockets,
+                             handover=server is not None and server.handover)
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")
@@ -273,7 +284,8 @@ async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any) -> Any
             f"--grpc needs the cwsandbox client's packages ({exc.name} is missing): "
             "pip install 'corral[compat]'"
         ) from None
-    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.activity)
+    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.door,
+                                 app.state.activity)
     await frontend.start()
     return frontend
 

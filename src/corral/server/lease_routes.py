@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.leases import LeaseRequest, Leases
 
 
@@ -17,17 +17,17 @@ def leases_of(request: Request) -> Leases:
 
 
 async def create_lease(request: Request, body: LeaseRequest) -> Response:
-    info = leases_of(request).create(ctx.service(request).acting_tenant(), body.ttl)
+    info = leases_of(request).create(caller_of(request).name, body.ttl)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 
 async def renew_lease(request: Request) -> Response:
-    info = leases_of(request).renew(ctx.service(request).acting_tenant(),
+    info = leases_of(request).renew(caller_of(request).name,
                                     request.path_params["lease_id"])
     return JSONResponse(info.model_dump(mode="json"))
 
 
 async def release_lease(request: Request) -> Response:
-    await leases_of(request).release(ctx.service(request).acting_tenant(),
+    await leases_of(request).release(caller_of(request).name,
                                      request.path_params["lease_id"])
     return Response(status_code=204)

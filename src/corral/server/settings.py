@@ -102,6 +102,9 @@ class ServerSettings:
     max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
     max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
+    # What a revoked tenant's running sandboxes become (server/revocation.py): "stop"
+    # (their records and files stay for the admin) or "keep" (running, the admin's).
+    on_revoke: str = "stop"
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
@@ -152,6 +155,8 @@ class ServerSettings:
                 f"(got {self.max_lifetime:g} and {self.log_retention:g})")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.on_revoke not in ("stop", "keep"):
+            raise InvalidArgument(f"--on-revoke is stop or keep, got {self.on_revoke!r}")
         if self.log_format not in ("text", "json"):
             raise InvalidArgument(f"--log-format is text or json, got {self.log_format!r}")
         if self.node is not None and not is_node_id(self.node):

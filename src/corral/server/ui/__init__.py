@@ -78,4 +78,5 @@ def mount(app: Starlette) -> None:
     ]
     app.router.default = Router(routes=pages, default=app.router.default)
     app.state.ui_sessions = Sessions()
-    app.add_middleware(UiGate, sessions=app.state.ui_sessions, public=_public())
+    app.add_middleware(UiGate, sessions=app.state.ui_sessions, public=_public(),
+                       door=app.state.door)
