@@ -19,6 +19,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# CRIU >= 4.2 for live checkpoints (docs/live.md), built once from Debian sid's source
+# package and cached under the image cache (~2 min the first time; instant once cached)
+bash scripts/build_criu.sh || echo "warning: CRIU was not built: live checkpoints stay off" >&2
+
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
     for cand in python3.11 python3; do
