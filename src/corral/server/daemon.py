@@ -242,7 +242,7 @@ async def run(settings: ServerSettings) -> None:
             lifespan="off",
             http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
-            ws="websockets",
+            ws="websockets-sansio",  # "websockets" warns of its deprecation (on stderr)
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)
