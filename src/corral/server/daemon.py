@@ -79,6 +79,10 @@ class _Server(uvicorn.Server):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signalled, sig)
+        # A parent may have blocked them, and a mask survives exec: a Ray worker blocks
+        # SIGINT, so a cluster node's daemon never saw `cluster down`'s SIGINT (stopped
+        # by SIGKILL a minute later, its sandboxes left to the warden's grace).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
             yield
         finally:
