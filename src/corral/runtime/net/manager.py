@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,10 @@ def is_local(ip: str) -> bool:
         except OSError:
             return False
     return True
+
+
+# the sandbox a task resolves names for (set by the resolver's and the proxy's tasks)
+_serving: ContextVar[Attached | None] = ContextVar("corral_net_serving", default=None)
 
 
 def _ended(loop: asyncio.AbstractEventLoop, gate: asyncio.Semaphore | None,
@@ -237,11 +242,13 @@ class NetworkManager:
 
     # ------------------------------------------------------------ enforcement
 
-    async def resolve(self, name: str, att: Attached | None = None) -> list[str]:
+    async def resolve(self, name: str) -> list[str]:
         """IPv4 addresses of ``name``, resolved on the host (``hosts`` first), in the
-        resolver's own threads, at most LOOKUPS_PER_SANDBOX at once for ``att``."""
+        resolver's own threads, at most LOOKUPS_PER_SANDBOX at once for the sandbox
+        being served (:data:`_serving`)."""
         if name in self.hosts:
             return [self.hosts[name]]
+        att = _serving.get()
         gate = att.lookups if att is not None else None
         lookup = functools.partial(socket.getaddrinfo, name, None, socket.AF_INET,
                                    socket.SOCK_STREAM)
@@ -271,7 +278,8 @@ class NetworkManager:
         if not att.policy.name_allowed(q.name):
             att.record("dns", False, "the name is not allowed", name=q.name)
             return None
-        found = await self.resolve(q.name, att) if q.qtype == QTYPE_A else []
+        _serving.set(att)  # this task's (a query's) lookups count against its sandbox
+        found = await self.resolve(q.name) if q.qtype == QTYPE_A else []
         att.record("dns", True, "the name is allowed", name=q.name)
         return found
 
@@ -303,7 +311,8 @@ class NetworkManager:
                 att.record("tcp", False, f"the name {name} is not allowed", name=name, ip=ip,
                            port=port)
                 return None, None
-            found = await self.resolve(name, att)
+            _serving.set(att)  # this connection's task
+            found = await self.resolve(name)
             if not found and self._proxied(name, port):
                 att.record("tcp", True, f"the name {name} is allowed (through the host's "
                            "proxy, which resolves it)", name=name, port=port)
