@@ -44,7 +44,7 @@ from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
-from corral.server.conn_limits import mark_authenticated
+from corral.server.conn_limits import client_key, mark_authenticated
 from corral.server.endpoints import build_routes
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
@@ -150,7 +150,8 @@ class Guard:
         client = None
         try:
             tcp = scope.get("server") != (self.unix_socket, None)
-            address, credential = (scope.get("client") or ("?",))[0], presented(scope)
+            address = client_key(str((scope.get("client") or ("?",))[0]))
+            credential = presented(scope)
             slow = self.throttle.refusal(address, credential) if tcp else None
             if slow is not None:  # a guesser: refused before its credential is checked
                 await error_response(slow, retry_headers(slow))(scope, receive, send)
