@@ -156,9 +156,8 @@ class AuthThrottle:
         record.last = now
         over = record.failures - free
         if over > 0:
-            # the exponent is capped: 2.0 ** 1024 overflows, and a burst of concurrent
-            # guesses (all past refusal() before any failed()) got there, after which
-            # every failure raised instead of extending the block
+            # the exponent is capped: 2.0 ** 1024 overflows (then every failure would
+            # raise instead of extending the block)
             record.blocked_until = now + min(self.most, self.first * 2 ** min(over - 1, 64))
         while len(self._records) > MAX_KEYS:
             # the admin's and the tenants' names are never pushed out by a crowd of
