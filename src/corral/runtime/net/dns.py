@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from corral.runtime.net.proxy import reset
+
 QTYPE_A = 1
 RCODE_NXDOMAIN = 3
 RCODE_FORMERR = 1
@@ -127,16 +129,6 @@ class _Udp(asyncio.DatagramProtocol):
             self.transport.sendto(reply, addr)
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
-    writer.transport.abort()
-
-
 class Resolver:
     """The UDP and TCP DNS server on ``port`` (0.0.0.0; nftables lets only sandboxes in)."""
 
@@ -162,7 +154,7 @@ class Resolver:
         # sandbox's open connections, as the proxy's are
         done = self.admit(peer) if self.admit is not None else (lambda: None)
         if done is None:
-            _reset(writer)
+            reset(writer)
             return
         try:
             async with asyncio.timeout(10):
