@@ -221,7 +221,7 @@ def main() -> int:
     os.chmod(tmp, 0o711)  # the daemon's sandboxes must reach its socket's folder
     daemon = None
     try:
-        scripts = sorted(HERE.glob("bench_*.py"))
+        scripts = sorted(s for s in HERE.glob("bench_*.py") if s.name != "bench_args.py")
         for stage, chosen in (("engine", [s for s in scripts if s.name == OWN[0]]),
                               ("sdk", [s for s in scripts if s.name == OWN[1]]),
                               ("other", [s for s in scripts if s.name not in OWN])):

@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 # nftables: the egress filter of sandboxes with a network policy (docs/network.md)
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium)
+# docker-registry, skopeo: a local registry for the image pull tests (docs/agentic.md)
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium
+              docker-registry skopeo)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,6 +18,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# CRIU >= 4.2 for live checkpoints (docs/live.md), built once from Debian sid's source
+# package and cached under the image cache (~2 min the first time; instant once cached)
+bash scripts/build_criu.sh || echo "warning: CRIU was not built: live checkpoints stay off" >&2
 
 PY="${PYTHON:-}"
 if [ -z "$PY" ]; then
@@ -42,3 +48,11 @@ fi
 # compat extra above brings the clients the compat tests drive (tensorlake, cwsandbox,
 # sandbox-fusion).
 .venv/bin/python -m corral.runtime.prepare
+
+# The command where deploy/corral.service runs it (ExecStart): a link to this install,
+# when run as root and nothing else is there already.
+INSTALLED_AS=/usr/local/bin/corral
+if [ "$(id -u)" = 0 ] && [ -d "$(dirname "$INSTALLED_AS")" ] &&
+   { [ ! -e "$INSTALLED_AS" ] || [ -L "$INSTALLED_AS" ]; }; then
+    ln -sfn "$PWD/.venv/bin/corral" "$INSTALLED_AS"
+fi

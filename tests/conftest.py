@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -98,8 +99,10 @@ class Daemon:
         return self
 
     def stop(self) -> None:
+        """SIGINT: the daemon stops with its sandboxes (SIGTERM would hand them over to
+        the next daemon on the state dir: docs/restart.md)."""
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:

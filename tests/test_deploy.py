@@ -75,10 +75,20 @@ def test_unit_runs_corral_serve_with_state_dir_restart_and_json_logs():
     assert argv[:2] == [INSTALLED_AS, "serve"]
     assert "--state-dir" in argv and "--log-format" in argv
     assert argv[argv.index("--log-format") + 1] == "json"
-    assert service["Restart"] == "on-failure" and service["KillMode"] == "mixed"
+    # live restore: systemd signals the daemon only; its sandboxes outlive a restart
+    assert service["Restart"] == "on-failure" and service["KillMode"] == "process"
+    assert service.get("KillSignal", "SIGTERM") == "SIGTERM"
     for key in ("ProtectControlGroups", "ProtectKernelTunables", "PrivateDevices",
                 "RestrictNamespaces", "DevicePolicy", "UMask", "RestrictSUIDSGID"):
         assert key not in service, f"{key} breaks sandboxes"
+
+
+def test_make_install_puts_corral_where_the_unit_runs_it():
+    install = (Path(__file__).resolve().parent.parent / "scripts" / "install.sh").read_text()
+    assert f"INSTALLED_AS={INSTALLED_AS}\n" in install
+    assert 'ln -sfn "$PWD/.venv/bin/corral" "$INSTALLED_AS"' in install
+    if Path(INSTALLED_AS).is_symlink():  # installed here: it runs this checkout's corral
+        assert Path(INSTALLED_AS).resolve().name == "corral"
 
 
 def test_hardening_leaves_sandboxes_working():

@@ -52,6 +52,7 @@ from corral.errors import (
     CapacityExceeded,
     CorralError,
     DaemonUnavailable,
+    DockerfileError,
     ExecTimeout,
     FileError,
     FileNotFound,
@@ -65,10 +66,13 @@ from corral.errors import (
     InvalidArgument,
     InvalidState,
     LayerTransferError,
+    LeaseNotFound,
     NotFound,
     PathOutsideSandbox,
     PortClosed,
     QuotaExceeded,
+    RegistryAuthError,
+    RegistryError,
     SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
@@ -81,7 +85,7 @@ from corral.errors import (
     Unsupported,
     VolumeNotFound,
 )
-from corral.image_schema import BuildEvent, BuildSpec, ImageInfo
+from corral.image_schema import BuildEvent, BuildSpec, ImageInfo, PruneResult, PullEvent
 from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
@@ -112,6 +116,7 @@ __all__ = [
     "CommandResult",
     "CorralError",
     "DaemonUnavailable",
+    "DockerfileError",
     "ExecStream",
     "ExecTimeout",
     "FileError",
@@ -131,6 +136,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidState",
     "LayerTransferError",
+    "LeaseNotFound",
     "NetworkMode",
     "NetworkPolicy",
     "NotFound",
@@ -140,7 +146,11 @@ __all__ = [
     "PoolInfo",
     "PortClosed",
     "Process",
+    "PruneResult",
+    "PullEvent",
     "QuotaExceeded",
+    "RegistryAuthError",
+    "RegistryError",
     "Sandbox",
     "SandboxDiskFull",
     "SandboxInfo",

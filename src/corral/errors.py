@@ -7,12 +7,14 @@ would naturally catch as a builtin also inherit it::
     CorralError
     ├── InvalidArgument (ValueError)          400 invalid_argument
     │   ├── PathOutsideSandbox                400 path_outside_sandbox
-    │   └── ImageImportError                  400 image_import_failed
+    │   ├── ImageImportError                  400 image_import_failed
+    │   └── DockerfileError                   400 invalid_dockerfile
     ├── Unauthorized (PermissionError)        401 unauthorized
     ├── NotFound (LookupError)                404 not_found
     │   ├── SandboxNotFound                   404 sandbox_not_found
     │   ├── ImageNotFound                     404 image_not_found
     │   ├── SnapshotNotFound                  404 snapshot_not_found
+    │   ├── LeaseNotFound                     404 lease_not_found
     │   └── VolumeNotFound                    404 volume_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
@@ -34,6 +36,8 @@ would naturally catch as a builtin also inherit it::
     ├── SnapshotTooLarge                      413 snapshot_too_large
     ├── StorageFull                           507 storage_full
     ├── LayerTransferError                    502 layer_transfer_failed
+    ├── RegistryError (ConnectionError)       502 registry_failed
+    │   └── RegistryAuthError (PermissionError) 502 registry_auth_failed
     ├── PortClosed (ConnectionError)          502 port_closed
     ├── SandboxStartError                     500 sandbox_start_failed
     ├── Unsupported                           501 unsupported
@@ -82,6 +86,14 @@ class ImageImportError(InvalidArgument):
     code, status = "image_import_failed", 400
 
 
+class DockerfileError(InvalidArgument):
+    """A Dockerfile uses what corral cannot build (``HEALTHCHECK``, ``VOLUME``, heredocs,
+    ``RUN --mount``, another user...) or is malformed; nothing was built. ``details``:
+    ``line`` (from 1) and ``instruction``."""
+
+    code, status = "invalid_dockerfile", 400
+
+
 class Unauthorized(CorralError, PermissionError):
     code, status = "unauthorized", 401
 
@@ -107,6 +119,10 @@ class ImageNotFound(NotFound):
 
 class SnapshotNotFound(NotFound):
     code, status = "snapshot_not_found", 404
+
+
+class LeaseNotFound(NotFound):
+    code, status = "lease_not_found", 404
 
 
 class VolumeNotFound(NotFound):
@@ -274,6 +290,25 @@ class LayerTransferError(CorralError):
     ``details``: ``digest`` (and ``received``, ``path``, ``peer`` when known)."""
 
     code, status = "layer_transfer_failed", 502
+
+
+class RegistryError(CorralError, ConnectionError):
+    """A container registry could not be reached or broke the distribution protocol
+    (a manifest too large or malformed, an unexpected status). The message names the
+    registry; nothing half-pulled was kept as an image. ``details``: ``registry``,
+    ``ref`` (and ``status`` when the registry answered)."""
+
+    code, status = "registry_failed", 502
+
+
+class RegistryAuthError(RegistryError, PermissionError):
+    """A container registry refused the credentials (or wanted some and none were
+    configured): add them to ``~/.docker/config.json`` or the file named by
+    ``REGISTRY_AUTH_FILE`` of the daemon's user (``docker login`` / ``skopeo login``
+    write it). The credentials themselves are never in the message. ``details``:
+    ``registry``, ``ref``."""
+
+    code, status = "registry_auth_failed", 502
 
 
 class PortClosed(CorralError, ConnectionError):

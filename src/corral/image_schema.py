@@ -128,6 +128,20 @@ class CopyStep(_Strict):
     model_config = ConfigDict(serialize_by_alias=True)
 
     source: CopySource = Field(alias="copy")
+    # root: written by root of the build's user namespace, owned by root in the image
+    # (a Dockerfile's COPY); else by the sandbox user, owned by it
+    user: Literal["root", "sandbox"] | None = None
+
+    @property
+    def as_root(self) -> bool:
+        return self.user == "root"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)  # without user when unset: specs dump as they always did
+        if isinstance(data, dict) and data.get("user") is None:
+            data.pop("user", None)
+        return data
 
     @field_validator("source", mode="before")
     @classmethod
@@ -140,7 +154,8 @@ class CopyStep(_Strict):
         return v
 
     def describe(self) -> str:
-        return f"copy: {self.source.src} -> {self.source.dest}"
+        return (f"copy{' (as root)' if self.as_root else ''}: {self.source.src} -> "
+                f"{self.source.dest}")
 
 
 class EnvStep(_Strict):
@@ -218,7 +233,7 @@ class BuildSpec(_Strict):
             return data
         for i, step in enumerate(data["steps"], 1):
             keys = list(step) if isinstance(step, dict) else []
-            if "run" in keys and "user" in keys:  # run: ..., user: root
+            if ("run" in keys or "copy" in keys) and "user" in keys:  # ..., user: root
                 keys.remove("user")
             if len(keys) != 1 or keys[0] not in STEP_KINDS:
                 raise ValueError(
@@ -312,6 +327,8 @@ class ImageInfo(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
     python: str | None = None
+    ref: str | None = Field(None, exclude_if=lambda v: v is None)  # pulled: its registry ref
+    unique_bytes: int | None = None  # in listings: what deleting it alone would free
 
 
 class ImageList(BaseModel):
@@ -364,3 +381,55 @@ class BuildEvent(BaseModel):
     image: ImageInfo | None = None
     stats: BuildStats | None = None
     error: dict[str, Any] | None = None
+
+
+class PullRequest(_Strict):
+    """``POST /v1/images/pull``: a registry reference (``host[:port]/repo[:tag][@digest]``),
+    the local name (default: derived from the reference) and whether plain HTTP is
+    meant (accepted for loopback hosts and those the daemon lists)."""
+
+    ref: str = Field(min_length=3, max_length=512)
+    name: str | None = Field(None, max_length=64)
+    insecure: bool = False
+
+
+class PullEvent(BaseModel):
+    """One line of a streamed pull: a ``layer``'s progress (``bytes`` of ``size``,
+    ``cached`` if it was stored before), a ``log`` line, the ``image`` pulled, or an
+    ``error``."""
+
+    type: Literal["layer", "log", "image", "error"]
+    layer: int | None = None
+    total: int | None = None
+    digest: str | None = None
+    size: int | None = None
+    bytes: int | None = None
+    cached: bool | None = None
+    line: str | None = None
+    image: ImageInfo | None = None
+    error: dict[str, Any] | None = None
+
+
+class PruneResult(BaseModel):
+    """What ``POST /v1/images/prune`` removed: layers no image, cache entry or mounted
+    sandbox holds, and abandoned partial downloads."""
+
+    layers: list[str]
+    freed_bytes: int
+
+
+class DockerfileRequest(_Strict):
+    """``POST /v1/images/dockerfile`` (``dockerfile.json`` in the tar): the Dockerfile's
+    text, the image's name, ``--build-arg`` values and the stage to stop at."""
+
+    dockerfile: str = Field(min_length=1, max_length=1 << 20)
+    name: str = Field(min_length=1, max_length=64)
+    build_args: dict[str, str] = Field(default_factory=dict, max_length=256)
+    target: str | None = Field(None, max_length=128)
+
+    @field_validator("name")
+    @classmethod
+    def _image_name(cls, v: str) -> str:
+        if not IMAGE_NAME_RE.fullmatch(v):
+            raise ValueError(f"invalid image name {v!r}: use 1-64 of a-z, 0-9, '.', '_', '-'")
+        return v

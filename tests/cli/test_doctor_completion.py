@@ -123,3 +123,13 @@ def test_completion_follows_the_parser():
     assert "-a doctor" in fish and "-l follow" in fish
     zsh = script(build_parser(), "zsh")
     assert zsh.startswith("#compdef corral") and "bashcompinit" in zsh
+
+
+def test_doctor_checks_the_running_daemons_directories(daemon):
+    if not have_root_runtime():
+        pytest.skip("a healthy machine: root, bubblewrap, cgroups")
+    run = _corral("--url", daemon.url, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(run.stdout)}
+    state = str(daemon.state_dir.absolute())
+    assert checks["state dir"]["detail"].endswith(f"under {state}"), checks["state dir"]
+    assert f"state {state}" in checks["daemon"]["detail"]

@@ -19,7 +19,7 @@ def test_token_create_ls_revoke(cli, daemon):
     assert listed[name] | {"created_at": 0} == {
         "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
         "allow_images": True, "created_at": 0, "max_lifetime": 900, "max_snapshot_mb": None,
-        "max_builds": None,
+        "max_builds": None, "allow_host_network": False,
         "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "builds": 0, "snapshot_mb": 0,
                   "kept_mb": 0}}
     table = cli("token", "ls")
@@ -49,3 +49,13 @@ def test_ls_shows_the_tenant_of_sandboxes(cli, client, tag):
         listed = cli("ls", "--tag", tag, "--json").json()
         assert [s["spec"]["tenant"] for s in listed] == [None]  # the admin's
         assert sb.info.tenant is None
+
+
+def test_token_create_grants_the_host_network_only_when_asked(cli, daemon):
+    name = f"net-{secrets.token_hex(3)}"
+    assert cli("token", "create", name, "--allow-host-network").code == 0
+    assert cli("token", "create", f"{name}-no").code == 0
+    listed = {t["name"]: t for t in cli("token", "ls", "--json").json()}
+    assert listed[name]["allow_host_network"] is True
+    assert listed[f"{name}-no"]["allow_host_network"] is False
+    assert cli("token", "revoke", name, f"{name}-no").code == 0

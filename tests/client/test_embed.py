@@ -45,7 +45,7 @@ def _stop_embedded(sock: Path) -> None:
         return
     pid = int(pid_file.read_text())
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)  # (SIGTERM would hand its sandboxes over)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + 30

@@ -167,10 +167,11 @@ class Host:
         self.proc.wait()
 
     def stop(self) -> int:
-        """SIGTERM, as an operator would; returns the exit status."""
+        """SIGINT, as ``corral daemon stop`` would (its sandboxes stop with it; SIGTERM
+        would hand them over to a next daemon); returns the exit status."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
-        self.proc.terminate()
+        self.proc.send_signal(signal.SIGINT)
         try:
             return self.proc.wait(120)
         except subprocess.TimeoutExpired:

@@ -9,6 +9,8 @@ import httpx
 from tests.server.conftest import free_port
 
 TOKEN = "dashboard-test-token-5f1c"
+PLANTED = '<img src=x onerror="alert(1)">'  # markup a sandbox or client plants
+HTML = {"Accept": "text/html"}
 
 
 def start(make_daemon):

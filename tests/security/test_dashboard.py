@@ -13,11 +13,8 @@ from corral.server.evals import EvalReport, EvalStore
 from corral.server.ui.render import render
 from corral.server.ui.sessions import Sessions
 from corral.server.ui.views import Filters
-from tests.security.dashboard_daemon import TOKEN, login, start
+from tests.security.dashboard_daemon import HTML, PLANTED, TOKEN, login, start
 from tests.server.conftest import uds_client
-
-PLANTED = '<img src=x onerror="alert(1)">'
-HTML = {"Accept": "text/html"}
 
 
 @pytest.fixture

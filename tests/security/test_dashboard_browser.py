@@ -123,3 +123,33 @@ def test_dashboard_in_chromium(make_daemon, browser):
     assert session and session[0]["httpOnly"] and session[0]["sameSite"] == "Strict"
     assert TOKEN not in session[0]["value"]
     assert page.evaluate("document.cookie") == ""  # invisible to scripts
+
+
+def test_a_sandboxs_page_and_its_terminal_in_chromium(make_daemon, browser):
+    d, url = start(make_daemon)
+    dialogs: list[str] = []
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.set_default_timeout(WAIT_MS)
+    with corral.Client(f"{url}", token=TOKEN) as client:
+        sb = corral.Sandbox.create(memory_mb=64, client=client)
+        try:
+            sb.files.write(f"/workspace/{PLANTED}", b"planted")
+            page.goto(f"{url}/ui")
+            page.fill("#token", TOKEN)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{url}/ui")
+            page.click(f"a[href='/ui/sandboxes/{sb.id}']")  # from the list to its page
+            page.wait_for_url(f"{url}/ui/sandboxes/{sb.id}")
+            assert PLANTED in page.locator("table.files").inner_text()  # shown as text
+            page.click("#terminal-open")
+            terminal = page.locator("#terminal")
+            terminal.wait_for()
+            page.wait_for_selector("#terminal:not(:empty)")  # the shell's prompt
+            terminal.press_sequentially("echo $((6*7)) in the sandbox")
+            terminal.press("Enter")
+            page.locator("#terminal", has_text="42 in the sandbox").wait_for()
+            page.screenshot(path=str(ARTIFACTS / "dashboard-sandbox-page.png"), full_page=True)
+            assert not dialogs and page.evaluate("window.__pwned") is None
+        finally:
+            sb.delete()

@@ -93,8 +93,9 @@ def test_envd_reaches_no_sandbox_made_outside_the_front_end(e2b_ok):
     with uds_client(e2b_ok.socket) as c:
         native = c.post("/v1/sandboxes", json={}).json()["id"]
         try:
-            token = hmac.new(TOKEN.encode(), b"e2b-envd:" + native.encode(),
-                             hashlib.sha256).hexdigest()
+            mac = hmac.new(TOKEN.encode(), b"e2b-envd:admin\0" + native.encode(),
+                           hashlib.sha256).hexdigest()
+            token = f"admin.{mac}"  # as the door mints it (server/door.py)
             r = envd_start(e2b_ok, native, token, "touch /tmp/ran")
             assert b"was not found" in r.content
             assert not ran(e2b_ok, native)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 
 import pytest
 from pydantic import ValidationError
@@ -60,10 +61,14 @@ def test_settings_from_env():
 
 
 class _Manager:
-    """What FusionPools calls of the PoolManager: delete_owned, recorded."""
+    """What FusionPools calls of the PoolManager: delete_owned, recorded, and the
+    context its sweeps run in (the daemon's own)."""
 
     def __init__(self) -> None:
         self.deleted: list[str] = []
+
+    def detached(self) -> contextvars.Context:
+        return contextvars.Context()
 
     async def delete_owned(self, owner: str | None, name: str) -> bool:
         await asyncio.sleep(0)  # a real delete awaits: another sweep may run meanwhile

@@ -38,6 +38,7 @@ def test_exec_outcome(result, outcome):
     (SandboxState.STOPPED, "stopped by request", "stopped"),
     (SandboxState.STOPPED, "timeout: its lifetime of 1 s ran out", "timeout"),
     (SandboxState.STOPPED, "idle timeout: no activity for 5 s", "idle_timeout"),
+    (SandboxState.STOPPED, "lease expired: its client stopped renewing it", "lease_expired"),
     (SandboxState.FAILED, "sandbox fault: anything a sandbox may print", "failed"),
     (SandboxState.STOPPED, "the daemon shut down", "stopped"),
 ])

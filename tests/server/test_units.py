@@ -80,7 +80,8 @@ class FakeEngine:
         self.events = Events()
         self.owners = Owners()  # who sees what (the guard sets the acting tenant)
         self.registry = types.SimpleNamespace(db=sqlite3.connect(":memory:"))  # tokens
-        self.layout = types.SimpleNamespace(state_dir=Path(tempfile.mkdtemp()))  # logs.db
+        self.layout = types.SimpleNamespace(state_dir=Path(tempfile.mkdtemp()),  # logs.db
+                                            cache_dir=Path("/nonexistent-cache"))
         # a tenant's disk use (tenant_routes), none here
         self.snapshots = types.SimpleNamespace(quota_of=None, usage_bytes=lambda owner: 0)
         self.kept = types.SimpleNamespace(bytes_of=lambda owner: 0)

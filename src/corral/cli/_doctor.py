@@ -1,8 +1,10 @@
 """``corral doctor``: is this machine ready to run corral, and is its daemon well?
 
 The host's checks are :mod:`corral.runtime.doctor`'s; the daemon's (health, version)
-is asked here, without starting a daemon when none answers. Exit status 1 when a
-check FAILs (a WARN does not).
+is asked here, without starting a daemon when none answers. The state and cache
+directories checked are the running daemon's (``GET /v1/info`` tells its admin), unless
+``--state-dir`` / ``--cache-dir`` name others, or no daemon answers (then the
+defaults). Exit status 1 when a check FAILs (a WARN does not).
 """
 
 from __future__ import annotations
@@ -30,28 +32,32 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=doctor)
 
 
-def _daemon(ctx: Context) -> Any:
+def _daemon(ctx: Context) -> tuple[Any, dict[str, Any]]:
+    """The daemon's check, and its ``/v1/info`` (empty if none answers)."""
     from corral.runtime.doctor import FAIL, OK, WARN, Check
 
     endpoint = Endpoint.resolve(ctx.url)
     if endpoint.cluster:
-        return _cluster(endpoint.url, endpoint.cluster)
+        return _cluster(endpoint.url, endpoint.cluster), {}
     if endpoint.uds is not None and not answers(endpoint.uds):  # never start one here
         return Check("daemon", WARN, f"no daemon answers on {endpoint.uds}",
-                     "corral serve (or the systemd unit); the SDK starts one on first use")
+                     "corral serve (or the systemd unit); the SDK starts one on first use"), {}
     try:
         health = ctx.client.health()
         info = ctx.client.info()
     except corral.CorralError as exc:
         return Check("daemon", FAIL, f"{endpoint.url}: {exc.message}",
-                     "look at the daemon's log; restart it (corral daemon stop; corral serve)")
+                     "look at the daemon's log; restart it (corral daemon restart)"), {}
     status = OK if health.get("status") == "ok" else FAIL
     version = info.get("version")
     detail = f"{endpoint.url}: {health.get('status')}, version {version}"
+    if info.get("state_dir"):
+        detail += f", state {info['state_dir']}"
     if status == OK and version != corral.__version__:
         return Check("daemon", WARN, f"{detail} (this CLI is {corral.__version__})",
-                     "restart the daemon after upgrading corral")
-    return Check("daemon", status, detail)
+                     "restart the daemon after upgrading corral: corral daemon restart "
+                     "(its sandboxes keep running)"), info
+    return Check("daemon", status, detail), info
 
 
 def _cluster(url: str, address: str) -> Any:
@@ -76,7 +82,10 @@ def _cluster(url: str, address: str) -> Any:
 def doctor(args: argparse.Namespace, ctx: Context) -> int:
     from corral.runtime.doctor import FAIL, run_checks
 
-    checks = [*run_checks(args.state_dir, args.cache_dir), _daemon(ctx)]
+    daemon, info = _daemon(ctx)  # first: the running daemon's directories are checked
+    state_dir = args.state_dir or info.get("state_dir")
+    cache_dir = args.cache_dir or info.get("cache_dir")
+    checks = [*run_checks(state_dir, cache_dir), daemon]
     out = ctx.output
     if args.json:
         out.json([c.to_dict() for c in checks])

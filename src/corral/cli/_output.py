@@ -120,8 +120,9 @@ class Context:
         return corral.Client(self._url, token=self._token)
 
     def close(self) -> None:
+        """Close the client's connections (a later use opens a new client)."""
         if "client" in self.__dict__:
-            self.client.close()
+            self.__dict__.pop("client").close()
 
 
 def humanize_age(seconds: float) -> str:

@@ -29,6 +29,8 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     _quota_options(p, int, float)
     p.add_argument("--allow-images", action="store_true",
                    help="may build, import and delete images (shared by every tenant)")
+    p.add_argument("--allow-host-network", action="store_true",
+                   help="may ask for network='host' (needs the daemon's --allow-host-network)")
     p.add_argument("--json", action="store_true", help='print {"name", "token"}')
     p.set_defaults(handler=create)
     p = verbs.add_parser("ls", parents=conn, help="list tenants: quotas, use (never tokens)")
@@ -75,6 +77,8 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
     body = {"name": args.name, "allow_images": args.allow_images, **_given(args)}
+    if args.allow_host_network:  # sent only when given: an older daemon knows no such field
+        body["allow_host_network"] = True
     made = ctx.client.request("POST", "/v1/tokens", json=body).json()
     if args.json:
         ctx.output.json({"name": made["name"], "token": made["token"]})

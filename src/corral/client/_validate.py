@@ -69,6 +69,15 @@ def timeout(
     return seconds
 
 
+def check_lease(value: object) -> float | None:
+    """A session's ``lease``: None (the daemon's default over TCP), 0 (none), or
+    seconds in ``[1, 86400]``."""
+    seconds = timeout("lease", value, zero=True, maximum=86400.0)
+    if seconds is not None and 0 < seconds < 1:
+        raise invalid("lease", f"expected 0 (no lease) or at least 1 second, got {value!r}")
+    return seconds
+
+
 def integer(name: str, value: object, *, minimum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(name, f"expected an integer, got {_kind(value)}")

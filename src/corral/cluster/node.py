@@ -153,7 +153,8 @@ class NodeDaemon:
             _ray.kv_del(self._gcs, NODE_KEY + self.node_id)
         status = self.proc.returncode
         if self.proc.poll() is None:
-            self.proc.terminate()
+            # SIGINT: the daemon stops its sandboxes (SIGTERM hands them over to a next one)
+            self.proc.send_signal(signal.SIGINT)
             try:
                 status = self.proc.wait(DAEMON_STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

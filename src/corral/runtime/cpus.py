@@ -67,6 +67,14 @@ class CpuPicker:
             self._load[c] += 1
         return chosen
 
+    def hold(self, running: Sequence[int]) -> tuple[int, ...]:
+        """Count a sandbox that already runs on ``running`` (adopted after a restart:
+        :mod:`corral.runtime.restore`); the CPUs of this picker's among them."""
+        chosen = tuple(sorted(c for c in set(running) if c in self._load))
+        for c in chosen:
+            self._load[c] += 1
+        return chosen
+
     def give_back(self, chosen: Sequence[int]) -> None:
         for c in chosen:
             if c in self._load and self._load[c] > 0:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import CorralError
-from corral.runtime import cgroups, seccomp, storage
+from corral.runtime import cgroups, criu, seccomp, storage
 from corral.runtime import gpus as gpu_inventory
 from corral.runtime.agentbuild import agent_path
 from corral.runtime.images import DEFAULT_IMAGE, ImageStore
@@ -188,6 +188,31 @@ def images(layout: Layout) -> Check:
                  "python -m corral.runtime.prepare (needs debootstrap and a Debian mirror)")
 
 
+def live_checkpoints(layout: Layout, *, run_check: bool | None = None) -> Check:
+    """Whether ``sb.checkpoint()`` can work here: the cached CRIU (docs/live.md) found and
+    ``criu check`` passing (run only as root: it needs to be)."""
+    found = criu.find(layout.cache_dir)
+    if found is None:
+        need = ".".join(map(str, criu.MIN_VERSION))
+        return Check("live checkpoints", WARN,
+                     f"no CRIU >= {need} under {layout.cache_dir / 'criu'}: checkpoint() "
+                     "fails with 'unsupported'; everything else works", criu.BUILD)
+    if run_check is None:
+        run_check = os.geteuid() == 0
+    if not run_check:
+        return Check("live checkpoints", WARN,
+                     f"CRIU {found.version_text} at {found.path}; `criu check` needs root",
+                     "sudo corral doctor")
+    ok, output = criu.check(found)
+    if ok:
+        return Check("live checkpoints", OK,
+                     f"CRIU {found.version_text} at {found.path}: criu check passed")
+    return Check("live checkpoints", WARN,
+                 f"CRIU {found.version_text}: criu check failed ({output})",
+                 "a kernel with CONFIG_CHECKPOINT_RESTORE=y; see `criu check --all` and "
+                 "docs/live.md")
+
+
 def _existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
@@ -230,5 +255,5 @@ def run_checks(state_dir: Path | None = None, cache_dir: Path | None = None) -> 
         root(), kernel(), user_namespaces(), overlayfs(), cgroup_controllers(),
         seccomp_filter(), bubblewrap(), nftables(), agent(layout), images(layout),
         disk("state dir", layout.state_dir), disk("cache dir", layout.cache_dir), memory(),
-        gpus(),
+        gpus(), live_checkpoints(layout),
     ]

@@ -52,7 +52,9 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_lifetime import LifetimeOps
 from corral.runtime.engine_network import NetworkOps
+from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.engine_volumes import VolumeOps
 from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
@@ -67,8 +69,9 @@ from corral.runtime.net import NetworkManager
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
-from corral.runtime.reconcile import reconcile, remove_cgroup
+from corral.runtime.reconcile import remove_cgroup
 from corral.runtime.registry import Registry
+from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
@@ -80,7 +83,6 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
 )
 from corral.runtime.volumes import Volumes
 from corral.schema import (
-    MAX_TIMEOUT_S,
     TRANSITIONS,
     SandboxInfo,
     SandboxSpec,
@@ -93,7 +95,6 @@ from corral.schema import (
 SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
 STOP_WAIT_S = 5.0
-REAPER_INTERVAL_S = 0.5
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
@@ -104,7 +105,8 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
+class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
+             LifetimeOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -124,6 +126,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         uid_block: UidBlock,
         warm_slots: int = DEFAULT_WARM_SLOTS,
         network_hosts: dict[str, str] | None = None,
+        restore_grace: float = 0.0,
     ) -> None:
         self.layout = layout
         self.registry = registry
@@ -158,6 +161,10 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
                                   hosts=network_hosts)
         self.closed = False
         self.id_prefix = ID_PREFIX
+        self.restore_grace = restore_grace  # live restore: runtime/restore.py
+        # Ended sandboxes (and their kept files) are deleted this long after they ended
+        # (None: kept until deleted).
+        self.retention: float | None = None
         self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
 
     # ------------------------------------------------------------------ setup
@@ -171,6 +178,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         warm_slots: int = DEFAULT_WARM_SLOTS,
         id_prefix: str = ID_PREFIX,
         network_hosts: dict[str, str] | None = None,
+        restore_grace: float = 0.0,
         gpus: GpuBackend | None = None,
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
@@ -181,6 +189,11 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         ``network_hosts``: names the resolver of policy sandboxes answers with these
         addresses, not the host's resolver's (docs/network.md).
         ``gpus``: the GPU inventory (default: the host's, through NVML, if any).
+
+        Live restore (:mod:`corral.runtime.restore`): the running and paused
+        sandboxes of the previous engine on this state directory are adopted if its
+        warden still keeps them; with ``restore_grace`` > 0 this engine's warden keeps
+        this engine's for that many seconds after it dies or closes with ``handover``.
         """
         if os.geteuid() != 0:
             raise Unsupported("the corral engine needs root (namespaces, cgroups, mounts)")
@@ -188,9 +201,12 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
-        lock_file = await asyncio.to_thread(warden.acquire_lock, layout.state_dir)
+        lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
         try:
-            uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
+            if handover is not None and handover.uids_fd >= 0:
+                uid_block = UidBlock.adopt(handover.uids_fd)
+            else:
+                uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
         except BaseException:
             lock_file.close()
             raise
@@ -205,33 +221,40 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
             uid_block,
             warm_slots,
             network_hosts,
+            restore_grace,
         )
         engine.id_prefix = id_prefix
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
             detect_gpus))
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
-        engine.reconcile()
         engine._warden = warden.Warden.start(
-            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,))
-        engine.snapshots.open()
+            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,),
+            state_dir=layout.state_dir, grace=restore_grace)
+        adopting = engine._adoptable(handover)  # the rest is reconciled: lost
+        users: dict[str, int] = {}
+        for live in adopting:
+            if live.snapshot_id:
+                users[live.snapshot_id] = users.get(live.snapshot_id, 0) + 1
+        engine.snapshots.open(users)
+        await engine._adopt(adopting)
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
-        engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
+        engine._reaper = asyncio.create_task(  # the engine's own work: acts for the daemon
+            engine._reap_loop(), name="corral-reaper", context=engine.owners.detached())
         engine._pool.refill()
         return engine
 
-    def reconcile(self) -> list[str]:
-        """Clean up after a previous owner of this state directory that died
-        (:func:`~corral.runtime.reconcile.reconcile`); the ids it marked failed."""
-        return reconcile(self.layout, self.registry, self.cgroups, self.cgroup_parent)
-
-    async def close(self, *, stop_sandboxes: bool = True) -> None:
-        """Stop every sandbox (they cannot outlive their engine) and release the state dir."""
+    async def close(self, *, stop_sandboxes: bool = True, handover: bool = False) -> None:
+        """Stop every sandbox and release the state dir; with ``handover`` (and a
+        ``restore_grace``) leave them running for the next engine to adopt."""
         if self.closed:
             return
         self.closed = True
         if self._reaper:
             self._reaper.cancel()
-        if stop_sandboxes:
+        handover = handover and self.restore_grace > 0 and self._warden is not None
+        if handover:
+            await self._hand_over()
+        elif stop_sandboxes:
             await asyncio.gather(
                 *(self._end(live, SandboxState.STOPPED, "engine closed", grace=0)
                   for live in list(self._live.values())),
@@ -241,10 +264,11 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         await self.net.close()
         for t in list(self._tasks):
             t.cancel()
-        remove_cgroup(self.cgroups, self.cgroup_parent)
+        if not handover:  # (it would kill what is handed over)
+            remove_cgroup(self.cgroups, self.cgroup_parent)
         self.registry.close()
         if self._warden:
-            self._warden.stop()
+            self._warden.stop(handover=handover)
         self.uids.close()
         self._lock_file.close()
 
@@ -305,6 +329,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         live.gpus = grant
+        live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
@@ -361,6 +386,11 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
+        live.reattach, slot.reattach = slot.reattach, None
+        assert live.reattach is not None
+        self._keep_with_warden(live, [live.reattach.fileno(), slot.log_fd])
+        os.close(slot.log_fd)
+        slot.log_fd = -1
         live.state = SandboxState.RUNNING
         live.touch()
 
@@ -391,7 +421,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         if live.ending:
             return
         task = asyncio.get_running_loop().create_task(
-            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0)
+            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0),
+            context=self.owners.detached(),  # the engine's own work, whoever made it
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -449,22 +480,6 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
                 live.touch()
             elif live.state != SandboxState.RUNNING:
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
-        return self.get(sandbox_id)
-
-    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
-        """End the sandbox ``seconds`` from now instead of when its lifetime said (its
-        spec's ``timeout`` becomes the new lifetime, counted from its start)."""
-        live = self._get_live(sandbox_id)
-        async with live.lock:
-            if live.ending or live.state.terminal:
-                raise InvalidState(f"sandbox {live.id} is ending: its lifetime cannot change",
-                                   details={"sandbox_id": live.id, "state": live.state.value})
-            lifetime = (time.time() - (live.started_at or time.time())) + max(seconds, 0.001)
-            lifetime = min(lifetime, MAX_TIMEOUT_S)
-            spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
-                                      "secrets": live.spec.secret_env(), "timeout": lifetime})
-            self.registry.set_spec(live.id, spec)
-            live.spec = spec
         return self.get(sandbox_id)
 
     async def stop(
@@ -540,6 +555,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
+        self._forget(live)  # its agent exits once its channel closes too
         self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
@@ -576,32 +592,6 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps):
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
-
-    async def _reap_loop(self) -> None:
-        """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
-        while True:
-            await asyncio.sleep(REAPER_INTERVAL_S)
-            now_wall, now = time.time(), time.monotonic()
-            for live in list(self._live.values()):
-                if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
-                    continue
-                spec = live.spec
-                reason = None
-                if live.started_at and now_wall - live.started_at > spec.timeout:
-                    reason = f"timeout: its lifetime of {spec.timeout:g} s ran out"
-                elif (
-                    spec.idle_timeout
-                    and live.state == SandboxState.RUNNING
-                    and live.busy == 0
-                    and now - live.last_active > spec.idle_timeout
-                ):
-                    reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
-                if reason:
-                    task = asyncio.create_task(
-                        self._end(live, SandboxState.STOPPED, reason, grace=0)
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
 
     # ----------------------------------------------------------------- query
 

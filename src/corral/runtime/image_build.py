@@ -131,8 +131,11 @@ class ImageBuild:
     def __init__(self, engine: Engine, spec: BuildSpec | dict[str, Any], *,
                  name: str | None = None, context: str | os.PathLike[str] | None = None,
                  context_only: bool = False, sources: dict[int, str] | None = None,
-                 cpus: float | None = None, host_network: bool = True) -> None:
+                 cpus: float | None = None, host_network: bool = True,
+                 meta: dict[str, Any] | None = None) -> None:
         self.spec = spec = BuildSpec.parse(spec)
+        # what a Dockerfile records besides files (user, cmd, entrypoint, labels, ports)
+        self.meta = dict(meta or {})
         # run steps' network: the host's, unless the caller may not have it (a tenant on
         # a daemon without --allow-host-network): then none, as its sandboxes
         self.host_network = host_network
@@ -193,7 +196,9 @@ class ImageBuild:
                     content = (await asyncio.to_thread(_scan_source, source))[1]
                     kept = source.name if dest.endswith("/") and source.is_file() else None
                     canonical = json.dumps({"copy": {"dest": dest, "name": kept,
-                                                     "content": content}}).encode()
+                                                     "content": content},
+                                            **({"user": "root"} if step.as_root else {})
+                                            }).encode()
                 key = _hash(parent.encode(), canonical)
                 entry = image_cache.cache_get(images_dir, key)
                 self.emit(type="step", step=i + 1, total=len(spec.steps), instruction=text,
@@ -229,7 +234,7 @@ class ImageBuild:
         """Run one step in a fresh sandbox and commit what it wrote as a layer."""
         engine, spec = self.engine, self.spec
         run = isinstance(step, RunStep)
-        as_root = isinstance(step, RunStep) and step.as_root
+        as_root = step.as_root
         ca = await asyncio.to_thread(_ca_bundle, self.store.images_dir) if run else None
         binds = [(str(ca), BUILD_CA_PATH)] if ca else []
         if as_root:
@@ -392,7 +397,8 @@ class ImageBuild:
         root = {"image": base.root_image or base.name, "digest": base.root_digest or base.digest}
         digest = "sha256:" + _hash(json.dumps(
             {"root": root, "layers": [x["digest"] for x in layers], "env": env,
-             "workdir": workdir}, sort_keys=True).encode())
+             "workdir": workdir, **({"meta": self.meta} if self.meta else {})},
+            sort_keys=True).encode())
         if self.store.exists(self.name):
             old = self.store.manifest(self.name)
             if old.get("digest") == digest and old.get("source", {}).get("keys") == keys:
@@ -402,7 +408,7 @@ class ImageBuild:
         manifest = {
             "digest": digest, "size_bytes": root_size + sum(x["size_bytes"] for x in layers),
             "python": base.python, "base": self.spec.base, "root": root, "layers": layers,
-            "env": env, "workdir": workdir,
+            "env": env, "workdir": workdir, **self.meta,
             "source": {"kind": "build", "spec": self.spec.model_dump(mode="json"),
                        "keys": keys},
         }

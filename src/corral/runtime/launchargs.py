@@ -79,7 +79,9 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--bind", str(live.sandbox_dir / "rw" / "shm"), "/dev/shm",
         "--remount-ro", "/dev",
         *(["--ro-bind", str(live.sandbox_dir / "rw" / "sys"), "/sys"] if live.cpus else []),
-        "--new-session", "--die-with-parent", "--as-pid-1",
+        # No --die-with-parent: a sandbox outlives its daemon (a restart, an upgrade)
+        # while the warden keeps its reattach socket (runtime/restore.py)
+        "--new-session", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]
     if spec.network == NetworkMode.NONE:
@@ -88,5 +90,5 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         argv += ["--ro-bind", str(live.sandbox_dir / "resolv.conf"), RESOLV_CONF]
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
-    argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd)]
+    argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd), str(slot.reattach_fd)]
     return argv

@@ -12,7 +12,9 @@ its layers while it waits.
 Nothing of the host is handed to the sandbox as a descriptor: the launcher's stdin,
 stdout and stderr are pipes (stderr, which bwrap and the agent inherit, is drained
 by a :class:`~corral.runtime.logtail.LogTail`), and the others are the control
-socket and the seccomp program.
+socket, the reattach socket (a ``SOCK_SEQPACKET`` pair whose host end the engine's
+warden keeps, so a later engine can give the agent a new control socket:
+:mod:`corral.runtime.restore`) and the seccomp program.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Slot:
     go_fd: int  # the launcher's stdin
     log: LogTail  # its stderr (bwrap's and the agent's too), drained with a cap
     uid: int  # the sandbox's host uid and gid
+    reattach: socket.socket | None  # the host end of the agent's reattach socket
+    reattach_fd: int  # the number of the agent's end, as the agent will see it
+    log_fd: int = -1  # a copy of the read end of ``log``, for the warden to keep
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -79,6 +84,11 @@ class Slot:
             os.close(self.go_fd)  # EOF: a waiting launcher exits
             self.go_fd = -1
         self.sock.close()
+        if self.reattach is not None:
+            self.reattach.close()
+        if self.log_fd >= 0:
+            os.close(self.log_fd)
+            self.log_fd = -1
         try:
             self.proc.wait(2)
         except subprocess.TimeoutExpired:
@@ -164,10 +174,12 @@ class SlotPool:
             self.uids.release(uid)  # nothing ran as it
             raise
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        r_ours, r_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         seccomp_r, seccomp_w = os.pipe()
         ready_r, ready_w = os.pipe()
         go_r, go_w = os.pipe()
         log_r, log_w = os.pipe()
+        log_copy = os.dup(log_r)  # (close-on-exec) the warden keeps one: restore.py
         log = LogTail(log_r)
         argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
                 "--canonical", str(CANONICAL_UID)]
@@ -176,17 +188,15 @@ class SlotPool:
         try:
             os.write(seccomp_w, seccomp.build_filter())
             os.close(seccomp_w)
-            # Spawned from the event loop's thread on purpose: bwrap (which this
-            # process becomes) has --die-with-parent, which fires when the *thread*
-            # that forked it exits.
             proc = subprocess.Popen(
                 argv, stdin=go_r, stdout=ready_w, stderr=log_w,
-                pass_fds=(theirs.fileno(), seccomp_r), env={}, cwd="/",
+                pass_fds=(theirs.fileno(), r_theirs.fileno(), seccomp_r), env={}, cwd="/",
             )
         except BaseException:
-            for fd in (go_w, ready_r):
+            for fd in (go_w, ready_r, log_copy):
                 os.close(fd)
             ours.close()
+            r_ours.close()
             log.close()
             await asyncio.to_thread(cgroup.remove, children=False)
             self.uids.release(uid)  # the launcher never started
@@ -194,10 +204,12 @@ class SlotPool:
         finally:
             for fd in (seccomp_r, ready_w, go_r, log_w):
                 os.close(fd)
-            ctl_fd = theirs.fileno()
+            ctl_fd, reattach_fd = theirs.fileno(), r_theirs.fileno()
             theirs.close()
+            r_theirs.close()
         log.start()
-        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid)
+        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
+                    r_ours, reattach_fd, log_copy)
         try:
             ok = await _read_ready(ready_r)
         finally:

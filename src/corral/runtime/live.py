@@ -9,6 +9,7 @@ the commands and file operations in flight (an ``idle_timeout`` waits for them),
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -57,6 +58,8 @@ class Live:
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     cpus: tuple[int, ...] = ()  # the CPUs it runs on (corral.runtime.cpus)
     log: LogTail | None = None  # the launcher's, bwrap's and the agent's stderr
+    reattach: socket.socket | None = None  # the host end of its agent's reattach socket
+    adoptable: bool = True  # survives its engine (live restore); not an image build's
     netns: str | None = None  # a policy sandbox's network namespace (runtime/net)
     volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
 

@@ -48,6 +48,7 @@ from corral.runtime.uids import CANONICAL_UID
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+OVERLAY_OPAQUE = "trusted.overlay.opaque"
 MAX_LINK_HOPS = 40
 _CHUNK = 1 << 20
 _GZIP = b"\x1f\x8b"
@@ -205,13 +206,7 @@ def _pick_manifest(src: _Source, index: dict[str, Any], depth: int = 0) -> dict[
     manifests = index.get("manifests") or []
     if not manifests or depth > 4:
         raise ImageImportError("the OCI index lists no image manifest")
-    arch = _ARCH.get(platform.machine(), platform.machine())
-    fitting = [m for m in manifests
-               if (m.get("platform") or {}).get("architecture", arch) == arch
-               and (m.get("platform") or {}).get("os", "linux") == "linux"]
-    if not fitting:
-        raise ImageImportError(f"the OCI index has no manifest for linux/{arch}")
-    chosen = fitting[0]
+    chosen = choose_platform(manifests)
     body = src.json(_blob(chosen["digest"]))
     if not isinstance(body, dict):
         raise ImageImportError(f"blob {chosen['digest']} is not an image manifest")
@@ -220,6 +215,21 @@ def _pick_manifest(src: _Source, index: dict[str, Any], depth: int = 0) -> dict[
     if "config" not in body or "layers" not in body:
         raise ImageImportError(f"blob {chosen['digest']} is not an image manifest")
     return body
+
+
+def choose_platform(manifests: list[Any]) -> dict[str, Any]:
+    """The descriptor in an index's ``manifests`` for this host (linux and its
+    architecture; an entry without a platform fits any), skipping attestations."""
+    arch = _ARCH.get(platform.machine(), platform.machine())
+    fitting = [m for m in manifests if isinstance(m, dict)
+               and (m.get("platform") or {}).get("architecture", arch) == arch
+               and (m.get("platform") or {}).get("os", "linux") == "linux"
+               and (m.get("annotations") or {}).get("vnd.docker.reference.type")
+               != "attestation-manifest"]
+    if not fitting:
+        raise ImageImportError(f"the image index has no manifest for linux/{arch}",
+                               details={"platform": f"linux/{arch}"})
+    return fitting[0]
 
 
 def _blob(digest: str) -> str:
@@ -298,6 +308,46 @@ def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
         for parts, m in entries:
             if not parts[-1].startswith(WHITEOUT):
                 _extract(root, tar, parts, m, index)
+
+
+def apply_overlay_layer(root: Path, stream: Any, index: int = 1) -> None:
+    """Unpack one layer, read once from ``stream`` (a plain tar: anything with
+    ``read(n)``), into the empty tree ``root``, to be an overlayfs lower layer: a
+    whiteout becomes overlayfs's marker (a 0/0 character device) and an opaque directory
+    gets ``trusted.overlay.opaque`` (both need root); nothing is deleted. The rules of
+    :func:`apply_layer` hold."""
+    made: set[tuple[str, ...]] = set()  # what this layer itself put there
+    try:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
+            for m in tar:
+                parts = _entry_parts(m.name, index)
+                if not parts:
+                    continue
+                if parts[-1] == OPAQUE or parts[-1].startswith(WHITEOUT):
+                    gone = parts[-1] if parts[-1] == OPAQUE else _whiteout_target(parts, index)
+                    if tuple([*parts[:-1], gone]) not in made:  # hides lower layers only
+                        _mark_whiteout(root, parts, index)
+                    continue
+                _extract(root, tar, parts, m, index)
+                made.add(tuple(parts))
+    except (tarfile.TarError, EOFError) as exc:
+        raise ImageImportError(f"layer {index} is not a valid tar archive ({exc})",
+                               details={"layer": index}) from None
+
+
+def _mark_whiteout(root: Path, parts: list[str], index: int) -> None:
+    """A whiteout or opaque marker of an OCI layer as overlayfs writes one."""
+    if parts[-1] != OPAQUE and not parts[-1].startswith(WHITEOUT):
+        return
+    d = _resolve_dir(root, parts[:-1], create=True)
+    assert d is not None
+    if parts[-1] == OPAQUE:
+        os.setxattr(d, OVERLAY_OPAQUE, b"y")
+        return
+    target = os.path.join(d, _whiteout_target(parts, index))
+    if os.path.lexists(target):
+        _delete(target)
+    os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
 
 def _whiteout_target(parts: list[str], index: int) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import logging
 import secrets
 import statistics
@@ -45,7 +46,6 @@ from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
 from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
 from corral.runtime.namespaces import pick
-from corral.runtime.ownership import Owners
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
 logger = logging.getLogger("corral.pools")
@@ -155,6 +155,10 @@ class PoolManager:
             engine.events.subscribe(StateChanged, self._state_changed),
         ]
 
+    def detached(self) -> contextvars.Context:
+        """A context acting for the daemon itself (see :meth:`Owners.detached`)."""
+        return self._engine.owners.detached()
+
     # ------------------------------------------------------------------ pools
 
     def create_pool(
@@ -191,7 +195,7 @@ class PoolManager:
         pool = _Pool(name, tagged, min_ready, max_size)
         # the loop acts for the daemon, each refill for the pool's owner (_start_one)
         pool.task = asyncio.get_running_loop().create_task(
-            self._maintain(pool), name=f"corral-pool-{name}", context=Owners.detached()
+            self._maintain(pool), name=f"corral-pool-{name}", context=self._engine.owners.detached()
         )
         self._pools[key] = pool
         logger.info("pool %s: min_ready %d, max_size %d", name, min_ready, max_size)
@@ -486,7 +490,8 @@ class PoolManager:
     def _discard(self, pool: _Pool, sid: str) -> None:
         """Delete a sandbox the pool will not hand out, in the background."""
         pool.discarded += 1
-        task = asyncio.get_running_loop().create_task(self._remove(sid), context=Owners.detached())
+        task = asyncio.get_running_loop().create_task(
+            self._remove(sid), context=self._engine.owners.detached())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         pool.wake.set()

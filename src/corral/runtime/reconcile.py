@@ -18,15 +18,21 @@ from corral.schema import SandboxState
 
 
 def reconcile(
-    layout: Layout, registry: Registry, cgroups: CgroupDriver, cgroup_parent: str
+    layout: Layout, registry: Registry, cgroups: CgroupDriver, cgroup_parent: str,
+    keep: dict[str, str] | None = None,
 ) -> list[str]:
-    """Every sandbox the registry thinks is alive is lost (its agent exits when its
-    engine does): kill what remains of it, unmount, remove its cgroups, and mark it
-    failed with the reason. Then remove leftovers the registry never knew of (a crash
-    in the middle of a create). Returns the ids marked failed.
+    """Every sandbox the registry thinks is alive is lost, but those in ``keep`` (id
+    to cgroup path: adopted, :mod:`corral.runtime.restore`): kill what remains of it,
+    unmount, remove its cgroups, and mark it failed with the reason. Then remove
+    leftovers the registry never knew of (a crash in the middle of a create). Returns
+    the ids marked failed.
     """
+    keep = keep or {}
+    kept_cgroups = {path.rsplit("/", 1)[-1] for path in keep.values()}
     lost = []
     for sid, state, pid, pid_start, cg_path in registry.live_rows():
+        if sid in keep:
+            continue
         if pid and pid_start and syscalls.process_start_time(pid) == pid_start:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -38,14 +44,17 @@ def reconcile(
         registry.set_state(
             sid,
             SandboxState.FAILED,
-            f"lost: the engine that ran it stopped unexpectedly while it was {state}; "
-            "its processes, mounts and cgroups were cleaned up when the engine restarted",
+            f"lost: the engine that ran it stopped unexpectedly while it was {state} and its "
+            "agent could not be taken over (see docs/restart.md); its processes, mounts "
+            "and cgroups were cleaned up when the engine restarted",
         )
         lost.append(sid)
     for name in cgroups.children(cgroup_parent):
-        remove_cgroup(cgroups, f"{cgroup_parent}/{name}")
+        if name not in kept_cgroups:
+            remove_cgroup(cgroups, f"{cgroup_parent}/{name}")
     for d in layout.sandboxes_dir.iterdir():
-        rootfs.unmount_root(d)
+        if d.name not in keep:  # (an adopted one's mounts are in its own namespace)
+            rootfs.unmount_root(d)
     for f in layout.slots_dir.iterdir():
         f.unlink(missing_ok=True)
     return lost

@@ -214,6 +214,13 @@ class Registry:
             )
         )
 
+    def ended_before(self, cutoff: float, limit: int) -> builtins.list[str]:
+        """Ids of sandboxes that ended (stopped or failed) before ``cutoff``, oldest first."""
+        return [r[0] for r in self._db.execute(
+            "SELECT id FROM sandboxes WHERE state IN (?, ?) AND ended_at < ? "
+            "ORDER BY ended_at LIMIT ?",
+            (SandboxState.STOPPED.value, SandboxState.FAILED.value, cutoff, limit))]
+
     def counts(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state"))
 
@@ -323,16 +330,25 @@ class Registry:
     def layer_ids(self) -> set[str]:
         return {r[0] for r in self._db.execute("SELECT id FROM layers")}
 
-    def recount_snapshots(self) -> None:
-        """After a restart no sandbox of before is alive: drop their uses (and deleted
-        snapshots kept only for them) and recount every layer's references."""
+    def recount_snapshots(self, users: dict[str, int] | None = None) -> None:
+        """After a restart only the sandboxes adopted from before are alive (``users``:
+        how many use each snapshot): drop the other uses (and deleted snapshots kept
+        only for them) and recount every layer's references."""
+        users = users or {}
         with self._db:
             self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM snapshots WHERE deleted=1")
+            self._db.execute(
+                "DELETE FROM snapshots WHERE deleted=1 AND id NOT IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(list(users)),))
             self._db.execute("UPDATE snapshots SET users=0")
+            self._db.executemany("UPDATE snapshots SET users=? WHERE id=?",
+                                 [(n, sid) for sid, n in users.items()])
             self._db.execute(
                 "UPDATE layers SET refcount = (SELECT COUNT(*) FROM snapshots, "
-                "json_each(snapshots.layers) WHERE json_each.value = layers.id)"
+                "json_each(snapshots.layers) WHERE json_each.value = layers.id "
+                "AND snapshots.deleted=0) + (SELECT COALESCE(SUM(snapshots.users), 0) "
+                "FROM snapshots, json_each(snapshots.layers) "
+                "WHERE json_each.value = layers.id)"
             )
 
     def _chain(self, snapshot_id: str) -> str:

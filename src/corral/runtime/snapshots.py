@@ -90,10 +90,11 @@ class Snapshots:
         # a check meanwhile (a kept tree's, another snapshot's) counts them too
         self._installing: dict[int, tuple[str | None, dict[str, int]]] = {}
 
-    def open(self) -> list[str]:
-        """Recount references after a restart and remove what a crash left behind
-        (half-built or half-removed layers). Returns the names removed."""
-        self.registry.recount_snapshots()
+    def open(self, users: dict[str, int] | None = None) -> list[str]:
+        """Recount references after a restart (``users``: the sandboxes adopted from
+        before, per snapshot) and remove what a crash left behind (half-built or
+        half-removed layers). Returns the names removed."""
+        self.registry.recount_snapshots(users)
         return self.store.open(self.registry.layer_ids())
 
     # ---------------------------------------------------------------- taking

@@ -126,6 +126,24 @@ class UidBlock:
             "corral engines (or by the wardens of engines that died, until they have "
             "cleaned up): stop an engine first")
 
+    @classmethod
+    def adopt(cls, fd: int) -> "UidBlock":
+        """The block whose lock ``fd`` is (handed over by a dead engine's warden:
+        :mod:`corral.runtime.restore`); the uids its sandboxes still run as are held
+        back until :meth:`take` claims them for the sandboxes adopted."""
+        name = os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1]
+        index = int(name.removeprefix("block-").removesuffix(".lock"))
+        block = cls(fd, index)
+        block.hold_back(uids_in_use(block.first, block.first + BLOCK_SIZE))
+        return block
+
+    def take(self, uid: int) -> None:
+        """An adopted sandbox runs as ``uid``: in use, released when it ends."""
+        with self._mutex:
+            if self.first <= uid < self.first + BLOCK_SIZE:
+                self._free = deque(u for u in self._free if u != uid)
+                self._used.add(uid)
+
     def acquire(self) -> int:
         """A uid no live sandbox uses, the one released longest ago."""
         with self._mutex:

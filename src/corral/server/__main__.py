@@ -110,6 +110,28 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "how long a deleted sandbox's command and lifecycle log is kept (default 86400)",
     ),
     (
+        "--restore-grace",
+        float,
+        "SECONDS",
+        "live restore: after SIGTERM or a crash, how long the sandboxes keep running for "
+        "the next daemon on this state dir to adopt them (default 300; 0: they end with "
+        "the daemon; SIGINT always stops them)",
+    ),
+    (
+        "--retention",
+        float,
+        "SECONDS",
+        "how long an ended sandbox stays listed (and its kept files on disk) before it is "
+        "removed (default 86400)",
+    ),
+    (
+        "--default-lease",
+        float,
+        "SECONDS",
+        "the lease the SDK's sessions over TCP take by default: their sandboxes end this "
+        "long after the client stops renewing it (its process died); default: none",
+    ),
+    (
         "--shutdown-grace",
         float,
         "SECONDS",
@@ -154,6 +176,11 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
         "--allow-host-network", action="store_true", default=None,
         help="let TCP clients create sandboxes with network='host' (the host's network); "
         "the Unix socket always may",
+    )
+    p.add_argument(
+        "--on-revoke", choices=("stop", "keep"), default=None,
+        help="what a revoked tenant's running sandboxes become: stop (default: what the "
+        "revoked token started ends; records and files stay for the admin) or keep",
     )
     p.add_argument("--log-level", default="info", help="debug, info, warning or error")
     p.add_argument(

@@ -24,7 +24,7 @@ wired by :class:`~corral.server.service.SandboxService`): nothing polls.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -82,6 +82,9 @@ class Admission:
         self.quotas = quotas or Quotas(lambda tenant: None)  # per tenant: server/quotas.py
         self._starting = 0
         self._starting_mb = 0
+        # per owner (None: the admin), for a tenant's own view (GET /v1/info)
+        self._starting_of: Counter[str | None] = Counter()
+        self._queued_of: Counter[str | None] = Counter()
         self._admitted: dict[str, int] = {}
         self._queue: deque[_Waiter] = deque()
         self._quota_waiting: dict[str, int] = {}  # per tenant: creates waiting for its quota
@@ -98,6 +101,14 @@ class Admission:
     def queued(self) -> int:
         """Creates waiting for room."""
         return len(self._queue)
+
+    def starting_of(self, tenant: str | None) -> int:
+        """Creates of ``tenant`` admitted and still starting."""
+        return self._starting_of[tenant]
+
+    def queued_of(self, tenant: str | None) -> int:
+        """Creates of ``tenant`` waiting in the queue."""
+        return self._queued_of[tenant]
 
     @property
     def alive(self) -> int:
@@ -152,7 +163,7 @@ class Admission:
         hold = await self._quota_hold(tenant, memory_mb, cpus, now if wait is None else deadline)
         slot = Slot(memory_mb)
         try:
-            async with self._admit(memory_mb, slot, deadline):
+            async with self._admit(memory_mb, slot, deadline, tenant):
                 yield slot
         finally:
             self.quotas.settle(hold, slot.sandbox_id)
@@ -201,22 +212,35 @@ class Admission:
                         del self._quota_waiting[tenant or ""]
 
     @asynccontextmanager
-    async def _admit(self, memory_mb: int, slot: Slot, deadline: float) -> AsyncIterator[Slot]:
+    async def _admit(self, memory_mb: int, slot: Slot, deadline: float,
+                     tenant: str | None) -> AsyncIterator[Slot]:
         if self._closed:
             raise _shutting_down()
         self.check_fits(memory_mb)
         if self._queue or self._blocked_by(memory_mb):
-            await self._wait(memory_mb, deadline)
+            self._queued_of[tenant] += 1
+            try:
+                await self._wait(memory_mb, deadline)
+            finally:
+                _drop(self._queued_of, tenant)
         else:
             self._reserve(memory_mb)
+        self._starting_of[tenant] += 1
         try:
             yield slot
         finally:
+            _drop(self._starting_of, tenant)
             self._starting -= 1
             self._starting_mb -= memory_mb
             if slot.sandbox_id is not None:
                 self._admitted[slot.sandbox_id] = memory_mb
             self._pump()
+
+    def adopt(self, sandbox_id: str, memory_mb: int, tenant: str | None, cpus: float) -> None:
+        """Count a sandbox this daemon did not admit (adopted from the daemon before it:
+        live restore), against the caps and its tenant's quota, without a check."""
+        self._admitted[sandbox_id] = memory_mb
+        self.quotas.adopt(tenant, memory_mb, cpus, sandbox_id)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox was stopped or deleted: its place and memory are free again."""
@@ -309,6 +333,12 @@ class Admission:
             "or raise the limit",
             details={"limit": limit, "value": value, "queue_timeout": lim.queue_timeout},
         )
+
+
+def _drop(counter: Counter[str | None], key: str | None) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
 
 
 def _shutting_down() -> DaemonUnavailable:

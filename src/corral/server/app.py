@@ -8,16 +8,15 @@ nothing is kept at module level. Every error a client sees has the shape
 - an unknown route gets 404 ``not_found``, a wrong method 405 ``method_not_allowed``;
 - anything else is logged with its traceback and the client gets 500 ``internal``.
 
-Requests that arrive on the daemon's own Unix socket (``settings.socket``, mode 0600)
-are trusted; requests from anywhere else (TCP) must carry ``Authorization: Bearer TOKEN``,
-except SandboxFusion's two endpoints, whose clients send the token in the path
-(:func:`~corral.server.compat.sandboxfusion.lift_token`, which also keeps it out of logs),
-and E2B's clients, which send it as ``X-API-KEY`` or a per-sandbox ``X-Access-Token``
-(:func:`~corral.server.compat.e2b_api.authenticate`). A cluster's peer credential
-(:mod:`corral.server.peer_auth`) is accepted on the read-only peer routes only (403 elsewhere).
-The token is checked from the headers alone: a refused request's body is never read, and
-its connection is closed. What a request may cost before and after that is bounded in
-:mod:`corral.server.limits` (per-client requests in flight: ``max_client_requests``).
+Who a request is comes from one place, the door (:mod:`corral.server.door`): the Unix
+socket is the admin; TCP clients send ``Authorization: Bearer TOKEN``, or what their
+front-end's client sends (SandboxFusion's token in the path, E2B's ``X-API-KEY`` and
+per-sandbox ``X-Access-Token``). The token is checked from the headers alone: a
+refused request's body is never read, and its connection is closed. The request then
+runs as its :class:`~corral.server.caller.Caller`, and is cancelled at once if its
+token is revoked or its dashboard session ends. What a request may cost before and
+after that is bounded in :mod:`corral.server.limits` (per-client requests in flight:
+``max_client_requests``).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -40,27 +40,24 @@ from corral.server import expose, metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.auth_throttle import AuthThrottle, presented, retry_headers
+from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.conn_limits import client_key, mark_authenticated
+from corral.server.door import Door
 from corral.server.endpoints import build_routes
+from corral.server.leases import Leases
 from corral.server.limits import ClientLimiter, too_many
 from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
+from corral.server.revocation import Revocation
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 from corral.server.stream_limits import StreamBook, StreamLimits
-from corral.server.tenants import (
-    ADMIN,
-    CALLER_KEY,
-    UNIDENTIFIED,
-    Tenants,
-    TokenStore,
-    caller_name,
-)
+from corral.server.tenants import Tenants, TokenStore
 from corral.server.ui import mount as mount_dashboard
 from corral.server.wire import error_response
 
@@ -113,21 +110,18 @@ def _corral_error(request: Request, exc: Exception) -> Response:
 
 
 class Guard:
-    """Outermost middleware: authentication, activity, and the last line against crashes."""
+    """Outermost middleware: the door (who the caller is), activity, the calls a
+    credential has open, and the last line against crashes."""
 
     def __init__(
-        self, app: ASGIApp, *, token: str | None, unix_socket: str, activity: Activity,
-        clients: ClientLimiter, tenants: Tenants, owners: Owners, peer: PeerCredential,
-        throttle: AuthThrottle,
+        self, app: ASGIApp, *, door: Door, activity: Activity, clients: ClientLimiter,
+        owners: Owners, throttle: AuthThrottle,
     ) -> None:
         self.app = app
-        self.token = token
-        self.tenants = tenants  # who a credential is (server/tenants.py)
-        self.owners = owners  # the request then acts for its caller (runtime/ownership.py)
-        self.unix_socket = unix_socket
+        self.door = door  # who a credential is, and what it has open (server/door.py)
+        self.owners = owners  # the engine then shows only the caller's own (runtime/ownership.py)
         self.activity = activity
         self.clients = clients
-        self.peer = peer  # another daemon of the cluster: peer reads only
         self.throttle = throttle  # wrong credentials cost time (auth_throttle.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -149,25 +143,28 @@ class Guard:
 
         client = None
         try:
-            tcp = scope.get("server") != (self.unix_socket, None)
+            on_socket = self.door.on_socket(scope)
+            # an IPv6 client is its /64 (conn_limits.client_key)
             address = client_key(str((scope.get("client") or ("?",))[0]))
             credential = presented(scope)
-            slow = self.throttle.refusal(address, credential) if tcp else None
+            slow = None if on_socket else self.throttle.refusal(address, credential)
             if slow is not None:  # a guesser: refused before its credential is checked
                 await error_response(slow, retry_headers(slow))(scope, receive, send)
                 return
-            denied = self._check_auth(scope)  # and puts the caller in scope[CALLER_KEY]
-            if tcp:  # (auth_throttle.py) SandboxFusion's token is in the path
-                self._count(scope, address, credential, denied)
-            if denied is not None:  # its body is never read: hang up after the reply
+            # an exposed port's own token, else the door (both put the caller in the scope)
+            exposed = self._exposure(scope) is not None
+            caller = UNIDENTIFIED if exposed else self.door.authenticate(scope)
+            if not on_socket and not exposed:  # (auth_throttle.py) SandboxFusion's: the path
+                self._count(scope, address, credential, caller)
+            if not isinstance(caller, Caller):  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-                reply = (e2b_compat.refusal(scope, denied, headers)  # E2B's shape if E2B's
-                         if isinstance(denied, Unauthorized) else None)
-                await (reply or error_response(denied, headers))(scope, receive, send)
+                reply = (e2b_compat.refusal(scope, caller, headers)  # E2B's shape if E2B's
+                         if isinstance(caller, Unauthorized) else None)
+                await (reply or error_response(caller, headers))(scope, receive, send)
                 return
-            if scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
+            if caller is not UNIDENTIFIED:
                 mark_authenticated(scope)  # its connection is no stranger now (conn_limits)
-            if scope.get("server") != (self.unix_socket, None):
+            if not on_socket:
                 client = (scope.get("client") or ("?",))[0]
                 if not self.clients.enter(client):
                     refusal = TooManyRequests(**too_many(client, self.clients.limit))
@@ -176,8 +173,11 @@ class Guard:
                     await error_response(refusal, headers)(scope, receive, send)
                     return
             app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
-            with self.owners.acting_as(caller_name(scope)):
+            with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel), \
+                    self.owners.acting_as(caller.name):
                 await app(scope, receive, tracked_send)
+            if call.cancelled_caught and not started:  # streams just end (the connection too)
+                await error_response(_revoked(), {"Connection": "close"})(scope, receive, send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
         except Exception:
@@ -192,58 +192,27 @@ class Guard:
             self.activity.last = time.monotonic()
 
     def _count(self, scope: Scope, address: str, credential: str | None,
-               denied: Unauthorized | Forbidden | None) -> None:
-        if expose.KEY in scope:  # an exposed port's: its URL's token, the app's headers
-            return
+               caller: Caller | CorralError) -> None:
         credential = credential or scope.get(sandboxfusion_compat.TOKEN_KEY)
-        if denied is None and scope.get(CALLER_KEY, UNIDENTIFIED) is not UNIDENTIFIED:
+        if isinstance(caller, Caller) and caller is not UNIDENTIFIED:
             self.throttle.succeeded(address, credential)
-        elif not isinstance(denied, Forbidden):  # a good credential on the wrong route
+        elif not isinstance(caller, Forbidden):  # a good credential on the wrong route
             self.throttle.failed(address, credential)
 
     def _exposure(self, scope: Scope) -> expose.Exposure | None:
         """An exposed port's request (server/expose.py): by its URL's token, or E2B's
-        get_host (Host ``PORT-ID.domain`` with the sandbox's traffic token)."""
-        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.token))
+        get_host (Host ``PORT-ID.domain`` with a live traffic token of the sandbox's,
+        checked by the door)."""
+        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.door.opens))
         if exp is not None:
             scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
         return exp
 
-    def _check_auth(self, scope: Scope) -> Unauthorized | Forbidden | None:
-        if self._exposure(scope) is not None:  # its token is the credential
-            return None
-        # uvicorn reports a Unix socket's listener as (its path, None).
-        if sandboxfusion_compat.lift_token(scope):
-            # its endpoints refuse a request without a caller (a wrong path token)
-            caller = self.tenants.identify(scope.get(sandboxfusion_compat.TOKEN_KEY))
-            scope[CALLER_KEY] = caller if caller is not None else UNIDENTIFIED
-            return None
-        # X-API-KEY or X-Access-Token; sets scope[CALLER_KEY]
-        e2b = e2b_compat.authenticate(scope, self.token, self.tenants.identify)
-        if e2b is not False:
-            return e2b
-        if scope.get("server") == (self.unix_socket, None):
-            scope[CALLER_KEY] = ADMIN
-            return None  # our own socket file: only its owner can connect
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, credentials = value.decode("latin-1").partition(" ")
-                caller = (self.tenants.identify(credentials.strip())
-                          if scheme.lower() == "bearer" else None)
-                if caller is not None:
-                    scope[CALLER_KEY] = caller
-                    return None
-                if scheme.lower() == "bearer" and self.peer.matches(credentials.strip()):
-                    refused = self.peer.refusal(scope)
-                    scope[CALLER_KEY] = ADMIN if refused is None else UNIDENTIFIED
-                    return refused
-                return self.tenants.refusal()
-        if not self.token:
-            return Unauthorized("this daemon accepts requests only on its Unix socket")
-        return Unauthorized(
-            "missing credentials: TCP clients must send 'Authorization: Bearer TOKEN' "
-            "(the daemon's --token or CORRAL_TOKEN)"
-        )
+
+def _revoked() -> Unauthorized:
+    return Unauthorized(
+        "the token of this request was revoked, or its dashboard session ended, while it ran"
+    )
 
 
 def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
@@ -256,19 +225,20 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     activity = Activity()
     cluster = open_tenancy(settings, engine)  # on a Ray cluster: the cluster's tenants
     tenants = Tenants(cluster.store if cluster else TokenStore(engine.registry.db), settings.token)
+    door = Door(tenants, token=settings.token, unix_socket=str(settings.socket.absolute()),
+                peer=PeerCredential(settings.peer_token),
+                extractors=[sandboxfusion_compat.credentials, e2b_compat.credentials])
+    engine.owners.require_caller()  # from now on, engine code acting for nobody raises
     app = Starlette(
         routes=build_routes(),
         middleware=[
             *([Middleware(AccessLog)] if settings.log_format == "json" else []),
             Middleware(
                 Guard,
-                token=settings.token,
-                unix_socket=str(settings.socket.absolute()),
+                door=door,
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
-                tenants=tenants,
                 owners=engine.owners,
-                peer=PeerCredential(settings.peer_token),
                 throttle=AuthThrottle(),
             ),
             Middleware(StreamLimits, book=StreamBook(  # live streams per session and tenant
@@ -288,6 +258,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.engine = engine
     app.state.activity = activity
     app.state.tenants = tenants
+    app.state.door = door
     admission = Admission(limits, cluster.quotas(tenants.quota_of) if cluster
                           else Quotas(tenants.quota_of))
     service = app.state.service = SandboxService(
@@ -295,14 +266,16 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     engine.snapshots.quota_of = snapshot_quota(tenants.quota_of)  # server/quotas.py
     app.state.cluster_tenancy = cluster  # its refresh runs with the daemon (daemon.py)
-    if cluster is not None:
-        cluster.pools = service.pools
+    revocation = app.state.revocation = Revocation(door, service, settings.on_revoke)
+    if cluster is not None:  # a revoke made on another node ends things here too
+        cluster.on_revoked = revocation
+    expose.mount(app, engine)  # and exposed ports at /expose/<token>/ (server/expose.py)
     app.state.logs = open_logs(settings, engine)  # commands and lifecycle, kept (ops_routes)
+    app.state.leases = service.leases = Leases(engine.registry.db, engine)  # server/leases.py
     tensorlake_compat.mount(app)  # Tensorlake's API on the same listeners (compat/)
     sandboxfusion_compat.mount(app)  # and SandboxFusion's /run_code, /run_jupyter
     e2b_compat.mount(app)  # and E2B's API and envd (e2b_compat.Dispatch routes them)
     mount_dashboard(app)  # and the dashboard at /ui (corral.server.ui)
-    expose.mount(app, engine)  # and exposed ports at /expose/<token>/ (server/expose.py)
     node_proof.mount(app, settings)  # on a cluster: proves who it is, ahead of any guard
     if settings.metrics:
         metrics.mount(app)  # GET /metrics, fed by the engine's and the service's events

@@ -31,6 +31,7 @@ from corral.cluster import _ray
 from corral.cluster.bringup import read_entries
 from corral.cluster.ids import node_tag
 from corral.errors import InvalidState
+from corral.server.caller import require_peer
 from corral.server.cluster_tenants import ClusterTenancy, on_gcs
 from corral.server.peer_layers import (
     FetchRequest,
@@ -38,7 +39,7 @@ from corral.server.peer_layers import (
     import_snapshot_here,
     pull_image_here,
 )
-from corral.server.tenants import require_admin, tenant_of
+from corral.server.tenants import tenant_of
 
 __all__ = [
     "ClusterNode", "ClusterNodes", "RefreshReply", "RefreshRequest", "cluster_nodes",
@@ -107,7 +108,7 @@ async def fetch_own_image(request: Request, body: ImageFetchRequest) -> Response
 
 
 async def refresh_tenants(request: Request, body: RefreshRequest) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     here = tenancy(request)
     await here.refresh()
     revoked = body.name is not None and here.store.revoked(body.name)

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -70,7 +70,8 @@ def _tenant(entry: dict[str, Any]) -> Tenant:
     return Tenant(str(entry["name"]), num("max_sandboxes", int), num("max_memory_mb", int),
                   num("max_cpus", float), bool(entry.get("allow_images")),
                   float(entry.get("created_at") or 0.0), num("max_lifetime", float),
-                  num("max_snapshot_mb", int), num("max_builds", int))
+                  num("max_snapshot_mb", int), num("max_builds", int),
+                  bool(entry.get("allow_host_network")))
 
 
 def lease_clock() -> float:
@@ -155,13 +156,14 @@ class ClusterTokenStore:
         self._copy = copy
         return copy.revoked - (old.revoked if old is not None else set())
 
-    def create(self, name: str, *, allow_images: bool = False, **quotas: Any
-               ) -> tuple[Tenant, str]:
+    def create(self, name: str, *, allow_images: bool = False,
+               allow_host_network: bool = False, **quotas: Any) -> tuple[Tenant, str]:
         """A new tenant of the cluster and its token (only its hash is written);
         ``quotas``: names of :data:`~corral.server.tenants.QUOTAS`."""
         check_new_tenant(name, **quotas)
         token = new_token()
-        tenant = Tenant(name, allow_images=allow_images, created_at=time.time(), **quotas)
+        tenant = Tenant(name, allow_images=allow_images, created_at=time.time(),
+                        allow_host_network=allow_host_network, **quotas)
         record = {**tenant.to_dict(), "token_sha256": token_digest(token).hex()}
         if not tenant_registry.add(self._gcs, record):
             held = tenant_registry.get(self._gcs, name)
@@ -202,7 +204,8 @@ class ClusterTenancy:
         self._token = token
         self.gcs = _ray.gcs(gcs_address)
         self.store = ClusterTokenStore(self.gcs)
-        self.pools: PoolManager | None = None  # set by the app: a revoked tenant's go
+        # set by the app: what a revoke does here (server/revocation.py)
+        self.on_revoked: Callable[[str], Awaitable[None]] | None = None
         self._quotas: ClusterQuotas | None = None
         try:
             self.store.reload()  # before the first request: a restarted daemon knows them
@@ -228,12 +231,14 @@ class ClusterTenancy:
                 logger.warning("could not refresh the cluster's tenants: %s", exc)
 
     async def refresh(self) -> None:
-        """Read the registry now; a tenant revoked since loses its pools here."""
+        """Read the registry now; a tenant revoked since loses its calls, pools and
+        sandboxes here (:attr:`on_revoked`)."""
         gone = await asyncio.to_thread(self.store.reload)
         if self._quotas is not None:
             await asyncio.to_thread(self._quotas.sync, *self._quotas.book())
         for name in sorted(gone):
-            await drop_pools(self.pools, name)
+            if self.on_revoked is not None:
+                await self.on_revoked(name)
 
     # ----------------------------------------------------------- the admin
 

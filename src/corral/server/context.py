@@ -19,6 +19,9 @@ from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.schema import SandboxInfo
 from corral.server.admission import Admission
+from corral.server.caller import caller_of
+from corral.server.door import Door
+from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 
@@ -45,13 +48,24 @@ def settings(request: Request) -> ServerSettings:
     return request.app.state.settings
 
 
+def door(request: Request) -> Door:
+    return request.app.state.door
+
+
+def sandboxes(request: Request) -> SandboxVerbs:
+    """The service's verbs on a sandbox (exec, processes, files, pause), for the
+    request's caller (resolved by the door)."""
+    return SandboxVerbs(engine(request), caller_of(request))
+
+
 def host_network_allowed(request: Request) -> bool:
-    """Whether this caller may give a sandbox ``network="host"``: the daemon allows it
-    on TCP, or the request came on the Unix socket (the daemon's owner)."""
-    conf = settings(request)
-    return conf.allow_host_network or (
-        request.scope.get("server") == (str(conf.socket.absolute()), None)
-    )
+    """Whether this caller may give a sandbox ``network="host"``: the request came on
+    the Unix socket (the daemon's owner), or the daemon allows it on TCP
+    (``--allow-host-network``) and the caller has the right (the admin; a tenant
+    whose token was made with ``--allow-host-network``)."""
+    if door(request).on_socket(request.scope):
+        return True
+    return settings(request).allow_host_network and caller_of(request).may_use_host_network
 
 
 async def _watch_disconnect(request: Request) -> None:

@@ -2,7 +2,12 @@
 
 :func:`serve` blocks until SIGTERM / SIGINT (or ``idle_exit``), then shuts down in
 order: stop accepting, give in-flight requests ``shutdown_grace`` seconds, close
-the engine (which kills every sandbox and unmounts it), remove the socket file.
+the engine, remove the socket file.
+
+SIGINT (Ctrl-C, ``corral daemon stop``) stops every sandbox. SIGTERM (systemd,
+``corral daemon restart``, an upgrade) hands them over when ``restore_grace`` > 0:
+they keep running, their agents detached, and the next daemon on the same state
+directory adopts them (live restore: :mod:`corral.runtime.restore`, docs/restart.md).
 """
 
 from __future__ import annotations
@@ -58,11 +63,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
         super().__init__(config)
         self._on_exit = on_exit
+        self.handover = False  # SIGTERM: leave the sandboxes to the next daemon
 
-    def request_exit(self) -> None:
+    def request_exit(self, *, handover: bool = False) -> None:
         """Begin a graceful shutdown (a second request forces it)."""
         if self.should_exit:
             self.force_exit = True
+        else:
+            self.handover = handover
         self.should_exit = True
         self._on_exit()
 
@@ -71,6 +79,10 @@ class _Server(uvicorn.Server):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._signalled, sig)
+        # A parent may have blocked them, and a mask survives exec: a Ray worker blocks
+        # SIGINT, so a cluster node's daemon never saw `cluster down`'s SIGINT (stopped
+        # by SIGKILL a minute later, its sandboxes left to the warden's grace).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
             yield
         finally:
@@ -79,7 +91,7 @@ class _Server(uvicorn.Server):
 
     def _signalled(self, sig: int) -> None:
         logger.info("received %s: shutting down", signal.Signals(sig).name)
-        self.request_exit()
+        self.request_exit(handover=sig == signal.SIGTERM)
 
 
 def bind_unix(path: Path) -> socket.socket:
@@ -149,10 +161,18 @@ async def _exit_when_idle(
         server.request_exit()
 
 
-async def _drain(engine: Engine, grace: float) -> None:
-    """After ``grace`` seconds of shutdown, stop every sandbox: commands still running
-    end (their clients get an error, not a cut connection) and requests can finish."""
+async def _drain(engine: Engine, grace: float, handover: Any = None) -> None:
+    """After ``grace`` seconds of shutdown, stop every sandbox (or, with ``handover``,
+    detach from them all): commands still streaming end (their clients get an error,
+    not a cut connection) and requests can finish. ``handover``: the warm pools, closed
+    first (their ready sandboxes are deleted, not handed over)."""
     await asyncio.sleep(grace)
+    if handover is not None:
+        await handover.close()
+        logger.info("handing %d live sandboxes over to the next daemon (for %g s)",
+                    len(engine.list(state=LIVE_STATES)), engine.restore_grace)
+        await engine.close(handover=True)
+        return
     live = engine.list(state=LIVE_STATES)
     if live:
         logger.info("stopping %d sandboxes still alive after %g s", len(live), grace)
@@ -162,11 +182,30 @@ async def _drain(engine: Engine, grace: float) -> None:
     )
 
 
+async def _shut_down(engine: Engine, app: Any, frontend: Any,
+                     tasks: list[asyncio.Task[None]], sockets: list[socket.socket], *,
+                     handover: bool) -> None:
+    if frontend is not None:  # before the drain is cancelled: it ends their commands
+        await frontend.close()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for sock in sockets:
+        sock.close()
+    if app is not None:
+        await app.state.pools.close()  # deletes the pools' ready sandboxes
+    await engine.close(handover=handover)  # handover: its sandboxes wait for the next daemon
+    if app is not None:
+        await app.state.logs.close()  # after the engine: its last stops are logged
+
+
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
-                               network_hosts=settings.network_hosts)
+                               network_hosts=settings.network_hosts,
+                               restore_grace=settings.restore_grace)
+    engine.retention = settings.retention
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
@@ -176,6 +215,7 @@ async def run(settings: ServerSettings) -> None:
     inode = None
     tasks: list[asyncio.Task[None]] = []
     app = None
+    server: _Server | None = None
     frontend = None  # the cwsandbox gRPC API (--grpc)
     try:
         sockets.append(bind_unix(socket_path))
@@ -183,6 +223,7 @@ async def run(settings: ServerSettings) -> None:
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
+        app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
         open_files = raise_open_file_limit()
         book = ConnectionBook(  # every TCP connection, counted from accept (conn_limits.py)
             settings.max_connections or default_max_connections(open_files),
@@ -194,15 +235,18 @@ async def run(settings: ServerSettings) -> None:
             app.state.admission.close()
             if frontend is not None:  # its calls get as long as HTTP requests
                 frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
-            if not tasks:
-                tasks.append(asyncio.create_task(_drain(engine, settings.shutdown_grace)))
+            if not tasks:  # the daemon's own work: it acts for the daemon, said so
+                handover = server is not None and server.handover and settings.restore_grace > 0
+                tasks.append(asyncio.create_task(_drain(
+                    engine, settings.shutdown_grace, app.state.pools if handover else None),
+                    context=engine.owners.detached()))
 
         config = uvicorn.Config(
             app,
             lifespan="off",
             http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
-            ws="websockets",
+            ws="websockets-sansio",  # "websockets" warns of its deprecation (on stderr)
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)
@@ -214,28 +258,22 @@ async def run(settings: ServerSettings) -> None:
         )
         server = _Server(config, on_exit=on_exit)
         _log_start(settings, engine, sockets)
+        tasks.append(asyncio.create_task(app.state.leases.run()))  # ends expired leases
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
-            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run()))
+            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run(),
+                                             context=engine.owners.detached()))
         if settings.idle_exit is not None:
             tasks.append(
                 asyncio.create_task(
-                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit)
+                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit),
+                    context=engine.owners.detached(),
                 )
             )
         await server.serve(sockets=sockets)
     finally:
-        if frontend is not None:  # before the drain is cancelled: it ends their commands
-            await frontend.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for sock in sockets:
-            sock.close()
-        if app is not None:
-            await app.state.pools.close()  # deletes the pools' ready sandboxes
-        await engine.close()
-        if app is not None:
-            await app.state.logs.close()  # after the engine: its last stops are logged
+        with engine.owners.acting_as(None):  # the daemon's own shutdown work
+            await _shut_down(engine, app, frontend, tasks, sockets,
+                             handover=server is not None and server.handover)
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")
@@ -250,7 +288,8 @@ async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any) -> Any
             f"--grpc needs the cwsandbox client's packages ({exc.name} is missing): "
             "pip install 'corral[compat]'"
         ) from None
-    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.activity)
+    frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.door,
+                                 app.state.activity)
     await frontend.start()
     return frontend
 

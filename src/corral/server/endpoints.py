@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from corral.image_schema import BuildEvent, BuildRequest, ImageInfo, ImageList
+from corral.image_schema import (
+    BuildEvent,
+    BuildRequest,
+    ImageInfo,
+    ImageList,
+    PruneResult,
+    PullEvent,
+    PullRequest,
+)
 from corral.network_schema import NetworkPolicy
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import (
@@ -24,6 +32,7 @@ from corral.server.cluster_routes import (
     fetch_own_snapshot,
     refresh_tenants,
 )
+from corral.server.dockerfile_routes import build_dockerfile_route
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint, Query, handler_of
 from corral.server.evals import EvalList, EvalReport, EvalRun, list_evals, put_eval
 from corral.server.expose import ExposedPort, ExposeRequest, expose_port
@@ -33,7 +42,11 @@ from corral.server.image_routes import (
     get_image,
     import_image_route,
     list_images,
+    prune_images,
+    pull_image_route,
 )
+from corral.server.lease_routes import create_lease, release_lease, renew_lease
+from corral.server.leases import LeaseInfo, LeaseRequest
 from corral.server.metrics import metrics_endpoint
 from corral.server.models import (
     DaemonInfo,
@@ -370,6 +383,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         body_optional=True, body_name="pool",
         status=201,
     ),
+    Endpoint("POST", "/v1/leases", create_lease,
+             "Take a client lease: sandboxes tagged with it end once it is not renewed",
+             body=LeaseRequest, reply=LeaseInfo, status=201),
+    Endpoint("POST", "/v1/leases/{lease_id}/renew", renew_lease,
+             "Renew a lease for another ttl", reply=LeaseInfo),
+    Endpoint("DELETE", "/v1/leases/{lease_id}", release_lease,
+             "Release a lease: its sandboxes stop now (idempotent)", status=204),
     Endpoint("GET", "/v1/pools", list_pools, "List warm pools", reply=PoolList),
     Endpoint("GET", _POOL, get_pool, "One pool, with its sandboxes' ids", reply=PoolDetail),
     Endpoint("DELETE", _POOL, delete_pool, "Delete a pool and its ready sandboxes", status=204),
@@ -400,6 +420,25 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         parse_body=False,
         reply=(NDJSON, BuildEvent),
     ),
+    Endpoint(
+        "POST",
+        "/v1/images/dockerfile",
+        build_dockerfile_route,
+        "Build a Dockerfile (a tar with dockerfile.json and context/), streaming its log",
+        body=RAW,
+        reply=(NDJSON, BuildEvent),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/images/pull",
+        pull_image_route,
+        "Pull an image from an OCI/Docker registry, streaming its progress",
+        body=PullRequest,
+        parse_body=False,
+        reply=(NDJSON, PullEvent),
+    ),
+    Endpoint("POST", "/v1/images/prune", prune_images,
+             "Delete the layers no image, cache entry or sandbox holds", reply=PruneResult),
     Endpoint(
         "POST",
         "/v1/images/import",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from starlette.requests import Request
@@ -34,9 +34,21 @@ from corral.errors import (
     InternalError,
     InvalidArgument,
 )
-from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildRequest, validate_image_name
+from corral.image_schema import (
+    UPLOADED_ARCHIVE,
+    BuildEvent,
+    BuildRequest,
+    ImageInfo,
+    PruneResult,
+    PullEvent,
+    PullRequest,
+    validate_image_name,
+)
+from corral.runtime.distribution import parse_reference
 from corral.runtime.fsutil import _remove_tree
-from corral.runtime.image_build import ImageBuild, host_cpus
+from corral.runtime.image_build import BuildResult, ImageBuild, OnEvent, host_cpus
+from corral.runtime.image_pull import prune, pull_image, unique_sizes
+from corral.runtime.images import Image, ImageStore
 from corral.runtime.oci import apply_layer, import_image
 from corral.schema import SandboxState, validate_model
 from corral.server import context as ctx
@@ -61,13 +73,82 @@ def _name(request: Request) -> str:
 
 
 async def list_images(request: Request) -> Response:
-    images = await asyncio.to_thread(ctx.engine(request).images.list)
-    return JSONResponse({"images": [i.info().model_dump(mode="json") for i in images]})
+    store = ctx.engine(request).images
+    images, unique = await asyncio.gather(asyncio.to_thread(store.list),
+                                          asyncio.to_thread(unique_sizes, store.images_dir))
+    return JSONResponse({"images": [_info(store, i, unique).model_dump(mode="json")
+                                    for i in images]})
 
 
 async def get_image(request: Request) -> Response:
-    image = ctx.engine(request).images.get(_name(request), check_base=False)
-    return JSONResponse(image.info().model_dump(mode="json"))
+    store = ctx.engine(request).images
+    image = store.get(_name(request), check_base=False)
+    info = await asyncio.to_thread(_info, store, image)
+    return JSONResponse(info.model_dump(mode="json"))
+
+
+def _info(store: ImageStore, image: Image, unique: dict[str, int] | None = None) -> ImageInfo:
+    """An image's info, with the reference it was pulled from and the bytes only it
+    uses (``unique``: :func:`unique_sizes` of the store, computed if not given).
+    Blocking."""
+    if unique is None:
+        unique = unique_sizes(store.images_dir)
+    info = image.info().model_copy(update={"unique_bytes": unique.get(image.name)})
+    if image.kind == "built":
+        with contextlib.suppress(OSError, ValueError, ImageNotFound):
+            source = store.manifest(image.name).get("source") or {}
+            if source.get("kind") == "pull":
+                info = info.model_copy(update={"ref": source.get("ref")})
+    return info
+
+
+async def pull_image_route(request: Request) -> Response:
+    """Pull a registry image into the store, streaming :class:`PullEvent` lines; the
+    registry's credentials are the daemon's (its ``REGISTRY_AUTH_FILE`` or
+    ``~/.docker/config.json``), never sent by a client."""
+    require_image_rights(request, "pulling an image")
+    req = validate_model(PullRequest, await read_json(request, "pull request"), "pull request")
+    store = ctx.engine(request).images
+    parse_reference(req.ref)  # a malformed reference: a plain error reply
+    if req.name is not None:
+        validate_image_name(req.name)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def progress(event: dict) -> None:
+        line = PullEvent(**event).model_dump_json(exclude_none=True).encode() + b"\n"
+        loop.call_soon_threadsafe(queue.put_nowait, line)
+
+    async def run() -> None:
+        try:
+            image = await asyncio.to_thread(pull_image, store, req.ref, name=req.name,
+                                            insecure=req.insecure, on_progress=progress)
+            event = PullEvent(type="image", image=await asyncio.to_thread(_info, store, image))
+        except CorralError as exc:
+            event = PullEvent(type="error", error=exc.to_dict())
+        except Exception as exc:  # the reply has started: report in-band
+            logger.exception("image pull failed")
+            error = InternalError(f"the image pull failed: {type(exc).__name__}")
+            event = PullEvent(type="error", error=error.to_dict())
+        queue.put_nowait(event.model_dump_json(exclude_none=True).encode() + b"\n")
+        queue.put_nowait(None)
+
+    task = asyncio.create_task(run())
+
+    async def cleanup() -> None:
+        # A client that leaves does not stop the pull (a thread): it finishes, and the
+        # next pull of the reference finds it, or resumes its blobs.
+        await asyncio.gather(asyncio.shield(task), return_exceptions=True)
+
+    return NDJSONResponse(_lines(queue), cleanup=cleanup)
+
+
+async def prune_images(request: Request) -> Response:
+    """Delete the layers no image, build cache entry or sandbox holds."""
+    require_image_rights(request, "pruning images")
+    store = ctx.engine(request).images
+    removed, freed = await asyncio.to_thread(prune, store.images_dir)
+    return JSONResponse(PruneResult(layers=removed, freed_bytes=freed).model_dump(mode="json"))
 
 
 async def delete_image(request: Request) -> Response:
@@ -120,7 +201,7 @@ async def build_image(request: Request) -> Response:
             await asyncio.to_thread(_remove_tree, work)
         raise
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-    task = asyncio.create_task(_run(build, queue))
+    task = asyncio.create_task(_run(build, queue, store))
 
     async def cleanup() -> None:
         try:
@@ -135,10 +216,13 @@ async def build_image(request: Request) -> Response:
     return NDJSONResponse(_lines(queue), cleanup=cleanup)
 
 
-async def _run(build: ImageBuild, queue: asyncio.Queue[bytes | None]) -> None:
+async def _run(build: ImageBuild | Callable[[OnEvent], Awaitable[BuildResult]],
+               queue: asyncio.Queue[bytes | None], store: ImageStore) -> None:
+    run = build.run if isinstance(build, ImageBuild) else build
     try:
-        result = await build.run(lambda event: queue.put_nowait(_line(event)))
-        queue.put_nowait(_line(BuildEvent(type="image", image=result.image.info(),
+        result = await run(lambda event: queue.put_nowait(_line(event)))
+        info = await asyncio.to_thread(_info, store, result.image)
+        queue.put_nowait(_line(BuildEvent(type="image", image=info,
                                           stats=result.stats)))
     except CorralError as exc:
         queue.put_nowait(_line(BuildEvent(type="error", error=exc.to_dict())))
@@ -159,20 +243,21 @@ def _line(event: BuildEvent) -> bytes:
     return event.model_dump_json(exclude_none=True).encode() + b"\n"
 
 
-def _unpack_context(body: bytes, work: Path) -> dict:
-    """Unpack a build tar safely (no path or link may leave ``work/root``)."""
+def _unpack_context(body: bytes, work: Path, member: str = SPEC_MEMBER) -> dict:
+    """Unpack a build tar safely (no path or link may leave ``work/root``); the JSON
+    request it holds as ``member``."""
     archive = work / "context.tar"
     archive.write_bytes(body)
     root = work / "root"
     root.mkdir()
     apply_layer(root, archive)
     archive.unlink()
-    spec = root / SPEC_MEMBER
+    spec = root / member
     if not spec.is_file() or spec.is_symlink():
-        raise InvalidArgument(f"the build tar has no {SPEC_MEMBER} (the build request)")
-    data = parse_json(spec.read_bytes(), SPEC_MEMBER)  # bounded depth and size, like a body
+        raise InvalidArgument(f"the build tar has no {member} (the build request)")
+    data = parse_json(spec.read_bytes(), member)  # bounded depth and size, like a body
     if not isinstance(data, dict):
-        raise InvalidArgument(f"{SPEC_MEMBER} must hold a JSON object")
+        raise InvalidArgument(f"{member} must hold a JSON object")
     return data
 
 

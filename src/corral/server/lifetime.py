@@ -2,8 +2,9 @@
 
 One mechanism for every front-end (``PATCH /v1/sandboxes/{id}``, E2B's
 ``/sandboxes/{id}/timeout`` and ``connect``): the daemon's ``--max-lifetime`` (or the
-caller's tenant's, if lower: ``corral token create --max-lifetime``) bounds how far
-ahead a deadline may be set; the engine keeps it (the sandbox's ``timeout``
+sandbox's tenant's, if lower: ``corral token create --max-lifetime``) bounds its
+*total* life counted from its create, however often its deadline is moved
+(:meth:`~corral.server.service.SandboxService.set_timeout`); the engine keeps it (the sandbox's ``timeout``
 becomes its new lifetime, counted from its start) and its reaper ends the sandbox then,
 with the reason ``timeout``.
 
@@ -25,14 +26,17 @@ from starlette.requests import Request
 from corral.errors import InvalidArgument
 from corral.schema import SandboxInfo
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.limits import check_lifetime
 
 
 async def set_lifetime(request: Request, sandbox_id: str, seconds: float) -> SandboxInfo:
-    """End the sandbox ``seconds`` from now (0 < seconds <= the daemon's maximum; E2B's
-    front-end may pass 0: at once). A stopped sandbox raises ``InvalidState``."""
+    """End the sandbox ``seconds`` from now (E2B's front-end may pass 0: at once),
+    within its owner's maximum lifetime counted from its create. A stopped sandbox
+    raises ``InvalidState``."""
     if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
         raise InvalidArgument(f"timeout must be a number of seconds > 0, got {seconds!r}",
                               details={"field": "timeout"})
-    check_lifetime(seconds, *ctx.service(request).lifetime_limit())  # daemon's or tenant's
-    return await ctx.engine(request).set_timeout(sandbox_id, float(seconds))
+    service = ctx.service(request)
+    check_lifetime(seconds, *service.lifetime_limit(caller_of(request).name))  # the caller's first
+    return await service.set_timeout(sandbox_id, float(seconds))  # and its owner's, in all

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import resource
+import time
 from collections import Counter
 from http import HTTPStatus
 from itertools import accumulate
@@ -33,7 +34,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
-from corral.schema import DEFAULT_TIMEOUT_S, SandboxSpec
+from corral.schema import DEFAULT_TIMEOUT_S, SandboxInfo, SandboxSpec
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 65_536  # values (array elements, object members) in one JSON body
@@ -97,6 +98,21 @@ def check_lifetime(seconds: float, limit: float, whose: str = DAEMON_LIFETIME) -
         raise InvalidArgument(
             f"timeout {seconds:g} s is more than {whose}, {limit:g} s: ask for at most that",
             details={"field": "timeout", "max": limit},
+        )
+
+
+def check_total_lifetime(info: SandboxInfo, seconds: float, limit: float,
+                         whose: str = DAEMON_LIFETIME) -> None:
+    """Refuse moving ``info``'s end to ``seconds`` from now if it would then have
+    lived, from its create, longer than ``limit`` in all."""
+    lived = max(0.0, time.time() - info.created_at)
+    if lived + seconds > limit:
+        left = max(0.0, limit - lived)
+        raise InvalidArgument(
+            f"timeout {seconds:g} s would make sandbox {info.id} live {lived + seconds:.0f} s "
+            f"from its create, more than {whose}, {limit:g} s: it has {left:.0f} s left; "
+            "ask for at most that, or create a new sandbox",
+            details={"field": "timeout", "max": left, "sandbox_id": info.id},
         )
 
 

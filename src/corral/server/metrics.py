@@ -61,7 +61,7 @@ from corral.server.tenants import ADMIN_NAME, require_admin
 MAX_LABELLED = 50  # pools (and tenants) with a series of their own; the rest are "_other"
 OTHER = "_other"
 EXEC_OUTCOMES = ("ok", "nonzero", "timeout", "oom")
-END_REASONS = ("deleted", "stopped", "timeout", "idle_timeout", "failed")
+END_REASONS = ("deleted", "stopped", "timeout", "idle_timeout", "lease_expired", "failed")
 # Seconds: commands run from milliseconds to the 1 h cap; creates take ~10 ms to minutes.
 EXEC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 30.0, 60.0, 300.0, 1800.0)
@@ -80,13 +80,16 @@ def exec_outcome(result: ExecResult) -> str:
 
 def end_reason(event: SandboxEnded) -> str:
     """Why a sandbox ended, from a closed set: ``failed`` (it died, or could not be
-    kept), ``timeout`` (its lifetime ran out), ``idle_timeout``, ``deleted``, ``stopped``."""
+    kept), ``timeout`` (its lifetime ran out), ``idle_timeout``, ``lease_expired`` (its
+    client died: server/leases.py), ``deleted``, ``stopped``."""
     if event.state == SandboxState.FAILED:
         return "failed"
     if event.reason.startswith("timeout"):
         return "timeout"
     if event.reason.startswith("idle timeout"):
         return "idle_timeout"
+    if event.reason.startswith("lease expired"):
+        return "lease_expired"
     return "deleted" if event.reason == "deleted" else "stopped"
 
 

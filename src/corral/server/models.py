@@ -174,6 +174,9 @@ class DaemonInfo(BaseModel):
     builds: int = 0
     counts: dict[SandboxState, int]
     pools: list[PoolInfo] = Field(default_factory=list)
+    default_lease: float | None = None  # seconds: the SDK's sessions over TCP take one
+    state_dir: str | None = None  # the daemon's directories (to the admin only)
+    cache_dir: str | None = None
 
 
 class Usage(BaseModel):

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from corral.network_schema import NetworkPolicy
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.models import _Body
 
 
@@ -39,5 +40,5 @@ async def network_events(request: Request) -> Response:
 
 async def update_network(request: Request, body: NetworkPolicy) -> Response:
     sid = request.path_params["sandbox_id"]
-    info = await ctx.service(request).update_network(sid, body)
+    info = await ctx.service(request).update_network(sid, body, caller_of(request))
     return JSONResponse(info.model_dump(mode="json"))

@@ -56,7 +56,7 @@ from corral.runtime.image_travel import describe_image, image_for_snapshot, pull
 from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
 from corral.runtime.root_travel import root_path_for
 from corral.server import context as ctx
-from corral.server.tenants import require_admin
+from corral.server.caller import require_peer
 
 GCS_ENV = "CORRAL_RAY_GCS"
 PEERS_ENV = "CORRAL_PEERS"  # {"node": "http://host:port"}: peers without Ray (set by its operator)
@@ -130,7 +130,7 @@ def fetcher(request: Request) -> LayerFetcher:
 
 
 async def peer_snapshot(request: Request) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     ref = request.path_params["id_or_name"]
     engine = ctx.engine(request)
     # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
@@ -139,7 +139,7 @@ async def peer_snapshot(request: Request) -> Response:
 
 
 async def peer_layer(request: Request) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     digest = layer_wire.check_digest(request.path_params["digest"])
     engine = ctx.engine(request)
     path = layer_path_for(engine.snapshots, digest)
@@ -154,18 +154,18 @@ async def peer_layer(request: Request) -> Response:
 
 
 async def peer_stats(request: Request) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     return JSONResponse(fetcher(request).stats.json())
 
 
 async def peer_image(request: Request) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     images, name = ctx.engine(request).images, request.path_params["name"]
     return JSONResponse(await asyncio.to_thread(describe_image, images, name))  # hashes a root
 
 
 async def fetch_image(request: Request, body: ImageFetchRequest) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     return await pull_image_here(request, body)
 
 
@@ -185,7 +185,7 @@ async def pull_image_here(request: Request, body: ImageFetchRequest) -> Response
 
 
 async def fetch_snapshot(request: Request, body: FetchRequest) -> Response:
-    require_admin(request, "a peer (daemon to daemon) call")
+    require_peer(request)
     return await import_snapshot_here(request, body, None)
 
 

@@ -180,11 +180,11 @@ def process_json(proc: Process) -> dict[str, Any]:
 
 def _process(request: Request) -> Process:
     params = request.path_params
-    return ctx.engine(request).get_process(params["sandbox_id"], params["process_id"])
+    return ctx.sandboxes(request).get_process(params["sandbox_id"], params["process_id"])
 
 
 async def spawn_process(request: Request, body: SpawnRequest) -> Response:
-    proc = await ctx.engine(request).spawn(
+    proc = await ctx.sandboxes(request).spawn(
         request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
         timeout=body.timeout, max_buffer=body.max_buffer, terminal=body.terminal(),
     )
@@ -192,7 +192,7 @@ async def spawn_process(request: Request, body: SpawnRequest) -> Response:
 
 
 async def list_processes(request: Request) -> Response:
-    found = ctx.engine(request).list_processes(request.path_params["sandbox_id"])
+    found = ctx.sandboxes(request).list_processes(request.path_params["sandbox_id"])
     return JSONResponse({"processes": [process_json(p) for p in found]})
 
 

@@ -101,6 +101,14 @@ class Quotas:
         else:
             self._held[sandbox_id] = hold
 
+    def adopt(self, tenant: str | None, memory_mb: int, cpus: float, sandbox_id: str) -> None:
+        """Count a sandbox that exists already (adopted after a restart), unchecked."""
+        if tenant is None:
+            return
+        cpus = effective_cpus(cpus)
+        self._usage.setdefault(tenant, Usage()).add(memory_mb, cpus)
+        self._held[sandbox_id] = Hold(tenant, memory_mb, cpus)
+
     def release(self, sandbox_id: str) -> None:
         """The sandbox ended or was deleted: its tenant's room is free again."""
         hold = self._held.pop(sandbox_id, None)

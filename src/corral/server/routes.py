@@ -26,6 +26,7 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
+from corral.server.caller import caller_of
 from corral.server.context import remove_partial, unless_disconnected, unless_gone
 from corral.server.endpoint import RAW
 from corral.server.models import (
@@ -37,6 +38,7 @@ from corral.server.models import (
     exec_response,
     file_json,
 )
+from corral.server.reserved_tags import check_tags
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body
@@ -103,6 +105,20 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+def _activity(request: Request) -> dict[str, float]:
+    """Memory committed, creates starting and queued, image builds running: the
+    daemon's in all for the admin, only its own for a tenant."""
+    admission, builds, caller = ctx.admission(request), builds_gate(request), caller_of(request)
+    if caller.tenant is None:
+        return {"committed_memory_mb": admission.committed_memory_mb,
+                "starting": admission.starting, "queued": admission.queued,
+                "builds": builds.running}  # image builds now (server/builds.py)
+    name = caller.name
+    return {"committed_memory_mb": admission.quotas.usage(name or "").memory_mb,
+            "starting": admission.starting_of(name), "queued": admission.queued_of(name),
+            "builds": builds.running_of(name)}
+
+
 async def info(request: Request) -> Response:
     engine, admission = ctx.engine(request), ctx.admission(request)
     counts = {state.value: 0 for state in SandboxState}
@@ -113,12 +129,14 @@ async def info(request: Request) -> Response:
             "version": __version__,
             "cgroup_version": engine.cgroups.version,
             "capacity": dataclasses.asdict(lim),
-            "committed_memory_mb": admission.committed_memory_mb,
-            "starting": admission.starting,
-            "queued": admission.queued,
-            "builds": builds_gate(request).running,  # image builds now (server/builds.py)
+            **_activity(request),  # the caller's own: a tenant never sees another's creates
             "counts": counts,
             "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
+            "default_lease": ctx.settings(request).default_lease,  # server/leases.py
+            # where it keeps its state (`corral doctor` checks those): the admin's only
+            **({"state_dir": str(engine.layout.state_dir),
+                "cache_dir": str(engine.layout.cache_dir)}
+               if engine.owners.acting() is None else {}),
             **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
@@ -130,7 +148,9 @@ async def info(request: Request) -> Response:
 async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     service = ctx.service(request)
     # As sent (fields_set): a snapshot's spec fills in only the fields left out.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    caller = caller_of(request)
+    spec = service.plan(await service.with_image(spec, caller), caller,
+                        host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec, wait=_wait_param(request)))
     return JSONResponse(_info_json(created, request), status_code=201)
 
@@ -160,7 +180,7 @@ async def list_sandboxes(request: Request) -> Response:
 
 
 async def get_sandbox(request: Request) -> Response:
-    engine, sid = ctx.engine(request), _sid(request)
+    engine, sid = ctx.sandboxes(request), _sid(request)
     body = _info_json(engine.get(sid), request)
     if body["state"] in (SandboxState.RUNNING.value, SandboxState.PAUSED.value):
         try:
@@ -171,15 +191,15 @@ async def get_sandbox(request: Request) -> Response:
 
 
 async def pause_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).pause(_sid(request)), request))
+    return JSONResponse(_info_json(await ctx.sandboxes(request).pause(_sid(request)), request))
 
 
 async def kill_processes(request: Request) -> Response:
-    return JSONResponse({"killed": await ctx.engine(request).kill_processes(_sid(request))})
+    return JSONResponse({"killed": await ctx.sandboxes(request).kill_processes(_sid(request))})
 
 
 async def resume_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.engine(request).resume(_sid(request)), request))
+    return JSONResponse(_info_json(await ctx.sandboxes(request).resume(_sid(request)), request))
 
 
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
@@ -193,7 +213,7 @@ async def delete_sandbox(request: Request) -> Response:
 
 
 async def snapshot_sandbox(request: Request, body: SnapshotRequest) -> Response:
-    made = await ctx.engine(request).snapshot(_sid(request), name=body.name)
+    made = await ctx.sandboxes(request).snapshot(_sid(request), name=body.name)
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
 
@@ -245,12 +265,12 @@ def _exec_args(body: ExecRequest) -> dict[str, Any]:
 
 
 async def exec_command(request: Request, body: ExecRequest) -> Response:
-    work = ctx.engine(request).exec(_sid(request), **_exec_args(body))
+    work = ctx.sandboxes(request).exec(_sid(request), **_exec_args(body))
     return JSONResponse(exec_response(await unless_disconnected(request, work)))
 
 
 async def exec_stream(request: Request, body: ExecRequest) -> Response:
-    return await start_stream(ctx.engine(request).exec_stream(_sid(request), **_exec_args(body)))
+    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **_exec_args(body)))
 
 
 # ----------------------------------------------------------------------- files
@@ -258,12 +278,12 @@ async def exec_stream(request: Request, body: ExecRequest) -> Response:
 
 def _sandbox_path(request: Request, default: str | None = None) -> str:
     """The ``path`` query parameter, checked against the sandbox before any I/O."""
-    workdir = ctx.engine(request).get(_sid(request)).spec.workdir
+    workdir = ctx.sandboxes(request).get(_sid(request)).spec.workdir
     return resolve_path(workdir, _param(request, "path", default))
 
 
 async def upload_file(request: Request) -> Response:
-    engine, sid = ctx.engine(request), _sid(request)
+    engine, sid = ctx.sandboxes(request), _sid(request)
     path, mode = _sandbox_path(request), _octal_mode(request)
     data = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
     try:
@@ -275,7 +295,7 @@ async def upload_file(request: Request) -> Response:
 
 
 async def download_file(request: Request) -> Response:
-    engine, sid = ctx.engine(request), _sid(request)
+    engine, sid = ctx.sandboxes(request), _sid(request)
     limit = ctx.settings(request).max_upload_bytes
     data = await engine.read_file(sid, _sandbox_path(request), max_bytes=limit)
     return Response(data, media_type=RAW)
@@ -283,21 +303,21 @@ async def download_file(request: Request) -> Response:
 
 async def remove_file(request: Request) -> Response:
     recursive = _flag(request, "recursive", False)
-    await ctx.engine(request).remove(_sid(request), _sandbox_path(request), recursive=recursive)
+    await ctx.sandboxes(request).remove(_sid(request), _sandbox_path(request), recursive=recursive)
     return _no_content()
 
 
 async def list_files(request: Request) -> Response:
-    entries = await ctx.engine(request).list_dir(_sid(request), _sandbox_path(request, "."))
+    entries = await ctx.sandboxes(request).list_dir(_sid(request), _sandbox_path(request, "."))
     return JSONResponse({"entries": [file_json(e) for e in entries]})
 
 
 async def stat_file(request: Request) -> Response:
-    return JSONResponse(file_json(await ctx.engine(request).stat(_sid(request), _sandbox_path(request))))
+    return JSONResponse(file_json(await ctx.sandboxes(request).stat(_sid(request), _sandbox_path(request))))
 
 
 async def make_dir(request: Request, body: MkdirRequest) -> Response:
-    await ctx.engine(request).mkdir(_sid(request), body.path, parents=body.parents, mode=body.mode)
+    await ctx.sandboxes(request).mkdir(_sid(request), body.path, parents=body.parents, mode=body.mode)
     return _no_content()
 
 
@@ -309,10 +329,13 @@ def _pool_name(request: Request) -> str:
 
 
 async def create_pool(request: Request, body: PoolSpec) -> Response:
+    caller = caller_of(request)
     check_network(body.spec, host_network=ctx.host_network_allowed(request),
-                  admin=ctx.service(request).acting_tenant() is None)
+                  admin=caller.may_use_host_network)
+    check_tags(body.spec.tags, "native")  # what its sandboxes carry: reserved_tags
+    spec = await ctx.service(request).with_image(body.spec, caller)  # registry: pulled now
     made = ctx.pools(request).create_pool(
-        body.name, body.spec, min_ready=body.min_ready, max_size=body.max_size
+        body.name, spec, min_ready=body.min_ready, max_size=body.max_size
     )
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 

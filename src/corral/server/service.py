@@ -19,26 +19,42 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
 from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
+from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
+from corral.runtime.image_pull import local_name, pull_image
 from corral.runtime.pools import PoolManager
-from corral.schema import MAX_TIMEOUT_S, NetworkMode, SandboxInfo, SandboxSpec, SnapshotInfo
-from corral.server.admission import Admission
+from corral.schema import (
+    MAX_TIMEOUT_S,
+    NetworkMode,
+    SandboxInfo,
+    SandboxSpec,
+    SandboxState,
+    SnapshotInfo,
+)
+from corral.server.admission import LIVE_STATES, Admission
+from corral.server.caller import Caller
 from corral.server.limits import (
     DAEMON_LIFETIME,
     TENANT_LIFETIME,
     capped_lifetime,
     check_create_lifetime,
     check_host_limits,
+    check_total_lifetime,
 )
+from corral.server.reserved_tags import check_tags
 from corral.server.tenants import Tenants
+
+if TYPE_CHECKING:
+    from corral.server.leases import Leases
 
 __all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
 
@@ -61,10 +77,11 @@ def check_network(spec: SandboxSpec, *, host_network: bool, admin: bool) -> None
     A policy naming a private, loopback or link-local CIDR: only the admin's."""
     if spec.network == NetworkMode.HOST and not (host_network and admin):
         raise Forbidden(
-            "network='host' gives the sandbox the host's network: it is the admin's only, "
-            "and over TCP it needs a daemon started with --allow-host-network (the Unix "
-            "socket may always ask); a tenant may ask for a policy "
-            "{'allow': ['example.com', ...]} instead (docs/network.md)",
+            "network='host' gives the sandbox the host's network: over TCP it needs a "
+            "daemon started with --allow-host-network and, for a tenant, a token made with "
+            "`corral token create --allow-host-network` (the Unix socket may always ask); "
+            "a tenant may ask for a policy {'allow': ['example.com', ...]} instead "
+            "(docs/network.md)",
             details={"field": "network"},
         )
     if isinstance(spec.network, NetworkPolicy) and not admin and spec.network.names_special():
@@ -87,8 +104,15 @@ class SandboxService:
         self.max_lifetime = max_lifetime  # --max-lifetime: bounds every create's timeout
         self.admission = admission
         self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
+        self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
         self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
+
+    def count_adopted(self) -> None:
+        """Count the sandboxes the engine adopted from the daemon before it (live
+        restore) against the caps and their tenants' quotas (at the daemon's start)."""
+        for info in self.engine.list(state=LIVE_STATES):
+            self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
@@ -98,26 +122,29 @@ class SandboxService:
     # Ownership is one rule (runtime/ownership.py): the request acts for its caller's
     # tenant, and every lookup by id and every list shows only what that tenant owns.
 
-    def acting_tenant(self) -> str | None:
-        """The tenant the current request acts for; None for the admin."""
-        return self.engine.owners.acting()
-
-    def lifetime_limit(self) -> tuple[float, str]:
-        """The longest lifetime the caller's sandboxes may have, and whose maximum it is:
-        the daemon's ``--max-lifetime``, or its tenant's if that is lower."""
-        tenant = self.tenants.quota_of(self.acting_tenant()) if self.tenants else None
+    def lifetime_limit(self, owner: str | None) -> tuple[float, str]:
+        """The longest total lifetime, from create, that ``owner``'s sandboxes (None:
+        the admin's) may have, and whose maximum it is: the daemon's
+        ``--max-lifetime``, or the tenant's if that is lower."""
+        tenant = self.tenants.quota_of(owner) if self.tenants else None
         if tenant is not None and tenant.max_lifetime is not None \
                 and tenant.max_lifetime < self.max_lifetime:
             return tenant.max_lifetime, TENANT_LIFETIME
         return self.max_lifetime, DAEMON_LIFETIME
 
     def list_sandboxes(
-        self, *, tags: Sequence[str] = (), states: Sequence[str] | None = None,
+        self, *, tags: Sequence[str] = (), states: Sequence[SandboxState | str] | None = None,
         tenant: str | None = None,
     ) -> list[SandboxInfo]:
         """The caller's sandboxes (the admin's: all, or only ``tenant``'s)."""
         found = self.engine.list(tags=tags, state=states)
         return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
+
+    @staticmethod
+    def own(caller: Caller, infos: Iterable[SandboxInfo]) -> list[SandboxInfo]:
+        """Those of ``infos`` ``caller`` itself owns (the admin: its own, not its
+        tenants'): what a lookup by name or metadata may resolve to."""
+        return [i for i in infos if i.spec.tenant == caller.name]
 
     def list_snapshots(self) -> list[SnapshotInfo]:
         """The caller's snapshots (the admin's: all)."""
@@ -129,18 +156,44 @@ class SandboxService:
 
     # ----------------------------------------------------------------- create
 
-    def plan(self, spec: SandboxSpec, *, host_network: bool = False) -> SandboxSpec:
-        """The spec that will run, or the typed error it would meet, before queueing.
+    async def with_image(self, spec: SandboxSpec, caller: Caller) -> SandboxSpec:
+        """``spec`` with a registry reference as its image (``host/repo:tag``) replaced
+        by the local image it was pulled as, pulling it on first use (concurrent first
+        uses pull once). Only the admin makes the daemon reach a registry: a tenant may
+        name a reference the admin (or ``corral image pull``) already pulled."""
+        if not is_reference(spec.image):
+            return spec
+        store = self.engine.images
+        name = local_name(spec.image)
+        if caller.name is not None and not store.exists(name):
+            raise Forbidden(
+                f"image {spec.image} is not pulled yet, and tenants do not make the daemon "
+                "reach registries: ask the admin to `corral image pull` it",
+                details={"image": spec.image})
+        image = await asyncio.to_thread(pull_image, store, spec.image, if_missing=True)
+        return spec.model_copy(update={"image": image.name})
+
+    def plan(
+        self, spec: SandboxSpec, caller: Caller, *, host_network: bool = False,
+        frontend: str = "native",
+    ) -> SandboxSpec:
+        """The spec that will run for ``caller`` (from the door), or the typed error it
+        would meet, before queueing.
 
         ``host_network``: whether this caller may have ``network="host"`` (the daemon
         was started with ``--allow-host-network``, or it asks on the Unix socket).
+        ``frontend``: which front-end asks; only its own reserved tags may be set
+        (:mod:`corral.server.reserved_tags`).
         """
         try:
-            check_create_lifetime(spec, *self.lifetime_limit())  # --max-lifetime
+            check_tags(spec.tags, frontend)
+            check_create_lifetime(spec, *self.lifetime_limit(caller.name))  # --max-lifetime
+            if self.leases is not None:  # a lease tag: a live lease of the caller's
+                self.leases.check_tags(spec.tags, caller.name)
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
-            check_network(spec, host_network=host_network, admin=self.acting_tenant() is None)
+            check_network(spec, host_network=host_network, admin=caller.may_use_host_network)
         except CorralError as exc:  # a create refused: counted like one that failed
             now = time.monotonic()
             self.engine.events.emit(CreateFinished(exc.code, now, None, now))
@@ -157,7 +210,8 @@ class SandboxService:
         began, admitted, result = time.monotonic(), None, "internal"
         try:
             spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
-            spec = capped_lifetime(spec, self.lifetime_limit()[0])  # a default or inherited one
+            # a default or inherited one; the owner's limit (a pool refills as the daemon)
+            spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait
@@ -184,6 +238,19 @@ class SandboxService:
         except SandboxNotFound:
             return True
 
+    def lifetime_left(self, info: SandboxInfo) -> float:
+        """Seconds ``info``'s sandbox may still live under its owner's maximum."""
+        return max(0.0, self.lifetime_limit(info.spec.tenant)[0] - (time.time() - info.created_at))
+
+    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+        """End the sandbox ``seconds`` from now, within its owner's maximum lifetime
+        counted from its create: however often it is moved, a sandbox never outlives
+        ``--max-lifetime`` (or its tenant's, if lower)."""
+        info = self.engine.get(sandbox_id)  # SandboxNotFound: another tenant's too
+        limit, whose = self.lifetime_limit(info.spec.tenant)
+        check_total_lifetime(info, seconds, limit, whose)
+        return await self.engine.set_timeout(info.id, seconds)
+
     # ------------------------------------------------------------------- end
 
     async def _delete_admitted(self, sandbox_id: str) -> bool:
@@ -198,10 +265,12 @@ class SandboxService:
         if await self._delete_admitted(sandbox_id):
             self.pools.release(sandbox_id)
 
-    async def update_network(self, sandbox_id: str, network: NetworkPolicy) -> SandboxInfo:
+    async def update_network(
+        self, sandbox_id: str, network: NetworkPolicy, caller: Caller,
+    ) -> SandboxInfo:
         """A running policy sandbox's new policy (a tenant's may name no private range)."""
         spec = SandboxSpec.parse(network=network.model_dump())
-        check_network(spec, host_network=False, admin=self.acting_tenant() is None)
+        check_network(spec, host_network=False, admin=caller.may_use_host_network)
         return await self.engine.update_network(sandbox_id, network)
 
     async def stop(
@@ -226,9 +295,11 @@ class SandboxService:
         *,
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
+        frontend: str = "native",
     ) -> list[SandboxInfo]:
         """``n`` new sandboxes with this one's files and spec, each created through
         admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
         # n copies that could never be alive at once: a 400 now, before the snapshot
         self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
         return await fork_from(

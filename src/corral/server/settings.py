@@ -40,6 +40,8 @@ DEFAULT_MAX_TENANT_STREAMS = 256  # ... per tenant
 MEMORY_OVERCOMMIT = 8  # default max_memory_mb = this many times the host's RAM
 DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
+DEFAULT_RESTORE_GRACE_S = 300.0  # SIGTERM/crash: sandboxes wait this long for the next daemon
+DEFAULT_RETENTION_S = 86400.0  # an ended sandbox's record and kept files, then removed
 MEMINFO = "/proc/meminfo"
 
 
@@ -100,6 +102,9 @@ class ServerSettings:
     max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
     max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
+    # What a revoked tenant's running sandboxes become (server/revocation.py): "stop"
+    # (their records and files stay for the admin) or "keep" (running, the admin's).
+    on_revoke: str = "stop"
     idle_exit: float | None = None
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE_S
     log_level: str = "info"
@@ -108,6 +113,13 @@ class ServerSettings:
     # How long a deleted sandbox's logs are kept (seconds; 0: dropped at the next sweep).
     log_retention: float = DEFAULT_LOG_RETENTION_S
     log_format: str = "text"  # "json": JSON lines, one per request too (server/accesslog.py)
+    # Live restore (docs/restart.md): after SIGTERM or a crash the sandboxes keep running
+    # this long for the next daemon on the state dir to adopt them (0: they end with it).
+    restore_grace: float = DEFAULT_RESTORE_GRACE_S
+    # How long an ended sandbox (stopped, failed, lost) stays listed with its kept files.
+    retention: float = DEFAULT_RETENTION_S
+    # The lease the SDK's sessions take by default over TCP (server/leases.py); None: none.
+    default_lease: float | None = None
     metrics: bool = True  # GET /metrics (server/metrics.py); off: no listeners, a 404
     # The Ray node this daemon serves in a cluster (`corral cluster up` sets it): its
     # sandboxes' ids then name the node, and their info says which it is.
@@ -130,12 +142,21 @@ class ServerSettings:
             raise InvalidArgument(f"max_connections must be at least 1, got {self.max_connections}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
+        if self.default_lease is not None and not 1 <= self.default_lease <= 86400:
+            raise InvalidArgument(
+                f"default_lease must be between 1 and 86400 seconds, got {self.default_lease:g}")
+        if not 0 <= self.restore_grace <= 86400 or not self.retention >= 0:
+            raise InvalidArgument(
+                "restore_grace must be between 0 and 86400 seconds and retention >= 0 "
+                f"(got {self.restore_grace:g} and {self.retention:g})")
         if not 0 < self.max_lifetime <= MAX_TIMEOUT_S or not 0 <= self.log_retention:
             raise InvalidArgument(
                 f"max_lifetime must be > 0 and <= {MAX_TIMEOUT_S:g} s and log_retention >= 0 "
                 f"(got {self.max_lifetime:g} and {self.log_retention:g})")
         if self.idle_exit is not None and self.idle_exit <= 0:
             raise InvalidArgument(f"idle_exit must be > 0 seconds, got {self.idle_exit}")
+        if self.on_revoke not in ("stop", "keep"):
+            raise InvalidArgument(f"--on-revoke is stop or keep, got {self.on_revoke!r}")
         if self.log_format not in ("text", "json"):
             raise InvalidArgument(f"--log-format is text or json, got {self.log_format!r}")
         if self.node is not None and not is_node_id(self.node):

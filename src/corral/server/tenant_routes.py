@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from corral.schema import MAX_TIMEOUT_S
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
-from corral.server.cluster_tenants import ClusterTenancy, drop_pools
+from corral.server.cluster_tenants import ClusterTenancy
 from corral.server.tenants import Tenants, TokenStore, require_admin
 
 __all__ = [
@@ -37,6 +37,7 @@ class TokenRequest(BaseModel):
     max_memory_mb: StrictInt | None = Field(None, ge=0)
     max_cpus: StrictFloat | None = Field(None, ge=0)
     allow_images: StrictBool = False
+    allow_host_network: StrictBool = False
     max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     max_snapshot_mb: StrictInt | None = Field(None, ge=0)
     max_builds: StrictInt | None = Field(None, ge=0)
@@ -64,6 +65,7 @@ class TokenInfo(BaseModel):
     max_memory_mb: int | None = None
     max_cpus: float | None = None
     allow_images: bool = False
+    allow_host_network: bool = False
     created_at: float
     max_lifetime: float | None = None
     max_snapshot_mb: int | None = None
@@ -110,6 +112,7 @@ async def create_token(request: Request, body: TokenRequest) -> Response:
     require_admin(request, "creating a tenant token")
     fields = {"max_sandboxes": body.max_sandboxes, "max_memory_mb": body.max_memory_mb,
               "max_cpus": body.max_cpus, "allow_images": body.allow_images,
+              "allow_host_network": body.allow_host_network,
               "max_lifetime": None if body.max_lifetime is None else float(body.max_lifetime),
               "max_snapshot_mb": body.max_snapshot_mb, "max_builds": body.max_builds}
     cluster = _cluster(request)
@@ -146,13 +149,14 @@ async def update_token(request: Request, body: TokenUpdate) -> Response:
 
 
 async def revoke_token(request: Request) -> Response:
-    """Revoke a token; the tenant's pools go too (nobody may use them, and their
-    refills would go on). Its sandboxes stay for the admin to see and delete."""
+    """Revoke a token: every call it opened ends, its pools go, and its running
+    sandboxes stop or stay as ``--on-revoke`` says (:mod:`corral.server.revocation`);
+    their records stay for the admin to see and delete."""
     require_admin(request, "revoking a tenant token")
     name = request.path_params["name"]
     cluster = _cluster(request)
     if cluster is not None:  # on every node, or it says which did not confirm (and
         return JSONResponse(await cluster.revoke(name))  # waited until they refuse it)
     _store(request).revoke(name)
-    await drop_pools(ctx.pools(request), name)
+    await request.app.state.revocation(name)
     return Response(status_code=204)

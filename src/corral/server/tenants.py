@@ -5,12 +5,12 @@ random bits; the registry keeps only its SHA-256 (table ``tenants``, made on ope
 an older registry gains it), looked up on every request: a revoked token is refused
 at once, no cache outlives :meth:`TokenStore.revoke`.
 
-Who a request is (:class:`Caller`) comes from its credentials in one place,
-:meth:`Tenants.identify`: the daemon's own token (``--token``/``CORRAL_TOKEN``) and
-the Unix socket are the admin (``tenant`` None, sees everything); a tenant token is
-that tenant. The guard then runs the request acting for it
-(:class:`~corral.runtime.ownership.Owners`), so every lookup by id, on every
-front-end, hides other tenants' things exactly as ids that do not exist.
+Who a request is (:class:`~corral.server.caller.Caller`) is decided by the daemon's
+door (:mod:`corral.server.door`), which asks :meth:`Tenants.identify` whether a token
+is the daemon's own (``--token``/``CORRAL_TOKEN``: the admin, ``tenant`` None, sees
+everything) or a tenant's; nothing else calls it. The request then runs acting for
+its caller, so every lookup by id, on every front-end, hides other tenants' things
+exactly as ids that do not exist.
 """
 
 from __future__ import annotations
@@ -21,14 +21,22 @@ import re
 import secrets
 import sqlite3
 import time
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from starlette.requests import Request
-from starlette.types import Scope
-
-from corral.errors import Forbidden, InvalidArgument, NotFound, Unauthorized
+from corral.errors import InvalidArgument, NotFound, Unauthorized
 from corral.schema import TENANT_NAME
+from corral.server.caller import (
+    ADMIN,
+    CALLER_KEY,
+    UNIDENTIFIED,
+    Caller,
+    caller_name,
+    caller_of,
+    require_admin,
+    require_image_rights,
+    tenant_of,
+)
+from corral.server.tenant_model import ADMIN_NAME, Tenant
 
 __all__ = [
     "ADMIN",
@@ -46,9 +54,7 @@ __all__ = [
     "tenant_of",
 ]
 
-ADMIN_NAME = "admin"  # how logs and metrics name the admin: no tenant may take the name
 TOKEN_PREFIX = "crl_"  # tells a corral tenant token apart in a config file or a leak scan
-CALLER_KEY = "corral.caller"  # where the guard puts the request's Caller (ASGI scope)
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS tenants (
@@ -61,7 +67,8 @@ CREATE TABLE IF NOT EXISTS tenants (
     created_at REAL NOT NULL,
     max_lifetime REAL,
     max_snapshot_mb INTEGER,
-    max_builds INTEGER
+    max_builds INTEGER,
+    allow_host_network INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS revoked_tenants (
     name TEXT PRIMARY KEY,
@@ -69,48 +76,11 @@ CREATE TABLE IF NOT EXISTS revoked_tenants (
 );
 """
 _COLUMNS = ("name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, "
-            "max_lifetime, max_snapshot_mb, max_builds")
+            "max_lifetime, max_snapshot_mb, max_builds, allow_host_network")
 # The quotas `corral token update` may change (None: no quota of the tenant's own)
 QUOTAS = ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime", "max_snapshot_mb",
           "max_builds")
 DEFAULT_MAX_BUILDS = 1  # image builds a tenant runs at once, unless its token says
-
-
-@dataclass(frozen=True)
-class Tenant:
-    """A tenant token's name, quotas (None: only the daemon's caps) and rights."""
-
-    name: str
-    max_sandboxes: int | None = None
-    max_memory_mb: int | None = None
-    max_cpus: float | None = None
-    allow_images: bool = False
-    created_at: float = 0.0
-    max_lifetime: float | None = None  # seconds; below the daemon's --max-lifetime
-    max_snapshot_mb: int | None = None  # its snapshots' layers on disk (server/quotas.py)
-    max_builds: int | None = None  # image builds at once (None: DEFAULT_MAX_BUILDS)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who sent a request: ``tenant`` None is the admin."""
-
-    tenant: Tenant | None = None
-
-    @property
-    def name(self) -> str | None:
-        return None if self.tenant is None else self.tenant.name
-
-    @property
-    def may_manage_images(self) -> bool:
-        return self.tenant is None or self.tenant.allow_images
-
-
-ADMIN = Caller()
-UNIDENTIFIED = Caller(Tenant(""))  # a wrong credential an endpoint refuses itself: sees nothing
 
 
 def _digest(token: str) -> bytes:
@@ -173,7 +143,8 @@ class TokenStore:
         self._db.executescript(TABLE)  # the migration: older registries gain the table
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(tenants)")}
         for column, kind in (("max_lifetime", "REAL"), ("max_snapshot_mb", "INTEGER"),
-                             ("max_builds", "INTEGER")):
+                             ("max_builds", "INTEGER"),
+                             ("allow_host_network", "INTEGER NOT NULL DEFAULT 0")):
             if column not in columns:  # and a table from before it, the column
                 self._db.execute(f"ALTER TABLE tenants ADD COLUMN {column} {kind}")
 
@@ -185,6 +156,7 @@ class TokenStore:
         max_memory_mb: int | None = None,
         max_cpus: float | None = None,
         allow_images: bool = False,
+        allow_host_network: bool = False,
         max_lifetime: float | None = None,
         max_snapshot_mb: int | None = None,
         max_builds: int | None = None,
@@ -197,13 +169,15 @@ class TokenStore:
         if self._db.execute("SELECT 1 FROM revoked_tenants WHERE name = ?", (name,)).fetchone():
             raise name_of_revoked(name)
         token = new_token()
-        tenant = Tenant(name, allow_images=allow_images, created_at=time.time(), **quotas)
+        tenant = Tenant(name, allow_images=allow_images, created_at=time.time(),
+                        allow_host_network=allow_host_network, **quotas)
         try:
             self._db.execute(
                 f"INSERT INTO tenants ({_COLUMNS}, token_sha256) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (name, max_sandboxes, max_memory_mb, max_cpus, int(allow_images),
-                 tenant.created_at, max_lifetime, max_snapshot_mb, max_builds, _digest(token)),
+                 tenant.created_at, max_lifetime, max_snapshot_mb, max_builds,
+                 int(allow_host_network), _digest(token)),
             )
         except sqlite3.IntegrityError:
             raise name_taken(name) from None
@@ -257,9 +231,9 @@ class TokenStore:
 
 def _tenant(row: tuple[Any, ...]) -> Tenant:
     (name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime,
-     max_snapshot_mb, max_builds) = row
+     max_snapshot_mb, max_builds, allow_host_network) = row
     return Tenant(name, max_sandboxes, max_memory_mb, max_cpus, bool(allow_images), created_at,
-                  max_lifetime, max_snapshot_mb, max_builds)
+                  max_lifetime, max_snapshot_mb, max_builds, bool(allow_host_network))
 
 
 def _check_quotas(quotas: dict[str, Any]) -> None:
@@ -295,7 +269,7 @@ class Tenants:
         if self._admin is not None and hmac.compare_digest(_digest(given), self._admin):
             return ADMIN
         tenant = self.store.lookup(given)
-        return None if tenant is None else Caller(tenant)
+        return None if tenant is None else Caller.of_tenant(tenant)
 
     def quota_of(self, name: str | None) -> Tenant | None:
         """A tenant's current quotas (None: the admin's, or a revoked tenant's)."""
@@ -305,40 +279,6 @@ class Tenants:
         """What a credential that is no valid token is told (the store may say why)."""
         why = getattr(self.store, "unavailable", lambda: None)()
         return Unauthorized(why) if why else unauthorized_tenant()
-
-
-def caller_name(scope: Scope) -> str | None:
-    """The owner a request acts for: its caller's tenant, None for the admin, and
-    nothing at all ("", fail closed) if no credential was checked."""
-    caller = scope.get(CALLER_KEY)
-    return caller.name if isinstance(caller, Caller) else ""
-
-
-def caller_of(request: Request) -> Caller:
-    """Who sent ``request`` (set by the daemon's guard; the Unix socket is the admin)."""
-    caller = request.scope.get(CALLER_KEY)
-    return caller if isinstance(caller, Caller) else UNIDENTIFIED
-
-
-def tenant_of(request: Request) -> str | None:
-    """The tenant name of ``request``'s caller; None for the admin."""
-    return caller_of(request).name
-
-
-def require_admin(request: Request, what: str) -> None:
-    """:class:`Forbidden` unless the admin sent ``request``."""
-    if caller_of(request).tenant is not None:
-        raise Forbidden(f"{what} needs the admin (the Unix socket or the daemon's token)")
-
-
-def require_image_rights(request: Request, what: str) -> None:
-    """Images are shared read-only: changing them is the admin's, or a tenant's whose
-    token was made with ``--allow-images``."""
-    if not caller_of(request).may_manage_images:
-        raise Forbidden(
-            f"{what} needs the admin or a tenant token made with --allow-images "
-            "(images are shared by every tenant)"
-        )
 
 
 def unauthorized_tenant() -> Unauthorized:

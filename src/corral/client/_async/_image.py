@@ -12,9 +12,17 @@ from typing_extensions import Self  # typing's since 3.11 only
 
 from corral.client._async._client import AsyncClient
 from corral.client._backends import AsyncBackend
-from corral.client._build import TAR, load_spec, pack_build, read_archive
+from corral.client._build import TAR, load_spec, pack_build, pack_dockerfile, read_archive
 from corral.errors import DaemonUnavailable, ImageImportError, error_from_dict
-from corral.image_schema import UPLOADED_ARCHIVE, BuildEvent, BuildSpec, BuildStats, ImageInfo
+from corral.image_schema import (
+    UPLOADED_ARCHIVE,
+    BuildEvent,
+    BuildSpec,
+    BuildStats,
+    ImageInfo,
+    PruneResult,
+    PullEvent,
+)
 
 
 class AsyncImage:
@@ -71,6 +79,33 @@ class AsyncImage:
             "POST", "/v1/images/build", content=body,
             headers={"Content-Type": content_type}, timeout=None,
         )
+        return await cls._built(client, response, on_event)
+
+    @classmethod
+    async def from_dockerfile(
+        cls, context: str | os.PathLike[str], *, dockerfile: str | os.PathLike[str] | None = None,
+        name: str | None = None, build_args: dict[str, str] | None = None,
+        target: str | None = None, on_event: Callable[[BuildEvent], Any] | None = None,
+        client: AsyncClient | None = None,
+    ) -> Self:
+        """Build a Dockerfile (default ``context/Dockerfile``) into the image ``name``
+        (default: the context directory's name); the context goes to the daemon less
+        what ``.dockerignore`` excludes. Each instruction is a cached step; ``FROM`` may
+        name a registry image (pulled), a corral image or an earlier stage. What corral
+        cannot build raises :class:`~corral.errors.DockerfileError` naming the line, a
+        failed step :class:`~corral.errors.ImageBuildError`."""
+        client = client or AsyncClient.default()
+        content_type, body = await AsyncBackend.run_blocking(
+            pack_dockerfile, context, dockerfile, name, build_args, target)
+        response = await client.stream(
+            "POST", "/v1/images/dockerfile", content=body,
+            headers={"Content-Type": content_type}, timeout=None,
+        )
+        return await cls._built(client, response, on_event)
+
+    @classmethod
+    async def _built(cls, client: AsyncClient, response: Any,
+                     on_event: Callable[[BuildEvent], Any] | None) -> Self:
         try:
             with client._errors():
                 async for line in response.aiter_lines():
@@ -87,6 +122,50 @@ class AsyncImage:
             await response.aclose()
         raise DaemonUnavailable("the image build's log ended without a result (the daemon "
                                 "may have stopped): build again, finished steps are cached")
+
+    @classmethod
+    async def pull(
+        cls, ref: str, *, name: str | None = None, insecure: bool = False,
+        on_progress: Callable[[PullEvent], Any] | None = None,
+        client: AsyncClient | None = None,
+    ) -> Self:
+        """Pull ``ref`` (``host[:port]/repo[:tag][@sha256:...]``) from its registry into
+        the daemon's store, as ``name`` (default: derived from the reference; sandboxes
+        may also name the reference itself as their image). Credentials are the
+        daemon's (``REGISTRY_AUTH_FILE`` or ``~/.docker/config.json``). ``insecure``
+        confirms plain HTTP (loopback registries, or those the daemon lists in
+        ``CORRAL_INSECURE_REGISTRIES``). ``on_progress`` gets each layer's progress.
+        Raises :class:`~corral.errors.RegistryAuthError`,
+        :class:`~corral.errors.ImageNotFound` or :class:`~corral.errors.RegistryError`."""
+        client = client or AsyncClient.default()
+        response = await client.stream(
+            "POST", "/v1/images/pull", json={"ref": ref, "name": name, "insecure": insecure},
+            timeout=None,
+        )
+        try:
+            with client._errors():
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = PullEvent.model_validate_json(line)
+                    if event.type == "image" and event.image is not None:
+                        return cls(event.image, client=client)
+                    if event.type == "error":
+                        raise error_from_dict(event.error or {})
+                    if on_progress is not None:
+                        on_progress(event)
+        finally:
+            await response.aclose()
+        raise DaemonUnavailable("the pull's progress ended without a result (the daemon "
+                                "may have stopped): pull again, it resumes")
+
+    @classmethod
+    async def prune(cls, *, client: AsyncClient | None = None) -> PruneResult:
+        """Delete the layers no image, build cache entry or sandbox holds (and stale
+        partial downloads); what went and the bytes freed."""
+        client = client or AsyncClient.default()
+        response = await client.request("POST", "/v1/images/prune", timeout=None)
+        return PruneResult.model_validate(response.json())
 
     @classmethod
     async def import_archive(

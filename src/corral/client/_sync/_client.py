@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -27,6 +28,12 @@ _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
 def _timeout(seconds: float | None) -> httpx.Timeout:
     connect = CONNECT_TIMEOUT if seconds is None else min(CONNECT_TIMEOUT, seconds)
     return httpx.Timeout(seconds, connect=connect, pool=None)
+
+
+RECONNECT_WAIT_S = 30.0
+"""How long a request waits for a daemon that answered this client before and now does
+not (it is restarting: its sandboxes live on, docs/restart.md), retrying the connect."""
+_RECONNECT_POLL_S = 0.2
 
 
 # Over TCP a request goes out in two writes (headers, body); without TCP_NODELAY the
@@ -85,6 +92,8 @@ class Client:
             transport=transport,
         )
         self._router: Router | None = None
+        self._answered = False  # a daemon answered: a later refusal is a restart
+        self.reconnect_wait = RECONNECT_WAIT_S
         if cluster is not None:
             from corral.client._sync._router import Router
 
@@ -129,6 +138,12 @@ class Client:
         """
         return {"url": None if self._endpoint.embed else self._endpoint.url,
                 "token": self._endpoint.token}
+
+    @property
+    def over_tcp(self) -> bool:
+        """Whether this client reaches one daemon over TCP (not on its Unix socket, nor
+        a Ray cluster): a session then takes the daemon's ``default_lease``."""
+        return self._endpoint.uds is None and self._endpoint.cluster is None
 
     @property
     def is_closed(self) -> bool:
@@ -179,25 +194,48 @@ class Client:
         return self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
     def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send a built request; start the embedded daemon first if it is needed.
+        """Send a built request; start the embedded daemon first if it is needed, and
+        wait up to :attr:`reconnect_wait` seconds for one that answered before (it is
+        restarting) when the request could not be sent.
 
         A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
         request = bounded(request)
         try:
             response = self._send_once(request, stream)
         except DaemonUnavailable as exc:
-            if not (self._endpoint.embed and self._endpoint.uds and is_connect_error(exc)):
+            if not is_connect_error(exc):
                 raise
-            # Nothing listens on the default socket (never started, or it exited when
-            # idle): start the shared daemon, then retry; the request never left.
-            SyncBackend.run_blocking(ensure_daemon, self._endpoint.uds)
-            response = self._send_once(request, stream)
+            if self._endpoint.embed and self._endpoint.uds:
+                # Nothing listens on the default socket (never started, it exited when
+                # idle, or it restarts): start the shared daemon, then retry; the
+                # request never left.
+                SyncBackend.run_blocking(ensure_daemon, self._endpoint.uds)
+                response = self._send_once(request, stream)
+            elif self._answered and self.reconnect_wait > 0:
+                response = self._reconnect(request, stream, exc)
+            else:
+                raise
+        self._answered = True
         if response.is_error and stream:
             with daemon_errors(self._endpoint):
                 response.read()
             response.close()
         raise_for_status(response)
         return response
+
+    def _reconnect(
+        self, request: httpx.Request, stream: bool, first: DaemonUnavailable
+    ) -> httpx.Response:
+        """Retry a request that never left until the daemon answers again (bounded)."""
+        deadline = time.monotonic() + self.reconnect_wait
+        while time.monotonic() < deadline:
+            SyncBackend.sleep(_RECONNECT_POLL_S)
+            try:
+                return self._send_once(request, stream)
+            except DaemonUnavailable as exc:
+                if not is_connect_error(exc):
+                    raise
+        raise first
 
     def _send_once(self, request: httpx.Request, stream: bool) -> httpx.Response:
         with daemon_errors(self._endpoint):

@@ -1,6 +1,7 @@
 # Generated from _async/_session.py by scripts/gen_sync.py: edit that file, not this one.
 # ruff: noqa: I001  (the imports keep the source's order, sorted for _async)
-"""A session: sandboxes made with shared defaults and tags, deleted together."""
+"""A session: sandboxes made with shared defaults and tags, deleted together; with a
+lease, also ended by the daemon soon after the process that made them dies."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from corral.client._sync._cleanup import CleanupOnExit
 from corral.client._sync._client import Client
 from corral.client._sync._sandbox import Sandbox
 from corral.client._backends import SyncBackend
+from corral.client._lease import Heartbeat
 from corral.client._models import SpecFields, spec_body
-from corral.errors import CorralError, InvalidState
+from corral.client._validate import check_lease
+from corral.errors import CorralError, InvalidState, LeaseNotFound
 from corral.schema import SandboxState
 
 logger = logging.getLogger("corral")
@@ -29,6 +32,13 @@ class Session(CleanupOnExit):
 
     Each sandbox also gets the tag ``session=<id>`` (:attr:`tag`), so any process can
     find them with ``Sandbox.list(tags=[session.tag])``.
+
+    ``lease`` (seconds) ties the session's sandboxes to this process: the session takes
+    a lease from the daemon at its first create and renews it every ``lease / 3``
+    seconds from a thread; if the process dies (``kill -9``, a crashed trainer) the
+    daemon stops them about ``lease`` seconds later, with the reason ``lease expired``,
+    instead of at the end of their lifetime. Left out, a session over TCP takes the
+    daemon's ``--default-lease`` if it has one; ``lease=0`` takes none.
 
     Example::
 
@@ -46,8 +56,13 @@ class Session(CleanupOnExit):
         *,
         tags: Sequence[str] = (),
         client: Client | None = None,
+        lease: float | None = None,
     ) -> None:
         self.id = "ses-" + secrets.token_hex(6)
+        self._lease = check_lease(lease)
+        self._lease_lock = SyncBackend.lock()
+        self._lease_taken = False
+        self._heartbeat: Heartbeat | None = None
         self._defaults = dict(defaults or {})
         self._tags = [*tags, f"session={self.id}"]
         spec_body({**self._defaults, "tags": self._tags})  # fail now on a bad default
@@ -66,6 +81,11 @@ class Session(CleanupOnExit):
         return list(self._tags)
 
     @property
+    def lease_id(self) -> str | None:
+        """The id of the session's lease (taken at the first create), if it has one."""
+        return self._heartbeat.lease_id if self._heartbeat is not None else None
+
+    @property
     def sandboxes(self) -> builtins.list[Sandbox]:
         """The sandboxes this session created and has not deleted yet."""
         return list(self._sandboxes)
@@ -79,6 +99,7 @@ class Session(CleanupOnExit):
         arguments of :meth:`Sandbox.create`); tags add up rather than replace."""
         if self._closed:
             raise InvalidState(f"session {self.id} is closed: start a new session")
+        self._take_lease()
         fields = {**self._defaults, **overrides}
         fields["tags"] = [
             *self._defaults.get("tags", ()), *self._tags, *overrides.get("tags", ())
@@ -87,6 +108,22 @@ class Session(CleanupOnExit):
         sandbox = Sandbox.create(**fields)
         self._sandboxes.append(sandbox)
         return sandbox
+
+    def _take_lease(self) -> None:
+        """At the first create: the session's lease, and its heartbeat."""
+        with self._lease_lock:
+            if self._lease_taken:
+                return
+            client = self._client or Client.default()
+            ttl = self._lease
+            if ttl is None and client.over_tcp:
+                ttl = (client.info()).get("default_lease")
+            if ttl:
+                reply = (client.request("POST", "/v1/leases", json={"ttl": ttl})).json()
+                self._tags.insert(-1, reply["tag"])  # (the session tag stays last)
+                args = client.connect_args
+                self._heartbeat = Heartbeat(args["url"], args["token"], reply["id"], ttl)
+            self._lease_taken = True
 
     def list(
         self, *, state: SandboxState | str | Sequence[SandboxState | str] | None = None
@@ -114,6 +151,15 @@ class Session(CleanupOnExit):
         doomed = known + [sb for sb in found if sb.id not in ids]
         results = SyncBackend.gather([sb.delete for sb in doomed])
         errors += [r for r in results if isinstance(r, BaseException)]
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            try:
+                client = self._client or Client.default()
+                client.request("DELETE", f"/v1/leases/{self._heartbeat.lease_id}")
+            except LeaseNotFound:
+                pass
+            except CorralError as exc:
+                errors.append(exc)
         if errors:
             if len(errors) > 1:
                 logger.warning("session %s: %d deletions failed", self.id, len(errors))

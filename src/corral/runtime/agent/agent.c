@@ -10,14 +10,24 @@
  *       process bwrap forks is born inside the limits: there is no window in which a
  *       sandboxed process runs outside its cgroup.
  *
- *   corral-agent serve FD
+ *   corral-agent serve FD [REATTACH_FD]
  *       Runs inside the sandbox as pid 1 (bwrap --as-pid-1). Speaks a framed binary
  *       protocol on FD (a socketpair end inherited from the engine): runs commands
  *       with pipes (or a pseudo-terminal), timeouts and output caps, serves file
  *       operations from the sandbox's own view of the filesystem, and reaps every
  *       orphan (it is pid 1).
- *       When FD closes (the engine went away) it exits, which tears down the whole
- *       pid namespace: nothing survives its engine.
+ *       Without REATTACH_FD: when FD closes (the engine went away) it exits, which
+ *       tears down the whole pid namespace.
+ *       With REATTACH_FD (a SOCK_SEQPACKET socketpair end whose other end the
+ *       engine's warden holds, see runtime/warden.py): when FD closes the agent
+ *       *detaches* instead: its commands keep running (and their own timeouts keep
+ *       firing) but are forgotten by id (their output is read and dropped, their
+ *       stdin closed), and it waits on REATTACH_FD for one message carrying a new
+ *       control socket (SCM_RIGHTS) from the next engine, on which it says READY
+ *       again. When REATTACH_FD closes (the warden gave up: no engine came back) it
+ *       exits: nothing survives both its engine and its warden. Only a holder of the
+ *       other end can reattach it: a descriptor, never a path or a secret that
+ *       sandbox code could find.
  *
  * The agent is the trust boundary inside the sandbox: the code it runs is written by
  * a model optimised to earn reward, with the same uid as the agent. So the agent is
@@ -60,6 +70,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -119,6 +130,8 @@ struct exec_state {
 };
 
 static int ctl = -1;
+static int reattach = -1; /* see "serve" above; -1: none, exit with the engine */
+static int ctl_dead;      /* the engine's end is gone: detach at the top of the loop */
 /* The agent's own oom_score_adj, opened before it stops being dumpable (then the file
    is root's): commands are forked at COMMAND_OOM_SCORE_ADJ (fork_command in exec.c). */
 static int oom_fd = -1;
@@ -167,6 +180,7 @@ static void field(struct buf *b, uint8_t tag, const void *data, uint32_t n) {
 static void field_u64(struct buf *b, uint8_t tag, uint64_t v) { field(b, tag, &v, 8); }
 
 static void write_all(int fd, const char *p, size_t n) {
+    if (fd < 0 || ctl_dead) return; /* detached: nobody to tell */
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0) {
@@ -176,7 +190,9 @@ static void write_all(int fd, const char *p, size_t n) {
                 poll(&pfd, 1, -1);
                 continue;
             }
-            _exit(0); /* the engine is gone: nothing left to serve */
+            if (reattach < 0) _exit(0); /* the engine is gone: nothing left to serve */
+            ctl_dead = 1; /* detach at the top of the loop; drop the rest meanwhile */
+            return;
         }
         p += w;
         n -= (size_t)w;
@@ -184,6 +200,9 @@ static void write_all(int fd, const char *p, size_t n) {
 }
 
 static void send_frame(uint8_t type, uint32_t id, const struct buf *payload) {
+    /* Id 0 is never a request's (READY excepted): a command or job of an engine
+       that went away, forgotten at the detach; its frames go nowhere. */
+    if (id == 0 && type != RSP_READY) return;
     char hdr[9];
     uint32_t len = payload ? (uint32_t)payload->len : 0;
     memcpy(hdr, &len, 4);
@@ -319,9 +338,13 @@ static void handle(uint8_t type, uint32_t id, struct req *r) {
  *   ignored but SIGCHLD, which stays blocked and is read from a signalfd: a forged one
  *   only makes the agent call waitpid.
  */
-static int harden(int fd) {
-    if (fd > 3) syscall(SYS_close_range, 3U, (unsigned)fd - 1, 0U);
-    syscall(SYS_close_range, (unsigned)(fd < 3 ? 3 : fd + 1), ~0U, 0U);
+static int harden(int fd, int keep) {
+    int lo = fd, hi = keep > fd ? keep : fd;
+    if (keep >= 0 && keep < lo) lo = keep;
+    /* close everything but FD and KEEP (at most two ranges around them, and between) */
+    if (lo > 3) syscall(SYS_close_range, 3U, (unsigned)lo - 1, 0U);
+    if (keep >= 0 && hi - lo > 1) syscall(SYS_close_range, (unsigned)(lo + 1 < 3 ? 3 : lo + 1), (unsigned)hi - 1, 0U);
+    syscall(SYS_close_range, (unsigned)(hi < 3 ? 3 : hi + 1), ~0U, 0U);
     oom_fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
     ssize_t n = oom_fd >= 0 ? pread(oom_fd, oom_agent, sizeof oom_agent - 1, 0) : -1;
     while (n > 0 && (oom_agent[n - 1] == '\n' || oom_agent[n - 1] == 0)) n--;
@@ -329,6 +352,7 @@ static int harden(int fd) {
     else if (oom_fd >= 0) { close(oom_fd); oom_fd = -1; }
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return -1;
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return -1;
+    if (keep >= 0 && fcntl(keep, F_SETFD, FD_CLOEXEC) != 0) return -1;
     for (int s = 1; s < NSIG; s++)
         if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) signal(s, SIG_IGN);
     sigset_t chld;
@@ -337,11 +361,74 @@ static int harden(int fd) {
     return sigprocmask(SIG_SETMASK, &chld, NULL);
 }
 
-static int serve(int fd) {
-    if (harden(fd) != 0) {
+/*
+ * The engine's end of the control socket is gone (its daemon stopped or died) and a
+ * warden holds the reattach socket: forget every request by id (their frames would
+ * name ids the next engine never sent), keep the commands running (their output is
+ * read and dropped, their own timeouts still fire; a pipe's stdin gets EOF, as
+ * nobody can write to it any more), and drop what was half read.
+ */
+static void detach(struct buf *in) {
+    close(ctl);
+    ctl = -1;
+    ctl_dead = 0;
+    in->len = 0;
+    for (int i = 0; i < MAX_EXECS; i++) {
+        struct exec_state *e = &execs[i];
+        if (!e->used) continue;
+        e->id = 0;
+        free(e->stdin_buf);
+        e->stdin_buf = NULL;
+        e->stdin_len = e->stdin_off = 0;
+        if (!e->pty && e->in_fd >= 0) { close(e->in_fd); e->in_fd = -1; }
+    }
+    for (int i = 0; i < MAX_JOBS; i++) jobs[i].id = 0;
+}
+
+/*
+ * One message on the reattach socket: a new control socket (SCM_RIGHTS) from the
+ * engine that took over. 1 when attached, 0 for anything else (ignored), -1 at EOF.
+ */
+static int take_ctl(struct buf *in) {
+    char byte, cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {&byte, 1};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t n = recvmsg(reattach, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
+    if (n == 0) return -1;
+    int got = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int k = 0; k < nfds; k++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+            if (got < 0 && byte == 'C') got = fd;
+            else close(fd);
+        }
+    }
+    if (got < 0) return 0;
+    if (ctl >= 0) detach(in); /* an engine that took over while the old end lingered */
+    ctl = got;
+    ctl_dead = 0;
+    set_nonblock(ctl);
+    send_frame(RSP_READY, 0, NULL);
+    return 1;
+}
+
+static int serve(int fd, int keep) {
+    reattach = keep;
+    if (harden(fd, keep) != 0) {
         fprintf(stderr, "corral-agent serve: cannot protect the agent: %s\n", strerror(errno));
         return 1;
     }
+    /* The outer bwrap (outside our pid namespace) is our parent: a kill of it from the
+       host ends the sandbox (it no longer dies with the daemon: see "serve" above). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     ctl = fd;
     set_nonblock(ctl);
     sigset_t chld;
@@ -356,12 +443,15 @@ static int serve(int fd) {
     send_frame(RSP_READY, 0, NULL);
 
     struct buf in = {0};
-    struct pollfd pfds[2 + 4 * MAX_EXECS];
-    struct { struct exec_state *e; int which; } owner[2 + 4 * MAX_EXECS];
+    struct pollfd pfds[3 + 4 * MAX_EXECS];
+    struct { struct exec_state *e; int which; } owner[3 + 4 * MAX_EXECS];
     for (;;) {
+        if (ctl_dead) detach(&in);
         int n = 0;
+        /* pfds[0] is the control socket (fd -1 while detached: poll skips it) */
         pfds[n++] = (struct pollfd){ctl, POLLIN, 0};
         pfds[n++] = (struct pollfd){sfd, POLLIN, 0};
+        pfds[n++] = (struct pollfd){reattach, POLLIN, 0};
         int64_t now = now_ms(), wake = -1;
         for (int i = 0; i < MAX_EXECS; i++) {
             struct exec_state *e = &execs[i];
@@ -387,9 +477,14 @@ static int serve(int fd) {
                     ssize_t got = read(ctl, tmp, sizeof tmp);
                     if (got < 0 && errno == EINTR) continue;
                     if (got < 0 && errno == EAGAIN) break;
-                    if (got <= 0) return 0; /* engine closed the channel: exit, ending the sandbox */
+                    if (got <= 0) {
+                        if (reattach < 0) return 0; /* engine closed the channel: exit, ending the sandbox */
+                        ctl_dead = 1; /* wait for the next engine on the reattach socket */
+                        break;
+                    }
                     buf_put(&in, tmp, (size_t)got);
                 }
+                if (ctl_dead) continue;
                 size_t off = 0;
                 while (in.len - off >= 9) {
                     uint32_t len, id;
@@ -408,7 +503,11 @@ static int serve(int fd) {
                 while (read(sfd, &si, sizeof si) > 0) {}
                 reap();
             }
-            for (int i = 2; i < n; i++) {
+            if (pfds[2].revents & (POLLIN | POLLHUP | POLLERR)) {
+                /* EOF: the warden let go, no engine will ever come back: end. */
+                if (take_ctl(&in) < 0) return 0;
+            }
+            for (int i = 3; i < n; i++) {
                 if (!pfds[i].revents) continue;
                 struct exec_state *e = owner[i].e;
                 if (!e->used) continue;
@@ -445,9 +544,9 @@ static int serve(int fd) {
 #include "launch.c"
 
 int main(int argc, char **argv) {
-    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]), argc >= 4 ? atoi(argv[3]) : -1);
     if (argc >= 2 && !strcmp(argv[1], "launch")) return launch(argc, argv);
-    fprintf(stderr, "usage: corral-agent serve FD | launch [--ready] [--cgroup F]... [--uid N] [--gid N] [--nofile N]\n"
+    fprintf(stderr, "usage: corral-agent serve FD [REATTACH_FD] | launch [--ready] [--cgroup F]... [--uid N] [--gid N] [--nofile N]\n"
                     "         [--rootdir D --lower L1:L2 --disk-mb N --owned P...] -- PROG ARGS\n");
     return 2;
 }

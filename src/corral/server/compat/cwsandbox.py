@@ -47,12 +47,12 @@ from corral.server.compat.cwsandbox_guard import (
     MAX_SEND_BYTES,
     UNARY_FILE_CAP,
     Guard,
-    check_token,
 )
 from corral.server.compat.cwsandbox_guard import abort as _abort
+from corral.server.door import Door
+from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
-from corral.server.tenants import Caller
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
 
@@ -73,9 +73,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         settings: ServerSettings,
         engine: Engine,
         lifecycle: Lifecycle,
+        guard: Guard,
         activity: Any = None,
     ) -> None:
         self._settings = settings
+        self._guard = guard  # the door's caller of each call
         self._engine = engine  # exec and files; create, delete and stop go to lifecycle
         self._lifecycle = lifecycle
         self._activity = activity
@@ -95,7 +97,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if self._activity is not None:
             self._activity.in_flight += 1
         try:
-            caller = self._authenticate(context)
+            caller = self._guard.caller_of(context)  # resolved once, by the door
             with self._engine.owners.acting_as(caller.name):  # a tenant sees only its own
                 yield
         except wire.RpcFailure as failure:
@@ -117,17 +119,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 self._activity.in_flight -= 1
                 self._activity.last = time.monotonic()
 
-    def identify(self, token: str) -> Caller | None:
-        """Who a bearer token is: the daemon's token or a tenant's (server/tenants.py)."""
-        tenants = self._lifecycle.tenants
-        return None if tenants is None else tenants.identify(token)
-
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> Caller:
-        """Again, behind the server's :class:`Guard` (which checked before any read)."""
-        caller = check_token(context.invocation_metadata(), self.identify)
-        if isinstance(caller, wire.RpcFailure):
-            raise caller
-        return caller
+    def _verbs(self, context: grpc.aio.ServicerContext) -> SandboxVerbs:
+        """The service's sandbox verbs, for this call's caller (from the door)."""
+        return SandboxVerbs(self._engine, self._guard.caller_of(context))
 
     def _message(self, info: SandboxInfo) -> Any:
         return wire.sandbox_message(
@@ -140,9 +134,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         async with self._rpc(context, "create"):
             images = {image.name for image in self._engine.images.list()}
             plan = wire.plan_create(request, images)
-            spec = self._lifecycle.plan(
-                plan.spec, host_network=self._settings.allow_host_network
-            )  # ImageNotFound and the like before waiting for room
+            caller = self._guard.caller_of(context)  # from the door
+            host_network = (self._settings.allow_host_network  # the daemon's and the caller's
+                            and caller.may_use_host_network)
+            spec = self._lifecycle.plan(  # ImageNotFound and the like before waiting for room
+                await self._lifecycle.with_image(plan.spec, caller), caller, host_network=host_network,
+                frontend="cwsandbox")
             info = await self._lifecycle.create(spec)
             try:
                 await self._python_alias(info.id)
@@ -288,7 +285,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._stop_main(sid)
         if info.state in LIVE_STATES and grace > 0:
             # reason "deleted": a sandbox on its way out keeps no copy of its files
-            info = await self._engine.stop(
+            info = await self._lifecycle.stop(  # the service's: its places given back
                 sid, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
         await self._lifecycle.delete(sid)
         exit_code = self._exit_codes.pop(sid, None)
@@ -309,11 +306,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def StreamExec(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         async with self._rpc(context, "exec"):
-            await cwexec.stream_exec(self._engine, self._settings, context)
+            await cwexec.stream_exec(self._verbs(context), self._settings, context)
 
     async def Exec(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._rpc(context, "exec", sandbox_id=request.sandbox_id):
-            return await cwexec.unary_exec(self._engine, request, context)
+            return await cwexec.unary_exec(self._verbs(context), request, context)
 
     # ---------------------------------------------------------------- files
 
@@ -321,7 +318,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid, path = request.sandbox_id, request.path
         async with self._rpc(context, "write_file", sandbox_id=sid, path=path):
             cwexec.check_container(request.container)
-            wire.reachable(self._engine.get(sid))
+            wire.reachable(self._verbs(context).get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
             if len(request.content) > limit:
                 raise wire.RpcFailure(
@@ -332,7 +329,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                               "size_bytes": len(request.content), "max_size_bytes": limit},
                 )
             try:
-                await self._engine.write_file(sid, path, bytes(request.content))
+                await self._verbs(context).write_file(sid, path, bytes(request.content))
             except FileError:
                 await self._remove_partial(sid, path)
                 raise
@@ -348,9 +345,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid, path = request.sandbox_id, request.path
         async with self._rpc(context, "read_file", sandbox_id=sid, path=path):
             cwexec.check_container(request.container)
-            wire.reachable(self._engine.get(sid))
+            wire.reachable(self._verbs(context).get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
-            data = await self._engine.read_file(sid, path, max_bytes=limit)
+            data = await self._verbs(context).read_file(sid, path, max_bytes=limit)
             return sandbox_pb2.ReadFileResponse(content=data)
 
 
@@ -402,12 +399,14 @@ class CwSandboxFrontend:
     """The gRPC server of :class:`SandboxService` on the daemon's loop."""
 
     def __init__(
-        self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle,
+        self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle, door: Door,
         activity: Any = None,
     ) -> None:
         assert settings.grpc is not None
         self.settings = settings
-        self.service = SandboxService(settings, engine, lifecycle, activity)
+        self.guard = Guard(door, settings.max_client_requests,
+                           log_calls=settings.log_format == "json")
+        self.service = SandboxService(settings, engine, lifecycle, self.guard, activity)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
@@ -416,8 +415,7 @@ class CwSandboxFrontend:
         """Listen on ``settings.grpc``; the port (useful when it was 0)."""
         host, port = self.settings.grpc  # type: ignore[misc]
         server = grpc.aio.server(
-            interceptors=[Guard(self.service.identify, self.settings.max_client_requests,
-                                log_calls=self.settings.log_format == "json")],
+            interceptors=[self.guard],
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),

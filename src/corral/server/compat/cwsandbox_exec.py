@@ -27,9 +27,9 @@ import grpc.aio
 from cwsandbox._proto import sandbox_pb2
 
 from corral.errors import CorralError, FileError, InvalidArgument
-from corral.runtime.engine import Engine
 from corral.schema import ExecResult, SandboxState
 from corral.server.compat import cwsandbox_wire as wire
+from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.settings import ServerSettings
 
 ENGINE_TIMEOUT_SLACK_S = 1.0  # the engine's timer only backs up the client's deadline
@@ -39,7 +39,7 @@ _OUT = sandbox_pb2.ExecStreamOutput
 Context = grpc.aio.ServicerContext
 
 
-async def stream_exec(engine: Engine, settings: ServerSettings, context: Context) -> None:
+async def stream_exec(engine: SandboxVerbs, settings: ServerSettings, context: Context) -> None:
     """Serve one ``StreamExec`` call from its first message to the command's exit."""
     first = await context.read()
     if first is grpc.aio.EOF or first.WhichOneof("message") != "init":
@@ -65,7 +65,7 @@ def _engine_timeout(context: Context) -> float | None:
 
 
 async def _interactive(
-    engine: Engine, settings: ServerSettings, context: Context, sid: str, argv: list[str],
+    engine: SandboxVerbs, settings: ServerSettings, context: Context, sid: str, argv: list[str],
     env: dict[str, str],
 ) -> None:
     spawning = asyncio.ensure_future(engine.spawn(
@@ -122,7 +122,7 @@ async def _feed(context: Context, proc: Any) -> None:
         return  # the process ended: its exit is on the way to the client
 
 
-async def unary_exec(engine: Engine, request: Any, context: Context) -> Any:
+async def unary_exec(engine: SandboxVerbs, request: Any, context: Context) -> Any:
     """``Exec``: run to completion, reply with the output (capped) and exit code."""
     wire.check_command(request.command, request.env)
     argv = command_argv(request.command)

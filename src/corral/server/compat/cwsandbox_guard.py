@@ -18,6 +18,7 @@ pieces.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,10 +27,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from corral.server.caller import Caller
 from corral.server.compat import cwsandbox_wire as wire
 from corral.server.compat.cwsandbox_log import log_call, logged, rpc_name
+from corral.server.door import Door
 from corral.server.limits import ClientLimiter, too_many
-from corral.server.tenants import Caller
 
 UNARY_FILE_CAP = 32 << 20  # ReadFile / WriteFile: larger files take the client's stream path
 MAX_RECEIVE_BYTES = UNARY_FILE_CAP + (1 << 20)
@@ -37,7 +39,7 @@ MAX_SEND_BYTES = UNARY_FILE_CAP + (1 << 20)
 
 
 def check_token(
-    metadata: Any, identify: Callable[[str], Caller | None]
+    metadata: Any, identify: Callable[[str | None], Caller | None]
 ) -> wire.RpcFailure | Caller:
     """Who ``metadata``'s ``authorization: Bearer <token>`` is (the daemon's token: the
     admin; a tenant token: that tenant), else the failure."""
@@ -87,8 +89,13 @@ def _refusal(handler: grpc.RpcMethodHandler, failure: wire.RpcFailure) -> grpc.R
     )
 
 
-def _counted(behavior: Callable[..., Any], clients: ClientLimiter) -> Callable[..., Any]:
-    """``behavior`` refused past the per-client cap, and counted while it runs."""
+def _counted(
+    behavior: Callable[..., Any], clients: ClientLimiter, caller: Caller, door: Door,
+    callers: dict[int, Caller],
+) -> Callable[..., Any]:
+    """``behavior`` refused past the per-client cap, and counted while it runs; its
+    ``caller`` (from the door) handed to the servicer (:meth:`Guard.caller_of`), and the
+    call held open under it, so that revoking its token cancels it."""
 
     async def admit(context: grpc.aio.ServicerContext) -> str:
         client = _peer_address(context)
@@ -101,22 +108,58 @@ def _counted(behavior: Callable[..., Any], clients: ClientLimiter) -> Callable[.
     if inspect.isasyncgenfunction(behavior):  # else a coroutine (streams with context.write)
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             client = await admit(context)
+            callers[id(context)] = caller
+            ended = _Revoked()
             try:
-                async for reply in behavior(request, context):
-                    yield reply
+                with door.calls.holding(caller, ended.cancel):
+                    async for reply in behavior(request, context):
+                        yield reply
+            except asyncio.CancelledError:
+                await ended.abort(context)
+                raise
             finally:
+                callers.pop(id(context), None)
                 clients.leave(client)
 
         return stream
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         client = await admit(context)
+        callers[id(context)] = caller
+        ended = _Revoked()
         try:
-            return await behavior(request, context)
+            with door.calls.holding(caller, ended.cancel):
+                return await behavior(request, context)
+        except asyncio.CancelledError:
+            await ended.abort(context)
+            raise
         finally:
+            callers.pop(id(context), None)
             clients.leave(client)
 
     return unary
+
+
+class _Revoked:
+    """Ends the running call when its token is revoked: its task is cancelled (a
+    running command is killed, as when the client cancels), and the client is told
+    UNAUTHENTICATED (a handler that just stops would leave it waiting for a status)."""
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.revoked = False
+
+    def cancel(self) -> None:
+        self.revoked = True
+        if self.task is not None:
+            self.task.cancel()
+
+    async def abort(self, context: grpc.aio.ServicerContext) -> None:
+        """After the cancel: the status, if it was the revoke's (raises AbortError)."""
+        if self.revoked and not context.done():
+            await abort(context, wire.RpcFailure(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the token of this call was revoked while it ran"))
 
 
 _KINDS = {  # (request_streaming, response_streaming) → (attribute, factory)
@@ -131,13 +174,20 @@ class Guard(grpc.aio.ServerInterceptor):
     """Authentication before any message is read, then the per-client cap; with
     ``log_calls`` (``--log-format json``) one access-log line per call (cwsandbox_log)."""
 
-    def __init__(
-        self, identify: Callable[[str], Caller | None], max_client_calls: int,
-        log_calls: bool = False,
-    ) -> None:
-        self.identify = identify
+    def __init__(self, door: Door, max_client_calls: int, log_calls: bool = False) -> None:
+        self.door = door  # the daemon's one door: the same check as for HTTP
         self.clients = ClientLimiter(max_client_calls)
         self.log_calls = log_calls
+        self._callers: dict[int, Caller] = {}  # by id(context), while the call runs
+
+    def caller_of(self, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller the door found for the call ``context`` is; fail closed: a call
+        that did not pass this interceptor is UNAUTHENTICATED."""
+        caller = self._callers.get(id(context))
+        if caller is None:
+            raise wire.RpcFailure(grpc.StatusCode.UNAUTHENTICATED,
+                                  "this call was not authenticated by the daemon's door")
+        return caller
 
     async def intercept_service(
         self,
@@ -147,7 +197,7 @@ class Guard(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler  # an unknown method: UNIMPLEMENTED, nothing read
-        failure = check_token(handler_call_details.invocation_metadata, self.identify)
+        failure = check_token(handler_call_details.invocation_metadata, self.door.bearer)
         method = rpc_name(handler_call_details.method)
         if isinstance(failure, wire.RpcFailure):
             if self.log_calls:
@@ -155,7 +205,8 @@ class Guard(grpc.aio.ServerInterceptor):
             return _refusal(handler, failure)
         kind = (handler.request_streaming, handler.response_streaming)
         attribute, factory = _KINDS[kind]
-        behavior = _counted(getattr(handler, attribute), self.clients)
+        behavior = _counted(getattr(handler, attribute), self.clients, failure, self.door,
+                            self._callers)
         if self.log_calls:
             behavior = logged(behavior, method, failure.name)
         return factory(

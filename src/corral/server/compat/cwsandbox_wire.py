@@ -50,6 +50,7 @@ from corral.errors import (
     Unauthorized,
     Unsupported,
 )
+from corral.runtime.distribution import is_reference
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState
 from corral.server.compat.cwsandbox_network import egress_policy
 from corral.server.compat.tensorlake_model import TAG as TENSORLAKE_TAG
@@ -264,26 +265,44 @@ class CreatePlan:
     files: list[tuple[str, bytes]] = field(default_factory=list)
 
 
+SCRATCH_PATH = "/tmp"
+
+
 def default_image() -> str:
     """The corral image for names corral does not have (``$CORRAL_COMPAT_DEFAULT_IMAGE``)."""
     return os.environ.get(DEFAULT_IMAGE_ENV, "").strip() or FALLBACK_IMAGE
 
 
 def map_image(requested: str, available: Collection[str]) -> str:
-    """A corral image name is used as is; any other name (``python:3.11``, an image of a
-    registry) gets the default image, since corral runs no container images."""
+    """A corral image name is used as is; a reference to an image of a
+    registry with its host, ``host/repo:tag``) is pulled on first use; any other name
+    (``python:3.11``) gets the default image."""
+    if is_reference(requested):
+        return requested
     return requested if requested in available else default_image()
+
+
+def _scratch_volumes(spec: Any) -> set[str]:
+    """The names of the spec's scratch volumes (any other kind is refused). A scratch
+    volume mounted at /tmp is the sandbox's own /tmp, private and writable already;
+    its size is not reserved (the sandbox's disk limit applies)."""
+    names = set()
+    for volume in spec.volumes:
+        if volume.WhichOneof("source") != "scratch" or volume.scratch.restore_from_snapshot_id:
+            raise unsupported("volumes other than scratch volumes")
+        names.add(volume.name)
+    return names
 
 
 def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
     """Turn a ``CreateSandboxRequest`` into a :class:`CreatePlan`, or raise RpcFailure."""
     spec = request.sandbox.spec
     for name, what in (
-        ("volumes", "volumes"), ("services", "services (exposed ports)"),
-        ("network_ids", "network_ids"),
+        ("services", "services (exposed ports)"), ("network_ids", "network_ids"),
     ):
         if len(getattr(spec, name)):
             raise unsupported(what)
+    scratch = _scratch_volumes(spec)
     if spec.HasField("object_storage_access"):
         raise unsupported("object_storage_access")
     try:
@@ -293,8 +312,10 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
     if len(spec.containers) > 1:
         raise unsupported("more than one container")
     container = spec.containers[0] if len(spec.containers) else sandbox_pb2.Container()
-    if len(container.volume_mounts):
-        raise unsupported("volume mounts")
+    for mount in container.volume_mounts:
+        if (mount.volume not in scratch or mount.mount_path.rstrip("/") != SCRATCH_PATH
+                or mount.read_only or mount.sub_path):
+            raise unsupported("volume mounts other than a scratch volume at /tmp")
     if len(container.secret_stores):
         raise unsupported("secrets")
     if tensorlake_owned(spec.tags):

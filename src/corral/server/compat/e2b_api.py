@@ -30,15 +30,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import os
 import re
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.applications import Starlette
@@ -55,6 +53,7 @@ from corral.errors import (
     Unauthorized,
 )
 from corral.network_schema import NetworkPolicy
+from corral.runtime.distribution import is_reference
 from corral.runtime.events import SandboxEnded
 from corral.runtime.prepare import INTERPRETER_IMAGE  # built there (scripts/install.sh runs it)
 from corral.schema import (
@@ -66,13 +65,14 @@ from corral.schema import (
     validate_model,
 )
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
+from corral.server.door import ENVD, TRAFFIC, Credential, Kind
 from corral.server.lifetime import set_lifetime
-from corral.server.tenants import ADMIN, CALLER_KEY, Caller
 from corral.server.wire import read_json
 
 TAG = "e2b"
@@ -86,7 +86,6 @@ DEFAULT_TIMEOUT_S = 300  # the SDK's own default lifetime
 # entries (0.6.3; file metadata, 0.6.2, is refused by the upload)
 ENVD_VERSION = "0.6.3"
 MARK = "corral.e2b"  # scope key the guard sets: "api", "envd" or "jupyter"
-TRAFFIC = b"e2b-traffic:"  # the traffic token's label (the Code Interpreter sends it)
 MAX_LIST = 1000
 LIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED)
 STATE = {SandboxState.PAUSED: "paused"}  # everything else alive is "running"
@@ -103,71 +102,51 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def access_token(token: str, sandbox_id: str, kind: bytes = b"e2b-envd:") -> str:
-    """The envd (or ``TRAFFIC``) access token of one sandbox: opens it, and no other."""
-    return hmac.new(token.encode(), kind + sandbox_id.encode(), hashlib.sha256).hexdigest()
+WRONG_KEY = ("wrong API key: set E2B_API_KEY to the token the corral daemon was started "
+             "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)")
+WRONG_ACCESS = ("wrong, missing or revoked X-Access-Token for this sandbox: connect to it "
+                "with Sandbox.connect(sandbox_id) using a live token as E2B_API_KEY")
 
 
-def _same(given: str, expected: str) -> bool:
-    digest = lambda s: hashlib.sha256(s.encode("utf-8", "surrogatepass")).digest()  # noqa: E731
-    return hmac.compare_digest(digest(given), digest(expected))
-
-
-def authenticate(
-    scope: Scope, token: str | None, identify: Callable[[str], Caller | None]
-) -> Unauthorized | None | Literal[False]:
-    """For the daemon's guard: ``False`` if the request is not E2B's; else ``None``
-    (its credentials are right; the scope is marked for :func:`mount`'s routes and
-    holds the caller: a tenant's API key is that tenant, an access token opens its one
-    sandbox) or the :class:`Unauthorized` to answer (with :func:`refusal`)."""
+def credentials(scope: Scope) -> tuple[Credential, ...] | None:
+    """For the door: None if the request is not E2B's; else the credentials it
+    carries (the scope is marked for :class:`Dispatch`): the control API's key, or
+    envd's per-sandbox access token (the Code Interpreter's ``/contexts`` calls may
+    send only the traffic token)."""
     sandbox_id = _header(scope, b"e2b-sandbox-id")
     key = _header(scope, b"x-api-key")
     if sandbox_id is None and key is None:
-        return False
+        return None
     jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
     scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
     if sandbox_id is None:  # the control API: the daemon's token or a tenant's
-        caller = identify(key or "")
-        if caller is None:
-            return Unauthorized(
-                "wrong API key: set E2B_API_KEY to the token the corral daemon was started "
-                "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)"
-            )
-        scope[CALLER_KEY] = caller
-        return None
-    if not token:
-        return Unauthorized("this daemon has no --token: E2B clients cannot reach it")
-    if sandbox_id is not None:
-        given = _header(scope, b"x-access-token")
-        traffic = _header(scope, b"e2b-traffic-access-token")
-        if not (  # the Code Interpreter's /contexts calls send only the traffic token
-            (given is not None and _same(given, access_token(token, sandbox_id)))
-            or (jupyter and traffic is not None
-                and _same(traffic, access_token(token, sandbox_id, TRAFFIC)))
-        ):
-            return Unauthorized(
-                "wrong or missing X-Access-Token for this sandbox: connect to it with "
-                "Sandbox.connect(sandbox_id) using the daemon's token as E2B_API_KEY"
-            )
-    scope[CALLER_KEY] = ADMIN  # the access token opens this one sandbox, whoever's it is
-    return None
+        return (Credential(key or "", wrong=WRONG_KEY),)
+    found = [Credential(_header(scope, b"x-access-token"), Kind.SANDBOX, sandbox_id, ENVD,
+                        wrong=WRONG_ACCESS)]
+    if jupyter:
+        found.append(Credential(_header(scope, b"e2b-traffic-access-token"), Kind.SANDBOX,
+                                sandbox_id, TRAFFIC, wrong=WRONG_ACCESS))
+    return tuple(found)
 
 
 _HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
 
 
-def traffic_target(scope: Scope, token: str | None) -> tuple[str, int] | None:
+def traffic_target(
+    scope: Scope, opens: Callable[[str, str], bool]
+) -> tuple[str, int] | None:
     """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
     ``PORT-ID.domain``) carrying that sandbox's traffic access token
-    (``e2b-traffic-access-token``, from the create reply); None for any other."""
+    (``e2b-traffic-access-token``, from the create reply; ``opens`` is the door's
+    check, so a revoked tenant's token opens nothing); None for any other."""
     host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
-    if not token or host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
+    if host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
         return None
     m = _HOST_RE.match(host.lower())
     if m is None or not 1 <= int(m.group(1)) <= 65535:
         return None
     sandbox_id = m.group(2)
-    if not _same(traffic, access_token(token, sandbox_id, TRAFFIC)):
+    if not opens(sandbox_id, traffic):
         return None
     return sandbox_id, int(m.group(1))
 
@@ -288,24 +267,23 @@ def listed_json(info: SandboxInfo) -> dict[str, Any]:
 
 
 def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
-    token = ctx.settings(request).token or ""
     return {
         **listed_json(info),
-        "envdAccessToken": access_token(token, info.id),
+        "envdAccessToken": ctx.door(request).mint(caller_of(request), info.id),
         "allowInternetAccess": info.spec.network != NetworkMode.NONE,
         "domain": None,
     }
 
 
 def created_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
-    token = ctx.settings(request).token or ""
+    door, caller = ctx.door(request), caller_of(request)
     return {
         "templateID": template(info),
         "sandboxID": info.id,
         "clientID": "corral",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": access_token(token, info.id),
-        "trafficAccessToken": access_token(token, info.id, TRAFFIC),
+        "envdAccessToken": door.mint(caller, info.id),
+        "trafficAccessToken": door.mint(caller, info.id, TRAFFIC),
         "domain": None,
     }
 
@@ -395,7 +373,7 @@ def _target(request: Request) -> SandboxInfo:
     """A live sandbox made through this front-end, else the one 404."""
     sid = request.path_params["sandbox_id"]
     try:
-        info = ctx.engine(request).get(sid)
+        info = ctx.sandboxes(request).get(sid)
     except SandboxNotFound:
         info = None
     if info is None or TAG not in info.spec.tags or info.state not in LIVE:
@@ -408,7 +386,7 @@ async def create_sandbox(request: Request) -> Response:
     req: NewSandbox = await _body(request, NewSandbox, "E2B sandbox request")
     cfg = settings(request)
     spec = _spec(req, cfg)
-    if not ctx.engine(request).images.exists(spec.image):
+    if not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
         raise ImageNotFound(
             f"no corral image for E2B template {req.templateID!r}: build one, or map the "
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
@@ -416,7 +394,9 @@ async def create_sandbox(request: Request) -> Response:
     service = ctx.service(request)
     # The daemon's own flag (--allow-host-network) still decides, whatever the front-end's
     # CORRAL_COMPAT_NETWORK says: E2B may not be the way around it.
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    caller = caller_of(request)
+    spec = service.plan(await service.with_image(spec, caller), caller,
+                        host_network=ctx.host_network_allowed(request), frontend="e2b")
     created = await unless_gone(request, service.create(spec))
     return JSONResponse(created_json(request, created), status_code=201)
 
@@ -456,7 +436,10 @@ async def list_sandboxes(request: Request) -> Response:
     tags = [TAG, *_query_metadata(q.get("metadata"))]
     if q.get("template"):
         tags.append(TEMPLATE_TAG + q["template"])
-    infos = ctx.engine(request).list(tags=tags, state=_query_states(q.get("state")))
+    # the caller's own only (the admin's too): a team lists its own sandboxes, and a
+    # search by metadata never finds another tenant's (server/reserved_tags.py)
+    infos = ctx.service(request).own(caller_of(request),
+        ctx.engine(request).list(tags=tags, state=_query_states(q.get("state"))))
     infos.sort(key=_started, reverse=q.get("order") == "desc")
     page = infos[offset:offset + limit]
     headers = {}
@@ -485,7 +468,8 @@ async def update_network(request: Request) -> Response:
     """``update_network``: a new egress policy (only for a sandbox made with one:
     ``network=`` or ``allow_internet_access=True``); connections it refuses are cut."""
     policy = egress_policy(await read_json(request, "network update", required=True))
-    await ctx.service(request).update_network(_target(request).id, NetworkPolicy(**policy))
+    await ctx.service(request).update_network(_target(request).id, NetworkPolicy(**policy),
+                                              caller_of(request))
     return Response(status_code=204)
 
 
@@ -497,15 +481,16 @@ async def refresh(request: Request) -> Response:
 async def connect_sandbox(request: Request) -> Response:
     body: ConnectBody = await _body(request, ConnectBody, "connect request")
     info = _target(request)
-    engine = ctx.engine(request)
     status = 200
     if info.state == SandboxState.PAUSED:
-        info = await engine.resume(info.id)
+        info = await ctx.sandboxes(request).resume(info.id)
         status = 201
     if body.timeout:
         left = _started(info) + info.spec.timeout - datetime.now(timezone.utc).timestamp()
-        if body.timeout > left:  # a running sandbox's timeout only grows
-            info = await set_lifetime(request, info.id, float(body.timeout))
+        # a running sandbox's timeout only grows, as far as its maximum lifetime allows
+        want = min(float(body.timeout), ctx.service(request).lifetime_left(info))
+        if want > left:
+            info = await set_lifetime(request, info.id, want)
     return JSONResponse(created_json(request, info), status_code=status)
 
 
@@ -513,7 +498,7 @@ async def pause_sandbox(request: Request) -> Response:
     info = _target(request)
     if info.state == SandboxState.PAUSED:
         return error(409, f"sandbox {info.id} is already paused")
-    await ctx.engine(request).pause(info.id)
+    await ctx.sandboxes(request).pause(info.id)
     return Response(status_code=204)
 
 
@@ -521,7 +506,7 @@ async def metrics(request: Request) -> Response:
     info = _target(request)
     if info.state != SandboxState.RUNNING:
         return JSONResponse([])
-    usage = ctx.engine(request).usage(info.id)
+    usage = ctx.sandboxes(request).usage(info.id)
     now = datetime.now(timezone.utc)
     spec = info.spec
     return JSONResponse([{

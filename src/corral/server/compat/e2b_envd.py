@@ -74,7 +74,7 @@ class ProcessTable:
         self.started.pop(sandbox_id, None)
 
     def prune(self, request: Request, sid: str) -> list[Process]:
-        procs = ctx.engine(request).list_processes(sid)
+        procs = ctx.sandboxes(request).list_processes(sid)
         mine = self.started.setdefault(sid, {})
         for gone in mine.keys() - {p.id for p in procs}:
             del mine[gone]
@@ -189,7 +189,7 @@ async def start(request: Request) -> Response:
         msg = await stream_message(request, "Start")
         cfg = _config(msg)
         terminal = _terminal(msg)
-        proc = await ctx.engine(request).spawn(
+        proc = await ctx.sandboxes(request).spawn(
             sid, [cfg.cmd, *cfg.args], env=cfg.envs, cwd=cfg.cwd, timeout=deadline(request),
             terminal=terminal,
         )

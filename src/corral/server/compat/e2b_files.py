@@ -66,7 +66,7 @@ def _path(msg: dict[str, Any], key: str = "path") -> str:
 async def stat(request: Request) -> Response:
     sid = sandbox_id(request)
     check_user(request)
-    info = await ctx.engine(request).stat(sid, _path(await unary_message(request, "Stat")))
+    info = await ctx.sandboxes(request).stat(sid, _path(await unary_message(request, "Stat")))
     return JSONResponse({"entry": entry_json(info)})
 
 
@@ -78,7 +78,7 @@ async def list_dir(request: Request) -> Response:
     depth = msg.get("depth", 1) or 1
     if not isinstance(depth, int) or depth < 1:
         raise ConnectError("invalid_argument", "depth must be at least 1")
-    engine = ctx.engine(request)
+    engine = ctx.sandboxes(request)
     if not (await engine.stat(sid, root)).is_dir:
         raise ConnectError("invalid_argument", f"{root} is not a directory")
     out: list[dict[str, Any]] = []
@@ -100,7 +100,7 @@ async def make_dir(request: Request) -> Response:
     sid = sandbox_id(request)
     check_user(request)
     path = _path(await unary_message(request, "MakeDir"))
-    engine = ctx.engine(request)
+    engine = ctx.sandboxes(request)
     try:
         await engine.stat(sid, path)
     except FileNotFound:
@@ -114,7 +114,7 @@ async def move(request: Request) -> Response:
     check_user(request)
     msg = await unary_message(request, "Move")
     source, dest = _path(msg, "source"), _path(msg, "destination")
-    engine = ctx.engine(request)
+    engine = ctx.sandboxes(request)
     await engine.stat(sid, source)  # FileNotFound: not_found
     result = await engine.exec(sid, ["mv", "-T", "--", source, dest], timeout=60)
     if result.returncode != 0:
@@ -127,7 +127,7 @@ async def remove(request: Request) -> Response:
     sid = sandbox_id(request)
     check_user(request)
     path = _path(await unary_message(request, "Remove"))
-    await ctx.engine(request).remove(sid, path, recursive=True)
+    await ctx.sandboxes(request).remove(sid, path, recursive=True)
     return JSONResponse({})
 
 
@@ -157,7 +157,7 @@ async def download(request: Request) -> Response:
     if not path:
         raise InvalidArgument("path is required")
     limit = ctx.settings(request).max_upload_bytes
-    data = await ctx.engine(request).read_file(sid, path, max_bytes=limit)
+    data = await ctx.sandboxes(request).read_file(sid, path, max_bytes=limit)
     return Response(data, media_type="application/octet-stream")
 
 
@@ -196,7 +196,7 @@ def _multipart(body: bytearray, content_type: str) -> list[tuple[str, memoryview
 async def upload(request: Request) -> Response:
     sid = sandbox_id(request)
     _query_user(request)
-    engine = ctx.engine(request)
+    engine = ctx.sandboxes(request)
     path = request.query_params.get("path")
     if request.headers.get("content-encoding"):
         raise InvalidArgument("compressed uploads (gzip=True) are not served: leave out gzip")

@@ -92,7 +92,7 @@ class Contexts:
         if len(mine) >= MAX_CONTEXTS:
             raise InvalidArgument(f"sandbox {sid} has {MAX_CONTEXTS} code contexts already: "
                                   "remove one first")
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         proc = await engine.spawn(sid, ["python3", "-u", "-c", self.source], cwd=cwd,
                                   env={"PYTHONUNBUFFERED": "1"})
         where = cwd or engine.get(sid).spec.workdir

@@ -170,7 +170,7 @@ class Watchers:
         if len(mine) >= MAX_WATCHERS:
             raise ConnectError("resource_exhausted", f"sandbox {sid} has {MAX_WATCHERS} "
                                "directory watchers already: stop one first")
-        proc = await ctx.engine(request).spawn(
+        proc = await ctx.sandboxes(request).spawn(
             sid, ["python3", "-u", "-c", WATCHER, path, "1" if recursive else "0",
                   str(MAX_DIRS), "1" if with_entry else "0"], max_buffer=MAX_LINE * 4)
         try:

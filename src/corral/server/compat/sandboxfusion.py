@@ -90,6 +90,7 @@ from corral.server.compat.sandboxfusion_submit import (
     judge_argv,
     judge_request,
 )
+from corral.server.door import Credential, Kind
 from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
 from corral.server.wire import read_body
@@ -126,6 +127,15 @@ def lift_token(scope: Scope) -> bool:
         return False
     scope[TOKEN_KEY] = token
     return True
+
+
+def credentials(scope: Scope) -> tuple[Credential, ...] | None:
+    """For the door: the token in the path of the two endpoints (lifted out of it, see
+    :func:`lift_token`); a wrong one is let in unidentified, and they refuse it in
+    SandboxFusion's words. None for any other request."""
+    if not lift_token(scope):
+        return None
+    return (Credential(scope.get(TOKEN_KEY), Kind.LENIENT),)
 
 
 def _token_ok(request: Request) -> bool:
@@ -172,7 +182,7 @@ class FusionFrontend:
         service = ctx.service(request)
         spec = service.plan(SandboxSpec.parse(
             {"image": image, "memory_mb": memory_mb, "tags": [TAG], "timeout": POOL_LIFETIME_S}
-        ))
+        ), caller_of(request), frontend="sandboxfusion")
         tenant = caller_of(request).name
         key = (tenant, image, spec.memory_mb)
         name = self.pools.get(key)
@@ -213,14 +223,14 @@ class FusionFrontend:
 
     @staticmethod
     async def write_files(request: Request, sid: str, files: dict[str, bytes]) -> None:
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         for name, data in files.items():
             await engine.write_file(sid, name, data)
 
     @staticmethod
     async def fetch(request: Request, sid: str, names: list[str]) -> dict[str, str]:
         """``names`` that are regular files, base64; missing ones are left out."""
-        engine, out, left = ctx.engine(request), {}, MAX_FETCH_TOTAL
+        engine, out, left = ctx.sandboxes(request), {}, MAX_FETCH_TOTAL
         if names:
             await engine.kill_processes(sid)  # nothing changes them while they are read
         for name in names:
@@ -238,7 +248,7 @@ class FusionFrontend:
     async def command(
         request: Request, sid: str, argv: list[str], timeout: float, stdin: str | None = None
     ) -> dict[str, Any]:
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         if stdin is not None and len(stdin) > STDIN_INLINE:
             path = f"/tmp/stdin-{secrets.token_hex(4)}"
             await engine.write_file(sid, path, stdin)
@@ -285,7 +295,7 @@ class FusionFrontend:
     async def run_jupyter(self, request: Request, req: RunJupyterRequest) -> dict[str, Any]:
         image = self._image(request, "python")
         files = decode_files(req.files)
-        engine = ctx.engine(request)
+        engine = ctx.sandboxes(request)
         nonce = secrets.token_hex(4)
         driver, config, result = (f"/tmp/kernel-{nonce}{x}" for x in (".py", ".json", ".out"))
         job = {"cells": req.cells, "cell_timeout": req.cell_timeout, "result": result}
@@ -323,7 +333,7 @@ async def _submit(frontend: FusionFrontend, request: Request, req: SubmitRequest
     per_case = 6 * (req.config.run_timeout or 10.0) + 10  # the judge's wall guard, and some
     timeout = min(MAX_TIMEOUT_S, (req.config.compile_timeout or 60.0) + per_case * len(cases))
     async with frontend.sandbox(request, JUDGE_IMAGE, JUDGE_MEMORY_MB) as sid:
-        r = await ctx.engine(request).exec(
+        r = await ctx.sandboxes(request).exec(
             sid, judge_argv(), timeout=timeout, stdin=line, max_output=MAX_OUTPUT, output_tail=0,
             env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
         )

@@ -22,7 +22,6 @@ import time
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError
-from corral.runtime.ownership import Owners
 
 if TYPE_CHECKING:
     from corral.runtime.pools import PoolManager
@@ -65,7 +64,7 @@ class FusionPools:
         self.used[shape] = time.monotonic()
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(  # the daemon's, not a tenant's
-                self._sweep_loop(manager), context=Owners.detached())
+                self._sweep_loop(manager), context=manager.detached())
 
     def forget(self, shape: Shape) -> None:
         self.names.pop(shape, None)
@@ -84,7 +83,7 @@ class FusionPools:
             try:  # as the daemon (the caller's tenant may not see another's idle pool),
                 # the shape's tenant's pool of that name: names are per tenant
                 await asyncio.get_running_loop().create_task(
-                    manager.delete_owned(shape[0] or None, name), context=Owners.detached())
+                    manager.delete_owned(shape[0] or None, name), context=manager.detached())
             except CorralError as exc:  # a sandbox that would not go: the pool is gone
                 logger.warning("deleting the idle pool %s: %s", name, exc.message)
             gone.append(name)

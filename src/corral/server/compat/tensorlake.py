@@ -56,6 +56,7 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.admission import LIVE_STATES
+from corral.server.caller import caller_of
 from corral.server.compat import tensorlake_sandbox
 from corral.server.compat import tensorlake_scope as scope
 from corral.server.compat._wire import flat_errors, unsupported
@@ -184,7 +185,8 @@ async def create_sandbox(request: Request) -> Response:
     if snap is None:
         check_image(engine, req.image, spec.image)
     if req.name is not None:
-        holders = engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES)
+        holders = ctx.service(request).own(  # names are per tenant: never another's
+            caller_of(request), engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES))
         if holders:
             raise InvalidState(
                 f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
@@ -192,7 +194,9 @@ async def create_sandbox(request: Request) -> Response:
                 details={"name": req.name, "sandbox_id": holders[0].id},
             )
     service = ctx.service(request)
-    spec = service.plan(spec, host_network=ctx.host_network_allowed(request))
+    caller = caller_of(request)
+    spec = service.plan(await service.with_image(spec, caller), caller,
+                        host_network=ctx.host_network_allowed(request), frontend="tensorlake")
     created = await unless_gone(request, service.create(spec))
     status = 202 if req.wait is False else 200
     return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
@@ -212,7 +216,8 @@ async def list_sandboxes(request: Request) -> Response:
 
 
 def _target(request: Request) -> SandboxInfo:
-    return scope.resolve(ctx.engine(request), request.path_params["sandbox_id"], namespace(request))
+    return scope.resolve(ctx.engine(request), request.path_params["sandbox_id"], namespace(request),
+                         caller_of(request))
 
 
 async def get_sandbox(request: Request) -> Response:
@@ -228,12 +233,12 @@ async def delete_sandbox(request: Request) -> Response:
 
 
 async def suspend_sandbox(request: Request) -> Response:
-    info = await ctx.engine(request).pause(_target(request).id)
+    info = await ctx.sandboxes(request).pause(_target(request).id)
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
 async def resume_sandbox(request: Request) -> Response:
-    info = await ctx.engine(request).resume(_target(request).id)
+    info = await ctx.sandboxes(request).resume(_target(request).id)
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
@@ -249,7 +254,7 @@ async def snapshot_sandbox(request: Request) -> Response:
             "corral snapshots hold a sandbox's files, not its memory: leave out "
             "snapshot_type or use SnapshotType.FILESYSTEM",
         )
-    snap = await ctx.engine(request).snapshot(_target(request).id)
+    snap = await ctx.sandboxes(request).snapshot(_target(request).id)
     return JSONResponse({"snapshot_id": snap.id, "status": "completed"})
 
 
@@ -269,7 +274,8 @@ async def copy_sandbox(request: Request) -> Response:
     tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
     try:
         ok = await ctx.service(request).fork(
-            source.id, int(raw), tags=tags, abandoned=request.is_disconnected
+            source.id, int(raw), tags=tags, abandoned=request.is_disconnected,
+            frontend="tensorlake",
         )
     except Abandoned:
         raise ClientDisconnect() from None

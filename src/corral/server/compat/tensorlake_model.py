@@ -38,6 +38,7 @@ from corral.errors import (
     Unsupported,
 )
 from corral.pool_schema import POOL_TAG_KEY
+from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
 from corral.schema import NetworkMode, SandboxInfo, SandboxState, SnapshotInfo
 from corral.server.compat._wire import compat_network, name_pairs
@@ -93,7 +94,9 @@ def settings(request: Request) -> TensorlakeSettings:
 
 def check_image(engine: Engine, requested: str | None, image: str) -> None:
     """:class:`ImageNotFound` now, saying how to map a Tensorlake name, if ``image`` is
-    not a corral image."""
+    not a corral image (a registry reference is pulled on first use instead)."""
+    if is_reference(image):
+        return
     try:
         engine.images.get(image)
     except (ImageNotFound, InvalidArgument):  # unknown, or not even a corral image name

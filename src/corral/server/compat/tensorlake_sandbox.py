@@ -38,7 +38,9 @@ from corral.errors import CorralError, InvalidArgument, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
 from corral.schema import MAX_TIMEOUT_S, FileInfo, validate_model
+from corral.server import context as ctx
 from corral.server.admission import LIVE_STATES
+from corral.server.caller import caller_of
 from corral.server.compat._wire import flat_errors, unsupported
 from corral.server.compat.tensorlake_model import Body, Text, items, refuse
 from corral.server.compat.tensorlake_process import (
@@ -84,7 +86,7 @@ def _sandbox_id(request: Request) -> str:
             "an in-sandbox call must name its sandbox: send 'Host: <sandbox_id>.local' or "
             "'X-Tensorlake-Sandbox-Id: <sandbox_id>' (Tensorlake's client does this itself)"
         )
-    return resolve(_engine(request), ref, namespace(request)).id
+    return resolve(_engine(request), ref, namespace(request), caller_of(request)).id
 
 
 # ---------------------------------------------------------------- the stream
@@ -148,7 +150,7 @@ async def run_process(request: Request) -> Response:
     sid = _sandbox_id(request)
     req = await _command(request)
     pid = processes(request).next_pid(sid)
-    started = await start_events(_engine(request).exec_stream(  # a bad command raises now
+    started = await start_events(ctx.sandboxes(request).exec_stream(  # a bad command raises now
         sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
         max_output=OUTPUT_CAP_BYTES, output_tail=0,  # the head, as Tensorlake's
     ))
@@ -188,7 +190,7 @@ async def start_process(request: Request) -> Response:
     )
     engine = _engine(request)
     table.prune({i.id for i in engine.list(state=LIVE_STATES)})
-    engine_proc = await engine.spawn(  # FileError now for a command that cannot start
+    engine_proc = await ctx.sandboxes(request).spawn(  # FileError now for a command that cannot start
         sid, req.argv, env=req.env, cwd=req.working_dir, timeout=req.timeout,
     )
     if req.stdin_mode != "pipe":
@@ -285,19 +287,19 @@ def _path(request: Request, sid: str) -> str:
     raw = request.query_params.get("path")
     if not raw:
         raise InvalidArgument("missing query parameter 'path', e.g. ?path=/workspace/x")
-    return resolve_path(_engine(request).get(sid).spec.workdir, raw)
+    return resolve_path(ctx.sandboxes(request).get(sid).spec.workdir, raw)
 
 
 async def read_file(request: Request) -> Response:
     sid = _sandbox_id(request)
     limit = request.app.state.settings.max_upload_bytes
-    data = await _engine(request).read_file(sid, _path(request, sid), max_bytes=limit)
+    data = await ctx.sandboxes(request).read_file(sid, _path(request, sid), max_bytes=limit)
     return Response(data, media_type="application/octet-stream")
 
 
 async def write_file(request: Request) -> Response:
     sid = _sandbox_id(request)
-    engine, path = _engine(request), _path(request, sid)
+    engine, path = ctx.sandboxes(request), _path(request, sid)
     data = await read_body(request, request.app.state.settings.max_upload_bytes, "upload")
     try:
         await engine.write_file(sid, path, data, mode=0o644)
@@ -309,7 +311,7 @@ async def write_file(request: Request) -> Response:
 
 async def delete_file(request: Request) -> Response:
     sid = _sandbox_id(request)
-    await _engine(request).remove(sid, _path(request, sid))
+    await ctx.sandboxes(request).remove(sid, _path(request, sid))
     return JSONResponse({})
 
 
@@ -329,7 +331,7 @@ def _entry_json(entry: FileInfo) -> dict[str, Any]:
 async def list_directory(request: Request) -> Response:
     sid = _sandbox_id(request)
     path = _path(request, sid)
-    entries = await _engine(request).list_dir(sid, path)
+    entries = await ctx.sandboxes(request).list_dir(sid, path)
     return JSONResponse({"path": path, "entries": [_entry_json(e) for e in entries]})
 
 
@@ -337,12 +339,12 @@ async def list_directory(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    state = _engine(request).get(_sandbox_id(request)).state
+    state = ctx.sandboxes(request).get(_sandbox_id(request)).state
     return JSONResponse({"healthy": state.value == "running"})
 
 
 async def info(request: Request) -> Response:
-    sandbox = _engine(request).get(_sandbox_id(request))
+    sandbox = ctx.sandboxes(request).get(_sandbox_id(request))
     procs = processes(request).list(sandbox.id)
     return JSONResponse(
         {

@@ -26,7 +26,9 @@ from corral.pool_schema import PoolDetail
 from corral.runtime.engine import Engine
 from corral.runtime.pools import PoolManager
 from corral.schema import SandboxInfo, SnapshotInfo
+from corral.server.caller import Caller
 from corral.server.compat.tensorlake_model import NAME_RE, NAME_TAG, NS_TAG, STATUS
+from corral.server.service import SandboxService
 
 DEFAULT_NAMESPACE = "default"
 NS_PREFIX = "/v1/namespaces/{namespace}"
@@ -59,9 +61,10 @@ def sandbox_url(request: Request) -> str:
     return url
 
 
-def resolve(engine: Engine, ref: str, ns: str) -> SandboxInfo:
+def resolve(engine: Engine, ref: str, ns: str, caller: Caller) -> SandboxInfo:
     """A sandbox of namespace ``ns`` by id, or by the Tensorlake name given at create
-    (live ones first); :func:`no_sandbox` for anything else."""
+    (live ones first, and only ``caller``'s own: a name never resolves to another
+    tenant's sandbox); :func:`no_sandbox` for anything else."""
     tag = ns_tag(ns)
     try:
         info = engine.get(ref)
@@ -70,7 +73,7 @@ def resolve(engine: Engine, ref: str, ns: str) -> SandboxInfo:
     if info is not None and tag in info.spec.tags:
         return info
     if NAME_RE.fullmatch(ref):
-        named = engine.list(tags=[NAME_TAG + ref, tag])
+        named = SandboxService.own(caller, engine.list(tags=[NAME_TAG + ref, tag]))
         if named:
             return min(named, key=lambda i: (STATUS[i.state] != "running", -i.created_at))
     raise no_sandbox(ref, ns)

@@ -4,8 +4,9 @@ queue, recent errors and evaluation runs, live, in a browser; no build step.
 :func:`mount` adds it to an app: its routes (:mod:`corral.server.ui.views`, behind the
 daemon's guard like every API route) and its front door (:mod:`corral.server.ui.gate`:
 log in once with a token, then a session cookie). Server-rendered HTML from autoescaped
-templates, one small script of our own (``static/ui.js``: the live updates, the
-buttons) and a stylesheet; the Content-Security-Policy allows nothing else.
+templates, two small scripts of our own (``static/ui.js``: the live updates, the
+buttons; ``static/terminal.js``: a sandbox page's terminal, :mod:`.sandbox_view`) and a
+stylesheet; the Content-Security-Policy allows nothing else.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
-from corral.server.ui import views
+from corral.server.ui import sandbox_view, views
 from corral.server.ui.gate import UiGate
 from corral.server.ui.render import page
 from corral.server.ui.sessions import Sessions
@@ -26,7 +27,8 @@ from corral.server.ui.sessions import Sessions
 __all__ = ["mount"]
 
 STATIC = Path(__file__).parent / "static"
-ASSETS = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8"}
+ASSETS = {"ui.js": "text/javascript; charset=utf-8", "ui.css": "text/css; charset=utf-8",
+          "terminal.js": "text/javascript; charset=utf-8"}
 
 
 async def login_page(request: Request) -> Response:
@@ -65,9 +67,16 @@ def mount(app: Starlette) -> None:
         Route("/ui", views.dashboard, methods=["GET"]),
         Route("/ui/whoami", views.whoami, methods=["GET"]),
         Route("/ui/events", views.events, methods=["GET"]),
+        Route(sb, sandbox_view.sandbox_page, methods=["GET"]),  # its logs, files, processes
+        Route(sb + "/terminal", sandbox_view.open_terminal, methods=["POST"]),
+        Route(sb + "/processes/{process_id}/output", sandbox_view.terminal_output,
+              methods=["GET"]),
+        Route(sb + "/processes/{process_id}/stdin", sandbox_view.terminal_input,
+              methods=["POST"]),
         Route(sb + "/stop", views.stop, methods=["POST"]),
         Route(sb + "/delete", views.delete, methods=["POST"]),
     ]
     app.router.default = Router(routes=pages, default=app.router.default)
     app.state.ui_sessions = Sessions()
-    app.add_middleware(UiGate, sessions=app.state.ui_sessions, public=_public())
+    app.add_middleware(UiGate, sessions=app.state.ui_sessions, public=_public(),
+                       door=app.state.door)

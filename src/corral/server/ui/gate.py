@@ -30,6 +30,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, Forbidden, InvalidArgument, Unauthorized
+from corral.server.door import SESSION_KEY, Door
 from corral.server.ui.render import SECURITY_HEADERS, page
 from corral.server.ui.sessions import (
     COOKIE,
@@ -83,10 +84,11 @@ def same_origin(scope: Scope, headers: Headers) -> bool:
 class UiGate:
     """ASGI middleware: see the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, sessions: Sessions, public: Public) -> None:
+    def __init__(self, app: ASGIApp, *, sessions: Sessions, public: Public, door: Door) -> None:
         self.app = app
         self.sessions = sessions
         self.public = public
+        self.door = door  # the daemon's door: a session's calls end with the session
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not under_ui(scope["path"]):
@@ -123,7 +125,7 @@ class UiGate:
                 await error_response(refusal)(scope, receive, send)
                 return
             if path == "/ui/logout":
-                self.sessions.close(sid)
+                self._end(sid)
                 out = RedirectResponse("/ui/login", status_code=303)
                 out.headers["set-cookie"] = clear_cookie_header(secure=_secure(scope))
                 await out(scope, receive, send)
@@ -135,13 +137,20 @@ class UiGate:
     ) -> None:
         inner = _bearer_scope(scope, session.token)
         inner["state"] = {**scope.get("state", {}), "ui_session": session}
+        inner[SESSION_KEY] = sid  # the door keeps the session's calls under it
 
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 401:
-                self.sessions.close(sid)  # the token no longer opens the daemon
+                self._end(sid)  # the token no longer opens the daemon
             await send(message)
 
         await self.app(inner, receive, watch)
+
+    def _end(self, sid: str | None) -> None:
+        """Log out: the session goes, and every call it has open (live streams) ends."""
+        self.sessions.close(sid)
+        if sid:
+            self.door.end_session(sid)
 
     async def _login(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         secure = _secure(scope)

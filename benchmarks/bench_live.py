@@ -1,0 +1,148 @@
+"""CRIU checkpoint and restore of a Python process holding 50 MB, against a cold start.
+
+    python3 benchmarks/bench_live.py [--quick] [--smoke] [--json OUT]
+
+The process is a plain host process (not yet a sandbox: docs/live.md says what blocks a
+sandbox's checkpoint), dumped and restored by the CRIU that ``scripts/build_criu.sh``
+caches. Figures (medians):
+
+- ``checkpoint_ms``: ``criu dump`` of the process (it stops; its image is written to a
+  tmpfs-backed directory when /dev/shm has room, else the state filesystem);
+- ``restore_ms``: ``criu restore -d`` of that image until the restored process runs
+  (it goes on counting from where it was: checked each round);
+- ``cold_start_ms`` (baseline): a fresh ``python3`` that allocates the same heap and
+  reports ready; ``restore_vs_cold`` is their ratio.
+
+Needs root and the cached CRIU (it prints why it skips otherwise, and exits 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench_args  # noqa: E402  (a sibling script, not a package)
+
+from corral.runtime import criu
+from corral.runtime.paths import default_cache_dir
+
+PROGRAM = """
+import os, sys, time
+heap = bytearray(int(sys.argv[1]) << 20)
+for i in range(0, len(heap), 4096):
+    heap[i] = 1
+out = sys.argv[2]
+n = 0
+print("ready", flush=True)
+while True:
+    n += 1
+    with open(out + ".tmp", "w") as f:
+        f.write(str(n))
+    os.replace(out + ".tmp", out)
+    time.sleep(0.01)
+"""
+
+
+def _count(path: Path) -> int:
+    for _ in range(500):
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+    raise RuntimeError(f"no count in {path}")
+
+
+def _start(mb: int, counter: Path) -> tuple[subprocess.Popen[str], float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, str(mb), str(counter)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, start_new_session=True,  # its own session: criu dumps it without --shell-job
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError("the benchmark process did not start")
+    return proc, time.perf_counter() - t0
+
+
+def _criu(binary: Path, *args: str) -> None:
+    r = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"criu {args[0]} failed: {r.stderr[-2000:]}")
+
+
+def one_round(binary: Path, mb: int, work: Path) -> tuple[float, float, float]:
+    counter = work / "count"
+    counter.unlink(missing_ok=True)
+    proc, cold = _start(mb, counter)
+    images = work / "images"
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(mode=0o700)
+    proc.stdout.close()  # type: ignore[union-attr]  # a pipe to us would be an external fd
+    before = _count(counter)
+    t0 = time.perf_counter()
+    _criu(binary, "dump", "-t", str(proc.pid), "-D", str(images), "-o", "dump.log",
+          "--ext-unix-sk", "--file-locks")
+    dump = time.perf_counter() - t0
+    proc.wait()
+    t0 = time.perf_counter()
+    # restored detached: it is re-parented to init, which reaps it once killed
+    _criu(binary, "restore", "-d", "-D", str(images), "-o", "restore.log",
+          "--inherit-fd", "fd[1]:" + _pipe_id(images))
+    restore = time.perf_counter() - t0
+    time.sleep(0.1)
+    after = _count(counter)
+    os.kill(proc.pid, 9)
+    if after < before:
+        raise RuntimeError(f"the restored process lost its count ({after} < {before})")
+    return dump, restore, cold
+
+
+def _pipe_id(images: Path) -> str:
+    """The ``pipe:[ino]`` of the dumped stdout, for --inherit-fd (a fresh /dev/null)."""
+    log = (images / "dump.log").read_text(errors="replace")
+    for line in log.splitlines():
+        if "pipe:[" in line:
+            start = line.index("pipe:[")
+            return line[start:line.index("]", start) + 1]
+    return "pipe:[0]"
+
+
+def main() -> int:
+    args = bench_args.parser(__doc__).parse_args()
+    rounds = bench_args.pick(args, 7, 3, 1)
+    mb = bench_args.pick(args, 50, 50, 8)
+    figures: dict[str, object] = {"heap_mb": mb, "rounds": rounds}
+    found = criu.find(default_cache_dir())
+    if os.geteuid() != 0 or found is None:
+        why = "not root" if os.geteuid() != 0 else f"no cached CRIU ({criu.BUILD})"
+        print(f"skipped: {why}")
+        figures["skipped"] = why
+    else:
+        base = Path("/dev/shm") if shutil.disk_usage("/dev/shm").free > 4 * (mb << 20) else None
+        work = Path(tempfile.mkdtemp(prefix="corral-bench-live-", dir=base))
+        try:
+            results = [one_round(found.path, mb, work) for _ in range(rounds)]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        dump, restore, cold = (statistics.median(x) * 1000 for x in zip(*results, strict=True))
+        figures.update(criu=found.version_text, checkpoint_ms=round(dump, 1),
+                       restore_ms=round(restore, 1), cold_start_ms=round(cold, 1),
+                       restore_vs_cold=round(restore / cold, 2))
+        print(f"CRIU {found.version_text}, {mb} MB heap, median of {rounds}: checkpoint "
+              f"{dump:.0f} ms, restore {restore:.0f} ms; cold start {cold:.0f} ms "
+              f"(restore/cold {restore / cold:.2f})")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

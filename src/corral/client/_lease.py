@@ -1,0 +1,61 @@
+"""A client lease's heartbeat (``Session(lease=...)``; the daemon's side is
+``corral.server.leases``).
+
+The renewals run on a thread of their own with a small blocking HTTP client of their
+own, for the asyncio session too: a training step that holds the event loop (or the
+GIL in C code that releases it) for longer than the lease must not let the lease
+expire while the process lives. When the process dies, so does the thread: the
+daemon ends the lease's sandboxes ``ttl`` seconds after the last renewal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import httpx
+
+from corral.client._config import Endpoint
+
+logger = logging.getLogger("corral")
+
+RENEWALS_PER_TTL = 3  # renewed every ttl / 3: two renewals may be lost in a row
+
+
+class Heartbeat:
+    """Renews lease ``lease_id`` every ``ttl / 3`` seconds until :meth:`stop`."""
+
+    def __init__(self, url: str | None, token: str | None, lease_id: str, ttl: float) -> None:
+        self.lease_id = lease_id
+        self.ttl = ttl
+        self.lost = False  # the daemon no longer knows the lease (it expired)
+        self._endpoint = Endpoint.resolve(url, token)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"corral-{lease_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        every = self.ttl / RENEWALS_PER_TTL
+        endpoint = self._endpoint
+        with httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
+                          transport=httpx.HTTPTransport(uds=endpoint.uds),
+                          timeout=every) as http:
+            while not self._stop.wait(every):
+                try:
+                    reply = http.post(f"/v1/leases/{self.lease_id}/renew")
+                except httpx.HTTPError as exc:  # a daemon restarting: the next one may do
+                    logger.warning("could not renew lease %s: %s", self.lease_id, exc)
+                    continue
+                if reply.status_code == 404:
+                    self.lost = True
+                    logger.error("lease %s expired before it was renewed: its sandboxes "
+                                 "were stopped", self.lease_id)
+                    return
+                if reply.status_code >= 400:
+                    logger.warning("could not renew lease %s: HTTP %d %s", self.lease_id,
+                                   reply.status_code, reply.text[:200])
+
+    def stop(self) -> None:
+        """Stop renewing (the thread ends within one interval; nothing waits for it)."""
+        self._stop.set()

@@ -1,0 +1,143 @@
+"""Live checkpoints of a sandbox's processes with CRIU: the dump half (docs/live.md).
+
+:func:`dump` runs the cached CRIU (:mod:`corral.runtime.criu`) as root on the host
+against the sandbox's pid 1 (the agent: CRIU dumps a pid namespace only with its init),
+with ``--leave-running``: whatever happens the sandbox goes on. Its images go to a fresh
+directory under ``STATE/checkpoints/<tenant>/``, root-only (0700 all the way: they hold
+the sandbox's memory, secrets included); a failed dump removes it and raises
+:class:`~corral.errors.Unsupported` naming the cause CRIU gave.
+
+Every mount of the sandbox is handed to CRIU as external (``--external mnt[PATH]:KEY``):
+CRIU never reads or writes a mount's files, and a restore must be given each one again,
+made by the launcher as for any sandbox. Mount points come from the sandbox's mountinfo;
+a sandbox cannot mount (no capabilities, seccomp), and a path CRIU's syntax would read
+differently is refused.
+
+On this platform a dump of a sandbox as corral makes them today fails (docs/live.md,
+"What blocks"), so :func:`dump` is the first half of ``sb.checkpoint()``, not yet wired
+to the HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.errors import InvalidState, Unsupported
+from corral.runtime import criu
+
+DUMP_TIMEOUT_S = 120.0
+_ADMIN = "_admin"  # the images of sandboxes without a tenant
+# CRIU errors that are not the cause (it logs them and goes on)
+_NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid")
+# what the first error CRIU gives means, in the words of docs/live.md
+CAUSES = (
+    ("Unable to convert uid or gid", "userns_no_root",
+     "the sandbox's user namespace maps no uid 0 (CRIU needs root mapped in it)"),
+    ("doesn't belong to the target user namespace", "nested_userns",
+     "the sandbox's namespaces belong to an outer user namespace (bubblewrap's "
+     "--disable-userns nests one): CRIU handles one level"),
+    ("Can't setns", "nested_userns",
+     "CRIU cannot enter the sandbox's namespaces from its user namespace"),
+    ("doesn't have a proper root mount", "mount", "a mount of the sandbox is not external"),
+    ("Unix socket", "agent_socket",
+     "the agent's control socket belongs to the host's network namespace"),
+)
+
+
+@dataclass(frozen=True)
+class Images:
+    """A dump that succeeded: its directory and the CRIU that wrote it."""
+
+    path: Path
+    criu_version: str
+
+
+def images_root(state_dir: Path, tenant: str | None) -> Path:
+    """``STATE/checkpoints/<tenant>``, made root-only (0700) if it is not."""
+    root = Path(state_dir) / "checkpoints"
+    tenant_dir = root / (tenant or _ADMIN)
+    for d in (root, tenant_dir):
+        d.mkdir(mode=0o700, exist_ok=True)
+        st = d.lstat()
+        if not d.is_dir() or d.is_symlink() or st.st_uid != os.geteuid():
+            raise InvalidState(f"{d} is not a directory of this daemon's")
+        os.chmod(d, 0o700)
+    return tenant_dir
+
+
+def sandbox_init(launcher_pid: int) -> int:
+    """The host pid of the sandbox's pid 1: the one child of its bwrap."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    if len(children) != 1:
+        raise InvalidState(f"the sandbox's launcher has {len(children)} children, not 1")
+    return int(children[0])
+
+
+_SAFE_MOUNT = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+
+
+def external_mounts(pid: int) -> list[str]:
+    """``--external mnt[PATH]:mN`` for each mount point of ``pid`` but /proc and /dev (which
+    CRIU makes again); :class:`Unsupported` for a path it would parse differently."""
+    argv: list[str] = []
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point in ("/proc", "/dev"):
+            continue
+        if not _SAFE_MOUNT.match(point):
+            raise Unsupported(f"a mount point of the sandbox ({point!r}) cannot be named to "
+                              "CRIU", details={"cause": "mount"})
+        argv += ["--external", f"mnt[{point}]:m{len(argv) // 2}"]
+    return argv
+
+
+def cause_of(log: str) -> tuple[str, str, str]:
+    """(cause code, what it means, CRIU's own line) from a dump log."""
+    errors = [ln for ln in log.splitlines() if "Error (" in ln and not any(n in ln for n in _NOISE)]
+    first = errors[0].split("): ", 1)[-1].strip() if errors else "no error in its log"
+    for needle, code, meaning in CAUSES:
+        if needle in first:
+            return code, meaning, first
+    return "criu_error", "CRIU refused the sandbox", first
+
+
+async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str | None,
+               launcher_pid: int) -> Images:
+    """Dump a running sandbox's processes, leaving them running (see the module's doc)."""
+    binary = criu.require(cache_dir)
+    root = images_root(state_dir, tenant)
+    images = root / f"{sandbox_id}-{secrets.token_hex(6)}"
+    images.mkdir(mode=0o700)
+    try:
+        pid = sandbox_init(launcher_pid)
+        argv = [str(binary.path), "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log",
+                "--leave-running", "--ext-unix-sk", "--shell-job", *external_mounts(pid)]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, cwd="/")
+        try:
+            async with asyncio.timeout(DUMP_TIMEOUT_S):
+                rc = await proc.wait()
+        except asyncio.TimeoutError:
+            proc.kill()  # CRIU's --leave-running resumes what it froze as it dies
+            await proc.wait()
+            raise Unsupported(f"CRIU took over {DUMP_TIMEOUT_S:.0f} s to dump sandbox "
+                              f"{sandbox_id}", details={"cause": "timeout"}) from None
+        if rc != 0:
+            log = (images / "dump.log").read_text(errors="replace")
+            code, meaning, line = cause_of(log)
+            raise Unsupported(
+                f"sandbox {sandbox_id} cannot be checkpointed here: {meaning} (CRIU: {line}); "
+                "it keeps running. See docs/live.md",
+                details={"sandbox_id": sandbox_id, "cause": code, "criu_error": line},
+            )
+    except BaseException:
+        shutil.rmtree(images, ignore_errors=True)
+        raise
+    return Images(images, binary.version_text)

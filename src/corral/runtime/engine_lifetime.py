@@ -1,0 +1,82 @@
+"""Lifetimes: the reaper that ends sandboxes past their ``timeout`` or ``idle_timeout``
+and removes ended ones past the engine's ``retention``, and :meth:`set_timeout`.
+
+A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_commands`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import InvalidState
+from corral.runtime.live import Live
+from corral.schema import MAX_TIMEOUT_S, SandboxInfo, SandboxSpec, SandboxState
+
+if TYPE_CHECKING:
+    from corral.runtime.registry import Registry
+
+REAPER_INTERVAL_S = 0.5
+RETENTION_BATCH = 100  # ended sandboxes removed per reaper pass, past their retention
+
+
+class LifetimeOps:
+    """When sandboxes end by themselves (mixed into the engine)."""
+
+    registry: Registry
+    retention: float | None  # ended sandboxes are deleted this long after (None: never)
+    _live: dict[str, Live]
+    _tasks: set[asyncio.Task[Any]]
+
+    if TYPE_CHECKING:
+        def _get_live(self, sandbox_id: str) -> Live: ...
+        def get(self, sandbox_id: str) -> SandboxInfo: ...
+        async def delete(self, sandbox_id: str) -> bool: ...
+        async def _end(self, live: Live, final: SandboxState, reason: str, *,
+                       grace: float) -> None: ...
+
+    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+        """End the sandbox ``seconds`` from now instead of when its lifetime said (its
+        spec's ``timeout`` becomes the new lifetime, counted from its start)."""
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.ending or live.state.terminal:
+                raise InvalidState(f"sandbox {live.id} is ending: its lifetime cannot change",
+                                   details={"sandbox_id": live.id, "state": live.state.value})
+            lifetime = (time.time() - (live.started_at or time.time())) + max(seconds, 0.001)
+            lifetime = min(lifetime, MAX_TIMEOUT_S)
+            spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
+                                      "secrets": live.spec.secret_env(), "timeout": lifetime})
+            self.registry.set_spec(live.id, spec)
+            live.spec = spec
+        return self.get(sandbox_id)
+
+    async def _reap_loop(self) -> None:
+        """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
+        while True:
+            await asyncio.sleep(REAPER_INTERVAL_S)
+            now_wall, now = time.time(), time.monotonic()
+            if self.retention is not None:
+                for sid in self.registry.ended_before(now_wall - self.retention, RETENTION_BATCH):
+                    await self.delete(sid)  # its kept files go with it (kept_files.py)
+            for live in list(self._live.values()):
+                if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                    continue
+                spec = live.spec
+                reason = None
+                if live.started_at and now_wall - live.started_at > spec.timeout:
+                    reason = f"timeout: its lifetime of {spec.timeout:g} s ran out"
+                elif (
+                    spec.idle_timeout
+                    and live.state == SandboxState.RUNNING
+                    and live.busy == 0
+                    and now - live.last_active > spec.idle_timeout
+                ):
+                    reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
+                if reason:
+                    task = asyncio.create_task(
+                        self._end(live, SandboxState.STOPPED, reason, grace=0)
+                    )
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,220 @@
+"""The engine's side of live restore (:mod:`corral.runtime.restore`): taking over the
+sandboxes of the engine that had the state directory before, and handing its own to
+the next one when it closes with ``handover``.
+
+A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_commands`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from corral.errors import CorralError
+from corral.runtime import restore, syscalls
+from corral.runtime.channel import AgentChannel
+from corral.runtime.live import Live
+from corral.runtime.logtail import LogTail
+from corral.runtime.reconcile import reconcile
+from corral.schema import SandboxState
+
+if TYPE_CHECKING:
+    from corral.runtime.cgroups import CgroupDriver
+    from corral.runtime.cpus import CpuPicker
+    from corral.runtime.events import Events
+    from corral.runtime.gpus import GpuAllocator
+    from corral.runtime.paths import Layout
+    from corral.runtime.registry import Registry
+    from corral.runtime.uids import UidBlock
+    from corral.runtime.volumes import Volumes
+    from corral.runtime.warden import Warden
+
+log = logging.getLogger("corral.runtime")
+
+ADOPT_READY_S = 20.0  # how long an adopted agent may take to say READY again
+_ADOPTABLE = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)
+
+
+def lock_taking_over(state_dir: Path) -> tuple[IO[str], restore.Handover | None]:
+    """The state directory's lock: handed over by the previous engine's warden (with
+    that engine's sandboxes) or taken (blocking; :func:`~.warden.acquire_lock`)."""
+    from corral.runtime.warden import acquire_lock
+
+    taken: list[restore.Handover] = []
+
+    def take() -> IO[str] | None:
+        handover = restore.take_over(state_dir)
+        if handover is None:
+            return None
+        taken.append(handover)
+        return os.fdopen(handover.lock_fd, "a+")
+
+    lock_file = acquire_lock(state_dir, take)
+    return lock_file, (taken[0] if taken else None)
+
+
+class RestoreOps:
+    """Adopting and handing over sandboxes (mixed into the engine)."""
+
+    layout: Layout
+    registry: Registry
+    cgroups: CgroupDriver
+    cgroup_parent: str
+    uids: UidBlock
+    gpus: GpuAllocator
+    cpu_picker: CpuPicker
+    volumes: Volumes
+    events: Events
+    _live: dict[str, Live]
+    _warden: Warden | None
+
+    if TYPE_CHECKING:
+        def _on_agent_exit(self, live: Live) -> None: ...
+        async def _end(self, live: Live, final: SandboxState, reason: str, *,
+                       grace: float) -> None: ...
+
+    def _adoptable(self, handover: restore.Handover | None) -> list[Live]:
+        """The sandboxes to adopt from ``handover``: handed over, running or paused in
+        the registry, their outer process the same (pid and start time) and their
+        cgroup there. Their descriptors pass to our warden before the old one is told
+        it may go, so there is no moment when no process holds them. The rest of what
+        the registry thought alive is cleaned up as lost (:func:`reconcile`)."""
+        lives: list[Live] = []
+        if handover is not None:
+            for sid, state, pid, pid_start, cg_path in self.registry.live_rows():
+                fds = handover.sandboxes.get(sid)
+                if not (fds and state in _ADOPTABLE and pid and pid_start and cg_path):
+                    continue
+                if syscalls.process_start_time(pid) != pid_start:
+                    continue
+                info = self.registry.get(sid)
+                if info is None:
+                    continue
+                try:
+                    grant = None
+                    if info.spec.gpus:  # the same GPUs, held again (its env names them)
+                        held = info.spec.env.get("CORRAL_GPUS", "")
+                        grant = self.gpus.assign(sid, held.split(","),
+                                                 shared=info.spec.gpu_shared)
+                    mounts = tuple(self.volumes.mounts(info.spec.tenant, info.spec.volumes))
+                    cgroup = self.cgroups.open(cg_path)
+                    proc = restore.AdoptedProcess(pid)
+                except (OSError, CorralError):
+                    self.gpus.release(sid)
+                    continue
+                live = Live(sid, info.spec, SandboxState(state), self.layout.sandbox_dir(sid),
+                            cgroup, restore.process_uid(pid), proc)  # type: ignore[arg-type]
+                live.started_at = info.started_at or 0.0
+                live.snapshot_id = info.spec.snapshot
+                live.gpus = grant
+                live.volumes = mounts  # (a volume in use is not removed)
+                try:  # the CPUs it runs on (its affinity, set at its launch)
+                    live.cpus = self.cpu_picker.hold(sorted(os.sched_getaffinity(pid)))
+                except OSError:
+                    live.cpus = ()
+                live.reattach = socket.socket(fileno=fds[0])
+                if len(fds) > 1:
+                    live.log = LogTail(fds[1])
+                lives.append(live)
+            keep = {live.id for live in lives}
+            if self._warden is not None:
+                for live in lives:
+                    self._warden.keep(live.id, handover.sandboxes[live.id])
+            handover.close_unused(keep)
+            handover.ack()
+        lost = reconcile(self.layout, self.registry, self.cgroups, self.cgroup_parent,
+                         keep={live.id: live.cgroup.path for live in lives})
+        if lost:
+            log.info("%d sandboxes of the previous engine were lost: %s", len(lost),
+                     ", ".join(lost[:20]))
+        for live in lives:
+            self.uids.take(live.uid)
+        return lives
+
+    async def _adopt(self, lives: list[Live]) -> list[str]:
+        """Give each adopted sandbox's agent a new control socket and wait for it (a
+        paused one answers when resumed); those that do not answer end as failed."""
+        results = await asyncio.gather(*(self._adopt_one(live) for live in lives))
+        adopted = [live.id for live, ok in zip(lives, results, strict=True) if ok]
+        if adopted:
+            log.info("adopted %d running sandboxes of the previous engine", len(adopted))
+        return adopted
+
+    async def _adopt_one(self, live: Live) -> bool:
+        assert live.reattach is not None
+        self._live[live.id] = live
+        if live.log is not None:
+            live.log.start()
+        try:
+            sock = restore.reattach(live.reattach)
+        except OSError as exc:
+            await self._end(live, SandboxState.FAILED, _lost(live, f"its agent is gone ({exc})"),
+                            grace=0)
+            return False
+        channel = AgentChannel(sock, live.id, proc=live.proc, cgroup=live.cgroup)
+        live.channel = channel
+        channel.on_close = lambda: self._on_agent_exit(live)
+        await channel.start()
+        if live.state == SandboxState.PAUSED:
+            return True  # frozen: its READY comes when it is resumed
+        try:
+            if live.cgroup.frozen():  # frozen mid-snapshot by the engine that went away
+                live.cgroup.thaw()
+        except (OSError, CorralError):
+            pass
+        if not await restore.wait_ready(channel.ready, ADOPT_READY_S):
+            if not live.ending:
+                await self._end(live, SandboxState.FAILED,
+                                _lost(live, "its agent did not answer the new engine"), grace=0)
+            return False
+        live.touch()
+        return True
+
+    def _keep_with_warden(self, live: Live, fds: list[int]) -> None:
+        """A new sandbox's reattach socket and log pipe go to the warden (it may then
+        outlive this engine); an image build's stay ours (it ends with the engine), and
+        so do those of a sandbox under a network policy (its namespace, proxy and
+        resolver are this engine's: runtime/net)."""
+        if live.netns is not None:
+            live.adoptable = False
+        if self._warden is not None and live.adoptable:
+            self._warden.keep(live.id, fds)
+
+    def _forget(self, live: Live) -> None:
+        """The sandbox ends: nobody may reattach it; its agent exits once its control
+        socket closes too."""
+        if live.reattach is not None:
+            # Shut down, not only closed: the warden's copy is the same socket, and the
+            # agent must see its end now, not when the warden gets to its ``drop``.
+            with contextlib.suppress(OSError):
+                live.reattach.shutdown(socket.SHUT_RDWR)
+            live.reattach.close()
+            live.reattach = None
+            if self._warden is not None and live.adoptable:
+                self._warden.drop(live.id)
+
+    async def _hand_over(self) -> None:
+        """Close without ending the sandboxes: their agents detach and wait for the
+        next engine, the warden keeping their reattach sockets (``grace`` seconds)."""
+        for live in list(self._live.values()):
+            live.ending = True  # no end is recorded: the next engine adopts it
+            if live.channel is not None:
+                live.channel.on_close = None
+                await live.channel.close()
+            if live.reattach is not None:
+                live.reattach.close()  # our copy; the warden holds its own
+                live.reattach = None
+            if live.log is not None:
+                live.log.close()
+        self._live.clear()
+
+
+def _lost(live: Live, why: str) -> str:
+    return (f"lost: {why} after the engine restarted (it was {live.state.value}); its "
+            "processes, mounts and cgroups were cleaned up")
+

@@ -1,0 +1,73 @@
+"""What revoking a tenant's token does, on every front-end, at once.
+
+One routine (:class:`Revocation`) runs when a token is revoked on this daemon, and on
+a Ray cluster when a daemon learns of a revoke made on another node:
+
+1. every call the token opened ends (:meth:`~corral.server.door.Door.revoke`): exec
+   streams, process output, ``logs?follow=1``, envd streams, the dashboard's live
+   stream, cwsandbox gRPC calls; so do calls through per-sandbox tokens it minted
+   (E2B's envd and Code Interpreter access tokens), which die with it anyway;
+2. its pools go (nobody may use them, and their refills would go on);
+3. its running sandboxes are stopped (``--on-revoke stop``, the default) or kept
+   running for the admin (``--on-revoke keep``).
+
+Why stop by default: a revoked token is most often a leaked or abused one, and what it
+started (a background process, a server in a sandbox, a sandbox with the host's
+network) would otherwise go on working for whoever holds it until its lifetime ends.
+Stopping keeps each sandbox's record and files (the admin can look, snapshot a stopped
+sandbox's files or delete it); ``keep`` is for an admin who revokes a token to rotate
+it while the jobs it started finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from corral.errors import CorralError
+from corral.server.admission import LIVE_STATES
+from corral.server.cluster_tenants import drop_pools
+from corral.server.door import Door
+from corral.server.service import SandboxService
+
+__all__ = ["ON_REVOKE", "Revocation"]
+
+logger = logging.getLogger("corral.server")
+
+ON_REVOKE = ("stop", "keep")
+STOP_GRACE_S = 2.0
+
+
+class Revocation:
+    """Ends what a revoked token holds (see the module docstring)."""
+
+    def __init__(self, door: Door, service: SandboxService, on_revoke: str = "stop") -> None:
+        self.door = door
+        self.service = service
+        self.on_revoke = on_revoke
+
+    async def __call__(self, name: str) -> None:
+        """Tenant ``name``'s token is revoked: end its calls, its pools, its sandboxes."""
+        closed = self.door.revoke(name)
+        with self.service.engine.owners.acting_as(None):  # the daemon's own work
+            await drop_pools(self.service.pools, name)
+            if self.on_revoke != "stop":
+                stopped = 0
+            else:
+                stopped = await self._stop_sandboxes(name)
+        logger.info("tenant %s revoked: %d open calls ended, %d sandboxes stopped",
+                    name, closed, stopped)
+
+    async def _stop_sandboxes(self, name: str) -> int:
+        """Stop them all at once (each gets :data:`STOP_GRACE_S`); how many stopped."""
+        async def stop(sandbox_id: str) -> bool:
+            try:
+                await self.service.stop(sandbox_id, grace=STOP_GRACE_S,
+                                        reason="its tenant's token was revoked")
+                return True
+            except CorralError as exc:  # it ended meanwhile
+                logger.debug("stopping %s of revoked %s: %s", sandbox_id, name, exc.message)
+                return False
+
+        live = self.service.list_sandboxes(states=LIVE_STATES, tenant=name)
+        return sum(await asyncio.gather(*(stop(i.id) for i in live)))

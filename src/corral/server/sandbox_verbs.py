@@ -1,0 +1,96 @@
+"""What one caller may do inside a sandbox: exec, processes, files, pause, snapshots.
+
+The service layer's verbs on a running sandbox, for one :class:`~corral.server.caller.Caller`
+passed explicitly (:func:`corral.server.context.sandboxes` makes one per request). Each
+verb names its sandbox, and a caller scoped to one sandbox (an E2B access token) reaches
+that sandbox only: any other id answers exactly like one that does not exist. Below
+that, the engine's ownership rule hides other tenants' sandboxes the same way.
+
+Front-ends call these instead of the engine's methods of the same names and
+signatures, so the rule lives here once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.errors import SandboxNotFound
+from corral.runtime.engine import Engine
+from corral.schema import SandboxInfo
+from corral.server.caller import Caller, Scope
+
+__all__ = ["SandboxVerbs"]
+
+
+class SandboxVerbs:
+    """The engine's per-sandbox verbs, for ``caller`` (see the module docstring)."""
+
+    def __init__(self, engine: Engine, caller: Caller) -> None:
+        self._engine = engine
+        self.caller = caller
+
+    def _check(self, sandbox_id: str) -> str:
+        if self.caller.scope is Scope.SANDBOX and sandbox_id != self.caller.sandbox_id:
+            raise SandboxNotFound(f"sandbox {sandbox_id} not found",
+                                  details={"sandbox_id": sandbox_id})
+        return sandbox_id
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        return self._engine.get(self._check(sandbox_id))
+
+    # ------------------------------------------------------------ lifecycle
+
+    def pause(self, sandbox_id: str) -> Any:
+        return self._engine.pause(self._check(sandbox_id))
+
+    def resume(self, sandbox_id: str) -> Any:
+        return self._engine.resume(self._check(sandbox_id))
+
+    def snapshot(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs)
+
+    def usage(self, sandbox_id: str) -> Any:
+        return self._engine.usage(self._check(sandbox_id))
+
+    # ------------------------------------------------------------- commands
+
+    def exec(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.exec(self._check(sandbox_id), *args, **kwargs)
+
+    def exec_stream(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.exec_stream(self._check(sandbox_id), *args, **kwargs)
+
+    def spawn(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.spawn(self._check(sandbox_id), *args, **kwargs)
+
+    def get_process(self, sandbox_id: str, process_id: str) -> Any:
+        return self._engine.get_process(self._check(sandbox_id), process_id)
+
+    def list_processes(self, sandbox_id: str) -> Any:
+        return self._engine.list_processes(self._check(sandbox_id))
+
+    def forget_process(self, sandbox_id: str, process_id: str) -> Any:
+        return self._engine.forget_process(self._check(sandbox_id), process_id)
+
+    def kill_processes(self, sandbox_id: str) -> Any:
+        return self._engine.kill_processes(self._check(sandbox_id))
+
+    # ---------------------------------------------------------------- files
+
+    def read_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.read_file(self._check(sandbox_id), *args, **kwargs)
+
+    def write_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.write_file(self._check(sandbox_id), *args, **kwargs)
+
+    def stat(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.stat(self._check(sandbox_id), *args, **kwargs)
+
+    def list_dir(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.list_dir(self._check(sandbox_id), *args, **kwargs)
+
+    def mkdir(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.mkdir(self._check(sandbox_id), *args, **kwargs)
+
+    def remove(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.remove(self._check(sandbox_id), *args, **kwargs)

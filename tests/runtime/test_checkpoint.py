@@ -1,0 +1,85 @@
+"""A live checkpoint's dump of a real sandbox (corral.runtime.checkpoint, docs/live.md).
+
+Whatever CRIU makes of the sandbox, the sandbox keeps running untouched: a process
+counting in it goes on counting, exec works, and a failed dump is an ``Unsupported``
+naming its cause and leaving no images behind."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+
+import pytest
+
+from corral.errors import Unsupported
+from corral.runtime import checkpoint, criu
+from corral.runtime.paths import default_cache_dir
+
+COUNTER = (
+    "nohup python3 -c 'import time\nb = bytearray(8 << 20)\ni = 0\nwhile True:\n"
+    "    i += 1\n    open(\"/tmp/count\", \"w\").write(str(i))\n    time.sleep(0.05)'"
+    " >/dev/null 2>&1 &"
+)
+KNOWN = {code for _, code, _ in checkpoint.CAUSES}
+
+
+@pytest.fixture
+def criu_cached():
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+
+
+async def count(engine, sid) -> int:
+    for _ in range(100):
+        r = await engine.exec(sid, ["cat", "/tmp/count"])
+        if r.stdout.strip():
+            return int(r.stdout)
+        await asyncio.sleep(0.05)
+    raise AssertionError("the counter never wrote")
+
+
+async def dump(engine, sid, tenant=None):
+    live = engine._get_live(sid)
+    return await checkpoint.dump(cache_dir=engine.layout.cache_dir,
+                                 state_dir=engine.layout.state_dir, sandbox_id=sid,
+                                 tenant=tenant, launcher_pid=live.proc.pid)
+
+
+async def test_a_dump_leaves_the_sandbox_running(engine, criu_cached):
+    sb = await engine.create(network="none")
+    await engine.exec(sb.id, ["sh", "-c", COUNTER])
+    before = await count(engine, sb.id)
+    root = checkpoint.images_root(engine.layout.state_dir, None)
+    try:
+        images = await dump(engine, sb.id)
+    except Unsupported as exc:
+        assert exc.details["cause"] in KNOWN, exc.message
+        assert exc.details["criu_error"] in exc.message
+        assert list(root.iterdir()) == []  # nothing of a failed dump is left
+    else:
+        assert stat.S_IMODE(images.path.stat().st_mode) == 0o700
+        assert (images.path / "inventory.img").exists()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(root.parent.stat().st_mode) == 0o700
+    await asyncio.sleep(0.3)
+    assert await count(engine, sb.id) > before  # it went on counting
+    assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
+
+
+async def test_without_criu_it_is_unsupported_and_says_how_to_fix_it(engine, tmp_path):
+    sb = await engine.create(network="none")
+    with pytest.raises(Unsupported) as err:
+        await checkpoint.dump(cache_dir=tmp_path, state_dir=engine.layout.state_dir,
+                              sandbox_id=sb.id, tenant=None,
+                              launcher_pid=engine._get_live(sb.id).proc.pid)
+    assert err.value.details["cause"] == "criu_missing"
+    assert (await engine.exec(sb.id, ["true"])).returncode == 0
+
+
+def test_causes_are_read_from_criu_s_log():
+    log = ("(00.08) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self\n"
+           "(00.11) Error (criu/namespaces.c:931): Unable to convert uid or gid\n"
+           "(00.15) Error (criu/cr-dump.c:1975): Dumping FAILED.\n")
+    code, meaning, line = checkpoint.cause_of(log)
+    assert code == "userns_no_root" and line == "Unable to convert uid or gid"
+    assert checkpoint.cause_of("garbage")[0] == "criu_error"

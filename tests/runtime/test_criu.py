@@ -1,0 +1,80 @@
+"""The cached CRIU (scripts/build_criu.sh) and what ``corral doctor`` says about it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.errors import Unsupported
+from corral.runtime import criu, doctor
+from corral.runtime.paths import Layout, default_cache_dir
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_criu.sh"
+
+
+def _fake(cache: Path, version: str) -> Path:
+    d = cache / "criu" / version
+    d.mkdir(parents=True)
+    binary = d / "criu"
+    binary.write_text("#!/bin/sh\necho 'Looks good.'\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_find_takes_the_newest_version_at_least_4_2(tmp_path):
+    assert criu.find(tmp_path) is None
+    _fake(tmp_path, "3.17.1")
+    _fake(tmp_path, "not-a-version")
+    assert criu.find(tmp_path) is None  # too old: 3.17 fails on kernels >= 6.13
+    _fake(tmp_path, "4.2")
+    newest = _fake(tmp_path, "4.10.1")
+    found = criu.find(tmp_path)
+    assert found is not None and found.path == newest and found.version_text == "4.10.1"
+
+
+def test_require_says_how_to_build_it(tmp_path):
+    with pytest.raises(Unsupported) as err:
+        criu.require(tmp_path)
+    assert "build_criu.sh" in err.value.message
+    assert err.value.details["cause"] == "criu_missing"
+
+
+def test_doctor_without_criu_warns_with_the_fix(tmp_path):
+    check = doctor.live_checkpoints(Layout(tmp_path, tmp_path))
+    assert check.status == doctor.WARN
+    assert "build_criu.sh" in (check.fix or "")
+
+
+def test_doctor_reports_a_failing_criu_check(tmp_path):
+    binary = _fake(tmp_path, "4.2.1")
+    binary.write_text("#!/bin/sh\necho 'Error: no vvar' >&2\nexit 1\n")
+    check = doctor.live_checkpoints(Layout(tmp_path, tmp_path), run_check=True)
+    assert check.status == doctor.WARN and "no vvar" in check.detail
+    ok = _fake(tmp_path, "4.3")
+    assert ok.exists()
+    assert doctor.live_checkpoints(Layout(tmp_path, tmp_path), run_check=True).status == doctor.OK
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="criu check needs root (CI runs as root)")
+def test_the_installed_criu_passes_its_check_here():
+    found = criu.find(default_cache_dir())
+    if found is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    ok, output = criu.check(found)
+    assert ok, output
+    check = doctor.live_checkpoints(Layout(default_cache_dir(), default_cache_dir()))
+    assert check.status == doctor.OK, check
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the build script runs as root")
+def test_build_script_reuses_the_cached_binary_without_apt(tmp_path):
+    binary = _fake(tmp_path, "4.2.1")
+    # a cached binary: the script exits before any apt-get (no network, instant)
+    env = {"CORRAL_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"cached {binary}" in r.stdout

@@ -1,0 +1,191 @@
+"""Live restore: sandboxes survive a restart of their daemon (docs/restart.md).
+
+A real daemon (``python -m corral.server`` on a private state directory and cache)
+runs a sandbox with files and a running process; the daemon is stopped with SIGTERM
+or killed with ``kill -9`` and a new one started on the same state directory. The
+sandbox must come back running, with its files, its process (the same pid, still
+working), and answer exec, file operations and spawn; its lifetime still ends it when
+it was due. A paused one comes back paused and resumes. Without a next daemon, the
+warden ends them after ``--restore-grace``. Waits are bounded polls, never a
+wall-clock assertion.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import corral
+from tests.conftest import requires_root
+from tests.faults.host import Host, alive
+
+pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(600)]
+
+TICKER = "echo $$ > /tmp/ticker.pid; while :; do echo tick >> /tmp/ticks; sleep 0.05; done"
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    h = Host.make("--restore-grace", "120", "--shutdown-grace", "0.5")
+    h.start()
+    yield h
+    h.stop()  # SIGINT: the sandboxes stop with it
+    h.remove()
+
+
+def _client(h: Host) -> corral.Client:
+    return corral.Client(f"unix://{h.socket}")
+
+
+def _restart(h: Host, how: str) -> None:
+    assert h.proc is not None
+    if how == "kill9":
+        h.kill9()
+    else:
+        h.proc.send_signal(signal.SIGTERM)
+        assert h.proc.wait(60) == 0
+    h.start()
+
+
+def _poll(check, what: str, limit: float = 60.0):  # noqa: ANN001, ANN202 - a test helper
+    """Poll ``check`` until it returns something truthy (bounded only against a hang)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if got := check():
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"not within {limit:g} s: {what}")
+
+
+def _sandbox_pids(h: Host) -> set[int]:
+    """The host pids in the cgroup of the sandbox that runs the ticker (bwrap, its
+    agent, the ticker; not its short sleeps): warm slots are other cgroups, and do
+    not survive a restart."""
+    groups = h.in_cgroups()
+    mine = {path for pid, path in groups.items() if b"ticker.pid" in _read(pid, "cmdline")}
+    assert len(mine) == 1, groups
+    return {pid for pid, path in groups.items()
+            if path in mine and _read(pid, "comm").strip() not in (b"sleep", b"")}
+
+
+def _read(pid: int, name: str) -> bytes:
+    """``/proc/PID/NAME``, or nothing if the process has gone meanwhile (a short sleep)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
+
+
+def _ticks(sb: corral.Sandbox) -> int:
+    return int(sb.exec("wc -l < /tmp/ticks").stdout.strip() or 0)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
+    with _client(host) as c:
+        sb = corral.Sandbox.create(client=c, memory_mb=128, timeout=600)
+        sb.files.write("/home/sandbox/notes.txt", b"written before the restart")
+        ticker = sb.spawn(["sh", "-c", TICKER])
+        inner_pid = _poll(lambda: sb.exec("cat /tmp/ticker.pid").stdout.strip(), "ticker up")
+        assert ticker.id
+        sid = sb.id
+        lease = c.request("POST", "/v1/leases", json={"ttl": 60}).json()["id"]
+    before = _sandbox_pids(host)
+    assert len(before) >= 3  # bwrap, the agent, the ticker
+    _restart(host, how)
+    with _client(host) as c:
+        sb = corral.Sandbox.connect(sid, client=c)
+        assert sb.state == corral.SandboxState.RUNNING, sb.info
+        assert c.info()["committed_memory_mb"] >= 128  # counted by the new daemon's caps
+        c.request("POST", f"/v1/leases/{lease}/renew")  # leases are kept too
+        # the same processes, never restarted: every one alive before still is
+        assert all(alive(pid) for pid in before), (before, _sandbox_pids(host))
+        assert sb.files.read("/home/sandbox/notes.txt") == b"written before the restart"
+        # its process ran through the restart and still runs: the same pid, ticking
+        assert sb.exec("cat /tmp/ticker.pid").stdout.strip() == inner_pid
+        assert sb.exec(f"kill -0 {inner_pid}").returncode == 0
+        n = _ticks(sb)
+        _poll(lambda: _ticks(sb) > n, "the process keeps writing after the restart")
+        # and it answers everything, as a sandbox of the new daemon
+        r = sb.exec(["python3", "-c", "print(6 * 7)"], timeout=30)
+        assert (r.returncode, r.stdout.strip()) == (0, "42")
+        sb.files.write("/home/sandbox/after.txt", b"after")
+        assert sb.files.read("/home/sandbox/after.txt") == b"after"
+        proc = sb.spawn(["sh", "-c", "echo spawned after the restart"])
+        assert proc.wait().returncode == 0
+        assert sb.stop().state == corral.SandboxState.STOPPED
+        # its files are kept after the stop, as any sandbox's
+        assert sb.files.read("/home/sandbox/after.txt") == b"after"
+
+
+def test_a_lifetime_still_ends_the_sandbox_after_a_restart(host: Host) -> None:
+    with _client(host) as c:
+        sb = corral.Sandbox.create(client=c, memory_mb=64, timeout=6)
+        sid = sb.id
+    _restart(host, "sigterm")
+    with _client(host) as c:
+        assert corral.Sandbox.connect(sid, client=c).state == corral.SandboxState.RUNNING
+        info = _poll(lambda: (i := corral.Sandbox.connect(sid, client=c).info).state.terminal
+                     and i, "the sandbox's lifetime ends it", limit=120)
+        assert info.state == corral.SandboxState.STOPPED
+        assert (info.reason or "").startswith("timeout"), info.reason
+
+
+def test_a_paused_sandbox_comes_back_paused_and_resumes(host: Host) -> None:
+    with _client(host) as c:
+        sb = corral.Sandbox.create(client=c, memory_mb=64, timeout=600)
+        sb.files.write("/tmp/x", b"paused")
+        sb.pause()
+        sid = sb.id
+    _restart(host, "kill9")
+    with _client(host) as c:
+        sb = corral.Sandbox.connect(sid, client=c)
+        assert sb.state == corral.SandboxState.PAUSED
+        sb.resume()
+        assert sb.exec("cat /tmp/x").stdout == "paused"
+        sb.delete()
+
+
+def test_without_a_next_daemon_the_warden_ends_them_after_the_grace() -> None:
+    h = Host.make("--restore-grace", "2")
+    try:
+        h.start()
+        with _client(h) as c:
+            corral.Sandbox.create(client=c, memory_mb=64, timeout=600)
+        assert h.in_cgroups()
+        h.kill9()
+        _poll(lambda: not h.in_cgroups() and not h.cgroup_exists(),
+              "the warden cleans up once the grace has passed", limit=120)
+        # a daemon started later finds it lost, with a reason
+        h.start()
+        with _client(h) as c:
+            [sb] = corral.Sandbox.list(client=c)
+            info = sb.info
+            assert info.state == corral.SandboxState.FAILED
+            assert (info.reason or "").startswith("lost:"), info.reason
+    finally:
+        h.stop()
+        h.remove()
+
+
+def test_a_client_waits_through_the_restart(host: Host) -> None:
+    """A call made while no daemon answers (it restarts) waits for the next one: a
+    script mid-episode never notices (``Client.reconnect_wait``)."""
+    c = _client(host)
+    try:
+        sb = corral.Sandbox.create(client=c, memory_mb=64, timeout=600)
+        host.kill9()
+        starter = threading.Timer(1.0, host.start)
+        starter.start()
+        try:
+            assert sb.exec("echo after").stdout == "after\n"  # sent while it was down
+        finally:
+            starter.join()
+        sb.delete()
+    finally:
+        c.close()
