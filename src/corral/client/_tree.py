@@ -6,7 +6,9 @@
 - An archive from a sandbox is unpacked into a temporary directory next to the
   destination and renamed into place only once complete, so a failed copy leaves
   nothing behind; it never merges into an existing directory. Device files, absolute
-  paths and hard links out of the copy are refused (tarfile's ``data`` filter).
+  paths and hard links out of the copy are refused (tarfile's ``data`` filter), and so
+  is any member whose path goes through a link the archive made (:class:`NoThroughLinks`:
+  a forged archive from a hostile sandbox, checked without trusting ``realpath``).
 """
 
 from __future__ import annotations
@@ -65,6 +67,38 @@ def keep_symlinks(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
     return checked.replace(linkname=member.linkname, deep=False)
 
 
+class NoThroughLinks:
+    """:func:`keep_symlinks`, and, without trusting ``os.path.realpath`` (which gives
+    up on paths past PATH_MAX: CVE-2025-4517, unfixed before Python 3.11.13/3.12.11),
+    a lexical rule: no member's path (nor a hard link's target) goes through a symlink
+    an earlier member made, or is one, or has a ``..`` part. ``tar -c`` of a real tree
+    never writes such a member; only a forged archive does. One per archive."""
+
+    def __init__(self) -> None:
+        self.links: set[tuple[str, ...]] = set()
+
+    def _parts(self, member: tarfile.TarInfo, path: str) -> tuple[str, ...]:
+        parts = tuple(p for p in path.split("/") if p not in ("", "."))
+        if ".." in parts:
+            raise tarfile.OutsideDestinationError(member, path)
+        return parts
+
+    def _through(self, parts: tuple[str, ...], *, itself: bool) -> bool:
+        ends = range(1, len(parts) + (1 if itself else 0))
+        return any(parts[:n] in self.links for n in ends)
+
+    def __call__(self, member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        parts = self._parts(member, member.name)
+        if self._through(parts, itself=True):
+            raise tarfile.OutsideDestinationError(member, member.name)
+        if member.islnk() and self._through(self._parts(member, member.linkname), itself=False):
+            raise tarfile.OutsideDestinationError(member, member.linkname)
+        checked = keep_symlinks(member, dest)
+        if member.issym():
+            self.links.add(parts)
+        return checked
+
+
 @contextlib.contextmanager
 def staged(target: Path, *, directory: bool) -> Iterator[Path]:
     """A temporary path next to ``target``, renamed to it when the block succeeds and
@@ -96,7 +130,7 @@ def unpack(archive: Path, target: Path, *, mode: int, sandbox_id: str, source: s
     refuse_existing(target, f"{sandbox_id}:{source}")
     with staged(target, directory=True) as tmp, tarfile.open(archive) as tar:
         try:
-            tar.extractall(tmp, filter=keep_symlinks)
+            tar.extractall(tmp, filter=NoThroughLinks())
         except tarfile.TarError as exc:
             raise FileError(
                 f"sandbox {sandbox_id}: refused to unpack {source}: {exc} (nothing was written)",

@@ -45,7 +45,7 @@ from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
-from corral.server.conn_limits import mark_authenticated
+from corral.server.conn_limits import client_key, mark_authenticated
 from corral.server.door import Door
 from corral.server.endpoints import build_routes
 from corral.server.leases import Leases
@@ -144,7 +144,9 @@ class Guard:
         client = None
         try:
             on_socket = self.door.on_socket(scope)
-            address, credential = (scope.get("client") or ("?",))[0], presented(scope)
+            # an IPv6 client is its /64 (conn_limits.client_key)
+            address = client_key(str((scope.get("client") or ("?",))[0]))
+            credential = presented(scope)
             slow = None if on_socket else self.throttle.refusal(address, credential)
             if slow is not None:  # a guesser: refused before its credential is checked
                 await error_response(slow, retry_headers(slow))(scope, receive, send)

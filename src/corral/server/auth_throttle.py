@@ -45,6 +45,7 @@ MAX_KEYS = 65_536  # failure records kept at once (the stalest are dropped first
 MIN_TOKEN_CHARS = 32
 TENANT_PREFIX = "crl_"  # corral.server.tenants.TOKEN_PREFIX
 ADMIN_NAME, TENANT_NAME = "the admin token", "tenant tokens"
+_PINNED = {("name", ADMIN_NAME), ("name", TENANT_NAME)}
 _CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"x-access-token")
 
 
@@ -155,9 +156,15 @@ class AuthThrottle:
         record.last = now
         over = record.failures - free
         if over > 0:
-            record.blocked_until = now + min(self.most, self.first * 2 ** (over - 1))
+            # the exponent is capped: 2.0 ** 1024 overflows (then every failure would
+            # raise instead of extending the block)
+            record.blocked_until = now + min(self.most, self.first * 2 ** min(over - 1, 64))
         while len(self._records) > MAX_KEYS:
-            self._records.popitem(last=False)
+            # the admin's and the tenants' names are never pushed out by a crowd of
+            # fresh addresses (their block would be lifted): they go to the back
+            stale, kept = self._records.popitem(last=False)
+            if stale in _PINNED:
+                self._records[stale] = kept
 
 
 def weak_token_warning(token: str | None) -> str | None:

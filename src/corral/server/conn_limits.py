@@ -27,6 +27,7 @@ Refusals and evictions are counted, and logged at most once per :data:`LOG_EVERY
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import resource
 import socket
@@ -82,6 +83,21 @@ def accept_backlog(open_files: int, most: int) -> int:
     if open_files == resource.RLIM_INFINITY:
         return most
     return max(32, min(most, _reserve(open_files) // 2))
+
+
+def client_key(address: str) -> str:
+    """Who a TCP peer is to the per-address bounds (this book's, the auth throttle's):
+    an IPv6 address by its /64 (whoever holds one picks from 2^64 source addresses),
+    an IPv4-mapped one by its IPv4 address, anything else as it is."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 @dataclass(eq=False)
@@ -216,7 +232,7 @@ class GuardedHttpProtocol(BoundedHttpProtocol):
             super().connection_made(transport)
             return  # the Unix socket: its owner, uncounted
         peer = transport.get_extra_info("peername")
-        conn = Connection(str(peer[0]) if peer else "?", transport.close)
+        conn = Connection(client_key(str(peer[0])) if peer else "?", transport.close)
         if not self.book.admit(conn):
             transport.write(_FULL)
             transport.close()  # at once: the descriptor is what is short

@@ -59,6 +59,16 @@ class Exposure:
     owner: str | None  # the tenant the sandbox belongs to (None: the admin's)
 
 
+# Every relayed page gets an opaque origin of its own: it is served from the daemon's
+# origin, where the dashboard's session cookie lives, so a sandbox's scripts would
+# otherwise read and drive the dashboard of whoever opens the page (the admin). Scripts,
+# forms, popups and the page's WebSockets still work. Added to the server's own header,
+# if any: a browser enforces both, so the sandbox cannot lift it.
+ISOLATE = (b"content-security-policy",
+           b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads "
+           b"allow-pointer-lock")
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
@@ -181,7 +191,7 @@ async def relay_http(request: Request) -> Response:
         finally:
             writer.close()
 
-    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP]
+    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP] + [ISOLATE]
     response = StreamingResponse(stream(), status_code=head.status_code)
     response.raw_headers = out
     return response

@@ -19,6 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from corral.runtime.net.proxy import reset
+
 QTYPE_A = 1
 RCODE_NXDOMAIN = 3
 RCODE_FORMERR = 1
@@ -88,6 +90,9 @@ def formerr(data: bytes) -> bytes | None:
 
 # (source address, query) -> addresses to answer, or None for NXDOMAIN
 Lookup = Callable[[str, Query], Awaitable[list[str] | None]]
+# a TCP connection from a source address: a function to call when it ends, or None
+# (refused: an unknown source, or one with too many connections open already)
+Admit = Callable[[str], "Callable[[], None] | None"]
 
 
 class _Udp(asyncio.DatagramProtocol):
@@ -127,8 +132,9 @@ class _Udp(asyncio.DatagramProtocol):
 class Resolver:
     """The UDP and TCP DNS server on ``port`` (0.0.0.0; nftables lets only sandboxes in)."""
 
-    def __init__(self, lookup: Lookup) -> None:
+    def __init__(self, lookup: Lookup, admit: Admit | None = None) -> None:
         self.lookup = lookup
+        self.admit = admit
         self.port = 0
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
@@ -144,6 +150,12 @@ class Resolver:
 
     async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")[0]
+        # each connection holds a descriptor for up to 10 s: counted against the
+        # sandbox's open connections, as the proxy's are
+        done = self.admit(peer) if self.admit is not None else (lambda: None)
+        if done is None:
+            reset(writer)
+            return
         try:
             async with asyncio.timeout(10):
                 n = struct.unpack("!H", await reader.readexactly(2))[0]
@@ -156,6 +168,7 @@ class Resolver:
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:
+            done()
             writer.close()
 
     def close(self) -> None:

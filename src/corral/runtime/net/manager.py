@@ -15,11 +15,14 @@ subnet (other sandboxes). Names are resolved on the host, through ``hosts`` firs
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,12 @@ WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create other
 MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
 MAX_CONNECTIONS = 256  # open at once per sandbox (relayed or being read); more refused
 RESOLVE_TIMEOUT_S = 5.0
+# Host lookups (getaddrinfo blocks a thread for as long as a name's servers take, past
+# RESOLVE_TIMEOUT_S) run in threads of their own, never the daemon's shared executor,
+# and a sandbox has at most LOOKUPS_PER_SANDBOX running at once: a flood of names whose
+# servers never answer stalls only that sandbox's lookups.
+LOOKUP_THREADS = 16
+LOOKUPS_PER_SANDBOX = 4
 
 
 @dataclass
@@ -45,6 +54,8 @@ class Attached:
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     conns: set[Conn] = field(default_factory=set)
     open: int = 0  # connections accepted and not yet closed (relayed or being read)
+    lookups: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(LOOKUPS_PER_SANDBOX))
 
     def record(self, kind: str, verdict: bool, reason: str, *, name: str | None = None,
                ip: str | None = None, port: int | None = None) -> None:
@@ -62,6 +73,19 @@ def is_local(ip: str) -> bool:
         except OSError:
             return False
     return True
+
+
+# the sandbox a task resolves names for (set by the resolver's and the proxy's tasks)
+_serving: ContextVar[Attached | None] = ContextVar("corral_net_serving", default=None)
+
+
+def _ended(loop: asyncio.AbstractEventLoop, gate: asyncio.Semaphore | None,
+           thread: Future[object]) -> None:
+    """A host lookup's thread is done: its sandbox's place back (on the loop)."""
+    if not thread.cancelled():
+        thread.exception()  # retrieved: a timed-out lookup's error is nobody's
+    if gate is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(gate.release)
 
 
 def _still_allowed(policy: Compiled, conn: Conn) -> bool:
@@ -82,7 +106,9 @@ class NetworkManager:
         self.hosts = {k.lower(): v for k, v in (hosts or {}).items()}
         self._by_ip: dict[str, Attached] = {}
         self._by_id: dict[str, Attached] = {}
-        self._resolver = Resolver(self._lookup)
+        self._resolver = Resolver(self._lookup, self._admit)
+        self._lookup_threads = ThreadPoolExecutor(LOOKUP_THREADS,
+                                                  thread_name_prefix="corral-resolve")
         self._proxy = Proxy(self._decide, self._admit)
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -210,22 +236,39 @@ class NetworkManager:
             await asyncio.to_thread(self.detach, sid)
         self._proxy.close()
         self._resolver.close()
+        self._lookup_threads.shutdown(wait=False, cancel_futures=True)
         if self._started:
             await asyncio.to_thread(netns.delete_table, self.table)
 
     # ------------------------------------------------------------ enforcement
 
     async def resolve(self, name: str) -> list[str]:
-        """IPv4 addresses of ``name``, resolved on the host (``hosts`` first)."""
+        """IPv4 addresses of ``name``, resolved on the host (``hosts`` first), in the
+        resolver's own threads, at most LOOKUPS_PER_SANDBOX at once for the sandbox
+        being served (:data:`_serving`)."""
         if name in self.hosts:
             return [self.hosts[name]]
-        loop = asyncio.get_running_loop()
+        att = _serving.get()
+        gate = att.lookups if att is not None else None
+        lookup = functools.partial(socket.getaddrinfo, name, None, socket.AF_INET,
+                                   socket.SOCK_STREAM)
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                infos = await loop.getaddrinfo(name, None, family=socket.AF_INET,
-                                               type=socket.SOCK_STREAM)
-        except (OSError, TimeoutError):
-            return []
+                if gate is not None:
+                    await gate.acquire()
+                try:
+                    thread = self._lookup_threads.submit(lookup)
+                except BaseException:
+                    if gate is not None:
+                        gate.release()
+                    raise
+                # the thread's lookup outlives a timeout: its place is given back when
+                # it ends, not before
+                loop = asyncio.get_running_loop()
+                thread.add_done_callback(functools.partial(_ended, loop, gate))
+                infos = await asyncio.wrap_future(thread)
+        except (OSError, TimeoutError, ValueError, RuntimeError):
+            return []  # ValueError: a name IDNA refuses (a label over 63, from a Host)
         return list(dict.fromkeys(str(i[4][0]) for i in infos))
 
     async def _lookup(self, src: str, q: Query) -> list[str] | None:
@@ -235,6 +278,7 @@ class NetworkManager:
         if not att.policy.name_allowed(q.name):
             att.record("dns", False, "the name is not allowed", name=q.name)
             return None
+        _serving.set(att)  # this task's (a query's) lookups count against its sandbox
         found = await self.resolve(q.name) if q.qtype == QTYPE_A else []
         att.record("dns", True, "the name is allowed", name=q.name)
         return found
@@ -267,6 +311,7 @@ class NetworkManager:
                 att.record("tcp", False, f"the name {name} is not allowed", name=name, ip=ip,
                            port=port)
                 return None, None
+            _serving.set(att)  # this connection's task
             found = await self.resolve(name)
             if not found and self._proxied(name, port):
                 att.record("tcp", True, f"the name {name} is allowed (through the host's "

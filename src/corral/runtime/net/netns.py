@@ -17,10 +17,11 @@ resolver (:mod:`.dns`), every other TCP connection to the proxy (:mod:`.proxy`, 
 reads its original destination), other UDP to a closed port (refused at once: ICMP
 port unreachable); IPv6 and other protocols are dropped (the host ends have no IPv6);
 nothing is forwarded. A packet that claims a link's address but did not come in on a
-link is dropped (a host process could bind one with IP_FREEBIND and pose as a sandbox
-to the resolver or the proxy, which know sandboxes by address). No rule names the
-resolver's and proxy's ports outside the links, so a table a killed daemon left behind
-blocks nothing. A sandbox reaches no address directly, not even the host's.
+link (of any engine: ``crv*``) is dropped (a host process could bind one with
+IP_FREEBIND and pose as a sandbox to the resolver or the proxy, which know sandboxes by
+address). No rule names the resolver's and proxy's ports outside the links, and none
+names one engine's links against another's, so a table a killed daemon left behind, or
+another daemon's, blocks nothing. A sandbox reaches no address directly, not even the host's.
 
 ``CORRAL_NET_SUBNET`` (default ``10.219.0.0/16``): where links take their addresses.
 """
@@ -40,6 +41,11 @@ from corral.runtime.fsutil import try_lock
 SUBNET_ENV = "CORRAL_NET_SUBNET"
 DEFAULT_SUBNET = "10.219.0.0/16"
 NETNS_DIR = Path("/run/netns")
+# the host ends of every engine's links: the anti-spoofing rule admits a link address
+# from any of them (another daemon's sandboxes are not spoofers; a table that counted
+# only its own engine's links dropped every other engine's sandbox traffic, and a
+# killed daemon's leftover table every sandbox's on the host)
+LINK_PREFIX = "crv"
 REFUSED_UDP_PORT = 9  # "discard": nothing listens, the input chain refuses it
 
 
@@ -75,7 +81,7 @@ class Link:
 
     @property
     def host_if(self) -> str:
-        return f"crv{self.index}"
+        return f"{LINK_PREFIX}{self.index}"
 
     @property
     def host_ip(self) -> str:
@@ -193,7 +199,7 @@ def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
     iifname @links udp dport {dns_port} accept
     iifname @links meta l4proto tcp reject with tcp reset
     iifname @links reject
-    ip saddr {subnet()} iifname != @links drop
+    ip saddr {subnet()} iifname != "{LINK_PREFIX}*" drop
   }}
   chain forward {{ type filter hook forward priority filter; policy accept;
     iifname @links drop
