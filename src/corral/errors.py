@@ -343,6 +343,8 @@ def _all_subclasses(cls: type) -> list[type]:
 
 def error_from_dict(payload: dict[str, Any]) -> CorralError:
     """Rebuild the typed error a server sent as ``{"code", "message", "details"}``."""
-    by_code = {c.code: c for c in [CorralError, *_all_subclasses(CorralError)]}
+    by_code: dict[str, type[CorralError]] = {}
+    for c in _all_subclasses(CorralError):  # parents first: a family's code is its root's
+        by_code.setdefault(c.code, c)
     cls = by_code.get(payload.get("code", ""), CorralError)
     return cls(payload.get("message", "unknown error"), details=payload.get("details") or {})
