@@ -223,7 +223,8 @@ async def run(settings: ServerSettings) -> None:
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
-        app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
+        with engine.owners.acting_as(None):  # the daemon's own work: every tenant's
+            app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
         open_files = raise_open_file_limit()
         book = ConnectionBook(  # every TCP connection, counted from accept (conn_limits.py)
             settings.max_connections or default_max_connections(open_files),
