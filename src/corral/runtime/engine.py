@@ -30,13 +30,12 @@ import signal
 import time
 from contextlib import suppress
 from pathlib import Path
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Sequence
 
 from corral.errors import (
     CorralError,
     InvalidArgument,
     InvalidState,
-    SandboxNotFound,
     SandboxStartError,
     Unsupported,
 )
@@ -54,6 +53,7 @@ from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_lifetime import LifetimeOps
 from corral.runtime.engine_network import NetworkOps
+from corral.runtime.engine_queries import QueryOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.engine_volumes import VolumeOps
@@ -106,7 +106,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
 
 
 class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
-             LifetimeOps):
+             LifetimeOps, QueryOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -592,61 +592,3 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
-
-    # ----------------------------------------------------------------- query
-
-    def get(self, sandbox_id: str) -> SandboxInfo:
-        # another tenant's is not even read (registry.get): it answers like an unknown id
-        info = self.registry.get(sandbox_id, owner=self.owners.acting())
-        if info is None or not self.owners.sees(info.spec):
-            raise SandboxNotFound(
-                f"no sandbox {sandbox_id!r}: it never existed or was deleted",
-                details={"sandbox_id": sandbox_id},
-            )
-        return info
-
-    def list(
-        self,
-        *,
-        tags: Iterable[str] = (),
-        state: SandboxState | str | Iterable[SandboxState | str] | None = None,
-    ) -> list[SandboxInfo]:
-        """Sandboxes carrying every tag in ``tags``, in any of the given states."""
-        if state is None:
-            states: list[SandboxState] = []
-        elif isinstance(state, (str, SandboxState)):
-            states = [_state(state)]
-        else:
-            states = [_state(s) for s in state]
-        return [i for i in self.registry.list(tags=list(tags), states=states)
-                if self.owners.sees(i.spec)]
-
-    def usage(self, sandbox_id: str) -> dict[str, float]:
-        """Current CPU seconds and memory (MB) of a live sandbox."""
-        live = self._get_live(sandbox_id)
-        return {
-            "cpu_seconds": live.cgroup.cpu_seconds(),
-            "memory_mb": live.cgroup.memory_bytes() / (1 << 20),
-        }
-
-    def counts(self) -> dict[str, int]:
-        """Sandboxes by state: the acting owner's own (the admin's: all of them)."""
-        if self.owners.acting() is None:
-            return self.registry.counts()
-        mine = [i.state.value for i in self.list()]
-        return {state: mine.count(state) for state in set(mine)}
-
-
-
-def _state(s: SandboxState | str) -> SandboxState:
-    try:
-        return SandboxState(s)
-    except ValueError:
-        raise InvalidArgument(
-            f"unknown state {s!r}: use one of {', '.join(x.value for x in SandboxState)}"
-        ) from None
-
-
-
-
-_Live = Live  # the name the runtime's other modules knew it by

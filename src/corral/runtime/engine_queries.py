@@ -1,0 +1,84 @@
+"""What the engine answers about its sandboxes: one (:meth:`get`), a listing
+(:meth:`list`), a live one's usage and the counts by state, each filtered to what the
+acting owner may see (:mod:`.ownership`).
+
+A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from corral.errors import InvalidArgument, SandboxNotFound
+from corral.runtime.live import Live
+from corral.schema import SandboxInfo, SandboxState
+
+if TYPE_CHECKING:
+    from corral.runtime.ownership import Owners
+    from corral.runtime.registry import Registry
+
+
+class QueryOps:
+    """Sandboxes as the acting owner sees them (mixed into the engine)."""
+
+    registry: Registry
+    owners: Owners
+
+    if TYPE_CHECKING:
+        def _get_live(self, sandbox_id: str) -> Live: ...
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        # another tenant's is not even read (registry.get): it answers like an unknown id
+        info = self.registry.get(sandbox_id, owner=self.owners.acting())
+        if info is None or not self.owners.sees(info.spec):
+            raise SandboxNotFound(
+                f"no sandbox {sandbox_id!r}: it never existed or was deleted",
+                details={"sandbox_id": sandbox_id},
+            )
+        return info
+
+    def list(
+        self,
+        *,
+        tags: Iterable[str] = (),
+        state: SandboxState | str | Iterable[SandboxState | str] | None = None,
+    ) -> list[SandboxInfo]:
+        """Sandboxes carrying every tag in ``tags``, in any of the given states."""
+        if state is None:
+            states: list[SandboxState] = []
+        elif isinstance(state, (str, SandboxState)):
+            states = [_state(state)]
+        else:
+            states = [_state(s) for s in state]
+        return [i for i in self.registry.list(tags=list(tags), states=states)
+                if self.owners.sees(i.spec)]
+
+    def usage(self, sandbox_id: str) -> dict[str, float]:
+        """Current CPU seconds and memory (MB) of a live sandbox."""
+        live = self._get_live(sandbox_id)
+        return {
+            "cpu_seconds": live.cgroup.cpu_seconds(),
+            "memory_mb": live.cgroup.memory_bytes() / (1 << 20),
+        }
+
+    def counts(self) -> dict[str, int]:
+        """Sandboxes by state: the acting owner's own (the admin's: all of them)."""
+        if self.owners.acting() is None:
+            return self.registry.counts()
+        mine = [i.state.value for i in self.list()]
+        return {state: mine.count(state) for state in set(mine)}
+
+
+def _state(s: SandboxState | str) -> SandboxState:
+    try:
+        return SandboxState(s)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown state {s!r}: use one of {', '.join(x.value for x in SandboxState)}"
+        ) from None
+
+
+
+
+_Live = Live  # the name the runtime's other modules knew it by
