@@ -20,12 +20,16 @@ APT = ("apt-get update -q && apt-get install -y -q --no-install-recommends jq &&
        "rm -rf /var/lib/apt/lists/*")
 
 
-def test_user_is_a_run_step_option_only():
+def test_user_is_a_run_or_copy_step_option_only():
+    """``user: root`` on run steps, and on copy steps (Docker's COPY makes root's files:
+    docs/agentic.md); never another user, never on other steps."""
     spec = BuildSpec.parse({"base": "python", "steps": [{"run": "true", "user": "root"},
                                                          {"run": "true"}]})
     assert isinstance(spec.steps[0], RunStep) and spec.steps[0].as_root
     assert not spec.steps[1].as_root and spec.describe(0) == "run (as root): true"
-    for bad in ({"run": "true", "user": "admin"}, {"copy": "a -> /b", "user": "root"},
+    copied = BuildSpec.parse({"base": "python", "steps": [{"copy": "a -> /b", "user": "root"}]})
+    assert copied.steps[0].user == "root"
+    for bad in ({"run": "true", "user": "admin"}, {"copy": "a -> /b", "user": "admin"},
                 {"env": {"A": "1"}, "user": "root"}):
         with pytest.raises(InvalidArgument):
             BuildSpec.parse({"base": "python", "steps": [bad]})

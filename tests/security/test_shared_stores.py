@@ -4,6 +4,8 @@ full the owner holding the most gives way first. The real stores, on real SQLite
 
 from __future__ import annotations
 
+import contextvars
+
 import pytest
 
 from corral.runtime import sandbox_logs
@@ -109,6 +111,9 @@ async def test_one_tenant_cannot_take_every_sandboxfusion_pool():
     class Manager:
         async def delete_owned(self, owner, name):
             return True
+
+        def detached(self):  # the daemon's context, as PoolManager.detached gives
+            return contextvars.copy_context()
 
     pools = FusionPools(idle_s=300, max_pools=8, per_owner=2)
     for memory in (64, 65, 66):  # a hostile client's ever new shapes

@@ -259,7 +259,8 @@ async def run(settings: ServerSettings) -> None:
         )
         server = _Server(config, on_exit=on_exit)
         _log_start(settings, engine, sockets)
-        tasks.append(asyncio.create_task(app.state.leases.run()))  # ends expired leases
+        tasks.append(asyncio.create_task(  # ends expired leases: the daemon's own work
+            app.state.leases.run(), context=engine.owners.detached()))
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
             tasks.append(asyncio.create_task(app.state.cluster_tenancy.run(),
                                              context=engine.owners.detached()))
