@@ -168,3 +168,13 @@ def test_host_network_is_a_right_of_the_tenants_token(clean):
         listed = {t["name"]: t for t in admin.get("/v1/tokens").json()["tokens"]}
     assert listed["netright"]["allow_host_network"] is True
     assert listed["mallory"]["allow_host_network"] is False
+
+
+def test_a_tenant_cannot_hold_the_hosts_gpus(clean):
+    """No GPU quota exists yet, so one tenant's ``gpus="all"`` would hold every GPU of
+    the host: GPUs are the admin's for now (refused before any GPU is looked at)."""
+    with clean.tenant("mallory") as c:
+        for gpus in (1, "all"):
+            refused = c.post("/v1/sandboxes", json={"memory_mb": 64, "gpus": gpus})
+            assert refused.status_code == 403, refused.text
+            assert refused.json()["error"]["code"] == "forbidden"

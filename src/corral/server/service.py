@@ -213,6 +213,10 @@ class SandboxService:
             # a default or inherited one; the owner's limit (a pool refills as the daemon)
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
+            if spec.tenant is not None and spec.gpus:  # no GPU quota yet: one tenant
+                raise Forbidden(  # could hold every GPU of the host (issue 28)
+                    "GPUs are the admin's until tenant GPU quotas exist: create the "
+                    "sandbox without gpus=, or ask the admin", details={"gpus": spec.gpus})
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait
             ) as slot:
