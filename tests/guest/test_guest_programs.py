@@ -23,10 +23,12 @@ PROGRAMS = {
     "SandboxFusion's run_jupyter cell runner": ("fusion_kernel",),
     "E2B Code Interpreter kernel": ("e2b_kernel",),
     "E2B watch_dir watcher": ("e2b_watcher",),
+    "gymnasium env server": ("env_server",),
 }
 # What a program may import from its image besides the standard library, and only
 # inside a function (the GPU image's PyTorch for the kernel judge).
-IMAGE_PACKAGES = {"kernel_judge": {"torch"}, "e2b_kernel": {"matplotlib"}}
+IMAGE_PACKAGES = {"kernel_judge": {"torch"}, "e2b_kernel": {"matplotlib"},
+                  "env_server": {"gymnasium", "_corral_spaces"}}
 
 
 @pytest.mark.parametrize("name", MODULES)
