@@ -19,15 +19,22 @@ Pages a forked child shares copy-on-write with its parent show in both resident 
 when the fast sum is over the limit and several processes hold it, their proportional
 sizes (``smaps_rollup``: shared pages counted once) decide. A process of the program
 that made itself non-dumpable can no longer be looked into: it hides its memory from
-the judge, and :meth:`CaseMemory.over` says so.
+the judge, and :meth:`CaseMemory.over` says so once it was seen so three looks in a
+row over 50 ms (a process is briefly unreadable while it execs).
 
 The judge polls this while the program runs and once after (files it left behind).
 Every process it counts is killed after the case (:func:`corral.guest.confine.kill_others`).
 """
 
 import os
+import time
 
 HIDDEN = "a process of the program hid its memory from the judge (made itself non-dumpable)"
+# A process is hiding once this many looks in a row, over at least this long, could not
+# see into it: while it execs (its new memory starts as not dumpable as the judge's, whose
+# posix_spawn it came from) or exits, it is unreadable for a moment.
+HIDDEN_POLLS = 3
+HIDDEN_SECONDS = 0.05
 
 
 class CaseMemory:
@@ -35,6 +42,7 @@ class CaseMemory:
 
     def __init__(self, limit, root="/"):
         self.limit, self.root, self.peak, self.why = limit, root, 0, None
+        self.unseen = {}  # pid -> (looks in a row its descriptors were unreadable, since)
         self.me = os.getpid()
         self.base = self._files() + _sysv()
 
@@ -49,7 +57,7 @@ class CaseMemory:
         """``None`` while the case is within ``limit`` bytes, else why not (kept in
         :attr:`why`); :attr:`peak`: the most it was seen to hold."""
         shared = max(0, self._files() + _sysv() - self.base)
-        procs, fast, hidden = [], 0, False
+        procs, fast, hidden, unseen = [], 0, False, {}
         for entry in _listdir("/proc"):
             if not entry.isdigit() or int(entry) in (1, self.me):
                 continue
@@ -57,17 +65,21 @@ class CaseMemory:
             if rss is None:
                 continue  # gone meanwhile
             held = _memfds(entry)
-            if held is None:
-                hidden = True
+            if held is None:  # not dumpable: for a moment (exec, exit) or on purpose
+                looks, since = self.unseen.get(entry, (0, time.monotonic()))
+                unseen[entry] = (looks + 1, since)
+                if looks + 1 >= HIDDEN_POLLS and time.monotonic() - since >= HIDDEN_SECONDS:
+                    hidden = hidden or _comm(entry)
                 held = 0
             procs.append(entry)
             fast += rss + held
+        self.unseen = unseen
         total = shared + fast
-        if total > self.limit and len(procs) > 1 and not hidden:
+        if total > self.limit and len(procs) > 1 and not unseen:
             total = shared + sum(_pss(p) for p in procs)  # copy-on-write pages once
         self.peak = max(self.peak, total)
         if hidden:
-            self.why = HIDDEN
+            self.why = "%s: %s" % (HIDDEN, hidden)
         elif total > self.limit:
             self.why = "its processes and files held %d MiB" % (total >> 20)
         else:
@@ -80,6 +92,15 @@ def _listdir(path):
         return os.listdir(path)
     except OSError:
         return []
+
+
+def _comm(pid):
+    """``pid (name)`` of a process, for a note."""
+    try:
+        with open("/proc/%s/comm" % pid, "rb") as f:
+            return "pid %s (%s)" % (pid, f.read().strip().decode(errors="replace"))
+    except OSError:
+        return "pid %s" % pid
 
 
 def _status_rss(pid):

@@ -257,6 +257,7 @@ async def arun_io_tests(
     checker: Mapping[str, Any] | None = None,
     stop_on_failure: bool = False,
     timeout: float | None = None,
+    fresh: bool = False,
 ) -> TestReport:
     """Judge ``code`` (in ``language``) on stdin/stdout ``tests`` inside ``sb``.
 
@@ -268,11 +269,15 @@ async def arun_io_tests(
     skips the cases after the first that fails. ``timeout`` bounds the whole run
     (default: enough to compile and run every case to its limit). Per-case verdicts are
     in :attr:`TestReport.verdicts`, CPU seconds and peak memory in ``case_stats``.
+    ``fresh=True``: ``sb`` was just created from an image and has run nothing, so the
+    sweep of its processes from outside is skipped (the judge still stops every other
+    process itself before it reads the tests).
     """
     run = IORun(code, language, normalize_io_tests(tests), time_limit, memory_mb, compare,
                 tolerance, checker, stop_on_failure)
     limit = timeout if timeout is not None else run.default_timeout()
-    await sb.kill_processes()
+    if not fresh:
+        await sb.kill_processes()
     async with await sb.spawn(run.argv, timeout=limit, env={"PATH": TRUSTED_PATH}) as proc:
         ready = line = None
         try:
@@ -297,12 +302,14 @@ def run_io_tests(
     checker: Mapping[str, Any] | None = None,
     stop_on_failure: bool = False,
     timeout: float | None = None,
+    fresh: bool = False,
 ) -> TestReport:
     """The blocking twin of :func:`arun_io_tests`."""
     run = IORun(code, language, normalize_io_tests(tests), time_limit, memory_mb, compare,
                 tolerance, checker, stop_on_failure)
     limit = timeout if timeout is not None else run.default_timeout()
-    sb.kill_processes()
+    if not fresh:
+        sb.kill_processes()
     with sb.spawn(run.argv, timeout=limit, env={"PATH": TRUSTED_PATH}) as proc:
         ready = line = None
         try:
