@@ -279,6 +279,6 @@ def load_tasks(rows: str | Path | Iterable[Mapping[str, Any]], kind: str, *,
 
 
 __all__ = [
-    "ADAPTERS", "MAX_UNPACKED_BYTES", "CodeTask", "from_apps", "from_code_contests", "from_humaneval",
-    "from_livecodebench", "from_mbpp", "from_taco", "load_tasks", "read_rows",
+    "ADAPTERS", "CodeTask", "MAX_UNPACKED_BYTES", "from_apps", "from_code_contests",
+    "from_humaneval", "from_livecodebench", "from_mbpp", "from_taco", "load_tasks", "read_rows",
 ]
