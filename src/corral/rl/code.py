@@ -45,7 +45,9 @@ from corral.rl._grading import (
     TRUSTED_PATH,
     Grading,
     JudgeRun,
+    aended,
     check_grading,
+    ended,
     merge_in_process,
     refuse_unsplittable,
     unsplittable,
@@ -216,7 +218,7 @@ async def arun_tests(
                 line = await proc.exchange(run.request(), timeout=timeout)
         except ExecTimeout:
             pass
-        report = run.report(ready, line, await proc.kill())
+        report = run.report(ready, line, await aended(proc, line is not None))
     split = unsplittable(report)
     if not split or report.status != "ok":
         return report
@@ -258,7 +260,7 @@ def run_tests(
                 line = proc.exchange(run.request(), timeout=timeout)
         except ExecTimeout:
             pass
-        report = run.report(ready, line, proc.kill())
+        report = run.report(ready, line, ended(proc, line is not None))
     split = unsplittable(report)
     if not split or report.status != "ok":
         return report

@@ -35,7 +35,7 @@ from corral.client._models import CommandResult
 from corral.client._sync import Sandbox
 from corral.errors import ExecTimeout, InvalidArgument
 from corral.guest import program
-from corral.rl._grading import READY, TRUSTED_PATH
+from corral.rl._grading import READY, TRUSTED_PATH, aended, ended
 from corral.rl._test_report import TestReport
 from corral.rl.code import completion_text
 
@@ -286,7 +286,7 @@ async def arun_io_tests(
                 line = await proc.exchange(run.request(), timeout=limit)
         except ExecTimeout:
             pass
-        return run.report(ready, line, await proc.kill())
+        return run.report(ready, line, await aended(proc, line is not None))
 
 
 def run_io_tests(
@@ -318,7 +318,7 @@ def run_io_tests(
                 line = proc.exchange(run.request(), timeout=limit)
         except ExecTimeout:
             pass
-        return run.report(ready, line, proc.kill())
+        return run.report(ready, line, ended(proc, line is not None))
 
 
 __all__ = [
