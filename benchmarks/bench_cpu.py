@@ -1,0 +1,190 @@
+"""CPU time per sandbox lifecycle and per exec: the daemon's, the client's, the sandbox's.
+
+    python3 benchmarks/bench_cpu.py [--quick] [--smoke] [--json OUT] [--baseline REF]
+
+Wall-clock figures on a loaded machine are noise; CPU time is not (much). Each round
+starts a private daemon (``bench_sdk.private_daemon``) and measures, through the SDK:
+
+- ``lifecycle``: ``Sandbox.create`` → ``exec(["true"])`` → ``delete``, the sync SDK;
+- ``exec`` / ``async_exec``: ``exec(["true"])`` on one sandbox, sync and asyncio SDK;
+- ``health``: the cheapest request, the HTTP floor.
+
+For each: the client's CPU (``time.process_time``), the daemon's (``/proc/PID/stat``:
+its own user+system, and its reaped children — the launchers), the sandboxes' (their
+cgroups' ``cpuacct``, sampled, a lower bound), in ms per operation, and the wall time.
+
+``--baseline REF`` also measures the tree of git ref REF (a detached worktree in a
+temporary directory): rounds alternate between the two trees in one run, and the
+ratios current/baseline are printed. Needs root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench_args  # noqa: E402  (a sibling script, not a package)
+
+HERE = Path(__file__).resolve().parent
+OPS = ("health", "exec", "async_exec", "lifecycle")
+
+
+def _daemon_cpu(pid: int) -> tuple[float, float]:
+    """(own, reaped children) CPU seconds of ``pid``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def _daemon_pid(url: str) -> int:
+    sock = url.removeprefix("unix://").encode()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if sock in (p / "cmdline").read_bytes():
+                    return int(p.name)
+            except OSError:
+                continue
+    raise SystemExit("cannot find the daemon's pid")
+
+
+def child(n: int) -> dict[str, float]:
+    """One round in this process, against the tree on ``sys.path``: figures per op."""
+    import asyncio
+
+    from bench_sdk import private_daemon
+    from profile_humaneval import GroupSampler, _engine_group
+
+    import corral
+
+    out: dict[str, float] = {}
+    with private_daemon("corral-bench-cpu-") as url:
+        pid = _daemon_pid(url)
+
+        def snap() -> tuple[float, float, float, float, float]:
+            return (time.process_time(), *_daemon_cpu(pid), sampler.total(), time.perf_counter())
+
+        def record(name: str, ops: int, before: tuple[float, ...]) -> None:
+            wall = time.perf_counter() - before[4]
+            me = time.process_time() - before[0]
+            time.sleep(0.03)  # the sampler's last look
+            own, kids = _daemon_cpu(pid)
+            out[f"{name}_client_cpu_ms"] = me / ops * 1000
+            out[f"{name}_daemon_cpu_ms"] = (own - before[1]) / ops * 1000
+            out[f"{name}_launcher_cpu_ms"] = (kids - before[2]) / ops * 1000
+            out[f"{name}_sandbox_cpu_ms"] = (sampler.total() - before[3]) / ops * 1000
+            out[f"{name}_wall_ms"] = wall / ops * 1000
+
+        def measure(name: str, ops: int, run) -> None:
+            before = snap()
+            run(ops)
+            record(name, ops, before)
+
+        with corral.Client(url) as client:
+            with corral.Sandbox.create(memory_mb=128, client=client) as sb:
+                sb.exec(["true"])
+                sampler = GroupSampler(_engine_group(pid))
+                sampler.start()
+
+                def health(k: int) -> None:
+                    for _ in range(k):
+                        client.health()
+
+                def execs(k: int) -> None:
+                    for _ in range(k):
+                        sb.exec(["true"])
+
+                measure("health", n, health)
+                measure("exec", n, execs)
+
+            async def aexecs(k: int) -> None:
+                async with corral.AsyncClient(url) as ac:
+                    asb = await corral.AsyncSandbox.create(memory_mb=128, client=ac)
+                    try:
+                        await asb.exec(["true"])  # the connection made before the clock
+                        before = snap()
+                        for _ in range(k):
+                            await asb.exec(["true"])
+                        record("async_exec", k, before)
+                    finally:
+                        await asb.delete()
+
+            asyncio.run(aexecs(n))
+
+            def lifecycles(k: int) -> None:
+                for _ in range(k):
+                    with corral.Sandbox.create(memory_mb=128, client=client) as s:
+                        s.exec(["true"])
+
+            lifecycles(2)  # warm
+            measure("lifecycle", max(2, n // 5), lifecycles)
+            sampler.stop.set()
+    return out
+
+
+def _tree(ref: str, into: Path) -> Path:
+    """A detached worktree of ``ref`` under ``into``; its ``src`` directory."""
+    subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", "-q",
+                    str(into), ref], check=True)
+    return into / "src"
+
+
+def _round(src: Path, n: int) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
+    proc = subprocess.run([sys.executable, __file__, "--child", str(n)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"a round failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(child(int(sys.argv[2]))))
+        return 0
+    ap = bench_args.parser(__doc__)
+    ap.add_argument("--baseline", metavar="REF", help="also measure git ref REF, interleaved")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (the daemon runs real sandboxes)")
+        return 1
+    n = bench_args.pick(args, 300, 100, 5)
+    rounds = bench_args.pick(args, 5, 3, 1)
+    trees = {"current": HERE.parent / "src"}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-cpu-") as tmp:
+        try:
+            if args.baseline:
+                trees["baseline"] = _tree(args.baseline, Path(tmp) / "baseline")
+            runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+            for _ in range(rounds):
+                for name, src in trees.items():  # interleaved: load drifts hit both
+                    runs[name].append(_round(src, n))
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force",
+                                str(Path(tmp) / "baseline")], check=False)
+    res: dict[str, float] = {"load_1min": os.getloadavg()[0]}
+    for name, figs in runs.items():
+        for key in figs[0]:
+            res[f"{name}_{key}"] = statistics.median(f[key] for f in figs)
+    print(f"load {res['load_1min']:.1f}; medians of {rounds} round(s), ms per operation")
+    print(f"{'figure':38} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if args.baseline else ""))
+    for key in runs["current"][0]:
+        line = f"{key:38} {res['current_' + key]:9.3f}"
+        if args.baseline:
+            base = res["baseline_" + key]
+            line += f" {base:9.3f} {res['current_' + key] / base if base else float('nan'):6.2f}"
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
