@@ -15,6 +15,7 @@ from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
+from corral.client._unix import DaemonTransport
 from corral.errors import DaemonUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class Client:
         cluster = self._endpoint.cluster
         if transport is None:
             options = _CLUSTER_OPTIONS if cluster else None if self._endpoint.uds else _TCP_OPTIONS
-            transport = httpx.HTTPTransport(
+            transport = DaemonTransport(
                 uds=self._endpoint.uds, limits=_LIMITS, socket_options=options
             )
         self._http = httpx.Client(
