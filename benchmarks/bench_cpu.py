@@ -123,7 +123,7 @@ def child(n: int) -> dict[str, float]:
                         s.exec(["true"])
 
             lifecycles(2)  # warm
-            measure("lifecycle", max(2, n // 5), lifecycles)
+            measure("lifecycle", max(2, n // 2), lifecycles)
             sampler.stop.set()
     return out
 

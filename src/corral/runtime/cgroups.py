@@ -63,8 +63,18 @@ def _write(path: Path, value: str) -> None:
 
 
 def _read(path: Path) -> str:
+    # os.read, not Path.read_text: a control file needs no buffered text stream (which
+    # costs an fstat, an ioctl and a seek besides the read)
     with _translated("read", path):
-        return path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = chunk = os.read(fd, 65536)
+            while chunk:
+                chunk = os.read(fd, 65536)
+                data += chunk
+        finally:
+            os.close(fd)
+        return data.decode()
 
 
 def _keyed(path: Path) -> dict[str, int]:
@@ -422,13 +432,33 @@ class CgroupV1Driver(CgroupDriver):
             raise errors.Unsupported(f"cgroup v1 controllers not mounted: {', '.join(missing)}")
         wanted = V1_CONTROLLERS + V1_OPTIONAL_CONTROLLERS
         self.mounts = {c: Path(m) for c, m in mounts.items() if c in wanted}
+        # On v1 a hierarchy has cpuset files at every level or at none: only the one
+        # holding the cpuset controller needs filling, and memsw exists or not for the
+        # whole host. Known once, rather than asked of every directory of every create.
+        self._cpuset_under = f"{mounts['cpuset']}/" if "cpuset" in mounts else None
+        self._memsw: bool | None = None
 
     def _roots(self) -> dict[str, Path]:
         return self.mounts
 
+    def _in_cpuset(self, d: Path) -> bool:
+        return self._cpuset_under is not None and str(d).startswith(self._cpuset_under)
+
     def _prepare_parent(self, parent: Path) -> None:
-        if parent not in self.mounts.values():  # a root's cpuset is the host's own
+        # a root's cpuset is the host's own
+        if self._in_cpuset(parent) and parent not in self.mounts.values():
             _fill_cpuset(parent)
+
+    def _made(self, d: Path) -> None:
+        if self._in_cpuset(d):
+            _fill_cpuset(d)
+
+    def set_cpus(self, group: Cgroup, cpus: Sequence[int]) -> bool:
+        d = group._dirs.get("cpuset")
+        if d is None:
+            return super().set_cpus(group, cpus)
+        _write(d / "cpuset.cpus", ",".join(str(c) for c in cpus))
+        return True
 
     def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
         cpu, memory = group._dirs["cpu"], group._dirs["memory"]
@@ -439,8 +469,10 @@ class CgroupV1Driver(CgroupDriver):
         # exists only when swap accounting is on, and without it there is no swap cap.
         limit, memsw = memory_mb << 20, memory / "memory.memsw.limit_in_bytes"
         order = [memory / "memory.limit_in_bytes"]
-        if memsw.exists():
-            raising = limit > int((memory / "memory.limit_in_bytes").read_text())
+        if self._memsw is None:
+            self._memsw = memsw.exists()
+        if self._memsw:
+            raising = limit > int(_read(memory / "memory.limit_in_bytes"))
             order = [memsw, *order] if raising else [*order, memsw]
         for path in order:
             _write(path, str(limit))

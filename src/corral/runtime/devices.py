@@ -90,8 +90,7 @@ def restrict(dirs: dict[str, Path], rules: list[DeviceRule]) -> str:
         d = dirs["devices"]
         try:
             _write(d / "devices.deny", "a")
-            for rule in rules:
-                _write(d / "devices.allow", rule.v1_line())
+            _write(d / "devices.allow", *(rule.v1_line() for rule in rules))
         except OSError as exc:
             raise DeviceRulesError(f"cannot set the device rules of {d}: {exc.strerror}",
                                    details={"path": str(d), "errno": exc.errno}) from exc
@@ -102,10 +101,13 @@ def restrict(dirs: dict[str, Path], rules: list[DeviceRule]) -> str:
     return ""
 
 
-def _write(path: Path, value: str) -> None:
+def _write(path: Path, *values: str) -> None:
+    """Each of ``values`` in a write of its own (the kernel takes one rule per write),
+    all through one open file: a sandbox's ~15 rules cost one open, not fifteen."""
     fd = os.open(path, os.O_WRONLY)
     try:
-        os.write(fd, value.encode())
+        for value in values:
+            os.write(fd, value.encode())
     finally:
         os.close(fd)
 
