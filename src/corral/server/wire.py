@@ -46,11 +46,12 @@ async def paced(request: Request) -> AsyncIterator[bytes]:
     """The pieces of the request body, cut (408) once none comes for a while."""
     pieces = request.stream()
     while True:
-        try:
-            chunk = await asyncio.wait_for(anext(pieces), BODY_IDLE_TIMEOUT_S)
+        try:  # asyncio.timeout, not wait_for: no task made per piece (a request's body)
+            async with asyncio.timeout(BODY_IDLE_TIMEOUT_S):
+                chunk = await anext(pieces)
         except StopAsyncIteration:
             return
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RequestTimeout(
                 f"no part of the request body arrived for {BODY_IDLE_TIMEOUT_S:g} s"
             ) from None
