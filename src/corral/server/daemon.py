@@ -334,14 +334,16 @@ def serve(settings: ServerSettings) -> None:
 
 
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
-    """uvloop's ``run`` where it is installed (the ``daemon`` extra): the daemon spends
-    ~25% less CPU per request on it (``benchmarks/bench_cpu.py``); asyncio's otherwise.
-    ``CORRAL_DAEMON_LOOP=asyncio`` keeps asyncio's loop (to tell a loop's bug apart)."""
-    if os.environ.get("CORRAL_DAEMON_LOOP", "uvloop") != "asyncio":
+    """asyncio's ``run``, or uvloop's with ``CORRAL_DAEMON_LOOP=uvloop`` (where uvloop is
+    installed): the daemon then spends ~25% less CPU per request
+    (``benchmarks/bench_cpu.py``). Not the default yet: under heavy load one test (a
+    SandboxFusion C++ compile, ``test_compat_sandboxfusion``) ran past its 10 s limit on
+    uvloop in 3 of 5 runs and in none of 2 on asyncio — not understood (docs/performance.md)."""
+    if os.environ.get("CORRAL_DAEMON_LOOP") == "uvloop":
         try:
             import uvloop
         except ImportError:
             pass
         else:
-            return uvloop.run
+            return uvloop.run  # type: ignore[no-any-return]
     return asyncio.run
