@@ -29,11 +29,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from corral.api.models import _Body
 from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
 from corral.server import context as ctx
-from corral.server.models import _Body
 from corral.server.wire import error_response
 
 PREFIX = "/expose/"

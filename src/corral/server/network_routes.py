@@ -9,10 +9,10 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import _Body
 from corral.network_schema import NetworkPolicy
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.models import _Body
 
 
 class NetworkEvent(_Body):

@@ -16,13 +16,13 @@ from pydantic import Field, StrictFloat, StrictInt
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import _Body
 from corral.errors import InvalidArgument, SandboxNotFound
 from corral.runtime.engine import Engine
 from corral.runtime.sandbox_logs import MAX_READ, SandboxLogs
 from corral.schema import MAX_TIMEOUT_S, SandboxInfo
 from corral.server import context as ctx
 from corral.server.lifetime import set_lifetime
-from corral.server.models import _Body
 from corral.server.settings import ServerSettings
 from corral.server.streaming import NDJSONResponse
 

@@ -16,6 +16,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from corral._version import __version__
+from corral.api.models import (
+    ExecRequest,
+    ForkRequest,
+    MkdirRequest,
+    SnapshotRequest,
+    StopRequest,
+    exec_response,
+    file_json,
+)
+from corral.api.operation import RAW
 from corral.errors import CorralError, InvalidArgument
 from corral.pool_schema import AcquireRequest, PoolSpec
 from corral.runtime.pathutil import resolve_path
@@ -28,16 +38,6 @@ from corral.server import context as ctx
 from corral.server.builds import builds_gate
 from corral.server.caller import caller_of
 from corral.server.context import remove_partial, unless_disconnected, unless_gone
-from corral.server.endpoint import RAW
-from corral.server.models import (
-    ExecRequest,
-    ForkRequest,
-    MkdirRequest,
-    SnapshotRequest,
-    StopRequest,
-    exec_response,
-    file_json,
-)
 from corral.server.reserved_tags import check_tags
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream

@@ -15,10 +15,10 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import _Body
 from corral.errors import InvalidArgument
 from corral.runtime.volumes import check_name
 from corral.server import context as ctx
-from corral.server.models import _Body
 from corral.server.wire import read_body
 from corral.volume_schema import VolumeInfo
 
