@@ -99,10 +99,15 @@ class Operation:
     query: tuple[Query, ...] = ()
     errors: tuple[type[CorralError], ...] = ()  # besides COMMON_ERRORS (see .operations)
     access: Access = Access.CALLER
-    routing: Routing = Routing.HOME
+    routing: Routing = None  # type: ignore[assignment]  # required (checked below)
     body_optional: bool = False  # an empty body is {} (every field has a default)
     body_name: str | None = None  # the body's name in errors (default: from its model)
     parse_body: bool = True  # False: the handler reads a model body itself (multipart)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.routing, Routing):
+            raise TypeError(f"operation {self.name} ({self.method} {self.path}) declares no "
+                            "routing: say how a cluster client sends it (corral.api.Routing)")
 
     @property
     def params(self) -> tuple[str, ...]:

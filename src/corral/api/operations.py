@@ -88,7 +88,7 @@ from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, P
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 from corral.volume_schema import VolumeInfo
 
-__all__ = ["COMMON_ERRORS", "OPERATIONS", "match", "operation", "url"]
+__all__ = ["COMMON_ERRORS", "OPERATIONS", "match", "operation", "request_line", "url"]
 
 COMMON_ERRORS = (
     Unauthorized,
@@ -493,7 +493,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Cluster: make a snapshot of another node restorable here (fetches its layers)",
         body=Ref("corral.server.peer_layers", "FetchRequest"), reply=SnapshotInfo,
         errors=(*_BODY, SnapshotNotFound, NotFound, LayerTransferError, StorageFull),
-        access=Access.PEER, routing=Routing.NODE,
+        access=Access.ADMIN, routing=Routing.NODE,
     ),
     Operation(
         "peer_snapshot", "GET", "/v1/peer/snapshots/{id_or_name}",
@@ -538,7 +538,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "fetch_image", "POST", "/v1/peer/images/fetch",
         "Cluster: make a built image of another node usable here (fetches its layers)",
         body=Ref("corral.server.peer_layers", "ImageFetchRequest"), reply=ImageInfo,
-        errors=(*_BODY, NotFound, LayerTransferError, StorageFull), access=Access.PEER,
+        errors=(*_BODY, NotFound, LayerTransferError, StorageFull), access=Access.ADMIN,
         routing=Routing.NODE,
     ),
     Operation(
@@ -550,7 +550,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "peer_stats", "GET", "/v1/peer/stats", "Cluster: layers fetched from other nodes",
         reply=Ref("corral.server.peer_layers", "FetchStats"),
-        errors=(NotFound, LayerTransferError), access=Access.PEER, routing=Routing.NODE,
+        errors=(NotFound, LayerTransferError), access=Access.ADMIN, routing=Routing.NODE,
     ),
     Operation(
         "delete_snapshot", "DELETE", "/v1/snapshots/{id_or_name}",
@@ -583,6 +583,12 @@ def url(name: str, **params: object) -> str:
     """The path of operation ``name`` with its parameters filled in:
     ``url("exec_command", sandbox_id="sb-1")`` is ``/v1/sandboxes/sb-1/exec``."""
     return _BY_NAME[name].url(**params)
+
+
+def request_line(name: str, **params: object) -> tuple[str, str]:
+    """``(method, path)`` of operation ``name`` with its parameters filled in."""
+    op = _BY_NAME[name]
+    return op.method, op.url(**params)
 
 
 def match(method: str, path: str) -> tuple[Operation, dict[str, str]] | None:
