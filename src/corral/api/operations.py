@@ -579,13 +579,13 @@ def operation(name: str) -> Operation:
     return _BY_NAME[name]
 
 
-def url(name: str, **params: object) -> str:
+def url(name: str, /, **params: object) -> str:
     """The path of operation ``name`` with its parameters filled in:
     ``url("exec_command", sandbox_id="sb-1")`` is ``/v1/sandboxes/sb-1/exec``."""
     return _BY_NAME[name].url(**params)
 
 
-def request_line(name: str, **params: object) -> tuple[str, str]:
+def request_line(name: str, /, **params: object) -> tuple[str, str]:
     """``(method, path)`` of operation ``name`` with its parameters filled in."""
     op = _BY_NAME[name]
     return op.method, op.url(**params)

@@ -22,6 +22,7 @@ from corral.runtime.engine import Engine
 from corral.runtime.sandbox_logs import MAX_READ, SandboxLogs
 from corral.schema import MAX_TIMEOUT_S, SandboxInfo
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.lifetime import set_lifetime
 from corral.server.settings import ServerSettings
 from corral.server.streaming import NDJSONResponse
@@ -100,7 +101,7 @@ async def sandbox_logs(request: Request) -> Response:
     follow = request.query_params.get("follow", "0").lower()
     if follow not in ("0", "1", "true", "false", "yes", "no"):
         raise InvalidArgument(f"query parameter 'follow' must be true or false, got {follow!r}")
-    if (tenant := engine.owners.acting()) is not None:  # a tenant: only its own sandbox's
+    if (tenant := caller_of(request).name) is not None:  # a tenant: only its own sandbox's
         try:
             engine.get(sid)  # another's answers as an unknown id
         except SandboxNotFound:

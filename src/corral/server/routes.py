@@ -136,7 +136,7 @@ async def info(request: Request) -> Response:
             # where it keeps its state (`corral doctor` checks those): the admin's only
             **({"state_dir": str(engine.layout.state_dir),
                 "cache_dir": str(engine.layout.cache_dir)}
-               if engine.owners.acting() is None else {}),
+               if caller_of(request).tenant is None else {}),
             **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
@@ -151,7 +151,7 @@ async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     caller = caller_of(request)
     spec = service.plan(await service.with_image(spec, caller), caller,
                         host_network=ctx.host_network_allowed(request))
-    created = await unless_gone(request, service.create(spec, wait=_wait_param(request)))
+    created = await unless_gone(request, service.create(spec, caller, wait=_wait_param(request)))
     return JSONResponse(_info_json(created, request), status_code=201)
 
 
@@ -173,7 +173,7 @@ def _wait_param(request: Request) -> float | None:
 async def list_sandboxes(request: Request) -> Response:
     states = request.query_params.getlist("state") or None
     infos = ctx.service(request).list_sandboxes(  # the caller's own (admin: tenant= filters)
-        tags=request.query_params.getlist("tag"), states=states,
+        caller_of(request), tags=request.query_params.getlist("tag"), states=states,
         tenant=request.query_params.get("tenant"),
     )
     return JSONResponse({"sandboxes": [_info_json(i, request) for i in infos]})
@@ -203,12 +203,12 @@ async def resume_sandbox(request: Request) -> Response:
 
 
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
-    stopped = await ctx.service(request).stop(_sid(request), grace=body.grace)
+    stopped = await ctx.service(request).stop(_sid(request), caller_of(request), grace=body.grace)
     return JSONResponse(_info_json(stopped, request))
 
 
 async def delete_sandbox(request: Request) -> Response:
-    await ctx.service(request).delete(_sid(request))
+    await ctx.service(request).delete(_sid(request), caller_of(request))
     return _no_content()
 
 
@@ -221,7 +221,7 @@ async def fork_sandbox(request: Request, body: ForkRequest) -> Response:
     """A snapshot, then ``n`` creates from it through admission control; all or nothing."""
     try:
         made = await ctx.service(request).fork(
-            _sid(request), body.n, abandoned=request.is_disconnected
+            _sid(request), body.n, caller_of(request), abandoned=request.is_disconnected
         )
     except Abandoned:
         raise ClientDisconnect() from None

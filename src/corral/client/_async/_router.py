@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 from urllib.parse import unquote
@@ -98,7 +98,8 @@ class AsyncRouter:
         if node is not None and routing not in (Routing.PLACE, Routing.POOL_CREATE):
             raise InvalidArgument("node= applies to creating a sandbox or a pool only")
         call = Call(method, path, kwargs, stream, op, {k: unquote(v) for k, v in ids.items()})
-        return await _DISPATCH[routing](self, call, node)
+        reply: httpx.Response = await _DISPATCH[routing](self, call, node)
+        return reply
 
     async def _to_sandbox(self, call: Call, node: str | None) -> httpx.Response:
         sandbox_id = call.ids["sandbox_id"]
@@ -418,8 +419,7 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-_Dispatch = Callable[[AsyncRouter, Call, "str | None"], Awaitable[httpx.Response]]
-_DISPATCH: dict[Routing, _Dispatch] = {
+_DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.SANDBOX: AsyncRouter._to_sandbox,
     Routing.PLACE: AsyncRouter._to_placed,
     Routing.HOLDER: AsyncRouter._to_holder,

@@ -40,9 +40,9 @@ async def create(router: ClusterView, kwargs: dict[str, Any]) -> httpx.Response:
                              {**kwargs, "json": {**body, **share}}, False, None)
             made.append(n)
     except BaseException:
-        await router._each(made, *request_line("delete_pool", name=body.get("name")), {})
+        await router._each(made, *request_line("delete_pool", name=str(body.get("name"))), {})
         raise
-    method, path = request_line("get_pool", name=body.get("name"))
+    method, path = request_line("get_pool", name=str(body.get("name")))
     return await merged(router, method, path, {}, made, status=201)
 
 

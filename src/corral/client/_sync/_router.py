@@ -32,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 from urllib.parse import unquote
@@ -100,7 +100,8 @@ class Router:
         if node is not None and routing not in (Routing.PLACE, Routing.POOL_CREATE):
             raise InvalidArgument("node= applies to creating a sandbox or a pool only")
         call = Call(method, path, kwargs, stream, op, {k: unquote(v) for k, v in ids.items()})
-        return _DISPATCH[routing](self, call, node)
+        reply: httpx.Response = _DISPATCH[routing](self, call, node)
+        return reply
 
     def _to_sandbox(self, call: Call, node: str | None) -> httpx.Response:
         sandbox_id = call.ids["sandbox_id"]
@@ -420,8 +421,7 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-_Dispatch = Callable[[Router, Call, "str | None"], Awaitable[httpx.Response]]
-_DISPATCH: dict[Routing, _Dispatch] = {
+_DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.SANDBOX: Router._to_sandbox,
     Routing.PLACE: Router._to_placed,
     Routing.HOLDER: Router._to_holder,

@@ -42,9 +42,9 @@ def create(router: ClusterView, kwargs: dict[str, Any]) -> httpx.Response:
                              {**kwargs, "json": {**body, **share}}, False, None)
             made.append(n)
     except BaseException:
-        router._each(made, *request_line("delete_pool", name=body.get("name")), {})
+        router._each(made, *request_line("delete_pool", name=str(body.get("name"))), {})
         raise
-    method, path = request_line("get_pool", name=body.get("name"))
+    method, path = request_line("get_pool", name=str(body.get("name")))
     return merged(router, method, path, {}, made, status=201)
 
 
