@@ -144,12 +144,26 @@ def test_models_the_sdk_shares_are_real_and_refs_resolve():
                     assert isinstance(resolve(part), type), part
         resolved = dataclasses.replace(op, body=resolve(op.body), reply=resolve(op.reply))
         assert not isinstance(resolved.body, Ref) and not isinstance(resolved.reply, Ref)
-    # the sandbox endpoints' bodies and replies live in corral.api / corral.schema
+    # the sandbox endpoints' bodies and replies live in corral.api / corral.schema (the
+    # process ones still in corral.server.processes: their fields use engine constants)
     for op in OPERATIONS:
         if op.path.startswith("/v1/sandboxes") and "/processes" not in op.path:
-            for model in (op.body, op.reply):
-                assert not isinstance(model, Ref) or op.name in _SANDBOX_REFS, op.name
+            assert not isinstance(op.body, Ref) and not isinstance(op.reply, Ref), op.name
 
 
-# still in daemon modules (their fields use the engine's constants); see docs/api.md
-_SANDBOX_REFS = {"patch_sandbox", "sandbox_logs", "expose_port", "network_events"}
+def test_an_exec_result_crosses_the_wire_through_one_model():
+    """The daemon encodes an ExecResult as ``ExecResponse`` and the SDK decodes that same
+    model: every field of how a command ended is named once (``EXEC_STATUS``)."""
+    from corral.api.models import EXEC_STATUS, exec_response
+    from corral.client._models import CommandResult, parse_exec
+    from corral.schema import ExecResult
+
+    assert set(EXEC_STATUS) <= {f.name for f in dataclasses.fields(ExecResult)}
+    assert set(EXEC_STATUS) <= {f.name for f in dataclasses.fields(CommandResult)}
+    sent = ExecResult(returncode=-9, stdout=b"ok\n", stderr=b"\xff\xfe", timed_out=True,
+                      oom_killed=True, stdout_truncated=True, stderr_truncated=True,
+                      duration=1.5, stdout_dropped=7, stderr_dropped=8, output_tail=9)
+    got = parse_exec(exec_response(sent), args=["x"], sandbox_id="sb-1", timeout=2.0)
+    assert (got.stdout_bytes, got.stderr_bytes) == (b"ok\n", b"\xff\xfe")
+    for name in EXEC_STATUS:
+        assert getattr(got, name) == getattr(sent, name), name

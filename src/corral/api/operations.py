@@ -14,16 +14,22 @@ from corral.api.models import (
     DaemonInfo,
     ExecRequest,
     ExecResponse,
+    ExposedPort,
+    ExposeRequest,
     FileList,
     ForkRequest,
     Health,
     KilledProcesses,
     MkdirRequest,
+    NetworkEvents,
     SandboxDetail,
     SandboxList,
+    SandboxLogsReply,
     SnapshotList,
     SnapshotRequest,
     StopRequest,
+    TimeoutRequest,
+    VolumeList,
 )
 from corral.api.operation import (
     NDJSON,
@@ -157,14 +163,14 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "patch_sandbox", "PATCH", _SB,
         "Set a running sandbox's end to timeout seconds from now (within --max-lifetime)",
-        body=Ref("corral.server.ops_routes", "TimeoutRequest"), reply=SandboxInfo,
+        body=TimeoutRequest, reply=SandboxInfo,
         errors=(*_ON_SANDBOX, *_BODY), routing=Routing.SANDBOX,
     ),
     Operation(
         "sandbox_logs", "GET", _SB + "/logs",
         "Its commands and lifecycle events, also after it stopped (and, for the daemon's "
         "--log-retention, after it was deleted); follow=1 streams them as NDJSON",
-        reply=Ref("corral.server.ops_routes", "SandboxLogsReply"),
+        reply=SandboxLogsReply,
         query=(
             Query("after", "integer", "only entries with a larger seq"),
             Query("limit", "integer", "at most this many entries (<= 5000)"),
@@ -184,7 +190,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "list_volumes", "GET", "/v1/volumes", "The caller's volumes",
-        reply=Ref("corral.server.volume_routes", "VolumeList"),
+        reply=VolumeList,
         errors=(VolumeNotFound, InvalidState, StorageFull), routing=Routing.HOME,
     ),
     Operation(
@@ -199,14 +205,14 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "expose_port", "POST", _SB + "/ports",
         "Expose a port of the sandbox (HTTP, WebSocket) at a URL with its own access token",
-        body=Ref("corral.server.expose", "ExposeRequest"),
-        reply=Ref("corral.server.expose", "ExposedPort"), status=201,
+        body=ExposeRequest,
+        reply=ExposedPort, status=201,
         errors=(*_ON_SANDBOX, *_BODY, PortClosed, Unsupported), routing=Routing.SANDBOX,
     ),
     Operation(
         "network_events", "GET", _SB + "/network/events",
         "A policy sandbox's connections and DNS queries, allowed and refused (the last 1000)",
-        reply=Ref("corral.server.network_routes", "NetworkEvents"),
+        reply=NetworkEvents,
         errors=(*_ON_SANDBOX, Unsupported), routing=Routing.SANDBOX,
     ),
     Operation(
