@@ -10,6 +10,18 @@ included) plus its handler in ``corral.server.endpoints.HANDLERS``.
 
 from __future__ import annotations
 
+from corral.api.daemon_models import (
+    ClusterNodes,
+    LeaseInfo,
+    LeaseRequest,
+    RefreshReply,
+    RefreshRequest,
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+    TokenRequest,
+    TokenUpdate,
+)
 from corral.api.models import (
     DaemonInfo,
     ExecRequest,
@@ -377,13 +389,13 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "create_lease", "POST", "/v1/leases",
         "Take a client lease: sandboxes tagged with it end once it is not renewed",
-        body=Ref("corral.server.leases", "LeaseRequest"),
-        reply=Ref("corral.server.leases", "LeaseInfo"), status=201, errors=(*_BODY,),
+        body=LeaseRequest,
+        reply=LeaseInfo, status=201, errors=(*_BODY,),
         routing=Routing.HOME,
     ),
     Operation(
         "renew_lease", "POST", "/v1/leases/{lease_id}/renew", "Renew a lease for another ttl",
-        reply=Ref("corral.server.leases", "LeaseInfo"), errors=(LeaseNotFound,),
+        reply=LeaseInfo, errors=(LeaseNotFound,),
         routing=Routing.HOME,
     ),
     Operation(
@@ -469,20 +481,20 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "create_token", "POST", "/v1/tokens", "Make a tenant token (admin only; shown once)",
-        body=Ref("corral.server.tenant_routes", "TokenRequest"),
-        reply=Ref("corral.server.tenant_routes", "TokenCreated"), status=201, errors=(*_BODY,),
+        body=TokenRequest,
+        reply=TokenCreated, status=201, errors=(*_BODY,),
         access=Access.ADMIN, routing=Routing.HOME,
     ),
     Operation(
         "list_tokens", "GET", "/v1/tokens", "List tenants: quotas and use (admin only)",
-        reply=Ref("corral.server.tenant_routes", "TokenList"), access=Access.ADMIN,
+        reply=TokenList, access=Access.ADMIN,
         routing=Routing.HOME,
     ),
     Operation(
         "update_token", "PATCH", "/v1/tokens/{name}",
         "Change a tenant's quotas (admin only; fields left out stay)",
-        body=Ref("corral.server.tenant_routes", "TokenUpdate"),
-        reply=Ref("corral.server.tenant_routes", "TokenInfo"), errors=(*_BODY, NotFound),
+        body=TokenUpdate,
+        reply=TokenInfo, errors=(*_BODY, NotFound),
         access=Access.ADMIN, routing=Routing.HOME,
     ),
     Operation(
@@ -512,14 +524,14 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "refresh_tenants", "POST", "/v1/peer/tenants/refresh",
         "Cluster: read the cluster's tenant registry again now",
-        body=Ref("corral.server.cluster_routes", "RefreshRequest"),
-        reply=Ref("corral.server.cluster_routes", "RefreshReply"),
+        body=RefreshRequest,
+        reply=RefreshReply,
         errors=(*_BODY, NotFound, LayerTransferError), access=Access.PEER, routing=Routing.NODE,
     ),
     Operation(
         "cluster_nodes", "GET", "/v1/cluster/nodes",
         "Cluster: every alive node's daemon (id, URL, capacity), for a cluster client",
-        reply=Ref("corral.server.cluster_routes", "ClusterNodes"),
+        reply=ClusterNodes,
         errors=(NotFound, LayerTransferError), routing=Routing.NODE,
     ),
     Operation(

@@ -27,8 +27,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 
-from pydantic import BaseModel, Field
-
+from corral.api.daemon_models import LeaseInfo
 from corral.errors import InvalidArgument, LeaseNotFound
 from corral.runtime.engine import Engine
 
@@ -49,19 +48,6 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-class LeaseRequest(BaseModel):
-    """``POST /v1/leases``: how long the lease lives without a renewal."""
-
-    ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
-
-
-class LeaseInfo(BaseModel):
-    """A lease: its id, the tag its sandboxes carry, and when it ends unless renewed."""
-
-    id: str
-    tag: str
-    ttl: float
-    expires_at: float
 
 
 def lease_tag(lease_id: str) -> str:
