@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from corral.api.daemon_models import (
     ClusterNodes,
+    EvalList,
+    EvalReport,
+    EvalRun,
     LeaseInfo,
     LeaseRequest,
     RefreshReply,
@@ -578,12 +581,12 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "put_eval", "PUT", "/v1/evals/{eval_id}",
         "Report an evaluation run's progress (corral.rl.evaluate does; shown at /ui)",
-        body=Ref("corral.server.evals", "EvalReport"),
-        reply=Ref("corral.server.evals", "EvalRun"), errors=(*_BODY,), routing=Routing.HOME,
+        body=EvalReport,
+        reply=EvalRun, errors=(*_BODY,), routing=Routing.HOME,
     ),
     Operation(
         "list_evals", "GET", "/v1/evals", "Recent evaluation runs, newest first",
-        reply=Ref("corral.server.evals", "EvalList"), routing=Routing.HOME,
+        reply=EvalList, routing=Routing.HOME,
     ),
 
 )
