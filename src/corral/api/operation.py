@@ -20,15 +20,31 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from corral.errors import CorralError
+from corral.errors import (
+    CorralError,
+    Forbidden,
+    HeadersTooLarge,
+    InternalError,
+    RequestTimeout,
+    TooManyRequests,
+    Unauthorized,
+)
 
-__all__ = ["NDJSON", "RAW", "TEXT", "Access", "Operation", "Query", "Ref", "Routing"]
+__all__ = [
+    "COMMON_ERRORS", "NDJSON", "RAW", "TEXT", "Access", "Operation", "Query", "Ref", "Routing",
+]
 
 RAW = "application/octet-stream"  # a body or reply of raw bytes
 NDJSON = "application/x-ndjson"  # a reply of one JSON object per line
 TEXT = "text/plain"  # a reply of plain text (GET /metrics: Prometheus's format)
 
 _PARAM = re.compile(r"{(\w+)}")
+
+COMMON_ERRORS: tuple[type[CorralError], ...] = (
+    Unauthorized, Forbidden, TooManyRequests, HeadersTooLarge, RequestTimeout, InternalError,
+)
+"""What any endpoint may answer: refused at the door (credentials, throttling, the
+peer credential off its routes), a request too slow or too large, a daemon fault."""
 
 
 class Access(enum.Enum):
@@ -97,7 +113,7 @@ class Operation:
     reply: Model = None
     status: int = 200
     query: tuple[Query, ...] = ()
-    errors: tuple[type[CorralError], ...] = ()  # besides COMMON_ERRORS (see .operations)
+    errors: tuple[type[CorralError], ...] = ()  # besides COMMON_ERRORS
     access: Access = Access.CALLER
     routing: Routing = None  # type: ignore[assignment]  # required (checked below)
     body_optional: bool = False  # an empty body is {} (every field has a default)
@@ -124,8 +140,6 @@ class Operation:
 
     def codes(self) -> tuple[str, ...]:
         """The error codes it may answer (its own and every operation's), sorted."""
-        from corral.api.operations import COMMON_ERRORS
-
         return tuple(sorted({e.code for e in (*COMMON_ERRORS, *self.errors)}))
 
     def pattern(self) -> re.Pattern[str]:

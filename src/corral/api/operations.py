@@ -47,6 +47,7 @@ from corral.api.models import (
     VolumeList,
 )
 from corral.api.operation import (
+    COMMON_ERRORS,
     NDJSON,
     RAW,
     TEXT,
@@ -62,13 +63,10 @@ from corral.errors import (
     FileError,
     FileNotFound,
     FileTooLarge,
-    Forbidden,
-    HeadersTooLarge,
     ImageBuildError,
     ImageImportError,
     ImageInUse,
     ImageNotFound,
-    InternalError,
     InvalidArgument,
     InvalidState,
     LayerTransferError,
@@ -80,7 +78,6 @@ from corral.errors import (
     QuotaExceeded,
     RegistryAuthError,
     RegistryError,
-    RequestTimeout,
     SandboxDiskFull,
     SandboxLost,
     SandboxNotFound,
@@ -90,8 +87,6 @@ from corral.errors import (
     SnapshotNotFound,
     SnapshotTooLarge,
     StorageFull,
-    TooManyRequests,
-    Unauthorized,
     Unsupported,
     VolumeNotFound,
 )
@@ -111,16 +106,6 @@ from corral.volume_schema import VolumeInfo
 
 __all__ = ["COMMON_ERRORS", "OPERATIONS", "match", "operation", "request_line", "url"]
 
-COMMON_ERRORS = (
-    Unauthorized,
-    Forbidden,
-    TooManyRequests,
-    HeadersTooLarge,
-    RequestTimeout,
-    InternalError,
-)
-"""What any endpoint may answer: refused at the door (credentials, throttling, the
-peer credential off its routes), a request too slow or too large, a daemon fault."""
 
 _SB = "/v1/sandboxes/{sandbox_id}"
 _PATH = Query("path", "string", "a path in the sandbox (relative ones start at its workdir)",
