@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: an OpenAPI 3.1 document built from the route table.
+"""``GET /openapi.json``: an OpenAPI 3.1 document built from the served operations.
 
 Schemas come from the pydantic models (``corral.schema`` and
 ``corral.api.models``) through ``TypeAdapter.json_schemas``; paths come from the served

@@ -1,6 +1,6 @@
 """Interactive processes over HTTP: start one, feed its stdin, stream its output.
 
-The endpoints (listed in :data:`corral.server.endpoints.ENDPOINTS`, described in
+The endpoints (declared in :mod:`corral.api.operations`, described in
 ``docs/api.md``) map onto :mod:`corral.runtime.processes`. Two ways to talk to a
 long-lived process, both one small request per exchange:
 

@@ -1,9 +1,9 @@
-"""The endpoints of API v1, as one table that both routes requests and describes them.
+"""The handlers of the sandbox, snapshot, pool and daemon endpoints of API v1.
 
-:data:`ENDPOINTS` is the single source: :func:`build_routes` turns it into Starlette
-routes and :mod:`corral.server.openapi` into ``GET /openapi.json``, so a route cannot
-exist without being documented. Handlers find the engine, the admission control and
-the settings on ``request.app.state`` (see :func:`corral.server.create_app`).
+Each serves one operation declared in :mod:`corral.api.operations` (the wire contract
+shared with the SDK); :mod:`corral.server.endpoints` binds them by name, so a route
+cannot exist undeclared or undocumented. Handlers find the engine, the admission
+control and the settings on ``request.app.state`` (see :func:`corral.server.create_app`).
 """
 
 from __future__ import annotations
