@@ -32,11 +32,6 @@ __all__ = [
 ]
 
 
-
-
-
-
-
 def _tenants(request: Request) -> Tenants:
     return request.app.state.tenants
 
@@ -69,7 +64,8 @@ async def create_token(request: Request, body: TokenRequest) -> Response:
               "max_cpus": body.max_cpus, "allow_images": body.allow_images,
               "allow_host_network": body.allow_host_network,
               "max_lifetime": None if body.max_lifetime is None else float(body.max_lifetime),
-              "max_snapshot_mb": body.max_snapshot_mb, "max_builds": body.max_builds}
+              "max_snapshot_mb": body.max_snapshot_mb, "max_builds": body.max_builds,
+              "max_gpus": body.max_gpus}
     cluster = _cluster(request)
     if cluster is not None:  # the cluster's registry: valid on every node
         tenant, token = await cluster.create(name=body.name, **fields)
