@@ -28,7 +28,10 @@ import uvicorn
 from corral._version import __version__
 from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
+from corral.runtime.cache_seed import seed_cache
 from corral.runtime.engine import ID_PREFIX, Engine
+from corral.runtime.images import DEFAULT_IMAGE
+from corral.runtime.paths import default_cache_dir
 from corral.runtime.statefiles import secure_state_dir
 from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
@@ -202,10 +205,18 @@ async def _shut_down(engine: Engine, app: Any, frontend: Any,
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
+    seeding = settings.seed_cache and settings.cache_dir is not None
+    if seeding:  # the tools and default image now, the other prepared images when asked
+        linked = await asyncio.to_thread(seed_cache, default_cache_dir(), settings.cache_dir,
+                                         [DEFAULT_IMAGE])
+        if linked:
+            logger.info("linked the host's %s into %s", ", ".join(linked), settings.cache_dir)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
                                network_hosts=settings.network_hosts,
                                restore_grace=settings.restore_grace)
     engine.retention = settings.retention
+    if seeding:
+        engine.images.seed_from = default_cache_dir() / "images"
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
