@@ -56,11 +56,24 @@ def body_pieces(request: Request, limit: int, what: str) -> AsyncIterator[bytes]
     return pieces()
 
 
+class ReplyCut(Exception):
+    """A streamed reply that could not be finished (its connection is cut short of
+    its Content-Length): logged as a warning, not as an error of the daemon's."""
+
+
+async def _cut_on_error(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except CorralError as exc:  # not Starlette's to answer: the reply has started
+        raise ReplyCut(exc.message) from None
+
+
 def file_response(reading: FileReading, media_type: str = "application/octet-stream") -> StreamingResponse:
     """A file read from a sandbox, sent as it is read (:meth:`Engine.open_read`): the
     daemon holds one chunk of it at a time. A read that fails part-way cuts the
     connection short of its Content-Length, so no client takes it for the whole file."""
-    return StreamingResponse(reading.chunks, media_type=media_type,
+    return StreamingResponse(_cut_on_error(reading.chunks), media_type=media_type,
                              headers={"content-length": str(reading.size)})
 
 
