@@ -1,5 +1,5 @@
-"""A lease taken under the client's own id (one lease on every node of a cluster):
-taking it again renews it for its tenant, and another tenant cannot take it over."""
+"""A lease taken under the client's own id (one lease on every node of a cluster): taking
+it again renews it for its tenant, and another tenant cannot take it over or renew it."""
 
 from __future__ import annotations
 
