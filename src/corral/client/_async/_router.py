@@ -411,6 +411,9 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         "queued": sum(i["queued"] for i in infos),
         "counts": counts,
         "pools": [p for i in infos for p in i["pools"]],
+        # the shortest of the nodes' --default-lease (a session takes it on every node)
+        "default_lease": min((i["default_lease"] for i in infos if i.get("default_lease")),
+                             default=None),
         "nodes": infos,
     }
 
