@@ -32,6 +32,7 @@ import ipaddress
 import os
 import random
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,7 +210,8 @@ def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
 """
 
 
-def create_table(table: str, *, proxy_port: int, dns_port: int, links: list[str] = ()) -> None:
+def create_table(table: str, *, proxy_port: int, dns_port: int,
+                 links: Sequence[str] = ()) -> None:
     """The engine's table, made new in one transaction with ``links`` (the host ends of
     links handed over by the engine before: live restore) in its set. One transaction:
     a table left by the previous engine is replaced with no moment without one, when
