@@ -18,9 +18,9 @@ images by hard links (:func:`seed_cache`):
 Only the prepared images are linked (the default image, ``scratch`` and the built-in
 specs, with the images and layers they stand on), never images a tenant made on the
 host's daemon, plus the agent binaries and CRIU (``bin``, ``criu``, ``share``). The
-tools and the default image are linked at start (about 8,000 links); the other
-built-in images (30,000 more) when first asked for, so a node starts in about a
-second. A cache that cannot hard-link to the host's (another file system) is left
+tools are linked before the daemon starts, the default image (about 8,000 links) in
+the background once it answers, the other built-in images (30,000 more) when first
+asked for: a node's start waits for no image. A cache that cannot hard-link to the host's (another file system) is left
 empty and the daemon prepares what it needs as on a fresh host.
 """
 

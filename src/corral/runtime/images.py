@@ -181,7 +181,7 @@ class ImageStore:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            if not self._seed(name):
+            if not self.seed(name):
                 raise self._not_found(name) from None
             st = os.stat(path)
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -244,13 +244,13 @@ class ImageStore:
         """Every complete image, sorted by name (work in progress is never listed)."""
         images = []
         for name in prepared_names() if self.seed_from is not None else ():
-            self._seed(name)
+            self.seed(name)
         for name in self._names():
             with contextlib.suppress(ImageNotFound):
                 images.append(self.get(name, check_base=False))
         return images
 
-    def _seed(self, name: str) -> bool:
+    def seed(self, name: str) -> bool:
         """Link the prepared image ``name`` in from :attr:`seed_from`; whether it is here."""
         if self.seed_from is None:
             return False

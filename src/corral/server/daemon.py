@@ -202,13 +202,19 @@ async def _shut_down(engine: Engine, app: Any, frontend: Any,
         await app.state.logs.close()  # after the engine: its last stops are logged
 
 
+async def _seed_default(engine: Engine) -> None:
+    try:
+        await asyncio.to_thread(engine.images.seed, DEFAULT_IMAGE)
+    except Exception as exc:  # noqa: BLE001 - the first create links it, or says why not
+        logger.warning("could not link the host's default image: %s", exc)
+
+
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
     seeding = settings.seed_cache and settings.cache_dir is not None
-    if seeding:  # the tools and default image now, the other prepared images when asked
-        linked = await asyncio.to_thread(seed_cache, default_cache_dir(), settings.cache_dir,
-                                         [DEFAULT_IMAGE])
+    if seeding:  # the tools now (the agent); the prepared images when first asked for
+        linked = await asyncio.to_thread(seed_cache, default_cache_dir(), settings.cache_dir, [])
         if linked:
             logger.info("linked the host's %s into %s", ", ".join(linked), settings.cache_dir)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
@@ -225,6 +231,8 @@ async def run(settings: ServerSettings) -> None:
     sockets: list[socket.socket] = []
     inode = None
     tasks: list[asyncio.Task[None]] = []
+    if seeding:  # the default image linked in the background: the daemon answers meanwhile
+        tasks.append(asyncio.create_task(_seed_default(engine)))
     app = None
     server: _Server | None = None
     frontend = None  # the cwsandbox gRPC API (--grpc)
