@@ -85,10 +85,17 @@ class TokenList(BaseModel):
     tokens: list[TokenInfo]
 
 
+LEASE_ID_PATTERN = r"^lease-[0-9a-f]{16}$"
+
+
 class LeaseRequest(BaseModel):
     """``POST /v1/leases``: how long the lease lives without a renewal."""
 
     ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
+    id: str | None = Field(
+        default=None, pattern=LEASE_ID_PATTERN,
+        description="the lease's id, chosen by the client: one lease taken on every node "
+        "of a cluster under one id (taking it again renews it); default: a new one")
 
 
 class LeaseInfo(BaseModel):

@@ -71,6 +71,7 @@ class Routing(enum.Enum):
     MERGE = "merge"  # every node, the replies' lists merged
     SUM = "sum"  # every node, the replies summed (GET /v1/info)
     SPLIT = "split"  # the items split by the nodes their sandbox ids name, replies joined
+    LEASE = "lease"  # every alive node, one lease under one id (a create takes it there)
     HOME = "home"  # the caller's own things (tokens, leases, images, volumes): the home node
     NODE = "node"  # about one node itself (peer, cluster, metrics): only ever sent to a
     #                named node, which a cluster client treats as its home node

@@ -379,17 +379,17 @@ OPERATIONS: tuple[Operation, ...] = (
         "Take a client lease: sandboxes tagged with it end once it is not renewed",
         body=LeaseRequest,
         reply=LeaseInfo, status=201, errors=(*_BODY,),
-        routing=Routing.HOME,
+        routing=Routing.LEASE,
     ),
     Operation(
         "renew_lease", "POST", "/v1/leases/{lease_id}/renew", "Renew a lease for another ttl",
         reply=LeaseInfo, errors=(LeaseNotFound,),
-        routing=Routing.HOME,
+        routing=Routing.LEASE,
     ),
     Operation(
         "release_lease", "DELETE", "/v1/leases/{lease_id}",
         "Release a lease: its sandboxes stop now (idempotent)", status=204,
-        errors=(LeaseNotFound,), routing=Routing.HOME,
+        errors=(LeaseNotFound,), routing=Routing.LEASE,
     ),
     Operation(
         "list_pools", "GET", "/v1/pools", "List warm pools", reply=PoolList,

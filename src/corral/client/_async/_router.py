@@ -39,7 +39,7 @@ import httpx
 
 from corral.api.operation import Routing
 from corral.api.operations import match, request_line, url
-from corral.client._async import _spread, _travel
+from corral.client._async import _leases, _spread, _travel
 from corral.client._async._cluster_view import Call
 from corral.client._backends import AsyncBackend
 from corral.client._transport import is_connect_error
@@ -86,6 +86,7 @@ class AsyncRouter:
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     async def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
@@ -142,6 +143,9 @@ class AsyncRouter:
 
     async def _to_all_summed(self, call: Call, node: str | None) -> httpx.Response:
         return await self._merged_info(call.kwargs)
+
+    async def _to_lease_nodes(self, call: Call, node: str | None) -> httpx.Response:
+        return await _leases.call(self, call)
 
     async def _to_split(self, call: Call, node: str | None) -> httpx.Response:
         return await self._exchange(call.kwargs, call.stream)
@@ -204,6 +208,7 @@ class AsyncRouter:
                 await _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 await _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
+            await _leases.take_where_placed(self, target, body)
             return await self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         snapshot = body.get("snapshot")
@@ -216,6 +221,7 @@ class AsyncRouter:
             else:
                 target = await _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
+            await _leases.take_where_placed(self, target, body)
             return await self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))
@@ -425,6 +431,9 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         "queued": sum(i["queued"] for i in infos),
         "counts": counts,
         "pools": [p for i in infos for p in i["pools"]],
+        # the shortest of the nodes' --default-lease (a session takes it on every node)
+        "default_lease": min((i["default_lease"] for i in infos if i.get("default_lease")),
+                             default=None),
         "nodes": infos,
     }
 
@@ -439,6 +448,7 @@ _DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.MERGE: AsyncRouter._to_all_merged,
     Routing.SUM: AsyncRouter._to_all_summed,
     Routing.SPLIT: AsyncRouter._to_split,
+    Routing.LEASE: AsyncRouter._to_lease_nodes,
     Routing.HOME: AsyncRouter._to_home,
     Routing.NODE: AsyncRouter._to_home,  # a node's own routes: the node this client calls home
 }

@@ -41,7 +41,7 @@ import httpx
 
 from corral.api.operation import Routing
 from corral.api.operations import match, request_line, url
-from corral.client._sync import _spread, _travel
+from corral.client._sync import _leases, _spread, _travel
 from corral.client._sync._cluster_view import Call
 from corral.client._backends import SyncBackend
 from corral.client._transport import is_connect_error
@@ -88,6 +88,7 @@ class Router:
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
@@ -144,6 +145,9 @@ class Router:
 
     def _to_all_summed(self, call: Call, node: str | None) -> httpx.Response:
         return self._merged_info(call.kwargs)
+
+    def _to_lease_nodes(self, call: Call, node: str | None) -> httpx.Response:
+        return _leases.call(self, call)
 
     def _to_split(self, call: Call, node: str | None) -> httpx.Response:
         return self._exchange(call.kwargs, call.stream)
@@ -206,6 +210,7 @@ class Router:
                 _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _leases.take_where_placed(self, target, body)
             return self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         snapshot = body.get("snapshot")
@@ -218,6 +223,7 @@ class Router:
             else:
                 target = _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _leases.take_where_placed(self, target, body)
             return self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))
@@ -427,6 +433,9 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         "queued": sum(i["queued"] for i in infos),
         "counts": counts,
         "pools": [p for i in infos for p in i["pools"]],
+        # the shortest of the nodes' --default-lease (a session takes it on every node)
+        "default_lease": min((i["default_lease"] for i in infos if i.get("default_lease")),
+                             default=None),
         "nodes": infos,
     }
 
@@ -441,6 +450,7 @@ _DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.MERGE: Router._to_all_merged,
     Routing.SUM: Router._to_all_summed,
     Routing.SPLIT: Router._to_split,
+    Routing.LEASE: Router._to_lease_nodes,
     Routing.HOME: Router._to_home,
     Routing.NODE: Router._to_home,  # a node's own routes: the node this client calls home
 }
