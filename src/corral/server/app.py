@@ -229,6 +229,9 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 peer=PeerCredential(settings.peer_token),
                 extractors=[sandboxfusion_compat.credentials, e2b_compat.credentials])
     engine.owners.require_caller()  # from now on, engine code acting for nobody raises
+    # shared with the cwsandbox gRPC port (compat/cwsandbox_guard.py): one edge
+    throttle = AuthThrottle()
+    streams = StreamBook(settings.max_session_streams, settings.max_tenant_streams)
     app = Starlette(
         routes=build_routes(),
         middleware=[
@@ -239,10 +242,9 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
                 owners=engine.owners,
-                throttle=AuthThrottle(),
+                throttle=throttle,
             ),
-            Middleware(StreamLimits, book=StreamBook(  # live streams per session and tenant
-                settings.max_session_streams, settings.max_tenant_streams)),
+            Middleware(StreamLimits, book=streams),  # live streams per session and tenant
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
@@ -259,6 +261,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.activity = activity
     app.state.tenants = tenants
     app.state.door = door
+    app.state.throttle, app.state.streams = throttle, streams
     admission = Admission(limits, cluster.quotas(tenants.quota_of) if cluster
                           else Quotas(tenants.quota_of))
     service = app.state.service = SandboxService(

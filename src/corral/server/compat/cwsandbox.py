@@ -40,8 +40,10 @@ from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument,
 from corral.runtime.engine import SANDBOX_HOME, Engine
 from corral.schema import SandboxInfo, SandboxState
 from corral.server.admission import LIVE_STATES
+from corral.server.auth_throttle import AuthThrottle
 from corral.server.compat import cwsandbox_exec as cwexec
 from corral.server.compat import cwsandbox_wire as wire
+from corral.server.compat.cwsandbox_edge import GrpcEdge
 from corral.server.compat.cwsandbox_guard import (
     MAX_RECEIVE_BYTES,
     MAX_SEND_BYTES,
@@ -53,6 +55,7 @@ from corral.server.door import Door
 from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
+from corral.server.stream_limits import StreamBook
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
 
@@ -400,12 +403,13 @@ class CwSandboxFrontend:
 
     def __init__(
         self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle, door: Door,
-        activity: Any = None,
+        activity: Any = None, *, edge: GrpcEdge, throttle: AuthThrottle, streams: StreamBook,
     ) -> None:
         assert settings.grpc is not None
         self.settings = settings
-        self.guard = Guard(door, settings.max_client_requests,
-                           log_calls=settings.log_format == "json")
+        self.edge = edge  # the public port, bounded like HTTP's (cwsandbox_edge.py)
+        self.guard = Guard(door, settings.max_client_requests, edge=edge, throttle=throttle,
+                           streams=streams, log_calls=settings.log_format == "json")
         self.service = SandboxService(settings, engine, lifecycle, self.guard, activity)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -423,18 +427,18 @@ class CwSandboxFrontend:
                 # what an unauthenticated client can push before its reset stays small.
                 ("grpc.http2.bdp_probe", 0),
                 ("grpc.http2.lookahead_bytes", 1 << 20),
-                ("grpc.so_reuseport", 0),  # a second daemon on the port must fail, not share it
             ]
         )
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.service, server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError:
-            bound = 0
-        if not bound:
-            raise InvalidArgument(f"cannot listen for gRPC on {address}: is the port in use?")
-        await server.start()
+        try:  # the server listens on a private Unix socket; the edge on the network
+            server.add_insecure_port(self.edge.backend_address)
+            await server.start()
+            bound = await self.edge.listen(host, port)
+        except (RuntimeError, OSError):
+            await server.stop(0)
+            raise InvalidArgument(
+                f"cannot listen for gRPC on {address}: is the port in use?") from None
         self._server, self.port = server, bound
         logger.info(
             "CoreWeave Sandbox (cwsandbox) API on grpc://%s:%d: CWSANDBOX_BASE_URL=http://%s:%d, "
@@ -445,14 +449,20 @@ class CwSandboxFrontend:
     def begin_shutdown(self, grace: float) -> None:
         """Refuse new calls; calls in flight get ``grace`` seconds to end."""
         if self._server is not None and self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._server.stop(grace))
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+
+    async def _stop(self, grace: float) -> None:
+        self.edge.stop_accepting()  # relayed connections end with the server's calls
+        assert self._server is not None
+        await self._server.stop(grace)
+        await self.edge.close()
 
     async def close(self) -> None:
         """Stop the server (at once if :meth:`begin_shutdown` was not called)."""
         if self._server is None:
             return
         if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._server.stop(0))
+            self._stopping = asyncio.ensure_future(self._stop(0))
         await self._stopping
         mains = list(self.service._mains.values())
         for task in mains:
