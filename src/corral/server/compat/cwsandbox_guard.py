@@ -128,14 +128,26 @@ def _refusal(handler: grpc.RpcMethodHandler, failure: wire.RpcFailure,
     )
 
 
+async def _one(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+    """The one request message of a unary-request call, read as a stream."""
+    async for message in requests:
+        return message
+    await abort(context, wire.RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                                         "the call ended before its request message"))
+
+
 def _counted(
     behavior: Callable[..., Any], guard: Guard, caller: Caller, credential: str | None,
-    streaming: bool,
+    handler: grpc.RpcMethodHandler,
 ) -> Callable[..., Any]:
     """``behavior`` refused past the edge's caps, and counted while it runs; its
     ``caller`` (from the door) handed to the servicer (:meth:`Guard.caller_of`), and the
-    call held open under it, so that revoking its token cancels it."""
+    call held open under it, so that revoking its token cancels it. It is served as a
+    request-streaming handler: a unary request is read only once the call was admitted
+    (so a connection is no stranger from its first call's headers on, however long
+    its first message takes to arrive, and a refused call's message is never read)."""
     clients, door, callers = guard.clients, guard.door, guard._callers
+    streaming, single = handler.response_streaming, not handler.request_streaming
 
     async def admit(context: grpc.aio.ServicerContext) -> _Held:
         conn = guard.connection(context)
@@ -173,6 +185,8 @@ def _counted(
             callers[id(context)] = caller
             ended = _Revoked()
             try:
+                if single:
+                    request = await _one(request, context)
                 with door.calls.holding(caller, ended.cancel):
                     async for reply in behavior(request, context):
                         yield reply
@@ -190,6 +204,8 @@ def _counted(
         callers[id(context)] = caller
         ended = _Revoked()
         try:
+            if single:
+                request = await _one(request, context)
             with door.calls.holding(caller, ended.cancel):
                 return await behavior(request, context)
         except asyncio.CancelledError:
@@ -282,10 +298,10 @@ class Guard(grpc.aio.ServerInterceptor):
             if self.log_calls:
                 log_call(method, None, failure.code.name, time.perf_counter())
             return _refusal(handler, failure, self, bearer_of(metadata))
-        kind = (handler.request_streaming, handler.response_streaming)
-        attribute, factory = _KINDS[kind]
+        attribute, _ = _KINDS[(handler.request_streaming, handler.response_streaming)]
+        _, factory = _KINDS[(True, handler.response_streaming)]  # read after admission
         behavior = _counted(getattr(handler, attribute), self, failure, bearer_of(metadata),
-                            handler.response_streaming)
+                            handler)
         if self.log_calls:
             behavior = logged(behavior, method, failure.name)
         return factory(
