@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from corral.cluster import proof
-from corral.server.auth_throttle import AuthThrottle, name_of, presented, weak_token_warning
+from corral.server.auth_throttle import AuthThrottle, name_of, weak_token_warning
 from corral.server.conn_limits import (
     Connection,
     ConnectionBook,
@@ -106,13 +106,9 @@ def test_the_throttle_blocks_unchecked_and_remembers_good_addresses():
     assert throttle.refusal("10.0.3.1", None) is None
 
 
-def test_credential_names_and_headers():
+def test_credential_names():
     assert name_of("crl_abc") != name_of("admin-secret")
     assert name_of("alice.0f0f") == name_of("alice.1e1e") != name_of("bob.0f0f")
-    scope = {"headers": [(b"authorization", b"Basic abc"), (b"x-api-key", b" key ")]}
-    assert presented(scope) == "key"
-    assert presented({"headers": [(b"authorization", b"Bearer t")]}) == "t"
-    assert presented({"headers": []}) is None
     assert weak_token_warning("x" * 9) and weak_token_warning("x" * 32) is None
 
 

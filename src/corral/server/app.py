@@ -39,7 +39,7 @@ from corral.runtime.ownership import Owners
 from corral.server import expose, metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
-from corral.server.auth_throttle import AuthThrottle, presented, retry_headers
+from corral.server.auth_throttle import AuthThrottle, retry_headers
 from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
@@ -146,7 +146,7 @@ class Guard:
             on_socket = self.door.on_socket(scope)
             # an IPv6 client is its /64 (conn_limits.client_key)
             address = client_key(str((scope.get("client") or ("?",))[0]))
-            credential = presented(scope)
+            credential = self.door.presented(scope)  # what the door will check
             slow = None if on_socket else self.throttle.refusal(address, credential)
             if slow is not None:  # a guesser: refused before its credential is checked
                 await error_response(slow, retry_headers(slow))(scope, receive, send)
@@ -193,7 +193,6 @@ class Guard:
 
     def _count(self, scope: Scope, address: str, credential: str | None,
                caller: Caller | CorralError) -> None:
-        credential = credential or scope.get(sandboxfusion_compat.TOKEN_KEY)
         if isinstance(caller, Caller) and caller is not UNIDENTIFIED:
             self.throttle.succeeded(address, credential)
         elif not isinstance(caller, Forbidden):  # a good credential on the wrong route
