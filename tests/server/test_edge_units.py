@@ -106,6 +106,23 @@ def test_the_throttle_blocks_unchecked_and_remembers_good_addresses():
     assert throttle.refusal("10.0.3.1", None) is None
 
 
+
+def test_a_connection_counts_the_descriptors_it_holds():
+    """Red team: a relayed gRPC connection holds three descriptors; counted as one,
+    --max-connections of them exhausted the daemon's open-file limit (accept failed
+    for everyone)."""
+    closed: list[Connection] = []
+    book = ConnectionBook(max_connections=9, max_client_connections=10)
+    relayed = [Connection(f"g{i}", lambda i=i: closed.append(relayed[i]), cost=3)
+               for i in range(4)]
+    assert all(book.admit(c) for c in relayed[:3])  # 9 descriptors: full
+    assert book.admit(relayed[3]) and closed == [relayed[0]]  # the oldest stranger goes
+    book.promote(relayed[1])
+    assert book.admit(Connection("h", lambda: None)) and closed == relayed[:3:2]
+    # past what idle strangers free, an authenticated connection is not pushed out
+    assert not book.admit(Connection("h2", lambda: None, cost=9))
+    assert relayed[1] not in closed
+
 def test_credential_names():
     assert name_of("crl_abc") != name_of("admin-secret")
     assert name_of("alice.0f0f") == name_of("alice.1e1e") != name_of("bob.0f0f")

@@ -9,7 +9,9 @@ daemon's one :class:`~corral.server.conn_limits.ConnectionBook` (shared with the
 listener, since both spend the same descriptors), so the same rules hold:
 
 - past ``--max-connections`` the oldest idle unauthenticated connection is closed to
-  make room (else an idle authenticated one, else the new one is refused);
+  make room (else an idle authenticated one, else the new one is refused); a relayed
+  connection counts three (it holds three descriptors: the client's, the relay's to
+  the Unix socket, and gRPC's end of it), since the total bounds descriptors;
 - past ``--max-client-connections`` unauthenticated connections of one address (an
   IPv6 one by its /64), that address's oldest idle one is closed;
 - a connection none of whose calls passed the door within :data:`UNAUTH_LIFETIME_S`
@@ -39,6 +41,7 @@ from corral.server.conn_limits import Connection, ConnectionBook, client_key
 __all__ = ["GrpcEdge", "UNAUTH_LIFETIME_S"]
 
 UNAUTH_LIFETIME_S = 10.0  # a connection with no authenticated call is closed after this
+COST = 3  # descriptors a relayed connection holds: the client's, the relay's, gRPC's
 PEER_PREFIX = "unix-abstract:"  # how gRPC names a peer bound to an abstract address
 
 
@@ -159,7 +162,7 @@ class GrpcEdge:
     def _accepted(self, front: _Pipe) -> None:
         assert front.transport is not None
         peer = front.transport.get_extra_info("peername")
-        conn = Connection(client_key(str(peer[0])) if peer else "?", front.close)
+        conn = Connection(client_key(str(peer[0])) if peer else "?", front.close, COST)
         if not self.book.admit(conn):
             front.transport.abort()  # at once: the descriptor is what is short
             return
