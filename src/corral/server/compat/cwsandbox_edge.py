@@ -28,7 +28,6 @@ who reached the private socket some other way) is refused.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import secrets
 import shutil
@@ -118,8 +117,6 @@ class GrpcEdge:
         self.lifetime = lifetime
         self._dir = tempfile.mkdtemp(prefix="corral-grpc-")  # 0700: the daemon's only
         self.backend = os.path.join(self._dir, "grpc.sock")
-        self._tag = f"corral-grpc-{secrets.token_hex(8)}-"  # unguessable, per daemon
-        self._numbers = itertools.count()
         self._by_name: dict[str, Connection] = {}
         self._server: asyncio.AbstractServer | None = None
 
@@ -167,7 +164,9 @@ class GrpcEdge:
             front.transport.abort()  # at once: the descriptor is what is short
             return
         front.conn = conn
-        front.name = f"{self._tag}{next(self._numbers)}"
+        # random, not a counter: abstract names are listed in /proc/net/unix, and a
+        # local user who could tell the next one would bind it first (no connection)
+        front.name = f"corral-grpc-{secrets.token_hex(12)}"
         self._by_name[front.name] = conn
         front.transport.pause_reading()  # until the backend is there to take it
         loop = asyncio.get_running_loop()
