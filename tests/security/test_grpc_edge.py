@@ -121,6 +121,43 @@ def test_a_tenants_grpc_streams_are_capped(team):
                 s.end()
 
 
+def test_a_main_command_the_daemon_would_keep_is_bounded(team):
+    """Red team: the front-end keeps a create's main command while the sandbox lives;
+    a tenant's creates with 30 MB commands grew the daemon by that much each."""
+    channel, stub = _stub(team)
+    with channel:
+        spec = sandbox_pb2.Sandbox(spec={"containers": [
+            {"image": "python", "command": "sh", "args": ["-c", "#" * (300 << 10)]}]})
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CreateSandbox(sandbox_pb2.CreateSandboxRequest(sandbox=spec),
+                               metadata=_auth(team.tokens["bob"]), timeout=HANG_GUARD_S)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "containers[0].files" in refused.value.details()  # says what to do
+
+
+def test_a_sandbox_deleted_elsewhere_is_forgotten_by_the_grpc_front_end():
+    """Red team: a sandbox made over gRPC but deleted over HTTP (or by its lifetime)
+    stayed in the front-end's tables, command and all, for the daemon's life."""
+    from corral.runtime.events import SandboxDeleted
+    from corral.server.app import create_app
+    from corral.server.compat.cwsandbox import CwSandboxFrontend
+    from corral.server.compat.cwsandbox_edge import GrpcEdge
+    from corral.server.conn_limits import ConnectionBook
+    from corral.server.settings import ServerSettings
+    from tests.server.test_units import FakeEngine
+
+    settings = ServerSettings(token=ADMIN_TOKEN, max_memory_mb=4096, grpc=("127.0.0.1", 0))
+    app = create_app(settings, FakeEngine())
+    service = CwSandboxFrontend(
+        settings, app.state.engine, app.state.service, app.state.door,
+        edge=GrpcEdge(ConnectionBook(16, 4)), throttle=app.state.throttle,
+        streams=app.state.streams).service
+    service._commands["sb-0123456789ab"] = ("sh", ("-c", "x" * 1000))  # noqa: SLF001
+    service._exit_codes["sb-0123456789ab"] = 0  # noqa: SLF001
+    app.state.engine.events.emit(SandboxDeleted("sb-0123456789ab", "bob"))
+    assert not service._commands and not service._exit_codes  # noqa: SLF001
+
+
 def test_wrong_grpc_tokens_are_throttled_and_the_block_holds_on_both_ports(team):
     codes = [_listed(team, "crl_" + "x" * 43) for _ in range(30)]
     assert codes[0] == grpc.StatusCode.UNAUTHENTICATED

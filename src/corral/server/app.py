@@ -146,15 +146,16 @@ class Guard:
             on_socket = self.door.on_socket(scope)
             # an IPv6 client is its /64 (conn_limits.client_key)
             address = client_key(str((scope.get("client") or ("?",))[0]))
-            credential = self.door.presented(scope)  # what the door will check
+            # an exposed port's own token, else the door (both put the caller in the scope)
+            exposed = self._exposure(scope) is not None
+            # what the door will check (an exposed port's traffic is the sandbox app's own)
+            credential = None if exposed else self.door.presented(scope)
             slow = None if on_socket else self.throttle.refusal(address, credential)
             if slow is not None:  # a guesser: refused before its credential is checked
                 await error_response(slow, retry_headers(slow))(scope, receive, send)
                 return
-            # an exposed port's own token, else the door (both put the caller in the scope)
-            exposed = self._exposure(scope) is not None
             caller = UNIDENTIFIED if exposed else self.door.authenticate(scope)
-            if not on_socket and not exposed:  # (auth_throttle.py) SandboxFusion's: the path
+            if not on_socket and not exposed:  # (auth_throttle.py)
                 self._count(scope, address, credential, caller)
             if not isinstance(caller, Caller):  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}

@@ -38,6 +38,7 @@ from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
 
 from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument, SandboxNotFound
 from corral.runtime.engine import SANDBOX_HOME, Engine
+from corral.runtime.events import SandboxDeleted
 from corral.schema import SandboxInfo, SandboxState
 from corral.server.admission import LIVE_STATES
 from corral.server.auth_throttle import AuthThrottle
@@ -63,6 +64,7 @@ logger = logging.getLogger("corral.server.cwsandbox")
 
 MAX_DELETE_GRACE_S = 30.0
 ENDED_RECORDS = 10_000  # deleted sandboxes whose final state GetSandbox still reports
+ENDED_BYTES = 64 << 20  # ... and the bytes their messages may take together
 PYTHON_PATHS = ("/usr/local/bin/python", "/usr/bin/python")
 PYTHON_ALIAS = f"{SANDBOX_HOME}/.local/bin/python"  # first on the PATH the engine sets
 PYTHON_ALIAS_SCRIPT = b'#!/bin/sh\nexec python3 "$@"\n'
@@ -89,6 +91,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._exit_codes: dict[str, int] = {}
         # deleted sandboxes' last messages, with their tenant (others' are unknown ids)
         self._ended: OrderedDict[str, tuple[str | None, Any]] = OrderedDict()
+        self._ended_bytes = 0
+        # a sandbox deleted another way (native API, E2B, lifetime, retention) is
+        # forgotten here too (a tenant's creates with large commands, deleted over
+        # HTTP, grew the daemon's memory without bound)
+        engine.events.subscribe(SandboxDeleted, self._deleted)
 
     # ------------------------------------------------------------- plumbing
 
@@ -283,6 +290,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         owner, message = self._ended.get(sid, (None, None))
         return message if self._engine.owners.sees_owner(owner) else None
 
+    def _deleted(self, event: SandboxDeleted) -> None:
+        self._commands.pop(event.sandbox_id, None)
+        self._exit_codes.pop(event.sandbox_id, None)
+
     async def _delete(self, info: SandboxInfo, grace: float) -> Any:
         sid = info.id
         await self._stop_main(sid)
@@ -290,19 +301,21 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             # reason "deleted": a sandbox on its way out keeps no copy of its files
             info = await self._lifecycle.stop(  # the service's: its places given back
                 sid, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
-        await self._lifecycle.delete(sid)
-        exit_code = self._exit_codes.pop(sid, None)
+        exit_code, command = self._exit_codes.get(sid), self._commands.get(sid)
+        await self._lifecycle.delete(sid)  # (forgets them: _deleted)
         state = wire.cw_state(info, exit_code)
         final = wire.sandbox_message(
             info,
             exit_code=exit_code,
-            command=self._commands.pop(sid, None),
+            command=command,
             state=state if state in wire.TERMINAL_STATES else sandbox_pb2.STATE_TERMINATED,
             ended_at=info.ended_at or time.time(),
         )
         self._ended[sid] = (info.spec.tenant, final)
-        while len(self._ended) > ENDED_RECORDS:
-            self._ended.popitem(last=False)
+        self._ended_bytes += final.ByteSize()
+        while len(self._ended) > ENDED_RECORDS or self._ended_bytes > ENDED_BYTES:
+            _, (_, gone) = self._ended.popitem(last=False)
+            self._ended_bytes -= gone.ByteSize()
         return final
 
     # ----------------------------------------------------------------- exec

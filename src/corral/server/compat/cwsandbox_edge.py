@@ -115,14 +115,19 @@ class GrpcEdge:
     def __init__(self, book: ConnectionBook, lifetime: float = UNAUTH_LIFETIME_S) -> None:
         self.book = book
         self.lifetime = lifetime
-        self._dir = tempfile.mkdtemp(prefix="corral-grpc-")  # 0700: the daemon's only
-        self.backend = os.path.join(self._dir, "grpc.sock")
+        self._dir: str | None = None  # made when the server is bound (backend_address)
         self._by_name: dict[str, Connection] = {}
         self._server: asyncio.AbstractServer | None = None
 
     @property
+    def backend(self) -> str:
+        """Where the gRPC server listens: a Unix socket in a private directory."""
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="corral-grpc-")  # 0700: the daemon's only
+        return os.path.join(self._dir, "grpc.sock")
+
+    @property
     def backend_address(self) -> str:
-        """Where the gRPC server listens (``unix:`` + a path in a private directory)."""
         return "unix:" + self.backend
 
     async def listen(self, host: str, port: int) -> int:
@@ -152,7 +157,8 @@ class GrpcEdge:
                 conn.close()
             await self._server.wait_closed()
             self._server = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ relay
 
