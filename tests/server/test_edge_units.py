@@ -155,3 +155,18 @@ def test_a_proof_binds_node_address_and_nonce():
     pins = proof.Pins([("http://10.0.0.1:7000", "n1", public), ("http://10.0.0.2:1", "n2", "")])
     assert pins.get("10.0.0.1", 7000) == proof.Pin("n1", public)
     assert not pins.lists("http://10.0.0.2:1")  # no key: never contacted
+
+
+def test_a_call_held_after_its_token_was_revoked_is_cancelled_at_once():
+    """Red team: a gRPC call's credential is checked a loop turn before its handler
+    registers it; a revoke in between left that call (a StreamExec: for hours) running."""
+    from corral.server.caller import Caller
+    from corral.server.open_calls import OpenCalls
+    from corral.server.tenant_model import Tenant
+
+    calls, cancelled = OpenCalls(), []
+    assert calls.close_token("alice") == 0  # revoked while nothing was held yet
+    with calls.holding(Caller.of_tenant(Tenant("alice")), lambda: cancelled.append("alice")):
+        assert cancelled == ["alice"]
+    with calls.holding(Caller.of_tenant(Tenant("bob")), lambda: cancelled.append("bob")):
+        assert cancelled == ["alice"]  # another tenant's goes on
