@@ -15,6 +15,7 @@ tree's over the baseline's. Needs root and the ``compat`` extra.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ import bench_args  # noqa: E402  (a sibling script, not a package)
 
 TOKEN = "bench-door-admin-" + "x" * 32
 HERE = Path(__file__).resolve().parent.parent / "src"
+GRPC = importlib.util.find_spec("cwsandbox") is not None  # the compat extra: gRPC too
 
 
 def _port() -> int:
@@ -55,7 +57,7 @@ def _start(base: Path, src: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral.server", "--socket", str(base / "corral.sock"),
          "--state-dir", str(base / "state"), "--tcp", f"127.0.0.1:{port}", "--token", TOKEN,
-         "--grpc", f"127.0.0.1:{_port()}"],
+         *(["--grpc", f"127.0.0.1:{_port()}"] if GRPC else [])],
         stdout=open(base / "daemon.log", "wb"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -109,7 +111,8 @@ def main() -> int:
         times: dict[str, dict[str, list[float]]] = {
             w: {"exec_ms": [], "grpc_exec_ms": [], "create_ms": []} for w in clients}
         boxes = {w: corral.Sandbox.create(memory_mb=64, client=c) for w, c in clients.items()}
-        grpc_exec = {w: _grpc_exec(procs[w], tokens[w], boxes[w].id) for w in clients}
+        grpc_exec = {w: _grpc_exec(procs[w], tokens[w], boxes[w].id) if GRPC else (lambda: None)
+                     for w in clients}
         try:
             for who, sb in boxes.items():
                 sb.exec(["true"])  # warm the connections
@@ -137,7 +140,7 @@ def main() -> int:
         for b in bases.values():
             shutil.rmtree(b, ignore_errors=True)
     res: dict[str, float] = {}
-    for what in ("exec_ms", "grpc_exec_ms", "create_ms"):
+    for what in ("exec_ms", *(["grpc_exec_ms"] if GRPC else []), "create_ms"):
         b = statistics.median(times["baseline"][what])
         d = statistics.median(times["door"][what])
         res[f"baseline_{what}"], res[f"door_{what}"], res[f"{what}_ratio"] = b, d, d / b
