@@ -93,3 +93,15 @@ def test_corral_url_selects_the_cluster(monkeypatch):
     assert Endpoint.resolve("ray://auto").token is None  # the admin: the cluster's token
     monkeypatch.delenv("CORRAL_URL")
     assert corral.Client().router is None
+
+
+def test_a_node_key_in_a_cluster_address():
+    """``cluster+http://HOST:PORT?key=KEY``: the key as `corral cluster up` prints it
+    (base64url, 43 characters), or pasted in the standard alphabet."""
+    from corral.cluster import proof
+
+    _, public = proof.make_key()
+    printed = proof.url_key(public)
+    assert len(printed) == 43 and proof.parse_key(printed) == public
+    assert proof.parse_key(public) == proof.parse_key(public.replace("+", " ")) == public
+    assert proof.parse_key("not-a-key") is None and proof.parse_key("A" * 40) is None

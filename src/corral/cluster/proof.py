@@ -102,7 +102,8 @@ def url_key(public: str) -> str:
 def parse_key(text: str) -> str | None:
     """The public key an address's ``key=`` names (either base64 alphabet, padded or
     not), in the directory's form; None if it is not 32 bytes of base64."""
-    text = text.strip().replace("-", "+").replace("_", "/")
+    # (a standard-alphabet "+" reads as a space once a query string is decoded)
+    text = text.strip().replace(" ", "+").replace("-", "+").replace("_", "/")
     try:
         raw = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except ValueError:
