@@ -39,7 +39,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, users, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -328,6 +328,9 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
+        if image_override is None:  # a build step runs as its step says, not as USER
+            live.user = users.image_default(image)
+            live.image_layers = tuple(image.lowers)
         live.gpus = grant
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
