@@ -87,24 +87,29 @@ def base_ref(tmp_path_factory):
 def make_task(root: Path, base_ref: str, answer: str, *, prebuilt: bool = False) -> Path:
     """A Harbor task: compute 2+3 into /app/answer.txt; ``answer`` is what solve.sh
     writes. ``prebuilt``: the task names ``docker_image`` (the registry's image, where
-    /app/input.txt is made by solve.sh) instead of a Dockerfile."""
+    /app/input.txt is made by solve.sh) instead of a Dockerfile. Built from the
+    Dockerfile, the expected answer is root's alone and the verifier runs as root
+    (Harbor's ``[verifier] user``: honoured, docs/users.md)."""
     for d in ("environment", "tests", "solution"):
         (root / d).mkdir(parents=True)
     (root / "task.toml").write_text(
         'schema_version = "1.4"\n\n[metadata]\n\n[verifier]\ntimeout_sec = 120.0\n\n'
-        "[agent]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 600.0\n"
+        + ("" if prebuilt else 'user = "root"\n')
+        + "\n[agent]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 600.0\n"
         + (f'docker_image = "{base_ref}"\n' if prebuilt else ""))
     workdir = "/tmp" if prebuilt else "/app"  # the stock image: only /tmp is writable
     (root / "instruction.md").write_text("Write the sum of the numbers in /app/input.txt "
                                          "to /app/answer.txt.\n")
     (root / "environment/Dockerfile").write_text(
-        f"FROM {base_ref}\nWORKDIR /app\nRUN echo '2 3' > /app/input.txt\n")
+        f"FROM {base_ref}\nWORKDIR /app\nRUN echo '2 3' > /app/input.txt\n"
+        "RUN mkdir /srv/key && echo 5 > /srv/key/sum && chmod 700 /srv/key\n")
     (root / "solution/solve.sh").write_text(
         "#!/bin/bash\nset -e\n" + (f"echo '2 3' > {workdir}/input.txt\n" if prebuilt else "")
         + f"read a b < {workdir}/input.txt\necho {answer} > {workdir}/answer.txt\n")
     (root / "tests/test.sh").write_text(
         "#!/bin/bash\n"
-        f'if [ "$(cat {workdir}/answer.txt 2>/dev/null)" = 5 ]; then\n'
+        f'if [ "$(cat {workdir}/answer.txt 2>/dev/null)" = '
+        + ("5" if prebuilt else '"$(cat /srv/key/sum)"') + " ]; then\n"
         "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n")
     return root
 

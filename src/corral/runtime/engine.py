@@ -311,6 +311,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            entry = (users.entrypoint_argv(image)  # InvalidArgument now, if it has none
+                     if spec.run_entrypoint and image_override is None else None)
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
@@ -354,6 +356,13 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
         self.events.emit(SandboxStarted(sid, spec.snapshot))
+        if entry is not None:
+            try:  # as the image's USER, in its WORKDIR, with its ENV (all defaults now)
+                await self.spawn(sid, entry)
+            except BaseException:
+                with suppress(CorralError):
+                    await self.delete(sid)
+                raise
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:

@@ -87,6 +87,17 @@ def image_default(image: Image) -> int | None:
         return SANDBOX_UID
 
 
+def entrypoint_argv(image: Image) -> list[str]:
+    """What Docker would run for the image: ``ENTRYPOINT`` + ``CMD`` (``CMD`` alone if
+    there is no entrypoint), or :class:`~corral.errors.InvalidArgument`."""
+    argv = [*image.entrypoint, *image.cmd]
+    if not argv:
+        raise InvalidArgument(
+            f"image {image.name!r} has no ENTRYPOINT or CMD: leave out run_entrypoint, "
+            "or start a command with exec/spawn")
+    return argv
+
+
 def user_env(uid: int) -> dict[str, str]:
     """``HOME``, ``USER`` and ``LOGNAME`` for a command running as ``uid``."""
     if uid == ROOT_UID:
