@@ -126,7 +126,7 @@ class SandboxSpec(BaseModel):
     gpu_shared: bool = False
     # Start the image's ENTRYPOINT + CMD (Dockerfile, OCI config) as a background process
     # once the sandbox is up, as the image's USER, in its WORKDIR, with its ENV
-    # (``sb.processes()`` lists it; docs/users.md). Refused for an image with neither.
+    # (``GET .../processes`` lists it; docs/users.md). Refused for an image with neither.
     run_entrypoint: bool = False
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was

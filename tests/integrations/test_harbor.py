@@ -175,3 +175,32 @@ def test_harbors_own_cwsandbox_environment_on_corrals_front_end(harbor_venv, bas
                     corral.Image.get(local_name(base_ref), client=client).delete()
                 assert local_name(base_ref) not in {i.name for i in corral.Image.list(
                     client=client)}
+
+
+def test_harbors_own_e2b_environment_on_corrals_front_end(harbor_venv, base_ref, tmp_path):
+    """Harbor's built-in ``e2b`` environment, unmodified, against corral's E2B
+    front-end, with ``prebuilt_template_id`` naming the image (Harbor's default path
+    builds a template through E2B's build API, which corral does not serve). Its setup
+    runs as ``user="root"`` (docs/users.md)."""
+    from tests.server.test_compat_e2b import TOKEN, serving
+
+    with serving() as daemon:
+        env = {"E2B_API_URL": daemon.endpoint, "E2B_SANDBOX_URL": daemon.endpoint,
+               "E2B_API_KEY": TOKEN}
+        with corral.Client(daemon.url) as client:
+            image = corral.Image.pull(base_ref, insecure=True, client=client)
+        args = ("--ek", f"prebuilt_template_id={image.name}")
+        try:
+            good = make_task(tmp_path / "good" / "e2b-task", base_ref, "$((a + b))",
+                             prebuilt=True)
+            assert harbor_run(harbor_venv, daemon, good, tmp_path / "jobs-good",
+                              env_arg="e2b", extra_env=env, args=args) == 1.0
+            broken = make_task(tmp_path / "broken" / "e2b-task", base_ref, "$((a - b))",
+                               prebuilt=True)
+            assert harbor_run(harbor_venv, daemon, broken, tmp_path / "jobs-broken",
+                              env_arg="e2b", extra_env=env, args=args) == 0.0
+        finally:
+            with corral.Client(daemon.url) as client:
+                for sb in corral.Sandbox.list(client=client):
+                    with contextlib.suppress(corral.NotFound):
+                        sb.delete()

@@ -104,12 +104,12 @@ def uids_in_use(low: int, high: int) -> set[int]:
 class UidBlock:
     """The block of uids one engine holds; :meth:`acquire` and :meth:`release` them."""
 
-    def __init__(self, fd: int, index: int, size: int = BLOCK_SIZE) -> None:
+    def __init__(self, fd: int, index: int, size: int = BLOCK_SIZE // 2) -> None:
         self.fd = fd  # the lock: pass it to the warden
         self.index = index
         self.first = first = RANGE_START + index * BLOCK_SIZE
-        # even uids only: each sandbox's root is the odd one after (root_uid)
-        self._free = deque(range(first, first + min(size, BLOCK_SIZE), 2))
+        # ``size`` sandboxes: even uids only, each sandbox's root the odd one after
+        self._free = deque(range(first, first + 2 * min(size, BLOCK_SIZE // 2), 2))
         self._used: set[int] = set()
         self._mutex = threading.Lock()  # releases come from teardown threads
 
