@@ -1,7 +1,8 @@
 """Harbor (the environment layer of Terminal-Bench, SkyRL and others) runs its tasks on
 corral: a task in Harbor's own format (``environment/Dockerfile`` FROM an image of a
 local registry, ``tests/test.sh``, ``solution/solve.sh``) run by ``harbor run`` with
-Harbor's oracle agent and ``--env corral.integrations.harbor:CorralEnvironment``.
+Harbor's oracle agent and ``--env corral.integrations.harbor:CorralEnvironment``
+(and Harbor's own ``cwsandbox`` and ``e2b`` environments on corral's front-ends).
 The right solution earns 1.0, a broken one 0.0.
 
 Harbor needs Python >= 3.12: the test makes a virtualenv with pyenv's 3.12 (or any
@@ -32,8 +33,8 @@ from tests.runtime.registries import requires_registry, rootfs_layer, run_regist
 pytestmark = [requires_root, requires_registry, pytest.mark.root, pytest.mark.timeout(900)]
 
 HARBOR_VERSION = "0.26.0"
-# cwsandbox: for Harbor's own cwsandbox environment, pointed at corral's front-end
-REQUIREMENTS = (f"harbor=={HARBOR_VERSION}", "cwsandbox==1.22.0")
+# cwsandbox, e2b: for Harbor's own cwsandbox and e2b environments, pointed at corral's front-ends
+REQUIREMENTS = (f"harbor=={HARBOR_VERSION}", "cwsandbox==1.22.0", "e2b==2.63.0")
 ENV_IMPORT_PATH = "corral.integrations.harbor:CorralEnvironment"
 SRC = Path(__file__).resolve().parents[2] / "src"
 
