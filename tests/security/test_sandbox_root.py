@@ -102,3 +102,30 @@ async def test_root_in_a_sandbox_is_root_of_its_namespace_only(engine, tmp_path)
     ids_b = {live_b.uid, root_uid(live_b.uid)}
     assert not ids_a & ids_b and min(ids_a | ids_b) >= RANGE_START
     assert os.getuid() == 0  # (the test ran as host root; nothing of it leaked in)
+
+
+async def test_what_root_makes_never_becomes_host_root_s(engine, tmp_path):
+    """An admin's host directory mounted rw: its root-owned files stay out of reach of
+    the sandbox's root, and nothing root makes there is host root's. A set-user-id file
+    root makes goes into a snapshot without its set-id bit (a snapshot's layer is host
+    root's files on the host's disk)."""
+    host = tmp_path / "vol"
+    host.mkdir()
+    os.chmod(host, 0o777)
+    (host / "root-owned").write_text("host root's\n")
+    sb = await engine.create({"image": "python", "volumes": {"/data": f"{host}:rw"}})
+    try:
+        write = await engine.exec(sb.id, "echo x > /data/root-owned", user="root")
+        make = await engine.exec(sb.id, "echo x > /data/new-by-root", user="root")
+        await engine.exec(sb.id, "cp /usr/bin/id /srv/id && chmod 4755 /srv/id", user="root")
+        snap = await engine.snapshot(sb.id)
+    finally:
+        await engine.delete(sb.id)
+    assert write.returncode != 0 and (host / "root-owned").read_text() == "host root's\n"
+    assert make.returncode != 0 or os.stat(host / "new-by-root").st_uid != 0
+    again = await engine.create(image="python", snapshot=snap.id)
+    try:
+        r = await engine.exec(again.id, "stat -c %a:%U /srv/id")
+        assert r.stdout == b"755:root\n", r
+    finally:
+        await engine.delete(again.id)

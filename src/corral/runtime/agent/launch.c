@@ -367,10 +367,21 @@ static int mount_volume(struct launch_opts *o, const char *spec, int k) {
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     if (fd < 0) return die("clone the volume", src);
     struct mount_attr attr = {.attr_set = (rw ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-    if (o->userns >= 0) { attr.attr_set |= MOUNT_ATTR_IDMAP; attr.userns_fd = (uint64_t)o->userns; }
+    /* A volume's idmapping swaps the canonical owner and the sandbox's uid only, never
+       host root and the sandbox's root: what root in the sandbox writes there would be
+       host root's files (a set-user-id root file in a host directory, an admin's
+       root-owned files changed). Its root cannot create files there (EOVERFLOW). */
+    int vol_userns = o->userns;
+    if (o->root_uid && o->canonical && !o->root_build) {
+        uint32_t a[1] = {o->canonical}, b[1] = {o->uid};
+        if ((vol_userns = idmap_userns(a, b, 1)) < 0) { close(point); return die("make the volume idmapping", NULL); }
+    }
+    if (vol_userns >= 0) { attr.attr_set |= MOUNT_ATTR_IDMAP; attr.userns_fd = (uint64_t)vol_userns; }
     snprintf(lower, sizeof lower, "rw/v%d", k);
     int cow = strcmp(mode, "rw") != 0;  /* cow and ro: overlays */
-    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0 ||
+    int set = (int)syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr);
+    if (vol_userns >= 0 && vol_userns != o->userns) close(vol_userns);
+    if (set != 0 ||
         (cow && mkdir(lower, 0700) != 0) ||
         (cow ? syscall(SYS_move_mount, fd, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH)
              : syscall(SYS_move_mount, fd, "", point, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)) != 0) {
