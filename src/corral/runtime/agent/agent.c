@@ -427,8 +427,10 @@ static int serve(int fd, int keep) {
         fprintf(stderr, "corral-agent serve: cannot protect the agent: %s\n", strerror(errno));
         return 1;
     }
-    /* The root's capabilities (if bwrap gave any) stay permitted only: exec.c, become() */
-    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 || set_caps(1) != 0) {
+    /* The root's capabilities (if bwrap gave any) stay permitted only: exec.c, become()
+       (an image build step's agent is root itself and keeps them effective) */
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 ||
+        (getuid() != 0 && set_caps(1) != 0)) {
         fprintf(stderr, "corral-agent serve: cannot set its capabilities: %s\n", strerror(errno));
         return 1;
     }

@@ -24,7 +24,8 @@ static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NON
  *   uid 0     ids set to 0 (which makes the permitted set effective): the root of the
  *             namespace with those capabilities only, no_new_privs and the seccomp
  *             filter still on; outside the namespace, an unprivileged host uid.
- * A sandbox that maps no root (an image build step) refuses uid 0 (EPERM).
+ * An image build step as root (rootbuild.py) has an agent that is root itself, with
+ * its capabilities effective (as before users existed): its commands run as root.
  */
 static int set_caps(int keep_permitted) {
     struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
@@ -38,7 +39,8 @@ static int set_caps(int keep_permitted) {
 }
 
 static int become(uint64_t uid) {
-    if (uid == (uint64_t)getuid()) return set_caps(0);
+    uid_t me = getuid();
+    if (uid == (uint64_t)me && me != 0) return set_caps(0);
     if (uid != 0) { errno = EINVAL; return -1; }
     /* raise what is permitted so that the id changes are allowed */
     struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
@@ -47,6 +49,7 @@ static int become(uint64_t uid) {
     d[0].effective = d[0].permitted;
     d[1].effective = d[1].permitted;
     if (syscall(SYS_capset, &h, d) != 0) return -1;
+    if (me == 0) return 0; /* an image build step as root: the agent is root already */
     gid_t zero = 0;
     if (setgroups(1, &zero) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0) {
         if (errno == EINVAL) errno = EPERM; /* 0 is not mapped here */
