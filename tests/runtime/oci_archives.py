@@ -9,10 +9,10 @@ so an imported image really starts sandboxes.
 from __future__ import annotations
 
 import gzip
-import subprocess
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
