@@ -93,8 +93,10 @@ class NodeDaemon:
             sys.executable, "-m", "corral.server",
             "--socket", str(base / "corral.sock"), "--state-dir", str(base / "state"),
             "--tcp", f"{self.host}:{self.port}", "--node", self.node_id,
+            # {node}: a cache of its own per node; by default one of its own seeded from
+            # the host's prepared images (runtime/cache_seed.py), never the host's cache
             *(["--cache-dir", config["cache_dir"].replace("{node}", node_tag(self.node_id))]
-              if config.get("cache_dir") else []),  # {node}: a cache of its own per node
+              if config.get("cache_dir") else ["--cache-dir", str(base / "cache"), "--seed-cache"]),
             *config.get("daemon_args", []),
         ]
         private, self.key = proof.make_key()  # a new pair per start (cluster/proof.py)

@@ -17,7 +17,7 @@ def leases_of(request: Request) -> Leases:
 
 
 async def create_lease(request: Request, body: LeaseRequest) -> Response:
-    info = leases_of(request).create(caller_of(request).name, body.ttl)
+    info = leases_of(request).create(caller_of(request).name, body.ttl, body.id)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 

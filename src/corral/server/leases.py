@@ -37,6 +37,7 @@ logger = logging.getLogger("corral.server")
 LEASE_TAG_KEY = "lease"
 MIN_TTL_S = 1.0
 MAX_TTL_S = 86400.0
+LEASE_ID_PATTERN = r"^lease-[0-9a-f]{16}$"
 SWEEP_S = 0.5  # how often expired leases are looked for
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -53,6 +54,10 @@ class LeaseRequest(BaseModel):
     """``POST /v1/leases``: how long the lease lives without a renewal."""
 
     ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
+    id: str | None = Field(
+        default=None, pattern=LEASE_ID_PATTERN,
+        description="the lease's id, chosen by the client: one lease taken on every node "
+        "of a cluster under one id (taking it again renews it); default: a new one")
 
 
 class LeaseInfo(BaseModel):
@@ -80,13 +85,23 @@ class Leases:
         # retrying while no daemon answered.
         db.execute("UPDATE leases SET expires_at = ? + ttl", (time.time(),))
 
-    def create(self, tenant: str | None, ttl: float) -> LeaseInfo:
+    def create(self, tenant: str | None, ttl: float, lease_id: str | None = None) -> LeaseInfo:
+        """A new lease; with ``lease_id`` (a cluster's client takes one lease on every
+        node under one id) that lease, renewed if this tenant has it already."""
         if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or \
                 not MIN_TTL_S <= ttl <= MAX_TTL_S:
             raise InvalidArgument(
                 f"a lease's ttl must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds, "
                 f"got {ttl!r}", details={"field": "ttl"})
-        lease_id = "lease-" + secrets.token_hex(8)
+        if lease_id is not None:
+            owner = self.db.execute("SELECT tenant FROM leases WHERE id=?", (lease_id,)).fetchone()
+            if owner is not None and owner[0] == (tenant or ""):
+                self.db.execute("UPDATE leases SET ttl=? WHERE id=?", (ttl, lease_id))
+                return self.renew(tenant, lease_id)
+            if owner is not None:
+                raise InvalidArgument(f"lease id {lease_id!r} is taken: leave out id for a "
+                                      "new one", details={"field": "id"})
+        lease_id = lease_id or "lease-" + secrets.token_hex(8)
         now = time.time()
         self.db.execute("INSERT INTO leases (id, tenant, ttl, expires_at, created_at) "
                         "VALUES (?, ?, ?, ?, ?)", (lease_id, tenant or "", ttl, now + ttl, now))

@@ -27,7 +27,7 @@ from corral.schema import (
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
 from corral.server.caller import caller_of
-from corral.server.context import remove_partial, unless_disconnected, unless_gone
+from corral.server.context import unless_disconnected, unless_gone
 from corral.server.endpoint import RAW
 from corral.server.models import (
     ExecRequest,
@@ -41,7 +41,7 @@ from corral.server.models import (
 from corral.server.reserved_tags import check_tags
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream
-from corral.server.wire import read_body
+from corral.server.wire import body_pieces, file_response
 
 logger = logging.getLogger("corral.server")
 
@@ -287,22 +287,17 @@ def _sandbox_path(request: Request, default: str | None = None) -> str:
 
 
 async def upload_file(request: Request) -> Response:
-    engine, sid = ctx.sandboxes(request), _sid(request)
-    path, mode = _sandbox_path(request), _octal_mode(request)
-    data = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
-    try:
-        await engine.write_file(sid, path, data, mode=mode)
-    except CorralError:
-        await remove_partial(engine, sid, path)
-        raise
+    sid, path, mode = _sid(request), _sandbox_path(request), _octal_mode(request)
+    pieces = body_pieces(request, ctx.settings(request).max_upload_bytes, "upload")
+    await ctx.write_whole(request, sid, path, pieces, mode=mode)
     return _no_content()
 
 
 async def download_file(request: Request) -> Response:
-    engine, sid = ctx.sandboxes(request), _sid(request)
     limit = ctx.settings(request).max_upload_bytes
-    data = await engine.read_file(sid, _sandbox_path(request), max_bytes=limit)
-    return Response(data, media_type=RAW)
+    reading = await ctx.sandboxes(request).open_read(
+        _sid(request), _sandbox_path(request), max_bytes=limit)
+    return file_response(reading, RAW)
 
 
 async def remove_file(request: Request) -> Response:

@@ -139,9 +139,10 @@ class AsyncClient:
 
     @property
     def over_tcp(self) -> bool:
-        """Whether this client reaches one daemon over TCP (not on its Unix socket, nor
-        a Ray cluster): a session then takes the daemon's ``default_lease``."""
-        return self._endpoint.uds is None and self._endpoint.cluster is None
+        """Whether this client reaches its daemons over TCP (one, or a Ray cluster's;
+        not on a Unix socket): a session then takes the daemons' ``default_lease``
+        (on a cluster, one lease on every node: ``_leases``)."""
+        return self._endpoint.uds is None
 
     @property
     def is_closed(self) -> bool:

@@ -13,6 +13,7 @@ from corral.cluster.directory import Directory, Node
 class ClusterView(Protocol):
     directory: Directory
     snapshots_at: set[tuple[str, str]]  # (node id, snapshot) known there
+    leases: dict[str, tuple[float, set[str]]]  # lease id -> (ttl, nodes that have it)
     _images: dict[str, set[str]]  # node id -> the images it has
     _loaded_at: float
 

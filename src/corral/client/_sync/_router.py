@@ -39,7 +39,7 @@ from urllib.parse import quote, unquote
 
 import httpx
 
-from corral.client._sync import _spread, _travel
+from corral.client._sync import _leases, _spread, _travel
 from corral.client._backends import SyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster import autoscale
@@ -89,6 +89,7 @@ class Router:
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
@@ -105,6 +106,8 @@ class Router:
             return self._on(target, method, path, kwargs, stream, None)
         if node is not None:
             raise InvalidArgument("node= applies to creating a sandbox or a pool only")
+        if _leases.is_lease_call(method, path):  # one lease on every node
+            return _leases.call(self, method, path, kwargs)
         if method == "GET" and path in _MERGED_LISTS:
             return self._merged_list(path, _MERGED_LISTS[path], kwargs)
         if method == "GET" and path == "/v1/info":
@@ -188,6 +191,7 @@ class Router:
                 _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _leases.take_where_placed(self, target, body)
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         snapshot = body.get("snapshot")
@@ -200,6 +204,7 @@ class Router:
             else:
                 target = _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _leases.take_where_placed(self, target, body)
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))
@@ -408,6 +413,9 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         "queued": sum(i["queued"] for i in infos),
         "counts": counts,
         "pools": [p for i in infos for p in i["pools"]],
+        # the shortest of the nodes' --default-lease (a session takes it on every node)
+        "default_lease": min((i["default_lease"] for i in infos if i.get("default_lease")),
+                             default=None),
         "nodes": infos,
     }
 
