@@ -13,6 +13,12 @@ For each: the client's CPU (``time.process_time``), the daemon's (``/proc/PID/st
 its own user+system, and its reaped children — the launchers), the sandboxes' (their
 cgroups' ``cpuacct``, sampled, a lower bound), in ms per operation, and the wall time.
 
+Two paired comparisons follow, in batches alternated within seconds (robust to a load
+that swings between rounds, which the per-round figures are not): the asyncio SDK's
+client CPU per exec on httpx's anyio transport against ``client/_unix.py``'s, and the
+daemon's CPU per exec and per lifecycle on asyncio's loop against uvloop's
+(``CORRAL_DAEMON_LOOP=uvloop``; skipped where uvloop is not installed).
+
 ``--baseline REF`` also measures the tree of git ref REF (a detached worktree in a
 temporary directory): rounds alternate between the two trees in one run, and the
 ratios current/baseline are printed. Needs root.
@@ -20,6 +26,7 @@ ratios current/baseline are printed. Needs root.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -140,6 +147,83 @@ def child(n: int) -> dict[str, float]:
     return out
 
 
+def paired_transport(batches: int, per: int) -> dict[str, float]:
+    """Client CPU per async exec: httpx's anyio transport vs the direct one, alternated."""
+    import asyncio
+
+    import httpx
+    from bench_sdk import private_daemon
+
+    import corral
+    from corral.client._unix import AsyncDaemonTransport
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    with private_daemon("corral-bench-cpu-") as url:
+        uds = url.removeprefix("unix://")
+
+        async def run() -> dict[str, float]:
+            kinds = {"anyio": httpx.AsyncHTTPTransport(uds=uds, limits=limits),
+                     "direct": AsyncDaemonTransport(uds=uds, limits=limits)}
+            clients = {k: corral.AsyncClient(url, transport=t) for k, t in kinds.items()}
+            sbs = {k: await corral.AsyncSandbox.create(memory_mb=128, client=c)
+                   for k, c in clients.items()}
+            got: dict[str, list[float]] = {k: [] for k in kinds}
+            try:
+                for sb in sbs.values():
+                    await sb.exec(["true"])
+                for _ in range(batches):
+                    for k, sb in sbs.items():
+                        t = time.process_time()
+                        for _ in range(per):
+                            await sb.exec(["true"])
+                        got[k].append((time.process_time() - t) / per * 1000)
+            finally:
+                for k in kinds:
+                    await sbs[k].delete()
+                    await clients[k].aclose()
+            return {f"paired_async_exec_client_cpu_ms_{k}": statistics.median(v)
+                    for k, v in got.items()}
+
+        return asyncio.run(run())
+
+
+def paired_loops(batches: int, per: int) -> dict[str, float]:
+    """The daemon's own CPU per exec and per lifecycle on asyncio's loop vs uvloop's."""
+    import importlib.util
+
+    from bench_sdk import private_daemon
+
+    import corral
+
+    if importlib.util.find_spec("uvloop") is None:
+        return {}
+    got: dict[str, list[float]] = {}
+    urls: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        for loop in ("asyncio", "uvloop"):
+            os.environ["CORRAL_DAEMON_LOOP"] = loop
+            urls[loop] = stack.enter_context(private_daemon("corral-bench-cpu-"))
+        del os.environ["CORRAL_DAEMON_LOOP"]
+        pids = {k: _daemon_pid(u) for k, u in urls.items()}
+        clients = {k: stack.enter_context(corral.Client(u)) for k, u in urls.items()}
+        sbs = {k: stack.enter_context(corral.Sandbox.create(memory_mb=128, client=c))
+               for k, c in clients.items()}
+        for _ in range(batches):
+            for k in urls:
+                own = _daemon_cpu(pids[k])[0]
+                for _ in range(per):
+                    sbs[k].exec(["true"])
+                got.setdefault(f"paired_exec_daemon_cpu_ms_{k}", []).append(
+                    (_daemon_cpu(pids[k])[0] - own) / per * 1000)
+                own = _daemon_cpu(pids[k])[0]
+                for _ in range(max(1, per // 5)):
+                    with corral.Sandbox.create(memory_mb=128, client=clients[k]) as s:
+                        s.exec(["true"])
+                got.setdefault(f"paired_lifecycle_daemon_cpu_ms_{k}", []).append(
+                    (_daemon_cpu(pids[k])[0] - own) / max(1, per // 5) * 1000)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 def _tree(ref: str, into: Path) -> Path:
     """A detached worktree of ``ref`` under ``into``; its ``src`` directory."""
     subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", "-q",
@@ -193,6 +277,18 @@ def main() -> int:
             base = res["baseline_" + key]
             line += f" {base:9.3f} {res['current_' + key] / base if base else float('nan'):6.2f}"
         print(line)
+    batches, per = bench_args.pick(args, (12, 50), (8, 30), (1, 5))
+    sys.path.insert(0, str(HERE.parent / "src"))
+    paired = {**paired_transport(batches, per), **paired_loops(batches, per)}
+    print(f"paired batches ({batches} x {per}), ms per operation")
+    for key, value in paired.items():
+        print(f"{key:46} {value:9.3f}")
+    for a, b in (("paired_async_exec_client_cpu_ms_direct", "paired_async_exec_client_cpu_ms_anyio"),
+                 ("paired_exec_daemon_cpu_ms_uvloop", "paired_exec_daemon_cpu_ms_asyncio"),
+                 ("paired_lifecycle_daemon_cpu_ms_uvloop", "paired_lifecycle_daemon_cpu_ms_asyncio")):
+        if a in paired and paired[b]:
+            print(f"ratio {a.removeprefix('paired_')} / {b.rsplit('_', 1)[1]}: {paired[a] / paired[b]:.2f}")
+    res.update(paired)
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0
