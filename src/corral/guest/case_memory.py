@@ -9,7 +9,8 @@ all of it for the processes of one case, the way a per-case cgroup would charge 
 
 - every process of the sandbox but the agent (pid 1) and the judge: its anonymous and
   shared-memory resident size (``/proc/PID/status``: ``RssAnon + RssShmem``), and the
-  size of every memfd it holds open (``/proc/PID/fd``);
+  size of every memfd it holds open (``/proc/PID/fd``); read from a thread of it
+  (``/proc/PID/task/TID``) once its main thread exited while others still run;
 - the growth of the writable layer since the case started (``statvfs``: files, deleted
   files still open, ``/dev/shm``);
 - the growth of System V shared memory (``/proc/sysvipc/shm``; the sandbox has its own
@@ -61,17 +62,17 @@ class CaseMemory:
         for entry in _listdir("/proc"):
             if not entry.isdigit() or int(entry) in (1, self.me):
                 continue
-            rss = _status_rss(entry)
-            if rss is None:
+            where, rss = _live(entry)
+            if where is None:
                 continue  # gone meanwhile
-            held = _memfds(entry)
+            held = _memfds(where)
             if held is None:  # not dumpable: for a moment (exec, exit) or on purpose
                 looks, since = self.unseen.get(entry, (0, time.monotonic()))
                 unseen[entry] = (looks + 1, since)
                 if looks + 1 >= HIDDEN_POLLS and time.monotonic() - since >= HIDDEN_SECONDS:
                     hidden = hidden or _comm(entry)
                 held = 0
-            procs.append(entry)
+            procs.append(where)
             fast += rss + held
         self.unseen = unseen
         total = shared + fast
@@ -103,10 +104,27 @@ def _comm(pid):
         return "pid %s" % pid
 
 
-def _status_rss(pid):
+def _live(pid):
+    """``(directory, RssAnon + RssShmem)`` of process ``pid``: ``/proc/PID``, or one of
+    its threads (``/proc/PID/task/TID``) once its main thread exited while others run
+    (then ``/proc/PID`` shows no memory and no descriptors); ``(None, 0)`` if it is gone
+    or a zombie."""
+    where = "/proc/%s" % pid
+    rss = _status_rss(where)
+    if rss is not None:
+        return where, rss
+    for tid in _listdir(where + "/task"):
+        if tid != pid:
+            rss = _status_rss("%s/task/%s" % (where, tid))
+            if rss is not None:
+                return "%s/task/%s" % (where, tid), rss
+    return None, 0
+
+
+def _status_rss(where):
     """``RssAnon + RssShmem`` in bytes; ``None`` if the process is gone (or a zombie)."""
     try:
-        with open("/proc/%s/status" % pid, "rb") as f:
+        with open("%s/status" % where, "rb") as f:
             text = f.read()
     except OSError:
         return None
@@ -118,10 +136,10 @@ def _status_rss(pid):
     return total if seen else None
 
 
-def _memfds(pid):
-    """Bytes of the memfds ``pid`` holds open; ``None`` if its descriptors cannot be
-    looked at (it is not dumpable)."""
-    base = "/proc/%s/fd" % pid
+def _memfds(where):
+    """Bytes of the memfds the process at ``where`` (:func:`_live`) holds open; ``None``
+    if its descriptors cannot be looked at (it is not dumpable)."""
+    base = "%s/fd" % where
     try:
         names = os.listdir(base)
     except PermissionError:
@@ -143,19 +161,19 @@ def _memfds(pid):
     return total
 
 
-def _pss(pid):
-    """Proportional anonymous and shared-memory size of ``pid`` (bytes), its memfds
-    included; the fast figure where ``smaps_rollup`` cannot be read."""
+def _pss(where):
+    """Proportional anonymous and shared-memory size of the process at ``where``
+    (bytes), its memfds included; the fast figure where ``smaps_rollup`` cannot be read."""
     try:
-        with open("/proc/%s/smaps_rollup" % pid, "rb") as f:
+        with open("%s/smaps_rollup" % where, "rb") as f:
             text = f.read()
     except OSError:
-        return (_status_rss(pid) or 0) + (_memfds(pid) or 0)
+        return (_status_rss(where) or 0) + (_memfds(where) or 0)
     total = 0
     for line in text.split(b"\n"):
         if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
             total += int(line.split()[1]) * 1024
-    return total + (_memfds(pid) or 0)
+    return total + (_memfds(where) or 0)
 
 
 def _sysv():
