@@ -37,7 +37,26 @@ time.sleep(0.3)
 print("done")
 """
 
-@pytest.mark.parametrize("code", [LEADER_GONE], ids=["leader-gone"])
+# 300 MiB of System V message queues (16 KiB each, the default msgmnb).
+SYSV_MSG = r"""
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(8 + 8192)
+ctypes.memset(ctypes.addressof(buf), 1, 8)
+queues = []
+for _ in range(19200):
+    q = libc.msgget(0, 0o1600)
+    if q < 0:
+        break
+    queues.append(q)
+    for _ in range(2):
+        libc.msgsnd(q, buf, 8192, 0o4000)
+time.sleep(0.5)
+print("done" if len(queues) == 19200 else "only %d" % len(queues))
+"""
+
+
+@pytest.mark.parametrize("code", [LEADER_GONE, SYSV_MSG], ids=["leader-gone", "sysv-msg"])
 def test_memory_hidden_from_the_poll_is_counted(judge_sb, code):
     r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=code,
                      time_limit=5, memory_mb=128)

@@ -13,8 +13,8 @@ all of it for the processes of one case, the way a per-case cgroup would charge 
   (``/proc/PID/task/TID``) once its main thread exited while others still run;
 - the growth of the writable layer since the case started (``statvfs``: files, deleted
   files still open, ``/dev/shm``);
-- the growth of System V shared memory (``/proc/sysvipc/shm``; the sandbox has its own
-  IPC namespace).
+- the growth of System V shared memory and message queues (``/proc/sysvipc/shm``,
+  ``/proc/sysvipc/msg``; the sandbox has its own IPC namespace).
 
 Pages a forked child shares copy-on-write with its parent show in both resident sizes;
 when the fast sum is over the limit and several processes hold it, their proportional
@@ -177,16 +177,23 @@ def _pss(where):
 
 
 def _sysv():
-    """Resident bytes of every System V shared memory segment of the sandbox."""
+    """Bytes held in System V IPC of the sandbox: every shared memory segment's resident
+    size and every message queue's queued bytes."""
+    return _ipc_column("/proc/sysvipc/shm", b"rss") + _ipc_column("/proc/sysvipc/msg",
+                                                                    b"cbytes")
+
+
+def _ipc_column(path, name):
+    """The sum of column ``name`` of a ``/proc/sysvipc`` table."""
     try:
-        with open("/proc/sysvipc/shm", "rb") as f:
+        with open(path, "rb") as f:
             lines = f.read().split(b"\n")
     except OSError:
         return 0
     head = lines[0].split() if lines else []
-    if b"rss" not in head:
+    if name not in head:
         return 0
-    col, size = head.index(b"rss"), 0
+    col, size = head.index(name), 0
     for line in lines[1:]:
         fields = line.split()
         if len(fields) > col and fields[col].isdigit():
