@@ -37,6 +37,43 @@ time.sleep(0.3)
 print("done")
 """
 
+# 300 MiB in memfds each mapped, never touched through the mapping, its descriptor
+# closed: the mapping alone keeps the memfd, its pages resident in none of the page
+# tables (RssShmem counts only what a process touched through its mappings).
+MEMFD_MAPPED = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+chunk = b"\1" * (1 << 20)
+maps = []
+for _ in range(6):
+    fd = os.memfd_create("table")
+    for i in range(50):
+        os.pwrite(fd, chunk, i << 20)
+    maps.append(libc.mmap(None, 50 << 20, 1, 1, fd, 0))  # PROT_READ, MAP_SHARED
+    os.close(fd)
+ok = all(ctypes.string_at(m + (49 << 20), 1) == b"\1" for m in maps)
+print("done" if ok else "lost")
+"""
+
+# The same in shared anonymous memory: children write 50 MiB each through the parent's
+# mapping, one after the other, and exit; the parent never touches it.
+SHARED_ANON = r"""
+import mmap, os
+table = mmap.mmap(-1, 300 << 20)
+chunk = b"\1" * (1 << 20)
+for part in range(6):
+    pid = os.fork()
+    if pid == 0:
+        for i in range(50):
+            table[((part * 50 + i) << 20):((part * 50 + i + 1) << 20)] = chunk
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("done" if table[(300 << 20) - 1] == 1 else "lost")
+"""
+
 # 300 MiB of System V message queues (16 KiB each, the default msgmnb).
 SYSV_MSG = r"""
 import ctypes, time
@@ -56,7 +93,8 @@ print("done" if len(queues) == 19200 else "only %d" % len(queues))
 """
 
 
-@pytest.mark.parametrize("code", [LEADER_GONE, SYSV_MSG], ids=["leader-gone", "sysv-msg"])
+@pytest.mark.parametrize("code", [LEADER_GONE, MEMFD_MAPPED, SHARED_ANON, SYSV_MSG],
+                         ids=["leader-gone", "memfd-mapped", "shared-anon", "sysv-msg"])
 def test_memory_hidden_from_the_poll_is_counted(judge_sb, code):
     r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=code,
                      time_limit=5, memory_mb=128)

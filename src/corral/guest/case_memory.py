@@ -9,7 +9,8 @@ all of it for the processes of one case, the way a per-case cgroup would charge 
 
 - every process of the sandbox but the agent (pid 1) and the judge: its anonymous and
   shared-memory resident size (``/proc/PID/status``: ``RssAnon + RssShmem``), and the
-  size of every memfd it holds open (``/proc/PID/fd``); read from a thread of it
+  size of every memfd it holds open (``/proc/PID/fd``) or only maps (``maps``: the
+  extent mapped, shared anonymous memory too), each counted once; read from a thread of it
   (``/proc/PID/task/TID``) once its main thread exited while others still run;
 - the growth of the writable layer since the case started (``statvfs``: files, deleted
   files still open, ``/dev/shm``);
@@ -58,14 +59,14 @@ class CaseMemory:
         """``None`` while the case is within ``limit`` bytes, else why not (kept in
         :attr:`why`); :attr:`peak`: the most it was seen to hold."""
         shared = max(0, self._files() + _sysv() - self.base)
-        procs, fast, hidden, unseen = [], 0, False, {}
+        procs, fast, hidden, unseen, seen = [], 0, False, {}, set()
         for entry in _listdir("/proc"):
             if not entry.isdigit() or int(entry) in (1, self.me):
                 continue
             where, rss = _live(entry)
             if where is None:
                 continue  # gone meanwhile
-            held = _memfds(where)
+            held = _memfds(where, seen)
             if held is None:  # not dumpable: for a moment (exec, exit) or on purpose
                 looks, since = self.unseen.get(entry, (0, time.monotonic()))
                 unseen[entry] = (looks + 1, since)
@@ -77,7 +78,8 @@ class CaseMemory:
         self.unseen = unseen
         total = shared + fast
         if total > self.limit and len(procs) > 1 and not unseen:
-            total = shared + sum(_pss(p) for p in procs)  # copy-on-write pages once
+            seen = set()  # copy-on-write pages, memfds once
+            total = shared + sum(_pss(p, seen) for p in procs)
         self.peak = max(self.peak, total)
         if hidden:
             self.why = "%s: %s" % (HIDDEN, hidden)
@@ -136,9 +138,12 @@ def _status_rss(where):
     return total if seen else None
 
 
-def _memfds(where):
-    """Bytes of the memfds the process at ``where`` (:func:`_live`) holds open; ``None``
-    if its descriptors cannot be looked at (it is not dumpable)."""
+def _memfds(where, seen=None):
+    """Bytes of the memfds the process at ``where`` (:func:`_live`) holds: open (their
+    size), or only mapped (the extent mapped; shared anonymous mappings too: pages a
+    process wrote through a mapping stay in the object once no page table maps them).
+    ``seen``: objects already counted. ``None`` if its descriptors cannot be looked at
+    (it is not dumpable)."""
     base = "%s/fd" % where
     try:
         names = os.listdir(base)
@@ -146,7 +151,7 @@ def _memfds(where):
         return None
     except OSError:
         return 0  # gone meanwhile
-    total, seen = 0, set()
+    total, seen = 0, set() if seen is None else seen
     for name in names:
         path = "%s/%s" % (base, name)
         try:
@@ -155,25 +160,51 @@ def _memfds(where):
             st = os.stat(path)
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
+        key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        if key not in seen:
+            seen.add(key)
             total += st.st_blocks * 512
-    return total
+    extent = {}
+    for key, end in _shmem_mappings(where):
+        if key not in seen:
+            extent[key] = max(extent.get(key, 0), end)
+    seen.update(extent)
+    return total + sum(extent.values())
 
 
-def _pss(where):
+def _shmem_mappings(where):
+    """``((major, minor, inode), end offset)`` of each mapping of a memfd or of shared
+    anonymous memory (``/proc/PID/maps``)."""
+    try:
+        with open("%s/maps" % where, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) < 6 or not fields[5].startswith((b"/memfd:", b"/dev/zero (deleted)")):
+            continue
+        try:
+            start, end = (int(x, 16) for x in fields[0].split(b"-"))
+            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+            yield (major, minor, int(fields[4])), int(fields[2], 16) + end - start
+        except ValueError:
+            continue
+
+
+def _pss(where, seen):
     """Proportional anonymous and shared-memory size of the process at ``where``
     (bytes), its memfds included; the fast figure where ``smaps_rollup`` cannot be read."""
     try:
         with open("%s/smaps_rollup" % where, "rb") as f:
             text = f.read()
     except OSError:
-        return (_status_rss(where) or 0) + (_memfds(where) or 0)
+        return (_status_rss(where) or 0) + (_memfds(where, seen) or 0)
     total = 0
     for line in text.split(b"\n"):
         if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
             total += int(line.split()[1]) * 1024
-    return total + (_memfds(where) or 0)
+    return total + (_memfds(where, seen) or 0)
 
 
 def _sysv():
