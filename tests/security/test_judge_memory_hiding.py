@@ -37,6 +37,29 @@ time.sleep(0.3)
 print("done")
 """
 
+# 300 MiB in memfds never mapped, each of 50 MiB sent away on a Unix socket once
+# written: no process holds them open, so no /proc/PID/fd shows them; they come back
+# when needed.
+MEMFD_IN_FLIGHT = r"""
+import os, socket, time
+a, b = socket.socketpair()
+chunk = b"\1" * (1 << 20)
+for _ in range(6):
+    fd = os.memfd_create("table")
+    for i in range(50):
+        os.pwrite(fd, chunk, i << 20)
+    socket.send_fds(a, [b"t"], [fd])
+    os.close(fd)
+time.sleep(0.5)
+ok = True
+for _ in range(6):  # one at a time: look, send it back
+    fd = socket.recv_fds(b, 1, 1)[1][0]
+    ok = ok and os.pread(fd, 1, 49 << 20) == b"\1"
+    socket.send_fds(a, [b"t"], [fd])
+    os.close(fd)
+print("done" if ok else "lost")
+"""
+
 # 300 MiB in memfds each mapped, never touched through the mapping, its descriptor
 # closed: the mapping alone keeps the memfd, its pages resident in none of the page
 # tables (RssShmem counts only what a process touched through its mappings).
@@ -99,3 +122,15 @@ def test_memory_hidden_from_the_poll_is_counted(judge_sb, code):
     r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=code,
                      time_limit=5, memory_mb=128)
     assert r.verdicts == ["MLE"], (r.verdicts, r.errors)
+
+
+def test_a_program_has_no_socket_to_keep_memory_in(judge_sb):
+    # A descriptor in flight on a Unix socket is in no /proc/PID/fd (and socket buffers
+    # in no resident size): the programs judged get no socket at all.
+    r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=MEMFD_IN_FLIGHT,
+                     time_limit=5, memory_mb=128)
+    assert r.verdicts == ["RE"], (r.verdicts, r.errors)
+    assert "Address family not supported" in r.errors[0], r.errors
+    tcp = "import socket\nsocket.socket()\nprint('done')"
+    r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=tcp)
+    assert r.verdicts == ["RE"], (r.verdicts, r.errors)
