@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from corral.errors import CorralError, Forbidden, SandboxNotFound
+from corral.errors import CorralError, Forbidden, NoGpuCapacity, SandboxNotFound
 from corral.network_schema import NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.distribution import is_reference
@@ -201,6 +201,23 @@ class SandboxService:
             raise
         return spec
 
+    async def _wait_for_gpus(self, spec: SandboxSpec, wait: float | None) -> None:
+        """Wait up to ``wait`` (capped by ``queue_timeout``) for the GPUs ``spec`` asks
+        for; a tenant with ``queue_size`` creates waiting already is refused at once."""
+        limits = self.admission.limits
+        with self.admission.gpu_wait(spec.tenant) as may_wait:
+            try:
+                await self.engine.gpus.wait_for_room(
+                    spec.gpus, shared=spec.gpu_shared,
+                    timeout=0.0 if wait is None or not may_wait else min(wait, limits.queue_timeout))
+            except NoGpuCapacity as exc:
+                if wait is None or may_wait:
+                    raise
+                raise NoGpuCapacity(
+                    f"{exc.message} (not waited for: tenant {spec.tenant!r} has "
+                    f"{limits.queue_size} creates waiting already, the daemon's queue_size)",
+                    details={**exc.details, "waiting": limits.queue_size}) from None
+
     async def create(self, spec: SandboxSpec, *, wait: float | None = None) -> SandboxInfo:
         """Create a sandbox once admission control lets it start (a pool's refills too).
 
@@ -220,9 +237,7 @@ class SandboxService:
                                                         spec.cpus, n_gpus)
                 if over is not None:  # waiting could never help
                     raise over
-                await self.engine.gpus.wait_for_room(
-                    spec.gpus, shared=spec.gpu_shared,
-                    timeout=0.0 if wait is None else min(wait, self.admission.limits.queue_timeout))
+                await self._wait_for_gpus(spec, wait)
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus
             ) as slot:
