@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from corral.guest import case_memory
 from corral.rl.stdio import run_io_tests
 from tests.security import test_judge_hacks
 
@@ -134,3 +135,15 @@ def test_a_program_has_no_socket_to_keep_memory_in(judge_sb):
     tcp = "import socket\nsocket.socket()\nprint('done')"
     r = run_io_tests(judge_sb, [{"input": "", "output": "done"}], code=tcp)
     assert r.verdicts == ["RE"], (r.verdicts, r.errors)
+
+
+def test_huge_pages_count(tmp_path):
+    # hugetlbfs pages (mmap MAP_HUGETLB, where the host keeps a pool) are in no resident
+    # size: /proc/PID/status has them apart, smaps_rollup too.
+    (tmp_path / "status").write_text("Name:\tx\nRssAnon:\t1024 kB\nRssFile:\t4 kB\n"
+                                     "RssShmem:\t0 kB\nHugetlbPages:\t204800 kB\n")
+    (tmp_path / "smaps_rollup").write_text("Pss_Anon:\t1024 kB\nPss_Shmem:\t0 kB\n"
+                                           "Shared_Hugetlb:\t0 kB\nPrivate_Hugetlb:\t204800 kB\n")
+    (tmp_path / "fd").mkdir()
+    assert case_memory._status_rss(tmp_path) == (1024 + 204800) << 10
+    assert case_memory._pss(tmp_path, set()) == (1024 + 204800) << 10

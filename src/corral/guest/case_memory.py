@@ -8,7 +8,8 @@ never maps, or into System V shared memory that outlives it. :class:`CaseMemory`
 all of it for the processes of one case, the way a per-case cgroup would charge it:
 
 - every process of the sandbox but the agent (pid 1) and the judge: its anonymous and
-  shared-memory resident size (``/proc/PID/status``: ``RssAnon + RssShmem``), and the
+  shared-memory resident size and its huge pages (``/proc/PID/status``: ``RssAnon +
+  RssShmem + HugetlbPages``: hugetlbfs pages are in no resident size), and the
   size of every memfd it holds open (``/proc/PID/fd``) or only maps (``maps``: the
   extent mapped, shared anonymous memory too), each counted once; read from a thread of it
   (``/proc/PID/task/TID``) once its main thread exited while others still run;
@@ -107,7 +108,7 @@ def _comm(pid):
 
 
 def _live(pid):
-    """``(directory, RssAnon + RssShmem)`` of process ``pid``: ``/proc/PID``, or one of
+    """``(directory, resident bytes)`` (:func:`_status_rss`) of process ``pid``: ``/proc/PID``, or one of
     its threads (``/proc/PID/task/TID``) once its main thread exited while others run
     (then ``/proc/PID`` shows no memory and no descriptors); ``(None, 0)`` if it is gone
     or a zombie."""
@@ -124,7 +125,8 @@ def _live(pid):
 
 
 def _status_rss(where):
-    """``RssAnon + RssShmem`` in bytes; ``None`` if the process is gone (or a zombie)."""
+    """``RssAnon + RssShmem + HugetlbPages`` in bytes; ``None`` if the process is gone
+    (or a zombie)."""
     try:
         with open("%s/status" % where, "rb") as f:
             text = f.read()
@@ -132,7 +134,7 @@ def _status_rss(where):
         return None
     total, seen = 0, False
     for line in text.split(b"\n"):
-        if line.startswith((b"RssAnon:", b"RssShmem:")):
+        if line.startswith((b"RssAnon:", b"RssShmem:", b"HugetlbPages:")):
             total += int(line.split()[1]) * 1024
             seen = True
     return total if seen else None
@@ -202,7 +204,7 @@ def _pss(where, seen):
         return (_status_rss(where) or 0) + (_memfds(where, seen) or 0)
     total = 0
     for line in text.split(b"\n"):
-        if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
+        if line.startswith((b"Pss_Anon:", b"Pss_Shmem:", b"Private_Hugetlb:", b"Shared_Hugetlb:")):
             total += int(line.split()[1]) * 1024
     return total + (_memfds(where, seen) or 0)
 
