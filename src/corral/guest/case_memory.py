@@ -11,7 +11,8 @@ all of it for the processes of one case, the way a per-case cgroup would charge 
   shared-memory resident size and its huge pages (``/proc/PID/status``: ``RssAnon +
   RssShmem + HugetlbPages``: hugetlbfs pages are in no resident size), and the
   size of every memfd it holds open (``/proc/PID/fd``) or only maps (``maps``: the
-  extent mapped, shared anonymous memory too), each counted once; read from a thread of it
+  extent mapped, shared anonymous memory too), and what waits in the pipes it holds
+  (but the judge's own), each counted once; read from a thread of it
   (``/proc/PID/task/TID``) once its main thread exited while others still run;
 - the growth of the writable layer since the case started (``statvfs``: files, deleted
   files still open, ``/dev/shm``);
@@ -29,7 +30,10 @@ The judge polls this while the program runs and once after (files it left behind
 Every process it counts is killed after the case (:func:`corral.guest.confine.kill_others`).
 """
 
+import fcntl
 import os
+import struct
+import termios
 import time
 
 HIDDEN = "a process of the program hid its memory from the judge (made itself non-dumpable)"
@@ -60,7 +64,7 @@ class CaseMemory:
         """``None`` while the case is within ``limit`` bytes, else why not (kept in
         :attr:`why`); :attr:`peak`: the most it was seen to hold."""
         shared = max(0, self._files() + _sysv() - self.base)
-        procs, fast, hidden, unseen, seen = [], 0, False, {}, set()
+        procs, fast, hidden, unseen, seen = [], 0, False, {}, _own_pipes()
         for entry in _listdir("/proc"):
             if not entry.isdigit() or int(entry) in (1, self.me):
                 continue
@@ -79,7 +83,7 @@ class CaseMemory:
         self.unseen = unseen
         total = shared + fast
         if total > self.limit and len(procs) > 1 and not unseen:
-            seen = set()  # copy-on-write pages, memfds once
+            seen = _own_pipes()  # copy-on-write pages, memfds and pipes once
             total = shared + sum(_pss(p, seen) for p in procs)
         self.peak = max(self.peak, total)
         if hidden:
@@ -143,7 +147,8 @@ def _status_rss(where):
 def _memfds(where, seen=None):
     """Bytes of the memfds the process at ``where`` (:func:`_live`) holds: open (their
     size), or only mapped (the extent mapped; shared anonymous mappings too: pages a
-    process wrote through a mapping stay in the object once no page table maps them).
+    process wrote through a mapping stay in the object once no page table maps them),
+    and the bytes waiting in the pipes it holds.
     ``seen``: objects already counted. ``None`` if its descriptors cannot be looked at
     (it is not dumpable)."""
     base = "%s/fd" % where
@@ -157,7 +162,13 @@ def _memfds(where, seen=None):
     for name in names:
         path = "%s/%s" % (base, name)
         try:
-            if not os.readlink(path).startswith("/memfd:"):
+            link = os.readlink(path)
+            if link.startswith("pipe:"):
+                if link not in seen:
+                    seen.add(link)
+                    total += _queued(path)
+                continue
+            if not link.startswith("/memfd:"):
                 continue
             st = os.stat(path)
         except OSError:
@@ -172,6 +183,33 @@ def _memfds(where, seen=None):
             extent[key] = max(extent.get(key, 0), end)
     seen.update(extent)
     return total + sum(extent.values())
+
+
+def _queued(path):
+    """Bytes waiting in the pipe ``path`` (a ``/proc/PID/fd`` link) names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _own_pipes():
+    """The pipes this process holds (a program's stdin, stdout, stderr): not its memory."""
+    return {link for name in _listdir("/proc/self/fd")
+            if (link := _readlink("/proc/self/fd/" + name)).startswith("pipe:")}
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def _shmem_mappings(where):
