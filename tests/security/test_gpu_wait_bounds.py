@@ -11,6 +11,8 @@ import pytest
 
 from corral.errors import NoGpuCapacity
 from corral.schema import SandboxSpec
+from corral.server.caller import ADMIN, Caller
+from corral.server.tenants import Tenant
 from tests.conftest import requires_root
 from tests.server import test_gpu_quota
 
@@ -19,16 +21,16 @@ gpu_backend, service = test_gpu_quota.gpu_backend, test_gpu_quota.service  # fix
 
 @requires_root
 async def test_a_tenant_waits_for_a_gpu_with_at_most_queue_size_creates(service):
-    held = await service.create(SandboxSpec(gpus=2, memory_mb=64))  # the admin: both GPUs
+    held = await service.create(SandboxSpec(gpus=2, memory_mb=64), ADMIN)  # both GPUs
     queue_size = service.admission.limits.queue_size
-    with service.engine.owners.acting_as("t"):  # max_gpus=1: each create alone fits
-        parked = [asyncio.ensure_future(service.create(SandboxSpec(gpus=1, memory_mb=64),
-                                                       wait=30))
-                  for _ in range(queue_size)]
-        await asyncio.sleep(0.3)
-        assert not any(p.done() for p in parked)  # waiting, as they may
-        with pytest.raises(NoGpuCapacity, match="creates waiting already"):  # one more: not parked
-            await service.create(SandboxSpec(gpus=1, memory_mb=64), wait=30)
+    t = Caller.of_tenant(Tenant("t", max_gpus=1))  # each create alone fits its quota
+    parked = [asyncio.ensure_future(service.create(SandboxSpec(gpus=1, memory_mb=64), t,
+                                                   wait=30))
+              for _ in range(queue_size)]
+    await asyncio.sleep(0.3)
+    assert not any(p.done() for p in parked)  # waiting, as they may
+    with pytest.raises(NoGpuCapacity, match="creates waiting already"):  # one more: not parked
+        await service.create(SandboxSpec(gpus=1, memory_mb=64), t, wait=30)
     for p in parked:
         p.cancel()
     await asyncio.gather(*parked, return_exceptions=True)

@@ -7,8 +7,9 @@ import sqlite3
 
 import pytest
 
+from corral.api.daemon_models import LeaseRequest
 from corral.errors import InvalidArgument, LeaseNotFound
-from corral.server.leases import LeaseRequest, Leases
+from corral.server.leases import Leases
 
 LEASE = "lease-0123456789abcdef"
 

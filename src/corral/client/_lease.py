@@ -15,6 +15,7 @@ import threading
 
 import httpx
 
+from corral.api.operations import operation
 from corral.client._config import Endpoint
 from corral.errors import CorralError, LeaseNotFound
 
@@ -42,12 +43,13 @@ class Heartbeat:
             return
         every = self.ttl / RENEWALS_PER_TTL
         endpoint = self._endpoint
+        renew = operation("renew_lease")
         with httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
                           transport=httpx.HTTPTransport(uds=endpoint.uds),
                           timeout=every) as http:
             while not self._stop.wait(every):
                 try:
-                    reply = http.post(f"/v1/leases/{self.lease_id}/renew")
+                    reply = http.request(renew.method, renew.url(lease_id=self.lease_id))
                 except httpx.HTTPError as exc:  # a daemon restarting: the next one may do
                     logger.warning("could not renew lease %s: %s", self.lease_id, exc)
                     continue
@@ -67,7 +69,7 @@ class Heartbeat:
         with Client(self._endpoint.url, token=self._endpoint.token, timeout=every) as client:
             while not self._stop.wait(every):
                 try:
-                    client.request("POST", f"/v1/leases/{self.lease_id}/renew")
+                    client.call("renew_lease", {"lease_id": self.lease_id})
                 except LeaseNotFound:
                     self._lose()
                     return

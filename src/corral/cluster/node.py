@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from corral.api.operations import url as api_url
 from corral.cluster import _ray, auth, autoscale, proof
 from corral.cluster.directory import NODE_KEY
 from corral.cluster.ids import node_tag
@@ -242,7 +243,7 @@ class Supervisor:
             for entry in entries:
                 bearer = {"Authorization": f"Bearer {tokens.get(entry['node_id'], '')}"}
                 try:
-                    info = http.get(entry["url"] + "/v1/info", headers=bearer
+                    info = http.get(entry["url"] + api_url("info"), headers=bearer
                                     ).raise_for_status().json()
                 except httpx.HTTPError:  # a node that just died or restarts: not counted
                     continue

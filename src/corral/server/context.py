@@ -94,7 +94,7 @@ async def unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> Sandbox
     """``work`` gets a sandbox for the client; if the client left meanwhile, delete it."""
     got = await unless_disconnected(request, work)
     if await request.is_disconnected():  # it left just as the sandbox became ready
-        await service(request).delete(got.id)
+        await service(request).delete(got.id, caller_of(request))
         raise ClientDisconnect()
     return got
 

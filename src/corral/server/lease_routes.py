@@ -7,8 +7,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.daemon_models import LeaseRequest
 from corral.server.caller import caller_of
-from corral.server.leases import LeaseRequest, Leases
+from corral.server.leases import Leases
 
 
 def leases_of(request: Request) -> Leases:

@@ -27,8 +27,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 
-from pydantic import BaseModel, Field
-
+from corral.api.daemon_models import LeaseInfo
 from corral.errors import InvalidArgument, LeaseNotFound
 from corral.runtime.engine import Engine
 
@@ -37,7 +36,6 @@ logger = logging.getLogger("corral.server")
 LEASE_TAG_KEY = "lease"
 MIN_TTL_S = 1.0
 MAX_TTL_S = 86400.0
-LEASE_ID_PATTERN = r"^lease-[0-9a-f]{16}$"
 SWEEP_S = 0.5  # how often expired leases are looked for
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -50,23 +48,6 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-class LeaseRequest(BaseModel):
-    """``POST /v1/leases``: how long the lease lives without a renewal."""
-
-    ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
-    id: str | None = Field(
-        default=None, pattern=LEASE_ID_PATTERN,
-        description="the lease's id, chosen by the client: one lease taken on every node "
-        "of a cluster under one id (taking it again renews it); default: a new one")
-
-
-class LeaseInfo(BaseModel):
-    """A lease: its id, the tag its sandboxes carry, and when it ends unless renewed."""
-
-    id: str
-    tag: str
-    ttl: float
-    expires_at: float
 
 
 def lease_tag(lease_id: str) -> str:

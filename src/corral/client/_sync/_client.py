@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from corral.api.operations import operation
 from corral.client._backends import SyncBackend
 from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
@@ -152,12 +154,12 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"}`` if the daemon answers; :class:`DaemonUnavailable` if not."""
-        health: dict[str, Any] = (self.request("GET", "/v1/health")).json()
+        health: dict[str, Any] = (self.call("health")).json()
         return health
 
     def info(self) -> dict[str, Any]:
         """The daemon's version, capacity and sandbox counts (``GET /v1/info``)."""
-        info: dict[str, Any] = (self.request("GET", "/v1/info")).json()
+        info: dict[str, Any] = (self.call("info")).json()
         return info
 
     def request(
@@ -171,6 +173,18 @@ class Client:
         pins a create to a node of a cluster.
         """
         return self._dispatch(method, path, timeout, node, kwargs, stream=False)
+
+    def call(
+        self, name: str, ids: Mapping[str, object] | None = None, *,
+        timeout: float | None = UNSET, node: str | None = None, stream: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send operation ``name`` of :mod:`corral.api.operations` (its method and path
+        from the shared declaration, the path's parameters from ``ids``), as
+        :meth:`request` (``stream=True``: as :meth:`stream`)."""
+        op = operation(name)
+        path = op.url(**(ids or {}))
+        return self._dispatch(op.method, path, timeout, node, kwargs, stream=stream)
 
     def stream(
         self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any

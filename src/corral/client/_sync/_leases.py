@@ -22,27 +22,20 @@ from typing import Any
 
 import httpx
 
-from corral.client._sync._cluster_view import ClusterView
+from corral.api.operations import request_line
+from corral.client._sync._cluster_view import Call, ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable
 
-LEASES = "/v1/leases"
 LEASE_TAG_KEY = "lease"
 
 
-def is_lease_call(method: str, path: str) -> bool:
-    """Taking, renewing or releasing a lease."""
-    if path == LEASES:
-        return method == "POST"
-    rest = path[len(LEASES) + 1:] if path.startswith(LEASES + "/") else ""
-    lease_id, _, action = rest.partition("/")
-    return bool(lease_id) and ((method == "DELETE" and not action)
-                               or (method == "POST" and action == "renew"))
-
-
-def call(router: ClusterView, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Response:
-    """A lease call, on every alive node: the first node's answer that succeeded."""
-    if path == LEASES:
+def call(router: ClusterView, sent: Call) -> httpx.Response:
+    """A lease call (taking, renewing, releasing one: ``Routing.LEASE``), on every alive
+    node: the first node's answer that succeeded."""
+    method, path, kwargs = sent.method, sent.path, sent.kwargs
+    taking = sent.name == "create_lease"
+    if taking:
         body = {**(kwargs.get("json") or {})}
         body.setdefault("id", "lease-" + secrets.token_hex(8))
         kwargs = {**kwargs, "json": body}
@@ -52,7 +45,7 @@ def call(router: ClusterView, method: str, path: str, kwargs: dict[str, Any]) ->
     if not done:
         errors = [r for r in replies if isinstance(r, BaseException)]
         raise next((e for e in errors if not isinstance(e, DaemonUnavailable)), errors[0])
-    if path == LEASES:  # which nodes have it, to take it where a sandbox goes later
+    if taking:  # which nodes have it, to take it where a sandbox goes later
         router.leases[body["id"]] = (body["ttl"], {n.node_id for n, _ in done})
     return done[0][1]
 
@@ -63,6 +56,6 @@ def take_where_placed(router: ClusterView, target: Node, body: dict[str, Any]) -
         key, _, lease_id = str(tag).partition("=")
         known = router.leases.get(lease_id) if key == LEASE_TAG_KEY else None
         if known is not None and target.node_id not in known[1]:
-            router._on(target, "POST", LEASES,
+            router._on(target, *request_line("create_lease"),
                              {"json": {"ttl": known[0], "id": lease_id}}, False, None)
             known[1].add(target.node_id)

@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral._version import __version__
+from corral.api.models import safe_text
 from corral.errors import CorralError, InvalidArgument, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
@@ -51,7 +52,6 @@ from corral.server.compat.tensorlake_process import (
     sse,
 )
 from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
-from corral.server.models import safe_text
 from corral.server.streaming import NDJSONResponse, start_events
 from corral.server.wire import body_pieces, file_response, read_body, read_json
 
