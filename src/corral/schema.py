@@ -124,6 +124,10 @@ class SandboxSpec(BaseModel):
     # held exclusively unless ``gpu_shared`` (then only with other sharers).
     gpus: StrictInt | Literal["all"] | list[str] | None = None
     gpu_shared: bool = False
+    # Its running processes can be saved and restored (CRIU, docs/live.md): the
+    # sandbox user is uid 0 of its user namespace (still without any capability) and
+    # that namespace is not nested, as CRIU needs; nothing else changes.
+    checkpointable: bool = False
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.

@@ -38,11 +38,25 @@ async def count(engine, sid) -> int:
     raise AssertionError("the counter never wrote")
 
 
-async def dump(engine, sid, tenant=None):
+async def dump(engine, sid, tenant=None, uid=None):
     live = engine._get_live(sid)
     return await checkpoint.dump(cache_dir=engine.layout.cache_dir,
                                  state_dir=engine.layout.state_dir, sandbox_id=sid,
-                                 tenant=tenant, launcher_pid=live.proc.pid)
+                                 tenant=tenant, launcher_pid=live.proc.pid, uid=uid)
+
+
+async def test_a_checkpointable_sandbox_is_dumped_and_keeps_running(engine, criu_cached):
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.exec(sb.id, ["sh", "-c", COUNTER])
+    before = await count(engine, sb.id)
+    images = await dump(engine, sb.id, uid=engine._get_live(sb.id).uid)
+    names = {p.name for p in images.path.iterdir()}
+    assert {"inventory.img", "pstree.img", "pages-1.img"} <= names, names
+    for p in (images.path, *images.path.iterdir()):
+        assert p.stat().st_uid == 0 and not p.stat().st_mode & 0o077
+    await asyncio.sleep(0.3)
+    assert await count(engine, sb.id) > before  # it went on counting
+    assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
 
 
 async def test_a_dump_leaves_the_sandbox_running(engine, criu_cached):

@@ -41,6 +41,7 @@ class SpecOptions(TypedDict, total=False):
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
     gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
     gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)
+    checkpointable: bool  # its running processes can be checkpointed (docs/live.md)
 
 
 class SpecFields(SpecOptions, total=False):

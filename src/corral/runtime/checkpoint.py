@@ -13,9 +13,11 @@ made by the launcher as for any sandbox. Mount points come from the sandbox's mo
 a sandbox cannot mount (no capabilities, seccomp), and a path CRIU's syntax would read
 differently is refused.
 
-On this platform a dump of a sandbox as corral makes them today fails (docs/live.md,
-"What blocks"), so :func:`dump` is the first half of ``sb.checkpoint()``, not yet wired
-to the HTTP API.
+CRIU runs as the sandbox's own host uid, holding root's capabilities as ambient ones
+(``--unprivileged``): root here may lack ``CAP_SYS_RESOURCE``, and ``prlimit()`` on a
+task of another uid needs it, while a task of the caller's own uid needs nothing
+(:func:`dumper`). Only a checkpointable sandbox (``SandboxSpec.checkpointable``: uid 0
+mapped, one user namespace, the agent's channels made inside) can be dumped.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import re
 import secrets
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +82,38 @@ def sandbox_init(launcher_pid: int) -> int:
     return int(children[0])
 
 
+def _ambient_caps() -> str:
+    """``-all,+cap,...``: every capability in our bounding set, by setpriv's names."""
+    names = subprocess.run(["setpriv", "--list-caps"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    bound = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            bound = int(line.split()[1], 16)
+    return ",".join(["-all", *(f"+{n}" for i, n in enumerate(names) if bound >> i & 1)])
+
+
+def dumper(uid: int) -> list[str]:
+    """The prefix that runs CRIU as host uid ``uid`` with our capabilities, ambient.
+
+    Why: ``prlimit()`` of another uid's task needs ``CAP_SYS_RESOURCE`` in its user
+    namespace, which root may not hold (some hosts drop it from the bounding set); of
+    a task of the caller's own real uid and gid it needs nothing. Sandbox code cannot
+    reach the dumper: it runs outside the sandbox's pid namespace, with capabilities
+    the sandbox's processes lack (so they cannot ptrace it)."""
+    caps = _ambient_caps()
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+
+
+def _chown_root(path: Path) -> None:
+    """The dumper wrote the images as the sandbox's uid: make them root's."""
+    for entry in (path, *path.iterdir()):
+        os.chown(entry, 0, 0, follow_symlinks=False)
+        if not entry.is_symlink():
+            os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+
+
 _SAFE_MOUNT = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 
 
@@ -97,6 +132,17 @@ def external_mounts(pid: int) -> list[str]:
     return argv
 
 
+def agent_sockets(pid: int) -> list[str]:
+    """``--external unix[INO]`` for the agent's channels: socketpair ends whose peers
+    are the engine's and the warden's (made inside the sandbox: agent.c, ``local``)."""
+    argv: list[str] = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            argv += ["--external", f"unix[{target[8:-1]}]"]
+    return argv
+
+
 def cause_of(log: str) -> tuple[str, str, str]:
     """(cause code, what it means, CRIU's own line) from a dump log."""
     errors = [ln for ln in log.splitlines() if "Error (" in ln and not any(n in ln for n in _NOISE)]
@@ -108,7 +154,7 @@ def cause_of(log: str) -> tuple[str, str, str]:
 
 
 async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str | None,
-               launcher_pid: int) -> Images:
+               launcher_pid: int, uid: int | None = None) -> Images:
     """Dump a running sandbox's processes, leaving them running (see the module's doc)."""
     binary = criu.require(cache_dir)
     root = images_root(state_dir, tenant)
@@ -116,8 +162,11 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
     images.mkdir(mode=0o700)
     try:
         pid = sandbox_init(launcher_pid)
-        argv = [str(binary.path), "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log",
-                "--leave-running", "--ext-unix-sk", "--shell-job", *external_mounts(pid)]
+        own = [] if uid is None else ["--unprivileged"]  # see dumper()
+        argv = [*([] if uid is None else dumper(uid)), str(binary.path), "dump", *own,
+                "-t", str(pid), "-D", str(images), "-o", "dump.log", "--leave-running",
+                "--ext-unix-sk", "--shell-job", *external_mounts(pid),
+                *agent_sockets(pid)]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL, cwd="/")
@@ -137,6 +186,7 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
                 "it keeps running. See docs/live.md",
                 details={"sandbox_id": sandbox_id, "cause": code, "criu_error": line},
             )
+        _chown_root(images)
     except BaseException:
         shutil.rmtree(images, ignore_errors=True)
         raise

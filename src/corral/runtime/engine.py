@@ -368,10 +368,15 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
                                     inodes=spec.inodes)
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
+        args = self._launch_args(live, slot, lowers)
+        if spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
+            slot.launch(args)
+            await slot.take_local_channels()
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
-        slot.launch(self._launch_args(live, slot, lowers))
+        if not spec.checkpointable:
+            slot.launch(args)
         await channel.start()
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel

@@ -60,12 +60,16 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         argv += ["--netns", live.netns]
     for path in live.gpus.mount_points() if live.gpus else ():
         argv += ["--stub", path]
+    if live.build_root:
+        identity = rootbuild.bwrap_identity()
+    elif spec.checkpointable:  # uid 0 mapped, one user namespace: what CRIU needs
+        identity = ["--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
+    else:
+        identity = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
     argv += [
         "--", bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--unshare-cgroup", "--disable-userns",
-        *(rootbuild.bwrap_identity() if live.build_root else
-          ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]),
+        "--unshare-cgroup", *([] if spec.checkpointable else ["--disable-userns"]), *identity,
         "--hostname", "sandbox",
         "--bind", str(live.sandbox_dir / "root"), "/",
         "--proc", "/proc", "--dev", "/dev",
@@ -91,4 +95,6 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
     argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd), str(slot.reattach_fd)]
+    if spec.checkpointable:  # its channels made in its own namespaces (agent.c)
+        argv.append("local")
     return argv
