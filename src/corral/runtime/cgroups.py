@@ -146,6 +146,10 @@ class Cgroup:
                 continue
         return sorted(found)
 
+    def freezer_dir(self) -> Path:
+        """The directory of the group's freezer (v1's hierarchy, or v2's group)."""
+        return self._dirs.get("freezer") or self._dirs[""]
+
     def freeze(self, timeout: float = 5.0) -> None:
         """Stop every process in the group; return once they are all stopped."""
         raise NotImplementedError

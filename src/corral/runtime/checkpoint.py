@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import InvalidState, Unsupported
-from corral.runtime import criu
+from corral.runtime import criu, live_images
 
 DUMP_TIMEOUT_S = 120.0
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
@@ -106,6 +106,14 @@ def dumper(uid: int) -> list[str]:
             f"--inh-caps={caps}", f"--ambient-caps={caps}"]
 
 
+def _kerndat_dir(state_dir: Path) -> Path:
+    """Where CRIU caches what it probed of the kernel (its dumps start faster): a
+    directory of the daemon's state, reached by no sandbox."""
+    d = Path(state_dir) / "checkpoints" / ".kerndat"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
 def _chown_root(path: Path) -> None:
     """The dumper wrote the images as the sandbox's uid: make them root's."""
     for entry in (path, *path.iterdir()):
@@ -118,9 +126,11 @@ _SAFE_MOUNT = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 
 
 def external_mounts(pid: int) -> list[str]:
-    """``--external mnt[PATH]:mN`` for each mount point of ``pid`` but /proc and /dev (which
-    CRIU makes again); :class:`Unsupported` for a path it would parse differently."""
+    """``--external mnt[PATH]:KEY`` for each mount point of ``pid`` but /proc and /dev
+    (which CRIU makes again), keyed by :func:`~corral.runtime.live_images.mount_key`;
+    :class:`Unsupported` for a path it would parse differently."""
     argv: list[str] = []
+    seen: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
         point = line.split()[4]
         if point in ("/proc", "/dev"):
@@ -128,19 +138,33 @@ def external_mounts(pid: int) -> list[str]:
         if not _SAFE_MOUNT.match(point):
             raise Unsupported(f"a mount point of the sandbox ({point!r}) cannot be named to "
                               "CRIU", details={"cause": "mount"})
-        argv += ["--external", f"mnt[{point}]:m{len(argv) // 2}"]
+        argv += ["--external", f"mnt[{point}]:{live_images.mount_key(point, seen)}"]
     return argv
 
 
-def agent_sockets(pid: int) -> list[str]:
-    """``--external unix[INO]`` for the agent's channels: socketpair ends whose peers
-    are the engine's and the warden's (made inside the sandbox: agent.c, ``local``)."""
-    argv: list[str] = []
+def agent_sockets(pid: int) -> dict[str, int]:
+    """The inodes of the agent's channels (``ctl``: its stream socket, ``reattach``: its
+    seqpacket one), socketpair ends made inside the sandbox (agent.c, ``local``) whose
+    peers are the engine's and the warden's."""
+    held = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         target = os.readlink(fd)
         if target.startswith("socket:["):
-            argv += ["--external", f"unix[{target[8:-1]}]"]
-    return argv
+            held.add(int(target[8:-1]))
+    found: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 7 and int(cols[6]) in held:
+            kind = {"0001": "ctl", "0005": "reattach"}.get(cols[4])
+            if kind is None or kind in found:
+                raise Unsupported("the sandbox's agent holds sockets a checkpoint cannot "
+                                  "hand over", details={"cause": "agent_socket"})
+            found[kind] = int(cols[6])
+    if len(found) != 2 or len(held) != 2:
+        raise Unsupported("the sandbox's agent channels are not its own (not a "
+                          "checkpointable sandbox, or one adopted after a daemon restart)",
+                          details={"cause": "agent_socket"})
+    return found
 
 
 def cause_of(log: str) -> tuple[str, str, str]:
@@ -154,22 +178,31 @@ def cause_of(log: str) -> tuple[str, str, str]:
 
 
 async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str | None,
-               launcher_pid: int, uid: int | None = None) -> Images:
-    """Dump a running sandbox's processes, leaving them running (see the module's doc)."""
+               launcher_pid: int, uid: int | None = None, freezer: Path | None = None) -> Images:
+    """Dump a running sandbox's processes, leaving them running (see the module's doc).
+    With ``freezer`` (the sandbox's frozen freezer cgroup) CRIU leaves it frozen: its
+    files can be committed before it goes on (``Engine.checkpoint``)."""
     binary = criu.require(cache_dir)
     root = images_root(state_dir, tenant)
     images = root / f"{sandbox_id}-{secrets.token_hex(6)}"
     images.mkdir(mode=0o700)
     try:
         pid = sandbox_init(launcher_pid)
-        own = [] if uid is None else ["--unprivileged"]  # see dumper()
+        mounts = external_mounts(pid)
+        own = ["--network-lock", "skip"]  # nothing but loopback to lock
+        if uid is not None:  # see dumper(); only a checkpointable sandbox gets here
+            live_images.check_mounts([m.rsplit(":", 1)[1] for m in mounts[1::2]])
+            channels = agent_sockets(pid)
+            own = ["--unprivileged", *(f"--external=unix[{ino}]" for ino in channels.values())]
+        if freezer is not None:
+            own += ["--freeze-cgroup", str(freezer)]
         argv = [*([] if uid is None else dumper(uid)), str(binary.path), "dump", *own,
                 "-t", str(pid), "-D", str(images), "-o", "dump.log", "--leave-running",
-                "--ext-unix-sk", "--shell-job", *external_mounts(pid),
-                *agent_sockets(pid)]
+                "--ext-unix-sk", "--shell-job", *mounts]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, cwd="/")
+            stderr=asyncio.subprocess.DEVNULL, cwd="/",
+            env={"PATH": live_images.CRIU_PATH, "XDG_RUNTIME_DIR": str(_kerndat_dir(state_dir))})
         try:
             async with asyncio.timeout(DUMP_TIMEOUT_S):
                 rc = await proc.wait()
@@ -186,6 +219,8 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
                 "it keeps running. See docs/live.md",
                 details={"sandbox_id": sandbox_id, "cause": code, "criu_error": line},
             )
+        if uid is not None:
+            live_images.write_meta(images, **channels)
         _chown_root(images)
     except BaseException:
         shutil.rmtree(images, ignore_errors=True)

@@ -52,6 +52,7 @@ from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_lifetime import LifetimeOps
+from corral.runtime.engine_live import LiveOps
 from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_queries import QueryOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
@@ -106,7 +107,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
 
 
 class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
-             LifetimeOps, QueryOps):
+             LifetimeOps, QueryOps, LiveOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -283,7 +284,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        build_root: bool = False, **kw: Any,
+        build_root: bool = False, images: Path | None = None, **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox and wait until its agent is ready to run commands.
 
@@ -291,7 +292,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         an image not in the store (a base plus the layers built so far), and
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
         committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
-        step: :mod:`corral.runtime.rootbuild`).
+        step: :mod:`corral.runtime.rootbuild`). ``images``: a live checkpoint's, whose
+        processes it runs (:mod:`corral.runtime.engine_live`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -329,6 +331,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
         live.gpus = grant
+        live.images = images
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
@@ -368,26 +371,31 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
                                     inodes=spec.inodes)
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
-        args = self._launch_args(live, slot, lowers)
-        if spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
-            slot.launch(args)
+        if live.images is not None:  # a live checkpoint's restore (engine_live.py)
+            await self._launch_restore(live, slot, lowers)
+        elif spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
+            slot.launch(self._launch_args(live, slot, lowers))
             await slot.take_local_channels()
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
-        if not spec.checkpointable:
-            slot.launch(args)
+        if slot.go_fd >= 0:
+            slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
                 await asyncio.shield(channel.ready)
         except (CorralError, asyncio.TimeoutError):  # before READY no sandbox code has run
             detail = slot.error_output()
+            if live.images is not None:
+                detail = self._restore_done(live, ok=False) or detail
             raise SandboxStartError(
                 f"sandbox {live.id} failed to start"
                 + (f": {detail}" if detail else " (no error output; see the daemon log)"),
                 details={"sandbox_id": live.id},
             ) from None
+        if live.images is not None:
+            self._restore_done(live, ok=True)
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

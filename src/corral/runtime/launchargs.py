@@ -33,7 +33,16 @@ RESOLV_CONF = "/etc/resolv.conf"
 def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
                 agent: Path) -> list[str]:
     """The options for ``slot`` to become the sandbox ``live``
-    on ``lowers`` (top first), with the agent binary ``agent``."""
+    on ``lowers`` (top first), with the agent binary ``agent``: bubblewrap's, or the
+    restore of a live checkpoint (``live.program``, run as root: docs/live.md)."""
+    argv = mount_args(live, lowers, agent=agent)
+    if live.program:
+        return [*argv, "--exec-root", "1", "--", *live.program]
+    return argv + bwrap_args(live, slot, bwrap=bwrap)
+
+
+def mount_args(live: Live, lowers: list[Path], *, agent: Path) -> list[str]:
+    """The launcher's own options: the sandbox's root, its limits, its mounts."""
     spec = live.spec
     lowers = [agent_layer(agent), *lowers]
     argv = [
@@ -60,13 +69,19 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         argv += ["--netns", live.netns]
     for path in live.gpus.mount_points() if live.gpus else ():
         argv += ["--stub", path]
+    return argv
+
+
+def bwrap_args(live: Live, slot: Slot, *, bwrap: str) -> list[str]:
+    """``-- bwrap ...``: the program the launcher becomes, and its options."""
+    spec = live.spec
     if live.build_root:
         identity = rootbuild.bwrap_identity()
     elif spec.checkpointable:  # uid 0 mapped, one user namespace: what CRIU needs
         identity = ["--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
     else:
         identity = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
-    argv += [
+    argv = [
         "--", bwrap,
         "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup", *([] if spec.checkpointable else ["--disable-userns"]), *identity,

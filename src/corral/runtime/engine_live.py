@@ -1,0 +1,153 @@
+"""The engine's live checkpoints: a sandbox's running processes saved and restored
+(docs/live.md; CRIU's halves are :mod:`.checkpoint` and :mod:`.live_images`).
+
+Mixed into :class:`~corral.runtime.engine.Engine`. A checkpoint is a normal snapshot
+of the sandbox's files plus CRIU's images of its processes, both taken while its
+cgroup is frozen (so files and memory agree), in ``STATE/checkpoints/<tenant>/<snapshot
+id>``. A restore is a create from that snapshot whose launcher runs CRIU's restore in
+place of bubblewrap, in the new slot's cgroup, mounts and uid; the restored agent is
+given a new control socket over its reattach socket (as after a daemon restart) and
+says READY on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import InvalidState, Unsupported
+from corral.runtime import checkpoint, criu, live_images, restore
+from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
+
+if TYPE_CHECKING:
+    from corral.runtime.launcher import Slot
+    from corral.runtime.live import Live
+    from corral.runtime.paths import Layout
+    from corral.runtime.snapshots import Snapshots
+
+RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
+
+
+class LiveOps:
+    """``checkpoint``, ``restore_checkpoint``, ``fork_live``."""
+
+    if TYPE_CHECKING:
+        layout: Layout
+        snapshots: Snapshots
+
+        def _get_live(self, sandbox_id: str) -> Live: ...
+        def upper_dir(self, sandbox_id: str) -> Path: ...
+        def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
+        def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]: ...
+        async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, *,
+                         images: Path | None = None, **kw: Any) -> SandboxInfo: ...
+        async def delete(self, sandbox_id: str) -> bool: ...
+
+    async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+        """Save a running sandbox's processes and files as a live snapshot; it keeps
+        running. :class:`Unsupported` (``details.cause``) where CRIU cannot, the sandbox
+        untouched."""
+        self.snapshots.valid_name(name)
+        live = self._get_live(sandbox_id)
+        if not live.spec.checkpointable:
+            raise Unsupported(
+                f"sandbox {sandbox_id} was not created checkpointable: create it with "
+                "checkpointable=True to checkpoint its processes (docs/live.md)",
+                details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
+        self.snapshots.check_name(name, live.spec.tenant)
+        self.snapshots.check_quota(live.spec.tenant, {})
+        async with live.lock:
+            if live.ending or live.state != SandboxState.RUNNING or live.proc is None:
+                raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
+                                   "running sandbox can be checkpointed",
+                                   details={"sandbox_id": sandbox_id})
+            await asyncio.to_thread(live.cgroup.freeze)
+            try:
+                images = await checkpoint.dump(
+                    cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
+                    sandbox_id=sandbox_id, tenant=live.spec.tenant, launcher_pid=live.proc.pid,
+                    uid=live.uid, freezer=live.cgroup.freezer_dir())
+                try:
+                    staged = await self.snapshots.stage(
+                        self.upper_dir(sandbox_id), None, source=sandbox_id, spec=live.spec,
+                        ids=self.owner_ids(sandbox_id))
+                except BaseException:
+                    shutil.rmtree(images.path, ignore_errors=True)
+                    raise
+            finally:
+                live.cgroup.thaw()
+        snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
+                                           parent=live.snapshot_id, source=sandbox_id)
+        images.path.rename(images.path.with_name(snap.id))
+        return snap
+
+    def checkpoint_images(self, snapshot: str) -> Path | None:
+        """The process images of a live snapshot (by id or name); None for a snapshot of
+        files only."""
+        snap = self.snapshots.get(snapshot)
+        tenant = self.snapshots.resolve(SandboxSpec(snapshot=snap.id)).tenant
+        path = checkpoint.images_root(self.layout.state_dir, tenant) / snap.id
+        return path if path.is_dir() else None
+
+    async def restore_checkpoint(self, snapshot: str, **spec: Any) -> SandboxInfo:
+        """A new sandbox running the processes of the live snapshot ``snapshot``, from
+        where they were: its own slot, uid, cgroup and namespaces."""
+        images = self.checkpoint_images(snapshot)
+        if images is None:
+            raise InvalidState(f"snapshot {snapshot} holds files only, not processes: "
+                               "create(snapshot=...) starts from its files")
+        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec), images=images)
+
+    async def fork_live(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
+        """``n`` running copies of a checkpointable sandbox, each restored from one
+        checkpoint (removed once they run). All or nothing."""
+        snap = await self.checkpoint(sandbox_id)
+        try:
+            made = await asyncio.gather(*(self.restore_checkpoint(snap.id) for _ in range(n)),
+                                        return_exceptions=True)
+        finally:
+            await self.delete_live_snapshot(snap.id)
+        ok = [r for r in made if isinstance(r, SandboxInfo)]
+        failed = [r for r in made if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(self.delete(r.id) for r in ok))
+            raise failed[0]
+        return ok
+
+    async def delete_live_snapshot(self, snapshot: str) -> bool:
+        """Delete a snapshot and, for a live one, its process images."""
+        images = self.checkpoint_images(snapshot)
+        if images is not None:
+            shutil.rmtree(images, ignore_errors=True)
+        return await self.snapshots.delete(snapshot)
+
+    async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
+        """Start CRIU's restore of ``live.images`` in ``slot`` and give the restored agent
+        a new control socket (it answers READY on it)."""
+        assert live.images is not None and slot.reattach is not None
+        binary = criu.require(self.layout.cache_dir)
+        meta = live_images.read_meta(live.images)
+        dest = live.sandbox_dir / RESTORE_DIR
+        await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+        live.program = tuple(live_images.restore_argv(
+            binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
+            ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
+        slot.launch(self._launch_args(live, slot, lowers))
+        old, slot.sock = slot.sock, restore.reattach(slot.reattach)
+        old.close()
+
+    def _restore_done(self, live: Live, ok: bool) -> str:
+        """Remove a restore's staged images; CRIU's errors if it failed."""
+        dest = live.sandbox_dir / RESTORE_DIR
+        errors = ""
+        if not ok:
+            try:
+                log = (dest / "restore.log").read_text(errors="replace")
+                errors = "; ".join(ln.split("): ", 1)[-1] for ln in log.splitlines()
+                                   if "Error (" in ln)[:2000]
+            except OSError:
+                pass
+        shutil.rmtree(dest, ignore_errors=True)
+        return errors
