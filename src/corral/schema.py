@@ -272,6 +272,9 @@ class SnapshotInfo(BaseModel):
     size_bytes: int
     created_at: float
     source_sandbox: str | None = None
+    # "files": the writable layer only; "live": its processes too (a checkpoint,
+    # docs/live.md): a sandbox created from it runs them on from where they were
+    kind: Literal["files", "live"] = "files"
 
 
 def default_output_tail(max_output: int) -> int:

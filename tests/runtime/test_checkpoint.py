@@ -143,5 +143,5 @@ async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engi
     assert engine.cgroup(copy.id).path != engine.cgroup(sb.id).path
     await engine.delete(copy.id)
     assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
-    assert await engine.delete_live_snapshot(snap.id)
+    assert await engine.delete_snapshot(snap.id)
     assert not images.exists()

@@ -178,9 +178,13 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="NVIDIA GPUs: a count, 'all', or GPU indices/UUIDs (comma-separated)")
     p.add_argument("--gpu-shared", action="store_true", default=None,
                    help="share the GPUs with other sandboxes that share (default: exclusive)")
+    p.add_argument("--checkpointable", action="store_true", default=None,
+                   help="its running processes can be checkpointed (snapshot create "
+                   "--live; docs/live.md)")
     p.add_argument("--snapshot", metavar="S",
-                   help="start on this snapshot's files (id or name); options left out "
-                   "come from the sandbox it was taken from")
+                   help="start on this snapshot's files (id or name; a live one's "
+                   "processes run on); options left out come from the sandbox it was "
+                   "taken from")
 
 
 def _add_pool_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -214,6 +218,8 @@ def _add_snapshot_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> Non
     p = verbs.add_parser("create", parents=conn, help="snapshot a sandbox; print the id")
     p.add_argument("id", metavar="ID", help="the sandbox")
     p.add_argument("--name", metavar="N", help="a unique name to use instead of the id")
+    p.add_argument("--live", action="store_true",
+                   help="its running processes too (a checkpointable sandbox; docs/live.md)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     p.set_defaults(handler=_snapshots.create)
     p = verbs.add_parser("ls", parents=conn, help="list snapshots")

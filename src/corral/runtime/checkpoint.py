@@ -74,6 +74,23 @@ def images_root(state_dir: Path, tenant: str | None) -> Path:
     return tenant_dir
 
 
+def images_bytes(state_dir: Path, tenant: str | None) -> int:
+    """The size of ``tenant``'s process images (counted in its snapshot quota)."""
+    root = Path(state_dir) / "checkpoints" / (tenant or _ADMIN)
+    total = 0
+    try:
+        dumps = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return 0
+    for d in dumps:
+        for f in d.iterdir():
+            try:
+                total += f.lstat().st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
 def sandbox_init(launcher_pid: int) -> int:
     """The host pid of the sandbox's pid 1: the one child of its bwrap."""
     children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()

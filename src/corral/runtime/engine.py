@@ -106,8 +106,8 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
-             LifetimeOps, QueryOps, LiveOps):
+class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
+             LifetimeOps, QueryOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
@@ -157,7 +157,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
         kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
-        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
+        self.snapshots.also_held = lambda owner: (kept_held(owner) + self.volumes.used_bytes(owner)
+                                                  + self.images_bytes(owner))  # engine_live.py
         self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
                                   hosts=network_hosts)
         self.closed = False
@@ -284,7 +285,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        build_root: bool = False, images: Path | None = None, **kw: Any,
+        build_root: bool = False, **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox and wait until its agent is ready to run commands.
 
@@ -292,8 +293,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         an image not in the store (a base plus the layers built so far), and
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
         committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
-        step: :mod:`corral.runtime.rootbuild`). ``images``: a live checkpoint's, whose
-        processes it runs (:mod:`corral.runtime.engine_live`).
+        step: :mod:`corral.runtime.rootbuild`). From a live snapshot it runs the
+        snapshot's processes on (:mod:`corral.runtime.engine_live`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -309,6 +310,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
+        images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
         try:
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState, Unsupported
+from corral.errors import InvalidState, SnapshotNotFound, Unsupported
 from corral.runtime import checkpoint, criu, live_images, restore
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
@@ -31,7 +31,8 @@ RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
 
 
 class LiveOps:
-    """``checkpoint``, ``restore_checkpoint``, ``fork_live``."""
+    """``checkpoint``, ``restore_checkpoint``; ``get_snapshot``, ``list_snapshots`` and
+    ``delete_snapshot`` that know a live snapshot (its kind, its images)."""
 
     if TYPE_CHECKING:
         layout: Layout
@@ -41,9 +42,8 @@ class LiveOps:
         def upper_dir(self, sandbox_id: str) -> Path: ...
         def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
         def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]: ...
-        async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, *,
-                         images: Path | None = None, **kw: Any) -> SandboxInfo: ...
-        async def delete(self, sandbox_id: str) -> bool: ...
+        async def create(self, spec: SandboxSpec | dict[str, Any] | None = None,
+                         **kw: Any) -> SandboxInfo: ...
 
     async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
         """Save a running sandbox's processes and files as a live snapshot; it keeps
@@ -81,7 +81,18 @@ class LiveOps:
         snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
                                            parent=live.snapshot_id, source=sandbox_id)
         images.path.rename(images.path.with_name(snap.id))
-        return snap
+        return snap.model_copy(update={"kind": "live"})
+
+    def get_snapshot(self, id_or_name: str) -> SnapshotInfo:
+        """A snapshot by id or name (its ``kind``); :class:`SnapshotNotFound` if none."""
+        return self._kind(self.snapshots.get(id_or_name))
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return [self._kind(s) for s in self.snapshots.list()]
+
+    def _kind(self, snap: SnapshotInfo) -> SnapshotInfo:
+        live = self.checkpoint_images(snap.id) is not None
+        return snap.model_copy(update={"kind": "live"}) if live else snap
 
     def checkpoint_images(self, snapshot: str) -> Path | None:
         """The process images of a live snapshot (by id or name); None for a snapshot of
@@ -93,35 +104,28 @@ class LiveOps:
 
     async def restore_checkpoint(self, snapshot: str, **spec: Any) -> SandboxInfo:
         """A new sandbox running the processes of the live snapshot ``snapshot``, from
-        where they were: its own slot, uid, cgroup and namespaces."""
-        images = self.checkpoint_images(snapshot)
-        if images is None:
+        where they were: its own slot, uid, cgroup and namespaces. (``create`` with
+        ``snapshot=`` a live snapshot does the same.)"""
+        if self.checkpoint_images(snapshot) is None:
             raise InvalidState(f"snapshot {snapshot} holds files only, not processes: "
                                "create(snapshot=...) starts from its files")
-        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec), images=images)
+        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec))
 
-    async def fork_live(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
-        """``n`` running copies of a checkpointable sandbox, each restored from one
-        checkpoint (removed once they run). All or nothing."""
-        snap = await self.checkpoint(sandbox_id)
+    async def delete_snapshot(self, id_or_name: str) -> bool:
+        """Delete a snapshot (see :meth:`SnapshotOps.delete_snapshot
+        <corral.runtime.engine_snapshots.SnapshotOps.delete_snapshot>`) and, for a live
+        one, its process images at once (no restore is started from it any more)."""
         try:
-            made = await asyncio.gather(*(self.restore_checkpoint(snap.id) for _ in range(n)),
-                                        return_exceptions=True)
-        finally:
-            await self.delete_live_snapshot(snap.id)
-        ok = [r for r in made if isinstance(r, SandboxInfo)]
-        failed = [r for r in made if isinstance(r, BaseException)]
-        if failed:
-            await asyncio.gather(*(self.delete(r.id) for r in ok))
-            raise failed[0]
-        return ok
-
-    async def delete_live_snapshot(self, snapshot: str) -> bool:
-        """Delete a snapshot and, for a live one, its process images."""
-        images = self.checkpoint_images(snapshot)
+            images = self.checkpoint_images(id_or_name)
+        except SnapshotNotFound:
+            return False
         if images is not None:
-            shutil.rmtree(images, ignore_errors=True)
-        return await self.snapshots.delete(snapshot)
+            await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
+        return await self.snapshots.delete(id_or_name)
+
+    def images_bytes(self, tenant: str | None) -> int:
+        """Disk held by ``tenant``'s live snapshots' process images (its snapshot quota)."""
+        return checkpoint.images_bytes(self.layout.state_dir, tenant)
 
     async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
         """Start CRIU's restore of ``live.images`` in ``slot`` and give the restored agent

@@ -39,6 +39,7 @@ class SnapshotOps:
         def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
         async def create(self, spec: SandboxSpec) -> SandboxInfo: ...
         async def delete(self, sandbox_id: str) -> bool: ...
+        async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo: ...
 
     async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
         """Commit a sandbox's files as a snapshot that new sandboxes start from
@@ -64,11 +65,13 @@ class SnapshotOps:
             staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
         )
 
-    async def fork(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
+    async def fork(self, sandbox_id: str, n: int, *, live: bool | None = None) -> list[SandboxInfo]:
         """``n`` new sandboxes with a copy of this one's files and its spec, made
         concurrently from a snapshot that goes away when the last of them ends.
-        All or nothing: if one fails to start, the others are deleted."""
-        return await fork_from(self, sandbox_id, n, create=self.create, delete=self.delete)
+        All or nothing: if one fails to start, the others are deleted. ``live``: its
+        running processes too (default: when it is checkpointable; docs/live.md)."""
+        return await fork_from(self, sandbox_id, n, create=self.create, delete=self.delete,
+                               live=live)
 
     def fork_spec(self, sandbox_id: str, snapshot_id: str) -> SandboxSpec:
         """The spec of a copy of ``sandbox_id`` started from its snapshot: its own, with
@@ -116,15 +119,19 @@ async def fork_from(
     delete: Callable[[str], Awaitable[object]],
     tags: Sequence[str] | None = None,
     abandoned: Callable[[], Awaitable[bool]] | None = None,
+    live: bool | None = None,
 ) -> list[SandboxInfo]:
     """``n`` new sandboxes with ``sandbox_id``'s files and spec (``tags`` replaces its
     tags), made by ``create`` from one snapshot that goes away at once (its layers stay
     while the copies run). All or nothing: on any failure, or if ``abandoned()`` says
     the caller left, what was made is deleted and the error (or :class:`Abandoned`)
-    raised."""
+    raised. ``live`` (default: if the sandbox is checkpointable): from a checkpoint,
+    so the copies run its processes on (:mod:`corral.runtime.engine_live`)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
-    snap = await engine.snapshot(sandbox_id)
+    if live is None:
+        live = engine.get(sandbox_id).spec.checkpointable
+    snap = await (engine.checkpoint(sandbox_id) if live else engine.snapshot(sandbox_id))
     engine.events.emit(Forking(sandbox_id, snap.id))  # the copies' logs say "forked"
     try:
         spec = engine.fork_spec(sandbox_id, snap.id)
@@ -133,7 +140,7 @@ async def fork_from(
         made = await asyncio.gather(*(create(spec) for _ in range(n)), return_exceptions=True)
     finally:
         engine.events.emit(Forking(sandbox_id, snap.id, done=True))
-        await engine.snapshots.delete(snap.id)  # deferred while the copies run
+        await engine.delete_snapshot(snap.id)  # its layers: deferred while the copies run
     ok = [r for r in made if isinstance(r, SandboxInfo)]
     failed = [r for r in made if isinstance(r, BaseException)]
     if failed or (abandoned is not None and await abandoned()):

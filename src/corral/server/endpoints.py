@@ -104,6 +104,7 @@ from corral.server.processes import (
 )
 from corral.server.routes import (
     acquire_from_pool,
+    checkpoint_sandbox,
     create_pool,
     create_sandbox,
     delete_pool,
@@ -260,6 +261,17 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         _SB + "/snapshot",
         snapshot_sandbox,
         "Commit a sandbox's files as a snapshot (create from it with snapshot=)",
+        body=SnapshotRequest,
+        body_optional=True,
+        reply=SnapshotInfo,
+        status=201,
+    ),
+    Endpoint(
+        "POST",
+        _SB + "/checkpoint",
+        checkpoint_sandbox,
+        "Save a checkpointable sandbox's running processes and files as a live snapshot "
+        "(create from it with snapshot= to run them on; docs/live.md)",
         body=SnapshotRequest,
         body_optional=True,
         reply=SnapshotInfo,

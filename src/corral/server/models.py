@@ -95,6 +95,9 @@ class ForkRequest(_Body):
     """``POST /v1/sandboxes/{id}/fork``: how many copies."""
 
     n: StrictInt = Field(ge=1, le=MAX_FORK)
+    # its running processes too (a checkpoint, docs/live.md); default: if it is
+    # checkpointable
+    live: StrictBool | None = None
 
 
 class MkdirRequest(_Body):

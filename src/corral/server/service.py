@@ -300,13 +300,15 @@ class SandboxService:
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
         frontend: str = "native",
+        live: bool | None = None,
     ) -> list[SandboxInfo]:
-        """``n`` new sandboxes with this one's files and spec, each created through
-        admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        """``n`` new sandboxes with this one's files and spec (``live``: its processes
+        too), each created through admission control; all or nothing
+        (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
         check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
         # n copies that could never be alive at once: a 400 now, before the snapshot
         self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
         return await fork_from(
             self.engine, sandbox_id, n, create=self.create, delete=self.delete, tags=tags,
-            abandoned=abandoned,
+            abandoned=abandoned, live=live,
         )
