@@ -37,7 +37,7 @@ from corral.runtime import criu, live_images
 DUMP_TIMEOUT_S = 120.0
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
 # CRIU errors that are not the cause (it logs them and goes on)
-_NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid")
+_NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid", "Restoring FAILED")
 # what the first error CRIU gives means, in the words of docs/live.md
 CAUSES = (
     ("Unable to convert uid or gid", "userns_no_root",
@@ -184,9 +184,14 @@ def agent_sockets(pid: int) -> dict[str, int]:
     return found
 
 
+def is_noise(line: str) -> bool:
+    """A line CRIU logs as an error that is not the cause (it goes on, or sums up)."""
+    return any(n in line for n in _NOISE)
+
+
 def cause_of(log: str) -> tuple[str, str, str]:
     """(cause code, what it means, CRIU's own line) from a dump log."""
-    errors = [ln for ln in log.splitlines() if "Error (" in ln and not any(n in ln for n in _NOISE)]
+    errors = [ln for ln in log.splitlines() if "Error (" in ln and not is_noise(ln)]
     first = errors[0].split("): ", 1)[-1].strip() if errors else "no error in its log"
     for needle, code, meaning in CAUSES:
         if needle in first:

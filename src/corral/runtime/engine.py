@@ -397,7 +397,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
                 details={"sandbox_id": live.id},
             ) from None
         if live.images is not None:
-            self._restore_done(live, ok=True)
+            self._restored(live, slot)  # or InvalidState: a forged checkpoint
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

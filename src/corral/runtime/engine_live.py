@@ -142,6 +142,13 @@ class LiveOps:
         old, slot.sock = slot.sock, restore.reattach(slot.reattach)
         old.close()
 
+    def _restored(self, live: Live, slot: Slot) -> None:
+        """The restored agent answered: drop the staged images and check that every
+        restored process is confined as a sandbox's are (a forged image cannot lift
+        that: :func:`~corral.runtime.live_images.check_restored`)."""
+        self._restore_done(live, ok=True)
+        live_images.check_restored(live.cgroup.pids(), outer=slot.proc.pid, uid=live.uid)
+
     def _restore_done(self, live: Live, ok: bool) -> str:
         """Remove a restore's staged images; CRIU's errors if it failed."""
         dest = live.sandbox_dir / RESTORE_DIR
@@ -150,7 +157,7 @@ class LiveOps:
             try:
                 log = (dest / "restore.log").read_text(errors="replace")
                 errors = "; ".join(ln.split("): ", 1)[-1] for ln in log.splitlines()
-                                   if "Error (" in ln)[:2000]
+                                   if "Error (" in ln and not checkpoint.is_noise(ln))[:2000]
             except OSError:
                 pass
         shutil.rmtree(dest, ignore_errors=True)

@@ -140,3 +140,28 @@ def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, i
     for key, src in mount_sources(sandbox_dir).items():
         argv += ["--external", f"mnt[{key}]:{src}"]
     return argv
+
+
+def check_restored(pids: list[int], *, outer: int, uid: int) -> None:
+    """After a restore, before the sandbox is handed out: every process of its cgroup
+    but ``outer`` (CRIU, its parent) is what a sandbox's processes always are, whatever
+    its images said: the slot's host uid, no capability at all (bounding set
+    included), ``no_new_privs`` and a seccomp filter. :class:`InvalidState` otherwise
+    (a forged or damaged checkpoint): the caller ends the sandbox."""
+    for pid in pids:
+        if pid == outer:
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue  # gone: nothing to check
+        fields = dict(ln.split(":", 1) for ln in status.splitlines() if ":" in ln)
+        ids = {int(v) for k in ("Uid", "Gid") for v in fields[k].split()}
+        caps = {int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+        if (ids != {uid} or caps != {0} or fields["NoNewPrivs"].strip() != "1"
+                or fields["Seccomp"].strip() != "2"):
+            raise InvalidState(
+                f"a restored process (host pid {pid}) is not confined like a sandbox's "
+                "(its ids, capabilities, no_new_privs or seccomp filter differ): the "
+                "checkpoint's images were changed; the sandbox was ended",
+                details={"cause": "forged_images", "pid": pid})
