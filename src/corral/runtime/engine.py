@@ -39,7 +39,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import cgroups, devices, processes, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -396,6 +396,11 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
                 + (f": {detail}" if detail else " (no error output; see the daemon log)"),
                 details={"sandbox_id": live.id},
             ) from None
+        # no sandbox code has run yet (a restore's has: it is checked just below):
+        # from here it opens only its own device nodes
+        rules = devices.standard_rules() + [
+            devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
+        slot.cgroup.restrict_devices(rules)
         if live.images is not None:
             self._restored(live, slot)  # or InvalidState: a forged checkpoint
         live.started_at = self.registry.set_running(
