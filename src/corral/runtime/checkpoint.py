@@ -23,6 +23,7 @@ mapped, one user namespace, the agent's channels made inside) can be dumped.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import secrets
@@ -35,6 +36,7 @@ from corral.errors import InvalidState, Unsupported
 from corral.runtime import criu, live_images
 
 DUMP_TIMEOUT_S = 120.0
+_NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
 # CRIU errors that are not the cause (it logs them and goes on)
 _NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid", "Restoring FAILED")
@@ -131,6 +133,23 @@ def _kerndat_dir(state_dir: Path) -> Path:
     return d
 
 
+def userns_owner(pid: int) -> int:
+    """The host uid that owns ``pid``'s user namespace (``NS_GET_OWNER_UID``).
+
+    It has every capability over that namespace's tasks: a sandbox bubblewrap made is
+    owned by its own uid (then CRIU dumps as that uid: :func:`dumper`), a copy CRIU
+    restored as root by root (then CRIU dumps as root: root holds ``CAP_SYS_RESOURCE``
+    there as its owner, and a restored task, which never executed a program, is
+    reachable only from the host's user namespace)."""
+    fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, _NS_GET_OWNER_UID, buf)
+    finally:
+        os.close(fd)
+    return int.from_bytes(buf, "little")
+
+
 def _chown_root(path: Path) -> None:
     """The dumper wrote the images as the sandbox's uid: make them root's."""
     for entry in (path, *path.iterdir()):
@@ -212,13 +231,17 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
         pid = sandbox_init(launcher_pid)
         mounts = external_mounts(pid)
         own = ["--network-lock", "skip"]  # nothing but loopback to lock
-        if uid is not None:  # see dumper(); only a checkpointable sandbox gets here
+        as_uid = None
+        if uid is not None:  # only a checkpointable sandbox gets here
             live_images.check_mounts([m.rsplit(":", 1)[1] for m in mounts[1::2]])
             channels = agent_sockets(pid)
-            own = ["--unprivileged", *(f"--external=unix[{ino}]" for ino in channels.values())]
+            own += [f"--external=unix[{ino}]" for ino in channels.values()]
+            as_uid = userns_owner(pid) or None  # see dumper(); root: a restored copy's
+            if as_uid is not None:
+                own.append("--unprivileged")
         if freezer is not None:
             own += ["--freeze-cgroup", str(freezer)]
-        argv = [*([] if uid is None else dumper(uid)), str(binary.path), "dump", *own,
+        argv = [*([] if as_uid is None else dumper(as_uid)), str(binary.path), "dump", *own,
                 "-t", str(pid), "-D", str(images), "-o", "dump.log", "--leave-running",
                 "--ext-unix-sk", "--shell-job", *mounts]
         proc = await asyncio.create_subprocess_exec(

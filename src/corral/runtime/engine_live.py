@@ -13,12 +13,15 @@ says READY on it.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState, SnapshotNotFound, Unsupported
-from corral.runtime import checkpoint, criu, live_images, restore
+from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, Unsupported
+from corral.runtime import checkpoint, criu, live_images
+from corral.runtime.engine_network import made_in
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from corral.runtime.snapshots import Snapshots
 
 RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
+RESTORE_NETNS_TIMEOUT_S = 60.0
 
 
 class LiveOps:
@@ -139,8 +143,28 @@ class LiveOps:
             binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
             ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
         slot.launch(self._launch_args(live, slot, lowers))
-        old, slot.sock = slot.sock, restore.reattach(slot.reattach)
-        old.close()
+        # its new channels are made in its own network namespace, as a checkpointable
+        # sandbox's are, so that it can be checkpointed again; sent over the reattach
+        # socket it was restored with ('R', agent.c), which they replace
+        try:
+            netns = await _restored_netns(slot)
+        except SandboxStartError as exc:
+            detail = self._restore_done(live, ok=False)
+            raise SandboxStartError(f"sandbox {live.id} failed to start: "
+                                    f"{detail or exc.message}") from None
+        (ours, theirs), (r_ours, r_theirs) = await asyncio.to_thread(made_in, netns, _pairs)
+        try:
+            socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
+        except BaseException:
+            ours.close()
+            r_ours.close()
+            raise
+        finally:
+            theirs.close()
+            r_theirs.close()
+        slot.sock.close()
+        slot.reattach.close()
+        slot.sock, slot.reattach = ours, r_ours
 
     def _restored(self, live: Live, slot: Slot) -> None:
         """The restored agent answered: drop the staged images and check that every
@@ -162,3 +186,30 @@ class LiveOps:
                 pass
         shutil.rmtree(dest, ignore_errors=True)
         return errors
+
+
+def _pairs() -> tuple[tuple[socket.socket, socket.socket], tuple[socket.socket, socket.socket]]:
+    """An agent's two channels: control (stream) and reattach (seqpacket)."""
+    return (socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM),
+            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+
+
+async def _restored_netns(slot: Slot, timeout: float = RESTORE_NETNS_TIMEOUT_S) -> str:
+    """``/proc/PID/ns/net`` of the sandbox CRIU restored in ``slot``: its root task's,
+    once that task is itself again (CRIU names its tasks ``criu`` until it restores
+    their names, last; before, the task may still move to another namespace)."""
+    outer = slot.proc.pid
+    ours = os.stat("/proc/self/ns/net").st_ino
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while slot.proc.poll() is None and loop.time() < deadline:
+        try:
+            children = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
+            if (children and Path(f"/proc/{children[0]}/comm").read_text().strip() != "criu"
+                    and os.stat(f"/proc/{children[0]}/ns/net").st_ino != ours):
+                return f"/proc/{children[0]}/ns/net"
+        except OSError:
+            pass  # a child that came and went: look again
+        await asyncio.sleep(0.002)
+    raise SandboxStartError("CRIU's restore ended (or stalled) before the sandbox's "
+                            "network namespace existed")

@@ -12,8 +12,9 @@ import asyncio
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from corral.errors import InvalidArgument, InvalidState, PortClosed
 from corral.network_schema import NetworkPolicy
@@ -121,12 +122,20 @@ def _namespace_of(live: Live) -> str | None:
     return f"/proc/{children[0]}/ns/net"
 
 
+T = TypeVar("T")
+
+
 def socket_in(netns: str) -> socket.socket:
-    """A TCP socket of the network namespace at ``netns`` (a socket keeps the namespace
-    it was made in). Made in a thread of its own that exits right after: setns moves
-    only the calling thread, and a thread that could not move back must not serve
-    anything else."""
-    made: list[socket.socket | BaseException] = []
+    """A TCP socket of the network namespace at ``netns``."""
+    return made_in(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+
+
+def made_in(netns: str, make: Callable[[], T]) -> T:
+    """What ``make`` makes (sockets) in the network namespace at ``netns`` (a socket
+    keeps the namespace it was made in). Made in a thread of its own that exits right
+    after: setns moves only the calling thread, and a thread that could not move back
+    must not serve anything else."""
+    made: list[T | BaseException] = []
 
     def work() -> None:
         try:
@@ -135,7 +144,7 @@ def socket_in(netns: str) -> socket.socket:
             try:
                 syscalls.setns_net(target, netns)
                 try:
-                    made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    made.append(make())
                 finally:
                     syscalls.setns_net(own, "the daemon's own network namespace")
             finally:
@@ -147,6 +156,7 @@ def socket_in(netns: str) -> socket.socket:
     t = threading.Thread(target=work, name="corral-netns", daemon=True)
     t.start()
     t.join()
-    if isinstance(made[0], BaseException):
-        raise made[0]
-    return made[0]
+    got = made[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got

@@ -393,7 +393,8 @@ static void detach(struct buf *in) {
 
 /*
  * One message on the reattach socket: a new control socket (SCM_RIGHTS) from the
- * engine that took over. 1 when attached, 0 for anything else (ignored), -1 at EOF.
+ * engine that took over ('C'), or a new control and a new reattach socket ('R': made
+ * in the sandbox's own namespaces for a restored checkpoint, docs/live.md). 1 when attached, 0 for anything else (ignored), -1 at EOF.
  */
 static int take_ctl(struct buf *in) {
     char byte, cbuf[CMSG_SPACE(sizeof(int) * 4)];
@@ -406,18 +407,21 @@ static int take_ctl(struct buf *in) {
     ssize_t n = recvmsg(reattach, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
     if (n == 0) return -1;
-    int got = -1;
+    int got = -1, swap = -1; /* 'R': a new reattach socket too (a restored checkpoint's) */
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         int nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
         for (int k = 0; k < nfds; k++) {
             int fd;
             memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-            if (got < 0 && byte == 'C') got = fd;
+            if (got < 0 && (byte == 'C' || byte == 'R')) got = fd;
+            else if (swap < 0 && byte == 'R') swap = fd;
             else close(fd);
         }
     }
-    if (got < 0) return 0;
+    if (got >= 0 && byte == 'R' && swap < 0) { close(got); got = -1; } /* both or none */
+    if (got < 0) { if (swap >= 0) close(swap); return 0; }
+    if (swap >= 0) { close(reattach); reattach = swap; }
     if (ctl >= 0) detach(in); /* an engine that took over while the old end lingered */
     ctl = got;
     ctl_dead = 0;
