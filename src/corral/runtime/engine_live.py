@@ -6,8 +6,8 @@ of the sandbox's files plus CRIU's images of its processes, both taken while its
 cgroup is frozen (so files and memory agree), in ``STATE/checkpoints/<tenant>/<snapshot
 id>``. A restore is a create from that snapshot whose launcher runs CRIU's restore in
 place of bubblewrap, in the new slot's cgroup, mounts and uid; the restored agent is
-given a new control socket over its reattach socket (as after a daemon restart) and
-says READY on it.
+sent new channels made in its own network namespace over its reattach socket (``R``,
+agent.c) and says READY on the new control socket.
 """
 
 from __future__ import annotations
