@@ -148,11 +148,11 @@ class LiveOps:
         # socket it was restored with ('R', agent.c), which they replace
         try:
             netns = await _restored_netns(slot)
-        except SandboxStartError as exc:
+            (ours, theirs), (r_ours, r_theirs) = await asyncio.to_thread(made_in, netns, _pairs)
+        except (SandboxStartError, OSError) as exc:  # CRIU failed, or its sandbox died
             detail = self._restore_done(live, ok=False)
             raise SandboxStartError(f"sandbox {live.id} failed to start: "
-                                    f"{detail or exc.message}") from None
-        (ours, theirs), (r_ours, r_theirs) = await asyncio.to_thread(made_in, netns, _pairs)
+                                    f"{detail or exc}") from None
         try:
             socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
         except BaseException:
