@@ -310,8 +310,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
-        images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
         try:
+            images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
