@@ -57,6 +57,9 @@ def test_checkpoint_restore_fork_and_rm(cli, client, tag):
         time.sleep(0.3)
         assert all(count(c) > saved for c in copies)
         assert count(sb) > saved  # the original went on
+        for i, copy in enumerate(copies[1:]):  # each fork knows which it is
+            r = copy.exec("echo $CORRAL_FORK_INDEX; cat /tmp/.corral-fork-index")
+            assert r.stdout.split() == [str(i), str(i)], r.stdout
         assert cli("snapshot", "rm", snap["id"]).code == 0
         assert snap["id"] not in {s["id"] for s in cli("snapshot", "ls", "--json").json()}
     finally:

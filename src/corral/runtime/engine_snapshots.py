@@ -40,6 +40,10 @@ class SnapshotOps:
         async def create(self, spec: SandboxSpec) -> SandboxInfo: ...
         async def delete(self, sandbox_id: str) -> bool: ...
         async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo: ...
+        async def write_file(
+            self, sandbox_id: str, path: str, data: bytes | bytearray | memoryview | str, *,
+            mode: int = 0o644, parents: bool = True,
+        ) -> None: ...
 
     async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
         """Commit a sandbox's files as a snapshot that new sandboxes start from
@@ -110,6 +114,15 @@ class SnapshotOps:
         return await self.snapshots.gc()
 
 
+FORK_INDEX_ENV = "CORRAL_FORK_INDEX"
+FORK_INDEX_FILE = "/tmp/.corral-fork-index"
+
+
+def _indexed(spec: SandboxSpec, i: int) -> SandboxSpec:
+    """A live fork's copy ``i``: its commands get ``CORRAL_FORK_INDEX``."""
+    return spec.model_copy(update={"env": {**spec.env, FORK_INDEX_ENV: str(i)}})
+
+
 async def fork_from(
     engine: SnapshotOps,
     sandbox_id: str,
@@ -126,7 +139,9 @@ async def fork_from(
     while the copies run). All or nothing: on any failure, or if ``abandoned()`` says
     the caller left, what was made is deleted and the error (or :class:`Abandoned`)
     raised. ``live`` (default: if the sandbox is checkpointable): from a checkpoint,
-    so the copies run its processes on (:mod:`corral.runtime.engine_live`)."""
+    so the copies run its processes on (:mod:`corral.runtime.engine_live`); copy ``i``
+    knows it is one: ``CORRAL_FORK_INDEX=i`` for its commands, and ``i`` in
+    ``/tmp/.corral-fork-index`` (written once it runs) for the processes restored."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
     if live is None:
@@ -137,7 +152,13 @@ async def fork_from(
         spec = engine.fork_spec(sandbox_id, snap.id)
         if tags is not None:
             spec = spec.model_copy(update={"tags": list(tags)})
-        made = await asyncio.gather(*(create(spec) for _ in range(n)), return_exceptions=True)
+        specs = [_indexed(spec, i) if live else spec for i in range(n)]
+        made = await asyncio.gather(*(create(s) for s in specs), return_exceptions=True)
+        if live:  # processes that were running learn it from a file
+            await asyncio.gather(*(
+                engine.write_file(r.id, FORK_INDEX_FILE, f"{i}\n")
+                for i, r in enumerate(made) if isinstance(r, SandboxInfo)),
+                return_exceptions=True)
     finally:
         engine.events.emit(Forking(sandbox_id, snap.id, done=True))
         await engine.delete_snapshot(snap.id)  # its layers: deferred while the copies run
