@@ -204,3 +204,40 @@ async def test_a_forged_checkpoint_restores_confined_or_not_at_all(engine, forge
     finally:
         await engine.delete(sb.id)
         await engine.delete_snapshot(snap.id)
+
+
+class _Restoring:
+    """An engine whose ``create`` gives a copy restored from a checkpoint of a
+    checkpointable sandbox: the isolation suite, run against restored copies."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    async def create(self, *args, **kw):
+        sb = await self._engine.create(*args, checkpointable=True, network="none", **kw)
+        snap = await self._engine.checkpoint(sb.id)
+        await self._engine.delete(sb.id)
+        try:
+            return await self._engine.create(snapshot=snap.id)
+        finally:
+            await self._engine.delete_snapshot(snap.id)
+
+
+@pytest.mark.parametrize("name", [
+    "test_host_paths_and_env_are_invisible", "test_image_is_read_only_but_own_dirs_are_writable",
+    "test_neighbours_files_and_processes_are_invisible", "test_network_is_loopback_only",
+    "test_dangerous_syscalls_are_denied", "test_symlinks_and_dotdot_cannot_reach_the_host",
+])
+async def test_the_isolation_suite_holds_in_restored_copies(engine, state_dir, name):
+    _need_criu()
+    from tests.runtime import test_engine_isolation as suite
+
+    test = getattr(suite, name)
+    restoring = _Restoring(engine)
+    if "state_dir" in test.__code__.co_varnames[:test.__code__.co_argcount]:
+        await test(restoring, state_dir)
+    else:
+        await test(restoring)
