@@ -80,16 +80,21 @@ class Slot:
         namespaces and sends us their ends (``agent.c``, ``serve ... local``): take them
         in place of the ones this slot made (which it closes)."""
         loop = asyncio.get_running_loop()
-        self.sock.setblocking(False)
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1, 2, socket.MSG_CMSG_CLOEXEC)
-                break
-            except BlockingIOError:
-                if loop.time() > deadline:
-                    raise SandboxStartError("the sandbox's agent sent no channels") from None
-                await asyncio.sleep(0.002)
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self.sock.fileno(), on_readable)
+        try:
+            async with asyncio.timeout(timeout):
+                await readable
+        except TimeoutError:
+            raise SandboxStartError("the sandbox's agent sent no channels") from None
+        finally:
+            loop.remove_reader(self.sock.fileno())
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1, 2, socket.MSG_CMSG_CLOEXEC)
         if msg != b"L" or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
