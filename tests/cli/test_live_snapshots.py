@@ -69,7 +69,7 @@ def test_checkpoint_restore_fork_and_rm(cli, client, tag):
 
 def test_a_sandbox_not_made_checkpointable_is_refused_with_its_cause(client, tag):
     with corral.Sandbox.create(tags=[tag], client=client) as sb:
-        with pytest.raises(corral.Unsupported) as err:
+        with pytest.raises(corral.InvalidState) as err:
             sb.checkpoint()
         assert err.value.details["cause"] == "not_checkpointable"
         assert sb.exec("echo alive").stdout.strip() == "alive"

@@ -19,7 +19,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, Unsupported
+from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound
 from corral.runtime import checkpoint, criu, live_images
 from corral.runtime.engine_network import made_in
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
@@ -51,12 +51,13 @@ class LiveOps:
 
     async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
         """Save a running sandbox's processes and files as a live snapshot; it keeps
-        running. :class:`Unsupported` (``details.cause``) where CRIU cannot, the sandbox
-        untouched."""
+        running. :class:`~corral.errors.Unsupported` (``details.cause``) where CRIU
+        cannot, the sandbox untouched; :class:`InvalidState` for a sandbox not created
+        checkpointable."""
         self.snapshots.valid_name(name)
         live = self._get_live(sandbox_id)
         if not live.spec.checkpointable:
-            raise Unsupported(
+            raise InvalidState(
                 f"sandbox {sandbox_id} was not created checkpointable: create it with "
                 "checkpointable=True to checkpoint its processes (docs/live.md)",
                 details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
