@@ -128,6 +128,10 @@ class SandboxSpec(BaseModel):
     # sandbox user is uid 0 of its user namespace (still without any capability) and
     # that namespace is not nested, as CRIU needs; nothing else changes.
     checkpointable: bool = False
+    # Start the image's ENTRYPOINT + CMD (Dockerfile, OCI config) as a background process
+    # once the sandbox is up, as the image's USER, in its WORKDIR, with its ENV
+    # (``GET .../processes`` lists it; docs/users.md). Refused for an image with neither.
+    run_entrypoint: bool = False
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.

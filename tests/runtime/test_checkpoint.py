@@ -131,7 +131,7 @@ async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engi
     assert (await heap_count(engine, copy.id))[0] > first
     # a sandbox like any other: exec, files, spawn; pid 1 is the restored agent
     r = await engine.exec(copy.id, ["sh", "-c", "echo hi > /tmp/f && cat /tmp/f && id -u"])
-    assert r.stdout.split() == [b"hi", b"0"], r
+    assert r.stdout.split() == [b"hi", b"1000"], r
     await engine.write_file(copy.id, "/tmp/g", b"files")
     assert await engine.read_file(copy.id, "/tmp/g") == b"files"
     proc = await engine.spawn(copy.id, ["cat"])

@@ -119,11 +119,19 @@ def test_every_grpc_method_gets_its_caller_from_the_door_only():
     from cwsandbox._proto import sandbox_pb2
 
     from corral.server.compat.cwsandbox import CwSandboxFrontend
+    from corral.server.compat.cwsandbox_edge import GrpcEdge
+    from corral.server.conn_limits import ConnectionBook
 
     app = _app()
     settings = ServerSettings(token=TOKEN, max_memory_mb=4096, grpc=("127.0.0.1", 0))
-    frontend = CwSandboxFrontend(settings, app.state.engine, app.state.service, app.state.door)
+    frontend = CwSandboxFrontend(
+        settings, app.state.engine, app.state.service, app.state.door,
+        edge=GrpcEdge(ConnectionBook(16, 4)), throttle=app.state.throttle,
+        streams=app.state.streams)
     assert frontend.guard.door is app.state.door  # the HTTP API's door, not a copy
+    # and its edge's books are the HTTP API's (one throttle, one count of live streams)
+    assert frontend.guard.throttle is app.state.throttle
+    assert frontend.guard.streams is app.state.streams
     servicer = frontend.service
     assert not hasattr(servicer, "identify") and not hasattr(servicer, "_authenticate")
 
@@ -221,3 +229,30 @@ def test_front_ends_reach_sandboxes_through_the_service_not_the_engine():
             rest = text[match.end():match.end() + 2000].split("\ndef ")[0].split("\nasync def ")[0]
             called = re.search(r"\bengine\.(%s)\(" % "|".join(VERBS), rest)
             assert called is None, (rel, match.group(0), called)
+
+
+def test_the_service_acts_for_the_caller_it_is_given_never_an_ambient_one():
+    """Issue 23: ``SandboxService`` verbs take the Caller; outside any request (no owner
+    set, the daemon fails closed) they still act for exactly the caller they get."""
+    from corral.server.caller import ADMIN, Caller
+    from corral.server.tenant_model import Tenant
+
+    app = _app()
+    engine, service = app.state.engine, app.state.service
+    seen: list[str | None] = []
+    engine.list = lambda **kwargs: seen.append(engine.owners.acting()) or []
+    with pytest.raises(InternalError):
+        engine.list()  # engine code with no owner: fail closed
+    assert service.list_sandboxes(Caller.of_tenant(Tenant("alice"))) == []
+    assert service.list_sandboxes(ADMIN) == []
+    assert seen == ["alice", None]
+
+
+def test_no_daemon_module_reads_the_ambient_owner():
+    """Who acts is the Caller the door resolved, passed on; ``corral.server`` only ever
+    *sets* the engine's owner (``acting_as``), never reads it."""
+    root = Path(corral.server.__file__).parent
+    reads = re.compile(r"owners\.(acting\(\)|sees\(|sees_owner\(|stamp\()")
+    found = [f"{p.relative_to(root)}:{m.group(0)}" for p in sorted(root.rglob("*.py"))
+             for m in reads.finditer(p.read_text())]
+    assert found == []

@@ -2,6 +2,8 @@
 
     corral cluster up --address HEAD:6379      # once; again changes nothing
     export CORRAL_URL=ray://HEAD:6379          # then the SDK, the CLI and corral.rl use it
+    # or, for a tenant outside Ray: a line `up` printed, with the tenant's CORRAL_TOKEN
+    export CORRAL_URL=cluster+http://NODE:PORT?key=KEY
     corral cluster status --address HEAD:6379
     corral cluster down --address HEAD:6379    # every daemon and its sandboxes
 
@@ -38,8 +40,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--state-dir", metavar="DIR", default=None,
                    help="each node's daemon keeps its state in DIR/<node> on that node "
                    "(default /var/lib/corral/cluster)")
-    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: the daemon's); "
-                   "{node} in it is replaced by the node's tag (a cache per node)")
+    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: each node "
+                   "its own, DIR/<node>/cache of --state-dir, seeded with the host's prepared "
+                   "images by hard links); {node} in it is replaced by the node's tag")
     p.add_argument("--resource", metavar="NAME", default=None,
                    help="the Ray resource of one sandbox slot, which sandboxes no node has "
                    "room for are asked from Ray's autoscaler as (default corral_sandbox)")
@@ -68,11 +71,22 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.json({"nodes": entries})
     else:
         for e in entries:
-            ctx.output.line(f"{e['node_id']}  {e['url']}")
+            ctx.output.line(f"{e['node_id']}  {e['url']}  {cluster_url(e) or ''}".rstrip())
         ctx.output.err.print(
-            f"[dim]{len(entries)} daemons; use them with CORRAL_URL=ray://{args.address}[/dim]"
+            f"[dim]{len(entries)} daemons; use them with CORRAL_URL=ray://{args.address}, "
+            "or, outside Ray with a tenant token, CORRAL_URL=cluster+http://...?key=... "
+            "(a node's, above)[/dim]"
         )
     return 0
+
+
+def cluster_url(entry: dict[str, Any]) -> str | None:
+    """``cluster+http://HOST:PORT?key=KEY`` for a node's directory entry (None: no key):
+    what a client outside Ray is configured with, the daemon's key pinned."""
+    from corral.cluster.proof import url_key
+
+    key, url = entry.get("key"), entry.get("url")
+    return f"cluster+{url}?key={url_key(str(key))}" if key and url else None
 
 
 def status(args: argparse.Namespace, ctx: Context) -> int:

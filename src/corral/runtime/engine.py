@@ -39,7 +39,17 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, devices, processes, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import (
+    cgroups,
+    devices,
+    processes,
+    rootfs,
+    seccomp,
+    storage,
+    syscalls,
+    users,
+    warden,
+)
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -66,7 +76,7 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
-from corral.runtime.net import NetworkManager
+from corral.runtime.net import NetworkManager, netns
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -139,6 +149,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self._live: dict[str, Live] = {}
+        self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -254,8 +265,9 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         if self._reaper:
             self._reaper.cancel()
         handover = handover and self.restore_grace > 0 and self._warden is not None
+        handed: set[str] = set()  # policy sandboxes: their links stay for the next engine
         if handover:
-            await self._hand_over()
+            handed = await self._hand_over()
         elif stop_sandboxes:
             await asyncio.gather(
                 *(self._end(live, SandboxState.STOPPED, "engine closed", grace=0)
@@ -263,7 +275,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
                 return_exceptions=True,
             )
         await self._pool.close()
-        await self.net.close()
+        await self.net.close(keep=handed)
         for t in list(self._tasks):
             t.cancel()
         if not handover:  # (it would kill what is handed over)
@@ -315,6 +327,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            entry = (users.entrypoint_argv(image)  # InvalidArgument now, if it has none
+                     if spec.run_entrypoint and image_override is None else None)
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
@@ -332,6 +346,9 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
+        if image_override is None:  # a build step runs as its step says, not as USER
+            live.user = users.image_default(image)
+            live.image_layers = tuple(image.lowers)
         live.gpus = grant
         live.images = images
         live.adoptable = image_override is None and not ro_binds and not build_root
@@ -356,6 +373,13 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
         self.events.emit(SandboxStarted(sid, spec.snapshot))
+        if entry is not None:
+            try:  # as the image's USER, in its WORKDIR, with its ENV (all defaults now)
+                await self.spawn(sid, entry)
+            except BaseException:
+                with suppress(CorralError):
+                    await self.delete(sid)
+                raise
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:

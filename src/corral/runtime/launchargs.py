@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.runtime import rootbuild, rootfs
+from corral.runtime import rootbuild, rootfs, users
 from corral.runtime.agentbuild import agent_layer
 from corral.runtime.cpus import cpu_list
 from corral.runtime.diskimage import IMAGE_NAME
-from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
+from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import NetworkMode, Storage
 
 if TYPE_CHECKING:
@@ -75,16 +75,13 @@ def mount_args(live: Live, lowers: list[Path], *, agent: Path) -> list[str]:
 def bwrap_args(live: Live, slot: Slot, *, bwrap: str) -> list[str]:
     """``-- bwrap ...``: the program the launcher becomes, and its options."""
     spec = live.spec
-    if live.build_root:
-        identity = rootbuild.bwrap_identity()
-    elif spec.checkpointable:  # uid 0 mapped, one user namespace: what CRIU needs
-        identity = ["--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
-    else:
-        identity = ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
     argv = [
         "--", bwrap,
-        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--unshare-cgroup", *([] if spec.checkpointable else ["--disable-userns"]), *identity,
+        # a build step as root: bwrap's own user namespace, root mapped to the slot's
+        # uid; a sandbox: the launcher's, which maps its user and its root (docs/users.md)
+        *(["--unshare-user", "--disable-userns", *rootbuild.bwrap_identity()]
+          if live.build_root else users.bwrap_identity()),
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
         "--hostname", "sandbox",
         "--bind", str(live.sandbox_dir / "root"), "/",
         "--proc", "/proc", "--dev", "/dev",

@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 
 from corral.errors import InvalidState, Unsupported
+from corral.runtime.uids import SANDBOX_UID, root_uid
+from corral.runtime.users import ROOT_CAPS
 
 META = "corral.json"
 CRIU_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # CRIU runs ip and iptables-restore
@@ -85,10 +87,17 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def _extent(first: int, lower: int) -> bytes:
+    body = b"\x08" + _varint(first) + b"\x10" + _varint(lower) + b"\x18\x01"  # count 1
+    return _varint(len(body)) + body
+
+
 def userns_image(uid: int) -> bytes:
-    """CRIU's ``userns-*.img`` mapping uid and gid 0 (only) to host id ``uid``."""
-    extent = b"\x08\x00\x10" + _varint(uid) + b"\x18\x01"  # first=0 lower_first=uid count=1
-    entry = b"\x0a" + _varint(len(extent)) + extent + b"\x12" + _varint(len(extent)) + extent
+    """CRIU's ``userns-*.img`` for a sandbox of host uid ``uid``: its user (1000) to
+    ``uid``, its root (0) to :func:`~corral.runtime.uids.root_uid` (docs/users.md),
+    nothing else; uids and gids alike."""
+    entry = (b"\x0a" + _extent(0, root_uid(uid)) + b"\x0a" + _extent(SANDBOX_UID, uid)
+             + b"\x12" + _extent(0, root_uid(uid)) + b"\x12" + _extent(SANDBOX_UID, uid))
     return (_COMMON_MAGIC.to_bytes(4, "little") + _USERNS_MAGIC.to_bytes(4, "little")
             + len(entry).to_bytes(4, "little") + entry)
 
@@ -96,8 +105,8 @@ def userns_image(uid: int) -> bytes:
 def stage(images: Path, dest: Path, *, uid: int) -> None:
     """``dest`` (made here): ``images``' files for host uid ``uid``, the user namespace
     image written anew. CRIU reads the images from inside the new user namespace (as
-    ``uid``, or as host root without capabilities): they are copies, owned by ``uid``
-    and group 0, 0440, in a directory only searchable (0711).
+    its root, or as host root without capabilities): they are copies, owned by its
+    root's host uid and group 0, 0440, in a directory only searchable (0711).
     Nothing of the sandbox reaches the directory (its root is elsewhere) while CRIU
     restores, and it is removed once the agent answers."""
     dest.mkdir(mode=0o711)
@@ -118,9 +127,9 @@ def stage(images: Path, dest: Path, *, uid: int) -> None:
                     size = os.fstat(src.fileno()).st_size
                     while size > 0:
                         size -= os.copy_file_range(src.fileno(), fd, size) or size
-            # read from inside the new user namespace: by its root (uid) or, before
+            # read from inside the new user namespace: by its root (root_uid) or, before
             # CRIU gives a task its ids, by host root without its capabilities (gid 0)
-            os.fchown(fd, uid, 0)
+            os.fchown(fd, root_uid(uid), 0)
         finally:
             os.close(fd)
     if userns != 1:
@@ -145,9 +154,11 @@ def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, i
 def check_restored(pids: list[int], *, outer: int, uid: int) -> None:
     """After a restore, before the sandbox is handed out: every process of its cgroup
     but ``outer`` (CRIU, its parent) is what a sandbox's processes always are, whatever
-    its images said: the slot's host uid, no capability at all (bounding set
-    included), ``no_new_privs`` and a seccomp filter. :class:`InvalidState` otherwise
-    (a forged or damaged checkpoint): the caller ends the sandbox."""
+    its images said: the slot's host uid or its root's, no capability beyond
+    :data:`~corral.runtime.users.ROOT_CAPS` (bounding set included), ``no_new_privs``
+    and a seccomp filter. :class:`InvalidState` otherwise (a forged or damaged
+    checkpoint): the caller ends the sandbox."""
+    allowed = _caps_mask(ROOT_CAPS)
     for pid in pids:
         if pid == outer:
             continue
@@ -157,11 +168,25 @@ def check_restored(pids: list[int], *, outer: int, uid: int) -> None:
             continue  # gone: nothing to check
         fields = dict(ln.split(":", 1) for ln in status.splitlines() if ":" in ln)
         ids = {int(v) for k in ("Uid", "Gid") for v in fields[k].split()}
-        caps = {int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
-        if (ids != {uid} or caps != {0} or fields["NoNewPrivs"].strip() != "1"
+        caps = [int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")]
+        if (not ids <= {uid, root_uid(uid)} or any(c & ~allowed for c in caps)
+                or fields["NoNewPrivs"].strip() != "1"
                 or fields["Seccomp"].strip() != "2"):
             raise InvalidState(
                 f"a restored process (host pid {pid}) is not confined like a sandbox's "
                 "(its ids, capabilities, no_new_privs or seccomp filter differ): the "
                 "checkpoint's images were changed; the sandbox was ended",
                 details={"cause": "forged_images", "pid": pid})
+
+
+def _caps_mask(names: tuple[str, ...]) -> int:
+    """The bit mask of capability names (``CAP_CHOWN``...), as /proc/PID/status shows."""
+    mask = 0
+    for name in names:
+        mask |= 1 << _CAP_BITS[name]
+    return mask
+
+
+_CAP_BITS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3,
+             "CAP_FSETID": 4, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7,
+             "CAP_NET_BIND_SERVICE": 10}

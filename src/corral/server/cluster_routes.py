@@ -2,9 +2,10 @@
 and the one daemon-to-daemon call of the cluster's tenants (``/v1/peer/tenants``).
 
 - ``GET /v1/cluster/nodes``: the directory (each alive node's id, tag, daemon URL and
-  capacity; nothing secret) to any authenticated caller, so a tenant's client can
-  start from one daemon's URL (``CORRAL_URL=cluster+http://HOST:PORT``) without being
-  a member of the Ray cluster or ever holding its token.
+  capacity, and its daemon's public key; nothing secret) to any authenticated caller,
+  so a tenant's client can start from one daemon's URL and key
+  (``CORRAL_URL=cluster+http://HOST:PORT?key=KEY``) without being a member of the Ray
+  cluster or ever holding its token.
 - ``POST /v1/cluster/snapshots/fetch`` ``{"snapshot", "node"}``: make a snapshot of
   the caller's, held by ``node``, restorable here. This daemon asks the holder with
   the cluster's peer credential, as that tenant (``?owner=``): another tenant's snapshot,
@@ -23,10 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.daemon_models import (
+    ClusterNode,
+    ClusterNodes,
+    RefreshReply,
+    RefreshRequest,
+)
 from corral.cluster import _ray
 from corral.cluster.bringup import read_entries
 from corral.cluster.ids import node_tag
@@ -47,27 +53,8 @@ __all__ = [
 ]
 
 
-class ClusterNode(BaseModel):
-    node_id: str
-    tag: str
-    url: str
-    alive: bool = True
-    capacity: dict[str, Any] | None = None
-    key: str | None = None  # what its daemon proves itself with (cluster/proof.py)
 
 
-class ClusterNodes(BaseModel):
-    nodes: list[ClusterNode]
-
-
-class RefreshRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(None, max_length=64)
-
-
-class RefreshReply(BaseModel):
-    tenants: int
-    revoked: bool
 
 
 def tenancy(request: Request) -> ClusterTenancy:

@@ -13,13 +13,16 @@ What the ``e2b`` SDK's ``sandbox.files`` calls:
   ``Remove`` (recursive) are unary Connect calls (:mod:`.e2b_connect`).
 - ``WatchDir`` and the watcher calls (``files.watch_dir``): :mod:`.e2b_watch`.
 
-Paths are the sandbox's own: relative ones start at its workdir.
+Paths are the sandbox's own: relative ones start at its workdir. With ``user="root"``
+reads, writes, ``MakeDir``, ``Move`` and ``Remove`` run as root of the sandbox's user
+namespace (``cat``, ``mkdir``, ``mv``, ``rm`` run by the agent as root: docs/users.md);
+``Stat``, ``ListDir`` and watchers read as the sandbox user whoever asks.
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -38,12 +41,12 @@ from corral.server.compat.e2b_connect import (
     sandbox_id,
     unary_message,
 )
-from corral.server.wire import read_body
+from corral.server.multipart import boundary_of, file_parts
+from corral.server.wire import body_pieces, file_response
 
 SERVICE = "/filesystem.Filesystem/"
 MAX_LISTED = 10_000  # entries a ListDir returns at most
 MAX_PARTS = 100  # files in one multipart upload
-BOUNDARY = re.compile(r'boundary="?([^";]{1,200})"?')
 
 
 def _http_error(exc: CorralError | ConnectError) -> JSONResponse:
@@ -98,25 +101,28 @@ async def list_dir(request: Request) -> Response:
 
 async def make_dir(request: Request) -> Response:
     sid = sandbox_id(request)
-    check_user(request)
+    user = check_user(request)
     path = _path(await unary_message(request, "MakeDir"))
     engine = ctx.sandboxes(request)
     try:
         await engine.stat(sid, path)
     except FileNotFound:
-        await engine.mkdir(sid, path, parents=True)
+        if user:
+            await _as_user(engine, sid, user, ["mkdir", "-p", "--", path], path)
+        else:
+            await engine.mkdir(sid, path, parents=True)
         return JSONResponse({"entry": entry_json(await engine.stat(sid, path))})
     raise ConnectError("already_exists", f"{path} already exists")
 
 
 async def move(request: Request) -> Response:
     sid = sandbox_id(request)
-    check_user(request)
+    user = check_user(request)
     msg = await unary_message(request, "Move")
     source, dest = _path(msg, "source"), _path(msg, "destination")
     engine = ctx.sandboxes(request)
     await engine.stat(sid, source)  # FileNotFound: not_found
-    result = await engine.exec(sid, ["mv", "-T", "--", source, dest], timeout=60)
+    result = await engine.exec(sid, ["mv", "-T", "--", source, dest], timeout=60, user=user)
     if result.returncode != 0:
         raise ConnectError("invalid_argument", f"cannot move {source} to {dest}: "
                            + result.stderr.decode(errors="replace").strip()[:500])
@@ -125,10 +131,29 @@ async def move(request: Request) -> Response:
 
 async def remove(request: Request) -> Response:
     sid = sandbox_id(request)
-    check_user(request)
+    user = check_user(request)
     path = _path(await unary_message(request, "Remove"))
-    await ctx.sandboxes(request).remove(sid, path, recursive=True)
+    engine = ctx.sandboxes(request)
+    if user:
+        await engine.stat(sid, path)  # FileNotFound: not_found
+        await _as_user(engine, sid, user, ["rm", "-rf", "--", path], path)
+    else:
+        await engine.remove(sid, path, recursive=True)
     return JSONResponse({})
+
+
+async def _as_user(engine: Any, sid: str, user: str, argv: list[str], path: str, *,
+                   stdin: bytes | memoryview | None = None, max_output: int = 1 << 16) -> bytes:
+    """Run a file operation as ``user`` (root: the agent's own file operations are
+    the sandbox user's, docs/users.md); its stdout, or :class:`FileError`."""
+    result = await engine.exec(sid, argv, timeout=300, user=user, max_output=max_output,
+                               stdin=bytes(stdin) if stdin is not None else None)
+    if result.returncode != 0 or result.stdout_truncated:
+        text = result.stderr.decode(errors="replace").strip()[:500]
+        if "No such file" in text:
+            raise FileNotFound(f"{path}: no such file in the sandbox", details={"path": path})
+        raise FileError(f"{path}: {text or 'the file is too large'}", details={"path": path})
+    return bytes(result.stdout)
 
 
 async def unimplemented(request: Request) -> Response:
@@ -146,56 +171,27 @@ async def health(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def _query_user(request: Request) -> None:
-    check_user(request, request.query_params.get("username"))
+def _query_user(request: Request) -> str | None:
+    return check_user(request, request.query_params.get("username"))
 
 
 async def download(request: Request) -> Response:
     sid = sandbox_id(request)
-    _query_user(request)
+    user = _query_user(request)
     path = request.query_params.get("path", "")
     if not path:
         raise InvalidArgument("path is required")
     limit = ctx.settings(request).max_upload_bytes
-    data = await ctx.sandboxes(request).read_file(sid, path, max_bytes=limit)
-    return Response(data, media_type="application/octet-stream")
-
-
-def _multipart(body: bytearray, content_type: str) -> list[tuple[str, memoryview]]:
-    """``(filename, data)`` of each file part of a multipart/form-data body; the data
-    are views into ``body`` (an upload is held once, not copied per part)."""
-    found = BOUNDARY.search(content_type)
-    if found is None:
-        raise InvalidArgument("multipart upload without a boundary")
-    delimiter = b"--" + found.group(1).encode()
-    view = memoryview(body)
-    files: list[tuple[str, memoryview]] = []
-    start = body.find(delimiter)
-    parts = 0
-    while start >= 0:
-        start += len(delimiter)
-        if body[start : start + 2] == b"--":
-            break  # the closing delimiter
-        end = body.find(delimiter, start)
-        if end < 0:
-            raise InvalidArgument("malformed multipart body: no closing delimiter")
-        parts += 1
-        if parts > MAX_PARTS:
-            raise InvalidArgument(f"at most {MAX_PARTS} files in one upload")
-        head_end = body.find(b"\r\n\r\n", start, end)
-        if head_end < 0:
-            raise InvalidArgument("malformed multipart part")
-        name = re.search(rb'filename="([^"]*)"', bytes(view[start:head_end]))
-        data_end = end - 2 if body[end - 2 : end] == b"\r\n" else end
-        if name is not None:
-            files.append((name.group(1).decode("utf-8", "replace"), view[head_end + 4 : data_end]))
-        start = end
-    return files
+    if user:  # as root: `cat` run by the agent as root (bounded like the agent's read)
+        data = await _as_user(ctx.sandboxes(request), sid, user, ["cat", "--", path], path,
+                              max_output=limit)
+        return Response(data, media_type="application/octet-stream")
+    return file_response(await ctx.sandboxes(request).open_read(sid, path, max_bytes=limit))
 
 
 async def upload(request: Request) -> Response:
     sid = sandbox_id(request)
-    _query_user(request)
+    user = _query_user(request)
     engine = ctx.sandboxes(request)
     path = request.query_params.get("path")
     if request.headers.get("content-encoding"):
@@ -203,25 +199,38 @@ async def upload(request: Request) -> Response:
     if any(k.lower().startswith("x-metadata-") for k in request.headers):
         raise InvalidArgument("file metadata (files.write(metadata=...)) is not kept by "
                               "corral's E2B front-end: leave out metadata")
-    body = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
+    pieces = body_pieces(request, ctx.settings(request).max_upload_bytes, "upload")
     kind = request.headers.get("content-type", "")
+    written = []
+
+    async def write(name: str, data: AsyncIterator[bytes]) -> None:
+        if user:  # as root, like envd: parents made, the file root's. Held whole here
+            # (bounded by max_upload_bytes) and fed to `cat` run by the agent as root
+            whole = b"".join([piece async for piece in data])
+            try:
+                await _as_user(engine, sid, user, ["sh", "-c", 'mkdir -p -- "$(dirname -- '
+                               '"$1")" && cat > "$1"', "sh", name], name, stdin=whole)
+            except CorralError:
+                await ctx.remove_partial(engine, sid, name)
+                raise
+        else:
+            await ctx.write_whole(request, sid, name, data)
+        info = await engine.stat(sid, name)
+        written.append({"name": info.name, "type": "file", "path": info.path})
+
     if kind.startswith("multipart/form-data"):
-        files = _multipart(body, kind)
-        if path is not None and len(files) == 1:
-            files = [(path, files[0][1])]
+        boundary = boundary_of(kind)
+        async for name, data in file_parts(pieces, boundary, max_parts=MAX_PARTS):
+            if name is None:
+                continue
+            if path is not None and written:
+                raise InvalidArgument("one file per upload with ?path=: leave out path to "
+                                      "name each file by its part's filename")
+            await write(path if path is not None else name, data)
     else:
         if not path:
             raise InvalidArgument("path is required")
-        files = [(path, memoryview(body))]
-    written = []
-    for name, data in files:
-        try:
-            await engine.write_file(sid, name, data)
-        except CorralError:
-            await ctx.remove_partial(engine, sid, name)
-            raise
-        info = await engine.stat(sid, name)
-        written.append({"name": info.name, "type": "file", "path": info.path})
+        await write(path, pieces)
     return JSONResponse(written)
 
 
