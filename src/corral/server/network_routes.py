@@ -19,12 +19,13 @@ class NetworkEvent(_Body):
     """One connection or DNS query of a policy sandbox and the filter's verdict."""
 
     time: float
-    kind: Literal["tcp", "dns"]
+    kind: Literal["tcp", "dns", "udp", "other"]
     name: str | None = None
     ip: str | None = None
     port: int | None = None
     verdict: Literal["allowed", "refused"]
     reason: str
+    protocol: int | str | None = Field(None, description="kind 'other': the IP protocol")
 
 
 class NetworkEvents(_Body):
