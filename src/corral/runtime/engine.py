@@ -66,6 +66,7 @@ from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager
+from corral.runtime.networks import Networks
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -155,6 +156,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        self.networks = Networks(layout.state_dir / "networks")  # runtime/networks.py
         kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
         self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
         self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
@@ -305,6 +307,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
+        spec = self.resolve_network(spec)  # network="NAME": NetworkNotFound now
         sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:

@@ -14,7 +14,7 @@ from corral.image_schema import (
     PullEvent,
     PullRequest,
 )
-from corral.network_schema import NetworkPolicy
+from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import (
     FileInfo,
@@ -63,7 +63,17 @@ from corral.server.models import (
     SnapshotRequest,
     StopRequest,
 )
-from corral.server.network_routes import NetworkEvents, network_events, update_network
+from corral.server.network_routes import (
+    NetworkCreate,
+    NetworkEvents,
+    NetworkList,
+    create_network,
+    delete_network,
+    get_network,
+    list_networks,
+    network_events,
+    update_network,
+)
 from corral.server.ops_routes import (
     SandboxLogsReply,
     TimeoutRequest,
@@ -221,6 +231,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/volumes/{name}", get_volume, "One volume", reply=VolumeInfo),
     Endpoint("DELETE", "/v1/volumes/{name}", delete_volume,
              "Remove a volume no running sandbox mounts", status=204),
+    Endpoint("POST", "/v1/networks", create_network,
+             "Create a named network (an egress policy sandboxes use by name: network=NAME)",
+             body=NetworkCreate, body_name="network", reply=NetworkInfo, status=201),
+    Endpoint("GET", "/v1/networks", list_networks, "The caller's named networks",
+             reply=NetworkList),
+    Endpoint("GET", "/v1/networks/{name}", get_network, "One named network", reply=NetworkInfo),
+    Endpoint("DELETE", "/v1/networks/{name}", delete_network,
+             "Remove a named network (sandboxes made from it keep its policy)", status=204),
     Endpoint(
         "POST", _SB + "/ports", expose_port,
         "Expose a port of the sandbox (HTTP, WebSocket) at a URL with its own access token",

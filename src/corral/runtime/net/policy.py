@@ -152,10 +152,10 @@ def disjoint(entries: list[tuple[IPNetwork, int | None]]) -> list[tuple[str, str
     out: list[tuple[str, str]] = []
     for version in (4, 6):
         mine = [(n, p) for n, p in entries if n.version == version]
-        anyport = list(ipaddress.collapse_addresses(n for n, p in mine if p is None))  # type: ignore[misc]
+        anyport = list(ipaddress.collapse_addresses(n for n, p in mine if p is None))  # type: ignore[type-var]
         out += [(str(n), "0-65535") for n in anyport]
         for port in sorted({p for _, p in mine if p is not None}):
-            nets = list(ipaddress.collapse_addresses(n for n, p in mine if p == port))  # type: ignore[misc]
+            nets = list(ipaddress.collapse_addresses(n for n, p in mine if p == port))  # type: ignore[type-var]
             for cover in anyport:
                 nets = [piece for n in nets for piece in _minus(n, cover)]
             out += [(str(n), str(port)) for n in nets]
