@@ -153,6 +153,14 @@ from corral.server.tenant_routes import (
     revoke_token,
     update_token,
 )
+from corral.server.upload_routes import (
+    UploadCreate,
+    UploadState,
+    abandon_upload,
+    create_upload,
+    patch_upload,
+    upload_state,
+)
 from corral.server.volume_routes import (
     VolumeList,
     create_volume,
@@ -374,6 +382,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         query=(_PATH, Query("mode", "string", "octal permissions, e.g. 0644")),
     ),
     Endpoint("GET", _SB + "/files", download_file, "Read a file", reply=RAW, query=(_PATH,)),
+    Endpoint("POST", _SB + "/uploads", create_upload,
+             "Start a resumable upload of a file of size bytes (docs/files.md)",
+             body=UploadCreate, body_name="upload", reply=UploadState, status=201),
+    Endpoint("PATCH", _SB + "/uploads/{upload_id}", patch_upload,
+             "Send an upload's bytes from the offset in the Upload-Offset header; a dropped "
+             "connection keeps what arrived", body=RAW, reply=UploadState),
+    Endpoint("GET", _SB + "/uploads/{upload_id}", upload_state,
+             "An upload's offset (where to resume)", reply=UploadState),
+    Endpoint("DELETE", _SB + "/uploads/{upload_id}", abandon_upload, "Abandon an upload",
+             status=204),
     Endpoint(
         "DELETE",
         _SB + "/files",
