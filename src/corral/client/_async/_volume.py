@@ -55,12 +55,15 @@ class AsyncVolume:
 
     @classmethod
     async def create(cls, name: str, source: str | os.PathLike[str], *,
-                     client: AsyncClient | None = None) -> Self:
-        """A new volume ``name`` holding the directory or tar archive ``source``."""
+                     max_mb: int | None = None, client: AsyncClient | None = None) -> Self:
+        """A new volume ``name`` holding the directory or tar archive ``source``;
+        ``max_mb``: a size limit its ``rw`` writers share (a full one is ``ENOSPC``
+        inside, :class:`~corral.errors.VolumeFull` from the file API)."""
         client = client or AsyncClient.default()
         body = await AsyncBackend.run_blocking(_archive, source)
+        params = {"name": name, **({"max_mb": str(max_mb)} if max_mb is not None else {})}
         response = await client.request(
-            "POST", "/v1/volumes", params={"name": name}, content=body,
+            "POST", "/v1/volumes", params=params, content=body,
             headers={"Content-Type": "application/x-tar"}, timeout=None)
         return cls(VolumeInfo.model_validate(response.json()), client=client)
 

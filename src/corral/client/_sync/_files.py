@@ -20,7 +20,6 @@ from corral.client._models import exec_body, parse_exec, parse_file_info
 from corral.errors import DaemonUnavailable, FileError, FileNotFound, RequestTimeout
 from corral.schema import FileInfo
 
-
 RESUMABLE_ABOVE = 256 << 20  # upload() sends larger files as resumable uploads
 UPLOAD_PART = 8 << 20  # bytes per request of a resumable upload
 UPLOAD_RESUMES = 20  # dropped connections survived per upload
