@@ -49,12 +49,18 @@ def blob(c):
             c.sendall(zeros)
     finally:
         c.close()
+ANY = "::"
 def dual(kind):
-    s = socket.socket(socket.AF_INET6, kind); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    global ANY
+    try:
+        s = socket.socket(socket.AF_INET6, kind)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    except OSError:  # a host without IPv6
+        s, ANY = socket.socket(socket.AF_INET, kind), "0.0.0.0"
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return s
 def udp_echo():
-    s = dual(socket.SOCK_DGRAM); s.bind(("::", 7002))
+    s = dual(socket.SOCK_DGRAM); s.bind((ANY, 7002))
     while True:
         data, addr = s.recvfrom(65535)
         if os.environ.get("UDP_LOG"):
@@ -63,7 +69,7 @@ def udp_echo():
         s.sendto(marker + b" " + data, addr)
 def serve(port, fn):
     s = dual(socket.SOCK_STREAM)
-    s.bind(("::", port)); s.listen(64)
+    s.bind((ANY, port)); s.listen(64)
     while True:
         c, _ = s.accept()
         threading.Thread(target=fn, args=(c,), daemon=True).start()
@@ -149,6 +155,12 @@ def _ip(*args: str, ns: str | None = None) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
+def ipv6_on() -> bool:
+    from corral.runtime.net.netns import ipv6_on as on
+
+    return on()
+
+
 V6_PREFIX = "2001:db8:c0::"  # server_ns's IPv6 addresses: V6_PREFIX + octet
 
 
@@ -173,8 +185,9 @@ def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
         _ip("addr", "add", f"{host_ip}/30", "dev", host_if)
         _ip("link", "set", host_if, "up")
         _ip("addr", "add", f"{server_ip}/30", "dev", "eth0", ns=ns)
-        _ip("addr", "add", f"{V6_PREFIX}{octet - 1:x}/126", "dev", host_if, "nodad")
-        _ip("addr", "add", f"{v6(server_ip)}/126", "dev", "eth0", "nodad", ns=ns)
+        if ipv6_on():
+            _ip("addr", "add", f"{V6_PREFIX}{octet - 1:x}/126", "dev", host_if, "nodad")
+            _ip("addr", "add", f"{v6(server_ip)}/126", "dev", "eth0", "nodad", ns=ns)
         _ip("link", "set", "eth0", "up", ns=ns)
         _ip("link", "set", "lo", "up", ns=ns)
         if serve_dir is not None:

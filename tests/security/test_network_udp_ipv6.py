@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT_REASON, have_root_runtime
-from tests.security.net_helpers import no_host_proxy, run_probes, server_ns, v6  # noqa: F401  (a fixture)
+from tests.security.net_helpers import ipv6_on, no_host_proxy, run_probes, server_ns, v6  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not have_root_runtime(), reason=ROOT_REASON)
 
@@ -99,6 +99,7 @@ async def test_udp_allowed_by_address_refused_otherwise(net):
     assert b"again" not in (logs / "good").read_bytes()
 
 
+@pytest.mark.skipif(not ipv6_on(), reason="the host has no IPv6 (links get IPv4 only)")
 async def test_ipv6_filtered_as_strictly_as_ipv4(net):
     engine, good, bad, logs = net
     wide = {"allow": [v6(good), "six.test", "ula.test", f"[{v6(good)}]:7002"]}

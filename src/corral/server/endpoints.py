@@ -384,7 +384,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint("GET", _SB + "/files", download_file, "Read a file", reply=RAW, query=(_PATH,)),
     Endpoint("POST", _SB + "/uploads", create_upload,
-             "Start a resumable upload of a file of size bytes (docs/files.md)",
+             "Start a resumable upload of a file of size bytes (docs/network.md)",
              body=UploadCreate, body_name="upload", reply=UploadState, status=201),
     Endpoint("PATCH", _SB + "/uploads/{upload_id}", patch_upload,
              "Send an upload's bytes from the offset in the Upload-Offset header; a dropped "

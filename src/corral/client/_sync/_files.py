@@ -115,7 +115,7 @@ class Files:
         ``resumable`` (by default: files over :data:`RESUMABLE_ABOVE` bytes): send it
         as a resumable upload, in parts of :data:`UPLOAD_PART` bytes; a dropped
         connection is resumed from the byte the daemon has (up to
-        :data:`UPLOAD_RESUMES` times). See docs/files.md."""
+        :data:`UPLOAD_RESUMES` times). See docs/network.md."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
         st = SyncBackend.run_blocking(local.stat)
