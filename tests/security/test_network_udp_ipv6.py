@@ -90,6 +90,7 @@ async def test_udp_allowed_by_address_refused_otherwise(net):
     assert not (logs / "bad").exists()  # nothing of it left the host
     ev = refused(engine, sb.id, "udp")
     assert {(e["ip"], e["port"]) for e in ev} >= {(bad, 7002), (good, 7003)}
+    assert all(abs(e["time"] - time.time()) < 600 for e in ev)  # when it was tried
     assert any(e["kind"] == "udp" and e["verdict"] == "allowed" and e["ip"] == good
                for e in engine.network_events(sb.id))
     # a live change closes the allowed flow's way too

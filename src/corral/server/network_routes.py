@@ -4,6 +4,7 @@ named networks (``/v1/networks``, ``corral.Network``)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 from pydantic import Field
@@ -37,7 +38,8 @@ class NetworkEvents(_Body):
 
 async def network_events(request: Request) -> Response:
     sid = request.path_params["sandbox_id"]
-    events = ctx.engine(request).network_events(sid)
+    # off the loop: the kernel's refusals are read with nft (a few ms)
+    events = await asyncio.to_thread(ctx.engine(request).network_events, sid)
     return JSONResponse({"sandbox_id": sid, "events": events})
 
 
