@@ -11,6 +11,7 @@ are refused and recorded. Servers run in namespaces the test made (net_helpers).
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
