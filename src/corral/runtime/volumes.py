@@ -184,8 +184,10 @@ class Volumes:
     def get(self, owner: str | None, name: str) -> VolumeInfo:
         meta = self._dir(owner, name) / "meta.json"
         if not meta.exists():
-            raise VolumeNotFound(f"no volume {name!r}: create it with corral volume create "
-                                 f"{name} --from DIR", details={"volume": name})
+            raise VolumeNotFound(f"no volume {name!r} here: create it with corral volume "
+                                 f"create {name} --from DIR (on a cluster, on each node that "
+                                 "mounts it: volumes do not travel between nodes yet)",
+                                 details={"volume": name})
         return VolumeInfo.model_validate_json(meta.read_text())
 
     def remove(self, owner: str | None, name: str, in_use: bool) -> None:
