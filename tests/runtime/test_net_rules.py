@@ -51,8 +51,10 @@ def test_spec_network_kinds():
     assert SandboxSpec.parse(spec.model_dump(mode="json")) == spec  # the wire round trip
     with pytest.raises(InvalidArgument):
         SandboxSpec.parse(network={"allow": ["a.com"], "other": []})
-    with pytest.raises(InvalidArgument):
-        SandboxSpec.parse(network="bridge")
+    assert SandboxSpec.parse(network="bridge").network == "bridge"  # a named network's
+    for bad in ("Bridge", "a/b", "..", "", "x" * 64):
+        with pytest.raises(InvalidArgument):
+            SandboxSpec.parse(network=bad)
     assert SandboxSpec.parse(network={"max_mbps": 8}).network.max_mbps == 8
     for bad in (0, -1, 100_001, "8", 1.5, True):
         with pytest.raises(InvalidArgument):
