@@ -163,6 +163,11 @@ def test_udp_allow_entries_never_overlap():
                          ("2001:db8::5", 7, True), ("192.0.2.1", 53, False)):
         assert covered.decide_udp(ipaddress.ip_address(ip), port).allowed is ok, (ip, port)
         assert any(ipaddress.ip_address(ip) in n and port in p for n, p in cells) is ok
+    # what the relay would refuse anyway stays out of the kernel's set (refused at once)
+    wide = Compiled.of(NetworkPolicy(allow=["0.0.0.0/0", "::/0"])).udp_entries()
+    for ip in ("10.1.2.3", "127.0.0.1", "169.254.169.254", "10.219.0.1", "fd00::1", "fe80::1"):
+        assert not any(ipaddress.ip_address(ip) in ipaddress.ip_network(n) for n, _ in wide), ip
+    assert any(ipaddress.ip_address("198.51.100.7") in ipaddress.ip_network(n) for n, _ in wide)
 
 
 async def test_one_sources_dns_flood_leaves_others_answered():

@@ -301,12 +301,15 @@ def ensure_tproxy_route() -> None:
 
 
 def _elements(rows: list[tuple[str, str, str]], table: str, op: str) -> None:
-    if not rows:
-        return
-    script = "".join(f"{op} element inet {table} {name} {{ \"{ifname}\" . {net} . {ports} }}\n"
-                     for name, ifname, net_ports in rows
-                     for net, ports in [net_ports.split(" ", 1)])
-    _run(["nft", "-f", "-"], script)
+    """One statement per set (one element per statement is far slower to delete)."""
+    by_set: dict[str, list[str]] = {}
+    for name, ifname, net_ports in rows:
+        net, ports = net_ports.split(" ", 1)
+        by_set.setdefault(name, []).append(f'"{ifname}" . {net} . {ports}')
+    script = "".join(f"{op} element inet {table} {name} {{ {', '.join(elems)} }}\n"
+                     for name, elems in by_set.items())
+    if script:
+        _run(["nft", "-f", "-"], script)
 
 
 def set_udp(link: Link, table: str, old: list[tuple[str, str]],

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from corral.network_schema import NetworkPolicy, Rule, RuleKind, is_special
+from corral.network_schema import SPECIAL_NETS, NetworkPolicy, Rule, RuleKind, is_special
+from corral.runtime.net import netns
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -141,8 +142,19 @@ class Compiled:
     def udp_entries(self) -> list[tuple[str, str]]:
         """The kernel's prefilter for this policy's UDP: (CIDR, port range) of each
         allow rule naming addresses (the relay decides each flow again)."""
-        cidrs = [r for r in self.allow if r.kind == RuleKind.CIDR]
-        return disjoint([(r.network, r.port) for r in cidrs])
+        entries = []
+        for r in self.allow:
+            if r.kind != RuleKind.CIDR:
+                continue
+            # ranges the relay refuses anyway are left to the kernel, which refuses at
+            # once (ICMP): special ones a rule does not name, and the links' subnets
+            nets = [r.network]
+            for hole in (*SPECIAL_NETS, netns.subnet(), netns.subnet6()):
+                if hole.version == r.network.version and not (
+                        r.names_special() and r.network.subnet_of(hole)):  # type: ignore[arg-type]
+                    nets = [piece for n in nets for piece in _minus(n, hole)]
+            entries += [(n, r.port) for n in nets]
+        return disjoint(entries)
 
 
 def disjoint(entries: list[tuple[IPNetwork, int | None]]) -> list[tuple[str, str]]:
