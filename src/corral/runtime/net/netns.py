@@ -45,9 +45,11 @@ keep up with under a flood (a set is bounded; one entry per link, address and po
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import random
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,12 +249,12 @@ def table_script(table: str, *, proxy_port: int, dns_port: int, udp_port: int) -
   chain pre {{ type filter hook prerouting priority mangle; policy accept;
     iifname @links {nd} accept
     iifname @links {chatter} drop
-    iifname @links meta l4proto != {{ tcp, udp }} add @refused_proto {{ iifname . meta l4proto }} drop
+    iifname @links meta l4proto != {{ tcp, udp }} update @refused_proto {{ iifname . meta l4proto }} drop
     iifname @links udp dport 53 accept
     iifname @links iifname . ip daddr . udp dport @udp4 tproxy ip to :{udp_port} meta mark set {TPROXY_MARK} accept
     iifname @links iifname . ip6 daddr . udp dport @udp6 tproxy ip6 to :{udp_port} meta mark set {TPROXY_MARK} accept
-    iifname @links meta l4proto udp meta nfproto ipv4 add @refused4 {{ iifname . ip daddr . udp dport }}
-    iifname @links meta l4proto udp meta nfproto ipv6 add @refused6 {{ iifname . ip6 daddr . udp dport }}
+    iifname @links meta l4proto udp meta nfproto ipv4 update @refused4 {{ iifname . ip daddr . udp dport }}
+    iifname @links meta l4proto udp meta nfproto ipv6 update @refused6 {{ iifname . ip6 daddr . udp dport }}
   }}
   chain nat {{ type nat hook prerouting priority dstnat; policy accept;
     iifname @links meta mark {TPROXY_MARK} accept
@@ -324,11 +326,8 @@ def set_udp(link: Link, table: str, old: list[tuple[str, str]],
 
 def refused(table: str, host_if: str) -> list[dict[str, object]]:
     """What the kernel refused for the link ``host_if`` (UDP by address and port, other
-    protocols by number), each with the time of its first attempt (within the set's
-    timeout)."""
-    import json
-    import time
-
+    protocols by name), each with the time of its latest attempt (each packet refreshes
+    its entry: a link's next sandbox, counting from its start, sees only its own)."""
     out: list[dict[str, object]] = []
     now = time.time()
     for name in ("refused4", "refused6", "refused_proto"):
