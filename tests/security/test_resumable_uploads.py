@@ -101,6 +101,8 @@ def test_upload_ids_are_their_tenants_and_sizes_are_kept(team):
             alice.request("POST", base, json={"path": "f", "size": 65 << 20})
         with pytest.raises(InvalidArgument):
             alice.request("POST", base, json={"path": "f", "size": -1})
+        with pytest.raises(InvalidArgument):  # PathOutsideSandbox: before any byte is sent
+            alice.request("POST", base, json={"path": "../../../etc/x", "size": 1})
         alice.request("DELETE", f"{base}/{uid}")
         with pytest.raises(UploadNotFound):
             alice.request("GET", f"{base}/{uid}")

@@ -44,6 +44,7 @@ from corral.errors import (
     InvalidState,
     UploadNotFound,
 )
+from corral.runtime.pathutil import resolve_path
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.models import _Body
@@ -158,10 +159,11 @@ async def create_upload(request: Request, body: UploadCreate) -> Response:
         raise FileTooLarge(f"{body.size} bytes do not fit sandbox {sid}'s disk_mb "
                            f"({info.spec.disk_mb}): create it with a larger disk_mb",
                            details={"size": body.size, "disk_mb": info.spec.disk_mb})
+    path = resolve_path(info.spec.workdir, body.path)  # a bad path now, not at the end
     reg = uploads(request)
     reg.sweep(caller_of(request).name,
               {i.id for i in ctx.engine(request).list() if not i.state.terminal})
-    up = reg.add(caller_of(request).name, sid, body.path, body.size, int(body.mode, 8))
+    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8))
     return JSONResponse(up.state(), status_code=201)
 
 
