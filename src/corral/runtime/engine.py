@@ -379,6 +379,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
                 await asyncio.shield(channel.ready)
+                await self._settle_network(live)  # its UDP entries, made meanwhile
         except (CorralError, asyncio.TimeoutError):  # before READY no sandbox code has run
             detail = slot.error_output()
             raise SandboxStartError(

@@ -88,6 +88,10 @@ class NetworkOps:
         # any nameserver does: nftables sends all DNS to corral's resolver
         (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
 
+    async def _settle_network(self, live: Live) -> None:
+        if isinstance(live.spec.network, NetworkPolicy):
+            await self.net.settle(live.id)
+
     async def connect_port(self, sandbox_id: str, port: int) -> socket.socket:
         """A connected, non-blocking TCP socket to ``port`` on the sandbox's own
         loopback (what an exposed port serves): made in the sandbox's network

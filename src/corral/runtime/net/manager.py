@@ -59,6 +59,8 @@ class Attached:
     conns: set[Conn] = field(default_factory=set)
     flows: set[Flow] = field(default_factory=set)  # UDP, relayed
     udp: list[tuple[str, str]] = field(default_factory=list)  # the kernel's allow entries
+    # their first setting, made while the sandbox starts (settle() waits for it)
+    udp_set: Future[None] | None = None
     since: float = field(default_factory=time.time)
     open: int = 0  # connections accepted and not yet closed (relayed or being read)
     lookups: asyncio.Semaphore = field(
@@ -114,6 +116,7 @@ class NetworkManager:
         self._by_ip: dict[str, Attached] = {}
         self._by_id: dict[str, Attached] = {}
         self._resolver = Resolver(self._lookup, self._admit)
+        self._nft = ThreadPoolExecutor(2, thread_name_prefix="corral-nft")
         self._lookup_threads = ThreadPoolExecutor(LOOKUP_THREADS,
                                                   thread_name_prefix="corral-resolve")
         self._proxy = Proxy(self._decide, self._admit)
@@ -154,16 +157,22 @@ class NetworkManager:
                 await asyncio.to_thread(self._teardown, link)
                 raise
         att = Attached(sandbox_id, link, compiled)
-        try:
-            await self._set_udp(att, compiled)
-        except BaseException:
-            await asyncio.to_thread(self._teardown, link)
-            raise
+        # the UDP entries go in while the sandbox starts (no code of its runs before
+        # READY; the engine settles them then): a create waits for no nft call
+        att.udp = compiled.udp_entries()
+        att.udp_set = self._nft.submit(netns.set_udp, link, self.table, [], att.udp)
         self._by_ip[link.sandbox_ip] = self._by_ip[link.sandbox_ip6] = att
         self._by_id[sandbox_id] = att
         return link
 
+    async def settle(self, sandbox_id: str) -> None:
+        """Wait until the sandbox's UDP entries are in (its first policy's)."""
+        att = self._by_id.get(sandbox_id)
+        if att is not None and att.udp_set is not None:
+            await asyncio.wrap_future(att.udp_set)
+
     async def _set_udp(self, att: Attached, compiled: Compiled) -> None:
+        await self.settle(att.sandbox_id)
         new = compiled.udp_entries()
         await asyncio.to_thread(netns.set_udp, att.link, self.table, att.udp, new)
         att.udp = new
@@ -210,7 +219,8 @@ class NetworkManager:
         self._by_ip.pop(att.link.sandbox_ip, None)
         self._by_ip.pop(att.link.sandbox_ip6, None)
         try:  # the link's index is reused: its UDP entries go with it
-            netns.set_udp(att.link, self.table, att.udp, [])
+            if att.udp_set is None or att.udp_set.exception() is None:  # waits for it
+                netns.set_udp(att.link, self.table, att.udp, [])
         finally:
             self._teardown(att.link)  # its relayed connections: cut_all, on the loop, first
 
@@ -281,6 +291,7 @@ class NetworkManager:
         self._udp.close()
         self._resolver.close()
         self._lookup_threads.shutdown(wait=False, cancel_futures=True)
+        self._nft.shutdown(wait=True)
         if self._started:
             await asyncio.to_thread(netns.delete_table, self.table)
 
