@@ -2,7 +2,7 @@
 
 :class:`SandboxEnv` is an ordinary :class:`gymnasium.Env` on this side. Its
 environment — a registered id like ``"CartPole-v1"``, or your own class from a local
-``.py`` file — is built and stepped by a small server (``corral.rl._env_server``)
+``.py`` file — is built and stepped by a small server (``corral.guest.env_server``)
 running in a sandbox, reached over one persistent process (``sb.spawn``): each
 ``reset``/``step`` is one line written to the server's stdin and one line read back.
 Values cross exactly (``corral.rl.spaces``): an observation arrives with its dtype,
@@ -36,6 +36,7 @@ Registered as ``corral/SandboxEnv-v0`` (see :mod:`corral.rl._gym_registration`):
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,6 +47,7 @@ from gymnasium.envs.registration import EnvSpec
 
 import corral
 from corral.errors import CorralError, InvalidArgument
+from corral.guest import program
 from corral.rl import spaces as wire
 
 DEFAULT_IMAGE = "rl"
@@ -91,6 +93,8 @@ _TYPED_ERRORS: dict[str, type[EnvError]] = {}
 for _base in _BUILTIN_ERRORS:
     _cls = type(f"Env{_base.__name__}", (EnvError, _base), {
         "__module__": __name__,
+        # its own code (env_value_error...): a code names one class (tests/test_error_codes.py)
+        "code": "env_" + re.sub(r"(?<!^)(?=[A-Z])", "_", _base.__name__).lower(),
         "__doc__": f"An :class:`EnvError` from a ``{_base.__name__}`` in the environment."})
     globals()[_cls.__name__] = _cls
     _TYPED_ERRORS[_base.__name__] = _cls
@@ -108,7 +112,7 @@ def env_error_type(remote_type: str | None) -> type[EnvError]:
 def server_files() -> dict[str, bytes]:
     """The files the environment server needs in the sandbox: itself and its codec."""
     return {
-        f"{SERVER_DIR}/_env_server.py": (_HERE / "_env_server.py").read_bytes(),
+        f"{SERVER_DIR}/env_server.py": program("env_server").encode(),
         f"{SERVER_DIR}/_corral_spaces.py": (_HERE / "spaces.py").read_bytes(),
     }
 
@@ -206,7 +210,7 @@ class _Remote:
             for path, data in {**server_files(), **files}.items():
                 remote.sandbox.files.write(path, data)
             remote.process = remote.sandbox.spawn(
-                [python, f"{SERVER_DIR}/_env_server.py"], text=False
+                [python, f"{SERVER_DIR}/env_server.py"], text=False
             )
             remote.hello = remote.call(
                 "make", id=target, kwargs=dict(kwargs), path=[MODULES_DIR] if files else []

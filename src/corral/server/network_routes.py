@@ -5,35 +5,15 @@ named networks (``/v1/networks``, ``corral.Network``)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
 
-from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from corral.network_schema import NetworkInfo, NetworkPolicy
+from corral.api.models import NetworkCreate
+from corral.network_schema import NetworkPolicy
 from corral.runtime.networks import check_network_name
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.models import _Body
-
-
-class NetworkEvent(_Body):
-    """One connection or DNS query of a policy sandbox and the filter's verdict."""
-
-    time: float
-    kind: Literal["tcp", "dns", "udp", "other"]
-    name: str | None = None
-    ip: str | None = None
-    port: int | None = None
-    verdict: Literal["allowed", "refused"]
-    reason: str
-    protocol: int | str | None = Field(None, description="kind 'other': the IP protocol")
-
-
-class NetworkEvents(_Body):
-    sandbox_id: str
-    events: list[NetworkEvent] = Field(description="oldest first, the last 1000")
 
 
 async def network_events(request: Request) -> Response:
@@ -47,17 +27,6 @@ async def update_network(request: Request, body: NetworkPolicy) -> Response:
     sid = request.path_params["sandbox_id"]
     info = await ctx.service(request).update_network(sid, body, caller_of(request))
     return JSONResponse(info.model_dump(mode="json"))
-
-
-class NetworkCreate(_Body):
-    """A named network: its name and policy (``corral network create NAME --allow ...``)."""
-
-    name: str = Field(description="1-63 of a-z 0-9 . _ - ('none' and 'host' are modes)")
-    policy: NetworkPolicy
-
-
-class NetworkList(_Body):
-    networks: list[NetworkInfo] = Field(description="the caller's named networks, by name")
 
 
 async def create_network(request: Request, body: NetworkCreate) -> Response:

@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import Field, StrictInt
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import UploadCreate
 from corral.errors import (
     CorralError,
     FileTooLarge,
@@ -47,28 +47,12 @@ from corral.errors import (
 from corral.runtime.pathutil import resolve_path
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.models import _Body
 from corral.server.wire import paced
 
 MAX_UPLOADS = 16  # open at once per sandbox
 IDLE_S = 24 * 3600.0
 DONE_KEPT_S = 600.0  # a finished upload still answers GET (its last reply may be lost)
 LOCK_WAIT_S = 10.0  # a PATCH waits this long for one still being received to end
-
-
-class UploadCreate(_Body):
-    path: str = Field(min_length=1, max_length=4096, description="where, in the sandbox")
-    size: StrictInt = Field(ge=0, description="the file's size in bytes")
-    mode: str = Field("0644", pattern=r"^0?[0-7]{3,4}$", description="octal permissions")
-
-
-class UploadState(_Body):
-    upload_id: str
-    sandbox_id: str
-    path: str
-    size: int
-    offset: int = Field(description="bytes received: the next PATCH's Upload-Offset")
-    done: bool
 
 
 @dataclass(eq=False)

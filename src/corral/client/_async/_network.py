@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from urllib.parse import quote
 
 from typing_extensions import Self  # typing's since 3.11 only
 
@@ -50,27 +49,27 @@ class AsyncNetwork:
         """A new named network (rules as in ``network={"allow": [...], ...}``)."""
         client = client or AsyncClient.default()
         policy = NetworkPolicy(allow=list(allow), deny=list(deny), max_mbps=max_mbps)
-        response = await client.request("POST", "/v1/networks", json={
+        response = await client.call("create_network", json={
             "name": name, "policy": policy.model_dump(mode="json")})
         return cls(name, info=NetworkInfo.model_validate(response.json()), client=client)
 
     @classmethod
     async def get(cls, name: str, *, client: AsyncClient | None = None) -> Self:
         client = client or AsyncClient.default()
-        response = await client.request("GET", f"/v1/networks/{quote(name, safe='')}")
+        response = await client.call("get_network", {"name": name})
         return cls(name, info=NetworkInfo.model_validate(response.json()), client=client)
 
     @classmethod
     async def list(cls, *, client: AsyncClient | None = None) -> builtins.list[Self]:
         client = client or AsyncClient.default()
-        response = await client.request("GET", "/v1/networks")
+        response = await client.call("list_networks")
         return [cls(n["name"], info=NetworkInfo.model_validate(n), client=client)
                 for n in response.json()["networks"]]
 
     async def delete(self) -> None:
         """Remove it (sandboxes made from it keep their copy of its policy)."""
         client = self._client or AsyncClient.default()
-        await client.request("DELETE", f"/v1/networks/{quote(self.name, safe='')}")
+        await client.call("delete_network", {"name": self.name})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

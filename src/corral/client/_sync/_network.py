@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from urllib.parse import quote
 
 from typing_extensions import Self  # typing's since 3.11 only
 
@@ -52,27 +51,27 @@ class Network:
         """A new named network (rules as in ``network={"allow": [...], ...}``)."""
         client = client or Client.default()
         policy = NetworkPolicy(allow=list(allow), deny=list(deny), max_mbps=max_mbps)
-        response = client.request("POST", "/v1/networks", json={
+        response = client.call("create_network", json={
             "name": name, "policy": policy.model_dump(mode="json")})
         return cls(name, info=NetworkInfo.model_validate(response.json()), client=client)
 
     @classmethod
     def get(cls, name: str, *, client: Client | None = None) -> Self:
         client = client or Client.default()
-        response = client.request("GET", f"/v1/networks/{quote(name, safe='')}")
+        response = client.call("get_network", {"name": name})
         return cls(name, info=NetworkInfo.model_validate(response.json()), client=client)
 
     @classmethod
     def list(cls, *, client: Client | None = None) -> builtins.list[Self]:
         client = client or Client.default()
-        response = client.request("GET", "/v1/networks")
+        response = client.call("list_networks")
         return [cls(n["name"], info=NetworkInfo.model_validate(n), client=client)
                 for n in response.json()["networks"]]
 
     def delete(self) -> None:
         """Remove it (sandboxes made from it keep their copy of its policy)."""
         client = self._client or Client.default()
-        client.request("DELETE", f"/v1/networks/{quote(self.name, safe='')}")
+        client.call("delete_network", {"name": self.name})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

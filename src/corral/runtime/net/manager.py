@@ -23,7 +23,7 @@ import ipaddress
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -122,6 +122,7 @@ class NetworkManager:
         self._proxy = Proxy(self._decide, self._admit)
         self._udp = UdpRelay(self._decide_udp, self._admit)
         self._started = False
+        self._in_table: set[str] = set()  # host ends of adopted links in the table's set
         self._start_lock = asyncio.Lock()
         self.warm = warm
         self._ready: deque[netns.Link] = deque()
@@ -138,9 +139,11 @@ class NetworkManager:
             await self._resolver.start(ipv6=six)
             await self._proxy.start(ipv6=six)
             await self._udp.start(ipv6=six)
-            await asyncio.to_thread(netns.create_table, self.table,
-                                    proxy_port=self._proxy.port, dns_port=self._resolver.port,
-                                    udp_port=self._udp.port)
+            handed = [a.link.host_if for a in self._by_id.values()]  # adopted before
+            await asyncio.to_thread(netns.create_table, self.table, proxy_port=self._proxy.port,
+                                    dns_port=self._resolver.port, udp_port=self._udp.port,
+                                    links=handed)
+            self._in_table.update(handed)
             self._started = True
 
     async def attach(self, sandbox_id: str, policy: NetworkPolicy) -> netns.Link:
@@ -176,6 +179,26 @@ class NetworkManager:
         new = compiled.udp_entries()
         await asyncio.to_thread(netns.set_udp, att.link, self.table, att.udp, new)
         att.udp = new
+
+    async def adopt(self, sandbox_id: str, policy: NetworkPolicy, link: netns.Link) -> None:
+        """A policy sandbox handed over by the previous engine (live restore): its link
+        (namespace, veth, held lock) stays as it is; this engine's table, resolver and
+        proxy enforce ``policy`` on it from now on. Its connections relayed by the old
+        proxy ended with that daemon, and its event log starts afresh."""
+        att = Attached(sandbox_id, link, await self._compile(policy))
+        att.udp = att.policy.udp_entries()
+        self._by_ip[link.sandbox_ip] = self._by_ip[link.sandbox_ip6] = att
+        self._by_id[sandbox_id] = att
+        await self._start()
+        if link.host_if not in self._in_table:  # adopted after the table was made
+            await asyncio.to_thread(netns.add_link, self.table, link)
+            self._in_table.add(link.host_if)
+        # the new table's UDP sets start empty: its entries again (refused meanwhile)
+        await asyncio.to_thread(netns.set_udp, link, self.table, [], att.udp)
+
+    def lock_fd(self, sandbox_id: str) -> int:
+        """The descriptor holding ``sandbox_id``'s link (handed to the warden with it)."""
+        return self._get(sandbox_id).link.lock_fd
 
     @staticmethod
     async def _compile(policy: NetworkPolicy) -> Compiled:
@@ -279,12 +302,23 @@ class NetworkManager:
                 cut += 1
         return cut
 
-    async def close(self) -> None:
+    async def close(self, *, keep: Collection[str] = ()) -> None:
+        """Tear down every link and the table; those of the sandboxes in ``keep`` (handed
+        over to the next engine with their lock, which the warden holds meanwhile) and
+        then the table stay, for the next engine to :meth:`adopt`."""
         self._closed = True  # warm links being made are torn down when made
         await asyncio.gather(*self._tasks, return_exceptions=True)
         while self._ready:
             await asyncio.to_thread(self._teardown, self._ready.popleft())
+        kept = 0
         for sid in list(self._by_id):
+            if sid in keep:
+                att = self._by_id.pop(sid)
+                self._by_ip.pop(att.link.sandbox_ip, None)
+                self._by_ip.pop(att.link.sandbox_ip6, None)
+                self.links.release(att.link)  # our copy: the warden's holds the lock
+                kept += 1
+                continue
             self.cut_all(sid)
             await asyncio.to_thread(self.detach, sid)
         self._proxy.close()
@@ -292,7 +326,7 @@ class NetworkManager:
         self._resolver.close()
         self._lookup_threads.shutdown(wait=False, cancel_futures=True)
         self._nft.shutdown(wait=True)
-        if self._started:
+        if self._started and not kept:
             await asyncio.to_thread(netns.delete_table, self.table)
 
     # ------------------------------------------------------------ enforcement
