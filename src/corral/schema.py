@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,12 +18,13 @@ from pydantic import (
     SecretStr,
     StrictFloat,
     StrictInt,
+    StringConstraints,
     ValidationError,
     field_validator,
 )
 
 from corral.errors import InvalidArgument
-from corral.network_schema import NetworkPolicy
+from corral.network_schema import NETWORK_NAME_RE, NetworkPolicy
 from corral.volume_schema import check_volumes
 
 DEFAULT_IMAGE = "python"
@@ -114,9 +115,12 @@ class SandboxSpec(BaseModel):
     secrets: dict[str, SecretStr] = Field(default_factory=dict, max_length=256)
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
-    # "none" (loopback only), "host" (the host's network: admins only) or an egress
-    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md)
-    network: NetworkMode | NetworkPolicy = NetworkMode.NONE
+    # "none" (loopback only), "host" (the host's network: admins only), an egress
+    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md), or
+    # the name of a stored one (corral.Network): the daemon puts its policy here at create
+    network: NetworkMode | NetworkPolicy | Annotated[
+        str, StringConstraints(pattern=NETWORK_NAME_RE.pattern)] = Field(
+        NetworkMode.NONE, union_mode="left_to_right")
     # Volumes by mount point: {"/data": "NAME"} ("NAME:ro", "NAME:cow" (the default),
     # "NAME:rw"; an admin may give a host directory, "/srv/data:ro"): corral.volume_schema
     volumes: dict[str, str] = Field(default_factory=dict)

@@ -51,6 +51,7 @@ from corral.cli import (
     _exec,
     _images,
     _inspect,
+    _networks,
     _ops,
     _pools,
     _sandboxes,
@@ -166,7 +167,8 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
-    p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("--network", metavar="none|host|NAME",
+                   help="none (default), host (admins), or a named network (corral network)")
     p.add_argument("--allow", action="append", metavar="RULE",
                    help="egress policy: allow a domain, *.domain, IP or CIDR (:PORT), or "
                    "'pypi'; repeatable (docs/network.md)")
@@ -360,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval.add_parser(sub, conn)
     _ops.add_commands(sub, conn, _seconds)
     _volumes.add_commands(sub, conn)
+    _networks.add_commands(sub, conn)
     _doctor.add_parser(sub, conn)
     _completion.add_parser(sub, build_parser)
     _plain_help(parser)

@@ -77,6 +77,7 @@ from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
+from corral.runtime.networks import Networks
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -167,6 +168,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        self.networks = Networks(layout.state_dir / "networks")  # runtime/networks.py
         kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
         self.snapshots.also_held = lambda owner: (kept_held(owner) + self.volumes.used_bytes(owner)
                                                   + self.images_bytes(owner))  # engine_live.py
@@ -320,6 +322,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
+        spec = self.resolve_network(spec)  # network="NAME": NetworkNotFound now
         sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
@@ -411,6 +414,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
                 await asyncio.shield(channel.ready)
+                await self._settle_network(live)  # its UDP entries, made meanwhile
         except (CorralError, asyncio.TimeoutError):  # before READY no sandbox code has run
             detail = slot.error_output()
             if live.images is not None:

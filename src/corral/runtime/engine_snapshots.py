@@ -45,13 +45,27 @@ class SnapshotOps:
             mode: int = 0o644, parents: bool = True,
         ) -> None: ...
 
-    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+    async def snapshot(self, sandbox_id: str, name: str | None = None, *,
+                       shared_rw: bool = False) -> SnapshotInfo:
         """Commit a sandbox's files as a snapshot that new sandboxes start from
         (``create(snapshot=...)``). Its processes are frozen while its writable layer is
         copied (a paused sandbox stays paused), then go on. See
-        :mod:`corral.runtime.snapshots`."""
+        :mod:`corral.runtime.snapshots`.
+
+        Volumes: ``ro`` and ``cow`` ones are referenced by name (a sandbox made from the
+        snapshot mounts them again, as they are then; a ``cow`` volume's private writes
+        are not in the snapshot); a sandbox with an ``rw`` volume is refused
+        (:class:`InvalidState`: its files are shared, live state no snapshot can
+        freeze), but for a fork (``shared_rw``: the copies share the volume too)."""
         self.snapshots.valid_name(name)  # a bad name first
         live = self._get_live(sandbox_id)
+        rw = [dest for mode, _, dest in live.volumes if mode == "rw"]
+        if rw and not shared_rw:
+            raise InvalidState(
+                f"sandbox {sandbox_id} mounts rw volumes at {', '.join(rw)}: their files are "
+                "shared with other sandboxes and cannot be snapshotted; mount them cow or "
+                "ro, or copy what you need into the sandbox first",
+                details={"sandbox_id": sandbox_id, "volumes": rw})
         self.snapshots.check_name(name, live.spec.tenant)  # free in its owner's namespace
         self.snapshots.check_quota(live.spec.tenant, {})  # quota full: before copying
         async with live.lock:
@@ -146,7 +160,8 @@ async def fork_from(
         raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
     if live is None:
         live = engine.get(sandbox_id).spec.checkpointable
-    snap = await (engine.checkpoint(sandbox_id) if live else engine.snapshot(sandbox_id))
+    snap = await (engine.checkpoint(sandbox_id) if live
+                  else engine.snapshot(sandbox_id, shared_rw=True))
     engine.events.emit(Forking(sandbox_id, snap.id))  # the copies' logs say "forked"
     try:
         spec = engine.fork_spec(sandbox_id, snap.id)

@@ -100,10 +100,10 @@ def bwrap_args(live: Live, slot: Slot, *, bwrap: str) -> list[str]:
         "--new-session", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]
-    if spec.network == NetworkMode.NONE:
-        argv.append("--unshare-net")
-    elif live.netns:
+    if live.netns:  # a policy's link (joined by the launcher)
         argv += ["--ro-bind", str(live.sandbox_dir / "resolv.conf"), RESOLV_CONF]
+    elif spec.network != NetworkMode.HOST:  # "none", or anything else: no network
+        argv.append("--unshare-net")
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
     argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd), str(slot.reattach_fd)]
