@@ -24,13 +24,14 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from corral import errors
+from corral.runtime.devices import DeviceRule, restrict
 
 __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
            "effective_cpus"]
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
-V1_OPTIONAL_CONTROLLERS = ("cpuacct", "cpuset")
+V1_OPTIONAL_CONTROLLERS = ("cpuacct", "cpuset", "devices")
 V2_CONTROLLERS = ("cpu", "memory", "pids")
 MOUNTINFO = "/proc/self/mountinfo"
 _POLL_S = 0.001
@@ -145,6 +146,11 @@ class Cgroup:
             except FileNotFoundError:
                 continue
         return sorted(found)
+
+    def restrict_devices(self, rules: list[DeviceRule]) -> str:
+        """Only the device nodes ``rules`` name may be opened by the group's processes
+        (:mod:`corral.runtime.devices`); ``"v1"``, ``"v2"`` or ``""`` (no controller)."""
+        return restrict(self._dirs, rules)
 
     def freeze(self, timeout: float = 5.0) -> None:
         """Stop every process in the group; return once they are all stopped."""

@@ -39,7 +39,7 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, processes, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import cgroups, devices, processes, rootfs, seccomp, storage, syscalls, warden
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -383,6 +383,10 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
                 + (f": {detail}" if detail else " (no error output; see the daemon log)"),
                 details={"sandbox_id": live.id},
             ) from None
+        # no sandbox code has run yet: from here it opens only its own device nodes
+        rules = devices.standard_rules() + [
+            devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
+        slot.cgroup.restrict_devices(rules)
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

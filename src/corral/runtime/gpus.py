@@ -246,6 +246,10 @@ class GpuGrant:
             args += ["--ro-bind", str(host), f"{BIN_DIR}/{name}"]
         return args
 
+    def device_nodes(self) -> list[Path]:
+        """The host's device nodes this grant opens (for the device cgroup)."""
+        return [g.node for g in self.gpus] + [host for host, _ in self.files.control_nodes]
+
     def mount_points(self) -> list[str]:
         """The files bwrap binds the driver's files onto (made by the launcher)."""
         return ([f"{LIB_DIR}/{soname}" for _, soname in self.files.libraries]
