@@ -59,8 +59,12 @@ def test_readme_links_land():
 
 
 def test_the_site_builds_strict(tmp_path):
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed: pip install -e '.[docs]'")
+    missing = [m for m in ("mkdocs", "material", "mkdocstrings_handlers.python")
+               if importlib.util.find_spec(m.split(".")[0]) is None
+               or importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the docs extra is not installed ({', '.join(missing)}): "
+                    "pip install -e '.[docs]'")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
          "-d", str(tmp_path / "site")],
