@@ -148,6 +148,13 @@ def test_docs_name_real_commands():
             parser = choices[word]
 
 
+def test_the_cli_page_names_every_command():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    named = {verb for verbs in re.findall(r"^corral ([a-z|]+)", page, re.M)
+             for verb in verbs.split("|")}
+    assert set(_subcommands(build_parser())) <= named, "docs/cli.md lacks a command"
+
+
 def test_readme_sandboxfusion_example_runs():
     """The SandboxFusion block, with only SANDBOX_FUSION_ENDPOINT pointing at a daemon."""
     pytest.importorskip("sandbox_fusion", reason="the compat extra is not installed")
