@@ -186,6 +186,32 @@ async def create_ready_ms(engine, n, **spec):
             "ratio": round(med["gpu"] / med["cpu"], 3), "n": n}
 
 
+HOLD = ("import torch, time; x = torch.empty(1 << 28, device='cuda'); "
+        "torch.cuda.synchronize(); time.sleep(60)")  # 1 GiB of float32
+
+
+async def _usage_holding(engine, sid):
+    """sb.info's usage while a process of the sandbox holds 1 GiB of GPU memory."""
+    await sh(engine, sid, f"nohup {TORCH_PY} -c \"{HOLD}\" >/tmp/hold.log 2>&1 &")
+    seen = []
+    for _ in range(60):
+        await asyncio.sleep(1)
+        usage = engine.usage(sid)
+        seen.append(usage)
+        if (usage.get("gpu_memory_mb") or 0) >= 1024:
+            break
+    await sh(engine, sid, "pkill -f 'torch.empty' || true")
+    return {"last": seen[-1], "polls": len(seen)}
+
+
+async def _device_rules(engine, sid):
+    """The device cgroup's list for a GPU sandbox (v1), or the v2 program's presence."""
+    dirs = engine.cgroup(sid)._dirs
+    if "devices" in dirs:
+        return (dirs["devices"] / "devices.list").read_text().split("\n")
+    return {"v2": str(dirs.get(""))}
+
+
 async def main() -> int:
     from corral.errors import NoGpuCapacity
     from corral.runtime import doctor
@@ -218,6 +244,8 @@ async def main() -> int:
             if image == "hostroot":
                 for attempt in ("hostroot_matmul_inside", "hostroot_matmul_inside_again"):
                     await step(attempt, run(engine, gpu.id, [TORCH_PY, "-c", MATMUL]))
+                await step("hostroot_usage_while_holding", _usage_holding(engine, gpu.id))
+            await step(f"{image}_device_cgroup", _device_rules(engine, gpu.id))
             await engine.delete(gpu.id)
             await step(f"{image}_second_exclusive_refused", _refused(engine, image, NoGpuCapacity))
             cpu = await step(f"{image}_create_no_gpu", engine.create(image=image, **big))

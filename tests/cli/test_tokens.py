@@ -19,12 +19,12 @@ def test_token_create_ls_revoke(cli, daemon):
     assert listed[name] | {"created_at": 0} == {
         "name": name, "max_sandboxes": 2, "max_memory_mb": 256, "max_cpus": 1.5,
         "allow_images": True, "created_at": 0, "max_lifetime": 900, "max_snapshot_mb": None,
-        "max_builds": None, "allow_host_network": False,
-        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "builds": 0, "snapshot_mb": 0,
-                  "kept_mb": 0}}
+        "max_builds": None, "allow_host_network": False, "max_gpus": None,
+        "usage": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, "gpus": 0, "builds": 0,
+                  "snapshot_mb": 0, "kept_mb": 0}}
     table = cli("token", "ls")
     assert table.code == 0 and name in table.out and made["token"] not in table.out
-    assert re.search(rf"{name}\s+0/2\s+0/256\s+0/1.5\s+0/-\s+0/-\s+yes", table.out), table.out
+    assert re.search(rf"{name}\s+0/2\s+0/256\s+0/1.5\s+0/0\s+0/-\s+0/-\s+yes", table.out), table.out
     up = cli("token", "update", name, "--max-snapshot-mb", "64", "--max-cpus", "none", "--json")
     assert up.code == 0, up.err
     assert (up.json()["max_snapshot_mb"], up.json()["max_cpus"]) == (64, None)

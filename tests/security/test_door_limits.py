@@ -171,10 +171,12 @@ def test_host_network_is_a_right_of_the_tenants_token(clean):
 
 
 def test_a_tenant_cannot_hold_the_hosts_gpus(clean):
-    """No GPU quota exists yet, so one tenant's ``gpus="all"`` would hold every GPU of
-    the host: GPUs are the admin's for now (refused before any GPU is looked at)."""
+    """One tenant's ``gpus="all"`` would hold every GPU of the host: GPUs are given per
+    token (``max_gpus``, none without it), refused before any GPU is looked at."""
     with clean.tenant("mallory") as c:
         for gpus in (1, "all"):
             refused = c.post("/v1/sandboxes", json={"memory_mb": 64, "gpus": gpus})
-            assert refused.status_code == 403, refused.text
-            assert refused.json()["error"]["code"] == "forbidden"
+            assert refused.status_code == 429, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "quota_exceeded" and error["details"]["quota"] == "max_gpus"
+            assert error["details"]["limit"] == 0

@@ -194,7 +194,7 @@ def test_errors_map_to_the_clients_exceptions(daemon_ok):
     for key in ("connect", "get", "delete"):
         assert out[key]["type"] == "SandboxNotFoundError", out[key]
     expected = {
-        "memory": 400, "image": 404, "gpu": 501, "egress": 400, "snapshot": 404,
+        "memory": 400, "image": 404, "gpu": 400, "egress": 400, "snapshot": 404,
         "name": 400, "dup": 409, "pty": 501, "cwd": 404,
     }
     for key, status in expected.items():

@@ -91,6 +91,7 @@ def test_metrics_need_the_token_on_tcp_and_not_on_the_socket(tcp_daemon, uds):
         assert tcp.get("/metrics", headers={"X-API-Key": "wrong"}).status_code == 401
         samples = scrape(tcp, headers={"Authorization": f"Bearer {TOKEN}"})
     assert value(samples, "corral_build_info", version=__version__) == 1
+    assert value(samples, "corral_gpus") == 0 and value(samples, "corral_gpus_held") == 0
     assert ("corral_admission_queue_depth", frozenset()) in scrape(uds)
 
 

@@ -48,7 +48,7 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
 
 _UNSET = object()
 _QUOTAS = ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime", "max_snapshot_mb",
-           "max_builds")
+           "max_builds", "max_gpus")
 
 
 def _quota_options(p: argparse.ArgumentParser, whole: Any, real: Any) -> None:
@@ -60,6 +60,7 @@ def _quota_options(p: argparse.ArgumentParser, whole: Any, real: Any) -> None:
          "longest lifetime of its sandboxes, seconds (create and set_timeout)"),
         ("--max-snapshot-mb", whole, "M", "its snapshots' layers on disk, MB (shared once)"),
         ("--max-builds", whole, "N", "image builds at once (default 1)"),
+        ("--max-gpus", whole, "N", "GPUs its sandboxes hold at once (default 0: none)"),
     ):
         p.add_argument(flag, type=kind, metavar=meta, help=text, default=_UNSET)
 
@@ -100,8 +101,8 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.line("no tenant tokens")
         return 0
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for name in ("TENANT", "SANDBOXES", "MEMORY MB", "CPUS", "SNAPSHOT MB", "BUILDS", "IMAGES",
-                 "CREATED"):
+    for name in ("TENANT", "SANDBOXES", "MEMORY MB", "CPUS", "GPUS", "SNAPSHOT MB", "BUILDS",
+                 "IMAGES", "CREATED"):
         table.add_column(name, no_wrap=True)
     now = time.time()
     for t in tokens:
@@ -111,6 +112,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
             f"{use.get('sandboxes', 0):g}/{_limit(t['max_sandboxes'])}",
             f"{use.get('memory_mb', 0):g}/{_limit(t['max_memory_mb'])}",
             f"{use.get('cpus', 0):g}/{_limit(t['max_cpus'])}",
+            f"{use.get('gpus', 0):g}/{t.get('max_gpus') or 0}",
             f"{use.get('snapshot_mb', 0) + use.get('kept_mb', 0):g}"  # snapshots, kept files
             f"/{_limit(t.get('max_snapshot_mb'))}",
             f"{use.get('builds', 0):g}/{_limit(t.get('max_builds'))}",

@@ -24,6 +24,8 @@ class Room:
     memory_mb: int
     fraction: float  # the smaller of the two, as a share of the node's capacity
     queued: int
+    gpus: int = 0  # the node's GPUs (its daemon's inventory)
+    gpus_free: int = 0  # of which free (a tenant is told only the total: all of them)
 
 
 def room(info: Mapping[str, Any], *, placed: int = 0, placed_mb: int = 0) -> Room:
@@ -34,16 +36,20 @@ def room(info: Mapping[str, Any], *, placed: int = 0, placed_mb: int = 0) -> Roo
     slots = cap["max_sandboxes"] - live
     memory = cap["max_memory_mb"] - info["committed_memory_mb"] - placed_mb
     fraction = min(slots / cap["max_sandboxes"], memory / cap["max_memory_mb"])
-    return Room(slots, memory, fraction, info.get("queued", 0))
+    gpus = info.get("gpus") or {}
+    total = int(gpus.get("total", 0))
+    return Room(slots, memory, fraction, info.get("queued", 0), total,
+                int(gpus.get("free", total)))
 
 
-def has_room(r: Room, memory_mb: int) -> bool:
-    """``r`` can take a sandbox of ``memory_mb`` (perhaps after its queue): when no node
-    can, the cluster is full and the create waits for a node to join."""
-    return r.slots >= 1 and r.memory_mb >= memory_mb
+def has_room(r: Room, memory_mb: int, gpus: int = 0) -> bool:
+    """``r`` can take a sandbox of ``memory_mb`` and ``gpus`` (perhaps after its queue):
+    when no node can, the cluster is full and the create waits for a node to join."""
+    return r.slots >= 1 and r.memory_mb >= memory_mb and r.gpus >= gpus
 
 
-def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = None) -> str:
+def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = None,
+           gpus: int = 0) -> str:
     """The node for a sandbox of ``memory_mb``: ``local`` if it has room for it now,
     else the node with the largest share free; if none has room, the shortest queue
     (its daemon queues the create, as one daemon alone would).
@@ -52,11 +58,13 @@ def choose(rooms: Mapping[str, Room], *, memory_mb: int, local: str | None = Non
     >>> choose(r, memory_mb=512), choose(r, memory_mb=512, local="a")
     ('b', 'a')
     """
+    if gpus:  # only nodes with that many GPUs at all; free ones first (else it queues)
+        rooms = {n: r for n, r in rooms.items() if r.gpus >= gpus} or rooms
     if not rooms:
         raise ValueError("no nodes to choose from")
 
     def fits(r: Room) -> bool:
-        return has_room(r, memory_mb) and r.queued == 0
+        return has_room(r, memory_mb, gpus) and r.queued == 0 and r.gpus_free >= gpus
 
     if local is not None and local in rooms and fits(rooms[local]):
         return local

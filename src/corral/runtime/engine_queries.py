@@ -8,13 +8,14 @@ A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidArgument, SandboxNotFound
 from corral.runtime.live import Live
 from corral.schema import SandboxInfo, SandboxState
 
 if TYPE_CHECKING:
+    from corral.runtime.gpus import GpuAllocator
     from corral.runtime.ownership import Owners
     from corral.runtime.registry import Registry
 
@@ -24,6 +25,7 @@ class QueryOps:
 
     registry: Registry
     owners: Owners
+    gpus: GpuAllocator
 
     if TYPE_CHECKING:
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -54,13 +56,17 @@ class QueryOps:
         return [i for i in self.registry.list(tags=list(tags), states=states)
                 if self.owners.sees(i.spec)]
 
-    def usage(self, sandbox_id: str) -> dict[str, float]:
-        """Current CPU seconds and memory (MB) of a live sandbox."""
+    def usage(self, sandbox_id: str) -> dict[str, Any]:
+        """Current CPU seconds and memory (MB) of a live sandbox; for one holding GPUs,
+        ``gpus``, ``gpu_memory_mb`` and ``gpu_utilization`` (percent) too."""
         live = self._get_live(sandbox_id)
-        return {
+        out: dict[str, Any] = {
             "cpu_seconds": live.cgroup.cpu_seconds(),
             "memory_mb": live.cgroup.memory_bytes() / (1 << 20),
         }
+        if live.gpus is not None:  # its GPUs' memory (its processes') and busy percent
+            out.update(self.gpus.usage(live.id, live.cgroup.pids()))
+        return out
 
     def counts(self) -> dict[str, int]:
         """Sandboxes by state: the acting owner's own (the admin's: all of them)."""

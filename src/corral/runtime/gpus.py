@@ -25,13 +25,14 @@ another (no ``CAP_MKNOD``, and device nodes made in a user namespace cannot be o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,6 +95,10 @@ class GpuBackend(Protocol):
         """MiB of GPU memory the processes ``pids`` hold, by GPU index."""
         ...
 
+    def utilization(self, indices: Iterable[int]) -> dict[int, int]:
+        """Percent of the last sample period each GPU was busy, by GPU index."""
+        ...
+
 
 @dataclass
 class StaticBackend:
@@ -110,6 +115,9 @@ class StaticBackend:
         return self.files
 
     def memory_used_mb(self, pids: Iterable[int]) -> dict[int, int]:
+        return {}
+
+    def utilization(self, indices: Iterable[int]) -> dict[int, int]:
         return {}
 
 
@@ -155,6 +163,11 @@ class NvmlBackend:
             if mine:
                 used[i] = mine >> 20
         return used
+
+    def utilization(self, indices: Iterable[int]) -> dict[int, int]:
+        n, handles = self._nvml, self._handles()
+        return {i: int(n.nvmlDeviceGetUtilizationRates(handles[i]).gpu)
+                for i in indices if 0 <= i < len(handles)}
 
 
 def _text(v: str | bytes) -> str:
@@ -283,6 +296,7 @@ class GpuAllocator:
         self._exclusive: dict[int, str] = {}  # GPU index → sandbox
         self._shared: dict[int, set[str]] = {}  # GPU index → sandboxes sharing it
         self._held: dict[str, tuple[int, ...]] = {}
+        self.listeners: set[Callable[[], None]] = set()  # called when GPUs are released
 
     @property
     def total(self) -> int:
@@ -301,11 +315,40 @@ class GpuAllocator:
                  "shared": sorted(self._shared.get(g.index, ()))}
                 for g in self._gpus.values()]
 
+    def count(self, request: GpuRequest) -> int:
+        """How many GPUs ``request`` would hold (what a tenant's ``max_gpus`` counts)."""
+        if request is None or request == 0:
+            return 0
+        if isinstance(request, str):
+            return max(self.total, 1) if request == "all" else 1
+        if isinstance(request, int):
+            return request
+        return len(list(request))
+
+    def check(self, request: GpuRequest, *, shared: bool = False) -> None:
+        """:meth:`assign`'s refusal (:class:`NoGpuCapacity`, :class:`InvalidArgument`),
+        if it would refuse now; nothing is held."""
+        self._pick(request, shared)
+
     def assign(self, sandbox_id: str, request: GpuRequest, *, shared: bool = False) -> GpuGrant | None:
         """Give ``sandbox_id`` the GPUs it asked for (a count, ``"all"``, or indices or
         UUIDs), or raise :class:`NoGpuCapacity` / :class:`InvalidArgument` holding none."""
-        if request is None or request == 0:
+        wanted = self._pick(request, shared)
+        if not wanted:
             return None
+        for i in wanted:
+            if shared:
+                self._shared.setdefault(i, set()).add(sandbox_id)
+            else:
+                self._exclusive[i] = sandbox_id
+        self._held[sandbox_id] = tuple(wanted)
+        if self._files is None:
+            self._files = self.backend.driver_files()
+        return GpuGrant(tuple(self._gpus[i] for i in wanted), self._files, shared)
+
+    def _pick(self, request: GpuRequest, shared: bool) -> list[int]:
+        if request is None or request == 0:
+            return []
         if not self._gpus:  # the caller's to fix (ask another host), not the daemon's fault
             raise InvalidArgument("gpus=: this host has no usable NVIDIA GPU; create the "
                                   "sandbox without gpus= or on a GPU host (`corral doctor` "
@@ -326,18 +369,48 @@ class GpuAllocator:
         if len(wanted) < (asked if isinstance(asked, int) else 1) or any(
                 i not in free for i in wanted):
             raise self._no_capacity(asked, free)
-        for i in wanted:
-            if shared:
-                self._shared.setdefault(i, set()).add(sandbox_id)
-            else:
-                self._exclusive[i] = sandbox_id
-        self._held[sandbox_id] = tuple(wanted)
-        if self._files is None:
-            self._files = self.backend.driver_files()
-        return GpuGrant(tuple(self._gpus[i] for i in wanted), self._files, shared)
+        return wanted
+
+    async def wait_for_room(self, request: GpuRequest, *, shared: bool = False,
+                            timeout: float = 0.0) -> None:
+        """Return once :meth:`assign` of ``request`` would succeed, waiting up to
+        ``timeout`` seconds for GPU sandboxes to end; then :class:`NoGpuCapacity` (with
+        what is free). The create that follows may still lose a race: assign decides."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            try:
+                self.check(request, shared=shared)
+                return
+            except NoGpuCapacity:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise
+                woken: asyncio.Future[None] = loop.create_future()
+
+                def wake(f: asyncio.Future[None] = woken) -> None:
+                    if not f.done():
+                        f.set_result(None)
+                self.listeners.add(wake)
+                try:
+                    await asyncio.wait({woken}, timeout=min(remaining, 5.0))
+                finally:
+                    self.listeners.discard(wake)
+
+    def usage(self, sandbox_id: str, pids: Iterable[int]) -> dict[str, Any]:
+        """What a sandbox holding GPUs uses of them now: its processes' GPU memory (MiB)
+        and its GPUs' busy percent (a shared GPU's is every sharer's); {} if none."""
+        held = self._held.get(sandbox_id)
+        if not held:
+            return {}
+        memory = self.backend.memory_used_mb(pids)
+        busy = self.backend.utilization(held)
+        return {"gpus": list(held), "gpu_memory_mb": sum(memory.values()),
+                "gpu_utilization": (sum(busy.values()) / len(busy)) if busy else None}
 
     def release(self, sandbox_id: str) -> None:
-        for i in self._held.pop(sandbox_id, ()):
+        held = self._held.pop(sandbox_id, ())
+        for i in held:
             if self._exclusive.get(i) == sandbox_id:
                 del self._exclusive[i]
             holders = self._shared.get(i)
@@ -345,6 +418,9 @@ class GpuAllocator:
                 holders.discard(sandbox_id)
                 if not holders:
                     del self._shared[i]
+        if held:
+            for wake in list(self.listeners):  # creates waiting for a free GPU
+                wake()
 
     def held_by(self, sandbox_id: str) -> tuple[int, ...]:
         return self._held.get(sandbox_id, ())

@@ -146,7 +146,7 @@ class Admission:
     @asynccontextmanager
     async def admit(
         self, memory_mb: int, *, tenant: str | None = None, cpus: float = 0.0,
-        wait: float | None = None,
+        wait: float | None = None, gpus: int = 0,
     ) -> AsyncIterator[Slot]:
         """Wait for room for a sandbox of ``memory_mb``; hold it while it starts.
 
@@ -160,7 +160,8 @@ class Admission:
         now = asyncio.get_running_loop().time()
         budget = self.limits.queue_timeout if wait is None else min(wait, self.limits.queue_timeout)
         deadline = now + max(0.0, budget)
-        hold = await self._quota_hold(tenant, memory_mb, cpus, now if wait is None else deadline)
+        hold = await self._quota_hold(tenant, memory_mb, cpus, now if wait is None else deadline,
+                                      gpus)
         slot = Slot(memory_mb)
         try:
             async with self._admit(memory_mb, slot, deadline, tenant):
@@ -169,7 +170,7 @@ class Admission:
             self.quotas.settle(hold, slot.sandbox_id)
 
     async def _quota_hold(
-        self, tenant: str | None, memory_mb: int, cpus: float, deadline: float
+        self, tenant: str | None, memory_mb: int, cpus: float, deadline: float, gpus: int = 0
     ) -> Hold | None:
         """The tenant's quota hold for one more sandbox, waiting until ``deadline`` for
         its own sandboxes to end when it is at a quota (a reward function at quota 2
@@ -181,12 +182,12 @@ class Admission:
         began, first = loop.time(), True
         while True:
             try:
-                return await self.quotas.acquire(tenant, memory_mb, cpus)
+                return await self.quotas.acquire(tenant, memory_mb, cpus, gpus)
             except QuotaExceeded as exc:
                 remaining = deadline - loop.time()
                 if self._closed:
                     raise _shutting_down() from None
-                alone = self.quotas.alone_over(tenant, memory_mb, cpus)
+                alone = self.quotas.alone_over(tenant, memory_mb, cpus, gpus)
                 if alone is not None:
                     raise alone from None
                 if remaining <= 0:
@@ -236,11 +237,12 @@ class Admission:
                 self._admitted[slot.sandbox_id] = memory_mb
             self._pump()
 
-    def adopt(self, sandbox_id: str, memory_mb: int, tenant: str | None, cpus: float) -> None:
+    def adopt(self, sandbox_id: str, memory_mb: int, tenant: str | None, cpus: float,
+              gpus: int = 0) -> None:
         """Count a sandbox this daemon did not admit (adopted from the daemon before it:
         live restore), against the caps and its tenant's quota, without a check."""
         self._admitted[sandbox_id] = memory_mb
-        self.quotas.adopt(tenant, memory_mb, cpus, sandbox_id)
+        self.quotas.adopt(tenant, memory_mb, cpus, sandbox_id, gpus)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox was stopped or deleted: its place and memory are free again."""

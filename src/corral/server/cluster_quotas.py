@@ -68,16 +68,17 @@ class ClusterQuotas(Quotas):
         """What ``tenant`` holds on the whole cluster (other nodes as last read)."""
         return total(super().usage(tenant), self._elsewhere.get(tenant))
 
-    async def acquire(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
+    async def acquire(self, tenant: str | None, memory_mb: int, cpus: float,
+                      gpus: int = 0) -> Hold | None:
         quota = self._quota_of(tenant) if tenant is not None else None
-        if tenant is None or not _limited(quota):
-            hold = self.hold(tenant, memory_mb, cpus)
+        if tenant is None or not (_limited(quota) or gpus):
+            hold = self.hold(tenant, memory_mb, cpus, gpus=gpus)
             if hold is not None:  # shown in `token ls` (the admin's are not counted)
                 self._kick()
             return hold
         for attempt, wait in enumerate((0.0, *RETRY_S)):
             await asyncio.sleep(wait)
-            hold = self.hold(tenant, memory_mb, cpus)  # this node's own use alone
+            hold = self.hold(tenant, memory_mb, cpus, gpus=gpus)  # this node's own use alone
             assert hold is not None
             try:
                 elsewhere = await asyncio.to_thread(self._publish_and_read, tenant, *self.book())
@@ -91,9 +92,9 @@ class ClusterQuotas(Quotas):
                     f"does not answer ({type(exc).__name__}); retry, or see `corral cluster "
                     "status`") from None
             before = total(super().usage(tenant), elsewhere)
-            before.add(hold.memory_mb, hold.cpus, -1)  # the cluster's use but this create
+            before.add(hold.memory_mb, hold.cpus, -1, hold.gpus)  # the cluster's but this
             try:
-                check(tenant, quota, before, hold.memory_mb, hold.cpus)
+                check(tenant, quota, before, hold.memory_mb, hold.cpus, hold.gpus)
             except QuotaExceeded:
                 self._give_back(hold)
                 self._kick()
@@ -119,7 +120,8 @@ class ClusterQuotas(Quotas):
         """This node's book as it is now, numbered (taken on the event loop, which
         alone changes it; written on a thread)."""
         self._seq += 1
-        return self._seq, {t: [u.sandboxes, u.memory_mb, u.cpus] for t, u in self.local().items()}
+        return self._seq, {t: [u.sandboxes, u.memory_mb, u.cpus, u.gpus]
+                           for t, u in self.local().items()}
 
     def _kick(self) -> None:
         """Write this node's book now, on a thread."""
@@ -155,14 +157,15 @@ class ClusterQuotas(Quotas):
             if node == self._node or node in dead:
                 continue
             for tenant, used in book.items():
-                try:
-                    n, mb, c = (float(x) for x in used)
+                try:  # [sandboxes, MB, CPUs, GPUs] (a node from before GPUs: three)
+                    n, mb, c, g = (float(x) for x in [*used, 0][:4])
                 except (TypeError, ValueError):
                     continue
                 part = elsewhere.setdefault(tenant, Usage())
                 part.sandboxes += int(n)
                 part.memory_mb += int(mb)
                 part.cpus += c
+                part.gpus += int(g)
         self._elsewhere = elsewhere
         return dead & set(books)
 

@@ -71,7 +71,7 @@ def _tenant(entry: dict[str, Any]) -> Tenant:
                   num("max_cpus", float), bool(entry.get("allow_images")),
                   float(entry.get("created_at") or 0.0), num("max_lifetime", float),
                   num("max_snapshot_mb", int), num("max_builds", int),
-                  bool(entry.get("allow_host_network")))
+                  bool(entry.get("allow_host_network")), num("max_gpus", int))
 
 
 def lease_clock() -> float:

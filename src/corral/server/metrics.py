@@ -32,6 +32,8 @@ the rest are summed under ``pool="_other"`` / ``tenant="_other"``.
 ``corral_pool_acquire_seconds``     a successful pool acquire's wait (histogram)
 ``corral_layer_store_bytes``        bytes of committed snapshot layers (gauge)
 ``corral_tenant_sandboxes{tenant}`` live sandboxes per tenant (gauge)
+``corral_gpus``                     NVIDIA GPUs in the daemon's inventory (gauge)
+``corral_gpus_held``                GPUs held by sandboxes, exclusively or shared (gauge)
 ``corral_build_info{version}``      always 1
 =================================== =========================================================
 """
@@ -136,6 +138,12 @@ class _StateCollector:
         tenants = Tally(i.spec.tenant or ADMIN_NAME for i in self.engine.list(state=LIVE_STATES))
         yield _gauge("corral_tenant_sandboxes", "Live sandboxes of each tenant.", "tenant",
                      bounded(tenants.most_common()))
+        gpus = self.engine.gpus
+        yield GaugeMetricFamily("corral_gpus", "NVIDIA GPUs in this daemon's inventory.",
+                                value=gpus.total)
+        yield GaugeMetricFamily("corral_gpus_held",
+                                "GPUs held by sandboxes (exclusively or shared).",
+                                value=gpus.total - len(gpus.free()))
         yield _gauge("corral_build_info", "The daemon's version.", "version", [(__version__, 1)])
 
 

@@ -1,8 +1,9 @@
 """Per-tenant quotas, checked by admission control before a create waits for room.
 
 A tenant token may carry ``max_sandboxes`` (alive and starting), ``max_memory_mb``
-(the sum of their ``memory_mb``) and ``max_cpus`` (the sum of their ``cpus``, each
-counted as at least the 0.01 CPU the kernel gives it). A create that would pass one
+(the sum of their ``memory_mb``), ``max_cpus`` (the sum of their ``cpus``, each
+counted as at least the 0.01 CPU the kernel gives it) and ``max_gpus`` (GPUs held;
+none without it). A create that would pass one
 and names its deadline (``POST /v1/sandboxes?wait=S``; the SDK always does) waits in
 admission control (:meth:`corral.server.admission.Admission.admit`) for the tenant's
 own sandboxes to end, up to that deadline (at most the daemon's ``queue_timeout``),
@@ -34,11 +35,13 @@ class Usage:
     sandboxes: int = 0
     memory_mb: int = 0
     cpus: float = 0.0
+    gpus: int = 0
 
-    def add(self, memory_mb: int, cpus: float, sign: int = 1) -> None:
+    def add(self, memory_mb: int, cpus: float, sign: int = 1, gpus: int = 0) -> None:
         self.sandboxes += sign
         self.memory_mb += sign * memory_mb
         self.cpus += sign * cpus
+        self.gpus += sign * gpus
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Hold:
     tenant: str
     memory_mb: int
     cpus: float
+    gpus: int = 0
 
 
 class Quotas:
@@ -61,35 +65,37 @@ class Quotas:
 
     def usage(self, tenant: str) -> Usage:
         got = self._usage.get(tenant, Usage())
-        return Usage(got.sandboxes, got.memory_mb, got.cpus)
+        return Usage(got.sandboxes, got.memory_mb, got.cpus, got.gpus)
 
     def hold(self, tenant: str | None, memory_mb: int, cpus: float,
-             elsewhere: Usage | None = None) -> Hold | None:
+             elsewhere: Usage | None = None, gpus: int = 0) -> Hold | None:
         """Reserve room for one sandbox, or raise :class:`QuotaExceeded` (None: no
         tenant); ``elsewhere``: what the tenant holds beyond this book (other nodes)."""
         if tenant is None:
             return None
         cpus = effective_cpus(cpus)  # what the kernel gives it, not less
         used = self._usage.setdefault(tenant, Usage())
-        check(tenant, self._quota_of(tenant), total(used, elsewhere), memory_mb, cpus)
-        used.add(memory_mb, cpus)
-        return Hold(tenant, memory_mb, cpus)
+        check(tenant, self._quota_of(tenant), total(used, elsewhere), memory_mb, cpus, gpus)
+        used.add(memory_mb, cpus, gpus=gpus)
+        return Hold(tenant, memory_mb, cpus, gpus)
 
-    def alone_over(self, tenant: str | None, memory_mb: int, cpus: float) -> QuotaExceeded | None:
+    def alone_over(self, tenant: str | None, memory_mb: int, cpus: float,
+                   gpus: int = 0) -> QuotaExceeded | None:
         """The refusal one sandbox would meet with nothing else of its tenant alive
         (waiting could never help), or None."""
         if tenant is None:
             return None
         try:
-            check(tenant, self._quota_of(tenant), Usage(), memory_mb, effective_cpus(cpus))
+            check(tenant, self._quota_of(tenant), Usage(), memory_mb, effective_cpus(cpus), gpus)
         except QuotaExceeded as exc:
             return exc
         return None
 
-    async def acquire(self, tenant: str | None, memory_mb: int, cpus: float) -> Hold | None:
+    async def acquire(self, tenant: str | None, memory_mb: int, cpus: float,
+                      gpus: int = 0) -> Hold | None:
         """:meth:`hold`, as admission control asks for it (a cluster's book may have to
         ask the other nodes: :class:`~corral.server.cluster_quotas.ClusterQuotas`)."""
-        return self.hold(tenant, memory_mb, cpus)
+        return self.hold(tenant, memory_mb, cpus, gpus=gpus)
 
     def settle(self, hold: Hold | None, sandbox_id: str | None) -> None:
         """The create ended: keep the hold for the sandbox made, or give it back."""
@@ -101,13 +107,14 @@ class Quotas:
         else:
             self._held[sandbox_id] = hold
 
-    def adopt(self, tenant: str | None, memory_mb: int, cpus: float, sandbox_id: str) -> None:
+    def adopt(self, tenant: str | None, memory_mb: int, cpus: float, sandbox_id: str,
+              gpus: int = 0) -> None:
         """Count a sandbox that exists already (adopted after a restart), unchecked."""
         if tenant is None:
             return
         cpus = effective_cpus(cpus)
-        self._usage.setdefault(tenant, Usage()).add(memory_mb, cpus)
-        self._held[sandbox_id] = Hold(tenant, memory_mb, cpus)
+        self._usage.setdefault(tenant, Usage()).add(memory_mb, cpus, gpus=gpus)
+        self._held[sandbox_id] = Hold(tenant, memory_mb, cpus, gpus)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox ended or was deleted: its tenant's room is free again."""
@@ -135,11 +142,11 @@ class Quotas:
 
     def local(self) -> dict[str, Usage]:
         """What this book holds, per tenant (copies)."""
-        return {t: Usage(u.sandboxes, u.memory_mb, u.cpus) for t, u in self._usage.items()}
+        return {t: Usage(u.sandboxes, u.memory_mb, u.cpus, u.gpus) for t, u in self._usage.items()}
 
     def _give_back(self, hold: Hold) -> None:
         used = self._usage[hold.tenant]
-        used.add(hold.memory_mb, hold.cpus, -1)
+        used.add(hold.memory_mb, hold.cpus, -1, hold.gpus)
         if used.sandboxes <= 0:
             del self._usage[hold.tenant]
 
@@ -152,18 +159,23 @@ def total(*parts: Usage | None) -> Usage:
             out.sandboxes += part.sandboxes
             out.memory_mb += part.memory_mb
             out.cpus += part.cpus
+            out.gpus += part.gpus
     return out
 
 
-def check(tenant: str, quota: Tenant | None, used: Usage, memory_mb: int, cpus: float) -> None:
-    """:class:`QuotaExceeded` if one more sandbox (``memory_mb``, ``cpus``) would take
-    ``tenant`` past a quota, with ``used`` in use already."""
+def check(tenant: str, quota: Tenant | None, used: Usage, memory_mb: int, cpus: float,
+          gpus: int = 0) -> None:
+    """:class:`QuotaExceeded` if one more sandbox (``memory_mb``, ``cpus``, ``gpus``)
+    would take ``tenant`` past a quota, with ``used`` in use already. GPUs are given per
+    token: a tenant without ``max_gpus`` may hold none (one tenant's ``gpus="all"``
+    would hold every GPU of the host)."""
     if quota is None:
         return
     for name, limit, now, asked in (
         ("max_sandboxes", quota.max_sandboxes, used.sandboxes, 1),
         ("max_memory_mb", quota.max_memory_mb, used.memory_mb, memory_mb),
         ("max_cpus", quota.max_cpus, used.cpus, cpus),
+        *([("max_gpus", quota.max_gpus or 0, used.gpus, gpus)] if gpus else []),
     ):
         if limit is not None and now + asked > limit + 1e-9:
             raise QuotaExceeded(

@@ -112,7 +112,8 @@ class SandboxService:
         """Count the sandboxes the engine adopted from the daemon before it (live
         restore) against the caps and their tenants' quotas (at the daemon's start)."""
         for info in self.engine.list(state=LIVE_STATES):
-            self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus)
+            self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus,
+                                 len(self.engine.gpus.held_by(info.id)))
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
@@ -213,12 +214,17 @@ class SandboxService:
             # a default or inherited one; the owner's limit (a pool refills as the daemon)
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
-            if spec.tenant is not None and spec.gpus:  # no GPU quota yet: one tenant
-                raise Forbidden(  # could hold every GPU of the host (issue 28)
-                    "GPUs are the admin's until tenant GPU quotas exist: create the "
-                    "sandbox without gpus=, or ask the admin", details={"gpus": spec.gpus})
+            n_gpus = self.engine.gpus.count(spec.gpus)  # a tenant's: its token's max_gpus
+            if n_gpus:  # none free: wait (as for a quota) for a GPU sandbox to end
+                over = self.admission.quotas.alone_over(spec.tenant, spec.memory_mb,
+                                                        spec.cpus, n_gpus)
+                if over is not None:  # waiting could never help
+                    raise over
+                await self.engine.gpus.wait_for_room(
+                    spec.gpus, shared=spec.gpu_shared,
+                    timeout=0.0 if wait is None else min(wait, self.admission.limits.queue_timeout))
             async with self.admission.admit(
-                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait
+                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus
             ) as slot:
                 admitted = time.monotonic()
                 created = await self.engine.create(spec)

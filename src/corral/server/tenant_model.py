@@ -24,6 +24,7 @@ class Tenant:
     max_snapshot_mb: int | None = None  # its snapshots' layers on disk (server/quotas.py)
     max_builds: int | None = None  # image builds at once (None: DEFAULT_MAX_BUILDS)
     allow_host_network: bool = False  # network="host" (with the daemon's --allow-host-network)
+    max_gpus: int | None = None  # GPUs held at once; None: none (GPUs are given per token)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -41,6 +41,7 @@ class TokenRequest(BaseModel):
     max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     max_snapshot_mb: StrictInt | None = Field(None, ge=0)
     max_builds: StrictInt | None = Field(None, ge=0)
+    max_gpus: StrictInt | None = Field(None, ge=0)
 
 
 class TokenUpdate(BaseModel):
@@ -55,6 +56,7 @@ class TokenUpdate(BaseModel):
     max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
     max_snapshot_mb: StrictInt | None = Field(None, ge=0)
     max_builds: StrictInt | None = Field(None, ge=0)
+    max_gpus: StrictInt | None = Field(None, ge=0)
 
 
 class TokenInfo(BaseModel):
@@ -70,6 +72,7 @@ class TokenInfo(BaseModel):
     max_lifetime: float | None = None
     max_snapshot_mb: int | None = None
     max_builds: int | None = None
+    max_gpus: int | None = None
     usage: dict[str, float] = Field(default_factory=dict)
 
 
@@ -114,7 +117,8 @@ async def create_token(request: Request, body: TokenRequest) -> Response:
               "max_cpus": body.max_cpus, "allow_images": body.allow_images,
               "allow_host_network": body.allow_host_network,
               "max_lifetime": None if body.max_lifetime is None else float(body.max_lifetime),
-              "max_snapshot_mb": body.max_snapshot_mb, "max_builds": body.max_builds}
+              "max_snapshot_mb": body.max_snapshot_mb, "max_builds": body.max_builds,
+              "max_gpus": body.max_gpus}
     cluster = _cluster(request)
     if cluster is not None:  # the cluster's registry: valid on every node
         tenant, token = await cluster.create(name=body.name, **fields)

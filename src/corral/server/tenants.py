@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS tenants (
     max_lifetime REAL,
     max_snapshot_mb INTEGER,
     max_builds INTEGER,
-    allow_host_network INTEGER NOT NULL DEFAULT 0
+    allow_host_network INTEGER NOT NULL DEFAULT 0,
+    max_gpus INTEGER
 );
 CREATE TABLE IF NOT EXISTS revoked_tenants (
     name TEXT PRIMARY KEY,
@@ -76,10 +77,10 @@ CREATE TABLE IF NOT EXISTS revoked_tenants (
 );
 """
 _COLUMNS = ("name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, "
-            "max_lifetime, max_snapshot_mb, max_builds, allow_host_network")
+            "max_lifetime, max_snapshot_mb, max_builds, allow_host_network, max_gpus")
 # The quotas `corral token update` may change (None: no quota of the tenant's own)
 QUOTAS = ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime", "max_snapshot_mb",
-          "max_builds")
+          "max_builds", "max_gpus")
 DEFAULT_MAX_BUILDS = 1  # image builds a tenant runs at once, unless its token says
 
 
@@ -144,7 +145,8 @@ class TokenStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(tenants)")}
         for column, kind in (("max_lifetime", "REAL"), ("max_snapshot_mb", "INTEGER"),
                              ("max_builds", "INTEGER"),
-                             ("allow_host_network", "INTEGER NOT NULL DEFAULT 0")):
+                             ("allow_host_network", "INTEGER NOT NULL DEFAULT 0"),
+                             ("max_gpus", "INTEGER")):
             if column not in columns:  # and a table from before it, the column
                 self._db.execute(f"ALTER TABLE tenants ADD COLUMN {column} {kind}")
 
@@ -160,11 +162,13 @@ class TokenStore:
         max_lifetime: float | None = None,
         max_snapshot_mb: int | None = None,
         max_builds: int | None = None,
+        max_gpus: int | None = None,
     ) -> tuple[Tenant, str]:
         """A new tenant and its token (shown once: only its hash is kept)."""
         quotas = {"max_sandboxes": max_sandboxes, "max_memory_mb": max_memory_mb,
                   "max_cpus": max_cpus, "max_lifetime": max_lifetime,
-                  "max_snapshot_mb": max_snapshot_mb, "max_builds": max_builds}
+                  "max_snapshot_mb": max_snapshot_mb, "max_builds": max_builds,
+                  "max_gpus": max_gpus}
         check_new_tenant(name, **quotas)
         if self._db.execute("SELECT 1 FROM revoked_tenants WHERE name = ?", (name,)).fetchone():
             raise name_of_revoked(name)
@@ -174,10 +178,10 @@ class TokenStore:
         try:
             self._db.execute(
                 f"INSERT INTO tenants ({_COLUMNS}, token_sha256) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (name, max_sandboxes, max_memory_mb, max_cpus, int(allow_images),
                  tenant.created_at, max_lifetime, max_snapshot_mb, max_builds,
-                 int(allow_host_network), _digest(token)),
+                 int(allow_host_network), max_gpus, _digest(token)),
             )
         except sqlite3.IntegrityError:
             raise name_taken(name) from None
@@ -231,9 +235,9 @@ class TokenStore:
 
 def _tenant(row: tuple[Any, ...]) -> Tenant:
     (name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created_at, max_lifetime,
-     max_snapshot_mb, max_builds, allow_host_network) = row
+     max_snapshot_mb, max_builds, allow_host_network, max_gpus) = row
     return Tenant(name, max_sandboxes, max_memory_mb, max_cpus, bool(allow_images), created_at,
-                  max_lifetime, max_snapshot_mb, max_builds, bool(allow_host_network))
+                  max_lifetime, max_snapshot_mb, max_builds, bool(allow_host_network), max_gpus)
 
 
 def _check_quotas(quotas: dict[str, Any]) -> None:

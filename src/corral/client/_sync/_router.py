@@ -191,7 +191,9 @@ class Router:
             return self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         snapshot = body.get("snapshot")
-        target = self.place(memory_mb)  # by room: images and snapshots travel
+        gpus = body.get("gpus")  # a count, "all" or a list: nodes with that many GPUs
+        target = self.place(memory_mb, gpus=(1 if isinstance(gpus, str) else len(gpus)
+                                                   if isinstance(gpus, list) else int(gpus or 0)))
         try:
             if snapshot:  # taken on any node: its layers come to this one first
                 _travel.bring_snapshot(self, target, str(snapshot))
@@ -204,15 +206,23 @@ class Router:
             self._placed[target.node_id] = (max(0, count - 1), max(0, mb - memory_mb))
             raise
 
-    def place(self, memory_mb: int = DEFAULT_MEMORY_MB, image: str | None = None) -> Node:
+    def place(self, memory_mb: int = DEFAULT_MEMORY_MB, image: str | None = None,
+                    gpus: int = 0) -> Node:
         """The node a new sandbox of ``memory_mb`` goes to (counted as sent there):
         among the nodes that have ``image``, if any has it (``None``: any node; a create
         places by room and brings the image there, see :mod:`._travel`).
         If none has room, waits for some (:meth:`_wait_for_room`)."""
         nodes, rooms = self._rooms(image)
-        if not any(has_room(r, memory_mb) for r in rooms.values()):
-            nodes, rooms = self._wait_for_room(memory_mb, image)
-        chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node())
+        if not any(has_room(r, memory_mb, gpus) for r in rooms.values()):
+            if gpus and not any(r.gpus >= gpus for r in rooms.values()):
+                raise InvalidArgument(
+                    f"gpus: no node of the cluster at {self.directory.address} has {gpus} "
+                    "GPU(s) (`corral cluster status` lists them); ask for fewer",
+                    details={"requested": gpus,
+                             "nodes": {n: r.gpus for n, r in rooms.items()}})
+            nodes, rooms = self._wait_for_room(memory_mb, image, gpus)
+        chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node(),
+                        gpus=gpus)
         count, mb = self._placed.get(chosen, (0, 0))
         self._placed[chosen] = (count + 1, mb + memory_mb)
         return next(n for n in nodes if n.node_id == chosen)
@@ -234,7 +244,7 @@ class Router:
         return nodes, rooms
 
     def _wait_for_room(
-        self, memory_mb: int, image: str | None
+        self, memory_mb: int, image: str | None, gpus: int = 0
     ) -> tuple[list[Node], dict[str, Room]]:
         """Every node is full: wait (at most :attr:`placement_wait` s) until one has room,
         with this create shown to Ray's autoscaler meanwhile."""
@@ -251,7 +261,7 @@ class Router:
                     published = time.monotonic()
                 SyncBackend.sleep(min(WAIT_POLL_S, remaining))
                 nodes, rooms = self._rooms(image)
-                if any(has_room(r, memory_mb) for r in rooms.values()):
+                if any(has_room(r, memory_mb, gpus) for r in rooms.values()):
                     return nodes, rooms
         finally:
             waiting, waiting_mb = self._count_waiting(-1, memory_mb)

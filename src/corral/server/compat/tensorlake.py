@@ -138,8 +138,7 @@ def _spec(
     """The corral spec for a Tensorlake create or pool; options corral cannot honour
     are refused, never dropped."""
     res = req.resources or _Resources()
-    if res.gpus:
-        raise refuse("GPUs", "corral sandboxes are CPU-only; leave out gpus/gpu_model")
+    gpus = _gpu_count(res.gpus) if res.gpus else 0
     if req.entrypoint:
         raise refuse("entrypoint", "start the command with sandbox.start_process() instead")
     network: NetworkMode | dict[str, list[str]] = cfg.network
@@ -163,7 +162,23 @@ def _spec(
             fields[key] = getattr(res, key)
     if req.timeout_secs:
         fields["timeout"] = req.timeout_secs
+    if gpus:  # exclusive GPUs of this host (runtime.gpus), like Tensorlake's own
+        fields["gpus"] = gpus
     return SandboxSpec.parse(fields)
+
+
+def _gpu_count(requests: list[Any]) -> int:
+    """The GPUs a Tensorlake ``resources.gpus`` list asks for: the sum of its ``count``s.
+    Its ``model`` (the SDK sends ``A10`` unless told) is not a selector here: a corral
+    host has the GPUs it has, and ``info`` names them."""
+    total = 0
+    for req in requests:
+        count = req.get("count", 1) if isinstance(req, dict) else None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidArgument("resources.gpus: each entry needs a positive integer "
+                                  f"'count', got {req!r}")
+        total += count
+    return total
 
 
 async def _body(request: Request, model: type[BaseModel], what: str) -> Any:
