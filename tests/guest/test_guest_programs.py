@@ -17,16 +17,18 @@ GUEST = resources.files("corral.guest")
 MODULES = sorted(p.name[:-3] for p in GUEST.iterdir() if p.name.endswith(".py"))
 PROGRAMS = {
     "python judge": ("confine", "judge_wire", "judge_solution", "judge"),
-    "stdin/stdout judge": ("confine", "io_judge"),
+    "stdin/stdout judge": ("confine", "case_memory", "io_judge"),
     "in-process harness": ("harness",),
     "kernel judge": ("kernel_judge",),
     "SandboxFusion's run_jupyter cell runner": ("fusion_kernel",),
     "E2B Code Interpreter kernel": ("e2b_kernel",),
     "E2B watch_dir watcher": ("e2b_watcher",),
+    "gymnasium env server": ("env_server",),
 }
 # What a program may import from its image besides the standard library, and only
 # inside a function (the GPU image's PyTorch for the kernel judge).
-IMAGE_PACKAGES = {"kernel_judge": {"torch"}, "e2b_kernel": {"matplotlib"}}
+IMAGE_PACKAGES = {"kernel_judge": {"torch"}, "e2b_kernel": {"matplotlib"},
+                  "env_server": {"gymnasium", "_corral_spaces"}}
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -64,7 +66,7 @@ def test_the_programs_compile_and_start_under_the_images_python(daemon):
             assert r.returncode == 0, (name, version, r.stderr)
         # Loaded as a module (not as __main__), the stdin/stdout judge's comparisons
         # work under the image's interpreter.
-        sb.files.write("/tmp/prog.py", program("confine", "io_judge"))
+        sb.files.write("/tmp/prog.py", program("confine", "case_memory", "io_judge"))
         r = sb.exec(["python3", "-I", "-c",
                      "ns = {'__name__': 'guest'}; exec(open('/tmp/prog.py').read(), ns); "
                      "c = ns['compare']; print(c('float', '1.0000001 x', '1 x', 1e-6)[0], "

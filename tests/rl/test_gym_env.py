@@ -19,9 +19,9 @@ from gymnasium.utils.env_checker import check_env
 
 import corral
 import corral.rl
+from corral.guest.env_server import serve
 from corral.rl import EnvError, SandboxEnv
 from corral.rl import spaces as wire
-from corral.rl._env_server import serve
 from corral.rl.gym_env import MODULES_DIR, resolve_env_id
 from tests.conftest import requires_root
 
@@ -214,7 +214,7 @@ def test_the_server_protocol_in_this_process():
         wire.dumps({"op": "ping"}),  # after close: never read
     ]))
     replies = io.BytesIO()
-    serve(requests, replies)
+    serve(requests, replies, wire)
     out = [wire.loads(line) for line in replies.getvalue().splitlines()]
     assert len(out) == 7
     assert not out[0]["ok"] and "make" in out[0]["error"]["message"]
@@ -224,7 +224,7 @@ def test_the_server_protocol_in_this_process():
     assert same(out[2]["obs"], obs) and out[2]["info"] == info
     assert same(out[3]["obs"], local.step(np.int64(1))[0])
     assert not out[4]["ok"] and out[4]["error"]["type"].endswith("AssertionError")
-    assert "_env_server" not in out[4]["error"]["traceback"]  # the env's frames only
+    assert "env_server" not in out[4]["error"]["traceback"]  # the env's frames only
     assert "cartpole" in out[4]["error"]["traceback"]
     assert not out[5]["ok"] and "unknown request 'nope'" in out[5]["error"]["message"]
     assert out[6] == {"ok": True}

@@ -79,6 +79,38 @@ def test_a_python_checker_and_a_testlib_style_checker_program(judge_sb):
     assert broken.verdicts == ["IE", "IE"] and broken.ungradable == [0, 1]
 
 
+# A checker program speaking testlib's exit codes (testlib.h's defaults): the program
+# echoes its input, the checker answers with the code that word names.
+TESTLIB_LIKE = {"kind": "program", "language": "c", "max_points": 4, "source": (
+    "#include <stdio.h>\n#include <string.h>\n"
+    "int main(int c,char**v){char w[16]={0};FILE*o=fopen(v[2],\"r\");fscanf(o,\"%15s\",w);"
+    "const char*k[]={\"ok\",\"wa\",\"pe\",\"fail\",\"dirt\",\"eof\"};int x[]={0,1,2,3,4,8};"
+    "for(int i=0;i<6;i++)if(!strcmp(w,k[i])){fprintf(stderr,\"said %s\",w);return x[i];}"
+    "if(!strcmp(w,\"half\")){fprintf(stderr,\"points 2 half of it\");return 7;}"
+    "if(!strcmp(w,\"much\")){fprintf(stderr,\"points 9\");return 7;}"
+    "return 7;}\n")}
+
+
+def test_testlib_exit_codes_and_partial_credit(judge_sb):
+    words = ["ok", "wa", "pe", "dirt", "eof", "half"]
+    tests = [{"input": w, "output": "ok"} for w in words]
+    code = "print(input())"
+    r = run_io_tests(judge_sb, tests, code=code, checker=TESTLIB_LIKE)
+    assert r.verdicts == ["AC", "WA", "PE", "PE", "PE", "PC"], r.errors
+    assert r.case_scores == (1.0, 0, 0, 0, 0, 0.5) and r.fraction == 1.5 / 6
+    assert "said wa" in r.errors[1] and "presentation error: said pe" in r.errors[2]
+    # FAIL is the checker's own failure: not gradable, with its message; so are points
+    # above max_points and exit code 7 with no points (on the expected answer too).
+    r = run_io_tests(judge_sb, [{"input": w, "output": w} for w in ("fail", "much", "none")],
+                     code=code, checker=TESTLIB_LIKE)
+    assert r.verdicts == ["IE", "IE", "IE"], r.errors
+    assert "testlib FAIL" in r.errors[0] and "said fail" in r.errors[0]
+    # A Python checker gives partial credit with a number in [0, 1].
+    py = {"kind": "python", "source": "def check(i, o, e):\n    return 0.25\n"}
+    r = run_io_tests(judge_sb, [{"input": "x", "output": "x"}], code=code, checker=py)
+    assert r.verdicts == ["PC"] and r.case_scores == (0.25,)
+
+
 def test_shapes_languages_and_fences():
     assert normalize_io_tests('{"inputs": ["1"], "outputs": ["2"]}')[0].output == "2"
     assert normalize_io_tests({"input": ["a", "b"], "output": ["c", "d"]})[1].input == "b"

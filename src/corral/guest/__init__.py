@@ -11,7 +11,8 @@ corral outside this package (an import-linter contract and
   :mod:`corral.guest.judge`: the Python test judge (``assert`` tests, HumanEval's
   ``check``), sent with ``confine`` as one ``python3 -I -c`` program.
 - :mod:`corral.guest.io_judge`: the stdin/stdout judge (compile once, run every test
-  case under time and memory limits, compare or call a checker).
+  case under time and memory limits, compare or call a checker), with
+  :mod:`corral.guest.case_memory` (what one case holds in memory, all of it).
 - :mod:`corral.guest.harness`: the weaker in-process harness (docs/grading.md).
 - :mod:`corral.guest.kernel_judge`: the GPU kernel judge (docs/gpus.md); it imports the
   image's PyTorch inside its functions.
@@ -19,6 +20,9 @@ corral outside this package (an import-linter contract and
 - :mod:`corral.guest.e2b_kernel`: the E2B Code Interpreter's kernel (matplotlib, when
   the image has it, inside its functions); :mod:`corral.guest.e2b_watcher`: the
   inotify watcher behind E2B's ``watch_dir``.
+- :mod:`corral.guest.env_server`: the gymnasium environment server behind
+  :class:`corral.rl.SandboxEnv` (the image's gymnasium and the uploaded codec,
+  ``corral.rl.spaces``, inside its functions).
 
 The host reads a program's text with :func:`program`; the pieces are concatenated in
 the order given (a later piece sees the names of an earlier one, as the judge sees the

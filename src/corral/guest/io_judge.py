@@ -9,8 +9,9 @@ cases, limits, nonce) from stdin. Then:
    (nothing the solution runs as can overwrite it); then the solution is compiled once
    (``CE`` and the compiler's message, bounded, if that fails);
 2. each test case runs the program in a new session, its input on a pipe, under a CPU
-   time limit (``RLIMIT_CPU`` and a wall-clock guard) and a memory limit (its resident
-   size, polled, and its peak from ``wait4``); its output comes back on a pipe,
+   time limit (``RLIMIT_CPU`` and a wall-clock guard) and a memory limit (polled: what
+   all its processes, its files and its shared memory hold, :mod:`~corral.guest.case_memory`;
+   and each process's peak from ``wait4``); its output comes back on a pipe,
    bounded; afterwards every other process of the sandbox is killed, so nothing the
    solution left behind sees the next case or the checker;
 3. the output is compared (exact, lines, whitespace tokens, floats with a tolerance)
@@ -34,7 +35,8 @@ import sys
 import tempfile
 import time
 
-if "kill_others" not in globals():  # on the host (tests, lint); in the sandbox, confine precedes
+if "kill_others" not in globals():  # on the host (tests, lint); in the sandbox, these precede
+    from corral.guest.case_memory import CaseMemory
     from corral.guest.confine import confine, kill_others
 
 READY = "corral-judge-ready"
@@ -68,8 +70,10 @@ LANGS = {
              ["./main"], 1.0, 0.0, 0, ("memory allocation of",)),
 }
 
-# testlib's exit codes: ok, wrong answer, presentation error, checker failure, points.
-TESTLIB = {0: "AC", 1: "WA", 2: "WA", 3: "IE", 4: "WA", 7: "WA"}
+# testlib's exit codes (testlib.h's defaults: OK 0, WA 1, PE 2, FAIL 3, DIRT 4, POINTS 7,
+# UNEXPECTED_EOF 8): extra output ("dirt") and an unexpected end of the output are
+# presentation errors there too; FAIL is the checker's or the jury's own failure.
+TESTLIB = {0: "AC", 1: "WA", 2: "PE", 3: "FAIL", 4: "PE", 7: "POINTS", 8: "PE"}
 
 
 class Program:
@@ -129,6 +133,7 @@ def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True,
     """Run ``argv`` with ``data`` on its stdin. A dict: ``status`` (exited, signaled,
     timeout, memory, output), ``code``, ``cpu`` seconds, ``rss`` peak bytes, ``stdout``
     (bytes, at most ``out_cap``), ``stderr`` (text, its tail)."""
+    memory = CaseMemory(mem_bytes) if mem_bytes else None  # before the spawn: its baseline
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
@@ -163,8 +168,13 @@ def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True,
         os.chdir(here)
     for fd in (r_in, w_out, w_err):
         os.close(fd)
-    result = _watch(pid, w_in, r_out, r_err, data, start + wall, mem_bytes, out_cap)
+    result = _watch(pid, w_in, r_out, r_err, data, start + wall, memory, out_cap)
     result["wall"] = time.monotonic() - start
+    if memory is not None:  # what it left behind (orphans, files) before the sweep
+        if memory.over():
+            result["status"] = "memory"
+        result["rss"] = max(result["rss"], memory.peak)
+        result["memory_note"] = memory.why
     if sweep:
         kill_others()
         cpu, rss = _reap()  # what it left behind counts: its CPU, its peak
@@ -191,7 +201,7 @@ def _reap():
     return cpu, rss
 
 
-def _watch(pid, w_in, r_out, r_err, data, deadline, mem_bytes, out_cap):
+def _watch(pid, w_in, r_out, r_err, data, deadline, memory, out_cap):
     pidfd = os.pidfd_open(pid)
     os.set_blocking(w_in, False)
     out, err = bytearray(), bytearray()
@@ -207,12 +217,13 @@ def _watch(pid, w_in, r_out, r_err, data, deadline, mem_bytes, out_cap):
             if waited is None and now > deadline:
                 status = "timeout"
                 break
-            if waited is None and mem_bytes and _rss(pid) > mem_bytes:
+            if memory is not None and (
+                    memory.over() or waited is None and _rss(pid) > memory.limit):
                 status = "memory"
                 break
             if waited is not None and not readers:
                 break
-            wait = max(0.0, min(deadline - now, MEM_POLL if mem_bytes else 0.05))
+            wait = max(0.0, min(deadline - now, MEM_POLL if memory else 0.05))
             if waited is not None:
                 wait = 0.05  # the program ended: what is left in its pipes, briefly
             rl = list(readers) + ([pidfd] if waited is None else [])
@@ -317,11 +328,17 @@ def _close(x, y, tol):
 
 class Checker:
     """A task's own checker: a Python ``check(input, output, expected)`` run in this
-    process, or a testlib-style program (``checker input output answer``, exit code)."""
+    process, or a testlib-style program (``checker input output answer``, exit code).
+
+    A verdict is ``(verdict, note, score)``: ``score`` is the case's credit in [0, 1],
+    below 1 only for partial credit (``PC``): a Python checker returning a number
+    between 0 and 1, or testlib's ``quitp(points)`` (exit code 7, ``points X`` on its
+    stderr) with ``X`` out of the spec's ``max_points`` (default 1)."""
 
     def __init__(self, spec, workdir):
         self.kind = spec.get("kind", "python")
         self.program = None
+        self.max_points = float(spec.get("max_points") or 1.0)
         if self.kind == "python":
             ns = {"__name__": "corral_checker"}
             exec(compile(spec["source"], "<checker>", "exec"), ns)
@@ -349,14 +366,18 @@ class Checker:
 
     def __call__(self, given, got, expected):
         verdict, note = self._check(given, got, expected)
+        if verdict.startswith("PC "):  # "PC <score>" from _partial
+            return "PC", note, float(verdict[3:])
+        if verdict == "FAIL":  # testlib's own "judgement failed": never the program's
+            return "IE", "the checker failed (testlib FAIL): %s" % (note or "no message"), 0.0
         if verdict != "CRASH":
-            return verdict, note
+            return verdict, note, float(verdict == "AC")
         # It crashed on this output. A checker that accepts the expected answer is sound:
         # the output broke it (garbage where it parses a number), the program's wrong
         # answer, never "not gradable" (reward None would spare a wrong program its 0).
         if self._check(given, expected, expected)[0] == "AC":
-            return "WA", "the checker failed on this output: %s" % (note or "")[-200:]
-        return "IE", note
+            return "WA", "the checker failed on this output: %s" % (note or "")[-200:], 0.0
+        return "IE", note, 0.0
 
     def _check(self, given, got, expected):
         """``(verdict, note)``; ``CRASH``: it raised, crashed or answered nonsense."""
@@ -367,7 +388,10 @@ class Checker:
                 return "CRASH", "the checker raised %s: %s" % (type(exc).__name__, exc)
             if isinstance(verdict, bool) or verdict in (0, 1):
                 return ("AC", None) if verdict else ("WA", "the checker rejected the output")
-            return "CRASH", "the checker returned %r, not True or False" % (verdict,)
+            if isinstance(verdict, float) and 0 < verdict < 1:
+                return _partial(verdict, "the checker gave %g" % verdict)
+            return "CRASH", "the checker returned %r, not True, False or a score in [0, 1]" % (
+                verdict,)
         # Every process of the solution is gone (swept after its run): the files exist
         # only while the checker runs.
         cdir = tempfile.mkdtemp(prefix="check-", dir=self.program.workdir)
@@ -382,8 +406,35 @@ class Checker:
         if r["status"] != "exited" or r["code"] not in TESTLIB:
             return "CRASH", "the checker failed (%s %s): %s" % (r["status"], r["code"],
                                                                r["stderr"])
-        verdict = TESTLIB[r["code"]]
-        return verdict, None if verdict == "AC" else r["stderr"].strip()[-200:] or None
+        verdict, message = TESTLIB[r["code"]], r["stderr"].strip()
+        if verdict == "POINTS":
+            return self._points(message)
+        note = None if verdict == "AC" else message[-200:] or None
+        return verdict, note if verdict != "PE" else "presentation error: %s" % (note or "")
+
+    def _points(self, message):
+        """testlib's ``quitp``: ``points X [message]`` on stderr (``X`` alone before)."""
+        words = message.split()
+        if words[:1] == ["points"]:
+            words = words[1:]
+        try:
+            points = float(words[0])
+        except (IndexError, ValueError):
+            return "CRASH", "the checker exited with points (7) but printed none: %r" % (
+                message[-200:],)
+        if not 0 <= points <= self.max_points or math.isnan(points):
+            return "CRASH", "the checker gave %g points, outside [0, %g] (max_points)" % (
+                points, self.max_points)
+        return _partial(points / self.max_points, message[-200:])
+
+
+def _partial(score, note):
+    """A verdict with credit ``score`` in [0, 1]: full is ``AC``, none ``WA``."""
+    if score >= 1:
+        return "AC", None
+    if score <= 0:
+        return "WA", note
+    return "PC %.6g" % score, note
 
 
 class CheckerBroken(Exception):
@@ -394,7 +445,8 @@ class CheckerBroken(Exception):
 
 
 def judge_case(program, case, req, checker):
-    """``[verdict, cpu seconds, peak bytes, note]`` of one test case."""
+    """``[verdict, cpu seconds, peak bytes, note, score]`` of one test case (``score``:
+    its credit, 1 for ``AC``, between 0 and 1 for a checker's partial credit ``PC``)."""
     lang = program.lang
     _, _, _, factor, extra, runtime_mb, oom_signs = LANGS[lang]
     tl = float(case.get("time_limit") or req["time_limit"])
@@ -409,7 +461,8 @@ def judge_case(program, case, req, checker):
     used = [round(r["cpu"], 4), r["rss"]]
     oom = any(sign in r["stderr"] or sign in r["stderr_head"] for sign in oom_signs)
     if r["status"] == "memory" or r["rss"] > mem_bytes or (oom and r["code"] != 0):
-        return ["MLE", *used, "memory limit %d MiB exceeded" % mem_mb]
+        why = r.get("memory_note")
+        return ["MLE", *used, "memory limit %d MiB exceeded%s" % (mem_mb, why and ": " + why or "")]
     if r["status"] == "timeout" or r["cpu"] > cpu or r["code"] == -signal.SIGXCPU:
         return ["TLE", *used, "time limit %gs exceeded" % tl]
     if r["status"] == "signaled" and r["code"] == -signal.SIGKILL:
@@ -422,10 +475,10 @@ def judge_case(program, case, req, checker):
         return ["RE", *used, "%s\n%s" % (what, r["stderr"])]
     got = r["stdout"].decode(errors="replace")
     if checker is not None:
-        verdict, note = checker(case["input"], got, case["output"])
-    else:
-        verdict, note = compare(req["compare"], got, case["output"], req["tolerance"])
-    return [verdict, *used, note]
+        verdict, note, score = checker(case["input"], got, case["output"])
+        return [verdict, *used, note, score]
+    verdict, note = compare(req["compare"], got, case["output"], req["tolerance"])
+    return [verdict, *used, note, float(verdict == "AC")]
 
 
 def judge_all(req):

@@ -21,8 +21,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
+from corral.client._async._process import AsyncProcess
 from corral.client._models import CommandResult
-from corral.errors import InvalidArgument
+from corral.client._sync._process import Process
+from corral.errors import ExecTimeout, InvalidArgument
 from corral.guest import program
 from corral.rl._inprocess import MAX_ERROR_CHARS, MAX_OUTPUT_CHARS, time_budget
 from corral.rl._test_report import TestReport
@@ -33,6 +35,8 @@ READY = "corral-judge-ready"
 TRUSTED_PATH = "/usr/local/bin:/usr/bin:/bin"
 """``PATH`` of the judge and the harness: only the image's own directories, which the
 sandbox cannot write (its ``~/.local/bin`` comes first in its usual ``PATH``)."""
+END_WAIT_S = 5.0
+"""How long a judge that answered may take to exit by itself before it is killed."""
 UNSPLITTABLE = "unsplittable"
 UNGRADABLE = "ungradable"
 
@@ -101,6 +105,27 @@ class JudgeRun:
             output=str(data.get("output") or ""), result=result,
             grading="in_process" if compared else "isolated", in_process_tests=compared,
         )
+
+
+async def aended(proc: AsyncProcess, answered: bool) -> CommandResult:
+    """How the judge ended. One that answered exits by itself (waited for: no signal, a
+    request fewer); one that did not is killed."""
+    if answered:
+        try:
+            return await proc.wait(timeout=END_WAIT_S)
+        except ExecTimeout:
+            pass
+    return await proc.kill()
+
+
+def ended(proc: Process, answered: bool) -> CommandResult:
+    """The blocking twin of :func:`aended`."""
+    if answered:
+        try:
+            return proc.wait(timeout=END_WAIT_S)
+        except ExecTimeout:
+            pass
+    return proc.kill()
 
 
 def unsplittable(report: TestReport) -> list[int]:

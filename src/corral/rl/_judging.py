@@ -129,20 +129,22 @@ def run_timeout(task: Task, options: JudgeOptions) -> float:
     return run.default_timeout()
 
 
-async def ajudge(sb: AsyncSandbox, task: Task, options: JudgeOptions, mode: Mode) -> TestReport:
-    """Judge ``task`` inside ``sb``."""
+async def ajudge(sb: AsyncSandbox, task: Task, options: JudgeOptions, mode: Mode, *,
+                 fresh: bool = False) -> TestReport:
+    """Judge ``task`` inside ``sb`` (``fresh``: just created, nothing run in it yet)."""
     timeout = run_timeout(task, options)
     if not task.io:
         return await arun_tests(
             sb, task.snippets, code=task.code, timeout=timeout,
             test_timeout=options.test_timeout, grading=options.grading,
-            entry_point=task.entry_point,
+            entry_point=task.entry_point, fresh=fresh,
         )
     report = await arun_io_tests(
         sb, task.cases, code=task.code, language=task.language,
         time_limit=options.time_limit, memory_mb=options.case_memory_mb,
         compare=options.compare, tolerance=options.tolerance, checker=task.checker,
         stop_on_failure=options.stop_on_failure or mode != "fraction", timeout=timeout,
+        fresh=fresh,
     )
     return chosen_toolchain_missing(task, report)
 

@@ -40,12 +40,16 @@ class TestReport:
     in_process_tests: tuple[int, ...] = ()
 
     verdict_list: tuple[str, ...] = ()
-    """Per-test verdicts from the stdin/stdout judge (``AC``, ``WA``, ``TLE``, ``MLE``,
-    ``RE``, ``CE``, ``IE``, ``SKIP``); empty for Python tests (see :attr:`verdicts`)."""
+    """Per-test verdicts from the stdin/stdout judge (``AC``, ``WA``, ``PE``, ``PC``,
+    ``TLE``, ``MLE``, ``RE``, ``CE``, ``IE``, ``SKIP``); empty for Python tests (see
+    :attr:`verdicts`)."""
     compile_error: str | None = None
     """The compiler's message (bounded) when the solution did not compile (``CE``)."""
     case_stats: tuple[tuple[float, int], ...] = ()
     """stdin/stdout judge: ``(cpu_seconds, peak_bytes)`` of each test case's run."""
+    case_scores: tuple[float, ...] = ()
+    """stdin/stdout judge: each case's credit in [0, 1] (1 ``AC``; between 0 and 1 a
+    checker's partial credit, ``PC``); :attr:`fraction` is their mean when given."""
 
     @property
     def verdicts(self) -> list[str]:
@@ -86,6 +90,8 @@ class TestReport:
             return 0.0
         if not self.tests:
             return 1.0 if self.loaded else 0.0
+        if len(self.case_scores) == len(self.tests):
+            return sum(self.case_scores) / len(self.tests)
         return self.passed / len(self.tests)
 
     @property

@@ -45,7 +45,9 @@ from corral.rl._grading import (
     TRUSTED_PATH,
     Grading,
     JudgeRun,
+    aended,
     check_grading,
+    ended,
     merge_in_process,
     refuse_unsplittable,
     unsplittable,
@@ -180,6 +182,7 @@ async def arun_tests(
     cwd: str | None = None,
     grading: Grading = "auto",
     entry_point: str | None = None,
+    fresh: bool = False,
 ) -> TestReport:
     """Run ``tests`` on a solution (``code``, or the file at ``path`` in the sandbox).
 
@@ -189,7 +192,9 @@ async def arun_tests(
     default) does too, and runs the few tests that pass non-plain objects to the
     solution inside its process, flagged in :attr:`TestReport.grading`;
     ``"in_process"`` runs all of them there (the weaker, older way). A judged run
-    stops every other process of the sandbox first. Sandbox and daemon failures raise
+    stops every other process of the sandbox first (from outside, then the judge itself
+    does; ``fresh=True`` — the sandbox was just created from an image and has run
+    nothing — skips the first, a request to the daemon). Sandbox and daemon failures raise
     their :mod:`corral.errors` exception: they are not the solution's fault.
 
     Built-in names a test uses are the judge's, never the solution's, except
@@ -203,7 +208,8 @@ async def arun_tests(
         return await _arun_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout,
                    entry_point=entry_point)
-    await sb.kill_processes()  # nothing an earlier step left running may meet the judge
+    if not fresh:  # nothing an earlier step left running may meet the judge
+        await sb.kill_processes()
     async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
         ready = line = None
         try:
@@ -212,7 +218,7 @@ async def arun_tests(
                 line = await proc.exchange(run.request(), timeout=timeout)
         except ExecTimeout:
             pass
-        report = run.report(ready, line, await proc.kill())
+        report = run.report(ready, line, await aended(proc, line is not None))
     split = unsplittable(report)
     if not split or report.status != "ok":
         return report
@@ -235,6 +241,7 @@ def run_tests(
     cwd: str | None = None,
     grading: Grading = "auto",
     entry_point: str | None = None,
+    fresh: bool = False,
 ) -> TestReport:
     """The blocking twin of :func:`arun_tests`."""
     snippets = normalize_tests(tests)
@@ -243,7 +250,8 @@ def run_tests(
         return _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd)
     run = JudgeRun(snippets, code=code, path=path, timeout=timeout, test_timeout=test_timeout,
                    entry_point=entry_point)
-    sb.kill_processes()  # nothing an earlier step left running may meet the judge
+    if not fresh:  # nothing an earlier step left running may meet the judge
+        sb.kill_processes()
     with sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
         ready = line = None
         try:
@@ -252,7 +260,7 @@ def run_tests(
                 line = proc.exchange(run.request(), timeout=timeout)
         except ExecTimeout:
             pass
-        report = run.report(ready, line, proc.kill())
+        report = run.report(ready, line, ended(proc, line is not None))
     split = unsplittable(report)
     if not split or report.status != "ok":
         return report

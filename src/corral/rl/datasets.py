@@ -18,8 +18,12 @@ Row shapes (the fields each adapter reads):
   ``generated_tests`` (``{"input": [...], "output": [...]}``), ``time_limit``
   (``{"seconds", "nanos"}``), ``memory_limit_bytes``.
 - ``livecodebench``: ``question_content``, ``public_test_cases`` /
-  ``private_test_cases`` (JSON, or the release's base64+zlib form), ``metadata``
-  (``func_name`` for functional tests), ``starter_code``.
+  ``private_test_cases`` (JSON, or the release's packed form: base64 of zlib of a
+  pickled JSON string), ``metadata`` (``func_name`` for functional tests),
+  ``starter_code``. The packed form is never unpickled: its opcodes are read
+  (``pickletools``) and only a pickle of one string is accepted; it unpacks to at most
+  ``max_unpacked_bytes`` (:data:`MAX_UNPACKED_BYTES`, an argument of
+  :func:`load_tasks` and :func:`from_livecodebench`).
 - ``mbpp``: ``text`` or ``prompt``, ``test_list``, ``test_setup_code``, ``code``.
 - ``humaneval``: ``prompt``, ``test``, ``entry_point``.
 """
@@ -27,18 +31,23 @@ Row shapes (the fields each adapter reads):
 from __future__ import annotations
 
 import base64
-import io
+import binascii
 import json
-import pickle
+import pickletools
 import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from corral.errors import InvalidArgument
 from corral.rl.stdio import IOCase, normalize_io_tests
+
+MAX_UNPACKED_BYTES = 256 << 20
+"""The most a LiveCodeBench row's packed test cases may unpack to (the largest rows of
+its releases unpack to tens of MiB)."""
 
 
 @dataclass(frozen=True)
@@ -133,29 +142,63 @@ def from_code_contests(row: Mapping[str, Any]) -> CodeTask:
                     source="code_contests")
 
 
-class _TextOnly(pickle.Unpickler):
-    """LiveCodeBench's private cases are a pickled JSON string: nothing else loads."""
+# The opcodes of a pickle of one str (protocols 0-5 write it as one of the *UNICODE ones;
+# 4+ add framing and a memo entry). Anything else would build an object: refused.
+_TEXT_OPS = frozenset({"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT", "STOP",
+                       "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8"})
 
-    def find_class(self, module: str, name: str) -> Any:
-        raise InvalidArgument("private_test_cases holds a pickled object, not text")
+
+def _pickled_text(raw: bytes, where: str) -> str:
+    """The string a pickle holds, read from its opcodes: nothing is unpickled."""
+    text = None
+    try:
+        for op, arg, _ in pickletools.genops(raw):
+            if op.name not in _TEXT_OPS or (isinstance(arg, str) and text is not None):
+                raise InvalidArgument(f"{where} holds a pickled object ({op.name}), not text: "
+                                      "only a pickle of one JSON string is read")
+            if isinstance(arg, str):
+                text = arg
+    except ValueError as exc:  # truncated or unknown opcodes
+        if isinstance(exc, InvalidArgument):
+            raise
+        raise InvalidArgument(f"{where} is not a valid pickle: {exc}") from None
+    if text is None:
+        raise InvalidArgument(f"{where} holds an empty pickle, not text")
+    return text
 
 
-def _lcb_cases(value: Any) -> list[Mapping[str, Any]]:
+def _unpack(value: str, where: str, limit: int) -> str:
+    """base64, then zlib (at most ``limit`` bytes out), then a pickled string."""
+    try:
+        packed = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise InvalidArgument(f"{where} is neither JSON nor base64") from None
+    unzip = zlib.decompressobj()
+    try:
+        raw = unzip.decompress(packed, limit + 1)
+    except zlib.error:
+        raise InvalidArgument(f"{where} is base64 but not zlib-compressed") from None
+    if len(raw) > limit or unzip.unconsumed_tail:
+        raise InvalidArgument(
+            f"{where} unpacks to more than max_unpacked_bytes={limit} bytes: raise it "
+            "(load_tasks(..., max_unpacked_bytes=N)) if the row is trusted",
+            details={"limit": limit, "field": where},
+        )
+    return _pickled_text(raw, where)
+
+
+def _lcb_cases(value: Any, where: str, limit: int) -> list[Mapping[str, Any]]:
     if not value:
         return []
     if isinstance(value, str) and not value.lstrip().startswith("["):
-        try:
-            raw = zlib.decompress(base64.b64decode(value))
-            value = _TextOnly(io.BytesIO(raw)).load()
-        except InvalidArgument:
-            raise
-        except (ValueError, zlib.error, pickle.UnpicklingError, EOFError):
-            raise InvalidArgument("private_test_cases is neither JSON nor base64+zlib") from None
-    return list(_json(value, "test cases"))
+        value = _unpack(value.strip(), where, limit)
+    return list(_json(value, where))
 
 
-def from_livecodebench(row: Mapping[str, Any]) -> CodeTask:
-    cases = _lcb_cases(row.get("public_test_cases")) + _lcb_cases(row.get("private_test_cases"))
+def from_livecodebench(row: Mapping[str, Any], *,
+                       max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> CodeTask:
+    cases = [*_lcb_cases(row.get("public_test_cases"), "public_test_cases", max_unpacked_bytes),
+             *_lcb_cases(row.get("private_test_cases"), "private_test_cases", max_unpacked_bytes)]
     meta = _json(row.get("metadata") or "{}", "metadata")
     rid = str(row.get("question_id", ""))
     prompt = str(row.get("question_content", ""))
@@ -221,17 +264,21 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def load_tasks(rows: str | Path | Iterable[Mapping[str, Any]], kind: str) -> list[CodeTask]:
-    """Tasks from a file or from rows (a ``datasets.Dataset`` iterates as dicts)."""
+def load_tasks(rows: str | Path | Iterable[Mapping[str, Any]], kind: str, *,
+               max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> list[CodeTask]:
+    """Tasks from a file or from rows (a ``datasets.Dataset`` iterates as dicts);
+    ``max_unpacked_bytes`` bounds a LiveCodeBench row's packed cases."""
     adapter = ADAPTERS.get(kind)
     if adapter is None:
         raise InvalidArgument(f"unknown dataset kind {kind!r}: one of {', '.join(sorted(ADAPTERS))}")
+    if kind == "livecodebench":
+        adapter = partial(from_livecodebench, max_unpacked_bytes=max_unpacked_bytes)
     if isinstance(rows, (str, Path)):
         rows = read_rows(rows)
     return [adapter(row) for row in rows]
 
 
 __all__ = [
-    "ADAPTERS", "CodeTask", "from_apps", "from_code_contests", "from_humaneval",
-    "from_livecodebench", "from_mbpp", "from_taco", "load_tasks", "read_rows",
+    "ADAPTERS", "CodeTask", "MAX_UNPACKED_BYTES", "from_apps", "from_code_contests",
+    "from_humaneval", "from_livecodebench", "from_mbpp", "from_taco", "load_tasks", "read_rows",
 ]

@@ -2,7 +2,7 @@
 
 :class:`SandboxEnv` is an ordinary :class:`gymnasium.Env` on this side. Its
 environment — a registered id like ``"CartPole-v1"``, or your own class from a local
-``.py`` file — is built and stepped by a small server (``corral.rl._env_server``)
+``.py`` file — is built and stepped by a small server (``corral.guest.env_server``)
 running in a sandbox, reached over one persistent process (``sb.spawn``): each
 ``reset``/``step`` is one line written to the server's stdin and one line read back.
 Values cross exactly (``corral.rl.spaces``): an observation arrives with its dtype,
@@ -46,6 +46,7 @@ from gymnasium.envs.registration import EnvSpec
 
 import corral
 from corral.errors import CorralError, InvalidArgument
+from corral.guest import program
 from corral.rl import spaces as wire
 
 DEFAULT_IMAGE = "rl"
@@ -108,7 +109,7 @@ def env_error_type(remote_type: str | None) -> type[EnvError]:
 def server_files() -> dict[str, bytes]:
     """The files the environment server needs in the sandbox: itself and its codec."""
     return {
-        f"{SERVER_DIR}/_env_server.py": (_HERE / "_env_server.py").read_bytes(),
+        f"{SERVER_DIR}/env_server.py": program("env_server").encode(),
         f"{SERVER_DIR}/_corral_spaces.py": (_HERE / "spaces.py").read_bytes(),
     }
 
@@ -206,7 +207,7 @@ class _Remote:
             for path, data in {**server_files(), **files}.items():
                 remote.sandbox.files.write(path, data)
             remote.process = remote.sandbox.spawn(
-                [python, f"{SERVER_DIR}/_env_server.py"], text=False
+                [python, f"{SERVER_DIR}/env_server.py"], text=False
             )
             remote.hello = remote.call(
                 "make", id=target, kwargs=dict(kwargs), path=[MODULES_DIR] if files else []

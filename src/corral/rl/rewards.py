@@ -386,7 +386,7 @@ class AsyncCodeReward:
         try:
             sb = await AsyncSandbox.create(client=client, **spec)
             self.stats.sandboxes_created += 1
-            report = await ajudge(sb, task, self.options, self.mode)
+            report = await ajudge(sb, task, self.options, self.mode, fresh=True)
         except ImageNotFound:
             raise  # a configuration error: every completion would fail the same way
         except SandboxProtocolError as exc:  # the completion broke its sandbox: it fails

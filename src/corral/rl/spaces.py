@@ -12,7 +12,7 @@ few tagged shapes can only rebuild plain data.
 
 This module runs on both sides. It imports only the standard library, numpy and
 gymnasium, and is uploaded into the sandbox next to the environment server
-(``corral.rl._env_server``), so both ends share one codec.
+(``corral.guest.env_server``), so both ends share one codec.
 
 >>> from gymnasium.spaces import Box, Dict, Discrete
 >>> space = Dict({"pos": Box(-1.0, 1.0, (2,)), "door": Discrete(3, start=1)})

@@ -5,8 +5,10 @@ a program that reads a test's input and prints its answer. :func:`run_io_tests` 
 one such program inside a sandbox with the stdin/stdout judge
 (:mod:`corral.guest.io_judge`; docs/grading.md): it compiles once, runs every test case
 under a CPU-time and a memory limit, and compares the output (or asks the task's own
-checker). Each test gets a verdict: ``AC``, ``WA``, ``TLE``, ``MLE``, ``RE``, ``CE``,
-``IE`` (not gradable: a broken checker, a missing toolchain), ``SKIP``.
+checker). Each test gets a verdict: ``AC``, ``WA``, ``PE`` (a checker's presentation
+error), ``PC`` (a checker's partial credit, in :attr:`TestReport.case_scores`), ``TLE``,
+``MLE``, ``RE``, ``CE``, ``IE`` (not gradable: a broken checker, testlib's ``FAIL``, a
+missing toolchain), ``SKIP``.
 
 Tests come in the shapes datasets use (:func:`normalize_io_tests`)::
 
@@ -33,7 +35,7 @@ from corral.client._models import CommandResult
 from corral.client._sync import Sandbox
 from corral.errors import ExecTimeout, InvalidArgument
 from corral.guest import program
-from corral.rl._grading import READY, TRUSTED_PATH
+from corral.rl._grading import READY, TRUSTED_PATH, aended, ended
 from corral.rl._test_report import TestReport
 from corral.rl.code import completion_text
 
@@ -182,10 +184,13 @@ class IORun:
                     "expected): ...'} or {'kind': 'program', 'language': 'cpp', 'source': ..., "
                     "'files': {'testlib.h': ...}}"
                 )
+            points = self.checker.get("max_points", 1.0)
+            if isinstance(points, bool) or not isinstance(points, (int, float)) or not points > 0:
+                raise InvalidArgument(f"checker max_points must be a positive number, got {points!r}")
 
     @property
     def argv(self) -> list[str]:
-        return ["python3", "-I", "-c", program("confine", "io_judge")]
+        return ["python3", "-I", "-c", program("confine", "case_memory", "io_judge")]
 
     def default_timeout(self) -> float:
         """A bound on the whole run: compiling, then every case at its wall limit."""
@@ -216,7 +221,9 @@ class IORun:
         try:
             data = json.loads(line[len(self.nonce):])
             compiled, message = data["compile"]
-            rows = [(str(t[0]), float(t[1]), int(t[2]), t[3]) for t in data["tests"]]
+            rows = [(str(t[0]), float(t[1]), int(t[2]), t[3],
+                     min(1.0, max(0.0, float(t[4]))) if len(t) > 4 else float(t[0] == "AC"))
+                    for t in data["tests"]]
         except (ValueError, KeyError, TypeError, IndexError):
             return TestReport("crashed", result=result)
         if len(rows) != len(self.cases):
@@ -230,6 +237,7 @@ class IORun:
             result=result, verdict_list=verdicts,
             compile_error=str(message) if compiled == "error" else None,
             case_stats=tuple((r[1], r[2]) for r in rows),
+            case_scores=tuple(r[4] for r in rows),
         )
 
 
@@ -249,6 +257,7 @@ async def arun_io_tests(
     checker: Mapping[str, Any] | None = None,
     stop_on_failure: bool = False,
     timeout: float | None = None,
+    fresh: bool = False,
 ) -> TestReport:
     """Judge ``code`` (in ``language``) on stdin/stdout ``tests`` inside ``sb``.
 
@@ -260,11 +269,15 @@ async def arun_io_tests(
     skips the cases after the first that fails. ``timeout`` bounds the whole run
     (default: enough to compile and run every case to its limit). Per-case verdicts are
     in :attr:`TestReport.verdicts`, CPU seconds and peak memory in ``case_stats``.
+    ``fresh=True``: ``sb`` was just created from an image and has run nothing, so the
+    sweep of its processes from outside is skipped (the judge still stops every other
+    process itself before it reads the tests).
     """
     run = IORun(code, language, normalize_io_tests(tests), time_limit, memory_mb, compare,
                 tolerance, checker, stop_on_failure)
     limit = timeout if timeout is not None else run.default_timeout()
-    await sb.kill_processes()
+    if not fresh:
+        await sb.kill_processes()
     async with await sb.spawn(run.argv, timeout=limit, env={"PATH": TRUSTED_PATH}) as proc:
         ready = line = None
         try:
@@ -273,7 +286,7 @@ async def arun_io_tests(
                 line = await proc.exchange(run.request(), timeout=limit)
         except ExecTimeout:
             pass
-        return run.report(ready, line, await proc.kill())
+        return run.report(ready, line, await aended(proc, line is not None))
 
 
 def run_io_tests(
@@ -289,12 +302,14 @@ def run_io_tests(
     checker: Mapping[str, Any] | None = None,
     stop_on_failure: bool = False,
     timeout: float | None = None,
+    fresh: bool = False,
 ) -> TestReport:
     """The blocking twin of :func:`arun_io_tests`."""
     run = IORun(code, language, normalize_io_tests(tests), time_limit, memory_mb, compare,
                 tolerance, checker, stop_on_failure)
     limit = timeout if timeout is not None else run.default_timeout()
-    sb.kill_processes()
+    if not fresh:
+        sb.kill_processes()
     with sb.spawn(run.argv, timeout=limit, env={"PATH": TRUSTED_PATH}) as proc:
         ready = line = None
         try:
@@ -303,7 +318,7 @@ def run_io_tests(
                 line = proc.exchange(run.request(), timeout=limit)
         except ExecTimeout:
             pass
-        return run.report(ready, line, proc.kill())
+        return run.report(ready, line, ended(proc, line is not None))
 
 
 __all__ = [

@@ -11,7 +11,7 @@ languages both know (python, cpp, nodejs/js, go, java, rust).
 
 The answer is SandboxFusion's ``EvalResult``: ``accepted``, the extracted code, and per
 case ``passed`` with an ``exec_info`` (``RunCodeResponse``) and ``test_info`` carrying
-corral's verdict (``AC``, ``WA``, ``TLE``, ``MLE``, ``RE``, ``CE``, ``IE``).
+corral's verdict (``AC``, ``WA``, ``PE``, ``PC``, ``TLE``, ``MLE``, ``RE``, ``CE``, ``IE``).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def judge_request(req: SubmitRequest) -> tuple[str, list[dict[str, str]], bytes,
 
 
 def judge_argv() -> list[str]:
-    return ["python3", "-I", "-c", program("confine", "io_judge")]
+    return ["python3", "-I", "-c", program("confine", "case_memory", "io_judge")]
 
 
 def eval_result(req: SubmitRequest, cases: list[dict[str, str]], stdout: str, nonce: str,
@@ -129,7 +129,7 @@ def eval_result(req: SubmitRequest, cases: list[dict[str, str]], stdout: str, no
     for case, row in zip(cases, rows, strict=True):
         verdict, cpu, _, note = (list(row) + [None] * 4)[:4]
         run = {"status": TLE if verdict == "TLE" else FINISHED, "execution_time": cpu,
-               "return_code": 0 if verdict in ("AC", "WA") else 1, "stdout": "",
+               "return_code": 0 if verdict in ("AC", "WA", "PE", "PC") else 1, "stdout": "",
                "stderr": str(note or "")}
         tests.append({
             "passed": verdict == "AC",

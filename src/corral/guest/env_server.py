@@ -1,9 +1,11 @@
 """The server side of :class:`corral.rl.SandboxEnv`: runs inside a sandbox, hosts one
 gymnasium environment, and answers requests on stdin with replies on stdout.
 
-It is uploaded into the sandbox with the codec (``corral.rl.spaces``, as
-``_corral_spaces.py`` next to it) and run by the sandbox's ``python3``; it needs
-gymnasium and numpy there, nothing of corral. One line per message, both ways::
+It is uploaded into the sandbox as ``env_server.py`` with the codec (``corral.rl.spaces``,
+as ``_corral_spaces.py`` next to it) and run by the sandbox's ``python3``. Importing it
+needs only the standard library; running it needs the image's gymnasium and numpy
+(imported inside functions) and the codec, handed to :func:`serve` (:func:`main`
+imports the uploaded one), nothing of corral. One line per message, both ways::
 
     -> {"op": "make", "id": "CartPole-v1", "kwargs": {...}, "path": [...]}
     <- {"ok": true, "observation_space": {...}, "action_space": {...}, ...}
@@ -22,19 +24,15 @@ import importlib
 import os
 import sys
 import traceback
+from types import ModuleType
 from typing import Any, BinaryIO
 
-try:  # inside the sandbox the codec sits next to this file
-    import _corral_spaces as wire  # type: ignore[import-not-found]
-except ImportError:  # imported on the host (tests, tools)
-    from corral.rl import spaces as wire
 
-import gymnasium as gym
-
-
-def build_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+def build_env(env_id: str, kwargs: dict[str, Any]) -> Any:
     """``module:Attribute`` calls that attribute (a class or factory) if the module
     has it; anything else, ``module:EnvId`` included, goes to ``gymnasium.make``."""
+    import gymnasium as gym
+
     if ":" in env_id:
         module_name, _, attribute = env_id.partition(":")
         module = importlib.import_module(module_name)
@@ -49,7 +47,7 @@ def build_env(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     return gym.make(env_id, **kwargs)
 
 
-def _spec_json(env: gym.Env) -> str | None:
+def _spec_json(env: Any) -> str | None:
     try:
         return env.spec.to_json() if env.spec is not None else None
     except Exception:  # a spec with callables in it cannot be described
@@ -59,10 +57,11 @@ def _spec_json(env: gym.Env) -> str | None:
 class EnvServer:
     """The requests one environment answers (``op`` → method ``op_<op>``)."""
 
-    def __init__(self) -> None:
-        self.env: gym.Env | None = None
+    def __init__(self, wire: ModuleType) -> None:
+        self.wire = wire  # the codec: corral.rl.spaces, uploaded as _corral_spaces
+        self.env: Any = None
 
-    def _env(self) -> gym.Env:
+    def _env(self) -> Any:
         if self.env is None:
             raise RuntimeError("no environment yet: the first request must be 'make'")
         return self.env
@@ -71,10 +70,12 @@ class EnvServer:
         for entry in reversed(path):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
+        import gymnasium as gym
+
         env = self.env = build_env(id, kwargs)
         return {
-            "observation_space": wire.space_to_dict(env.observation_space),
-            "action_space": wire.space_to_dict(env.action_space),
+            "observation_space": self.wire.space_to_dict(env.observation_space),
+            "action_space": self.wire.space_to_dict(env.action_space),
             "metadata": dict(env.metadata),
             "render_mode": env.render_mode,
             "spec": _spec_json(env),
@@ -136,9 +137,10 @@ def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """Answer each request line with one reply line until ``close`` or EOF."""
-    server = EnvServer()
+def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
+    """Answer each request line with one reply line until ``close`` or EOF, values
+    encoded with the codec ``wire``."""
+    server = EnvServer(wire)
     for line in iter(requests.readline, b""):
         if not line.strip():
             continue
@@ -169,7 +171,9 @@ def main() -> None:
     # Modules in the working directory (a snapshot's /workspace/envs/...) import as with
     # `python -m`; the uploaded ones come first (see op_make).
     sys.path.insert(1, os.getcwd())
-    serve(sys.stdin.buffer, replies)
+    import _corral_spaces  # type: ignore[import-not-found]  # uploaded next to this file
+
+    serve(sys.stdin.buffer, replies, _corral_spaces)
 
 
 if __name__ == "__main__":

