@@ -9,8 +9,9 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "corral"
-CLIENT_SIDE = ["client", "cli", "rl", "cluster", "guest", "__init__.py", "errors.py",
+CLIENT_SIDE = ["client", "cli", "rl", "cluster", "guest", "api", "__init__.py", "errors.py",
                "schema.py", "image_schema.py", "pool_schema.py", "volume_schema.py",
+               "network_schema.py",
                "_bridge.py", "_version.py"]
 # names that exist only from 3.11 (typing_extensions has the typing ones)
 NEW_IN_311 = {

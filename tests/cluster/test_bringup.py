@@ -60,6 +60,9 @@ def test_up_status_down_is_idempotent_and_leaves_nothing(ray_cluster):
         assert reply.json()["id"].startswith(f"sb-{e['node_id'][:10]}-")
         assert reply.json()["node"] == e["node_id"]
         made.append(reply.json()["id"])
+        # its own image cache, seeded from the host's (runtime/cache_seed.py), not the host's
+        own = Path(e["state_dir"]) / "cache" / "images" / "python" / "manifest.json"
+        assert own.is_file() and own.stat().st_nlink > 1
 
     report = _cli("cluster", "status", "--address", ray_cluster.address, "--json")
     assert report.returncode == 0, report.stderr

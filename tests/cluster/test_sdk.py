@@ -154,3 +154,44 @@ def test_futures_and_a_pool(client, corral_cluster):
             assert sb.exec("echo pooled", timeout=30).stdout == "pooled\n"
         assert pool.stats().max_size == 2  # found on its node
         assert pool.name in [p["name"] for p in client.request("GET", "/v1/pools").json()["pools"]]
+
+
+TRAINER = """
+import sys, time, corral
+client = corral.Client(sys.argv[1])
+session = corral.Session(lease=float(sys.argv[2]), client=client, tags=[sys.argv[3]])
+for node in sys.argv[4:]:
+    print(session.create(memory_mb=64, node=node).id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lease_spans_the_nodes_and_ends_every_nodes_sandboxes(client, corral_cluster):
+    """``Session(lease=S)`` on ``ray://``: renewed on every node that runs one of its
+    sandboxes; when the trainer is SIGKILLed, each node ends its own at expiry."""
+    import subprocess
+    import sys
+    import time
+
+    ttl, nodes = 4.0, corral_cluster.node_ids()
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, f"ray://{corral_cluster.address}", str(ttl), TAG, *nodes],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        ids = [trainer.stdout.readline().strip() for _ in nodes]
+        assert all(ids), "the trainer could not create a sandbox on every node"
+        made = [corral.Sandbox.connect(i, client=client) for i in ids]
+        assert sorted(sb.info.node for sb in made) == sorted(nodes)
+        time.sleep(3 * ttl)  # renewals (every ttl/3) must reach every node meanwhile
+        assert [sb.refresh().state.value for sb in made] == ["running"] * len(nodes)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 120  # only against a hang: expiry is ttl after the kill
+    while time.monotonic() < deadline:
+        states = [sb.refresh() for sb in made]
+        if all(s.state.value != "running" for s in states):
+            break
+        time.sleep(0.25)
+    for sb in made:
+        assert sb.state.value != "running" and "lease expired" in (sb.info.reason or ""), sb.info

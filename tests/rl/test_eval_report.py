@@ -28,8 +28,8 @@ def test_a_daemon_without_the_endpoint_turns_reporting_off():
     class OldDaemon:
         router = None
 
-        async def request(self, method, path, **kwargs):
-            calls.append(path)
+        async def call(self, name, ids=None, **kwargs):  # the SDK's call of an operation
+            calls.append(name)
             raise corral.errors.NotFound("no route")
 
     async def main():

@@ -135,8 +135,8 @@ def test_binary_and_fraction_scores(daemon, caplog):
         fence("def f(x):\n    return 2 * x\nprint('y' * 3_000_000)"),  # chatty, still right
     ]
     tests = [TESTS] * len(completions)
-    fraction = code_reward("fraction", timeout=3, test_timeout=0.5, url=daemon.url)
-    binary = code_reward("binary", timeout=3, test_timeout=0.5, url=daemon.url)
+    fraction = code_reward("fraction", timeout=12, test_timeout=2, url=daemon.url)
+    binary = code_reward("binary", timeout=12, test_timeout=2, url=daemon.url)
     with caplog.at_level(logging.INFO, logger="corral.rl.rewards"):
         got = fraction(prompts=["p"] * len(completions), completions=completions, tests=tests)
     assert got == pytest.approx([1.0, 2 / 3, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0])

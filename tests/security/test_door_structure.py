@@ -221,3 +221,30 @@ def test_front_ends_reach_sandboxes_through_the_service_not_the_engine():
             rest = text[match.end():match.end() + 2000].split("\ndef ")[0].split("\nasync def ")[0]
             called = re.search(r"\bengine\.(%s)\(" % "|".join(VERBS), rest)
             assert called is None, (rel, match.group(0), called)
+
+
+def test_the_service_acts_for_the_caller_it_is_given_never_an_ambient_one():
+    """Issue 23: ``SandboxService`` verbs take the Caller; outside any request (no owner
+    set, the daemon fails closed) they still act for exactly the caller they get."""
+    from corral.server.caller import ADMIN, Caller
+    from corral.server.tenant_model import Tenant
+
+    app = _app()
+    engine, service = app.state.engine, app.state.service
+    seen: list[str | None] = []
+    engine.list = lambda **kwargs: seen.append(engine.owners.acting()) or []
+    with pytest.raises(InternalError):
+        engine.list()  # engine code with no owner: fail closed
+    assert service.list_sandboxes(Caller.of_tenant(Tenant("alice"))) == []
+    assert service.list_sandboxes(ADMIN) == []
+    assert seen == ["alice", None]
+
+
+def test_no_daemon_module_reads_the_ambient_owner():
+    """Who acts is the Caller the door resolved, passed on; ``corral.server`` only ever
+    *sets* the engine's owner (``acting_as``), never reads it."""
+    root = Path(corral.server.__file__).parent
+    reads = re.compile(r"owners\.(acting\(\)|sees\(|sees_owner\(|stamp\()")
+    found = [f"{p.relative_to(root)}:{m.group(0)}" for p in sorted(root.rglob("*.py"))
+             for m in reads.finditer(p.read_text())]
+    assert found == []

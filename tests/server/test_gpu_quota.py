@@ -17,6 +17,7 @@ from corral.errors import NoGpuCapacity, QuotaExceeded
 from corral.runtime.gpus import DriverFiles, GpuDevice, StaticBackend
 from corral.schema import SandboxSpec
 from corral.server.admission import Admission, Limits
+from corral.server.caller import ADMIN
 from corral.server.quotas import Quotas
 from corral.server.tenants import Tenant
 from tests.conftest import requires_root
@@ -83,12 +84,13 @@ async def service(state_dir, gpu_backend):
 
 @requires_root
 async def test_a_create_waits_for_a_gpu_then_gets_it(service):
-    a = await service.create(SandboxSpec(gpus=2, memory_mb=64))
+    a = await service.create(SandboxSpec(gpus=2, memory_mb=64), ADMIN)
     assert service.engine.gpus.free() == []
     with pytest.raises(NoGpuCapacity) as caught:  # no wait named: refused at once
-        await service.create(SandboxSpec(gpus=1, memory_mb=64))
+        await service.create(SandboxSpec(gpus=1, memory_mb=64), ADMIN)
     assert caught.value.details["free"] == [] and caught.value.details["total"] == 2
-    waiting = asyncio.ensure_future(service.create(SandboxSpec(gpus=1, memory_mb=64), wait=60))
+    waiting = asyncio.ensure_future(
+        service.create(SandboxSpec(gpus=1, memory_mb=64), ADMIN, wait=60))
     await asyncio.sleep(0.3)
     assert not waiting.done()  # queued, not failed
     await service.engine.delete(a.id)  # its GPUs come back: the waiter gets one
@@ -102,8 +104,8 @@ async def test_a_create_waits_for_a_gpu_then_gets_it(service):
 
 @requires_root
 async def test_a_waiting_gpu_create_gives_up_typed(service):
-    a = await service.create(SandboxSpec(gpus=2, memory_mb=64))
+    a = await service.create(SandboxSpec(gpus=2, memory_mb=64), ADMIN)
     with pytest.raises(NoGpuCapacity):
-        await service.create(SandboxSpec(gpus=1, memory_mb=64), wait=0.5)
+        await service.create(SandboxSpec(gpus=1, memory_mb=64), ADMIN, wait=0.5)
     assert len(service.engine.list()) == 1  # the refused create left nothing
     await service.engine.delete(a.id)

@@ -189,3 +189,30 @@ def test_a_client_waits_through_the_restart(host: Host) -> None:
         sb.delete()
     finally:
         c.close()
+
+
+def test_a_policy_sandbox_survives_a_kill9_with_its_network(host: Host, monkeypatch) -> None:
+    """A sandbox under a network policy: after ``kill -9`` the warden holds its link's
+    lock, so its namespace stays; the next daemon enforces its policy again (runtime/
+    engine_restore.py; the engine-level SIGTERM case: tests/runtime/test_restore_policy.py)."""
+    from tests.security.net_helpers import PROXY_VARS, server_ns
+
+    probe = ("import socket\ntry:\n s = socket.create_connection(('good.test', 80), timeout=10)\n"
+             " s.sendall(b'GET / HTTP/1.0\\r\\nHost: good.test\\r\\n\\r\\n')\n"
+             " print(s.makefile('rb').read().split(b'\\r\\n\\r\\n', 1)[-1].decode())\n"
+             "except Exception as e:\n print(type(e).__name__)\n")
+    with server_ns(10, "GOOD") as good:
+        monkeypatch.setenv("CORRAL_NETWORK_HOSTS", f"good.test={good}")
+        for var in PROXY_VARS:  # the daemon dials the test's server itself
+            monkeypatch.delenv(var, raising=False)
+        _restart(host, "kill9")  # a daemon started with the mapping
+        with _client(host) as c:
+            sb = corral.Sandbox.create(client=c, memory_mb=64, timeout=600,
+                                       network={"allow": ["good.test"]})
+            assert sb.exec(["python3", "-c", probe], timeout=60).stdout.strip() == "GOOD GET / HTTP/1.0"
+        _restart(host, "kill9")
+        with _client(host) as c:
+            sb = corral.Sandbox.connect(sb.id, client=c)
+            assert sb.state == corral.SandboxState.RUNNING
+            assert sb.exec(["python3", "-c", probe], timeout=60).stdout.strip() == "GOOD GET / HTTP/1.0"
+            sb.delete()

@@ -71,10 +71,10 @@ def fuzz_daemon():
 
 def _document() -> dict:
     """The document the daemon serves at /openapi.json (the same code makes it)."""
-    from corral.server.endpoints import ENDPOINTS
+    from corral.server.endpoints import endpoints
     from corral.server.openapi import openapi_document
 
-    return openapi_document(ENDPOINTS)
+    return openapi_document(endpoints())
 
 
 schema = schemathesis.openapi.from_dict(_document())

@@ -14,7 +14,7 @@ import pytest
 import corral.server
 from corral.errors import InvalidArgument
 from corral.server import ServerSettings, create_app
-from corral.server.endpoints import ENDPOINTS
+from corral.server.endpoints import endpoints
 from corral.server.settings import host_memory_mb, parse_tcp
 from corral.server.streaming import Utf8Chunker
 
@@ -85,6 +85,7 @@ class FakeEngine:
         # a tenant's disk use (tenant_routes), none here
         self.snapshots = types.SimpleNamespace(quota_of=None, usage_bytes=lambda owner: 0)
         self.kept = types.SimpleNamespace(bytes_of=lambda owner: 0)
+        self.gpus = types.SimpleNamespace(total=0, free=lambda: [])  # no GPU here
 
     def list(self, **kwargs):
         if self.fail:
@@ -111,7 +112,7 @@ async def test_openapi_lists_every_route():
     app = client._transport.app
     routes = {(m, r.path) for r in app.routes for m in r.methods if m != "HEAD"}
     assert routes == served
-    assert len(ENDPOINTS) + 1 == len(served)
+    assert len(endpoints()) + 1 == len(served)
     for path, ops in doc["paths"].items():
         for op in ops.values():
             for ref in _refs(op):

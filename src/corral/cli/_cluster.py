@@ -38,8 +38,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--state-dir", metavar="DIR", default=None,
                    help="each node's daemon keeps its state in DIR/<node> on that node "
                    "(default /var/lib/corral/cluster)")
-    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: the daemon's); "
-                   "{node} in it is replaced by the node's tag (a cache per node)")
+    p.add_argument("--cache-dir", metavar="DIR", help="images and agent (default: each node "
+                   "its own, DIR/<node>/cache of --state-dir, seeded with the host's prepared "
+                   "images by hard links); {node} in it is replaced by the node's tag")
     p.add_argument("--resource", metavar="NAME", default=None,
                    help="the Ray resource of one sandbox slot, which sandboxes no node has "
                    "room for are asked from Ray's autoscaler as (default corral_sandbox)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import time
 from typing import Any
-from urllib.parse import quote
 
 from rich import box
 from rich.markup import escape
@@ -31,9 +30,10 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
 
 def inspect(args: argparse.Namespace, ctx: Context) -> int:
     sandbox = corral.Sandbox.connect(args.id, client=ctx.client)
-    path = f"/v1/sandboxes/{quote(sandbox.id, safe='')}/processes"
+    ids = {"sandbox_id": sandbox.id}
     try:
-        processes: list[dict[str, Any]] | None = ctx.client.request("GET", path).json()["processes"]
+        processes: list[dict[str, Any]] | None = ctx.client.call(
+            "list_processes", ids).json()["processes"]
     except (corral.InvalidState, corral.SandboxLost):  # it has ended: nothing runs
         processes = None
     out = ctx.output

@@ -8,7 +8,6 @@ import json
 import re
 import time
 from typing import Any
-from urllib.parse import quote
 
 import corral
 from corral.cli._output import Context
@@ -91,9 +90,9 @@ def _format(e: LogEntry) -> str:
 
 
 def logs(args: argparse.Namespace, ctx: Context) -> int:
-    path = f"/v1/sandboxes/{quote(args.id, safe='')}"
+    ids = {"sandbox_id": args.id}
     out = ctx.output
-    entries = follow_logs(ctx.client, path) if args.follow else read_logs(ctx.client, path)
+    entries = follow_logs(ctx.client, ids) if args.follow else read_logs(ctx.client, ids)
     for entry in entries:
         if entry["kind"] == "end" and not args.follow:
             continue

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from urllib.parse import quote
 
 import corral
 from corral.cli._output import Context
@@ -12,7 +11,7 @@ from corral.cli._sandboxes import pool_table, spec_options
 
 def ls(args: argparse.Namespace, ctx: Context) -> int:
     """The daemon's pools as a table, names (``-q``) or JSON."""
-    pools = ctx.client.request("GET", "/v1/pools").json()["pools"]
+    pools = ctx.client.call("list_pools").json()["pools"]
     out = ctx.output
     if args.json:
         out.json(pools)
@@ -48,6 +47,6 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
 def rm(args: argparse.Namespace, ctx: Context) -> int:
     """Delete pools (and their ready sandboxes); print the names."""
     for name in dict.fromkeys(args.names):
-        ctx.client.request("DELETE", f"/v1/pools/{quote(name, safe='')}")
+        ctx.client.call("delete_pool", {"name": name})
         ctx.output.line(name)
     return 0

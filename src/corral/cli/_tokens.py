@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import time
 from typing import Any
-from urllib.parse import quote
 
 from rich import box
 from rich.table import Table
@@ -80,7 +79,7 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
     body = {"name": args.name, "allow_images": args.allow_images, **_given(args)}
     if args.allow_host_network:  # sent only when given: an older daemon knows no such field
         body["allow_host_network"] = True
-    made = ctx.client.request("POST", "/v1/tokens", json=body).json()
+    made = ctx.client.call("create_token", json=body).json()
     if args.json:
         ctx.output.json({"name": made["name"], "token": made["token"]})
     else:
@@ -93,7 +92,7 @@ def _limit(value: float | None) -> str:
 
 
 def ls(args: argparse.Namespace, ctx: Context) -> int:
-    tokens = ctx.client.request("GET", "/v1/tokens").json()["tokens"]
+    tokens = ctx.client.call("list_tokens").json()["tokens"]
     if args.json:
         ctx.output.json(tokens)
         return 0
@@ -124,8 +123,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def update(args: argparse.Namespace, ctx: Context) -> int:
-    changed = ctx.client.request("PATCH", f"/v1/tokens/{quote(args.name, safe='')}",
-                                 json=_given(args)).json()
+    changed = ctx.client.call("update_token", {"name": args.name}, json=_given(args)).json()
     if args.json:
         ctx.output.json(changed)
     else:
@@ -138,7 +136,7 @@ def revoke(args: argparse.Namespace, ctx: Context) -> int:
     daemon waited out their lease, so each refuses the token however it fares."""
     code = 0
     for name in dict.fromkeys(args.names):
-        reply = ctx.client.request("DELETE", f"/v1/tokens/{quote(name, safe='')}")
+        reply = ctx.client.call("revoke_token", {"name": name})
         ctx.output.line(name)
         done = reply.json() if reply.status_code == 200 else {}
         for node in done.get("unconfirmed") or ():

@@ -15,7 +15,9 @@ import threading
 
 import httpx
 
+from corral.api.operations import operation
 from corral.client._config import Endpoint
+from corral.errors import CorralError, LeaseNotFound
 
 logger = logging.getLogger("corral")
 
@@ -36,25 +38,48 @@ class Heartbeat:
         self._thread.start()
 
     def _run(self) -> None:
+        if self._endpoint.cluster is not None:
+            self._run_on_cluster()
+            return
         every = self.ttl / RENEWALS_PER_TTL
         endpoint = self._endpoint
+        renew = operation("renew_lease")
         with httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
                           transport=httpx.HTTPTransport(uds=endpoint.uds),
                           timeout=every) as http:
             while not self._stop.wait(every):
                 try:
-                    reply = http.post(f"/v1/leases/{self.lease_id}/renew")
+                    reply = http.request(renew.method, renew.url(lease_id=self.lease_id))
                 except httpx.HTTPError as exc:  # a daemon restarting: the next one may do
                     logger.warning("could not renew lease %s: %s", self.lease_id, exc)
                     continue
                 if reply.status_code == 404:
-                    self.lost = True
-                    logger.error("lease %s expired before it was renewed: its sandboxes "
-                                 "were stopped", self.lease_id)
+                    self._lose()
                     return
                 if reply.status_code >= 400:
                     logger.warning("could not renew lease %s: HTTP %d %s", self.lease_id,
                                    reply.status_code, reply.text[:200])
+
+    def _run_on_cluster(self) -> None:
+        """On ``ray://``: renewed on every node through a blocking client's router
+        (``_leases``), since each node's daemon ends its own sandboxes."""
+        from corral.client._sync._client import Client  # (it imports this module)
+
+        every = self.ttl / RENEWALS_PER_TTL
+        with Client(self._endpoint.url, token=self._endpoint.token, timeout=every) as client:
+            while not self._stop.wait(every):
+                try:
+                    client.call("renew_lease", {"lease_id": self.lease_id})
+                except LeaseNotFound:
+                    self._lose()
+                    return
+                except CorralError as exc:  # a node restarting: the next renewal may do
+                    logger.warning("could not renew lease %s: %s", self.lease_id, exc)
+
+    def _lose(self) -> None:
+        self.lost = True
+        logger.error("lease %s expired before it was renewed: its sandboxes were stopped",
+                     self.lease_id)
 
     def stop(self) -> None:
         """Stop renewing (the thread ends within one interval; nothing waits for it)."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, Literal, TypedDict
 
+from corral.api.models import EXEC_STATUS, ExecResponse, wire_bytes
 from corral.client import _validate as check
 from corral.errors import ExecTimeout, error_from_dict
 from corral.schema import FileInfo, SandboxSpec
@@ -245,33 +246,16 @@ def exec_body(
     return body
 
 
-def _wire_bytes(data: dict[str, Any], key: str) -> bytes:
-    """A byte string the wire carries as text, or base64 under ``<key>_b64``."""
-    b64 = data.get(f"{key}_b64")
-    if b64 is not None:
-        return base64.b64decode(b64)
-    return (data.get(key) or "").encode()
-
-
 def parse_exec(
     data: dict[str, Any], *, args: Command, sandbox_id: str, timeout: float | None
 ) -> CommandResult:
-    """Build a :class:`CommandResult` from an ``ExecResponse``."""
+    """Build a :class:`CommandResult` from an :class:`~corral.api.models.ExecResponse`
+    (the model the daemon sends, checked here)."""
+    reply = ExecResponse.model_validate(data)
     return CommandResult(
-        args=args,
-        returncode=int(data["returncode"]),
-        stdout_bytes=_wire_bytes(data, "stdout"),
-        stderr_bytes=_wire_bytes(data, "stderr"),
-        timed_out=bool(data.get("timed_out")),
-        oom_killed=bool(data.get("oom_killed")),
-        stdout_truncated=bool(data.get("stdout_truncated")),
-        stderr_truncated=bool(data.get("stderr_truncated")),
-        duration=float(data.get("duration") or 0.0),
-        sandbox_id=sandbox_id,
-        timeout=timeout,
-        stdout_dropped=int(data.get("stdout_dropped") or 0),
-        stderr_dropped=int(data.get("stderr_dropped") or 0),
-        output_tail=int(data.get("output_tail") or 0),
+        args=args, sandbox_id=sandbox_id, timeout=timeout,
+        stdout_bytes=wire_bytes(data, "stdout"), stderr_bytes=wire_bytes(data, "stderr"),
+        **{name: getattr(reply, name) for name in EXEC_STATUS},
     )
 
 
@@ -280,7 +264,7 @@ def parse_stream_item(item: dict[str, Any]) -> OutputChunk | dict[str, Any] | No
     ``None`` for an item this SDK does not know; an ``error`` item raises."""
     kind = item.get("type")
     if kind in ("stdout", "stderr"):
-        return OutputChunk(kind, _wire_bytes(item, "data"), int(item.get("dropped") or 0))
+        return OutputChunk(kind, wire_bytes(item, "data"), int(item.get("dropped") or 0))
     if kind == "exit":
         return dict(item["result"])
     if kind == "error":

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from corral.api.operations import url as api_url
 from corral.cluster import _ray, auth, autoscale, proof
 from corral.cluster.directory import NODE_KEY
 from corral.cluster.ids import node_tag
@@ -176,7 +177,7 @@ def status(address: str) -> dict[str, Any]:
             }
             if row["daemon"]:
                 try:
-                    info = http.get(f"{row['daemon']}/v1/info", headers={
+                    info = http.get(row["daemon"] + api_url("info"), headers={
                         "Authorization": f"Bearer {tokens.get(node_id, '')}"},
                     ).raise_for_status().json()
                 except httpx.HTTPError as exc:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from corral.api.operations import url as api_url
 from corral.cluster import proof
 from corral.cluster.directory import Directory, Node
 from corral.errors import DaemonUnavailable, Unauthorized
@@ -71,7 +72,7 @@ class HttpDirectory(Directory):
               proof.proven_client(self.pins, timeout=TIMEOUT_S, headers=headers)) as http:
             for url in urls:
                 try:
-                    reply = http.get(url + "/v1/cluster/nodes")
+                    reply = http.get(url + api_url("cluster_nodes"))
                 except httpx.HTTPError as exc:
                     failures.append(f"{url}: {type(exc).__name__}")
                     continue

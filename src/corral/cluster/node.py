@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from corral.api.operations import url as api_url
 from corral.cluster import _ray, auth, autoscale, proof
 from corral.cluster.directory import NODE_KEY
 from corral.cluster.ids import node_tag
@@ -93,8 +94,10 @@ class NodeDaemon:
             sys.executable, "-m", "corral.server",
             "--socket", str(base / "corral.sock"), "--state-dir", str(base / "state"),
             "--tcp", f"{self.host}:{self.port}", "--node", self.node_id,
+            # {node}: a cache of its own per node; by default one of its own seeded from
+            # the host's prepared images (runtime/cache_seed.py), never the host's cache
             *(["--cache-dir", config["cache_dir"].replace("{node}", node_tag(self.node_id))]
-              if config.get("cache_dir") else []),  # {node}: a cache of its own per node
+              if config.get("cache_dir") else ["--cache-dir", str(base / "cache"), "--seed-cache"]),
             *config.get("daemon_args", []),
         ]
         private, self.key = proof.make_key()  # a new pair per start (cluster/proof.py)
@@ -240,7 +243,7 @@ class Supervisor:
             for entry in entries:
                 bearer = {"Authorization": f"Bearer {tokens.get(entry['node_id'], '')}"}
                 try:
-                    info = http.get(entry["url"] + "/v1/info", headers=bearer
+                    info = http.get(entry["url"] + api_url("info"), headers=bearer
                                     ).raise_for_status().json()
                 except httpx.HTTPError:  # a node that just died or restarts: not counted
                     continue

@@ -47,7 +47,7 @@ PROOF_PATH = "/v1/cluster/proof"
 KEY_ENV = "CORRAL_NODE_KEY"
 NONCE_BYTES = 32
 MAX_REPLY = 4096
-PROOF_TIMEOUT_S = 10.0
+PROOF_TIMEOUT_S = 30.0  # the proof's exchange; never less than the connect timeout
 
 
 # ------------------------------------------------------------------ keys
@@ -197,7 +197,7 @@ class AsyncProvingBackend(httpcore.AsyncNetworkBackend):
             raise _unlisted(host, port)
         stream = await self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
         nonce = secrets.token_hex(NONCE_BYTES)
-        wait = timeout if timeout is not None else PROOF_TIMEOUT_S
+        wait = max(timeout or 0.0, PROOF_TIMEOUT_S)  # a busy daemon answers late
         try:
             await stream.write(_request(host, port, nonce), wait)
             reply = b""
@@ -235,7 +235,7 @@ class ProvingBackend(httpcore.NetworkBackend):
             raise _unlisted(host, port)
         stream = self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
         nonce = secrets.token_hex(NONCE_BYTES)
-        wait = timeout if timeout is not None else PROOF_TIMEOUT_S
+        wait = max(timeout or 0.0, PROOF_TIMEOUT_S)  # a busy daemon answers late
         try:
             stream.write(_request(host, port, nonce), wait)
             reply = b""

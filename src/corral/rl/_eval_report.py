@@ -82,7 +82,7 @@ class EvalReporter:
         self._last = time.monotonic()
         body = {"name": self.name, "env": self.env, **summary}
         try:
-            await self.client.request("PUT", f"/v1/evals/{self.id}", json=body, timeout=10.0)
+            await self.client.call("put_eval", {"eval_id": self.id}, json=body, timeout=10.0)
         except (CorralError, OSError) as exc:
             logger.debug("not reporting evaluation %s to the daemon: %s", self.id, exc)
             self.enabled = False

@@ -36,6 +36,7 @@ Registered as ``corral/SandboxEnv-v0`` (see :mod:`corral.rl._gym_registration`):
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -92,6 +93,8 @@ _TYPED_ERRORS: dict[str, type[EnvError]] = {}
 for _base in _BUILTIN_ERRORS:
     _cls = type(f"Env{_base.__name__}", (EnvError, _base), {
         "__module__": __name__,
+        # its own code (env_value_error...): a code names one class (tests/test_error_codes.py)
+        "code": "env_" + re.sub(r"(?<!^)(?=[A-Z])", "_", _base.__name__).lower(),
         "__doc__": f"An :class:`EnvError` from a ``{_base.__name__}`` in the environment."})
     globals()[_cls.__name__] = _cls
     _TYPED_ERRORS[_base.__name__] = _cls

@@ -196,7 +196,7 @@ class IORun:
         """A bound on the whole run: compiling, then every case at its wall limit."""
         # The judge's wall guard per case is 3x its CPU limit (Java: 2x the time + 1 s)
         # + 5 s; a little more here so the judge, not the host, reports a slow case.
-        per = sum(6 * (c.time_limit or self.time_limit) + 10 for c in self.cases)
+        per = sum(4 * (6 * (c.time_limit or self.time_limit) + 10) for c in self.cases)
         return COMPILE_ALLOWANCE_S + per
 
     def request(self) -> bytes:

@@ -40,6 +40,8 @@ _POLL_S = 0.001
 class CgroupError(errors.InternalError):
     """A cgroup operation failed (a limit could not be set, a group would not empty)."""
 
+    code = "cgroup_failed"  # its own: a code names one class (tests/test_error_codes.py)
+
 
 @contextmanager
 def _translated(what: str, path: Path) -> Iterator[None]:

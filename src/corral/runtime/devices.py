@@ -42,6 +42,8 @@ CHAR, BLOCK = 2, 1  # BPF_DEVCG_DEV_*
 class DeviceRulesError(errors.InternalError):
     """The device cgroup could not be set (the sandbox is not started without it)."""
 
+    code = "device_rules_failed"  # its own: a code names one class (tests/test_error_codes.py)
+
 
 @dataclass(frozen=True)
 class DeviceRule:

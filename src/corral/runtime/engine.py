@@ -65,7 +65,7 @@ from corral.runtime.kept_files import KeptFiles, keeps_files
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
-from corral.runtime.net import NetworkManager
+from corral.runtime.net import NetworkManager, netns
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -138,6 +138,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self._live: dict[str, Live] = {}
+        self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -252,8 +253,9 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         if self._reaper:
             self._reaper.cancel()
         handover = handover and self.restore_grace > 0 and self._warden is not None
+        handed: set[str] = set()  # policy sandboxes: their links stay for the next engine
         if handover:
-            await self._hand_over()
+            handed = await self._hand_over()
         elif stop_sandboxes:
             await asyncio.gather(
                 *(self._end(live, SandboxState.STOPPED, "engine closed", grace=0)
@@ -261,7 +263,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
                 return_exceptions=True,
             )
         await self._pool.close()
-        await self.net.close()
+        await self.net.close(keep=handed)
         for t in list(self._tasks):
             t.cancel()
         if not handover:  # (it would kill what is handed over)

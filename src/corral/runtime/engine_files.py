@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import stat as st
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corral.errors import (
@@ -33,6 +35,18 @@ if TYPE_CHECKING:
 
 FILE_CHUNK = 1 << 20
 DEFAULT_MAX_READ = 64 << 20
+
+
+@dataclass(frozen=True)
+class FileReading:
+    """A file being read (:meth:`FileOps.open_read`): its size, and its chunks to come."""
+
+    size: int
+    chunks: AsyncIterator[bytes]
+
+
+async def _once(data: bytes | bytearray | memoryview) -> AsyncIterator[bytes | bytearray | memoryview]:
+    yield data
 
 
 class FileOps:
@@ -75,38 +89,74 @@ class FileOps:
         parents: bool = True,
     ) -> None:
         """Write a file inside the sandbox (as its user), creating parent directories."""
-        p = self._path(sandbox_id, path)
         if isinstance(data, str):
             data = data.encode()
+        await self.write_from(sandbox_id, path, _once(data), mode=mode, parents=parents)
+
+    async def write_from(
+        self, sandbox_id: str, path: str, pieces: AsyncIterable[bytes | bytearray | memoryview], *,
+        mode: int = 0o644, parents: bool = True,
+    ) -> int:
+        """Write a file from ``pieces`` as they come, :data:`FILE_CHUNK` at a time: what is
+        held here is at most one chunk plus one piece, whatever the file's size. Returns
+        the bytes written. A failure part-way leaves what was written (the caller removes it)."""
+        p = self._path(sandbox_id, path)
         if not 0 <= mode <= 0o7777:
             raise InvalidArgument(f"invalid file mode {mode:o}")
-        view = memoryview(data)
         offset = 0
-        while True:
-            chunk = view[offset : offset + FILE_CHUNK]
+
+        async def send(chunk: bytes | memoryview) -> None:
+            nonlocal offset
             await self._file_request(
                 sandbox_id, Msg.FWRITE, p,
                 [(Tag.DATA, chunk), (Tag.OFFSET, offset), (Tag.TRUNCATE, offset == 0),
                  (Tag.MODE, mode), (Tag.PARENTS, parents)],
             )
             offset += len(chunk)
-            if offset >= len(data):
-                return
+
+        pending = bytearray()
+        async for piece in pieces:
+            view = memoryview(piece).cast("B")
+            while view:
+                if not pending and len(view) >= FILE_CHUNK:  # a whole chunk: no copy
+                    await send(view[:FILE_CHUNK])
+                    view = view[FILE_CHUNK:]
+                    continue
+                room = FILE_CHUNK - len(pending)
+                pending += view[:room]
+                view = view[room:]
+                if len(pending) == FILE_CHUNK:
+                    await send(bytes(pending))
+                    pending.clear()
+        if pending or offset == 0:  # the tail, or an empty file
+            await send(bytes(pending))
+        return offset
 
     async def read_file(
         self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
     ) -> bytes:
         """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``.
         A stopped sandbox's files are read from what it kept (:mod:`.kept_files`)."""
-        if (kept := self._kept_path(sandbox_id, path)) is not None:
-            return await asyncio.to_thread(self.kept.read, sandbox_id, kept, max_bytes)
-        p = self._path(sandbox_id, path)
-        parts: list[bytes] = []
-        offset = 0
-        while True:
+        reading = await self.open_read(sandbox_id, path, max_bytes=max_bytes)
+        return b"".join([chunk async for chunk in reading.chunks])
+
+    async def open_read(
+        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
+    ) -> FileReading:
+        """Start reading a file :data:`FILE_CHUNK` at a time: its size is checked against
+        ``max_bytes`` (:class:`FileTooLarge`) and its first chunk read before this returns,
+        so a caller can still answer with an error; then ``chunks`` yields the file, no
+        more than the size it had at the start (a file that shrinks meanwhile raises
+        :class:`FileError` at the end: a reader must not take a short file for whole)."""
+        kept = self._kept_path(sandbox_id, path)
+        p = kept if kept is not None else self._path(sandbox_id, path)
+
+        async def chunk_at(offset: int) -> tuple[int, bytes]:
+            if kept is not None:
+                return await asyncio.to_thread(
+                    self.kept.read_at, sandbox_id, p, offset, FILE_CHUNK, max_bytes)
             f = await self._file_request(
-                sandbox_id, Msg.FREAD, p, [(Tag.OFFSET, offset), (Tag.LENGTH, FILE_CHUNK)]
-            )
+                sandbox_id, Msg.FREAD, p, [(Tag.OFFSET, offset), (Tag.LENGTH, FILE_CHUNK)])
             size = f.u64(Tag.SIZE)
             if size > max_bytes:
                 raise FileTooLarge(
@@ -114,11 +164,26 @@ class FileOps:
                     "read limit: raise max_bytes or read it in parts",
                     details={"path": p, "size": size, "limit": max_bytes},
                 )
-            data = f.raw(Tag.DATA)
-            parts.append(data)
-            offset += len(data)
-            if len(data) < FILE_CHUNK or offset >= size:
-                return b"".join(parts)
+            return size, f.raw(Tag.DATA)
+
+        size, first = await chunk_at(0)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            data, offset = first[:size], 0
+            while True:
+                if data:
+                    yield data
+                offset += len(data)
+                if offset >= size:
+                    return
+                if not data:
+                    raise FileError(f"{p} in sandbox {sandbox_id} shrank while it was read "
+                                    f"({offset} of {size} bytes): read it again",
+                                    details={"path": p, "size": size, "read": offset})
+                _, data = await chunk_at(offset)
+                data = data[: size - offset]
+
+        return FileReading(size, chunks())
 
     async def list_dir(self, sandbox_id: str, path: str = ".") -> list[FileInfo]:
         if (kept := self._kept_path(sandbox_id, path)) is not None:

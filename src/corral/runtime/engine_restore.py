@@ -12,14 +12,18 @@ import contextlib
 import logging
 import os
 import socket
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from corral.errors import CorralError
+from corral.network_schema import NetworkPolicy
 from corral.runtime import restore, syscalls
 from corral.runtime.channel import AgentChannel
 from corral.runtime.live import Live
 from corral.runtime.logtail import LogTail
+from corral.runtime.net import netns
 from corral.runtime.reconcile import reconcile
 from corral.schema import SandboxState
 
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
     from corral.runtime.gpus import GpuAllocator
+    from corral.runtime.net import NetworkManager
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
     from corral.runtime.uids import UidBlock
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.runtime")
 
+BUILD_CUT_REASON = ("the daemon restarted during the image build this sandbox ran: "
+                    "build the image again")
 ADOPT_READY_S = 20.0  # how long an adopted agent may take to say READY again
 _ADOPTABLE = (SandboxState.RUNNING.value, SandboxState.PAUSED.value)
 
@@ -72,6 +79,8 @@ class RestoreOps:
     events: Events
     _live: dict[str, Live]
     _warden: Warden | None
+    net: NetworkManager
+    _handed_links: dict[str, netns.Link]  # adopted policy sandboxes' links, until adopted
 
     if TYPE_CHECKING:
         def _on_agent_exit(self, live: Live) -> None: ...
@@ -85,16 +94,23 @@ class RestoreOps:
         it may go, so there is no moment when no process holds them. The rest of what
         the registry thought alive is cleaned up as lost (:func:`reconcile`)."""
         lives: list[Live] = []
+        handed_links = self._handed_links
         if handover is not None:
             for sid, state, pid, pid_start, cg_path in self.registry.live_rows():
-                fds = handover.sandboxes.get(sid)
-                if not (fds and state in _ADOPTABLE and pid and pid_start and cg_path):
+                fds = _classified(handover.sandboxes.get(sid) or [])
+                if not (fds.reattach >= 0 and state in _ADOPTABLE and pid and pid_start
+                        and cg_path):
                     continue
                 if syscalls.process_start_time(pid) != pid_start:
                     continue
                 info = self.registry.get(sid)
                 if info is None:
                     continue
+                link = None
+                if isinstance(info.spec.network, NetworkPolicy):  # its link came with it
+                    link = netns.link_of_lock(fds.link_lock, self.net.links.lock_dir)
+                    if link is None or not link.netns_path.exists():
+                        continue
                 try:
                     grant = None
                     if info.spec.gpus:  # the same GPUs, held again (its env names them)
@@ -117,9 +133,11 @@ class RestoreOps:
                     live.cpus = self.cpu_picker.hold(sorted(os.sched_getaffinity(pid)))
                 except OSError:
                     live.cpus = ()
-                live.reattach = socket.socket(fileno=fds[0])
-                if len(fds) > 1:
-                    live.log = LogTail(fds[1])
+                live.reattach = socket.socket(fileno=fds.reattach)
+                if fds.log >= 0:
+                    live.log = LogTail(fds.log)
+                if link is not None:
+                    live.netns, handed_links[sid] = str(link.netns_path), link
                 lives.append(live)
             keep = {live.id for live in lives}
             if self._warden is not None:
@@ -150,6 +168,16 @@ class RestoreOps:
         self._live[live.id] = live
         if live.log is not None:
             live.log.start()
+        if (link := self._handed_links.pop(live.id, None)) is not None:
+            assert isinstance(live.spec.network, NetworkPolicy)
+            try:  # its policy enforced again, by this engine's table, resolver and proxy
+                await self.net.adopt(live.id, live.spec.network, link)
+            except (OSError, CorralError) as exc:
+                self.net.links.release(link)
+                await self._end(live, SandboxState.FAILED,
+                                _lost(live, f"its network policy could not be restored ({exc})"),
+                                grace=0)
+                return False
         try:
             sock = restore.reattach(live.reattach)
         except OSError as exc:
@@ -177,11 +205,12 @@ class RestoreOps:
 
     def _keep_with_warden(self, live: Live, fds: list[int]) -> None:
         """A new sandbox's reattach socket and log pipe go to the warden (it may then
-        outlive this engine); an image build's stay ours (it ends with the engine), and
-        so do those of a sandbox under a network policy (its namespace, proxy and
-        resolver are this engine's: runtime/net)."""
+        outlive this engine); an image build's stay ours (it ends with the engine). A
+        sandbox under a network policy hands over its link's lock too: its namespace
+        and veth then outlive this engine, for the next one's table, resolver and proxy
+        to enforce its policy again (:meth:`NetworkManager.adopt`)."""
         if live.netns is not None:
-            live.adoptable = False
+            fds = [*fds, self.net.lock_fd(live.id)]
         if self._warden is not None and live.adoptable:
             self._warden.keep(live.id, fds)
 
@@ -198,9 +227,18 @@ class RestoreOps:
             if self._warden is not None and live.adoptable:
                 self._warden.drop(live.id)
 
-    async def _hand_over(self) -> None:
+    async def _hand_over(self) -> set[str]:
         """Close without ending the sandboxes: their agents detach and wait for the
-        next engine, the warden keeping their reattach sockets (``grace`` seconds)."""
+        next engine, the warden keeping their reattach sockets (``grace`` seconds).
+        The policy sandboxes handed over (their links stay: ``net.close(keep=...)``)."""
+        handed = {live.id for live in self._live.values()
+                  if live.adoptable and live.netns is not None}
+        # An image build's sandbox is not handed over (its builder is this daemon's):
+        # it fails now, typed, and is cleaned up like any ended sandbox.
+        await asyncio.gather(*(
+            self._end(live, SandboxState.FAILED, BUILD_CUT_REASON, grace=0)
+            for live in list(self._live.values()) if not live.adoptable),
+            return_exceptions=True)
         for live in list(self._live.values()):
             live.ending = True  # no end is recorded: the next engine adopts it
             if live.channel is not None:
@@ -212,6 +250,30 @@ class RestoreOps:
             if live.log is not None:
                 live.log.close()
         self._live.clear()
+        return handed
+
+
+@dataclass(frozen=True)
+class _Handed:
+    """A handed-over sandbox's descriptors, told apart by kind (-1: none)."""
+
+    reattach: int = -1  # the agent's reattach socket
+    log: int = -1  # the launcher's, bwrap's and the agent's stderr (a pipe)
+    link_lock: int = -1  # a policy sandbox's link's lock (a regular file, held)
+
+
+def _classified(fds: list[int]) -> _Handed:
+    found: dict[str, int] = {}
+    for fd in fds:
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        kind = ("reattach" if stat.S_ISSOCK(mode) else "log" if stat.S_ISFIFO(mode)
+                else "link_lock" if stat.S_ISREG(mode) else None)
+        if kind is not None:
+            found.setdefault(kind, fd)
+    return _Handed(**found)
 
 
 def _lost(live: Live, why: str) -> str:

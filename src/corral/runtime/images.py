@@ -49,7 +49,7 @@ from corral.errors import ImageInUse, ImageNotFound, InternalError, InvalidArgum
 from corral.image_schema import IMAGE_NAME_RE as _NAME_RE
 from corral.image_schema import ImageInfo
 from corral.image_schema import validate_image_name as validate_name
-from corral.runtime import image_cache, syscalls
+from corral.runtime import cache_seed, image_cache, syscalls
 from corral.runtime.debian import (  # re-exported: the default image's recipe
     DEFAULT_PACKAGES,
     MIRROR_ENV,
@@ -88,6 +88,7 @@ __all__ = [  # with what corral.runtime.debian and image_schema lend this module
 ]
 
 DEFAULT_IMAGE = "python"
+BUILTIN_DIR = Path(__file__).parent / "builtin"  # the built-in image specs
 # Bump when the post-processing of the default image changes: the recipe (and so the
 # digest) of images built before says they are outdated.
 DEFAULT_RECIPE_VERSION = 1
@@ -141,6 +142,12 @@ class Image:
         )
 
 
+def prepared_names() -> list[str]:
+    """The images a host is prepared with (``python -m corral.runtime.prepare``): the
+    default image, ``scratch`` and the built-in specs (the images they stand on follow)."""
+    return [DEFAULT_IMAGE, "scratch", *sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))]
+
+
 class ImageStore:
     """The images of one host, kept under ``images_dir`` (``Layout.images_dir``).
 
@@ -151,8 +158,11 @@ class ImageStore:
         image.rootfs / "usr/bin/python3"
     """
 
-    def __init__(self, images_dir: Path) -> None:
+    def __init__(self, images_dir: Path, *, seed_from: Path | None = None) -> None:
         self.images_dir = Path(images_dir)
+        # Another cache's images dir whose prepared images this one links in when first
+        # asked for (a cluster node's own cache: runtime/cache_seed.py)
+        self.seed_from = seed_from
         # name -> (manifest's (inode, mtime, size), Image): a create reads no JSON
         self._cache: dict[str, tuple[tuple[int, int, int], Image]] = {}
 
@@ -171,7 +181,9 @@ class ImageStore:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            raise self._not_found(name) from None
+            if not self.seed(name):
+                raise self._not_found(name) from None
+            st = os.stat(path)
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         cached = self._cache.get(name)
         if cached is not None and cached[0] == key:
@@ -231,10 +243,18 @@ class ImageStore:
     def list(self) -> list[Image]:
         """Every complete image, sorted by name (work in progress is never listed)."""
         images = []
+        for name in prepared_names() if self.seed_from is not None else ():
+            self.seed(name)
         for name in self._names():
             with contextlib.suppress(ImageNotFound):
                 images.append(self.get(name, check_base=False))
         return images
+
+    def seed(self, name: str) -> bool:
+        """Link the prepared image ``name`` in from :attr:`seed_from`; whether it is here."""
+        if self.seed_from is None:
+            return False
+        return cache_seed.seed_image(self.seed_from, self.images_dir, name, prepared_names())
 
     def manifest(self, name: str) -> dict[str, Any]:
         """The full manifest of an image (source, debian release, ...), as stored."""

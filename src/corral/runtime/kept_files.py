@@ -158,7 +158,11 @@ class KeptFiles:
         finally:
             os.close(root)
 
-    def read(self, sandbox_id: str, path: str, max_bytes: int) -> bytes:
+    def read_at(
+        self, sandbox_id: str, path: str, offset: int, length: int, max_bytes: int
+    ) -> tuple[int, bytes]:
+        """``(size, up to length bytes from offset)`` of a kept regular file, like the
+        agent's ``FREAD``; :class:`FileTooLarge` if it is bigger than ``max_bytes``."""
         fd = self._open(sandbox_id, path, _O_FILE)
         try:
             info = os.fstat(fd)
@@ -170,16 +174,14 @@ class KeptFiles:
                     f"{path} in sandbox {sandbox_id} is {info.st_size} bytes, over the "
                     f"{max_bytes}-byte read limit: raise max_bytes or read it in parts",
                     details={"path": path, "size": info.st_size, "limit": max_bytes})
-            chunks, left = [], info.st_size
-            while left > 0:
-                chunk = os.read(fd, min(left, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
-            return b"".join(chunks)
+            return info.st_size, os.pread(fd, length, offset)
         finally:
             os.close(fd)
+
+    def read(self, sandbox_id: str, path: str, max_bytes: int) -> bytes:
+        """A whole kept file (see :meth:`read_at`)."""
+        size, data = self.read_at(sandbox_id, path, 0, max_bytes, max_bytes)
+        return data[:size]
 
     def stat(self, sandbox_id: str, path: str) -> FileInfo:
         fd = self._open(sandbox_id, path, _O_PATH)

@@ -26,10 +26,9 @@ from typing import Any
 
 from corral.errors import CorralError
 from corral.image_schema import BuildEvent
-from corral.runtime.images import ImageStore
+from corral.runtime.images import BUILTIN_DIR, ImageStore
 from corral.runtime.paths import Layout
 
-BUILTIN_DIR = Path(__file__).parent / "builtin"
 # The built-in image with the toolchains of SandboxFusion's cpp, nodejs and pytest
 # languages (builtin/fusion.yaml).
 FUSION_IMAGE = "fusion"

@@ -30,7 +30,16 @@ namespace), and a process that is not root is refused by the warden.
 Not kept across a restart: commands and interactive processes that were running keep
 running, but their output streams and handles are gone (the clients' connections
 closed with the old daemon); the sandbox's log from before the restart is kept.
-Image-build sandboxes are not handed to the warden: they end with their engine.
+Image-build sandboxes are not handed to the warden: they end with their engine, failed
+with a reason that says to build again (their build fails; what it made is removed).
+
+A sandbox under a network policy is handed over with its network: its link's lock goes
+to the warden with its reattach socket, so its namespace and veth outlive the engine,
+and the engine's nftables table stays (redirecting to the old resolver's and proxy's
+ports, closed meanwhile: connections are refused, nothing gets out). The next engine
+replaces the table in one transaction with its own, the adopted links in its set, and
+enforces each sandbox's policy (from the registry) with its own resolver and proxy.
+Connections relayed by the old proxy ended with it, and the event log starts afresh.
 """
 
 from __future__ import annotations

@@ -161,6 +161,11 @@ def build_parser(prog: str = "python -m corral.server") -> argparse.ArgumentPars
         help="images and the agent binary (env CORRAL_CACHE_DIR, default /var/cache/corral)",
     )
     p.add_argument(
+        "--seed-cache", action="store_true", default=None,
+        help="link the host's prepared images (the default cache's) into --cache-dir where "
+        "it lacks them: a cache of its own, with nothing to build (a local cluster's node)",
+    )
+    p.add_argument(
         "--tcp", metavar="HOST:PORT", help="also listen on TCP, where a bearer token is required"
     )
     p.add_argument("--token", help="the bearer token for TCP clients (env CORRAL_TOKEN)")

@@ -59,7 +59,7 @@ from corral.server.settings import ServerSettings
 from corral.server.stream_limits import StreamBook, StreamLimits
 from corral.server.tenants import Tenants, TokenStore
 from corral.server.ui import mount as mount_dashboard
-from corral.server.wire import error_response
+from corral.server.wire import ReplyCut, error_response
 
 logger = logging.getLogger("corral.server")
 
@@ -180,6 +180,8 @@ class Guard:
                 await error_response(_revoked(), {"Connection": "close"})(scope, receive, send)
         except ClientDisconnect:
             logger.debug("client left during %s %s", scope["method"], scope["path"])
+        except ReplyCut as exc:  # part-way through a streamed reply (a file that shrank)
+            logger.warning("%s %s ended part-way: %s", scope["method"], scope["path"], exc)
         except Exception:
             logger.exception("unexpected error serving %s %s", scope["method"], scope["path"])
             if not started:

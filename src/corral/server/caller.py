@@ -34,6 +34,7 @@ from corral.server.tenant_model import ADMIN_NAME, Tenant
 __all__ = [
     "ADMIN",
     "CALLER_KEY",
+    "DAEMON",
     "Caller",
     "PEER",
     "Scope",
@@ -48,6 +49,7 @@ __all__ = [
 
 CALLER_KEY = "corral.caller"  # where the door puts the request's Caller (ASGI scope)
 PEER_ID = "peer"
+DAEMON_ID = "\0daemon"  # never a token's name: nothing revokes the daemon's own work
 
 
 class Scope(enum.Enum):
@@ -73,10 +75,21 @@ class Caller:
     def of_tenant(cls, tenant: Tenant) -> Caller:
         return cls(tenant, tenant.name, Scope.TENANT)
 
+    @classmethod
+    def on_behalf_of(cls, owner: str | None) -> Caller:
+        """The daemon acting for ``owner`` (None: for itself) in its own work, e.g. a
+        tenant's pool refilling: what that tenant would see, nothing it may change."""
+        return DAEMON if owner is None else cls(Tenant(owner), DAEMON_ID, Scope.TENANT)
+
     @property
     def name(self) -> str | None:
         """The owner it acts for: its tenant's name, None for the admin."""
         return None if self.tenant is None else self.tenant.name
+
+    def sees(self, owner: str | None) -> bool:
+        """Whether this caller may see a thing of ``owner`` (None: the admin's): the
+        admin sees everything, a tenant its own only."""
+        return self.name is None or self.name == owner
 
     @property
     def may_manage_images(self) -> bool:
@@ -113,6 +126,7 @@ def session_key(session: str) -> str:
 
 ADMIN = Caller()
 PEER = Caller(None, PEER_ID, Scope.PEER)
+DAEMON = Caller(None, DAEMON_ID, Scope.ADMIN)  # the daemon's own work (sweeps, revocation)
 # a wrong credential an endpoint refuses itself, or a request no door saw: sees nothing
 UNIDENTIFIED = Caller(Tenant(""), "", Scope.TENANT)
 

@@ -23,10 +23,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.daemon_models import (
+    ClusterNode,
+    ClusterNodes,
+    RefreshReply,
+    RefreshRequest,
+)
 from corral.cluster import _ray
 from corral.cluster.bringup import read_entries
 from corral.cluster.ids import node_tag
@@ -47,27 +52,8 @@ __all__ = [
 ]
 
 
-class ClusterNode(BaseModel):
-    node_id: str
-    tag: str
-    url: str
-    alive: bool = True
-    capacity: dict[str, Any] | None = None
-    key: str | None = None  # what its daemon proves itself with (cluster/proof.py)
 
 
-class ClusterNodes(BaseModel):
-    nodes: list[ClusterNode]
-
-
-class RefreshRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(None, max_length=64)
-
-
-class RefreshReply(BaseModel):
-    tenants: int
-    revoked: bool
 
 
 def tenancy(request: Request) -> ClusterTenancy:

@@ -9,7 +9,7 @@ another's private helpers and the import graph has no circles.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterable, Awaitable
 from typing import TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -94,9 +94,22 @@ async def unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> Sandbox
     """``work`` gets a sandbox for the client; if the client left meanwhile, delete it."""
     got = await unless_disconnected(request, work)
     if await request.is_disconnected():  # it left just as the sandbox became ready
-        await service(request).delete(got.id)
+        await service(request).delete(got.id, caller_of(request))
         raise ClientDisconnect()
     return got
+
+
+async def write_whole(
+    request: Request, sandbox_id: str, path: str, pieces: AsyncIterable[bytes], *, mode: int = 0o644
+) -> int:
+    """Write ``pieces`` (an upload as it arrives) to ``path`` in the sandbox, for the
+    request's caller; if it fails part-way (a bad piece, a full disk, the client
+    leaving) the half-written file is removed. Returns the bytes written."""
+    try:
+        return await sandboxes(request).write_from(sandbox_id, path, pieces, mode=mode)
+    except (CorralError, ClientDisconnect):
+        await remove_partial(engine(request), sandbox_id, path)
+        raise
 
 
 async def remove_partial(eng: Engine, sandbox_id: str, path: str) -> None:

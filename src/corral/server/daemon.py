@@ -28,7 +28,10 @@ import uvicorn
 from corral._version import __version__
 from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
+from corral.runtime.cache_seed import seed_cache
 from corral.runtime.engine import ID_PREFIX, Engine
+from corral.runtime.images import DEFAULT_IMAGE
+from corral.runtime.paths import default_cache_dir
 from corral.runtime.statefiles import secure_state_dir
 from corral.server import accesslog
 from corral.server.admission import LIVE_STATES
@@ -199,13 +202,27 @@ async def _shut_down(engine: Engine, app: Any, frontend: Any,
         await app.state.logs.close()  # after the engine: its last stops are logged
 
 
+async def _seed_default(engine: Engine) -> None:
+    try:
+        await asyncio.to_thread(engine.images.seed, DEFAULT_IMAGE)
+    except Exception as exc:  # noqa: BLE001 - the first create links it, or says why not
+        logger.warning("could not link the host's default image: %s", exc)
+
+
 async def run(settings: ServerSettings) -> None:
     """Serve until told to stop; the coroutine behind :func:`serve`."""
     prefix = ID_PREFIX if settings.node is None else id_prefix(settings.node)
+    seeding = settings.seed_cache and settings.cache_dir is not None
+    if seeding:  # the tools now (the agent); the prepared images when first asked for
+        linked = await asyncio.to_thread(seed_cache, default_cache_dir(), settings.cache_dir, [])
+        if linked:
+            logger.info("linked the host's %s into %s", ", ".join(linked), settings.cache_dir)
     engine = await Engine.open(settings.state_dir, settings.cache_dir, id_prefix=prefix,
                                network_hosts=settings.network_hosts,
                                restore_grace=settings.restore_grace)
     engine.retention = settings.retention
+    if seeding:
+        engine.images.seed_from = default_cache_dir() / "images"
     for path in secure_state_dir(engine.layout.state_dir):  # root's alone, however it was left
         logger.info("made %s root-only", path)
     socket_path = Path(settings.socket).absolute()
@@ -214,6 +231,8 @@ async def run(settings: ServerSettings) -> None:
     sockets: list[socket.socket] = []
     inode = None
     tasks: list[asyncio.Task[None]] = []
+    if seeding:  # the default image linked in the background: the daemon answers meanwhile
+        tasks.append(asyncio.create_task(_seed_default(engine)))
     app = None
     server: _Server | None = None
     frontend = None  # the cwsandbox gRPC API (--grpc)

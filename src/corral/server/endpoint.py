@@ -1,14 +1,19 @@
-"""What a route is, for the route table (:mod:`corral.server.endpoints`) and the
-OpenAPI document (:mod:`corral.server.openapi`).
+"""What the daemon serves: an :class:`~corral.api.operation.Operation` (the shared
+declaration, :mod:`corral.api.operations`) bound to its handler.
 
-An endpoint whose ``body`` is a pydantic model gets it parsed and validated before its
-handler runs (:func:`handler_of`): the handler is ``async def h(request, body)`` and
-never reads the request's JSON itself. Bounded parsing and the error shape are those
-of :func:`corral.server.wire.read_json` and :func:`corral.schema.validate_model`.
+:func:`bind` resolves the operation's models (a :class:`~corral.api.operation.Ref`
+names one that still lives in a daemon module) and wraps the handler: the caller's
+access is checked first (:class:`~corral.api.operation.Access`), then a body that is a
+pydantic model is parsed and validated, so the handler is ``async def h(request,
+body)`` and never reads the request's JSON itself. Bounded parsing and the error shape
+are those of :func:`corral.server.wire.read_json` and
+:func:`corral.schema.validate_model`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,68 +23,82 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from corral.api.operation import NDJSON, RAW, TEXT, Access, Operation, Query, Ref
 from corral.schema import validate_model
+from corral.server.caller import require_admin, require_image_rights, require_peer
 from corral.server.wire import read_json
 
-RAW = "application/octet-stream"  # a body or reply of raw bytes
-NDJSON = "application/x-ndjson"  # a reply of one JSON object per line
-TEXT = "text/plain"  # a reply of plain text (GET /metrics: Prometheus's format)
+__all__ = ["NDJSON", "RAW", "TEXT", "Endpoint", "Handler", "Query", "bind", "resolve"]
+
 Handler = Callable[..., Awaitable[Response]]  # (request) or (request, body)
 
 
-@dataclass(frozen=True)
-class Query:
-    """A query parameter, for the OpenAPI document."""
-
-    name: str
-    type: str
-    description: str
-    required: bool = False
-    repeat: bool = False
-    enum: tuple[str, ...] = ()  # the only values it takes (documented: the handler checks)
-    min_length: int | None = None
+def resolve(model: Any) -> Any:
+    """A model as the daemon uses it: a :class:`Ref` imported, a (media type, model)
+    pair resolved inside, anything else as it is."""
+    if isinstance(model, Ref):
+        return getattr(importlib.import_module(model.module), model.name)
+    if isinstance(model, tuple):
+        return tuple(resolve(m) for m in model)
+    return model
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One route: what it takes and what it gives back (``reply`` None means 204)."""
+    """A served route: its operation (models resolved) and its handler."""
 
-    method: str
-    path: str
+    op: Operation
     handler: Handler
-    summary: str
-    body: Any = None
-    reply: Any = None
-    status: int = 200
-    query: tuple[Query, ...] = ()
-    body_optional: bool = False  # an empty body is {} (every field has a default)
-    body_name: str | None = None  # the body's name in errors (default: from its model)
-    parse_body: bool = True  # False: the handler reads a model body itself (multipart)
 
     @property
     def takes_model(self) -> bool:
         """Whether the handler is given the validated body as its second argument."""
-        return self.parse_body and isinstance(self.body, type) and issubclass(self.body, BaseModel)
+        body = self.op.body
+        return self.op.parse_body and isinstance(body, type) and issubclass(body, BaseModel)
 
     @property
     def body_label(self) -> str:
         """``StopRequest`` → ``"stop request"``: how errors name the body."""
-        if self.body_name:
-            return self.body_name
-        name = getattr(self.body, "__name__", "body")
+        if self.op.body_name:
+            return self.op.body_name
+        name = getattr(self.op.body, "__name__", "body")
         return re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()
 
 
-def handler_of(endpoint: Endpoint) -> Handler:
-    """The Starlette handler: the endpoint's own, given its validated body if it takes one."""
-    if not endpoint.takes_model:
-        return endpoint.handler
-    inner: Callable[[Request, Any], Awaitable[Response]] = endpoint.handler  # type: ignore[assignment]
-    model, what, required = endpoint.body, endpoint.body_label, not endpoint.body_optional
+def bind(op: Operation, handler: Handler) -> Endpoint:
+    """``op`` served by ``handler`` (its models resolved)."""
+    return Endpoint(dataclasses.replace(op, body=resolve(op.body), reply=resolve(op.reply)),
+                    handler)
 
-    async def handler(request: Request) -> Response:
-        data = await read_json(request, what, required=required)
-        return await inner(request, validate_model(model, data, what))
+
+def _check_access(op: Operation, request: Request) -> None:
+    what = f"{op.method} {op.path}"
+    if op.access is Access.ADMIN:
+        require_admin(request, what)
+    elif op.access is Access.PEER:
+        require_peer(request)
+    elif op.access is Access.IMAGES:
+        require_image_rights(request, what)
+
+
+def handler_of(endpoint: Endpoint) -> Handler:
+    """The Starlette handler: access checked, then the endpoint's own handler, given its
+    validated body if it takes one."""
+    op, inner = endpoint.op, endpoint.handler
+    if endpoint.takes_model:
+        model, what, required = op.body, endpoint.body_label, not op.body_optional
+
+        async def handler(request: Request) -> Response:
+            _check_access(op, request)
+            data = await read_json(request, what, required=required)
+            return await inner(request, validate_model(model, data, what))
+    elif op.access in (Access.ANYONE, Access.CALLER):
+        return inner  # nothing to add: the exec path stays one call
+    else:
+
+        async def handler(request: Request) -> Response:
+            _check_access(op, request)
+            return await inner(request)
 
     handler.__name__ = getattr(inner, "__name__", "handler")
     handler.__doc__ = inner.__doc__

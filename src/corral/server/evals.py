@@ -12,87 +12,24 @@ answers 404 like an unknown one.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections import Counter, OrderedDict
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.daemon_models import EvalReport, EvalRun
 from corral.errors import InvalidArgument, NotFound
 from corral.server.tenants import tenant_of
 
 MAX_RUNS = 100  # runs the daemon keeps (all owners together)
 MAX_RUNS_PER_OWNER = 50  # so one owner cannot push everyone else's runs out
-MAX_BINS = 50
-MAX_TEXT = 300
-MAX_ERROR = 1000
 EVAL_ID_PATTERN = r"^ev-[0-9a-f]{8,32}$"
 
 
-class Histogram(BaseModel):
-    """Counts of returns in ``len(counts)`` equal bins from ``low`` to ``high``."""
-
-    model_config = ConfigDict(extra="forbid")
-    low: float
-    high: float
-    counts: list[int] = Field(default_factory=list, max_length=MAX_BINS)
-
-    @field_validator("counts")
-    @classmethod
-    def _non_negative(cls, counts: list[int]) -> list[int]:
-        if any(c < 0 for c in counts):
-            raise ValueError("histogram counts must be >= 0")
-        return counts
 
 
-class EvalReport(BaseModel):
-    """One evaluation run's progress, as its client reports it (the whole state each time)."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=MAX_TEXT, description="the policy's label")
-    env: str = Field("", max_length=MAX_TEXT)
-    state: Literal["running", "done", "failed"] = "running"
-    total: int | None = Field(None, ge=0, le=10**9, description="episodes planned, if known")
-    done: int = Field(0, ge=0, le=10**9)
-    counts: dict[str, int] = Field(
-        default_factory=dict, max_length=8, description="episodes by status (ok, error, ...)"
-    )
-    n: int = Field(0, ge=0, le=10**9, description="returns in the mean")
-    mean: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    confidence: float | None = Field(None, gt=0, lt=1)
-    histogram: Histogram | None = None
-    error: str | None = Field(None, max_length=MAX_ERROR)
-
-    @field_validator("counts")
-    @classmethod
-    def _short_keys(cls, counts: dict[str, int]) -> dict[str, int]:
-        if any(len(k) > 20 or v < 0 for k, v in counts.items()):
-            raise ValueError("counts: status names of at most 20 characters, counts >= 0")
-        return counts
-
-    @field_validator("mean", "ci_low", "ci_high")
-    @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        return value if value is None or math.isfinite(value) else None
-
-
-class EvalRun(EvalReport):
-    """A run as the daemon keeps it: the last report, its id, owner and times."""
-
-    id: str
-    owner: str | None = None
-    started_at: float
-    updated_at: float
-
-
-class EvalList(BaseModel):
-    evals: list[EvalRun]
 
 
 class EvalStore:

@@ -22,18 +22,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import h11
-from pydantic import Field, StrictInt
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from corral.api.models import ExposeRequest
 from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
 from corral.server import context as ctx
-from corral.server.models import _Body
 from corral.server.wire import error_response
 
 PREFIX = "/expose/"
@@ -42,14 +41,6 @@ _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"
         b"transfer-encoding", b"host", b"content-length", b"proxy-authorization"}
 
 
-class ExposeRequest(_Body):
-    port: StrictInt = Field(..., ge=1, le=65535)
-
-
-class ExposedPort(_Body):
-    port: int
-    token: str = Field(description="the port's access token (also in url)")
-    url: str = Field(description="where the port is served: <daemon>/expose/<token>/")
 
 
 @dataclass(frozen=True)

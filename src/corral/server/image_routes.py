@@ -1,7 +1,7 @@
 """The image endpoints: list, get, delete, build (its log streamed), import.
 
-Handlers only; :data:`corral.server.endpoints.ENDPOINTS` lists them (and so documents
-them in ``/openapi.json``). A build may take minutes, so ``POST /v1/images/build``
+Handlers only; :mod:`corral.api.operations` declares them (and so documents them in
+``/openapi.json``). A build may take minutes, so ``POST /v1/images/build``
 replies with NDJSON :class:`~corral.image_schema.BuildEvent` lines as the build goes:
 its errors before any work (a bad spec, an unknown base image, a missing ``copy``
 source) are ordinary error replies; a step that fails is the stream's last line,

@@ -7,8 +7,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.daemon_models import LeaseRequest
 from corral.server.caller import caller_of
-from corral.server.leases import LeaseRequest, Leases
+from corral.server.leases import Leases
 
 
 def leases_of(request: Request) -> Leases:
@@ -17,7 +18,7 @@ def leases_of(request: Request) -> Leases:
 
 
 async def create_lease(request: Request, body: LeaseRequest) -> Response:
-    info = leases_of(request).create(caller_of(request).name, body.ttl)
+    info = leases_of(request).create(caller_of(request).name, body.ttl, body.id)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 

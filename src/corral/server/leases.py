@@ -27,8 +27,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 
-from pydantic import BaseModel, Field
-
+from corral.api.daemon_models import LeaseInfo
 from corral.errors import InvalidArgument, LeaseNotFound
 from corral.runtime.engine import Engine
 
@@ -49,19 +48,6 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-class LeaseRequest(BaseModel):
-    """``POST /v1/leases``: how long the lease lives without a renewal."""
-
-    ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
-
-
-class LeaseInfo(BaseModel):
-    """A lease: its id, the tag its sandboxes carry, and when it ends unless renewed."""
-
-    id: str
-    tag: str
-    ttl: float
-    expires_at: float
 
 
 def lease_tag(lease_id: str) -> str:
@@ -80,13 +66,23 @@ class Leases:
         # retrying while no daemon answered.
         db.execute("UPDATE leases SET expires_at = ? + ttl", (time.time(),))
 
-    def create(self, tenant: str | None, ttl: float) -> LeaseInfo:
+    def create(self, tenant: str | None, ttl: float, lease_id: str | None = None) -> LeaseInfo:
+        """A new lease; with ``lease_id`` (a cluster's client takes one lease on every
+        node under one id) that lease, renewed if this tenant has it already."""
         if not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or \
                 not MIN_TTL_S <= ttl <= MAX_TTL_S:
             raise InvalidArgument(
                 f"a lease's ttl must be between {MIN_TTL_S:g} and {MAX_TTL_S:g} seconds, "
                 f"got {ttl!r}", details={"field": "ttl"})
-        lease_id = "lease-" + secrets.token_hex(8)
+        if lease_id is not None:
+            owner = self.db.execute("SELECT tenant FROM leases WHERE id=?", (lease_id,)).fetchone()
+            if owner is not None and owner[0] == (tenant or ""):
+                self.db.execute("UPDATE leases SET ttl=? WHERE id=?", (ttl, lease_id))
+                return self.renew(tenant, lease_id)
+            if owner is not None:
+                raise InvalidArgument(f"lease id {lease_id!r} is taken: leave out id for a "
+                                      "new one", details={"field": "id"})
+        lease_id = lease_id or "lease-" + secrets.token_hex(8)
         now = time.time()
         self.db.execute("INSERT INTO leases (id, tenant, ttl, expires_at, created_at) "
                         "VALUES (?, ?, ?, ?, ?)", (lease_id, tenant or "", ttl, now + ttl, now))

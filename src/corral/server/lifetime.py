@@ -38,5 +38,6 @@ async def set_lifetime(request: Request, sandbox_id: str, seconds: float) -> San
         raise InvalidArgument(f"timeout must be a number of seconds > 0, got {seconds!r}",
                               details={"field": "timeout"})
     service = ctx.service(request)
-    check_lifetime(seconds, *service.lifetime_limit(caller_of(request).name))  # the caller's first
-    return await service.set_timeout(sandbox_id, float(seconds))  # and its owner's, in all
+    caller = caller_of(request)
+    check_lifetime(seconds, *service.lifetime_limit(caller.name))  # the caller's first
+    return await service.set_timeout(sandbox_id, float(seconds), caller)  # its owner's, in all

@@ -3,33 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.network_schema import NetworkPolicy
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.models import _Body
-
-
-class NetworkEvent(_Body):
-    """One connection or DNS query of a policy sandbox and the filter's verdict."""
-
-    time: float
-    kind: Literal["tcp", "dns"]
-    name: str | None = None
-    ip: str | None = None
-    port: int | None = None
-    verdict: Literal["allowed", "refused"]
-    reason: str
-
-
-class NetworkEvents(_Body):
-    sandbox_id: str
-    events: list[NetworkEvent] = Field(description="oldest first, the last 1000")
 
 
 async def network_events(request: Request) -> Response:

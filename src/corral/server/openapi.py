@@ -1,8 +1,9 @@
-"""``GET /openapi.json``: an OpenAPI 3.1 document built from the route table.
+"""``GET /openapi.json``: an OpenAPI 3.1 document built from the served operations.
 
 Schemas come from the pydantic models (``corral.schema`` and
-``corral.server.models``) through ``TypeAdapter.json_schemas``; paths come from
-:data:`corral.server.endpoints.ENDPOINTS`, so every route is listed.
+``corral.api.models``) through ``TypeAdapter.json_schemas``; paths come from the served
+operations (:mod:`corral.api.operations`), so every route is listed, each with the
+error codes it may answer (its statuses, and ``x-error-codes``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral._version import __version__
+from corral.api.models import ErrorResponse, StreamEvent
+from corral.api.operations import COMMON_ERRORS
 from corral.server.endpoint import NDJSON, RAW, TEXT, Endpoint
-from corral.server.models import ErrorResponse, StreamEvent
 
 REF = "#/components/schemas/{model}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
@@ -44,7 +46,7 @@ def _models(endpoints: tuple[Endpoint, ...]) -> dict[Key, Any]:
         (_name(StreamEvent), "serialization"): StreamEvent,
     }
     for e in endpoints:
-        for model, mode in ((e.body, "validation"), (e.reply, "serialization")):
+        for model, mode in ((e.op.body, "validation"), (e.op.reply, "serialization")):
             if isinstance(model, tuple):  # (media type, model of each line)
                 model = model[1]
             if model is not None and not isinstance(model, str):
@@ -64,7 +66,24 @@ def _content(kind: Any, refs: dict[Key, Any], mode: JsonSchemaMode) -> dict[str,
     return {"application/json": {"schema": refs[(_name(kind), mode)]}}
 
 
-def _operation(e: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
+def _errors(e: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
+    """The error replies of ``e`` by status, each naming the codes it carries."""
+    by_status: dict[int, set[str]] = {}
+    for err in (*COMMON_ERRORS, *e.op.errors):
+        by_status.setdefault(err.status, set()).add(err.code)
+    content = _content(ErrorResponse, refs, "serialization")
+    return {
+        str(status): {
+            "description": "error.code: " + ", ".join(sorted(codes)),
+            "content": content,
+            "x-error-codes": sorted(codes),
+        }
+        for status, codes in sorted(by_status.items())
+    }
+
+
+def _operation(endpoint: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
+    e = endpoint.op
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in _PATH_PARAM.findall(e.path)
@@ -91,20 +110,24 @@ def _operation(e: Endpoint, refs: dict[Key, Any]) -> dict[str, Any]:
     if e.reply is not None:
         ok["content"] = _content(e.reply, refs, "serialization")
     op: dict[str, Any] = {
-        "operationId": e.handler.__name__,
+        "operationId": e.name,
         "summary": e.summary,
         "parameters": params,
         "responses": {
             str(e.status): ok,
+            **_errors(endpoint, refs),
             "default": {
                 "description": "an error (see corral.errors for the codes)",
                 "content": _content(ErrorResponse, refs, "serialization"),
             },
         },
+        "x-error-codes": list(e.codes()),
+        "x-access": e.access.value,
+        "x-routing": e.routing.value,
     }
     if e.body is not None:
         op["requestBody"] = {
-            "required": e.body == RAW or (e.takes_model and not e.body_optional),
+            "required": e.body == RAW or (endpoint.takes_model and not e.body_optional),
             "content": _content(e.body, refs, "validation"),
         }
     return op
@@ -115,7 +138,7 @@ def openapi_document(endpoints: tuple[Endpoint, ...]) -> dict[str, Any]:
     refs, defs = _schemas(_models(endpoints))
     paths: dict[str, dict[str, Any]] = {}
     for e in endpoints:
-        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e, refs)
+        paths.setdefault(e.op.path, {})[e.op.method.lower()] = _operation(e, refs)
     paths["/openapi.json"] = {
         "get": {
             "operationId": "openapi",

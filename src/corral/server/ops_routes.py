@@ -12,45 +12,24 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import Field, StrictFloat, StrictInt
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import TimeoutRequest
 from corral.errors import InvalidArgument, SandboxNotFound
 from corral.runtime.engine import Engine
 from corral.runtime.sandbox_logs import MAX_READ, SandboxLogs
-from corral.schema import MAX_TIMEOUT_S, SandboxInfo
+from corral.schema import SandboxInfo
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.lifetime import set_lifetime
-from corral.server.models import _Body
 from corral.server.settings import ServerSettings
 from corral.server.streaming import NDJSONResponse
 
 FOLLOW_POLL_S = 1.0  # a follower looks at the sandbox's state at least this often
 
 
-class TimeoutRequest(_Body):
-    """``PATCH /v1/sandboxes/{id}``: end the sandbox this many seconds from now."""
 
-    timeout: StrictFloat | StrictInt = Field(..., gt=0, le=MAX_TIMEOUT_S)
-
-
-class LogEntry(_Body):
-    """A command (``kind="command"``: argv, started_at, ended_at, outcome =
-    exit|timeout|oom|killed, exit_code, stdout_tail, stderr_tail) or a lifecycle event
-    (``kind="event"``: event = ready|restored|paused|running|stopping|stopped|timeout|
-    idle_timeout|oom|deleted, reason)."""
-
-    model_config = {"extra": "allow"}
-    seq: int
-    kind: str
-    at: float
-
-
-class SandboxLogsReply(_Body):
-    sandbox_id: str
-    entries: list[LogEntry]
-    next: int = Field(description="pass as ?after= to get only newer entries")
 
 
 def open_logs(settings: ServerSettings, engine: Engine) -> SandboxLogs:
@@ -100,7 +79,7 @@ async def sandbox_logs(request: Request) -> Response:
     follow = request.query_params.get("follow", "0").lower()
     if follow not in ("0", "1", "true", "false", "yes", "no"):
         raise InvalidArgument(f"query parameter 'follow' must be true or false, got {follow!r}")
-    if (tenant := engine.owners.acting()) is not None:  # a tenant: only its own sandbox's
+    if (tenant := caller_of(request).name) is not None:  # a tenant: only its own sandbox's
         try:
             engine.get(sid)  # another's answers as an unknown id
         except SandboxNotFound:

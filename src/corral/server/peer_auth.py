@@ -3,8 +3,10 @@
 Daemons of a cluster fetch snapshots' and images' layers from each other
 (:mod:`corral.server.peer_layers`). They do it with the cluster's peer credential
 (``CORRAL_PEER_TOKEN``, which ``corral cluster up`` sets; never a command-line option),
-not with an admin token: a daemon accepts it only for the read-only peer routes below, and
-refuses it (403) everywhere else, before any route runs. So the credential every
+not with an admin token: a daemon accepts it only for the operations declared
+``Access.PEER`` (:mod:`corral.api.operations`: a snapshot's or an image's description,
+one layer's stream, and "read the cluster's tenant registry again now", which changes
+nothing by itself), and refuses it (403) everywhere else, before any route runs. So the credential every
 daemon holds reads layers and descriptions, and cannot create, exec, delete or list.
 
 Each daemon's admin token is its own (``CORRAL_TOKEN``, one per node on a cluster,
@@ -15,20 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 
 from starlette.types import Scope
 
+from corral.api.operation import Access
+from corral.api.operations import match
 from corral.errors import Forbidden
-
-PEER_READS = re.compile(r"/v1/peer/(?:snapshots|layers|images)/[^/]+")
-"""The paths (``GET`` only) the peer credential opens: a snapshot's or an image's
-description, and one layer's stream."""
-
-
-PEER_REFRESH = "/v1/peer/tenants/refresh"
-"""And one ``POST``: "read the cluster's tenant registry again now" (a revoke made on
-another node; :mod:`corral.server.cluster_tenants`), which changes nothing by itself."""
 
 
 class PeerCredential:
@@ -46,9 +40,8 @@ class PeerCredential:
     @staticmethod
     def refusal(scope: Scope) -> Forbidden | None:
         """None if the peer credential may make this request, else why not."""
-        if scope.get("method") == "GET" and PEER_READS.fullmatch(scope.get("path") or ""):
-            return None
-        if scope.get("method") == "POST" and scope.get("path") == PEER_REFRESH:
+        found = match(str(scope.get("method")), scope.get("path") or "")
+        if found is not None and found[0].access is Access.PEER:
             return None
         return Forbidden(
             f"{scope.get('method')} {str(scope.get('path'))[:200]} is not a peer read: the cluster's "

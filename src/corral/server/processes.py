@@ -1,6 +1,6 @@
 """Interactive processes over HTTP: start one, feed its stdin, stream its output.
 
-The endpoints (listed in :data:`corral.server.endpoints.ENDPOINTS`, described in
+The endpoints (declared in :mod:`corral.api.operations`, described in
 ``docs/api.md``) map onto :mod:`corral.runtime.processes`. Two ways to talk to a
 long-lived process, both one small request per exchange:
 
@@ -39,19 +39,19 @@ from pydantic import (
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from corral.errors import CorralError, ExecTimeout, InvalidArgument
-from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
-from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, MAX_SIDE, TerminalSize
-from corral.server import context as ctx
-from corral.server.context import unless_disconnected
-from corral.server.endpoint import RAW
-from corral.server.models import (
+from corral.api.models import (
     MAX_OUTPUT_LIMIT,
     ErrorDetail,
     ExecResponse,
     exec_response,
     text_and_b64,
 )
+from corral.api.operation import RAW
+from corral.errors import CorralError, ExecTimeout, InvalidArgument
+from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
+from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, MAX_SIDE, TerminalSize
+from corral.server import context as ctx
+from corral.server.context import unless_disconnected
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body
 

@@ -26,6 +26,7 @@ import logging
 
 from corral.errors import CorralError
 from corral.server.admission import LIVE_STATES
+from corral.server.caller import DAEMON
 from corral.server.cluster_tenants import drop_pools
 from corral.server.door import Door
 from corral.server.service import SandboxService
@@ -62,12 +63,12 @@ class Revocation:
         """Stop them all at once (each gets :data:`STOP_GRACE_S`); how many stopped."""
         async def stop(sandbox_id: str) -> bool:
             try:
-                await self.service.stop(sandbox_id, grace=STOP_GRACE_S,
+                await self.service.stop(sandbox_id, DAEMON, grace=STOP_GRACE_S,
                                         reason="its tenant's token was revoked")
                 return True
             except CorralError as exc:  # it ended meanwhile
                 logger.debug("stopping %s of revoked %s: %s", sandbox_id, name, exc.message)
                 return False
 
-        live = self.service.list_sandboxes(states=LIVE_STATES, tenant=name)
+        live = self.service.list_sandboxes(DAEMON, states=LIVE_STATES, tenant=name)
         return sum(await asyncio.gather(*(stop(i.id) for i in live)))

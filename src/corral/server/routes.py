@@ -1,9 +1,9 @@
-"""The endpoints of API v1, as one table that both routes requests and describes them.
+"""The handlers of the sandbox, snapshot, pool and daemon endpoints of API v1.
 
-:data:`ENDPOINTS` is the single source: :func:`build_routes` turns it into Starlette
-routes and :mod:`corral.server.openapi` into ``GET /openapi.json``, so a route cannot
-exist without being documented. Handlers find the engine, the admission control and
-the settings on ``request.app.state`` (see :func:`corral.server.create_app`).
+Each serves one operation declared in :mod:`corral.api.operations` (the wire contract
+shared with the SDK); :mod:`corral.server.endpoints` binds them by name, so a route
+cannot exist undeclared or undocumented. Handlers find the engine, the admission
+control and the settings on ``request.app.state`` (see :func:`corral.server.create_app`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from corral._version import __version__
+from corral.api.models import (
+    ExecRequest,
+    ForkRequest,
+    MkdirRequest,
+    SnapshotRequest,
+    StopRequest,
+    exec_response,
+    file_json,
+)
+from corral.api.operation import RAW
 from corral.errors import CorralError, InvalidArgument
 from corral.pool_schema import AcquireRequest, PoolSpec
 from corral.runtime.pathutil import resolve_path
@@ -27,21 +37,11 @@ from corral.schema import (
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
 from corral.server.caller import caller_of
-from corral.server.context import remove_partial, unless_disconnected, unless_gone
-from corral.server.endpoint import RAW
-from corral.server.models import (
-    ExecRequest,
-    ForkRequest,
-    MkdirRequest,
-    SnapshotRequest,
-    StopRequest,
-    exec_response,
-    file_json,
-)
+from corral.server.context import unless_disconnected, unless_gone
 from corral.server.reserved_tags import check_tags
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream
-from corral.server.wire import read_body
+from corral.server.wire import body_pieces, file_response
 
 logger = logging.getLogger("corral.server")
 
@@ -139,7 +139,7 @@ async def info(request: Request) -> Response:
             # where it keeps its state (`corral doctor` checks those): the admin's only
             **({"state_dir": str(engine.layout.state_dir),
                 "cache_dir": str(engine.layout.cache_dir)}
-               if engine.owners.acting() is None else {}),
+               if caller_of(request).tenant is None else {}),
             **({"node": node} if (node := ctx.settings(request).node) else {}),
         }
     )
@@ -154,7 +154,7 @@ async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     caller = caller_of(request)
     spec = service.plan(await service.with_image(spec, caller), caller,
                         host_network=ctx.host_network_allowed(request))
-    created = await unless_gone(request, service.create(spec, wait=_wait_param(request)))
+    created = await unless_gone(request, service.create(spec, caller, wait=_wait_param(request)))
     return JSONResponse(_info_json(created, request), status_code=201)
 
 
@@ -176,7 +176,7 @@ def _wait_param(request: Request) -> float | None:
 async def list_sandboxes(request: Request) -> Response:
     states = request.query_params.getlist("state") or None
     infos = ctx.service(request).list_sandboxes(  # the caller's own (admin: tenant= filters)
-        tags=request.query_params.getlist("tag"), states=states,
+        caller_of(request), tags=request.query_params.getlist("tag"), states=states,
         tenant=request.query_params.get("tenant"),
     )
     return JSONResponse({"sandboxes": [_info_json(i, request) for i in infos]})
@@ -206,12 +206,12 @@ async def resume_sandbox(request: Request) -> Response:
 
 
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
-    stopped = await ctx.service(request).stop(_sid(request), grace=body.grace)
+    stopped = await ctx.service(request).stop(_sid(request), caller_of(request), grace=body.grace)
     return JSONResponse(_info_json(stopped, request))
 
 
 async def delete_sandbox(request: Request) -> Response:
-    await ctx.service(request).delete(_sid(request))
+    await ctx.service(request).delete(_sid(request), caller_of(request))
     return _no_content()
 
 
@@ -224,7 +224,7 @@ async def fork_sandbox(request: Request, body: ForkRequest) -> Response:
     """A snapshot, then ``n`` creates from it through admission control; all or nothing."""
     try:
         made = await ctx.service(request).fork(
-            _sid(request), body.n, abandoned=request.is_disconnected
+            _sid(request), body.n, caller_of(request), abandoned=request.is_disconnected
         )
     except Abandoned:
         raise ClientDisconnect() from None
@@ -286,22 +286,17 @@ def _sandbox_path(request: Request, default: str | None = None) -> str:
 
 
 async def upload_file(request: Request) -> Response:
-    engine, sid = ctx.sandboxes(request), _sid(request)
-    path, mode = _sandbox_path(request), _octal_mode(request)
-    data = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
-    try:
-        await engine.write_file(sid, path, data, mode=mode)
-    except CorralError:
-        await remove_partial(engine, sid, path)
-        raise
+    sid, path, mode = _sid(request), _sandbox_path(request), _octal_mode(request)
+    pieces = body_pieces(request, ctx.settings(request).max_upload_bytes, "upload")
+    await ctx.write_whole(request, sid, path, pieces, mode=mode)
     return _no_content()
 
 
 async def download_file(request: Request) -> Response:
-    engine, sid = ctx.sandboxes(request), _sid(request)
     limit = ctx.settings(request).max_upload_bytes
-    data = await engine.read_file(sid, _sandbox_path(request), max_bytes=limit)
-    return Response(data, media_type=RAW)
+    reading = await ctx.sandboxes(request).open_read(
+        _sid(request), _sandbox_path(request), max_bytes=limit)
+    return file_response(reading, RAW)
 
 
 async def remove_file(request: Request) -> Response:

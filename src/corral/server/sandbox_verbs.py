@@ -83,6 +83,12 @@ class SandboxVerbs:
     def write_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._engine.write_file(self._check(sandbox_id), *args, **kwargs)
 
+    def write_from(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.write_from(self._check(sandbox_id), *args, **kwargs)
+
+    def open_read(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.open_read(self._check(sandbox_id), *args, **kwargs)
+
     def stat(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._engine.stat(self._check(sandbox_id), *args, **kwargs)
 

@@ -71,6 +71,14 @@ class CreateFinished:
     ended: float
 
 
+def owned_by(spec: SandboxSpec, caller: Caller) -> SandboxSpec:
+    """``spec`` as ``caller`` makes it: a tenant's things are its own (the admin's
+    keep the owner they name: a pool refills for its tenant)."""
+    if caller.name is None or spec.tenant == caller.name:
+        return spec
+    return spec.model_copy(update={"tenant": caller.name})
+
+
 def check_network(spec: SandboxSpec, *, host_network: bool, admin: bool) -> None:
     """``network="host"`` hands a sandbox the host's network (its services, the cloud
     metadata address): only to a caller allowed it (see :meth:`SandboxService.plan`).
@@ -105,7 +113,7 @@ class SandboxService:
         self.admission = admission
         self.tenants = tenants  # tokens and quotas (server/tenants.py); None: no tenants
         self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
-        self.pools = PoolManager(engine, create=self.create, delete=self._delete_admitted)
+        self.pools = PoolManager(engine, create=self._refill, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
 
     def count_adopted(self) -> None:
@@ -120,8 +128,9 @@ class SandboxService:
         self.release(event.sandbox_id)
 
     # ---------------------------------------------------------------- tenants
-    # Ownership is one rule (runtime/ownership.py): the request acts for its caller's
-    # tenant, and every lookup by id and every list shows only what that tenant owns.
+    # Ownership is one rule (runtime/ownership.py): every verb here takes the Caller the
+    # door resolved and acts for its tenant (the engine's lookups by id and lists then
+    # show only what that tenant owns); none reads an ambient owner.
 
     def lifetime_limit(self, owner: str | None) -> tuple[float, str]:
         """The longest total lifetime, from create, that ``owner``'s sandboxes (None:
@@ -134,11 +143,12 @@ class SandboxService:
         return self.max_lifetime, DAEMON_LIFETIME
 
     def list_sandboxes(
-        self, *, tags: Sequence[str] = (), states: Sequence[SandboxState | str] | None = None,
-        tenant: str | None = None,
+        self, caller: Caller, *, tags: Sequence[str] = (),
+        states: Sequence[SandboxState | str] | None = None, tenant: str | None = None,
     ) -> list[SandboxInfo]:
         """The caller's sandboxes (the admin's: all, or only ``tenant``'s)."""
-        found = self.engine.list(tags=tags, state=states)
+        with self.engine.owners.acting_as(caller.name):
+            found = self.engine.list(tags=tags, state=states)
         return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
 
     @staticmethod
@@ -201,16 +211,29 @@ class SandboxService:
             raise
         return spec
 
-    async def create(self, spec: SandboxSpec, *, wait: float | None = None) -> SandboxInfo:
-        """Create a sandbox once admission control lets it start (a pool's refills too).
+    async def _refill(self, spec: SandboxSpec) -> SandboxInfo:
+        """A pool's refill: the daemon's work, for the pool's owner (``spec.tenant``)."""
+        return await self.create(spec, Caller.on_behalf_of(spec.tenant))
+
+    async def create(
+        self, spec: SandboxSpec, caller: Caller, *, wait: float | None = None,
+    ) -> SandboxInfo:
+        """Create a sandbox for ``caller`` once admission control lets it start (a
+        pool's refills too): a tenant's sandbox is its own, whatever ``spec.tenant`` says.
 
         A ``snapshot`` is resolved first, so admission counts the memory it will get.
         ``wait``: the caller's deadline for the wait for room or for its tenant's quota
         (default and cap: the daemon's ``queue_timeout``).
         """
+        with self.engine.owners.acting_as(caller.name):
+            return await self._create(spec, caller, wait)
+
+    async def _create(
+        self, spec: SandboxSpec, caller: Caller, wait: float | None,
+    ) -> SandboxInfo:
         began, admitted, result = time.monotonic(), None, "internal"
         try:
-            spec = self.engine.owners.stamp(self.engine.resolve_spec(spec))  # a tenant's own
+            spec = owned_by(self.engine.resolve_spec(spec), caller)  # a tenant's own
             # a default or inherited one; the owner's limit (a pool refills as the daemon)
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
@@ -252,14 +275,15 @@ class SandboxService:
         """Seconds ``info``'s sandbox may still live under its owner's maximum."""
         return max(0.0, self.lifetime_limit(info.spec.tenant)[0] - (time.time() - info.created_at))
 
-    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+    async def set_timeout(self, sandbox_id: str, seconds: float, caller: Caller) -> SandboxInfo:
         """End the sandbox ``seconds`` from now, within its owner's maximum lifetime
         counted from its create: however often it is moved, a sandbox never outlives
         ``--max-lifetime`` (or its tenant's, if lower)."""
-        info = self.engine.get(sandbox_id)  # SandboxNotFound: another tenant's too
-        limit, whose = self.lifetime_limit(info.spec.tenant)
-        check_total_lifetime(info, seconds, limit, whose)
-        return await self.engine.set_timeout(info.id, seconds)
+        with self.engine.owners.acting_as(caller.name):
+            info = self.engine.get(sandbox_id)  # SandboxNotFound: another tenant's too
+            limit, whose = self.lifetime_limit(info.spec.tenant)
+            check_total_lifetime(info, seconds, limit, whose)
+            return await self.engine.set_timeout(info.id, seconds)
 
     # ------------------------------------------------------------------- end
 
@@ -270,10 +294,11 @@ class SandboxService:
         self.admission.release(sandbox_id)
         return True
 
-    async def delete(self, sandbox_id: str) -> None:
-        """Delete a sandbox (idempotent) and give its places back."""
-        if await self._delete_admitted(sandbox_id):
-            self.pools.release(sandbox_id)
+    async def delete(self, sandbox_id: str, caller: Caller) -> None:
+        """Delete ``caller``'s sandbox (idempotent) and give its places back."""
+        with self.engine.owners.acting_as(caller.name):
+            if await self._delete_admitted(sandbox_id):
+                self.pools.release(sandbox_id)
 
     async def update_network(
         self, sandbox_id: str, network: NetworkPolicy, caller: Caller,
@@ -281,13 +306,16 @@ class SandboxService:
         """A running policy sandbox's new policy (a tenant's may name no private range)."""
         spec = SandboxSpec.parse(network=network.model_dump())
         check_network(spec, host_network=False, admin=caller.may_use_host_network)
-        return await self.engine.update_network(sandbox_id, network)
+        with self.engine.owners.acting_as(caller.name):
+            return await self.engine.update_network(sandbox_id, network)
 
     async def stop(
-        self, sandbox_id: str, *, grace: float, reason: str = "stopped by request"
+        self, sandbox_id: str, caller: Caller, *, grace: float,
+        reason: str = "stopped by request",
     ) -> SandboxInfo:
-        """Stop a sandbox (its record stays) and give its places back."""
-        stopped = await self.engine.stop(sandbox_id, grace=grace, reason=reason)
+        """Stop ``caller``'s sandbox (its record stays) and give its places back."""
+        with self.engine.owners.acting_as(caller.name):
+            stopped = await self.engine.stop(sandbox_id, grace=grace, reason=reason)
         self.release(stopped.id)
         return stopped
 
@@ -302,6 +330,7 @@ class SandboxService:
         self,
         sandbox_id: str,
         n: int,
+        caller: Caller,
         *,
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
@@ -310,9 +339,15 @@ class SandboxService:
         """``n`` new sandboxes with this one's files and spec, each created through
         admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
         check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
-        # n copies that could never be alive at once: a 400 now, before the snapshot
-        self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
-        return await fork_from(
-            self.engine, sandbox_id, n, create=self.create, delete=self.delete, tags=tags,
-            abandoned=abandoned,
-        )
+
+        async def create(spec: SandboxSpec) -> SandboxInfo:
+            return await self.create(spec, caller)
+
+        async def delete(sid: str) -> None:
+            await self.delete(sid, caller)
+
+        with self.engine.owners.acting_as(caller.name):
+            # n copies that could never be alive at once: a 400 now, before the snapshot
+            self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
+            return await fork_from(self.engine, sandbox_id, n, create=create, delete=delete,
+                                   tags=tags, abandoned=abandoned)

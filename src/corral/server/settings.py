@@ -78,6 +78,9 @@ class ServerSettings:
     socket: Path = Path(DEFAULT_SOCKET)
     state_dir: Path | None = None
     cache_dir: Path | None = None
+    # Link the host's prepared images into cache_dir at start (a cluster node's own
+    # cache, runtime/cache_seed.py), from CORRAL_CACHE_DIR or the default cache.
+    seed_cache: bool = False
     tcp: tuple[str, int] | None = None
     token: str | None = field(default=None, repr=False)
     peer_token: str | None = field(default=None, repr=False)  # server/peer_auth.py

@@ -1,6 +1,6 @@
 """Streamed command output as NDJSON, with the command killed if the client goes away.
 
-Each line is one :class:`~corral.server.models.StreamEvent`. Output chunks are sent as
+Each line is one :class:`~corral.api.models.StreamEvent`. Output chunks are sent as
 text (``data``) when they are UTF-8; a multi-byte character split between two chunks
 is held back until it is complete, so UTF-8 output always arrives as text. Bytes that
 are not UTF-8 arrive as ``data_b64``. A stream over its cap has one line with
@@ -20,9 +20,9 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from corral.api.models import exec_response
 from corral.errors import CorralError, InternalError
 from corral.schema import ExecEvent
-from corral.server.models import exec_response
 
 logger = logging.getLogger("corral.server")
 
@@ -113,7 +113,7 @@ async def start_stream(events: AsyncIterator[ExecEvent]) -> "NDJSONResponse":
 
 
 async def ndjson_lines(stream: StartedStream) -> AsyncIterator[bytes]:
-    """The native encoding: one :class:`~corral.server.models.StreamEvent` per line,
+    """The native encoding: one :class:`~corral.api.models.StreamEvent` per line,
     ending with the exit, or an ``error`` line if the stream broke off."""
     chunkers = {"stdout": Utf8Chunker(), "stderr": Utf8Chunker()}
     try:

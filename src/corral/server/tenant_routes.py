@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from corral.schema import MAX_TIMEOUT_S
+from corral.api.daemon_models import (
+    TokenCreated,
+    TokenInfo,
+    TokenList,
+    TokenRequest,
+    TokenUpdate,
+)
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
 from corral.server.cluster_tenants import ClusterTenancy
@@ -25,64 +30,6 @@ __all__ = [
     "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "TokenUpdate", "create_token",
     "list_tokens", "revoke_token", "update_token",
 ]
-
-
-class TokenRequest(BaseModel):
-    """A new tenant: its name and quotas (left out: only the daemon's own caps)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(max_length=64)  # checked by TokenStore.create, with what to do
-    max_sandboxes: StrictInt | None = Field(None, ge=0)
-    max_memory_mb: StrictInt | None = Field(None, ge=0)
-    max_cpus: StrictFloat | None = Field(None, ge=0)
-    allow_images: StrictBool = False
-    allow_host_network: StrictBool = False
-    max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
-    max_snapshot_mb: StrictInt | None = Field(None, ge=0)
-    max_builds: StrictInt | None = Field(None, ge=0)
-    max_gpus: StrictInt | None = Field(None, ge=0)
-
-
-class TokenUpdate(BaseModel):
-    """New quotas of a tenant (``PATCH /v1/tokens/{name}``): only the fields sent
-    change; ``null`` drops a quota."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_sandboxes: StrictInt | None = Field(None, ge=0)
-    max_memory_mb: StrictInt | None = Field(None, ge=0)
-    max_cpus: StrictFloat | StrictInt | None = Field(None, ge=0)
-    max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
-    max_snapshot_mb: StrictInt | None = Field(None, ge=0)
-    max_builds: StrictInt | None = Field(None, ge=0)
-    max_gpus: StrictInt | None = Field(None, ge=0)
-
-
-class TokenInfo(BaseModel):
-    """A tenant as listed: quotas, rights, creation time and current use (never its token)."""
-
-    name: str
-    max_sandboxes: int | None = None
-    max_memory_mb: int | None = None
-    max_cpus: float | None = None
-    allow_images: bool = False
-    allow_host_network: bool = False
-    created_at: float
-    max_lifetime: float | None = None
-    max_snapshot_mb: int | None = None
-    max_builds: int | None = None
-    max_gpus: int | None = None
-    usage: dict[str, float] = Field(default_factory=dict)
-
-
-class TokenCreated(TokenInfo):
-    token: str
-    """The bearer token: shown this once."""
-
-
-class TokenList(BaseModel):
-    tokens: list[TokenInfo]
 
 
 def _tenants(request: Request) -> Tenants:

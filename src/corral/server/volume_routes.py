@@ -11,20 +11,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.errors import InvalidArgument
 from corral.runtime.volumes import check_name
 from corral.server import context as ctx
-from corral.server.models import _Body
 from corral.server.wire import read_body
-from corral.volume_schema import VolumeInfo
-
-
-class VolumeList(_Body):
-    volumes: list[VolumeInfo] = Field(description="the caller's volumes, by name")
 
 
 async def create_volume(request: Request) -> Response:

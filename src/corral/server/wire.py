@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from corral.errors import CorralError, FileTooLarge, InvalidArgument, RequestTimeout
+from corral.runtime.engine_files import FileReading
 from corral.server.limits import BODY_IDLE_TIMEOUT_S, parse_json
 
 
@@ -20,6 +21,15 @@ def error_response(err: CorralError, headers: dict[str, str] | None = None) -> J
 
 async def read_body(request: Request, limit: int, what: str) -> bytearray:
     """The whole request body, refused with 413 once it is known to exceed ``limit``."""
+    body = bytearray()
+    async for chunk in body_pieces(request, limit, what):
+        body += chunk
+    return body
+
+
+def body_pieces(request: Request, limit: int, what: str) -> AsyncIterator[bytes]:
+    """The request body as it arrives (never held whole), refused with 413 once it is
+    known to exceed ``limit``: at once for a declared Content-Length, else part-way."""
 
     def too_large(size: int | str) -> FileTooLarge:
         return FileTooLarge(
@@ -34,12 +44,37 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
             raise InvalidArgument(f"invalid Content-Length header {declared!r}")
         if int(declared) > limit:
             raise too_large(int(declared))
-    body = bytearray()
-    async for chunk in paced(request):
-        body += chunk
-        if len(body) > limit:
-            raise too_large(f"more than {limit}")
-    return body
+
+    async def pieces() -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in paced(request):
+            seen += len(chunk)
+            if seen > limit:
+                raise too_large(f"more than {limit}")
+            yield chunk
+
+    return pieces()
+
+
+class ReplyCut(Exception):
+    """A streamed reply that could not be finished (its connection is cut short of
+    its Content-Length): logged as a warning, not as an error of the daemon's."""
+
+
+async def _cut_on_error(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except CorralError as exc:  # not Starlette's to answer: the reply has started
+        raise ReplyCut(exc.message) from None
+
+
+def file_response(reading: FileReading, media_type: str = "application/octet-stream") -> StreamingResponse:
+    """A file read from a sandbox, sent as it is read (:meth:`Engine.open_read`): the
+    daemon holds one chunk of it at a time. A read that fails part-way cuts the
+    connection short of its Content-Length, so no client takes it for the whole file."""
+    return StreamingResponse(_cut_on_error(reading.chunks), media_type=media_type,
+                             headers={"content-length": str(reading.size)})
 
 
 async def paced(request: Request) -> AsyncIterator[bytes]:

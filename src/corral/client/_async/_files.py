@@ -45,29 +45,29 @@ class AsyncFiles:
     def __init__(self, client: AsyncClient, sandbox_id: str) -> None:
         self._client = client
         self._sandbox_id = sandbox_id
-        self._base = f"/v1/sandboxes/{sandbox_id}/files"
+        self._ids = {"sandbox_id": sandbox_id}
 
     async def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace a file (parent directories are created); ``str`` is UTF-8."""
         params = {"path": _path(path), "mode": f"{_validate.file_mode('mode', mode):04o}"}
         content = _validate.content("data", data)
-        await self._client.request("PUT", self._base, params=params, content=content)
+        await self._client.call("upload_file", self._ids, params=params, content=content)
 
     async def read(self, path: str) -> bytes:
         """The whole content of a file."""
         params = {"path": _path(path)}
-        return (await self._client.request("GET", self._base, params=params)).content
+        return (await self._client.call("download_file", self._ids, params=params)).content
 
     async def list(self, path: str = ".") -> builtins.list[FileInfo]:
         """The entries of a directory, sorted by name."""
         params = {"path": _path(path)}
-        response = await self._client.request("GET", f"{self._base}/list", params=params)
+        response = await self._client.call("list_files", self._ids, params=params)
         return [parse_file_info(e) for e in response.json()["entries"]]
 
     async def stat(self, path: str) -> FileInfo:
         """Size, mode, mtime and type of a file or directory."""
         params = {"path": _path(path)}
-        response = await self._client.request("GET", f"{self._base}/stat", params=params)
+        response = await self._client.call("stat_file", self._ids, params=params)
         return parse_file_info(response.json())
 
     async def exists(self, path: str) -> bool:
@@ -82,7 +82,7 @@ class AsyncFiles:
         """Remove a file, or a directory (non-empty ones only with ``recursive=True``)."""
         recursive = _validate.flag("recursive", recursive)
         params = {"path": _path(path), "recursive": "true" if recursive else "false"}
-        await self._client.request("DELETE", self._base, params=params)
+        await self._client.call("remove_file", self._ids, params=params)
 
     async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755) -> None:
         """Create a directory (and its parents, unless ``parents=False``)."""
@@ -90,7 +90,7 @@ class AsyncFiles:
             "path": _path(path), "parents": _validate.flag("parents", parents),
             "mode": _validate.file_mode("mode", mode),
         }
-        await self._client.request("POST", f"{self._base}/mkdir", json=body)
+        await self._client.call("make_dir", self._ids, json=body)
 
     async def upload(
         self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None
@@ -104,8 +104,8 @@ class AsyncFiles:
             mode = (await AsyncBackend.run_blocking(local.stat)).st_mode & 0o777
         params["mode"] = f"{_validate.file_mode('mode', mode):04o}"
         body = await AsyncBackend.file_body(local)
-        await self._client.request(
-            "PUT", self._base, params=params, content=body, headers=body.headers
+        await self._client.call(
+            "upload_file", self._ids, params=params, content=body, headers=body.headers
         )
 
     async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
@@ -114,7 +114,7 @@ class AsyncFiles:
         complete (a failed download leaves nothing at ``local_path``)."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
-        response = await self._client.stream("GET", self._base, params=params)
+        response = await self._client.call("download_file", self._ids, params=params, stream=True)
         try:
             with self._client._errors():
                 await AsyncBackend.save(response.aiter_bytes(CHUNK_BYTES), local)
@@ -178,8 +178,8 @@ class AsyncFiles:
         cmd = ["sh", "-c", script, "sh", *params]
         body = exec_body(cmd, timeout=timeout, env=None, cwd=None, stdin=None,
                          max_output=None, output_tail=None)
-        response = await self._client.request(
-            "POST", f"/v1/sandboxes/{self._sandbox_id}/exec", json=body,
+        response = await self._client.call(
+            "exec_command", self._ids, json=body,
             timeout=exec_http_timeout(timeout))
         result = parse_exec(response.json(), args=cmd, sandbox_id=self._sandbox_id,
                             timeout=timeout)

@@ -6,7 +6,6 @@ import builtins
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 from typing_extensions import Self  # typing's since 3.11 only
 
@@ -50,14 +49,14 @@ class AsyncImage:
     async def get(cls, name: str, *, client: AsyncClient | None = None) -> Self:
         """An image by name; :class:`~corral.errors.ImageNotFound` if there is none."""
         client = client or AsyncClient.default()
-        response = await client.request("GET", f"/v1/images/{quote(name, safe='')}")
+        response = await client.call("get_image", {"name": name})
         return cls(ImageInfo.model_validate(response.json()), client=client)
 
     @classmethod
     async def list(cls, *, client: AsyncClient | None = None) -> builtins.list[Self]:
         """Every image on the daemon, by name."""
         client = client or AsyncClient.default()
-        response = await client.request("GET", "/v1/images")
+        response = await client.call("list_images")
         return [cls(ImageInfo.model_validate(d), client=client)
                 for d in response.json()["images"]]
 
@@ -75,9 +74,9 @@ class AsyncImage:
         client = client or AsyncClient.default()
         parsed, ctx = await AsyncBackend.run_blocking(load_spec, spec, context)
         content_type, body = await AsyncBackend.run_blocking(pack_build, parsed, name, ctx)
-        response = await client.stream(
-            "POST", "/v1/images/build", content=body,
-            headers={"Content-Type": content_type}, timeout=None,
+        response = await client.call(
+            "build_image", content=body, headers={"Content-Type": content_type}, timeout=None,
+            stream=True,
         )
         return await cls._built(client, response, on_event)
 
@@ -97,9 +96,9 @@ class AsyncImage:
         client = client or AsyncClient.default()
         content_type, body = await AsyncBackend.run_blocking(
             pack_dockerfile, context, dockerfile, name, build_args, target)
-        response = await client.stream(
-            "POST", "/v1/images/dockerfile", content=body,
-            headers={"Content-Type": content_type}, timeout=None,
+        response = await client.call(
+            "build_dockerfile_route", content=body, headers={"Content-Type": content_type},
+            timeout=None, stream=True,
         )
         return await cls._built(client, response, on_event)
 
@@ -138,9 +137,9 @@ class AsyncImage:
         Raises :class:`~corral.errors.RegistryAuthError`,
         :class:`~corral.errors.ImageNotFound` or :class:`~corral.errors.RegistryError`."""
         client = client or AsyncClient.default()
-        response = await client.stream(
-            "POST", "/v1/images/pull", json={"ref": ref, "name": name, "insecure": insecure},
-            timeout=None,
+        response = await client.call(
+            "pull_image_route", json={"ref": ref, "name": name, "insecure": insecure},
+            timeout=None, stream=True,
         )
         try:
             with client._errors():
@@ -164,7 +163,7 @@ class AsyncImage:
         """Delete the layers no image, build cache entry or sandbox holds (and stale
         partial downloads); what went and the bytes freed."""
         client = client or AsyncClient.default()
-        response = await client.request("POST", "/v1/images/prune", timeout=None)
+        response = await client.call("prune_images", timeout=None)
         return PruneResult.model_validate(response.json())
 
     @classmethod
@@ -176,8 +175,8 @@ class AsyncImage:
         client = client or AsyncClient.default()
         body = await AsyncBackend.run_blocking(read_archive, path)
         try:
-            response = await client.request(
-                "POST", "/v1/images/import", params={"name": name}, content=body,
+            response = await client.call(
+                "import_image_route", params={"name": name}, content=body,
                 headers={"Content-Type": TAR}, timeout=None,
             )
         except ImageImportError as exc:  # the daemon names the upload: name our file
@@ -239,7 +238,7 @@ class AsyncImage:
     async def delete(self) -> None:
         """Delete the image (idempotent); :class:`~corral.errors.ImageInUse` while
         sandboxes, snapshots, pools or other images use it."""
-        await self._client.request("DELETE", f"/v1/images/{quote(self.name, safe='')}")
+        await self._client.call("delete_image", {"name": self.name})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} kind={self.kind}>"

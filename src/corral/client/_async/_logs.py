@@ -18,26 +18,27 @@ from corral.client._async._client import AsyncClient
 from corral.client._validate import integer
 
 LogEntry = dict[str, Any]
+Ids = dict[str, str]  # the path's parameters: {"sandbox_id": ...}
 
 
-async def read_logs(client: AsyncClient, path: str, after: int = 0) -> list[LogEntry]:
+async def read_logs(client: AsyncClient, ids: Ids, after: int = 0) -> list[LogEntry]:
     """Every entry after ``after`` (a ``seq``), oldest first."""
     after = integer("after", after, minimum=0)
     entries: list[LogEntry] = []
     while True:
-        reply = (await client.request("GET", f"{path}/logs", params={"after": after})).json()
+        reply = (await client.call("sandbox_logs", ids, params={"after": after})).json()
         entries += reply["entries"]
         if not reply["entries"] or reply["next"] <= after:
             return entries
         after = reply["next"]
 
 
-async def follow_logs(client: AsyncClient, path: str, after: int = 0) -> AsyncIterator[LogEntry]:
+async def follow_logs(client: AsyncClient, ids: Ids, after: int = 0) -> AsyncIterator[LogEntry]:
     """Entries as they are logged, until the sandbox has ended (the last item is
     ``{"kind": "end", "state": ...}``)."""
     after = integer("after", after, minimum=0)
-    response = await client.stream(
-        "GET", f"{path}/logs", params={"after": after, "follow": "1"}, timeout=None)
+    response = await client.call(
+        "sandbox_logs", ids, params={"after": after, "follow": "1"}, timeout=None, stream=True)
     try:
         with client._errors():
             async for line in response.aiter_lines():

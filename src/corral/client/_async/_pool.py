@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from urllib.parse import quote
 
 from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
@@ -90,7 +89,7 @@ class AsyncPool(AsyncCleanupOnExit):
             if node is not None:
                 raise InvalidArgument("give node= (one node) or spread=True (every node), not both")
             self._node = SPREAD
-        self._path = f"/v1/pools/{quote(self._body['name'], safe='')}"
+        self._ids = {"name": self._body["name"]}
         self._info: PoolInfo | None = None
         self._created = False
         self._closed = False
@@ -124,14 +123,12 @@ class AsyncPool(AsyncCleanupOnExit):
     async def _open(self) -> PoolInfo:
         """Create the pool on the daemon, or attach to the one of the same name."""
         try:
-            response = await self.client.request(
-                "POST", "/v1/pools", json=self._body, node=self._node
-            )
+            response = await self.client.call("create_pool", json=self._body, node=self._node)
             self._created = True
         except InvalidState as exc:
             if exc.details.get("pool") != self.name:
                 raise
-            response = await self.client.request("GET", self._path)
+            response = await self.client.call("get_pool", self._ids)
         self._info = PoolInfo.model_validate(response.json())
         return self._info
 
@@ -161,8 +158,8 @@ class AsyncPool(AsyncCleanupOnExit):
             return await self._acquire(timeout)
 
     async def _acquire(self, timeout: float) -> AsyncSandbox:
-        response = await self.client.request(
-            "POST", f"{self._path}/acquire", json={"timeout": timeout},
+        response = await self.client.call(
+            "acquire_from_pool", self._ids, json={"timeout": timeout},
             timeout=exec_http_timeout(timeout),
         )
         return AsyncSandbox(SandboxInfo.model_validate(response.json()), client=self.client)
@@ -170,7 +167,7 @@ class AsyncPool(AsyncCleanupOnExit):
     async def stats(self) -> PoolInfo:
         """The pool's numbers now: ready, starting, acquired, created, wait p50, ..."""
         await self._ensure_open()
-        self._info = PoolInfo.model_validate((await self.client.request("GET", self._path)).json())
+        self._info = PoolInfo.model_validate((await self.client.call("get_pool", self._ids)).json())
         return self._info
 
     async def wait_ready(self, *, timeout: float = DEFAULT_ACQUIRE_TIMEOUT_S) -> PoolInfo:
@@ -194,7 +191,7 @@ class AsyncPool(AsyncCleanupOnExit):
         """Delete the pool and its ready sandboxes, whoever created it (idempotent);
         sandboxes handed out stay with their users."""
         self._closed = True
-        await self.client.request("DELETE", self._path)
+        await self.client.call("delete_pool", self._ids)
 
     async def close(self) -> None:
         """Delete the pool if this object created it; closing twice is fine."""

@@ -8,7 +8,6 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
-from urllib.parse import quote
 
 from corral.client import _validate
 from corral.client._async._client import AsyncClient
@@ -83,8 +82,7 @@ class AsyncProcess:
         self._client = client
         self._args = args
         self._text = text
-        sandbox, process = quote(info["sandbox_id"], safe=""), quote(info["id"], safe="")
-        self._path = f"/v1/sandboxes/{sandbox}/processes/{process}"
+        self._ids = {"sandbox_id": info["sandbox_id"], "process_id": info["id"]}
         self._stdout = bytearray()  # read from the daemon, not yet handed out
         self._stderr = bytearray()
         self._stderr_dropped = False
@@ -137,11 +135,11 @@ class AsyncProcess:
         """Send ``data`` to the process's stdin (``str`` is UTF-8); they arrive in order.
         :class:`~corral.errors.InvalidState` once it has exited or its stdin is closed."""
         content = _validate.content("data", data)
-        await self._client.request("POST", f"{self._path}/stdin", content=content)
+        await self._client.call("write_stdin", self._ids, content=content)
 
     async def close_stdin(self) -> None:
         """Close the process's stdin: it reads EOF after what was written. Idempotent."""
-        await self._client.request("POST", f"{self._path}/stdin", params={"close": "true"})
+        await self._client.call("write_stdin", self._ids, params={"close": "true"})
 
     async def signal(self, signum: int | str) -> None:
         """Send a signal (``15``, ``"SIGTERM"``) to the process's group; nothing
@@ -151,7 +149,7 @@ class AsyncProcess:
                 "signum", f"expected a signal number or name, got {type(signum).__name__}"
             )
         sig = int(signum) if not isinstance(signum, str) else signum
-        await self._client.request("POST", f"{self._path}/signal", json={"signal": sig})
+        await self._client.call("signal_process", self._ids, json={"signal": sig})
 
     async def resize(self, rows: int, cols: int) -> None:
         """Set the size of the process's terminal (``pty=True`` only); its foreground
@@ -160,7 +158,7 @@ class AsyncProcess:
             "rows": _validate.integer("rows", rows, minimum=1),
             "cols": _validate.integer("cols", cols, minimum=1),
         }
-        await self._client.request("POST", f"{self._path}/resize", json=body)
+        await self._client.call("resize_process", self._ids, json=body)
 
     async def kill(self) -> CommandResult:
         """SIGKILL the process (if it still runs) and return how it ended."""
@@ -188,8 +186,8 @@ class AsyncProcess:
             await self.write(content)
             return await self.readline(timeout=timeout)
         params = {} if timeout is None else {"timeout": repr(timeout)}
-        response = await self._client.request(
-            "POST", f"{self._path}/exchange", content=content, params=params,
+        response = await self._client.call(
+            "exchange", self._ids, content=content, params=params,
             timeout=exec_http_timeout(timeout),
         )
         line = response.content
@@ -224,8 +222,8 @@ class AsyncProcess:
             except UnicodeDecodeError:
                 item["data_b64"] = base64.b64encode(raw).decode()
             items.append(item)
-        response = await client.request(
-            "POST", "/v1/processes/exchange", json={"items": items, "timeout": timeout},
+        response = await client.call(
+            "exchange_many", json={"items": items, "timeout": timeout},
             timeout=exec_http_timeout(timeout),
         )
         lines: list[Any] = []
@@ -313,7 +311,7 @@ class AsyncProcess:
 
     async def refresh(self) -> dict[str, Any]:
         """The daemon's record of the process (``state``, ``unread_bytes``, ``result``...)."""
-        self._info = (await self._client.request("GET", self._path)).json()
+        self._info = (await self._client.call("get_process", self._ids)).json()
         return self._info
 
     async def _next_chunk(
@@ -345,7 +343,7 @@ class AsyncProcess:
 
     async def _read_output(self) -> AsyncGenerator[OutputChunk | dict[str, Any], None]:
         """The output chunks, then the exit result (a dict), as the daemon streams them."""
-        response = await self._client.stream("GET", f"{self._path}/output", timeout=None)
+        response = await self._client.call("read_output", self._ids, timeout=None, stream=True)
         try:
             with self._client._errors():
                 async for line in response.aiter_lines():
@@ -385,7 +383,7 @@ class AsyncProcess:
         """Kill the process if it still runs and stop reading its output."""
         try:
             if self._result is None:
-                await self._client.request("DELETE", self._path)
+                await self._client.call("kill_process", self._ids)
         except NotFound:
             pass  # its sandbox is gone already, and the process with it
         finally:

@@ -33,11 +33,14 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import httpx
 
-from corral.client._async import _spread, _travel
+from corral.api.operation import Routing
+from corral.api.operations import match, request_line, url
+from corral.client._async import _leases, _spread, _travel
+from corral.client._async._cluster_view import Call
 from corral.client._backends import AsyncBackend
 from corral.client._transport import is_connect_error
 from corral.cluster import autoscale
@@ -59,10 +62,6 @@ LOAD_TTL_S = 1.0
 client sends meanwhile it counts itself."""
 INFO_TIMEOUT_S = 5.0
 WAIT_POLL_S = 0.5
-_SANDBOX_PREFIX = "/v1/sandboxes/"
-_SNAPSHOT_PREFIX = "/v1/snapshots/"
-_POOL_PREFIX = "/v1/pools/"
-_MERGED_LISTS = {"/v1/sandboxes": "sandboxes", "/v1/snapshots": "snapshots", "/v1/pools": "pools"}
 
 Send = Callable[..., Any]  # the client's send(request, stream=...)
 
@@ -87,50 +86,73 @@ class AsyncRouter:
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     async def request(
         self, method: str, path: str, kwargs: dict[str, Any], *, node: str | None, stream: bool
     ) -> httpx.Response:
-        if method == "POST" and path == "/v1/sandboxes":
-            return await self._create(kwargs, node, stream)
-        if method == "POST" and path == "/v1/pools":  # a pool lives on one node...
-            if node == _spread.SPREAD:  # ...or on every node
-                return await _spread.create(self, kwargs)
-            if node is not None:
-                target = await AsyncBackend.run_blocking(self.directory.pinned, node)
-            else:
-                target = await AsyncBackend.run_blocking(self.directory.home)
-            return await self._on(target, method, path, kwargs, stream, None)
-        if node is not None:
+        """Send one request where its operation's :class:`~corral.api.Routing` says (a
+        path no operation declares goes to the home node, which answers it)."""
+        found = match(method, path.partition("?")[0])
+        op, ids = found if found is not None else (None, {})
+        routing = op.routing if op is not None else Routing.HOME
+        if node is not None and routing not in (Routing.PLACE, Routing.POOL_CREATE):
             raise InvalidArgument("node= applies to creating a sandbox or a pool only")
-        if method == "GET" and path in _MERGED_LISTS:
-            return await self._merged_list(path, _MERGED_LISTS[path], kwargs)
-        if method == "GET" and path == "/v1/info":
-            return await self._merged_info(kwargs)
-        if path.startswith(_SANDBOX_PREFIX):
-            sandbox_id, _, rest = unquote(path[len(_SANDBOX_PREFIX):]).partition("/")
-            try:
-                target = await self._node_of(sandbox_id)
-                return await self._on(target, method, path, kwargs, stream, f"sandbox {sandbox_id}")
-            except SandboxLost:
-                if method == "DELETE" and not rest:  # gone with its node: deleted, then
-                    return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
-                raise
-        if method == "DELETE" and path.startswith(_SNAPSHOT_PREFIX) and "/" not in path[
-                len(_SNAPSHOT_PREFIX):]:  # a snapshot may have copies on several nodes
-            await _travel.delete_everywhere(self, path, kwargs)
-            return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
-        if path.startswith(_POOL_PREFIX):  # on the node(s) that hold it
-            return await _spread.on_pool(self, method, path, kwargs, stream)
-        for prefix in (_SNAPSHOT_PREFIX,):  # on the node that holds it
-            if path.startswith(prefix):
-                ref = unquote(path[len(prefix):].partition("/")[0])
-                target = await self._holder_of(prefix, ref)
-                return await self._on(target, method, path, kwargs, stream, None)
-        if method == "POST" and path == "/v1/processes/exchange":
-            return await self._exchange(kwargs, stream)
+        call = Call(method, path, kwargs, stream, op, {k: unquote(v) for k, v in ids.items()})
+        reply: httpx.Response = await _DISPATCH[routing](self, call, node)
+        return reply
+
+    async def _to_sandbox(self, call: Call, node: str | None) -> httpx.Response:
+        sandbox_id = call.ids["sandbox_id"]
+        try:
+            target = await self._node_of(sandbox_id)
+            return await self._on(target, call.method, call.path, call.kwargs, call.stream,
+                                  f"sandbox {sandbox_id}")
+        except SandboxLost:
+            if call.name == "delete_sandbox":  # gone with its node: deleted, then
+                return _done(call)
+            raise
+
+    async def _to_placed(self, call: Call, node: str | None) -> httpx.Response:
+        return await self._create(call.kwargs, node, call.stream)
+
+    async def _to_new_pool(self, call: Call, node: str | None) -> httpx.Response:
+        if node == _spread.SPREAD:  # on every node...
+            return await _spread.create(self, call.kwargs)
+        if node is not None:  # ...or on one
+            target = await AsyncBackend.run_blocking(self.directory.pinned, node)
+        else:
+            target = await AsyncBackend.run_blocking(self.directory.home)
+        return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
+
+    async def _to_holder(self, call: Call, node: str | None) -> httpx.Response:
+        target = await self._holder_of(call.ids["id_or_name"])
+        return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
+
+    async def _to_every_copy(self, call: Call, node: str | None) -> httpx.Response:
+        await _travel.delete_everywhere(self, call.path, call.kwargs)
+        return _done(call)
+
+    async def _to_pool(self, call: Call, node: str | None) -> httpx.Response:
+        return await _spread.on_pool(self, call)
+
+    async def _to_all_merged(self, call: Call, node: str | None) -> httpx.Response:
+        assert call.op is not None
+        (key,) = call.op.reply.model_fields  # SandboxList: "sandboxes"...
+        return await self._merged_list(call.path, key, call.kwargs)
+
+    async def _to_all_summed(self, call: Call, node: str | None) -> httpx.Response:
+        return await self._merged_info(call.kwargs)
+
+    async def _to_lease_nodes(self, call: Call, node: str | None) -> httpx.Response:
+        return await _leases.call(self, call)
+
+    async def _to_split(self, call: Call, node: str | None) -> httpx.Response:
+        return await self._exchange(call.kwargs, call.stream)
+
+    async def _to_home(self, call: Call, node: str | None) -> httpx.Response:
         target = await AsyncBackend.run_blocking(self.directory.home)
-        return await self._on(target, method, path, kwargs, stream, None)
+        return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
 
     # ------------------------------------------------------------- one node
 
@@ -186,7 +208,8 @@ class AsyncRouter:
                 await _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 await _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
-            return await self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
+            await _leases.take_where_placed(self, target, body)
+            return await self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
         snapshot = body.get("snapshot")
         gpus = body.get("gpus")  # a count, "all" or a list: nodes with that many GPUs
@@ -198,7 +221,8 @@ class AsyncRouter:
             else:
                 target = await _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
-            return await self._on(target, "POST", "/v1/sandboxes", kwargs, stream, None)
+            await _leases.take_where_placed(self, target, body)
+            return await self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
             count, mb = self._placed.get(target.node_id, (0, 0))
             self._placed[target.node_id] = (max(0, count - 1), max(0, mb - memory_mb))
@@ -286,8 +310,8 @@ class AsyncRouter:
         async with self._lock:  # one refresh at a time; the others use its result
             if time.monotonic() - self._loaded_at > LOAD_TTL_S:
                 quick = {"timeout": INFO_TIMEOUT_S}
-                infos = await self._each(nodes, "GET", "/v1/info", quick)
-                images = await self._each(nodes, "GET", "/v1/images", quick)
+                infos = await self._each(nodes, *request_line("info"), quick)
+                images = await self._each(nodes, *request_line("list_images"), quick)
                 self._loads = {
                     n.node_id: r.json() for n, r in zip(nodes, infos, strict=True)
                     if isinstance(r, httpx.Response)
@@ -308,11 +332,11 @@ class AsyncRouter:
         home: Node = await AsyncBackend.run_blocking(self.directory.home)
         return home
 
-    async def _holder_of(self, prefix: str, ref: str) -> Node:
-        """The node holding the snapshot or pool ``ref`` (``prefix`` says which); if
-        none does, the home node (which then says it is not found)."""
+    async def _holder_of(self, ref: str) -> Node:
+        """The node holding the snapshot ``ref``; if none does, the home node (which
+        then says it is not found)."""
         nodes = await AsyncBackend.run_blocking(self.directory.nodes)
-        replies = await self._each(nodes, "GET", prefix + quote(ref, safe=""), {})
+        replies = await self._each(nodes, *request_line("get_snapshot", id_or_name=ref), {})
         for n, r in zip(nodes, replies, strict=True):
             if isinstance(r, httpx.Response):
                 return n
@@ -347,7 +371,8 @@ class AsyncRouter:
     async def _merged_info(self, kwargs: dict[str, Any]) -> httpx.Response:
         nodes = await AsyncBackend.run_blocking(self.directory.nodes)
         infos = []
-        for n, reply in zip(nodes, await self._each(nodes, "GET", "/v1/info", kwargs), strict=True):
+        replies = await self._each(nodes, *request_line("info"), kwargs)
+        for n, reply in zip(nodes, replies, strict=True):
             if isinstance(reply, httpx.Response):
                 infos.append({"node": n.node_id, "url": n.url, **reply.json()})
         if not infos:
@@ -355,9 +380,10 @@ class AsyncRouter:
                 f"no corral daemon of the Ray cluster at {self.directory.address} answers: "
                 f"see `corral cluster status --address {self.directory.address}`"
             )
-        return _reply("/v1/info", merge_infos(infos))
+        return _reply(url("info"), merge_infos(infos))
 
     async def _exchange(self, kwargs: dict[str, Any], stream: bool) -> httpx.Response:
+        exchange = request_line("exchange_many")
         body = kwargs.get("json") or {}
         items = body.get("items") or []
         groups: dict[str, list[int]] = {}
@@ -371,12 +397,11 @@ class AsyncRouter:
                 (target,) = targets.values()
             else:
                 target = await AsyncBackend.run_blocking(self.directory.home)
-            return await self._on(target, "POST", "/v1/processes/exchange", kwargs, stream, None)
+            return await self._on(target, *exchange, kwargs, stream, None)
 
         async def part(node_id: str) -> httpx.Response:
             sub = {**kwargs, "json": {**body, "items": [items[i] for i in groups[node_id]]}}
-            return await self._on(targets[node_id], "POST", "/v1/processes/exchange", sub,
-                                  False, None)
+            return await self._on(targets[node_id], *exchange, sub, False, None)
 
         replies = await AsyncBackend.gather([partial(part, k) for k in groups])
         results: list[Any] = [None] * len(items)
@@ -385,7 +410,7 @@ class AsyncRouter:
                 raise reply
             for index, result in zip(groups[node_id], reply.json()["results"], strict=True):
                 results[index] = result
-        return _reply("/v1/processes/exchange", {"results": results})
+        return _reply(exchange[1], {"results": results})
 
 
 def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,8 +431,32 @@ def merge_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
         "queued": sum(i["queued"] for i in infos),
         "counts": counts,
         "pools": [p for i in infos for p in i["pools"]],
+        # the shortest of the nodes' --default-lease (a session takes it on every node)
+        "default_lease": min((i["default_lease"] for i in infos if i.get("default_lease")),
+                             default=None),
         "nodes": infos,
     }
+
+
+_DISPATCH: dict[Routing, Callable[..., Any]] = {
+    Routing.SANDBOX: AsyncRouter._to_sandbox,
+    Routing.PLACE: AsyncRouter._to_placed,
+    Routing.HOLDER: AsyncRouter._to_holder,
+    Routing.EVERYWHERE: AsyncRouter._to_every_copy,
+    Routing.POOL: AsyncRouter._to_pool,
+    Routing.POOL_CREATE: AsyncRouter._to_new_pool,
+    Routing.MERGE: AsyncRouter._to_all_merged,
+    Routing.SUM: AsyncRouter._to_all_summed,
+    Routing.SPLIT: AsyncRouter._to_split,
+    Routing.LEASE: AsyncRouter._to_lease_nodes,
+    Routing.HOME: AsyncRouter._to_home,
+    Routing.NODE: AsyncRouter._to_home,  # a node's own routes: the node this client calls home
+}
+"""Each :class:`~corral.api.Routing` the declarations use, and how it is done."""
+
+
+def _done(call: Call) -> httpx.Response:
+    return httpx.Response(204, request=httpx.Request(call.method, f"http://cluster{call.path}"))
 
 
 def _reply(path: str, data: Any) -> httpx.Response:

@@ -7,7 +7,6 @@ import builtins
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
-from urllib.parse import quote
 
 from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
@@ -66,7 +65,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         self._info = info
         self._client = client
         self._usage = usage
-        self._path = f"/v1/sandboxes/{quote(info.id, safe='')}"
+        self._ids = {"sandbox_id": info.id}
         self._files = AsyncFiles(client, info.id)
 
     # ------------------------------------------------------------- factories
@@ -131,8 +130,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         # caller waits, so that it answers before the caller gives up
         longest = max(0.0, timeout - CREATE_WAIT_MARGIN)
         wait = longest if wait is None else min(wait, longest)
-        response = await client.request(
-            "POST", "/v1/sandboxes", json=body, timeout=timeout, node=node,
+        response = await client.call(
+            "create_sandbox", json=body, timeout=timeout, node=node,
             params={"wait": f"{wait:g}"},
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
@@ -142,7 +141,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """Attach to an existing sandbox; :class:`~corral.errors.SandboxNotFound` if none."""
         sandbox_id = _validate.text("sandbox_id", sandbox_id)
         client = client or AsyncClient.default()
-        data = (await client.request("GET", f"/v1/sandboxes/{quote(sandbox_id, safe='')}")).json()
+        data = (await client.call("get_sandbox", {"sandbox_id": sandbox_id})).json()
         return cls(SandboxInfo.model_validate(data), client=client, usage=data.get("usage"))
 
     @classmethod
@@ -167,7 +166,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
                 raise _validate.invalid("state", f"expected one of {sorted(valid)}, got {s!r}")
         client = client or AsyncClient.default()
         params = [("tag", t) for t in tags] + [("state", s) for s in states]
-        response = await client.request("GET", "/v1/sandboxes", params=params)
+        response = await client.call("list_sandboxes", params=params)
         return [
             cls(SandboxInfo.model_validate(d), client=client) for d in response.json()["sandboxes"]
         ]
@@ -217,50 +216,50 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
 
     async def refresh(self) -> SandboxInfo:
         """Ask the daemon for this sandbox's current info (and usage)."""
-        data = (await self._client.request("GET", self._path)).json()
+        data = (await self._client.call("get_sandbox", self._ids)).json()
         self._info = SandboxInfo.model_validate(data)
         self._usage = data.get("usage")
         return self._info
 
     async def _lifecycle(self, action: str, body: dict[str, Any] | None = None) -> SandboxInfo:
-        response = await self._client.request("POST", f"{self._path}/{action}", json=body)
+        response = await self._client.call(action, self._ids, json=body)
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
 
     async def pause(self) -> SandboxInfo:
         """Freeze every process of the sandbox (it keeps its memory)."""
-        return await self._lifecycle("pause")
+        return await self._lifecycle("pause_sandbox")
 
     async def resume(self) -> SandboxInfo:
         """Thaw a paused sandbox."""
-        return await self._lifecycle("resume")
+        return await self._lifecycle("resume_sandbox")
 
     async def kill_processes(self) -> int:
         """SIGKILL every process this sandbox's code started — commands, spawned
         processes and whatever they left running — and wait until they are gone; the
         sandbox keeps running with its files. Returns how many there were. Killed from
         outside (through its cgroup), so nothing inside can dodge or race it."""
-        response = await self._client.request("POST", f"{self._path}/kill-processes")
+        response = await self._client.call("kill_processes", self._ids)
         return int(response.json()["killed"])
 
     async def stop(self, *, grace: float | None = None) -> SandboxInfo:
         """Stop the sandbox's processes (SIGTERM, then SIGKILL after ``grace`` seconds);
         the sandbox stays listed until :meth:`delete`."""
         if grace is None:
-            return await self._lifecycle("stop", {})
-        return await self._lifecycle("stop", {"grace": _validate.timeout(
+            return await self._lifecycle("stop_sandbox", {})
+        return await self._lifecycle("stop_sandbox", {"grace": _validate.timeout(
             "grace", grace, zero=True, maximum=_validate.MAX_STOP_GRACE_S
         )})
 
     async def delete(self) -> None:
         """Stop the sandbox and remove it and its files; deleting twice is fine."""
-        await self._client.request("DELETE", self._path)
+        await self._client.call("delete_sandbox", self._ids)
 
     async def set_timeout(self, seconds: float) -> SandboxInfo:
         """End the sandbox ``seconds`` from now, sooner or later than it would have
         (within the daemon's ``--max-lifetime``); it then stops with reason timeout."""
         body = {"timeout": _validate.timeout("timeout", seconds, optional=False)}
-        response = await self._client.request("PATCH", self._path, json=body)
+        response = await self._client.call("patch_sandbox", self._ids, json=body)
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
 
@@ -273,7 +272,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         ``network="none"`` too. See docs/network.md."""
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise InvalidArgument(f"invalid port {port!r}: use 1-65535")
-        response = await self._client.request("POST", self._path + "/ports", json={"port": port})
+        response = await self._client.call("expose_port", self._ids, json={"port": port})
         url: str = response.json()["url"]
         return url
 
@@ -281,7 +280,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """What a sandbox created with a network policy tried to reach, oldest first
         (the last 1000): dicts with time, kind (``tcp``, ``dns``), name, ip, port,
         verdict (``allowed``, ``refused``) and reason. See docs/network.md."""
-        response = await self._client.request("GET", self._path + "/network/events")
+        response = await self._client.call("network_events", self._ids)
         events: builtins.list[dict[str, Any]] = response.json()["events"]
         return events
 
@@ -291,18 +290,18 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         one); open connections the new policy refuses are reset. ``max_mbps``: a
         bandwidth cap each way (None: none)."""
         body: dict[str, Any] = {"allow": list(allow), "deny": list(deny), "max_mbps": max_mbps}
-        response = await self._client.request("PUT", self._path + "/network", json=body)
+        response = await self._client.call("update_network", self._ids, json=body)
         self._info = SandboxInfo.model_validate(response.json())
         return self._info
 
     async def logs(self, *, after: int = 0) -> builtins.list[LogEntry]:
         """Its commands and lifecycle events (dicts, oldest first; see
         ``corral.client._async._logs``), also after it stopped, until it is deleted."""
-        return await read_logs(self._client, self._path, after)
+        return await read_logs(self._client, self._ids, after)
 
     def follow_logs(self, *, after: int = 0) -> AsyncIterator[LogEntry]:
         """Iterate over entries as they are logged, until the sandbox ends."""
-        return follow_logs(self._client, self._path, after)
+        return follow_logs(self._client, self._ids, after)
 
     # ------------------------------------------------------------- snapshots
 
@@ -311,14 +310,14 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         then go on); start copies with :meth:`AsyncSnapshot.restore` or
         ``create(snapshot=...)``. ``name`` must be unique on the daemon."""
         body = {} if name is None else {"name": _validate.text("name", name)}
-        response = await self._client.request("POST", f"{self._path}/snapshot", json=body)
+        response = await self._client.call("snapshot_sandbox", self._ids, json=body)
         return AsyncSnapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
 
     async def fork(self, n: int) -> builtins.list[Self]:
         """``n`` new sandboxes with a copy of this one's files and its spec (each waits
         for room like a create); all or nothing. Delete them when done."""
-        response = await self._client.request(
-            "POST", f"{self._path}/fork", json={"n": _validate.integer("n", n, minimum=1)},
+        response = await self._client.call(
+            "fork_sandbox", self._ids, json={"n": _validate.integer("n", n, minimum=1)},
             timeout=max(self._client.timeout, CREATE_TIMEOUT),
         )
         return [
@@ -363,8 +362,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
             output_tail=output_tail,
         )
         _validate.flag("check", check)
-        response = await self._client.request(
-            "POST", f"{self._path}/exec", json=body, timeout=exec_http_timeout(timeout)
+        response = await self._client.call(
+            "exec_command", self._ids, json=body, timeout=exec_http_timeout(timeout)
         )
         result = parse_exec(response.json(), args=cmd, sandbox_id=self.id, timeout=timeout)
         if check:
@@ -403,8 +402,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         )
         _validate.flag("check", check)
         return AsyncExecStream(
-            self._client, f"{self._path}/exec/stream", body,
-            args=cmd, sandbox_id=self.id, check=check,
+            self._client, body, args=cmd, sandbox_id=self.id, check=check,
         )
 
     async def spawn(
@@ -447,7 +445,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
                 if not pty:
                     raise _validate.invalid(name, f"{name} sizes a terminal: pass pty=True too")
                 body[name] = _validate.integer(name, size, minimum=1)
-        response = await self._client.request("POST", f"{self._path}/processes", json=body)
+        response = await self._client.call("spawn_process", self._ids, json=body)
         return AsyncProcess(response.json(), client=self._client, args=cmd, text=text)
 
     async def _cleanup(self) -> None:
@@ -482,20 +480,20 @@ class AsyncSnapshot:
     def __init__(self, info: SnapshotInfo, *, client: AsyncClient) -> None:
         self._info = info
         self._client = client
-        self._path = f"/v1/snapshots/{quote(info.id, safe='')}"
+        self._ids = {"id_or_name": info.id}
 
     @classmethod
     async def get(cls, id_or_name: str, *, client: AsyncClient | None = None) -> Self:
         """A snapshot by id or name; :class:`~corral.errors.SnapshotNotFound` if none."""
         client = client or AsyncClient.default()
-        response = await client.request("GET", f"/v1/snapshots/{quote(id_or_name, safe='')}")
+        response = await client.call("get_snapshot", {"id_or_name": id_or_name})
         return cls(SnapshotInfo.model_validate(response.json()), client=client)
 
     @classmethod
     async def list(cls, *, client: AsyncClient | None = None) -> builtins.list[Self]:
         """Every snapshot on the daemon."""
         client = client or AsyncClient.default()
-        response = await client.request("GET", "/v1/snapshots")
+        response = await client.call("list_snapshots")
         return [
             cls(SnapshotInfo.model_validate(d), client=client)
             for d in response.json()["snapshots"]
@@ -543,7 +541,7 @@ class AsyncSnapshot:
 
     async def delete(self) -> None:
         """Delete the snapshot (idempotent); sandboxes restored from it keep running."""
-        await self._client.request("DELETE", self._path)
+        await self._client.call("delete_snapshot", self._ids)
 
     def __repr__(self) -> str:
         name = f" name={self.name!r}" if self.name else ""

@@ -117,7 +117,7 @@ class AsyncSession(AsyncCleanupOnExit):
             if ttl is None and client.over_tcp:
                 ttl = (await client.info()).get("default_lease")
             if ttl:
-                reply = (await client.request("POST", "/v1/leases", json={"ttl": ttl})).json()
+                reply = (await client.call("create_lease", json={"ttl": ttl})).json()
                 self._tags.insert(-1, reply["tag"])  # (the session tag stays last)
                 args = client.connect_args
                 self._heartbeat = Heartbeat(args["url"], args["token"], reply["id"], ttl)
@@ -153,7 +153,7 @@ class AsyncSession(AsyncCleanupOnExit):
             self._heartbeat.stop()
             try:
                 client = self._client or AsyncClient.default()
-                await client.request("DELETE", f"/v1/leases/{self._heartbeat.lease_id}")
+                await client.call("release_lease", {"lease_id": self._heartbeat.lease_id})
             except LeaseNotFound:
                 pass
             except CorralError as exc:

@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 
-from corral.client._async._cluster_view import ClusterView
+from corral.api.operations import request_line
+from corral.client._async._cluster_view import Call, ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable, NotFound
 
 SPREAD = "*"
 """The ``node`` a pool is made on to spread it over every node."""
-POOLS = "/v1/pools"
 _SUMMED = ("ready", "starting", "acquired", "waiting", "created", "failed", "discarded",
            "acquires", "min_ready", "max_size")
 
@@ -36,21 +36,22 @@ async def create(router: ClusterView, kwargs: dict[str, Any]) -> httpx.Response:
     made: list[Node] = []
     try:
         for n in nodes:
-            await router._on(n, "POST", POOLS, {**kwargs, "json": {**body, **share}}, False, None)
+            await router._on(n, *request_line("create_pool"),
+                             {**kwargs, "json": {**body, **share}}, False, None)
             made.append(n)
     except BaseException:
-        path = f"{POOLS}/{body.get('name')}"
-        await router._each(made, "DELETE", path, {})
+        await router._each(made, *request_line("delete_pool", name=str(body.get("name"))), {})
         raise
-    return await merged(router, "GET", f"{POOLS}/{body.get('name')}", {}, made, status=201)
+    method, path = request_line("get_pool", name=str(body.get("name")))
+    return await merged(router, method, path, {}, made, status=201)
 
 
-async def holders(router: ClusterView, path: str) -> list[tuple[Node, dict[str, Any]]]:
-    """The nodes whose daemon has the pool of ``path``, with its details there."""
-    name_path = POOLS + "/" + path[len(POOLS) + 1:].partition("/")[0]
+async def holders(router: ClusterView, name: str) -> list[tuple[Node, dict[str, Any]]]:
+    """The nodes whose daemon has the pool ``name``, with its details there."""
     nodes = await router.alive_nodes()
     out = []
-    for n, reply in zip(nodes, await router._each(nodes, "GET", name_path, {}), strict=True):
+    replies = await router._each(nodes, *request_line("get_pool", name=name), {})
+    for n, reply in zip(nodes, replies, strict=True):
         if isinstance(reply, httpx.Response):
             out.append((n, reply.json()))
         elif not isinstance(reply, (NotFound, DaemonUnavailable)):
@@ -58,26 +59,25 @@ async def holders(router: ClusterView, path: str) -> list[tuple[Node, dict[str, 
     return out
 
 
-async def on_pool(router: ClusterView, method: str, path: str, kwargs: dict[str, Any],
-                  stream: bool) -> httpx.Response:
+async def on_pool(router: ClusterView, call: Call) -> httpx.Response:
     """A call on a pool, sent to the node that holds it, or, for a pool spread over
     several nodes: an acquire to the best one, a delete to all, its details added up."""
-    found = await holders(router, path)
+    method, path, kwargs, stream = call.method, call.path, call.kwargs, call.stream
+    found = await holders(router, call.ids["name"])
     if not found:  # the home node says it is not found
         home = await router.home_node()
         return await router._on(home, method, path, kwargs, stream, None)
-    rest = path[len(POOLS) + 1:].partition("/")[2]
-    if len(found) > 1 and method == "POST" and rest == "acquire":
+    if len(found) > 1 and call.name == "acquire_from_pool":
         local = router.directory.local_node()
         best = max(found, key=lambda f: (f[1]["ready"] > 0 and f[0].node_id == local,
                                          f[1]["ready"] - f[1]["waiting"], -f[1]["acquired"]))
         return await router._on(best[0], method, path, kwargs, stream, None)
-    if len(found) > 1 and method == "DELETE" and not rest:
+    if len(found) > 1 and call.name == "delete_pool":
         for reply in await router._each([n for n, _ in found], method, path, kwargs):
             if isinstance(reply, BaseException) and not isinstance(reply, NotFound):
                 raise reply
         return httpx.Response(204, request=httpx.Request(method, f"http://cluster{path}"))
-    if len(found) > 1 and method == "GET" and not rest:
+    if len(found) > 1 and call.name == "get_pool":
         return await merged(router, method, path, kwargs, [n for n, _ in found])
     return await router._on(found[0][0], method, path, kwargs, stream, None)
 

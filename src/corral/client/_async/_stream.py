@@ -39,7 +39,6 @@ class AsyncExecStream:
     def __init__(
         self,
         client: AsyncClient,
-        path: str,
         body: dict[str, Any],
         *,
         args: Command,
@@ -47,7 +46,6 @@ class AsyncExecStream:
         check: bool,
     ) -> None:
         self._client = client
-        self._path = path
         self._body = body
         self._args = args
         self._sandbox_id = sandbox_id
@@ -81,8 +79,9 @@ class AsyncExecStream:
 
     async def _run(self) -> AsyncGenerator[OutputChunk, None]:
         timeout = self._body.get("timeout")
-        response = await self._client.stream(
-            "POST", self._path, json=self._body, timeout=exec_http_timeout(timeout)
+        response = await self._client.call(
+            "exec_stream", {"sandbox_id": self._sandbox_id}, json=self._body,
+            timeout=exec_http_timeout(timeout), stream=True,
         )
         try:
             async for chunk in self._items(response):

@@ -17,13 +17,12 @@ images are.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
+from corral.api.operations import request_line
 from corral.client._async._cluster_view import ClusterView
 from corral.cluster.directory import Node
 from corral.errors import DaemonUnavailable, SnapshotNotFound
 
-SNAPSHOT_PREFIX = "/v1/snapshots/"
 FETCH_TIMEOUT_S = 900.0  # a big chain of layers over a slow link
 
 
@@ -33,14 +32,13 @@ async def bring_snapshot(router: ClusterView, target: Node, ref: str) -> None:
     known = router.snapshots_at
     if (target.node_id, ref) in known:
         return
-    path = SNAPSHOT_PREFIX + quote(ref, safe="")
     try:
-        await router._on(target, "GET", path, {}, False, None)
+        await router._on(target, *request_line("get_snapshot", id_or_name=ref), {}, False, None)
     except SnapshotNotFound:
-        holder = await router._holder_of(SNAPSHOT_PREFIX, ref)
+        holder = await router._holder_of(ref)
         if holder.node_id != target.node_id:  # else: none has it, and the create says so
             body = {"snapshot": ref, "node": holder.node_id}
-            await router._on(target, "POST", "/v1/cluster/snapshots/fetch",
+            await router._on(target, *request_line("fetch_own_snapshot"),
                              {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
     known.add((target.node_id, ref))
 
@@ -60,7 +58,7 @@ async def bring_image(router: ClusterView, target: Node, image: str) -> Node:
     if image in router._images.get(target.node_id, ()) or not holders:
         return target  # there now, or no node has it (the create says ImageNotFound)
     body = {"image": image, "node": holders[0].node_id}
-    await router._on(target, "POST", "/v1/cluster/images/fetch",
+    await router._on(target, *request_line("fetch_own_image"),
                      {"json": body, "timeout": FETCH_TIMEOUT_S}, False, None)
     router._images.setdefault(target.node_id, set()).add(image)
     return target

@@ -7,7 +7,6 @@ import bz2
 import gzip
 import lzma
 import os
-from urllib.parse import quote
 
 from typing_extensions import Self  # typing's since 3.11 only
 
@@ -59,27 +58,27 @@ class AsyncVolume:
         """A new volume ``name`` holding the directory or tar archive ``source``."""
         client = client or AsyncClient.default()
         body = await AsyncBackend.run_blocking(_archive, source)
-        response = await client.request(
-            "POST", "/v1/volumes", params={"name": name}, content=body,
+        response = await client.call(
+            "create_volume", params={"name": name}, content=body,
             headers={"Content-Type": "application/x-tar"}, timeout=None)
         return cls(VolumeInfo.model_validate(response.json()), client=client)
 
     @classmethod
     async def get(cls, name: str, *, client: AsyncClient | None = None) -> Self:
         client = client or AsyncClient.default()
-        response = await client.request("GET", f"/v1/volumes/{quote(name, safe='')}")
+        response = await client.call("get_volume", {"name": name})
         return cls(VolumeInfo.model_validate(response.json()), client=client)
 
     @classmethod
     async def list(cls, *, client: AsyncClient | None = None) -> builtins.list[Self]:
         client = client or AsyncClient.default()
-        response = await client.request("GET", "/v1/volumes")
+        response = await client.call("list_volumes")
         return [cls(VolumeInfo.model_validate(v), client=client)
                 for v in response.json()["volumes"]]
 
     async def delete(self) -> None:
         """Remove it (refused while a running sandbox mounts it)."""
-        await self._client.request("DELETE", f"/v1/volumes/{quote(self.name, safe='')}")
+        await self._client.call("delete_volume", {"name": self.name})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self._info.size_bytes} bytes>"

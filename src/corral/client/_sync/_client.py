@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from corral.api.operations import operation
 from corral.client._backends import SyncBackend
 from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
@@ -141,9 +143,10 @@ class Client:
 
     @property
     def over_tcp(self) -> bool:
-        """Whether this client reaches one daemon over TCP (not on its Unix socket, nor
-        a Ray cluster): a session then takes the daemon's ``default_lease``."""
-        return self._endpoint.uds is None and self._endpoint.cluster is None
+        """Whether this client reaches its daemons over TCP (one, or a Ray cluster's;
+        not on a Unix socket): a session then takes the daemons' ``default_lease``
+        (on a cluster, one lease on every node: ``_leases``)."""
+        return self._endpoint.uds is None
 
     @property
     def is_closed(self) -> bool:
@@ -151,12 +154,12 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"}`` if the daemon answers; :class:`DaemonUnavailable` if not."""
-        health: dict[str, Any] = (self.request("GET", "/v1/health")).json()
+        health: dict[str, Any] = (self.call("health")).json()
         return health
 
     def info(self) -> dict[str, Any]:
         """The daemon's version, capacity and sandbox counts (``GET /v1/info``)."""
-        info: dict[str, Any] = (self.request("GET", "/v1/info")).json()
+        info: dict[str, Any] = (self.call("info")).json()
         return info
 
     def request(
@@ -170,6 +173,18 @@ class Client:
         pins a create to a node of a cluster.
         """
         return self._dispatch(method, path, timeout, node, kwargs, stream=False)
+
+    def call(
+        self, name: str, ids: Mapping[str, object] | None = None, *,
+        timeout: float | None = UNSET, node: str | None = None, stream: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send operation ``name`` of :mod:`corral.api.operations` (its method and path
+        from the shared declaration, the path's parameters from ``ids``), as
+        :meth:`request` (``stream=True``: as :meth:`stream`)."""
+        op = operation(name)
+        path = op.url(**(ids or {}))
+        return self._dispatch(op.method, path, timeout, node, kwargs, stream=stream)
 
     def stream(
         self, method: str, path: str, *, timeout: float | None = UNSET, **kwargs: Any

@@ -5,16 +5,35 @@ they need not import :class:`~._router.Router` (which imports them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
 
+from corral.api.operation import Operation
 from corral.cluster.directory import Directory, Node
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to route: as sent, and the operation it is (None: none declared)."""
+
+    method: str
+    path: str
+    kwargs: dict[str, Any]
+    stream: bool
+    op: Operation | None
+    ids: dict[str, str]  # the path's parameters, decoded
+
+    @property
+    def name(self) -> str | None:
+        return None if self.op is None else self.op.name
 
 
 class ClusterView(Protocol):
     directory: Directory
     snapshots_at: set[tuple[str, str]]  # (node id, snapshot) known there
+    leases: dict[str, tuple[float, set[str]]]  # lease id -> (ttl, nodes that have it)
     _images: dict[str, set[str]]  # node id -> the images it has
     _loaded_at: float
 
@@ -24,7 +43,7 @@ class ClusterView(Protocol):
 
     def _refresh_loads(self) -> list[Node]: ...
 
-    def _holder_of(self, prefix: str, ref: str) -> Node: ...
+    def _holder_of(self, ref: str) -> Node: ...
 
     def _on(
         self, target: Node, method: str, path: str, kwargs: dict[str, Any], stream: bool,

@@ -47,29 +47,29 @@ class Files:
     def __init__(self, client: Client, sandbox_id: str) -> None:
         self._client = client
         self._sandbox_id = sandbox_id
-        self._base = f"/v1/sandboxes/{sandbox_id}/files"
+        self._ids = {"sandbox_id": sandbox_id}
 
     def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace a file (parent directories are created); ``str`` is UTF-8."""
         params = {"path": _path(path), "mode": f"{_validate.file_mode('mode', mode):04o}"}
         content = _validate.content("data", data)
-        self._client.request("PUT", self._base, params=params, content=content)
+        self._client.call("upload_file", self._ids, params=params, content=content)
 
     def read(self, path: str) -> bytes:
         """The whole content of a file."""
         params = {"path": _path(path)}
-        return (self._client.request("GET", self._base, params=params)).content
+        return (self._client.call("download_file", self._ids, params=params)).content
 
     def list(self, path: str = ".") -> builtins.list[FileInfo]:
         """The entries of a directory, sorted by name."""
         params = {"path": _path(path)}
-        response = self._client.request("GET", f"{self._base}/list", params=params)
+        response = self._client.call("list_files", self._ids, params=params)
         return [parse_file_info(e) for e in response.json()["entries"]]
 
     def stat(self, path: str) -> FileInfo:
         """Size, mode, mtime and type of a file or directory."""
         params = {"path": _path(path)}
-        response = self._client.request("GET", f"{self._base}/stat", params=params)
+        response = self._client.call("stat_file", self._ids, params=params)
         return parse_file_info(response.json())
 
     def exists(self, path: str) -> bool:
@@ -84,7 +84,7 @@ class Files:
         """Remove a file, or a directory (non-empty ones only with ``recursive=True``)."""
         recursive = _validate.flag("recursive", recursive)
         params = {"path": _path(path), "recursive": "true" if recursive else "false"}
-        self._client.request("DELETE", self._base, params=params)
+        self._client.call("remove_file", self._ids, params=params)
 
     def mkdir(self, path: str, *, parents: bool = True, mode: int = 0o755) -> None:
         """Create a directory (and its parents, unless ``parents=False``)."""
@@ -92,7 +92,7 @@ class Files:
             "path": _path(path), "parents": _validate.flag("parents", parents),
             "mode": _validate.file_mode("mode", mode),
         }
-        self._client.request("POST", f"{self._base}/mkdir", json=body)
+        self._client.call("make_dir", self._ids, json=body)
 
     def upload(
         self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None
@@ -106,8 +106,8 @@ class Files:
             mode = (SyncBackend.run_blocking(local.stat)).st_mode & 0o777
         params["mode"] = f"{_validate.file_mode('mode', mode):04o}"
         body = SyncBackend.file_body(local)
-        self._client.request(
-            "PUT", self._base, params=params, content=body, headers=body.headers
+        self._client.call(
+            "upload_file", self._ids, params=params, content=body, headers=body.headers
         )
 
     def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
@@ -116,7 +116,7 @@ class Files:
         complete (a failed download leaves nothing at ``local_path``)."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
-        response = self._client.stream("GET", self._base, params=params)
+        response = self._client.call("download_file", self._ids, params=params, stream=True)
         try:
             with self._client._errors():
                 SyncBackend.save(response.iter_bytes(CHUNK_BYTES), local)
@@ -180,8 +180,8 @@ class Files:
         cmd = ["sh", "-c", script, "sh", *params]
         body = exec_body(cmd, timeout=timeout, env=None, cwd=None, stdin=None,
                          max_output=None, output_tail=None)
-        response = self._client.request(
-            "POST", f"/v1/sandboxes/{self._sandbox_id}/exec", json=body,
+        response = self._client.call(
+            "exec_command", self._ids, json=body,
             timeout=exec_http_timeout(timeout))
         result = parse_exec(response.json(), args=cmd, sandbox_id=self._sandbox_id,
                             timeout=timeout)

@@ -8,7 +8,6 @@ import builtins
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 from typing_extensions import Self  # typing's since 3.11 only
 
@@ -52,14 +51,14 @@ class Image:
     def get(cls, name: str, *, client: Client | None = None) -> Self:
         """An image by name; :class:`~corral.errors.ImageNotFound` if there is none."""
         client = client or Client.default()
-        response = client.request("GET", f"/v1/images/{quote(name, safe='')}")
+        response = client.call("get_image", {"name": name})
         return cls(ImageInfo.model_validate(response.json()), client=client)
 
     @classmethod
     def list(cls, *, client: Client | None = None) -> builtins.list[Self]:
         """Every image on the daemon, by name."""
         client = client or Client.default()
-        response = client.request("GET", "/v1/images")
+        response = client.call("list_images")
         return [cls(ImageInfo.model_validate(d), client=client)
                 for d in response.json()["images"]]
 
@@ -77,9 +76,9 @@ class Image:
         client = client or Client.default()
         parsed, ctx = SyncBackend.run_blocking(load_spec, spec, context)
         content_type, body = SyncBackend.run_blocking(pack_build, parsed, name, ctx)
-        response = client.stream(
-            "POST", "/v1/images/build", content=body,
-            headers={"Content-Type": content_type}, timeout=None,
+        response = client.call(
+            "build_image", content=body, headers={"Content-Type": content_type}, timeout=None,
+            stream=True,
         )
         return cls._built(client, response, on_event)
 
@@ -99,9 +98,9 @@ class Image:
         client = client or Client.default()
         content_type, body = SyncBackend.run_blocking(
             pack_dockerfile, context, dockerfile, name, build_args, target)
-        response = client.stream(
-            "POST", "/v1/images/dockerfile", content=body,
-            headers={"Content-Type": content_type}, timeout=None,
+        response = client.call(
+            "build_dockerfile_route", content=body, headers={"Content-Type": content_type},
+            timeout=None, stream=True,
         )
         return cls._built(client, response, on_event)
 
@@ -140,9 +139,9 @@ class Image:
         Raises :class:`~corral.errors.RegistryAuthError`,
         :class:`~corral.errors.ImageNotFound` or :class:`~corral.errors.RegistryError`."""
         client = client or Client.default()
-        response = client.stream(
-            "POST", "/v1/images/pull", json={"ref": ref, "name": name, "insecure": insecure},
-            timeout=None,
+        response = client.call(
+            "pull_image_route", json={"ref": ref, "name": name, "insecure": insecure},
+            timeout=None, stream=True,
         )
         try:
             with client._errors():
@@ -166,7 +165,7 @@ class Image:
         """Delete the layers no image, build cache entry or sandbox holds (and stale
         partial downloads); what went and the bytes freed."""
         client = client or Client.default()
-        response = client.request("POST", "/v1/images/prune", timeout=None)
+        response = client.call("prune_images", timeout=None)
         return PruneResult.model_validate(response.json())
 
     @classmethod
@@ -178,8 +177,8 @@ class Image:
         client = client or Client.default()
         body = SyncBackend.run_blocking(read_archive, path)
         try:
-            response = client.request(
-                "POST", "/v1/images/import", params={"name": name}, content=body,
+            response = client.call(
+                "import_image_route", params={"name": name}, content=body,
                 headers={"Content-Type": TAR}, timeout=None,
             )
         except ImageImportError as exc:  # the daemon names the upload: name our file
@@ -241,7 +240,7 @@ class Image:
     def delete(self) -> None:
         """Delete the image (idempotent); :class:`~corral.errors.ImageInUse` while
         sandboxes, snapshots, pools or other images use it."""
-        self._client.request("DELETE", f"/v1/images/{quote(self.name, safe='')}")
+        self._client.call("delete_image", {"name": self.name})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} kind={self.kind}>"

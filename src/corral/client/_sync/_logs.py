@@ -20,26 +20,27 @@ from corral.client._sync._client import Client
 from corral.client._validate import integer
 
 LogEntry = dict[str, Any]
+Ids = dict[str, str]  # the path's parameters: {"sandbox_id": ...}
 
 
-def read_logs(client: Client, path: str, after: int = 0) -> list[LogEntry]:
+def read_logs(client: Client, ids: Ids, after: int = 0) -> list[LogEntry]:
     """Every entry after ``after`` (a ``seq``), oldest first."""
     after = integer("after", after, minimum=0)
     entries: list[LogEntry] = []
     while True:
-        reply = (client.request("GET", f"{path}/logs", params={"after": after})).json()
+        reply = (client.call("sandbox_logs", ids, params={"after": after})).json()
         entries += reply["entries"]
         if not reply["entries"] or reply["next"] <= after:
             return entries
         after = reply["next"]
 
 
-def follow_logs(client: Client, path: str, after: int = 0) -> Iterator[LogEntry]:
+def follow_logs(client: Client, ids: Ids, after: int = 0) -> Iterator[LogEntry]:
     """Entries as they are logged, until the sandbox has ended (the last item is
     ``{"kind": "end", "state": ...}``)."""
     after = integer("after", after, minimum=0)
-    response = client.stream(
-        "GET", f"{path}/logs", params={"after": after, "follow": "1"}, timeout=None)
+    response = client.call(
+        "sandbox_logs", ids, params={"after": after, "follow": "1"}, timeout=None, stream=True)
     try:
         with client._errors():
             for line in response.iter_lines():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from urllib.parse import quote
 
 from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
@@ -92,7 +91,7 @@ class Pool(CleanupOnExit):
             if node is not None:
                 raise InvalidArgument("give node= (one node) or spread=True (every node), not both")
             self._node = SPREAD
-        self._path = f"/v1/pools/{quote(self._body['name'], safe='')}"
+        self._ids = {"name": self._body["name"]}
         self._info: PoolInfo | None = None
         self._created = False
         self._closed = False
@@ -126,14 +125,12 @@ class Pool(CleanupOnExit):
     def _open(self) -> PoolInfo:
         """Create the pool on the daemon, or attach to the one of the same name."""
         try:
-            response = self.client.request(
-                "POST", "/v1/pools", json=self._body, node=self._node
-            )
+            response = self.client.call("create_pool", json=self._body, node=self._node)
             self._created = True
         except InvalidState as exc:
             if exc.details.get("pool") != self.name:
                 raise
-            response = self.client.request("GET", self._path)
+            response = self.client.call("get_pool", self._ids)
         self._info = PoolInfo.model_validate(response.json())
         return self._info
 
@@ -163,8 +160,8 @@ class Pool(CleanupOnExit):
             return self._acquire(timeout)
 
     def _acquire(self, timeout: float) -> Sandbox:
-        response = self.client.request(
-            "POST", f"{self._path}/acquire", json={"timeout": timeout},
+        response = self.client.call(
+            "acquire_from_pool", self._ids, json={"timeout": timeout},
             timeout=exec_http_timeout(timeout),
         )
         return Sandbox(SandboxInfo.model_validate(response.json()), client=self.client)
@@ -172,7 +169,7 @@ class Pool(CleanupOnExit):
     def stats(self) -> PoolInfo:
         """The pool's numbers now: ready, starting, acquired, created, wait p50, ..."""
         self._ensure_open()
-        self._info = PoolInfo.model_validate((self.client.request("GET", self._path)).json())
+        self._info = PoolInfo.model_validate((self.client.call("get_pool", self._ids)).json())
         return self._info
 
     def wait_ready(self, *, timeout: float = DEFAULT_ACQUIRE_TIMEOUT_S) -> PoolInfo:
@@ -196,7 +193,7 @@ class Pool(CleanupOnExit):
         """Delete the pool and its ready sandboxes, whoever created it (idempotent);
         sandboxes handed out stay with their users."""
         self._closed = True
-        self.client.request("DELETE", self._path)
+        self.client.call("delete_pool", self._ids)
 
     def close(self) -> None:
         """Delete the pool if this object created it; closing twice is fine."""

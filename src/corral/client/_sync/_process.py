@@ -10,7 +10,6 @@ import json
 import time
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
-from urllib.parse import quote
 
 from corral.client import _validate
 from corral.client._sync._client import Client
@@ -85,8 +84,7 @@ class Process:
         self._client = client
         self._args = args
         self._text = text
-        sandbox, process = quote(info["sandbox_id"], safe=""), quote(info["id"], safe="")
-        self._path = f"/v1/sandboxes/{sandbox}/processes/{process}"
+        self._ids = {"sandbox_id": info["sandbox_id"], "process_id": info["id"]}
         self._stdout = bytearray()  # read from the daemon, not yet handed out
         self._stderr = bytearray()
         self._stderr_dropped = False
@@ -139,11 +137,11 @@ class Process:
         """Send ``data`` to the process's stdin (``str`` is UTF-8); they arrive in order.
         :class:`~corral.errors.InvalidState` once it has exited or its stdin is closed."""
         content = _validate.content("data", data)
-        self._client.request("POST", f"{self._path}/stdin", content=content)
+        self._client.call("write_stdin", self._ids, content=content)
 
     def close_stdin(self) -> None:
         """Close the process's stdin: it reads EOF after what was written. Idempotent."""
-        self._client.request("POST", f"{self._path}/stdin", params={"close": "true"})
+        self._client.call("write_stdin", self._ids, params={"close": "true"})
 
     def signal(self, signum: int | str) -> None:
         """Send a signal (``15``, ``"SIGTERM"``) to the process's group; nothing
@@ -153,7 +151,7 @@ class Process:
                 "signum", f"expected a signal number or name, got {type(signum).__name__}"
             )
         sig = int(signum) if not isinstance(signum, str) else signum
-        self._client.request("POST", f"{self._path}/signal", json={"signal": sig})
+        self._client.call("signal_process", self._ids, json={"signal": sig})
 
     def resize(self, rows: int, cols: int) -> None:
         """Set the size of the process's terminal (``pty=True`` only); its foreground
@@ -162,7 +160,7 @@ class Process:
             "rows": _validate.integer("rows", rows, minimum=1),
             "cols": _validate.integer("cols", cols, minimum=1),
         }
-        self._client.request("POST", f"{self._path}/resize", json=body)
+        self._client.call("resize_process", self._ids, json=body)
 
     def kill(self) -> CommandResult:
         """SIGKILL the process (if it still runs) and return how it ended."""
@@ -190,8 +188,8 @@ class Process:
             self.write(content)
             return self.readline(timeout=timeout)
         params = {} if timeout is None else {"timeout": repr(timeout)}
-        response = self._client.request(
-            "POST", f"{self._path}/exchange", content=content, params=params,
+        response = self._client.call(
+            "exchange", self._ids, content=content, params=params,
             timeout=exec_http_timeout(timeout),
         )
         line = response.content
@@ -226,8 +224,8 @@ class Process:
             except UnicodeDecodeError:
                 item["data_b64"] = base64.b64encode(raw).decode()
             items.append(item)
-        response = client.request(
-            "POST", "/v1/processes/exchange", json={"items": items, "timeout": timeout},
+        response = client.call(
+            "exchange_many", json={"items": items, "timeout": timeout},
             timeout=exec_http_timeout(timeout),
         )
         lines: list[Any] = []
@@ -315,7 +313,7 @@ class Process:
 
     def refresh(self) -> dict[str, Any]:
         """The daemon's record of the process (``state``, ``unread_bytes``, ``result``...)."""
-        self._info = (self._client.request("GET", self._path)).json()
+        self._info = (self._client.call("get_process", self._ids)).json()
         return self._info
 
     def _next_chunk(
@@ -347,7 +345,7 @@ class Process:
 
     def _read_output(self) -> Generator[OutputChunk | dict[str, Any], None]:
         """The output chunks, then the exit result (a dict), as the daemon streams them."""
-        response = self._client.stream("GET", f"{self._path}/output", timeout=None)
+        response = self._client.call("read_output", self._ids, timeout=None, stream=True)
         try:
             with self._client._errors():
                 for line in response.iter_lines():
@@ -387,7 +385,7 @@ class Process:
         """Kill the process if it still runs and stop reading its output."""
         try:
             if self._result is None:
-                self._client.request("DELETE", self._path)
+                self._client.call("kill_process", self._ids)
         except NotFound:
             pass  # its sandbox is gone already, and the process with it
         finally:

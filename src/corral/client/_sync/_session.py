@@ -119,7 +119,7 @@ class Session(CleanupOnExit):
             if ttl is None and client.over_tcp:
                 ttl = (client.info()).get("default_lease")
             if ttl:
-                reply = (client.request("POST", "/v1/leases", json={"ttl": ttl})).json()
+                reply = (client.call("create_lease", json={"ttl": ttl})).json()
                 self._tags.insert(-1, reply["tag"])  # (the session tag stays last)
                 args = client.connect_args
                 self._heartbeat = Heartbeat(args["url"], args["token"], reply["id"], ttl)
@@ -155,7 +155,7 @@ class Session(CleanupOnExit):
             self._heartbeat.stop()
             try:
                 client = self._client or Client.default()
-                client.request("DELETE", f"/v1/leases/{self._heartbeat.lease_id}")
+                client.call("release_lease", {"lease_id": self._heartbeat.lease_id})
             except LeaseNotFound:
                 pass
             except CorralError as exc:

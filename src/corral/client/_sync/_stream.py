@@ -41,7 +41,6 @@ class ExecStream:
     def __init__(
         self,
         client: Client,
-        path: str,
         body: dict[str, Any],
         *,
         args: Command,
@@ -49,7 +48,6 @@ class ExecStream:
         check: bool,
     ) -> None:
         self._client = client
-        self._path = path
         self._body = body
         self._args = args
         self._sandbox_id = sandbox_id
@@ -83,8 +81,9 @@ class ExecStream:
 
     def _run(self) -> Generator[OutputChunk, None]:
         timeout = self._body.get("timeout")
-        response = self._client.stream(
-            "POST", self._path, json=self._body, timeout=exec_http_timeout(timeout)
+        response = self._client.call(
+            "exec_stream", {"sandbox_id": self._sandbox_id}, json=self._body,
+            timeout=exec_http_timeout(timeout), stream=True,
         )
         try:
             for chunk in self._items(response):

@@ -9,7 +9,6 @@ import bz2
 import gzip
 import lzma
 import os
-from urllib.parse import quote
 
 from typing_extensions import Self  # typing's since 3.11 only
 
@@ -61,27 +60,27 @@ class Volume:
         """A new volume ``name`` holding the directory or tar archive ``source``."""
         client = client or Client.default()
         body = SyncBackend.run_blocking(_archive, source)
-        response = client.request(
-            "POST", "/v1/volumes", params={"name": name}, content=body,
+        response = client.call(
+            "create_volume", params={"name": name}, content=body,
             headers={"Content-Type": "application/x-tar"}, timeout=None)
         return cls(VolumeInfo.model_validate(response.json()), client=client)
 
     @classmethod
     def get(cls, name: str, *, client: Client | None = None) -> Self:
         client = client or Client.default()
-        response = client.request("GET", f"/v1/volumes/{quote(name, safe='')}")
+        response = client.call("get_volume", {"name": name})
         return cls(VolumeInfo.model_validate(response.json()), client=client)
 
     @classmethod
     def list(cls, *, client: Client | None = None) -> builtins.list[Self]:
         client = client or Client.default()
-        response = client.request("GET", "/v1/volumes")
+        response = client.call("list_volumes")
         return [cls(VolumeInfo.model_validate(v), client=client)
                 for v in response.json()["volumes"]]
 
     def delete(self) -> None:
         """Remove it (refused while a running sandbox mounts it)."""
-        self._client.request("DELETE", f"/v1/volumes/{quote(self.name, safe='')}")
+        self._client.call("delete_volume", {"name": self.name})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self._info.size_bytes} bytes>"

@@ -20,7 +20,7 @@ import ipaddress
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -111,6 +111,7 @@ class NetworkManager:
                                                   thread_name_prefix="corral-resolve")
         self._proxy = Proxy(self._decide, self._admit)
         self._started = False
+        self._in_table: set[str] = set()  # host ends of adopted links in the table's set
         self._start_lock = asyncio.Lock()
         self.warm = warm
         self._ready: deque[netns.Link] = deque()
@@ -125,8 +126,10 @@ class NetworkManager:
             await asyncio.to_thread(self.links.sweep)  # what a killed daemon left
             await self._resolver.start()
             await self._proxy.start()
-            await asyncio.to_thread(netns.create_table, self.table,
-                                    proxy_port=self._proxy.port, dns_port=self._resolver.port)
+            handed = [a.link.host_if for a in self._by_id.values()]  # adopted before
+            await asyncio.to_thread(netns.create_table, self.table, proxy_port=self._proxy.port,
+                                    dns_port=self._resolver.port, links=handed)
+            self._in_table.update(handed)
             self._started = True
 
     async def attach(self, sandbox_id: str, policy: NetworkPolicy) -> netns.Link:
@@ -146,6 +149,23 @@ class NetworkManager:
         self._by_ip[link.sandbox_ip] = att
         self._by_id[sandbox_id] = att
         return link
+
+    async def adopt(self, sandbox_id: str, policy: NetworkPolicy, link: netns.Link) -> None:
+        """A policy sandbox handed over by the previous engine (live restore): its link
+        (namespace, veth, held lock) stays as it is; this engine's table, resolver and
+        proxy enforce ``policy`` on it from now on. Its connections relayed by the old
+        proxy ended with that daemon, and its event log starts afresh."""
+        att = Attached(sandbox_id, link, await self._compile(policy))
+        self._by_ip[link.sandbox_ip] = att
+        self._by_id[sandbox_id] = att
+        await self._start()
+        if link.host_if not in self._in_table:  # adopted after the table was made
+            await asyncio.to_thread(netns.add_link, self.table, link)
+            self._in_table.add(link.host_if)
+
+    def lock_fd(self, sandbox_id: str) -> int:
+        """The descriptor holding ``sandbox_id``'s link (handed to the warden with it)."""
+        return self._get(sandbox_id).link.lock_fd
 
     @staticmethod
     async def _compile(policy: NetworkPolicy) -> Compiled:
@@ -226,18 +246,28 @@ class NetworkManager:
                 cut += 1
         return cut
 
-    async def close(self) -> None:
+    async def close(self, *, keep: Collection[str] = ()) -> None:
+        """Tear down every link and the table; those of the sandboxes in ``keep`` (handed
+        over to the next engine with their lock, which the warden holds meanwhile) and
+        then the table stay, for the next engine to :meth:`adopt`."""
         self._closed = True  # warm links being made are torn down when made
         await asyncio.gather(*self._tasks, return_exceptions=True)
         while self._ready:
             await asyncio.to_thread(self._teardown, self._ready.popleft())
+        kept = 0
         for sid in list(self._by_id):
+            if sid in keep:
+                att = self._by_id.pop(sid)
+                self._by_ip.pop(att.link.sandbox_ip, None)
+                self.links.release(att.link)  # our copy: the warden's holds the lock
+                kept += 1
+                continue
             self.cut_all(sid)
             await asyncio.to_thread(self.detach, sid)
         self._proxy.close()
         self._resolver.close()
         self._lookup_threads.shutdown(wait=False, cancel_futures=True)
-        if self._started:
+        if self._started and not kept:
             await asyncio.to_thread(netns.delete_table, self.table)
 
     # ------------------------------------------------------------ enforcement

@@ -32,6 +32,7 @@ import ipaddress
 import os
 import random
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,9 +210,33 @@ def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
 """
 
 
-def create_table(table: str, *, proxy_port: int, dns_port: int) -> None:
-    delete_table(table)
-    _run(["nft", "-f", "-"], table_script(table, proxy_port=proxy_port, dns_port=dns_port))
+def create_table(table: str, *, proxy_port: int, dns_port: int,
+                 links: Sequence[str] = ()) -> None:
+    """The engine's table, made new in one transaction with ``links`` (the host ends of
+    links handed over by the engine before: live restore) in its set. One transaction:
+    a table left by the previous engine is replaced with no moment without one, when
+    its links' traffic would meet no rule."""
+    script = table_script(table, proxy_port=proxy_port, dns_port=dns_port)
+    if links:
+        script += f"add element inet {table} links {{ {', '.join(links)} }}\n"
+    _run(["nft", "-f", "-"], f"table inet {table} {{}}\ndelete table inet {table}\n" + script)
+
+
+def add_link(table: str, link: Link) -> None:
+    """Put a link handed over by the previous engine in ``table``'s set again."""
+    _run(["nft", "add", "element", "inet", table, "links", "{", link.host_if, "}"])
+
+
+def link_of_lock(fd: int, lock_dir: Path) -> Link | None:
+    """The link whose lock (``<lock_dir>/N.lock``, held) ``fd`` is, or None."""
+    try:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return None
+    index = path.name.removesuffix(".lock")
+    if path.parent != lock_dir or not path.name.endswith(".lock") or not index.isdigit():
+        return None
+    return Link(int(index), fd)
 
 
 def delete_table(table: str) -> None:

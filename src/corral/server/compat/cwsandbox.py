@@ -40,6 +40,7 @@ from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument,
 from corral.runtime.engine import SANDBOX_HOME, Engine
 from corral.schema import SandboxInfo, SandboxState
 from corral.server.admission import LIVE_STATES
+from corral.server.caller import Caller
 from corral.server.compat import cwsandbox_exec as cwexec
 from corral.server.compat import cwsandbox_wire as wire
 from corral.server.compat.cwsandbox_guard import (
@@ -140,20 +141,21 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             spec = self._lifecycle.plan(  # ImageNotFound and the like before waiting for room
                 await self._lifecycle.with_image(plan.spec, caller), caller, host_network=host_network,
                 frontend="cwsandbox")
-            info = await self._lifecycle.create(spec)
+            info = await self._lifecycle.create(spec, caller)
             try:
                 await self._python_alias(info.id)
                 for path, data in plan.files:
                     await self._engine.write_file(info.id, path, data)
                 if plan.command is not None:
                     self._commands[info.id] = plan.command
-                    self._start_main(info.id, plan.command)
+                    self._start_main(info.id, plan.command, caller)
             except BaseException:
-                await asyncio.shield(self._discard(info.id))
+                await asyncio.shield(self._discard(info.id, caller))
                 raise
             # The reply may never reach a client that gave up just now: then nobody
             # knows the sandbox, so it goes.
-            context.add_done_callback(lambda ctx: self._discard_if_cancelled(ctx, info.id))
+            context.add_done_callback(
+                lambda ctx: self._discard_if_cancelled(ctx, info.id, caller))
             logger.debug("cwsandbox client created sandbox %s (image %s)", info.id, spec.image)
             return self._message(info)
 
@@ -166,26 +168,29 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 return
         await self._engine.write_file(sandbox_id, PYTHON_ALIAS, PYTHON_ALIAS_SCRIPT, mode=0o755)
 
-    def _discard_if_cancelled(self, context: grpc.aio.ServicerContext, sandbox_id: str) -> None:
+    def _discard_if_cancelled(self, context: grpc.aio.ServicerContext, sandbox_id: str,
+                              caller: Caller) -> None:
         if context.cancelled():
             logger.info(
                 "cwsandbox client left before sandbox %s was handed over: deleting it", sandbox_id
             )
-            asyncio.ensure_future(self._discard(sandbox_id))
+            asyncio.ensure_future(self._discard(sandbox_id, caller))
 
-    async def _discard(self, sandbox_id: str) -> None:
+    async def _discard(self, sandbox_id: str, caller: Caller) -> None:
         """Delete a sandbox nobody will use; never raises."""
         await self._stop_main(sandbox_id)
         try:
-            await self._lifecycle.delete(sandbox_id)
+            await self._lifecycle.delete(sandbox_id, caller)
         except CorralError as exc:
             logger.warning("could not delete sandbox %s: %s", sandbox_id, exc.message)
             self._lifecycle.pools.release(sandbox_id)
         self._commands.pop(sandbox_id, None)
         self._exit_codes.pop(sandbox_id, None)
 
-    def _start_main(self, sandbox_id: str, command: tuple[str, tuple[str, ...]]) -> None:
-        task = asyncio.create_task(self._run_main(sandbox_id, [command[0], *command[1]]))
+    def _start_main(self, sandbox_id: str, command: tuple[str, tuple[str, ...]],
+                    caller: Caller) -> None:
+        argv = [command[0], *command[1]]
+        task = asyncio.create_task(self._run_main(sandbox_id, argv, caller))
         self._mains[sandbox_id] = task
         task.add_done_callback(lambda t: self._forget_main(sandbox_id, t))
 
@@ -193,7 +198,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if self._mains.get(sandbox_id) is task:
             del self._mains[sandbox_id]
 
-    async def _run_main(self, sandbox_id: str, argv: list[str]) -> None:
+    async def _run_main(self, sandbox_id: str, argv: list[str], caller: Caller) -> None:
         """The sandbox's main command: when it exits, so does the sandbox (COMPLETED)."""
         try:
             result = await self._engine.exec(sandbox_id, argv, timeout=None, max_output=0)
@@ -209,8 +214,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             return
         self._exit_codes[sandbox_id] = code
         try:
-            await self._lifecycle.stop(
-                sandbox_id, grace=0, reason=f"its main command exited with status {code}"
+            await self._lifecycle.stop(  # for the caller that made it
+                sandbox_id, caller, grace=0, reason=f"its main command exited with status {code}"
             )
         except CorralError:
             return
@@ -227,7 +232,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
-                if (ended := self._ended_message(sid)) is not None:
+                if (ended := self._ended_message(sid, context)) is not None:
                     return ended
                 raise
             message = self._message(info)
@@ -247,7 +252,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             terminal = wanted in wire.TERMINAL_STATES or (not wanted and request.show_terminated)
             if terminal:
                 found += [m for owner, m in self._ended.values()
-                          if set(tags) <= set(m.spec.tags) and self._engine.owners.sees_owner(owner)]
+                          if set(tags) <= set(m.spec.tags)
+                          and self._guard.caller_of(context).sees(owner)]
             if wanted:
                 found = [m for m in found if m.status.state == wanted]
             elif not request.show_terminated:
@@ -266,28 +272,29 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 info = wire.reachable(self._engine.get(sid))
             except SandboxNotFound:
-                if (ended := self._ended_message(sid)) is not None:
+                if (ended := self._ended_message(sid, context)) is not None:
                     return sandbox_pb2.DeleteSandboxResponse(sandbox=ended)
                 if request.allow_missing:
                     return sandbox_pb2.DeleteSandboxResponse()
                 raise
             # Shielded: a client that gives up half-way must not leave half a sandbox.
-            final = await asyncio.shield(self._delete(info, float(request.grace_period_seconds)))
+            final = await asyncio.shield(self._delete(
+                info, float(request.grace_period_seconds), self._guard.caller_of(context)))
             return sandbox_pb2.DeleteSandboxResponse(sandbox=final)
 
-    def _ended_message(self, sid: str) -> Any:
+    def _ended_message(self, sid: str, context: grpc.aio.ServicerContext) -> Any:
         """The last message of a deleted sandbox the caller may see, else None."""
         owner, message = self._ended.get(sid, (None, None))
-        return message if self._engine.owners.sees_owner(owner) else None
+        return message if self._guard.caller_of(context).sees(owner) else None
 
-    async def _delete(self, info: SandboxInfo, grace: float) -> Any:
+    async def _delete(self, info: SandboxInfo, grace: float, caller: Caller) -> Any:
         sid = info.id
         await self._stop_main(sid)
         if info.state in LIVE_STATES and grace > 0:
             # reason "deleted": a sandbox on its way out keeps no copy of its files
             info = await self._lifecycle.stop(  # the service's: its places given back
-                sid, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
-        await self._lifecycle.delete(sid)
+                sid, caller, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
+        await self._lifecycle.delete(sid, caller)
         exit_code = self._exit_codes.pop(sid, None)
         state = wire.cw_state(info, exit_code)
         final = wire.sandbox_message(

@@ -397,7 +397,7 @@ async def create_sandbox(request: Request) -> Response:
     caller = caller_of(request)
     spec = service.plan(await service.with_image(spec, caller), caller,
                         host_network=ctx.host_network_allowed(request), frontend="e2b")
-    created = await unless_gone(request, service.create(spec))
+    created = await unless_gone(request, service.create(spec, caller))
     return JSONResponse(created_json(request, created), status_code=201)
 
 
@@ -454,7 +454,7 @@ async def get_sandbox(request: Request) -> Response:
 
 async def kill_sandbox(request: Request) -> Response:
     sid = _target(request).id
-    await ctx.service(request).delete(sid)
+    await ctx.service(request).delete(sid, caller_of(request))
     return Response(status_code=204)
 
 

@@ -18,8 +18,8 @@ Paths are the sandbox's own: relative ones start at its workdir.
 
 from __future__ import annotations
 
-import re
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -38,12 +38,12 @@ from corral.server.compat.e2b_connect import (
     sandbox_id,
     unary_message,
 )
-from corral.server.wire import read_body
+from corral.server.multipart import boundary_of, file_parts
+from corral.server.wire import body_pieces, file_response
 
 SERVICE = "/filesystem.Filesystem/"
 MAX_LISTED = 10_000  # entries a ListDir returns at most
 MAX_PARTS = 100  # files in one multipart upload
-BOUNDARY = re.compile(r'boundary="?([^";]{1,200})"?')
 
 
 def _http_error(exc: CorralError | ConnectError) -> JSONResponse:
@@ -157,40 +157,7 @@ async def download(request: Request) -> Response:
     if not path:
         raise InvalidArgument("path is required")
     limit = ctx.settings(request).max_upload_bytes
-    data = await ctx.sandboxes(request).read_file(sid, path, max_bytes=limit)
-    return Response(data, media_type="application/octet-stream")
-
-
-def _multipart(body: bytearray, content_type: str) -> list[tuple[str, memoryview]]:
-    """``(filename, data)`` of each file part of a multipart/form-data body; the data
-    are views into ``body`` (an upload is held once, not copied per part)."""
-    found = BOUNDARY.search(content_type)
-    if found is None:
-        raise InvalidArgument("multipart upload without a boundary")
-    delimiter = b"--" + found.group(1).encode()
-    view = memoryview(body)
-    files: list[tuple[str, memoryview]] = []
-    start = body.find(delimiter)
-    parts = 0
-    while start >= 0:
-        start += len(delimiter)
-        if body[start : start + 2] == b"--":
-            break  # the closing delimiter
-        end = body.find(delimiter, start)
-        if end < 0:
-            raise InvalidArgument("malformed multipart body: no closing delimiter")
-        parts += 1
-        if parts > MAX_PARTS:
-            raise InvalidArgument(f"at most {MAX_PARTS} files in one upload")
-        head_end = body.find(b"\r\n\r\n", start, end)
-        if head_end < 0:
-            raise InvalidArgument("malformed multipart part")
-        name = re.search(rb'filename="([^"]*)"', bytes(view[start:head_end]))
-        data_end = end - 2 if body[end - 2 : end] == b"\r\n" else end
-        if name is not None:
-            files.append((name.group(1).decode("utf-8", "replace"), view[head_end + 4 : data_end]))
-        start = end
-    return files
+    return file_response(await ctx.sandboxes(request).open_read(sid, path, max_bytes=limit))
 
 
 async def upload(request: Request) -> Response:
@@ -203,25 +170,28 @@ async def upload(request: Request) -> Response:
     if any(k.lower().startswith("x-metadata-") for k in request.headers):
         raise InvalidArgument("file metadata (files.write(metadata=...)) is not kept by "
                               "corral's E2B front-end: leave out metadata")
-    body = await read_body(request, ctx.settings(request).max_upload_bytes, "upload")
+    pieces = body_pieces(request, ctx.settings(request).max_upload_bytes, "upload")
     kind = request.headers.get("content-type", "")
+    written = []
+
+    async def write(name: str, data: AsyncIterator[bytes]) -> None:
+        await ctx.write_whole(request, sid, name, data)
+        info = await engine.stat(sid, name)
+        written.append({"name": info.name, "type": "file", "path": info.path})
+
     if kind.startswith("multipart/form-data"):
-        files = _multipart(body, kind)
-        if path is not None and len(files) == 1:
-            files = [(path, files[0][1])]
+        boundary = boundary_of(kind)
+        async for name, data in file_parts(pieces, boundary, max_parts=MAX_PARTS):
+            if name is None:
+                continue
+            if path is not None and written:
+                raise InvalidArgument("one file per upload with ?path=: leave out path to "
+                                      "name each file by its part's filename")
+            await write(path if path is not None else name, data)
     else:
         if not path:
             raise InvalidArgument("path is required")
-        files = [(path, memoryview(body))]
-    written = []
-    for name, data in files:
-        try:
-            await engine.write_file(sid, name, data)
-        except CorralError:
-            await ctx.remove_partial(engine, sid, name)
-            raise
-        info = await engine.stat(sid, name)
-        written.append({"name": info.name, "type": "file", "path": info.path})
+        await write(path, pieces)
     return JSONResponse(written)
 
 

@@ -203,7 +203,7 @@ class FusionFrontend:
                     name, ctx.settings(request).queue_timeout, exact=True)
             except NotFound:  # deleted (idle, or by someone): made again next time
                 self.pools.forget(key)
-        return await service.create(spec)
+        return await service.create(spec, caller_of(request))
 
     @contextlib.asynccontextmanager
     async def sandbox(self, request: Request, image: str, memory_mb: int) -> AsyncIterator[str]:
@@ -212,7 +212,7 @@ class FusionFrontend:
         try:
             yield info.id
         finally:  # shielded: a client that left (cancelled) still gets it deleted
-            await asyncio.shield(ctx.service(request).delete(info.id))
+            await asyncio.shield(ctx.service(request).delete(info.id, caller_of(request)))
 
     @staticmethod
     def memory_mb(limit: int) -> int:

@@ -212,7 +212,7 @@ async def create_sandbox(request: Request) -> Response:
     caller = caller_of(request)
     spec = service.plan(await service.with_image(spec, caller), caller,
                         host_network=ctx.host_network_allowed(request), frontend="tensorlake")
-    created = await unless_gone(request, service.create(spec))
+    created = await unless_gone(request, service.create(spec, caller))
     status = 202 if req.wait is False else 200
     return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
 
@@ -243,7 +243,7 @@ async def get_sandbox(request: Request) -> Response:
 async def delete_sandbox(request: Request) -> Response:
     sid = _target(request).id
     tensorlake_sandbox.processes(request).drop(sid)
-    await ctx.service(request).delete(sid)
+    await ctx.service(request).delete(sid, caller_of(request))
     return JSONResponse({})
 
 
@@ -289,7 +289,8 @@ async def copy_sandbox(request: Request) -> Response:
     tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
     try:
         ok = await ctx.service(request).fork(
-            source.id, int(raw), tags=tags, abandoned=request.is_disconnected,
+            source.id, int(raw), caller_of(request), tags=tags,
+            abandoned=request.is_disconnected,
             frontend="tensorlake",
         )
     except Abandoned:

@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from corral._version import __version__
+from corral.api.models import safe_text
 from corral.errors import CorralError, InvalidArgument, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.pathutil import resolve_path
@@ -51,10 +52,8 @@ from corral.server.compat.tensorlake_process import (
     sse,
 )
 from corral.server.compat.tensorlake_scope import NS_PREFIX, namespace, resolve
-from corral.server.context import remove_partial
-from corral.server.models import safe_text
 from corral.server.streaming import NDJSONResponse, start_events
-from corral.server.wire import read_body, read_json
+from corral.server.wire import body_pieces, file_response, read_body, read_json
 
 SERVICE = "Tensorlake"
 # Output kept per stream of one command (the agent stops sending past it); background
@@ -293,19 +292,14 @@ def _path(request: Request, sid: str) -> str:
 async def read_file(request: Request) -> Response:
     sid = _sandbox_id(request)
     limit = request.app.state.settings.max_upload_bytes
-    data = await ctx.sandboxes(request).read_file(sid, _path(request, sid), max_bytes=limit)
-    return Response(data, media_type="application/octet-stream")
+    return file_response(await ctx.sandboxes(request).open_read(
+        sid, _path(request, sid), max_bytes=limit))
 
 
 async def write_file(request: Request) -> Response:
     sid = _sandbox_id(request)
-    engine, path = ctx.sandboxes(request), _path(request, sid)
-    data = await read_body(request, request.app.state.settings.max_upload_bytes, "upload")
-    try:
-        await engine.write_file(sid, path, data, mode=0o644)
-    except CorralError:
-        await remove_partial(engine, sid, path)
-        raise
+    pieces = body_pieces(request, request.app.state.settings.max_upload_bytes, "upload")
+    await ctx.write_whole(request, sid, _path(request, sid), pieces)
     return JSONResponse({})
 
 

@@ -22,12 +22,12 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import StopRequest
 from corral.errors import CorralError, InvalidArgument
 from corral.schema import SandboxState
 from corral.server import context as ctx
 from corral.server import evals, routes
 from corral.server.image_routes import list_images
-from corral.server.models import StopRequest
 from corral.server.streaming import NDJSONResponse
 from corral.server.ui.render import page, render
 from corral.server.ui.sessions import Session

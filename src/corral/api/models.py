@@ -28,12 +28,14 @@ from corral.pool_schema import PoolInfo
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_OUTPUT,
+    MAX_TIMEOUT_S,
     ExecResult,
     FileInfo,
     SandboxInfo,
     SandboxState,
     SnapshotInfo,
 )
+from corral.volume_schema import VolumeInfo
 
 MAX_OUTPUT_LIMIT = 1 << 30  # bytes per stream a caller may ask the daemon to keep
 MAX_STOP_GRACE_S = 300.0
@@ -121,6 +123,20 @@ class ExecResponse(BaseModel):
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     output_tail: int = 0
+
+
+EXEC_STATUS = tuple(name for name in ExecResponse.model_fields
+                    if name not in ("stdout", "stderr", "stdout_b64", "stderr_b64"))
+"""How a command ended besides its output: the fields the engine's ``ExecResult``, the
+wire's :class:`ExecResponse` and the SDK's ``CommandResult`` share, named once here."""
+
+
+def wire_bytes(data: dict[str, Any], key: str) -> bytes:
+    """A byte string the wire carries as text, or base64 under ``<key>_b64``."""
+    b64 = data.get(f"{key}_b64")
+    if b64 is not None:
+        return base64.b64decode(b64)
+    return (data.get(key) or "").encode()
 
 
 class StreamEvent(BaseModel):
@@ -243,18 +259,65 @@ def exec_response(result: ExecResult) -> dict[str, Any]:
     stdout, stdout_b64 = text_and_b64(result.stdout)
     stderr, stderr_b64 = text_and_b64(result.stderr)
     reply = ExecResponse(
-        returncode=result.returncode,
-        stdout=stdout,
-        stderr=stderr,
-        stdout_b64=stdout_b64,
-        stderr_b64=stderr_b64,
-        timed_out=result.timed_out,
-        oom_killed=result.oom_killed,
-        stdout_truncated=result.stdout_truncated,
-        stderr_truncated=result.stderr_truncated,
-        duration=result.duration,
-        stdout_dropped=result.stdout_dropped,
-        stderr_dropped=result.stderr_dropped,
-        output_tail=result.output_tail,
+        stdout=stdout, stderr=stderr, stdout_b64=stdout_b64, stderr_b64=stderr_b64,
+        **{name: getattr(result, name) for name in EXEC_STATUS},
     )
     return reply.model_dump(mode="json", exclude_none=True)
+
+
+# ------------------------------------------------- sandbox operations' bodies
+
+
+class TimeoutRequest(_Body):
+    """``PATCH /v1/sandboxes/{id}``: end the sandbox this many seconds from now."""
+
+    timeout: StrictFloat | StrictInt = Field(..., gt=0, le=MAX_TIMEOUT_S)
+
+
+class LogEntry(_Body):
+    """A command (``kind="command"``: argv, started_at, ended_at, outcome =
+    exit|timeout|oom|killed, exit_code, stdout_tail, stderr_tail) or a lifecycle event
+    (``kind="event"``: event = ready|restored|paused|running|stopping|stopped|timeout|
+    idle_timeout|oom|deleted, reason)."""
+
+    model_config = {"extra": "allow"}
+    seq: int
+    kind: str
+    at: float
+
+
+class SandboxLogsReply(_Body):
+    sandbox_id: str
+    entries: list[LogEntry]
+    next: int = Field(description="pass as ?after= to get only newer entries")
+
+
+class ExposeRequest(_Body):
+    port: StrictInt = Field(..., ge=1, le=65535)
+
+
+class ExposedPort(_Body):
+    port: int
+    token: str = Field(description="the port's access token (also in url)")
+    url: str = Field(description="where the port is served: <daemon>/expose/<token>/")
+
+
+class NetworkEvent(_Body):
+    """One connection or DNS query of a policy sandbox and the filter's verdict."""
+
+    time: float
+    kind: Literal["tcp", "dns"]
+    name: str | None = None
+    ip: str | None = None
+    port: int | None = None
+    verdict: Literal["allowed", "refused"]
+    reason: str
+
+
+class NetworkEvents(_Body):
+    sandbox_id: str
+    events: list[NetworkEvent] = Field(description="oldest first, the last 1000")
+
+
+class VolumeList(_Body):
+    volumes: list[VolumeInfo] = Field(description="the caller's volumes, by name")

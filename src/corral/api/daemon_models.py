@@ -1,0 +1,197 @@
+"""The bodies of the daemon-wide operations (:mod:`corral.api.operations`): tenant
+tokens, client leases, a cluster's node list and tenant refresh, and evaluation runs'
+reports (bounded: nothing a client reports is trusted). Shared by the
+daemon and the SDK, like :mod:`corral.api.models`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
+
+from corral.schema import MAX_TIMEOUT_S
+
+__all__ = [
+    "EvalList", "EvalReport", "EvalRun", "Histogram",
+    "ClusterNode", "ClusterNodes", "LeaseInfo", "LeaseRequest", "RefreshReply", "RefreshRequest",
+    "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "TokenUpdate",
+]
+
+
+class TokenRequest(BaseModel):
+    """A new tenant: its name and quotas (left out: only the daemon's own caps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=64)  # checked by TokenStore.create, with what to do
+    max_sandboxes: StrictInt | None = Field(None, ge=0)
+    max_memory_mb: StrictInt | None = Field(None, ge=0)
+    max_cpus: StrictFloat | None = Field(None, ge=0)
+    allow_images: StrictBool = False
+    allow_host_network: StrictBool = False
+    max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    max_snapshot_mb: StrictInt | None = Field(None, ge=0)
+    max_builds: StrictInt | None = Field(None, ge=0)
+    max_gpus: StrictInt | None = Field(None, ge=0)
+
+
+class TokenUpdate(BaseModel):
+    """New quotas of a tenant (``PATCH /v1/tokens/{name}``): only the fields sent
+    change; ``null`` drops a quota."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_sandboxes: StrictInt | None = Field(None, ge=0)
+    max_memory_mb: StrictInt | None = Field(None, ge=0)
+    max_cpus: StrictFloat | StrictInt | None = Field(None, ge=0)
+    max_lifetime: StrictFloat | StrictInt | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    max_snapshot_mb: StrictInt | None = Field(None, ge=0)
+    max_builds: StrictInt | None = Field(None, ge=0)
+    max_gpus: StrictInt | None = Field(None, ge=0)
+
+
+class TokenInfo(BaseModel):
+    """A tenant as listed: quotas, rights, creation time and current use (never its token)."""
+
+    name: str
+    max_sandboxes: int | None = None
+    max_memory_mb: int | None = None
+    max_cpus: float | None = None
+    allow_images: bool = False
+    allow_host_network: bool = False
+    created_at: float
+    max_lifetime: float | None = None
+    max_snapshot_mb: int | None = None
+    max_builds: int | None = None
+    max_gpus: int | None = None
+    usage: dict[str, float] = Field(default_factory=dict)
+
+
+class TokenCreated(TokenInfo):
+    token: str
+    """The bearer token: shown this once."""
+
+
+class TokenList(BaseModel):
+    tokens: list[TokenInfo]
+
+
+LEASE_ID_PATTERN = r"^lease-[0-9a-f]{16}$"
+
+
+class LeaseRequest(BaseModel):
+    """``POST /v1/leases``: how long the lease lives without a renewal."""
+
+    ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
+    id: str | None = Field(
+        default=None, pattern=LEASE_ID_PATTERN,
+        description="the lease's id, chosen by the client: one lease taken on every node "
+        "of a cluster under one id (taking it again renews it); default: a new one")
+
+
+class LeaseInfo(BaseModel):
+    """A lease: its id, the tag its sandboxes carry, and when it ends unless renewed."""
+
+    id: str
+    tag: str
+    ttl: float
+    expires_at: float
+
+
+class ClusterNode(BaseModel):
+    node_id: str
+    tag: str
+    url: str
+    alive: bool = True
+    capacity: dict[str, Any] | None = None
+    key: str | None = None  # what its daemon proves itself with (cluster/proof.py)
+
+
+class ClusterNodes(BaseModel):
+    nodes: list[ClusterNode]
+
+
+class RefreshRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, max_length=64)
+
+
+class RefreshReply(BaseModel):
+    tenants: int
+    revoked: bool
+
+
+MAX_BINS = 50  # an evaluation report's bounds
+MAX_TEXT = 300
+MAX_ERROR = 1000
+
+
+class Histogram(BaseModel):
+    """Counts of returns in ``len(counts)`` equal bins from ``low`` to ``high``."""
+
+    model_config = ConfigDict(extra="forbid")
+    low: float
+    high: float
+    counts: list[int] = Field(default_factory=list, max_length=MAX_BINS)
+
+    @field_validator("counts")
+    @classmethod
+    def _non_negative(cls, counts: list[int]) -> list[int]:
+        if any(c < 0 for c in counts):
+            raise ValueError("histogram counts must be >= 0")
+        return counts
+
+
+class EvalReport(BaseModel):
+    """One evaluation run's progress, as its client reports it (the whole state each time)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=MAX_TEXT, description="the policy's label")
+    env: str = Field("", max_length=MAX_TEXT)
+    state: Literal["running", "done", "failed"] = "running"
+    total: int | None = Field(None, ge=0, le=10**9, description="episodes planned, if known")
+    done: int = Field(0, ge=0, le=10**9)
+    counts: dict[str, int] = Field(
+        default_factory=dict, max_length=8, description="episodes by status (ok, error, ...)"
+    )
+    n: int = Field(0, ge=0, le=10**9, description="returns in the mean")
+    mean: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confidence: float | None = Field(None, gt=0, lt=1)
+    histogram: Histogram | None = None
+    error: str | None = Field(None, max_length=MAX_ERROR)
+
+    @field_validator("counts")
+    @classmethod
+    def _short_keys(cls, counts: dict[str, int]) -> dict[str, int]:
+        if any(len(k) > 20 or v < 0 for k, v in counts.items()):
+            raise ValueError("counts: status names of at most 20 characters, counts >= 0")
+        return counts
+
+    @field_validator("mean", "ci_low", "ci_high")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        return value if value is None or math.isfinite(value) else None
+
+
+class EvalRun(EvalReport):
+    """A run as the daemon keeps it: the last report, its id, owner and times."""
+
+    id: str
+    owner: str | None = None
+    started_at: float
+    updated_at: float
+
+
+class EvalList(BaseModel):
+    evals: list[EvalRun]
