@@ -7,12 +7,15 @@ this tree's daemon and on a baseline tree's, in one run.
 Two daemons on TCP, one started from each source tree (``PYTHONPATH``; without
 ``--baseline-src``, this tree against itself: the noise floor), each with a tenant; the two take turns one call at a time (so the host's drift hits both alike):
 ``sb.exec(["true"])`` and a 64 MB ``Sandbox.create`` (to ready) then delete, through
-the SDK with the tenant's token. Reports medians and this tree's over the baseline's.
-Needs root.
+the SDK with the tenant's token, and the same ``true`` through the cwsandbox gRPC
+port's unary ``Exec`` (grpc with cwsandbox's stubs; this tree relays that port through
+its connection book, ``server/compat/cwsandbox_edge.py``). Reports medians and this
+tree's over the baseline's. Needs root and the ``compat`` extra.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -33,6 +36,7 @@ import bench_args  # noqa: E402  (a sibling script, not a package)
 
 TOKEN = "bench-door-admin-" + "x" * 32
 HERE = Path(__file__).resolve().parent.parent / "src"
+GRPC = importlib.util.find_spec("cwsandbox") is not None  # the compat extra: gRPC too
 
 
 def _port() -> int:
@@ -52,7 +56,8 @@ def _start(base: Path, src: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral.server", "--socket", str(base / "corral.sock"),
-         "--state-dir", str(base / "state"), "--tcp", f"127.0.0.1:{port}", "--token", TOKEN],
+         "--state-dir", str(base / "state"), "--tcp", f"127.0.0.1:{port}", "--token", TOKEN,
+         *(["--grpc", f"127.0.0.1:{_port()}"] if GRPC else [])],
         stdout=open(base / "daemon.log", "wb"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -70,6 +75,22 @@ def _start(base: Path, src: Path) -> tuple[subprocess.Popen, str]:
     return proc, tenant
 
 
+def _grpc_exec(proc: subprocess.Popen, token: str, sandbox_id: str):
+    """One unary ``Exec`` of ``true`` through the daemon's cwsandbox gRPC port."""
+    import grpc
+    from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
+
+    channel = grpc.insecure_channel(proc.args[proc.args.index("--grpc") + 1])
+    stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+    request = sandbox_pb2.ExecRequest(sandbox_id=sandbox_id, command=["true"])
+    metadata = [("authorization", f"Bearer {token}")]
+
+    def run() -> None:
+        assert stub.Exec(request, metadata=metadata, timeout=60).exit_code == 0
+
+    return run
+
+
 def main() -> int:
     ap = bench_args.parser(__doc__)
     ap.add_argument("--baseline-src", type=Path, default=HERE,
@@ -79,23 +100,27 @@ def main() -> int:
         print("needs root (the daemons run real sandboxes)")
         return 1
     n, creates = bench_args.pick(args, (1000, 60), (200, 20), (5, 2))
-    bases, procs, clients = {}, {}, {}
+    bases, procs, clients, tokens = {}, {}, {}, {}
     try:
         for who, src in (("baseline", args.baseline_src.resolve()), ("door", HERE)):
             bases[who] = Path(tempfile.mkdtemp(prefix=f"corral-bench-{who}-"))
             os.chmod(bases[who], 0o711)
-            procs[who], token = _start(bases[who], src)
+            procs[who], tokens[who] = _start(bases[who], src)
             port = procs[who].args[procs[who].args.index("--tcp") + 1]
-            clients[who] = corral.Client(f"http://{port}", token=token)
-        times: dict[str, dict[str, list[float]]] = {w: {"exec_ms": [], "create_ms": []}
-                                                    for w in clients}
+            clients[who] = corral.Client(f"http://{port}", token=tokens[who])
+        times: dict[str, dict[str, list[float]]] = {
+            w: {"exec_ms": [], "grpc_exec_ms": [], "create_ms": []} for w in clients}
         boxes = {w: corral.Sandbox.create(memory_mb=64, client=c) for w, c in clients.items()}
+        grpc_exec = {w: _grpc_exec(procs[w], tokens[w], boxes[w].id) if GRPC else (lambda: None)
+                     for w in clients}
         try:
-            for sb in boxes.values():
-                sb.exec(["true"])  # warm the connection
+            for who, sb in boxes.items():
+                sb.exec(["true"])  # warm the connections
+                grpc_exec[who]()
             for _ in range(n):
                 for who, sb in boxes.items():
                     times[who]["exec_ms"].append(_ms(lambda sb=sb: sb.exec(["true"])))
+                    times[who]["grpc_exec_ms"].append(_ms(grpc_exec[who]))
             for _ in range(creates):
                 for who, c in clients.items():
                     made: list[corral.Sandbox] = []
@@ -115,7 +140,7 @@ def main() -> int:
         for b in bases.values():
             shutil.rmtree(b, ignore_errors=True)
     res: dict[str, float] = {}
-    for what in ("exec_ms", "create_ms"):
+    for what in ("exec_ms", *(["grpc_exec_ms"] if GRPC else []), "create_ms"):
         b = statistics.median(times["baseline"][what])
         d = statistics.median(times["door"][what])
         res[f"baseline_{what}"], res[f"door_{what}"], res[f"{what}_ratio"] = b, d, d / b

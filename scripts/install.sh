@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 # nftables: the egress filter of sandboxes with a network policy (docs/network.md)
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
 # docker-registry, skopeo: a local registry for the image pull tests (docs/agentic.md)
+# zstd: unpacks zstd-compressed image layers (corral.runtime.layer_codec)
 APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium
-              docker-registry skopeo)
+              docker-registry skopeo zstd)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -124,6 +124,10 @@ class SandboxSpec(BaseModel):
     # held exclusively unless ``gpu_shared`` (then only with other sharers).
     gpus: StrictInt | Literal["all"] | list[str] | None = None
     gpu_shared: bool = False
+    # Start the image's ENTRYPOINT + CMD (Dockerfile, OCI config) as a background process
+    # once the sandbox is up, as the image's USER, in its WORKDIR, with its ENV
+    # (``GET .../processes`` lists it; docs/users.md). Refused for an image with neither.
+    run_entrypoint: bool = False
     # Start from a snapshot (its id or name) instead of the bare image. Fields not given
     # explicitly (all but ``tags``) default to those of the sandbox the snapshot was
     # taken from; ``image`` may be left out, and if given must be the snapshot's image.

@@ -30,3 +30,7 @@ def test_exec_runs_a_single_program_directly(cli, sandbox):
     assert r.code == 0 and r.out != "1\n"
     r = cli("exec", sandbox.id, "--", "/workspace/missing")
     assert r.code != 0 and "missing" in r.err
+    r = cli("exec", sandbox.id, "--user", "root", "--", "id -u; id -u -n")  # docs/users.md
+    assert (r.code, r.out) == (0, "0\nroot\n"), r.err
+    r = cli("exec", "-u", "1234", sandbox.id, "--", "true")
+    assert r.code != 0 and "sandbox user" in r.err

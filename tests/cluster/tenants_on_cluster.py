@@ -13,7 +13,7 @@ import uuid
 import httpx
 
 import corral
-from corral.cluster import _ray, auth
+from corral.cluster import _ray, auth, proof
 from corral.cluster.bringup import read_entries
 from corral.cluster.directory import Directory
 
@@ -43,6 +43,13 @@ def tenant_client(cluster, token: str) -> corral.Client:
 def daemons(cluster) -> dict[str, str]:
     """``{node id: daemon URL}`` of every alive node."""
     return {n.node_id: n.url for n in Directory(cluster.address).nodes()}
+
+
+def cluster_urls(cluster) -> dict[str, str]:
+    """``{node id: cluster+http://HOST:PORT?key=KEY}``: how a client outside Ray is
+    configured to start from that node's daemon (as `corral cluster up` prints it)."""
+    return {n.node_id: f"cluster+{n.url}?key={proof.url_key(n.key)}"
+            for n in Directory(cluster.address).nodes()}
 
 
 def admin_tokens(cluster) -> dict[str, str]:

@@ -29,7 +29,8 @@ from corral.cluster.ids import node_tag
 from corral.runtime.images import ImageStore
 from corral.runtime.paths import default_cache_dir
 from tests.cluster.test_travel import _daemon, _stats
-from tests.runtime.oci_archives import base_layer, docker_save, second_layer
+from tests.runtime.oci_archives import CONFIG, base_layer, docker_save, oci_layout, second_layer
+from tests.runtime.registries import requires_registry, run_registry
 
 TAG = "test-root-travel"
 SHOW = "sha256sum /home/sandbox/t/blob; cat /home/sandbox/t/mark; cat /etc/corral-node || true"
@@ -155,6 +156,37 @@ def test_an_image_imported_on_a_runs_on_b(client, ray_cluster, nodes, tmp_path):
     assert on_b.info.node == b
     assert _run(on_b, show) == expected  # its env and workdir travelled too
     assert _images(ray_cluster, b)[name]["digest"] == image.digest
+
+
+@requires_registry
+def test_an_image_pulled_on_a_runs_on_b_from_a_s_layers(client, ray_cluster, nodes, tmp_path):
+    """Pulled from a registry on one node, the image runs on another, which fetches its
+    layers from the first: the registry is gone by then. Its USER and ENTRYPOINT/CMD
+    travel with it (docs/users.md)."""
+    rootfs = default_cache_dir() / "images" / "python" / "rootfs"
+    uid = "{ while read k v r; do [ $k = Uid: ] && echo $v; done < /proc/self/status; true; }"
+    config = {**CONFIG, "config": {**CONFIG["config"], "User": "root",
+                                   "Cmd": ["sh", "-c", f"{uid} > /srv/data/cmd; exec cat"]}}
+    layout = oci_layout(tmp_path / "layout", [base_layer(rootfs).bytes(),
+                                              second_layer().bytes()], config)
+    with run_registry(tmp_path / "registry") as registry:
+        ref = registry.push(layout, f"travel/t{secrets.token_hex(4)}:1")
+        image = corral.Image.pull(ref, insecure=True, client=client)
+    a = next(n for n in nodes if image.name in _images(ray_cluster, n))
+    b = next(n for n in nodes if n != a)
+    before = _stats(ray_cluster, b)
+    show = f"cat /srv/data/hard.txt; echo $GREETING; pwd; {uid}"
+    on_a = corral.Sandbox.create(image=image.name, node=a, memory_mb=64, tags=[TAG],
+                                 client=client)
+    expected = _run(on_a, show)
+    assert expected.endswith("/srv/data\n0\n")  # its WORKDIR and its USER
+    on_b = corral.Sandbox.create(image=image.name, node=b, memory_mb=64, tags=[TAG],
+                                 run_entrypoint=True, client=client)
+    assert on_b.info.node == b and _run(on_b, show) == expected
+    assert _run(on_b, "i=0; while [ ! -s cmd ] && [ $i -lt 1000000 ]; do i=$((i+1)); done; "
+                "cat cmd") == "0\n"  # its CMD ran, as its USER
+    crossed = _stats(ray_cluster, b)["layers"] - before["layers"]
+    assert crossed >= 2  # its two layers (and its empty root) came from A
 
 
 def test_a_snapshot_of_a_python_sandbox_on_a_restores_on_b(client, ray_cluster, nodes):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import httpx
 import pytest
 
 import corral
@@ -21,6 +22,7 @@ from tests.cluster.tenants_on_cluster import (
     admin,
     cli,
     cli_json,
+    cluster_urls,
     daemons,
     entries,
     make_tenant,
@@ -28,6 +30,7 @@ from tests.cluster.tenants_on_cluster import (
     tenant_client,
     unique,
 )
+from tests.security.test_door_revocation import END_S, TICK, follow
 
 TAG = "test-cluster-tenants"
 
@@ -91,7 +94,7 @@ def test_a_tenant_reaches_the_cluster_through_one_daemon_without_ray(corral_clus
     """cluster+http://: no Ray in the client process at all (import ray fails there)."""
     tokens, _ = pair
     name = next(iter(tokens))
-    seed = next(iter(daemons(corral_cluster).values()))
+    seed = next(iter(cluster_urls(corral_cluster).values()))
     script = textwrap.dedent(f"""
         import sys
         sys.modules["ray"] = None  # importing Ray fails in this process
@@ -104,7 +107,7 @@ def test_a_tenant_reaches_the_cluster_through_one_daemon_without_ray(corral_clus
         print(sorted(s.id for s in corral.Sandbox.list(tags=["{TAG}"])))
         print(sorted(m.id for m in made))
     """)
-    env = {**os.environ, "CORRAL_URL": f"cluster+{seed}", "CORRAL_TOKEN": tokens[name]}
+    env = {**os.environ, "CORRAL_URL": seed, "CORRAL_TOKEN": tokens[name]}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr
@@ -181,19 +184,40 @@ def _status(url: str, token: str) -> int:
         return http.get("/v1/sandboxes").status_code
 
 
-def test_revoke_through_the_cluster_is_refused_on_every_node_at_once(corral_cluster):
+def test_revoke_through_the_cluster_ends_everything_on_every_node(corral_cluster):
+    """Revoked on one node (the CLI's ray:// admin): every node refuses the token at once,
+    the streams it held open on two nodes end, and (``--on-revoke stop``, the default)
+    its sandboxes on every node stop."""
     carol = unique("carol")
-    token = make_tenant(corral_cluster, carol)
+    made = cli_json("token", "create", carol, "--json", url=f"ray://{corral_cluster.address}")
+    token = made["token"]  # and how to reach the cluster outside Ray, a node's key pinned
+    assert made["cluster_url"] in cluster_urls(corral_cluster).values()
     urls = daemons(corral_cluster)
     assert {_status(u, token) for u in urls.values()} == {200}
+    nodes = corral_cluster.node_ids()[1:]  # two Ray-started nodes
+    with tenant_client(corral_cluster, token) as c:
+        sids = {n: corral.Sandbox.create(memory_mb=32, node=n, client=c).id for n in nodes}
+    streaming = [httpx.Client(base_url=urls[n], timeout=None,
+                              headers={"Authorization": f"Bearer {token}"}) for n in nodes]
+    streams = [follow(lambda h=h, sid=sids[n]: h.stream(
+        "POST", f"/v1/sandboxes/{sid}/exec/stream", json={"cmd": TICK, "timeout": 600}))
+        for h, n in zip(streaming, nodes, strict=True)]
     done = cli("token", "revoke", carol, url=f"ray://{corral_cluster.address}")
     assert done.returncode == 0, done.stderr  # every node confirmed
     assert {_status(u, token) for u in urls.values()} == {401}  # no wait: at once
+    for f in streams:
+        assert f.ended.wait(END_S), "a stream on another node outlived the revoke"
     with admin(corral_cluster) as ad:
+        for sid in sids.values():
+            until(lambda sid=sid: ad.request("GET", f"/v1/sandboxes/{sid}").json()["state"]
+                  == "stopped", "the revoked tenant's sandbox to stop")
+            ad.request("DELETE", f"/v1/sandboxes/{sid}")
         listed = [t["name"] for t in ad.request("GET", "/v1/tokens").json()["tokens"]]
         assert carol not in listed
         with pytest.raises(corral.InvalidArgument, match="revoked"):  # the name stays taken
             ad.request("POST", "/v1/tokens", json={"name": carol})
+    for h in streaming:
+        h.close()
 
 
 def test_a_daemon_ray_restarted_knows_the_cluster_tenants(corral_cluster):

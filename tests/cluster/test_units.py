@@ -79,8 +79,11 @@ def test_corral_url_selects_the_cluster(monkeypatch):
     assert e.cluster == "auto" and not e.embed and e.token == "crl_a-tenants"
     assert corral.Client().router is not None
     assert corral.Client().router.directory.token == "crl_a-tenants"  # no node's read
-    e = Endpoint.resolve("cluster+http://node-a:7070")  # through one daemon (no Ray)
-    assert e.cluster == "http://node-a:7070" and e.token == "crl_a-tenants"
+    key = "A" * 43  # the daemon's public key, pinned for the first contact
+    e = Endpoint.resolve(f"cluster+http://node-a:7070?key={key}")  # through one daemon
+    assert e.cluster == f"http://node-a:7070?key={key}" and e.token == "crl_a-tenants"
+    with pytest.raises(corral.InvalidArgument, match="names no key"):
+        Endpoint.resolve("cluster+http://node-a:7070")  # trusted on first contact: no
     # daemons register plain-HTTP URLs: https to the first would be TLS in name only
     with pytest.raises(corral.InvalidArgument, match="in clear"):
         Endpoint.resolve("cluster+https://node-a:7070")
@@ -90,3 +93,15 @@ def test_corral_url_selects_the_cluster(monkeypatch):
     assert Endpoint.resolve("ray://auto").token is None  # the admin: the cluster's token
     monkeypatch.delenv("CORRAL_URL")
     assert corral.Client().router is None
+
+
+def test_a_node_key_in_a_cluster_address():
+    """``cluster+http://HOST:PORT?key=KEY``: the key as `corral cluster up` prints it
+    (base64url, 43 characters), or pasted in the standard alphabet."""
+    from corral.cluster import proof
+
+    _, public = proof.make_key()
+    printed = proof.url_key(public)
+    assert len(printed) == 43 and proof.parse_key(printed) == public
+    assert proof.parse_key(public) == proof.parse_key(public.replace("+", " ")) == public
+    assert proof.parse_key("not-a-key") is None and proof.parse_key("A" * 40) is None

@@ -1,7 +1,8 @@
 """Harbor (the environment layer of Terminal-Bench, SkyRL and others) runs its tasks on
 corral: a task in Harbor's own format (``environment/Dockerfile`` FROM an image of a
 local registry, ``tests/test.sh``, ``solution/solve.sh``) run by ``harbor run`` with
-Harbor's oracle agent and ``--env corral.integrations.harbor:CorralEnvironment``.
+Harbor's oracle agent and ``--env corral.integrations.harbor:CorralEnvironment``
+(and Harbor's own ``cwsandbox`` and ``e2b`` environments on corral's front-ends).
 The right solution earns 1.0, a broken one 0.0.
 
 Harbor needs Python >= 3.12: the test makes a virtualenv with pyenv's 3.12 (or any
@@ -32,8 +33,8 @@ from tests.runtime.registries import requires_registry, rootfs_layer, run_regist
 pytestmark = [requires_root, requires_registry, pytest.mark.root, pytest.mark.timeout(900)]
 
 HARBOR_VERSION = "0.26.0"
-# cwsandbox: for Harbor's own cwsandbox environment, pointed at corral's front-end
-REQUIREMENTS = (f"harbor=={HARBOR_VERSION}", "cwsandbox==1.22.0")
+# cwsandbox, e2b: for Harbor's own cwsandbox and e2b environments, pointed at corral's front-ends
+REQUIREMENTS = (f"harbor=={HARBOR_VERSION}", "cwsandbox==1.22.0", "e2b==2.63.0")
 ENV_IMPORT_PATH = "corral.integrations.harbor:CorralEnvironment"
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -87,24 +88,29 @@ def base_ref(tmp_path_factory):
 def make_task(root: Path, base_ref: str, answer: str, *, prebuilt: bool = False) -> Path:
     """A Harbor task: compute 2+3 into /app/answer.txt; ``answer`` is what solve.sh
     writes. ``prebuilt``: the task names ``docker_image`` (the registry's image, where
-    /app/input.txt is made by solve.sh) instead of a Dockerfile."""
+    /app/input.txt is made by solve.sh) instead of a Dockerfile. Built from the
+    Dockerfile, the expected answer is root's alone and the verifier runs as root
+    (Harbor's ``[verifier] user``: honoured, docs/users.md)."""
     for d in ("environment", "tests", "solution"):
         (root / d).mkdir(parents=True)
     (root / "task.toml").write_text(
         'schema_version = "1.4"\n\n[metadata]\n\n[verifier]\ntimeout_sec = 120.0\n\n'
-        "[agent]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 600.0\n"
+        + ("" if prebuilt else 'user = "root"\n')
+        + "\n[agent]\ntimeout_sec = 120.0\n\n[environment]\nbuild_timeout_sec = 600.0\n"
         + (f'docker_image = "{base_ref}"\n' if prebuilt else ""))
     workdir = "/tmp" if prebuilt else "/app"  # the stock image: only /tmp is writable
     (root / "instruction.md").write_text("Write the sum of the numbers in /app/input.txt "
                                          "to /app/answer.txt.\n")
     (root / "environment/Dockerfile").write_text(
-        f"FROM {base_ref}\nWORKDIR /app\nRUN echo '2 3' > /app/input.txt\n")
+        f"FROM {base_ref}\nWORKDIR /app\nRUN echo '2 3' > /app/input.txt\n"
+        "RUN mkdir /srv/key && echo 5 > /srv/key/sum && chmod 700 /srv/key\n")
     (root / "solution/solve.sh").write_text(
         "#!/bin/bash\nset -e\n" + (f"echo '2 3' > {workdir}/input.txt\n" if prebuilt else "")
         + f"read a b < {workdir}/input.txt\necho {answer} > {workdir}/answer.txt\n")
     (root / "tests/test.sh").write_text(
         "#!/bin/bash\n"
-        f'if [ "$(cat {workdir}/answer.txt 2>/dev/null)" = 5 ]; then\n'
+        f'if [ "$(cat {workdir}/answer.txt 2>/dev/null)" = '
+        + ("5" if prebuilt else '"$(cat /srv/key/sum)"') + " ]; then\n"
         "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n")
     return root
 
@@ -170,3 +176,32 @@ def test_harbors_own_cwsandbox_environment_on_corrals_front_end(harbor_venv, bas
                     corral.Image.get(local_name(base_ref), client=client).delete()
                 assert local_name(base_ref) not in {i.name for i in corral.Image.list(
                     client=client)}
+
+
+def test_harbors_own_e2b_environment_on_corrals_front_end(harbor_venv, base_ref, tmp_path):
+    """Harbor's built-in ``e2b`` environment, unmodified, against corral's E2B
+    front-end, with ``prebuilt_template_id`` naming the image (Harbor's default path
+    builds a template through E2B's build API, which corral does not serve). Its setup
+    runs as ``user="root"`` (docs/users.md)."""
+    from tests.server.test_compat_e2b import TOKEN, serving
+
+    with serving() as daemon:
+        env = {"E2B_API_URL": daemon.endpoint, "E2B_SANDBOX_URL": daemon.endpoint,
+               "E2B_API_KEY": TOKEN}
+        with corral.Client(daemon.url) as client:
+            image = corral.Image.pull(base_ref, insecure=True, client=client)
+        args = ("--ek", f"prebuilt_template_id={image.name}")
+        try:
+            good = make_task(tmp_path / "good" / "e2b-task", base_ref, "$((a + b))",
+                             prebuilt=True)
+            assert harbor_run(harbor_venv, daemon, good, tmp_path / "jobs-good",
+                              env_arg="e2b", extra_env=env, args=args) == 1.0
+            broken = make_task(tmp_path / "broken" / "e2b-task", base_ref, "$((a - b))",
+                               prebuilt=True)
+            assert harbor_run(harbor_venv, daemon, broken, tmp_path / "jobs-broken",
+                              env_arg="e2b", extra_env=env, args=args) == 0.0
+        finally:
+            with corral.Client(daemon.url) as client:
+                for sb in corral.Sandbox.list(client=client):
+                    with contextlib.suppress(corral.NotFound):
+                        sb.delete()

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -120,8 +121,9 @@ def docker_save(layers: list[bytes], config: dict = CONFIG) -> bytes:
 
 
 def oci_layout(dest: Path, layers: list[bytes], config: dict = CONFIG, *,
-               gzip_layers: bool = True) -> Path:
-    """An OCI image layout directory (index -> manifest -> config and layer blobs)."""
+               gzip_layers: bool = True, zstd_layers: bool = False) -> Path:
+    """An OCI image layout directory (index -> manifest -> config and layer blobs);
+    layers gzipped, zstd-compressed (Debian's ``zstd``) or plain."""
     blobs = dest / "blobs" / "sha256"
     blobs.mkdir(parents=True)
 
@@ -131,8 +133,13 @@ def oci_layout(dest: Path, layers: list[bytes], config: dict = CONFIG, *,
         return d
 
     config_bytes = json.dumps(with_diff_ids(config, layers)).encode()
-    stored = [gzip.compress(x, mtime=0) if gzip_layers else x for x in layers]
-    media = "application/vnd.oci.image.layer.v1.tar" + ("+gzip" if gzip_layers else "")
+    if zstd_layers:
+        stored = [subprocess.run(["zstd", "-q", "-c"], input=x, capture_output=True,
+                                 check=True).stdout for x in layers]
+    else:
+        stored = [gzip.compress(x, mtime=0) if gzip_layers else x for x in layers]
+    media = "application/vnd.oci.image.layer.v1.tar" + (
+        "+zstd" if zstd_layers else "+gzip" if gzip_layers else "")
     manifest = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",

@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from corral.errors import DockerfileError
+from corral.errors import DockerfileError, InvalidArgument
 from corral.runtime.dockerfile import parse_dockerfile
 from corral.runtime.dockerfile_build import build_dockerfile, stage_name
 from tests.conftest import requires_root
@@ -96,9 +96,9 @@ async def test_multi_stage_dockerfile_builds_and_runs(engine, context, name):
         assert await sh(engine, sb.id, "cat /app/src/main.py") == "print('main')\n"
         assert await sh(engine, sb.id, "cat /app/data/inner/data.txt") == "from the tarball\n"
         assert (await sh(engine, sb.id, "jq -n 1")).strip() == "1"
-        # root's files are nobody's to the sandbox user (root is not mapped in a sandbox)
+        # root's files are the sandbox's root's (docs/users.md): not the sandbox user's
         owners = await sh(engine, sb.id, "stat -c %U /app/src/main.py notes.txt")
-        assert owners.split() == ["nobody", "sandbox"]
+        assert owners.split() == ["root", "sandbox"]
         assert "Permission denied" in (await engine.exec(
             sb.id, "echo x > /app/src/main.py")).stderr.decode()
     finally:
@@ -109,6 +109,30 @@ async def test_multi_stage_dockerfile_builds_and_runs(engine, context, name):
     (context / "notes.txt").write_text("changed\n")
     third = await build_dockerfile(engine, context, name=name, build_args={"VERSION": "7"})
     assert third.stats.built == 1
+
+
+async def test_user_workdir_env_and_entrypoint_apply_at_run_time(engine, tmp_path, name):
+    """USER root, WORKDIR and ENV are the defaults of exec; ``run_entrypoint`` starts
+    ENTRYPOINT + CMD in the background on create, as that user, there, with that env."""
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python\nENV GREETING=hi\nWORKDIR /srv/app\nUSER root\n"
+        'ENTRYPOINT ["/bin/sh", "-c"]\n'
+        'CMD ["echo $GREETING $(id -u) $(pwd) > /srv/app/started; exec sleep 300"]\n')
+    await build_dockerfile(engine, tmp_path, name=name)
+    sb = await engine.create(image=name, run_entrypoint=True)
+    try:
+        got = await sh(engine, sb.id, "for i in $(seq 100); do test -s started && break; "
+                       "sleep 0.1; done; cat started; id -u; echo $GREETING")
+        assert got == "hi 0 /srv/app\n0\nhi\n"
+        (proc,) = engine.list_processes(sb.id)
+        assert proc.argv[-1].endswith("exec sleep 300")
+        assert await sh(engine, sb.id, "id -u") == "0\n"  # USER root: exec's default
+        r = await engine.exec(sb.id, "id -u", user="sandbox")
+        assert r.stdout == b"1000\n"
+    finally:
+        await engine.delete(sb.id)
+    with pytest.raises(InvalidArgument, match="no ENTRYPOINT or CMD"):
+        await engine.create(image="python", run_entrypoint=True)
 
 
 @pytest.mark.parametrize("text,line,word", [

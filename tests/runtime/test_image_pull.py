@@ -132,6 +132,23 @@ async def test_multi_platform_index_picks_the_host_platform(engine, registry, la
         await engine.delete(sb.id)
 
 
+async def test_zstd_layers_are_pulled_and_bounded(engine, registry, layers, tmp_path, cleanup):
+    ref = registry.push(oci_layout(tmp_path / "layout", layers, zstd_layers=True), f"{repo()}:z")
+    image = await asyncio.to_thread(pull_image, engine.images, ref)
+    cleanup.append(image.name)
+    sb = await engine.create(image=image.name)
+    try:
+        assert await sh(engine, sb.id, "cat /srv/data/hard.txt") == "kept\n"
+    finally:
+        await engine.delete(sb.id)
+    # 64 MiB of zeros is a few KiB of zstd: the pull's byte budget stops it, typed
+    bomb = Layer().file("srv/zeros", bytes(64 << 20)).bytes()
+    ref = registry.push(oci_layout(tmp_path / "bomb", [bomb], zstd_layers=True), f"{repo()}:b")
+    with pytest.raises(ImageImportError, match="expands past"):
+        await asyncio.to_thread(pull_image, engine.images, ref, max_bytes=8 << 20)
+    assert not engine.images.exists(local_name(ref))
+
+
 async def test_corrupted_blob_is_refused_and_leaves_nothing(engine, registry, layers, tmp_path):
     layout = oci_layout(tmp_path / "layout", [layers[0], b"x" * 0 + second_layer().bytes()])
     ref = registry.push(layout, f"{repo()}:bad")

@@ -107,3 +107,20 @@ def test_a_short_admin_token_is_warned_about():
         assert "is only 9 characters" in daemon.log()
     with served() as daemon:
         assert "characters: anyone who reaches" not in daemon.log()
+
+
+def test_a_decoy_credential_header_does_not_dodge_the_name_block():
+    """Red team (after issue 23): the throttle named a request's guess by the first
+    credential header it found, while the door checked the ``Authorization`` bearer:
+    each guess at the admin token sent with a fresh decoy ``X-Access-Token: N.x`` counted
+    against "the sandbox tokens of N", so the admin token's name was never blocked, from
+    any number of addresses. Now the throttle counts what the door checks."""
+    with served() as daemon:
+        guesses = NAME_FREE_FAILURES + 40  # one guess per fresh address, all at once
+        requests = [(f"GET /v1/info HTTP/1.1\r\nHost: x\r\nX-Access-Token: decoy{i}.x\r\n"
+                     f"Authorization: Bearer {i:04d}{'z' * 40}\r\nConnection: close\r\n\r\n"
+                     ).encode() for i in range(guesses)]
+        statuses = burst(daemon.port, [source(10 + i) for i in range(guesses)], requests)
+        print("statuses:", statuses)
+        assert statuses.count(401) <= NAME_FREE_FAILURES + 10
+        assert statuses.count(429) >= 30  # was: 0 (every guess checked)

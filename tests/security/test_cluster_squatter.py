@@ -16,6 +16,7 @@ import signal
 import time
 
 import corral
+from corral.cli._cluster import cluster_url
 from corral.cluster import _ray, auth, bringup
 from tests.cluster.conftest import corral_cluster, ray_cluster  # noqa: F401 (the session's)
 from tests.cluster.tenants_on_cluster import make_tenant, unique
@@ -52,9 +53,10 @@ def test_a_squatter_on_a_dead_daemons_port_gets_no_token(corral_cluster):  # noq
     head, node = corral_cluster.node_ids()[0], corral_cluster.node_ids()[1]
     token = auth.node_tokens(gcs)[node]
     tenant_token = make_tenant(corral_cluster, unique("squat"))
-    entry = bringup.read_entries(gcs)[head]["url"]  # a tenant outside Ray starts there
+    # a tenant outside Ray starts at the head's daemon, its key pinned
+    entry = cluster_url(bringup.read_entries(gcs)[head])
     with corral.Client(f"ray://{corral_cluster.address}") as client, \
-            corral.Client(f"cluster+{entry}", token=tenant_token) as tenant:
+            corral.Client(entry, token=tenant_token) as tenant:
         assert _create(client, node) == "created" and _create(tenant, node) == "created"
         old = bringup.read_entries(gcs)[node]
         host, port = old["url"].removeprefix("http://").rsplit(":", 1)

@@ -14,12 +14,14 @@ import shutil
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 import corral
 from corral.rl import evaluate
 from tests.conftest import have_root_runtime
 from tests.security.dashboard_daemon import TOKEN, start
+from tests.server.conftest import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(os.environ.get("CORRAL_TEST_ARTIFACTS") or Path(__file__).parents[1] / "artifacts")
@@ -153,3 +155,66 @@ def test_a_sandboxs_page_and_its_terminal_in_chromium(make_daemon, browser):
             assert not dialogs and page.evaluate("window.__pwned") is None
         finally:
             sb.delete()
+
+
+def test_logout_and_revoke_end_the_pages_live_stream_in_chromium(make_daemon, browser):
+    """Attack 2 of issue 23 in a real browser: a tenant's dashboard tab keeps watching
+    while the same session logs out in another tab, or while the admin revokes the
+    token of another session; its live stream ends (the browser's reconnect is refused)
+    and its next action shows it is logged out. Before, the stream kept pushing for up
+    to 600 s."""
+    port = free_port()
+    make_daemon("--tcp", f"127.0.0.1:{port}", "--token", TOKEN, "--on-revoke", "keep")
+    url = f"http://127.0.0.1:{port}"
+    admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+    made = admin.post("/v1/tokens", json={"name": "watcher"})
+    assert made.status_code == 201, made.text
+    tenant = made.json()["token"]
+    with corral.Client(url, token=tenant) as client:
+        sb = corral.Sandbox.create(memory_mb=64, client=client)
+
+    def watching(context):
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(f"{url}/ui")
+        if page.url.endswith("/ui/login"):
+            page.fill("#token", tenant)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{url}/ui")
+        page.locator(f"tr[data-id='{sb.id}']").wait_for()
+        page.locator("#live.on").wait_for()
+        return page
+
+    def ended_and_logged_out(page, refused) -> None:
+        # the stream ended, and the browser's reconnect was refused (no new stream)
+        page.locator("#live.off").wait_for()
+        assert refused.value.status != 200
+        # its next action shows it is logged out: the button fails, a reload lands on login
+        page.click(f"tr[data-id='{sb.id}'] button[data-action=stop]")
+        page.locator("#action-error:not([hidden])").wait_for()
+        page.reload()
+        assert page.url.endswith("/ui/login")
+
+    def reconnect(page):
+        return page.expect_response(lambda r: "/ui/events" in r.url and r.status != 200,
+                                    timeout=WAIT_MS)
+
+    try:
+        # logout: two tabs of one session; the first logs out, the second was watching
+        first = browser.new_context()
+        leaving, watcher = watching(first), watching(first)
+        with reconnect(watcher) as refused:
+            leaving.click("#logout")
+            leaving.wait_for_url(f"{url}/ui/login")
+        ended_and_logged_out(watcher, refused)
+        # revoke: another session of the same token, the admin revokes it
+        second = browser.new_context()
+        watcher = watching(second)
+        with reconnect(watcher) as refused:
+            assert admin.delete("/v1/tokens/watcher").status_code == 204
+        ended_and_logged_out(watcher, refused)
+        # nothing it clicked after reached the sandbox (kept: --on-revoke keep)
+        assert admin.get(f"/v1/sandboxes/{sb.id}").json()["state"] == "running"
+    finally:
+        admin.delete(f"/v1/sandboxes/{sb.id}")
+        admin.close()

@@ -119,11 +119,19 @@ def test_every_grpc_method_gets_its_caller_from_the_door_only():
     from cwsandbox._proto import sandbox_pb2
 
     from corral.server.compat.cwsandbox import CwSandboxFrontend
+    from corral.server.compat.cwsandbox_edge import GrpcEdge
+    from corral.server.conn_limits import ConnectionBook
 
     app = _app()
     settings = ServerSettings(token=TOKEN, max_memory_mb=4096, grpc=("127.0.0.1", 0))
-    frontend = CwSandboxFrontend(settings, app.state.engine, app.state.service, app.state.door)
+    frontend = CwSandboxFrontend(
+        settings, app.state.engine, app.state.service, app.state.door,
+        edge=GrpcEdge(ConnectionBook(16, 4)), throttle=app.state.throttle,
+        streams=app.state.streams)
     assert frontend.guard.door is app.state.door  # the HTTP API's door, not a copy
+    # and its edge's books are the HTTP API's (one throttle, one count of live streams)
+    assert frontend.guard.throttle is app.state.throttle
+    assert frontend.guard.streams is app.state.streams
     servicer = frontend.service
     assert not hasattr(servicer, "identify") and not hasattr(servicer, "_authenticate")
 

@@ -118,10 +118,10 @@ def test_the_body_of_a_refused_request_is_never_read(e2b_ok):
         assert b"connection: close" in reply.lower()
 
 
-def test_user_other_than_the_sandbox_user_is_refused(e2b_ok):
+def test_user_other_than_the_sandbox_user_or_root_is_refused(e2b_ok):
     sb = created(e2b_ok)
     try:
-        basic = base64.b64encode(b"root:").decode()
+        basic = base64.b64encode(b"nobody:").decode()
         r = httpx.post(f"{e2b_ok.endpoint}/process.Process/Start", content=start_body(
             "touch /tmp/ran"), headers={
                 "E2b-Sandbox-Id": sb["sandboxID"], "X-Access-Token": sb["envdAccessToken"],

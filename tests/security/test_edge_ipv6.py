@@ -81,3 +81,28 @@ def test_a_burst_of_failures_keeps_the_block():
         throttle.failed("203.0.113.9", "crl_guess")
     refusal = throttle.refusal("203.0.113.9", "crl_guess")
     assert refusal is not None and refusal.details["retry_after"] == 60
+
+
+async def test_the_grpc_edge_counts_a_connection_by_its_prefix():
+    """The cwsandbox port's relay (server/compat/cwsandbox_edge.py) keys its
+    connections the same way: a connection from ::1 is one of the prefix ::/64."""
+    import asyncio
+
+    from corral.server.compat.cwsandbox_edge import GrpcEdge
+
+    book = ConnectionBook(max_connections=100, max_client_connections=4)
+    edge = GrpcEdge(book)
+    held: list[asyncio.StreamWriter] = []
+    backend = await asyncio.start_unix_server(lambda r, w: held.append(w), path=edge.backend)
+    try:
+        port = await edge.listen("::1", 0)
+        _, writer = await asyncio.open_connection("::1", port)
+        for _ in range(1000):  # until the edge accepted it (a hang guard, not a clock)
+            if book.unauthenticated(client_key("::1")):
+                break
+            await asyncio.sleep(0.01)
+        assert book.unauthenticated("::/64") == 1 and len(book) == 1
+        writer.close()
+    finally:
+        backend.close()
+        await edge.close()

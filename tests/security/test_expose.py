@@ -164,3 +164,37 @@ def test_chromium_loads_a_page_that_talks_websocket(team):
             sb.delete()
     team.cleanup()
     no_traceback(team)
+
+
+def test_a_tenants_relays_count_as_its_live_streams():
+    """Red team: relays to an exposed port were counted nowhere (a WebSocket even left
+    the connection book), so one tenant's sandbox could hold the daemon's descriptors
+    through its URL. Each relay is now a live stream of the sandbox's tenant."""
+    import socket
+    from urllib.parse import urlsplit
+
+    with team_daemon("--max-tenant-streams", "2") as t, \
+            corral.Client(t.url, token=t.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(memory_mb=128, client=alice)
+        try:
+            sb.exec("mkfifo /workspace/slow && echo ok > /workspace/ok", timeout=30)
+            _serve(sb, "python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace", 8000)
+            url = sb.expose(8000)
+            path = urlsplit(url).path
+            held = []
+            for _ in range(2):  # the server's thread waits on the FIFO: the relay stays
+                s = socket.create_connection(("127.0.0.1", t.port), timeout=60)
+                s.sendall(f"GET {path}slow HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                held.append(s)
+            for _ in range(600):  # until both relays hold their place (hang guard only)
+                third = httpx.get(url + "ok", timeout=60)
+                if third.status_code == 429:
+                    break
+                time.sleep(0.05)
+            assert third.status_code == 429, third.text  # was: relayed, without bound
+            assert "--max-tenant-streams" in third.json()["error"]["message"]
+            for s in held:
+                s.close()
+        finally:
+            sb.delete()  # the FIFO's readers end with it
+        no_traceback(t)

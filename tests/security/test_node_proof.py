@@ -119,3 +119,32 @@ def test_another_nodes_key_does_not_pass(node_daemon):
     with proof.proven_client(pins, timeout=10) as http:
         with pytest.raises(httpx.ConnectError, match="does not verify"):
             http.get(daemon.base + "/v1/info", headers=AUTH)
+
+
+def test_a_cluster_http_clients_first_contact_is_proven_with_its_configured_key(node_daemon):
+    """``cluster+http://HOST:PORT?key=KEY``: before, the first contact trusted the
+    address and sent the tenant's token to whoever answered there (a squatter on
+    loopback got it). Now the configured key is pinned for that first contact too."""
+    import corral
+    from corral.cluster.http_directory import HttpDirectory
+
+    daemon, public = node_daemon
+    key = proof.url_key(public)
+    # the real daemon proves the key and gets the token (it is no Ray node: its 409
+    # says it read the request, which a refused token would have made a 401)
+    with pytest.raises(corral.DaemonUnavailable, match="HTTP 409"):
+        HttpDirectory(daemon.base, TOKEN, public)._ask()
+    for squatter in (Squatter(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"),
+                     Squatter(relay_to=daemon.port)):  # relays the proof of another port
+        try:
+            with corral.Client(f"cluster+{squatter.url}?key={key}", token=TOKEN) as client:
+                with pytest.raises(corral.DaemonUnavailable, match="did not prove") as refused:
+                    corral.Sandbox.list(client=client)
+            assert refused.value.details["reason"] == "unproven"
+            assert "corral token create" in refused.value.message  # says what to do
+            assert TOKEN.encode() not in squatter.received
+        finally:
+            squatter.close()
+    # a configured address without its key is refused before anything is dialled
+    with pytest.raises(corral.InvalidArgument, match=r"\?key=KEY"):
+        corral.Client(f"cluster+{daemon.base}", token=TOKEN)

@@ -141,15 +141,29 @@ def test_run_exit_codes_and_streaming(daemon_ok):
             sb.commands.run("for i in 1 2 3; do echo $i; echo e$i >&2; done",
                             on_stdout=seen_out.append, on_stderr=seen_err.append)
             out["streamed"] = ["".join(seen_out), "".join(seen_err)]
+            # root of the sandbox's user namespace (docs/users.md)
+            out["root"] = sb.commands.run("id -u; touch /etc/by-root; stat -c %U /etc/by-root",
+                                          user="root").stdout.split()
+            sb.files.write("/opt/root-only/f.txt", "secret", user="root")
+            sb.commands.run("chmod -R go-rwx /opt/root-only", user="root")
+            out["root_read"] = sb.files.read("/opt/root-only/f.txt", user="root")
             try:
-                sb.commands.run("id", user="root")
+                sb.files.read("/opt/root-only/f.txt")
             except SandboxException as e:
-                out["root"] = type(e).__name__
+                out["user_read"] = type(e).__name__
+            sb.files.remove("/opt/root-only", user="root")
+            out["removed"] = sb.files.exists("/opt/root-only", user="root")
+            try:
+                sb.commands.run("id", user="nobody")
+            except SandboxException as e:
+                out["nobody"] = type(e).__name__
     """)
     assert out["run"] == ["hello c x\n/tmp\n", "oops\n", 0]
     assert out["exit"] == [7, "partial\n"]
     assert out["streamed"] == ["1\n2\n3\n", "e1\ne2\ne3\n"]
-    assert out["root"] == "SandboxException"  # refused, never run as someone else
+    assert out["root"] == ["0", "root"] and out["root_read"] == "secret"
+    assert out["user_read"] and out["removed"] is False
+    assert out["nobody"] == "SandboxException"  # refused, never run as someone else
 
 
 def test_command_timeout_kills_the_command(daemon_ok):

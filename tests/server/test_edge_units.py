@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from corral.cluster import proof
-from corral.server.auth_throttle import AuthThrottle, name_of, presented, weak_token_warning
+from corral.server.auth_throttle import AuthThrottle, name_of, weak_token_warning
 from corral.server.conn_limits import (
     Connection,
     ConnectionBook,
@@ -106,13 +106,26 @@ def test_the_throttle_blocks_unchecked_and_remembers_good_addresses():
     assert throttle.refusal("10.0.3.1", None) is None
 
 
-def test_credential_names_and_headers():
+
+def test_a_connection_counts_the_descriptors_it_holds():
+    """Red team: a relayed gRPC connection holds three descriptors; counted as one,
+    --max-connections of them exhausted the daemon's open-file limit (accept failed
+    for everyone)."""
+    closed: list[Connection] = []
+    book = ConnectionBook(max_connections=9, max_client_connections=10)
+    relayed = [Connection(f"g{i}", lambda i=i: closed.append(relayed[i]), cost=3)
+               for i in range(4)]
+    assert all(book.admit(c) for c in relayed[:3])  # 9 descriptors: full
+    assert book.admit(relayed[3]) and closed == [relayed[0]]  # the oldest stranger goes
+    book.promote(relayed[1])
+    assert book.admit(Connection("h", lambda: None)) and closed == relayed[:3:2]
+    # past what idle strangers free, an authenticated connection is not pushed out
+    assert not book.admit(Connection("h2", lambda: None, cost=9))
+    assert relayed[1] not in closed
+
+def test_credential_names():
     assert name_of("crl_abc") != name_of("admin-secret")
     assert name_of("alice.0f0f") == name_of("alice.1e1e") != name_of("bob.0f0f")
-    scope = {"headers": [(b"authorization", b"Basic abc"), (b"x-api-key", b" key ")]}
-    assert presented(scope) == "key"
-    assert presented({"headers": [(b"authorization", b"Bearer t")]}) == "t"
-    assert presented({"headers": []}) is None
     assert weak_token_warning("x" * 9) and weak_token_warning("x" * 32) is None
 
 
@@ -142,3 +155,18 @@ def test_a_proof_binds_node_address_and_nonce():
     pins = proof.Pins([("http://10.0.0.1:7000", "n1", public), ("http://10.0.0.2:1", "n2", "")])
     assert pins.get("10.0.0.1", 7000) == proof.Pin("n1", public)
     assert not pins.lists("http://10.0.0.2:1")  # no key: never contacted
+
+
+def test_a_call_held_after_its_token_was_revoked_is_cancelled_at_once():
+    """Red team: a gRPC call's credential is checked a loop turn before its handler
+    registers it; a revoke in between left that call (a StreamExec: for hours) running."""
+    from corral.server.caller import Caller
+    from corral.server.open_calls import OpenCalls
+    from corral.server.tenant_model import Tenant
+
+    calls, cancelled = OpenCalls(), []
+    assert calls.close_token("alice") == 0  # revoked while nothing was held yet
+    with calls.holding(Caller.of_tenant(Tenant("alice")), lambda: cancelled.append("alice")):
+        assert cancelled == ["alice"]
+    with calls.holding(Caller.of_tenant(Tenant("bob")), lambda: cancelled.append("bob")):
+        assert cancelled == ["alice"]  # another tenant's goes on

@@ -56,6 +56,7 @@ class ExecRequest(_Body):
     timeout: StrictFloat | None = Field(DEFAULT_EXEC_TIMEOUT_S, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    user: str | None = Field(None, max_length=64)  # "root" or the sandbox user: docs/users.md
     stdin: str | None = None
     stdin_b64: str | None = None
     max_output: StrictInt = Field(DEFAULT_MAX_OUTPUT, ge=0, le=MAX_OUTPUT_LIMIT)

@@ -2,6 +2,8 @@
 
     corral cluster up --address HEAD:6379      # once; again changes nothing
     export CORRAL_URL=ray://HEAD:6379          # then the SDK, the CLI and corral.rl use it
+    # or, for a tenant outside Ray: a line `up` printed, with the tenant's CORRAL_TOKEN
+    export CORRAL_URL=cluster+http://NODE:PORT?key=KEY
     corral cluster status --address HEAD:6379
     corral cluster down --address HEAD:6379    # every daemon and its sandboxes
 
@@ -69,11 +71,22 @@ def up(args: argparse.Namespace, ctx: Context) -> int:
         ctx.output.json({"nodes": entries})
     else:
         for e in entries:
-            ctx.output.line(f"{e['node_id']}  {e['url']}")
+            ctx.output.line(f"{e['node_id']}  {e['url']}  {cluster_url(e) or ''}".rstrip())
         ctx.output.err.print(
-            f"[dim]{len(entries)} daemons; use them with CORRAL_URL=ray://{args.address}[/dim]"
+            f"[dim]{len(entries)} daemons; use them with CORRAL_URL=ray://{args.address}, "
+            "or, outside Ray with a tenant token, CORRAL_URL=cluster+http://...?key=... "
+            "(a node's, above)[/dim]"
         )
     return 0
+
+
+def cluster_url(entry: dict[str, Any]) -> str | None:
+    """``cluster+http://HOST:PORT?key=KEY`` for a node's directory entry (None: no key):
+    what a client outside Ray is configured with, the daemon's key pinned."""
+    from corral.cluster.proof import url_key
+
+    key, url = entry.get("key"), entry.get("url")
+    return f"cluster+{url}?key={url_key(str(key))}" if key and url else None
 
 
 def status(args: argparse.Namespace, ctx: Context) -> int:

@@ -115,7 +115,7 @@ def exec_command(args: argparse.Namespace, ctx: Context) -> int:
         tail = default_output_tail(DEFAULT_MAX_OUTPUT if args.max_output is None else args.max_output)
     with sandbox.exec_stream(
         cmd, timeout=args.timeout, env=args.env or None, cwd=args.cwd, stdin=stdin,
-        max_output=args.max_output, output_tail=args.output_tail,
+        max_output=args.max_output, output_tail=args.output_tail, user=args.user,
     ) as run:
         for chunk in run:
             if chunk.dropped:

@@ -50,7 +50,7 @@ def exec_command(args: argparse.Namespace, ctx: Context) -> int:
     if args.stdin_file is not None:
         raise UsageError("-i and -t send stdin as it comes: drop --stdin-file (or -i/-t)")
     return run(ctx, args.id, _command(args.cmd), terminal=args.tty, interactive=args.interactive,
-               env=args.env, cwd=args.cwd, timeout=args.timeout, verb="exec")
+               env=args.env, cwd=args.cwd, timeout=args.timeout, verb="exec", user=args.user)
 
 
 def shell_command(args: argparse.Namespace, ctx: Context) -> int:
@@ -58,7 +58,7 @@ def shell_command(args: argparse.Namespace, ctx: Context) -> int:
     through ``/bin/sh -c`` as for ``exec``) on a terminal."""
     cmd = _command(args.cmd) if args.cmd else ["/bin/sh", "-c", DEFAULT_SHELL]
     return run(ctx, args.id, cmd, terminal=True, interactive=True, env=args.env,
-               cwd=args.cwd, timeout=None, verb="shell")
+               cwd=args.cwd, timeout=None, verb="shell", user=args.user)
 
 
 def _command(words: list[str]) -> str | list[str]:
@@ -68,6 +68,7 @@ def _command(words: list[str]) -> str | list[str]:
 def run(
     ctx: Context, sandbox_id: str, cmd: str | list[str], *, terminal: bool, interactive: bool,
     env: dict[str, str] | None, cwd: str | None, timeout: float | None, verb: str,
+    user: str | None = None,
 ) -> int:
     """Run ``cmd`` as a process of the sandbox, wired to this terminal; its exit status."""
     fd = sys.stdin.fileno()
@@ -85,7 +86,8 @@ def run(
         if os.environ.get("TERM") and "TERM" not in env:
             env["TERM"] = os.environ["TERM"]  # what this terminal understands
     sandbox = corral.Sandbox.connect(sandbox_id, client=ctx.client)
-    proc = sandbox.spawn(cmd, env=env or None, cwd=cwd, timeout=timeout, text=False, **options)
+    proc = sandbox.spawn(cmd, env=env or None, cwd=cwd, timeout=timeout, text=False, user=user,
+                         **options)
     with proc, _raw(fd, terminal and interactive), _hangup_exits():
         feeder = _Input(proc, fd if interactive else None, terminal)
         feeder.start()

@@ -80,11 +80,27 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
     if args.allow_host_network:  # sent only when given: an older daemon knows no such field
         body["allow_host_network"] = True
     made = ctx.client.call("create_token", json=body).json()
+    reach = _cluster_url(ctx)
     if args.json:
-        ctx.output.json({"name": made["name"], "token": made["token"]})
+        ctx.output.json({"name": made["name"], "token": made["token"],
+                         **({"cluster_url": reach} if reach else {})})
     else:
         ctx.output.line(made["token"])
+        if reach:  # stdout stays the token alone (TOKEN=$(corral token create ...))
+            ctx.output.err.print(f"[dim]outside Ray: CORRAL_URL={reach}[/dim]", soft_wrap=True)
     return 0
+
+
+def _cluster_url(ctx: Context) -> str | None:
+    """On a cluster: how a tenant outside Ray reaches it (a node's address and key)."""
+    from corral.cli._cluster import cluster_url
+    from corral.errors import CorralError
+
+    try:
+        nodes = ctx.client.call("cluster_nodes").json().get("nodes") or []
+    except CorralError:  # not a cluster's daemon
+        return None
+    return next((url for n in nodes if (url := cluster_url(n))), None)
 
 
 def _limit(value: float | None) -> str:

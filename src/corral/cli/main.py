@@ -277,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "0 is refused)")
     p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: the workdir)")
+    p.add_argument("--user", "-u", metavar="USER",
+                   help="root, or the sandbox user (default: the image's USER, else the "
+                   "sandbox user; docs/users.md)")
     p.add_argument("--stdin-file", metavar="FILE",
                    help="feed this file (or - for our stdin, read to its end) to the command")
     p.add_argument("--max-output", type=_exec.byte_count, metavar="BYTES",
@@ -304,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs="*", metavar="CMD")
     p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
     p.add_argument("--cwd", metavar="DIR", help="working directory (default: the workdir)")
+    p.add_argument("--user", "-u", metavar="USER",
+                   help="root, or the sandbox user (default: the image's USER, else the "
+                   "sandbox user; docs/users.md)")
     p.set_defaults(handler=_shell.shell_command)
 
     p = sub.add_parser(

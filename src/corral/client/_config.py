@@ -10,7 +10,9 @@ effect on the next such call):
   read from the cluster, unless ``CORRAL_TOKEN`` is set: then the directory alone is read
   there and that token is sent, e.g. a tenant's), or ``cluster+http://HOST:PORT`` for
   the same cluster reached through one of its daemons (its ``GET /v1/cluster/nodes``),
-  without being a Ray member (needs ``CORRAL_TOKEN``). Setting it turns the embedded
+  without being a Ray member (needs ``CORRAL_TOKEN``, and ``?key=KEY``: that daemon's
+  public key, as ``corral cluster up`` and ``corral token create`` print it; a daemon
+  that cannot prove it is never sent the token). Setting it turns the embedded
   daemon off: the SDK then only connects.
 - ``CORRAL_TOKEN``: the bearer token sent with every request (needed over TCP).
 - ``CORRAL_SOCKET``: the Unix socket used when ``CORRAL_URL`` is unset
@@ -29,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from corral.errors import InvalidArgument
 
@@ -143,7 +145,13 @@ class Endpoint:
                 raise InvalidArgument(
                     f"{url} reaches a cluster through one of its daemons, which needs a "
                     "token: set CORRAL_TOKEN (a tenant token from `corral token create`)")
-            daemon = f"{parts.scheme.removeprefix('cluster+')}://{parts.netloc}"
+            key = parse_qs(parts.query).get("key", [""])[0]
+            if not key:
+                raise InvalidArgument(
+                    f"{url} names no key: write cluster+http://{parts.netloc}?key=KEY with "
+                    "the key `corral cluster up` or `corral token create` printed (the "
+                    "daemon proves it holds it before the token is sent)")
+            daemon = f"{parts.scheme.removeprefix('cluster+')}://{parts.netloc}?key={key}"
             return cls(url, CLUSTER_BASE_URL, None, token, cluster=daemon)
         raise InvalidArgument(
             f"invalid daemon URL {url!r}: use unix:///path/to/corral.sock, http://host:port, "

@@ -42,6 +42,7 @@ class SpecOptions(TypedDict, total=False):
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
     gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
     gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)
+    run_entrypoint: bool  # start the image's ENTRYPOINT + CMD in the background on create
 
 
 class SpecFields(SpecOptions, total=False):
@@ -223,6 +224,7 @@ def exec_body(
     stdin: bytes | str | None,
     max_output: int | None,
     output_tail: int | None = None,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """The ``ExecRequest`` of ``docs/api.md``; every argument checked first."""
     body: dict[str, Any] = {"cmd": check.command(cmd), "timeout": check.timeout("timeout", timeout)}
@@ -243,6 +245,8 @@ def exec_body(
         body["max_output"] = check.integer("max_output", max_output, minimum=0)
     if output_tail is not None:
         body["output_tail"] = check.integer("output_tail", output_tail, minimum=0)
+    if user is not None:
+        body["user"] = check.text("user", user)
     return body
 
 

@@ -1,24 +1,32 @@
 """A cluster's directory read from one of its daemons, for clients that are not Ray
-members: ``CORRAL_URL=cluster+http://HOST:PORT`` with ``CORRAL_TOKEN`` (a tenant's).
+members: ``CORRAL_URL=cluster+http://HOST:PORT?key=KEY`` with ``CORRAL_TOKEN`` (a
+tenant's).
 
 The daemon at ``HOST:PORT`` lists every alive node's daemon (``GET /v1/cluster/nodes``,
 any valid token); after that, every call goes straight to the right node's daemon with
 that token, as with ``ray://``. If that daemon stops answering, the daemons it listed
 are asked instead. Ray's KV and the cluster's own token are never touched; the
 autoscaler is not shown this client's waiting creates (a Ray member's are).
+
+The first contact is proven too: ``KEY`` is that daemon's public key (printed by
+``corral cluster up`` and ``corral token create``), and the daemon must sign the
+client's nonce with it (:mod:`corral.cluster.proof`) before the token is sent. One that
+cannot is refused with :class:`~corral.errors.DaemonUnavailable` (``details["reason"]``
+``"unproven"``): a squatter on the address, or a daemon restarted with a new key.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
 from corral.api.operations import url as api_url
 from corral.cluster import proof
 from corral.cluster.directory import Directory, Node
-from corral.errors import DaemonUnavailable, Unauthorized
+from corral.errors import DaemonUnavailable, InvalidArgument, Unauthorized
 
 TIMEOUT_S = 5.0
 
@@ -26,9 +34,10 @@ TIMEOUT_S = 5.0
 class HttpDirectory(Directory):
     """The daemons of the cluster behind the daemon at ``url``, as it lists them."""
 
-    def __init__(self, url: str, token: str) -> None:
+    def __init__(self, url: str, token: str, key: str) -> None:
         super().__init__(url.rstrip("/"), token)
         self._given = token
+        self._key = key  # the configured daemon's public key: its first contact's pin
         self._known: dict[str, Node] = {}  # every node listed once: asked if ``url`` is not
 
     def gcs(self) -> Any:
@@ -63,17 +72,20 @@ class HttpDirectory(Directory):
 
     def _ask(self) -> list[dict[str, Any]]:
         headers = {"Authorization": f"Bearer {self._given}"}
-        # The daemons listed last time (proven); the configured address too, proven if it
-        # was listed, and trusted as configured only before anything was ever listed.
+        # The daemons listed last time (proven); the configured address too: proven with
+        # the key it was configured with before anything was ever listed, then only if
+        # the directory lists it.
         urls = [*(n.url for n in self._nodes.values() if n.url != self.address), self.address]
         first = not self._known
+        pins = proof.Pins([(self.address, None, self._key)]) if first else self.pins
         failures = []
-        with (httpx.Client(timeout=TIMEOUT_S, headers=headers) if first else
-              proof.proven_client(self.pins, timeout=TIMEOUT_S, headers=headers)) as http:
+        with proof.proven_client(pins, timeout=TIMEOUT_S, headers=headers) as http:
             for url in urls:
                 try:
                     reply = http.get(url + api_url("cluster_nodes"))
                 except httpx.HTTPError as exc:
+                    if first and isinstance(exc.__cause__, proof.Unproven):
+                        raise self._unproven(exc) from None
                     failures.append(f"{url}: {type(exc).__name__}")
                     continue
                 if reply.status_code == 401:
@@ -93,6 +105,16 @@ class HttpDirectory(Directory):
             details={"url": f"cluster+{self.address}"},
         )
 
+    def _unproven(self, exc: Exception) -> DaemonUnavailable:
+        return DaemonUnavailable(
+            f"the daemon at cluster+{self.address} did not prove it holds the key given "
+            f"in CORRAL_URL (?key=...), so CORRAL_TOKEN was not sent: check the address "
+            "and the key against what `corral cluster up` or `corral token create` printed "
+            "(a restarted daemon has a new port and key); if they match, something else "
+            f"answers on that address ({exc})",
+            details={"url": f"cluster+{self.address}", "reason": "unproven"},
+        )
+
     def nodes(self) -> list[Node]:
         nodes = self._fresh()
         if not nodes:
@@ -104,10 +126,19 @@ class HttpDirectory(Directory):
 
 
 def open_directory(cluster: str, token: str | None) -> Directory:
-    """The directory of ``cluster``: a Ray address (``ray://``), or a daemon's URL
-    (``cluster+http://``, with a ``token``)."""
+    """The directory of ``cluster``: a Ray address (``ray://``), or a daemon's URL with
+    its key (``cluster+http://HOST:PORT?key=KEY``, with a ``token``)."""
     if cluster.startswith(("http://", "https://")):
         if not token:
             raise Unauthorized(f"cluster+{cluster} needs a token: set CORRAL_TOKEN")
-        return HttpDirectory(cluster, token)
+        parts = urlsplit(cluster)
+        given = parse_qs(parts.query).get("key", [""])[0]
+        key = proof.parse_key(given) if given else None
+        if key is None:
+            raise InvalidArgument(
+                f"cluster+{parts.scheme}://{parts.netloc} needs the key of that daemon, to "
+                "check it before the token is sent: "
+                f"CORRAL_URL=cluster+{parts.scheme}://{parts.netloc}?key=KEY, as `corral "
+                "cluster up` and `corral token create` print it")
+        return HttpDirectory(f"{parts.scheme}://{parts.netloc}", token, key)
     return Directory(cluster, token)

@@ -93,14 +93,34 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
 
 
+def url_key(public: str) -> str:
+    """A node's public key as it is written in a ``cluster+http://HOST:PORT?key=KEY``
+    address (base64url, no padding: 43 characters; the key is its own fingerprint)."""
+    return base64.urlsafe_b64encode(base64.b64decode(public)).decode().rstrip("=")
+
+
+def parse_key(text: str) -> str | None:
+    """The public key an address's ``key=`` names (either base64 alphabet, padded or
+    not), in the directory's form; None if it is not 32 bytes of base64."""
+    # (a standard-alphabet "+" reads as a space once a query string is decoded)
+    text = text.strip().replace(" ", "+").replace("-", "+").replace("_", "/")
+    try:
+        raw = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except ValueError:
+        return None
+    return _b64(raw) if len(raw) == 32 else None
+
+
 # ------------------------------------------------------------------ pins
 
 
 @dataclass(frozen=True)
 class Pin:
-    """Who must answer at an address: a node id and its daemon's public key."""
+    """Who must answer at an address: a node id and its daemon's public key (a node
+    id of None: whichever node that key signs for, as at a client's first contact,
+    where only the key is configured)."""
 
-    node_id: str
+    node_id: str | None
     key: str
 
 
@@ -113,12 +133,12 @@ class Pins:
     """The addresses a directory lists now, each with its node's key (thread-safe:
     the table is replaced whole)."""
 
-    def __init__(self, nodes: Iterable[tuple[str, str, str]] = ()) -> None:
+    def __init__(self, nodes: Iterable[tuple[str, str | None, str]] = ()) -> None:
         self._lock = threading.Lock()
         self._by_address: dict[tuple[str, int], Pin] = {}
         self.replace(nodes)
 
-    def replace(self, nodes: Iterable[tuple[str, str, str]]) -> None:
+    def replace(self, nodes: Iterable[tuple[str, str | None, str]]) -> None:
         """Pin exactly these ``(url, node_id, key)``; a node without a key is not pinned
         (so never contacted with a credential)."""
         table = {address_of(url): Pin(node_id, key) for url, node_id, key in nodes if key}
@@ -166,12 +186,17 @@ def _check(pin: Pin, host: str, port: int, nonce: str, body: bytes) -> None:
         node_id, signature = str(answer["node_id"]), str(answer["signature"])
     except (ValueError, KeyError, TypeError):
         raise ValueError("no proof in its answer") from None
-    if node_id != pin.node_id or not verify(pin.key, signature, node_id, host, port, nonce):
+    if (pin.node_id is not None and node_id != pin.node_id) or not verify(
+            pin.key, signature, node_id, host, port, nonce):
         raise ValueError("its proof does not verify against the directory's key")
 
 
+class Unproven(httpcore.ConnectError):
+    """A daemon did not prove the key pinned for its address (nothing was sent to it)."""
+
+
 def _refused(host: str, port: int, why: str) -> httpcore.ConnectError:
-    return httpcore.ConnectError(
+    return Unproven(
         f"the daemon at {host}:{port} did not prove it is the node the cluster's directory "
         f"lists there ({why}): no credential was sent; the directory is read again")
 

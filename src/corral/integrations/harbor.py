@@ -19,10 +19,11 @@ internet (then the host's: corral has no per-host allow-list). ``exec`` runs
 ``bash -c COMMAND`` with the task's env, a cwd and a timeout; files go up and down
 through corral's file API.
 
-Differences from Docker that a task may notice: commands run as corral's sandbox
-user (uid 1000), never as root (``user=`` is accepted and ignored), so a task that
-writes where only root may fails there; Docker Compose files and GPUs are not
-supported.
+Users: ``user=`` (and Harbor's ``default_user``) is honoured for ``root``/``0`` (root
+of the sandbox's user namespace) and the sandbox user (``1000``, or a name the image's
+``/etc/passwd`` gives one of these uids); without one a command runs as the image's
+``USER``, else as the sandbox user (docs/users.md). Another uid is refused. Docker
+Compose files and GPUs are not supported.
 
 The daemon is the SDK's (``CORRAL_URL``, else an embedded one).
 """
@@ -131,13 +132,16 @@ class CorralEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def exec(self, command: str, cwd: str | None = None,
                    env: dict[str, str] | None = None, timeout_sec: int | None = None,
                    user: str | int | None = None) -> Any:
-        """``bash -c command`` in the sandbox (as its sandbox user: ``user`` is
-        ignored). A timeout gives return code 124, as ``timeout(1)`` does."""
+        """``bash -c command`` in the sandbox, as ``user`` (else Harbor's default
+        user, else the image's). A timeout gives return code 124, as ``timeout(1)``
+        does."""
         merged = self._merge_env(env) or {}
+        who = self._resolve_user(user)
         try:
             result = await self._sandbox.exec(
                 ["bash", "-c", command], cwd=cwd or self._workdir, env=merged,
-                timeout=float(timeout_sec) if timeout_sec else EXEC_TIMEOUT_S)
+                timeout=float(timeout_sec) if timeout_sec else EXEC_TIMEOUT_S,
+                user=None if who is None else str(who))
         except ExecTimeout as exc:
             return ExecResult(stdout="", stderr=str(exc), return_code=124)
         return ExecResult(stdout=result.stdout, stderr=result.stderr,

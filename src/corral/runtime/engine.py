@@ -39,7 +39,17 @@ from corral.errors import (
     SandboxStartError,
     Unsupported,
 )
-from corral.runtime import cgroups, devices, processes, rootfs, seccomp, storage, syscalls, warden
+from corral.runtime import (
+    cgroups,
+    devices,
+    processes,
+    rootfs,
+    seccomp,
+    storage,
+    syscalls,
+    users,
+    warden,
+)
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.agentconn import (
     ended_error,
@@ -313,6 +323,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            entry = (users.entrypoint_argv(image)  # InvalidArgument now, if it has none
+                     if spec.run_entrypoint and image_override is None else None)
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
@@ -330,6 +342,9 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         live.volumes = tuple(mounts)
         live.ro_binds = tuple((str(src), dest) for src, dest in ro_binds)
         live.build_root = build_root  # root in its user namespace (runtime.rootbuild)
+        if image_override is None:  # a build step runs as its step says, not as USER
+            live.user = users.image_default(image)
+            live.image_layers = tuple(image.lowers)
         live.gpus = grant
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
@@ -353,6 +368,13 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
         self.events.emit(SandboxStarted(sid, spec.snapshot))
+        if entry is not None:
+            try:  # as the image's USER, in its WORKDIR, with its ENV (all defaults now)
+                await self.spawn(sid, entry)
+            except BaseException:
+                with suppress(CorralError):
+                    await self.delete(sid)
+                raise
         return info
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:

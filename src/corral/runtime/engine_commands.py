@@ -15,7 +15,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidArgument, SandboxLost
-from corral.runtime import process_start, processes, sweep
+from corral.runtime import process_start, processes, sweep, users
 from corral.runtime.agentconn import (
     command_argv,
     command_events,
@@ -63,6 +63,7 @@ class CommandOps:
         stdin: bytes | str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         output_tail: int | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """Run a command to completion; a timeout or OOM kill is a result, not an error.
         Each stream keeps ``max_output`` bytes at most: past that, its head and its last
@@ -71,7 +72,7 @@ class CommandOps:
         err: list[bytes] = []
         async for ev in self.exec_stream(
             sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-            max_output=max_output, output_tail=output_tail,
+            max_output=max_output, output_tail=output_tail, user=user,
         ):
             if ev.kind == "stdout":
                 out.append(ev.data)
@@ -94,6 +95,7 @@ class CommandOps:
         stdin: bytes | str | None = None,
         max_output: int = DEFAULT_MAX_OUTPUT,
         output_tail: int | None = None,
+        user: str | int | None = None,
     ) -> AsyncIterator[ExecEvent]:
         """Run a command and yield its output as it happens, then its exit.
 
@@ -104,7 +106,8 @@ class CommandOps:
         """
         live = self._running(sandbox_id)
         tail = output_tail_for(max_output, output_tail)
-        fields = self.command_fields(live, cmd, env, cwd, stdin, limit_fields(timeout, max_output, tail))
+        fields = self.command_fields(live, cmd, env, cwd, stdin,
+                                     limit_fields(timeout, max_output, tail), user)
         assert live.channel is not None
         oom_before = live.cgroup.oom_kills()
         stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
@@ -130,11 +133,16 @@ class CommandOps:
         cwd: str | None,
         stdin: bytes | str | None,
         limits: list[Field],
+        user: str | int | None = None,
     ) -> list[Field]:
-        """A command's EXEC fields (``limits``: :func:`~corral.runtime.agentconn.limit_fields`)."""
+        """A command's EXEC fields (``limits``: :func:`~corral.runtime.agentconn.limit_fields`;
+        ``user``: root or the sandbox user, :mod:`corral.runtime.users`; ``None``: the
+        image's ``USER``, else the sandbox user)."""
         argv = command_argv(cmd)
+        uid = live.user if user is None else users.resolve(user, live.image_layers)
         full_env = {
             "PATH": BASE_PATH, "HOME": SANDBOX_HOME, "USER": "sandbox", "LOGNAME": "sandbox",
+            **(users.user_env(uid) if uid is not None else {}),
             "LANG": "C.UTF-8", "SHELL": "/bin/sh", "PWD": cwd or live.spec.workdir,
             **thread_env(live.spec.cpus, len(self.cpu_picker.cpus)),  # the spec's env wins
             **live.spec.env, **live.spec.secret_env(), **(env or {}),
@@ -145,6 +153,8 @@ class CommandOps:
         fields: list[Field] = [(Tag.ARGV, a) for a in argv]
         fields += [(Tag.ENV, f"{k}={v}") for k, v in full_env.items()]
         fields.append((Tag.CWD, resolve_path(live.spec.workdir, cwd or live.spec.workdir)))
+        if uid is not None:
+            fields.append((Tag.UID, uid))
         fields += limits
         if stdin:
             fields.append((Tag.STDIN, stdin.encode() if isinstance(stdin, str) else stdin))
@@ -160,6 +170,7 @@ class CommandOps:
         timeout: float | None = None,
         max_buffer: int = processes.DEFAULT_MAX_BUFFER,
         terminal: TerminalSize | None = None,
+        user: str | int | None = None,
     ) -> processes.Process:
         """Start an interactive process: stdin stays open, output is read as it comes.
 
@@ -169,7 +180,8 @@ class CommandOps:
         bounds the output kept unread (per stream); ``terminal`` (rows, cols): on a
         pseudo-terminal (:mod:`corral.runtime.terminal`)."""
         return await process_start.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
-                                     timeout=timeout, max_buffer=max_buffer, terminal=terminal)
+                                     timeout=timeout, max_buffer=max_buffer, terminal=terminal,
+                                     user=user)
 
     def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:
         """A process of a live sandbox by id; :class:`~corral.errors.NotFound` if none."""

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING
 
 from corral.errors import CorralError
 from corral.network_schema import NetworkPolicy
-from corral.runtime import restore, syscalls
+from corral.runtime import restore, syscalls, users
 from corral.runtime.channel import AgentChannel
 from corral.runtime.live import Live
 from corral.runtime.logtail import LogTail
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
     from corral.runtime.gpus import GpuAllocator
+    from corral.runtime.images import ImageStore
     from corral.runtime.net import NetworkManager
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
@@ -76,6 +77,7 @@ class RestoreOps:
     gpus: GpuAllocator
     cpu_picker: CpuPicker
     volumes: Volumes
+    images: ImageStore
     events: Events
     _live: dict[str, Live]
     _warden: Warden | None
@@ -129,6 +131,9 @@ class RestoreOps:
                 live.snapshot_id = info.spec.snapshot
                 live.gpus = grant
                 live.volumes = mounts  # (a volume in use is not removed)
+                with contextlib.suppress(CorralError):  # its image's USER (runtime.users)
+                    image = self.images.get(info.spec.image)
+                    live.user, live.image_layers = users.image_default(image), tuple(image.lowers)
                 try:  # the CPUs it runs on (its affinity, set at its launch)
                     live.cpus = self.cpu_picker.hold(sorted(os.sched_getaffinity(pid)))
                 except OSError:

@@ -34,21 +34,19 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import http.client
 import json
 import os
 import re
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from corral.errors import ImageImportError, ImageNotFound, InvalidArgument, RegistryError
 from corral.image_schema import validate_image_name
-from corral.runtime import image_cache
+from corral.runtime import image_cache, layer_codec
 from corral.runtime.debian import _make_world_readable
 from corral.runtime.distribution import (
     INDEX_TYPES,
@@ -71,8 +69,6 @@ MAX_LAYERS = 127  # Docker's own limit
 RESUME_TRIES = 8
 _CHUNK = 1 << 20
 _KEY_FORMAT = b"corral-oci-layer-1\n"
-_GZIP = b"\x1f\x8b"
-_ZSTD = b"\x28\xb5\x2f\xfd"
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _SLUG_RE = re.compile(r"[^a-z0-9._-]+")
 
@@ -340,22 +336,12 @@ class _Pull:
         return done
 
     def _unpack(self, index: int, blob: Path, tree: Path, diff_id: str) -> None:
-        """Unpack the blob into ``tree`` in one pass (gunzipped on the way), its tar's
+        """Unpack the blob into ``tree`` in one pass (gunzipped or un-zstd-ed on the way), its tar's
         sha256 checked against ``diff_id``, within the pull's byte budget."""
-        with open(blob, "rb") as f:
-            magic = f.read(4)
-        if magic.startswith(_ZSTD):
-            raise ImageImportError(f"layer {index + 1} of {self.ref} is zstd-compressed, "
-                                   "which corral cannot unpack yet: push it with gzip layers")
-        with open(blob, "rb") as raw:
-            src: Any = gzip.GzipFile(fileobj=raw) if magic.startswith(_GZIP) else raw
+        with layer_codec.open_layer(blob, f"layer {index + 1} of {self.ref}") as src:
             reader = _Checked(src, self.budget, lambda n: self._too_large(index, n))
-            try:
-                apply_overlay_layer(tree, reader, index + 1)
-                reader.drain()  # the tar's zero blocks and padding count in diff_id
-            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-                raise ImageImportError(f"layer {index + 1} of {self.ref}: bad gzip data "
-                                       f"({exc})", details={"layer": index + 1}) from None
+            apply_overlay_layer(tree, reader, index + 1)
+            reader.drain()  # the tar's zero blocks and padding count in diff_id
         self.budget -= reader.count
         if "sha256:" + reader.hash.hexdigest() != diff_id:
             raise ImageImportError(

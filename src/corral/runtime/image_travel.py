@@ -32,7 +32,8 @@ from corral.runtime import image_cache, layer_wire, root_travel
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layer_fetch import LayerFetcher, OpenLayer, layers_of
 
-_KEPT = ("digest", "size_bytes", "python", "base", "root", "env", "workdir", "source")
+_KEPT = ("digest", "size_bytes", "python", "base", "root", "env", "workdir", "source", "user",
+         "entrypoint", "cmd")
 
 
 def describe_image(images: ImageStore, name: str) -> dict[str, Any]:
@@ -127,7 +128,30 @@ def _checked_built(desc: dict[str, Any]) -> dict[str, Any]:
     env = root_travel.checked_env(desc.get("env"), f"image {str(name)[:100]!r}")
     kept_source = {k: v for k, v in (source or {}).items() if k != "keys"}
     return {"digest": digest, "size_bytes": size, "python": python, "base": base,
-            "env": env, "workdir": workdir, "source": kept_source}
+            "env": env, "workdir": workdir, "source": kept_source,
+            **_checked_run_meta(desc, str(name)[:100])}
+
+
+def _checked_run_meta(desc: dict[str, Any], name: str) -> dict[str, Any]:
+    """The image's ``user``, ``entrypoint`` and ``cmd`` (docs/users.md), each checked
+    (a string of at most 256 characters; lists of at most 256 such strings, 64 KiB in
+    all), else :class:`InvalidArgument`; what is absent stays absent."""
+    out: dict[str, Any] = {}
+    user = desc.get("user")
+    if user is not None:
+        if not (isinstance(user, str) and len(user) <= 256 and "\0" not in user):
+            raise InvalidArgument(f"the peer described image {name!r} with an invalid user")
+        out["user"] = user
+    for key in ("entrypoint", "cmd"):
+        value = desc.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, list) and len(value) <= 256
+                and all(isinstance(v, str) and "\0" not in v for v in value)
+                and sum(len(v) for v in value) <= 1 << 16):
+            raise InvalidArgument(f"the peer described image {name!r} with an invalid {key}")
+        out[key] = value
+    return out
 
 
 async def image_for_snapshot(fetcher: LayerFetcher, desc: dict[str, Any],

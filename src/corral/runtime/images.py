@@ -115,6 +115,9 @@ class Image:
     layer_ids: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
     workdir: str | None = None  # the default workdir of its sandboxes (None: /workspace)
+    user: str | None = None  # who its commands run as by default (runtime.users; None: 1000)
+    entrypoint: tuple[str, ...] = ()  # Dockerfile ENTRYPOINT / OCI Entrypoint
+    cmd: tuple[str, ...] = ()  # Dockerfile CMD / OCI Cmd
     base: str | None = None  # built: the image its spec started from
     root_image: str | None = None  # built: the image whose rootfs ``rootfs`` is...
     root_digest: str | None = None  # ...and its digest when this one was built
@@ -217,7 +220,9 @@ class ImageStore:
                 "created_at": float(manifest["created_at"]),
                 "size_bytes": int(manifest["size_bytes"]), "python": manifest.get("python"),
                 "kind": kind, "env": dict(manifest.get("env") or {}),
-                "workdir": manifest.get("workdir"),
+                "workdir": manifest.get("workdir"), "user": _text(manifest.get("user")),
+                "entrypoint": _strings(manifest.get("entrypoint")),
+                "cmd": _strings(manifest.get("cmd")),
             }
             if kind != "built":
                 return Image(rootfs=image_dir / ROOTFS, **common)
@@ -549,3 +554,13 @@ class ImageStore:
     def _exists(self, name: str) -> InvalidArgument:
         return InvalidArgument(f"image {name!r} already exists; remove it first to replace it",
                                details={"image": name})
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return ()

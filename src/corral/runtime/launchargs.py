@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from corral.runtime import rootbuild, rootfs
+from corral.runtime import rootbuild, rootfs, users
 from corral.runtime.agentbuild import agent_layer
 from corral.runtime.cpus import cpu_list
 from corral.runtime.diskimage import IMAGE_NAME
-from corral.runtime.uids import SANDBOX_HOME, SANDBOX_UID
+from corral.runtime.uids import SANDBOX_HOME
 from corral.schema import NetworkMode, Storage
 
 if TYPE_CHECKING:
@@ -62,10 +62,11 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         argv += ["--stub", path]
     argv += [
         "--", bwrap,
-        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--unshare-cgroup", "--disable-userns",
-        *(rootbuild.bwrap_identity() if live.build_root else
-          ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]),
+        # a build step as root: bwrap's own user namespace, root mapped to the slot's
+        # uid; a sandbox: the launcher's, which maps its user and its root (docs/users.md)
+        *(["--unshare-user", "--disable-userns", *rootbuild.bwrap_identity()]
+          if live.build_root else users.bwrap_identity()),
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup",
         "--hostname", "sandbox",
         "--bind", str(live.sandbox_dir / "root"), "/",
         "--proc", "/proc", "--dev", "/dev",

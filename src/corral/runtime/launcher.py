@@ -34,7 +34,7 @@ from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.logtail import LogTail
-from corral.runtime.uids import CANONICAL_UID, UidBlock
+from corral.runtime.uids import CANONICAL_UID, UidBlock, root_uid
 from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
 
 log = logging.getLogger("corral.runtime")
@@ -182,7 +182,7 @@ class SlotPool:
         log_copy = os.dup(log_r)  # (close-on-exec) the warden keeps one: restore.py
         log = LogTail(log_r)
         argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
-                "--canonical", str(CANONICAL_UID)]
+                "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID)]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:

@@ -54,6 +54,8 @@ class Live:
     snapshot_id: str | None = None  # started from it: holds a reference until released
     ro_binds: tuple[tuple[str, str], ...] = ()  # (host path, /.corral/DIR/FILE), read-only
     build_root: bool = False  # an image build step as root (corral.runtime.rootbuild)
+    user: int | None = None  # its commands' default uid (0 or 1000: runtime.users)
+    image_layers: tuple[Path, ...] = ()  # its image's, top first: user names (users.resolve)
     gpus: GpuGrant | None = None  # the GPUs it holds (corral.runtime.gpus)
     processes: dict[str, LiveProcess] = field(default_factory=dict)  # by id
     cpus: tuple[int, ...] = ()  # the CPUs it runs on (corral.runtime.cpus)

@@ -8,8 +8,8 @@ image config's ``Env`` and ``WorkingDir`` become the defaults of its sandboxes.
 Layers follow the OCI rules for changesets: ``.wh.<name>`` deletes ``<name>`` from the
 layers below, ``.wh..wh..opq`` empties its directory of what the layers below put
 there; whiteouts apply before the layer's own entries (so a layer may re-create what
-it hides). Layers may be plain tar or gzip (zstd is refused); blobs are checked against
-their digests, and layers against the config's ``diff_ids``.
+it hides). Layers may be plain tar, gzip or zstd (:mod:`corral.runtime.layer_codec`);
+blobs are checked against their digests, and layers against the config's ``diff_ids``.
 
 Safety: the archive is untrusted. Entry names that are absolute or contain ``..``,
 hard links that do, and symbolic links whose relative target climbs out of the root
@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from typing import IO, Any
 
 from corral.errors import ImageImportError
 from corral.image_schema import validate_image_name
+from corral.runtime import layer_codec
 from corral.runtime.debian import SANDBOX_GID, SANDBOX_UID, _make_world_readable
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.images import Image, ImageStore
@@ -51,8 +51,6 @@ OPAQUE = ".wh..wh..opq"
 OVERLAY_OPAQUE = "trusted.overlay.opaque"
 MAX_LINK_HOPS = 40
 _CHUNK = 1 << 20
-_GZIP = b"\x1f\x8b"
-_ZSTD = b"\x28\xb5\x2f\xfd"
 _INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -154,12 +152,9 @@ def _open_source(source: Path, work: Path) -> Iterator[_Source]:
     if source.is_dir():
         yield _DirSource(source)
         return
-    with open(source, "rb") as f:
-        magic = f.read(4)
-    if magic.startswith(_GZIP):  # `docker save | gzip`: unpacked once, then read at random
-        plain = work / "archive.tar"
-        with gzip.open(source, "rb") as fin, open(plain, "wb") as fout:
-            shutil.copyfileobj(fin, fout, _CHUNK)
+    if layer_codec.codec(source) != "tar":  # `docker save | gzip` (or zstd): unpacked
+        plain = work / "archive.tar"  # once, then read at random
+        layer_codec.decompress_to(source, plain, str(source))
         source = plain
     try:
         tar = tarfile.open(source, "r:")
@@ -258,18 +253,9 @@ def _fetch_layer(src: _Source, path: str, digest: str | None, dest: Path, index:
         raise ImageImportError(f"layer {index + 1} ({path}) does not match its digest "
                                f"{digest} (a damaged or altered archive)",
                                details={"layer": index + 1})
-    with open(dest, "rb") as f:
-        magic = f.read(4)
-    if magic.startswith(_ZSTD):
-        raise ImageImportError(f"layer {index + 1} is zstd-compressed: re-save the image "
-                               "with gzip or uncompressed layers", details={"layer": index + 1})
-    if magic.startswith(_GZIP):
+    if layer_codec.codec(dest) != "tar":
         plain = dest.with_suffix(".plain")
-        try:
-            with gzip.open(dest, "rb") as fin, open(plain, "wb") as fout:
-                shutil.copyfileobj(fin, fout, _CHUNK)
-        except (OSError, EOFError) as exc:
-            raise ImageImportError(f"layer {index + 1}: bad gzip data ({exc})") from None
+        layer_codec.decompress_to(dest, plain, f"layer {index + 1}")
         os.replace(plain, dest)
     return dest
 

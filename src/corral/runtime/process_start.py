@@ -37,6 +37,7 @@ async def spawn(
     timeout: float | None = None,
     max_buffer: int = DEFAULT_MAX_BUFFER,
     terminal: TerminalSize | None = None,
+    user: str | int | None = None,
 ) -> Process:
     """Start ``cmd`` in a running sandbox with its stdin open (see :meth:`Engine.spawn`),
     on a pseudo-terminal of that size if ``terminal`` is given."""
@@ -45,7 +46,8 @@ async def spawn(
     if terminal is not None:
         terminal = terminal_size(*terminal)
         env = terminal_env(env, live.spec.env)
-    fields = engine.command_fields(live, cmd, env, cwd, None, limit_fields(timeout, UNLIMITED_OUTPUT, 0))
+    fields = engine.command_fields(live, cmd, env, cwd, None,
+                                   limit_fields(timeout, UNLIMITED_OUTPUT, 0), user)
     fields.append((Tag.STDIN_OPEN, 1))
     if terminal is not None:
         fields += terminal_fields(terminal)

@@ -100,6 +100,7 @@ class ProcessEngine(Protocol):
         cwd: str | None,
         stdin: bytes | str | None,
         limits: list[Field],
+        user: str | int | None = None,
     ) -> list[Field]: ...
 
 

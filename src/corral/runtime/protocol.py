@@ -83,6 +83,7 @@ class Tag(IntEnum):
     DROPPED = 33  # TAIL: bytes dropped between the head and the tail
     ROWS = 34  # EXEC with ROWS and COLS: on a pseudo-terminal of that size
     COLS = 35
+    UID = 36  # EXEC: run as this uid of the sandbox (0 or 1000; default the agent's, 1000)
 
 
 Field = tuple[int, "bytes | bytearray | memoryview | str | int"]

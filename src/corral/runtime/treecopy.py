@@ -382,10 +382,17 @@ def copy_meta(src: str | int, dst: str | int, st: os.stat_result,
     ids = ids or {}
     os.chown(dst, ids.get(st.st_uid, st.st_uid), ids.get(st.st_gid, st.st_gid),
              follow_symlinks=follow)
+    mode = stat.S_IMODE(st.st_mode)
+    dropped = DROPPED_XATTRS
+    if ids.get(st.st_uid) == 0 or ids.get(st.st_gid) == 0:
+        # a sandbox's root's file becomes host root's: never with a set-id bit or file
+        # capabilities (a real set-user-id root file on the host: docs/users.md)
+        mode &= ~(stat.S_ISUID | stat.S_ISGID)
+        dropped = DROPPED_XATTRS | {"security.capability"}
     if not stat.S_ISLNK(st.st_mode):
-        os.chmod(dst, stat.S_IMODE(st.st_mode), follow_symlinks=follow)
+        os.chmod(dst, mode, follow_symlinks=follow)
     for name in os.listxattr(src, follow_symlinks=follow):
-        if name not in DROPPED_XATTRS:
+        if name not in dropped:
             value = translate_acl(name, os.getxattr(src, name, follow_symlinks=follow), ids)
             os.setxattr(dst, name, value, follow_symlinks=follow)
     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=follow)

@@ -1,6 +1,8 @@
 """Host identities of sandboxes: each its own uid/gid, never shared, reused only late.
 
-Every sandbox runs as a host uid (and gid of the same number) of its own, so two
+Every sandbox runs as a host uid (and gid of the same number) of its own, and its root
+(uid 0 of its user namespace, docs/users.md) as the next one (:func:`root_uid`): a
+sandbox holds an even uid and the odd one after it. So two
 sandboxes never share a host identity: a process of one cannot signal, ptrace or
 read the files of another even if it escaped its namespaces, and per-user kernel
 counters (``RLIMIT_NPROC``, user-namespace and inotify counts) are per sandbox.
@@ -41,7 +43,7 @@ SANDBOX_UID = 1000  # the user inside every sandbox (uid and gid)
 SANDBOX_HOME = "/home/sandbox"
 CANONICAL_UID = 1_000_000  # owner of sandbox files in layers; never a sandbox's own
 RANGE_START = 1 << 20  # first sandbox uid (above the canonical one)
-BLOCK_SIZE = 16384  # uids per engine: its sandboxes and warm slots at once
+BLOCK_SIZE = 16384  # uids per engine: two per sandbox or warm slot (its user, its root)
 BLOCKS = 64  # engines per host
 _ACL_XATTRS = ("system.posix_acl_access", "system.posix_acl_default")
 _ACL_USER, _ACL_GROUP = 0x02, 0x08  # ACL_USER, ACL_GROUP tags: entries naming an id
@@ -52,9 +54,15 @@ def is_sandbox_uid(uid: int) -> bool:
     return uid == CANONICAL_UID or RANGE_START <= uid < RANGE_START + BLOCKS * BLOCK_SIZE
 
 
+def root_uid(uid: int) -> int:
+    """The host uid of the root of the sandbox whose user runs as host ``uid``."""
+    return uid + 1
+
+
 def canonical_owner(uid: int) -> dict[int, int]:
-    """How ids of a sandbox running as ``uid`` are stored in a layer."""
-    return {uid: CANONICAL_UID}
+    """How ids of a sandbox running as ``uid`` are stored in a layer: its user's files
+    as the canonical owner's, its root's as root's (like the image's own)."""
+    return {uid: CANONICAL_UID, root_uid(uid): 0}
 
 
 def translate_acl(name: str, value: bytes, ids: dict[int, int]) -> bytes:
@@ -96,11 +104,12 @@ def uids_in_use(low: int, high: int) -> set[int]:
 class UidBlock:
     """The block of uids one engine holds; :meth:`acquire` and :meth:`release` them."""
 
-    def __init__(self, fd: int, index: int, size: int = BLOCK_SIZE) -> None:
+    def __init__(self, fd: int, index: int, size: int = BLOCK_SIZE // 2) -> None:
         self.fd = fd  # the lock: pass it to the warden
         self.index = index
         self.first = first = RANGE_START + index * BLOCK_SIZE
-        self._free = deque(range(first, first + min(size, BLOCK_SIZE)))
+        # ``size`` sandboxes: even uids only, each sandbox's root the odd one after
+        self._free = deque(range(first, first + 2 * min(size, BLOCK_SIZE // 2), 2))
         self._used: set[int] = set()
         self._mutex = threading.Lock()  # releases come from teardown threads
 
@@ -149,7 +158,7 @@ class UidBlock:
         with self._mutex:
             if not self._free:
                 raise CapacityExceeded(
-                    f"all {BLOCK_SIZE} sandbox uids of this engine are in use (or held back "
+                    f"all {BLOCK_SIZE // 2} sandbox uids of this engine are in use (or held back "
                     "from sandboxes that could not be cleaned up): delete sandboxes")
             uid = self._free.popleft()
             self._used.add(uid)
@@ -157,8 +166,9 @@ class UidBlock:
 
     def hold_back(self, taken: set[int]) -> None:
         """Never hand out the uids in ``taken`` (something of theirs is still alive)."""
+        pairs = {u & ~1 for u in taken}  # a sandbox's root counts as the sandbox
         with self._mutex:
-            self._free = deque(u for u in self._free if u not in taken)
+            self._free = deque(u for u in self._free if u not in pairs)
 
     def release(self, uid: int) -> None:
         """``uid``'s sandbox is gone (no process, no mount): it may be used again."""

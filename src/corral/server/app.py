@@ -39,7 +39,7 @@ from corral.runtime.ownership import Owners
 from corral.server import expose, metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
-from corral.server.auth_throttle import AuthThrottle, presented, retry_headers
+from corral.server.auth_throttle import AuthThrottle, retry_headers
 from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
@@ -146,15 +146,16 @@ class Guard:
             on_socket = self.door.on_socket(scope)
             # an IPv6 client is its /64 (conn_limits.client_key)
             address = client_key(str((scope.get("client") or ("?",))[0]))
-            credential = presented(scope)
+            # an exposed port's own token, else the door (both put the caller in the scope)
+            exposed = self._exposure(scope) is not None
+            # what the door will check (an exposed port's traffic is the sandbox app's own)
+            credential = None if exposed else self.door.presented(scope)
             slow = None if on_socket else self.throttle.refusal(address, credential)
             if slow is not None:  # a guesser: refused before its credential is checked
                 await error_response(slow, retry_headers(slow))(scope, receive, send)
                 return
-            # an exposed port's own token, else the door (both put the caller in the scope)
-            exposed = self._exposure(scope) is not None
             caller = UNIDENTIFIED if exposed else self.door.authenticate(scope)
-            if not on_socket and not exposed:  # (auth_throttle.py) SandboxFusion's: the path
+            if not on_socket and not exposed:  # (auth_throttle.py)
                 self._count(scope, address, credential, caller)
             if not isinstance(caller, Caller):  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
@@ -195,7 +196,6 @@ class Guard:
 
     def _count(self, scope: Scope, address: str, credential: str | None,
                caller: Caller | CorralError) -> None:
-        credential = credential or scope.get(sandboxfusion_compat.TOKEN_KEY)
         if isinstance(caller, Caller) and caller is not UNIDENTIFIED:
             self.throttle.succeeded(address, credential)
         elif not isinstance(caller, Forbidden):  # a good credential on the wrong route
@@ -231,6 +231,9 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 peer=PeerCredential(settings.peer_token),
                 extractors=[sandboxfusion_compat.credentials, e2b_compat.credentials])
     engine.owners.require_caller()  # from now on, engine code acting for nobody raises
+    # shared with the cwsandbox gRPC port (compat/cwsandbox_guard.py): one edge
+    throttle = AuthThrottle()
+    streams = StreamBook(settings.max_session_streams, settings.max_tenant_streams)
     app = Starlette(
         routes=build_routes(),
         middleware=[
@@ -241,10 +244,9 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
                 owners=engine.owners,
-                throttle=AuthThrottle(),
+                throttle=throttle,
             ),
-            Middleware(StreamLimits, book=StreamBook(  # live streams per session and tenant
-                settings.max_session_streams, settings.max_tenant_streams)),
+            Middleware(StreamLimits, book=streams),  # live streams per session and tenant
             Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
@@ -261,6 +263,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.activity = activity
     app.state.tenants = tenants
     app.state.door = door
+    app.state.throttle, app.state.streams = throttle, streams
     admission = Admission(limits, cluster.quotas(tenants.quota_of) if cluster
                           else Quotas(tenants.quota_of))
     service = app.state.service = SandboxService(

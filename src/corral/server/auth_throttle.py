@@ -30,8 +30,6 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from starlette.types import Scope
-
 from corral.errors import TooManyRequests
 
 FREE_FAILURES = 20  # per address
@@ -46,7 +44,6 @@ MIN_TOKEN_CHARS = 32
 TENANT_PREFIX = "crl_"  # corral.server.tenants.TOKEN_PREFIX
 ADMIN_NAME, TENANT_NAME = "the admin token", "tenant tokens"
 _PINNED = {("name", ADMIN_NAME), ("name", TENANT_NAME)}
-_CREDENTIAL_HEADERS = (b"authorization", b"x-api-key", b"x-access-token")
 
 
 @dataclass
@@ -63,20 +60,6 @@ def name_of(credential: str) -> str:
     if dot and minter:
         return f"the sandbox tokens of {minter[:64]}"
     return TENANT_NAME if credential.startswith(TENANT_PREFIX) else ADMIN_NAME
-
-
-def presented(scope: Scope) -> str | None:
-    """The credential a request's headers carry (bearer, E2B's), or None."""
-    for key, value in scope.get("headers") or ():
-        if key in _CREDENTIAL_HEADERS:
-            text = value.decode("latin-1").strip()
-            if key == b"authorization":
-                scheme, _, text = text.partition(" ")
-                if scheme.lower() != "bearer":
-                    continue
-            if text.strip():
-                return text.strip()
-    return None
 
 
 def retry_headers(refusal: TooManyRequests) -> dict[str, str]:

@@ -2,9 +2,10 @@
 and the one daemon-to-daemon call of the cluster's tenants (``/v1/peer/tenants``).
 
 - ``GET /v1/cluster/nodes``: the directory (each alive node's id, tag, daemon URL and
-  capacity; nothing secret) to any authenticated caller, so a tenant's client can
-  start from one daemon's URL (``CORRAL_URL=cluster+http://HOST:PORT``) without being
-  a member of the Ray cluster or ever holding its token.
+  capacity, and its daemon's public key; nothing secret) to any authenticated caller,
+  so a tenant's client can start from one daemon's URL and key
+  (``CORRAL_URL=cluster+http://HOST:PORT?key=KEY``) without being a member of the Ray
+  cluster or ever holding its token.
 - ``POST /v1/cluster/snapshots/fetch`` ``{"snapshot", "node"}``: make a snapshot of
   the caller's, held by ``node``, restorable here. This daemon asks the holder with
   the cluster's peer credential, as that tenant (``?owner=``): another tenant's snapshot,

@@ -106,6 +106,7 @@ class Connection:
 
     client: str
     close: Any  # closes the connection now
+    cost: int = 1  # descriptors it holds (a relayed gRPC connection: 3)
     authenticated: bool = False
     busy: int = 0  # requests of it being served
     last: float = field(default_factory=time.monotonic)
@@ -134,6 +135,7 @@ class ConnectionBook:
         self._unauth: OrderedDict[Connection, None] = OrderedDict()  # oldest activity first
         self._auth: OrderedDict[Connection, None] = OrderedDict()
         self._per_client: dict[str, int] = {}  # unauthenticated ones, by address
+        self._cost = {False: 0, True: 0}  # descriptors held, by authenticated or not
         self.refused = 0
         self.evicted = 0
         self._logged = (0, 0)
@@ -146,29 +148,34 @@ class ConnectionBook:
         return len(self._unauth) if client is None else self._per_client.get(client, 0)
 
     def admit(self, conn: Connection) -> bool:
-        """Count ``conn`` in, closing idle ones to make room; False: refuse it."""
+        """Count ``conn`` in, closing idle ones to make room; False: refuse it. The
+        total bounds descriptors: each connection counts its ``cost``."""
         if self._per_client.get(conn.client, 0) >= self.max_client_connections and not (
             self._evict(self._unauth, conn.client)
         ):
             return self._refuse()
-        if len(self) >= self.max_connections and not (
-            self._evict(self._unauth)
-            or (len(self._auth) > self.max_connections // 2 and self._evict(self._auth))
-        ):
-            return self._refuse()
+        while sum(self._cost.values()) + conn.cost > self.max_connections:
+            if not (self._evict(self._unauth) or (
+                    self._cost[True] > self.max_connections // 2 and self._evict(self._auth))):
+                return self._refuse()
         self._unauth[conn] = None
+        self._cost[False] += conn.cost
         self._per_client[conn.client] = self._per_client.get(conn.client, 0) + 1
         return True
 
     def remove(self, conn: Connection) -> None:
         if self._auth.pop(conn, False) is None:
+            self._cost[True] -= conn.cost
             return
         if self._unauth.pop(conn, False) is None:
+            self._cost[False] -= conn.cost
             self._uncount(conn.client)
 
     def promote(self, conn: Connection) -> None:
         if self._unauth.pop(conn, False) is None:
             self._uncount(conn.client)
+            self._cost[False] -= conn.cost
+            self._cost[True] += conn.cost
             self._auth[conn] = None
 
     def touch(self, conn: Connection) -> None:

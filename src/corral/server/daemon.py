@@ -249,7 +249,7 @@ async def run(settings: ServerSettings) -> None:
             settings.max_connections or default_max_connections(open_files),
             settings.max_client_connections)
         if settings.grpc is not None:
-            frontend = await _start_grpc(settings, engine, app)
+            frontend = await _start_grpc(settings, engine, app, book)
 
         def on_exit() -> None:
             app.state.admission.close()
@@ -300,17 +300,21 @@ async def run(settings: ServerSettings) -> None:
         logger.info("corral daemon stopped")
 
 
-async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any) -> Any:
-    """The CoreWeave Sandbox gRPC front-end, listening (imported only when asked for)."""
+async def _start_grpc(settings: ServerSettings, engine: Engine, app: Any,
+                      book: ConnectionBook) -> Any:
+    """The CoreWeave Sandbox gRPC front-end, listening (imported only when asked for);
+    its connections count in ``book`` with the HTTP API's."""
     try:
         from corral.server.compat.cwsandbox import CwSandboxFrontend
+        from corral.server.compat.cwsandbox_edge import GrpcEdge
     except ImportError as exc:
         raise InvalidArgument(
             f"--grpc needs the cwsandbox client's packages ({exc.name} is missing): "
             "pip install 'corral[compat]'"
         ) from None
     frontend = CwSandboxFrontend(settings, engine, app.state.service, app.state.door,
-                                 app.state.activity)
+                                 app.state.activity, edge=GrpcEdge(book),
+                                 throttle=app.state.throttle, streams=app.state.streams)
     await frontend.start()
     return frontend
 

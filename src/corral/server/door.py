@@ -43,6 +43,7 @@ from corral.server.tenants import Tenants
 __all__ = ["Credential", "Door", "Extract", "Kind", "SESSION_KEY"]
 
 SESSION_KEY = "corral.ui_session"  # the dashboard's gate puts a session's id here
+_FOUND_KEY = "corral.credentials"  # what the front-ends' extractors found, once per request
 ENVD = b"e2b-envd:"  # labels of per-sandbox tokens: what each one opens
 TRAFFIC = b"e2b-traffic:"
 
@@ -113,11 +114,36 @@ class Door:
             scope[CALLER_KEY] = UNIDENTIFIED
         return found
 
+    def presented(self, scope: AsgiScope) -> str | None:
+        """The secret :meth:`authenticate` will weigh for this request, found as it finds
+        it (a front-end's credential, else the bearer token), without checking it: what
+        the failed-auth throttle counts a guess by (auth_throttle.py), so no decoy header
+        makes a guess count against another name. None: it carries none."""
+        found = self._extracted(scope)
+        if found is not None:
+            return next((cred.secret for cred in found if cred.secret), None)
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.decode("latin-1").partition(" ")
+                return (credentials.strip() or None) if scheme.lower() == "bearer" else None
+        return None
+
+    def _extracted(self, scope: AsgiScope) -> Sequence[Credential] | None:
+        """The first front-end's credentials for this request (extractors may rewrite
+        the scope, e.g. lift a token out of the path: each runs once per request)."""
+        if _FOUND_KEY not in scope:
+            found = None
+            for extract in self.extractors:
+                found = extract(scope)
+                if found is not None:
+                    break
+            scope[_FOUND_KEY] = found
+        return scope[_FOUND_KEY]  # type: ignore[no-any-return]
+
     def _identify(self, scope: AsgiScope) -> Caller | CorralError:
-        for extract in self.extractors:
-            presented = extract(scope)
-            if presented is not None:
-                return self._check(scope, presented)
+        presented = self._extracted(scope)
+        if presented is not None:
+            return self._check(scope, presented)
         if self.on_socket(scope):
             return ADMIN  # our own socket file: only its owner can connect
         for name, value in scope["headers"]:

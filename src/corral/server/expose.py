@@ -170,7 +170,10 @@ async def relay_http(request: Request) -> Response:
                                        target=_target(request.scope), headers=headers)))
     writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
     await writer.drain()
-    head = await _next_event(conn, reader)
+    try:
+        head = await _next_event(conn, reader)
+    except h11.RemoteProtocolError:  # it closed, or sent what is not HTTP
+        head = None
     if not isinstance(head, h11.Response):
         writer.close()
         raise CorralError(f"the server on port {exp.port} sent no HTTP response")
@@ -179,6 +182,8 @@ async def relay_http(request: Request) -> Response:
         try:
             while isinstance(event := await _next_event(conn, reader), h11.Data):
                 yield bytes(event.data)
+        except h11.RemoteProtocolError:
+            pass  # it broke off: the response ends there
         finally:
             writer.close()
 
@@ -251,16 +256,36 @@ async def relay_websocket(websocket: WebSocket) -> None:
 
 
 async def relay(scope: Scope, receive: Receive, send: Send) -> None:
-    """The ASGI app of requests :func:`lift` marked (the guard sends them here)."""
-    if scope["type"] == "websocket":
-        await relay_websocket(WebSocket(scope, receive, send))
+    """The ASGI app of requests :func:`lift` marked (the guard sends them here).
+
+    Each relay, for as long as it lasts (a streamed response, a WebSocket), counts as a
+    live stream of the sandbox's tenant against ``--max-tenant-streams``
+    (server/stream_limits.py): whoever holds the URL is the tenant's guest, and a
+    WebSocket leaves the daemon's connection book, so without this one tenant's
+    sandbox could hold relays, and the daemon's descriptors, without bound."""
+    exp: Exposure = scope[KEY]
+    streams = getattr(getattr(scope.get("app"), "state", None), "streams", None)
+    keys: list[tuple[str, object]] = [("tenant", exp.owner)] if exp.owner else []
+    full = streams.take(keys) if keys and streams is not None else None
+    if full is not None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1013})  # try again later
+        else:
+            await error_response(full, {"Retry-After": "5"})(scope, receive, send)
         return
-    request = Request(scope, receive)
     try:
-        response = await relay_http(request)
-    except CorralError as exc:
-        response = error_response(exc)
-    await response(scope, receive, send)
+        if scope["type"] == "websocket":
+            await relay_websocket(WebSocket(scope, receive, send))
+            return
+        request = Request(scope, receive)
+        try:
+            response = await relay_http(request)
+        except CorralError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
+    finally:
+        if keys and streams is not None:
+            streams.give(keys)
 
 
 def mount(app: Starlette, engine: Engine) -> None:

@@ -7,10 +7,16 @@ a revoked token's exec streams, process output, ``logs?follow=1``, the dashboard
 live stream, envd's streams and gRPC exec calls end at once, and a dashboard logout
 ends what that session opened. A cancelled command is killed, as when its client
 hangs up.
+
+A key once closed stays closed (a revoked token is final, an ended session too): a
+call registered under it later, one that passed the door just before the revoke and
+reached :meth:`OpenCalls.holding` just after (a gRPC call's handler runs a loop turn
+after its credential was checked), is cancelled as it registers.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -19,6 +25,7 @@ from corral.server.caller import Caller, session_key, token_key
 __all__ = ["OpenCalls"]
 
 Cancel = Callable[[], object]
+MAX_CLOSED = 65_536  # closed keys remembered (sessions come and go: the oldest are dropped)
 
 
 class OpenCalls:
@@ -27,6 +34,7 @@ class OpenCalls:
     def __init__(self) -> None:
         self._by_key: dict[str, dict[int, Cancel]] = {}
         self._next = 0
+        self._closed: OrderedDict[str, None] = OrderedDict()
 
     @contextmanager
     def holding(self, caller: Caller, cancel: Cancel) -> Iterator[None]:
@@ -39,6 +47,8 @@ class OpenCalls:
         handle = self._next
         for key in keys:
             self._by_key.setdefault(key, {})[handle] = cancel
+        if any(key in self._closed for key in keys):
+            cancel()  # revoked between the door and here: it ends at its first wait
         try:
             yield
         finally:
@@ -50,7 +60,11 @@ class OpenCalls:
                         del self._by_key[key]
 
     def close(self, key: str) -> int:
-        """Cancel every call held under ``key``; how many."""
+        """Cancel every call held under ``key``, and any held under it later; how many."""
+        self._closed[key] = None
+        self._closed.move_to_end(key)
+        while len(self._closed) > MAX_CLOSED:
+            self._closed.popitem(last=False)
         held = self._by_key.pop(key, {})
         for cancel in held.values():
             cancel()

@@ -68,6 +68,7 @@ class SpawnRequest(BaseModel):
     timeout: StrictFloat | None = Field(None, gt=0, le=30 * 86400)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    user: str | None = Field(None, max_length=64)  # "root" or the sandbox user: docs/users.md
     max_buffer: StrictInt = Field(DEFAULT_MAX_BUFFER, ge=0, le=MAX_OUTPUT_LIMIT)
     pty: StrictBool = False
     rows: StrictInt | None = Field(None, ge=1, le=MAX_SIDE)
@@ -187,6 +188,7 @@ async def spawn_process(request: Request, body: SpawnRequest) -> Response:
     proc = await ctx.sandboxes(request).spawn(
         request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
         timeout=body.timeout, max_buffer=body.max_buffer, terminal=body.terminal(),
+        user=body.user,
     )
     return JSONResponse(process_json(proc), status_code=201)
 

@@ -264,6 +264,7 @@ def _exec_args(body: ExecRequest) -> dict[str, Any]:
         "stdin": body.stdin_bytes(),
         "max_output": body.max_output,
         "output_tail": body.output_tail,
+        "user": body.user,
     }
 
 

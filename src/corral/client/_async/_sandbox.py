@@ -338,6 +338,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         max_output: int | None = None,
         output_tail: int | None = None,
         check: bool = False,
+        user: str | None = None,
     ) -> CommandResult:
         """Run a command to completion and return its :class:`~corral.CommandResult`.
 
@@ -352,6 +353,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
         ``r.stdout`` / ``r.stderr`` are text (UTF-8, invalid bytes replaced);
         ``r.stdout_bytes`` / ``r.stderr_bytes`` are the bytes as written (binary output).
+        ``user="root"`` runs it as root of the sandbox's user namespace (default: the
+        image's ``USER``, else the sandbox user, uid 1000; docs/users.md).
 
         >>> r = await sb.exec("echo $GREETING", env={"GREETING": "hi"})
         >>> r.stdout
@@ -359,7 +362,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """
         body = exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
-            output_tail=output_tail,
+            output_tail=output_tail, user=user,
         )
         _validate.flag("check", check)
         response = await self._client.call(
@@ -381,6 +384,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         max_output: int | None = None,
         output_tail: int | None = None,
         check: bool = False,
+        user: str | None = None,
     ) -> AsyncExecStream:
         """Run a command and iterate over its output as it is written.
 
@@ -398,7 +402,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         """
         body = exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
-            output_tail=output_tail,
+            output_tail=output_tail, user=user,
         )
         _validate.flag("check", check)
         return AsyncExecStream(
@@ -417,6 +421,7 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         pty: bool = False,
         rows: int | None = None,
         cols: int | None = None,
+        user: str | None = None,
     ) -> AsyncProcess:
         """Start an interactive process: its stdin stays open and its output is read
         while it runs (see :class:`~corral.AsyncProcess`). ``timeout`` (seconds,
@@ -434,7 +439,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         ...     await proc.write("1 + 1\n")
         ...     answer = await proc.readline()
         """
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None)
+        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None,
+                         user=user)
         _validate.flag("text", text)
         if max_buffer is not None:
             body["max_buffer"] = _validate.integer("max_buffer", max_buffer, minimum=1)

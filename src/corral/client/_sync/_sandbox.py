@@ -340,6 +340,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         max_output: int | None = None,
         output_tail: int | None = None,
         check: bool = False,
+        user: str | None = None,
     ) -> CommandResult:
         """Run a command to completion and return its :class:`~corral.CommandResult`.
 
@@ -354,6 +355,8 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         :class:`subprocess.CalledProcessError`, like :func:`subprocess.run`.
         ``r.stdout`` / ``r.stderr`` are text (UTF-8, invalid bytes replaced);
         ``r.stdout_bytes`` / ``r.stderr_bytes`` are the bytes as written (binary output).
+        ``user="root"`` runs it as root of the sandbox's user namespace (default: the
+        image's ``USER``, else the sandbox user, uid 1000; docs/users.md).
 
         >>> r = sb.exec("echo $GREETING", env={"GREETING": "hi"})
         >>> r.stdout
@@ -361,7 +364,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         """
         body = exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
-            output_tail=output_tail,
+            output_tail=output_tail, user=user,
         )
         _validate.flag("check", check)
         response = self._client.call(
@@ -383,6 +386,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         max_output: int | None = None,
         output_tail: int | None = None,
         check: bool = False,
+        user: str | None = None,
     ) -> ExecStream:
         """Run a command and iterate over its output as it is written.
 
@@ -400,7 +404,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         """
         body = exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, max_output=max_output,
-            output_tail=output_tail,
+            output_tail=output_tail, user=user,
         )
         _validate.flag("check", check)
         return ExecStream(
@@ -419,6 +423,7 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         pty: bool = False,
         rows: int | None = None,
         cols: int | None = None,
+        user: str | None = None,
     ) -> Process:
         """Start an interactive process: its stdin stays open and its output is read
         while it runs (see :class:`~corral.Process`). ``timeout`` (seconds,
@@ -436,7 +441,8 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         ...     proc.write("1 + 1\n")
         ...     answer = proc.readline()
         """
-        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None)
+        body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=None, max_output=None,
+                         user=user)
         _validate.flag("text", text)
         if max_buffer is not None:
             body["max_buffer"] = _validate.integer("max_buffer", max_buffer, minimum=1)

@@ -76,6 +76,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <linux/capability.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/loop.h>
@@ -99,7 +100,7 @@ enum { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_TIMEOUT_MS = 4, F_MAX_OUTPUT = 5, F_S
        F_PID = 20, F_CODE = 21, F_TIMED_OUT = 22, F_TRUNC_OUT = 23, F_TRUNC_ERR = 24,
        F_DURATION_US = 25, F_ERRNO = 26, F_MESSAGE = 27, F_ENTRY = 28, F_SIZE = 29,
        F_KILLED_BY_SIGNAL = 30, F_OUTPUT_TAIL = 31, F_STREAM = 32, F_DROPPED = 33,
-       F_ROWS = 34, F_COLS = 35 };
+       F_ROWS = 34, F_COLS = 35, F_UID = 36 };
 
 #define MAX_EXECS 256
 #define READ_CHUNK 65536
@@ -424,6 +425,13 @@ static int serve(int fd, int keep) {
     reattach = keep;
     if (harden(fd, keep) != 0) {
         fprintf(stderr, "corral-agent serve: cannot protect the agent: %s\n", strerror(errno));
+        return 1;
+    }
+    /* The root's capabilities (if bwrap gave any) stay permitted only: exec.c, become()
+       (an image build step's agent is root itself and keeps them effective) */
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 ||
+        (getuid() != 0 && set_caps(1) != 0)) {
+        fprintf(stderr, "corral-agent serve: cannot set its capabilities: %s\n", strerror(errno));
         return 1;
     }
     /* The outer bwrap (outside our pid namespace) is our parent: a kill of it from the

@@ -14,6 +14,50 @@ static struct exec_state *find_exec(uint32_t id) {
 
 static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
+/*
+ * Users (docs/users.md). A sandbox's user namespace maps two ids: 1000, the agent's
+ * own, and 0, its root (each an unprivileged host uid of its own). The agent holds
+ * the root's capabilities in its permitted set only (never effective: its file
+ * operations are the sandbox user's; never inheritable or ambient: nothing it starts
+ * gets them by default). In a command's child, before exec:
+ *   uid 1000  every capability dropped (permitted too): an ordinary user;
+ *   uid 0     ids set to 0 (which makes the permitted set effective): the root of the
+ *             namespace with those capabilities only, no_new_privs and the seccomp
+ *             filter still on; outside the namespace, an unprivileged host uid.
+ * An image build step as root (rootbuild.py) has an agent that is root itself, with
+ * its capabilities effective (as before users existed): its commands run as root.
+ */
+static int set_caps(int keep_permitted) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) != 0) return -1;
+    for (int k = 0; k < 2; k++) {
+        d[k].effective = d[k].inheritable = 0;
+        if (!keep_permitted) d[k].permitted = 0;
+    }
+    return (int)syscall(SYS_capset, &h, d);
+}
+
+static int become(uint64_t uid) {
+    uid_t me = getuid();
+    if (uid == (uint64_t)me && me != 0) return set_caps(0);
+    if (uid != 0) { errno = EINVAL; return -1; }
+    /* raise what is permitted so that the id changes are allowed */
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) != 0) return -1;
+    d[0].effective = d[0].permitted;
+    d[1].effective = d[1].permitted;
+    if (syscall(SYS_capset, &h, d) != 0) return -1;
+    if (me == 0) return 0; /* an image build step as root: the agent is root already */
+    gid_t zero = 0;
+    if (setgroups(1, &zero) != 0 || setresgid(0, 0, 0) != 0 || setresuid(0, 0, 0) != 0) {
+        if (errno == EINVAL) errno = EPERM; /* 0 is not mapped here */
+        return -1;
+    }
+    return 0;
+}
+
 #define COMMAND_OOM_SCORE_ADJ "1000"
 
 /*
@@ -39,6 +83,7 @@ static void do_exec(uint32_t id, struct req *r) {
     char **argv = get_list(r, F_ARGV);
     char **envp = get_list(r, F_ENV);
     char *cwd = get_str(r, F_CWD);
+    uint64_t as_uid = get_u64(r, F_UID, (uint64_t)getuid());
     struct winsize ws;
     int pty = pty_wanted(r, &ws);
     if (!argv[0] || pty < 0) {
@@ -78,6 +123,11 @@ static void do_exec(uint32_t id, struct req *r) {
         dup2(out_p[1], 1);
         dup2(err_p[1], 2);
         int stage_err[2];
+        if (become(as_uid) != 0) {
+            stage_err[0] = 2; stage_err[1] = errno;
+            if (write(report[1], stage_err, sizeof stage_err) < 0) {}
+            _exit(126);
+        }
         if (cwd && chdir(cwd) != 0) {
             stage_err[0] = 1; stage_err[1] = errno;
             if (write(report[1], stage_err, sizeof stage_err) < 0) {}
@@ -155,9 +205,10 @@ static void check_start(struct exec_state *e) {
     if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
     close_fd(&e->report_fd);
     if (got == (ssize_t)sizeof stage_err) {
-        /* chdir failed before exec: a caller error, reported as such. */
+        /* chdir (or the switch of user) failed before exec: a caller error. */
         char what[600];
-        snprintf(what, sizeof what, "working directory %s", e->cwd);
+        if (stage_err[0] == 2) snprintf(what, sizeof what, "run the command as that user");
+        else snprintf(what, sizeof what, "working directory %s", e->cwd);
         send_err(e->id, stage_err[1], what);
         e->failed = 1;
         e->deadline_ms = 0;

@@ -14,6 +14,8 @@ struct launch_opts {
     uid_t canonical;        /* owner of sandbox files in layers on disk (0: no idmap) */
     int userns;             /* the idmapping canonical <-> uid, made ahead of time */
     int root_build;         /* an image build step as root: host root <-> uid instead */
+    uid_t root_uid;         /* the host uid of the sandbox's root (0: none mapped) */
+    int sb_userns;          /* the sandbox's user namespace: 0 -> root_uid, 1000 -> uid */
     rlim_t nofile;
     const char *rootdir, *lower;
     unsigned long disk_mb;
@@ -54,6 +56,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--gid")) o->gid = (gid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--canonical")) o->canonical = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--root-build")) o->root_build = !strcmp(v, "1");
+        else if (!strcmp(a, "--root-uid")) o->root_uid = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--nofile")) o->nofile = (rlim_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rootdir")) o->rootdir = v;
         else if (!strcmp(a, "--lower")) o->lower = v;
@@ -205,23 +208,24 @@ static int set_cpus(const char *cpus) {
 }
 
 /*
- * A user namespace used only as an idmapping (mount_setattr MOUNT_ATTR_IDMAP): the
- * canonical owner of sandbox files in layers (FROM) and this sandbox's own uid (TO)
- * swap places, every other id maps to itself, for uids and gids alike. Layers stay
- * shareable on disk while each sandbox owns its files under a uid of its own. A child
- * unshares the namespace and waits while we write its maps and keep a descriptor.
+ * A user namespace whose uid and gid maps are MAP (lines "inside outside count"),
+ * made by a child that takes host uid OWNER first (the namespace's owner: bubblewrap,
+ * running as OWNER, may then enter it with --userns), unshares it and waits while we
+ * write its maps (as host root) and keep a descriptor (close-on-exec).
  */
-static int idmap_userns(uint32_t from, uint32_t to) {
+static int make_userns(const char *map, uid_t owner) {
     int up[2], down[2], fd = -1;
-    char map[512], path[64];
-    if (to <= from) { errno = EINVAL; return -1; }
+    char path[64];
+    size_t len = strlen(map);
     if (pipe2(up, O_CLOEXEC) != 0) return -1;
     if (pipe2(down, O_CLOEXEC) != 0) { close(up[0]); close(up[1]); return -1; }
     pid_t pid = fork();
     if (pid == 0) {
         close(up[0]);
         close(down[1]); /* EOF on down[0] when the parent is done */
-        char c = unshare(CLONE_NEWUSER) == 0 ? 'U' : 'E';
+        char c = (owner == 0 || (setgroups(0, NULL) == 0 && setresgid(owner, owner, owner) == 0 &&
+                                 setresuid(owner, owner, owner) == 0)) &&
+                 unshare(CLONE_NEWUSER) == 0 ? 'U' : 'E';
         if (write(up[1], &c, 1) != 1) _exit(1);
         while (read(down[0], &c, 1) < 0 && errno == EINTR) {}
         _exit(0);
@@ -230,15 +234,11 @@ static int idmap_userns(uint32_t from, uint32_t to) {
     close(down[0]);
     char c = 0;
     while (pid > 0 && read(up[0], &c, 1) < 0 && errno == EINTR) {}
-    int len = from ? snprintf(map, sizeof map, "0 0 %u\n", from) : 0;
-    len += snprintf(map + len, sizeof map - len, "%u %u 1\n", from, to);
-    if (to - from > 1) len += snprintf(map + len, sizeof map - len, "%u %u %u\n", from + 1, from + 1, to - from - 1);
-    len += snprintf(map + len, sizeof map - len, "%u %u 1\n%u %u %u\n", to, from, to + 1, to + 1, 4294967295u - to - 1);
     int ok = c == 'U';
     for (int k = 0; ok && k < 2; k++) {
         snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, k ? "gid_map" : "uid_map");
         int m = open(path, O_WRONLY | O_CLOEXEC);
-        ok = m >= 0 && write(m, map, (size_t)len) == len;
+        ok = m >= 0 && write(m, map, len) == (ssize_t)len;
         if (m >= 0) close(m);
     }
     if (ok) {
@@ -251,6 +251,53 @@ static int idmap_userns(uint32_t from, uint32_t to) {
     if (pid > 0) while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
     errno = c == 'U' || pid < 0 ? saved : EPERM;
     return fd;
+}
+
+/*
+ * A user namespace used only as an idmapping (mount_setattr MOUNT_ATTR_IDMAP): each
+ * pair (A[k], B[k]) swaps places, every other id maps to itself, for uids and gids
+ * alike. The canonical owner of sandbox files in layers and this sandbox's own uid
+ * swap (and host root and the sandbox's root uid, when it maps one): layers stay
+ * shareable on disk while each sandbox owns its files under host uids of its own.
+ */
+static int idmap_userns(const uint32_t *a, const uint32_t *b, int n) {
+    uint32_t ids[8], to[8];
+    int m = 0;
+    for (int k = 0; k < n && m + 2 <= 8; k++) {
+        if (a[k] == b[k]) { errno = EINVAL; return -1; }
+        ids[m] = a[k]; to[m++] = b[k];
+        ids[m] = b[k]; to[m++] = a[k];
+    }
+    for (int i = 1; i < m; i++)  /* sort by id (insertion: a handful) */
+        for (int j = i; j > 0 && ids[j - 1] > ids[j]; j--) {
+            uint32_t t = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = t;
+            t = to[j]; to[j] = to[j - 1]; to[j - 1] = t;
+        }
+    char map[1024];
+    int len = 0;
+    uint32_t next = 0; /* the first id not written yet */
+    for (int i = 0; i < m; i++) {
+        if (i && ids[i] == ids[i - 1]) { errno = EINVAL; return -1; }
+        if (ids[i] > next) len += snprintf(map + len, sizeof map - len, "%u %u %u\n", next, next, ids[i] - next);
+        len += snprintf(map + len, sizeof map - len, "%u %u 1\n", ids[i], to[i]);
+        next = ids[i] + 1;
+    }
+    if (next < 4294967295u) len += snprintf(map + len, sizeof map - len, "%u %u %u\n", next, next, 4294967295u - next);
+    return make_userns(map, 0);
+}
+
+/* The idmapping of a sandbox's layers (see idmap_userns). */
+static int layer_idmap(struct launch_opts *o) {
+    uint32_t a[2] = {o->canonical, 0}, b[2] = {o->uid, o->root_uid};
+    return idmap_userns(a, b, o->root_uid ? 2 : 1);
+}
+
+/* The sandbox's own user namespace when it maps a root: uid and gid 0 are the
+   sandbox's root uid on the host, 1000 (SANDBOX_UID) its own; nothing else. */
+static int sandbox_userns(struct launch_opts *o) {
+    char map[128];
+    snprintf(map, sizeof map, "0 %u 1\n1000 %u 1\n", o->root_uid, o->uid);
+    return make_userns(map, o->uid);
 }
 
 /* Attach a read-only clone of the directory LOWER at DEST, idmapped through USERNS. */
@@ -320,10 +367,21 @@ static int mount_volume(struct launch_opts *o, const char *spec, int k) {
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     if (fd < 0) return die("clone the volume", src);
     struct mount_attr attr = {.attr_set = (rw ? 0 : MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-    if (o->userns >= 0) { attr.attr_set |= MOUNT_ATTR_IDMAP; attr.userns_fd = (uint64_t)o->userns; }
+    /* A volume's idmapping swaps the canonical owner and the sandbox's uid only, never
+       host root and the sandbox's root: what root in the sandbox writes there would be
+       host root's files (a set-user-id root file in a host directory, an admin's
+       root-owned files changed). Its root cannot create files there (EOVERFLOW). */
+    int vol_userns = o->userns;
+    if (o->root_uid && o->canonical && !o->root_build) {
+        uint32_t a[1] = {o->canonical}, b[1] = {o->uid};
+        if ((vol_userns = idmap_userns(a, b, 1)) < 0) { close(point); return die("make the volume idmapping", NULL); }
+    }
+    if (vol_userns >= 0) { attr.attr_set |= MOUNT_ATTR_IDMAP; attr.userns_fd = (uint64_t)vol_userns; }
     snprintf(lower, sizeof lower, "rw/v%d", k);
     int cow = strcmp(mode, "rw") != 0;  /* cow and ro: overlays */
-    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0 ||
+    int set = (int)syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr);
+    if (vol_userns >= 0 && vol_userns != o->userns) close(vol_userns);
+    if (set != 0 ||
         (cow && mkdir(lower, 0700) != 0) ||
         (cow ? syscall(SYS_move_mount, fd, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH)
              : syscall(SYS_move_mount, fd, "", point, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)) != 0) {
@@ -384,11 +442,11 @@ static int mount_root(struct launch_opts *o) {
        the sandbox's (its root is this uid in its user namespace), the sandbox user's are
        nobody's; what it writes is committed as root's. */
     if (o->root_build && o->uid != (uid_t)-1) {
+        uint32_t a[1] = {0}, b[1] = {o->uid};
         if (o->userns >= 0) close(o->userns);
-        if ((o->userns = idmap_userns(0, o->uid)) < 0) return die("make the root idmapping for uid", NULL);
+        if ((o->userns = idmap_userns(a, b, 1)) < 0) return die("make the root idmapping for uid", NULL);
     }
-    if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 &&
-        (o->userns = idmap_userns(o->canonical, o->uid)) < 0)
+    if (o->canonical && o->uid != (uid_t)-1 && o->userns < 0 && (o->userns = layer_idmap(o)) < 0)
         return die("make the idmapping for uid", NULL);
     /* nr_inodes: the sandbox's own, plus a mount point per lower layer, rw/pts, rw/shm,
        rw/sys (its files, a directory per CPU) and three directories per volume */
@@ -475,13 +533,15 @@ static char **read_args(int *count) {
  * before anyone asks for a sandbox.
  */
 static int launch(int argc, char **argv) {
-    struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1, .userns = -1};
+    struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1, .userns = -1, .sb_userns = -1};
     int ready = 0;
     if (parse_launch(argc - 2, argv + 2, &o, &ready) != 0) return 111;
     if (ready) {
         /* The idmapping costs a fork: made while the slot waits, not at create. */
-        if (o.canonical && o.uid != (uid_t)-1 && (o.userns = idmap_userns(o.canonical, o.uid)) < 0)
+        if (o.canonical && o.uid != (uid_t)-1 && (o.userns = layer_idmap(&o)) < 0)
             return die("make the idmapping for uid", NULL);
+        if (o.root_uid && o.uid != (uid_t)-1 && (o.sb_userns = sandbox_userns(&o)) < 0)
+            return die("make the sandbox's user namespace for uid", NULL);
         if (write(1, "R", 1) != 1) return 111;
         int n = 0;
         char **more = read_args(&n);
@@ -518,6 +578,17 @@ static int launch(int argc, char **argv) {
     if (o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
         return die("setgid", NULL);
     if (o.uid != (uid_t)-1 && setresuid(o.uid, o.uid, o.uid) != 0) return die("setuid", NULL);
+    /* bwrap enters the sandbox's user namespace (--userns): "@USERNS@" in its argv is
+       the descriptor, kept open across exec (a build step as root has none: bwrap makes
+       its own namespace with --unshare-user). */
+    static char nsfd[16];
+    for (char **a = o.prog; *a; a++)
+        if (!strcmp(*a, "@USERNS@")) {
+            if (o.sb_userns < 0 || o.root_build) { errno = EINVAL; return die("no user namespace for", *a); }
+            snprintf(nsfd, sizeof nsfd, "%d", o.sb_userns);
+            *a = nsfd;
+            if (fcntl(o.sb_userns, F_SETFD, 0) != 0) return die("fcntl", "userns");
+        }
     execv(o.prog[0], o.prog);
     return die("exec", o.prog[0]);
 }

@@ -38,11 +38,14 @@ from cwsandbox._proto import sandbox_pb2, sandbox_pb2_grpc
 
 from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument, SandboxNotFound
 from corral.runtime.engine import SANDBOX_HOME, Engine
+from corral.runtime.events import SandboxDeleted
 from corral.schema import SandboxInfo, SandboxState
 from corral.server.admission import LIVE_STATES
+from corral.server.auth_throttle import AuthThrottle
 from corral.server.caller import Caller
 from corral.server.compat import cwsandbox_exec as cwexec
 from corral.server.compat import cwsandbox_wire as wire
+from corral.server.compat.cwsandbox_edge import GrpcEdge
 from corral.server.compat.cwsandbox_guard import (
     MAX_RECEIVE_BYTES,
     MAX_SEND_BYTES,
@@ -54,6 +57,7 @@ from corral.server.door import Door
 from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService as Lifecycle
 from corral.server.settings import ServerSettings
+from corral.server.stream_limits import StreamBook
 
 __all__ = ["CwSandboxFrontend", "SandboxService"]
 
@@ -61,6 +65,7 @@ logger = logging.getLogger("corral.server.cwsandbox")
 
 MAX_DELETE_GRACE_S = 30.0
 ENDED_RECORDS = 10_000  # deleted sandboxes whose final state GetSandbox still reports
+ENDED_BYTES = 64 << 20  # ... and the bytes their messages may take together
 PYTHON_PATHS = ("/usr/local/bin/python", "/usr/bin/python")
 PYTHON_ALIAS = f"{SANDBOX_HOME}/.local/bin/python"  # first on the PATH the engine sets
 PYTHON_ALIAS_SCRIPT = b'#!/bin/sh\nexec python3 "$@"\n'
@@ -87,6 +92,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         self._exit_codes: dict[str, int] = {}
         # deleted sandboxes' last messages, with their tenant (others' are unknown ids)
         self._ended: OrderedDict[str, tuple[str | None, Any]] = OrderedDict()
+        self._ended_bytes = 0
+        # a sandbox deleted another way (native API, E2B, lifetime, retention) is
+        # forgotten here too (a tenant's creates with large commands, deleted over
+        # HTTP, grew the daemon's memory without bound)
+        engine.events.subscribe(SandboxDeleted, self._deleted)
 
     # ------------------------------------------------------------- plumbing
 
@@ -287,6 +297,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         owner, message = self._ended.get(sid, (None, None))
         return message if self._guard.caller_of(context).sees(owner) else None
 
+    def _deleted(self, event: SandboxDeleted) -> None:
+        self._commands.pop(event.sandbox_id, None)
+        self._exit_codes.pop(event.sandbox_id, None)
+
     async def _delete(self, info: SandboxInfo, grace: float, caller: Caller) -> Any:
         sid = info.id
         await self._stop_main(sid)
@@ -294,19 +308,21 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             # reason "deleted": a sandbox on its way out keeps no copy of its files
             info = await self._lifecycle.stop(  # the service's: its places given back
                 sid, caller, grace=min(grace, MAX_DELETE_GRACE_S), reason="deleted")
-        await self._lifecycle.delete(sid, caller)
-        exit_code = self._exit_codes.pop(sid, None)
+        exit_code, command = self._exit_codes.get(sid), self._commands.get(sid)
+        await self._lifecycle.delete(sid, caller)  # (forgets them: _deleted)
         state = wire.cw_state(info, exit_code)
         final = wire.sandbox_message(
             info,
             exit_code=exit_code,
-            command=self._commands.pop(sid, None),
+            command=command,
             state=state if state in wire.TERMINAL_STATES else sandbox_pb2.STATE_TERMINATED,
             ended_at=info.ended_at or time.time(),
         )
         self._ended[sid] = (info.spec.tenant, final)
-        while len(self._ended) > ENDED_RECORDS:
-            self._ended.popitem(last=False)
+        self._ended_bytes += final.ByteSize()
+        while len(self._ended) > ENDED_RECORDS or self._ended_bytes > ENDED_BYTES:
+            _, (_, gone) = self._ended.popitem(last=False)
+            self._ended_bytes -= gone.ByteSize()
         return final
 
     # ----------------------------------------------------------------- exec
@@ -407,12 +423,13 @@ class CwSandboxFrontend:
 
     def __init__(
         self, settings: ServerSettings, engine: Engine, lifecycle: Lifecycle, door: Door,
-        activity: Any = None,
+        activity: Any = None, *, edge: GrpcEdge, throttle: AuthThrottle, streams: StreamBook,
     ) -> None:
         assert settings.grpc is not None
         self.settings = settings
-        self.guard = Guard(door, settings.max_client_requests,
-                           log_calls=settings.log_format == "json")
+        self.edge = edge  # the public port, bounded like HTTP's (cwsandbox_edge.py)
+        self.guard = Guard(door, settings.max_client_requests, edge=edge, throttle=throttle,
+                           streams=streams, log_calls=settings.log_format == "json")
         self.service = SandboxService(settings, engine, lifecycle, self.guard, activity)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -430,18 +447,18 @@ class CwSandboxFrontend:
                 # what an unauthenticated client can push before its reset stays small.
                 ("grpc.http2.bdp_probe", 0),
                 ("grpc.http2.lookahead_bytes", 1 << 20),
-                ("grpc.so_reuseport", 0),  # a second daemon on the port must fail, not share it
             ]
         )
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(self.service, server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError:
-            bound = 0
-        if not bound:
-            raise InvalidArgument(f"cannot listen for gRPC on {address}: is the port in use?")
-        await server.start()
+        try:  # the server listens on a private Unix socket; the edge on the network
+            server.add_insecure_port(self.edge.backend_address)
+            await server.start()
+            bound = await self.edge.listen(host, port)
+        except (RuntimeError, OSError):
+            await server.stop(0)
+            raise InvalidArgument(
+                f"cannot listen for gRPC on {address}: is the port in use?") from None
         self._server, self.port = server, bound
         logger.info(
             "CoreWeave Sandbox (cwsandbox) API on grpc://%s:%d: CWSANDBOX_BASE_URL=http://%s:%d, "
@@ -452,14 +469,20 @@ class CwSandboxFrontend:
     def begin_shutdown(self, grace: float) -> None:
         """Refuse new calls; calls in flight get ``grace`` seconds to end."""
         if self._server is not None and self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._server.stop(grace))
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+
+    async def _stop(self, grace: float) -> None:
+        self.edge.stop_accepting()  # relayed connections end with the server's calls
+        assert self._server is not None
+        await self._server.stop(grace)
+        await self.edge.close()
 
     async def close(self) -> None:
         """Stop the server (at once if :meth:`begin_shutdown` was not called)."""
         if self._server is None:
             return
         if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._server.stop(0))
+            self._stopping = asyncio.ensure_future(self._stop(0))
         await self._stopping
         mains = list(self.service._mains.values())
         for task in mains:

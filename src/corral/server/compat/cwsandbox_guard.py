@@ -7,8 +7,16 @@ for a message (a request-streaming handler that aborts at once), so an unauthent
 client cannot make the daemon buffer its payload: the HTTP/2 stream is reset with
 whatever flow control let through (a few hundred KiB at most).
 
-It also caps the calls one client address may have in flight (the HTTP API's
-``--max-client-requests``, counted apart): more are answered ``RESOURCE_EXHAUSTED``.
+It also keeps the HTTP API's edge (issue 23, part 5), sharing its books: the client's
+address is its real one (the relayed connection's, :mod:`.cwsandbox_edge`); wrong tokens
+count in the daemon's :class:`~corral.server.auth_throttle.AuthThrottle` (per address,
+/64 for IPv6, and per token name: a guesser blocked on one port is blocked on both), and
+a blocked caller is answered ``RESOURCE_EXHAUSTED`` before its token is checked; a
+connection whose call passed the door is no stranger any more (it is promoted in the
+connection book); a response-streaming call (``StreamExec``) is a live stream of its
+tenant, counted with its HTTP ones against ``--max-tenant-streams``; and the calls one
+client address may have in flight are capped (the HTTP API's ``--max-client-requests``,
+counted apart). Past a cap: ``RESOURCE_EXHAUSTED``.
 
 Message sizes: requests are capped at :data:`MAX_RECEIVE_BYTES` (the largest unary
 ``WriteFile`` the client sends, 32 MiB, plus framing); the client's 100 MiB channel
@@ -27,11 +35,16 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from corral.errors import TooManyRequests
+from corral.server.auth_throttle import AuthThrottle
 from corral.server.caller import Caller
 from corral.server.compat import cwsandbox_wire as wire
+from corral.server.compat.cwsandbox_edge import GrpcEdge
 from corral.server.compat.cwsandbox_log import log_call, logged, rpc_name
+from corral.server.conn_limits import Connection
 from corral.server.door import Door
 from corral.server.limits import ClientLimiter, too_many
+from corral.server.stream_limits import StreamBook
 
 UNARY_FILE_CAP = 32 << 20  # ReadFile / WriteFile: larger files take the client's stream path
 MAX_RECEIVE_BYTES = UNARY_FILE_CAP + (1 << 20)
@@ -63,10 +76,25 @@ def check_token(
     )
 
 
-def _peer_address(context: grpc.aio.ServicerContext) -> str:
-    """``ipv4:127.0.0.1:5000`` → ``ipv4:127.0.0.1`` (the port changes per connection)."""
-    peer = context.peer() or "?"
-    return peer.rpartition(":")[0] or peer
+def bearer_of(metadata: Any) -> str | None:
+    """The token ``metadata``'s ``authorization: Bearer`` carries (what the throttle
+    counts a failure against), or None."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            value = value.decode("latin-1") if isinstance(value, bytes) else value
+            scheme, _, credentials = value.partition(" ")
+            return credentials.strip() or None if scheme.lower() == "bearer" else None
+    return None
+
+
+def _throttled(refusal: TooManyRequests) -> wire.RpcFailure:
+    return wire.RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal.message)
+
+
+_Held = tuple[Connection, list[tuple[str, object]]]  # what a running call counts under
+_NOT_RELAYED = wire.RpcFailure(
+    grpc.StatusCode.UNAVAILABLE,
+    "this connection did not come through the daemon's --grpc address: connect there")
 
 
 async def abort(context: grpc.aio.ServicerContext, failure: wire.RpcFailure) -> None:
@@ -74,10 +102,21 @@ async def abort(context: grpc.aio.ServicerContext, failure: wire.RpcFailure) -> 
     await context.abort(failure.code, failure.message, trailing_metadata=failure.trailing_metadata())
 
 
-def _refusal(handler: grpc.RpcMethodHandler, failure: wire.RpcFailure) -> grpc.RpcMethodHandler:
-    """A handler that answers ``failure`` without reading a single request message."""
+def _refusal(handler: grpc.RpcMethodHandler, failure: wire.RpcFailure,
+             guard: Guard, credential: str | None) -> grpc.RpcMethodHandler:
+    """A handler that answers ``failure`` without reading a single request message; a
+    wrong token counts as a failed authentication of the connection's address (a
+    blocked one is told to wait instead)."""
 
     async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        conn = guard.connection(context)
+        if conn is None:
+            await abort(context, _NOT_RELAYED)
+        assert conn is not None
+        slow = guard.throttle.refusal(conn.client, credential)
+        if slow is not None:
+            await abort(context, _throttled(slow))
+        guard.throttle.failed(conn.client, credential)
         await abort(context, failure)
 
     if handler.response_streaming:
@@ -89,28 +128,65 @@ def _refusal(handler: grpc.RpcMethodHandler, failure: wire.RpcFailure) -> grpc.R
     )
 
 
-def _counted(
-    behavior: Callable[..., Any], clients: ClientLimiter, caller: Caller, door: Door,
-    callers: dict[int, Caller],
-) -> Callable[..., Any]:
-    """``behavior`` refused past the per-client cap, and counted while it runs; its
-    ``caller`` (from the door) handed to the servicer (:meth:`Guard.caller_of`), and the
-    call held open under it, so that revoking its token cancels it."""
+async def _one(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+    """The one request message of a unary-request call, read as a stream."""
+    async for message in requests:
+        return message
+    await abort(context, wire.RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                                         "the call ended before its request message"))
 
-    async def admit(context: grpc.aio.ServicerContext) -> str:
-        client = _peer_address(context)
-        if not clients.enter(client):
-            said = too_many(client, clients.limit)
+
+def _counted(
+    behavior: Callable[..., Any], guard: Guard, caller: Caller, credential: str | None,
+    handler: grpc.RpcMethodHandler,
+) -> Callable[..., Any]:
+    """``behavior`` refused past the edge's caps, and counted while it runs; its
+    ``caller`` (from the door) handed to the servicer (:meth:`Guard.caller_of`), and the
+    call held open under it, so that revoking its token cancels it. It is served as a
+    request-streaming handler: a unary request is read only once the call was admitted
+    (so a connection is no stranger from its first call's headers on, however long
+    its first message takes to arrive, and a refused call's message is never read)."""
+    clients, door, callers = guard.clients, guard.door, guard._callers
+    streaming, single = handler.response_streaming, not handler.request_streaming
+
+    async def admit(context: grpc.aio.ServicerContext) -> _Held:
+        conn = guard.connection(context)
+        if conn is None:
+            await abort(context, _NOT_RELAYED)
+        assert conn is not None
+        slow = guard.throttle.refusal(conn.client, credential)
+        if slow is not None:
+            await abort(context, _throttled(slow))
+        guard.throttle.succeeded(conn.client, credential)
+        guard.promote(conn)
+        if not clients.enter(conn.client):
+            said = too_many(conn.client, clients.limit)
             await abort(context, wire.RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                                   said["message"]))
-        return client
+        keys: list[tuple[str, object]] = [("tenant", caller.name)] if streaming and caller.name \
+            else []
+        full = guard.streams.take(keys) if keys else None
+        if full is not None:
+            clients.leave(conn.client)
+            await abort(context, wire.RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  full.message))
+        conn.busy += 1
+        return conn, keys
+
+    def leave(held: _Held) -> None:
+        conn, keys = held
+        clients.leave(conn.client)
+        conn.busy = max(0, conn.busy - 1)
+        guard.streams.give(keys)
 
     if inspect.isasyncgenfunction(behavior):  # else a coroutine (streams with context.write)
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            client = await admit(context)
+            held = await admit(context)
             callers[id(context)] = caller
             ended = _Revoked()
             try:
+                if single:
+                    request = await _one(request, context)
                 with door.calls.holding(caller, ended.cancel):
                     async for reply in behavior(request, context):
                         yield reply
@@ -119,15 +195,17 @@ def _counted(
                 raise
             finally:
                 callers.pop(id(context), None)
-                clients.leave(client)
+                leave(held)
 
         return stream
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        client = await admit(context)
+        held = await admit(context)
         callers[id(context)] = caller
         ended = _Revoked()
         try:
+            if single:
+                request = await _one(request, context)
             with door.calls.holding(caller, ended.cancel):
                 return await behavior(request, context)
         except asyncio.CancelledError:
@@ -135,7 +213,7 @@ def _counted(
             raise
         finally:
             callers.pop(id(context), None)
-            clients.leave(client)
+            leave(held)
 
     return unary
 
@@ -171,14 +249,30 @@ _KINDS = {  # (request_streaming, response_streaming) → (attribute, factory)
 
 
 class Guard(grpc.aio.ServerInterceptor):
-    """Authentication before any message is read, then the per-client cap; with
+    """Authentication before any message is read, then the edge's caps; with
     ``log_calls`` (``--log-format json``) one access-log line per call (cwsandbox_log)."""
 
-    def __init__(self, door: Door, max_client_calls: int, log_calls: bool = False) -> None:
+    def __init__(
+        self, door: Door, max_client_calls: int, *, edge: GrpcEdge, throttle: AuthThrottle,
+        streams: StreamBook, log_calls: bool = False,
+    ) -> None:
         self.door = door  # the daemon's one door: the same check as for HTTP
+        self.edge = edge  # who the connection really is (cwsandbox_edge)
+        self.throttle = throttle  # the daemon's, shared with HTTP (auth_throttle.py)
+        self.streams = streams  # the daemon's live streams per tenant (stream_limits.py)
         self.clients = ClientLimiter(max_client_calls)
         self.log_calls = log_calls
         self._callers: dict[int, Caller] = {}  # by id(context), while the call runs
+
+    def connection(self, context: grpc.aio.ServicerContext) -> Connection | None:
+        """The relayed connection of a call; None if it did not come through the edge."""
+        return self.edge.connection_of(context.peer() or "")
+
+    def promote(self, conn: Connection) -> None:
+        """One of ``conn``'s calls passed the door: it is no stranger now."""
+        if not conn.authenticated:
+            conn.authenticated = True
+            self.edge.book.promote(conn)
 
     def caller_of(self, context: grpc.aio.ServicerContext) -> Caller:
         """The caller the door found for the call ``context`` is; fail closed: a call
@@ -197,16 +291,17 @@ class Guard(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler  # an unknown method: UNIMPLEMENTED, nothing read
-        failure = check_token(handler_call_details.invocation_metadata, self.door.bearer)
+        metadata = handler_call_details.invocation_metadata
+        failure = check_token(metadata, self.door.bearer)
         method = rpc_name(handler_call_details.method)
         if isinstance(failure, wire.RpcFailure):
             if self.log_calls:
                 log_call(method, None, failure.code.name, time.perf_counter())
-            return _refusal(handler, failure)
-        kind = (handler.request_streaming, handler.response_streaming)
-        attribute, factory = _KINDS[kind]
-        behavior = _counted(getattr(handler, attribute), self.clients, failure, self.door,
-                            self._callers)
+            return _refusal(handler, failure, self, bearer_of(metadata))
+        attribute, _ = _KINDS[(handler.request_streaming, handler.response_streaming)]
+        _, factory = _KINDS[(True, handler.response_streaming)]  # read after admission
+        behavior = _counted(getattr(handler, attribute), self, failure, bearer_of(metadata),
+                            handler)
         if self.log_calls:
             behavior = logged(behavior, method, failure.name)
         return factory(

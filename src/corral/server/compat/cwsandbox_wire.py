@@ -66,6 +66,7 @@ _STATUS_DETAILS = "grpc-status-details-bin"
 # Bounds of one request, beyond the message size (protobuf fields are typed: nothing
 # to coerce, but a list may be long).
 MAX_ARGS = 4096  # a command and its arguments
+MAX_COMMAND_BYTES = 256 << 10  # ... in bytes (Linux runs no argument over 128 KiB)
 MAX_ENV = 1024  # environment variables of a create or a command
 MAX_FILES = 1024  # files a create places
 
@@ -357,6 +358,12 @@ def plan_create(request: Any, available_images: Collection[str]) -> CreatePlan:
     command: tuple[str, tuple[str, ...]] | None = None
     if container.command or len(container.args):
         command = (container.command, tuple(container.args))
+        size = sum(len(arg.encode()) for arg in (command[0], *command[1]))
+        if size > MAX_COMMAND_BYTES:  # the daemon keeps it while the sandbox lives
+            raise invalid(f"the main command and its args take {size} bytes, more than the "
+                          f"{MAX_COMMAND_BYTES} allowed: put a long script in a file "
+                          "(containers[0].files) and run that",
+                          "sandbox.spec.containers[0].args")
         if command == KEEP_ALIVE:
             command = None
         elif not container.command:

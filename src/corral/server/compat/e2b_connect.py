@@ -202,10 +202,11 @@ def sandbox_id(request: Request) -> str:
     return info.id
 
 
-def check_user(request: Request, query_user: str | None = None) -> None:
-    """E2B names a user per call (``Authorization: Basic base64(user:)`` or
-    ``?username=``); corral runs everything as the sandbox's one unprivileged user,
-    which E2B's default ``user`` means. Another (``root``) is refused, not ignored."""
+def check_user(request: Request, query_user: str | None = None) -> str | None:
+    """The user an E2B call names (``Authorization: Basic base64(user:)`` or
+    ``?username=``): ``"root"`` for root of the sandbox's user namespace
+    (docs/users.md), ``None`` for E2B's default ``user`` (corral's sandbox user, uid
+    1000). Any other is refused, not ignored."""
     user = query_user
     auth = request.headers.get("authorization", "")
     if user is None and auth.lower().startswith("basic "):
@@ -213,10 +214,13 @@ def check_user(request: Request, query_user: str | None = None) -> None:
             user = base64.b64decode(auth[6:].strip(), validate=True).decode().partition(":")[0]
         except (ValueError, UnicodeDecodeError):
             raise ConnectError("invalid_argument", "malformed Authorization header") from None
+    if user == "root":
+        return "root"
     if user and user not in USERS:
         raise ConnectError(
             "permission_denied",
-            f"user {user[:64]!r}: corral runs every command and file operation as the "
-            "sandbox's one unprivileged user (E2B's default 'user'); leave out user=, and "
-            "install what needs root into the image instead",
+            f"user {user[:64]!r}: a corral sandbox has two users, E2B's default 'user' "
+            "(corral's sandbox user, uid 1000) and 'root' (root of the sandbox's user "
+            "namespace): use one of them",
         )
+    return None

@@ -185,13 +185,13 @@ async def _only(chunk: bytes) -> AsyncIterator[bytes]:
 async def start(request: Request) -> Response:
     try:
         sid = sandbox_id(request)
-        check_user(request)
+        user = check_user(request)
         msg = await stream_message(request, "Start")
         cfg = _config(msg)
         terminal = _terminal(msg)
         proc = await ctx.sandboxes(request).spawn(
             sid, [cfg.cmd, *cfg.args], env=cfg.envs, cwd=cfg.cwd, timeout=deadline(request),
-            terminal=terminal,
+            terminal=terminal, user=user,
         )
     except (CorralError, ConnectError) as exc:
         return stream_reply(_only(end_stream(exc)))

@@ -13,7 +13,10 @@ What the ``e2b`` SDK's ``sandbox.files`` calls:
   ``Remove`` (recursive) are unary Connect calls (:mod:`.e2b_connect`).
 - ``WatchDir`` and the watcher calls (``files.watch_dir``): :mod:`.e2b_watch`.
 
-Paths are the sandbox's own: relative ones start at its workdir.
+Paths are the sandbox's own: relative ones start at its workdir. With ``user="root"``
+reads, writes, ``MakeDir``, ``Move`` and ``Remove`` run as root of the sandbox's user
+namespace (``cat``, ``mkdir``, ``mv``, ``rm`` run by the agent as root: docs/users.md);
+``Stat``, ``ListDir`` and watchers read as the sandbox user whoever asks.
 """
 
 from __future__ import annotations
@@ -98,25 +101,28 @@ async def list_dir(request: Request) -> Response:
 
 async def make_dir(request: Request) -> Response:
     sid = sandbox_id(request)
-    check_user(request)
+    user = check_user(request)
     path = _path(await unary_message(request, "MakeDir"))
     engine = ctx.sandboxes(request)
     try:
         await engine.stat(sid, path)
     except FileNotFound:
-        await engine.mkdir(sid, path, parents=True)
+        if user:
+            await _as_user(engine, sid, user, ["mkdir", "-p", "--", path], path)
+        else:
+            await engine.mkdir(sid, path, parents=True)
         return JSONResponse({"entry": entry_json(await engine.stat(sid, path))})
     raise ConnectError("already_exists", f"{path} already exists")
 
 
 async def move(request: Request) -> Response:
     sid = sandbox_id(request)
-    check_user(request)
+    user = check_user(request)
     msg = await unary_message(request, "Move")
     source, dest = _path(msg, "source"), _path(msg, "destination")
     engine = ctx.sandboxes(request)
     await engine.stat(sid, source)  # FileNotFound: not_found
-    result = await engine.exec(sid, ["mv", "-T", "--", source, dest], timeout=60)
+    result = await engine.exec(sid, ["mv", "-T", "--", source, dest], timeout=60, user=user)
     if result.returncode != 0:
         raise ConnectError("invalid_argument", f"cannot move {source} to {dest}: "
                            + result.stderr.decode(errors="replace").strip()[:500])
@@ -125,10 +131,29 @@ async def move(request: Request) -> Response:
 
 async def remove(request: Request) -> Response:
     sid = sandbox_id(request)
-    check_user(request)
+    user = check_user(request)
     path = _path(await unary_message(request, "Remove"))
-    await ctx.sandboxes(request).remove(sid, path, recursive=True)
+    engine = ctx.sandboxes(request)
+    if user:
+        await engine.stat(sid, path)  # FileNotFound: not_found
+        await _as_user(engine, sid, user, ["rm", "-rf", "--", path], path)
+    else:
+        await engine.remove(sid, path, recursive=True)
     return JSONResponse({})
+
+
+async def _as_user(engine: Any, sid: str, user: str, argv: list[str], path: str, *,
+                   stdin: bytes | memoryview | None = None, max_output: int = 1 << 16) -> bytes:
+    """Run a file operation as ``user`` (root: the agent's own file operations are
+    the sandbox user's, docs/users.md); its stdout, or :class:`FileError`."""
+    result = await engine.exec(sid, argv, timeout=300, user=user, max_output=max_output,
+                               stdin=bytes(stdin) if stdin is not None else None)
+    if result.returncode != 0 or result.stdout_truncated:
+        text = result.stderr.decode(errors="replace").strip()[:500]
+        if "No such file" in text:
+            raise FileNotFound(f"{path}: no such file in the sandbox", details={"path": path})
+        raise FileError(f"{path}: {text or 'the file is too large'}", details={"path": path})
+    return bytes(result.stdout)
 
 
 async def unimplemented(request: Request) -> Response:
@@ -146,23 +171,27 @@ async def health(request: Request) -> Response:
     return Response(status_code=204)
 
 
-def _query_user(request: Request) -> None:
-    check_user(request, request.query_params.get("username"))
+def _query_user(request: Request) -> str | None:
+    return check_user(request, request.query_params.get("username"))
 
 
 async def download(request: Request) -> Response:
     sid = sandbox_id(request)
-    _query_user(request)
+    user = _query_user(request)
     path = request.query_params.get("path", "")
     if not path:
         raise InvalidArgument("path is required")
     limit = ctx.settings(request).max_upload_bytes
+    if user:  # as root: `cat` run by the agent as root (bounded like the agent's read)
+        data = await _as_user(ctx.sandboxes(request), sid, user, ["cat", "--", path], path,
+                              max_output=limit)
+        return Response(data, media_type="application/octet-stream")
     return file_response(await ctx.sandboxes(request).open_read(sid, path, max_bytes=limit))
 
 
 async def upload(request: Request) -> Response:
     sid = sandbox_id(request)
-    _query_user(request)
+    user = _query_user(request)
     engine = ctx.sandboxes(request)
     path = request.query_params.get("path")
     if request.headers.get("content-encoding"):
@@ -175,7 +204,17 @@ async def upload(request: Request) -> Response:
     written = []
 
     async def write(name: str, data: AsyncIterator[bytes]) -> None:
-        await ctx.write_whole(request, sid, name, data)
+        if user:  # as root, like envd: parents made, the file root's. Held whole here
+            # (bounded by max_upload_bytes) and fed to `cat` run by the agent as root
+            whole = b"".join([piece async for piece in data])
+            try:
+                await _as_user(engine, sid, user, ["sh", "-c", 'mkdir -p -- "$(dirname -- '
+                               '"$1")" && cat > "$1"', "sh", name], name, stdin=whole)
+            except CorralError:
+                await ctx.remove_partial(engine, sid, name)
+                raise
+        else:
+            await ctx.write_whole(request, sid, name, data)
         info = await engine.stat(sid, name)
         written.append({"name": info.name, "type": "file", "path": info.path})
 
