@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, Forbidden, SandboxNotFound
-from corral.network_schema import NetworkPolicy
+from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
@@ -202,6 +202,7 @@ class SandboxService:
             if self.leases is not None:  # a lease tag: a live lease of the caller's
                 self.leases.check_tags(spec.tags, caller.name)
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+            spec = self.engine.resolve_network(spec)  # NetworkNotFound now; checked below
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
             check_network(spec, host_network=host_network, admin=caller.may_use_host_network)
@@ -309,6 +310,13 @@ class SandboxService:
         with self.engine.owners.acting_as(caller.name):
             return await self.engine.update_network(sandbox_id, network)
 
+    def create_network(self, name: str, policy: NetworkPolicy, caller: Caller) -> NetworkInfo:
+        """A named network (``corral.Network``) of the caller's: a tenant's may name no
+        private range (as its sandboxes' policies may not)."""
+        check_network(SandboxSpec.parse(network=policy.model_dump()), host_network=False,
+                      admin=caller.may_use_host_network)
+        return self.engine.create_network(name, policy)
+
     async def stop(
         self, sandbox_id: str, caller: Caller, *, grace: float,
         reason: str = "stopped by request",
@@ -335,9 +343,11 @@ class SandboxService:
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
         frontend: str = "native",
+        live: bool | None = None,
     ) -> list[SandboxInfo]:
-        """``n`` new sandboxes with this one's files and spec, each created through
-        admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        """``n`` new sandboxes with this one's files and spec (``live``: its processes
+        too), each created through admission control; all or nothing
+        (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
         check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
 
         async def create(spec: SandboxSpec) -> SandboxInfo:
@@ -350,4 +360,4 @@ class SandboxService:
             # n copies that could never be alive at once: a 400 now, before the snapshot
             self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
             return await fork_from(self.engine, sandbox_id, n, create=create, delete=delete,
-                                   tags=tags, abandoned=abandoned)
+                                   tags=tags, abandoned=abandoned, live=live)
