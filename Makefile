@@ -1,4 +1,4 @@
-.PHONY: install test faults demo bench lint clean-state
+.PHONY: install test faults demo bench lint docs clean-state
 
 PY := .venv/bin/python
 
@@ -23,6 +23,10 @@ bench: install
 	bash scripts/install-bench.sh && \
 	{ $(PY) benchmarks/setup_ray_sandbox.py || echo "warning: Ray's sandboxes will not be measured" >&2; } && \
 	$(PY) benchmarks/run.py $(if $(QUICK),--quick,)
+
+# The documentation site (mkdocs.yml, docs/) into site/; tests/test_docs.py builds it too.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 lint:
 	$(PY) -m ruff check src tests benchmarks examples

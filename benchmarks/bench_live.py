@@ -1,10 +1,21 @@
-"""CRIU checkpoint and restore of a Python process holding 50 MB, against a cold start.
+"""Live checkpoints: a Python process holding 50 MB, checkpointed and restored (as a host
+process, and in a corral sandbox), against a cold start of the same program.
 
     python3 benchmarks/bench_live.py [--quick] [--smoke] [--json OUT]
 
-The process is a plain host process (not yet a sandbox: docs/live.md says what blocks a
-sandbox's checkpoint), dumped and restored by the CRIU that ``scripts/build_criu.sh``
-caches. Figures (medians):
+CRIU is the one ``scripts/build_criu.sh`` caches (docs/live.md). Figures (medians):
+
+In a checkpointable sandbox (``sandbox`` in the JSON), on a private engine:
+
+- ``cold_ms`` (baseline): ``create`` + starting the program until it first counts;
+- ``checkpoint_ms``: ``Engine.checkpoint`` (the sandbox frozen for CRIU's dump and the
+  copy of its writable layer, then thawed);
+- ``restore_ms``: ``create(snapshot=live)`` until the restored program counts on;
+  ``restore_vs_cold`` their ratio;
+- ``fork_ms``: ``fork(n, live=True)`` (one checkpoint, ``n`` restores) until every copy
+  answers an exec; ``fork_per_copy_ms``.
+
+As a plain host process:
 
 - ``checkpoint_ms``: ``criu dump`` of the process (it stops; its image is written to a
   tmpfs-backed directory when /dev/shm has room, else the state filesystem);
@@ -18,6 +29,7 @@ Needs root and the cached CRIU (it prints why it skips otherwise, and exits 0).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -27,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
@@ -115,6 +128,60 @@ def _pipe_id(images: Path) -> str:
     return "pipe:[0]"
 
 
+SANDBOX_PROGRAM = (
+    "nohup python3 -c 'import time, sys\nb = bytearray({mb} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+    "i = 0\nwhile True:\n    i += 1\n    open(\"/tmp/count\", \"w\").write(str(i))\n"
+    "    time.sleep(0.01)' >/dev/null 2>&1 &"
+)
+
+
+async def _counts(engine: Any, sid: str) -> int:
+    for _ in range(2000):
+        out = (await engine.exec(sid, ["cat", "/tmp/count"])).stdout.strip()
+        if out:
+            return int(out)
+        await asyncio.sleep(0.005)
+    raise RuntimeError(f"sandbox {sid} never counted")
+
+
+async def sandbox_rounds(mb: int, rounds: int, n: int) -> dict[str, float]:
+    """Cold create + warm-up, checkpoint, restore and fork of a checkpointable sandbox."""
+    from corral.runtime.engine import Engine
+
+    engine = await Engine.open(Path(tempfile.mkdtemp(prefix="corral-bench-live-")))
+    spec = {"network": "none", "checkpointable": True, "memory_mb": 256 + 2 * mb}
+    cold, ckpt, rest, fork = [], [], [], []
+    try:
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sb = await engine.create(spec)
+            await engine.exec(sb.id, ["sh", "-c", SANDBOX_PROGRAM.format(mb=mb)])
+            saved = await _counts(engine, sb.id)
+            cold.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            snap = await engine.checkpoint(sb.id)
+            ckpt.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            copy = await engine.create(snapshot=snap.id)
+            if await _counts(engine, copy.id) < saved:
+                raise RuntimeError("the restored program lost its count")
+            rest.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            copies = await engine.fork(sb.id, n, live=True)
+            await asyncio.gather(*(engine.exec(c.id, ["true"]) for c in copies))
+            fork.append(time.perf_counter() - t0)
+            for sid in (copy.id, *(c.id for c in copies), sb.id):
+                await engine.delete(sid)
+            await engine.delete_snapshot(snap.id)
+    finally:
+        await engine.close()
+    med = {k: statistics.median(v) * 1000 for k, v in
+           (("cold_ms", cold), ("checkpoint_ms", ckpt), ("restore_ms", rest), ("fork_ms", fork))}
+    med.update(restore_vs_cold=med["restore_ms"] / med["cold_ms"],
+               fork_per_copy_ms=med["fork_ms"] / n, fork_copies=n)
+    return {k: round(v, 2) for k, v in med.items()}
+
+
 def main() -> int:
     args = bench_args.parser(__doc__).parse_args()
     rounds = bench_args.pick(args, 7, 3, 1)
@@ -139,6 +206,13 @@ def main() -> int:
         print(f"CRIU {found.version_text}, {mb} MB heap, median of {rounds}: checkpoint "
               f"{dump:.0f} ms, restore {restore:.0f} ms; cold start {cold:.0f} ms "
               f"(restore/cold {restore / cold:.2f})")
+        n = bench_args.pick(args, 8, 4, 2)
+        sb = asyncio.run(sandbox_rounds(mb, rounds, n))
+        figures["sandbox"] = sb
+        print(f"sandbox, {mb} MB heap, median of {rounds}: cold create + warm-up "
+              f"{sb['cold_ms']:.0f} ms; checkpoint {sb['checkpoint_ms']:.0f} ms, restore "
+              f"{sb['restore_ms']:.0f} ms (restore/cold {sb['restore_vs_cold']:.2f}); fork into "
+              f"{n} {sb['fork_ms']:.0f} ms ({sb['fork_per_copy_ms']:.0f} ms a copy)")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

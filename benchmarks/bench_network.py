@@ -12,6 +12,8 @@ host's network in the same run.
   namespace this benchmark made; baseline: the same from a ``network="host"`` sandbox.
 - ``download_100mb_policy_s``: 100 MB from that server through the proxy; baseline:
   the host's network. Needs root. No packet leaves the host (TEST-NET-2 addresses).
+- ``udp_rtt_policy_us``: 500 UDP round trips (one datagram echoed) on one flow through
+  the UDP relay (TPROXY; runtime/net/udp.py); baseline: the host's network.
 - ``create_cow_volume_ms``: create→ready of a sandbox mounting a 1000-file ``cow``
   volume (median); baseline: ``network="none"`` without it, interleaved.
 """
@@ -53,6 +55,16 @@ while chunk := s.recv(1 << 20):
     n += len(chunk)
 assert n == 100 << 20, n
 print(time.perf_counter() - t)
+"""
+
+UDP_RTT = r"""
+import socket, sys, time
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+u.connect((sys.argv[1], 7002)); u.send(b"x"); u.recv(100)  # the flow is open
+t = time.perf_counter()
+for _ in range(500):
+    u.send(b"x"); u.recv(100)
+print((time.perf_counter() - t) / 500 * 1e6)
 """
 
 
@@ -101,6 +113,8 @@ async def run(rounds: int) -> dict[str, float]:
                 "connect_host_ms": await _figure(engine, host.id, CONNECT, ip),
                 "download_100mb_policy_s": await _figure(engine, filtered.id, DOWNLOAD, ip),
                 "download_100mb_host_s": await _figure(engine, host.id, DOWNLOAD, ip),
+                "udp_rtt_policy_us": await _figure(engine, filtered.id, UDP_RTT, ip),
+                "udp_rtt_host_us": await _figure(engine, host.id, UDP_RTT, ip),
                 "rounds": rounds,
             }
         finally:
@@ -119,6 +133,7 @@ def main() -> int:
         ("create_cow_volume_ms", "create_none_ms", "no volume"),
         ("connect_policy_ms", "connect_host_ms", 'network="host"'),
         ("download_100mb_policy_s", "download_100mb_host_s", 'network="host"'),
+        ("udp_rtt_policy_us", "udp_rtt_host_us", 'network="host"'),
     ]
     print(f"{'figure':26} {'value':>9}  baseline (same run)")
     for key, base, what in rows:

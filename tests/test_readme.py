@@ -1,10 +1,12 @@
-"""Every code block of the README is run here, against a real daemon, or checked (syntax
-summaries name real commands, the image spec parses), or listed with the reason it
-cannot run in a test: a new block that is none of these fails, so the docs cannot
-drift from the code."""
+"""Every code block of the README and of docs/ is run here, against a real daemon, or
+checked (Python compiles, YAML parses, every ``corral`` command a block names exists,
+the image spec is a valid spec), or listed with the reason it cannot run in a test: a
+new shell block that is none of these fails, so the docs cannot drift from the code."""
 
 from __future__ import annotations
 
+import argparse
+import ast
 import os
 import re
 import shlex
@@ -13,31 +15,35 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from corral.cli.main import build_parser
 from corral.image_schema import parse_build_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 CORRAL = [sys.executable, "-m", "corral.cli.main"]
 
-SDK_BLOCK = "import corral\n\nwith corral.Sandbox.create("
-RL_BLOCK = "import corral.rl as rl\n"
-CLI_BLOCK = "id=$(corral create"
-FUSION_BLOCK = "from sandbox_fusion import"
-E2B_BLOCK = "from e2b import Sandbox"
-NOT_RUN = {  # first line of a runnable-looking block -> why no test runs it
+SDK_BLOCK = "import corral\n\nwith corral.Sandbox.create(memory_mb=512"  # README.md
+RL_BLOCK = "import corral.rl as rl\n"  # docs/rl.md
+CLI_BLOCK = "id=$(corral create"  # docs/cli.md
+FUSION_BLOCK = "from sandbox_fusion import"  # docs/sandboxfusion.md
+E2B_BLOCK = "from e2b import Sandbox"  # docs/e2b.md
+NOT_RUN = {  # first line of a shell block no test runs as written -> why
     "make demo": "installs everything and runs the whole suite: it is how tests run",
     "pip install -e .": "run as written, in a fresh virtualenv, by tests/packaging/test_install.py",
     "corral serve --tcp 127.0.0.1:7070": "needs the tensorlake client and your script; "
-    "tests/server/compat covers the front-end",
-    "corral serve --grpc 127.0.0.1:7072": "needs the cwsandbox client; tests/server/compat "
-    "covers the front-end",
+    "tests/server/test_compat_tensorlake.py covers the front-end",
+    "corral serve --grpc 127.0.0.1:7072": "needs the cwsandbox client; "
+    "tests/server/test_compat_cwsandbox.py covers the front-end",
 }
 
 
 def blocks(lang: str | None = None) -> list[tuple[str, str]]:
-    """``(language, text)`` of every fenced block, in order."""
-    found = re.findall(r"^```(\w*)\n(.*?)^```$", README.read_text(), re.S | re.M)
+    """``(language, text)`` of every fenced block of the README and docs/, in order."""
+    found = [b for page in PAGES
+             for b in re.findall(r"^```(\w*)\n(.*?)^```$", page.read_text(), re.S | re.M)]
     return [(lng, text) for lng, text in found if lang is None or lng == lang]
 
 
@@ -49,10 +55,18 @@ def block(lang: str, start: str) -> str:
 def test_every_block_is_run_checked_or_excused():
     runnable = (SDK_BLOCK, RL_BLOCK, CLI_BLOCK, FUSION_BLOCK, E2B_BLOCK, *NOT_RUN)
     for lang, text in blocks():
-        if lang in ("python", "sh"):
-            assert text.startswith(runnable), f"README {lang} block run by no test:\n{text}"
-        else:  # syntax, a spec, or a picture: each kind has its check below
-            assert lang in ("text", "yaml", ""), f"README block of unknown kind {lang!r}"
+        if lang == "sh":
+            assert text.startswith(runnable), f"a sh block run by no test:\n{text}"
+        else:  # Python, syntax, a spec, or a picture: each kind has its check below
+            assert lang in ("python", "text", "yaml", ""), f"a block of unknown kind {lang!r}"
+
+
+def test_python_blocks_compile_and_yaml_blocks_parse():
+    for lang, text in blocks():
+        if lang == "python":
+            compile(text, "<docs>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        elif lang == "yaml":
+            yaml.safe_load(text)
 
 
 def _run(code: str, env: dict[str, str], **kwargs) -> subprocess.CompletedProcess[str]:
@@ -98,12 +112,12 @@ def test_readme_cli_session_runs(daemon, tmp_path):
     assert '"memory_mb": 256' in (work / "sandbox.json").read_text()
 
 
-def _syntax_commands() -> list[list[str]]:
-    """Each ``corral ...`` line of the syntax blocks, as the words naming its command
-    (``pause|resume|stop`` expanded)."""
+def _named_commands() -> list[list[str]]:
+    """Each ``corral ...`` line of the text and shell blocks, as the words naming its
+    command (``pause|resume|stop`` expanded)."""
     commands = []
-    for _, text in blocks("text"):
-        for line in text.splitlines():
+    for lang, text in blocks():
+        for line in text.splitlines() if lang in ("text", "sh") else ():
             if not line.startswith("corral "):
                 continue
             words = []
@@ -111,17 +125,34 @@ def _syntax_commands() -> list[list[str]]:
                 if not re.fullmatch(r"[a-z|]+", word):
                     break
                 words.append(word)
-            *head, last = words
+            *head, last = words or [""]
             commands += [[*head, verb] for verb in last.split("|")]
     return commands
 
 
-def test_readme_syntax_names_real_commands():
-    commands = _syntax_commands()
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((a.choices for a in parser._actions
+                 if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def test_docs_name_real_commands():
+    commands = _named_commands()
     assert ["daemon", "stop"] in commands and ["inspect"] in commands and ["rm"] in commands
     for words in commands:
-        proc = _run([*CORRAL, *words, "-h"], dict(os.environ), timeout=60)
-        assert proc.returncode == 0, (words, proc.stderr)
+        parser = build_parser()
+        for i, word in enumerate(words):
+            choices = _subcommands(parser)
+            if not choices:  # the rest are the command's own arguments
+                break
+            assert word in choices, f"`corral {' '.join(words[:i + 1])}` is no command"
+            parser = choices[word]
+
+
+def test_the_cli_page_names_every_command():
+    page = (ROOT / "docs" / "cli.md").read_text()
+    named = {verb for verbs in re.findall(r"^corral ([a-z|]+)", page, re.M)
+             for verb in verbs.split("|")}
+    assert set(_subcommands(build_parser())) <= named, "docs/cli.md lacks a command"
 
 
 def test_readme_sandboxfusion_example_runs():
@@ -150,11 +181,12 @@ def test_readme_e2b_example_runs():
 
 
 def test_readme_image_spec_parses():
-    spec = parse_build_yaml(block("yaml", "name: my-env"), source="README.md")
+    spec = parse_build_yaml(block("yaml", "name: my-env\nbase: rl\n"), source="docs/images.md")
     assert spec.name == "my-env" and len(spec.steps) == 5
     assert [getattr(s, "as_root", False) for s in spec.steps] == [False, True, False, False, False]
 
 
 @pytest.mark.parametrize("phrase", ["pip install 'corral[", "corral rm --tag job=42\n"])
-def test_readme_has_no_known_dead_ends(phrase):
-    assert phrase not in README.read_text()
+def test_docs_have_no_known_dead_ends(phrase):
+    for page in PAGES:
+        assert phrase not in page.read_text(), page.name

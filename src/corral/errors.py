@@ -15,11 +15,14 @@ would naturally catch as a builtin also inherit it::
     │   ├── ImageNotFound                     404 image_not_found
     │   ├── SnapshotNotFound                  404 snapshot_not_found
     │   ├── LeaseNotFound                     404 lease_not_found
-    │   └── VolumeNotFound                    404 volume_not_found
+    │   ├── VolumeNotFound                    404 volume_not_found
+    │   ├── NetworkNotFound                   404 network_not_found
+    │   └── UploadNotFound                    404 upload_not_found
     ├── FileError (OSError)                   409 file_error
     │   ├── FileNotFound (FileNotFoundError)  404 file_not_found
     │   ├── FileTooLarge                      413 file_too_large
-    │   └── SandboxDiskFull                   507 sandbox_disk_full
+    │   ├── SandboxDiskFull                   507 sandbox_disk_full
+    │   └── VolumeFull                        507 volume_full
     ├── InvalidState                          409 invalid_state
     │   └── ImageInUse                        409 image_in_use
     ├── ImageBuildError                       422 image_build_failed
@@ -129,6 +132,14 @@ class VolumeNotFound(NotFound):
     code, status = "volume_not_found", 404
 
 
+class NetworkNotFound(NotFound):
+    code, status = "network_not_found", 404
+
+
+class UploadNotFound(NotFound):
+    code, status = "upload_not_found", 404
+
+
 class FileError(CorralError, OSError):
     code, status = "file_error", 409
 
@@ -148,6 +159,13 @@ class SandboxDiskFull(FileError):
     (that is :class:`StorageFull`). ``details``: ``sandbox_id``, ``path``, ``errno``."""
 
     code, status = "sandbox_disk_full", 507
+
+
+class VolumeFull(FileError):
+    """An ``rw`` volume reached its size limit (``max_mb``, set at create): remove files
+    from it, or make a larger volume. ``details``: ``volume``, ``max_mb``."""
+
+    code, status = "volume_full", 507
 
 
 class FileNotFound(FileError, FileNotFoundError):

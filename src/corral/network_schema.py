@@ -32,7 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 __all__ = [
     "MAX_RULES",
+    "NETWORK_NAME_RE",
     "PRESETS",
+    "RESERVED_NAMES",
+    "NetworkInfo",
     "NetworkPolicy",
     "Rule",
     "RuleKind",
@@ -41,6 +44,9 @@ __all__ = [
 ]
 
 MAX_RULES = 256  # per list (allow, deny)
+# a named network's (corral.Network): never "none" or "host" (the spec's own modes)
+NETWORK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+RESERVED_NAMES = ("none", "host")
 PRESETS = ("pypi",)
 _LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -157,3 +163,22 @@ class NetworkPolicy(BaseModel):
     def names_special(self) -> list[str]:
         """Allow rules naming a private / loopback / link-local CIDR (admin only)."""
         return [r for r in self.allow if parse_rule(r).names_special()]
+
+
+class NetworkInfo(BaseModel):
+    """A named network (``corral.Network``): a policy stored on the daemon, per tenant,
+    that sandboxes use by name (``network="NAME"``); each sandbox gets the policy as it
+    is when the sandbox is created."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NETWORK_NAME_RE.pattern)
+    policy: NetworkPolicy
+    created_at: float = 0.0
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_mode(cls, name: str) -> str:
+        if name in RESERVED_NAMES:
+            raise ValueError(f"{name!r} is a network mode, not a name: pick another")
+        return name

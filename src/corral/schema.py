@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -18,12 +18,13 @@ from pydantic import (
     SecretStr,
     StrictFloat,
     StrictInt,
+    StringConstraints,
     ValidationError,
     field_validator,
 )
 
 from corral.errors import InvalidArgument
-from corral.network_schema import NetworkPolicy
+from corral.network_schema import NETWORK_NAME_RE, NetworkPolicy
 from corral.volume_schema import check_volumes
 
 DEFAULT_IMAGE = "python"
@@ -114,9 +115,12 @@ class SandboxSpec(BaseModel):
     secrets: dict[str, SecretStr] = Field(default_factory=dict, max_length=256)
     workdir: str = DEFAULT_WORKDIR
     tags: list[str] = Field(default_factory=list, max_length=MAX_TAGS)
-    # "none" (loopback only), "host" (the host's network: admins only) or an egress
-    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md)
-    network: NetworkMode | NetworkPolicy = NetworkMode.NONE
+    # "none" (loopback only), "host" (the host's network: admins only), an egress
+    # policy {"allow": [...], "deny": [...]} (corral.network_schema, docs/network.md), or
+    # the name of a stored one (corral.Network): the daemon puts its policy here at create
+    network: NetworkMode | NetworkPolicy | Annotated[
+        str, StringConstraints(pattern=NETWORK_NAME_RE.pattern)] = Field(
+        NetworkMode.NONE, union_mode="left_to_right")
     # Volumes by mount point: {"/data": "NAME"} ("NAME:ro", "NAME:cow" (the default),
     # "NAME:rw"; an admin may give a host directory, "/srv/data:ro"): corral.volume_schema
     volumes: dict[str, str] = Field(default_factory=dict)
@@ -124,6 +128,10 @@ class SandboxSpec(BaseModel):
     # held exclusively unless ``gpu_shared`` (then only with other sharers).
     gpus: StrictInt | Literal["all"] | list[str] | None = None
     gpu_shared: bool = False
+    # Its running processes can be saved and restored (CRIU, docs/live.md): the
+    # sandbox user is uid 0 of its user namespace (still without any capability) and
+    # that namespace is not nested, as CRIU needs; nothing else changes.
+    checkpointable: bool = False
     # Start the image's ENTRYPOINT + CMD (Dockerfile, OCI config) as a background process
     # once the sandbox is up, as the image's USER, in its WORKDIR, with its ENV
     # (``GET .../processes`` lists it; docs/users.md). Refused for an image with neither.
@@ -272,6 +280,9 @@ class SnapshotInfo(BaseModel):
     size_bytes: int
     created_at: float
     source_sandbox: str | None = None
+    # "files": the writable layer only; "live": its processes too (a checkpoint,
+    # docs/live.md): a sandbox created from it runs them on from where they were
+    kind: Literal["files", "live"] = "files"
 
 
 def default_output_tail(max_output: int) -> int:

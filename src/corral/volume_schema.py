@@ -21,6 +21,7 @@ class VolumeInfo(BaseModel):
     size_bytes: int
     files: int
     created_at: float
+    max_mb: int | None = None  # a size limit (MiB): rw writers share at most this
 
 
 def parse_mount(value: str) -> tuple[str, str]:

@@ -38,11 +38,25 @@ async def count(engine, sid) -> int:
     raise AssertionError("the counter never wrote")
 
 
-async def dump(engine, sid, tenant=None):
+async def dump(engine, sid, tenant=None, uid=None):
     live = engine._get_live(sid)
     return await checkpoint.dump(cache_dir=engine.layout.cache_dir,
                                  state_dir=engine.layout.state_dir, sandbox_id=sid,
-                                 tenant=tenant, launcher_pid=live.proc.pid)
+                                 tenant=tenant, launcher_pid=live.proc.pid, uid=uid)
+
+
+async def test_a_checkpointable_sandbox_is_dumped_and_keeps_running(engine, criu_cached):
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.exec(sb.id, ["sh", "-c", COUNTER])
+    before = await count(engine, sb.id)
+    images = await dump(engine, sb.id, uid=engine._get_live(sb.id).uid)
+    names = {p.name for p in images.path.iterdir()}
+    assert {"inventory.img", "pstree.img", "pages-1.img"} <= names, names
+    for p in (images.path, *images.path.iterdir()):
+        assert p.stat().st_uid == 0 and not p.stat().st_mode & 0o077
+    await asyncio.sleep(0.3)
+    assert await count(engine, sb.id) > before  # it went on counting
+    assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
 
 
 async def test_a_dump_leaves_the_sandbox_running(engine, criu_cached):
@@ -83,3 +97,57 @@ def test_causes_are_read_from_criu_s_log():
     code, meaning, line = checkpoint.cause_of(log)
     assert code == "userns_no_root" and line == "Unable to convert uid or gid"
     assert checkpoint.cause_of("garbage")[0] == "criu_error"
+
+
+HEAP_COUNTER = (
+    "nohup python3 -c 'import time\nb = bytearray(range(256)) * (200 << 10)\ni = 0\n"
+    "while True:\n    i += 1\n    open(\"/tmp/count\", \"w\").write(f\"{i} {sum(b[::4096])}\")\n"
+    "    time.sleep(0.05)' >/dev/null 2>&1 &"
+)
+
+
+async def heap_count(engine, sid) -> tuple[int, int]:
+    for _ in range(200):
+        out = (await engine.exec(sid, ["cat", "/tmp/count"])).stdout.split()
+        if len(out) == 2:
+            return int(out[0]), int(out[1])
+        await asyncio.sleep(0.05)
+    raise AssertionError("the counter never wrote")
+
+
+async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engine, criu_cached):
+    sb = await engine.create(network="none", checkpointable=True, memory_mb=512)
+    await engine.exec(sb.id, ["sh", "-c", HEAP_COUNTER])
+    before, heap0 = await heap_count(engine, sb.id)
+    snap = await engine.checkpoint(sb.id, name="live-counter")
+    images = engine.checkpoint_images(snap.id)
+    assert images is not None and images.stat().st_mode & 0o077 == 0
+    copy = await engine.restore_checkpoint(snap.id)
+    assert copy.id != sb.id
+    first, heap = await heap_count(engine, copy.id)
+    assert heap == heap0  # its 50 MB of heap, intact
+    assert first >= before  # it counts on from where it was, not from 1
+    await asyncio.sleep(0.5)
+    assert (await heap_count(engine, copy.id))[0] > first
+    # a sandbox like any other: exec, files, spawn; pid 1 is the restored agent
+    r = await engine.exec(copy.id, ["sh", "-c", "echo hi > /tmp/f && cat /tmp/f && id -u"])
+    assert r.stdout.split() == [b"hi", b"1000"], r
+    await engine.write_file(copy.id, "/tmp/g", b"files")
+    assert await engine.read_file(copy.id, "/tmp/g") == b"files"
+    proc = await engine.spawn(copy.id, ["cat"])
+    await proc.write(b"spawned\n")
+    await proc.close_stdin()
+    assert (await proc.wait(30)).returncode == 0
+    ps = (await engine.exec(copy.id, ["sh", "-c", "cat /proc/[0-9]*/comm"])).stdout.split()
+    assert ps[0] == b"agent" and b"python3" in ps, ps
+    assert engine.cgroup(copy.id).path != engine.cgroup(sb.id).path
+    # not yet: a checkpoint of a restored copy (docs/live.md, "Not done"); typed, and
+    # the copy goes on
+    with pytest.raises(Unsupported) as err:
+        await engine.checkpoint(copy.id)
+    assert err.value.details["cause"] == "criu_error", err.value.message
+    assert (await heap_count(engine, copy.id))[0] > first
+    await engine.delete(copy.id)
+    assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
+    assert await engine.delete_snapshot(snap.id)
+    assert not images.exists()

@@ -17,6 +17,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     InvalidState,
+    NetworkNotFound,
     SandboxNotFound,
 )
 from corral.runtime import syscalls, uids
@@ -127,10 +128,12 @@ async def test_bad_input_leaves_nothing_behind(engine):
     for bad in (
         dict(cpus=-1), dict(memory_mb=0), dict(pids=-5), dict(disk_mb=-1), dict(timeout=0),
         dict(tags=["bad tag with spaces"]), dict(env={"1BAD": "x"}), dict(workdir="relative"),
-        dict(workdir="/a/../b"), dict(network="bridge"), dict(unknown_field=1),
+        dict(workdir="/a/../b"), dict(network="Bridge!"), dict(unknown_field=1),
     ):
         with pytest.raises(InvalidArgument):
             await engine.create(**bad)
+    with pytest.raises(NetworkNotFound):  # a name no named network has
+        await engine.create(network="bridge")
     with pytest.raises(ImageNotFound, match="no-such-image"):
         await engine.create(image="no-such-image")
     with pytest.raises(InvalidArgument):

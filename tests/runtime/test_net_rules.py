@@ -51,8 +51,10 @@ def test_spec_network_kinds():
     assert SandboxSpec.parse(spec.model_dump(mode="json")) == spec  # the wire round trip
     with pytest.raises(InvalidArgument):
         SandboxSpec.parse(network={"allow": ["a.com"], "other": []})
-    with pytest.raises(InvalidArgument):
-        SandboxSpec.parse(network="bridge")
+    assert SandboxSpec.parse(network="bridge").network == "bridge"  # a named network's
+    for bad in ("Bridge", "a/b", "..", "", "x" * 64):
+        with pytest.raises(InvalidArgument):
+            SandboxSpec.parse(network=bad)
     assert SandboxSpec.parse(network={"max_mbps": 8}).network.max_mbps == 8
     for bad in (0, -1, 100_001, "8", 1.5, True):
         with pytest.raises(InvalidArgument):
@@ -131,6 +133,41 @@ def test_dns_wire():
     for bad in (q[:11], q[:-3], q[:12] + b"\xc0\x0c" + q[-4:], q.replace(b"\x04good", b"\x50good")):
         assert dns.parse_query(bad) is None
     assert dns.parse_query(q[:2] + b"\x81\x00" + q[4:]) is None  # a response, not a query
+    six = dns.parse_query(q[:-4] + struct.pack("!2H", dns.QTYPE_AAAA, 1))
+    assert six is not None
+    both = ["198.51.100.2", "2001:db8::2"]
+    aaaa = dns.answer(six, both)  # AAAA records of the IPv6 addresses only
+    assert struct.unpack("!6H", aaaa[:12])[3] == 1 and aaaa.endswith(bytes.fromhex("20010db8" + "00" * 11 + "02"))
+    assert struct.unpack("!6H", dns.answer(parsed, both)[:12])[3] == 1  # A: the IPv4 one
+
+
+def test_udp_allow_entries_never_overlap():
+    """The kernel's UDP allow set is an interval set: its elements may not overlap."""
+    import ipaddress
+
+    from corral.network_schema import NetworkPolicy
+    from corral.runtime.net.policy import Compiled
+
+    rules = ["198.51.100.0/24:53", "198.51.100.7:53", "198.51.100.0/22:99", "198.51.100.7",
+             "2001:db8::/32", "[2001:db8::1]:443", "example.com"]
+    entries = Compiled.of(NetworkPolicy(allow=rules)).udp_entries()
+    cells = [(ipaddress.ip_network(n), range(int(p.split("-")[0]), int(p.split("-")[-1]) + 1))
+             for n, p in entries]
+    for i, (net, ports) in enumerate(cells):
+        for other, other_ports in cells[i + 1:]:
+            assert not (net.version == other.version and net.overlaps(other)
+                        and set(ports) & set(other_ports)), (net, other)
+    covered = Compiled.of(NetworkPolicy(allow=rules))
+    for ip, port, ok in (("198.51.100.7", 1234, True), ("198.51.100.8", 53, True),
+                         ("198.51.100.8", 54, False), ("198.51.101.1", 99, True),
+                         ("2001:db8::5", 7, True), ("192.0.2.1", 53, False)):
+        assert covered.decide_udp(ipaddress.ip_address(ip), port).allowed is ok, (ip, port)
+        assert any(ipaddress.ip_address(ip) in n and port in p for n, p in cells) is ok
+    # what the relay would refuse anyway stays out of the kernel's set (refused at once)
+    wide = Compiled.of(NetworkPolicy(allow=["0.0.0.0/0", "::/0"])).udp_entries()
+    for ip in ("10.1.2.3", "127.0.0.1", "169.254.169.254", "10.219.0.1", "fd00::1", "fe80::1"):
+        assert not any(ipaddress.ip_address(ip) in ipaddress.ip_network(n) for n, _ in wide), ip
+    assert any(ipaddress.ip_address("198.51.100.7") in ipaddress.ip_network(n) for n, _ in wide)
 
 
 async def test_one_sources_dns_flood_leaves_others_answered():

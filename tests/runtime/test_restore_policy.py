@@ -26,6 +26,20 @@ async def _fetch(engine, sid: str, name: str) -> str:
     return (await probe(engine, sid, got=f"http({name!r})"))["got"][0]
 
 
+UDP = """import socket, sys
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)
+u.connect((sys.argv[1], 7002)); u.send(b"hi")
+try:
+    print(u.recv(99).decode())
+except Exception as e:
+    print(type(e).__name__)
+"""
+
+
+async def _udp(engine, sid: str, ip: str) -> str:
+    return (await engine.exec(sid, ["python3", "-c", UDP, ip], timeout=60)).stdout.decode().strip()
+
+
 async def test_a_policy_sandbox_is_handed_over_with_its_network():
     from corral.runtime.engine import Engine
 
@@ -34,7 +48,8 @@ async def test_a_policy_sandbox_is_handed_over_with_its_network():
         hosts = {"good.test": good, "bad.test": bad}
         first = await Engine.open(state, network_hosts=hosts, restore_grace=60, warm_slots=0)
         try:
-            made = await first.create(network={"allow": ["good.test"]}, memory_mb=128)
+            made = await first.create(network={"allow": ["good.test", f"{good}:7002"]},
+                                      memory_mb=128)
             assert await _fetch(first, made.id, "good.test") == "GOOD GET / HTTP/1.0"
             netns = first._live[made.id].netns
             assert netns is not None and Path(netns).exists()
@@ -48,6 +63,9 @@ async def test_a_policy_sandbox_is_handed_over_with_its_network():
             assert second._live[made.id].netns == netns
             assert await _fetch(second, made.id, "good.test") == "GOOD GET / HTTP/1.0"
             assert await _fetch(second, made.id, "bad.test") != "BAD GET / HTTP/1.0"
+            # UDP by address: its entries are in the new table's sets again
+            assert await _udp(second, made.id, good) == "GOOD hi"
+            assert await _udp(second, made.id, bad) == "ConnectionRefusedError"
             verdicts = {(e["name"], e["verdict"]) for e in second.network_events(made.id)}
             assert ("good.test", "allowed") in verdicts and ("bad.test", "refused") in verdicts
             await second.stop(made.id, grace=0)

@@ -4,12 +4,15 @@
 have addresses of TEST-NET-2 (198.51.100.0/24, documentation addresses: no packet to
 them leaves this host, the connected route sends them down the veth), and runs in it a
 server that answers every HTTP request with its own ``marker``, echoes raw TCP on
-port 7000 and sends 100 MB of zeros to whoever connects to port 7001. The proxy reaches it as it would reach a public server.
+port 7000 and UDP on port 7002 (logging each datagram to ``$UDP_LOG`` when set) and
+sends 100 MB of zeros to whoever connects to port 7001, on IPv4 and on IPv6
+(2001:db8:c0::<octet in hex>, a documentation prefix: no packet to it leaves this host). The proxy reaches it as it would reach a public server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import subprocess
 import sys
@@ -19,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 SERVER = r"""
-import socket, sys, threading
+import os, socket, sys, threading
 marker = sys.argv[1].encode()
 def http(c):
     try:
@@ -46,9 +49,27 @@ def blob(c):
             c.sendall(zeros)
     finally:
         c.close()
+ANY = "::"
+def dual(kind):
+    global ANY
+    try:
+        s = socket.socket(socket.AF_INET6, kind)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    except OSError:  # a host without IPv6
+        s, ANY = socket.socket(socket.AF_INET, kind), "0.0.0.0"
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return s
+def udp_echo():
+    s = dual(socket.SOCK_DGRAM); s.bind((ANY, 7002))
+    while True:
+        data, addr = s.recvfrom(65535)
+        if os.environ.get("UDP_LOG"):
+            with open(os.environ["UDP_LOG"], "ab") as f:
+                f.write(data + b"\n")
+        s.sendto(marker + b" " + data, addr)
 def serve(port, fn):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port)); s.listen(64)
+    s = dual(socket.SOCK_STREAM)
+    s.bind((ANY, port)); s.listen(64)
     while True:
         c, _ = s.accept()
         threading.Thread(target=fn, args=(c,), daemon=True).start()
@@ -64,6 +85,7 @@ if len(sys.argv) > 3:
     threading.Thread(target=serve, args=(443, tls), daemon=True).start()
 threading.Thread(target=serve, args=(7000, echo), daemon=True).start()
 threading.Thread(target=serve, args=(7001, blob), daemon=True).start()
+threading.Thread(target=udp_echo, daemon=True).start()
 print("ready", flush=True)
 serve(80, http)
 """
@@ -104,6 +126,16 @@ def self_signed(directory: str, name: str) -> tuple[str, str]:
     return cert_path, key_path
 
 
+async def run_probes(engine, sid: str, program: str, probes: dict[str, str]) -> dict:
+    """Run ``program`` (it evals each probe's expression, prints a JSON object) in the
+    sandbox; what it printed."""
+    import json
+
+    r = await engine.exec(sid, ["python3", "-c", program, json.dumps(probes)], timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    return json.loads(r.stdout)
+
+
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy",
               "all_proxy", "NO_PROXY", "no_proxy")
 
@@ -123,9 +155,23 @@ def _ip(*args: str, ns: str | None = None) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
 
+def ipv6_on() -> bool:
+    from corral.runtime.net.netns import ipv6_on as on
+
+    return on()
+
+
+V6_PREFIX = "2001:db8:c0::"  # server_ns's IPv6 addresses: V6_PREFIX + octet
+
+
+def v6(ip: str) -> str:
+    """The IPv6 address of the server at the IPv4 address ``ip`` (server_ns's)."""
+    return f"{V6_PREFIX}{int(ip.rsplit('.', 1)[1]):x}"
+
+
 @contextlib.contextmanager
 def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
-              tls: tuple[str, str] | None = None) -> Iterator[str]:
+              tls: tuple[str, str] | None = None, udp_log: str | None = None) -> Iterator[str]:
     """A server answering with ``marker`` at 198.51.100.<octet> (octet % 4 == 2); with
     ``tls`` (certificate and key files) the same over TLS on port 443; with
     ``serve_dir``, ``python3 -m http.server 80`` of that directory instead."""
@@ -139,14 +185,18 @@ def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
         _ip("addr", "add", f"{host_ip}/30", "dev", host_if)
         _ip("link", "set", host_if, "up")
         _ip("addr", "add", f"{server_ip}/30", "dev", "eth0", ns=ns)
+        if ipv6_on():
+            _ip("addr", "add", f"{V6_PREFIX}{octet - 1:x}/126", "dev", host_if, "nodad")
+            _ip("addr", "add", f"{v6(server_ip)}/126", "dev", "eth0", "nodad", ns=ns)
         _ip("link", "set", "eth0", "up", ns=ns)
         _ip("link", "set", "lo", "up", ns=ns)
         if serve_dir is not None:
             argv = [HTTP_DIR, serve_dir]
         else:
             argv = [SERVER, marker, *(tls or ())]
+        env = {**os.environ, **({"UDP_LOG": udp_log} if udp_log else {})}
         proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", *argv],
-                                stdout=subprocess.PIPE)
+                                stdout=subprocess.PIPE, env=env)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         time.sleep(0.05)
         yield server_ip

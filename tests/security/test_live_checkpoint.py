@@ -1,5 +1,11 @@
 """Attacks on live checkpoints (issue 29; corral.runtime.checkpoint, docs/live.md).
 
+A checkpointable sandbox and a copy restored from its checkpoint are as confined as any
+sandbox (the root-step attacks fail in both, every process checked from the host); a
+checkpoint whose images were forged (a user namespace mapping host root, no seccomp
+filter, a mount key of its own) restores as the new slot's uid or not at all, and
+leaves nothing running.
+
 CRIU runs as root on the host against a sandbox's processes, so a sandbox must not be
 able to steer it: hostile symlinks in its writable layer, descriptors open on paths that
 look like the host's (``/etc/shadow``, the daemon's state directory), ``/proc/self/fd``
@@ -16,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import InvalidState, Unsupported
-from corral.runtime import checkpoint, criu
+from corral.errors import CorralError, InvalidState, Unsupported
+from corral.runtime import checkpoint, criu, live_images
 from corral.runtime.paths import default_cache_dir
+from corral.schema import SandboxState
 from tests.conftest import requires_root
-from tests.security.conftest import assert_honest
+from tests.security.conftest import assert_honest, run_json
+from tests.security.test_root_build import ATTACKS
 
 pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(300)]
 
@@ -113,3 +121,122 @@ def test_mount_points_crius_syntax_would_misread_are_refused(tmp_path, monkeypat
                         else real(self, *a, **k))
     with pytest.raises(Unsupported):
         checkpoint.external_mounts(1)
+
+
+def _confined(engine, sid: str) -> set[int]:
+    """The host uids of a sandbox's processes, each checked to have no capability,
+    no_new_privs and a seccomp filter (its outer launcher left out)."""
+    live = engine._get_live(sid)
+    pids = [p for p in live.cgroup.pids() if p != live.proc.pid]
+    assert pids
+    live_images.check_restored(pids, outer=live.proc.pid, uid=live.uid)
+    return {int(Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0]) for p in pids}
+
+
+def _need_criu():
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+
+
+async def test_a_checkpointable_sandbox_and_its_restored_copy_are_confined(engine, tmp_path):
+    _need_criu()
+    secret = tmp_path / "host-secret"
+    secret.write_text("s3cret")
+    code = f"import os; os.environ['SECRET']={str(secret)!r}\n" + ATTACKS
+    sb = await engine.create(network="none", checkpointable=True)
+    snap = await engine.checkpoint(sb.id)
+    copy = await engine.create(snapshot=snap.id)
+    try:
+        for sid in (sb.id, copy.id):
+            got = await run_json(engine, sid, code)
+            assert got["uid"] == 1000 and int(got["caps"], 16) == 0, got
+            assert got["host_secret"] is False
+            for attack in ("mount", "init_module", "finit_module", "core_pattern", "sysrq",
+                           "mknod", "unshare_user", "hostname", "raw_socket"):
+                assert got[attack] in (1, 2, 13, 22, 30, 38), (sid, attack, got)
+            assert _confined(engine, sid) == {engine._get_live(sid).uid}
+            await assert_honest(engine, sid)
+        assert engine._get_live(copy.id).uid != engine._get_live(sb.id).uid
+    finally:
+        await engine.delete(copy.id)
+        await engine.delete(sb.id)
+        await engine.delete_snapshot(snap.id)
+
+
+def _forge_userns(images: Path) -> None:
+    for f in images.glob("userns-*.img"):
+        f.write_bytes(live_images.userns_image(0))  # its root as the host's
+
+
+def _drop_seccomp(images: Path) -> None:
+    (images / "seccomp.img").unlink()
+
+
+def _own_mount_key(images: Path) -> None:
+    for f in images.glob("mountpoints-*.img"):
+        data = f.read_bytes()
+        assert b"dev.shm" in data
+        f.write_bytes(data.replace(b"dev.shm", b"dev.shX"))
+
+
+@pytest.mark.parametrize("forge", [_forge_userns, _drop_seccomp, _own_mount_key])
+async def test_a_forged_checkpoint_restores_confined_or_not_at_all(engine, forge):
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True)
+    snap = await engine.checkpoint(sb.id)
+    forge(engine.checkpoint_images(snap.id))
+    running = {i.id for i in engine.list() if i.state == SandboxState.RUNNING}
+    try:
+        try:
+            copy = await engine.create(snapshot=snap.id)
+        except CorralError as exc:  # refused: nothing of it is left
+            assert exc.code, exc.message
+            now = {i.id for i in engine.list() if i.state == SandboxState.RUNNING}
+            assert now == running
+        else:
+            try:  # restored: as the new slot's own uid, confined like any sandbox
+                uids = _confined(engine, copy.id)
+                assert uids == {engine._get_live(copy.id).uid} and 0 not in uids
+            finally:
+                await engine.delete(copy.id)
+        assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
+    finally:
+        await engine.delete(sb.id)
+        await engine.delete_snapshot(snap.id)
+
+
+class _Restoring:
+    """An engine whose ``create`` gives a copy restored from a checkpoint of a
+    checkpointable sandbox: the isolation suite, run against restored copies."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    async def create(self, *args, **kw):
+        sb = await self._engine.create(*args, checkpointable=True, network="none", **kw)
+        snap = await self._engine.checkpoint(sb.id)
+        await self._engine.delete(sb.id)
+        try:
+            return await self._engine.create(snapshot=snap.id)
+        finally:
+            await self._engine.delete_snapshot(snap.id)
+
+
+@pytest.mark.parametrize("name", [
+    "test_host_paths_and_env_are_invisible", "test_image_is_read_only_but_own_dirs_are_writable",
+    "test_neighbours_files_and_processes_are_invisible", "test_network_is_loopback_only",
+    "test_dangerous_syscalls_are_denied", "test_symlinks_and_dotdot_cannot_reach_the_host",
+])
+async def test_the_isolation_suite_holds_in_restored_copies(engine, state_dir, name):
+    _need_criu()
+    from tests.runtime import test_engine_isolation as suite
+
+    test = getattr(suite, name)
+    restoring = _Restoring(engine)
+    if "state_dir" in test.__code__.co_varnames[:test.__code__.co_argcount]:
+        await test(restoring, state_dir)
+    else:
+        await test(restoring)

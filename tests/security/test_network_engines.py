@@ -67,7 +67,7 @@ async def test_a_killed_daemons_table_blocks_nothing():
     from corral.runtime.net import netns
 
     stale = f"corral_stale{secrets.token_hex(4)}"
-    netns.create_table(stale, proxy_port=9, dns_port=9)
+    netns.create_table(stale, proxy_port=9, dns_port=9, udp_port=9)
     try:
         with server_ns(2, "GOOD") as good:
             eng = await Engine.open(tempfile.mkdtemp(prefix="corral-test-state-"),

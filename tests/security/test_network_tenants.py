@@ -90,3 +90,53 @@ def test_daemon_port_unreachable_from_a_policy_sandbox(team):
         assert reply.status_code == 409 and "invalid_state" in reply.text
     team.cleanup()
     no_traceback(team)
+
+
+def test_named_networks_are_their_tenants_own(team, capsys):
+    """corral.Network: a tenant's named policy, used by object or by name; another
+    tenant can neither see nor use it; a tenant's may name no private range; the CLI."""
+    from corral.cli.main import main
+    from corral.errors import InvalidState, NetworkNotFound
+
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice, \
+            corral.Client(team.url, token=team.tokens["bob"]) as bob:
+        web = corral.Network.create("web", allow=["good.test"], client=alice)
+        assert web.policy is not None and web.policy.allow == ["good.test"]
+        with pytest.raises(InvalidState):
+            corral.Network.create("web", allow=["good.test"], client=alice)
+        for bad in ("host", "none", "Web", "a/b", ".."):
+            with pytest.raises(InvalidArgument):
+                corral.Network.create(bad, allow=["good.test"], client=alice)
+        with pytest.raises(Forbidden):
+            corral.Network.create("lan", allow=["10.0.0.0/8"], client=alice)
+        with pytest.raises(Forbidden):
+            corral.Network.create("ula", allow=["fd00::/8"], client=alice)
+        for network in (corral.Network("web"), "web"):
+            sb = corral.Sandbox.create(network=network, memory_mb=64, client=alice)
+            try:
+                assert sb.info.spec.network.allow == ["good.test"]  # its own copy
+                r = sb.exec(["python3", "-c", FETCH, "good.test", "80", "good.test"], timeout=60)
+                assert r.stdout.strip() == "GOOD GET / HTTP/1.0"
+            finally:
+                sb.delete()
+        assert [n.name for n in corral.Network.list(client=alice)] == ["web"]
+        assert corral.Network.list(client=bob) == []
+        with pytest.raises(NetworkNotFound):
+            corral.Network.get("web", client=bob)
+        with pytest.raises(NetworkNotFound):
+            corral.Sandbox.create(network="web", memory_mb=64, client=bob)
+        with pytest.raises(NetworkNotFound):
+            corral.Network("web", client=bob).delete()
+        with pytest.raises(NetworkNotFound):  # claiming alice's tenancy changes nothing
+            bob.request("POST", "/v1/sandboxes", json={
+                "network": "web", "tenant": "alice", "memory_mb": 64})
+        web.delete()
+        with pytest.raises(NetworkNotFound):
+            corral.Sandbox.create(network=corral.Network("web"), memory_mb=64, client=alice)
+    conn = ["--url", team.url, "--token", team.tokens["alice"]]
+    assert main([*conn, "network", "create", "cli-net", "--allow", "good.test"]) == 0
+    assert main([*conn, "network", "ls"]) == 0
+    assert "cli-net\tallow=good.test" in capsys.readouterr().out
+    assert main([*conn, "network", "rm", "cli-net"]) == 0
+    team.cleanup()
+    no_traceback(team)

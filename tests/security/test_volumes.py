@@ -155,3 +155,59 @@ def test_cli_volume_create_ls_rm(team, dataset, capsys):
     assert main([*tenant, "volume", "rm", "clivol"]) == 0
     capsys.readouterr()
     team.cleanup()
+
+
+def test_rw_volume_writes_are_capped_and_snapshots_say_what_they_hold(team, dataset, tmp_path):
+    """Quota escape: a big file, a file per inode, a second writer: an rw volume made
+    with max_mb never holds more (ENOSPC inside, VolumeFull from the file API).
+    Snapshots reference cow/ro volumes (mounted again, private writes not carried) and
+    refuse rw ones."""
+    from corral.errors import VolumeFull
+
+    with corral.Client(team.url, token=team.tokens["dave"]) as c:
+        vol = corral.Volume.create("capped", dataset, max_mb=8, client=c)
+        assert vol.info.max_mb == 8
+        a, b = (corral.Sandbox.create(memory_mb=64, volumes={"/d": "capped:rw"}, client=c)
+                for _ in range(2))
+        try:
+            r = a.exec("dd if=/dev/zero of=/d/fill bs=1M count=32", timeout=60)
+            assert r.returncode != 0 and "No space left" in r.stderr
+            with pytest.raises(VolumeFull) as exc:
+                b.files.write("/d/more", b"x" * (1 << 20))
+            assert exc.value.details["volume"] == "capped"
+            a.exec("rm /d/fill", timeout=30)
+            many = "import os\nfor i in range(100000): open(f'/d/n{i}', 'w').close()"
+            r = a.exec(["python3", "-c", many], timeout=120)
+            assert r.returncode != 0 and "No space left" in r.stderr  # inodes are capped too
+            assert b.files.read("/d/README") == b"the dataset\n"
+            with pytest.raises(InvalidState):
+                a.snapshot()  # rw: shared live state
+        finally:
+            a.delete()
+            b.delete()
+        big = tmp_path / "big"
+        big.mkdir()
+        (big / "blob").write_bytes(os.urandom(9 << 20))
+        with pytest.raises(VolumeFull):
+            corral.Volume.create("toobig", big, max_mb=8, client=c)
+        with pytest.raises(InvalidArgument):
+            corral.Volume.create("tiny", dataset, max_mb=1, client=c)
+        assert [v.name for v in corral.Volume.list(client=c)] == ["capped"]
+        vol.delete()
+
+        corral.Volume.create("ref", dataset, client=c)
+        src = corral.Sandbox.create(memory_mb=64, volumes={"/d": "ref"}, client=c)
+        src.exec("echo private > /d/mine && echo kept > /workspace/kept", timeout=30)
+        snap = src.snapshot()
+        src.delete()
+        copy = corral.Sandbox.create(snapshot=snap.id, memory_mb=64, client=c)
+        try:
+            assert copy.files.read("/d/README") == b"the dataset\n"  # mounted again
+            assert not copy.files.exists("/d/mine")  # cow writes are not in a snapshot
+            assert copy.files.read("/workspace/kept") == b"kept\n"
+        finally:
+            copy.delete()
+        snap.delete()
+        corral.Volume.get("ref", client=c).delete()
+    team.cleanup()
+    no_traceback(team)

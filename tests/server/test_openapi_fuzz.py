@@ -36,10 +36,12 @@ EXAMPLES = int(os.environ.get("CORRAL_FUZZ_EXAMPLES", "20"))
 def no_server_fault(ctx, response, case):
     """No 5xx but the documented back-pressure: 503 ``capacity_exceeded`` when creates
     waited ``queue_timeout`` for room, ``no_gpu_capacity`` when the GPUs asked for are
-    held (the daemon is full for now, not broken)."""
-    if response.status_code == 503:
+    held (the daemon is full for now, not broken); and 501 ``unsupported``, what this
+    host cannot do (a live checkpoint without CRIU, or of a process CRIU refuses)."""
+    allowed = {503: ("capacity_exceeded", "no_gpu_capacity"), 501: ("unsupported",)}
+    if response.status_code in allowed:
         try:
-            if response.json()["error"]["code"] in ("capacity_exceeded", "no_gpu_capacity"):
+            if response.json()["error"]["code"] in allowed[response.status_code]:
                 return None
         except (ValueError, KeyError, TypeError):
             pass

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from corral.errors import InvalidArgument
+from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.schema import (
     DEFAULT_EXEC_TIMEOUT_S,
@@ -98,6 +99,9 @@ class ForkRequest(_Body):
     """``POST /v1/sandboxes/{id}/fork``: how many copies."""
 
     n: StrictInt = Field(ge=1, le=MAX_FORK)
+    # its running processes too (a checkpoint, docs/live.md); default: if it is
+    # checkpointable
+    live: StrictBool | None = None
 
 
 class MkdirRequest(_Body):
@@ -307,12 +311,13 @@ class NetworkEvent(_Body):
     """One connection or DNS query of a policy sandbox and the filter's verdict."""
 
     time: float
-    kind: Literal["tcp", "dns"]
+    kind: Literal["tcp", "dns", "udp", "other"]
     name: str | None = None
     ip: str | None = None
     port: int | None = None
     verdict: Literal["allowed", "refused"]
     reason: str
+    protocol: int | str | None = Field(None, description="kind 'other': the IP protocol")
 
 
 class NetworkEvents(_Body):
@@ -322,3 +327,29 @@ class NetworkEvents(_Body):
 
 class VolumeList(_Body):
     volumes: list[VolumeInfo] = Field(description="the caller's volumes, by name")
+
+
+class NetworkCreate(_Body):
+    """A named network: its name and policy (``corral network create NAME --allow ...``)."""
+
+    name: str = Field(description="1-63 of a-z 0-9 . _ - ('none' and 'host' are modes)")
+    policy: NetworkPolicy
+
+
+class NetworkList(_Body):
+    networks: list[NetworkInfo] = Field(description="the caller's named networks, by name")
+
+
+class UploadCreate(_Body):
+    path: str = Field(min_length=1, max_length=4096, description="where, in the sandbox")
+    size: StrictInt = Field(ge=0, description="the file's size in bytes")
+    mode: str = Field("0644", pattern=r"^0?[0-7]{3,4}$", description="octal permissions")
+
+
+class UploadState(_Body):
+    upload_id: str
+    sandbox_id: str
+    path: str
+    size: int
+    offset: int = Field(description="bytes received: the next PATCH's Upload-Offset")
+    done: bool

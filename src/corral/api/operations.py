@@ -36,7 +36,9 @@ from corral.api.models import (
     Health,
     KilledProcesses,
     MkdirRequest,
+    NetworkCreate,
     NetworkEvents,
+    NetworkList,
     SandboxDetail,
     SandboxList,
     SandboxLogsReply,
@@ -44,6 +46,8 @@ from corral.api.models import (
     SnapshotRequest,
     StopRequest,
     TimeoutRequest,
+    UploadCreate,
+    UploadState,
     VolumeList,
 )
 from corral.api.operation import (
@@ -63,6 +67,7 @@ from corral.errors import (
     FileError,
     FileNotFound,
     FileTooLarge,
+    Forbidden,
     ImageBuildError,
     ImageImportError,
     ImageInUse,
@@ -71,6 +76,7 @@ from corral.errors import (
     InvalidState,
     LayerTransferError,
     LeaseNotFound,
+    NetworkNotFound,
     NoGpuCapacity,
     NotFound,
     PathOutsideSandbox,
@@ -88,6 +94,8 @@ from corral.errors import (
     SnapshotTooLarge,
     StorageFull,
     Unsupported,
+    UploadNotFound,
+    VolumeFull,
     VolumeNotFound,
 )
 from corral.image_schema import (
@@ -99,7 +107,7 @@ from corral.image_schema import (
     PullEvent,
     PullRequest,
 )
-from corral.network_schema import NetworkPolicy
+from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 from corral.volume_schema import VolumeInfo
@@ -185,8 +193,10 @@ OPERATIONS: tuple[Operation, ...] = (
         query=(
             Query("name", "string", "the volume's name (a-z 0-9 . _ -)", required=True,
                   min_length=1),
+            Query("max_mb", "integer", "a size limit in MiB its rw writers share"),
         ),
-        errors=(*_BODY, VolumeNotFound, InvalidState, StorageFull), routing=Routing.HOME,
+        errors=(*_BODY, VolumeNotFound, VolumeFull, InvalidState, StorageFull),
+        routing=Routing.HOME,
     ),
     Operation(
         "list_volumes", "GET", "/v1/volumes", "The caller's volumes",
@@ -208,6 +218,25 @@ OPERATIONS: tuple[Operation, ...] = (
         body=ExposeRequest,
         reply=ExposedPort, status=201,
         errors=(*_ON_SANDBOX, *_BODY, PortClosed, Unsupported), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "create_network", "POST", "/v1/networks",
+        "Create a named network (an egress policy sandboxes use by name: network=NAME)",
+        body=NetworkCreate, body_name="network", reply=NetworkInfo, status=201,
+        errors=(*_BODY, InvalidState, Forbidden, QuotaExceeded), routing=Routing.HOME,
+    ),
+    Operation(
+        "list_networks", "GET", "/v1/networks", "The caller's named networks",
+        reply=NetworkList, routing=Routing.HOME,
+    ),
+    Operation(
+        "get_network", "GET", "/v1/networks/{name}", "One named network", reply=NetworkInfo,
+        errors=(NetworkNotFound,), routing=Routing.HOME,
+    ),
+    Operation(
+        "delete_network", "DELETE", "/v1/networks/{name}",
+        "Remove a named network (sandboxes made from it keep its policy)", status=204,
+        errors=(NetworkNotFound,), routing=Routing.HOME,
     ),
     Operation(
         "network_events", "GET", _SB + "/network/events",
@@ -249,6 +278,14 @@ OPERATIONS: tuple[Operation, ...] = (
         "Commit a sandbox's files as a snapshot (create from it with snapshot=)",
         body=SnapshotRequest, reply=SnapshotInfo, status=201, body_optional=True,
         errors=(*_ON_SANDBOX, *_BODY, SnapshotTooLarge, StorageFull), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "checkpoint_sandbox", "POST", _SB + "/checkpoint",
+        "Save a checkpointable sandbox's running processes and files as a live snapshot "
+        "(create from it with snapshot= to run them on; docs/live.md)",
+        body=SnapshotRequest, reply=SnapshotInfo, status=201, body_optional=True,
+        errors=(*_ON_SANDBOX, *_BODY, SnapshotTooLarge, StorageFull, Unsupported),
+        routing=Routing.SANDBOX,
     ),
     Operation(
         "fork_sandbox", "POST", _SB + "/fork",
@@ -337,6 +374,28 @@ OPERATIONS: tuple[Operation, ...] = (
             Query("mode", "string", "octal permissions, e.g. 0644"),
         ),
         errors=(*_ON_SANDBOX, *_FILES, InvalidArgument), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "create_upload", "POST", _SB + "/uploads",
+        "Start a resumable upload of a file of size bytes (docs/network.md)",
+        body=UploadCreate, body_name="upload", reply=UploadState, status=201,
+        errors=(*_ON_SANDBOX, *_BODY, PathOutsideSandbox), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "patch_upload", "PATCH", _SB + "/uploads/{upload_id}",
+        "Send an upload's bytes from the offset in the Upload-Offset header; a dropped "
+        "connection keeps what arrived", body=RAW, reply=UploadState,
+        errors=(*_ON_SANDBOX, *_FILES, InvalidArgument, UploadNotFound),
+        routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "upload_state", "GET", _SB + "/uploads/{upload_id}",
+        "An upload's offset (where to resume)", reply=UploadState,
+        errors=(*_ON_SANDBOX, UploadNotFound), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "abandon_upload", "DELETE", _SB + "/uploads/{upload_id}", "Abandon an upload",
+        status=204, errors=(*_ON_SANDBOX, UploadNotFound), routing=Routing.SANDBOX,
     ),
     Operation(
         "download_file", "GET", _SB + "/files", "Read a file", reply=RAW,

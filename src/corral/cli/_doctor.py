@@ -73,7 +73,7 @@ def _cluster(url: str, address: str) -> Any:
         return Check("cluster", FAIL, f"{url}: {exc.message}")
     if warning:
         return Check("cluster", WARN, warning.removeprefix("warning: "),
-                     "RAY_AUTH_MODE=token on every node (see README 'Scale out on Ray'); "
+                     "RAY_AUTH_MODE=token on every node (see docs/cluster.md); "
                      "run doctor on each node for its host checks")
     return Check("cluster", OK, f"{url}: Ray's token authentication is on "
                  "(run doctor on each node for its host checks)")

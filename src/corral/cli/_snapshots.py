@@ -13,8 +13,10 @@ from corral.cli._output import Context, humanize_age
 
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
-    """Snapshot a sandbox's files; print the snapshot's id, or JSON."""
-    snap = corral.Sandbox.connect(args.id, client=ctx.client).snapshot(name=args.name)
+    """Snapshot a sandbox's files (``--live``: and processes); print the snapshot's id,
+    or JSON."""
+    sb = corral.Sandbox.connect(args.id, client=ctx.client)
+    snap = sb.checkpoint(name=args.name) if args.live else sb.snapshot(name=args.name)
     if args.json:
         ctx.output.json(snap.info.model_dump(mode="json"))
     else:
@@ -37,12 +39,12 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
         out.line("no snapshots")
         return 0
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for name in ("ID", "NAME", "IMAGE", "LAYERS", "SIZE MB", "AGE", "FROM"):
+    for name in ("ID", "NAME", "KIND", "IMAGE", "LAYERS", "SIZE MB", "AGE", "FROM"):
         table.add_column(name, no_wrap=True)
     now = time.time()
     for s in snaps:
         table.add_row(
-            s.id, s.name or "-", s.image, str(len(s.layers)), f"{s.size_bytes / 1e6:.1f}",
+            s.id, s.name or "-", s.info.kind, s.image, str(len(s.layers)), f"{s.size_bytes / 1e6:.1f}",
             humanize_age(now - s.created_at), s.info.source_sandbox or "-",
         )
     out.out.print(table)

@@ -17,6 +17,8 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     c = vsub.add_parser("create", parents=conn, help="make a volume from a directory or tar")
     c.add_argument("name", metavar="NAME")
     c.add_argument("--from", dest="source", required=True, metavar="DIR|TARBALL")
+    c.add_argument("--max-mb", type=int, default=None, metavar="N",
+                   help="a size limit its rw writers share (MiB)")
     c.set_defaults(handler=create)
     ls_ = vsub.add_parser("ls", parents=conn, help="list your volumes")
     ls_.set_defaults(handler=ls)
@@ -26,7 +28,7 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
 
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
-    vol = corral.Volume.create(args.name, args.source, client=ctx.client)
+    vol = corral.Volume.create(args.name, args.source, max_mb=args.max_mb, client=ctx.client)
     ctx.output.line(f"{vol.name}: {vol.info.files} files, {vol.info.size_bytes} bytes")
     return 0
 

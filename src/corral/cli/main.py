@@ -51,6 +51,7 @@ from corral.cli import (
     _exec,
     _images,
     _inspect,
+    _networks,
     _ops,
     _pools,
     _sandboxes,
@@ -166,7 +167,8 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", type=_env_pair, action=_EnvAction, metavar="K=V", help="repeatable")
     p.add_argument("--workdir", help="working directory (default /workspace)")
     p.add_argument("--tag", action="append", metavar="T", help="repeatable, e.g. job=42")
-    p.add_argument("--network", choices=[m.value for m in corral.NetworkMode])
+    p.add_argument("--network", metavar="none|host|NAME",
+                   help="none (default), host (admins), or a named network (corral network)")
     p.add_argument("--allow", action="append", metavar="RULE",
                    help="egress policy: allow a domain, *.domain, IP or CIDR (:PORT), or "
                    "'pypi'; repeatable (docs/network.md)")
@@ -178,9 +180,13 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="NVIDIA GPUs: a count, 'all', or GPU indices/UUIDs (comma-separated)")
     p.add_argument("--gpu-shared", action="store_true", default=None,
                    help="share the GPUs with other sandboxes that share (default: exclusive)")
+    p.add_argument("--checkpointable", action="store_true", default=None,
+                   help="its running processes can be checkpointed (snapshot create "
+                   "--live; docs/live.md)")
     p.add_argument("--snapshot", metavar="S",
-                   help="start on this snapshot's files (id or name); options left out "
-                   "come from the sandbox it was taken from")
+                   help="start on this snapshot's files (id or name; a live one's "
+                   "processes run on); options left out come from the sandbox it was "
+                   "taken from")
 
 
 def _add_pool_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -214,6 +220,8 @@ def _add_snapshot_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> Non
     p = verbs.add_parser("create", parents=conn, help="snapshot a sandbox; print the id")
     p.add_argument("id", metavar="ID", help="the sandbox")
     p.add_argument("--name", metavar="N", help="a unique name to use instead of the id")
+    p.add_argument("--live", action="store_true",
+                   help="its running processes too (a checkpointable sandbox; docs/live.md)")
     p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     p.set_defaults(handler=_snapshots.create)
     p = verbs.add_parser("ls", parents=conn, help="list snapshots")
@@ -354,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     _eval.add_parser(sub, conn)
     _ops.add_commands(sub, conn, _seconds)
     _volumes.add_commands(sub, conn)
+    _networks.add_commands(sub, conn)
     _doctor.add_parser(sub, conn)
     _completion.add_parser(sub, build_parser)
     _plain_help(parser)

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict
 from corral.api.models import EXEC_STATUS, ExecResponse, wire_bytes
 from corral.client import _validate as check
 from corral.errors import ExecTimeout, error_from_dict
+from corral.network_schema import NetworkPolicy
 from corral.schema import FileInfo, SandboxSpec
 
 
@@ -35,13 +36,15 @@ class SpecOptions(TypedDict, total=False):
     secrets: dict[str, str]  # env whose values are never stored or shown
     workdir: str
     tags: Sequence[str]
-    # "none" | "host" (a corral.schema.NetworkMode) or an egress policy
-    # {"allow": [...], "deny": [...]} (corral.network_schema; docs/network.md)
-    network: str | dict[str, list[str]]
+    # "none" | "host" (a corral.schema.NetworkMode), an egress policy
+    # {"allow": [...], "deny": [...]} (corral.network_schema; docs/network.md), or a
+    # named network: a corral.Network / AsyncNetwork or its name
+    network: str | dict[str, Any] | Any
     volumes: dict[str, str]  # {"/data": "NAME[:ro|cow|rw]"} (corral.volume_schema)
     snapshot: Any  # a Snapshot / AsyncSnapshot, its id or its name
     gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
     gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)
+    checkpointable: bool  # its running processes can be checkpointed (docs/live.md)
     run_entrypoint: bool  # start the image's ENTRYPOINT + CMD in the background on create
 
 
@@ -208,6 +211,8 @@ def spec_body(fields: dict[str, Any]) -> dict[str, Any]:
         given["snapshot"] = check.text("snapshot", getattr(given["snapshot"], "id", given["snapshot"]))
     if "secrets" in given:
         given["secrets"] = check.str_map("secrets", given["secrets"])
+    if "network" in given and not isinstance(given["network"], (str, dict, NetworkPolicy)):
+        given["network"] = check.text("network", getattr(given["network"], "name", None))
     spec = SandboxSpec.parse(given)
     body = spec.model_dump(mode="json", exclude_unset=True)
     if "secrets" in body:  # the wire carries them in clear (the daemon masks them)

@@ -146,7 +146,7 @@ def no_room(address: str, memory_mb: int, waited: float) -> CapacityExceeded:
         f"within {waited:g} s (each is at its --max-sandboxes or --max-memory-mb). The wait "
         f"was shown to Ray's autoscaler as bundles {{{RESOURCE!r}: 1}}: to have it add "
         f"nodes, give a node type resources: {{{RESOURCE!r}: N}} in its config (or the name "
-        "given to `corral cluster up --resource`; README: Scale out on Ray); else delete "
+        "given to `corral cluster up --resource`; docs/cluster.md); else delete "
         "sandboxes, add nodes, or wait longer (CORRAL_PLACEMENT_WAIT); "
         f"`corral cluster status --address {address}` shows each node's load",
         details={"limit": "cluster", "memory_mb": memory_mb, "waited_s": waited},

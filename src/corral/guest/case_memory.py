@@ -8,12 +8,16 @@ never maps, or into System V shared memory that outlives it. :class:`CaseMemory`
 all of it for the processes of one case, the way a per-case cgroup would charge it:
 
 - every process of the sandbox but the agent (pid 1) and the judge: its anonymous and
-  shared-memory resident size (``/proc/PID/status``: ``RssAnon + RssShmem``), and the
-  size of every memfd it holds open (``/proc/PID/fd``);
+  shared-memory resident size and its huge pages (``/proc/PID/status``: ``RssAnon +
+  RssShmem + HugetlbPages``: hugetlbfs pages are in no resident size), and the
+  size of every memfd it holds open (``/proc/PID/fd``) or only maps (``maps``: the
+  extent mapped, shared anonymous memory too), and what waits in the pipes it holds
+  (but the judge's own), each counted once; read from a thread of it
+  (``/proc/PID/task/TID``) once its main thread exited while others still run;
 - the growth of the writable layer since the case started (``statvfs``: files, deleted
   files still open, ``/dev/shm``);
-- the growth of System V shared memory (``/proc/sysvipc/shm``; the sandbox has its own
-  IPC namespace).
+- the growth of System V shared memory and message queues (``/proc/sysvipc/shm``,
+  ``/proc/sysvipc/msg``; the sandbox has its own IPC namespace).
 
 Pages a forked child shares copy-on-write with its parent show in both resident sizes;
 when the fast sum is over the limit and several processes hold it, their proportional
@@ -26,7 +30,10 @@ The judge polls this while the program runs and once after (files it left behind
 Every process it counts is killed after the case (:func:`corral.guest.confine.kill_others`).
 """
 
+import fcntl
 import os
+import struct
+import termios
 import time
 
 HIDDEN = "a process of the program hid its memory from the judge (made itself non-dumpable)"
@@ -57,26 +64,27 @@ class CaseMemory:
         """``None`` while the case is within ``limit`` bytes, else why not (kept in
         :attr:`why`); :attr:`peak`: the most it was seen to hold."""
         shared = max(0, self._files() + _sysv() - self.base)
-        procs, fast, hidden, unseen = [], 0, False, {}
+        procs, fast, hidden, unseen, seen = [], 0, False, {}, _own_pipes()
         for entry in _listdir("/proc"):
             if not entry.isdigit() or int(entry) in (1, self.me):
                 continue
-            rss = _status_rss(entry)
-            if rss is None:
+            where, rss = _live(entry)
+            if where is None:
                 continue  # gone meanwhile
-            held = _memfds(entry)
+            held = _memfds(where, seen)
             if held is None:  # not dumpable: for a moment (exec, exit) or on purpose
                 looks, since = self.unseen.get(entry, (0, time.monotonic()))
                 unseen[entry] = (looks + 1, since)
                 if looks + 1 >= HIDDEN_POLLS and time.monotonic() - since >= HIDDEN_SECONDS:
                     hidden = hidden or _comm(entry)
                 held = 0
-            procs.append(entry)
+            procs.append(where)
             fast += rss + held
         self.unseen = unseen
         total = shared + fast
         if total > self.limit and len(procs) > 1 and not unseen:
-            total = shared + sum(_pss(p) for p in procs)  # copy-on-write pages once
+            seen = _own_pipes()  # copy-on-write pages, memfds and pipes once
+            total = shared + sum(_pss(p, seen) for p in procs)
         self.peak = max(self.peak, total)
         if hidden:
             self.why = "%s: %s" % (HIDDEN, hidden)
@@ -103,74 +111,206 @@ def _comm(pid):
         return "pid %s" % pid
 
 
-def _status_rss(pid):
-    """``RssAnon + RssShmem`` in bytes; ``None`` if the process is gone (or a zombie)."""
+def _live(pid):
+    """``(directory, resident bytes)`` (:func:`_status_rss`) of process ``pid``: ``/proc/PID``, or one of
+    its threads (``/proc/PID/task/TID``) once its main thread exited while others run
+    (then ``/proc/PID`` shows no memory and no descriptors); ``(None, 0)`` if it is gone
+    or a zombie."""
+    where = "/proc/%s" % pid
+    rss = _status_rss(where)
+    if rss is not None:
+        return where, rss
+    for tid in _listdir(where + "/task"):
+        if tid != pid:
+            rss = _status_rss("%s/task/%s" % (where, tid))
+            if rss is not None:
+                return "%s/task/%s" % (where, tid), rss
+    return None, 0
+
+
+def _status_rss(where):
+    """``RssAnon + RssShmem + HugetlbPages`` in bytes; ``None`` if the process is gone
+    (or a zombie)."""
     try:
-        with open("/proc/%s/status" % pid, "rb") as f:
+        with open("%s/status" % where, "rb") as f:
             text = f.read()
     except OSError:
         return None
     total, seen = 0, False
     for line in text.split(b"\n"):
-        if line.startswith((b"RssAnon:", b"RssShmem:")):
+        if line.startswith((b"RssAnon:", b"RssShmem:", b"HugetlbPages:")):
             total += int(line.split()[1]) * 1024
             seen = True
     return total if seen else None
 
 
-def _memfds(pid):
-    """Bytes of the memfds ``pid`` holds open; ``None`` if its descriptors cannot be
-    looked at (it is not dumpable)."""
-    base = "/proc/%s/fd" % pid
+def _memfds(where, seen=None):
+    """Bytes of the memfds the process at ``where`` (:func:`_live`) holds: open (their
+    size), or only mapped (the extent mapped; shared anonymous mappings too: pages a
+    process wrote through a mapping stay in the object once no page table maps them),
+    and the bytes waiting in the pipes it holds.
+    ``seen``: objects already counted. ``None`` if its descriptors cannot be looked at
+    (it is not dumpable)."""
+    base = "%s/fd" % where
     try:
         names = os.listdir(base)
     except PermissionError:
         return None
     except OSError:
         return 0  # gone meanwhile
-    total, seen = 0, set()
+    total, seen = 0, set() if seen is None else seen
     for name in names:
         path = "%s/%s" % (base, name)
         try:
-            if not os.readlink(path).startswith("/memfd:"):
+            link = os.readlink(path)
+            if link.startswith("pipe:"):
+                if link not in seen:
+                    seen.add(link)
+                    total += _queued(path)
+                continue
+            if not link.startswith("/memfd:"):
                 continue
             st = os.stat(path)
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
+        key = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        if key not in seen:
+            seen.add(key)
             total += st.st_blocks * 512
-    return total
+    extent = {}
+    for key, end in _shmem_mappings(where):
+        if key not in seen:
+            extent[key] = max(extent.get(key, 0), end)
+    seen.update(extent)
+    return total + sum(extent.values())
 
 
-def _pss(pid):
-    """Proportional anonymous and shared-memory size of ``pid`` (bytes), its memfds
-    included; the fast figure where ``smaps_rollup`` cannot be read."""
+def _queued(path):
+    """Bytes waiting in the pipe ``path`` (a ``/proc/PID/fd`` link) names."""
     try:
-        with open("/proc/%s/smaps_rollup" % pid, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _own_pipes():
+    """The pipes this process holds (a program's stdin, stdout, stderr): not its memory."""
+    return {link for name in _listdir("/proc/self/fd")
+            if (link := _readlink("/proc/self/fd/" + name)).startswith("pipe:")}
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _shmem_mappings(where):
+    """``((major, minor, inode), end offset)`` of each mapping of a memfd or of shared
+    anonymous memory (``/proc/PID/maps``)."""
+    try:
+        with open("%s/maps" % where, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) < 6 or not fields[5].startswith((b"/memfd:", b"/dev/zero (deleted)")):
+            continue
+        try:
+            start, end = (int(x, 16) for x in fields[0].split(b"-"))
+            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+            yield (major, minor, int(fields[4])), int(fields[2], 16) + end - start
+        except ValueError:
+            continue
+
+
+def _pss(where, seen):
+    """Proportional anonymous and shared-memory size of the process at ``where``
+    (bytes), its memfds included; the fast figure where ``smaps_rollup`` cannot be read."""
+    try:
+        with open("%s/smaps_rollup" % where, "rb") as f:
             text = f.read()
     except OSError:
-        return (_status_rss(pid) or 0) + (_memfds(pid) or 0)
+        return (_status_rss(where) or 0) + (_memfds(where, seen) or 0)
     total = 0
     for line in text.split(b"\n"):
-        if line.startswith((b"Pss_Anon:", b"Pss_Shmem:")):
+        if line.startswith((b"Pss_Anon:", b"Pss_Shmem:", b"Private_Hugetlb:", b"Shared_Hugetlb:")):
             total += int(line.split()[1]) * 1024
-    return total + (_memfds(pid) or 0)
+    return total + (_memfds(where, seen) or 0)
 
 
 def _sysv():
-    """Resident bytes of every System V shared memory segment of the sandbox."""
+    """Bytes held in System V IPC of the sandbox: every shared memory segment's resident
+    size and every message queue's queued bytes."""
+    return _ipc_column("/proc/sysvipc/shm", b"rss") + _ipc_column("/proc/sysvipc/msg",
+                                                                    b"cbytes")
+
+
+def _ipc_column(path, name):
+    """The sum of column ``name`` of a ``/proc/sysvipc`` table."""
     try:
-        with open("/proc/sysvipc/shm", "rb") as f:
+        with open(path, "rb") as f:
             lines = f.read().split(b"\n")
     except OSError:
         return 0
     head = lines[0].split() if lines else []
-    if b"rss" not in head:
+    if name not in head:
         return 0
-    col, size = head.index(b"rss"), 0
+    col, size = head.index(name), 0
     for line in lines[1:]:
         fields = line.split()
         if len(fields) > col and fields[col].isdigit():
             size += int(fields[col])
     return size
+
+
+# Sockets for the programs a judge runs: none. A socket holds memory no process shows:
+# a descriptor in flight on a Unix socket (a memfd sent and closed, SCM_RIGHTS) is in
+# no /proc/PID/fd, and socket buffers are in no resident size. The filter refuses
+# socket() and socketpair() (EAFNOSUPPORT) and every call of another ABI (x86's 32-bit
+# and x32 ones) to this process and all it starts.
+_ARCH = {"x86_64": (0xC000003E, 41, 53), "aarch64": (0xC00000B7, 198, 199)}
+
+
+def forbid_sockets():
+    """Install the filter; ``False`` where this machine's architecture is not known."""
+    import ctypes
+    import platform
+
+    if platform.machine() not in _ARCH:
+        return False
+    arch, socket_nr, socketpair_nr = _ARCH[platform.machine()]
+    allow, deny = 0x7FFF0000, 0x00050000 | 97  # SECCOMP_RET_ERRNO | EAFNOSUPPORT
+    code = [(0x20, 0, 0, 4),                    # A = arch
+            (0x15, 1, 0, arch),                 # native: go on
+            (0x06, 0, 0, deny),
+            (0x20, 0, 0, 0),                    # A = syscall number
+            (0x35, 3, 0, 0x40000000),           # x32: refused
+            (0x15, 2, 0, socket_nr),
+            (0x15, 1, 0, socketpair_nr),
+            (0x06, 0, 0, allow),
+            (0x06, 0, 0, deny)]
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8),
+                    ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
+
+    insns = (Insn * len(code))(*[Insn(*i) for i in code])
+    prog = Prog(len(code), insns)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                           ctypes.c_ulong]
+    if libc.prctl(38, 1, None, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot refuse sockets to the programs judged")
+    return True

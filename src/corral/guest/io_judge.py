@@ -36,7 +36,7 @@ import tempfile
 import time
 
 if "kill_others" not in globals():  # on the host (tests, lint); in the sandbox, these precede
-    from corral.guest.case_memory import CaseMemory
+    from corral.guest.case_memory import CaseMemory, forbid_sockets
     from corral.guest.confine import confine, kill_others
 
 READY = "corral-judge-ready"
@@ -514,6 +514,7 @@ def judge_all(req):
                     "tests": [["IE", 0, 0, str(exc)]] * n}
         if program is None:
             return {"compile": ["error", message], "tests": [["CE", 0, 0, None]] * n}
+        forbid_sockets()  # from here on: no socket to keep memory in (case_memory)
         results, failed = [], False
         for case in cases:
             if failed and req["stop_on_failure"]:

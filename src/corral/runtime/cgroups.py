@@ -159,6 +159,10 @@ class Cgroup:
                 continue
         return sorted(found)
 
+    def freezer_dir(self) -> Path:
+        """The directory of the group's freezer (v1's hierarchy, or v2's group)."""
+        return self._dirs.get("freezer") or self._dirs[""]
+
     def restrict_devices(self, rules: list[DeviceRule]) -> str:
         """Only the device nodes ``rules`` name may be opened by the group's processes
         (:mod:`corral.runtime.devices`); ``"v1"``, ``"v2"`` or ``""`` (no controller)."""

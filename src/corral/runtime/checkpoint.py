@@ -13,28 +13,33 @@ made by the launcher as for any sandbox. Mount points come from the sandbox's mo
 a sandbox cannot mount (no capabilities, seccomp), and a path CRIU's syntax would read
 differently is refused.
 
-On this platform a dump of a sandbox as corral makes them today fails (docs/live.md,
-"What blocks"), so :func:`dump` is the first half of ``sb.checkpoint()``, not yet wired
-to the HTTP API.
+CRIU runs as the sandbox's own host uid, holding root's capabilities as ambient ones
+(``--unprivileged``): root here may lack ``CAP_SYS_RESOURCE``, and ``prlimit()`` on a
+task of another uid needs it, while a task of the caller's own uid needs nothing
+(:func:`dumper`). Only a checkpointable sandbox (``SandboxSpec.checkpointable``: uid 0
+mapped, one user namespace, the agent's channels made inside) can be dumped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import secrets
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import InvalidState, Unsupported
-from corral.runtime import criu
+from corral.runtime import criu, live_images
 
 DUMP_TIMEOUT_S = 120.0
+_NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
 # CRIU errors that are not the cause (it logs them and goes on)
-_NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid")
+_NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid", "Restoring FAILED")
 # what the first error CRIU gives means, in the words of docs/live.md
 CAUSES = (
     ("Unable to convert uid or gid", "userns_no_root",
@@ -71,6 +76,23 @@ def images_root(state_dir: Path, tenant: str | None) -> Path:
     return tenant_dir
 
 
+def images_bytes(state_dir: Path, tenant: str | None) -> int:
+    """The size of ``tenant``'s process images (counted in its snapshot quota)."""
+    root = Path(state_dir) / "checkpoints" / (tenant or _ADMIN)
+    total = 0
+    try:
+        dumps = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return 0
+    for d in dumps:
+        for f in d.iterdir():
+            try:
+                total += f.lstat().st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
 def sandbox_init(launcher_pid: int) -> int:
     """The host pid of the sandbox's pid 1: the one child of its bwrap."""
     children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
@@ -79,13 +101,72 @@ def sandbox_init(launcher_pid: int) -> int:
     return int(children[0])
 
 
+def _ambient_caps() -> str:
+    """``-all,+cap,...``: every capability in our bounding set, by setpriv's names."""
+    names = subprocess.run(["setpriv", "--list-caps"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    bound = 0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapBnd:"):
+            bound = int(line.split()[1], 16)
+    return ",".join(["-all", *(f"+{n}" for i, n in enumerate(names) if bound >> i & 1)])
+
+
+def dumper(uid: int) -> list[str]:
+    """The prefix that runs CRIU as host uid ``uid`` with our capabilities, ambient.
+
+    Why: ``prlimit()`` of another uid's task needs ``CAP_SYS_RESOURCE`` in its user
+    namespace, which root may not hold (some hosts drop it from the bounding set); of
+    a task of the caller's own real uid and gid it needs nothing. Sandbox code cannot
+    reach the dumper: it runs outside the sandbox's pid namespace, with capabilities
+    the sandbox's processes lack (so they cannot ptrace it)."""
+    caps = _ambient_caps()
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+
+
+def _kerndat_dir(state_dir: Path) -> Path:
+    """Where CRIU caches what it probed of the kernel (its dumps start faster): a
+    directory of the daemon's state, reached by no sandbox."""
+    d = Path(state_dir) / "checkpoints" / ".kerndat"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
+def userns_owner(pid: int) -> int:
+    """The host uid that owns ``pid``'s user namespace (``NS_GET_OWNER_UID``).
+
+    It has every capability over that namespace's tasks: a sandbox bubblewrap made is
+    owned by its own uid (then CRIU dumps as that uid: :func:`dumper`), a copy CRIU
+    restored as root by root (then CRIU dumps as root: root holds ``CAP_SYS_RESOURCE``
+    there as its owner, and a restored task, which never executed a program, is
+    reachable only from the host's user namespace)."""
+    fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, _NS_GET_OWNER_UID, buf)
+    finally:
+        os.close(fd)
+    return int.from_bytes(buf, "little")
+
+
+def _chown_root(path: Path) -> None:
+    """The dumper wrote the images as the sandbox's uid: make them root's."""
+    for entry in (path, *path.iterdir()):
+        os.chown(entry, 0, 0, follow_symlinks=False)
+        if not entry.is_symlink():
+            os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+
+
 _SAFE_MOUNT = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 
 
 def external_mounts(pid: int) -> list[str]:
-    """``--external mnt[PATH]:mN`` for each mount point of ``pid`` but /proc and /dev (which
-    CRIU makes again); :class:`Unsupported` for a path it would parse differently."""
+    """``--external mnt[PATH]:KEY`` for each mount point of ``pid`` but /proc and /dev
+    (which CRIU makes again), keyed by :func:`~corral.runtime.live_images.mount_key`;
+    :class:`Unsupported` for a path it would parse differently."""
     argv: list[str] = []
+    seen: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
         point = line.split()[4]
         if point in ("/proc", "/dev"):
@@ -93,13 +174,43 @@ def external_mounts(pid: int) -> list[str]:
         if not _SAFE_MOUNT.match(point):
             raise Unsupported(f"a mount point of the sandbox ({point!r}) cannot be named to "
                               "CRIU", details={"cause": "mount"})
-        argv += ["--external", f"mnt[{point}]:m{len(argv) // 2}"]
+        argv += ["--external", f"mnt[{point}]:{live_images.mount_key(point, seen)}"]
     return argv
+
+
+def agent_sockets(pid: int) -> dict[str, int]:
+    """The inodes of the agent's channels (``ctl``: its stream socket, ``reattach``: its
+    seqpacket one), socketpair ends made inside the sandbox (agent.c, ``local``) whose
+    peers are the engine's and the warden's."""
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            held.add(int(target[8:-1]))
+    found: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 7 and int(cols[6]) in held:
+            kind = {"0001": "ctl", "0005": "reattach"}.get(cols[4])
+            if kind is None or kind in found:
+                raise Unsupported("the sandbox's agent holds sockets a checkpoint cannot "
+                                  "hand over", details={"cause": "agent_socket"})
+            found[kind] = int(cols[6])
+    if len(found) != 2 or len(held) != 2:
+        raise Unsupported("the sandbox's agent channels are not its own (not a "
+                          "checkpointable sandbox, or one adopted after a daemon restart)",
+                          details={"cause": "agent_socket"})
+    return found
+
+
+def is_noise(line: str) -> bool:
+    """A line CRIU logs as an error that is not the cause (it goes on, or sums up)."""
+    return any(n in line for n in _NOISE)
 
 
 def cause_of(log: str) -> tuple[str, str, str]:
     """(cause code, what it means, CRIU's own line) from a dump log."""
-    errors = [ln for ln in log.splitlines() if "Error (" in ln and not any(n in ln for n in _NOISE)]
+    errors = [ln for ln in log.splitlines() if "Error (" in ln and not is_noise(ln)]
     first = errors[0].split("): ", 1)[-1].strip() if errors else "no error in its log"
     for needle, code, meaning in CAUSES:
         if needle in first:
@@ -108,19 +219,35 @@ def cause_of(log: str) -> tuple[str, str, str]:
 
 
 async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str | None,
-               launcher_pid: int) -> Images:
-    """Dump a running sandbox's processes, leaving them running (see the module's doc)."""
+               launcher_pid: int, uid: int | None = None, freezer: Path | None = None) -> Images:
+    """Dump a running sandbox's processes, leaving them running (see the module's doc).
+    With ``freezer`` (the sandbox's frozen freezer cgroup) CRIU leaves it frozen: its
+    files can be committed before it goes on (``Engine.checkpoint``)."""
     binary = criu.require(cache_dir)
     root = images_root(state_dir, tenant)
     images = root / f"{sandbox_id}-{secrets.token_hex(6)}"
     images.mkdir(mode=0o700)
     try:
         pid = sandbox_init(launcher_pid)
-        argv = [str(binary.path), "dump", "-t", str(pid), "-D", str(images), "-o", "dump.log",
-                "--leave-running", "--ext-unix-sk", "--shell-job", *external_mounts(pid)]
+        mounts = external_mounts(pid)
+        own = ["--network-lock", "skip"]  # nothing but loopback to lock
+        as_uid = None
+        if uid is not None:  # only a checkpointable sandbox gets here
+            live_images.check_mounts([m.rsplit(":", 1)[1] for m in mounts[1::2]])
+            channels = agent_sockets(pid)
+            own += [f"--external=unix[{ino}]" for ino in channels.values()]
+            as_uid = userns_owner(pid) or None  # see dumper(); root: a restored copy's
+            if as_uid is not None:
+                own.append("--unprivileged")
+        if freezer is not None:
+            own += ["--freeze-cgroup", str(freezer)]
+        argv = [*([] if as_uid is None else dumper(as_uid)), str(binary.path), "dump", *own,
+                "-t", str(pid), "-D", str(images), "-o", "dump.log", "--leave-running",
+                "--ext-unix-sk", "--shell-job", *mounts]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, cwd="/")
+            stderr=asyncio.subprocess.DEVNULL, cwd="/",
+            env={"PATH": live_images.CRIU_PATH, "XDG_RUNTIME_DIR": str(_kerndat_dir(state_dir))})
         try:
             async with asyncio.timeout(DUMP_TIMEOUT_S):
                 rc = await proc.wait()
@@ -137,6 +264,9 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
                 "it keeps running. See docs/live.md",
                 details={"sandbox_id": sandbox_id, "cause": code, "criu_error": line},
             )
+        if uid is not None:
+            live_images.write_meta(images, **channels)
+        _chown_root(images)
     except BaseException:
         shutil.rmtree(images, ignore_errors=True)
         raise

@@ -62,6 +62,7 @@ from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_lifetime import LifetimeOps
+from corral.runtime.engine_live import LiveOps
 from corral.runtime.engine_network import NetworkOps
 from corral.runtime.engine_queries import QueryOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
@@ -76,6 +77,7 @@ from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
+from corral.runtime.networks import Networks
 from corral.runtime.ownership import Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
@@ -115,7 +117,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
+class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
              LifetimeOps, QueryOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
@@ -166,8 +168,10 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
+        self.networks = Networks(layout.state_dir / "networks")  # runtime/networks.py
         kept_held = self.snapshots.also_held  # volumes count against max_snapshot_mb too
-        self.snapshots.also_held = lambda owner: kept_held(owner) + self.volumes.used_bytes(owner)
+        self.snapshots.also_held = lambda owner: (kept_held(owner) + self.volumes.used_bytes(owner)
+                                                  + self.images_bytes(owner))  # engine_live.py
         self.net = NetworkManager(layout.engine_key, uid_lock_dir().parent / "net",
                                   hosts=network_hosts)
         self.closed = False
@@ -303,7 +307,8 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
         an image not in the store (a base plus the layers built so far), and
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
         committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
-        step: :mod:`corral.runtime.rootbuild`).
+        step: :mod:`corral.runtime.rootbuild`). From a live snapshot it runs the
+        snapshot's processes on (:mod:`corral.runtime.engine_live`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -317,9 +322,11 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
+        spec = self.resolve_network(spec)  # network="NAME": NetworkNotFound now
         sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
+            images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
@@ -346,6 +353,7 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
             live.user = users.image_default(image)
             live.image_layers = tuple(image.lowers)
         live.gpus = grant
+        live.images = images
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
@@ -392,25 +400,37 @@ class Engine(SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps
                                     inodes=spec.inodes)
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
+        if live.images is not None:  # a live checkpoint's restore (engine_live.py)
+            await self._launch_restore(live, slot, lowers)
+        elif spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
+            slot.launch(self._launch_args(live, slot, lowers))
+            await slot.take_local_channels()
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
-        slot.launch(self._launch_args(live, slot, lowers))
+        if slot.go_fd >= 0:
+            slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
                 await asyncio.shield(channel.ready)
+                await self._settle_network(live)  # its UDP entries, made meanwhile
         except (CorralError, asyncio.TimeoutError):  # before READY no sandbox code has run
             detail = slot.error_output()
+            if live.images is not None:
+                detail = self._restore_done(live, ok=False) or detail
             raise SandboxStartError(
                 f"sandbox {live.id} failed to start"
                 + (f": {detail}" if detail else " (no error output; see the daemon log)"),
                 details={"sandbox_id": live.id},
             ) from None
-        # no sandbox code has run yet: from here it opens only its own device nodes
+        # no sandbox code has run yet (a restore's has: it is checked just below):
+        # from here it opens only its own device nodes
         rules = devices.standard_rules() + [
             devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
         slot.cgroup.restrict_devices(rules)
+        if live.images is not None:
+            self._restored(live, slot)  # or InvalidState: a forged checkpoint
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import stat as st
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from corral.errors import (
     FileTooLarge,
     InvalidArgument,
     SandboxDiskFull,
+    VolumeFull,
 )
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Fields, Msg, Tag, decode_entry
@@ -77,7 +79,7 @@ class FileOps:
                 msg, [(Tag.PATH, path), *fields], max_data=FILE_CHUNK if msg == Msg.FREAD else None
             )
         if reply.msg == Msg.ERR:
-            raise _file_error(sandbox_id, path, reply.fields)
+            raise _file_error(sandbox_id, path, reply.fields, live.volumes)
         return reply.fields
 
     def _path(self, sandbox_id: str, path: str) -> str:
@@ -230,11 +232,20 @@ def _file_info(parent: str, raw: bytes, *, child: bool) -> FileInfo:
     )
 
 
-def _file_error(sandbox_id: str, path: str, f: Fields) -> CorralError:
+def _file_error(sandbox_id: str, path: str, f: Fields,
+                volumes: tuple[tuple[str, str, str], ...] = ()) -> CorralError:
     err = f.u64(Tag.ERRNO)
     details = {"sandbox_id": sandbox_id, "path": path, "errno": err}
     if err == errno.ENOENT:
         return FileNotFound(f"no such file or directory in sandbox {sandbox_id}: {path}", details=details)
+    rw = [(src, dest) for mode, src, dest in volumes
+          if mode == "rw" and (path == dest or path.startswith(dest.rstrip("/") + "/"))]
+    if err in (errno.ENOSPC, errno.EDQUOT) and rw:
+        name = os.path.basename(os.path.dirname(rw[0][0]))
+        return VolumeFull(
+            f"{path} in sandbox {sandbox_id}: the volume {name!r} at {rw[0][1]} is full (its "
+            "max_mb): remove files from it, or make a larger volume",
+            details={**details, "volume": name, "mount": rw[0][1]})
     if err in (errno.ENOSPC, errno.EDQUOT):
         return SandboxDiskFull(
             f"{path} in sandbox {sandbox_id}: the sandbox's disk is full (its disk_mb or "

@@ -1,4 +1,5 @@
-"""The engine's network verbs: a policy sandbox's events, a live policy change.
+"""The engine's network verbs: a policy sandbox's events, a live policy change, and
+named networks (``corral.Network``: :mod:`corral.runtime.networks`) of the acting owner.
 
 Mixed into :class:`~corral.runtime.engine.Engine`; the filter itself is
 :mod:`corral.runtime.net`. A sandbox's ``network`` is fixed in kind when it starts:
@@ -12,17 +13,20 @@ import asyncio
 import os
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from corral.errors import InvalidArgument, InvalidState, PortClosed
-from corral.network_schema import NetworkPolicy
+from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.runtime import syscalls
 from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
 
 if TYPE_CHECKING:
     from corral.runtime.live import Live
     from corral.runtime.net import NetworkManager
+    from corral.runtime.networks import Networks
+    from corral.runtime.ownership import Owners
     from corral.runtime.registry import Registry
 
 
@@ -30,10 +34,12 @@ PORT_CONNECT_TIMEOUT_S = 10.0
 
 
 class NetworkOps:
-    """``network_events``, ``update_network``, ``connect_port``."""
+    """``network_events``, ``update_network``, ``connect_port``, named networks."""
 
     if TYPE_CHECKING:
         net: NetworkManager
+        networks: Networks
+        owners: Owners
         registry: Registry
 
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -44,11 +50,35 @@ class NetworkOps:
         live = self._get_live(sandbox_id)
         if not isinstance(live.spec.network, NetworkPolicy):
             raise InvalidState(
-                f"sandbox {sandbox_id} was created with network={live.spec.network.value!r}: "
+                f"sandbox {sandbox_id} was created with network="
+                f"{getattr(live.spec.network, 'value', live.spec.network)!r}: "
                 "only a sandbox created with a policy ({'allow': [...]}) has a filter to "
                 "show or change; create a new one with a policy",
                 details={"sandbox_id": sandbox_id})
         return live
+
+    def resolve_network(self, spec: SandboxSpec) -> SandboxSpec:
+        """A spec naming a network (``network="NAME"``) with that network's policy as it
+        is now (the acting owner's own network; NetworkNotFound otherwise)."""
+        if type(spec.network) is not str:  # NetworkMode is a str too
+            return spec
+        owner = self.owners.stamp(spec).tenant  # a tenant's own, whatever it claims
+        info = self.networks.get(owner, spec.network)
+        return spec.model_copy(update={"network": info.policy})
+
+    def create_network(self, name: str, policy: NetworkPolicy) -> NetworkInfo:
+        """A named network of the acting owner (the caller checked its rules' rights)."""
+        return self.networks.create(self.owners.acting(), name, policy)
+
+    def list_networks(self) -> list[NetworkInfo]:
+        return self.networks.of(self.owners.acting())
+
+    def get_network(self, name: str) -> NetworkInfo:
+        return self.networks.get(self.owners.acting(), name)
+
+    def remove_network(self, name: str) -> None:
+        """Remove it (sandboxes made from it keep their copy of its policy)."""
+        self.networks.remove(self.owners.acting(), name)
 
     async def _attach_network(self, live: Live) -> None:
         """A policy sandbox's link, made before its launcher starts (which joins it)."""
@@ -58,6 +88,10 @@ class NetworkOps:
         live.netns = str(link.netns_path)
         # any nameserver does: nftables sends all DNS to corral's resolver
         (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
+
+    async def _settle_network(self, live: Live) -> None:
+        if isinstance(live.spec.network, NetworkPolicy):
+            await self.net.settle(live.id)
 
     async def connect_port(self, sandbox_id: str, port: int) -> socket.socket:
         """A connected, non-blocking TCP socket to ``port`` on the sandbox's own
@@ -121,12 +155,20 @@ def _namespace_of(live: Live) -> str | None:
     return f"/proc/{children[0]}/ns/net"
 
 
+T = TypeVar("T")
+
+
 def socket_in(netns: str) -> socket.socket:
-    """A TCP socket of the network namespace at ``netns`` (a socket keeps the namespace
-    it was made in). Made in a thread of its own that exits right after: setns moves
-    only the calling thread, and a thread that could not move back must not serve
-    anything else."""
-    made: list[socket.socket | BaseException] = []
+    """A TCP socket of the network namespace at ``netns``."""
+    return made_in(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+
+
+def made_in(netns: str, make: Callable[[], T]) -> T:
+    """What ``make`` makes (sockets) in the network namespace at ``netns`` (a socket
+    keeps the namespace it was made in). Made in a thread of its own that exits right
+    after: setns moves only the calling thread, and a thread that could not move back
+    must not serve anything else."""
+    made: list[T | BaseException] = []
 
     def work() -> None:
         try:
@@ -135,7 +177,7 @@ def socket_in(netns: str) -> socket.socket:
             try:
                 syscalls.setns_net(target, netns)
                 try:
-                    made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    made.append(make())
                 finally:
                     syscalls.setns_net(own, "the daemon's own network namespace")
             finally:
@@ -147,6 +189,7 @@ def socket_in(netns: str) -> socket.socket:
     t = threading.Thread(target=work, name="corral-netns", daemon=True)
     t.start()
     t.join()
-    if isinstance(made[0], BaseException):
-        raise made[0]
-    return made[0]
+    got = made[0]
+    if isinstance(got, BaseException):
+        raise got
+    return got

@@ -39,14 +39,33 @@ class SnapshotOps:
         def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
         async def create(self, spec: SandboxSpec) -> SandboxInfo: ...
         async def delete(self, sandbox_id: str) -> bool: ...
+        async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo: ...
+        async def write_file(
+            self, sandbox_id: str, path: str, data: bytes | bytearray | memoryview | str, *,
+            mode: int = 0o644, parents: bool = True,
+        ) -> None: ...
 
-    async def snapshot(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+    async def snapshot(self, sandbox_id: str, name: str | None = None, *,
+                       shared_rw: bool = False) -> SnapshotInfo:
         """Commit a sandbox's files as a snapshot that new sandboxes start from
         (``create(snapshot=...)``). Its processes are frozen while its writable layer is
         copied (a paused sandbox stays paused), then go on. See
-        :mod:`corral.runtime.snapshots`."""
+        :mod:`corral.runtime.snapshots`.
+
+        Volumes: ``ro`` and ``cow`` ones are referenced by name (a sandbox made from the
+        snapshot mounts them again, as they are then; a ``cow`` volume's private writes
+        are not in the snapshot); a sandbox with an ``rw`` volume is refused
+        (:class:`InvalidState`: its files are shared, live state no snapshot can
+        freeze), but for a fork (``shared_rw``: the copies share the volume too)."""
         self.snapshots.valid_name(name)  # a bad name first
         live = self._get_live(sandbox_id)
+        rw = [dest for mode, _, dest in live.volumes if mode == "rw"]
+        if rw and not shared_rw:
+            raise InvalidState(
+                f"sandbox {sandbox_id} mounts rw volumes at {', '.join(rw)}: their files are "
+                "shared with other sandboxes and cannot be snapshotted; mount them cow or "
+                "ro, or copy what you need into the sandbox first",
+                details={"sandbox_id": sandbox_id, "volumes": rw})
         self.snapshots.check_name(name, live.spec.tenant)  # free in its owner's namespace
         self.snapshots.check_quota(live.spec.tenant, {})  # quota full: before copying
         async with live.lock:
@@ -64,11 +83,13 @@ class SnapshotOps:
             staged, name=name, spec=live.spec, parent=live.snapshot_id, source=sandbox_id
         )
 
-    async def fork(self, sandbox_id: str, n: int) -> list[SandboxInfo]:
+    async def fork(self, sandbox_id: str, n: int, *, live: bool | None = None) -> list[SandboxInfo]:
         """``n`` new sandboxes with a copy of this one's files and its spec, made
         concurrently from a snapshot that goes away when the last of them ends.
-        All or nothing: if one fails to start, the others are deleted."""
-        return await fork_from(self, sandbox_id, n, create=self.create, delete=self.delete)
+        All or nothing: if one fails to start, the others are deleted. ``live``: its
+        running processes too (default: when it is checkpointable; docs/live.md)."""
+        return await fork_from(self, sandbox_id, n, create=self.create, delete=self.delete,
+                               live=live)
 
     def fork_spec(self, sandbox_id: str, snapshot_id: str) -> SandboxSpec:
         """The spec of a copy of ``sandbox_id`` started from its snapshot: its own, with
@@ -107,6 +128,15 @@ class SnapshotOps:
         return await self.snapshots.gc()
 
 
+FORK_INDEX_ENV = "CORRAL_FORK_INDEX"
+FORK_INDEX_FILE = "/tmp/.corral-fork-index"
+
+
+def _indexed(spec: SandboxSpec, i: int) -> SandboxSpec:
+    """A live fork's copy ``i``: its commands get ``CORRAL_FORK_INDEX``."""
+    return spec.model_copy(update={"env": {**spec.env, FORK_INDEX_ENV: str(i)}})
+
+
 async def fork_from(
     engine: SnapshotOps,
     sandbox_id: str,
@@ -116,24 +146,37 @@ async def fork_from(
     delete: Callable[[str], Awaitable[object]],
     tags: Sequence[str] | None = None,
     abandoned: Callable[[], Awaitable[bool]] | None = None,
+    live: bool | None = None,
 ) -> list[SandboxInfo]:
     """``n`` new sandboxes with ``sandbox_id``'s files and spec (``tags`` replaces its
     tags), made by ``create`` from one snapshot that goes away at once (its layers stay
     while the copies run). All or nothing: on any failure, or if ``abandoned()`` says
     the caller left, what was made is deleted and the error (or :class:`Abandoned`)
-    raised."""
+    raised. ``live`` (default: if the sandbox is checkpointable): from a checkpoint,
+    so the copies run its processes on (:mod:`corral.runtime.engine_live`); copy ``i``
+    knows it is one: ``CORRAL_FORK_INDEX=i`` for its commands, and ``i`` in
+    ``/tmp/.corral-fork-index`` (written once it runs) for the processes restored."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
-    snap = await engine.snapshot(sandbox_id)
+    if live is None:
+        live = engine.get(sandbox_id).spec.checkpointable
+    snap = await (engine.checkpoint(sandbox_id) if live
+                  else engine.snapshot(sandbox_id, shared_rw=True))
     engine.events.emit(Forking(sandbox_id, snap.id))  # the copies' logs say "forked"
     try:
         spec = engine.fork_spec(sandbox_id, snap.id)
         if tags is not None:
             spec = spec.model_copy(update={"tags": list(tags)})
-        made = await asyncio.gather(*(create(spec) for _ in range(n)), return_exceptions=True)
+        specs = [_indexed(spec, i) if live else spec for i in range(n)]
+        made = await asyncio.gather(*(create(s) for s in specs), return_exceptions=True)
+        if live:  # processes that were running learn it from a file
+            await asyncio.gather(*(
+                engine.write_file(r.id, FORK_INDEX_FILE, f"{i}\n")
+                for i, r in enumerate(made) if isinstance(r, SandboxInfo)),
+                return_exceptions=True)
     finally:
         engine.events.emit(Forking(sandbox_id, snap.id, done=True))
-        await engine.snapshots.delete(snap.id)  # deferred while the copies run
+        await engine.delete_snapshot(snap.id)  # its layers: deferred while the copies run
     ok = [r for r in made if isinstance(r, SandboxInfo)]
     failed = [r for r in made if isinstance(r, BaseException)]
     if failed or (abandoned is not None and await abandoned()):

@@ -32,11 +32,13 @@ class VolumeOps:
     def _volume_quota(self, owner: str | None, size: int) -> None:
         self.snapshots.check_quota(owner, {"volume": size})  # QuotaExceeded
 
-    async def create_volume(self, name: str, archive: Path) -> VolumeInfo:
-        """A volume of the acting owner from the tar file ``archive`` (all or nothing)."""
+    async def create_volume(self, name: str, archive: Path, *,
+                            max_mb: int | None = None) -> VolumeInfo:
+        """A volume of the acting owner from the tar file ``archive`` (all or nothing);
+        ``max_mb``: a size limit its ``rw`` writers share (VolumeFull past it)."""
         owner = self.owners.acting()
         return await asyncio.to_thread(self.volumes.create, owner, name, archive,
-                                       check=self._volume_quota)
+                                       check=self._volume_quota, max_mb=max_mb)
 
     def list_volumes(self) -> list[VolumeInfo]:
         return self.volumes.of(self.owners.acting())

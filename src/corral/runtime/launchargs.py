@@ -33,7 +33,16 @@ RESOLV_CONF = "/etc/resolv.conf"
 def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
                 agent: Path) -> list[str]:
     """The options for ``slot`` to become the sandbox ``live``
-    on ``lowers`` (top first), with the agent binary ``agent``."""
+    on ``lowers`` (top first), with the agent binary ``agent``: bubblewrap's, or the
+    restore of a live checkpoint (``live.program``, run as root: docs/live.md)."""
+    argv = mount_args(live, lowers, agent=agent)
+    if live.program:
+        return [*argv, "--exec-root", "1", "--", *live.program]
+    return argv + bwrap_args(live, slot, bwrap=bwrap)
+
+
+def mount_args(live: Live, lowers: list[Path], *, agent: Path) -> list[str]:
+    """The launcher's own options: the sandbox's root, its limits, its mounts."""
     spec = live.spec
     lowers = [agent_layer(agent), *lowers]
     argv = [
@@ -60,7 +69,13 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         argv += ["--netns", live.netns]
     for path in live.gpus.mount_points() if live.gpus else ():
         argv += ["--stub", path]
-    argv += [
+    return argv
+
+
+def bwrap_args(live: Live, slot: Slot, *, bwrap: str) -> list[str]:
+    """``-- bwrap ...``: the program the launcher becomes, and its options."""
+    spec = live.spec
+    argv = [
         "--", bwrap,
         # a build step as root: bwrap's own user namespace, root mapped to the slot's
         # uid; a sandbox: the launcher's, which maps its user and its root (docs/users.md)
@@ -85,11 +100,13 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         "--new-session", "--as-pid-1",
         "--seccomp", str(slot.seccomp_fd), "--chdir", "/",
     ]
-    if spec.network == NetworkMode.NONE:
-        argv.append("--unshare-net")
-    elif live.netns:
+    if live.netns:  # a policy's link (joined by the launcher)
         argv += ["--ro-bind", str(live.sandbox_dir / "resolv.conf"), RESOLV_CONF]
+    elif spec.network != NetworkMode.HOST:  # "none", or anything else: no network
+        argv.append("--unshare-net")
     elif Path(RESOLV_CONF).exists():
         argv += ["--ro-bind", RESOLV_CONF, RESOLV_CONF]
     argv += [f"/{rootfs.AGENT_DIR}/agent", "serve", str(slot.ctl_fd), str(slot.reattach_fd)]
+    if spec.checkpointable:  # its channels made in its own namespaces (agent.c)
+        argv.append("local")
     return argv

@@ -41,6 +41,7 @@ log = logging.getLogger("corral.runtime")
 
 DEFAULT_WARM_SLOTS = 4
 SPAWN_BACKOFF_S = 1.0
+LOCAL_CHANNELS_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -73,6 +74,36 @@ class Slot:
         finally:
             os.close(self.go_fd)
             self.go_fd = -1
+
+    async def take_local_channels(self, timeout: float = LOCAL_CHANNELS_TIMEOUT_S) -> None:
+        """A checkpointable sandbox's agent makes its channels again inside its own
+        namespaces and sends us their ends (``agent.c``, ``serve ... local``): take them
+        in place of the ones this slot made (which it closes)."""
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self.sock.fileno(), on_readable)
+        try:
+            async with asyncio.timeout(timeout):
+                await readable
+        except TimeoutError:
+            raise SandboxStartError("the sandbox's agent sent no channels") from None
+        finally:
+            loop.remove_reader(self.sock.fileno())
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 1, 2, socket.MSG_CMSG_CLOEXEC)
+        if msg != b"L" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxStartError(f"the sandbox's agent did not start: {self.error_output()}")
+        self.sock.close()
+        self.sock = socket.socket(fileno=fds[0])
+        if self.reattach is not None:
+            self.reattach.close()
+        self.reattach = socket.socket(fileno=fds[1])
 
     def error_output(self) -> str:
         return self.log.text()

@@ -64,6 +64,8 @@ class Live:
     adoptable: bool = True  # survives its engine (live restore); not an image build's
     netns: str | None = None  # a policy sandbox's network namespace (runtime/net)
     volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
+    images: Path | None = None  # restored from these live checkpoint images (docs/live.md)
+    program: tuple[str, ...] = ()  # run as root in place of bubblewrap: CRIU's restore
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

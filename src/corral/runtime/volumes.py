@@ -5,7 +5,10 @@ directory, its files owned by the canonical sandbox uid (like layers: each sandb
 sees them as its own through its idmapping)::
 
     <state>/volumes/<owner>/<name>/data        the tree
-    <state>/volumes/<owner>/<name>/meta.json   {"name", "size_bytes", "files", "created_at"}
+    <state>/volumes/<owner>/<name>/meta.json   {"name", "size_bytes", "files", "created_at",
+                                                "max_mb"}
+    <state>/volumes/<owner>/<name>/volume.img  with max_mb: an ext4 of max_mb MiB, mounted
+                                               (loop) at data while the host is up
 
 It is made from a tar archive (:meth:`Volumes.create`, extracted by the same checked
 code as image layers, :func:`corral.runtime.oci.apply_layer`: no path leaves the tree,
@@ -14,23 +17,70 @@ nothing half-made is ever visible. A sandbox mounts it with ``volumes={"/data":
 "NAME"}`` (``"NAME:ro"``, ``"NAME:cow"`` (the default), ``"NAME:rw"``; an admin may
 name a host directory instead, ``"/srv/data:ro"``); the launcher mounts it
 (``agent/launch.c --volume``). A volume in use by a running sandbox cannot be removed.
+
+A volume made with ``max_mb`` is a filesystem of that size (an ext4 image, made by
+``mkfs.ext4 -d`` from the checked tree, mounted nosuid/nodev on a loop device; mounted
+again on first use after a reboot): ``rw`` writers share at most ``max_mb`` MiB and
+inodes in proportion, and a full one is ``ENOSPC`` inside (:class:`VolumeFull` from
+the file API), whatever the writer does (sparse files, hard links, millions of empty
+files). It counts ``max_mb`` against the owner's quota, the space it may grow to.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from corral.errors import Forbidden, InvalidArgument, InvalidState, VolumeNotFound
+from corral.errors import (
+    Forbidden,
+    InvalidArgument,
+    InvalidState,
+    SandboxStartError,
+    VolumeFull,
+    VolumeNotFound,
+)
+from corral.runtime.diskimage import mkfs
 from corral.runtime.oci import apply_layer
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
 ADMIN_DIR = "_admin"
+IMAGE = "volume.img"
+MIN_MB, MAX_MB = 8, 1 << 22  # a capped volume's size limits (ext4 wants a few MiB)
+
+
+def reserved_bytes(info: VolumeInfo) -> int:
+    """What a volume may take on disk: its cap, else its tree's size."""
+    return max(info.size_bytes, (info.max_mb or 0) << 20)
+
+
+def _make_image(work: Path, max_mb: int) -> None:
+    """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree."""
+    image = work / IMAGE
+    with open(image, "wb") as f:
+        f.truncate(max_mb << 20)
+    proc = subprocess.run(
+        [mkfs(), "-q", "-F", "-t", "ext4", "-m", "0", "-d", str(work / "data"),
+         "-E", f"root_owner={CANONICAL_UID}:{CANONICAL_UID},nodiscard", str(image)],
+        capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SandboxStartError(f"could not make the volume's filesystem: "
+                                f"{proc.stderr.strip()[-500:]}")
+    shutil.rmtree(work / "data")
+    (work / "data").mkdir(mode=0o755)
+
+
+def _mount(image: Path, data: Path) -> None:
+    proc = subprocess.run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev", str(image),
+                           str(data)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SandboxStartError(f"could not mount the volume {data.parent.name}: "
+                                f"{proc.stderr.strip()[-500:]}")
 
 
 def _owner_dir(owner: str | None) -> str:
@@ -73,9 +123,14 @@ class Volumes:
         return self._dir(owner, name) / "data"
 
     def create(self, owner: str | None, name: str, archive: Path, *,
-               check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+               check: Callable[[str | None, int], None] | None = None,
+               max_mb: int | None = None) -> VolumeInfo:
         """A new volume ``name`` of ``owner`` from the tar file ``archive``; ``check``
-        (owner, bytes) may refuse it (a quota) before it appears."""
+        (owner, bytes) may refuse it (a quota) before it appears; ``max_mb``: a volume
+        that never holds more (see the module's docstring)."""
+        if max_mb is not None and not MIN_MB <= max_mb <= MAX_MB:
+            raise InvalidArgument(f"invalid max_mb {max_mb}: use {MIN_MB}-{MAX_MB}",
+                                  details={"field": "max_mb"})
         final = self._dir(owner, name)
         if final.exists():
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
@@ -86,16 +141,35 @@ class Volumes:
             (work / "data").mkdir()
             apply_layer(work / "data", archive)
             size, files = _canonical(work / "data")
+            info = VolumeInfo(name=name, size_bytes=size, files=files, created_at=time.time(),
+                              max_mb=max_mb)
+            if max_mb is not None and size > max_mb << 20:
+                raise VolumeFull(f"the archive holds {size} bytes, over the volume's max_mb "
+                                 f"({max_mb}): give a larger max_mb",
+                                 details={"volume": name, "max_mb": max_mb})
             if check is not None:
-                check(owner, size)
-            info = VolumeInfo(name=name, size_bytes=size, files=files, created_at=time.time())
+                check(owner, reserved_bytes(info))
+            if max_mb is not None:
+                _make_image(work, max_mb)
             (work / "meta.json").write_text(info.model_dump_json())
             os.chmod(work, 0o711)
             os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
+        if max_mb is not None:
+            try:
+                _mount(final / IMAGE, final / "data")
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)
+                raise
         return info
+
+    def ensure_mounted(self, owner: str | None, name: str) -> None:
+        """A capped volume's filesystem mounted at its data (after a reboot: again)."""
+        d = self._dir(owner, name)
+        if (d / IMAGE).exists() and not os.path.ismount(d / "data"):
+            _mount(d / IMAGE, d / "data")
 
     def of(self, owner: str | None) -> list[VolumeInfo]:
         base = self.root / _owner_dir(owner)
@@ -110,8 +184,10 @@ class Volumes:
     def get(self, owner: str | None, name: str) -> VolumeInfo:
         meta = self._dir(owner, name) / "meta.json"
         if not meta.exists():
-            raise VolumeNotFound(f"no volume {name!r}: create it with corral volume create "
-                                 f"{name} --from DIR", details={"volume": name})
+            raise VolumeNotFound(f"no volume {name!r} here: create it with corral volume "
+                                 f"create {name} --from DIR (on a cluster, on each node that "
+                                 "mounts it: volumes do not travel between nodes yet)",
+                                 details={"volume": name})
         return VolumeInfo.model_validate_json(meta.read_text())
 
     def remove(self, owner: str | None, name: str, in_use: bool) -> None:
@@ -120,12 +196,14 @@ class Volumes:
             raise InvalidState(f"volume {name!r} is mounted by a running sandbox: delete "
                                "those first", details={"volume": name})
         d = self._dir(owner, name)
+        if os.path.ismount(d / "data"):  # lazily: a sandbox ending now keeps its clone
+            subprocess.run(["umount", "-l", str(d / "data")], capture_output=True, check=False)
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
         shutil.rmtree(trash, ignore_errors=True)
 
     def used_bytes(self, owner: str | None) -> int:
-        return sum(v.size_bytes for v in self.of(owner))
+        return sum(reserved_bytes(v) for v in self.of(owner))
 
     def mounts(self, owner: str | None, volumes: dict[str, str]) -> list[tuple[str, str, str]]:
         """``(mode, host path, dest)`` of a spec's volumes, checked: its owner's own
@@ -143,6 +221,7 @@ class Volumes:
                 path = source
             else:
                 self.get(owner, source)
+                self.ensure_mounted(owner, source)
                 path = str(self.data_dir(owner, source))
             out.append((mode, path, dest))
         return out

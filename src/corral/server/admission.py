@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from corral.errors import CapacityExceeded, DaemonUnavailable, InvalidArgument, QuotaExceeded
@@ -211,6 +211,25 @@ class Admission:
                         self._quota_waiting[tenant or ""] = left
                     else:
                         del self._quota_waiting[tenant or ""]
+
+    @contextmanager
+    def gpu_wait(self, tenant: str | None) -> Iterator[bool]:
+        """Whether one more of ``tenant``'s creates may wait for a free GPU: a tenant has
+        at most ``queue_size`` creates waiting, for its quota and for GPUs together (the
+        admin is not bounded). Counted as waiting while the block runs."""
+        key = tenant or ""
+        if tenant is not None and self._quota_waiting.get(key, 0) >= self.limits.queue_size:
+            yield False
+            return
+        self._quota_waiting[key] = self._quota_waiting.get(key, 0) + 1
+        try:
+            yield True
+        finally:
+            left = self._quota_waiting[key] - 1
+            if left:
+                self._quota_waiting[key] = left
+            else:
+                del self._quota_waiting[key]
 
     @asynccontextmanager
     async def _admit(self, memory_mb: int, slot: Slot, deadline: float,

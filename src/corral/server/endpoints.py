@@ -37,6 +37,10 @@ from corral.server.lease_routes import (
 )
 from corral.server.metrics import metrics_endpoint
 from corral.server.network_routes import (
+    create_network,
+    delete_network,
+    get_network,
+    list_networks,
     network_events,
     update_network,
 )
@@ -66,6 +70,7 @@ from corral.server.processes import (
 )
 from corral.server.routes import (
     acquire_from_pool,
+    checkpoint_sandbox,
     create_pool,
     create_sandbox,
     delete_pool,
@@ -100,6 +105,12 @@ from corral.server.tenant_routes import (
     revoke_token,
     update_token,
 )
+from corral.server.upload_routes import (
+    abandon_upload,
+    create_upload,
+    patch_upload,
+    upload_state,
+)
 from corral.server.volume_routes import (
     create_volume,
     delete_volume,
@@ -116,10 +127,13 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     get_process, kill_process, list_processes, read_output, resize_process, signal_process,
     spawn_process, write_stdin, acquire_from_pool, create_pool, create_sandbox, delete_pool,
     delete_sandbox, delete_snapshot, download_file, exec_command, exec_stream, fork_sandbox,
+    checkpoint_sandbox,
     get_pool, get_sandbox, get_snapshot, health, info, kill_processes, list_files, list_pools,
     list_sandboxes, list_snapshots, make_dir, pause_sandbox, remove_file, resume_sandbox,
     snapshot_sandbox, stat_file, stop_sandbox, upload_file, create_token, list_tokens,
     revoke_token, update_token, create_volume, delete_volume, get_volume, list_volumes,
+    create_network, list_networks, get_network, delete_network, create_upload, patch_upload,
+    upload_state, abandon_upload,
 )}
 """Each operation's handler, by the operation's name (the handler's own)."""
 

@@ -220,11 +220,17 @@ async def snapshot_sandbox(request: Request, body: SnapshotRequest) -> Response:
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
 
+async def checkpoint_sandbox(request: Request, body: SnapshotRequest) -> Response:
+    made = await ctx.sandboxes(request).checkpoint(_sid(request), name=body.name)
+    return JSONResponse(made.model_dump(mode="json"), status_code=201)
+
+
 async def fork_sandbox(request: Request, body: ForkRequest) -> Response:
     """A snapshot, then ``n`` creates from it through admission control; all or nothing."""
     try:
         made = await ctx.service(request).fork(
-            _sid(request), body.n, caller_of(request), abandoned=request.is_disconnected
+            _sid(request), body.n, caller_of(request), abandoned=request.is_disconnected,
+            live=body.live,
         )
     except Abandoned:
         raise ClientDisconnect() from None

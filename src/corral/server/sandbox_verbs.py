@@ -49,6 +49,9 @@ class SandboxVerbs:
     def snapshot(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs)
 
+    def checkpoint(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
+        return self._engine.checkpoint(self._check(sandbox_id), *args, **kwargs)
+
     def usage(self, sandbox_id: str) -> Any:
         return self._engine.usage(self._check(sandbox_id))
 

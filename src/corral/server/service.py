@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from corral.errors import CorralError, Forbidden, SandboxNotFound
-from corral.network_schema import NetworkPolicy
+from corral.errors import CorralError, Forbidden, NoGpuCapacity, SandboxNotFound
+from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
@@ -202,6 +202,7 @@ class SandboxService:
             if self.leases is not None:  # a lease tag: a live lease of the caller's
                 self.leases.check_tags(spec.tags, caller.name)
             spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
+            spec = self.engine.resolve_network(spec)  # NetworkNotFound now; checked below
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
             check_network(spec, host_network=host_network, admin=caller.may_use_host_network)
@@ -210,6 +211,23 @@ class SandboxService:
             self.engine.events.emit(CreateFinished(exc.code, now, None, now))
             raise
         return spec
+
+    async def _wait_for_gpus(self, spec: SandboxSpec, wait: float | None) -> None:
+        """Wait up to ``wait`` (capped by ``queue_timeout``) for the GPUs ``spec`` asks
+        for; a tenant with ``queue_size`` creates waiting already is refused at once."""
+        limits = self.admission.limits
+        with self.admission.gpu_wait(spec.tenant) as may_wait:
+            try:
+                await self.engine.gpus.wait_for_room(
+                    spec.gpus, shared=spec.gpu_shared,
+                    timeout=0.0 if wait is None or not may_wait else min(wait, limits.queue_timeout))
+            except NoGpuCapacity as exc:
+                if wait is None or may_wait:
+                    raise
+                raise NoGpuCapacity(
+                    f"{exc.message} (not waited for: tenant {spec.tenant!r} has "
+                    f"{limits.queue_size} creates waiting already, the daemon's queue_size)",
+                    details={**exc.details, "waiting": limits.queue_size}) from None
 
     async def _refill(self, spec: SandboxSpec) -> SandboxInfo:
         """A pool's refill: the daemon's work, for the pool's owner (``spec.tenant``)."""
@@ -243,9 +261,7 @@ class SandboxService:
                                                         spec.cpus, n_gpus)
                 if over is not None:  # waiting could never help
                     raise over
-                await self.engine.gpus.wait_for_room(
-                    spec.gpus, shared=spec.gpu_shared,
-                    timeout=0.0 if wait is None else min(wait, self.admission.limits.queue_timeout))
+                await self._wait_for_gpus(spec, wait)
             async with self.admission.admit(
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus
             ) as slot:
@@ -309,6 +325,13 @@ class SandboxService:
         with self.engine.owners.acting_as(caller.name):
             return await self.engine.update_network(sandbox_id, network)
 
+    def create_network(self, name: str, policy: NetworkPolicy, caller: Caller) -> NetworkInfo:
+        """A named network (``corral.Network``) of the caller's: a tenant's may name no
+        private range (as its sandboxes' policies may not)."""
+        check_network(SandboxSpec.parse(network=policy.model_dump()), host_network=False,
+                      admin=caller.may_use_host_network)
+        return self.engine.create_network(name, policy)
+
     async def stop(
         self, sandbox_id: str, caller: Caller, *, grace: float,
         reason: str = "stopped by request",
@@ -335,9 +358,11 @@ class SandboxService:
         tags: Sequence[str] | None = None,
         abandoned: Callable[[], Awaitable[bool]] | None = None,
         frontend: str = "native",
+        live: bool | None = None,
     ) -> list[SandboxInfo]:
-        """``n`` new sandboxes with this one's files and spec, each created through
-        admission control; all or nothing (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
+        """``n`` new sandboxes with this one's files and spec (``live``: its processes
+        too), each created through admission control; all or nothing
+        (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
         check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
 
         async def create(spec: SandboxSpec) -> SandboxInfo:
@@ -350,4 +375,4 @@ class SandboxService:
             # n copies that could never be alive at once: a 400 now, before the snapshot
             self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
             return await fork_from(self.engine, sandbox_id, n, create=create, delete=delete,
-                                   tags=tags, abandoned=abandoned)
+                                   tags=tags, abandoned=abandoned, live=live)

@@ -1,6 +1,6 @@
 """Routes for volumes (:mod:`corral.runtime.volumes`): the caller's own.
 
-``POST /v1/volumes?name=NAME`` with a tar archive as the body (at most
+``POST /v1/volumes?name=NAME[&max_mb=N]`` with a tar archive as the body (at most
 ``--max-upload-bytes``; ``corral volume create NAME --from DIR`` makes it), ``GET
 /v1/volumes``, ``GET /v1/volumes/{name}``, ``DELETE /v1/volumes/{name}``.
 """
@@ -25,6 +25,10 @@ async def create_volume(request: Request) -> Response:
     if name is None:
         raise InvalidArgument("missing query parameter 'name', e.g. ?name=dataset")
     check_name(name)  # before the body is read
+    raw_max = request.query_params.get("max_mb")
+    if raw_max is not None and not raw_max.isdigit():
+        raise InvalidArgument(f"invalid max_mb {raw_max!r}: a whole number of MiB, e.g. 512")
+    max_mb = int(raw_max) if raw_max is not None else None
     engine = ctx.engine(request)
     data = await read_body(request, ctx.settings(request).max_upload_bytes, "volume archive")
     fd, tmp = tempfile.mkstemp(prefix=".volume-upload-", dir=engine.layout.state_dir)
@@ -32,7 +36,7 @@ async def create_volume(request: Request) -> Response:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         del data
-        info = await engine.create_volume(name, Path(tmp))
+        info = await engine.create_volume(name, Path(tmp), max_mb=max_mb)
     finally:
         os.unlink(tmp)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)

@@ -3,6 +3,7 @@
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
 from corral.client._async._image import AsyncImage
+from corral.client._async._network import AsyncNetwork
 from corral.client._async._pool import AsyncPool
 from corral.client._async._process import AsyncProcess
 from corral.client._async._sandbox import AsyncSandbox, AsyncSnapshot
@@ -15,6 +16,7 @@ __all__ = [
     "AsyncExecStream",
     "AsyncFiles",
     "AsyncImage",
+    "AsyncNetwork",
     "AsyncPool",
     "AsyncProcess",
     "AsyncSandbox",

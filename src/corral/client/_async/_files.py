@@ -15,8 +15,18 @@ from corral.client._backends import AsyncBackend
 from corral.client._body import CHUNK_BYTES
 from corral.client._config import exec_http_timeout
 from corral.client._models import exec_body, parse_exec, parse_file_info
-from corral.errors import FileError, FileNotFound
+from corral.errors import DaemonUnavailable, FileError, FileNotFound, RequestTimeout
 from corral.schema import FileInfo
+
+RESUMABLE_ABOVE = 256 << 20  # upload() sends larger files as resumable uploads
+UPLOAD_PART = 8 << 20  # bytes per request of a resumable upload
+UPLOAD_RESUMES = 20  # dropped connections survived per upload
+
+
+def _read_part(path: Path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
 
 
 def _path(path: object, name: str = "path") -> str:
@@ -93,20 +103,54 @@ class AsyncFiles:
         await self._client.call("make_dir", self._ids, json=body)
 
     async def upload(
-        self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None
+        self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None,
+        resumable: bool | None = None,
     ) -> None:
         """Copy a local file into the sandbox; ``mode`` defaults to the local file's
         permission bits (so an executable stays executable). The file is read in
-        pieces as it is sent, never whole into memory."""
+        pieces as it is sent, never whole into memory.
+
+        ``resumable`` (by default: files over :data:`RESUMABLE_ABOVE` bytes): send it
+        as a resumable upload, in parts of :data:`UPLOAD_PART` bytes; a dropped
+        connection is resumed from the byte the daemon has (up to
+        :data:`UPLOAD_RESUMES` times). See docs/network.md."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
+        st = await AsyncBackend.run_blocking(local.stat)
         if mode is None:
-            mode = (await AsyncBackend.run_blocking(local.stat)).st_mode & 0o777
+            mode = st.st_mode & 0o777
         params["mode"] = f"{_validate.file_mode('mode', mode):04o}"
+        if resumable or (resumable is None and st.st_size > RESUMABLE_ABOVE):
+            await self._upload_resumable(local, params, st.st_size)
+            return
         body = await AsyncBackend.file_body(local)
         await self._client.call(
             "upload_file", self._ids, params=params, content=body, headers=body.headers
         )
+
+    async def _upload_resumable(self, local: Path, params: dict[str, str], size: int) -> None:
+        response = await self._client.call("create_upload", self._ids, json={
+            "path": params["path"], "size": size, "mode": params["mode"]})
+        ids = {**self._ids, "upload_id": response.json()["upload_id"]}
+        offset, resumes = 0, 0
+        while True:
+            try:
+                if offset < size or size == 0:
+                    part = await AsyncBackend.run_blocking(_read_part, local, offset, UPLOAD_PART)
+                    state = (await self._client.call(
+                        "patch_upload", ids, content=part,
+                        headers={"Upload-Offset": str(offset)}, timeout=None)).json()
+                else:  # every byte sent: the daemon writes the file
+                    state = (await self._client.call("upload_state", ids)).json()
+                if state["done"]:
+                    return
+                offset = state["offset"]
+            except (DaemonUnavailable, RequestTimeout):
+                resumes += 1
+                if resumes > UPLOAD_RESUMES:
+                    raise
+                await AsyncBackend.sleep(min(0.1 * resumes, 2.0))
+                offset = (await self._client.call("upload_state", ids)).json()["offset"]
 
     async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
         """Copy a file out of the sandbox to ``local_path``; returns that path. The

@@ -5,6 +5,7 @@
 from corral.client._sync._client import Client
 from corral.client._sync._files import Files
 from corral.client._sync._image import Image
+from corral.client._sync._network import Network
 from corral.client._sync._pool import Pool
 from corral.client._sync._process import Process
 from corral.client._sync._sandbox import Sandbox, Snapshot
@@ -17,6 +18,7 @@ __all__ = [
     "ExecStream",
     "Files",
     "Image",
+    "Network",
     "Pool",
     "Process",
     "Sandbox",

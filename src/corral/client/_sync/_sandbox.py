@@ -315,11 +315,30 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         response = self._client.call("snapshot_sandbox", self._ids, json=body)
         return Snapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
 
-    def fork(self, n: int) -> builtins.list[Self]:
-        """``n`` new sandboxes with a copy of this one's files and its spec (each waits
-        for room like a create); all or nothing. Delete them when done."""
+    def checkpoint(self, name: str | None = None) -> Snapshot:
+        """Save the sandbox's running processes and files as a live snapshot (``kind``
+        ``"live"``); it keeps running. ``create(snapshot=...)`` or
+        :meth:`Snapshot.restore` runs the processes on from where they were, in a
+        new sandbox. Only a sandbox created with ``checkpointable=True``; where the host
+        cannot (no CRIU, a process it refuses) :class:`~corral.errors.Unsupported` with
+        ``details["cause"]`` (docs/live.md)."""
+        body = {} if name is None else {"name": _validate.text("name", name)}
         response = self._client.call(
-            "fork_sandbox", self._ids, json={"n": _validate.integer("n", n, minimum=1)},
+            "checkpoint_sandbox", self._ids, json=body,
+            timeout=max(self._client.timeout, CREATE_TIMEOUT),
+        )
+        return Snapshot(SnapshotInfo.model_validate(response.json()), client=self._client)
+
+    def fork(self, n: int, *, live: bool | None = None) -> builtins.list[Self]:
+        """``n`` new sandboxes with a copy of this one's files and its spec (each waits
+        for room like a create); all or nothing. Delete them when done. ``live``: its
+        running processes too, each copy going on from where they were (default: when
+        the sandbox is checkpointable; docs/live.md)."""
+        body: dict[str, object] = {"n": _validate.integer("n", n, minimum=1)}
+        if live is not None:
+            body["live"] = bool(live)
+        response = self._client.call(
+            "fork_sandbox", self._ids, json=body,
             timeout=max(self._client.timeout, CREATE_TIMEOUT),
         )
         return [

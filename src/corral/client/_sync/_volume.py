@@ -56,12 +56,15 @@ class Volume:
 
     @classmethod
     def create(cls, name: str, source: str | os.PathLike[str], *,
-                     client: Client | None = None) -> Self:
-        """A new volume ``name`` holding the directory or tar archive ``source``."""
+                     max_mb: int | None = None, client: Client | None = None) -> Self:
+        """A new volume ``name`` holding the directory or tar archive ``source``;
+        ``max_mb``: a size limit its ``rw`` writers share (a full one is ``ENOSPC``
+        inside, :class:`~corral.errors.VolumeFull` from the file API)."""
         client = client or Client.default()
         body = SyncBackend.run_blocking(_archive, source)
+        params = {"name": name, **({"max_mb": str(max_mb)} if max_mb is not None else {})}
         response = client.call(
-            "create_volume", params={"name": name}, content=body,
+            "create_volume", params=params, content=body,
             headers={"Content-Type": "application/x-tar"}, timeout=None)
         return cls(VolumeInfo.model_validate(response.json()), client=client)
 

@@ -29,6 +29,12 @@
  *       other end can reattach it: a descriptor, never a path or a secret that
  *       sandbox code could find.
  *
+ *   corral-agent serve FD REATTACH_FD local
+ *       A checkpointable sandbox (docs/live.md): the agent first makes both channels
+ *       again *inside* the sandbox's network namespace, sends the engine their other
+ *       ends over FD (one byte 'L', SCM_RIGHTS: control, reattach) and closes FD and
+ *       REATTACH_FD, so CRIU finds every socket it holds in the namespaces it dumps.
+ *
  * The agent is the trust boundary inside the sandbox: the code it runs is written by
  * a model optimised to earn reward, with the same uid as the agent. So the agent is
  * not dumpable (its memory, /proc/1/fd, pidfd_getfd, process_vm_* and kcmp are closed
@@ -388,7 +394,8 @@ static void detach(struct buf *in) {
 
 /*
  * One message on the reattach socket: a new control socket (SCM_RIGHTS) from the
- * engine that took over. 1 when attached, 0 for anything else (ignored), -1 at EOF.
+ * engine that took over ('C'), or a new control and a new reattach socket ('R': made
+ * in the sandbox's own namespaces for a restored checkpoint, docs/live.md). 1 when attached, 0 for anything else (ignored), -1 at EOF.
  */
 static int take_ctl(struct buf *in) {
     char byte, cbuf[CMSG_SPACE(sizeof(int) * 4)];
@@ -401,18 +408,21 @@ static int take_ctl(struct buf *in) {
     ssize_t n = recvmsg(reattach, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
     if (n == 0) return -1;
-    int got = -1;
+    int got = -1, swap = -1; /* 'R': a new reattach socket too (a restored checkpoint's) */
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
         int nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
         for (int k = 0; k < nfds; k++) {
             int fd;
             memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-            if (got < 0 && byte == 'C') got = fd;
+            if (got < 0 && (byte == 'C' || byte == 'R')) got = fd;
+            else if (swap < 0 && byte == 'R') swap = fd;
             else close(fd);
         }
     }
-    if (got < 0) return 0;
+    if (got >= 0 && byte == 'R' && swap < 0) { close(got); got = -1; } /* both or none */
+    if (got < 0) { if (swap >= 0) close(swap); return 0; }
+    if (swap >= 0) { close(reattach); reattach = swap; }
     if (ctl >= 0) detach(in); /* an engine that took over while the old end lingered */
     ctl = got;
     ctl_dead = 0;
@@ -421,12 +431,43 @@ static int take_ctl(struct buf *in) {
     return 1;
 }
 
-static int serve(int fd, int keep) {
-    reattach = keep;
-    if (harden(fd, keep) != 0) {
+/* See "serve FD REATTACH_FD local" above: new channels, made in our namespaces. */
+static int localize(int *fd, int *keep) {
+    int c[2], r[2];
+    if (*keep < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, c) != 0) return -1;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, r) != 0) return -1;
+    char byte = 'L', cbuf[CMSG_SPACE(sizeof(int) * 2)];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {&byte, 1};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * 2);
+    int ends[2] = {c[1], r[1]};
+    memcpy(CMSG_DATA(cm), ends, sizeof ends);
+    ssize_t n;
+    do n = sendmsg(*fd, &mh, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    if (n != 1) return -1;
+    close(c[1]);
+    close(r[1]);
+    close(*fd);
+    close(*keep);
+    *fd = c[0];
+    *keep = r[0];
+    return 0;
+}
+
+static int serve(int fd, int keep, int local) {
+    if (harden(fd, keep) != 0 || (local && localize(&fd, &keep) != 0)) {
         fprintf(stderr, "corral-agent serve: cannot protect the agent: %s\n", strerror(errno));
         return 1;
     }
+    reattach = keep;
     /* The root's capabilities (if bwrap gave any) stay permitted only: exec.c, become()
        (an image build step's agent is root itself and keeps them effective) */
     if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 ||
@@ -552,9 +593,10 @@ static int serve(int fd, int keep) {
 #include "launch.c"
 
 int main(int argc, char **argv) {
-    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]), argc >= 4 ? atoi(argv[3]) : -1);
+    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]), argc >= 4 ? atoi(argv[3]) : -1,
+                                                                   argc >= 5 && !strcmp(argv[4], "local"));
     if (argc >= 2 && !strcmp(argv[1], "launch")) return launch(argc, argv);
-    fprintf(stderr, "usage: corral-agent serve FD [REATTACH_FD] | launch [--ready] [--cgroup F]... [--uid N] [--gid N] [--nofile N]\n"
+    fprintf(stderr, "usage: corral-agent serve FD [REATTACH_FD [local]] | launch [--ready] [--cgroup F]... [--uid N] [--gid N] [--nofile N]\n"
                     "         [--rootdir D --lower L1:L2 --disk-mb N --owned P...] -- PROG ARGS\n");
     return 2;
 }

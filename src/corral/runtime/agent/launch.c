@@ -14,6 +14,8 @@ struct launch_opts {
     uid_t canonical;        /* owner of sandbox files in layers on disk (0: no idmap) */
     int userns;             /* the idmapping canonical <-> uid, made ahead of time */
     int root_build;         /* an image build step as root: host root <-> uid instead */
+    int exec_root;          /* PROGRAM is CRIU restoring a checkpoint: it stays root (it
+                               makes the sandbox's user namespace itself, docs/live.md) */
     uid_t root_uid;         /* the host uid of the sandbox's root (0: none mapped) */
     int sb_userns;          /* the sandbox's user namespace: 0 -> root_uid, 1000 -> uid */
     rlim_t nofile;
@@ -56,6 +58,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--gid")) o->gid = (gid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--canonical")) o->canonical = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--root-build")) o->root_build = !strcmp(v, "1");
+        else if (!strcmp(a, "--exec-root")) o->exec_root = !strcmp(v, "1");
         else if (!strcmp(a, "--root-uid")) o->root_uid = (uid_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--nofile")) o->nofile = (rlim_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--rootdir")) o->rootdir = v;
@@ -575,9 +578,9 @@ static int launch(int argc, char **argv) {
         if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) return die("join network namespace", o.netns);
         close(nfd);
     }
-    if (o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
+    if (!o.exec_root && o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
         return die("setgid", NULL);
-    if (o.uid != (uid_t)-1 && setresuid(o.uid, o.uid, o.uid) != 0) return die("setuid", NULL);
+    if (!o.exec_root && o.uid != (uid_t)-1 && setresuid(o.uid, o.uid, o.uid) != 0) return die("setuid", NULL);
     /* bwrap enters the sandbox's user namespace (--userns): "@USERNS@" in its argv is
        the descriptor, kept open across exec (a build step as root has none: bwrap makes
        its own namespace with --unshare-user). */

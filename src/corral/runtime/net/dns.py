@@ -3,10 +3,10 @@
 Every DNS packet a policy sandbox sends (UDP or TCP port 53, to any address) is
 redirected here by the host's nftables rules (:mod:`.netns`). A query for a name the
 policy allows is resolved *on the host* (its resolver, or the daemon's ``hosts``
-mapping) and answered with its IPv4 addresses; any other name gets NXDOMAIN and no
-packet leaves the host for it, so a sandbox cannot tunnel data out in query names
-(beyond names under a ``*.domain`` it was allowed). AAAA and other types of an
-allowed name get an empty answer (a policy sandbox has no IPv6 route).
+mapping) and answered with its IPv4 (A) or IPv6 (AAAA) addresses; any other name gets
+NXDOMAIN and no packet leaves the host for it, so a sandbox cannot tunnel data out in
+query names (beyond names under a ``*.domain`` it was allowed). Other types of an
+allowed name get an empty answer.
 
 Only the question section is parsed, with bounds; anything malformed is dropped.
 """
@@ -14,14 +14,16 @@ Only the question section is parsed, with bounds; anything malformed is dropped.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from corral.runtime.net.proxy import reset
+from corral.runtime.net.proxy import peer_ip, reset, serve_both
 
 QTYPE_A = 1
+QTYPE_AAAA = 28
 RCODE_NXDOMAIN = 3
 RCODE_FORMERR = 1
 MAX_QUERY = 512
@@ -71,14 +73,17 @@ def parse_query(data: bytes) -> Query | None:
 
 
 def answer(q: Query, addresses: list[str] | None) -> bytes:
-    """The reply: NXDOMAIN when ``addresses`` is None, else A records (for an A query)."""
+    """The reply: NXDOMAIN when ``addresses`` is None, else the A (AAAA) records of
+    the IPv4 (IPv6) addresses for an A (AAAA) query."""
     flags = 0x8000 | 0x0400 | (0x0100 if q.rd else 0) | 0x0080  # QR, AA, RD, RA
     if addresses is None:
         return struct.pack("!6H", q.id, flags | RCODE_NXDOMAIN, 1, 0, 0, 0) + q.question
     records = b""
-    ips = addresses if q.qtype == QTYPE_A else []
+    six = q.qtype == QTYPE_AAAA
+    ips = [ip for ip in addresses if (":" in ip) == six] if q.qtype in (QTYPE_A, QTYPE_AAAA) else []
     for ip in ips:
-        records += struct.pack("!HHHIH", 0xC00C, QTYPE_A, 1, TTL, 4) + socket.inet_aton(ip)
+        raw = socket.inet_pton(socket.AF_INET6 if six else socket.AF_INET, ip)
+        records += struct.pack("!HHHIH", 0xC00C, q.qtype, 1, TTL, len(raw)) + raw
     return struct.pack("!6H", q.id, flags, 1, len(ips), 0, 0) + q.question + records
 
 
@@ -95,6 +100,14 @@ Lookup = Callable[[str, Query], Awaitable[list[str] | None]]
 Admit = Callable[[str], "Callable[[], None] | None"]
 
 
+def _canon(ip: str) -> str:
+    """An address in its canonical text form (as a link's; a scoped one as it is)."""
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        return ip
+
+
 class _Udp(asyncio.DatagramProtocol):
     def __init__(self, lookup: Lookup) -> None:
         self.lookup = lookup
@@ -108,7 +121,7 @@ class _Udp(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         # a flood is dropped (the sandbox retries), per source: one sandbox's flood
         # leaves the others' queries answered
-        src = addr[0]
+        src = _canon(addr[0])
         if self.per_src.get(src, 0) >= MAX_IN_FLIGHT or len(self.tasks) >= MAX_TASKS:
             return
         self.per_src[src] = self.per_src.get(src, 0) + 1
@@ -124,32 +137,46 @@ class _Udp(asyncio.DatagramProtocol):
 
     async def _reply(self, data: bytes, addr: tuple[str, int]) -> None:
         q = parse_query(data)
-        reply = formerr(data) if q is None else answer(q, await self.lookup(addr[0], q))
+        src = _canon(addr[0])
+        reply = formerr(data) if q is None else answer(q, await self.lookup(src, q))
         if reply is not None and self.transport is not None:
             self.transport.sendto(reply, addr)
 
 
 class Resolver:
-    """The UDP and TCP DNS server on ``port`` (0.0.0.0; nftables lets only sandboxes in)."""
+    """The UDP and TCP DNS server on ``port`` (0.0.0.0 and [::]; nftables lets only
+    sandboxes in)."""
 
     def __init__(self, lookup: Lookup, admit: Admit | None = None) -> None:
         self.lookup = lookup
         self.admit = admit
         self.port = 0
         self._udp: asyncio.DatagramTransport | None = None
-        self._tcp: asyncio.Server | None = None
+        self._udp6: asyncio.DatagramTransport | None = None
+        self._tcp: list[asyncio.Server] = []
 
-    async def start(self) -> None:
+    async def start(self, *, ipv6: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        tcp = await asyncio.start_server(self._tcp_client, "0.0.0.0", 0)
-        self.port = tcp.sockets[0].getsockname()[1]
-        self._tcp = tcp
-        udp, _ = await loop.create_datagram_endpoint(
-            lambda: _Udp(self.lookup), local_addr=("0.0.0.0", self.port))
-        self._udp = udp
+        for _ in range(20):
+            self._tcp, self.port = await serve_both(self._tcp_client, ipv6=ipv6)
+            try:
+                udp, _ = await loop.create_datagram_endpoint(
+                    lambda: _Udp(self.lookup), local_addr=("0.0.0.0", self.port))
+                self._udp = udp
+                if ipv6:
+                    six = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+                    six.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    six.bind(("::", self.port))
+                    self._udp6, _ = await loop.create_datagram_endpoint(
+                        lambda: _Udp(self.lookup), sock=six)
+            except OSError:
+                self.close()
+                continue
+            return
+        raise OSError("no port free for the resolver on both 0.0.0.0 and [::]")
 
     async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")[0]
+        peer = peer_ip(writer)
         # each connection holds a descriptor for up to 10 s: counted against the
         # sandbox's open connections, as the proxy's are
         done = self.admit(peer) if self.admit is not None else (lambda: None)
@@ -172,7 +199,9 @@ class Resolver:
             writer.close()
 
     def close(self) -> None:
-        if self._udp is not None:
-            self._udp.close()
-        if self._tcp is not None:
-            self._tcp.close()
+        for udp in (self._udp, self._udp6):
+            if udp is not None:
+                udp.close()
+        self._udp = self._udp6 = None
+        for server in self._tcp:
+            server.close()

@@ -8,8 +8,11 @@ policy live and resets every relayed connection the new one refuses.
 
 Addresses the proxy never dials, whatever a policy says: the host's own addresses
 (its loopback and every interface's: the daemon's API, other services) and the links'
-subnet (other sandboxes). Names are resolved on the host, through ``hosts`` first
-(a daemon-side mapping, e.g. for a test's server) and then the host's resolver.
+subnets (other sandboxes), IPv4 and IPv6 alike. Names are resolved on the host, through
+``hosts`` first (a daemon-side mapping, e.g. for a test's server) and then the host's
+resolver, to IPv4 and IPv6 addresses. Allowed UDP (not DNS) goes through the relay
+(:mod:`.udp`); what the kernel refused (other UDP, other protocols) is read back from
+the table's sets when events are asked for (:func:`.netns.refused`).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from typing import Any
 from corral.errors import SandboxNotFound
 from corral.network_schema import PRESETS, NetworkPolicy
 from corral.runtime.net import netns
-from corral.runtime.net.dns import QTYPE_A, Query, Resolver
+from corral.runtime.net.dns import QTYPE_A, QTYPE_AAAA, Query, Resolver
 from corral.runtime.net.policy import Compiled
 from corral.runtime.net.proxy import Conn, Proxy, upstream_proxy
+from corral.runtime.net.udp import Flow, UdpRelay
 
 WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create otherwise)
 MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
@@ -53,6 +57,11 @@ class Attached:
     policy: Compiled
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     conns: set[Conn] = field(default_factory=set)
+    flows: set[Flow] = field(default_factory=set)  # UDP, relayed
+    udp: list[tuple[str, str]] = field(default_factory=list)  # the kernel's allow entries
+    # their first setting, made while the sandbox starts (settle() waits for it)
+    udp_set: Future[None] | None = None
+    since: float = field(default_factory=time.time)
     open: int = 0  # connections accepted and not yet closed (relayed or being read)
     lookups: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(LOOKUPS_PER_SANDBOX))
@@ -107,9 +116,11 @@ class NetworkManager:
         self._by_ip: dict[str, Attached] = {}
         self._by_id: dict[str, Attached] = {}
         self._resolver = Resolver(self._lookup, self._admit)
+        self._nft = ThreadPoolExecutor(2, thread_name_prefix="corral-nft")
         self._lookup_threads = ThreadPoolExecutor(LOOKUP_THREADS,
                                                   thread_name_prefix="corral-resolve")
         self._proxy = Proxy(self._decide, self._admit)
+        self._udp = UdpRelay(self._decide_udp, self._admit)
         self._started = False
         self._in_table: set[str] = set()  # host ends of adopted links in the table's set
         self._start_lock = asyncio.Lock()
@@ -124,11 +135,14 @@ class NetworkManager:
             if self._started:
                 return
             await asyncio.to_thread(self.links.sweep)  # what a killed daemon left
-            await self._resolver.start()
-            await self._proxy.start()
+            six = netns.ipv6_on()
+            await self._resolver.start(ipv6=six)
+            await self._proxy.start(ipv6=six)
+            await self._udp.start(ipv6=six)
             handed = [a.link.host_if for a in self._by_id.values()]  # adopted before
             await asyncio.to_thread(netns.create_table, self.table, proxy_port=self._proxy.port,
-                                    dns_port=self._resolver.port, links=handed)
+                                    dns_port=self._resolver.port, udp_port=self._udp.port,
+                                    links=handed)
             self._in_table.update(handed)
             self._started = True
 
@@ -146,9 +160,25 @@ class NetworkManager:
                 await asyncio.to_thread(self._teardown, link)
                 raise
         att = Attached(sandbox_id, link, compiled)
-        self._by_ip[link.sandbox_ip] = att
+        # the UDP entries go in while the sandbox starts (no code of its runs before
+        # READY; the engine settles them then): a create waits for no nft call
+        att.udp = compiled.udp_entries()
+        att.udp_set = self._nft.submit(netns.set_udp, link, self.table, [], att.udp)
+        self._by_ip[link.sandbox_ip] = self._by_ip[link.sandbox_ip6] = att
         self._by_id[sandbox_id] = att
         return link
+
+    async def settle(self, sandbox_id: str) -> None:
+        """Wait until the sandbox's UDP entries are in (its first policy's)."""
+        att = self._by_id.get(sandbox_id)
+        if att is not None and att.udp_set is not None:
+            await asyncio.wrap_future(att.udp_set)
+
+    async def _set_udp(self, att: Attached, compiled: Compiled) -> None:
+        await self.settle(att.sandbox_id)
+        new = compiled.udp_entries()
+        await asyncio.to_thread(netns.set_udp, att.link, self.table, att.udp, new)
+        att.udp = new
 
     async def adopt(self, sandbox_id: str, policy: NetworkPolicy, link: netns.Link) -> None:
         """A policy sandbox handed over by the previous engine (live restore): its link
@@ -156,12 +186,15 @@ class NetworkManager:
         proxy enforce ``policy`` on it from now on. Its connections relayed by the old
         proxy ended with that daemon, and its event log starts afresh."""
         att = Attached(sandbox_id, link, await self._compile(policy))
-        self._by_ip[link.sandbox_ip] = att
+        att.udp = att.policy.udp_entries()
+        self._by_ip[link.sandbox_ip] = self._by_ip[link.sandbox_ip6] = att
         self._by_id[sandbox_id] = att
         await self._start()
         if link.host_if not in self._in_table:  # adopted after the table was made
             await asyncio.to_thread(netns.add_link, self.table, link)
             self._in_table.add(link.host_if)
+        # the new table's UDP sets start empty: its entries again (refused meanwhile)
+        await asyncio.to_thread(netns.set_udp, link, self.table, [], att.udp)
 
     def lock_fd(self, sandbox_id: str) -> int:
         """The descriptor holding ``sandbox_id``'s link (handed to the warden with it)."""
@@ -207,13 +240,20 @@ class NetworkManager:
         if att is None:
             return
         self._by_ip.pop(att.link.sandbox_ip, None)
-        self._teardown(att.link)  # its relayed connections: cut_all, on the loop, first
+        self._by_ip.pop(att.link.sandbox_ip6, None)
+        try:  # the link's index is reused: its UDP entries go with it
+            if att.udp_set is None or att.udp_set.exception() is None:  # waits for it
+                netns.set_udp(att.link, self.table, att.udp, [])
+        finally:
+            self._teardown(att.link)  # its relayed connections: cut_all, on the loop, first
 
     def cut_all(self, sandbox_id: str) -> None:
         """Reset every connection the sandbox has open through the proxy."""
         att = self._by_id.get(sandbox_id)
         for conn in list(att.conns if att else ()):
             conn.cut()
+        for flow in list(att.flows if att else ()):
+            flow.cut()
 
     def _teardown(self, link: netns.Link) -> None:
         try:
@@ -229,7 +269,16 @@ class NetworkManager:
         return att
 
     def events(self, sandbox_id: str) -> list[dict[str, Any]]:
-        return list(self._get(sandbox_id).events)
+        """The sandbox's events, the kernel's refusals (UDP, other protocols) among
+        them, by time."""
+        att = self._get(sandbox_id)
+        kernel = [{"name": None, "ip": None, "port": None, "verdict": "refused",
+                   "reason": "refused by the kernel: UDP needs an allow rule naming its "
+                   "address" if e["kind"] == "udp" else
+                   f"protocol {e.get('protocol')} is not relayed (TCP and UDP only)", **e}
+                  for e in netns.refused(self.table, att.link.host_if)
+                  if float(e["time"]) >= att.since - 1]  # type: ignore[arg-type]
+        return sorted([*att.events, *kernel], key=lambda e: e["time"])
 
     async def update(self, sandbox_id: str, policy: NetworkPolicy) -> int:
         """Enforce ``policy`` from now on; reset the connections it refuses (how many)."""
@@ -237,7 +286,14 @@ class NetworkManager:
         if policy.max_mbps != att.policy.policy.max_mbps:
             await asyncio.to_thread(netns.shape, att.link, policy.max_mbps)
         att.policy = await self._compile(policy)
+        await self._set_udp(att, att.policy)
         cut = 0
+        for flow in list(att.flows):
+            if not att.policy.decide_udp(ipaddress.ip_address(flow.ip), flow.port).allowed:
+                flow.cut()
+                att.record("udp", False, "cut: the new policy refuses it", ip=flow.ip,
+                           port=flow.port)
+                cut += 1
         for conn in list(att.conns):
             if not _still_allowed(att.policy, conn):
                 conn.cut()
@@ -259,29 +315,33 @@ class NetworkManager:
             if sid in keep:
                 att = self._by_id.pop(sid)
                 self._by_ip.pop(att.link.sandbox_ip, None)
+                self._by_ip.pop(att.link.sandbox_ip6, None)
                 self.links.release(att.link)  # our copy: the warden's holds the lock
                 kept += 1
                 continue
             self.cut_all(sid)
             await asyncio.to_thread(self.detach, sid)
         self._proxy.close()
+        self._udp.close()
         self._resolver.close()
         self._lookup_threads.shutdown(wait=False, cancel_futures=True)
+        self._nft.shutdown(wait=True)
         if self._started and not kept:
             await asyncio.to_thread(netns.delete_table, self.table)
 
     # ------------------------------------------------------------ enforcement
 
     async def resolve(self, name: str) -> list[str]:
-        """IPv4 addresses of ``name``, resolved on the host (``hosts`` first), in the
+        """IPv4 and IPv6 addresses of ``name``, resolved on the host (``hosts`` first: an
+        address, or several separated by commas), in the
         resolver's own threads, at most LOOKUPS_PER_SANDBOX at once for the sandbox
         being served (:data:`_serving`)."""
         if name in self.hosts:
-            return [self.hosts[name]]
+            return self.hosts[name].split(",")
         att = _serving.get()
         gate = att.lookups if att is not None else None
-        lookup = functools.partial(socket.getaddrinfo, name, None, socket.AF_INET,
-                                   socket.SOCK_STREAM)
+        family = socket.AF_UNSPEC if netns.ipv6_on() else socket.AF_INET
+        lookup = functools.partial(socket.getaddrinfo, name, None, family, socket.SOCK_STREAM)
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 if gate is not None:
@@ -299,7 +359,7 @@ class NetworkManager:
                 infos = await asyncio.wrap_future(thread)
         except (OSError, TimeoutError, ValueError, RuntimeError):
             return []  # ValueError: a name IDNA refuses (a label over 63, from a Host)
-        return list(dict.fromkeys(str(i[4][0]) for i in infos))
+        return list(dict.fromkeys(str(i[4][0]).split("%")[0] for i in infos))
 
     async def _lookup(self, src: str, q: Query) -> list[str] | None:
         att = self._by_ip.get(src)
@@ -309,7 +369,7 @@ class NetworkManager:
             att.record("dns", False, "the name is not allowed", name=q.name)
             return None
         _serving.set(att)  # this task's (a query's) lookups count against its sandbox
-        found = await self.resolve(q.name) if q.qtype == QTYPE_A else []
+        found = await self.resolve(q.name) if q.qtype in (QTYPE_A, QTYPE_AAAA) else []
         att.record("dns", True, "the name is allowed", name=q.name)
         return found
 
@@ -328,7 +388,10 @@ class NetworkManager:
 
     def _never(self, ip: str) -> bool:
         addr = ipaddress.ip_address(ip)
-        return addr.is_loopback or addr in netns.subnet() or is_local(ip)
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        links = netns.subnet() if addr.version == 4 else netns.subnet6()
+        return addr.is_loopback or addr in links or is_local(str(addr))
 
     async def _decide(self, src: str, name: str | None, ip: str, port: int
                       ) -> tuple[str | None, set[Conn] | None]:
@@ -364,3 +427,16 @@ class NetworkManager:
 
     def _proxied(self, host: str, port: int) -> bool:
         return upstream_proxy(self._proxy.proxies, host, port) is not None
+
+    def _decide_udp(self, src: str, ip: str, port: int) -> set[Flow] | None:
+        """A new UDP flow's verdict (the relay's): the flows to join, or None."""
+        att = self._by_ip.get(src)
+        if att is None:
+            return None
+        if self._never(ip):
+            att.record("udp", False, f"{ip} is the host or a sandbox: never reachable", ip=ip,
+                       port=port)
+            return None
+        verdict = att.policy.decide_udp(ipaddress.ip_address(ip), port)
+        att.record("udp", verdict.allowed, verdict.reason, ip=ip, port=port)
+        return att.flows if verdict.allowed else None

@@ -5,7 +5,8 @@ One sandbox, one *link* (an index machine-wide, flock'd like uids)::
 
     sandbox netns "corral-N"            host
       eth0 10.219.x.(4N+2)/30  ──veth──  crvN 10.219.x.(4N+1)/30
-      default route via the host end
+           fd63:6f72:7261:1::(4N+2)/126       fd63:6f72:7261:1::(4N+1)/126
+      default routes via the host end
 
 The namespace belongs to the host's user namespace (``ip netns add``, as root): the
 sandbox, root in its own user namespace or not, cannot change its addresses, routes
@@ -14,24 +15,41 @@ or rules. The launcher joins it before it becomes bwrap (``agent/launch.c --netn
 The host's table (one per engine, ``inet corral_<engine key>``), for packets coming
 in on the engine's links (the set ``@links``): TCP and UDP to port 53 go to the
 resolver (:mod:`.dns`), every other TCP connection to the proxy (:mod:`.proxy`, which
-reads its original destination), other UDP to a closed port (refused at once: ICMP
-port unreachable); IPv6 and other protocols are dropped (the host ends have no IPv6);
-nothing is forwarded. A packet that claims a link's address but did not come in on a
+reads its original destination), IPv4 and IPv6 alike. UDP to a destination in the
+link's allow set (``@udp4`` / ``@udp6``: the policy's CIDR rules, filled by the
+daemon) goes to the UDP relay (:mod:`.udp`, by TPROXY: the relay reads the original
+destination, judges it again and relays from the host); other UDP is recorded in
+``@refused4`` / ``@refused6`` (link, address, port: what :meth:`refused` reads back
+for ``network_events``) and sent to a closed port (refused at once: ICMP port
+unreachable). Other protocols are dropped and recorded (``@refused_proto``), but
+neighbour discovery (IPv6 needs it on the link); nothing is forwarded. A packet that claims a link's address but did not come in on a
 link (of any engine: ``crv*``) is dropped (a host process could bind one with
 IP_FREEBIND and pose as a sandbox to the resolver or the proxy, which know sandboxes by
 address). No rule names the resolver's and proxy's ports outside the links, and none
 names one engine's links against another's, so a table a killed daemon left behind, or
 another daemon's, blocks nothing. A sandbox reaches no address directly, not even the host's.
 
-``CORRAL_NET_SUBNET`` (default ``10.219.0.0/16``): where links take their addresses.
+``CORRAL_NET_SUBNET`` (default ``10.219.0.0/16``) and ``CORRAL_NET_SUBNET6`` (default
+``fd63:6f72:7261:1::/64``, a ULA prefix): where links take their addresses.
+
+Why TPROXY for UDP, not forwarding: a routed UDP flow needs the host to forward (the
+global ``ip_forward``, for the replies on the outside interface too) and would take
+the sandbox's packets out unread; TPROXY hands them to the relay with their original
+destination, needs only a policy route for its mark (:func:`ensure_tproxy_route`,
+which touches no unmarked packet), and nothing leaves but what the relay sends.
+Why sets for refusals, not NFLOG: the kernel refuses at once (ICMP), and the daemon
+reads the set only when asked for events: no per-packet netlink stream to parse and
+keep up with under a flood (a set is bounded; one entry per link, address and port).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import random
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +59,15 @@ from corral.runtime.fsutil import try_lock
 
 SUBNET_ENV = "CORRAL_NET_SUBNET"
 DEFAULT_SUBNET = "10.219.0.0/16"
+SUBNET6_ENV = "CORRAL_NET_SUBNET6"
+DEFAULT_SUBNET6 = "fd63:6f72:7261:1::/64"
+# the packet mark and routing table of TPROXY'd UDP (a policy route delivers the
+# marked packets to the relay's socket instead of forwarding them)
+TPROXY_MARK = 0x636F
+TPROXY_TABLE = 25455
+REFUSED_TIMEOUT_S = 3600  # a refusal stays in its set this long (then a new one is recorded)
+REFUSED_TIMEOUT = f"{REFUSED_TIMEOUT_S}s"
+REFUSED_SIZE = 65536
 NETNS_DIR = Path("/run/netns")
 # the host ends of every engine's links: the anti-spoofing rule admits a link address
 # from any of them (another daemon's sandboxes are not spoofers; a table that counted
@@ -52,6 +79,18 @@ REFUSED_UDP_PORT = 9  # "discard": nothing listens, the input chain refuses it
 
 def subnet() -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network(os.environ.get(SUBNET_ENV, DEFAULT_SUBNET))
+
+
+def subnet6() -> ipaddress.IPv6Network:
+    return ipaddress.IPv6Network(os.environ.get(SUBNET6_ENV, DEFAULT_SUBNET6))
+
+
+def ipv6_on() -> bool:
+    """Whether the host has IPv6 (links get IPv6 addresses only then)."""
+    try:
+        return Path("/proc/sys/net/ipv6/conf/all/disable_ipv6").read_text().strip() == "0"
+    except OSError:
+        return False
 
 
 def _run(argv: list[str], stdin: str | None = None) -> None:
@@ -92,13 +131,21 @@ class Link:
     def sandbox_ip(self) -> str:
         return str(subnet().network_address + 4 * self.index + 2)
 
+    @property
+    def host_ip6(self) -> str:
+        return str(subnet6().network_address + 4 * self.index + 1)
+
+    @property
+    def sandbox_ip6(self) -> str:
+        return str(subnet6().network_address + 4 * self.index + 2)
+
 
 class Links:
     """Allocates link indexes machine-wide (``<run dir>/net/N.lock``, flock'd)."""
 
     def __init__(self, lock_dir: Path) -> None:
         self.lock_dir = lock_dir
-        self.size = subnet().num_addresses // 4
+        self.size = min(subnet().num_addresses, subnet6().num_addresses) // 4
 
     def acquire(self) -> Link:
         self.lock_dir.mkdir(parents=True, exist_ok=True)
@@ -136,16 +183,19 @@ def setup(link: Link, table: str) -> None:
     """Make the namespace, the veth pair and their addresses; add the host end to
     ``table``'s links. Leftovers of a crashed owner of the same index go first."""
     teardown(link, table, quiet=True)
+    six = ipv6_on()
     host = (f"netns add {link.netns}\n"
             f"link add {link.host_if} type veth peer name eth0 netns {link.netns}\n"
             f"addr add {link.host_ip}/30 dev {link.host_if}\n")
+    if six:  # nodad: usable at once (the link has two ends, both ours)
+        host += f"addr add {link.host_ip6}/126 dev {link.host_if} nodad\n"
     _run(["ip", "-batch", "-"], host + f"link set {link.host_if} up\n")
-    # No IPv6 on the host end: the sandbox's link-local address has nobody to talk to.
-    Path(f"/proc/sys/net/ipv6/conf/{link.host_if}/disable_ipv6").write_text("1")
     inside = ("link set lo up\n"
               f"addr add {link.sandbox_ip}/30 dev eth0\n"
-              "link set eth0 up\n"
-              f"route add default via {link.host_ip}\n")
+              + (f"addr add {link.sandbox_ip6}/126 dev eth0 nodad\n" if six else "")
+              + "link set eth0 up\n"
+              f"route add default via {link.host_ip}\n"
+              + (f"route add default via {link.host_ip6}\n" if six else ""))
     _run(["ip", "-n", link.netns, "-batch", "-"], inside)
     _run(["nft", "add", "element", "inet", table, "links", "{", link.host_if, "}"])
 
@@ -182,25 +232,46 @@ def shape(link: Link, mbps: int | None) -> None:
               "burst", str(burst), "latency", "100ms"])
 
 
-def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
+def table_script(table: str, *, proxy_port: int, dns_port: int, udp_port: int) -> str:
     """The engine's nftables table (see the module's docstring)."""
+    nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }"
+    # the kernel's own chatter on a new link (router solicitations, multicast listener
+    # reports): dropped unrecorded, no attempt of the sandbox's code
+    chatter = ("icmpv6 type { nd-router-solicit, mld-listener-report, mld2-listener-report, "
+               "mld-listener-done }")
+    refused = (f"flags dynamic,timeout; timeout {REFUSED_TIMEOUT}; size {REFUSED_SIZE};")
     return f"""table inet {table} {{
   set links {{ type ifname; }}
-  chain pre {{ type filter hook prerouting priority raw; policy accept;
-    iifname @links meta nfproto ipv6 drop
-    iifname @links meta l4proto != {{ tcp, udp }} drop
+  set udp4 {{ type ifname . ipv4_addr . inet_service; flags interval; }}
+  set udp6 {{ type ifname . ipv6_addr . inet_service; flags interval; }}
+  set refused4 {{ type ifname . ipv4_addr . inet_service; {refused} }}
+  set refused6 {{ type ifname . ipv6_addr . inet_service; {refused} }}
+  set refused_proto {{ type ifname . inet_proto; {refused} }}
+  chain pre {{ type filter hook prerouting priority mangle; policy accept;
+    iifname @links {nd} accept
+    iifname @links {chatter} drop
+    iifname @links meta l4proto != {{ tcp, udp }} update @refused_proto {{ iifname . meta l4proto }} drop
+    iifname @links udp dport 53 accept
+    iifname @links iifname . ip daddr . udp dport @udp4 tproxy ip to :{udp_port} meta mark set {TPROXY_MARK} accept
+    iifname @links iifname . ip6 daddr . udp dport @udp6 tproxy ip6 to :{udp_port} meta mark set {TPROXY_MARK} accept
+    iifname @links meta l4proto udp meta nfproto ipv4 update @refused4 {{ iifname . ip daddr . udp dport }}
+    iifname @links meta l4proto udp meta nfproto ipv6 update @refused6 {{ iifname . ip6 daddr . udp dport }}
   }}
   chain nat {{ type nat hook prerouting priority dstnat; policy accept;
+    iifname @links meta mark {TPROXY_MARK} accept
     iifname @links meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_port}
     iifname @links meta l4proto tcp redirect to :{proxy_port}
     iifname @links meta l4proto udp redirect to :{REFUSED_UDP_PORT}
   }}
   chain input {{ type filter hook input priority filter; policy accept;
+    iifname @links {nd} accept
+    iifname @links meta mark {TPROXY_MARK} meta l4proto udp accept
     iifname @links tcp dport {{ {dns_port}, {proxy_port} }} accept
     iifname @links udp dport {dns_port} accept
     iifname @links meta l4proto tcp reject with tcp reset
     iifname @links reject
     ip saddr {subnet()} iifname != "{LINK_PREFIX}*" drop
+    ip6 saddr {subnet6()} iifname != "{LINK_PREFIX}*" drop
   }}
   chain forward {{ type filter hook forward priority filter; policy accept;
     iifname @links drop
@@ -210,13 +281,14 @@ def table_script(table: str, *, proxy_port: int, dns_port: int) -> str:
 """
 
 
-def create_table(table: str, *, proxy_port: int, dns_port: int,
+def create_table(table: str, *, proxy_port: int, dns_port: int, udp_port: int,
                  links: Sequence[str] = ()) -> None:
     """The engine's table, made new in one transaction with ``links`` (the host ends of
     links handed over by the engine before: live restore) in its set. One transaction:
     a table left by the previous engine is replaced with no moment without one, when
     its links' traffic would meet no rule."""
-    script = table_script(table, proxy_port=proxy_port, dns_port=dns_port)
+    ensure_tproxy_route()
+    script = table_script(table, proxy_port=proxy_port, dns_port=dns_port, udp_port=udp_port)
     if links:
         script += f"add element inet {table} links {{ {', '.join(links)} }}\n"
     _run(["nft", "-f", "-"], f"table inet {table} {{}}\ndelete table inet {table}\n" + script)
@@ -237,6 +309,72 @@ def link_of_lock(fd: int, lock_dir: Path) -> Link | None:
     if path.parent != lock_dir or not path.name.endswith(".lock") or not index.isdigit():
         return None
     return Link(int(index), fd)
+
+
+def ensure_tproxy_route() -> None:
+    """The policy route of TPROXY'd packets (shared by every engine, left in place: it
+    matches only packets carrying :data:`TPROXY_MARK`): deliver them locally."""
+    for fam, default in (("-4", "0.0.0.0/0"), ("-6", "::/0")):
+        if fam == "-6" and not ipv6_on():
+            continue
+        rules = subprocess.run(["ip", fam, "rule", "show", "table", str(TPROXY_TABLE)],
+                               capture_output=True, text=True, check=False).stdout
+        if "fwmark" not in rules:
+            _run(["ip", fam, "rule", "add", "fwmark", str(TPROXY_MARK), "lookup",
+                  str(TPROXY_TABLE)])
+        _run(["ip", fam, "route", "replace", "local", default, "dev", "lo", "table",
+              str(TPROXY_TABLE)])
+
+
+def _elements(rows: list[tuple[str, str, str]], table: str, op: str) -> None:
+    """One statement per set (one element per statement is far slower to delete)."""
+    by_set: dict[str, list[str]] = {}
+    for name, ifname, net_ports in rows:
+        net, ports = net_ports.split(" ", 1)
+        by_set.setdefault(name, []).append(f'"{ifname}" . {net} . {ports}')
+    script = "".join(f"{op} element inet {table} {name} {{ {', '.join(elems)} }}\n"
+                     for name, elems in by_set.items())
+    if script:
+        _run(["nft", "-f", "-"], script)
+
+
+def set_udp(link: Link, table: str, old: list[tuple[str, str]],
+            new: list[tuple[str, str]]) -> None:
+    """Replace the link's UDP allow entries ``old`` by ``new``: (CIDR, port range)."""
+    def rows(entries: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        return [("udp6" if ":" in net else "udp4", link.host_if, f"{net} {ports}")
+                for net, ports in entries]
+    _elements(rows([e for e in old if e not in new]), table, "delete")
+    _elements(rows([e for e in new if e not in old]), table, "add")
+
+
+def refused(table: str, host_if: str) -> list[dict[str, object]]:
+    """What the kernel refused for the link ``host_if`` (UDP by address and port, other
+    protocols by name), each with the time of its latest attempt (each packet refreshes
+    its entry: a link's next sandbox, counting from its start, sees only its own)."""
+    out: list[dict[str, object]] = []
+    now = time.time()
+    for name in ("refused4", "refused6", "refused_proto"):
+        r = subprocess.run(["nft", "-j", "list", "set", "inet", table, name],
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            continue
+        for item in json.loads(r.stdout).get("nftables", []):
+            for elem in item.get("set", {}).get("elem", []):
+                val = elem.get("elem", {})
+                key = val.get("val", elem) if isinstance(val, dict) else elem
+                parts = key.get("concat", []) if isinstance(key, dict) else []
+                if not parts or parts[0] != host_if:
+                    continue
+                left = val.get("expires", 0) if isinstance(val, dict) else 0
+                age = REFUSED_TIMEOUT_S - left if left else 0
+                ev: dict[str, object] = {"time": now - age}
+                if name == "refused_proto":
+                    ev.update(kind="other", protocol=parts[1])
+                else:
+                    ev.update(kind="udp", ip=parts[1], port=parts[2])
+                out.append(ev)
+    return out
 
 
 def delete_table(table: str) -> None:

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from corral.network_schema import NetworkPolicy, Rule, RuleKind, is_special
+from corral.network_schema import SPECIAL_NETS, NetworkPolicy, Rule, RuleKind, is_special
+from corral.runtime.net import netns
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -126,4 +128,56 @@ class Compiled:
         if self.allow or self._nets(self.deny, ip, port):
             return Verdict(False, f"{ip}:{port} is not allowed")
         return Verdict(True, "not denied")
+
+    def decide_udp(self, ip: IPAddress, port: int) -> Verdict:
+        """The verdict on UDP to ``ip``:``port`` (not DNS): allowed only by an allow rule
+        naming its address (an IP or CIDR; a deny-only policy opens no UDP)."""
+        if is_special(ip) and not self._nets(self.allow, ip, port, special=True):
+            return Verdict(False, f"{ip} is a private, loopback or link-local address")
+        if self._nets(self.allow, ip, port):  # allow wins over deny
+            return Verdict(True, f"UDP to {ip}:{port} is allowed")
+        return Verdict(False, f"UDP to {ip}:{port} is not allowed (UDP needs an allow rule "
+                       "naming its address: an IP or CIDR, optionally with a port)")
+
+    def udp_entries(self) -> list[tuple[str, str]]:
+        """The kernel's prefilter for this policy's UDP: (CIDR, port range) of each
+        allow rule naming addresses (the relay decides each flow again)."""
+        entries = []
+        for r in self.allow:
+            if r.kind != RuleKind.CIDR:
+                continue
+            # ranges the relay refuses anyway are left to the kernel, which refuses at
+            # once (ICMP): special ones a rule does not name, and the links' subnets
+            nets = [r.network]
+            for hole in (*SPECIAL_NETS, netns.subnet(), netns.subnet6()):
+                if hole.version == r.network.version and not (
+                        r.names_special() and r.network.subnet_of(hole)):  # type: ignore[arg-type]
+                    nets = [piece for n in nets for piece in _minus(n, hole)]
+            entries += [(n, r.port) for n in nets]
+        return disjoint(entries)
+
+
+def disjoint(entries: list[tuple[IPNetwork, int | None]]) -> list[tuple[str, str]]:
+    """(network, port or None) entries as non-overlapping (CIDR, port range) elements
+    (an interval set refuses overlaps): networks of one port collapsed, and those any
+    port covers left out."""
+    out: list[tuple[str, str]] = []
+    for version in (4, 6):
+        mine = [(n, p) for n, p in entries if n.version == version]
+        anyport = list(ipaddress.collapse_addresses(n for n, p in mine if p is None))  # type: ignore[type-var]
+        out += [(str(n), "0-65535") for n in anyport]
+        for port in sorted({p for _, p in mine if p is not None}):
+            nets = list(ipaddress.collapse_addresses(n for n, p in mine if p == port))  # type: ignore[type-var]
+            for cover in anyport:
+                nets = [piece for n in nets for piece in _minus(n, cover)]
+            out += [(str(n), str(port)) for n in nets]
+    return out
+
+
+def _minus(net: IPNetwork, cover: IPNetwork) -> list[IPNetwork]:
+    if net.subnet_of(cover):  # type: ignore[arg-type]
+        return []
+    if cover.subnet_of(net):  # type: ignore[arg-type]
+        return list(net.address_exclude(cover))  # type: ignore[arg-type]
+    return [net]
 

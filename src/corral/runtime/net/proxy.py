@@ -61,9 +61,36 @@ def reset(writer: asyncio.StreamWriter) -> None:
 
 def original_dst(writer: asyncio.StreamWriter) -> tuple[str, int]:
     sock = writer.get_extra_info("socket")
-    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    if sock.family == socket.AF_INET6:  # IP6T_SO_ORIGINAL_DST: a sockaddr_in6
+        raw = sock.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack("!H", raw[2:4])[0]
+    raw = sock.getsockopt(socket.IPPROTO_IP, SO_ORIGINAL_DST, 16)
     port = struct.unpack("!H", raw[2:4])[0]
     return socket.inet_ntoa(raw[4:8]), port
+
+
+def peer_ip(writer: asyncio.StreamWriter) -> str:
+    """The connection's source address, in its one canonical text form (a link's)."""
+    return str(ipaddress.ip_address(writer.get_extra_info("peername")[0]))
+
+
+async def serve_both(client: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                      Awaitable[None]], *, ipv6: bool,
+                     backlog: int = 100) -> tuple[list[asyncio.Server], int]:
+    """TCP servers on 0.0.0.0 and (``ipv6``) [::] sharing one port, which nftables
+    redirects to for both families."""
+    for _ in range(20):
+        v4 = await asyncio.start_server(client, "0.0.0.0", 0, backlog=backlog)
+        port = v4.sockets[0].getsockname()[1]
+        if not ipv6:
+            return [v4], port
+        try:  # asyncio makes a [::] socket IPv6-only
+            v6 = await asyncio.start_server(client, "::", port, backlog=backlog)
+        except OSError:
+            v4.close()
+            continue
+        return [v4, v6], port
+    raise OSError("no port free on both 0.0.0.0 and [::]")
 
 
 # Decides a connection: (source ip, name or None, destination ip, port) ->
@@ -77,7 +104,8 @@ Admit = Callable[[str], "Callable[[], None] | None"]
 
 
 class Proxy:
-    """Listens on 0.0.0.0:``port`` (nftables admits only the engine's links)."""
+    """Listens on 0.0.0.0:``port`` and [::]:``port`` (nftables admits only the engine's
+    links)."""
 
     def __init__(self, decide: Decide, admit: Admit) -> None:
         self.decide = decide
@@ -85,20 +113,19 @@ class Proxy:
         # the host's HTTP(S)_PROXY / NO_PROXY, read when the filter is made
         self.proxies = urllib.request.getproxies_environment()
         self.port = 0
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._client, "0.0.0.0", 0, backlog=1024)
-        self.port = self._server.sockets[0].getsockname()[1]
+    async def start(self, *, ipv6: bool = False) -> None:
+        self._servers, self.port = await serve_both(self._client, ipv6=ipv6, backlog=1024)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # counted from the accept, not from the verdict: connections that never send a
         # name (held open on port 80) count against the sandbox's cap too
-        done = self.admit(writer.get_extra_info("peername")[0])
+        done = self.admit(peer_ip(writer))
         if done is None:
             reset(writer)
             return
@@ -110,7 +137,7 @@ class Proxy:
             done()
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        src = writer.get_extra_info("peername")[0]
+        src = peer_ip(writer)
         ip, port = original_dst(writer)
         head, name = b"", None
         if port in NAME_PORTS:

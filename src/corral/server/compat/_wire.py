@@ -51,8 +51,8 @@ def unsupported(service: str) -> Handler:
     async def handler(request: Request) -> Response:
         err = Unsupported(
             f"{request.method} {request.url.path} is part of the {service} API that "
-            f"corral's {service} front-end does not implement; see the README section "
-            f"on {service} compatibility for what is supported",
+            f"corral's {service} front-end does not implement; see corral's docs "
+            f"(docs/) on {service} compatibility for what is supported",
             details={"method": request.method, "path": request.url.path},
         )
         return flat_error_response(err)

@@ -525,8 +525,8 @@ async def metrics(request: Request) -> Response:
 
 async def unsupported(request: Request) -> Response:
     return error(501, f"{request.method} {request.url.path} is part of the E2B API that "
-                 "corral's E2B front-end does not implement; see the README section "
-                 "'Already using E2B?' for what is supported")
+                 "corral's E2B front-end does not implement; see docs/e2b.md for what "
+                 "is supported")
 
 
 def _api_error(exc: CorralError | ConnectError) -> Response:

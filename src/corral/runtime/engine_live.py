@@ -1,0 +1,216 @@
+"""The engine's live checkpoints: a sandbox's running processes saved and restored
+(docs/live.md; CRIU's halves are :mod:`.checkpoint` and :mod:`.live_images`).
+
+Mixed into :class:`~corral.runtime.engine.Engine`. A checkpoint is a normal snapshot
+of the sandbox's files plus CRIU's images of its processes, both taken while its
+cgroup is frozen (so files and memory agree), in ``STATE/checkpoints/<tenant>/<snapshot
+id>``. A restore is a create from that snapshot whose launcher runs CRIU's restore in
+place of bubblewrap, in the new slot's cgroup, mounts and uid; the restored agent is
+sent new channels made in its own network namespace over its reattach socket (``R``,
+agent.c) and says READY on the new control socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound
+from corral.runtime import checkpoint, criu, live_images
+from corral.runtime.engine_network import made_in
+from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
+
+if TYPE_CHECKING:
+    from corral.runtime.launcher import Slot
+    from corral.runtime.live import Live
+    from corral.runtime.paths import Layout
+    from corral.runtime.snapshots import Snapshots
+
+RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
+RESTORE_NETNS_TIMEOUT_S = 60.0
+
+
+class LiveOps:
+    """``checkpoint``, ``restore_checkpoint``; ``get_snapshot``, ``list_snapshots`` and
+    ``delete_snapshot`` that know a live snapshot (its kind, its images)."""
+
+    if TYPE_CHECKING:
+        layout: Layout
+        snapshots: Snapshots
+
+        def _get_live(self, sandbox_id: str) -> Live: ...
+        def upper_dir(self, sandbox_id: str) -> Path: ...
+        def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
+        def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]: ...
+        async def create(self, spec: SandboxSpec | dict[str, Any] | None = None,
+                         **kw: Any) -> SandboxInfo: ...
+
+    async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+        """Save a running sandbox's processes and files as a live snapshot; it keeps
+        running. :class:`~corral.errors.Unsupported` (``details.cause``) where CRIU
+        cannot, the sandbox untouched; :class:`InvalidState` for a sandbox not created
+        checkpointable."""
+        self.snapshots.valid_name(name)
+        live = self._get_live(sandbox_id)
+        if not live.spec.checkpointable:
+            raise InvalidState(
+                f"sandbox {sandbox_id} was not created checkpointable: create it with "
+                "checkpointable=True to checkpoint its processes (docs/live.md)",
+                details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
+        self.snapshots.check_name(name, live.spec.tenant)
+        self.snapshots.check_quota(live.spec.tenant, {})
+        async with live.lock:
+            if live.ending or live.state != SandboxState.RUNNING or live.proc is None:
+                raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
+                                   "running sandbox can be checkpointed",
+                                   details={"sandbox_id": sandbox_id})
+            await asyncio.to_thread(live.cgroup.freeze)
+            try:
+                images = await checkpoint.dump(
+                    cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
+                    sandbox_id=sandbox_id, tenant=live.spec.tenant, launcher_pid=live.proc.pid,
+                    uid=live.uid, freezer=live.cgroup.freezer_dir())
+                try:
+                    staged = await self.snapshots.stage(
+                        self.upper_dir(sandbox_id), None, source=sandbox_id, spec=live.spec,
+                        ids=self.owner_ids(sandbox_id))
+                except BaseException:
+                    shutil.rmtree(images.path, ignore_errors=True)
+                    raise
+            finally:
+                live.cgroup.thaw()
+        snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
+                                           parent=live.snapshot_id, source=sandbox_id)
+        images.path.rename(images.path.with_name(snap.id))
+        return snap.model_copy(update={"kind": "live"})
+
+    def get_snapshot(self, id_or_name: str) -> SnapshotInfo:
+        """A snapshot by id or name (its ``kind``); :class:`SnapshotNotFound` if none."""
+        return self._kind(self.snapshots.get(id_or_name))
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        return [self._kind(s) for s in self.snapshots.list()]
+
+    def _kind(self, snap: SnapshotInfo) -> SnapshotInfo:
+        live = self.checkpoint_images(snap.id) is not None
+        return snap.model_copy(update={"kind": "live"}) if live else snap
+
+    def checkpoint_images(self, snapshot: str) -> Path | None:
+        """The process images of a live snapshot (by id or name); None for a snapshot of
+        files only."""
+        snap = self.snapshots.get(snapshot)
+        tenant = self.snapshots.resolve(SandboxSpec(snapshot=snap.id)).tenant
+        path = checkpoint.images_root(self.layout.state_dir, tenant) / snap.id
+        return path if path.is_dir() else None
+
+    async def restore_checkpoint(self, snapshot: str, **spec: Any) -> SandboxInfo:
+        """A new sandbox running the processes of the live snapshot ``snapshot``, from
+        where they were: its own slot, uid, cgroup and namespaces. (``create`` with
+        ``snapshot=`` a live snapshot does the same.)"""
+        if self.checkpoint_images(snapshot) is None:
+            raise InvalidState(f"snapshot {snapshot} holds files only, not processes: "
+                               "create(snapshot=...) starts from its files")
+        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec))
+
+    async def delete_snapshot(self, id_or_name: str) -> bool:
+        """Delete a snapshot (see :meth:`SnapshotOps.delete_snapshot
+        <corral.runtime.engine_snapshots.SnapshotOps.delete_snapshot>`) and, for a live
+        one, its process images at once (no restore is started from it any more)."""
+        try:
+            images = self.checkpoint_images(id_or_name)
+        except SnapshotNotFound:
+            return False
+        if images is not None:
+            await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
+        return await self.snapshots.delete(id_or_name)
+
+    def images_bytes(self, tenant: str | None) -> int:
+        """Disk held by ``tenant``'s live snapshots' process images (its snapshot quota)."""
+        return checkpoint.images_bytes(self.layout.state_dir, tenant)
+
+    async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
+        """Start CRIU's restore of ``live.images`` in ``slot`` and give the restored agent
+        a new control socket (it answers READY on it)."""
+        assert live.images is not None and slot.reattach is not None
+        binary = criu.require(self.layout.cache_dir)
+        meta = live_images.read_meta(live.images)
+        dest = live.sandbox_dir / RESTORE_DIR
+        await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+        live.program = tuple(live_images.restore_argv(
+            binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
+            ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
+        slot.launch(self._launch_args(live, slot, lowers))
+        # its new channels are made in its own network namespace, as a checkpointable
+        # sandbox's are, so that it can be checkpointed again; sent over the reattach
+        # socket it was restored with ('R', agent.c), which they replace
+        try:
+            netns = await _restored_netns(slot)
+            (ours, theirs), (r_ours, r_theirs) = await asyncio.to_thread(made_in, netns, _pairs)
+        except (SandboxStartError, OSError) as exc:  # CRIU failed, or its sandbox died
+            detail = self._restore_done(live, ok=False)
+            raise SandboxStartError(f"sandbox {live.id} failed to start: "
+                                    f"{detail or exc}") from None
+        try:
+            socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
+        except BaseException:
+            ours.close()
+            r_ours.close()
+            raise
+        finally:
+            theirs.close()
+            r_theirs.close()
+        slot.sock.close()
+        slot.reattach.close()
+        slot.sock, slot.reattach = ours, r_ours
+
+    def _restored(self, live: Live, slot: Slot) -> None:
+        """The restored agent answered: drop the staged images and check that every
+        restored process is confined as a sandbox's are (a forged image cannot lift
+        that: :func:`~corral.runtime.live_images.check_restored`)."""
+        self._restore_done(live, ok=True)
+        live_images.check_restored(live.cgroup.pids(), outer=slot.proc.pid, uid=live.uid)
+
+    def _restore_done(self, live: Live, ok: bool) -> str:
+        """Remove a restore's staged images; CRIU's errors if it failed."""
+        dest = live.sandbox_dir / RESTORE_DIR
+        errors = ""
+        if not ok:
+            try:
+                log = (dest / "restore.log").read_text(errors="replace")
+                errors = "; ".join(ln.split("): ", 1)[-1] for ln in log.splitlines()
+                                   if "Error (" in ln and not checkpoint.is_noise(ln))[:2000]
+            except OSError:
+                pass
+        shutil.rmtree(dest, ignore_errors=True)
+        return errors
+
+
+def _pairs() -> tuple[tuple[socket.socket, socket.socket], tuple[socket.socket, socket.socket]]:
+    """An agent's two channels: control (stream) and reattach (seqpacket)."""
+    return (socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM),
+            socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+
+
+async def _restored_netns(slot: Slot, timeout: float = RESTORE_NETNS_TIMEOUT_S) -> str:
+    """``/proc/PID/ns/net`` of the sandbox CRIU restored in ``slot``: its root task's,
+    once that task is itself again (CRIU names its tasks ``criu`` until it restores
+    their names, last; before, the task may still move to another namespace)."""
+    outer = slot.proc.pid
+    ours = os.stat("/proc/self/ns/net").st_ino
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while slot.proc.poll() is None and loop.time() < deadline:
+        try:
+            children = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
+            if (children and Path(f"/proc/{children[0]}/comm").read_text().strip() != "criu"
+                    and os.stat(f"/proc/{children[0]}/ns/net").st_ino != ours):
+                return f"/proc/{children[0]}/ns/net"
+        except OSError:
+            pass  # a child that came and went: look again
+        await asyncio.sleep(0.002)
+    raise SandboxStartError("CRIU's restore ended (or stalled) before the sandbox's "
+                            "network namespace existed")

@@ -1,0 +1,192 @@
+"""A live checkpoint's images, made ready for one restore (docs/live.md).
+
+The restore half of :mod:`corral.runtime.checkpoint`. CRIU restores as root on the
+host, so its images are hostile input: nothing it is told comes from them.
+
+- **Mounts**: every mount of a checkpointable sandbox was dumped as external under a
+  key named after its mount point (:func:`mount_key`); a restore maps the keys it knows
+  to the new slot's own mounts (:func:`restore_argv`), made by the launcher as for any
+  sandbox. A key it does not know fails the restore; a host path never comes from the
+  images.
+- **User namespace**: the image's map is not read; it is written again
+  (:func:`stage`): uid and gid 0 to the new slot's host uid, nothing else.
+- **The agent's channels**: the socket inodes CRIU must hand over (``--inherit-fd``)
+  are the engine's own record (``corral.json``, written by the dump, root's), checked
+  to be numbers; the descriptors are the new slot's.
+- Each restore gets its own directory of hard links (the pages are never copied) plus
+  its user namespace image, in the new sandbox's directory, root-only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from corral.errors import InvalidState, Unsupported
+from corral.runtime.uids import SANDBOX_UID, root_uid
+from corral.runtime.users import ROOT_CAPS
+
+META = "corral.json"
+CRIU_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # CRIU runs ip and iptables-restore
+_COMMON_MAGIC = 0x54564319  # CRIU's images/magic.h: IMG_COMMON_MAGIC
+_USERNS_MAGIC = 0x55474906  # USERNS_MAGIC
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def mount_key(point: str, seen: dict[str, int]) -> str:
+    """The external key of a mount point: ``dev.pts``, ``dev.pts.1`` for a second one."""
+    base = point.strip("/").replace("/", ".") or "root"
+    n = seen.get(base, 0)
+    seen[base] = n + 1
+    return base if n == 0 else f"{base}.{n}"
+
+
+def mount_sources(sandbox_dir: Path) -> dict[str, str]:
+    """Each key a checkpointable sandbox may have, to the new sandbox's own mount
+    (the root itself is ``--root``)."""
+    rw = sandbox_dir / "rw"
+    known = {f"dev.{n}": f"/dev/{n}" for n in _DEV_NODES}
+    known.update({"dev.pts": str(rw / "pts"), "dev.pts.1": str(rw / "pts"),
+                  "dev.shm": str(rw / "shm"), "sys": str(rw / "sys")})
+    return known
+
+
+def check_mounts(keys: list[str]) -> None:
+    """:class:`Unsupported` for a sandbox with a mount a restore could not make again
+    (a volume, a GPU's files, a network policy's resolv.conf)."""
+    known = set(mount_sources(Path("/"))) | {"root"}
+    odd = [k for k in keys if k not in known]
+    if odd:
+        raise Unsupported(f"a sandbox with these mounts cannot be checkpointed yet: {odd}",
+                          details={"cause": "mount", "mounts": odd})
+
+
+def write_meta(images: Path, *, ctl: int, reattach: int) -> None:
+    (images / META).write_text(json.dumps({"ctl": ctl, "reattach": reattach}))
+    os.chmod(images / META, 0o600)
+
+
+def read_meta(images: Path) -> dict[str, int]:
+    try:
+        meta = json.loads((images / META).read_text())
+        out = {k: meta[k] for k in ("ctl", "reattach")}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InvalidState(f"{images} is not a live checkpoint of this daemon's") from None
+    if not all(type(v) is int and v > 0 for v in out.values()):
+        raise InvalidState(f"{images}: its record is damaged")
+    return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _extent(first: int, lower: int) -> bytes:
+    body = b"\x08" + _varint(first) + b"\x10" + _varint(lower) + b"\x18\x01"  # count 1
+    return _varint(len(body)) + body
+
+
+def userns_image(uid: int) -> bytes:
+    """CRIU's ``userns-*.img`` for a sandbox of host uid ``uid``: its user (1000) to
+    ``uid``, its root (0) to :func:`~corral.runtime.uids.root_uid` (docs/users.md),
+    nothing else; uids and gids alike."""
+    entry = (b"\x0a" + _extent(0, root_uid(uid)) + b"\x0a" + _extent(SANDBOX_UID, uid)
+             + b"\x12" + _extent(0, root_uid(uid)) + b"\x12" + _extent(SANDBOX_UID, uid))
+    return (_COMMON_MAGIC.to_bytes(4, "little") + _USERNS_MAGIC.to_bytes(4, "little")
+            + len(entry).to_bytes(4, "little") + entry)
+
+
+def stage(images: Path, dest: Path, *, uid: int) -> None:
+    """``dest`` (made here): ``images``' files for host uid ``uid``, the user namespace
+    image written anew. CRIU reads the images from inside the new user namespace (as
+    its root, or as host root without capabilities): they are copies, owned by its
+    root's host uid and group 0, 0440, in a directory only searchable (0711).
+    Nothing of the sandbox reaches the directory (its root is elsewhere) while CRIU
+    restores, and it is removed once the agent answers."""
+    dest.mkdir(mode=0o711)
+    os.chmod(dest, 0o711)
+    userns = 0
+    for entry in images.iterdir():
+        if entry.is_symlink() or not entry.is_file():
+            raise InvalidState(f"{images} holds {entry.name}, which is not a plain file")
+        if entry.name == META or entry.suffix not in (".img", ".gz"):
+            continue
+        userns += entry.name.startswith("userns-")
+        fd = os.open(dest / entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o440)
+        try:
+            if entry.name.startswith("userns-"):
+                os.write(fd, userns_image(uid))
+            else:
+                with open(entry, "rb") as src:
+                    size = os.fstat(src.fileno()).st_size
+                    while size > 0:
+                        size -= os.copy_file_range(src.fileno(), fd, size) or size
+            # read from inside the new user namespace: by its root (root_uid) or, before
+            # CRIU gives a task its ids, by host root without its capabilities (gid 0)
+            os.fchown(fd, root_uid(uid), 0)
+        finally:
+            os.close(fd)
+    if userns != 1:
+        raise InvalidState(f"{images} has {userns} user namespaces, not 1")
+
+
+def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, int],
+                 ctl_fd: int, reattach_fd: int) -> list[str]:
+    """CRIU's restore of the images staged in ``dest`` into the new sandbox's mounts,
+    its agent given the new slot's channels. Run by the launcher, as root, in the new
+    slot's cgroup (it stays CRIU's parent: ``-d`` is not given)."""
+    argv = ["/usr/bin/env", "-i", f"PATH={CRIU_PATH}", str(criu), "restore", "-D", str(dest),
+            "-o", "restore.log", "--shell-job", "--network-lock", "skip",
+            "--manage-cgroups=ignore", "--root", str(sandbox_dir / "root"),
+            "--inherit-fd", f"fd[{ctl_fd}]:socket:[{meta['ctl']}]",
+            "--inherit-fd", f"fd[{reattach_fd}]:socket:[{meta['reattach']}]"]
+    for key, src in mount_sources(sandbox_dir).items():
+        argv += ["--external", f"mnt[{key}]:{src}"]
+    return argv
+
+
+def check_restored(pids: list[int], *, outer: int, uid: int) -> None:
+    """After a restore, before the sandbox is handed out: every process of its cgroup
+    but ``outer`` (CRIU, its parent) is what a sandbox's processes always are, whatever
+    its images said: the slot's host uid or its root's, no capability beyond
+    :data:`~corral.runtime.users.ROOT_CAPS` (bounding set included), ``no_new_privs``
+    and a seccomp filter. :class:`InvalidState` otherwise (a forged or damaged
+    checkpoint): the caller ends the sandbox."""
+    allowed = _caps_mask(ROOT_CAPS)
+    for pid in pids:
+        if pid == outer:
+            continue
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue  # gone: nothing to check
+        fields = dict(ln.split(":", 1) for ln in status.splitlines() if ":" in ln)
+        ids = {int(v) for k in ("Uid", "Gid") for v in fields[k].split()}
+        caps = [int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")]
+        if (not ids <= {uid, root_uid(uid)} or any(c & ~allowed for c in caps)
+                or fields["NoNewPrivs"].strip() != "1"
+                or fields["Seccomp"].strip() != "2"):
+            raise InvalidState(
+                f"a restored process (host pid {pid}) is not confined like a sandbox's "
+                "(its ids, capabilities, no_new_privs or seccomp filter differ): the "
+                "checkpoint's images were changed; the sandbox was ended",
+                details={"cause": "forged_images", "pid": pid})
+
+
+def _caps_mask(names: tuple[str, ...]) -> int:
+    """The bit mask of capability names (``CAP_CHOWN``...), as /proc/PID/status shows."""
+    mask = 0
+    for name in names:
+        mask |= 1 << _CAP_BITS[name]
+    return mask
+
+
+_CAP_BITS = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3,
+             "CAP_FSETID": 4, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7,
+             "CAP_NET_BIND_SERVICE": 10}

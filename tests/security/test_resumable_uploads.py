@@ -1,0 +1,112 @@
+"""Resumable uploads (server/upload_routes.py) through a real daemon over TCP.
+
+A connection killed mid-body leaves the upload at the bytes that arrived and the rest
+resumes from there; the SDK's ``files.upload(..., resumable=True)`` sends parts; an
+upload id is its tenant's and its sandbox's only (another tenant's id is unknown); an
+upload that lies about its size, or resumes from the wrong offset, is refused typed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+import corral
+from corral.errors import FileTooLarge, InvalidArgument, InvalidState, UploadNotFound
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+SIZE = 3 << 20
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon() as t:
+        yield t
+
+
+def _cut_patch(team, token: str, url: str, offset: int, data: bytes, declared: int) -> None:
+    """A PATCH that declares ``declared`` bytes, sends ``data`` and dies (a reset)."""
+    s = socket.create_connection(("127.0.0.1", team.port))
+    s.sendall((f"PATCH {url} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+               f"Upload-Offset: {offset}\r\nContent-Length: {declared}\r\n\r\n").encode() + data)
+    time.sleep(0.5)  # the daemon reads what came
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def test_killed_connection_resumes_from_its_offset(team, tmp_path, monkeypatch):
+    blob = os.urandom(SIZE)
+    token = team.tokens["alice"]
+    with corral.Client(team.url, token=token) as alice, team.tenant("alice") as http:
+        sb = corral.Sandbox.create(memory_mb=64, client=alice)
+        base = f"/v1/sandboxes/{sb.id}/uploads"
+        up = http.post(base, json={"path": "big.bin", "size": SIZE}).json()
+        url = f"{base}/{up['upload_id']}"
+        _cut_patch(team, token, url, 0, blob[:(1 << 20) + 1234], SIZE)
+        for _ in range(100):  # the daemon notices the reset
+            state = http.get(url).json()
+            if state["offset"] == (1 << 20) + 1234:
+                break
+            time.sleep(0.05)
+        assert state["offset"] == (1 << 20) + 1234 and not state["done"]
+        assert not sb.files.exists("big.bin")  # nothing half-written at its path
+        wrong = http.patch(url, content=b"x", headers={"Upload-Offset": "0"})
+        assert wrong.status_code == 409 and wrong.json()["error"]["details"]["offset"] == state["offset"]
+        n = state["offset"]
+        done = http.patch(url, content=blob[n:], headers={"Upload-Offset": str(n)}).json()
+        assert done["done"] and done["offset"] == SIZE
+        assert hashlib.sha256(sb.files.read("big.bin")).digest() == hashlib.sha256(blob).digest()
+
+        # the SDK: in parts, each a request
+        import corral.client._sync._files as files
+
+        monkeypatch.setattr(files, "UPLOAD_PART", 1 << 20)
+        local = tmp_path / "model.ckpt"
+        local.write_bytes(blob)
+        sb.files.upload(local, "ckpt/model.ckpt", resumable=True)
+        assert sb.files.read("ckpt/model.ckpt") == blob
+        sb.delete()
+    team.cleanup()
+    no_traceback(team)
+
+
+def test_upload_ids_are_their_tenants_and_sizes_are_kept(team):
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice, \
+            corral.Client(team.url, token=team.tokens["bob"]) as bob:
+        sb = corral.Sandbox.create(memory_mb=64, disk_mb=64, client=alice)
+        mine = corral.Sandbox.create(memory_mb=64, client=bob)
+        base = f"/v1/sandboxes/{sb.id}/uploads"
+        uid = alice.request("POST", base, json={"path": "f", "size": 10}).json()["upload_id"]
+        # bob, with alice's id: under his own sandbox it is unknown, like a made-up one
+        for theirs in (uid, "up-" + "0" * 32):
+            for method, kw in (("GET", {}), ("DELETE", {}),
+                               ("PATCH", {"content": b"x", "headers": {"Upload-Offset": "0"}})):
+                with pytest.raises(UploadNotFound):
+                    bob.request(method, f"/v1/sandboxes/{mine.id}/uploads/{theirs}", **kw)
+        with pytest.raises(corral.SandboxNotFound):  # and alice's sandbox is not his
+            bob.request("GET", f"{base}/{uid}")
+        # more bytes than declared: refused, the upload stays where it was
+        with pytest.raises(InvalidArgument):
+            alice.request("PATCH", f"{base}/{uid}", content=b"x" * 11,
+                          headers={"Upload-Offset": "0"})
+        assert alice.request("GET", f"{base}/{uid}").json()["offset"] <= 10
+        with pytest.raises(InvalidState):
+            alice.request("PATCH", f"{base}/{uid}", content=b"x", headers={"Upload-Offset": "5"})
+        with pytest.raises(FileTooLarge):  # past the sandbox's disk_mb
+            alice.request("POST", base, json={"path": "f", "size": 65 << 20})
+        with pytest.raises(InvalidArgument):
+            alice.request("POST", base, json={"path": "f", "size": -1})
+        with pytest.raises(InvalidArgument):  # PathOutsideSandbox: before any byte is sent
+            alice.request("POST", base, json={"path": "../../../etc/x", "size": 1})
+        alice.request("DELETE", f"{base}/{uid}")
+        with pytest.raises(UploadNotFound):
+            alice.request("GET", f"{base}/{uid}")
+        sb.delete()
+        mine.delete()
+    team.cleanup()
+    no_traceback(team)
