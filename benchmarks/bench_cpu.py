@@ -7,7 +7,10 @@ starts a private daemon (``bench_sdk.private_daemon``) and measures, through the
 
 - ``lifecycle``: ``Sandbox.create`` → ``exec(["true"])`` → ``delete``, the sync SDK;
 - ``exec`` / ``async_exec``: ``exec(["true"])`` on one sandbox, sync and asyncio SDK;
-- ``health``: the cheapest request, the HTTP floor.
+- ``health``: the cheapest request, the HTTP floor;
+- ``acquire``: ``pool.acquire()`` of a ready sandbox (the sync SDK), back to back from a
+  pool whose ``max_size`` equals ``min_ready``, so no refill's create runs in the window
+  (the sandboxes are deleted and the pool refilled outside it).
 
 For each: the client's CPU (``time.process_time``), the daemon's (``/proc/PID/stat``:
 its own user+system, and its reaped children — the launchers), the sandboxes' (their
@@ -27,6 +30,7 @@ ratios current/baseline are printed. Needs root.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -39,7 +43,7 @@ from pathlib import Path
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
 HERE = Path(__file__).resolve().parent
-OPS = ("health", "exec", "async_exec", "lifecycle")
+OPS = ("health", "exec", "async_exec", "acquire", "lifecycle")
 
 
 def _daemon_cpu(pid: int) -> tuple[float, float]:
@@ -97,16 +101,19 @@ def child(n: int) -> dict[str, float]:
         def snap() -> tuple[float, float, float, float, float]:
             return (time.process_time(), *_daemon_cpu(pid), sampler.total(), time.perf_counter())
 
-        def record(name: str, ops: int, before: tuple[float, ...]) -> None:
+        def since(before: tuple[float, ...]) -> list[float]:
+            """What was spent since ``before`` (the wall time up to now)."""
             wall = time.perf_counter() - before[4]
-            me = time.process_time() - before[0]
             time.sleep(0.03)  # the sampler's last look
-            own, kids = _daemon_cpu(pid)
-            out[f"{name}_client_cpu_ms"] = me / ops * 1000
-            out[f"{name}_daemon_cpu_ms"] = (own - before[1]) / ops * 1000
-            out[f"{name}_launcher_cpu_ms"] = (kids - before[2]) / ops * 1000
-            out[f"{name}_sandbox_cpu_ms"] = (sampler.total() - before[3]) / ops * 1000
-            out[f"{name}_wall_ms"] = wall / ops * 1000
+            return [*(a - b for a, b in zip(snap()[:4], before, strict=False)), wall]
+
+        def record(name: str, ops: int, before: tuple[float, ...]) -> None:
+            put(name, ops, since(before))
+
+        def put(name: str, ops: int, spent: list[float]) -> None:
+            """``spent``: (client, daemon own, launchers, sandboxes, wall) seconds."""
+            for key, value in zip(("client", "daemon", "launcher", "sandbox", "wall"), spent, strict=True):
+                out[f"{name}_{key}_{'ms' if key == 'wall' else 'cpu_ms'}"] = value / ops * 1000
 
         def measure(name: str, ops: int, run) -> None:
             before = snap()
@@ -143,6 +150,20 @@ def child(n: int) -> dict[str, float]:
                         await asb.delete()
 
             asyncio.run(aexecs(n))
+
+            with corral.Pool(image="python", memory_mb=128, min_ready=min(n, 20),
+                             max_size=min(n, 20), client=client) as pool:
+                spent, acquired = [0.0] * 5, 0
+                while acquired < n:
+                    pool.wait_ready(timeout=300)
+                    time.sleep(0.03)
+                    start = snap()
+                    held = [pool.acquire(timeout=30) for _ in range(min(n, 20))]
+                    spent = [a + b for a, b in zip(spent, since(start), strict=True)]
+                    acquired += len(held)
+                    for s in held:
+                        s.delete()
+                put("acquire", acquired, spent)
 
             def lifecycles(k: int) -> None:
                 for _ in range(k):
@@ -232,6 +253,68 @@ def paired_loops(batches: int, per: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in got.items()}
 
 
+def paired_trees(batches: int, per: int, baseline: Path) -> dict[str, float]:
+    """The daemon's own CPU and the client's per health / exec / pool acquire, on a
+    daemon of this tree against one of ``baseline`` (a ``src`` directory), in batches
+    alternated within seconds. The client is this tree's for both. A pool's acquires
+    run back to back from a pool whose ``max_size`` is its ``min_ready`` (no refill in
+    the window), refilled between batches."""
+    from bench_sdk import private_daemon
+
+    import corral
+
+    got: dict[str, list[float]] = {}
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        saved = os.environ.get("PYTHONPATH")
+        for name, src in (("baseline", baseline), ("current", HERE.parent / "src")):
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(src), str(HERE)])
+            urls[name] = stack.enter_context(private_daemon("corral-bench-cpu-"))
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+        pids = {k: _daemon_pid(u) for k, u in urls.items()}
+        clients = {k: stack.enter_context(corral.Client(u)) for k, u in urls.items()}
+        sbs = {k: stack.enter_context(corral.Sandbox.create(memory_mb=128, client=c))
+               for k, c in clients.items()}
+        pools = {k: stack.enter_context(corral.Pool(image="python", memory_mb=128, min_ready=per,
+                                                    max_size=per, client=c))
+                 for k, c in clients.items()}
+
+        def batch(key: str, name: str, run) -> None:
+            pid = pids[name]
+            me, own = time.process_time(), _daemon_cpu(pid)[0]
+            run()
+            got.setdefault(f"paired_{key}_client_cpu_ms_{name}", []).append(
+                (time.process_time() - me) / per * 1000)
+            got.setdefault(f"paired_{key}_daemon_cpu_ms_{name}", []).append(
+                (_daemon_cpu(pid)[0] - own) / per * 1000)
+
+        held: list[corral.Sandbox] = []  # deleted after each batch
+
+        def acquires(pool: corral.Pool) -> None:
+            held.extend(pool.acquire(timeout=30) for _ in range(per))
+
+        for _ in range(batches):
+            for name in urls:
+                client, sb, pool = clients[name], sbs[name], pools[name]
+                batch("health", name, functools.partial(_repeat, per, client.health))
+                batch("exec", name, functools.partial(_repeat, per, sb.exec, ["true"]))
+                pool.wait_ready(timeout=300)
+                time.sleep(0.05)  # the last refill's teardown and bookkeeping done
+                batch("acquire", name, functools.partial(acquires, pool))
+                for s in held:
+                    s.delete()
+                held.clear()
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def _repeat(k: int, fn, *args) -> None:
+    for _ in range(k):
+        fn(*args)
+
+
 def _tree(ref: str, into: Path) -> Path:
     """A detached worktree of ``ref`` under ``into``; its ``src`` directory."""
     subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", "-q",
@@ -254,30 +337,43 @@ def main() -> int:
         return 0
     ap = bench_args.parser(__doc__)
     ap.add_argument("--baseline", metavar="REF", help="also measure git ref REF, interleaved")
+    ap.add_argument("--paired-only", action="store_true",
+                    help="only the paired batches (no per-round figures)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
         return 1
-    n = bench_args.pick(args, 300, 100, 5)
-    rounds = bench_args.pick(args, 5, 3, 1)
     trees = {"current": HERE.parent / "src"}
     with tempfile.TemporaryDirectory(prefix="corral-bench-cpu-") as tmp:
         try:
             if args.baseline:
                 trees["baseline"] = _tree(args.baseline, Path(tmp) / "baseline")
-            runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
-            for _ in range(rounds):
-                for name, src in trees.items():  # interleaved: load drifts hit both
-                    runs[name].append(_round(src, n))
+            res = {} if args.paired_only else rounds(args, trees)
+            res.update(paired(args, trees))
         finally:
             if args.baseline:
                 subprocess.run(["git", "-C", str(HERE.parent), "worktree", "remove", "--force",
                                 str(Path(tmp) / "baseline")], check=False)
-    res: dict[str, float] = {"load_1min": os.getloadavg()[0]}
+    res["load_1min"] = os.getloadavg()[0]
+    print(f"load {res['load_1min']:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+def rounds(args, trees: dict[str, Path]) -> dict[str, float]:
+    """Whole rounds (a daemon each), the trees interleaved; medians per figure."""
+    n = bench_args.pick(args, 300, 100, 5)
+    count = bench_args.pick(args, 5, 3, 1)
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+    for _ in range(count):
+        for name, src in trees.items():  # interleaved: load drifts hit both
+            runs[name].append(_round(src, n))
+    res: dict[str, float] = {}
     for name, figs in runs.items():
         for key in figs[0]:
             res[f"{name}_{key}"] = statistics.median(f[key] for f in figs)
-    print(f"load {res['load_1min']:.1f}; medians of {rounds} round(s), ms per operation")
+    print(f"load {os.getloadavg()[0]:.1f}; medians of {count} round(s), ms per operation")
     print(f"{'figure':38} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if args.baseline else ""))
     for key in runs["current"][0]:
         line = f"{key:38} {res['current_' + key]:9.3f}"
@@ -285,21 +381,27 @@ def main() -> int:
             base = res["baseline_" + key]
             line += f" {base:9.3f} {res['current_' + key] / base if base else float('nan'):6.2f}"
         print(line)
+    return res
+
+
+def paired(args, trees: dict[str, Path]) -> dict[str, float]:
+    """The paired batches: transports, loops, and (with a baseline) the two trees."""
     batches, per = bench_args.pick(args, (12, 60), (8, 40), (1, 5))
     sys.path.insert(0, str(HERE.parent / "src"))
-    paired = {**paired_transport(batches, per), **paired_loops(batches, per)}
+    got = {**paired_transport(batches, per), **paired_loops(batches, per)}
+    if "baseline" in trees:
+        got.update(paired_trees(batches, per, trees["baseline"]))
     print(f"paired batches ({batches} x {per}), ms per operation")
-    for key, value in paired.items():
+    for key, value in got.items():
         print(f"{key:46} {value:9.3f}")
     for a, b in (("paired_async_exec_client_cpu_ms_direct", "paired_async_exec_client_cpu_ms_anyio"),
                  ("paired_exec_daemon_cpu_ms_uvloop", "paired_exec_daemon_cpu_ms_asyncio"),
-                 ("paired_lifecycle_daemon_cpu_ms_uvloop", "paired_lifecycle_daemon_cpu_ms_asyncio")):
-        if a in paired and paired[b]:
-            print(f"ratio {a.removeprefix('paired_')} / {b.rsplit('_', 1)[1]}: {paired[a] / paired[b]:.2f}")
-    res.update(paired)
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
-    return 0
+                 ("paired_lifecycle_daemon_cpu_ms_uvloop", "paired_lifecycle_daemon_cpu_ms_asyncio"),
+                 *((f"paired_{op}_{who}_cpu_ms_current", f"paired_{op}_{who}_cpu_ms_baseline")
+                   for op in ("health", "exec", "acquire") for who in ("client", "daemon"))):
+        if a in got and got[b]:
+            print(f"ratio {a.removeprefix('paired_')} / {b.rsplit('_', 1)[1]}: {got[a] / got[b]:.2f}")
+    return got
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
 from corral.schema import DEFAULT_TIMEOUT_S, SandboxInfo, SandboxSpec
+from corral.server.coalesce import CoalescedWrites
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 65_536  # values (array elements, object members) in one JSON body
@@ -193,8 +194,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _refused = False
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # a response's headers and body leave in one send (corral.server.coalesce)
+        super().connection_made(CoalescedWrites(transport, self.loop))
         self._arm()
+
+    def handle_websocket_upgrade(self) -> None:
+        # the WebSocket protocol gets the socket's own transport, with nothing held
+        if isinstance(self.transport, CoalescedWrites):
+            self.transport.flush()
+            self.transport = self.transport.raw
+        super().handle_websocket_upgrade()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
