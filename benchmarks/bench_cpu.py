@@ -278,23 +278,24 @@ def paired_trees(batches: int, per: int, baseline: Path) -> dict[str, float]:
         clients = {k: stack.enter_context(corral.Client(u)) for k, u in urls.items()}
         sbs = {k: stack.enter_context(corral.Sandbox.create(memory_mb=128, client=c))
                for k, c in clients.items()}
-        pools = {k: stack.enter_context(corral.Pool(image="python", memory_mb=128, min_ready=per,
-                                                    max_size=per, client=c))
+        grab = max(1, per // 4)  # acquires per batch: each is a create to refill
+        pools = {k: stack.enter_context(corral.Pool(image="python", memory_mb=128, min_ready=grab,
+                                                    max_size=grab, client=c))
                  for k, c in clients.items()}
 
-        def batch(key: str, name: str, run) -> None:
+        def batch(key: str, name: str, run, ops: int = per) -> None:
             pid = pids[name]
             me, own = time.process_time(), _daemon_cpu(pid)[0]
             run()
             got.setdefault(f"paired_{key}_client_cpu_ms_{name}", []).append(
-                (time.process_time() - me) / per * 1000)
+                (time.process_time() - me) / ops * 1000)
             got.setdefault(f"paired_{key}_daemon_cpu_ms_{name}", []).append(
-                (_daemon_cpu(pid)[0] - own) / per * 1000)
+                (_daemon_cpu(pid)[0] - own) / ops * 1000)
 
         held: list[corral.Sandbox] = []  # deleted after each batch
 
         def acquires(pool: corral.Pool) -> None:
-            held.extend(pool.acquire(timeout=30) for _ in range(per))
+            held.extend(pool.acquire(timeout=30) for _ in range(grab))
 
         for _ in range(batches):
             for name in urls:
@@ -303,7 +304,7 @@ def paired_trees(batches: int, per: int, baseline: Path) -> dict[str, float]:
                 batch("exec", name, functools.partial(_repeat, per, sb.exec, ["true"]))
                 pool.wait_ready(timeout=300)
                 time.sleep(0.05)  # the last refill's teardown and bookkeeping done
-                batch("acquire", name, functools.partial(acquires, pool))
+                batch("acquire", name, functools.partial(acquires, pool), grab)
                 for s in held:
                     s.delete()
                 held.clear()
@@ -338,7 +339,7 @@ def main() -> int:
     ap = bench_args.parser(__doc__)
     ap.add_argument("--baseline", metavar="REF", help="also measure git ref REF, interleaved")
     ap.add_argument("--paired-only", action="store_true",
-                    help="only the paired batches (no per-round figures)")
+                    help="only the paired batches (with --baseline: only the two trees')")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (the daemon runs real sandboxes)")
@@ -388,7 +389,9 @@ def paired(args, trees: dict[str, Path]) -> dict[str, float]:
     """The paired batches: transports, loops, and (with a baseline) the two trees."""
     batches, per = bench_args.pick(args, (12, 60), (8, 40), (1, 5))
     sys.path.insert(0, str(HERE.parent / "src"))
-    got = {**paired_transport(batches, per), **paired_loops(batches, per)}
+    got: dict[str, float] = {}
+    if not (args.paired_only and "baseline" in trees):
+        got.update({**paired_transport(batches, per), **paired_loops(batches, per)})
     if "baseline" in trees:
         got.update(paired_trees(batches, per, trees["baseline"]))
     print(f"paired batches ({batches} x {per}), ms per operation")

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def private_daemon(prefix: str, *args: str) -> Iterator[str]:
     try:
         yield f"unix://{base / 'corral.sock'}"
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stop; SIGTERM would hand its sandboxes over
         proc.wait(30)
         shutil.rmtree(base, ignore_errors=True)
 
