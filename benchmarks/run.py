@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -273,7 +274,7 @@ def main() -> int:
                 failed.append(stage)
     finally:
         if daemon is not None:
-            daemon.terminate()
+            daemon.send_signal(signal.SIGINT)  # stop; SIGTERM would hand sandboxes over
             try:
                 daemon.wait(60)
             except subprocess.TimeoutExpired:
