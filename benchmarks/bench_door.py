@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -135,7 +136,7 @@ def main() -> int:
         for c in clients.values():
             c.close()
         for p in procs.values():
-            p.terminate()
+            p.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
             p.wait(30)
         for b in bases.values():
             shutil.rmtree(b, ignore_errors=True)

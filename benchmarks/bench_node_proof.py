@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -79,7 +80,7 @@ def main() -> int:
                         http.get(url, headers=headers).raise_for_status()
                         times[name][what].append((time.perf_counter() - t) * 1000)
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
         proc.wait(30)
         shutil.rmtree(base, ignore_errors=True)
     res: dict[str, float] = {}

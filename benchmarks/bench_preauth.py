@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import selectors
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -226,7 +227,7 @@ def main() -> int:
                 attack = dict(stats)
             again = _rounds(admin, n)
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
         proc.wait(30)
         log_bytes = (base / "daemon.log").stat().st_size
         shutil.rmtree(base, ignore_errors=True)

@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -75,7 +76,7 @@ def private_daemon(token: str) -> Iterator[tuple[str, str]]:
                 time.sleep(0.05)
         yield f"unix://{sock}", f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
         proc.wait(30)
         shutil.rmtree(base, ignore_errors=True)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import sys
@@ -83,7 +84,7 @@ def main() -> int:
                 for sb in boxes.values():
                     sb.delete()
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
         proc.wait(30)
         shutil.rmtree(base, ignore_errors=True)
     res: dict[str, float] = {}

@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -156,7 +157,7 @@ def main() -> int:
             res["root_and_layers_mb"] = statistics.median(root_bytes) / 1e6
     finally:
         for p in procs:
-            p.terminate()
+            p.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:

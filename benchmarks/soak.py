@@ -25,6 +25,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -160,7 +161,7 @@ def main() -> int:
     try:
         out = asyncio.run(soak(f"unix://{base / 'corral.sock'}", proc.pid, args))
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
         proc.wait(60)
         shutil.rmtree(base, ignore_errors=True)
     brief = {k: v for k, v in out.items() if k != "samples"}
