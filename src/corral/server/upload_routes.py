@@ -17,8 +17,11 @@ that reply was lost); a file is never seen half-written at its path.
 
 An upload belongs to its caller's tenant and its sandbox: an id used by anyone else, or
 with another sandbox, is answered exactly as an unknown one (``upload_not_found``). At
-most :data:`MAX_UPLOADS` open per sandbox; ``size`` at most the sandbox's ``disk_mb``;
-uploads of a sandbox that ended, and any idle for :data:`IDLE_S`, are dropped.
+most :data:`MAX_UPLOADS` open per sandbox; the sizes of a sandbox's open uploads add
+up to at most its ``disk_mb`` (sixteen of them each as large would stage 16x its disk
+on the host), and all open uploads fit above the state directory's disk reserve
+(:func:`~corral.runtime.storage.room_above_reserve`, ``storage_full`` else); uploads of
+a sandbox that ended, and any idle for :data:`IDLE_S`, are dropped.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from corral.errors import (
     FileTooLarge,
     InvalidArgument,
     InvalidState,
+    StorageFull,
     UploadNotFound,
 )
 from corral.runtime.pathutil import resolve_path
+from corral.runtime.storage import room_above_reserve
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.wire import paced
@@ -82,13 +87,27 @@ class Uploads:
         shutil.rmtree(root, ignore_errors=True)  # a previous daemon's: nobody can resume them
         self._by_id: dict[str, Upload] = {}
 
-    def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int) -> Upload:
-        if sum(u.sandbox_id == sandbox_id and not u.done
-               for u in self._by_id.values()) >= MAX_UPLOADS:
+    def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int,
+            disk_bytes: int) -> Upload:
+        mine = [u for u in self._by_id.values() if u.sandbox_id == sandbox_id and not u.done]
+        if len(mine) >= MAX_UPLOADS:
             raise InvalidState(f"sandbox {sandbox_id} has {MAX_UPLOADS} uploads open: finish "
                                "or abandon some (DELETE .../uploads/ID)",
                                details={"sandbox_id": sandbox_id})
+        held = sum(u.size for u in mine)
+        if held + size > disk_bytes:
+            raise FileTooLarge(
+                f"sandbox {sandbox_id}'s open uploads already declare {held} bytes: {size} more "
+                f"do not fit its disk_mb ({disk_bytes >> 20}); finish or abandon some first",
+                details={"size": size, "open_bytes": held, "disk_mb": disk_bytes >> 20})
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        owed = sum(u.size - u.offset for u in self._by_id.values() if not u.done)
+        room = room_above_reserve(self.root)
+        if owed + size > room:
+            raise StorageFull(
+                f"no room for {size} more bytes of uploads under {self.root} (the host's disk "
+                "keeps its reserve free): finish or abandon open uploads, or free space there",
+                details={"path": str(self.root), "size": size, "room": max(0, room - owed)})
         uid = "up-" + secrets.token_hex(16)
         part = self.root / f"{uid}.part"
         part.touch(mode=0o600)
@@ -147,7 +166,8 @@ async def create_upload(request: Request, body: UploadCreate) -> Response:
     reg = uploads(request)
     reg.sweep(caller_of(request).name,
               {i.id for i in ctx.engine(request).list() if not i.state.terminal})
-    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8))
+    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8),
+                 info.spec.disk_mb << 20)
     return JSONResponse(up.state(), status_code=201)
 
 
@@ -182,6 +202,8 @@ async def patch_upload(request: Request) -> Response:
             raise InvalidState(f"the upload is at byte {up.offset} of {up.size}, not {offset}: "
                                "resume from there", details={"offset": up.offset})
         await _receive(request, up)
+        # abandoned (DELETE) while its bytes came: UploadNotFound, not a traceback
+        uploads(request).get(caller_of(request).name, up.sandbox_id, up.id)
         if up.offset == up.size and not up.done:
             await _finish(request, up)
     finally:
