@@ -26,10 +26,17 @@ import posixpath
 import shlex
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from corral.errors import DockerfileError, FileNotFound, ImageBuildError, InvalidArgument
+from corral.errors import (
+    CorralError,
+    DockerfileError,
+    FileNotFound,
+    ImageBuildError,
+    InvalidArgument,
+)
 from corral.image_schema import BuildEvent, BuildStats, relative_copy_source
 from corral.runtime.distribution import is_reference
 from corral.runtime.dockerfile import Source, Stage, parse_dockerfile
@@ -183,6 +190,12 @@ async def _export(engine: Any, image: str, path: str, work: Path) -> Path:
     try:
         try:
             top = await engine.stat(info.id, path)
+            if top.is_symlink:
+                # The source itself a link: followed inside the image, as Docker does.
+                # Exported as a link, the copy step would follow it on the host (as root:
+                # a stage's ``ln -s /etc/shadow /x`` copied the host's file in).
+                top = replace(top, is_symlink=False, mode=0o755,
+                              is_dir=await _is_dir(engine, info.id, top.path))
         except FileNotFound:
             raise ImageBuildError(f"COPY --from: {path} does not exist in {image}",
                                   details={"image": image, "path": path}) from None
@@ -196,6 +209,18 @@ async def _export(engine: Any, image: str, path: str, work: Path) -> Path:
         return dest
     finally:
         await engine.delete(info.id)
+
+
+async def _is_dir(engine: Any, sid: str, path: str) -> bool:
+    """Whether ``path`` is (or links to) a directory in the sandbox; FileNotFound if it
+    leads nowhere there."""
+    try:
+        await engine.list_dir(sid, path)
+    except FileNotFound:
+        raise
+    except CorralError:  # ENOTDIR: a file
+        return False
+    return True
 
 
 async def _export_dir(engine: Any, sid: str, path: str, dest: Path, budget: list[int]) -> None:
@@ -222,6 +247,10 @@ async def _export_one(engine: Any, sid: str, entry: Any, dest: Path, budget: lis
         raise ImageBuildError(f"COPY --from copies more than {MAX_EXPORT_BYTES} bytes",
                               details={"path": entry.path})
     data = await engine.read_file(sid, entry.path, max_bytes=MAX_EXPORT_BYTES)
+    budget[0] -= max(0, len(data) - entry.size)  # a followed link's size is its target's
+    if budget[0] < 0:
+        raise ImageBuildError(f"COPY --from copies more than {MAX_EXPORT_BYTES} bytes",
+                              details={"path": entry.path})
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
