@@ -159,3 +159,26 @@ def test_an_upload_abandoned_while_its_bytes_come_is_not_found_not_a_traceback(t
         assert not sb.files.exists("f")
         sb.delete()
     no_traceback(team)
+
+
+def test_a_number_in_unicode_digits_is_a_typed_400_not_a_traceback(team):
+    """A hostile TCP client: ``"²".isdigit()`` is true but ``int("²")`` fails, so an
+    ``Upload-Offset``, a ``limit`` or a ``max_mb`` of superscript digits passed the check
+    and raised ValueError: a 500 and a traceback. Such numbers are 400 ``invalid_argument``."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {team.tokens['alice']}"}
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice, \
+            httpx.Client(base_url=team.url, headers=auth, timeout=60) as http:
+        sb = corral.Sandbox.create(memory_mb=64, client=alice)
+        base = f"/v1/sandboxes/{sb.id}"
+        uid = http.post(f"{base}/uploads", json={"path": "f", "size": 4}).json()["upload_id"]
+        replies = [
+            http.patch(f"{base}/uploads/{uid}", content=b"abcd",
+                       headers={"Upload-Offset": "\u00b2".encode("latin-1")}),
+            http.get(f"{base}/logs", params={"limit": "\u00b2"}),
+            http.post("/v1/volumes", params={"name": "v", "max_mb": "\u00b3"}, content=b""),
+        ]
+        assert [r.status_code for r in replies] == [400] * 3, [r.text for r in replies]
+        sb.delete()
+    no_traceback(team)

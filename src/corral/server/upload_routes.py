@@ -182,7 +182,7 @@ async def abandon_upload(request: Request) -> Response:
 
 def _offset(request: Request) -> int:
     raw = request.headers.get("upload-offset", "")
-    if not raw.isdigit():
+    if not raw.isdecimal():
         raise InvalidArgument("send the header Upload-Offset: N (the upload's offset, from "
                               "GET .../uploads/ID)")
     return int(raw)
