@@ -207,11 +207,11 @@ def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True,
         result["memory_note"] = memory.why
     if sweep:
         kill_others()
-    if guard is not None and guard.why():  # last: its leftovers too, until the sweep
-        result["status"], result["why"] = "disturbed", guard.why()
         cpu, rss = _reap()  # what it left behind counts: its CPU, its peak
         result["cpu"] += cpu
         result["rss"] = max(result["rss"], rss)
+    if guard is not None and guard.why():  # last: its leftovers too, until the sweep
+        result["status"], result["why"] = "disturbed", guard.why()
     return result
 
 
