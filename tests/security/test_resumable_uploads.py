@@ -4,7 +4,8 @@ A connection killed mid-body leaves the upload at the bytes that arrived and the
 resumes from there; the SDK's ``files.upload(..., resumable=True)`` sends parts; an
 upload id is its tenant's and its sandbox's only (another tenant's id is unknown); an
 upload that lies about its size, or resumes from the wrong offset, is refused typed;
-open uploads stage no more than their sandbox's disk_mb, nor eat the host's disk reserve.
+open uploads stage no more than their sandbox's disk_mb, nor eat the host's disk reserve,
+and go with their sandbox.
 """
 
 from __future__ import annotations
@@ -125,12 +126,21 @@ def test_open_uploads_cannot_stage_more_than_the_sandbox_or_the_host_holds(team)
         alice.request("POST", base, json={"path": "a", "size": 40 << 20})
         with pytest.raises(FileTooLarge, match="open uploads already declare"):
             alice.request("POST", base, json={"path": "b", "size": 40 << 20})
-        alice.request("POST", base, json={"path": "b", "size": 24 << 20})  # what is left
+        up = alice.request("POST", base, json={"path": "b", "size": 24 << 20}).json()
+        alice.request("PATCH", f"{base}/{up['upload_id']}", content=b"x" * (1 << 20),
+                      headers={"Upload-Offset": "0"})  # a part staged on the host
+        staged = team.daemon.state_dir / "uploads" / f"{up['upload_id']}.part"
+        assert staged.stat().st_size == 1 << 20
+        sb.delete()  # its uploads go with it (a revoked tenant never sweeps its own)
+        for _ in range(100):
+            if not staged.exists():
+                break
+            time.sleep(0.05)
+        assert not staged.exists()
         huge = corral.Sandbox.create(memory_mb=64, disk_mb=1 << 22, client=alice)
         with pytest.raises(StorageFull):  # 4 TiB: more than this host's disk keeps free
             alice.request("POST", f"/v1/sandboxes/{huge.id}/uploads",
                           json={"path": "x", "size": (1 << 42) - 1})
-        sb.delete()
         huge.delete()
     no_traceback(team)
 

@@ -21,7 +21,7 @@ most :data:`MAX_UPLOADS` open per sandbox; the sizes of a sandbox's open uploads
 up to at most its ``disk_mb`` (sixteen of them each as large would stage 16x its disk
 on the host), and all open uploads fit above the state directory's disk reserve
 (:func:`~corral.runtime.storage.room_above_reserve`, ``storage_full`` else); uploads of
-a sandbox that ended, and any idle for :data:`IDLE_S`, are dropped.
+a sandbox that ended go with it, and any idle for :data:`IDLE_S` are dropped.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from corral.errors import (
     StorageFull,
     UploadNotFound,
 )
+from corral.runtime.events import SandboxEnded
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.storage import room_above_reserve
 from corral.server import context as ctx
@@ -127,6 +128,12 @@ class Uploads:
         self._by_id.pop(up.id, None)
         up.part.unlink(missing_ok=True)
 
+    def ended(self, event: SandboxEnded) -> None:
+        """A sandbox ended: its uploads go, whoever's (a revoked tenant never comes back
+        to sweep its own; a PATCH still receiving finds its upload gone)."""
+        for up in [u for u in self._by_id.values() if u.sandbox_id == event.sandbox_id]:
+            self.drop(up)
+
     def sweep(self, owner: str | None, alive: set[str]) -> None:
         """Drop ``owner``'s uploads of sandboxes not in ``alive`` (its running ones) and
         those idle too long."""
@@ -142,7 +149,9 @@ class Uploads:
 def uploads(request: Request) -> Uploads:
     state = request.app.state
     if getattr(state, "uploads", None) is None:
-        state.uploads = Uploads(ctx.engine(request).layout.state_dir / "uploads")
+        engine = ctx.engine(request)
+        state.uploads = Uploads(engine.layout.state_dir / "uploads")
+        engine.events.subscribe(SandboxEnded, state.uploads.ended)
     return state.uploads  # type: ignore[no-any-return]
 
 
