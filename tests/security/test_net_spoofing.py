@@ -48,7 +48,7 @@ async def net():
     from corral.runtime.engine import Engine
 
     logs = Path(tempfile.mkdtemp(prefix="corral-spoof-"))
-    with server_ns(10, "GOOD", udp_log=str(logs / "good")) as good:
+    with server_ns(250, "GOOD", udp_log=str(logs / "good")) as good:  # an octet no other module uses (xdist)
         eng = await Engine.open(tempfile.mkdtemp(prefix="corral-test-state-"))
         try:
             yield eng, good, logs / "good"
