@@ -24,7 +24,6 @@ import lzma
 import os
 import posixpath
 import shlex
-import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from corral.errors import (
     DockerfileError,
     FileNotFound,
     ImageBuildError,
+    ImageImportError,
     InvalidArgument,
 )
 from corral.image_schema import BuildEvent, BuildStats, relative_copy_source
@@ -43,6 +43,7 @@ from corral.runtime.dockerfile import Source, Stage, parse_dockerfile
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import BUILD_TAG, BuildResult, ImageBuild, host_cpus
 from corral.runtime.image_pull import SCRATCH, ensure_scratch, pull_image
+from corral.runtime.layer_codec import copy_bounded, expansion_limit
 from corral.runtime.oci import apply_layer
 from corral.schema import NetworkMode, SandboxSpec
 
@@ -173,7 +174,10 @@ def _unpack_tar(archive: Path, work: Path) -> None:
     opener = (gzip.open if head.startswith(b"\x1f\x8b") else bz2.open if head.startswith(b"BZh")
               else lzma.open if head.startswith(b"\xfd7zXZ") else open)
     with opener(archive, "rb") as fin, open(plain, "wb") as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
+        try:  # bounded: a small bzip2 or xz of zeros expands to terabytes
+            copy_bounded(fin, fout, expansion_limit(plain), f"ADD {archive.name}")
+        except ImageImportError as exc:
+            raise ImageBuildError(exc.message, details=exc.details) from None
     tree = work / "tree"
     tree.mkdir(mode=0o755)
     apply_layer(tree, plain)  # no path or link out of the tree, no device, no set-id bit
