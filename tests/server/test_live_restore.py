@@ -218,13 +218,22 @@ def test_a_policy_sandbox_survives_a_kill9_with_its_network(host: Host, monkeypa
         for var in PROXY_VARS:  # the daemon dials the test's server itself
             monkeypatch.delenv(var, raising=False)
         _restart(host, "kill9")  # a daemon started with the mapping
-        with _client(host) as c:
+        with _client(host) as c:  # on a private network too, with a peer (net/private.py)
+            net = corral.Network.create("ep", private=True, client=c)
             sb = corral.Sandbox.create(client=c, memory_mb=64, timeout=600,
-                                       network={"allow": ["good.test"]})
+                                       network=net.member("a", allow=["good.test"]))
+            peer = corral.Sandbox.create(client=c, memory_mb=64, timeout=600,
+                                         network=net.member("b"))
+            peer.exec(["sh", "-c", "nohup python3 -m http.server 8080 >/dev/null 2>&1 &"])
             assert sb.exec(["python3", "-c", probe], timeout=60).stdout.strip() == "GOOD GET / HTTP/1.0"
         _restart(host, "kill9")
         with _client(host) as c:
             sb = corral.Sandbox.connect(sb.id, client=c)
             assert sb.state == corral.SandboxState.RUNNING
             assert sb.exec(["python3", "-c", probe], timeout=60).stdout.strip() == "GOOD GET / HTTP/1.0"
+            to_peer = probe.replace("('good.test', 80)", "('b', 8080)")
+            _poll(lambda: "Directory listing" in sb.exec(["python3", "-c", to_peer]).stdout,
+                  "the peer, by name, on the bridge kept through the restart")
             sb.delete()
+            corral.Sandbox.connect(peer.id, client=c).delete()
+            corral.Network("ep", client=c).delete()  # no member left
