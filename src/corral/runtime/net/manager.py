@@ -62,6 +62,7 @@ class Attached:
     udp: list[tuple[str, str]] = field(default_factory=list)  # the kernel's allow entries
     # their first setting, made while the sandbox starts (settle() waits for it)
     udp_set: Future[None] | None = None
+    private_set: Future[None] | None = None  # its place on a private network (the same)
     since: float = field(default_factory=time.time)
     open: int = 0  # connections accepted and not yet closed (relayed or being read)
     lookups: asyncio.Semaphore = field(
@@ -161,13 +162,14 @@ class NetworkManager:
         try:
             if policy.max_mbps is not None:
                 await asyncio.to_thread(netns.shape, link, policy.max_mbps)
-            if policy.join is not None:
-                await asyncio.to_thread(self.private.join, owner, policy.join, sandbox_id,
-                                        policy.alias, link)
+            place = None if policy.join is None else self.private.reserve(
+                owner, policy.join, sandbox_id, policy.alias)  # InvalidState now
         except BaseException:
             await asyncio.to_thread(self._teardown, link)
             raise
         att = Attached(sandbox_id, link, compiled)
+        if place is not None:  # linked to the bridge while the sandbox starts, as UDP's
+            att.private_set = self._nft.submit(self.private.plug, *place, link)
         # the UDP entries go in while the sandbox starts (no code of its runs before
         # READY; the engine settles them then): a create waits for no nft call
         att.udp = compiled.udp_entries()
@@ -177,10 +179,12 @@ class NetworkManager:
         return link
 
     async def settle(self, sandbox_id: str) -> None:
-        """Wait until the sandbox's UDP entries are in (its first policy's)."""
+        """Wait until the sandbox's UDP entries are in (its first policy's), and its
+        place on a private network."""
         att = self._by_id.get(sandbox_id)
-        if att is not None and att.udp_set is not None:
-            await asyncio.wrap_future(att.udp_set)
+        for made in (att.udp_set, att.private_set) if att is not None else ():
+            if made is not None:
+                await asyncio.wrap_future(made)
 
     async def _set_udp(self, att: Attached, compiled: Compiled) -> None:
         await self.settle(att.sandbox_id)
@@ -253,6 +257,8 @@ class NetworkManager:
             return
         self._by_ip.pop(att.link.sandbox_ip, None)
         self._by_ip.pop(att.link.sandbox_ip6, None)
+        if att.private_set is not None:
+            att.private_set.exception()  # waits: not left before it is plugged
         self.private.leave(sandbox_id)
         try:  # the link's index is reused: its UDP entries go with it
             if att.udp_set is None or att.udp_set.exception() is None:  # waits for it
@@ -334,7 +340,6 @@ class NetworkManager:
                 continue
             self.cut_all(sid)
             await asyncio.to_thread(self.detach, sid)
-        await asyncio.to_thread(self.private.close)  # a handed-over member's bridge stays
         self._proxy.close()
         self._udp.close()
         self._resolver.close()

@@ -37,7 +37,6 @@ import os
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from corral.errors import CapacityExceeded, InvalidState
 from corral.runtime.net.netns import NETNS_DIR, Link, _run
@@ -108,14 +107,16 @@ def _nft_in(netns: str, script: str) -> None:
 class PrivateNets:
     """The private networks of one engine (``table``: its name prefixes theirs).
 
-    Blocking calls (``ip``, ``nft``): call them from threads; one lock orders them, so a
-    network's last member leaving never races its next one joining."""
+    Places are taken in memory (:meth:`reserve`); the kernel's part (``ip``, ``nft``:
+    blocking, call it from threads) is ordered by one lock, so a network's last member
+    leaving never races its next one joining."""
 
     def __init__(self, table: str) -> None:
         self.prefix = table.replace("_", "-") + "-pn-"
         self.groups: dict[tuple[str | None, str], Group] = {}
         self.of: dict[str, tuple[str | None, str]] = {}  # sandbox id -> its group's key
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the records
+        self._kernel = threading.Lock()  # namespaces, links, the guard's elements
 
     def _netns(self, owner: str | None, name: str) -> str:
         digest = hashlib.sha256(f"{owner or ''}\0{name}".encode()).hexdigest()[:16]
@@ -137,9 +138,10 @@ class PrivateNets:
         other = found[0].find(name) if found else None
         return other.ip if other else None
 
-    def join(self, owner: str | None, name: str, sandbox_id: str, alias: str | None,
-             link: Link) -> Member:
-        """Put ``link``'s namespace on the network (made at its first member)."""
+    def reserve(self, owner: str | None, name: str, sandbox_id: str, alias: str | None
+                ) -> tuple[Group, Member]:
+        """A place on the network (an address; the alias checked): at once, in memory.
+        :meth:`plug` then links the sandbox's namespace to the bridge."""
         with self._lock:
             group = self.groups.get((owner, name))
             if group is not None and alias is not None and group.find(alias) is not None:
@@ -147,18 +149,18 @@ class PrivateNets:
                                    "another", details={"network": name, "alias": alias})
             if group is None:
                 group = Group(self._netns(owner, name), self._free_subnet())
-                self._make(group.netns)
                 self.groups[(owner, name)] = group
             member = Member(sandbox_id, group.free_ip(), alias)
-            try:
-                self._plug(group.netns, member, link)
-            except BaseException:
-                if not group.members:
-                    self._drop(owner, name)
-                raise
             group.members[sandbox_id] = member
             self.of[sandbox_id] = (owner, name)
-            return member
+            return group, member
+
+    def plug(self, group: Group, member: Member, link: Link) -> None:
+        """Put ``link``'s namespace on the bridge (made at the first member); blocking."""
+        with self._kernel:
+            if not (NETNS_DIR / group.netns).exists():
+                self._make(group.netns)
+            self._plug(group.netns, member, link)
 
     def adopt(self, owner: str | None, name: str, sandbox_id: str, alias: str | None,
               link: Link) -> None:
@@ -178,21 +180,27 @@ class PrivateNets:
             self.of[sandbox_id] = (owner, name)
 
     def leave(self, sandbox_id: str) -> None:
-        """Take it off its network (the bridge goes with the last member)."""
+        """Take it off its network (the bridge goes with the last member); blocking."""
         with self._lock:
             key = self.of.pop(sandbox_id, None)
             group = self.groups.get(key) if key else None
             if group is None or key is None:
                 return
-            member = group.members.pop(sandbox_id)
+            member = group.members.pop(sandbox_id, None)
             if not group.members:
-                self._drop(*key)
-                return
-            subprocess.run(["ip", "netns", "exec", group.netns, "nft", "delete", "element",
-                            "bridge", "guard", "members", "{", self._element(member), "}"],
-                           capture_output=True, check=False)
-            subprocess.run(["ip", "-n", group.netns, "link", "del", member.port],
-                           capture_output=True, check=False)
+                del self.groups[key]
+        with self._kernel:
+            with self._lock:
+                again = self.groups.get(key)  # a member joined meanwhile: it keeps the bridge
+            if again is None:
+                subprocess.run(["ip", "netns", "del", group.netns], capture_output=True,
+                               check=False)
+            elif member is not None:
+                subprocess.run(["ip", "netns", "exec", group.netns, "nft", "delete",
+                                "element", "bridge", "guard", "members", "{",
+                                self._element(member), "}"], capture_output=True, check=False)
+                subprocess.run(["ip", "-n", group.netns, "link", "del", member.port],
+                               capture_output=True, check=False)
 
     def sweep(self) -> list[str]:
         """Remove this engine's private namespaces that no known group holds (a killed
@@ -205,13 +213,6 @@ class PrivateNets:
                                check=False)
                 gone.append(path.name)
         return gone
-
-    def close(self) -> None:
-        """Remove every bridge left without members (a handed-over member's stays)."""
-        with self._lock:
-            for key, group in list(self.groups.items()):
-                if not group.members:
-                    self._drop(*key)
 
     def _free_subnet(self) -> ipaddress.IPv4Network:
         taken = {g.subnet for g in self.groups.values()}
@@ -229,8 +230,6 @@ class PrivateNets:
 
     @staticmethod
     def _make(netns: str) -> None:
-        if (NETNS_DIR / netns).exists():  # a crashed owner's
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
         _run(["ip", "netns", "add", netns])
         try:
             _run(["ip", "-n", netns, "-batch", "-"],
@@ -252,9 +251,3 @@ class PrivateNets:
              f"link set {member.port} addrgenmode none\n"
              f"link set {member.port} master {BRIDGE}\nlink set {member.port} up\n")
         _nft_in(netns, f"add element bridge guard members {{ {self._element(member)} }}\n")
-
-    def _drop(self, owner: str | None, name: str) -> None:
-        group = self.groups.pop((owner, name), None)
-        netns = group.netns if group else self._netns(owner, name)
-        if Path(NETNS_DIR / netns).exists():
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
