@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 import corral
+from corral.cli.main import main
 from corral.errors import InvalidArgument, InvalidState, NetworkNotFound
 from tests.security.tenants_helpers import no_traceback, team_daemon
 
@@ -163,8 +164,20 @@ def test_a_member_cannot_forge_its_way(episode):
         subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "address", own], check=True)
 
 
-def test_joining_is_checked(team, episode):
+def test_joining_is_checked(team, episode, capsys):
     alice, net, db, app = episode
+    # the CLI: a private network, and a member joining it by alias with its own rules
+    cli = ["--url", team.url, "--token", team.tokens["alice"]]
+    assert main([*cli, "network", "create", "cli-ep", "--private"]) == 0
+    assert main([*cli, "create", "--memory-mb", "64", "--join", "cli-ep", "--alias", "w",
+                 "--allow", "pypi"]) == 0
+    sid = capsys.readouterr().out.split()[-1]
+    member = corral.Sandbox.connect(sid, client=alice)
+    assert (member.info.spec.network.join, member.info.spec.network.alias) == ("cli-ep", "w")
+    assert main([*cli, "network", "ls"]) == 0
+    assert "cli-ep\tallow=\tdeny=\tprivate" in capsys.readouterr().out.splitlines()
+    assert main([*cli, "create", "--alias", "w"]) == 2  # an alias needs --join
+    member.delete()
     corral.Network.create("open", allow=["pypi"], client=alice)
     bad = [({"join": "nope"}, NetworkNotFound), ({"join": "open"}, InvalidArgument),
            ({"alias": "x"}, InvalidArgument), ({"join": "ep", "alias": "db"}, InvalidState),
