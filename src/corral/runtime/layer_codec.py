@@ -22,7 +22,7 @@ import subprocess
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from corral.errors import ImageImportError
 from corral.runtime.storage import room_above_reserve
@@ -102,7 +102,13 @@ def expansion_limit(dest: Path) -> int:
     return min(max_pull_bytes(), room_above_reserve(dest.parent))
 
 
-def copy_bounded(src: IO[bytes], out: IO[bytes], limit: int, what: str) -> None:
+class Readable(Protocol):
+    """What :func:`copy_bounded` reads from (a file, a gzip, bz2 or lzma stream)."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+def copy_bounded(src: Readable, out: IO[bytes], limit: int, what: str) -> None:
     """Copy ``src`` to ``out``; :class:`~corral.errors.ImageImportError` past ``limit``
     bytes."""
     n = 0
