@@ -141,12 +141,17 @@ async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engi
     ps = (await engine.exec(copy.id, ["sh", "-c", "cat /proc/[0-9]*/comm"])).stdout.split()
     assert ps[0] == b"agent" and b"python3" in ps, ps
     assert engine.cgroup(copy.id).path != engine.cgroup(sb.id).path
-    # not yet: a checkpoint of a restored copy (docs/live.md, "Not done"); typed, and
-    # the copy goes on
-    with pytest.raises(Unsupported) as err:
-        await engine.checkpoint(copy.id)
-    assert err.value.details["cause"] == "criu_error", err.value.message
-    assert (await heap_count(engine, copy.id))[0] > first
+    # a chain of forks (tree search): the copy is checkpointed and restored again
+    snap2 = await engine.checkpoint(copy.id, name="live-counter-2")
+    grand = await engine.restore_checkpoint(snap2.id)
+    n2, heap2 = await heap_count(engine, grand.id)
+    assert heap2 == heap0 and n2 >= first
+    await asyncio.sleep(0.3)
+    assert (await heap_count(engine, grand.id))[0] > n2
+    assert (await engine.exec(grand.id, ["id", "-u"])).stdout.strip() == b"1000"
+    assert (await heap_count(engine, copy.id))[0] > first  # the copy went on
+    await engine.delete(grand.id)
+    assert await engine.delete_snapshot(snap2.id)
     await engine.delete(copy.id)
     assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
     assert await engine.delete_snapshot(snap.id)

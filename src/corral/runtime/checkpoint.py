@@ -50,6 +50,9 @@ CAUSES = (
     ("Can't setns", "nested_userns",
      "CRIU cannot enter the sandbox's namespaces from its user namespace"),
     ("doesn't have a proper root mount", "mount", "a mount of the sandbox is not external"),
+    ("on procfs: Permission denied", "criu_unpatched",
+     "this CRIU build cannot checkpoint a restored copy (it lacks corral's patch: "
+     f"{criu.BUILD})"),
     ("Unix socket", "agent_socket",
      "the agent's control socket belongs to the host's network namespace"),
 )
