@@ -13,6 +13,8 @@ import pytest
 
 from corral.errors import Unsupported
 from corral.runtime import checkpoint, criu
+from corral.runtime.engine import Engine
+from corral.runtime.layer_fetch import LayerFetcher
 from corral.runtime.paths import default_cache_dir
 
 COUNTER = (
@@ -115,13 +117,35 @@ async def heap_count(engine, sid) -> tuple[int, int]:
     raise AssertionError("the counter never wrote")
 
 
-async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engine, criu_cached):
+async def _does_not_travel_silently(engine, snap_id, tmp_path):
+    """On another node (a second engine) a live snapshot is refused typed, saying where
+    it is, rather than imported as files and restored without its processes."""
+    desc = engine.describe_snapshot(snap_id)
+    assert desc["kind"] == "live"
+    other = await Engine.open(tmp_path / "node-b")
+    try:
+        with pytest.raises(Unsupported) as err:
+            await LayerFetcher(other.snapshots).import_snapshot(desc, _no_layers, holder="node-a")
+        assert err.value.details["cause"] == "live_elsewhere"
+        assert "node-a" in err.value.message
+        assert other.list_snapshots() == []
+    finally:
+        await other.close()
+
+
+def _no_layers(digest, size):
+    raise AssertionError("a live snapshot's layers were fetched")
+
+
+async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engine, criu_cached,
+                                                                             tmp_path):
     sb = await engine.create(network="none", checkpointable=True, memory_mb=512)
     await engine.exec(sb.id, ["sh", "-c", HEAP_COUNTER])
     before, heap0 = await heap_count(engine, sb.id)
     snap = await engine.checkpoint(sb.id, name="live-counter")
     images = engine.checkpoint_images(snap.id)
     assert images is not None and images.stat().st_mode & 0o077 == 0
+    await _does_not_travel_silently(engine, snap.id, tmp_path)
     copy = await engine.restore_checkpoint(snap.id)
     assert copy.id != sb.id
     first, heap = await heap_count(engine, copy.id)

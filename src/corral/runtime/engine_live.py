@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound
-from corral.runtime import checkpoint, criu, live_images
+from corral.runtime import checkpoint, criu, layer_fetch, live_images
 from corral.runtime.engine_network import made_in
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
@@ -98,6 +98,14 @@ class LiveOps:
     def _kind(self, snap: SnapshotInfo) -> SnapshotInfo:
         live = self.checkpoint_images(snap.id) is not None
         return snap.model_copy(update={"kind": "live"}) if live else snap
+
+    def describe_snapshot(self, id_or_name: str) -> dict[str, Any]:
+        """What another node needs to restore a snapshot
+        (:func:`~corral.runtime.layer_fetch.describe`), with its ``kind``: a live one's
+        process images do not travel (:func:`~corral.runtime.layer_fetch.refuse_live`)."""
+        desc = layer_fetch.describe(self.snapshots, id_or_name)
+        desc["kind"] = self.get_snapshot(desc["id"]).kind
+        return desc
 
     def checkpoint_images(self, snapshot: str) -> Path | None:
         """The process images of a live snapshot (by id or name); None for a snapshot of
