@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from corral.errors import Unsupported
+from corral.errors import InvalidState, Unsupported
 from corral.runtime import checkpoint, criu
 from corral.runtime.engine import Engine
 from corral.runtime.layer_fetch import LayerFetcher
@@ -180,3 +180,40 @@ async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engi
     assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
     assert await engine.delete_snapshot(snap.id)
     assert not images.exists()
+
+
+async def test_hibernate_frees_the_slot_and_resume_brings_the_processes_back(engine, criu_cached):
+    sb = await engine.create(network="none", checkpointable=True, memory_mb=512)
+    await engine.exec(sb.id, ["sh", "-c", HEAP_COUNTER])
+    before, heap0 = await heap_count(engine, sb.id)
+    cgroup = engine.cgroup(sb.id)
+    info = await engine.hibernate(sb.id)
+    assert info.state.value == "paused" and info.id == sb.id
+    assert not any(d.exists() for d in cgroup._hierarchies())  # memory, cgroup, processes: gone
+    assert [s.kind for s in engine.list_snapshots()] == ["live"]  # on disk, as a checkpoint
+    with pytest.raises(InvalidState):  # the engine's exec does not wake it (the service does)
+        await engine.exec(sb.id, ["true"])
+    assert (await engine.hibernate(sb.id)).state.value == "paused"  # idempotent
+    info = await engine.resume(sb.id)
+    assert info.id == sb.id and info.state.value == "running"
+    n, heap = await heap_count(engine, sb.id)
+    assert heap == heap0 and n >= before  # it counts on, its heap intact
+    assert engine.list_snapshots() == []  # the checkpoint went once it ran
+    # a second round, then an end while hibernated takes its checkpoint with it
+    await engine.hibernate(sb.id)
+    await engine.wake(sb.id)
+    assert (await heap_count(engine, sb.id))[0] >= n
+    await engine.hibernate(sb.id)
+    assert await engine.delete(sb.id)
+    for _ in range(100):
+        if not engine.list_snapshots():
+            break
+        await asyncio.sleep(0.02)
+    assert engine.list_snapshots() == []
+    assert list(checkpoint.images_root(engine.layout.state_dir, None).iterdir()) == []
+    # a sandbox that is not checkpointable is refused, typed, and runs on
+    plain = await engine.create(network="none")
+    with pytest.raises(InvalidState) as err:
+        await engine.hibernate(plain.id)
+    assert err.value.details["cause"] == "not_checkpointable"
+    assert (await engine.exec(plain.id, ["true"])).returncode == 0
