@@ -26,6 +26,7 @@ from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 if TYPE_CHECKING:
     from corral.runtime.events import Events
     from corral.runtime.live import Live
+    from corral.runtime.ownership import Owners
     from corral.runtime.registry import Registry
 
 HIBERNATED = "hibernated"  # the reason a hibernated sandbox's row gives
@@ -40,6 +41,7 @@ class HibernateOps:
         events: Events
         registry: Registry
         _tasks: set[asyncio.Task[Any]]
+        owners: Owners
 
         def _get_live(self, sandbox_id: str) -> Live: ...
         def get(self, sandbox_id: str) -> SandboxInfo: ...
@@ -105,8 +107,8 @@ class HibernateOps:
         """Restore a hibernated sandbox before it is used (the service layer calls this
         before an exec or a file operation); nothing for any other."""
         live = self._live.get(sandbox_id)
-        if live is not None and live.hibernated is not None:
-            await self.resume(sandbox_id)
+        if live is not None and live.hibernated is not None and self.owners.sees(live.spec):
+            await self.resume(sandbox_id)  # (another tenant's: the verb says not found)
 
     def _hibernated_ended(self, event: SandboxEnded) -> None:
         """A hibernated sandbox ended (stop, delete, timeout, engine close): its
