@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,35 @@ async def test_a_hibernated_sandbox_with_edited_images_resumes_confined_or_stays
             break
         await asyncio.sleep(0.02)
     assert not images.exists()
+
+
+def test_staged_images_are_links_only_the_restoring_slot_can_read(tmp_path):
+    """A restore reads the checkpoint's own files through hard links (no copy): the new
+    slot's root may read them until the restore ends, no other uid ever."""
+    uid, other = 3_000_000, 3_000_100  # two sandboxes' host uids (never used by a slot)
+    images = tmp_path / "snap"
+    images.mkdir(mode=0o700)
+    for name, data in (("pages-1.img", b"secret" * 1000), ("userns-1.img", b"forged"),
+                       (live_images.META, b"{}")):
+        (images / name).write_bytes(data)
+        os.chmod(images / name, 0o600)
+    dest = tmp_path / "sb" / "images"
+    dest.parent.mkdir()
+    live_images.stage(images, dest, uid=uid)
+    page = dest / "pages-1.img"
+    assert page.stat().st_ino == (images / "pages-1.img").stat().st_ino  # a link
+
+    def read_as(who: int, path: Path) -> bool:  # from its directory, as CRIU opens them
+        return subprocess.run(["setpriv", f"--reuid={who}", f"--regid={who}", "--clear-groups",
+                               "cat", path.name], cwd=path.parent,
+                              capture_output=True).returncode == 0
+
+    assert read_as(live_images.root_uid(uid), page)
+    assert not read_as(uid, page) and not read_as(other, page)
+    assert not read_as(live_images.root_uid(other), page)
+    assert not read_as(live_images.root_uid(uid), images / "pages-1.img")  # 0700 dir
+    assert (dest / "userns-1.img").read_bytes() == live_images.userns_image(uid)  # anew
+    assert not (dest / live_images.META).exists()
+    live_images.unstage(images, uid=uid)
+    assert not read_as(live_images.root_uid(uid), page)  # access taken back
+    assert stat.S_IMODE((images / "pages-1.img").stat().st_mode) & 0o077 in (0, 0o040)

@@ -16,6 +16,7 @@ import asyncio
 import os
 import shutil
 import socket
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,8 +184,12 @@ class LiveOps:
         live_images.check_restored(live.cgroup.pids(), outer=slot.proc.pid, uid=live.uid)
 
     def _restore_done(self, live: Live, ok: bool) -> str:
-        """Remove a restore's staged images; CRIU's errors if it failed."""
+        """Remove a restore's staged images (and its read access to the checkpoint's);
+        CRIU's errors if it failed."""
         dest = live.sandbox_dir / RESTORE_DIR
+        if live.images is not None:
+            with suppress(OSError):
+                live_images.unstage(live.images, uid=live.uid)
         errors = ""
         if not ok:
             try:
