@@ -434,7 +434,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
         slot.cgroup.restrict_devices(rules)
         if live.images is not None:
-            self._restored(live, slot)  # or InvalidState: a forged checkpoint
+            await self._restored(live, slot)  # or InvalidState: a forged checkpoint
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
 RESTORE_NETNS_TIMEOUT_S = 60.0
+HELPERS_WAIT_S = 2.0  # CRIU's action script exits at once (live_images.LO_UP)
 
 
 class LiveOps:
@@ -176,12 +177,24 @@ class LiveOps:
         slot.reattach.close()
         slot.sock, slot.reattach = ours, r_ours
 
-    def _restored(self, live: Live, slot: Slot) -> None:
+    async def _restored(self, live: Live, slot: Slot) -> None:
         """The restored agent answered: drop the staged images and check that every
         restored process is confined as a sandbox's are (a forged image cannot lift
-        that: :func:`~corral.runtime.live_images.check_restored`)."""
+        that: :func:`~corral.runtime.live_images.check_restored`). CRIU's own short-lived
+        children (its action script, run for each of its steps) are waited out: a
+        child of CRIU that is still there after :data:`HELPERS_WAIT_S` is not one."""
         self._restore_done(live, ok=True)
-        live_images.check_restored(live.cgroup.pids(), outer=slot.proc.pid, uid=live.uid)
+        outer = slot.proc.pid
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HELPERS_WAIT_S
+        while True:
+            try:
+                live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid)
+                return
+            except InvalidState as exc:
+                if loop.time() > deadline or _parent(exc.details["pid"]) not in (outer, None):
+                    raise
+            await asyncio.sleep(0.005)
 
     def _restore_done(self, live: Live, ok: bool) -> str:
         """Remove a restore's staged images (and its read access to the checkpoint's);
@@ -200,6 +213,15 @@ class LiveOps:
                 pass
         shutil.rmtree(dest, ignore_errors=True)
         return errors
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of host pid ``pid``; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(status.split("PPid:", 1)[1].split()[0])
 
 
 def _pairs() -> tuple[tuple[socket.socket, socket.socket], tuple[socket.socket, socket.socket]]:

@@ -38,6 +38,14 @@ CRIU_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # CRIU runs ip and iptables-restore
 _COMMON_MAGIC = 0x54564319  # CRIU's images/magic.h: IMG_COMMON_MAGIC
 _USERNS_MAGIC = 0x55474906  # USERNS_MAGIC
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+# A checkpointable sandbox's network namespace holds loopback alone (a policy's is
+# refused at checkpoint): rather than CRIU making it again (several `ip` and
+# `iptables-restore` runs), it is made empty and its loopback brought up, once the
+# namespaces exist and before any socket is restored (CRIU's setup-namespaces action).
+LO_UP = """#!/bin/sh
+[ "$CRTOOLS_SCRIPT_ACTION" = setup-namespaces ] || exit 0
+exec nsenter --target "$CRTOOLS_INIT_PID" --net ip link set lo up
+"""
 
 
 def mount_key(point: str, seen: dict[str, int]) -> str:
@@ -210,8 +218,12 @@ def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, i
     """CRIU's restore of the images staged in ``dest`` into the new sandbox's mounts,
     its agent given the new slot's channels. Run by the launcher, as root, in the new
     slot's cgroup (it stays CRIU's parent: ``-d`` is not given)."""
+    script = sandbox_dir / "lo-up.sh"  # not in dest: CRIU runs it after dest is gone
+    script.write_text(LO_UP)
+    os.chmod(script, 0o500)
     argv = ["/usr/bin/env", "-i", f"PATH={CRIU_PATH}", str(criu), "restore", "-D", str(dest),
             "-o", "restore.log", "--shell-job", "--network-lock", "skip",
+            "--empty-ns", "net", "--action-script", str(script),
             "--manage-cgroups=ignore", "--root", str(sandbox_dir / "root"),
             "--inherit-fd", f"fd[{ctl_fd}]:socket:[{meta['ctl']}]",
             "--inherit-fd", f"fd[{reattach_fd}]:socket:[{meta['reattach']}]"]
