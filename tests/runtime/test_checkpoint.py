@@ -16,6 +16,7 @@ from corral.runtime import checkpoint, criu
 from corral.runtime.engine import Engine
 from corral.runtime.layer_fetch import LayerFetcher
 from corral.runtime.paths import default_cache_dir
+from corral.runtime.terminal import TerminalSize
 
 COUNTER = (
     "nohup python3 -c 'import time\nb = bytearray(8 << 20)\ni = 0\nwhile True:\n"
@@ -217,3 +218,31 @@ async def test_hibernate_frees_the_slot_and_resume_brings_the_processes_back(eng
         await engine.hibernate(plain.id)
     assert err.value.details["cause"] == "not_checkpointable"
     assert (await engine.exec(plain.id, ["true"])).returncode == 0
+
+
+SERVER = ("nohup python3 -c 'import socket\ns = socket.socket()\n"
+          "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind((\"127.0.0.1\", 8123))\n"
+          "s.listen()\nn = 0\nwhile True:\n    c, _ = s.accept()\n    n += 1\n"
+          "    c.sendall(str(n).encode())\n    c.close()' >/dev/null 2>&1 &")
+CLIENT = ("python3 -c 'import socket, time\nfor _ in range(600):\n    try:\n"
+          "        c = socket.create_connection((\"127.0.0.1\", 8123)); break\n"
+          "    except OSError: time.sleep(0.05)\nprint(c.recv(9).decode())'")
+
+
+async def test_a_listening_server_and_a_pty_process_go_on_in_the_copy(engine, criu_cached):
+    """A server listening on loopback keeps its socket and its state (its count of
+    connections), and a process on a pseudo-terminal is there, in the restored copy."""
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.exec(sb.id, ["sh", "-c", SERVER])
+    assert (await engine.exec(sb.id, ["sh", "-c", CLIENT])).stdout == b"1\n"
+    await engine.spawn(sb.id, ["sh", "-c", "read x; echo $x"], terminal=TerminalSize(24, 80))
+    snap = await engine.checkpoint(sb.id)
+    copy = await engine.restore_checkpoint(snap.id)
+    assert (await engine.exec(copy.id, ["sh", "-c", CLIENT])).stdout == b"2\n"
+    assert (await engine.exec(sb.id, ["sh", "-c", CLIENT])).stdout == b"2\n"  # apart
+    ps = (await engine.exec(copy.id, ["sh", "-c", "cat /proc/[0-9]*/cmdline"])).stdout
+    assert b"read x" in ps
+    tty = await engine.exec(copy.id, ["sh", "-c", "ls /proc/[0-9]*/fd -l | grep -c /dev/pts/"])
+    assert int(tty.stdout) >= 1, tty
+    await engine.delete(copy.id)
+    await engine.delete_snapshot(snap.id)
