@@ -68,8 +68,11 @@ def test_killed_connection_resumes_from_its_offset(team, tmp_path, monkeypatch):
         monkeypatch.setattr(files, "UPLOAD_PART", 1 << 20)
         local = tmp_path / "model.ckpt"
         local.write_bytes(blob)
-        sb.files.upload(local, "ckpt/model.ckpt", resumable=True)
+        seen: list[tuple[int, int]] = []
+        sb.files.upload(local, "ckpt/model.ckpt", resumable=True,
+                        progress=lambda n, total: seen.append((n, total)))
         assert sb.files.read("ckpt/model.ckpt") == blob
+        assert seen == [(n << 20, SIZE) for n in range(1, 4)]  # as each part is taken
         sb.delete()
     team.cleanup()
     no_traceback(team)

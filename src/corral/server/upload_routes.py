@@ -19,16 +19,22 @@ An upload belongs to its caller's tenant and its sandbox: an id used by anyone e
 with another sandbox, is answered exactly as an unknown one (``upload_not_found``). At
 most :data:`MAX_UPLOADS` open per sandbox; ``size`` at most the sandbox's ``disk_mb``;
 uploads of a sandbox that ended, and any idle for :data:`IDLE_S`, are dropped.
+
+Uploads survive a restart of the daemon: each has a record next to its bytes
+(``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
+next daemon takes them back at its first upload request, each at the offset its staged
+bytes reach (what a killed daemon had received and written). A record that does not
+parse, or whose bytes are gone, is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import mmap
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,14 +79,45 @@ class Upload:
         return {"upload_id": self.id, "sandbox_id": self.sandbox_id, "path": self.path,
                 "size": self.size, "offset": self.offset, "done": self.done}
 
+    def save(self) -> None:
+        """Its record, next to its bytes (a temporary file renamed into place)."""
+        record = {"id": self.id, "sandbox_id": self.sandbox_id, "owner": self.owner,
+                  "path": self.path, "size": self.size, "mode": self.mode, "done": self.done}
+        tmp = self.part.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.part.with_suffix(".json"))
+
+    @classmethod
+    def load(cls, record: Path) -> Upload | None:
+        """The upload a previous daemon left (its offset: the bytes it staged), or None."""
+        try:
+            r = json.loads(record.read_text())
+            up = cls(str(r["id"]), str(r["sandbox_id"]), r["owner"], str(r["path"]),
+                     int(r["size"]), int(r["mode"]), record.with_suffix(".part"),
+                     done=bool(r["done"]))
+            if up.id != record.stem or not (up.owner is None or isinstance(up.owner, str)):
+                return None
+            up.offset = up.size if up.done else up.part.stat().st_size
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return up if 0 <= up.offset <= up.size else None
+
 
 class Uploads:
     """The daemon's open uploads (in memory; their bytes under ``root``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        shutil.rmtree(root, ignore_errors=True)  # a previous daemon's: nobody can resume them
         self._by_id: dict[str, Upload] = {}
+        for record in sorted(root.glob("up-*.json")) if root.is_dir() else []:
+            up = Upload.load(record)
+            if up is None:
+                record.unlink(missing_ok=True)
+                record.with_suffix(".part").unlink(missing_ok=True)
+            else:
+                self._by_id[up.id] = up
+        for stray in root.glob("*.tmp") if root.is_dir() else []:
+            stray.unlink(missing_ok=True)
 
     def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int) -> Upload:
         if sum(u.sandbox_id == sandbox_id and not u.done
@@ -93,6 +130,11 @@ class Uploads:
         part = self.root / f"{uid}.part"
         part.touch(mode=0o600)
         up = Upload(uid, sandbox_id, owner, path, size, mode, part)
+        try:
+            up.save()
+        except OSError:
+            part.unlink(missing_ok=True)
+            raise
         self._by_id[uid] = up
         return up
 
@@ -106,6 +148,7 @@ class Uploads:
 
     def drop(self, up: Upload) -> None:
         self._by_id.pop(up.id, None)
+        up.part.with_suffix(".json").unlink(missing_ok=True)
         up.part.unlink(missing_ok=True)
 
     def sweep(self, owner: str | None, alive: set[str]) -> None:
@@ -221,4 +264,5 @@ async def _finish(request: Request, up: Upload) -> None:
                 with contextlib.suppress(BufferError):  # a slice still held: GC closes it
                     view.close()
     up.done = True
+    await asyncio.to_thread(up.save)
     up.part.unlink(missing_ok=True)  # its record answers GET a while: done
