@@ -20,9 +20,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound
+from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, StorageFull
 from corral.runtime import checkpoint, criu, layer_fetch, live_images
 from corral.runtime.engine_network import made_in
+from corral.runtime.storage import room_above_reserve
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
@@ -65,6 +66,16 @@ class LiveOps:
                 details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
         self.snapshots.check_name(name, live.spec.tenant)
         self.snapshots.check_quota(live.spec.tenant, {})
+        # CRIU writes its images straight under the state directory: up to the
+        # sandbox's memory, never below the disk's reserve (as a snapshot's copy)
+        room = await asyncio.to_thread(room_above_reserve, self.layout.state_dir)
+        if room < live.spec.memory_mb << 20:
+            raise StorageFull(
+                f"no room to checkpoint sandbox {sandbox_id}: its process images may take "
+                f"its memory_mb ({live.spec.memory_mb} MiB) and the disk under "
+                f"{self.layout.state_dir} keeps its reserve free; delete snapshots or free "
+                "space there", details={"path": str(self.layout.state_dir),
+                                        "sandbox_id": sandbox_id})
         async with live.lock:
             if live.ending or live.state != SandboxState.RUNNING or live.proc is None:
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "

@@ -17,8 +17,11 @@ that reply was lost); a file is never seen half-written at its path.
 
 An upload belongs to its caller's tenant and its sandbox: an id used by anyone else, or
 with another sandbox, is answered exactly as an unknown one (``upload_not_found``). At
-most :data:`MAX_UPLOADS` open per sandbox; ``size`` at most the sandbox's ``disk_mb``;
-uploads of a sandbox that ended, and any idle for :data:`IDLE_S`, are dropped.
+most :data:`MAX_UPLOADS` open per sandbox; the sizes of a sandbox's open uploads add
+up to at most its ``disk_mb`` (sixteen of them each as large would stage 16x its disk
+on the host), and all open uploads fit above the state directory's disk reserve
+(:func:`~corral.runtime.storage.room_above_reserve`, ``storage_full`` else); uploads of
+a sandbox that ended go with it, and any idle for :data:`IDLE_S` are dropped.
 
 Uploads survive a restart of the daemon: each has a record next to its bytes
 (``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
@@ -48,9 +51,12 @@ from corral.errors import (
     FileTooLarge,
     InvalidArgument,
     InvalidState,
+    StorageFull,
     UploadNotFound,
 )
+from corral.runtime.events import SandboxEnded
 from corral.runtime.pathutil import resolve_path
+from corral.runtime.storage import room_above_reserve
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.wire import paced
@@ -119,13 +125,27 @@ class Uploads:
         for stray in root.glob("*.tmp") if root.is_dir() else []:
             stray.unlink(missing_ok=True)
 
-    def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int) -> Upload:
-        if sum(u.sandbox_id == sandbox_id and not u.done
-               for u in self._by_id.values()) >= MAX_UPLOADS:
+    def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int,
+            disk_bytes: int) -> Upload:
+        mine = [u for u in self._by_id.values() if u.sandbox_id == sandbox_id and not u.done]
+        if len(mine) >= MAX_UPLOADS:
             raise InvalidState(f"sandbox {sandbox_id} has {MAX_UPLOADS} uploads open: finish "
                                "or abandon some (DELETE .../uploads/ID)",
                                details={"sandbox_id": sandbox_id})
+        held = sum(u.size for u in mine)
+        if held + size > disk_bytes:
+            raise FileTooLarge(
+                f"sandbox {sandbox_id}'s open uploads already declare {held} bytes: {size} more "
+                f"do not fit its disk_mb ({disk_bytes >> 20}); finish or abandon some first",
+                details={"size": size, "open_bytes": held, "disk_mb": disk_bytes >> 20})
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        owed = sum(u.size - u.offset for u in self._by_id.values() if not u.done)
+        room = room_above_reserve(self.root)
+        if owed + size > room:
+            raise StorageFull(
+                f"no room for {size} more bytes of uploads under {self.root} (the host's disk "
+                "keeps its reserve free): finish or abandon open uploads, or free space there",
+                details={"path": str(self.root), "size": size, "room": max(0, room - owed)})
         uid = "up-" + secrets.token_hex(16)
         part = self.root / f"{uid}.part"
         part.touch(mode=0o600)
@@ -151,6 +171,12 @@ class Uploads:
         up.part.with_suffix(".json").unlink(missing_ok=True)
         up.part.unlink(missing_ok=True)
 
+    def ended(self, event: SandboxEnded) -> None:
+        """A sandbox ended: its uploads go, whoever's (a revoked tenant never comes back
+        to sweep its own; a PATCH still receiving finds its upload gone)."""
+        for up in [u for u in self._by_id.values() if u.sandbox_id == event.sandbox_id]:
+            self.drop(up)
+
     def sweep(self, owner: str | None, alive: set[str]) -> None:
         """Drop ``owner``'s uploads of sandboxes not in ``alive`` (its running ones) and
         those idle too long."""
@@ -166,7 +192,9 @@ class Uploads:
 def uploads(request: Request) -> Uploads:
     state = request.app.state
     if getattr(state, "uploads", None) is None:
-        state.uploads = Uploads(ctx.engine(request).layout.state_dir / "uploads")
+        engine = ctx.engine(request)
+        state.uploads = Uploads(engine.layout.state_dir / "uploads")
+        engine.events.subscribe(SandboxEnded, state.uploads.ended)
     return state.uploads  # type: ignore[no-any-return]
 
 
@@ -190,7 +218,8 @@ async def create_upload(request: Request, body: UploadCreate) -> Response:
     reg = uploads(request)
     reg.sweep(caller_of(request).name,
               {i.id for i in ctx.engine(request).list() if not i.state.terminal})
-    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8))
+    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8),
+                 info.spec.disk_mb << 20)
     return JSONResponse(up.state(), status_code=201)
 
 
@@ -205,7 +234,7 @@ async def abandon_upload(request: Request) -> Response:
 
 def _offset(request: Request) -> int:
     raw = request.headers.get("upload-offset", "")
-    if not raw.isdigit():
+    if not raw.isdecimal():
         raise InvalidArgument("send the header Upload-Offset: N (the upload's offset, from "
                               "GET .../uploads/ID)")
     return int(raw)
@@ -225,6 +254,8 @@ async def patch_upload(request: Request) -> Response:
             raise InvalidState(f"the upload is at byte {up.offset} of {up.size}, not {offset}: "
                                "resume from there", details={"offset": up.offset})
         await _receive(request, up)
+        # abandoned (DELETE) while its bytes came: UploadNotFound, not a traceback
+        uploads(request).get(caller_of(request).name, up.sandbox_id, up.id)
         if up.offset == up.size and not up.done:
             await _finish(request, up)
     finally:

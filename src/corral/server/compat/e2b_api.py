@@ -435,9 +435,9 @@ def _query_metadata(raw: str | None) -> list[str]:
 async def list_sandboxes(request: Request) -> Response:
     q = request.query_params
     raw_limit, raw_next = q.get("limit", "100"), q.get("nextToken", "0")
-    if not (raw_limit.isdigit() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
+    if not (raw_limit.isdecimal() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
         raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
-    if not (raw_next.isdigit() and len(raw_next) < 12):
+    if not (raw_next.isdecimal() and len(raw_next) < 12):
         raise InvalidArgument("invalid nextToken: pass the one the last page gave")
     limit, offset = int(raw_limit), int(raw_next)
     tags = [TAG, *_query_metadata(q.get("metadata"))]
