@@ -1,4 +1,5 @@
-"""Commands on whole sandboxes: create, ls, pause, resume, stop, rm, and the daemon's info."""
+"""Commands on whole sandboxes: create, ls, pause, resume, hibernate, stop, rm, and the
+daemon's info."""
 
 from __future__ import annotations
 
@@ -159,6 +160,10 @@ def pause(args: argparse.Namespace, ctx: Context) -> int:
 
 def resume(args: argparse.Namespace, ctx: Context) -> int:
     return _on_each(ctx, args.ids, "resuming", corral.Sandbox.resume)
+
+
+def hibernate(args: argparse.Namespace, ctx: Context) -> int:
+    return _on_each(ctx, args.ids, "hibernating", corral.Sandbox.hibernate)
 
 
 def stop(args: argparse.Namespace, ctx: Context) -> int:

@@ -334,7 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, handler, what in (
         ("pause", _sandboxes.pause, "freeze sandboxes (they keep their memory)"),
-        ("resume", _sandboxes.resume, "thaw paused sandboxes"),
+        ("resume", _sandboxes.resume, "thaw paused sandboxes, restore hibernated ones"),
+        ("hibernate", _sandboxes.hibernate, "write checkpointable sandboxes' processes to "
+         "disk and free their memory (resume or their next use restores them)"),
         ("stop", _sandboxes.stop, "stop sandboxes' processes (they stay listed until rm)"),
     ):
         p = sub.add_parser(name, parents=conn, help=what)
