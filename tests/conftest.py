@@ -96,7 +96,11 @@ class Daemon:
              "--state-dir", str(self.state_dir), *self.args],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
         )
-        _wait_for_socket(self.socket, self.proc)
+        try:
+            _wait_for_socket(self.socket, self.proc)
+        except BaseException:
+            self.stop()  # a slow start left running would outlive the test (seen at load 30)
+            raise
         return self
 
     def stop(self) -> None:
