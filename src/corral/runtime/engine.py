@@ -78,7 +78,7 @@ from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
-from corral.runtime.ownership import Owners
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.reconcile import remove_cgroup
@@ -253,8 +253,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         engine.snapshots.open(users)
         await engine._adopt(adopting)
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
-        engine._reaper = asyncio.create_task(  # the engine's own work: acts for the daemon
-            engine._reap_loop(), name="corral-reaper", context=engine.owners.detached())
+        engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
 
@@ -322,11 +321,11 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
-        spec = self.resolve_network(spec)  # network="NAME": NetworkNotFound now
+        spec = self.resolve_network(spec, owner=spec.tenant)  # network="NAME": NetworkNotFound now
         sid = _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
-            images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
+            images = self.checkpoint_images(snap.id, owner=None) if snap is not None else None  # live?
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
@@ -378,10 +377,10 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         self.events.emit(SandboxStarted(sid, spec.snapshot))
         if entry is not None:
             try:  # as the image's USER, in its WORKDIR, with its ENV (all defaults now)
-                await self.spawn(sid, entry)
+                await self.spawn(sid, entry, owner=None)  # the engine's own work
             except BaseException:
                 with suppress(CorralError):
-                    await self.delete(sid)
+                    await self.delete(sid, owner=None)
                 raise
         return info
 
@@ -469,9 +468,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         if live.ending:
             return
         task = asyncio.get_running_loop().create_task(
-            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0),
-            context=self.owners.detached(),  # the engine's own work, whoever made it
-        )
+            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -481,10 +478,21 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         log = live.log.text()[-2000:] if live.log is not None else ""
         return why + (f"; its log: {log}" if log else "")
 
-    def _get_live(self, sandbox_id: str) -> Live:
+    def _owned(self, sandbox_id: str, owner: OwnerArg) -> None:
+        """Raise :class:`SandboxNotFound` unless ``owner`` may see ``sandbox_id`` (another
+        tenant's answers like an unknown id); every verb on one sandbox asks first."""
+        acting = self.owners.of(owner)
+        if acting is None:
+            return
         live = self._live.get(sandbox_id)
-        if live is None or not self.owners.sees(live.spec):  # another's: as if unknown
-            raise ended_error(self.get(sandbox_id))  # its own fault: SandboxProtocolError
+        if live is None or live.spec.tenant != acting:
+            self.get(sandbox_id, owner=acting)  # SandboxNotFound unless its own (ended)
+
+    def _get_live(self, sandbox_id: str) -> Live:
+        """A live sandbox (whose it is was checked by :meth:`_owned`)."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            raise ended_error(self.get(sandbox_id, owner=None))  # its own fault: SandboxProtocolError
         return live
 
     def _running(self, sandbox_id: str) -> Live:
@@ -510,16 +518,18 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         old, live.state = live.state, to
         self.events.emit(StateChanged(live.id, old, to, reason))
 
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
+    async def pause(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Freeze every process of the sandbox (cgroup freezer). Memory stays resident."""
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         async with live.lock:
             if live.state != SandboxState.PAUSED:
                 self._transition(live, SandboxState.PAUSED)
                 live.cgroup.freeze()
-        return self.get(sandbox_id)
+        return self.get(sandbox_id, owner=None)
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
+    async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         async with live.lock:
             if live.state == SandboxState.PAUSED:
@@ -528,25 +538,27 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
                 live.touch()
             elif live.state != SandboxState.RUNNING:
                 self._transition(live, SandboxState.RUNNING)  # raises InvalidState
-        return self.get(sandbox_id)
+        return self.get(sandbox_id, owner=None)
 
     async def stop(
-        self, sandbox_id: str, *, grace: float = 2.0, reason: str = "stopped by request"
+        self, sandbox_id: str, *, grace: float = 2.0, reason: str = "stopped by request",
+        owner: OwnerArg = UNSET,
     ) -> SandboxInfo:
         """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
         mounts and cgroups. The record stays (state ``stopped``) until deleted."""
-        info = self.get(sandbox_id)  # raises SandboxNotFound (another owner's too)
+        info = self.get(sandbox_id, owner=owner)  # SandboxNotFound (another owner's too)
         live = self._live.get(sandbox_id)
         if live is None:
             if info.state.terminal:
                 return info
         else:
             await self._end(live, SandboxState.STOPPED, reason, grace=grace)
-        return self.get(sandbox_id)
+        return self.get(sandbox_id, owner=None)
 
-    async def delete(self, sandbox_id: str) -> bool:
-        """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
-        acting = self.owners.acting()
+    async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> bool:
+        """Kill and remove ``owner``'s sandbox and its record. Idempotent: False if it
+        did not exist (or is another tenant's)."""
+        acting = self.owners.of(owner)
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
         info = self.registry.get(sandbox_id, owner=acting)

@@ -134,8 +134,8 @@ async def peer_snapshot(request: Request) -> Response:
     ref = request.path_params["id_or_name"]
     engine = ctx.engine(request)
     # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
-    with engine.owners.acting_as(request.query_params.get("owner") or None):
-        return JSONResponse(describe(engine.snapshots, ref))
+    owner = request.query_params.get("owner") or None
+    return JSONResponse(describe(engine.snapshots, ref, owner))
 
 
 async def peer_layer(request: Request) -> Response:
@@ -195,7 +195,7 @@ async def import_snapshot_here(request: Request, body: FetchRequest, owner: str 
     tenant): only a snapshot of its own, found as it names it (the peer is asked with
     the cluster's peer credential, never the tenant's)."""
     engine = ctx.engine(request)
-    here = engine.snapshots.lookup(body.snapshot)
+    here = engine.snapshots.lookup(body.snapshot, owner=owner)
     if here is not None:
         return JSONResponse(here.info().model_dump(mode="json"))
     url, pins = await asyncio.to_thread(_peer_at, body.node)

@@ -254,7 +254,7 @@ async def exchange(request: Request) -> Response:
 
 async def exchange_many(request: Request, body: ExchangeRequest) -> Response:
     """Write to every process (in order), then await all their lines at once."""
-    engine = ctx.engine(request)
+    engine = ctx.sandboxes(request)
     keys = [(item.sandbox_id, item.process_id) for item in body.items]
     if len(set(keys)) != len(keys):
         raise InvalidArgument(
@@ -298,7 +298,7 @@ async def resize_process(request: Request, body: ResizeRequest) -> Response:
 
 async def kill_process(request: Request) -> Response:
     """SIGKILL a running process, wait for it briefly, forget its record. Idempotent."""
-    engine, params = ctx.engine(request), request.path_params
+    engine, params = ctx.sandboxes(request), request.path_params
     sid, pid = params["sandbox_id"], params["process_id"]
     try:
         proc = engine.get_process(sid, pid)

@@ -4,7 +4,8 @@ The service layer's verbs on a running sandbox, for one :class:`~corral.server.c
 passed explicitly (:func:`corral.server.context.sandboxes` makes one per request). Each
 verb names its sandbox, and a caller scoped to one sandbox (an E2B access token) reaches
 that sandbox only: any other id answers exactly like one that does not exist. Below
-that, the engine's ownership rule hides other tenants' sandboxes the same way.
+that, the engine's ownership rule (given the caller's owner explicitly, with every
+call) hides other tenants' sandboxes the same way.
 
 Front-ends call these instead of the engine's methods of the same names and
 signatures, so the rule lives here once.
@@ -28,6 +29,7 @@ class SandboxVerbs:
     def __init__(self, engine: Engine, caller: Caller) -> None:
         self._engine = engine
         self.caller = caller
+        self._owner = caller.name  # passed to every engine call: never ambient
 
     def _check(self, sandbox_id: str) -> str:
         if self.caller.scope is Scope.SANDBOX and sandbox_id != self.caller.sandbox_id:
@@ -36,70 +38,76 @@ class SandboxVerbs:
         return sandbox_id
 
     def get(self, sandbox_id: str) -> SandboxInfo:
-        return self._engine.get(self._check(sandbox_id))
+        return self._engine.get(self._check(sandbox_id), owner=self._owner)
 
     # ------------------------------------------------------------ lifecycle
 
     def pause(self, sandbox_id: str) -> Any:
-        return self._engine.pause(self._check(sandbox_id))
+        return self._engine.pause(self._check(sandbox_id), owner=self._owner)
 
     def resume(self, sandbox_id: str) -> Any:
-        return self._engine.resume(self._check(sandbox_id))
+        return self._engine.resume(self._check(sandbox_id), owner=self._owner)
 
     def snapshot(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def checkpoint(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.checkpoint(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.checkpoint(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
+
+    def connect_port(self, sandbox_id: str, port: int) -> Any:
+        return self._engine.connect_port(self._check(sandbox_id), port, owner=self._owner)
+
+    def network_events(self, sandbox_id: str) -> Any:
+        return self._engine.network_events(self._check(sandbox_id), owner=self._owner)
 
     def usage(self, sandbox_id: str) -> Any:
-        return self._engine.usage(self._check(sandbox_id))
+        return self._engine.usage(self._check(sandbox_id), owner=self._owner)
 
     # ------------------------------------------------------------- commands
 
     def exec(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.exec(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.exec(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def exec_stream(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.exec_stream(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.exec_stream(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def spawn(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.spawn(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.spawn(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def get_process(self, sandbox_id: str, process_id: str) -> Any:
-        return self._engine.get_process(self._check(sandbox_id), process_id)
+        return self._engine.get_process(self._check(sandbox_id), process_id, owner=self._owner)
 
     def list_processes(self, sandbox_id: str) -> Any:
-        return self._engine.list_processes(self._check(sandbox_id))
+        return self._engine.list_processes(self._check(sandbox_id), owner=self._owner)
 
     def forget_process(self, sandbox_id: str, process_id: str) -> Any:
-        return self._engine.forget_process(self._check(sandbox_id), process_id)
+        return self._engine.forget_process(self._check(sandbox_id), process_id, owner=self._owner)
 
     def kill_processes(self, sandbox_id: str) -> Any:
-        return self._engine.kill_processes(self._check(sandbox_id))
+        return self._engine.kill_processes(self._check(sandbox_id), owner=self._owner)
 
     # ---------------------------------------------------------------- files
 
     def read_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.read_file(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.read_file(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def write_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.write_file(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.write_file(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def write_from(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.write_from(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.write_from(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def open_read(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.open_read(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.open_read(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def stat(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.stat(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.stat(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def list_dir(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.list_dir(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.list_dir(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def mkdir(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.mkdir(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.mkdir(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def remove(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.remove(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.remove(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
