@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from corral.api.process_models import DEFAULT_MAX_BUFFER  # noqa: F401 (re-exported: the engine's default)
 from corral.errors import (
     CorralError,
     ExecTimeout,
@@ -74,8 +75,6 @@ if TYPE_CHECKING:
     from corral.runtime.events import Events
     from corral.runtime.live import Live as _Live
 
-DEFAULT_MAX_BUFFER = 16 << 20
-"""Bytes of unread output the engine keeps per process and stream (stdout, stderr)."""
 MAX_EXITED_KEPT = 64
 COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
 STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)

@@ -37,10 +37,10 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from corral.api.daemon_models import FetchRequest, ImageFetchRequest
 from corral.cluster.proof import Pins, proven_client
 from corral.errors import (
     CorralError,
@@ -62,63 +62,6 @@ GCS_ENV = "CORRAL_RAY_GCS"
 PEERS_ENV = "CORRAL_PEERS"  # {"node": "http://host:port"}: peers without Ray (set by its operator)
 PEER_TIMEOUT = httpx.Timeout(30.0, read=120.0)
 MAX_DESCRIPTION = 1 << 20
-
-
-class _FromPeer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    node: str = Field(min_length=1, max_length=128)  # a node id (the directory has its URL)
-
-
-class FetchRequest(_FromPeer):
-    """Make ``snapshot`` (id or name) restorable here, from the daemon of ``node``."""
-
-    snapshot: str = Field(min_length=1, max_length=128)
-
-
-class PeerLayer(BaseModel):
-    id: str
-    digest: str
-    size_bytes: int
-
-
-class PeerSnapshot(BaseModel):
-    """A snapshot as another node restores it: its row, and its layers, top first."""
-
-    id: str
-    name: str | None = None
-    image: str
-    image_digest: str
-    created_at: float
-    size_bytes: int
-    source_sandbox: str | None = None
-    spec: dict[str, Any]
-    layers: list[PeerLayer]
-
-
-class PeerImage(BaseModel):
-    """An image as another node pulls it: a built one's manifest (layers top first) and
-    its root's content digest, or a root filesystem's ``kind`` and ``content``."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str
-    digest: str
-    kind: str = "built"
-    root: dict[str, Any] | None = None
-    layers: list[PeerLayer] = []
-    content: dict[str, Any] | None = None
-    root_content: dict[str, Any] | None = None
-
-
-class ImageFetchRequest(_FromPeer):
-    """Make the built image ``image`` usable here, from the daemon of ``node``."""
-
-    image: str = Field(min_length=1, max_length=128)
-
-
-class FetchStats(BaseModel):
-    layers: int
-    bytes: int
-    by_digest: dict[str, int]
 
 
 def fetcher(request: Request) -> LayerFetcher:
