@@ -205,6 +205,7 @@ class CommandOps:
     def forget_process(self, sandbox_id: str, process_id: str, *,
                        owner: OwnerArg = UNSET) -> None:
         """Drop an exited process's record (a running one is killed first by the caller)."""
+        owner = self.owners.of(owner)
         live = self._live.get(sandbox_id)
         if live is not None and self.owners.sees(live.spec, owner):
             processes.forget(live, process_id)

@@ -63,6 +63,7 @@ class NetworkOps:
     def resolve_network(self, spec: SandboxSpec, *, owner: OwnerArg = UNSET) -> SandboxSpec:
         """A spec naming a network (``network="NAME"``) with that network's policy as it
         is now (``owner``'s own network; NetworkNotFound otherwise)."""
+        owner = self.owners.of(owner)
         if type(spec.network) is not str:  # NetworkMode is a str too
             return spec
         owner = self.owners.stamp(spec, owner).tenant  # a tenant's own, whatever it claims

@@ -256,7 +256,7 @@ class Snapshots:
     def resolve(self, spec: SandboxSpec, *, owner: OwnerArg = UNSET) -> SandboxSpec:
         """The spec a sandbox made from ``spec`` gets, without taking a reference:
         ``spec`` itself without a snapshot (to size admission before creating)."""
-        return self._resolve(spec, owner)[0]
+        return self._resolve(spec, self.owners.of(owner))[0]
 
     def acquire(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
         """Resolve ``spec.snapshot`` (as ``spec.tenant``, whose sandbox it will be) and
