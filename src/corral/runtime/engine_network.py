@@ -1,5 +1,5 @@
 """The engine's network verbs: a policy sandbox's events, a live policy change, and
-named networks (``corral.Network``: :mod:`corral.runtime.networks`) of the acting owner.
+named networks (``corral.Network``: :mod:`corral.runtime.networks`) of the owner each call names.
 
 Mixed into :class:`~corral.runtime.engine.Engine`; the filter itself is
 :mod:`corral.runtime.net`. A sandbox's ``network`` is fixed in kind when it starts:

@@ -1,4 +1,4 @@
-"""The engine's volume verbs, for the acting owner (:mod:`corral.runtime.volumes`).
+"""The engine's volume verbs, for the owner each call names (:mod:`corral.runtime.volumes`).
 
 Mixed into :class:`~corral.runtime.engine.Engine`. A volume counts against its
 tenant's ``max_snapshot_mb`` like its snapshots (checked before it appears), and one
