@@ -57,7 +57,7 @@ async def build_dockerfile(
     """Build the Dockerfile ``text`` (else the file ``dockerfile``, default
     ``context/Dockerfile``) into the image ``name`` for ``owner`` (whose build cache and
     sandboxes it uses); ``target`` stops at that stage."""
-    owner = engine.owners.of(owner)
+    acting: str | None = engine.owners.of(owner)
     context = Path(context)
     if text is None:
         path = context / (dockerfile or "Dockerfile")
@@ -84,7 +84,7 @@ async def build_dockerfile(
             on_event(BuildEvent(type="log", line=f"stage {stage.index + 1}/{last + 1}: "
                                 f"FROM {stage.base} -> {names[stage.index]}"))
         result = await _build_stage(engine, stage, names, context, on_event,
-                                    cpus=cpus, host_network=host_network, owner=owner)
+                                    cpus=cpus, host_network=host_network, owner=acting)
         cached += result.stats.cached
         built += result.stats.built
         steps += result.stats.steps

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
+from corral.api.process_models import DEFAULT_MAX_BUFFER
 from corral.errors import InvalidArgument, SandboxLost
 from corral.runtime import process_start, processes, sweep, users
 from corral.runtime.agentconn import (
@@ -174,7 +175,7 @@ class CommandOps:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         timeout: float | None = None,
-        max_buffer: int = processes.DEFAULT_MAX_BUFFER,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
         terminal: TerminalSize | None = None,
         user: str | int | None = None,
         owner: OwnerArg = UNSET,

@@ -49,7 +49,6 @@ class SnapshotOps:
             self, sandbox_id: str, path: str, data: bytes | bytearray | memoryview | str, *,
             mode: int = 0o644, parents: bool = True, owner: OwnerArg = UNSET,
         ) -> None: ...
-        async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool: ...
 
     async def snapshot(self, sandbox_id: str, name: str | None = None, *,
                        shared_rw: bool = False, owner: OwnerArg = UNSET) -> SnapshotInfo:

@@ -51,7 +51,6 @@ from collections.abc import AsyncIterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from corral.api.process_models import DEFAULT_MAX_BUFFER  # noqa: F401 (re-exported: the engine's default)
 from corral.errors import (
     CorralError,
     ExecTimeout,
