@@ -181,7 +181,7 @@ async def _export(engine: Any, image: str, path: str, work: Path, owner: str | N
     copy's path (a file keeps its name, a directory's contents are ``work/tree``)."""
     spec = SandboxSpec(image=image, memory_mb=256, network=NetworkMode.NONE,
                        tags=[BUILD_TAG, f"export={image}"[:60]], tenant=owner)
-    info = await engine.create(spec, build_root=True)
+    info = await engine.create(spec, build_root=True, owner=owner)
     budget = [MAX_EXPORT_BYTES]
     try:
         try:

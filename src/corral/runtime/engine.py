@@ -72,7 +72,7 @@ from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
-from corral.runtime.ownership import Owners
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.reconcile import remove_cgroup
 from corral.runtime.registry import Registry
@@ -288,9 +288,11 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        build_root: bool = False, **kw: Any,
+        build_root: bool = False, owner: OwnerArg = UNSET, **kw: Any,
     ) -> SandboxInfo:
-        """Create a sandbox and wait until its agent is ready to run commands.
+        """Create a sandbox for ``owner`` (whose snapshots and networks it may name;
+        whose sandbox it is: ``spec.tenant``, which the caller sets) and wait until its
+        agent is ready to run commands.
 
         For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
         an image not in the store (a base plus the layers built so far), and
@@ -299,6 +301,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         step: :mod:`corral.runtime.rootbuild`). From a live snapshot it runs the
         snapshot's processes on (:mod:`corral.runtime.engine_live`).
         """
+        acting = self.owners.of(owner)
         if self.closed:
             raise InvalidState("the engine is closed")
         for _, dest in ro_binds:
@@ -311,9 +314,9 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
-        spec = self.resolve_network(spec, owner=spec.tenant)  # network="NAME": NetworkNotFound now
+        spec = self.resolve_network(spec, owner=acting)  # network="NAME": NetworkNotFound now
         sid = _new_id(self.id_prefix)
-        spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
+        spec, snap = self.snapshots.acquire(spec, owner=acting)  # a reference, released by _release
         try:
             images = self.checkpoint_images(snap.id, owner=None) if snap is not None else None  # live?
             image = image_override or self.images.get(spec.image)  # ImageNotFound now

@@ -121,7 +121,7 @@ class LiveOps:
         if self.checkpoint_images(snapshot, owner=owner) is None:
             raise InvalidState(f"snapshot {snapshot} holds files only, not processes: "
                                "create(snapshot=...) starts from its files")
-        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec))
+        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec), owner=owner)
 
     async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool:
         """Delete a snapshot (see :meth:`SnapshotOps.delete_snapshot

@@ -251,7 +251,7 @@ class ImageBuild:
             tags=[BUILD_TAG, f"image={self.name}"],
         )
         sb_spec = engine.owners.stamp(sb_spec, self.owner)  # the building tenant's: it runs its steps
-        info = await engine.create(sb_spec, image_override=chain, ro_binds=binds,
+        info = await engine.create(sb_spec, image_override=chain, ro_binds=binds, owner=self.owner,
                                    build_root=as_root)
         staged: Path | None = None
         try:

@@ -144,7 +144,7 @@ class PoolManager:
         concurrency: int = DEFAULT_REFILL_CONCURRENCY,
     ) -> None:
         self._engine = engine
-        self._create = create or engine.create
+        self._create = create or self._engine_create
         self._delete = delete or self._engine_delete
         self._concurrency = max(1, concurrency)
         self._pools: dict[tuple[str, str], _Pool] = {}  # by (owner or "", name)
@@ -154,6 +154,9 @@ class PoolManager:
             engine.events.subscribe(SandboxEnded, self._ended),
             engine.events.subscribe(StateChanged, self._state_changed),
         ]
+
+    async def _engine_create(self, spec: SandboxSpec) -> SandboxInfo:
+        return await self._engine.create(spec, owner=spec.tenant)  # a refill: its owner's
 
     async def _engine_delete(self, sandbox_id: str) -> bool:
         return await self._engine.delete(sandbox_id, owner=None)  # the pool's own work

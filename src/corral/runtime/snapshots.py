@@ -258,12 +258,12 @@ class Snapshots:
         ``spec`` itself without a snapshot (to size admission before creating)."""
         return self._resolve(spec, self.owners.of(owner))[0]
 
-    def acquire(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
-        """Resolve ``spec.snapshot`` (as ``spec.tenant``, whose sandbox it will be) and
-        take a reference on it for a new sandbox; the spec returned names the snapshot
-        by id, its image, and inherits the fields not given explicitly. Pair with
-        :meth:`release`."""
-        spec, row = self._resolve(spec, spec.tenant)
+    def acquire(self, spec: SandboxSpec, *,
+                owner: OwnerArg = UNSET) -> tuple[SandboxSpec, SnapshotRow | None]:
+        """Resolve ``spec.snapshot`` as ``owner`` finds it and take a reference on it for
+        a new sandbox; the spec returned names the snapshot by id, its image, and
+        inherits the fields not given explicitly. Pair with :meth:`release`."""
+        spec, row = self._resolve(spec, self.owners.of(owner))
         if row is not None:
             self.registry.use_snapshot(row.id, +1)
         return spec, row

@@ -260,7 +260,7 @@ class SandboxService:
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus
             ) as slot:
                 admitted = time.monotonic()
-                created = await self.engine.create(spec)
+                created = await self.engine.create(spec, owner=caller.name)
                 slot.commit(created.id)
             result = "ok"
         except CorralError as exc:
