@@ -135,7 +135,8 @@ def _tar() -> bytes:
 
 async def test_a_tenant_reaches_none_of_another_tenants_things(engine, tmp_path):
     alice, bob = {"owner": "alice"}, {"owner": "bob"}
-    image = f"alices-image-{secrets.token_hex(4)}"  # the image store is the host's
+    # the image store is the host's; a step never built before (no cached layer: it runs)
+    image = f"alices-image-{secrets.token_hex(4)}"
     info = await engine.create(SandboxSpec(memory_mb=64, tenant="alice"))
     snap = await engine.snapshot(info.id, name="alices-snap", **alice)
     (tmp_path / "v.tar").write_bytes(_tar())
@@ -200,7 +201,7 @@ async def test_a_tenant_reaches_none_of_another_tenants_things(engine, tmp_path)
                              len(engine.list(tags=[BUILD_TAG], **bob))))
 
         built = await build_image(engine, {"base": "python", "steps": [
-            {"run": "echo alice-was-here-$RANDOM"}]}, name=image, on_event=on_event,
+            {"run": f"echo alice-was-here-{image}"}]}, name=image, on_event=on_event,
             **alice)
         assert seen == [(1, 0)]
         assert built.image.name == image
