@@ -231,6 +231,7 @@ class PeerSnapshot(BaseModel):
     source_sandbox: str | None = None
     spec: dict[str, Any]
     layers: list[PeerLayer]
+    kind: str = "files"  # "live": its process images stay on its node (docs/live.md)
 
 
 class PeerImage(BaseModel):

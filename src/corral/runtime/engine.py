@@ -55,6 +55,7 @@ from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_end import STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_hibernate import HibernateOps
 from corral.runtime.engine_lifetime import LifetimeOps
 from corral.runtime.engine_live import LiveOps
 from corral.runtime.engine_network import NetworkOps
@@ -62,7 +63,7 @@ from corral.runtime.engine_queries import QueryOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.engine_volumes import VolumeOps
-from corral.runtime.events import Events, SandboxStarted
+from corral.runtime.events import Events, SandboxEnded, SandboxStarted
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
 from corral.runtime.images import Image, ImageStore
@@ -107,8 +108,8 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
-             LifetimeOps, QueryOps, EndOps):
+class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps,
+             RestoreOps, LifetimeOps, QueryOps, EndOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
     This class keeps opening, closing and creating, and what a sandbox is
@@ -145,6 +146,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
+        self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        self.events.subscribe(SandboxEnded, self._hibernated_ended)
         self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images, self.owners)
@@ -288,7 +291,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        build_root: bool = False, owner: OwnerArg = UNSET, **kw: Any,
+        build_root: bool = False, sandbox_id: str | None = None, owner: OwnerArg = UNSET,
+        **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox for ``owner`` (whose snapshots and networks it may name;
         whose sandbox it is: ``spec.tenant``, which the caller sets) and wait until its
@@ -299,7 +303,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
         committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
         step: :mod:`corral.runtime.rootbuild`). From a live snapshot it runs the
-        snapshot's processes on (:mod:`corral.runtime.engine_live`).
+        snapshot's processes on (:mod:`corral.runtime.engine_live`); ``sandbox_id``: a
+        hibernated sandbox's, resumed (:mod:`corral.runtime.engine_hibernate`).
         """
         acting = self.owners.of(owner)
         if self.closed:
@@ -315,7 +320,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         spec = self.resolve_network(spec, owner=acting)  # network="NAME": NetworkNotFound now
-        sid = _new_id(self.id_prefix)
+        sid = sandbox_id or _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec, owner=acting)  # a reference, released by _release
         try:
             images = self.checkpoint_images(snap.id, owner=None) if snap is not None else None  # live?
@@ -422,7 +427,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
         slot.cgroup.restrict_devices(rules)
         if live.images is not None:
-            self._restored(live, slot)  # or InvalidState: a forged checkpoint
+            await self._restored(live, slot)  # or InvalidState: a forged checkpoint
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

@@ -109,8 +109,9 @@ class EndOps:
                 live.cgroup.freeze()
         return self.get(sandbox_id, owner=None)
 
-    async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
-        self._owned(sandbox_id, owner)
+    async def _resume_running(self, sandbox_id: str) -> SandboxInfo:
+        """Thaw a paused sandbox (``resume``, engine_hibernate.py, also wakes one; whose
+        it is was checked there)."""
         live = self._get_live(sandbox_id)
         async with live.lock:
             if live.state == SandboxState.PAUSED:
