@@ -215,7 +215,7 @@ class AgentChannel:
         """Whether the agent sent bytes the read loop has not parsed yet (held by the
         reader, or still in the socket): after the engine's loop stalled, a timer can
         run in the turn that sees them arrive, before the read loop's turn."""
-        if self._reader is not None and getattr(self._reader, "_buffer", b""):
+        if self._reader is not None and len(getattr(self._reader, "_buffer", b"")):
             return True
         try:
             return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
