@@ -5,8 +5,13 @@ PY := .venv/bin/python
 install:
 	bash scripts/install.sh
 
+# The suite on TEST_WORKERS pytest-xdist workers: most tests wait on processes, not the
+# CPU, so three workers on two cores finish sooner; a module stays on one worker and the
+# Ray tests share one (tests/conftest.py). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 3
+
 test: install
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The long kill -9 fault suite (10 kills of a daemon with ~100 sandboxes); `make test`
 # runs its short form. Figures: benchmarks/results/faults.json.

@@ -13,7 +13,11 @@ In a checkpointable sandbox (``sandbox`` in the JSON), on a private engine:
 - ``restore_ms``: ``create(snapshot=live)`` until the restored program counts on;
   ``restore_vs_cold`` their ratio;
 - ``fork_ms``: ``fork(n, live=True)`` (one checkpoint, ``n`` restores) until every copy
-  answers an exec; ``fork_per_copy_ms``.
+  answers an exec; ``fork_per_copy_ms``;
+- ``redump_ms`` / ``chain_restore_ms``: the restored copy checkpointed again, and that
+  checkpoint restored until it counts on (a chain of forks, as a tree search makes);
+- ``hibernate_ms`` / ``resume_ms``: ``hibernate`` of that copy (its memory freed), and
+  ``resume`` until it counts on; ``resume_vs_cold``.
 
 As a plain host process:
 
@@ -150,7 +154,7 @@ async def sandbox_rounds(mb: int, rounds: int, n: int) -> dict[str, float]:
 
     engine = await Engine.open(Path(tempfile.mkdtemp(prefix="corral-bench-live-")))
     spec = {"network": "none", "checkpointable": True, "memory_mb": 256 + 2 * mb}
-    cold, ckpt, rest, fork = [], [], [], []
+    cold, ckpt, rest, fork, redump, chain, hib, resume = ([] for _ in range(8))
     try:
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -167,6 +171,22 @@ async def sandbox_rounds(mb: int, rounds: int, n: int) -> dict[str, float]:
                 raise RuntimeError("the restored program lost its count")
             rest.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
+            snap2 = await engine.checkpoint(copy.id)
+            redump.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            grand = await engine.create(snapshot=snap2.id)
+            await _counts(engine, grand.id)
+            chain.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            await engine.hibernate(grand.id)
+            hib.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            await engine.resume(grand.id)
+            await _counts(engine, grand.id)
+            resume.append(time.perf_counter() - t0)
+            await engine.delete(grand.id)
+            await engine.delete_snapshot(snap2.id)
+            t0 = time.perf_counter()
             copies = await engine.fork(sb.id, n, live=True)
             await asyncio.gather(*(engine.exec(c.id, ["true"]) for c in copies))
             fork.append(time.perf_counter() - t0)
@@ -176,8 +196,11 @@ async def sandbox_rounds(mb: int, rounds: int, n: int) -> dict[str, float]:
     finally:
         await engine.close()
     med = {k: statistics.median(v) * 1000 for k, v in
-           (("cold_ms", cold), ("checkpoint_ms", ckpt), ("restore_ms", rest), ("fork_ms", fork))}
+           (("cold_ms", cold), ("checkpoint_ms", ckpt), ("restore_ms", rest), ("fork_ms", fork),
+            ("redump_ms", redump), ("chain_restore_ms", chain), ("hibernate_ms", hib),
+            ("resume_ms", resume))}
     med.update(restore_vs_cold=med["restore_ms"] / med["cold_ms"],
+               resume_vs_cold=med["resume_ms"] / med["cold_ms"],
                fork_per_copy_ms=med["fork_ms"] / n, fork_copies=n)
     return {k: round(v, 2) for k, v in med.items()}
 
@@ -212,7 +235,10 @@ def main() -> int:
         print(f"sandbox, {mb} MB heap, median of {rounds}: cold create + warm-up "
               f"{sb['cold_ms']:.0f} ms; checkpoint {sb['checkpoint_ms']:.0f} ms, restore "
               f"{sb['restore_ms']:.0f} ms (restore/cold {sb['restore_vs_cold']:.2f}); fork into "
-              f"{n} {sb['fork_ms']:.0f} ms ({sb['fork_per_copy_ms']:.0f} ms a copy)")
+              f"{n} {sb['fork_ms']:.0f} ms ({sb['fork_per_copy_ms']:.0f} ms a copy); copy "
+              f"checkpointed again {sb['redump_ms']:.0f} ms, restored {sb['chain_restore_ms']:.0f}"
+              f" ms; hibernate {sb['hibernate_ms']:.0f} ms, resume {sb['resume_ms']:.0f} ms "
+              f"(resume/cold {sb['resume_vs_cold']:.2f})")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

@@ -16,6 +16,11 @@ host's network in the same run.
   the UDP relay (TPROXY; runtime/net/udp.py); baseline: the host's network.
 - ``create_cow_volume_ms``: create→ready of a sandbox mounting a 1000-file ``cow``
   volume (median); baseline: ``network="none"`` without it, interleaved.
+- ``create_member_ms``: create→ready of a sandbox joining a private network (its link,
+  plus a veth pair on the network's bridge; runtime/net/private.py) that another member
+  keeps up (median); baseline: ``network="none"``, interleaved.
+- ``connect_private_ms``: the 50 connections of ``connect_policy_ms`` from one member to
+  an echo server in another, by address (veth + bridge, no proxy); baseline: the host's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_args  # noqa: E402  (a sibling script, not a package)
 from tests.security.net_helpers import server_ns  # noqa: E402
 
+from corral.network_schema import NetworkPolicy  # noqa: E402
 from corral.runtime.engine import Engine  # noqa: E402
 
 CONNECT = r"""
@@ -67,6 +73,11 @@ for _ in range(500):
 print((time.perf_counter() - t) / 500 * 1e6)
 """
 
+ECHO = ("nohup python3 -c \"import socket,threading\ns=socket.socket();s.setsockopt(1,2,1)\n"
+        "s.bind(('0.0.0.0',7000));s.listen(64)\ndef e(c):\n while d:=c.recv(4096): c.sendall(d)\n"
+        " c.close()\nwhile True: threading.Thread(target=e,args=(s.accept()[0],)).start()\" "
+        ">/dev/null 2>&1 &")
+
 
 def _make_volume(engine: Engine) -> None:
     src = Path(tempfile.mkdtemp(prefix="corral-bench-vol-"))
@@ -92,10 +103,13 @@ async def run(rounds: int) -> dict[str, float]:
         try:
             policy = {"allow": [f"{ip}"]}
             await asyncio.to_thread(_make_volume, engine)
-            times: dict[str, list[float]] = {"none": [], "policy": [], "cow": []}
+            engine.networks.create(None, "ep", NetworkPolicy(), private=True)
+            anchor = await engine.create(network="ep", memory_mb=128)  # keeps the bridge up
+            await engine.exec(anchor.id, ["sh", "-c", ECHO])
+            times: dict[str, list[float]] = {"none": [], "policy": [], "cow": [], "member": []}
             kinds: tuple[tuple[str, dict[str, Any]], ...] = (
                 ("none", {}), ("policy", {"network": policy}),
-                ("cow", {"volumes": {"/data": "bench"}}))
+                ("cow", {"volumes": {"/data": "bench"}}), ("member", {"network": "ep"}))
             for _ in range(rounds):
                 for kind, extra in kinds:
                     t = time.perf_counter()
@@ -105,10 +119,15 @@ async def run(rounds: int) -> dict[str, float]:
                     await asyncio.sleep(0.1)  # both kinds: warm slots (and links) refill
             filtered = await engine.create(network=policy, memory_mb=256)
             host = await engine.create(network="host", memory_mb=256)
+            member = await engine.create(network="ep", memory_mb=256)
+            peer = engine.net.private.lookup(member.id, anchor.id)
+            assert peer is not None
             res: dict[str, float] = {
                 "create_policy_ms": statistics.median(times["policy"]),
                 "create_none_ms": statistics.median(times["none"]),
                 "create_cow_volume_ms": statistics.median(times["cow"]),
+                "create_member_ms": statistics.median(times["member"]),
+                "connect_private_ms": await _figure(engine, member.id, CONNECT, peer),
                 "connect_policy_ms": await _figure(engine, filtered.id, CONNECT, ip),
                 "connect_host_ms": await _figure(engine, host.id, CONNECT, ip),
                 "download_100mb_policy_s": await _figure(engine, filtered.id, DOWNLOAD, ip),
@@ -131,6 +150,8 @@ def main() -> int:
     rows = [
         ("create_policy_ms", "create_none_ms", 'network="none"'),
         ("create_cow_volume_ms", "create_none_ms", "no volume"),
+        ("create_member_ms", "create_none_ms", 'network="none"'),
+        ("connect_private_ms", "connect_host_ms", 'network="host"'),
         ("connect_policy_ms", "connect_host_ms", 'network="host"'),
         ("download_100mb_policy_s", "download_100mb_host_s", 'network="host"'),
         ("udp_rtt_policy_us", "udp_rtt_host_us", 'network="host"'),

@@ -6,16 +6,20 @@
 # Build dependencies are Debian 12 packages, installed explicitly (only the `criu` binary is
 # built: no docs, no plugins). Run as root. Exit 0 also when CRIU cannot be built (live
 # checkpoints are optional; `corral doctor` says why they are off).
+# corral's patches (scripts/criu/*.patch, each saying why) are applied to the upstream
+# tree; the binary is cached as <version>-corral<PATCH_LEVEL> (corral.runtime.criu reads it).
 set -euo pipefail
 CACHE="${CORRAL_CACHE_DIR:-/var/cache/corral}"
 MIN_VERSION="4.2"
+PATCH_LEVEL=1  # = corral.runtime.criu.PATCH_LEVEL: bump it with each new patch
+PATCHES="$(cd "$(dirname "$0")" && pwd)/criu"
 DEST="$CACHE/criu"
 
 have_cached() {
     local bin
-    for bin in "$DEST"/*/criu; do
+    for bin in "$DEST"/*-corral"$PATCH_LEVEL"/criu; do
         [ -x "$bin" ] || continue
-        local v="${bin%/criu}"; v="${v##*/}"
+        local v="${bin%-corral*/criu}"; v="${v##*/}"
         if dpkg --compare-versions "$v" ge "$MIN_VERSION"; then echo "$bin"; return 0; fi
     done
     return 1
@@ -76,13 +80,17 @@ fi
 mkdir "$work/src/tree"
 tar -xf "$orig" -C "$work/src/tree" --strip-components=1
 tree="$work/src/tree"
+for p in "$PATCHES"/*.patch; do
+    patch -d "$tree" -p1 --quiet < "$p" || { echo "criu: $p does not apply to $version" >&2; exit 1; }
+done
 # only the binary: no docs, no plugins, no crit
 make -C "$tree" -j"$(nproc)" criu >"$work/build.log" 2>&1 || {
     tail -30 "$work/build.log" >&2; echo "criu: build failed" >&2; exit 1; }
-mkdir -p "$DEST/$version.tmp"
-install -m 0755 "$tree/criu/criu" "$DEST/$version.tmp/criu"
+name="$version-corral$PATCH_LEVEL"
+mkdir -p "$DEST/$name.tmp"
+install -m 0755 "$tree/criu/criu" "$DEST/$name.tmp/criu"
 chmod 0755 "$DEST"
-rm -rf "${DEST:?}/$version"
-mv "$DEST/$version.tmp" "$DEST/$version"
-echo "criu: built $version in $(( $(date +%s) - start )) s -> $DEST/$version/criu"
-"$DEST/$version/criu" check || echo "criu: \`criu check\` failed on this host (see corral doctor)" >&2
+rm -rf "${DEST:?}/$name"
+mv "$DEST/$name.tmp" "$DEST/$name"
+echo "criu: built $name in $(( $(date +%s) - start )) s -> $DEST/$name/criu"
+"$DEST/$name/criu" check || echo "criu: \`criu check\` failed on this host (see corral doctor)" >&2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -139,3 +140,30 @@ def make_daemon():
     for d in started:
         d.stop()
         shutil.rmtree(d.base, ignore_errors=True)
+
+
+# ``make test`` runs the suite on several pytest-xdist workers (``--dist loadgroup``).
+# Each test module stays on one worker (its module fixtures are set up once), and every
+# module that starts a Ray cluster shares one worker: one Ray cluster on the host at a
+# time, the session's own (tests/cluster/conftest.py), as in a serial run.
+_RAY_MODULE = re.compile(r"^\s*(import ray|from ray)\b|ray_cluster|ray_token_cluster|"
+                         r"corral_cluster|tenants_on_cluster|importorskip\(\"ray\"", re.M)
+
+
+def _xdist_group(path: Path, cache: dict[Path, str]) -> str:
+    if path not in cache:
+        try:
+            text = path.read_text()
+        except OSError:
+            text = ""
+        in_cluster_dir = path.parent.name == "cluster"
+        cache[path] = "ray" if in_cluster_dir or _RAY_MODULE.search(text) else str(path)
+    return cache[path]
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("dist", default="no") != "loadgroup":
+        return
+    cache: dict[Path, str] = {}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(Path(item.path), cache)))

@@ -12,6 +12,11 @@ Shared by the SDK (it validates before sending) and the daemon (which enforces i
     2001:db8::1            an IPv6 address; with a port in brackets: [2001:db8::1]:443
     pypi                   a preset: the index the host's pip uses, read at run time
 
+A policy may also join a *private network* (``"join": "NAME"``, a named network made
+with ``private=True``; ``"alias": "db"``, the name its other members reach it by,
+besides its id): the members reach each other directly, and nothing else unless
+their rules say so (docs/network.md, "Private networks").
+
 A destination is allowed if an ``allow`` rule matches it (allow wins over deny);
 otherwise it is refused if a ``deny`` rule matches, and otherwise allowed only when
 the policy has no ``allow`` rule at all (``{"deny": [...]}`` alone: the public
@@ -28,9 +33,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 __all__ = [
+    "ALIAS_RE",
     "MAX_RULES",
     "NETWORK_NAME_RE",
     "PRESETS",
@@ -47,6 +53,8 @@ MAX_RULES = 256  # per list (allow, deny)
 # a named network's (corral.Network): never "none" or "host" (the spec's own modes)
 NETWORK_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 RESERVED_NAMES = ("none", "host")
+# a member's name on a private network (a DNS label; sandbox ids are names there too)
+ALIAS_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 PRESETS = ("pypi",)
 _LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
@@ -148,6 +156,23 @@ class NetworkPolicy(BaseModel):
     deny: list[str] = Field(default_factory=list, max_length=MAX_RULES)
     # A cap on the sandbox's bandwidth, each way, in megabits per second (None: none).
     max_mbps: StrictInt | None = Field(None, ge=1, le=100_000)
+    # The private network (a named network made with private=True) the sandbox joins,
+    # fixed at create, and the name its other members reach it by (its id also works).
+    join: str | None = Field(None, pattern=NETWORK_NAME_RE.pattern)
+    alias: str | None = Field(None, pattern=ALIAS_RE.pattern)
+
+    @field_validator("alias")
+    @classmethod
+    def _alias(cls, alias: str | None) -> str | None:
+        if alias is not None and alias.startswith("sb-"):
+            raise ValueError(f"alias {alias!r} looks like a sandbox id: pick another")
+        return alias
+
+    @model_validator(mode="after")
+    def _joined(self) -> NetworkPolicy:
+        if self.alias is not None and self.join is None:
+            raise ValueError("an alias names a sandbox on a private network: give 'join' too")
+        return self
 
     @field_validator("allow", "deny")
     @classmethod
@@ -168,13 +193,16 @@ class NetworkPolicy(BaseModel):
 class NetworkInfo(BaseModel):
     """A named network (``corral.Network``): a policy stored on the daemon, per tenant,
     that sandboxes use by name (``network="NAME"``); each sandbox gets the policy as it
-    is when the sandbox is created."""
+    is when the sandbox is created. A ``private`` one also joins its sandboxes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=NETWORK_NAME_RE.pattern)
     policy: NetworkPolicy
     created_at: float = 0.0
+    # A private network: its sandboxes (network="NAME", or a policy with "join": "NAME")
+    # reach each other directly, on a bridge of their own (docs/network.md).
+    private: bool = False
 
     @field_validator("name")
     @classmethod

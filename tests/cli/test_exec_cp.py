@@ -94,6 +94,19 @@ def test_cp_files_both_ways(cli, sandbox, tmp_path):
     assert cli("cp", f"{sandbox.id}:/workspace/tool.sh", "-").out == "#!/bin/sh\necho tool\n"
 
 
+def test_cp_shows_progress_on_a_terminal_only(cli, sandbox, tmp_path, monkeypatch):
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(9 << 20))  # past PROGRESS_BYTES
+    quiet = cli("cp", str(big), f"{sandbox.id}:/workspace/")
+    assert (quiet.code, quiet.err) == (0, "")  # stderr no terminal: nothing
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: stderr is a terminal
+    up = cli("cp", str(big), f"{sandbox.id}:/workspace/again.bin")
+    assert up.code == 0 and f"big.bin -> {sandbox.id}" in up.err and "MB" in up.err
+    down = cli("cp", f"{sandbox.id}:/workspace/again.bin", str(tmp_path / "b"))
+    assert down.code == 0 and f"{sandbox.id}:again.bin" in down.err
+    assert (tmp_path / "b").read_bytes() == big.read_bytes()
+
+
 def test_cp_stdin_to_a_sandbox_file(cli_process, sandbox):
     r = cli_process("cp", "-", f"{sandbox.id}:/workspace/from-stdin.txt", input="piped\n")
     assert r.code == 0 and sandbox.files.read("/workspace/from-stdin.txt") == b"piped\n"

@@ -62,6 +62,12 @@ def test_checkpoint_restore_fork_and_rm(cli, client, tag):
             assert r.stdout.split() == [str(i), str(i)], r.stdout
         assert cli("snapshot", "rm", snap["id"]).code == 0
         assert snap["id"] not in {s["id"] for s in cli("snapshot", "ls", "--json").json()}
+        # hibernate (CLI), then the next command wakes it (HTTP, service layer), same id
+        before = count(copies[0])
+        assert cli("hibernate", copies[0].id).code == 0
+        assert corral.Sandbox.connect(copies[0].id, client=client).info.state == "paused"
+        assert count(copies[0]) >= before
+        assert copies[0].refresh().state == "running"
     finally:
         for s in [*copies, sb]:
             s.delete()

@@ -11,9 +11,12 @@ import stat
 
 import pytest
 
-from corral.errors import Unsupported
+from corral.errors import InvalidState, Unsupported
 from corral.runtime import checkpoint, criu
+from corral.runtime.engine import Engine
+from corral.runtime.layer_fetch import LayerFetcher
 from corral.runtime.paths import default_cache_dir
+from corral.runtime.terminal import TerminalSize
 
 COUNTER = (
     "nohup python3 -c 'import time\nb = bytearray(8 << 20)\ni = 0\nwhile True:\n"
@@ -115,13 +118,35 @@ async def heap_count(engine, sid) -> tuple[int, int]:
     raise AssertionError("the counter never wrote")
 
 
-async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engine, criu_cached):
+async def _does_not_travel_silently(engine, snap_id, tmp_path):
+    """On another node (a second engine) a live snapshot is refused typed, saying where
+    it is, rather than imported as files and restored without its processes."""
+    desc = engine.describe_snapshot(snap_id)
+    assert desc["kind"] == "live"
+    other = await Engine.open(tmp_path / "node-b")
+    try:
+        with pytest.raises(Unsupported) as err:
+            await LayerFetcher(other.snapshots).import_snapshot(desc, _no_layers, holder="node-a")
+        assert err.value.details["cause"] == "live_elsewhere"
+        assert "node-a" in err.value.message
+        assert other.list_snapshots() == []
+    finally:
+        await other.close()
+
+
+def _no_layers(digest, size):
+    raise AssertionError("a live snapshot's layers were fetched")
+
+
+async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engine, criu_cached,
+                                                                             tmp_path):
     sb = await engine.create(network="none", checkpointable=True, memory_mb=512)
     await engine.exec(sb.id, ["sh", "-c", HEAP_COUNTER])
     before, heap0 = await heap_count(engine, sb.id)
     snap = await engine.checkpoint(sb.id, name="live-counter")
     images = engine.checkpoint_images(snap.id)
     assert images is not None and images.stat().st_mode & 0o077 == 0
+    await _does_not_travel_silently(engine, snap.id, tmp_path)
     copy = await engine.restore_checkpoint(snap.id)
     assert copy.id != sb.id
     first, heap = await heap_count(engine, copy.id)
@@ -141,13 +166,83 @@ async def test_a_checkpoint_restores_into_a_new_sandbox_that_keeps_counting(engi
     ps = (await engine.exec(copy.id, ["sh", "-c", "cat /proc/[0-9]*/comm"])).stdout.split()
     assert ps[0] == b"agent" and b"python3" in ps, ps
     assert engine.cgroup(copy.id).path != engine.cgroup(sb.id).path
-    # not yet: a checkpoint of a restored copy (docs/live.md, "Not done"); typed, and
-    # the copy goes on
-    with pytest.raises(Unsupported) as err:
-        await engine.checkpoint(copy.id)
-    assert err.value.details["cause"] == "criu_error", err.value.message
-    assert (await heap_count(engine, copy.id))[0] > first
+    # a chain of forks (tree search): the copy is checkpointed and restored again
+    snap2 = await engine.checkpoint(copy.id, name="live-counter-2")
+    grand = await engine.restore_checkpoint(snap2.id)
+    n2, heap2 = await heap_count(engine, grand.id)
+    assert heap2 == heap0 and n2 >= first
+    await asyncio.sleep(0.3)
+    assert (await heap_count(engine, grand.id))[0] > n2
+    assert (await engine.exec(grand.id, ["id", "-u"])).stdout.strip() == b"1000"
+    assert (await heap_count(engine, copy.id))[0] > first  # the copy went on
+    await engine.delete(grand.id)
+    assert await engine.delete_snapshot(snap2.id)
     await engine.delete(copy.id)
     assert (await engine.exec(sb.id, ["echo", "alive"])).stdout.strip() == b"alive"
     assert await engine.delete_snapshot(snap.id)
     assert not images.exists()
+
+
+async def test_hibernate_frees_the_slot_and_resume_brings_the_processes_back(engine, criu_cached):
+    sb = await engine.create(network="none", checkpointable=True, memory_mb=512)
+    await engine.exec(sb.id, ["sh", "-c", HEAP_COUNTER])
+    before, heap0 = await heap_count(engine, sb.id)
+    cgroup = engine.cgroup(sb.id)
+    info = await engine.hibernate(sb.id)
+    assert info.state.value == "paused" and info.id == sb.id
+    assert not any(d.exists() for d in cgroup._hierarchies())  # memory, cgroup, processes: gone
+    assert [s.kind for s in engine.list_snapshots()] == ["live"]  # on disk, as a checkpoint
+    with pytest.raises(InvalidState):  # the engine's exec does not wake it (the service does)
+        await engine.exec(sb.id, ["true"])
+    assert (await engine.hibernate(sb.id)).state.value == "paused"  # idempotent
+    info = await engine.resume(sb.id)
+    assert info.id == sb.id and info.state.value == "running"
+    n, heap = await heap_count(engine, sb.id)
+    assert heap == heap0 and n >= before  # it counts on, its heap intact
+    assert engine.list_snapshots() == []  # the checkpoint went once it ran
+    # a second round, then an end while hibernated takes its checkpoint with it
+    await engine.hibernate(sb.id)
+    await engine.wake(sb.id)
+    assert (await heap_count(engine, sb.id))[0] >= n
+    await engine.hibernate(sb.id)
+    assert await engine.delete(sb.id)
+    for _ in range(100):
+        if not engine.list_snapshots():
+            break
+        await asyncio.sleep(0.02)
+    assert engine.list_snapshots() == []
+    assert list(checkpoint.images_root(engine.layout.state_dir, None).iterdir()) == []
+    # a sandbox that is not checkpointable is refused, typed, and runs on
+    plain = await engine.create(network="none")
+    with pytest.raises(InvalidState) as err:
+        await engine.hibernate(plain.id)
+    assert err.value.details["cause"] == "not_checkpointable"
+    assert (await engine.exec(plain.id, ["true"])).returncode == 0
+
+
+SERVER = ("nohup python3 -c 'import socket\ns = socket.socket()\n"
+          "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind((\"127.0.0.1\", 8123))\n"
+          "s.listen()\nn = 0\nwhile True:\n    c, _ = s.accept()\n    n += 1\n"
+          "    c.sendall(str(n).encode())\n    c.close()' >/dev/null 2>&1 &")
+CLIENT = ("python3 -c 'import socket, time\nfor _ in range(600):\n    try:\n"
+          "        c = socket.create_connection((\"127.0.0.1\", 8123)); break\n"
+          "    except OSError: time.sleep(0.05)\nprint(c.recv(9).decode())'")
+
+
+async def test_a_listening_server_and_a_pty_process_go_on_in_the_copy(engine, criu_cached):
+    """A server listening on loopback keeps its socket and its state (its count of
+    connections), and a process on a pseudo-terminal is there, in the restored copy."""
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.exec(sb.id, ["sh", "-c", SERVER])
+    assert (await engine.exec(sb.id, ["sh", "-c", CLIENT])).stdout == b"1\n"
+    await engine.spawn(sb.id, ["sh", "-c", "read x; echo $x"], terminal=TerminalSize(24, 80))
+    snap = await engine.checkpoint(sb.id)
+    copy = await engine.restore_checkpoint(snap.id)
+    assert (await engine.exec(copy.id, ["sh", "-c", CLIENT])).stdout == b"2\n"
+    assert (await engine.exec(sb.id, ["sh", "-c", CLIENT])).stdout == b"2\n"  # apart
+    ps = (await engine.exec(copy.id, ["sh", "-c", "cat /proc/[0-9]*/cmdline"])).stdout
+    assert b"read x" in ps
+    tty = await engine.exec(copy.id, ["sh", "-c", "ls /proc/[0-9]*/fd -l | grep -c /dev/pts/"])
+    assert int(tty.stdout) >= 1, tty
+    await engine.delete(copy.id)
+    await engine.delete_snapshot(snap.id)

@@ -33,6 +33,19 @@ def test_find_takes_the_newest_version_at_least_4_2(tmp_path):
     newest = _fake(tmp_path, "4.10.1")
     found = criu.find(tmp_path)
     assert found is not None and found.path == newest and found.version_text == "4.10.1"
+    assert not found.redumps
+    # a build with corral's patches (it can checkpoint restored copies) comes first
+    patched = _fake(tmp_path, f"4.2.1-corral{criu.PATCH_LEVEL}")
+    found = criu.find(tmp_path)
+    assert found is not None and found.path == patched and found.redumps
+    assert found.version_text == "4.2.1"
+
+
+def test_the_build_script_applies_the_patches_criu_py_expects():
+    text = SCRIPT.read_text()
+    assert f"PATCH_LEVEL={criu.PATCH_LEVEL} " in text
+    patches = sorted((SCRIPT.parent / "criu").glob("*.patch"))
+    assert len(patches) == criu.PATCH_LEVEL, patches
 
 
 def test_require_says_how_to_build_it(tmp_path):
@@ -55,6 +68,9 @@ def test_doctor_reports_a_failing_criu_check(tmp_path):
     assert check.status == doctor.WARN and "no vvar" in check.detail
     ok = _fake(tmp_path, "4.3")
     assert ok.exists()
+    check = doctor.live_checkpoints(Layout(tmp_path, tmp_path), run_check=True)
+    assert check.status == doctor.WARN and "patch" in check.detail  # unpatched: no re-dump
+    _fake(tmp_path, f"4.2.1-corral{criu.PATCH_LEVEL}")
     assert doctor.live_checkpoints(Layout(tmp_path, tmp_path), run_check=True).status == doctor.OK
 
 
@@ -71,7 +87,7 @@ def test_the_installed_criu_passes_its_check_here():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the build script runs as root")
 def test_build_script_reuses_the_cached_binary_without_apt(tmp_path):
-    binary = _fake(tmp_path, "4.2.1")
+    binary = _fake(tmp_path, f"4.2.1-corral{criu.PATCH_LEVEL}")
     # a cached binary: the script exits before any apt-get (no network, instant)
     env = {"CORRAL_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,

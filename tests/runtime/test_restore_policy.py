@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.network_schema import NetworkPolicy
+from corral.runtime.net.netns import NETNS_DIR
 from tests.conftest import requires_root
 from tests.security.net_helpers import no_host_proxy, server_ns  # noqa: F401  (a fixture)
 from tests.security.test_network_policy import probe
@@ -47,20 +49,27 @@ async def test_a_policy_sandbox_is_handed_over_with_its_network():
     with server_ns(2, "GOOD") as good, server_ns(6, "BAD") as bad:
         hosts = {"good.test": good, "bad.test": bad}
         first = await Engine.open(state, network_hosts=hosts, restore_grace=60, warm_slots=0)
-        try:
-            made = await first.create(network={"allow": ["good.test", f"{good}:7002"]},
-                                      memory_mb=128)
+        try:  # on a private network too (net/private.py): its bridge is handed over
+            first.networks.create(None, "ep", NetworkPolicy(), private=True)
+            made = await first.create(network={"allow": ["good.test", f"{good}:7002"],
+                                               "join": "ep", "alias": "m"}, memory_mb=128)
+            member = first.net.private.lookup(made.id, "m")
+            bridge = first.net.private.member(made.id)[0].netns
             assert await _fetch(first, made.id, "good.test") == "GOOD GET / HTTP/1.0"
             netns = first._live[made.id].netns
             assert netns is not None and Path(netns).exists()
         finally:
             await first.close(handover=True)
-        assert Path(netns).exists()  # kept for the next engine
+        assert Path(netns).exists() and (NETNS_DIR / bridge).exists()  # kept for the next
 
         second = await Engine.open(state, network_hosts=hosts, restore_grace=60, warm_slots=0)
         try:
             assert second.get(made.id).state.value == "running"
             assert second._live[made.id].netns == netns
+            assert second.net.private.lookup(made.id, made.id) == member  # its place, read back
+            r = await second.exec(made.id, ["python3", "-c",
+                                            "import socket; print(socket.gethostbyname('m'))"])
+            assert r.stdout.decode().strip() == member
             assert await _fetch(second, made.id, "good.test") == "GOOD GET / HTTP/1.0"
             assert await _fetch(second, made.id, "bad.test") != "BAD GET / HTTP/1.0"
             # UDP by address: its entries are in the new table's sets again
@@ -70,6 +79,7 @@ async def test_a_policy_sandbox_is_handed_over_with_its_network():
             assert ("good.test", "allowed") in verdicts and ("bad.test", "refused") in verdicts
             await second.stop(made.id, grace=0)
             assert not Path(netns).exists()  # its link went with it
+            assert not (NETNS_DIR / bridge).exists()  # and the bridge, with its last member
         finally:
             await second.close()
 

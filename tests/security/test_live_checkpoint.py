@@ -15,14 +15,22 @@ are apart from another's, and the sandbox goes on untouched."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from corral.errors import CorralError, InvalidState, Unsupported
+from corral.errors import (
+    CorralError,
+    InvalidState,
+    SandboxNotFound,
+    SnapshotNotFound,
+    Unsupported,
+)
 from corral.runtime import checkpoint, criu, live_images
 from corral.runtime.paths import default_cache_dir
 from corral.schema import SandboxState
@@ -240,3 +248,88 @@ async def test_the_isolation_suite_holds_in_restored_copies(engine, state_dir, n
         await test(restoring, state_dir)
     else:
         await test(restoring)
+
+
+async def test_another_tenant_reaches_no_live_snapshot_and_no_hibernated_sandbox(engine):
+    """bob cannot restore alice's live snapshot, hibernate, resume or wake her sandbox:
+    each answers as an unknown id does, and her sandbox stays hibernated."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    with engine.owners.acting_as("alice"):
+        snap = await engine.checkpoint(sb.id, name="alice-live")
+    try:
+        with engine.owners.acting_as("bob"):
+            for ref in (snap.id, "alice-live"):
+                with pytest.raises(SnapshotNotFound):
+                    await engine.create(snapshot=ref)
+            with pytest.raises(SandboxNotFound):
+                await engine.hibernate(sb.id)
+        with engine.owners.acting_as("alice"):
+            await engine.hibernate(sb.id)
+        with engine.owners.acting_as("bob"):
+            await engine.wake(sb.id)  # nothing: not bob's
+            with pytest.raises(SandboxNotFound):
+                await engine.resume(sb.id)
+            assert [s.id for s in engine.list_snapshots()] == []
+        assert engine._get_live(sb.id).hibernated is not None  # still hibernated
+        with engine.owners.acting_as("alice"):
+            await engine.wake(sb.id)
+            assert (await engine.exec(sb.id, ["echo", "mine"])).stdout.strip() == b"mine"
+    finally:
+        await engine.delete(sb.id)
+        await engine.delete_snapshot(snap.id)
+
+
+async def test_a_hibernated_sandbox_with_edited_images_resumes_confined_or_stays_hibernated(
+        engine):
+    """Its images edited on disk while it sleeps (no seccomp image): the resume fails
+    typed, nothing of it runs, it stays hibernated and can be deleted with its images."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.hibernate(sb.id)
+    images = engine.checkpoint_images(engine._get_live(sb.id).hibernated)
+    _drop_seccomp(images)
+    running = {i.id for i in engine.list() if i.state == SandboxState.RUNNING}
+    with pytest.raises(CorralError):
+        await engine.resume(sb.id)
+    assert {i.id for i in engine.list() if i.state == SandboxState.RUNNING} == running
+    info = engine.get(sb.id)
+    assert info.state == SandboxState.PAUSED and engine._get_live(sb.id).hibernated
+    assert await engine.delete(sb.id)
+    for _ in range(100):
+        if not images.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert not images.exists()
+
+
+def test_staged_images_are_links_only_the_restoring_slot_can_read(tmp_path):
+    """A restore reads the checkpoint's own files through hard links (no copy): the new
+    slot's root may read them until the restore ends, no other uid ever."""
+    uid, other = 3_000_000, 3_000_100  # two sandboxes' host uids (never used by a slot)
+    images = tmp_path / "snap"
+    images.mkdir(mode=0o700)
+    for name, data in (("pages-1.img", b"secret" * 1000), ("userns-1.img", b"forged"),
+                       (live_images.META, b"{}")):
+        (images / name).write_bytes(data)
+        os.chmod(images / name, 0o600)
+    dest = tmp_path / "sb" / "images"
+    dest.parent.mkdir()
+    live_images.stage(images, dest, uid=uid)
+    page = dest / "pages-1.img"
+    assert page.stat().st_ino == (images / "pages-1.img").stat().st_ino  # a link
+
+    def read_as(who: int, path: Path) -> bool:  # from its directory, as CRIU opens them
+        return subprocess.run(["setpriv", f"--reuid={who}", f"--regid={who}", "--clear-groups",
+                               "cat", path.name], cwd=path.parent,
+                              capture_output=True).returncode == 0
+
+    assert read_as(live_images.root_uid(uid), page)
+    assert not read_as(uid, page) and not read_as(other, page)
+    assert not read_as(live_images.root_uid(other), page)
+    assert not read_as(live_images.root_uid(uid), images / "pages-1.img")  # 0700 dir
+    assert (dest / "userns-1.img").read_bytes() == live_images.userns_image(uid)  # anew
+    assert not (dest / live_images.META).exists()
+    live_images.unstage(images, uid=uid)
+    assert not read_as(live_images.root_uid(uid), page)  # access taken back
+    assert stat.S_IMODE((images / "pages-1.img").stat().st_mode) & 0o077 in (0, 0o040)

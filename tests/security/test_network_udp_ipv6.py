@@ -81,12 +81,13 @@ async def test_udp_allowed_by_address_refused_otherwise(net):
     else is refused at once (ECONNREFUSED, not a 5 s timeout), never arrives, and is in
     the sandbox's events; the policy's TCP names open no UDP."""
     engine, good, bad, logs = net
-    sb = await engine.create(network={"allow": [f"{good}:7002", "six.test", "*"]})
+    sb = await engine.create(network={"allow": [f"{good}:7002", f"{good}:7004", "six.test", "*"]})
     got = await probe(engine, sb.id, good=f'udp("{good}", 7002)',
                       bad=f'udp("{bad}", 7002, "secret")',
-                      other_port=f'udp("{good}", 7003, "secret")')
+                      other_port=f'udp("{good}", 7003, "secret")',
+                      far_closed=f'udp("{good}", 7004)')  # allowed; the far end's ICMP back
     assert got == {"good": "GOOD hi", "bad": "ConnectionRefusedError",
-                   "other_port": "ConnectionRefusedError"}
+                   "other_port": "ConnectionRefusedError", "far_closed": "ConnectionRefusedError"}
     assert (logs / "good").read_bytes() == b"hi\n"
     assert not (logs / "bad").exists()  # nothing of it left the host
     ev = refused(engine, sb.id, "udp")
@@ -104,7 +105,8 @@ async def test_udp_allowed_by_address_refused_otherwise(net):
 @pytest.mark.skipif(not ipv6_on(), reason="the host has no IPv6 (links get IPv4 only)")
 async def test_ipv6_filtered_as_strictly_as_ipv4(net):
     engine, good, bad, logs = net
-    wide = {"allow": [v6(good), "six.test", "ula.test", f"[{v6(good)}]:7002"]}
+    wide = {"allow": [v6(good), "six.test", "ula.test", f"[{v6(good)}]:7002",
+                      f"[{v6(good)}]:7004"]}
     other = await engine.create(network=wide)
     sb = await engine.create(network=wide)
     link = engine.net._by_id[sb.id].link
@@ -120,6 +122,7 @@ async def test_ipv6_filtered_as_strictly_as_ipv4(net):
         other=f'tcp("{other_ip}", 8000)',
         udp_ok=f'udp("{v6(good)}", 7002)',
         udp_bad=f'udp("{v6(bad)}", 7002, "secret")',
+        udp_far_closed=f'udp("{v6(good)}", 7004)',  # the far end's ICMPv6 passed back
     )
     assert got["literal"] == "ping"
     assert got["by_name"].startswith("GOOD GET /")
@@ -127,7 +130,7 @@ async def test_ipv6_filtered_as_strictly_as_ipv4(net):
     assert got["denied_name"] == "gaierror"
     for key in ("denied", "ula", "host_end", "other"):
         assert got[key] == "ConnectionResetError", (key, got[key])  # a reset, not a hang
-    assert got["udp_bad"] == "ConnectionRefusedError"
+    assert got["udp_bad"] == got["udp_far_closed"] == "ConnectionRefusedError"
     assert not (logs / "bad").exists()
     tcp = refused(engine, sb.id, "tcp")
     assert any(e["ip"] == v6(bad) for e in tcp)

@@ -3,7 +3,9 @@
 A connection killed mid-body leaves the upload at the bytes that arrived and the rest
 resumes from there; the SDK's ``files.upload(..., resumable=True)`` sends parts; an
 upload id is its tenant's and its sandbox's only (another tenant's id is unknown); an
-upload that lies about its size, or resumes from the wrong offset, is refused typed.
+upload that lies about its size, or resumes from the wrong offset, is refused typed;
+open uploads stage no more than their sandbox's disk_mb, nor eat the host's disk reserve,
+and go with their sandbox.
 """
 
 from __future__ import annotations
@@ -68,8 +70,11 @@ def test_killed_connection_resumes_from_its_offset(team, tmp_path, monkeypatch):
         monkeypatch.setattr(files, "UPLOAD_PART", 1 << 20)
         local = tmp_path / "model.ckpt"
         local.write_bytes(blob)
-        sb.files.upload(local, "ckpt/model.ckpt", resumable=True)
+        seen: list[tuple[int, int]] = []
+        sb.files.upload(local, "ckpt/model.ckpt", resumable=True,
+                        progress=lambda n, total: seen.append((n, total)))
         assert sb.files.read("ckpt/model.ckpt") == blob
+        assert seen == [(n << 20, SIZE) for n in range(1, 4)]  # as each part is taken
         sb.delete()
     team.cleanup()
     no_traceback(team)
@@ -109,4 +114,84 @@ def test_upload_ids_are_their_tenants_and_sizes_are_kept(team):
         sb.delete()
         mine.delete()
     team.cleanup()
+    no_traceback(team)
+
+
+def test_open_uploads_cannot_stage_more_than_the_sandbox_or_the_host_holds(team):
+    """Sixteen uploads each as large as the sandbox's disk staged 16x its disk_mb on the
+    host, and nothing kept the host's disk reserve: the sizes of a sandbox's open uploads
+    add up to its disk_mb at most, and all open uploads fit above the reserve."""
+    from corral.errors import StorageFull
+
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(memory_mb=64, disk_mb=64, client=alice)
+        base = f"/v1/sandboxes/{sb.id}/uploads"
+        alice.request("POST", base, json={"path": "a", "size": 40 << 20})
+        with pytest.raises(FileTooLarge, match="open uploads already declare"):
+            alice.request("POST", base, json={"path": "b", "size": 40 << 20})
+        up = alice.request("POST", base, json={"path": "b", "size": 24 << 20}).json()
+        alice.request("PATCH", f"{base}/{up['upload_id']}", content=b"x" * (1 << 20),
+                      headers={"Upload-Offset": "0"})  # a part staged on the host
+        staged = team.daemon.state_dir / "uploads" / f"{up['upload_id']}.part"
+        assert staged.stat().st_size == 1 << 20
+        sb.delete()  # its uploads go with it (a revoked tenant never sweeps its own)
+        for _ in range(100):
+            if not staged.exists():
+                break
+            time.sleep(0.05)
+        assert not staged.exists()
+        huge = corral.Sandbox.create(memory_mb=64, disk_mb=1 << 22, client=alice)
+        with pytest.raises(StorageFull):  # 4 TiB: more than this host's disk keeps free
+            alice.request("POST", f"/v1/sandboxes/{huge.id}/uploads",
+                          json={"path": "x", "size": (1 << 42) - 1})
+        huge.delete()
+    no_traceback(team)
+
+
+def test_an_upload_abandoned_while_its_bytes_come_is_not_found_not_a_traceback(team):
+    token = team.tokens["alice"]
+    with corral.Client(team.url, token=token) as alice:
+        sb = corral.Sandbox.create(memory_mb=64, client=alice)
+        base = f"/v1/sandboxes/{sb.id}/uploads"
+        uid = alice.request("POST", base, json={"path": "f", "size": 8}).json()["upload_id"]
+        s = socket.create_connection(("127.0.0.1", team.port))
+        s.sendall((f"PATCH {base}/{uid} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+                   "\r\nUpload-Offset: 0\r\nContent-Length: 8\r\nConnection: close\r\n\r\n"
+                   "1234").encode())
+        for _ in range(100):  # the first bytes arrived
+            if alice.request("GET", f"{base}/{uid}").json()["offset"] == 4:
+                break
+            time.sleep(0.05)
+        alice.request("DELETE", f"{base}/{uid}")
+        s.sendall(b"5678")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 404") and b"upload_not_found" in reply, reply[:300]
+        assert not sb.files.exists("f")
+        sb.delete()
+    no_traceback(team)
+
+
+def test_a_number_in_unicode_digits_is_a_typed_400_not_a_traceback(team):
+    """A hostile TCP client: ``"²".isdigit()`` is true but ``int("²")`` fails, so an
+    ``Upload-Offset``, a ``limit`` or a ``max_mb`` of superscript digits passed the check
+    and raised ValueError: a 500 and a traceback. Such numbers are 400 ``invalid_argument``."""
+    import httpx
+
+    auth = {"Authorization": f"Bearer {team.tokens['alice']}"}
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice, \
+            httpx.Client(base_url=team.url, headers=auth, timeout=60) as http:
+        sb = corral.Sandbox.create(memory_mb=64, client=alice)
+        base = f"/v1/sandboxes/{sb.id}"
+        uid = http.post(f"{base}/uploads", json={"path": "f", "size": 4}).json()["upload_id"]
+        replies = [
+            http.patch(f"{base}/uploads/{uid}", content=b"abcd",
+                       headers={"Upload-Offset": "\u00b2".encode("latin-1")}),
+            http.get(f"{base}/logs", params={"limit": "\u00b2"}),
+            http.post("/v1/volumes", params={"name": "v", "max_mb": "\u00b3"}, content=b""),
+        ]
+        assert [r.status_code for r in replies] == [400] * 3, [r.text for r in replies]
+        sb.delete()
     no_traceback(team)

@@ -2,7 +2,8 @@
 host's disk with snapshots: like a stopped sandbox's kept files, a snapshot's copy never
 takes the filesystem under the state directory below its reserve (10 %, at least
 1 GiB). On a state directory with less than that free, a snapshot and a fork are
-refused with storage_full (507), nothing half-made, the sandbox untouched."""
+refused with storage_full (507), nothing half-made, the sandbox untouched; so are a live
+checkpoint (CRIU wrote its images with no check) and a resumable upload."""
 
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ def test_snapshots_never_take_the_disk_below_its_reserve(small_daemon):
         ran = c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
         assert ran.status_code == 200, ran.text
         assert ran.json()["returncode"] == 0, ran.text
+        c.delete(f"/v1/sandboxes/{sid}")
+        # a live checkpoint (CRIU's images: up to the sandbox's memory) and a resumable
+        # upload's staged bytes keep the reserve too
+        made = c.post("/v1/sandboxes", json={"memory_mb": 64, "checkpointable": True})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        live = c.post(f"/v1/sandboxes/{sid}/checkpoint", json={})
+        assert live.status_code == 507 and live.json()["error"]["code"] == "storage_full", live.text
+        up = c.post(f"/v1/sandboxes/{sid}/uploads", json={"path": "f", "size": 1 << 20})
+        assert up.status_code == 507 and up.json()["error"]["code"] == "storage_full", up.text
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
         c.delete(f"/v1/sandboxes/{sid}")
     layers = small_daemon.state_dir / "layers"
     if layers.is_dir():  # no staged copy left behind

@@ -1,5 +1,6 @@
 """Volumes (runtime/volumes.py): one copy on disk mounted into many sandboxes; ``cow``
-writes stay private, ``ro`` refuses them, ``rw`` shares them; a tenant's volumes are
+writes stay private, ``ro`` refuses them, ``rw`` shares them (a tenant's only with a
+``max_mb``: uncapped writes would fill the host's disk); a tenant's volumes are
 its own; names, host paths and mount points an attacker picks are refused typed."""
 
 from __future__ import annotations
@@ -66,12 +67,10 @@ def test_cow_volume_shared_by_many_sandboxes_stays_unchanged(team, dataset):
         finally:
             for sb in boxes:
                 sb.delete()
-        rw = [corral.Sandbox.create(memory_mb=64, volumes={"/d": "ds:rw"}, client=alice)
-              for _ in range(2)]
-        rw[0].exec("echo shared > /d/out", timeout=30)
-        assert rw[1].files.read("/d/out") == b"shared\n"
-        for sb in rw:
-            sb.delete()
+        # rw of a volume with no size: its writes would land on the host's disk,
+        # capped by nothing (a tenant's sandbox filled it); rw needs max_mb
+        with pytest.raises(Forbidden, match="max_mb"):
+            corral.Sandbox.create(memory_mb=64, volumes={"/d": "ds:rw"}, client=alice)
         vol.delete()
         assert corral.Volume.list(client=alice) == []
     team.cleanup()
@@ -170,6 +169,8 @@ def test_rw_volume_writes_are_capped_and_snapshots_say_what_they_hold(team, data
         a, b = (corral.Sandbox.create(memory_mb=64, volumes={"/d": "capped:rw"}, client=c)
                 for _ in range(2))
         try:
+            a.exec("echo shared > /d/out", timeout=30)
+            assert b.files.read("/d/out") == b"shared\n"  # one volume, both writers
             r = a.exec("dd if=/dev/zero of=/d/fill bs=1M count=32", timeout=60)
             assert r.returncode != 0 and "No space left" in r.stderr
             with pytest.raises(VolumeFull) as exc:

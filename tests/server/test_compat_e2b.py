@@ -536,3 +536,29 @@ def test_async_sdk(daemon_ok):
         asyncio.run(main())
     """)
     assert out == {"run": "async\n", "read": "1", "kill": True}
+
+
+def test_pause_of_a_checkpointable_sandbox_hibernates_and_connect_restores_it(daemon_ok):
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    out = run_script(daemon_ok, """
+        sb = Sandbox.create(metadata={"corral.checkpointable": "true"}, timeout=120)
+        sb.commands.run("python3 -c 'import time\\ni = 0\\nwhile True:\\n    i += 1\\n"
+                        "    open(\\"/tmp/count\\", \\"w\\").write(str(i))\\n    "
+                        "time.sleep(0.05)'", background=True)
+        before = ""
+        for _ in range(300):
+            before = sb.commands.run("cat /tmp/count 2>/dev/null || true").stdout
+            if before:
+                break
+        sb.pause()
+        out["paused"] = Sandbox.get_info(sb.sandbox_id).state.value
+        again = Sandbox.connect(sb.sandbox_id)
+        out["counts_on"] = int(again.commands.run("cat /tmp/count").stdout) >= int(before)
+        out["id"] = again.sandbox_id == sb.sandbox_id
+        again.kill()
+    """)
+    assert out == {"paused": "paused", "counts_on": True, "id": True}

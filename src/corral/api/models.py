@@ -334,6 +334,8 @@ class NetworkCreate(_Body):
 
     name: str = Field(description="1-63 of a-z 0-9 . _ - ('none' and 'host' are modes)")
     policy: NetworkPolicy
+    private: bool = Field(False, description="its sandboxes reach each other directly "
+                          "(a private network, docs/network.md)")
 
 
 class NetworkList(_Body):

@@ -234,8 +234,16 @@ OPERATIONS: tuple[Operation, ...] = (
         errors=(*_ON_SANDBOX,), routing=Routing.SANDBOX,
     ),
     Operation(
-        "resume_sandbox", "POST", _SB + "/resume", "Thaw a sandbox", reply=SandboxInfo,
-        errors=(*_ON_SANDBOX,), routing=Routing.SANDBOX,
+        "resume_sandbox", "POST", _SB + "/resume",
+        "Thaw a paused sandbox, or restore a hibernated one under its id", reply=SandboxInfo,
+        errors=(*_ON_SANDBOX, SandboxStartError), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "hibernate_sandbox", "POST", _SB + "/hibernate",
+        "Write a checkpointable sandbox's processes to disk and free its memory, keeping its "
+        "id; resume (or its next command or file operation) restores it (docs/live.md)",
+        reply=SandboxInfo, errors=(*_ON_SANDBOX, SnapshotTooLarge, StorageFull, Unsupported),
+        routing=Routing.SANDBOX,
     ),
     Operation(
         "kill_processes", "POST", _SB + "/kill-processes",

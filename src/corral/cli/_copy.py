@@ -16,6 +16,8 @@ A local path that contains ``:`` can be written ``./name:with:colons``.
   the destination and renamed into place only once complete, so a failed copy leaves
   nothing behind; it never merges into an existing directory (remove that first).
   The host refuses device files, absolute paths and hard links out of the copy.
+- A file of 8 MiB or more shows a progress bar (bytes, speed, time left) on stderr when
+  stderr is a terminal; nothing otherwise. Files over 256 MiB go as resumable uploads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 from pathlib import Path
 
 import corral
-from corral.cli._output import Context, UsageError
+from corral.cli._output import Context, Output, UsageError
 from corral.client._tree import staged
 
 _REMOTE = re.compile(r"^(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*):(?P<path>.*)$")
@@ -56,14 +58,15 @@ def cp(args: argparse.Namespace, ctx: Context) -> int:
             "e.g. corral cp app.py sb-1234:/workspace/"
         )
     if dst is not None:
-        _upload(corral.Sandbox.connect(dst[0], client=ctx.client), args.src, dst[1])
+        _upload(corral.Sandbox.connect(dst[0], client=ctx.client), args.src, dst[1], ctx.output)
     else:
         assert src is not None
-        _download(corral.Sandbox.connect(src[0], client=ctx.client), src[1], args.dst)
+        _download(corral.Sandbox.connect(src[0], client=ctx.client), src[1], args.dst,
+                  ctx.output)
     return 0
 
 
-def _upload(sandbox: corral.Sandbox, local: str, remote: str) -> None:
+def _upload(sandbox: corral.Sandbox, local: str, remote: str, out: Output) -> None:
     if local == "-":
         sandbox.files.write(remote, sys.stdin.buffer.read())
         return
@@ -71,12 +74,14 @@ def _upload(sandbox: corral.Sandbox, local: str, remote: str) -> None:
     name = source.resolve().name
     target = _remote_target(sandbox, remote, name)
     if not source.is_dir():
-        sandbox.files.upload(source, target)  # a missing source raises FileNotFoundError
+        size = source.stat().st_size  # a missing source raises FileNotFoundError
+        with out.transfer(f"{name} -> {sandbox.id}", size) as progress:
+            sandbox.files.upload(source, target, progress=progress)
         return
     sandbox.files.upload_dir(source, target)
 
 
-def _download(sandbox: corral.Sandbox, remote: str, local: str) -> None:
+def _download(sandbox: corral.Sandbox, remote: str, local: str, out: Output) -> None:
     info = sandbox.files.stat(remote)
     if not info.is_dir:
         if local == "-":
@@ -84,8 +89,9 @@ def _download(sandbox: corral.Sandbox, remote: str, local: str) -> None:
             sys.stdout.flush()
             return
         target = _local_target(Path(local), info.name)
-        with staged(target, directory=False) as tmp:
-            sandbox.files.download(remote, tmp)
+        with staged(target, directory=False) as tmp, \
+                out.transfer(f"{sandbox.id}:{info.name}", info.size) as progress:
+            sandbox.files.download(remote, tmp, progress=progress)
             tmp.chmod(info.mode & 0o777)
         return
     if local == "-":

@@ -1,4 +1,4 @@
-"""``corral network create NAME --allow RULE ... [--deny RULE ...] [--max-mbps N]``,
+"""``corral network create NAME --allow RULE ... [--deny RULE ...] [--max-mbps N] [--private]``,
 ``corral network ls``, ``corral network show NAME``, ``corral network rm NAME``: named
 networks (egress policies), used with ``corral create --network NAME``."""
 
@@ -21,6 +21,8 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
                    help="a name, *.domain, IP or CIDR, optionally :PORT, or a preset (pypi)")
     c.add_argument("--deny", action="append", default=[], metavar="RULE")
     c.add_argument("--max-mbps", type=int, default=None, metavar="N")
+    c.add_argument("--private", action="store_true",
+                   help="its sandboxes reach each other directly, by id or --alias")
     c.set_defaults(handler=create)
     ls_ = nsub.add_parser("ls", parents=conn, help="list your named networks")
     ls_.set_defaults(handler=ls)
@@ -34,7 +36,8 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
     net = corral.Network.create(args.name, allow=args.allow, deny=args.deny,
-                                max_mbps=args.max_mbps, client=ctx.client)
+                                max_mbps=args.max_mbps, private=args.private,
+                                client=ctx.client)
     ctx.output.line(net.name)
     return 0
 
@@ -43,7 +46,9 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     for net in corral.Network.list(client=ctx.client):
         policy = net.policy
         assert policy is not None
-        ctx.output.line(f"{net.name}\tallow={','.join(policy.allow)}\tdeny={','.join(policy.deny)}")
+        kind = "\tprivate" if net.info is not None and net.info.private else ""
+        ctx.output.line(f"{net.name}\tallow={','.join(policy.allow)}\tdeny={','.join(policy.deny)}"
+                        + kind)
     return 0
 
 

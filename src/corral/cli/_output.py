@@ -10,13 +10,23 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 import corral
 
@@ -25,6 +35,9 @@ T = TypeVar("T")
 PROGRESS_MIN = 10
 """Calls fanned out at once from which ``rm`` and friends show a progress bar."""
 
+
+PROGRESS_BYTES = 8 << 20
+"""Files from this size on show a progress bar while ``cp`` moves them (on a terminal)."""
 
 UNLIMITED_WIDTH = 10_000
 
@@ -88,6 +101,20 @@ class Output:
             else:
                 raise exc
         return results
+
+    @contextmanager
+    def transfer(self, label: str, total: int) -> Iterator[Callable[[int, int], None] | None]:
+        """A bar of bytes on stderr for moving ``total`` bytes: the ``progress(done,
+        total)`` callback that feeds it, or None (stderr is no terminal, or the file is
+        under :data:`PROGRESS_BYTES`: nothing is shown)."""
+        if not self.err.is_terminal or total < PROGRESS_BYTES:
+            yield None
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=self.err, transient=True) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda done, _total: bar.update(task, completed=done)
 
     def report_failures(self, results: Sequence[object], what: str) -> int:
         """Print each distinct error of ``results`` once; the exit status (0 or 1)."""

@@ -1,4 +1,5 @@
-"""Commands on whole sandboxes: create, ls, pause, resume, stop, rm, and the daemon's info."""
+"""Commands on whole sandboxes: create, ls, pause, resume, hibernate, stop, rm, and the
+daemon's info."""
 
 from __future__ import annotations
 
@@ -30,10 +31,14 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
     were given)."""
     given = {f: getattr(args, _FLAG_OF.get(f, f), None) for f in SPEC_FIELDS}
     allow, deny = getattr(args, "allow", None), getattr(args, "deny", None)
-    if allow or deny:
+    join, alias = getattr(args, "join", None), getattr(args, "alias", None)
+    if allow or deny or join or alias:
         if given.get("network") is not None:
-            raise UsageError("--allow/--deny make an egress policy: leave out --network")
-        given["network"] = {"allow": allow or [], "deny": deny or []}
+            raise UsageError("--allow/--deny/--join make an egress policy: leave out --network")
+        if alias and not join:
+            raise UsageError("--alias names the sandbox on a private network: give --join too")
+        given["network"] = {"allow": allow or [], "deny": deny or [],
+                            **({"join": join, "alias": alias} if join else {})}
     return {k: v for k, v in given.items() if v is not None and v != [] and v != {}}
 
 
@@ -155,6 +160,10 @@ def pause(args: argparse.Namespace, ctx: Context) -> int:
 
 def resume(args: argparse.Namespace, ctx: Context) -> int:
     return _on_each(ctx, args.ids, "resuming", corral.Sandbox.resume)
+
+
+def hibernate(args: argparse.Namespace, ctx: Context) -> int:
+    return _on_each(ctx, args.ids, "hibernating", corral.Sandbox.hibernate)
 
 
 def stop(args: argparse.Namespace, ctx: Context) -> int:

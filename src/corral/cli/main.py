@@ -173,6 +173,10 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="egress policy: allow a domain, *.domain, IP or CIDR (:PORT), or "
                    "'pypi'; repeatable (docs/network.md)")
     p.add_argument("--deny", action="append", metavar="RULE", help="egress policy: deny")
+    p.add_argument("--join", metavar="NAME", help="join a private network (with the "
+                   "--allow/--deny rules given; none: it reaches only the other members)")
+    p.add_argument("--alias", metavar="NAME", help="with --join: the name the other members "
+                   "reach it by")
     p.add_argument("--volume", dest="volumes", type=_env_pair, action=_EnvAction,
                    metavar="PATH=NAME[:MODE]", help="mount a volume (mode cow, ro or rw); "
                    "repeatable")
@@ -330,7 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, handler, what in (
         ("pause", _sandboxes.pause, "freeze sandboxes (they keep their memory)"),
-        ("resume", _sandboxes.resume, "thaw paused sandboxes"),
+        ("resume", _sandboxes.resume, "thaw paused sandboxes, restore hibernated ones"),
+        ("hibernate", _sandboxes.hibernate, "write checkpointable sandboxes' processes to "
+         "disk and free their memory (resume or their next use restores them)"),
         ("stop", _sandboxes.stop, "stop sandboxes' processes (they stay listed until rm)"),
     ):
         p = sub.add_parser(name, parents=conn, help=what)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -68,6 +68,8 @@ class _FileBody:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.size = self.path.stat().st_size
+        # called with the bytes read so far, after each piece (upload progress)
+        self.progress: Callable[[int], object] | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -101,6 +103,8 @@ class SyncFileBody(_FileBody):
                 piece = self._piece(f, sent)
                 sent += len(piece)
                 yield piece
+                if self.progress is not None:
+                    self.progress(sent)
             self._check_end(f)
 
 
@@ -115,6 +119,8 @@ class AsyncFileBody(_FileBody):
                 piece = await asyncio.to_thread(self._piece, f, sent)
                 sent += len(piece)
                 yield piece
+                if self.progress is not None:
+                    self.progress(sent)
             await asyncio.to_thread(self._check_end, f)
         finally:
             f.close()

@@ -128,11 +128,41 @@ def build_env(workdir):
             "GOPATH": os.path.join(workdir, ".gopath")}
 
 
+class Guard:
+    """Whether a program disturbed the judge while it ran. Its processes have the
+    judge's uid, so they may stop it (SIGSTOP, SIGTSTP...) or lower its scheduling
+    (``setpriority``, ``sched_setscheduler(SCHED_IDLE)``): either way the judge no
+    longer looks at the program's memory, which may then hold far more than its limit
+    and give it back before it ends. What resumes a stopped process is SIGCONT, which
+    the judge catches; its scheduling it compares with what it was at the start."""
+
+    def __init__(self):
+        self.continued = 0
+        self.sched = self._sched()
+        signal.signal(signal.SIGCONT, self._resumed)
+
+    def _resumed(self, signum, frame):
+        self.continued += 1
+
+    @staticmethod
+    def _sched():
+        return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+
+    def why(self):
+        """``None``, or how the judge was disturbed."""
+        if self.continued:
+            return "the program stopped the judge"
+        if self._sched() != self.sched:
+            return "the program lowered the judge's scheduling priority"
+        return None
+
+
 def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True, env=None,
-                exe_fd=None):
+                exe_fd=None, guard=None):
     """Run ``argv`` with ``data`` on its stdin. A dict: ``status`` (exited, signaled,
-    timeout, memory, output), ``code``, ``cpu`` seconds, ``rss`` peak bytes, ``stdout``
-    (bytes, at most ``out_cap``), ``stderr`` (text, its tail)."""
+    timeout, memory, output, disturbed: ``guard`` says the judge was, ``why`` how),
+    ``code``, ``cpu`` seconds, ``rss`` peak bytes, ``stdout`` (bytes, at most
+    ``out_cap``), ``stderr`` (text, its tail)."""
     memory = CaseMemory(mem_bytes) if mem_bytes else None  # before the spawn: its baseline
     r_in, w_in = os.pipe()
     r_out, w_out = os.pipe()
@@ -168,7 +198,7 @@ def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True,
         os.chdir(here)
     for fd in (r_in, w_out, w_err):
         os.close(fd)
-    result = _watch(pid, w_in, r_out, r_err, data, start + wall, memory, out_cap)
+    result = _watch(pid, w_in, r_out, r_err, data, start + wall, memory, out_cap, guard)
     result["wall"] = time.monotonic() - start
     if memory is not None:  # what it left behind (orphans, files) before the sweep
         if memory.over():
@@ -180,6 +210,8 @@ def run_program(argv, cwd, data, wall, mem_bytes, out_cap, cpu=None, sweep=True,
         cpu, rss = _reap()  # what it left behind counts: its CPU, its peak
         result["cpu"] += cpu
         result["rss"] = max(result["rss"], rss)
+    if guard is not None and guard.why():  # last: its leftovers too, until the sweep
+        result["status"], result["why"] = "disturbed", guard.why()
     return result
 
 
@@ -211,7 +243,7 @@ def _runqueue_wait(pid):
         return 0.0
 
 
-def _watch(pid, w_in, r_out, r_err, data, deadline, memory, out_cap):
+def _watch(pid, w_in, r_out, r_err, data, deadline, memory, out_cap, guard=None):
     pidfd = os.pidfd_open(pid)
     # the guard stops a program that waits (sleeps, blocks); one that waited for a CPU
     # on a busy host gets that time back, up to 4x the guard in all
@@ -236,6 +268,8 @@ def _watch(pid, w_in, r_out, r_err, data, deadline, memory, out_cap):
                     memory.over() or waited is None and _rss(pid) > memory.limit):
                 status = "memory"
                 break
+            if guard is not None and guard.why():
+                break  # run_program reports it
             if waited is not None and not readers:
                 break
             wait = max(0.0, min(deadline - now, MEM_POLL if memory else 0.05))
@@ -459,7 +493,7 @@ class CheckerBroken(Exception):
 # ------------------------------------------------------------------ judging
 
 
-def judge_case(program, case, req, checker):
+def judge_case(program, case, req, checker, guard=None):
     """``[verdict, cpu seconds, peak bytes, note, score]`` of one test case (``score``:
     its credit, 1 for ``AC``, between 0 and 1 for a checker's partial credit ``PC``)."""
     lang = program.lang
@@ -472,8 +506,10 @@ def judge_case(program, case, req, checker):
     # CPU time decides a TLE; the wall-clock guard only stops a program that waits
     # (sleeps, blocks), generous so a loaded machine never turns a fast one into a TLE.
     r = run_program(argv, program.workdir, case["input"].encode(), cpu * 3 + 5, mem_bytes,
-                    req["output_limit"], cpu=cpu, env=build_env(program.workdir))
+                    req["output_limit"], cpu=cpu, env=build_env(program.workdir), guard=guard)
     used = [round(r["cpu"], 4), r["rss"]]
+    if r["status"] == "disturbed":  # its memory went unwatched: never judged on
+        return ["RE", *used, "%s while it ran" % r["why"]]
     oom = any(sign in r["stderr"] or sign in r["stderr_head"] for sign in oom_signs)
     if r["status"] == "memory" or r["rss"] > mem_bytes or (oom and r["code"] != 0):
         why = r.get("memory_note")
@@ -515,12 +551,13 @@ def judge_all(req):
         if program is None:
             return {"compile": ["error", message], "tests": [["CE", 0, 0, None]] * n}
         forbid_sockets()  # from here on: no socket to keep memory in (case_memory)
+        guard = Guard()
         results, failed = [], False
         for case in cases:
             if failed and req["stop_on_failure"]:
                 results.append(["SKIP", 0, 0, None])
                 continue
-            results.append(judge_case(program, case, req, checker))
+            results.append(judge_case(program, case, req, checker, guard))
             failed = failed or results[-1][0] != "AC"
         return {"compile": ["ok", None], "tests": results}
     finally:

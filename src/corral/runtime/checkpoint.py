@@ -50,6 +50,9 @@ CAUSES = (
     ("Can't setns", "nested_userns",
      "CRIU cannot enter the sandbox's namespaces from its user namespace"),
     ("doesn't have a proper root mount", "mount", "a mount of the sandbox is not external"),
+    ("on procfs: Permission denied", "criu_unpatched",
+     "this CRIU build cannot checkpoint a restored copy (it lacks corral's patch: "
+     f"{criu.BUILD})"),
     ("Unix socket", "agent_socket",
      "the agent's control socket belongs to the host's network namespace"),
 )
@@ -234,6 +237,7 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
         as_uid = None
         if uid is not None:  # only a checkpointable sandbox gets here
             live_images.check_mounts([m.rsplit(":", 1)[1] for m in mounts[1::2]])
+            own += ["--empty-ns", "net"]  # loopback alone: made again at restore (live_images)
             channels = agent_sockets(pid)
             own += [f"--external=unix[{ino}]" for ino in channels.values()]
             as_uid = userns_owner(pid) or None  # see dumper(); root: a restored copy's

@@ -257,7 +257,7 @@ class _Translator:
             known = {s.alias: s.index for s in self.stages[:-1] if s.alias}
             if frm.lower() in known:
                 stage = known[frm.lower()]
-            elif frm.isdigit() and int(frm) < self.stage.index:
+            elif frm.isdecimal() and int(frm) < self.stage.index:
                 stage = int(frm)
             else:
                 image = frm

@@ -24,18 +24,26 @@ import lzma
 import os
 import posixpath
 import shlex
-import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from corral.errors import DockerfileError, FileNotFound, ImageBuildError, InvalidArgument
+from corral.errors import (
+    CorralError,
+    DockerfileError,
+    FileNotFound,
+    ImageBuildError,
+    ImageImportError,
+    InvalidArgument,
+)
 from corral.image_schema import BuildEvent, BuildStats, relative_copy_source
 from corral.runtime.distribution import is_reference
 from corral.runtime.dockerfile import Source, Stage, parse_dockerfile
 from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import BUILD_TAG, BuildResult, ImageBuild, host_cpus
 from corral.runtime.image_pull import SCRATCH, ensure_scratch, pull_image
+from corral.runtime.layer_codec import copy_bounded, expansion_limit
 from corral.runtime.oci import apply_layer
 from corral.schema import NetworkMode, SandboxSpec
 
@@ -166,7 +174,10 @@ def _unpack_tar(archive: Path, work: Path) -> None:
     opener = (gzip.open if head.startswith(b"\x1f\x8b") else bz2.open if head.startswith(b"BZh")
               else lzma.open if head.startswith(b"\xfd7zXZ") else open)
     with opener(archive, "rb") as fin, open(plain, "wb") as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
+        try:  # bounded: a small bzip2 or xz of zeros expands to terabytes
+            copy_bounded(fin, fout, expansion_limit(plain), f"ADD {archive.name}")
+        except ImageImportError as exc:
+            raise ImageBuildError(exc.message, details=exc.details) from None
     tree = work / "tree"
     tree.mkdir(mode=0o755)
     apply_layer(tree, plain)  # no path or link out of the tree, no device, no set-id bit
@@ -183,6 +194,12 @@ async def _export(engine: Any, image: str, path: str, work: Path) -> Path:
     try:
         try:
             top = await engine.stat(info.id, path)
+            if top.is_symlink:
+                # The source itself a link: followed inside the image, as Docker does.
+                # Exported as a link, the copy step would follow it on the host (as root:
+                # a stage's ``ln -s /etc/shadow /x`` copied the host's file in).
+                top = replace(top, is_symlink=False, mode=0o755,
+                              is_dir=await _is_dir(engine, info.id, top.path))
         except FileNotFound:
             raise ImageBuildError(f"COPY --from: {path} does not exist in {image}",
                                   details={"image": image, "path": path}) from None
@@ -196,6 +213,18 @@ async def _export(engine: Any, image: str, path: str, work: Path) -> Path:
         return dest
     finally:
         await engine.delete(info.id)
+
+
+async def _is_dir(engine: Any, sid: str, path: str) -> bool:
+    """Whether ``path`` is (or links to) a directory in the sandbox; FileNotFound if it
+    leads nowhere there."""
+    try:
+        await engine.list_dir(sid, path)
+    except FileNotFound:
+        raise
+    except CorralError:  # ENOTDIR: a file
+        return False
+    return True
 
 
 async def _export_dir(engine: Any, sid: str, path: str, dest: Path, budget: list[int]) -> None:
@@ -222,6 +251,10 @@ async def _export_one(engine: Any, sid: str, entry: Any, dest: Path, budget: lis
         raise ImageBuildError(f"COPY --from copies more than {MAX_EXPORT_BYTES} bytes",
                               details={"path": entry.path})
     data = await engine.read_file(sid, entry.path, max_bytes=MAX_EXPORT_BYTES)
+    budget[0] -= max(0, len(data) - entry.size)  # a followed link's size is its target's
+    if budget[0] < 0:
+        raise ImageBuildError(f"COPY --from copies more than {MAX_EXPORT_BYTES} bytes",
+                              details={"path": entry.path})
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)

@@ -204,6 +204,10 @@ def live_checkpoints(layout: Layout, *, run_check: bool | None = None) -> Check:
                      f"CRIU {found.version_text} at {found.path}; `criu check` needs root",
                      "sudo corral doctor")
     ok, output = criu.check(found)
+    if ok and not found.redumps:
+        return Check("live checkpoints", WARN,
+                     f"CRIU {found.version_text} at {found.path} passed criu check but lacks "
+                     "corral's patch: a restored copy cannot be checkpointed again", criu.BUILD)
     if ok:
         return Check("live checkpoints", OK,
                      f"CRIU {found.version_text} at {found.path}: criu check passed")

@@ -61,6 +61,7 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
+from corral.runtime.engine_hibernate import HibernateOps
 from corral.runtime.engine_lifetime import LifetimeOps
 from corral.runtime.engine_live import LiveOps
 from corral.runtime.engine_network import NetworkOps
@@ -117,7 +118,7 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
+class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
              LifetimeOps, QueryOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
@@ -155,6 +156,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
+        self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        self.events.subscribe(SandboxEnded, self._hibernated_ended)
         self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images, self.owners)
@@ -299,7 +302,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        build_root: bool = False, **kw: Any,
+        build_root: bool = False, sandbox_id: str | None = None, **kw: Any,
     ) -> SandboxInfo:
         """Create a sandbox and wait until its agent is ready to run commands.
 
@@ -308,7 +311,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         ``ro_binds`` puts copies of host files read-only at ``/.corral/DIR/FILE`` (never
         committed); ``build_root`` runs it as root in its user namespace (a ``user: root``
         step: :mod:`corral.runtime.rootbuild`). From a live snapshot it runs the
-        snapshot's processes on (:mod:`corral.runtime.engine_live`).
+        snapshot's processes on (:mod:`corral.runtime.engine_live`); ``sandbox_id``: a
+        hibernated sandbox's, resumed (:mod:`corral.runtime.engine_hibernate`).
         """
         if self.closed:
             raise InvalidState("the engine is closed")
@@ -323,7 +327,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         spec = self.resolve_network(spec)  # network="NAME": NetworkNotFound now
-        sid = _new_id(self.id_prefix)
+        sid = sandbox_id or _new_id(self.id_prefix)
         spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
         try:
             images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
@@ -430,7 +434,7 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
             devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
         slot.cgroup.restrict_devices(rules)
         if live.images is not None:
-            self._restored(live, slot)  # or InvalidState: a forged checkpoint
+            await self._restored(live, slot)  # or InvalidState: a forged checkpoint
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )
@@ -519,7 +523,8 @@ class Engine(LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, R
                 live.cgroup.freeze()
         return self.get(sandbox_id)
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
+    async def _resume_running(self, sandbox_id: str) -> SandboxInfo:
+        """Thaw a paused sandbox (``resume``, engine_hibernate.py, also wakes one)."""
         live = self._get_live(sandbox_id)
         async with live.lock:
             if live.state == SandboxState.PAUSED:

@@ -16,12 +16,14 @@ import asyncio
 import os
 import shutil
 import socket
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound
-from corral.runtime import checkpoint, criu, live_images
+from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, StorageFull
+from corral.runtime import checkpoint, criu, layer_fetch, live_images
 from corral.runtime.engine_network import made_in
+from corral.runtime.storage import room_above_reserve
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
 RESTORE_NETNS_TIMEOUT_S = 60.0
+HELPERS_WAIT_S = 2.0  # CRIU's action script exits at once (live_images.LO_UP)
 
 
 class LiveOps:
@@ -63,6 +66,16 @@ class LiveOps:
                 details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
         self.snapshots.check_name(name, live.spec.tenant)
         self.snapshots.check_quota(live.spec.tenant, {})
+        # CRIU writes its images straight under the state directory: up to the
+        # sandbox's memory, never below the disk's reserve (as a snapshot's copy)
+        room = await asyncio.to_thread(room_above_reserve, self.layout.state_dir)
+        if room < live.spec.memory_mb << 20:
+            raise StorageFull(
+                f"no room to checkpoint sandbox {sandbox_id}: its process images may take "
+                f"its memory_mb ({live.spec.memory_mb} MiB) and the disk under "
+                f"{self.layout.state_dir} keeps its reserve free; delete snapshots or free "
+                "space there", details={"path": str(self.layout.state_dir),
+                                        "sandbox_id": sandbox_id})
         async with live.lock:
             if live.ending or live.state != SandboxState.RUNNING or live.proc is None:
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
@@ -98,6 +111,14 @@ class LiveOps:
     def _kind(self, snap: SnapshotInfo) -> SnapshotInfo:
         live = self.checkpoint_images(snap.id) is not None
         return snap.model_copy(update={"kind": "live"}) if live else snap
+
+    def describe_snapshot(self, id_or_name: str) -> dict[str, Any]:
+        """What another node needs to restore a snapshot
+        (:func:`~corral.runtime.layer_fetch.describe`), with its ``kind``: a live one's
+        process images do not travel (:func:`~corral.runtime.layer_fetch.refuse_live`)."""
+        desc = layer_fetch.describe(self.snapshots, id_or_name)
+        desc["kind"] = self.get_snapshot(desc["id"]).kind
+        return desc
 
     def checkpoint_images(self, snapshot: str) -> Path | None:
         """The process images of a live snapshot (by id or name); None for a snapshot of
@@ -167,16 +188,32 @@ class LiveOps:
         slot.reattach.close()
         slot.sock, slot.reattach = ours, r_ours
 
-    def _restored(self, live: Live, slot: Slot) -> None:
+    async def _restored(self, live: Live, slot: Slot) -> None:
         """The restored agent answered: drop the staged images and check that every
         restored process is confined as a sandbox's are (a forged image cannot lift
-        that: :func:`~corral.runtime.live_images.check_restored`)."""
+        that: :func:`~corral.runtime.live_images.check_restored`). CRIU's own short-lived
+        children (its action script, run for each of its steps) are waited out: a
+        child of CRIU that is still there after :data:`HELPERS_WAIT_S` is not one."""
         self._restore_done(live, ok=True)
-        live_images.check_restored(live.cgroup.pids(), outer=slot.proc.pid, uid=live.uid)
+        outer = slot.proc.pid
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HELPERS_WAIT_S
+        while True:
+            try:
+                live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid)
+                return
+            except InvalidState as exc:
+                if loop.time() > deadline or _parent(exc.details["pid"]) not in (outer, None):
+                    raise
+            await asyncio.sleep(0.005)
 
     def _restore_done(self, live: Live, ok: bool) -> str:
-        """Remove a restore's staged images; CRIU's errors if it failed."""
+        """Remove a restore's staged images (and its read access to the checkpoint's);
+        CRIU's errors if it failed."""
         dest = live.sandbox_dir / RESTORE_DIR
+        if live.images is not None:
+            with suppress(OSError):
+                live_images.unstage(live.images, uid=live.uid)
         errors = ""
         if not ok:
             try:
@@ -187,6 +224,15 @@ class LiveOps:
                 pass
         shutil.rmtree(dest, ignore_errors=True)
         return errors
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of host pid ``pid``; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(status.split("PPid:", 1)[1].split()[0])
 
 
 def _pairs() -> tuple[tuple[socket.socket, socket.socket], tuple[socket.socket, socket.socket]]:

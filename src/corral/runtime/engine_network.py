@@ -59,16 +59,33 @@ class NetworkOps:
 
     def resolve_network(self, spec: SandboxSpec) -> SandboxSpec:
         """A spec naming a network (``network="NAME"``) with that network's policy as it
-        is now (the acting owner's own network; NetworkNotFound otherwise)."""
+        is now (the acting owner's own network; NetworkNotFound otherwise), joining it
+        if it is private. A policy joining one (``"join"``) must name a private network
+        of the owner's."""
+        if isinstance(spec.network, NetworkPolicy) and spec.network.join is not None:
+            owner = self.owners.stamp(spec).tenant
+            if not self.networks.get(owner, spec.network.join).private:
+                raise InvalidArgument(
+                    f"network {spec.network.join!r} is not private: only sandboxes of a "
+                    "network made with private=True (corral network create NAME --private) "
+                    "join one", details={"field": "network.join"})
+            return spec
         if type(spec.network) is not str:  # NetworkMode is a str too
             return spec
         owner = self.owners.stamp(spec).tenant  # a tenant's own, whatever it claims
         info = self.networks.get(owner, spec.network)
-        return spec.model_copy(update={"network": info.policy})
+        policy = info.policy.model_copy(update={"join": info.name}) if info.private \
+            else info.policy
+        return spec.model_copy(update={"network": policy})
 
-    def create_network(self, name: str, policy: NetworkPolicy) -> NetworkInfo:
+    def create_network(self, name: str, policy: NetworkPolicy, *,
+                       private: bool = False) -> NetworkInfo:
         """A named network of the acting owner (the caller checked its rules' rights)."""
-        return self.networks.create(self.owners.acting(), name, policy)
+        if policy.join is not None or policy.alias is not None:
+            raise InvalidArgument("a named network's policy has no 'join' or 'alias': make "
+                                  "it private=True, and give an alias per sandbox",
+                                  details={"field": "policy.join"})
+        return self.networks.create(self.owners.acting(), name, policy, private=private)
 
     def list_networks(self) -> list[NetworkInfo]:
         return self.networks.of(self.owners.acting())
@@ -77,14 +94,21 @@ class NetworkOps:
         return self.networks.get(self.owners.acting(), name)
 
     def remove_network(self, name: str) -> None:
-        """Remove it (sandboxes made from it keep their copy of its policy)."""
-        self.networks.remove(self.owners.acting(), name)
+        """Remove it (sandboxes made from it keep their copy of its policy); a private
+        one only when no sandbox is on it."""
+        owner = self.owners.acting()
+        if self.networks.get(owner, name).private and (
+                on := self.net.private.members(owner, name)):
+            raise InvalidState(f"private network {name!r} has {len(on)} sandboxes on it "
+                               f"({', '.join(on[:5])}): delete them first",
+                               details={"network": name, "sandboxes": on[:100]})
+        self.networks.remove(owner, name)
 
     async def _attach_network(self, live: Live) -> None:
         """A policy sandbox's link, made before its launcher starts (which joins it)."""
         if not isinstance(live.spec.network, NetworkPolicy):
             return
-        link = await self.net.attach(live.id, live.spec.network)
+        link = await self.net.attach(live.id, live.spec.network, live.spec.tenant)
         live.netns = str(link.netns_path)
         # any nameserver does: nftables sends all DNS to corral's resolver
         (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
@@ -133,6 +157,14 @@ class NetworkOps:
                                       "'deny': [...]}; 'none' and 'host' are fixed at create")
             network = SandboxSpec.parse(network=network).network  # type: ignore[assignment]
         assert isinstance(network, NetworkPolicy)
+        old = live.spec.network
+        assert isinstance(old, NetworkPolicy)
+        if (network.join, network.alias) != (None, None) and (
+                (network.join, network.alias) != (old.join, old.alias)):
+            raise InvalidArgument(f"sandbox {sandbox_id} joined network {old.join!r} as "
+                                  f"{old.alias!r} at create: that stays; leave 'join' and "
+                                  "'alias' out", details={"field": "network.join"})
+        network = network.model_copy(update={"join": old.join, "alias": old.alias})
         async with live.lock:
             spec = SandboxSpec.parse({**live.spec.model_dump(mode="json", exclude={"secrets"}),
                                       "secrets": live.spec.secret_env(),

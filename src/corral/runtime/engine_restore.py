@@ -176,7 +176,7 @@ class RestoreOps:
         if (link := self._handed_links.pop(live.id, None)) is not None:
             assert isinstance(live.spec.network, NetworkPolicy)
             try:  # its policy enforced again, by this engine's table, resolver and proxy
-                await self.net.adopt(live.id, live.spec.network, link)
+                await self.net.adopt(live.id, live.spec.network, link, live.spec.tenant)
             except (OSError, CorralError) as exc:
                 self.net.links.release(link)
                 await self._end(live, SandboxState.FAILED,

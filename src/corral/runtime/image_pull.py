@@ -16,7 +16,7 @@ out of the layer, no device node, no set-id bit, no extended attribute), so
 
 Every blob is checked against its digest (and each layer's unpacked tar against the
 config's ``diff_ids``); a manifest is capped at 4 MiB, a config at 8 MiB, and what one
-pull may unpack at ``max_bytes`` (default :data:`DEFAULT_MAX_BYTES`, or
+pull may unpack at ``max_bytes`` (default :data:`~corral.runtime.layer_codec.DEFAULT_MAX_BYTES`, or
 ``CORRAL_PULL_MAX_BYTES``). Blobs download into ``<images_dir>/.blobs/`` and are
 deleted once unpacked; a download cut off (by the network, or a killed daemon) is
 resumed from where it stopped with a ``Range`` request, by this pull or the next.
@@ -58,12 +58,11 @@ from corral.runtime.distribution import (
 from corral.runtime.fsutil import _flock, _remove_tree
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image, ImageStore
+from corral.runtime.layer_codec import MAX_BYTES_ENV, max_pull_bytes
 from corral.runtime.oci import _env, _workdir, apply_overlay_layer, choose_platform
 
 SCRATCH = "scratch"
 BLOBS = ".blobs"
-MAX_BYTES_ENV = "CORRAL_PULL_MAX_BYTES"
-DEFAULT_MAX_BYTES = 64 << 30
 MAX_CONFIG_BYTES = 8 << 20
 MAX_LAYERS = 127  # Docker's own limit
 RESUME_TRIES = 8
@@ -80,11 +79,6 @@ def local_name(ref: str | Reference) -> str:
     text = str(ref if isinstance(ref, Reference) else parse_reference(ref))
     slug = _SLUG_RE.sub("-", text.lower()).strip("-._")[:54].rstrip("-._") or "image"
     return f"{slug}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-
-
-def max_pull_bytes() -> int:
-    raw = os.environ.get(MAX_BYTES_ENV, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_BYTES
 
 
 def pull_image(store: ImageStore, ref: str, *, name: str | None = None,

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import os
 import shutil
 import subprocess
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Protocol
 
 from corral.errors import ImageImportError
+from corral.runtime.storage import room_above_reserve
 
+MAX_BYTES_ENV = "CORRAL_PULL_MAX_BYTES"
+DEFAULT_MAX_BYTES = 64 << 30
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20
@@ -85,8 +89,42 @@ def open_layer(path: Path, what: str) -> Iterator[IO[bytes]]:
             raise ImageImportError(f"{what}: bad zstd data ({err or f'exit {code}'})")
 
 
+def max_pull_bytes() -> int:
+    """What one pull or import may unpack (:data:`MAX_BYTES_ENV`, else the default)."""
+    raw = os.environ.get(MAX_BYTES_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_BYTES
+
+
+def expansion_limit(dest: Path) -> int:
+    """What a compressed archive may expand to in ``dest``'s directory: at most what a
+    pull may unpack, and never past the disk's reserve there (a few MB of bzip2 or xz
+    of zeros expand to terabytes)."""
+    return min(max_pull_bytes(), room_above_reserve(dest.parent))
+
+
+class Readable(Protocol):
+    """What :func:`copy_bounded` reads from (a file, a gzip, bz2 or lzma stream)."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+def copy_bounded(src: Readable, out: IO[bytes], limit: int, what: str) -> None:
+    """Copy ``src`` to ``out``; :class:`~corral.errors.ImageImportError` past ``limit``
+    bytes."""
+    n = 0
+    while chunk := src.read(_CHUNK):
+        n += len(chunk)
+        if n > limit:
+            raise ImageImportError(
+                f"{what} expands past {max(0, limit)} bytes (what one import may unpack, "
+                f"{MAX_BYTES_ENV}, or the room above the disk's reserve): refused",
+                details={"limit": max(0, limit)})
+        out.write(chunk)
+
+
 def decompress_to(path: Path, dest: Path, what: str) -> None:
-    """Write the plain tar of the layer at ``path`` to ``dest``."""
+    """Write the plain tar of the layer at ``path`` to ``dest``, within
+    :func:`expansion_limit`."""
+    limit = expansion_limit(dest)
     with open_layer(path, what) as src, open(dest, "wb") as out:
-        copy: Any = shutil.copyfileobj
-        copy(src, out, _CHUNK)
+        copy_bounded(src, out, limit, what)

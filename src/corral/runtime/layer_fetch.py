@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.errors import InvalidArgument, InvalidState
+from corral.errors import InvalidArgument, InvalidState, Unsupported
 from corral.runtime import image_cache, layer_wire
 from corral.runtime.layers import Layer, LayerStore, layer_id
 from corral.runtime.registry import SnapshotRow
@@ -69,6 +69,21 @@ def describe(snapshots: Snapshots, ref: str) -> dict[str, Any]:
     }
 
 
+def refuse_live(desc: dict[str, Any], holder: str | None) -> None:
+    """:class:`Unsupported` (``cause: live_elsewhere``) for a live snapshot taken on
+    another node: its process images (CRIU's, docs/live.md) stay where they were taken,
+    and a copy of its files alone would start none of its processes, silently."""
+    if desc.get("kind") != "live":
+        return
+    sid, where = str(desc.get("id"))[:40], f"node {holder[:80]}" if holder else "its node"
+    raise Unsupported(
+        f"snapshot {sid} is live (its processes' memory is on {where}, which took it): "
+        "restore it there (Sandbox.create(snapshot=..., node=...) on that node, or fork "
+        "the sandbox there); a snapshot of its files (sb.snapshot(), `corral snapshot "
+        "create` without --live) travels to any node",
+        details={"snapshot_id": sid, "cause": "live_elsewhere", "node": holder})
+
+
 def layer_path_for(snapshots: Snapshots, digest: str) -> Any:
     """The tree of the layer ``digest`` if a snapshot or a built image here holds it,
     else None: a peer reads only layers known to this daemon, by digest, never a path."""
@@ -95,12 +110,16 @@ class LayerFetcher:
         self._inflight: dict[tuple[str, str], asyncio.Future[Layer]] = {}
         self._shared: dict[str, asyncio.Future[Any]] = {}
 
-    async def import_snapshot(self, desc: dict[str, Any], open_layer: OpenLayer) -> SnapshotInfo:
-        """Register here the snapshot ``desc`` (:func:`describe` of a peer), fetching the
-        layers of its chain this node lacks. Idempotent; concurrent imports share one."""
+    async def import_snapshot(self, desc: dict[str, Any], open_layer: OpenLayer,
+                              holder: str | None = None) -> SnapshotInfo:
+        """Register here the snapshot ``desc`` (:func:`describe` of a peer, the node
+        ``holder``'s), fetching the layers of its chain this node lacks. Idempotent;
+        concurrent imports share one. A live snapshot (``desc["kind"]``) does not travel:
+        :func:`refuse_live`."""
         sid = desc.get("id")
         if not isinstance(sid, str) or not _SNAPSHOT_ID.fullmatch(sid):
             raise InvalidArgument(f"the peer described no valid snapshot id ({str(sid)[:80]!r})")
+        refuse_live(desc, holder)
         here = self.snapshots.registry.snapshot(sid)
         if here is not None:
             return here.info()

@@ -66,6 +66,7 @@ class Live:
     volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
     images: Path | None = None  # restored from these live checkpoint images (docs/live.md)
     program: tuple[str, ...] = ()  # run as root in place of bubblewrap: CRIU's restore
+    hibernated: str | None = None  # its processes are this checkpoint's (engine_hibernate)
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

@@ -13,14 +13,20 @@ host, so its images are hostile input: nothing it is told comes from them.
 - **The agent's channels**: the socket inodes CRIU must hand over (``--inherit-fd``)
   are the engine's own record (``corral.json``, written by the dump, root's), checked
   to be numbers; the descriptors are the new slot's.
-- Each restore gets its own directory of hard links (the pages are never copied) plus
-  its user namespace image, in the new sandbox's directory, root-only.
+- Each restore gets its own directory of hard links (the pages are never copied; an
+  ACL entry lets the new slot's root read them while it restores) plus its user
+  namespace image, in the new sandbox's directory.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from corral.errors import InvalidState, Unsupported
@@ -32,6 +38,14 @@ CRIU_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # CRIU runs ip and iptables-restore
 _COMMON_MAGIC = 0x54564319  # CRIU's images/magic.h: IMG_COMMON_MAGIC
 _USERNS_MAGIC = 0x55474906  # USERNS_MAGIC
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+# A checkpointable sandbox's network namespace holds loopback alone (a policy's is
+# refused at checkpoint): rather than CRIU making it again (several `ip` and
+# `iptables-restore` runs), it is made empty and its loopback brought up, once the
+# namespaces exist and before any socket is restored (CRIU's setup-namespaces action).
+LO_UP = """#!/bin/sh
+[ "$CRTOOLS_SCRIPT_ACTION" = setup-namespaces ] || exit 0
+exec nsenter --target "$CRTOOLS_INIT_PID" --net ip link set lo up
+"""
 
 
 def mount_key(point: str, seen: dict[str, int]) -> str:
@@ -105,10 +119,12 @@ def userns_image(uid: int) -> bytes:
 def stage(images: Path, dest: Path, *, uid: int) -> None:
     """``dest`` (made here): ``images``' files for host uid ``uid``, the user namespace
     image written anew. CRIU reads the images from inside the new user namespace (as
-    its root, or as host root without capabilities): they are copies, owned by its
-    root's host uid and group 0, 0440, in a directory only searchable (0711).
-    Nothing of the sandbox reaches the directory (its root is elsewhere) while CRIU
-    restores, and it is removed once the agent answers."""
+    its root, or as host root without capabilities). Each image is a hard link to the
+    checkpoint's own file (no byte copied), which an ACL entry lets the new slot's root
+    read (:func:`unstage` removes it); where links or ACLs do not work (another
+    filesystem), a copy owned by its root's host uid and group 0, 0440. ``dest`` is
+    only searchable (0711); nothing of the sandbox reaches it (its root is elsewhere)
+    while CRIU restores, and it is removed once the agent answers."""
     dest.mkdir(mode=0o711)
     os.chmod(dest, 0o711)
     userns = 0
@@ -118,6 +134,8 @@ def stage(images: Path, dest: Path, *, uid: int) -> None:
         if entry.name == META or entry.suffix not in (".img", ".gz"):
             continue
         userns += entry.name.startswith("userns-")
+        if not entry.name.startswith("userns-") and _link(entry, dest / entry.name, uid):
+            continue
         fd = os.open(dest / entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o440)
         try:
             if entry.name.startswith("userns-"):
@@ -136,13 +154,76 @@ def stage(images: Path, dest: Path, *, uid: int) -> None:
         raise InvalidState(f"{images} has {userns} user namespaces, not 1")
 
 
+def unstage(images: Path, *, uid: int) -> None:
+    """A restore for host uid ``uid`` ended: its read access to ``images`` goes."""
+    with _acl_lock(images):
+        for entry in images.iterdir():
+            if entry.suffix == ".img" and not entry.is_symlink():
+                try:
+                    _set_reader(entry, root_uid(uid), add=False)
+                except OSError:
+                    continue
+
+
+def _link(src: Path, dst: Path, uid: int) -> bool:
+    """``dst`` a hard link to ``src`` readable by ``uid``'s root (an ACL entry), or
+    False where that cannot be (another filesystem, no ACLs): then it is copied."""
+    try:
+        with _acl_lock(src.parent):
+            _set_reader(src, root_uid(uid), add=True)
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+_ACL = "system.posix_acl_access"
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+
+
+def _set_reader(path: Path, uid: int, *, add: bool) -> None:
+    """Add (or remove) a read entry for host uid ``uid`` in ``path``'s POSIX ACL
+    (linux/posix_acl_xattr.h); the owner keeps read and write, nobody else has any."""
+    try:
+        raw = os.getxattr(path, _ACL, follow_symlinks=False)
+        users = {i for t, _, i in struct.iter_unpack("<HHI", raw[4:]) if t == _ACL_USER}
+    except OSError as exc:
+        if exc.errno != errno.ENODATA:
+            raise
+        users = set()
+    users = (users | {uid}) if add else (users - {uid})
+    entries = [(_ACL_USER_OBJ, 6, _NO_ID), *((_ACL_USER, 4, u) for u in sorted(users)),
+               (_ACL_GROUP_OBJ, 0, _NO_ID)]
+    if users:
+        entries.append((_ACL_MASK, 4, _NO_ID))
+    entries.append((_ACL_OTHER, 0, _NO_ID))
+    os.setxattr(path, _ACL, struct.pack("<I", 2) + b"".join(
+        struct.pack("<HHI", *e) for e in entries), follow_symlinks=False)
+
+
+@contextmanager
+def _acl_lock(images: Path) -> Iterator[None]:
+    """Restores of one checkpoint change its files' ACLs one at a time (a fork's)."""
+    fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, int],
                  ctl_fd: int, reattach_fd: int) -> list[str]:
     """CRIU's restore of the images staged in ``dest`` into the new sandbox's mounts,
     its agent given the new slot's channels. Run by the launcher, as root, in the new
     slot's cgroup (it stays CRIU's parent: ``-d`` is not given)."""
+    script = sandbox_dir / "lo-up.sh"  # not in dest: CRIU runs it after dest is gone
+    script.write_text(LO_UP)
+    os.chmod(script, 0o500)
     argv = ["/usr/bin/env", "-i", f"PATH={CRIU_PATH}", str(criu), "restore", "-D", str(dest),
             "-o", "restore.log", "--shell-job", "--network-lock", "skip",
+            "--empty-ns", "net", "--action-script", str(script),
             "--manage-cgroups=ignore", "--root", str(sandbox_dir / "root"),
             "--inherit-fd", f"fd[{ctl_fd}]:socket:[{meta['ctl']}]",
             "--inherit-fd", f"fd[{reattach_fd}]:socket:[{meta['reattach']}]"]

@@ -41,7 +41,8 @@ class Networks:
     def _file(self, owner: str | None, name: str) -> Path:
         return self.root / (ADMIN_DIR if owner is None else owner) / f"{check_network_name(name)}.json"
 
-    def create(self, owner: str | None, name: str, policy: NetworkPolicy) -> NetworkInfo:
+    def create(self, owner: str | None, name: str, policy: NetworkPolicy, *,
+               private: bool = False) -> NetworkInfo:
         path = self._file(owner, name)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if path.exists():
@@ -50,7 +51,7 @@ class Networks:
         if len(self.of(owner)) >= MAX_NETWORKS:
             raise QuotaExceeded(f"at most {MAX_NETWORKS} networks per tenant: remove some "
                                 "(corral network rm NAME)", details={"network": name})
-        info = NetworkInfo(name=name, policy=policy, created_at=time.time())
+        info = NetworkInfo(name=name, policy=policy, created_at=time.time(), private=private)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:

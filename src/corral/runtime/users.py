@@ -61,7 +61,7 @@ def resolve(user: str | int | None, lowers: Sequence[Path] = ()) -> int:
     text = str(user).strip()
     name = text.split(":", 1)[0]  # USER name:group: the group follows the user
     uid = _KNOWN.get(name)
-    if uid is None and name.isdigit():
+    if uid is None and name.isdecimal():
         uid = int(name)
     if uid is None:
         uid = _passwd_uid(name, lowers)

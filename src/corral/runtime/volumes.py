@@ -220,7 +220,15 @@ class Volumes:
                     raise InvalidArgument(f"volume {dest}: {source} is not a directory")
                 path = source
             else:
-                self.get(owner, source)
+                info = self.get(owner, source)
+                if mode == "rw" and owner is not None and info.max_mb is None:
+                    # its writes land on the host's disk, capped by nothing: one sandbox
+                    # could fill the disk every tenant's state is on
+                    raise Forbidden(
+                        f"volume {dest}: {source!r} has no size (max_mb), so a tenant mounts "
+                        "it ro or cow only; for rw, create a volume with max_mb "
+                        f"(corral volume create {source} --max-mb N)",
+                        details={"field": "volumes", "volume": source})
                 self.ensure_mounted(owner, source)
                 path = str(self.data_dir(owner, source))
             out.append((mode, path, dest))

@@ -31,7 +31,8 @@ async def update_network(request: Request, body: NetworkPolicy) -> Response:
 
 async def create_network(request: Request, body: NetworkCreate) -> Response:
     check_network_name(body.name)
-    info = ctx.service(request).create_network(body.name, body.policy, caller_of(request))
+    info = ctx.service(request).create_network(body.name, body.policy, caller_of(request),
+                                               private=body.private)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 

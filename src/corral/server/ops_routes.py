@@ -59,7 +59,7 @@ def _int_param(request: Request, name: str, default: int) -> int:
     value = request.query_params.get(name)
     if value is None:
         return default
-    if not value.isdigit():
+    if not value.isdecimal():
         raise InvalidArgument(f"query parameter {name!r} must be a whole number >= 0, "
                               f"got {value!r}")
     return int(value)

@@ -53,7 +53,7 @@ from corral.errors import (
 )
 from corral.runtime import layer_wire
 from corral.runtime.image_travel import describe_image, image_for_snapshot, pull_image
-from corral.runtime.layer_fetch import LayerFetcher, describe, layer_path_for
+from corral.runtime.layer_fetch import LayerFetcher, layer_path_for, refuse_live
 from corral.runtime.root_travel import root_path_for
 from corral.server import context as ctx
 from corral.server.caller import require_peer
@@ -93,6 +93,7 @@ class PeerSnapshot(BaseModel):
     source_sandbox: str | None = None
     spec: dict[str, Any]
     layers: list[PeerLayer]
+    kind: str = "files"  # "live": its process images stay on its node (docs/live.md)
 
 
 class PeerImage(BaseModel):
@@ -135,7 +136,7 @@ async def peer_snapshot(request: Request) -> Response:
     engine = ctx.engine(request)
     # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
     with engine.owners.acting_as(request.query_params.get("owner") or None):
-        return JSONResponse(describe(engine.snapshots, ref))
+        return JSONResponse(engine.describe_snapshot(ref))
 
 
 async def peer_layer(request: Request) -> Response:
@@ -206,10 +207,11 @@ async def import_snapshot_here(request: Request, body: FetchRequest, owner: str 
     if owner is not None and (desc.get("spec") or {}).get("tenant") != owner:
         raise SnapshotNotFound(f"no snapshot {body.snapshot!r}: `corral snapshot ls` lists "
                                "yours", details={"snapshot": body.snapshot})
+    refuse_live(desc, body.node)  # before its image comes (docs/live.md)
     desc = await image_for_snapshot(  # its image here too (a root by its content)
         fetcher(request), desc, lambda name: peer.describe(f"/v1/peer/images/{quote(name)}"),
         peer.open_layer)
-    info = await fetcher(request).import_snapshot(desc, peer.open_layer)
+    info = await fetcher(request).import_snapshot(desc, peer.open_layer, holder=body.node)
     return JSONResponse(info.model_dump(mode="json"))
 
 

@@ -207,6 +207,11 @@ async def resume_sandbox(request: Request) -> Response:
     return JSONResponse(_info_json(await ctx.sandboxes(request).resume(_sid(request)), request))
 
 
+async def hibernate_sandbox(request: Request) -> Response:
+    return JSONResponse(_info_json(await ctx.sandboxes(request).hibernate(_sid(request)),
+                                   request))
+
+
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
     stopped = await ctx.service(request).stop(_sid(request), caller_of(request), grace=body.grace)
     return JSONResponse(_info_json(stopped, request))

@@ -4,7 +4,8 @@ The service layer's verbs on a running sandbox, for one :class:`~corral.server.c
 passed explicitly (:func:`corral.server.context.sandboxes` makes one per request). Each
 verb names its sandbox, and a caller scoped to one sandbox (an E2B access token) reaches
 that sandbox only: any other id answers exactly like one that does not exist. Below
-that, the engine's ownership rule hides other tenants' sandboxes the same way.
+that, the engine's ownership rule hides other tenants' sandboxes the same way. A
+command or file operation on a hibernated sandbox restores it first (``Engine.wake``).
 
 Front-ends call these instead of the engine's methods of the same names and
 signatures, so the rule lives here once.
@@ -12,6 +13,7 @@ signatures, so the rule lives here once.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from corral.errors import SandboxNotFound
@@ -38,6 +40,17 @@ class SandboxVerbs:
     def get(self, sandbox_id: str) -> SandboxInfo:
         return self._engine.get(self._check(sandbox_id))
 
+    async def _awake(self, verb: Callable[..., Awaitable[Any]], sandbox_id: str, *args: Any,
+                     **kwargs: Any) -> Any:
+        """``verb`` on the sandbox, restored first if it was hibernated (docs/live.md)."""
+        await self._engine.wake(sandbox_id)
+        return await verb(sandbox_id, *args, **kwargs)
+
+    async def _stream_awake(self, sandbox_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await self._engine.wake(sandbox_id)
+        async for event in self._engine.exec_stream(sandbox_id, *args, **kwargs):
+            yield event
+
     # ------------------------------------------------------------ lifecycle
 
     def pause(self, sandbox_id: str) -> Any:
@@ -45,6 +58,9 @@ class SandboxVerbs:
 
     def resume(self, sandbox_id: str) -> Any:
         return self._engine.resume(self._check(sandbox_id))
+
+    def hibernate(self, sandbox_id: str) -> Any:
+        return self._engine.hibernate(self._check(sandbox_id))
 
     def snapshot(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs)
@@ -58,13 +74,13 @@ class SandboxVerbs:
     # ------------------------------------------------------------- commands
 
     def exec(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.exec(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.exec, self._check(sandbox_id), *args, **kwargs)
 
     def exec_stream(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.exec_stream(self._check(sandbox_id), *args, **kwargs)
+        return self._stream_awake(self._check(sandbox_id), *args, **kwargs)
 
     def spawn(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.spawn(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.spawn, self._check(sandbox_id), *args, **kwargs)
 
     def get_process(self, sandbox_id: str, process_id: str) -> Any:
         return self._engine.get_process(self._check(sandbox_id), process_id)
@@ -81,25 +97,25 @@ class SandboxVerbs:
     # ---------------------------------------------------------------- files
 
     def read_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.read_file(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.read_file, self._check(sandbox_id), *args, **kwargs)
 
     def write_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.write_file(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.write_file, self._check(sandbox_id), *args, **kwargs)
 
     def write_from(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.write_from(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.write_from, self._check(sandbox_id), *args, **kwargs)
 
     def open_read(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.open_read(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.open_read, self._check(sandbox_id), *args, **kwargs)
 
     def stat(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.stat(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.stat, self._check(sandbox_id), *args, **kwargs)
 
     def list_dir(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.list_dir(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.list_dir, self._check(sandbox_id), *args, **kwargs)
 
     def mkdir(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.mkdir(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.mkdir, self._check(sandbox_id), *args, **kwargs)
 
     def remove(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.remove(self._check(sandbox_id), *args, **kwargs)
+        return self._awake(self._engine.remove, self._check(sandbox_id), *args, **kwargs)

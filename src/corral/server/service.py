@@ -325,12 +325,13 @@ class SandboxService:
         with self.engine.owners.acting_as(caller.name):
             return await self.engine.update_network(sandbox_id, network)
 
-    def create_network(self, name: str, policy: NetworkPolicy, caller: Caller) -> NetworkInfo:
+    def create_network(self, name: str, policy: NetworkPolicy, caller: Caller, *,
+                       private: bool = False) -> NetworkInfo:
         """A named network (``corral.Network``) of the caller's: a tenant's may name no
         private range (as its sandboxes' policies may not)."""
         check_network(SandboxSpec.parse(network=policy.model_dump()), host_network=False,
                       admin=caller.may_use_host_network)
-        return self.engine.create_network(name, policy)
+        return self.engine.create_network(name, policy, private=private)
 
     async def stop(
         self, sandbox_id: str, caller: Caller, *, grace: float,

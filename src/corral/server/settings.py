@@ -63,7 +63,7 @@ def parse_tcp(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (or ``[V6]:PORT``) as ``(host, port)``; port 0 picks a free one."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not port.isdecimal() or int(port) > 65535:
         raise InvalidArgument(
             f"invalid TCP address {value!r}: use HOST:PORT, e.g. 127.0.0.1:7070 or [::1]:7070"
         )

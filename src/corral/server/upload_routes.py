@@ -17,18 +17,27 @@ that reply was lost); a file is never seen half-written at its path.
 
 An upload belongs to its caller's tenant and its sandbox: an id used by anyone else, or
 with another sandbox, is answered exactly as an unknown one (``upload_not_found``). At
-most :data:`MAX_UPLOADS` open per sandbox; ``size`` at most the sandbox's ``disk_mb``;
-uploads of a sandbox that ended, and any idle for :data:`IDLE_S`, are dropped.
+most :data:`MAX_UPLOADS` open per sandbox; the sizes of a sandbox's open uploads add
+up to at most its ``disk_mb`` (sixteen of them each as large would stage 16x its disk
+on the host), and all open uploads fit above the state directory's disk reserve
+(:func:`~corral.runtime.storage.room_above_reserve`, ``storage_full`` else); uploads of
+a sandbox that ended go with it, and any idle for :data:`IDLE_S` are dropped.
+
+Uploads survive a restart of the daemon: each has a record next to its bytes
+(``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
+next daemon takes them back at its first upload request, each at the offset its staged
+bytes reach (what a killed daemon had received and written). A record that does not
+parse, or whose bytes are gone, is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import mmap
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +51,12 @@ from corral.errors import (
     FileTooLarge,
     InvalidArgument,
     InvalidState,
+    StorageFull,
     UploadNotFound,
 )
+from corral.runtime.events import SandboxEnded
 from corral.runtime.pathutil import resolve_path
+from corral.runtime.storage import room_above_reserve
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.wire import paced
@@ -73,26 +85,76 @@ class Upload:
         return {"upload_id": self.id, "sandbox_id": self.sandbox_id, "path": self.path,
                 "size": self.size, "offset": self.offset, "done": self.done}
 
+    def save(self) -> None:
+        """Its record, next to its bytes (a temporary file renamed into place)."""
+        record = {"id": self.id, "sandbox_id": self.sandbox_id, "owner": self.owner,
+                  "path": self.path, "size": self.size, "mode": self.mode, "done": self.done}
+        tmp = self.part.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.part.with_suffix(".json"))
+
+    @classmethod
+    def load(cls, record: Path) -> Upload | None:
+        """The upload a previous daemon left (its offset: the bytes it staged), or None."""
+        try:
+            r = json.loads(record.read_text())
+            up = cls(str(r["id"]), str(r["sandbox_id"]), r["owner"], str(r["path"]),
+                     int(r["size"]), int(r["mode"]), record.with_suffix(".part"),
+                     done=bool(r["done"]))
+            if up.id != record.stem or not (up.owner is None or isinstance(up.owner, str)):
+                return None
+            up.offset = up.size if up.done else up.part.stat().st_size
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return up if 0 <= up.offset <= up.size else None
+
 
 class Uploads:
     """The daemon's open uploads (in memory; their bytes under ``root``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        shutil.rmtree(root, ignore_errors=True)  # a previous daemon's: nobody can resume them
         self._by_id: dict[str, Upload] = {}
+        for record in sorted(root.glob("up-*.json")) if root.is_dir() else []:
+            up = Upload.load(record)
+            if up is None:
+                record.unlink(missing_ok=True)
+                record.with_suffix(".part").unlink(missing_ok=True)
+            else:
+                self._by_id[up.id] = up
+        for stray in root.glob("*.tmp") if root.is_dir() else []:
+            stray.unlink(missing_ok=True)
 
-    def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int) -> Upload:
-        if sum(u.sandbox_id == sandbox_id and not u.done
-               for u in self._by_id.values()) >= MAX_UPLOADS:
+    def add(self, owner: str | None, sandbox_id: str, path: str, size: int, mode: int,
+            disk_bytes: int) -> Upload:
+        mine = [u for u in self._by_id.values() if u.sandbox_id == sandbox_id and not u.done]
+        if len(mine) >= MAX_UPLOADS:
             raise InvalidState(f"sandbox {sandbox_id} has {MAX_UPLOADS} uploads open: finish "
                                "or abandon some (DELETE .../uploads/ID)",
                                details={"sandbox_id": sandbox_id})
+        held = sum(u.size for u in mine)
+        if held + size > disk_bytes:
+            raise FileTooLarge(
+                f"sandbox {sandbox_id}'s open uploads already declare {held} bytes: {size} more "
+                f"do not fit its disk_mb ({disk_bytes >> 20}); finish or abandon some first",
+                details={"size": size, "open_bytes": held, "disk_mb": disk_bytes >> 20})
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        owed = sum(u.size - u.offset for u in self._by_id.values() if not u.done)
+        room = room_above_reserve(self.root)
+        if owed + size > room:
+            raise StorageFull(
+                f"no room for {size} more bytes of uploads under {self.root} (the host's disk "
+                "keeps its reserve free): finish or abandon open uploads, or free space there",
+                details={"path": str(self.root), "size": size, "room": max(0, room - owed)})
         uid = "up-" + secrets.token_hex(16)
         part = self.root / f"{uid}.part"
         part.touch(mode=0o600)
         up = Upload(uid, sandbox_id, owner, path, size, mode, part)
+        try:
+            up.save()
+        except OSError:
+            part.unlink(missing_ok=True)
+            raise
         self._by_id[uid] = up
         return up
 
@@ -106,7 +168,14 @@ class Uploads:
 
     def drop(self, up: Upload) -> None:
         self._by_id.pop(up.id, None)
+        up.part.with_suffix(".json").unlink(missing_ok=True)
         up.part.unlink(missing_ok=True)
+
+    def ended(self, event: SandboxEnded) -> None:
+        """A sandbox ended: its uploads go, whoever's (a revoked tenant never comes back
+        to sweep its own; a PATCH still receiving finds its upload gone)."""
+        for up in [u for u in self._by_id.values() if u.sandbox_id == event.sandbox_id]:
+            self.drop(up)
 
     def sweep(self, owner: str | None, alive: set[str]) -> None:
         """Drop ``owner``'s uploads of sandboxes not in ``alive`` (its running ones) and
@@ -123,7 +192,9 @@ class Uploads:
 def uploads(request: Request) -> Uploads:
     state = request.app.state
     if getattr(state, "uploads", None) is None:
-        state.uploads = Uploads(ctx.engine(request).layout.state_dir / "uploads")
+        engine = ctx.engine(request)
+        state.uploads = Uploads(engine.layout.state_dir / "uploads")
+        engine.events.subscribe(SandboxEnded, state.uploads.ended)
     return state.uploads  # type: ignore[no-any-return]
 
 
@@ -147,7 +218,8 @@ async def create_upload(request: Request, body: UploadCreate) -> Response:
     reg = uploads(request)
     reg.sweep(caller_of(request).name,
               {i.id for i in ctx.engine(request).list() if not i.state.terminal})
-    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8))
+    up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8),
+                 info.spec.disk_mb << 20)
     return JSONResponse(up.state(), status_code=201)
 
 
@@ -162,7 +234,7 @@ async def abandon_upload(request: Request) -> Response:
 
 def _offset(request: Request) -> int:
     raw = request.headers.get("upload-offset", "")
-    if not raw.isdigit():
+    if not raw.isdecimal():
         raise InvalidArgument("send the header Upload-Offset: N (the upload's offset, from "
                               "GET .../uploads/ID)")
     return int(raw)
@@ -182,6 +254,8 @@ async def patch_upload(request: Request) -> Response:
             raise InvalidState(f"the upload is at byte {up.offset} of {up.size}, not {offset}: "
                                "resume from there", details={"offset": up.offset})
         await _receive(request, up)
+        # abandoned (DELETE) while its bytes came: UploadNotFound, not a traceback
+        uploads(request).get(caller_of(request).name, up.sandbox_id, up.id)
         if up.offset == up.size and not up.done:
             await _finish(request, up)
     finally:
@@ -221,4 +295,5 @@ async def _finish(request: Request, up: Upload) -> None:
                 with contextlib.suppress(BufferError):  # a slice still held: GC closes it
                     view.close()
     up.done = True
+    await asyncio.to_thread(up.save)
     up.part.unlink(missing_ok=True)  # its record answers GET a while: done

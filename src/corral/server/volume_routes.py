@@ -26,7 +26,7 @@ async def create_volume(request: Request) -> Response:
         raise InvalidArgument("missing query parameter 'name', e.g. ?name=dataset")
     check_name(name)  # before the body is read
     raw_max = request.query_params.get("max_mb")
-    if raw_max is not None and not raw_max.isdigit():
+    if raw_max is not None and not raw_max.isdecimal():
         raise InvalidArgument(f"invalid max_mb {raw_max!r}: a whole number of MiB, e.g. 512")
     max_mb = int(raw_max) if raw_max is not None else None
     engine = ctx.engine(request)

@@ -40,7 +40,7 @@ def body_pieces(request: Request, limit: int, what: str) -> AsyncIterator[bytes]
 
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not declared.isdecimal():
             raise InvalidArgument(f"invalid Content-Length header {declared!r}")
         if int(declared) > limit:
             raise too_large(int(declared))

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import secrets
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from corral.client import _tree, _validate
@@ -104,7 +105,7 @@ class AsyncFiles:
 
     async def upload(
         self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None,
-        resumable: bool | None = None,
+        resumable: bool | None = None, progress: Callable[[int, int], object] | None = None,
     ) -> None:
         """Copy a local file into the sandbox; ``mode`` defaults to the local file's
         permission bits (so an executable stays executable). The file is read in
@@ -113,7 +114,10 @@ class AsyncFiles:
         ``resumable`` (by default: files over :data:`RESUMABLE_ABOVE` bytes): send it
         as a resumable upload, in parts of :data:`UPLOAD_PART` bytes; a dropped
         connection is resumed from the byte the daemon has (up to
-        :data:`UPLOAD_RESUMES` times). See docs/network.md."""
+        :data:`UPLOAD_RESUMES` times). See docs/network.md.
+
+        ``progress(sent, total)`` is called as bytes go out (a streamed upload: as each
+        piece is read; a resumable one: as the daemon acknowledges each part)."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
         st = await AsyncBackend.run_blocking(local.stat)
@@ -121,14 +125,17 @@ class AsyncFiles:
             mode = st.st_mode & 0o777
         params["mode"] = f"{_validate.file_mode('mode', mode):04o}"
         if resumable or (resumable is None and st.st_size > RESUMABLE_ABOVE):
-            await self._upload_resumable(local, params, st.st_size)
+            await self._upload_resumable(local, params, st.st_size, progress)
             return
         body = await AsyncBackend.file_body(local)
+        if progress is not None:
+            body.progress = functools.partial(_report, progress, body.size)
         await self._client.call(
             "upload_file", self._ids, params=params, content=body, headers=body.headers
         )
 
-    async def _upload_resumable(self, local: Path, params: dict[str, str], size: int) -> None:
+    async def _upload_resumable(self, local: Path, params: dict[str, str], size: int,
+                                progress: Callable[[int, int], object] | None) -> None:
         response = await self._client.call("create_upload", self._ids, json={
             "path": params["path"], "size": size, "mode": params["mode"]})
         ids = {**self._ids, "upload_id": response.json()["upload_id"]}
@@ -142,6 +149,8 @@ class AsyncFiles:
                         headers={"Upload-Offset": str(offset)}, timeout=None)).json()
                 else:  # every byte sent: the daemon writes the file
                     state = (await self._client.call("upload_state", ids)).json()
+                if progress is not None:
+                    progress(state["offset"], size)
                 if state["done"]:
                     return
                 offset = state["offset"]
@@ -152,16 +161,22 @@ class AsyncFiles:
                 await AsyncBackend.sleep(min(0.1 * resumes, 2.0))
                 offset = (await self._client.call("upload_state", ids)).json()["offset"]
 
-    async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
+    async def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
+                       progress: Callable[[int, int], object] | None = None) -> Path:
         """Copy a file out of the sandbox to ``local_path``; returns that path. The
         bytes are written as they arrive, to a temporary file renamed into place once
-        complete (a failed download leaves nothing at ``local_path``)."""
+        complete (a failed download leaves nothing at ``local_path``).
+        ``progress(received, total)`` is called as they arrive (total: 0 if unknown)."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
         response = await self._client.call("download_file", self._ids, params=params, stream=True)
         try:
             with self._client._errors():
-                await AsyncBackend.save(response.aiter_bytes(CHUNK_BYTES), local)
+                pieces = response.aiter_bytes(CHUNK_BYTES)
+                if progress is not None:
+                    size = response.headers.get("content-length", "")
+                    pieces = _counted(pieces, progress, int(size) if size.isdigit() else 0)
+                await AsyncBackend.save(pieces, local)
         finally:
             await response.aclose()
         return local
@@ -236,3 +251,16 @@ class AsyncFiles:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._sandbox_id}>"
+
+
+def _report(progress: Callable[[int, int], object], total: int, sent: int) -> None:
+    progress(sent, total)
+
+
+async def _counted(pieces: AsyncIterator[bytes], progress: Callable[[int, int], object],
+                   total: int) -> AsyncIterator[bytes]:
+    got = 0
+    async for piece in pieces:
+        yield piece
+        got += len(piece)
+        progress(got, total)

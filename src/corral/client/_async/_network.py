@@ -21,7 +21,8 @@ class AsyncNetwork:
     and :meth:`list` ask the daemon. Each sandbox gets the policy as it is when the
     sandbox is created (``update_network`` changes one sandbox's). Unknown names raise
     :class:`~corral.errors.NetworkNotFound`; a tenant's network naming private ranges,
-    :class:`~corral.errors.Forbidden`. See docs/network.md.
+    :class:`~corral.errors.Forbidden`. A private one (``private=True``) also joins its
+    sandboxes, which reach each other directly by id or alias. See docs/network.md.
     """
 
     def __init__(self, name: str, *, info: NetworkInfo | None = None,
@@ -45,12 +46,16 @@ class AsyncNetwork:
 
     @classmethod
     async def create(cls, name: str, *, allow: Sequence[str] = (), deny: Sequence[str] = (),
-                     max_mbps: int | None = None, client: AsyncClient | None = None) -> Self:
-        """A new named network (rules as in ``network={"allow": [...], ...}``)."""
+                     max_mbps: int | None = None, private: bool = False,
+                     client: AsyncClient | None = None) -> Self:
+        """A new named network (rules as in ``network={"allow": [...], ...}``).
+
+        ``private=True``: its sandboxes also reach each other directly, by id or alias
+        (a private network; :meth:`member` gives one an alias and its own rules)."""
         client = client or AsyncClient.default()
         policy = NetworkPolicy(allow=list(allow), deny=list(deny), max_mbps=max_mbps)
         response = await client.call("create_network", json={
-            "name": name, "policy": policy.model_dump(mode="json")})
+            "name": name, "policy": policy.model_dump(mode="json"), "private": private})
         return cls(name, info=NetworkInfo.model_validate(response.json()), client=client)
 
     @classmethod
@@ -65,6 +70,17 @@ class AsyncNetwork:
         response = await client.call("list_networks")
         return [cls(n["name"], info=NetworkInfo.model_validate(n), client=client)
                 for n in response.json()["networks"]]
+
+    def member(self, alias: str | None = None, *, allow: Sequence[str] = (),
+               deny: Sequence[str] = (), max_mbps: int | None = None) -> NetworkPolicy:
+        """A sandbox's ``network=`` joining this private network as ``alias`` (its id
+        works too), reaching outside what ``allow`` / ``deny`` say (nothing by default)::
+
+            db = await AsyncSandbox.create(network=net.member("db"))
+            app = await AsyncSandbox.create(network=net.member("app", allow=["pypi"]))
+        """
+        return NetworkPolicy(allow=list(allow), deny=list(deny), max_mbps=max_mbps,
+                             join=self.name, alias=alias)
 
     async def delete(self) -> None:
         """Remove it (sandboxes made from it keep their copy of its policy)."""

@@ -231,8 +231,14 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         return await self._lifecycle("pause_sandbox")
 
     async def resume(self) -> SandboxInfo:
-        """Thaw a paused sandbox."""
+        """Thaw a paused sandbox, or restore a hibernated one (same id)."""
         return await self._lifecycle("resume_sandbox")
+
+    async def hibernate(self) -> SandboxInfo:
+        """Write the processes of a sandbox created ``checkpointable=True`` to disk and
+        free its memory, keeping its id (state ``paused``); :meth:`resume`, or its next
+        command or file operation, brings them back where they were (docs/live.md)."""
+        return await self._lifecycle("hibernate_sandbox")
 
     async def kill_processes(self) -> int:
         """SIGKILL every process this sandbox's code started — commands, spawned

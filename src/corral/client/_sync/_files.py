@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 import secrets
+from collections.abc import Iterator, Callable
 from pathlib import Path
 
 from corral.client import _tree, _validate
@@ -106,7 +107,7 @@ class Files:
 
     def upload(
         self, local_path: str | os.PathLike[str], remote_path: str, *, mode: int | None = None,
-        resumable: bool | None = None,
+        resumable: bool | None = None, progress: Callable[[int, int], object] | None = None,
     ) -> None:
         """Copy a local file into the sandbox; ``mode`` defaults to the local file's
         permission bits (so an executable stays executable). The file is read in
@@ -115,7 +116,10 @@ class Files:
         ``resumable`` (by default: files over :data:`RESUMABLE_ABOVE` bytes): send it
         as a resumable upload, in parts of :data:`UPLOAD_PART` bytes; a dropped
         connection is resumed from the byte the daemon has (up to
-        :data:`UPLOAD_RESUMES` times). See docs/network.md."""
+        :data:`UPLOAD_RESUMES` times). See docs/network.md.
+
+        ``progress(sent, total)`` is called as bytes go out (a streamed upload: as each
+        piece is read; a resumable one: as the daemon acknowledges each part)."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
         st = SyncBackend.run_blocking(local.stat)
@@ -123,14 +127,17 @@ class Files:
             mode = st.st_mode & 0o777
         params["mode"] = f"{_validate.file_mode('mode', mode):04o}"
         if resumable or (resumable is None and st.st_size > RESUMABLE_ABOVE):
-            self._upload_resumable(local, params, st.st_size)
+            self._upload_resumable(local, params, st.st_size, progress)
             return
         body = SyncBackend.file_body(local)
+        if progress is not None:
+            body.progress = functools.partial(_report, progress, body.size)
         self._client.call(
             "upload_file", self._ids, params=params, content=body, headers=body.headers
         )
 
-    def _upload_resumable(self, local: Path, params: dict[str, str], size: int) -> None:
+    def _upload_resumable(self, local: Path, params: dict[str, str], size: int,
+                                progress: Callable[[int, int], object] | None) -> None:
         response = self._client.call("create_upload", self._ids, json={
             "path": params["path"], "size": size, "mode": params["mode"]})
         ids = {**self._ids, "upload_id": response.json()["upload_id"]}
@@ -144,6 +151,8 @@ class Files:
                         headers={"Upload-Offset": str(offset)}, timeout=None)).json()
                 else:  # every byte sent: the daemon writes the file
                     state = (self._client.call("upload_state", ids)).json()
+                if progress is not None:
+                    progress(state["offset"], size)
                 if state["done"]:
                     return
                 offset = state["offset"]
@@ -154,16 +163,22 @@ class Files:
                 SyncBackend.sleep(min(0.1 * resumes, 2.0))
                 offset = (self._client.call("upload_state", ids)).json()["offset"]
 
-    def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> Path:
+    def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
+                       progress: Callable[[int, int], object] | None = None) -> Path:
         """Copy a file out of the sandbox to ``local_path``; returns that path. The
         bytes are written as they arrive, to a temporary file renamed into place once
-        complete (a failed download leaves nothing at ``local_path``)."""
+        complete (a failed download leaves nothing at ``local_path``).
+        ``progress(received, total)`` is called as they arrive (total: 0 if unknown)."""
         local = _local(local_path)
         params = {"path": _path(remote_path, "remote_path")}
         response = self._client.call("download_file", self._ids, params=params, stream=True)
         try:
             with self._client._errors():
-                SyncBackend.save(response.iter_bytes(CHUNK_BYTES), local)
+                pieces = response.iter_bytes(CHUNK_BYTES)
+                if progress is not None:
+                    size = response.headers.get("content-length", "")
+                    pieces = _counted(pieces, progress, int(size) if size.isdigit() else 0)
+                SyncBackend.save(pieces, local)
         finally:
             response.close()
         return local
@@ -238,3 +253,16 @@ class Files:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self._sandbox_id}>"
+
+
+def _report(progress: Callable[[int, int], object], total: int, sent: int) -> None:
+    progress(sent, total)
+
+
+def _counted(pieces: Iterator[bytes], progress: Callable[[int, int], object],
+                   total: int) -> Iterator[bytes]:
+    got = 0
+    for piece in pieces:
+        yield piece
+        got += len(piece)
+        progress(got, total)

@@ -233,8 +233,14 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         return self._lifecycle("pause_sandbox")
 
     def resume(self) -> SandboxInfo:
-        """Thaw a paused sandbox."""
+        """Thaw a paused sandbox, or restore a hibernated one (same id)."""
         return self._lifecycle("resume_sandbox")
+
+    def hibernate(self) -> SandboxInfo:
+        """Write the processes of a sandbox created ``checkpointable=True`` to disk and
+        free its memory, keeping its id (state ``paused``); :meth:`resume`, or its next
+        command or file operation, brings them back where they were (docs/live.md)."""
+        return self._lifecycle("hibernate_sandbox")
 
     def kill_processes(self) -> int:
         """SIGKILL every process this sandbox's code started — commands, spawned

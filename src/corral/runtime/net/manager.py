@@ -35,6 +35,7 @@ from corral.network_schema import PRESETS, NetworkPolicy
 from corral.runtime.net import netns
 from corral.runtime.net.dns import QTYPE_A, QTYPE_AAAA, Query, Resolver
 from corral.runtime.net.policy import Compiled
+from corral.runtime.net.private import PrivateNets, private_subnet
 from corral.runtime.net.proxy import Conn, Proxy, upstream_proxy
 from corral.runtime.net.udp import Flow, UdpRelay
 
@@ -61,6 +62,7 @@ class Attached:
     udp: list[tuple[str, str]] = field(default_factory=list)  # the kernel's allow entries
     # their first setting, made while the sandbox starts (settle() waits for it)
     udp_set: Future[None] | None = None
+    private_set: Future[None] | None = None  # its place on a private network (the same)
     since: float = field(default_factory=time.time)
     open: int = 0  # connections accepted and not yet closed (relayed or being read)
     lookups: asyncio.Semaphore = field(
@@ -119,6 +121,7 @@ class NetworkManager:
         self._nft = ThreadPoolExecutor(2, thread_name_prefix="corral-nft")
         self._lookup_threads = ThreadPoolExecutor(LOOKUP_THREADS,
                                                   thread_name_prefix="corral-resolve")
+        self.private = PrivateNets(self.table)  # private networks (private.py)
         self._proxy = Proxy(self._decide, self._admit)
         self._udp = UdpRelay(self._decide_udp, self._admit)
         self._started = False
@@ -135,6 +138,7 @@ class NetworkManager:
             if self._started:
                 return
             await asyncio.to_thread(self.links.sweep)  # what a killed daemon left
+            await asyncio.to_thread(self.private.sweep)
             six = netns.ipv6_on()
             await self._resolver.start(ipv6=six)
             await self._proxy.start(ipv6=six)
@@ -146,20 +150,26 @@ class NetworkManager:
             self._in_table.update(handed)
             self._started = True
 
-    async def attach(self, sandbox_id: str, policy: NetworkPolicy) -> netns.Link:
-        """A link for ``sandbox_id``, enforcing ``policy``; its namespace is ready.
+    async def attach(self, sandbox_id: str, policy: NetworkPolicy, owner: str | None = None
+                     ) -> netns.Link:
+        """A link for ``sandbox_id``, enforcing ``policy``; its namespace is ready, on
+        ``owner``'s private network ``policy.join`` if it names one.
         Links are never reused: a warm one is fresh, made ahead of time."""
         await self._start()
         compiled = await self._compile(policy)
         link = self._ready.popleft() if self._ready else await self._make()
         self._refill()
-        if policy.max_mbps is not None:
-            try:
+        try:
+            if policy.max_mbps is not None:
                 await asyncio.to_thread(netns.shape, link, policy.max_mbps)
-            except BaseException:
-                await asyncio.to_thread(self._teardown, link)
-                raise
+            place = None if policy.join is None else self.private.reserve(
+                owner, policy.join, sandbox_id, policy.alias)  # InvalidState now
+        except BaseException:
+            await asyncio.to_thread(self._teardown, link)
+            raise
         att = Attached(sandbox_id, link, compiled)
+        if place is not None:  # linked to the bridge while the sandbox starts, as UDP's
+            att.private_set = self._nft.submit(self.private.plug, *place, link)
         # the UDP entries go in while the sandbox starts (no code of its runs before
         # READY; the engine settles them then): a create waits for no nft call
         att.udp = compiled.udp_entries()
@@ -169,10 +179,12 @@ class NetworkManager:
         return link
 
     async def settle(self, sandbox_id: str) -> None:
-        """Wait until the sandbox's UDP entries are in (its first policy's)."""
+        """Wait until the sandbox's UDP entries are in (its first policy's), and its
+        place on a private network."""
         att = self._by_id.get(sandbox_id)
-        if att is not None and att.udp_set is not None:
-            await asyncio.wrap_future(att.udp_set)
+        for made in (att.udp_set, att.private_set) if att is not None else ():
+            if made is not None:
+                await asyncio.wrap_future(made)
 
     async def _set_udp(self, att: Attached, compiled: Compiled) -> None:
         await self.settle(att.sandbox_id)
@@ -180,7 +192,8 @@ class NetworkManager:
         await asyncio.to_thread(netns.set_udp, att.link, self.table, att.udp, new)
         att.udp = new
 
-    async def adopt(self, sandbox_id: str, policy: NetworkPolicy, link: netns.Link) -> None:
+    async def adopt(self, sandbox_id: str, policy: NetworkPolicy, link: netns.Link,
+                    owner: str | None = None) -> None:
         """A policy sandbox handed over by the previous engine (live restore): its link
         (namespace, veth, held lock) stays as it is; this engine's table, resolver and
         proxy enforce ``policy`` on it from now on. Its connections relayed by the old
@@ -189,6 +202,9 @@ class NetworkManager:
         att.udp = att.policy.udp_entries()
         self._by_ip[link.sandbox_ip] = self._by_ip[link.sandbox_ip6] = att
         self._by_id[sandbox_id] = att
+        if policy.join is not None:  # before _start, whose sweep keeps only known bridges
+            await asyncio.to_thread(self.private.adopt, owner, policy.join, sandbox_id,
+                                    policy.alias, link)
         await self._start()
         if link.host_if not in self._in_table:  # adopted after the table was made
             await asyncio.to_thread(netns.add_link, self.table, link)
@@ -241,6 +257,9 @@ class NetworkManager:
             return
         self._by_ip.pop(att.link.sandbox_ip, None)
         self._by_ip.pop(att.link.sandbox_ip6, None)
+        if att.private_set is not None:
+            att.private_set.exception()  # waits: not left before it is plugged
+        self.private.leave(sandbox_id)
         try:  # the link's index is reused: its UDP entries go with it
             if att.udp_set is None or att.udp_set.exception() is None:  # waits for it
                 netns.set_udp(att.link, self.table, att.udp, [])
@@ -365,6 +384,11 @@ class NetworkManager:
         att = self._by_ip.get(src)
         if att is None:
             return None
+        if att.policy.policy.join is not None and (
+                peer := self.private.lookup(att.sandbox_id, q.name)) is not None:
+            att.record("dns", True, f"a member of network {att.policy.policy.join}",
+                       name=q.name)
+            return [peer]
         if not att.policy.name_allowed(q.name):
             att.record("dns", False, "the name is not allowed", name=q.name)
             return None
@@ -391,7 +415,8 @@ class NetworkManager:
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
         links = netns.subnet() if addr.version == 4 else netns.subnet6()
-        return addr.is_loopback or addr in links or is_local(str(addr))
+        return (addr.is_loopback or addr in links or is_local(str(addr))
+                or addr in private_subnet())
 
     async def _decide(self, src: str, name: str | None, ip: str, port: int
                       ) -> tuple[str | None, set[Conn] | None]:

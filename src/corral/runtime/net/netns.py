@@ -22,7 +22,11 @@ destination, judges it again and relays from the host); other UDP is recorded in
 ``@refused4`` / ``@refused6`` (link, address, port: what :meth:`refused` reads back
 for ``network_events``) and sent to a closed port (refused at once: ICMP port
 unreachable). Other protocols are dropped and recorded (``@refused_proto``), but
-neighbour discovery (IPv6 needs it on the link); nothing is forwarded. A packet that claims a link's address but did not come in on a
+neighbour discovery (IPv6 needs it on the link); nothing is forwarded. A packet whose
+source the host would not route back through the link it came in on (strict reverse
+path: ``fib saddr . iif``) is dropped first: a sandbox may bind another
+sandbox's IPv6 address with ``IPV6_FREEBIND`` (no capability needed) and would be
+judged, counted and answered as that sandbox by the resolver, the proxy and the relay. A packet that claims a link's address but did not come in on a
 link (of any engine: ``crv*``) is dropped (a host process could bind one with
 IP_FREEBIND and pose as a sandbox to the resolver or the proxy, which know sandboxes by
 address). No rule names the resolver's and proxy's ports outside the links, and none
@@ -250,6 +254,7 @@ def table_script(table: str, *, proxy_port: int, dns_port: int, udp_port: int) -
   chain pre {{ type filter hook prerouting priority mangle; policy accept;
     iifname @links {nd} accept
     iifname @links {chatter} drop
+    iifname @links fib saddr . iif oif missing drop
     iifname @links meta l4proto != {{ tcp, udp }} update @refused_proto {{ iifname . meta l4proto }} drop
     iifname @links udp dport 53 accept
     iifname @links iifname . ip daddr . udp dport @udp4 tproxy ip to :{udp_port} meta mark set {TPROXY_MARK} accept

@@ -14,11 +14,20 @@ and relays a *flow* (sandbox address and port, destination address and port):
 
 A flow counts against the sandbox's open connections (:data:`Admit`) and ends after
 :data:`IDLE_S` without a datagram, or when cut (a new policy refuses it).
+
+An ICMP error of the far end (port, host or network unreachable: what ``up`` reports as
+ECONNREFUSED, EHOSTUNREACH or ENETUNREACH) is passed back: the relay sends the sandbox
+the same ICMP error about its own datagram (a raw socket; the embedded header is the
+sandbox's datagram as it sent it), so its connected socket fails at once as it would
+on a routed network, and the flow ends. The raw sockets only send: they receive
+nothing (ICMP filters block every type).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import ipaddress
 import socket
 import struct
@@ -32,6 +41,12 @@ IPV6_TRANSPARENT = 75
 IPV6_RECVORIGDSTADDR = 74
 IDLE_S = 60.0
 MAX_DATAGRAM = 65535
+ICMP_FILTER = 1  # SOL_RAW (255) option: types not delivered to a raw ICMP socket
+ICMP6_FILTER = 1  # SOL_ICMPV6 (58) option, the same for ICMPv6
+# errno of the relay's socket -> (ICMP type, code), (ICMPv6 type, code)
+UNREACHABLE = {errno.ECONNREFUSED: ((3, 3), (1, 4)),  # port
+               errno.EHOSTUNREACH: ((3, 1), (1, 3)),  # host / address
+               errno.ENETUNREACH: ((3, 0), (1, 0))}  # network / no route
 
 # (sandbox address, destination address, port) -> the flow registry to join, or None
 # (refused: recorded by the decider)
@@ -77,6 +92,44 @@ def _orig_dst(ancdata: list[tuple[int, int, bytes]]) -> tuple[str, int] | None:
     return None
 
 
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def icmp_error(src: tuple[str, int], dst: tuple[str, int], kind: tuple[int, int],
+               six: bool) -> bytes:
+    """An ICMP (``six``: ICMPv6, whose checksum the kernel fills) error of ``kind``
+    about a UDP datagram from ``src`` to ``dst``: its IP and UDP headers embedded."""
+    udp = struct.pack("!HHHH", src[1], dst[1], 8, 0)
+    if six:
+        inner = struct.pack("!IHBB16s16s", 6 << 28, 8, socket.IPPROTO_UDP, 64,
+                            socket.inet_pton(socket.AF_INET6, src[0]),
+                            socket.inet_pton(socket.AF_INET6, dst[0]))
+        return struct.pack("!BBHI", *kind, 0, 0) + inner + udp
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28, 0, 0x4000, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+    body = struct.pack("!BBHI", *kind, 0, 0) + ip + udp
+    return body[:2] + struct.pack("!H", _checksum(body)) + body[4:]
+
+
+def _raw_icmp(six: bool) -> socket.socket:
+    """A raw socket that sends ICMP (or ICMPv6) and receives none."""
+    if six:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+        s.setsockopt(socket.IPPROTO_ICMPV6, ICMP6_FILTER, b"\xff" * 32)  # block all
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        s.setsockopt(255, ICMP_FILTER, struct.pack("I", 0xFFFFFFFF))
+    s.setblocking(False)
+    return s
+
+
 def _transparent(family: int) -> socket.socket:
     s = socket.socket(family, socket.SOCK_DGRAM)
     s.setblocking(False)
@@ -99,6 +152,7 @@ class UdpRelay:
         self._socks: list[socket.socket] = []
         self._flows: dict[tuple[tuple[str, int], str, int], Flow] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._icmp: dict[bool, socket.socket] = {}  # by "IPv6?"
 
     async def start(self, *, ipv6: bool) -> None:
         loop = asyncio.get_running_loop()
@@ -114,6 +168,8 @@ class UdpRelay:
             self._socks.append(v6)
         for s in self._socks:
             loop.add_reader(s.fileno(), self._first, s)
+        for six in (False, True) if ipv6 else (False,):
+            self._icmp[six] = _raw_icmp(six)
         self._sweeper = loop.create_task(self._sweep())
 
     def close(self) -> None:
@@ -126,6 +182,9 @@ class UdpRelay:
             loop.remove_reader(s.fileno())
             s.close()
         self._socks.clear()
+        for s in self._icmp.values():
+            s.close()
+        self._icmp.clear()
 
     def _first(self, listener: socket.socket) -> None:
         """A datagram of a flow the relay does not know yet."""
@@ -184,20 +243,30 @@ class UdpRelay:
             data = src.recv(MAX_DATAGRAM)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:  # e.g. ICMP unreachable from the destination: the flow ends
-            flow.cut()
+        except OSError as exc:  # e.g. ICMP unreachable from the destination: the flow ends
+            self._unreachable(flow, src is flow.up, exc)
             return
         self._send(dst, data, flow)
 
-    @staticmethod
-    def _send(sock: socket.socket, data: bytes, flow: Flow) -> None:
+    def _send(self, sock: socket.socket, data: bytes, flow: Flow) -> None:
         flow.last = time.monotonic()
         try:
             sock.send(data)
         except (BlockingIOError, InterruptedError):
             pass  # a full buffer drops the datagram, as a network would
-        except OSError:
-            flow.cut()
+        except OSError as exc:
+            self._unreachable(flow, sock is flow.up, exc)
+
+    def _unreachable(self, flow: Flow, far: bool, exc: OSError) -> None:
+        """End the flow; an ICMP error of the far end goes back to the sandbox."""
+        kinds = UNREACHABLE.get(exc.errno or 0) if far else None
+        six = ":" in flow.ip
+        raw = self._icmp.get(six)
+        if kinds is not None and raw is not None and not flow.closed:
+            packet = icmp_error(flow.src, (flow.ip, flow.port), kinds[six], six)
+            with contextlib.suppress(OSError):
+                raw.sendto(packet, (flow.src[0], 0))
+        flow.cut()
 
     async def _sweep(self) -> None:
         while True:

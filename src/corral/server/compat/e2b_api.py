@@ -19,7 +19,9 @@ which the SDK raises as ``AuthenticationException``.
 What maps to what: a template is a corral image (:class:`E2BSettings`); ``timeout``
 is the sandbox's lifetime from now (``set_timeout`` moves it); ``metadata`` is kept as
 tags (and listed by them); ``envs`` are the sandbox's environment. ``pause`` freezes
-the sandbox, ``connect`` thaws it. ``allow_internet_access`` gives the public internet
+the sandbox, or hibernates one created with metadata ``{"corral.checkpointable":
+"true"}`` (its processes to disk, its memory freed, as E2B's own pause: docs/live.md);
+``connect`` thaws or restores it. ``allow_internet_access`` gives the public internet
 through corral's egress filter, ``network={allow_out, deny_out}`` an egress policy
 (docs/network.md). Refused (400, never ignored): other network options, MCP, volume
 mounts, IAM, auto-pause.
@@ -331,6 +333,9 @@ E2B_HOME = "/home/user"
 """E2B's working directory (its user ``user``'s home), made owned by the sandbox's user."""
 
 
+CHECKPOINTABLE_KEY = "corral.checkpointable"  # metadata {KEY: "true"}: pause() hibernates
+
+
 def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
@@ -363,6 +368,8 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         "env": req.envVars or {},
         "network": network,
         "tags": tags,
+        # pause() then hibernates it (memory to disk, as E2B's pause does): docs/live.md
+        "checkpointable": (req.metadata or {}).get(CHECKPOINTABLE_KEY) == "true",
     })
 
 
@@ -428,9 +435,9 @@ def _query_metadata(raw: str | None) -> list[str]:
 async def list_sandboxes(request: Request) -> Response:
     q = request.query_params
     raw_limit, raw_next = q.get("limit", "100"), q.get("nextToken", "0")
-    if not (raw_limit.isdigit() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
+    if not (raw_limit.isdecimal() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
         raise InvalidArgument(f"limit must be a whole number from 1 to {MAX_LIST}")
-    if not (raw_next.isdigit() and len(raw_next) < 12):
+    if not (raw_next.isdecimal() and len(raw_next) < 12):
         raise InvalidArgument("invalid nextToken: pass the one the last page gave")
     limit, offset = int(raw_limit), int(raw_next)
     tags = [TAG, *_query_metadata(q.get("metadata"))]
@@ -498,7 +505,10 @@ async def pause_sandbox(request: Request) -> Response:
     info = _target(request)
     if info.state == SandboxState.PAUSED:
         return error(409, f"sandbox {info.id} is already paused")
-    await ctx.sandboxes(request).pause(info.id)
+    if info.spec.checkpointable:  # E2B's pause keeps memory on disk: corral's hibernate
+        await ctx.sandboxes(request).hibernate(info.id)
+    else:
+        await ctx.sandboxes(request).pause(info.id)
     return Response(status_code=204)
 
 

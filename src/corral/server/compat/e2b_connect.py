@@ -132,7 +132,7 @@ async def stream_message(request: Request, what: str) -> dict[str, Any]:
 def deadline(request: Request) -> float | None:
     """Seconds the client gives the call (``Connect-Timeout-Ms``), or None."""
     raw = request.headers.get("connect-timeout-ms", "")
-    if not (raw.isdigit() and len(raw) <= 11 and 0 < int(raw) <= MAX_TIMEOUT_MS):
+    if not (raw.isdecimal() and len(raw) <= 11 and 0 < int(raw) <= MAX_TIMEOUT_MS):
         return None
     return int(raw) / 1000
 

@@ -121,7 +121,7 @@ class FusionSettings:
                 )
             images[lang] = image
         raw = environ.get("CORRAL_FUSION_WARM", "").strip() or str(DEFAULT_WARM)
-        if not raw.isdigit() or int(raw) > 64:
+        if not raw.isdecimal() or int(raw) > 64:
             raise InvalidArgument(f"invalid CORRAL_FUSION_WARM {raw!r}: a whole number 0-64")
         idle = environ.get("CORRAL_FUSION_POOL_IDLE", "").strip() or str(DEFAULT_POOL_IDLE_S)
         try:

@@ -283,7 +283,7 @@ async def copy_sandbox(request: Request) -> Response:
     """``times`` new sandboxes with this one's files and spec, like the native fork:
     one snapshot, creates through admission control, all or nothing."""
     raw = request.query_params.get("times", "1")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_COPIES:
+    if not raw.isdecimal() or not 1 <= int(raw) <= MAX_COPIES:
         raise InvalidArgument(f"times must be a whole number from 1 to {MAX_COPIES}, got {raw!r}")
     source = _target(request)
     tags = [t for t in source.spec.tags if not t.startswith(NAME_TAG)]  # names are unique
@@ -385,7 +385,7 @@ def _claim_timeout(request: Request) -> float:
     """How long a claim may wait: the client's own request timeout, less a margin
     for the reply (it sends ``X-Tensorlake-Request-Timeout-Ms``)."""
     raw = request.headers.get("x-tensorlake-request-timeout-ms", "")
-    if not raw.isdigit():
+    if not raw.isdecimal():
         return DEFAULT_ACQUIRE_TIMEOUT_S
     return min(max(int(raw) / 1000 - 5, 1.0), MAX_ACQUIRE_TIMEOUT_S)
 

@@ -163,7 +163,7 @@ class ProcessTable:
         return list(self._by_sandbox.get(sandbox_id, {}).values())
 
     def get(self, sandbox_id: str, ref: str) -> Process:
-        found = self._by_sandbox.get(sandbox_id, {}).get(int(ref)) if ref.isdigit() else None
+        found = self._by_sandbox.get(sandbox_id, {}).get(int(ref)) if ref.isdecimal() else None
         if found is None:
             raise NotFound(
                 f"no process {ref!r} in sandbox {sandbox_id}: list them with list_processes()",
