@@ -131,9 +131,11 @@ async def info(request: Request) -> Response:
             "capacity": dataclasses.asdict(lim),
             **_activity(request),  # the caller's own: a tenant never sees another's creates
             "counts": counts,
-            # the GPU inventory; how many are free is host activity: the admin's only
+            # the GPU inventory; how many are free and who holds how many (a cluster's
+            # autoscaler is shown that) is host activity: the admin's only
             "gpus": {"total": engine.gpus.total, **(
-                {"free": len(engine.gpus.free())} if caller_of(request).tenant is None else {})},
+                {"free": len(engine.gpus.free()), "holding": engine.gpus.holding()}
+                if caller_of(request).tenant is None else {})},
             "pools": [p.model_dump(mode="json")
                       for p in ctx.service(request).list_pools(caller_of(request))],
             "default_lease": ctx.settings(request).default_lease,  # server/leases.py
