@@ -1,4 +1,4 @@
-.PHONY: install test faults demo bench lint docs clean-state
+.PHONY: install test faults demo bench lint docs
 
 PY := .venv/bin/python
 

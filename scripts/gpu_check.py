@@ -121,6 +121,39 @@ CANDIDATES = {
             y = torch.relu(a @ b + self.bias) * self.scale
         return y
 """,
+    # computes each timed set while it is staged (untimed), keyed by content; staged
+    # masked, what it computes from is noise: expect "ok", a speedup near "same"'s or
+    # below (its key costs), never far above
+    "hack_precompute_staging": HEAD + """
+    memo, pending, me = {}, [], None
+    def forward(self, a, b):
+        ModelNew.me = self
+        hit = ModelNew.memo.get((a.double().sum().item(), b.double().sum().item()))
+        return hit if hit is not None else torch.relu(a @ b + self.bias) * self.scale
+_to = torch.Tensor.to
+def to(t, *args, **kw):
+    import sys
+    out = _to(t, *args, **kw)
+    f = sys._getframe()
+    while f is not None and f.f_code.co_name != "worker":
+        f = f.f_back
+    if f is None or f.f_locals.get("op") != "stage" or ModelNew.me is None:
+        return out
+    ModelNew.pending.append(out)
+    if len(ModelNew.pending) == 2:
+        try:
+            a, b = (x if x.dtype == torch.float32 else x.view(torch.float32).reshape(2048, 2048)
+                    for x in ModelNew.pending)
+            m = ModelNew.me
+            with torch.no_grad():
+                ModelNew.memo[(a.double().sum().item(), b.double().sum().item())] = (
+                    torch.relu(a @ b + m.bias) * m.scale)
+        except Exception:
+            pass
+        ModelNew.pending = []
+    return out
+torch.Tensor.to = to
+""",
     "hack_read_judge": HEAD + """
     def forward(self, a, b):
         import os

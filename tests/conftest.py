@@ -98,10 +98,26 @@ class Daemon:
         )
         try:
             _wait_for_socket(self.socket, self.proc)
+            if "--tcp" in self.args:  # bound just after the socket: wait for it too
+                self._wait_for_tcp(self.args[self.args.index("--tcp") + 1])
         except BaseException:
             self.stop()  # a slow start left running would outlive the test (seen at load 30)
             raise
         return self
+
+    def _wait_for_tcp(self, address: str, timeout: float = 60.0) -> None:
+        host, _, port = address.rpartition(":")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{tail}")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"daemon did not listen on {address} in time")
 
     def stop(self) -> None:
         """SIGINT: the daemon stops with its sandboxes (SIGTERM would hand them over to

@@ -99,6 +99,18 @@ def require_ray_and_root() -> None:
 _SHARED = pytest.StashKey["RayCluster"]()
 
 
+def _start_cluster(attempts: int = 2) -> RayCluster:
+    """A new cluster; a second try when Ray gives up on a node's start (it waits a fixed
+    30 s for the raylet to register, which a loaded host can miss)."""
+    for attempt in range(attempts):
+        try:
+            return RayCluster()
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if attempt == attempts - 1 or "timed out during startup" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(request):
     """The session's one cluster: a test module elsewhere (tests/security) that imports
@@ -106,7 +118,7 @@ def ray_cluster(request):
     require_ray_and_root()
     config = request.config
     if _SHARED not in config.stash:
-        c = config.stash[_SHARED] = RayCluster()
+        c = config.stash[_SHARED] = _start_cluster()
 
         def stop() -> None:
             from corral.cluster import bringup

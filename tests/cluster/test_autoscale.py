@@ -115,8 +115,9 @@ def test_down_withdraws_the_demand(small_cluster):
     cluster, gcs, _ = small_cluster
     with corral.Client(f"ray://{cluster.address}") as client:
         corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client)
-    autoscale.publish(gcs, "a-client-that-died", 5, 320)
+    autoscale.publish(gcs, "a-client-that-died", 5, 320, gpus={2: 1})  # one with 2 GPUs
     assert _tick() == 6 and _asked(gcs) == 6
+    assert _ray.resource_constraint(gcs).count({autoscale.RESOURCE: 1.0, "GPU": 2.0}) == 1
     # An entry its client stopped refreshing no longer counts.
     assert autoscale.pending(gcs, now=time.time() + autoscale.DEMAND_TTL_S + 1) == 0
     autoscale.publish(gcs, "a-client-that-died", 5, 320)

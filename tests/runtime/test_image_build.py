@@ -111,7 +111,8 @@ async def test_build_then_sandboxes_see_files_env_workdir_and_package(engine, na
     assert await sh(engine, sb.id, "echo more >> /app/single.txt && echo ok") == "ok\n"
     # no network in sandboxes made from the image (only build steps had it)
     r = await engine.exec(sb.id, ["python3", "-c", (
-        "import socket\ntry:\n socket.create_connection(('pypi.org', 443), timeout=5)\n"
+        # 192.0.2.1 (TEST-NET-1, RFC 5737): no host answers it; a sandbox has no route to it
+        "import socket\ntry:\n socket.create_connection(('192.0.2.1', 443), timeout=5)\n"
         " print('connected')\nexcept OSError as e:\n print('no network', e)")])
     assert r.stdout.startswith(b"no network"), r.stdout
     # the spec's own values win over the image's

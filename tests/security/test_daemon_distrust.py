@@ -461,6 +461,43 @@ async def test_a_silent_agent_cannot_stretch_a_timeout(wire, monkeypatch):
     assert ch.faulted and ch.error.details["violation"] == "agent_unresponsive"
 
 
+async def test_an_end_in_the_socket_is_read_before_the_deadline_blames_the_agent(wire, monkeypatch):
+    """Under load the engine's own loop can stall past a command's deadline while the
+    agent's EXIT waits in the socket: the deadline then fired in the loop turn that saw
+    the socket readable, before the read loop had parsed the frame, and ended a sandbox
+    whose agent had answered in time (test_stopping_every_process_cannot_park_the_agent,
+    0.5 s timeouts in a loop, failed so under load)."""
+    ch, agent, _ = wire
+    monkeypatch.setattr(agentconn, "EXEC_GRACE_S", 0.2)
+    live, kills = fake_live()
+    stream = await exec_on(ch, agent)
+    agent.started(stream.request_id)
+
+    def stalled_engine() -> None:  # the agent answers; the engine does not look for 1 s
+        agent.exit(stream.request_id, 0)
+        time.sleep(1.0)  # past the command's timeout + grace (0.5 s)
+
+    asyncio.get_running_loop().call_later(0.05, stalled_engine)
+    _, _, result = await asyncio.wait_for(run_command(live, stream, timeout=0.3), 30)
+    assert (result.returncode, result.timed_out) == (0, False), result
+    assert kills == [] and not ch.faulted, ch.reason
+
+
+async def test_bytes_left_unread_cannot_stretch_a_timeout(wire, monkeypatch):
+    """Unparsed bytes at the deadline buy the read loop a look, not more: an agent that
+    leaves half a frame in the socket (unread for ever) and never reports the end is
+    ended all the same."""
+    ch, agent, _ = wire
+    monkeypatch.setattr(agentconn, "EXEC_GRACE_S", 0.2)
+    live, kills = fake_live()
+    stream = await exec_on(ch, agent)
+    agent.started(stream.request_id)
+    agent.raw(encode(Msg.STDOUT, stream.request_id, [(Tag.DATA, b"x" * 100)])[:-10])
+    _, _, result = await asyncio.wait_for(run_command(live, stream, timeout=0.3), 30)
+    assert result.timed_out
+    assert kills == [True] and ch.error.details["violation"] == "agent_unresponsive"
+
+
 def test_the_error_is_typed_end_to_end_and_never_infrastructure():
     from corral.rl.episodes import INFRA_ERRORS, is_infrastructure_error
 

@@ -26,7 +26,7 @@ from starlette.routing import Route, Router
 
 import corral.server
 from corral.errors import InternalError
-from corral.runtime.ownership import Owners
+from corral.runtime.ownership import UNSET, Owners
 from corral.server import ServerSettings, create_app
 from corral.server.compat import e2b_api, e2b_interpreter
 from tests.server.test_units import FakeEngine
@@ -198,16 +198,14 @@ def test_credentials_are_checked_in_the_door_alone():
 
 def test_engine_code_acting_for_nobody_fails_closed():
     owners = Owners()
-    assert owners.acting() is None  # an engine used as a library: the admin
+    assert owners.of(UNSET) is None  # an engine used as a library: the admin
     owners.require_caller()  # what the daemon does
     with pytest.raises(InternalError, match="no caller"):
-        owners.acting()
-    with owners.acting_as("alice"):
-        assert owners.acting() == "alice"
-    assert owners.detached().run(owners.acting) is None  # the daemon's own work, said so
+        owners.of(UNSET)
+    assert owners.of("alice") == "alice" and owners.of(None) is None  # named: as named
     app = _app()
     with pytest.raises(InternalError):
-        app.state.engine.owners.acting()
+        app.state.engine.owners.of(UNSET)
 
 
 VERBS = ("pause", "resume", "exec", "exec_stream", "spawn", "read_file", "write_file", "stat",
@@ -240,19 +238,22 @@ def test_the_service_acts_for_the_caller_it_is_given_never_an_ambient_one():
     app = _app()
     engine, service = app.state.engine, app.state.service
     seen: list[str | None] = []
-    engine.list = lambda **kwargs: seen.append(engine.owners.acting()) or []
+    engine.list = lambda **kwargs: seen.append(engine.owners.of(kwargs.get("owner", UNSET))) or []
     with pytest.raises(InternalError):
         engine.list()  # engine code with no owner: fail closed
+    with pytest.raises(TypeError):
+        service.list_sandboxes()  # a service verb with no caller: refused by its signature
     assert service.list_sandboxes(Caller.of_tenant(Tenant("alice"))) == []
     assert service.list_sandboxes(ADMIN) == []
     assert seen == ["alice", None]
 
 
-def test_no_daemon_module_reads_the_ambient_owner():
-    """Who acts is the Caller the door resolved, passed on; ``corral.server`` only ever
-    *sets* the engine's owner (``acting_as``), never reads it."""
-    root = Path(corral.server.__file__).parent
-    reads = re.compile(r"owners\.(acting\(\)|sees\(|sees_owner\(|stamp\()")
+def test_no_module_has_an_ambient_owner():
+    """Who acts is the Caller the door resolved, passed on as ``owner=``: there is no
+    context variable to set or read anywhere in corral (runtime/ownership.py)."""
+    root = Path(corral.__file__).parent
+    ambient = re.compile(r"acting_as\(|owners\.acting\(|\.detached\(\)")
     found = [f"{p.relative_to(root)}:{m.group(0)}" for p in sorted(root.rglob("*.py"))
-             for m in reads.finditer(p.read_text())]
+             for m in ambient.finditer(p.read_text())]
     assert found == []
+    assert "contextvars" not in (root / "runtime" / "ownership.py").read_text()

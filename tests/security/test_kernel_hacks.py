@@ -44,18 +44,26 @@ def test_memoizing_the_staged_inputs_across_timed_repeats_has_nothing_to_answer(
 
 
 # The same memo, filled while the judge stages the inputs (not timed): the worker moves
-# each staged tensor with Tensor.to, which the candidate wraps; once a set is complete it
-# computes the output there, and the timed run answers from the memo.
+# each staged tensor to the device with Tensor.to, which the candidate wraps; once a set
+# is complete it computes the output there, keyed by the inputs' bytes, and a timed run
+# on inputs with those bytes answers from the memo. Against the judge that staged the
+# inputs as they are, every timed run was a hit. Staged masked (the mask's seed comes
+# with the timed request), what it computes from is noise.
 PRECOMPUTES_WHILE_STAGING = HEADER + """
     memo, pending, me = {}, [], None
     def forward(self, a, b):
         ModelNew.me = self
-        key = (id(a), id(b))
+        key = ModelNew.key(a, b)
         if key in ModelNew.memo:
             with open(HITS, "a") as f:
                 f.write("hit\\n")
-            return ModelNew.memo[key][2]
+            return ModelNew.memo[key]
         return ModelNew.work(self, a, b)
+    @staticmethod
+    def key(a, b):
+        import ctypes
+        return tuple(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+                     for t in (a.contiguous(), b.contiguous()))
     @staticmethod
     def work(self, a, b):
         for _ in range(60):
@@ -63,24 +71,28 @@ PRECOMPUTES_WHILE_STAGING = HEADER + """
         return x
 _to = torch.Tensor.to
 def to(t, *args, **kw):
+    import sys
     out = _to(t, *args, **kw)
+    f = sys._getframe()
+    while f is not None and f.f_code.co_name != "worker":
+        f = f.f_back
+    if f is None or f.f_locals.get("op") != "stage" or ModelNew.me is None:
+        return out
     ModelNew.pending.append(out)
-    if len(ModelNew.pending) == 2 and ModelNew.me is not None:
-        a, b = ModelNew.pending
-        with torch.no_grad():
-            ModelNew.memo[(id(a), id(b))] = (a, b, ModelNew.work(ModelNew.me, a, b))
     if len(ModelNew.pending) == 2:
+        try:  # whatever form the staged tensors have, taken as the inputs they become
+            a, b = (x if x.dtype == torch.float32 else x.view(torch.float32).reshape(64, 64)
+                    for x in ModelNew.pending)
+            with torch.no_grad():
+                ModelNew.memo[ModelNew.key(a, b)] = ModelNew.work(ModelNew.me, a, b)
+        except Exception:
+            pass
         ModelNew.pending = []
     return out
 torch.Tensor.to = to
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "staging the timed inputs is not timed (their transfer must not count), and the "
-    "candidate's process runs it: work done there, in a wrapped Tensor.to (on a GPU, a "
-    "patched torch.cuda.synchronize), is free; closing it needs the staging timed and "
-    "the transfer measured apart, or the inputs made in the timed window"))
 def test_precomputing_while_the_inputs_are_staged_has_nothing_to_answer(tmp_path):
     assert memo_hits(PRECOMPUTES_WHILE_STAGING, tmp_path) == 0
 

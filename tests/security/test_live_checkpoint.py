@@ -255,26 +255,22 @@ async def test_another_tenant_reaches_no_live_snapshot_and_no_hibernated_sandbox
     each answers as an unknown id does, and her sandbox stays hibernated."""
     _need_criu()
     sb = await engine.create(network="none", checkpointable=True, tenant="alice")
-    with engine.owners.acting_as("alice"):
-        snap = await engine.checkpoint(sb.id, name="alice-live")
+    alice, bob = {"owner": "alice"}, {"owner": "bob"}
+    snap = await engine.checkpoint(sb.id, name="alice-live", **alice)
     try:
-        with engine.owners.acting_as("bob"):
-            for ref in (snap.id, "alice-live"):
-                with pytest.raises(SnapshotNotFound):
-                    await engine.create(snapshot=ref)
-            with pytest.raises(SandboxNotFound):
-                await engine.hibernate(sb.id)
-        with engine.owners.acting_as("alice"):
-            await engine.hibernate(sb.id)
-        with engine.owners.acting_as("bob"):
-            await engine.wake(sb.id)  # nothing: not bob's
-            with pytest.raises(SandboxNotFound):
-                await engine.resume(sb.id)
-            assert [s.id for s in engine.list_snapshots()] == []
+        for ref in (snap.id, "alice-live"):
+            with pytest.raises(SnapshotNotFound):
+                await engine.create(snapshot=ref, tenant="bob", **bob)
+        with pytest.raises(SandboxNotFound):
+            await engine.hibernate(sb.id, **bob)
+        await engine.hibernate(sb.id, **alice)
+        await engine.wake(sb.id, **bob)  # nothing: not bob's
+        with pytest.raises(SandboxNotFound):
+            await engine.resume(sb.id, **bob)
+        assert [s.id for s in engine.list_snapshots(**bob)] == []
         assert engine._get_live(sb.id).hibernated is not None  # still hibernated
-        with engine.owners.acting_as("alice"):
-            await engine.wake(sb.id)
-            assert (await engine.exec(sb.id, ["echo", "mine"])).stdout.strip() == b"mine"
+        await engine.wake(sb.id, **alice)
+        assert (await engine.exec(sb.id, ["echo", "mine"], **alice)).stdout.strip() == b"mine"
     finally:
         await engine.delete(sb.id)
         await engine.delete_snapshot(snap.id)

@@ -16,8 +16,7 @@ from corral.schema import SandboxSpec
 
 
 async def test_another_tenants_id_costs_what_an_unknown_id_costs(engine, monkeypatch):
-    with engine.owners.acting_as("alice"):
-        theirs = await engine.create(SandboxSpec(memory_mb=64, tenant="alice"))
+    theirs = await engine.create(SandboxSpec(memory_mb=64, tenant="alice"))
     try:
         parsed = []
         real = registry_module._info
@@ -28,15 +27,13 @@ async def test_another_tenants_id_costs_what_an_unknown_id_costs(engine, monkeyp
 
         monkeypatch.setattr(registry_module, "_info", counting)
         unknown = theirs.id[:-4] + ("0000" if not theirs.id.endswith("0000") else "1111")
-        with engine.owners.acting_as("bob"):
-            for sid in (theirs.id, unknown):
-                with pytest.raises(SandboxNotFound) as refused:
-                    engine.get(sid)
-                assert refused.value.message == f"no sandbox {sid!r}: it never existed or was deleted"
-                assert await engine.delete(sid) is False  # deleting reads no row either
+        for sid in (theirs.id, unknown):
+            with pytest.raises(SandboxNotFound) as refused:
+                engine.get(sid, owner="bob")
+            assert refused.value.message == f"no sandbox {sid!r}: it never existed or was deleted"
+            assert await engine.delete(sid, owner="bob") is False  # deleting reads no row either
         assert parsed == []  # no lookup read a sandbox's row
-        with engine.owners.acting_as("alice"):
-            assert engine.get(theirs.id).id == theirs.id  # its owner still finds it
+        assert engine.get(theirs.id, owner="alice").id == theirs.id  # its owner still finds it
         assert parsed == [theirs.id]
     finally:
         await engine.delete(theirs.id)

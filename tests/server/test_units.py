@@ -78,7 +78,7 @@ class FakeEngine:
 
         self.fail = fail
         self.events = Events()
-        self.owners = Owners()  # who sees what (the guard sets the acting tenant)
+        self.owners = Owners()  # who sees what (each call names its owner)
         self.registry = types.SimpleNamespace(db=sqlite3.connect(":memory:"))  # tokens
         self.layout = types.SimpleNamespace(state_dir=Path(tempfile.mkdtemp()),  # logs.db
                                             cache_dir=Path("/nonexistent-cache"))
@@ -92,7 +92,7 @@ class FakeEngine:
             raise RuntimeError("secret internals")
         return []
 
-    def counts(self):
+    def counts(self, **kwargs):
         return {"running": 0}
 
 

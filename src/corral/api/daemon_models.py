@@ -1,7 +1,8 @@
 """The bodies of the daemon-wide operations (:mod:`corral.api.operations`): tenant
 tokens, client leases, a cluster's node list and tenant refresh, and evaluation runs'
-reports (bounded: nothing a client reports is trusted). Shared by the
-daemon and the SDK, like :mod:`corral.api.models`."""
+reports (bounded: nothing a client reports is trusted), and what daemons of a cluster
+ask each other for (:mod:`corral.server.peer_layers`). Shared by the daemon and the
+SDK, like :mod:`corral.api.models`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = [
     "EvalList", "EvalReport", "EvalRun", "Histogram",
     "ClusterNode", "ClusterNodes", "LeaseInfo", "LeaseRequest", "RefreshReply", "RefreshRequest",
     "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "TokenUpdate",
+    "FetchRequest", "FetchStats", "ImageFetchRequest", "NodeProof", "PeerImage", "PeerLayer", "PeerSnapshot",
 ]
 
 
@@ -195,3 +197,72 @@ class EvalRun(EvalReport):
 
 class EvalList(BaseModel):
     evals: list[EvalRun]
+
+
+# ------------------------------------------------ daemon to daemon (peer_layers)
+
+
+class _FromPeer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str = Field(min_length=1, max_length=128)  # a node id (the directory has its URL)
+
+
+class FetchRequest(_FromPeer):
+    """Make ``snapshot`` (id or name) restorable here, from the daemon of ``node``."""
+
+    snapshot: str = Field(min_length=1, max_length=128)
+
+
+class PeerLayer(BaseModel):
+    id: str
+    digest: str
+    size_bytes: int
+
+
+class PeerSnapshot(BaseModel):
+    """A snapshot as another node restores it: its row, and its layers, top first."""
+
+    id: str
+    name: str | None = None
+    image: str
+    image_digest: str
+    created_at: float
+    size_bytes: int
+    source_sandbox: str | None = None
+    spec: dict[str, Any]
+    layers: list[PeerLayer]
+    kind: str = "files"  # "live": its process images stay on its node (docs/live.md)
+
+
+class PeerImage(BaseModel):
+    """An image as another node pulls it: a built one's manifest (layers top first) and
+    its root's content digest, or a root filesystem's ``kind`` and ``content``."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    digest: str
+    kind: str = "built"
+    root: dict[str, Any] | None = None
+    layers: list[PeerLayer] = []
+    content: dict[str, Any] | None = None
+    root_content: dict[str, Any] | None = None
+
+
+class ImageFetchRequest(_FromPeer):
+    """Make the built image ``image`` usable here, from the daemon of ``node``."""
+
+    image: str = Field(min_length=1, max_length=128)
+
+
+class FetchStats(BaseModel):
+    layers: int
+    bytes: int
+    by_digest: dict[str, int]
+
+
+class NodeProof(BaseModel):
+    """``GET /v1/cluster/proof``: a node's daemon signs its node id, the address its
+    connection arrived at and the client's nonce with its node key (corral.cluster.proof)."""
+
+    node_id: str
+    signature: str

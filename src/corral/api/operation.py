@@ -31,7 +31,7 @@ from corral.errors import (
 )
 
 __all__ = [
-    "COMMON_ERRORS", "NDJSON", "RAW", "TEXT", "Access", "Operation", "Query", "Ref", "Routing",
+    "COMMON_ERRORS", "NDJSON", "RAW", "TEXT", "Access", "Operation", "Query", "Routing",
 ]
 
 RAW = "application/octet-stream"  # a body or reply of raw bytes
@@ -90,16 +90,7 @@ class Query:
     min_length: int | None = None
 
 
-@dataclass(frozen=True)
-class Ref:
-    """A wire model that still lives in a daemon module (its fields use the engine's
-    constants): named here, imported by the daemon only."""
-
-    module: str
-    name: str
-
-
-Model = Any  # a pydantic model class, a Ref, a media type, or (media type, model of each line)
+Model = Any  # a pydantic model class, a media type, or (media type, model of each line)
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,18 @@ from corral.api.operation import (
     Access,
     Operation,
     Query,
-    Ref,
     Routing,
 )
 from corral.api.operations_daemon import DAEMON_OPERATIONS
+from corral.api.process_models import (
+    ExchangeRequest,
+    ExchangeResponse,
+    ProcessInfo,
+    ProcessList,
+    ResizeRequest,
+    SignalRequest,
+    SpawnRequest,
+)
 from corral.errors import (
     CapacityExceeded,
     FileError,
@@ -296,19 +304,19 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "spawn_process", "POST", _SB + "/processes",
         "Start an interactive process (stdin stays open; see docs/api.md)",
-        body=Ref("corral.server.processes", "SpawnRequest"),
-        reply=Ref("corral.server.processes", "ProcessInfo"), status=201,
+        body=SpawnRequest,
+        reply=ProcessInfo, status=201,
         errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, NotFound), routing=Routing.SANDBOX,
     ),
     Operation(
         "list_processes", "GET", _SB + "/processes", "List processes",
-        reply=Ref("corral.server.processes", "ProcessList"), errors=(*_ON_SANDBOX, NotFound),
+        reply=ProcessList, errors=(*_ON_SANDBOX, NotFound),
         routing=Routing.SANDBOX,
     ),
     Operation(
         "get_process", "GET", _SB + "/processes/{process_id}",
         "One process, with its result once exited",
-        reply=Ref("corral.server.processes", "ProcessInfo"), errors=(*_ON_SANDBOX, NotFound),
+        reply=ProcessInfo, errors=(*_ON_SANDBOX, NotFound),
         routing=Routing.SANDBOX,
     ),
     Operation(
@@ -332,19 +340,19 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "exchange_many", "POST", "/v1/processes/exchange",
         "Write to many processes, then read one line from each, in one request",
-        body=Ref("corral.server.processes", "ExchangeRequest"),
-        reply=Ref("corral.server.processes", "ExchangeResponse"),
+        body=ExchangeRequest,
+        reply=ExchangeResponse,
         errors=(*_BODY, SandboxProtocolError, NotFound), routing=Routing.SPLIT,
     ),
     Operation(
         "signal_process", "POST", _SB + "/processes/{process_id}/signal",
-        "Signal a process's group", body=Ref("corral.server.processes", "SignalRequest"),
+        "Signal a process's group", body=SignalRequest,
         status=204, errors=(*_ON_SANDBOX, *_BODY, NotFound), routing=Routing.SANDBOX,
     ),
     Operation(
         "resize_process", "POST", _SB + "/processes/{process_id}/resize",
         "Set the size of a process's terminal (spawned with pty=true; it gets SIGWINCH)",
-        body=Ref("corral.server.processes", "ResizeRequest"), status=204,
+        body=ResizeRequest, status=204,
         errors=(*_ON_SANDBOX, *_BODY, NotFound), routing=Routing.SANDBOX,
     ),
     Operation(

@@ -8,6 +8,12 @@ from corral.api.daemon_models import (
     EvalList,
     EvalReport,
     EvalRun,
+    FetchRequest,
+    FetchStats,
+    ImageFetchRequest,
+    NodeProof,
+    PeerImage,
+    PeerSnapshot,
     RefreshReply,
     RefreshRequest,
     TokenCreated,
@@ -22,7 +28,6 @@ from corral.api.operation import (
     Access,
     Operation,
     Query,
-    Ref,
     Routing,
 )
 from corral.errors import (
@@ -132,14 +137,14 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "fetch_snapshot", "POST", "/v1/peer/snapshots/fetch",
         "Cluster: make a snapshot of another node restorable here (fetches its layers)",
-        body=Ref("corral.server.peer_layers", "FetchRequest"), reply=SnapshotInfo,
+        body=FetchRequest, reply=SnapshotInfo,
         errors=(*_BODY, SnapshotNotFound, NotFound, LayerTransferError, StorageFull),
         access=Access.ADMIN, routing=Routing.NODE,
     ),
     Operation(
         "peer_snapshot", "GET", "/v1/peer/snapshots/{id_or_name}",
         "Cluster: a snapshot's layers and digests, for another node to fetch",
-        reply=Ref("corral.server.peer_layers", "PeerSnapshot"),
+        reply=PeerSnapshot,
         query=(Query("owner", "string", "find it as this tenant does (its own only)"),),
         errors=(InvalidArgument, SnapshotNotFound, NotFound, LayerTransferError),
         access=Access.PEER, routing=Routing.NODE,
@@ -152,6 +157,14 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
         errors=(*_BODY, NotFound, LayerTransferError), access=Access.PEER, routing=Routing.NODE,
     ),
     Operation(
+        "node_proof", "GET", "/v1/cluster/proof",
+        "Cluster: a node's daemon proves who it is before any credential is sent (answered "
+        "without one, ahead of the door, by a daemon started with a node key)",
+        reply=NodeProof,
+        query=(Query("nonce", "string", "the client's nonce: 64 hex digits", required=True),),
+        errors=(InvalidArgument, NotFound), access=Access.ANYONE, routing=Routing.NODE,
+    ),
+    Operation(
         "cluster_nodes", "GET", "/v1/cluster/nodes",
         "Cluster: every alive node's daemon (id, URL, capacity), for a cluster client",
         reply=ClusterNodes,
@@ -160,14 +173,14 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "fetch_own_snapshot", "POST", "/v1/cluster/snapshots/fetch",
         "Cluster: make a snapshot of yours on another node restorable here",
-        body=Ref("corral.server.peer_layers", "FetchRequest"), reply=SnapshotInfo,
+        body=FetchRequest, reply=SnapshotInfo,
         errors=(*_BODY, SnapshotNotFound, NotFound, LayerTransferError, StorageFull),
         routing=Routing.NODE,
     ),
     Operation(
         "fetch_own_image", "POST", "/v1/cluster/images/fetch",
         "Cluster: make a built image of another node usable here",
-        body=Ref("corral.server.peer_layers", "ImageFetchRequest"), reply=ImageInfo,
+        body=ImageFetchRequest, reply=ImageInfo,
         errors=(*_BODY, NotFound, LayerTransferError, StorageFull), routing=Routing.NODE,
     ),
     Operation(
@@ -178,19 +191,19 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "fetch_image", "POST", "/v1/peer/images/fetch",
         "Cluster: make a built image of another node usable here (fetches its layers)",
-        body=Ref("corral.server.peer_layers", "ImageFetchRequest"), reply=ImageInfo,
+        body=ImageFetchRequest, reply=ImageInfo,
         errors=(*_BODY, NotFound, LayerTransferError, StorageFull), access=Access.ADMIN,
         routing=Routing.NODE,
     ),
     Operation(
         "peer_image", "GET", "/v1/peer/images/{name}",
         "Cluster: a built image's manifest, for another node to pull",
-        reply=Ref("corral.server.peer_layers", "PeerImage"),
+        reply=PeerImage,
         errors=(NotFound, LayerTransferError), access=Access.PEER, routing=Routing.NODE,
     ),
     Operation(
         "peer_stats", "GET", "/v1/peer/stats", "Cluster: layers fetched from other nodes",
-        reply=Ref("corral.server.peer_layers", "FetchStats"),
+        reply=FetchStats,
         errors=(NotFound, LayerTransferError), access=Access.ADMIN, routing=Routing.NODE,
     ),
     Operation(

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -232,12 +233,13 @@ class Supervisor:
             except Exception:  # a GCS hiccup: look again next time
                 logger.exception("corral supervisor: could not check the nodes")
 
-    def _live_sandboxes(self) -> int:
-        """Sandboxes alive or starting on every node, as their daemons count them."""
+    def _live_sandboxes(self) -> autoscale.Shapes:
+        """Sandboxes alive or starting on every node, by the GPUs they hold, as their
+        daemons count them."""
         tokens = auth.node_tokens(self._gcs)
         entries = [json.loads(raw) for key in _ray.kv_keys(self._gcs, NODE_KEY)
                    if (raw := _ray.kv_get(self._gcs, key))]
-        total = 0
+        total: autoscale.Shapes = Counter()
         # each daemon proves who it is before its token is sent (cluster/proof.py)
         with proof.proven_client(proof.pins_of(entries), timeout=INFO_TIMEOUT_S) as http:
             for entry in entries:
@@ -247,7 +249,7 @@ class Supervisor:
                                     ).raise_for_status().json()
                 except httpx.HTTPError:  # a node that just died or restarts: not counted
                     continue
-                total += sum(info["counts"].get(state, 0) for state in LIVE)
+                total.update(autoscale.live_shapes(info, LIVE))
         return total
 
     def ensure(self, timeout: float = DAEMON_START_TIMEOUT_S) -> list[dict[str, Any]]:

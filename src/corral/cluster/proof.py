@@ -42,8 +42,10 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
+from corral.api import operation
+
 CONTEXT = b"corral-node-proof/1"
-PROOF_PATH = "/v1/cluster/proof"
+PROOF_PATH = operation("node_proof").path  # declared in corral.api like every endpoint
 KEY_ENV = "CORRAL_NODE_KEY"
 NONCE_BYTES = 32
 MAX_REPLY = 4096

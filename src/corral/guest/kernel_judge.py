@@ -24,6 +24,11 @@ Who can touch what (the candidate is written by a model optimised to earn reward
   (sum, sum of squares, max |x|, float64) of every output, checked against the
   reference's — work skipped, cached across inputs or left running on another stream
   shows as a wrong digest; a timer patched in the worker measures nothing the judge uses.
+- The timed inputs are staged (sent, moved to the device: not timed) *masked*: each
+  tensor's bytes XORed with a mask the input maker drew on the device from a seed
+  the worker is given only in the "time" request. The worker unmasks them on the clock;
+  while staging, what it holds is noise, so nothing can be computed ahead of the clock
+  (in a wrapped ``Tensor.to``, a patched ``synchronize``, a thread).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import ctypes
 import json
 import math
 import os
+import secrets
 import select
 import signal
 import statistics
@@ -93,6 +99,14 @@ def send(fd: int, header: dict, blobs: list[bytes] = ()) -> None:
 # ------------------------------------------------------------------ the workers
 
 
+def mask_of(torch, seed: int, nbytes: int, device: str):
+    """The bytes a staged tensor of ``nbytes`` is XORed with: drawn on ``device`` from
+    ``seed`` (the same bytes in every process on that kind of device)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device, generator=g)
+
+
 def worker(role: str) -> None:  # pragma: no cover - runs in its own process
     """A model's process: loads its source, answers load/inputs/run/stage/time."""
     if role != "candidate":
@@ -151,6 +165,10 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
             elif op == "inputs":
                 torch.manual_seed(header["seed"])
                 descs, raw = pack(list(module["get_inputs"]()))
+                if header.get("mask") is not None:  # for staging: masked (see mask_of)
+                    for i, d in enumerate(d for d in descs if "py" not in d):
+                        raw[i] = masked(torch, raw[i], header["mask"] + i, header["mask_device"])
+                        d["masked"] = True
                 send(wfd, {"ok": True, "tensors": descs}, raw)
             elif op == "run":
                 with torch.no_grad():
@@ -158,16 +176,21 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
                 sync()
                 descs, raw = pack(out)
                 send(wfd, {"ok": True, "tensors": descs}, raw)
-            elif op == "stage":
+            elif op == "stage":  # masked bytes on the device, no tensor made of them yet
                 if header.get("reset"):
                     staged.clear()
-                staged.append(unpack(header, blobs))
+                it = iter(blobs)
+                staged.append([
+                    (d, d["py"]) if "py" in d else (d, tensor_from(
+                        torch, {"dtype": "uint8", "shape": [d["nbytes"]], "nbytes": d["nbytes"]},
+                        next(it)).to(device)) for d in header["tensors"]])
                 sync()
                 send(wfd, {"ok": True})
-            elif op == "time":
+            elif op == "time":  # on the judge's clock: unmask, run, digest
                 sync()
                 with torch.no_grad():
-                    outs = [model(*inputs) for inputs in staged]
+                    outs = [model(*unmask(torch, inputs, seed, device))
+                            for inputs, seed in zip(staged, header["masks"], strict=True)]
                 digests = [digest(torch, o) for o in outs]
                 sync()
                 send(wfd, {"ok": True, "digests": [[float(x) for x in d] for d in digests]})
@@ -175,10 +198,38 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
             send(wfd, {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]})
 
 
+def dtype_of(torch, name: str):
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not accepted")
+    return getattr(torch, name)
+
+
+def masked(torch, raw: bytes, seed: int, device: str) -> bytes:
+    """``raw`` XORed with :func:`mask_of` ``seed`` (drawn on ``device``, used here)."""
+    if not raw:
+        return raw
+    plain = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    out = (plain ^ mask_of(torch, seed, len(raw), device).cpu()).contiguous()
+    return ctypes.string_at(out.data_ptr(), out.numel())
+
+
+def unmask(torch, staged: list, seed: int, device: str) -> list:
+    """A staged input set (``(descriptor, masked bytes on the device | scalar)``) as the
+    model's arguments: each tensor's bytes XORed with its mask again (:func:`mask_of`,
+    ``seed`` + its place), viewed as its dtype and shape."""
+    out, i = [], 0
+    for d, v in staged:
+        if "py" in d:
+            out.append(v)
+            continue
+        plain = v ^ mask_of(torch, seed + i, v.numel(), device) if d.get("masked") else v
+        out.append(plain.view(dtype_of(torch, d["dtype"])).reshape([int(s) for s in d["shape"]]))
+        i += 1
+    return out
+
+
 def tensor_from(torch, desc: dict, raw: bytes):
-    if desc["dtype"] not in DTYPES:
-        raise ValueError(f"dtype {desc['dtype']!r} is not accepted")
-    dtype = getattr(torch, desc["dtype"])
+    dtype = dtype_of(torch, desc["dtype"])
     shape = [int(s) for s in desc["shape"]]
     if len(shape) > 16 or any(s < 0 for s in shape):
         raise ValueError("bad shape")
@@ -231,9 +282,11 @@ class Worker:
             raise WorkerError(reply.get("error", "error"))
         return reply, data
 
-    def timed(self) -> tuple[float, list]:
+    def timed(self, masks: list[int]) -> tuple[float, list]:
+        """Run the staged sets (unmasked with ``masks``, see :func:`stage`) on the
+        judge's clock: the time and the outputs' digests."""
         t = time.perf_counter()
-        reply, _ = self.call({"op": "time"})
+        reply, _ = self.call({"op": "time", "masks": masks})
         return time.perf_counter() - t, reply["digests"]
 
     def stderr_tail(self) -> str:
@@ -305,11 +358,16 @@ def digests_match(ref: list, cand: list, atol: float, rtol: float) -> bool:
     return True
 
 
-def stage(source: Worker, to: Worker, seeds: list) -> None:
-    """Stage in ``to`` the input sets ``source`` makes from ``seeds``, replacing the last."""
-    for i, seed in enumerate(seeds):
-        r, data = source.call({"op": "inputs", "seed": seed})
+def stage(source: Worker, to: Worker, seeds: list, device: str) -> list[int]:
+    """Stage in ``to`` the input sets ``source`` makes from ``seeds``, replacing the last,
+    each masked with a mask of its own drawn on ``device``: the mask seeds, which ``to``
+    is given only in the timed request (:meth:`Worker.timed`)."""
+    masks = [secrets.randbits(62) for _ in seeds]
+    for i, (seed, mask) in enumerate(zip(seeds, masks, strict=True)):
+        r, data = source.call({"op": "inputs", "seed": seed, "mask": mask,
+                               "mask_device": device})
         to.call({"op": "stage", "tensors": r["tensors"], "reset": i == 0}, data)
+    return masks
 
 
 def judge(payload: dict, me: str) -> dict:
@@ -345,8 +403,7 @@ def judge(payload: dict, me: str) -> dict:
                   for k in range(repeats + 1)]
         ref_times, ref_digests = [], []
         for k, seeds in enumerate(rounds):
-            stage(ref, ref, seeds)
-            took, digests = ref.timed()
+            took, digests = ref.timed(stage(ref, ref, seeds, device))
             ref_digests.append(digests)
             if k:
                 ref_times.append(took)
@@ -386,8 +443,7 @@ def judge(payload: dict, me: str) -> dict:
                 return {**verdict, "status": "wrong", "reason": f"trial {i}: {why}"}
         times = []
         for k, seeds in enumerate(rounds):  # the warm-up (round 0) is checked too
-            stage(maker, cand, seeds)
-            took, digests = cand.timed()
+            took, digests = cand.timed(stage(maker, cand, seeds, device))
             if not digests_match(ref_digests[k], digests, atol, rtol):
                 return {**verdict, "status": "wrong",
                         "reason": "the timed runs' outputs differ from the reference's "

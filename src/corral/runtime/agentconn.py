@@ -69,6 +69,9 @@ class _Live(Protocol):
 
 EXEC_GRACE_S = 2.0
 """How long past a command's timeout the engine waits for the agent to report its end."""
+LOOK_AGAIN_S = 0.05
+"""At the deadline, with bytes from the agent not yet parsed: how soon to look again
+(the read loop's turn comes first), up to one more :data:`EXEC_GRACE_S` in all."""
 UNLIMITED_OUTPUT = (1 << 63) - 1
 
 
@@ -171,6 +174,7 @@ class Deadline:
         self.started = loop.time()
         self.enforced: asyncio.Task[ExecResult] | None = None
         self._was_frozen = False
+        self._look_end: float | None = None  # the last look at unread bytes (set on the first)
         self._timer = None if timeout is None else loop.call_at(
             self.started + timeout + EXEC_GRACE_S, self._fire
         )
@@ -183,6 +187,15 @@ class Deadline:
         channel, loop = self.stream.channel, asyncio.get_running_loop()
         if channel.error is not None or channel.streams.get(self.stream.request_id) is not self.stream:
             return  # its end came (and is queued), or the sandbox's did
+        if channel.unread():
+            # The agent said something not parsed yet (perhaps this command's end, sent
+            # in time while the engine's loop stalled): the read loop goes first. Bounded,
+            # so an agent that keeps talking cannot stretch the timeout.
+            if self._look_end is None:
+                self._look_end = loop.time() + EXEC_GRACE_S
+            if loop.time() < self._look_end:
+                self._timer = loop.call_at(loop.time() + LOOK_AGAIN_S, self._fire)
+                return
         if self.live.state == SandboxState.PAUSED:  # paused by its user: time is up
             self.enforced = loop.create_task(_paused_out(self.stream, self.started))
             # Ends this stream only, never surfaces: its reader returns ``enforced``.

@@ -211,6 +211,17 @@ class AgentChannel:
         """True if the sandbox ended the channel by its own doing."""
         return isinstance(self.error, SandboxProtocolError)
 
+    def unread(self) -> bool:
+        """Whether the agent sent bytes the read loop has not parsed yet (held by the
+        reader, or still in the socket): after the engine's loop stalled, a timer can
+        run in the turn that sees them arrive, before the read loop's turn."""
+        if self._reader is not None and len(getattr(self._reader, "_buffer", b"")):
+            return True
+        try:
+            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # nothing there (EAGAIN), or the socket is closed
+            return False
+
     async def start(self) -> None:
         self._reader, self._writer = await asyncio.open_unix_connection(
             sock=self.sock, limit=READER_LIMIT

@@ -45,6 +45,7 @@ from corral.runtime.image_build import BUILD_TAG, BuildResult, ImageBuild, host_
 from corral.runtime.image_pull import SCRATCH, ensure_scratch, pull_image
 from corral.runtime.layer_codec import copy_bounded, expansion_limit
 from corral.runtime.oci import apply_layer
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import NetworkMode, SandboxSpec
 
 MAX_EXPORT_BYTES = 4 << 30
@@ -59,10 +60,12 @@ async def build_dockerfile(
     engine: Any, context: Path, *, name: str, dockerfile: str | None = None,
     text: str | None = None, build_args: dict[str, str] | None = None,
     target: str | None = None, on_event: OnEvent | None = None,
-    cpus: float | None = None, host_network: bool = True,
+    cpus: float | None = None, host_network: bool = True, owner: OwnerArg = UNSET,
 ) -> BuildResult:
     """Build the Dockerfile ``text`` (else the file ``dockerfile``, default
-    ``context/Dockerfile``) into the image ``name``; ``target`` stops at that stage."""
+    ``context/Dockerfile``) into the image ``name`` for ``owner`` (whose build cache and
+    sandboxes it uses); ``target`` stops at that stage."""
+    acting: str | None = engine.owners.of(owner)
     context = Path(context)
     if text is None:
         path = context / (dockerfile or "Dockerfile")
@@ -89,7 +92,7 @@ async def build_dockerfile(
             on_event(BuildEvent(type="log", line=f"stage {stage.index + 1}/{last + 1}: "
                                 f"FROM {stage.base} -> {names[stage.index]}"))
         result = await _build_stage(engine, stage, names, context, on_event,
-                                    cpus=cpus, host_network=host_network)
+                                    cpus=cpus, host_network=host_network, owner=acting)
         cached += result.stats.cached
         built += result.stats.built
         steps += result.stats.steps
@@ -101,7 +104,7 @@ async def build_dockerfile(
 
 async def _build_stage(engine: Any, stage: Stage, names: dict[int, str], context: Path,
                        on_event: OnEvent | None, *, cpus: float | None,
-                       host_network: bool) -> BuildResult:
+                       host_network: bool, owner: str | None) -> BuildResult:
     base = await _base(engine, stage.base, names)
     steps = list(stage.steps)
     workdir = engine.images.get(base).workdir
@@ -120,12 +123,12 @@ async def _build_stage(engine: Any, stage: Stage, names: dict[int, str], context
     try:
         sources: dict[int, str] = {}
         for i, src in stage.sources.items():
-            path = await _source(engine, src, names, context, work / f"s{i}")
+            path = await _source(engine, src, names, context, work / f"s{i}", owner)
             sources[i + shift + 1] = str(path)
         meta = {k: v for k, v in stage.meta.items() if not k.startswith("_")}
         build = ImageBuild(engine, {"base": base, "steps": steps}, name=names[stage.index],
                            context=context, sources=sources, cpus=cpus or host_cpus(),
-                           host_network=host_network, meta=meta)
+                           host_network=host_network, meta=meta, owner=owner)
         return await build.run(on_event)
     finally:
         await asyncio.to_thread(_remove_tree, work)
@@ -144,13 +147,13 @@ async def _base(engine: Any, base: str, names: dict[int, str]) -> str:
 
 
 async def _source(engine: Any, src: Source, names: dict[int, str], context: Path,
-                  work: Path) -> Path:
+                  work: Path, owner: str | None) -> Path:
     """The host path a copy step reads for ``src``."""
     if src.stage is not None or src.image is not None:
         image = names[src.stage] if src.stage is not None else await _base(
             engine, src.image or "", names)
         work.mkdir(mode=0o700)
-        return await _export(engine, image, src.path, work)
+        return await _export(engine, image, src.path, work, owner)
     rel = relative_copy_source(src.path.lstrip("/") if src.path.startswith("/") else src.path)
     path = context / rel
     real, root = os.path.realpath(path), os.path.realpath(context)
@@ -184,42 +187,42 @@ def _unpack_tar(archive: Path, work: Path) -> None:
     plain.unlink()
 
 
-async def _export(engine: Any, image: str, path: str, work: Path) -> Path:
-    """Copy ``path`` of ``image`` to ``work`` through a sandbox of it; the copy's path
-    (a file keeps its name, a directory's contents are ``work/tree``)."""
-    spec = engine.owners.stamp(SandboxSpec(image=image, memory_mb=256, network=NetworkMode.NONE,
-                                           tags=[BUILD_TAG, f"export={image}"[:60]]))
-    info = await engine.create(spec, build_root=True)
+async def _export(engine: Any, image: str, path: str, work: Path, owner: str | None) -> Path:
+    """Copy ``path`` of ``image`` to ``work`` through a sandbox of it (``owner``'s); the
+    copy's path (a file keeps its name, a directory's contents are ``work/tree``)."""
+    spec = SandboxSpec(image=image, memory_mb=256, network=NetworkMode.NONE,
+                       tags=[BUILD_TAG, f"export={image}"[:60]], tenant=owner)
+    info = await engine.create(spec, build_root=True, owner=owner)
     budget = [MAX_EXPORT_BYTES]
     try:
         try:
-            top = await engine.stat(info.id, path)
+            top = await engine.stat(info.id, path, owner=owner)
             if top.is_symlink:
                 # The source itself a link: followed inside the image, as Docker does.
                 # Exported as a link, the copy step would follow it on the host (as root:
                 # a stage's ``ln -s /etc/shadow /x`` copied the host's file in).
                 top = replace(top, is_symlink=False, mode=0o755,
-                              is_dir=await _is_dir(engine, info.id, top.path))
+                              is_dir=await _is_dir(engine, info.id, top.path, owner))
         except FileNotFound:
             raise ImageBuildError(f"COPY --from: {path} does not exist in {image}",
                                   details={"image": image, "path": path}) from None
         if top.is_dir:
             dest = work / "tree"
             dest.mkdir(mode=0o755)
-            await _export_dir(engine, info.id, top.path, dest, budget)
+            await _export_dir(engine, info.id, top.path, dest, budget, owner)
             return dest
         dest = work / (posixpath.basename(top.path.rstrip("/")) or "file")
-        await _export_one(engine, info.id, top, dest, budget)
+        await _export_one(engine, info.id, top, dest, budget, owner)
         return dest
     finally:
-        await engine.delete(info.id)
+        await engine.delete(info.id, owner=owner)
 
 
-async def _is_dir(engine: Any, sid: str, path: str) -> bool:
+async def _is_dir(engine: Any, sid: str, path: str, owner: str | None) -> bool:
     """Whether ``path`` is (or links to) a directory in the sandbox; FileNotFound if it
     leads nowhere there."""
     try:
-        await engine.list_dir(sid, path)
+        await engine.list_dir(sid, path, owner=owner)
     except FileNotFound:
         raise
     except CorralError:  # ENOTDIR: a file
@@ -227,22 +230,24 @@ async def _is_dir(engine: Any, sid: str, path: str) -> bool:
     return True
 
 
-async def _export_dir(engine: Any, sid: str, path: str, dest: Path, budget: list[int]) -> None:
+async def _export_dir(engine: Any, sid: str, path: str, dest: Path, budget: list[int],
+                      owner: str | None) -> None:
     pending = [(path, dest)]
     while pending:  # iterative: a deep tree is no recursion
         here, there = pending.pop()
-        for entry in await engine.list_dir(sid, here):
+        for entry in await engine.list_dir(sid, here, owner=owner):
             target = there / entry.name
             if entry.is_dir and not entry.is_symlink:
                 target.mkdir(mode=(entry.mode & 0o7777) | 0o700)
                 pending.append((entry.path, target))
             else:
-                await _export_one(engine, sid, entry, target, budget)
+                await _export_one(engine, sid, entry, target, budget, owner)
 
 
-async def _export_one(engine: Any, sid: str, entry: Any, dest: Path, budget: list[int]) -> None:
+async def _export_one(engine: Any, sid: str, entry: Any, dest: Path, budget: list[int],
+                      owner: str | None) -> None:
     if entry.is_symlink:
-        done = await engine.exec(sid, ["readlink", entry.path])
+        done = await engine.exec(sid, ["readlink", entry.path], owner=owner)
         if done.returncode == 0:
             os.symlink(done.stdout.decode().rstrip("\n"), dest)
         return
@@ -250,7 +255,7 @@ async def _export_one(engine: Any, sid: str, entry: Any, dest: Path, budget: lis
     if budget[0] < 0:
         raise ImageBuildError(f"COPY --from copies more than {MAX_EXPORT_BYTES} bytes",
                               details={"path": entry.path})
-    data = await engine.read_file(sid, entry.path, max_bytes=MAX_EXPORT_BYTES)
+    data = await engine.read_file(sid, entry.path, max_bytes=MAX_EXPORT_BYTES, owner=owner)
     budget[0] -= max(0, len(data) - entry.size)  # a followed link's size is its target's
     if budget[0] < 0:
         raise ImageBuildError(f"COPY --from copies more than {MAX_EXPORT_BYTES} bytes",

@@ -26,8 +26,6 @@ import asyncio
 import os
 import secrets
 import shutil
-import signal
-import time
 from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
@@ -42,7 +40,6 @@ from corral.errors import (
 from corral.runtime import (
     cgroups,
     devices,
-    processes,
     rootfs,
     seccomp,
     storage,
@@ -51,15 +48,12 @@ from corral.runtime import (
     warden,
 )
 from corral.runtime.agentbuild import ensure_agent
-from corral.runtime.agentconn import (
-    ended_error,
-)
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
-from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.cpus import CpuPicker
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
+from corral.runtime.engine_end import STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_hibernate import HibernateOps
 from corral.runtime.engine_lifetime import LifetimeOps
@@ -69,19 +63,18 @@ from corral.runtime.engine_queries import QueryOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.engine_volumes import VolumeOps
-from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted, StateChanged
+from corral.runtime.events import Events, SandboxEnded, SandboxStarted
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
 from corral.runtime.images import Image, ImageStore
-from corral.runtime.kept_files import KeptFiles, keeps_files
+from corral.runtime.kept_files import KeptFiles
 from corral.runtime.launchargs import launch_args
 from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
-from corral.runtime.ownership import Owners
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
-from corral.runtime.protocol import Msg, Tag
 from corral.runtime.reconcile import remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
@@ -96,7 +89,6 @@ from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
 )
 from corral.runtime.volumes import Volumes
 from corral.schema import (
-    TRANSITIONS,
     SandboxInfo,
     SandboxSpec,
     SandboxState,
@@ -107,8 +99,6 @@ from corral.schema import (
 # of its own, which its idmapped layers show them as (see corral.runtime.uids).
 SANDBOX_HOST_UID = CANONICAL_UID
 START_TIMEOUT_S = 20.0
-STOP_WAIT_S = 5.0
-TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
 ID_PREFIX = "sb-"
@@ -118,14 +108,14 @@ def _new_id(prefix: str = ID_PREFIX) -> str:
     return prefix + secrets.token_hex(6)
 
 
-class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps, RestoreOps,
-             LifetimeOps, QueryOps):
+class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps, VolumeOps,
+             RestoreOps, LifetimeOps, QueryOps, EndOps):
     """Sandboxes on this host. Build one with :meth:`Engine.open`.
 
-    This class keeps the lifecycle (open, create, pause, resume, stop, delete, the
-    reaper) and what a sandbox is (:class:`~corral.runtime.live.Live`); its commands,
-    files and snapshots are in :mod:`.engine_commands`, :mod:`.engine_files` and
-    :mod:`.engine_snapshots`."""
+    This class keeps opening, closing and creating, and what a sandbox is
+    (:class:`~corral.runtime.live.Live`); finding one for its owner, pausing, stopping
+    and deleting it are in :mod:`.engine_end`, its commands, files and snapshots in
+    :mod:`.engine_commands`, :mod:`.engine_files` and :mod:`.engine_snapshots`."""
 
     def __init__(
         self,
@@ -256,8 +246,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         engine.snapshots.open(users)
         await engine._adopt(adopting)
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
-        engine._reaper = asyncio.create_task(  # the engine's own work: acts for the daemon
-            engine._reap_loop(), name="corral-reaper", context=engine.owners.detached())
+        engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
         return engine
 
@@ -302,9 +291,12 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
     async def create(
         self, spec: SandboxSpec | dict[str, Any] | None = None, *,
         image_override: Image | None = None, ro_binds: Sequence[tuple[str, str]] = (),
-        build_root: bool = False, sandbox_id: str | None = None, **kw: Any,
+        build_root: bool = False, sandbox_id: str | None = None, owner: OwnerArg = UNSET,
+        **kw: Any,
     ) -> SandboxInfo:
-        """Create a sandbox and wait until its agent is ready to run commands.
+        """Create a sandbox for ``owner`` (whose snapshots and networks it may name;
+        whose sandbox it is: ``spec.tenant``, which the caller sets) and wait until its
+        agent is ready to run commands.
 
         For image builds (:mod:`corral.runtime.image_build`): ``image_override`` mounts
         an image not in the store (a base plus the layers built so far), and
@@ -314,6 +306,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         snapshot's processes on (:mod:`corral.runtime.engine_live`); ``sandbox_id``: a
         hibernated sandbox's, resumed (:mod:`corral.runtime.engine_hibernate`).
         """
+        acting = self.owners.of(owner)
         if self.closed:
             raise InvalidState("the engine is closed")
         for _, dest in ro_binds:
@@ -326,11 +319,11 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             spec = SandboxSpec.parse(spec, **kw)
         elif kw:
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
-        spec = self.resolve_network(spec)  # network="NAME": NetworkNotFound now
+        spec = self.resolve_network(spec, owner=acting)  # network="NAME": NetworkNotFound now
         sid = sandbox_id or _new_id(self.id_prefix)
-        spec, snap = self.snapshots.acquire(spec)  # a reference, released by _release
+        spec, snap = self.snapshots.acquire(spec, owner=acting)  # a reference, released by _release
         try:
-            images = self.checkpoint_images(snap.id) if snap is not None else None  # live?
+            images = self.checkpoint_images(snap.id, owner=None) if snap is not None else None  # live?
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
@@ -382,10 +375,10 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.events.emit(SandboxStarted(sid, spec.snapshot))
         if entry is not None:
             try:  # as the image's USER, in its WORKDIR, with its ENV (all defaults now)
-                await self.spawn(sid, entry)
+                await self.spawn(sid, entry, owner=None)  # the engine's own work
             except BaseException:
                 with suppress(CorralError):
-                    await self.delete(sid)
+                    await self.delete(sid, owner=None)
                 raise
         return info
 
@@ -473,9 +466,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         if live.ending:
             return
         task = asyncio.get_running_loop().create_task(
-            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0),
-            context=self.owners.detached(),  # the engine's own work, whoever made it
-        )
+            self._end(live, SandboxState.FAILED, self._death_reason(live), grace=0))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -484,164 +475,3 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         why = live.channel.reason if live.channel else "the sandbox's agent exited unexpectedly"
         log = live.log.text()[-2000:] if live.log is not None else ""
         return why + (f"; its log: {log}" if log else "")
-
-    def _get_live(self, sandbox_id: str) -> Live:
-        live = self._live.get(sandbox_id)
-        if live is None or not self.owners.sees(live.spec):  # another's: as if unknown
-            raise ended_error(self.get(sandbox_id))  # its own fault: SandboxProtocolError
-        return live
-
-    def _running(self, sandbox_id: str) -> Live:
-        live = self._get_live(sandbox_id)
-        if live.channel is not None and live.channel.faulted:
-            raise live.channel.error_copy()  # being ended by its own doing
-        if live.state != SandboxState.RUNNING or live.channel is None:
-            hint = "resume it first" if live.state == SandboxState.PAUSED else "create a new one"
-            raise InvalidState(
-                f"sandbox {sandbox_id} is {live.state.value}: {hint}",
-                details={"sandbox_id": sandbox_id, "state": live.state.value},
-            )
-        live.touch()
-        return live
-
-    def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None:
-        if to not in TRANSITIONS[live.state]:
-            raise InvalidState(
-                f"sandbox {live.id} cannot go from {live.state.value} to {to.value}",
-                details={"sandbox_id": live.id, "state": live.state.value},
-            )
-        self.registry.set_state(live.id, to, reason)  # first: a full disk changes nothing
-        old, live.state = live.state, to
-        self.events.emit(StateChanged(live.id, old, to, reason))
-
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
-        """Freeze every process of the sandbox (cgroup freezer). Memory stays resident."""
-        live = self._get_live(sandbox_id)
-        async with live.lock:
-            if live.state != SandboxState.PAUSED:
-                self._transition(live, SandboxState.PAUSED)
-                live.cgroup.freeze()
-        return self.get(sandbox_id)
-
-    async def _resume_running(self, sandbox_id: str) -> SandboxInfo:
-        """Thaw a paused sandbox (``resume``, engine_hibernate.py, also wakes one)."""
-        live = self._get_live(sandbox_id)
-        async with live.lock:
-            if live.state == SandboxState.PAUSED:
-                self._transition(live, SandboxState.RUNNING)  # StorageFull: still paused
-                live.cgroup.thaw()
-                live.touch()
-            elif live.state != SandboxState.RUNNING:
-                self._transition(live, SandboxState.RUNNING)  # raises InvalidState
-        return self.get(sandbox_id)
-
-    async def stop(
-        self, sandbox_id: str, *, grace: float = 2.0, reason: str = "stopped by request"
-    ) -> SandboxInfo:
-        """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
-        mounts and cgroups. The record stays (state ``stopped``) until deleted."""
-        info = self.get(sandbox_id)  # raises SandboxNotFound (another owner's too)
-        live = self._live.get(sandbox_id)
-        if live is None:
-            if info.state.terminal:
-                return info
-        else:
-            await self._end(live, SandboxState.STOPPED, reason, grace=grace)
-        return self.get(sandbox_id)
-
-    async def delete(self, sandbox_id: str) -> bool:
-        """Kill and remove a sandbox and its record. Idempotent: False if it did not exist."""
-        acting = self.owners.acting()
-        # a tenant: another's row is not even read (registry.get), so it costs what an
-        # unknown id costs, and answers the same (a row is written before its sandbox lives)
-        info = self.registry.get(sandbox_id, owner=acting)
-        if acting is not None and info is None:
-            return False
-        live = self._live.get(sandbox_id)
-        if live is not None:
-            await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
-        existed = live is not None or self.registry.get(sandbox_id) is not None
-        self.registry.delete(sandbox_id)
-        if existed:
-            self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
-        return existed
-
-    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
-        async with live.lock:
-            if live.ending or live.id not in self._live:
-                return
-            live.ending = True
-            try:  # a registry that cannot be written (a full disk) still frees everything
-                if live.state in (SandboxState.RUNNING, SandboxState.PAUSED):
-                    self._transition(live, SandboxState.STOPPING, reason)
-                if grace > 0 and live.channel is not None and not live.channel.closed:
-                    if live.cgroup.frozen():
-                        live.cgroup.thaw()
-                    try:
-                        live.channel.send(Msg.SIGNAL, 0, [(Tag.SIGNAL, signal.SIGTERM)])
-                        deadline = time.monotonic() + grace
-                        while live.channel.streams and time.monotonic() < deadline:
-                            await asyncio.sleep(0.02)
-                    except CorralError:
-                        pass
-                if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
-                    await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
-            finally:
-                await self._release(live)
-                self._live.pop(live.id, None)
-            try:
-                if live.state == SandboxState.PENDING:
-                    live.state = final
-                else:
-                    self._transition(live, final, reason)
-            finally:
-                self.events.emit(SandboxEnded(live.id, final, reason))
-
-    async def _release(self, live: Live) -> None:
-        """Kill every process, then unmount and remove the cgroup. Never raises."""
-        live.ending = True
-        if live.cgroup is not None:
-            try:
-                if live.cgroup.frozen() or (live.channel and live.channel.faulted):
-                    # Frozen processes (or a stuck agent) cannot see their channel
-                    # close: kill them now rather than waiting STOP_WAIT_S for an exit.
-                    await asyncio.to_thread(live.cgroup.kill_all)
-            except (OSError, CorralError):
-                pass
-        self._forget(live)  # its agent exits once its channel closes too
-        self.net.cut_all(live.id)
-        if live.channel is not None:
-            await live.channel.close()
-        if live.proc is not None:
-            try:
-                await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
-            except asyncio.TimeoutError:
-                pass
-        if live.log is not None:
-            live.log.close()
-        dropped = processes.release(live)
-        self.cpu_picker.give_back(live.cpus)
-        live.cpus = ()
-        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
-        # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
-        snapshot_id, live.snapshot_id = live.snapshot_id, None
-        await self.snapshots.release(snapshot_id)
-        self.gpus.release(live.id)  # after its processes are gone
-
-    def _release_resources(self, live: Live, trim: bool = False) -> None:
-        if trim:  # megabytes of unread output were freed: give them back (a few ms)
-            syscalls.malloc_trim()
-        gone = True  # then nothing runs as its uid any more: it may be used again
-        if live.cgroup is not None:
-            try:
-                live.cgroup.remove(children=False)
-            except (OSError, CorralError):
-                gone = False
-        if live.proc is not None and live.proc.poll() is None:
-            live.proc.kill()
-            live.proc.wait()
-        self.net.detach(live.id)
-        rootfs.remove_dirs(live.sandbox_dir)
-        if gone and not live.sandbox_dir.exists():
-            self.uids.release(live.uid)

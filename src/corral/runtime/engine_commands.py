@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
+from corral.api.process_models import DEFAULT_MAX_BUFFER
 from corral.errors import InvalidArgument, SandboxLost
 from corral.runtime import process_start, processes, sweep, users
 from corral.runtime.agentconn import (
@@ -25,6 +26,7 @@ from corral.runtime.agentconn import (
 from corral.runtime.cmdtap import CommandTap
 from corral.runtime.cpus import CpuPicker, thread_env
 from corral.runtime.events import Events
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
@@ -48,7 +50,9 @@ class CommandOps:
         events: Events
         _tasks: set[asyncio.Task[Any]]
         cpu_picker: CpuPicker
+        owners: Owners
 
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
         def _running(self, sandbox_id: str) -> Live: ...
         def _get_live(self, sandbox_id: str) -> Live: ...
 
@@ -64,6 +68,7 @@ class CommandOps:
         max_output: int = DEFAULT_MAX_OUTPUT,
         output_tail: int | None = None,
         user: str | int | None = None,
+        owner: OwnerArg = UNSET,
     ) -> ExecResult:
         """Run a command to completion; a timeout or OOM kill is a result, not an error.
         Each stream keeps ``max_output`` bytes at most: past that, its head and its last
@@ -72,7 +77,7 @@ class CommandOps:
         err: list[bytes] = []
         async for ev in self.exec_stream(
             sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-            max_output=max_output, output_tail=output_tail, user=user,
+            max_output=max_output, output_tail=output_tail, user=user, owner=owner,
         ):
             if ev.kind == "stdout":
                 out.append(ev.data)
@@ -96,6 +101,7 @@ class CommandOps:
         max_output: int = DEFAULT_MAX_OUTPUT,
         output_tail: int | None = None,
         user: str | int | None = None,
+        owner: OwnerArg = UNSET,
     ) -> AsyncIterator[ExecEvent]:
         """Run a command and yield its output as it happens, then its exit.
 
@@ -104,6 +110,7 @@ class CommandOps:
         whatever the agent says (:mod:`corral.runtime.agentconn`). A stream that went
         over its cap shows its gap as an event with ``dropped`` set, then its tail.
         """
+        self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
         tail = output_tail_for(max_output, output_tail)
         fields = self.command_fields(live, cmd, env, cwd, stdin,
@@ -168,9 +175,10 @@ class CommandOps:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         timeout: float | None = None,
-        max_buffer: int = processes.DEFAULT_MAX_BUFFER,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
         terminal: TerminalSize | None = None,
         user: str | int | None = None,
+        owner: OwnerArg = UNSET,
     ) -> processes.Process:
         """Start an interactive process: stdin stays open, output is read as it comes.
 
@@ -179,28 +187,34 @@ class CommandOps:
         ``timeout`` (seconds, ``None``: none) kills it like an exec's; ``max_buffer``
         bounds the output kept unread (per stream); ``terminal`` (rows, cols): on a
         pseudo-terminal (:mod:`corral.runtime.terminal`)."""
+        self._owned(sandbox_id, owner)
         return await process_start.spawn(self, self._running(sandbox_id), cmd, env=env, cwd=cwd,
                                      timeout=timeout, max_buffer=max_buffer, terminal=terminal,
                                      user=user)
 
-    def get_process(self, sandbox_id: str, process_id: str) -> processes.Process:
+    def get_process(self, sandbox_id: str, process_id: str, *,
+                    owner: OwnerArg = UNSET) -> processes.Process:
         """A process of a live sandbox by id; :class:`~corral.errors.NotFound` if none."""
+        self._owned(sandbox_id, owner)
         return processes.find(self._get_live(sandbox_id), process_id)
 
-    def list_processes(self, sandbox_id: str) -> list[processes.Process]:
+    def list_processes(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> list[processes.Process]:
         """The processes of a live sandbox (running, and recently exited), oldest first."""
+        self._owned(sandbox_id, owner)
         return processes.kept(self._get_live(sandbox_id))
 
-    def forget_process(self, sandbox_id: str, process_id: str) -> None:
+    def forget_process(self, sandbox_id: str, process_id: str, *,
+                       owner: OwnerArg = UNSET) -> None:
         """Drop an exited process's record (a running one is killed first by the caller)."""
+        owner = self.owners.of(owner)
         live = self._live.get(sandbox_id)
-        if live is not None:
+        if live is not None and self.owners.sees(live.spec, owner):
             processes.forget(live, process_id)
 
-
-    async def kill_processes(self, sandbox_id: str) -> int:
+    async def kill_processes(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> int:
         """SIGKILL every process the sandbox's code started (the agent stays; running
         commands end killed); how many there were. See :mod:`corral.runtime.sweep`."""
+        self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
         assert live.proc is not None
         return await asyncio.to_thread(sweep.kill_sandbox_code, live.cgroup, live.proc.pid)

@@ -26,6 +26,7 @@ from corral.errors import (
     SandboxDiskFull,
     VolumeFull,
 )
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Fields, Msg, Tag, decode_entry
 from corral.runtime.uids import SANDBOX_HOME
@@ -60,14 +61,15 @@ class FileOps:
 
         def _running(self, sandbox_id: str) -> Live: ...
         def _get_live(self, sandbox_id: str) -> Live: ...
-        def get(self, sandbox_id: str) -> SandboxInfo: ...
+        def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
 
     def _kept_path(self, sandbox_id: str, path: str) -> str | None:
         """``path`` in a stopped sandbox's kept files; None if it is live or kept none
         (then the agent's error, or the sandbox's, is the answer)."""
         if sandbox_id in self._live or not self.kept.has(sandbox_id):
             return None
-        return resolve_path(self.get(sandbox_id).spec.workdir, path)
+        return resolve_path(self.get(sandbox_id, owner=None).spec.workdir, path)
 
     async def _file_request(
         self, sandbox_id: str, msg: Msg, path: str, fields: list[Field]
@@ -88,20 +90,22 @@ class FileOps:
 
     async def write_file(
         self, sandbox_id: str, path: str, data: bytes | bytearray | memoryview | str, *, mode: int = 0o644,
-        parents: bool = True,
+        parents: bool = True, owner: OwnerArg = UNSET,
     ) -> None:
         """Write a file inside the sandbox (as its user), creating parent directories."""
         if isinstance(data, str):
             data = data.encode()
-        await self.write_from(sandbox_id, path, _once(data), mode=mode, parents=parents)
+        await self.write_from(sandbox_id, path, _once(data), mode=mode, parents=parents,
+                              owner=owner)
 
     async def write_from(
         self, sandbox_id: str, path: str, pieces: AsyncIterable[bytes | bytearray | memoryview], *,
-        mode: int = 0o644, parents: bool = True,
+        mode: int = 0o644, parents: bool = True, owner: OwnerArg = UNSET,
     ) -> int:
         """Write a file from ``pieces`` as they come, :data:`FILE_CHUNK` at a time: what is
         held here is at most one chunk plus one piece, whatever the file's size. Returns
         the bytes written. A failure part-way leaves what was written (the caller removes it)."""
+        self._owned(sandbox_id, owner)
         p = self._path(sandbox_id, path)
         if not 0 <= mode <= 0o7777:
             raise InvalidArgument(f"invalid file mode {mode:o}")
@@ -135,21 +139,24 @@ class FileOps:
         return offset
 
     async def read_file(
-        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
+        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ,
+        owner: OwnerArg = UNSET,
     ) -> bytes:
         """Read a whole file; :class:`FileTooLarge` if it is bigger than ``max_bytes``.
         A stopped sandbox's files are read from what it kept (:mod:`.kept_files`)."""
-        reading = await self.open_read(sandbox_id, path, max_bytes=max_bytes)
+        reading = await self.open_read(sandbox_id, path, max_bytes=max_bytes, owner=owner)
         return b"".join([chunk async for chunk in reading.chunks])
 
     async def open_read(
-        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ
+        self, sandbox_id: str, path: str, *, max_bytes: int = DEFAULT_MAX_READ,
+        owner: OwnerArg = UNSET,
     ) -> FileReading:
         """Start reading a file :data:`FILE_CHUNK` at a time: its size is checked against
         ``max_bytes`` (:class:`FileTooLarge`) and its first chunk read before this returns,
         so a caller can still answer with an error; then ``chunks`` yields the file, no
         more than the size it had at the start (a file that shrinks meanwhile raises
         :class:`FileError` at the end: a reader must not take a short file for whole)."""
+        self._owned(sandbox_id, owner)
         kept = self._kept_path(sandbox_id, path)
         p = kept if kept is not None else self._path(sandbox_id, path)
 
@@ -187,7 +194,9 @@ class FileOps:
 
         return FileReading(size, chunks())
 
-    async def list_dir(self, sandbox_id: str, path: str = ".") -> list[FileInfo]:
+    async def list_dir(self, sandbox_id: str, path: str = ".", *,
+                       owner: OwnerArg = UNSET) -> list[FileInfo]:
+        self._owned(sandbox_id, owner)
         if (kept := self._kept_path(sandbox_id, path)) is not None:
             return await asyncio.to_thread(self.kept.list_dir, sandbox_id, kept)
         p = self._path(sandbox_id, path)
@@ -195,22 +204,27 @@ class FileOps:
         infos = [_file_info(p, raw, child=True) for raw in f.all(Tag.ENTRY)]
         return sorted(infos, key=lambda i: i.name)
 
-    async def stat(self, sandbox_id: str, path: str) -> FileInfo:
+    async def stat(self, sandbox_id: str, path: str, *, owner: OwnerArg = UNSET) -> FileInfo:
+        self._owned(sandbox_id, owner)
         if (kept := self._kept_path(sandbox_id, path)) is not None:
             return await asyncio.to_thread(self.kept.stat, sandbox_id, kept)
         p = self._path(sandbox_id, path)
         f = await self._file_request(sandbox_id, Msg.FSTAT, p, [])
         return _file_info(p, f.raw(Tag.ENTRY), child=False)
 
-    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False) -> None:
+    async def remove(self, sandbox_id: str, path: str, *, recursive: bool = False,
+                     owner: OwnerArg = UNSET) -> None:
+        self._owned(sandbox_id, owner)
         p = self._path(sandbox_id, path)
         if p == "/":
             raise InvalidArgument("refusing to remove the sandbox's root directory")
         await self._file_request(sandbox_id, Msg.FREMOVE, p, [(Tag.RECURSIVE, recursive)])
 
     async def mkdir(
-        self, sandbox_id: str, path: str, *, parents: bool = True, mode: int = 0o755
+        self, sandbox_id: str, path: str, *, parents: bool = True, mode: int = 0o755,
+        owner: OwnerArg = UNSET,
     ) -> None:
+        self._owned(sandbox_id, owner)
         p = self._path(sandbox_id, path)
         await self._file_request(
             sandbox_id, Msg.FMKDIR, p, [(Tag.PARENTS, parents), (Tag.MODE, mode)]

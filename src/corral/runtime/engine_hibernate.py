@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState
 from corral.runtime.events import SandboxEnded
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
@@ -44,29 +45,34 @@ class HibernateOps:
         owners: Owners
 
         def _get_live(self, sandbox_id: str) -> Live: ...
-        def get(self, sandbox_id: str) -> SandboxInfo: ...
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
+        def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None: ...
         async def _release(self, live: Live) -> None: ...
-        async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo: ...
-        async def delete_snapshot(self, id_or_name: str) -> bool: ...
+        async def checkpoint(self, sandbox_id: str, name: str | None = None, *,
+                             owner: OwnerArg = UNSET) -> SnapshotInfo: ...
+        async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _resume_running(self, sandbox_id: str) -> SandboxInfo: ...
         async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, *,
-                         sandbox_id: str | None = None, **kw: Any) -> SandboxInfo: ...
+                         sandbox_id: str | None = None, owner: OwnerArg = UNSET,
+                         **kw: Any) -> SandboxInfo: ...
 
-    async def hibernate(self, sandbox_id: str) -> SandboxInfo:
+    async def hibernate(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Write the sandbox's processes and files to disk, end them and free its memory,
         uid and cgroup; it stays listed (``paused``, reason ``hibernated``) under its id
         until :meth:`resume` or the next use. Idempotent for a hibernated sandbox.
         :class:`InvalidState` for one not created checkpointable (``cause``
         ``not_checkpointable``) or not running; :class:`~corral.errors.Unsupported`
         where CRIU cannot dump it (it keeps running)."""
+        self._owned(sandbox_id, owner)  # ``owner``'s (another's answers as unknown)
         live = self._get_live(sandbox_id)
         if live.hibernated is not None:
-            return self.get(sandbox_id)
-        snap = await self.checkpoint(sandbox_id)  # typed refusals, the sandbox untouched
+            return self.get(sandbox_id, owner=None)
+        # typed refusals, the sandbox untouched; the engine's own work from here on
+        snap = await self.checkpoint(sandbox_id, owner=None)
         async with live.lock:
             if live.ending or live.state != SandboxState.RUNNING:  # ended meanwhile
-                await self.delete_snapshot(snap.id)
+                await self.delete_snapshot(snap.id, owner=None)
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
                                    "running sandbox hibernates",
                                    details={"sandbox_id": sandbox_id})
@@ -75,16 +81,17 @@ class HibernateOps:
             await self._release(live)  # its processes, slot, uid, cgroup and upper dir
             live.ending, live.proc, live.channel, live.log = False, None, None, None
             live.reattach = None
-        return self.get(sandbox_id)
+        return self.get(sandbox_id, owner=None)
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
-        """Thaw a paused sandbox; restore a hibernated one (same id, a new slot)."""
+    async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
+        """Thaw ``owner``'s paused sandbox; restore a hibernated one (same id, a new slot)."""
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         if live.hibernated is None:
             return await self._resume_running(sandbox_id)
         async with live.lock:
             if live.hibernated is None or self._live.get(sandbox_id) is not live:
-                return self.get(sandbox_id)  # woken (or ended) while we waited
+                return self.get(sandbox_id, owner=None)  # woken (or ended) while we waited
             snap_id = live.hibernated
             row = self.registry.get(sandbox_id)
             assert row is not None
@@ -92,7 +99,7 @@ class HibernateOps:
             self.registry.delete(sandbox_id)  # the create writes it again, running
             try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
                 info = await self.create(live.spec.model_copy(update={"snapshot": snap_id}),
-                                         sandbox_id=sandbox_id)
+                                         sandbox_id=sandbox_id, owner=None)
             except BaseException:
                 self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
                 self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
@@ -100,21 +107,23 @@ class HibernateOps:
                 raise
             live.hibernated = None
             self._hibernated.pop(sandbox_id, None)
-        await self.delete_snapshot(snap_id)
+        await self.delete_snapshot(snap_id, owner=None)
         return info
 
-    async def wake(self, sandbox_id: str) -> None:
-        """Restore a hibernated sandbox before it is used (the service layer calls this
-        before an exec or a file operation); nothing for any other."""
+    async def wake(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> None:
+        """Restore ``owner``'s hibernated sandbox before it is used (the service layer
+        calls this before an exec or a file operation); nothing for any other."""
+        owner = self.owners.of(owner)
         live = self._live.get(sandbox_id)
-        if live is not None and live.hibernated is not None and self.owners.sees(live.spec):
-            await self.resume(sandbox_id)  # (another tenant's: the verb says not found)
+        if live is not None and live.hibernated is not None and self.owners.sees(live.spec, owner):
+            await self.resume(sandbox_id, owner=owner)  # (another's: the verb says not found)
 
     def _hibernated_ended(self, event: SandboxEnded) -> None:
         """A hibernated sandbox ended (stop, delete, timeout, engine close): its
         checkpoint goes with it."""
         snap = self._hibernated.pop(event.sandbox_id, None)
         if snap is not None:
-            task = asyncio.get_running_loop().create_task(self.delete_snapshot(snap))
+            task = asyncio.get_running_loop().create_task(
+                self.delete_snapshot(snap, owner=None))  # the engine's own work
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

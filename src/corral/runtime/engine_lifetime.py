@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState
 from corral.runtime.live import Live
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import MAX_TIMEOUT_S, SandboxInfo, SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
@@ -31,14 +32,17 @@ class LifetimeOps:
 
     if TYPE_CHECKING:
         def _get_live(self, sandbox_id: str) -> Live: ...
-        def get(self, sandbox_id: str) -> SandboxInfo: ...
-        async def delete(self, sandbox_id: str) -> bool: ...
+        def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
+        async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
                        grace: float) -> None: ...
 
-    async def set_timeout(self, sandbox_id: str, seconds: float) -> SandboxInfo:
+    async def set_timeout(self, sandbox_id: str, seconds: float, *,
+                          owner: OwnerArg = UNSET) -> SandboxInfo:
         """End the sandbox ``seconds`` from now instead of when its lifetime said (its
         spec's ``timeout`` becomes the new lifetime, counted from its start)."""
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         async with live.lock:
             if live.ending or live.state.terminal:
@@ -50,7 +54,7 @@ class LifetimeOps:
                                       "secrets": live.spec.secret_env(), "timeout": lifetime})
             self.registry.set_spec(live.id, spec)
             live.spec = spec
-        return self.get(sandbox_id)
+        return self.get(sandbox_id, owner=None)
 
     async def _reap_loop(self) -> None:
         """End sandboxes past their lifetime (``timeout``) or idle for ``idle_timeout``."""
@@ -59,7 +63,7 @@ class LifetimeOps:
             now_wall, now = time.time(), time.monotonic()
             if self.retention is not None:
                 for sid in self.registry.ended_before(now_wall - self.retention, RETENTION_BATCH):
-                    await self.delete(sid)  # its kept files go with it (kept_files.py)
+                    await self.delete(sid, owner=None)  # the engine's own work; its kept files go with it (kept_files.py)
             for live in list(self._live.values()):
                 if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                     continue

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, StorageFull
 from corral.runtime import checkpoint, criu, layer_fetch, live_images
 from corral.runtime.engine_network import made_in
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.storage import room_above_reserve
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
@@ -45,19 +46,24 @@ class LiveOps:
         layout: Layout
         snapshots: Snapshots
 
+        owners: Owners
+
         def _get_live(self, sandbox_id: str) -> Live: ...
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
         def owner_ids(self, sandbox_id: str) -> dict[int, int]: ...
         def _launch_args(self, live: Live, slot: Slot, lowers: list[Path]) -> list[str]: ...
         async def create(self, spec: SandboxSpec | dict[str, Any] | None = None,
                          **kw: Any) -> SandboxInfo: ...
 
-    async def checkpoint(self, sandbox_id: str, name: str | None = None) -> SnapshotInfo:
+    async def checkpoint(self, sandbox_id: str, name: str | None = None, *,
+                         owner: OwnerArg = UNSET) -> SnapshotInfo:
         """Save a running sandbox's processes and files as a live snapshot; it keeps
         running. :class:`~corral.errors.Unsupported` (``details.cause``) where CRIU
         cannot, the sandbox untouched; :class:`InvalidState` for a sandbox not created
         checkpointable."""
         self.snapshots.valid_name(name)
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         if not live.spec.checkpointable:
             raise InvalidState(
@@ -101,53 +107,54 @@ class LiveOps:
         images.path.rename(images.path.with_name(snap.id))
         return snap.model_copy(update={"kind": "live"})
 
-    def get_snapshot(self, id_or_name: str) -> SnapshotInfo:
+    def get_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> SnapshotInfo:
         """A snapshot by id or name (its ``kind``); :class:`SnapshotNotFound` if none."""
-        return self._kind(self.snapshots.get(id_or_name))
+        return self._kind(self.snapshots.get(id_or_name, owner=owner))
 
-    def list_snapshots(self) -> list[SnapshotInfo]:
-        return [self._kind(s) for s in self.snapshots.list()]
+    def list_snapshots(self, *, owner: OwnerArg = UNSET) -> list[SnapshotInfo]:
+        return [self._kind(s) for s in self.snapshots.list(owner=owner)]
 
     def _kind(self, snap: SnapshotInfo) -> SnapshotInfo:
-        live = self.checkpoint_images(snap.id) is not None
+        live = self.checkpoint_images(snap.id, owner=None) is not None
         return snap.model_copy(update={"kind": "live"}) if live else snap
 
-    def describe_snapshot(self, id_or_name: str) -> dict[str, Any]:
-        """What another node needs to restore a snapshot
+    def describe_snapshot(self, id_or_name: str, owner: str | None) -> dict[str, Any]:
+        """What another node needs to restore ``owner``'s snapshot
         (:func:`~corral.runtime.layer_fetch.describe`), with its ``kind``: a live one's
         process images do not travel (:func:`~corral.runtime.layer_fetch.refuse_live`)."""
-        desc = layer_fetch.describe(self.snapshots, id_or_name)
-        desc["kind"] = self.get_snapshot(desc["id"]).kind
+        desc = layer_fetch.describe(self.snapshots, id_or_name, owner)
+        desc["kind"] = self.get_snapshot(desc["id"], owner=owner).kind
         return desc
 
-    def checkpoint_images(self, snapshot: str) -> Path | None:
-        """The process images of a live snapshot (by id or name); None for a snapshot of
-        files only."""
-        snap = self.snapshots.get(snapshot)
-        tenant = self.snapshots.resolve(SandboxSpec(snapshot=snap.id)).tenant
+    def checkpoint_images(self, snapshot: str, *, owner: OwnerArg = UNSET) -> Path | None:
+        """The process images of ``owner``'s live snapshot (by id or name); None for a
+        snapshot of files only."""
+        snap = self.snapshots.get(snapshot, owner=owner)
+        tenant = self.snapshots.resolve(SandboxSpec(snapshot=snap.id), owner=None).tenant
         path = checkpoint.images_root(self.layout.state_dir, tenant) / snap.id
         return path if path.is_dir() else None
 
-    async def restore_checkpoint(self, snapshot: str, **spec: Any) -> SandboxInfo:
+    async def restore_checkpoint(self, snapshot: str, *, owner: OwnerArg = UNSET,
+                                 **spec: Any) -> SandboxInfo:
         """A new sandbox running the processes of the live snapshot ``snapshot``, from
         where they were: its own slot, uid, cgroup and namespaces. (``create`` with
         ``snapshot=`` a live snapshot does the same.)"""
-        if self.checkpoint_images(snapshot) is None:
+        if self.checkpoint_images(snapshot, owner=owner) is None:
             raise InvalidState(f"snapshot {snapshot} holds files only, not processes: "
                                "create(snapshot=...) starts from its files")
-        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec))
+        return await self.create(SandboxSpec.parse(snapshot=snapshot, **spec), owner=owner)
 
-    async def delete_snapshot(self, id_or_name: str) -> bool:
+    async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool:
         """Delete a snapshot (see :meth:`SnapshotOps.delete_snapshot
         <corral.runtime.engine_snapshots.SnapshotOps.delete_snapshot>`) and, for a live
         one, its process images at once (no restore is started from it any more)."""
         try:
-            images = self.checkpoint_images(id_or_name)
+            images = self.checkpoint_images(id_or_name, owner=owner)
         except SnapshotNotFound:
             return False
         if images is not None:
             await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
-        return await self.snapshots.delete(id_or_name)
+        return await self.snapshots.delete(id_or_name, owner=owner)
 
     def images_bytes(self, tenant: str | None) -> int:
         """Disk held by ``tenant``'s live snapshots' process images (its snapshot quota)."""

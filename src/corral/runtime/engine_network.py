@@ -1,5 +1,5 @@
 """The engine's network verbs: a policy sandbox's events, a live policy change, and
-named networks (``corral.Network``: :mod:`corral.runtime.networks`) of the acting owner.
+named networks (``corral.Network``: :mod:`corral.runtime.networks`) of the owner each call names.
 
 Mixed into :class:`~corral.runtime.engine.Engine`; the filter itself is
 :mod:`corral.runtime.net`. A sandbox's ``network`` is fixed in kind when it starts:
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from corral.errors import InvalidArgument, InvalidState, PortClosed
 from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.runtime import syscalls
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import NetworkMode, SandboxInfo, SandboxSpec
 
 if TYPE_CHECKING:
@@ -44,9 +45,11 @@ class NetworkOps:
 
         def _get_live(self, sandbox_id: str) -> Live: ...
         def _running(self, sandbox_id: str) -> Live: ...
-        def get(self, sandbox_id: str) -> SandboxInfo: ...
+        def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
 
-    def _policy_live(self, sandbox_id: str) -> Live:
+    def _policy_live(self, sandbox_id: str, owner: OwnerArg) -> Live:
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         if not isinstance(live.spec.network, NetworkPolicy):
             raise InvalidState(
@@ -57,14 +60,15 @@ class NetworkOps:
                 details={"sandbox_id": sandbox_id})
         return live
 
-    def resolve_network(self, spec: SandboxSpec) -> SandboxSpec:
+    def resolve_network(self, spec: SandboxSpec, *, owner: OwnerArg = UNSET) -> SandboxSpec:
         """A spec naming a network (``network="NAME"``) with that network's policy as it
-        is now (the acting owner's own network; NetworkNotFound otherwise), joining it
-        if it is private. A policy joining one (``"join"``) must name a private network
-        of the owner's."""
+        is now (``owner``'s own network; NetworkNotFound otherwise), joining it if it is
+        private. A policy joining one (``"join"``) must name a private network of the
+        owner's."""
+        owner = self.owners.of(owner)
         if isinstance(spec.network, NetworkPolicy) and spec.network.join is not None:
-            owner = self.owners.stamp(spec).tenant
-            if not self.networks.get(owner, spec.network.join).private:
+            joiner = self.owners.stamp(spec, owner).tenant
+            if not self.networks.get(joiner, spec.network.join).private:
                 raise InvalidArgument(
                     f"network {spec.network.join!r} is not private: only sandboxes of a "
                     "network made with private=True (corral network create NAME --private) "
@@ -72,31 +76,31 @@ class NetworkOps:
             return spec
         if type(spec.network) is not str:  # NetworkMode is a str too
             return spec
-        owner = self.owners.stamp(spec).tenant  # a tenant's own, whatever it claims
+        owner = self.owners.stamp(spec, owner).tenant  # a tenant's own, whatever it claims
         info = self.networks.get(owner, spec.network)
         policy = info.policy.model_copy(update={"join": info.name}) if info.private \
             else info.policy
         return spec.model_copy(update={"network": policy})
 
     def create_network(self, name: str, policy: NetworkPolicy, *,
-                       private: bool = False) -> NetworkInfo:
-        """A named network of the acting owner (the caller checked its rules' rights)."""
+                       private: bool = False, owner: OwnerArg = UNSET) -> NetworkInfo:
+        """A named network of ``owner`` (the caller checked its rules' rights)."""
         if policy.join is not None or policy.alias is not None:
             raise InvalidArgument("a named network's policy has no 'join' or 'alias': make "
                                   "it private=True, and give an alias per sandbox",
                                   details={"field": "policy.join"})
-        return self.networks.create(self.owners.acting(), name, policy, private=private)
+        return self.networks.create(self.owners.of(owner), name, policy, private=private)
 
-    def list_networks(self) -> list[NetworkInfo]:
-        return self.networks.of(self.owners.acting())
+    def list_networks(self, *, owner: OwnerArg = UNSET) -> list[NetworkInfo]:
+        return self.networks.of(self.owners.of(owner))
 
-    def get_network(self, name: str) -> NetworkInfo:
-        return self.networks.get(self.owners.acting(), name)
+    def get_network(self, name: str, *, owner: OwnerArg = UNSET) -> NetworkInfo:
+        return self.networks.get(self.owners.of(owner), name)
 
-    def remove_network(self, name: str) -> None:
+    def remove_network(self, name: str, *, owner: OwnerArg = UNSET) -> None:
         """Remove it (sandboxes made from it keep their copy of its policy); a private
         one only when no sandbox is on it."""
-        owner = self.owners.acting()
+        owner = self.owners.of(owner)
         if self.networks.get(owner, name).private and (
                 on := self.net.private.members(owner, name)):
             raise InvalidState(f"private network {name!r} has {len(on)} sandboxes on it "
@@ -117,13 +121,15 @@ class NetworkOps:
         if isinstance(live.spec.network, NetworkPolicy):
             await self.net.settle(live.id)
 
-    async def connect_port(self, sandbox_id: str, port: int) -> socket.socket:
+    async def connect_port(self, sandbox_id: str, port: int, *,
+                           owner: OwnerArg = UNSET) -> socket.socket:
         """A connected, non-blocking TCP socket to ``port`` on the sandbox's own
         loopback (what an exposed port serves): made in the sandbox's network
         namespace by the daemon, so it works with ``network="none"`` too, and the
         sandbox reaches nothing new."""
         if not 1 <= port <= 65535:
             raise InvalidArgument(f"invalid port {port}: use 1-65535")
+        self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
         netns = live.netns or _namespace_of(live)
         sock = await asyncio.to_thread(socket_in, netns) if netns else socket.socket()
@@ -139,18 +145,19 @@ class NetworkOps:
                 details={"sandbox_id": sandbox_id, "port": port}) from None
         return sock
 
-    def network_events(self, sandbox_id: str) -> list[dict[str, Any]]:
+    def network_events(self, sandbox_id: str, *,
+                       owner: OwnerArg = UNSET) -> list[dict[str, Any]]:
         """The connections and DNS queries of a policy sandbox, allowed and refused,
         oldest first (the last 1000): time, kind (tcp, dns), name, ip, port, verdict
         (allowed, refused) and the reason."""
-        self._policy_live(sandbox_id)
+        self._policy_live(sandbox_id, owner)
         return self.net.events(sandbox_id)
 
-    async def update_network(self, sandbox_id: str,
-                             network: NetworkPolicy | dict[str, Any]) -> SandboxInfo:
+    async def update_network(self, sandbox_id: str, network: NetworkPolicy | dict[str, Any],
+                             *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Enforce a new policy on a running policy sandbox; connections it refuses
         are reset at once."""
-        live = self._policy_live(sandbox_id)
+        live = self._policy_live(sandbox_id, owner)
         if not isinstance(network, NetworkPolicy):
             if not isinstance(network, dict):
                 raise InvalidArgument("update_network takes a policy {'allow': [...], "
@@ -172,7 +179,7 @@ class NetworkOps:
             self.registry.set_spec(live.id, spec)
             live.spec = spec
             await self.net.update(sandbox_id, network)
-        return self.get(sandbox_id)
+        return self.get(sandbox_id, owner=None)
 
 
 def _namespace_of(live: Live) -> str | None:

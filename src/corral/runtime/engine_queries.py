@@ -1,6 +1,6 @@
 """What the engine answers about its sandboxes: one (:meth:`get`), a listing
 (:meth:`list`), a live one's usage and the counts by state, each filtered to what the
-acting owner may see (:mod:`.ownership`).
+owner it names may see (:mod:`.ownership`).
 
 A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`).
 """
@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidArgument, SandboxNotFound
 from corral.runtime.live import Live
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.schema import SandboxInfo, SandboxState
 
 if TYPE_CHECKING:
     from corral.runtime.gpus import GpuAllocator
-    from corral.runtime.ownership import Owners
     from corral.runtime.registry import Registry
 
 
 class QueryOps:
-    """Sandboxes as the acting owner sees them (mixed into the engine)."""
+    """Sandboxes as the owner a call names sees them (mixed into the engine)."""
 
     registry: Registry
     owners: Owners
@@ -29,11 +29,14 @@ class QueryOps:
 
     if TYPE_CHECKING:
         def _get_live(self, sandbox_id: str) -> Live: ...
+        def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
 
-    def get(self, sandbox_id: str) -> SandboxInfo:
+    def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
+        """The sandbox ``sandbox_id`` as ``owner`` sees it (:mod:`.ownership`)."""
+        acting = self.owners.of(owner)
         # another tenant's is not even read (registry.get): it answers like an unknown id
-        info = self.registry.get(sandbox_id, owner=self.owners.acting())
-        if info is None or not self.owners.sees(info.spec):
+        info = self.registry.get(sandbox_id, owner=acting)
+        if info is None or not self.owners.sees(info.spec, acting):
             raise SandboxNotFound(
                 f"no sandbox {sandbox_id!r}: it never existed or was deleted",
                 details={"sandbox_id": sandbox_id},
@@ -45,8 +48,10 @@ class QueryOps:
         *,
         tags: Iterable[str] = (),
         state: SandboxState | str | Iterable[SandboxState | str] | None = None,
+        owner: OwnerArg = UNSET,
     ) -> list[SandboxInfo]:
-        """Sandboxes carrying every tag in ``tags``, in any of the given states."""
+        """``owner``'s sandboxes carrying every tag in ``tags``, in any of the given states."""
+        acting = self.owners.of(owner)
         if state is None:
             states: list[SandboxState] = []
         elif isinstance(state, (str, SandboxState)):
@@ -54,11 +59,12 @@ class QueryOps:
         else:
             states = [_state(s) for s in state]
         return [i for i in self.registry.list(tags=list(tags), states=states)
-                if self.owners.sees(i.spec)]
+                if self.owners.sees(i.spec, acting)]
 
-    def usage(self, sandbox_id: str) -> dict[str, Any]:
+    def usage(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> dict[str, Any]:
         """Current CPU seconds and memory (MB) of a live sandbox; for one holding GPUs,
         ``gpus``, ``gpu_memory_mb`` and ``gpu_utilization`` (percent) too."""
+        self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         out: dict[str, Any] = {
             "cpu_seconds": live.cgroup.cpu_seconds(),
@@ -68,11 +74,12 @@ class QueryOps:
             out.update(self.gpus.usage(live.id, live.cgroup.pids()))
         return out
 
-    def counts(self) -> dict[str, int]:
-        """Sandboxes by state: the acting owner's own (the admin's: all of them)."""
-        if self.owners.acting() is None:
+    def counts(self, *, owner: OwnerArg = UNSET) -> dict[str, int]:
+        """Sandboxes by state: ``owner``'s own (the admin's: all of them)."""
+        acting = self.owners.of(owner)
+        if acting is None:
             return self.registry.counts()
-        mine = [i.state.value for i in self.list()]
+        mine = [i.state.value for i in self.list(owner=acting)]
         return {state: mine.count(state) for state in set(mine)}
 
 

@@ -422,6 +422,18 @@ class GpuAllocator:
             for wake in list(self.listeners):  # creates waiting for a free GPU
                 wake()
 
+    def holding(self) -> dict[str, int]:
+        """How many sandboxes hold how much GPU: ``{"2": 1}`` is one sandbox with two;
+        a sandbox sharing a GPU with ``k - 1`` others holds ``1/k`` of it (what a Ray
+        cluster's autoscaler is shown: :mod:`corral.cluster.autoscale`)."""
+        out: dict[str, int] = {}
+        for sandbox_id, held in self._held.items():
+            amount = sum(1.0 if self._exclusive.get(i) == sandbox_id
+                         else 1.0 / max(1, len(self._shared.get(i, ()))) for i in held)
+            key = f"{round(amount, 4):g}"
+            out[key] = out.get(key, 0) + 1
+        return out
+
     def held_by(self, sandbox_id: str) -> tuple[int, ...]:
         return self._held.get(sandbox_id, ())
 

@@ -72,6 +72,7 @@ from corral.runtime.cgroups import Cgroup
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image
 from corral.runtime.layers import LayerStore
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.runtime.rootfs import AGENT_DIR
 from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import Budget
@@ -106,7 +107,7 @@ class BuildResult:
 async def build_image(
     engine: Engine, spec: BuildSpec | dict[str, Any] | str | os.PathLike[str], *,
     name: str | None = None, context: str | os.PathLike[str] | None = None,
-    on_event: OnEvent | None = None, context_only: bool = False,
+    on_event: OnEvent | None = None, context_only: bool = False, owner: OwnerArg = UNSET,
 ) -> BuildResult:
     """Build ``spec`` (a :class:`BuildSpec`, a dict, or the path of a YAML file) into the
     image ``name`` (else the spec's ``name``), replacing an image of that name.
@@ -120,7 +121,8 @@ async def build_image(
         path = Path(spec)
         spec = read_build_spec(path)
         context = path.parent if context is None else context
-    build = ImageBuild(engine, spec, name=name, context=context, context_only=context_only)
+    build = ImageBuild(engine, spec, name=name, context=context, context_only=context_only,
+                       owner=owner)
     return await build.run(on_event)
 
 
@@ -132,7 +134,7 @@ class ImageBuild:
                  name: str | None = None, context: str | os.PathLike[str] | None = None,
                  context_only: bool = False, sources: dict[int, str] | None = None,
                  cpus: float | None = None, host_network: bool = True,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, owner: OwnerArg = UNSET) -> None:
         self.spec = spec = BuildSpec.parse(spec)
         # what a Dockerfile records besides files (user, cmd, entrypoint, labels, ports)
         self.meta = dict(meta or {})
@@ -141,7 +143,7 @@ class ImageBuild:
         self.host_network = host_network
         # whose build cache it reads and fills: a tenant can exec in its own step's
         # sandbox and plant files in the layer, so its entries serve its builds only
-        self.owner = engine.owners.acting()
+        self.owner = engine.owners.of(owner)
         name = name or spec.name
         if not name:
             raise InvalidArgument("the image needs a name: pass name= or set name: in the spec")
@@ -248,8 +250,8 @@ class ImageBuild:
             network=NetworkMode.HOST if run and self.host_network else NetworkMode.NONE,
             tags=[BUILD_TAG, f"image={self.name}"],
         )
-        sb_spec = engine.owners.stamp(sb_spec)  # the building tenant's: it runs its steps
-        info = await engine.create(sb_spec, image_override=chain, ro_binds=binds,
+        sb_spec = engine.owners.stamp(sb_spec, self.owner)  # the building tenant's: it runs its steps
+        info = await engine.create(sb_spec, image_override=chain, ro_binds=binds, owner=self.owner,
                                    build_root=as_root)
         staged: Path | None = None
         try:
@@ -266,7 +268,7 @@ class ImageBuild:
                                              engine.cgroup(info.id), budget,
                                              engine.owner_ids(info.id))
         finally:
-            await engine.delete(info.id)
+            await engine.delete(info.id, owner=self.owner)
         try:
             if as_root:  # no set-id bit or file capability leaves a root step
                 await asyncio.to_thread(rootbuild.strip_privileges, staged)
@@ -290,7 +292,7 @@ class ImageBuild:
         result = None
         async for ev in self.engine.exec_stream(
             sid, ["/bin/sh", "-c", step.run], timeout=self.spec.step_timeout, env=env,
-            cwd=workdir, max_output=MAX_STEP_OUTPUT,
+            cwd=workdir, max_output=MAX_STEP_OUTPUT, owner=self.owner,
         ):
             if ev.kind == "exit":
                 result = ev.result
@@ -327,14 +329,18 @@ class ImageBuild:
                 target = posixpath.join(dest, rel) if rel else dest
                 where = source / rel if rel else source
                 if kind == "d":
-                    await self.engine.mkdir(sid, target, parents=True, mode=mode | 0o700)
+                    await self.engine.mkdir(sid, target, parents=True, mode=mode | 0o700,
+                                            owner=self.owner)
                 elif kind == "f":
                     if not rel:
-                        await self.engine.mkdir(sid, posixpath.dirname(target) or "/")
+                        await self.engine.mkdir(sid, posixpath.dirname(target) or "/",
+                                                owner=self.owner)
                     data = await asyncio.to_thread(where.read_bytes)
-                    await self.engine.write_file(sid, target, data, mode=mode)
+                    await self.engine.write_file(sid, target, data, mode=mode,
+                                                 owner=self.owner)
                 else:
-                    made = await self.engine.exec(sid, ["ln", "-sfn", link or "", target])
+                    made = await self.engine.exec(sid, ["ln", "-sfn", link or "", target],
+                                                  owner=self.owner)
                     if not made.ok:
                         raise self._failed(index, f"cannot make the link {target}",
                                            made.stderr.decode(errors="replace"), made.returncode)

@@ -53,10 +53,10 @@ class FetchStats:
         return {"layers": self.layers, "bytes": self.bytes, "by_digest": dict(self.by_digest)}
 
 
-def describe(snapshots: Snapshots, ref: str) -> dict[str, Any]:
-    """What another node needs to restore the snapshot ``ref``: its row, and its layers
-    with their digests and sizes."""
-    info = snapshots.get(ref)
+def describe(snapshots: Snapshots, ref: str, owner: str | None) -> dict[str, Any]:
+    """What another node needs to restore ``owner``'s snapshot ``ref``: its row, and its
+    layers with their digests and sizes."""
+    info = snapshots.get(ref, owner=owner)
     row = snapshots.registry.snapshot(info.id)
     assert row is not None
     sizes = snapshots.registry.layer_rows(row.layers)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextvars
 import logging
 import secrets
 import statistics
@@ -46,6 +45,7 @@ from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
 from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
 from corral.runtime.namespaces import pick
+from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
 logger = logging.getLogger("corral.pools")
@@ -144,8 +144,8 @@ class PoolManager:
         concurrency: int = DEFAULT_REFILL_CONCURRENCY,
     ) -> None:
         self._engine = engine
-        self._create = create or engine.create
-        self._delete = delete or engine.delete
+        self._create = create or self._engine_create
+        self._delete = delete or self._engine_delete
         self._concurrency = max(1, concurrency)
         self._pools: dict[tuple[str, str], _Pool] = {}  # by (owner or "", name)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -155,9 +155,11 @@ class PoolManager:
             engine.events.subscribe(StateChanged, self._state_changed),
         ]
 
-    def detached(self) -> contextvars.Context:
-        """A context acting for the daemon itself (see :meth:`Owners.detached`)."""
-        return self._engine.owners.detached()
+    async def _engine_create(self, spec: SandboxSpec) -> SandboxInfo:
+        return await self._engine.create(spec, owner=spec.tenant)  # a refill: its owner's
+
+    async def _engine_delete(self, sandbox_id: str) -> bool:
+        return await self._engine.delete(sandbox_id, owner=None)  # the pool's own work
 
     # ------------------------------------------------------------------ pools
 
@@ -168,6 +170,7 @@ class PoolManager:
         *,
         min_ready: int,
         max_size: int,
+        owner: OwnerArg = UNSET,
     ) -> PoolInfo:
         """Make a pool and start filling it (needs a running event loop).
 
@@ -180,7 +183,7 @@ class PoolManager:
         fields = {"name": name, "spec": spec, "min_ready": min_ready, "max_size": max_size}
         checked = validate_model(PoolSpec, fields, "pool")
         name = checked.name or "pool-" + secrets.token_hex(4)
-        spec = self._engine.owners.stamp(spec)  # a tenant's pool and its sandboxes are its own
+        spec = self._engine.owners.stamp(spec, owner)  # a tenant's pool and its sandboxes are its own
         key = (spec.tenant or "", name)  # names are per owner (.namespaces)
         if key in self._pools:
             raise InvalidState(
@@ -190,13 +193,12 @@ class PoolManager:
             )
         self._check_count(spec.tenant)
         self._engine.images.get(spec.image)  # ImageNotFound now, not at every refill
-        self._engine.resolve_spec(spec)  # SnapshotNotFound now: one its owner may see
+        self._engine.resolve_spec(spec, owner=spec.tenant)  # SnapshotNotFound now: one its owner may see
         tagged = SandboxSpec.parse(spec.model_dump(), tags=[*spec.tags, pool_tag(name)])
         pool = _Pool(name, tagged, min_ready, max_size)
-        # the loop acts for the daemon, each refill for the pool's owner (_start_one)
+        # the loop is the daemon's work, each refill a create for the pool's owner
         pool.task = asyncio.get_running_loop().create_task(
-            self._maintain(pool), name=f"corral-pool-{name}", context=self._engine.owners.detached()
-        )
+            self._maintain(pool), name=f"corral-pool-{name}")
         self._pools[key] = pool
         logger.info("pool %s: min_ready %d, max_size %d", name, min_ready, max_size)
         return pool.info()
@@ -214,16 +216,20 @@ class PoolManager:
                          "requested": 1, "tenant": tenant},
             )
 
-    def list_pools(self) -> builtins.list[PoolInfo]:
-        return [p.info() for p in self._pools.values() if self._engine.owners.sees(p.spec)]
+    def list_pools(self, *, owner: OwnerArg = UNSET) -> builtins.list[PoolInfo]:
+        """``owner``'s pools (the admin's: all)."""
+        acting = self._engine.owners.of(owner)
+        return [p.info() for p in self._pools.values() if self._engine.owners.sees(p.spec, acting)]
 
-    def details(self) -> builtins.list[PoolDetail]:
-        """:meth:`get_pool` of every pool the caller sees (names may repeat for the
+    def details(self, *, owner: OwnerArg = UNSET) -> builtins.list[PoolDetail]:
+        """:meth:`get_pool` of every pool ``owner`` sees (names may repeat for the
         admin: one per owner)."""
-        return [self._detail(p) for p in self._pools.values() if self._engine.owners.sees(p.spec)]
+        acting = self._engine.owners.of(owner)
+        return [self._detail(p) for p in self._pools.values()
+                if self._engine.owners.sees(p.spec, acting)]
 
-    def get_pool(self, name: str) -> PoolDetail:
-        return self._detail(self._get(name))
+    def get_pool(self, name: str, *, owner: OwnerArg = UNSET) -> PoolDetail:
+        return self._detail(self._get(name, owner))
 
     @staticmethod
     def _detail(pool: _Pool) -> PoolDetail:
@@ -233,13 +239,13 @@ class PoolManager:
             acquired_ids=sorted(pool.acquired),
         )
 
-    async def delete_pool(self, name: str) -> bool:
+    async def delete_pool(self, name: str, *, owner: OwnerArg = UNSET) -> bool:
         """Stop filling the pool and delete its ready sandboxes; False if there was none.
 
         Sandboxes already handed out are left to their users. Acquires waiting on the
         pool fail with :class:`~corral.errors.NotFound`.
         """
-        pool = self._lookup(name)
+        pool = self._lookup(name, owner)
         if pool is None:
             return False  # another tenant's: as if there were none
         return await self._drop(pool)
@@ -284,17 +290,17 @@ class PoolManager:
         """Whether ``owner`` (None: the admin) has a pool named ``name``."""
         return (owner or "", name) in self._pools
 
-    def _lookup(self, name: str, *, exact: bool = False) -> _Pool | None:
-        """The pool named ``name`` in the acting owner's namespace (.namespaces);
-        ``exact``: the acting owner's own only (the admin's too)."""
-        acting = self._engine.owners.acting()
+    def _lookup(self, name: str, owner: OwnerArg, *, exact: bool = False) -> _Pool | None:
+        """The pool named ``name`` in ``owner``'s namespace (.namespaces);
+        ``exact``: ``owner``'s own only (the admin's too)."""
+        acting = self._engine.owners.of(owner)
         if exact:
             return self._pools.get((acting or "", name))
         return pick("pool", name, acting,
                     ((p.spec.tenant, p.name, p) for p in self._pools.values() if p.name == name))
 
-    def _get(self, name: str, *, exact: bool = False) -> _Pool:
-        pool = self._lookup(name, exact=exact)
+    def _get(self, name: str, owner: OwnerArg, *, exact: bool = False) -> _Pool:
+        pool = self._lookup(name, owner, exact=exact)
         if pool is None:  # another's: unknown
             raise NotFound(
                 f"no pool {name!r}: it was never made, was deleted, or the daemon restarted "
@@ -305,15 +311,16 @@ class PoolManager:
 
     # ---------------------------------------------------------------- acquire
 
-    async def acquire(self, name: str, timeout: float, *, exact: bool = False) -> SandboxInfo:
-        """Hand out a live sandbox of the pool, waiting up to ``timeout`` seconds
-        (``exact``: of the acting owner's own pool, never a tenant's for the admin).
+    async def acquire(self, name: str, timeout: float, *, exact: bool = False,
+                      owner: OwnerArg = UNSET) -> SandboxInfo:
+        """Hand out a live sandbox of ``owner``'s pool, waiting up to ``timeout`` seconds
+        (``exact``: of ``owner``'s own pool, never a tenant's for the admin).
 
         With none ready, one is made at once if the pool is below ``max_size``;
         otherwise the acquire waits for a place to free (a handed-out sandbox deleted).
         :class:`~corral.errors.CapacityExceeded` if none came in time.
         """
-        pool = self._get(name, exact=exact)
+        pool = self._get(name, owner, exact=exact)
         began = time.perf_counter()
         deadline = time.monotonic() + timeout
         while True:
@@ -344,8 +351,8 @@ class PoolManager:
         """The sandbox's info if its agent answers and it is running, else None."""
         try:
             async with asyncio.timeout(LIVENESS_TIMEOUT_S):  # no task, unlike wait_for
-                await self._engine.stat(sid, "/")
-            info = self._engine.get(sid)
+                await self._engine.stat(sid, "/", owner=None)  # the pool's own work
+            info = self._engine.get(sid, owner=None)
         except (CorralError, OSError, asyncio.TimeoutError):
             # OSError: a request to an agent that just died can fail in the channel's
             # drain (ConnectionResetError) before the engine notices and says SandboxLost.
@@ -432,9 +439,8 @@ class PoolManager:
 
     async def _start_one(self, pool: _Pool) -> None:
         task = asyncio.current_task()
-        try:  # a refill is its owner's create: it sees (snapshots) only what its owner may
-            with self._engine.owners.acting_as(pool.spec.tenant):
-                info = await self._create(pool.spec)
+        try:  # a refill is its owner's create (spec.tenant): it sees only what its owner may
+            info = await self._create(pool.spec)
         except Exception as exc:
             pool.failed += 1
             pool.failures_in_a_row += 1
@@ -490,8 +496,7 @@ class PoolManager:
     def _discard(self, pool: _Pool, sid: str) -> None:
         """Delete a sandbox the pool will not hand out, in the background."""
         pool.discarded += 1
-        task = asyncio.get_running_loop().create_task(
-            self._remove(sid), context=self._engine.owners.detached())
+        task = asyncio.get_running_loop().create_task(self._remove(sid))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         pool.wake.set()

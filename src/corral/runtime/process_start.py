@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from corral.api.process_models import DEFAULT_MAX_BUFFER
 from corral.errors import InvalidArgument
 from corral.runtime import channel as agent_channel
 from corral.runtime.agentconn import (
@@ -19,7 +20,7 @@ from corral.runtime.agentconn import (
     limit_fields,
 )
 from corral.runtime.channel import StreamDeadline
-from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessEngine
+from corral.runtime.processes import Process, ProcessEngine
 from corral.runtime.protocol import Msg, Tag
 from corral.runtime.terminal import TerminalSize, terminal_env, terminal_fields, terminal_size
 

@@ -74,8 +74,6 @@ if TYPE_CHECKING:
     from corral.runtime.events import Events
     from corral.runtime.live import Live as _Live
 
-DEFAULT_MAX_BUFFER = 16 << 20
-"""Bytes of unread output the engine keeps per process and stream (stdout, stderr)."""
 MAX_EXITED_KEPT = 64
 COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
 STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)

@@ -49,7 +49,7 @@ from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layers import TREE, LayerStore
 from corral.runtime.namespaces import pick
-from corral.runtime.ownership import Owners
+from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout
 from corral.runtime.registry import Registry, SnapshotRow
 from corral.runtime.storage import room_above_reserve
@@ -253,24 +253,26 @@ class Snapshots:
 
     # ----------------------------------------------------------------- using
 
-    def resolve(self, spec: SandboxSpec) -> SandboxSpec:
+    def resolve(self, spec: SandboxSpec, *, owner: OwnerArg = UNSET) -> SandboxSpec:
         """The spec a sandbox made from ``spec`` gets, without taking a reference:
         ``spec`` itself without a snapshot (to size admission before creating)."""
-        return self._resolve(spec)[0]
+        return self._resolve(spec, self.owners.of(owner))[0]
 
-    def acquire(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
-        """Resolve ``spec.snapshot`` and take a reference on it for a new sandbox; the
-        spec returned names the snapshot by id, its image, and inherits the fields not
-        given explicitly. Pair with :meth:`release`."""
-        spec, row = self._resolve(spec)
+    def acquire(self, spec: SandboxSpec, *,
+                owner: OwnerArg = UNSET) -> tuple[SandboxSpec, SnapshotRow | None]:
+        """Resolve ``spec.snapshot`` as ``owner`` finds it and take a reference on it for
+        a new sandbox; the spec returned names the snapshot by id, its image, and
+        inherits the fields not given explicitly. Pair with :meth:`release`."""
+        spec, row = self._resolve(spec, self.owners.of(owner))
         if row is not None:
             self.registry.use_snapshot(row.id, +1)
         return spec, row
 
-    def _resolve(self, spec: SandboxSpec) -> tuple[SandboxSpec, SnapshotRow | None]:
+    def _resolve(self, spec: SandboxSpec,
+                 owner: OwnerArg) -> tuple[SandboxSpec, SnapshotRow | None]:
         if spec.snapshot is None:
             return spec, None
-        row = self._find(spec.snapshot)
+        row = self._find(spec.snapshot, owner)
         if spec.image not in (DEFAULT_IMAGE, row.image):
             raise InvalidArgument(
                 f"snapshot {row.id} was taken on image {row.image!r}, not {spec.image!r}: "
@@ -314,24 +316,25 @@ class Snapshots:
 
     # -------------------------------------------------------------- managing
 
-    def list(self, *, tag: str | None = None) -> list[SnapshotInfo]:
-        """Every snapshot, or those taken from a sandbox that had ``tag``."""
+    def list(self, *, tag: str | None = None, owner: OwnerArg = UNSET) -> list[SnapshotInfo]:
+        """``owner``'s snapshots, or those taken from a sandbox that had ``tag``."""
+        acting = self.owners.of(owner)
         rows = self.registry.snapshots()
         return [row.info() for row in rows
-                if (tag is None or tag in row.spec.tags) and self.owners.sees(row.spec)]
+                if (tag is None or tag in row.spec.tags) and self.owners.sees(row.spec, acting)]
 
-    def get(self, ref: str) -> SnapshotInfo:
-        return self._find(ref).info()
+    def get(self, ref: str, *, owner: OwnerArg = UNSET) -> SnapshotInfo:
+        return self._find(ref, owner).info()
 
-    def source_tags(self, ref: str) -> builtins.list[str]:
+    def source_tags(self, ref: str, *, owner: OwnerArg = UNSET) -> builtins.list[str]:
         """The tags of the sandbox a snapshot was taken from (who it belongs to, for a
         front-end that scopes by tag); :class:`SnapshotNotFound` if there is none."""
-        return list(self._find(ref).spec.tags)
+        return list(self._find(ref, owner).spec.tags)
 
-    async def delete(self, ref: str) -> bool:
-        """Delete a snapshot; its layers go once no sandbox started from it runs.
-        Idempotent: False if there was none."""
-        row = self.lookup(ref)
+    async def delete(self, ref: str, *, owner: OwnerArg = UNSET) -> bool:
+        """Delete ``owner``'s snapshot; its layers go once no sandbox started from it
+        runs. Idempotent: False if there was none."""
+        row = self.lookup(ref, owner=owner)
         if row is None:
             return False
         if self.registry.drop_snapshot(row.id):
@@ -349,9 +352,9 @@ class Snapshots:
                     removed.append(layer_id)
         return removed
 
-    async def verify(self, ref: str) -> SnapshotInfo:
+    async def verify(self, ref: str, *, owner: OwnerArg = UNSET) -> SnapshotInfo:
         """Re-read every layer of a snapshot against its checksum."""
-        row = self._find(ref)
+        row = self._find(ref, owner)
         for layer_id in row.layers:
             self._checked.pop(layer_id, None)
         await self._check(row)
@@ -381,13 +384,14 @@ class Snapshots:
         done.set_result(True)
         self._checked[layer_id] = done
 
-    def lookup(self, ref: str) -> SnapshotRow | None:
-        """The snapshot with this id, or this name in the acting owner's namespace
+    def lookup(self, ref: str, *, owner: OwnerArg = UNSET) -> SnapshotRow | None:
+        """The snapshot with this id, or this name in ``owner``'s namespace
         (:func:`~corral.runtime.namespaces.pick`); None if the caller has none."""
+        acting = self.owners.of(owner)
         row = self.registry.snapshot(ref)
-        if row is not None and self.owners.sees(row.spec):
+        if row is not None and self.owners.sees(row.spec, acting):
             return row
-        return pick("snapshot", ref, self.owners.acting(),
+        return pick("snapshot", ref, acting,
                     ((r.spec.tenant, r.id, r) for r in self.registry.named(ref)))
 
     def _owned(self, name: str, owner: str | None) -> SnapshotRow | None:
@@ -395,8 +399,8 @@ class Snapshots:
         return next((r for r in self.registry.named(name) if (r.spec.tenant or None) == owner),
                     None)
 
-    def _find(self, ref: str) -> SnapshotRow:
-        row = self.lookup(ref) if isinstance(ref, str) else None
+    def _find(self, ref: str, owner: OwnerArg) -> SnapshotRow:
+        row = self.lookup(ref, owner=owner) if isinstance(ref, str) else None
         if row is None:
             raise SnapshotNotFound(
                 f"no snapshot {ref!r}: it never existed or was deleted "

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from corral.api.process_models import MAX_TERMINAL_SIDE
 from corral.errors import InvalidArgument
 from corral.runtime.protocol import Field, Tag
 
-MAX_SIDE = 4096
-"""The most rows, and the most columns, a terminal may have."""
+MAX_SIDE = MAX_TERMINAL_SIDE
+"""The most rows, and the most columns, a terminal may have (the wire's limit)."""
 DEFAULT_ROWS = 24
 DEFAULT_COLS = 80
 DEFAULT_TERM = "xterm"

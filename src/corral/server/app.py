@@ -35,7 +35,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
-from corral.runtime.ownership import Owners
 from corral.server import expose, metrics, node_proof
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
@@ -115,11 +114,10 @@ class Guard:
 
     def __init__(
         self, app: ASGIApp, *, door: Door, activity: Activity, clients: ClientLimiter,
-        owners: Owners, throttle: AuthThrottle,
+        throttle: AuthThrottle,
     ) -> None:
         self.app = app
         self.door = door  # who a credential is, and what it has open (server/door.py)
-        self.owners = owners  # the engine then shows only the caller's own (runtime/ownership.py)
         self.activity = activity
         self.clients = clients
         self.throttle = throttle  # wrong credentials cost time (auth_throttle.py)
@@ -174,8 +172,8 @@ class Guard:
                     await error_response(refusal, headers)(scope, receive, send)
                     return
             app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
-            with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel), \
-                    self.owners.acting_as(caller.name):
+            # the caller is in the scope (caller_of): handlers pass it on explicitly
+            with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel):
                 await app(scope, receive, tracked_send)
             if call.cancelled_caught and not started:  # streams just end (the connection too)
                 await error_response(_revoked(), {"Connection": "close"})(scope, receive, send)
@@ -243,7 +241,6 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 door=door,
                 activity=activity,
                 clients=ClientLimiter(settings.max_client_requests),
-                owners=engine.owners,
                 throttle=throttle,
             ),
             Middleware(StreamLimits, book=streams),  # live streams per session and tenant

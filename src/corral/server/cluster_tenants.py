@@ -317,7 +317,7 @@ async def drop_pools(pools: PoolManager | None, name: str) -> None:
     """A revoked tenant's pools go (nobody may use them, and their refills would go on)."""
     if pools is None:
         return
-    for pool in pools.list_pools():
+    for pool in pools.list_pools(owner=None):  # the daemon's own work: every owner's
         if pool.spec.tenant == name:
             await pools.delete_owned(name, pool.name)  # its own: names are per tenant
 

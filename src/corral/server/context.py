@@ -52,6 +52,12 @@ def door(request: Request) -> Door:
     return request.app.state.door
 
 
+def owner(request: Request) -> str | None:
+    """The owner ``request``'s caller acts for (None: the admin; "" when no door saw
+    it: nothing), passed to every engine call explicitly (runtime/ownership.py)."""
+    return caller_of(request).name
+
+
 def sandboxes(request: Request) -> SandboxVerbs:
     """The service's verbs on a sandbox (exec, processes, files, pause), for the
     request's caller (resolved by the door)."""
@@ -119,14 +125,14 @@ async def write_whole(
     try:
         return await sandboxes(request).write_from(sandbox_id, path, pieces, mode=mode)
     except (CorralError, ClientDisconnect):
-        await remove_partial(engine(request), sandbox_id, path)
+        await remove_partial(sandboxes(request), sandbox_id, path)
         raise
 
 
-async def remove_partial(eng: Engine, sandbox_id: str, path: str) -> None:
-    """After a failed upload, leave no half-written file behind."""
+async def remove_partial(verbs: SandboxVerbs, sandbox_id: str, path: str) -> None:
+    """After a failed upload, leave no half-written file behind (as its caller)."""
     try:
-        if not (await eng.stat(sandbox_id, path)).is_dir:
-            await eng.remove(sandbox_id, path)
+        if not (await verbs.stat(sandbox_id, path)).is_dir:
+            await verbs.remove(sandbox_id, path)
     except CorralError:
         pass  # nothing was written, or the sandbox is gone

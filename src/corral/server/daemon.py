@@ -158,7 +158,7 @@ async def _exit_when_idle(
         await asyncio.sleep(min(IDLE_CHECK_S, idle_exit / 4))
         if activity.idle_for() < idle_exit:
             continue
-        if any(n for state, n in engine.counts().items() if state in live):
+        if any(n for state, n in engine.counts(owner=None).items() if state in live):
             continue
         logger.info("no requests for %g s and no sandboxes: exiting (--idle-exit)", idle_exit)
         server.request_exit()
@@ -173,14 +173,14 @@ async def _drain(engine: Engine, grace: float, handover: Any = None) -> None:
     if handover is not None:
         await handover.close()
         logger.info("handing %d live sandboxes over to the next daemon (for %g s)",
-                    len(engine.list(state=LIVE_STATES)), engine.restore_grace)
+                    len(engine.list(state=LIVE_STATES, owner=None)), engine.restore_grace)
         await engine.close(handover=True)
         return
-    live = engine.list(state=LIVE_STATES)
+    live = engine.list(state=LIVE_STATES, owner=None)  # the daemon's own work: all owners'
     if live:
         logger.info("stopping %d sandboxes still alive after %g s", len(live), grace)
     await asyncio.gather(
-        *(engine.stop(i.id, grace=0, reason="the daemon shut down") for i in live),
+        *(engine.stop(i.id, grace=0, reason="the daemon shut down", owner=None) for i in live),
         return_exceptions=True,
     )
 
@@ -242,8 +242,7 @@ async def run(settings: ServerSettings) -> None:
         if settings.tcp is not None:
             sockets.append(bind_tcp(*settings.tcp))
         app = create_app(settings, engine)
-        with engine.owners.acting_as(None):  # the daemon's own work: every tenant's
-            app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
+        app.state.service.count_adopted()  # sandboxes the engine took over (live restore)
         open_files = raise_open_file_limit()
         book = ConnectionBook(  # every TCP connection, counted from accept (conn_limits.py)
             settings.max_connections or default_max_connections(open_files),
@@ -255,11 +254,10 @@ async def run(settings: ServerSettings) -> None:
             app.state.admission.close()
             if frontend is not None:  # its calls get as long as HTTP requests
                 frontend.begin_shutdown(settings.shutdown_grace + DRAIN_BACKSTOP_S)
-            if not tasks:  # the daemon's own work: it acts for the daemon, said so
+            if not tasks:  # the daemon's own work: it passes owner=None where it acts
                 handover = server is not None and server.handover and settings.restore_grace > 0
                 tasks.append(asyncio.create_task(_drain(
-                    engine, settings.shutdown_grace, app.state.pools if handover else None),
-                    context=engine.owners.detached()))
+                    engine, settings.shutdown_grace, app.state.pools if handover else None)))
 
         config = uvicorn.Config(
             app,
@@ -278,23 +276,16 @@ async def run(settings: ServerSettings) -> None:
         )
         server = _Server(config, on_exit=on_exit)
         _log_start(settings, engine, sockets)
-        tasks.append(asyncio.create_task(  # ends expired leases: the daemon's own work
-            app.state.leases.run(), context=engine.owners.detached()))
+        tasks.append(asyncio.create_task(app.state.leases.run()))  # ends expired leases
         if app.state.cluster_tenancy is not None:  # the cluster's tenants, kept fresh
-            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run(),
-                                             context=engine.owners.detached()))
+            tasks.append(asyncio.create_task(app.state.cluster_tenancy.run()))
         if settings.idle_exit is not None:
-            tasks.append(
-                asyncio.create_task(
-                    _exit_when_idle(server, app.state.activity, engine, settings.idle_exit),
-                    context=engine.owners.detached(),
-                )
-            )
+            tasks.append(asyncio.create_task(
+                _exit_when_idle(server, app.state.activity, engine, settings.idle_exit)))
         await server.serve(sockets=sockets)
     finally:
-        with engine.owners.acting_as(None):  # the daemon's own shutdown work
-            await _shut_down(engine, app, frontend, tasks, sockets,
-                             handover=server is not None and server.handover)
+        await _shut_down(engine, app, frontend, tasks, sockets,
+                         handover=server is not None and server.handover)
         if inode is not None:  # only now: a new daemon could not open the engine before
             _remove_socket(socket_path, inode)
         logger.info("corral daemon stopped")

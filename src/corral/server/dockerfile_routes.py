@@ -59,7 +59,8 @@ async def build_dockerfile_route(request: Request) -> Response:
     async def run(on_event: OnEvent) -> BuildResult:
         return await build_dockerfile(
             engine, context, name=req.name, text=req.dockerfile, build_args=req.build_args,
-            target=req.target, on_event=on_event, cpus=cpus, host_network=host_network)
+            target=req.target, on_event=on_event, cpus=cpus, host_network=host_network,
+            owner=owner)
 
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     task = asyncio.create_task(_run(run, queue, engine.images))

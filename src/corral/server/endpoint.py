@@ -12,35 +12,22 @@ are those of :func:`corral.server.wire.read_json` and
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from corral.api.operation import NDJSON, RAW, TEXT, Access, Operation, Query, Ref
+from corral.api.operation import NDJSON, RAW, TEXT, Access, Operation, Query
 from corral.schema import validate_model
 from corral.server.caller import require_admin, require_image_rights, require_peer
 from corral.server.wire import read_json
 
-__all__ = ["NDJSON", "RAW", "TEXT", "Endpoint", "Handler", "Query", "bind", "resolve"]
+__all__ = ["NDJSON", "RAW", "TEXT", "Endpoint", "Handler", "Query", "bind"]
 
 Handler = Callable[..., Awaitable[Response]]  # (request) or (request, body)
-
-
-def resolve(model: Any) -> Any:
-    """A model as the daemon uses it: a :class:`Ref` imported, a (media type, model)
-    pair resolved inside, anything else as it is."""
-    if isinstance(model, Ref):
-        return getattr(importlib.import_module(model.module), model.name)
-    if isinstance(model, tuple):
-        return tuple(resolve(m) for m in model)
-    return model
 
 
 @dataclass(frozen=True)
@@ -67,7 +54,7 @@ class Endpoint:
 
 def bind(op: Operation, handler: Handler) -> Endpoint:
     """``op`` served by ``handler`` (its models resolved)."""
-    return Endpoint(dataclasses.replace(op, body=resolve(op.body), reply=resolve(op.reply)),
+    return Endpoint(op,
                     handler)
 
 

@@ -44,6 +44,7 @@ from corral.server.network_routes import (
     network_events,
     update_network,
 )
+from corral.server.node_proof import node_proof
 from corral.server.ops_routes import (
     patch_sandbox,
     sandbox_logs,
@@ -120,7 +121,7 @@ from corral.server.volume_routes import (
 )
 
 HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
-    cluster_nodes, fetch_own_image, fetch_own_snapshot, refresh_tenants, build_dockerfile_route,
+    node_proof, cluster_nodes, fetch_own_image, fetch_own_snapshot, refresh_tenants, build_dockerfile_route,
     list_evals, put_eval, expose_port, build_image, delete_image, get_image, import_image_route,
     list_images, prune_images, pull_image_route, create_lease, release_lease, renew_lease,
     metrics_endpoint, network_events, update_network, patch_sandbox, sandbox_logs, fetch_image,

@@ -121,8 +121,8 @@ def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | Non
 
 async def expose_port(request: Request, body: ExposeRequest) -> Response:
     """``POST /v1/sandboxes/{id}/ports``: the caller's own running sandbox only."""
-    engine, sid = ctx.engine(request), request.path_params["sandbox_id"]
-    info = engine.get(sid)  # SandboxNotFound for another tenant's
+    sid = request.path_params["sandbox_id"]
+    info = ctx.sandboxes(request).get(sid)  # SandboxNotFound for another tenant's
     if info.state.terminal:
         raise InvalidState(f"sandbox {sid} is {info.state.value}: a port of a running "
                            "sandbox can be exposed", details={"sandbox_id": sid})
@@ -133,8 +133,7 @@ async def expose_port(request: Request, body: ExposeRequest) -> Response:
 
 async def _connect(engine: Engine, exp: Exposure) -> tuple[asyncio.StreamReader,
                                                           asyncio.StreamWriter]:
-    with engine.owners.acting_as(exp.owner):
-        sock = await engine.connect_port(exp.sandbox_id, exp.port)
+    sock = await engine.connect_port(exp.sandbox_id, exp.port, owner=exp.owner)
     return await asyncio.open_connection(sock=sock)
 
 
@@ -209,8 +208,7 @@ async def relay_websocket(websocket: WebSocket) -> None:
     exp: Exposure = websocket.scope[KEY]
     engine: Engine = websocket.app.state.engine
     try:
-        with engine.owners.acting_as(exp.owner):
-            sock = await engine.connect_port(exp.sandbox_id, exp.port)
+        sock = await engine.connect_port(exp.sandbox_id, exp.port, owner=exp.owner)
     except CorralError:
         await websocket.close(code=1011)
         return

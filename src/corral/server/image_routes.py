@@ -158,10 +158,10 @@ async def delete_image(request: Request) -> Response:
     engine, name = ctx.engine(request), _name(request)
     if not engine.images.exists(name):
         return Response(status_code=204)
-    with engine.owners.acting_as(None):  # in use by any tenant's: all must be counted
-        sandboxes = [i.id for i in engine.list(state=_LIVE) if i.spec.image == name]
-        snapshots = [s.id for s in engine.list_snapshots() if s.image == name]
-        pools = [p.name for p in ctx.pools(request).list_pools() if p.spec.image == name]
+    # in use by any tenant's: all must be counted (owner None: every owner's)
+    sandboxes = [i.id for i in engine.list(state=_LIVE, owner=None) if i.spec.image == name]
+    snapshots = [s.id for s in engine.list_snapshots(owner=None) if s.image == name]
+    pools = [p.name for p in ctx.pools(request).list_pools(owner=None) if p.spec.image == name]
     if sandboxes or snapshots or pools:
         users = [f"{len(v)} {k}" for k, v in (("sandbox(es)", sandboxes),
                  ("snapshot(s)", snapshots), ("pool(s)", pools)) if v]
@@ -193,7 +193,8 @@ async def build_image(request: Request) -> Response:
         gate, owner = builds_gate(request), tenant_of(request)
         build = ImageBuild(engine, req.spec, name=req.name, context=context, context_only=True,
                            sources=req.sources, cpus=gate.cpus_for(owner, host_cpus()),
-                           host_network=owner is None or ctx.host_network_allowed(request))
+                           host_network=owner is None or ctx.host_network_allowed(request),
+                           owner=owner)
         # admitted like a sandbox, before the reply starts: a refusal is a plain error
         ticket = await gate.admit(owner, build.spec.memory_mb, build.cpus)
     except BaseException:

@@ -126,13 +126,13 @@ class Leases:
         if row is None:
             return
         tenant = row[0] or None
-        doomed = [i for i in self.engine.list(tags=[lease_tag(lease_id)])
+        doomed = [i for i in self.engine.list(tags=[lease_tag(lease_id)], owner=tenant)
                   if not i.state.terminal and i.spec.tenant == tenant]
         if doomed:
             logger.info("lease %s ended (%s): stopping %d sandboxes", lease_id, reason,
                         len(doomed))
-        await asyncio.gather(*(self.engine.stop(i.id, grace=0, reason=reason) for i in doomed),
-                             return_exceptions=True)
+        await asyncio.gather(*(self.engine.stop(i.id, grace=0, reason=reason, owner=tenant)
+                               for i in doomed), return_exceptions=True)
 
     def _row(self, tenant: str | None, lease_id: str) -> tuple[float] | None:
         row = self.db.execute("SELECT ttl FROM leases WHERE id=? AND tenant=?",

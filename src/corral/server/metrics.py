@@ -116,7 +116,7 @@ class _StateCollector:
         return []  # collect() is cheap but reads live state: not at registration
 
     def collect(self) -> Iterator[Metric]:
-        counts = self.engine.counts()
+        counts = self.engine.counts(owner=None)  # the admin's view (metrics_endpoint)
         yield _gauge("corral_sandboxes", "Sandboxes the registry holds, by state.",
                      "state", [(s.value, counts.get(s.value, 0)) for s in SandboxState])
         admission = self.service.admission
@@ -127,7 +127,7 @@ class _StateCollector:
             "Memory promised to live and starting sandboxes (their memory_mb).",
             value=admission.committed_memory_mb << 20,
         )
-        pools = sorted(self.service.pools.list_pools(), key=lambda p: (p.created_at, p.name))
+        pools = sorted(self.service.pools.list_pools(owner=None), key=lambda p: (p.created_at, p.name))
         yield _gauge("corral_pool_ready", "Ready sandboxes of each warm pool.", "pool",
                      bounded((_pool_label(p), p.ready) for p in pools))
         registry = self.engine.registry
@@ -135,7 +135,8 @@ class _StateCollector:
         yield GaugeMetricFamily("corral_layer_store_bytes",
                                 "Bytes of committed snapshot layers in the state directory.",
                                 value=sum(size for _, size in layers.values()))
-        tenants = Tally(i.spec.tenant or ADMIN_NAME for i in self.engine.list(state=LIVE_STATES))
+        tenants = Tally(i.spec.tenant or ADMIN_NAME for i in self.engine.list(state=LIVE_STATES,
+                                                                          owner=None))
         yield _gauge("corral_tenant_sandboxes", "Live sandboxes of each tenant.", "tenant",
                      bounded(tenants.most_common()))
         gpus = self.engine.gpus

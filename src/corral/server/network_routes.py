@@ -19,7 +19,7 @@ from corral.server.caller import caller_of
 async def network_events(request: Request) -> Response:
     sid = request.path_params["sandbox_id"]
     # off the loop: the kernel's refusals are read with nft (a few ms)
-    events = await asyncio.to_thread(ctx.engine(request).network_events, sid)
+    events = await asyncio.to_thread(ctx.sandboxes(request).network_events, sid)
     return JSONResponse({"sandbox_id": sid, "events": events})
 
 
@@ -37,15 +37,15 @@ async def create_network(request: Request, body: NetworkCreate) -> Response:
 
 
 async def list_networks(request: Request) -> Response:
-    nets = ctx.engine(request).list_networks()
+    nets = ctx.engine(request).list_networks(owner=ctx.owner(request))
     return JSONResponse({"networks": [n.model_dump(mode="json") for n in nets]})
 
 
 async def get_network(request: Request) -> Response:
-    info = ctx.engine(request).get_network(request.path_params["name"])
+    info = ctx.engine(request).get_network(request.path_params["name"], owner=ctx.owner(request))
     return JSONResponse(info.model_dump(mode="json"))
 
 
 async def delete_network(request: Request) -> Response:
-    ctx.engine(request).remove_network(request.path_params["name"])
+    ctx.engine(request).remove_network(request.path_params["name"], owner=ctx.owner(request))
     return Response(status_code=204)

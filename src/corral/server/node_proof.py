@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.cluster.proof import NONCE_BYTES, PROOF_PATH, sign
-from corral.errors import InvalidArgument
+from corral.errors import InvalidArgument, NotFound
 from corral.server.settings import ServerSettings
 from corral.server.wire import error_response
 
@@ -47,6 +48,14 @@ class NodeProof:
         signature = sign(self._key, self.node_id, str(server[0]), int(server[1]), nonce)
         await JSONResponse({"node_id": self.node_id, "signature": signature})(
             scope, receive, send)
+
+
+async def node_proof(request: Request) -> Response:
+    """The declared route behind :class:`NodeProof`: reached only on a daemon that
+    answers no proofs (a daemon with a node key answers them before any route)."""
+    raise NotFound(
+        f"this daemon proves no node identity: {PROOF_PATH} is answered by a daemon that "
+        "`corral cluster up` started with a node key (CORRAL_NODE_KEY)")
 
 
 def mount(app: Starlette, settings: ServerSettings) -> None:

@@ -65,9 +65,9 @@ def _int_param(request: Request, name: str, default: int) -> int:
     return int(value)
 
 
-def _state(engine: Engine, sid: str) -> SandboxInfo | None:
+def _state(engine: Engine, sid: str, owner: str | None) -> SandboxInfo | None:
     try:
-        return engine.get(sid)
+        return engine.get(sid, owner=owner)
     except SandboxNotFound:
         return None
 
@@ -79,18 +79,19 @@ async def sandbox_logs(request: Request) -> Response:
     follow = request.query_params.get("follow", "0").lower()
     if follow not in ("0", "1", "true", "false", "yes", "no"):
         raise InvalidArgument(f"query parameter 'follow' must be true or false, got {follow!r}")
-    if (tenant := caller_of(request).name) is not None:  # a tenant: only its own sandbox's
+    owner = caller_of(request).name
+    if (tenant := owner) is not None:  # a tenant: only its own sandbox's
         try:
-            engine.get(sid)  # another's answers as an unknown id
+            engine.get(sid, owner=owner)  # another's answers as an unknown id
         except SandboxNotFound:
             if logs.deleted_owner(sid) != (True, tenant):  # a deleted one of its own: kept
                 raise
-    if _state(engine, sid) is None and not logs.known(sid):
+    if _state(engine, sid, owner) is None and not logs.known(sid):
         raise SandboxNotFound(
             f"no sandbox {sid!r} and no logs of one: it never existed, or was deleted "
             "longer ago than the daemon's --log-retention", details={"sandbox_id": sid})
     if follow in ("1", "true", "yes"):
-        return NDJSONResponse(_follow(engine, logs, sid, after))
+        return NDJSONResponse(_follow(engine, logs, sid, after, owner))
     entries = logs.read(sid, after, limit)
     nxt = entries[-1]["seq"] if entries else after
     return JSONResponse({"sandbox_id": sid, "entries": entries, "next": nxt})
@@ -100,11 +101,12 @@ def _line(entry: dict[str, Any]) -> bytes:
     return json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
-async def _follow(engine: Engine, logs: SandboxLogs, sid: str, after: int) -> AsyncIterator[bytes]:
+async def _follow(engine: Engine, logs: SandboxLogs, sid: str, after: int,
+                  owner: str | None) -> AsyncIterator[bytes]:
     """Entries as they are logged; ends with ``{"kind": "end", "state": ...}`` once the
     sandbox has ended (or was deleted) and its last entries were sent."""
     while True:
-        info = _state(engine, sid)
+        info = _state(engine, sid, owner)
         ended = info is None or info.state.terminal
         entries = logs.read(sid, after)
         for entry in entries:

@@ -37,10 +37,10 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from corral.api.daemon_models import FetchRequest, ImageFetchRequest
 from corral.cluster.proof import Pins, proven_client
 from corral.errors import (
     CorralError,
@@ -64,64 +64,6 @@ PEER_TIMEOUT = httpx.Timeout(30.0, read=120.0)
 MAX_DESCRIPTION = 1 << 20
 
 
-class _FromPeer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    node: str = Field(min_length=1, max_length=128)  # a node id (the directory has its URL)
-
-
-class FetchRequest(_FromPeer):
-    """Make ``snapshot`` (id or name) restorable here, from the daemon of ``node``."""
-
-    snapshot: str = Field(min_length=1, max_length=128)
-
-
-class PeerLayer(BaseModel):
-    id: str
-    digest: str
-    size_bytes: int
-
-
-class PeerSnapshot(BaseModel):
-    """A snapshot as another node restores it: its row, and its layers, top first."""
-
-    id: str
-    name: str | None = None
-    image: str
-    image_digest: str
-    created_at: float
-    size_bytes: int
-    source_sandbox: str | None = None
-    spec: dict[str, Any]
-    layers: list[PeerLayer]
-    kind: str = "files"  # "live": its process images stay on its node (docs/live.md)
-
-
-class PeerImage(BaseModel):
-    """An image as another node pulls it: a built one's manifest (layers top first) and
-    its root's content digest, or a root filesystem's ``kind`` and ``content``."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str
-    digest: str
-    kind: str = "built"
-    root: dict[str, Any] | None = None
-    layers: list[PeerLayer] = []
-    content: dict[str, Any] | None = None
-    root_content: dict[str, Any] | None = None
-
-
-class ImageFetchRequest(_FromPeer):
-    """Make the built image ``image`` usable here, from the daemon of ``node``."""
-
-    image: str = Field(min_length=1, max_length=128)
-
-
-class FetchStats(BaseModel):
-    layers: int
-    bytes: int
-    by_digest: dict[str, int]
-
-
 def fetcher(request: Request) -> LayerFetcher:
     state = request.app.state
     found: LayerFetcher | None = getattr(state, "layer_fetcher", None)
@@ -135,8 +77,8 @@ async def peer_snapshot(request: Request) -> Response:
     ref = request.path_params["id_or_name"]
     engine = ctx.engine(request)
     # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
-    with engine.owners.acting_as(request.query_params.get("owner") or None):
-        return JSONResponse(engine.describe_snapshot(ref))
+    owner = request.query_params.get("owner") or None
+    return JSONResponse(engine.describe_snapshot(ref, owner))
 
 
 async def peer_layer(request: Request) -> Response:
@@ -196,7 +138,7 @@ async def import_snapshot_here(request: Request, body: FetchRequest, owner: str 
     tenant): only a snapshot of its own, found as it names it (the peer is asked with
     the cluster's peer credential, never the tenant's)."""
     engine = ctx.engine(request)
-    here = engine.snapshots.lookup(body.snapshot)
+    here = engine.snapshots.lookup(body.snapshot, owner=owner)
     if here is not None:
         return JSONResponse(here.info().model_dump(mode="json"))
     url, pins = await asyncio.to_thread(_peer_at, body.node)

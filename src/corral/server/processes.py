@@ -23,151 +23,35 @@ stdin types Ctrl-D), and ``POST .../resize`` when the user's window changes.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    model_validator,
-)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from corral.api.models import (
-    MAX_OUTPUT_LIMIT,
-    ErrorDetail,
-    ExecResponse,
-    exec_response,
-    text_and_b64,
-)
+from corral.api.models import exec_response, text_and_b64
 from corral.api.operation import RAW
+from corral.api.process_models import (  # the wire models, shared with the SDK
+    ExchangeRequest,
+    ResizeRequest,
+    SignalRequest,
+    SpawnRequest,
+)
 from corral.errors import CorralError, ExecTimeout, InvalidArgument
-from corral.runtime.processes import DEFAULT_MAX_BUFFER, Process, ProcessState, parse_signal
-from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, MAX_SIDE, TerminalSize
+from corral.runtime.processes import Process, ProcessState, parse_signal
+from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, TerminalSize
 from corral.server import context as ctx
 from corral.server.context import unless_disconnected
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body
 
 KILL_WAIT_S = 5.0  # how long DELETE waits for a killed process to be reaped
-MAX_EXCHANGE_ITEMS = 4096
 
 
-class SpawnRequest(BaseModel):
-    """``POST /v1/sandboxes/{id}/processes``: a shell string runs under ``/bin/sh -c``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cmd: list[str] | str
-    timeout: StrictFloat | None = Field(None, gt=0, le=30 * 86400)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    user: str | None = Field(None, max_length=64)  # "root" or the sandbox user: docs/users.md
-    max_buffer: StrictInt = Field(DEFAULT_MAX_BUFFER, ge=0, le=MAX_OUTPUT_LIMIT)
-    pty: StrictBool = False
-    rows: StrictInt | None = Field(None, ge=1, le=MAX_SIDE)
-    cols: StrictInt | None = Field(None, ge=1, le=MAX_SIDE)
-
-    @model_validator(mode="after")
-    def _size_needs_pty(self) -> SpawnRequest:
-        if not self.pty and (self.rows is not None or self.cols is not None):
-            raise ValueError("rows and cols size a terminal: they need pty=true")
-        return self
-
-    def terminal(self) -> TerminalSize | None:
-        if not self.pty:
-            return None
-        return TerminalSize(self.rows or DEFAULT_ROWS, self.cols or DEFAULT_COLS)
-
-
-class ResizeRequest(BaseModel):
-    """``POST .../processes/{process_id}/resize``: the terminal's new size in cells."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rows: StrictInt = Field(ge=1, le=MAX_SIDE)
-    cols: StrictInt = Field(ge=1, le=MAX_SIDE)
-
-
-class SignalRequest(BaseModel):
-    """``POST .../processes/{process_id}/signal``: a number or a name (``SIGTERM``, ``TERM``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    signal: StrictInt | str  # strict: true is not signal 1
-
-
-class ProcessInfo(BaseModel):
-    """A process: ``result`` once it has exited, ``error`` if its sandbox ended first."""
-
-    id: str
-    sandbox_id: str
-    pid: int
-    cmd: list[str]
-    state: Literal["running", "exited", "lost"]
-    stdin_open: bool
-    pty: bool = False
-    rows: int | None = None
-    cols: int | None = None
-    started_at: float
-    ended_at: float | None = None
-    unread_bytes: int = 0
-    result: ExecResponse | None = None
-    error: ErrorDetail | None = None
-
-
-class ProcessList(BaseModel):
-    processes: list[ProcessInfo]
-
-
-class ExchangeItem(BaseModel):
-    """One process of ``POST /v1/processes/exchange`` and what to write to it first
-    (``data`` as text, or ``data_b64``; neither: write nothing, just read a line)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    sandbox_id: str
-    process_id: str
-    data: str | None = None
-    data_b64: str | None = None
-
-    def payload(self) -> bytes:
-        if self.data is not None and self.data_b64 is not None:
-            raise InvalidArgument("an exchange item takes data or data_b64, not both")
-        if self.data_b64 is None:
-            return (self.data or "").encode()
-        try:
-            return base64.b64decode(self.data_b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidArgument("an exchange item's data_b64 is not valid base64") from None
-
-
-class ExchangeRequest(BaseModel):
-    """``POST /v1/processes/exchange``: ``timeout`` seconds to wait for each line."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    items: list[ExchangeItem] = Field(min_length=1, max_length=MAX_EXCHANGE_ITEMS)
-    timeout: StrictFloat | None = Field(None, gt=0, le=30 * 86400)
-
-
-class ExchangeResult(BaseModel):
-    """One item's line (``data``, or ``data_b64`` if not UTF-8; ``""`` once the process
-    has exited and its stdout was all read), or its ``error``."""
-
-    data: str | None = None
-    data_b64: str | None = None
-    error: ErrorDetail | None = None
-
-
-class ExchangeResponse(BaseModel):
-    results: list[ExchangeResult]
+def _terminal(body: SpawnRequest) -> TerminalSize | None:
+    """The terminal a spawn asks for (``pty``), at its size or the default one."""
+    if not body.pty:
+        return None
+    return TerminalSize(body.rows or DEFAULT_ROWS, body.cols or DEFAULT_COLS)
 
 
 def process_json(proc: Process) -> dict[str, Any]:
@@ -187,7 +71,7 @@ def _process(request: Request) -> Process:
 async def spawn_process(request: Request, body: SpawnRequest) -> Response:
     proc = await ctx.sandboxes(request).spawn(
         request.path_params["sandbox_id"], body.cmd, env=body.env, cwd=body.cwd,
-        timeout=body.timeout, max_buffer=body.max_buffer, terminal=body.terminal(),
+        timeout=body.timeout, max_buffer=body.max_buffer, terminal=_terminal(body),
         user=body.user,
     )
     return JSONResponse(process_json(proc), status_code=201)
@@ -254,7 +138,7 @@ async def exchange(request: Request) -> Response:
 
 async def exchange_many(request: Request, body: ExchangeRequest) -> Response:
     """Write to every process (in order), then await all their lines at once."""
-    engine = ctx.engine(request)
+    engine = ctx.sandboxes(request)
     keys = [(item.sandbox_id, item.process_id) for item in body.items]
     if len(set(keys)) != len(keys):
         raise InvalidArgument(
@@ -298,7 +182,7 @@ async def resize_process(request: Request, body: ResizeRequest) -> Response:
 
 async def kill_process(request: Request) -> Response:
     """SIGKILL a running process, wait for it briefly, forget its record. Idempotent."""
-    engine, params = ctx.engine(request), request.path_params
+    engine, params = ctx.sandboxes(request), request.path_params
     sid, pid = params["sandbox_id"], params["process_id"]
     try:
         proc = engine.get_process(sid, pid)

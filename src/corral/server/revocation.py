@@ -50,12 +50,8 @@ class Revocation:
     async def __call__(self, name: str) -> None:
         """Tenant ``name``'s token is revoked: end its calls, its pools, its sandboxes."""
         closed = self.door.revoke(name)
-        with self.service.engine.owners.acting_as(None):  # the daemon's own work
-            await drop_pools(self.service.pools, name)
-            if self.on_revoke != "stop":
-                stopped = 0
-            else:
-                stopped = await self._stop_sandboxes(name)
+        await drop_pools(self.service.pools, name)  # the daemon's own work
+        stopped = await self._stop_sandboxes(name) if self.on_revoke == "stop" else 0
         logger.info("tenant %s revoked: %d open calls ended, %d sandboxes stopped",
                     name, closed, stopped)
 

@@ -122,7 +122,7 @@ def _activity(request: Request) -> dict[str, float]:
 async def info(request: Request) -> Response:
     engine, admission = ctx.engine(request), ctx.admission(request)
     counts = {state.value: 0 for state in SandboxState}
-    counts.update(engine.counts())
+    counts.update(engine.counts(owner=ctx.owner(request)))  # the caller's own
     lim = admission.limits
     return JSONResponse(
         {
@@ -131,10 +131,13 @@ async def info(request: Request) -> Response:
             "capacity": dataclasses.asdict(lim),
             **_activity(request),  # the caller's own: a tenant never sees another's creates
             "counts": counts,
-            # the GPU inventory; how many are free is host activity: the admin's only
+            # the GPU inventory; how many are free and who holds how many (a cluster's
+            # autoscaler is shown that) is host activity: the admin's only
             "gpus": {"total": engine.gpus.total, **(
-                {"free": len(engine.gpus.free())} if caller_of(request).tenant is None else {})},
-            "pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()],
+                {"free": len(engine.gpus.free()), "holding": engine.gpus.holding()}
+                if caller_of(request).tenant is None else {})},
+            "pools": [p.model_dump(mode="json")
+                      for p in ctx.service(request).list_pools(caller_of(request))],
             "default_lease": ctx.settings(request).default_lease,  # server/leases.py
             # where it keeps its state (`corral doctor` checks those): the admin's only
             **({"state_dir": str(engine.layout.state_dir),
@@ -250,16 +253,17 @@ def _snapshot_ref(request: Request) -> str:
 
 
 async def list_snapshots(request: Request) -> Response:
-    snaps = ctx.engine(request).list_snapshots()
+    snaps = ctx.service(request).list_snapshots(caller_of(request))
     return JSONResponse({"snapshots": [s.model_dump(mode="json") for s in snaps]})
 
 
 async def get_snapshot(request: Request) -> Response:
-    return JSONResponse(ctx.engine(request).get_snapshot(_snapshot_ref(request)).model_dump(mode="json"))
+    snap = ctx.engine(request).get_snapshot(_snapshot_ref(request), owner=ctx.owner(request))
+    return JSONResponse(snap.model_dump(mode="json"))
 
 
 async def delete_snapshot(request: Request) -> Response:
-    await ctx.engine(request).delete_snapshot(_snapshot_ref(request))
+    await ctx.engine(request).delete_snapshot(_snapshot_ref(request), owner=ctx.owner(request))
     return _no_content()
 
 
@@ -345,26 +349,27 @@ async def create_pool(request: Request, body: PoolSpec) -> Response:
     check_tags(body.spec.tags, "native")  # what its sandboxes carry: reserved_tags
     spec = await ctx.service(request).with_image(body.spec, caller)  # registry: pulled now
     made = ctx.pools(request).create_pool(
-        body.name, spec, min_ready=body.min_ready, max_size=body.max_size
-    )
+        body.name, spec, min_ready=body.min_ready, max_size=body.max_size, owner=caller.name)
     return JSONResponse(made.model_dump(mode="json"), status_code=201)
 
 
 async def list_pools(request: Request) -> Response:
-    return JSONResponse({"pools": [p.model_dump(mode="json") for p in ctx.pools(request).list_pools()]})
+    pools = ctx.service(request).list_pools(caller_of(request))
+    return JSONResponse({"pools": [p.model_dump(mode="json") for p in pools]})
 
 
 async def get_pool(request: Request) -> Response:
-    return JSONResponse(ctx.pools(request).get_pool(_pool_name(request)).model_dump(mode="json"))
+    pool = ctx.pools(request).get_pool(_pool_name(request), owner=ctx.owner(request))
+    return JSONResponse(pool.model_dump(mode="json"))
 
 
 async def delete_pool(request: Request) -> Response:
-    await ctx.pools(request).delete_pool(_pool_name(request))
+    await ctx.pools(request).delete_pool(_pool_name(request), owner=ctx.owner(request))
     return _no_content()
 
 
 async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
-    work = ctx.pools(request).acquire(_pool_name(request), body.timeout)
+    work = ctx.pools(request).acquire(_pool_name(request), body.timeout, owner=ctx.owner(request))
     return JSONResponse(_info_json(await unless_gone(request, work), request))
 
 

@@ -4,8 +4,9 @@ The service layer's verbs on a running sandbox, for one :class:`~corral.server.c
 passed explicitly (:func:`corral.server.context.sandboxes` makes one per request). Each
 verb names its sandbox, and a caller scoped to one sandbox (an E2B access token) reaches
 that sandbox only: any other id answers exactly like one that does not exist. Below
-that, the engine's ownership rule hides other tenants' sandboxes the same way. A
-command or file operation on a hibernated sandbox restores it first (``Engine.wake``).
+that, the engine's ownership rule (given the caller's owner explicitly, with every
+call) hides other tenants' sandboxes the same way. A command or file operation on a
+hibernated sandbox restores it first (``Engine.wake``).
 
 Front-ends call these instead of the engine's methods of the same names and
 signatures, so the rule lives here once.
@@ -30,6 +31,7 @@ class SandboxVerbs:
     def __init__(self, engine: Engine, caller: Caller) -> None:
         self._engine = engine
         self.caller = caller
+        self._owner = caller.name  # passed to every engine call: never ambient
 
     def _check(self, sandbox_id: str) -> str:
         if self.caller.scope is Scope.SANDBOX and sandbox_id != self.caller.sandbox_id:
@@ -38,38 +40,45 @@ class SandboxVerbs:
         return sandbox_id
 
     def get(self, sandbox_id: str) -> SandboxInfo:
-        return self._engine.get(self._check(sandbox_id))
+        return self._engine.get(self._check(sandbox_id), owner=self._owner)
 
     async def _awake(self, verb: Callable[..., Awaitable[Any]], sandbox_id: str, *args: Any,
                      **kwargs: Any) -> Any:
         """``verb`` on the sandbox, restored first if it was hibernated (docs/live.md)."""
-        await self._engine.wake(sandbox_id)
-        return await verb(sandbox_id, *args, **kwargs)
+        await self._engine.wake(sandbox_id, owner=self._owner)
+        return await verb(sandbox_id, *args, **kwargs, owner=self._owner)
 
     async def _stream_awake(self, sandbox_id: str, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        await self._engine.wake(sandbox_id)
-        async for event in self._engine.exec_stream(sandbox_id, *args, **kwargs):
+        await self._engine.wake(sandbox_id, owner=self._owner)
+        async for event in self._engine.exec_stream(sandbox_id, *args, **kwargs,
+                                                    owner=self._owner):
             yield event
 
     # ------------------------------------------------------------ lifecycle
 
     def pause(self, sandbox_id: str) -> Any:
-        return self._engine.pause(self._check(sandbox_id))
+        return self._engine.pause(self._check(sandbox_id), owner=self._owner)
 
     def resume(self, sandbox_id: str) -> Any:
-        return self._engine.resume(self._check(sandbox_id))
+        return self._engine.resume(self._check(sandbox_id), owner=self._owner)
 
     def hibernate(self, sandbox_id: str) -> Any:
-        return self._engine.hibernate(self._check(sandbox_id))
+        return self._engine.hibernate(self._check(sandbox_id), owner=self._owner)
 
     def snapshot(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.snapshot(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
 
     def checkpoint(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
-        return self._engine.checkpoint(self._check(sandbox_id), *args, **kwargs)
+        return self._engine.checkpoint(self._check(sandbox_id), *args, **kwargs, owner=self._owner)
+
+    def connect_port(self, sandbox_id: str, port: int) -> Any:
+        return self._engine.connect_port(self._check(sandbox_id), port, owner=self._owner)
+
+    def network_events(self, sandbox_id: str) -> Any:
+        return self._engine.network_events(self._check(sandbox_id), owner=self._owner)
 
     def usage(self, sandbox_id: str) -> Any:
-        return self._engine.usage(self._check(sandbox_id))
+        return self._engine.usage(self._check(sandbox_id), owner=self._owner)
 
     # ------------------------------------------------------------- commands
 
@@ -83,16 +92,16 @@ class SandboxVerbs:
         return self._awake(self._engine.spawn, self._check(sandbox_id), *args, **kwargs)
 
     def get_process(self, sandbox_id: str, process_id: str) -> Any:
-        return self._engine.get_process(self._check(sandbox_id), process_id)
+        return self._engine.get_process(self._check(sandbox_id), process_id, owner=self._owner)
 
     def list_processes(self, sandbox_id: str) -> Any:
-        return self._engine.list_processes(self._check(sandbox_id))
+        return self._engine.list_processes(self._check(sandbox_id), owner=self._owner)
 
     def forget_process(self, sandbox_id: str, process_id: str) -> Any:
-        return self._engine.forget_process(self._check(sandbox_id), process_id)
+        return self._engine.forget_process(self._check(sandbox_id), process_id, owner=self._owner)
 
     def kill_processes(self, sandbox_id: str) -> Any:
-        return self._engine.kill_processes(self._check(sandbox_id))
+        return self._engine.kill_processes(self._check(sandbox_id), owner=self._owner)
 
     # ---------------------------------------------------------------- files
 

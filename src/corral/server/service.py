@@ -119,7 +119,7 @@ class SandboxService:
     def count_adopted(self) -> None:
         """Count the sandboxes the engine adopted from the daemon before it (live
         restore) against the caps and their tenants' quotas (at the daemon's start)."""
-        for info in self.engine.list(state=LIVE_STATES):
+        for info in self.engine.list(state=LIVE_STATES, owner=None):  # the daemon's own work
             self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus,
                                  len(self.engine.gpus.held_by(info.id)))
 
@@ -129,8 +129,8 @@ class SandboxService:
 
     # ---------------------------------------------------------------- tenants
     # Ownership is one rule (runtime/ownership.py): every verb here takes the Caller the
-    # door resolved and acts for its tenant (the engine's lookups by id and lists then
-    # show only what that tenant owns); none reads an ambient owner.
+    # door resolved and passes its owner to the engine explicitly (the engine's lookups
+    # by id and lists then show only what that tenant owns); nothing is ambient.
 
     def lifetime_limit(self, owner: str | None) -> tuple[float, str]:
         """The longest total lifetime, from create, that ``owner``'s sandboxes (None:
@@ -147,8 +147,7 @@ class SandboxService:
         states: Sequence[SandboxState | str] | None = None, tenant: str | None = None,
     ) -> list[SandboxInfo]:
         """The caller's sandboxes (the admin's: all, or only ``tenant``'s)."""
-        with self.engine.owners.acting_as(caller.name):
-            found = self.engine.list(tags=tags, state=states)
+        found = self.engine.list(tags=tags, state=states, owner=caller.name)
         return found if tenant is None else [i for i in found if i.spec.tenant == tenant]
 
     @staticmethod
@@ -157,13 +156,13 @@ class SandboxService:
         tenants'): what a lookup by name or metadata may resolve to."""
         return [i for i in infos if i.spec.tenant == caller.name]
 
-    def list_snapshots(self) -> list[SnapshotInfo]:
+    def list_snapshots(self, caller: Caller) -> list[SnapshotInfo]:
         """The caller's snapshots (the admin's: all)."""
-        return self.engine.list_snapshots()
+        return self.engine.list_snapshots(owner=caller.name)
 
-    def list_pools(self) -> list[PoolInfo]:
+    def list_pools(self, caller: Caller) -> list[PoolInfo]:
         """The caller's pools (the admin's: all)."""
-        return self.pools.list_pools()
+        return self.pools.list_pools(owner=caller.name)
 
     # ----------------------------------------------------------------- create
 
@@ -201,8 +200,9 @@ class SandboxService:
             check_create_lifetime(spec, *self.lifetime_limit(caller.name))  # --max-lifetime
             if self.leases is not None:  # a lease tag: a live lease of the caller's
                 self.leases.check_tags(spec.tags, caller.name)
-            spec = self.engine.resolve_spec(spec)  # SnapshotNotFound now, not after queueing
-            spec = self.engine.resolve_network(spec)  # NetworkNotFound now; checked below
+            # SnapshotNotFound now, not after queueing; NetworkNotFound now, checked below
+            spec = self.engine.resolve_spec(spec, owner=caller.name)
+            spec = self.engine.resolve_network(spec, owner=caller.name)
             self.engine.images.get(spec.image)  # ImageNotFound now, too
             check_host_limits(spec)
             check_network(spec, host_network=host_network, admin=caller.may_use_host_network)
@@ -243,15 +243,9 @@ class SandboxService:
         ``wait``: the caller's deadline for the wait for room or for its tenant's quota
         (default and cap: the daemon's ``queue_timeout``).
         """
-        with self.engine.owners.acting_as(caller.name):
-            return await self._create(spec, caller, wait)
-
-    async def _create(
-        self, spec: SandboxSpec, caller: Caller, wait: float | None,
-    ) -> SandboxInfo:
         began, admitted, result = time.monotonic(), None, "internal"
-        try:
-            spec = owned_by(self.engine.resolve_spec(spec), caller)  # a tenant's own
+        try:  # a tenant's own
+            spec = owned_by(self.engine.resolve_spec(spec, owner=caller.name), caller)
             # a default or inherited one; the owner's limit (a pool refills as the daemon)
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
@@ -266,7 +260,7 @@ class SandboxService:
                 spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus
             ) as slot:
                 admitted = time.monotonic()
-                created = await self.engine.create(spec)
+                created = await self.engine.create(spec, owner=caller.name)
                 slot.commit(created.id)
             result = "ok"
         except CorralError as exc:
@@ -283,7 +277,7 @@ class SandboxService:
 
     def _ended_already(self, sandbox_id: str) -> bool:
         try:
-            return self.engine.get(sandbox_id).state.terminal
+            return self.engine.get(sandbox_id, owner=None).state.terminal
         except SandboxNotFound:
             return True
 
@@ -295,26 +289,25 @@ class SandboxService:
         """End the sandbox ``seconds`` from now, within its owner's maximum lifetime
         counted from its create: however often it is moved, a sandbox never outlives
         ``--max-lifetime`` (or its tenant's, if lower)."""
-        with self.engine.owners.acting_as(caller.name):
-            info = self.engine.get(sandbox_id)  # SandboxNotFound: another tenant's too
-            limit, whose = self.lifetime_limit(info.spec.tenant)
-            check_total_lifetime(info, seconds, limit, whose)
-            return await self.engine.set_timeout(info.id, seconds)
+        info = self.engine.get(sandbox_id, owner=caller.name)  # SandboxNotFound: another's too
+        limit, whose = self.lifetime_limit(info.spec.tenant)
+        check_total_lifetime(info, seconds, limit, whose)
+        return await self.engine.set_timeout(info.id, seconds, owner=caller.name)
 
     # ------------------------------------------------------------------- end
 
-    async def _delete_admitted(self, sandbox_id: str) -> bool:
-        # False: none the caller may see (another tenant's keeps its places)
-        if not await self.engine.delete(sandbox_id):
+    async def _delete_admitted(self, sandbox_id: str, owner: str | None = None) -> bool:
+        # False: none ``owner`` may see (another tenant's keeps its places); None: the
+        # daemon's own work (a pool's sandbox)
+        if not await self.engine.delete(sandbox_id, owner=owner):
             return False
         self.admission.release(sandbox_id)
         return True
 
     async def delete(self, sandbox_id: str, caller: Caller) -> None:
         """Delete ``caller``'s sandbox (idempotent) and give its places back."""
-        with self.engine.owners.acting_as(caller.name):
-            if await self._delete_admitted(sandbox_id):
-                self.pools.release(sandbox_id)
+        if await self._delete_admitted(sandbox_id, caller.name):
+            self.pools.release(sandbox_id)
 
     async def update_network(
         self, sandbox_id: str, network: NetworkPolicy, caller: Caller,
@@ -322,8 +315,7 @@ class SandboxService:
         """A running policy sandbox's new policy (a tenant's may name no private range)."""
         spec = SandboxSpec.parse(network=network.model_dump())
         check_network(spec, host_network=False, admin=caller.may_use_host_network)
-        with self.engine.owners.acting_as(caller.name):
-            return await self.engine.update_network(sandbox_id, network)
+        return await self.engine.update_network(sandbox_id, network, owner=caller.name)
 
     def create_network(self, name: str, policy: NetworkPolicy, caller: Caller, *,
                        private: bool = False) -> NetworkInfo:
@@ -331,15 +323,15 @@ class SandboxService:
         private range (as its sandboxes' policies may not)."""
         check_network(SandboxSpec.parse(network=policy.model_dump()), host_network=False,
                       admin=caller.may_use_host_network)
-        return self.engine.create_network(name, policy, private=private)
+        return self.engine.create_network(name, policy, private=private, owner=caller.name)
 
     async def stop(
         self, sandbox_id: str, caller: Caller, *, grace: float,
         reason: str = "stopped by request",
     ) -> SandboxInfo:
         """Stop ``caller``'s sandbox (its record stays) and give its places back."""
-        with self.engine.owners.acting_as(caller.name):
-            stopped = await self.engine.stop(sandbox_id, grace=grace, reason=reason)
+        stopped = await self.engine.stop(sandbox_id, grace=grace, reason=reason,
+                                         owner=caller.name)
         self.release(stopped.id)
         return stopped
 
@@ -372,8 +364,7 @@ class SandboxService:
         async def delete(sid: str) -> None:
             await self.delete(sid, caller)
 
-        with self.engine.owners.acting_as(caller.name):
-            # n copies that could never be alive at once: a 400 now, before the snapshot
-            self.admission.check_fits(self.engine.get(sandbox_id).spec.memory_mb, n)
-            return await fork_from(self.engine, sandbox_id, n, create=create, delete=delete,
-                                   tags=tags, abandoned=abandoned, live=live)
+        # n copies that could never be alive at once: a 400 now, before the snapshot
+        self.admission.check_fits(self.engine.get(sandbox_id, owner=caller.name).spec.memory_mb, n)
+        return await fork_from(self.engine, sandbox_id, n, create=create, delete=delete,
+                               tags=tags, abandoned=abandoned, live=live, owner=caller.name)

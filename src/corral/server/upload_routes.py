@@ -217,7 +217,8 @@ async def create_upload(request: Request, body: UploadCreate) -> Response:
     path = resolve_path(info.spec.workdir, body.path)  # a bad path now, not at the end
     reg = uploads(request)
     reg.sweep(caller_of(request).name,
-              {i.id for i in ctx.engine(request).list() if not i.state.terminal})
+              {i.id for i in ctx.engine(request).list(owner=ctx.owner(request))
+               if not i.state.terminal})
     up = reg.add(caller_of(request).name, sid, path, body.size, int(body.mode, 8),
                  info.spec.disk_mb << 20)
     return JSONResponse(up.state(), status_code=201)
@@ -287,7 +288,7 @@ async def _finish(request: Request, up: Upload) -> None:
         try:
             await verbs.write_file(up.sandbox_id, up.path, view, mode=up.mode)
         except CorralError:
-            await ctx.remove_partial(ctx.engine(request), up.sandbox_id, up.path)
+            await ctx.remove_partial(verbs, up.sandbox_id, up.path)
             uploads(request).drop(up)
             raise
         finally:

@@ -36,22 +36,23 @@ async def create_volume(request: Request) -> Response:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         del data
-        info = await engine.create_volume(name, Path(tmp), max_mb=max_mb)
+        info = await engine.create_volume(name, Path(tmp), max_mb=max_mb,
+                                          owner=ctx.owner(request))
     finally:
         os.unlink(tmp)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 
 async def list_volumes(request: Request) -> Response:
-    vols = ctx.engine(request).list_volumes()
+    vols = ctx.engine(request).list_volumes(owner=ctx.owner(request))
     return JSONResponse({"volumes": [v.model_dump(mode="json") for v in vols]})
 
 
 async def get_volume(request: Request) -> Response:
-    info = ctx.engine(request).get_volume(request.path_params["name"])
+    info = ctx.engine(request).get_volume(request.path_params["name"], owner=ctx.owner(request))
     return JSONResponse(info.model_dump(mode="json"))
 
 
 async def delete_volume(request: Request) -> Response:
-    await ctx.engine(request).remove_volume(request.path_params["name"])
+    await ctx.engine(request).remove_volume(request.path_params["name"], owner=ctx.owner(request))
     return Response(status_code=204)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -86,6 +87,7 @@ class Router:
         self.placement_wait = autoscale.placement_wait()
         self._id = uuid.uuid4().hex  # this client's demand entry
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
+        self._waiting_gpus: Counter[float] = Counter()  # of which how many ask for N GPUs
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
         self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
@@ -238,12 +240,8 @@ class Router:
         If none has room, waits for some (:meth:`_wait_for_room`)."""
         nodes, rooms = self._rooms(image)
         if not any(has_room(r, memory_mb, gpus) for r in rooms.values()):
-            if gpus and not any(r.gpus >= gpus for r in rooms.values()):
-                raise InvalidArgument(
-                    f"gpus: no node of the cluster at {self.directory.address} has {gpus} "
-                    "GPU(s) (`corral cluster status` lists them); ask for fewer",
-                    details={"requested": gpus,
-                             "nodes": {n: r.gpus for n, r in rooms.items()}})
+            # no node with that many GPUs at all waits too: Ray's autoscaler, shown the
+            # GPUs it asks for, may add a GPU node
             nodes, rooms = self._wait_for_room(memory_mb, image, gpus)
         chosen = choose(rooms, memory_mb=memory_mb, local=self.directory.local_node(),
                         gpus=gpus)
@@ -270,38 +268,46 @@ class Router:
     def _wait_for_room(
         self, memory_mb: int, image: str | None, gpus: int = 0
     ) -> tuple[list[Node], dict[str, Room]]:
-        """Every node is full: wait (at most :attr:`placement_wait` s) until one has room,
-        with this create shown to Ray's autoscaler meanwhile."""
+        """Every node is full (or none has ``gpus`` GPUs): wait (at most
+        :attr:`placement_wait` s) until one has room, with this create (and its GPUs)
+        shown to Ray's autoscaler meanwhile."""
         deadline = time.monotonic() + self.placement_wait
         gcs = SyncBackend.run_blocking(self.directory.gcs)
-        self._count_waiting(+1, memory_mb)
+        self._count_waiting(+1, memory_mb, gpus)
         try:
             published = -autoscale.REFRESH_S
             while (remaining := deadline - time.monotonic()) > 0:
                 if gcs is not None and time.monotonic() - published >= autoscale.REFRESH_S:
-                    waiting, waiting_mb = self._waiting
+                    waiting, waiting_mb, by_gpus = self._count_waiting(0, 0)
                     SyncBackend.run_blocking(
-                        autoscale.publish, gcs, self._id, waiting, waiting_mb)
+                        autoscale.publish, gcs, self._id, waiting, waiting_mb, by_gpus)
                     published = time.monotonic()
                 SyncBackend.sleep(min(WAIT_POLL_S, remaining))
                 nodes, rooms = self._rooms(image)
                 if any(has_room(r, memory_mb, gpus) for r in rooms.values()):
                     return nodes, rooms
         finally:
-            waiting, waiting_mb = self._count_waiting(-1, memory_mb)
+            waiting, waiting_mb, by_gpus = self._count_waiting(-1, memory_mb, gpus)
             if gcs is None:  # a client outside Ray (cluster+http://) publishes nothing
                 pass
             elif waiting:
-                SyncBackend.run_blocking(autoscale.publish, gcs, self._id, waiting, waiting_mb)
+                SyncBackend.run_blocking(
+                    autoscale.publish, gcs, self._id, waiting, waiting_mb, by_gpus)
             else:
                 SyncBackend.run_blocking(autoscale.withdraw, gcs, self._id)
-        raise autoscale.no_room(self.directory.address, memory_mb, self.placement_wait)
+        raise autoscale.no_room(self.directory.address, memory_mb, self.placement_wait, gpus)
 
-    def _count_waiting(self, delta: int, memory_mb: int) -> tuple[int, int]:
+    def _count_waiting(self, delta: int, memory_mb: int, gpus: int = 0
+                       ) -> tuple[int, int, dict[float, int]]:
+        """Count ``delta`` more creates of ``memory_mb`` and ``gpus`` waiting; how many
+        wait now, their MB, and how many of them ask for how many GPUs."""
         with self._waiting_lock:
             self._waiting[0] += delta
             self._waiting[1] += delta * memory_mb
-            return self._waiting[0], self._waiting[1]
+            if gpus and delta:
+                self._waiting_gpus[float(gpus)] += delta
+                self._waiting_gpus = +self._waiting_gpus
+            return self._waiting[0], self._waiting[1], dict(self._waiting_gpus)
 
     def _refresh_loads(self) -> list[Node]:
         nodes = SyncBackend.run_blocking(self.directory.nodes)

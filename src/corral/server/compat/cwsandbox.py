@@ -108,9 +108,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if self._activity is not None:
             self._activity.in_flight += 1
         try:
-            caller = self._guard.caller_of(context)  # resolved once, by the door
-            with self._engine.owners.acting_as(caller.name):  # a tenant sees only its own
-                yield
+            self._guard.caller_of(context)  # resolved once, by the door (fails closed)
+            yield  # each verb passes its caller on explicitly (a tenant sees only its own)
         except wire.RpcFailure as failure:
             await _abort(context, failure)
         except CorralError as exc:
@@ -153,9 +152,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 frontend="cwsandbox")
             info = await self._lifecycle.create(spec, caller)
             try:
-                await self._python_alias(info.id)
+                verbs = SandboxVerbs(self._engine, caller)
+                await self._python_alias(verbs, info.id)
                 for path, data in plan.files:
-                    await self._engine.write_file(info.id, path, data)
+                    await verbs.write_file(info.id, path, data)
                 if plan.command is not None:
                     self._commands[info.id] = plan.command
                     self._start_main(info.id, plan.command, caller)
@@ -169,14 +169,15 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             logger.debug("cwsandbox client created sandbox %s (image %s)", info.id, spec.image)
             return self._message(info)
 
-    async def _python_alias(self, sandbox_id: str) -> None:
+    @staticmethod
+    async def _python_alias(verbs: SandboxVerbs, sandbox_id: str) -> None:
         """cwsandbox scripts (and ``@session.function``) run ``python``, which the hosted
         ``python:3.11`` image has; Debian's python3 does not: add it on the PATH."""
         for path in PYTHON_PATHS:
             with contextlib.suppress(FileNotFound):
-                await self._engine.stat(sandbox_id, path)
+                await verbs.stat(sandbox_id, path)
                 return
-        await self._engine.write_file(sandbox_id, PYTHON_ALIAS, PYTHON_ALIAS_SCRIPT, mode=0o755)
+        await verbs.write_file(sandbox_id, PYTHON_ALIAS, PYTHON_ALIAS_SCRIPT, mode=0o755)
 
     def _discard_if_cancelled(self, context: grpc.aio.ServicerContext, sandbox_id: str,
                               caller: Caller) -> None:
@@ -211,14 +212,15 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     async def _run_main(self, sandbox_id: str, argv: list[str], caller: Caller) -> None:
         """The sandbox's main command: when it exits, so does the sandbox (COMPLETED)."""
         try:
-            result = await self._engine.exec(sandbox_id, argv, timeout=None, max_output=0)
+            result = await self._engine.exec(sandbox_id, argv, timeout=None, max_output=0,
+                                             owner=caller.name)
             code = wire.exit_status(result.returncode)
         except FileError as exc:  # the command could not start
             code = cwexec.cannot_run_status(exc)
         except CorralError:
             return  # the sandbox ended first: its state says why
         try:
-            if self._engine.get(sandbox_id).state != SandboxState.RUNNING:
+            if self._engine.get(sandbox_id, owner=caller.name).state != SandboxState.RUNNING:
                 return  # killed because its sandbox is ending (lifetime, stop): not its exit
         except CorralError:
             return
@@ -240,7 +242,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         sid = request.sandbox_id
         async with self._rpc(context, "get", sandbox_id=sid):
             try:
-                info = wire.reachable(self._engine.get(sid))
+                info = wire.reachable(self._verbs(context).get(sid))
             except SandboxNotFound:
                 if (ended := self._ended_message(sid, context)) is not None:
                     return ended
@@ -248,7 +250,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             message = self._message(info)
             if info.state in (SandboxState.RUNNING, SandboxState.PAUSED):
                 with contextlib.suppress(CorralError, OSError):  # it may end meanwhile
-                    usage = self._engine.usage(sid)
+                    usage = self._verbs(context).usage(sid)
                     message.status.resource_usage.memory_mb = int(usage["memory_mb"])
             return message
 
@@ -257,7 +259,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             tags = list(request.tags)
             wanted = request.state
             states = wire.corral_states(wanted) if wanted else None
-            infos = self._engine.list(tags=tags, state=states)
+            infos = self._engine.list(tags=tags, state=states,
+                                      owner=self._guard.caller_of(context).name)
             found = [self._message(i) for i in infos if not wire.tensorlake_owned(i.spec.tags)]
             terminal = wanted in wire.TERMINAL_STATES or (not wanted and request.show_terminated)
             if terminal:
@@ -280,7 +283,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             if len(request.snapshot_volumes):
                 raise wire.unsupported("snapshot_volumes (file-system snapshots)")
             try:
-                info = wire.reachable(self._engine.get(sid))
+                info = wire.reachable(self._verbs(context).get(sid))
             except SandboxNotFound:
                 if (ended := self._ended_message(sid, context)) is not None:
                     return sandbox_pb2.DeleteSandboxResponse(sandbox=ended)
@@ -354,15 +357,16 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             try:
                 await self._verbs(context).write_file(sid, path, bytes(request.content))
             except FileError:
-                await self._remove_partial(sid, path)
+                await self._remove_partial(self._verbs(context), sid, path)
                 raise
             return sandbox_pb2.WriteFileResponse()
 
-    async def _remove_partial(self, sid: str, path: str) -> None:
+    @staticmethod
+    async def _remove_partial(verbs: SandboxVerbs, sid: str, path: str) -> None:
         """After a failed write, leave no half-written file behind."""
         with contextlib.suppress(CorralError):
-            if not (await self._engine.stat(sid, path)).is_dir:
-                await self._engine.remove(sid, path)
+            if not (await verbs.stat(sid, path)).is_dir:
+                await verbs.remove(sid, path)
 
     async def ReadFile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         sid, path = request.sandbox_id, request.path

@@ -446,7 +446,8 @@ async def list_sandboxes(request: Request) -> Response:
     # the caller's own only (the admin's too): a team lists its own sandboxes, and a
     # search by metadata never finds another tenant's (server/reserved_tags.py)
     infos = ctx.service(request).own(caller_of(request),
-        ctx.engine(request).list(tags=tags, state=_query_states(q.get("state"))))
+        ctx.engine(request).list(tags=tags, state=_query_states(q.get("state")),
+                                 owner=ctx.owner(request)))
     infos.sort(key=_started, reverse=q.get("order") == "desc")
     page = infos[offset:offset + limit]
     headers = {}

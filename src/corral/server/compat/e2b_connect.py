@@ -189,7 +189,7 @@ def sandbox_id(request: Request) -> str:
     token the guard checked); ``not_found`` unless the E2B front-end made it."""
     sid = request.headers.get("e2b-sandbox-id", "")
     try:
-        info = ctx.engine(request).get(sid)
+        info = ctx.sandboxes(request).get(sid)
     except SandboxNotFound:
         info = None
     if info is None or SANDBOX_TAG not in info.spec.tags or info.state.terminal:

@@ -195,12 +195,12 @@ class FusionFrontend:
                 service.pools.create_pool(
                     name, spec, min_ready=self.settings.warm,
                     max_size=min(MAX_POOL_SIZE, ctx.settings(request).max_sandboxes),
-                )
+                    owner=tenant)
             self.pools.add(key, name, service.pools)
         if name is not None:
             try:
                 return await service.pools.acquire(
-                    name, ctx.settings(request).queue_timeout, exact=True)
+                    name, ctx.settings(request).queue_timeout, exact=True, owner=tenant)
             except NotFound:  # deleted (idle, or by someone): made again next time
                 self.pools.forget(key)
         return await service.create(spec, caller_of(request))

@@ -64,7 +64,7 @@ class FusionPools:
         self.used[shape] = time.monotonic()
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(  # the daemon's, not a tenant's
-                self._sweep_loop(manager), context=manager.detached())
+                self._sweep_loop(manager))
 
     def forget(self, shape: Shape) -> None:
         self.names.pop(shape, None)
@@ -80,10 +80,9 @@ class FusionPools:
             self.forget(shape)
             if name is None:  # another sweep (the sweeper's, a request's) took it
                 continue
-            try:  # as the daemon (the caller's tenant may not see another's idle pool),
-                # the shape's tenant's pool of that name: names are per tenant
-                await asyncio.get_running_loop().create_task(
-                    manager.delete_owned(shape[0] or None, name), context=manager.detached())
+            try:  # the shape's tenant's pool of that name (names are per tenant), as the
+                # daemon: the caller's tenant may not see another's idle pool
+                await manager.delete_owned(shape[0] or None, name)
             except CorralError as exc:  # a sandbox that would not go: the pool is gone
                 logger.warning("deleting the idle pool %s: %s", name, exc.message)
             gone.append(name)

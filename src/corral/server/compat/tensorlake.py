@@ -195,13 +195,16 @@ async def create_sandbox(request: Request) -> Response:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
     if req.exposed_ports:
         raise refuse("exposed_ports", "corral sandboxes have no ingress proxy")
-    snap = None if req.snapshot_id is None else scope.snapshot(engine, req.snapshot_id, ns).id
+    owner = ctx.owner(request)
+    snap = None if req.snapshot_id is None else scope.snapshot(engine, req.snapshot_id, ns,
+                                                                owner).id
     spec = _spec(req, settings(request), ns, name=req.name, snapshot_id=snap)
     if snap is None:
         check_image(engine, req.image, spec.image)
     if req.name is not None:
         holders = ctx.service(request).own(  # names are per tenant: never another's
-            caller_of(request), engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)], state=LIVE_STATES))
+            caller_of(request), engine.list(tags=[NAME_TAG + req.name, scope.ns_tag(ns)],
+                                            state=LIVE_STATES, owner=owner))
         if holders:
             raise InvalidState(
                 f"the name {req.name!r} is held by sandbox {holders[0].id}: connect to it, "
@@ -217,14 +220,15 @@ async def create_sandbox(request: Request) -> Response:
     return JSONResponse(created_json(created, sandbox_url(request)), status_code=status)
 
 
-def _pool_ready_ids(pools: PoolManager) -> set[str]:
-    return {sid for p in pools.details() for sid in p.ready_ids}
+def _pool_ready_ids(pools: PoolManager, owner: str | None) -> set[str]:
+    return {sid for p in pools.details(owner=owner) for sid in p.ready_ids}
 
 
 async def list_sandboxes(request: Request) -> Response:
     ns, url = namespace(request), sandbox_url(request)
-    warm = _pool_ready_ids(ctx.pools(request))  # a pool's idle sandboxes are not handed out
-    infos = ctx.engine(request).list(tags=[scope.ns_tag(ns)])
+    owner = ctx.owner(request)
+    warm = _pool_ready_ids(ctx.pools(request), owner)  # a pool's idle ones are not handed out
+    infos = ctx.engine(request).list(tags=[scope.ns_tag(ns)], owner=owner)
     return JSONResponse(
         {"sandboxes": [sandbox_json(i, ns, url) for i in infos if i.id not in warm]}
     )
@@ -275,7 +279,8 @@ async def snapshot_sandbox(request: Request) -> Response:
 
 async def list_sandbox_snapshots(request: Request) -> Response:
     sid, ns = _target(request).id, namespace(request)
-    snaps = [s for s in scope.snapshots(ctx.engine(request), ns) if s.source_sandbox == sid]
+    snaps = [s for s in scope.snapshots(ctx.engine(request), ns, ctx.owner(request))
+             if s.source_sandbox == sid]
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
@@ -306,13 +311,13 @@ async def copy_sandbox(request: Request) -> Response:
 
 async def list_snapshots(request: Request) -> Response:
     ns = namespace(request)
-    snaps = scope.snapshots(ctx.engine(request), ns)
+    snaps = scope.snapshots(ctx.engine(request), ns, ctx.owner(request))
     return JSONResponse({"snapshots": [snapshot_json(s, ns) for s in snaps]})
 
 
 def _snapshot(request: Request) -> SnapshotInfo:
     ref = request.path_params["snapshot_id"]
-    return scope.snapshot(ctx.engine(request), ref, namespace(request))
+    return scope.snapshot(ctx.engine(request), ref, namespace(request), ctx.owner(request))
 
 
 async def get_snapshot(request: Request) -> Response:
@@ -321,7 +326,7 @@ async def get_snapshot(request: Request) -> Response:
 
 async def delete_snapshot(request: Request) -> Response:
     snap = _snapshot(request)
-    if not await ctx.engine(request).delete_snapshot(snap.id):
+    if not await ctx.engine(request).delete_snapshot(snap.id, owner=ctx.owner(request)):
         raise SnapshotNotFound(f"no snapshot {snap.id!r}", details={"snapshot_id": snap.id})
     return JSONResponse({})
 
@@ -359,24 +364,27 @@ async def create_pool(request: Request) -> Response:
     check_image(engine, req.image, spec.image)
     warm = req.warm_containers or 0
     made = ctx.pools(request).create_pool(
-        None, spec, min_ready=warm, max_size=req.max_containers or max(DEFAULT_MAX_SIZE, warm)
-    )
+        None, spec, min_ready=warm, max_size=req.max_containers or max(DEFAULT_MAX_SIZE, warm),
+        owner=ctx.owner(request))
     return JSONResponse({"pool_id": made.name, "namespace": ns})
 
 
 async def list_pools(request: Request) -> Response:
-    found = scope.pools(ctx.pools(request), namespace(request))
+    found = scope.pools(ctx.pools(request), namespace(request), ctx.owner(request))
     return JSONResponse({"pools": [_pool_json(request, p, detail=False) for p in found]})
 
 
 async def get_pool(request: Request) -> Response:
-    got = scope.pool(ctx.pools(request), request.path_params["pool_id"], namespace(request))
+    got = scope.pool(ctx.pools(request), request.path_params["pool_id"], namespace(request),
+                     ctx.owner(request))
     return JSONResponse(_pool_json(request, got, detail=True))
 
 
 async def delete_pool(request: Request) -> Response:
-    name = scope.pool(ctx.pools(request), request.path_params["pool_id"], namespace(request)).name
-    if not await ctx.pools(request).delete_pool(name):
+    owner = ctx.owner(request)
+    name = scope.pool(ctx.pools(request), request.path_params["pool_id"], namespace(request),
+                      owner).name
+    if not await ctx.pools(request).delete_pool(name, owner=owner):
         raise NotFound(f"no sandbox pool {name!r}", details={"pool": name})
     return JSONResponse({})
 
@@ -399,8 +407,9 @@ async def claim_sandbox(request: Request) -> Response:
     if body.file_systems:
         raise refuse("file_systems mounts", "copy files in with sandbox.write_file()")
     pools = ctx.pools(request)
-    name = scope.pool(pools, request.path_params["pool_id"], namespace(request)).name
-    got = await unless_gone(request, pools.acquire(name, _claim_timeout(request)))
+    owner = ctx.owner(request)
+    name = scope.pool(pools, request.path_params["pool_id"], namespace(request), owner).name
+    got = await unless_gone(request, pools.acquire(name, _claim_timeout(request), owner=owner))
     return JSONResponse(created_json(got, sandbox_url(request)))
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.errors import CorralError, NotFound
-from corral.runtime.engine import Engine
 from corral.runtime.processes import Process as EngineProcess
+from corral.server.sandbox_verbs import SandboxVerbs
 
 PROCESS_OUTPUT_CAP_BYTES = 16 << 20  # the lines kept per process
 MAX_LINE_CHARS = 1 << 20  # a line without its newline yet, held at most
@@ -171,13 +171,13 @@ class ProcessTable:
             )
         return found
 
-    def start(self, engine: Engine, sandbox_id: str, proc: Process) -> None:
+    def start(self, engine: SandboxVerbs, sandbox_id: str, proc: Process) -> None:
         self._by_sandbox.setdefault(sandbox_id, {})[proc.pid] = proc
         proc.task = asyncio.create_task(
             self._pump(engine, sandbox_id, proc), name=f"tensorlake-{proc.pid}"
         )
 
-    async def _pump(self, engine: Engine, sandbox_id: str, proc: Process) -> None:
+    async def _pump(self, engine: SandboxVerbs, sandbox_id: str, proc: Process) -> None:
         splitters = {"stdout": StreamLines(), "stderr": StreamLines()}
         try:
             async for event in proc.engine_proc.output():

@@ -187,8 +187,8 @@ async def start_process(request: Request) -> Response:
         s for s, mode in (("stdout", req.stdout_mode), ("stderr", req.stderr_mode))
         if mode == "discard"
     )
-    engine = _engine(request)
-    table.prune({i.id for i in engine.list(state=LIVE_STATES)})
+    # the daemon's bookkeeping: every owner's live sandboxes keep their processes
+    table.prune({i.id for i in _engine(request).list(state=LIVE_STATES, owner=None)})
     engine_proc = await ctx.sandboxes(request).spawn(  # FileError now for a command that cannot start
         sid, req.argv, env=req.env, cwd=req.working_dir, timeout=req.timeout,
     )
@@ -197,7 +197,7 @@ async def start_process(request: Request) -> Response:
     proc = Process(
         table.next_pid(sid), req.argv, discard, engine_proc, stdin_open=req.stdin_mode == "pipe"
     )
-    table.start(engine, sid, proc)
+    table.start(ctx.sandboxes(request), sid, proc)
     return JSONResponse(proc.info())
 
 

@@ -67,13 +67,14 @@ def resolve(engine: Engine, ref: str, ns: str, caller: Caller) -> SandboxInfo:
     tenant's sandbox); :func:`no_sandbox` for anything else."""
     tag = ns_tag(ns)
     try:
-        info = engine.get(ref)
+        info = engine.get(ref, owner=caller.name)
     except SandboxNotFound:
         info = None
     if info is not None and tag in info.spec.tags:
         return info
     if NAME_RE.fullmatch(ref):
-        named = SandboxService.own(caller, engine.list(tags=[NAME_TAG + ref, tag]))
+        named = SandboxService.own(caller, engine.list(tags=[NAME_TAG + ref, tag],
+                                                        owner=caller.name))
         if named:
             return min(named, key=lambda i: (STATUS[i.state] != "running", -i.created_at))
     raise no_sandbox(ref, ns)
@@ -88,12 +89,12 @@ def no_sandbox(ref: str, ns: str) -> SandboxNotFound:
     )
 
 
-def snapshot(engine: Engine, ref: str, ns: str) -> SnapshotInfo:
-    """A snapshot taken from a sandbox of namespace ``ns``; :class:`SnapshotNotFound`,
-    the same for every other one, if not."""
+def snapshot(engine: Engine, ref: str, ns: str, owner: str | None) -> SnapshotInfo:
+    """``owner``'s snapshot taken from a sandbox of namespace ``ns``;
+    :class:`SnapshotNotFound`, the same for every other one, if not."""
     try:
-        if ns_tag(ns) in engine.snapshots.source_tags(ref):
-            return engine.get_snapshot(ref)
+        if ns_tag(ns) in engine.snapshots.source_tags(ref, owner=owner):
+            return engine.get_snapshot(ref, owner=owner)
     except SnapshotNotFound:
         pass
     raise SnapshotNotFound(
@@ -103,15 +104,15 @@ def snapshot(engine: Engine, ref: str, ns: str) -> SnapshotInfo:
     )
 
 
-def snapshots(engine: Engine, ns: str) -> list[SnapshotInfo]:
-    return engine.snapshots.list(tag=ns_tag(ns))
+def snapshots(engine: Engine, ns: str, owner: str | None) -> list[SnapshotInfo]:
+    return engine.snapshots.list(tag=ns_tag(ns), owner=owner)
 
 
-def pool(pools: PoolManager, name: str, ns: str) -> PoolDetail:
-    """A sandbox pool of namespace ``ns``; :class:`NotFound`, the same for every other
-    one, if not."""
+def pool(pools: PoolManager, name: str, ns: str, owner: str | None) -> PoolDetail:
+    """``owner``'s sandbox pool of namespace ``ns``; :class:`NotFound`, the same for
+    every other one, if not."""
     try:
-        got = pools.get_pool(name)
+        got = pools.get_pool(name, owner=owner)
     except NotFound:
         got = None
     if got is None or ns_tag(ns) not in got.spec.tags:
@@ -123,5 +124,5 @@ def pool(pools: PoolManager, name: str, ns: str) -> PoolDetail:
     return got
 
 
-def pools(manager: PoolManager, ns: str) -> list[PoolDetail]:
-    return [p for p in manager.details() if ns_tag(ns) in p.spec.tags]
+def pools(manager: PoolManager, ns: str, owner: str | None) -> list[PoolDetail]:
+    return [p for p in manager.details(owner=owner) if ns_tag(ns) in p.spec.tags]

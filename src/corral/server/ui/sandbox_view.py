@@ -24,10 +24,10 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
+from corral.api.process_models import SpawnRequest
 from corral.errors import CorralError
 from corral.runtime.uids import SANDBOX_HOME
 from corral.server import ops_routes, processes, routes
-from corral.server.processes import SpawnRequest
 from corral.server.ui.render import page
 from corral.server.ui.views import _as, _read, _session
 

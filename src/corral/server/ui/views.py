@@ -80,13 +80,13 @@ async def gather(request: Request, filters: Filters) -> dict[str, Any]:
     if filters.tenant:  # the API filters by tenant for an admin; a tenant sees its own only
         listed = [s for s in listed if s["spec"].get("tenant") == filters.tenant]
     listed.sort(key=lambda s: s["created_at"], reverse=True)
-    engine = ctx.engine(request)
+    verbs = ctx.sandboxes(request)
     rows = []
     for s in listed[:MAX_ROWS]:
         usage = None
         if s["state"] in ("running", "paused"):
             try:
-                usage = engine.usage(s["id"])
+                usage = verbs.usage(s["id"])
             except (CorralError, OSError):
                 pass  # it ended meanwhile
         rows.append({**s, "tenant": s["spec"].get("tenant"), "usage": usage})

@@ -1,0 +1,236 @@
+"""How a sandbox is found, changes state and ends: the ownership check every verb on
+one sandbox asks first (:meth:`EndOps._owned`), pause and resume, stop and delete, and
+the one teardown they share (:meth:`EndOps._end`, :meth:`EndOps._release`).
+
+A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from corral.errors import CorralError, InvalidState
+from corral.runtime import processes, rootfs, syscalls
+from corral.runtime.agentconn import ended_error
+from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.events import SandboxDeleted, SandboxEnded, StateChanged
+from corral.runtime.kept_files import keeps_files
+from corral.runtime.live import Live
+from corral.runtime.ownership import UNSET, OwnerArg
+from corral.runtime.protocol import Msg, Tag
+from corral.schema import TRANSITIONS, SandboxInfo, SandboxState
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from corral.runtime.cpus import CpuPicker
+    from corral.runtime.events import Events
+    from corral.runtime.gpus import GpuAllocator
+    from corral.runtime.kept_files import KeptFiles
+    from corral.runtime.net import NetworkManager
+    from corral.runtime.ownership import Owners
+    from corral.runtime.registry import Registry
+    from corral.runtime.snapshots import Snapshots
+    from corral.runtime.uids import UidBlock
+
+STOP_WAIT_S = 5.0
+TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
+
+
+class EndOps:
+    """Finding a live sandbox for its owner, pausing it, and ending it (mixed into the engine)."""
+
+    if TYPE_CHECKING:
+        _live: dict[str, Live]
+        registry: Registry
+        events: Events
+        owners: Owners
+        kept: KeptFiles
+        net: NetworkManager
+        cpu_picker: CpuPicker
+        uids: UidBlock
+        snapshots: Snapshots
+        gpus: GpuAllocator
+
+        def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
+        def upper_dir(self, sandbox_id: str) -> Path: ...
+        def _forget(self, live: Live) -> None: ...
+
+    def _owned(self, sandbox_id: str, owner: OwnerArg) -> None:
+        """Raise :class:`SandboxNotFound` unless ``owner`` may see ``sandbox_id`` (another
+        tenant's answers like an unknown id); every verb on one sandbox asks first."""
+        acting = self.owners.of(owner)
+        if acting is None:
+            return
+        live = self._live.get(sandbox_id)
+        if live is None or live.spec.tenant != acting:
+            self.get(sandbox_id, owner=acting)  # SandboxNotFound unless its own (ended)
+
+    def _get_live(self, sandbox_id: str) -> Live:
+        """A live sandbox (whose it is was checked by :meth:`_owned`)."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            raise ended_error(self.get(sandbox_id, owner=None))  # its own fault: SandboxProtocolError
+        return live
+
+    def _running(self, sandbox_id: str) -> Live:
+        live = self._get_live(sandbox_id)
+        if live.channel is not None and live.channel.faulted:
+            raise live.channel.error_copy()  # being ended by its own doing
+        if live.state != SandboxState.RUNNING or live.channel is None:
+            hint = "resume it first" if live.state == SandboxState.PAUSED else "create a new one"
+            raise InvalidState(
+                f"sandbox {sandbox_id} is {live.state.value}: {hint}",
+                details={"sandbox_id": sandbox_id, "state": live.state.value},
+            )
+        live.touch()
+        return live
+
+    def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None:
+        if to not in TRANSITIONS[live.state]:
+            raise InvalidState(
+                f"sandbox {live.id} cannot go from {live.state.value} to {to.value}",
+                details={"sandbox_id": live.id, "state": live.state.value},
+            )
+        self.registry.set_state(live.id, to, reason)  # first: a full disk changes nothing
+        old, live.state = live.state, to
+        self.events.emit(StateChanged(live.id, old, to, reason))
+
+    async def pause(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
+        """Freeze every process of the sandbox (cgroup freezer). Memory stays resident."""
+        self._owned(sandbox_id, owner)
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.state != SandboxState.PAUSED:
+                self._transition(live, SandboxState.PAUSED)
+                live.cgroup.freeze()
+        return self.get(sandbox_id, owner=None)
+
+    async def _resume_running(self, sandbox_id: str) -> SandboxInfo:
+        """Thaw a paused sandbox (``resume``, engine_hibernate.py, also wakes one; whose
+        it is was checked there)."""
+        live = self._get_live(sandbox_id)
+        async with live.lock:
+            if live.state == SandboxState.PAUSED:
+                self._transition(live, SandboxState.RUNNING)  # StorageFull: still paused
+                live.cgroup.thaw()
+                live.touch()
+            elif live.state != SandboxState.RUNNING:
+                self._transition(live, SandboxState.RUNNING)  # raises InvalidState
+        return self.get(sandbox_id, owner=None)
+
+    async def stop(
+        self, sandbox_id: str, *, grace: float = 2.0, reason: str = "stopped by request",
+        owner: OwnerArg = UNSET,
+    ) -> SandboxInfo:
+        """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
+        mounts and cgroups. The record stays (state ``stopped``) until deleted."""
+        info = self.get(sandbox_id, owner=owner)  # SandboxNotFound (another owner's too)
+        live = self._live.get(sandbox_id)
+        if live is None:
+            if info.state.terminal:
+                return info
+        else:
+            await self._end(live, SandboxState.STOPPED, reason, grace=grace)
+        return self.get(sandbox_id, owner=None)
+
+    async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> bool:
+        """Kill and remove ``owner``'s sandbox and its record. Idempotent: False if it
+        did not exist (or is another tenant's)."""
+        acting = self.owners.of(owner)
+        # a tenant: another's row is not even read (registry.get), so it costs what an
+        # unknown id costs, and answers the same (a row is written before its sandbox lives)
+        info = self.registry.get(sandbox_id, owner=acting)
+        if acting is not None and info is None:
+            return False
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
+        existed = live is not None or self.registry.get(sandbox_id) is not None
+        self.registry.delete(sandbox_id)
+        if existed:
+            self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
+        return existed
+
+    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
+        async with live.lock:
+            if live.ending or live.id not in self._live:
+                return
+            live.ending = True
+            try:  # a registry that cannot be written (a full disk) still frees everything
+                if live.state in (SandboxState.RUNNING, SandboxState.PAUSED):
+                    self._transition(live, SandboxState.STOPPING, reason)
+                if grace > 0 and live.channel is not None and not live.channel.closed:
+                    if live.cgroup.frozen():
+                        live.cgroup.thaw()
+                    try:
+                        live.channel.send(Msg.SIGNAL, 0, [(Tag.SIGNAL, signal.SIGTERM)])
+                        deadline = time.monotonic() + grace
+                        while live.channel.streams and time.monotonic() < deadline:
+                            await asyncio.sleep(0.02)
+                    except CorralError:
+                        pass
+                if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
+                    await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
+            finally:
+                await self._release(live)
+                self._live.pop(live.id, None)
+            try:
+                if live.state == SandboxState.PENDING:
+                    live.state = final
+                else:
+                    self._transition(live, final, reason)
+            finally:
+                self.events.emit(SandboxEnded(live.id, final, reason))
+
+    async def _release(self, live: Live) -> None:
+        """Kill every process, then unmount and remove the cgroup. Never raises."""
+        live.ending = True
+        if live.cgroup is not None:
+            try:
+                if live.cgroup.frozen() or (live.channel and live.channel.faulted):
+                    # Frozen processes (or a stuck agent) cannot see their channel
+                    # close: kill them now rather than waiting STOP_WAIT_S for an exit.
+                    await asyncio.to_thread(live.cgroup.kill_all)
+            except (OSError, CorralError):
+                pass
+        self._forget(live)  # its agent exits once its channel closes too
+        self.net.cut_all(live.id)
+        if live.channel is not None:
+            await live.channel.close()
+        if live.proc is not None:
+            try:
+                await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        if live.log is not None:
+            live.log.close()
+        dropped = processes.release(live)
+        self.cpu_picker.give_back(live.cpus)
+        live.cpus = ()
+        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
+        # thread, many teardowns overlap (and use both cores) instead of queueing.
+        await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
+        snapshot_id, live.snapshot_id = live.snapshot_id, None
+        await self.snapshots.release(snapshot_id)
+        self.gpus.release(live.id)  # after its processes are gone
+
+    def _release_resources(self, live: Live, trim: bool = False) -> None:
+        if trim:  # megabytes of unread output were freed: give them back (a few ms)
+            syscalls.malloc_trim()
+        gone = True  # then nothing runs as its uid any more: it may be used again
+        if live.cgroup is not None:
+            try:
+                live.cgroup.remove(children=False)
+            except (OSError, CorralError):
+                gone = False
+        if live.proc is not None and live.proc.poll() is None:
+            live.proc.kill()
+            live.proc.wait()
+        self.net.detach(live.id)
+        rootfs.remove_dirs(live.sandbox_dir)
+        if gone and not live.sandbox_dir.exists():
+            self.uids.release(live.uid)
