@@ -183,6 +183,15 @@ class Capacity(BaseModel):
     queue_timeout: float
 
 
+class GpuInventory(BaseModel):
+    """``GET /v1/info``'s ``gpus``: the host's GPUs; how many are free and who holds how
+    much (``{"2": 1}``: one sandbox with two) are host activity, the admin's only."""
+
+    total: int = 0
+    free: int | None = None
+    holding: dict[str, int] | None = None
+
+
 class DaemonInfo(BaseModel):
     """``GET /v1/info``: limits and how much of them is in use."""
 
@@ -195,6 +204,7 @@ class DaemonInfo(BaseModel):
     builds: int = 0
     counts: dict[SandboxState, int]
     pools: list[PoolInfo] = Field(default_factory=list)
+    gpus: GpuInventory = Field(default_factory=GpuInventory)
     default_lease: float | None = None  # seconds: the SDK's sessions over TCP take one
     state_dir: str | None = None  # the daemon's directories (to the admin only)
     cache_dir: str | None = None
