@@ -11,7 +11,7 @@ install:
 TEST_WORKERS ?= 3
 
 test: install
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup tests
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile tests
 
 # The long kill -9 fault suite (10 kills of a daemon with ~100 sandboxes); `make test`
 # runs its short form. Figures: benchmarks/results/faults.json.

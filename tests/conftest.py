@@ -107,6 +107,8 @@ class Daemon:
 
     def _wait_for_tcp(self, address: str, timeout: float = 60.0) -> None:
         host, _, port = address.rpartition(":")
+        if port == "0":  # the daemon picks the port: nothing to wait for here
+            return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -162,28 +164,50 @@ def make_daemon():
         shutil.rmtree(d.base, ignore_errors=True)
 
 
-# ``make test`` runs the suite on several pytest-xdist workers (``--dist loadgroup``).
-# Each test module stays on one worker (its module fixtures are set up once), and every
-# module that starts a Ray cluster shares one worker: one Ray cluster on the host at a
-# time, the session's own (tests/cluster/conftest.py), as in a serial run.
-_RAY_MODULE = re.compile(r"^\s*(import ray|from ray)\b|ray_cluster|ray_token_cluster|"
-                         r"corral_cluster|tenants_on_cluster|importorskip\(\"ray\"", re.M)
+# ``make test`` runs the suite on several pytest-xdist workers (``--dist loadfile``):
+# each test module stays on one worker (its module fixtures are set up once). Modules
+# that share something of the host's run one after another on one worker, as in a serial
+# run: those that start a Ray cluster (one at a time on a host: the session's own,
+# tests/cluster/conftest.py), and those that give servers fixed addresses in network
+# namespaces (tests/security/net_helpers.py's server_ns). (xdist's ``loadgroup`` cannot
+# do this under pytest 9: it renames items by ``_nodeid``.)
+_SHARED_UNITS = (
+    (" ray", re.compile(r"^\s*(import ray|from ray)\b|ray_cluster|ray_token_cluster|"
+                        r"corral_cluster|tenants_on_cluster|importorskip\(\"ray\"", re.M)),
+    (" net", re.compile(r"server_ns|net_helpers")),
+)
+_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _xdist_group(path: Path, cache: dict[Path, str]) -> str:
-    if path not in cache:
-        try:
-            text = path.read_text()
-        except OSError:
-            text = ""
-        in_cluster_dir = path.parent.name == "cluster"
-        cache[path] = "ray" if in_cluster_dir or _RAY_MODULE.search(text) else str(path)
-    return cache[path]
+def _work_unit(module: str) -> str:
+    """The xdist work unit of ``module`` (a path from the root): its own, or a shared one."""
+    path = _ROOT / module
+    if path.parent.name == "cluster":
+        return " ray"
+    try:
+        text = path.read_text()
+    except OSError:
+        return module
+    return next((unit for unit, pattern in _SHARED_UNITS if pattern.search(text)), module)
 
 
-def pytest_collection_modifyitems(config, items):
-    if config.getoption("dist", default="no") != "loadgroup":
-        return
-    cache: dict[Path, str] = {}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(Path(item.path), cache)))
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedUnits(LoadFileScheduling):
+        """A module per work unit, but one unit for all modules sharing a host resource."""
+
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            self._units: dict[str, str] = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module not in self._units:
+                self._units[module] = _work_unit(module)
+            return self._units[module]
+
+    return SharedUnits(config, log)

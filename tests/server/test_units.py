@@ -85,7 +85,7 @@ class FakeEngine:
         # a tenant's disk use (tenant_routes), none here
         self.snapshots = types.SimpleNamespace(quota_of=None, usage_bytes=lambda owner: 0)
         self.kept = types.SimpleNamespace(bytes_of=lambda owner: 0)
-        self.gpus = types.SimpleNamespace(total=0, free=lambda: [])  # no GPU here
+        self.gpus = types.SimpleNamespace(total=0, free=lambda: [], holding=dict)  # no GPU here
 
     def list(self, **kwargs):
         if self.fail:
