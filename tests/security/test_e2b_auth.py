@@ -173,3 +173,37 @@ def test_e2b_is_no_way_around_allow_host_network(monkeypatch):
         assert r.status_code == 403, r.text
         assert "--allow-host-network" in r.text
         assert live_sandboxes(d) == set()
+
+
+def test_a_run_waiting_on_a_context_its_last_client_left_gets_a_fresh_one(e2b_ok):
+    """A run_code whose client timed out keeps the default context's kernel until the
+    daemon sees the client gone and kills it; a run_code that came meanwhile waited for
+    that kernel and got "KernelDied". Now it runs in a fresh default context."""
+    import threading
+
+    sb = created(e2b_ok)
+    try:
+        headers = {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": "49999",
+                   "E2B-Traffic-Access-Token": sb["trafficAccessToken"]}
+        url = f"{e2b_ok.endpoint}/execute"
+        r = httpx.post(url, headers=headers, json={"code": "x = 41"}, timeout=60)
+        assert r.status_code == 200, r.text
+        second: list[str] = []
+        with httpx.Client(timeout=60) as slow:
+            with slow.stream("POST", url, headers=headers,
+                             json={"code": "import time; time.sleep(600)"}) as first:
+                lines = first.iter_lines()
+                assert "number_of_executions" in next(lines)  # it holds the kernel now
+                waiter = threading.Thread(target=lambda: second.append(httpx.post(
+                    url, headers=headers, json={"code": "'x' in dir()"}, timeout=60).text))
+                waiter.start()
+                waiter.join(1.0)  # time for the second run to queue on the kernel
+                assert waiter.is_alive()  # it waits for the kernel the first one holds
+            # the first client left: its kernel is killed, the second run gets a new one
+        waiter.join(60)
+        assert second, "the second run_code did not answer"
+        replies = [json.loads(line) for line in second[0].splitlines() if line]
+        assert not [m for m in replies if m.get("type") == "error"], replies
+        assert [m.get("text") for m in replies if m.get("type") == "result"] == ["False"]
+    finally:
+        kill(e2b_ok, sb["sandboxID"])

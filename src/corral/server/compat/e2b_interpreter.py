@@ -63,6 +63,7 @@ class Kernel:
     cwd: str
     count: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    dropped: bool = False  # killed and forgotten (a run waiting for it needs another)
 
     def json(self) -> dict[str, Any]:
         return {"id": self.id, "language": "python", "cwd": self.cwd}
@@ -101,6 +102,7 @@ class Contexts:
         return kernel
 
     async def drop(self, sid: str, kernel: Kernel) -> None:
+        kernel.dropped = True
         self.by_sandbox.get(sid, {}).pop(kernel.id, None)
         if kernel.proc.state == ProcessState.RUNNING:
             await kernel.proc.kill()
@@ -141,13 +143,37 @@ def _ndjson(msg: dict[str, Any]) -> bytes:
     return json.dumps(msg).encode() + b"\n"
 
 
+async def _default(request: Request, sid: str) -> Kernel:
+    """Sandbox ``sid``'s default context, started if it has none (or it was dropped)."""
+    contexts = _contexts(request)
+    mine = contexts.of(sid)
+    kernel = mine.get("default") or await contexts.start(request, sid, None)
+    if kernel.id != "default":
+        mine.pop(kernel.id, None)
+        kernel.id = "default"
+        mine["default"] = kernel
+    return kernel
+
+
+async def _locked(request: Request, sid: str, kernel: Kernel, default: bool) -> Kernel:
+    """``kernel``, locked for one run; for the default context, a new one if it was
+    dropped while this run waited (the last run's client left: its kernel is killed)."""
+    await kernel.lock.acquire()
+    while kernel.dropped and default:
+        kernel.lock.release()
+        kernel = await _default(request, sid)
+        await kernel.lock.acquire()
+    return kernel
+
+
 async def _run(request: Request, sid: str, kernel: Kernel, code: str,
-               env: dict[str, str]) -> AsyncIterator[bytes]:
+               env: dict[str, str], *, default: bool) -> AsyncIterator[bytes]:
     """One execution's reply lines; the kernel is killed if the client leaves first."""
     ident = secrets.token_hex(8)
     done = False
     budget = e2b_results.Budget()
-    async with kernel.lock:
+    kernel = await _locked(request, sid, kernel, default)
+    try:
         try:
             await kernel.proc.write(_ndjson({"code": code, "env": env, "id": ident}))
             kernel.count += 1
@@ -193,6 +219,8 @@ async def _run(request: Request, sid: str, kernel: Kernel, code: str,
         finally:
             if not done:  # the client left (its timeout): stop the code, lose the context
                 await asyncio.shield(_contexts(request).drop(sid, kernel))
+    finally:
+        kernel.lock.release()
 
 
 class _ExecuteBody:
@@ -221,12 +249,9 @@ async def execute(request: Request) -> Response:
         if kernel is None:
             raise NotFound(f"no code context {body.context_id!r} in sandbox {sid}")
     else:
-        kernel = mine.get("default") or await contexts.start(request, sid, None)
-        if kernel.id != "default":
-            mine.pop(kernel.id, None)
-            kernel.id = "default"
-            mine["default"] = kernel
-    return StreamingResponse(_run(request, sid, kernel, body.code, body.env),
+        kernel = await _default(request, sid)
+    return StreamingResponse(_run(request, sid, kernel, body.code, body.env,
+                                  default=body.context_id is None),
                              media_type="application/x-ndjson")
 
 
