@@ -164,6 +164,16 @@ def make_daemon():
         shutil.rmtree(d.base, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(items):
+    """schemathesis names each API operation's item ``test[GET /path]`` but, under pytest 9,
+    leaves its nodeid the function's (it sets ``_nodeid``, which pytest no longer reads):
+    xdist runs items by nodeid, so it would run one operation of the fuzz. Each such item
+    gets its own nodeid, from its name."""
+    for item in items:
+        if item.parent is not None and item.name != item.nodeid.rsplit("::", 1)[-1]:
+            item._id = item.parent.id.child(item.name)
+
+
 # ``make test`` runs the suite on several pytest-xdist workers (``--dist loadfile``):
 # each test module stays on one worker (its module fixtures are set up once). Modules
 # that share something of the host's run one after another on one worker, as in a serial
