@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, StorageFull
-from corral.runtime import checkpoint, criu, layer_fetch, live_images
+from corral.runtime import checkpoint, criu, layer_fetch, live_images, live_processes
 from corral.runtime.engine_network import made_in
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.storage import room_above_reserve
@@ -93,7 +93,8 @@ class LiveOps:
                     cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
                     sandbox_id=sandbox_id, tenant=live.spec.tenant, launcher_pid=live.proc.pid,
                     uid=live.uid, freezer=live.cgroup.freezer_dir())
-                try:
+                try:  # its interactive processes, as its copies' engines need them
+                    live_processes.write(images.path, live_processes.record(live))
                     staged = await self.snapshots.stage(
                         self.upper_dir(sandbox_id), None, source=sandbox_id, spec=live.spec,
                         ids=self.owner_ids(sandbox_id))
@@ -160,12 +161,15 @@ class LiveOps:
         """Disk held by ``tenant``'s live snapshots' process images (its snapshot quota)."""
         return checkpoint.images_bytes(self.layout.state_dir, tenant)
 
-    async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
+    async def _launch_restore(self, live: Live, slot: Slot,
+                              lowers: list[Path]) -> list[dict[str, Any]]:
         """Start CRIU's restore of ``live.images`` in ``slot`` and give the restored agent
-        a new control socket (it answers READY on it)."""
+        a new control socket (it answers READY on it); the records of the interactive
+        processes it keeps (:mod:`~corral.runtime.live_processes`)."""
         assert live.images is not None and slot.reattach is not None
         binary = criu.require(self.layout.cache_dir)
         meta = live_images.read_meta(live.images)
+        records = live_processes.read(live.images)
         dest = live.sandbox_dir / RESTORE_DIR
         await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
         live.program = tuple(live_images.restore_argv(
@@ -183,7 +187,8 @@ class LiveOps:
             raise SandboxStartError(f"sandbox {live.id} failed to start: "
                                     f"{detail or exc}") from None
         try:
-            socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
+            socket.send_fds(slot.reattach, [live_processes.reattach_message(records)],
+                            [theirs.fileno(), r_theirs.fileno()])
         except BaseException:
             ours.close()
             r_ours.close()
@@ -194,6 +199,7 @@ class LiveOps:
         slot.sock.close()
         slot.reattach.close()
         slot.sock, slot.reattach = ours, r_ours
+        return records
 
     async def _restored(self, live: Live, slot: Slot) -> None:
         """The restored agent answered: drop the staged images and check that every
