@@ -184,7 +184,7 @@ class Episode:
             Episode(sb, own=True, seed=seed, index=i, steps=self.steps,
                     processes={k: procs[self.processes[k].id] for k in names},
                     repls=self._repls)
-            for i, ((sb, procs), seed) in enumerate(zip(made, seeds))]
+            for i, ((sb, procs), seed) in enumerate(zip(made, seeds, strict=True))]
         try:
             for b in branches:
                 if b.seed is not None:

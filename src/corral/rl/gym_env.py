@@ -419,7 +419,7 @@ class SandboxEnv(gym.Env):
         made = fork_sandbox(parent.sandbox, n, [parent.process.id], text=False)
         copies: list[SandboxEnv] = []
         try:
-            for (sb, procs), seed in zip(made, seeds):
+            for (sb, procs), seed in zip(made, seeds, strict=True):
                 remote = _Remote(sb, own_sandbox=True, streamed=parent.streamed)
                 remote.process, remote.hello = procs[parent.process.id], parent.hello
                 if parent.own_client is not None:  # the parent's closes with it
