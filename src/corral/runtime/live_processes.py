@@ -8,7 +8,7 @@ agent's frames for it would be a protocol violation. So:
 
 - at the checkpoint (the sandbox frozen) the engine writes :data:`FILE` next to CRIU's
   images: each running process's id, request id, command, pid, terminal, buffer size and
-  the output nobody had read yet (:func:`record`);
+  the output nobody had read yet (its first :data:`UNREAD_KEPT` bytes: :func:`record`);
 - at a restore it reads that record back as hostile input (:func:`read`: every field
   checked), names the request ids in the ``R`` message to the restored agent (which
   keeps those commands and forgets every other request: agent.c), registers their
@@ -34,6 +34,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corral.api.models import MAX_OUTPUT_LIMIT
 from corral.errors import InvalidState
 from corral.runtime.agentconn import Deadline
 from corral.runtime.channel import AgentChannel, ExecStream
@@ -48,6 +49,8 @@ FILE = "processes.json"
 MAX_PROCESSES = 256  # the agent's MAX_EXECS
 _ID = re.compile(r"^proc-[0-9a-f]{12}$")
 _MAX_ARGV = 1 << 20
+UNREAD_KEPT = 1 << 20  # a process's unread output a copy gets (the first bytes)
+_MAX_FILE = 128 << 20
 
 
 def record(live: Live) -> list[dict[str, Any]]:
@@ -56,7 +59,12 @@ def record(live: Live) -> list[dict[str, Any]]:
     for proc in kept(live):
         if proc.state != ProcessState.RUNNING:
             continue
-        unread = [[c.kind, base64.b64encode(bytes(c.data)).decode()] for c in proc._events]
+        unread, room = [], UNREAD_KEPT
+        for c in proc._events:
+            data = bytes(c.data[:room])
+            room -= len(data)
+            if data:
+                unread.append([c.kind, base64.b64encode(data).decode()])
         out.append({
             "id": proc.id, "rid": proc._stream.request_id, "argv": list(proc.argv),
             "pid": proc.pid, "terminal": list(proc.terminal) if proc.terminal else None,
@@ -80,7 +88,7 @@ def read(images: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     try:
-        if path.is_symlink() or path.stat().st_size > 64 * MAX_PROCESSES * _MAX_ARGV:
+        if path.is_symlink() or path.stat().st_size > _MAX_FILE:
             raise ValueError("not a plain file of a sane size")
         records = json.loads(path.read_text())
         if not isinstance(records, list) or len(records) > MAX_PROCESSES:
@@ -93,7 +101,7 @@ def read(images: Path) -> list[dict[str, Any]]:
             seen.add(r["rid"])
             r["unread"] = [(kind, base64.b64decode(data, validate=True))
                            for kind, data in r["unread"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise InvalidState(f"{images}: its record of processes is damaged ({exc})") from None
     return records
 
@@ -108,12 +116,13 @@ def _check(r: Any) -> None:
                                          and len(r["terminal"]) == 2
                                          and all(type(x) is int and 0 < x < 1 << 16
                                                  for x in r["terminal"])))
-          and type(r["max_buffer"]) is int and r["max_buffer"] >= 0
+          and type(r["max_buffer"]) is int and 0 <= r["max_buffer"] <= MAX_OUTPUT_LIMIT
           and type(r["stdin_open"]) is bool
           and isinstance(r["started_at"], (int, float))
           and isinstance(r["unread"], list)
           and all(isinstance(u, list) and len(u) == 2 and u[0] in ("stdout", "stderr")
-                  and isinstance(u[1], str) for u in r["unread"]))
+                  and isinstance(u[1], str) for u in r["unread"])
+          and sum(len(u[1]) for u in r["unread"]) <= 2 * UNREAD_KEPT)  # base64: 4/3
     if not ok:
         raise ValueError("a process record of the wrong shape")
 
