@@ -38,6 +38,7 @@ from corral.runtime import criu, live_images
 DUMP_TIMEOUT_S = 120.0
 _NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
+_TRASH = ".trash"  # deleted images, their bytes not removed yet (discard)
 # CRIU errors that are not the cause (it logs them and goes on)
 _NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid", "Restoring FAILED")
 # what the first error CRIU gives means, in the words of docs/live.md
@@ -77,6 +78,28 @@ def images_root(state_dir: Path, tenant: str | None) -> Path:
             raise InvalidState(f"{d} is not a directory of this daemon's")
         os.chmod(d, 0o700)
     return tenant_dir
+
+
+def discard(images: Path, state_dir: Path) -> None:
+    """Take ``images`` away at once: a rename into ``STATE/checkpoints/.trash`` (no
+    restore finds them, no quota counts them); :func:`empty_trash` removes the bytes
+    later. Why: unlinking a checkpoint's pages (its sandbox's memory) takes ~0.1 s per
+    50 MB here, which a resume or a fork would otherwise wait for."""
+    trash = Path(state_dir) / "checkpoints" / _TRASH
+    trash.mkdir(mode=0o700, exist_ok=True)
+    images.rename(trash / f"{images.name}-{secrets.token_hex(4)}")
+
+
+def empty_trash(state_dir: Path) -> None:
+    """Remove what :func:`discard` took away (a daemon that died first left it there:
+    the next discard's removal takes it too)."""
+    trash = Path(state_dir) / "checkpoints" / _TRASH
+    try:
+        entries = list(trash.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def images_bytes(state_dir: Path, tenant: str | None) -> int:

@@ -45,6 +45,7 @@ class LiveOps:
     if TYPE_CHECKING:
         layout: Layout
         snapshots: Snapshots
+        _tasks: set[asyncio.Task[Any]]
 
         owners: Owners
 
@@ -153,8 +154,12 @@ class LiveOps:
             images = self.checkpoint_images(id_or_name, owner=owner)
         except SnapshotNotFound:
             return False
-        if images is not None:
-            await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
+        if images is not None:  # gone at once; its bytes removed meanwhile
+            await asyncio.to_thread(checkpoint.discard, images, self.layout.state_dir)
+            task = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(checkpoint.empty_trash, self.layout.state_dir))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await self.snapshots.delete(id_or_name, owner=owner)
 
     def images_bytes(self, tenant: str | None) -> int:
