@@ -510,7 +510,15 @@ static int serve(int fd, int keep, int local) {
     struct pollfd pfds[3 + 4 * MAX_EXECS];
     struct { struct exec_state *e; int which; } owner[3 + 4 * MAX_EXECS];
     for (;;) {
-        if (ctl_dead) detach(&in);
+        /* The control socket failed. A restored copy's agent may write to the one CRIU
+           gave it before it reads the 'R' already waiting for it (the engine closes
+           that socket once 'R' is sent): take 'R' first, so the commands it names are
+           kept, not forgotten. */
+        if (ctl_dead) {
+            int took = take_ctl(&in);
+            if (took < 0) return 0;
+            if (took == 0) detach(&in);
+        }
         int n = 0;
         /* pfds[0] is the control socket (fd -1 while detached: poll skips it) */
         pfds[n++] = (struct pollfd){ctl, POLLIN, 0};
