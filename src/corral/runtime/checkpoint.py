@@ -38,6 +38,7 @@ from corral.runtime import criu, live_images
 DUMP_TIMEOUT_S = 120.0
 _NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
+_MAX_KDAT = 64 << 10  # CRIU's struct kerndat_s is a few KiB
 _TRASH = ".trash"  # deleted images, their bytes not removed yet (discard)
 # CRIU errors that are not the cause (it logs them and goes on)
 _NOISE = ("RLIMIT_NOFILE", "Dumping FAILED", "Dump files (pid", "Restoring FAILED")
@@ -157,6 +158,33 @@ def _kerndat_dir(state_dir: Path) -> Path:
     d = Path(state_dir) / "checkpoints" / ".kerndat"
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     return d
+
+
+def kdat_cache(state_dir: Path, binary: criu.Criu) -> Path:
+    """Where the engine keeps the kernel probes of ``binary`` for restores (launch.c,
+    ``seed_kdat``): one file per boot and CRIU build, in a directory of the daemon's."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    name = f"criu.kdat-{boot}-{binary.version_text}-{binary.patch_level}"
+    return _kerndat_dir(state_dir) / name
+
+
+def keep_kdat(launcher_pid: int, cache: Path) -> None:
+    """After a restore that had no probes to start from: keep those its CRIU (still the
+    sandbox's outer process) wrote in the tmpfs of its own ``/run``. Best effort."""
+    if cache.exists():
+        return
+    try:
+        fd = os.open(f"/proc/{launcher_pid}/root/run/criu.kdat", os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(_MAX_KDAT + 1)
+    except OSError:
+        return
+    if not data or len(data) > _MAX_KDAT:
+        return
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}-{secrets.token_hex(4)}")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(data)
+    os.replace(tmp, cache)
 
 
 def userns_owner(pid: int) -> int:

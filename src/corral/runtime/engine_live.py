@@ -177,6 +177,7 @@ class LiveOps:
         records = live_processes.read(live.images)
         dest = live.sandbox_dir / RESTORE_DIR
         await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+        live.kdat = str(checkpoint.kdat_cache(self.layout.state_dir, binary))
         live.program = tuple(live_images.restore_argv(
             binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
             ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
@@ -214,6 +215,7 @@ class LiveOps:
         child of CRIU that is still there after :data:`HELPERS_WAIT_S` is not one."""
         self._restore_done(live, ok=True)
         outer = slot.proc.pid
+        await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HELPERS_WAIT_S
         while True:
