@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from corral.runtime import criu
+from corral.runtime import checkpoint, criu
 from corral.runtime.paths import default_cache_dir
 
 ECHO = ["python3", "-u", "-c", "import sys\nn = 0\nfor line in sys.stdin:\n"
@@ -55,6 +55,11 @@ async def test_copies_keep_their_processes_under_the_same_ids(engine, criu_cache
         assert await echo.readline() == b"3 c\n"
         r = await engine.exec(copies[0].id, ["echo", "new"])  # new requests: fresh ids
         assert r.stdout == b"new\n"
+        # CRIU's kernel probes were kept for the next restores, out of the sandbox's reach
+        kdat = checkpoint.kdat_cache(engine.layout.state_dir, criu.find(default_cache_dir()))
+        assert kdat.stat().st_size > 0 and kdat.stat().st_mode & 0o077 == 0
+        r = await engine.exec(copies[0].id, ["sh", "-c", "ls /run/criu.kdat; ls -d /run/*"])
+        assert b"criu.kdat" not in r.stdout, r
     finally:
         for c in (*copies, sb):
             await engine.delete(c.id)
@@ -71,5 +76,20 @@ async def test_a_process_writing_all_the_time_is_kept(engine, criu_cached):
                 await mine.write(b"hi\n")
                 assert await asyncio.wait_for(mine.readline(), 30) == b"got hi\n"
                 await engine.delete(c.id)
+    finally:
+        await engine.delete(sb.id)
+
+
+async def test_a_hibernated_sandbox_resumes_with_its_processes(engine, criu_cached):
+    sb = await engine.create(network="none", checkpointable=True)
+    echo = await engine.spawn(sb.id, ECHO)
+    try:
+        await echo.write(b"a\n")
+        assert await echo.readline() == b"1 a\n"
+        await engine.hibernate(sb.id)
+        await engine.resume(sb.id)
+        again = engine.get_process(sb.id, echo.id)  # the same id, its memory (n) kept
+        await again.write(b"b\n")
+        assert await asyncio.wait_for(again.readline(), 30) == b"2 b\n"
     finally:
         await engine.delete(sb.id)
