@@ -93,3 +93,23 @@ async def test_a_hibernated_sandbox_resumes_with_its_processes(engine, criu_cach
         assert await asyncio.wait_for(again.readline(), 30) == b"2 b\n"
     finally:
         await engine.delete(sb.id)
+
+
+COUNTER = ["python3", "-u", "-c", "import time\ni = 0\nwhile True:\n"
+           "    i += 1\n    print(i, flush=True)\n    time.sleep(0.0005)"]
+
+
+async def test_a_copy_loses_none_of_a_writing_process_s_output(engine, criu_cached):
+    """Its unread output, what its agent had sent, what the copy's agent sent before
+    it took its new channel and after: the copy reads 1, 2, 3... with no gap."""
+    sb = await engine.create(network="none", checkpointable=True)
+    counter = await engine.spawn(sb.id, COUNTER)
+    try:
+        await asyncio.sleep(0.2)
+        (copy,) = await engine.fork(sb.id, 1, live=True)
+        mine = engine.get_process(copy.id, counter.id)
+        lines = [int(await asyncio.wait_for(mine.readline(), 30)) for _ in range(600)]
+        assert lines == list(range(1, 601))
+        await engine.delete(copy.id)
+    finally:
+        await engine.delete(sb.id)

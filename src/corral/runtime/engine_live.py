@@ -95,6 +95,7 @@ class LiveOps:
                     sandbox_id=sandbox_id, tenant=live.spec.tenant, launcher_pid=live.proc.pid,
                     uid=live.uid, freezer=live.cgroup.freezer_dir())
                 try:  # its interactive processes, as its copies' engines need them
+                    await live_processes.settle(live)
                     live_processes.write(images.path, live_processes.record(live))
                     staged = await self.snapshots.stage(
                         self.upper_dir(sandbox_id), None, source=sandbox_id, spec=live.spec,

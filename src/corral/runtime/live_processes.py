@@ -18,13 +18,15 @@ agent's frames for it would be a protocol violation. So:
   from the copy's own server.
 
 What is lost: bytes written to a process's stdin that the agent had not read when the
-sandbox was frozen, and output the agent had sent that the engine had not read yet
-(request/reply servers, read to the reply before the checkpoint, lose nothing). The
-engine does not enforce a spawn's ``timeout`` in a copy (the agent still does).
+sandbox was frozen (request/reply servers, read to the reply before the checkpoint,
+lose nothing), and a frame the agent was half-way through writing when frozen (what
+it had sent before is read first: :func:`settle`). The engine does not enforce a
+spawn's ``timeout`` in a copy (the agent still does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -51,6 +53,17 @@ _ID = re.compile(r"^proc-[0-9a-f]{12}$")
 _MAX_ARGV = 1 << 20
 UNREAD_KEPT = 1 << 20  # a process's unread output a copy gets (the first bytes)
 _MAX_FILE = 128 << 20
+SETTLE_S = 1.0  # settle: the engine's read of what a frozen agent had sent
+
+
+async def settle(live: Live, timeout: float = SETTLE_S) -> None:
+    """Let the engine read what the (frozen) agent had sent before the freeze: that
+    output is the processes' unread output in :func:`record`, not lost to the copies."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while live.channel is not None and live.channel.unread() and loop.time() < deadline:
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0)  # the read loop's turn for what it holds
 
 
 def record(live: Live) -> list[dict[str, Any]]:
