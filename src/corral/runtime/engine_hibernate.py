@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from corral.runtime.ownership import Owners
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
+    from corral.runtime.snapshots import Snapshots
 
 log = logging.getLogger("corral.runtime")
 
@@ -64,6 +65,7 @@ class HibernateOps:
         owners: Owners
         layout: Layout
         cgroups: CgroupDriver
+        snapshots: Snapshots
         cgroup_parent: str
         lifetime_cap: Callable[[SandboxInfo], float] | None
 
@@ -196,10 +198,13 @@ class HibernateOps:
         their checkpoints) are listed hibernated again, holding nothing but those."""
         for sid, snap_id in self.registry.hibernated_rows():
             info = self.registry.get(sid)
-            try:
-                images = self.checkpoint_images(snap_id, owner=None)
+            images = None
+            try:  # its own checkpoint only: its tenant's, taken of it
+                if info is not None and self.snapshots.get(
+                        snap_id, owner=info.spec.tenant).source_sandbox == sid:
+                    images = self.checkpoint_images(snap_id, owner=None)
             except CorralError:  # its snapshot row is gone
-                images = None
+                pass
             if info is None or images is None:
                 self.registry.set_state(sid, SandboxState.FAILED, "lost: the engine restarted "
                                         "and its hibernation checkpoint was gone")

@@ -1,0 +1,119 @@
+"""Attacks on a hibernated sandbox across a restart of its engine (docs/live.md,
+"Hibernate"; runtime/engine_hibernate.py).
+
+A hibernated sandbox holds no process: the next engine finds it by the checkpoint its
+registry row names. Another tenant must reach it no better than before the restart
+(every verb answers as for an unknown id, and it stays hibernated); images edited on
+disk while no engine ran restore confined or not at all; a row made to name another
+sandbox's checkpoint is not resumed from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.errors import CorralError, SandboxNotFound
+from corral.runtime.engine import Engine
+from corral.schema import SandboxState
+from tests.conftest import requires_root
+from tests.security.test_live_checkpoint import _drop_seccomp, _forge_userns, _need_criu
+
+pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(300)]
+
+ALICE, BOB = {"owner": "alice"}, {"owner": "bob"}
+
+
+async def _hibernated_then_reopened(state_dir, n: int = 1) -> tuple[Engine, list[str]]:
+    """``n`` of alice's sandboxes hibernated, then the engine closed (its sandboxes left
+    as they are) and a new one opened on the same state directory."""
+    first = await Engine.open(state_dir)
+    try:
+        ids = []
+        for _ in range(n):
+            sb = await first.create(network="none", checkpointable=True, tenant="alice")
+            await first.exec(sb.id, ["sh", "-c", "echo kept > /tmp/mine"])
+            await first.hibernate(sb.id, **ALICE)
+            ids.append(sb.id)
+    finally:
+        await first.close(stop_sandboxes=False)
+    return await Engine.open(state_dir), ids
+
+
+async def test_after_a_restart_another_tenant_reaches_no_hibernated_sandbox(state_dir):
+    _need_criu()
+    engine, [sid] = await _hibernated_then_reopened(state_dir)
+    try:
+        assert engine.get(sid, **ALICE).reason == "hibernated"
+        for verb in (engine.resume, engine.hibernate, engine.stop):
+            with pytest.raises(SandboxNotFound):
+                await verb(sid, **BOB)
+        with pytest.raises(SandboxNotFound):
+            engine.get(sid, **BOB)
+        with pytest.raises(SandboxNotFound):
+            await engine.exec(sid, ["true"], **BOB)
+        with pytest.raises(SandboxNotFound):
+            await engine.set_timeout(sid, 5, **BOB)
+        await engine.wake(sid, **BOB)  # nothing: not bob's
+        assert await engine.delete(sid, **BOB) is False
+        assert engine.list_snapshots(**BOB) == []
+        assert engine._get_live(sid).hibernated is not None  # still hibernated, hers
+        await engine.wake(sid, **ALICE)
+        r = await engine.exec(sid, ["cat", "/tmp/mine"], **ALICE)
+        assert r.stdout == b"kept\n"
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("forge", [_forge_userns, _drop_seccomp])
+async def test_images_edited_while_no_engine_ran_resume_confined_or_not_at_all(
+        state_dir, forge):
+    _need_criu()
+    first = await Engine.open(state_dir)
+    try:
+        sb = await first.create(network="none", checkpointable=True)
+        await first.hibernate(sb.id)
+        images = first.checkpoint_images(first._get_live(sb.id).hibernated)
+    finally:
+        await first.close(stop_sandboxes=False)
+    forge(images)
+    engine = await Engine.open(state_dir)
+    try:
+        try:
+            await engine.resume(sb.id)
+        except CorralError as exc:  # refused: it stays hibernated, nothing of it runs
+            assert exc.code, exc.message
+            info = engine.get(sb.id)
+            assert (info.state, info.reason) == (SandboxState.PAUSED, "hibernated")
+            assert not [i for i in engine.list() if i.state == SandboxState.RUNNING]
+        else:  # restored: as its new slot's own uid, confined
+            live = engine._get_live(sb.id)
+            pids = [p for p in live.cgroup.pids() if p != live.proc.pid]
+            uids = {int(open(f"/proc/{p}/status").read().split("Uid:")[1].split()[0])
+                    for p in pids}
+            assert uids == {live.uid} and 0 not in uids
+        assert await engine.delete(sb.id)
+    finally:
+        await engine.close()
+
+
+async def test_a_row_naming_another_sandboxs_checkpoint_is_not_resumed_from_it(state_dir):
+    """Two of alice's sandboxes hibernated; the registry row of one is edited (the
+    database is root's: a bug or a hand) to name the other's checkpoint: the next
+    engine does not resume one sandbox into another's processes, it fails it."""
+    _need_criu()
+    engine, (a, b) = await _hibernated_then_reopened(state_dir, n=2)
+    try:
+        other = engine._get_live(b).hibernated
+    finally:
+        await engine.close(stop_sandboxes=False)
+    first = await Engine.open(state_dir)
+    first.registry.set_hibernated(a, other)
+    await first.close(stop_sandboxes=False)
+    engine = await Engine.open(state_dir)
+    try:
+        info = engine.get(a)
+        assert info.state == SandboxState.FAILED, info
+        assert engine.get(b).reason == "hibernated"
+        await engine.wake(b, **ALICE)
+        assert (await engine.exec(b, ["cat", "/tmp/mine"])).stdout == b"kept\n"
+    finally:
+        await engine.close()
