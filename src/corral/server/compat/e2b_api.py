@@ -71,7 +71,13 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
+from corral.server.compat import (
+    e2b_envd,
+    e2b_files,
+    e2b_interpreter,
+    e2b_lifecycle,
+    e2b_watch,
+)
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.compat.e2b_network import egress_policy
@@ -272,14 +278,12 @@ def listed_json(info: SandboxInfo) -> dict[str, Any]:
 
 
 def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
-    pauses = info.spec.on_timeout == "hibernate"
     return {
         **listed_json(info),
         "envdAccessToken": ctx.door(request).mint(caller_of(request), info.id),
         "allowInternetAccess": info.spec.network != NetworkMode.NONE,
         "domain": None,
-        # a hibernated sandbox resumes on its next command (the service layer wakes it)
-        "lifecycle": {"onTimeout": "pause" if pauses else "kill", "autoResume": pauses},
+        "lifecycle": e2b_lifecycle.lifecycle_json(info.spec),
     }
 
 
@@ -350,7 +354,9 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         raise _refuse("volume_mounts", "copy files in with sandbox.files.write()")
     if req.iam:
         raise _refuse("iam", "corral sandboxes have no workload identity")
-    auto_pause = _auto_pause(req)
+    auto_pause = e2b_lifecycle.auto_pause(
+        pause=req.autoPause, memory=req.autoPauseMemory, resume=req.autoResume,
+        networked=bool(req.network or req.allow_internet_access))
     network: NetworkMode | dict[str, list[str]] = NetworkMode.NONE
     if req.network:
         network = egress_policy(req.network)
@@ -379,26 +385,6 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         # lifecycle on_timeout="pause": its timeout hibernates it (docs/live.md)
         "on_timeout": "hibernate" if auto_pause else "stop",
     })
-
-
-def _auto_pause(req: NewSandbox) -> bool:
-    """``lifecycle={"on_timeout": "pause"}`` (``autoPause``): the timeout hibernates the
-    sandbox, which is then made checkpointable; refused where corral cannot keep its
-    memory (CRIU dumps a sandbox on loopback alone) or would not do as asked."""
-    if not req.autoPause:
-        return False
-    if req.autoPauseMemory is False:
-        raise _refuse("lifecycle on_timeout mode='filesystem'", "corral's auto-pause keeps "
-                      "the memory too (mode='full', the default)")
-    if req.network or req.allow_internet_access:
-        raise _refuse("lifecycle on_timeout='pause' with internet access or a network "
-                      "policy", "corral hibernates (checkpoints) only a sandbox without "
-                      "network; leave allow_internet_access and network unset, or use "
-                      "on_timeout='kill'")
-    if isinstance(req.autoResume, dict) and req.autoResume.get("enabled") is False:
-        raise _refuse("lifecycle auto_resume=False", "a corral sandbox paused at its "
-                      "timeout resumes on its next command; leave auto_resume unset or True")
-    return True
 
 
 # --------------------------------------------------------------- handlers
