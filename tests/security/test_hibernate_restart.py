@@ -5,13 +5,18 @@ A hibernated sandbox holds no process: the next engine finds it by the checkpoin
 registry row names. Another tenant must reach it no better than before the restart
 (every verb answers as for an unknown id, and it stays hibernated); images edited on
 disk while no engine ran restore confined or not at all; a row made to name another
-sandbox's checkpoint is not resumed from it."""
+sandbox's checkpoint is not resumed from it. Hibernating is no way around a maximum
+lifetime (``on_timeout="hibernate"`` cycles end there), and the checkpoint a sandbox
+sleeps in cannot be deleted from under it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
-from corral.errors import CorralError, SandboxNotFound
+from corral.errors import CorralError, InvalidState, SandboxNotFound
 from corral.runtime.engine import Engine
 from corral.schema import SandboxState
 from tests.conftest import requires_root
@@ -117,3 +122,44 @@ async def test_a_row_naming_another_sandboxs_checkpoint_is_not_resumed_from_it(s
         assert (await engine.exec(b, ["cat", "/tmp/mine"])).stdout == b"kept\n"
     finally:
         await engine.close()
+
+
+async def test_hibernating_at_each_timeout_does_not_outlive_the_maximum_lifetime(engine):
+    """A sandbox whose timeout hibernates it, woken again each time, gets a fresh
+    lifetime only within its owner's maximum counted from its create (the server's
+    ``lifetime_cap``, as ``SandboxService.lifetime_left``): then its resume is refused,
+    typed, and it stays hibernated (deletable)."""
+    _need_criu()
+    maximum = 5.0
+    engine.lifetime_cap = lambda info: maximum - (time.time() - info.created_at)
+    sb = await engine.create(network="none", checkpointable=True, timeout=2.0,
+                             on_timeout="hibernate")
+    for _ in range(20):  # bounded: each round is at least its 2 s lifetime
+        for _ in range(600):
+            if engine.get(sb.id).reason == "hibernated":
+                break
+            await asyncio.sleep(0.1)
+        try:
+            await engine.wake(sb.id)
+        except InvalidState as exc:
+            assert exc.details["cause"] == "max_lifetime", exc.message
+            break
+        assert engine.get(sb.id).spec.timeout <= maximum
+    else:
+        raise AssertionError("woken past its maximum lifetime")
+    assert time.time() - engine.get(sb.id).created_at >= maximum
+    assert engine.get(sb.id).reason == "hibernated"
+    assert await engine.delete(sb.id)
+
+
+async def test_the_checkpoint_a_sandbox_sleeps_in_cannot_be_deleted_from_under_it(engine):
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, **ALICE)
+    [snap] = engine.list_snapshots(**ALICE)
+    assert await engine.delete_snapshot(snap.id, **BOB) is False  # another's: unknown
+    with pytest.raises(InvalidState):
+        await engine.delete_snapshot(snap.id, **ALICE)
+    await engine.wake(sb.id, **ALICE)  # still resumable
+    assert (await engine.exec(sb.id, ["true"], **ALICE)).returncode == 0
+    assert await engine.delete(sb.id, **ALICE)
