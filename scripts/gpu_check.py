@@ -95,6 +95,10 @@ CANDIDATES = {
         relu_scale[(triton.cdiv(y.numel(), 1024),)](y, y.numel(), self.scale, BLOCK=1024)
         return y
 """,
+    "fused": HEAD + """
+    def forward(self, a, b):
+        return torch.addmm(self.bias, a, b).relu_().mul_(self.scale)
+""",
     "wrong": HEAD + """
     def forward(self, a, b):
         return (a @ b + self.bias) * self.scale
@@ -281,6 +285,10 @@ async def main() -> int:
     try:
         images = [i.name for i in engine.images.list()]
         record("images", images)
+        if os.environ.get("KERNELS"):  # a second run: only these candidates
+            await step("kernel_rewards", _kernels(engine, "hostroot",
+                                                  os.environ["KERNELS"].split(",")))
+            images = []
         for image in [i for i in ("hostroot", "python") if i in images]:
             gpu = await step(f"{image}_create_gpus1", engine.create(
                 image=image, gpus=1, **big, **mounts(image)))
@@ -340,7 +348,7 @@ async def _shared(engine, image):
             await engine.delete(s.id)
 
 
-async def _kernels(engine, image):
+async def _kernels(engine, image, only=None):
     """corral.rl.kernel's judge in a GPU sandbox, as kernel_reward runs it (through the
     engine here: no daemon on this machine), for honest candidates and hacks; and the
     same judge run unsandboxed on the host for its overhead."""
@@ -348,6 +356,8 @@ async def _kernels(engine, image):
 
     out = {}
     for name, source in CANDIDATES.items():
+        if only and name not in only:
+            continue
         payload = kernel_payload(source, REFERENCE, device="cuda", trials=3, timing_inputs=4,
                                  repeats=10, timeout=90)
         t = time.perf_counter()
@@ -364,7 +374,7 @@ async def _kernels(engine, image):
                      "cand_ms": o.candidate_ms, "wall_s": round(time.perf_counter() - t, 2),
                      "stderr": r.stderr.decode(errors="replace")[-400:]}
         print(f"   kernel {name}: {out[name]}", flush=True)
-    for name in ("same", "fast_tf32"):  # the judge's overhead: the same check, unsandboxed
+    for name in (only or ("same", "fast_tf32"))[:2]:  # the judge's overhead: the same check, unsandboxed
         payload = kernel_payload(CANDIDATES[name], REFERENCE, device="cuda", trials=3,
                                  timing_inputs=4, repeats=10, timeout=240)
         t = time.perf_counter()
