@@ -20,8 +20,8 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from corral.errors import InvalidArgument
@@ -166,17 +166,20 @@ class SandboxSpec(BaseModel):
                 raise ValueError(f"invalid secret name or value: {k!r}")
         return secrets
 
-    @model_validator(mode="after")
-    def _hibernates(self) -> "SandboxSpec":
-        if self.on_timeout == "hibernate":
-            if not self.checkpointable:
-                raise ValueError("on_timeout='hibernate' needs checkpointable=True (its "
-                                 "processes are saved with CRIU: docs/live.md)")
-            if self.network != NetworkMode.NONE or self.volumes or self.gpus:
-                raise ValueError("on_timeout='hibernate': a sandbox with a network, volumes "
-                                 "or GPUs cannot be checkpointed; use network='none' and "
-                                 "neither volumes nor GPUs, or on_timeout='stop'")
-        return self
+    @field_validator("on_timeout")
+    @classmethod
+    def _hibernates(cls, v: str, info: ValidationInfo) -> str:
+        if v == "hibernate":  # (the fields it depends on are declared, so checked, first)
+            if not info.data.get("checkpointable"):
+                raise ValueError("'hibernate' needs checkpointable=True (its processes "
+                                 "are saved with CRIU: docs/live.md)")
+            if (info.data.get("network", NetworkMode.NONE) != NetworkMode.NONE
+                    or info.data.get("volumes")
+                    or info.data.get("gpus")):
+                raise ValueError("'hibernate': a sandbox with a network, volumes or GPUs "
+                                 "cannot be checkpointed; use network='none' and neither "
+                                 "volumes nor GPUs, or on_timeout='stop'")
+        return v
 
     def secret_env(self) -> dict[str, str]:
         """The secrets as environment variables, in clear (for commands only)."""

@@ -11,12 +11,13 @@ import stat
 
 import pytest
 
-from corral.errors import InvalidState, Unsupported
+from corral.errors import InvalidArgument, InvalidState, Unsupported
 from corral.runtime import checkpoint, criu
 from corral.runtime.engine import Engine
 from corral.runtime.layer_fetch import LayerFetcher
 from corral.runtime.paths import default_cache_dir
 from corral.runtime.terminal import TerminalSize
+from corral.schema import SandboxSpec
 
 COUNTER = (
     "nohup python3 -c 'import time\nb = bytearray(8 << 20)\ni = 0\nwhile True:\n"
@@ -295,3 +296,14 @@ async def test_on_timeout_hibernate_hibernates_at_the_timeout_and_wakes_with_a_n
     await engine.set_timeout(sb.id, 600)  # (not hibernated again while it is checked)
     assert await count(engine, sb.id) >= before
     await engine.delete(sb.id)
+
+
+@pytest.mark.parametrize("kw", [{}, {"checkpointable": True, "network": "host"},
+                                {"checkpointable": True, "volumes": {"/data": "v"}},
+                                {"checkpointable": True, "gpus": 1}])
+def test_on_timeout_hibernate_needs_what_criu_can_dump(kw):
+    """Refused at create, typed and naming the field, not when the timeout comes."""
+    with pytest.raises(InvalidArgument) as err:
+        SandboxSpec.parse(on_timeout="hibernate", **kw)
+    assert "on_timeout" in err.value.message
+    assert SandboxSpec.parse(on_timeout="hibernate", checkpointable=True).checkpointable
