@@ -437,7 +437,9 @@ def test_suspend_hibernates_a_sandbox_without_network(daemon_ok):
     assert out["status"] == "suspended"
     with uds_client(daemon_ok.socket) as c:
         info = c.get(f"/v1/sandboxes/{out['id']}").json()
-    assert (info["state"], info["reason"]) == ("paused", "hibernated"), info
+    hibernated = (info["state"], info["reason"]) == ("paused", "hibernated")
+    assert hibernated, [line for line in daemon_ok.log.read_text().splitlines()
+                        if "could not hibernate" in line]
     again = run_script(daemon_ok, f"""
         client = SandboxClient(_internal=True)
         client.resume({out["id"]!r})

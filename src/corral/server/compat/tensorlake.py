@@ -32,7 +32,7 @@ mounts, exposed ports, egress allow/deny lists, resizing, pool updates, logs.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -91,6 +91,8 @@ from corral.server.compat.tensorlake_scope import namespace, sandbox_url
 from corral.server.context import unless_gone
 from corral.server.service import Abandoned
 from corral.server.wire import read_json
+
+log = logging.getLogger("corral.server")
 
 SERVICE = "Tensorlake"
 MAX_COPIES = 1000
@@ -270,8 +272,11 @@ async def suspend_sandbox(request: Request) -> Response:
     target, verbs = _target(request), ctx.sandboxes(request)
     info = None
     if target.spec.checkpointable and target.state == SandboxState.RUNNING:
-        with contextlib.suppress(Unsupported):
+        try:
             info = await verbs.hibernate(target.id)
+        except Unsupported as exc:  # no CRIU here, or a process it refuses: frozen
+            log.warning("suspend of sandbox %s froze it: it could not hibernate (%s)",
+                        target.id, exc.message)
     if info is None:
         info = await verbs.pause(target.id)
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
