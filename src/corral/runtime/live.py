@@ -68,6 +68,7 @@ class Live:
     program: tuple[str, ...] = ()  # run as root in place of bubblewrap: CRIU's restore
     kdat: str = ""  # CRIU's kernel probes for that restore (checkpoint.kdat_cache)
     hibernated: str | None = None  # its processes are this checkpoint's (engine_hibernate)
+    hibernating: bool = False  # by its timeout, now (on_timeout="hibernate")
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""
