@@ -278,6 +278,7 @@ async def _restored_netns(slot: Slot, timeout: float = RESTORE_NETNS_TIMEOUT_S) 
     ours = os.stat("/proc/self/ns/net").st_ino
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    pause = 0.002  # then longer: the CPU it takes from the restores of a fork (~0.1 s)
     while slot.proc.poll() is None and loop.time() < deadline:
         try:
             children = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
@@ -286,6 +287,7 @@ async def _restored_netns(slot: Slot, timeout: float = RESTORE_NETNS_TIMEOUT_S) 
                 return f"/proc/{children[0]}/ns/net"
         except OSError:
             pass  # a child that came and went: look again
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 0.01)
     raise SandboxStartError("CRIU's restore ended (or stalled) before the sandbox's "
                             "network namespace existed")
