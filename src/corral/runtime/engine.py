@@ -404,8 +404,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
         adopted: list[dict[str, Any]] = []  # a restored copy's processes (live_processes)
+        old = None  # the control socket a restored agent had until it took its new one
         if live.images is not None:  # a live checkpoint's restore (engine_live.py)
-            adopted = await self._launch_restore(live, slot, lowers)
+            adopted, old = await self._launch_restore(live, slot, lowers)
         elif spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
             slot.launch(self._launch_args(live, slot, lowers))
             await slot.take_local_channels()
@@ -413,6 +414,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
         streams = live_processes.adopt_streams(channel, adopted)
+        if old is not None:  # their output sent on it comes first
+            await live_processes.drain_old(old, channel, streams)
         if slot.go_fd >= 0:
             slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()

@@ -175,11 +175,12 @@ class LiveOps:
         """Disk held by ``tenant``'s live snapshots' process images (its snapshot quota)."""
         return checkpoint.images_bytes(self.layout.state_dir, tenant)
 
-    async def _launch_restore(self, live: Live, slot: Slot,
-                              lowers: list[Path]) -> list[dict[str, Any]]:
+    async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]
+                              ) -> tuple[list[dict[str, Any]], socket.socket]:
         """Start CRIU's restore of ``live.images`` in ``slot`` and give the restored agent
         a new control socket (it answers READY on it); the records of the interactive
-        processes it keeps (:mod:`~corral.runtime.live_processes`)."""
+        processes it keeps (:mod:`~corral.runtime.live_processes`), and the control
+        socket it was restored with (:func:`~corral.runtime.live_processes.drain_old`)."""
         assert live.images is not None and slot.reattach is not None
         binary = criu.require(self.layout.cache_dir)
         meta = live_images.read_meta(live.images)
@@ -211,10 +212,10 @@ class LiveOps:
         finally:
             theirs.close()
             r_theirs.close()
-        slot.sock.close()
+        old = slot.sock
         slot.reattach.close()
         slot.sock, slot.reattach = ours, r_ours
-        return records
+        return records, old
 
     async def _restored(self, live: Live, slot: Slot) -> None:
         """The restored agent answered: drop the staged images and check that every

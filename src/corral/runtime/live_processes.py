@@ -32,6 +32,7 @@ import itertools
 import json
 import os
 import re
+import socket
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,14 @@ from corral.runtime.agentconn import Deadline
 from corral.runtime.channel import AgentChannel, ExecStream
 from corral.runtime.process_start import keep
 from corral.runtime.processes import Process, ProcessEngine, ProcessState, kept
+from corral.runtime.protocol import (
+    HEADER,
+    Fields,
+    Msg,
+    ProtocolViolation,
+    check_header,
+    validate,
+)
 from corral.runtime.terminal import TerminalSize
 
 if TYPE_CHECKING:
@@ -53,6 +62,7 @@ _ID = re.compile(r"^proc-[0-9a-f]{12}$")
 _MAX_ARGV = 1 << 20
 UNREAD_KEPT = 1 << 20  # a process's unread output a copy gets (the first bytes)
 _MAX_FILE = 128 << 20
+OLD_SOCKET_WAIT_S = 5.0  # drain_old: a restored agent's READY on its old socket
 SETTLE_S = 1.0  # settle: the engine's read of what a frozen agent had sent
 
 
@@ -61,9 +71,13 @@ async def settle(live: Live, timeout: float = SETTLE_S) -> None:
     output is the processes' unread output in :func:`record`, not lost to the copies."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while live.channel is not None and live.channel.unread() and loop.time() < deadline:
+
+    def pending() -> bool:  # in the socket, or read and not yet in a process's buffer
+        return (live.channel is not None and live.channel.unread()) or any(
+            not p._stream.queue.empty() for p in kept(live) if p.state == ProcessState.RUNNING)
+
+    while pending() and loop.time() < deadline:
         await asyncio.sleep(0.001)
-    await asyncio.sleep(0)  # the read loop's turn for what it holds
 
 
 def record(live: Live) -> list[dict[str, Any]]:
@@ -159,6 +173,42 @@ def adopt_streams(channel: AgentChannel, records: list[dict[str, Any]]) -> dict[
         channel.last_id = max(channel.last_id, top)
         channel.ids = itertools.count(channel.last_id + 1)
     return streams
+
+
+async def drain_old(old: socket.socket, channel: AgentChannel,
+                    streams: dict[int, ExecStream], timeout: float = OLD_SOCKET_WAIT_S) -> None:
+    """Read what the restored agent sent on the control socket CRIU gave it (output it
+    had read from a process's pipe when it was frozen), up to the READY it sends there
+    once it has its new channel (agent.c, ``R``): the adopted commands' output goes to
+    their streams first, checked as on the new channel; any other request's is
+    dropped; then ``old`` is closed. Anything that does not parse (the end of a frame
+    the agent was half-way through when frozen, whose start went to the original's
+    engine) ends the read there: what follows on it is lost, the copy is not. An agent
+    of an older build sends no READY there: after ``timeout``, the same."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=old)
+    except OSError:
+        old.close()
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                length, msg, rid = HEADER.unpack(await reader.readexactly(HEADER.size))
+                check_header(length, msg)  # before a byte of the payload is read
+                payload = await reader.readexactly(length) if length else b""
+                if msg == Msg.READY:
+                    return
+                stream = streams.get(rid)
+                if stream is not None and channel.streams.get(rid) is stream:
+                    fields = Fields(payload)
+                    validate(msg, fields)
+                    channel._on_stream(stream, msg, fields)
+    except (TimeoutError, ProtocolViolation, asyncio.IncompleteReadError, OSError):
+        pass
+    except Exception:  # noqa: BLE001 - a frame our checks missed: still not one to trust
+        pass
+    finally:
+        writer.transport.abort()
 
 
 def adopt(engine: ProcessEngine, live: Live, records: list[dict[str, Any]],

@@ -81,6 +81,7 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <linux/capability.h>
 #include <time.h>
@@ -215,8 +216,17 @@ static void send_frame(uint8_t type, uint32_t id, const struct buf *payload) {
     memcpy(hdr, &len, 4);
     hdr[4] = (char)type;
     memcpy(hdr + 5, &id, 4);
-    write_all(ctl, hdr, 9);
-    if (len) write_all(ctl, payload->p, len);
+    /* Header and payload in one write where the socket has room: a sandbox frozen for a
+       checkpoint is then never between the two, which would leave its copies' agents
+       the end of a frame whose start went to the original's engine (live_processes). */
+    if (ctl < 0 || ctl_dead) return;
+    struct iovec iov[2] = {{hdr, 9}, {len ? payload->p : NULL, len}};
+    ssize_t w;
+    do w = writev(ctl, iov, len ? 2 : 1); while (w < 0 && errno == EINTR);
+    size_t done = w > 0 ? (size_t)w : 0; /* an error: write_all below says what to do */
+    if (done < 9) write_all(ctl, hdr + done, 9 - done);
+    if (len && done < 9 + (size_t)len)
+        write_all(ctl, payload->p + (done > 9 ? done - 9 : 0), len - (done > 9 ? done - 9 : 0));
 }
 
 /* An error with a message of our own (no strerror appended). */
@@ -437,6 +447,9 @@ static int take_ctl(struct buf *in) {
     if (got >= 0 && byte == 'R' && swap < 0) { close(got); got = -1; } /* both or none */
     if (got < 0) { if (swap >= 0) close(swap); return 0; }
     if (swap >= 0) { close(reattach); reattach = swap; }
+    /* A restored copy's: what it sent on the control socket CRIU gave it (output it had
+       read before the freeze) is read by the engine up to this READY, then dropped. */
+    if (byte == 'R' && ctl >= 0) send_frame(RSP_READY, 0, NULL);
     /* an engine that took over while the old end lingered; a restored copy's */
     if (ctl >= 0) detach_keeping(in, keep, nkeep);
     ctl = got;
