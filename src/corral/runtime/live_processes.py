@@ -17,11 +17,13 @@ agent's frames for it would be a protocol violation. So:
   id** on the copy's record (:func:`adopt`): ``copy.process(id)`` writes to and reads
   from the copy's own server.
 
-What is lost: bytes written to a process's stdin that the agent had not read when the
-sandbox was frozen (request/reply servers, read to the reply before the checkpoint,
-lose nothing), and a frame the agent was half-way through writing when frozen (what
-it had sent before is read first: :func:`settle`). The engine does not enforce a
-spawn's ``timeout`` in a copy (the agent still does).
+Output is carried whole: what the frozen agent had sent is read first (:func:`settle`),
+what a copy's agent sends before it has its new channel is read from the socket CRIU
+gave it (:func:`drain_old`). What is lost: bytes written to a process's stdin that the
+agent had not read when the sandbox was frozen (request/reply servers, read to the
+reply before the checkpoint, lose nothing), and the end of a frame larger than the
+socket's room at the freeze. The engine does not enforce a spawn's ``timeout`` in a
+copy (the agent still does).
 """
 
 from __future__ import annotations
