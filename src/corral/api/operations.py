@@ -195,8 +195,9 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "delete_volume", "DELETE", "/v1/volumes/{name}",
-        "Remove a volume no running sandbox mounts", status=204,
-        errors=(VolumeNotFound, InvalidState, StorageFull), routing=Routing.HOME,
+        "Remove a volume no running sandbox mounts (on a cluster: its copies too)",
+        status=204,
+        errors=(VolumeNotFound, InvalidState, StorageFull), routing=Routing.EVERYWHERE,
     ),
     Operation(
         "expose_port", "POST", _SB + "/ports",

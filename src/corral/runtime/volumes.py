@@ -6,7 +6,7 @@ sees them as its own through its idmapping)::
 
     <state>/volumes/<owner>/<name>/data        the tree
     <state>/volumes/<owner>/<name>/meta.json   {"name", "size_bytes", "files", "created_at",
-                                                "max_mb"}
+                                                "max_mb", "home", "content", "generation"}
     <state>/volumes/<owner>/<name>/volume.img  with max_mb: an ext4 of max_mb MiB, mounted
                                                (loop) at data while the host is up
 
@@ -24,17 +24,25 @@ again on first use after a reboot): ``rw`` writers share at most ``max_mb`` MiB 
 inodes in proportion, and a full one is ``ENOSPC`` inside (:class:`VolumeFull` from
 the file API), whatever the writer does (sparse files, hard links, millions of empty
 files). It counts ``max_mb`` against the owner's quota, the space it may grow to.
+
+On a cluster a volume travels (:mod:`corral.runtime.volume_travel`): a node that mounts
+another node's volume holds a *copy* (``home``: that node), which is never mounted
+``rw``; ``content`` is the digest it travels by, dropped (and ``generation`` counted
+up) whenever a writer mounts the volume ``rw``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from corral.errors import (
     Forbidden,
@@ -45,12 +53,16 @@ from corral.errors import (
     VolumeNotFound,
 )
 from corral.runtime.diskimage import mkfs
+from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
 ADMIN_DIR = "_admin"
 IMAGE = "volume.img"
+META = "meta.json"
+CONTENT = "content"  # {"digest", "size_bytes"} of the tree as it travels (volume_travel.py)
+GENERATION = "generation"  # counts rw mounts: a content digest kept is of one generation
 MIN_MB, MAX_MB = 8, 1 << 22  # a capped volume's size limits (ext4 wants a few MiB)
 
 
@@ -115,6 +127,7 @@ class Volumes:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._lock = threading.Lock()  # read-modify-write of a meta.json
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -122,27 +135,55 @@ class Volumes:
     def data_dir(self, owner: str | None, name: str) -> Path:
         return self._dir(owner, name) / "data"
 
+    def owner_root(self, owner: str | None) -> Path:
+        """Where ``owner``'s volumes are (made on first use)."""
+        base = self.root / _owner_dir(owner)
+        base.mkdir(parents=True, exist_ok=True, mode=0o711)
+        return base
+
     def create(self, owner: str | None, name: str, archive: Path, *,
                check: Callable[[str | None, int], None] | None = None,
                max_mb: int | None = None) -> VolumeInfo:
         """A new volume ``name`` of ``owner`` from the tar file ``archive``; ``check``
         (owner, bytes) may refuse it (a quota) before it appears; ``max_mb``: a volume
         that never holds more (see the module's docstring)."""
+        return self._publish(owner, name, lambda data: apply_layer(data, archive),
+                             check=check, max_mb=max_mb)
+
+    def adopt(self, owner: str | None, name: str, tree: Path, *, home: str,
+              content: dict[str, Any], max_mb: int | None,
+              check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+        """The copy of node ``home``'s volume ``name`` from ``tree`` (received and
+        checked against ``content``'s digest: :mod:`corral.runtime.volume_travel`),
+        moved in; an older copy here is replaced (its caller made sure none mounts it)."""
+        def fill(data: Path) -> None:
+            data.rmdir()
+            os.rename(tree, data)
+            lost = data / "lost+found"  # an ext4 volume's: mkfs makes its own
+            if max_mb is not None and lost.is_dir() and not any(lost.iterdir()):
+                lost.rmdir()
+
+        return self._publish(owner, name, fill, check=check, max_mb=max_mb, home=home,
+                             extra={CONTENT: content}, replace=True)
+
+    def _publish(self, owner: str | None, name: str, fill: Callable[[Path], None], *,
+                 check: Callable[[str | None, int], None] | None, max_mb: int | None,
+                 home: str | None = None, extra: dict[str, Any] | None = None,
+                 replace: bool = False) -> VolumeInfo:
         if max_mb is not None and not MIN_MB <= max_mb <= MAX_MB:
             raise InvalidArgument(f"invalid max_mb {max_mb}: use {MIN_MB}-{MAX_MB}",
                                   details={"field": "max_mb"})
         final = self._dir(owner, name)
-        if final.exists():
+        if final.exists() and not replace:
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
                                f"{name}) or pick another name", details={"volume": name})
-        final.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.owner_root(owner)))
         try:
             (work / "data").mkdir()
-            apply_layer(work / "data", archive)
+            fill(work / "data")
             size, files = _canonical(work / "data")
             info = VolumeInfo(name=name, size_bytes=size, files=files, created_at=time.time(),
-                              max_mb=max_mb)
+                              max_mb=max_mb, home=home)
             if max_mb is not None and size > max_mb << 20:
                 raise VolumeFull(f"the archive holds {size} bytes, over the volume's max_mb "
                                  f"({max_mb}): give a larger max_mb",
@@ -151,8 +192,11 @@ class Volumes:
                 check(owner, reserved_bytes(info))
             if max_mb is not None:
                 _make_image(work, max_mb)
-            (work / "meta.json").write_text(info.model_dump_json())
+            (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
+                                                 **(extra or {})}))
             os.chmod(work, 0o711)
+            if replace and final.exists():
+                self.remove(owner, name, in_use=False)
             os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
@@ -177,16 +221,15 @@ class Volumes:
             return []
         out = []
         for d in sorted(base.iterdir()):
-            if not d.name.startswith(".") and (d / "meta.json").exists():
-                out.append(VolumeInfo.model_validate_json((d / "meta.json").read_text()))
+            if not d.name.startswith(".") and (d / META).exists():
+                out.append(VolumeInfo.model_validate_json((d / META).read_text()))
         return out
 
     def get(self, owner: str | None, name: str) -> VolumeInfo:
-        meta = self._dir(owner, name) / "meta.json"
+        meta = self._dir(owner, name) / META
         if not meta.exists():
             raise VolumeNotFound(f"no volume {name!r} here: create it with corral volume "
-                                 f"create {name} --from DIR (on a cluster, on each node that "
-                                 "mounts it: volumes do not travel between nodes yet)",
+                                 f"create {name} --from DIR (`corral volume ls` lists yours)",
                                  details={"volume": name})
         return VolumeInfo.model_validate_json(meta.read_text())
 
@@ -201,6 +244,24 @@ class Volumes:
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+    def meta(self, owner: str | None, name: str) -> dict[str, Any]:
+        """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""
+        self.get(owner, name)
+        found: dict[str, Any] = json.loads((self._dir(owner, name) / META).read_text())
+        return found
+
+    def set_meta(self, owner: str | None, name: str, meta: dict[str, Any]) -> None:
+        _write_atomic(self._dir(owner, name) / META, json.dumps(meta))
+
+    def changing(self, owner: str | None, name: str) -> None:
+        """A writer mounts the volume: the content digest kept for travel no longer
+        holds; the next generation's is computed when a peer asks."""
+        with self._lock:
+            meta = self.meta(owner, name)
+            meta.pop(CONTENT, None)
+            meta[GENERATION] = int(meta.get(GENERATION) or 0) + 1
+            self.set_meta(owner, name, meta)
 
     def used_bytes(self, owner: str | None) -> int:
         return sum(reserved_bytes(v) for v in self.of(owner))
@@ -221,6 +282,12 @@ class Volumes:
                 path = source
             else:
                 info = self.get(owner, source)
+                if mode == "rw" and info.home is not None:
+                    raise InvalidState(
+                        f"volume {dest}: {source!r} here is a copy of node {info.home}'s "
+                        "(volumes travel read-only): mount it rw on that node (node=..., "
+                        "or leave node out: the cluster client places it there)",
+                        details={"volume": source, "home": info.home, "cause": "copy"})
                 if mode == "rw" and owner is not None and info.max_mb is None:
                     # its writes land on the host's disk, capped by nothing: one sandbox
                     # could fill the disk every tenant's state is on
@@ -230,6 +297,8 @@ class Volumes:
                         f"(corral volume create {source} --max-mb N)",
                         details={"field": "volumes", "volume": source})
                 self.ensure_mounted(owner, source)
+                if mode == "rw":
+                    self.changing(owner, source)
                 path = str(self.data_dir(owner, source))
             out.append((mode, path, dest))
         return out

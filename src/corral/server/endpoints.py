@@ -57,6 +57,7 @@ from corral.server.peer_layers import (
     peer_snapshot,
     peer_stats,
 )
+from corral.server.peer_volumes import fetch_own_volume, peer_volume
 from corral.server.processes import (
     exchange,
     exchange_many,
@@ -135,7 +136,7 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     snapshot_sandbox, stat_file, stop_sandbox, upload_file, create_token, list_tokens,
     revoke_token, update_token, create_volume, delete_volume, get_volume, list_volumes,
     create_network, list_networks, get_network, delete_network, create_upload, patch_upload,
-    upload_state, abandon_upload,
+    upload_state, abandon_upload, fetch_own_volume, peer_volume,
 )}
 """Each operation's handler, by the operation's name (the handler's own)."""
 

@@ -90,6 +90,7 @@ class Router:
         self._waiting_gpus: Counter[float] = Counter()  # of which how many ask for N GPUs
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.volumes_at: set[tuple[str, str]] = set()  # (node id, volume) brought there
         self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     def request(
@@ -206,12 +207,15 @@ class Router:
 
     def _create(self, kwargs: dict[str, Any], node: str | None, stream: bool) -> httpx.Response:
         body = kwargs.get("json") or {}
+        if node is None and body.get("volumes"):  # a volume mounted rw: on its home
+            node = _travel.rw_home(self, body["volumes"])
         if node is not None:
             target = SyncBackend.run_blocking(self.directory.pinned, node)
             if body.get("snapshot"):
                 _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _travel.bring_volumes(self, target, body.get("volumes"))
             _leases.take_where_placed(self, target, body)
             return self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
@@ -225,6 +229,7 @@ class Router:
             else:
                 target = _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _travel.bring_volumes(self, target, body.get("volumes"))
             _leases.take_where_placed(self, target, body)
             return self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
