@@ -360,7 +360,8 @@ class UploadCreate(_Body):
 
 class UploadState(_Body):
     upload_id: str
-    sandbox_id: str
+    sandbox_id: str | None = None  # an upload into a sandbox...
+    volume: str | None = None  # ...or into a volume (docs/network.md)
     path: str
     size: int
     offset: int = Field(description="bytes received: the next PATCH's Upload-Offset")

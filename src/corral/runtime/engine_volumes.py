@@ -10,9 +10,11 @@ from one.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from corral.errors import InvalidState, VolumeFull
 from corral.runtime import volume_travel
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.volume_schema import VolumeInfo
@@ -61,6 +63,43 @@ class VolumeOps:
         path = str(self.volumes.data_dir(owner, name))
         return any(src == path and mode in modes
                    for live in self._live.values() for mode, src, _ in live.volumes)
+
+    def check_volume_upload(self, name: str, size: int, *, owner: OwnerArg = UNSET
+                            ) -> VolumeInfo:
+        """Whether a file of ``size`` bytes may be uploaded into ``owner``'s volume
+        ``name`` (:mod:`corral.server.volume_uploads`): made here, mounted by no running
+        sandbox ro or cow, and within the owner's quota or the volume's ``max_mb``."""
+        owner = self.owners.of(owner)
+        info = self._writable(owner, name)
+        if info.max_mb is None:
+            self._volume_quota(owner, size)
+        else:
+            self.volumes.ensure_mounted(owner, name)
+            vfs = os.statvfs(self.volumes.data_dir(owner, name))
+            if size > vfs.f_bavail * vfs.f_frsize:
+                raise VolumeFull(f"{size} bytes do not fit volume {name!r} (max_mb "
+                                 f"{info.max_mb}): remove files from it or make a larger one",
+                                 details={"volume": name, "max_mb": info.max_mb})
+        return info
+
+    async def write_volume_file(self, name: str, path: str, source: Path, mode: int, *,
+                                owner: OwnerArg = UNSET) -> None:
+        """Put the host file ``source`` at ``path`` in ``owner``'s volume ``name``."""
+        owner = self.owners.of(owner)
+        self._writable(owner, name)
+        await asyncio.to_thread(self.volumes.write_file, owner, name, path, source, mode)
+
+    def _writable(self, owner: str | None, name: str) -> VolumeInfo:
+        info = self.volumes.get(owner, name)
+        if info.home is not None:
+            raise InvalidState(f"volume {name!r} here is a copy of node {info.home}'s: write "
+                               "into it there", details={"volume": name, "home": info.home})
+        if self._mounted(owner, name, ("cow", "ro")):
+            raise InvalidState(
+                f"volume {name!r} is mounted ro or cow by a running sandbox, whose files "
+                "would change under it: write into it when none does (or mount it rw)",
+                details={"volume": name, "cause": "mounted"})
+        return info
 
     async def describe_volume(self, name: str, *, owner: OwnerArg = UNSET) -> dict[str, Any]:
         """What another node needs to copy ``owner``'s volume ``name`` (a peer's question;

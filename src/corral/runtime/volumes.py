@@ -33,9 +33,12 @@ up) whenever a writer mounts the volume ``rw``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -105,6 +108,69 @@ def check_name(name: str) -> str:
             f"invalid volume name {name!r}: use 1-63 lower-case letters, digits, '.', '_' "
             "or '-', starting with a letter or digit (no '/', no '..')")
     return name
+
+
+def check_rel(rel: str) -> list[str]:
+    """The components of a path inside a volume (``a/b.bin``, a leading ``/`` allowed),
+    else :class:`InvalidArgument`: no ``..``, ``.``, NUL or empty name."""
+    parts = [p for p in str(rel).split("/") if p]
+    if (not parts or len(rel) > 4096 or "\0" in rel
+            or any(p in (".", "..") or len(p) > 255 for p in parts)):
+        raise InvalidArgument(f"invalid path {rel[:200]!r} in a volume: a relative path of "
+                              "names, without '.' or '..' (e.g. models/ckpt.bin)",
+                              details={"path": rel[:200]})
+    return parts
+
+
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int]:
+    """A descriptor of ``root/parts...``, each made if missing (canonical owner), none
+    followed if it is a symlink (:class:`InvalidArgument`); and how many it made."""
+    fd, made = os.open(root, _O_DIR), 0
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                os.chown(part, CANONICAL_UID, CANONICAL_UID, dir_fd=fd, follow_symlinks=False)
+                made += 1
+            except FileExistsError:
+                pass
+            try:
+                nfd = os.open(part, _O_DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise InvalidArgument(f"{rel}: {part!r} on the way is not a directory (a "
+                                      "symlink or a file) in the volume: not followed",
+                                      details={"path": rel[:200]}) from None
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, made
+
+
+def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
+    """``source``'s bytes into a new file ``name`` of ``dir_fd`` (canonical owner)."""
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o600, dir_fd=dir_fd)
+    try:
+        with open(source, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            sent = 0
+            while sent < size:
+                n = os.sendfile(out, f.fileno(), sent, min(size - sent, 1 << 30))
+                if n == 0:
+                    break
+                sent += n
+        os.fchown(out, CANONICAL_UID, CANONICAL_UID)
+        os.fchmod(out, mode)
+        os.fsync(out)
+    finally:
+        os.close(out)
 
 
 def _canonical(root: Path) -> tuple[int, int]:
@@ -259,6 +325,49 @@ class Volumes:
         holds; the next generation's is computed when a peer asks."""
         with self._lock:
             meta = self.meta(owner, name)
+            meta.pop(CONTENT, None)
+            meta[GENERATION] = int(meta.get(GENERATION) or 0) + 1
+            self.set_meta(owner, name, meta)
+
+    def write_file(self, owner: str | None, name: str, rel: str, source: Path,
+                   mode: int) -> None:
+        """Put the host file ``source`` (a finished upload's bytes, which it takes) at
+        ``rel`` in the volume: parents made, never through a symlink (a writer may
+        have planted one), written under a temporary name and renamed into place (never
+        seen half-written), owned by the canonical uid, ``mode`` without setuid bits.
+        Its size and count are added to the volume's; its content digest is dropped."""
+        info = self.get(owner, name)
+        self.ensure_mounted(owner, name)
+        parts = check_rel(rel)
+        fd, made = _open_dirs(self.data_dir(owner, name), parts[:-1], rel)
+        tmp = f".{parts[-1][:200]}.upload-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            try:
+                old = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                old = None
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                raise InvalidArgument(f"{rel} is a directory in volume {name!r}: pick a file "
+                                      "path", details={"volume": name, "path": rel})
+            try:
+                _copy_in(source, tmp, fd, mode & 0o777)
+                os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) and info.max_mb is not None:
+                    raise VolumeFull(f"volume {name!r} is full (max_mb {info.max_mb}): remove "
+                                     "files from it or make a larger one",
+                                     details={"volume": name, "max_mb": info.max_mb}) from None
+                raise
+            new = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        with self._lock:
+            meta = self.meta(owner, name)
+            meta["size_bytes"] = max(0, int(meta.get("size_bytes") or 0) + new.st_blocks * 512
+                                     - (old.st_blocks * 512 if old is not None else 0))
+            meta["files"] = int(meta.get("files") or 0) + made + (old is None)
             meta.pop(CONTENT, None)
             meta[GENERATION] = int(meta.get(GENERATION) or 0) + 1
             self.set_meta(owner, name, meta)

@@ -120,6 +120,12 @@ from corral.server.volume_routes import (
     get_volume,
     list_volumes,
 )
+from corral.server.volume_uploads import (
+    abandon_volume_upload,
+    create_volume_upload,
+    patch_volume_upload,
+    volume_upload_state,
+)
 
 HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     node_proof, cluster_nodes, fetch_own_image, fetch_own_snapshot, refresh_tenants, build_dockerfile_route,
@@ -136,7 +142,8 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     snapshot_sandbox, stat_file, stop_sandbox, upload_file, create_token, list_tokens,
     revoke_token, update_token, create_volume, delete_volume, get_volume, list_volumes,
     create_network, list_networks, get_network, delete_network, create_upload, patch_upload,
-    upload_state, abandon_upload, fetch_own_volume, peer_volume,
+    upload_state, abandon_upload, fetch_own_volume, peer_volume, create_volume_upload,
+    patch_volume_upload, volume_upload_state, abandon_volume_upload,
 )}
 """Each operation's handler, by the operation's name (the handler's own)."""
 

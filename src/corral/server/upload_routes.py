@@ -23,6 +23,10 @@ on the host), and all open uploads fit above the state directory's disk reserve
 (:func:`~corral.runtime.storage.room_above_reserve`, ``storage_full`` else); uploads of
 a sandbox that ended go with it, and any idle for :data:`IDLE_S` are dropped.
 
+The same uploads go into a volume (:mod:`corral.server.volume_uploads`): their key is
+``volume:NAME`` instead of a sandbox id, and the last byte writes the file into the
+volume.
+
 Uploads survive a restart of the daemon: each has a record next to its bytes
 (``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
 next daemon takes them back at its first upload request, each at the offset its staged
@@ -39,6 +43,7 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +70,7 @@ MAX_UPLOADS = 16  # open at once per sandbox
 IDLE_S = 24 * 3600.0
 DONE_KEPT_S = 600.0  # a finished upload still answers GET (its last reply may be lost)
 LOCK_WAIT_S = 10.0  # a PATCH waits this long for one still being received to end
+VOLUME_KEY = "volume:"  # an upload into a volume: its key, in place of a sandbox id
 
 
 @dataclass(eq=False)
@@ -81,8 +87,16 @@ class Upload:
     touched: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    @property
+    def volume(self) -> str | None:
+        """The volume it goes into (its key ``volume:NAME``), else None (a sandbox)."""
+        return self.sandbox_id.removeprefix(VOLUME_KEY) if self.sandbox_id.startswith(
+            VOLUME_KEY) else None
+
     def state(self) -> dict[str, object]:
-        return {"upload_id": self.id, "sandbox_id": self.sandbox_id, "path": self.path,
+        where = ({"volume": self.volume} if self.volume is not None
+                 else {"sandbox_id": self.sandbox_id})
+        return {"upload_id": self.id, **where, "path": self.path,
                 "size": self.size, "offset": self.offset, "done": self.done}
 
     def save(self) -> None:
@@ -185,7 +199,8 @@ class Uploads:
             if up.owner != owner or up.lock.locked():
                 continue
             idle = now - up.touched
-            if up.sandbox_id not in alive or idle > IDLE_S or (up.done and idle > DONE_KEPT_S):
+            gone = up.volume is None and up.sandbox_id not in alive
+            if gone or idle > IDLE_S or (up.done and idle > DONE_KEPT_S):
                 self.drop(up)
 
 
@@ -242,7 +257,12 @@ def _offset(request: Request) -> int:
 
 
 async def patch_upload(request: Request) -> Response:
-    up = _find(request)
+    return await receive_patch(request, _find(request), _finish)
+
+
+async def receive_patch(request: Request, up: Upload,
+                        finish: Callable[[Request, Upload], Awaitable[None]]) -> Response:
+    """A PATCH of ``up``'s bytes; ``finish`` once the last one is here."""
     offset = _offset(request)
     try:
         async with asyncio.timeout(LOCK_WAIT_S):
@@ -258,7 +278,7 @@ async def patch_upload(request: Request) -> Response:
         # abandoned (DELETE) while its bytes came: UploadNotFound, not a traceback
         uploads(request).get(caller_of(request).name, up.sandbox_id, up.id)
         if up.offset == up.size and not up.done:
-            await _finish(request, up)
+            await finish(request, up)
     finally:
         up.lock.release()
     return JSONResponse(up.state())
@@ -295,6 +315,11 @@ async def _finish(request: Request, up: Upload) -> None:
             if isinstance(view, mmap.mmap):
                 with contextlib.suppress(BufferError):  # a slice still held: GC closes it
                     view.close()
+    await finished(up)
+
+
+async def finished(up: Upload) -> None:
+    """Its file is in place: its record answers GET a while (done), its bytes go."""
     up.done = True
     await asyncio.to_thread(up.save)
-    up.part.unlink(missing_ok=True)  # its record answers GET a while: done
+    up.part.unlink(missing_ok=True)
