@@ -169,3 +169,30 @@ def test_volume_names_that_are_paths_are_refused(team, name):
     with team.tcp(ADMIN_TOKEN) as admin:
         assert admin.get(f"/v1/peer/volumes/{name.replace('/', '%2F')}").status_code in (400, 404)
     assert _left(team, "bob") == []
+
+
+def test_a_capped_volume_travels_as_a_filesystem_of_its_size(team):
+    """A volume with max_mb (an ext4 image at home) described and streamed by its real
+    home, received as a copy that is again a filesystem of that size."""
+    with team.tenant("alice") as alice:
+        r = alice.post("/v1/volumes?name=capped&max_mb=8",
+                       content=_context_tar({"w.bin": os.urandom(300_000)}))
+        assert r.status_code == 201, r.text
+    with team.tcp(ADMIN_TOKEN) as admin:
+        desc = admin.get("/v1/peer/volumes/capped?owner=alice").raise_for_status().json()
+        layer = admin.get(f"/v1/peer/layers/{desc['content']['digest']}").raise_for_status()
+    _Peer.description, _Peer.layer = desc, layer.content  # evil relays the home's answer
+    with team.tenant("bob") as bob:
+        r = _fetch(bob, "capped", "evil")
+        assert r.status_code == 200, r.text
+        assert (r.json()["max_mb"], r.json()["home"]) == (8, "evil")
+        sb = bob.post("/v1/sandboxes", json={"memory_mb": 64, "volumes": {"/d": "capped"}})
+        sid = sb.json()["id"]
+        out = bob.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["wc", "-c", "/d/w.bin"]})
+        assert out.json()["stdout"].split()[0] == "300000", out.text
+        copy = team.daemon.state_dir / "volumes" / "bob" / "capped"
+        assert (copy / "volume.img").stat().st_size == 8 << 20
+        assert os.path.ismount(copy / "data")
+        bob.delete(f"/v1/sandboxes/{sid}")
+        assert bob.delete("/v1/volumes/capped").status_code == 204
+    assert _left(team, "bob") == []

@@ -151,6 +151,15 @@ def test_cli_volume_create_ls_rm(team, dataset, capsys):
     assert main([*tenant, "exec", sid, "cat", "/data/README"]) == 0
     assert capsys.readouterr().out == "the dataset\n"
     assert main([*tenant, "rm", sid]) == 0
+    capsys.readouterr()
+    assert main([*tenant, "volume", "upload", "clivol", str(dataset / "README"),
+                 "docs/README.md"]) == 0  # a resumable upload (server/volume_uploads.py)
+    assert capsys.readouterr().out == "clivol:docs/README.md\n"
+    assert main([*tenant, "create", "--memory-mb", "64", "--volume", "/data=clivol:ro"]) == 0
+    sid = capsys.readouterr().out.strip().split()[-1]
+    assert main([*tenant, "exec", sid, "cat", "/data/docs/README.md"]) == 0
+    assert capsys.readouterr().out == "the dataset\n"
+    assert main([*tenant, "rm", sid]) == 0
     assert main([*tenant, "volume", "rm", "clivol"]) == 0
     capsys.readouterr()
     team.cleanup()
