@@ -69,6 +69,7 @@ def _args(sid: str, tmp: Path) -> dict[str, object]:
         "policy": NetworkPolicy(allow=["example.com"]), "network": {"allow": ["example.com"]},
         "timeout": 1.0, "desc": {"name": "x"}, "open_layer": None, "fetcher": None,
         "node": "n", "size": 1, "source": tmp / "none", "mode": 0o644,
+        "new": "y",
     }
 
 
@@ -94,7 +95,8 @@ async def test_engine_calls_naming_no_owner_fail_closed(engine, tmp_path):
                 "resume", "stop", "delete", "read_file", "write_file", "snapshot", "fork",
                 "list_snapshots", "get_snapshot", "resolve_spec", "list_volumes",
                 "create_network", "connect_port", "update_network", "describe_volume",
-                "pull_volume", "check_volume_upload", "write_volume_file"} <= set(methods)
+                "pull_volume", "check_volume_upload", "write_volume_file",
+                "snapshot_volume"} <= set(methods)
         args = _args(info.id, tmp_path)
         for name in methods:
             with pytest.raises(InternalError, match="no caller"):

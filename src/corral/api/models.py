@@ -352,6 +352,10 @@ class NetworkList(_Body):
     networks: list[NetworkInfo] = Field(description="the caller's named networks, by name")
 
 
+class VolumeSnapshotRequest(_Body):
+    name: str = Field(min_length=1, max_length=63, description="the new volume's name")
+
+
 class UploadCreate(_Body):
     path: str = Field(min_length=1, max_length=4096, description="where, in the sandbox")
     size: StrictInt = Field(ge=0, description="the file's size in bytes")

@@ -38,6 +38,7 @@ from corral.api.models import (
     UploadCreate,
     UploadState,
     VolumeList,
+    VolumeSnapshotRequest,
 )
 from corral.api.operation import (
     COMMON_ERRORS,
@@ -182,6 +183,13 @@ OPERATIONS: tuple[Operation, ...] = (
             Query("max_mb", "integer", "a size limit in MiB its rw writers share"),
         ),
         errors=(*_BODY, VolumeNotFound, VolumeFull, InvalidState, StorageFull),
+        routing=Routing.HOME,
+    ),
+    Operation(
+        "snapshot_volume", "POST", "/v1/volumes/{name}/snapshot",
+        "A new volume holding this one's files as they are now (docs/network.md)",
+        body=VolumeSnapshotRequest, reply=VolumeInfo, status=201,
+        errors=(*_BODY, VolumeNotFound, VolumeFull, InvalidState, QuotaExceeded, StorageFull),
         routing=Routing.HOME,
     ),
     Operation(

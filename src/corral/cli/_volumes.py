@@ -1,5 +1,5 @@
 """``corral volume create NAME --from DIR|TARBALL``, ``corral volume ls``, ``corral
-volume rm NAME``, ``corral volume upload NAME FILE PATH`` (resumable, a progress bar on a
+volume rm NAME``, ``corral volume snapshot NAME NEW``, ``corral volume upload NAME FILE PATH`` (resumable, a progress bar on a
 terminal for 8 MiB or more): volumes, mounted into sandboxes with ``--volume
 PATH=NAME[:MODE]``."""
 
@@ -28,6 +28,10 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     rm_ = vsub.add_parser("rm", parents=conn, help="remove volumes no running sandbox mounts")
     rm_.add_argument("names", nargs="+", metavar="NAME")
     rm_.set_defaults(handler=rm)
+    sn = vsub.add_parser("snapshot", parents=conn, help="a new volume of one's files as they are")
+    sn.add_argument("name", metavar="NAME")
+    sn.add_argument("new", metavar="NEW")
+    sn.set_defaults(handler=snapshot)
     up = vsub.add_parser("upload", parents=conn, help="put a file into a volume (resumable)")
     up.add_argument("name", metavar="NAME")
     up.add_argument("local", metavar="FILE")
@@ -61,4 +65,10 @@ def upload(args: argparse.Namespace, ctx: Context) -> int:
     with ctx.output.transfer(f"{Path(args.local).name} -> {vol.name}", size) as progress:
         vol.upload(args.local, args.path, progress=progress)
     ctx.output.line(f"{vol.name}:{args.path}")
+    return 0
+
+
+def snapshot(args: argparse.Namespace, ctx: Context) -> int:
+    vol = corral.Volume.get(args.name, client=ctx.client).snapshot(args.new)
+    ctx.output.line(f"{vol.name}: {vol.info.files} files, {vol.info.size_bytes} bytes")
     return 0

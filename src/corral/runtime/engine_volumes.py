@@ -64,6 +64,21 @@ class VolumeOps:
         return any(src == path and mode in modes
                    for live in self._live.values() for mode, src, _ in live.volumes)
 
+    async def snapshot_volume(self, name: str, new: str, *, owner: OwnerArg = UNSET
+                              ) -> VolumeInfo:
+        """A new volume ``new`` of ``owner``: ``name``'s files as they are now, counted
+        against the owner's quota; refused while a sandbox mounts ``name`` rw (its files
+        are changing)."""
+        owner = self.owners.of(owner)
+        self.volumes.get(owner, name)  # VolumeNotFound first
+        if self._mounted(owner, name, ("rw",)):
+            raise InvalidState(
+                f"volume {name!r} is mounted rw by a running sandbox: its files are changing, "
+                "so no snapshot of it is taken until that sandbox ends",
+                details={"volume": name, "cause": "writer"})
+        return await asyncio.to_thread(self.volumes.snapshot, owner, name, new,
+                                       check=self._volume_quota)
+
     def check_volume_upload(self, name: str, size: int, *, owner: OwnerArg = UNSET
                             ) -> VolumeInfo:
         """Whether a file of ``size`` bytes may be uploaded into ``owner``'s volume

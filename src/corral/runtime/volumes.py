@@ -58,6 +58,7 @@ from corral.errors import (
 from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
+from corral.runtime.treecopy import copy_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
@@ -231,6 +232,26 @@ class Volumes:
 
         return self._publish(owner, name, fill, check=check, max_mb=max_mb, home=home,
                              extra={CONTENT: content}, replace=True)
+
+    def snapshot(self, owner: str | None, name: str, new: str, *,
+                 check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+        """A new volume ``new`` holding ``name``'s files as they are now (a copy: sparse
+        files stay sparse, hard links linked), with its ``max_mb``; ``check`` (owner,
+        bytes) may refuse it (a quota), before a byte is copied. Its caller makes sure
+        no writer changes ``name`` meanwhile."""
+        info = self.get(owner, name)
+        check_name(new)
+        if check is not None:
+            check(owner, reserved_bytes(info))
+        self.ensure_mounted(owner, name)
+        src = self.data_dir(owner, name)
+        skip = frozenset({"lost+found"} if info.max_mb is not None else ())  # mkfs makes it
+
+        def fill(data: Path) -> None:
+            data.rmdir()
+            copy_tree(src, data, skip=skip)
+
+        return self._publish(owner, new, fill, check=check, max_mb=info.max_mb)
 
     def _publish(self, owner: str | None, name: str, fill: Callable[[Path], None], *,
                  check: Callable[[str | None, int], None] | None, max_mb: int | None,

@@ -119,6 +119,7 @@ from corral.server.volume_routes import (
     delete_volume,
     get_volume,
     list_volumes,
+    snapshot_volume,
 )
 from corral.server.volume_uploads import (
     abandon_volume_upload,
@@ -143,7 +144,7 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     revoke_token, update_token, create_volume, delete_volume, get_volume, list_volumes,
     create_network, list_networks, get_network, delete_network, create_upload, patch_upload,
     upload_state, abandon_upload, fetch_own_volume, peer_volume, create_volume_upload,
-    patch_volume_upload, volume_upload_state, abandon_volume_upload,
+    patch_volume_upload, volume_upload_state, abandon_volume_upload, snapshot_volume,
 )}
 """Each operation's handler, by the operation's name (the handler's own)."""
 

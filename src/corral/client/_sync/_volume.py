@@ -84,6 +84,14 @@ class Volume:
         return [cls(VolumeInfo.model_validate(v), client=client)
                 for v in response.json()["volumes"]]
 
+    def snapshot(self, name: str) -> Self:
+        """A new volume ``name`` holding this one's files as they are now (a copy, with
+        its ``max_mb``; counted against the quota): freeze an ``rw`` scratch volume
+        between episodes. Refused (``InvalidState``) while a sandbox mounts it ``rw``."""
+        response = self._client.call("snapshot_volume", {"name": self.name},
+                                           json={"name": name}, timeout=None)
+        return type(self)(VolumeInfo.model_validate(response.json()), client=self._client)
+
     def upload(self, local_path: str | os.PathLike[str], path: str, *,
                      mode: int | None = None,
                      progress: Callable[[int, int], object] | None = None) -> None:
