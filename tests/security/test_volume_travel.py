@@ -138,6 +138,9 @@ def test_a_tenant_cannot_pull_another_tenants_volume_by_name_or_digest(team):
         digest = desc.json()["content"]["digest"]
         assert admin.get("/v1/peer/volumes/secret?owner=bob").status_code == 404
         assert admin.get("/v1/peer/volumes/secret").status_code == 404  # not the admin's
+        for owner in ("../alice", "alice/..", "_admin", ".", "ALICE"):  # a path, never
+            r = admin.get("/v1/peer/volumes/secret", params={"owner": owner})
+            assert r.status_code == 400, (owner, r.text)
     with team.tenant("bob") as bob:
         r = _fetch(bob, "secret", "self")  # the honest holder, asked as bob
         assert r.status_code == 404 and r.json()["error"]["code"] == "volume_not_found", r.text

@@ -38,7 +38,16 @@ from corral.runtime import layer_wire
 from corral.runtime.layer_fetch import SLACK_BYTES, LayerFetcher, OpenLayer
 from corral.runtime.layers import TREE, LayerStore, tree_digest
 from corral.runtime.root_travel import kept_content
-from corral.runtime.volumes import CONTENT, GENERATION, MAX_MB, META, MIN_MB, Volumes, check_name
+from corral.runtime.volumes import (
+    ADMIN_DIR,
+    CONTENT,
+    GENERATION,
+    MAX_MB,
+    META,
+    MIN_MB,
+    Volumes,
+    check_name,
+)
 from corral.volume_schema import VolumeInfo
 
 
@@ -87,6 +96,8 @@ def volume_path_for(volumes: Volumes, digest: str) -> Path | None:
             except (OSError, ValueError):
                 continue
             if not d.name.startswith(".") and (kept_content(meta) or {}).get("digest") == digest:
+                owner = None if owner_dir.name == ADMIN_DIR else owner_dir.name
+                volumes.ensure_mounted(owner, d.name)  # a capped one, after a reboot
                 return d / "data"
     return None
 

@@ -17,13 +17,16 @@ over the peer path of layers and images (:mod:`corral.server.peer_layers`):
 from __future__ import annotations
 
 import asyncio
+import re
 from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.api.daemon_models import VolumeFetchRequest
+from corral.errors import InvalidArgument
 from corral.runtime.volumes import check_name
+from corral.schema import TENANT_NAME
 from corral.server import context as ctx
 from corral.server.caller import require_peer
 from corral.server.peer_layers import Peer, _peer_at, _peer_credential, fetcher
@@ -33,6 +36,8 @@ async def peer_volume(request: Request) -> Response:
     require_peer(request)
     name = check_name(request.path_params["name"])
     owner = request.query_params.get("owner") or None  # its own only, as it names them
+    if owner is not None and not re.fullmatch(TENANT_NAME, owner):
+        raise InvalidArgument(f"invalid owner {owner[:80]!r}: a tenant's name")
     desc = await ctx.engine(request).describe_volume(name, owner=owner)  # may hash it
     return JSONResponse(desc)
 

@@ -22,6 +22,10 @@ CAP_NET_ADMIN, no raw sockets), and, should one ever gain that, the bridge's
 own IPv4 address (ARP included: the sender's MAC and address in the ARP body too);
 nothing else (no IPv6: members have none there, no other ether type) crosses the bridge.
 
+A member's ``max_mbps`` caps its traffic with the other members too: a token bucket on
+its ``eth1`` (what it sends) and on its bridge port (what it receives), both set from
+outside its namespace.
+
 ``CORRAL_NET_PRIVATE`` (default ``10.220.0.0/16``): the members' addresses, a /24 per
 private network (256 networks per engine, 254 members each): an address of another
 network goes out through ``eth0``, where the proxy refuses it at once. A member's MAC is
