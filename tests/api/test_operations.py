@@ -74,6 +74,8 @@ def test_the_cluster_router_handles_every_routing_and_nothing_else():
             assert op.params == ("id_or_name",), op.name
         if op.routing is Routing.EVERYWHERE:  # a snapshot's copies, a volume's
             assert op.params in (("id_or_name",), ("name",)), op.name
+        if op.routing is Routing.VOLUME:
+            assert op.params[0] == "name" and op.path.startswith("/v1/volumes/"), op.name
         if op.routing is Routing.POOL:
             assert op.params == ("name",) and op.path.startswith("/v1/pools/"), op.name
 

@@ -157,6 +157,14 @@ def test_a_volume_made_on_one_node_mounts_on_every_node_fetched_once(client, cor
         with pytest.raises(corral.InvalidState, match="copy"):
             corral.Sandbox.create(memory_mb=64, tags=[TAG], node=b, client=client,
                                   volumes={"/data": f"{name}:rw"})
+        for sb in made:
+            sb.delete()
+        made = []
+        vol = corral.Volume.get(name, client=client)  # sent to its home, not to a copy:
+        vol.upload(tmp_path / "rows" / "a.csv", "added.csv")
+        vol.snapshot(f"{name}-1").delete()
+        with _daemon(corral_cluster, home) as http:
+            assert http.get(f"/v1/volumes/{name}").json()["files"] == 4
     finally:
         for sb in made:
             sb.delete()

@@ -132,6 +132,12 @@ class AsyncRouter:
         target = await self._holder_of(call.ids["id_or_name"])
         return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
 
+    async def _to_volume_home(self, call: Call, node: str | None) -> httpx.Response:
+        target = await _travel.volume_home(self, call.ids["name"])  # not a copy of it
+        if target is None:
+            target = await AsyncBackend.run_blocking(self.directory.home)
+        return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
+
     async def _to_every_copy(self, call: Call, node: str | None) -> httpx.Response:
         await _travel.delete_everywhere(self, call.path, call.kwargs)
         return _done(call)
@@ -461,6 +467,7 @@ _DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.SPLIT: AsyncRouter._to_split,
     Routing.LEASE: AsyncRouter._to_lease_nodes,
     Routing.HOME: AsyncRouter._to_home,
+    Routing.VOLUME: AsyncRouter._to_volume_home,
     Routing.NODE: AsyncRouter._to_home,  # a node's own routes: the node this client calls home
 }
 """Each :class:`~corral.api.Routing` the declarations use, and how it is done."""

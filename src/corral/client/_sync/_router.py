@@ -134,6 +134,12 @@ class Router:
         target = self._holder_of(call.ids["id_or_name"])
         return self._on(target, call.method, call.path, call.kwargs, call.stream, None)
 
+    def _to_volume_home(self, call: Call, node: str | None) -> httpx.Response:
+        target = _travel.volume_home(self, call.ids["name"])  # not a copy of it
+        if target is None:
+            target = SyncBackend.run_blocking(self.directory.home)
+        return self._on(target, call.method, call.path, call.kwargs, call.stream, None)
+
     def _to_every_copy(self, call: Call, node: str | None) -> httpx.Response:
         _travel.delete_everywhere(self, call.path, call.kwargs)
         return _done(call)
@@ -463,6 +469,7 @@ _DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.SPLIT: Router._to_split,
     Routing.LEASE: Router._to_lease_nodes,
     Routing.HOME: Router._to_home,
+    Routing.VOLUME: Router._to_volume_home,
     Routing.NODE: Router._to_home,  # a node's own routes: the node this client calls home
 }
 """Each :class:`~corral.api.Routing` the declarations use, and how it is done."""
