@@ -43,6 +43,7 @@ from corral.errors import (
     InvalidState,
     LayerTransferError,
     NotFound,
+    QuotaExceeded,
     RegistryAuthError,
     RegistryError,
     SnapshotNotFound,
@@ -193,7 +194,7 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
         "Cluster: make a volume of yours on another node usable here (a copy of it)",
         body=VolumeFetchRequest, reply=VolumeInfo,
         errors=(*_BODY, VolumeNotFound, InvalidState, NotFound, LayerTransferError,
-                StorageFull), routing=Routing.NODE,
+                StorageFull, QuotaExceeded), routing=Routing.NODE,
     ),
     Operation(
         "peer_volume", "GET", "/v1/peer/volumes/{name}",
