@@ -12,6 +12,7 @@ sandbox deletes its checkpoint.
 Only a checkpointable sandbox hibernates (its processes are what CRIU can dump); any
 other is refused typed, running untouched. A hibernated sandbox does not survive a
 daemon restart yet: the restart fails it (its checkpoint stays, listed, restorable).
+A resumed sandbox keeps its create and start times: its lifetime is not restarted.
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ class HibernateOps:
                 raise
             live.hibernated = None
             self._hibernated.pop(sandbox_id, None)
+            # its lifetime goes on from its first start: a resume is no new one (else a
+            # hibernate before each timeout would keep it alive past any maximum)
+            self.registry.set_times(sandbox_id, row.created_at, row.started_at)
+            woken = self._live.get(sandbox_id)
+            if woken is not None and row.started_at:
+                woken.started_at = row.started_at
+            info = info.model_copy(update={"created_at": row.created_at,
+                                           "started_at": row.started_at})
         await self.delete_snapshot(snap_id, owner=None)
         return info
 

@@ -152,6 +152,12 @@ class Registry:
         )
         return now
 
+    def set_times(self, sandbox_id: str, created_at: float, started_at: float | None) -> None:
+        """Give a sandbox made again under its id (a hibernated one resumed) the create
+        and start times it had: its lifetime counts from them, not from the new start."""
+        self._db.execute("UPDATE sandboxes SET created_at=?, started_at=? WHERE id=?",
+                         (created_at, started_at, sandbox_id))
+
     def set_state(self, sandbox_id: str, state: SandboxState, reason: str | None = None) -> None:
         if state.terminal:
             self._db.execute(

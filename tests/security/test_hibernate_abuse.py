@@ -1,0 +1,52 @@
+"""Attacks on hibernate / resume (issue 29; runtime/engine_hibernate.py, docs/live.md).
+
+A sandbox's lifetime is a quota (its spec's ``timeout``, capped by ``--max-lifetime`` and
+a tenant's ``max_lifetime``, counted from its start; ``set_timeout`` never lets it pass
+that maximum counted from its create). Hibernating and resuming a sandbox restores its
+processes into a new slot under the same id: if that counted as a new start, a tenant
+could hibernate just before its lifetime ran out and resume for another full one,
+forever. The resumed sandbox keeps its create and start times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.runtime import criu
+from corral.runtime.paths import default_cache_dir
+from tests.conftest import requires_root
+
+pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(120)]
+
+
+def _need_criu():
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+
+
+async def test_resume_does_not_give_a_hibernated_sandbox_a_new_lifetime(engine):
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, timeout=600, tenant="alice")
+    alice = {"owner": "alice"}
+    try:
+        before = engine.get(sb.id, **alice)
+        started = engine._get_live(sb.id).started_at
+        await engine.hibernate(sb.id, **alice)
+        after = await engine.resume(sb.id, **alice)
+        assert (await engine.exec(sb.id, ["echo", "up"], **alice)).stdout.strip() == b"up"
+        # the reaper counts the lifetime from started_at; set_timeout from created_at
+        assert engine._get_live(sb.id).started_at == started
+        again = engine.get(sb.id, **alice)
+        assert (again.created_at, again.started_at) == (before.created_at, before.started_at)
+        assert after.created_at == before.created_at
+        # the timeout still ends it at its first start plus its lifetime, as before
+        await engine.set_timeout(sb.id, 0.001, **alice)
+        for _ in range(200):
+            if engine.get(sb.id, **alice).state.terminal:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.get(sb.id, **alice).state.terminal
+    finally:
+        await engine.delete(sb.id)
