@@ -6,6 +6,9 @@ that maximum counted from its create). Hibernating and resuming a sandbox restor
 processes into a new slot under the same id: if that counted as a new start, a tenant
 could hibernate just before its lifetime ran out and resume for another full one,
 forever. The resumed sandbox keeps its create and start times.
+
+A hibernated sandbox has no processes, cgroup or writable layer: the verbs that need
+them answer typed (``InvalidState``), never an internal error.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 
 import pytest
 
+from corral.errors import InvalidState
 from corral.runtime import criu
 from corral.runtime.paths import default_cache_dir
 from tests.conftest import requires_root
@@ -48,5 +52,24 @@ async def test_resume_does_not_give_a_hibernated_sandbox_a_new_lifetime(engine):
                 break
             await asyncio.sleep(0.05)
         assert engine.get(sb.id, **alice).state.terminal
+    finally:
+        await engine.delete(sb.id)
+
+
+async def test_verbs_on_a_hibernated_sandbox_answer_typed(engine):
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    alice = {"owner": "alice"}
+    try:
+        await engine.hibernate(sb.id, **alice)
+        for verb in (engine.snapshot, engine.checkpoint, engine.kill_processes):
+            with pytest.raises(InvalidState):
+                await verb(sb.id, **alice)
+        with pytest.raises(InvalidState):
+            await engine.fork(sb.id, 1, live=False, **alice)
+        assert engine._get_live(sb.id).hibernated is not None  # untouched
+        await engine.resume(sb.id, **alice)
+        snap = await engine.snapshot(sb.id, **alice)  # once resumed, as any sandbox
+        await engine.delete_snapshot(snap.id, **alice)
     finally:
         await engine.delete(sb.id)
