@@ -73,3 +73,25 @@ async def test_verbs_on_a_hibernated_sandbox_answer_typed(engine):
         await engine.delete_snapshot(snap.id, **alice)
     finally:
         await engine.delete(sb.id)
+
+
+async def test_a_hibernated_sandbox_still_ends_at_its_lifetime(engine):
+    """Hibernated time counts: its timeout ends it while it sleeps, checkpoint and all."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    alice = {"owner": "alice"}
+    try:
+        await engine.hibernate(sb.id, **alice)
+        snap = engine._get_live(sb.id).hibernated
+        images = engine.checkpoint_images(snap)
+        await engine.set_timeout(sb.id, 0.001, **alice)
+        for _ in range(200):
+            if engine.get(sb.id, **alice).state.terminal and not images.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert engine.get(sb.id, **alice).state.terminal
+        assert not images.exists() and snap not in {s.id for s in engine.list_snapshots()}
+        with pytest.raises(InvalidState):
+            await engine.resume(sb.id, **alice)
+    finally:
+        await engine.delete(sb.id)
