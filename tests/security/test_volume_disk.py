@@ -3,7 +3,8 @@ image promised it without taking it: a tenant without a snapshot quota (the defa
 made a volume larger than the free disk (or many, each as large) and its sandboxes'
 writes then filled the disk every tenant's state is on. A capped volume's image is now
 allocated in full when it is made, refused typed (``StorageFull``) past the disk's
-reserve, and nothing of a refused one is left."""
+reserve, and nothing of a refused one is left. An uncapped volume (its archive's tree)
+stops at the reserve too, as snapshots do."""
 
 from __future__ import annotations
 
@@ -47,3 +48,18 @@ async def test_a_volume_never_promises_more_than_the_disk_holds(engine, tmp_path
     finally:  # unmounted: a loop device is the host's
         for v in engine.list_volumes(**alice):
             await engine.remove_volume(v.name, **alice)
+
+
+async def test_an_uncapped_volume_leaves_the_disk_reserve_free(engine, tmp_path, monkeypatch):
+    """A stream of volumes (each at most --max-upload-bytes) stops at the disk's reserve,
+    as snapshots do (the disk's room made small: 4 KiB above its reserve)."""
+    from corral.runtime import volumes
+
+    archive = _archive(tmp_path)
+    monkeypatch.setattr(volumes, "room_above_reserve", lambda _path: 4096)
+    with pytest.raises(StorageFull):
+        await engine.create_volume("many", archive, owner="alice")  # a 10 KiB tar
+    assert engine.list_volumes(owner="alice") == []
+    monkeypatch.setattr(volumes, "room_above_reserve", lambda _path: 1 << 20)
+    await engine.create_volume("fits", archive, owner="alice")
+    await engine.remove_volume("fits", owner="alice")

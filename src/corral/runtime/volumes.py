@@ -65,16 +65,16 @@ def reserved_bytes(info: VolumeInfo) -> int:
     return max(info.size_bytes, (info.max_mb or 0) << 20)
 
 
-def _check_room(root: Path, max_mb: int) -> None:
-    """:class:`StorageFull` if ``max_mb`` MiB would take the disk under ``root`` below
-    its reserve (a volume's image is allocated in full: see :func:`_make_image`)."""
+def _check_room(root: Path, need: int, max_mb: int | None) -> None:
+    """:class:`StorageFull` if ``need`` more bytes would take the disk under ``root``
+    below its reserve (a capped volume's image is allocated in full: :func:`_make_image`)."""
     room = room_above_reserve(root)
-    if max_mb << 20 > room:
+    if need > room:
         raise StorageFull(
-            f"no room for a volume of max_mb {max_mb} under {root}: "
-            f"{max(0, room) >> 20} MiB are free above the disk's reserve; give a smaller "
-            "max_mb, or remove volumes or snapshots", details={"path": str(root),
-                                                               "max_mb": max_mb})
+            f"no room for the volume under {root}: {max(0, room) >> 20} MiB are free above "
+            f"the disk's reserve, it needs {need >> 20} MiB; "
+            + ("give a smaller max_mb, or " if max_mb else "")
+            + "remove volumes or snapshots", details={"path": str(root), "max_mb": max_mb})
 
 
 def _make_image(work: Path, max_mb: int) -> None:
@@ -163,8 +163,8 @@ class Volumes:
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
                                f"{name}) or pick another name", details={"volume": name})
         final.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-        if max_mb is not None:
-            _check_room(final.parent, max_mb)
+        # a capped one takes max_mb; an uncapped one its tree (checked again once made)
+        _check_room(final.parent, (max_mb or 0) << 20 or archive.stat().st_size, max_mb)
         work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
         try:
             (work / "data").mkdir()
@@ -178,6 +178,8 @@ class Volumes:
                                  details={"volume": name, "max_mb": max_mb})
             if check is not None:
                 check(owner, reserved_bytes(info))
+            if max_mb is None:
+                _check_room(final.parent, 0, None)  # its tree left the reserve free
             if max_mb is not None:
                 _make_image(work, max_mb)
             (work / "meta.json").write_text(info.model_dump_json())
