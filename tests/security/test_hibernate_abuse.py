@@ -95,3 +95,27 @@ async def test_a_hibernated_sandbox_still_ends_at_its_lifetime(engine):
             await engine.resume(sb.id, **alice)
     finally:
         await engine.delete(sb.id)
+
+
+async def test_the_agent_is_out_of_reach_after_a_resume(engine):
+    """CRIU restores every process as it was dumped: the agent comes back non-dumpable,
+    its memory, descriptors and environment still closed to the code it runs."""
+    _need_criu()
+    import errno
+
+    from tests.security.conftest import assert_honest, run_json
+    from tests.security.test_agent_boundary import ATTACK, PROC_ATTACKS
+    from tests.syscall_probe import numbers
+
+    sb = await engine.create(network="none", checkpointable=True)
+    try:
+        await engine.hibernate(sb.id)
+        await engine.resume(sb.id)
+        res = await run_json(engine, sb.id, ATTACK, numbers(), "1")
+        for name in PROC_ATTACKS:
+            assert res[name] in (errno.EACCES, errno.EPERM), (name, res[name])
+        control = await run_json(engine, sb.id, ATTACK, numbers(), "sibling")
+        assert all(control[name] == "ok" for name in PROC_ATTACKS), control  # the probe works
+        await assert_honest(engine, sb.id)
+    finally:
+        await engine.delete(sb.id)
