@@ -119,3 +119,41 @@ async def test_the_agent_is_out_of_reach_after_a_resume(engine):
         await assert_honest(engine, sb.id)
     finally:
         await engine.delete(sb.id)
+
+
+async def test_restores_leave_the_checkpoints_images_as_they_were(engine):
+    """Restores read a checkpoint through hard links (CRIU runs as root): after two
+    restores its images are byte for byte the same, linked nowhere else, and no uid
+    keeps the read access a restore was given (a slot's uid goes to another sandbox,
+    maybe another tenant's, next)."""
+    _need_criu()
+    import errno
+    import hashlib
+    import os
+    import struct
+
+    def seen(images):
+        out = {}
+        for p in sorted(images.iterdir()):
+            try:
+                acl = os.getxattr(p, "system.posix_acl_access")
+                users = [i for t, _, i in struct.iter_unpack("<HHI", acl[4:]) if t == 0x02]
+            except OSError as exc:
+                assert exc.errno == errno.ENODATA
+                users = []
+            out[p.name] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_nlink, users)
+        return out
+
+    sb = await engine.create(network="none", checkpointable=True)
+    snap = await engine.checkpoint(sb.id)
+    images = engine.checkpoint_images(snap.id)
+    try:
+        before = seen(images)
+        copies = [await engine.create(snapshot=snap.id) for _ in range(2)]
+        assert seen(images) == before
+        assert all(n == 1 and users == [] for _, n, users in before.values()), before
+        for c in copies:
+            await engine.delete(c.id)
+    finally:
+        await engine.delete(sb.id)
+        await engine.delete_snapshot(snap.id)
