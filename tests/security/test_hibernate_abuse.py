@@ -1,4 +1,5 @@
-"""Attacks on hibernate / resume (issue 29; runtime/engine_hibernate.py, docs/live.md).
+"""Attacks on hibernate / resume and the restores behind it (issue 29;
+runtime/engine_hibernate.py, runtime/live_images.py, docs/live.md).
 
 A sandbox's lifetime is a quota (its spec's ``timeout``, capped by ``--max-lifetime`` and
 a tenant's ``max_lifetime``, counted from its start; ``set_timeout`` never lets it pass
@@ -8,12 +9,18 @@ could hibernate just before its lifetime ran out and resume for another full one
 forever. The resumed sandbox keeps its create and start times.
 
 A hibernated sandbox has no processes, cgroup or writable layer: the verbs that need
-them answer typed (``InvalidState``), never an internal error.
+them answer typed (``InvalidState``), never an internal error. After a resume the agent
+is as unreachable as before, and a restore (done or refused half-way) leaves its
+checkpoint's images as they were, with no uid's read access left behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
+import os
+import struct
 
 import pytest
 
@@ -101,8 +108,6 @@ async def test_the_agent_is_out_of_reach_after_a_resume(engine):
     """CRIU restores every process as it was dumped: the agent comes back non-dumpable,
     its memory, descriptors and environment still closed to the code it runs."""
     _need_criu()
-    import errno
-
     from tests.security.conftest import assert_honest, run_json
     from tests.security.test_agent_boundary import ATTACK, PROC_ATTACKS
     from tests.syscall_probe import numbers
@@ -121,39 +126,43 @@ async def test_the_agent_is_out_of_reach_after_a_resume(engine):
         await engine.delete(sb.id)
 
 
+def _seen(images) -> dict:
+    """Each image file: its digest, its links, the uids its ACL lets read it."""
+    out = {}
+    for p in sorted(images.iterdir()):
+        if p.is_dir():
+            continue
+        try:
+            acl = os.getxattr(p, "system.posix_acl_access")
+            users = [i for t, _, i in struct.iter_unpack("<HHI", acl[4:]) if t == 0x02]
+        except OSError as exc:
+            assert exc.errno == errno.ENODATA
+            users = []
+        out[p.name] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_nlink, users)
+    return out
+
+
 async def test_restores_leave_the_checkpoints_images_as_they_were(engine):
     """Restores read a checkpoint through hard links (CRIU runs as root): after two
-    restores its images are byte for byte the same, linked nowhere else, and no uid
-    keeps the read access a restore was given (a slot's uid goes to another sandbox,
-    maybe another tenant's, next)."""
+    restores, and after one refused half-way (an entry that is not a plain file), its
+    images are byte for byte the same, linked nowhere else, and no uid keeps the read
+    access a restore was given (a slot's uid goes to another sandbox, maybe another
+    tenant's, next)."""
     _need_criu()
-    import errno
-    import hashlib
-    import os
-    import struct
-
-    def seen(images):
-        out = {}
-        for p in sorted(images.iterdir()):
-            try:
-                acl = os.getxattr(p, "system.posix_acl_access")
-                users = [i for t, _, i in struct.iter_unpack("<HHI", acl[4:]) if t == 0x02]
-            except OSError as exc:
-                assert exc.errno == errno.ENODATA
-                users = []
-            out[p.name] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_nlink, users)
-        return out
-
     sb = await engine.create(network="none", checkpointable=True)
     snap = await engine.checkpoint(sb.id)
     images = engine.checkpoint_images(snap.id)
     try:
-        before = seen(images)
-        copies = [await engine.create(snapshot=snap.id) for _ in range(2)]
-        assert seen(images) == before
+        before = _seen(images)
         assert all(n == 1 and users == [] for _, n, users in before.values()), before
+        copies = [await engine.create(snapshot=snap.id) for _ in range(2)]
+        assert _seen(images) == before
         for c in copies:
             await engine.delete(c.id)
+        (images / "odd.img").mkdir()  # staged after some links were made, most likely
+        with pytest.raises(InvalidState):
+            await engine.create(snapshot=snap.id)
+        assert _seen(images) == before
     finally:
         await engine.delete(sb.id)
         await engine.delete_snapshot(snap.id)
