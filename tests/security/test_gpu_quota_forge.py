@@ -31,7 +31,7 @@ async def test_no_request_shape_holds_more_gpus_than_the_quota(service):
         await service.create(forged, t)
     a = await service.create(SandboxSpec(gpus=1, memory_mb=64), t)  # its one
     try:
-        assert a.spec.tenant == "t"
+        assert a.spec.tenant == "t" and len(service.engine.gpus.held_by(a.id)) == 1
         for spec in (SandboxSpec(gpus=1, memory_mb=64),
                      SandboxSpec(gpus=1, gpu_shared=True, memory_mb=64)):
             with pytest.raises(QuotaExceeded):
