@@ -54,7 +54,7 @@ async def test_resume_does_not_give_a_hibernated_sandbox_a_new_lifetime(engine):
         assert after.created_at == before.created_at
         # the timeout still ends it at its first start plus its lifetime, as before
         await engine.set_timeout(sb.id, 0.001, **alice)
-        for _ in range(200):
+        for _ in range(600):  # up to 30 s (a loaded host)
             if engine.get(sb.id, **alice).state.terminal:
                 break
             await asyncio.sleep(0.05)
@@ -92,7 +92,7 @@ async def test_a_hibernated_sandbox_still_ends_at_its_lifetime(engine):
         snap = engine._get_live(sb.id).hibernated
         images = engine.checkpoint_images(snap)
         await engine.set_timeout(sb.id, 0.001, **alice)
-        for _ in range(200):
+        for _ in range(600):  # up to 30 s (a loaded host)
             if engine.get(sb.id, **alice).state.terminal and not images.exists():
                 break
             await asyncio.sleep(0.05)
