@@ -415,6 +415,11 @@ class CgroupDriver:
         _check_limits(cpus, memory_mb, pids)
         self._set_limits(group, cpus, memory_mb, pids)
 
+    def handle(self, path: str) -> Cgroup:
+        """Group ``path`` whether it exists or not: a hibernated sandbox's old group,
+        gone with its processes (removing it again changes nothing)."""
+        return self._group_type(path, self._dirs(path))
+
     def open(self, path: str) -> Cgroup:
         """The existing group ``path``; :class:`~corral.errors.NotFound` if it is nowhere."""
         dirs = self._dirs(path)
