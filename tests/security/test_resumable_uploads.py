@@ -276,3 +276,11 @@ def test_a_volume_upload_is_taken_back_by_the_next_daemon_at_its_offset(tmp_path
         Uploads(tmp_path).get("bob", VOLUME_KEY + "ckpts", up.id)
     with pytest.raises(UploadNotFound):
         Uploads(tmp_path).get("alice", VOLUME_KEY + "other", up.id)
+    # the next daemon keeps it while its volume is there (it is no sandbox's), not after
+    reg = Uploads(tmp_path)
+    reg.keep_only(set(), lambda u: u.volume == "ckpts")
+    assert reg.get("alice", VOLUME_KEY + "ckpts", up.id).offset == 42
+    reg.keep_only(set(), lambda u: False)
+    with pytest.raises(UploadNotFound):
+        reg.get("alice", VOLUME_KEY + "ckpts", up.id)
+    assert not up.part.exists()

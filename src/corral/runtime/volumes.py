@@ -23,7 +23,10 @@ A volume made with ``max_mb`` is a filesystem of that size (an ext4 image, made 
 again on first use after a reboot): ``rw`` writers share at most ``max_mb`` MiB and
 inodes in proportion, and a full one is ``ENOSPC`` inside (:class:`VolumeFull` from
 the file API), whatever the writer does (sparse files, hard links, millions of empty
-files). It counts ``max_mb`` against the owner's quota, the space it may grow to.
+files). It counts ``max_mb`` against the owner's quota, the space it may grow to, and
+takes that space on the disk at once (the image is allocated in full, refused with
+:class:`StorageFull` past the disk's reserve): volumes never promise more than the disk
+holds.
 
 On a cluster a volume travels (:mod:`corral.runtime.volume_travel`): a node that mounts
 another node's volume holds a *copy* (``home``: that node), which is never mounted
@@ -52,12 +55,14 @@ from corral.errors import (
     InvalidArgument,
     InvalidState,
     SandboxStartError,
+    StorageFull,
     VolumeFull,
     VolumeNotFound,
 )
 from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
+from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import copy_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
@@ -75,11 +80,32 @@ def reserved_bytes(info: VolumeInfo) -> int:
     return max(info.size_bytes, (info.max_mb or 0) << 20)
 
 
+def _check_room(root: Path, need: int, max_mb: int | None) -> None:
+    """:class:`StorageFull` if ``need`` more bytes would take the disk under ``root``
+    below its reserve (a capped volume's image is allocated in full: :func:`_make_image`)."""
+    room = room_above_reserve(root)
+    if need > room:
+        raise StorageFull(
+            f"no room for the volume under {root}: {max(0, room) >> 20} MiB are free above "
+            f"the disk's reserve, it needs {need >> 20} MiB; "
+            + ("give a smaller max_mb, or " if max_mb else "")
+            + "remove volumes or snapshots", details={"path": str(root), "max_mb": max_mb})
+
+
 def _make_image(work: Path, max_mb: int) -> None:
-    """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree."""
+    """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree, its
+    blocks allocated now: a sparse image would let volumes promise more than the disk
+    holds, and their rw writers fill the disk every tenant's state is on."""
     image = work / IMAGE
     with open(image, "wb") as f:
-        f.truncate(max_mb << 20)
+        try:
+            os.posix_fallocate(f.fileno(), 0, max_mb << 20)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise StorageFull(f"no room for a volume of max_mb {max_mb} under "
+                                  f"{work.parent}: {exc.strerror}",
+                                  details={"path": str(work.parent), "max_mb": max_mb}) from None
+            f.truncate(max_mb << 20)  # a filesystem without fallocate: room was checked
     proc = subprocess.run(
         [mkfs(), "-q", "-F", "-t", "ext4", "-m", "0", "-d", str(work / "data"),
          "-E", f"root_owner={CANONICAL_UID}:{CANONICAL_UID},nodiscard", str(image)],
@@ -215,7 +241,7 @@ class Volumes:
         (owner, bytes) may refuse it (a quota) before it appears; ``max_mb``: a volume
         that never holds more (see the module's docstring)."""
         return self._publish(owner, name, lambda data: apply_layer(data, archive),
-                             check=check, max_mb=max_mb)
+                             need=archive.stat().st_size, check=check, max_mb=max_mb)
 
     def adopt(self, owner: str | None, name: str, tree: Path, *, home: str,
               content: dict[str, Any], max_mb: int | None,
@@ -230,8 +256,9 @@ class Volumes:
             if max_mb is not None and lost.is_dir() and not any(lost.iterdir()):
                 lost.rmdir()
 
-        return self._publish(owner, name, fill, check=check, max_mb=max_mb, home=home,
-                             extra={CONTENT: content}, replace=True)
+        return self._publish(owner, name, fill, need=int(content.get("size_bytes") or 0),
+                             check=check, max_mb=max_mb, home=home, extra={CONTENT: content},
+                             replace=True)
 
     def snapshot(self, owner: str | None, name: str, new: str, *,
                  check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
@@ -251,10 +278,12 @@ class Volumes:
             data.rmdir()
             copy_tree(src, data, skip=skip)
 
-        return self._publish(owner, new, fill, check=check, max_mb=info.max_mb)
+        return self._publish(owner, new, fill, need=reserved_bytes(info), check=check,
+                             max_mb=info.max_mb)
 
     def _publish(self, owner: str | None, name: str, fill: Callable[[Path], None], *,
-                 check: Callable[[str | None, int], None] | None, max_mb: int | None,
+                 need: int, check: Callable[[str | None, int], None] | None,
+                 max_mb: int | None,
                  home: str | None = None, extra: dict[str, Any] | None = None,
                  replace: bool = False) -> VolumeInfo:
         if max_mb is not None and not MIN_MB <= max_mb <= MAX_MB:
@@ -264,7 +293,10 @@ class Volumes:
         if final.exists() and not replace:
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
                                f"{name}) or pick another name", details={"volume": name})
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.owner_root(owner)))
+        root = self.owner_root(owner)
+        # a capped one takes max_mb; an uncapped one its tree (checked again once made)
+        _check_room(root, (max_mb or 0) << 20 or need, max_mb)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
         try:
             (work / "data").mkdir()
             fill(work / "data")
@@ -277,6 +309,8 @@ class Volumes:
                                  details={"volume": name, "max_mb": max_mb})
             if check is not None:
                 check(owner, reserved_bytes(info))
+            if max_mb is None:
+                _check_room(root, 0, None)  # its tree left the reserve free
             if max_mb is not None:
                 _make_image(work, max_mb)
             (work / META).write_text(json.dumps({**info.model_dump(mode="json"),

@@ -31,7 +31,8 @@ Uploads survive a restart of the daemon: each has a record next to its bytes
 (``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
 next daemon takes them back at its first upload request, each at the offset its staged
 bytes reach (what a killed daemon had received and written). A record that does not
-parse, or whose bytes are gone, is dropped.
+parse, or whose bytes are gone, is dropped, and so is one whose sandbox ended before
+that request (its end was not heard: the bytes would stay on disk for good).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -58,6 +60,7 @@ from corral.errors import (
     InvalidState,
     StorageFull,
     UploadNotFound,
+    VolumeNotFound,
 )
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pathutil import resolve_path
@@ -65,6 +68,9 @@ from corral.runtime.storage import room_above_reserve
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.wire import paced
+
+if TYPE_CHECKING:
+    from corral.runtime.engine import Engine
 
 MAX_UPLOADS = 16  # open at once per sandbox
 IDLE_S = 24 * 3600.0
@@ -191,6 +197,13 @@ class Uploads:
         for up in [u for u in self._by_id.values() if u.sandbox_id == event.sandbox_id]:
             self.drop(up)
 
+    def keep_only(self, alive: set[str], has_volume: Callable[[Upload], bool]) -> None:
+        """Drop every upload of a sandbox not in ``alive``, or into a volume that
+        ``has_volume`` says is gone, whoever's."""
+        for up in list(self._by_id.values()):
+            if not (has_volume(up) if up.volume is not None else up.sandbox_id in alive):
+                self.drop(up)
+
     def sweep(self, owner: str | None, alive: set[str]) -> None:
         """Drop ``owner``'s uploads of sandboxes not in ``alive`` (its running ones) and
         those idle too long."""
@@ -208,9 +221,22 @@ def uploads(request: Request) -> Uploads:
     state = request.app.state
     if getattr(state, "uploads", None) is None:
         engine = ctx.engine(request)
-        state.uploads = Uploads(engine.layout.state_dir / "uploads")
-        engine.events.subscribe(SandboxEnded, state.uploads.ended)
+        reg = Uploads(engine.layout.state_dir / "uploads")
+        engine.events.subscribe(SandboxEnded, reg.ended)
+        # taken back from the previous daemon: those of sandboxes that ended before this
+        # first upload request (no SandboxEnded was heard for them) go now, whoever's
+        reg.keep_only({i.id for i in engine.list(owner=None) if not i.state.terminal},
+                      lambda up: _volume_exists(engine, up))
+        state.uploads = reg
     return state.uploads  # type: ignore[no-any-return]
+
+
+def _volume_exists(engine: Engine, up: Upload) -> bool:
+    try:
+        engine.get_volume(str(up.volume), owner=up.owner)
+    except VolumeNotFound:
+        return False
+    return True
 
 
 def _find(request: Request) -> Upload:
