@@ -88,6 +88,7 @@ class VolumeOps:
         info = self._writable(owner, name)
         if info.max_mb is None:
             self._volume_quota(owner, size)
+            self.volumes.check_room(owner, size)  # the disk's reserve stays free
         else:
             self.volumes.ensure_mounted(owner, name)
             vfs = os.statvfs(self.volumes.data_dir(owner, name))

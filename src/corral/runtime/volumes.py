@@ -384,6 +384,11 @@ class Volumes:
             meta[GENERATION] = int(meta.get(GENERATION) or 0) + 1
             self.set_meta(owner, name, meta)
 
+    def check_room(self, owner: str | None, need: int) -> None:
+        """:class:`StorageFull` if ``need`` more bytes of ``owner``'s volumes would take
+        the disk below its reserve."""
+        _check_room(self.owner_root(owner), need, None)
+
     def write_file(self, owner: str | None, name: str, rel: str, source: Path,
                    mode: int) -> None:
         """Put the host file ``source`` (a finished upload's bytes, which it takes) at
@@ -414,6 +419,10 @@ class Volumes:
                     raise VolumeFull(f"volume {name!r} is full (max_mb {info.max_mb}): remove "
                                      "files from it or make a larger one",
                                      details={"volume": name, "max_mb": info.max_mb}) from None
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StorageFull(f"no space left for {rel} in volume {name!r} on this "
+                                      "host's disk: remove volumes or snapshots",
+                                      details={"volume": name}) from None
                 raise
             new = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
         finally:
