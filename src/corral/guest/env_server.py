@@ -162,7 +162,8 @@ def _accept(listener: socket.socket, token: bytes, requests: BinaryIO
     deadline = time.monotonic() + LISTEN_WAIT_S
     try:
         while (left := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([listener, requests], [], [], left)
+            watched: list[Any] = [listener, requests]
+            ready, _, _ = select.select(watched, [], [], left)
             if requests in ready or not ready:
                 return None
             conn, _ = listener.accept()

@@ -19,6 +19,7 @@ import hashlib
 import os
 import socket
 import struct
+from typing import Any
 from urllib.parse import urlsplit
 
 import corral
@@ -169,7 +170,7 @@ def open_channel(sandbox: corral.Sandbox, port: int, first_line: bytes) -> PortC
     try:
         if parts.scheme == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address: object = parts.netloc + parts.path
+            address: Any = parts.netloc + parts.path
             host = "localhost"
         elif parts.scheme == "http" and parts.hostname:
             info = socket.getaddrinfo(parts.hostname, parts.port or 80,

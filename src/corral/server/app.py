@@ -212,15 +212,12 @@ class Guard:
             return
         if caller is not UNIDENTIFIED:
             mark_authenticated(scope)
-        app = scope.get("app")
-        verbs = SandboxVerbs(app.state.engine, caller) if app is not None else None
-        if verbs is None:
-            await send({"type": "websocket.close", "code": port_socket.UNAVAILABLE})
-            return
+        state = scope["app"].state  # Starlette's own, set before its middleware runs
+        verbs = SandboxVerbs(state.engine, caller)  # the service layer, for this caller
         self.activity.in_flight += 1
         try:
             with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel):
-                await port_socket.serve(scope, receive, send, verbs, app.state.streams)
+                await port_socket.serve(scope, receive, send, verbs, state.streams)
         except Exception:
             logger.exception("unexpected error relaying %s", scope["path"])
         finally:
