@@ -219,7 +219,7 @@ class _Remote:
             remote.hello = remote.call(
                 "make", id=target, kwargs=dict(kwargs), path=[MODULES_DIR] if files else []
             )
-            if streamed and port_channel:
+            if port_channel:
                 remote.move_to_port()
         except BaseException:
             remote.close()
@@ -259,9 +259,7 @@ class _Remote:
             return  # a server that cannot listen: stdin and stdout it is
         self.channel = open_channel(self.sandbox, port, token.encode() + b"\n")
         if self.channel is None:  # a request on stdin keeps the server there
-            process, line = self.request("ping")
-            process.write(line)
-            self.reply(process.readline(timeout=None))
+            self.call("ping")
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         process, line = self.request(op, **fields)
