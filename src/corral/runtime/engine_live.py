@@ -45,6 +45,7 @@ class LiveOps:
     if TYPE_CHECKING:
         layout: Layout
         snapshots: Snapshots
+        _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
 
         owners: Owners
 
@@ -147,11 +148,18 @@ class LiveOps:
     async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool:
         """Delete a snapshot (see :meth:`SnapshotOps.delete_snapshot
         <corral.runtime.engine_snapshots.SnapshotOps.delete_snapshot>`) and, for a live
-        one, its process images at once (no restore is started from it any more)."""
+        one, its process images at once (no restore is started from it any more).
+        :class:`InvalidState` for the checkpoint a hibernated sandbox sleeps in."""
         try:
             images = self.checkpoint_images(id_or_name, owner=owner)
         except SnapshotNotFound:
             return False
+        if images is not None and images.name in self._hibernated.values():
+            holder = next(s for s, c in self._hibernated.items() if c == images.name)
+            raise InvalidState(
+                f"snapshot {images.name} holds the processes of hibernated sandbox {holder}: "
+                "resume or delete the sandbox instead",
+                details={"snapshot_id": images.name, "sandbox_id": holder})
         if images is not None:
             await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
         return await self.snapshots.delete(id_or_name, owner=owner)
