@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -46,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TICK = os.sysconf("SC_CLK_TCK")
 KINDS = ("client", "daemon", "tree", "total")
+OPS = ("lifecycle", "exec", "demo")
 
 
 # -- CPU of a process tree, from /proc ---------------------------------------------------
@@ -161,12 +163,18 @@ def child(base: Path, lifecycles: int, execs: int, demo: int = 0) -> dict[str, f
             else:
                 measure("lifecycle", lifecycles, cycles)
             if demo:
+                said: list[str] = []
+
                 def run_demo(_: int) -> None:
-                    subprocess.run([sys.executable, "examples/policy_eval_demo.py", "--episodes",
-                                    str(demo), "--url", client.url], check=True,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    said.append(subprocess.run(
+                        [sys.executable, "examples/policy_eval_demo.py", "--episodes", str(demo),
+                         "--url", client.url], check=True, capture_output=True, text=True).stdout)
 
                 measure("demo", 1, run_demo)
+                # "800 episodes in 212 sandboxes in ...": how many it made, deterministic
+                made = re.search(r"episodes in (\d+) sandboxes", said[0])
+                if made:
+                    out["demo_sandboxes"] = float(made.group(1))
     finally:
         proc.send_signal(signal.SIGINT)  # stop; SIGTERM would hand its sandboxes over
         try:
@@ -327,21 +335,26 @@ def summarise(refs: list, got: dict[int, list[dict[str, float]]]) -> dict:
             continue
         row = {"ref": ref, "commit": sha, "rounds": len(got[i])}
         for key in got[i][0]:
-            row[key] = statistics.median(r[key] for r in got[i])
+            row[key] = statistics.median(r[key] for r in got[i] if key in r)
         rows.append(row)
+    ops = [op for op in OPS if rows and f"{op}_total_ms" in rows[0]]
     for row in rows:
-        for op in ("lifecycle", "exec"):
+        for op in ops:
             row[f"{op}_ratio"] = row[f"{op}_total_ms"] / rows[0][f"{op}_total_ms"]
-    return {"load": [round(x, 1) for x in load], "rows": rows}
+    return {"load": [round(x, 1) for x in load], "ops": ops, "rows": rows}
 
 
 def report(figures: dict) -> None:
-    print(f"load {figures['load']}; CPU ms per operation, medians of rounds; ratio vs the first")
+    print(f"load {figures['load']}; CPU ms per operation (demo: per run), medians of rounds; "
+          "ratio of the total to the first ref's")
     print(f"{'commit':10} {'op':9} " + " ".join(f"{k:>8}" for k in (*KINDS, "wall")) + "   ratio")
     for row in figures["rows"]:
-        for op in ("lifecycle", "exec"):
-            vals = " ".join(f"{row[f'{op}_{k}_ms']:8.3f}" for k in (*KINDS, "wall"))
-            print(f"{row['commit']:10} {op:9} {vals}   {row[f'{op}_ratio']:5.2f}x")
+        for op in figures["ops"]:
+            vals = " ".join(f"{row[f'{op}_{k}_ms']:8.1f}" if op == "demo" else
+                            f"{row[f'{op}_{k}_ms']:8.3f}" for k in (*KINDS, "wall"))
+            made = f"  ({row['demo_sandboxes']:.0f} sandboxes)" if op == "demo" and \
+                "demo_sandboxes" in row else ""
+            print(f"{row['commit']:10} {op:9} {vals}   {row[f'{op}_ratio']:5.2f}x{made}")
 
 
 if __name__ == "__main__":
