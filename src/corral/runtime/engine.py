@@ -26,6 +26,7 @@ import asyncio
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
@@ -147,6 +148,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        # seconds a sandbox may still live under its owner's maximum (the server's): a
+        # hibernated one resumes within it (engine_hibernate.py); None: no maximum
+        self.lifetime_cap: Callable[[SandboxInfo], float] | None = None
         self.events.subscribe(SandboxEnded, self._hibernated_ended)
         self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
@@ -239,6 +243,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,),
             state_dir=layout.state_dir, grace=restore_grace)
         adopting = engine._adoptable(handover)  # the rest is reconciled: lost
+        engine._hibernated_back()  # hibernated: nothing to adopt, their checkpoints on disk
         users: dict[str, int] = {}
         for live in adopting:
             if live.snapshot_id:
