@@ -21,7 +21,10 @@ daemon process's own user+system time, every thread) and ``tree`` (all of its
 descendants: launchers, the warden, bwrap, the agent and the command — the reaped ones
 through the daemon's ``cutime``/``cstime``, the live ones read from ``/proc``), and
 ``total`` = the three; the wall time too. The figures printed are medians over rounds,
-and each ref's ratio to the first ref's. Needs root.
+and each ref's ratio to the first ref's. ``--demo N`` also runs each tree's
+``examples/policy_eval_demo.py --episodes N`` once per round (CPU per run, and the
+sandboxes it made). With ``CORRAL_BENCH_PROFILE=FILE`` in a round's environment,
+``py-spy`` samples that daemon over the lifecycles (raw stacks to FILE). Needs root.
 """
 
 from __future__ import annotations
