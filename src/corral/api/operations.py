@@ -99,7 +99,12 @@ from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, P
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 from corral.volume_schema import VolumeInfo
 
-__all__ = ["COMMON_ERRORS", "OPERATIONS", "match", "operation", "request_line", "url"]
+__all__ = ["COMMON_ERRORS", "OPERATIONS", "PORT_SOCKET", "match", "operation", "request_line",
+           "url"]
+
+# A WebSocket, not an HTTP operation: a byte stream to a port of one's own sandbox
+# (corral.server.port_socket); format with id= and port=
+PORT_SOCKET = "/v1/sandboxes/{id}/ports/{port}/socket"
 
 
 _SB = "/v1/sandboxes/{sandbox_id}"
