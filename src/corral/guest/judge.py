@@ -482,7 +482,6 @@ def run_test(judge, index, source, deadline, entry_point=None):
 
 
 def judge_main():
-    t0 = time.monotonic()
     confine("corral judge")
     capture = os.fdopen(os.memfd_create("corral-output"), "w+b")
     to_sol_r, to_sol_w = os.pipe()
@@ -512,6 +511,9 @@ def judge_main():
     os.set_inheritable(report_fd, False)
     os.write(report_fd, (READY + "\n").encode())
     req = json.loads(sys.stdin.buffer.readline())
+    # The budget counts from the request: a judge may have waited, started, in a pool
+    # (corral.rl._prestart) long before its completion existed.
+    t0 = time.monotonic()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     sys.stdin = open(os.devnull)

@@ -41,6 +41,12 @@ UNSPLITTABLE = "unsplittable"
 UNGRADABLE = "ungradable"
 
 
+def judge_argv() -> list[str]:
+    """The judge's command line (the same for every run: what it judges comes later,
+    on its stdin)."""
+    return ["python3", "-I", "-c", program("confine", "judge_wire", "judge_solution", "judge")]
+
+
 def check_grading(grading: str) -> None:
     if grading not in GRADINGS:
         raise InvalidArgument(
@@ -67,7 +73,7 @@ class JudgeRun:
 
     @property
     def argv(self) -> list[str]:
-        return ["python3", "-I", "-c", program("confine", "judge_wire", "judge_solution", "judge")]
+        return judge_argv()
 
     def request(self) -> bytes:
         filename = self.path if self.path is not None else "solution.py"
