@@ -41,10 +41,12 @@ UNSPLITTABLE = "unsplittable"
 UNGRADABLE = "ungradable"
 
 
-def judge_argv() -> list[str]:
-    """The judge's command line (the same for every run: what it judges comes later,
-    on its stdin)."""
-    return ["python3", "-I", "-c", program("confine", "judge_wire", "judge_solution", "judge")]
+def judge_argv(*, warm: bool = False) -> list[str]:
+    """The judge's command line (what it judges comes later, on its stdin). ``warm``: a
+    pre-started judge, which imports the modules tests and solutions use most before it
+    says READY (``WARM_MODULES`` in :mod:`corral.guest.judge`)."""
+    source = program("confine", "judge_wire", "judge_solution", "judge")
+    return ["python3", "-I", "-c", source, *(["warm"] if warm else [])]
 
 
 def check_grading(grading: str) -> None:

@@ -53,7 +53,7 @@ class Prestarted:
     def bind(self, client: AsyncClient) -> tuple[AsyncSandbox, AsyncProcess]:
         """The sandbox and the judge's process, talked to through ``client``."""
         sb = AsyncSandbox(self.sandbox, client=client)
-        proc = AsyncProcess(self.process, client=client, args=judge_argv())
+        proc = AsyncProcess(self.process, client=client, args=judge_argv(warm=True))
         return sb, proc
 
 
@@ -96,7 +96,7 @@ class JudgePool:
         running) when it did not get there."""
         sb = await AsyncSandbox.create(client=client, **self.spec)
         try:
-            proc = await sb.spawn(judge_argv(), timeout=MAX_IDLE_S + self.run_timeout,
+            proc = await sb.spawn(judge_argv(warm=True), timeout=MAX_IDLE_S + self.run_timeout,
                                   env=TRUSTED_ENV)
             ready = await proc.exchange(b"", timeout=START_TIMEOUT_S)
         except (CorralError, ExecTimeout):
