@@ -105,6 +105,7 @@ def main() -> int:
         cold = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel)
         warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
         cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
+        sampler = None
         try:
             sampler = GroupSampler(_engine_group(daemon))
             sampler.start()
@@ -144,6 +145,9 @@ def main() -> int:
                 loads.append(os.getloadavg()[0])
         finally:
             warm.close()
+            if sampler is not None:
+                sampler.stop.set()
+                sampler.join()
     med = {k: statistics.median(v) for k, v in walls.items()}
     burst_cpu = sum(statistics.median(cpu[k]) for k in ("client", "daemon", "sandboxes"))
     res: dict[str, float | int | str] = {

@@ -594,3 +594,6 @@ JUDGE = None
 
 if __name__ == "__main__":
     judge_main()
+    # The verdict is written and the solution reaped: nothing is left to flush, so the
+    # interpreter's finalization (~3 ms of CPU with the warm modules) is skipped.
+    os._exit(0)
