@@ -10,9 +10,10 @@ Each round, in turn (load drifts, so the three alternate):
 - ``cold``: ``code_reward`` (isolated grading, a fresh sandbox each) as it is by
   default: create the sandbox, start the judge, judge, delete;
 - ``prestarted``: ``code_reward(prestart=N)`` with its pool filled before the clock
-  starts (``reward.prestart()``, timed apart as ``fill``): the batch pays the request,
-  the verdict and the delete. ``prestarted_with_fill`` adds the fill (the whole cost
-  when a pool cannot be filled between batches).
+  starts: the batch pays the request, the verdict and the delete. The refill it starts
+  in the background is then waited for (``reward.prestart()``) before anything else
+  runs, timed apart as ``fill``; ``prestarted_with_fill`` adds it (the whole cost when
+  nothing else could be done while the pool fills).
 
 ``parallel`` = the reward's default concurrency (4 per core) for all three. Reports the
 median wall time of each, the ratios to ``plain``, the CPU of one problem of the
@@ -107,9 +108,10 @@ def main() -> int:
         cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
         sampler = None
         try:
+            warm.prestart()  # the first fill; each batch's refill is timed below
             sampler = GroupSampler(_engine_group(daemon))
             sampler.start()
-            for _ in range(rounds):
+            def plain() -> list[str]:
                 kids = os.times()
                 t = time.perf_counter()
                 ok = asyncio.run(_plain(python, programs, parallel))
@@ -118,15 +120,15 @@ def main() -> int:
                 cpu.setdefault("plain", []).append(
                     (done.children_user + done.children_system - kids.children_user
                      - kids.children_system) / n * 1000)
-                bad += [f"plain: {n - ok} failed"] if ok != n else []
+                return [f"plain: {n - ok} failed"] if ok != n else []
+
+            def cold_batch() -> list[str]:
                 t = time.perf_counter()
                 got = cold(completions=completions, tests=tests, entry_point=entry)
                 walls.setdefault("cold", []).append(time.perf_counter() - t)
-                bad += [f"cold: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
-                t = time.perf_counter()
-                filled = warm.prestart()
-                walls.setdefault("fill", []).append(time.perf_counter() - t)
-                bad += [f"fill: {filled}/{n}"] if filled != n else []
+                return [f"cold: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
+
+            def prestarted_batch() -> list[str]:
                 used = warm.stats.prestarted
                 time.sleep(0.05)
                 groups = dict(sampler.seen)
@@ -139,9 +141,19 @@ def main() -> int:
                 time.sleep(0.05)
                 cpu.setdefault("sandboxes", []).append(sum(
                     v - groups[k] for k, v in sampler.seen.items() if k in groups) / n * 1000)
-                bad += [f"prestarted: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
-                bad += [f"prestarted used {warm.stats.prestarted - used}/{n}"] if (
+                out = [f"prestarted: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
+                out += [f"prestarted used {warm.stats.prestarted - used}/{n}"] if (
                     warm.stats.prestarted - used != n) else []
+                # The refill the batch started in the background, waited for here so
+                # that it overlaps nothing measured: what a pool costs between batches.
+                t = time.perf_counter()
+                filled = warm.prestart()
+                walls.setdefault("fill", []).append(time.perf_counter() - t)
+                return out + ([f"fill: {filled}/{n}"] if filled != n else [])
+
+            for r in range(rounds):  # the order reversed every other round: load drifts
+                for step in (plain, cold_batch, prestarted_batch)[::1 if r % 2 == 0 else -1]:
+                    bad += step()
                 loads.append(os.getloadavg()[0])
         finally:
             warm.close()
