@@ -6,7 +6,9 @@ refilled after a batch and deleted on ``close``."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 import time
 
 import pytest
@@ -116,6 +118,9 @@ def test_the_pool_refills_after_a_batch_and_old_judges_are_not_used(daemon, clie
         assert reward.last_outcomes[0].sandbox_id != old.sandbox.id
         assert reward.prestart() == 2  # deletes the stale one, starts another
         assert old.sandbox.id not in {e.sandbox.id for e in pool._ready}
+        # A copy (pickled to a worker, deep-copied) never shares a waiting judge.
+        for twin in (copy.deepcopy(reward), pickle.loads(pickle.dumps(reward))):
+            assert len(twin._pool) == 0 and len(pool) == 2
     finally:
         reward.close()
     assert len(reward._pool) == 0

@@ -80,6 +80,11 @@ class JudgePool:
     def __len__(self) -> int:
         return len(self._ready)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy``, ``pickle``: a reward sent to a worker) starts empty: a
+        waiting judge is handed out once, by the pool that started it."""
+        return {**self.__dict__, "_ready": collections.deque(), "_stale": [], "_starting": 0}
+
     def take(self) -> Prestarted | None:
         """The oldest judge still young enough, or ``None``; older ones are set aside
         for deletion (:meth:`fill` deletes them)."""

@@ -337,6 +337,9 @@ class AsyncCodeReward:
         async with AsyncClient(self.url) as client:
             return await self._pool.fill(client, self.prestart_size, self.concurrency)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_refill": None}  # the pool copies itself empty
+
     async def aclose(self) -> None:  # the blocking twin's is close()
         """Delete the pre-started judges' sandboxes (else the daemon ends them within
         their lifetime, ``corral.rl._prestart.MAX_IDLE_S`` plus the run's timeout)."""
