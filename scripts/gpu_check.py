@@ -95,6 +95,10 @@ CANDIDATES = {
         relu_scale[(triton.cdiv(y.numel(), 1024),)](y, y.numel(), self.scale, BLOCK=1024)
         return y
 """,
+    "fused": HEAD + """
+    def forward(self, a, b):
+        return torch.addmm(self.bias, a, b).relu_().mul_(self.scale)
+""",
     "wrong": HEAD + """
     def forward(self, a, b):
         return (a @ b + self.bias) * self.scale
@@ -177,6 +181,16 @@ torch.Tensor.to = to
 """,
 }
 results: dict[str, object] = {}
+# PyTorch's environment (TORCH_PY's venv: /opt/torch/.venv/bin/python → /opt/torch) bound
+# read-only into hostroot sandboxes by the admin: an overlay's lower layer does not show
+# the mounts under it, and /opt may be one
+TORCH_HOME = str(Path(TORCH_PY).parents[2])
+
+
+def mounts(image: str) -> dict:
+    if image != "hostroot" or not os.path.isdir(TORCH_HOME):
+        return {}
+    return {"volumes": {TORCH_HOME: f"{TORCH_HOME}:ro"}}
 
 
 def record(name: str, value: object) -> None:
@@ -211,7 +225,7 @@ async def create_ready_ms(engine, n, **spec):
     for _ in range(n):
         for kind, extra in (("gpu", {"gpus": 1}), ("cpu", {})):
             t = time.perf_counter()
-            info = await engine.create(**spec, **extra)
+            info = await engine.create(**spec, **extra, **mounts(spec["image"]))
             times[kind].append((time.perf_counter() - t) * 1000)
             await engine.delete(info.id)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -227,7 +241,7 @@ async def _usage_holding(engine, sid):
     """sb.info's usage while a process of the sandbox holds 1 GiB of GPU memory."""
     await sh(engine, sid, f"nohup {TORCH_PY} -c \"{HOLD}\" >/tmp/hold.log 2>&1 &")
     seen = []
-    for _ in range(60):
+    for _ in range(25):
         await asyncio.sleep(1)
         usage = engine.usage(sid)
         seen.append(usage)
@@ -251,14 +265,18 @@ async def main() -> int:
     from corral.runtime.engine import Engine
     from corral.runtime.gpus import NvmlBackend
 
-    backend = NvmlBackend()
-    record("inventory", [vars(g) | {"node": str(g.node)} for g in backend.devices()])
-    files = backend.driver_files()
-    record("driver_files", {"version": files.version,
-                            "libraries": [f"{s} <- {h}" for h, s in files.libraries],
-                            "tools": [str(h) for h, _ in files.tools],
-                            "control_nodes": [str(h) for h, _ in files.control_nodes]})
-    record("doctor", doctor.gpus(backend).to_dict())
+    try:
+        backend = NvmlBackend()
+        record("inventory", [vars(g) | {"node": str(g.node)} for g in backend.devices()])
+        files = backend.driver_files()
+        record("driver_files", {"version": files.version,
+                                "libraries": [f"{s} <- {h}" for h, s in files.libraries],
+                                "tools": [str(h) for h, _ in files.tools],
+                                "control_nodes": [str(h) for h, _ in files.control_nodes]})
+        record("doctor", doctor.gpus(backend).to_dict())
+    except Exception as exc:  # go on: the sandbox steps say what they can
+        record("inventory", {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                             "trace": traceback.format_exc()[-1500:]})
     outside = subprocess.run([TORCH_PY, "-c", MATMUL], capture_output=True, text=True, timeout=300)
     record("matmul_outside", outside.stdout.strip() or outside.stderr[-1500:])
 
@@ -267,31 +285,40 @@ async def main() -> int:
     try:
         images = [i.name for i in engine.images.list()]
         record("images", images)
+        if os.environ.get("KERNELS"):  # a second run: only these candidates
+            await step("kernel_rewards", _kernels(engine, "hostroot",
+                                                  os.environ["KERNELS"].split(",")))
+            images = []
         for image in [i for i in ("hostroot", "python") if i in images]:
-            gpu = await step(f"{image}_create_gpus1", engine.create(image=image, gpus=1, **big))
-            if gpu is None:
-                continue
-            await step(f"{image}_gpu_dev_and_env", sh(
-                engine, gpu.id, "ls -l /dev | grep nvidia; env | grep -E 'CUDA|NVIDIA|LD_LIB'; id"))
-            await step(f"{image}_nvidia_smi", sh(engine, gpu.id, "nvidia-smi -L && nvidia-smi"))
-            if image == "hostroot":
-                for attempt in ("hostroot_matmul_inside", "hostroot_matmul_inside_again"):
-                    await step(attempt, run(engine, gpu.id, [TORCH_PY, "-c", MATMUL]))
-                await step("hostroot_usage_while_holding", _usage_holding(engine, gpu.id))
-            await step(f"{image}_device_cgroup", _device_rules(engine, gpu.id))
-            await engine.delete(gpu.id)
-            await step(f"{image}_second_exclusive_refused", _refused(engine, image, NoGpuCapacity))
-            cpu = await step(f"{image}_create_no_gpu", engine.create(image=image, **big))
+            gpu = await step(f"{image}_create_gpus1", engine.create(
+                image=image, gpus=1, **big, **mounts(image)))
+            if gpu is not None:  # else the steps without a GPU still run
+                await step(f"{image}_gpu_dev_and_env", sh(
+                    engine, gpu.id, "ls -l /dev | grep nvidia; env | grep -E 'CUDA|NVIDIA|LD_LIB'; id"))
+                await step(f"{image}_nvidia_smi", sh(engine, gpu.id, "nvidia-smi -L && nvidia-smi"))
+                if image == "hostroot":
+                    for attempt in ("hostroot_matmul_inside", "hostroot_matmul_inside_again"):
+                        await step(attempt, run(engine, gpu.id, [TORCH_PY, "-c", MATMUL]))
+                    await step("hostroot_usage_while_holding", _usage_holding(engine, gpu.id))
+                await step(f"{image}_device_cgroup", _device_rules(engine, gpu.id))
+                await engine.delete(gpu.id)
+            if gpu is not None:
+                await step(f"{image}_second_exclusive_refused",
+                           _refused(engine, image, NoGpuCapacity))
+            cpu = await step(f"{image}_create_no_gpu", engine.create(
+                image=image, **big, **mounts(image)))
             if cpu is not None:
                 await step(f"{image}_no_gpu_devices", sh(
-                    engine, cpu.id, "ls /dev; ls /dev | grep -c nvidia; nvidia-smi 2>&1 | head -2"))
+                    engine, cpu.id, "ls /dev; ls /dev | grep -c nvidia; nvidia-smi 2>&1 | head -2; "
+                    f"ls -d {TORCH_HOME}/* | head -3"))
                 if image == "hostroot":
                     await step("hostroot_no_gpu_cuda", run(engine, cpu.id, [TORCH_PY, "-c", NO_GPU]))
                 await engine.delete(cpu.id)
-            await step(f"{image}_shared", _shared(engine, image))
-            if image == "hostroot":
-                await step("kernel_rewards", _kernels(engine, image))
+            if gpu is not None:
+                await step(f"{image}_shared", _shared(engine, image))
             await step(f"{image}_create_ready", create_ready_ms(engine, 15, image=image))
+            if image == "hostroot" and gpu is not None:
+                await step("kernel_rewards", _kernels(engine, image))
         await step("gpus_released", _released(engine))
     finally:
         await engine.close()
@@ -300,9 +327,9 @@ async def main() -> int:
 
 
 async def _refused(engine, image, err):
-    held = await engine.create(image=image, gpus=1, memory_mb=256)
+    held = await engine.create(image=image, gpus=1, memory_mb=256, **mounts(image))
     try:
-        await engine.create(image=image, gpus=1, memory_mb=256)
+        await engine.create(image=image, gpus=1, memory_mb=256, **mounts(image))
         return "NOT REFUSED"
     except err as exc:
         return {"refused": exc.code, "message": exc.message, "details": exc.details}
@@ -311,8 +338,8 @@ async def _refused(engine, image, err):
 
 
 async def _shared(engine, image):
-    a = await engine.create(image=image, gpus=1, gpu_shared=True, memory_mb=512)
-    b = await engine.create(image=image, gpus=1, gpu_shared=True, memory_mb=512)
+    a = await engine.create(image=image, gpus=1, gpu_shared=True, memory_mb=512, **mounts(image))
+    b = await engine.create(image=image, gpus=1, gpu_shared=True, memory_mb=512, **mounts(image))
     try:
         out = [await sh(engine, s.id, "nvidia-smi -L") for s in (a, b)]
         return {"a": out[0], "b": out[1], "held": [engine.gpus.held_by(a.id), engine.gpus.held_by(b.id)]}
@@ -321,7 +348,7 @@ async def _shared(engine, image):
             await engine.delete(s.id)
 
 
-async def _kernels(engine, image):
+async def _kernels(engine, image, only=None):
     """corral.rl.kernel's judge in a GPU sandbox, as kernel_reward runs it (through the
     engine here: no daemon on this machine), for honest candidates and hacks; and the
     same judge run unsandboxed on the host for its overhead."""
@@ -329,14 +356,16 @@ async def _kernels(engine, image):
 
     out = {}
     for name, source in CANDIDATES.items():
+        if only and name not in only:
+            continue
         payload = kernel_payload(source, REFERENCE, device="cuda", trials=3, timing_inputs=4,
-                                 repeats=10, timeout=240)
+                                 repeats=10, timeout=90)
         t = time.perf_counter()
         sb = await engine.create(image=image, gpus=1, memory_mb=32768, pids=1024,
-                                 open_files=4096)
+                                 open_files=4096, **mounts(image))
         try:
             r = await engine.exec(sb.id, [TORCH_PY, "-I", "-c", payload["program"]],
-                                  stdin=json.dumps(payload), timeout=600)
+                                  stdin=json.dumps(payload), timeout=120)
         finally:
             await engine.delete(sb.id)
         o = outcome(parse_verdict(r.stdout), max_speedup=10.0, stderr=r.stderr)
@@ -345,7 +374,7 @@ async def _kernels(engine, image):
                      "cand_ms": o.candidate_ms, "wall_s": round(time.perf_counter() - t, 2),
                      "stderr": r.stderr.decode(errors="replace")[-400:]}
         print(f"   kernel {name}: {out[name]}", flush=True)
-    for name in ("same", "fast_tf32"):  # the judge's overhead: the same check, unsandboxed
+    for name in (only or ("same", "fast_tf32"))[:2]:  # the judge's overhead: the same check, unsandboxed
         payload = kernel_payload(CANDIDATES[name], REFERENCE, device="cuda", trials=3,
                                  timing_inputs=4, repeats=10, timeout=240)
         t = time.perf_counter()

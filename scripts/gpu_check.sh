@@ -33,6 +33,10 @@ mount -t tmpfs -o size=8g,mode=0711 corral-gpu "$W"
 mkdir -p "$OUT" "$W/py" "$W/bin" "$W/state" "$W/cache/bin" "$W/cache/images" "$W/run"
 {
 echo "== machine"; uname -r; nvidia-smi -L; findmnt -no FSTYPE,SOURCE /; findmnt /opt || true
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"; ls -l /dev/nvidia* 2>&1; command -v nvidia-smi nft ip
+ldconfig -p | grep -E 'libcuda|libnvidia-ml' || echo "driver not in the ldconfig cache"
+findmnt -rn -o TARGET,FSTYPE,OPTIONS | grep -E 'nvidia|/opt|^/ ' || true
+unshare -Urm true && echo "userns: ok"; stat -c 'opt dev %d' /opt /opt/torch / 2>&1
 stat -fc %T /sys/fs/cgroup; cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null; "$TORCH_PY" -V
 "$TORCH_PY" - "$C/wheels" "$W/py" <<'PY'
 import glob, sys, zipfile

@@ -20,6 +20,7 @@ from pydantic import (
     StrictInt,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -132,6 +133,11 @@ class SandboxSpec(BaseModel):
     # sandbox user is uid 0 of its user namespace (still without any capability) and
     # that namespace is not nested, as CRIU needs; nothing else changes.
     checkpointable: bool = False
+    # What its ``timeout`` does: "stop" it (the default), or "hibernate" it (processes
+    # and files to disk, memory freed; its next use resumes it with a fresh lifetime as
+    # long: docs/live.md). "hibernate" needs ``checkpointable`` and what CRIU can dump:
+    # loopback alone (network "none"), no volumes, no GPUs.
+    on_timeout: Literal["stop", "hibernate"] = "stop"
     # Start the image's ENTRYPOINT + CMD (Dockerfile, OCI config) as a background process
     # once the sandbox is up, as the image's USER, in its WORKDIR, with its ENV
     # (``GET .../processes`` lists it; docs/users.md). Refused for an image with neither.
@@ -159,6 +165,21 @@ class SandboxSpec(BaseModel):
             if not _ENV_KEY_RE.match(k) or "\0" in v.get_secret_value():
                 raise ValueError(f"invalid secret name or value: {k!r}")
         return secrets
+
+    @field_validator("on_timeout")
+    @classmethod
+    def _hibernates(cls, v: str, info: ValidationInfo) -> str:
+        if v == "hibernate":  # (the fields it depends on are declared, so checked, first)
+            if not info.data.get("checkpointable"):
+                raise ValueError("'hibernate' needs checkpointable=True (its processes "
+                                 "are saved with CRIU: docs/live.md)")
+            if (info.data.get("network", NetworkMode.NONE) != NetworkMode.NONE
+                    or info.data.get("volumes")
+                    or info.data.get("gpus")):
+                raise ValueError("'hibernate': a sandbox with a network, volumes or GPUs "
+                                 "cannot be checkpointed; use network='none' and neither "
+                                 "volumes nor GPUs, or on_timeout='stop'")
+        return v
 
     def secret_env(self) -> dict[str, str]:
         """The secrets as environment variables, in clear (for commands only)."""

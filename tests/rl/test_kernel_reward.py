@@ -214,3 +214,15 @@ def test_killing_the_judge_scores_zero_not_ungradable():
 def test_no_verdict_before_the_candidate_ran_is_not_gradable():
     assert outcome(None, max_speedup=10.0).reward is None
     assert parse_verdict(b"garbage\nnot json") is None
+
+
+def test_a_kernel_that_reads_its_own_source_back_runs():
+    """Triton's ``@jit`` reads the decorated function's source from its file
+    (``inspect.getsource``): a candidate compiled from a bare string failed there on the
+    GPU machine ("@jit functions should be defined in a Python file")."""
+    reads_source = CORRECT + """
+import inspect
+assert "def forward" in inspect.getsource(ModelNew.forward)
+"""
+    out = scored(reads_source)
+    assert out.status == "ok" and out.correct, out

@@ -434,3 +434,13 @@ def test_v1_new_cpuset_groups_start_with_their_parents_cpus(tmp_path):
         assert (d / "cpuset.cpus").read_text() == "0-3" and (d / "cpuset.mems").read_text() == "0"
     assert driver.set_cpus(group, (2,))
     assert (mounts["cpuset"] / "corral" / "sb-1" / "cpuset.cpus").read_text() == "2"
+
+
+def test_v2_new_group_under_the_root_keeps_an_inheriting_cpuset(tmp_path):
+    # a v2 root offers cpuset but has no cpuset.cpus (only .effective); a new group's
+    # empty cpuset.cpus means "the parent's": nothing to copy (a GPU machine failed here)
+    _files(tmp_path, {"cgroup.controllers": "cpuset cpu memory pids",
+                      "cpuset.cpus.effective": "0-15"})
+    _files(tmp_path / "corral", {"cpuset.cpus": "", "cpuset.mems": ""})
+    CgroupV2Driver(tmp_path)._made(tmp_path / "corral")
+    assert (tmp_path / "corral" / "cpuset.cpus").read_text() == ""

@@ -11,12 +11,13 @@ import stat
 
 import pytest
 
-from corral.errors import InvalidState, Unsupported
+from corral.errors import InvalidArgument, InvalidState, Unsupported
 from corral.runtime import checkpoint, criu
 from corral.runtime.engine import Engine
 from corral.runtime.layer_fetch import LayerFetcher
 from corral.runtime.paths import default_cache_dir
 from corral.runtime.terminal import TerminalSize
+from corral.schema import SandboxSpec
 
 COUNTER = (
     "nohup python3 -c 'import time\nb = bytearray(8 << 20)\ni = 0\nwhile True:\n"
@@ -246,3 +247,63 @@ async def test_a_listening_server_and_a_pty_process_go_on_in_the_copy(engine, cr
     assert int(tty.stdout) >= 1, tty
     await engine.delete(copy.id)
     await engine.delete_snapshot(snap.id)
+
+
+async def _until(check, what: str, limit: float = 60.0):  # noqa: ANN001, ANN202 - a test helper
+    """Poll ``check`` until it returns something truthy (bounded only against a hang)."""
+    for _ in range(int(limit / 0.1)):
+        if got := check():
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {limit:g} s: {what}")
+
+
+async def test_a_hibernated_lifetime_stands_still_and_resumes_with_what_was_left(
+        engine, criu_cached):
+    """Hibernated time does not count: the reaper leaves a hibernated sandbox alone
+    past its deadline, and it resumes with what was left of its lifetime (not a new
+    one), which then ends it as a timeout. Its creation time and uid are kept apart."""
+    lifetime = 3.0
+    sb = await engine.create(network="none", checkpointable=True, timeout=lifetime)
+    created = engine.get(sb.id).created_at
+    info = await engine.hibernate(sb.id)
+    left = info.spec.timeout
+    assert 0 < left < lifetime  # what was left of it when it hibernated
+    assert engine._get_live(sb.id).uid == -1  # given back once, not again at its end
+    await asyncio.sleep(lifetime)  # past the deadline it had: hibernated, it stays
+    assert engine.get(sb.id).state.value == "paused"
+    info = await engine.resume(sb.id)
+    assert info.state.value == "running" and info.spec.timeout == left
+    assert info.created_at == created == engine.get(sb.id).created_at
+    ended = await _until(lambda: (i := engine.get(sb.id)).state.terminal and i,
+                         "what was left of its lifetime ends it")
+    assert ended.state.value == "stopped" and ended.reason.startswith("timeout"), ended.reason
+
+
+async def test_on_timeout_hibernate_hibernates_at_the_timeout_and_wakes_with_a_new_lifetime(
+        engine, criu_cached):
+    """``on_timeout="hibernate"``: the timeout hibernates the sandbox (processes kept);
+    resumed, it counts on with a lifetime as long as the one that ran out."""
+    sb = await engine.create(network="none", checkpointable=True, timeout=3.0,
+                             on_timeout="hibernate")
+    await engine.exec(sb.id, ["sh", "-c", COUNTER])
+    before = await count(engine, sb.id)
+    info = await _until(lambda: (i := engine.get(sb.id)).reason == "hibernated" and i,
+                        "its timeout hibernates it")
+    assert info.state.value == "paused" and engine._get_live(sb.id).hibernated
+    await engine.wake(sb.id)
+    assert engine.get(sb.id).spec.timeout == 3.0  # a new lifetime, as long
+    await engine.set_timeout(sb.id, 600)  # (not hibernated again while it is checked)
+    assert await count(engine, sb.id) >= before
+    await engine.delete(sb.id)
+
+
+@pytest.mark.parametrize("kw", [{}, {"checkpointable": True, "network": "host"},
+                                {"checkpointable": True, "volumes": {"/data": "v"}},
+                                {"checkpointable": True, "gpus": 1}])
+def test_on_timeout_hibernate_needs_what_criu_can_dump(kw):
+    """Refused at create, typed and naming the field, not when the timeout comes."""
+    with pytest.raises(InvalidArgument) as err:
+        SandboxSpec.parse(on_timeout="hibernate", **kw)
+    assert "on_timeout" in err.value.message
+    assert SandboxSpec.parse(on_timeout="hibernate", checkpointable=True).checkpointable

@@ -59,6 +59,19 @@ def test_driver_files_keep_only_the_drivers_version(tmp_path):
     assert files.control_nodes == ()  # none exist under that dev dir
 
 
+def test_driver_outside_the_ldconfig_cache_is_found_where_the_loader_looks(tmp_path, monkeypatch):
+    libdir = tmp_path / "nvidia" / "lib64"
+    libdir.mkdir(parents=True)
+    real = libdir / "libcuda.so.580.65.06"
+    real.write_text("x")
+    (libdir / "libcuda.so.1").symlink_to(real.name)
+    (libdir / "libcuda.so").symlink_to("libcuda.so.1")  # the dev link: not a soname
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"relative:{libdir}")
+    files = find_driver_files("580.65.06", tmp_path / "dev", ldconfig_text=LDCONFIG.replace(
+        "libcuda", "libother"))
+    assert files.libraries == ((real, "libcuda.so.1"),)
+
+
 def gpu(index: int, node: Path) -> GpuDevice:
     return GpuDevice(index=index, uuid=f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
                      name="Fake GPU", minor=index, memory_mb=1024, node=node)

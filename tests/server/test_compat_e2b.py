@@ -387,7 +387,8 @@ def test_lifecycle_metadata_timeout_info_kill(daemon_ok):
 def test_refused_options_create_nothing(daemon_ok):
     out = run_script(daemon_ok, """
         for name, kw in [("template", {"template": "no-such-template"}),
-                         ("lifecycle", {"lifecycle": {"on_timeout": "pause"}})]:
+                         ("lifecycle", {"lifecycle": {"on_timeout": "pause"},
+                                        "allow_internet_access": True})]:
             try:
                 Sandbox.create(**kw)
                 out[name] = "created"
@@ -562,3 +563,53 @@ def test_pause_of_a_checkpointable_sandbox_hibernates_and_connect_restores_it(da
         again.kill()
     """)
     assert out == {"paused": "paused", "counts_on": True, "id": True}
+
+
+def test_lifecycle_on_timeout_pause_hibernates_at_the_timeout_and_connect_resumes(daemon_ok):
+    """E2B's auto-pause (``lifecycle={"on_timeout": "pause"}``): the timeout hibernates
+    the sandbox (its process kept), ``connect`` resumes it with the timeout it gives
+    from now (E2B's rule); what corral cannot keep is refused, typed, creating nothing."""
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    out = run_script(daemon_ok, """
+        import time
+        from datetime import datetime, timezone
+        sb = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+        out["lifecycle"] = dict(Sandbox.get_info(sb.sandbox_id).lifecycle)
+        sb.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
+                        "sleep 0.05; done' >/dev/null 2>&1 &")
+        state = "running"
+        for _ in range(1200):
+            state = Sandbox.get_info(sb.sandbox_id).state.value
+            if state == "paused":
+                break
+            time.sleep(0.1)
+        out["paused"] = state
+        again = Sandbox.connect(sb.sandbox_id, timeout=60)
+        left = (again.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+        out["timeout_from_connect"] = 30 < left <= 61
+        n = int(again.commands.run("cat /tmp/n").stdout)
+        for _ in range(300):
+            if int(again.commands.run("cat /tmp/n").stdout) > n:
+                out["counts_on"] = True
+                break
+        again.kill()
+        for name, kw in [
+                ("network", {"allow_internet_access": True}),
+                ("filesystem", {"lifecycle": {"on_timeout": {"action": "pause",
+                                                             "mode": "filesystem"}}}),
+                ("no_auto_resume", {"lifecycle": {"on_timeout": "pause",
+                                                  "auto_resume": False}})]:
+            kw.setdefault("lifecycle", {"on_timeout": "pause"})
+            try:
+                Sandbox.create(**kw).kill()
+                out[name] = "created"
+            except SandboxException as e:
+                out[name] = str(e)[:3]
+    """)
+    assert out == {"lifecycle": {"on_timeout": "pause", "auto_resume": True},
+                   "paused": "paused", "timeout_from_connect": True, "counts_on": True,
+                   "network": "400", "filesystem": "400", "no_auto_resume": "400"}

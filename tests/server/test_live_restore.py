@@ -5,7 +5,8 @@ runs a sandbox with files and a running process; the daemon is stopped with SIGT
 or killed with ``kill -9`` and a new one started on the same state directory. The
 sandbox must come back running, with its files, its process (the same pid, still
 working), and answer exec, file operations and spawn; its lifetime still ends it when
-it was due. A paused one comes back paused and resumes. Without a next daemon, the
+it was due. A paused one comes back paused and resumes; a hibernated one (its processes
+in a checkpoint) comes back hibernated and resumes. Without a next daemon, the
 warden ends them after ``--restore-grace``. Waits are bounded polls, never a
 wall-clock assertion.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,8 @@ from pathlib import Path
 import pytest
 
 import corral
+from corral.runtime import criu
+from corral.runtime.paths import default_cache_dir
 from tests.conftest import requires_root
 from tests.faults.host import Host, alive
 
@@ -102,6 +106,13 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
                        json={"path": "up.bin", "size": len(blob)}).json()
         upload = f"/v1/sandboxes/{sid}/uploads/{up['upload_id']}"
         c.request("PATCH", upload, content=blob[:1 << 20], headers={"Upload-Offset": "0"})
+        # another's, deleted after the restart before any upload request: its bytes go
+        gone = corral.Sandbox.create(client=c, memory_mb=64, timeout=600)
+        c.request("PATCH", f"/v1/sandboxes/{gone.id}/uploads/" + c.request(
+            "POST", f"/v1/sandboxes/{gone.id}/uploads", json={"path": "x", "size": 10}
+        ).json()["upload_id"], content=b"12345", headers={"Upload-Offset": "0"})
+        staged = sorted((host.state / "uploads").glob("*.part"))
+        assert len(staged) == 2
     before = _sandbox_pids(host)
     assert len(before) >= 3  # bwrap, the agent, the ticker
     _restart(host, how)
@@ -110,7 +121,10 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
         assert sb.state == corral.SandboxState.RUNNING, sb.info
         assert c.info()["committed_memory_mb"] >= 128  # counted by the new daemon's caps
         c.request("POST", f"/v1/leases/{lease}/renew")  # leases are kept too
+        corral.Sandbox.connect(gone.id, client=c).delete()
         assert c.request("GET", upload).json()["offset"] == 1 << 20
+        kept = host.state / "uploads" / f"{up['upload_id']}.part"
+        assert list((host.state / "uploads").glob("*.part")) == [kept]  # the other's went
         assert not sb.files.exists("up.bin")
         done = c.request("PATCH", upload, content=blob[1 << 20:],
                          headers={"Upload-Offset": str(1 << 20)}).json()
@@ -164,6 +178,47 @@ def test_a_paused_sandbox_comes_back_paused_and_resumes(host: Host) -> None:
         assert sb.state == corral.SandboxState.PAUSED
         sb.resume()
         assert sb.exec("cat /tmp/x").stdout == "paused"
+        sb.delete()
+
+
+COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; "
+           "done' >/dev/null 2>&1 &")
+
+
+def _snapshots(c: corral.Client) -> list[dict]:
+    return c.request("GET", "/v1/snapshots").json()["snapshots"]
+
+
+def test_a_hibernated_sandbox_survives_restarts_and_resumes(host: Host) -> None:
+    """Hibernated, then a SIGTERM handover and a ``kill -9``: each next daemon lists it
+    hibernated (its checkpoint with it, its lifetime standing still); resumed, its
+    process counts on and the checkpoint goes."""
+    cached = criu.find(default_cache_dir())
+    if cached is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    (host.cache / "criu").mkdir(exist_ok=True)  # the daemon's private cache gets it too
+    subprocess.run(["cp", "-al", str(cached.path.parent), str(host.cache / "criu")], check=True)
+    with _client(host) as c:
+        sb = corral.Sandbox.create(client=c, memory_mb=128, timeout=600, checkpointable=True)
+        sb.exec(COUNTER)
+        before = _poll(lambda: sb.exec("cat /tmp/count 2>/dev/null").stdout.strip(), "count")
+        info = sb.hibernate()
+        sid, left, created = sb.id, info.spec.timeout, info.created_at
+    for how in ("sigterm", "kill9"):
+        _restart(host, how)
+        with _client(host) as c:
+            info = corral.Sandbox.connect(sid, client=c).info
+            assert (info.state, info.reason) == (corral.SandboxState.PAUSED, "hibernated"), info
+            assert info.spec.timeout == left  # standing still
+            assert [s["kind"] for s in _snapshots(c)] == ["live"]
+    with _client(host) as c:
+        sb = corral.Sandbox.connect(sid, client=c)
+        info = sb.resume()
+        assert info.state == corral.SandboxState.RUNNING and info.created_at == created
+        n = int(sb.exec("cat /tmp/count").stdout)
+        assert n >= int(before)
+        _poll(lambda: int(sb.exec("cat /tmp/count").stdout) > n, "it counts on")
+        assert _snapshots(c) == []  # its checkpoint went once it ran
         sb.delete()
 
 

@@ -187,6 +187,9 @@ def _add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpointable", action="store_true", default=None,
                    help="its running processes can be checkpointed (snapshot create "
                    "--live; docs/live.md)")
+    p.add_argument("--on-timeout", choices=["stop", "hibernate"], default=None,
+                   help="what its timeout does: stop it (default) or hibernate it (a "
+                   "checkpointable sandbox; docs/live.md)")
     p.add_argument("--snapshot", metavar="S",
                    help="start on this snapshot's files (id or name; a live one's "
                    "processes run on); options left out come from the sandbox it was "

@@ -45,6 +45,7 @@ class SpecOptions(TypedDict, total=False):
     gpus: int | str | Sequence[str]  # a count, "all", or GPU indices/UUIDs
     gpu_shared: bool  # share the GPUs with other sandboxes that share (default: exclusive)
     checkpointable: bool  # its running processes can be checkpointed (docs/live.md)
+    on_timeout: str  # "stop" (default) | "hibernate": what its timeout does (docs/live.md)
     run_entrypoint: bool  # start the image's ENTRYPOINT + CMD in the background on create
 
 

@@ -107,6 +107,20 @@ def mask_of(torch, seed: int, nbytes: int, device: str):
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device, generator=g)
 
 
+def source_module(role: str, source: str) -> tuple[dict, str]:
+    """A fresh module namespace for ``source`` and the file it is compiled from: its
+    own file in a private directory (Triton's ``@jit`` and ``inspect.getsource`` read a
+    function's source back from its file), also put in ``linecache``."""
+    import linecache
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix=f"corral-{role}-"), f"{role}.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(source)
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    return {"__name__": f"corral_{role}", "__file__": path}, path
+
+
 def worker(role: str) -> None:  # pragma: no cover - runs in its own process
     """A model's process: loads its source, answers load/inputs/run/stage/time."""
     if role != "candidate":
@@ -153,7 +167,8 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
         try:
             if op == "load":
                 device = header["device"]
-                exec(compile(header["source"], f"<{role}>", "exec"), module)  # noqa: S102
+                module, path = source_module(role, header["source"])
+                exec(compile(header["source"], path, "exec"), module)  # noqa: S102
                 init = header.get("init")
                 if init is None:
                     init = list(module["get_init_inputs"]())

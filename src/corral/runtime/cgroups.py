@@ -338,7 +338,8 @@ def _fill_cpuset(d: Path) -> None:
     no task could join it. It starts with its parent's. Idempotent: a concurrent create
     that finds the group made by another fills it too, rather than race its maker."""
     for name in ("cpuset.cpus", "cpuset.mems"):
-        if (d / name).exists() and not _read(d / name).strip():
+        if ((d / name).exists() and (d.parent / name).exists()
+                and not _read(d / name).strip()):
             _write(d / name, _read(d.parent / name).strip())
 
 
@@ -413,6 +414,11 @@ class CgroupDriver:
         """Change the limits of an existing group (a warm slot gets its sandbox's limits)."""
         _check_limits(cpus, memory_mb, pids)
         self._set_limits(group, cpus, memory_mb, pids)
+
+    def handle(self, path: str) -> Cgroup:
+        """Group ``path`` whether it exists or not: a hibernated sandbox's old group,
+        gone with its processes (removing it again changes nothing)."""
+        return self._group_type(path, self._dirs(path))
 
     def open(self, path: str) -> Cgroup:
         """The existing group ``path``; :class:`~corral.errors.NotFound` if it is nowhere."""
@@ -506,6 +512,10 @@ class CgroupV2Driver(CgroupDriver):
         wanted = [*V2_CONTROLLERS, *(["cpuset"] if "cpuset" in offered else [])]
         if any(c not in enabled for c in wanted):
             _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+
+    def _made(self, d: Path) -> None:
+        """Nothing to fill: a v2 group's empty ``cpuset.cpus`` means its parent's
+        effective set (and the root group has no ``cpuset.cpus`` to copy)."""
 
     def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
         d = group._dirs[""]

@@ -36,6 +36,9 @@ from corral.errors import InvalidState, Unsupported
 from corral.runtime import criu, live_images
 
 DUMP_TIMEOUT_S = 120.0
+# CRIU's own limit on seizing the tasks (its default, 10 s, ran out on a host at load
+# 30: "Timeout reached. Try to interrupt"); the sandbox is frozen meanwhile either way
+COLLECT_TIMEOUT_S = 60
 _NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
 # CRIU errors that are not the cause (it logs them and goes on)
@@ -247,6 +250,7 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
             own += ["--freeze-cgroup", str(freezer)]
         argv = [*([] if as_uid is None else dumper(as_uid)), str(binary.path), "dump", *own,
                 "-t", str(pid), "-D", str(images), "-o", "dump.log", "--leave-running",
+                "--timeout", str(COLLECT_TIMEOUT_S),
                 "--ext-unix-sk", "--shell-job", *mounts]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

@@ -10,25 +10,45 @@ the checkpoint into a new slot under the same id and deletes it. Ending a hibern
 sandbox deletes its checkpoint.
 
 Only a checkpointable sandbox hibernates (its processes are what CRIU can dump); any
-other is refused typed, running untouched. A hibernated sandbox does not survive a
-daemon restart yet: the restart fails it (its checkpoint stays, listed, restorable).
+other is refused typed, running untouched. A hibernated sandbox holds no process: its
+checkpoint is named in its registry row, so the next engine on the state directory
+lists it hibernated again (:meth:`HibernateOps._hibernated_back`), after a handover or
+a ``kill -9``.
+
+Its lifetime stands still while it is hibernated: the reaper skips it, and it resumes
+with what was left of its ``timeout`` (its spec's ``timeout`` becomes that, counted
+from the resume). One hibernated *by* its timeout (``on_timeout="hibernate"``) has
+nothing left: it resumes with a fresh lifetime as long as the one that ran out. Either
+way within the owner's maximum lifetime counted from its create (``lifetime_cap``, the
+server's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState
+from corral.errors import CorralError, InvalidState
+from corral.runtime import rootfs
 from corral.runtime.events import SandboxEnded
+from corral.runtime.live import Live
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from corral.runtime.cgroups import CgroupDriver
     from corral.runtime.events import Events
-    from corral.runtime.live import Live
     from corral.runtime.ownership import Owners
+    from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
+    from corral.runtime.snapshots import Snapshots
+
+log = logging.getLogger("corral.runtime")
 
 HIBERNATED = "hibernated"  # the reason a hibernated sandbox's row gives
 
@@ -43,6 +63,11 @@ class HibernateOps:
         registry: Registry
         _tasks: set[asyncio.Task[Any]]
         owners: Owners
+        layout: Layout
+        cgroups: CgroupDriver
+        snapshots: Snapshots
+        cgroup_parent: str
+        lifetime_cap: Callable[[SandboxInfo], float] | None
 
         def _get_live(self, sandbox_id: str) -> Live: ...
         def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
@@ -53,6 +78,9 @@ class HibernateOps:
                              owner: OwnerArg = UNSET) -> SnapshotInfo: ...
         async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _resume_running(self, sandbox_id: str) -> SandboxInfo: ...
+        def checkpoint_images(self, snapshot: str, *, owner: OwnerArg = UNSET) -> Path | None: ...
+        async def _end(self, live: Live, final: SandboxState, reason: str, *,
+                       grace: float) -> None: ...
         async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, *,
                          sandbox_id: str | None = None, owner: OwnerArg = UNSET,
                          **kw: Any) -> SandboxInfo: ...
@@ -68,6 +96,11 @@ class HibernateOps:
         live = self._get_live(sandbox_id)
         if live.hibernated is not None:
             return self.get(sandbox_id, owner=None)
+        await self._hibernate(live, timed_out=False)
+        return self.get(sandbox_id, owner=None)
+
+    async def _hibernate(self, live: Live, *, timed_out: bool) -> None:
+        sandbox_id = live.id
         # typed refusals, the sandbox untouched; the engine's own work from here on
         snap = await self.checkpoint(sandbox_id, owner=None)
         async with live.lock:
@@ -76,12 +109,30 @@ class HibernateOps:
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
                                    "running sandbox hibernates",
                                    details={"sandbox_id": sandbox_id})
+            left = live.started_at + live.spec.timeout - time.time()
             self._transition(live, SandboxState.PAUSED, HIBERNATED)
+            self.registry.set_hibernated(sandbox_id, snap.id)  # a restart finds it so
             live.hibernated = self._hibernated[sandbox_id] = snap.id
+            if not timed_out and live.started_at and left > 0:  # the rest of its lifetime
+                live.spec = live.spec.model_copy(update={"timeout": left})
+                self.registry.set_spec(sandbox_id, live.spec)
             await self._release(live)  # its processes, slot, uid, cgroup and upper dir
             live.ending, live.proc, live.channel, live.log = False, None, None, None
-            live.reattach = None
-        return self.get(sandbox_id, owner=None)
+            live.reattach, live.uid = None, -1  # (its uid was given back: not again at its end)
+
+    async def _hibernate_at_timeout(self, live: Live, reason: str) -> None:
+        """``on_timeout="hibernate"``: its lifetime ran out; hibernate it, or end it as
+        any timeout does if it cannot be (the cause in its reason)."""
+        live.hibernating = True
+        try:
+            await self._hibernate(live, timed_out=True)
+        except (CorralError, OSError) as exc:
+            why = exc.message if isinstance(exc, CorralError) else str(exc)
+            log.warning("sandbox %s could not hibernate at its timeout: %s", live.id, why)
+            await self._end(live, SandboxState.STOPPED,
+                            f"{reason}; it could not hibernate: {why}", grace=0)
+        finally:
+            live.hibernating = False
 
     async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Thaw ``owner``'s paused sandbox; restore a hibernated one (same id, a new slot)."""
@@ -95,16 +146,30 @@ class HibernateOps:
             snap_id = live.hibernated
             row = self.registry.get(sandbox_id)
             assert row is not None
+            timeout = live.spec.timeout
+            if self.lifetime_cap is not None:  # its owner's maximum, counted from its create
+                timeout = min(timeout, self.lifetime_cap(row))
+                if timeout <= 0:
+                    raise InvalidState(
+                        f"sandbox {sandbox_id} has lived its maximum lifetime (counted from "
+                        "its create, hibernated time included): delete it, or restore its "
+                        f"checkpoint {snap_id} as a new sandbox",
+                        details={"sandbox_id": sandbox_id, "cause": "max_lifetime"})
             self._live.pop(sandbox_id)
             self.registry.delete(sandbox_id)  # the create writes it again, running
             try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
-                info = await self.create(live.spec.model_copy(update={"snapshot": snap_id}),
-                                         sandbox_id=sandbox_id, owner=None)
+                info = await self.create(
+                    live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
+                    sandbox_id=sandbox_id, owner=None)
             except BaseException:
                 self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
                 self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
+                self.registry.set_hibernated(sandbox_id, snap_id)
+                self.registry.set_created(sandbox_id, row.created_at)
                 self._live[sandbox_id] = live
                 raise
+            self.registry.set_created(sandbox_id, row.created_at)  # (its maximum counts from it)
+            info.created_at = row.created_at
             live.hibernated = None
             self._hibernated.pop(sandbox_id, None)
         await self.delete_snapshot(snap_id, owner=None)
@@ -127,3 +192,28 @@ class HibernateOps:
                 self.delete_snapshot(snap, owner=None))  # the engine's own work
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _hibernated_back(self) -> None:
+        """At open: the sandboxes hibernated under the engine before (their rows name
+        their checkpoints) are listed hibernated again, holding nothing but those."""
+        for sid, snap_id in self.registry.hibernated_rows():
+            info = self.registry.get(sid)
+            images = None
+            try:  # its own checkpoint only: its tenant's, taken of it
+                if info is not None and self.snapshots.get(
+                        snap_id, owner=info.spec.tenant).source_sandbox == sid:
+                    images = self.checkpoint_images(snap_id, owner=None)
+            except CorralError:  # its snapshot row is gone
+                pass
+            if info is None or images is None:
+                self.registry.set_state(sid, SandboxState.FAILED, "lost: the engine restarted "
+                                        "and its hibernation checkpoint was gone")
+                continue
+            live = Live(sid, info.spec, SandboxState.PAUSED, self.layout.sandbox_dir(sid),
+                        # no process, uid or cgroup of its own: a handle on a group that
+                        # is not there (its end removes it again, changing nothing)
+                        self.cgroups.handle(f"{self.cgroup_parent}/{HIBERNATED}-{sid}"))
+            rootfs.remove_dirs(live.sandbox_dir)  # a crash mid-hibernate left it (unmounted)
+            live.hibernated = self._hibernated[sid] = snap_id
+            live.started_at = info.started_at or 0.0
+            self._live[sid] = live

@@ -37,6 +37,7 @@ class LifetimeOps:
         async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
                        grace: float) -> None: ...
+        async def _hibernate_at_timeout(self, live: Live, reason: str) -> None: ...
 
     async def set_timeout(self, sandbox_id: str, seconds: float, *,
                           owner: OwnerArg = UNSET) -> SandboxInfo:
@@ -67,6 +68,8 @@ class LifetimeOps:
             for live in list(self._live.values()):
                 if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                     continue
+                if live.hibernated is not None or live.hibernating:  # its lifetime stands still
+                    continue
                 spec = live.spec
                 reason = None
                 if live.started_at and now_wall - live.started_at > spec.timeout:
@@ -80,7 +83,10 @@ class LifetimeOps:
                     reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
                 if reason:
                     task = asyncio.create_task(
-                        self._end(live, SandboxState.STOPPED, reason, grace=0)
+                        self._hibernate_at_timeout(live, reason)
+                        if reason.startswith("timeout") and spec.on_timeout == "hibernate"
+                        and live.state == SandboxState.RUNNING
+                        else self._end(live, SandboxState.STOPPED, reason, grace=0)
                     )
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)

@@ -45,6 +45,7 @@ class LiveOps:
     if TYPE_CHECKING:
         layout: Layout
         snapshots: Snapshots
+        _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
 
         owners: Owners
 
@@ -147,11 +148,18 @@ class LiveOps:
     async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool:
         """Delete a snapshot (see :meth:`SnapshotOps.delete_snapshot
         <corral.runtime.engine_snapshots.SnapshotOps.delete_snapshot>`) and, for a live
-        one, its process images at once (no restore is started from it any more)."""
+        one, its process images at once (no restore is started from it any more).
+        :class:`InvalidState` for the checkpoint a hibernated sandbox sleeps in."""
         try:
             images = self.checkpoint_images(id_or_name, owner=owner)
         except SnapshotNotFound:
             return False
+        if images is not None and images.name in self._hibernated.values():
+            holder = next(s for s, c in self._hibernated.items() if c == images.name)
+            raise InvalidState(
+                f"snapshot {images.name} holds the processes of hibernated sandbox {holder}: "
+                "resume or delete the sandbox instead",
+                details={"snapshot_id": images.name, "sandbox_id": holder})
         if images is not None:
             await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
         return await self.snapshots.delete(id_or_name, owner=owner)
@@ -167,11 +175,15 @@ class LiveOps:
         binary = criu.require(self.layout.cache_dir)
         meta = live_images.read_meta(live.images)
         dest = live.sandbox_dir / RESTORE_DIR
-        await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
-        live.program = tuple(live_images.restore_argv(
-            binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
-            ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
-        slot.launch(self._launch_args(live, slot, lowers))
+        try:  # whatever ends it here (a refused image, a cancel): the read access goes
+            await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+            live.program = tuple(live_images.restore_argv(
+                binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
+                ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
+            slot.launch(self._launch_args(live, slot, lowers))
+        except BaseException:
+            self._restore_done(live, ok=False)
+            raise
         # its new channels are made in its own network namespace, as a checkpointable
         # sandbox's are, so that it can be checkpointed again; sent over the reattach
         # socket it was restored with ('R', agent.c), which they replace
@@ -182,6 +194,9 @@ class LiveOps:
             detail = self._restore_done(live, ok=False)
             raise SandboxStartError(f"sandbox {live.id} failed to start: "
                                     f"{detail or exc}") from None
+        except BaseException:  # cancelled while CRIU restores
+            self._restore_done(live, ok=False)
+            raise
         try:
             socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
         except BaseException:

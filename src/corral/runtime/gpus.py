@@ -212,8 +212,13 @@ def find_driver_files(version: str | None, dev_dir: Path = Path("/dev"),
                                            timeout=10, check=False).stdout
         except (OSError, subprocess.TimeoutExpired):
             ldconfig_text = ""
+    cache = parse_ldconfig(ldconfig_text)
+    if not any(s.startswith("libcuda.so") for s in cache):
+        # a driver installed outside the cache (a read-only driver directory named by
+        # LD_LIBRARY_PATH, as some GPU machines have): look where the loader would
+        cache = {**scan_library_dirs(_loader_dirs()), **cache}
     libs = []
-    for soname, path in sorted(parse_ldconfig(ldconfig_text).items()):
+    for soname, path in sorted(cache.items()):
         if not soname.startswith(DRIVER_LIBS):
             continue
         real = Path(os.path.realpath(path))
@@ -225,6 +230,28 @@ def find_driver_files(version: str | None, dev_dir: Path = Path("/dev"),
     tools = [(Path(p), name) for name in DRIVER_TOOLS if (p := shutil.which(name))]
     nodes = [(dev_dir / n, f"/dev/{n}") for n in CONTROL_NODES if _is_chardev(dev_dir / n)]
     return DriverFiles(version, tuple(nodes), tuple(libs), tuple(tools))
+
+
+def _loader_dirs() -> list[Path]:
+    """Where the dynamic loader looks besides its cache: ``LD_LIBRARY_PATH``'s
+    directories, then the driver's and the distribution's usual ones."""
+    named = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
+    return [Path(d) for d in (*named, LIB_DIR, "/usr/lib/x86_64-linux-gnu", "/usr/lib64")]
+
+
+def scan_library_dirs(dirs: Iterable[Path]) -> dict[str, Path]:
+    """soname → path for the driver's libraries found in ``dirs`` (the first directory
+    that has a name wins, the loader's order): files named ``<lib>.so.<N>``."""
+    found: dict[str, Path] = {}
+    for d in dirs:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(DRIVER_LIBS) and re.fullmatch(r"[\w.+-]+\.so\.\d+", name):
+                found.setdefault(name, d / name)
+    return found
 
 
 def _is_chardev(p: Path) -> bool:

@@ -67,6 +67,7 @@ class Live:
     images: Path | None = None  # restored from these live checkpoint images (docs/live.md)
     program: tuple[str, ...] = ()  # run as root in place of bubblewrap: CRIU's restore
     hibernated: str | None = None  # its processes are this checkpoint's (engine_hibernate)
+    hibernating: bool = False  # by its timeout, now (on_timeout="hibernate")
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

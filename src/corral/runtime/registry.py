@@ -115,6 +115,7 @@ class Registry:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         _names_per_tenant(self._db)
+        _hibernation_column(self._db)
         self._seq = int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM sandboxes").fetchone()[0])
 
     def close(self) -> None:
@@ -174,6 +175,22 @@ class Registry:
     def delete(self, sandbox_id: str) -> None:
         self._db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
 
+    def set_hibernated(self, sandbox_id: str, checkpoint: str | None) -> None:
+        """The live checkpoint a hibernated sandbox's processes are in (None: awake): what
+        the next engine on this state directory resumes it from."""
+        self._db.execute("UPDATE sandboxes SET hibernated=? WHERE id=?", (checkpoint, sandbox_id))
+
+    def hibernated_rows(self) -> builtins.list[tuple[str, str]]:
+        """(id, checkpoint) of the sandboxes hibernated (paused, their processes in a
+        checkpoint): they have no process to adopt or lose."""
+        return list(self._db.execute(
+            "SELECT id, hibernated FROM sandboxes WHERE hibernated IS NOT NULL AND state=?",
+            (SandboxState.PAUSED.value,)))
+
+    def set_created(self, sandbox_id: str, created_at: float) -> None:
+        """Keep a resumed sandbox's creation time (its maximum lifetime counts from it)."""
+        self._db.execute("UPDATE sandboxes SET created_at=? WHERE id=?", (created_at, sandbox_id))
+
     def get(self, sandbox_id: str, *, owner: str | None = None) -> SandboxInfo | None:
         """The sandbox of that id; with ``owner`` (a tenant), only if it is that tenant's:
         another's row is then filtered out by SQLite itself, never read or parsed, so it
@@ -206,11 +223,13 @@ class Registry:
         return [_info(r) for r in self._db.execute(sql, args)]
 
     def live_rows(self) -> builtins.list[tuple[str, str, int | None, int | None, str]]:
-        """(id, state, pid, pid_start, cgroup) of sandboxes not in a terminal state."""
+        """(id, state, pid, pid_start, cgroup) of sandboxes not in a terminal state, but
+        those hibernated (no process to adopt or lose: :meth:`hibernated_rows`)."""
         return list(
             self._db.execute(
                 "SELECT id, state, pid, pid_start, cgroup FROM sandboxes "
-                "WHERE state NOT IN ('stopped', 'failed')"
+                "WHERE state NOT IN ('stopped', 'failed') "
+                "AND (hibernated IS NULL OR state != 'paused')"
             )
         )
 
@@ -372,6 +391,13 @@ def _names_per_tenant(db: sqlite3.Connection) -> None:
         db.execute("DROP INDEX IF EXISTS snapshots_name")
         db.execute("CREATE UNIQUE INDEX IF NOT EXISTS snapshots_tenant_name "
                    "ON snapshots(tenant, name) WHERE deleted = 0")
+
+
+def _hibernation_column(db: sqlite3.Connection) -> None:
+    """A registry made before hibernated sandboxes survived a restart gets the column
+    naming each one's checkpoint (engine_hibernate.py)."""
+    if "hibernated" not in {r[1] for r in db.execute("PRAGMA table_info(sandboxes)")}:
+        db.execute("ALTER TABLE sandboxes ADD COLUMN hibernated TEXT")
 
 
 def _info(row: tuple[Any, ...]) -> SandboxInfo:

@@ -23,11 +23,15 @@ A volume made with ``max_mb`` is a filesystem of that size (an ext4 image, made 
 again on first use after a reboot): ``rw`` writers share at most ``max_mb`` MiB and
 inodes in proportion, and a full one is ``ENOSPC`` inside (:class:`VolumeFull` from
 the file API), whatever the writer does (sparse files, hard links, millions of empty
-files). It counts ``max_mb`` against the owner's quota, the space it may grow to.
+files). It counts ``max_mb`` against the owner's quota, the space it may grow to, and
+takes that space on the disk at once (the image is allocated in full, refused with
+:class:`StorageFull` past the disk's reserve): volumes never promise more than the disk
+holds.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -41,11 +45,13 @@ from corral.errors import (
     InvalidArgument,
     InvalidState,
     SandboxStartError,
+    StorageFull,
     VolumeFull,
     VolumeNotFound,
 )
 from corral.runtime.diskimage import mkfs
 from corral.runtime.oci import apply_layer
+from corral.runtime.storage import room_above_reserve
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
@@ -59,11 +65,32 @@ def reserved_bytes(info: VolumeInfo) -> int:
     return max(info.size_bytes, (info.max_mb or 0) << 20)
 
 
+def _check_room(root: Path, need: int, max_mb: int | None) -> None:
+    """:class:`StorageFull` if ``need`` more bytes would take the disk under ``root``
+    below its reserve (a capped volume's image is allocated in full: :func:`_make_image`)."""
+    room = room_above_reserve(root)
+    if need > room:
+        raise StorageFull(
+            f"no room for the volume under {root}: {max(0, room) >> 20} MiB are free above "
+            f"the disk's reserve, it needs {need >> 20} MiB; "
+            + ("give a smaller max_mb, or " if max_mb else "")
+            + "remove volumes or snapshots", details={"path": str(root), "max_mb": max_mb})
+
+
 def _make_image(work: Path, max_mb: int) -> None:
-    """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree."""
+    """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree, its
+    blocks allocated now: a sparse image would let volumes promise more than the disk
+    holds, and their rw writers fill the disk every tenant's state is on."""
     image = work / IMAGE
     with open(image, "wb") as f:
-        f.truncate(max_mb << 20)
+        try:
+            os.posix_fallocate(f.fileno(), 0, max_mb << 20)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise StorageFull(f"no room for a volume of max_mb {max_mb} under "
+                                  f"{work.parent}: {exc.strerror}",
+                                  details={"path": str(work.parent), "max_mb": max_mb}) from None
+            f.truncate(max_mb << 20)  # a filesystem without fallocate: room was checked
     proc = subprocess.run(
         [mkfs(), "-q", "-F", "-t", "ext4", "-m", "0", "-d", str(work / "data"),
          "-E", f"root_owner={CANONICAL_UID}:{CANONICAL_UID},nodiscard", str(image)],
@@ -136,6 +163,8 @@ class Volumes:
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
                                f"{name}) or pick another name", details={"volume": name})
         final.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        # a capped one takes max_mb; an uncapped one its tree (checked again once made)
+        _check_room(final.parent, (max_mb or 0) << 20 or archive.stat().st_size, max_mb)
         work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
         try:
             (work / "data").mkdir()
@@ -149,6 +178,8 @@ class Volumes:
                                  details={"volume": name, "max_mb": max_mb})
             if check is not None:
                 check(owner, reserved_bytes(info))
+            if max_mb is None:
+                _check_room(final.parent, 0, None)  # its tree left the reserve free
             if max_mb is not None:
                 _make_image(work, max_mb)
             (work / "meta.json").write_text(info.model_dump_json())

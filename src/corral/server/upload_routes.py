@@ -27,7 +27,8 @@ Uploads survive a restart of the daemon: each has a record next to its bytes
 (``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
 next daemon takes them back at its first upload request, each at the offset its staged
 bytes reach (what a killed daemon had received and written). A record that does not
-parse, or whose bytes are gone, is dropped.
+parse, or whose bytes are gone, is dropped, and so is one whose sandbox ended before
+that request (its end was not heard: the bytes would stay on disk for good).
 """
 
 from __future__ import annotations
@@ -177,6 +178,11 @@ class Uploads:
         for up in [u for u in self._by_id.values() if u.sandbox_id == event.sandbox_id]:
             self.drop(up)
 
+    def keep_only(self, alive: set[str]) -> None:
+        """Drop every upload of a sandbox not in ``alive``, whoever's."""
+        for up in [u for u in self._by_id.values() if u.sandbox_id not in alive]:
+            self.drop(up)
+
     def sweep(self, owner: str | None, alive: set[str]) -> None:
         """Drop ``owner``'s uploads of sandboxes not in ``alive`` (its running ones) and
         those idle too long."""
@@ -193,8 +199,12 @@ def uploads(request: Request) -> Uploads:
     state = request.app.state
     if getattr(state, "uploads", None) is None:
         engine = ctx.engine(request)
-        state.uploads = Uploads(engine.layout.state_dir / "uploads")
-        engine.events.subscribe(SandboxEnded, state.uploads.ended)
+        reg = Uploads(engine.layout.state_dir / "uploads")
+        engine.events.subscribe(SandboxEnded, reg.ended)
+        # taken back from the previous daemon: those of sandboxes that ended before this
+        # first upload request (no SandboxEnded was heard for them) go now, whoever's
+        reg.keep_only({i.id for i in engine.list(owner=None) if not i.state.terminal})
+        state.uploads = reg
     return state.uploads  # type: ignore[no-any-return]
 
 

@@ -23,7 +23,8 @@ own IPv4 address (ARP included: the sender's MAC and address in the ARP body too
 nothing else (no IPv6: members have none there, no other ether type) crosses the bridge.
 
 ``CORRAL_NET_PRIVATE`` (default ``10.220.0.0/16``): the members' addresses, a /24 per
-private network (256 networks per engine, 254 members each): an address of another
+private network (256 networks per engine, 254 members each; a tenant's sandboxes are on
+at most half of them at once, so one tenant cannot take them all): an address of another
 network goes out through ``eth0``, where the proxy refuses it at once. A member's MAC is
 derived from its address (``02:63:`` and the four bytes).
 """
@@ -148,7 +149,7 @@ class PrivateNets:
                 raise InvalidState(f"alias {alias!r} is taken on network {name!r}: pick "
                                    "another", details={"network": name, "alias": alias})
             if group is None:
-                group = Group(self._netns(owner, name), self._free_subnet())
+                group = Group(self._netns(owner, name), self._free_subnet(owner))
                 self.groups[(owner, name)] = group
             member = Member(sandbox_id, group.free_ip(), alias)
             group.members[sandbox_id] = member
@@ -214,8 +215,15 @@ class PrivateNets:
                 gone.append(path.name)
         return gone
 
-    def _free_subnet(self) -> ipaddress.IPv4Network:
+    def _free_subnet(self, owner: str | None) -> ipaddress.IPv4Network:
         taken = {g.subnet for g in self.groups.values()}
+        total = 1 << max(0, GROUP_PREFIX - private_subnet().prefixlen)
+        mine = sum(1 for (who, _) in self.groups if who == owner)
+        if owner is not None and mine >= max(1, total // 2):
+            raise CapacityExceeded(
+                f"tenant {owner!r} has sandboxes on {mine} private networks, half of the "
+                f"{total} this host has ({PRIVATE_ENV}): end some first",
+                details={"tenant": owner, "private_networks": mine, "total": total})
         for net in private_subnet().subnets(new_prefix=GROUP_PREFIX):
             if net not in taken:
                 return net

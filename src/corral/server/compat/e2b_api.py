@@ -23,8 +23,11 @@ the sandbox, or hibernates one created with metadata ``{"corral.checkpointable":
 "true"}`` (its processes to disk, its memory freed, as E2B's own pause: docs/live.md);
 ``connect`` thaws or restores it. ``allow_internet_access`` gives the public internet
 through corral's egress filter, ``network={allow_out, deny_out}`` an egress policy
-(docs/network.md). Refused (400, never ignored): other network options, MCP, volume
-mounts, IAM, auto-pause.
+(docs/network.md). ``lifecycle={"on_timeout": "pause"}`` makes the sandbox
+checkpointable and its timeout hibernates it (``connect`` or its next command resumes
+it); ``connect`` of a paused sandbox starts its timeout again (E2B's rule). Refused
+(400, never ignored): other network options, MCP, volume mounts, IAM, auto-pause with
+a network, filesystem-only auto-pause, ``auto_resume=False``.
 Answered 501: snapshots, forks, logs, templates, volumes, secrets.
 """
 
@@ -68,7 +71,13 @@ from corral.schema import (
 )
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.compat import e2b_envd, e2b_files, e2b_interpreter, e2b_watch
+from corral.server.compat import (
+    e2b_envd,
+    e2b_files,
+    e2b_interpreter,
+    e2b_lifecycle,
+    e2b_watch,
+)
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, caught, iso
 from corral.server.compat.e2b_network import egress_policy
@@ -274,6 +283,7 @@ def detail_json(request: Request, info: SandboxInfo) -> dict[str, Any]:
         "envdAccessToken": ctx.door(request).mint(caller_of(request), info.id),
         "allowInternetAccess": info.spec.network != NetworkMode.NONE,
         "domain": None,
+        "lifecycle": e2b_lifecycle.lifecycle_json(info.spec),
     }
 
 
@@ -305,6 +315,7 @@ class NewSandbox(_Body):
     envVars: dict[str, str] | None = Field(None, max_length=1000)
     allow_internet_access: bool | None = None
     autoPause: bool | None = None
+    autoPauseMemory: bool | None = None
     autoResume: Any = None
     network: Any = None
     mcp: Any = None
@@ -343,8 +354,9 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         raise _refuse("volume_mounts", "copy files in with sandbox.files.write()")
     if req.iam:
         raise _refuse("iam", "corral sandboxes have no workload identity")
-    if req.autoPause:
-        raise _refuse("lifecycle on_timeout='pause'", "a corral sandbox ends at its timeout")
+    auto_pause = e2b_lifecycle.auto_pause(
+        pause=req.autoPause, memory=req.autoPauseMemory, resume=req.autoResume,
+        networked=bool(req.network or req.allow_internet_access))
     network: NetworkMode | dict[str, list[str]] = NetworkMode.NONE
     if req.network:
         network = egress_policy(req.network)
@@ -369,7 +381,9 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         "network": network,
         "tags": tags,
         # pause() then hibernates it (memory to disk, as E2B's pause does): docs/live.md
-        "checkpointable": (req.metadata or {}).get(CHECKPOINTABLE_KEY) == "true",
+        "checkpointable": auto_pause or (req.metadata or {}).get(CHECKPOINTABLE_KEY) == "true",
+        # lifecycle on_timeout="pause": its timeout hibernates it (docs/live.md)
+        "on_timeout": "hibernate" if auto_pause else "stop",
     })
 
 
@@ -493,7 +507,12 @@ async def connect_sandbox(request: Request) -> Response:
     if info.state == SandboxState.PAUSED:
         info = await ctx.sandboxes(request).resume(info.id)
         status = 201
-    if body.timeout:
+        # E2B: a resumed sandbox's timeout starts again at connect, the one given (or
+        # the default), whatever was left of it: as far as its maximum lifetime allows
+        want = min(float(body.timeout or DEFAULT_TIMEOUT_S),
+                   ctx.service(request).lifetime_left(info))
+        info = await set_lifetime(request, info.id, want)
+    elif body.timeout:
         left = _started(info) + info.spec.timeout - datetime.now(timezone.utc).timestamp()
         # a running sandbox's timeout only grows, as far as its maximum lifetime allows
         want = min(float(body.timeout), ctx.service(request).lifetime_left(info))

@@ -17,7 +17,9 @@ What maps to what:
   its lifetime, 0 or unset meaning corral's default; the image through
   :class:`~.tensorlake_model.TensorlakeSettings`). The reply comes once it runs, so
   ``wait=False`` answers a running sandbox too.
-- suspend / resume → pause / resume (frozen processes, memory kept).
+- suspend / resume → hibernate / resume for a sandbox on no network (made
+  checkpointable: its processes to disk, memory freed; docs/live.md), else (or where
+  CRIU refuses it) pause / resume (frozen processes, memory kept).
 - snapshot → a corral snapshot of the files (``filesystem`` type; ``memory`` is refused),
   ``completed`` at once; create with ``snapshot_id`` starts from it.
 - copy → corral's fork (files and spec, not processes), all or nothing.
@@ -30,6 +32,7 @@ mounts, exposed ports, egress allow/deny lists, resizing, pool updates, logs.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -38,7 +41,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
-from corral.errors import InvalidArgument, InvalidState, NotFound, SnapshotNotFound
+from corral.errors import (
+    InvalidArgument,
+    InvalidState,
+    NotFound,
+    SnapshotNotFound,
+    Unsupported,
+)
 from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_MAX_SIZE,
@@ -51,6 +60,7 @@ from corral.schema import (
     NetworkMode,
     SandboxInfo,
     SandboxSpec,
+    SandboxState,
     SnapshotInfo,
     validate_model,
 )
@@ -81,6 +91,8 @@ from corral.server.compat.tensorlake_scope import namespace, sandbox_url
 from corral.server.context import unless_gone
 from corral.server.service import Abandoned
 from corral.server.wire import read_json
+
+log = logging.getLogger("corral.server")
 
 SERVICE = "Tensorlake"
 MAX_COPIES = 1000
@@ -164,6 +176,8 @@ def _spec(
         fields["timeout"] = req.timeout_secs
     if gpus:  # exclusive GPUs of this host (runtime.gpus), like Tensorlake's own
         fields["gpus"] = gpus
+    elif fields.get("network") == NetworkMode.NONE:  # what CRIU can dump: suspend
+        fields["checkpointable"] = True  # then hibernates it (docs/live.md)
     return SandboxSpec.parse(fields)
 
 
@@ -252,7 +266,19 @@ async def delete_sandbox(request: Request) -> Response:
 
 
 async def suspend_sandbox(request: Request) -> Response:
-    info = await ctx.sandboxes(request).pause(_target(request).id)
+    """Tensorlake's suspend keeps memory: a checkpointable sandbox is hibernated (its
+    processes to disk, its memory freed), any other frozen, as is one CRIU refuses
+    (its memory kept resident instead)."""
+    target, verbs = _target(request), ctx.sandboxes(request)
+    info = None
+    if target.spec.checkpointable and target.state == SandboxState.RUNNING:
+        try:
+            info = await verbs.hibernate(target.id)
+        except Unsupported as exc:  # no CRIU here, or a process it refuses: frozen
+            log.warning("suspend of sandbox %s froze it: it could not hibernate (%s)",
+                        target.id, exc.message)
+    if info is None:
+        info = await verbs.pause(target.id)
     return JSONResponse(sandbox_json(info, namespace(request), sandbox_url(request)))
 
 
@@ -296,7 +322,7 @@ async def copy_sandbox(request: Request) -> Response:
         ok = await ctx.service(request).fork(
             source.id, int(raw), caller_of(request), tags=tags,
             abandoned=request.is_disconnected,
-            frontend="tensorlake",
+            frontend="tensorlake", live=False,  # its files, as Tensorlake's copy
         )
     except Abandoned:
         raise ClientDisconnect() from None
