@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+import corral
 from corral.rl import code_reward
 from corral.rl._prestart import MAX_IDLE_S
 from tests.conftest import requires_root
@@ -130,3 +131,14 @@ def test_prestart_is_validated_and_off_for_in_process_grading(daemon):
     with pytest.raises(Exception, match="prestart must be"):
         code_reward(prestart=-1)
     assert code_reward(prestart=4, grading="in_process", url=daemon.url).prestart() == 0
+
+
+def test_a_judge_whose_sandbox_went_away_costs_a_retry_not_a_reward(daemon, client):
+    reward = code_reward("binary", timeout=10, url=daemon.url, prestart=1, concurrency=1)
+    try:
+        assert reward.prestart() == 1
+        corral.Sandbox.connect(reward._pool._ready[0].sandbox.id, client=client).delete()
+        got = reward(completions=[fence("def f():\n    return 1")], tests=[["assert f() == 1"]])
+        assert got == [1.0] and reward.last_outcomes[0].attempts == 2
+    finally:
+        reward.close()

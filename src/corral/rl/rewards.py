@@ -71,6 +71,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     SandboxLost,
+    SandboxNotFound,
     SandboxProtocolError,
     SandboxStartError,
 )
@@ -438,6 +439,8 @@ class AsyncCodeReward:
             return RewardOutcome(i, 0.0, exc.message, code=code, sandbox_id=sb.id if sb else None,
                                  duration=time.monotonic() - start)
         except INFRA_ERRORS as exc:
+            if judge is not None and isinstance(exc, SandboxNotFound):  # gone while it
+                exc = SandboxLost(f"a pre-started judge's sandbox was gone: {exc}")  # waited
             return exc, sb.id if sb else None
         finally:
             if sb is not None:
