@@ -72,6 +72,9 @@ def test_a_cartpole_forked_mid_episode_steps_on_in_each_branch(client, criu_cach
         before = _run(env, [0, 1, 0])[-1]
         branches = env.fork(3, reseed=[11, 11, 12])
         assert len({b.sandbox.id for b in branches} | {env.sandbox.id}) == 4
+        # each steps over its own port socket, as the parent does (back on it)
+        assert env._remote.channel is not None
+        assert all(b._remote.channel is not None for b in branches)
         runs = [_run(b) for b in branches]
         # each went on from the parent's state (one step on, not from a reset)
         x = before[0] + 0.02 * before[1]  # CartPole's next position (tau 0.02)

@@ -213,9 +213,22 @@ def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
     names a port on the sandbox's loopback, and the first connection there whose first
     line is ``T`` carries every later request and reply (stdin and stdout fall
     silent). A request on ``requests`` before that connection keeps the conversation
-    here."""
+    here. When that connection closes, the conversation comes back here (a live fork
+    closes it first: CRIU does not checkpoint a connected TCP socket)."""
     server = EnvServer(wire)
-    while line := requests.readline():
+    home = (requests, replies)
+    while True:
+        line = requests.readline()
+        if not line:
+            if (requests, replies) == home:
+                return
+            for f in (requests, replies):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            requests, replies = home
+            continue
         if not line.strip():
             continue
         op = None

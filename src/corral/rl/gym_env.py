@@ -263,6 +263,14 @@ class _Remote:
         if self.channel is None:  # a request on stdin keeps the server there
             self.call("ping")
 
+    def back_to_stdin(self) -> None:
+        """Close the port socket: the server goes on on stdin and stdout (once this
+        returns it holds no connection: a ``ping`` there is answered after it let go)."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+            self.call("ping")
+
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         process, line = self.request(op, **fields)
         if self.channel is not None:
@@ -445,7 +453,14 @@ class SandboxEnv(gym.Env):
         parent = self._remote
         if parent.process is None:
             raise EnvError(f"the environment in sandbox {parent.sandbox.id} is closed")
-        made = fork_sandbox(parent.sandbox, n, [parent.process.id], text=False)
+        on_port = parent.channel is not None
+        if on_port:  # CRIU does not checkpoint a connected TCP socket: back to stdin
+            parent.back_to_stdin()
+        try:
+            made = fork_sandbox(parent.sandbox, n, [parent.process.id], text=False)
+        finally:
+            if on_port:
+                parent.move_to_port()
         copies: list[SandboxEnv] = []
         try:
             for (sb, procs), seed in zip(made, seeds, strict=True):
@@ -461,6 +476,8 @@ class SandboxEnv(gym.Env):
                 copy._attach(remote)
                 copy.spec = self.spec
                 copies.append(copy)
+                if on_port:
+                    remote.move_to_port()
                 if seed is not None:
                     remote.call("reseed", seed=seed)
                     copy._np_random, copy._np_random_seed = seeding.np_random(seed)
