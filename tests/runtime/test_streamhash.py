@@ -32,6 +32,7 @@ def _open_fds() -> int:
 def store(tmp_path, monkeypatch):
     monkeypatch.setattr(streamhash, "CHUNK", 1 << 20)  # several chunks per file
     s = layers.LayerStore(tmp_path / "layers")
+    s.stream_hash = True  # however busy the host is
     s.open([])
     return s
 
@@ -71,3 +72,11 @@ def test_a_discarded_stage_leaves_no_descriptor_or_thread(store, tmp_path):
     store.discard(store.stage(src))
     assert _open_fds() == fds and store._hashers == {}
     assert not any(t.name.startswith("corral-hash") for t in threading.enumerate())
+
+
+def test_a_saturated_host_hashes_at_seal(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (1000.0, 0.0, 0.0))
+    store.stream_hash = None  # the default: only with a CPU to spare
+    tmp = store.stage(_upper(tmp_path / "upper", 2 * streamhash.MIN_SIZE))
+    assert store._hashers == {}
+    assert store.seal(tmp).digest == layers.tree_digest(tmp / layers.TREE)[0]

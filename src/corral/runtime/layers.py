@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from corral.errors import InternalError, Unsupported
-from corral.runtime import syscalls
+from corral.runtime import streamhash, syscalls
 from corral.runtime.streamhash import Hasher
 from corral.runtime.treecopy import (
     ENTER,
@@ -109,7 +109,9 @@ class LayerStore:
     """The layers under ``root`` (``Layout.layers_dir``). Methods block: call them in a
     thread. Reference counting lives in the registry, not here."""
 
-    stream_hash = True  # hash large files behind their copy (streamhash); off: at seal
+    # Hash large files behind their copy (streamhash): None, when a CPU is spare (on a
+    # saturated host the hashing would only slow the frozen copy down); True, False.
+    stream_hash: bool | None = None
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -133,7 +135,8 @@ class LayerStore:
         it; a failed copy leaves nothing behind. ``ids`` translates owners (the
         sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`)."""
         tmp = self._new_tmp()
-        hasher = Hasher() if self.stream_hash else None  # seal finds large files hashed
+        streamed = streamhash.spare_cpu() if self.stream_hash is None else self.stream_hash
+        hasher = Hasher() if streamed else None  # seal finds the large files hashed
         if hasher is not None:
             self._hashers[tmp.name] = hasher
         try:

@@ -26,7 +26,16 @@ MIN_SIZE = 1 << 20  # smaller files: hashing them at seal is cheaper than a hand
 CHUNK = 8 << 20  # bytes copied, then handed to the worker, at a time
 
 
-NICE = 0  # the worker's niceness: on a busy host the frozen copy goes first
+def spare_cpu() -> bool:
+    """Whether a CPU is idle enough to hash beside the copy (the 1-minute load average
+    at least one below the CPUs this process may use). Measured (issue 30): with idle
+    cores the commit of a 50 MB file takes 0.8x the time, the copy unchanged; on a
+    saturated host the hashing thread only takes the copy's CPU, and the sandbox stays
+    frozen longer."""
+    return os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))
+
+
+NICE = 5  # the worker's niceness: on a busy host the frozen copy goes first
 
 
 def _yield_to_copy() -> None:
