@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -79,4 +80,29 @@ def test_a_saturated_host_hashes_at_seal(store, tmp_path, monkeypatch):
     store.stream_hash = None  # the default: only with a CPU to spare
     tmp = store.stage(_upper(tmp_path / "upper", 2 * streamhash.MIN_SIZE))
     assert store._hashers == {}
+    assert store.seal(tmp).digest == layers.tree_digest(tmp / layers.TREE)[0]
+
+
+def test_many_large_files_hold_a_bounded_number_of_descriptors(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(streamhash, "MAX_OPEN", 2)
+    seen = []
+    start, finish = streamhash.Hasher.start, streamhash.Hasher._finish
+
+    def counting(self, fd, size):
+        got = start(self, fd, size)
+        seen.append(len(self._open))
+        return got
+
+    def slow(self, f):  # the hashing lags behind the copy, as it does on a busy host
+        time.sleep(0.02)
+        finish(self, f)
+
+    monkeypatch.setattr(streamhash.Hasher, "start", counting)
+    monkeypatch.setattr(streamhash.Hasher, "_finish", slow)
+    src = tmp_path / "upper"
+    src.mkdir()
+    for i in range(8):
+        (src / f"f{i}").write_bytes(os.urandom(streamhash.MIN_SIZE))
+    tmp = store.stage(src)
+    assert max(seen) <= 2 and len(seen) == 8
     assert store.seal(tmp).digest == layers.tree_digest(tmp / layers.TREE)[0]

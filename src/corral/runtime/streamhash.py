@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 MIN_SIZE = 1 << 20  # smaller files: hashing them at seal is cheaper than a hand-off
 CHUNK = 8 << 20  # bytes copied, then handed to the worker, at a time
+MAX_OPEN = 16  # files being hashed at once (each holds a descriptor until hashed)
 
 
 def spare_cpu() -> bool:
@@ -84,6 +85,9 @@ class Hasher:
         None for a file too small to be worth it."""
         if size < MIN_SIZE:
             return None
+        with self._lock:  # the copy outruns the hashing: never hold a descriptor per file
+            if len(self._open) >= MAX_OPEN:
+                return None  # of a tree of many large files; the rest are hashed at seal
         # the copy writes through a write-only descriptor: read back through one of our own
         dup = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         with self._lock:
