@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import corral
+from corral.api.operations import PORT_SOCKET
 from corral.errors import PortClosed
 
 DEFAULT_MAX_LINE = 64 << 20  # a reply line (an observation) past this ends the channel
@@ -166,7 +167,7 @@ def open_channel(sandbox: corral.Sandbox, port: int, first_line: bytes) -> PortC
     where none can be had (see the module docstring)."""
     parts = urlsplit(sandbox.client.url)
     token = sandbox.client.connect_args.get("token")
-    path = f"/v1/sandboxes/{sandbox.id}/ports/{port}/socket"
+    path = PORT_SOCKET.format(id=sandbox.id, port=port)
     try:
         if parts.scheme == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
