@@ -149,6 +149,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
         self.lifetime_cap: Callable[[SandboxInfo], float] | None = None
