@@ -160,6 +160,69 @@ def test_a_member_cannot_forge_its_way(episode):
         subprocess.run(["ip", "-n", ns, "link", "set", "eth1", "address", own], check=True)
 
 
+# Run as root in a member's namespace: hears frames carrying MARK on eth1 until the
+# honest ARP request (the sender's last frame: all before it came first) or 60 s
+HEAR = r"""
+import json, socket, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3)); s.bind(("eth1", 0))
+s.settimeout(0.1); print("ready", flush=True); heard = []; end = time.monotonic() + 60
+while time.monotonic() < end and not (heard and heard[-1] == "0806/1"):
+    try:
+        f = s.recv(2048)
+    except TimeoutError:
+        continue
+    if sys.argv[1].encode() in f:
+        heard.append(f[12:14].hex() + ("/%d" % f[21] if f[12:14] == b"\x08\x06" else ""))
+print(json.dumps(heard))
+"""
+# ... and sends what a hostile root there would: an IPv6 router advertisement, a
+# gratuitous ARP taking another member's address, a DHCP offer from a forged router, a
+# VLAN-tagged frame; and, the control, an honest ARP request
+ROGUE = r"""
+import socket, struct, sys
+me, mine, theirs, mark = bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].encode()
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(("eth1", 0))
+bcast, a = b"\xff" * 6, socket.inet_aton
+def arp(op, sender_ip, target_ip):
+    return bcast + me + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, op) + me + a(sender_ip) + bytes(6) + a(target_ip)
+ra = (b"\x33\x33\x00\x00\x00\x01" + me + b"\x86\xdd" + struct.pack("!IHBB", 6 << 28, 16, 58, 255)
+      + socket.inet_pton(socket.AF_INET6, "fe80::1") + socket.inet_pton(socket.AF_INET6, "ff02::1")
+      + struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0))
+router = theirs.rsplit(".", 1)[0] + ".1"
+udp = struct.pack("!HHHH", 67, 68, 8 + 240, 0) + bytes(240)
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, a(router), a("255.255.255.255"))
+dhcp = bcast + me + b"\x08\x00" + ip + udp
+vlan = bcast + me + b"\x81\x00\x00\x05\x08\x00" + ip + udp
+for frame in (ra, arp(2, theirs, theirs), dhcp, vlan, arp(1, mine, theirs)):
+    s.send(frame + mark)
+"""
+
+
+def test_rogue_frames_from_a_members_namespace_are_dropped(episode):
+    """Root in a member's namespace (a sandbox has no raw socket: see above) sends RA,
+    a gratuitous ARP for another member's address, a DHCP offer and a VLAN frame: the
+    bridge's guard lets none through; its honest ARP request arrives (the control)."""
+    _, _, db, app = episode
+    db_ip, app_ip, mark = ip_of(db), ip_of(app), "corral-rogue-" + db.id
+    app_ns = member_ns(app)
+    link = json.loads(subprocess.run(["ip", "-n", app_ns, "-j", "link", "show", "eth1"],
+                                     capture_output=True, text=True, check=True).stdout)
+    hear = subprocess.Popen(["ip", "netns", "exec", member_ns(db), "python3", "-c", HEAR, mark],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert hear.stdout.readline() == "ready\n"
+        subprocess.run(["ip", "netns", "exec", app_ns, "python3", "-c", ROGUE,
+                        link[0]["address"].replace(":", ""), app_ip, db_ip, mark],
+                       check=True, timeout=30)
+        heard = json.loads(hear.communicate(timeout=90)[0])
+    finally:
+        hear.kill()
+    assert heard == ["0806/1"]  # the honest ARP request alone
+    neigh = subprocess.run(["ip", "-n", member_ns(db), "neigh", "show", db_ip],
+                           capture_output=True, text=True).stdout
+    assert link[0]["address"] not in neigh  # nobody learnt app's MAC for db's address
+
+
 def test_joining_is_checked(team, episode, capsys):
     alice, net, db, app = episode
     # the CLI: a private network, and a member joining it by alias with its own rules
@@ -189,3 +252,42 @@ def test_joining_is_checked(team, episode, capsys):
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
     app.update_network(allow=["pypi"])
     assert app.info.spec.network.join == "ep" and dial(app, "db") == f"db saw {ip_of(app)}"
+
+
+def test_max_mbps_caps_a_members_traffic_with_the_others_too(episode):
+    """A member's ``max_mbps`` shapes its link to the other members as its policy link:
+    its eth1 (what it sends) and its bridge port (what it receives), neither in the
+    sandbox's reach; ``update_network`` changes or lifts both."""
+    alice, net, db, app = episode
+    capped = corral.Sandbox.create(network=net.member("capped", max_mbps=8), memory_mb=64,
+                                   client=alice)
+    ns = member_ns(capped)
+    bridge = next(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                            text=True, check=True).stdout.split()
+                  if "-pn-" in n and ip_of(capped) in _members(n))
+
+    def rates() -> list[str]:
+        out = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "eth1"],
+                             capture_output=True, text=True).stdout
+        port = subprocess.run(["ip", "-n", bridge, "-j", "link"], capture_output=True,
+                              text=True).stdout
+        for link in json.loads(port or "[]"):
+            out += subprocess.run(["tc", "-n", bridge, "qdisc", "show", "dev", link["ifname"]],
+                                  capture_output=True, text=True).stdout
+        return [w for line in out.splitlines() if "tbf" in line
+                for w in line.split() if w.endswith("bit")]
+
+    assert rates().count("8Mbit") == 2  # eth1, and its port (no other member's)
+    capped.exec("tc qdisc del dev eth1 root 2>&1; ip link set eth1 down 2>&1", timeout=30)
+    assert rates().count("8Mbit") == 2  # not the sandbox's to change
+    assert dial(capped, "db") == f"db saw {ip_of(capped)}"
+    capped.update_network(max_mbps=100)
+    assert rates() == ["100Mbit", "100Mbit"]
+    capped.update_network()
+    assert rates() == []
+    capped.delete()
+
+
+def _members(bridge_ns: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", bridge_ns, "nft", "list", "set", "bridge",
+                           "guard", "members"], capture_output=True, text=True).stdout

@@ -108,6 +108,13 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
                        json={"path": "up.bin", "size": len(blob)}).json()
         upload = f"/v1/sandboxes/{sid}/uploads/{up['upload_id']}"
         c.request("PATCH", upload, content=blob[:1 << 20], headers={"Upload-Offset": "0"})
+        # another's, deleted after the restart before any upload request: its bytes go
+        gone = corral.Sandbox.create(client=c, memory_mb=64, timeout=600)
+        c.request("PATCH", f"/v1/sandboxes/{gone.id}/uploads/" + c.request(
+            "POST", f"/v1/sandboxes/{gone.id}/uploads", json={"path": "x", "size": 10}
+        ).json()["upload_id"], content=b"12345", headers={"Upload-Offset": "0"})
+        staged = sorted((host.state / "uploads").glob("*.part"))
+        assert len(staged) == 2
     before = _sandbox_pids(host)
     assert len(before) >= 3  # bwrap, the agent, the ticker
     _restart(host, how)
@@ -116,7 +123,10 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
         assert sb.state == corral.SandboxState.RUNNING, sb.info
         assert c.info()["committed_memory_mb"] >= 128  # counted by the new daemon's caps
         c.request("POST", f"/v1/leases/{lease}/renew")  # leases are kept too
+        corral.Sandbox.connect(gone.id, client=c).delete()
         assert c.request("GET", upload).json()["offset"] == 1 << 20
+        kept = host.state / "uploads" / f"{up['upload_id']}.part"
+        assert list((host.state / "uploads").glob("*.part")) == [kept]  # the other's went
         assert not sb.files.exists("up.bin")
         done = c.request("PATCH", upload, content=blob[1 << 20:],
                          headers={"Upload-Offset": str(1 << 20)}).json()

@@ -196,11 +196,15 @@ class LiveOps:
         binary = criu.require(self.layout.cache_dir)
         meta = live_images.read_meta(live.images)
         dest = live.sandbox_dir / RESTORE_DIR
-        await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
-        live.program = tuple(live_images.restore_argv(
-            binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
-            ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
-        slot.launch(self._launch_args(live, slot, lowers))
+        try:  # whatever ends it here (a refused image, a cancel): the read access goes
+            await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+            live.program = tuple(live_images.restore_argv(
+                binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
+                ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
+            slot.launch(self._launch_args(live, slot, lowers))
+        except BaseException:
+            self._restore_done(live, ok=False)
+            raise
         # its new channels are made in its own network namespace, as a checkpointable
         # sandbox's are, so that it can be checkpointed again; sent over the reattach
         # socket it was restored with ('R', agent.c), which they replace
@@ -211,6 +215,9 @@ class LiveOps:
             detail = self._restore_done(live, ok=False)
             raise SandboxStartError(f"sandbox {live.id} failed to start: "
                                     f"{detail or exc}") from None
+        except BaseException:  # cancelled while CRIU restores
+            self._restore_done(live, ok=False)
+            raise
         try:
             socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
         except BaseException:

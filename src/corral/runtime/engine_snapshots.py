@@ -81,6 +81,10 @@ class SnapshotOps:
                     "sandbox can be snapshotted",
                     details={"sandbox_id": sandbox_id, "state": live.state.value},
                 )
+            if live.proc is None:  # hibernated: its files are in its checkpoint only
+                raise InvalidState(
+                    f"sandbox {sandbox_id} is hibernated: resume it first (or create from "
+                    "its checkpoint)", details={"sandbox_id": sandbox_id, "cause": "hibernated"})
             cgroup = None if live.state == SandboxState.PAUSED else live.cgroup
             upper = self.upper_dir(sandbox_id)
             staged = await self.snapshots.stage(upper, cgroup, source=sandbox_id, spec=live.spec,

@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import resource
 import socket
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
@@ -42,6 +43,12 @@ from corral.runtime.net.udp import Flow, UdpRelay
 WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create otherwise)
 MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
 MAX_CONNECTIONS = 256  # open at once per sandbox (relayed or being read); more refused
+# Every relayed connection or UDP flow holds two of the daemon's descriptors (the
+# sandbox's end and the far end's): all of them together take at most a quarter of its
+# open-file limit (MAX_RELAYS_SHARE), one tenant's at most half of that, so no
+# tenant's sandboxes can leave the daemon (its API, its other sandboxes) without
+# descriptors, nor every other tenant without relays.
+MAX_RELAYS_SHARE = 8
 RESOLVE_TIMEOUT_S = 5.0
 # Host lookups (getaddrinfo blocks a thread for as long as a name's servers take, past
 # RESOLVE_TIMEOUT_S) run in threads of their own, never the daemon's shared executor,
@@ -56,6 +63,7 @@ class Attached:
     sandbox_id: str
     link: netns.Link
     policy: Compiled
+    owner: str | None = None  # its tenant (None: the admin's)
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     conns: set[Conn] = field(default_factory=set)
     flows: set[Flow] = field(default_factory=set)  # UDP, relayed
@@ -73,6 +81,15 @@ class Attached:
         self.events.append({"time": time.time(), "kind": kind, "name": name, "ip": ip,
                             "port": port, "verdict": "allowed" if verdict else "refused",
                             "reason": reason})
+
+
+def max_relays() -> int:
+    """How many connections and flows the relays hold at once, all sandboxes together:
+    a quarter of this process's open-file limit (two descriptors each)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return max(2 * MAX_CONNECTIONS, soft // MAX_RELAYS_SHARE)
 
 
 def is_local(ip: str) -> bool:
@@ -132,6 +149,8 @@ class NetworkManager:
         self._making = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.max_relays = max_relays()  # set again at start (the daemon raises its limit)
+        self._relays: Counter[str | None] = Counter()  # open, by owner
 
     async def _start(self) -> None:
         async with self._start_lock:
@@ -141,6 +160,7 @@ class NetworkManager:
             await asyncio.to_thread(self.private.sweep)
             six = netns.ipv6_on()
             await self._resolver.start(ipv6=six)
+            self.max_relays = max_relays()
             await self._proxy.start(ipv6=six)
             await self._udp.start(ipv6=six)
             handed = [a.link.host_if for a in self._by_id.values()]  # adopted before
@@ -167,9 +187,10 @@ class NetworkManager:
         except BaseException:
             await asyncio.to_thread(self._teardown, link)
             raise
-        att = Attached(sandbox_id, link, compiled)
+        att = Attached(sandbox_id, link, compiled, owner)
         if place is not None:  # linked to the bridge while the sandbox starts, as UDP's
-            att.private_set = self._nft.submit(self.private.plug, *place, link)
+            att.private_set = self._nft.submit(self.private.plug, *place, link,
+                                               policy.max_mbps)
         # the UDP entries go in while the sandbox starts (no code of its runs before
         # READY; the engine settles them then): a create waits for no nft call
         att.udp = compiled.udp_entries()
@@ -198,7 +219,7 @@ class NetworkManager:
         (namespace, veth, held lock) stays as it is; this engine's table, resolver and
         proxy enforce ``policy`` on it from now on. Its connections relayed by the old
         proxy ended with that daemon, and its event log starts afresh."""
-        att = Attached(sandbox_id, link, await self._compile(policy))
+        att = Attached(sandbox_id, link, await self._compile(policy), owner)
         att.udp = att.policy.udp_entries()
         self._by_ip[link.sandbox_ip] = self._by_ip[link.sandbox_ip6] = att
         self._by_id[sandbox_id] = att
@@ -304,6 +325,10 @@ class NetworkManager:
         att = self._get(sandbox_id)
         if policy.max_mbps != att.policy.policy.max_mbps:
             await asyncio.to_thread(netns.shape, att.link, policy.max_mbps)
+            if att.private_set is not None:  # plugged first (while it started)
+                await asyncio.to_thread(att.private_set.result)
+            # and with the other members of its private network, if it is on one
+            await asyncio.to_thread(self.private.shape, sandbox_id, att.link, policy.max_mbps)
         att.policy = await self._compile(policy)
         await self._set_udp(att, att.policy)
         cut = 0
@@ -404,10 +429,17 @@ class NetworkManager:
         if att.open >= MAX_CONNECTIONS:
             att.record("tcp", False, f"over {MAX_CONNECTIONS} connections at once")
             return None
+        total, mine = sum(self._relays.values()), self._relays[att.owner]
+        if total >= self.max_relays or (att.owner is not None and mine >= self.max_relays // 2):
+            att.record("tcp", False, f"the host relays as many connections as it may "
+                       f"({self.max_relays}; a tenant's sandboxes half of them): end some")
+            return None
         att.open += 1
+        self._relays[att.owner] += 1
 
         def done() -> None:
             att.open -= 1
+            self._relays[att.owner] -= 1
         return done
 
     def _never(self, ip: str) -> bool:

@@ -22,8 +22,13 @@ CAP_NET_ADMIN, no raw sockets), and, should one ever gain that, the bridge's
 own IPv4 address (ARP included: the sender's MAC and address in the ARP body too);
 nothing else (no IPv6: members have none there, no other ether type) crosses the bridge.
 
+A member's ``max_mbps`` caps its traffic with the other members too: a token bucket on
+its ``eth1`` (what it sends) and on its bridge port (what it receives), both set from
+outside its namespace.
+
 ``CORRAL_NET_PRIVATE`` (default ``10.220.0.0/16``): the members' addresses, a /24 per
-private network (256 networks per engine, 254 members each): an address of another
+private network (256 networks per engine, 254 members each; a tenant's sandboxes are on
+at most half of them at once, so one tenant cannot take them all): an address of another
 network goes out through ``eth0``, where the proxy refuses it at once. A member's MAC is
 derived from its address (``02:63:`` and the four bytes).
 """
@@ -39,7 +44,7 @@ import threading
 from dataclasses import dataclass, field
 
 from corral.errors import CapacityExceeded, InvalidState
-from corral.runtime.net.netns import NETNS_DIR, Link, _run
+from corral.runtime.net.netns import NETNS_DIR, Link, _run, shape_ends
 
 PRIVATE_ENV = "CORRAL_NET_PRIVATE"
 DEFAULT_PRIVATE = "10.220.0.0/16"
@@ -148,19 +153,34 @@ class PrivateNets:
                 raise InvalidState(f"alias {alias!r} is taken on network {name!r}: pick "
                                    "another", details={"network": name, "alias": alias})
             if group is None:
-                group = Group(self._netns(owner, name), self._free_subnet())
+                group = Group(self._netns(owner, name), self._free_subnet(owner))
                 self.groups[(owner, name)] = group
             member = Member(sandbox_id, group.free_ip(), alias)
             group.members[sandbox_id] = member
             self.of[sandbox_id] = (owner, name)
             return group, member
 
-    def plug(self, group: Group, member: Member, link: Link) -> None:
-        """Put ``link``'s namespace on the bridge (made at the first member); blocking."""
+    def plug(self, group: Group, member: Member, link: Link, mbps: int | None = None) -> None:
+        """Put ``link``'s namespace on the bridge (made at the first member), its traffic
+        there capped at ``mbps`` each way like its policy link's; blocking."""
         with self._kernel:
             if not (NETNS_DIR / group.netns).exists():
                 self._make(group.netns)
             self._plug(group.netns, member, link)
+            if mbps is not None:
+                shape_ends(self._ends(group, member, link), mbps)
+
+    def shape(self, sandbox_id: str, link: Link, mbps: int | None) -> None:
+        """Cap (None: uncap) a member's traffic with the other members at ``mbps`` each
+        way: a token bucket on its ``eth1`` (what it sends) and on its bridge port (what
+        it receives), both out of its reach; blocking. Not a member: nothing."""
+        found = self.member(sandbox_id)
+        if found is not None:
+            shape_ends(self._ends(*found, link), mbps)
+
+    @staticmethod
+    def _ends(group: Group, member: Member, link: Link) -> tuple[tuple[str, str], ...]:
+        return ((link.netns, MEMBER_IF), (group.netns, member.port))
 
     def adopt(self, owner: str | None, name: str, sandbox_id: str, alias: str | None,
               link: Link) -> None:
@@ -214,8 +234,15 @@ class PrivateNets:
                 gone.append(path.name)
         return gone
 
-    def _free_subnet(self) -> ipaddress.IPv4Network:
+    def _free_subnet(self, owner: str | None) -> ipaddress.IPv4Network:
         taken = {g.subnet for g in self.groups.values()}
+        total = 1 << max(0, GROUP_PREFIX - private_subnet().prefixlen)
+        mine = sum(1 for (who, _) in self.groups if who == owner)
+        if owner is not None and mine >= max(1, total // 2):
+            raise CapacityExceeded(
+                f"tenant {owner!r} has sandboxes on {mine} private networks, half of the "
+                f"{total} this host has ({PRIVATE_ENV}): end some first",
+                details={"tenant": owner, "private_networks": mine, "total": total})
         for net in private_subnet().subnets(new_prefix=GROUP_PREFIX):
             if net not in taken:
                 return net
