@@ -13,6 +13,7 @@ agent.c) and says READY on the new control socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -47,6 +48,7 @@ class LiveOps:
         snapshots: Snapshots
         _tasks: set[asyncio.Task[Any]]
         _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
+        _checkpoint_turns: dict[str | None, asyncio.Lock]  # per tenant with a quota
 
         owners: Owners
 
@@ -73,6 +75,21 @@ class LiveOps:
                 "checkpointable=True to checkpoint its processes (docs/live.md)",
                 details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
         self.snapshots.check_name(name, live.spec.tenant)
+        async with self._checkpoint_turn(live.spec.tenant):
+            return await self._checkpoint(live, name)
+
+    def _checkpoint_turn(self, tenant: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """One checkpoint at a time per tenant with a snapshot quota: checked before its
+        dump only against what is there, several at once would each pass and together
+        pass the quota (or each count the others' dumps and all be refused). One by one,
+        each is checked again with its real size before it is installed (``commit``),
+        and CRIU's images on disk pass the quota by one dump's at most, meanwhile."""
+        if self.snapshots.quota_of(tenant) is None:
+            return contextlib.nullcontext()
+        return self._checkpoint_turns.setdefault(tenant, asyncio.Lock())
+
+    async def _checkpoint(self, live: Live, name: str | None) -> SnapshotInfo:
+        sandbox_id = live.id
         self.snapshots.check_quota(live.spec.tenant, {})
         # CRIU writes its images straight under the state directory: up to the
         # sandbox's memory, never below the disk's reserve (as a snapshot's copy)
@@ -106,8 +123,12 @@ class LiveOps:
                     raise
             finally:
                 live.cgroup.thaw()
-        snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
-                                           parent=live.snapshot_id, source=sandbox_id)
+        try:  # QuotaExceeded: its images (on disk, counted) and its layer are gone again
+            snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
+                                               parent=live.snapshot_id, source=sandbox_id)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, images.path, ignore_errors=True)
+            raise
         images.path.rename(images.path.with_name(snap.id))
         return snap.model_copy(update={"kind": "live"})
 
