@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import time
@@ -32,6 +33,9 @@ from corral.schema import DEFAULT_EXEC_TIMEOUT_S
 
 STDERR_KEPT = 1 << 20
 """Bytes of a process's stderr the SDK keeps (the last ones) for :attr:`AsyncProcess.stderr`."""
+DRAIN_S = 0.5
+"""Seconds the SDK waits, after a process's exit, for the end of its output's reply
+(sent right after the exit line) before closing that connection instead of reusing it."""
 DEFAULT_READ_TIMEOUT_S = DEFAULT_EXEC_TIMEOUT_S
 """Seconds :meth:`AsyncProcess.readline`, :meth:`~AsyncProcess.exchange` and
 :meth:`~AsyncProcess.wait` wait unless given ``timeout=`` (``None``: no limit)."""
@@ -240,7 +244,7 @@ class AsyncProcess:
     @property
     def _streamed(self) -> bool:
         """Whether its output is read from the stream (a streamed read came first)."""
-        return self._items is not None or bool(self._stdout)
+        return self._items is not None or self._result is not None or bool(self._stdout)
 
     def _check_exchange(self) -> None:
         if self._streamed:
@@ -336,6 +340,7 @@ class AsyncProcess:
             ) from None
         if isinstance(item, dict):  # the exit: stderr read before it is kept by now
             self._finish(item)
+            await self._drain()
             return None
         if item is not None and item.stream == "stderr":
             self._keep_stderr(item.data)
@@ -346,7 +351,8 @@ class AsyncProcess:
         response = await self._client.call("read_output", self._ids, timeout=None, stream=True)
         try:
             with self._client._errors():
-                async for line in response.aiter_lines():
+                lines = response.aiter_lines()
+                async for line in lines:
                     if not line.strip():
                         continue
                     item = parse_stream_item(json.loads(line))
@@ -354,6 +360,10 @@ class AsyncProcess:
                         yield item
                     elif item is not None:
                         yield item
+                        # the exit is the last line: read the reply's end (a few bytes)
+                        # so its connection goes back to the pool, not closed
+                        async for _ in lines:
+                            pass
                         return
         finally:
             await response.aclose()
@@ -362,6 +372,19 @@ class AsyncProcess:
             "without an exit status (the daemon may have stopped)",
             details={"sandbox_id": self.sandbox_id, "process_id": self.id},
         )
+
+    async def _drain(self) -> None:
+        """After the exit: let the reader read the end of the output's reply, so the
+        next call reuses its connection instead of opening one (~1 ms). Bounded: a
+        daemon that keeps the reply open past :data:`DRAIN_S` only costs the connection."""
+        items, self._items = self._items, None
+        if items is None:
+            return
+        try:
+            with contextlib.suppress(Exception):  # the exit is read: nothing more matters
+                await items.next(DRAIN_S)
+        finally:
+            await items.aclose()
 
     def _keep_stderr(self, data: bytes) -> None:
         self._stderr += data
