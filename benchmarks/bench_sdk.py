@@ -5,7 +5,8 @@
 Starts a private daemon (``python -m corral.server``) on a temporary socket and state
 directory, creates one sandbox and times ``sb.exec(["true"])`` with the blocking and the
 asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the same run.
-Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK. Where uvloop
+Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK, and an
+async ``spawn`` → ``wait`` → ``exec`` (a process read to its exit, then the next call). Where uvloop
 is installed, a second daemon runs on its loop (``CORRAL_DAEMON_LOOP=uvloop``) and the
 exec round trips of the two daemons are timed in alternating rounds (``*_uvloop`` keys,
 and their ratio to asyncio's loop). Needs root.
@@ -98,23 +99,31 @@ def private_daemon(prefix: str, *args: str, env: dict[str, str] | None = None) -
 ROUNDS = 5  # the two loops' daemons take turns, so a change of the host's load hits both
 
 
-def exec_rtts(url: str, n: int) -> tuple[list[float], list[float]]:
-    """``n`` sync and ``n`` async ``exec(["true"])`` round trips on one sandbox each."""
+def exec_rtts(url: str, n: int) -> tuple[list[float], list[float], list[float]]:
+    """``n`` sync and ``n`` async ``exec(["true"])`` round trips on one sandbox each,
+    and ``n`` async ``spawn(["true"])`` + ``wait()`` (then one exec: it finds the
+    connection the output's reply used, or opens one)."""
     with corral.Client(url) as client:
         with corral.Sandbox.create(memory_mb=128, client=client) as sb:
             sb.exec(["true"])  # warm the connection
             sync = timed(lambda: sb.exec(["true"]), n)
 
-    async def run_async() -> list[float]:
+    async def run_async() -> tuple[list[float], list[float]]:
         async with corral.AsyncClient(url) as ac:
             sb = await corral.AsyncSandbox.create(memory_mb=128, client=ac)
             try:
                 await sb.exec(["true"])
-                return await timed_async(lambda: sb.exec(["true"]), n)
+                rtts = await timed_async(lambda: sb.exec(["true"]), n)
+
+                async def spawn_wait_exec() -> None:
+                    await (await sb.spawn(["true"])).wait()
+                    await sb.exec(["true"])
+
+                return rtts, await timed_async(spawn_wait_exec, n)
             finally:
                 await sb.delete()
 
-    return sync, asyncio.run(run_async())
+    return (sync, *asyncio.run(run_async()))
 
 
 def main() -> int:
@@ -135,11 +144,14 @@ def main() -> int:
         bare = timed(lambda: subprocess.run(["/bin/true"]), n)
         sync: dict[str, list[float]] = {loop: [] for loop in loops}
         async_rtt: dict[str, list[float]] = {loop: [] for loop in loops}
+        spawns: list[float] = []
         for _ in range(ROUNDS):
             for loop, url in urls.items():
-                s, a = exec_rtts(url, per_round)
+                s, a, w = exec_rtts(url, per_round)
                 sync[loop] += s
                 async_rtt[loop] += a
+                if loop == "asyncio":
+                    spawns += w
         url = urls["asyncio"]
         with corral.Client(url) as client:
             def lifecycle() -> None:
@@ -152,6 +164,7 @@ def main() -> int:
             "sdk_exec_rtt_ms_p50": statistics.median(sync["asyncio"]),
             "sdk_exec_rtt_ms_p95": pct(sync["asyncio"], 0.95),
             "sdk_async_exec_rtt_ms_p50": statistics.median(async_rtt["asyncio"]),
+            "sdk_async_spawn_wait_exec_ms_p50": statistics.median(spawns),
             "sdk_create_exec_delete_ms_p50": statistics.median(full),
         }
         if "uvloop" in loops:
