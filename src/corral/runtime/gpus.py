@@ -472,8 +472,25 @@ class GpuAllocator:
                               f"{', '.join(str(i) for i in self._gpus)} (indices or UUIDs)")
 
     def _no_capacity(self, requested: Any, free: list[int]) -> NoGpuCapacity:
+        # the admin's view: which GPUs are free (a tenant's: tenant_view)
         return NoGpuCapacity(
             f"not enough free GPUs for gpus={requested!r}: free {free or 'none'} of "
             f"{self.total}; wait for a sandbox to end, ask for fewer, or share "
             "(gpu_shared=True)",
             details={"requested": requested, "free": free, "total": self.total})
+
+
+def tenant_view(exc: NoGpuCapacity) -> NoGpuCapacity:
+    """``exc`` as a tenant may read it: what it asked for and the host's total (as
+    ``GET /v1/info`` tells it), not which or how many GPUs are free, which would tell it
+    what other tenants hold. (A tenant can still learn whether ``k`` are free by asking
+    for ``k``: the answer to its own create, no more.)"""
+    details = {k: exc.details[k] for k in ("requested", "total", "waiting") if k in exc.details}
+    waiting = exc.details.get("waiting")
+    return NoGpuCapacity(
+        f"not enough free GPUs for gpus={exc.details.get('requested')!r} on this host (it "
+        f"has {exc.details.get('total')}); wait for one of your GPU sandboxes or another "
+        "tenant's to end (create with a wait), ask for fewer, or share (gpu_shared=True)"
+        + (f" (not waited for: this tenant has {waiting} creates waiting already, the "
+           "daemon's queue_size)" if waiting is not None else ""),
+        details=details)
