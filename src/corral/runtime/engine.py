@@ -27,7 +27,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
 
@@ -52,6 +52,7 @@ from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.cpus import CpuPicker
+from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_end import STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
@@ -141,6 +142,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._lock_file = lock_file
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
+        self.criu_gate = CriuGate(criu_concurrency())  # CRIU dumps and restores at once
         self._live: dict[str, Live] = {}
         self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None
@@ -360,7 +362,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             self._live[sid] = live
-            await self._start(live, slot, lowers)
+            async with self.criu_gate.place(spec.tenant) if images is not None else nullcontext():
+                await self._start(live, slot, lowers)  # a restore: one of CRIU's places
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
             if slot.go_fd >= 0:

@@ -28,6 +28,7 @@ from corral.runtime.storage import room_above_reserve
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
+    from corral.runtime.criu_gate import CriuGate
     from corral.runtime.launcher import Slot
     from corral.runtime.live import Live
     from corral.runtime.paths import Layout
@@ -46,6 +47,7 @@ class LiveOps:
         layout: Layout
         snapshots: Snapshots
         _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
+        criu_gate: CriuGate
 
         owners: Owners
 
@@ -83,7 +85,9 @@ class LiveOps:
                 f"{self.layout.state_dir} keeps its reserve free; delete snapshots or free "
                 "space there", details={"path": str(self.layout.state_dir),
                                         "sandbox_id": sandbox_id})
-        async with live.lock:
+        # one of CRIU's places first (a dump runs outside the sandbox's limits), then
+        # the sandbox: it is not frozen while it waits its turn
+        async with self.criu_gate.place(live.spec.tenant), live.lock:
             if live.ending or live.state != SandboxState.RUNNING or live.proc is None:
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
                                    "running sandbox can be checkpointed",

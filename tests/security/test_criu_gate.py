@@ -1,0 +1,80 @@
+"""Red-team: one tenant hammers hibernate / resume (and so checkpoint, live fork) to
+starve the host. CRIU's dumps run in the daemon's cgroup, outside any sandbox's CPU
+limit, and nothing bounded how many ran at once. Every dump and restore now takes a
+place in the engine's :class:`~corral.runtime.criu_gate.CriuGate` (sized from the CPU
+count, ``CORRAL_CRIU_CONCURRENCY``), served round-robin across tenants: concurrent
+hibernates of one tenant all complete, queued, never more than the bound at once, and
+another tenant's one is not put behind them all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corral.errors import InvalidArgument
+from corral.runtime import criu
+from corral.runtime.criu_gate import CRIU_CONCURRENCY_ENV, CriuGate, criu_concurrency
+from corral.runtime.paths import default_cache_dir
+from tests.conftest import requires_root
+
+
+async def test_the_gate_is_bounded_fair_and_survives_cancels():
+    gate = CriuGate(2)
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def job(tenant: str, name: str) -> None:
+        async with gate.place(tenant):
+            order.append(name)
+            assert gate.running <= gate.limit
+            await release.wait()
+
+    hog = [asyncio.ensure_future(job("hog", f"hog{i}")) for i in range(8)]
+    await asyncio.sleep(0)
+    late = asyncio.ensure_future(job("meek", "meek"))
+    await asyncio.sleep(0.05)
+    assert gate.running == 2 and gate.waiting == 7
+    hog[5].cancel()  # a waiter that gives up leaves no place taken
+    await asyncio.sleep(0)
+    assert gate.waiting == 6
+    release.set()
+    await asyncio.gather(*hog, late, return_exceptions=True)
+    assert gate.peak == 2 and gate.running == 0 and gate.waiting == 0
+    # the other tenant's one came right after the first turn, not behind the hog's six
+    assert order.index("meek") <= 3, order
+
+
+def test_the_bound_is_configurable(monkeypatch):
+    monkeypatch.setenv(CRIU_CONCURRENCY_ENV, "3")
+    assert criu_concurrency() == 3
+    for bad in ("0", "-1", "many"):
+        monkeypatch.setenv(CRIU_CONCURRENCY_ENV, bad)
+        with pytest.raises(InvalidArgument, match=CRIU_CONCURRENCY_ENV):
+            criu_concurrency()
+    monkeypatch.delenv(CRIU_CONCURRENCY_ENV)
+    assert criu_concurrency() >= 1
+
+
+@requires_root
+@pytest.mark.root
+@pytest.mark.timeout(240)
+async def test_concurrent_hibernates_of_one_tenant_queue_within_the_bound(engine):
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    engine.criu_gate = gate = CriuGate(2)
+    alice = {"owner": "alice"}
+    made = [await engine.create(network="none", checkpointable=True, tenant="alice",
+                                memory_mb=64) for _ in range(4)]
+    try:
+        slept = await asyncio.gather(*(engine.hibernate(sb.id, **alice) for sb in made))
+        assert all(s.state.value == "paused" for s in slept)
+        assert 1 <= gate.peak <= 2 and gate.running == 0 and gate.waiting == 0
+        gate.peak = 0
+        await asyncio.gather(*(engine.resume(sb.id, **alice) for sb in made))  # restores
+        assert 1 <= gate.peak <= 2 and gate.running == 0
+        for sb in made:
+            assert (await engine.exec(sb.id, ["echo", "up"], **alice)).stdout.strip() == b"up"
+    finally:
+        for sb in made:
+            await engine.delete(sb.id)
