@@ -28,6 +28,7 @@ from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
+from corral.runtime.engine_hibernate import HIBERNATED
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
 from corral.runtime.gpus import tenant_view
@@ -121,8 +122,11 @@ class SandboxService:
         """Count the sandboxes the engine adopted from the daemon before it (live
         restore) against the caps and their tenants' quotas (at the daemon's start)."""
         for info in self.engine.list(state=LIVE_STATES, owner=None):  # the daemon's own work
+            gpus = len(self.engine.gpus.held_by(info.id))
+            if info.reason == HIBERNATED:  # none held while it sleeps; its resume takes them
+                gpus = self.engine.gpus.count(info.spec.gpus)
             self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus,
-                                 len(self.engine.gpus.held_by(info.id)))
+                                 gpus)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
