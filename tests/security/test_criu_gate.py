@@ -4,7 +4,9 @@ limit, and nothing bounded how many ran at once. Every dump and restore now take
 place in the engine's :class:`~corral.runtime.criu_gate.CriuGate` (sized from the CPU
 count, ``CORRAL_CRIU_CONCURRENCY``), served round-robin across tenants: concurrent
 hibernates of one tenant all complete, queued, never more than the bound at once, and
-another tenant's one is not put behind them all."""
+another tenant's one is not put behind them all. A wake storm (commands at once on
+each hibernated sandbox) restores each once, within the bound; a sandbox whose timeout
+hibernates it waits for its place frozen."""
 
 from __future__ import annotations
 
@@ -71,10 +73,45 @@ async def test_concurrent_hibernates_of_one_tenant_queue_within_the_bound(engine
         assert all(s.state.value == "paused" for s in slept)
         assert 1 <= gate.peak <= 2 and gate.running == 0 and gate.waiting == 0
         gate.peak = 0
-        await asyncio.gather(*(engine.resume(sb.id, **alice) for sb in made))  # restores
+        # a wake storm: three commands at once on each (the service wakes each first)
+        await asyncio.gather(*(engine.wake(sb.id, **alice) for sb in made for _ in range(3)))
         assert 1 <= gate.peak <= 2 and gate.running == 0
         for sb in made:
             assert (await engine.exec(sb.id, ["echo", "up"], **alice)).stdout.strip() == b"up"
     finally:
         for sb in made:
             await engine.delete(sb.id)
+
+
+@requires_root
+@pytest.mark.root
+@pytest.mark.timeout(240)
+async def test_a_timed_out_sandbox_waiting_for_its_hibernation_runs_no_more(engine):
+    """Another tenant's dumps hold CRIU's places: a sandbox whose timeout hibernates it
+    waits its turn frozen, not running past its lifetime; then it hibernates and wakes
+    with its processes."""
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    engine.criu_gate = gate = CriuGate(1)
+    sb = await engine.create(network="none", checkpointable=True, timeout=1.5,
+                             on_timeout="hibernate", tenant="alice")
+    try:
+        await engine.exec(sb.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"], owner="alice")
+        live = engine._get_live(sb.id)
+        async with gate.place("bob"):  # bob's dump, as long as the test likes
+            for _ in range(600):
+                if gate.waiting:
+                    break
+                await asyncio.sleep(0.05)
+            assert gate.waiting == 1 and live.hibernating
+            assert live.cgroup.frozen()  # its lifetime is over: it waits frozen
+        for _ in range(1200):
+            if engine.get(sb.id).reason == "hibernated":
+                break
+            await asyncio.sleep(0.05)
+        assert engine.get(sb.id).reason == "hibernated"
+        await engine.wake(sb.id, owner="alice")
+        r = await engine.exec(sb.id, ["sh", "-c", "cat /proc/[0-9]*/comm | grep -x sleep"], owner="alice")
+        assert r.stdout.strip(), r
+    finally:
+        await engine.delete(sb.id)

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidState
@@ -125,6 +126,11 @@ class HibernateOps:
         any timeout does if it cannot be (the cause in its reason)."""
         live.hibernating = True
         try:
+            # its lifetime is over: it runs no more while it waits its turn at CRIU's
+            # gate (the reaper skips it meanwhile; the dump freezes it anyway)
+            if live.cgroup is not None:
+                with suppress(OSError, CorralError):
+                    await asyncio.to_thread(live.cgroup.freeze)
             await self._hibernate(live, timed_out=True)
         except (CorralError, OSError) as exc:
             why = exc.message if isinstance(exc, CorralError) else str(exc)
