@@ -107,8 +107,13 @@ class LiveOps:
                     raise
             finally:
                 live.cgroup.thaw()
-        snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
-                                           parent=live.snapshot_id, source=sandbox_id)
+        try:  # refused here (its files over the snapshot quota, a full disk, a name
+            # taken meanwhile): the process images go too (they counted in the quota)
+            snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
+                                               parent=live.snapshot_id, source=sandbox_id)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, images.path, True)
+            raise
         images.path.rename(images.path.with_name(snap.id))
         return snap.model_copy(update={"kind": "live"})
 
