@@ -225,7 +225,11 @@ def find_driver_files(version: str | None, dev_dir: Path = Path("/dev"),
         if version and not real.name.endswith(version) and soname != real.name:
             log.info("GPU: skipping %s (%s is not driver %s's)", soname, real, version)
             continue
-        if real.is_file():
+        if not real.name.startswith(soname.split(".so")[0] + ".so"):  # a link elsewhere
+            log.warning("GPU: skipping %s: it resolves to %s, not a library of its name",
+                        soname, real)
+            continue
+        if real.is_file() and _trusted(real):
             libs.append((real, soname))
     tools = [(Path(p), name) for name in DRIVER_TOOLS if (p := shutil.which(name))]
     nodes = [(dev_dir / n, f"/dev/{n}") for n in CONTROL_NODES if _is_chardev(dev_dir / n)]
@@ -249,9 +253,27 @@ def scan_library_dirs(dirs: Iterable[Path]) -> dict[str, Path]:
         except OSError:
             continue
         for name in names:
-            if name.startswith(DRIVER_LIBS) and re.fullmatch(r"[\w.+-]+\.so\.\d+", name):
-                found.setdefault(name, d / name)
+            if (name.startswith(DRIVER_LIBS) and re.fullmatch(r"[\w.+-]+\.so\.\d+", name)
+                    and name not in found and _trusted(Path(os.path.realpath(d / name)))):
+                found[name] = d / name  # (one others could write: the next directory's)
     return found
+
+
+def _trusted(real: Path) -> bool:
+    """Whether a library may be bound into every GPU sandbox: it and its directory are
+    the admin's (root's, or the daemon's own user's) and nobody else may write them —
+    a library a host user could plant or replace (a directory of LD_LIBRARY_PATH
+    open to others) would run in every tenant's GPU processes."""
+    for p in (real, real.parent):
+        try:
+            st = p.stat()
+        except OSError:
+            return False
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            log.warning("GPU: skipping %s: %s is not the admin's alone (owner uid %d, "
+                        "mode %o)", real.name, p, st.st_uid, st.st_mode & 0o7777)
+            return False
+    return True
 
 
 def _is_chardev(p: Path) -> bool:
