@@ -140,6 +140,22 @@ class HibernateOps:
         finally:
             live.hibernating = False
 
+    async def _end_hibernated(self, live: Live) -> None:
+        """Hibernated ``live`` lived its owner's maximum lifetime (it can never be
+        resumed): it ends, its places in the quotas freed; its checkpoint stays, a live
+        snapshot of its owner's (in its snapshot quota), to restore as a new sandbox."""
+        async with live.lock:
+            snap = live.hibernated
+            if snap is None or live.ending or self._live.get(live.id) is not live:
+                return
+            self._hibernated.pop(live.id, None)  # (not deleted with it: _hibernated_ended)
+            self.registry.set_hibernated(live.id, None)
+            live.hibernated = None
+        await self._end(live, SandboxState.STOPPED,
+                        "max lifetime: it lived its owner's maximum lifetime while "
+                        f"hibernated; its processes are kept in checkpoint {snap}: restore "
+                        "it as a new sandbox, or delete it", grace=0)
+
     async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Thaw ``owner``'s paused sandbox; restore a hibernated one (same id, a new slot)."""
         self._owned(sandbox_id, owner)
