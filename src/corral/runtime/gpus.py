@@ -263,10 +263,13 @@ def _trusted(real: Path) -> bool:
     """Whether a library may be bound into every GPU sandbox: it and its directory are
     the admin's (root's, or the daemon's own user's) and nobody else may write them —
     a library a host user could plant or replace (a directory of LD_LIBRARY_PATH
-    open to others) would run in every tenant's GPU processes."""
+    open to others) would run in every tenant's GPU processes. On a read-only file
+    system (a driver's squashfs, whoever its files name as owner) nobody writes them."""
     for p in (real, real.parent):
         try:
             st = p.stat()
+            if os.statvfs(p).f_flag & os.ST_RDONLY:
+                continue
         except OSError:
             return False
         if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
