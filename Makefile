@@ -1,4 +1,4 @@
-.PHONY: install test faults demo bench lint docs
+.PHONY: install test faults demo bench bench-cpu lint docs
 
 PY := .venv/bin/python
 
@@ -28,6 +28,13 @@ bench: install
 	bash scripts/install-bench.sh && \
 	{ $(PY) benchmarks/setup_ray_sandbox.py || echo "warning: Ray's sandboxes will not be measured" >&2; } && \
 	$(PY) benchmarks/run.py $(if $(QUICK),--quick,)
+
+# CPU per create+exec+delete, per exec (and per demo run) of git refs side by side, each in
+# its own worktree, daemon and image cache (docs/performance.md); `make bench` runs it on
+# this tree alone. make bench-cpu REFS="f42e1d2 HEAD" [DEMO=4]
+REFS ?= f42e1d2 HEAD
+bench-cpu: install
+	$(PY) benchmarks/bench_cpu_cost.py --refs $(REFS) $(if $(DEMO),--demo $(DEMO),)
 
 # The documentation site (mkdocs.yml, docs/) into site/; tests/test_docs.py builds it too.
 docs: install

@@ -7,14 +7,20 @@ Starts a private daemon and measures, in one run:
 - ``gym_step_inprocess_us_p50``: ``gymnasium.make("CartPole-v1").step`` in this
   process (the baseline);
 - ``gym_sandbox_step_ms_p50``: ``corral.rl.SandboxEnv("CartPole-v1").step``, the env
-  in a sandbox (image ``rl``): one ``write`` per step, the reply read from the
-  server's open output stream;
+  in a sandbox (image ``rl``), over its port channel (a WebSocket relayed by the
+  daemon to the server's loopback port, ``corral.server.port_socket``);
+- ``gym_sandbox_step_stdio_ms_p50``: the same with ``port_channel=False``: one
+  ``write`` per step, the reply read from the server's open output stream;
+- ``gym_async_vector_step_ms_p50``: one step of gymnasium's own ``AsyncVectorEnv``
+  with one CartPole in a subprocess (pipes, no isolation): the peer a user would
+  otherwise pick;
 - ``process_exchange_ms_p50`` / ``process_write_readline_ms_p50``: a line echoed by a
   process in a sandbox, by one ``exchange`` request against ``write`` + ``readline`` on
   the process's open output stream (the two ways of the process API);
 - ``gym_vector_steps_per_s_N``: env steps per second of ``SandboxVectorEnv`` with N
   sandboxes (one ``exchange_all`` request per vector step), next to
-  ``gym_vector_inprocess_steps_per_s_N``, gymnasium's ``SyncVectorEnv`` here.
+  ``gym_vector_inprocess_steps_per_s_N``, gymnasium's ``SyncVectorEnv`` here, and
+  ``gym_async_vector_steps_per_s_N``, its ``AsyncVectorEnv`` (N subprocesses).
 
 Actions come from a seeded action space; episodes autoreset. Needs root and the
 ``rl`` image.
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_sdk import pct, private_daemon  # noqa: E402  (a sibling script, not a package)
 
+ROUNDS = 5
 ECHO = "import sys\nfor line in sys.stdin:\n    sys.stdout.write(line)\n    sys.stdout.flush()\n"
 
 
@@ -103,15 +110,26 @@ def main() -> int:
         step_times(local, 100)  # warm up
         inproc = step_times(local, n)
         sandboxed = corral.rl.SandboxEnv("CartPole-v1", client=client)
+        stdio = corral.rl.SandboxEnv("CartPole-v1", client=client, port_channel=False)
+        peer = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")])
         try:
-            step_times(sandboxed, 100)
-            remote = step_times(sandboxed, n)
+            for env in (sandboxed, stdio, peer):
+                step_times(env, 100)
+            remote, plain, async_peer = [], [], []
+            for _ in range(ROUNDS):  # in turns, so a change of the host's load hits all
+                remote += step_times(sandboxed, max(1, n // ROUNDS))
+                plain += step_times(stdio, max(1, n // ROUNDS))
+                async_peer += step_times(peer, max(1, n // ROUNDS))
             exchange, streamed = echo_times(sandboxed.sandbox, n)
         finally:
             sandboxed.close()
+            stdio.close()
+            peer.close()
         res["gym_step_inprocess_us_p50"] = statistics.median(inproc) * 1000
         res["gym_sandbox_step_ms_p50"] = statistics.median(remote)
         res["gym_sandbox_step_ms_p95"] = pct(remote, 0.95)
+        res["gym_sandbox_step_stdio_ms_p50"] = statistics.median(plain)
+        res["gym_async_vector_step_ms_p50"] = statistics.median(async_peer)
         res["process_exchange_ms_p50"] = statistics.median(exchange)
         res["process_write_readline_ms_p50"] = statistics.median(streamed)
         vector_steps = max(50, n // 4)
@@ -125,11 +143,25 @@ def main() -> int:
             here = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * size)
             res[f"gym_vector_inprocess_steps_per_s_{size}"] = vector_rate(here, vector_steps)
             here.close()
+            there = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * size)
+            try:
+                vector_rate(there, 20)
+                res[f"gym_async_vector_steps_per_s_{size}"] = vector_rate(there, vector_steps)
+            finally:
+                there.close()
     base = res["gym_step_inprocess_us_p50"] / 1000
     print(f"{'figure':38} {'value':>10}")
     for key, value in res.items():
         ratio = f"  {value / base:6.0f}x in-process step" if key.endswith("_ms_p50") else ""
         print(f"{key:38} {value:10.3f}{ratio}")
+    print(f"same run: SandboxEnv step {res['gym_sandbox_step_ms_p50']:.3f} ms over the port "
+          f"channel, {res['gym_sandbox_step_stdio_ms_p50']:.3f} ms over stdio "
+          f"({res['gym_sandbox_step_stdio_ms_p50'] / res['gym_sandbox_step_ms_p50']:.2f}x); "
+          f"gymnasium AsyncVectorEnv {res['gym_async_vector_step_ms_p50']:.3f} ms "
+          f"(port channel / AsyncVectorEnv "
+          f"{res['gym_sandbox_step_ms_p50'] / res['gym_async_vector_step_ms_p50']:.2f}x); "
+          f"load {os.getloadavg()[0]:.1f}")
+    res["loadavg"] = os.getloadavg()[0]
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

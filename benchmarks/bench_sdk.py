@@ -5,7 +5,10 @@
 Starts a private daemon (``python -m corral.server``) on a temporary socket and state
 directory, creates one sandbox and times ``sb.exec(["true"])`` with the blocking and the
 asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the same run.
-Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK. Needs root.
+Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK. Where uvloop
+is installed, a second daemon runs on its loop (``CORRAL_DAEMON_LOOP=uvloop``) and the
+exec round trips of the two daemons are timed in alternating rounds (``*_uvloop`` keys,
+and their ratio to asyncio's loop). Needs root.
 Target (issue: daemon and SDK): SDK exec round trip p50 ≤ 2.5 ms.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -53,12 +57,13 @@ async def timed_async(fn, n: int) -> list[float]:
     return out
 
 
-def start_daemon(base: Path, *args: str) -> subprocess.Popen:
+def start_daemon(base: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     sock = base / "corral.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral.server", "--socket", str(sock),
          "--state-dir", str(base / "state"), *args],
         stdout=open(base / "daemon.log", "wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -76,18 +81,40 @@ def start_daemon(base: Path, *args: str) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def private_daemon(prefix: str, *args: str) -> Iterator[str]:
-    """A daemon (with options ``args``) on a temporary socket and state directory;
-    yields its URL."""
+def private_daemon(prefix: str, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A daemon (with options ``args``, extra environment ``env``) on a temporary socket
+    and state directory; yields its URL."""
     base = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(base, 0o711)  # sandboxes run as an unprivileged uid and must reach it
-    proc = start_daemon(base, *args)
+    proc = start_daemon(base, *args, env=env)
     try:
         yield f"unix://{base / 'corral.sock'}"
     finally:
         proc.send_signal(signal.SIGINT)  # stop; SIGTERM would hand its sandboxes over
         proc.wait(30)
         shutil.rmtree(base, ignore_errors=True)
+
+
+ROUNDS = 5  # the two loops' daemons take turns, so a change of the host's load hits both
+
+
+def exec_rtts(url: str, n: int) -> tuple[list[float], list[float]]:
+    """``n`` sync and ``n`` async ``exec(["true"])`` round trips on one sandbox each."""
+    with corral.Client(url) as client:
+        with corral.Sandbox.create(memory_mb=128, client=client) as sb:
+            sb.exec(["true"])  # warm the connection
+            sync = timed(lambda: sb.exec(["true"]), n)
+
+    async def run_async() -> list[float]:
+        async with corral.AsyncClient(url) as ac:
+            sb = await corral.AsyncSandbox.create(memory_mb=128, client=ac)
+            try:
+                await sb.exec(["true"])
+                return await timed_async(lambda: sb.exec(["true"]), n)
+            finally:
+                await sb.delete()
+
+    return sync, asyncio.run(run_async())
 
 
 def main() -> int:
@@ -97,25 +124,24 @@ def main() -> int:
         print("needs root (the daemon runs real sandboxes)")
         return 1
     n = bench_args.pick(args, 500, 100, 8)
+    per_round = max(2, n // ROUNDS)
+    loops = {"asyncio": {"CORRAL_DAEMON_LOOP": "asyncio"}}
+    if importlib.util.find_spec("uvloop") is not None:
+        loops["uvloop"] = {"CORRAL_DAEMON_LOOP": "uvloop"}
     res: dict[str, float] = {}
-    with private_daemon("corral-bench-sdk-") as url:
+    with contextlib.ExitStack() as stack:
+        urls = {loop: stack.enter_context(private_daemon(f"corral-bench-sdk-{loop}-", env=env))
+                for loop, env in loops.items()}
         bare = timed(lambda: subprocess.run(["/bin/true"]), n)
+        sync: dict[str, list[float]] = {loop: [] for loop in loops}
+        async_rtt: dict[str, list[float]] = {loop: [] for loop in loops}
+        for _ in range(ROUNDS):
+            for loop, url in urls.items():
+                s, a = exec_rtts(url, per_round)
+                sync[loop] += s
+                async_rtt[loop] += a
+        url = urls["asyncio"]
         with corral.Client(url) as client:
-            with corral.Sandbox.create(memory_mb=128, client=client) as sb:
-                sb.exec(["true"])  # warm the connection
-                sync = timed(lambda: sb.exec(["true"]), n)
-
-            async def run_async() -> list[float]:
-                async with corral.AsyncClient(url) as ac:
-                    sb = await corral.AsyncSandbox.create(memory_mb=128, client=ac)
-                    try:
-                        await sb.exec(["true"])
-                        return await timed_async(lambda: sb.exec(["true"]), n)
-                    finally:
-                        await sb.delete()
-
-            async_rtt = asyncio.run(run_async())
-
             def lifecycle() -> None:
                 with corral.Sandbox.create(memory_mb=128, client=client) as s:
                     s.exec(["true"])
@@ -123,17 +149,29 @@ def main() -> int:
             full = timed(lifecycle, max(20, n // 10))
         res = {
             "bare_exec_ms_p50": statistics.median(bare),
-            "sdk_exec_rtt_ms_p50": statistics.median(sync),
-            "sdk_exec_rtt_ms_p95": pct(sync, 0.95),
-            "sdk_async_exec_rtt_ms_p50": statistics.median(async_rtt),
+            "sdk_exec_rtt_ms_p50": statistics.median(sync["asyncio"]),
+            "sdk_exec_rtt_ms_p95": pct(sync["asyncio"], 0.95),
+            "sdk_async_exec_rtt_ms_p50": statistics.median(async_rtt["asyncio"]),
             "sdk_create_exec_delete_ms_p50": statistics.median(full),
         }
+        if "uvloop" in loops:
+            res["sdk_exec_rtt_ms_p50_uvloop"] = statistics.median(sync["uvloop"])
+            res["sdk_async_exec_rtt_ms_p50_uvloop"] = statistics.median(async_rtt["uvloop"])
     floor = res["bare_exec_ms_p50"]
     print(f"{'figure':34} {'value':>8}  {'target':>9}  vs bare fork+exec")
     targets = {"sdk_exec_rtt_ms_p50": 2.5}
     for key, value in res.items():
         target = f"<= {targets[key]} ms" if key in targets else ""
         print(f"{key:34} {value:8.2f}  {target:>9}  {value / floor:5.1f}x")
+    if "uvloop" in loops:
+        res["sdk_exec_rtt_uvloop_ratio"] = (res["sdk_exec_rtt_ms_p50_uvloop"]
+                                            / res["sdk_exec_rtt_ms_p50"])
+        res["sdk_async_exec_rtt_uvloop_ratio"] = (res["sdk_async_exec_rtt_ms_p50_uvloop"]
+                                                  / res["sdk_async_exec_rtt_ms_p50"])
+        print(f"daemon on uvloop / on asyncio's loop, same run: sync exec "
+              f"{res['sdk_exec_rtt_uvloop_ratio']:.2f}, async exec "
+              f"{res['sdk_async_exec_rtt_uvloop_ratio']:.2f}")
+    res["loadavg"] = os.getloadavg()[0]
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

@@ -17,7 +17,14 @@ blocking SDK (medians over the rounds, all in this run):
 
 Between rounds the images are deleted on B, which collects the pulled root, so every
 round's first use crosses it again. ``root_content_digest_ms`` is A's one-off hash of
-its root (the first time a peer asks; kept in its manifest). Never fails on time.
+its root (the first time a peer asks; kept in its manifest).
+
+Volumes travel the same way (:mod:`corral.runtime.volume_travel`): a volume of
+``volume_mb`` of random bytes made on A, then on B ``volume_first_use_ms`` (its copy
+fetched from A, a ``cow`` sandbox made on it, ``exec``), ``volume_present_ms`` (the same
+with the copy there), and on A ``volume_home_ms`` (the baseline: the volume made there);
+``volume_content_digest_ms`` is A's one-off hash of it. B's copy is removed between
+rounds. Never fails on time.
 """
 
 from __future__ import annotations
@@ -110,6 +117,41 @@ def _first_use(b: corral.Client, http: httpx.Client, name: str) -> float:
     return ms
 
 
+def _volume_use(client: corral.Client, http: httpx.Client | None) -> float:
+    """ms: (with ``http``, B's daemon: fetch the copy of A's volume, as the cluster
+    client does) create a sandbox mounting it, read its blob's size."""
+    t = time.perf_counter()
+    if http is not None:
+        http.post("/v1/cluster/volumes/fetch", json={"volume": "bench-vol", "node": "a"},
+                  timeout=900).raise_for_status()
+    sb = corral.Sandbox.create(volumes={"/data": "bench-vol"}, client=client, **SPEC)  # type: ignore[arg-type]
+    sb.exec("wc -c /data/blob", timeout=60)
+    ms = (time.perf_counter() - t) * 1000
+    sb.delete()
+    return ms
+
+
+def _volumes(a: corral.Client, b: corral.Client, http_a: httpx.Client, http_b: httpx.Client,
+             rounds: int, mb: int, top: Path) -> dict[str, float]:
+    (top / "vol").mkdir()
+    (top / "vol" / "blob").write_bytes(os.urandom(mb << 20))
+    corral.Volume.create("bench-vol", top / "vol", client=a)
+    t = time.perf_counter()
+    http_a.get("/v1/peer/volumes/bench-vol").raise_for_status()
+    out = {"volume_content_digest_ms": (time.perf_counter() - t) * 1000, "volume_mb": mb}
+    first, present, home = [], [], []
+    for _ in range(rounds):
+        first.append(_volume_use(b, http_b))
+        present.append(_volume_use(b, http_b))
+        home.append(_volume_use(a, None))
+        http_b.delete("/v1/volumes/bench-vol").raise_for_status()
+    http_a.delete("/v1/volumes/bench-vol").raise_for_status()
+    out.update(volume_first_use_ms=statistics.median(first),
+               volume_present_ms=statistics.median(present),
+               volume_home_ms=statistics.median(home))
+    return out
+
+
 def main() -> int:
     ap = bench_args.parser(__doc__)
     args = ap.parse_args()
@@ -155,6 +197,8 @@ def main() -> int:
             res["first_use_root_present_ms"] = statistics.median(present_root)
             res["present_ms"] = statistics.median(present)
             res["root_and_layers_mb"] = statistics.median(root_bytes) / 1e6
+            res.update(_volumes(a, b, http_a, http_b, rounds,
+                                bench_args.pick(args, 256, 64, 1), top))
     finally:
         for p in procs:
             p.send_signal(signal.SIGINT)  # stop (SIGTERM hands sandboxes over)
@@ -171,6 +215,10 @@ def main() -> int:
           f"one with the image here ({res['root_and_layers_mb']:.0f} MB crossed, "
           f"{res['root_and_layers_mb'] / (res['first_use_root_missing_ms'] / 1000):.0f} MB/s); "
           f"with the root here, {res['first_use_root_present_ms'] / res['present_ms']:.1f}x")
+    print(f"a volume's first use on another node takes "
+          f"{res['volume_first_use_ms'] / res['volume_home_ms']:.1f}x one at its home "
+          f"({res['volume_mb']:.0f} MiB crossed); with the copy there "
+          f"{res['volume_present_ms'] / res['volume_home_ms']:.1f}x")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     return 0

@@ -22,6 +22,7 @@ class VolumeInfo(BaseModel):
     files: int
     created_at: float
     max_mb: int | None = None  # a size limit (MiB): rw writers share at most this
+    home: str | None = None  # on a cluster: the node this is a copy of (None: made here)
 
 
 def parse_mount(value: str) -> tuple[str, str]:

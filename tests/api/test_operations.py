@@ -70,15 +70,20 @@ def test_the_cluster_router_handles_every_routing_and_nothing_else():
             assert len(op.reply.model_fields) == 1, op.name
         if op.routing is Routing.SANDBOX:
             assert "sandbox_id" in op.params, op.name
-        if op.routing in (Routing.HOLDER, Routing.EVERYWHERE):
+        if op.routing is Routing.HOLDER:
             assert op.params == ("id_or_name",), op.name
+        if op.routing is Routing.EVERYWHERE:  # a snapshot's copies, a volume's
+            assert op.params in (("id_or_name",), ("name",)), op.name
+        if op.routing is Routing.VOLUME:
+            assert op.params[0] == "name" and op.path.startswith("/v1/volumes/"), op.name
         if op.routing is Routing.POOL:
             assert op.params == ("name",) and op.path.startswith("/v1/pools/"), op.name
 
 
 def test_the_peer_credential_opens_only_peer_operations():
     peer = {op.name for op in OPERATIONS if op.access is Access.PEER}
-    assert peer == {"peer_snapshot", "peer_layer", "peer_image", "refresh_tenants"}
+    assert peer == {"peer_snapshot", "peer_layer", "peer_image", "peer_volume",
+                    "refresh_tenants"}
     assert all(op.method == "GET" or op.name == "refresh_tenants" for op in OPERATIONS
                if op.access is Access.PEER)
 

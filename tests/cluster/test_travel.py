@@ -1,10 +1,12 @@
 """Snapshots travel: taken on node A, restored on node B byte-identical, each layer
-fetched once per node (counted by the receiving daemon), a corrupt layer refused."""
+fetched once per node (counted by the receiving daemon), a corrupt layer refused. A
+volume made on one node is mounted on the others, its tree fetched once per node."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import time
 
 import httpx
 import pytest
@@ -119,6 +121,60 @@ def test_fetching_from_a_node_without_the_snapshot_or_an_unknown_node(client, co
         assert r.status_code in (400, 404)
         r = http.get("/v1/peer/layers/sha256:" + "0" * 64)
         assert r.status_code == 404
+
+
+def test_a_volume_made_on_one_node_mounts_on_every_node_fetched_once(client, corral_cluster,
+                                                                     tmp_path):
+    nodes = corral_cluster.node_ids()
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a.csv").write_text("1,2,3\n")
+    big = os.urandom(2_000_000)
+    (tmp_path / "big").write_bytes(big)
+    name = f"travel-{time.time_ns() % 10**9}"
+    corral.Volume.create(name, tmp_path, client=client)  # on the client's home node
+    home = next(n for n in nodes if _volume_status(corral_cluster, n, name) == 200)
+    b, c = (n for n in nodes if n != home)
+    before_b, before_c = _stats(corral_cluster, b), _stats(corral_cluster, c)
+    made = []
+    try:
+        for node, mode in ((b, "cow"), (b, "ro"), (c, "cow")):
+            made.append(corral.Sandbox.create(memory_mb=64, tags=[TAG], node=node, client=client,
+                                              volumes={"/data": f"{name}:{mode}"}))
+        for sb in made:
+            assert sb.files.read("/data/big") == big
+        made[0].exec("echo mine > /data/rows/a.csv", timeout=30)  # cow: its own
+        assert made[1].files.read("/data/rows/a.csv") == b"1,2,3\n"
+        after_b, after_c = _stats(corral_cluster, b), _stats(corral_cluster, c)
+        assert after_b["layers"] - before_b["layers"] == 1  # two sandboxes, one fetch
+        assert after_b["bytes"] - before_b["bytes"] > len(big)
+        assert after_c["layers"] - before_c["layers"] == 1
+        with _daemon(corral_cluster, b) as http:
+            assert http.get(f"/v1/volumes/{name}").json()["home"] == home
+        # rw: the volume itself, so on its home (placed there), never on a copy
+        made.append(corral.Sandbox.create(memory_mb=64, tags=[TAG], client=client,
+                                          volumes={"/data": f"{name}:rw"}))
+        assert made[-1].info.node == home
+        with pytest.raises(corral.InvalidState, match="copy"):
+            corral.Sandbox.create(memory_mb=64, tags=[TAG], node=b, client=client,
+                                  volumes={"/data": f"{name}:rw"})
+        for sb in made:
+            sb.delete()
+        made = []
+        vol = corral.Volume.get(name, client=client)  # sent to its home, not to a copy:
+        vol.upload(tmp_path / "rows" / "a.csv", "added.csv")
+        vol.snapshot(f"{name}-1").delete()
+        with _daemon(corral_cluster, home) as http:
+            assert http.get(f"/v1/volumes/{name}").json()["files"] == 4
+    finally:
+        for sb in made:
+            sb.delete()
+        corral.Volume.get(name, client=client).delete()  # and its copies
+    assert [_volume_status(corral_cluster, n, name) for n in nodes] == [404] * 3
+
+
+def _volume_status(cluster, node: str, name: str) -> int:
+    with _daemon(cluster, node) as http:
+        return http.get(f"/v1/volumes/{name}").status_code
 
 
 def test_a_pool_spread_over_every_node(client, corral_cluster):

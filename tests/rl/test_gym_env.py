@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import gymnasium as gym
@@ -230,6 +233,44 @@ def test_the_server_protocol_in_this_process():
     assert out[6] == {"ok": True}
 
 
+def test_the_server_moves_to_its_port_only_for_its_token():
+    """``listen``: the reply names a loopback port; a connection with the wrong first
+    line is dropped, the one with the token carries the rest; a request on stdin
+    instead keeps the conversation there."""
+    for move in (True, False):
+        r_req, w_req = os.pipe()
+        r_rep, w_rep = os.pipe()
+        requests, replies = os.fdopen(r_req, "rb"), os.fdopen(w_rep, "wb")
+        to_server, from_server = os.fdopen(w_req, "wb", buffering=0), os.fdopen(r_rep, "rb")
+        worker = threading.Thread(target=serve, args=(requests, replies, wire), daemon=True)
+        worker.start()
+        to_server.write(wire.dumps({"op": "make", "id": "CartPole-v1", "kwargs": {}}))
+        assert wire.loads(from_server.readline())["ok"]
+        to_server.write(wire.dumps({"op": "listen", "token": "k" * 32}))
+        port = wire.loads(from_server.readline())["port"]
+        if move:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as wrong:
+                wrong.sendall(b"guess\n" + wire.dumps({"op": "ping"}))
+                assert wrong.recv(100) == b""  # dropped unanswered
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as right:
+                right.sendall(b"k" * 32 + b"\n" + wire.dumps({"op": "reset", "seed": 3}))
+                lines = right.makefile("rb")
+                assert wire.loads(lines.readline())["ok"]
+                right.sendall(wire.dumps({"op": "close"}))
+                assert wire.loads(lines.readline()) == {"ok": True}
+        else:
+            to_server.write(wire.dumps({"op": "ping"}))
+            assert wire.loads(from_server.readline()) == {"ok": True}
+            with pytest.raises(OSError):  # the port is closed again
+                socket.create_connection(("127.0.0.1", port), timeout=30).close()
+            to_server.write(wire.dumps({"op": "close"}))
+            assert wire.loads(from_server.readline()) == {"ok": True}
+        worker.join(30)
+        assert not worker.is_alive()
+        for f in (requests, replies, to_server, from_server):
+            f.close()
+
+
 def test_env_ids_and_local_modules(tmp_path, kitchen):
     assert resolve_env_id("CartPole-v1") == ("CartPole-v1", {})
     assert resolve_env_id("my_pkg.envs:Maze") == ("my_pkg.envs:Maze", {})
@@ -275,12 +316,62 @@ def test_cartpole_in_a_sandbox_is_cartpole(client):
             assert all(same(a, b) for a, b in zip(got, want, strict=True))
             if got[2] or got[3]:
                 assert same(env.reset()[0], local.reset()[0])
+        assert env._remote.channel is not None  # stepped over the port socket
         assert env.call("gravity") == 9.8  # any attribute, through the wrappers
         assert env.call("spec").startswith("EnvSpec(id='CartPole-v1'")  # not data: its repr
     finally:
         env.close()
     env.close()  # idempotent
     assert env.sandbox.id not in {sb.id for sb in corral.Sandbox.list(client=client)}
+
+
+@requires_root
+def test_without_the_port_channel_the_same_trajectory(client):
+    env = SandboxEnv("CartPole-v1", client=client, port_channel=False)
+    try:
+        assert env._remote.channel is None  # stdin and stdout of the server's process
+        local = gym.make("CartPole-v1")
+        assert same(env.reset(seed=5)[0], local.reset(seed=5)[0])
+        for action in (0, 1, 1, 0):
+            assert all(same(a, b) for a, b in zip(env.step(action), local.step(action),
+                                                   strict=True))
+    finally:
+        env.close()
+
+
+BIG_ENV = textwrap.dedent('''
+    import gymnasium as gym
+    import numpy as np
+
+
+    class Frames(gym.Env):
+        """Observations of 192 KiB: many WebSocket frames a reply."""
+        observation_space = gym.spaces.Box(0, 255, (256, 256, 3), dtype=np.uint8)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return np.full((256, 256, 3), action, np.uint8), 1.0, False, False, {"echo": "x" * 70000}
+''')
+
+
+@requires_root
+def test_big_observations_cross_the_port_channel(client, tmp_path):
+    path = tmp_path / "frames.py"
+    path.write_text(BIG_ENV)
+    env = SandboxEnv(f"{path}:Frames", client=client)
+    try:
+        assert env._remote.channel is not None
+        env.reset(seed=1)
+        for action in (7, 200):
+            obs, _, _, _, info = env.step(action)
+            assert obs.shape == (256, 256, 3) and (obs == action).all()
+            assert info == {"echo": "x" * 70000}
+    finally:
+        env.close()
 
 
 @requires_root

@@ -24,7 +24,11 @@ def kitchen(tmp_path):
 
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
 def test_same_as_sync_vector_env(client, mode):
-    envs = SandboxVectorEnv("CartPole-v1", 2, autoreset_mode=mode, client=client)
+    # one mode over exchange_all (no port channel), the others over port sockets
+    channel = mode != AutoresetMode.NEXT_STEP
+    envs = SandboxVectorEnv("CartPole-v1", 2, autoreset_mode=mode, client=client,
+                            port_channel=channel)
+    assert all((r.channel is not None) == channel for r in envs._remotes)
     local = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=mode)
     try:
         assert envs.num_envs == 2 and envs.metadata["autoreset_mode"] == mode

@@ -67,7 +67,9 @@ def _args(sid: str, tmp: Path) -> dict[str, object]:
         "snapshot": "snap-000000000000", "ref": "snap-000000000000",
         "spec": SandboxSpec(memory_mb=64), "archive": tmp / "none.tar",
         "policy": NetworkPolicy(allow=["example.com"]), "network": {"allow": ["example.com"]},
-        "timeout": 1.0,
+        "timeout": 1.0, "desc": {"name": "x"}, "open_layer": None, "fetcher": None,
+        "node": "n", "size": 1, "source": tmp / "none", "mode": 0o644,
+        "new": "y",
     }
 
 
@@ -92,7 +94,9 @@ async def test_engine_calls_naming_no_owner_fail_closed(engine, tmp_path):
         assert {"get", "list", "counts", "usage", "exec", "exec_stream", "spawn", "pause",
                 "resume", "stop", "delete", "read_file", "write_file", "snapshot", "fork",
                 "list_snapshots", "get_snapshot", "resolve_spec", "list_volumes",
-                "create_network", "connect_port", "update_network"} <= set(methods)
+                "create_network", "connect_port", "update_network", "describe_volume",
+                "pull_volume", "check_volume_upload", "write_volume_file",
+                "snapshot_volume"} <= set(methods)
         args = _args(info.id, tmp_path)
         for name in methods:
             with pytest.raises(InternalError, match="no caller"):

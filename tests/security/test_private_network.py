@@ -252,3 +252,42 @@ def test_joining_is_checked(team, episode, capsys):
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_argument"
     app.update_network(allow=["pypi"])
     assert app.info.spec.network.join == "ep" and dial(app, "db") == f"db saw {ip_of(app)}"
+
+
+def test_max_mbps_caps_a_members_traffic_with_the_others_too(episode):
+    """A member's ``max_mbps`` shapes its link to the other members as its policy link:
+    its eth1 (what it sends) and its bridge port (what it receives), neither in the
+    sandbox's reach; ``update_network`` changes or lifts both."""
+    alice, net, db, app = episode
+    capped = corral.Sandbox.create(network=net.member("capped", max_mbps=8), memory_mb=64,
+                                   client=alice)
+    ns = member_ns(capped)
+    bridge = next(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                            text=True, check=True).stdout.split()
+                  if "-pn-" in n and ip_of(capped) in _members(n))
+
+    def rates() -> list[str]:
+        out = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "eth1"],
+                             capture_output=True, text=True).stdout
+        port = subprocess.run(["ip", "-n", bridge, "-j", "link"], capture_output=True,
+                              text=True).stdout
+        for link in json.loads(port or "[]"):
+            out += subprocess.run(["tc", "-n", bridge, "qdisc", "show", "dev", link["ifname"]],
+                                  capture_output=True, text=True).stdout
+        return [w for line in out.splitlines() if "tbf" in line
+                for w in line.split() if w.endswith("bit")]
+
+    assert rates().count("8Mbit") == 2  # eth1, and its port (no other member's)
+    capped.exec("tc qdisc del dev eth1 root 2>&1; ip link set eth1 down 2>&1", timeout=30)
+    assert rates().count("8Mbit") == 2  # not the sandbox's to change
+    assert dial(capped, "db") == f"db saw {ip_of(capped)}"
+    capped.update_network(max_mbps=100)
+    assert rates() == ["100Mbit", "100Mbit"]
+    capped.update_network()
+    assert rates() == []
+    capped.delete()
+
+
+def _members(bridge_ns: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", bridge_ns, "nft", "list", "set", "bridge",
+                           "guard", "members"], capture_output=True, text=True).stdout

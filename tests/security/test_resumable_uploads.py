@@ -195,3 +195,93 @@ def test_a_number_in_unicode_digits_is_a_typed_400_not_a_traceback(team):
         assert [r.status_code for r in replies] == [400] * 3, [r.text for r in replies]
         sb.delete()
     no_traceback(team)
+
+
+def test_a_volume_upload_cut_off_resumes_at_its_offset_and_lands_whole(team, tmp_path,
+                                                                        monkeypatch):
+    """The same uploads into a volume (server/volume_uploads.py): resumed at the offset
+    that arrived, put in place whole, never while a sandbox mounts the volume ro or cow,
+    never through a symlink planted in it, another tenant's upload id unknown."""
+    token = team.tokens["alice"]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "README").write_text("checkpoints\n")
+    data = team.daemon.state_dir / "volumes" / "alice" / "ckpts" / "data"
+    blob = os.urandom(SIZE)
+    with corral.Client(team.url, token=token) as alice, team.tenant("alice") as http, \
+            team.tenant("bob") as bob:
+        vol = corral.Volume.create("ckpts", tmp_path / "src", client=alice)
+        base = "/v1/volumes/ckpts/uploads"
+        up = http.post(base, json={"path": "models/ckpt.bin", "size": SIZE}).json()
+        assert up["volume"] == "ckpts" and up["offset"] == 0
+        url = f"{base}/{up['upload_id']}"
+        sent = (1 << 20) + 99
+        _cut_patch(team, token, url, 0, blob[:sent], SIZE)
+        for _ in range(400):  # the daemon reads what came, then sees the reset
+            state = http.get(url).json()
+            if state["offset"] == sent:
+                break
+            time.sleep(0.05)
+        assert state["offset"] <= sent and not state["done"]  # all, unless a loaded host
+        assert not (data / "models").exists()  # nothing at its path yet
+        assert bob.get(url).status_code == 404  # alice's volume, alice's upload
+        wrong = http.patch(url, content=b"x", headers={"Upload-Offset": str(state["offset"] + 1)})
+        assert wrong.status_code == 409 and wrong.json()["error"]["details"]["offset"] == state["offset"]
+        # a reader mounts it: the last byte waits (its files must not change under it)
+        sb = corral.Sandbox.create(memory_mb=64, volumes={"/data": "ckpts:ro"}, client=alice)
+        n = state["offset"]
+        r = http.patch(url, content=blob[n:], headers={"Upload-Offset": str(n)})
+        assert r.status_code == 409 and r.json()["error"]["details"]["cause"] == "mounted"
+        assert http.get(url).json() == {**state, "offset": SIZE}
+        sb.delete()
+        done = http.patch(url, content=b"", headers={"Upload-Offset": str(SIZE)}).json()
+        assert done["done"] and done["offset"] == SIZE
+        sb = corral.Sandbox.create(memory_mb=64, volumes={"/data": "ckpts:ro"}, client=alice)
+        got = sb.exec(["sha256sum", "/data/models/ckpt.bin"], timeout=30).stdout.split()[0]
+        assert got == hashlib.sha256(blob).hexdigest()
+        sb.delete()
+        assert corral.Volume.get("ckpts", client=alice).info.files == 3  # README, models, its file
+        # the SDK, in parts; then a symlink an rw writer could plant is not followed
+        import corral.client._sync._files as files
+
+        monkeypatch.setattr(files, "UPLOAD_PART", 1 << 20)
+        (tmp_path / "b.bin").write_bytes(blob)
+        seen: list[tuple[int, int]] = []
+        vol.upload(tmp_path / "b.bin", "/more/b.bin",
+                   progress=lambda n, total: seen.append((n, total)))
+        assert seen == [(n << 20, SIZE) for n in range(1, 4)]
+        assert (data / "more" / "b.bin").read_bytes() == blob
+        os.symlink("/etc", data / "evil")
+        with pytest.raises(InvalidArgument, match="not followed"):
+            vol.upload(tmp_path / "src" / "README", "evil/corral-planted")
+        assert not os.path.exists("/etc/corral-planted")
+        for bad in ("../x", "a/../../x", "/", ".", "a/./b"):
+            r = http.post(base, json={"path": bad, "size": 1})
+            assert r.status_code == 400, (bad, r.text)
+        vol.delete()
+    team.cleanup()
+    no_traceback(team)
+
+
+def test_a_volume_upload_is_taken_back_by_the_next_daemon_at_its_offset(tmp_path):
+    """A restarted daemon reads each upload's record again (tests/server/test_live_restore.py
+    shows it end to end for a sandbox's): a volume's comes back as a volume's, at the
+    bytes staged."""
+    from corral.server.upload_routes import VOLUME_KEY, Uploads
+
+    up = Uploads(tmp_path).add("alice", VOLUME_KEY + "ckpts", "m/c.bin", 100, 0o644, 1 << 62)
+    up.part.write_bytes(b"x" * 42)
+    again = Uploads(tmp_path).get("alice", VOLUME_KEY + "ckpts", up.id)
+    assert (again.offset, again.volume, again.path, again.done) == (42, "ckpts", "m/c.bin", False)
+    assert again.state()["volume"] == "ckpts" and "sandbox_id" not in again.state()
+    with pytest.raises(UploadNotFound):  # another tenant's, or with another volume: unknown
+        Uploads(tmp_path).get("bob", VOLUME_KEY + "ckpts", up.id)
+    with pytest.raises(UploadNotFound):
+        Uploads(tmp_path).get("alice", VOLUME_KEY + "other", up.id)
+    # the next daemon keeps it while its volume is there (it is no sandbox's), not after
+    reg = Uploads(tmp_path)
+    reg.keep_only(set(), lambda u: u.volume == "ckpts")
+    assert reg.get("alice", VOLUME_KEY + "ckpts", up.id).offset == 42
+    reg.keep_only(set(), lambda u: False)
+    with pytest.raises(UploadNotFound):
+        reg.get("alice", VOLUME_KEY + "ckpts", up.id)
+    assert not up.part.exists()

@@ -133,12 +133,17 @@ def test_a_root_that_does_not_hash_to_its_digest_or_runs_on_is_refused(store, tm
 
 
 class _Peer(http.server.BaseHTTPRequestHandler):
+    """A fake daemon: ``description`` for any description it is asked, ``layer`` for
+    any layer; the paths it was asked kept in ``asked``."""
+
     description: dict = {}
     layer = b""
+    asked: list[str] = []
 
     def do_GET(self):  # noqa: N802
-        body = (json.dumps(self.description).encode() if self.path.startswith("/v1/peer/images/")
-                else self.layer)
+        type(self).asked.append(self.path)
+        body = (self.layer if self.path.startswith("/v1/peer/layers/")
+                else json.dumps(self.description).encode())
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

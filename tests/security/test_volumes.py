@@ -151,7 +151,18 @@ def test_cli_volume_create_ls_rm(team, dataset, capsys):
     assert main([*tenant, "exec", sid, "cat", "/data/README"]) == 0
     assert capsys.readouterr().out == "the dataset\n"
     assert main([*tenant, "rm", sid]) == 0
-    assert main([*tenant, "volume", "rm", "clivol"]) == 0
+    capsys.readouterr()
+    assert main([*tenant, "volume", "upload", "clivol", str(dataset / "README"),
+                 "docs/README.md"]) == 0  # a resumable upload (server/volume_uploads.py)
+    assert capsys.readouterr().out == "clivol:docs/README.md\n"
+    assert main([*tenant, "create", "--memory-mb", "64", "--volume", "/data=clivol:ro"]) == 0
+    sid = capsys.readouterr().out.strip().split()[-1]
+    assert main([*tenant, "exec", sid, "cat", "/data/docs/README.md"]) == 0
+    assert capsys.readouterr().out == "the dataset\n"
+    assert main([*tenant, "rm", sid]) == 0
+    assert main([*tenant, "volume", "snapshot", "clivol", "clivol-1"]) == 0
+    assert "clivol-1: 5 files, " in capsys.readouterr().out  # README, rows/a.csv, docs/...
+    assert main([*tenant, "volume", "rm", "clivol", "clivol-1"]) == 0
     capsys.readouterr()
     team.cleanup()
 
@@ -212,3 +223,36 @@ def test_rw_volume_writes_are_capped_and_snapshots_say_what_they_hold(team, data
         corral.Volume.get("ref", client=c).delete()
     team.cleanup()
     no_traceback(team)
+
+
+def test_a_volume_snapshot_is_a_frozen_copy_taken_only_between_writers(team, dataset):
+    """``vol.snapshot(NEW)``: a new volume of the files as they are (an rw scratch
+    volume frozen between episodes), with the same cap; refused while a writer runs;
+    its writes after do not reach the snapshot; another tenant's volume is unknown."""
+    with corral.Client(team.url, token=team.tokens["dave"]) as c:
+        vol = corral.Volume.create("scratch", dataset, max_mb=16, client=c)
+        w = corral.Sandbox.create(memory_mb=64, volumes={"/d": "scratch:rw"}, client=c)
+        w.exec("echo step1 > /d/state && truncate -s 8M /d/sparse", timeout=30)
+        with pytest.raises(InvalidState, match="rw"):
+            vol.snapshot("scratch-1")  # its files are changing
+        w.delete()
+        snap = vol.snapshot("scratch-1")
+        assert (snap.name, snap.info.max_mb) == ("scratch-1", 16)
+        w = corral.Sandbox.create(memory_mb=64, volumes={"/d": "scratch:rw"}, client=c)
+        w.exec("echo step2 > /d/state", timeout=30)
+        w.delete()
+        r = corral.Sandbox.create(memory_mb=64, volumes={"/s": "scratch-1:ro"}, client=c)
+        out = r.exec("cat /s/state /s/rows/a.csv; du -k /s/sparse", timeout=30).stdout
+        assert out.splitlines()[:2] == ["step1", "1,2,3"]
+        assert int(out.splitlines()[2].split()[0]) < 1024  # still sparse
+        r.delete()
+        with pytest.raises(InvalidState):  # the name is taken
+            vol.snapshot("scratch-1")
+        with pytest.raises(InvalidArgument):
+            vol.snapshot("../alice/x")
+        with corral.Client(team.url, token=team.tokens["bob"]) as bob, \
+                pytest.raises(VolumeNotFound):
+            bob.request("POST", "/v1/volumes/scratch/snapshot", json={"name": "mine"})
+        snap.delete()
+        vol.delete()
+    team.cleanup()

@@ -20,12 +20,14 @@ from pydantic import (
 )
 
 from corral.schema import MAX_TIMEOUT_S
+from corral.volume_schema import VolumeInfo
 
 __all__ = [
     "EvalList", "EvalReport", "EvalRun", "Histogram",
     "ClusterNode", "ClusterNodes", "LeaseInfo", "LeaseRequest", "RefreshReply", "RefreshRequest",
     "TokenCreated", "TokenInfo", "TokenList", "TokenRequest", "TokenUpdate",
     "FetchRequest", "FetchStats", "ImageFetchRequest", "NodeProof", "PeerImage", "PeerLayer", "PeerSnapshot",
+    "PeerVolume", "VolumeFetchRequest",
 ]
 
 
@@ -252,6 +254,19 @@ class ImageFetchRequest(_FromPeer):
     """Make the built image ``image`` usable here, from the daemon of ``node``."""
 
     image: str = Field(min_length=1, max_length=128)
+
+
+class VolumeFetchRequest(_FromPeer):
+    """Make the caller's volume ``volume`` of ``node`` usable here (a copy of it)."""
+
+    volume: str = Field(min_length=1, max_length=63)
+
+
+class PeerVolume(VolumeInfo):
+    """A volume as its home describes it to another node: with the digest of its
+    content (``{"digest", "size_bytes"}``), by which its tree is fetched."""
+
+    content: dict[str, Any]
 
 
 class FetchStats(BaseModel):

@@ -352,6 +352,10 @@ class NetworkList(_Body):
     networks: list[NetworkInfo] = Field(description="the caller's named networks, by name")
 
 
+class VolumeSnapshotRequest(_Body):
+    name: str = Field(min_length=1, max_length=63, description="the new volume's name")
+
+
 class UploadCreate(_Body):
     path: str = Field(min_length=1, max_length=4096, description="where, in the sandbox")
     size: StrictInt = Field(ge=0, description="the file's size in bytes")
@@ -360,7 +364,8 @@ class UploadCreate(_Body):
 
 class UploadState(_Body):
     upload_id: str
-    sandbox_id: str
+    sandbox_id: str | None = None  # an upload into a sandbox...
+    volume: str | None = None  # ...or into a volume (docs/network.md)
     path: str
     size: int
     offset: int = Field(description="bytes received: the next PATCH's Upload-Offset")

@@ -73,6 +73,8 @@ class Routing(enum.Enum):
     SPLIT = "split"  # the items split by the nodes their sandbox ids name, replies joined
     LEASE = "lease"  # every alive node, one lease under one id (a create takes it there)
     HOME = "home"  # the caller's own things (tokens, leases, images, volumes): the home node
+    VOLUME = "volume"  # the home of the volume named in the path (where it was made), else
+    #                    the home node (which then says it is not found)
     NODE = "node"  # about one node itself (peer, cluster, metrics): only ever sent to a
     #                named node, which a cluster client treats as its home node
 

@@ -38,6 +38,7 @@ from corral.api.models import (
     UploadCreate,
     UploadState,
     VolumeList,
+    VolumeSnapshotRequest,
 )
 from corral.api.operation import (
     COMMON_ERRORS,
@@ -98,7 +99,12 @@ from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, P
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 from corral.volume_schema import VolumeInfo
 
-__all__ = ["COMMON_ERRORS", "OPERATIONS", "match", "operation", "request_line", "url"]
+__all__ = ["COMMON_ERRORS", "OPERATIONS", "PORT_SOCKET", "match", "operation", "request_line",
+           "url"]
+
+# A WebSocket, not an HTTP operation: a byte stream to a port of one's own sandbox
+# (corral.server.port_socket); format with id= and port=
+PORT_SOCKET = "/v1/sandboxes/{id}/ports/{port}/socket"
 
 
 _SB = "/v1/sandboxes/{sandbox_id}"
@@ -185,6 +191,37 @@ OPERATIONS: tuple[Operation, ...] = (
         routing=Routing.HOME,
     ),
     Operation(
+        "snapshot_volume", "POST", "/v1/volumes/{name}/snapshot",
+        "A new volume holding this one's files as they are now (docs/network.md)",
+        body=VolumeSnapshotRequest, reply=VolumeInfo, status=201,
+        errors=(*_BODY, VolumeNotFound, VolumeFull, InvalidState, QuotaExceeded, StorageFull),
+        routing=Routing.VOLUME,
+    ),
+    Operation(
+        "create_volume_upload", "POST", "/v1/volumes/{name}/uploads",
+        "Start a resumable upload of a file of size bytes into a volume (docs/network.md)",
+        body=UploadCreate, body_name="upload", reply=UploadState, status=201,
+        errors=(*_BODY, VolumeNotFound, VolumeFull, InvalidState, QuotaExceeded, StorageFull),
+        routing=Routing.VOLUME,
+    ),
+    Operation(
+        "patch_volume_upload", "PATCH", "/v1/volumes/{name}/uploads/{upload_id}",
+        "Send a volume upload's bytes from the offset in the Upload-Offset header; a "
+        "dropped connection keeps what arrived", body=RAW, reply=UploadState,
+        errors=(*_BODY, VolumeNotFound, VolumeFull, InvalidState, UploadNotFound),
+        routing=Routing.VOLUME,
+    ),
+    Operation(
+        "volume_upload_state", "GET", "/v1/volumes/{name}/uploads/{upload_id}",
+        "A volume upload's offset (where to resume)", reply=UploadState,
+        errors=(VolumeNotFound, UploadNotFound), routing=Routing.VOLUME,
+    ),
+    Operation(
+        "abandon_volume_upload", "DELETE", "/v1/volumes/{name}/uploads/{upload_id}",
+        "Abandon a volume upload", status=204,
+        errors=(VolumeNotFound, UploadNotFound), routing=Routing.VOLUME,
+    ),
+    Operation(
         "list_volumes", "GET", "/v1/volumes", "The caller's volumes",
         reply=VolumeList,
         errors=(VolumeNotFound, InvalidState, StorageFull), routing=Routing.HOME,
@@ -195,8 +232,9 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "delete_volume", "DELETE", "/v1/volumes/{name}",
-        "Remove a volume no running sandbox mounts", status=204,
-        errors=(VolumeNotFound, InvalidState, StorageFull), routing=Routing.HOME,
+        "Remove a volume no running sandbox mounts (on a cluster: its copies too)",
+        status=204,
+        errors=(VolumeNotFound, InvalidState, StorageFull), routing=Routing.EVERYWHERE,
     ),
     Operation(
         "expose_port", "POST", _SB + "/ports",

@@ -14,6 +14,7 @@ from corral.api.daemon_models import (
     NodeProof,
     PeerImage,
     PeerSnapshot,
+    PeerVolume,
     RefreshReply,
     RefreshRequest,
     TokenCreated,
@@ -21,6 +22,7 @@ from corral.api.daemon_models import (
     TokenList,
     TokenRequest,
     TokenUpdate,
+    VolumeFetchRequest,
 )
 from corral.api.operation import (
     NDJSON,
@@ -38,12 +40,15 @@ from corral.errors import (
     ImageInUse,
     ImageNotFound,
     InvalidArgument,
+    InvalidState,
     LayerTransferError,
     NotFound,
+    QuotaExceeded,
     RegistryAuthError,
     RegistryError,
     SnapshotNotFound,
     StorageFull,
+    VolumeNotFound,
 )
 from corral.image_schema import (
     BuildEvent,
@@ -54,6 +59,7 @@ from corral.image_schema import (
     PullRequest,
 )
 from corral.schema import SnapshotInfo
+from corral.volume_schema import VolumeInfo
 
 _BODY = (InvalidArgument, FileTooLarge)  # a body: parsed, checked, bounded (--max-upload-bytes)
 
@@ -182,6 +188,21 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
         "Cluster: make a built image of another node usable here",
         body=ImageFetchRequest, reply=ImageInfo,
         errors=(*_BODY, NotFound, LayerTransferError, StorageFull), routing=Routing.NODE,
+    ),
+    Operation(
+        "fetch_own_volume", "POST", "/v1/cluster/volumes/fetch",
+        "Cluster: make a volume of yours on another node usable here (a copy of it)",
+        body=VolumeFetchRequest, reply=VolumeInfo,
+        errors=(*_BODY, VolumeNotFound, InvalidState, NotFound, LayerTransferError,
+                StorageFull, QuotaExceeded), routing=Routing.NODE,
+    ),
+    Operation(
+        "peer_volume", "GET", "/v1/peer/volumes/{name}",
+        "Cluster: a volume described for another node to copy (?owner=TENANT: as that "
+        "tenant finds it)", reply=PeerVolume,
+        query=(Query("owner", "string", "the tenant whose volume it is"),),
+        errors=(VolumeNotFound, InvalidState, NotFound, LayerTransferError),
+        access=Access.PEER, routing=Routing.NODE,
     ),
     Operation(
         "peer_layer", "GET", "/v1/peer/layers/{digest}",

@@ -1,9 +1,12 @@
 """``corral volume create NAME --from DIR|TARBALL``, ``corral volume ls``, ``corral
-volume rm NAME``: volumes, mounted into sandboxes with ``--volume PATH=NAME[:MODE]``."""
+volume rm NAME``, ``corral volume snapshot NAME NEW``, ``corral volume upload NAME FILE PATH`` (resumable, a progress bar on a
+terminal for 8 MiB or more): volumes, mounted into sandboxes with ``--volume
+PATH=NAME[:MODE]``."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import corral
@@ -25,6 +28,15 @@ def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     rm_ = vsub.add_parser("rm", parents=conn, help="remove volumes no running sandbox mounts")
     rm_.add_argument("names", nargs="+", metavar="NAME")
     rm_.set_defaults(handler=rm)
+    sn = vsub.add_parser("snapshot", parents=conn, help="a new volume of one's files as they are")
+    sn.add_argument("name", metavar="NAME")
+    sn.add_argument("new", metavar="NEW")
+    sn.set_defaults(handler=snapshot)
+    up = vsub.add_parser("upload", parents=conn, help="put a file into a volume (resumable)")
+    up.add_argument("name", metavar="NAME")
+    up.add_argument("local", metavar="FILE")
+    up.add_argument("path", metavar="PATH", help="where in the volume, e.g. models/ckpt.bin")
+    up.set_defaults(handler=upload)
 
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
@@ -35,7 +47,8 @@ def create(args: argparse.Namespace, ctx: Context) -> int:
 
 def ls(args: argparse.Namespace, ctx: Context) -> int:
     for vol in corral.Volume.list(client=ctx.client):
-        ctx.output.line(f"{vol.name}\t{vol.info.files}\t{vol.info.size_bytes}")
+        home = f"\tcopy of {vol.info.home}" if vol.info.home else ""
+        ctx.output.line(f"{vol.name}\t{vol.info.files}\t{vol.info.size_bytes}{home}")
     return 0
 
 
@@ -43,4 +56,19 @@ def rm(args: argparse.Namespace, ctx: Context) -> int:
     for name in args.names:
         corral.Volume.get(name, client=ctx.client).delete()
         ctx.output.line(name)
+    return 0
+
+
+def upload(args: argparse.Namespace, ctx: Context) -> int:
+    vol = corral.Volume.get(args.name, client=ctx.client)
+    size = Path(args.local).stat().st_size  # a missing file raises FileNotFoundError
+    with ctx.output.transfer(f"{Path(args.local).name} -> {vol.name}", size) as progress:
+        vol.upload(args.local, args.path, progress=progress)
+    ctx.output.line(f"{vol.name}:{args.path}")
+    return 0
+
+
+def snapshot(args: argparse.Namespace, ctx: Context) -> int:
+    vol = corral.Volume.get(args.name, client=ctx.client).snapshot(args.new)
+    ctx.output.line(f"{vol.name}: {vol.info.files} files, {vol.info.size_bytes} bytes")
     return 0

@@ -20,9 +20,13 @@ stderr: stdout carries only replies.
 
 from __future__ import annotations
 
+import hmac
 import importlib
 import os
+import select
+import socket
 import sys
+import time
 import traceback
 from types import ModuleType
 from typing import Any, BinaryIO
@@ -60,6 +64,8 @@ class EnvServer:
     def __init__(self, wire: ModuleType) -> None:
         self.wire = wire  # the codec: corral.rl.spaces, uploaded as _corral_spaces
         self.env: Any = None
+        self.listener: socket.socket | None = None  # made by op_listen, for serve()
+        self.token = b""
 
     def _env(self) -> Any:
         if self.env is None:
@@ -116,6 +122,14 @@ class EnvServer:
     def op_ping(self) -> dict[str, Any]:
         return {}
 
+    def op_listen(self, token: str) -> dict[str, Any]:
+        """A loopback port to go on over (see :func:`serve`)."""
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        self.listener, self.token = listener, token.encode()
+        return {"port": listener.getsockname()[1]}
+
     def op_close(self) -> dict[str, Any]:
         if self.env is not None:
             self.env.close()
@@ -137,11 +151,50 @@ def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+LISTEN_WAIT_S = 30.0  # how long a ``listen`` waits for its connection
+
+
+def _accept(listener: socket.socket, token: bytes, requests: BinaryIO
+            ) -> tuple[BinaryIO, BinaryIO] | None:
+    """The connection that presents ``token`` as its first line (``listen``): its
+    reader and writer. None when a request comes on ``requests`` first (the client
+    gave up on the socket), or none came in time."""
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            watched: list[Any] = [listener, requests]
+            ready, _, _ = select.select(watched, [], [], left)
+            if requests in ready or not ready:
+                return None
+            conn, _ = listener.accept()
+            conn.settimeout(left)
+            reader = conn.makefile("rb")
+            try:
+                presented = reader.readline(len(token) + 2).strip()
+            except OSError:
+                presented = b""
+            if hmac.compare_digest(presented, token):
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return reader, conn.makefile("wb")
+            reader.close()
+            conn.close()
+        return None
+    finally:
+        listener.close()
+
+
 def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
     """Answer each request line with one reply line until ``close`` or EOF, values
-    encoded with the codec ``wire``."""
+    encoded with the codec ``wire``.
+
+    ``{"op": "listen", "token": T}`` moves the conversation to a TCP socket: the reply
+    names a port on the sandbox's loopback, and the first connection there whose first
+    line is ``T`` carries every later request and reply (stdin and stdout fall
+    silent). A request on ``requests`` before that connection keeps the conversation
+    here."""
     server = EnvServer(wire)
-    for line in iter(requests.readline, b""):
+    while line := requests.readline():
         if not line.strip():
             continue
         op = None
@@ -156,6 +209,14 @@ def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
                 "message": str(exc),
                 "traceback": _traceback(exc),
             }})
+        if op == "listen" and isinstance(listener := server.listener, socket.socket):
+            server.listener = None
+            replies.write(data)
+            replies.flush()
+            moved = _accept(listener, server.token, requests)
+            if moved is not None:
+                requests, replies = moved
+            continue
         replies.write(data)
         replies.flush()
         if op == "close":

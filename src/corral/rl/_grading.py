@@ -14,6 +14,7 @@ in the sandbox but the judge can read its stdin or write its stdout.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from corral.client._async._process import AsyncProcess
-from corral.client._models import CommandResult
+from corral.client._models import CommandResult, parse_exec
 from corral.client._sync._process import Process
 from corral.errors import ExecTimeout, InvalidArgument
 from corral.guest import program
@@ -36,9 +37,19 @@ TRUSTED_PATH = "/usr/local/bin:/usr/bin:/bin"
 """``PATH`` of the judge and the harness: only the image's own directories, which the
 sandbox cannot write (its ``~/.local/bin`` comes first in its usual ``PATH``)."""
 END_WAIT_S = 5.0
+EXIT_LOOKS_S = (0.0, 0.01)
+"""Pauses before each look at a judge's record for its exit, after its verdict."""
 """How long a judge that answered may take to exit by itself before it is killed."""
 UNSPLITTABLE = "unsplittable"
 UNGRADABLE = "ungradable"
+
+
+def judge_argv(*, warm: bool = False) -> list[str]:
+    """The judge's command line (what it judges comes later, on its stdin). ``warm``: a
+    pre-started judge, which imports the modules tests and solutions use most before it
+    says READY (``WARM_MODULES`` in :mod:`corral.guest.judge`)."""
+    source = program("confine", "judge_wire", "judge_solution", "judge")
+    return ["python3", "-I", "-c", source, *(["warm"] if warm else [])]
 
 
 def check_grading(grading: str) -> None:
@@ -67,7 +78,7 @@ class JudgeRun:
 
     @property
     def argv(self) -> list[str]:
-        return ["python3", "-I", "-c", program("confine", "judge_wire", "judge_solution", "judge")]
+        return judge_argv()
 
     def request(self) -> bytes:
         filename = self.path if self.path is not None else "solution.py"
@@ -109,8 +120,19 @@ class JudgeRun:
 
 async def aended(proc: AsyncProcess, answered: bool) -> CommandResult:
     """How the judge ended. One that answered exits by itself (waited for: no signal, a
-    request fewer); one that did not is killed."""
+    request fewer); one that did not is killed. A judge exits right after its verdict,
+    so its record usually says so already: one plain request then, instead of opening
+    its output stream (the stream stays the way when it still runs or left output)."""
     if answered:
+        for pause in EXIT_LOOKS_S:
+            await asyncio.sleep(pause)
+            info = await proc.refresh()
+            result = info.get("result")
+            if info.get("state") != "running":
+                if result is not None and not info.get("unread_bytes"):
+                    return parse_exec(result, args=proc.args, sandbox_id=proc.sandbox_id,
+                                      timeout=None)
+                break
         try:
             return await proc.wait(timeout=END_WAIT_S)
         except ExecTimeout:

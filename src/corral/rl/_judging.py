@@ -17,8 +17,16 @@ from corral.client._async._sandbox import AsyncSandbox
 from corral.client._sync import Sandbox
 from corral.errors import InvalidArgument
 from corral.rl._grading import Grading
+from corral.rl._prestart import Prestarted
 from corral.rl._test_report import TestReport
-from corral.rl.code import Fallback, arun_tests, extract_code, normalize_tests, run_tests
+from corral.rl.code import (
+    Fallback,
+    arun_prestarted,
+    arun_tests,
+    extract_code,
+    normalize_tests,
+    run_tests,
+)
 from corral.rl.stdio import (
     DEFAULT_MEMORY_MB,
     DEFAULT_TIME_LIMIT,
@@ -147,6 +155,17 @@ async def ajudge(sb: AsyncSandbox, task: Task, options: JudgeOptions, mode: Mode
         fresh=fresh,
     )
     return chosen_toolchain_missing(task, report)
+
+
+async def ajudge_prestarted(sb: AsyncSandbox, judge: Prestarted, task: Task,
+                            options: JudgeOptions) -> TestReport:
+    """Judge a Python ``task`` with ``judge``, a judge already waiting in ``sb``."""
+    _, proc = judge.bind(sb.client)
+    return await arun_prestarted(
+        sb, proc, judge.ready, task.snippets, code=task.code, timeout=run_timeout(task, options),
+        test_timeout=options.test_timeout, grading=options.grading,
+        entry_point=task.entry_point,
+    )
 
 
 NO_TOOLCHAIN = "is not installed in this image"  # corral/guest/io_judge.py's NoToolchain

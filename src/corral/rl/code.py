@@ -36,6 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from corral.client._async._process import AsyncProcess
 from corral.client._async._sandbox import AsyncSandbox
 from corral.client._models import CommandResult
 from corral.client._sync import Sandbox
@@ -211,14 +212,56 @@ async def arun_tests(
     if not fresh:  # nothing an earlier step left running may meet the judge
         await sb.kill_processes()
     async with await sb.spawn(run.argv, timeout=timeout, cwd=cwd, env=TRUSTED_ENV) as proc:
-        ready = line = None
+        ready = None
         try:
             ready = await proc.exchange(b"", timeout=timeout)
-            if ready.strip() == READY:
-                line = await proc.exchange(run.request(), timeout=timeout)
         except ExecTimeout:
             pass
-        report = run.report(ready, line, await aended(proc, line is not None))
+        report = await _averdict(proc, run, ready)
+    return await _after_judge(sb, report, snippets, grading, code, path, timeout, test_timeout, cwd)
+
+
+async def arun_prestarted(
+    sb: AsyncSandbox,
+    proc: AsyncProcess,
+    ready: str,
+    tests: Tests,
+    *,
+    code: str,
+    timeout: float = 10.0,
+    test_timeout: float | None = None,
+    grading: Grading = "auto",
+    entry_point: str | None = None,
+) -> TestReport:
+    """:func:`arun_tests` on a judge already started in a fresh sandbox that has run
+    nothing else (``proc``, which answered ``ready``: :mod:`corral.rl._prestart`): the
+    request goes to it at once. ``grading`` is ``"auto"`` or ``"isolated"``."""
+    snippets = normalize_tests(tests)
+    check_grading(grading)
+    if grading == "in_process":
+        raise InvalidArgument("a pre-started judge grades in isolation: grading='in_process' "
+                              "runs the tests in the solution's process instead")
+    run = JudgeRun(snippets, code=code, timeout=timeout, test_timeout=test_timeout,
+                   entry_point=entry_point)
+    async with proc:
+        report = await _averdict(proc, run, ready)
+    return await _after_judge(sb, report, snippets, grading, code, None, timeout, test_timeout,
+                              None)
+
+
+async def _averdict(proc: AsyncProcess, run: JudgeRun, ready: str | None) -> TestReport:
+    """The request to a judge that said ``ready``, its verdict, how it ended."""
+    line = None
+    if ready is not None and ready.strip() == READY:
+        try:
+            line = await proc.exchange(run.request(), timeout=run.timeout)
+        except ExecTimeout:
+            pass
+    return run.report(ready, line, await aended(proc, line is not None))
+
+
+async def _after_judge(sb, report, snippets, grading, code, path, timeout, test_timeout, cwd):  # type: ignore[no-untyped-def]
+    """The tests the judge could not split: refused, or run in the solution's process."""
     split = unsplittable(report)
     if not split or report.status != "ok":
         return report
@@ -295,7 +338,7 @@ def _run_in_process(sb, snippets, code, path, timeout, test_timeout, cwd) -> Tes
 
 
 __all__ = [
-    "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "TestReport", "arun_tests", "clip", "completion_text",
+    "MAX_ERROR_CHARS", "MAX_OUTPUT_CHARS", "TestReport", "arun_prestarted", "arun_tests", "clip", "completion_text",
     "extract_code", "harness_request", "normalize_tests", "parse_report", "render_result",
     "run_tests",
 ]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ import corral
 from corral.errors import CorralError, InvalidArgument
 from corral.guest import program
 from corral.rl import spaces as wire
+from corral.rl._port_channel import PortChannel, open_channel
 
 DEFAULT_IMAGE = "rl"
 """The image with gymnasium and numpy installed (see the images' documentation)."""
@@ -162,6 +164,7 @@ class _Remote:
         self.own_sandbox = own_sandbox
         self.streamed = streamed
         self.process: corral.Process | None = None
+        self.channel: PortChannel | None = None  # the server's port socket, once it listens
         self.hello: dict[str, Any] = {}
         self.own_client: corral.Client | None = None
 
@@ -179,6 +182,7 @@ class _Remote:
         sandbox_options: Mapping[str, Any] | None = None,
         python: str = "python3",
         streamed: bool = True,
+        port_channel: bool = True,
     ) -> _Remote:
         """A sandbox (given, from ``pool``, from ``snapshot``, or new on ``image``)
         running the server, with ``env_id`` made; nothing is left behind on failure."""
@@ -215,6 +219,8 @@ class _Remote:
             remote.hello = remote.call(
                 "make", id=target, kwargs=dict(kwargs), path=[MODULES_DIR] if files else []
             )
+            if port_channel:
+                remote.move_to_port()
         except BaseException:
             remote.close()
             raise
@@ -243,8 +249,23 @@ class _Remote:
             )
         return reply
 
+    def move_to_port(self) -> None:
+        """Go on over a port socket to the server (``_port_channel``) where the daemon
+        offers one; else stay on the process's stdin and stdout."""
+        token = secrets.token_hex(16)
+        try:
+            port = self.call("listen", token=token)["port"]
+        except EnvError:
+            return  # a server that cannot listen: stdin and stdout it is
+        self.channel = open_channel(self.sandbox, port, token.encode() + b"\n")
+        if self.channel is None:  # a request on stdin keeps the server there
+            self.call("ping")
+
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         process, line = self.request(op, **fields)
+        if self.channel is not None:
+            self.channel.write(line)
+            return self.reply(self.channel.readline())
         # an environment's step takes as long as it takes (its sandbox's lifetime bounds it)
         if self.streamed:
             process.write(line)
@@ -266,6 +287,9 @@ class _Remote:
     def close(self) -> None:
         """End the server and, if this remote made or acquired the sandbox, delete it."""
         process, self.process = self.process, None
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
         try:
             if process is not None and process.returncode is None:
                 process.close()
@@ -311,8 +335,11 @@ class SandboxEnv(gym.Env):
     default is one hour): for a longer training run pass
     ``sandbox_options={"timeout": 86400}``.
 
-    Each ``reset``/``step`` is one request to the daemon (about a millisecond on one
-    host); the sandbox's ``python3`` runs the environment server, started once.
+    The sandbox's ``python3`` runs the environment server, started once. With
+    ``port_channel`` (the default) each ``reset``/``step`` then goes over a WebSocket to
+    a loopback port of the server's, relayed by the daemon (:mod:`corral.server.port_socket`:
+    about 0.3 ms on one host); without it, or where the daemon offers none (a cluster,
+    no ``websockets`` package), one request to the daemon each (about a millisecond).
     It is registered as ``corral/SandboxEnv-v0``, so it is made like any environment
     (``gymnasium.make_vec`` makes a :class:`~corral.rl.SandboxVectorEnv`)::
 
@@ -342,12 +369,14 @@ class SandboxEnv(gym.Env):
         client: corral.Client | str | None = None,
         sandbox_options: Mapping[str, Any] | None = None,
         python: str = "python3",
+        port_channel: bool = True,
         **kwargs: Any,
     ) -> None:
         self.env_id = env_id
         self._remote = _Remote.start(
             env_id, kwargs, image=image, sandbox=sandbox, snapshot=snapshot, pool=pool,
             client=client, sandbox_options=sandbox_options, python=python,
+            port_channel=port_channel,
         )
         self._finalizer = weakref.finalize(self, _close_quietly, self._remote)
         hello = self._remote.hello

@@ -71,6 +71,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     SandboxLost,
+    SandboxNotFound,
     SandboxProtocolError,
     SandboxStartError,
 )
@@ -80,6 +81,7 @@ from corral.rl._judging import (
     Mode,
     Task,
     ajudge,
+    ajudge_prestarted,
     check_mode,
     make_task,
     parse_tests,
@@ -87,6 +89,7 @@ from corral.rl._judging import (
     sandbox_needs,
     score,
 )
+from corral.rl._prestart import JudgePool
 from corral.rl._wandb import log_metrics
 from corral.rl.code import Fallback, TestReport
 from corral.rl.episodes import (  # "the machinery failed", shared with episodes
@@ -171,6 +174,9 @@ class RewardStats:
     """Completions with tests run in the solution's own process (docs/grading.md)."""
     ungradable: int = 0
     """Completions with a test the judge could not grade: reward ``None``, reason logged."""
+    prestarted: int = 0
+    """Completions judged by a pre-started judge (``prestart=``; counted in
+    ``sandboxes_created`` too)."""
 
 
 class AsyncCodeReward:
@@ -205,6 +211,7 @@ class AsyncCodeReward:
         compare: Compare = "tokens",
         tolerance: float = 1e-6,
         wandb: bool = True,
+        prestart: int = 0,
     ) -> None:
         check_grading(grading)
         self.wandb = bool(wandb)  # log each batch's metrics to an open W&B run
@@ -249,6 +256,12 @@ class AsyncCodeReward:
         })
         self.stats = RewardStats()
         self.last_outcomes: list[RewardOutcome] = []
+        if not isinstance(prestart, int) or isinstance(prestart, bool) or prestart < 0:
+            raise InvalidArgument(f"prestart must be an integer >= 0, got {prestart!r}")
+        self.prestart_size = prestart if grading != "in_process" else 0
+        self._pool = JudgePool(self._spec, self.timeout or DEFAULT_TIMEOUT_S,
+                               SANDBOX_LIFETIME_MARGIN_S) if self.prestart_size else None
+        self._refill: asyncio.Task[int] | None = None
 
     # ------------------------------------------------------------------ TRL API
 
@@ -306,11 +319,37 @@ class AsyncCodeReward:
                         group.start_soon(one, i)
             except BaseExceptionGroup as group_error:
                 raise group_error.exceptions[0] from None
+        if self._pool is not None and (self._refill is None or self._refill.done()):
+            self._refill = asyncio.get_running_loop().create_task(self._fill())
         outcomes = [r for r in results if r is not None]
         self.last_outcomes = outcomes
         if self.wandb:
             self._log_batch(outcomes)
         return outcomes
+
+    async def prestart(self) -> int:
+        """Start judges until ``prestart`` wait, and wait for that (a reward refills in
+        the background after each batch by itself); returns how many wait."""
+        return await self._fill()
+
+    async def _fill(self) -> int:
+        if self._pool is None:
+            return 0
+        async with AsyncClient(self.url) as client:
+            return await self._pool.fill(client, self.prestart_size, self.concurrency)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_refill": None}  # the pool copies itself empty
+
+    async def aclose(self) -> None:  # the blocking twin's is close()
+        """Delete the pre-started judges' sandboxes (else the daemon ends them within
+        their lifetime, ``corral.rl._prestart.MAX_IDLE_S`` plus the run's timeout)."""
+        refill = self._refill
+        if refill is not None and refill.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait([refill])  # what it starts is deleted below, not lost
+        if self._pool is not None:
+            async with AsyncClient(self.url) as client:
+                await self._pool.drain(client)
 
     def _log_batch(self, outcomes: Sequence[RewardOutcome]) -> None:
         """One batch's metrics to an open W&B run, at the trainer's current step."""
@@ -357,7 +396,7 @@ class AsyncCodeReward:
             if attempt > 1:
                 self.stats.infra_retries += 1
                 await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 2))
-            outcome = await self._attempt(client, i, task, start)
+            outcome = await self._attempt(client, i, task, start, attempt == 1)
             if isinstance(outcome, RewardOutcome):
                 return replace(outcome, attempts=attempt)
             exc, sandbox_id = outcome
@@ -374,7 +413,7 @@ class AsyncCodeReward:
         )
 
     async def _attempt(
-        self, client: AsyncClient, i: int, task: Task, start: float
+        self, client: AsyncClient, i: int, task: Task, start: float, first: bool = True
     ) -> RewardOutcome | tuple[CorralError, str | None]:
         """One sandbox's try: the outcome, or the infrastructure failure and the sandbox
         it hit."""
@@ -383,10 +422,16 @@ class AsyncCodeReward:
         image, memory_mb = sandbox_needs(task.io, self.image, self.memory_mb)
         spec = {**self._spec, "image": image, "memory_mb": memory_mb,
                 "timeout": run_timeout(task, self.options) + SANDBOX_LIFETIME_MARGIN_S}
+        judge = self._pool.take() if self._pool is not None and first and not task.io else None
         try:
-            sb = await AsyncSandbox.create(client=client, **spec)
+            if judge is not None:  # made for no other completion, waiting at READY
+                sb = AsyncSandbox(judge.sandbox, client=client)
+                self.stats.prestarted += 1
+            else:
+                sb = await AsyncSandbox.create(client=client, **spec)
             self.stats.sandboxes_created += 1
-            report = await ajudge(sb, task, self.options, self.mode, fresh=True)
+            report = await (ajudge(sb, task, self.options, self.mode, fresh=True) if judge is None
+                            else ajudge_prestarted(sb, judge, task, self.options))
         except ImageNotFound:
             raise  # a configuration error: every completion would fail the same way
         except SandboxProtocolError as exc:  # the completion broke its sandbox: it fails
@@ -394,6 +439,8 @@ class AsyncCodeReward:
             return RewardOutcome(i, 0.0, exc.message, code=code, sandbox_id=sb.id if sb else None,
                                  duration=time.monotonic() - start)
         except INFRA_ERRORS as exc:
+            if judge is not None and isinstance(exc, SandboxNotFound):  # gone while it
+                exc = SandboxLost(f"a pre-started judge's sandbox was gone: {exc}")  # waited
             return exc, sb.id if sb else None
         finally:
             if sb is not None:
@@ -457,6 +504,14 @@ class CodeReward(AsyncCodeReward):
         worker thread when this thread already runs an event loop)."""
         return run_sync(super().evaluate(completions, tests, on_result=on_result, columns=columns))
 
+    def prestart(self) -> int:  # type: ignore[override]
+        """Blocking :meth:`AsyncCodeReward.prestart`."""
+        return run_sync(super().prestart())
+
+    def close(self) -> None:
+        """Blocking :meth:`AsyncCodeReward.aclose`."""
+        run_sync(super().aclose())
+
 
 def code_reward(
     mode: Mode = "binary",
@@ -481,6 +536,7 @@ def code_reward(
     compare: Compare = "tokens",
     tolerance: float = 1e-6,
     wandb: bool = True,
+    prestart: int = 0,
 ) -> CodeReward:
     """A blocking TRL reward function scoring code completions in fresh sandboxes.
 
@@ -503,7 +559,11 @@ def code_reward(
     (node or daemon lost, no room) is run again on a new one before it scores ``None``.
     ``wandb``: with a W&B run open (``wandb.init()``), each batch's metrics are logged
     to it (``corral/<name>/reward_mean``, ``infra_failures``, ``timeouts``...) at the
-    trainer's current step; ``False`` keeps them out.
+    trainer's current step; ``False`` keeps them out. ``prestart``: judges kept started
+    in fresh sandboxes, each waiting for one completion (refilled after each batch, in
+    the background; :meth:`~CodeReward.prestart` fills now, :meth:`~CodeReward.close`
+    deletes them), so a completion pays neither the create nor Python's start-up
+    (docs/grading.md); ``0``, the default, starts each one when its completion comes.
 
     >>> reward = code_reward("fraction", timeout=5)
     >>> reward(prompts=["p"], completions=["```python\\ndef f(x): return 2*x\\n```"],
@@ -516,7 +576,7 @@ def code_reward(
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
         language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
         compare=compare, tolerance=tolerance,
-        wandb=wandb,
+        wandb=wandb, prestart=prestart,
     )
 
 
@@ -543,6 +603,7 @@ def async_code_reward(
     compare: Compare = "tokens",
     tolerance: float = 1e-6,
     wandb: bool = True,
+    prestart: int = 0,
 ) -> AsyncCodeReward:
     """Like :func:`code_reward`, as an async reward function (TRL runs it on its event
     loop, concurrently with the other async reward functions)."""
@@ -552,7 +613,7 @@ def async_code_reward(
         tags=tags, name=name, on_result=on_result, grading=grading, retries=retries,
         language=language, time_limit=time_limit, case_memory_mb=case_memory_mb,
         compare=compare, tolerance=tolerance,
-        wandb=wandb,
+        wandb=wandb, prestart=prestart,
     )
 
 

@@ -4,10 +4,10 @@
 (batched spaces, ``info`` dicts with ``_key`` masks, ``reset_mask``, the three
 autoreset modes) like :class:`~gymnasium.vector.SyncVectorEnv` does, but its
 sub-environments are :class:`~corral.rl.SandboxEnv` servers in separate sandboxes.
-Each step is one request to the daemon for all sub-environments together
-(``Process.exchange_all``): the daemon writes every action first, then awaits every
-reply, so the sub-environments step at the same time, each on its own sandbox's CPU
-share. :meth:`step_async` sends that request from a worker thread and returns at once;
+Each step writes every action first, then reads every reply, so the sub-environments
+step at the same time, each on its own sandbox's CPU share: over each server's port
+socket (see :class:`~corral.rl.SandboxEnv`), else in one request to the daemon for all
+of them (``Process.exchange_all``). :meth:`step_async` sends that request from a worker thread and returns at once;
 :meth:`step_wait` waits for it::
 
     envs = corral.rl.SandboxVectorEnv("CartPole-v1", num_envs=8)
@@ -48,7 +48,7 @@ class SandboxVectorEnv(VectorEnv):
     """``num_envs`` copies of ``env_id``, each in a sandbox of its own.
 
     ``env_id`` and ``kwargs`` are those of :class:`~corral.rl.SandboxEnv`, as are
-    ``image``, ``snapshot``, ``pool``, ``client``, ``sandbox_options`` and ``python``
+    ``image``, ``snapshot``, ``pool``, ``client``, ``sandbox_options``, ``python`` and ``port_channel``
     (every sandbox is made the same way). ``copy``: return copies of the batched
     observations (as gymnasium's vector envs do). The sandboxes start in parallel; if
     one fails, the others are deleted and the error is raised.
@@ -67,6 +67,7 @@ class SandboxVectorEnv(VectorEnv):
         client: corral.Client | str | None = None,
         sandbox_options: Mapping[str, Any] | None = None,
         python: str = "python3",
+        port_channel: bool = True,
         **kwargs: Any,
     ) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
@@ -84,6 +85,7 @@ class SandboxVectorEnv(VectorEnv):
             lambda: _Remote.start(
                 env_id, kwargs, image=image, snapshot=snapshot, pool=pool, client=client,
                 sandbox_options=sandbox_options, python=python, streamed=False,
+                port_channel=port_channel,
             )
         ] * num_envs)
         self._remotes = [r for r in started if isinstance(r, _Remote)]
@@ -288,7 +290,13 @@ class SandboxVectorEnv(VectorEnv):
         as ``(env index, op, fields)``. The first error is raised once every reply was
         read, so none is left behind to be taken for the answer to a later request."""
         calls = [self._remotes[i].request(op, **fields) for i, op, fields in requests]
-        lines = corral.Process.exchange_all(calls, timeout=None)  # a step takes what it takes
+        channels = [c for i, _, _ in requests if (c := self._remotes[i].channel) is not None]
+        if len(channels) == len(requests):  # all on port sockets: all written, then all read
+            for channel, (_, line) in zip(channels, calls, strict=True):
+                channel.write(line)
+            lines = [channel.readline() for channel in channels]
+        else:
+            lines = corral.Process.exchange_all(calls, timeout=None)  # a step takes what it takes
         replies: list[tuple[int, str, dict[str, Any]]] = []
         error: Exception | None = None
         for (i, op, _), line in zip(requests, lines, strict=True):

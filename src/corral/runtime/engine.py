@@ -27,6 +27,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
@@ -55,7 +56,7 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
-from corral.runtime.engine_end import STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
+from corral.runtime.engine_end import RELEASE_THREADS, STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_hibernate import HibernateOps
 from corral.runtime.engine_lifetime import LifetimeOps
@@ -148,6 +149,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._reaper: asyncio.Task[None] | None = None
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
+        # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
+        self._releasers = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="corral-release")
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
@@ -276,6 +279,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 return_exceptions=True,
             )
         await self._pool.close()
+        self._releasers.shutdown(wait=False)
         await self.net.close(keep=handed)
         for t in list(self._tasks):
             t.cancel()

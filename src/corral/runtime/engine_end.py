@@ -24,6 +24,7 @@ from corral.runtime.protocol import Msg, Tag
 from corral.schema import TRANSITIONS, SandboxInfo, SandboxState
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
     from pathlib import Path
 
     from corral.runtime.cpus import CpuPicker
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
     from corral.runtime.uids import UidBlock
 
 STOP_WAIT_S = 5.0
+RELEASE_THREADS = 48
+"""Threads unmounting and removing cgroups at once (``Engine._releasers``). Each release
+spends ~10 ms in the kernel, mostly waiting (RCU grace periods, not CPU): asyncio's
+default pool (cores + 4 threads) queued a mass teardown behind six of them; 48 took
+200 concurrent deletes from 1.16-1.21 s to 0.63-0.87 s (load 24-34, same engine CPU)."""
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 
 
@@ -54,6 +60,8 @@ class EndOps:
         uids: UidBlock
         snapshots: Snapshots
         gpus: GpuAllocator
+        closed: bool
+        _releasers: Executor
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
@@ -213,7 +221,9 @@ class EndOps:
         live.cpus = ()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.to_thread(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
+        await asyncio.get_running_loop().run_in_executor(
+            None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
+            self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
         self.gpus.release(live.id)  # after its processes are gone

@@ -52,6 +52,12 @@ class FetchStats:
     def json(self) -> dict[str, Any]:
         return {"layers": self.layers, "bytes": self.bytes, "by_digest": dict(self.by_digest)}
 
+    def count(self, digest: str, received: int) -> None:
+        """One tree fetched: ``digest``, ``received`` bytes of stream."""
+        self.layers += 1
+        self.bytes += received
+        self.by_digest[digest] = self.by_digest.get(digest, 0) + 1
+
 
 def describe(snapshots: Snapshots, ref: str, owner: str | None) -> dict[str, Any]:
     """What another node needs to restore ``owner``'s snapshot ``ref``: its row, and its
@@ -191,9 +197,7 @@ class LayerFetcher:
             layer, received = layer_wire.receive(
                 store, digest, chunks, max_bytes=2 * size + SLACK_BYTES, need_bytes=size,
             )
-        self.stats.layers += 1
-        self.stats.bytes += received
-        self.stats.by_digest[digest] = self.stats.by_digest.get(digest, 0) + 1
+        self.stats.count(digest, received)
         return layer
 
 

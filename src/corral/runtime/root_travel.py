@@ -61,7 +61,9 @@ def internal_name(digest: str) -> str:
     return INTERNAL_PREFIX + layer_wire.check_digest(digest)[7:39]
 
 
-def _content(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def kept_content(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``content`` (``{"digest", "size_bytes"}``) a manifest (a root image's, a
+    volume's) keeps, if it is well-formed, else None."""
     found = manifest.get(CONTENT)
     if (isinstance(found, dict) and isinstance(found.get("digest"), str)
             and layer_wire.DIGEST_RE.fullmatch(found["digest"])
@@ -77,12 +79,12 @@ def content_of(images: ImageStore, name: str) -> dict[str, Any]:
     if image.kind == "built":
         raise InvalidArgument(f"image {name!r} is built, not a root filesystem",
                               details={"image": name})
-    found = _content(images.manifest(name))
+    found = kept_content(images.manifest(name))
     if found is not None:
         return found
     with _computing:
         manifest = images.manifest(name)
-        found = _content(manifest)
+        found = kept_content(manifest)
         if found is not None:
             return found
         digest, size = tree_digest(image.rootfs, root_form=True)
@@ -102,7 +104,7 @@ def _roots(images: ImageStore, digest: str) -> list[str]:
     return sorted(
         name for name, m in image_cache.manifests(images.images_dir).items()
         if not name.startswith(".") and m.get("kind") != "built"
-        and (_content(m) or {}).get("digest") == digest
+        and (kept_content(m) or {}).get("digest") == digest
         and (images.images_dir / name / ROOTFS).is_dir()
     )
 
@@ -191,7 +193,7 @@ def _pull_now(fetcher: LayerFetcher, digest: str, size: int, open_layer: OpenLay
     try:
         if images.exists(target):
             mine = images.get(target, check_base=False)
-            if (_content(images.manifest(target)) or {}).get("digest") == digest:
+            if (kept_content(images.manifest(target)) or {}).get("digest") == digest:
                 return mine
         here = find_root(images, digest)
         if here is not None and target.startswith(INTERNAL_PREFIX):
@@ -211,10 +213,7 @@ def _pull_now(fetcher: LayerFetcher, digest: str, size: int, open_layer: OpenLay
                                       extra=_extra(digest, sealed.size_bytes, meta, target))
         finally:
             store.discard(sealed.tmp)
-        stats = fetcher.stats
-        stats.layers += 1
-        stats.bytes += received
-        stats.by_digest[digest] = stats.by_digest.get(digest, 0) + 1
+        fetcher.stats.count(digest, received)
         return image
     finally:
         os.close(lock)

@@ -6,7 +6,7 @@ sees them as its own through its idmapping)::
 
     <state>/volumes/<owner>/<name>/data        the tree
     <state>/volumes/<owner>/<name>/meta.json   {"name", "size_bytes", "files", "created_at",
-                                                "max_mb"}
+                                                "max_mb", "home", "content", "generation"}
     <state>/volumes/<owner>/<name>/volume.img  with max_mb: an ext4 of max_mb MiB, mounted
                                                (loop) at data while the host is up
 
@@ -27,18 +27,28 @@ files). It counts ``max_mb`` against the owner's quota, the space it may grow to
 takes that space on the disk at once (the image is allocated in full, refused with
 :class:`StorageFull` past the disk's reserve): volumes never promise more than the disk
 holds.
+
+On a cluster a volume travels (:mod:`corral.runtime.volume_travel`): a node that mounts
+another node's volume holds a *copy* (``home``: that node), which is never mounted
+``rw``; ``content`` is the digest it travels by, dropped (and ``generation`` counted
+up) whenever a writer mounts the volume ``rw``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from corral.errors import (
     Forbidden,
@@ -50,13 +60,18 @@ from corral.errors import (
     VolumeNotFound,
 )
 from corral.runtime.diskimage import mkfs
+from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
 from corral.runtime.storage import room_above_reserve
+from corral.runtime.treecopy import copy_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
 ADMIN_DIR = "_admin"
 IMAGE = "volume.img"
+META = "meta.json"
+CONTENT = "content"  # {"digest", "size_bytes"} of the tree as it travels (volume_travel.py)
+GENERATION = "generation"  # counts rw mounts: a content digest kept is of one generation
 MIN_MB, MAX_MB = 8, 1 << 22  # a capped volume's size limits (ext4 wants a few MiB)
 
 
@@ -122,6 +137,69 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_rel(rel: str) -> list[str]:
+    """The components of a path inside a volume (``a/b.bin``, a leading ``/`` allowed),
+    else :class:`InvalidArgument`: no ``..``, ``.``, NUL or empty name."""
+    parts = [p for p in str(rel).split("/") if p]
+    if (not parts or len(rel) > 4096 or "\0" in rel
+            or any(p in (".", "..") or len(p) > 255 for p in parts)):
+        raise InvalidArgument(f"invalid path {rel[:200]!r} in a volume: a relative path of "
+                              "names, without '.' or '..' (e.g. models/ckpt.bin)",
+                              details={"path": rel[:200]})
+    return parts
+
+
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int]:
+    """A descriptor of ``root/parts...``, each made if missing (canonical owner), none
+    followed if it is a symlink (:class:`InvalidArgument`); and how many it made."""
+    fd, made = os.open(root, _O_DIR), 0
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                os.chown(part, CANONICAL_UID, CANONICAL_UID, dir_fd=fd, follow_symlinks=False)
+                made += 1
+            except FileExistsError:
+                pass
+            try:
+                nfd = os.open(part, _O_DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise InvalidArgument(f"{rel}: {part!r} on the way is not a directory (a "
+                                      "symlink or a file) in the volume: not followed",
+                                      details={"path": rel[:200]}) from None
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, made
+
+
+def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
+    """``source``'s bytes into a new file ``name`` of ``dir_fd`` (canonical owner)."""
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o600, dir_fd=dir_fd)
+    try:
+        with open(source, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            sent = 0
+            while sent < size:
+                n = os.sendfile(out, f.fileno(), sent, min(size - sent, 1 << 30))
+                if n == 0:
+                    break
+                sent += n
+        os.fchown(out, CANONICAL_UID, CANONICAL_UID)
+        os.fchmod(out, mode)
+        os.fsync(out)
+    finally:
+        os.close(out)
+
+
 def _canonical(root: Path) -> tuple[int, int]:
     """Chown the tree to the canonical uid; its (bytes, files)."""
     size = files = 0
@@ -142,6 +220,7 @@ class Volumes:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._lock = threading.Lock()  # read-modify-write of a meta.json
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -149,29 +228,81 @@ class Volumes:
     def data_dir(self, owner: str | None, name: str) -> Path:
         return self._dir(owner, name) / "data"
 
+    def owner_root(self, owner: str | None) -> Path:
+        """Where ``owner``'s volumes are (made on first use)."""
+        base = self.root / _owner_dir(owner)
+        base.mkdir(parents=True, exist_ok=True, mode=0o711)
+        return base
+
     def create(self, owner: str | None, name: str, archive: Path, *,
                check: Callable[[str | None, int], None] | None = None,
                max_mb: int | None = None) -> VolumeInfo:
         """A new volume ``name`` of ``owner`` from the tar file ``archive``; ``check``
         (owner, bytes) may refuse it (a quota) before it appears; ``max_mb``: a volume
         that never holds more (see the module's docstring)."""
+        return self._publish(owner, name, lambda data: apply_layer(data, archive),
+                             need=archive.stat().st_size, check=check, max_mb=max_mb)
+
+    def adopt(self, owner: str | None, name: str, tree: Path, *, home: str,
+              content: dict[str, Any], max_mb: int | None,
+              check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+        """The copy of node ``home``'s volume ``name`` from ``tree`` (received and
+        checked against ``content``'s digest: :mod:`corral.runtime.volume_travel`),
+        moved in; an older copy here is replaced (its caller made sure none mounts it)."""
+        def fill(data: Path) -> None:
+            data.rmdir()
+            os.rename(tree, data)
+            lost = data / "lost+found"  # an ext4 volume's: mkfs makes its own
+            if max_mb is not None and lost.is_dir() and not any(lost.iterdir()):
+                lost.rmdir()
+
+        return self._publish(owner, name, fill, need=int(content.get("size_bytes") or 0),
+                             check=check, max_mb=max_mb, home=home, extra={CONTENT: content},
+                             replace=True)
+
+    def snapshot(self, owner: str | None, name: str, new: str, *,
+                 check: Callable[[str | None, int], None] | None = None) -> VolumeInfo:
+        """A new volume ``new`` holding ``name``'s files as they are now (a copy: sparse
+        files stay sparse, hard links linked), with its ``max_mb``; ``check`` (owner,
+        bytes) may refuse it (a quota), before a byte is copied. Its caller makes sure
+        no writer changes ``name`` meanwhile."""
+        info = self.get(owner, name)
+        check_name(new)
+        if check is not None:
+            check(owner, reserved_bytes(info))
+        self.ensure_mounted(owner, name)
+        src = self.data_dir(owner, name)
+        skip = frozenset({"lost+found"} if info.max_mb is not None else ())  # mkfs makes it
+
+        def fill(data: Path) -> None:
+            data.rmdir()
+            copy_tree(src, data, skip=skip)
+
+        return self._publish(owner, new, fill, need=reserved_bytes(info), check=check,
+                             max_mb=info.max_mb)
+
+    def _publish(self, owner: str | None, name: str, fill: Callable[[Path], None], *,
+                 need: int, check: Callable[[str | None, int], None] | None,
+                 max_mb: int | None,
+                 home: str | None = None, extra: dict[str, Any] | None = None,
+                 replace: bool = False) -> VolumeInfo:
         if max_mb is not None and not MIN_MB <= max_mb <= MAX_MB:
             raise InvalidArgument(f"invalid max_mb {max_mb}: use {MIN_MB}-{MAX_MB}",
                                   details={"field": "max_mb"})
         final = self._dir(owner, name)
-        if final.exists():
+        if final.exists() and not replace:
             raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
                                f"{name}) or pick another name", details={"volume": name})
-        final.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        root = self.owner_root(owner)
         # a capped one takes max_mb; an uncapped one its tree (checked again once made)
-        _check_room(final.parent, (max_mb or 0) << 20 or archive.stat().st_size, max_mb)
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+        _check_room(root, (max_mb or 0) << 20 or need, max_mb)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
         try:
             (work / "data").mkdir()
-            apply_layer(work / "data", archive)
+            fill(work / "data")
             size, files = _canonical(work / "data")
             info = VolumeInfo(name=name, size_bytes=size, files=files, created_at=time.time(),
-                              max_mb=max_mb)
+                              max_mb=max_mb, home=home)
             if max_mb is not None and size > max_mb << 20:
                 raise VolumeFull(f"the archive holds {size} bytes, over the volume's max_mb "
                                  f"({max_mb}): give a larger max_mb",
@@ -179,11 +310,14 @@ class Volumes:
             if check is not None:
                 check(owner, reserved_bytes(info))
             if max_mb is None:
-                _check_room(final.parent, 0, None)  # its tree left the reserve free
+                _check_room(root, 0, None)  # its tree left the reserve free
             if max_mb is not None:
                 _make_image(work, max_mb)
-            (work / "meta.json").write_text(info.model_dump_json())
+            (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
+                                                 **(extra or {})}))
             os.chmod(work, 0o711)
+            if replace and final.exists():
+                self.remove(owner, name, in_use=False)
             os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
@@ -208,16 +342,15 @@ class Volumes:
             return []
         out = []
         for d in sorted(base.iterdir()):
-            if not d.name.startswith(".") and (d / "meta.json").exists():
-                out.append(VolumeInfo.model_validate_json((d / "meta.json").read_text()))
+            if not d.name.startswith(".") and (d / META).exists():
+                out.append(VolumeInfo.model_validate_json((d / META).read_text()))
         return out
 
     def get(self, owner: str | None, name: str) -> VolumeInfo:
-        meta = self._dir(owner, name) / "meta.json"
+        meta = self._dir(owner, name) / META
         if not meta.exists():
             raise VolumeNotFound(f"no volume {name!r} here: create it with corral volume "
-                                 f"create {name} --from DIR (on a cluster, on each node that "
-                                 "mounts it: volumes do not travel between nodes yet)",
+                                 f"create {name} --from DIR (`corral volume ls` lists yours)",
                                  details={"volume": name})
         return VolumeInfo.model_validate_json(meta.read_text())
 
@@ -232,6 +365,76 @@ class Volumes:
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+    def meta(self, owner: str | None, name: str) -> dict[str, Any]:
+        """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""
+        self.get(owner, name)
+        found: dict[str, Any] = json.loads((self._dir(owner, name) / META).read_text())
+        return found
+
+    def set_meta(self, owner: str | None, name: str, meta: dict[str, Any]) -> None:
+        _write_atomic(self._dir(owner, name) / META, json.dumps(meta))
+
+    def changing(self, owner: str | None, name: str) -> None:
+        """A writer mounts the volume: the content digest kept for travel no longer
+        holds; the next generation's is computed when a peer asks."""
+        with self._lock:
+            meta = self.meta(owner, name)
+            meta.pop(CONTENT, None)
+            meta[GENERATION] = int(meta.get(GENERATION) or 0) + 1
+            self.set_meta(owner, name, meta)
+
+    def check_room(self, owner: str | None, need: int) -> None:
+        """:class:`StorageFull` if ``need`` more bytes of ``owner``'s volumes would take
+        the disk below its reserve."""
+        _check_room(self.owner_root(owner), need, None)
+
+    def write_file(self, owner: str | None, name: str, rel: str, source: Path,
+                   mode: int) -> None:
+        """Put the host file ``source`` (a finished upload's bytes, which it takes) at
+        ``rel`` in the volume: parents made, never through a symlink (a writer may
+        have planted one), written under a temporary name and renamed into place (never
+        seen half-written), owned by the canonical uid, ``mode`` without setuid bits.
+        Its size and count are added to the volume's; its content digest is dropped."""
+        info = self.get(owner, name)
+        self.ensure_mounted(owner, name)
+        parts = check_rel(rel)
+        fd, made = _open_dirs(self.data_dir(owner, name), parts[:-1], rel)
+        tmp = f".{parts[-1][:200]}.upload-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            try:
+                old = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                old = None
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                raise InvalidArgument(f"{rel} is a directory in volume {name!r}: pick a file "
+                                      "path", details={"volume": name, "path": rel})
+            try:
+                _copy_in(source, tmp, fd, mode & 0o777)
+                os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) and info.max_mb is not None:
+                    raise VolumeFull(f"volume {name!r} is full (max_mb {info.max_mb}): remove "
+                                     "files from it or make a larger one",
+                                     details={"volume": name, "max_mb": info.max_mb}) from None
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StorageFull(f"no space left for {rel} in volume {name!r} on this "
+                                      "host's disk: remove volumes or snapshots",
+                                      details={"volume": name}) from None
+                raise
+            new = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        with self._lock:
+            meta = self.meta(owner, name)
+            meta["size_bytes"] = max(0, int(meta.get("size_bytes") or 0) + new.st_blocks * 512
+                                     - (old.st_blocks * 512 if old is not None else 0))
+            meta["files"] = int(meta.get("files") or 0) + made + (old is None)
+            meta.pop(CONTENT, None)
+            meta[GENERATION] = int(meta.get(GENERATION) or 0) + 1
+            self.set_meta(owner, name, meta)
 
     def used_bytes(self, owner: str | None) -> int:
         return sum(reserved_bytes(v) for v in self.of(owner))
@@ -252,6 +455,12 @@ class Volumes:
                 path = source
             else:
                 info = self.get(owner, source)
+                if mode == "rw" and info.home is not None:
+                    raise InvalidState(
+                        f"volume {dest}: {source!r} here is a copy of node {info.home}'s "
+                        "(volumes travel read-only): mount it rw on that node (node=..., "
+                        "or leave node out: the cluster client places it there)",
+                        details={"volume": source, "home": info.home, "cause": "copy"})
                 if mode == "rw" and owner is not None and info.max_mb is None:
                     # its writes land on the host's disk, capped by nothing: one sandbox
                     # could fill the disk every tenant's state is on
@@ -261,6 +470,8 @@ class Volumes:
                         f"(corral volume create {source} --max-mb N)",
                         details={"field": "volumes", "volume": source})
                 self.ensure_mounted(owner, source)
+                if mode == "rw":
+                    self.changing(owner, source)
                 path = str(self.data_dir(owner, source))
             out.append((mode, path, dest))
         return out

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.errors import CorralError, Forbidden, InternalError, TooManyRequests, Unauthorized
 from corral.runtime.engine import Engine
-from corral.server import expose, metrics, node_proof
+from corral.server import expose, metrics, node_proof, port_socket
 from corral.server.accesslog import AccessLog
 from corral.server.admission import Admission, Limits
 from corral.server.auth_throttle import AuthThrottle, retry_headers
@@ -53,6 +53,7 @@ from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.revocation import Revocation
+from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
 from corral.server.stream_limits import StreamBook, StreamLimits
@@ -123,11 +124,13 @@ class Guard:
         self.throttle = throttle  # wrong credentials cost time (auth_throttle.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":  # only an exposed port's (server/expose.py)
-            if self._exposure(scope) is None:
+        if scope["type"] == "websocket":  # an exposed port's (server/expose.py)
+            if self._exposure(scope) is not None:
+                await expose.relay(scope, receive, send)
+            elif port_socket.match(scope) is not None:  # or a port socket's (port_socket.py)
+                await self._port_socket(scope, receive, send)
+            else:
                 await send({"type": "websocket.close", "code": 1008})
-                return
-            await expose.relay(scope, receive, send)
             return
         if scope["type"] != "http":  # lifespan is off: no such thing
             return
@@ -189,6 +192,35 @@ class Guard:
         finally:
             if client is not None:
                 self.clients.leave(client)
+            self.activity.in_flight -= 1
+            self.activity.last = time.monotonic()
+
+    async def _port_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket to a port of the caller's sandbox: through the door like any
+        request (throttled, authenticated, held under the caller's credential)."""
+        on_socket = self.door.on_socket(scope)
+        address = client_key(str((scope.get("client") or ("?",))[0]))
+        credential = self.door.presented(scope)
+        if not on_socket and self.throttle.refusal(address, credential) is not None:
+            await send({"type": "websocket.close", "code": port_socket.POLICY})
+            return
+        caller = self.door.authenticate(scope)
+        if not on_socket:
+            self._count(scope, address, credential, caller)
+        if not isinstance(caller, Caller):
+            await send({"type": "websocket.close", "code": port_socket.POLICY})
+            return
+        if caller is not UNIDENTIFIED:
+            mark_authenticated(scope)
+        state = scope["app"].state  # Starlette's own, set before its middleware runs
+        verbs = SandboxVerbs(state.engine, caller)  # the service layer, for this caller
+        self.activity.in_flight += 1
+        try:
+            with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel):
+                await port_socket.serve(scope, receive, send, verbs, state.streams)
+        except Exception:
+            logger.exception("unexpected error relaying %s", scope["path"])
+        finally:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
 

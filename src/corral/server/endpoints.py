@@ -57,6 +57,7 @@ from corral.server.peer_layers import (
     peer_snapshot,
     peer_stats,
 )
+from corral.server.peer_volumes import fetch_own_volume, peer_volume
 from corral.server.processes import (
     exchange,
     exchange_many,
@@ -118,6 +119,13 @@ from corral.server.volume_routes import (
     delete_volume,
     get_volume,
     list_volumes,
+    snapshot_volume,
+)
+from corral.server.volume_uploads import (
+    abandon_volume_upload,
+    create_volume_upload,
+    patch_volume_upload,
+    volume_upload_state,
 )
 
 HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
@@ -135,7 +143,8 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     snapshot_sandbox, stat_file, stop_sandbox, upload_file, create_token, list_tokens,
     revoke_token, update_token, create_volume, delete_volume, get_volume, list_volumes,
     create_network, list_networks, get_network, delete_network, create_upload, patch_upload,
-    upload_state, abandon_upload,
+    upload_state, abandon_upload, fetch_own_volume, peer_volume, create_volume_upload,
+    patch_volume_upload, volume_upload_state, abandon_volume_upload, snapshot_volume,
 )}
 """Each operation's handler, by the operation's name (the handler's own)."""
 

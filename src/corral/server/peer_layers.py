@@ -21,7 +21,8 @@ which opens those and nothing else (:mod:`corral.server.peer_auth`):
 - ``GET /v1/peer/images/{name}`` and ``POST /v1/peer/images/fetch`` ``{"image",
   "node"}``: the same for an image (:mod:`corral.runtime.image_travel`); its layers
   are served by ``/v1/peer/layers`` too, and so is a root image's tree, by its content
-  digest (:mod:`corral.runtime.root_travel`; only a root a peer was described);
+  digest (:mod:`corral.runtime.root_travel`; only a root a peer was described), and so
+  is a volume's (:mod:`corral.server.peer_volumes`; only a volume a peer was described);
 - ``GET /v1/peer/stats``: the layers and bytes this daemon fetched.
 """
 
@@ -55,6 +56,7 @@ from corral.runtime import layer_wire
 from corral.runtime.image_travel import describe_image, image_for_snapshot, pull_image
 from corral.runtime.layer_fetch import LayerFetcher, layer_path_for, refuse_live
 from corral.runtime.root_travel import root_path_for
+from corral.runtime.volume_travel import volume_path_for
 from corral.server import context as ctx
 from corral.server.caller import require_peer
 
@@ -87,10 +89,12 @@ async def peer_layer(request: Request) -> Response:
     engine = ctx.engine(request)
     path = layer_path_for(engine.snapshots, digest)
     root = None if path is not None else root_path_for(engine.images, digest)
+    if root is None and path is None:  # a volume's tree (corral.runtime.volume_travel)
+        root = await asyncio.to_thread(volume_path_for, engine.volumes, digest)
     if path is None and root is None:
-        raise NotFound(f"no snapshot or image on this node holds layer {digest}",
+        raise NotFound(f"no snapshot, image or volume on this node holds layer {digest}",
                        details={"digest": digest})
-    if root is not None:  # a root image's tree, in the form a root travels in
+    if root is not None:  # a root image's or a volume's tree, in the form roots travel in
         return StreamingResponse(layer_wire.stream(root, root_form=True),
                                  media_type="application/x-tar")
     return StreamingResponse(layer_wire.stream(path), media_type="application/x-tar")
@@ -251,7 +255,7 @@ class Peer:
             ) from None
 
 
-_PASSED_ON = {"snapshot_not_found", "image_not_found", "invalid_state"}
+_PASSED_ON = {"snapshot_not_found", "image_not_found", "volume_not_found", "invalid_state"}
 
 
 def _peer_error(url: str, path: str, reply: httpx.Response) -> CorralError:

@@ -23,6 +23,10 @@ on the host), and all open uploads fit above the state directory's disk reserve
 (:func:`~corral.runtime.storage.room_above_reserve`, ``storage_full`` else); uploads of
 a sandbox that ended go with it, and any idle for :data:`IDLE_S` are dropped.
 
+The same uploads go into a volume (:mod:`corral.server.volume_uploads`): their key is
+``volume:NAME`` instead of a sandbox id, and the last byte writes the file into the
+volume.
+
 Uploads survive a restart of the daemon: each has a record next to its bytes
 (``<uid>.json``: owner, sandbox, path, size, mode, done; written atomically), and the
 next daemon takes them back at its first upload request, each at the offset its staged
@@ -40,8 +44,10 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -54,6 +60,7 @@ from corral.errors import (
     InvalidState,
     StorageFull,
     UploadNotFound,
+    VolumeNotFound,
 )
 from corral.runtime.events import SandboxEnded
 from corral.runtime.pathutil import resolve_path
@@ -62,10 +69,14 @@ from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.wire import paced
 
+if TYPE_CHECKING:
+    from corral.runtime.engine import Engine
+
 MAX_UPLOADS = 16  # open at once per sandbox
 IDLE_S = 24 * 3600.0
 DONE_KEPT_S = 600.0  # a finished upload still answers GET (its last reply may be lost)
 LOCK_WAIT_S = 10.0  # a PATCH waits this long for one still being received to end
+VOLUME_KEY = "volume:"  # an upload into a volume: its key, in place of a sandbox id
 
 
 @dataclass(eq=False)
@@ -82,8 +93,16 @@ class Upload:
     touched: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    @property
+    def volume(self) -> str | None:
+        """The volume it goes into (its key ``volume:NAME``), else None (a sandbox)."""
+        return self.sandbox_id.removeprefix(VOLUME_KEY) if self.sandbox_id.startswith(
+            VOLUME_KEY) else None
+
     def state(self) -> dict[str, object]:
-        return {"upload_id": self.id, "sandbox_id": self.sandbox_id, "path": self.path,
+        where = ({"volume": self.volume} if self.volume is not None
+                 else {"sandbox_id": self.sandbox_id})
+        return {"upload_id": self.id, **where, "path": self.path,
                 "size": self.size, "offset": self.offset, "done": self.done}
 
     def save(self) -> None:
@@ -178,10 +197,12 @@ class Uploads:
         for up in [u for u in self._by_id.values() if u.sandbox_id == event.sandbox_id]:
             self.drop(up)
 
-    def keep_only(self, alive: set[str]) -> None:
-        """Drop every upload of a sandbox not in ``alive``, whoever's."""
-        for up in [u for u in self._by_id.values() if u.sandbox_id not in alive]:
-            self.drop(up)
+    def keep_only(self, alive: set[str], has_volume: Callable[[Upload], bool]) -> None:
+        """Drop every upload of a sandbox not in ``alive``, or into a volume that
+        ``has_volume`` says is gone, whoever's."""
+        for up in list(self._by_id.values()):
+            if not (has_volume(up) if up.volume is not None else up.sandbox_id in alive):
+                self.drop(up)
 
     def sweep(self, owner: str | None, alive: set[str]) -> None:
         """Drop ``owner``'s uploads of sandboxes not in ``alive`` (its running ones) and
@@ -191,7 +212,8 @@ class Uploads:
             if up.owner != owner or up.lock.locked():
                 continue
             idle = now - up.touched
-            if up.sandbox_id not in alive or idle > IDLE_S or (up.done and idle > DONE_KEPT_S):
+            gone = up.volume is None and up.sandbox_id not in alive
+            if gone or idle > IDLE_S or (up.done and idle > DONE_KEPT_S):
                 self.drop(up)
 
 
@@ -203,9 +225,18 @@ def uploads(request: Request) -> Uploads:
         engine.events.subscribe(SandboxEnded, reg.ended)
         # taken back from the previous daemon: those of sandboxes that ended before this
         # first upload request (no SandboxEnded was heard for them) go now, whoever's
-        reg.keep_only({i.id for i in engine.list(owner=None) if not i.state.terminal})
+        reg.keep_only({i.id for i in engine.list(owner=None) if not i.state.terminal},
+                      lambda up: _volume_exists(engine, up))
         state.uploads = reg
     return state.uploads  # type: ignore[no-any-return]
+
+
+def _volume_exists(engine: Engine, up: Upload) -> bool:
+    try:
+        engine.get_volume(str(up.volume), owner=up.owner)
+    except VolumeNotFound:
+        return False
+    return True
 
 
 def _find(request: Request) -> Upload:
@@ -252,7 +283,12 @@ def _offset(request: Request) -> int:
 
 
 async def patch_upload(request: Request) -> Response:
-    up = _find(request)
+    return await receive_patch(request, _find(request), _finish)
+
+
+async def receive_patch(request: Request, up: Upload,
+                        finish: Callable[[Request, Upload], Awaitable[None]]) -> Response:
+    """A PATCH of ``up``'s bytes; ``finish`` once the last one is here."""
     offset = _offset(request)
     try:
         async with asyncio.timeout(LOCK_WAIT_S):
@@ -268,7 +304,7 @@ async def patch_upload(request: Request) -> Response:
         # abandoned (DELETE) while its bytes came: UploadNotFound, not a traceback
         uploads(request).get(caller_of(request).name, up.sandbox_id, up.id)
         if up.offset == up.size and not up.done:
-            await _finish(request, up)
+            await finish(request, up)
     finally:
         up.lock.release()
     return JSONResponse(up.state())
@@ -305,6 +341,11 @@ async def _finish(request: Request, up: Upload) -> None:
             if isinstance(view, mmap.mmap):
                 with contextlib.suppress(BufferError):  # a slice still held: GC closes it
                     view.close()
+    await finished(up)
+
+
+async def finished(up: Upload) -> None:
+    """Its file is in place: its record answers GET a while (done), its bytes go."""
     up.done = True
     await asyncio.to_thread(up.save)
-    up.part.unlink(missing_ok=True)  # its record answers GET a while: done
+    up.part.unlink(missing_ok=True)

@@ -2,7 +2,8 @@
 
 ``POST /v1/volumes?name=NAME[&max_mb=N]`` with a tar archive as the body (at most
 ``--max-upload-bytes``; ``corral volume create NAME --from DIR`` makes it), ``GET
-/v1/volumes``, ``GET /v1/volumes/{name}``, ``DELETE /v1/volumes/{name}``.
+/v1/volumes``, ``GET /v1/volumes/{name}``, ``DELETE /v1/volumes/{name}``, ``POST
+/v1/volumes/{name}/snapshot`` ``{"name": NEW}`` (a new volume of its files as they are).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from corral.api.models import VolumeSnapshotRequest
 from corral.errors import InvalidArgument
 from corral.runtime.volumes import check_name
 from corral.server import context as ctx
@@ -40,6 +42,13 @@ async def create_volume(request: Request) -> Response:
                                           owner=ctx.owner(request))
     finally:
         os.unlink(tmp)
+    return JSONResponse(info.model_dump(mode="json"), status_code=201)
+
+
+async def snapshot_volume(request: Request, body: VolumeSnapshotRequest) -> Response:
+    info = await ctx.engine(request).snapshot_volume(
+        check_name(request.path_params["name"]), check_name(body.name),
+        owner=ctx.owner(request))
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 

@@ -136,30 +136,8 @@ class AsyncFiles:
 
     async def _upload_resumable(self, local: Path, params: dict[str, str], size: int,
                                 progress: Callable[[int, int], object] | None) -> None:
-        response = await self._client.call("create_upload", self._ids, json={
-            "path": params["path"], "size": size, "mode": params["mode"]})
-        ids = {**self._ids, "upload_id": response.json()["upload_id"]}
-        offset, resumes = 0, 0
-        while True:
-            try:
-                if offset < size or size == 0:
-                    part = await AsyncBackend.run_blocking(_read_part, local, offset, UPLOAD_PART)
-                    state = (await self._client.call(
-                        "patch_upload", ids, content=part,
-                        headers={"Upload-Offset": str(offset)}, timeout=None)).json()
-                else:  # every byte sent: the daemon writes the file
-                    state = (await self._client.call("upload_state", ids)).json()
-                if progress is not None:
-                    progress(state["offset"], size)
-                if state["done"]:
-                    return
-                offset = state["offset"]
-            except (DaemonUnavailable, RequestTimeout):
-                resumes += 1
-                if resumes > UPLOAD_RESUMES:
-                    raise
-                await AsyncBackend.sleep(min(0.1 * resumes, 2.0))
-                offset = (await self._client.call("upload_state", ids)).json()["offset"]
+        await send_resumable(self._client, SANDBOX_UPLOAD, self._ids, local, params, size,
+                             progress)
 
     async def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
                        progress: Callable[[int, int], object] | None = None) -> Path:
@@ -264,3 +242,40 @@ async def _counted(pieces: AsyncIterator[bytes], progress: Callable[[int, int], 
         yield piece
         got += len(piece)
         progress(got, total)
+
+
+SANDBOX_UPLOAD = ("create_upload", "patch_upload", "upload_state")
+VOLUME_UPLOAD = ("create_volume_upload", "patch_volume_upload", "volume_upload_state")
+
+
+async def send_resumable(client: AsyncClient, ops: tuple[str, str, str], ids: dict[str, str],
+                         local: Path, params: dict[str, str], size: int,
+                         progress: Callable[[int, int], object] | None) -> None:
+    """Send ``local`` as a resumable upload (``ops``: its create, patch and state
+    operations, on a sandbox's or a volume's ``ids``), in parts of :data:`UPLOAD_PART`
+    bytes, resuming a dropped connection from the byte the daemon has."""
+    create, patch, state_of = ops
+    response = await client.call(create, ids, json={
+        "path": params["path"], "size": size, "mode": params["mode"]})
+    ids = {**ids, "upload_id": response.json()["upload_id"]}
+    offset, resumes = 0, 0
+    while True:
+        try:
+            if offset < size or size == 0:
+                part = await AsyncBackend.run_blocking(_read_part, local, offset, UPLOAD_PART)
+                state = (await client.call(
+                    patch, ids, content=part,
+                    headers={"Upload-Offset": str(offset)}, timeout=None)).json()
+            else:  # every byte sent: the daemon writes the file
+                state = (await client.call(state_of, ids)).json()
+            if progress is not None:
+                progress(state["offset"], size)
+            if state["done"]:
+                return
+            offset = state["offset"]
+        except (DaemonUnavailable, RequestTimeout):
+            resumes += 1
+            if resumes > UPLOAD_RESUMES:
+                raise
+            await AsyncBackend.sleep(min(0.1 * resumes, 2.0))
+            offset = (await client.call(state_of, ids)).json()["offset"]

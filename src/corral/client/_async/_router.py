@@ -88,6 +88,7 @@ class AsyncRouter:
         self._waiting_gpus: Counter[float] = Counter()  # of which how many ask for N GPUs
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.volumes_at: set[tuple[str, str]] = set()  # (node id, volume) brought there
         self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     async def request(
@@ -129,6 +130,12 @@ class AsyncRouter:
 
     async def _to_holder(self, call: Call, node: str | None) -> httpx.Response:
         target = await self._holder_of(call.ids["id_or_name"])
+        return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
+
+    async def _to_volume_home(self, call: Call, node: str | None) -> httpx.Response:
+        target = await _travel.volume_home(self, call.ids["name"])  # not a copy of it
+        if target is None:
+            target = await AsyncBackend.run_blocking(self.directory.home)
         return await self._on(target, call.method, call.path, call.kwargs, call.stream, None)
 
     async def _to_every_copy(self, call: Call, node: str | None) -> httpx.Response:
@@ -204,12 +211,15 @@ class AsyncRouter:
 
     async def _create(self, kwargs: dict[str, Any], node: str | None, stream: bool) -> httpx.Response:
         body = kwargs.get("json") or {}
+        if node is None and body.get("volumes"):  # a volume mounted rw: on its home
+            node = await _travel.rw_home(self, body["volumes"])
         if node is not None:
             target = await AsyncBackend.run_blocking(self.directory.pinned, node)
             if body.get("snapshot"):
                 await _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 await _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
+            await _travel.bring_volumes(self, target, body.get("volumes"))
             await _leases.take_where_placed(self, target, body)
             return await self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
@@ -223,6 +233,7 @@ class AsyncRouter:
             else:
                 target = await _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
+            await _travel.bring_volumes(self, target, body.get("volumes"))
             await _leases.take_where_placed(self, target, body)
             return await self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
@@ -456,6 +467,7 @@ _DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.SPLIT: AsyncRouter._to_split,
     Routing.LEASE: AsyncRouter._to_lease_nodes,
     Routing.HOME: AsyncRouter._to_home,
+    Routing.VOLUME: AsyncRouter._to_volume_home,
     Routing.NODE: AsyncRouter._to_home,  # a node's own routes: the node this client calls home
 }
 """Each :class:`~corral.api.Routing` the declarations use, and how it is done."""

@@ -7,10 +7,13 @@ import bz2
 import gzip
 import lzma
 import os
+from collections.abc import Callable
 
 from typing_extensions import Self  # typing's since 3.11 only
 
+from corral.client import _validate
 from corral.client._async._client import AsyncClient
+from corral.client._async._files import VOLUME_UPLOAD, _local, _path, send_resumable
 from corral.client._backends import AsyncBackend
 from corral.client._build import read_archive
 from corral.volume_schema import VolumeInfo
@@ -78,6 +81,29 @@ class AsyncVolume:
         response = await client.call("list_volumes")
         return [cls(VolumeInfo.model_validate(v), client=client)
                 for v in response.json()["volumes"]]
+
+    async def snapshot(self, name: str) -> Self:
+        """A new volume ``name`` holding this one's files as they are now (a copy, with
+        its ``max_mb``; counted against the quota): freeze an ``rw`` scratch volume
+        between episodes. Refused (``InvalidState``) while a sandbox mounts it ``rw``."""
+        response = await self._client.call("snapshot_volume", {"name": self.name},
+                                           json={"name": name}, timeout=None)
+        return type(self)(VolumeInfo.model_validate(response.json()), client=self._client)
+
+    async def upload(self, local_path: str | os.PathLike[str], path: str, *,
+                     mode: int | None = None,
+                     progress: Callable[[int, int], object] | None = None) -> None:
+        """Copy a local file (a 2 GB checkpoint) into the volume at ``path`` (relative to
+        its root; parents made), as a resumable upload: sent in parts, a dropped
+        connection resumed from the byte the daemon has, the file put in place whole
+        once every byte is there. Refused (``InvalidState``) while a running sandbox
+        mounts the volume ro or cow. ``progress(sent, total)`` as parts are taken."""
+        local = _local(local_path)
+        st = await AsyncBackend.run_blocking(local.stat)
+        mode = st.st_mode & 0o777 if mode is None else mode
+        params = {"path": _path(path), "mode": f"{_validate.file_mode('mode', mode):04o}"}
+        await send_resumable(self._client, VOLUME_UPLOAD, {"name": self.name}, local, params,
+                             st.st_size, progress)
 
     async def delete(self) -> None:
         """Remove it (refused while a running sandbox mounts it)."""

@@ -33,6 +33,7 @@ class Call:
 class ClusterView(Protocol):
     directory: Directory
     snapshots_at: set[tuple[str, str]]  # (node id, snapshot) known there
+    volumes_at: set[tuple[str, str]]  # (node id, volume) brought there
     leases: dict[str, tuple[float, set[str]]]  # lease id -> (ttl, nodes that have it)
     _images: dict[str, set[str]]  # node id -> the images it has
     _loaded_at: float

@@ -138,30 +138,8 @@ class Files:
 
     def _upload_resumable(self, local: Path, params: dict[str, str], size: int,
                                 progress: Callable[[int, int], object] | None) -> None:
-        response = self._client.call("create_upload", self._ids, json={
-            "path": params["path"], "size": size, "mode": params["mode"]})
-        ids = {**self._ids, "upload_id": response.json()["upload_id"]}
-        offset, resumes = 0, 0
-        while True:
-            try:
-                if offset < size or size == 0:
-                    part = SyncBackend.run_blocking(_read_part, local, offset, UPLOAD_PART)
-                    state = (self._client.call(
-                        "patch_upload", ids, content=part,
-                        headers={"Upload-Offset": str(offset)}, timeout=None)).json()
-                else:  # every byte sent: the daemon writes the file
-                    state = (self._client.call("upload_state", ids)).json()
-                if progress is not None:
-                    progress(state["offset"], size)
-                if state["done"]:
-                    return
-                offset = state["offset"]
-            except (DaemonUnavailable, RequestTimeout):
-                resumes += 1
-                if resumes > UPLOAD_RESUMES:
-                    raise
-                SyncBackend.sleep(min(0.1 * resumes, 2.0))
-                offset = (self._client.call("upload_state", ids)).json()["offset"]
+        send_resumable(self._client, SANDBOX_UPLOAD, self._ids, local, params, size,
+                             progress)
 
     def download(self, remote_path: str, local_path: str | os.PathLike[str], *,
                        progress: Callable[[int, int], object] | None = None) -> Path:
@@ -266,3 +244,40 @@ def _counted(pieces: Iterator[bytes], progress: Callable[[int, int], object],
         yield piece
         got += len(piece)
         progress(got, total)
+
+
+SANDBOX_UPLOAD = ("create_upload", "patch_upload", "upload_state")
+VOLUME_UPLOAD = ("create_volume_upload", "patch_volume_upload", "volume_upload_state")
+
+
+def send_resumable(client: Client, ops: tuple[str, str, str], ids: dict[str, str],
+                         local: Path, params: dict[str, str], size: int,
+                         progress: Callable[[int, int], object] | None) -> None:
+    """Send ``local`` as a resumable upload (``ops``: its create, patch and state
+    operations, on a sandbox's or a volume's ``ids``), in parts of :data:`UPLOAD_PART`
+    bytes, resuming a dropped connection from the byte the daemon has."""
+    create, patch, state_of = ops
+    response = client.call(create, ids, json={
+        "path": params["path"], "size": size, "mode": params["mode"]})
+    ids = {**ids, "upload_id": response.json()["upload_id"]}
+    offset, resumes = 0, 0
+    while True:
+        try:
+            if offset < size or size == 0:
+                part = SyncBackend.run_blocking(_read_part, local, offset, UPLOAD_PART)
+                state = (client.call(
+                    patch, ids, content=part,
+                    headers={"Upload-Offset": str(offset)}, timeout=None)).json()
+            else:  # every byte sent: the daemon writes the file
+                state = (client.call(state_of, ids)).json()
+            if progress is not None:
+                progress(state["offset"], size)
+            if state["done"]:
+                return
+            offset = state["offset"]
+        except (DaemonUnavailable, RequestTimeout):
+            resumes += 1
+            if resumes > UPLOAD_RESUMES:
+                raise
+            SyncBackend.sleep(min(0.1 * resumes, 2.0))
+            offset = (client.call(state_of, ids)).json()["offset"]

@@ -90,6 +90,7 @@ class Router:
         self._waiting_gpus: Counter[float] = Counter()  # of which how many ask for N GPUs
         self._waiting_lock = threading.Lock()
         self.snapshots_at: set[tuple[str, str]] = set()  # (node id, snapshot) known there
+        self.volumes_at: set[tuple[str, str]] = set()  # (node id, volume) brought there
         self.leases: dict[str, tuple[float, set[str]]] = {}  # id -> (ttl, nodes that have it)
 
     def request(
@@ -131,6 +132,12 @@ class Router:
 
     def _to_holder(self, call: Call, node: str | None) -> httpx.Response:
         target = self._holder_of(call.ids["id_or_name"])
+        return self._on(target, call.method, call.path, call.kwargs, call.stream, None)
+
+    def _to_volume_home(self, call: Call, node: str | None) -> httpx.Response:
+        target = _travel.volume_home(self, call.ids["name"])  # not a copy of it
+        if target is None:
+            target = SyncBackend.run_blocking(self.directory.home)
         return self._on(target, call.method, call.path, call.kwargs, call.stream, None)
 
     def _to_every_copy(self, call: Call, node: str | None) -> httpx.Response:
@@ -206,12 +213,15 @@ class Router:
 
     def _create(self, kwargs: dict[str, Any], node: str | None, stream: bool) -> httpx.Response:
         body = kwargs.get("json") or {}
+        if node is None and body.get("volumes"):  # a volume mounted rw: on its home
+            node = _travel.rw_home(self, body["volumes"])
         if node is not None:
             target = SyncBackend.run_blocking(self.directory.pinned, node)
             if body.get("snapshot"):
                 _travel.bring_snapshot(self, target, str(body["snapshot"]))
             else:
                 _travel.bring_image(self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _travel.bring_volumes(self, target, body.get("volumes"))
             _leases.take_where_placed(self, target, body)
             return self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         memory_mb = int(body.get("memory_mb") or DEFAULT_MEMORY_MB)
@@ -225,6 +235,7 @@ class Router:
             else:
                 target = _travel.bring_image(
                     self, target, str(body.get("image") or DEFAULT_IMAGE))
+            _travel.bring_volumes(self, target, body.get("volumes"))
             _leases.take_where_placed(self, target, body)
             return self._on(target, *request_line("create_sandbox"), kwargs, stream, None)
         except BaseException:  # no sandbox made there: take it off the count
@@ -458,6 +469,7 @@ _DISPATCH: dict[Routing, Callable[..., Any]] = {
     Routing.SPLIT: Router._to_split,
     Routing.LEASE: Router._to_lease_nodes,
     Routing.HOME: Router._to_home,
+    Routing.VOLUME: Router._to_volume_home,
     Routing.NODE: Router._to_home,  # a node's own routes: the node this client calls home
 }
 """Each :class:`~corral.api.Routing` the declarations use, and how it is done."""

@@ -189,7 +189,8 @@ class NetworkManager:
             raise
         att = Attached(sandbox_id, link, compiled, owner)
         if place is not None:  # linked to the bridge while the sandbox starts, as UDP's
-            att.private_set = self._nft.submit(self.private.plug, *place, link)
+            att.private_set = self._nft.submit(self.private.plug, *place, link,
+                                               policy.max_mbps)
         # the UDP entries go in while the sandbox starts (no code of its runs before
         # READY; the engine settles them then): a create waits for no nft call
         att.udp = compiled.udp_entries()
@@ -324,6 +325,10 @@ class NetworkManager:
         att = self._get(sandbox_id)
         if policy.max_mbps != att.policy.policy.max_mbps:
             await asyncio.to_thread(netns.shape, att.link, policy.max_mbps)
+            if att.private_set is not None:  # plugged first (while it started)
+                await asyncio.to_thread(att.private_set.result)
+            # and with the other members of its private network, if it is on one
+            await asyncio.to_thread(self.private.shape, sandbox_id, att.link, policy.max_mbps)
         att.policy = await self._compile(policy)
         await self._set_udp(att, att.policy)
         cut = 0

@@ -54,7 +54,7 @@ import os
 import random
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,8 +225,14 @@ def shape(link: Link, mbps: int | None) -> None:
     """Cap the link at ``mbps`` each way (a token bucket on both ends of the veth: the
     host's end shapes what the sandbox receives, the sandbox's end what it sends, out of
     its reach); None removes the cap."""
-    ends = ((["tc"], link.host_if), (["tc", "-n", link.netns], "eth0"))
-    for tc, dev in ends:
+    shape_ends(((None, link.host_if), (link.netns, "eth0")), mbps)
+
+
+def shape_ends(ends: Iterable[tuple[str | None, str]], mbps: int | None) -> None:
+    """Cap each ``(netns or None for the host's, device)`` at ``mbps`` as it sends
+    (a token bucket, tbf); None removes the cap."""
+    for ns, dev in ends:
+        tc = ["tc"] if ns is None else ["tc", "-n", ns]
         if mbps is None:
             subprocess.run([*tc, "qdisc", "del", "dev", dev, "root"], capture_output=True,
                            check=False)

@@ -22,6 +22,10 @@ CAP_NET_ADMIN, no raw sockets), and, should one ever gain that, the bridge's
 own IPv4 address (ARP included: the sender's MAC and address in the ARP body too);
 nothing else (no IPv6: members have none there, no other ether type) crosses the bridge.
 
+A member's ``max_mbps`` caps its traffic with the other members too: a token bucket on
+its ``eth1`` (what it sends) and on its bridge port (what it receives), both set from
+outside its namespace.
+
 ``CORRAL_NET_PRIVATE`` (default ``10.220.0.0/16``): the members' addresses, a /24 per
 private network (256 networks per engine, 254 members each; a tenant's sandboxes are on
 at most half of them at once, so one tenant cannot take them all): an address of another
@@ -40,7 +44,7 @@ import threading
 from dataclasses import dataclass, field
 
 from corral.errors import CapacityExceeded, InvalidState
-from corral.runtime.net.netns import NETNS_DIR, Link, _run
+from corral.runtime.net.netns import NETNS_DIR, Link, _run, shape_ends
 
 PRIVATE_ENV = "CORRAL_NET_PRIVATE"
 DEFAULT_PRIVATE = "10.220.0.0/16"
@@ -156,12 +160,27 @@ class PrivateNets:
             self.of[sandbox_id] = (owner, name)
             return group, member
 
-    def plug(self, group: Group, member: Member, link: Link) -> None:
-        """Put ``link``'s namespace on the bridge (made at the first member); blocking."""
+    def plug(self, group: Group, member: Member, link: Link, mbps: int | None = None) -> None:
+        """Put ``link``'s namespace on the bridge (made at the first member), its traffic
+        there capped at ``mbps`` each way like its policy link's; blocking."""
         with self._kernel:
             if not (NETNS_DIR / group.netns).exists():
                 self._make(group.netns)
             self._plug(group.netns, member, link)
+            if mbps is not None:
+                shape_ends(self._ends(group, member, link), mbps)
+
+    def shape(self, sandbox_id: str, link: Link, mbps: int | None) -> None:
+        """Cap (None: uncap) a member's traffic with the other members at ``mbps`` each
+        way: a token bucket on its ``eth1`` (what it sends) and on its bridge port (what
+        it receives), both out of its reach; blocking. Not a member: nothing."""
+        found = self.member(sandbox_id)
+        if found is not None:
+            shape_ends(self._ends(*found, link), mbps)
+
+    @staticmethod
+    def _ends(group: Group, member: Member, link: Link) -> tuple[tuple[str, str], ...]:
+        return ((link.netns, MEMBER_IF), (group.netns, member.port))
 
     def adopt(self, owner: str | None, name: str, sandbox_id: str, alias: str | None,
               link: Link) -> None:

