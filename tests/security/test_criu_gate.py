@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from corral.errors import InvalidArgument
+from corral.errors import InvalidArgument, InvalidState
 from corral.runtime import criu
 from corral.runtime.criu_gate import CRIU_CONCURRENCY_ENV, CriuGate, criu_concurrency
 from corral.runtime.paths import default_cache_dir
@@ -113,5 +113,34 @@ async def test_a_timed_out_sandbox_waiting_for_its_hibernation_runs_no_more(engi
         await engine.wake(sb.id, owner="alice")
         r = await engine.exec(sb.id, ["sh", "-c", "cat /proc/[0-9]*/comm | grep -x sleep"], owner="alice")
         assert r.stdout.strip(), r
+    finally:
+        await engine.delete(sb.id)
+
+
+@requires_root
+@pytest.mark.root
+@pytest.mark.timeout(240)
+async def test_a_checkpoint_and_a_resume_of_one_sandbox_do_not_deadlock_the_gate(engine):
+    """A checkpoint took its place before the sandbox's lock, a resume its lock before
+    its restore's place: a checkpoint of a hibernated sandbox queued first, then its
+    resume, held the one place and the lock each waited on — every dump and restore of
+    the daemon stuck for good. Now both take the lock first."""
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    engine.criu_gate = gate = CriuGate(1)
+    alice = {"owner": "alice"}
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    try:
+        await engine.hibernate(sb.id, **alice)
+        async with gate.place("bob"):
+            checkpoint = asyncio.ensure_future(engine.checkpoint(sb.id, **alice))
+            await asyncio.sleep(0.2)
+            resume = asyncio.ensure_future(engine.resume(sb.id, **alice))
+            await asyncio.sleep(0.2)
+        done, _ = await asyncio.wait({checkpoint, resume}, timeout=120)
+        assert done == {checkpoint, resume}, "deadlocked"
+        assert isinstance(checkpoint.exception(), InvalidState)
+        assert resume.result().state.value == "running"
+        assert gate.running == 0 and gate.waiting == 0
     finally:
         await engine.delete(sb.id)

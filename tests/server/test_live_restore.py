@@ -31,6 +31,7 @@ from tests.faults.host import Host, alive
 
 pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(600)]
 
+SECRET = "s3cret-kept-over-restarts"
 TICKER = "echo $$ > /tmp/ticker.pid; while :; do echo tick >> /tmp/ticks; sleep 0.05; done"
 
 
@@ -93,7 +94,8 @@ def _ticks(sb: corral.Sandbox) -> int:
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
 def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
     with _client(host) as c:
-        sb = corral.Sandbox.create(client=c, memory_mb=128, timeout=600)
+        sb = corral.Sandbox.create(client=c, memory_mb=128, timeout=600,
+                                   secrets={"API_KEY": SECRET})
         sb.files.write("/home/sandbox/notes.txt", b"written before the restart")
         ticker = sb.spawn(["sh", "-c", TICKER])
         inner_pid = _poll(lambda: sb.exec("cat /tmp/ticker.pid").stdout.strip(), "ticker up")
@@ -140,6 +142,8 @@ def test_a_running_sandbox_survives_a_restart(host: Host, how: str) -> None:
         # and it answers everything, as a sandbox of the new daemon
         r = sb.exec(["python3", "-c", "print(6 * 7)"], timeout=30)
         assert (r.returncode, r.stdout.strip()) == (0, "42")
+        # its secrets, in clear for its new commands (kept root-only: runtime/secret_store.py)
+        assert sb.exec("printenv API_KEY").stdout == f"{SECRET}\n"
         sb.files.write("/home/sandbox/after.txt", b"after")
         assert sb.files.read("/home/sandbox/after.txt") == b"after"
         proc = sb.spawn(["sh", "-c", "echo spawned after the restart"])
@@ -199,7 +203,8 @@ def test_a_hibernated_sandbox_survives_restarts_and_resumes(host: Host) -> None:
     (host.cache / "criu").mkdir(exist_ok=True)  # the daemon's private cache gets it too
     subprocess.run(["cp", "-al", str(cached.path.parent), str(host.cache / "criu")], check=True)
     with _client(host) as c:
-        sb = corral.Sandbox.create(client=c, memory_mb=128, timeout=600, checkpointable=True)
+        sb = corral.Sandbox.create(client=c, memory_mb=128, timeout=600, checkpointable=True,
+                                   secrets={"API_KEY": SECRET})
         sb.exec(COUNTER)
         before = _poll(lambda: sb.exec("cat /tmp/count 2>/dev/null").stdout.strip(), "count")
         info = sb.hibernate()
@@ -218,6 +223,7 @@ def test_a_hibernated_sandbox_survives_restarts_and_resumes(host: Host) -> None:
         n = int(sb.exec("cat /tmp/count").stdout)
         assert n >= int(before)
         _poll(lambda: int(sb.exec("cat /tmp/count").stdout) > n, "it counts on")
+        assert sb.exec("printenv API_KEY").stdout == f"{SECRET}\n"  # its secrets, not masked
         assert _snapshots(c) == []  # its checkpoint went once it ran
         sb.delete()
 

@@ -21,8 +21,16 @@ import httpx
 from httpcore._backends.anyio import AnyIOBackend
 from httpcore._utils import is_socket_readable
 
-#: The blocking SDK's transport: httpx's own (its sync streams are already direct).
-DaemonTransport = httpx.HTTPTransport
+
+class DaemonTransport(httpx.HTTPTransport):
+    """The blocking SDK's transport: httpx's own (its sync streams are already direct),
+    without a TLS context on a Unix socket."""
+
+    def __init__(self, *, uds: str | None = None, limits: httpx.Limits,
+                 socket_options: Iterable[Any] | None = None) -> None:
+        super().__init__(uds=uds, limits=limits, socket_options=socket_options,
+                         verify=uds is None)
+
 
 _Adder = Callable[..., Any]
 
@@ -146,10 +154,13 @@ class AsyncDaemonTransport(httpx.AsyncHTTPTransport):
 
     def __init__(self, *, uds: str | None = None, limits: httpx.Limits,
                  socket_options: Iterable[Any] | None = None) -> None:
-        super().__init__(uds=uds, limits=limits, socket_options=socket_options)
+        # a Unix socket speaks plain HTTP: no TLS context (loading the CA bundle took
+        # tens of ms per client, twice)
+        super().__init__(uds=uds, limits=limits, socket_options=socket_options,
+                         verify=uds is None)
         if uds is not None:
             self._pool = httpcore.AsyncConnectionPool(
-                ssl_context=httpx.create_ssl_context(),
+                ssl_context=None,
                 max_connections=limits.max_connections,
                 max_keepalive_connections=limits.max_keepalive_connections,
                 keepalive_expiry=limits.keepalive_expiry,

@@ -66,7 +66,7 @@ from corral.runtime.engine_queries import QueryOps
 from corral.runtime.engine_restore import RestoreOps, lock_taking_over
 from corral.runtime.engine_snapshots import SnapshotOps
 from corral.runtime.engine_volumes import VolumeOps
-from corral.runtime.events import Events, SandboxEnded, SandboxStarted
+from corral.runtime.events import Events, SandboxDeleted, SandboxEnded, SandboxStarted
 from corral.runtime.gpus import GpuAllocator, GpuBackend, StaticBackend
 from corral.runtime.gpus import detect as detect_gpus
 from corral.runtime.images import Image, ImageStore
@@ -81,6 +81,7 @@ from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.reconcile import remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
+from corral.runtime.secret_store import SecretStore
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
@@ -153,10 +154,15 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._releasers = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="corral-release")
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
         self.lifetime_cap: Callable[[SandboxInfo], float] | None = None
         self.events.subscribe(SandboxEnded, self._hibernated_ended)
+        # secrets in clear for the next engine, root-only (runtime/secret_store.py)
+        self.secret_store = SecretStore(layout.state_dir / "secrets")
+        self.events.subscribe(SandboxEnded, lambda e: self.secret_store.remove(e.sandbox_id))
+        self.events.subscribe(SandboxDeleted, lambda e: self.secret_store.remove(e.sandbox_id))
         self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = f"corral/{layout.engine_key}"
         self.snapshots = Snapshots(layout, registry, images, self.owners)
@@ -255,6 +261,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 users[live.snapshot_id] = users.get(live.snapshot_id, 0) + 1
         engine.snapshots.open(users)
         await engine._adopt(adopting)
+        engine.secret_store.sweep(lambda sid: sid in engine._live)  # only what lives on
         engine.kept.sweep(lambda sid: engine.registry.get(sid) is not None)
         engine._reaper = asyncio.create_task(engine._reap_loop(), name="corral-reaper")
         engine._pool.refill()
@@ -365,6 +372,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
+            if spec.secrets:  # (masked in the registry) for the next engine to give on
+                self.secret_store.put(sid, spec.secret_env())
             self._live[sid] = live
             async with self.criu_gate.place(spec.tenant) if images is not None else nullcontext():
                 await self._start(live, slot, lowers)  # a restore: one of CRIU's places
@@ -375,6 +384,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 await asyncio.to_thread(slot.discard)
             await self._release(live)
             self._live.pop(sid, None)
+            self.secret_store.remove(sid)  # (a resume that fails keeps them: engine_hibernate)
             with suppress(CorralError):  # a full disk: the restart's reconcile fails the row
                 self.registry.delete(sid)  # a failed create leaves nothing, not even a row
             if (full := storage.full_error(exc, self.layout.state_dir)) is not None:

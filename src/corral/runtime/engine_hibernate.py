@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from corral.runtime.ownership import Owners
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
+    from corral.runtime.secret_store import SecretStore
     from corral.runtime.snapshots import Snapshots
 
 log = logging.getLogger("corral.runtime")
@@ -69,8 +70,10 @@ class HibernateOps:
         snapshots: Snapshots
         cgroup_parent: str
         lifetime_cap: Callable[[SandboxInfo], float] | None
+        secret_store: SecretStore
 
         def _get_live(self, sandbox_id: str) -> Live: ...
+        def _kept_secrets(self, sandbox_id: str, spec: SandboxSpec) -> SandboxSpec: ...
         def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None: ...
@@ -185,6 +188,8 @@ class HibernateOps:
                     sandbox_id=sandbox_id, owner=None)
             except BaseException:
                 self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
+                if live.spec.secrets:  # (the registry's are masked: its own, from memory)
+                    self.secret_store.put(sandbox_id, live.spec.secret_env())
                 self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
                 self.registry.set_hibernated(sandbox_id, snap_id)
                 self.registry.set_created(sandbox_id, row.created_at)
@@ -231,7 +236,8 @@ class HibernateOps:
                 self.registry.set_state(sid, SandboxState.FAILED, "lost: the engine restarted "
                                         "and its hibernation checkpoint was gone")
                 continue
-            live = Live(sid, info.spec, SandboxState.PAUSED, self.layout.sandbox_dir(sid),
+            live = Live(sid, self._kept_secrets(sid, info.spec), SandboxState.PAUSED,
+                        self.layout.sandbox_dir(sid),
                         # no process, uid or cgroup of its own: a handle on a group that
                         # is not there (its end removes it again, changing nothing)
                         self.cgroups.handle(f"{self.cgroup_parent}/{HIBERNATED}-{sid}"))

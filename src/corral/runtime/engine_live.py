@@ -13,6 +13,7 @@ agent.c) and says READY on the new control socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -48,6 +49,7 @@ class LiveOps:
         snapshots: Snapshots
         _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
         criu_gate: CriuGate
+        _checkpoint_turns: dict[str | None, asyncio.Lock]  # per tenant with a quota
 
         owners: Owners
 
@@ -74,6 +76,21 @@ class LiveOps:
                 "checkpointable=True to checkpoint its processes (docs/live.md)",
                 details={"sandbox_id": sandbox_id, "cause": "not_checkpointable"})
         self.snapshots.check_name(name, live.spec.tenant)
+        async with self._checkpoint_turn(live.spec.tenant):
+            return await self._checkpoint(live, name)
+
+    def _checkpoint_turn(self, tenant: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """One checkpoint at a time per tenant with a snapshot quota: checked before its
+        dump only against what is there, several at once would each pass and together
+        pass the quota (or each count the others' dumps and all be refused). One by one,
+        each is checked again with its real size before it is installed (``commit``),
+        and CRIU's images on disk pass the quota by one dump's at most, meanwhile."""
+        if self.snapshots.quota_of(tenant) is None:
+            return contextlib.nullcontext()
+        return self._checkpoint_turns.setdefault(tenant, asyncio.Lock())
+
+    async def _checkpoint(self, live: Live, name: str | None) -> SnapshotInfo:
+        sandbox_id = live.id
         self.snapshots.check_quota(live.spec.tenant, {})
         # CRIU writes its images straight under the state directory: up to the
         # sandbox's memory, never below the disk's reserve (as a snapshot's copy)
@@ -85,34 +102,36 @@ class LiveOps:
                 f"{self.layout.state_dir} keeps its reserve free; delete snapshots or free "
                 "space there", details={"path": str(self.layout.state_dir),
                                         "sandbox_id": sandbox_id})
-        # one of CRIU's places first (a dump runs outside the sandbox's limits), then
-        # the sandbox: it is not frozen while it waits its turn
-        async with self.criu_gate.place(live.spec.tenant), live.lock:
+        async with live.lock:
             if live.ending or live.state != SandboxState.RUNNING or live.proc is None:
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
                                    "running sandbox can be checkpointed",
                                    details={"sandbox_id": sandbox_id})
-            await asyncio.to_thread(live.cgroup.freeze)
-            try:
-                images = await checkpoint.dump(
-                    cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
-                    sandbox_id=sandbox_id, tenant=live.spec.tenant, launcher_pid=live.proc.pid,
-                    uid=live.uid, freezer=live.cgroup.freezer_dir())
+            # then one of CRIU's places (a dump runs outside the sandbox's limits), not
+            # frozen while it waits; the sandbox's lock before the place, as a resume
+            # takes them (its restore's place under its lock): never the other way round
+            async with self.criu_gate.place(live.spec.tenant):
+                await asyncio.to_thread(live.cgroup.freeze)
                 try:
-                    staged = await self.snapshots.stage(
-                        self.upper_dir(sandbox_id), None, source=sandbox_id, spec=live.spec,
-                        ids=self.owner_ids(sandbox_id))
-                except BaseException:
-                    shutil.rmtree(images.path, ignore_errors=True)
-                    raise
-            finally:
-                live.cgroup.thaw()
-        try:  # refused here (its files over the snapshot quota, a full disk, a name
-            # taken meanwhile): the process images go too (they counted in the quota)
+                    images = await checkpoint.dump(
+                        cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
+                        sandbox_id=sandbox_id, tenant=live.spec.tenant,
+                        launcher_pid=live.proc.pid, uid=live.uid,
+                        freezer=live.cgroup.freezer_dir())
+                    try:
+                        staged = await self.snapshots.stage(
+                            self.upper_dir(sandbox_id), None, source=sandbox_id,
+                            spec=live.spec, ids=self.owner_ids(sandbox_id))
+                    except BaseException:
+                        shutil.rmtree(images.path, ignore_errors=True)
+                        raise
+                finally:
+                    live.cgroup.thaw()
+        try:  # QuotaExceeded: its images (on disk, counted) and its layer are gone again
             snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
                                                parent=live.snapshot_id, source=sandbox_id)
         except BaseException:
-            await asyncio.to_thread(shutil.rmtree, images.path, True)
+            await asyncio.to_thread(shutil.rmtree, images.path, ignore_errors=True)
             raise
         images.path.rename(images.path.with_name(snap.id))
         return snap.model_copy(update={"kind": "live"})

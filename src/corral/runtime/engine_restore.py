@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from pydantic import SecretStr
+
 from corral.errors import CorralError
 from corral.network_schema import NetworkPolicy
 from corral.runtime import restore, syscalls, users
@@ -25,7 +27,7 @@ from corral.runtime.live import Live
 from corral.runtime.logtail import LogTail
 from corral.runtime.net import netns
 from corral.runtime.reconcile import reconcile
-from corral.schema import SandboxState
+from corral.schema import SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
     from corral.runtime.cgroups import CgroupDriver
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from corral.runtime.net import NetworkManager
     from corral.runtime.paths import Layout
     from corral.runtime.registry import Registry
+    from corral.runtime.secret_store import SecretStore
     from corral.runtime.uids import UidBlock
     from corral.runtime.volumes import Volumes
     from corral.runtime.warden import Warden
@@ -83,11 +86,26 @@ class RestoreOps:
     _warden: Warden | None
     net: NetworkManager
     _handed_links: dict[str, netns.Link]  # adopted policy sandboxes' links, until adopted
+    secret_store: SecretStore
 
     if TYPE_CHECKING:
         def _on_agent_exit(self, live: Live) -> None: ...
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
                        grace: float) -> None: ...
+
+    def _kept_secrets(self, sandbox_id: str, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` read back from the registry (its secrets masked) with the real
+        values its engine kept (:mod:`.secret_store`): what a sandbox taken over after
+        a restart gives its new commands. One the store lacks is dropped, never given
+        on masked (a sandbox of an engine that kept none)."""
+        if not spec.secrets:
+            return spec
+        kept = self.secret_store.get(sandbox_id)
+        if missing := sorted(set(spec.secrets) - set(kept)):
+            log.warning("sandbox %s: its secrets %s were not kept; its new commands go "
+                        "without them", sandbox_id, ", ".join(missing))
+        return spec.model_copy(update={"secrets": {
+            k: SecretStr(v) for k, v in kept.items() if k in spec.secrets}})
 
     def _adoptable(self, handover: restore.Handover | None) -> list[Live]:
         """The sandboxes to adopt from ``handover``: handed over, running or paused in
@@ -125,7 +143,8 @@ class RestoreOps:
                 except (OSError, CorralError):
                     self.gpus.release(sid)
                     continue
-                live = Live(sid, info.spec, SandboxState(state), self.layout.sandbox_dir(sid),
+                live = Live(sid, self._kept_secrets(sid, info.spec), SandboxState(state),
+                            self.layout.sandbox_dir(sid),
                             cgroup, restore.process_uid(pid), proc)  # type: ignore[arg-type]
                 live.started_at = info.started_at or 0.0
                 live.snapshot_id = info.spec.snapshot

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from corral.errors import InternalError, Unsupported
-from corral.runtime import syscalls
+from corral.runtime import streamhash, syscalls
+from corral.runtime.streamhash import Hasher
 from corral.runtime.treecopy import (
     ENTER,
     LEAVE,
@@ -108,8 +109,13 @@ class LayerStore:
     """The layers under ``root`` (``Layout.layers_dir``). Methods block: call them in a
     thread. Reference counting lives in the registry, not here."""
 
+    # Hash large files behind their copy (streamhash): None, when a CPU is spare (on a
+    # saturated host the hashing would only slow the frozen copy down); True, False.
+    stream_hash: bool | None = None
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._hashers: dict[str, Hasher] = {}  # staged tmp name -> its files' hashes
 
     def open(self, known: Iterable[str]) -> list[str]:
         """Remove what crashed commits and removals left behind, and layer directories
@@ -129,8 +135,13 @@ class LayerStore:
         it; a failed copy leaves nothing behind. ``ids`` translates owners (the
         sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`)."""
         tmp = self._new_tmp()
+        streamed = streamhash.spare_cpu() if self.stream_hash is None else self.stream_hash
+        hasher = Hasher() if streamed else None  # seal finds the large files hashed
+        if hasher is not None:
+            self._hashers[tmp.name] = hasher
         try:
-            copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget, ids=ids)
+            copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget, ids=ids,
+                      hasher=hasher)
         except BaseException:
             self.discard(tmp)
             raise
@@ -154,10 +165,17 @@ class LayerStore:
     def seal(self, tmp: Path) -> Sealed:
         """Checksum a staged tree and make it durable, the disk's writeback overlapping
         the hashing (which reads the page cache)."""
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            synced = pool.submit(syscalls.syncfs, str(tmp))
-            digest, size = tree_digest(tmp / TREE)
-            synced.result()
+        hasher = self._hashers.pop(tmp.name, None)
+        try:
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                synced = pool.submit(syscalls.syncfs, str(tmp))
+                if hasher is not None:
+                    hasher.wait()
+                digest, size = tree_digest(tmp / TREE, hashed=hasher)
+                synced.result()
+        finally:
+            if hasher is not None:
+                hasher.close()
         manifest = {"format": FORMAT, "id": layer_id(digest), "digest": digest,
                     "size_bytes": size, "created_at": time.time()}
         fd = os.open(tmp / MANIFEST, _O_CREATE, 0o600)
@@ -205,6 +223,9 @@ class LayerStore:
 
     def discard(self, tmp: Path | None) -> None:
         if tmp is not None:
+            hasher = self._hashers.pop(Path(tmp).name, None)
+            if hasher is not None:
+                hasher.close()
             sweep(Path(tmp).parent, Path(tmp).name.__eq__)
 
     def new_tmp(self) -> Path:
@@ -310,10 +331,13 @@ def root_form_xattr(name: str) -> bool:
     return name.startswith("user.")
 
 
-def tree_digest(root: Path, *, root_form: bool = False) -> tuple[str, int]:
+def tree_digest(root: Path, *, root_form: bool = False,
+                hashed: Hasher | None = None) -> tuple[str, int]:
     """The canonical digest (``sha256:<hex>``) of a tree, and its disk usage in bytes.
     Iterative and sparse-aware: a file's holes are never read (:func:`file_hash`).
-    With ``root_form``: of the tree as a root image travels (:func:`root_form_mode`)."""
+    With ``root_form``: of the tree as a root image travels (:func:`root_form_mode`).
+    ``hashed``: files of this tree already hashed as they were copied (the same
+    content hash, read from these very files: :mod:`.streamhash`)."""
     h = hashlib.sha256(b"corral-layer-%d\n" % FORMAT)
     seen: dict[tuple[int, int], bytes] = {}
     size = 0
@@ -339,7 +363,8 @@ def tree_digest(root: Path, *, root_form: bool = False) -> tuple[str, int]:
             else:
                 f = os.open(name, _O_READ, dir_fd=parent)
                 try:
-                    kind, data = file_hash(f, st.st_size)
+                    known = hashed.lookup(f, st) if hashed is not None else None
+                    kind, data = (b"f", known) if known else file_hash(f, st.st_size)
                 finally:
                     os.close(f)
                 if st.st_nlink > 1:

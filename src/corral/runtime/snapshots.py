@@ -89,6 +89,7 @@ class Snapshots:
         # Layers checked against an owner's quota and being installed (not yet rows):
         # a check meanwhile (a kept tree's, another snapshot's) counts them too
         self._installing: dict[int, tuple[str | None, dict[str, int]]] = {}
+        self.last_frozen_s = 0.0  # how long the last snapshot kept its sandbox frozen
 
     def open(self, users: dict[str, int] | None = None) -> list[str]:
         """Recount references after a restart (``users``: the sandboxes adopted from
@@ -132,6 +133,7 @@ class Snapshots:
 
     def _stage_frozen(self, upper: Path, cgroup: Cgroup | None, budget: Budget,
                       ids: dict[int, int] | None) -> Path:
+        start = time.perf_counter()
         try:
             if cgroup is not None:
                 cgroup.freeze()
@@ -139,6 +141,7 @@ class Snapshots:
         finally:
             if cgroup is not None:
                 cgroup.thaw()
+            self.last_frozen_s = time.perf_counter() - start  # freeze to thaw (benchmarks)
 
     async def commit(
         self, staged: Path, *, name: str | None, spec: SandboxSpec, parent: str | None,

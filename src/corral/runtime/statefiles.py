@@ -1,5 +1,6 @@
 """The state directory is root's alone: the registry holds every sandbox's env (its
-secrets masked, the rest in clear), the layers hold snapshots' files.
+secrets masked, the rest in clear), ``secrets/`` the secrets of live sandboxes in clear
+for the next engine (:mod:`.secret_store`), the layers hold snapshots' files.
 
 :func:`secure_state_dir` runs at daemon start and fixes what an older daemon (or a
 hand-made copy) left more open: every regular file at the top (``registry.db`` and its

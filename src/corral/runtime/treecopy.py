@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, InternalError, SnapshotTooLarge, StorageFull
+from corral.runtime import streamhash
+from corral.runtime.streamhash import Hasher
 from corral.runtime.uids import translate_acl
 
 if TYPE_CHECKING:
@@ -248,19 +251,20 @@ class CopyState:
     links: dict[tuple[int, int], str] = field(default_factory=dict)  # inode -> rel path
     link_base: int | None = None  # the descriptor link paths are relative to
     ids: dict[int, int] | None = None  # owners translated on the way (uids.canonical_owner)
+    hasher: Hasher | None = None  # hashes large files' copies as they land (streamhash)
 
 
 def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
               skip: frozenset[str] = frozenset(), budget: Budget | None = None,
-              ids: dict[int, int] | None = None) -> None:
+              ids: dict[int, int] | None = None, hasher: Hasher | None = None) -> None:
     """Copy the directory ``src`` to ``dst`` (which must not exist) as overlayfs needs:
     owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts. ``ids``
-    translates owners (uids and gids, in ACLs too)."""
+    translates owners (uids and gids, in ACLs too); ``hasher`` hashes the copies."""
     os.mkdir(dst, 0o700)  # its real mode once its entries are in
     out = _Fds(os.open(dst, _O_DIR))
     try:
         walk = Walk(src, skip=skip, budget=budget)
-        ctx = CopyState(budget, link_base=out.fds[0], ids=ids)
+        ctx = CopyState(budget, link_base=out.fds[0], ids=ids, hasher=hasher)
         for kind, parent, name, st, fd in walk:
             if kind == ENTER and parent != -1:
                 os.mkdir(name, 0o700, dir_fd=out.top)
@@ -290,7 +294,7 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
         try:
             fout = os.open(dst, _O_CREATE, 0o600, dir_fd=dst_dir)
             try:
-                copy_data(fin, fout, st.st_size, ctx.budget)
+                copy_data(fin, fout, st.st_size, ctx.budget, ctx.hasher)
                 copy_meta(fin, fout, st, ctx.ids)
             finally:
                 os.close(fout)
@@ -329,19 +333,32 @@ def _link(base: int | None, rel: str, dst_dir: int | None, dst: str) -> None:
         os.close(fd)
 
 
-def copy_data(fin: int, fout: int, size: int, budget: Budget | None) -> None:
+def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
+              hasher: Hasher | None = None) -> None:
     """Copy a file's data extents only (holes stay holes), each charged to ``budget``
-    before it is written; sendfile, as copy_file_range refuses tmpfs -> ext4 (EXDEV)."""
-    for start, end in extents(fin, size):
-        if budget is not None:
-            budget.add_bytes(end - start)
-        os.lseek(fout, start, os.SEEK_SET)
-        offset = start
-        while offset < end:
-            sent = os.sendfile(fout, fin, offset, min(end - offset, _CHUNK))
-            if sent == 0:  # the file shrank meanwhile
-                break
-            offset += sent
+    before it is written; sendfile, as copy_file_range refuses tmpfs -> ext4 (EXDEV).
+    A file of one extent is handed to ``hasher`` chunk by chunk as it is written."""
+    spans = extents(fin, size)
+    first = next(spans, None)  # lazily: a hostile file may have millions of extents
+    whole = first == (0, size)  # then the only one
+    streamed = hasher.start(fout, size) if hasher is not None and whole else None
+    chunk = _CHUNK if streamed is None else streamhash.CHUNK
+    try:
+        for start, end in itertools.chain([first] if first else [], spans):
+            if budget is not None:
+                budget.add_bytes(end - start)
+            os.lseek(fout, start, os.SEEK_SET)
+            offset = start
+            while offset < end:
+                sent = os.sendfile(fout, fin, offset, min(end - offset, chunk))
+                if sent == 0:  # the file shrank meanwhile
+                    break
+                offset += sent
+                if streamed is not None:
+                    hasher.feed(streamed, offset)  # type: ignore[union-attr]
+    finally:
+        if streamed is not None:
+            hasher.finish(streamed)  # type: ignore[union-attr]
     try:
         os.ftruncate(fout, size)
     except OSError as exc:  # apparent size beyond what the host's filesystem stores
