@@ -36,15 +36,39 @@ async def test_the_gate_is_bounded_fair_and_survives_cancels():
     await asyncio.sleep(0)
     late = asyncio.ensure_future(job("meek", "meek"))
     await asyncio.sleep(0.05)
-    assert gate.running == 2 and gate.waiting == 7
+    assert gate.running == 2 and order[:1] == ["hog0"]  # the hog holds limit - 1
     hog[5].cancel()  # a waiter that gives up leaves no place taken
     await asyncio.sleep(0)
-    assert gate.waiting == 6
     release.set()
     await asyncio.gather(*hog, late, return_exceptions=True)
     assert gate.peak == 2 and gate.running == 0 and gate.waiting == 0
-    # the other tenant's one came right after the first turn, not behind the hog's six
-    assert order.index("meek") <= 3, order
+    assert gate._mine == {}
+    # the other tenant's one ran at once, not behind the hog's seven
+    assert order.index("meek") == 1 and len(order) == 8, order
+
+
+async def test_one_tenant_leaves_a_place_for_another():
+    gate = CriuGate(3)
+    release = asyncio.Event()
+    held: dict[str, int] = {}
+    most: dict[str, int] = {}
+
+    async def job(tenant: str) -> None:
+        async with gate.place(tenant):
+            held[tenant] = held.get(tenant, 0) + 1
+            most[tenant] = max(most.get(tenant, 0), held[tenant])
+            await release.wait()
+            held[tenant] -= 1
+
+    hog = [asyncio.ensure_future(job("hog")) for _ in range(6)]
+    await asyncio.sleep(0.05)
+    assert gate.running == 2  # the hog holds limit - 1
+    meek = asyncio.ensure_future(job("meek"))
+    await asyncio.sleep(0.05)
+    assert gate.running == 3 and held["meek"] == 1  # at once, not after a hog's dump
+    release.set()
+    await asyncio.gather(*hog, meek)
+    assert most["hog"] == 2 and gate.running == 0 and gate._mine == {}
 
 
 def test_the_bound_is_configurable(monkeypatch):

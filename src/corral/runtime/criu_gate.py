@@ -7,7 +7,8 @@ dump (checkpoint, hibernate, a live fork) and each restore (resume, a create fro
 live snapshot) takes a place in :class:`CriuGate` first; past ``limit`` they queue.
 Waiters are served round-robin across tenants (the admin counts as one), so one
 tenant's hundred hibernates queue behind each other, not in front of another
-tenant's one.
+tenant's one; and one tenant holds at most ``limit - 1`` places (with more than one),
+so another's dump or restore finds one free rather than waiting for a long dump.
 
 ``CORRAL_CRIU_CONCURRENCY`` (read by :func:`criu_concurrency` when the engine is made):
 the number of places; default half the CPUs the daemon may run on, at least one.
@@ -54,6 +55,8 @@ class CriuGate:
         self.peak = 0  # the most holders seen at once (what the tests check)
         self._queues: dict[str, deque[asyncio.Future[None]]] = {}
         self._turns: deque[str] = deque()  # tenants with waiters, in turn order
+        self.per_tenant = max(1, limit - 1)  # places one tenant may hold at once
+        self._mine: dict[str, tuple[asyncio.Semaphore, int]] = {}  # tenant -> (its cap, users)
 
     @property
     def waiting(self) -> int:
@@ -62,10 +65,25 @@ class CriuGate:
     @asynccontextmanager
     async def place(self, tenant: str | None) -> AsyncIterator[None]:
         """Hold one place while the block runs (waiting for one first, if none is free)."""
+        key = tenant or ""
+        cap, users = self._mine.get(key) or (asyncio.Semaphore(self.per_tenant), 0)
+        self._mine[key] = (cap, users + 1)
+        try:
+            async with cap:  # its own turn first: then one of everyone's places
+                async with self._place(key):
+                    yield
+        finally:
+            cap, users = self._mine[key]
+            if users == 1:
+                del self._mine[key]
+            else:
+                self._mine[key] = (cap, users - 1)
+
+    @asynccontextmanager
+    async def _place(self, key: str) -> AsyncIterator[None]:
         if self.running < self.limit and not self._turns:
             self.running += 1
         else:
-            key = tenant or ""
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             queue = self._queues.get(key)
             if queue is None:
