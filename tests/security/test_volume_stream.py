@@ -11,6 +11,7 @@ import hashlib
 import os
 import socket
 import struct
+import tarfile
 import time
 
 import httpx
@@ -67,6 +68,14 @@ def test_an_archive_past_max_upload_bytes_streams_with_bounded_memory(team, tmp_
         assert (data / "shards" / "README.link").read_text() == "a dataset\n"
         assert grown < 32 << 20, f"the daemon grew {grown >> 20} MiB for a 64 MiB archive"
         vol.delete()
+        for mode, ext in (("w:gz", "tgz"), ("w:xz", "txz"), ("w:bz2", "tbz")):  # read as sent
+            packed = tmp_path / f"small.{ext}"
+            with tarfile.open(packed, mode) as tar:
+                tar.add(src / "README", arcname="docs/README")
+            small = corral.Volume.create(f"small-{ext}", packed, client=alice)
+            assert (data.parent.parent / f"small-{ext}" / "data" / "docs" / "README"
+                    ).read_text() == "a dataset\n"
+            small.delete()
     assert _leftovers(team) == []
 
 
