@@ -140,3 +140,14 @@ async def test_a_stream_past_the_disk_reserve_is_cut_off_and_unlinked(tmp_path, 
         await volume_stream.stage_body(request, tmp_path, lambda _n: None)
     assert 5 <= len(sent) <= 8  # cut off part-way: 2x what came must fit
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_daemons_staged_archive_goes_at_the_next_start(team):
+    """A daemon killed mid-archive leaves its staged file: the next one on the state
+    directory removes it (no request can hold it then)."""
+    stale = team.daemon.state_dir / ".volume-upload-killed"
+    stale.write_bytes(b"\0" * 4096)
+    team.daemon.stop()
+    team.daemon.start()
+    assert not stale.exists()
+    no_traceback(team)

@@ -223,6 +223,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
+        for staged in layout.state_dir.glob(".volume-upload-*"):  # a killed daemon's archives
+            staged.unlink(missing_ok=True)  # (server/volume_stream.py): no request holds them
         try:
             if handover is not None and handover.uids_fd >= 0:
                 uid_block = UidBlock.adopt(handover.uids_fd)
