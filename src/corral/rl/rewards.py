@@ -16,8 +16,10 @@ reward functions.
 
 Each completion gets ONE FRESH sandbox, created for it and deleted afterwards, so
 nothing one completion does reaches another; at most ``concurrency`` run at once.
-Creating a sandbox costs a few milliseconds (the daemon keeps warm slots), well below
-the cost of starting Python to run the tests, so no pool is needed in front of it.
+Creating a sandbox costs a few milliseconds (the daemon keeps warm slots); with
+``prestart=N`` a pool of sandboxes whose judge already started waits for the
+completions (each still used once), so a reward pays neither the create nor Python's
+start-up (docs/grading.md).
 
 Scores:
 
@@ -55,7 +57,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -90,8 +92,9 @@ from corral.rl._judging import (
     score,
 )
 from corral.rl._prestart import JudgePool
+from corral.rl._reward_types import RewardOutcome, RewardStats
 from corral.rl._wandb import log_metrics
-from corral.rl.code import Fallback, TestReport
+from corral.rl.code import Fallback
 from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     DEFAULT_RETRIES,
     INFRA_ERRORS,
@@ -125,58 +128,6 @@ def default_concurrency() -> int:
     a mixed batch (examples/reward_batch.py, 9 of 64 looping) scored 16 completions/s
     at 8 against 10 at 4; without loops both gave 32."""
     return max(2, 4 * (os.cpu_count() or 1))
-
-
-@dataclass(frozen=True)
-class RewardOutcome:
-    """What happened to one completion: its reward and why.
-
-    ``reward`` is ``None`` only for infrastructure failures (``infra_error`` says
-    which). ``code`` is what was extracted from the completion and run (``None`` if
-    nothing was found); ``report`` the test harness's account (``None`` if nothing ran).
-    """
-
-    index: int
-    reward: float | None
-    reason: str
-    code: str | None = None
-    report: TestReport | None = None
-    sandbox_id: str | None = None
-    infra_error: str | None = None
-    duration: float = 0.0
-    attempts: int = 1
-    """Sandboxes it took: more than one when an infrastructure failure was retried."""
-
-    @property
-    def timed_out(self) -> bool:
-        return self.report is not None and self.report.timed_out
-
-    @property
-    def verdicts(self) -> list[str]:
-        """The judge's verdict per test (``AC``, ``WA``, ``TLE``, ``MLE``, ``RE``, ``CE``,
-        ``IE``: not gradable, ``SKIP``); empty if nothing ran."""
-        return self.report.verdicts if self.report is not None else []
-
-
-@dataclass
-class RewardStats:
-    """Counters over the life of one reward function (read them to see what ran)."""
-
-    completions: int = 0
-    sandboxes_created: int = 0
-    sandboxes_deleted: int = 0
-    no_code: int = 0
-    timeouts: int = 0
-    infra_failures: int = 0
-    infra_retries: int = 0
-    """Completions run again on a new sandbox after an infrastructure failure."""
-    in_process_graded: int = 0
-    """Completions with tests run in the solution's own process (docs/grading.md)."""
-    ungradable: int = 0
-    """Completions with a test the judge could not grade: reward ``None``, reason logged."""
-    prestarted: int = 0
-    """Completions judged by a pre-started judge (``prestart=``; counted in
-    ``sandboxes_created`` too)."""
 
 
 class AsyncCodeReward:

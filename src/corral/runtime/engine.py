@@ -42,6 +42,7 @@ from corral.errors import (
 from corral.runtime import (
     cgroups,
     devices,
+    live_processes,
     rootfs,
     seccomp,
     storage,
@@ -418,14 +419,19 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                                     inodes=spec.inodes)
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
+        adopted: list[dict[str, Any]] = []  # a restored copy's processes (live_processes)
+        old = None  # the control socket a restored agent had until it took its new one
         if live.images is not None:  # a live checkpoint's restore (engine_live.py)
-            await self._launch_restore(live, slot, lowers)
+            adopted, old = await self._launch_restore(live, slot, lowers)
         elif spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
             slot.launch(self._launch_args(live, slot, lowers))
             await slot.take_local_channels()
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
+        streams = live_processes.adopt_streams(channel, adopted)
+        if old is not None:  # their output sent on it comes first
+            await live_processes.drain_old(old, channel, streams)
         if slot.go_fd >= 0:
             slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
@@ -459,6 +465,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         slot.log_fd = -1
         live.state = SandboxState.RUNNING
         live.touch()
+        live_processes.adopt(self, live, adopted, streams)
 
     def cgroup(self, sandbox_id: str) -> Cgroup:
         """The cgroup of a live sandbox (its usage, its processes)."""
