@@ -12,8 +12,10 @@ In a checkpointable sandbox (``sandbox`` in the JSON), on a private engine:
   copy of its writable layer, then thawed);
 - ``restore_ms``: ``create(snapshot=live)`` until the restored program counts on;
   ``restore_vs_cold`` their ratio;
-- ``fork_ms``: ``fork(n, live=True)`` (one checkpoint, ``n`` restores) until every copy
-  answers an exec; ``fork_per_copy_ms``;
+- ``fork_ms``: ``fork(n, live=True)`` (one checkpoint, ``n`` restores at once) until
+  every copy answers an exec; ``fork_per_copy_ms``; against ``fork_serial_ms``, the same
+  checkpoint and ``n`` restores one after another (each until it answers an exec),
+  ``fork_vs_serial`` their ratio;
 - ``redump_ms`` / ``chain_restore_ms``: the restored copy checkpointed again, and that
   checkpoint restored until it counts on (a chain of forks, as a tree search makes);
 - ``hibernate_ms`` / ``resume_ms``: ``hibernate`` of that copy (its memory freed), and
@@ -154,7 +156,7 @@ async def sandbox_rounds(mb: int, rounds: int, n: int) -> dict[str, float]:
 
     engine = await Engine.open(Path(tempfile.mkdtemp(prefix="corral-bench-live-")))
     spec = {"network": "none", "checkpointable": True, "memory_mb": 256 + 2 * mb}
-    cold, ckpt, rest, fork, redump, chain, hib, resume = ([] for _ in range(8))
+    cold, ckpt, rest, fork, serial, redump, chain, hib, resume = ([] for _ in range(9))
     try:
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -190,18 +192,31 @@ async def sandbox_rounds(mb: int, rounds: int, n: int) -> dict[str, float]:
             copies = await engine.fork(sb.id, n, live=True)
             await asyncio.gather(*(engine.exec(c.id, ["true"]) for c in copies))
             fork.append(time.perf_counter() - t0)
-            for sid in (copy.id, *(c.id for c in copies), sb.id):
+            for c in copies:
+                await engine.delete(c.id)
+            # the baseline: the same checkpoint and n restores, one after another
+            t0 = time.perf_counter()
+            snap3 = await engine.checkpoint(sb.id)
+            for _ in range(n):
+                one = await engine.create(snapshot=snap3.id)
+                await engine.exec(one.id, ["true"])
+                copies.append(one)
+            serial.append(time.perf_counter() - t0)
+            await engine.delete_snapshot(snap3.id)
+            for sid in (copy.id, *(c.id for c in copies[n:]), sb.id):
                 await engine.delete(sid)
             await engine.delete_snapshot(snap.id)
     finally:
         await engine.close()
     med = {k: statistics.median(v) * 1000 for k, v in
            (("cold_ms", cold), ("checkpoint_ms", ckpt), ("restore_ms", rest), ("fork_ms", fork),
+            ("fork_serial_ms", serial),
             ("redump_ms", redump), ("chain_restore_ms", chain), ("hibernate_ms", hib),
             ("resume_ms", resume))}
     med.update(restore_vs_cold=med["restore_ms"] / med["cold_ms"],
                resume_vs_cold=med["resume_ms"] / med["cold_ms"],
-               fork_per_copy_ms=med["fork_ms"] / n, fork_copies=n)
+               fork_per_copy_ms=med["fork_ms"] / n, fork_copies=n,
+               fork_vs_serial=med["fork_ms"] / med["fork_serial_ms"])
     return {k: round(v, 2) for k, v in med.items()}
 
 
@@ -235,7 +250,9 @@ def main() -> int:
         print(f"sandbox, {mb} MB heap, median of {rounds}: cold create + warm-up "
               f"{sb['cold_ms']:.0f} ms; checkpoint {sb['checkpoint_ms']:.0f} ms, restore "
               f"{sb['restore_ms']:.0f} ms (restore/cold {sb['restore_vs_cold']:.2f}); fork into "
-              f"{n} {sb['fork_ms']:.0f} ms ({sb['fork_per_copy_ms']:.0f} ms a copy); copy "
+              f"{n} {sb['fork_ms']:.0f} ms ({sb['fork_per_copy_ms']:.0f} ms a copy; one checkpoint "
+              f"and {n} restores one after another {sb['fork_serial_ms']:.0f} ms, fork/serial "
+              f"{sb['fork_vs_serial']:.2f}); copy "
               f"checkpointed again {sb['redump_ms']:.0f} ms, restored {sb['chain_restore_ms']:.0f}"
               f" ms; hibernate {sb['hibernate_ms']:.0f} ms, resume {sb['resume_ms']:.0f} ms "
               f"(resume/cold {sb['resume_vs_cold']:.2f})")

@@ -217,3 +217,22 @@ def test_policy_eval_demo(daemon):
     assert "48 episodes in 38 sandboxes" in p.stdout and "0 infrastructure failures" in p.stdout
     assert re.search(r"from the cache in [\d.]+ s: 48 cached episodes, 0 sandboxes, same results: "
                      r"True", p.stdout)
+
+
+@requires_root
+def test_branch_episodes(daemon):
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "branch_episodes.py"), "--branches", "3",
+         "--url", daemon.url],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "into 3 running copies" in p.stdout and p.stdout.rstrip().endswith("OK")
+    assert "reseeded branches diverge: True; equal seeds replay: True" in p.stdout
+    with corral.Client(daemon.url) as client:
+        assert corral.Sandbox.list(state="running", client=client) == []

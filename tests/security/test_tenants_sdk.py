@@ -56,6 +56,32 @@ def test_sdk_another_tenants_sandbox_raises_not_found(clients):
     assert sb.exec(["true"]).returncode == 0
 
 
+def test_sdk_another_tenant_cannot_fork_live_or_reach_a_forks_processes(clients):
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    a, b = clients
+    sb = corral.Sandbox.create(checkpointable=True, network="none", client=a)
+    proc = sb.spawn(["cat"])
+    stolen = corral.Sandbox(sb.info, client=b)
+    for attack in (lambda: stolen.fork(1, live=True), lambda: stolen.checkpoint(),
+                   lambda: stolen.process(proc.id), lambda: stolen.hibernate()):
+        with pytest.raises(corral.SandboxNotFound):
+            attack()
+    (copy,) = sb.fork(1, live=True)
+    snap = sb.checkpoint(name="alice-live")
+    with pytest.raises(corral.SandboxNotFound):
+        corral.Sandbox(copy.info, client=b).process(proc.id)
+    with pytest.raises(corral.SnapshotNotFound):
+        corral.Sandbox.create(snapshot=snap.id, client=b)
+    assert corral.Sandbox.list(client=b) == []
+    mine = copy.process(proc.id)  # alice's copy of her process, reattached
+    mine.write("hi\n")
+    assert mine.readline() == "hi\n"
+
+
 def test_sdk_quota_is_a_typed_error(team, clients):
     token = team.make_token("sdkquota", max_sandboxes=1)
     with corral.Client(team.url, token=token) as c:

@@ -119,6 +119,27 @@ class EnvServer:
         self._env().set_wrapper_attr(name, value)
         return {}
 
+    def op_reseed(self, seed: int) -> dict[str, Any]:
+        """A live fork's copy goes its own way (corral.rl.SandboxEnv.fork): Python's
+        ``random``, NumPy's global generator and PyTorch's (where imported), the
+        environment's own ``np_random`` and its spaces' generators, all from ``seed``."""
+        import random
+
+        from gymnasium.utils import seeding
+
+        random.seed(seed)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed(seed % 2**32)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.manual_seed(seed)
+        env = self._env()
+        env.unwrapped.np_random, _ = seeding.np_random(seed)
+        env.action_space.seed(seed)
+        env.observation_space.seed(seed)
+        return {}
+
     def op_ping(self) -> dict[str, Any]:
         return {}
 
@@ -192,9 +213,22 @@ def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
     names a port on the sandbox's loopback, and the first connection there whose first
     line is ``T`` carries every later request and reply (stdin and stdout fall
     silent). A request on ``requests`` before that connection keeps the conversation
-    here."""
+    here. When that connection closes, the conversation comes back here (a live fork
+    closes it first: CRIU does not checkpoint a connected TCP socket)."""
     server = EnvServer(wire)
-    while line := requests.readline():
+    home = (requests, replies)
+    while True:
+        line = requests.readline()
+        if not line:
+            if (requests, replies) == home:
+                return
+            for f in (requests, replies):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            requests, replies = home
+            continue
         if not line.strip():
             continue
         op = None

@@ -14,6 +14,8 @@ _LAZY = {
     "RockPaperScissors": "corral.rl.envs.multiagent",
     "Turn": "corral.rl.envs.multiagent",
     "EnvError": "corral.rl.gym_env",
+    "Episode": "corral.rl.branching",
+    "branch_seeds": "corral.rl.branching",
     "SandboxEnv": "corral.rl.gym_env",
     "SandboxVectorEnv": "corral.rl.vector",
     "ReproReport": "corral.rl.reproducibility",

@@ -35,16 +35,18 @@ Registered as ``corral/SandboxEnv-v0`` (see :mod:`corral.rl._gym_registration`):
 
 from __future__ import annotations
 
+import copy as copy_module
 import os
 import re
 import secrets
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
+from gymnasium.utils import seeding
 
 import corral
 from corral.errors import CorralError, InvalidArgument
@@ -261,6 +263,14 @@ class _Remote:
         if self.channel is None:  # a request on stdin keeps the server there
             self.call("ping")
 
+    def back_to_stdin(self) -> None:
+        """Close the port socket: the server goes on on stdin and stdout (once this
+        returns it holds no connection: a ``ping`` there is answered after it let go)."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+            self.call("ping")
+
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         process, line = self.request(op, **fields)
         if self.channel is not None:
@@ -373,11 +383,14 @@ class SandboxEnv(gym.Env):
         **kwargs: Any,
     ) -> None:
         self.env_id = env_id
-        self._remote = _Remote.start(
+        self._attach(_Remote.start(
             env_id, kwargs, image=image, sandbox=sandbox, snapshot=snapshot, pool=pool,
             client=client, sandbox_options=sandbox_options, python=python,
             port_channel=port_channel,
-        )
+        ))
+
+    def _attach(self, remote: _Remote) -> None:
+        self._remote = remote
         self._finalizer = weakref.finalize(self, _close_quietly, self._remote)
         hello = self._remote.hello
         self.observation_space = wire.space_from_dict(hello["observation_space"])
@@ -420,6 +433,63 @@ class SandboxEnv(gym.Env):
     def set_attr(self, name: str, value: Any) -> None:
         """Set an attribute of the remote environment (through its wrappers)."""
         self._call("set_attr", name=name, value=value)
+
+    def fork(self, n: int, *, reseed: bool | int | Sequence[int] = True) -> list[SandboxEnv]:
+        """``n`` running copies of this environment as it is now, mid-episode (a live
+        fork of its sandbox: the environment's memory, its server and its open pipes;
+        docs/rl.md, "Branching"), each a :class:`SandboxEnv` of its own whose
+        :meth:`close` deletes its sandbox. Only an environment whose sandbox was created
+        checkpointable (``sandbox_options={"checkpointable": True}``).
+
+        ``reseed`` (:func:`~corral.rl.branching.branch_seeds`): ``True`` (default) gives
+        each copy a fresh seed, ``False`` keeps the parent's randomness (every copy
+        replays it), an int derives the seeds from it, a list of ``n`` ints gives them.
+        A seed reseeds, inside the copy, Python's ``random``, NumPy's and PyTorch's global
+        generators, the environment's ``np_random`` and its spaces; here, the copy's
+        ``np_random``. All or nothing: on failure no copy is left."""
+        from corral.rl.branching import branch_seeds, fork_sandbox
+
+        seeds = branch_seeds(n, reseed)
+        parent = self._remote
+        if parent.process is None:
+            raise EnvError(f"the environment in sandbox {parent.sandbox.id} is closed")
+        on_port = parent.channel is not None
+        if on_port:  # CRIU does not checkpoint a connected TCP socket: back to stdin
+            parent.back_to_stdin()
+        try:
+            made = fork_sandbox(parent.sandbox, n, [parent.process.id], text=False)
+        finally:
+            if on_port:
+                parent.move_to_port()
+        copies: list[SandboxEnv] = []
+        try:
+            for (sb, procs), seed in zip(made, seeds, strict=True):
+                remote = _Remote(sb, own_sandbox=True, streamed=parent.streamed)
+                remote.process, remote.hello = procs[parent.process.id], parent.hello
+                if parent.own_client is not None:  # the parent's closes with it
+                    remote.own_client = corral.Client(**parent.own_client.connect_args)
+                    remote.sandbox = corral.Sandbox.connect(sb.id, client=remote.own_client)
+                    remote.process = remote.sandbox.process(parent.process.id, text=False)
+                copy = object.__new__(type(self))
+                copy.__dict__.update({k: v for k, v in self.__dict__.items()
+                                      if k not in ("_remote", "_finalizer", "_np_random")})
+                copy._attach(remote)
+                copy.spec = self.spec
+                copies.append(copy)
+                if on_port:
+                    remote.move_to_port()
+                if seed is not None:
+                    remote.call("reseed", seed=seed)
+                    copy._np_random, copy._np_random_seed = seeding.np_random(seed)
+                elif self._np_random is not None:
+                    copy._np_random = copy_module.deepcopy(self._np_random)
+        except BaseException:
+            for c in copies:
+                c.close()
+            for sb, _ in made[len(copies):]:
+                _Remote(sb, own_sandbox=True, streamed=False).close()
+            raise
+        return copies
 
     def close(self) -> None:
         """Close the remote environment, end its server and delete the sandbox (unless

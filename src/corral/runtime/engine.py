@@ -42,6 +42,7 @@ from corral.errors import (
 from corral.runtime import (
     cgroups,
     devices,
+    live_processes,
     rootfs,
     seccomp,
     storage,
@@ -225,6 +226,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
+        for staged in layout.state_dir.glob(".volume-upload-*"):  # a killed daemon's archives
+            staged.unlink(missing_ok=True)  # (server/volume_stream.py): no request holds them
         try:
             if handover is not None and handover.uids_fd >= 0:
                 uid_block = UidBlock.adopt(handover.uids_fd)
@@ -419,14 +422,19 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                                     inodes=spec.inodes)
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
+        adopted: list[dict[str, Any]] = []  # a restored copy's processes (live_processes)
+        old = None  # the control socket a restored agent had until it took its new one
         if live.images is not None:  # a live checkpoint's restore (engine_live.py)
-            await self._launch_restore(live, slot, lowers)
+            adopted, old = await self._launch_restore(live, slot, lowers)
         elif spec.checkpointable:  # its agent's channels are made inside it (docs/live.md)
             slot.launch(self._launch_args(live, slot, lowers))
             await slot.take_local_channels()
         channel = AgentChannel(slot.sock, live.id, proc=slot.proc, cgroup=slot.cgroup)
         live.channel = channel
         channel.on_close = lambda: self._on_agent_exit(live)
+        streams = live_processes.adopt_streams(channel, adopted)
+        if old is not None:  # their output sent on it comes first
+            await live_processes.drain_old(old, channel, streams)
         if slot.go_fd >= 0:
             slot.launch(self._launch_args(live, slot, lowers))
         await channel.start()
@@ -460,6 +468,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         slot.log_fd = -1
         live.state = SandboxState.RUNNING
         live.touch()
+        live_processes.adopt(self, live, adopted, streams)
 
     def cgroup(self, sandbox_id: str) -> Cgroup:
         """The cgroup of a live sandbox (its usage, its processes)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, StorageFull
-from corral.runtime import checkpoint, criu, layer_fetch, live_images
+from corral.runtime import checkpoint, criu, layer_fetch, live_images, live_processes
 from corral.runtime.engine_network import made_in
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.storage import room_above_reserve
@@ -47,6 +47,7 @@ class LiveOps:
     if TYPE_CHECKING:
         layout: Layout
         snapshots: Snapshots
+        _tasks: set[asyncio.Task[Any]]
         _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
         criu_gate: CriuGate
         _checkpoint_turns: dict[str | None, asyncio.Lock]  # per tenant with a quota
@@ -118,7 +119,9 @@ class LiveOps:
                         sandbox_id=sandbox_id, tenant=live.spec.tenant,
                         launcher_pid=live.proc.pid, uid=live.uid,
                         freezer=live.cgroup.freezer_dir())
-                    try:
+                    try:  # its interactive processes, as its copies' engines need them
+                        await live_processes.settle(live)
+                        live_processes.write(images.path, live_processes.record(live))
                         staged = await self.snapshots.stage(
                             self.upper_dir(sandbox_id), None, source=sandbox_id,
                             spec=live.spec, ids=self.owner_ids(sandbox_id))
@@ -188,23 +191,32 @@ class LiveOps:
                 f"snapshot {images.name} holds the processes of hibernated sandbox {holder}: "
                 "resume or delete the sandbox instead",
                 details={"snapshot_id": images.name, "sandbox_id": holder})
-        if images is not None:
-            await asyncio.to_thread(shutil.rmtree, images, ignore_errors=True)
+        if images is not None:  # gone at once; its bytes removed meanwhile
+            await asyncio.to_thread(checkpoint.discard, images, self.layout.state_dir)
+            task = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(checkpoint.empty_trash, self.layout.state_dir))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await self.snapshots.delete(id_or_name, owner=owner)
 
     def images_bytes(self, tenant: str | None) -> int:
         """Disk held by ``tenant``'s live snapshots' process images (its snapshot quota)."""
         return checkpoint.images_bytes(self.layout.state_dir, tenant)
 
-    async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
+    async def _launch_restore(self, live: Live, slot: Slot, lowers: list[Path]
+                              ) -> tuple[list[dict[str, Any]], socket.socket]:
         """Start CRIU's restore of ``live.images`` in ``slot`` and give the restored agent
-        a new control socket (it answers READY on it)."""
+        a new control socket (it answers READY on it); the records of the interactive
+        processes it keeps (:mod:`~corral.runtime.live_processes`), and the control
+        socket it was restored with (:func:`~corral.runtime.live_processes.drain_old`)."""
         assert live.images is not None and slot.reattach is not None
         binary = criu.require(self.layout.cache_dir)
         meta = live_images.read_meta(live.images)
+        records = live_processes.read(live.images)
         dest = live.sandbox_dir / RESTORE_DIR
         try:  # whatever ends it here (a refused image, a cancel): the read access goes
             await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+            live.kdat = str(checkpoint.kdat_cache(self.layout.state_dir, binary))
             live.program = tuple(live_images.restore_argv(
                 binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
                 ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
@@ -226,7 +238,8 @@ class LiveOps:
             self._restore_done(live, ok=False)
             raise
         try:
-            socket.send_fds(slot.reattach, [b"R"], [theirs.fileno(), r_theirs.fileno()])
+            socket.send_fds(slot.reattach, [live_processes.reattach_message(records)],
+                            [theirs.fileno(), r_theirs.fileno()])
         except BaseException:
             ours.close()
             r_ours.close()
@@ -234,9 +247,10 @@ class LiveOps:
         finally:
             theirs.close()
             r_theirs.close()
-        slot.sock.close()
+        old = slot.sock
         slot.reattach.close()
         slot.sock, slot.reattach = ours, r_ours
+        return records, old
 
     async def _restored(self, live: Live, slot: Slot) -> None:
         """The restored agent answered: drop the staged images and check that every
@@ -246,6 +260,7 @@ class LiveOps:
         child of CRIU that is still there after :data:`HELPERS_WAIT_S` is not one."""
         self._restore_done(live, ok=True)
         outer = slot.proc.pid
+        await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HELPERS_WAIT_S
         while True:
@@ -299,6 +314,7 @@ async def _restored_netns(slot: Slot, timeout: float = RESTORE_NETNS_TIMEOUT_S) 
     ours = os.stat("/proc/self/ns/net").st_ino
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    pause = 0.002  # then longer: the CPU it takes from the restores of a fork (~0.1 s)
     while slot.proc.poll() is None and loop.time() < deadline:
         try:
             children = Path(f"/proc/{outer}/task/{outer}/children").read_text().split()
@@ -307,6 +323,7 @@ async def _restored_netns(slot: Slot, timeout: float = RESTORE_NETNS_TIMEOUT_S) 
                 return f"/proc/{children[0]}/ns/net"
         except OSError:
             pass  # a child that came and went: look again
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 0.01)
     raise SandboxStartError("CRIU's restore ended (or stalled) before the sandbox's "
                             "network namespace existed")

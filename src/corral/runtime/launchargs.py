@@ -37,7 +37,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
     restore of a live checkpoint (``live.program``, run as root: docs/live.md)."""
     argv = mount_args(live, lowers, agent=agent)
     if live.program:
-        return [*argv, "--exec-root", "1", "--", *live.program]
+        kdat = ["--kdat", live.kdat] if live.kdat else []
+        return [*argv, "--exec-root", "1", *kdat, "--", *live.program]
     return argv + bwrap_args(live, slot, bwrap=bwrap)
 
 

@@ -66,6 +66,7 @@ class Live:
     volumes: tuple[tuple[str, str, str], ...] = ()  # (mode, host dir, dest): runtime/volumes
     images: Path | None = None  # restored from these live checkpoint images (docs/live.md)
     program: tuple[str, ...] = ()  # run as root in place of bubblewrap: CRIU's restore
+    kdat: str = ""  # CRIU's kernel probes for that restore (checkpoint.kdat_cache)
     hibernated: str | None = None  # its processes are this checkpoint's (engine_hibernate)
     hibernating: bool = False  # by its timeout, now (on_timeout="hibernate")
 

@@ -85,7 +85,7 @@ def read_meta(images: Path) -> dict[str, int]:
     try:
         meta = json.loads((images / META).read_text())
         out = {k: meta[k] for k in ("ctl", "reattach")}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         raise InvalidState(f"{images} is not a live checkpoint of this daemon's") from None
     if not all(type(v) is int and v > 0 for v in out.values()):
         raise InvalidState(f"{images}: its record is damaged")

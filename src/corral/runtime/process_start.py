@@ -77,9 +77,14 @@ async def spawn(
         engine, live, stream, argv, pid=reply.fields.u64(Tag.PID), max_buffer=max_buffer,
         oom_before=oom_before, deadline=limit, terminal=terminal,
     )
-    live.processes[proc.id] = proc  # kept on the sandbox's _Live: they end together
+    keep(engine, live, proc)
+    return proc
+
+
+def keep(engine: ProcessEngine, live: _Live, proc: Process) -> None:
+    """Keep ``proc`` on its sandbox's record (they end together) and pump its output."""
+    live.processes[proc.id] = proc
     live.busy += 1
     task = asyncio.get_running_loop().create_task(proc._pump(), name=f"process-{proc.id}")
     engine._tasks.add(task)
     task.add_done_callback(engine._tasks.discard)
-    return proc

@@ -479,6 +479,14 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
         response = await self._client.call("spawn_process", self._ids, json=body)
         return AsyncProcess(response.json(), client=self._client, args=cmd, text=text)
 
+    async def process(self, process_id: str, *, text: bool = True) -> AsyncProcess:
+        """A process of this sandbox by its id (``proc-...``): one it spawned, or, in a
+        live fork's copy, one it was checkpointed with (same id, its own copy of the
+        process: docs/live.md). :class:`~corral.errors.NotFound` if it has none."""
+        ids = {**self._ids, "process_id": _validate.text("process_id", process_id)}
+        info = (await self._client.call("get_process", ids)).json()
+        return AsyncProcess(info, client=self._client, args=info["cmd"], text=text)
+
     async def _cleanup(self) -> None:
         await self.delete()
 

@@ -481,6 +481,14 @@ class Sandbox(CleanupOnExit, SandboxFutures):
         response = self._client.call("spawn_process", self._ids, json=body)
         return Process(response.json(), client=self._client, args=cmd, text=text)
 
+    def process(self, process_id: str, *, text: bool = True) -> Process:
+        """A process of this sandbox by its id (``proc-...``): one it spawned, or, in a
+        live fork's copy, one it was checkpointed with (same id, its own copy of the
+        process: docs/live.md). :class:`~corral.errors.NotFound` if it has none."""
+        ids = {**self._ids, "process_id": _validate.text("process_id", process_id)}
+        info = (self._client.call("get_process", ids)).json()
+        return Process(info, client=self._client, args=info["cmd"], text=text)
+
     def _cleanup(self) -> None:
         self.delete()
 

@@ -81,6 +81,7 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <linux/capability.h>
 #include <time.h>
@@ -215,8 +216,17 @@ static void send_frame(uint8_t type, uint32_t id, const struct buf *payload) {
     memcpy(hdr, &len, 4);
     hdr[4] = (char)type;
     memcpy(hdr + 5, &id, 4);
-    write_all(ctl, hdr, 9);
-    if (len) write_all(ctl, payload->p, len);
+    /* Header and payload in one write where the socket has room: a sandbox frozen for a
+       checkpoint is then never between the two, which would leave its copies' agents
+       the end of a frame whose start went to the original's engine (live_processes). */
+    if (ctl < 0 || ctl_dead) return;
+    struct iovec iov[2] = {{hdr, 9}, {len ? payload->p : NULL, len}};
+    ssize_t w;
+    do w = writev(ctl, iov, len ? 2 : 1); while (w < 0 && errno == EINTR);
+    size_t done = w > 0 ? (size_t)w : 0; /* an error: write_all below says what to do */
+    if (done < 9) write_all(ctl, hdr + done, 9 - done);
+    if (len && done < 9 + (size_t)len)
+        write_all(ctl, payload->p + (done > 9 ? done - 9 : 0), len - (done > 9 ? done - 9 : 0));
 }
 
 /* An error with a message of our own (no strerror appended). */
@@ -375,7 +385,7 @@ static int harden(int fd, int keep) {
  * read and dropped, their own timeouts still fire; a pipe's stdin gets EOF, as
  * nobody can write to it any more), and drop what was half read.
  */
-static void detach(struct buf *in) {
+static void detach_keeping(struct buf *in, const uint32_t *keep, size_t nkeep) {
     close(ctl);
     ctl = -1;
     ctl_dead = 0;
@@ -383,6 +393,9 @@ static void detach(struct buf *in) {
     for (int i = 0; i < MAX_EXECS; i++) {
         struct exec_state *e = &execs[i];
         if (!e->used) continue;
+        int kept = 0;
+        for (size_t k = 0; k < nkeep && !kept; k++) kept = e->id != 0 && e->id == keep[k];
+        if (kept) continue;
         e->id = 0;
         free(e->stdin_buf);
         e->stdin_buf = NULL;
@@ -392,14 +405,21 @@ static void detach(struct buf *in) {
     for (int i = 0; i < MAX_JOBS; i++) jobs[i].id = 0;
 }
 
+static void detach(struct buf *in) { detach_keeping(in, NULL, 0); }
+
 /*
  * One message on the reattach socket: a new control socket (SCM_RIGHTS) from the
  * engine that took over ('C'), or a new control and a new reattach socket ('R': made
- * in the sandbox's own namespaces for a restored checkpoint, docs/live.md). 1 when attached, 0 for anything else (ignored), -1 at EOF.
+ * in the sandbox's own namespaces for a restored checkpoint, docs/live.md). After 'R'
+ * come the ids (u32 each) of the commands the restoring engine adopts (the processes
+ * it knew running at the checkpoint): they keep their id, stdin and output on the new
+ * socket; every other request is forgotten as at a detach. What was half read from
+ * the old socket is dropped either way. 1 when attached, 0 for anything else
+ * (ignored), -1 at EOF.
  */
 static int take_ctl(struct buf *in) {
-    char byte, cbuf[CMSG_SPACE(sizeof(int) * 4)];
-    struct iovec iov = {&byte, 1};
+    char msg[1 + 4 * MAX_EXECS], cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {msg, sizeof msg};
     struct msghdr mh = {0};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
@@ -408,6 +428,10 @@ static int take_ctl(struct buf *in) {
     ssize_t n = recvmsg(reattach, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
     if (n == 0) return -1;
+    char byte = msg[0];
+    uint32_t keep[MAX_EXECS];
+    size_t nkeep = byte == 'R' ? (size_t)(n - 1) / 4 : 0;
+    memcpy(keep, msg + 1, nkeep * 4);
     int got = -1, swap = -1; /* 'R': a new reattach socket too (a restored checkpoint's) */
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -423,7 +447,11 @@ static int take_ctl(struct buf *in) {
     if (got >= 0 && byte == 'R' && swap < 0) { close(got); got = -1; } /* both or none */
     if (got < 0) { if (swap >= 0) close(swap); return 0; }
     if (swap >= 0) { close(reattach); reattach = swap; }
-    if (ctl >= 0) detach(in); /* an engine that took over while the old end lingered */
+    /* A restored copy's: what it sent on the control socket CRIU gave it (output it had
+       read before the freeze) is read by the engine up to this READY, then dropped. */
+    if (byte == 'R' && ctl >= 0) send_frame(RSP_READY, 0, NULL);
+    /* an engine that took over while the old end lingered; a restored copy's */
+    if (ctl >= 0) detach_keeping(in, keep, nkeep);
     ctl = got;
     ctl_dead = 0;
     set_nonblock(ctl);
@@ -495,7 +523,15 @@ static int serve(int fd, int keep, int local) {
     struct pollfd pfds[3 + 4 * MAX_EXECS];
     struct { struct exec_state *e; int which; } owner[3 + 4 * MAX_EXECS];
     for (;;) {
-        if (ctl_dead) detach(&in);
+        /* The control socket failed. A restored copy's agent may write to the one CRIU
+           gave it before it reads the 'R' already waiting for it (the engine closes
+           that socket once 'R' is sent): take 'R' first, so the commands it names are
+           kept, not forgotten. */
+        if (ctl_dead) {
+            int took = take_ctl(&in);
+            if (took < 0) return 0;
+            if (took == 0) detach(&in);
+        }
         int n = 0;
         /* pfds[0] is the control socket (fd -1 while detached: poll skips it) */
         pfds[n++] = (struct pollfd){ctl, POLLIN, 0};
@@ -520,6 +556,15 @@ static int serve(int fd, int keep, int local) {
         int rc = poll(pfds, (nfds_t)n, timeout);
         if (rc < 0 && errno != EINTR) return 1;
         if (rc > 0) {
+            /* The reattach socket first: a restoring engine sends 'R' and then closes
+               the control socket CRIU gave the agent, and its hang-up must not detach
+               the commands 'R' keeps. New channels: poll again. */
+            if (pfds[2].revents & (POLLIN | POLLHUP | POLLERR)) {
+                /* EOF: the warden let go, no engine will ever come back: end. */
+                int took = take_ctl(&in);
+                if (took < 0) return 0;
+                if (took > 0) continue;
+            }
             if (pfds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
                 char tmp[65536];
                 for (;;) {
@@ -551,10 +596,6 @@ static int serve(int fd, int keep, int local) {
                 struct signalfd_siginfo si;
                 while (read(sfd, &si, sizeof si) > 0) {}
                 reap();
-            }
-            if (pfds[2].revents & (POLLIN | POLLHUP | POLLERR)) {
-                /* EOF: the warden let go, no engine will ever come back: end. */
-                if (take_ctl(&in) < 0) return 0;
             }
             for (int i = 3; i < n; i++) {
                 if (!pfds[i].revents) continue;

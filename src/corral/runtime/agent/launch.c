@@ -33,8 +33,32 @@ struct launch_opts {
     int n_volumes;
     const char *stubs[32];  /* empty root-owned files: mount points for bwrap's --ro-bind */
     int n_stubs;
+    const char *kdat;       /* CRIU's kernel probes, kept by the engine (seed_kdat) */
     char **prog;
 };
+
+/*
+ * CRIU probes the kernel at every run (~25 ms of a restore's ~150) unless it finds
+ * what it probed in /run/criu.kdat, which it keeps only on a tmpfs: a host whose /run
+ * is on disk probes every time. A restore (--exec-root, in our private mount
+ * namespace) gets a /run of its own, a small tmpfs, seeded with the copy the engine
+ * keeps (KDAT; none yet: CRIU probes and writes one there, which the engine copies
+ * from /proc/PID/root/run once the restore ran: corral.runtime.live_images). Nothing
+ * of the sandbox reaches this /run. A failure only costs the probes.
+ */
+static void seed_kdat(const char *kdat) {
+    if (mount("corral-kdat", "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,mode=0700") != 0)
+        return;
+    int in = open(kdat, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (in < 0) return;
+    int out = open("/run/criu.kdat", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    char buf[16384];
+    ssize_t n;
+    while (out >= 0 && (n = read(in, buf, sizeof buf)) > 0)
+        if (write(out, buf, (size_t)n) != n) break;
+    if (out >= 0) close(out);
+    close(in);
+}
 
 static int die(const char *what, const char *arg) {
     fprintf(stderr, "corral-agent launch: %s%s%s: %s\n", what, arg ? " " : "", arg ? arg : "", strerror(errno));
@@ -72,6 +96,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--netns")) o->netns = v;
         else if (!strcmp(a, "--volume") && o->n_volumes < 16) o->volumes[o->n_volumes++] = v;
         else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
+        else if (!strcmp(a, "--kdat")) o->kdat = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
     return 0;
@@ -556,6 +581,7 @@ static int launch(int argc, char **argv) {
     }
     if (!o.prog || !o.prog[0]) { fprintf(stderr, "corral-agent launch: missing program\n"); return 111; }
     if (o.rootdir && (!o.lower || mount_root(&o) != 0)) return 111;
+    if (o.rootdir && o.exec_root && o.kdat) seed_kdat(o.kdat);
     /* Inherited by bwrap and the agent (commands go higher still: exec.c). Sandbox
        code is the first thing a host-wide OOM should kill, before the daemon or any
        host service, and it must not be able to lower itself: written with
