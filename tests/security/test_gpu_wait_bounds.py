@@ -23,7 +23,8 @@ gpu_backend, service = test_gpu_quota.gpu_backend, test_gpu_quota.service  # fix
 async def test_a_tenant_waits_for_a_gpu_with_at_most_queue_size_creates(service):
     held = await service.create(SandboxSpec(gpus=2, memory_mb=64), ADMIN)  # both GPUs
     queue_size = service.admission.limits.queue_size
-    t = Caller.of_tenant(Tenant("t", max_gpus=1))  # each create alone fits its quota
+    t = Caller.of_tenant(Tenant("t", max_gpus=queue_size + 1))  # all fit its quota
+    service.admission.quotas._quota_of = lambda name: Tenant(name, max_gpus=queue_size + 1)
     parked = [asyncio.ensure_future(service.create(SandboxSpec(gpus=1, memory_mb=64), t,
                                                    wait=30))
               for _ in range(queue_size)]

@@ -128,7 +128,9 @@ async def test_hibernating_at_each_timeout_does_not_outlive_the_maximum_lifetime
     """A sandbox whose timeout hibernates it, woken again each time, gets a fresh
     lifetime only within its owner's maximum counted from its create (the server's
     ``lifetime_cap``, as ``SandboxService.lifetime_left``): then its resume is refused,
-    typed, and it stays hibernated (deletable)."""
+    typed, and, never to be resumed, it ends (it held its places in the quotas for good:
+    auto-pause was a way around the maximum), its checkpoint kept as a snapshot to
+    restore as a new sandbox."""
     _need_criu()
     maximum = 5.0
     engine.lifetime_cap = lambda info: maximum - (time.time() - info.created_at)
@@ -136,9 +138,11 @@ async def test_hibernating_at_each_timeout_does_not_outlive_the_maximum_lifetime
                              on_timeout="hibernate")
     for _ in range(20):  # bounded: each round is at least its 2 s lifetime
         for _ in range(600):
-            if engine.get(sb.id).reason == "hibernated":
+            if (info := engine.get(sb.id)).reason == "hibernated" or info.state.terminal:
                 break
             await asyncio.sleep(0.1)
+        if engine.get(sb.id).state.terminal:
+            break  # ended by the reaper, at its maximum, before the wake came
         try:
             await engine.wake(sb.id)
         except InvalidState as exc:
@@ -147,9 +151,18 @@ async def test_hibernating_at_each_timeout_does_not_outlive_the_maximum_lifetime
         assert engine.get(sb.id).spec.timeout <= maximum
     else:
         raise AssertionError("woken past its maximum lifetime")
-    assert time.time() - engine.get(sb.id).created_at >= maximum
-    assert engine.get(sb.id).reason == "hibernated"
-    assert await engine.delete(sb.id)
+    for _ in range(600):
+        if engine.get(sb.id).state.terminal:
+            break
+        await asyncio.sleep(0.05)
+    ended = engine.get(sb.id)
+    assert ended.state.terminal and ended.reason.startswith("max lifetime"), ended.reason
+    assert ended.ended_at - ended.created_at >= maximum
+    [snap] = engine.list_snapshots()  # its processes, kept: restored as a new sandbox
+    again = await engine.create(snapshot=snap.id)
+    assert (await engine.exec(again.id, ["echo", "up"])).stdout == b"up\n"
+    await engine.delete(again.id)
+    assert await engine.delete_snapshot(snap.id)
 
 
 async def test_the_checkpoint_a_sandbox_sleeps_in_cannot_be_deleted_from_under_it(engine):

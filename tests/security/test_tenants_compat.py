@@ -143,6 +143,55 @@ def test_e2b(clean):
         assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
 
 
+def test_e2b_auto_paused_sandbox_is_out_of_another_tenants_reach(clean):
+    """Alice's sandbox auto-paused (hibernated at its timeout): bob's connect (which
+    resumes a paused sandbox), get_info, set_timeout and kill meet what an unknown id
+    meets, and do not wake it; alice's connect does, with her file."""
+    pytest.importorskip("e2b")
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    team = clean
+
+    def e2b(key: str, body: str) -> dict:
+        prelude = "import time\nfrom e2b import Sandbox\n" + ERR
+        env = {"E2B_API_URL": team.url, "E2B_SANDBOX_URL": team.url, "E2B_API_KEY": key}
+        return run(team, env, body, prelude)
+
+    made = e2b(team.tokens["alice"], """
+        sb = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+        sb.files.write("/workspace/secret", "alice's")
+        out["sid"] = sb.sandbox_id
+        for _ in range(1200):
+            if Sandbox.get_info(sb.sandbox_id).state.value == "paused":
+                break
+            time.sleep(0.1)
+    """)
+    sid = made["sid"]
+    with team.tenant("alice") as a:
+        assert a.get(f"/v1/sandboxes/{sid}").json()["reason"] == "hibernated"
+    out = e2b(team.tokens["bob"], """
+        for target in (SID, UNKNOWN):
+            TARGET = target
+            out[target] = [err(lambda: Sandbox.connect(target, timeout=600)),
+                           err(lambda: Sandbox.get_info(target)),
+                           err(lambda: Sandbox.set_timeout(target, 600)), Sandbox.kill(target)]
+    """.replace("SID", repr(sid)).replace("UNKNOWN", repr(UNKNOWN)))
+    assert out[sid] == out[UNKNOWN]
+    assert out[sid][0] is not None and "NotFound" in out[sid][0][0], out[sid]
+    with team.tenant("alice") as a:
+        row = a.get(f"/v1/sandboxes/{sid}").json()
+        assert (row["state"], row["reason"]) == ("paused", "hibernated")  # not woken
+    back = e2b(team.tokens["alice"], f"""
+        sb = Sandbox.connect({sid!r}, timeout=60)
+        out["read"] = sb.files.read("/workspace/secret")
+        sb.kill()
+    """)
+    assert back["read"] == "alice's"
+
+
 # --------------------------------------------------------------- cwsandbox
 
 

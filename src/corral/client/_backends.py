@@ -25,6 +25,7 @@ from typing_extensions import Self  # typing's since 3.11 only
 
 from corral._bridge import in_parallel
 from corral.client._body import AsyncFileBody, SyncFileBody
+from corral.client._tarstream import AsyncTarBody, SyncTarBody
 
 T = TypeVar("T")
 
@@ -255,6 +256,11 @@ class AsyncBackend:
         return await asyncio.to_thread(AsyncFileBody, path)
 
     @staticmethod
+    async def tar_body(source: str | os.PathLike[str]) -> AsyncTarBody:
+        """A directory or tarball as a tar, made as it is sent (:mod:`corral.client._tarstream`)."""
+        return await asyncio.to_thread(AsyncTarBody, source)
+
+    @staticmethod
     async def save(pieces: AsyncIterator[bytes], path: Path) -> None:
         """Write ``pieces`` to ``path`` as they come, through a temporary file beside
         it, so a failed download leaves nothing at ``path``."""
@@ -320,6 +326,11 @@ class SyncBackend:
     def file_body(path: str | os.PathLike[str]) -> SyncFileBody:
         """A local file as a request body, read in pieces as it is sent."""
         return SyncFileBody(path)
+
+    @staticmethod
+    def tar_body(source: str | os.PathLike[str]) -> SyncTarBody:
+        """A directory or tarball as a tar, made as it is sent (:mod:`corral.client._tarstream`)."""
+        return SyncTarBody(source)
 
     @staticmethod
     def save(pieces: Iterator[bytes], path: Path) -> None:

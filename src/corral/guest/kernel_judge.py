@@ -17,6 +17,10 @@ Who can touch what (the candidate is written by a model optimised to earn reward
   neither ptrace it nor read its ``/proc/PID/mem``, ``fd`` or ``environ``. The
   candidate worker gets only two pipes to the judge; the judge's stdout (the verdict)
   is not among its descriptors.
+- Each model is compiled from a file of its own (:func:`source_module`), readable by
+  the candidate (one uid): the reference's is removed with its worker, before the
+  candidate starts, and the input maker's once it is compiled — no file of the
+  reference's source is left while the candidate runs (nor after the judge).
 - What the candidate sends back is parsed without pickle (a JSON header, raw bytes of an
   allow-listed dtype, sizes checked against the reference's outputs).
 - The judge's clock times the candidate: a "time" request is answered only after the
@@ -121,6 +125,18 @@ def source_module(role: str, source: str) -> tuple[dict, str]:
     return {"__name__": f"corral_{role}", "__file__": path}, path
 
 
+def _remove_source(role: str, path: str) -> None:
+    """Remove ``role``'s source file and its private directory (made by
+    :func:`source_module`; a path a worker's reply names is checked to be one)."""
+    import shutil
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if (os.path.dirname(folder) == tempfile.gettempdir()
+            and os.path.basename(folder).startswith(f"corral-{role}-")):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def worker(role: str) -> None:  # pragma: no cover - runs in its own process
     """A model's process: loads its source, answers load/inputs/run/stage/time."""
     if role != "candidate":
@@ -169,6 +185,8 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
                 device = header["device"]
                 module, path = source_module(role, header["source"])
                 exec(compile(header["source"], path, "exec"), module)  # noqa: S102
+                if role == "inputs":  # it runs while the candidate does: no file left
+                    _remove_source(role, path)  # (its lines stay in linecache)
                 init = header.get("init")
                 if init is None:
                     init = list(module["get_init_inputs"]())
@@ -176,7 +194,7 @@ def worker(role: str) -> None:  # pragma: no cover - runs in its own process
                     torch.manual_seed(header["init_seed"])
                     cls = module["Model" if role == "reference" else "ModelNew"]
                     model = cls(*init).to(device).eval()
-                send(wfd, {"ok": True, "init": init})
+                send(wfd, {"ok": True, "init": init, "source_dir": os.path.dirname(path)})
             elif op == "inputs":
                 torch.manual_seed(header["seed"])
                 descs, raw = pack(list(module["get_inputs"]()))
@@ -289,6 +307,7 @@ class Worker:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
             start_new_session=True)
         self.started = time.monotonic()
+        self.source_dir: str | None = None  # its model's file's directory (source_module)
 
     def call(self, header: dict, blobs: list[bytes] = (), *, max_bytes: int = 1 << 34):
         send(self.proc.stdin.fileno(), header, blobs)
@@ -318,6 +337,8 @@ class Worker:
         except OSError:
             pass
         self.proc.wait()
+        if self.source_dir:  # the reference's file is gone before the candidate starts
+            _remove_source(self.role, os.path.join(self.source_dir, f"{self.role}.py"))
 
 
 class WorkerError(Exception):
@@ -405,6 +426,7 @@ def judge(payload: dict, me: str) -> dict:
         reply, _ = ref.call({"op": "load", "source": payload["reference"], "device": device,
                              "init_seed": payload["init_seed"]})
         init = reply["init"]
+        ref.source_dir = reply.get("source_dir")
         inputs, expected = [], []
         for seed in payload["seeds"][:trials]:
             r, data = ref.call({"op": "inputs", "seed": seed})
@@ -446,8 +468,10 @@ def judge(payload: dict, me: str) -> dict:
     cand = Worker("candidate", me, timeout)
     try:
         try:
-            cand.call({"op": "load", "source": payload["candidate"], "device": device,
-                       "init_seed": payload["init_seed"], "init": init})
+            reply, _ = cand.call({"op": "load", "source": payload["candidate"],
+                                  "device": device, "init_seed": payload["init_seed"],
+                                  "init": init})
+            cand.source_dir = reply.get("source_dir")
         except (WorkerError, EOFError) as exc:
             return {**verdict, "status": "compile_error", "reason": str(exc)[:2000]}
         for i, (r, data) in enumerate(inputs[:trials]):

@@ -28,7 +28,7 @@ import secrets
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
 
@@ -54,6 +54,7 @@ from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.cpus import CpuPicker
+from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_end import RELEASE_THREADS, STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
@@ -144,6 +145,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._lock_file = lock_file
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
+        self.criu_gate = CriuGate(criu_concurrency())  # CRIU dumps and restores at once
         self._live: dict[str, Live] = {}
         self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None
@@ -224,6 +226,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
+        for staged in layout.state_dir.glob(".volume-upload-*"):  # a killed daemon's archives
+            staged.unlink(missing_ok=True)  # (server/volume_stream.py): no request holds them
         try:
             if handover is not None and handover.uids_fd >= 0:
                 uid_block = UidBlock.adopt(handover.uids_fd)
@@ -374,7 +378,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if spec.secrets:  # (masked in the registry) for the next engine to give on
                 self.secret_store.put(sid, spec.secret_env())
             self._live[sid] = live
-            await self._start(live, slot, lowers)
+            async with self.criu_gate.place(spec.tenant) if images is not None else nullcontext():
+                await self._start(live, slot, lowers)  # a restore: one of CRIU's places
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
             if slot.go_fd >= 0:

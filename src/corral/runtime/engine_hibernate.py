@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidState
@@ -128,6 +129,11 @@ class HibernateOps:
         any timeout does if it cannot be (the cause in its reason)."""
         live.hibernating = True
         try:
+            # its lifetime is over: it runs no more while it waits its turn at CRIU's
+            # gate (the reaper skips it meanwhile; the dump freezes it anyway)
+            if live.cgroup is not None:
+                with suppress(OSError, CorralError):
+                    await asyncio.to_thread(live.cgroup.freeze)
             await self._hibernate(live, timed_out=True)
         except (CorralError, OSError) as exc:
             why = exc.message if isinstance(exc, CorralError) else str(exc)
@@ -136,6 +142,22 @@ class HibernateOps:
                             f"{reason}; it could not hibernate: {why}", grace=0)
         finally:
             live.hibernating = False
+
+    async def _end_hibernated(self, live: Live) -> None:
+        """Hibernated ``live`` lived its owner's maximum lifetime (it can never be
+        resumed): it ends, its places in the quotas freed; its checkpoint stays, a live
+        snapshot of its owner's (in its snapshot quota), to restore as a new sandbox."""
+        async with live.lock:
+            snap = live.hibernated
+            if snap is None or live.ending or self._live.get(live.id) is not live:
+                return
+            self._hibernated.pop(live.id, None)  # (not deleted with it: _hibernated_ended)
+            self.registry.set_hibernated(live.id, None)
+            live.hibernated = None
+        await self._end(live, SandboxState.STOPPED,
+                        "max lifetime: it lived its owner's maximum lifetime while "
+                        f"hibernated; its processes are kept in checkpoint {snap}: restore "
+                        "it as a new sandbox, or delete it", grace=0)
 
     async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Thaw ``owner``'s paused sandbox; restore a hibernated one (same id, a new slot)."""

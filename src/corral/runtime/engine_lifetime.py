@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState
@@ -29,6 +30,7 @@ class LifetimeOps:
     retention: float | None  # ended sandboxes are deleted this long after (None: never)
     _live: dict[str, Live]
     _tasks: set[asyncio.Task[Any]]
+    lifetime_cap: Callable[[SandboxInfo], float] | None  # (engine.py)
 
     if TYPE_CHECKING:
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -38,6 +40,7 @@ class LifetimeOps:
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
                        grace: float) -> None: ...
         async def _hibernate_at_timeout(self, live: Live, reason: str) -> None: ...
+        async def _end_hibernated(self, live: Live) -> None: ...
 
     async def set_timeout(self, sandbox_id: str, seconds: float, *,
                           owner: OwnerArg = UNSET) -> SandboxInfo:
@@ -68,7 +71,11 @@ class LifetimeOps:
             for live in list(self._live.values()):
                 if live.ending or live.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
                     continue
-                if live.hibernated is not None or live.hibernating:  # its lifetime stands still
+                if live.hibernating:
+                    continue
+                if live.hibernated is not None:  # its lifetime stands still, its maximum not
+                    if self._past_maximum(live):
+                        self._spawn(self._end_hibernated(live))
                     continue
                 spec = live.spec
                 reason = None
@@ -82,11 +89,23 @@ class LifetimeOps:
                 ):
                     reason = f"idle timeout: no activity for {spec.idle_timeout:g} s"
                 if reason:
-                    task = asyncio.create_task(
+                    self._spawn(
                         self._hibernate_at_timeout(live, reason)
                         if reason.startswith("timeout") and spec.on_timeout == "hibernate"
                         and live.state == SandboxState.RUNNING
                         else self._end(live, SandboxState.STOPPED, reason, grace=0)
                     )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _past_maximum(self, live: Live) -> bool:
+        """Whether hibernated ``live`` has lived its owner's maximum lifetime (counted
+        from its create, hibernated time included): it can never be resumed, and would
+        hold its places in the quotas for good."""
+        if self.lifetime_cap is None:
+            return False
+        row = self.registry.get(live.id)
+        return row is not None and self.lifetime_cap(row) <= 0

@@ -29,6 +29,7 @@ from corral.runtime.storage import room_above_reserve
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
+    from corral.runtime.criu_gate import CriuGate
     from corral.runtime.launcher import Slot
     from corral.runtime.live import Live
     from corral.runtime.paths import Layout
@@ -48,6 +49,7 @@ class LiveOps:
         snapshots: Snapshots
         _tasks: set[asyncio.Task[Any]]
         _hibernated: dict[str, str]  # sandbox id -> its checkpoint (engine_hibernate)
+        criu_gate: CriuGate
         _checkpoint_turns: dict[str | None, asyncio.Lock]  # per tenant with a quota
 
         owners: Owners
@@ -106,23 +108,28 @@ class LiveOps:
                 raise InvalidState(f"sandbox {sandbox_id} is {live.state.value}: only a "
                                    "running sandbox can be checkpointed",
                                    details={"sandbox_id": sandbox_id})
-            await asyncio.to_thread(live.cgroup.freeze)
-            try:
-                images = await checkpoint.dump(
-                    cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
-                    sandbox_id=sandbox_id, tenant=live.spec.tenant, launcher_pid=live.proc.pid,
-                    uid=live.uid, freezer=live.cgroup.freezer_dir())
-                try:  # its interactive processes, as its copies' engines need them
-                    await live_processes.settle(live)
-                    live_processes.write(images.path, live_processes.record(live))
-                    staged = await self.snapshots.stage(
-                        self.upper_dir(sandbox_id), None, source=sandbox_id, spec=live.spec,
-                        ids=self.owner_ids(sandbox_id))
-                except BaseException:
-                    shutil.rmtree(images.path, ignore_errors=True)
-                    raise
-            finally:
-                live.cgroup.thaw()
+            # then one of CRIU's places (a dump runs outside the sandbox's limits), not
+            # frozen while it waits; the sandbox's lock before the place, as a resume
+            # takes them (its restore's place under its lock): never the other way round
+            async with self.criu_gate.place(live.spec.tenant):
+                await asyncio.to_thread(live.cgroup.freeze)
+                try:
+                    images = await checkpoint.dump(
+                        cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
+                        sandbox_id=sandbox_id, tenant=live.spec.tenant,
+                        launcher_pid=live.proc.pid, uid=live.uid,
+                        freezer=live.cgroup.freezer_dir())
+                    try:  # its interactive processes, as its copies' engines need them
+                        await live_processes.settle(live)
+                        live_processes.write(images.path, live_processes.record(live))
+                        staged = await self.snapshots.stage(
+                            self.upper_dir(sandbox_id), None, source=sandbox_id,
+                            spec=live.spec, ids=self.owner_ids(sandbox_id))
+                    except BaseException:
+                        shutil.rmtree(images.path, ignore_errors=True)
+                        raise
+                finally:
+                    live.cgroup.thaw()
         try:  # QuotaExceeded: its images (on disk, counted) and its layer are gone again
             snap = await self.snapshots.commit(staged, name=name, spec=live.spec,
                                                parent=live.snapshot_id, source=sandbox_id)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.errors import InvalidState, VolumeFull
+from corral.errors import InvalidState, VolumeFull, VolumeNotFound
 from corral.runtime import volume_travel
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.volume_schema import VolumeInfo
@@ -46,6 +46,20 @@ class VolumeOps:
         ``max_mb``: a size limit its ``rw`` writers share (VolumeFull past it)."""
         return await asyncio.to_thread(self.volumes.create, self.owners.of(owner), name,
                                        archive, check=self._volume_quota, max_mb=max_mb)
+
+    def check_volume_quota(self, size: int, *, owner: OwnerArg = UNSET) -> None:
+        """QuotaExceeded if a volume of ``size`` bytes would pass ``owner``'s quota (a
+        streamed archive: :mod:`corral.server.volume_stream`)."""
+        self._volume_quota(self.owners.of(owner), size)
+
+    def check_volume_name_free(self, name: str, *, owner: OwnerArg = UNSET) -> None:
+        """InvalidState if ``owner`` has a volume ``name`` (before its archive is read)."""
+        try:
+            self.volumes.get(self.owners.of(owner), name)
+        except VolumeNotFound:
+            return
+        raise InvalidState(f"volume {name!r} exists: remove it first (corral volume rm "
+                           f"{name}) or pick another name", details={"volume": name})
 
     def list_volumes(self, *, owner: OwnerArg = UNSET) -> list[VolumeInfo]:
         return self.volumes.of(self.owners.of(owner))

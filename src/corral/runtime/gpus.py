@@ -225,7 +225,11 @@ def find_driver_files(version: str | None, dev_dir: Path = Path("/dev"),
         if version and not real.name.endswith(version) and soname != real.name:
             log.info("GPU: skipping %s (%s is not driver %s's)", soname, real, version)
             continue
-        if real.is_file():
+        if not real.name.startswith(soname.split(".so")[0] + ".so"):  # a link elsewhere
+            log.warning("GPU: skipping %s: it resolves to %s, not a library of its name",
+                        soname, real)
+            continue
+        if real.is_file() and _trusted(real):
             libs.append((real, soname))
     tools = [(Path(p), name) for name in DRIVER_TOOLS if (p := shutil.which(name))]
     nodes = [(dev_dir / n, f"/dev/{n}") for n in CONTROL_NODES if _is_chardev(dev_dir / n)]
@@ -249,9 +253,30 @@ def scan_library_dirs(dirs: Iterable[Path]) -> dict[str, Path]:
         except OSError:
             continue
         for name in names:
-            if name.startswith(DRIVER_LIBS) and re.fullmatch(r"[\w.+-]+\.so\.\d+", name):
-                found.setdefault(name, d / name)
+            if (name.startswith(DRIVER_LIBS) and re.fullmatch(r"[\w.+-]+\.so\.\d+", name)
+                    and name not in found and _trusted(Path(os.path.realpath(d / name)))):
+                found[name] = d / name  # (one others could write: the next directory's)
     return found
+
+
+def _trusted(real: Path) -> bool:
+    """Whether a library may be bound into every GPU sandbox: it and its directory are
+    the admin's (root's, or the daemon's own user's) and nobody else may write them —
+    a library a host user could plant or replace (a directory of LD_LIBRARY_PATH
+    open to others) would run in every tenant's GPU processes. On a read-only file
+    system (a driver's squashfs, whoever its files name as owner) nobody writes them."""
+    for p in (real, real.parent):
+        try:
+            st = p.stat()
+            if os.statvfs(p).f_flag & os.ST_RDONLY:
+                continue
+        except OSError:
+            return False
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            log.warning("GPU: skipping %s: %s is not the admin's alone (owner uid %d, "
+                        "mode %o)", real.name, p, st.st_uid, st.st_mode & 0o7777)
+            return False
+    return True
 
 
 def _is_chardev(p: Path) -> bool:
@@ -472,8 +497,25 @@ class GpuAllocator:
                               f"{', '.join(str(i) for i in self._gpus)} (indices or UUIDs)")
 
     def _no_capacity(self, requested: Any, free: list[int]) -> NoGpuCapacity:
+        # the admin's view: which GPUs are free (a tenant's: tenant_view)
         return NoGpuCapacity(
             f"not enough free GPUs for gpus={requested!r}: free {free or 'none'} of "
             f"{self.total}; wait for a sandbox to end, ask for fewer, or share "
             "(gpu_shared=True)",
             details={"requested": requested, "free": free, "total": self.total})
+
+
+def tenant_view(exc: NoGpuCapacity) -> NoGpuCapacity:
+    """``exc`` as a tenant may read it: what it asked for and the host's total (as
+    ``GET /v1/info`` tells it), not which or how many GPUs are free, which would tell it
+    what other tenants hold. (A tenant can still learn whether ``k`` are free by asking
+    for ``k``: the answer to its own create, no more.)"""
+    details = {k: exc.details[k] for k in ("requested", "total", "waiting") if k in exc.details}
+    waiting = exc.details.get("waiting")
+    return NoGpuCapacity(
+        f"not enough free GPUs for gpus={exc.details.get('requested')!r} on this host (it "
+        f"has {exc.details.get('total')}); wait for one of your GPU sandboxes or another "
+        "tenant's to end (create with a wait), ask for fewer, or share (gpu_shared=True)"
+        + (f" (not waited for: this tenant has {waiting} creates waiting already, the "
+           "daemon's queue_size)" if waiting is not None else ""),
+        details=details)

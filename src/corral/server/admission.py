@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
@@ -147,6 +147,7 @@ class Admission:
     async def admit(
         self, memory_mb: int, *, tenant: str | None = None, cpus: float = 0.0,
         wait: float | None = None, gpus: int = 0,
+        then: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Slot]:
         """Wait for room for a sandbox of ``memory_mb``; hold it while it starts.
 
@@ -154,7 +155,9 @@ class Admission:
         both waits together: for room, and for a ``tenant`` at its quota, for its own
         sandboxes to end (see :meth:`_quota_hold`). ``None`` (a caller that did not say,
         as before there was a choice): room is waited for up to ``queue_timeout``, a
-        quota is refused at once."""
+        quota is refused at once. ``then``: awaited once the quota is held, before the
+        wait for room (a GPU create's wait for a free GPU: a tenant at its ``max_gpus``
+        is told so, not that the host has no free GPU)."""
         if self._closed:
             raise _shutting_down()
         now = asyncio.get_running_loop().time()
@@ -164,6 +167,8 @@ class Admission:
                                       gpus)
         slot = Slot(memory_mb)
         try:
+            if then is not None:
+                await then()
             async with self._admit(memory_mb, slot, deadline, tenant):
                 yield slot
         finally:

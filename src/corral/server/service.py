@@ -28,8 +28,10 @@ from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import PoolInfo
 from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
+from corral.runtime.engine_hibernate import HIBERNATED
 from corral.runtime.engine_snapshots import Abandoned, fork_from
 from corral.runtime.events import SandboxEnded
+from corral.runtime.gpus import tenant_view
 from corral.runtime.image_pull import local_name, pull_image
 from corral.runtime.pools import PoolManager
 from corral.schema import (
@@ -120,8 +122,11 @@ class SandboxService:
         """Count the sandboxes the engine adopted from the daemon before it (live
         restore) against the caps and their tenants' quotas (at the daemon's start)."""
         for info in self.engine.list(state=LIVE_STATES, owner=None):  # the daemon's own work
+            gpus = len(self.engine.gpus.held_by(info.id))
+            if info.reason == HIBERNATED:  # none held while it sleeps; its resume takes them
+                gpus = self.engine.gpus.count(info.spec.gpus)
             self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus,
-                                 len(self.engine.gpus.held_by(info.id)))
+                                 gpus)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
@@ -250,19 +255,21 @@ class SandboxService:
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
             n_gpus = self.engine.gpus.count(spec.gpus)  # a tenant's: its token's max_gpus
-            if n_gpus:  # none free: wait (as for a quota) for a GPU sandbox to end
-                over = self.admission.quotas.alone_over(spec.tenant, spec.memory_mb,
-                                                        spec.cpus, n_gpus)
-                if over is not None:  # waiting could never help
-                    raise over
-                await self._wait_for_gpus(spec, wait)
+            # its quota first (QuotaExceeded at max_gpus), then, none free, a wait (as for
+            # a quota) for a GPU sandbox to end
             async with self.admission.admit(
-                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus
+                spec.memory_mb, tenant=spec.tenant, cpus=spec.cpus, wait=wait, gpus=n_gpus,
+                then=(lambda: self._wait_for_gpus(spec, wait)) if n_gpus else None,
             ) as slot:
                 admitted = time.monotonic()
                 created = await self.engine.create(spec, owner=caller.name)
                 slot.commit(created.id)
             result = "ok"
+        except NoGpuCapacity as exc:
+            result = exc.code
+            if caller.name is None:  # the admin sees which GPUs are free
+                raise
+            raise tenant_view(exc) from None
         except CorralError as exc:
             result = exc.code
             raise

@@ -1,16 +1,13 @@
 """Routes for volumes (:mod:`corral.runtime.volumes`): the caller's own.
 
-``POST /v1/volumes?name=NAME[&max_mb=N]`` with a tar archive as the body (at most
-``--max-upload-bytes``; ``corral volume create NAME --from DIR`` makes it), ``GET
+``POST /v1/volumes?name=NAME[&max_mb=N]`` with a tar archive as the body (streamed to
+disk as it comes, of any size within the tenant's quota and the disk's reserve:
+:mod:`corral.server.volume_stream`; ``corral volume create NAME --from DIR`` makes it), ``GET
 /v1/volumes``, ``GET /v1/volumes/{name}``, ``DELETE /v1/volumes/{name}``, ``POST
 /v1/volumes/{name}/snapshot`` ``{"name": NEW}`` (a new volume of its files as they are).
 """
 
 from __future__ import annotations
-
-import os
-import tempfile
-from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -19,7 +16,7 @@ from corral.api.models import VolumeSnapshotRequest
 from corral.errors import InvalidArgument
 from corral.runtime.volumes import check_name
 from corral.server import context as ctx
-from corral.server.wire import read_body
+from corral.server.volume_stream import stage_body
 
 
 async def create_volume(request: Request) -> Response:
@@ -32,16 +29,14 @@ async def create_volume(request: Request) -> Response:
         raise InvalidArgument(f"invalid max_mb {raw_max!r}: a whole number of MiB, e.g. 512")
     max_mb = int(raw_max) if raw_max is not None else None
     engine = ctx.engine(request)
-    data = await read_body(request, ctx.settings(request).max_upload_bytes, "volume archive")
-    fd, tmp = tempfile.mkstemp(prefix=".volume-upload-", dir=engine.layout.state_dir)
+    owner = ctx.owner(request)
+    engine.check_volume_name_free(name, owner=owner)  # before the body is read
+    staged = await stage_body(request, engine.layout.state_dir,
+                              lambda size: engine.check_volume_quota(size, owner=owner))
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        del data
-        info = await engine.create_volume(name, Path(tmp), max_mb=max_mb,
-                                          owner=ctx.owner(request))
+        info = await engine.create_volume(name, staged, max_mb=max_mb, owner=owner)
     finally:
-        os.unlink(tmp)
+        staged.unlink(missing_ok=True)
     return JSONResponse(info.model_dump(mode="json"), status_code=201)
 
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import builtins
-import bz2
-import gzip
-import lzma
 import os
 from collections.abc import Callable
 
@@ -15,20 +12,7 @@ from corral.client import _validate
 from corral.client._async._client import AsyncClient
 from corral.client._async._files import VOLUME_UPLOAD, _local, _path, send_resumable
 from corral.client._backends import AsyncBackend
-from corral.client._build import read_archive
 from corral.volume_schema import VolumeInfo
-
-_DECOMPRESS = ((b"\x1f\x8b", gzip.decompress), (b"BZh", bz2.decompress),
-               (b"\xfd7zXZ\x00", lzma.decompress))
-
-
-def _archive(source: str | os.PathLike[str]) -> bytes:
-    """A directory as a tar, or a tar file (gzip, bzip2 or xz: decompressed here)."""
-    data = read_archive(source)
-    for magic, decompress in _DECOMPRESS:
-        if data.startswith(magic):
-            return decompress(data)
-    return data
 
 
 class AsyncVolume:
@@ -58,11 +42,13 @@ class AsyncVolume:
     @classmethod
     async def create(cls, name: str, source: str | os.PathLike[str], *,
                      max_mb: int | None = None, client: AsyncClient | None = None) -> Self:
-        """A new volume ``name`` holding the directory or tar archive ``source``;
-        ``max_mb``: a size limit its ``rw`` writers share (a full one is ``ENOSPC``
-        inside, :class:`~corral.errors.VolumeFull` from the file API)."""
+        """A new volume ``name`` holding the directory or tar archive ``source`` (gzip,
+        bzip2 or xz too); ``max_mb``: a size limit its ``rw`` writers share (a full one
+        is ``ENOSPC`` inside, :class:`~corral.errors.VolumeFull` from the file API). The
+        archive is made and sent as a stream (never whole in memory, of any size within
+        the tenant's quota and the daemon's disk reserve)."""
         client = client or AsyncClient.default()
-        body = await AsyncBackend.run_blocking(_archive, source)
+        body = await AsyncBackend.tar_body(source)
         params = {"name": name, **({"max_mb": str(max_mb)} if max_mb is not None else {})}
         response = await client.call(
             "create_volume", params=params, content=body,
