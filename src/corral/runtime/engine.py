@@ -397,7 +397,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
-        self.events.emit(SandboxStarted(sid, spec.snapshot))
+        self.events.emit(SandboxStarted(sid, spec.snapshot, spec.tenant))
         if entry is not None:
             try:  # as the image's USER, in its WORKDIR, with its ENV (all defaults now)
                 await self.spawn(sid, entry, owner=None)  # the engine's own work

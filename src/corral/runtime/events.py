@@ -37,10 +37,12 @@ class SandboxEnded:
 
 @dataclass(frozen=True)
 class SandboxStarted:
-    """A create finished: the sandbox is running (``snapshot``: the one it started from)."""
+    """A create finished: the sandbox is running (``snapshot``: the one it started from;
+    ``tenant``: its owner, None the admin's)."""
 
     sandbox_id: str
     snapshot: str | None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)

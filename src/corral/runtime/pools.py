@@ -52,7 +52,8 @@ logger = logging.getLogger("corral.pools")
 
 DEFAULT_REFILL_CONCURRENCY = 4  # creates one pool runs at once (admission caps the total)
 LIVENESS_TIMEOUT_S = 2.0  # a ready sandbox whose agent does not answer by then is dead
-REFILL_DELAY_S = 0.005  # after a hand-out, before its replacement starts (see acquire)
+REFILL_DELAY_S = 0.005  # quiet after the last hand-out before replacements start (_schedule_refill)
+REFILL_MAX_DEFER_S = 0.05  # ... but never deferred longer than this in a stream of acquires
 BACKOFF_BASE_S = 0.25  # the wait after a failed create, doubling per failure in a row
 BACKOFF_MAX_S = 30.0
 MAX_POOLS_PER_TENANT = 64  # a tenant's pools (each a task and state here, even at min_ready 0)
@@ -85,6 +86,8 @@ class _Pool:
     retry_at: float = 0.0
     last_error: str | None = None
     ready_since: dict[str, float] = field(default_factory=dict)  # ready id → started_at
+    refill_timer: asyncio.TimerHandle | None = None  # a deferred refill (_schedule_refill)
+    refill_due: float = 0.0  # loop time by which a deferred refill starts at the latest
 
     @property
     def tag(self) -> str:
@@ -262,6 +265,8 @@ class PoolManager:
         name = pool.name
         del self._pools[pool.key]
         pool.closed = True
+        if pool.refill_timer is not None:
+            pool.refill_timer.cancel()
         gone = NotFound(
             f"pool {name!r} was deleted while this acquire waited", details={"pool": name}
         )
@@ -339,13 +344,34 @@ class PoolManager:
                 waited = time.perf_counter() - began
                 pool.waits_ms.append(waited * 1000)
                 self._engine.events.emit(PoolAcquired(name, sid, waited))
-                # One fewer ready: refill, but only once the reply is on its way. A
-                # create's synchronous setup (~4 ms of CPU on the loop) would delay it.
-                asyncio.get_running_loop().call_later(REFILL_DELAY_S, pool.wake.set)
+                self._schedule_refill(pool)
                 return info
             logger.info("pool %s: ready sandbox %s is dead; discarded", name, sid)
             pool.acquired.discard(sid)
             self._discard(pool, sid)
+
+    @staticmethod
+    def _schedule_refill(pool: _Pool) -> None:
+        """One fewer ready: refill once the reply is on its way and the burst of acquires
+        it belongs to has paused. A create's synchronous setup (a few ms of CPU on the
+        loop: cgroup, launcher, warden, registry) would otherwise delay the acquires
+        behind it. Deferred by :data:`REFILL_DELAY_S` after the last hand-out, at most
+        :data:`REFILL_MAX_DEFER_S` after the first; at once when half the ready ones are
+        gone (and an acquire that finds none ready wakes the refiller itself)."""
+        loop = asyncio.get_running_loop()
+        if len(pool.ready) <= pool.min_ready // 2:
+            if pool.refill_timer is not None:
+                pool.refill_timer.cancel()
+                pool.refill_timer = None
+            pool.wake.set()
+            return
+        now = loop.time()
+        if pool.refill_timer is None:
+            pool.refill_due = now + REFILL_MAX_DEFER_S
+        else:
+            pool.refill_timer.cancel()
+        pool.refill_timer = loop.call_at(min(now + REFILL_DELAY_S, pool.refill_due),
+                                         _refill_now, pool)
 
     async def _alive(self, sid: str) -> SandboxInfo | None:
         """The sandbox's info if its agent answers and it is running, else None."""
@@ -506,6 +532,11 @@ class PoolManager:
             await self._delete(sid)
         except CorralError as exc:
             logger.warning("could not delete pool sandbox %s: %s", sid, exc.message)
+
+
+def _refill_now(pool: _Pool) -> None:
+    pool.refill_timer = None
+    pool.wake.set()
 
 
 def _exhausted(pool: _Pool, timeout: float) -> CapacityExceeded:

@@ -400,12 +400,29 @@ def _hibernation_column(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE sandboxes ADD COLUMN hibernated TEXT")
 
 
+_SPECS: dict[str, SandboxSpec] = {}  # a row's spec text -> its parsed (frozen) spec
+MAX_SPECS = 4096
+
+
+def _spec(text: str) -> SandboxSpec:
+    """The spec stored as ``text``, parsed once: every ``get`` of a live sandbox (each
+    exec, pool acquire, log entry) reads the same row, and parsing it is most of a read's
+    CPU. A :class:`SandboxSpec` is frozen, so the parsed one is shared."""
+    spec = _SPECS.get(text)
+    if spec is None:
+        spec = SandboxSpec.model_validate(json.loads(text))
+        if len(_SPECS) >= MAX_SPECS:
+            _SPECS.clear()
+        _SPECS[text] = spec
+    return spec
+
+
 def _info(row: tuple[Any, ...]) -> SandboxInfo:
     sid, state, spec, created, started, ended, reason = row
     return SandboxInfo(
         id=sid,
         state=SandboxState(state),
-        spec=SandboxSpec.model_validate(json.loads(spec)),
+        spec=_spec(spec),
         created_at=created,
         started_at=started,
         ended_at=ended,

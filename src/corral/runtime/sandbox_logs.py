@@ -182,10 +182,13 @@ class SandboxLogs:
                 owner = self._owner_of(sandbox_id) or ""
             except KeyError:  # not known yet: the admin's, asked again next time
                 return ""
-            if len(self._owners) >= 4 * MAX_PENDING:  # a bounded cache
-                self._owners.clear()
-            self._owners[sandbox_id] = owner
+            self._remember_owner(sandbox_id, owner)
         return owner
+
+    def _remember_owner(self, sandbox_id: str, owner: str) -> None:
+        if len(self._owners) >= 4 * MAX_PENDING:  # a bounded cache
+            self._owners.clear()
+        self._owners[sandbox_id] = owner
 
     def owner_bytes(self, owner: str | None) -> int:
         """Bytes of log entries written for ``owner``'s sandboxes (None: the admin's)."""
@@ -198,6 +201,8 @@ class SandboxLogs:
         self._add(ev.sandbox_id, "command", _command(ev))
 
     def _on_started(self, ev: SandboxStarted) -> None:
+        # its owner, known now: its entries need no registry read on the loop to find it
+        self._remember_owner(ev.sandbox_id, ev.tenant or "")
         source = self._forking.get(ev.snapshot) if ev.snapshot else None
         if source is not None:
             self.event(ev.sandbox_id, "forked", source=source)
