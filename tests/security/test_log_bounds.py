@@ -11,7 +11,7 @@ import pytest
 
 from corral.runtime import sandbox_logs
 from corral.runtime.cmdtap import MAX_ARGV_BYTES, TAIL_BYTES, CommandTap
-from corral.runtime.events import CommandEnded, Events, SandboxDeleted
+from corral.runtime.events import CommandEnded, Events, SandboxDeleted, SandboxStarted
 from corral.runtime.sandbox_logs import MAX_COMMANDS, SandboxLogs
 from corral.schema import ExecEvent, ExecResult
 
@@ -40,6 +40,31 @@ async def test_a_flood_of_commands_keeps_only_the_ring(tmp_path):
         assert len(logs.read("sb-quiet")) == 1  # another sandbox's entry is untouched
         assert logs.stats()["rows"] == MAX_COMMANDS + 1
         assert stat.S_IMODE(os.stat(tmp_path / "logs.db").st_mode) == 0o600
+    finally:
+        await logs.close()
+
+
+async def test_a_started_sandboxs_entries_count_against_its_owner_without_a_lookup(tmp_path):
+    """The owner comes with SandboxStarted (no registry read on the loop for the first
+    entries); each entry still counts against the tenant's bound, not the admin's."""
+    asked: list[str] = []
+
+    def owner_of(sandbox_id: str) -> str | None:
+        asked.append(sandbox_id)
+        return None  # what a wrong lookup would bill: the admin
+
+    events = Events()
+    logs = SandboxLogs(tmp_path / "logs.db", owner_of=owner_of)
+    logs.attach(events)
+    try:
+        events.emit(SandboxStarted("sb-t1", None, "t1"))
+        _command(events, "sb-t1", 0)
+        logs.flush()
+        assert asked == []
+        assert logs.owner_bytes("t1") > 0
+        assert logs.owner_bytes(None) == 0
+        _command(events, "sb-unannounced", 0)  # no SandboxStarted seen: looked up
+        assert asked == ["sb-unannounced"]
     finally:
         await logs.close()
 
