@@ -195,3 +195,58 @@ def test_a_pool_spread_over_every_node(client, corral_cluster):
             assert http.get(f"/v1/pools/{name}").status_code == 404
     with pytest.raises(corral.InvalidArgument, match="not both"):
         corral.Pool(memory_mb=64, spread=True, node=nodes[0], client=client)
+
+
+# a process with 2 MB of heap and a counter: a copy that restored its memory goes on
+LIVE_COUNTER = (
+    "nohup python3 -c 'import time\nb = bytearray(range(256)) * (8 << 10)\ni = 0\n"
+    "while True:\n    i += 1\n    open(\"/tmp/count\", \"w\").write(f\"{i} {sum(b)}\")\n"
+    "    time.sleep(0.05)' >/dev/null 2>&1 &"
+)
+
+
+def _count(sb) -> tuple[int, int]:
+    for _ in range(200):
+        out = sb.exec(["cat", "/tmp/count"], timeout=30).stdout.split()
+        if len(out) == 2:
+            return int(out[0]), int(out[1])
+        time.sleep(0.05)
+    raise AssertionError("the counter never wrote")
+
+
+def test_a_live_snapshot_taken_on_a_restores_on_b_with_its_processes(client, corral_cluster):
+    """Its CRIU images cross once (digest-checked), land root-only on B, and the copy's
+    process goes on counting with its heap intact (docs/live.md)."""
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    a, b, _ = corral_cluster.node_ids()
+    sb = corral.Sandbox.create(memory_mb=256, network="none", checkpointable=True, tags=[TAG],
+                               node=a, client=client)
+    sb.exec(["sh", "-c", LIVE_COUNTER], timeout=30)
+    before, heap = _count(sb)
+    snap = sb.checkpoint(name=f"live-{sb.id[-6:]}")
+    assert snap.info.kind == "live"
+    fetched = _stats(corral_cluster, b)["bytes"]
+    try:
+        copy = snap.restore(node=b, tags=[TAG])
+        assert copy.info.node == b
+        images = (corral_cluster.base / node_tag(b) / "state" / "checkpoints" / "_admin"
+                  / snap.id)
+        assert images.stat().st_mode & 0o777 == 0o700 and images.stat().st_uid == 0
+        assert all(f.stat().st_mode & 0o077 == 0 for f in images.iterdir())
+        assert _stats(corral_cluster, b)["bytes"] - fetched > 1_000_000  # its memory crossed
+        n, copied_heap = _count(copy)
+        assert n >= before and copied_heap == heap
+        later = n
+        for _ in range(200):  # and it keeps counting on B
+            n, _ = _count(copy)
+            if n > later:
+                break
+            time.sleep(0.05)
+        assert n > later
+    finally:
+        corral.Snapshot.get(snap.id, client=client).delete()
+    assert not images.exists()  # deleted with `corral snapshot rm` on every node
