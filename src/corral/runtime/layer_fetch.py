@@ -77,8 +77,9 @@ def describe(snapshots: Snapshots, ref: str, owner: str | None) -> dict[str, Any
 
 def refuse_live(desc: dict[str, Any], holder: str | None) -> None:
     """:class:`Unsupported` (``cause: live_elsewhere``) for a live snapshot taken on
-    another node: its process images (CRIU's, docs/live.md) stay where they were taken,
-    and a copy of its files alone would start none of its processes, silently."""
+    another node, imported with no way to fetch its process images (CRIU's,
+    :mod:`corral.runtime.live_travel`): a copy of its files alone would start none of
+    its processes, silently."""
     if desc.get("kind") != "live":
         return
     sid, where = str(desc.get("id"))[:40], f"node {holder[:80]}" if holder else "its node"
