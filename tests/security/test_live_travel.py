@@ -17,6 +17,7 @@ import pytest
 from corral.errors import InvalidArgument, LayerTransferError, Unsupported
 from corral.runtime import layer_wire, live_travel
 from corral.runtime.layer_fetch import LayerFetcher
+from corral.runtime.layers import LayerStore
 from tests.conftest import requires_root
 from tests.security.tenants_helpers import ADMIN_TOKEN, team_daemon
 from tests.security.test_live_checkpoint import _need_criu
@@ -124,20 +125,20 @@ def _opener(tree):
 
 
 def _left(state):
-    incoming = state / "checkpoints" / live_travel.INCOMING
-    return sorted(os.listdir(state / "checkpoints" / "_admin")) + (
-        sorted(os.listdir(incoming)) if incoming.exists() else [])
+    return sorted(os.listdir(state / "checkpoints" / "_admin")) + sorted(
+        os.listdir(state / "layers"))
 
 
 @requires_root
 def test_hostile_images_from_a_peer_are_refused_and_nothing_is_left(tmp_path):
     state = tmp_path / "state"
-    state.mkdir()
+    store = LayerStore(state / "layers")
+    store.open([])
     good = _images(tmp_path / "good")
     other = _images(tmp_path / "other")
     live = live_travel.describe(good, tmp_path)
     with pytest.raises(LayerTransferError, match="hash to"):  # other bytes, the good digest
-        live_travel.receive(state, None, SID, live, _opener(other))
+        live_travel.receive(store, state, None, SID, live, _opener(other))
     assert _left(state) == []
     for name, make in (
         ("link", lambda r: os.symlink("/etc/shadow", r / "link")),
@@ -147,10 +148,10 @@ def test_hostile_images_from_a_peer_are_refused_and_nothing_is_left(tmp_path):
     ):
         bad = _images(tmp_path / f"bad-{name}", make)  # described honestly, still refused
         with pytest.raises(LayerTransferError, match="plain files only"):
-            live_travel.receive(state, None, SID, live_travel.describe(bad, tmp_path),
+            live_travel.receive(store, state, None, SID, live_travel.describe(bad, tmp_path),
                                 _opener(bad))
         assert _left(state) == []
-    got = live_travel.receive(state, None, SID, live, _opener(good))  # the control
+    got = live_travel.receive(store, state, None, SID, live, _opener(good))  # the control
     assert got == state / "checkpoints" / "_admin" / SID
     assert got.stat().st_mode & 0o777 == 0o700 and got.stat().st_uid == 0
     assert {f.name: f.stat().st_mode & 0o777 for f in got.iterdir()} == {

@@ -172,8 +172,8 @@ class LayerFetcher:
         if live is not None and open_images is not None:  # before its row: a row, its images
             state_dir = self.snapshots.layout.state_dir
             self.snapshots.check_quota(spec.tenant, {f"live:{sid}": live["size_bytes"]})
-            await asyncio.to_thread(live_travel.receive, state_dir, spec.tenant, sid, live,
-                                    open_images)
+            await asyncio.to_thread(live_travel.receive, self.snapshots.store, state_dir,
+                                    spec.tenant, sid, live, open_images)
             self.stats.count(live["digest"], live["size_bytes"])
         try:
             return await self._register(sid, desc, image, layers, spec)

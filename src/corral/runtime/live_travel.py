@@ -12,7 +12,8 @@ restore it on another node, that node:
   that dumped;
 - fetches the images as one tree in the form roots travel in (:mod:`corral.runtime.layer_wire`,
   ``root_form``: no device node, setuid bit or extended attribute; the ACL entries a
-  restore gives its files are not part of it) into a fresh temporary directory, checked against the digest the holder described, nothing kept on a
+  restore gives its files are not part of it) into a fresh temporary directory of the
+  layer store, checked against the digest the holder described, nothing kept on a
   mismatch), refuses a tree that is not a flat directory of plain files, makes it
   root's (0700, files 0600) and moves it in by one rename, before the snapshot's row
   is registered (a row here means its images are here);
@@ -39,7 +40,6 @@ from corral.runtime import checkpoint, criu, layer_wire
 from corral.runtime.layers import TREE, LayerStore, tree_digest
 
 OpenImages = Callable[[str, int], AbstractContextManager[Iterable[bytes]]]
-INCOMING = ".incoming"  # under STATE/checkpoints: images being received
 SLACK_BYTES = 16 << 20  # tar headers, beyond the images' disk usage
 MAX_FILES = 4096  # CRIU writes a few files per task: a sandbox has up to its pids limit
 
@@ -84,15 +84,15 @@ def checked(live: Any, sid: str, holder: str | None, cache_dir: Path) -> dict[st
     return {"digest": digest, "size_bytes": size}
 
 
-def receive(state_dir: Path, tenant: str | None, sid: str, live: dict[str, Any],
-            open_images: OpenImages) -> Path:
+def receive(store: LayerStore, state_dir: Path, tenant: str | None, sid: str,
+            live: dict[str, Any], open_images: OpenImages) -> Path:
     """Fetch ``sid``'s images (``live``: :func:`checked`) into
-    ``STATE/checkpoints/<tenant>/<sid>``; nothing is left on any failure. Blocking."""
+    ``STATE/checkpoints/<tenant>/<sid>``, through a temporary directory of ``store``
+    (the snapshots' layer store, under the state directory too: what a crash leaves
+    there is swept when the engine opens it); nothing is left on any failure. Blocking."""
     target = checkpoint.images_root(state_dir, tenant) / sid
     if target.is_dir():
         return target
-    store = LayerStore(Path(state_dir) / "checkpoints" / INCOMING)
-    store.root.mkdir(mode=0o700, exist_ok=True)
     digest, size = live["digest"], live["size_bytes"]
     with open_images(digest, size) as chunks:
         sealed, _ = layer_wire.receive_tree(store, digest, chunks,
