@@ -42,6 +42,7 @@ from corral.server.auth_throttle import AuthThrottle, retry_headers
 from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
+from corral.server.compat import e2b_fork
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.conn_limits import client_key, mark_authenticated
@@ -276,7 +277,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 throttle=throttle,
             ),
             Middleware(StreamLimits, book=streams),  # live streams per session and tenant
-            Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
+            # E2B's requests, marked by the guard
+            Middleware(e2b_compat.Dispatch, extra=e2b_fork.CONTROL),
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
     )

@@ -27,8 +27,8 @@ through corral's egress filter, ``network={allow_out, deny_out}`` an egress poli
 checkpointable and its timeout hibernates it (``connect`` or its next command resumes
 it); ``connect`` of a paused sandbox starts its timeout again (E2B's rule). Refused
 (400, never ignored): other network options, MCP, volume mounts, IAM, auto-pause with
-a network, filesystem-only auto-pause, ``auto_resume=False``.
-Answered 501: snapshots, forks, logs, templates, volumes, secrets.
+a network, filesystem-only auto-pause, ``auto_resume=False``. ``fork`` and
+``create_snapshot``: :mod:`.e2b_fork`. Answered 501: logs, templates, volumes, secrets.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import binascii
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -55,6 +55,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     SandboxNotFound,
+    SnapshotNotFound,
     Unauthorized,
 )
 from corral.network_schema import NetworkPolicy
@@ -79,7 +80,7 @@ from corral.server.compat import (
     e2b_watch,
 )
 from corral.server.compat._wire import compat_network, name_pairs
-from corral.server.compat.e2b_connect import ConnectError, caught, iso
+from corral.server.compat.e2b_connect import ConnectError, Handler, caught, iso
 from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
 from corral.server.door import ENVD, TRAFFIC, Credential, Kind
@@ -347,7 +348,7 @@ E2B_HOME = "/home/user"
 CHECKPOINTABLE_KEY = "corral.checkpointable"  # metadata {KEY: "true"}: pause() hibernates
 
 
-def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
+def _spec(req: NewSandbox, cfg: E2BSettings, snapshot: str | None = None) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
     if req.volumeMounts:
@@ -371,7 +372,7 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
             raise InvalidArgument(f"metadata {key[:64]!r}: a key and its value of up to about "
                                   "90 bytes together are kept", details={"key": key[:64]})
         tags.append(tag)
-    return SandboxSpec.parse({
+    fields = {
         "image": cfg.image(req.templateID),
         "timeout": float(req.timeout or DEFAULT_TIMEOUT_S),
         # where E2B's own sandboxes start their commands and put relative paths ($HOME
@@ -384,7 +385,23 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         "checkpointable": auto_pause or (req.metadata or {}).get(CHECKPOINTABLE_KEY) == "true",
         # lifecycle on_timeout="pause": its timeout hibernates it (docs/live.md)
         "on_timeout": "hibernate" if auto_pause else "stop",
-    })
+    }
+    if snapshot is not None:  # from create_snapshot's (e2b_fork): its own unless asked
+        fields = {k: v for k, v in fields.items() if k not in ("image", "workdir") and (
+            (k, v) not in (("checkpointable", False), ("on_timeout", "stop"), ("env", {})))}
+        fields["snapshot"] = snapshot
+    return SandboxSpec.parse(fields)
+
+
+def _snapshot(request: Request, template: str) -> str | None:
+    """The id of the caller's snapshot a template names (``Sandbox.create(snapshot_id)``),
+    unless it is a template of the front-end's settings."""
+    if template in settings(request).templates:
+        return None
+    try:
+        return ctx.engine(request).get_snapshot(template, owner=ctx.owner(request)).id
+    except SnapshotNotFound:
+        return None
 
 
 # --------------------------------------------------------------- handlers
@@ -406,8 +423,9 @@ def _target(request: Request) -> SandboxInfo:
 async def create_sandbox(request: Request) -> Response:
     req: NewSandbox = await _body(request, NewSandbox, "E2B sandbox request")
     cfg = settings(request)
-    spec = _spec(req, cfg)
-    if not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
+    snapshot = _snapshot(request, req.templateID)
+    spec = _spec(req, cfg, snapshot)
+    if snapshot is None and not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
         raise ImageNotFound(
             f"no corral image for E2B template {req.templateID!r}: build one, or map the "
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
@@ -588,10 +606,10 @@ class Dispatch:
     """Middleware just inside the daemon's guard: the requests :func:`authenticate`
     marked go to E2B's control API or envd, whatever their path; the rest go on."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, extra: Sequence[tuple[str, str, Handler]] = ()) -> None:
+        self.app = app  # extra: more control routes (e2b_fork's, which imports this module)
         control = [Route(path, caught(handler, _api_error), methods=[method])
-                   for method, path, handler in CONTROL]
+                   for method, path, handler in (*CONTROL, *extra)]
         control.append(Route("/{rest:path}", unsupported, methods=ALL_METHODS))
         self.routers = {
             "api": Router(routes=control),
