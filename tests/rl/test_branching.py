@@ -102,12 +102,13 @@ def test_a_cartpole_forked_mid_episode_steps_on_in_each_branch(client, criu_cach
                for b in branches)
 
 
-def test_a_vector_env_forks_every_sub_env_mid_episode(client, criu_cached, tmp_path):
+def test_a_vector_env_forks_every_sub_env_mid_episode(daemon, client, criu_cached, tmp_path):
     """SandboxVectorEnv.fork: each copy has a live fork of every sub-env; equal seeds
-    give equal branches, ``reseed=False`` replays the parent's randomness."""
+    give equal branches, ``reseed=False`` replays the parent's randomness. Built on a
+    daemon's URL (a client of its own): each copy gets one, and outlives the parent."""
     path = tmp_path / "noisy.py"
     path.write_text(NOISY)
-    envs = SandboxVectorEnv(f"{path}:NoisyCartPole", 2, client=client,
+    envs = SandboxVectorEnv(f"{path}:NoisyCartPole", 2, client=daemon.url,
                             sandbox_options={"checkpointable": True, "network": "none"})
     branches: list[SandboxVectorEnv] = []
 
@@ -126,7 +127,8 @@ def test_a_vector_env_forks_every_sub_env_mid_episode(client, criu_cached, tmp_p
         assert not np.array_equal(runs[0][:, 0], runs[0][:, 1])  # sub-envs: s, s + 1
         np.testing.assert_array_equal(runs[2], run(envs))  # reseed=False: the parent's
         assert not np.array_equal(runs[0], runs[2])
-        branches[0].close()  # a branch's close leaves the others running
+        branches[0].close()  # a close leaves the others running, the parent's too
+        envs.close()
         assert branches[1].step(np.array([0, 0]))[0].shape == (2, 4)
     finally:
         for v in branches:
