@@ -195,7 +195,8 @@ def test_e2b_auto_paused_sandbox_is_out_of_another_tenants_reach(clean):
 def test_e2b_fork_and_snapshots_are_out_of_another_tenants_reach(clean):
     """Bob, given alice's checkpointable sandbox and her snapshot (id and name): his
     fork, create_snapshot, create from it and delete_snapshot meet what unknown ids
-    meet; nothing of alice's is forked, snapshotted or deleted."""
+    meet, his list_snapshots shows none; nothing of alice's is forked, snapshotted or
+    deleted."""
     pytest.importorskip("e2b")
     from corral.runtime import criu
     from corral.runtime.paths import default_cache_dir
@@ -226,11 +227,13 @@ def test_e2b_fork_and_snapshots_are_out_of_another_tenants_reach(clean):
                            Sandbox.delete_snapshot(snap)]
         TARGET = "alices"
         out["by_name"] = err(lambda: Sandbox.create("alices"))
+        out["listed"] = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
     """)
     assert out[sid] == out[UNKNOWN], out
     assert "NotFound" in out[sid][0][0] and "NotFound" in out[sid][1][0], out
     assert out[sid][2] is not None and out[sid][3] is False, out
     assert out["by_name"] is not None and "404" in out["by_name"][1], out
+    assert out["listed"] == [], out
     with team.tenant("alice") as a:
         assert [s["id"] for s in a.get("/v1/snapshots").json()["snapshots"]] == [snap]
         assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"

@@ -1,7 +1,7 @@
 """E2B's ``fork(count)`` and ``create_snapshot`` with the real ``e2b`` client, on
 corral's live checkpoints (issue 29): the forks run the parent's process on with its
 memory, each one a sandbox or an error; a sandbox that is not checkpointable is
-refused typed; a snapshot starts new sandboxes and is deleted by the SDK."""
+refused typed; a snapshot starts new sandboxes, is listed and is deleted by the SDK."""
 
 from __future__ import annotations
 
@@ -109,6 +109,9 @@ def test_snapshot_starts_sandboxes_with_the_process_and_is_deleted(daemon_ok):
         tok, n = started(sb)
         snap = sb.create_snapshot(name="e2b-fork-test")
         out["names"] = snap.names
+        out["listed"] = [[s.snapshot_id == snap.snapshot_id for s in pages.next_items()]
+                         for pages in (sb.list_snapshots(), Sandbox.list_snapshots(
+                             name="e2b-fork-test"), Sandbox.list_snapshots(name="none"))]
         sb.kill()
         new = Sandbox.create(snap.snapshot_id, timeout=60)
         out["token"] = later(new, int(n))[0] == tok
@@ -127,7 +130,7 @@ def test_snapshot_starts_sandboxes_with_the_process_and_is_deleted(daemon_ok):
             out["files"] = again.files.read("/home/user/f")
         out["gone"] = Sandbox.delete_snapshot(files.snapshot_id)
     """))
-    assert out["names"] == ["e2b-fork-test"]
+    assert out["names"] == ["e2b-fork-test"] and out["listed"] == [[True], [True], []]
     assert out["token"] and out["file"] == "from the parent"
     assert out["deleted"] == [True, False]
     assert out["full"] == "409:" and out["files"] == "files only" and out["gone"]

@@ -28,7 +28,7 @@ checkpointable and its timeout hibernates it (``connect`` or its next command re
 it); ``connect`` of a paused sandbox starts its timeout again (E2B's rule). Refused
 (400, never ignored): other network options, MCP, volume mounts, IAM, auto-pause with
 a network, filesystem-only auto-pause, ``auto_resume=False``. ``fork`` and
-``create_snapshot``: :mod:`.e2b_fork`. Answered 501: logs, templates, volumes, secrets.
+snapshots: :mod:`.e2b_fork`. Answered 501: logs, templates, volumes, secrets.
 """
 
 from __future__ import annotations
@@ -464,7 +464,8 @@ def _query_metadata(raw: str | None) -> list[str]:
     return [meta_tag(urllib.parse.unquote(k), urllib.parse.unquote(v)) for k, v in pairs]
 
 
-async def list_sandboxes(request: Request) -> Response:
+def paged(request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The page of ``items`` that ``limit`` and ``nextToken`` ask for, and its headers."""
     q = request.query_params
     raw_limit, raw_next = q.get("limit", "100"), q.get("nextToken", "0")
     if not (raw_limit.isdecimal() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
@@ -472,6 +473,12 @@ async def list_sandboxes(request: Request) -> Response:
     if not (raw_next.isdecimal() and len(raw_next) < 12):
         raise InvalidArgument("invalid nextToken: pass the one the last page gave")
     limit, offset = int(raw_limit), int(raw_next)
+    more = {"X-Next-Token": str(offset + limit)} if offset + limit < len(items) else {}
+    return items[offset:offset + limit], more
+
+
+async def list_sandboxes(request: Request) -> Response:
+    q = request.query_params
     tags = [TAG, *_query_metadata(q.get("metadata"))]
     if q.get("template"):
         tags.append(TEMPLATE_TAG + q["template"])
@@ -481,10 +488,7 @@ async def list_sandboxes(request: Request) -> Response:
         ctx.engine(request).list(tags=tags, state=_query_states(q.get("state")),
                                  owner=ctx.owner(request)))
     infos.sort(key=_started, reverse=q.get("order") == "desc")
-    page = infos[offset:offset + limit]
-    headers = {}
-    if offset + limit < len(infos):
-        headers["X-Next-Token"] = str(offset + limit)
+    page, headers = paged(request, infos)
     return JSONResponse([listed_json(i) for i in page], headers=headers)
 
 

@@ -12,7 +12,8 @@
   checkpoint (``mode="full"``, the default; checkpointable sandboxes only) or a snapshot
   of the files (``mode="filesystem"``); ``Sandbox.create(snapshot_id)`` starts from it
   (:func:`corral.server.compat.e2b_api.create_sandbox`) and ``Sandbox.delete_snapshot``
-  (``DELETE /templates/{id}``) deletes it. Snapshots are the caller's own, as corral's.
+  (``DELETE /templates/{id}``) deletes it; ``Sandbox.list_snapshots`` lists them.
+  Snapshots are the caller's own, as corral's.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from corral.server.compat.e2b_api import (
     _target,
     created_json,
     error,
+    paged,
     unsupported,
 )
 from corral.server.lifetime import set_lifetime
@@ -108,6 +110,17 @@ async def create_snapshot(request: Request) -> Response:
     return JSONResponse(_snapshot_json(snap), status_code=201)
 
 
+async def list_snapshots(request: Request) -> Response:
+    """``Sandbox.list_snapshots(sandbox_id=, name=)``: the caller's snapshots (the
+    admin's: all), oldest first, paged as sandboxes are."""
+    q = request.query_params
+    snaps = sorted((s for s in ctx.service(request).list_snapshots(caller_of(request))
+                    if q.get("sandboxID") in (None, s.source_sandbox)
+                    and q.get("name") in (None, s.name, s.id)), key=lambda s: s.created_at)
+    page, headers = paged(request, snaps)
+    return JSONResponse([_snapshot_json(s) for s in page], headers=headers)
+
+
 async def delete_template(request: Request) -> Response:
     """``Sandbox.delete_snapshot``: a snapshot of the caller's; templates stay unsupported."""
     ref = request.path_params["template_id"]
@@ -123,5 +136,6 @@ async def delete_template(request: Request) -> Response:
 CONTROL = (
     ("POST", _SB + "/fork", fork_sandbox),
     ("POST", _SB + "/snapshots", create_snapshot),
+    ("GET", "/snapshots", list_snapshots),
     ("DELETE", "/templates/{template_id}", delete_template),
 )
