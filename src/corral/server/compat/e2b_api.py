@@ -12,7 +12,7 @@ The SDK sends two kinds of request to the same daemon port, told apart by header
   reply gave: an HMAC of the sandbox id under the daemon's token, so it opens that
   sandbox only and is never stored.
 
-The daemon's guard calls :func:`authenticate` first: the key or access token is
+The daemon's door reads them first (:mod:`.e2b_door`): the key or access token is
 checked from the headers alone (nothing is read before), and a wrong one is a 401,
 which the SDK raises as ``AuthenticationException``.
 
@@ -36,9 +36,8 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import re
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -56,7 +55,6 @@ from corral.errors import (
     InvalidArgument,
     SandboxNotFound,
     SnapshotNotFound,
-    Unauthorized,
 )
 from corral.network_schema import NetworkPolicy
 from corral.runtime.distribution import is_reference
@@ -81,9 +79,10 @@ from corral.server.compat import (
 )
 from corral.server.compat._wire import compat_network, name_pairs
 from corral.server.compat.e2b_connect import ConnectError, Handler, caught, iso
+from corral.server.compat.e2b_door import MARK
 from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
-from corral.server.door import ENVD, TRAFFIC, Credential, Kind
+from corral.server.door import TRAFFIC
 from corral.server.lifetime import set_lifetime
 from corral.server.wire import read_json
 
@@ -97,85 +96,10 @@ DEFAULT_TIMEOUT_S = 300  # the SDK's own default lifetime
 # envd features served: default user, stdin close, octet-stream upload, watch events'
 # entries (0.6.3; file metadata, 0.6.2, is refused by the upload)
 ENVD_VERSION = "0.6.3"
-MARK = "corral.e2b"  # scope key the guard sets: "api", "envd" or "jupyter"
 MAX_LIST = 1000
 LIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED)
 STATE = {SandboxState.PAUSED: "paused"}  # everything else alive is "running"
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-
-
-# -------------------------------------------------------------- credentials
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-WRONG_KEY = ("wrong API key: set E2B_API_KEY to the token the corral daemon was started "
-             "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)")
-WRONG_ACCESS = ("wrong, missing or revoked X-Access-Token for this sandbox: connect to it "
-                "with Sandbox.connect(sandbox_id) using a live token as E2B_API_KEY")
-
-
-def credentials(scope: Scope) -> tuple[Credential, ...] | None:
-    """For the door: None if the request is not E2B's; else the credentials it
-    carries (the scope is marked for :class:`Dispatch`): the control API's key, or
-    envd's per-sandbox access token (the Code Interpreter's ``/contexts`` calls may
-    send only the traffic token)."""
-    sandbox_id = _header(scope, b"e2b-sandbox-id")
-    key = _header(scope, b"x-api-key")
-    if sandbox_id is None and key is None:
-        return None
-    jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
-    scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
-    if sandbox_id is None:  # the control API: the daemon's token or a tenant's
-        return (Credential(key or "", wrong=WRONG_KEY),)
-    found = [Credential(_header(scope, b"x-access-token"), Kind.SANDBOX, sandbox_id, ENVD,
-                        wrong=WRONG_ACCESS)]
-    if jupyter:
-        found.append(Credential(_header(scope, b"e2b-traffic-access-token"), Kind.SANDBOX,
-                                sandbox_id, TRAFFIC, wrong=WRONG_ACCESS))
-    return tuple(found)
-
-
-_HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
-
-
-def traffic_target(
-    scope: Scope, opens: Callable[[str, str], bool]
-) -> tuple[str, int] | None:
-    """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
-    ``PORT-ID.domain``) carrying that sandbox's traffic access token
-    (``e2b-traffic-access-token``, from the create reply; ``opens`` is the door's
-    check, so a revoked tenant's token opens nothing); None for any other."""
-    host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
-    if host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
-        return None
-    m = _HOST_RE.match(host.lower())
-    if m is None or not 1 <= int(m.group(1)) <= 65535:
-        return None
-    sandbox_id = m.group(2)
-    if not opens(sandbox_id, traffic):
-        return None
-    return sandbox_id, int(m.group(1))
-
-
-def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
-    """The reply to an E2B request :func:`authenticate` refused, in the shape its
-    client turns into ``AuthenticationException``; None for any other request."""
-    kind = scope.get(MARK)
-    if kind == "api":
-        body: dict[str, Any] = {"code": err.status, "message": err.message}
-    elif kind == "jupyter":
-        body = {"code": err.status, "message": err.message}
-    elif kind == "envd":
-        body = {"code": "unauthenticated", "message": err.message}
-    else:
-        return None
-    return JSONResponse(body, status_code=err.status, headers=headers)
 
 
 # ---------------------------------------------------------------- settings
@@ -607,7 +531,7 @@ CONTROL = (
 
 
 class Dispatch:
-    """Middleware just inside the daemon's guard: the requests :func:`authenticate`
+    """Middleware just inside the daemon's guard: the requests the door (:mod:`.e2b_door`)
     marked go to E2B's control API or envd, whatever their path; the rest go on."""
 
     def __init__(self, app: ASGIApp, extra: Sequence[tuple[str, str, Handler]] = ()) -> None:
