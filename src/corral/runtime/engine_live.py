@@ -260,12 +260,13 @@ class LiveOps:
         child of CRIU that is still there after :data:`HELPERS_WAIT_S` is not one."""
         self._restore_done(live, ok=True)
         outer = slot.proc.pid
-        await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HELPERS_WAIT_S
         while True:
             try:
                 live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid)
+                # every tenant's restores start from these probes: only a confined one's
+                await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
                 return
             except InvalidState as exc:
                 if loop.time() > deadline or _parent(exc.details["pid"]) not in (outer, None):
