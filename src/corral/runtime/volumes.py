@@ -232,6 +232,7 @@ class Volumes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = threading.Lock()  # read-modify-write of a meta.json
+        self._writes: dict[str | None, threading.Lock] = {}  # an owner's uploads landing
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -410,7 +411,19 @@ class Volumes:
         _check_room(self.owner_root(owner), need, None)
 
     def write_file(self, owner: str | None, name: str, rel: str, source: Path,
-                   mode: int) -> None:
+                   mode: int, check: Callable[[str | None, int], None] | None = None) -> None:
+        """:meth:`_write_file`, ``check`` (owner, bytes) weighing ``source``'s size first
+        (a quota: uploads opened at once were each weighed alone when opened); one of an
+        owner's at a time, so two cannot both pass it."""
+        with self._lock:
+            lock = self._writes.setdefault(owner, threading.Lock())
+        with lock:
+            if check is not None:
+                check(owner, source.stat().st_size)
+            self._write_file(owner, name, rel, source, mode)
+
+    def _write_file(self, owner: str | None, name: str, rel: str, source: Path,
+                    mode: int) -> None:
         """Put the host file ``source`` (a finished upload's bytes, which it takes) at
         ``rel`` in the volume: parents made, never through a symlink (a writer may
         have planted one), written under a temporary name and renamed into place (never
