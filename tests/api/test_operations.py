@@ -83,7 +83,7 @@ def test_the_cluster_router_handles_every_routing_and_nothing_else():
 def test_the_peer_credential_opens_only_peer_operations():
     peer = {op.name for op in OPERATIONS if op.access is Access.PEER}
     assert peer == {"peer_snapshot", "peer_layer", "peer_image", "peer_volume",
-                    "refresh_tenants"}
+                    "peer_checkpoint", "refresh_tenants"}
     assert all(op.method == "GET" or op.name == "refresh_tenants" for op in OPERATIONS
                if op.access is Access.PEER)
 

@@ -14,6 +14,9 @@ import pytest
 import corral
 from corral.cluster.directory import Directory
 from corral.cluster.ids import node_tag
+from corral.runtime import criu
+from corral.runtime.paths import default_cache_dir
+from tests.cluster.tenants_on_cluster import daemons, make_tenant, on, tenant_client, unique
 
 TAG = "test-cluster-travel"
 LISTING = (  # what a layer's digest covers (a directory's size and mtime are noise)
@@ -195,3 +198,63 @@ def test_a_pool_spread_over_every_node(client, corral_cluster):
             assert http.get(f"/v1/pools/{name}").status_code == 404
     with pytest.raises(corral.InvalidArgument, match="not both"):
         corral.Pool(memory_mb=64, spread=True, node=nodes[0], client=client)
+
+
+# a process with 2 MB of heap and a counter: a copy that restored its memory goes on
+LIVE_COUNTER = (
+    "nohup python3 -c 'import time\nb = bytearray(range(256)) * (8 << 10)\ni = 0\n"
+    "while True:\n    i += 1\n    open(\"/tmp/count\", \"w\").write(f\"{i} {sum(b)}\")\n"
+    "    time.sleep(0.05)' >/dev/null 2>&1 &"
+)
+
+
+def _count(sb) -> tuple[int, int]:
+    for _ in range(200):
+        out = sb.exec(["cat", "/tmp/count"], timeout=30).stdout.split()
+        if len(out) == 2:
+            return int(out[0]), int(out[1])
+        time.sleep(0.05)
+    raise AssertionError("the counter never wrote")
+
+
+def test_a_live_snapshot_taken_on_a_restores_on_b_with_its_processes(corral_cluster):
+    """A tenant's live snapshot: its CRIU images cross once (digest-checked, as that
+    tenant), land root-only on B, and the copy's process goes on counting with its heap
+    intact; another tenant's fetch finds no such snapshot (docs/live.md)."""
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    a, b, c = corral_cluster.node_ids()
+    alice, bob = unique("live"), unique("other")
+    tokens = {n: make_tenant(corral_cluster, n) for n in (alice, bob)}
+    with tenant_client(corral_cluster, tokens[alice]) as client:
+        sb = corral.Sandbox.create(memory_mb=256, network="none", checkpointable=True,
+                                   tags=[TAG], node=a, client=client)
+        sb.exec(["sh", "-c", LIVE_COUNTER], timeout=30)
+        before, heap = _count(sb)
+        snap = sb.checkpoint(name=f"live-{sb.id[-6:]}")
+        assert snap.info.kind == "live"
+        images = corral_cluster.base / node_tag(b) / "state" / "checkpoints" / alice / snap.id
+        fetched = _stats(corral_cluster, b)["bytes"]
+        try:
+            with on(daemons(corral_cluster)[c], tokens[bob]) as other:  # not bob's to fetch
+                r = other.post("/v1/cluster/snapshots/fetch", json={"snapshot": snap.id, "node": a})
+                assert r.status_code == 404 and r.json()["error"]["code"] == "snapshot_not_found"
+            copy = snap.restore(node=b, tags=[TAG])
+            assert copy.info.node == b
+            assert images.stat().st_mode & 0o777 == 0o700 and images.stat().st_uid == 0
+            assert all(f.stat().st_mode & 0o077 == 0 for f in images.iterdir())
+            assert _stats(corral_cluster, b)["bytes"] - fetched > 1_000_000  # memory crossed
+            n, copied_heap = _count(copy)
+            assert n >= before and copied_heap == heap
+            later = n
+            for _ in range(200):  # and it keeps counting on B
+                n, _ = _count(copy)
+                if n > later:
+                    break
+                time.sleep(0.05)
+            assert n > later
+        finally:
+            corral.Snapshot.get(snap.id, client=client).delete()
+            for x in corral.Sandbox.list(tags=[TAG], client=client):
+                x.delete()
+    assert not images.exists()  # deleted with `corral snapshot rm` on every node

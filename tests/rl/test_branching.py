@@ -13,7 +13,7 @@ import pytest
 
 import corral
 from corral.errors import InvalidArgument
-from corral.rl import Episode, SandboxEnv
+from corral.rl import Episode, SandboxEnv, SandboxVectorEnv
 from corral.rl.branching import SEED_FILE, branch_seeds
 from corral.runtime import criu
 from corral.runtime.paths import default_cache_dir
@@ -100,6 +100,41 @@ def test_a_cartpole_forked_mid_episode_steps_on_in_each_branch(client, criu_cach
         env.close()
     assert all(b.sandbox.id not in {s.id for s in corral.Sandbox.list(client=client)}
                for b in branches)
+
+
+def test_a_vector_env_forks_every_sub_env_mid_episode(daemon, client, criu_cached, tmp_path):
+    """SandboxVectorEnv.fork: each copy has a live fork of every sub-env; equal seeds
+    give equal branches, ``reseed=False`` replays the parent's randomness. Built on a
+    daemon's URL (a client of its own): each copy gets one, and outlives the parent."""
+    path = tmp_path / "noisy.py"
+    path.write_text(NOISY)
+    envs = SandboxVectorEnv(f"{path}:NoisyCartPole", 2, client=daemon.url,
+                            sandbox_options={"checkpointable": True, "network": "none"})
+    branches: list[SandboxVectorEnv] = []
+
+    def run(v):
+        return np.stack([v.step(np.array([a, 1 - a]))[0] for a in ACTIONS])
+
+    try:
+        envs.reset(seed=3)
+        envs.step(np.array([0, 1]))
+        branches = envs.fork(2, reseed=[11, 11])
+        branches += envs.fork(1, reseed=False)
+        ids = {sb.id for v in [envs, *branches] for sb in v.sandboxes}
+        assert len(ids) == 8 and all(v.num_envs == 2 for v in branches)
+        runs = [run(v) for v in branches]
+        np.testing.assert_array_equal(runs[0], runs[1])  # equal seeds: the same branch
+        assert not np.array_equal(runs[0][:, 0], runs[0][:, 1])  # sub-envs: s, s + 1
+        np.testing.assert_array_equal(runs[2], run(envs))  # reseed=False: the parent's
+        assert not np.array_equal(runs[0], runs[2])
+        branches[0].close()  # a close leaves the others running, the parent's too
+        envs.close()
+        assert branches[1].step(np.array([0, 0]))[0].shape == (2, 4)
+    finally:
+        for v in branches:
+            v.close()
+        envs.close()
+    assert not ids & {s.id for s in corral.Sandbox.list(client=client)}
 
 
 def test_an_env_not_checkpointable_is_refused_and_keeps_running(client, criu_cached):

@@ -192,6 +192,57 @@ def test_e2b_auto_paused_sandbox_is_out_of_another_tenants_reach(clean):
     assert back["read"] == "alice's"
 
 
+def test_e2b_fork_and_snapshots_are_out_of_another_tenants_reach(clean):
+    """Bob, given alice's checkpointable sandbox and her snapshot (id and name): his
+    fork, create_snapshot, create from it and delete_snapshot meet what unknown ids
+    meet, his list_snapshots shows none; nothing of alice's is forked, snapshotted or
+    deleted."""
+    pytest.importorskip("e2b")
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    team = clean
+
+    def e2b(key: str, body: str) -> dict:
+        prelude = "from e2b import Sandbox\n" + ERR
+        env = {"E2B_API_URL": team.url, "E2B_SANDBOX_URL": team.url, "E2B_API_KEY": key}
+        return run(team, env, body, prelude)
+
+    made = e2b(team.tokens["alice"], """
+        sb = Sandbox.create(metadata={"corral.checkpointable": "true"}, timeout=600)
+        sb.files.write("/workspace/secret", "alice's")
+        out["sid"], out["snap"] = sb.sandbox_id, sb.create_snapshot(name="alices").snapshot_id
+    """)
+    sid, snap = made["sid"], made["snap"]
+    unknown_snap = "snap-0123456789ab"
+    out = e2b(team.tokens["bob"], f"""
+        for target, snap in (({sid!r}, {snap!r}), ({UNKNOWN!r}, {unknown_snap!r})):
+            TARGET = target
+            forked = err(lambda: Sandbox.fork(target, count=1))
+            taken = err(lambda: Sandbox.create_snapshot(target))
+            TARGET = snap
+            out[target] = [forked, taken, err(lambda: Sandbox.create(snap)),
+                           Sandbox.delete_snapshot(snap)]
+        TARGET = "alices"
+        out["by_name"] = err(lambda: Sandbox.create("alices"))
+        out["listed"] = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+    """)
+    assert out[sid] == out[UNKNOWN], out
+    assert "NotFound" in out[sid][0][0] and "NotFound" in out[sid][1][0], out
+    assert out[sid][2] is not None and out[sid][3] is False, out
+    assert out["by_name"] is not None and "404" in out["by_name"][1], out
+    assert out["listed"] == [], out
+    with team.tenant("alice") as a:
+        assert [s["id"] for s in a.get("/v1/snapshots").json()["snapshots"]] == [snap]
+        assert a.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        left = [s for s in a.get("/v1/sandboxes").json()["sandboxes"] if s["id"] != sid
+                and s["state"] in ("pending", "running", "paused")]
+        assert left == []  # bob's fork made no copy of alice's
+        assert a.delete(f"/v1/snapshots/{snap}").status_code == 204
+
+
 # --------------------------------------------------------------- cwsandbox
 
 

@@ -71,10 +71,10 @@ def test_bad_bodies_and_queries(api):
         r = api.get("/v2/sandboxes", params=params)
         assert r.status_code in (200, 400), (params, r.text)
     for path in ("/sandboxes/nope", "/sandboxes/nope/timeout", "/v2/sandboxes/nope/connect",
-                 "/sandboxes/nope/pause"):
+                 "/sandboxes/nope/pause", "/sandboxes/nope/fork", "/sandboxes/nope/snapshots"):
         r = api.post(path, json={"timeout": 10}) if "sandboxes/nope/" in path else api.get(path)
         assert r.status_code == 404, (path, r.text)
-    assert api.post("/sandboxes/x/snapshots", json={}).status_code == 501
+    assert api.delete("/templates/base").status_code == 501  # a template, not a snapshot
     assert api.get("/templates").status_code == 501
 
 

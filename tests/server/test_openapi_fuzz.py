@@ -126,6 +126,7 @@ def target(fuzz_daemon):
 
 
 MAX_EXEC_S = 5.0  # a generated command may block: its timeout is capped
+MAX_POOL_READY = 2
 
 
 @schema.parametrize()
@@ -136,6 +137,10 @@ def test_every_operation_conforms(case, fuzz_daemon, target):
         case.path_parameters["sandbox_id"] = target.ensure()
     if isinstance(case.body, dict) and isinstance(case.body.get("timeout"), (int, float)):
         case.body["timeout"] = min(case.body["timeout"], MAX_EXEC_S)
+    if isinstance(case.body, dict) and isinstance(case.body.get("min_ready"), int):
+        # a pool filling hundreds of warm sandboxes per example is a load test, not a
+        # conformance check (POST /v1/pools took 521 s of a full run)
+        case.body["min_ready"] = min(case.body["min_ready"], MAX_POOL_READY)
     if case.query and str(case.query.get("follow")).lower() in ("1", "true", "yes"):
         case.query["follow"] = "false"  # a followed log streams for as long as the sandbox lives
     response = case.call(base_url=fuzz_daemon.url_tcp, headers=AUTH, timeout=60)

@@ -233,7 +233,8 @@ class PeerSnapshot(BaseModel):
     source_sandbox: str | None = None
     spec: dict[str, Any]
     layers: list[PeerLayer]
-    kind: str = "files"  # "live": its process images stay on its node (docs/live.md)
+    kind: str = "files"  # "live": with its process images (docs/live.md)
+    live: dict[str, Any] | None = None  # a live one's images: digest, size, kernel, CRIU
 
 
 class PeerImage(BaseModel):

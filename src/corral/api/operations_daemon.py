@@ -210,6 +210,14 @@ DAEMON_OPERATIONS: tuple[Operation, ...] = (
         errors=(NotFound, LayerTransferError), access=Access.PEER, routing=Routing.NODE,
     ),
     Operation(
+        "peer_checkpoint", "GET", "/v1/peer/checkpoints/{snapshot_id}",
+        "Cluster: a live snapshot's process images held here, as a tar stream "
+        "(?owner=TENANT: its tenant's only)", reply=RAW,
+        query=(Query("owner", "string", "the tenant whose snapshot it is"),),
+        errors=(InvalidArgument, SnapshotNotFound, NotFound, LayerTransferError),
+        access=Access.PEER, routing=Routing.NODE,
+    ),
+    Operation(
         "fetch_image", "POST", "/v1/peer/images/fetch",
         "Cluster: make a built image of another node usable here (fetches its layers)",
         body=ImageFetchRequest, reply=ImageInfo,

@@ -19,7 +19,7 @@ import lzma
 import os
 import stat
 import tarfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,7 +37,7 @@ def _source(source: str | os.PathLike[str]) -> Path:
     return path
 
 
-def tar_pieces(source: Path) -> Iterator[bytes]:
+def tar_pieces(source: Path) -> Generator[bytes, None, None]:
     """``source`` as a tar, in pieces of at most about :data:`PIECE` bytes."""
     if source.is_dir():
         yield from _dir_pieces(source)
@@ -45,7 +45,7 @@ def tar_pieces(source: Path) -> Iterator[bytes]:
     with open(source, "rb") as raw:
         magic = raw.read(6)
     opener = next((o for m, o in _OPENERS if magic.startswith(m)), open)
-    with opener(source, "rb") as f:  # type: ignore[operator]
+    with opener(source, "rb") as f:
         while piece := f.read(PIECE):
             yield piece
 

@@ -294,6 +294,49 @@ class _Remote:
             details={"sandbox_id": self.sandbox.id, "returncode": result.returncode},
         )
 
+    def fork(self, seeds: Sequence[int | None],
+             clients: Sequence[corral.Client] | None = None) -> list[_Remote]:
+        """Live copies of this server and its sandbox as they are now, one per seed
+        (``None``: not reseeded; else the server reseeds its generators), each a remote
+        of its own whose :meth:`close` deletes its sandbox; all or nothing.
+        ``clients``: the one each copy talks through (a remote with a client of its own
+        gives each copy a new one)."""
+        from corral.rl.branching import fork_sandbox
+
+        if self.process is None:
+            raise EnvError(f"the environment in sandbox {self.sandbox.id} is closed")
+        pid, on_port = self.process.id, self.channel is not None
+        if on_port:  # CRIU does not checkpoint a connected TCP socket: back to stdin
+            self.back_to_stdin()
+        try:
+            made = fork_sandbox(self.sandbox, len(seeds), [pid], text=False)
+        finally:
+            if on_port:
+                self.move_to_port()
+        copies: list[_Remote] = []
+        try:
+            for j, ((sb, procs), seed) in enumerate(zip(made, seeds, strict=True)):
+                remote = _Remote(sb, own_sandbox=True, streamed=self.streamed)
+                remote.process, remote.hello = procs[pid], self.hello
+                copies.append(remote)
+                client = clients[j] if clients is not None else None
+                if self.own_client is not None:  # the parent's closes with it
+                    client = remote.own_client = corral.Client(**self.own_client.connect_args)
+                if client is not None:
+                    remote.sandbox = corral.Sandbox.connect(sb.id, client=client)
+                    remote.process = remote.sandbox.process(pid, text=False)
+                if on_port:
+                    remote.move_to_port()
+                if seed is not None:
+                    remote.call("reseed", seed=seed)
+        except BaseException:
+            for r in copies:
+                r.close()
+            for sb, _ in made[len(copies):]:
+                _Remote(sb, own_sandbox=True, streamed=False).close()
+            raise
+        return copies
+
     def close(self) -> None:
         """End the server and, if this remote made or acquired the sandbox, delete it."""
         process, self.process = self.process, None
@@ -447,47 +490,26 @@ class SandboxEnv(gym.Env):
         A seed reseeds, inside the copy, Python's ``random``, NumPy's and PyTorch's global
         generators, the environment's ``np_random`` and its spaces; here, the copy's
         ``np_random``. All or nothing: on failure no copy is left."""
-        from corral.rl.branching import branch_seeds, fork_sandbox
+        from corral.rl.branching import branch_seeds
 
         seeds = branch_seeds(n, reseed)
-        parent = self._remote
-        if parent.process is None:
-            raise EnvError(f"the environment in sandbox {parent.sandbox.id} is closed")
-        on_port = parent.channel is not None
-        if on_port:  # CRIU does not checkpoint a connected TCP socket: back to stdin
-            parent.back_to_stdin()
-        try:
-            made = fork_sandbox(parent.sandbox, n, [parent.process.id], text=False)
-        finally:
-            if on_port:
-                parent.move_to_port()
+        remotes = self._remote.fork(seeds)
         copies: list[SandboxEnv] = []
         try:
-            for (sb, procs), seed in zip(made, seeds, strict=True):
-                remote = _Remote(sb, own_sandbox=True, streamed=parent.streamed)
-                remote.process, remote.hello = procs[parent.process.id], parent.hello
-                if parent.own_client is not None:  # the parent's closes with it
-                    remote.own_client = corral.Client(**parent.own_client.connect_args)
-                    remote.sandbox = corral.Sandbox.connect(sb.id, client=remote.own_client)
-                    remote.process = remote.sandbox.process(parent.process.id, text=False)
+            for remote, seed in zip(remotes, seeds, strict=True):
                 copy = object.__new__(type(self))
                 copy.__dict__.update({k: v for k, v in self.__dict__.items()
                                       if k not in ("_remote", "_finalizer", "_np_random")})
                 copy._attach(remote)
                 copy.spec = self.spec
                 copies.append(copy)
-                if on_port:
-                    remote.move_to_port()
                 if seed is not None:
-                    remote.call("reseed", seed=seed)
                     copy._np_random, copy._np_random_seed = seeding.np_random(seed)
                 elif self._np_random is not None:
                     copy._np_random = copy_module.deepcopy(self._np_random)
         except BaseException:
-            for c in copies:
-                c.close()
-            for sb, _ in made[len(copies):]:
-                _Remote(sb, own_sandbox=True, streamed=False).close()
+            for r in remotes:
+                r.close()
             raise
         return copies
 

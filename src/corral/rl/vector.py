@@ -31,6 +31,7 @@ from copy import deepcopy
 from typing import Any
 
 import numpy as np
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
@@ -272,6 +273,49 @@ class SandboxVectorEnv(VectorEnv):
             raise InvalidArgument(f"set_attr needs {self.num_envs} values, got {len(values)}")
         self._check_state(AsyncState.DEFAULT, "set_attr")
         self._exchange([(i, "set_attr", {"name": name, "value": v}) for i, v in enumerate(values)])
+
+    def fork(self, n: int, *, reseed: bool | int | Sequence[int] = True) -> list[SandboxVectorEnv]:
+        """``n`` running copies of this vector env as it is now, mid-episode: sub-env
+        ``i`` of each copy is a live fork of sub-env ``i`` (its memory, its server), as
+        :meth:`SandboxEnv.fork <corral.rl.SandboxEnv.fork>` makes them (docs/rl.md,
+        "Branching"); each copy a :class:`SandboxVectorEnv` of its own whose
+        :meth:`close` deletes its sandboxes. Only sandboxes created checkpointable
+        (``sandbox_options={"checkpointable": True}``).
+
+        ``reseed`` (:func:`~corral.rl.branching.branch_seeds`) gives copy ``j`` a seed
+        ``s``; its sub-env ``i`` is reseeded with ``s + i`` (as ``reset(seed=s)``
+        seeds them). ``False`` keeps the parent's randomness. All or nothing."""
+        from corral.rl.branching import branch_seeds
+
+        self._check_state(AsyncState.DEFAULT, "fork")
+        seeds = branch_seeds(n, reseed)
+        own = self._own_client
+        clients = [corral.Client(**own.connect_args) for _ in range(n)] if own else None
+        forked = in_parallel(limit=MAX_PARALLEL_STARTS, calls=[
+            functools.partial(remote.fork, [None if s is None else (s + i) % 2**63
+                                            for s in seeds], clients)
+            for i, remote in enumerate(self._remotes)])
+        errors = [r for r in forked if isinstance(r, BaseException)]
+        if errors:
+            in_parallel([c.close for r in forked if not isinstance(r, BaseException)
+                         for c in r])
+            for client in clients or ():
+                client.close()
+            raise errors[0]
+        copies: list[SandboxVectorEnv] = []
+        for j, seed in enumerate(seeds):
+            branch = object.__new__(type(self))
+            branch.__dict__.update({k: deepcopy(v) if isinstance(v, (np.ndarray, list)) else v
+                                    for k, v in self.__dict__.items()
+                                    if k not in ("_remotes", "_np_random")})
+            branch._remotes = [remotes[j] for remotes in forked]
+            branch._own_client = clients[j] if clients else None
+            if seed is not None:
+                branch._np_random, branch._np_random_seed = seeding.np_random(seed)
+            else:
+                branch._np_random = deepcopy(self._np_random)
+            copies.append(branch)
+        return copies
 
     def close_extras(self, **kwargs: Any) -> None:
         """Delete every sandbox (in parallel)."""

@@ -153,7 +153,7 @@ class LiveOps:
     def describe_snapshot(self, id_or_name: str, owner: str | None) -> dict[str, Any]:
         """What another node needs to restore ``owner``'s snapshot
         (:func:`~corral.runtime.layer_fetch.describe`), with its ``kind``: a live one's
-        process images do not travel (:func:`~corral.runtime.layer_fetch.refuse_live`)."""
+        process images travel on their own route (:mod:`~corral.runtime.live_travel`)."""
         desc = layer_fetch.describe(self.snapshots, id_or_name, owner)
         desc["kind"] = self.get_snapshot(desc["id"], owner=owner).kind
         return desc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidArgument, InvalidState
 from corral.runtime.events import Events, Forking
@@ -168,8 +168,9 @@ async def fork_from(
     tags: Sequence[str] | None = None,
     abandoned: Callable[[], Awaitable[bool]] | None = None,
     live: bool | None = None,
+    each: bool = False,
     owner: OwnerArg = UNSET,
-) -> list[SandboxInfo]:
+) -> list[Any]:
     """``n`` new sandboxes with ``sandbox_id``'s files and spec (``tags`` replaces its
     tags), made by ``create`` from one snapshot that goes away at once (its layers stay
     while the copies run). All or nothing: on any failure, or if ``abandoned()`` says
@@ -177,7 +178,10 @@ async def fork_from(
     raised. ``live`` (default: if the sandbox is checkpointable): from a checkpoint,
     so the copies run its processes on (:mod:`corral.runtime.engine_live`); copy ``i``
     knows it is one: ``CORRAL_FORK_INDEX=i`` for its commands, and ``i`` in
-    ``/tmp/.corral-fork-index`` (written once it runs) for the processes restored."""
+    ``/tmp/.corral-fork-index`` (written once it runs) for the processes restored.
+    ``each`` (E2B's fork): each copy stands alone, the list holds the
+    :class:`SandboxInfo` or the exception of each, in order; only a caller that left
+    still deletes them all."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InvalidArgument(f"fork needs n >= 1 copies, got {n!r}")
     if live is None:
@@ -201,9 +205,11 @@ async def fork_from(
         await engine.delete_snapshot(snap.id, owner=owner)  # its layers: deferred while the copies run
     ok = [r for r in made if isinstance(r, SandboxInfo)]
     failed = [r for r in made if isinstance(r, BaseException)]
+    if each:
+        failed = [r for r in failed if not isinstance(r, Exception)]  # a cancel: all go
     if failed or (abandoned is not None and await abandoned()):
         await asyncio.gather(*(delete(r.id) for r in ok))
         if failed:
             raise failed[0]
         raise Abandoned()
-    return ok
+    return list(made) if each else ok

@@ -510,7 +510,7 @@ def tenant_view(exc: NoGpuCapacity) -> NoGpuCapacity:
     ``GET /v1/info`` tells it), not which or how many GPUs are free, which would tell it
     what other tenants hold. (A tenant can still learn whether ``k`` are free by asking
     for ``k``: the answer to its own create, no more.)"""
-    details = {k: exc.details[k] for k in ("requested", "total", "waiting") if k in exc.details}
+    details: dict[str, Any] = {k: exc.details[k] for k in ("requested", "total", "waiting") if k in exc.details}
     waiting = exc.details.get("waiting")
     return NoGpuCapacity(
         f"not enough free GPUs for gpus={exc.details.get('requested')!r} on this host (it "

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.errors import InvalidArgument, InvalidState, Unsupported
-from corral.runtime import image_cache, layer_wire
+from corral.runtime import image_cache, layer_wire, live_travel
 from corral.runtime.layers import Layer, LayerStore, layer_id
 from corral.runtime.registry import SnapshotRow
 from corral.runtime.snapshots import Snapshots
@@ -38,7 +38,7 @@ from corral.schema import SandboxSpec, SnapshotInfo
 
 OpenLayer = Callable[[str, int], AbstractContextManager[Iterable[bytes]]]
 SLACK_BYTES = 64 << 20  # tar headers of small entries, beyond a layer's disk usage
-_SNAPSHOT_ID = re.compile(r"snap-[0-9a-f]{12}")
+SNAPSHOT_ID = re.compile(r"snap-[0-9a-f]{12}")
 
 
 @dataclass
@@ -77,8 +77,9 @@ def describe(snapshots: Snapshots, ref: str, owner: str | None) -> dict[str, Any
 
 def refuse_live(desc: dict[str, Any], holder: str | None) -> None:
     """:class:`Unsupported` (``cause: live_elsewhere``) for a live snapshot taken on
-    another node: its process images (CRIU's, docs/live.md) stay where they were taken,
-    and a copy of its files alone would start none of its processes, silently."""
+    another node, imported with no way to fetch its process images (CRIU's,
+    :mod:`corral.runtime.live_travel`): a copy of its files alone would start none of
+    its processes, silently."""
     if desc.get("kind") != "live":
         return
     sid, where = str(desc.get("id"))[:40], f"node {holder[:80]}" if holder else "its node"
@@ -117,19 +118,27 @@ class LayerFetcher:
         self._shared: dict[str, asyncio.Future[Any]] = {}
 
     async def import_snapshot(self, desc: dict[str, Any], open_layer: OpenLayer,
-                              holder: str | None = None) -> SnapshotInfo:
+                              holder: str | None = None,
+                              open_images: OpenLayer | None = None) -> SnapshotInfo:
         """Register here the snapshot ``desc`` (:func:`describe` of a peer, the node
         ``holder``'s), fetching the layers of its chain this node lacks. Idempotent;
-        concurrent imports share one. A live snapshot (``desc["kind"]``) does not travel:
-        :func:`refuse_live`."""
+        concurrent imports share one. A live snapshot (``desc["kind"]``) comes with its
+        process images through ``open_images`` (:mod:`corral.runtime.live_travel`: on
+        a node of the same kernel and CRIU only); without it, :func:`refuse_live`."""
         sid = desc.get("id")
-        if not isinstance(sid, str) or not _SNAPSHOT_ID.fullmatch(sid):
+        if not isinstance(sid, str) or not SNAPSHOT_ID.fullmatch(sid):
             raise InvalidArgument(f"the peer described no valid snapshot id ({str(sid)[:80]!r})")
-        refuse_live(desc, holder)
+        live = None
+        if desc.get("kind") == "live":
+            if open_images is None:
+                refuse_live(desc, holder)
+            live = live_travel.checked(desc.get("live"), sid, holder,
+                                       self.snapshots.layout.cache_dir)
         here = self.snapshots.registry.snapshot(sid)
         if here is not None:
             return here.info()
-        info: SnapshotInfo = await self.once(sid, lambda: self._import(sid, desc, open_layer))
+        info: SnapshotInfo = await self.once(
+            sid, lambda: self._import(sid, desc, open_layer, live, open_images))
         return info
 
     async def once(self, key: str, work: Callable[[], Awaitable[Any]]) -> Any:
@@ -141,7 +150,9 @@ class LayerFetcher:
             running.add_done_callback(lambda _f: self._shared.pop(key, None))
         return await asyncio.shield(running)
 
-    async def _import(self, sid: str, desc: dict[str, Any], open_layer: OpenLayer) -> SnapshotInfo:
+    async def _import(self, sid: str, desc: dict[str, Any], open_layer: OpenLayer,
+                      live: dict[str, Any] | None = None,
+                      open_images: OpenLayer | None = None) -> SnapshotInfo:
         layers = layers_of(desc)
         image = self.snapshots.images.get(str(desc.get("image")))
         if image.digest != desc.get("image_digest"):
@@ -158,6 +169,22 @@ class LayerFetcher:
             if known.get(lid, ("",))[0] == digest and self.snapshots.store.path(lid).is_dir():
                 continue
             await self.fetch(self.snapshots.store, digest, size, open_layer)
+        if live is not None and open_images is not None:  # before its row: a row, its images
+            state_dir = self.snapshots.layout.state_dir
+            self.snapshots.check_quota(spec.tenant, {f"live:{sid}": live["size_bytes"]})
+            await asyncio.to_thread(live_travel.receive, self.snapshots.store, state_dir,
+                                    spec.tenant, sid, live, open_images)
+            self.stats.count(live["digest"], live["size_bytes"])
+        try:
+            return await self._register(sid, desc, image, layers, spec)
+        except BaseException:
+            if live is not None:
+                await asyncio.to_thread(live_travel.remove, self.snapshots.layout.state_dir,
+                                        spec.tenant, sid)
+            raise
+
+    async def _register(self, sid: str, desc: dict[str, Any], image: Any,
+                        layers: list[tuple[str, str, int]], spec: SandboxSpec) -> SnapshotInfo:
         async with self.snapshots._lock:  # no gc between the layers' install and their rows
             row = SnapshotRow(
                 id=sid, name=desc.get("name"), image=image.name, image_digest=image.digest,

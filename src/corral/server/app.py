@@ -42,6 +42,7 @@ from corral.server.auth_throttle import AuthThrottle, retry_headers
 from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
 from corral.server.compat import e2b_api as e2b_compat
+from corral.server.compat import e2b_door, e2b_fork
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
 from corral.server.compat import tensorlake as tensorlake_compat
 from corral.server.conn_limits import client_key, mark_authenticated
@@ -160,7 +161,7 @@ class Guard:
                 self._count(scope, address, credential, caller)
             if not isinstance(caller, Caller):  # its body is never read: hang up after the reply
                 headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-                reply = (e2b_compat.refusal(scope, caller, headers)  # E2B's shape if E2B's
+                reply = (e2b_door.refusal(scope, caller, headers)  # E2B's shape if E2B's
                          if isinstance(caller, Unauthorized) else None)
                 await (reply or error_response(caller, headers))(scope, receive, send)
                 return
@@ -235,7 +236,7 @@ class Guard:
         """An exposed port's request (server/expose.py): by its URL's token, or E2B's
         get_host (Host ``PORT-ID.domain`` with a live traffic token of the sandbox's,
         checked by the door)."""
-        exp = expose.lift(scope, e2b_compat.traffic_target(scope, self.door.opens))
+        exp = expose.lift(scope, e2b_door.traffic_target(scope, self.door.opens))
         if exp is not None:
             scope[CALLER_KEY] = UNIDENTIFIED  # sees nothing; the relay acts for the port
         return exp
@@ -259,7 +260,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     tenants = Tenants(cluster.store if cluster else TokenStore(engine.registry.db), settings.token)
     door = Door(tenants, token=settings.token, unix_socket=str(settings.socket.absolute()),
                 peer=PeerCredential(settings.peer_token),
-                extractors=[sandboxfusion_compat.credentials, e2b_compat.credentials])
+                extractors=[sandboxfusion_compat.credentials, e2b_door.credentials])
     engine.owners.require_caller()  # from now on, engine code acting for nobody raises
     # shared with the cwsandbox gRPC port (compat/cwsandbox_guard.py): one edge
     throttle = AuthThrottle()
@@ -276,7 +277,8 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
                 throttle=throttle,
             ),
             Middleware(StreamLimits, book=streams),  # live streams per session and tenant
-            Middleware(e2b_compat.Dispatch),  # E2B's requests, marked by the guard
+            # E2B's requests, marked by the guard
+            Middleware(e2b_compat.Dispatch, extra=e2b_fork.CONTROL),
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
     )

@@ -52,6 +52,7 @@ from corral.server.ops_routes import (
 from corral.server.peer_layers import (
     fetch_image,
     fetch_snapshot,
+    peer_checkpoint,
     peer_image,
     peer_layer,
     peer_snapshot,
@@ -133,7 +134,7 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     list_evals, put_eval, expose_port, build_image, delete_image, get_image, import_image_route,
     list_images, prune_images, pull_image_route, create_lease, release_lease, renew_lease,
     metrics_endpoint, network_events, update_network, patch_sandbox, sandbox_logs, fetch_image,
-    fetch_snapshot, peer_image, peer_layer, peer_snapshot, peer_stats, exchange, exchange_many,
+    fetch_snapshot, peer_checkpoint, peer_image, peer_layer, peer_snapshot, peer_stats, exchange, exchange_many,
     get_process, kill_process, list_processes, read_output, resize_process, signal_process,
     spawn_process, write_stdin, acquire_from_pool, create_pool, create_sandbox, delete_pool,
     delete_sandbox, delete_snapshot, download_file, exec_command, exec_stream, fork_sandbox,

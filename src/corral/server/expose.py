@@ -196,7 +196,11 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> obj
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await reader.read(1 << 16))
+            try:
+                data = await reader.read(1 << 16)
+            except OSError:  # reset by the server (its sandbox ended): as if it closed
+                data = b""
+            conn.receive_data(data)
             continue
         return event
 

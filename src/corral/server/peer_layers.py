@@ -23,6 +23,9 @@ which opens those and nothing else (:mod:`corral.server.peer_auth`):
   are served by ``/v1/peer/layers`` too, and so is a root image's tree, by its content
   digest (:mod:`corral.runtime.root_travel`; only a root a peer was described), and so
   is a volume's (:mod:`corral.server.peer_volumes`; only a volume a peer was described);
+- ``GET /v1/peer/checkpoints/{snapshot_id}`` (``?owner=TENANT``): a live snapshot's
+  process images as one tree (:mod:`corral.runtime.live_travel`), fetched after its
+  description (``"live"``: digest, kernel, CRIU build) matched this node's;
 - ``GET /v1/peer/stats``: the layers and bytes this daemon fetched.
 """
 
@@ -52,9 +55,9 @@ from corral.errors import (
     SnapshotNotFound,
     error_from_dict,
 )
-from corral.runtime import layer_wire
+from corral.runtime import layer_wire, live_travel
 from corral.runtime.image_travel import describe_image, image_for_snapshot, pull_image
-from corral.runtime.layer_fetch import LayerFetcher, layer_path_for, refuse_live
+from corral.runtime.layer_fetch import SNAPSHOT_ID, LayerFetcher, layer_path_for
 from corral.runtime.root_travel import root_path_for
 from corral.runtime.volume_travel import volume_path_for
 from corral.server import context as ctx
@@ -80,7 +83,29 @@ async def peer_snapshot(request: Request) -> Response:
     engine = ctx.engine(request)
     # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
     owner = request.query_params.get("owner") or None
-    return JSONResponse(engine.describe_snapshot(ref, owner))
+    desc = engine.describe_snapshot(ref, owner)
+    if desc.get("kind") == "live":  # its process images: digest, kernel and CRIU build
+        images = engine.checkpoint_images(desc["id"], owner=owner)
+        if images is not None:
+            desc["live"] = await asyncio.to_thread(live_travel.describe, images,
+                                                   engine.layout.cache_dir)
+    return JSONResponse(desc)
+
+
+async def peer_checkpoint(request: Request) -> Response:
+    """A live snapshot's process images as one tree (``root_form``), for its tenant
+    (``?owner=``) only: another tenant's snapshot answers as not found."""
+    require_peer(request)
+    sid = request.path_params["snapshot_id"]
+    if not SNAPSHOT_ID.fullmatch(sid):
+        raise InvalidArgument(f"not a snapshot id: {sid[:80]!r}", details={"snapshot": sid[:80]})
+    owner = request.query_params.get("owner") or None
+    images = ctx.engine(request).checkpoint_images(sid, owner=owner)
+    if images is None:
+        raise SnapshotNotFound(f"snapshot {sid} holds no process images on this node",
+                               details={"snapshot": sid})
+    return StreamingResponse(layer_wire.stream(images, root_form=True),
+                             media_type="application/x-tar")
 
 
 async def peer_layer(request: Request) -> Response:
@@ -153,11 +178,16 @@ async def import_snapshot_here(request: Request, body: FetchRequest, owner: str 
     if owner is not None and (desc.get("spec") or {}).get("tenant") != owner:
         raise SnapshotNotFound(f"no snapshot {body.snapshot!r}: `corral snapshot ls` lists "
                                "yours", details={"snapshot": body.snapshot})
-    refuse_live(desc, body.node)  # before its image comes (docs/live.md)
+    open_images = None
+    if desc.get("kind") == "live":  # same kernel and CRIU, checked before its image comes
+        live_travel.checked(desc.get("live"), str(desc.get("id")), body.node,
+                            engine.layout.cache_dir)
+        open_images = functools.partial(peer.open_images, str(desc.get("id")), owner)
     desc = await image_for_snapshot(  # its image here too (a root by its content)
         fetcher(request), desc, lambda name: peer.describe(f"/v1/peer/images/{quote(name)}"),
         peer.open_layer)
-    info = await fetcher(request).import_snapshot(desc, peer.open_layer, holder=body.node)
+    info = await fetcher(request).import_snapshot(desc, peer.open_layer, holder=body.node,
+                                                  open_images=open_images)
     return JSONResponse(info.model_dump(mode="json"))
 
 
@@ -224,6 +254,14 @@ class Peer:
     @contextlib.contextmanager
     def open_layer(self, digest: str, size: int) -> Iterator[Iterable[bytes]]:
         with self._get(f"/v1/peer/layers/{layer_wire.check_digest(digest)}") as reply:
+            yield self._chunks(reply, digest)
+
+    @contextlib.contextmanager
+    def open_images(self, sid: str, owner: str | None, digest: str, size: int
+                    ) -> Iterator[Iterable[bytes]]:
+        """A live snapshot's process images, as ``owner`` (its tenant) is served them."""
+        query = "" if owner is None else f"?owner={quote(owner, safe='')}"
+        with self._get(f"/v1/peer/checkpoints/{quote(sid, safe='')}{query}") as reply:
             yield self._chunks(reply, digest)
 
     def _chunks(self, reply: httpx.Response, digest: str) -> Iterator[bytes]:

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, Forbidden, NoGpuCapacity, SandboxNotFound
 from corral.network_schema import NetworkInfo, NetworkPolicy
@@ -359,9 +359,11 @@ class SandboxService:
         abandoned: Callable[[], Awaitable[bool]] | None = None,
         frontend: str = "native",
         live: bool | None = None,
-    ) -> list[SandboxInfo]:
+        each: bool = False,
+    ) -> list[Any]:
         """``n`` new sandboxes with this one's files and spec (``live``: its processes
-        too), each created through admission control; all or nothing
+        too), each created through admission control; all or nothing, or with ``each``
+        one :class:`SandboxInfo` or exception per copy
         (:func:`~corral.runtime.engine_snapshots.fork_from`)."""
         check_tags(tags or (), frontend)  # the new ones' tags: reserved_tags
 
@@ -374,4 +376,5 @@ class SandboxService:
         # n copies that could never be alive at once: a 400 now, before the snapshot
         self.admission.check_fits(self.engine.get(sandbox_id, owner=caller.name).spec.memory_mb, n)
         return await fork_from(self.engine, sandbox_id, n, create=create, delete=delete,
-                               tags=tags, abandoned=abandoned, live=live, owner=caller.name)
+                               tags=tags, abandoned=abandoned, live=live, each=each,
+                               owner=caller.name)

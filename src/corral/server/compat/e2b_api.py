@@ -12,7 +12,7 @@ The SDK sends two kinds of request to the same daemon port, told apart by header
   reply gave: an HMAC of the sandbox id under the daemon's token, so it opens that
   sandbox only and is never stored.
 
-The daemon's guard calls :func:`authenticate` first: the key or access token is
+The daemon's door reads them first (:mod:`.e2b_door`): the key or access token is
 checked from the headers alone (nothing is read before), and a wrong one is a 401,
 which the SDK raises as ``AuthenticationException``.
 
@@ -27,8 +27,8 @@ through corral's egress filter, ``network={allow_out, deny_out}`` an egress poli
 checkpointable and its timeout hibernates it (``connect`` or its next command resumes
 it); ``connect`` of a paused sandbox starts its timeout again (E2B's rule). Refused
 (400, never ignored): other network options, MCP, volume mounts, IAM, auto-pause with
-a network, filesystem-only auto-pause, ``auto_resume=False``.
-Answered 501: snapshots, forks, logs, templates, volumes, secrets.
+a network, filesystem-only auto-pause, ``auto_resume=False``. ``fork`` and
+snapshots: :mod:`.e2b_fork`. Answered 501: logs, templates, volumes, secrets.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -55,7 +54,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     SandboxNotFound,
-    Unauthorized,
+    SnapshotNotFound,
 )
 from corral.network_schema import NetworkPolicy
 from corral.runtime.distribution import is_reference
@@ -79,10 +78,11 @@ from corral.server.compat import (
     e2b_watch,
 )
 from corral.server.compat._wire import compat_network, name_pairs
-from corral.server.compat.e2b_connect import ConnectError, caught, iso
+from corral.server.compat.e2b_connect import ConnectError, Handler, caught, iso
+from corral.server.compat.e2b_door import MARK
 from corral.server.compat.e2b_network import egress_policy
 from corral.server.context import unless_gone
-from corral.server.door import ENVD, TRAFFIC, Credential, Kind
+from corral.server.door import TRAFFIC
 from corral.server.lifetime import set_lifetime
 from corral.server.wire import read_json
 
@@ -96,85 +96,10 @@ DEFAULT_TIMEOUT_S = 300  # the SDK's own default lifetime
 # envd features served: default user, stdin close, octet-stream upload, watch events'
 # entries (0.6.3; file metadata, 0.6.2, is refused by the upload)
 ENVD_VERSION = "0.6.3"
-MARK = "corral.e2b"  # scope key the guard sets: "api", "envd" or "jupyter"
 MAX_LIST = 1000
 LIVE = (SandboxState.PENDING, SandboxState.RUNNING, SandboxState.PAUSED)
 STATE = {SandboxState.PAUSED: "paused"}  # everything else alive is "running"
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-
-
-# -------------------------------------------------------------- credentials
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-WRONG_KEY = ("wrong API key: set E2B_API_KEY to the token the corral daemon was started "
-             "with (--token or CORRAL_TOKEN) or to a tenant token (corral token create)")
-WRONG_ACCESS = ("wrong, missing or revoked X-Access-Token for this sandbox: connect to it "
-                "with Sandbox.connect(sandbox_id) using a live token as E2B_API_KEY")
-
-
-def credentials(scope: Scope) -> tuple[Credential, ...] | None:
-    """For the door: None if the request is not E2B's; else the credentials it
-    carries (the scope is marked for :class:`Dispatch`): the control API's key, or
-    envd's per-sandbox access token (the Code Interpreter's ``/contexts`` calls may
-    send only the traffic token)."""
-    sandbox_id = _header(scope, b"e2b-sandbox-id")
-    key = _header(scope, b"x-api-key")
-    if sandbox_id is None and key is None:
-        return None
-    jupyter = _header(scope, b"e2b-sandbox-port") == e2b_interpreter.PORT
-    scope[MARK] = "api" if sandbox_id is None else "jupyter" if jupyter else "envd"
-    if sandbox_id is None:  # the control API: the daemon's token or a tenant's
-        return (Credential(key or "", wrong=WRONG_KEY),)
-    found = [Credential(_header(scope, b"x-access-token"), Kind.SANDBOX, sandbox_id, ENVD,
-                        wrong=WRONG_ACCESS)]
-    if jupyter:
-        found.append(Credential(_header(scope, b"e2b-traffic-access-token"), Kind.SANDBOX,
-                                sandbox_id, TRAFFIC, wrong=WRONG_ACCESS))
-    return tuple(found)
-
-
-_HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
-
-
-def traffic_target(
-    scope: Scope, opens: Callable[[str, str], bool]
-) -> tuple[str, int] | None:
-    """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
-    ``PORT-ID.domain``) carrying that sandbox's traffic access token
-    (``e2b-traffic-access-token``, from the create reply; ``opens`` is the door's
-    check, so a revoked tenant's token opens nothing); None for any other."""
-    host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
-    if host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
-        return None
-    m = _HOST_RE.match(host.lower())
-    if m is None or not 1 <= int(m.group(1)) <= 65535:
-        return None
-    sandbox_id = m.group(2)
-    if not opens(sandbox_id, traffic):
-        return None
-    return sandbox_id, int(m.group(1))
-
-
-def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
-    """The reply to an E2B request :func:`authenticate` refused, in the shape its
-    client turns into ``AuthenticationException``; None for any other request."""
-    kind = scope.get(MARK)
-    if kind == "api":
-        body: dict[str, Any] = {"code": err.status, "message": err.message}
-    elif kind == "jupyter":
-        body = {"code": err.status, "message": err.message}
-    elif kind == "envd":
-        body = {"code": "unauthenticated", "message": err.message}
-    else:
-        return None
-    return JSONResponse(body, status_code=err.status, headers=headers)
 
 
 # ---------------------------------------------------------------- settings
@@ -347,7 +272,7 @@ E2B_HOME = "/home/user"
 CHECKPOINTABLE_KEY = "corral.checkpointable"  # metadata {KEY: "true"}: pause() hibernates
 
 
-def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
+def _spec(req: NewSandbox, cfg: E2BSettings, snapshot: str | None = None) -> SandboxSpec:
     if req.mcp:
         raise _refuse("mcp", "start the server with sandbox.commands.run() instead")
     if req.volumeMounts:
@@ -371,7 +296,7 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
             raise InvalidArgument(f"metadata {key[:64]!r}: a key and its value of up to about "
                                   "90 bytes together are kept", details={"key": key[:64]})
         tags.append(tag)
-    return SandboxSpec.parse({
+    fields = {
         "image": cfg.image(req.templateID),
         "timeout": float(req.timeout or DEFAULT_TIMEOUT_S),
         # where E2B's own sandboxes start their commands and put relative paths ($HOME
@@ -384,7 +309,23 @@ def _spec(req: NewSandbox, cfg: E2BSettings) -> SandboxSpec:
         "checkpointable": auto_pause or (req.metadata or {}).get(CHECKPOINTABLE_KEY) == "true",
         # lifecycle on_timeout="pause": its timeout hibernates it (docs/live.md)
         "on_timeout": "hibernate" if auto_pause else "stop",
-    })
+    }
+    if snapshot is not None:  # from create_snapshot's (e2b_fork): its own unless asked
+        fields = {k: v for k, v in fields.items() if k not in ("image", "workdir") and (
+            (k, v) not in (("checkpointable", False), ("on_timeout", "stop"), ("env", {})))}
+        fields["snapshot"] = snapshot
+    return SandboxSpec.parse(fields)
+
+
+def _snapshot(request: Request, template: str) -> str | None:
+    """The id of the caller's snapshot a template names (``Sandbox.create(snapshot_id)``),
+    unless it is a template of the front-end's settings."""
+    if template in settings(request).templates:
+        return None
+    try:
+        return ctx.engine(request).get_snapshot(template, owner=ctx.owner(request)).id
+    except SnapshotNotFound:
+        return None
 
 
 # --------------------------------------------------------------- handlers
@@ -406,8 +347,9 @@ def _target(request: Request) -> SandboxInfo:
 async def create_sandbox(request: Request) -> Response:
     req: NewSandbox = await _body(request, NewSandbox, "E2B sandbox request")
     cfg = settings(request)
-    spec = _spec(req, cfg)
-    if not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
+    snapshot = _snapshot(request, req.templateID)
+    spec = _spec(req, cfg, snapshot)
+    if snapshot is None and not is_reference(spec.image) and not ctx.engine(request).images.exists(spec.image):
         raise ImageNotFound(
             f"no corral image for E2B template {req.templateID!r}: build one, or map the "
             f"template when starting the daemon: CORRAL_E2B_TEMPLATES='{req.templateID}="
@@ -446,7 +388,8 @@ def _query_metadata(raw: str | None) -> list[str]:
     return [meta_tag(urllib.parse.unquote(k), urllib.parse.unquote(v)) for k, v in pairs]
 
 
-async def list_sandboxes(request: Request) -> Response:
+def paged(request: Request, items: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The page of ``items`` that ``limit`` and ``nextToken`` ask for, and its headers."""
     q = request.query_params
     raw_limit, raw_next = q.get("limit", "100"), q.get("nextToken", "0")
     if not (raw_limit.isdecimal() and len(raw_limit) < 6 and 1 <= int(raw_limit) <= MAX_LIST):
@@ -454,6 +397,12 @@ async def list_sandboxes(request: Request) -> Response:
     if not (raw_next.isdecimal() and len(raw_next) < 12):
         raise InvalidArgument("invalid nextToken: pass the one the last page gave")
     limit, offset = int(raw_limit), int(raw_next)
+    more = {"X-Next-Token": str(offset + limit)} if offset + limit < len(items) else {}
+    return items[offset:offset + limit], more
+
+
+async def list_sandboxes(request: Request) -> Response:
+    q = request.query_params
     tags = [TAG, *_query_metadata(q.get("metadata"))]
     if q.get("template"):
         tags.append(TEMPLATE_TAG + q["template"])
@@ -463,10 +412,7 @@ async def list_sandboxes(request: Request) -> Response:
         ctx.engine(request).list(tags=tags, state=_query_states(q.get("state")),
                                  owner=ctx.owner(request)))
     infos.sort(key=_started, reverse=q.get("order") == "desc")
-    page = infos[offset:offset + limit]
-    headers = {}
-    if offset + limit < len(infos):
-        headers["X-Next-Token"] = str(offset + limit)
+    page, headers = paged(request, infos)
     return JSONResponse([listed_json(i) for i in page], headers=headers)
 
 
@@ -585,13 +531,13 @@ CONTROL = (
 
 
 class Dispatch:
-    """Middleware just inside the daemon's guard: the requests :func:`authenticate`
+    """Middleware just inside the daemon's guard: the requests the door (:mod:`.e2b_door`)
     marked go to E2B's control API or envd, whatever their path; the rest go on."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, extra: Sequence[tuple[str, str, Handler]] = ()) -> None:
+        self.app = app  # extra: more control routes (e2b_fork's, which imports this module)
         control = [Route(path, caught(handler, _api_error), methods=[method])
-                   for method, path, handler in CONTROL]
+                   for method, path, handler in (*CONTROL, *extra)]
         control.append(Route("/{rest:path}", unsupported, methods=ALL_METHODS))
         self.routers = {
             "api": Router(routes=control),
