@@ -72,7 +72,9 @@ def _dir_pieces(root: Path) -> Iterator[bytes]:
             written += len(header)
             yield header
             if info.isreg():
-                assert f is not None
+                if f is None:  # not a file when opened, one since
+                    raise FileError(f"{path} changed while it was sent: send it again once "
+                                    "nothing writes to it", details={"path": str(path)})
                 for piece in _file_pieces(f, path, info.size):
                     written += len(piece)
                     yield piece
