@@ -69,3 +69,24 @@ def test_a_sparse_entry_is_weighed_against_the_disks_reserve_and_a_cap(
     with pytest.raises(VolumeFull):
         Volumes(root).create(None, "capped", sparse_tar, max_mb=16)
     assert _written(root) == 0
+
+
+def test_a_sparse_entry_unpacks_with_its_holes_kept(tmp_path, sparse_tar):
+    """The extractor every image import, Dockerfile build and volume uses
+    (oci.apply_layer): a sparse entry wrote its full size of zeros (an image import of a
+    few KB filled the image cache's disk; an import's limit counts the archive's bytes,
+    not what its entries claim). Now its holes stay holes: its data, at its offsets."""
+    from corral.runtime.oci import apply_layer, apply_overlay_layer
+
+    for name, apply in (("file", lambda root: apply_layer(root, sparse_tar)),
+                        ("stream", lambda root: apply_overlay_layer(root, sparse_tar.open("rb")))):
+        root = tmp_path / name
+        root.mkdir()
+        apply(root)
+        st = (root / "holes").stat()
+        assert st.st_size == REAL
+        assert st.st_blocks * 512 < 1 << 20, f"{name}: {st.st_blocks * 512} bytes for holes"
+        with open(root / "holes", "rb") as f:
+            assert f.read(4096) == bytes(4096)
+            f.seek(REAL - 1)
+            assert f.read() == b"x"
