@@ -209,3 +209,35 @@ def test_a_client_that_pings_and_never_reads_cannot_grow_the_daemons_memory(team
         assert grown < 64, f"the daemon grew by {grown} MB for {sent >> 20} MB of pings"
     finally:
         s.close()
+
+
+def test_a_held_connection_does_not_stop_the_sandboxs_checkpoint(team):
+    """CRIU dumps no connected TCP socket: whoever held a connection into a checkpointable
+    sandbox (a port socket; anyone with one of its exposed URLs) made its checkpoint
+    fail, so its hibernation at its timeout ended it instead. The daemon's connections
+    into it are reset before the dump: the checkpoint is taken, the holder's closed."""
+    from tests.security.test_live_checkpoint import _need_criu
+
+    _need_criu()
+    with corral.Client(team.url, token=team.tokens["alice"]) as client:
+        sb = corral.Sandbox.create(memory_mb=64, checkpointable=True, network="none",
+                                   client=client)
+        try:
+            sb.spawn(["python3", "-c", ECHO])
+            deadline = time.monotonic() + 30
+            while sb.exec(["sh", "-c", f"grep -q ':{PORT:04X} ' /proc/net/tcp"]).returncode:
+                assert time.monotonic() < deadline, "the echo server did not listen"
+                time.sleep(0.1)
+            with _open(team, team.tokens["alice"], sb.id) as ws:
+                ws.send(b"held\n")
+                assert ws.recv(timeout=30) == b"held\n"
+                snap = sb.checkpoint()
+                with pytest.raises(ConnectionClosed):
+                    ws.recv(timeout=30)
+            snap.delete()
+            assert sb.exec(["echo", "alive"]).stdout.strip() == "alive"
+        finally:
+            sb.delete()
+    from tests.security.tenants_helpers import no_traceback
+
+    no_traceback(team)
