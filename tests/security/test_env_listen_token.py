@@ -53,3 +53,23 @@ def test_a_process_that_connects_first_without_the_token_takes_nothing():
     finally:
         os.close(w)
         requests.close()
+
+
+def test_a_reset_connection_ends_as_its_eof_not_the_server():
+    """A checkpoint resets the daemon's connections into the sandbox (a port socket's
+    among them, runtime/engine_live.py): the server reading one took the reset as an
+    error and died. Now it ends that conversation as at EOF (here, its only one: it
+    returns)."""
+    import struct
+    import types
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    peer = socket.create_connection(listener.getsockname())
+    conn, _ = listener.accept()
+    listener.close()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    peer.close()  # a reset
+    with conn, conn.makefile("rb") as requests, conn.makefile("wb") as replies:
+        env_server.serve(requests, replies, types.SimpleNamespace())
