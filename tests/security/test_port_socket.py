@@ -122,3 +122,122 @@ def test_revoking_the_token_closes_its_open_port_socket(team):
         finally:
             with team.admin() as admin:
                 admin.delete(f"/v1/sandboxes/{sb.id}")
+
+
+def _sandbox_token(tenant: str, sandbox_id: str) -> str:
+    """An E2B per-sandbox (envd) token of ``tenant`` for ``sandbox_id``, as the daemon
+    mints it (server/door.py: keyed on the daemon's token)."""
+    import hashlib
+    import hmac
+
+    from corral.server.door import ENVD
+    from tests.security.tenants_helpers import ADMIN_TOKEN
+
+    mac = hmac.new(ADMIN_TOKEN.encode(), ENVD + tenant.encode() + b"\0" + sandbox_id.encode(),
+                   hashlib.sha256).hexdigest()
+    return f"{tenant}.{mac}"
+
+
+def _open_e2b(team, scoped_to: str, token: str, sandbox_id: str):
+    url = f"ws://127.0.0.1:{team.port}/v1/sandboxes/{sandbox_id}/ports/{PORT}/socket"
+    return connect(url, open_timeout=30, additional_headers={
+        "E2b-Sandbox-Id": scoped_to, "X-Access-Token": token})
+
+
+def test_a_sandbox_scoped_token_opens_only_its_own_sandboxs_port(team):
+    """Token confusion: a per-sandbox token (E2B's envd access token) of alice's for
+    another sandbox of hers, presented with that sandbox's id in the header, opens no
+    port socket of this one; the same kind of token for this sandbox does."""
+    mine = _sandbox_token("alice", team.sandbox_id)
+    with _open_e2b(team, team.sandbox_id, mine, team.sandbox_id) as ws:  # the control
+        ws.send(b"ok\n")
+        assert ws.recv(timeout=30) == b"ok\n"
+    other = "sbx-" + "0" * 12
+    unknown = _refused(team, team.tokens["alice"], UNKNOWN)
+    with pytest.raises(InvalidStatus) as caught:
+        _open_e2b(team, other, _sandbox_token("alice", other), team.sandbox_id)
+    assert caught.value.response.status_code == unknown
+    with pytest.raises(InvalidStatus):  # bob's token for alice's sandbox: not his to mint
+        _open_e2b(team, team.sandbox_id, _sandbox_token("bob", team.sandbox_id), team.sandbox_id)
+
+
+@pytest.mark.parametrize("port", [0, 65536, 99999])
+def test_a_port_out_of_range_is_refused_without_a_traceback(team, port):
+    from tests.security.tenants_helpers import no_traceback
+
+    with pytest.raises(InvalidStatus):
+        _open(team, team.tokens["alice"], port=port)
+    no_traceback(team)
+
+
+def _rss_mb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) >> 10
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_pings_and_never_reads_cannot_grow_the_daemons_memory(team):
+    """uvicorn answers each ping at once into the write buffer: a client that sent pings
+    and read nothing grew the daemon by what it sent (300 MB: +290 MB). Now the daemon
+    stops reading it while the pongs wait (server/ws_flow.py)."""
+    import base64
+    import os
+    import socket
+
+    pid = team.daemon.proc.pid
+    s = socket.create_connection(("127.0.0.1", team.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall((f"GET /v1/sandboxes/{team.sandbox_id}/ports/{PORT}/socket HTTP/1.1\r\n"
+                   f"Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                   f"Authorization: Bearer {team.tokens['alice']}\r\n\r\n").encode())
+        assert s.recv(12) == b"HTTP/1.1 101"
+        before = _rss_mb(pid)
+        ping = bytes([0x89, 0x80 | 125]) + b"\0\0\0\0" + b"p" * 125  # masked, empty mask
+        batch, sent = ping * 8192, 0
+        s.settimeout(3)  # the daemon stops reading: the send blocks, then times out
+        try:
+            while sent < 192 << 20:
+                s.sendall(batch)
+                sent += len(batch)
+        except TimeoutError:
+            pass
+        grown = _rss_mb(pid) - before
+        assert grown < 64, f"the daemon grew by {grown} MB for {sent >> 20} MB of pings"
+    finally:
+        s.close()
+
+
+def test_a_held_connection_does_not_stop_the_sandboxs_checkpoint(team):
+    """CRIU dumps no connected TCP socket: whoever held a connection into a checkpointable
+    sandbox (a port socket; anyone with one of its exposed URLs) made its checkpoint
+    fail, so its hibernation at its timeout ended it instead. The daemon's connections
+    into it are reset before the dump: the checkpoint is taken, the holder's closed."""
+    from tests.security.test_live_checkpoint import _need_criu
+
+    _need_criu()
+    with corral.Client(team.url, token=team.tokens["alice"]) as client:
+        sb = corral.Sandbox.create(memory_mb=64, checkpointable=True, network="none",
+                                   client=client)
+        try:
+            sb.spawn(["python3", "-c", ECHO])
+            deadline = time.monotonic() + 30
+            while sb.exec(["sh", "-c", f"grep -q ':{PORT:04X} ' /proc/net/tcp"]).returncode:
+                assert time.monotonic() < deadline, "the echo server did not listen"
+                time.sleep(0.1)
+            with _open(team, team.tokens["alice"], sb.id) as ws:
+                ws.send(b"held\n")
+                assert ws.recv(timeout=30) == b"held\n"
+                snap = sb.checkpoint()
+                with pytest.raises(ConnectionClosed):
+                    ws.recv(timeout=30)
+            snap.delete()
+            assert sb.exec(["echo", "alive"]).stdout.strip() == "alive"
+        finally:
+            sb.delete()
+    from tests.security.tenants_helpers import no_traceback
+
+    no_traceback(team)

@@ -285,3 +285,39 @@ def test_a_volume_upload_is_taken_back_by_the_next_daemon_at_its_offset(tmp_path
     with pytest.raises(UploadNotFound):
         reg.get("alice", VOLUME_KEY + "ckpts", up.id)
     assert not up.part.exists()
+
+
+def test_volume_uploads_opened_at_once_cannot_pass_the_quota_together(team):
+    """Each upload into an uncapped volume was weighed against the tenant's quota when
+    opened, alone: four of 5 MiB opened at once, then sent, made a tenant of 8 MiB hold
+    20 MiB. Now each is weighed again as it lands; past the quota it is refused typed."""
+    import io
+    import tarfile
+
+    from corral.errors import QuotaExceeded
+
+    team.make_token("dora", max_snapshot_mb=8)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("README")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"hi\n"))
+    with team.tenant("dora") as http:
+        assert http.post("/v1/volumes?name=v", content=buf.getvalue()).status_code == 201
+        ids = []
+        for i in range(4):
+            r = http.post("/v1/volumes/v/uploads", json={"path": f"f{i}", "size": 5 << 20})
+            assert r.status_code == 201, r.text  # each fits alone
+            ids.append(r.json()["upload_id"])
+        codes = []
+        for uid in ids:
+            r = http.patch(f"/v1/volumes/v/uploads/{uid}", content=os.urandom(5 << 20),
+                           headers={"Upload-Offset": "0"})
+            codes.append(r.status_code if r.status_code < 400 else r.json()["error"]["code"])
+        assert codes == [200] + [QuotaExceeded.code] * 3, codes
+        held = http.get("/v1/volumes").json()["volumes"][0]["size_bytes"]
+        assert held <= 8 << 20, f"dora holds {held} bytes over her 8 MiB"
+        for uid in ids[1:]:
+            http.delete(f"/v1/volumes/v/uploads/{uid}")
+        http.delete("/v1/volumes/v")
+    no_traceback(team)

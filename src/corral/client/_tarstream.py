@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import bz2
+import errno
 import gzip
 import io
 import lzma
 import os
+import stat
 import tarfile
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -61,23 +63,48 @@ def _dir_pieces(root: Path) -> Iterator[bytes]:
     maker = tarfile.open(fileobj=io.BytesIO(), mode="w")
     written = 0
     for path, name in _walk(root, ""):
-        info = maker.gettarinfo(str(path), arcname=name)
-        if info is None:  # a socket, a device: tar.add skips it too
-            continue
-        header = info.tobuf(maker.format, maker.encoding, maker.errors)
-        written += len(header)
-        yield header
-        if info.isreg():
-            with open(path, "rb") as f:
+        f = _open_regular(path)
+        try:  # a file's header and bytes from the one inode opened (never a swapped-in link)
+            info = maker.gettarinfo(str(path), arcname=name, fileobj=f)
+            if info is None:  # a socket, a device: tar.add skips it too
+                continue
+            header = info.tobuf(maker.format, maker.encoding, maker.errors)
+            written += len(header)
+            yield header
+            if info.isreg():
+                if f is None:  # not a file when opened, one since
+                    raise FileError(f"{path} changed while it was sent: send it again once "
+                                    "nothing writes to it", details={"path": str(path)})
                 for piece in _file_pieces(f, path, info.size):
                     written += len(piece)
                     yield piece
-            pad = -info.size % tarfile.BLOCKSIZE
-            written += pad
-            yield b"\0" * pad
+                pad = -info.size % tarfile.BLOCKSIZE
+                written += pad
+                yield b"\0" * pad
+        finally:
+            if f is not None:
+                f.close()
     end = 2 * tarfile.BLOCKSIZE
     end += -(written + end) % tarfile.RECORDSIZE
     yield b"\0" * end
+
+
+def _open_regular(path: Path) -> BinaryIO | None:
+    """``path`` opened if it is a regular file (not through a link, never waiting on a
+    FIFO); None for anything else (its header is made from the path, with no bytes)."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # replaced since by a link, a socket
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _file_pieces(f: BinaryIO, path: Path, size: int) -> Iterator[bytes]:

@@ -218,7 +218,10 @@ def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
     server = EnvServer(wire)
     home = (requests, replies)
     while True:
-        line = requests.readline()
+        try:
+            line = requests.readline()
+        except OSError:  # a reset socket (a checkpoint resets the daemon's) ends as EOF
+            line = b""
         if not line:
             if (requests, replies) == home:
                 return
@@ -251,8 +254,12 @@ def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
             if moved is not None:
                 requests, replies = moved
             continue
-        replies.write(data)
-        replies.flush()
+        try:
+            replies.write(data)
+            replies.flush()
+        except OSError:  # the socket was reset: its reader is gone, the next read says so
+            if (requests, replies) == home:
+                raise
         if op == "close":
             return
 

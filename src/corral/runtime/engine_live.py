@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import InvalidState, SandboxStartError, SnapshotNotFound, StorageFull
-from corral.runtime import checkpoint, criu, layer_fetch, live_images, live_processes
+from corral.runtime import checkpoint, criu, layer_fetch, live_images, live_processes, syscalls
 from corral.runtime.engine_network import made_in
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.storage import room_above_reserve
@@ -112,6 +112,9 @@ class LiveOps:
             # frozen while it waits; the sandbox's lock before the place, as a resume
             # takes them (its restore's place under its lock): never the other way round
             async with self.criu_gate.place(live.spec.tenant):
+                for conn in list(live.port_conns):  # CRIU dumps no connected TCP socket
+                    syscalls.reset_tcp(conn.fileno())
+                live.port_conns.clear()
                 await asyncio.to_thread(live.cgroup.freeze)
                 try:
                     images = await checkpoint.dump(
@@ -260,12 +263,13 @@ class LiveOps:
         child of CRIU that is still there after :data:`HELPERS_WAIT_S` is not one."""
         self._restore_done(live, ok=True)
         outer = slot.proc.pid
-        await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + HELPERS_WAIT_S
         while True:
             try:
                 live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid)
+                # every tenant's restores start from these probes: only a confined one's
+                await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
                 return
             except InvalidState as exc:
                 if loop.time() > deadline or _parent(exc.details["pid"]) not in (outer, None):

@@ -143,6 +143,7 @@ class NetworkOps:
                 f"nothing answers on port {port} in sandbox {sandbox_id} ({exc}): start a "
                 f"server there listening on 0.0.0.0:{port} or 127.0.0.1:{port}",
                 details={"sandbox_id": sandbox_id, "port": port}) from None
+        live.port_conns.add(sock)
         return sock
 
     def network_events(self, sandbox_id: str, *,

@@ -116,8 +116,9 @@ class VolumeOps:
                                 owner: OwnerArg = UNSET) -> None:
         """Put the host file ``source`` at ``path`` in ``owner``'s volume ``name``."""
         owner = self.owners.of(owner)
-        self._writable(owner, name)
-        await asyncio.to_thread(self.volumes.write_file, owner, name, path, source, mode)
+        info = self._writable(owner, name)
+        check = self._volume_quota if info.max_mb is None else None  # (a capped one: ENOSPC)
+        await asyncio.to_thread(self.volumes.write_file, owner, name, path, source, mode, check)
 
     def _writable(self, owner: str | None, name: str) -> VolumeInfo:
         info = self.volumes.get(owner, name)

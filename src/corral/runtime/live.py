@@ -12,6 +12,7 @@ import asyncio
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,6 +70,9 @@ class Live:
     kdat: str = ""  # CRIU's kernel probes for that restore (checkpoint.kdat_cache)
     hibernated: str | None = None  # its processes are this checkpoint's (engine_hibernate)
     hibernating: bool = False  # by its timeout, now (on_timeout="hibernate")
+    # the daemon's TCP connections into it (port sockets, exposed ports): reset before a
+    # dump, or whoever holds one (a stranger with an exposed URL) stops its checkpoints
+    port_conns: weakref.WeakSet[socket.socket] = field(default_factory=weakref.WeakSet)
 
     def touch(self) -> None:
         """Something happened in it now (for ``idle_timeout``)."""

@@ -32,9 +32,11 @@ import asyncio
 import base64
 import itertools
 import json
+import math
 import os
 import re
 import socket
+import stat
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,12 +116,15 @@ def read(images: Path) -> list[dict[str, Any]]:
     """The records of a checkpoint's processes (none for one taken before they were
     kept); :class:`InvalidState` if the file is not one this engine wrote."""
     path = images / FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
-    try:
-        if path.is_symlink() or path.stat().st_size > _MAX_FILE:
-            raise ValueError("not a plain file of a sane size")
-        records = json.loads(path.read_text())
+    try:  # never through a link, never a FIFO's open or read (the daemon's loop reads it)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
+                raise ValueError("not a plain file of a sane size")
+            records = json.loads(f.read(_MAX_FILE + 1))
         if not isinstance(records, list) or len(records) > MAX_PROCESSES:
             raise ValueError("not a list of processes")
         seen: set[int] = set()
@@ -147,7 +152,7 @@ def _check(r: Any) -> None:
                                                  for x in r["terminal"])))
           and type(r["max_buffer"]) is int and 0 <= r["max_buffer"] <= MAX_OUTPUT_LIMIT
           and type(r["stdin_open"]) is bool
-          and isinstance(r["started_at"], (int, float))
+          and isinstance(r["started_at"], (int, float)) and math.isfinite(r["started_at"])
           and isinstance(r["unread"], list)
           and all(isinstance(u, list) and len(u) == 2 and u[0] in ("stdout", "stderr")
                   and isinstance(u[1], str) for u in r["unread"])

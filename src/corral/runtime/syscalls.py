@@ -33,6 +33,8 @@ def _libc() -> ctypes.CDLL:
     libc.renameat2.restype = ctypes.c_int
     libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.setns.restype = ctypes.c_int
+    libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    libc.connect.restype = ctypes.c_int
     return libc
 
 
@@ -53,6 +55,15 @@ def _check(rc: int, what: str, path: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}", path)
+
+
+def reset_tcp(fd: int) -> None:
+    """Abort the TCP connection of socket ``fd`` with a reset to its peer, the descriptor
+    kept (its owner reads the end): connect(2) to ``AF_UNSPEC`` (Linux's disconnect).
+    Best effort: one already gone stays so."""
+    if fd >= 0:
+        unspec = bytes(16)  # sa_family 0: AF_UNSPEC
+        _libc().connect(fd, unspec, len(unspec))
 
 
 def setns_net(fd: int, what: str) -> None:

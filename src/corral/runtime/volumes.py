@@ -43,6 +43,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -78,6 +79,16 @@ MIN_MB, MAX_MB = 8, 1 << 22  # a capped volume's size limits (ext4 wants a few M
 def reserved_bytes(info: VolumeInfo) -> int:
     """What a volume may take on disk: its cap, else its tree's size."""
     return max(info.size_bytes, (info.max_mb or 0) << 20)
+
+
+def _unpacked_bytes(archive: Path) -> int:
+    """The bytes a tar's regular files unpack to (a sparse one's full size), from its
+    headers alone; 0 for what is not a tar (the extractor says what is wrong)."""
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            return sum(m.size for m in tar if m.isreg())
+    except (tarfile.TarError, EOFError):
+        return 0
 
 
 def _check_room(root: Path, need: int, max_mb: int | None) -> None:
@@ -221,6 +232,7 @@ class Volumes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = threading.Lock()  # read-modify-write of a meta.json
+        self._writes: dict[str | None, threading.Lock] = {}  # an owner's uploads landing
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -240,8 +252,17 @@ class Volumes:
         """A new volume ``name`` of ``owner`` from the tar file ``archive``; ``check``
         (owner, bytes) may refuse it (a quota) before it appears; ``max_mb``: a volume
         that never holds more (see the module's docstring)."""
+        # what the tree will hold, from the headers: a sparse entry of a tiny archive
+        # unpacks to its full size, so quota, cap and room are weighed before a byte lands
+        need = max(archive.stat().st_size, _unpacked_bytes(archive))
+        if max_mb is not None and MIN_MB <= max_mb <= MAX_MB and need > max_mb << 20:
+            raise VolumeFull(f"the archive holds {need} bytes, over the volume's max_mb "
+                             f"({max_mb}): give a larger max_mb",
+                             details={"volume": name, "max_mb": max_mb})
+        if check is not None:
+            check(owner, need)
         return self._publish(owner, name, lambda data: apply_layer(data, archive),
-                             need=archive.stat().st_size, check=check, max_mb=max_mb)
+                             need=need, check=check, max_mb=max_mb)
 
     def adopt(self, owner: str | None, name: str, tree: Path, *, home: str,
               content: dict[str, Any], max_mb: int | None,
@@ -390,7 +411,19 @@ class Volumes:
         _check_room(self.owner_root(owner), need, None)
 
     def write_file(self, owner: str | None, name: str, rel: str, source: Path,
-                   mode: int) -> None:
+                   mode: int, check: Callable[[str | None, int], None] | None = None) -> None:
+        """:meth:`_write_file`, ``check`` (owner, bytes) weighing ``source``'s size first
+        (a quota: uploads opened at once were each weighed alone when opened); one of an
+        owner's at a time, so two cannot both pass it."""
+        with self._lock:
+            lock = self._writes.setdefault(owner, threading.Lock())
+        with lock:
+            if check is not None:
+                check(owner, source.stat().st_size)
+            self._write_file(owner, name, rel, source, mode)
+
+    def _write_file(self, owner: str | None, name: str, rel: str, source: Path,
+                    mode: int) -> None:
         """Put the host file ``source`` (a finished upload's bytes, which it takes) at
         ``rel`` in the volume: parents made, never through a symlink (a writer may
         have planted one), written under a temporary name and renamed into place (never

@@ -46,6 +46,7 @@ from corral.server.conn_limits import (
 )
 from corral.server.log_limits import RepeatFilter
 from corral.server.settings import ServerSettings
+from corral.server.ws_flow import FlowControlledWebSocket
 
 logger = logging.getLogger("corral.server")
 
@@ -264,7 +265,9 @@ async def run(settings: ServerSettings) -> None:
             lifespan="off",
             http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
-            ws="websockets-sansio",  # "websockets" warns of its deprecation (on stderr)
+            # "websockets" warns of its deprecation; sans-I/O, not read while its
+            # replies wait (pongs to a client that reads nothing: ws_flow.py)
+            ws=FlowControlledWebSocket,
             loop="asyncio",
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)
