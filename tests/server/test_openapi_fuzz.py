@@ -126,7 +126,7 @@ def target(fuzz_daemon):
 
 
 MAX_EXEC_S = 5.0  # a generated command may block: its timeout is capped
-MAX_POOL_READY = 2
+MAX_POOL_READY = 0
 
 
 @schema.parametrize()
@@ -138,8 +138,9 @@ def test_every_operation_conforms(case, fuzz_daemon, target):
     if isinstance(case.body, dict) and isinstance(case.body.get("timeout"), (int, float)):
         case.body["timeout"] = min(case.body["timeout"], MAX_EXEC_S)
     if isinstance(case.body, dict) and isinstance(case.body.get("min_ready"), int):
-        # a pool filling hundreds of warm sandboxes per example is a load test, not a
-        # conformance check (POST /v1/pools took 521 s of a full run)
+        # a pool filling warm sandboxes per example is a load test, not a conformance
+        # check: deleting one while it fills waited 5 s per example (POST /v1/pools took
+        # 521 s of a full run); filling is tested in tests/server/test_pools*.py
         case.body["min_ready"] = min(case.body["min_ready"], MAX_POOL_READY)
     if case.query and str(case.query.get("follow")).lower() in ("1", "true", "yes"):
         case.query["follow"] = "false"  # a followed log streams for as long as the sandbox lives
