@@ -35,12 +35,12 @@ def _group_state(dirs: list[str]) -> dict:
     for d in map(Path, dirs):
         try:
             pids |= {int(p) for p in (d / "cgroup.procs").read_text().split()}
-        except FileNotFoundError:
+        except OSError:  # gone (ENOENT), or being removed as it was read (ENODEV)
             continue
         for f, value in (("freezer.state", "FROZEN"), ("cgroup.freeze", "1")):
             try:
                 frozen |= (d / f).read_text().strip() == value
-            except FileNotFoundError:
+            except OSError:
                 pass
     return {"pids": sorted(pids), "frozen": frozen}
 

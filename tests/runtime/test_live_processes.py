@@ -7,6 +7,7 @@ the control socket CRIU gave it before it reads its new one) is kept too."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -113,3 +114,29 @@ async def test_a_copy_loses_none_of_a_writing_process_s_output(engine, criu_cach
         await engine.delete(copy.id)
     finally:
         await engine.delete(sb.id)
+
+
+async def test_a_busy_daemons_sandbox_restores(engine, criu_cached):
+    """A daemon holding over a thousand descriptors (hundreds of sandboxes) gives each
+    new agent descriptors with numbers past a sandbox's open_files (the launcher keeps
+    the daemon's numbers): CRIU, under that limit, could not place its own descriptors
+    above them and refused the restore ("Can't chose service_fd_base: 1024 1892", seen
+    in a full run)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1500)]
+    try:
+        sb = await engine.create(network="none", checkpointable=True, open_files=1024)
+        echo = await engine.spawn(sb.id, ECHO)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    copies = await engine.fork(sb.id, 1, live=True)
+    mine = engine.get_process(copies[0].id, echo.id)
+    await mine.write(b"x\n")
+    assert await asyncio.wait_for(mine.readline(), 30) == b"1 x\n"
+    r = await engine.exec(copies[0].id, ["sh", "-c", "ulimit -n"])
+    assert r.stdout == b"1024\n"  # the copy's own limit, as before the checkpoint

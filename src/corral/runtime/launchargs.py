@@ -13,6 +13,7 @@ sandbox's own tmpfs, not bind mounts of the host's.
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from corral.runtime.live import Live
 
 RESOLV_CONF = "/etc/resolv.conf"
+RESTORE_NOFILE = 1 << 16  # CRIU's descriptor limit while it restores, at most
+# (launch_args; the daemon's own hard limit where lower: without CAP_SYS_RESOURCE,
+# which some hosts drop, the launcher cannot go above it)
 
 
 def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
@@ -37,6 +41,14 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
     restore of a live checkpoint (``live.program``, run as root: docs/live.md)."""
     argv = mount_args(live, lowers, agent=agent)
     if live.program:
+        # CRIU puts its own descriptors above every descriptor number of the tasks it
+        # restores, under its own RLIMIT_NOFILE; a busy daemon's agents hold numbers
+        # past a sandbox's open_files (the launcher keeps the daemon's), which failed
+        # the restore ("Can't chose service_fd_base"). Each restored task gets its own
+        # limits back from the checkpoint.
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        top = RESTORE_NOFILE if hard == resource.RLIM_INFINITY else min(hard, RESTORE_NOFILE)
+        argv[argv.index("--nofile") + 1] = str(max(live.spec.open_files, top))
         kdat = ["--kdat", live.kdat] if live.kdat else []
         return [*argv, "--exec-root", "1", *kdat, "--", *live.program]
     return argv + bwrap_args(live, slot, bwrap=bwrap)
