@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_args  # noqa: E402  (a sibling script, not a package)
+from bench_cpu import _daemon_pid  # noqa: E402
 from bench_engine import host_python  # noqa: E402
 from bench_sdk import private_daemon  # noqa: E402
 from profile_humaneval import GroupSampler, _engine_group  # noqa: E402
@@ -63,18 +64,6 @@ def _proc_cpu(pid: int) -> float:
     sandbox's launcher, reaped at its delete, ran long before)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
-
-
-def _daemon_pid(url: str) -> int:
-    sock = url.removeprefix("unix://").encode()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if sock in (p / "cmdline").read_bytes():
-                    return int(p.name)
-            except OSError:
-                continue
-    raise SystemExit("cannot find the daemon")
 
 
 def main() -> int:
