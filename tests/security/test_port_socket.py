@@ -235,6 +235,16 @@ def test_a_held_connection_does_not_stop_the_sandboxs_checkpoint(team):
                 with pytest.raises(ConnectionClosed):
                     ws.recv(timeout=30)
             snap.delete()
+            # a connection handed over on the Unix socket: the daemon's reference resets it
+            from corral.rl._port_channel import _handed
+
+            handed = _handed(str(team.daemon.socket), f"/v1/sandboxes/{sb.id}/ports/{PORT}/socket")
+            assert handed is not None
+            handed.write(b"held\n")
+            assert handed.readline() == b"held\n"
+            sb.checkpoint().delete()
+            assert handed.readline() == b""  # reset: the holder's end, not a hang
+            handed.close()
             assert sb.exec(["echo", "alive"]).stdout.strip() == "alive"
         finally:
             sb.delete()
