@@ -13,6 +13,7 @@ import asyncio
 
 import pytest
 
+from corral.errors import InternalError
 from corral.runtime import precopy
 from tests.conftest import requires_root
 
@@ -114,4 +115,29 @@ async def test_a_shared_writable_mapping_makes_the_commit_a_whole_frozen_copy(en
         await engine.delete(copy.id)
     finally:
         await holder.close_stdin()
+        await engine.delete(sb.id)
+
+
+async def test_a_tree_changing_under_the_precopy_is_copied_whole_frozen(engine, monkeypatch):
+    """A precopy that meets a changing tree (an entry gone, a directory moved) gives
+    up; the commit copies the whole layer frozen instead, and is right."""
+    sb = await engine.create(network="none")
+    await engine.exec(sb.id, "echo kept > /workspace/kept")
+    store = engine.snapshots.store
+    plain_stage = store.stage
+
+    def racing_stage(*args, **kwargs):
+        if kwargs.get("record") is not None:
+            raise InternalError("'d' changed while its tree was walked")
+        return plain_stage(*args, **kwargs)
+
+    monkeypatch.setattr(store, "stage", racing_stage)
+    snap = await engine.snapshot(sb.id)
+    monkeypatch.undo()
+    assert engine.snapshots.last_recopied == precopy.WHOLE
+    copy = await engine.create(snapshot=snap.id)
+    try:
+        assert await _cat(engine, copy.id, "/workspace/kept") == b"kept\n"
+    finally:
+        await engine.delete(copy.id)
         await engine.delete(sb.id)

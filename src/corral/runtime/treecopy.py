@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, InternalError, SnapshotTooLarge, StorageFull
-from corral.runtime import streamhash
+from corral.runtime import streamhash, syscalls
 from corral.runtime.streamhash import Hasher
 from corral.runtime.uids import translate_acl
 
@@ -307,7 +307,8 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
             return
         fin = os.open(src, _O_READ, dir_fd=src_dir)
         try:
-            if os.fstat(fin).st_ino != st.st_ino:  # swapped since its stat
+            now = os.fstat(fin)
+            if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:  # swapped since
                 raise InternalError(f"{src!r} changed while its tree was copied")
             fout = os.open(dst, _O_CREATE, 0o600, dir_fd=dst_dir)
             try:
@@ -354,12 +355,14 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
               hasher: Hasher | None = None) -> None:
     """Copy a file's data extents only (holes stay holes), each charged to ``budget``
     before it is written; sendfile, as copy_file_range refuses tmpfs -> ext4 (EXDEV).
-    A file of one extent is handed to ``hasher`` chunk by chunk as it is written."""
+    A file of one extent is handed to ``hasher`` chunk by chunk as it is written; a
+    large file's chunks are sent to disk as they land (:func:`.syscalls.start_writeback`)."""
     spans = extents(fin, size)
     first = next(spans, None)  # lazily: a hostile file may have millions of extents
     whole = first == (0, size)  # then the only one
     streamed = hasher.start(fout, size) if hasher is not None and whole else None
-    chunk = _CHUNK if streamed is None else streamhash.CHUNK
+    flushed = size >= streamhash.MIN_SIZE  # its writeback started chunk by chunk
+    chunk = streamhash.CHUNK if streamed is not None or flushed else _CHUNK
     try:
         for start, end in itertools.chain([first] if first else [], spans):
             if budget is not None:
@@ -370,6 +373,8 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
                 sent = os.sendfile(fout, fin, offset, min(end - offset, chunk))
                 if sent == 0:  # the file shrank meanwhile
                     break
+                if flushed:
+                    syscalls.start_writeback(fout, offset, sent)
                 offset += sent
                 if streamed is not None:
                     hasher.feed(streamed, offset)  # type: ignore[union-attr]
