@@ -37,6 +37,9 @@ def _tree(root: Path) -> None:
     os.link(root / "link1", root / "d" / "link2")
     os.symlink("same.txt", root / "sym")
     (root / "mode.sh").write_text("#!/bin/sh\n")
+    (root / "tomove" / "inner").mkdir(parents=True)
+    (root / "tomove" / "inner" / "kept").write_text("moved along")
+    os.setxattr(root / "d", "user.corral-test", b"1")
 
 
 def _change(root: Path) -> None:
@@ -62,6 +65,8 @@ def _change(root: Path) -> None:
     os.chmod(root / "mode.sh", 0o755)
     os.unlink(root / "sym")
     os.symlink("edit.txt", root / "sym")
+    os.rename(root / "tomove", root / "new" / "moved")  # its entries keep their signatures
+    os.removexattr(root / "d", "user.corral-test")
 
 
 def test_the_delta_makes_the_copy_equal_to_the_tree_now(tmp_path):

@@ -7,8 +7,10 @@ sandbox is frozen, :func:`sync_delta` walks the layer again and, in the copy:
 
 - copies again each entry that is new, whose signature changed, or that is a hard link
   (its other names may have been copied at other moments: all are copied again);
-- makes a directory that is new or replaced, and removes what the layer no longer has;
-- sets a directory's attributes again when it or an entry in it changed.
+- makes a directory that is new, replaced or moved (and copies all it holds), and
+  removes what the layer no longer has;
+- sets a directory's attributes again (extended ones removed first) when it or an
+  entry in it changed.
 
 Same walks, same rules as the copy itself (:mod:`corral.runtime.treecopy`: iterative,
 descriptor-relative, never following a symlink, sparse-aware, charged to the budget).
@@ -52,6 +54,7 @@ def sync_delta(src: str | os.PathLike[str], dst: str | os.PathLike[str], record:
     walk = Walk(src, skip=skip)
     seen: list[set[str]] = []  # per open directory: the names it has now
     dirty: list[bool] = []  # per open directory: its attributes or entries changed
+    fresh: list[bool] = [False]  # per open directory: made by this pass (copy it all)
     n = 0
 
     def changed(old: tuple[int, ...] | None, st: os.stat_result) -> bool:
@@ -63,20 +66,25 @@ def sync_delta(src: str | os.PathLike[str], dst: str | os.PathLike[str], record:
         for kind, parent, name, st, fd in walk:
             if kind == ENTER:
                 old = record.get(walk.rel())
+                new = False
                 if parent != -1:
                     seen[-1].add(name)
-                    if old is None or old[0] != st.st_ino or not stat.S_ISDIR(old[1]):
+                    # a directory moved here keeps its entries' signatures: all are copied
+                    new = fresh[-1] or old is None or old[0] != st.st_ino or not stat.S_ISDIR(
+                        old[1])
+                    if new:
                         _remove(out.top, name, hasher, budget)
                         os.mkdir(name, 0o700, dir_fd=out.top)
                         dirty[-1] = True
                         n += 1
                     out.push(os.open(name, _O_DIR, dir_fd=out.top))
+                    fresh.append(new)
                 seen.append(set())
-                dirty.append(changed(old, st))
+                dirty.append(new or changed(old, st))
             elif kind == NODE:
                 seen[-1].add(name)
                 rel = walk.rel(name)
-                if st.st_nlink > 1 or changed(record.get(rel), st):
+                if fresh[-1] or st.st_nlink > 1 or changed(record.get(rel), st):
                     _remove(out.top, name, hasher, budget)
                     link_key = os.fsdecode(rel[2:]) if st.st_nlink > 1 else ""
                     copy_node(parent, name, out.top, name, st, ctx, link_key)
@@ -88,11 +96,14 @@ def sync_delta(src: str | os.PathLike[str], dst: str | os.PathLike[str], record:
                     for gone in set(os.listdir(out.top)) - names:
                         _remove(out.top, gone, hasher, budget)
                         n += 1
+                    for attr in os.listxattr(out.top):  # those removed since must go too
+                        os.removexattr(out.top, attr)
                     copy_meta(fd, out.top, st, ids)
                     if dirty:
                         dirty[-1] = True  # its parent's mtime moved with it
                 if parent != -1:
                     out.pop()
+                    fresh.pop()
     finally:
         out.close()
     return n
