@@ -17,24 +17,27 @@ import time
 import pytest
 
 from corral.errors import InternalError
+from corral.runtime import precopy
 from corral.runtime.treecopy import CopyState, copy_node
 from tests.conftest import requires_root
 
 # Opens its files, then on "go" writes through what it opened before the commit.
-ATTACKER = ["python3", "-u", "-c", """
+ATTACKER = """
 import mmap, os, sys
 fd = os.open('/workspace/secret', os.O_RDWR)
 mfd = os.open('/workspace/mapped', os.O_RDWR)
-m = mmap.mmap(mfd, 4096)
+m = mmap.mmap(mfd, 4096) if sys.argv[1] == 'map' else None
 print('ready', flush=True)
 sys.stdin.readline()
 os.pwrite(fd, b'EVIL', 0)
-m[:4] = b'EVIL'
-m.flush()
+os.pwrite(mfd, b'EVIL', 0)
+if m is not None:
+    m[:4] = b'EVIL'
+    m.flush()
 again = os.open(f'/proc/self/fd/{fd}', os.O_WRONLY | os.O_APPEND)
 os.write(again, b'MORE')
 print('done', flush=True)
-"""]
+"""
 
 
 async def _cat(engine, sid: str, path: str) -> bytes:
@@ -45,13 +48,17 @@ async def _cat(engine, sid: str, path: str) -> bytes:
 
 @requires_root
 @pytest.mark.root
-async def test_writes_through_old_descriptors_never_change_the_snapshot(engine):
+@pytest.mark.parametrize("way", ["fd", "map"])
+async def test_writes_through_old_descriptors_never_change_the_snapshot(engine, way):
+    """``fd``: the commit took the precopy path (only the delta frozen); ``map``: a
+    shared writable mapping made it copy the whole layer frozen. Both are immutable."""
     sb = await engine.create(network="none")
     await engine.exec(sb.id, "printf good > /workspace/secret; "
                              "head -c 4096 /dev/zero | tr '\\0' g > /workspace/mapped")
-    attacker = await engine.spawn(sb.id, ATTACKER)
+    attacker = await engine.spawn(sb.id, ["python3", "-u", "-c", ATTACKER, way])
     assert await asyncio.wait_for(attacker.readline(), 30) == b"ready\n"
     snap = await engine.snapshot(sb.id)
+    assert (engine.snapshots.last_recopied == precopy.WHOLE) == (way == "map")
     await attacker.write(b"go\n")
     assert await asyncio.wait_for(attacker.readline(), 30) == b"done\n"
     assert await _cat(engine, sb.id, "/workspace/secret") == b"EVILMORE"  # it did write

@@ -134,13 +134,16 @@ def _reset(budget: Budget) -> None:
 
 def writable_shared_maps(pids: Iterable[int]) -> bool:
     """Whether any of ``pids`` maps a regular file shared and writable (what a
-    signature cannot follow). Read while they are frozen; a process gone is skipped."""
+    signature cannot follow). Read while they are frozen; a process gone is skipped;
+    one whose mappings this daemon may not read (without root) counts as mapping one."""
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps", "rb") as f:
                 lines = f.read().splitlines()
         except (FileNotFoundError, ProcessLookupError):
             continue
+        except PermissionError:
+            return True
         for line in lines:
             fields = line.split(maxsplit=5)
             if len(fields) < 6 or fields[1][1:2] != b"w" or fields[1][3:4] != b"s":
@@ -149,6 +152,8 @@ def writable_shared_maps(pids: Iterable[int]) -> bool:
                 st = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}")
             except (FileNotFoundError, ProcessLookupError):
                 continue
+            except PermissionError:  # map_files needs CAP_SYS_ADMIN: cannot tell
+                return True
             if stat.S_ISREG(st.st_mode) and st.st_nlink > 0:
                 return True
     return False
