@@ -137,9 +137,7 @@ class LayerStore:
         sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`).
         ``record``: each entry's signature, for :meth:`restage`."""
         tmp = self._new_tmp()
-        streamed = self.stream_hash
-        if streamed is None:  # a precopy (``record``) freezes nothing: hash behind it always
-            streamed = record is not None or streamhash.spare_cpu()
+        streamed = streamhash.spare_cpu() if self.stream_hash is None else self.stream_hash
         hasher = Hasher() if streamed else None  # seal finds the large files hashed
         if hasher is not None:
             self._hashers[tmp.name] = hasher
