@@ -113,9 +113,9 @@ async def _hand(transport: Any, sock: socket.socket, scope: Scope, receive: Rece
             with contextlib.suppress(OSError):
                 sent = socket.send_fds(conn, [b"\0"], [sock.fileno()]) == 1
     if not sent:
-        await error_response(CapacityExceeded("the daemon could not hand the connection over "
-                                          "now: try again, or use the port socket"))(
-            scope, receive, send)
+        busy = CapacityExceeded("the daemon could not hand the connection over now: try "
+                                "again, or use the port socket")
+        await error_response(busy)(scope, receive, send)
         return
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/octet-stream")]})
