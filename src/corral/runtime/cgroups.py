@@ -136,6 +136,10 @@ class Cgroup:
     def __init__(self, path: str, dirs: dict[str, Path]) -> None:
         self.path = path
         self._dirs = dirs  # controller (or "" on v2) -> directory
+        # (cpus, memory_mb, pids) as this object last wrote them, None if unknown: a
+        # warm slot's group is made with the defaults and a sandbox asking for them
+        # needs no write (only the engine writes a group's limits)
+        self.limits: tuple[float, int, int] | None = None
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -356,7 +360,9 @@ class CgroupDriver:
     def _dirs(self, path: str) -> dict[str, Path]:
         return {k: root / _check_path(path) for k, root in self._roots().items()}
 
-    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
+                    was: tuple[float, int, int] | None) -> None:
+        """Write the limits that differ from ``was`` (all of them if it is None)."""
         raise NotImplementedError
 
     def _prepare_parent(self, parent: Path) -> None:
@@ -402,7 +408,8 @@ class CgroupDriver:
                         made.append(here)
                         self._made(here)
             group = self._group_type(path, dirs)
-            self._set_limits(group, cpus, memory_mb, pids)
+            self._set_limits(group, cpus, memory_mb, pids, None)
+            group.limits = (cpus, memory_mb, pids)
         except BaseException:
             for d in reversed(made):
                 with suppress(OSError):
@@ -411,9 +418,13 @@ class CgroupDriver:
         return group
 
     def set_limits(self, group: Cgroup, *, cpus: float, memory_mb: int, pids: int) -> None:
-        """Change the limits of an existing group (a warm slot gets its sandbox's limits)."""
+        """Change the limits of an existing group (a warm slot gets its sandbox's limits);
+        only those that differ from what this object last wrote are written."""
         _check_limits(cpus, memory_mb, pids)
-        self._set_limits(group, cpus, memory_mb, pids)
+        was, group.limits = group.limits, None  # unknown until every write is done
+        if was != (cpus, memory_mb, pids):
+            self._set_limits(group, cpus, memory_mb, pids, was)
+        group.limits = (cpus, memory_mb, pids)
 
     def handle(self, path: str) -> Cgroup:
         """Group ``path`` whether it exists or not: a hibernated sandbox's old group,
@@ -472,10 +483,17 @@ class CgroupV1Driver(CgroupDriver):
         _write(d / "cpuset.cpus", ",".join(str(c) for c in cpus))
         return True
 
-    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
+                    was: tuple[float, int, int] | None) -> None:
         cpu, memory = group._dirs["cpu"], group._dirs["memory"]
-        _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-        _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
+        if was is None:
+            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        if was is None or was[0] != cpus:
+            _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
+        if was is None or was[2] != pids:
+            _write(group._dirs["pids"] / "pids.max", str(pids))
+        if was is not None and was[1] == memory_mb:
+            return
         # memsw (memory + swap) must stay >= the memory limit: when a limit is raised
         # (a warm slot starts with the defaults) memsw goes first, else second. It
         # exists only when swap accounting is on, and without it there is no swap cap.
@@ -484,11 +502,11 @@ class CgroupV1Driver(CgroupDriver):
         if self._memsw is None:
             self._memsw = memsw.exists()
         if self._memsw:
-            raising = limit > int(_read(memory / "memory.limit_in_bytes"))
+            raising = (memory_mb > was[1] if was is not None
+                       else limit > int(_read(memory / "memory.limit_in_bytes")))
             order = [memsw, *order] if raising else [*order, memsw]
         for path in order:
             _write(path, str(limit))
-        _write(group._dirs["pids"] / "pids.max", str(pids))
 
 
 class CgroupV2Driver(CgroupDriver):
@@ -517,13 +535,17 @@ class CgroupV2Driver(CgroupDriver):
         """Nothing to fill: a v2 group's empty ``cpuset.cpus`` means its parent's
         effective set (and the root group has no ``cpuset.cpus`` to copy)."""
 
-    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
+                    was: tuple[float, int, int] | None) -> None:
         d = group._dirs[""]
-        _write(d / "cpu.max", f"{_quota_us(cpus)} {CFS_PERIOD_US}")
-        _write(d / "memory.max", str(memory_mb << 20))
-        if (d / "memory.swap.max").exists():  # absent without swap accounting
+        if was is None or was[0] != cpus:
+            _write(d / "cpu.max", f"{_quota_us(cpus)} {CFS_PERIOD_US}")
+        if was is None or was[1] != memory_mb:
+            _write(d / "memory.max", str(memory_mb << 20))
+        if was is None and (d / "memory.swap.max").exists():  # absent without swap accounting
             _write(d / "memory.swap.max", "0")
-        _write(d / "pids.max", str(pids))
+        if was is None or was[2] != pids:
+            _write(d / "pids.max", str(pids))
 
 
 def _unescape(field: str) -> str:
