@@ -60,6 +60,9 @@ class Slot:
     reattach: socket.socket | None  # the host end of the agent's reattach socket
     reattach_fd: int  # the number of the agent's end, as the agent will see it
     log_fd: int = -1  # a copy of the read end of ``log``, for the warden to keep
+    # the launcher made an empty network namespace of its own while it waited
+    # (``agent/netns.c``): a sandbox without a network runs in it, bwrap makes none
+    own_netns: bool = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -213,7 +216,8 @@ class SlotPool:
         log_copy = os.dup(log_r)  # (close-on-exec) the warden keeps one: restore.py
         log = LogTail(log_r)
         argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
-                "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID)]
+                "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID),
+                "--prenet", "1"]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:
@@ -242,10 +246,11 @@ class SlotPool:
         slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
                     r_ours, reattach_fd, log_copy)
         try:
-            ok = await _read_ready(ready_r)
+            said = await _read_ready(ready_r)
         finally:
             os.close(ready_r)
-        if not ok:
+        slot.own_netns = said == b"N"
+        if said not in (b"R", b"N"):
             detail = slot.error_output()
             await self._drop(slot)
             raise SandboxStartError(
@@ -263,8 +268,9 @@ class SlotPool:
         await asyncio.gather(*(self._drop(s) for s in slots))
 
 
-async def _read_ready(fd: int) -> bool:
-    """Wait for the launcher's "R" (it has joined its cgroups) or EOF (it died)."""
+async def _read_ready(fd: int) -> bytes:
+    """Wait for the launcher's "R" (it has joined its cgroups), "N" (that, and it is in
+    a network namespace of its own), or EOF (it died: b"")."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[bytes] = loop.create_future()
 
@@ -277,8 +283,8 @@ async def _read_ready(fd: int) -> bool:
 
     loop.add_reader(fd, on_readable)
     try:
-        return await asyncio.wait_for(fut, 30) == b"R"
+        return await asyncio.wait_for(fut, 30)
     except asyncio.TimeoutError:
-        return False
+        return b""
     finally:
         loop.remove_reader(fd)
