@@ -4,6 +4,7 @@ then real sandboxes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -39,7 +40,7 @@ def widen():
     # sandbox code asks for every CPU of the host: where a cpuset confines the
     # sandbox, it keeps its own
     try:
-        os.sched_setaffinity(0, range(os.cpu_count() or 1024))
+        os.sched_setaffinity(0, range(1024))  # (its cpu_count shows only its own)
     except OSError as e:
         return e.errno
     return sorted(os.sched_getaffinity(0))
@@ -94,3 +95,35 @@ async def test_sandboxes_are_spread_over_the_cpus_and_their_own_env_wins(engine)
     assert got_b["env"]["OMP_NUM_THREADS"] == "7" and got_b["env"]["MKL_NUM_THREADS"] == "1"
     got = await _counts(engine, a, env={"OMP_NUM_THREADS": "3"})  # an exec's env too
     assert got["env"]["OMP_NUM_THREADS"] == "3"
+
+
+@requires_root
+async def test_a_warm_slots_cpus_are_counted_once(engine):
+    """A warm slot's cgroup holds the CPUs picked for it while it waits: a sandbox of
+    the default size takes them over, another size gives them back and picks its own;
+    the picker counts each CPU of a slot or a sandbox once, and nothing after close."""
+    picker = engine.cpu_picker
+
+    async def settled() -> None:
+        for _ in range(600):  # refills run in the background
+            if not engine._pool._spawning:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the slot pool never settled")
+
+    def held_by_slots() -> int:
+        return sum(len(slot.cpus) for slot in engine._pool._ready)
+
+    host = len(host_cpus())
+    sizes = (1, 2.0, 0.5, 1)
+    infos = [await engine.create(cpus=c) for c in sizes]
+    await settled()
+    live = sum(len(engine._live[i.id].cpus) for i in infos)
+    assert live == sum(thread_count(c, host) for c in sizes)
+    assert sum(picker._load.values()) == live + held_by_slots()
+    for info in infos:
+        await engine.delete(info.id)
+    await settled()
+    assert sum(picker._load.values()) == held_by_slots() > 0
+    await engine.close()
+    assert sum(picker._load.values()) == 0

@@ -53,7 +53,7 @@ from corral.runtime import (
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
-from corral.runtime.cpus import CpuPicker
+from corral.runtime.cpus import CpuPicker, thread_count
 from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
@@ -174,6 +174,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             cgroup_parent=self.cgroup_parent,
             target=warm_slots,
             uids=self.uids,
+            cpu_picker=self.cpu_picker,
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
@@ -382,6 +383,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 await self._start(live, slot, lowers)  # a restore: one of CRIU's places
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
+            self._pool.give_back_cpus(slot)  # unless _start took them (then _release does)
             if slot.go_fd >= 0:
                 slot.sock.close()
                 await asyncio.to_thread(slot.discard)
@@ -412,8 +414,12 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
-        live.cpus = self.cpu_picker.take(spec.cpus)
-        self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
+        if slot.cpus and len(slot.cpus) == thread_count(spec.cpus, len(self.cpu_picker.cpus)):
+            live.cpus, slot.cpus = slot.cpus, ()  # its cpuset holds them already
+        else:
+            self._pool.give_back_cpus(slot)
+            live.cpus = self.cpu_picker.take(spec.cpus)
+            self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()

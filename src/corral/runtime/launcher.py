@@ -33,9 +33,10 @@ from pathlib import Path
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
 from corral.runtime.cgroups import Cgroup, CgroupDriver
+from corral.runtime.cpus import CpuPicker
 from corral.runtime.logtail import LogTail
 from corral.runtime.uids import CANONICAL_UID, UidBlock, root_uid
-from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
+from corral.schema import DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS
 
 log = logging.getLogger("corral.runtime")
 
@@ -63,6 +64,10 @@ class Slot:
     # the launcher made an empty network namespace of its own while it waited
     # (``agent/netns.c``): a sandbox without a network runs in it, bwrap makes none
     own_netns: bool = False
+    # the CPUs its cgroup's cpuset already holds, picked for a sandbox of DEFAULT_CPUS
+    # (writing a cpuset costs the kernel a rebuild: done while it waits); counted by
+    # the picker until a sandbox takes them over or the slot is dropped
+    cpus: tuple[int, ...] = ()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -141,8 +146,9 @@ class SlotPool:
     """Keeps ``target`` slots ready and hands them out."""
 
     def __init__(self, *, agent_path: Path, cgroups: CgroupDriver, cgroup_parent: str, target: int,
-                 uids: UidBlock) -> None:
+                 uids: UidBlock, cpu_picker: CpuPicker | None = None) -> None:
         self.agent_path = agent_path
+        self.cpu_picker = cpu_picker
         self.uids = uids
         self.cgroups = cgroups
         self.cgroup_parent = cgroup_parent
@@ -188,7 +194,14 @@ class SlotPool:
         else:
             self._ready.append(slot)
 
+    def give_back_cpus(self, slot: Slot) -> None:
+        """The CPUs ``slot`` picked are no longer its (a sandbox did not take them)."""
+        if self.cpu_picker is not None and slot.cpus:
+            self.cpu_picker.give_back(slot.cpus)
+        slot.cpus = ()
+
     async def _drop(self, slot: Slot) -> None:
+        self.give_back_cpus(slot)
         if await asyncio.to_thread(slot.discard):
             self.uids.release(slot.uid)
 
@@ -196,16 +209,25 @@ class SlotPool:
         """Make one slot: a cgroup, a launcher that joined it, and its channels."""
         name = "slot-" + secrets.token_hex(6)
         uid = self.uids.acquire()
+        cpus = self.cpu_picker.take(DEFAULT_CPUS) if self.cpu_picker is not None else ()
+
+        def make() -> Cgroup:
+            group = self.cgroups.create(f"{self.cgroup_parent}/{name}", cpus=DEFAULT_CPUS,
+                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS)
+            try:
+                if cpus:
+                    self.cgroups.set_cpus(group, cpus)
+            except BaseException:
+                group.remove(children=False)
+                raise
+            return group
+
         try:
-            cgroup = await asyncio.to_thread(
-                self.cgroups.create,
-                f"{self.cgroup_parent}/{name}",
-                cpus=1.0,
-                memory_mb=DEFAULT_MEMORY_MB,
-                pids=DEFAULT_PIDS,
-            )
+            cgroup = await asyncio.to_thread(make)
         except BaseException:
             self.uids.release(uid)  # nothing ran as it
+            if self.cpu_picker is not None:
+                self.cpu_picker.give_back(cpus)
             raise
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         r_ours, r_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -235,6 +257,8 @@ class SlotPool:
             log.close()
             await asyncio.to_thread(cgroup.remove, children=False)
             self.uids.release(uid)  # the launcher never started
+            if self.cpu_picker is not None:
+                self.cpu_picker.give_back(cpus)
             raise
         finally:
             for fd in (seccomp_r, ready_w, go_r, log_w):
@@ -244,7 +268,7 @@ class SlotPool:
             r_theirs.close()
         log.start()
         slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
-                    r_ours, reattach_fd, log_copy)
+                    r_ours, reattach_fd, log_copy, cpus=cpus)
         try:
             said = await _read_ready(ready_r)
         finally:
