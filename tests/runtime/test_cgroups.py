@@ -119,6 +119,20 @@ def test_real_limits_are_written(driver, parent):
     assert group.pids() == [] and group.oom_kills() == 0 and not group.frozen()
 
 
+def test_real_create_remakes_a_parent_removed_meanwhile(driver, parent):
+    """The driver remembers parents it made (no stat per create): one removed since is
+    made again, in every hierarchy, with its cpuset filled."""
+    driver.create(f"{parent}/mid/sb-1", cpus=1.0, memory_mb=64, pids=10)
+    driver.open(f"{parent}/mid").remove()
+    assert not any((root / parent / "mid").exists() for root in driver._roots().values())
+    group = driver.create(f"{parent}/mid/sb-2", cpus=1.0, memory_mb=64, pids=10)
+    assert all(d.is_dir() for d in group._dirs.values())
+    cpuset = group._dirs.get("cpuset")
+    if driver.version == 1 and cpuset is not None:
+        assert (cpuset / "cpuset.cpus").read_text().strip()
+        assert (cpuset.parent / "cpuset.cpus").read_text().strip()
+
+
 def test_real_changed_limits_are_written(driver, parent):
     """set_limits skips what is unchanged; what changed is really in force."""
     group = driver.create(f"{parent}/sb-relimit", cpus=1.0, memory_mb=256, pids=100)

@@ -352,6 +352,7 @@ class CgroupDriver:
 
     version: int
     _group_type: type[Cgroup]
+    _prepared: set[Path]  # parent directories known to exist, prepared (create)
 
     def _roots(self) -> dict[str, Path]:
         """Controller (or "" on v2) -> root directory of its hierarchy."""
@@ -389,14 +390,28 @@ class CgroupDriver:
         this call created is removed again.
         """
         _check_limits(cpus, memory_mb, pids)
+        try:
+            return self._create(path, cpus, memory_mb, pids)
+        except CgroupError as exc:
+            if not self._prepared or not isinstance(exc.__cause__, FileNotFoundError):
+                raise
+            self._prepared.clear()  # a parent went away meanwhile: make it again
+            return self._create(path, cpus, memory_mb, pids)
+
+    def _create(self, path: str, cpus: float, memory_mb: int, pids: int) -> Cgroup:
         dirs = self._dirs(path)
         made: list[Path] = []
         try:
             for d, root in {d: self._roots()[k] for k, d in dirs.items()}.items():
                 rel = d.relative_to(root)
-                for here in [root / step for step in (*reversed(rel.parents[:-1]), rel)]:
-                    self._prepare_parent(here.parent)
-                    if not here.is_dir():
+                steps = [root / step for step in (*reversed(rel.parents[:-1]), rel)]
+                # Parents this driver made or found (and prepared) before: a stat of a
+                # cgroup directory costs as much as the mkdir of the group itself
+                known = d.parent in self._prepared
+                for here in steps[-1:] if known else steps:
+                    if not known:
+                        self._prepare_parent(here.parent)
+                    if known or not here.is_dir():
                         try:
                             with _translated("create cgroup", here):
                                 here.mkdir()
@@ -410,6 +425,7 @@ class CgroupDriver:
             group = self._group_type(path, dirs)
             self._set_limits(group, cpus, memory_mb, pids, None)
             group.limits = (cpus, memory_mb, pids)
+            self._prepared.update(d.parent for d in dirs.values())
         except BaseException:
             for d in reversed(made):
                 with suppress(OSError):
@@ -460,6 +476,7 @@ class CgroupV1Driver(CgroupDriver):
         # whole host. Known once, rather than asked of every directory of every create.
         self._cpuset_under = f"{mounts['cpuset']}/" if "cpuset" in mounts else None
         self._memsw: bool | None = None
+        self._prepared: set[Path] = set()
 
     def _roots(self) -> dict[str, Path]:
         return self.mounts
@@ -517,6 +534,7 @@ class CgroupV2Driver(CgroupDriver):
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._prepared: set[Path] = set()
 
     def _roots(self) -> dict[str, Path]:
         return {"": self.root}
