@@ -7,7 +7,8 @@ takes a slot, sets the cgroup's limits, and sends the rest of the launch options
 (mounts, the bwrap command line) down the slot's stdin; the launcher then mounts the
 root in a private mount namespace and becomes bwrap. Each slot has its own host uid
 (:mod:`corral.runtime.uids`), given at spawn: the launcher prepares the idmapping of
-its layers while it waits.
+its layers while it waits, picks the CPUs of a default-size sandbox and writes its
+cpuset, and makes the sandbox's empty network namespace (``agent/netns.c``).
 
 Nothing of the host is handed to the sandbox as a descriptor: the launcher's stdin,
 stdout and stderr are pipes (stderr, which bwrap and the agent inherit, is drained
