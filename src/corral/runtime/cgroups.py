@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from corral import errors
 from corral.runtime.devices import DeviceRule, restrict
+from corral.runtime.fsutil import unescape_mountinfo
 
 __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
            "effective_cpus"]
@@ -122,24 +122,18 @@ def _check_path(path: str) -> str:
 
 def _check_limits(cpus: float, memory_mb: int, pids: int) -> None:
     if not cpus > 0 or memory_mb <= 0 or pids <= 0:
-        raise errors.InvalidArgument(
-            f"cgroup limits must be positive (cpus={cpus}, memory_mb={memory_mb}, pids={pids})"
-        )
+        raise errors.InvalidArgument(f"cgroup limits must be positive (cpus={cpus}, "
+                                     f"memory_mb={memory_mb}, pids={pids})")
 
 
 class Cgroup:
-    """One sandbox's group, present in one directory per hierarchy.
-
-    Build it with :meth:`CgroupDriver.create` or :meth:`CgroupDriver.open`.
-    """
+    """One sandbox's group, present in one directory per hierarchy (build it with
+    :meth:`CgroupDriver.create` or :meth:`CgroupDriver.open`)."""
 
     def __init__(self, path: str, dirs: dict[str, Path]) -> None:
         self.path = path
         self._dirs = dirs  # controller (or "" on v2) -> directory
-        # (cpus, memory_mb, pids) as this object last wrote them, None if unknown: a
-        # warm slot's group is made with the defaults and a sandbox asking for them
-        # needs no write (only the engine writes a group's limits)
-        self.limits: tuple[float, int, int] | None = None
+        self.limits: tuple[float, int, int] | None = None  # as last written here (set_limits)
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -362,8 +356,7 @@ class CgroupDriver:
         return {k: root / _check_path(path) for k, root in self._roots().items()}
 
     def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
-                    was: tuple[float, int, int] | None) -> None:
-        """Write the limits that differ from ``was`` (all of them if it is None)."""
+                    was: tuple[float, int, int] | None) -> None:  # those not as in ``was``
         raise NotImplementedError
 
     def _prepare_parent(self, parent: Path) -> None:
@@ -392,11 +385,11 @@ class CgroupDriver:
         _check_limits(cpus, memory_mb, pids)
         try:
             return self._create(path, cpus, memory_mb, pids)
-        except CgroupError as exc:
-            if not self._prepared or not isinstance(exc.__cause__, FileNotFoundError):
+        except CgroupError as exc:  # (a parent removed meanwhile is made again)
+            if not isinstance(exc.__cause__, FileNotFoundError):
                 raise
-            self._prepared.clear()  # a parent went away meanwhile: make it again
-            return self._create(path, cpus, memory_mb, pids)
+        self._prepared.clear()
+        return self._create(path, cpus, memory_mb, pids)
 
     def _create(self, path: str, cpus: float, memory_mb: int, pids: int) -> Cgroup:
         dirs = self._dirs(path)
@@ -405,9 +398,7 @@ class CgroupDriver:
             for d, root in {d: self._roots()[k] for k, d in dirs.items()}.items():
                 rel = d.relative_to(root)
                 steps = [root / step for step in (*reversed(rel.parents[:-1]), rel)]
-                # Parents this driver made or found (and prepared) before: a stat of a
-                # cgroup directory costs as much as the mkdir of the group itself
-                known = d.parent in self._prepared
+                known = d.parent in self._prepared  # no stat: it costs as much as a mkdir
                 for here in steps[-1:] if known else steps:
                     if not known:
                         self._prepare_parent(here.parent)
@@ -434,8 +425,9 @@ class CgroupDriver:
         return group
 
     def set_limits(self, group: Cgroup, *, cpus: float, memory_mb: int, pids: int) -> None:
-        """Change the limits of an existing group (a warm slot gets its sandbox's limits);
-        only those that differ from what this object last wrote are written."""
+        """Change the limits of an existing group (a warm slot gets its sandbox's limits):
+        only those that differ from what this object last wrote (a default-size sandbox:
+        none; after a failed write: all)."""
         _check_limits(cpus, memory_mb, pids)
         was, group.limits = group.limits, None  # unknown until every write is done
         if was != (cpus, memory_mb, pids):
@@ -503,9 +495,8 @@ class CgroupV1Driver(CgroupDriver):
     def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
                     was: tuple[float, int, int] | None) -> None:
         cpu, memory = group._dirs["cpu"], group._dirs["memory"]
-        if was is None:
-            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
         if was is None or was[0] != cpus:
+            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
             _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
         if was is None or was[2] != pids:
             _write(group._dirs["pids"] / "pids.max", str(pids))
@@ -566,11 +557,6 @@ class CgroupV2Driver(CgroupDriver):
             _write(d / "pids.max", str(pids))
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def _cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], list[Path]]:
     """(v1 controller -> mount point, cgroup2 mount points) from a mountinfo file."""
     v1: dict[str, Path] = {}
@@ -580,7 +566,7 @@ def _cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], list[Path]]:
         fields, tail = before.split(), after.split()
         if len(fields) < 5 or len(tail) < 3:
             continue
-        mount_point = Path(_unescape(fields[4]))
+        mount_point = Path(unescape_mountinfo(fields[4]))
         if tail[0] == "cgroup2":
             v2.append(mount_point)
         elif tail[0] == "cgroup":
