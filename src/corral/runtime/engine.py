@@ -53,7 +53,7 @@ from corral.runtime import (
 from corral.runtime.agentbuild import ensure_agent
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
-from corral.runtime.cpus import CpuPicker, thread_count
+from corral.runtime.cpus import CpuPicker
 from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
@@ -355,7 +355,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
             lowers = await self.snapshots.lowers(snap, image)
-            slot = await self._pool.take()
+            slot = await self._pool.take(self.cpu_picker.peek(spec.cpus))  # (cpuset ready)
         except BaseException as exc:
             self.gpus.release(sid)
             await self.snapshots.release(snap)
@@ -383,7 +383,6 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 await self._start(live, slot, lowers)  # a restore: one of CRIU's places
         except BaseException as exc:
             reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
-            self._pool.give_back_cpus(slot)  # unless _start took them (then _release does)
             if slot.go_fd >= 0:
                 slot.sock.close()
                 await asyncio.to_thread(slot.discard)
@@ -414,11 +413,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
-        if slot.cpus and len(slot.cpus) == thread_count(spec.cpus, len(self.cpu_picker.cpus)):
-            live.cpus, slot.cpus = slot.cpus, ()  # its cpuset holds them already
-        else:
-            self._pool.give_back_cpus(slot)
-            live.cpus = self.cpu_picker.take(spec.cpus)
+        live.cpus = self.cpu_picker.take(spec.cpus, prefer=slot.cpus)
+        if live.cpus != slot.cpus:  # (a warm slot's cpuset may hold them already)
             self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()

@@ -65,9 +65,8 @@ class Slot:
     # the launcher made an empty network namespace of its own while it waited
     # (``agent/netns.c``): a sandbox without a network runs in it, bwrap makes none
     own_netns: bool = False
-    # the CPUs its cgroup's cpuset already holds, picked for a sandbox of DEFAULT_CPUS
-    # (writing a cpuset costs the kernel a rebuild: done while it waits); counted by
-    # the picker until a sandbox takes them over or the slot is dropped
+    # the CPUs its cgroup's cpuset already holds: the picker's guess for a sandbox of
+    # DEFAULT_CPUS when it was made (writing a cpuset costs the kernel a rebuild)
     cpus: tuple[int, ...] = ()
 
     def alive(self) -> bool:
@@ -160,8 +159,14 @@ class SlotPool:
         self._backoff_until = 0.0
         self.closed = False
 
-    async def take(self) -> Slot:
-        """A ready slot: a warm one if there is one, else one made now."""
+    async def take(self, cpus: tuple[int, ...] = ()) -> Slot:
+        """A ready slot: a warm one if there is one (one whose cpuset holds ``cpus`` if
+        any does), else one made now."""
+        for i, slot in enumerate(self._ready):
+            if cpus and slot.cpus == cpus:  # to the front (the others keep their order)
+                del self._ready[i]
+                self._ready.appendleft(slot)
+                break
         while self._ready:
             slot = self._ready.popleft()
             if slot.alive():
@@ -195,14 +200,7 @@ class SlotPool:
         else:
             self._ready.append(slot)
 
-    def give_back_cpus(self, slot: Slot) -> None:
-        """The CPUs ``slot`` picked are no longer its (a sandbox did not take them)."""
-        if self.cpu_picker is not None and slot.cpus:
-            self.cpu_picker.give_back(slot.cpus)
-        slot.cpus = ()
-
     async def _drop(self, slot: Slot) -> None:
-        self.give_back_cpus(slot)
         if await asyncio.to_thread(slot.discard):
             self.uids.release(slot.uid)
 
@@ -210,7 +208,7 @@ class SlotPool:
         """Make one slot: a cgroup, a launcher that joined it, and its channels."""
         name = "slot-" + secrets.token_hex(6)
         uid = self.uids.acquire()
-        cpus = self.cpu_picker.take(DEFAULT_CPUS) if self.cpu_picker is not None else ()
+        cpus = self.cpu_picker.peek(DEFAULT_CPUS) if self.cpu_picker is not None else ()
 
         def make() -> Cgroup:
             group = self.cgroups.create(f"{self.cgroup_parent}/{name}", cpus=DEFAULT_CPUS,
@@ -227,8 +225,6 @@ class SlotPool:
             cgroup = await asyncio.to_thread(make)
         except BaseException:
             self.uids.release(uid)  # nothing ran as it
-            if self.cpu_picker is not None:
-                self.cpu_picker.give_back(cpus)
             raise
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         r_ours, r_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -258,8 +254,6 @@ class SlotPool:
             log.close()
             await asyncio.to_thread(cgroup.remove, children=False)
             self.uids.release(uid)  # the launcher never started
-            if self.cpu_picker is not None:
-                self.cpu_picker.give_back(cpus)
             raise
         finally:
             for fd in (seccomp_r, ready_w, go_r, log_w):
