@@ -232,7 +232,7 @@ class Volumes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = threading.Lock()  # read-modify-write of a meta.json
-        self._writes: dict[str | None, threading.Lock] = {}  # an owner's uploads landing
+        self._writes: dict[str | None, threading.Lock] = {}  # an owner's quota-weighed writes
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -328,18 +328,22 @@ class Volumes:
                 raise VolumeFull(f"the archive holds {size} bytes, over the volume's max_mb "
                                  f"({max_mb}): give a larger max_mb",
                                  details={"volume": name, "max_mb": max_mb})
-            if check is not None:
-                check(owner, reserved_bytes(info))
-            if max_mb is None:
-                _check_room(root, 0, None)  # its tree left the reserve free
-            if max_mb is not None:
-                _make_image(work, max_mb)
-            (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
-                                                 **(extra or {})}))
-            os.chmod(work, 0o711)
-            if replace and final.exists():
-                self.remove(owner, name, in_use=False)
-            os.rename(work, final)  # atomic; fails if a racing create won
+            # weighed and published under the owner's lock: volumes made at once were
+            # each weighed before any other was published (a capped one's image is made
+            # in between), so together they passed the quota
+            with self._owner_lock(owner) if check is not None else contextlib.nullcontext():
+                if check is not None:
+                    check(owner, reserved_bytes(info))
+                if max_mb is None:
+                    _check_room(root, 0, None)  # its tree left the reserve free
+                if max_mb is not None:
+                    _make_image(work, max_mb)
+                (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
+                                                     **(extra or {})}))
+                os.chmod(work, 0o711)
+                if replace and final.exists():
+                    self.remove(owner, name, in_use=False)
+                os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -410,14 +414,18 @@ class Volumes:
         the disk below its reserve."""
         _check_room(self.owner_root(owner), need, None)
 
+    def _owner_lock(self, owner: str | None) -> threading.Lock:
+        """One of ``owner``'s quota-weighed writes at a time (uploads landing, volumes
+        published), so that two cannot both pass its quota."""
+        with self._lock:
+            return self._writes.setdefault(owner, threading.Lock())
+
     def write_file(self, owner: str | None, name: str, rel: str, source: Path,
                    mode: int, check: Callable[[str | None, int], None] | None = None) -> None:
         """:meth:`_write_file`, ``check`` (owner, bytes) weighing ``source``'s size first
         (a quota: uploads opened at once were each weighed alone when opened); one of an
         owner's at a time, so two cannot both pass it."""
-        with self._lock:
-            lock = self._writes.setdefault(owner, threading.Lock())
-        with lock:
+        with self._owner_lock(owner):
             if check is not None:
                 check(owner, source.stat().st_size)
             self._write_file(owner, name, rel, source, mode)

@@ -1,0 +1,58 @@
+"""Red-team of volumes and live snapshots that travel (issues 27 and 29), through a real
+daemon over TCP: a hostile tenant with a valid key.
+
+- volume creates sent at once, each within the tenant's quota alone, cannot together
+  hold more than the quota (each was weighed before the others were published);
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from corral.errors import QuotaExceeded
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon() as t:
+        yield t
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_volume_creates_sent_at_once_cannot_pass_the_quota_together(team):
+    """erin may hold 20 MiB; a capped volume of 12 MiB fits alone. Six created at once
+    were each weighed before any other was published (a capped one's image is made
+    between the check and its publication): now at most one lands, the rest are
+    refused typed, and what she holds stays within her quota."""
+    team.make_token("erin", max_snapshot_mb=20)
+    body = _tar({"README": b"hi\n"})
+
+    def create(i: int) -> int | str:
+        with team.tenant("erin") as http:
+            r = http.post(f"/v1/volumes?name=v{i}&max_mb=12", content=body)
+        return r.status_code if r.status_code < 400 else r.json()["error"]["code"]
+
+    with ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(create, range(6)))
+    assert sorted(codes, key=str) == sorted([201] + [QuotaExceeded.code] * 5, key=str), codes
+    with team.tenant("erin") as http:
+        vols = http.get("/v1/volumes").json()["volumes"]
+        held = sum(max(v["size_bytes"], (v["max_mb"] or 0) << 20) for v in vols)
+        assert held <= 20 << 20, f"erin holds {held} bytes over her 20 MiB: {vols}"
+        for v in vols:
+            assert http.delete(f"/v1/volumes/{v['name']}").status_code == 204
+    no_traceback(team)
