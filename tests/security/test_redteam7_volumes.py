@@ -56,3 +56,19 @@ def test_volume_creates_sent_at_once_cannot_pass_the_quota_together(team):
         for v in vols:
             assert http.delete(f"/v1/volumes/{v['name']}").status_code == 204
     no_traceback(team)
+
+
+@pytest.mark.parametrize("name", ["data%0A", "a.b%0A"])
+def test_a_name_with_a_trailing_newline_is_refused_typed(team, name):
+    """``^...$`` with ``re.match`` lets ``$`` match before a final newline: ``data\\n``
+    was a volume of its own (a directory named so in the state dir, a name that looks
+    like another in every listing), and a mount spec of it passed. Now refused typed,
+    for a create, a mount, an upload and a network alike."""
+    with team.tenant("bob") as http:
+        reply = http.post(f"/v1/volumes?name={name}", content=_tar({"x": b"1"}))
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_argument"
+        reply = http.post("/v1/sandboxes", json={"volumes": {"/data": "data\n"}})
+        assert reply.status_code in (400, 422), reply.text
+        reply = http.post("/v1/networks", json={"name": "net\n"})
+        assert reply.status_code in (400, 422), reply.text
+        assert http.get("/v1/volumes").json()["volumes"] == []

@@ -141,7 +141,7 @@ def _owner_dir(owner: str | None) -> str:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
+    if not isinstance(name, str) or not VOLUME_NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"invalid volume name {name!r}: use 1-63 lower-case letters, digits, '.', '_' "
             "or '-', starting with a letter or digit (no '/', no '..')")
