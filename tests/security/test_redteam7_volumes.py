@@ -3,6 +3,11 @@ daemon over TCP: a hostile tenant with a valid key.
 
 - volume creates sent at once, each within the tenant's quota alone, cannot together
   hold more than the quota (each was weighed before the others were published);
+- a name with a final newline is refused (``re.match`` with ``$``);
+- an upload whose path is 2000 directories deep: the directories count against the
+  quota, and the volume can still be snapshotted and removed, leaving nothing behind
+  (os.walk and shutil.rmtree recursed past Python's limit: a 500, a half-made copy and
+  a removed volume whose files stayed on disk).
 """
 
 from __future__ import annotations
@@ -72,3 +77,28 @@ def test_a_name_with_a_trailing_newline_is_refused_typed(team, name):
         reply = http.post("/v1/networks", json={"name": "net\n"})
         assert reply.status_code in (400, 422), reply.text
         assert http.get("/v1/volumes").json()["volumes"] == []
+
+
+def test_an_upload_2000_directories_deep_is_counted_and_goes_whole(team):
+    team.make_token("fay", max_snapshot_mb=64)
+    with team.tenant("fay") as http:
+        assert http.post("/v1/volumes?name=deep", content=_tar({"x": b"1"})).status_code == 201
+        before = http.get("/v1/volumes/deep").json()["size_bytes"]
+        r = http.post("/v1/volumes/deep/uploads", json={"path": "a/" * 2000 + "f", "size": 0})
+        assert r.status_code == 201, r.text
+        r = http.patch(f"/v1/volumes/deep/uploads/{r.json()['upload_id']}", content=b"",
+                       headers={"Upload-Offset": "0"})
+        assert r.status_code == 200, r.text
+        after = http.get("/v1/volumes/deep").json()
+        assert after["files"] >= 2000
+        assert after["size_bytes"] - before >= 2000 * 512, after  # the directories count
+        r = http.post("/v1/volumes/deep/snapshot", json={"name": "deep2"})
+        assert r.status_code == 201, r.text
+        assert r.json()["files"] == after["files"]
+        for name in ("deep", "deep2"):
+            r = http.delete(f"/v1/volumes/{name}")
+            assert r.status_code == 204, r.text
+        assert http.get("/v1/volumes").json()["volumes"] == []
+    left = list((team.daemon.base / "state" / "volumes" / "fay").iterdir())
+    assert left == [], left
+    no_traceback(team)

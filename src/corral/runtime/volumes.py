@@ -40,7 +40,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import stat
 import subprocess
 import tarfile
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import (
+    CorralError,
     Forbidden,
     InvalidArgument,
     InvalidState,
@@ -64,7 +64,7 @@ from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
 from corral.runtime.storage import room_above_reserve
-from corral.runtime.treecopy import copy_tree
+from corral.runtime.treecopy import LEAVE, Walk, copy_tree, remove_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
@@ -124,7 +124,7 @@ def _make_image(work: Path, max_mb: int) -> None:
     if proc.returncode != 0:
         raise SandboxStartError(f"could not make the volume's filesystem: "
                                 f"{proc.stderr.strip()[-500:]}")
-    shutil.rmtree(work / "data")
+    remove_tree(work / "data")
     (work / "data").mkdir(mode=0o755)
 
 
@@ -163,16 +163,19 @@ def check_rel(rel: str) -> list[str]:
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int]:
+def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int, int]:
     """A descriptor of ``root/parts...``, each made if missing (canonical owner), none
-    followed if it is a symlink (:class:`InvalidArgument`); and how many it made."""
-    fd, made = os.open(root, _O_DIR), 0
+    followed if it is a symlink (:class:`InvalidArgument`); how many it made and their
+    bytes on disk (counted as a volume's are: thousands of empty directories in one
+    upload's path took the disk at no cost to the quota)."""
+    fd, made, made_bytes = os.open(root, _O_DIR), 0, 0
     try:
         for part in parts:
             try:
                 os.mkdir(part, 0o755, dir_fd=fd)
                 os.chown(part, CANONICAL_UID, CANONICAL_UID, dir_fd=fd, follow_symlinks=False)
                 made += 1
+                made_bytes += os.stat(part, dir_fd=fd, follow_symlinks=False).st_blocks * 512
             except FileExistsError:
                 pass
             try:
@@ -188,7 +191,7 @@ def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, made
+    return fd, made, made_bytes
 
 
 def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
@@ -211,16 +214,23 @@ def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
         os.close(out)
 
 
+def _discard(path: Path) -> None:
+    """Remove a tree however deep (an upload makes thousands of levels: shutil.rmtree
+    recursed past Python's limit and left it), never raising."""
+    with contextlib.suppress(OSError, CorralError):
+        remove_tree(path)
+
+
 def _canonical(root: Path) -> tuple[int, int]:
-    """Chown the tree to the canonical uid; its (bytes, files)."""
+    """Chown the tree to the canonical uid; its (bytes, files). Iterative: an upload
+    may have made it thousands of levels deep (os.walk recursed past Python's limit)."""
     size = files = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in (*dirnames, *filenames):
-            p = os.path.join(dirpath, n)
-            os.chown(p, CANONICAL_UID, CANONICAL_UID, follow_symlinks=False)
-            st = os.lstat(p)
-            size += st.st_blocks * 512
-            files += 1
+    for event, parent, name, st, _fd in Walk(root):
+        if event == LEAVE or parent == -1:
+            continue
+        os.chown(name, CANONICAL_UID, CANONICAL_UID, dir_fd=parent, follow_symlinks=False)
+        size += st.st_blocks * 512
+        files += 1
     os.chown(root, CANONICAL_UID, CANONICAL_UID)
     os.chmod(root, 0o755)
     return size, files
@@ -345,13 +355,13 @@ class Volumes:
                     self.remove(owner, name, in_use=False)
                 os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
+            _discard(work)
             raise
         if max_mb is not None:
             try:
                 _mount(final / IMAGE, final / "data")
             except BaseException:
-                shutil.rmtree(final, ignore_errors=True)
+                _discard(final)
                 raise
         return info
 
@@ -389,7 +399,7 @@ class Volumes:
             subprocess.run(["umount", "-l", str(d / "data")], capture_output=True, check=False)
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        _discard(trash)
 
     def meta(self, owner: str | None, name: str) -> dict[str, Any]:
         """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""
@@ -440,7 +450,7 @@ class Volumes:
         info = self.get(owner, name)
         self.ensure_mounted(owner, name)
         parts = check_rel(rel)
-        fd, made = _open_dirs(self.data_dir(owner, name), parts[:-1], rel)
+        fd, made, made_bytes = _open_dirs(self.data_dir(owner, name), parts[:-1], rel)
         tmp = f".{parts[-1][:200]}.upload-{os.getpid()}-{time.monotonic_ns()}"
         try:
             try:
@@ -470,7 +480,8 @@ class Volumes:
             os.close(fd)
         with self._lock:
             meta = self.meta(owner, name)
-            meta["size_bytes"] = max(0, int(meta.get("size_bytes") or 0) + new.st_blocks * 512
+            meta["size_bytes"] = max(0, int(meta.get("size_bytes") or 0) + made_bytes
+                                     + new.st_blocks * 512
                                      - (old.st_blocks * 512 if old is not None else 0))
             meta["files"] = int(meta.get("files") or 0) + made + (old is None)
             meta.pop(CONTENT, None)
