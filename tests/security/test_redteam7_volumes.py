@@ -4,10 +4,12 @@ daemon over TCP: a hostile tenant with a valid key.
 - volume creates sent at once, each within the tenant's quota alone, cannot together
   hold more than the quota (each was weighed before the others were published);
 - a name with a final newline is refused (``re.match`` with ``$``);
-- an upload whose path is 2000 directories deep: the directories count against the
+- an upload whose path is 1200 directories deep: the directories count against the
   quota, and the volume can still be snapshotted and removed, leaving nothing behind
   (os.walk and shutil.rmtree recursed past Python's limit: a 500, a half-made copy and
-  a removed volume whose files stayed on disk).
+  a removed volume whose files stayed on disk);
+- an archive whose tree 1050 directories deep is replaced by a file is made (or refused
+  typed), not a 500 (the extractor's shutil.rmtree recursed past Python's limit).
 """
 
 from __future__ import annotations
@@ -79,19 +81,19 @@ def test_a_name_with_a_trailing_newline_is_refused_typed(team, name):
         assert http.get("/v1/volumes").json()["volumes"] == []
 
 
-def test_an_upload_2000_directories_deep_is_counted_and_goes_whole(team):
+def test_an_upload_1200_directories_deep_is_counted_and_goes_whole(team):
     team.make_token("fay", max_snapshot_mb=64)
     with team.tenant("fay") as http:
         assert http.post("/v1/volumes?name=deep", content=_tar({"x": b"1"})).status_code == 201
         before = http.get("/v1/volumes/deep").json()["size_bytes"]
-        r = http.post("/v1/volumes/deep/uploads", json={"path": "a/" * 2000 + "f", "size": 0})
+        r = http.post("/v1/volumes/deep/uploads", json={"path": "a/" * 1200 + "f", "size": 0})
         assert r.status_code == 201, r.text
         r = http.patch(f"/v1/volumes/deep/uploads/{r.json()['upload_id']}", content=b"",
                        headers={"Upload-Offset": "0"})
         assert r.status_code == 200, r.text
         after = http.get("/v1/volumes/deep").json()
-        assert after["files"] >= 2000
-        assert after["size_bytes"] - before >= 2000 * 512, after  # the directories count
+        assert after["files"] >= 1200
+        assert after["size_bytes"] - before >= 1200 * 512, after  # the directories count
         r = http.post("/v1/volumes/deep/snapshot", json={"name": "deep2"})
         assert r.status_code == 201, r.text
         assert r.json()["files"] == after["files"]
@@ -101,4 +103,22 @@ def test_an_upload_2000_directories_deep_is_counted_and_goes_whole(team):
         assert http.get("/v1/volumes").json()["volumes"] == []
     left = list((team.daemon.base / "state" / "volumes" / "fay").iterdir())
     assert left == [], left
+    no_traceback(team)
+
+
+def test_an_archive_replacing_a_deep_tree_by_a_file_is_no_traceback(team):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for depth in range(1, 1051):
+            info = tarfile.TarInfo("/".join(["d"] * depth))
+            info.type = tarfile.DIRTYPE
+            t.addfile(info)
+        info = tarfile.TarInfo("d")
+        info.size = 2
+        t.addfile(info, io.BytesIO(b"x\n"))
+    with team.tenant("bob") as http:
+        r = http.post("/v1/volumes?name=replaced", content=buf.getvalue())
+        assert r.status_code == 201, r.text
+        assert r.json()["files"] == 1
+        assert http.delete("/v1/volumes/replaced").status_code == 204
     no_traceback(team)
