@@ -122,3 +122,21 @@ def test_an_archive_replacing_a_deep_tree_by_a_file_is_no_traceback(team):
         assert r.json()["files"] == 1
         assert http.delete("/v1/volumes/replaced").status_code == 204
     no_traceback(team)
+
+
+def test_a_stopped_sandboxs_deep_tree_is_kept_and_counted_without_a_traceback(team):
+    """Code in a sandbox makes /workspace 1100 directories deep and the sandbox stops:
+    its writable layer is kept for reading (kept_files.py), weighed by an os.walk that
+    recursed past Python's limit (a traceback on the stop path, the staged copy left on
+    the disk, counted against no quota). Now it is kept and counted."""
+    with team.tenant("bob") as http:
+        sid = http.post("/v1/sandboxes", json={"memory_mb": 64}).json()["id"]
+        made = http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": [
+            "python3", "-c", "import os\nos.chdir('/workspace')\nfor _ in range(1100):\n"
+            "    os.mkdir('d'); os.chdir('d')\nopen('/workspace/top', 'w').write('kept')"]})
+        assert made.status_code == 200 and made.json()["returncode"] == 0, made.text
+        assert http.post(f"/v1/sandboxes/{sid}/stop", json={}).status_code == 200
+        r = http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/workspace/top"})
+        assert r.status_code == 200 and r.content == b"kept", r.text
+        assert http.delete(f"/v1/sandboxes/{sid}").status_code in (200, 204)
+    no_traceback(team)
