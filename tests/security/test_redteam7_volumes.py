@@ -140,3 +140,33 @@ def test_a_stopped_sandboxs_deep_tree_is_kept_and_counted_without_a_traceback(te
         assert r.status_code == 200 and r.content == b"kept", r.text
         assert http.delete(f"/v1/sandboxes/{sid}").status_code in (200, 204)
     no_traceback(team)
+
+
+PEER_ROUTES = (
+    ("GET", "/v1/peer/volumes/data?owner=alice"),
+    ("GET", "/v1/peer/volumes/..%2F..%2Fsecrets?owner=alice"),
+    ("GET", "/v1/peer/checkpoints/snap-000000000000?owner=alice"),
+    ("GET", "/v1/peer/checkpoints/..%2F..%2Fkdat?owner=alice"),
+    ("GET", "/v1/peer/layers/sha256:" + "0" * 64),
+    ("GET", "/v1/peer/snapshots/anything?owner=alice"),
+)
+
+
+@pytest.mark.parametrize(("method", "url"), PEER_ROUTES)
+def test_peer_routes_answer_no_stranger_and_no_tenant(team, method, url):
+    """A TCP client without a key gets 401 and a tenant 403 on every peer route, with
+    any owner, name, id or digest (forged ones included): neither reaches a lookup, so
+    neither learns what exists (a name with an encoded '/' matches no route). The
+    admin's forged names and ids are refused typed."""
+    import httpx
+
+    with httpx.Client(base_url=team.url, timeout=30) as stranger:
+        assert stranger.request(method, url).status_code == 401
+    with team.tenant("bob") as http:
+        r = http.request(method, url)
+        code = r.json()["error"]["code"]  # a name with a '/' matches no route at all
+        assert (r.status_code, code) == (403, "forbidden") or "no route" in r.text, r.text
+    with team.admin() as admin:
+        r = admin.request(method, url)
+        assert r.status_code in (400, 404), r.text
+        assert r.json()["error"]["code"] != "internal"
