@@ -170,3 +170,37 @@ def test_peer_routes_answer_no_stranger_and_no_tenant(team, method, url):
         r = admin.request(method, url)
         assert r.status_code in (400, 404), r.text
         assert r.json()["error"]["code"] != "internal"
+
+
+def test_an_e2b_fork_count_past_the_tenants_max_sandboxes_makes_only_what_fits(team):
+    """gail may run 3 sandboxes; her checkpointable one asks E2B's fork for 5 copies
+    (within E2B's 20): at most 2 are made, the others answer each with a typed error,
+    and nothing past her quota runs afterwards."""
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    import httpx
+
+    team.make_token("gail", max_sandboxes=3)
+    key = {"X-API-Key": team.tokens["gail"]}
+    with httpx.Client(base_url=team.url, timeout=120, headers=key) as e2b:
+        made = e2b.post("/sandboxes", json={"templateID": "base", "timeout": 120,
+                                            "metadata": {"corral.checkpointable": "true"}})
+        assert made.status_code == 201, made.text
+        sid = made.json()["sandboxID"]
+        r = e2b.post(f"/sandboxes/{sid}/fork", json={"count": 5, "timeout": 60})
+        assert r.status_code == 201, r.text
+        copies = r.json()
+    ok = [c for c in copies if "sandbox" in c]
+    refused = [c["error"] for c in copies if "error" in c]
+    assert len(copies) == 5 and len(ok) <= 2, copies
+    assert all(e["code"] in (403, 409, 429) for e in refused), refused
+    with team.tenant("gail") as http:
+        running = [s for s in http.get("/v1/sandboxes").json()["sandboxes"]
+                   if s["state"] == "running"]
+        assert len(running) <= 3, running
+        for s in http.get("/v1/sandboxes").json()["sandboxes"]:
+            http.delete(f"/v1/sandboxes/{s['id']}")
+    no_traceback(team)
