@@ -204,3 +204,19 @@ def test_an_e2b_fork_count_past_the_tenants_max_sandboxes_makes_only_what_fits(t
         for s in http.get("/v1/sandboxes").json()["sandboxes"]:
             http.delete(f"/v1/sandboxes/{s['id']}")
     no_traceback(team)
+
+
+def test_an_archive_path_longer_than_the_host_names_is_refused_typed(team):
+    deep = "/".join(["d"] * 2100)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        info = tarfile.TarInfo(deep)
+        info.type = tarfile.DIRTYPE
+        t.addfile(info)
+    with team.tenant("bob") as http:
+        r = http.post("/v1/volumes?name=toolong", content=buf.getvalue())
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "image_import_failed", r.text
+        assert http.get("/v1/volumes").json()["volumes"] == []
+    assert not any((team.daemon.base / "state" / "volumes" / "bob").iterdir())
+    no_traceback(team)

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -293,7 +294,15 @@ def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
                     _delete(os.path.join(d, gone))
         for parts, m in entries:
             if not parts[-1].startswith(WHITEOUT):
-                _extract(root, tar, parts, m, index)
+                try:
+                    _extract(root, tar, parts, m, index)
+                except OSError as exc:
+                    if exc.errno != errno.ENAMETOOLONG:
+                        raise
+                    raise ImageImportError(
+                        f"layer {index}: path {m.name[:200]!r}... is too long to unpack "
+                        f"({len(m.name)} characters): shorten its directories",
+                        details={"layer": index}) from None
 
 
 def apply_overlay_layer(root: Path, stream: Any, index: int = 1) -> None:
