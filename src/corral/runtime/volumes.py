@@ -46,7 +46,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +243,7 @@ class Volumes:
         self.root = root
         self._lock = threading.Lock()  # read-modify-write of a meta.json
         self._writes: dict[str | None, threading.Lock] = {}  # an owner's quota-weighed writes
+        self._pending: dict[str | None, int] = {}  # bytes of volumes being published
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -344,16 +345,20 @@ class Volumes:
             with self._owner_lock(owner) if check is not None else contextlib.nullcontext():
                 if check is not None:
                     check(owner, reserved_bytes(info))
-                if max_mb is None:
-                    _check_room(root, 0, None)  # its tree left the reserve free
-                if max_mb is not None:
-                    _make_image(work, max_mb)
-                (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
-                                                     **(extra or {})}))
-                os.chmod(work, 0o711)
-                if replace and final.exists():
-                    self.remove(owner, name, in_use=False)
-                os.rename(work, final)  # atomic; fails if a racing create won
+                # counted by the owner's other quota checks (snapshots, checkpoints, kept
+                # files: used_bytes) until published: a checkpoint weighed while a capped
+                # volume's image was made did not see it, and both passed the quota
+                with self._reserving(owner, reserved_bytes(info) if check else 0):
+                    if max_mb is None:
+                        _check_room(root, 0, None)  # its tree left the reserve free
+                    if max_mb is not None:
+                        _make_image(work, max_mb)
+                    (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
+                                                         **(extra or {})}))
+                    os.chmod(work, 0o711)
+                    if replace and final.exists():
+                        self.remove(owner, name, in_use=False)
+                    os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
             _discard(work)
             raise
@@ -489,7 +494,18 @@ class Volumes:
             self.set_meta(owner, name, meta)
 
     def used_bytes(self, owner: str | None) -> int:
-        return sum(reserved_bytes(v) for v in self.of(owner))
+        """What ``owner``'s volumes may take, those being published included."""
+        return sum(reserved_bytes(v) for v in self.of(owner)) + self._pending.get(owner, 0)
+
+    @contextlib.contextmanager
+    def _reserving(self, owner: str | None, size: int) -> Iterator[None]:
+        with self._lock:
+            self._pending[owner] = self._pending.get(owner, 0) + size
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pending[owner] -= size
 
     def mounts(self, owner: str | None, volumes: dict[str, str]) -> list[tuple[str, str, str]]:
         """``(mode, host path, dest)`` of a spec's volumes, checked: its owner's own
