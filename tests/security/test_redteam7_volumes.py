@@ -220,3 +220,22 @@ def test_an_archive_path_longer_than_the_host_names_is_refused_typed(team):
         assert http.get("/v1/volumes").json()["volumes"] == []
     assert not any((team.daemon.base / "state" / "volumes" / "bob").iterdir())
     no_traceback(team)
+
+
+def test_a_capped_volume_with_a_path_mke2fs_cannot_take_is_refused_typed(team):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for depth in range(1, 211):  # 2310 bytes (mke2fs 1.47 crashed on 2040 of "d/d/...")
+            info = tarfile.TarInfo("/".join(["dddddddddd"] * depth))
+            info.type = tarfile.DIRTYPE
+            t.addfile(info)
+    with team.tenant("bob") as http:
+        r = http.post("/v1/volumes?name=mkfs&max_mb=8", content=buf.getvalue())
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid_argument", r.text
+        assert r.json()["error"]["details"]["path_bytes"] == 210 * 11 - 1
+        r = http.post("/v1/volumes?name=mkfs", content=buf.getvalue())  # uncapped: no mkfs
+        assert r.status_code == 201, r.text
+        assert http.delete("/v1/volumes/mkfs").status_code == 204
+    assert not any((team.daemon.base / "state" / "volumes" / "bob").iterdir())
+    no_traceback(team)

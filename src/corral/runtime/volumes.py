@@ -64,7 +64,7 @@ from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
 from corral.runtime.storage import room_above_reserve
-from corral.runtime.treecopy import LEAVE, Walk, copy_tree, remove_tree
+from corral.runtime.treecopy import ENTER, LEAVE, Walk, copy_tree, remove_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
@@ -74,6 +74,7 @@ META = "meta.json"
 CONTENT = "content"  # {"digest", "size_bytes"} of the tree as it travels (volume_travel.py)
 GENERATION = "generation"  # counts rw mounts: a content digest kept is of one generation
 MIN_MB, MAX_MB = 8, 1 << 22  # a capped volume's size limits (ext4 wants a few MiB)
+MAX_IMAGE_PATH = 1024  # bytes of a path in a capped volume (_make_image: mke2fs -d)
 
 
 def reserved_bytes(info: VolumeInfo) -> int:
@@ -103,10 +104,34 @@ def _check_room(root: Path, need: int, max_mb: int | None) -> None:
             + "remove volumes or snapshots", details={"path": str(root), "max_mb": max_mb})
 
 
+def _longest_path(tree: Path) -> int:
+    """The length in bytes of the longest path under ``tree``, relative to it."""
+    lengths, longest = [0], 0
+    for event, parent, name, _st, _fd in Walk(tree, max_depth=None):
+        if parent == -1:
+            continue
+        if event == LEAVE:
+            lengths.pop()
+            continue
+        here = lengths[-1] + len(os.fsencode(name)) + (1 if len(lengths) > 1 else 0)
+        longest = max(longest, here)
+        if event == ENTER:
+            lengths.append(here)
+    return longest
+
+
 def _make_image(work: Path, max_mb: int) -> None:
     """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree, its
     blocks allocated now: a sparse image would let volumes promise more than the disk
     holds, and their rw writers fill the disk every tenant's state is on."""
+    longest = _longest_path(work / "data")
+    if longest > MAX_IMAGE_PATH:
+        # mke2fs 1.47's -d corrupts its heap on a path of about 2040 bytes ("realloc():
+        # invalid next size"): a tree a tenant chose is never handed to it
+        raise InvalidArgument(
+            f"a path in the volume is {longest} bytes long: a volume with max_mb holds "
+            f"paths of at most {MAX_IMAGE_PATH} bytes; shorten its directories",
+            details={"max_mb": max_mb, "path_bytes": longest})
     image = work / IMAGE
     with open(image, "wb") as f:
         try:
