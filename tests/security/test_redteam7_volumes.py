@@ -40,6 +40,21 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def _dirs_tar(dirs: list[str], then_file: str | None = None) -> bytes:
+    """A tar (PAX: long names) of the directories ``dirs``, then a file ``then_file``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name in dirs:
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            t.addfile(info)
+        if then_file is not None:
+            info = tarfile.TarInfo(then_file)
+            info.size = 2
+            t.addfile(info, io.BytesIO(b"x\n"))
+    return buf.getvalue()
+
+
 def test_volume_creates_sent_at_once_cannot_pass_the_quota_together(team):
     """erin may hold 20 MiB; a capped volume of 12 MiB fits alone. Six created at once
     were each weighed before any other was published (a capped one's image is made
@@ -107,17 +122,9 @@ def test_an_upload_1200_directories_deep_is_counted_and_goes_whole(team):
 
 
 def test_an_archive_replacing_a_deep_tree_by_a_file_is_no_traceback(team):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for depth in range(1, 1051):
-            info = tarfile.TarInfo("/".join(["d"] * depth))
-            info.type = tarfile.DIRTYPE
-            t.addfile(info)
-        info = tarfile.TarInfo("d")
-        info.size = 2
-        t.addfile(info, io.BytesIO(b"x\n"))
+    body = _dirs_tar(["/".join(["d"] * depth) for depth in range(1, 1051)], then_file="d")
     with team.tenant("bob") as http:
-        r = http.post("/v1/volumes?name=replaced", content=buf.getvalue())
+        r = http.post("/v1/volumes?name=replaced", content=body)
         assert r.status_code == 201, r.text
         assert r.json()["files"] == 1
         assert http.delete("/v1/volumes/replaced").status_code == 204
@@ -207,14 +214,8 @@ def test_an_e2b_fork_count_past_the_tenants_max_sandboxes_makes_only_what_fits(t
 
 
 def test_an_archive_path_longer_than_the_host_names_is_refused_typed(team):
-    deep = "/".join(["d"] * 2100)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        info = tarfile.TarInfo(deep)
-        info.type = tarfile.DIRTYPE
-        t.addfile(info)
     with team.tenant("bob") as http:
-        r = http.post("/v1/volumes?name=toolong", content=buf.getvalue())
+        r = http.post("/v1/volumes?name=toolong", content=_dirs_tar(["/".join(["d"] * 2100)]))
         assert r.status_code == 400, r.text
         assert r.json()["error"]["code"] == "image_import_failed", r.text
         assert http.get("/v1/volumes").json()["volumes"] == []
@@ -223,18 +224,14 @@ def test_an_archive_path_longer_than_the_host_names_is_refused_typed(team):
 
 
 def test_a_capped_volume_with_a_path_mke2fs_cannot_take_is_refused_typed(team):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for depth in range(1, 211):  # 2310 bytes (mke2fs 1.47 crashed on 2040 of "d/d/...")
-            info = tarfile.TarInfo("/".join(["dddddddddd"] * depth))
-            info.type = tarfile.DIRTYPE
-            t.addfile(info)
+    # 2310 bytes (mke2fs 1.47 crashed on 2040 of "d/d/...")
+    body = _dirs_tar(["/".join(["dddddddddd"] * depth) for depth in range(1, 211)])
     with team.tenant("bob") as http:
-        r = http.post("/v1/volumes?name=mkfs&max_mb=8", content=buf.getvalue())
+        r = http.post("/v1/volumes?name=mkfs&max_mb=8", content=body)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["code"] == "invalid_argument", r.text
         assert r.json()["error"]["details"]["path_bytes"] == 210 * 11 - 1
-        r = http.post("/v1/volumes?name=mkfs", content=buf.getvalue())  # uncapped: no mkfs
+        r = http.post("/v1/volumes?name=mkfs", content=body)  # uncapped: no mkfs
         assert r.status_code == 201, r.text
         assert http.delete("/v1/volumes/mkfs").status_code == 204
     assert not any((team.daemon.base / "state" / "volumes" / "bob").iterdir())
