@@ -199,9 +199,11 @@ class EndOps:
         live.ending = True
         if live.cgroup is not None:
             try:
-                if live.cgroup.frozen() or (live.channel and live.channel.faulted):
-                    # Frozen processes (or a stuck agent) cannot see their channel
-                    # close: kill them now rather than waiting STOP_WAIT_S for an exit.
+                if live.cgroup.frozen() or (live.channel and (
+                        live.channel.faulted or not live.channel.ready.done())):
+                    # Frozen processes (or a stuck agent, or one not started yet: a
+                    # create cancelled) cannot see their channel close: kill them now
+                    # rather than waiting STOP_WAIT_S for an exit.
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
