@@ -81,6 +81,7 @@ async def test_a_dead_ready_sandbox_is_skipped_not_handed_out(engine, pools):
     # channel close: the registry still says "running" and only a real check can tell.
     engine.cgroup(victim).kill_all()
     assert engine.get(victim).state == SandboxState.RUNNING
+    assert not engine.agent_connected(victim)  # the kernel knows already: its end closed
 
     got = await pools.acquire("dead", timeout=60)
     assert got.id != victim

@@ -318,11 +318,12 @@ class PoolManager:
 
     async def _alive(self, pool: PoolState, sid: str) -> SandboxInfo | None:
         """The sandbox's info if it is running and its agent is alive, else None: asked
-        of the kernel if the agent answered within :data:`TRUSTED_S`, else of the agent."""
+        of the kernel if the agent answered within :data:`TRUSTED_S`, else (or if the
+        kernel's view is not clean: a background check's request open, bytes unread, its
+        end shut) of the agent."""
         answered = pool.answered.pop(sid, None)
-        if answered is not None and time.monotonic() - answered < TRUSTED_S:
-            if not self._engine.agent_connected(sid):
-                return None
+        if answered is not None and time.monotonic() - answered < TRUSTED_S \
+                and self._engine.agent_connected(sid):
             try:
                 info = self._engine.get(sid, owner=None)
             except CorralError:
