@@ -44,6 +44,16 @@ def check_peer(sock: socket.socket, path: str) -> None:
             "in a directory only root or you can write (the default /run/corral/corral.sock)")
 
 
+def _pool_options(uds: str, limits: httpx.Limits,
+                  socket_options: Iterable[Any] | None) -> dict[str, Any]:
+    """A Unix socket's connection pool: plain HTTP (no TLS context: loading the CA bundle
+    took tens of ms per client, twice), httpx's limits."""
+    return {"ssl_context": None, "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry, "uds": uds,
+            "socket_options": socket_options}
+
+
 class _SyncBackend(httpcore.SyncBackend):
     """httpcore's blocking backend, with :func:`check_peer` on each Unix socket."""
 
@@ -68,15 +78,8 @@ class DaemonTransport(httpx.HTTPTransport):
         super().__init__(uds=uds, limits=limits, socket_options=socket_options,
                          verify=uds is None)
         if uds is not None:
-            self._pool = httpcore.ConnectionPool(
-                ssl_context=None,
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
-                keepalive_expiry=limits.keepalive_expiry,
-                uds=uds,
-                socket_options=socket_options,
-                network_backend=_SyncBackend(),
-            )
+            self._pool = httpcore.ConnectionPool(network_backend=_SyncBackend(),
+                                                 **_pool_options(uds, limits, socket_options))
 
 
 _Adder = Callable[..., Any]
@@ -213,12 +216,5 @@ class AsyncDaemonTransport(httpx.AsyncHTTPTransport):
         super().__init__(uds=uds, limits=limits, socket_options=socket_options,
                          verify=uds is None)
         if uds is not None:
-            self._pool = httpcore.AsyncConnectionPool(
-                ssl_context=None,
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
-                keepalive_expiry=limits.keepalive_expiry,
-                uds=uds,
-                socket_options=socket_options,
-                network_backend=_Backend(),
-            )
+            self._pool = httpcore.AsyncConnectionPool(network_backend=_Backend(),
+                                                 **_pool_options(uds, limits, socket_options))
