@@ -147,7 +147,7 @@ class EnvServer:
         """A loopback port to go on over (see :func:`serve`)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
+        listener.listen(MAX_PENDING)  # others of the sandbox may connect too (_accept)
         self.listener, self.token = listener, token.encode()
         return {"port": listener.getsockname()[1]}
 
@@ -173,36 +173,82 @@ def _traceback(exc: BaseException) -> str:
 
 
 LISTEN_WAIT_S = 30.0  # how long a ``listen`` waits for its connection
+MAX_PENDING = 16  # connections held at once that have not presented their line yet
 
 
 def _accept(listener: socket.socket, token: bytes, requests: BinaryIO
             ) -> tuple[BinaryIO, BinaryIO] | None:
     """The connection that presents ``token`` as its first line (``listen``): its
     reader and writer. None when a request comes on ``requests`` first (the client
-    gave up on the socket), or none came in time."""
+    gave up on the socket), or none came in time.
+
+    Every connection is read as its bytes come, beside the others: one that connected
+    first and says nothing (another process of the sandbox, which can see the port)
+    delays no one; at most :data:`MAX_PENDING` are held (the oldest go)."""
     deadline = time.monotonic() + LISTEN_WAIT_S
+    pending: dict[socket.socket, bytes] = {}  # connection -> its first line so far
     try:
         while (left := deadline - time.monotonic()) > 0:
-            watched: list[Any] = [listener, requests]
+            watched: list[Any] = [listener, requests, *pending]
             ready, _, _ = select.select(watched, [], [], left)
             if requests in ready or not ready:
                 return None
-            conn, _ = listener.accept()
-            conn.settimeout(left)
-            reader = conn.makefile("rb")
-            try:
-                presented = reader.readline(len(token) + 2).strip()
-            except OSError:
-                presented = b""
-            if hmac.compare_digest(presented, token):
-                conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return reader, conn.makefile("wb")
-            reader.close()
-            conn.close()
+            for sock in ready:
+                if sock is listener:
+                    conn, _ = listener.accept()
+                    conn.setblocking(False)
+                    if len(pending) >= MAX_PENDING:
+                        oldest = next(iter(pending))
+                        del pending[oldest]
+                        _hang_up(oldest)
+                    pending[conn] = b""
+                    continue
+                line, ended = _first_line(sock, pending[sock], len(token) + 2)
+                if not ended:
+                    pending[sock] = line
+                    continue
+                del pending[sock]
+                if line and hmac.compare_digest(line.strip(), token):
+                    sock.setblocking(True)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return sock.makefile("rb"), sock.makefile("wb")
+                _hang_up(sock)
         return None
     finally:
         listener.close()
+        for sock in pending:
+            _hang_up(sock)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Close a connection that was not taken, what it sent read first (closed unread,
+    the peer would see a reset rather than the end)."""
+    try:
+        sock.setblocking(False)
+        sock.recv(1 << 16)
+    except OSError:
+        pass
+    sock.close()
+
+
+def _first_line(sock: socket.socket, line: bytes, limit: int) -> tuple[bytes, bool]:
+    """More of the first line of ``sock`` (non-blocking) after ``line``, read without
+    taking a byte past it (the conversation's requests may follow in the same packet):
+    ``(line, ended)``; an ended line without its newline (EOF, an error, ``limit``
+    bytes) is ``b""``."""
+    try:
+        peeked = sock.recv(limit - len(line), socket.MSG_PEEK)
+    except (BlockingIOError, InterruptedError):
+        return line, False
+    except OSError:
+        return b"", True
+    if not peeked:
+        return b"", True
+    end = peeked.find(b"\n")
+    line += sock.recv(end + 1 if end >= 0 else len(peeked))
+    if end >= 0:
+        return line, True
+    return (b"", True) if len(line) >= limit else (line, False)
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:
