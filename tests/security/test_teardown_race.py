@@ -76,18 +76,12 @@ def test_a_port_socket_into_a_deleted_sandbox_is_closed(team):
     """The daemon's connection into a sandbox (a port socket) does not outlive it: its
     teardown ends the relay (the client sees the close), so nothing holds the deleted
     sandbox's network namespace or the tenant's stream."""
-    import time
-
     import corral
-    from tests.security.test_uvloop_door import ECHO, PORT, _status, _upgrade
+    from tests.security.test_uvloop_door import _status, _upgrade, start_echo
 
     with corral.Client(team.url, token=team.tokens["dave"]) as client:
         sb = corral.Sandbox.create(memory_mb=64, client=client)
-        sb.spawn(["python3", "-c", ECHO])
-        deadline = time.monotonic() + 60
-        while sb.exec(["sh", "-c", f"grep -q ':{PORT:04X} ' /proc/net/tcp"]).returncode:
-            assert time.monotonic() < deadline, "the echo server did not listen"
-            time.sleep(0.1)
+        start_echo(sb)
         with _upgrade(team, team.tokens["dave"], sb.id) as ws:
             assert _status(ws) == 101
             ws.sendall(bytes([0x82, 0x80 | 3]) + b"\0\0\0\0" + b"hi\n")
