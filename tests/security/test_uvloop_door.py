@@ -29,6 +29,7 @@ import corral
 from corral.server.auth_throttle import FREE_FAILURES
 from tests.security.edge_daemon import closed_by_daemon, silent, source, still_open
 from tests.security.tenants_helpers import UNKNOWN, team_daemon
+from tests.security.test_connection_limits import _ask_info
 from tests.server.conftest import uds_client
 
 pytest.importorskip("uvloop")
@@ -52,7 +53,7 @@ def team():
     os.environ["CORRAL_DAEMON_LOOP"] = "uvloop"  # the daemon's environment is this one's
     try:
         ctx = team_daemon("--max-client-connections", "8", "--max-client-requests", "2",
-                          "--max-tenant-streams", "2")
+                          "--max-tenant-streams", "2", "--max-connections", "40")
         t = ctx.__enter__()
     finally:
         if before is None:
@@ -144,6 +145,25 @@ def test_one_address_holds_few_connections_and_few_requests(team):
     finally:
         for s in waiting:
             s.close()
+
+
+def test_an_authenticated_connection_stays_while_strangers_are_cut(team):
+    """Past --max-connections, idle strangers make room for each other, never by
+    closing a connection that authenticated."""
+    token = team.tokens["alice"]
+    kept = socket.create_connection(("127.0.0.1", team.port), timeout=HANG_GUARD_S)
+    try:
+        assert b" 200 " in _ask_info(kept, token)
+        held = [silent(team.port, source(20 + i)) for i in range(60)]
+        try:
+            assert closed_by_daemon(held, within=HANG_GUARD_S, enough=20) >= 20
+            kept.setblocking(True)
+            assert b" 200 " in _ask_info(kept, token)
+        finally:
+            for s in held:
+                s.close()
+    finally:
+        kept.close()
 
 
 def test_bearer_guesses_from_one_address_are_refused_unchecked(team):
