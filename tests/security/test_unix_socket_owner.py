@@ -129,3 +129,18 @@ def test_the_sdk_starts_no_daemon_where_others_could_swap_its_files(tmp_path):
     with pytest.raises(DaemonUnavailable, match="other users"):
         ensure_daemon(str(shared / "corral.sock"), start_timeout=5)
     assert list(shared.iterdir()) == []  # no lock, no log, no socket
+
+
+def test_the_gym_port_channel_refuses_a_socket_another_user_serves(squatter):
+    """SandboxEnv's port channel speaks its WebSocket on a socket of its own (not the
+    SDK's transport): it refuses the same socket, sending nothing (and the env stays on
+    its process's stdin and stdout)."""
+    import types
+
+    from corral.rl._port_channel import open_channel
+
+    sock, log = squatter
+    client = types.SimpleNamespace(url=f"unix://{sock}", connect_args={"token": "crl_secret"})
+    sandbox = types.SimpleNamespace(id="sb-0123456789ab", client=client)
+    assert open_channel(sandbox, 8000, b"token\n") is None
+    assert _received(log) == b"", "the port channel wrote to another user's socket"
