@@ -1,12 +1,12 @@
 """Red team of the env server's ``listen`` (guest/env_server.py: SandboxEnv's port
 channel, issue 30), by a process the environment ran earlier that is still there when
 the server listens again (after a live fork each copy and the parent listen on a port of
-their own). It sees the new port in /proc/net/tcp and connects first, then sends
-nothing, or the token's length in bytes one at a time. The server read that first line
-with the whole listen window as its timeout: the client with the token waited in the
-backlog until the window ended, the server went back to stdin, and the client's first
-step then waited for good on a socket nobody read. Now every connection that has not
-presented its line is read at once with the others: a silent or slow one delays no one.
+their own): it sees the new port in /proc/net/tcp and keeps connecting, saying nothing.
+Connections are heard side by side (test_env_listen_token.py: a silent one first holds
+no one up); here the flood: the listener's backlog was 1, so while the lurker's
+connections filled it the client's were dropped and retried (64 connections took 13 s,
+past the listen's window: the client got no port). Now the backlog is MAX_PENDING, and
+the client with the token gets in among them.
 """
 
 from __future__ import annotations
@@ -49,31 +49,6 @@ def listening(monkeypatch, held: list[socket.socket]):
             for s in held:
                 s.close()
             os.close(w)
-
-
-def test_a_silent_or_slow_connection_first_does_not_keep_the_client_out(monkeypatch):
-    held: list[socket.socket] = []
-    with listening(monkeypatch, held) as (port, taken):
-        lurkers = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
-        held += lurkers
-        lurkers[1].sendall(TOKEN[:1])  # a slow one: the start of a line, never its end
-        client = socket.create_connection(("127.0.0.1", port))
-        held.append(client)
-        client.sendall(TOKEN + b"\n")
-        reader, writer = taken()
-        lurkers[2].sendall(TOKEN[:4])  # still connected, still silent: it took nothing
-        writer.write(b"reply\n")
-        writer.flush()
-        client.settimeout(30)
-        assert client.recv(16) == b"reply\n"
-        for s in lurkers:  # each hung up on once the client was taken
-            s.settimeout(30)
-            try:
-                assert s.recv(1) == b""
-            except ConnectionResetError:  # (what it sent was never read)
-                pass
-        reader.close()
-        writer.close()
 
 
 def test_many_connections_that_never_speak_are_bounded(monkeypatch):

@@ -28,7 +28,7 @@ import secrets
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext, suppress
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
 
@@ -159,6 +159,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
         self.lifetime_cap: Callable[[SandboxInfo], float] | None = None
+        # room for a hibernated sandbox to start again, held while its resume restores
+        # it (the server's admission control: service.py); None: no caps
+        self.resume_gate: Callable[[SandboxInfo], AbstractAsyncContextManager[object]] | None = None
         self.events.subscribe(SandboxEnded, self._hibernated_ended)
         # secrets in clear for the next engine, root-only (runtime/secret_store.py)
         self.secret_store = SecretStore(layout.state_dir / "secrets")
