@@ -153,6 +153,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._tasks: set[asyncio.Task[Any]] = set()
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="corral-release")
+        self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
@@ -292,6 +293,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 return_exceptions=True,
             )
         await self._pool.close()
+        await asyncio.gather(*list(self._teardowns), return_exceptions=True)
         self._releasers.shutdown(wait=False)
         await self.net.close(keep=handed)
         for t in list(self._tasks):
