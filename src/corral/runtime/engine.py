@@ -28,7 +28,7 @@ import secrets
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext, suppress
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
 
@@ -153,12 +153,16 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._tasks: set[asyncio.Task[Any]] = set()
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="corral-release")
+        self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
         self.lifetime_cap: Callable[[SandboxInfo], float] | None = None
+        # room for a hibernated sandbox to start again, held while its resume restores
+        # it (the server's admission control: service.py); None: no caps
+        self.resume_gate: Callable[[SandboxInfo], AbstractAsyncContextManager[object]] | None = None
         self.events.subscribe(SandboxEnded, self._hibernated_ended)
         # secrets in clear for the next engine, root-only (runtime/secret_store.py)
         self.secret_store = SecretStore(layout.state_dir / "secrets")
@@ -290,6 +294,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 return_exceptions=True,
             )
         await self._pool.close()
+        await asyncio.gather(*list(self._teardowns), return_exceptions=True)
         self._releasers.shutdown(wait=False)
         await self.net.close(keep=handed)
         for t in list(self._tasks):
