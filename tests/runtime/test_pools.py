@@ -81,6 +81,7 @@ async def test_a_dead_ready_sandbox_is_skipped_not_handed_out(engine, pools):
     # channel close: the registry still says "running" and only a real check can tell.
     engine.cgroup(victim).kill_all()
     assert engine.get(victim).state == SandboxState.RUNNING
+    assert not engine.agent_connected(victim)  # the kernel knows already: its end closed
 
     got = await pools.acquire("dead", timeout=60)
     assert got.id != victim
@@ -172,7 +173,9 @@ async def test_a_cancelled_acquire_leaves_the_queue(engine, pools):
     await engine.delete(got.id)
 
 
-async def test_an_acquire_cancelled_during_the_check_gives_the_sandbox_back(engine, pools):
+async def test_an_acquire_cancelled_during_the_check_gives_the_sandbox_back(
+        engine, pools, monkeypatch):
+    monkeypatch.setattr("corral.runtime.pools.TRUSTED_S", 0.0)  # the agent is asked
     pools.create_pool("back", SPEC, min_ready=1, max_size=1)
     await until(lambda: pools.get_pool("back").ready == 1, "one ready")
     (sid,) = pools.get_pool("back").ready_ids
@@ -248,3 +251,49 @@ async def test_close_deletes_every_ready_sandbox(engine):
     assert alive(engine, "a") == alive(engine, "b") == set()
     with pytest.raises(InvalidState, match="closed"):
         pools.create_pool("c", SPEC, min_ready=0, max_size=1)
+
+
+async def test_a_fresh_ready_sandbox_is_checked_by_the_kernel_not_a_round_trip(
+        engine, pools, monkeypatch):
+    """An agent that answered within TRUSTED_S is not woken at hand-out (its channel is
+    checked with the kernel); one that answered longer ago is asked (a round trip)."""
+    asked: list[str] = []
+    stat = engine.stat
+
+    async def counting_stat(sid, *args, **kwargs):
+        asked.append(sid)
+        return await stat(sid, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "stat", counting_stat)
+    pools.create_pool("trust", SPEC, min_ready=2, max_size=4)
+    await until(lambda: pools.get_pool("trust").ready == 2, "two ready")
+    got = await pools.acquire("trust", timeout=60)
+    assert asked == [] and (await engine.exec(got.id, ["true"])).returncode == 0
+    await engine.delete(got.id)
+    pools.release(got.id)
+
+    monkeypatch.setattr("corral.runtime.pools.TRUSTED_S", 0.0)
+    got = await pools.acquire("trust", timeout=60)
+    assert asked == [got.id]
+    await engine.delete(got.id)
+    pools.release(got.id)
+
+
+async def test_a_ready_sandbox_whose_agent_stops_answering_is_discarded_in_the_background(
+        engine, pools, monkeypatch):
+    """Connected but not serving (its cgroup frozen behind the engine's back, so it still
+    says running): the background check finds it without an acquire, and it is never
+    handed out."""
+    monkeypatch.setattr("corral.runtime.pools.RECHECK_S", 0.3)
+    monkeypatch.setattr("corral.runtime.pools.LIVENESS_TIMEOUT_S", 0.3)
+    pools.create_pool("stuck", SPEC, min_ready=1, max_size=2)
+    await until(lambda: pools.get_pool("stuck").ready == 1, "one ready")
+    victim = pools.get_pool("stuck").ready_ids[0]
+    engine.cgroup(victim).freeze()
+    assert engine.agent_connected(victim)  # the kernel alone cannot tell
+    await until(lambda: pools.get_pool("stuck").discarded >= 1, "the stuck one discarded")
+    got = await pools.acquire("stuck", timeout=60)
+    assert got.id != victim and (await engine.exec(got.id, ["true"])).returncode == 0
+    await until(lambda: victim not in alive(engine, "stuck"), "the stuck one removed")
+    await engine.delete(got.id)
+    pools.release(got.id)

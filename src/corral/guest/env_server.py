@@ -147,7 +147,9 @@ class EnvServer:
         """A loopback port to go on over (see :func:`serve`)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
+        # others of the sandbox may connect too: a backlog of 1 let a process that
+        # kept connecting hold the client's connection out (SYNs dropped, retried)
+        listener.listen(MAX_PENDING)
         self.listener, self.token = listener, token.encode()
         return {"port": listener.getsockname()[1]}
 

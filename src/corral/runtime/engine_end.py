@@ -8,8 +8,10 @@ A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`)
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, InvalidState
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from corral.runtime.snapshots import Snapshots
     from corral.runtime.uids import UidBlock
 
+logger = logging.getLogger("corral.runtime")
+
 STOP_WAIT_S = 5.0
 RELEASE_THREADS = 48
 """Threads unmounting and removing cgroups at once (``Engine._releasers``). Each release
@@ -62,6 +66,7 @@ class EndOps:
         gpus: GpuAllocator
         closed: bool
         _releasers: Executor
+        _teardowns: set[asyncio.Future[None]]
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
@@ -145,9 +150,16 @@ class EndOps:
             await self._end(live, SandboxState.STOPPED, reason, grace=grace)
         return self.get(sandbox_id, owner=None)
 
-    async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> bool:
+    async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET,
+                     wait: bool = True) -> bool:
         """Kill and remove ``owner``'s sandbox and its record. Idempotent: False if it
-        did not exist (or is another tenant's)."""
+        did not exist (or is another tenant's).
+
+        ``wait=False`` returns once it is gone from the registry and every process of it
+        has exited; removing its cgroup, mounts and directories (kernel waits of a few
+        ms: RCU grace periods, not CPU) then finishes in the background, and
+        :meth:`close` waits for it. With processes still there after ``STOP_WAIT_S``,
+        the whole teardown is waited for, as with ``wait=True``."""
         acting = self.owners.of(owner)
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
@@ -156,14 +168,15 @@ class EndOps:
             return False
         live = self._live.get(sandbox_id)
         if live is not None:
-            await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
+            await self._end(live, SandboxState.STOPPED, "deleted", grace=0, detach=not wait)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
         if existed:
             self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
         return existed
 
-    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
+    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float,
+                   detach: bool = False) -> None:
         async with live.lock:
             if live.ending or live.id not in self._live:
                 return
@@ -184,7 +197,7 @@ class EndOps:
                 if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
                     await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
-                await self._release(live)
+                await self._release(live, detach=detach)
                 self._live.pop(live.id, None)
             try:
                 if live.state == SandboxState.PENDING:
@@ -194,14 +207,17 @@ class EndOps:
             finally:
                 self.events.emit(SandboxEnded(live.id, final, reason))
 
-    async def _release(self, live: Live) -> None:
-        """Kill every process, then unmount and remove the cgroup. Never raises."""
+    async def _release(self, live: Live, *, detach: bool = False) -> None:
+        """Kill every process, then unmount and remove the cgroup (``detach``: in the
+        background once every process has exited, see :meth:`delete`). Never raises."""
         live.ending = True
         if live.cgroup is not None:
             try:
-                if live.cgroup.frozen() or (live.channel and live.channel.faulted):
-                    # Frozen processes (or a stuck agent) cannot see their channel
-                    # close: kill them now rather than waiting STOP_WAIT_S for an exit.
+                if live.cgroup.frozen() or (live.channel and (
+                        live.channel.faulted or not live.channel.ready.done())):
+                    # Frozen processes (or a stuck agent, or one not started yet: a
+                    # create cancelled) cannot see their channel close: kill them now
+                    # rather than waiting STOP_WAIT_S for an exit.
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
@@ -221,9 +237,16 @@ class EndOps:
         live.cpus = ()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.get_running_loop().run_in_executor(
+        teardown = asyncio.get_running_loop().run_in_executor(
             None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
             self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
+        if detach and not self.closed and (live.proc is None or live.proc.poll() is not None):
+            # nothing of it runs any more (its agent was pid 1 of its pid namespace:
+            # the kernel ended the rest before it): the caller need not wait
+            self._teardowns.add(teardown)
+            teardown.add_done_callback(_teardown_done(self._teardowns, live.id))
+        else:
+            await teardown
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
         self.gpus.release(live.id)  # after its processes are gone
@@ -244,3 +267,12 @@ class EndOps:
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
+
+
+def _teardown_done(pending: set[asyncio.Future[None]], sandbox_id: str
+                   ) -> Callable[[asyncio.Future[None]], None]:
+    def done(fut: asyncio.Future[None]) -> None:
+        pending.discard(fut)
+        if not fut.cancelled() and fut.exception() is not None:
+            logger.error("sandbox %s: its teardown failed", sandbox_id, exc_info=fut.exception())
+    return done

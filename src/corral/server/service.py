@@ -311,7 +311,9 @@ class SandboxService:
     async def _delete_admitted(self, sandbox_id: str, owner: str | None = None) -> bool:
         # False: none ``owner`` may see (another tenant's keeps its places); None: the
         # daemon's own work (a pool's sandbox)
-        if not await self.engine.delete(sandbox_id, owner=owner):
+        # its processes have exited when this returns; the rest of its teardown (cgroup,
+        # mounts, directories: kernel waits) goes on in the background
+        if not await self.engine.delete(sandbox_id, owner=owner, wait=False):
             return False
         self.admission.release(sandbox_id)
         return True
