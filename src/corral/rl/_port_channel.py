@@ -228,6 +228,7 @@ def _handed(address: str, path: str) -> HandedChannel | None:
     try:
         lease.settimeout(OPEN_TIMEOUT_S)
         lease.connect(address)
+        check_peer(lease, address)  # the daemon of root or this user only, as the SDK's
         lease.sendall(f"POST {path.removesuffix('/socket')}/handoff HTTP/1.1\r\n"
                       "Host: localhost\r\nContent-Length: 0\r\n\r\n".encode())
         first, fds, _, _ = socket.recv_fds(lease, 1, 1)
@@ -236,14 +237,15 @@ def _handed(address: str, path: str) -> HandedChannel | None:
         head = _reply_head(lease, "no reply to the handoff")
         if head.split(b" ", 2)[1:2] != [b"200"]:
             raise OSError("refused")
-        sock = socket.socket(fileno=fds.pop())
+        sock = socket.socket(fileno=fds[0])  # ENOTSOCK (an OSError) for anything else
+        fds.clear()
         if sock.type != socket.SOCK_STREAM:
             sock.close()
             raise OSError("not a stream")
         sock.setblocking(True)  # the daemon's side was not (one file description)
         lease.settimeout(None)
         return HandedChannel(sock, lease)
-    except OSError:
+    except (OSError, httpcore.ConnectError):  # another user's socket, a refusal, no route
         for fd in fds:
             os.close(fd)
         lease.close()
