@@ -166,7 +166,7 @@ class NetworkManager:
             handed = [a.link.host_if for a in self._by_id.values()]  # adopted before
             await asyncio.to_thread(netns.create_table, self.table, proxy_port=self._proxy.port,
                                     dns_port=self._resolver.port, udp_port=self._udp.port,
-                                    links=handed)
+                                    links=handed, lock_dir=self.links.lock_dir)
             self._in_table.update(handed)
             self._started = True
 
@@ -371,7 +371,7 @@ class NetworkManager:
         self._lookup_threads.shutdown(wait=False, cancel_futures=True)
         self._nft.shutdown(wait=True)
         if self._started and not kept:
-            await asyncio.to_thread(netns.delete_table, self.table)
+            await asyncio.to_thread(netns.drop_table, self.table, self.links.lock_dir)
 
     # ------------------------------------------------------------ enforcement
 
