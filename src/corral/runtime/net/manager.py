@@ -479,8 +479,10 @@ class NetworkManager:
         att.record("tcp", verdict.allowed, verdict.reason, name=name, ip=ip, port=port)
         if not verdict.allowed:
             return None, None
-        # through the host's proxy a name is asked for by name (its own policy may want it)
-        return (name if name is not None and self._proxied(name, port) else ip), att.conns
+        # the address judged is the one dialed, through the host's proxy too (CONNECT ip:
+        # a name would be resolved again there, maybe to the proxy's loopback or the
+        # cloud's metadata address: DNS rebinding)
+        return ip, att.conns
 
     def _proxied(self, host: str, port: int) -> bool:
         return upstream_proxy(self._proxy.proxies, host, port) is not None
