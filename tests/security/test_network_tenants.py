@@ -199,3 +199,39 @@ def _pool_until(client, name: str, done) -> dict:
             return info
         time.sleep(0.1)
     raise AssertionError(f"pool {name} never got there: {info}")
+
+
+def test_a_create_queued_while_the_right_is_taken_back_does_not_get_it(team):
+    """Race (red team 10): a tenant at its max_sandboxes asks for a host-network sandbox
+    with ``?wait=``: it passed the right's check and waits in admission. The admin takes
+    the right back, which stops the sandbox it had and so frees its place: the queued
+    create must not then start on the host's network (its check was of the right as it
+    was); it is refused, and nothing of it runs."""
+    import threading
+
+    token = team.make_token("erin", allow_host_network=True, max_sandboxes=1)
+    with team.tcp(token) as erin:
+        first = erin.post("/v1/sandboxes", json={"network": "host", "memory_mb": 64})
+        assert first.status_code == 201, first.text
+        replies = []
+        queued = threading.Thread(target=lambda: replies.append(erin.post(
+            "/v1/sandboxes?wait=60", json={"network": "host", "memory_mb": 64})))
+        queued.start()
+        try:
+            with team.admin() as admin:
+                time.sleep(1.0)  # it waits for erin's quota (nothing shows that wait)
+                assert queued.is_alive() and not replies
+                reply = admin.patch("/v1/tokens/erin", json={"allow_host_network": False})
+                assert reply.status_code == 200, reply.text
+        finally:
+            queued.join(90)
+        (second,) = replies
+        assert second.status_code == 403, second.text
+        with team.admin() as admin:
+            listed = admin.get("/v1/sandboxes").json()["sandboxes"]
+        running = [s for s in listed if s.get("tenant") == "erin"
+                   and s["state"] in ("pending", "running", "paused")]
+        assert running == [], running
+        erin.delete(f"/v1/sandboxes/{first.json()['id']}")
+    no_traceback(team)
+
