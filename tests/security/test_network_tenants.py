@@ -235,3 +235,35 @@ def test_a_create_queued_while_the_right_is_taken_back_does_not_get_it(team):
         erin.delete(f"/v1/sandboxes/{first.json()['id']}")
     no_traceback(team)
 
+
+
+
+def test_a_snapshot_of_a_host_sandbox_restores_to_nothing_once_the_right_is_gone(team):
+    """(red team 10) A tenant with the right snapshots its host-network sandbox (a live
+    checkpoint of one is refused typed: its resolv.conf mount, so none hibernates); the
+    right is taken back: a create from the snapshot, with or without the network named
+    again, does not get the host's network."""
+    token = team.make_token("fay", allow_host_network=True)
+    with team.tcp(token) as fay:
+        made = fay.post("/v1/sandboxes", json={"network": "host", "memory_mb": 64,
+                                               "checkpointable": True})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        live = fay.post(f"/v1/sandboxes/{sid}/checkpoint", json={})
+        assert live.status_code == 501 and live.json()["error"]["code"] == "unsupported"
+        taken = fay.post(f"/v1/sandboxes/{sid}/snapshot", json={})
+        assert taken.status_code in (200, 201), taken.text
+        snap = taken.json()["id"]
+        with team.admin() as admin:
+            reply = admin.patch("/v1/tokens/fay", json={"allow_host_network": False})
+            assert reply.status_code == 200, reply.text
+        assert fay.get(f"/v1/sandboxes/{sid}").json()["state"] == "stopped"
+        for spec in ({"snapshot": snap}, {"snapshot": snap, "network": "host"}):
+            again = fay.post("/v1/sandboxes", json={**spec, "memory_mb": 64})
+            assert again.status_code == 403 or (
+                again.status_code == 201 and again.json()["spec"]["network"] != "host"), again.text
+            if again.status_code == 201:
+                fay.delete(f"/v1/sandboxes/{again.json()['id']}")
+        fay.delete(f"/v1/sandboxes/{sid}")
+        fay.delete(f"/v1/snapshots/{snap}")
+    no_traceback(team)
