@@ -56,7 +56,7 @@ from corral.server.builds import builds_gate
 from corral.server.limits import parse_json
 from corral.server.streaming import NDJSONResponse
 from corral.server.tenants import require_image_rights, tenant_of
-from corral.server.wire import paced, read_json, save_body
+from corral.server.wire import check_room, paced, read_json, save_body
 
 logger = logging.getLogger("corral.server")
 
@@ -300,6 +300,7 @@ async def _save_body(request: Request, path: Path) -> None:
             if size > MAX_IMPORT_BYTES:
                 raise FileTooLarge(f"the image archive is over {MAX_IMPORT_BYTES} bytes",
                                    details={"limit": MAX_IMPORT_BYTES})
+            check_room(path.parent, size, size - len(chunk), "image archive")
             await asyncio.to_thread(f.write, chunk)
     if size == 0:
         raise InvalidArgument("missing request body: send the image archive (a tar)")
