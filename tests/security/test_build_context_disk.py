@@ -99,3 +99,44 @@ def test_a_dropped_or_bad_context_leaves_no_work_directory(daemon, route):
     while set(_work_dirs(pid)) - before:
         assert time.monotonic() < deadline, _work_dirs(pid)
         time.sleep(0.05)
+
+
+def test_a_tenant_receives_no_more_contexts_at_once_than_builds_it_may_run():
+    """Before its build is admitted a context is received whole (up to
+    --max-upload-bytes on disk): a tenant with max_builds 1 that opens many uploads at
+    once had each written (N x 256 MB by default) before the gate said no. Now a
+    context being received counts as one of the tenant's builds: the second is refused
+    typed (quota_exceeded) before a byte of its body is read, and once the first ends
+    the next is received."""
+    from tests.security.tenants_helpers import no_traceback, team_daemon
+
+    with team_daemon() as team:
+        token = team.make_token("ivy", allow_images=True, max_builds=1)
+        with team.tcp(token) as ivy:
+            slow = socket.create_connection(("127.0.0.1", team.port))
+            slow.sendall(b"POST /v1/images/build HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/x-tar\r\n"
+                         + f"Authorization: Bearer {token}\r\n".encode()
+                         + f"Content-Length: {4 * MB}\r\n\r\n".encode() + bytes(MB))
+            try:
+                deadline = time.monotonic() + 30
+                while True:  # until the daemon receives the first (its work dir is there)
+                    second = ivy.post("/v1/images/build", content=b"junk",
+                                      headers={"Content-Type": "application/x-tar"})
+                    if second.status_code != 400:
+                        break
+                    assert time.monotonic() < deadline, second.text
+                    time.sleep(0.05)
+                assert second.json()["error"]["code"] == "quota_exceeded", second.text
+            finally:
+                slow.close()
+            deadline = time.monotonic() + 30
+            while True:  # the first's place is given back when its upload ends
+                third = ivy.post("/v1/images/dockerfile", content=b"junk",
+                                 headers={"Content-Type": "application/x-tar"})
+                if third.status_code == 400:
+                    break
+                assert third.json()["error"]["code"] == "quota_exceeded", third.text
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        no_traceback(team)

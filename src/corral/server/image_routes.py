@@ -183,7 +183,8 @@ async def build_image(request: Request) -> Response:
     try:
         if request.headers.get("content-type", "").split(";")[0].strip() == TAR:
             work = await asyncio.to_thread(store.work_dir, "build")
-            data = await save_context(request, work)
+            with builds_gate(request).receiving(tenant_of(request)):
+                data = await save_context(request, work)
             context: Path | None = work / "root" / CONTEXT_DIR
         else:
             data, context = await read_json(request, "build request"), None
