@@ -169,3 +169,15 @@ flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, req)[:18])[1]
 out["lo_up"] = bool(flags & IFF_UP)
 print(json.dumps(out))
 """
+
+
+async def test_a_policy_sandbox_runs_in_its_policys_namespace_not_the_slots(engine):
+    """(red team 10) A warm slot's launcher made an empty namespace; a sandbox with a
+    policy takes the slot and must run in its policy's namespace (its filtered link),
+    bwrap and agent alike: never the prepared one (no network at all) nor the host's."""
+    info = await engine.create(network={"allow": ["example.com"]})
+    live = engine._live[info.id]
+    assert live.netns
+    policy = f"net:[{os.stat(live.netns).st_ino}]"
+    assert _netns(agent_host_pid(engine, info.id)) == policy
+    assert _netns(live.proc.pid) == policy
