@@ -156,6 +156,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        self._resuming: dict[str, asyncio.Event] = {}  # set when its resume ended (delete waits)
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
@@ -463,6 +464,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         slot.cgroup.restrict_devices(rules)
         if live.images is not None:
             await self._restored(live, slot)  # or InvalidState: a forged checkpoint
+        if live.ending:  # deleted while it started (its id listed): it never runs
+            raise SandboxStartError(f"sandbox {live.id} was deleted while it started",
+                                    details={"sandbox_id": live.id})
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

@@ -55,6 +55,7 @@ class EndOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
+        _resuming: dict[str, asyncio.Event]
         registry: Registry
         events: Events
         owners: Owners
@@ -141,6 +142,7 @@ class EndOps:
     ) -> SandboxInfo:
         """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
         mounts and cgroups. The record stays (state ``stopped``) until deleted."""
+        await self._past_resume(sandbox_id)  # a resume under way: stop what it leaves
         info = self.get(sandbox_id, owner=owner)  # SandboxNotFound (another owner's too)
         live = self._live.get(sandbox_id)
         if live is None:
@@ -149,6 +151,12 @@ class EndOps:
         else:
             await self._end(live, SandboxState.STOPPED, reason, grace=grace)
         return self.get(sandbox_id, owner=None)
+
+    async def _past_resume(self, sandbox_id: str) -> None:
+        """Wait until no resume of ``sandbox_id`` is under way (engine_hibernate: it
+        takes the hibernated sandbox out of the table while it creates it again)."""
+        while (resuming := self._resuming.get(sandbox_id)) is not None:
+            await resuming.wait()
 
     async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET,
                      wait: bool = True) -> bool:
@@ -163,6 +171,7 @@ class EndOps:
         acting = self.owners.of(owner)
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
+        await self._past_resume(sandbox_id)  # a resume under way: delete what it leaves
         info = self.registry.get(sandbox_id, owner=acting)
         if acting is not None and info is None:
             return False
@@ -178,7 +187,7 @@ class EndOps:
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float,
                    detach: bool = False) -> None:
         async with live.lock:
-            if live.ending or live.id not in self._live:
+            if live.ending or self._live.get(live.id) is not live:  # (a resumed one's is new)
                 return
             live.ending = True
             try:  # a registry that cannot be written (a full disk) still frees everything
