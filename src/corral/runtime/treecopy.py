@@ -358,7 +358,10 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
     A file of one extent is handed to ``hasher`` chunk by chunk as it is written; a
     large file's chunks are sent to disk as they land (:func:`.syscalls.start_writeback`)."""
     spans = extents(fin, size)
-    first = next(spans, None)  # lazily: a hostile file may have millions of extents
+    # lazily: a hostile file may have millions of extents. Its lseek also waits for a
+    # write(2) under way (the inode lock): a precopy never reads a file mid-write,
+    # whose times were set as that write began (tests/security/test_precopy_straddle.py)
+    first = next(spans, None)
     whole = first == (0, size)  # then the only one
     streamed = hasher.start(fout, size) if hasher is not None and whole else None
     flushed = size >= streamhash.MIN_SIZE  # its writeback started chunk by chunk
