@@ -170,3 +170,18 @@ def test_no_socket_below_a_directory_another_user_may_rename_in(tmp_path):
         bind_unix(via / "corral.sock")
     os.chown(theirs, 0, 0)  # the control: root's all the way up
     bind_unix(ours / "corral.sock").close()
+
+
+def test_a_lease_heartbeat_sends_nothing_to_a_socket_another_user_serves(squatter):
+    """Red team: the lease's renewals run on a client of their own (a thread, a plain
+    httpx transport): they sent the token every ``ttl / 3`` to whoever served the
+    socket, past the SDK's check. Now they go through the same checked transport."""
+    from corral.client._lease import Heartbeat
+
+    sock, log = squatter
+    beat = Heartbeat(f"unix://{sock}", "crl_secret-of-the-heartbeat", "lease-x", ttl=0.3)
+    try:
+        time.sleep(0.5)  # several renewals' time
+    finally:
+        beat.stop()
+    assert b"secret" not in _received(log), "the heartbeat sent its token to another user"

@@ -17,6 +17,7 @@ import httpx
 
 from corral.api.operations import operation
 from corral.client._config import Endpoint
+from corral.client._unix import DaemonTransport
 from corral.errors import CorralError, LeaseNotFound
 
 logger = logging.getLogger("corral")
@@ -45,7 +46,8 @@ class Heartbeat:
         endpoint = self._endpoint
         renew = operation("renew_lease")
         with httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
-                          transport=httpx.HTTPTransport(uds=endpoint.uds),
+                          # on a Unix socket: only to root's or this user's (SO_PEERCRED)
+                          transport=DaemonTransport(uds=endpoint.uds, limits=httpx.Limits()),
                           timeout=every) as http:
             while not self._stop.wait(every):
                 try:
