@@ -183,6 +183,7 @@ class Walk:
         self.root, self.skip, self.budget = os.fspath(root), skip, budget
         self.max_depth = max_depth
         self.names: list[str] = []  # from the root down to the current directory
+        self._keys = [b"."]  # :meth:`key` of the root and each directory down to here
 
     def rel(self, name: str | None = None) -> bytes:
         """The path of ``name`` (in the current directory), relative to the root."""
@@ -190,6 +191,14 @@ class Walk:
         if name is not None:
             parts.append(os.fsencode(name))
         return b"/".join(parts)
+
+    def key(self, name: str | None = None) -> bytes:
+        """16 bytes naming ``name`` (in the current directory; None: the directory) by
+        its path, chained from its directory's key: what a record of every entry keeps
+        (:meth:`rel` is as long as the path: a tree 4096 levels of 255-byte names deep
+        made a megabyte per entry, gigabytes of a commit's record)."""
+        base = self._keys[-1]
+        return base if name is None else _chain(base, name)
 
     def _listing(self, fd: int, skip: frozenset[str]) -> list[str]:
         names = []
@@ -218,6 +227,7 @@ class Walk:
                         name = self.names[-1]
                         yield LEAVE, fds.parent(), name, st, fds.top
                         self.names.pop()
+                        self._keys.pop()
                         fds.pop()
                     else:
                         yield LEAVE, -1, "", st, fds.top
@@ -237,11 +247,16 @@ class Walk:
                 if fds.ids[-1] != (st.st_dev, st.st_ino):
                     raise InternalError(f"{name!r} changed while its tree was walked")
                 self.names.append(name)
+                self._keys.append(_chain(self._keys[-1], name))
                 yield ENTER, parent, name, st, fd
                 pending.append(self._listing(fd, frozenset()))
                 stats.append(st)
         finally:
             fds.close()
+
+
+def _chain(base: bytes, name: str) -> bytes:
+    return hashlib.blake2b(base + b"/" + os.fsencode(name), digest_size=16).digest()
 
 
 # ---------------------------------------------------------------------- copying
@@ -272,7 +287,7 @@ def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts. ``ids``
     translates owners (uids and gids, in ACLs too); ``hasher`` hashes the copies;
     ``record`` gets each entry's :func:`signature` (taken before it was copied) by its
-    path relative to ``src`` (``b"."``, ``b"./a"``...)."""
+    path relative to ``src`` (:meth:`Walk.key`)."""
     os.mkdir(dst, 0o700)  # its real mode once its entries are in
     out = _Fds(os.open(dst, _O_DIR))
     try:
@@ -280,7 +295,7 @@ def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         ctx = CopyState(budget, link_base=out.fds[0], ids=ids, hasher=hasher)
         for kind, parent, name, st, fd in walk:
             if record is not None and kind != LEAVE:
-                record[walk.rel(name if kind == NODE else None)] = signature(st)
+                record[walk.key(name if kind == NODE else None)] = signature(st)
             if kind == ENTER and parent != -1:
                 os.mkdir(name, 0o700, dir_fd=out.top)
                 out.push(os.open(name, _O_DIR, dir_fd=out.top))

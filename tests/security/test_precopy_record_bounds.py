@@ -1,0 +1,68 @@
+"""Red team of the precopy commit (corral.runtime.precopy): the record it keeps of
+every entry's signature, on a tree made to make paths long.
+
+A sandbox may make directories 4095 levels deep, each name 255 bytes, and put its
+~131,000 entries at the bottom. The precopy's record was keyed by each entry's path:
+a megabyte per entry there, gigabytes of the daemon's memory for one commit (measured
+at 1,000 levels and 1,000 files: 367 MB of keys, 1.6 s). Keys are now 16-byte digests
+chained from the directory's, and the delta still finds every change by path. No root
+needed; the tree is on a tmpfs, as a sandbox's writable layer is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from corral.runtime.layers import tree_digest
+from corral.runtime.treecopy import copy_tree
+from corral.runtime.treedelta import sync_delta
+
+DEPTH, FILES = 600, 600
+NAME = "x" * 255
+
+
+@pytest.fixture
+def shm():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs")
+    d = Path(tempfile.mkdtemp(prefix="corral-deep-", dir="/dev/shm"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _deep(root: Path) -> int:
+    """The bottom directory's descriptor: ``DEPTH`` levels of 255-byte names, holding
+    ``FILES`` files of 250-byte names."""
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(DEPTH):
+        os.mkdir(NAME, dir_fd=fd)
+        fd, old = os.open(NAME, os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    for i in range(FILES):
+        os.close(os.open(f"{i:0250d}", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    return fd
+
+
+def test_the_record_of_a_deep_tree_stays_small_and_its_delta_right(shm):
+    src, dst = shm / "src", shm / "dst"
+    src.mkdir()
+    bottom = _deep(src)
+    try:
+        record: dict[bytes, tuple[int, ...]] = {}
+        copy_tree(src, dst, record=record)
+        assert len(record) == 1 + DEPTH + FILES
+        keys = sum(map(len, record))
+        assert keys <= 16 * len(record), f"{keys} bytes of keys for {len(record)} entries"
+        last = f"{FILES - 1:0250d}"
+        with open(os.open(last, os.O_WRONLY, dir_fd=bottom), "wb") as f:
+            f.write(b"changed at the bottom")
+        os.unlink(f"{0:0250d}", dir_fd=bottom)
+        assert sync_delta(src, dst, record) >= 2
+    finally:
+        os.close(bottom)
+    assert tree_digest(dst) == tree_digest(src)
