@@ -12,11 +12,7 @@ needed; the tree is on a tmpfs, as a sandbox's writable layer is.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
-
-import pytest
 
 from corral.runtime.layers import tree_digest
 from corral.runtime.treecopy import copy_tree
@@ -25,14 +21,6 @@ from corral.runtime.treedelta import sync_delta
 DEPTH, FILES = 600, 600
 NAME = "x" * 255
 
-
-@pytest.fixture
-def shm():
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm tmpfs")
-    d = Path(tempfile.mkdtemp(prefix="corral-deep-", dir="/dev/shm"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _deep(root: Path) -> int:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,14 +29,6 @@ from corral.runtime.treedelta import sync_delta
 
 SIZE = 32 << 20
 
-
-@pytest.fixture
-def shm():
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm tmpfs")
-    d = Path(tempfile.mkdtemp(prefix="corral-straddle-", dir="/dev/shm"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _cold_source(path: Path) -> mmap.mmap:
