@@ -85,8 +85,8 @@ def sync_delta(src: str | os.PathLike[str], dst: str | os.PathLike[str], record:
                 seen[-1].add(name)
                 if fresh[-1] or st.st_nlink > 1 or changed(record.get(walk.key(name)), st):
                     _remove(out.top, name, hasher, budget)
-                    link_key = os.fsdecode(walk.rel(name)[2:]) if st.st_nlink > 1 else ""
-                    copy_node(parent, name, out.top, name, st, ctx, link_key)
+                    copy_node(parent, name, out.top, name, st, ctx,
+                              walk.place(name) if st.st_nlink > 1 else "")
                     dirty[-1] = True
                     n += 1
             else:  # LEAVE
