@@ -248,3 +248,36 @@ async def test_close_deletes_every_ready_sandbox(engine):
     assert alive(engine, "a") == alive(engine, "b") == set()
     with pytest.raises(InvalidState, match="closed"):
         pools.create_pool("c", SPEC, min_ready=0, max_size=1)
+
+
+async def test_deleting_a_filling_pool_lets_its_started_sandboxes_exit_at_once(
+        engine, pools, monkeypatch):
+    """A pool deleted while its creates are in flight: each create is cancelled after
+    its agent started and before it was ready. Its agent must exit because the engine
+    let go of every end of its channels, not be SIGKILLed by the fallback after
+    STOP_WAIT_S (a delete of a filling pool used to wait 5 s), and nothing is left."""
+    stuck: list[str] = []
+    settle = type(engine)._settle_network
+
+    async def never_ready(self, live):  # holds each create between launch and ready
+        stuck.append(live.id)
+        await asyncio.Event().wait()
+        await settle(self, live)
+
+    monkeypatch.setattr(type(engine), "_settle_network", never_ready)
+    pools.create_pool("filling", SPEC, min_ready=2, max_size=2)
+    await until(lambda: len(stuck) == 2, "two creates launched")
+    lives = [engine._live[sid] for sid in stuck]
+    procs = [live.proc for live in lives]
+    assert all(p is not None and p.poll() is None for p in procs)
+
+    assert await pools.delete_pool("filling") is True
+    codes = [p.poll() for p in procs]
+    assert None not in codes, "a cancelled create's launcher still runs"
+    assert -9 not in codes, f"killed by the fallback, not ended by the engine: {codes}"
+    assert not set(stuck) & {i.id for i in engine.list()}, "a cancelled create left its row"
+    assert not set(stuck) & set(engine._live)
+    for live in lives:
+        assert not live.sandbox_dir.exists()
+        assert not live.cgroup.pids()
+        assert not any(d.exists() for d in live.cgroup._dirs.values()), "its cgroup is left"

@@ -385,6 +385,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if slot.go_fd >= 0:
                 slot.sock.close()
                 await asyncio.to_thread(slot.discard)
+            else:  # launched: its agent must see every end close, or it waits STOP_WAIT_S
+                slot.hang_up()
             await self._release(live)
             self._live.pop(sid, None)
             self.secret_store.remove(sid)  # (a resume that fails keeps them: engine_hibernate)
