@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
@@ -57,7 +56,13 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
-from corral.runtime.engine_end import RELEASE_THREADS, STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
+from corral.runtime.engine_end import (  # noqa: F401
+    RELEASE_THREADS,
+    STOP_WAIT_S,
+    TRIM_AFTER_BYTES,
+    EndOps,
+    release_pool,
+)
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_hibernate import HibernateOps
 from corral.runtime.engine_lifetime import LifetimeOps
@@ -152,7 +157,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
-        self._releasers = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="corral-release")
+        self._releasers = release_pool()
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
