@@ -158,6 +158,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._tasks: set[asyncio.Task[Any]] = set()
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = release_pool()
+        # ended sandboxes whose cgroups, directories and uid are still being released
+        # (engine_end: EndOps._reclaim_later), by id
+        self._reclaiming: dict[str, asyncio.Future[None]] = {}
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
@@ -294,6 +297,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 return_exceptions=True,
             )
         await self._pool.close()
+        await self.reclaimed()  # before its own cgroup goes (and its pool of threads)
         self._releasers.shutdown(wait=False)
         await self.net.close(keep=handed)
         for t in list(self._tasks):
@@ -347,6 +351,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         spec = self.resolve_network(spec, owner=acting)  # network="NAME": NetworkNotFound now
         sid = sandbox_id or _new_id(self.id_prefix)
+        if sandbox_id is not None:  # a resumed one: its last end's directories are gone
+            await self.reclaimed(sandbox_id)
         spec, snap = self.snapshots.acquire(spec, owner=acting)  # a reference, released by _release
         try:
             images = self.checkpoint_images(snap.id, owner=None) if snap is not None else None  # live?

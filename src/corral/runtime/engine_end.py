@@ -8,6 +8,7 @@ A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`)
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
 import time
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from corral.runtime.registry import Registry
     from corral.runtime.snapshots import Snapshots
     from corral.runtime.uids import UidBlock
+
+logger = logging.getLogger("corral.runtime")
 
 STOP_WAIT_S = 5.0
 RELEASE_THREADS = 48
@@ -95,6 +98,7 @@ class EndOps:
         gpus: GpuAllocator
         closed: bool
         _releasers: Executor
+        _reclaiming: dict[str, asyncio.Future[None]]
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
@@ -218,7 +222,7 @@ class EndOps:
                 if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
                     await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
-                await self._release(live)
+                await self._release(live, reclaim=True)
                 self._live.pop(live.id, None)
             try:
                 if live.state == SandboxState.PENDING:
@@ -228,8 +232,50 @@ class EndOps:
             finally:
                 self.events.emit(SandboxEnded(live.id, final, reason))
 
-    async def _release(self, live: Live) -> None:
-        """Kill every process, then unmount and remove the cgroup. Never raises."""
+    def _reclaimable(self, live: Live) -> bool:
+        """Whether what is left of an ended sandbox is only empty directories (its
+        cgroups, its host directories) and its uid: its outer process exited, and with
+        it its pid namespace (every process in it is reaped before its init's parent
+        sees it exit), its mount namespace (the tmpfs and overlay) and its network
+        namespace. A sandbox with a GPU, a network policy's link, a restored process
+        tree, or a process still in its cgroup (its outer process was killed from
+        outside: the rest dies of ``--die-with-parent``, a moment later) is released
+        while its ender waits."""
+        return (not self.closed and live.proc is not None and live.proc.poll() is not None
+                and live.gpus is None and live.netns is None and live.images is None
+                and live.cgroup is not None and not live.cgroup.populated())
+
+    def _reclaim_later(self, sandbox_id: str, job: asyncio.Future[None]) -> None:
+        """The ender goes on; :meth:`reclaimed` (and :meth:`Engine.close`) wait for the
+        job, and a crash meanwhile leaves only what the next engine's reconcile sweeps
+        (cgroups and directories the registry does not keep)."""
+        self._reclaiming[sandbox_id] = job
+
+        def done(fut: asyncio.Future[None]) -> None:
+            if self._reclaiming.get(sandbox_id) is fut:
+                del self._reclaiming[sandbox_id]
+            if not fut.cancelled() and (exc := fut.exception()) is not None:
+                logger.warning("releasing sandbox %s failed: %r", sandbox_id, exc)
+
+        job.add_done_callback(done)
+
+    async def reclaimed(self, sandbox_id: str | None = None) -> None:
+        """Wait until the cgroups, directories and uids of ended sandboxes (or of
+        ``sandbox_id``) are removed and given back: a delete returns once its processes
+        are gone, and these follow in the background (a mass teardown's deletes do not
+        queue behind one another's ``rmdir``)."""
+        while True:
+            jobs = (list(self._reclaiming.values()) if sandbox_id is None
+                    else [j for j in [self._reclaiming.get(sandbox_id)] if j is not None])
+            if not jobs:
+                return
+            await asyncio.gather(*(asyncio.shield(j) for j in jobs), return_exceptions=True)
+
+    async def _release(self, live: Live, *, reclaim: bool = False) -> None:
+        """Kill every process, then remove the cgroup and directories. Never raises.
+        ``reclaim``: once the processes are gone, the rest may follow in the background
+        (:meth:`_reclaimable`); only a sandbox that ends for good, whose ``live`` no one
+        changes after (hibernation reuses its id and resets its fields: not it)."""
         live.ending = True
         if live.cgroup is not None:
             try:
@@ -256,11 +302,15 @@ class EndOps:
         dropped = processes.release(live)
         self.cpu_picker.give_back(live.cpus)
         live.cpus = ()
-        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
+        # Removing cgroups and directories are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        await asyncio.get_running_loop().run_in_executor(
+        job = asyncio.get_running_loop().run_in_executor(
             None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
             self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
+        if reclaim and self._reclaimable(live):
+            self._reclaim_later(live.id, job)
+        else:
+            await job
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
         self.gpus.release(live.id)  # after its processes are gone
