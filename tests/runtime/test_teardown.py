@@ -101,9 +101,11 @@ CRASHER = textwrap.dedent(
             await eng.exec(info.id, "sleep 1000 >/dev/null 2>&1 &")
         pids = {p: process_start_time(p) for i in infos for p in eng._live[i.id].cgroup.pids()}
         stuck = threading.Event()
-        # every background release hangs: the deletes return, their cgroups, directories
-        # and uids stay, and the engine dies in the middle of releasing them
-        type(eng)._release_resources = lambda self, live, trim=False: stuck.wait()
+        # every background release hangs at its cgroup: the deletes return (their groups
+        # are empty), their cgroups, directories and uids stay, and the engine dies in
+        # the middle of releasing them
+        group = type(eng._live[infos[0].id].cgroup)
+        group.remove = lambda self, children=True: stuck.wait()
         done = await asyncio.gather(*(eng.delete(i.id) for i in infos[1:]))
         assert all(done) and len(eng._reclaiming) == len(infos) - 1, eng._reclaiming
         print(json.dumps({"ids": [i.id for i in infos], "pids": pids}), flush=True)

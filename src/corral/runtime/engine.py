@@ -57,6 +57,7 @@ from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_end import (  # noqa: F401
+    HANG_UP_THREADS,
     RELEASE_THREADS,
     STOP_WAIT_S,
     TRIM_AFTER_BYTES,
@@ -158,6 +159,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._tasks: set[asyncio.Task[Any]] = set()
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = release_pool()
+        self._hang_ups = release_pool(HANG_UP_THREADS, "corral-hang-up")  # (engine_end)
         # ended sandboxes whose cgroups, directories and uid are still being released
         # (engine_end: EndOps._reclaim_later), by id
         self._reclaiming: dict[str, asyncio.Future[None]] = {}
@@ -299,6 +301,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         await self._pool.close()
         await self.reclaimed()  # before its own cgroup goes (and its pool of threads)
         self._releasers.shutdown(wait=False)
+        self._hang_ups.shutdown(wait=False)
         await self.net.close(keep=handed)
         for t in list(self._tasks):
             t.cancel()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
     from pathlib import Path
 
+    from corral.runtime.cgroups import Cgroup
     from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
     from corral.runtime.gpus import GpuAllocator
@@ -48,11 +49,16 @@ RELEASE_THREADS = 48
 spends ~10 ms in the kernel, mostly waiting (RCU grace periods, not CPU): asyncio's
 default pool (cores + 4 threads) queued a mass teardown behind six of them; 48 took
 200 concurrent deletes from 1.16-1.21 s to 0.63-0.87 s (load 24-34, same engine CPU)."""
+HANG_UP_THREADS = 8
+"""Threads shutting down ending sandboxes' reattach sockets and reading whether their
+groups are empty (``Engine._hang_ups``): a pool of their own, as in the release pool
+they queued behind the removals of sandboxes ended earlier, and each delete waits for
+its own (a mass teardown took as long as all its removals again)."""
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 PRESTART_WAIT_S = 60.0  # the most a release thread waits for its siblings to start
 
 
-def release_pool(threads: int = RELEASE_THREADS) -> ThreadPoolExecutor:
+def release_pool(threads: int = RELEASE_THREADS, name: str = "corral-release") -> ThreadPoolExecutor:
     """The engine's pool of release threads, its threads started by a helper thread.
 
     A pool starts its threads when work is submitted, and each start waits for the new
@@ -60,7 +66,7 @@ def release_pool(threads: int = RELEASE_THREADS) -> ThreadPoolExecutor:
     the event loop for ~0.45 s while 48 threads started. Here a helper thread submits
     ``threads`` tasks that wait for one another, so every thread exists (idle) before
     the loop first needs one; a pool shut down meanwhile just stops the warming."""
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="corral-release")
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
     barrier = threading.Barrier(threads + 1)
 
     def wait() -> None:
@@ -78,8 +84,12 @@ def release_pool(threads: int = RELEASE_THREADS) -> ThreadPoolExecutor:
             return
         wait()
 
-    threading.Thread(target=warm, name="corral-release-warm", daemon=True).start()
+    threading.Thread(target=warm, name=f"{name}-warm", daemon=True).start()
     return pool
+
+
+def _populated(group: Cgroup | None) -> bool:
+    return group is None or group.populated()
 
 
 class EndOps:
@@ -98,6 +108,7 @@ class EndOps:
         gpus: GpuAllocator
         closed: bool
         _releasers: Executor
+        _hang_ups: Executor
         _reclaiming: dict[str, asyncio.Future[None]]
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
@@ -243,7 +254,7 @@ class EndOps:
         while its ender waits."""
         return (not self.closed and live.proc is not None and live.proc.poll() is not None
                 and live.gpus is None and live.netns is None and live.images is None
-                and live.cgroup is not None and not live.cgroup.populated())
+                and live.cgroup is not None)  # (and its group empty: _release_resources)
 
     def _reclaim_later(self, sandbox_id: str, job: asyncio.Future[None]) -> None:
         """The ender goes on; :meth:`reclaimed` (and :meth:`Engine.close`) wait for the
@@ -286,7 +297,7 @@ class EndOps:
             except (OSError, CorralError):
                 pass
         # its agent exits once its channel closes too
-        hung_up = self._forget(live, None if self.closed else self._releasers)
+        hung_up = self._forget(live, None if self.closed else self._hang_ups)
         self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
@@ -304,10 +315,15 @@ class EndOps:
         live.cpus = ()
         # Removing cgroups and directories are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        job = asyncio.get_running_loop().run_in_executor(
+        loop = asyncio.get_running_loop()
+        # whether its group is empty is read in a thread too: a cgroupfs read waits
+        # behind the removals of other groups (kernfs' lock), not for the loop's thread
+        later = reclaim and self._reclaimable(live) and not await loop.run_in_executor(
+            self._hang_ups, _populated, live.cgroup)
+        job = loop.run_in_executor(
             None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
             self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
-        if reclaim and self._reclaimable(live):
+        if later:
             self._reclaim_later(live.id, job)
         else:
             await job
