@@ -5,12 +5,16 @@
 Starts a private daemon (``python -m corral.server``) on a temporary socket and state
 directory, creates one sandbox and times ``sb.exec(["true"])`` with the blocking and the
 asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the same run.
-Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK, and an
-async ``spawn`` → ``wait`` → ``exec`` (a process read to its exit, then the next call). Where uvloop
+Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK, in rounds
+alternated with its baseline, raw bwrap's create+exec+destroy (``bench_engine``'s
+``bwrap_true``: the engine's namespaces, flags and seccomp filter on the image's rootfs,
+running ``/bin/true`` and exiting), and an async ``spawn`` → ``wait`` → ``exec`` (a
+process read to its exit, then the next call). Where uvloop
 is installed, a second daemon runs on its loop (``CORRAL_DAEMON_LOOP=uvloop``) and the
 exec round trips of the two daemons are timed in alternating rounds (``*_uvloop`` keys,
 and their ratio to asyncio's loop). Needs root.
-Target (issue: daemon and SDK): SDK exec round trip p50 ≤ 2.5 ms.
+Targets (issues: daemon and SDK; performance): SDK exec round trip p50 ≤ 2.5 ms; SDK
+create+exec+delete ≤ 2× raw bwrap's create+exec+destroy.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
@@ -99,6 +103,29 @@ def private_daemon(prefix: str, *args: str, env: dict[str, str] | None = None) -
 ROUNDS = 5  # the two loops' daemons take turns, so a change of the host's load hits both
 
 
+def raw_bwrap_cycle() -> Callable[[], None]:
+    """One raw bwrap create+exec+destroy of the default image (``bench_engine``'s
+    ``bwrap_true`` baseline); a temporary engine finds bwrap, the image and the filter."""
+    from bench_engine import run_bwrap
+
+    from corral.runtime import seccomp
+    from corral.runtime.engine import Engine
+    from corral.schema import DEFAULT_IMAGE
+
+    async def locate() -> tuple[str, Path, Path]:
+        state = Path(tempfile.mkdtemp(prefix="corral-bench-sdk-bwrap-"))
+        engine = await Engine.open(state)
+        try:
+            return engine.bwrap, engine.images.get(DEFAULT_IMAGE).rootfs, engine.agent_path
+        finally:
+            await engine.close()
+            shutil.rmtree(state, ignore_errors=True)
+
+    bwrap, rootfs, agent = asyncio.run(locate())
+    bpf = seccomp.build_filter()
+    return lambda: run_bwrap([], bwrap, rootfs, agent, bpf)
+
+
 def exec_rtts(url: str, n: int) -> tuple[list[float], list[float], list[float]]:
     """``n`` sync and ``n`` async ``exec(["true"])`` round trips on one sandbox each,
     and ``n`` async ``spawn(["true"])`` + ``wait()`` (then one exec: it finds the
@@ -153,12 +180,18 @@ def main() -> int:
                 if loop == "asyncio":
                     spawns += w
         url = urls["asyncio"]
+        bwrap_cycle = raw_bwrap_cycle()
+        full: list[float] = []
+        raw: list[float] = []
         with corral.Client(url) as client:
             def lifecycle() -> None:
                 with corral.Sandbox.create(memory_mb=128, client=client) as s:
                     s.exec(["true"])
 
-            full = timed(lifecycle, max(20, n // 10))
+            lifecycle()  # warm: the image's dentries, the connection
+            for _ in range(ROUNDS):  # alternated: a change of the load hits both
+                raw += timed(bwrap_cycle, max(4, n // 10 // ROUNDS))
+                full += timed(lifecycle, max(4, n // 10 // ROUNDS))
         res = {
             "bare_exec_ms_p50": statistics.median(bare),
             "sdk_exec_rtt_ms_p50": statistics.median(sync["asyncio"]),
@@ -166,7 +199,10 @@ def main() -> int:
             "sdk_async_exec_rtt_ms_p50": statistics.median(async_rtt["asyncio"]),
             "sdk_async_spawn_wait_exec_ms_p50": statistics.median(spawns),
             "sdk_create_exec_delete_ms_p50": statistics.median(full),
+            "raw_bwrap_create_exec_destroy_ms_p50": statistics.median(raw),
         }
+        res["sdk_create_exec_delete_vs_raw_bwrap"] = (res["sdk_create_exec_delete_ms_p50"]
+                                                      / res["raw_bwrap_create_exec_destroy_ms_p50"])
         if "uvloop" in loops:
             res["sdk_exec_rtt_ms_p50_uvloop"] = statistics.median(sync["uvloop"])
             res["sdk_async_exec_rtt_ms_p50_uvloop"] = statistics.median(async_rtt["uvloop"])
@@ -174,6 +210,9 @@ def main() -> int:
     print(f"{'figure':34} {'value':>8}  {'target':>9}  vs bare fork+exec")
     targets = {"sdk_exec_rtt_ms_p50": 2.5}
     for key, value in res.items():
+        if key.endswith("_vs_raw_bwrap"):
+            print(f"{key:34} {value:8.2f}x (target <= 2x, same run)")
+            continue
         target = f"<= {targets[key]} ms" if key in targets else ""
         print(f"{key:34} {value:8.2f}  {target:>9}  {value / floor:5.1f}x")
     if "uvloop" in loops:

@@ -3,13 +3,15 @@
     python3 benchmarks/bench_snapshot.py [--quick] [--json OUT]
 
 - ``snapshot_commit_ms``: ``engine.snapshot`` of a sandbox whose writable layer holds a
-  fresh 50 MB file (median of 5); baseline: copying the same 50 MB file on the host
-  with ``cp`` into the state directory's filesystem, plus ``sync``. Beside it, alternating:
+  fresh 50 MB file (median of 5); baseline: copying a 50 MB file from a tmpfs (where a
+  sandbox's writable layer is) with ``cp -a`` into the state directory's filesystem,
+  plus ``sync``, in turn with the commits. Beside it, alternating:
   ``commit_hash_at_seal_ms``, the same commit with large files hashed only after the copy
   (``LayerStore.stream_hash`` False, the way before; the default hashes behind the copy
-  when a CPU is spare); ``snapshot_frozen_ms`` /
-  ``frozen_hash_at_seal_ms``: how long the sandbox stayed frozen (issue 30: commit
-  <= 0.8x the copy, frozen <= 10 ms).
+  when a CPU is spare); ``commit_whole_frozen_ms``: the commit before precopies, the
+  whole layer copied frozen (``CORRAL_SNAPSHOT_PRECOPY=0``, :mod:`corral.runtime.precopy`);
+  ``snapshot_frozen_ms`` / ``frozen_hash_at_seal_ms`` / ``frozen_whole_ms``: how long
+  the sandbox stayed frozen in each (issue 30: commit <= 0.8x the copy, frozen <= 10 ms).
 - ``restore_100_s``: 100 sandboxes created concurrently from that snapshot; baseline:
   100 plain creates, same concurrency. Targets (issue: snapshots): commit ≤ 100 ms,
   100 restores ≤ 1 s. Needs root.
@@ -30,22 +32,26 @@ from pathlib import Path
 
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
+from corral.runtime import precopy
 from corral.runtime.engine import Engine
 
 MB = 1 << 20
 
 
-async def commit_times(engine: Engine, rounds: int) -> dict[str, list[float]]:
-    """Commits as by default (``default``: large files hashed behind their copy when
-    a CPU is spare, :mod:`corral.runtime.streamhash`) and with them hashed only at seal
-    (``at_seal``: the earlier way), alternating; each with the time the sandbox stayed
+async def commit_times(engine: Engine, rounds: int,
+                       copy_src: Path | None = None) -> dict[str, list[float]]:
+    """Commits as by default (``default``: a precopy, then the delta frozen; large
+    files hashed behind their copy when a CPU is spare, :mod:`corral.runtime.streamhash`),
+    with them hashed only at seal (``at_seal``) and with the whole layer copied frozen
+    (``whole``: before precopies), alternating; each with the time the sandbox stayed
     frozen. ``bench_layer_hash.py`` measures the hashing's two ways without a sandbox."""
     out: dict[str, list[float]] = {}
     store = engine.snapshots.store
     try:
         for i in range(rounds):
-            for way, streamed in (("at_seal", False), ("default", None)):
+            for way, streamed in (("at_seal", False), ("whole", None), ("default", None)):
                 store.stream_hash = streamed
+                os.environ[precopy.ENV] = "0" if way == "whole" else "1"
                 sb = await engine.create(memory_mb=256, disk_mb=256)
                 r = await engine.exec(
                     sb.id, f"head -c {50 * MB} /dev/urandom > /workspace/data-{i}.bin"
@@ -57,27 +63,24 @@ async def commit_times(engine: Engine, rounds: int) -> dict[str, list[float]]:
                 out.setdefault(f"{way}_frozen", []).append(engine.snapshots.last_frozen_s * 1000)
                 await engine.delete(sb.id)
                 await engine.delete_snapshot(snap.id)
+            if copy_src is not None:  # the baseline, in turn with them
+                out.setdefault("copy", []).append(await asyncio.to_thread(
+                    copy_once, copy_src, engine.layout.state_dir / "copy-baseline"))
     finally:
         store.stream_hash = None
+        os.environ.pop(precopy.ENV, None)
     await engine.gc_layers()
     return out
 
 
-def copy_baseline(state_dir: Path, rounds: int) -> list[float]:
-    src = Path(tempfile.mkdtemp(prefix="corral-bench-src-", dir="/dev/shm"))
-    dst = state_dir / "copy-baseline"
-    (src / "f").write_bytes(os.urandom(50 * MB))
-    out = []
-    try:
-        for _ in range(rounds):
-            t = time.perf_counter()
-            subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
-            os.sync()
-            out.append((time.perf_counter() - t) * 1000)
-            shutil.rmtree(dst)
-    finally:
-        shutil.rmtree(src, ignore_errors=True)
-    return out
+def copy_once(src: Path, dst: Path) -> float:
+    """``cp -a`` of ``src`` to ``dst`` plus ``sync``, in ms (``dst`` removed after)."""
+    t = time.perf_counter()
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    os.sync()
+    took = (time.perf_counter() - t) * 1000
+    shutil.rmtree(dst)
+    return took
 
 
 async def creates(engine: Engine, n: int, **spec) -> float:
@@ -93,8 +96,11 @@ async def run(sizes: tuple[int, int]) -> dict[str, float]:
     os.chmod(state, 0o711)
     rounds, n = sizes
     engine = await Engine.open(state)
+    src = Path(tempfile.mkdtemp(prefix="corral-bench-src-", dir="/dev/shm"))
+    (src / "f").write_bytes(os.urandom(50 * MB))  # from a tmpfs, as a sandbox's layer
+    load_start = os.getloadavg()[0]
     try:
-        commits = await commit_times(engine, rounds)
+        commits = await commit_times(engine, rounds, src)
         base = await engine.create(memory_mb=128)
         await engine.exec(base.id, "echo ready > /workspace/env.txt")
         snap = await engine.snapshot(base.id)
@@ -104,7 +110,7 @@ async def run(sizes: tuple[int, int]) -> dict[str, float]:
         await engine.delete_snapshot(snap.id)
     finally:
         await engine.close()
-    copies = copy_baseline(state, rounds)
+        shutil.rmtree(src, ignore_errors=True)
     shutil.rmtree(state, ignore_errors=True)
     scale = 100 / n
     return {
@@ -112,8 +118,11 @@ async def run(sizes: tuple[int, int]) -> dict[str, float]:
         "snapshot_frozen_ms": statistics.median(commits["default_frozen"]),
         "commit_hash_at_seal_ms": statistics.median(commits["at_seal"]),
         "frozen_hash_at_seal_ms": statistics.median(commits["at_seal_frozen"]),
+        "commit_whole_frozen_ms": statistics.median(commits["whole"]),
+        "frozen_whole_ms": statistics.median(commits["whole_frozen"]),
         "load_1min": os.getloadavg()[0],
-        "copy_50mb_ms": statistics.median(copies),
+        "load_1min_start": load_start,
+        "copy_50mb_ms": statistics.median(commits["copy"]),
         "restore_100_s": restore * scale,
         "plain_create_100_s": plain * scale,
         "restores": n,
@@ -130,14 +139,18 @@ def main() -> int:
     rows = [
         ("snapshot_commit_ms", "<= 0.8x", "copy_50mb_ms", "cp -a + sync of 50 MB"),
         ("commit_hash_at_seal_ms", "", "copy_50mb_ms", "cp -a + sync of 50 MB"),
-        ("snapshot_frozen_ms", "<= 10 ms", "frozen_hash_at_seal_ms", "frozen, hashed at seal"),
+        ("commit_whole_frozen_ms", "", "copy_50mb_ms", "cp -a + sync of 50 MB"),
+        ("snapshot_commit_ms", "", "commit_whole_frozen_ms", "whole layer frozen (before)"),
+        ("snapshot_frozen_ms", "<= 10 ms", "frozen_whole_ms", "whole layer frozen (before)"),
+        ("frozen_hash_at_seal_ms", "", "frozen_whole_ms", "whole layer frozen (before)"),
         ("restore_100_s", "<= 1 s", "plain_create_100_s", "100 plain creates"),
     ]
     print(f"{'figure':22} {'value':>9}  {'target':>9}  baseline (same run)")
     for key, target, base, what in rows:
         print(f"{key:22} {res[key]:9.3f}  {target:>9}  {what}: {res[base]:.3f} "
               f"({res[key] / res[base]:.2f}x)")
-    print(f"load (1 min) at the end: {res['load_1min']:.2f}")
+    print(f"load (1 min) at the start: {res['load_1min_start']:.2f}, "
+          f"at the end: {res['load_1min']:.2f}")
     if args.quick or args.smoke:
         print("note: quick run: restore_100_s is scaled from fewer restores")
     if args.json:

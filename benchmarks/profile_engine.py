@@ -160,10 +160,10 @@ def instrument(steps: Steps) -> None:
     # The moment the agent's READY frame is dispatched.
     orig_dispatch = channel.AgentChannel._dispatch
 
-    def dispatch(self: Any, reply: Any, rid: int) -> None:
-        if reply.msg == channel.Msg.READY:
+    def dispatch(self: Any, msg: int, rid: int, fields: Any) -> None:
+        if msg == channel.Msg.READY:
             steps.mark("@ready", time.perf_counter())
-        orig_dispatch(self, reply, rid)
+        orig_dispatch(self, msg, rid, fields)
 
     channel.AgentChannel._dispatch = dispatch
     steps._undo.append(lambda: setattr(channel.AgentChannel, "_dispatch", orig_dispatch))

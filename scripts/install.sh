@@ -38,7 +38,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/constraints
     .venv/bin/python -m pip install -q --upgrade pip
     # pyproject.toml says what corral needs (lower bounds); constraints.txt pins the
     # versions tested here, so CI is reproducible
-    .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[daemon,dev,rl,trl,compat,ray,gpu,docs]"
+    .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[daemon,dev,rl,trl,compat,ray,gpu,docs,uvloop]"
     touch "$stamp"
 fi
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,46 @@ async def wait_state(engine, sid, state, limit=15.0):
     raise AssertionError(f"{sid} stayed {engine.get(sid).state}, expected {state}")
 
 
+async def test_a_delete_that_does_not_wait_has_ended_every_process(state_dir, monkeypatch):
+    """``delete(wait=False)`` (the daemon's): when it returns the sandbox is gone and
+    none of its processes runs, while its directories are still being removed (held
+    here); closing the engine waits for that, and nothing is left behind."""
+    from corral.runtime import rootfs
+    from corral.runtime.engine import Engine
+
+    gate = threading.Event()
+    remove_dirs = rootfs.remove_dirs
+
+    def held(sandbox_dir):
+        gate.wait(60)
+        remove_dirs(sandbox_dir)
+
+    monkeypatch.setattr(rootfs, "remove_dirs", held)
+    engine = await Engine.open(state_dir)
+    try:
+        infos = [await engine.create() for _ in range(2)]
+        pids = set()
+        for info in infos:
+            await engine.exec(info.id, "sleep 600 >/dev/null 2>&1 &")
+            pids |= set(engine.cgroup(info.id).pids())
+        assert len(pids) >= 4  # each: its agent and its sleep (at least)
+        for info in infos:  # bounded: a delete that waited would hang on the gate
+            assert await asyncio.wait_for(engine.delete(info.id, wait=False), 30) is True
+            with pytest.raises(SandboxNotFound):
+                engine.get(info.id)
+        assert all((engine.layout.sandboxes_dir / i.id).exists() for i in infos)
+        running = [p for p in pids if os.path.exists(f"/proc/{p}")
+                   and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert running == [], "a process of a deleted sandbox still runs"
+    finally:
+        closing = asyncio.create_task(engine.close())
+        await asyncio.wait({closing}, timeout=1.0)
+        gate.set()
+        await closing
+    assert syscalls.mounts_under(str(engine.layout.sandboxes_dir)) == []
+    assert list(engine.layout.sandboxes_dir.iterdir()) == [], "close did not wait for teardowns"
+
+
 async def test_pause_freezes_and_resume_continues(engine):
     info = await engine.create()
     sid = info.id
@@ -79,7 +120,6 @@ async def test_stop_then_delete_is_idempotent(engine):
     assert await engine.delete(info.id) is False
     with pytest.raises(SandboxNotFound):
         engine.get(info.id)
-    await engine.reclaimed()  # its empty cgroups and directories go in the background
     assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
 
 
@@ -155,8 +195,7 @@ async def test_an_agent_that_dies_marks_the_sandbox_failed(engine):
     os.kill(live.proc.pid, signal.SIGKILL)  # the outer bwrap; --die-with-parent takes the rest
     failed = await wait_state(engine, info.id, SandboxState.FAILED)
     assert "unexpectedly" in failed.reason
-    await engine.reclaimed()
-    assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
+    assert leftovers(engine)["mounts"] == []
 
 
 OWNER = textwrap.dedent(

@@ -81,6 +81,7 @@ async def test_a_dead_ready_sandbox_is_skipped_not_handed_out(engine, pools):
     # channel close: the registry still says "running" and only a real check can tell.
     engine.cgroup(victim).kill_all()
     assert engine.get(victim).state == SandboxState.RUNNING
+    assert not engine.agent_connected(victim)  # the kernel knows already: its end closed
 
     got = await pools.acquire("dead", timeout=60)
     assert got.id != victim
@@ -172,7 +173,9 @@ async def test_a_cancelled_acquire_leaves_the_queue(engine, pools):
     await engine.delete(got.id)
 
 
-async def test_an_acquire_cancelled_during_the_check_gives_the_sandbox_back(engine, pools):
+async def test_an_acquire_cancelled_during_the_check_gives_the_sandbox_back(
+        engine, pools, monkeypatch):
+    monkeypatch.setattr("corral.runtime.pools.TRUSTED_S", 0.0)  # the agent is asked
     pools.create_pool("back", SPEC, min_ready=1, max_size=1)
     await until(lambda: pools.get_pool("back").ready == 1, "one ready")
     (sid,) = pools.get_pool("back").ready_ids
@@ -253,9 +256,10 @@ async def test_close_deletes_every_ready_sandbox(engine):
 async def test_deleting_a_filling_pool_lets_its_started_sandboxes_exit_at_once(
         engine, pools, monkeypatch):
     """A pool deleted while its creates are in flight: each create is cancelled after
-    its agent started and before it was ready. Its agent must exit because the engine
-    let go of every end of its channels, not be SIGKILLed by the fallback after
-    STOP_WAIT_S (a delete of a filling pool used to wait 5 s), and nothing is left."""
+    its agent started and before it was ready. Its sandbox must end at once, not after
+    the release's STOP_WAIT_S (a delete of a filling pool used to wait 5 s): with that
+    wait made an hour here, a delete that relied on it would hang; and nothing is left."""
+    monkeypatch.setattr("corral.runtime.engine_end.STOP_WAIT_S", 3600.0)
     stuck: list[str] = []
     settle = type(engine)._settle_network
 
@@ -271,13 +275,58 @@ async def test_deleting_a_filling_pool_lets_its_started_sandboxes_exit_at_once(
     procs = [live.proc for live in lives]
     assert all(p is not None and p.poll() is None for p in procs)
 
-    assert await pools.delete_pool("filling") is True
-    codes = [p.poll() for p in procs]
-    assert None not in codes, "a cancelled create's launcher still runs"
-    assert -9 not in codes, f"killed by the fallback, not ended by the engine: {codes}"
+    # bounded only against a hang: the creates it cancels never become ready
+    assert await asyncio.wait_for(pools.delete_pool("filling"), 120) is True
+    assert None not in [p.poll() for p in procs], "a cancelled create's launcher still runs"
     assert not set(stuck) & {i.id for i in engine.list()}, "a cancelled create left its row"
     assert not set(stuck) & set(engine._live)
     for live in lives:
         assert not live.sandbox_dir.exists()
         assert not live.cgroup.pids()
         assert not any(d.exists() for d in live.cgroup._dirs.values()), "its cgroup is left"
+
+
+async def test_a_fresh_ready_sandbox_is_checked_by_the_kernel_not_a_round_trip(
+        engine, pools, monkeypatch):
+    """An agent that answered within TRUSTED_S is not woken at hand-out (its channel is
+    checked with the kernel); one that answered longer ago is asked (a round trip)."""
+    asked: list[str] = []
+    stat = engine.stat
+
+    async def counting_stat(sid, *args, **kwargs):
+        asked.append(sid)
+        return await stat(sid, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "stat", counting_stat)
+    pools.create_pool("trust", SPEC, min_ready=2, max_size=4)
+    await until(lambda: pools.get_pool("trust").ready == 2, "two ready")
+    got = await pools.acquire("trust", timeout=60)
+    assert asked == [] and (await engine.exec(got.id, ["true"])).returncode == 0
+    await engine.delete(got.id)
+    pools.release(got.id)
+
+    monkeypatch.setattr("corral.runtime.pools.TRUSTED_S", 0.0)
+    got = await pools.acquire("trust", timeout=60)
+    assert asked == [got.id]
+    await engine.delete(got.id)
+    pools.release(got.id)
+
+
+async def test_a_ready_sandbox_whose_agent_stops_answering_is_discarded_in_the_background(
+        engine, pools, monkeypatch):
+    """Connected but not serving (its cgroup frozen behind the engine's back, so it still
+    says running): the background check finds it without an acquire, and it is never
+    handed out."""
+    monkeypatch.setattr("corral.runtime.pools.RECHECK_S", 0.3)
+    monkeypatch.setattr("corral.runtime.pools.LIVENESS_TIMEOUT_S", 0.3)
+    pools.create_pool("stuck", SPEC, min_ready=1, max_size=2)
+    await until(lambda: pools.get_pool("stuck").ready == 1, "one ready")
+    victim = pools.get_pool("stuck").ready_ids[0]
+    engine.cgroup(victim).freeze()
+    assert engine.agent_connected(victim)  # the kernel alone cannot tell
+    await until(lambda: pools.get_pool("stuck").discarded >= 1, "the stuck one discarded")
+    got = await pools.acquire("stuck", timeout=60)
+    assert got.id != victim and (await engine.exec(got.id, ["true"])).returncode == 0
+    await until(lambda: victim not in alive(engine, "stuck"), "the stuck one removed")
+    await engine.delete(got.id)
+    pools.release(got.id)

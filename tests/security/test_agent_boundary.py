@@ -240,37 +240,47 @@ async def test_no_signal_from_inside_stops_kills_or_confuses_the_agent(sandbox):
     await assert_honest(engine, sid)
 
 
-# Stops every other process in the sandbox, in a loop, for a bounded time: it catches
-# the agent's freshly forked children between fork and exec. The agent used to wait
-# for that exec in a blocking read: it stopped answering anyone, and the engine ended
-# the sandbox (run against the old agent, the first command did not come back).
+# Stops every other process in the sandbox, in a loop, until the test has it stop
+# (STOP_AT appears, written through the agent, which it cannot stop; STOP_FOR bounds it
+# if the test died): it catches the agent's freshly forked children between fork and
+# exec. The agent used to wait for that exec in a blocking read: it stopped answering
+# anyone, and the engine ended the sandbox (run against the old agent, the first
+# command did not come back).
+STOP_AT = "/tmp/stop-stopping"
 STOPPER = r"""
 import os, signal, time
 end = time.monotonic() + float(os.environ["STOP_FOR"])
 print("stopping", flush=True)
-while time.monotonic() < end:
+while time.monotonic() < end and not os.path.exists("%s"):
     try:
         os.kill(-1, signal.SIGSTOP)
     except OSError:
         pass
-"""
+""" % STOP_AT
+CAUGHT = 3  # commands the stopper must catch (each one stopped, then killed on time)
+MIN_COMMANDS = 20  # commands run while it stops everything, at least
+MAX_COMMANDS = 400  # a stopper that catches none in as many did not run: the test fails
 
 
 async def test_stopping_every_process_cannot_park_the_agent(sandbox):
     import asyncio
 
     engine, sid = sandbox
-    stopper = await engine.spawn(sid, ["python3", "-c", STOPPER], env={"STOP_FOR": "4"})
+    stopper = await engine.spawn(sid, ["python3", "-c", STOPPER], env={"STOP_FOR": "600"})
     assert await asyncio.wait_for(stopper.readline(), 60) == b"stopping\n"
+    # Commands go on until the stopper has caught some: how many it catches in a given
+    # time is chance under load (it was a 4 s window: once, with ten test modules in
+    # parallel, it caught none), how many it must catch is not.
     outcomes = []
-    for _ in range(40):  # each command is stopped (and killed on time) or runs
+    while (sum(outcomes) < CAUGHT or len(outcomes) < MIN_COMMANDS) \
+            and len(outcomes) < MAX_COMMANDS:
         r = await asyncio.wait_for(engine.exec(sid, ["true"], timeout=0.5), 60)
-        assert r.timed_out or r.returncode == 0, r
+        assert r.timed_out or r.returncode == 0, r  # stopped (and killed on time), or ran
         outcomes.append(r.timed_out)
         await asyncio.wait_for(engine.write_file(sid, "/tmp/alive", "yes"), 60)
-        if stopper.returncode is not None:
-            break
-    assert any(outcomes), "the stopper never caught a command: the attack did not run"
+    assert stopper.returncode is None, "the stopper ended before the test had it stop"
+    await engine.write_file(sid, STOP_AT, "")
+    assert sum(outcomes) >= CAUGHT, f"the stopper caught {sum(outcomes)} of {len(outcomes)}"
     await asyncio.wait_for(stopper.wait(), 60)
     assert await engine.read_file(sid, "/tmp/alive") == b"yes"
     await assert_honest(engine, sid)

@@ -82,10 +82,10 @@ def test_one_address_holds_few_unauthenticated_connections():
                 s.close()
 
 
-def _ask_info(conn: socket.socket) -> bytes:
+def _ask_info(conn: socket.socket, token: str = TOKEN) -> bytes:
     """``GET /v1/info`` with the token on ``conn`` (kept alive); the reply's status line."""
     conn.sendall(b"GET /v1/info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                 + TOKEN.encode() + b"\r\n\r\n")
+                 + token.encode() + b"\r\n\r\n")
     reply = b""
     while b"\r\n\r\n" not in reply:
         chunk = conn.recv(65536)

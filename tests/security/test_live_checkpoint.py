@@ -137,7 +137,8 @@ def _confined(engine, sid: str) -> set[int]:
     live = engine._get_live(sid)
     pids = [p for p in live.cgroup.pids() if p != live.proc.pid]
     assert pids
-    live_images.check_restored(pids, outer=live.proc.pid, uid=live.uid)
+    live_images.check_restored(pids, outer=live.proc.pid, uid=live.uid,
+                               nofile=live.spec.open_files)
     return {int(Path(f"/proc/{p}/status").read_text().split("Uid:")[1].split()[0]) for p in pids}
 
 

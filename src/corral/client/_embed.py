@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from corral._socket_dir import unsafe_socket_dir
 from corral.errors import DaemonUnavailable
 
 IDLE_EXIT = 300.0
@@ -112,6 +113,13 @@ def ensure_daemon(socket_path: str, *, start_timeout: float = START_TIMEOUT) -> 
         )
     sock = Path(socket_path)
     sock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as the daemon makes it
+    if (why := unsafe_socket_dir(sock)) is not None:  # its lock and log files: not there
+        raise DaemonUnavailable(
+            f"will not start a daemon on {socket_path}: {why}, so other users could "
+            "replace its socket or files; set CORRAL_SOCKET to a path in a directory "
+            "only root or you can write (the default /run/corral/corral.sock)",
+            details={"socket": socket_path},
+        )
     with open(sidecar(sock, ".lock"), "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if answers(sock):  # another process started it while we waited for the lock

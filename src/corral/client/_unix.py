@@ -12,7 +12,9 @@ not asyncio's. :data:`DaemonTransport` is the blocking twin (``scripts/gen_sync.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,15 +23,63 @@ import httpx
 from httpcore._backends.anyio import AnyIOBackend
 from httpcore._utils import is_socket_readable
 
+_PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+
+
+def check_peer(sock: socket.socket, path: str) -> None:
+    """Refuse a Unix socket served by anyone but root or this process's own user, before
+    a byte is sent: with no TLS, the socket is all that says who answers, and another
+    user who put one at the path would be sent every request and trusted for every
+    answer (tests/security/test_unix_socket_owner.py). The kernel names the process
+    that listens (``SO_PEERCRED``); where it cannot (not Linux), nothing is checked."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    except (AttributeError, OSError):
+        return
+    uid = _PEERCRED.unpack(raw)[1]
+    if uid not in (0, os.geteuid()):
+        raise httpcore.ConnectError(
+            f"the Unix socket {path} is served by uid {uid}, neither root nor this user: "
+            "another user may have put it there, so nothing was sent to it; use a socket "
+            "in a directory only root or you can write (the default /run/corral/corral.sock)")
+
+
+def _pool_options(uds: str, limits: httpx.Limits,
+                  socket_options: Iterable[Any] | None) -> dict[str, Any]:
+    """A Unix socket's connection pool: plain HTTP (no TLS context: loading the CA bundle
+    took tens of ms per client, twice), httpx's limits."""
+    return {"ssl_context": None, "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry, "uds": uds,
+            "socket_options": socket_options}
+
+
+class _SyncBackend(httpcore.SyncBackend):
+    """httpcore's blocking backend, with :func:`check_peer` on each Unix socket."""
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        stream = super().connect_unix_socket(path, timeout, socket_options)
+        try:
+            check_peer(stream.get_extra_info("socket"), path)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
 
 class DaemonTransport(httpx.HTTPTransport):
     """The blocking SDK's transport: httpx's own (its sync streams are already direct),
-    without a TLS context on a Unix socket."""
+    without a TLS context on a Unix socket, and only to a daemon of root or this user
+    there (:func:`check_peer`)."""
 
     def __init__(self, *, uds: str | None = None, limits: httpx.Limits,
                  socket_options: Iterable[Any] | None = None) -> None:
         super().__init__(uds=uds, limits=limits, socket_options=socket_options,
                          verify=uds is None)
+        if uds is not None:
+            self._pool = httpcore.ConnectionPool(network_backend=_SyncBackend(),
+                                                 **_pool_options(uds, limits, socket_options))
 
 
 _Adder = Callable[..., Any]
@@ -122,13 +172,20 @@ class _Backend(AnyIOBackend):
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another event loop (trio): anyio's streams
-            return await super().connect_unix_socket(path, timeout, socket_options)
+            stream = await super().connect_unix_socket(path, timeout, socket_options)
+            try:
+                check_peer(stream.get_extra_info("socket"), path)
+            except BaseException:
+                await stream.aclose()
+                raise
+            return stream
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             for option in socket_options or ():
                 sock.setsockopt(*option)
             await asyncio.wait_for(loop.sock_connect(sock, path), timeout)
+            check_peer(sock, path)
         except asyncio.TimeoutError as exc:
             sock.close()
             raise httpcore.ConnectTimeout(f"connecting to {path} timed out") from exc
@@ -159,12 +216,5 @@ class AsyncDaemonTransport(httpx.AsyncHTTPTransport):
         super().__init__(uds=uds, limits=limits, socket_options=socket_options,
                          verify=uds is None)
         if uds is not None:
-            self._pool = httpcore.AsyncConnectionPool(
-                ssl_context=None,
-                max_connections=limits.max_connections,
-                max_keepalive_connections=limits.max_keepalive_connections,
-                keepalive_expiry=limits.keepalive_expiry,
-                uds=uds,
-                socket_options=socket_options,
-                network_backend=_Backend(),
-            )
+            self._pool = httpcore.AsyncConnectionPool(network_backend=_Backend(),
+                                                 **_pool_options(uds, limits, socket_options))

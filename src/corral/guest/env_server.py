@@ -147,7 +147,9 @@ class EnvServer:
         """A loopback port to go on over (see :func:`serve`)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
+        # others of the sandbox may connect too: a backlog of 1 let a process that
+        # kept connecting hold the client's connection out (SYNs dropped, retried)
+        listener.listen(MAX_PENDING)
         self.listener, self.token = listener, token.encode()
         return {"port": listener.getsockname()[1]}
 
@@ -173,36 +175,104 @@ def _traceback(exc: BaseException) -> str:
 
 
 LISTEN_WAIT_S = 30.0  # how long a ``listen`` waits for its connection
+HANDSHAKE_S = 5.0  # how long one connection may take to present its line
+MAX_PENDING = 32  # connections presenting at once; past it the oldest is hung up on
 
 
 def _accept(listener: socket.socket, token: bytes, requests: BinaryIO
             ) -> tuple[BinaryIO, BinaryIO] | None:
     """The connection that presents ``token`` as its first line (``listen``): its
     reader and writer. None when a request comes on ``requests`` first (the client
-    gave up on the socket), or none came in time."""
+    gave up on the socket), or none came in time.
+
+    Connections are read side by side, never one after another: one that says nothing
+    (or dribbles) cannot hold the port while the client with the token waits behind
+    it. Each has ``HANDSHAKE_S`` for its line, at most ``MAX_PENDING`` are heard at
+    once (the oldest is hung up on first), and a wrong or overlong line is hung up on."""
     deadline = time.monotonic() + LISTEN_WAIT_S
+    pending: dict[socket.socket, tuple[float, bytes]] = {}  # (its own deadline, read so far)
+    listener.setblocking(False)
     try:
         while (left := deadline - time.monotonic()) > 0:
-            watched: list[Any] = [listener, requests]
-            ready, _, _ = select.select(watched, [], [], left)
-            if requests in ready or not ready:
+            now = time.monotonic()
+            for conn, (until, _) in list(pending.items()):
+                if until <= now:
+                    _hang_up(pending, conn)
+            soonest = min([deadline, *(until for until, _ in pending.values())])
+            watched: list[Any] = [listener, requests, *pending]
+            ready, _, _ = select.select(watched, [], [], max(0.0, min(left, soonest - now)))
+            if requests in ready:
                 return None
-            conn, _ = listener.accept()
-            conn.settimeout(left)
-            reader = conn.makefile("rb")
-            try:
-                presented = reader.readline(len(token) + 2).strip()
-            except OSError:
-                presented = b""
-            if hmac.compare_digest(presented, token):
-                conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return reader, conn.makefile("wb")
-            reader.close()
-            conn.close()
+            if listener in ready:
+                _take(listener, pending)
+            for conn in ready:
+                if conn in pending:
+                    won = _hear(conn, token, pending)
+                    if won is not None:
+                        return won
         return None
     finally:
+        for conn in list(pending):
+            _hang_up(pending, conn)
         listener.close()
+
+
+def _take(listener: socket.socket, pending: dict[socket.socket, tuple[float, bytes]]) -> None:
+    try:
+        conn, _ = listener.accept()
+    except OSError:  # (gone between select and accept)
+        return
+    conn.setblocking(False)
+    if len(pending) >= MAX_PENDING:
+        _hang_up(pending, next(iter(pending)))
+    pending[conn] = (time.monotonic() + HANDSHAKE_S, b"")
+
+
+def _hear(conn: socket.socket, token: bytes, pending: dict[socket.socket, tuple[float, bytes]]
+          ) -> tuple[BinaryIO, BinaryIO] | None:
+    """Read what ``conn`` sent of its first line (never past it: what follows is the
+    conversation's); its reader and writer once that line is ``token``."""
+    until, heard = pending[conn]
+    limit = len(token) + 2
+    try:
+        data = conn.recv(limit - len(heard), socket.MSG_PEEK)
+        end = data.find(b"\n")
+        data = conn.recv(end + 1 if end >= 0 else len(data)) if data else b""
+    except BlockingIOError:
+        return None
+    except OSError:
+        data = b""
+    if not data:
+        _hang_up(pending, conn)
+        return None
+    heard += data
+    if not heard.endswith(b"\n") and len(heard) < limit:
+        pending[conn] = (until, heard)
+        return None
+    del pending[conn]
+    if not hmac.compare_digest(heard.strip(), token):
+        _close(conn)
+        return None
+    conn.setblocking(True)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn.makefile("rb"), conn.makefile("wb")
+
+
+def _hang_up(pending: dict[socket.socket, tuple[float, bytes]], conn: socket.socket) -> None:
+    del pending[conn]
+    _close(conn)
+
+
+def _close(conn: socket.socket) -> None:
+    """Hang up: what the peer sent and nobody read is read first (a little, without
+    waiting), so that it gets an end of file rather than a reset."""
+    try:
+        for _ in range(4):
+            if not conn.recv(1 << 14):
+                break
+    except OSError:  # nothing more now (BlockingIOError), or gone
+        pass
+    conn.close()
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, wire: ModuleType) -> None:

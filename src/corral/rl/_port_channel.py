@@ -22,8 +22,11 @@ import struct
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
+
 import corral
 from corral.api.operations import PORT_SOCKET
+from corral.client._unix import check_peer
 from corral.errors import PortClosed
 
 DEFAULT_MAX_LINE = 64 << 20  # a reply line (an observation) past this ends the channel
@@ -186,10 +189,12 @@ def open_channel(sandbox: corral.Sandbox, port: int, first_line: bytes) -> PortC
     try:
         sock.settimeout(OPEN_TIMEOUT_S)
         sock.connect(address)
+        if parts.scheme == "unix":  # the daemon of root or this user only, as the SDK's
+            check_peer(sock, address)
         rest = _handshake(sock, host, path, token)
         sock.settimeout(None)  # a step takes as long as it takes (the sandbox's lifetime)
-    except OSError:  # an older daemon (no route), a refusal, nothing on the port
-        sock.close()
+    except (OSError, httpcore.ConnectError):  # an older daemon (no route), a refusal,
+        sock.close()  # nothing on the port, another user's socket
         return None
     channel = PortChannel(sock, rest)
     try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import select
 import socket
 import subprocess
 from typing import Callable, Iterable
@@ -220,6 +221,26 @@ class AgentChannel:
         try:
             return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
         except OSError:  # nothing there (EAGAIN), or the socket is closed
+            return False
+
+    def connected(self) -> bool:
+        """Whether the agent's end is open and idle, asked of the kernel without a round
+        trip (microseconds; the agent is not woken): it answered READY, no request is
+        open, nothing it sent waits unread, and its end of the socket is not shut. An
+        agent that exited — however it died, OOM kill or SIGKILL included — had its end
+        closed by the kernel when it exited, so this is False from that moment on, even
+        before the read loop has run. Not proof that it *serves* (a stopped agent is
+        still connected): that takes :meth:`request`."""
+        if self.error is not None or self.closed or not self.ready.done() \
+                or self.pending or self.streams:
+            return False
+        if self._reader is not None and len(getattr(self._reader, "_buffer", b"")):
+            return False
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN | select.POLLPRI | select.POLLRDHUP)
+        try:  # POLLHUP and POLLERR are always reported
+            return not poller.poll(0)
+        except OSError:
             return False
 
     async def start(self) -> None:

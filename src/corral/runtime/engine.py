@@ -27,7 +27,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
-from contextlib import nullcontext, suppress
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
 
@@ -160,15 +160,16 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = release_pool()
         self._hang_ups = release_pool(HANG_UP_THREADS, "corral-hang-up")  # (engine_end)
-        # ended sandboxes whose cgroups, directories and uid are still being released
-        # (engine_end: EndOps._reclaim_later), by id
-        self._reclaiming: dict[str, asyncio.Future[None]] = {}
+        self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
         self.lifetime_cap: Callable[[SandboxInfo], float] | None = None
+        # room for a hibernated sandbox to start again, held while its resume restores
+        # it (the server's admission control: service.py); None: no caps
+        self.resume_gate: Callable[[SandboxInfo], AbstractAsyncContextManager[object]] | None = None
         self.events.subscribe(SandboxEnded, self._hibernated_ended)
         # secrets in clear for the next engine, root-only (runtime/secret_store.py)
         self.secret_store = SecretStore(layout.state_dir / "secrets")
@@ -299,7 +300,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 return_exceptions=True,
             )
         await self._pool.close()
-        await self.reclaimed()  # before its own cgroup goes (and its pool of threads)
+        await asyncio.gather(*list(self._teardowns), return_exceptions=True)
         self._releasers.shutdown(wait=False)
         self._hang_ups.shutdown(wait=False)
         await self.net.close(keep=handed)
@@ -354,8 +355,6 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             spec = SandboxSpec.parse(spec.model_dump(exclude_unset=True), **kw)
         spec = self.resolve_network(spec, owner=acting)  # network="NAME": NetworkNotFound now
         sid = sandbox_id or _new_id(self.id_prefix)
-        if sandbox_id is not None:  # a resumed one: its last end's directories are gone
-            await self.reclaimed(sandbox_id)
         spec, snap = self.snapshots.acquire(spec, owner=acting)  # a reference, released by _release
         try:
             images = self.checkpoint_images(snap.id, owner=None) if snap is not None else None  # live?
@@ -399,7 +398,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if slot.go_fd >= 0:
                 slot.sock.close()
                 await asyncio.to_thread(slot.discard)
-            else:  # launched: its agent must see every end close, or it waits STOP_WAIT_S
+            else:  # launched: the host's ends only a ready sandbox hands on (Slot.hang_up)
                 slot.hang_up()
             await self._release(live)
             self._live.pop(sid, None)

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,7 @@ PRESTART_WAIT_S = 60.0  # the most a release thread waits for its siblings to st
 
 
 def release_pool(threads: int = RELEASE_THREADS, name: str = "corral-release") -> ThreadPoolExecutor:
-    """The engine's pool of release threads, its threads started by a helper thread.
+    """A pool of release threads, its threads started by a helper thread.
 
     A pool starts its threads when work is submitted, and each start waits for the new
     thread to run: on a loaded host ~10 ms apiece, so the first mass teardown blocked
@@ -89,7 +90,7 @@ def release_pool(threads: int = RELEASE_THREADS, name: str = "corral-release") -
 
 
 def _populated(group: Cgroup | None) -> bool:
-    return group is None or group.populated()
+    return group is not None and group.populated()
 
 
 class EndOps:
@@ -108,8 +109,8 @@ class EndOps:
         gpus: GpuAllocator
         closed: bool
         _releasers: Executor
+        _teardowns: set[asyncio.Future[None]]
         _hang_ups: Executor
-        _reclaiming: dict[str, asyncio.Future[None]]
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
@@ -194,9 +195,16 @@ class EndOps:
             await self._end(live, SandboxState.STOPPED, reason, grace=grace)
         return self.get(sandbox_id, owner=None)
 
-    async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> bool:
+    async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET,
+                     wait: bool = True) -> bool:
         """Kill and remove ``owner``'s sandbox and its record. Idempotent: False if it
-        did not exist (or is another tenant's)."""
+        did not exist (or is another tenant's).
+
+        ``wait=False`` returns once it is gone from the registry and every process of it
+        has exited; removing its cgroup, mounts and directories (kernel waits of a few
+        ms: RCU grace periods, not CPU) then finishes in the background, and
+        :meth:`close` waits for it. With processes still there after ``STOP_WAIT_S``,
+        the whole teardown is waited for, as with ``wait=True``."""
         acting = self.owners.of(owner)
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
@@ -205,14 +213,20 @@ class EndOps:
             return False
         live = self._live.get(sandbox_id)
         if live is not None:
-            await self._end(live, SandboxState.STOPPED, "deleted", grace=0)
+            await self._end(live, SandboxState.STOPPED, "deleted", grace=0, detach=not wait)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
         if existed:
             self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
         return existed
 
-    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float) -> None:
+    async def reclaimed(self) -> None:
+        """Wait until the background teardowns of ``delete(wait=False)`` are done: the
+        sandboxes' cgroups, mounts and directories removed, their uids given back."""
+        await _settled(self._teardowns)
+
+    async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float,
+                   detach: bool = False) -> None:
         async with live.lock:
             if live.ending or live.id not in self._live:
                 return
@@ -233,7 +247,7 @@ class EndOps:
                 if final == SandboxState.STOPPED and keeps_files(reason) and live.proc:
                     await self.kept.keep(live, self.upper_dir(live.id))  # kept_files.py
             finally:
-                await self._release(live, reclaim=True)
+                await self._release(live, detach=detach)
                 self._live.pop(live.id, None)
             try:
                 if live.state == SandboxState.PENDING:
@@ -243,56 +257,17 @@ class EndOps:
             finally:
                 self.events.emit(SandboxEnded(live.id, final, reason))
 
-    def _reclaimable(self, live: Live) -> bool:
-        """Whether what is left of an ended sandbox is only empty directories (its
-        cgroups, its host directories) and its uid: its outer process exited, and with
-        it its pid namespace (every process in it is reaped before its init's parent
-        sees it exit), its mount namespace (the tmpfs and overlay) and its network
-        namespace. A sandbox with a GPU, a network policy's link, a restored process
-        tree, or a process still in its cgroup (its outer process was killed from
-        outside: the rest dies of ``--die-with-parent``, a moment later) is released
-        while its ender waits."""
-        return (not self.closed and live.proc is not None and live.proc.poll() is not None
-                and live.gpus is None and live.netns is None and live.images is None
-                and live.cgroup is not None)  # (and its group empty: _release_resources)
-
-    def _reclaim_later(self, sandbox_id: str, job: asyncio.Future[None]) -> None:
-        """The ender goes on; :meth:`reclaimed` (and :meth:`Engine.close`) wait for the
-        job, and a crash meanwhile leaves only what the next engine's reconcile sweeps
-        (cgroups and directories the registry does not keep)."""
-        self._reclaiming[sandbox_id] = job
-
-        def done(fut: asyncio.Future[None]) -> None:
-            if self._reclaiming.get(sandbox_id) is fut:
-                del self._reclaiming[sandbox_id]
-            if not fut.cancelled() and (exc := fut.exception()) is not None:
-                logger.warning("releasing sandbox %s failed: %r", sandbox_id, exc)
-
-        job.add_done_callback(done)
-
-    async def reclaimed(self, sandbox_id: str | None = None) -> None:
-        """Wait until the cgroups, directories and uids of ended sandboxes (or of
-        ``sandbox_id``) are removed and given back: a delete returns once its processes
-        are gone, and these follow in the background (a mass teardown's deletes do not
-        queue behind one another's ``rmdir``)."""
-        while True:
-            jobs = (list(self._reclaiming.values()) if sandbox_id is None
-                    else [j for j in [self._reclaiming.get(sandbox_id)] if j is not None])
-            if not jobs:
-                return
-            await asyncio.gather(*(asyncio.shield(j) for j in jobs), return_exceptions=True)
-
-    async def _release(self, live: Live, *, reclaim: bool = False) -> None:
-        """Kill every process, then remove the cgroup and directories. Never raises.
-        ``reclaim``: once the processes are gone, the rest may follow in the background
-        (:meth:`_reclaimable`); only a sandbox that ends for good, whose ``live`` no one
-        changes after (hibernation reuses its id and resets its fields: not it)."""
+    async def _release(self, live: Live, *, detach: bool = False) -> None:
+        """Kill every process, then unmount and remove the cgroup (``detach``: in the
+        background once every process has exited, see :meth:`delete`). Never raises."""
         live.ending = True
         if live.cgroup is not None:
             try:
-                if live.cgroup.frozen() or (live.channel and live.channel.faulted):
-                    # Frozen processes (or a stuck agent) cannot see their channel
-                    # close: kill them now rather than waiting STOP_WAIT_S for an exit.
+                if live.cgroup.frozen() or (live.channel and (
+                        live.channel.faulted or not live.channel.ready.done())):
+                    # Frozen processes (or a stuck agent, or one not started yet: a
+                    # create cancelled) cannot see their channel close: kill them now
+                    # rather than waiting STOP_WAIT_S for an exit.
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
@@ -313,20 +288,26 @@ class EndOps:
         dropped = processes.release(live)
         self.cpu_picker.give_back(live.cpus)
         live.cpus = ()
-        # Removing cgroups and directories are blocking syscalls of a few ms each: in a
+        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
         loop = asyncio.get_running_loop()
-        # whether its group is empty is read in a thread too: a cgroupfs read waits
-        # behind the removals of other groups (kernfs' lock), not for the loop's thread
-        later = reclaim and self._reclaimable(live) and not await loop.run_in_executor(
-            self._hang_ups, _populated, live.cgroup)
-        job = loop.run_in_executor(
+        # nothing of it runs any more (its agent was pid 1 of its pid namespace: the
+        # kernel ended the rest before it), and its group holds no process (its outer
+        # process killed from outside: the rest dies of --die-with-parent a moment
+        # later). Read in a thread: a cgroupfs read waits in the kernel behind the
+        # removals of other groups (kernfs' lock), not for the loop's thread.
+        detach = detach and not self.closed and (
+            live.proc is None or live.proc.poll() is not None) and not (
+            await loop.run_in_executor(self._hang_ups, _populated, live.cgroup))
+        teardown = loop.run_in_executor(
             None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
             self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
-        if later:
-            self._reclaim_later(live.id, job)
+        if detach:
+            # the caller need not wait
+            self._teardowns.add(teardown)
+            teardown.add_done_callback(_teardown_done(self._teardowns, live.id))
         else:
-            await job
+            await teardown
         snapshot_id, live.snapshot_id = live.snapshot_id, None
         await self.snapshots.release(snapshot_id)
         self.gpus.release(live.id)  # after its processes are gone
@@ -347,3 +328,17 @@ class EndOps:
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
+
+
+async def _settled(pending: set[asyncio.Future[None]]) -> None:
+    while pending:
+        await asyncio.gather(*(asyncio.shield(f) for f in list(pending)), return_exceptions=True)
+
+
+def _teardown_done(pending: set[asyncio.Future[None]], sandbox_id: str
+                   ) -> Callable[[asyncio.Future[None]], None]:
+    def done(fut: asyncio.Future[None]) -> None:
+        pending.discard(fut)
+        if not fut.cancelled() and fut.exception() is not None:
+            logger.error("sandbox %s: its teardown failed", sandbox_id, exc_info=fut.exception())
+    return done

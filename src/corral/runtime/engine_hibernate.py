@@ -15,6 +15,10 @@ checkpoint is named in its registry row, so the next engine on the state directo
 lists it hibernated again (:meth:`HibernateOps._hibernated_back`), after a handover or
 a ``kill -9``.
 
+Hibernated, it announces :class:`~corral.runtime.events.SandboxHibernated` (the
+server's caps let go of it) and its resume first holds ``resume_gate`` (the server's
+room to start it again: ``CapacityExceeded`` leaves it hibernated, untouched).
+
 Its lifetime stands still while it is hibernated: the reaper skips it, and it resumes
 with what was left of its ``timeout`` (its spec's ``timeout`` becomes that, counted
 from the resume). One hibernated *by* its timeout (``on_timeout="hibernate"``) has
@@ -29,12 +33,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidState
 from corral.runtime import rootfs
-from corral.runtime.events import SandboxEnded
+from corral.runtime.events import SandboxEnded, SandboxHibernated
 from corral.runtime.live import Live
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
@@ -70,6 +74,7 @@ class HibernateOps:
         snapshots: Snapshots
         cgroup_parent: str
         lifetime_cap: Callable[[SandboxInfo], float] | None
+        resume_gate: Callable[[SandboxInfo], AbstractAsyncContextManager[object]] | None
         secret_store: SecretStore
 
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -77,14 +82,14 @@ class HibernateOps:
         def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None: ...
-        async def _release(self, live: Live) -> None: ...
+        async def _release(self, live: Live, *, detach: bool = False) -> None: ...
         async def checkpoint(self, sandbox_id: str, name: str | None = None, *,
                              owner: OwnerArg = UNSET) -> SnapshotInfo: ...
         async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _resume_running(self, sandbox_id: str) -> SandboxInfo: ...
         def checkpoint_images(self, snapshot: str, *, owner: OwnerArg = UNSET) -> Path | None: ...
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
-                       grace: float) -> None: ...
+                       grace: float, detach: bool = False) -> None: ...
         async def create(self, spec: SandboxSpec | dict[str, Any] | None = None, *,
                          sandbox_id: str | None = None, owner: OwnerArg = UNSET,
                          **kw: Any) -> SandboxInfo: ...
@@ -123,6 +128,7 @@ class HibernateOps:
             await self._release(live)  # its processes, slot, uid, cgroup and upper dir
             live.ending, live.proc, live.channel, live.log = False, None, None, None
             live.reattach, live.uid = None, -1  # (its uid was given back: not again at its end)
+        self.events.emit(SandboxHibernated(sandbox_id))  # its room is free (server's caps)
 
     async def _hibernate_at_timeout(self, live: Live, reason: str) -> None:
         """``on_timeout="hibernate"``: its lifetime ran out; hibernate it, or end it as
@@ -180,21 +186,24 @@ class HibernateOps:
                         "its create, hibernated time included): delete it, or restore its "
                         f"checkpoint {snap_id} as a new sandbox",
                         details={"sandbox_id": sandbox_id, "cause": "max_lifetime"})
-            self._live.pop(sandbox_id)
-            self.registry.delete(sandbox_id)  # the create writes it again, running
-            try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
-                info = await self.create(
-                    live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
-                    sandbox_id=sandbox_id, owner=None)
-            except BaseException:
-                self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
-                if live.spec.secrets:  # (the registry's are masked: its own, from memory)
-                    self.secret_store.put(sandbox_id, live.spec.secret_env())
-                self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
-                self.registry.set_hibernated(sandbox_id, snap_id)
-                self.registry.set_created(sandbox_id, row.created_at)
-                self._live[sandbox_id] = live
-                raise
+            # room to start again first (CapacityExceeded: hibernated still, untouched)
+            gate = nullcontext() if self.resume_gate is None else self.resume_gate(row)
+            async with gate:  # held until it runs again, or given back if it fails
+                self._live.pop(sandbox_id)
+                self.registry.delete(sandbox_id)  # the create writes it again, running
+                try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
+                    info = await self.create(
+                        live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
+                        sandbox_id=sandbox_id, owner=None)
+                except BaseException:
+                    self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
+                    if live.spec.secrets:  # (the registry's are masked: its own, from memory)
+                        self.secret_store.put(sandbox_id, live.spec.secret_env())
+                    self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
+                    self.registry.set_hibernated(sandbox_id, snap_id)
+                    self.registry.set_created(sandbox_id, row.created_at)
+                    self._live[sandbox_id] = live
+                    raise
             self.registry.set_created(sandbox_id, row.created_at)  # (its maximum counts from it)
             info.created_at = row.created_at
             live.hibernated = None

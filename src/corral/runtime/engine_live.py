@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 RESTORE_DIR = "images"  # in the new sandbox's directory, while CRIU restores
 RESTORE_NETNS_TIMEOUT_S = 60.0
-HELPERS_WAIT_S = 2.0  # CRIU's action script exits at once (live_images.LO_UP)
+HELPERS_WAIT_S = 2.0  # CRIU's action script exits at once (live_images.action_script)
 
 
 class LiveOps:
@@ -222,7 +222,7 @@ class LiveOps:
             live.kdat = str(checkpoint.kdat_cache(self.layout.state_dir, binary))
             live.program = tuple(live_images.restore_argv(
                 binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
-                ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd))
+                ctl_fd=slot.ctl_fd, reattach_fd=slot.reattach_fd, nofile=live.spec.open_files))
             slot.launch(self._launch_args(live, slot, lowers))
         except BaseException:
             self._restore_done(live, ok=False)
@@ -267,7 +267,8 @@ class LiveOps:
         deadline = loop.time() + HELPERS_WAIT_S
         while True:
             try:
-                live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid)
+                live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid,
+                                           nofile=live.spec.open_files)
                 # every tenant's restores start from these probes: only a confined one's
                 await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
                 return

@@ -26,6 +26,7 @@ class QueryOps:
     registry: Registry
     owners: Owners
     gpus: GpuAllocator
+    _live: dict[str, Live]
 
     if TYPE_CHECKING:
         def _get_live(self, sandbox_id: str) -> Live: ...
@@ -60,6 +61,15 @@ class QueryOps:
             states = [_state(s) for s in state]
         return [i for i in self.registry.list(tags=list(tags), states=states)
                 if self.owners.sees(i.spec, acting)]
+
+    def agent_connected(self, sandbox_id: str) -> bool:
+        """Whether ``sandbox_id`` runs and its agent is connected and idle, from the
+        kernel's view of its channel (:meth:`AgentChannel.connected
+        <corral.runtime.channel.AgentChannel.connected>`; no round trip). The daemon's
+        own question (warm pools): no owner."""
+        live = self._live.get(sandbox_id)
+        return (live is not None and live.state == SandboxState.RUNNING and not live.ending
+                and live.channel is not None and live.channel.connected())
 
     def usage(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> dict[str, Any]:
         """Current CPU seconds and memory (MB) of a live sandbox; for one holding GPUs,

@@ -36,6 +36,14 @@ class SandboxEnded:
 
 
 @dataclass(frozen=True)
+class SandboxHibernated:
+    """The sandbox hibernated: its processes are gone and its memory given back; it
+    stays listed, and its resume starts it again (runtime/engine_hibernate.py)."""
+
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
 class SandboxStarted:
     """A create finished: the sandbox is running (``snapshot``: the one it started from;
     ``tenant``: its owner, None the admin's)."""

@@ -65,6 +65,7 @@ from corral.runtime.treecopy import (
     remove_tree,
     sweep,
 )
+from corral.runtime.treedelta import Record, sync_delta
 
 TREE = "tree"
 MANIFEST = "manifest.json"
@@ -128,12 +129,13 @@ class LayerStore:
         return self.root / layer_id / TREE
 
     def stage(self, upper: Path, *, skip: Iterable[str] = (), budget: Budget | None = None,
-              ids: dict[int, int] | None = None) -> Path:
+              ids: dict[int, int] | None = None, record: Record | None = None) -> Path:
         """Copy an overlay upper directory (but its top-level entries in ``skip``) into a
         new temporary directory; returns it, for :meth:`seal` or :meth:`discard`. With a
         ``budget`` (the sandbox's limits), stops with SnapshotTooLarge before exceeding
         it; a failed copy leaves nothing behind. ``ids`` translates owners (the
-        sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`)."""
+        sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`).
+        ``record``: each entry's signature, for :meth:`restage`."""
         tmp = self._new_tmp()
         streamed = streamhash.spare_cpu() if self.stream_hash is None else self.stream_hash
         hasher = Hasher() if streamed else None  # seal finds the large files hashed
@@ -141,11 +143,20 @@ class LayerStore:
             self._hashers[tmp.name] = hasher
         try:
             copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget, ids=ids,
-                      hasher=hasher)
+                      hasher=hasher, record=record)
         except BaseException:
             self.discard(tmp)
             raise
         return tmp
+
+    def restage(self, tmp: Path, upper: Path, record: Record, *, skip: Iterable[str] = (),
+                budget: Budget | None = None, ids: dict[int, int] | None = None,
+                suspect_since_ns: int | None = None) -> int:
+        """Bring a tree staged from ``upper`` with ``record`` up to date with it
+        (:func:`.treedelta.sync_delta`); returns the entries copied or removed."""
+        return sync_delta(str(upper), str(tmp / TREE), record, skip=frozenset(skip),
+                          budget=budget, ids=ids, hasher=self._hashers.get(tmp.name),
+                          suspect_since_ns=suspect_since_ns)
 
     def stage_squashed(self, trees: Sequence[Path]) -> Path:
         """Fold layer trees (top first) into one new temporary tree (see the module

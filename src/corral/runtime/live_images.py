@@ -38,14 +38,53 @@ CRIU_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # CRIU runs ip and iptables-restore
 _COMMON_MAGIC = 0x54564319  # CRIU's images/magic.h: IMG_COMMON_MAGIC
 _USERNS_MAGIC = 0x55474906  # USERNS_MAGIC
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-# A checkpointable sandbox's network namespace holds loopback alone (a policy's is
-# refused at checkpoint): rather than CRIU making it again (several `ip` and
-# `iptables-restore` runs), it is made empty and its loopback brought up, once the
-# namespaces exist and before any socket is restored (CRIU's setup-namespaces action).
-LO_UP = """#!/bin/sh
-[ "$CRTOOLS_SCRIPT_ACTION" = setup-namespaces ] || exit 0
-exec nsenter --target "$CRTOOLS_INIT_PID" --net ip link set lo up
+# CRIU's action script, run for each of its steps (:func:`action_script`).
+# - A checkpointable sandbox's network namespace holds loopback alone (a policy's is
+#   refused at checkpoint): rather than CRIU making it again (several `ip` and
+#   `iptables-restore` runs), it is made empty and its loopback brought up, once the
+#   namespaces exist and before any socket is restored (setup-namespaces).
+# - CRIU gives each restored process the limits its images name, up to its own (the
+#   launcher raises CRIU's open files limit: launchargs.py): once every process is
+#   restored and before any runs again (pre-resume, each stopped under CRIU's ptrace),
+#   each one's open files limit is lowered to the new sandbox's own where above it.
+#   Walked from the restored init by /proc's children lists, with the shell's builtins
+#   (a fork only for a limit to lower); a failure fails the check after the restore.
+_ACTION_SCRIPT = """#!/bin/sh
+case "$CRTOOLS_SCRIPT_ACTION" in
+setup-namespaces) exec nsenter --target "$CRTOOLS_INIT_PID" --net ip link set lo up ;;
+pre-resume) ;;
+*) exit 0 ;;
+esac
+max=@NOFILE@
+todo=$CRTOOLS_INIT_PID
+while [ -n "$todo" ]; do
+    set -- $todo
+    p=$1
+    shift
+    todo=$*
+    for t in /proc/$p/task/*/children; do
+        kids=
+        read -r kids < "$t"
+        todo="$todo $kids"
+    done
+    while read -r a b c soft hard rest; do
+        [ "$a $b $c" = "Max open files" ] && break
+    done < /proc/$p/limits
+    h=$hard
+    [ "$h" -gt "$max" ] && h=$max
+    s=$soft
+    [ "$s" -gt "$h" ] && s=$h
+    if [ "$s:$h" != "$soft:$hard" ]; then
+        prlimit --pid "$p" --nofile="$s:$h" || exit 1
+    fi
+done
 """
+
+
+def action_script(nofile: int) -> str:
+    """CRIU's action script for a restore into a sandbox of ``nofile`` open files (see
+    the comment above)."""
+    return _ACTION_SCRIPT.replace("@NOFILE@", str(int(nofile)))
 
 
 def mount_key(point: str, seen: dict[str, int]) -> str:
@@ -214,12 +253,13 @@ def _acl_lock(images: Path) -> Iterator[None]:
 
 
 def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, int],
-                 ctl_fd: int, reattach_fd: int) -> list[str]:
+                 ctl_fd: int, reattach_fd: int, nofile: int) -> list[str]:
     """CRIU's restore of the images staged in ``dest`` into the new sandbox's mounts,
-    its agent given the new slot's channels. Run by the launcher, as root, in the new
-    slot's cgroup (it stays CRIU's parent: ``-d`` is not given)."""
-    script = sandbox_dir / "lo-up.sh"  # not in dest: CRIU runs it after dest is gone
-    script.write_text(LO_UP)
+    its agent given the new slot's channels, its processes at most ``nofile`` open
+    files. Run by the launcher, as root, in the new slot's cgroup (it stays CRIU's
+    parent: ``-d`` is not given)."""
+    script = sandbox_dir / "criu-action.sh"  # not in dest: CRIU runs it after dest is gone
+    script.write_text(action_script(nofile))
     os.chmod(script, 0o500)
     argv = ["/usr/bin/env", "-i", f"PATH={CRIU_PATH}", str(criu), "restore", "-D", str(dest),
             "-o", "restore.log", "--shell-job", "--network-lock", "skip",
@@ -232,13 +272,14 @@ def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, i
     return argv
 
 
-def check_restored(pids: list[int], *, outer: int, uid: int) -> None:
+def check_restored(pids: list[int], *, outer: int, uid: int, nofile: int) -> None:
     """After a restore, before the sandbox is handed out: every process of its cgroup
     but ``outer`` (CRIU, its parent) is what a sandbox's processes always are, whatever
     its images said: the slot's host uid or its root's, no capability beyond
-    :data:`~corral.runtime.users.ROOT_CAPS` (bounding set included), ``no_new_privs``
-    and a seccomp filter. :class:`InvalidState` otherwise (a forged or damaged
-    checkpoint): the caller ends the sandbox."""
+    :data:`~corral.runtime.users.ROOT_CAPS` (bounding set included), ``no_new_privs``,
+    a seccomp filter and at most ``nofile`` open files (the sandbox's own limit).
+    :class:`InvalidState` otherwise (a forged or damaged checkpoint): the caller ends
+    the sandbox."""
     allowed = _caps_mask(ROOT_CAPS)
     for pid in pids:
         if pid == outer:
@@ -252,12 +293,23 @@ def check_restored(pids: list[int], *, outer: int, uid: int) -> None:
         caps = [int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")]
         if (not ids <= {uid, root_uid(uid)} or any(c & ~allowed for c in caps)
                 or fields["NoNewPrivs"].strip() != "1"
-                or fields["Seccomp"].strip() != "2"):
+                or fields["Seccomp"].strip() != "2" or _nofile_hard(pid) > nofile):
             raise InvalidState(
                 f"a restored process (host pid {pid}) is not confined like a sandbox's "
-                "(its ids, capabilities, no_new_privs or seccomp filter differ): the "
-                "checkpoint's images were changed; the sandbox was ended",
+                "(its ids, capabilities, no_new_privs, seccomp filter or open files limit "
+                "differ): the checkpoint's images were changed; the sandbox was ended",
                 details={"cause": "forged_images", "pid": pid})
+
+
+def _nofile_hard(pid: int) -> int:
+    """The hard open files limit of host pid ``pid`` (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return int(line.split()[4])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _caps_mask(names: tuple[str, ...]) -> int:

@@ -19,9 +19,19 @@ Example::
 
 A sandbox of a pool goes ``starting → ready → acquired`` and is then the caller's; a
 ready one that fails the liveness check, ends by itself, or has waited half its lifetime
-(``timeout`` runs from its start) is discarded (deleted) and replaced. The liveness check is a file ``stat`` of ``/`` answered by the sandbox's own
-agent (a round trip of ~75 µs): the cheapest check the engine's public API offers that
-proves the agent is alive and serving, not just that the registry says "running".
+(``timeout`` runs from its start) is discarded (deleted) and replaced.
+
+Liveness, without waking the agent at hand-out: a ready sandbox has run nothing since
+its agent last answered, so what can end it is outside it (an OOM kill, a kill from the
+host), and an agent that exits has its end of the channel closed by the kernel at that
+moment. An acquire therefore asks the kernel (:meth:`Engine.agent_connected
+<corral.runtime.engine_queries.QueryOps.agent_connected>`: running, channel open and
+idle; microseconds) when the agent answered within :data:`TRUSTED_S`; otherwise it asks
+the agent itself (a file ``stat`` of ``/``, a round trip: on a busy host the wake-up of
+an idle agent costs milliseconds). While idle, every ready sandbox is asked in the
+background each :data:`RECHECK_S` (one that does not answer within
+:data:`LIVENESS_TIMEOUT_S` is discarded), so one whose agent stopped answering without
+exiting is found without an acquire paying for it.
 
 Pools live in memory, in the process that runs the manager (the daemon): they are not
 in the registry and do not survive a restart. Their ready sandboxes die with the engine
@@ -34,100 +44,33 @@ import asyncio
 import builtins
 import logging
 import secrets
-import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
-from corral.errors import CapacityExceeded, CorralError, InvalidState, NotFound, QuotaExceeded
+from corral.errors import CorralError, InvalidState, NotFound, QuotaExceeded
 from corral.pool_schema import PoolDetail, PoolInfo, PoolSpec, pool_tag
 from corral.runtime.engine import Engine
 from corral.runtime.events import PoolAcquired, SandboxEnded, StateChanged
 from corral.runtime.namespaces import pick
 from corral.runtime.ownership import UNSET, OwnerArg
+from corral.runtime.pool_state import PoolState, exhausted, refill_now
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, validate_model
 
 logger = logging.getLogger("corral.pools")
 
 DEFAULT_REFILL_CONCURRENCY = 4  # creates one pool runs at once (admission caps the total)
 LIVENESS_TIMEOUT_S = 2.0  # a ready sandbox whose agent does not answer by then is dead
+RECHECK_S = 10.0  # a ready sandbox's agent is asked in the background this often
+TRUSTED_S = 30.0  # an agent that answered this recently is checked by the kernel alone
 REFILL_DELAY_S = 0.005  # quiet after the last hand-out before replacements start (_schedule_refill)
 REFILL_MAX_DEFER_S = 0.05  # ... but never deferred longer than this in a stream of acquires
 BACKOFF_BASE_S = 0.25  # the wait after a failed create, doubling per failure in a row
 BACKOFF_MAX_S = 30.0
 MAX_POOLS_PER_TENANT = 64  # a tenant's pools (each a task and state here, even at min_ready 0)
-WAIT_SAMPLES = 1024  # acquires the wait median is computed over
 
 CreateFn = Callable[[SandboxSpec], Awaitable[SandboxInfo]]
 DeleteFn = Callable[[str], Awaitable[object]]
-
-
-@dataclass(eq=False)
-class _Pool:
-    name: str
-    spec: SandboxSpec  # with the pool's tag
-    min_ready: int
-    max_size: int
-    created_at: float = field(default_factory=time.time)
-    ready: deque[str] = field(default_factory=deque)
-    acquired: set[str] = field(default_factory=set)  # handed out (or being checked)
-    starting: set[asyncio.Task[None]] = field(default_factory=set)
-    waiters: deque[asyncio.Future[str]] = field(default_factory=deque)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    closed: bool = False
-    created: int = 0
-    failed: int = 0
-    discarded: int = 0
-    acquires: int = 0
-    waits_ms: deque[float] = field(default_factory=lambda: deque(maxlen=WAIT_SAMPLES))
-    failures_in_a_row: int = 0
-    retry_at: float = 0.0
-    last_error: str | None = None
-    ready_since: dict[str, float] = field(default_factory=dict)  # ready id → started_at
-    refill_timer: asyncio.TimerHandle | None = None  # a deferred refill (_schedule_refill)
-    refill_due: float = 0.0  # loop time by which a deferred refill starts at the latest
-
-    @property
-    def tag(self) -> str:
-        return pool_tag(self.name)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """Its place among the pools: names are per owner."""
-        return (self.spec.tenant or "", self.name)
-
-    def waiting(self) -> int:
-        """Acquires waiting for a sandbox not yet given to them."""
-        return sum(not f.done() for f in self.waiters)
-
-    def to_start(self, concurrency: int) -> int:
-        """How many creates to start now: enough for ``min_ready`` plus every waiting
-        acquire, within ``max_size`` and ``concurrency``."""
-        pending = len(self.ready) + len(self.starting)
-        wanted = self.min_ready + self.waiting() - pending
-        room = self.max_size - len(self.acquired) - pending
-        return max(0, min(wanted, room, concurrency - len(self.starting)))
-
-    def info(self) -> PoolInfo:
-        return PoolInfo(
-            name=self.name,
-            spec=self.spec,
-            min_ready=self.min_ready,
-            max_size=self.max_size,
-            created_at=self.created_at,
-            ready=len(self.ready),
-            starting=len(self.starting),
-            acquired=len(self.acquired),
-            waiting=self.waiting(),
-            created=self.created,
-            failed=self.failed,
-            discarded=self.discarded,
-            acquires=self.acquires,
-            acquire_wait_ms_p50=statistics.median(self.waits_ms) if self.waits_ms else None,
-            last_error=self.last_error,
-        )
 
 
 class PoolManager:
@@ -150,7 +93,7 @@ class PoolManager:
         self._create = create or self._engine_create
         self._delete = delete or self._engine_delete
         self._concurrency = max(1, concurrency)
-        self._pools: dict[tuple[str, str], _Pool] = {}  # by (owner or "", name)
+        self._pools: dict[tuple[str, str], PoolState] = {}  # by (owner or "", name)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._unsubscribe = [
@@ -198,7 +141,7 @@ class PoolManager:
         self._engine.images.get(spec.image)  # ImageNotFound now, not at every refill
         self._engine.resolve_spec(spec, owner=spec.tenant)  # SnapshotNotFound now: one its owner may see
         tagged = SandboxSpec.parse(spec.model_dump(), tags=[*spec.tags, pool_tag(name)])
-        pool = _Pool(name, tagged, min_ready, max_size)
+        pool = PoolState(name, tagged, min_ready, max_size)
         # the loop is the daemon's work, each refill a create for the pool's owner
         pool.task = asyncio.get_running_loop().create_task(
             self._maintain(pool), name=f"corral-pool-{name}")
@@ -235,7 +178,7 @@ class PoolManager:
         return self._detail(self._get(name, owner))
 
     @staticmethod
-    def _detail(pool: _Pool) -> PoolDetail:
+    def _detail(pool: PoolState) -> PoolDetail:
         return PoolDetail(
             **pool.info().model_dump(),
             ready_ids=list(pool.ready),
@@ -259,7 +202,7 @@ class PoolManager:
         pool = self._pools.get((owner or "", name))
         return False if pool is None else await self._drop(pool)
 
-    async def _drop(self, pool: _Pool) -> bool:
+    async def _drop(self, pool: PoolState) -> bool:
         if self._pools.get(pool.key) is not pool:
             return False
         name = pool.name
@@ -295,7 +238,7 @@ class PoolManager:
         """Whether ``owner`` (None: the admin) has a pool named ``name``."""
         return (owner or "", name) in self._pools
 
-    def _lookup(self, name: str, owner: OwnerArg, *, exact: bool = False) -> _Pool | None:
+    def _lookup(self, name: str, owner: OwnerArg, *, exact: bool = False) -> PoolState | None:
         """The pool named ``name`` in ``owner``'s namespace (.namespaces);
         ``exact``: ``owner``'s own only (the admin's too)."""
         acting = self._engine.owners.of(owner)
@@ -304,7 +247,7 @@ class PoolManager:
         return pick("pool", name, acting,
                     ((p.spec.tenant, p.name, p) for p in self._pools.values() if p.name == name))
 
-    def _get(self, name: str, owner: OwnerArg, *, exact: bool = False) -> _Pool:
+    def _get(self, name: str, owner: OwnerArg, *, exact: bool = False) -> PoolState:
         pool = self._lookup(name, owner, exact=exact)
         if pool is None:  # another's: unknown
             raise NotFound(
@@ -335,7 +278,7 @@ class PoolManager:
             else:
                 sid = await self._wait(pool, deadline, timeout)
             try:
-                info = await self._alive(sid)
+                info = await self._alive(pool, sid)
             except BaseException:  # cancelled while checking: it goes back, unharmed
                 self._give_back(pool, sid)
                 raise
@@ -351,7 +294,7 @@ class PoolManager:
             self._discard(pool, sid)
 
     @staticmethod
-    def _schedule_refill(pool: _Pool) -> None:
+    def _schedule_refill(pool: PoolState) -> None:
         """One fewer ready: refill once the reply is on its way and the burst of acquires
         it belongs to has paused. A create's synchronous setup (a few ms of CPU on the
         loop: cgroup, launcher, warden, registry) would otherwise delay the acquires
@@ -371,9 +314,24 @@ class PoolManager:
         else:
             pool.refill_timer.cancel()
         pool.refill_timer = loop.call_at(min(now + REFILL_DELAY_S, pool.refill_due),
-                                         _refill_now, pool)
+                                         refill_now, pool)
 
-    async def _alive(self, sid: str) -> SandboxInfo | None:
+    async def _alive(self, pool: PoolState, sid: str) -> SandboxInfo | None:
+        """The sandbox's info if it is running and its agent is alive, else None: asked
+        of the kernel if the agent answered within :data:`TRUSTED_S`, else (or if the
+        kernel's view is not clean: a background check's request open, bytes unread, its
+        end shut) of the agent."""
+        answered = pool.answered.pop(sid, None)
+        if answered is not None and time.monotonic() - answered < TRUSTED_S \
+                and self._engine.agent_connected(sid):
+            try:
+                info = self._engine.get(sid, owner=None)
+            except CorralError:
+                return None
+            return info if info.state == SandboxState.RUNNING else None
+        return await self._ask(sid)
+
+    async def _ask(self, sid: str) -> SandboxInfo | None:
         """The sandbox's info if its agent answers and it is running, else None."""
         try:
             async with asyncio.timeout(LIVENESS_TIMEOUT_S):  # no task, unlike wait_for
@@ -385,11 +343,11 @@ class PoolManager:
             return None
         return info if info.state == SandboxState.RUNNING else None
 
-    async def _wait(self, pool: _Pool, deadline: float, timeout: float) -> str:
+    async def _wait(self, pool: PoolState, deadline: float, timeout: float) -> str:
         """Queue for the next sandbox of the pool (the refiller is told to make one)."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _exhausted(pool, timeout)
+            raise exhausted(pool, timeout)
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         pool.waiters.append(fut)
         pool.wake.set()
@@ -400,10 +358,10 @@ class PoolManager:
             raise
         if not fut.done():
             self._leave(pool, fut)
-            raise _exhausted(pool, timeout)
+            raise exhausted(pool, timeout)
         return fut.result()  # NotFound if the pool was deleted meanwhile
 
-    def _leave(self, pool: _Pool, fut: asyncio.Future[str]) -> None:
+    def _leave(self, pool: PoolState, fut: asyncio.Future[str]) -> None:
         """A waiter gave up: leave the queue, or give back the sandbox it was given."""
         if fut.done():
             if not fut.cancelled() and fut.exception() is None:
@@ -413,7 +371,7 @@ class PoolManager:
             pool.waiters.remove(fut)
         pool.wake.set()
 
-    def _give_back(self, pool: _Pool, sid: str) -> None:
+    def _give_back(self, pool: PoolState, sid: str) -> None:
         """An unused sandbox returns to the front of the ready queue (it ran nothing)."""
         pool.acquired.discard(sid)
         if pool.closed:
@@ -422,7 +380,7 @@ class PoolManager:
         pool.ready.appendleft(sid)
         self._hand_out(pool)
 
-    def _hand_out(self, pool: _Pool) -> None:
+    def _hand_out(self, pool: PoolState) -> None:
         """Give ready sandboxes to waiting acquires, first come first served."""
         while pool.ready and pool.waiters:
             fut = pool.waiters.popleft()
@@ -446,11 +404,14 @@ class PoolManager:
 
     # ----------------------------------------------------------------- refill
 
-    async def _maintain(self, pool: _Pool) -> None:
+    async def _maintain(self, pool: PoolState) -> None:
         """Keep ``min_ready`` ready (plus one per waiting acquire), within ``max_size``."""
         while not pool.closed:
             pool.wake.clear()
             delay = self._expire(pool)  # None: nothing to replace on a timer
+            recheck = self._recheck(pool)
+            if recheck is not None:
+                delay = recheck if delay is None else min(delay, recheck)
             backoff = pool.retry_at - time.monotonic()
             if backoff > 0:
                 delay = backoff if delay is None else min(delay, backoff)
@@ -463,7 +424,7 @@ class PoolManager:
             except asyncio.TimeoutError:
                 pass
 
-    async def _start_one(self, pool: _Pool) -> None:
+    async def _start_one(self, pool: PoolState) -> None:
         task = asyncio.current_task()
         try:  # a refill is its owner's create (spec.tenant): it sees only what its owner may
             info = await self._create(pool.spec)
@@ -485,9 +446,10 @@ class PoolManager:
         pool.created += 1
         pool.ready.append(info.id)  # a closed pool deletes it when it sweeps
         pool.ready_since[info.id] = info.started_at or time.time()
+        pool.answered[info.id] = time.monotonic()  # its READY: the agent just answered
         self._hand_out(pool)
 
-    def _expire(self, pool: _Pool) -> float | None:
+    def _expire(self, pool: PoolState) -> float | None:
         """Replace ready sandboxes that have waited half their lifetime (``timeout``
         runs from their start: one handed out keeps at least half of it); the seconds
         until the next one will have, or None if none is ready."""
@@ -502,6 +464,40 @@ class PoolManager:
         if not pool.ready_since:
             return None
         return max(0.0, min(pool.ready_since.values()) + half - now)
+
+    def _recheck(self, pool: PoolState) -> float | None:
+        """Ask, in the background, each ready sandbox whose agent last answered
+        :data:`RECHECK_S` ago or more; the seconds until the next is due (None: none)."""
+        now = time.monotonic()
+        pool.answered = {sid: t for sid, t in pool.answered.items() if sid in pool.ready}
+        due: float | None = None
+        for sid in pool.ready:
+            if sid in pool.checking:
+                continue
+            left = pool.answered.get(sid, now - RECHECK_S) + RECHECK_S - now
+            if left <= 0:
+                pool.checking.add(sid)
+                task = asyncio.get_running_loop().create_task(self._check_ready(pool, sid))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif due is None or left < due:
+                due = left
+        return due
+
+    async def _check_ready(self, pool: PoolState, sid: str) -> None:
+        try:
+            info = await self._ask(sid)
+        finally:
+            pool.checking.discard(sid)
+            pool.wake.set()  # the next check's time is computed again
+        if sid not in pool.ready or pool.closed:  # handed out meanwhile: its acquire checks
+            return
+        if info is not None:
+            pool.answered[sid] = time.monotonic()
+            return
+        logger.info("pool %s: ready sandbox %s did not answer; discarded", pool.name, sid)
+        pool.ready.remove(sid)
+        self._discard(pool, sid)
 
     def _ended(self, event: SandboxEnded) -> None:
         """A sandbox ended (its lifetime, a crash, a delete that bypassed the pool)."""
@@ -519,7 +515,7 @@ class PoolManager:
                 pool.wake.set()
                 return
 
-    def _discard(self, pool: _Pool, sid: str) -> None:
+    def _discard(self, pool: PoolState, sid: str) -> None:
         """Delete a sandbox the pool will not hand out, in the background."""
         pool.discarded += 1
         task = asyncio.get_running_loop().create_task(self._remove(sid))
@@ -532,27 +528,3 @@ class PoolManager:
             await self._delete(sid)
         except CorralError as exc:
             logger.warning("could not delete pool sandbox %s: %s", sid, exc.message)
-
-
-def _refill_now(pool: _Pool) -> None:
-    pool.refill_timer = None
-    pool.wake.set()
-
-
-def _exhausted(pool: _Pool, timeout: float) -> CapacityExceeded:
-    if len(pool.acquired) >= pool.max_size:
-        why = (
-            f"all {pool.max_size} of its sandboxes (max_size) are handed out: delete the "
-            "ones you are done with, raise max_size, or pass a longer timeout"
-        )
-    elif pool.failures_in_a_row and pool.last_error:
-        why = f"creating its sandboxes fails: {pool.last_error}"
-    else:
-        why = "its sandboxes are still starting (the daemon is busy): pass a longer timeout"
-    return CapacityExceeded(
-        f"no sandbox of pool {pool.name!r} within {timeout:g} s: {why}",
-        details={
-            "pool": pool.name, "limit": "max_size", "value": pool.max_size,
-            "acquired": len(pool.acquired), "timeout": timeout,
-        },
-    )

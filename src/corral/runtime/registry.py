@@ -19,7 +19,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from corral.runtime import storage
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
@@ -117,6 +117,7 @@ class Registry:
         _names_per_tenant(self._db)
         _hibernation_column(self._db)
         self._seq = int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM sandboxes").fetchone()[0])
+        self._spec = SpecCache()  # rows' specs, parsed once
 
     def close(self) -> None:
         self._db.close()
@@ -201,7 +202,7 @@ class Registry:
             sql += " AND json_extract(spec, '$.tenant') IS ?"
         args = (sandbox_id,) if owner is None else (sandbox_id, owner)
         row = self._db.execute(sql, args).fetchone()
-        return _info(row) if row else None
+        return _info(row, self._spec) if row else None
 
     def list(
         self, *, tags: Iterable[str] = (), states: Iterable[SandboxState] = ()
@@ -220,7 +221,7 @@ class Registry:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq"
-        return [_info(r) for r in self._db.execute(sql, args)]
+        return [_info(r, self._spec) for r in self._db.execute(sql, args)]
 
     def live_rows(self) -> builtins.list[tuple[str, str, int | None, int | None, str]]:
         """(id, state, pid, pid_start, cgroup) of sandboxes not in a terminal state, but
@@ -400,29 +401,45 @@ def _hibernation_column(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE sandboxes ADD COLUMN hibernated TEXT")
 
 
-_SPECS: dict[str, SandboxSpec] = {}  # a row's spec text -> its parsed (frozen) spec
-MAX_SPECS = 4096
+MAX_SPECS = 4096  # parsed specs a registry keeps (SpecCache)
+MAX_CACHED_SPEC_CHARS = 16 << 10
+"""A spec's text longer than this is parsed at each read, never kept: a tenant's
+sandboxes with megabytes of environment each would otherwise stay in the daemon's memory
+after they ended (tests/security/test_spec_cache_bounds.py). A usual spec is < 1 KB."""
+MAX_SPECS_CHARS = 8 << 20  # all kept texts together (each is held twice: text and parse)
 
 
-def _spec(text: str) -> SandboxSpec:
-    """The spec stored as ``text``, parsed once: every ``get`` of a live sandbox (each
-    exec, pool acquire, log entry) reads the same row, and parsing it is most of a read's
-    CPU. A :class:`SandboxSpec` is frozen, so the parsed one is shared."""
-    spec = _SPECS.get(text)
-    if spec is None:
+class SpecCache:
+    """Rows' spec texts and their parses: every ``get`` of a live sandbox (each exec, pool
+    acquire, log entry) reads the same row, and parsing it is most of a read's CPU. Keyed
+    on the whole text (the tenant is in it), so a parse answers only for the same text; a
+    :class:`SandboxSpec` is frozen, so the parsed one is shared. Bounded in entries and
+    in characters; large texts are not kept at all."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, SandboxSpec] = {}
+        self._chars = 0
+
+    def __call__(self, text: str) -> SandboxSpec:
+        spec = self._specs.get(text)
+        if spec is not None:
+            return spec
         spec = SandboxSpec.model_validate(json.loads(text))
-        if len(_SPECS) >= MAX_SPECS:
-            _SPECS.clear()
-        _SPECS[text] = spec
-    return spec
+        if len(text) <= MAX_CACHED_SPEC_CHARS:
+            if len(self._specs) >= MAX_SPECS or self._chars + len(text) > MAX_SPECS_CHARS:
+                self._specs.clear()
+                self._chars = 0
+            self._specs[text] = spec
+            self._chars += len(text)
+        return spec
 
 
-def _info(row: tuple[Any, ...]) -> SandboxInfo:
-    sid, state, spec, created, started, ended, reason = row
+def _info(row: tuple[Any, ...], spec: Callable[[str], SandboxSpec]) -> SandboxInfo:
+    sid, state, text, created, started, ended, reason = row
     return SandboxInfo(
         id=sid,
         state=SandboxState(state),
-        spec=_spec(spec),
+        spec=spec(text),
         created_at=created,
         started_at=started,
         ended_at=ended,

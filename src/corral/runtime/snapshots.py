@@ -1,8 +1,9 @@
 """Snapshots: set an environment up once in a sandbox, start many copies of it.
 
 A snapshot is a chain of layers (:mod:`corral.runtime.layers`), top first, over an
-image. Taking one freezes the sandbox, copies its writable layer, and thaws it (the
-rest of the commit works on the copy); the new layer goes on top of the chain the
+image. Taking one copies the sandbox's writable layer while it runs, then freezes it
+just long enough to copy again what changed meanwhile (:mod:`corral.runtime.precopy`),
+and thaws it (the rest of the commit works on the copy); the new layer goes on top of the chain the
 sandbox itself started from. A sandbox created from a snapshot mounts
 ``chain + [image]`` as its overlay lower layers and writes into a fresh upper of its
 own, so copies never see each other's writes.
@@ -44,7 +45,7 @@ from corral.errors import (
     SnapshotNotFound,
     Unsupported,
 )
-from corral.runtime import rootfs
+from corral.runtime import precopy, rootfs
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layers import TREE, LayerStore
@@ -90,6 +91,7 @@ class Snapshots:
         # a check meanwhile (a kept tree's, another snapshot's) counts them too
         self._installing: dict[int, tuple[str | None, dict[str, int]]] = {}
         self.last_frozen_s = 0.0  # how long the last snapshot kept its sandbox frozen
+        self.last_recopied = 0  # entries it copied frozen (precopy.WHOLE: all of them)
 
     def open(self, users: dict[str, int] | None = None) -> list[str]:
         """Recount references after a restart (``users``: the sandboxes adopted from
@@ -122,8 +124,9 @@ class Snapshots:
 
     async def stage(self, upper: Path, cgroup: Cgroup | None, *, source: str,
                     spec: SandboxSpec, ids: dict[int, int] | None = None) -> Path:
-        """Copy the writable layer of the sandbox ``source``, its processes frozen
-        meanwhile unless ``cgroup`` is None (already paused), within its own limits
+        """Copy the writable layer of the sandbox ``source`` as it is at one instant:
+        its processes frozen for the delta of a precopy (:mod:`.precopy`) unless
+        ``cgroup`` is None (already paused), within its own limits
         (``spec``'s ``disk_mb`` and ``inodes``: :class:`SnapshotTooLarge` beyond), its
         owners translated by ``ids`` (its uid to the canonical one)."""
         budget = Budget.for_spec(spec, f"sandbox {source}", sandbox_id=source)
@@ -133,15 +136,14 @@ class Snapshots:
 
     def _stage_frozen(self, upper: Path, cgroup: Cgroup | None, budget: Budget,
                       ids: dict[int, int] | None) -> Path:
-        start = time.perf_counter()
-        try:
-            if cgroup is not None:
-                cgroup.freeze()
-            return self.store.stage(upper, skip=(rootfs.AGENT_DIR,), budget=budget, ids=ids)
-        finally:
-            if cgroup is not None:
-                cgroup.thaw()
-            self.last_frozen_s = time.perf_counter() - start  # freeze to thaw (benchmarks)
+        skip = (rootfs.AGENT_DIR,)
+        if cgroup is None:  # paused: nothing changes under the copy
+            self.last_frozen_s, self.last_recopied = 0.0, precopy.WHOLE
+            return self.store.stage(upper, skip=skip, budget=budget, ids=ids)
+        staged = precopy.stage_running(self.store, upper, cgroup, skip=skip, budget=budget,
+                                       ids=ids)
+        self.last_frozen_s, self.last_recopied = staged.frozen_s, staged.recopied
+        return staged.tmp
 
     async def commit(
         self, staged: Path, *, name: str | None, spec: SandboxSpec, parent: str | None,

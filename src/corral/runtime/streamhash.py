@@ -79,6 +79,7 @@ class Hasher:
         self._open: set[int] = set()  # dup'd descriptors not yet closed
         self._last: Future[None] | None = None
         self.results: dict[tuple[int, int], tuple[int, bytes]] = {}  # (dev, ino) -> size, hex
+        self._stale: set[tuple[int, int]] = set()  # files removed: their inode may be reused
 
     def start(self, fd: int, size: int) -> _File | None:
         """Begin hashing the destination open as ``fd`` (``size`` bytes expected), or
@@ -106,7 +107,9 @@ class Hasher:
         try:
             if f.ok and f.done == f.size:
                 st = os.fstat(f.fd)
-                self.results[(st.st_dev, st.st_ino)] = (f.size, f.h.hexdigest().encode())
+                with self._lock:
+                    if (st.st_dev, st.st_ino) not in self._stale:
+                        self.results[(st.st_dev, st.st_ino)] = (f.size, f.h.hexdigest().encode())
         finally:
             self._close(f.fd)
 
@@ -133,10 +136,19 @@ class Hasher:
             self._open.discard(fd)
         os.close(fd)
 
+    def forget(self, st: os.stat_result) -> None:
+        """The staged file ``st`` is about to be removed (copied again: a precopy's
+        delta): never use a hash for its inode number, which a new file may reuse."""
+        with self._lock:
+            self._stale.add((st.st_dev, st.st_ino))
+            self.results.pop((st.st_dev, st.st_ino), None)
+
     def lookup(self, fd: int, st: os.stat_result) -> bytes | None:
         """The hex sha256 of the file open as ``fd`` (its ``st``), if it was hashed
         whole while copied and is unchanged since: one data extent, the same size."""
-        found = self.results.get((st.st_dev, st.st_ino))
+        with self._lock:
+            found = None if (st.st_dev, st.st_ino) in self._stale else self.results.get(
+                (st.st_dev, st.st_ino))
         if found is None or found[0] != st.st_size:
             return None
         try:  # no hole anywhere (tree_digest's "f" kind): data from 0 to the end

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.errors import CorralError, InternalError, SnapshotTooLarge, StorageFull
-from corral.runtime import streamhash
+from corral.runtime import streamhash, syscalls
 from corral.runtime.streamhash import Hasher
 from corral.runtime.uids import translate_acl
 
@@ -49,7 +49,9 @@ BLOCK = 4096
 # commit is charged against the same, so nothing the tmpfs held is refused.
 INODE_SLACK = 16
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a file swapped for a FIFO between its stat and its open (a copy made
+# while the sandbox runs: corral.runtime.precopy) must not block the copy
+_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 30
 DROPPED_XATTRS = frozenset({
@@ -254,18 +256,31 @@ class CopyState:
     hasher: Hasher | None = None  # hashes large files' copies as they land (streamhash)
 
 
+def signature(st: os.stat_result) -> tuple[int, ...]:
+    """What changes whenever an entry does (but through a shared writable mapping:
+    :mod:`corral.runtime.precopy`): its inode, type and mode, owners, size, link count,
+    mtime and ctime (which no unprivileged process can set back)."""
+    return (st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_nlink,
+            st.st_mtime_ns, st.st_ctime_ns)
+
+
 def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
               skip: frozenset[str] = frozenset(), budget: Budget | None = None,
-              ids: dict[int, int] | None = None, hasher: Hasher | None = None) -> None:
+              ids: dict[int, int] | None = None, hasher: Hasher | None = None,
+              record: dict[bytes, tuple[int, ...]] | None = None) -> None:
     """Copy the directory ``src`` to ``dst`` (which must not exist) as overlayfs needs:
     owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts. ``ids``
-    translates owners (uids and gids, in ACLs too); ``hasher`` hashes the copies."""
+    translates owners (uids and gids, in ACLs too); ``hasher`` hashes the copies;
+    ``record`` gets each entry's :func:`signature` (taken before it was copied) by its
+    path relative to ``src`` (``b"."``, ``b"./a"``...)."""
     os.mkdir(dst, 0o700)  # its real mode once its entries are in
     out = _Fds(os.open(dst, _O_DIR))
     try:
         walk = Walk(src, skip=skip, budget=budget)
         ctx = CopyState(budget, link_base=out.fds[0], ids=ids, hasher=hasher)
         for kind, parent, name, st, fd in walk:
+            if record is not None and kind != LEAVE:
+                record[walk.rel(name if kind == NODE else None)] = signature(st)
             if kind == ENTER and parent != -1:
                 os.mkdir(name, 0o700, dir_fd=out.top)
                 out.push(os.open(name, _O_DIR, dir_fd=out.top))
@@ -292,6 +307,9 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
             return
         fin = os.open(src, _O_READ, dir_fd=src_dir)
         try:
+            now = os.fstat(fin)
+            if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:  # swapped since
+                raise InternalError(f"{src!r} changed while its tree was copied")
             fout = os.open(dst, _O_CREATE, 0o600, dir_fd=dst_dir)
             try:
                 copy_data(fin, fout, st.st_size, ctx.budget, ctx.hasher)
@@ -337,12 +355,14 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
               hasher: Hasher | None = None) -> None:
     """Copy a file's data extents only (holes stay holes), each charged to ``budget``
     before it is written; sendfile, as copy_file_range refuses tmpfs -> ext4 (EXDEV).
-    A file of one extent is handed to ``hasher`` chunk by chunk as it is written."""
+    A file of one extent is handed to ``hasher`` chunk by chunk as it is written; a
+    large file's chunks are sent to disk as they land (:func:`.syscalls.start_writeback`)."""
     spans = extents(fin, size)
     first = next(spans, None)  # lazily: a hostile file may have millions of extents
     whole = first == (0, size)  # then the only one
     streamed = hasher.start(fout, size) if hasher is not None and whole else None
-    chunk = _CHUNK if streamed is None else streamhash.CHUNK
+    flushed = size >= streamhash.MIN_SIZE  # its writeback started chunk by chunk
+    chunk = streamhash.CHUNK if streamed is not None or flushed else _CHUNK
     try:
         for start, end in itertools.chain([first] if first else [], spans):
             if budget is not None:
@@ -353,6 +373,8 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
                 sent = os.sendfile(fout, fin, offset, min(end - offset, chunk))
                 if sent == 0:  # the file shrank meanwhile
                     break
+                if flushed:
+                    syscalls.start_writeback(fout, offset, sent)
                 offset += sent
                 if streamed is not None:
                     hasher.feed(streamed, offset)  # type: ignore[union-attr]

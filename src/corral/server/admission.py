@@ -16,6 +16,12 @@ memory than ``max_memory_mb``, a fork of more copies than the caps allow at once
     ...
     admission.release(info.id)     # on delete / stop
 
+A hibernated sandbox holds no process and no memory: it leaves the caps
+(:meth:`Admission.asleep`) but keeps its place in its tenant's quota (hibernating is
+no way for a tenant to hold more sandboxes, and its own quota never refuses its
+resume). Its resume waits for room like a create (:meth:`Admission.readmit`) and fails
+with :class:`~corral.errors.CapacityExceeded` past ``queue_timeout``, hibernated still.
+
 Sandboxes the engine ends by itself (lifetime, idle timeout, a crash) free their
 room when the engine announces it (:class:`~corral.runtime.events.SandboxEnded`,
 wired by :class:`~corral.server.service.SandboxService`): nothing polls.
@@ -262,11 +268,33 @@ class Admission:
             self._pump()
 
     def adopt(self, sandbox_id: str, memory_mb: int, tenant: str | None, cpus: float,
-              gpus: int = 0) -> None:
+              gpus: int = 0, *, asleep: bool = False) -> None:
         """Count a sandbox this daemon did not admit (adopted from the daemon before it:
-        live restore), against the caps and its tenant's quota, without a check."""
-        self._admitted[sandbox_id] = memory_mb
+        live restore), against the caps and its tenant's quota, without a check; a
+        hibernated one (``asleep``) against its tenant's quota only."""
+        if not asleep:
+            self._admitted[sandbox_id] = memory_mb
         self.quotas.adopt(tenant, memory_mb, cpus, sandbox_id, gpus)
+
+    def asleep(self, sandbox_id: str) -> None:
+        """The sandbox hibernated: its place and memory under the caps are free until
+        its resume takes them again (:meth:`readmit`); its tenant's quota still holds it."""
+        if self._admitted.pop(sandbox_id, None) is not None:
+            self._pump()
+
+    @asynccontextmanager
+    async def readmit(self, sandbox_id: str, memory_mb: int, *,
+                      tenant: str | None = None) -> AsyncIterator[None]:
+        """Room for hibernated ``sandbox_id`` to start again, waited for in the queue
+        like a create's, up to ``queue_timeout`` (then :class:`CapacityExceeded`); it
+        counts as alive once the block ends without an error, else the room is free."""
+        if self._closed:
+            raise _shutting_down()
+        slot = Slot(memory_mb)
+        deadline = asyncio.get_running_loop().time() + self.limits.queue_timeout
+        async with self._admit(memory_mb, slot, deadline, tenant):
+            yield
+            slot.commit(sandbox_id)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox was stopped or deleted: its place and memory are free again."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import uvicorn
 
+from corral._socket_dir import unsafe_socket_dir
 from corral._version import __version__
 from corral.cluster.ids import id_prefix
 from corral.errors import InvalidArgument, InvalidState
@@ -109,6 +110,11 @@ def bind_unix(path: Path) -> socket.socket:
         raise InvalidArgument(f"the socket path {path} is too long for a Unix socket (max 107)")
     if not path.parent.is_dir():
         path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True)
+    if (why := unsafe_socket_dir(path)) is not None:  # they could swap the socket
+        raise InvalidArgument(
+            f"will not listen on {path}: {why}, so other users could replace the socket "
+            "with their own; choose a --socket in a directory only root or you can write "
+            "(the default /run/corral)", details={"socket": str(path)})
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise InvalidArgument(f"{path} exists and is not a socket: choose another --socket")

@@ -30,7 +30,7 @@ from corral.runtime.distribution import is_reference
 from corral.runtime.engine import Engine
 from corral.runtime.engine_hibernate import HIBERNATED
 from corral.runtime.engine_snapshots import Abandoned, fork_from
-from corral.runtime.events import SandboxEnded
+from corral.runtime.events import SandboxEnded, SandboxHibernated
 from corral.runtime.gpus import tenant_view
 from corral.runtime.image_pull import local_name, pull_image
 from corral.runtime.pools import PoolManager
@@ -117,16 +117,21 @@ class SandboxService:
         self.leases: Leases | None = None  # client leases (server/leases.py), set by the app
         self.pools = PoolManager(engine, create=self._refill, delete=self._delete_admitted)
         engine.events.subscribe(SandboxEnded, self._ended)
+        # a hibernated sandbox leaves the caps; its resume waits for room like a create
+        engine.events.subscribe(SandboxHibernated, lambda e: admission.asleep(e.sandbox_id))
+        engine.resume_gate = lambda info: admission.readmit(
+            info.id, info.spec.memory_mb, tenant=info.spec.tenant)
 
     def count_adopted(self) -> None:
         """Count the sandboxes the engine adopted from the daemon before it (live
         restore) against the caps and their tenants' quotas (at the daemon's start)."""
         for info in self.engine.list(state=LIVE_STATES, owner=None):  # the daemon's own work
             gpus = len(self.engine.gpus.held_by(info.id))
-            if info.reason == HIBERNATED:  # none held while it sleeps; its resume takes them
+            asleep = info.reason == HIBERNATED  # in its tenant's quota, not the caps
+            if asleep:  # none held while it sleeps; its resume takes them
                 gpus = self.engine.gpus.count(info.spec.gpus)
             self.admission.adopt(info.id, info.spec.memory_mb, info.spec.tenant, info.spec.cpus,
-                                 gpus)
+                                 gpus, asleep=asleep)
 
     def _ended(self, event: SandboxEnded) -> None:
         """However a sandbox ended (its lifetime, a crash, a delete), its places are free."""
@@ -306,7 +311,9 @@ class SandboxService:
     async def _delete_admitted(self, sandbox_id: str, owner: str | None = None) -> bool:
         # False: none ``owner`` may see (another tenant's keeps its places); None: the
         # daemon's own work (a pool's sandbox)
-        if not await self.engine.delete(sandbox_id, owner=owner):
+        # its processes have exited when this returns; the rest of its teardown (cgroup,
+        # mounts, directories: kernel waits) goes on in the background
+        if not await self.engine.delete(sandbox_id, owner=owner, wait=False):
             return False
         self.admission.release(sandbox_id)
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -92,7 +93,8 @@ class AsyncExecStream:
     async def _items(self, response: httpx.Response) -> AsyncIterator[OutputChunk]:
         output: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         with self._client._errors():
-            async for line in response.aiter_lines():
+            lines = response.aiter_lines()
+            async for line in lines:
                 if not line.strip():
                     continue
                 item = parse_stream_item(json.loads(line))
@@ -100,6 +102,12 @@ class AsyncExecStream:
                     output[item.stream].append(item.data)
                     yield item
                 elif item is not None:
+                    # the exit is the last line: read the reply's end (a few bytes) so its
+                    # connection goes back to the pool instead of being closed; the exit
+                    # is known, so a failure there changes nothing
+                    with contextlib.suppress(httpx.HTTPError):
+                        async for _ in lines:
+                            pass
                     self._finish(item, output)
                     return
         raise SandboxLost(

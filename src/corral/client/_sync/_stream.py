@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Generator, Iterator
@@ -94,7 +95,8 @@ class ExecStream:
     def _items(self, response: httpx.Response) -> Iterator[OutputChunk]:
         output: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         with self._client._errors():
-            for line in response.iter_lines():
+            lines = response.iter_lines()
+            for line in lines:
                 if not line.strip():
                     continue
                 item = parse_stream_item(json.loads(line))
@@ -102,6 +104,12 @@ class ExecStream:
                     output[item.stream].append(item.data)
                     yield item
                 elif item is not None:
+                    # the exit is the last line: read the reply's end (a few bytes) so its
+                    # connection goes back to the pool instead of being closed; the exit
+                    # is known, so a failure there changes nothing
+                    with contextlib.suppress(httpx.HTTPError):
+                        for _ in lines:
+                            pass
                     self._finish(item, output)
                     return
         raise SandboxLost(

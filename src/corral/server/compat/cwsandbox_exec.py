@@ -17,6 +17,7 @@ shell would: a message on stderr and exit status 127 (126 if not executable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import signal
 import time
@@ -74,7 +75,9 @@ async def _interactive(
     try:
         proc = await asyncio.shield(spawning)
     except asyncio.CancelledError:  # the client left while it started: it must not live on
-        await asyncio.wait({spawning})
+        while not spawning.done():  # however often the call is cancelled meanwhile (a
+            with contextlib.suppress(asyncio.CancelledError):  # revoke, then the client)
+                await asyncio.wait({spawning})
         if not spawning.cancelled() and spawning.exception() is None:
             spawning.result().signal(signal.SIGKILL)
             engine.forget_process(sid, spawning.result().id)
