@@ -185,6 +185,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             cgroup_parent=self.cgroup_parent,
             target=warm_slots,
             uids=self.uids,
+            cpu_picker=self.cpu_picker,
         )
         # egress policies (runtime/net): names in network_hosts resolve to their address
         self.volumes = Volumes(layout.state_dir / "volumes")  # runtime/volumes.py
@@ -367,7 +368,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
             lowers = await self.snapshots.lowers(snap, image)
-            slot = await self._pool.take()
+            slot = await self._pool.take(self.cpu_picker.peek(spec.cpus))  # (cpuset ready)
         except BaseException as exc:
             self.gpus.release(sid)
             await self.snapshots.release(snap)
@@ -427,8 +428,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
-        live.cpus = self.cpu_picker.take(spec.cpus)
-        self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
+        live.cpus = self.cpu_picker.take(spec.cpus, prefer=slot.cpus)
+        if live.cpus != slot.cpus:  # (a warm slot's cpuset may hold them already)
+            self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
         live.sandbox_dir.mkdir(mode=0o711)
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
