@@ -157,14 +157,6 @@ class Cgroup:
                 continue
         return sorted(found)
 
-    def populated(self) -> bool:
-        """Whether any process is in the group: one hierarchy read, which is enough once
-        the group's first process joined them all (every later one descends from it)."""
-        try:
-            return bool(_read(self.freezer_dir() / "cgroup.procs").strip())
-        except (CgroupError, KeyError):
-            return True  # unreadable: assume the worst
-
     def freezer_dir(self) -> Path:
         """The directory of the group's freezer (v1's hierarchy, or v2's group)."""
         return self._dirs.get("freezer") or self._dirs[""]

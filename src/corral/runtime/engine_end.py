@@ -90,7 +90,15 @@ def release_pool(threads: int = RELEASE_THREADS, name: str = "corral-release") -
 
 
 def _populated(group: Cgroup | None) -> bool:
-    return group is not None and group.populated()
+    """Whether any process is in ``group``: one hierarchy read, which is enough once its
+    first process joined them all (every later one descends from it)."""
+    if group is None:
+        return False
+    try:
+        with open(group.freezer_dir() / "cgroup.procs", "rb") as f:
+            return bool(f.read().strip())
+    except (OSError, KeyError):
+        return True  # unreadable: assume the worst (then the ender waits)
 
 
 class EndOps:
