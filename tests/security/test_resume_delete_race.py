@@ -15,7 +15,7 @@ import asyncio
 
 import pytest
 
-from corral.errors import SandboxNotFound, SandboxStartError
+from corral.errors import CorralError, SandboxNotFound, SandboxStartError
 from corral.schema import SandboxState
 from tests.conftest import requires_root
 from tests.security.test_live_checkpoint import _need_criu
@@ -77,3 +77,28 @@ async def test_a_delete_of_a_sandbox_still_starting_wins(engine):
     with pytest.raises(SandboxNotFound):
         engine.get(pending)
     assert pending not in engine._live
+
+
+async def test_the_resumes_own_cleanup_does_not_wait_for_itself(engine):
+    """A create that fails late deletes its sandbox itself (an entrypoint that cannot
+    start); within a resume, that delete must not wait for the resume it is part of."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.hibernate(sb.id)
+    restore = engine._launch_restore
+    inner: list[bool] = []
+
+    async def deleting_restore(live, slot, lowers):  # in the resume's own task
+        async with asyncio.timeout(30):  # (not wait_for: the same task, as create's own)
+            inner.append(await engine.delete(live.id, owner=None))
+        return await restore(live, slot, lowers)
+
+    engine._launch_restore = deleting_restore
+    try:
+        await asyncio.wait_for(engine.resume(sb.id), 60)
+    except CorralError:
+        pass  # its sandbox was deleted under it: a typed failure
+    finally:
+        engine._launch_restore = restore
+    assert inner == [True]
+    await engine.delete(sb.id)

@@ -163,7 +163,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
-        self._resuming: dict[str, asyncio.Event] = {}  # set when its resume ended (delete waits)
+        # resumes under way: set when each ends, and its task (delete waits: engine_end)
+        self._resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]] = {}
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidState
 from corral.runtime import processes, rootfs, syscalls
@@ -93,7 +93,7 @@ class EndOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
-        _resuming: dict[str, asyncio.Event]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
         registry: Registry
         events: Events
         owners: Owners
@@ -196,7 +196,10 @@ class EndOps:
         """Wait until no resume of ``sandbox_id`` is under way (engine_hibernate: it
         takes the hibernated sandbox out of the table while it creates it again)."""
         while (resuming := self._resuming.get(sandbox_id)) is not None:
-            await resuming.wait()
+            done, task = resuming
+            if task is asyncio.current_task():  # the resume's own create, cleaning up
+                return
+            await done.wait()
 
     async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET,
                      wait: bool = True) -> bool:

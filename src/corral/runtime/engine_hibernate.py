@@ -65,7 +65,7 @@ class HibernateOps:
     if TYPE_CHECKING:
         _live: dict[str, Live]
         _hibernated: dict[str, str]
-        _resuming: dict[str, asyncio.Event]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
         events: Events
         registry: Registry
         _tasks: set[asyncio.Task[Any]]
@@ -189,7 +189,8 @@ class HibernateOps:
                         details={"sandbox_id": sandbox_id, "cause": "max_lifetime"})
             # room to start again first (CapacityExceeded: hibernated still, untouched)
             gate = nullcontext() if self.resume_gate is None else self.resume_gate(row)
-            done = self._resuming[sandbox_id] = asyncio.Event()  # a delete waits for it
+            done = asyncio.Event()  # a delete waits for it
+            self._resuming[sandbox_id] = (done, asyncio.current_task())
             try:
                 info = await self._resume_as(live, row, snap_id, timeout, gate)
             finally:
