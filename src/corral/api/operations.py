@@ -95,7 +95,15 @@ from corral.image_schema import (
     ImageList,
 )
 from corral.network_schema import NetworkInfo, NetworkPolicy
-from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
+from corral.pool_schema import (
+    AcquireRequest,
+    PoolDetail,
+    PoolInfo,
+    PoolList,
+    PoolSpec,
+    ReserveReply,
+    ReserveRequest,
+)
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 from corral.volume_schema import VolumeInfo
 
@@ -502,6 +510,12 @@ OPERATIONS: tuple[Operation, ...] = (
             *_BODY, NotFound, CapacityExceeded, QuotaExceeded, SandboxTimeout, SandboxStartError,
         ),
         routing=Routing.POOL,
+    ),
+    Operation(
+        "reserve_from_pool", "POST", "/v1/pools/{name}/reserve",
+        "Take up to count ready sandboxes of the pool at once, held under the caller's "
+        "lease (deleted when it ends)", body=ReserveRequest, reply=ReserveReply,
+        errors=(*_BODY, NotFound, LeaseNotFound), routing=Routing.POOL,
     ),
     Operation(
         "list_snapshots", "GET", "/v1/snapshots", "List snapshots", reply=SnapshotList,
