@@ -28,6 +28,8 @@ from corral.api.models import (
     NetworkCreate,
     NetworkEvents,
     NetworkList,
+    RunRequest,
+    RunResponse,
     SandboxDetail,
     SandboxList,
     SandboxLogsReply,
@@ -153,6 +155,17 @@ OPERATIONS: tuple[Operation, ...] = (
             SnapshotNotFound, RegistryError, SandboxStartError, SandboxTimeout,
         ),
         routing=Routing.PLACE,
+    ),
+    Operation(
+        "run_once", "POST", "/v1/run",
+        "Create a sandbox, run one command in it and delete it, in one call (the "
+        "command's result back); on a cluster it runs on the home node",
+        body=RunRequest, reply=RunResponse,
+        errors=(
+            *_BODY, CapacityExceeded, QuotaExceeded, NoGpuCapacity, ImageNotFound,
+            SnapshotNotFound, RegistryError, SandboxStartError, SandboxTimeout,
+        ),
+        routing=Routing.HOME,
     ),
     Operation(
         "list_sandboxes", "GET", "/v1/sandboxes", "List sandboxes", reply=SandboxList,

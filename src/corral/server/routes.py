@@ -270,7 +270,7 @@ async def delete_snapshot(request: Request) -> Response:
 # ------------------------------------------------------------------------ exec
 
 
-def _exec_args(body: ExecRequest) -> dict[str, Any]:
+def exec_args(body: ExecRequest) -> dict[str, Any]:
     return {
         "cmd": body.cmd,
         "timeout": body.timeout,
@@ -284,12 +284,12 @@ def _exec_args(body: ExecRequest) -> dict[str, Any]:
 
 
 async def exec_command(request: Request, body: ExecRequest) -> Response:
-    work = ctx.sandboxes(request).exec(_sid(request), **_exec_args(body))
+    work = ctx.sandboxes(request).exec(_sid(request), **exec_args(body))
     return JSONResponse(exec_response(await unless_disconnected(request, work)))
 
 
 async def exec_stream(request: Request, body: ExecRequest) -> Response:
-    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **_exec_args(body)))
+    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **exec_args(body)))
 
 
 # ----------------------------------------------------------------------- files
