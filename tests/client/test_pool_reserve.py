@@ -4,6 +4,7 @@ the daemon in one call, handed out locally, each once, all gone when the pool cl
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -61,3 +62,22 @@ def test_bad_reserve_arguments_are_refused_before_any_call(client):
             corral.Pool(memory_mb=64, reserve=bad, client=client)
     with pytest.raises(corral.InvalidArgument, match="reserve_ttl"):
         corral.Pool(memory_mb=64, reserve=2, reserve_ttl=0.5, client=client)
+
+
+def test_a_reserve_whose_lease_expired_takes_a_new_one(client):
+    with corral.Pool(memory_mb=64, min_ready=2, max_size=8, reserve=2, reserve_ttl=1,
+                     client=client) as pool:
+        settled(pool)
+        with pool.acquire(timeout=30) as first:
+            first.exec("true")
+        left = [info.id for _, info in pool._reserve]
+        pool._heartbeat.stop()  # this process "stood still": no renewal
+        deadline = time.monotonic() + 60
+        while any(s.id in left for s in corral.Sandbox.list(tags=[f"pool={pool.name}"],
+                                                             client=client)):
+            assert time.monotonic() < deadline, "the expired lease's sandboxes stayed"
+            time.sleep(0.2)
+        settled(pool)
+        with pool.acquire(timeout=30) as sb:  # not the dead one: a new lease, a new batch
+            assert sb.id not in left
+            assert sb.exec("echo ok").stdout == "ok\n"

@@ -8,6 +8,7 @@ import secrets
 import time
 from collections import deque
 
+import httpx
 from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
 from corral.client import _validate
@@ -216,8 +217,10 @@ class Pool(CleanupOnExit):
 
     def _pop_reserved(self) -> SandboxInfo | None:
         """The oldest fresh reserved sandbox; stale ones are dropped (deleted later)."""
-        if self._heartbeat is not None and self._heartbeat.lost:
-            self._reserve.clear()  # the lease expired: the daemon deleted them
+        if self._heartbeat is not None and self._heartbeat.may_have_expired():
+            # the lease expired (or may have): the daemon deletes them, or, if not, we do
+            self._stale.extend(info for _, info in self._reserve)
+            self._reserve.clear()
         while True:
             try:
                 taken_at, info = self._reserve.popleft()  # one caller each, threads too
@@ -229,21 +232,31 @@ class Pool(CleanupOnExit):
 
     def _take_reserve(self) -> None:
         """Up to ``reserve`` ready sandboxes from the daemon, held under this pool's lease."""
+        stale, self._stale = self._stale, []
+        if stale:  # deleted, never handed out (their lease ends them anyway)
+            SyncBackend.gather([Sandbox(i, client=self.client).delete for i in stale])
+        try:
+            reply = self._reserve_call()
+        except LeaseNotFound:  # it expired (this process stood still past its ttl)
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+                self._heartbeat = None
+            reply = self._reserve_call()
+        now = time.monotonic()
+        got = ReserveReply.model_validate(reply.json()).sandboxes
+        self._reserve.extend((now, info) for info in got)
+
+    def _reserve_call(self) -> httpx.Response:
+        """``reserve_from_pool`` under this pool's lease (taken first if it has none)."""
         if self._heartbeat is None or self._heartbeat.lost:
             reply = (self.client.call(
                 "create_lease", json={"ttl": self._reserve_ttl})).json()
             args = self.client.connect_args
             self._heartbeat = Heartbeat(args["url"], args["token"], reply["id"],
                                         self._reserve_ttl)
-        stale, self._stale = self._stale, []
-        if stale:  # deleted, never handed out (their lease ends them anyway)
-            SyncBackend.gather([Sandbox(i, client=self.client).delete for i in stale])
-        reply = self.client.call(
+        return self.client.call(
             "reserve_from_pool", self._ids,
             json={"count": self._reserve_size, "lease": self._heartbeat.lease_id})
-        now = time.monotonic()
-        got = ReserveReply.model_validate(reply.json()).sandboxes
-        self._reserve.extend((now, info) for info in got)
 
     def _drop_reserve(self) -> None:
         """Release the reserve's lease: the daemon deletes every sandbox it took."""
