@@ -72,11 +72,13 @@ class PoolSpec(BaseModel):
 
 
 class AcquireRequest(BaseModel):
-    """``POST /v1/pools/{name}/acquire``: seconds to wait for a sandbox."""
+    """``POST /v1/pools/{name}/acquire``: seconds to wait for a sandbox; with ``lease``
+    (the caller's), the sandbox is held under it as a reserve's are (:class:`ReserveRequest`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     timeout: StrictFloat = Field(DEFAULT_ACQUIRE_TIMEOUT_S, gt=0, le=MAX_ACQUIRE_TIMEOUT_S)
+    lease: str | None = Field(None, min_length=1, max_length=100)
 
 
 class ReserveRequest(BaseModel):

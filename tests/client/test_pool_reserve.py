@@ -81,3 +81,12 @@ def test_a_reserve_whose_lease_expired_takes_a_new_one(client):
         with pool.acquire(timeout=30) as sb:  # not the dead one: a new lease, a new batch
             assert sb.id not in left
             assert sb.exec("echo ok").stdout == "ok\n"
+
+
+def test_an_acquire_that_found_none_ready_is_held_by_the_reserves_lease_too(client):
+    with corral.Pool(memory_mb=64, min_ready=0, max_size=2, reserve=2, client=client) as pool:
+        held = pool.acquire(timeout=60)  # none ready: waited for, as a plain acquire
+        assert held.exec("true").returncode == 0
+    # closing released the lease: the sandbox it held is gone with the rest
+    with pytest.raises(corral.SandboxNotFound):
+        held.refresh()

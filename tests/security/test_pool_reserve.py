@@ -98,6 +98,9 @@ def test_a_tenant_cannot_reserve_from_anothers_pool_nor_under_anothers_lease(tea
         borrowed = bob.post("/v1/pools/bobs/reserve", json={"count": 1, "lease": alices})
         assert borrowed.status_code == 404, borrowed.text
         assert borrowed.json()["error"]["code"] == "lease_not_found"
+        waited = bob.post("/v1/pools/bobs/acquire", json={"timeout": 5, "lease": alices})
+        assert waited.status_code == 404, waited.text
+        assert waited.json()["error"]["code"] == "lease_not_found"
         assert bob.get("/v1/pools/bobs").json()["ready"] == 1
         # alice's reserve is hers: bob sees none of it
         held = alice.post("/v1/pools/mine/reserve", json={"count": 2, "lease": alices}).json()

@@ -59,7 +59,7 @@ from corral.server.peer_layers import (
     peer_stats,
 )
 from corral.server.peer_volumes import fetch_own_volume, peer_volume
-from corral.server.pool_reserve import reserve_from_pool
+from corral.server.pool_reserve import acquire_from_pool, reserve_from_pool
 from corral.server.processes import (
     exchange,
     exchange_many,
@@ -73,7 +73,6 @@ from corral.server.processes import (
     write_stdin,
 )
 from corral.server.routes import (
-    acquire_from_pool,
     checkpoint_sandbox,
     create_pool,
     create_sandbox,

@@ -19,23 +19,43 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from corral.errors import CorralError
-from corral.pool_schema import ReserveRequest
+from corral.pool_schema import AcquireRequest, ReserveRequest
+from corral.schema import SandboxInfo
 from corral.server import context as ctx
 from corral.server.caller import caller_of
+from corral.server.context import unless_gone
 from corral.server.lease_routes import leases_of
 from corral.server.routes import info_json
 
 
 async def reserve_from_pool(request: Request, body: ReserveRequest) -> Response:
     caller = caller_of(request)
-    leases = leases_of(request)
-    leases.hold(caller.name, body.lease, ())  # LeaseNotFound before anything is taken
+    leases_of(request).hold(caller.name, body.lease, ())  # LeaseNotFound before any take
     taken = await ctx.pools(request).take_ready(
         request.path_params["name"], body.count, owner=ctx.owner(request))
+    await _hold(request, body.lease, taken)
+    return JSONResponse({"sandboxes": [info_json(i, request) for i in taken]})
+
+
+async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
+    """An acquire (waiting up to ``timeout``); with ``lease``, held under it: a reserve
+    that found none ready waits here, and what it gets ends with its lease too."""
+    if body.lease is not None:
+        leases_of(request).hold(caller_of(request).name, body.lease, ())
+    work = ctx.pools(request).acquire(request.path_params["name"], body.timeout,
+                                      owner=ctx.owner(request))
+    got = await unless_gone(request, work)
+    if body.lease is not None:
+        await _hold(request, body.lease, [got])
+    return JSONResponse(info_json(got, request))
+
+
+async def _hold(request: Request, lease: str, taken: list[SandboxInfo]) -> None:
+    """``taken`` held under ``lease``; if it ended meanwhile, they are deleted now."""
+    caller = caller_of(request)
     try:
-        leases.hold(caller.name, body.lease, [i.id for i in taken])
-    except CorralError:  # the lease ended while the liveness checks ran: none is kept
+        leases_of(request).hold(caller.name, lease, [i.id for i in taken])
+    except CorralError:  # the lease ended while the take awaited: none is kept
         service = ctx.service(request)
         await asyncio.gather(*(service.delete(i.id, caller) for i in taken))
         raise
-    return JSONResponse({"sandboxes": [info_json(i, request) for i in taken]})

@@ -27,7 +27,7 @@ from corral.api.models import (
 )
 from corral.api.operation import RAW
 from corral.errors import CorralError, InvalidArgument
-from corral.pool_schema import AcquireRequest, PoolSpec
+from corral.pool_schema import PoolSpec
 from corral.runtime.pathutil import resolve_path
 from corral.schema import (
     SandboxInfo,
@@ -368,9 +368,6 @@ async def delete_pool(request: Request) -> Response:
     return _no_content()
 
 
-async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
-    work = ctx.pools(request).acquire(_pool_name(request), body.timeout, owner=ctx.owner(request))
-    return JSONResponse(info_json(await unless_gone(request, work), request))
 
 
 # ----------------------------------------------------------------------- table

@@ -183,21 +183,28 @@ class AsyncPool(AsyncCleanupOnExit):
         )
         await self._ensure_open()
         try:
-            if self._reserve_size:
-                reserved = await self._from_reserve()
-                if reserved is not None:
-                    return reserved
-            return await self._acquire(timeout)
+            return await self._acquire_one(timeout)
         except NotFound as exc:
             if not self._created or exc.details.get("pool") != self.name:
                 raise
             await self._open()  # the daemon restarted and forgot it: make it again
-            return await self._acquire(timeout)
+            return await self._acquire_one(timeout)
 
-    async def _acquire(self, timeout: float) -> AsyncSandbox:
+    async def _acquire_one(self, timeout: float) -> AsyncSandbox:
+        if not self._reserve_size:
+            return await self._acquire(timeout)
+        reserved = await self._from_reserve()
+        if reserved is not None:
+            return reserved
+        # none was ready: wait as a plain acquire does, held under the same lease
+        return await self._acquire(timeout, lease=self._heartbeat_lease())
+
+    async def _acquire(self, timeout: float, *, lease: str | None = None) -> AsyncSandbox:
+        body: dict[str, object] = {"timeout": timeout}
+        if lease is not None:
+            body["lease"] = lease
         response = await self.client.call(
-            "acquire_from_pool", self._ids, json={"timeout": timeout},
-            timeout=exec_http_timeout(timeout),
+            "acquire_from_pool", self._ids, json=body, timeout=exec_http_timeout(timeout),
         )
         return AsyncSandbox(SandboxInfo.model_validate(response.json()), client=self.client)
 
@@ -255,6 +262,11 @@ class AsyncPool(AsyncCleanupOnExit):
         return await self.client.call(
             "reserve_from_pool", self._ids,
             json={"count": self._reserve_size, "lease": self._heartbeat.lease_id})
+
+    def _heartbeat_lease(self) -> str:
+        if self._heartbeat is None:  # (taken by the reserve call just made)
+            raise InvalidState(f"pool {self.name}: its reserve has no lease")
+        return self._heartbeat.lease_id
 
     async def _drop_reserve(self) -> None:
         """Release the reserve's lease: the daemon deletes every sandbox it took."""

@@ -185,21 +185,28 @@ class Pool(CleanupOnExit):
         )
         self._ensure_open()
         try:
-            if self._reserve_size:
-                reserved = self._from_reserve()
-                if reserved is not None:
-                    return reserved
-            return self._acquire(timeout)
+            return self._acquire_one(timeout)
         except NotFound as exc:
             if not self._created or exc.details.get("pool") != self.name:
                 raise
             self._open()  # the daemon restarted and forgot it: make it again
-            return self._acquire(timeout)
+            return self._acquire_one(timeout)
 
-    def _acquire(self, timeout: float) -> Sandbox:
+    def _acquire_one(self, timeout: float) -> Sandbox:
+        if not self._reserve_size:
+            return self._acquire(timeout)
+        reserved = self._from_reserve()
+        if reserved is not None:
+            return reserved
+        # none was ready: wait as a plain acquire does, held under the same lease
+        return self._acquire(timeout, lease=self._heartbeat_lease())
+
+    def _acquire(self, timeout: float, *, lease: str | None = None) -> Sandbox:
+        body: dict[str, object] = {"timeout": timeout}
+        if lease is not None:
+            body["lease"] = lease
         response = self.client.call(
-            "acquire_from_pool", self._ids, json={"timeout": timeout},
-            timeout=exec_http_timeout(timeout),
+            "acquire_from_pool", self._ids, json=body, timeout=exec_http_timeout(timeout),
         )
         return Sandbox(SandboxInfo.model_validate(response.json()), client=self.client)
 
@@ -257,6 +264,11 @@ class Pool(CleanupOnExit):
         return self.client.call(
             "reserve_from_pool", self._ids,
             json={"count": self._reserve_size, "lease": self._heartbeat.lease_id})
+
+    def _heartbeat_lease(self) -> str:
+        if self._heartbeat is None:  # (taken by the reserve call just made)
+            raise InvalidState(f"pool {self.name}: its reserve has no lease")
+        return self._heartbeat.lease_id
 
     def _drop_reserve(self) -> None:
         """Release the reserve's lease: the daemon deletes every sandbox it took."""
