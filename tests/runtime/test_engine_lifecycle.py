@@ -90,23 +90,40 @@ async def test_a_delete_that_does_not_wait_has_ended_every_process(state_dir, mo
     assert list(engine.layout.sandboxes_dir.iterdir()) == [], "close did not wait for teardowns"
 
 
+async def until(predicate, limit: float = 60.0) -> None:
+    """Poll ``predicate`` until it holds (bounded: a loaded host is slow, not stuck)."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
 async def test_pause_freezes_and_resume_continues(engine):
     info = await engine.create()
     sid = info.id
-    await engine.exec(sid, "sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.01; done' >/dev/null 2>&1 &")
-    await asyncio.sleep(0.2)
+    # One line appended per tick (one write each): a count of whole lines is never
+    # torn, wherever the freeze lands.
+    await engine.exec(sid, "sh -c 'while true; do echo x >> /tmp/n; sleep 0.01; done' >/dev/null 2>&1 &")
+    ticks = engine.upper_dir(sid) / "tmp/n"
+
+    def count() -> int:
+        try:
+            return ticks.read_bytes().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    await until(lambda: count() >= 3)  # it runs
     paused = await engine.pause(sid)
     assert paused.state == SandboxState.PAUSED
-    before = (engine.upper_dir(sid) / "tmp/n").read_text()
+    before = count()
     await asyncio.sleep(0.3)
-    after = (engine.upper_dir(sid) / "tmp/n").read_text()
-    assert before == after, "a paused sandbox kept running"
+    assert count() == before, "a paused sandbox kept running"
     with pytest.raises(InvalidState, match="resume"):
         await engine.exec(sid, "true")
     assert (await engine.resume(sid)).state == SandboxState.RUNNING
-    await asyncio.sleep(0.2)
-    r = await engine.exec(sid, "cat /tmp/n")
-    assert int(r.stdout) > int(after)
+    await until(lambda: count() > before)  # the same loop goes on
+    r = await engine.exec(sid, "wc -l < /tmp/n")
+    assert int(r.stdout) > before
 
 
 async def test_stop_then_delete_is_idempotent(engine):

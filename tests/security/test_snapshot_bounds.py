@@ -20,7 +20,7 @@ import pytest
 from corral.errors import SnapshotTooLarge
 from corral.runtime import image_cache
 from corral.runtime.image_build import build_image
-from corral.runtime.layers import TREE
+from corral.runtime.layers import TREE, LayerStore
 from corral.runtime.treecopy import INODE_SLACK, remove_tree
 from tests.conftest import requires_root
 from tests.security.conftest import run_json
@@ -240,18 +240,34 @@ async def test_staging_left_by_a_crash_is_swept_at_start(state_dir):
         await eng.close()
 
 
-async def test_an_image_build_step_keeps_holes_and_tmp_is_swept(engine, tmp_path):
+async def test_an_image_build_step_keeps_holes_and_tmp_is_swept(engine, tmp_path, monkeypatch):
     # Old code: the step's 3 GB sparse file became a 3 GB layer in the image store, and
     # a deep .tmp-* in the image layer store made the next build fail to clean up.
+    # The shared store may hold other builds' staging dirs at any moment (and its sweep
+    # is skipped while they run): the sweep is checked on a private store, and the
+    # build on the shared one leaves none of its own staging dirs.
+    private = tmp_path / "images"
+    (private / image_cache.LAYERS).mkdir(parents=True)
+    make_deep(private / image_cache.LAYERS / f".tmp-{secrets.token_hex(6)}", DEPTH)
+    image_cache.clean_stale_layers(private)
+    assert staging(private / image_cache.LAYERS) == []
+
+    ours: list[Path] = []
+    new_tmp = LayerStore._new_tmp
+
+    def recorded(self) -> Path:
+        ours.append(new_tmp(self))
+        return ours[-1]
+
+    monkeypatch.setattr(LayerStore, "_new_tmp", recorded)
     name = f"t-sparse-{secrets.token_hex(4)}"
     store = engine.images.images_dir / image_cache.LAYERS
-    store.mkdir(parents=True, exist_ok=True)
-    make_deep(store / f".tmp-{secrets.token_hex(6)}", DEPTH)
     spec = {"base": "python", "disk_mb": 64, "steps": [
         {"run": f"truncate -s {GB3} /home/sandbox/sparse && echo x >> /home/sandbox/sparse"},
     ]}
+    (tmp_path / "context").mkdir()
     try:
-        result = await build_image(engine, spec, name=name, context=tmp_path)
+        result = await build_image(engine, spec, name=name, context=tmp_path / "context")
         layers = [x["id"] for m in image_cache.manifests(engine.images.images_dir).values()
                   if m.get("name") == name for x in m.get("layers", [])]
         assert layers, result
@@ -259,7 +275,8 @@ async def test_an_image_build_step_keeps_holes_and_tmp_is_swept(engine, tmp_path
         st = copy.stat()
         assert st.st_size == GB3 + 2
         assert st.st_blocks * 512 <= 64 << 10, st.st_blocks
-        assert staging(store) == []
+        assert ours and all(p.parent == store for p in ours), ours  # it staged in the store
+        assert [p.name for p in ours if p.exists()] == []
         sid = (await engine.create(image=name)).id
         r = await engine.exec(sid, "stat -c %s /home/sandbox/sparse && tail -c 2 /home/sandbox/sparse")
         assert r.stdout == f"{GB3 + 2}\nx\n".encode()
@@ -267,8 +284,9 @@ async def test_an_image_build_step_keeps_holes_and_tmp_is_swept(engine, tmp_path
     finally:
         if engine.images.exists(name):
             engine.images.remove(name)
-        for p in store.glob(".tmp-*"):
-            remove_tree(p)
+        for p in ours:  # only this build's: other builds' are in use
+            if p.exists():
+                remove_tree(p)
 
 
 def test_error_round_trips_through_the_wire():
