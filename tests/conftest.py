@@ -45,7 +45,8 @@ async def engine(state_dir):
         await eng.close()
 
 
-def _wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def _wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    # Generous: a daemon starts slowly on a loaded host; one that dies fails at once.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
