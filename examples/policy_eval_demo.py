@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--episodes", type=int,
                         default=int(os.environ.get("CORRAL_DEMO_EPISODES") or 200),
                         help="seeded episodes per policy (default 200, or CORRAL_DEMO_EPISODES)")
-    parser.add_argument("--concurrency", type=int, default=8, help="sandboxes at once (default 8)")
+    parser.add_argument("--concurrency", type=int, default=8, help="sandboxes at once, shared by the four evaluations (default 8)")
     parser.add_argument("--per-sandbox", type=int, default=4,
                         help="CartPole episodes per sandbox (default 4; gymnasium's import "
                         "dominates one episode); tic-tac-toe always runs one per sandbox")
