@@ -7,8 +7,11 @@ Starts a private daemon and measures, in one run:
 - ``gym_step_inprocess_us_p50``: ``gymnasium.make("CartPole-v1").step`` in this
   process (the baseline);
 - ``gym_sandbox_step_ms_p50``: ``corral.rl.SandboxEnv("CartPole-v1").step``, the env
-  in a sandbox (image ``rl``), over its port channel (a WebSocket relayed by the
-  daemon to the server's loopback port, ``corral.server.port_socket``);
+  in a sandbox (image ``rl``), over its port channel: on the daemon's Unix socket the
+  connection to the server's loopback port handed over (``corral.server.port_socket``'s
+  handoff: no relay);
+- ``gym_sandbox_step_websocket_ms_p50``: the same over the WebSocket the daemon relays
+  (what a client on TCP gets, and every client before the handoff);
 - ``gym_sandbox_step_stdio_ms_p50``: the same with ``port_channel=False``: one
   ``write`` per step, the reply read from the server's open output stream;
 - ``gym_async_vector_step_ms_p50``: one step of gymnasium's own ``AsyncVectorEnv``
@@ -39,6 +42,7 @@ import gymnasium as gym
 
 import corral
 import corral.rl
+from corral.rl import _port_channel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_args  # noqa: E402  (a sibling script, not a package)
@@ -110,24 +114,31 @@ def main() -> int:
         step_times(local, 100)  # warm up
         inproc = step_times(local, n)
         sandboxed = corral.rl.SandboxEnv("CartPole-v1", client=client)
+        handed = _port_channel._handed
+        _port_channel._handed = lambda address, path: None  # this one gets the WebSocket
+        try:
+            relayed = corral.rl.SandboxEnv("CartPole-v1", client=client)
+        finally:
+            _port_channel._handed = handed
         stdio = corral.rl.SandboxEnv("CartPole-v1", client=client, port_channel=False)
         peer = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")])
         try:
-            for env in (sandboxed, stdio, peer):
+            for env in (sandboxed, relayed, stdio, peer):
                 step_times(env, 100)
-            remote, plain, async_peer = [], [], []
+            remote, websocket, plain, async_peer = [], [], [], []
             for _ in range(ROUNDS):  # in turns, so a change of the host's load hits all
                 remote += step_times(sandboxed, max(1, n // ROUNDS))
+                websocket += step_times(relayed, max(1, n // ROUNDS))
                 plain += step_times(stdio, max(1, n // ROUNDS))
                 async_peer += step_times(peer, max(1, n // ROUNDS))
             exchange, streamed = echo_times(sandboxed.sandbox, n)
         finally:
-            sandboxed.close()
-            stdio.close()
-            peer.close()
+            for env in (sandboxed, relayed, stdio, peer):
+                env.close()
         res["gym_step_inprocess_us_p50"] = statistics.median(inproc) * 1000
         res["gym_sandbox_step_ms_p50"] = statistics.median(remote)
         res["gym_sandbox_step_ms_p95"] = pct(remote, 0.95)
+        res["gym_sandbox_step_websocket_ms_p50"] = statistics.median(websocket)
         res["gym_sandbox_step_stdio_ms_p50"] = statistics.median(plain)
         res["gym_async_vector_step_ms_p50"] = statistics.median(async_peer)
         res["process_exchange_ms_p50"] = statistics.median(exchange)
@@ -155,7 +166,8 @@ def main() -> int:
         ratio = f"  {value / base:6.0f}x in-process step" if key.endswith("_ms_p50") else ""
         print(f"{key:38} {value:10.3f}{ratio}")
     print(f"same run: SandboxEnv step {res['gym_sandbox_step_ms_p50']:.3f} ms over the port "
-          f"channel, {res['gym_sandbox_step_stdio_ms_p50']:.3f} ms over stdio "
+          f"channel (handed over), {res['gym_sandbox_step_websocket_ms_p50']:.3f} ms relayed, "
+          f"{res['gym_sandbox_step_stdio_ms_p50']:.3f} ms over stdio "
           f"({res['gym_sandbox_step_stdio_ms_p50'] / res['gym_sandbox_step_ms_p50']:.2f}x); "
           f"gymnasium AsyncVectorEnv {res['gym_async_vector_step_ms_p50']:.3f} ms "
           f"(port channel / AsyncVectorEnv "

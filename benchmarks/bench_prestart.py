@@ -17,8 +17,8 @@ Each round, in turn (load drifts, so the three alternate):
 
 ``parallel`` = the reward's default concurrency (4 per core) for all three. Reports the
 median wall time of each, the ratios to ``plain``, the CPU of one problem of the
-prestarted batch — this client, the daemon's own threads, the sandboxes' cgroups (a
-lower bound: sampled every 10 ms) — against a plain run's, and the host's load.
+prestarted batch — this client, the daemon's own threads, the sandboxes' cgroups (read
+from the engine's cgroup before and after) — against a plain run's, and the host's load.
 Needs root.
 """
 
@@ -37,7 +37,7 @@ import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_cpu import _daemon_pid  # noqa: E402
 from bench_engine import host_python  # noqa: E402
 from bench_sdk import private_daemon  # noqa: E402
-from profile_humaneval import GroupSampler, _engine_group  # noqa: E402
+from profile_humaneval import EngineCpu, _engine_group  # noqa: E402
 
 
 def problems(limit: int) -> list[dict[str, str]]:
@@ -95,11 +95,9 @@ def main() -> int:
         cold = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel)
         warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
         cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
-        sampler = None
         try:
             warm.prestart()  # the first fill; each batch's refill is timed below
-            sampler = GroupSampler(_engine_group(daemon))
-            sampler.start()
+            engine = EngineCpu(_engine_group(daemon))
             def plain() -> list[str]:
                 kids = os.times()
                 t = time.perf_counter()
@@ -119,17 +117,15 @@ def main() -> int:
 
             def prestarted_batch() -> list[str]:
                 used = warm.stats.prestarted
-                time.sleep(0.05)
-                groups = dict(sampler.seen)
+                engine.mark()
                 me, dm = time.process_time(), _proc_cpu(daemon)
                 t = time.perf_counter()
                 got = warm(completions=completions, tests=tests, entry_point=entry)
                 walls.setdefault("prestarted", []).append(time.perf_counter() - t)
+                sandboxes = engine.since()
                 cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
                 cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
-                time.sleep(0.05)
-                cpu.setdefault("sandboxes", []).append(sum(
-                    v - groups[k] for k, v in sampler.seen.items() if k in groups) / n * 1000)
+                cpu.setdefault("sandboxes", []).append(sandboxes / n * 1000)
                 out = [f"prestarted: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
                 out += [f"prestarted used {warm.stats.prestarted - used}/{n}"] if (
                     warm.stats.prestarted - used != n) else []
@@ -146,9 +142,6 @@ def main() -> int:
                 loads.append(os.getloadavg()[0])
         finally:
             warm.close()
-            if sampler is not None:
-                sampler.stop.set()
-                sampler.join()
     med = {k: statistics.median(v) for k, v in walls.items()}
     burst_cpu = sum(statistics.median(cpu[k]) for k in ("client", "daemon", "sandboxes"))
     res: dict[str, float | int | str] = {

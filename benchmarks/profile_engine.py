@@ -2,7 +2,8 @@
 
 Run as root::
 
-    python3 benchmarks/profile_engine.py [-n 100] [--idle 200] [--gap 0.05]
+    python3 benchmarks/profile_engine.py [-n 100] [--idle 200] [--gap 0.05] [--smoke]
+                                         [--json OUT]
 
 It wraps the engine's steps (mount, cgroup, spawn, waiting for the agent's READY,
 registry writes; and on delete: closing the channel, waiting for the exit, killing
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import functools
 import inspect
+import json
 import os
 import shutil
 import statistics
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_engine import (  # noqa: E402
     bare_exec,
     pct,
@@ -186,7 +189,7 @@ def print_sums(steps: Steps, title: str, prefix: str) -> None:
                   f"{steps.blocking[k]:8.3f} s  ({steps.calls[k]} calls)")
 
 
-async def profile_sequential(engine: Any, steps: Steps, n: int, gap: float) -> None:
+async def profile_sequential(engine: Any, steps: Steps, n: int, gap: float) -> dict[str, float]:
     for _ in range(n):
         if gap:
             await asyncio.sleep(gap)
@@ -214,6 +217,7 @@ async def profile_sequential(engine: Any, steps: Steps, n: int, gap: float) -> N
     print_steps("delete, sequential", med, "delete/")
     if steps.missing:
         print(f"  (steps not found in the engine: {', '.join(steps.missing)})")
+    return med
 
 
 def profile_launch_chain(engine: Any, n: int) -> None:
@@ -255,11 +259,12 @@ def profile_launch_chain(engine: Any, n: int) -> None:
         group.remove()
 
 
-async def profile(args: argparse.Namespace) -> None:
+async def profile(args: argparse.Namespace) -> dict[str, float]:
     from corral.runtime.engine import Engine
 
     raise_nofile()
     state_dir = Path(tempfile.mkdtemp(prefix="corral-profile-"))
+    os.chmod(state_dir, 0o711)  # sandboxes run as an unprivileged uid and must reach it
     engine = await Engine.open(state_dir)
     steps = Steps()
     idle: list[str] = []
@@ -281,7 +286,7 @@ async def profile(args: argparse.Namespace) -> None:
             await asyncio.sleep(1.0)
             steps.blocking.clear()
             steps.calls.clear()
-        await profile_sequential(engine, steps, args.n, args.gap)
+        med = await profile_sequential(engine, steps, args.n, args.gap)
         profile_launch_chain(engine, args.n)
         if idle:
             steps.blocking.clear()
@@ -293,6 +298,8 @@ async def profile(args: argparse.Namespace) -> None:
                        f"({wall / len(idle) * 1e3:.2f} ms per sandbox)", "delete/")
             print("  (channel.close and wait_exit are awaited, so their sums overlap; the "
                   "other steps block the event loop)")
+            med["teardown_ms_per_sandbox"] = wall / len(idle) * 1e3
+        return {f"profile_{k.replace('/', '_').replace(' ', '_')}_ms": v for k, v in med.items()}
     finally:
         steps.restore()
         await engine.close()
@@ -301,18 +308,23 @@ async def profile(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", type=int, default=100, help="sequential creates to time")
-    parser.add_argument("--idle", type=int, default=200, metavar="N",
+    parser = bench_args.parser(__doc__)
+    parser.add_argument("-n", type=int, default=None, help="sequential creates to time "
+                        "(default 100; --quick 30, --smoke 2)")
+    parser.add_argument("--idle", type=int, default=None, metavar="N",
                         help="idle sandboxes kept alive during the profile, then torn down "
-                        "concurrently (0: none)")
+                        "concurrently (0: none; default 200, --quick 50, --smoke 2)")
     parser.add_argument("--gap", type=float, default=0.0, metavar="S",
                         help="pause before each sequential create (try 0.05)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("profile_engine: needs root", file=sys.stderr)
         return 2
-    asyncio.run(profile(args))
+    args.n = args.n if args.n is not None else bench_args.pick(args, 100, 30, 2)
+    args.idle = args.idle if args.idle is not None else bench_args.pick(args, 200, 50, 2)
+    figures = asyncio.run(profile(args))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 

@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -113,32 +112,41 @@ def _engine_group(daemon_pid: int) -> Path:
     raise SystemExit("cannot find the engine's cgroup")
 
 
-class GroupSampler(threading.Thread):
-    """The CPU of every sandbox group under the engine's, sampled every 10 ms, each
-    group's last figure kept: a group removed (its sandbox deleted) takes its count
-    with it on cgroup v1, so this is a lower bound (its last 10 ms are lost)."""
+class EngineCpu:
+    """The CPU of an engine's sandboxes between :meth:`mark` and :meth:`since`, from the
+    engine's own cgroup: each level of a cgroup hierarchy keeps what its children used,
+    deleted ones included (v1's cpuacct charges every ancestor; v2's ``usage_usec``
+    keeps a removed child's), so two reads bracket a batch. (A thread sampling every
+    sandbox's group every 10 ms did this before: in the measured client's own process it
+    took the GIL from the client, and its CPU was counted as the client's.)"""
 
     def __init__(self, engine: Path) -> None:
-        super().__init__(daemon=True)
-        self.engine, self.seen, self.stop = engine, {}, threading.Event()
+        self.engine = engine
+        self._at, self._groups = 0.0, set()
 
-    def _usage(self, d: Path) -> float:
+    @staticmethod
+    def usage(d: Path) -> float:
         if (d / "cpuacct.usage").exists():
             return int((d / "cpuacct.usage").read_text()) / 1e9
         stat = (d / "cpu.stat").read_text().split()
         return int(stat[stat.index("usage_usec") + 1]) / 1e6
 
-    def run(self) -> None:
-        while not self.stop.wait(0.01):
-            for d in self.engine.iterdir():
-                if d.is_dir():
-                    try:
-                        self.seen[d.name] = self._usage(d)
-                    except (OSError, ValueError):
-                        continue
+    def _children(self) -> set[str]:
+        return {d.name for d in self.engine.iterdir() if d.is_dir()}
 
-    def total(self) -> float:
-        return sum(self.seen.values())
+    def mark(self) -> None:
+        self._groups, self._at = self._children(), self.usage(self.engine)
+
+    def since(self) -> float:
+        """CPU seconds since :meth:`mark`, less what sandboxes made since then used (a
+        refill started at a batch's end)."""
+        total = self.usage(self.engine) - self._at
+        for name in self._children() - self._groups:
+            try:
+                total -= self.usage(self.engine / name)
+            except (OSError, ValueError):
+                continue  # deleted meanwhile
+        return total
 
 
 def cpu_split(url: str, daemon_pid: int, limit: int, before: bool) -> dict[str, float]:
@@ -160,22 +168,19 @@ def cpu_split(url: str, daemon_pid: int, limit: int, before: bool) -> dict[str, 
     tests = [[p["test"] + f"\ncheck({p['entry_point']})\n"] for p in problems]
     reward = rl.code_reward("binary", timeout=30, url=url)
     reward(completions=["```python\npass\n```"], tests=[["assert True"]])  # warm up
-    sampler = GroupSampler(_engine_group(daemon_pid))
-    sampler.start()
-    time.sleep(0.05)
-    engine = sampler.total()
+    engine = EngineCpu(_engine_group(daemon_pid))
+    engine.mark()
     me, daemon = time.process_time(), _proc_cpu(daemon_pid)
     t = time.perf_counter()
     got = reward(completions=[f"```python\n{c}\n```" for c in programs], tests=tests,
                  entry_point=[p["entry_point"] for p in problems])
     wall = time.perf_counter() - t
+    sandboxes = engine.since()
     assert got == [1.0] * len(problems)
-    time.sleep(0.05)
-    sampler.stop.set()
     n = len(problems)
     res = {"cpu_client_ms": (time.process_time() - me) / n * 1000,
            "cpu_daemon_ms": (_proc_cpu(daemon_pid) - daemon) / n * 1000,
-           "cpu_sandboxes_ms": (sampler.total() - engine) / n * 1000,
+           "cpu_sandboxes_ms": sandboxes / n * 1000,
            "reward_wall_ms": wall / n * 1000}
     before = os.times()
     t = time.perf_counter()

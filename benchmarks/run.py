@@ -2,7 +2,12 @@
 
     make bench             # scripts/install-bench.sh, then this: ~10 minutes
     make bench QUICK=1     # fewer samples: ~2 minutes
-    python3 benchmarks/run.py [--quick] [--out DIR] [--only STAGES] [--peers NAMES]
+    python3 benchmarks/run.py [--quick | --smoke] [--out DIR] [--only STAGES] [--peers NAMES]
+
+``--smoke`` (what ``make test`` runs, ``tests/test_benchmarks.py``): the stages the
+``bench_*.py`` smokes do not cover — ``peers`` (bare, bwrap and corral's SDK unless
+``--peers`` says otherwise), ``humaneval`` and ``cartpole`` — at tiny sizes; its figures
+mean nothing.
 
 Needs root. Stages, in order (``--only`` picks some, comma-separated):
 
@@ -43,6 +48,7 @@ from bench_engine import host_facts, raise_nofile  # noqa: E402
 
 SCHEMA_VERSION = 1
 STAGES = ("engine", "sdk", "other", "peers", "humaneval", "cartpole")
+SMOKE_STAGES, SMOKE_PEERS = "peers,humaneval,cartpole", "corral_sdk,bare,bwrap"
 OWN = ("bench_engine.py", "bench_sdk.py")
 # headline keys that other bench_*.py scripts measure
 COLLECTED = ("pool_acquire_ms_p50", "snapshot_commit_ms", "restore_100_s")
@@ -93,7 +99,8 @@ def figure_from_output(text: str, key: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def run_peers(ctx_args: dict[str, Any], only: list[str] | None, quick: bool) -> dict[str, Any]:
+def run_peers(ctx_args: dict[str, Any], only: list[str] | None, quick: bool,
+              smoke: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for module in peers.PEER_MODULES:
         if only and module not in only:
@@ -106,7 +113,7 @@ def run_peers(ctx_args: dict[str, Any], only: list[str] | None, quick: bool) -> 
             peer.check()
             log(f"peer {peer.name}: {peer.title}")
             t = time.perf_counter()
-            results[peer.name] = peers.measure(peer, quick, log=log)
+            results[peer.name] = peers.measure(peer, quick, log=log, smoke=smoke)
             results[peer.name]["duration_s"] = time.perf_counter() - t
         except peers.Skip as exc:
             log(f"peer {module}: SKIPPED: {exc}")
@@ -195,10 +202,19 @@ def headline(res: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (~2 minutes)")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"tiny sizes, stages {SMOKE_STAGES} (peers {SMOKE_PEERS}): "
+                        "proves they run; the figures mean nothing")
+    parser.add_argument("--json", type=Path, help="also write latest.json's figures here")
+    parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results; "
+                        "--smoke: a temporary one, removed)")
     parser.add_argument("--only", help=f"comma-separated stages of {','.join(STAGES)}")
     parser.add_argument("--peers", help=f"comma-separated of {','.join(peers.PEER_MODULES)}")
     args = parser.parse_args()
+    if args.smoke:
+        args.only = args.only or SMOKE_STAGES
+        args.peers = args.peers or SMOKE_PEERS
+    out_dir = args.out or (HERE / "results" if not args.smoke else None)
     stages = args.only.split(",") if args.only else list(STAGES)
     if unknown := set(stages) - set(STAGES):
         parser.error(f"unknown stages: {', '.join(sorted(unknown))}")
@@ -213,7 +229,8 @@ def main() -> int:
     t0 = time.perf_counter()
     res: dict[str, Any] = {
         "schema": SCHEMA_VERSION, "quick": args.quick, "stages": stages,
-        "command": "make bench" + (" QUICK=1" if args.quick else ""),
+        "command": "make bench" + (" QUICK=1" if args.quick else "") + (
+            " (smoke)" if args.smoke else ""),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": host_facts(),
         "baselines": {}, "notes": [],
     }
@@ -257,7 +274,7 @@ def main() -> int:
             rootfs = ImageStore(Layout.create().images_dir).get("python").rootfs
             res["baselines"] = run_peers({"rootfs": rootfs, "corral_url": url},
                                          args.peers.split(",") if args.peers else None,
-                                         args.quick)
+                                         args.quick, args.smoke)
         for stage in ("humaneval", "cartpole"):
             if stage not in stages:
                 continue
@@ -266,7 +283,7 @@ def main() -> int:
                 if url is None:
                     raise RuntimeError("no corral daemon")
                 module = __import__(f"workloads.{stage}", fromlist=["run"])
-                res[stage] = module.run(url, args.quick)
+                res[stage] = module.run(url, args.quick, smoke=args.smoke)
                 res[stage]["quick"] = args.quick
             except Exception as exc:
                 traceback.print_exc()
@@ -289,10 +306,13 @@ def main() -> int:
     res["duration_s"] = time.perf_counter() - t0
     res["failed"] = failed
     res["host"]["loadavg_end"] = os.getloadavg()[0]
-    paths = report.write(res, args.out)
-    print()
-    print(paths["md"].read_text())
-    log(f"wrote {', '.join(str(p) for p in paths.values())} in {res['duration_s']:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    with tempfile.TemporaryDirectory(prefix="corral-bench-smoke-") as scratch:
+        paths = report.write(res, out_dir or Path(scratch))  # a smoke keeps no results
+        print()
+        print(paths["md"].read_text())
+        log(f"wrote {', '.join(str(p) for p in paths.values())} in {res['duration_s']:.0f} s")
     if failed:
         print(f"FAILED: {'; '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

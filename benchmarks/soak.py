@@ -1,6 +1,7 @@
 """Soak: many sandboxes doing round trips for minutes; does the daemon stay flat?
 
-    python3 benchmarks/soak.py [--sandboxes 200] [--minutes 10] [--sample 10] [--json OUT]
+    python3 benchmarks/soak.py [--sandboxes 200] [--minutes 10] [--sample 10] [--smoke]
+                               [--json OUT]
 
 Starts a private daemon (``python -m corral.server``) on a temporary socket and state
 directory and gives each of ``--sandboxes`` sandboxes one loop, run until ``--minutes``
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sdk import start_daemon  # noqa: E402  (a sibling script, not a package)
+import bench_args  # noqa: E402  (a sibling script, not a package)
+from bench_sdk import start_daemon  # noqa: E402
 
 import corral  # noqa: E402
 
@@ -149,12 +151,16 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sandboxes", type=int, default=200)
-    p.add_argument("--minutes", type=float, default=10.0)
-    p.add_argument("--sample", type=float, default=10.0, help="seconds between samples")
-    p.add_argument("--json", type=Path, help="write the figures here")
+    p = bench_args.parser(__doc__)
+    p.add_argument("--sandboxes", type=int, help="default 200 (--quick 50, --smoke 2)")
+    p.add_argument("--minutes", type=float, help="default 10 (--quick 2, --smoke 0.05)")
+    p.add_argument("--sample", type=float, help="seconds between samples: default 10 "
+                   "(--quick 5, --smoke 1)")
     args = p.parse_args()
+    for name, sizes in (("sandboxes", (200, 50, 2)), ("minutes", (10.0, 2.0, 0.05)),
+                        ("sample", (10.0, 5.0, 1.0))):
+        if getattr(args, name) is None:
+            setattr(args, name, bench_args.pick(args, *sizes))
     base = Path(tempfile.mkdtemp(prefix="corral-soak-"))
     os.chmod(base, 0o711)  # sandboxes run as an unprivileged uid and must reach it
     proc = start_daemon(base)

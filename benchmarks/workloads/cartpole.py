@@ -1,11 +1,12 @@
 """Seeded CartPole-v1 episodes hosted in corral sandboxes, against the same episodes
 in this process.
 
-Sandboxes have no network, so gymnasium and numpy come in as wheels: ``pip download``
-on the host fetches exactly the versions installed here (the ``bench`` extra pins
-them), they are uploaded into each sandbox and installed offline into the sandbox
-user's site (``pip install --user --no-index``). Snapshots have not landed, so every
-sandbox is set up on its own (``cartpole_setup_s``, not part of the episode time).
+The sandboxes run the ``rl`` image when its gymnasium and numpy are the versions
+installed here (``cartpole_image``); else the default image, and since sandboxes have
+no network gymnasium and numpy come in as wheels: ``pip download`` on the host fetches
+exactly the versions installed here (the ``bench`` extra pins them), they are uploaded
+into each sandbox and installed offline into the sandbox user's site (``pip install
+--user --no-index``). The setup (``cartpole_setup_s``) is not part of the episode time.
 Then ``workers`` long-lived sandboxes (one per core) each run their share of the
 episodes in one ``python3 cartpole_episodes.py FIRST COUNT``; ``cartpole_1000_s`` is
 the wall time from dispatch to the last record, and ``cartpole_ratio`` is it over the
@@ -18,6 +19,7 @@ observation) must be equal in all three: ``cartpole_match``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -31,7 +33,9 @@ from typing import Any
 
 from workloads import cartpole_episodes
 
-EPISODES, QUICK_EPISODES = 1000, 100
+EPISODES, QUICK_EPISODES, SMOKE_EPISODES = 1000, 100, 4
+IMAGE = "rl"  # gymnasium and numpy already there: no wheels when their versions are the host's
+VERSIONS = "import gymnasium, numpy; print(gymnasium.__version__, numpy.__version__)"
 WHEELS_DIR = "/tmp/wheels"
 SCRIPT = "/workspace/cartpole_episodes.py"
 SETUP_TIMEOUT_S = 300.0
@@ -79,10 +83,17 @@ def parse(stdout: str) -> list[list]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
+def host_versions() -> str:
+    """gymnasium's and numpy's versions here, as :data:`VERSIONS` prints them."""
+    return " ".join(importlib.metadata.version(n) for n in ("gymnasium", "numpy"))
+
+
 async def _setup(sb: Any, wheels: list[Path], script: bytes) -> None:
+    await sb.files.write(SCRIPT, script)
+    if not wheels:  # the image has the host's versions
+        return
     for w in wheels:
         await sb.files.write(f"{WHEELS_DIR}/{w.name}", w.read_bytes())
-    await sb.files.write(SCRIPT, script)
     r = await sb.exec(
         ["python3", "-m", "pip", "install", "-q", "--user", "--no-index",
          "--break-system-packages", "--find-links", WHEELS_DIR, "gymnasium", "numpy"],
@@ -91,14 +102,32 @@ async def _setup(sb: Any, wheels: list[Path], script: bytes) -> None:
         raise RuntimeError(f"pip install in sandbox {sb.id} failed: {r.stderr[-500:]}")
 
 
-async def _sandboxed(url: str, wheels: list[Path], shares: list[tuple[int, int]],
-                     out: dict[str, Any]) -> list[list]:
+async def _image(client: Any) -> str | None:
+    """:data:`IMAGE` if it holds the host's gymnasium and numpy, else None (then the
+    default image, with the host's wheels installed in each sandbox)."""
+    import corral
+
+    try:
+        async with await corral.AsyncSandbox.create(client=client, image=IMAGE) as sb:
+            r = await sb.exec(["python3", "-c", VERSIONS], timeout=SETUP_TIMEOUT_S)
+    except corral.errors.ImageNotFound:
+        return None
+    return IMAGE if r.returncode == 0 and r.stdout.strip() == host_versions() else None
+
+
+async def _sandboxed(url: str, shares: list[tuple[int, int]], out: dict[str, Any]) -> list[list]:
     import corral
 
     script = Path(cartpole_episodes.__file__).read_bytes()
-    async with corral.AsyncClient(url) as client:
+    async with corral.AsyncClient(url) as client, contextlib.AsyncExitStack() as stack:
         t = time.perf_counter()
-        boxes = await asyncio.gather(*(corral.AsyncSandbox.create(client=client)
+        image = await _image(client)
+        wheels: list[Path] = []
+        if image is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="corral-bench-wheels-"))
+            wheels = download_wheels(Path(tmp))
+        out["cartpole_image"] = image or "python (+ the host's wheels)"
+        boxes = await asyncio.gather(*(corral.AsyncSandbox.create(client=client, image=image)
                                        for _ in shares))
         try:
             await asyncio.gather(*(_setup(sb, wheels, script) for sb in boxes))
@@ -130,10 +159,11 @@ def _subprocesses(shares: list[tuple[int, int]]) -> tuple[float, list[list]]:
     return elapsed, [rec for o in outs for rec in parse(o)]
 
 
-def run(url: str, quick: bool, workers: int | None = None) -> dict[str, Any]:
+def run(url: str, quick: bool, workers: int | None = None, *,
+        smoke: bool = False) -> dict[str, Any]:
     """Run the workload against the daemon at ``url``; returns the JSON figures."""
     workers = workers or os.cpu_count() or 1
-    n = QUICK_EPISODES if quick else EPISODES
+    n = SMOKE_EPISODES if smoke else QUICK_EPISODES if quick else EPISODES
     shares = split(0, n, workers)
     out: dict[str, Any] = {"cartpole_episodes": n, "cartpole_workers": len(shares),
                            "cartpole_wheels": wheel_pins()}
@@ -142,9 +172,7 @@ def run(url: str, quick: bool, workers: int | None = None) -> dict[str, Any]:
     inprocess = cartpole_episodes.run_episodes(0, n)
     out["cartpole_inprocess_s"] = time.perf_counter() - t
     out["cartpole_subprocess_s"], plain = _subprocesses(shares)
-    with tempfile.TemporaryDirectory(prefix="corral-bench-wheels-") as tmp:
-        wheels = download_wheels(Path(tmp))
-        boxed = asyncio.run(_sandboxed(url, wheels, shares, out))
+    boxed = asyncio.run(_sandboxed(url, shares, out))
     out["cartpole_ratio"] = out["cartpole_1000_s"] / out["cartpole_inprocess_s"]
     out["cartpole_subprocess_ratio"] = out["cartpole_1000_s"] / out["cartpole_subprocess_s"]
     out["cartpole_match"] = boxed == inprocess == plain

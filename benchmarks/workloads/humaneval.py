@@ -19,7 +19,7 @@ from typing import Any
 from bench_engine import host_python
 
 EXEC_TIMEOUT_S = 60.0
-QUICK_PROBLEMS = 20
+QUICK_PROBLEMS, SMOKE_PROBLEMS = 20, 3
 
 
 def programs(limit: int | None = None) -> list[tuple[str, str]]:
@@ -94,8 +94,9 @@ async def _run(url: str, progs: list[tuple[str, str]], parallel: int) -> dict[st
     }
 
 
-def run(url: str, quick: bool, parallel: int | None = None) -> dict[str, Any]:
+def run(url: str, quick: bool, parallel: int | None = None, *,
+        smoke: bool = False) -> dict[str, Any]:
     """Run the workload against the daemon at ``url``; returns the JSON figures."""
     parallel = parallel or 2 * (os.cpu_count() or 1)
-    progs = programs(QUICK_PROBLEMS if quick else None)
+    progs = programs(SMOKE_PROBLEMS if smoke else QUICK_PROBLEMS if quick else None)
     return asyncio.run(_run(url, progs, parallel))

@@ -36,7 +36,7 @@ def parse_mount(value: str) -> tuple[str, str]:
     if source.startswith("/"):
         if "\0" in source or ".." in source.split("/") or ":" in source:
             raise ValueError(f"invalid host directory {source!r}: an absolute path without '..'")
-    elif not VOLUME_NAME_RE.match(source):
+    elif not VOLUME_NAME_RE.fullmatch(source):
         raise ValueError(f"invalid volume name {source!r}: use 1-63 lower-case letters, "
                          "digits, '.', '_' or '-' (no '/', no '..')")
     return source, mode

@@ -29,6 +29,9 @@ def test_token_create_ls_revoke(cli, daemon):
     assert up.code == 0, up.err
     assert (up.json()["max_snapshot_mb"], up.json()["max_cpus"]) == (64, None)
     assert up.json()["max_sandboxes"] == 2  # left out: unchanged
+    for given, right in (("allow", True), ("deny", False)):
+        up = cli("token", "update", name, "--host-network", given, "--json")
+        assert up.code == 0 and up.json()["allow_host_network"] is right, up.err
     nobody = cli("token", "update", "no-such-tenant", "--max-builds", "2")
     assert nobody.code == 1 and "no tenant" in nobody.err
     plain = cli("token", "create", f"{name}-2")

@@ -119,6 +119,45 @@ def test_real_limits_are_written(driver, parent):
     assert group.pids() == [] and group.oom_kills() == 0 and not group.frozen()
 
 
+def test_real_create_remakes_a_parent_removed_meanwhile(driver, parent):
+    """The driver remembers parents it made (no stat per create): one removed since is
+    made again, in every hierarchy, with its cpuset filled."""
+    driver.create(f"{parent}/mid/sb-1", cpus=1.0, memory_mb=64, pids=10)
+    driver.open(f"{parent}/mid").remove()
+    assert not any((root / parent / "mid").exists() for root in driver._roots().values())
+    group = driver.create(f"{parent}/mid/sb-2", cpus=1.0, memory_mb=64, pids=10)
+    assert all(d.is_dir() for d in group._dirs.values())
+    cpuset = group._dirs.get("cpuset")
+    if driver.version == 1 and cpuset is not None:
+        assert (cpuset / "cpuset.cpus").read_text().strip()
+        assert (cpuset.parent / "cpuset.cpus").read_text().strip()
+
+
+def test_real_changed_limits_are_written(driver, parent):
+    """set_limits skips what is unchanged; what changed is really in force."""
+    group = driver.create(f"{parent}/sb-relimit", cpus=1.0, memory_mb=256, pids=100)
+    driver.set_limits(group, cpus=1.0, memory_mb=256, pids=100)
+    driver.set_limits(group, cpus=0.5, memory_mb=64, pids=30)
+    fresh = driver.open(f"{parent}/sb-relimit")
+    if driver.version == 1:
+        d = fresh._dirs
+        assert (d["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert int((d["memory"] / "memory.limit_in_bytes").read_text()) == 64 * MiB
+        memsw = d["memory"] / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            assert int(memsw.read_text()) == 64 * MiB
+        assert (d["pids"] / "pids.max").read_text().strip() == "30"
+    else:
+        d = fresh._dirs[""]
+        assert (d / "cpu.max").read_text().split() == ["50000", "100000"]
+        assert int((d / "memory.max").read_text()) == 64 * MiB
+        assert (d / "pids.max").read_text().strip() == "30"
+    driver.set_limits(group, cpus=0.5, memory_mb=512, pids=30)  # raised: memsw first
+    mem = fresh._dirs["memory"] / "memory.limit_in_bytes" if driver.version == 1 else (
+        fresh._dirs[""] / "memory.max")
+    assert int(mem.read_text()) == 512 * MiB
+
+
 @pytest.mark.root
 def test_real_create_is_idempotent_for_parents_and_lists_children(driver, parent):
     driver.create(f"{parent}/sb-a", cpus=1, memory_mb=32, pids=10)
@@ -297,6 +336,49 @@ def test_v2_create_enables_controllers_and_writes_limits(tmp_path):
     assert (leaf / "memory.swap.max").read_text() == "0"
     assert (leaf / "pids.max").read_text() == "64"
     assert group.procs_files() == [str(leaf / "cgroup.procs")]
+
+
+def test_v2_set_limits_writes_only_what_changed(tmp_path):
+    """A warm slot's group has the defaults: a sandbox asking for them costs no write,
+    one asking for another memory limit costs that one write, nothing else."""
+    _files(tmp_path, {"cgroup.controllers": "cpu memory pids", "cgroup.subtree_control": ""})
+    _files(tmp_path / "corral", {"cgroup.subtree_control": "cpu memory pids"})
+    leaf = tmp_path / "corral" / "sb-1"
+    names = ["cpu.max", "memory.max", "memory.swap.max", "pids.max", "cgroup.procs"]
+    _files(leaf, dict.fromkeys(names, ""))
+    driver = CgroupV2Driver(tmp_path)
+    group = driver.create("corral/sb-1", cpus=1.0, memory_mb=100, pids=64)
+    for name in names:  # anything written from here on shows up
+        (leaf / name).write_text("untouched")
+    driver.set_limits(group, cpus=1.0, memory_mb=100, pids=64)
+    assert {n: (leaf / n).read_text() for n in names} == dict.fromkeys(names, "untouched")
+    driver.set_limits(group, cpus=1.0, memory_mb=64, pids=64)
+    assert (leaf / "memory.max").read_text() == str(64 * MiB)
+    assert [n for n in names if (leaf / n).read_text() != "untouched"] == ["memory.max"]
+    driver.set_limits(group, cpus=2.0, memory_mb=64, pids=10)
+    assert (leaf / "cpu.max").read_text() == "200000 100000"
+    assert (leaf / "pids.max").read_text() == "10"
+
+
+def test_v2_a_failed_set_limits_writes_everything_next_time(tmp_path):
+    _files(tmp_path, {"cgroup.controllers": "cpu memory pids", "cgroup.subtree_control": ""})
+    _files(tmp_path / "corral", {"cgroup.subtree_control": "cpu memory pids"})
+    leaf = tmp_path / "corral" / "sb-1"
+    names = ["cpu.max", "memory.max", "pids.max", "cgroup.procs"]
+    _files(leaf, dict.fromkeys(names, ""))
+    driver = CgroupV2Driver(tmp_path)
+    group = driver.create("corral/sb-1", cpus=1.0, memory_mb=100, pids=64)
+    (leaf / "memory.max").unlink()
+    (leaf / "memory.max").mkdir()  # the write fails
+    with pytest.raises(CgroupError):
+        driver.set_limits(group, cpus=0.5, memory_mb=64, pids=64)
+    (leaf / "memory.max").rmdir()
+    (leaf / "memory.max").write_text("")
+    (leaf / "pids.max").write_text("untouched")
+    driver.set_limits(group, cpus=1.0, memory_mb=100, pids=64)  # what create wrote
+    assert (leaf / "cpu.max").read_text() == "100000 100000"
+    assert (leaf / "memory.max").read_text() == str(100 * MiB)
+    assert (leaf / "pids.max").read_text() == "64"
 
 
 def test_v2_create_failure_removes_what_it_made(tmp_path):

@@ -4,6 +4,7 @@ then real sandboxes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -32,6 +33,15 @@ def test_the_picker_spreads_sandboxes_and_takes_cpus_back():
     assert CpuPicker().cpus == host_cpus()
 
 
+def test_the_picker_takes_a_preferred_set_only_when_it_is_as_free():
+    picker = CpuPicker([0, 1, 2])
+    assert picker.take(1, prefer=(2,)) == (2,)  # all free: a warm slot's guess is as good
+    assert picker.take(1, prefer=(2,)) == (0,)  # 2 is busier now: the least used instead
+    assert picker.take(2, prefer=(1, 2)) == (1, 2)  # as free as (0, 1): loads 0 and 1
+    assert picker.peek(1) == picker.take(1) == (0,)  # peek counts nothing, take does
+    assert picker.take(1, prefer=(7,)) == (1,)  # not ours: ignored
+
+
 COUNTS = r"""
 import json, os, subprocess
 
@@ -39,7 +49,7 @@ def widen():
     # sandbox code asks for every CPU of the host: where a cpuset confines the
     # sandbox, it keeps its own
     try:
-        os.sched_setaffinity(0, range(os.cpu_count() or 1024))
+        os.sched_setaffinity(0, range(1024))  # (its cpu_count shows only its own)
     except OSError as e:
         return e.errno
     return sorted(os.sched_getaffinity(0))
@@ -94,3 +104,35 @@ async def test_sandboxes_are_spread_over_the_cpus_and_their_own_env_wins(engine)
     assert got_b["env"]["OMP_NUM_THREADS"] == "7" and got_b["env"]["MKL_NUM_THREADS"] == "1"
     got = await _counts(engine, a, env={"OMP_NUM_THREADS": "3"})  # an exec's env too
     assert got["env"]["OMP_NUM_THREADS"] == "3"
+
+
+@requires_root
+async def test_warm_slots_hold_the_cpus_a_sandbox_would_get(engine):
+    """A warm slot's cpuset holds the CPUs the picker would give a default-size
+    sandbox when the slot was made; the picker counts sandboxes only (never slots), a
+    sandbox takes the slot that holds what it is given, and is confined to it."""
+    picker = engine.cpu_picker
+
+    async def settled() -> None:
+        for _ in range(600):  # refills run in the background
+            if not engine._pool._spawning and engine._pool._ready:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the slot pool never settled")
+
+    await settled()
+    if has_cpuset(engine):
+        for slot in engine._pool._ready:
+            d = next(d for d in slot.cgroup._hierarchies() if (d / "cpuset.cpus").exists())
+            assert (d / "cpuset.cpus").read_text().strip() == ",".join(map(str, slot.cpus))
+    host = len(host_cpus())
+    sizes = (1, 2.0, 0.5, 1)
+    infos = [await engine.create(cpus=c) for c in sizes]
+    assert sum(picker._load.values()) == sum(thread_count(c, host) for c in sizes)
+    for info in infos:
+        got = await _counts(engine, info.id)
+        assert got["affinity"] == sorted(engine._live[info.id].cpus), got
+        if has_cpuset(engine):
+            assert got["widened"] == got["affinity"], got
+        await engine.delete(info.id)
+    assert sum(picker._load.values()) == 0

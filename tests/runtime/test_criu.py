@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,55 @@ def test_build_script_reuses_the_cached_binary_without_apt(tmp_path):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert f"cached {binary}" in r.stdout
+
+
+_CHECK_IN_OWN_RUN = """
+import os, subprocess, sys
+from pathlib import Path
+from corral.runtime import criu
+from corral.runtime.paths import default_cache_dir
+subprocess.run(["mount", "--bind", sys.argv[1], "/run"], check=True)
+found = criu.find(default_cache_dir())
+subprocess.run([str(found.path), "check"], capture_output=True, check=False)
+left = Path("/run/criu.kdat.tmp").exists()
+os.unlink("/run/criu.kdat.tmp") if left else None
+ok, output = criu.check(found)
+print(left, Path("/run/criu.kdat.tmp").exists(), ok, output)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="criu check needs root (CI runs as root)")
+def test_criu_check_leaves_no_kdat_tmp_in_run(tmp_path):
+    """Root's CRIU leaves ``/run/criu.kdat.tmp`` behind where /run is no tmpfs; corral's
+    check removes it. Run with a /run of the test's own (a private mount namespace)."""
+    found = criu.find(default_cache_dir())
+    if found is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    run = tmp_path / "run"
+    run.mkdir()
+    if criu.fs_type(str(run)) == criu.TMPFS_MAGIC:
+        pytest.skip("the test's directory is a tmpfs, where CRIU keeps its probes")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c",
+                        _CHECK_IN_OWN_RUN, str(run)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    left_by_criu, left_by_corral, ok, _ = r.stdout.split(" ", 3)
+    assert left_by_criu == "True", r.stdout  # what corral must clean: CRIU's own doing
+    assert left_by_corral == "False", r.stdout
+
+
+def test_drop_kdat_tmp_removes_it_only_off_tmpfs(tmp_path):
+    (tmp_path / criu.KDAT_TMP).write_bytes(b"")
+    if criu.fs_type(str(tmp_path)) != criu.TMPFS_MAGIC:
+        assert criu.drop_kdat_tmp(tmp_path)
+        assert not (tmp_path / criu.KDAT_TMP).exists()
+    assert not criu.drop_kdat_tmp(tmp_path)  # none: nothing to do
+    shm = Path("/dev/shm")
+    if shm.is_dir() and criu.fs_type(str(shm)) == criu.TMPFS_MAGIC:
+        d = Path(tempfile.mkdtemp(dir=shm))
+        try:
+            (d / criu.KDAT_TMP).write_bytes(b"")
+            assert not criu.drop_kdat_tmp(d)  # another CRIU's, about to be renamed
+            assert (d / criu.KDAT_TMP).exists()
+        finally:
+            shutil.rmtree(d)

@@ -409,27 +409,35 @@ async def test_bandwidth_cap_on_both_ends_out_of_the_sandboxs_reach(servers):
 
 async def test_allowed_traffic_goes_through_the_hosts_proxy(tmp_path, monkeypatch):
     """With HTTPS_PROXY / HTTP_PROXY set on the daemon, allowed connections leave
-    through that proxy (CONNECT, by name); refused ones never reach it."""
+    through that proxy (CONNECT, to the address judged); refused ones never reach it.
+
+    DNS rebinding through the proxy: ``rebind.test`` resolves on the host (where corral
+    judges it) to the good server, but at the proxy to the bad one (standing for the
+    proxy's loopback or the cloud's metadata address). Before, corral asked the proxy
+    for the name (``CONNECT rebind.test:80``), and the proxy dialed its own answer."""
     from corral.runtime.engine import Engine
 
     with server_ns(2, "GOOD") as good, server_ns(6, "BAD") as bad:
         log = tmp_path / "proxy.log"
         log.write_text("")
-        with connect_proxy(str(log), f"good.test={good}") as port:
+        with connect_proxy(str(log), f"good.test={good},rebind.test={bad}") as port:
             for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
                 monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
             for var in ("NO_PROXY", "no_proxy"):
                 monkeypatch.delenv(var, raising=False)
             engine = await Engine.open(tempfile.mkdtemp(prefix="corral-test-state-"),
-                                       network_hosts={"good.test": good, "bad.test": bad})
+                                       network_hosts={"good.test": good, "bad.test": bad,
+                                                      "rebind.test": good})
             try:
-                sb = await engine.create(network={"allow": ["good.test"]})
+                sb = await engine.create(network={"allow": ["good.test", "rebind.test"]})
                 got = await probe(engine, sb.id, good='http("good.test")',
                                   forged=f'http("good.test", ip="{bad}")',
-                                  bad=f'http("bad.test", ip="{bad}")')
+                                  bad=f'http("bad.test", ip="{bad}")',
+                                  rebind='http("rebind.test")')
             finally:
                 await engine.close()
         assert got["good"][0] == "GOOD GET / HTTP/1.0"
         assert got["forged"][0] == "GOOD GET / HTTP/1.0"
         assert got["bad"][0] == "ConnectionResetError"
-        assert log.read_text().splitlines() == ["CONNECT good.test:80 HTTP/1.1"] * 2
+        assert got["rebind"][0] == "GOOD GET / HTTP/1.0", got["rebind"]  # not the proxy's answer
+        assert sorted(log.read_text().splitlines()) == [f"CONNECT {good}:80 HTTP/1.1"] * 3

@@ -4,6 +4,8 @@ TCP port is never reachable from a policy sandbox."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import corral
@@ -140,3 +142,60 @@ def test_named_networks_are_their_tenants_own(team, capsys):
     assert main([*conn, "network", "rm", "cli-net"]) == 0
     team.cleanup()
     no_traceback(team)
+
+
+def test_a_host_network_right_taken_back_ends_what_used_it(team):
+    """A tenant given the host-network right made a named network naming a private
+    range, a sandbox on it and one on the host's network. The admin takes the right
+    back (``PATCH /v1/tokens/NAME {"allow_host_network": false}``, ``corral token
+    update NAME --host-network deny``). Before, no update could take it back (a 400), and
+    nothing checked a sandbox already using it: the named network kept working. Now the
+    sandboxes using it stop at once, new ones on that network (or the host's) are
+    refused, a fork is refused; the others run on, and the network itself stays."""
+    team.make_token("dora", allow_host_network=True)
+    with corral.Client(team.url, token=team.tokens["dora"]) as dora:
+        lan = corral.Network.create("lan", allow=["10.99.0.0/16", "good.test"], client=dora)
+        on_lan = corral.Sandbox.create(network=lan, memory_mb=64, client=dora)
+        on_host = corral.Sandbox.create(network="host", memory_mb=64, client=dora)
+        public = corral.Sandbox.create(network={"allow": ["good.test"]}, memory_mb=64,
+                                       client=dora)
+        pool = dora.request("POST", "/v1/pools", json={
+            "name": "lanpool", "spec": {"network": "lan", "memory_mb": 64},
+            "min_ready": 1, "max_size": 1}).json()
+        assert _pool_until(dora, pool["name"], lambda p: p["ready"] == 1)["last_error"] is None
+        with team.admin() as admin:
+            reply = admin.patch("/v1/tokens/dora", json={"allow_host_network": False})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["allow_host_network"] is False
+            bad = admin.patch("/v1/tokens/dora", json={"allow_host_network": "no"})
+            assert bad.status_code == 400, bad.text
+        assert corral.Sandbox.connect(on_lan.id, client=dora).info.state.value == "stopped"
+        assert corral.Sandbox.connect(on_host.id, client=dora).info.state.value == "stopped"
+        assert public.exec(["true"], timeout=30).returncode == 0  # it used no such right
+        for network in ("lan", "host", {"allow": ["10.0.0.0/8"]}):
+            with pytest.raises(Forbidden):
+                corral.Sandbox.create(network=network, memory_mb=64, client=dora)
+        with pytest.raises(Forbidden):
+            corral.Network.create("lan2", allow=["10.0.0.0/8"], client=dora)
+        assert corral.Network.get("lan", client=dora).policy.allow[0] == "10.99.0.0/16"
+        # its refills act for dora as she is now: refused (before, they went on)
+        refused = _pool_until(dora, "lanpool", lambda p: p["last_error"] is not None)
+        assert "only the admin may allow" in refused["last_error"], refused
+        assert refused["ready"] == 0
+        public.update_network(allow=["good.test"])
+        with pytest.raises(Forbidden):
+            public.update_network(allow=["10.99.0.0/16"])
+        for sb in (on_lan, on_host, public):
+            sb.delete()
+        dora.request("DELETE", "/v1/pools/lanpool")
+    no_traceback(team)
+
+
+def _pool_until(client, name: str, done) -> dict:
+    """The pool's info once ``done`` says so (polled: a pool fills in the background)."""
+    for _ in range(600):
+        info = client.request("GET", f"/v1/pools/{name}").json()
+        if done(info):
+            return info
+        time.sleep(0.1)
+    raise AssertionError(f"pool {name} never got there: {info}")

@@ -235,9 +235,60 @@ def test_a_held_connection_does_not_stop_the_sandboxs_checkpoint(team):
                 with pytest.raises(ConnectionClosed):
                     ws.recv(timeout=30)
             snap.delete()
+            # a connection handed over on the Unix socket: the daemon's reference resets it
+            from corral.rl._port_channel import _handed
+
+            handed = _handed(str(team.daemon.socket), f"/v1/sandboxes/{sb.id}/ports/{PORT}/socket")
+            assert handed is not None
+            handed.write(b"held\n")
+            assert handed.readline() == b"held\n"
+            sb.checkpoint().delete()
+            assert handed.readline() == b""  # reset: the holder's end, not a hang
+            handed.close()
             assert sb.exec(["echo", "alive"]).stdout.strip() == "alive"
         finally:
             sb.delete()
     from tests.security.tenants_helpers import no_traceback
 
     no_traceback(team)
+
+
+# ------------------------------------------------ the handoff (the daemon's Unix socket)
+
+def _established(team) -> int:
+    """Connections to the echo server's port that are open, as the sandbox sees them."""
+    with corral.Client(team.daemon.url) as client:
+        sb = corral.Sandbox.connect(team.sandbox_id, client=client)
+        rows = sb.exec(["cat", "/proc/net/tcp"]).stdout.splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1].endswith(f":{PORT:04X}") and r.split()[3] == "01")
+
+
+def test_the_unix_socket_hands_the_connection_over_and_its_end_ends_it(team):
+    """On the daemon's own socket the client gets the connection itself (bytes pass with
+    no relay); when it ends the request and closes, nothing of the connection stays open
+    (the daemon let its own reference go), so the server sees its end."""
+    from corral.rl._port_channel import HandedChannel, _handed
+
+    before = _established(team)
+    channel = _handed(str(team.daemon.socket),
+                      f"/v1/sandboxes/{team.sandbox_id}/ports/{PORT}/socket")
+    assert isinstance(channel, HandedChannel)
+    channel.write(b"hello\n")
+    assert channel.readline() == b"hello\n"
+    assert _established(team) == before + 1
+    channel.close()
+    deadline = time.monotonic() + 30
+    while _established(team) > before:
+        assert time.monotonic() < deadline, "the connection stayed open after the client's end"
+        time.sleep(0.1)
+
+
+def test_no_handoff_on_tcp_even_for_the_owner(team):
+    """A descriptor crosses only the Unix socket: on TCP the handoff is refused (the
+    WebSocket is the way there), and another tenant is refused as for a missing id."""
+    path = f"/v1/sandboxes/{team.sandbox_id}/ports/{PORT}/handoff"
+    with team.tenant("alice") as alice:
+        r = alice.post(path)
+    assert r.status_code == 400 and "Unix socket" in r.json()["error"]["message"]
+    with team.tenant("bob") as bob:
+        assert bob.post(path).status_code in (400, 404)

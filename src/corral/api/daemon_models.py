@@ -50,9 +50,12 @@ class TokenRequest(BaseModel):
 
 class TokenUpdate(BaseModel):
     """New quotas of a tenant (``PATCH /v1/tokens/{name}``): only the fields sent
-    change; ``null`` drops a quota."""
+    change; ``null`` drops a quota. ``allow_host_network``: grant or take back the
+    right to the host's network (taken back: the tenant's sandboxes using it stop)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    allow_host_network: StrictBool | None = None
 
     max_sandboxes: StrictInt | None = Field(None, ge=0)
     max_memory_mb: StrictInt | None = Field(None, ge=0)

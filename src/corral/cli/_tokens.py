@@ -38,6 +38,9 @@ def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
     p = verbs.add_parser("update", parents=conn, help="change a tenant's quotas ('none': drop)")
     p.add_argument("name", metavar="NAME")
     _quota_options(p, _or_none(int), _or_none(float))
+    p.add_argument("--host-network", choices=("allow", "deny"), default=None,
+                   help="grant or take back network='host' and private ranges (deny: its "
+                        "sandboxes using them stop)")
     p.add_argument("--json", action="store_true", help="print the tenant as JSON")
     p.set_defaults(handler=update)
     p = verbs.add_parser("revoke", parents=conn, help="revoke tenant tokens (refused at once)")
@@ -139,7 +142,10 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def update(args: argparse.Namespace, ctx: Context) -> int:
-    changed = ctx.client.call("update_token", {"name": args.name}, json=_given(args)).json()
+    body = _given(args)
+    if args.host_network is not None:
+        body["allow_host_network"] = args.host_network == "allow"
+    changed = ctx.client.call("update_token", {"name": args.name}, json=body).json()
     if args.json:
         ctx.output.json(changed)
     else:

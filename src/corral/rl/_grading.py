@@ -130,8 +130,10 @@ async def aended(proc: AsyncProcess, answered: bool) -> CommandResult:
             result = info.get("result")
             if info.get("state") != "running":
                 if result is not None and not info.get("unread_bytes"):
-                    return parse_exec(result, args=proc.args, sandbox_id=proc.sandbox_id,
-                                      timeout=None)
+                    ended = parse_exec(result, args=proc.args, sandbox_id=proc.sandbox_id,
+                                       timeout=None)
+                    proc._result = ended  # it exited: closing it then sends no kill
+                    return ended
                 break
         try:
             return await proc.wait(timeout=END_WAIT_S)

@@ -52,7 +52,7 @@ import corral
 from corral.errors import CorralError, InvalidArgument
 from corral.guest import program
 from corral.rl import spaces as wire
-from corral.rl._port_channel import PortChannel, open_channel
+from corral.rl._port_channel import HandedChannel, PortChannel, open_channel
 
 DEFAULT_IMAGE = "rl"
 """The image with gymnasium and numpy installed (see the images' documentation)."""
@@ -166,7 +166,7 @@ class _Remote:
         self.own_sandbox = own_sandbox
         self.streamed = streamed
         self.process: corral.Process | None = None
-        self.channel: PortChannel | None = None  # the server's port socket, once it listens
+        self.channel: PortChannel | HandedChannel | None = None  # the server's port socket, once it listens
         self.hello: dict[str, Any] = {}
         self.own_client: corral.Client | None = None
 

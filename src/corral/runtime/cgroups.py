@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from corral import errors
 from corral.runtime.devices import DeviceRule, restrict
+from corral.runtime.fsutil import unescape_mountinfo
 
 __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
            "effective_cpus"]
@@ -122,20 +122,18 @@ def _check_path(path: str) -> str:
 
 def _check_limits(cpus: float, memory_mb: int, pids: int) -> None:
     if not cpus > 0 or memory_mb <= 0 or pids <= 0:
-        raise errors.InvalidArgument(
-            f"cgroup limits must be positive (cpus={cpus}, memory_mb={memory_mb}, pids={pids})"
-        )
+        raise errors.InvalidArgument(f"cgroup limits must be positive (cpus={cpus}, "
+                                     f"memory_mb={memory_mb}, pids={pids})")
 
 
 class Cgroup:
-    """One sandbox's group, present in one directory per hierarchy.
-
-    Build it with :meth:`CgroupDriver.create` or :meth:`CgroupDriver.open`.
-    """
+    """One sandbox's group, present in one directory per hierarchy (build it with
+    :meth:`CgroupDriver.create` or :meth:`CgroupDriver.open`)."""
 
     def __init__(self, path: str, dirs: dict[str, Path]) -> None:
         self.path = path
         self._dirs = dirs  # controller (or "" on v2) -> directory
+        self.limits: tuple[float, int, int] | None = None  # as last written here (set_limits)
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -348,6 +346,7 @@ class CgroupDriver:
 
     version: int
     _group_type: type[Cgroup]
+    _prepared: set[Path]  # parent directories known to exist, prepared (create)
 
     def _roots(self) -> dict[str, Path]:
         """Controller (or "" on v2) -> root directory of its hierarchy."""
@@ -356,7 +355,8 @@ class CgroupDriver:
     def _dirs(self, path: str) -> dict[str, Path]:
         return {k: root / _check_path(path) for k, root in self._roots().items()}
 
-    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
+                    was: tuple[float, int, int] | None) -> None:  # those not as in ``was``
         raise NotImplementedError
 
     def _prepare_parent(self, parent: Path) -> None:
@@ -383,14 +383,26 @@ class CgroupDriver:
         this call created is removed again.
         """
         _check_limits(cpus, memory_mb, pids)
+        try:
+            return self._create(path, cpus, memory_mb, pids)
+        except CgroupError as exc:  # (a parent removed meanwhile is made again)
+            if not isinstance(exc.__cause__, FileNotFoundError):
+                raise
+        self._prepared.clear()
+        return self._create(path, cpus, memory_mb, pids)
+
+    def _create(self, path: str, cpus: float, memory_mb: int, pids: int) -> Cgroup:
         dirs = self._dirs(path)
         made: list[Path] = []
         try:
             for d, root in {d: self._roots()[k] for k, d in dirs.items()}.items():
                 rel = d.relative_to(root)
-                for here in [root / step for step in (*reversed(rel.parents[:-1]), rel)]:
-                    self._prepare_parent(here.parent)
-                    if not here.is_dir():
+                steps = [root / step for step in (*reversed(rel.parents[:-1]), rel)]
+                known = d.parent in self._prepared  # no stat: it costs as much as a mkdir
+                for here in steps[-1:] if known else steps:
+                    if not known:
+                        self._prepare_parent(here.parent)
+                    if known or not here.is_dir():
                         try:
                             with _translated("create cgroup", here):
                                 here.mkdir()
@@ -402,7 +414,9 @@ class CgroupDriver:
                         made.append(here)
                         self._made(here)
             group = self._group_type(path, dirs)
-            self._set_limits(group, cpus, memory_mb, pids)
+            self._set_limits(group, cpus, memory_mb, pids, None)
+            group.limits = (cpus, memory_mb, pids)
+            self._prepared.update(d.parent for d in dirs.values())
         except BaseException:
             for d in reversed(made):
                 with suppress(OSError):
@@ -411,9 +425,14 @@ class CgroupDriver:
         return group
 
     def set_limits(self, group: Cgroup, *, cpus: float, memory_mb: int, pids: int) -> None:
-        """Change the limits of an existing group (a warm slot gets its sandbox's limits)."""
+        """Change the limits of an existing group (a warm slot gets its sandbox's limits):
+        only those that differ from what this object last wrote (a default-size sandbox:
+        none; after a failed write: all)."""
         _check_limits(cpus, memory_mb, pids)
-        self._set_limits(group, cpus, memory_mb, pids)
+        was, group.limits = group.limits, None  # unknown until every write is done
+        if was != (cpus, memory_mb, pids):
+            self._set_limits(group, cpus, memory_mb, pids, was)
+        group.limits = (cpus, memory_mb, pids)
 
     def handle(self, path: str) -> Cgroup:
         """Group ``path`` whether it exists or not: a hibernated sandbox's old group,
@@ -449,6 +468,7 @@ class CgroupV1Driver(CgroupDriver):
         # whole host. Known once, rather than asked of every directory of every create.
         self._cpuset_under = f"{mounts['cpuset']}/" if "cpuset" in mounts else None
         self._memsw: bool | None = None
+        self._prepared: set[Path] = set()
 
     def _roots(self) -> dict[str, Path]:
         return self.mounts
@@ -472,10 +492,16 @@ class CgroupV1Driver(CgroupDriver):
         _write(d / "cpuset.cpus", ",".join(str(c) for c in cpus))
         return True
 
-    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
+                    was: tuple[float, int, int] | None) -> None:
         cpu, memory = group._dirs["cpu"], group._dirs["memory"]
-        _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-        _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
+        if was is None or was[0] != cpus:
+            _write(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(cpu / "cpu.cfs_quota_us", str(_quota_us(cpus)))
+        if was is None or was[2] != pids:
+            _write(group._dirs["pids"] / "pids.max", str(pids))
+        if was is not None and was[1] == memory_mb:
+            return
         # memsw (memory + swap) must stay >= the memory limit: when a limit is raised
         # (a warm slot starts with the defaults) memsw goes first, else second. It
         # exists only when swap accounting is on, and without it there is no swap cap.
@@ -484,11 +510,11 @@ class CgroupV1Driver(CgroupDriver):
         if self._memsw is None:
             self._memsw = memsw.exists()
         if self._memsw:
-            raising = limit > int(_read(memory / "memory.limit_in_bytes"))
+            raising = (memory_mb > was[1] if was is not None
+                       else limit > int(_read(memory / "memory.limit_in_bytes")))
             order = [memsw, *order] if raising else [*order, memsw]
         for path in order:
             _write(path, str(limit))
-        _write(group._dirs["pids"] / "pids.max", str(pids))
 
 
 class CgroupV2Driver(CgroupDriver):
@@ -499,6 +525,7 @@ class CgroupV2Driver(CgroupDriver):
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self._prepared: set[Path] = set()
 
     def _roots(self) -> dict[str, Path]:
         return {"": self.root}
@@ -517,18 +544,17 @@ class CgroupV2Driver(CgroupDriver):
         """Nothing to fill: a v2 group's empty ``cpuset.cpus`` means its parent's
         effective set (and the root group has no ``cpuset.cpus`` to copy)."""
 
-    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int) -> None:
+    def _set_limits(self, group: Cgroup, cpus: float, memory_mb: int, pids: int,
+                    was: tuple[float, int, int] | None) -> None:
         d = group._dirs[""]
-        _write(d / "cpu.max", f"{_quota_us(cpus)} {CFS_PERIOD_US}")
-        _write(d / "memory.max", str(memory_mb << 20))
-        if (d / "memory.swap.max").exists():  # absent without swap accounting
+        if was is None or was[0] != cpus:
+            _write(d / "cpu.max", f"{_quota_us(cpus)} {CFS_PERIOD_US}")
+        if was is None or was[1] != memory_mb:
+            _write(d / "memory.max", str(memory_mb << 20))
+        if was is None and (d / "memory.swap.max").exists():  # absent without swap accounting
             _write(d / "memory.swap.max", "0")
-        _write(d / "pids.max", str(pids))
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+        if was is None or was[2] != pids:
+            _write(d / "pids.max", str(pids))
 
 
 def _cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], list[Path]]:
@@ -540,7 +566,7 @@ def _cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], list[Path]]:
         fields, tail = before.split(), after.split()
         if len(fields) < 5 or len(tail) < 3:
             continue
-        mount_point = Path(_unescape(fields[4]))
+        mount_point = Path(unescape_mountinfo(fields[4]))
         if tail[0] == "cgroup2":
             v2.append(mount_point)
         elif tail[0] == "cgroup":

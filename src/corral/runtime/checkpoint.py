@@ -303,18 +303,10 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
                 "-t", str(pid), "-D", str(images), "-o", "dump.log", "--leave-running",
                 "--timeout", str(COLLECT_TIMEOUT_S),
                 "--ext-unix-sk", "--shell-job", *mounts]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, cwd="/",
-            env={"PATH": live_images.CRIU_PATH, "XDG_RUNTIME_DIR": str(_kerndat_dir(state_dir))})
         try:
-            async with asyncio.timeout(DUMP_TIMEOUT_S):
-                rc = await proc.wait()
-        except asyncio.TimeoutError:
-            proc.kill()  # CRIU's --leave-running resumes what it froze as it dies
-            await proc.wait()
-            raise Unsupported(f"CRIU took over {DUMP_TIMEOUT_S:.0f} s to dump sandbox "
-                              f"{sandbox_id}", details={"cause": "timeout"}) from None
+            rc = await _run_dump(argv, state_dir, sandbox_id)
+        finally:  # root's CRIU leaves its kernel probes in /run (criu.drop_kdat_tmp)
+            await asyncio.to_thread(criu.drop_kdat_tmp)
         if rc != 0:
             log = (images / "dump.log").read_text(errors="replace")
             code, meaning, line = cause_of(log)
@@ -330,3 +322,19 @@ async def dump(*, cache_dir: Path, state_dir: Path, sandbox_id: str, tenant: str
         shutil.rmtree(images, ignore_errors=True)
         raise
     return Images(images, binary.version_text)
+
+
+async def _run_dump(argv: list[str], state_dir: Path, sandbox_id: str) -> int:
+    """Run CRIU's dump; its exit status (a dump past DUMP_TIMEOUT_S is killed)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL, cwd="/",
+        env={"PATH": live_images.CRIU_PATH, "XDG_RUNTIME_DIR": str(_kerndat_dir(state_dir))})
+    try:
+        async with asyncio.timeout(DUMP_TIMEOUT_S):
+            return await proc.wait()
+    except asyncio.TimeoutError:
+        proc.kill()  # CRIU's --leave-running resumes what it froze as it dies
+        await proc.wait()
+        raise Unsupported(f"CRIU took over {DUMP_TIMEOUT_S:.0f} s to dump sandbox "
+                          f"{sandbox_id}", details={"cause": "timeout"}) from None

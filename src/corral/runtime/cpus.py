@@ -59,10 +59,19 @@ class CpuPicker:
         self.cpus = tuple(cpus) if cpus is not None else host_cpus()
         self._load = dict.fromkeys(self.cpus, 0)
 
-    def take(self, cpus: float) -> tuple[int, ...]:
-        """``ceil(cpus)`` CPUs, the least used first (ties: the lowest number)."""
+    def peek(self, cpus: float) -> tuple[int, ...]:
+        """What :meth:`take` would hand out now, not counted (a warm slot's guess)."""
         n = thread_count(cpus, len(self.cpus))
-        chosen = tuple(sorted(sorted(self.cpus, key=lambda c: (self._load[c], c))[:n]))
+        return tuple(sorted(sorted(self.cpus, key=lambda c: (self._load[c], c))[:n]))
+
+    def take(self, cpus: float, prefer: Sequence[int] = ()) -> tuple[int, ...]:
+        """``ceil(cpus)`` CPUs, the least used first (ties: the lowest number, or
+        ``prefer`` where it is as little used: a warm slot's cpuset holds it)."""
+        chosen = self.peek(cpus)
+        if (len(set(prefer)) == len(chosen) and all(c in self._load for c in prefer)
+                and sorted(self._load[c] for c in set(prefer))
+                == sorted(self._load[c] for c in chosen)):
+            chosen = tuple(sorted(set(prefer)))
         for c in chosen:
             self._load[c] += 1
         return chosen

@@ -15,16 +15,19 @@ dumps and restores sandboxes made by bubblewrap.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import Unsupported
+from corral.runtime.syscalls import TMPFS_MAGIC, fs_type
 
 MIN_VERSION = (4, 2)
 PATCH_LEVEL = 1  # = scripts/build_criu.sh's PATCH_LEVEL
 BUILD = "run scripts/build_criu.sh as root (make install runs it)"
 CHECK_TIMEOUT_S = 60.0
+KDAT_TMP = "criu.kdat.tmp"  # where root's CRIU writes its kernel probes before keeping them
 
 
 def _version(text: str) -> tuple[tuple[int, ...], int] | None:
@@ -74,6 +77,8 @@ def check(criu: Criu) -> tuple[bool, str]:
                               timeout=CHECK_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"{type(exc).__name__}: {exc}"
+    finally:
+        drop_kdat_tmp()
     out = (proc.stdout + proc.stderr).strip().splitlines()
     return proc.returncode == 0, " | ".join(out[-3:])
 
@@ -89,3 +94,23 @@ def require(cache_dir: Path) -> Criu:
             details={"cause": "criu_missing"},
         )
     return criu
+
+
+def drop_kdat_tmp(run: Path = Path("/run")) -> bool:
+    """Remove the ``criu.kdat.tmp`` root's CRIU leaves in ``run`` when that is no tmpfs;
+    whether one was removed.
+
+    CRIU (run as root: ``criu check``, a dump of a restored copy) writes its kernel
+    probes to ``/run/criu.kdat.tmp`` and keeps them (renamed ``criu.kdat``) only on a
+    tmpfs; elsewhere it gives up and leaves the file. There it is never used, by this
+    CRIU or another (a CRIU writing one meanwhile gives up as well), so removing it
+    disturbs nothing. On a tmpfs it may be another CRIU's, about to be renamed: kept."""
+    path = run / KDAT_TMP
+    try:
+        if fs_type(str(run)) == TMPFS_MAGIC:
+            return False
+        os.unlink(path)
+    except OSError:  # none, or not ours to remove
+        return False
+    return True
+

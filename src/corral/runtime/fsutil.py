@@ -11,6 +11,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -149,3 +150,10 @@ def _remove_tree(path: Path) -> None:
 def _rm(path: Path) -> None:
     """Delete a file, link or tree inside a rootfs that has nothing mounted in it."""
     remove_tree(path)  # iterative: a tree deeper than the recursion limit goes too
+
+
+
+def unescape_mountinfo(field: str) -> str:
+    """A field of ``/proc/*/mountinfo``, where space, tab, newline and backslash are
+    escaped as ``\\ooo`` (octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

@@ -41,7 +41,7 @@ from corral.errors import CorralError, FileError, FileNotFound, FileTooLarge
 from corral.runtime.events import Events, SandboxDeleted
 from corral.runtime.layers import TREE
 from corral.runtime.storage import room_above_reserve
-from corral.runtime.treecopy import remove_tree
+from corral.runtime.treecopy import LEAVE, Walk, remove_tree
 from corral.schema import FileInfo
 
 if TYPE_CHECKING:
@@ -206,13 +206,11 @@ class KeptFiles:
 
 
 def _allocated(tree: Path) -> int:
-    """Bytes the files under ``tree`` take on disk (bounded: it is a sandbox's disk_mb)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(tree):
-        for name in dirnames + filenames:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
+    """Bytes the files under ``tree`` take on disk (bounded: it is a sandbox's disk_mb).
+    Iterative: a sandbox makes its tree thousands of levels deep (os.walk recursed past
+    Python's limit, and a stop failed with a traceback)."""
+    return sum(s.st_blocks * 512 for event, parent, _name, s, _fd in Walk(tree, max_depth=None)
+               if event != LEAVE and parent != -1)
 
 
 def _whiteout(s: os.stat_result) -> bool:

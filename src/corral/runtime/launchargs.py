@@ -40,6 +40,8 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
     on ``lowers`` (top first), with the agent binary ``agent``: bubblewrap's, or the
     restore of a live checkpoint (``live.program``, run as root: docs/live.md)."""
     argv = mount_args(live, lowers, agent=agent)
+    if slot.own_netns and not live.netns and not in_prepared_netns(live, slot):
+        argv += ["--host-net", "1"]  # leave the slot's namespace (agent/netns.c)
     if live.program:
         # CRIU puts its own descriptors above every descriptor number of the tasks it
         # restores, under its own RLIMIT_NOFILE; a busy daemon's agents hold numbers
@@ -52,6 +54,15 @@ def launch_args(live: Live, slot: Slot, lowers: list[Path], *, bwrap: str,
         kdat = ["--kdat", live.kdat] if live.kdat else []
         return [*argv, "--exec-root", "1", *kdat, "--", *live.program]
     return argv + bwrap_args(live, slot, bwrap=bwrap)
+
+
+def in_prepared_netns(live: Live, slot: Slot) -> bool:
+    """Whether the sandbox runs in the empty network namespace its slot's launcher made
+    while it waited (``agent/netns.c``), that launcher's alone: a sandbox without a
+    network, unless bwrap is to make its namespace as before (a checkpointable one,
+    whose namespaces CRIU dumps; a restore, which CRIU makes)."""
+    return (slot.own_netns and not live.netns and not live.program
+            and not live.spec.checkpointable and live.spec.network != NetworkMode.HOST)
 
 
 def mount_args(live: Live, lowers: list[Path], *, agent: Path) -> list[str]:
@@ -115,6 +126,8 @@ def bwrap_args(live: Live, slot: Slot, *, bwrap: str) -> list[str]:
     ]
     if live.netns:  # a policy's link (joined by the launcher)
         argv += ["--ro-bind", str(live.sandbox_dir / "resolv.conf"), RESOLV_CONF]
+    elif in_prepared_netns(live, slot):  # "none": the slot's own, made while it waited
+        pass
     elif spec.network != NetworkMode.HOST:  # "none", or anything else: no network
         argv.append("--unshare-net")
     elif Path(RESOLV_CONF).exists():

@@ -7,7 +7,8 @@ takes a slot, sets the cgroup's limits, and sends the rest of the launch options
 (mounts, the bwrap command line) down the slot's stdin; the launcher then mounts the
 root in a private mount namespace and becomes bwrap. Each slot has its own host uid
 (:mod:`corral.runtime.uids`), given at spawn: the launcher prepares the idmapping of
-its layers while it waits.
+its layers while it waits, picks the CPUs of a default-size sandbox and writes its
+cpuset, and makes the sandbox's empty network namespace (``agent/netns.c``).
 
 Nothing of the host is handed to the sandbox as a descriptor: the launcher's stdin,
 stdout and stderr are pipes (stderr, which bwrap and the agent inherit, is drained
@@ -20,6 +21,7 @@ warden keeps, so a later engine can give the agent a new control socket:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -33,9 +35,10 @@ from pathlib import Path
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
 from corral.runtime.cgroups import Cgroup, CgroupDriver
+from corral.runtime.cpus import CpuPicker
 from corral.runtime.logtail import LogTail
 from corral.runtime.uids import CANONICAL_UID, UidBlock, root_uid
-from corral.schema import DEFAULT_MEMORY_MB, DEFAULT_PIDS
+from corral.schema import DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS
 
 log = logging.getLogger("corral.runtime")
 
@@ -60,6 +63,12 @@ class Slot:
     reattach: socket.socket | None  # the host end of the agent's reattach socket
     reattach_fd: int  # the number of the agent's end, as the agent will see it
     log_fd: int = -1  # a copy of the read end of ``log``, for the warden to keep
+    # the launcher made an empty network namespace of its own while it waited
+    # (``agent/netns.c``): a sandbox without a network runs in it, bwrap makes none
+    own_netns: bool = False
+    # the CPUs its cgroup's cpuset already holds: the picker's guess for a sandbox of
+    # DEFAULT_CPUS when it was made (writing a cpuset costs the kernel a rebuild)
+    cpus: tuple[int, ...] = ()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -108,6 +117,20 @@ class Slot:
     def error_output(self) -> str:
         return self.log.text()
 
+    def hang_up(self) -> None:
+        """A launched sandbox failed to start (or its create was cancelled): let go of
+        the host's ends that only a ready sandbox hands on. Its agent waits on its
+        reattach socket for a next engine while our end is open (restore.py), so once
+        its control channel closes it exits only when this one is shut down too."""
+        if self.reattach is not None:
+            with contextlib.suppress(OSError):
+                self.reattach.shutdown(socket.SHUT_RDWR)
+            self.reattach.close()
+            self.reattach = None
+        if self.log_fd >= 0:
+            os.close(self.log_fd)
+            self.log_fd = -1
+
     def discard(self) -> bool:
         """Stop an unused launcher and remove its cgroup (blocking); whether nothing of
         it is left (then its uid may be used again)."""
@@ -138,8 +161,9 @@ class SlotPool:
     """Keeps ``target`` slots ready and hands them out."""
 
     def __init__(self, *, agent_path: Path, cgroups: CgroupDriver, cgroup_parent: str, target: int,
-                 uids: UidBlock) -> None:
+                 uids: UidBlock, cpu_picker: CpuPicker | None = None) -> None:
         self.agent_path = agent_path
+        self.cpu_picker = cpu_picker
         self.uids = uids
         self.cgroups = cgroups
         self.cgroup_parent = cgroup_parent
@@ -150,8 +174,14 @@ class SlotPool:
         self._backoff_until = 0.0
         self.closed = False
 
-    async def take(self) -> Slot:
-        """A ready slot: a warm one if there is one, else one made now."""
+    async def take(self, cpus: tuple[int, ...] = ()) -> Slot:
+        """A ready slot: a warm one if there is one (one whose cpuset holds ``cpus`` if
+        any does), else one made now."""
+        for i, slot in enumerate(self._ready):
+            if cpus and slot.cpus == cpus:  # to the front (the others keep their order)
+                del self._ready[i]
+                self._ready.appendleft(slot)
+                break
         while self._ready:
             slot = self._ready.popleft()
             if slot.alive():
@@ -193,14 +223,21 @@ class SlotPool:
         """Make one slot: a cgroup, a launcher that joined it, and its channels."""
         name = "slot-" + secrets.token_hex(6)
         uid = self.uids.acquire()
+        cpus = self.cpu_picker.peek(DEFAULT_CPUS) if self.cpu_picker is not None else ()
+
+        def make() -> Cgroup:
+            group = self.cgroups.create(f"{self.cgroup_parent}/{name}", cpus=DEFAULT_CPUS,
+                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS)
+            try:
+                if cpus:
+                    self.cgroups.set_cpus(group, cpus)
+            except BaseException:
+                group.remove(children=False)
+                raise
+            return group
+
         try:
-            cgroup = await asyncio.to_thread(
-                self.cgroups.create,
-                f"{self.cgroup_parent}/{name}",
-                cpus=1.0,
-                memory_mb=DEFAULT_MEMORY_MB,
-                pids=DEFAULT_PIDS,
-            )
+            cgroup = await asyncio.to_thread(make)
         except BaseException:
             self.uids.release(uid)  # nothing ran as it
             raise
@@ -213,7 +250,8 @@ class SlotPool:
         log_copy = os.dup(log_r)  # (close-on-exec) the warden keeps one: restore.py
         log = LogTail(log_r)
         argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
-                "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID)]
+                "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID),
+                "--prenet", "1"]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:
@@ -240,12 +278,13 @@ class SlotPool:
             r_theirs.close()
         log.start()
         slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
-                    r_ours, reattach_fd, log_copy)
+                    r_ours, reattach_fd, log_copy, cpus=cpus)
         try:
-            ok = await _read_ready(ready_r)
+            said = await _read_ready(ready_r)
         finally:
             os.close(ready_r)
-        if not ok:
+        slot.own_netns = said == b"N"
+        if said not in (b"R", b"N"):
             detail = slot.error_output()
             await self._drop(slot)
             raise SandboxStartError(
@@ -263,8 +302,9 @@ class SlotPool:
         await asyncio.gather(*(self._drop(s) for s in slots))
 
 
-async def _read_ready(fd: int) -> bool:
-    """Wait for the launcher's "R" (it has joined its cgroups) or EOF (it died)."""
+async def _read_ready(fd: int) -> bytes:
+    """Wait for the launcher's "R" (it has joined its cgroups), "N" (that, and it is in
+    a network namespace of its own), or EOF (it died: b"")."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[bytes] = loop.create_future()
 
@@ -277,8 +317,8 @@ async def _read_ready(fd: int) -> bool:
 
     loop.add_reader(fd, on_readable)
     try:
-        return await asyncio.wait_for(fut, 30) == b"R"
+        return await asyncio.wait_for(fut, 30)
     except asyncio.TimeoutError:
-        return False
+        return b""
     finally:
         loop.remove_reader(fd)

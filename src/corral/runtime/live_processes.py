@@ -141,7 +141,7 @@ def read(images: Path) -> list[dict[str, Any]]:
 
 
 def _check(r: Any) -> None:
-    ok = (isinstance(r, dict) and isinstance(r["id"], str) and _ID.match(r["id"])
+    ok = (isinstance(r, dict) and isinstance(r["id"], str) and _ID.fullmatch(r["id"])
           and type(r["rid"]) is int and 0 < r["rid"] < 1 << 32
           and isinstance(r["argv"], list) and all(isinstance(a, str) for a in r["argv"])
           and sum(map(len, r["argv"])) <= _MAX_ARGV

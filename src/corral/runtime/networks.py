@@ -24,7 +24,7 @@ MAX_NETWORKS = 256  # per owner
 
 
 def check_network_name(name: str) -> str:
-    if not isinstance(name, str) or not NETWORK_NAME_RE.match(name) or name in RESERVED_NAMES:
+    if not isinstance(name, str) or not NETWORK_NAME_RE.fullmatch(name) or name in RESERVED_NAMES:
         raise InvalidArgument(
             f"invalid network name {name!r}: use 1-63 lower-case letters, digits, '.', '_' "
             "or '-', starting with a letter or digit; 'none' and 'host' are modes, not names",

@@ -11,13 +11,16 @@ A build killed with its engine (``kill -9``, power loss) can leave a staged laye
 to a build sandbox's disk limit under the image store; an import, half an image. The
 next start removes them, unless a build of another engine on the host is running
 right now (then the next image operation does; see :func:`ImageStore.sweep_debris`).
+A CRIU killed mid-way can leave its ``/run/criu.kdat.tmp``: removed too
+(:func:`criu.drop_kdat_tmp`, which each CRIU run is followed by anyway).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from corral.runtime import storage
+from corral.runtime import criu, storage
 from corral.runtime.images import ImageStore
 from corral.runtime.paths import Layout, default_cache_dir, default_state_dir
 
@@ -35,4 +38,6 @@ def open_layout(state_dir: Path | str | None, cache_dir: Path | str | None) -> L
             raise full from exc
         raise
     ImageStore(made.images_dir).sweep_debris()
+    if os.geteuid() == 0:
+        criu.drop_kdat_tmp()
     return made

@@ -26,6 +26,8 @@ def _libc() -> ctypes.CDLL:
     libc.mount.restype = ctypes.c_int
     libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     libc.umount2.restype = ctypes.c_int
+    libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.statfs.restype = ctypes.c_int
     libc.syncfs.argtypes = [ctypes.c_int]
     libc.syncfs.restype = ctypes.c_int
     libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -93,6 +95,17 @@ def umount(target: str, *, lazy: bool = False) -> bool:
             return umount(target, lazy=True)
         raise OSError(err, f"umount: {os.strerror(err)}", target)
     return True
+
+
+TMPFS_MAGIC = 0x01021994
+
+
+def fs_type(path: str) -> int:
+    """``statfs(2)``'s ``f_type`` of the filesystem holding ``path`` (``os.statvfs``
+    has no such field), e.g. :data:`TMPFS_MAGIC`."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs (120 bytes), f_type first
+    _check(_libc().statfs(os.fsencode(path), buf), "statfs", path)
+    return ctypes.c_long.from_buffer(buf).value
 
 
 def syncfs(path: str) -> None:

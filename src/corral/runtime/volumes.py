@@ -40,18 +40,18 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import stat
 import subprocess
 import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from corral.errors import (
+    CorralError,
     Forbidden,
     InvalidArgument,
     InvalidState,
@@ -64,7 +64,7 @@ from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
 from corral.runtime.storage import room_above_reserve
-from corral.runtime.treecopy import copy_tree
+from corral.runtime.treecopy import ENTER, LEAVE, Walk, copy_tree, remove_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
@@ -74,6 +74,7 @@ META = "meta.json"
 CONTENT = "content"  # {"digest", "size_bytes"} of the tree as it travels (volume_travel.py)
 GENERATION = "generation"  # counts rw mounts: a content digest kept is of one generation
 MIN_MB, MAX_MB = 8, 1 << 22  # a capped volume's size limits (ext4 wants a few MiB)
+MAX_IMAGE_PATH = 1024  # bytes of a path in a capped volume (_make_image: mke2fs -d)
 
 
 def reserved_bytes(info: VolumeInfo) -> int:
@@ -103,10 +104,34 @@ def _check_room(root: Path, need: int, max_mb: int | None) -> None:
             + "remove volumes or snapshots", details={"path": str(root), "max_mb": max_mb})
 
 
+def _longest_path(tree: Path) -> int:
+    """The length in bytes of the longest path under ``tree``, relative to it."""
+    lengths, longest = [0], 0
+    for event, parent, name, _st, _fd in Walk(tree, max_depth=None):
+        if parent == -1:
+            continue
+        if event == LEAVE:
+            lengths.pop()
+            continue
+        here = lengths[-1] + len(os.fsencode(name)) + (1 if len(lengths) > 1 else 0)
+        longest = max(longest, here)
+        if event == ENTER:
+            lengths.append(here)
+    return longest
+
+
 def _make_image(work: Path, max_mb: int) -> None:
     """``work/volume.img``: an ext4 of ``max_mb`` MiB holding ``work/data``'s tree, its
     blocks allocated now: a sparse image would let volumes promise more than the disk
     holds, and their rw writers fill the disk every tenant's state is on."""
+    longest = _longest_path(work / "data")
+    if longest > MAX_IMAGE_PATH:
+        # mke2fs 1.47's -d corrupts its heap on a path of about 2040 bytes ("realloc():
+        # invalid next size"): a tree a tenant chose is never handed to it
+        raise InvalidArgument(
+            f"a path in the volume is {longest} bytes long: a volume with max_mb holds "
+            f"paths of at most {MAX_IMAGE_PATH} bytes; shorten its directories",
+            details={"max_mb": max_mb, "path_bytes": longest})
     image = work / IMAGE
     with open(image, "wb") as f:
         try:
@@ -124,7 +149,7 @@ def _make_image(work: Path, max_mb: int) -> None:
     if proc.returncode != 0:
         raise SandboxStartError(f"could not make the volume's filesystem: "
                                 f"{proc.stderr.strip()[-500:]}")
-    shutil.rmtree(work / "data")
+    remove_tree(work / "data")
     (work / "data").mkdir(mode=0o755)
 
 
@@ -141,7 +166,7 @@ def _owner_dir(owner: str | None) -> str:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not VOLUME_NAME_RE.match(name):
+    if not isinstance(name, str) or not VOLUME_NAME_RE.fullmatch(name):
         raise InvalidArgument(
             f"invalid volume name {name!r}: use 1-63 lower-case letters, digits, '.', '_' "
             "or '-', starting with a letter or digit (no '/', no '..')")
@@ -163,16 +188,19 @@ def check_rel(rel: str) -> list[str]:
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int]:
+def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int, int]:
     """A descriptor of ``root/parts...``, each made if missing (canonical owner), none
-    followed if it is a symlink (:class:`InvalidArgument`); and how many it made."""
-    fd, made = os.open(root, _O_DIR), 0
+    followed if it is a symlink (:class:`InvalidArgument`); how many it made and their
+    bytes on disk (counted as a volume's are: thousands of empty directories in one
+    upload's path took the disk at no cost to the quota)."""
+    fd, made, made_bytes = os.open(root, _O_DIR), 0, 0
     try:
         for part in parts:
             try:
                 os.mkdir(part, 0o755, dir_fd=fd)
                 os.chown(part, CANONICAL_UID, CANONICAL_UID, dir_fd=fd, follow_symlinks=False)
                 made += 1
+                made_bytes += os.stat(part, dir_fd=fd, follow_symlinks=False).st_blocks * 512
             except FileExistsError:
                 pass
             try:
@@ -188,7 +216,7 @@ def _open_dirs(root: Path, parts: list[str], rel: str) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, made
+    return fd, made, made_bytes
 
 
 def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
@@ -211,16 +239,23 @@ def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
         os.close(out)
 
 
+def _discard(path: Path) -> None:
+    """Remove a tree however deep (an upload makes thousands of levels: shutil.rmtree
+    recursed past Python's limit and left it), never raising."""
+    with contextlib.suppress(OSError, CorralError):
+        remove_tree(path)
+
+
 def _canonical(root: Path) -> tuple[int, int]:
-    """Chown the tree to the canonical uid; its (bytes, files)."""
+    """Chown the tree to the canonical uid; its (bytes, files). Iterative: an upload
+    may have made it thousands of levels deep (os.walk recursed past Python's limit)."""
     size = files = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in (*dirnames, *filenames):
-            p = os.path.join(dirpath, n)
-            os.chown(p, CANONICAL_UID, CANONICAL_UID, follow_symlinks=False)
-            st = os.lstat(p)
-            size += st.st_blocks * 512
-            files += 1
+    for event, parent, name, st, _fd in Walk(root):
+        if event == LEAVE or parent == -1:
+            continue
+        os.chown(name, CANONICAL_UID, CANONICAL_UID, dir_fd=parent, follow_symlinks=False)
+        size += st.st_blocks * 512
+        files += 1
     os.chown(root, CANONICAL_UID, CANONICAL_UID)
     os.chmod(root, 0o755)
     return size, files
@@ -232,7 +267,8 @@ class Volumes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._lock = threading.Lock()  # read-modify-write of a meta.json
-        self._writes: dict[str | None, threading.Lock] = {}  # an owner's uploads landing
+        self._writes: dict[str | None, threading.Lock] = {}  # an owner's quota-weighed writes
+        self._pending: dict[str | None, int] = {}  # bytes of volumes being published
 
     def _dir(self, owner: str | None, name: str) -> Path:
         return self.root / _owner_dir(owner) / check_name(name)
@@ -328,26 +364,34 @@ class Volumes:
                 raise VolumeFull(f"the archive holds {size} bytes, over the volume's max_mb "
                                  f"({max_mb}): give a larger max_mb",
                                  details={"volume": name, "max_mb": max_mb})
-            if check is not None:
-                check(owner, reserved_bytes(info))
-            if max_mb is None:
-                _check_room(root, 0, None)  # its tree left the reserve free
-            if max_mb is not None:
-                _make_image(work, max_mb)
-            (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
-                                                 **(extra or {})}))
-            os.chmod(work, 0o711)
-            if replace and final.exists():
-                self.remove(owner, name, in_use=False)
-            os.rename(work, final)  # atomic; fails if a racing create won
+            # weighed and published under the owner's lock: volumes made at once were
+            # each weighed before any other was published (a capped one's image is made
+            # in between), so together they passed the quota
+            with self._owner_lock(owner) if check is not None else contextlib.nullcontext():
+                if check is not None:
+                    check(owner, reserved_bytes(info))
+                # counted by the owner's other quota checks (snapshots, checkpoints, kept
+                # files: used_bytes) until published: a checkpoint weighed while a capped
+                # volume's image was made did not see it, and both passed the quota
+                with self._reserving(owner, reserved_bytes(info) if check else 0):
+                    if max_mb is None:
+                        _check_room(root, 0, None)  # its tree left the reserve free
+                    if max_mb is not None:
+                        _make_image(work, max_mb)
+                    (work / META).write_text(json.dumps({**info.model_dump(mode="json"),
+                                                         **(extra or {})}))
+                    os.chmod(work, 0o711)
+                    if replace and final.exists():
+                        self.remove(owner, name, in_use=False)
+                    os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
+            _discard(work)
             raise
         if max_mb is not None:
             try:
                 _mount(final / IMAGE, final / "data")
             except BaseException:
-                shutil.rmtree(final, ignore_errors=True)
+                _discard(final)
                 raise
         return info
 
@@ -385,7 +429,7 @@ class Volumes:
             subprocess.run(["umount", "-l", str(d / "data")], capture_output=True, check=False)
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        _discard(trash)
 
     def meta(self, owner: str | None, name: str) -> dict[str, Any]:
         """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""
@@ -410,14 +454,18 @@ class Volumes:
         the disk below its reserve."""
         _check_room(self.owner_root(owner), need, None)
 
+    def _owner_lock(self, owner: str | None) -> threading.Lock:
+        """One of ``owner``'s quota-weighed writes at a time (uploads landing, volumes
+        published), so that two cannot both pass its quota."""
+        with self._lock:
+            return self._writes.setdefault(owner, threading.Lock())
+
     def write_file(self, owner: str | None, name: str, rel: str, source: Path,
                    mode: int, check: Callable[[str | None, int], None] | None = None) -> None:
         """:meth:`_write_file`, ``check`` (owner, bytes) weighing ``source``'s size first
         (a quota: uploads opened at once were each weighed alone when opened); one of an
         owner's at a time, so two cannot both pass it."""
-        with self._lock:
-            lock = self._writes.setdefault(owner, threading.Lock())
-        with lock:
+        with self._owner_lock(owner):
             if check is not None:
                 check(owner, source.stat().st_size)
             self._write_file(owner, name, rel, source, mode)
@@ -432,7 +480,7 @@ class Volumes:
         info = self.get(owner, name)
         self.ensure_mounted(owner, name)
         parts = check_rel(rel)
-        fd, made = _open_dirs(self.data_dir(owner, name), parts[:-1], rel)
+        fd, made, made_bytes = _open_dirs(self.data_dir(owner, name), parts[:-1], rel)
         tmp = f".{parts[-1][:200]}.upload-{os.getpid()}-{time.monotonic_ns()}"
         try:
             try:
@@ -462,7 +510,8 @@ class Volumes:
             os.close(fd)
         with self._lock:
             meta = self.meta(owner, name)
-            meta["size_bytes"] = max(0, int(meta.get("size_bytes") or 0) + new.st_blocks * 512
+            meta["size_bytes"] = max(0, int(meta.get("size_bytes") or 0) + made_bytes
+                                     + new.st_blocks * 512
                                      - (old.st_blocks * 512 if old is not None else 0))
             meta["files"] = int(meta.get("files") or 0) + made + (old is None)
             meta.pop(CONTENT, None)
@@ -470,7 +519,18 @@ class Volumes:
             self.set_meta(owner, name, meta)
 
     def used_bytes(self, owner: str | None) -> int:
-        return sum(reserved_bytes(v) for v in self.of(owner))
+        """What ``owner``'s volumes may take, those being published included."""
+        return sum(reserved_bytes(v) for v in self.of(owner)) + self._pending.get(owner, 0)
+
+    @contextlib.contextmanager
+    def _reserving(self, owner: str | None, size: int) -> Iterator[None]:
+        with self._lock:
+            self._pending[owner] = self._pending.get(owner, 0) + size
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pending[owner] -= size
 
     def mounts(self, owner: str | None, volumes: dict[str, str]) -> list[tuple[str, str, str]]:
         """``(mode, host path, dest)`` of a spec's volumes, checked: its owner's own

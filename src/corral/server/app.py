@@ -176,6 +176,8 @@ class Guard:
                     await error_response(refusal, headers)(scope, receive, send)
                     return
             app = expose.relay if expose.KEY in scope else self.app  # an exposed port's
+            if not exposed and port_socket.match_handoff(scope) is not None:  # handed over
+                app = self._handoff
             # the caller is in the scope (caller_of): handlers pass it on explicitly
             with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel):
                 await app(scope, receive, tracked_send)
@@ -224,6 +226,11 @@ class Guard:
         finally:
             self.activity.in_flight -= 1
             self.activity.last = time.monotonic()
+
+    async def _handoff(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope["app"].state  # Starlette's own, set before its middleware runs
+        verbs = SandboxVerbs(state.engine, scope[CALLER_KEY])  # the service layer
+        await port_socket.handoff(scope, receive, send, verbs, state.streams)
 
     def _count(self, scope: Scope, address: str, credential: str | None,
                caller: Caller | CorralError) -> None:

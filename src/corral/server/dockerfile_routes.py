@@ -24,10 +24,9 @@ from corral.runtime.image_build import BuildResult, OnEvent, host_cpus
 from corral.schema import validate_model
 from corral.server import context as ctx
 from corral.server.builds import builds_gate
-from corral.server.image_routes import CONTEXT_DIR, TAR, _lines, _run, _unpack_context
+from corral.server.image_routes import CONTEXT_DIR, TAR, _lines, _run, save_context
 from corral.server.streaming import NDJSONResponse
 from corral.server.tenants import require_image_rights, tenant_of
-from corral.server.wire import read_body
 
 REQUEST_MEMBER = "dockerfile.json"
 MEMORY_MB = 2048  # what a Dockerfile build is admitted with (its steps' sandboxes)
@@ -39,11 +38,9 @@ async def build_dockerfile_route(request: Request) -> Response:
     if request.headers.get("content-type", "").split(";")[0].strip() != TAR:
         raise InvalidArgument(f"send the Dockerfile build as a tar ({TAR}) holding "
                               f"{REQUEST_MEMBER} and {CONTEXT_DIR}/")
-    body = await read_body(request, request.app.state.settings.max_upload_bytes,
-                           "build context")
     work: Path = await asyncio.to_thread(engine.images.work_dir, "dockerfile")
     try:
-        data = await asyncio.to_thread(_unpack_context, bytes(body), work, REQUEST_MEMBER)
+        data = await save_context(request, work, REQUEST_MEMBER)
         req = validate_model(DockerfileRequest, data, "Dockerfile build request")
         context = work / "root" / CONTEXT_DIR
         context.mkdir(exist_ok=True)

@@ -56,7 +56,7 @@ from corral.server.builds import builds_gate
 from corral.server.limits import parse_json
 from corral.server.streaming import NDJSONResponse
 from corral.server.tenants import require_image_rights, tenant_of
-from corral.server.wire import paced, read_body, read_json
+from corral.server.wire import paced, read_json, save_body
 
 logger = logging.getLogger("corral.server")
 
@@ -182,10 +182,8 @@ async def build_image(request: Request) -> Response:
     work: Path | None = None
     try:
         if request.headers.get("content-type", "").split(";")[0].strip() == TAR:
-            body = await read_body(request, request.app.state.settings.max_upload_bytes,
-                                   "build context")
             work = await asyncio.to_thread(store.work_dir, "build")
-            data = await asyncio.to_thread(_unpack_context, bytes(body), work)
+            data = await save_context(request, work)
             context: Path | None = work / "root" / CONTEXT_DIR
         else:
             data, context = await read_json(request, "build request"), None
@@ -244,11 +242,19 @@ def _line(event: BuildEvent) -> bytes:
     return event.model_dump_json(exclude_none=True).encode() + b"\n"
 
 
-def _unpack_context(body: bytes, work: Path, member: str = SPEC_MEMBER) -> dict:
-    """Unpack a build tar safely (no path or link may leave ``work/root``); the JSON
-    request it holds as ``member``."""
+async def save_context(request: Request, work: Path, member: str = SPEC_MEMBER) -> dict:
+    """The body, a build tar, streamed to ``work`` (never held whole: bounded by
+    --max-upload-bytes on disk, not in memory) and unpacked there; the JSON request it
+    holds as ``member``. The caller removes ``work`` whatever happens."""
     archive = work / "context.tar"
-    archive.write_bytes(body)
+    await save_body(request, archive, request.app.state.settings.max_upload_bytes,
+                    "build context")
+    return await asyncio.to_thread(_unpack_context, archive, work, member)
+
+
+def _unpack_context(archive: Path, work: Path, member: str) -> dict:
+    """Unpack the build tar ``archive`` safely (no path or link may leave
+    ``work/root``), then remove it; the JSON request it holds as ``member``."""
     root = work / "root"
     root.mkdir()
     apply_layer(root, archive)

@@ -186,16 +186,23 @@ class _HeadersTooLarge(Exception):
     """Stops the parser (uvicorn then calls :meth:`send_400_response`, a no-op by then)."""
 
 
+UNIX_TRANSPORT_KEY = "corral.unix_transport"
+"""Where a request on the daemon's Unix socket finds its connection's transport: a port
+socket's handoff (``corral.server.port_socket.handoff``) sends a descriptor on it."""
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the pre-authentication bounds of this module."""
 
     _header_timer: Any = None
     _header_bytes = 0
     _refused = False
+    _unix = False
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         # a response's headers and body leave in one send (corral.server.coalesce)
         super().connection_made(CoalescedWrites(transport, self.loop))
+        self._unix = isinstance(transport.get_extra_info("sockname"), str)
         self._arm()
 
     def handle_websocket_upgrade(self) -> None:
@@ -264,6 +271,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if self._unix:  # a port's connection may be handed over on it (port_socket.handoff)
+            self.scope[UNIX_TRANSPORT_KEY] = self.transport  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:

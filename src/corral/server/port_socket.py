@@ -17,24 +17,42 @@ under the caller's credential, so revoking it closes the socket. Each one counts
 live stream of the tenant (``--max-tenant-streams``; over it, close code 1013).
 Nothing the sandbox sends is parsed here: bytes pass as they come, at most
 :data:`CHUNK` a message; a client message is bounded by uvicorn's ``ws_max_size``.
+
+On the daemon's own Unix socket (its owner, the admin) there is a quicker way still:
+``POST .../ports/{port}/handoff`` (:func:`handoff`) makes the same connection and hands
+the client its descriptor (``SCM_RIGHTS``, one ``\\0`` byte before the reply's head), so
+each message then costs two wake-ups (client, sandbox) instead of four: the daemon is
+out of the path. Nothing the sandbox can reach changes (it is the connection the relay
+would have used). The daemon keeps its own reference while the request lasts (the
+client holds the request open; its end is the connection's): a checkpoint resets the
+connection through it as it resets a relayed one, the stream counts as a live stream
+of the tenant, and revoking the credential ends it (reset).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import socket
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from corral.errors import CorralError
+from corral.errors import CapacityExceeded, CorralError, InvalidArgument, TooManyRequests
+from corral.runtime import syscalls
+from corral.server.coalesce import CoalescedWrites
+from corral.server.limits import UNIX_TRANSPORT_KEY
 from corral.server.sandbox_verbs import SandboxVerbs
+from corral.server.wire import error_response
 
-__all__ = ["CHUNK", "match", "serve"]
+__all__ = ["CHUNK", "handoff", "match", "match_handoff", "serve"]
 
 CHUNK = 1 << 16  # the most one message from the sandbox carries
 _PATH = re.compile(r"/v1/sandboxes/(?P<sid>[A-Za-z0-9_.-]{1,100})/ports/(?P<port>[0-9]{1,5})/socket")
+_HANDOFF = re.compile(
+    r"/v1/sandboxes/(?P<sid>[A-Za-z0-9_.-]{1,100})/ports/(?P<port>[0-9]{1,5})/handoff")
 POLICY = 1008  # refused: no such sandbox for this caller, or not authenticated
 UNAVAILABLE = 1011  # nothing answers on the port
 TRY_LATER = 1013  # over the tenant's live streams
@@ -44,6 +62,70 @@ def match(scope: Scope) -> tuple[str, int] | None:
     """``(sandbox id, port)`` of a port-socket WebSocket, None for any other path."""
     m = _PATH.fullmatch(scope.get("path", ""))
     return (m["sid"], int(m["port"])) if m else None
+
+
+def match_handoff(scope: Scope) -> tuple[str, int] | None:
+    """``(sandbox id, port)`` of a handoff request (``POST``), None for anything else."""
+    m = _HANDOFF.fullmatch(scope.get("path", "")) if scope.get("method") == "POST" else None
+    return (m["sid"], int(m["port"])) if m else None
+
+
+async def handoff(scope: Scope, receive: Receive, send: Send, verbs: SandboxVerbs,
+                  streams: Any) -> None:
+    """Hand the client a connection to the port :func:`match_handoff` found (see the
+    module docstring); returns when the client ends the request (or is revoked)."""
+    target = match_handoff(scope)
+    assert target is not None
+    sandbox_id, port = target
+    transport = scope.get(UNIX_TRANSPORT_KEY)
+    if transport is None:  # only a Unix socket carries descriptors
+        await error_response(InvalidArgument(
+            "a port's connection is handed over on the daemon's Unix socket only: "
+            "use the port socket (a WebSocket) on TCP"))(scope, receive, send)
+        return
+    keys: list[tuple[str, object]] = [("tenant", verbs.caller.name)] if verbs.caller.name else []
+    if streams is not None and keys and streams.take(keys) is not None:
+        await error_response(TooManyRequests("too many live streams for this tenant"))(
+            scope, receive, send)
+        return
+    try:
+        try:
+            sock = await verbs.connect_port(sandbox_id, port)
+        except CorralError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        try:
+            await _hand(transport, sock, scope, receive, send)
+        finally:
+            sock.close()  # the client's descriptor keeps the connection
+    finally:
+        if streams is not None and keys:
+            streams.give(keys)
+
+
+async def _hand(transport: Any, sock: socket.socket, scope: Scope, receive: Receive,
+                send: Send) -> None:
+    if isinstance(transport, CoalescedWrites):
+        transport.flush()
+    sent = False
+    if not transport.get_write_buffer_size():  # the descriptor's byte comes first
+        with socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno())) as conn:
+            with contextlib.suppress(OSError):
+                sent = socket.send_fds(conn, [b"\0"], [sock.fileno()]) == 1
+    if not sent:
+        busy = CapacityExceeded("the daemon could not hand the connection over now: try "
+                                "again, or use the port socket")
+        await error_response(busy)(scope, receive, send)
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/octet-stream")]})
+    await send({"type": "http.response.body", "body": b"", "more_body": True})
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except BaseException:  # revoked (cancelled), or the daemon stops: the connection ends
+        syscalls.reset_tcp(sock.fileno())
+        raise
 
 
 async def _close(send: Send, code: int, reason: str = "") -> None:

@@ -29,7 +29,7 @@ from corral.server.admission import LIVE_STATES
 from corral.server.caller import DAEMON
 from corral.server.cluster_tenants import drop_pools
 from corral.server.door import Door
-from corral.server.service import SandboxService
+from corral.server.service import SandboxService, uses_host_network_right
 
 __all__ = ["ON_REVOKE", "Revocation"]
 
@@ -55,16 +55,33 @@ class Revocation:
         logger.info("tenant %s revoked: %d open calls ended, %d sandboxes stopped",
                     name, closed, stopped)
 
-    async def _stop_sandboxes(self, name: str) -> int:
-        """Stop them all at once (each gets :data:`STOP_GRACE_S`); how many stopped."""
+    async def host_network_revoked(self, name: str) -> list[str]:
+        """Tenant ``name`` lost its right to the host's network (``PATCH /v1/tokens``,
+        ``allow_host_network: false``): its running sandboxes that use it (the host's
+        network, or a policy allowing a private, loopback or link-local range, from a
+        named network or its own) stop, whatever ``--on-revoke`` says, as a revoked
+        token's would; their ids. New ones, forks and pool refills are refused."""
+        live = self.service.list_sandboxes(DAEMON, states=LIVE_STATES, tenant=name)
+        using = [i.id for i in live if uses_host_network_right(i.spec)]
+        stopped = await self._stop_sandboxes(
+            name, using, "its tenant's right to the host's network was taken back")
+        logger.info("tenant %s lost its host-network right: %d sandboxes using it stopped",
+                    name, stopped)
+        return using
+
+    async def _stop_sandboxes(self, name: str, ids: list[str] | None = None,
+                              reason: str = "its tenant's token was revoked") -> int:
+        """Stop them (``ids``, or all the tenant's) at once (each gets
+        :data:`STOP_GRACE_S`); how many stopped."""
         async def stop(sandbox_id: str) -> bool:
             try:
-                await self.service.stop(sandbox_id, DAEMON, grace=STOP_GRACE_S,
-                                        reason="its tenant's token was revoked")
+                await self.service.stop(sandbox_id, DAEMON, grace=STOP_GRACE_S, reason=reason)
                 return True
             except CorralError as exc:  # it ended meanwhile
-                logger.debug("stopping %s of revoked %s: %s", sandbox_id, name, exc.message)
+                logger.debug("stopping %s of %s: %s", sandbox_id, name, exc.message)
                 return False
 
-        live = self.service.list_sandboxes(DAEMON, states=LIVE_STATES, tenant=name)
-        return sum(await asyncio.gather(*(stop(i.id) for i in live)))
+        if ids is None:
+            ids = [i.id for i in self.service.list_sandboxes(DAEMON, states=LIVE_STATES,
+                                                             tenant=name)]
+        return sum(await asyncio.gather(*(stop(i) for i in ids)))

@@ -43,7 +43,7 @@ from corral.schema import (
     SnapshotInfo,
 )
 from corral.server.admission import LIVE_STATES, Admission
-from corral.server.caller import Caller
+from corral.server.caller import DAEMON_ID, Caller
 from corral.server.limits import (
     DAEMON_LIFETIME,
     TENANT_LIFETIME,
@@ -58,7 +58,8 @@ from corral.server.tenants import Tenants
 if TYPE_CHECKING:
     from corral.server.leases import Leases
 
-__all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network"]
+__all__ = ["Abandoned", "CreateFinished", "SandboxService", "check_network",
+           "uses_host_network_right"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,13 @@ def owned_by(spec: SandboxSpec, caller: Caller) -> SandboxSpec:
     if caller.name is None or spec.tenant == caller.name:
         return spec
     return spec.model_copy(update={"tenant": caller.name})
+
+
+def uses_host_network_right(spec: SandboxSpec) -> bool:
+    """Whether ``spec``'s network needs the host-network right: the host's network, or
+    a policy allowing a private, loopback or link-local range."""
+    return spec.network == NetworkMode.HOST or (
+        isinstance(spec.network, NetworkPolicy) and bool(spec.network.names_special()))
 
 
 def check_network(spec: SandboxSpec, *, host_network: bool, admin: bool) -> None:
@@ -256,6 +264,11 @@ class SandboxService:
         began, admitted, result = time.monotonic(), None, "internal"
         try:  # a tenant's own
             spec = owned_by(self.engine.resolve_spec(spec, owner=caller.name), caller)
+            # a fork's or a refill's network (a create's was checked by plan): against
+            # the owner's rights as they are now (a right taken back refuses them)
+            spec = self.engine.resolve_network(spec, owner=caller.name)
+            if uses_host_network_right(spec):
+                check_network(spec, host_network=True, admin=self._may_use_host_network(caller))
             # a default or inherited one; the owner's limit (a pool refills as the daemon)
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
@@ -286,6 +299,14 @@ class SandboxService:
         if self._ended_already(created.id):  # it ended before it was counted
             self.admission.release(created.id)
         return created
+
+    def _may_use_host_network(self, caller: Caller) -> bool:
+        """The caller's host-network right; for the daemon acting for a tenant (a pool's
+        refill), that tenant's as the registry says now."""
+        if caller.token_id != DAEMON_ID or caller.name is None or self.tenants is None:
+            return caller.may_use_host_network
+        tenant = self.tenants.quota_of(caller.name)
+        return tenant is not None and tenant.allow_host_network
 
     def _ended_already(self, sandbox_id: str) -> bool:
         try:

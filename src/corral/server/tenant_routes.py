@@ -83,7 +83,9 @@ async def list_tokens(request: Request) -> Response:
 
 
 async def update_token(request: Request, body: TokenUpdate) -> Response:
-    """Change a tenant's quotas (``corral token update``); what it holds stays."""
+    """Change a tenant's quotas and rights (``corral token update``); what it holds
+    stays, but for its sandboxes using the host-network right when that is taken back
+    (they stop: :meth:`Revocation.host_network_revoked`)."""
     require_admin(request, "updating a tenant token")
     changes = body.model_dump(include=body.model_fields_set)
     if changes.get("max_cpus") is not None:
@@ -95,6 +97,8 @@ async def update_token(request: Request, body: TokenUpdate) -> Response:
         tenant = await cluster.update(request.path_params["name"], changes)
     else:
         tenant = _store(request).update(request.path_params["name"], changes)
+    if changes.get("allow_host_network") is False:  # on this node (others: docs/tenants.md)
+        await request.app.state.revocation.host_network_revoked(tenant.name)
     info = TokenInfo(**tenant.to_dict(), usage=_usage(request, tenant.name))
     return JSONResponse(info.model_dump(mode="json"))
 

@@ -81,6 +81,7 @@ _COLUMNS = ("name, max_sandboxes, max_memory_mb, max_cpus, allow_images, created
 # The quotas `corral token update` may change (None: no quota of the tenant's own)
 QUOTAS = ("max_sandboxes", "max_memory_mb", "max_cpus", "max_lifetime", "max_snapshot_mb",
           "max_builds", "max_gpus")
+RIGHTS = ("allow_host_network",)  # rights an update may grant or take back
 DEFAULT_MAX_BUILDS = 1  # image builds a tenant runs at once, unless its token says
 
 
@@ -100,11 +101,17 @@ def check_new_tenant(name: str, **quotas: float | None) -> None:
 
 
 def check_updates(changes: dict[str, Any]) -> None:
-    """:class:`InvalidArgument` unless ``changes`` are new values of :data:`QUOTAS`."""
-    unknown = set(changes) - set(QUOTAS)
+    """:class:`InvalidArgument` unless ``changes`` are new values of :data:`QUOTAS` or
+    of :data:`RIGHTS`."""
+    unknown = set(changes) - set(QUOTAS) - set(RIGHTS)
     if unknown:
-        raise InvalidArgument(f"cannot update {sorted(unknown)}: only {', '.join(QUOTAS)}")
-    _check_quotas(changes)
+        raise InvalidArgument(
+            f"cannot update {sorted(unknown)}: only {', '.join(QUOTAS + RIGHTS)}")
+    for right in RIGHTS:
+        if right in changes and not isinstance(changes[right], bool):
+            raise InvalidArgument(f"{right} must be true or false, got {changes[right]!r}",
+                                  details={"field": right})
+    _check_quotas({k: v for k, v in changes.items() if k not in RIGHTS})
 
 
 def new_token() -> str:

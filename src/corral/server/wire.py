@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -25,6 +26,18 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
     async for chunk in body_pieces(request, limit, what):
         body += chunk
     return body
+
+
+async def save_body(request: Request, path: Path, limit: int, what: str) -> int:
+    """Write the request body to the new file ``path`` as it arrives (the daemon holds
+    one piece at a time), refused with 413 past ``limit`` like :func:`read_body`; its
+    size. The caller removes ``path`` (its work directory) whatever happens."""
+    size = 0
+    with open(path, "xb") as f:
+        async for chunk in body_pieces(request, limit, what):
+            size += len(chunk)
+            await asyncio.to_thread(f.write, chunk)
+    return size
 
 
 def body_pieces(request: Request, limit: int, what: str) -> AsyncIterator[bytes]:

@@ -29,6 +29,8 @@ struct launch_opts {
     const char *copies[8];  /* SRC:DEST, a host file put read-only at DEST (/.corral/...) */
     int n_copies;
     const char *netns;      /* a network namespace to join (a policy's: runtime/net) */
+    int prenet;             /* --ready: make an empty network namespace while waiting */
+    int host_net;           /* --host-net 1: leave the one made for the host's (netns.c) */
     const char *volumes[16]; /* MODE:SRC:DEST, a volume (runtime/volumes.py) */
     int n_volumes;
     const char *stubs[32];  /* empty root-owned files: mount points for bwrap's --ro-bind */
@@ -94,6 +96,8 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--owned") && o->n_owned < 16) o->owned[o->n_owned++] = v;
         else if (!strcmp(a, "--copy") && o->n_copies < 8) o->copies[o->n_copies++] = v;
         else if (!strcmp(a, "--netns")) o->netns = v;
+        else if (!strcmp(a, "--prenet")) o->prenet = !strcmp(v, "1");
+        else if (!strcmp(a, "--host-net")) o->host_net = !strcmp(v, "1");
         else if (!strcmp(a, "--volume") && o->n_volumes < 16) o->volumes[o->n_volumes++] = v;
         else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
         else if (!strcmp(a, "--kdat")) o->kdat = v;
@@ -562,7 +566,7 @@ static char **read_args(int *count) {
  */
 static int launch(int argc, char **argv) {
     struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1, .userns = -1, .sb_userns = -1};
-    int ready = 0;
+    int ready = 0, host_net_fd = -1, in_prenet = 0;
     if (parse_launch(argc - 2, argv + 2, &o, &ready) != 0) return 111;
     if (ready) {
         /* The idmapping costs a fork: made while the slot waits, not at create. */
@@ -570,7 +574,10 @@ static int launch(int argc, char **argv) {
             return die("make the idmapping for uid", NULL);
         if (o.root_uid && o.uid != (uid_t)-1 && (o.sb_userns = sandbox_userns(&o)) < 0)
             return die("make the sandbox's user namespace for uid", NULL);
-        if (write(1, "R", 1) != 1) return 111;
+        /* "N": ready, in a network namespace of its own (netns.c); "R": ready */
+        if (o.prenet && (in_prenet = enter_prenet(&host_net_fd)) < 0)
+            return die("go back to the host's network namespace", NULL);
+        if (write(1, in_prenet ? "N" : "R", 1) != 1) return 111;
         int n = 0;
         char **more = read_args(&n);
         if (!more) return 0;
@@ -599,6 +606,9 @@ static int launch(int argc, char **argv) {
        runs without --unshare-net. The namespace belongs to the host's user namespace,
        so nothing in the sandbox (root in its own user namespace included) may change
        its addresses, routes or firewall. */
+    if (in_prenet && !o.netns && o.host_net && leave_prenet(&host_net_fd) != 0)
+        return die("go back to the host's network namespace", NULL);
+    if (host_net_fd >= 0) close(host_net_fd);
     if (o.netns) {
         int nfd = open(o.netns, O_RDONLY | O_CLOEXEC);
         if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) return die("join network namespace", o.netns);

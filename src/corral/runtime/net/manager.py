@@ -166,7 +166,7 @@ class NetworkManager:
             handed = [a.link.host_if for a in self._by_id.values()]  # adopted before
             await asyncio.to_thread(netns.create_table, self.table, proxy_port=self._proxy.port,
                                     dns_port=self._resolver.port, udp_port=self._udp.port,
-                                    links=handed)
+                                    links=handed, lock_dir=self.links.lock_dir)
             self._in_table.update(handed)
             self._started = True
 
@@ -371,7 +371,7 @@ class NetworkManager:
         self._lookup_threads.shutdown(wait=False, cancel_futures=True)
         self._nft.shutdown(wait=True)
         if self._started and not kept:
-            await asyncio.to_thread(netns.delete_table, self.table)
+            await asyncio.to_thread(netns.drop_table, self.table, self.links.lock_dir)
 
     # ------------------------------------------------------------ enforcement
 
@@ -479,8 +479,10 @@ class NetworkManager:
         att.record("tcp", verdict.allowed, verdict.reason, name=name, ip=ip, port=port)
         if not verdict.allowed:
             return None, None
-        # through the host's proxy a name is asked for by name (its own policy may want it)
-        return (name if name is not None and self._proxied(name, port) else ip), att.conns
+        # the address judged is the one dialed, through the host's proxy too (CONNECT ip:
+        # a name would be resolved again there, maybe to the proxy's loopback or the
+        # cloud's metadata address: DNS rebinding)
+        return ip, att.conns
 
     def _proxied(self, host: str, port: int) -> bool:
         return upstream_proxy(self._proxy.proxies, host, port) is not None

@@ -40,7 +40,13 @@ Why TPROXY for UDP, not forwarding: a routed UDP flow needs the host to forward 
 global ``ip_forward``, for the replies on the outside interface too) and would take
 the sandbox's packets out unread; TPROXY hands them to the relay with their original
 destination, needs only a policy route for its mark (:func:`ensure_tproxy_route`,
-which touches no unmarked packet), and nothing leaves but what the relay sends.
+which touches no unmarked packet), and nothing leaves but what the relay sends. That
+route (an ``ip rule`` and table :data:`TPROXY_TABLE`) is the host's, shared by every
+engine: the engine whose table is the last ``inet corral_*`` one removes it with its
+table (:func:`drop_table`), under a host-wide lock that :func:`create_table` takes too.
+A table a killed daemon left counts as an engine's: the route stays until that state
+directory's next engine replaces it and stops (a route that matches only marked
+packets blocks nothing; a missing one would cut a running engine's UDP).
 Why sets for refusals, not NFLOG: the kernel refuses at once (ICMP), and the daemon
 reads the set only when asked for events: no per-packet netlink stream to parse and
 keep up with under a flood (a set is bounded; one entry per link, address and port).
@@ -48,18 +54,19 @@ keep up with under a flood (a set is bounded; one entry per link, address and po
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import random
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import CapacityExceeded, SandboxStartError, Unsupported
-from corral.runtime.fsutil import try_lock
+from corral.runtime.fsutil import _flock, try_lock
 
 SUBNET_ENV = "CORRAL_NET_SUBNET"
 DEFAULT_SUBNET = "10.219.0.0/16"
@@ -73,6 +80,8 @@ REFUSED_TIMEOUT_S = 3600  # a refusal stays in its set this long (then a new one
 REFUSED_TIMEOUT = f"{REFUSED_TIMEOUT_S}s"
 REFUSED_SIZE = 65536
 NETNS_DIR = Path("/run/netns")
+TABLE_PREFIX = "corral_"  # every engine's host table: inet corral_<engine key>
+ROUTE_LOCK = "tproxy.lock"  # in the links' lock directory: the TPROXY route's changes
 # the host ends of every engine's links: the anti-spoofing rule admits a link address
 # from any of them (another daemon's sandboxes are not spoofers; a table that counted
 # only its own engine's links dropped every other engine's sandbox traffic, and a
@@ -293,16 +302,60 @@ def table_script(table: str, *, proxy_port: int, dns_port: int, udp_port: int) -
 
 
 def create_table(table: str, *, proxy_port: int, dns_port: int, udp_port: int,
-                 links: Sequence[str] = ()) -> None:
+                 links: Sequence[str] = (), lock_dir: Path | None = None) -> None:
     """The engine's table, made new in one transaction with ``links`` (the host ends of
     links handed over by the engine before: live restore) in its set. One transaction:
     a table left by the previous engine is replaced with no moment without one, when
-    its links' traffic would meet no rule."""
-    ensure_tproxy_route()
+    its links' traffic would meet no rule. With ``lock_dir`` (the links' lock
+    directory), under the lock :func:`drop_table` takes: no engine stopping meanwhile
+    removes the TPROXY route this one is about to need."""
     script = table_script(table, proxy_port=proxy_port, dns_port=dns_port, udp_port=udp_port)
     if links:
         script += f"add element inet {table} links {{ {', '.join(links)} }}\n"
-    _run(["nft", "-f", "-"], f"table inet {table} {{}}\ndelete table inet {table}\n" + script)
+    with _route_lock(lock_dir):
+        ensure_tproxy_route()
+        _run(["nft", "-f", "-"],
+             f"table inet {table} {{}}\ndelete table inet {table}\n" + script)
+
+
+def drop_table(table: str, lock_dir: Path) -> bool:
+    """Delete the engine's table and, when no other engine's is left on the host, the
+    TPROXY route; whether the route went."""
+    with _route_lock(lock_dir):
+        delete_table(table)
+        if engine_tables():
+            return False
+        remove_tproxy_route()
+        return True
+
+
+@contextlib.contextmanager
+def _route_lock(lock_dir: Path | None) -> Iterator[None]:
+    if lock_dir is None:
+        yield
+        return
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with _flock(lock_dir / ROUTE_LOCK):
+        yield
+
+
+def engine_tables() -> list[str]:
+    """The names of the engines' tables on the host (``inet corral_*``)."""
+    out = subprocess.run(["nft", "list", "tables", "inet"], capture_output=True, text=True,
+                         check=False).stdout
+    return [line.split()[2] for line in out.splitlines()
+            if line.startswith(f"table inet {TABLE_PREFIX}")]
+
+
+def remove_tproxy_route() -> None:
+    """Remove :func:`ensure_tproxy_route`'s rules and routes (both families)."""
+    for fam in ("-4", "-6"):
+        for _ in range(8):  # one rule each, unless made twice by a race of old engines
+            if subprocess.run(["ip", fam, "rule", "del", "fwmark", str(TPROXY_MARK), "lookup",
+                               str(TPROXY_TABLE)], capture_output=True, check=False).returncode:
+                break
+        subprocess.run(["ip", fam, "route", "flush", "table", str(TPROXY_TABLE)],
+                       capture_output=True, check=False)
 
 
 def add_link(table: str, link: Link) -> None:
@@ -323,8 +376,8 @@ def link_of_lock(fd: int, lock_dir: Path) -> Link | None:
 
 
 def ensure_tproxy_route() -> None:
-    """The policy route of TPROXY'd packets (shared by every engine, left in place: it
-    matches only packets carrying :data:`TPROXY_MARK`): deliver them locally."""
+    """The policy route of TPROXY'd packets (shared by every engine; it matches only
+    packets carrying :data:`TPROXY_MARK`): deliver them locally."""
     for fam, default in (("-4", "0.0.0.0/0"), ("-6", "::/0")):
         if fam == "-6" and not ipv6_on():
             continue

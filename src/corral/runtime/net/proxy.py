@@ -10,8 +10,13 @@ name's server. Other ports are judged by the destination address. A refusal is a
 TCP reset at once, recorded with the sandbox's network events. TLS is never
 terminated: bytes pass through unchanged. Allowed connections go through the host's
 proxy (``HTTPS_PROXY``, ``HTTP_PROXY`` for port 80, ``NO_PROXY``; a plain-HTTP proxy,
-by CONNECT) when one is set; a name the host cannot resolve itself is then handed to
-that proxy by name.
+by CONNECT) when one is set, asked for the address judged (``CONNECT ip:port``), never
+for the name: the proxy would resolve it again, and a name whose answer changes
+between the two lookups (DNS rebinding) would reach whatever the second one says, the
+proxy's own loopback or the cloud's metadata address included. Only a name the host
+cannot resolve at all is handed to that proxy by name: there the proxy's resolution
+is the only one, and the proxy must refuse private, loopback and link-local
+destinations itself (docs/network.md).
 """
 
 from __future__ import annotations
@@ -157,7 +162,7 @@ class Proxy:
             reset(writer)
             return
         async with asyncio.timeout(DIAL_TIMEOUT_S):
-            up_reader, up_writer = await self._dial(target, port)
+            up_reader, up_writer = await self._dial(target, port, name)
         conn = Conn(name, target, port, [writer, up_writer])
         conns.add(conn)
         try:
@@ -170,16 +175,17 @@ class Proxy:
             writer.close()
 
 
-    async def _dial(self, target: str, port: int) -> tuple[asyncio.StreamReader,
-                                                           asyncio.StreamWriter]:
-        """Open ``target``:``port`` (an address, or a name only when the host's proxy
-        resolves it), through the host's HTTP(S) proxy when one applies (CONNECT)."""
-        upstream = upstream_proxy(self.proxies, target, port)
+    async def _dial(self, target: str, port: int, name: str | None = None
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open ``target``:``port`` (the address judged, or a name only when the host's
+        proxy alone resolves it), through the host's HTTP(S) proxy when one applies to
+        ``name`` (or ``target``) by ``NO_PROXY`` (CONNECT ``target``)."""
+        upstream = upstream_proxy(self.proxies, name or target, port)
         if upstream is None:
             return await asyncio.open_connection(target, port)
         reader, writer = await asyncio.open_connection(*upstream)
-        writer.write(f"CONNECT {target}:{port} HTTP/1.1\r\nHost: {target}:{port}\r\n\r\n"
-                     .encode())
+        where = f"[{target}]:{port}" if ":" in target else f"{target}:{port}"  # IPv6: bracketed
+        writer.write(f"CONNECT {where} HTTP/1.1\r\nHost: {where}\r\n\r\n".encode())
         try:
             head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
