@@ -66,6 +66,36 @@ def _proc_cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
+class RequestCount:
+    """The HTTP requests this process's clients send (``AsyncClient.send``, which every
+    call, stream and the blocking twin go through), by operation: ``judge`` counts
+    those of judging (not the pool's refill, which may overlap a batch's end: its
+    creates, spawns and the empty exchanges that read ``READY``), ``fill`` the others."""
+
+    FILL = ("create_sandbox", "spawn_process")
+
+    def __init__(self) -> None:
+        from corral.api import match
+        from corral.client._async._client import AsyncClient
+
+        self.judge = self.fill = 0
+        self.ops: dict[str, int] = {}
+        original = AsyncClient.send
+
+        async def counted(client, request, **kw):  # type: ignore[no-untyped-def]
+            found = match(request.method, request.url.path)
+            name = found[0].name if found else request.url.path
+            empty = name == "exchange" and not request.content
+            if name in self.FILL or empty:
+                self.fill += 1
+            else:
+                self.judge += 1
+                self.ops[name] = self.ops.get(name, 0) + 1
+            return await original(client, request, **kw)
+
+        AsyncClient.send = counted  # type: ignore[method-assign]
+
+
 def main() -> int:
     ap = bench_args.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
@@ -74,6 +104,8 @@ def main() -> int:
         print("needs root (the daemon runs real sandboxes)")
         return 1
     import corral.rl as rl
+
+    requests = RequestCount()
 
     probs = problems(bench_args.pick(args, 164, 40, 3))
     rounds = bench_args.pick(args, args.rounds, 2, 1)
@@ -119,9 +151,11 @@ def main() -> int:
                 used = warm.stats.prestarted
                 engine.mark()
                 me, dm = time.process_time(), _proc_cpu(daemon)
+                sent = requests.judge
                 t = time.perf_counter()
                 got = warm(completions=completions, tests=tests, entry_point=entry)
                 walls.setdefault("prestarted", []).append(time.perf_counter() - t)
+                cpu.setdefault("requests_per_completion", []).append((requests.judge - sent) / n)
                 sandboxes = engine.since()
                 cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
                 cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
@@ -131,9 +165,10 @@ def main() -> int:
                     warm.stats.prestarted - used != n) else []
                 # The refill the batch started in the background, waited for here so
                 # that it overlaps nothing measured: what a pool costs between batches.
-                t = time.perf_counter()
+                t, sent = time.perf_counter(), requests.fill
                 filled = warm.prestart()
                 walls.setdefault("fill", []).append(time.perf_counter() - t)
+                cpu.setdefault("fill_requests_per_judge", []).append((requests.fill - sent) / n)
                 return out + ([f"fill: {filled}/{n}"] if filled != n else [])
 
             for r in range(rounds):  # the order reversed every other round: load drifts
@@ -150,12 +185,14 @@ def main() -> int:
         "prestart_cold_ratio": med["cold"] / med["plain"],
         "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
         "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
-        **{f"prestart_{k}_cpu_ms": statistics.median(v) for k, v in cpu.items()},
+        **{f"prestart_{k}" + ("_cpu_ms" if "requests" not in k else ""): statistics.median(v)
+           for k, v in cpu.items()},
         "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),
         "prestart_load_min": min(loads), "prestart_load_max": max(loads),
     }
     for k, v in res.items():
         print(f"{k:44s} {v:.3f}" if isinstance(v, float) else f"{k:44s} {v}")
+    print("judging requests by operation:", requests.ops)
     for why in bad:
         print("FAILED:", why)
     if args.json:
