@@ -165,10 +165,17 @@ async def consume(request: Request) -> Response:
         finally:
             await service.delete(proc.sandbox_id, caller)
 
-    line, result = await asyncio.shield(asyncio.ensure_future(work()))
+    task = asyncio.ensure_future(work())
+    task.add_done_callback(_retrieved)  # a hung-up client's: its error is not lost noise
+    line, result = await asyncio.shield(task)
     text, b64 = (None, None) if line is None else text_and_b64(line)
     reply = ConsumeResponse(data=text if b64 is None else None, data_b64=b64, result=result)
     return JSONResponse(reply.model_dump(mode="json", exclude_none=True))
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _ended(proc: Process, wait: float | None) -> Any:
