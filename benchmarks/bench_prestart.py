@@ -3,10 +3,13 @@
 
     python3 benchmarks/bench_prestart.py [--quick | --smoke] [--rounds 3] [--json OUT]
 
-Each round, in turn (load drifts, so the three alternate):
+Each round, in turn (load drifts, so they alternate):
 
 - ``plain``: every problem (``prompt + canonical_solution + test + check(...)``) as
   ``/usr/bin/python3 -I -c PROGRAM`` on the host, ``parallel`` at a time;
+- ``plain_weighted``: the same, each ``python3`` in a CPU cgroup of the weight of
+  corral's (:class:`WeightedGroup`: on a loaded host ALL the sandboxes share one
+  task's weight of CPU, the plain processes one each);
 - ``cold``: ``code_reward`` (isolated grading, a fresh sandbox each) as it is by
   default: create the sandbox, start the judge, judge, delete;
 - ``prestarted``: ``code_reward(prestart=N)`` with its pool filled before the clock
@@ -16,7 +19,8 @@ Each round, in turn (load drifts, so the three alternate):
   nothing else could be done while the pool fills).
 
 ``parallel`` = the reward's default concurrency (4 per core) for all three. Reports the
-median wall time of each, the ratios to ``plain``, the CPU of one problem of the
+median wall time of each, the ratios to ``plain`` (and the prestarted batch's to
+``plain_weighted``), the HTTP requests per completion (by operation), the CPU of one problem of the
 prestarted batch — this client, the daemon's own threads, the sandboxes' cgroups (read
 from the engine's cgroup before and after) — against a plain run's, and the host's load.
 Needs root.
@@ -25,6 +29,7 @@ Needs root.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -46,14 +51,17 @@ def problems(limit: int) -> list[dict[str, str]]:
     return list(read_problems().values())[:limit]
 
 
-async def _plain(python: str, programs: list[str], parallel: int) -> int:
+async def _plain(python: str, programs: list[str], parallel: int,
+                 group: Path | None = None) -> int:
     gate = asyncio.Semaphore(parallel)
+    join = None if group is None else lambda: (group / "cgroup.procs").write_text("0")
 
     async def one(program: str) -> bool:  # noqa: ASYNC109
         async with gate:
             proc = await asyncio.create_subprocess_exec(
                 python, "-I", "-c", program, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                preexec_fn=join)
             return await proc.wait() == 0
 
     return sum(await asyncio.gather(*(one(p) for p in programs)))
@@ -64,6 +72,26 @@ def _proc_cpu(pid: int) -> float:
     sandbox's launcher, reaped at its delete, ran long before)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+class WeightedGroup:
+    """A CPU cgroup beside corral's, with its weight (v1 ``cpu.shares``, v2
+    ``cpu.weight``): plain ``python3`` run in it gets, on a loaded host, the CPU share
+    that ALL of corral's sandboxes get together (each CPU group weighs as one task
+    against the host's other runnable tasks), so the walls compare at the same
+    parallelism and the same weight."""
+
+    def __init__(self) -> None:
+        v1 = Path("/sys/fs/cgroup/cpu")
+        root, knob = (v1, "cpu.shares") if (v1 / "corral").is_dir() else (
+            Path("/sys/fs/cgroup"), "cpu.weight")
+        self.path = root / f"corral-bench-plain-{os.getpid()}"
+        self.path.mkdir(exist_ok=True)
+        (self.path / knob).write_text((root / "corral" / knob).read_text())
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
 
 
 class RequestCount:
@@ -127,6 +155,7 @@ def main() -> int:
         cold = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel)
         warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
         cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
+        weighted = WeightedGroup()
         try:
             warm.prestart()  # the first fill; each batch's refill is timed below
             engine = EngineCpu(_engine_group(daemon))
@@ -140,6 +169,12 @@ def main() -> int:
                     (done.children_user + done.children_system - kids.children_user
                      - kids.children_system) / n * 1000)
                 return [f"plain: {n - ok} failed"] if ok != n else []
+
+            def plain_weighted() -> list[str]:
+                t = time.perf_counter()
+                ok = asyncio.run(_plain(python, programs, parallel, weighted.path))
+                walls.setdefault("plain_weighted", []).append(time.perf_counter() - t)
+                return [f"plain_weighted: {n - ok} failed"] if ok != n else []
 
             def cold_batch() -> list[str]:
                 t = time.perf_counter()
@@ -172,11 +207,13 @@ def main() -> int:
                 return out + ([f"fill: {filled}/{n}"] if filled != n else [])
 
             for r in range(rounds):  # the order reversed every other round: load drifts
-                for step in (plain, cold_batch, prestarted_batch)[::1 if r % 2 == 0 else -1]:
+                steps = (plain, plain_weighted, cold_batch, prestarted_batch)
+                for step in steps[::1 if r % 2 == 0 else -1]:
                     bad += step()
                 loads.append(os.getloadavg()[0])
         finally:
             warm.close()
+            weighted.close()
     med = {k: statistics.median(v) for k, v in walls.items()}
     burst_cpu = sum(statistics.median(cpu[k]) for k in ("client", "daemon", "sandboxes"))
     res: dict[str, float | int | str] = {
@@ -185,6 +222,7 @@ def main() -> int:
         "prestart_cold_ratio": med["cold"] / med["plain"],
         "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
         "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
+        "prestart_prestarted_weighted_ratio": med["prestarted"] / med["plain_weighted"],
         **{f"prestart_{k}" + ("_cpu_ms" if "requests" not in k else ""): statistics.median(v)
            for k, v in cpu.items()},
         "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),
