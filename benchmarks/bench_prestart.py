@@ -82,16 +82,25 @@ class WeightedGroup:
     parallelism and the same weight."""
 
     def __init__(self) -> None:
+        self.path: Path | None = None
         v1 = Path("/sys/fs/cgroup/cpu")
         root, knob = (v1, "cpu.shares") if (v1 / "corral").is_dir() else (
             Path("/sys/fs/cgroup"), "cpu.weight")
-        self.path = root / f"corral-bench-plain-{os.getpid()}"
-        self.path.mkdir(exist_ok=True)
-        (self.path / knob).write_text((root / "corral" / knob).read_text())
+        path = root / f"corral-bench-plain-{os.getpid()}"
+        try:
+            weight = (root / "corral" / knob).read_text()
+            path.mkdir(exist_ok=True)
+            self.path = path
+            (path / knob).write_text(weight)
+        except OSError as exc:  # no such group or knob here: that run is left out
+            print(f"plain_weighted left out: {exc}")
+            self.close()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+            self.path = None
 
 
 class RequestCount:
@@ -171,6 +180,8 @@ def main() -> int:
                 return [f"plain: {n - ok} failed"] if ok != n else []
 
             def plain_weighted() -> list[str]:
+                if weighted.path is None:
+                    return []
                 t = time.perf_counter()
                 ok = asyncio.run(_plain(python, programs, parallel, weighted.path))
                 walls.setdefault("plain_weighted", []).append(time.perf_counter() - t)
@@ -222,7 +233,8 @@ def main() -> int:
         "prestart_cold_ratio": med["cold"] / med["plain"],
         "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
         "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
-        "prestart_prestarted_weighted_ratio": med["prestarted"] / med["plain_weighted"],
+        **({"prestart_prestarted_weighted_ratio": med["prestarted"] / med["plain_weighted"]}
+           if "plain_weighted" in med else {}),
         **{f"prestart_{k}" + ("_cpu_ms" if "requests" not in k else ""): statistics.median(v)
            for k, v in cpu.items()},
         "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),
