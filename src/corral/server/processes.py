@@ -35,7 +35,6 @@ from starlette.responses import JSONResponse, Response
 from corral.api.models import exec_response, text_and_b64
 from corral.api.operation import RAW
 from corral.api.process_models import (  # the wire models, shared with the SDK
-    ConsumeResponse,
     ExchangeRequest,
     ResizeRequest,
     SignalRequest,
@@ -44,6 +43,7 @@ from corral.api.process_models import (  # the wire models, shared with the SDK
 from corral.errors import CorralError, ExecTimeout, InvalidArgument
 from corral.runtime.processes import Process, ProcessState, parse_signal
 from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, TerminalSize
+from corral.schema import ExecResult
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.context import unless_disconnected
@@ -168,9 +168,11 @@ async def consume(request: Request) -> Response:
     task = asyncio.ensure_future(work())
     task.add_done_callback(_retrieved)  # a hung-up client's: its error is not lost noise
     line, result = await asyncio.shield(task)
-    text, b64 = (None, None) if line is None else text_and_b64(line)
-    reply = ConsumeResponse(data=text if b64 is None else None, data_b64=b64, result=result)
-    return JSONResponse(reply.model_dump(mode="json", exclude_none=True))
+    reply: dict[str, Any] = {"result": result, "deleted": True}  # a ConsumeResponse
+    if line is not None:
+        text, b64 = text_and_b64(line)
+        reply.update({"data": text} if b64 is None else {"data_b64": b64})
+    return JSONResponse(reply)
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -178,7 +180,7 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _ended(proc: Process, wait: float | None) -> Any:
+async def _ended(proc: Process, wait: float | None) -> ExecResult:
     """How ``proc`` ended: waited for ``wait`` seconds (``None``: not at all), then
     killed."""
     if wait is not None:
