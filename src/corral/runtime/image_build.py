@@ -87,6 +87,7 @@ BUILD_INODES = 1 << 20  # files a step may write (pip installs of large packages
 BUILD_TAG = "corral-build"
 MAX_STEP_OUTPUT = 64 << 20
 MAX_COPY_PATH = 4095  # bytes of a copied file's path in the sandbox (Linux's PATH_MAX)
+MAX_COPY_DEPTH = 256  # levels of directories in a copy source (docs/images.md)
 TAIL_LINES = 40
 TAIL_CHARS = 8000
 _KEY_FORMAT = b"corral-build-1\n"
@@ -325,14 +326,7 @@ class ImageBuild:
         if is_file and dest.endswith("/"):
             dest = posixpath.join(dest, source.name)
         dest = posixpath.normpath(dest)
-        longest = max(entries, key=lambda e: len(e[0].encode("utf-8", "surrogateescape")))[0]
-        target = posixpath.join(dest, longest) if longest else dest
-        if len(target.encode("utf-8", "surrogateescape")) > MAX_COPY_PATH:
-            raise self._failed(
-                index, f"the copied path {target[:120]!r}... would be "
-                f"{len(target.encode('utf-8', 'surrogateescape'))} bytes, more than a path "
-                f"may have in a sandbox ({MAX_COPY_PATH}): shorten the source's directories "
-                "or copy to a shorter destination", "", None)
+        self._check_copy(index, entries, dest)
         try:
             for rel, kind, mode, link in entries:
                 target = posixpath.join(dest, rel) if rel else dest
@@ -358,6 +352,26 @@ class ImageBuild:
                 index, f"{exc.message} (the sandbox user copies: the destination must be "
                 "writable by it, e.g. under /app, /workspace or /home/sandbox)", "", None,
             ) from None
+
+    def _check_copy(self, index: int, entries: list[tuple[str, str, int, str | None]],
+                    dest: str) -> None:
+        """Refuse, before anything is copied, a source deeper than :data:`MAX_COPY_DEPTH`
+        (each entry is made by one request whose path the sandbox resolves name by
+        name: 1100 levels took minutes) or a path the sandbox cannot hold."""
+        depth = max(rel.count("/") + 1 if rel else 0 for rel, *_ in entries)
+        if depth > MAX_COPY_DEPTH:
+            raise self._failed(
+                index, f"the source has directories {depth} levels deep, more than "
+                f"the {MAX_COPY_DEPTH} a copy may have: copy an archive of it and unpack it "
+                "in a run step", "", None)
+        longest = max((posixpath.join(dest, rel) if rel else dest for rel, *_ in entries),
+                      key=lambda p: len(p.encode("utf-8", "surrogateescape")))
+        size = len(longest.encode("utf-8", "surrogateescape"))
+        if size > MAX_COPY_PATH:
+            raise self._failed(
+                index, f"the copied path {longest[:120]!r}... would be {size} bytes, more "
+                f"than a path may have in a sandbox ({MAX_COPY_PATH}): shorten the "
+                "source's directories or copy to a shorter destination", "", None)
 
     def _failed(self, index: int, why: str, output: str, code: int | None) -> ImageBuildError:
         text = self.spec.describe(index)
