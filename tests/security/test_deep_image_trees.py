@@ -27,27 +27,17 @@ from corral.runtime.oci import _sandbox_ready, apply_layer
 from corral.runtime.paths import Layout
 from corral.runtime.treecopy import remove_tree
 from tests.conftest import requires_root
-from tests.runtime.oci_archives import Layer, base_layer, docker_save
+from tests.runtime.oci_archives import (
+    DEPTH,
+    LINKS,
+    Layer,
+    base_layer,
+    deep_layer,
+    docker_save,
+)
 from tests.server.conftest import assert_error, uds_client
 
 pytestmark = [requires_root, pytest.mark.timeout(300)]
-
-DEPTH = 1500  # past Python's recursion limit (1000), within PATH_MAX ("d/" a level)
-LINKS = 1000
-DEEP = "/".join(["d"] * DEPTH)
-
-
-def deep_layer(prefix: str = "") -> Layer:
-    """1500 nested directories, a set-user-id file at the bottom and 1000 hard links to
-    it near the top."""
-    layer = Layer().dir(f"{prefix}x")
-    for i in range(1, DEPTH + 1):
-        layer.dir(prefix + "/".join(["d"] * i), mode=0o700)
-    layer.file(f"{prefix}{DEEP}/f", b"deep\n", mode=0o4700)
-    for i in range(LINKS):
-        layer.hardlink(f"{prefix}x/h{i}", f"{prefix}{DEEP}/f")
-    return layer
-
 
 @pytest.fixture(scope="module")
 def deep_bytes() -> bytes:
