@@ -145,3 +145,18 @@ def test_a_build_copying_a_deep_context_fails_typed(daemon):
     with open(daemon.log, "rb") as log:
         log.seek(logged)
         assert b"Traceback" not in log.read(), f"the daemon logged an error: {daemon.log}"
+
+
+def test_a_directory_replaced_in_a_layer_is_not_looked_up_as_it_was(tmp_path):
+    """Unpacking starts from directories it resolved before: one a later entry replaces
+    (by a link elsewhere, by a file) is looked up again, never used as it was."""
+    root = tmp_path / "root"
+    root.mkdir()
+    layer = (Layer().dir("c").dir("a").dir("a/b").file("a/b/f", b"1")
+             .symlink("a", "c").file("a/b/g", b"2")  # a is now c: a/b is c/b
+             .dir("k").dir("k/m").file("k", b"file").file("k/m/h", b"3"))  # k: dir again
+    (tmp_path / "layer.tar").write_bytes(layer.bytes())
+    apply_layer(root, tmp_path / "layer.tar")
+    assert os.readlink(root / "a") == "c"
+    assert (root / "c/b/g").read_bytes() == b"2"
+    assert (root / "k/m/h").read_bytes() == b"3" and not (root / "k/m/f").exists()
