@@ -8,7 +8,8 @@ asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the sa
 Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK, in rounds
 alternated with its baseline, raw bwrap's create+exec+destroy (``bench_engine``'s
 ``bwrap_true``: the engine's namespaces, flags and seccomp filter on the image's rootfs,
-running ``/bin/true`` and exiting), and an async ``spawn`` → ``wait`` → ``exec`` (a
+running ``/bin/true`` and exiting), and ``Sandbox.run_once`` (the same three steps in one
+call: ``sdk_run_once_ms``), and an async ``spawn`` → ``wait`` → ``exec`` (a
 process read to its exit, then the next call). Where uvloop
 is installed, a second daemon runs on its loop (``CORRAL_DAEMON_LOOP=uvloop``) and the
 exec round trips of the two daemons are timed in alternating rounds (``*_uvloop`` keys,
@@ -183,15 +184,21 @@ def main() -> int:
         bwrap_cycle = raw_bwrap_cycle()
         full: list[float] = []
         raw: list[float] = []
+        once: list[float] = []
         with corral.Client(url) as client:
             def lifecycle() -> None:
                 with corral.Sandbox.create(memory_mb=128, client=client) as s:
                     s.exec(["true"])
 
+            def run_once() -> None:
+                corral.Sandbox.run_once(["true"], memory_mb=128, client=client)
+
             lifecycle()  # warm: the image's dentries, the connection
-            for _ in range(ROUNDS):  # alternated: a change of the load hits both
+            run_once()
+            for _ in range(ROUNDS):  # alternated: a change of the load hits all three
                 raw += timed(bwrap_cycle, max(4, n // 10 // ROUNDS))
                 full += timed(lifecycle, max(4, n // 10 // ROUNDS))
+                once += timed(run_once, max(4, n // 10 // ROUNDS))
         res = {
             "bare_exec_ms_p50": statistics.median(bare),
             "sdk_exec_rtt_ms_p50": statistics.median(sync["asyncio"]),
@@ -200,9 +207,12 @@ def main() -> int:
             "sdk_async_spawn_wait_exec_ms_p50": statistics.median(spawns),
             "sdk_create_exec_delete_ms_p50": statistics.median(full),
             "raw_bwrap_create_exec_destroy_ms_p50": statistics.median(raw),
+            "sdk_run_once_ms_p50": statistics.median(once),
         }
         res["sdk_create_exec_delete_vs_raw_bwrap"] = (res["sdk_create_exec_delete_ms_p50"]
                                                       / res["raw_bwrap_create_exec_destroy_ms_p50"])
+        res["sdk_run_once_vs_raw_bwrap"] = (res["sdk_run_once_ms_p50"]
+                                            / res["raw_bwrap_create_exec_destroy_ms_p50"])
         if "uvloop" in loops:
             res["sdk_exec_rtt_ms_p50_uvloop"] = statistics.median(sync["uvloop"])
             res["sdk_async_exec_rtt_ms_p50_uvloop"] = statistics.median(async_rtt["uvloop"])

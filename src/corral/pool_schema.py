@@ -21,12 +21,13 @@ from pydantic import (
     model_validator,
 )
 
-from corral.schema import SandboxSpec
+from corral.schema import SandboxInfo, SandboxSpec
 
 DEFAULT_MIN_READY = 4
 DEFAULT_MAX_SIZE = 64
 MAX_POOL_SIZE = 10_000
 DEFAULT_ACQUIRE_TIMEOUT_S = 60.0
+MAX_RESERVE = 64  # sandboxes one reserve call may take at once
 MAX_ACQUIRE_TIMEOUT_S = 3600.0
 POOL_TAG_KEY = "pool"
 
@@ -71,11 +72,30 @@ class PoolSpec(BaseModel):
 
 
 class AcquireRequest(BaseModel):
-    """``POST /v1/pools/{name}/acquire``: seconds to wait for a sandbox."""
+    """``POST /v1/pools/{name}/acquire``: seconds to wait for a sandbox; with ``lease``
+    (the caller's), the sandbox is held under it as a reserve's are (:class:`ReserveRequest`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     timeout: StrictFloat = Field(DEFAULT_ACQUIRE_TIMEOUT_S, gt=0, le=MAX_ACQUIRE_TIMEOUT_S)
+    lease: str | None = Field(None, min_length=1, max_length=100)
+
+
+class ReserveRequest(BaseModel):
+    """``POST /v1/pools/{name}/reserve``: up to ``count`` of the pool's ready sandboxes at
+    once (none waited for), held under the caller's lease ``lease``: when the lease ends
+    (released, or not renewed: the client died) they end with it, used or not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: StrictInt = Field(ge=1, le=MAX_RESERVE)
+    lease: str = Field(min_length=1, max_length=100)
+
+
+class ReserveReply(BaseModel):
+    """The sandboxes a reserve took (maybe none: none was ready)."""
+
+    sandboxes: list[SandboxInfo] = Field(default_factory=list)
 
 
 class PoolInfo(BaseModel):

@@ -253,6 +253,39 @@ async def test_close_deletes_every_ready_sandbox(engine):
         pools.create_pool("c", SPEC, min_ready=0, max_size=1)
 
 
+async def test_deleting_a_filling_pool_lets_its_started_sandboxes_exit_at_once(
+        engine, pools, monkeypatch):
+    """A pool deleted while its creates are in flight: each create is cancelled after
+    its agent started and before it was ready. Its sandbox must end at once, not after
+    the release's STOP_WAIT_S (a delete of a filling pool used to wait 5 s): with that
+    wait made an hour here, a delete that relied on it would hang; and nothing is left."""
+    monkeypatch.setattr("corral.runtime.engine_end.STOP_WAIT_S", 3600.0)
+    stuck: list[str] = []
+    settle = type(engine)._settle_network
+
+    async def never_ready(self, live):  # holds each create between launch and ready
+        stuck.append(live.id)
+        await asyncio.Event().wait()
+        await settle(self, live)
+
+    monkeypatch.setattr(type(engine), "_settle_network", never_ready)
+    pools.create_pool("filling", SPEC, min_ready=2, max_size=2)
+    await until(lambda: len(stuck) == 2, "two creates launched")
+    lives = [engine._live[sid] for sid in stuck]
+    procs = [live.proc for live in lives]
+    assert all(p is not None and p.poll() is None for p in procs)
+
+    # bounded only against a hang: the creates it cancels never become ready
+    assert await asyncio.wait_for(pools.delete_pool("filling"), 120) is True
+    assert None not in [p.poll() for p in procs], "a cancelled create's launcher still runs"
+    assert not set(stuck) & {i.id for i in engine.list()}, "a cancelled create left its row"
+    assert not set(stuck) & set(engine._live)
+    for live in lives:
+        assert not live.sandbox_dir.exists()
+        assert not live.cgroup.pids()
+        assert not any(d.exists() for d in live.cgroup._dirs.values()), "its cgroup is left"
+
+
 async def test_a_fresh_ready_sandbox_is_checked_by_the_kernel_not_a_round_trip(
         engine, pools, monkeypatch):
     """An agent that answered within TRUSTED_S is not woken at hand-out (its channel is

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,13 @@ def agent_host_pid(engine, sid: str) -> int:
     children = Path(f"/proc/{bwrap}/task/{bwrap}/children").read_text().split()
     assert len(children) == 1, children
     return int(children[0])
+
+
+@pytest.fixture
+def shm():
+    """A private directory on a tmpfs (/dev/shm), as a sandbox's writable layer is."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs")
+    d = Path(tempfile.mkdtemp(prefix="corral-test-", dir="/dev/shm"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

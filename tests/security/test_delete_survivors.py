@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,9 @@ def test_no_process_outlives_the_delete_reply(client):
         sb = corral.Sandbox.create(memory_mb=128, client=client)
         sb.exec(["sh", "-c", escape])
         sb.spawn(["sh", "-c", f"trap '' TERM HUP; exec sleep {marker}"])
-        pids = running(marker)
+        deadline = time.monotonic() + 30  # the spawn answers before its sleep has exec'd
+        while len(pids := running(marker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert len(pids) >= 3, "the escapes did not start"
         sb.delete()
         # its own pids, looked at right away (a scan of /proc would give them time)

@@ -144,3 +144,44 @@ def test_the_gym_port_channel_refuses_a_socket_another_user_serves(squatter):
     sandbox = types.SimpleNamespace(id="sb-0123456789ab", client=client)
     assert open_channel(sandbox, 8000, b"token\n") is None
     assert _received(log) == b"", "the port channel wrote to another user's socket"
+
+
+def test_no_socket_below_a_directory_another_user_may_rename_in(tmp_path):
+    """Red team: the socket's own directory is root's (mode 0700), but the one above
+    it is another user's: that user renames the whole directory away and puts one of
+    their own (a socket, symlinks for the lock, log and pid files) in its place. Before,
+    only the socket's own directory was looked at."""
+    from corral.client._embed import ensure_daemon
+    from corral.server.daemon import bind_unix
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    ours = theirs / "run"
+    ours.mkdir(mode=0o700)  # root's
+    with pytest.raises(InvalidArgument, match="belongs to uid"):
+        bind_unix(ours / "corral.sock")
+    with pytest.raises(DaemonUnavailable, match="belongs to uid"):
+        ensure_daemon(str(ours / "corral.sock"), start_timeout=5)
+    assert list(ours.iterdir()) == []  # no lock, no log, no socket
+    via = tmp_path / "via"  # the same directory reached through a symlink: no way around
+    via.symlink_to(ours)
+    with pytest.raises(InvalidArgument, match="belongs to uid"):
+        bind_unix(via / "corral.sock")
+    os.chown(theirs, 0, 0)  # the control: root's all the way up
+    bind_unix(ours / "corral.sock").close()
+
+
+def test_a_lease_heartbeat_sends_nothing_to_a_socket_another_user_serves(squatter):
+    """Red team: the lease's renewals run on a client of their own (a thread, a plain
+    httpx transport): they sent the token every ``ttl / 3`` to whoever served the
+    socket, past the SDK's check. Now they go through the same checked transport."""
+    from corral.client._lease import Heartbeat
+
+    sock, log = squatter
+    beat = Heartbeat(f"unix://{sock}", "crl_secret-of-the-heartbeat", "lease-x", ttl=0.3)
+    try:
+        time.sleep(0.5)  # several renewals' time
+    finally:
+        beat.stop()
+    assert b"secret" not in _received(log), "the heartbeat sent its token to another user"

@@ -33,6 +33,7 @@ from corral.schema import (
     ExecResult,
     FileInfo,
     SandboxInfo,
+    SandboxSpec,
     SandboxState,
     SnapshotInfo,
 )
@@ -128,6 +129,21 @@ class ExecResponse(BaseModel):
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     output_tail: int = 0
+
+
+class RunRequest(_Body):
+    """``POST /v1/run``: create a sandbox of ``spec``, run ``exec`` in it, delete it, in
+    one round trip (a code reward's pattern)."""
+
+    spec: SandboxSpec = Field(default_factory=SandboxSpec)
+    exec: ExecRequest
+
+
+class RunResponse(BaseModel):
+    """The command's result, and the id of the sandbox it ran in (deleted already)."""
+
+    sandbox_id: str
+    result: ExecResponse
 
 
 EXEC_STATUS = tuple(name for name in ExecResponse.model_fields

@@ -28,6 +28,8 @@ from corral.api.models import (
     NetworkCreate,
     NetworkEvents,
     NetworkList,
+    RunRequest,
+    RunResponse,
     SandboxDetail,
     SandboxList,
     SandboxLogsReply,
@@ -95,7 +97,15 @@ from corral.image_schema import (
     ImageList,
 )
 from corral.network_schema import NetworkInfo, NetworkPolicy
-from corral.pool_schema import AcquireRequest, PoolDetail, PoolInfo, PoolList, PoolSpec
+from corral.pool_schema import (
+    AcquireRequest,
+    PoolDetail,
+    PoolInfo,
+    PoolList,
+    PoolSpec,
+    ReserveReply,
+    ReserveRequest,
+)
 from corral.schema import FileInfo, SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 from corral.volume_schema import VolumeInfo
 
@@ -145,6 +155,17 @@ OPERATIONS: tuple[Operation, ...] = (
             SnapshotNotFound, RegistryError, SandboxStartError, SandboxTimeout,
         ),
         routing=Routing.PLACE,
+    ),
+    Operation(
+        "run_once", "POST", "/v1/run",
+        "Create a sandbox, run one command in it and delete it, in one call (the "
+        "command's result back); on a cluster it runs on the home node",
+        body=RunRequest, reply=RunResponse,
+        errors=(
+            *_BODY, CapacityExceeded, QuotaExceeded, NoGpuCapacity, ImageNotFound,
+            SnapshotNotFound, RegistryError, SandboxStartError, SandboxTimeout,
+        ),
+        routing=Routing.HOME,
     ),
     Operation(
         "list_sandboxes", "GET", "/v1/sandboxes", "List sandboxes", reply=SandboxList,
@@ -502,6 +523,12 @@ OPERATIONS: tuple[Operation, ...] = (
             *_BODY, NotFound, CapacityExceeded, QuotaExceeded, SandboxTimeout, SandboxStartError,
         ),
         routing=Routing.POOL,
+    ),
+    Operation(
+        "reserve_from_pool", "POST", "/v1/pools/{name}/reserve",
+        "Take up to count ready sandboxes of the pool at once, held under the caller's "
+        "lease (deleted when it ends)", body=ReserveRequest, reply=ReserveReply,
+        errors=(*_BODY, NotFound, LeaseNotFound), routing=Routing.POOL,
     ),
     Operation(
         "list_snapshots", "GET", "/v1/snapshots", "List snapshots", reply=SnapshotList,

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import httpx
 
 from corral.api.operations import operation
 from corral.client._config import Endpoint
+from corral.client._unix import DaemonTransport
 from corral.errors import CorralError, LeaseNotFound
 
 logger = logging.getLogger("corral")
 
 RENEWALS_PER_TTL = 3  # renewed every ttl / 3: two renewals may be lost in a row
+EXPIRY_MARGIN = 0.8  # not renewed for this part of a ttl: treated as maybe expired
 
 
 class Heartbeat:
@@ -31,6 +34,7 @@ class Heartbeat:
         self.lease_id = lease_id
         self.ttl = ttl
         self.lost = False  # the daemon no longer knows the lease (it expired)
+        self.renewed = time.monotonic()  # when the daemon last renewed it (or made it)
         self._endpoint = Endpoint.resolve(url, token)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"corral-{lease_id}",
@@ -45,9 +49,11 @@ class Heartbeat:
         endpoint = self._endpoint
         renew = operation("renew_lease")
         with httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
-                          transport=httpx.HTTPTransport(uds=endpoint.uds),
+                          # on a Unix socket: only to root's or this user's (SO_PEERCRED)
+                          transport=DaemonTransport(uds=endpoint.uds, limits=httpx.Limits()),
                           timeout=every) as http:
             while not self._stop.wait(every):
+                sent = time.monotonic()  # the daemon renews it after this
                 try:
                     reply = http.request(renew.method, renew.url(lease_id=self.lease_id))
                 except httpx.HTTPError as exc:  # a daemon restarting: the next one may do
@@ -56,7 +62,9 @@ class Heartbeat:
                 if reply.status_code == 404:
                     self._lose()
                     return
-                if reply.status_code >= 400:
+                if reply.status_code < 400:
+                    self.renewed = sent
+                else:
                     logger.warning("could not renew lease %s: HTTP %d %s", self.lease_id,
                                    reply.status_code, reply.text[:200])
 
@@ -68,8 +76,10 @@ class Heartbeat:
         every = self.ttl / RENEWALS_PER_TTL
         with Client(self._endpoint.url, token=self._endpoint.token, timeout=every) as client:
             while not self._stop.wait(every):
+                sent = time.monotonic()
                 try:
                     client.call("renew_lease", {"lease_id": self.lease_id})
+                    self.renewed = sent
                 except LeaseNotFound:
                     self._lose()
                     return
@@ -80,6 +90,12 @@ class Heartbeat:
         self.lost = True
         logger.error("lease %s expired before it was renewed: its sandboxes were stopped",
                      self.lease_id)
+
+    def may_have_expired(self) -> bool:
+        """Lost, or not renewed for most of a ttl (this process stood still; the margin
+        covers a round trip before the first renewal): what the daemon held under it may
+        be gone."""
+        return self.lost or time.monotonic() - self.renewed >= EXPIRY_MARGIN * self.ttl
 
     def stop(self) -> None:
         """Stop renewing (the thread ends within one interval; nothing waits for it)."""

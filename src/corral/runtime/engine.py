@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from pathlib import Path
 from typing import IO, Any, Sequence
@@ -57,7 +56,14 @@ from corral.runtime.cpus import CpuPicker
 from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
-from corral.runtime.engine_end import RELEASE_THREADS, STOP_WAIT_S, TRIM_AFTER_BYTES, EndOps  # noqa: F401
+from corral.runtime.engine_end import (  # noqa: F401
+    HANG_UP_THREADS,
+    RELEASE_THREADS,
+    STOP_WAIT_S,
+    TRIM_AFTER_BYTES,
+    EndOps,
+    release_pool,
+)
 from corral.runtime.engine_files import FileOps
 from corral.runtime.engine_hibernate import HibernateOps
 from corral.runtime.engine_lifetime import LifetimeOps
@@ -152,10 +158,13 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self._warden: warden.Warden | None = None  # thaws and kills if we die
         self._tasks: set[asyncio.Task[Any]] = set()
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
-        self._releasers = ThreadPoolExecutor(RELEASE_THREADS, thread_name_prefix="corral-release")
+        self._releasers = release_pool()
+        self._hang_ups = release_pool(HANG_UP_THREADS, "corral-hang-up")  # (engine_end)
         self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
+        # resumes under way: set when each ends, and its task (delete waits: engine_end)
+        self._resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]] = {}
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
@@ -296,6 +305,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         await self._pool.close()
         await asyncio.gather(*list(self._teardowns), return_exceptions=True)
         self._releasers.shutdown(wait=False)
+        self._hang_ups.shutdown(wait=False)
         await self.net.close(keep=handed)
         for t in list(self._tasks):
             t.cancel()
@@ -391,6 +401,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if slot.go_fd >= 0:
                 slot.sock.close()
                 await asyncio.to_thread(slot.discard)
+            else:  # launched: the host's ends only a ready sandbox hands on (Slot.hang_up)
+                slot.hang_up()
             await self._release(live)
             self._live.pop(sid, None)
             self.secret_store.remove(sid)  # (a resume that fails keeps them: engine_hibernate)
@@ -465,6 +477,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         slot.cgroup.restrict_devices(rules)
         if live.images is not None:
             await self._restored(live, slot)  # or InvalidState: a forged checkpoint
+        if live.ending:  # deleted while it started (its id listed): it never runs
+            raise SandboxStartError(f"sandbox {live.id} was deleted while it started",
+                                    details={"sandbox_id": live.id})
         live.started_at = self.registry.set_running(
             live.id, slot.proc.pid, syscalls.process_start_time(slot.proc.pid)
         )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidState
 from corral.runtime import processes, rootfs, syscalls
@@ -47,7 +49,43 @@ RELEASE_THREADS = 48
 spends ~10 ms in the kernel, mostly waiting (RCU grace periods, not CPU): asyncio's
 default pool (cores + 4 threads) queued a mass teardown behind six of them; 48 took
 200 concurrent deletes from 1.16-1.21 s to 0.63-0.87 s (load 24-34, same engine CPU)."""
+HANG_UP_THREADS = 8
+"""Threads shutting down ending sandboxes' reattach sockets (``Engine._hang_ups``): the
+shutdown wakes the agent, ~1 ms of the loop's time each on a busy host; a pool of their
+own, as in the release pool they queued behind the removals of sandboxes ended earlier,
+and each sandbox's exit waits for its own."""
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
+PRESTART_WAIT_S = 60.0  # the most a release thread waits for its siblings to start
+
+
+def release_pool(threads: int = RELEASE_THREADS, name: str = "corral-release") -> ThreadPoolExecutor:
+    """A pool of release threads, its threads started by a helper thread.
+
+    A pool starts its threads when work is submitted, and each start waits for the new
+    thread to run: on a loaded host ~10 ms apiece, so the first mass teardown blocked
+    the event loop for ~0.45 s while 48 threads started. Here a helper thread submits
+    ``threads`` tasks that wait for one another, so every thread exists (idle) before
+    the loop first needs one; a pool shut down meanwhile just stops the warming."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    barrier = threading.Barrier(threads + 1)
+
+    def wait() -> None:
+        try:
+            barrier.wait(PRESTART_WAIT_S)
+        except threading.BrokenBarrierError:
+            pass
+
+    def warm() -> None:
+        try:
+            for _ in range(threads):
+                pool.submit(wait)
+        except RuntimeError:  # shut down (the engine closed at once)
+            barrier.abort()
+            return
+        wait()
+
+    threading.Thread(target=warm, name=f"{name}-warm", daemon=True).start()
+    return pool
 
 
 class EndOps:
@@ -55,6 +93,7 @@ class EndOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
         registry: Registry
         events: Events
         owners: Owners
@@ -67,10 +106,12 @@ class EndOps:
         closed: bool
         _releasers: Executor
         _teardowns: set[asyncio.Future[None]]
+        _hang_ups: Executor
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
-        def _forget(self, live: Live) -> None: ...
+        def _forget(
+            self, live: Live, executor: Executor | None = None) -> asyncio.Future[None] | None: ...
 
     def _owned(self, sandbox_id: str, owner: OwnerArg) -> None:
         """Raise :class:`SandboxNotFound` unless ``owner`` may see ``sandbox_id`` (another
@@ -141,6 +182,7 @@ class EndOps:
     ) -> SandboxInfo:
         """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
         mounts and cgroups. The record stays (state ``stopped``) until deleted."""
+        await self._past_resume(sandbox_id)  # a resume under way: stop what it leaves
         info = self.get(sandbox_id, owner=owner)  # SandboxNotFound (another owner's too)
         live = self._live.get(sandbox_id)
         if live is None:
@@ -149,6 +191,15 @@ class EndOps:
         else:
             await self._end(live, SandboxState.STOPPED, reason, grace=grace)
         return self.get(sandbox_id, owner=None)
+
+    async def _past_resume(self, sandbox_id: str) -> None:
+        """Wait until no resume of ``sandbox_id`` is under way (engine_hibernate: it
+        takes the hibernated sandbox out of the table while it creates it again)."""
+        while (resuming := self._resuming.get(sandbox_id)) is not None:
+            done, task = resuming
+            if task is asyncio.current_task():  # the resume's own create, cleaning up
+                return
+            await done.wait()
 
     async def delete(self, sandbox_id: str, *, owner: OwnerArg = UNSET,
                      wait: bool = True) -> bool:
@@ -163,6 +214,7 @@ class EndOps:
         acting = self.owners.of(owner)
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
+        await self._past_resume(sandbox_id)  # a resume under way: delete what it leaves
         info = self.registry.get(sandbox_id, owner=acting)
         if acting is not None and info is None:
             return False
@@ -175,10 +227,15 @@ class EndOps:
             self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
         return existed
 
+    async def reclaimed(self) -> None:
+        """Wait until the background teardowns of ``delete(wait=False)`` are done: the
+        sandboxes' cgroups, mounts and directories removed, their uids given back."""
+        await _settled(self._teardowns)
+
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float,
                    detach: bool = False) -> None:
         async with live.lock:
-            if live.ending or live.id not in self._live:
+            if live.ending or self._live.get(live.id) is not live:  # (a resumed one's is new)
                 return
             live.ending = True
             try:  # a registry that cannot be written (a full disk) still frees everything
@@ -221,10 +278,13 @@ class EndOps:
                     await asyncio.to_thread(live.cgroup.kill_all)
             except (OSError, CorralError):
                 pass
-        self._forget(live)  # its agent exits once its channel closes too
+        # its agent exits once its channel closes too
+        hung_up = self._forget(live, None if self.closed else self._hang_ups)
         self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
+        if hung_up is not None:
+            await hung_up
         if live.proc is not None:
             try:
                 await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
@@ -237,12 +297,14 @@ class EndOps:
         live.cpus = ()
         # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
         # thread, many teardowns overlap (and use both cores) instead of queueing.
-        teardown = asyncio.get_running_loop().run_in_executor(
+        loop = asyncio.get_running_loop()
+        # nothing of it runs any more (its agent was pid 1 of its pid namespace: the
+        # kernel ended the rest before it): the caller need not wait
+        detach = detach and not self.closed and (live.proc is None or live.proc.poll() is not None)
+        teardown = loop.run_in_executor(
             None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
             self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
-        if detach and not self.closed and (live.proc is None or live.proc.poll() is not None):
-            # nothing of it runs any more (its agent was pid 1 of its pid namespace:
-            # the kernel ended the rest before it): the caller need not wait
+        if detach:
             self._teardowns.add(teardown)
             teardown.add_done_callback(_teardown_done(self._teardowns, live.id))
         else:
@@ -267,6 +329,11 @@ class EndOps:
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
+
+
+async def _settled(pending: set[asyncio.Future[None]]) -> None:
+    while pending:
+        await asyncio.gather(*(asyncio.shield(f) for f in list(pending)), return_exceptions=True)
 
 
 def _teardown_done(pending: set[asyncio.Future[None]], sandbox_id: str

@@ -65,6 +65,7 @@ class HibernateOps:
     if TYPE_CHECKING:
         _live: dict[str, Live]
         _hibernated: dict[str, str]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
         events: Events
         registry: Registry
         _tasks: set[asyncio.Task[Any]]
@@ -188,27 +189,40 @@ class HibernateOps:
                         details={"sandbox_id": sandbox_id, "cause": "max_lifetime"})
             # room to start again first (CapacityExceeded: hibernated still, untouched)
             gate = nullcontext() if self.resume_gate is None else self.resume_gate(row)
-            async with gate:  # held until it runs again, or given back if it fails
-                self._live.pop(sandbox_id)
-                self.registry.delete(sandbox_id)  # the create writes it again, running
-                try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
-                    info = await self.create(
-                        live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
-                        sandbox_id=sandbox_id, owner=None)
-                except BaseException:
-                    self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
-                    if live.spec.secrets:  # (the registry's are masked: its own, from memory)
-                        self.secret_store.put(sandbox_id, live.spec.secret_env())
-                    self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
-                    self.registry.set_hibernated(sandbox_id, snap_id)
-                    self.registry.set_created(sandbox_id, row.created_at)
-                    self._live[sandbox_id] = live
-                    raise
-            self.registry.set_created(sandbox_id, row.created_at)  # (its maximum counts from it)
-            info.created_at = row.created_at
-            live.hibernated = None
-            self._hibernated.pop(sandbox_id, None)
+            done = asyncio.Event()  # a delete waits for it
+            self._resuming[sandbox_id] = (done, asyncio.current_task())
+            try:
+                info = await self._resume_as(live, row, snap_id, timeout, gate)
+            finally:
+                del self._resuming[sandbox_id]
+                done.set()
         await self.delete_snapshot(snap_id, owner=None)
+        return info
+
+    async def _resume_as(self, live: Live, row: SandboxInfo, snap_id: str, timeout: float,
+                         gate: AbstractAsyncContextManager[object]) -> SandboxInfo:
+        """Create hibernated ``live`` again from its checkpoint, under ``gate``."""
+        sandbox_id = live.id
+        async with gate:  # held until it runs again, or given back if it fails
+            self._live.pop(sandbox_id)
+            self.registry.delete(sandbox_id)  # the create writes it again, running
+            try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
+                info = await self.create(
+                    live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
+                    sandbox_id=sandbox_id, owner=None)
+            except BaseException:
+                self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
+                if live.spec.secrets:  # (the registry's are masked: its own, from memory)
+                    self.secret_store.put(sandbox_id, live.spec.secret_env())
+                self.registry.set_state(sandbox_id, SandboxState.PAUSED, HIBERNATED)
+                self.registry.set_hibernated(sandbox_id, snap_id)
+                self.registry.set_created(sandbox_id, row.created_at)
+                self._live[sandbox_id] = live
+                raise
+        self.registry.set_created(sandbox_id, row.created_at)  # (its maximum counts from it)
+        info.created_at = row.created_at
+        live.hibernated = None
+        self._hibernated.pop(sandbox_id, None)
         return info
 
     async def wake(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> None:

@@ -30,6 +30,8 @@ from corral.runtime.reconcile import reconcile
 from corral.schema import SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from corral.runtime.cgroups import CgroupDriver
     from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
@@ -67,6 +69,12 @@ def lock_taking_over(state_dir: Path) -> tuple[IO[str], restore.Handover | None]
 
     lock_file = acquire_lock(state_dir, take)
     return lock_file, (taken[0] if taken else None)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 class RestoreOps:
@@ -238,18 +246,22 @@ class RestoreOps:
         if self._warden is not None and live.adoptable:
             self._warden.keep(live.id, fds)
 
-    def _forget(self, live: Live) -> None:
+    def _forget(self, live: Live, executor: Executor | None = None) -> asyncio.Future[None] | None:
         """The sandbox ends: nobody may reattach it; its agent exits once its control
-        socket closes too."""
-        if live.reattach is not None:
-            # Shut down, not only closed: the warden's copy is the same socket, and the
-            # agent must see its end now, not when the warden gets to its ``drop``.
-            with contextlib.suppress(OSError):
-                live.reattach.shutdown(socket.SHUT_RDWR)
-            live.reattach.close()
-            live.reattach = None
-            if self._warden is not None and live.adoptable:
-                self._warden.drop(live.id)
+        socket closes too. With ``executor``, its reattach socket is shut down there:
+        the shutdown wakes the agent, and on a busy host that cost the event loop ~1 ms
+        a sandbox, most of its work in a mass teardown (the future to wait for)."""
+        if live.reattach is None:
+            return None
+        # Shut down, not only closed: the warden's copy is the same socket, and the
+        # agent must see its end now, not when the warden gets to its ``drop``.
+        reattach, live.reattach = live.reattach, None
+        if self._warden is not None and live.adoptable:
+            self._warden.drop(live.id)
+        if executor is None:
+            _hang_up(reattach)
+            return None
+        return asyncio.get_running_loop().run_in_executor(executor, _hang_up, reattach)
 
     async def _hand_over(self) -> set[str]:
         """Close without ending the sandboxes: their agents detach and wait for the

@@ -21,6 +21,7 @@ warden keeps, so a later engine can give the agent a new control socket:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -115,6 +116,20 @@ class Slot:
 
     def error_output(self) -> str:
         return self.log.text()
+
+    def hang_up(self) -> None:
+        """A launched sandbox failed to start (or its create was cancelled): let go of
+        the host's ends that only a ready sandbox hands on. Its agent waits on its
+        reattach socket for a next engine while our end is open (restore.py), so once
+        its control channel closes it exits only when this one is shut down too."""
+        if self.reattach is not None:
+            with contextlib.suppress(OSError):
+                self.reattach.shutdown(socket.SHUT_RDWR)
+            self.reattach.close()
+            self.reattach = None
+        if self.log_fd >= 0:
+            os.close(self.log_fd)
+            self.log_fd = -1
 
     def discard(self) -> bool:
         """Stop an unused launcher and remove its cgroup (blocking); whether nothing of

@@ -56,6 +56,7 @@ from corral.runtime.treecopy import (
     LEAVE,
     Budget,
     CopyState,
+    Place,
     Walk,
     copy_meta,
     copy_node,
@@ -350,7 +351,7 @@ def tree_digest(root: Path, *, root_form: bool = False,
     ``hashed``: files of this tree already hashed as they were copied (the same
     content hash, read from these very files: :mod:`.streamhash`)."""
     h = hashlib.sha256(b"corral-layer-%d\n" % FORMAT)
-    seen: dict[tuple[int, int], bytes] = {}
+    seen: dict[tuple[int, int], Place] = {}
     size = 0
     walk = Walk(root)
     for event, parent, name, st, fd in walk:
@@ -370,7 +371,7 @@ def tree_digest(root: Path, *, root_form: bool = False,
         elif stat.S_ISREG(mode):
             key = (st.st_dev, st.st_ino)
             if st.st_nlink > 1 and key in seen:
-                kind, data = b"h", seen[key]
+                kind, data = b"h", b"./" + os.fsencode(seen[key].path())
             else:
                 f = os.open(name, _O_READ, dir_fd=parent)
                 try:
@@ -378,8 +379,8 @@ def tree_digest(root: Path, *, root_form: bool = False,
                     kind, data = (b"f", known) if known else file_hash(f, st.st_size)
                 finally:
                     os.close(f)
-                if st.st_nlink > 1:
-                    seen[key] = rel
+                if st.st_nlink > 1:  # its place, not its path: megabytes deep down
+                    seen[key] = walk.place(name)
         elif stat.S_ISLNK(mode):
             kind, data = b"l", os.fsencode(os.readlink(name, dir_fd=parent))
         else:

@@ -293,6 +293,35 @@ class PoolManager:
             pool.acquired.discard(sid)
             self._discard(pool, sid)
 
+    async def take_ready(self, name: str, count: int, *,
+                         owner: OwnerArg = UNSET) -> builtins.list[SandboxInfo]:
+        """Up to ``count`` live sandboxes of ``owner``'s pool among those ready now (none
+        waited for, maybe none), each handed out as by :meth:`acquire`: a client's
+        reserve (``corral.server.pool_reserve``) hands them out later, one at a time."""
+        pool = self._get(name, owner)
+        began = time.perf_counter()
+        taken: builtins.list[SandboxInfo] = []
+        while pool.ready and len(taken) < count:
+            sid = pool.ready.popleft()
+            pool.acquired.add(sid)
+            try:
+                info = await self._alive(pool, sid)
+            except BaseException:  # cancelled: this one goes back; those taken are the caller's
+                self._give_back(pool, sid)
+                raise
+            if info is None:
+                logger.info("pool %s: ready sandbox %s is dead; discarded", name, sid)
+                pool.acquired.discard(sid)
+                self._discard(pool, sid)
+                continue
+            taken.append(info)
+            pool.acquires += 1
+            pool.waits_ms.append((time.perf_counter() - began) * 1000)
+            self._engine.events.emit(PoolAcquired(name, sid, time.perf_counter() - began))
+        if taken:
+            self._schedule_refill(pool)
+        return taken
+
     @staticmethod
     def _schedule_refill(pool: PoolState) -> None:
         """One fewer ready: refill once the reply is on its way and the burst of acquires

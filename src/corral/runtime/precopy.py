@@ -25,9 +25,12 @@ writes made through a descriptor opened before the commit.
 What a signature cannot see: writes through a *shared writable mapping* of a tmpfs
 file change neither its mtime nor its ctime once a page is mapped (measured). So when,
 frozen, any process of the sandbox maps a regular file shared and writable, the delta
-is not trusted and the layer is copied again whole, frozen, as before. A mapping made
-*and* removed while the precopy ran (its length: the copy's, tens of ms for 50 MB)
-cannot be seen afterwards: such a file may hold bytes of any moment of the precopy.
+is not trusted and the layer is copied again whole, frozen, as before; and when one
+maps such a file as the commit begins, the layer is copied frozen at once (a mapping
+there then, written through and removed before the freeze, would be seen by neither
+look). A mapping made *and* removed while the precopy ran (its length: the copy's, tens
+of ms for 50 MB) cannot be seen: such a file may hold bytes of any moment of the
+precopy.
 ``CORRAL_SNAPSHOT_PRECOPY=0`` makes every commit a frozen copy.
 
 Timestamps: a kernel >= 6.13 gives a file written just after its ctime was read a
@@ -85,7 +88,8 @@ def stage_running(store: LayerStore, upper: Path, cgroup: Cgroup, *, skip: Itera
     """Stage the writable layer ``upper`` of a running sandbox (its processes in
     ``cgroup``), frozen only for the delta (the module docstring). Blocks."""
     skip = tuple(skip)
-    if not enabled():
+    # a mapping there now may be written through, unseen, and gone by the freeze
+    if not enabled() or writable_shared_maps(cgroup.pids()):
         return _whole(store, upper, cgroup, skip=skip, budget=budget, ids=ids)
     record: Record = {}
     since = None if fine_ctime() else time.time_ns() - COARSE_NS

@@ -31,7 +31,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from corral.errors import CorralError, InternalError, SnapshotTooLarge, StorageFull
 from corral.runtime import streamhash, syscalls
@@ -183,6 +183,8 @@ class Walk:
         self.root, self.skip, self.budget = os.fspath(root), skip, budget
         self.max_depth = max_depth
         self.names: list[str] = []  # from the root down to the current directory
+        self._keys = [b"."]  # :meth:`key` of the root and each directory down to here
+        self._places: list[Place | None] = [None]  # :meth:`place`'s directories, the same way
 
     def rel(self, name: str | None = None) -> bytes:
         """The path of ``name`` (in the current directory), relative to the root."""
@@ -190,6 +192,18 @@ class Walk:
         if name is not None:
             parts.append(os.fsencode(name))
         return b"/".join(parts)
+
+    def key(self, name: str | None = None) -> bytes:
+        """16 bytes naming ``name`` (in the current directory; None: the directory) by
+        its path, chained from its directory's key: what a record of every entry keeps
+        (:meth:`rel` is as long as the path: a tree 4096 levels of 255-byte names deep
+        made a megabyte per entry, gigabytes of a commit's record)."""
+        base = self._keys[-1]
+        return base if name is None else _chain(base, name)
+
+    def place(self, name: str) -> Place:
+        """The :class:`Place` of ``name`` in the current directory."""
+        return Place(self._places[-1], name)
 
     def _listing(self, fd: int, skip: frozenset[str]) -> list[str]:
         names = []
@@ -218,6 +232,8 @@ class Walk:
                         name = self.names[-1]
                         yield LEAVE, fds.parent(), name, st, fds.top
                         self.names.pop()
+                        self._keys.pop()
+                        self._places.pop()
                         fds.pop()
                     else:
                         yield LEAVE, -1, "", st, fds.top
@@ -237,6 +253,8 @@ class Walk:
                 if fds.ids[-1] != (st.st_dev, st.st_ino):
                     raise InternalError(f"{name!r} changed while its tree was walked")
                 self.names.append(name)
+                self._keys.append(_chain(self._keys[-1], name))
+                self._places.append(self.place(name))
                 yield ENTER, parent, name, st, fd
                 pending.append(self._listing(fd, frozenset()))
                 stats.append(st)
@@ -263,13 +281,35 @@ def listings(root: str | os.PathLike[str]) -> Iterator[tuple[str, int, str, os.s
             yield prefix + entry, fd, entry, os.stat(entry, dir_fd=fd, follow_symlinks=False)
 
 
+class Place(NamedTuple):
+    """Where an entry is: its directory's place (None: the root) and its name. What a
+    walk keeps of hard links' first names: a path would cost its length for each (a
+    megabyte deep down), a place shares its directories' with every entry in them."""
+
+    up: Place | None
+    name: str
+
+    def path(self) -> str:
+        """The entry's path relative to the root (``a/b/name``)."""
+        parts: list[str] = []
+        place: Place | None = self
+        while place is not None:
+            parts.append(place.name)
+            place = place.up
+        return "/".join(reversed(parts))
+
+
+def _chain(base: bytes, name: str) -> bytes:
+    return hashlib.blake2b(base + b"/" + os.fsencode(name), digest_size=16).digest()
+
+
 # ---------------------------------------------------------------------- copying
 
 
 @dataclass
 class CopyState:
     budget: Budget | None
-    links: dict[tuple[int, int], str] = field(default_factory=dict)  # inode -> rel path
+    links: dict[tuple[int, int], str | Place] = field(default_factory=dict)  # inode -> first name
     link_base: int | None = None  # the descriptor link paths are relative to
     ids: dict[int, int] | None = None  # owners translated on the way (uids.canonical_owner)
     hasher: Hasher | None = None  # hashes large files' copies as they land (streamhash)
@@ -291,7 +331,7 @@ def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts. ``ids``
     translates owners (uids and gids, in ACLs too); ``hasher`` hashes the copies;
     ``record`` gets each entry's :func:`signature` (taken before it was copied) by its
-    path relative to ``src`` (``b"."``, ``b"./a"``...)."""
+    path relative to ``src`` (:meth:`Walk.key`)."""
     os.mkdir(dst, 0o700)  # its real mode once its entries are in
     out = _Fds(os.open(dst, _O_DIR))
     try:
@@ -299,13 +339,13 @@ def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         ctx = CopyState(budget, link_base=out.fds[0], ids=ids, hasher=hasher)
         for kind, parent, name, st, fd in walk:
             if record is not None and kind != LEAVE:
-                record[walk.rel(name if kind == NODE else None)] = signature(st)
+                record[walk.key(name if kind == NODE else None)] = signature(st)
             if kind == ENTER and parent != -1:
                 os.mkdir(name, 0o700, dir_fd=out.top)
                 out.push(os.open(name, _O_DIR, dir_fd=out.top))
             elif kind == NODE:
-                rel = walk.rel(name)[2:] if st.st_nlink > 1 else b""
-                copy_node(parent, name, out.top, name, st, ctx, os.fsdecode(rel))
+                copy_node(parent, name, out.top, name, st, ctx,
+                          walk.place(name) if st.st_nlink > 1 else "")
             elif kind == LEAVE:
                 copy_meta(fd, out.top, st, ids)
                 if parent != -1:
@@ -315,9 +355,10 @@ def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
 
 
 def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
-              st: os.stat_result, ctx: CopyState, rel: str) -> None:
+              st: os.stat_result, ctx: CopyState, rel: str | Place) -> None:
     """Copy one entry that is not a directory (``src``/``dst`` relative to the
-    descriptors, or paths if they are None); ``rel`` keys hard links."""
+    descriptors, or paths if they are None); ``rel`` (its path or place in the copy,
+    under ``ctx.link_base``) is where its hard links are linked from."""
     mode = st.st_mode
     if stat.S_ISREG(mode):
         key = (st.st_dev, st.st_ino)
@@ -349,9 +390,10 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
     copy_meta(fd_path(src_dir, src), fd_path(dst_dir, dst), st, ctx.ids)
 
 
-def _link(base: int | None, rel: str, dst_dir: int | None, dst: str) -> None:
-    """Hard-link ``rel`` (under ``base``) as ``dst``; a path beyond PATH_MAX is reached
-    one directory at a time."""
+def _link(base: int | None, where: str | Place, dst_dir: int | None, dst: str) -> None:
+    """Hard-link ``where`` (under ``base``) as ``dst``; a path beyond PATH_MAX is
+    reached one directory at a time."""
+    rel = where if isinstance(where, str) else where.path()
     try:
         os.link(rel, dst, src_dir_fd=base, dst_dir_fd=dst_dir, follow_symlinks=False)
         return
@@ -377,7 +419,10 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
     A file of one extent is handed to ``hasher`` chunk by chunk as it is written; a
     large file's chunks are sent to disk as they land (:func:`.syscalls.start_writeback`)."""
     spans = extents(fin, size)
-    first = next(spans, None)  # lazily: a hostile file may have millions of extents
+    # lazily: a hostile file may have millions of extents. Its lseek also waits for a
+    # write(2) under way (the inode lock): a precopy never reads a file mid-write,
+    # whose times were set as that write began (tests/security/test_precopy_straddle.py)
+    first = next(spans, None)
     whole = first == (0, size)  # then the only one
     streamed = hasher.start(fout, size) if hasher is not None and whole else None
     flushed = size >= streamhash.MIN_SIZE  # its writeback started chunk by chunk

@@ -65,7 +65,7 @@ def sync_delta(src: str | os.PathLike[str], dst: str | os.PathLike[str], record:
     try:
         for kind, parent, name, st, fd in walk:
             if kind == ENTER:
-                old = record.get(walk.rel())
+                old = record.get(walk.key())
                 new = False
                 if parent != -1:
                     seen[-1].add(name)
@@ -83,11 +83,10 @@ def sync_delta(src: str | os.PathLike[str], dst: str | os.PathLike[str], record:
                 dirty.append(new or changed(old, st))
             elif kind == NODE:
                 seen[-1].add(name)
-                rel = walk.rel(name)
-                if fresh[-1] or st.st_nlink > 1 or changed(record.get(rel), st):
+                if fresh[-1] or st.st_nlink > 1 or changed(record.get(walk.key(name)), st):
                     _remove(out.top, name, hasher, budget)
-                    link_key = os.fsdecode(rel[2:]) if st.st_nlink > 1 else ""
-                    copy_node(parent, name, out.top, name, st, ctx, link_key)
+                    copy_node(parent, name, out.top, name, st, ctx,
+                              walk.place(name) if st.st_nlink > 1 else "")
                     dirty[-1] = True
                     n += 1
             else:  # LEAVE

@@ -59,6 +59,7 @@ from corral.server.peer_layers import (
     peer_stats,
 )
 from corral.server.peer_volumes import fetch_own_volume, peer_volume
+from corral.server.pool_reserve import acquire_from_pool, reserve_from_pool
 from corral.server.processes import (
     exchange,
     exchange_many,
@@ -72,7 +73,6 @@ from corral.server.processes import (
     write_stdin,
 )
 from corral.server.routes import (
-    acquire_from_pool,
     checkpoint_sandbox,
     create_pool,
     create_sandbox,
@@ -103,6 +103,7 @@ from corral.server.routes import (
     stop_sandbox,
     upload_file,
 )
+from corral.server.run_once import run_once
 from corral.server.tenant_routes import (
     create_token,
     list_tokens,
@@ -136,7 +137,7 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     metrics_endpoint, network_events, update_network, patch_sandbox, sandbox_logs, fetch_image,
     fetch_snapshot, peer_checkpoint, peer_image, peer_layer, peer_snapshot, peer_stats, exchange, exchange_many,
     get_process, kill_process, list_processes, read_output, resize_process, signal_process,
-    spawn_process, write_stdin, acquire_from_pool, create_pool, create_sandbox, delete_pool,
+    spawn_process, write_stdin, acquire_from_pool, reserve_from_pool, run_once, create_pool, create_sandbox, delete_pool,
     delete_sandbox, delete_snapshot, download_file, exec_command, exec_stream, fork_sandbox,
     checkpoint_sandbox, hibernate_sandbox,
     get_pool, get_sandbox, get_snapshot, health, info, kill_processes, list_files, list_pools,

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from corral.api.daemon_models import LeaseInfo
-from corral.errors import InvalidArgument, LeaseNotFound
+from corral.errors import CorralError, InvalidArgument, LeaseNotFound
 from corral.runtime.engine import Engine
 
 logger = logging.getLogger("corral.server")
@@ -44,6 +44,11 @@ CREATE TABLE IF NOT EXISTS leases (
     ttl REAL NOT NULL,
     expires_at REAL NOT NULL,
     created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lease_holds (
+    lease_id TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    PRIMARY KEY (lease_id, sandbox_id)
 );
 """
 
@@ -100,6 +105,25 @@ class Leases:
             return
         await self._end(lease_id, "its lease was released by its client")
 
+    def hold(self, tenant: str | None, lease_id: str, sandbox_ids: Sequence[str]) -> None:
+        """Tie sandboxes handed out to a client's reserve (``pool_reserve``) to its lease:
+        they are deleted when it ends. :class:`~corral.errors.LeaseNotFound` if the lease
+        is not ``tenant``'s live one (the caller then deletes them itself). Rows of
+        sandboxes that are gone are dropped here, so a long lease's rows stay bounded."""
+        self._ttl(tenant, lease_id)
+        held = [r[0] for r in self.db.execute(
+            "SELECT sandbox_id FROM lease_holds WHERE lease_id=?", (lease_id,))]
+        gone = [(lease_id, sid) for sid in held if not self._exists(sid)]
+        self.db.executemany("DELETE FROM lease_holds WHERE lease_id=? AND sandbox_id=?", gone)
+        self.db.executemany("INSERT OR IGNORE INTO lease_holds (lease_id, sandbox_id) "
+                            "VALUES (?, ?)", [(lease_id, sid) for sid in sandbox_ids])
+
+    def _exists(self, sandbox_id: str) -> bool:
+        try:
+            return not self.engine.get(sandbox_id, owner=None).state.terminal
+        except CorralError:
+            return False
+
     def check_tags(self, tags: Sequence[str], tenant: str | None) -> None:
         """A sandbox may carry only a live lease's tag, of its own tenant's."""
         for tag in tags:
@@ -131,8 +155,15 @@ class Leases:
         if doomed:
             logger.info("lease %s ended (%s): stopping %d sandboxes", lease_id, reason,
                         len(doomed))
+        held = [r[0] for r in self.db.execute(
+            "SELECT sandbox_id FROM lease_holds WHERE lease_id=?", (lease_id,))]
+        self.db.execute("DELETE FROM lease_holds WHERE lease_id=?", (lease_id,))
         await asyncio.gather(*(self.engine.stop(i.id, grace=0, reason=reason, owner=tenant)
                                for i in doomed), return_exceptions=True)
+        # a reserve's pool sandboxes (used or not) are deleted, as after any use; owner=tenant:
+        # only the lease's own tenant's, whatever a row says
+        await asyncio.gather(*(self.engine.delete(sid, owner=tenant, wait=False) for sid in held),
+                             return_exceptions=True)
 
     def _row(self, tenant: str | None, lease_id: str) -> tuple[float] | None:
         row = self.db.execute("SELECT ttl FROM leases WHERE id=? AND tenant=?",

@@ -27,7 +27,7 @@ from corral.api.models import (
 )
 from corral.api.operation import RAW
 from corral.errors import CorralError, InvalidArgument
-from corral.pool_schema import AcquireRequest, PoolSpec
+from corral.pool_schema import PoolSpec
 from corral.runtime.pathutil import resolve_path
 from corral.schema import (
     SandboxInfo,
@@ -88,7 +88,7 @@ def _no_content() -> Response:
     return Response(status_code=204)
 
 
-def _info_json(info: SandboxInfo, request: Request) -> dict[str, Any]:
+def info_json(info: SandboxInfo, request: Request) -> dict[str, Any]:
     data = info.model_dump(mode="json")
     node = ctx.settings(request).node
     if node is None:
@@ -158,7 +158,7 @@ async def create_sandbox(request: Request, spec: SandboxSpec) -> Response:
     spec = service.plan(await service.with_image(spec, caller), caller,
                         host_network=ctx.host_network_allowed(request))
     created = await unless_gone(request, service.create(spec, caller, wait=_wait_param(request)))
-    return JSONResponse(_info_json(created, request), status_code=201)
+    return JSONResponse(info_json(created, request), status_code=201)
 
 
 def _wait_param(request: Request) -> float | None:
@@ -182,12 +182,12 @@ async def list_sandboxes(request: Request) -> Response:
         caller_of(request), tags=request.query_params.getlist("tag"), states=states,
         tenant=request.query_params.get("tenant"),
     )
-    return JSONResponse({"sandboxes": [_info_json(i, request) for i in infos]})
+    return JSONResponse({"sandboxes": [info_json(i, request) for i in infos]})
 
 
 async def get_sandbox(request: Request) -> Response:
     engine, sid = ctx.sandboxes(request), _sid(request)
-    body = _info_json(engine.get(sid), request)
+    body = info_json(engine.get(sid), request)
     if body["state"] in (SandboxState.RUNNING.value, SandboxState.PAUSED.value):
         try:
             body["usage"] = engine.usage(sid)
@@ -197,7 +197,7 @@ async def get_sandbox(request: Request) -> Response:
 
 
 async def pause_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.sandboxes(request).pause(_sid(request)), request))
+    return JSONResponse(info_json(await ctx.sandboxes(request).pause(_sid(request)), request))
 
 
 async def kill_processes(request: Request) -> Response:
@@ -205,17 +205,17 @@ async def kill_processes(request: Request) -> Response:
 
 
 async def resume_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.sandboxes(request).resume(_sid(request)), request))
+    return JSONResponse(info_json(await ctx.sandboxes(request).resume(_sid(request)), request))
 
 
 async def hibernate_sandbox(request: Request) -> Response:
-    return JSONResponse(_info_json(await ctx.sandboxes(request).hibernate(_sid(request)),
+    return JSONResponse(info_json(await ctx.sandboxes(request).hibernate(_sid(request)),
                                    request))
 
 
 async def stop_sandbox(request: Request, body: StopRequest) -> Response:
     stopped = await ctx.service(request).stop(_sid(request), caller_of(request), grace=body.grace)
-    return JSONResponse(_info_json(stopped, request))
+    return JSONResponse(info_json(stopped, request))
 
 
 async def delete_sandbox(request: Request) -> Response:
@@ -242,7 +242,7 @@ async def fork_sandbox(request: Request, body: ForkRequest) -> Response:
         )
     except Abandoned:
         raise ClientDisconnect() from None
-    return JSONResponse({"sandboxes": [_info_json(i, request) for i in made]}, status_code=201)
+    return JSONResponse({"sandboxes": [info_json(i, request) for i in made]}, status_code=201)
 
 
 # ------------------------------------------------------------------- snapshots
@@ -270,7 +270,7 @@ async def delete_snapshot(request: Request) -> Response:
 # ------------------------------------------------------------------------ exec
 
 
-def _exec_args(body: ExecRequest) -> dict[str, Any]:
+def exec_args(body: ExecRequest) -> dict[str, Any]:
     return {
         "cmd": body.cmd,
         "timeout": body.timeout,
@@ -284,12 +284,12 @@ def _exec_args(body: ExecRequest) -> dict[str, Any]:
 
 
 async def exec_command(request: Request, body: ExecRequest) -> Response:
-    work = ctx.sandboxes(request).exec(_sid(request), **_exec_args(body))
+    work = ctx.sandboxes(request).exec(_sid(request), **exec_args(body))
     return JSONResponse(exec_response(await unless_disconnected(request, work)))
 
 
 async def exec_stream(request: Request, body: ExecRequest) -> Response:
-    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **_exec_args(body)))
+    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **exec_args(body)))
 
 
 # ----------------------------------------------------------------------- files
@@ -368,9 +368,6 @@ async def delete_pool(request: Request) -> Response:
     return _no_content()
 
 
-async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
-    work = ctx.pools(request).acquire(_pool_name(request), body.timeout, owner=ctx.owner(request))
-    return JSONResponse(_info_json(await unless_gone(request, work), request))
 
 
 # ----------------------------------------------------------------------- table

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import deque
 
+import httpx
 from typing_extensions import Self, Unpack  # typing's since 3.11 only
 
 from corral.client import _validate
@@ -14,19 +16,24 @@ from corral.client._async._sandbox import AsyncSandbox
 from corral.client._async._spread import SPREAD
 from corral.client._backends import AsyncBackend
 from corral.client._config import exec_http_timeout
+from corral.client._lease import Heartbeat
 from corral.client._models import SpecOptions, spec_body
-from corral.errors import InvalidArgument, InvalidState, NotFound, SandboxTimeout
+from corral.errors import InvalidArgument, InvalidState, LeaseNotFound, NotFound, SandboxTimeout
 from corral.pool_schema import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_MAX_SIZE,
     DEFAULT_MIN_READY,
     MAX_ACQUIRE_TIMEOUT_S,
+    MAX_RESERVE,
     PoolInfo,
     PoolSpec,
+    ReserveReply,
 )
 from corral.schema import SandboxInfo, validate_model
 
 WAIT_READY_POLL_S = 0.05
+DEFAULT_RESERVE_TTL_S = 30.0  # the reserve's lease: its sandboxes end this long after the process
+RESERVE_MAX_AGE_S = 10.0  # a reserved sandbox not handed out by then is deleted, not handed out
 
 
 class AsyncPool(AsyncCleanupOnExit):
@@ -52,6 +59,16 @@ class AsyncPool(AsyncCleanupOnExit):
     ``min_ready`` and ``max_size``, and an acquire is served by the node with the most
     ready (see :mod:`corral.client._async._spread`).
 
+    ``reserve=N`` keeps up to ``N`` of the pool's sandboxes acquired for this object in
+    advance, taken from the daemon in one call: :meth:`acquire` then hands one out with
+    no round trip (the call that finds the reserve empty takes the next ``N``). They are
+    held under a lease of this object's (renewed every ``reserve_ttl / 3`` s by a thread):
+    closing the pool, or this process dying (``reserve_ttl`` s later), deletes every
+    sandbox the reserve took, those handed out and in use too. Each is still handed to one
+    caller only, counts against the tenant's quota from its create, and is deleted after
+    use, never returned; one kept unused for :data:`RESERVE_MAX_AGE_S` is deleted instead
+    of handed out. Not with ``spread=True``.
+
     Example::
 
         async with corral.AsyncPool(image="python", memory_mb=256, min_ready=8) as pool:
@@ -71,6 +88,8 @@ class AsyncPool(AsyncCleanupOnExit):
         node: str | None = None,
         spread: bool = False,
         client: AsyncClient | None = None,
+        reserve: int = 0,
+        reserve_ttl: float = DEFAULT_RESERVE_TTL_S,
         **spec: Unpack[SpecOptions],
     ) -> None:
         fields = {
@@ -89,6 +108,20 @@ class AsyncPool(AsyncCleanupOnExit):
             if node is not None:
                 raise InvalidArgument("give node= (one node) or spread=True (every node), not both")
             self._node = SPREAD
+        if _validate.integer("reserve", reserve, minimum=0) > MAX_RESERVE:
+            raise _validate.invalid("reserve", f"at most {MAX_RESERVE}, got {reserve}")
+        if reserve and spread:
+            raise InvalidArgument("reserve= needs a pool on one node: leave out spread=True",
+                                  details={"field": "reserve"})
+        self._reserve_size = reserve
+        self._reserve_ttl = _validate.timeout("reserve_ttl", reserve_ttl, optional=False,
+                                              maximum=86400.0)
+        if self._reserve_ttl < 1:
+            raise _validate.invalid("reserve_ttl", f"at least 1 second, got {reserve_ttl!r}")
+        self._reserve: deque[tuple[float, SandboxInfo]] = deque()  # (taken at, monotonic)
+        self._reserve_lock = AsyncBackend.lock()
+        self._heartbeat: Heartbeat | None = None
+        self._stale: list[SandboxInfo] = []
         self._ids = {"name": self._body["name"]}
         self._info: PoolInfo | None = None
         self._created = False
@@ -150,19 +183,103 @@ class AsyncPool(AsyncCleanupOnExit):
         )
         await self._ensure_open()
         try:
-            return await self._acquire(timeout)
+            return await self._acquire_one(timeout)
         except NotFound as exc:
             if not self._created or exc.details.get("pool") != self.name:
                 raise
             await self._open()  # the daemon restarted and forgot it: make it again
-            return await self._acquire(timeout)
+            return await self._acquire_one(timeout)
 
-    async def _acquire(self, timeout: float) -> AsyncSandbox:
+    async def _acquire_one(self, timeout: float) -> AsyncSandbox:
+        if not self._reserve_size:
+            return await self._acquire(timeout)
+        reserved = await self._from_reserve()
+        if reserved is not None:
+            return reserved
+        # none was ready: wait as a plain acquire does, held under the same lease
+        return await self._acquire(timeout, lease=self._heartbeat_lease())
+
+    async def _acquire(self, timeout: float, *, lease: str | None = None) -> AsyncSandbox:
+        body: dict[str, object] = {"timeout": timeout}
+        if lease is not None:
+            body["lease"] = lease
         response = await self.client.call(
-            "acquire_from_pool", self._ids, json={"timeout": timeout},
-            timeout=exec_http_timeout(timeout),
+            "acquire_from_pool", self._ids, json=body, timeout=exec_http_timeout(timeout),
         )
         return AsyncSandbox(SandboxInfo.model_validate(response.json()), client=self.client)
+
+    async def _from_reserve(self) -> AsyncSandbox | None:
+        """A sandbox of the reserve (taking the next ones if it is empty), or None if
+        the pool had none ready (the caller then waits in a plain acquire)."""
+        info = self._pop_reserved()
+        if info is None:
+            async with self._reserve_lock:
+                info = self._pop_reserved()  # another caller may have refilled it meanwhile
+                if info is None:
+                    await self._take_reserve()
+                    info = self._pop_reserved()
+        return None if info is None else AsyncSandbox(info, client=self.client)
+
+    def _pop_reserved(self) -> SandboxInfo | None:
+        """The oldest fresh reserved sandbox; stale ones are dropped (deleted later)."""
+        if self._heartbeat is not None and self._heartbeat.may_have_expired():
+            # the lease expired (or may have): the daemon deletes them, or, if not, we do
+            self._stale.extend(info for _, info in self._reserve)
+            self._reserve.clear()
+        while True:
+            try:
+                taken_at, info = self._reserve.popleft()  # one caller each, threads too
+            except IndexError:
+                return None
+            if time.monotonic() - taken_at < RESERVE_MAX_AGE_S:
+                return info
+            self._stale.append(info)
+
+    async def _take_reserve(self) -> None:
+        """Up to ``reserve`` ready sandboxes from the daemon, held under this pool's lease."""
+        stale, self._stale = self._stale, []
+        if stale:  # deleted, never handed out (their lease ends them anyway)
+            await AsyncBackend.gather([AsyncSandbox(i, client=self.client).delete for i in stale])
+        try:
+            reply = await self._reserve_call()
+        except LeaseNotFound:  # it expired (this process stood still past its ttl)
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+                self._heartbeat = None
+            reply = await self._reserve_call()
+        now = time.monotonic()
+        got = ReserveReply.model_validate(reply.json()).sandboxes
+        self._reserve.extend((now, info) for info in got)
+
+    async def _reserve_call(self) -> httpx.Response:
+        """``reserve_from_pool`` under this pool's lease (taken first if it has none)."""
+        if self._heartbeat is None or self._heartbeat.lost:
+            reply = (await self.client.call(
+                "create_lease", json={"ttl": self._reserve_ttl})).json()
+            args = self.client.connect_args
+            self._heartbeat = Heartbeat(args["url"], args["token"], reply["id"],
+                                        self._reserve_ttl)
+        return await self.client.call(
+            "reserve_from_pool", self._ids,
+            json={"count": self._reserve_size, "lease": self._heartbeat.lease_id})
+
+    def _heartbeat_lease(self) -> str:
+        if self._heartbeat is None:  # (taken by the reserve call just made)
+            raise InvalidState(f"pool {self.name}: its reserve has no lease")
+        return self._heartbeat.lease_id
+
+    async def _drop_reserve(self) -> None:
+        """Release the reserve's lease: the daemon deletes every sandbox it took."""
+        self._reserve.clear()
+        self._stale = []
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is None:
+            return
+        heartbeat.stop()
+        try:
+            await self.client.call("release_lease", {"lease_id": heartbeat.lease_id})
+        except LeaseNotFound:
+            pass  # it expired: its sandboxes are gone already
 
     async def stats(self) -> PoolInfo:
         """The pool's numbers now: ready, starting, acquired, created, wait p50, ..."""
@@ -189,9 +306,12 @@ class AsyncPool(AsyncCleanupOnExit):
 
     async def delete(self) -> None:
         """Delete the pool and its ready sandboxes, whoever created it (idempotent);
-        sandboxes handed out stay with their users."""
+        sandboxes handed out stay with their users (except a reserve's: see the class)."""
         self._closed = True
-        await self.client.call("delete_pool", self._ids)
+        try:
+            await self._drop_reserve()
+        finally:
+            await self.client.call("delete_pool", self._ids)
 
     async def close(self) -> None:
         """Delete the pool if this object created it; closing twice is fine."""
@@ -199,6 +319,8 @@ class AsyncPool(AsyncCleanupOnExit):
             return
         if self._created:
             await self.delete()
+        else:
+            await self._drop_reserve()
         self._closed = True
 
     async def __aenter__(self) -> Self:

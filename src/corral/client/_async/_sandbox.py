@@ -16,6 +16,7 @@ from corral.client._async._client import AsyncClient
 from corral.client._async._files import AsyncFiles
 from corral.client._async._logs import LogEntry, follow_logs, read_logs
 from corral.client._async._process import AsyncProcess
+from corral.client._async._run_once import run_once
 from corral.client._async._stream import AsyncExecStream
 from corral.client._backends import AsyncBackend, AsyncOpening
 from corral.client._config import (
@@ -135,6 +136,8 @@ class AsyncSandbox(AsyncCleanupOnExit, AsyncSandboxFutures):
             params={"wait": f"{wait:g}"},
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
+
+    run_once = staticmethod(run_once)
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, client: AsyncClient | None = None) -> Self:

@@ -18,6 +18,7 @@ from corral.client._sync._client import Client
 from corral.client._sync._files import Files
 from corral.client._sync._logs import LogEntry, follow_logs, read_logs
 from corral.client._sync._process import Process
+from corral.client._sync._run_once import run_once
 from corral.client._sync._stream import ExecStream
 from corral.client._backends import SyncBackend, Opening
 from corral.client._config import (
@@ -137,6 +138,8 @@ class Sandbox(CleanupOnExit, SandboxFutures):
             params={"wait": f"{wait:g}"},
         )
         return cls(SandboxInfo.model_validate(response.json()), client=client)
+
+    run_once = staticmethod(run_once)
 
     @classmethod
     def connect(cls, sandbox_id: str, *, client: Client | None = None) -> Self:

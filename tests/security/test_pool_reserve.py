@@ -1,0 +1,164 @@
+"""A client's reserve of pooled sandboxes (``POST /v1/pools/{name}/reserve``,
+``corral.Pool(reserve=N)``) under attack.
+
+A reserve takes ready sandboxes in one call and holds them under the caller's lease.
+Checked here: no sandbox is ever handed out twice (reserves and acquires racing); a
+tenant can neither reserve from another's pool nor hold sandboxes under another's
+lease; reserved sandboxes count against the tenant's quota; and a client that dies
+leaves nothing behind: its lease expires and the daemon deletes every sandbox the
+reserve took, used or not.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import requires_root
+from tests.security.tenants_helpers import team_daemon
+
+pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(300)]
+
+SPEC = {"memory_mb": 64}
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon() as t:
+        t.make_token("carol", max_sandboxes=2)
+        yield t
+
+
+def _pool(client, name: str, min_ready: int, max_size: int = 16) -> None:
+    made = client.post("/v1/pools", json={"name": name, "spec": SPEC, "min_ready": min_ready,
+                                          "max_size": max_size})
+    assert made.status_code == 201, made.text
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/pools/{name}").json()["ready"] < min_ready:
+        assert time.monotonic() < deadline, "the pool never filled"
+        time.sleep(0.1)
+
+
+def _lease(client, ttl: float = 60) -> str:
+    reply = client.post("/v1/leases", json={"ttl": ttl})
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def _gone(client, ids, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(client.get(f"/v1/sandboxes/{i}").status_code == 404 for i in ids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_reserves_and_acquires_racing_never_share_a_sandbox(team):
+    with team.tenant("alice") as alice:
+        _pool(alice, "race", 4, max_size=8)  # alice may run 8 sandboxes in all
+        lease = _lease(alice)
+
+        def reserve():
+            r = alice.post("/v1/pools/race/reserve", json={"count": 2, "lease": lease})
+            assert r.status_code == 200, r.text
+            return [s["id"] for s in r.json()["sandboxes"]]
+
+        def acquire():
+            r = alice.post("/v1/pools/race/acquire", json={"timeout": 60})
+            assert r.status_code == 200, r.text
+            return [r.json()["id"]]
+
+        with ThreadPoolExecutor(4) as ex:
+            got = [i for f in [ex.submit(fn) for fn in (reserve, acquire) * 2] for i in f.result()]
+        assert len(got) == len(set(got)), f"a sandbox was handed out twice: {got}"
+        detail = alice.get("/v1/pools/race").json()
+        assert not set(got) & set(detail["ready_ids"])  # none is offered again
+        assert set(got) <= set(detail["acquired_ids"])
+        alice.delete(f"/v1/leases/{lease}")
+        alice.delete("/v1/pools/race")
+        for sid in got:
+            alice.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_tenant_cannot_reserve_from_anothers_pool_nor_under_anothers_lease(team):
+    with team.tenant("alice") as alice, team.tenant("bob") as bob:
+        _pool(alice, "mine", 2)
+        alices = _lease(alice)
+        bobs = _lease(bob)
+        stolen = bob.post("/v1/pools/mine/reserve", json={"count": 2, "lease": bobs})
+        assert stolen.status_code == 404 and stolen.json()["error"]["code"] == "not_found"
+        _pool(bob, "bobs", 1)
+        # bob's own pool, alice's lease: refused before anything is taken
+        borrowed = bob.post("/v1/pools/bobs/reserve", json={"count": 1, "lease": alices})
+        assert borrowed.status_code == 404, borrowed.text
+        assert borrowed.json()["error"]["code"] == "lease_not_found"
+        waited = bob.post("/v1/pools/bobs/acquire", json={"timeout": 5, "lease": alices})
+        assert waited.status_code == 404, waited.text
+        assert waited.json()["error"]["code"] == "lease_not_found"
+        assert bob.get("/v1/pools/bobs").json()["ready"] == 1
+        # alice's reserve is hers: bob sees none of it
+        held = alice.post("/v1/pools/mine/reserve", json={"count": 2, "lease": alices}).json()
+        ids = [s["id"] for s in held["sandboxes"]]
+        assert len(ids) == 2
+        for sid in ids:
+            assert bob.get(f"/v1/sandboxes/{sid}").status_code == 404
+            assert bob.delete(f"/v1/sandboxes/{sid}").status_code in (204, 404)
+            assert alice.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        # bob releasing alice's lease is a no-op; alice releasing it deletes her reserve
+        assert bob.delete(f"/v1/leases/{alices}").status_code == 204
+        assert alice.get(f"/v1/sandboxes/{ids[0]}").json()["state"] == "running"
+        assert alice.delete(f"/v1/leases/{alices}").status_code == 204
+        assert _gone(alice, ids)
+        bob.delete(f"/v1/leases/{bobs}")
+        alice.delete("/v1/pools/mine")
+        bob.delete("/v1/pools/bobs")
+
+
+def test_reserved_sandboxes_count_against_the_quota(team):
+    with team.tenant("carol") as carol:  # max_sandboxes=2
+        _pool(carol, "quota", 2, max_size=4)
+        lease = _lease(carol)
+        held = carol.post("/v1/pools/quota/reserve", json={"count": 2, "lease": lease}).json()
+        ids = [s["id"] for s in held["sandboxes"]]
+        assert len(ids) == 2
+        over = carol.post("/v1/sandboxes", json=SPEC)
+        assert over.status_code == 429 and over.json()["error"]["code"] == "quota_exceeded"
+        carol.delete(f"/v1/leases/{lease}")
+        assert _gone(carol, ids)
+        carol.delete("/v1/pools/quota")
+        deadline = time.monotonic() + 60
+        while (made := carol.post("/v1/sandboxes", json=SPEC)).status_code == 429:
+            assert time.monotonic() < deadline, made.text  # places come back as teardown ends
+            time.sleep(0.2)
+        assert made.status_code == 201, made.text
+        carol.delete(f"/v1/sandboxes/{made.json()['id']}")
+
+
+CLIENT = textwrap.dedent("""
+    import os, sys, corral
+    client = corral.Client(sys.argv[1], token=sys.argv[2])
+    pool = corral.Pool(memory_mb=64, min_ready=3, max_size=8, reserve=3, reserve_ttl=1,
+                       name="dies", client=client)
+    pool.wait_ready(timeout=120)
+    used = pool.acquire(timeout=60)
+    used.exec("true")
+    print(used.id, *[i.id for _, i in pool._reserve], flush=True)
+    os._exit(0)  # killed: nothing closes, nothing renews
+""")
+
+
+def test_a_client_that_dies_leaves_no_reserved_sandbox(team):
+    out = subprocess.run([sys.executable, "-c", CLIENT, team.url, team.tokens["bob"]],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    ids = out.stdout.split()
+    assert len(ids) == 3, out.stdout
+    with team.tenant("bob") as bob:
+        assert _gone(bob, ids), "the dead client's reserve outlived its lease"
+        bob.delete("/v1/pools/dies")
