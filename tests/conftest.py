@@ -221,3 +221,54 @@ def pytest_xdist_make_scheduler(config, log):
             return self._units[module]
 
     return SharedUnits(config, log)
+
+
+# Some security tests build trees deeper than Python's recursion limit (deep-path
+# attacks). pytest's own clean-up of old tmp dirs (shutil.rmtree, at a later session's
+# start and exit) raises RecursionError on them, which ended an xdist worker and with it
+# the whole run; a dir it renamed to garbage-* for deletion then broke every later
+# session. Such trees are removed here without recursion (corral's own remove_tree).
+_DEEP = 400  # levels: rmtree's recursion needs about one frame a level
+
+
+def _remove_deep_trees(base: Path) -> None:
+    from corral.runtime.treecopy import remove_tree
+
+    try:
+        found = subprocess.run(
+            ["find", str(base), "-mindepth", str(_DEEP), "-maxdepth", str(_DEEP),
+             "-type", "d", "-print"], capture_output=True, text=True, timeout=300).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    tops = {base / Path(p).relative_to(base).parts[0] for p in found.splitlines() if p}
+    for top in tops:
+        try:
+            remove_tree(top)
+        except OSError:
+            pass
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        return
+    import getpass
+
+    from corral.runtime.treecopy import remove_tree
+
+    temproot = os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir()
+    try:
+        root = Path(temproot) / f"pytest-of-{getpass.getuser()}"
+    except (KeyError, OSError):
+        return
+    for garbage in root.glob("garbage-*"):  # dirs pytest gave up deleting
+        try:
+            remove_tree(garbage)
+        except OSError:
+            pass
+
+
+def pytest_sessionfinish(session):
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    base = getattr(factory, "_basetemp", None)
+    if base is not None:
+        _remove_deep_trees(Path(base))

@@ -199,3 +199,71 @@ def _pool_until(client, name: str, done) -> dict:
             return info
         time.sleep(0.1)
     raise AssertionError(f"pool {name} never got there: {info}")
+
+
+def test_a_create_queued_while_the_right_is_taken_back_does_not_get_it(team):
+    """Race (red team 10): a tenant at its max_sandboxes asks for a host-network sandbox
+    with ``?wait=``: it passed the right's check and waits in admission. The admin takes
+    the right back, which stops the sandbox it had and so frees its place: the queued
+    create must not then start on the host's network (its check was of the right as it
+    was); it is refused, and nothing of it runs."""
+    import threading
+
+    token = team.make_token("erin", allow_host_network=True, max_sandboxes=1)
+    with team.tcp(token) as erin:
+        first = erin.post("/v1/sandboxes", json={"network": "host", "memory_mb": 64})
+        assert first.status_code == 201, first.text
+        replies = []
+        queued = threading.Thread(target=lambda: replies.append(erin.post(
+            "/v1/sandboxes?wait=60", json={"network": "host", "memory_mb": 64})))
+        queued.start()
+        try:
+            with team.admin() as admin:
+                time.sleep(1.0)  # it waits for erin's quota (nothing shows that wait)
+                assert queued.is_alive() and not replies
+                reply = admin.patch("/v1/tokens/erin", json={"allow_host_network": False})
+                assert reply.status_code == 200, reply.text
+        finally:
+            queued.join(90)
+        (second,) = replies
+        assert second.status_code == 403, second.text
+        with team.admin() as admin:
+            listed = admin.get("/v1/sandboxes").json()["sandboxes"]
+        running = [s for s in listed if s.get("tenant") == "erin"
+                   and s["state"] in ("pending", "running", "paused")]
+        assert running == [], running
+        erin.delete(f"/v1/sandboxes/{first.json()['id']}")
+    no_traceback(team)
+
+
+
+
+def test_a_snapshot_of_a_host_sandbox_restores_to_nothing_once_the_right_is_gone(team):
+    """(red team 10) A tenant with the right snapshots its host-network sandbox (a live
+    checkpoint of one is refused typed: its resolv.conf mount, so none hibernates); the
+    right is taken back: a create from the snapshot, with or without the network named
+    again, does not get the host's network."""
+    token = team.make_token("fay", allow_host_network=True)
+    with team.tcp(token) as fay:
+        made = fay.post("/v1/sandboxes", json={"network": "host", "memory_mb": 64,
+                                               "checkpointable": True})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        live = fay.post(f"/v1/sandboxes/{sid}/checkpoint", json={})
+        assert live.status_code == 501 and live.json()["error"]["code"] == "unsupported"
+        taken = fay.post(f"/v1/sandboxes/{sid}/snapshot", json={})
+        assert taken.status_code in (200, 201), taken.text
+        snap = taken.json()["id"]
+        with team.admin() as admin:
+            reply = admin.patch("/v1/tokens/fay", json={"allow_host_network": False})
+            assert reply.status_code == 200, reply.text
+        assert fay.get(f"/v1/sandboxes/{sid}").json()["state"] == "stopped"
+        for spec in ({"snapshot": snap}, {"snapshot": snap, "network": "host"}):
+            again = fay.post("/v1/sandboxes", json={**spec, "memory_mb": 64})
+            assert again.status_code == 403 or (
+                again.status_code == 201 and again.json()["spec"]["network"] != "host"), again.text
+            if again.status_code == 201:
+                fay.delete(f"/v1/sandboxes/{again.json()['id']}")
+        fay.delete(f"/v1/sandboxes/{sid}")
+        fay.delete(f"/v1/snapshots/{snap}")
+    no_traceback(team)

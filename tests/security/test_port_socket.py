@@ -292,3 +292,94 @@ def test_no_handoff_on_tcp_even_for_the_owner(team):
     assert r.status_code == 400 and "Unix socket" in r.json()["error"]["message"]
     with team.tenant("bob") as bob:
         assert bob.post(path).status_code in (400, 404)
+
+
+# ------------------------------------- the handoff with a tenant's token (red team 10)
+
+def _raw_handoff(team, token: str | None, sandbox_id: str, port: int = PORT):
+    """``(status, descriptor or None, lease)``: a handoff asked on the daemon's Unix
+    socket with ``token`` as the bearer (the lease is the request; close it to end)."""
+    import socket
+
+    lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lease.settimeout(30)
+    lease.connect(str(team.daemon.socket))
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    lease.sendall(f"POST /v1/sandboxes/{sandbox_id}/ports/{port}/handoff HTTP/1.1\r\n"
+                  f"Host: localhost\r\n{auth}Content-Length: 0\r\n\r\n".encode())
+    first, fds, _, _ = socket.recv_fds(lease, 1, 1)
+    head = first
+    while b"\r\n\r\n" not in head:
+        chunk = lease.recv(4096)
+        assert chunk, head
+        head += chunk
+    head = head.lstrip(b"\0")
+    status = int(head.split(b" ", 2)[1])
+    sock = socket.socket(fileno=fds[0]) if fds else None
+    if sock is not None:
+        sock.settimeout(30)  # the daemon's side was non-blocking (one file description)
+    return status, sock, lease
+
+
+def test_only_the_sockets_owner_can_ask_for_a_handoff(team):
+    """The handoff is the admin's (the Unix socket's owner): another host user cannot
+    even connect to the socket (0600), so no tenant takes a handoff
+    there; a tenant's token on TCP is refused (test above)."""
+    import os
+    import socket
+    import stat
+
+    path = team.daemon.socket
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # another host user (nobody) tries the socket
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(str(path))
+                os.write(w, b"connected")
+            except OSError as exc:
+                os.write(w, type(exc).__name__.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 100)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"PermissionError", got
+
+
+def test_a_deleted_sandboxs_handed_connection_ends(team):
+    """Deleting the sandbox ends a connection handed over to its owner (the admin, on
+    the socket): nothing of the sandbox's namespace lives on in the holder's hand."""
+    client = corral.Client(team.daemon.url)
+    sb = corral.Sandbox.create(memory_mb=64, client=client)
+    try:
+        sb.spawn(["python3", "-c", ECHO])
+        deadline = time.monotonic() + 30
+        while sb.exec(["sh", "-c", f"grep -q ':{PORT:04X} ' /proc/net/tcp"]).returncode:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        status, conn, lease = _raw_handoff(team, None, sb.id)
+        assert status == 200
+        conn.sendall(b"y\n")
+        assert conn.recv(16) == b"y\n"
+        with team.admin() as admin:
+            assert admin.delete(f"/v1/sandboxes/{sb.id}").status_code in (200, 204)
+        with pytest.raises(OSError):
+            for _ in range(300):
+                conn.sendall(b"y\n")
+                if not conn.recv(16):
+                    raise ConnectionResetError("ended")
+                time.sleep(0.05)
+        conn.close()
+        lease.close()
+    finally:
+        with team.admin() as admin:
+            admin.delete(f"/v1/sandboxes/{sb.id}")
+        client.close()

@@ -12,6 +12,7 @@ get exactly that.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 from pathlib import Path
@@ -118,3 +119,65 @@ def test_without_a_prepared_namespace_bwrap_makes_one():
     assert "--host-net" in host and "--unshare-net" not in host
     ckpt = args(True, spec=SandboxSpec.parse({"checkpointable": True}))
     assert "--host-net" in ckpt and "--unshare-net" in ckpt
+
+
+async def test_a_prepared_namespace_reaches_nothing_of_the_hosts(engine):
+    """(red team 10) The host's own loopback port and abstract Unix socket (the host's
+    namespace, where the launcher made the prepared one and keeps a descriptor of it
+    until it becomes bwrap) are out of reach; root in the sandbox cannot change the
+    prepared namespace (it is the host user namespace's: lo stays up, no interface
+    can be added), nor see any interface but lo."""
+    import socket
+
+    name = f"corral-{secrets.token_hex(6)}"
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind("\0" + name)
+    unix.listen()
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen()
+    try:
+        info = await engine.create()
+        assert _netns(agent_host_pid(engine, info.id)) != _netns(os.getpid())
+        probe = await run_json(engine, info.id, PROBE, name, str(tcp.getsockname()[1]))
+        assert probe == {"unix": "ConnectionRefusedError", "tcp": "ConnectionRefusedError"}
+        meddle = await engine.exec(info.id, [
+            "sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1"],
+            timeout=60, user="root")
+        assert meddle.stdout.split() == [b"lo"], meddle.stdout
+        r = await engine.exec(info.id, ["python3", "-c", CHANGE], timeout=60, user="root")
+        changed = json.loads(r.stdout)
+        assert changed == {"lo_down": "PermissionError", "lo_up": True}, changed
+    finally:
+        unix.close()
+        tcp.close()
+
+
+CHANGE = """
+import fcntl, json, socket, struct
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+req = struct.pack("16sH", b"lo", 0)
+flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, req)[:18])[1]
+out = {}
+try:
+    fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags & ~IFF_UP))
+    out["lo_down"] = "done"
+except OSError as exc:
+    out["lo_down"] = type(exc).__name__
+flags = struct.unpack("16sH", fcntl.ioctl(s, SIOCGIFFLAGS, req)[:18])[1]
+out["lo_up"] = bool(flags & IFF_UP)
+print(json.dumps(out))
+"""
+
+
+async def test_a_policy_sandbox_runs_in_its_policys_namespace_not_the_slots(engine):
+    """(red team 10) A warm slot's launcher made an empty namespace; a sandbox with a
+    policy takes the slot and must run in its policy's namespace (its filtered link),
+    bwrap and agent alike: never the prepared one (no network at all) nor the host's."""
+    info = await engine.create(network={"allow": ["example.com"]})
+    live = engine._live[info.id]
+    assert live.netns
+    policy = f"net:[{os.stat(live.netns).st_ino}]"
+    assert _netns(agent_host_pid(engine, info.id)) == policy
+    assert _netns(live.proc.pid) == policy

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -51,6 +52,7 @@ class BuildGate:
         self.max_builds = max_builds
         self._quota_of = quota_of
         self._running: Counter[str | None] = Counter()
+        self._receiving: Counter[str | None] = Counter()  # contexts being uploaded
 
     @property
     def running(self) -> int:
@@ -67,11 +69,25 @@ class BuildGate:
             return cores
         return max(0.01, min(cores, quota.max_cpus))
 
-    async def admit(self, owner: str | None, memory_mb: int, cpus: float) -> BuildTicket:
-        """Room for one build of ``owner``, or the typed error saying which limit."""
-        if self.running >= self.max_builds:
+    @contextmanager
+    def receiving(self, owner: str | None) -> Iterator[None]:
+        """A build context being received (streamed to disk before its build is
+        admitted, each up to --max-upload-bytes): counted with ``owner``'s builds, so no
+        more contexts arrive at once than builds may run (before, any number did)."""
+        self._check(owner)
+        self._receiving[owner] += 1
+        try:
+            yield
+        finally:
+            self._receiving[owner] -= 1
+            if self._receiving[owner] <= 0:
+                del self._receiving[owner]
+
+    def _check(self, owner: str | None) -> None:
+        busy = self.running + sum(self._receiving.values())
+        if busy >= self.max_builds:
             raise CapacityExceeded(
-                f"this daemon runs {self.running} image builds already (--max-builds "
+                f"this daemon runs or receives {busy} image builds already (--max-builds "
                 f"{self.max_builds}): retry when one has finished",
                 details={"limit": "max_builds", "value": self.max_builds},
             )
@@ -79,14 +95,19 @@ class BuildGate:
             quota = self._quota_of(owner)
             limit = DEFAULT_MAX_BUILDS if quota is None or quota.max_builds is None \
                 else quota.max_builds
-            if self._running[owner] >= limit:
+            used = self._running[owner] + self._receiving[owner]
+            if used >= limit:
                 raise QuotaExceeded(
                     f"tenant {owner!r} is over its max_builds quota: the limit is {limit}, "
-                    f"{self._running[owner]} running: wait for its build to finish, or ask "
-                    "the admin for more (corral token update --max-builds)",
+                    f"{used} running or being received: wait for its build to finish, or "
+                    "ask the admin for more (corral token update --max-builds)",
                     details={"quota": "max_builds", "limit": limit,
-                             "used": self._running[owner], "requested": 1, "tenant": owner},
+                             "used": used, "requested": 1, "tenant": owner},
                 )
+
+    async def admit(self, owner: str | None, memory_mb: int, cpus: float) -> BuildTicket:
+        """Room for one build of ``owner``, or the typed error saying which limit."""
+        self._check(owner)
         ticket = BuildTicket("build-" + secrets.token_hex(6), owner)
         self._running[owner] += 1  # before waiting: the bounds hold for those queued too
         try:

@@ -40,7 +40,8 @@ async def build_dockerfile_route(request: Request) -> Response:
                               f"{REQUEST_MEMBER} and {CONTEXT_DIR}/")
     work: Path = await asyncio.to_thread(engine.images.work_dir, "dockerfile")
     try:
-        data = await save_context(request, work, REQUEST_MEMBER)
+        with builds_gate(request).receiving(tenant_of(request)):
+            data = await save_context(request, work, REQUEST_MEMBER)
         req = validate_model(DockerfileRequest, data, "Dockerfile build request")
         context = work / "root" / CONTEXT_DIR
         context.mkdir(exist_ok=True)

@@ -56,7 +56,7 @@ from corral.server.builds import builds_gate
 from corral.server.limits import parse_json
 from corral.server.streaming import NDJSONResponse
 from corral.server.tenants import require_image_rights, tenant_of
-from corral.server.wire import paced, read_json, save_body
+from corral.server.wire import check_room, paced, read_json, save_body
 
 logger = logging.getLogger("corral.server")
 
@@ -183,7 +183,8 @@ async def build_image(request: Request) -> Response:
     try:
         if request.headers.get("content-type", "").split(";")[0].strip() == TAR:
             work = await asyncio.to_thread(store.work_dir, "build")
-            data = await save_context(request, work)
+            with builds_gate(request).receiving(tenant_of(request)):
+                data = await save_context(request, work)
             context: Path | None = work / "root" / CONTEXT_DIR
         else:
             data, context = await read_json(request, "build request"), None
@@ -300,6 +301,7 @@ async def _save_body(request: Request, path: Path) -> None:
             if size > MAX_IMPORT_BYTES:
                 raise FileTooLarge(f"the image archive is over {MAX_IMPORT_BYTES} bytes",
                                    details={"limit": MAX_IMPORT_BYTES})
+            check_room(path.parent, size, size - len(chunk), "image archive")
             await asyncio.to_thread(f.write, chunk)
     if size == 0:
         raise InvalidArgument("missing request body: send the image archive (a tar)")

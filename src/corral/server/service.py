@@ -43,7 +43,7 @@ from corral.schema import (
     SnapshotInfo,
 )
 from corral.server.admission import LIVE_STATES, Admission
-from corral.server.caller import DAEMON_ID, Caller
+from corral.server.caller import Caller
 from corral.server.limits import (
     DAEMON_LIFETIME,
     TENANT_LIFETIME,
@@ -267,8 +267,7 @@ class SandboxService:
             # a fork's or a refill's network (a create's was checked by plan): against
             # the owner's rights as they are now (a right taken back refuses them)
             spec = self.engine.resolve_network(spec, owner=caller.name)
-            if uses_host_network_right(spec):
-                check_network(spec, host_network=True, admin=self._may_use_host_network(caller))
+            self._check_host_right(spec, caller)
             # a default or inherited one; the owner's limit (a pool refills as the daemon)
             spec = capped_lifetime(spec, self.lifetime_limit(spec.tenant)[0])
             check_host_limits(spec)
@@ -280,8 +279,10 @@ class SandboxService:
                 then=(lambda: self._wait_for_gpus(spec, wait)) if n_gpus else None,
             ) as slot:
                 admitted = time.monotonic()
+                self._check_host_right(spec, caller)  # taken back while it waited: refused
                 created = await self.engine.create(spec, owner=caller.name)
                 slot.commit(created.id)
+            await self._still_entitled(created.id, spec, caller)
             result = "ok"
         except NoGpuCapacity as exc:
             result = exc.code
@@ -301,12 +302,26 @@ class SandboxService:
         return created
 
     def _may_use_host_network(self, caller: Caller) -> bool:
-        """The caller's host-network right; for the daemon acting for a tenant (a pool's
-        refill), that tenant's as the registry says now."""
-        if caller.token_id != DAEMON_ID or caller.name is None or self.tenants is None:
+        """The caller's host-network right as the registry says now: a tenant's (or the
+        daemon's acting for one: a pool's refill), not as its token said when its request
+        began (a right taken back while it waited: ``PATCH /v1/tokens``)."""
+        if caller.name is None or self.tenants is None:
             return caller.may_use_host_network
         tenant = self.tenants.quota_of(caller.name)
         return tenant is not None and tenant.allow_host_network
+
+    def _check_host_right(self, spec: SandboxSpec, caller: Caller) -> None:
+        if uses_host_network_right(spec):
+            check_network(spec, host_network=True, admin=self._may_use_host_network(caller))
+
+    async def _still_entitled(self, sandbox_id: str, spec: SandboxSpec, caller: Caller) -> None:
+        """The right checked once more after the sandbox started: one taken back while it
+        started (after the revocation listed its tenant's sandboxes) ends it, refused."""
+        try:
+            self._check_host_right(spec, caller)
+        except Forbidden:
+            await self._delete_admitted(sandbox_id)
+            raise
 
     def _ended_already(self, sandbox_id: str) -> bool:
         try:
@@ -349,7 +364,7 @@ class SandboxService:
     ) -> SandboxInfo:
         """A running policy sandbox's new policy (a tenant's may name no private range)."""
         spec = SandboxSpec.parse(network=network.model_dump())
-        check_network(spec, host_network=False, admin=caller.may_use_host_network)
+        check_network(spec, host_network=False, admin=self._may_use_host_network(caller))
         return await self.engine.update_network(sandbox_id, network, owner=caller.name)
 
     def create_network(self, name: str, policy: NetworkPolicy, caller: Caller, *,
@@ -357,7 +372,7 @@ class SandboxService:
         """A named network (``corral.Network``) of the caller's: a tenant's may name no
         private range (as its sandboxes' policies may not)."""
         check_network(SandboxSpec.parse(network=policy.model_dump()), host_network=False,
-                      admin=caller.may_use_host_network)
+                      admin=self._may_use_host_network(caller))
         return self.engine.create_network(name, policy, private=private, owner=caller.name)
 
     async def stop(

@@ -10,8 +10,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from corral.errors import CorralError, FileTooLarge, InvalidArgument, RequestTimeout
+from corral.errors import (
+    CorralError,
+    FileTooLarge,
+    InvalidArgument,
+    RequestTimeout,
+    StorageFull,
+)
 from corral.runtime.engine_files import FileReading
+from corral.runtime.storage import room_above_reserve
 from corral.server.limits import BODY_IDLE_TIMEOUT_S, parse_json
 
 
@@ -30,14 +37,36 @@ async def read_body(request: Request, limit: int, what: str) -> bytearray:
 
 async def save_body(request: Request, path: Path, limit: int, what: str) -> int:
     """Write the request body to the new file ``path`` as it arrives (the daemon holds
-    one piece at a time), refused with 413 past ``limit`` like :func:`read_body`; its
-    size. The caller removes ``path`` (its work directory) whatever happens."""
+    one piece at a time), refused with 413 past ``limit`` like :func:`read_body`, and
+    with :class:`StorageFull` once it and what it unpacks to would take the disk below
+    its reserve (concurrent uploads each count what they wrote); its size. The caller
+    removes ``path`` (its work directory) whatever happens."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdecimal():
+        check_room(path.parent, int(declared), 0, what)  # refused before a byte is read
     size = 0
     with open(path, "xb") as f:
         async for chunk in body_pieces(request, limit, what):
             size += len(chunk)
+            check_room(path.parent, size, size - len(chunk), what)  # statvfs: cheap
             await asyncio.to_thread(f.write, chunk)
     return size
+
+
+def _room(where: Path) -> int:
+    return room_above_reserve(where)
+
+
+def check_room(where: Path, total: int, staged: int, what: str) -> None:
+    """StorageFull unless the disk under ``where`` holds, above its reserve, the rest
+    of a ``total``-byte body (``staged`` of it written already) and its unpacked tree."""
+    room = _room(where)
+    if 2 * total - staged > room:
+        raise StorageFull(
+            f"no room for a {total}-byte {what}: {max(0, room) >> 20} MiB are free above "
+            "the disk's reserve, and the upload and what it unpacks to are held at once; "
+            "send less, or free space on the daemon's disk (images, snapshots, volumes)",
+            details={"received": total})
 
 
 def body_pieces(request: Request, limit: int, what: str) -> AsyncIterator[bytes]:
