@@ -162,3 +162,46 @@ def test_a_client_that_dies_leaves_no_reserved_sandbox(team):
     with team.tenant("bob") as bob:
         assert _gone(bob, ids), "the dead client's reserve outlived its lease"
         bob.delete("/v1/pools/dies")
+
+
+BAD_COUNTS = [0, -1, 65, 10**30, "2", True, 2.0, None, [2]]
+
+
+def test_a_reserve_count_other_than_1_to_64_is_refused_typed_and_takes_nothing(team):
+    """Edge counts (zero, negative, huge, a string, a bool, a float, none) and a lease
+    that is missing or empty are each a typed 400; nothing leaves the pool."""
+    with team.tenant("alice") as alice:
+        _pool(alice, "edges", 1, max_size=2)
+        lease = _lease(alice)
+        bodies = [{"count": c, "lease": lease} for c in BAD_COUNTS]
+        bodies += [{"count": 1}, {"count": 1, "lease": ""}, {"count": 1, "lease": "x" * 101},
+                   {"count": 1, "lease": lease, "extra": 1}]
+        for body in bodies:
+            reply = alice.post("/v1/pools/edges/reserve", json=body)
+            assert reply.status_code == 400, (body, reply.text)
+            assert reply.json()["error"]["code"] == "invalid_argument", (body, reply.text)
+        assert alice.post("/v1/pools/edges/reserve", content=b"{",
+                          headers={"content-type": "application/json"}).status_code == 400
+        assert alice.get("/v1/pools/edges").json()["ready"] == 1
+        assert alice.get("/v1/pools/edges").json()["acquired_ids"] == []
+        alice.delete(f"/v1/leases/{lease}")
+        alice.delete("/v1/pools/edges")
+
+
+def test_revoking_a_token_ends_its_leases_and_their_reserves(team):
+    """A revoked tenant's leases end at revocation, not a ``ttl`` later: each sandbox
+    its reserves took is deleted (they were only stopped, and their lease, with a ttl
+    of up to a day, went on holding them). A name once revoked is never issued again,
+    so no later token finds the lease."""
+    team.make_token("erin", max_sandboxes=4)
+    with team.tenant("erin") as erin:
+        _pool(erin, "doomed", 2, max_size=4)
+        lease = _lease(erin, ttl=3600)
+        held = erin.post("/v1/pools/doomed/reserve", json={"count": 2, "lease": lease})
+        ids = [s["id"] for s in held.json()["sandboxes"]]
+        assert len(ids) == 2, held.text
+    with team.admin() as admin:
+        assert admin.delete("/v1/tokens/erin").status_code == 204
+        assert _gone(admin, ids, timeout=30), "a revoked tenant's reserve outlived it"
+        reissued = admin.post("/v1/tokens", json={"name": "erin"})
+        assert reissued.status_code == 400, reissued.text

@@ -105,6 +105,14 @@ class Leases:
             return
         await self._end(lease_id, "its lease was released by its client")
 
+    async def end_tenant(self, tenant: str, reason: str) -> int:
+        """End every lease of ``tenant`` now (its token was revoked: nothing may renew
+        them, and a token issued again under its name must not find them); how many."""
+        ids = [r[0] for r in self.db.execute("SELECT id FROM leases WHERE tenant=?", (tenant,))]
+        for lease_id in ids:
+            await self._end(lease_id, reason)
+        return len(ids)
+
     def hold(self, tenant: str | None, lease_id: str, sandbox_ids: Sequence[str]) -> None:
         """Tie sandboxes handed out to a client's reserve (``pool_reserve``) to its lease:
         they are deleted when it ends. :class:`~corral.errors.LeaseNotFound` if the lease
