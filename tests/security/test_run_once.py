@@ -7,6 +7,8 @@ nor a tag another front-end reserves; a run's sandbox is never visible to anothe
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
 import time
 
@@ -85,3 +87,93 @@ def test_a_run_cannot_carry_anothers_lease_nor_a_reserved_tag(team):
                                              "exec": {"cmd": "true"}})
         assert reserved.status_code == 400, reserved.text
         alice.delete(f"/v1/leases/{lease['id']}")
+
+
+def _live(admin, tenant: str) -> list[str]:
+    listed = admin.get("/v1/sandboxes", params={"tenant": tenant}).json()["sandboxes"]
+    return [s["id"] for s in listed if s["state"] not in ("stopped", "deleted", "failed")]
+
+
+def _volume(client, name: str) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("secret")
+        info.size = 3
+        t.addfile(info, io.BytesIO(b"hi\n"))
+    made = client.post(f"/v1/volumes?name={name}", content=buf.getvalue())
+    assert made.status_code == 201, made.text
+
+
+def test_a_run_gets_nothing_a_create_would_refuse(team):
+    """The host's network without the right, GPUs without a quota, another tenant's
+    volume, an unknown (privileged) option, bounds of the command's own: each refused
+    typed as a create's or an exec's would be, and no sandbox is left behind."""
+    with team.tenant("alice") as alice:
+        _volume(alice, "alices")
+    refusals = [
+        ({**SPEC, "network": "host"}, {}, 403, "forbidden"),
+        ({**SPEC, "gpus": 1}, {}, 429, "quota_exceeded"),
+        ({**SPEC, "gpus": "all"}, {}, 429, "quota_exceeded"),
+        ({**SPEC, "volumes": {"/data": "alices"}}, {}, 404, None),
+        ({**SPEC, "privileged": True}, {}, 400, "invalid_argument"),
+        ({**SPEC, "cap_add": ["SYS_ADMIN"]}, {}, 400, "invalid_argument"),
+        (SPEC, {"max_output": 1 << 40}, 400, "invalid_argument"),
+        (SPEC, {"timeout": 0}, 400, "invalid_argument"),
+        (SPEC, {"timeout": 31 * 86400}, 400, "invalid_argument"),
+    ]
+    with team.tenant("bob") as bob, team.admin() as admin:
+        for spec, extra, status, code in refusals:
+            reply = bob.post("/v1/run", json={"spec": spec, "exec": {"cmd": "id", **extra}})
+            assert reply.status_code == status, (spec, extra, reply.text)
+            if code is not None:
+                assert reply.json()["error"]["code"] == code, reply.text
+        assert bob.post("/v1/run", json={"spec": SPEC}).status_code == 400  # no exec
+        assert _live(admin, "bob") == []
+    with team.tenant("alice") as alice:
+        alice.delete("/v1/volumes/alices")
+
+
+def test_a_run_that_never_ends_or_floods_is_bounded(team):
+    """A command past its timeout is killed and its sandbox deleted; output past
+    ``max_output`` is cut, not held whole in the daemon's memory."""
+    with team.tenant("bob") as bob, team.admin() as admin:
+        slow = bob.post("/v1/run", json={"spec": SPEC, "exec": {"cmd": "sleep 60",
+                                                                 "timeout": 1}})
+        assert slow.status_code == 200, slow.text
+        assert slow.json()["result"]["timed_out"] is True
+        flood = bob.post("/v1/run", json={"spec": SPEC, "exec": {
+            "cmd": "head -c 50000000 /dev/zero", "max_output": 4096}})
+        assert flood.status_code == 200, flood.text
+        result = flood.json()["result"]
+        assert result["stdout_truncated"] is True
+        assert len(result["stdout"]) <= 4096
+        assert _live(admin, "bob") == []
+
+
+def test_revoking_a_token_mid_run_leaves_no_sandbox(team):
+    """The run's call ends with its token and its sandbox is deleted, whatever
+    ``--on-revoke`` does to the tenant's other sandboxes."""
+    team.make_token("fred", max_sandboxes=2)
+    replies: list[httpx.Response | Exception] = []
+
+    def run() -> None:
+        with team.tenant("fred") as fred:
+            try:
+                replies.append(fred.post("/v1/run", json={
+                    "spec": {**SPEC, "tags": ["revoked"]}, "exec": {"cmd": "sleep 60"}}))
+            except httpx.HTTPError as exc:
+                replies.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    with team.admin() as admin:
+        deadline = time.monotonic() + 60
+        while not _live(admin, "fred"):
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        assert admin.delete("/v1/tokens/fred").status_code == 204
+        t.join(30)
+        assert not t.is_alive(), "the revoked token's run went on"
+        while admin.get("/v1/sandboxes", params={"tenant": "fred"}).json()["sandboxes"]:
+            assert time.monotonic() < deadline, "the revoked run's sandbox stayed"
+            time.sleep(0.1)
