@@ -205,3 +205,4 @@ def test_revoking_a_token_ends_its_leases_and_their_reserves(team):
         assert _gone(admin, ids, timeout=30), "a revoked tenant's reserve outlived it"
         reissued = admin.post("/v1/tokens", json={"name": "erin"})
         assert reissued.status_code == 400, reissued.text
+
