@@ -11,6 +11,7 @@ import io
 import tarfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -177,3 +178,61 @@ def test_revoking_a_token_mid_run_leaves_no_sandbox(team):
         while admin.get("/v1/sandboxes", params={"tenant": "fred"}).json()["sandboxes"]:
             assert time.monotonic() < deadline, "the revoked run's sandbox stayed"
             time.sleep(0.1)
+
+
+def test_a_run_can_neither_pass_as_another_tenant_nor_start_from_its_snapshot(team):
+    """``spec.tenant`` is the daemon's to set (a run naming another tenant still counts
+    against its caller's quota), and another tenant's snapshot is as if it did not
+    exist."""
+    with team.tenant("alice") as alice:
+        made = alice.post("/v1/sandboxes", json={**SPEC, "env": {"SECRET": "alices"}})
+        assert made.status_code == 201, made.text
+        sid = made.json()["id"]
+        snap = alice.post(f"/v1/sandboxes/{sid}/snapshot", json={"name": "alices-snap"})
+        assert snap.status_code in (200, 201), snap.text
+        snap_id = snap.json()["id"]
+        alice.delete(f"/v1/sandboxes/{sid}")
+    with team.tenant("dave") as dave:  # max_sandboxes=1
+        held = dave.post("/v1/sandboxes", json=SPEC)
+        assert held.status_code == 201, held.text
+        spoofed = dave.post("/v1/run", json={"spec": {**SPEC, "tenant": "alice"},
+                                             "exec": {"cmd": "true"}})
+        assert spoofed.status_code == 429, spoofed.text
+        dave.delete(f"/v1/sandboxes/{held.json()['id']}")
+    with team.tenant("bob") as bob:
+        for ref in (snap_id, "alices-snap"):
+            stolen = bob.post("/v1/run", json={"spec": {**SPEC, "snapshot": ref},
+                                               "exec": {"cmd": "echo $SECRET"}})
+            assert stolen.status_code == 404, stolen.text
+            assert stolen.json()["error"]["code"] == "snapshot_not_found", stolen.text
+    with team.tenant("alice") as alice:
+        alice.delete(f"/v1/snapshots/{snap_id}")
+
+
+def test_concurrent_runs_never_exceed_the_quota(team):
+    """Six runs at once for a tenant of one sandbox: those admitted never overlap (each
+    command prints when it began and ended), the others are refused typed."""
+    def run(_: int) -> httpx.Response:
+        with team.tenant("dave") as c:  # max_sandboxes=1
+            return c.post("/v1/run", json={"spec": SPEC, "exec": {
+                "cmd": "date +%s.%N; sleep 1; date +%s.%N"}})
+
+    deadline = time.monotonic() + 60
+    with team.admin() as admin:
+        while _live(admin, "dave"):  # earlier tests' places come back
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    with ThreadPoolExecutor(6) as ex:
+        replies = list(ex.map(run, range(6)))
+    spans = []
+    for r in replies:
+        if r.status_code == 200:
+            begun, ended = map(float, r.json()["result"]["stdout"].split())
+            spans.append((begun, ended))
+        else:
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["code"] == "quota_exceeded"
+    assert spans, [r.text for r in replies]
+    spans.sort()
+    for (_, ended), (begun, _) in zip(spans, spans[1:]):
+        assert begun >= ended, f"two runs of a one-sandbox tenant overlapped: {spans}"
