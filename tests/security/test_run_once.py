@@ -236,3 +236,18 @@ def test_concurrent_runs_never_exceed_the_quota(team):
     spans.sort()
     for (_, ended), (begun, _) in zip(spans, spans[1:]):
         assert begun >= ended, f"two runs of a one-sandbox tenant overlapped: {spans}"
+
+
+def test_hanging_up_at_any_point_of_a_run_leaves_no_sandbox(team):
+    """Hang-ups during the create, between create and command, during the command:
+    whatever point each falls on, no sandbox stays (nor counts)."""
+    for read in (0.02, 0.05, 0.1, 0.2, 0.4, 0.8):
+        with team.tenant("bob") as c, pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/run", timeout=httpx.Timeout(60, read=read), json={
+                "spec": {**SPEC, "tags": ["hangups"]}, "exec": {"cmd": "sleep 30"}})
+    deadline = time.monotonic() + 60
+    with team.admin() as admin:
+        while [s for s in admin.get("/v1/sandboxes", params={"tag": "hangups"}).json()[
+                "sandboxes"]]:
+            assert time.monotonic() < deadline, "an abandoned run's sandbox stayed"
+            time.sleep(0.2)
