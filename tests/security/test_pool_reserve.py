@@ -206,3 +206,32 @@ def test_revoking_a_token_ends_its_leases_and_their_reserves(team):
         reissued = admin.post("/v1/tokens", json={"name": "erin"})
         assert reissued.status_code == 400, reissued.text
 
+
+
+def test_a_reserve_racing_its_leases_release_keeps_nothing(team):
+    """The lease released while a reserve takes (each take awaits a liveness check):
+    whatever the reserve got is deleted, none held under no lease."""
+    with team.tenant("bob") as bob:
+        _pool(bob, "racing", 2, max_size=8)
+        for _ in range(3):
+            _pool_ready(bob, "racing", 2)
+            lease = _lease(bob)
+            with ThreadPoolExecutor(2) as ex:
+                took = ex.submit(bob.post, "/v1/pools/racing/reserve",
+                                 json={"count": 2, "lease": lease})
+                ex.submit(bob.delete, f"/v1/leases/{lease}").result()
+                reply = took.result()
+            if reply.status_code == 200:
+                ids = [s["id"] for s in reply.json()["sandboxes"]]
+            else:
+                assert reply.json()["error"]["code"] == "lease_not_found", reply.text
+                ids = []
+            assert _gone(bob, ids, timeout=30), f"{ids} outlived their released lease"
+        bob.delete("/v1/pools/racing")
+
+
+def _pool_ready(client, name: str, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/pools/{name}").json()["ready"] < count:
+        assert time.monotonic() < deadline, "the pool never refilled"
+        time.sleep(0.1)
