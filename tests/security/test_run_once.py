@@ -12,6 +12,7 @@ import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 
 import httpx
 import pytest
@@ -234,7 +235,7 @@ def test_concurrent_runs_never_exceed_the_quota(team):
             assert r.json()["error"]["code"] == "quota_exceeded"
     assert spans, [r.text for r in replies]
     spans.sort()
-    for (_, ended), (begun, _) in zip(spans, spans[1:]):
+    for (_, ended), (begun, _) in pairwise(spans):
         assert begun >= ended, f"two runs of a one-sandbox tenant overlapped: {spans}"
 
 
