@@ -235,3 +235,20 @@ def _pool_ready(client, name: str, count: int) -> None:
     while client.get(f"/v1/pools/{name}").json()["ready"] < count:
         assert time.monotonic() < deadline, "the pool never refilled"
         time.sleep(0.1)
+
+
+def test_a_reserve_held_under_a_renewed_lease_lives_no_longer_than_its_tenant_may(team):
+    """Renewing the lease forever does not stretch what it holds: each reserved sandbox
+    keeps its tenant's maximum lifetime (``max_lifetime``), counted from its create."""
+    team.make_token("hana", max_lifetime=30.0)
+    with team.tenant("hana") as hana:
+        _pool(hana, "forever", 1, max_size=2)
+        lease = _lease(hana, ttl=86400)
+        held = hana.post("/v1/pools/forever/reserve", json={"count": 1, "lease": lease})
+        (info,) = held.json()["sandboxes"]
+        assert info["spec"]["timeout"] is not None and info["spec"]["timeout"] <= 30, info
+        stretched = hana.patch(f"/v1/sandboxes/{info['id']}", json={"timeout": 3600})
+        assert stretched.status_code == 400, stretched.text
+        assert hana.post(f"/v1/leases/{lease}/renew").status_code == 200
+        hana.delete(f"/v1/leases/{lease}")
+        hana.delete("/v1/pools/forever")
