@@ -3,10 +3,13 @@
 
     python3 benchmarks/bench_prestart.py [--quick | --smoke] [--rounds 3] [--json OUT]
 
-Each round, in turn (load drifts, so the three alternate):
+Each round, in turn (load drifts, so they alternate):
 
 - ``plain``: every problem (``prompt + canonical_solution + test + check(...)``) as
   ``/usr/bin/python3 -I -c PROGRAM`` on the host, ``parallel`` at a time;
+- ``plain_weighted``: the same, each ``python3`` in a CPU cgroup of the weight of
+  corral's (:class:`WeightedGroup`: on a loaded host ALL the sandboxes share one
+  task's weight of CPU, the plain processes one each);
 - ``cold``: ``code_reward`` (isolated grading, a fresh sandbox each) as it is by
   default: create the sandbox, start the judge, judge, delete;
 - ``prestarted``: ``code_reward(prestart=N)`` with its pool filled before the clock
@@ -16,7 +19,8 @@ Each round, in turn (load drifts, so the three alternate):
   nothing else could be done while the pool fills).
 
 ``parallel`` = the reward's default concurrency (4 per core) for all three. Reports the
-median wall time of each, the ratios to ``plain``, the CPU of one problem of the
+median wall time of each, the ratios to ``plain`` (and the prestarted batch's to
+``plain_weighted``), the HTTP requests per completion (by operation), the CPU of one problem of the
 prestarted batch — this client, the daemon's own threads, the sandboxes' cgroups (read
 from the engine's cgroup before and after) — against a plain run's, and the host's load.
 Needs root.
@@ -25,6 +29,7 @@ Needs root.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -46,14 +51,17 @@ def problems(limit: int) -> list[dict[str, str]]:
     return list(read_problems().values())[:limit]
 
 
-async def _plain(python: str, programs: list[str], parallel: int) -> int:
+async def _plain(python: str, programs: list[str], parallel: int,
+                 group: Path | None = None) -> int:
     gate = asyncio.Semaphore(parallel)
+    join = None if group is None else lambda: (group / "cgroup.procs").write_text("0")
 
     async def one(program: str) -> bool:  # noqa: ASYNC109
         async with gate:
             proc = await asyncio.create_subprocess_exec(
                 python, "-I", "-c", program, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                preexec_fn=join)
             return await proc.wait() == 0
 
     return sum(await asyncio.gather(*(one(p) for p in programs)))
@@ -66,6 +74,65 @@ def _proc_cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
 
 
+class WeightedGroup:
+    """A CPU cgroup beside corral's, with its weight (v1 ``cpu.shares``, v2
+    ``cpu.weight``): plain ``python3`` run in it gets, on a loaded host, the CPU share
+    that ALL of corral's sandboxes get together (each CPU group weighs as one task
+    against the host's other runnable tasks), so the walls compare at the same
+    parallelism and the same weight."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        v1 = Path("/sys/fs/cgroup/cpu")
+        root, knob = (v1, "cpu.shares") if (v1 / "corral").is_dir() else (
+            Path("/sys/fs/cgroup"), "cpu.weight")
+        path = root / f"corral-bench-plain-{os.getpid()}"
+        try:
+            weight = (root / "corral" / knob).read_text()
+            path.mkdir(exist_ok=True)
+            self.path = path
+            (path / knob).write_text(weight)
+        except OSError as exc:  # no such group or knob here: that run is left out
+            print(f"plain_weighted left out: {exc}")
+            self.close()
+
+    def close(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+            self.path = None
+
+
+class RequestCount:
+    """The HTTP requests this process's clients send (``AsyncClient.send``, which every
+    call, stream and the blocking twin go through), by operation: ``judge`` counts
+    those of judging (not the pool's refill, which may overlap a batch's end: its
+    creates, spawns and the empty exchanges that read ``READY``), ``fill`` the others."""
+
+    FILL = ("create_sandbox", "spawn_process")
+
+    def __init__(self) -> None:
+        from corral.api import match
+        from corral.client._async._client import AsyncClient
+
+        self.judge = self.fill = 0
+        self.ops: dict[str, int] = {}
+        original = AsyncClient.send
+
+        async def counted(client, request, **kw):  # type: ignore[no-untyped-def]
+            found = match(request.method, request.url.path)
+            name = found[0].name if found else request.url.path
+            empty = name == "exchange" and not request.content
+            if name in self.FILL or empty:
+                self.fill += 1
+            else:
+                self.judge += 1
+                self.ops[name] = self.ops.get(name, 0) + 1
+            return await original(client, request, **kw)
+
+        AsyncClient.send = counted  # type: ignore[method-assign]
+
+
 def main() -> int:
     ap = bench_args.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
@@ -74,6 +141,8 @@ def main() -> int:
         print("needs root (the daemon runs real sandboxes)")
         return 1
     import corral.rl as rl
+
+    requests = RequestCount()
 
     probs = problems(bench_args.pick(args, 164, 40, 3))
     rounds = bench_args.pick(args, args.rounds, 2, 1)
@@ -95,6 +164,7 @@ def main() -> int:
         cold = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel)
         warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
         cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
+        weighted = WeightedGroup()
         try:
             warm.prestart()  # the first fill; each batch's refill is timed below
             engine = EngineCpu(_engine_group(daemon))
@@ -109,6 +179,14 @@ def main() -> int:
                      - kids.children_system) / n * 1000)
                 return [f"plain: {n - ok} failed"] if ok != n else []
 
+            def plain_weighted() -> list[str]:
+                if weighted.path is None:
+                    return []
+                t = time.perf_counter()
+                ok = asyncio.run(_plain(python, programs, parallel, weighted.path))
+                walls.setdefault("plain_weighted", []).append(time.perf_counter() - t)
+                return [f"plain_weighted: {n - ok} failed"] if ok != n else []
+
             def cold_batch() -> list[str]:
                 t = time.perf_counter()
                 got = cold(completions=completions, tests=tests, entry_point=entry)
@@ -119,9 +197,11 @@ def main() -> int:
                 used = warm.stats.prestarted
                 engine.mark()
                 me, dm = time.process_time(), _proc_cpu(daemon)
+                sent = requests.judge
                 t = time.perf_counter()
                 got = warm(completions=completions, tests=tests, entry_point=entry)
                 walls.setdefault("prestarted", []).append(time.perf_counter() - t)
+                cpu.setdefault("requests_per_completion", []).append((requests.judge - sent) / n)
                 sandboxes = engine.since()
                 cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
                 cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
@@ -131,17 +211,20 @@ def main() -> int:
                     warm.stats.prestarted - used != n) else []
                 # The refill the batch started in the background, waited for here so
                 # that it overlaps nothing measured: what a pool costs between batches.
-                t = time.perf_counter()
+                t, sent = time.perf_counter(), requests.fill
                 filled = warm.prestart()
                 walls.setdefault("fill", []).append(time.perf_counter() - t)
+                cpu.setdefault("fill_requests_per_judge", []).append((requests.fill - sent) / n)
                 return out + ([f"fill: {filled}/{n}"] if filled != n else [])
 
             for r in range(rounds):  # the order reversed every other round: load drifts
-                for step in (plain, cold_batch, prestarted_batch)[::1 if r % 2 == 0 else -1]:
+                steps = (plain, plain_weighted, cold_batch, prestarted_batch)
+                for step in steps[::1 if r % 2 == 0 else -1]:
                     bad += step()
                 loads.append(os.getloadavg()[0])
         finally:
             warm.close()
+            weighted.close()
     med = {k: statistics.median(v) for k, v in walls.items()}
     burst_cpu = sum(statistics.median(cpu[k]) for k in ("client", "daemon", "sandboxes"))
     res: dict[str, float | int | str] = {
@@ -150,12 +233,16 @@ def main() -> int:
         "prestart_cold_ratio": med["cold"] / med["plain"],
         "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
         "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
-        **{f"prestart_{k}_cpu_ms": statistics.median(v) for k, v in cpu.items()},
+        **({"prestart_prestarted_weighted_ratio": med["prestarted"] / med["plain_weighted"]}
+           if "plain_weighted" in med else {}),
+        **{f"prestart_{k}" + ("_cpu_ms" if "requests" not in k else ""): statistics.median(v)
+           for k, v in cpu.items()},
         "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),
         "prestart_load_min": min(loads), "prestart_load_max": max(loads),
     }
     for k, v in res.items():
         print(f"{k:44s} {v:.3f}" if isinstance(v, float) else f"{k:44s} {v}")
+    print("judging requests by operation:", requests.ops)
     for why in bad:
         print("FAILED:", why)
     if args.json:

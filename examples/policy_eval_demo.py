@@ -4,8 +4,10 @@ hundreds of seeded episodes in hundreds of sandboxes, mean ± 95% CI back.
 Each evaluation writes its policy into one base sandbox, checks it there, snapshots it,
 and restores a sandbox per episode (or per few episodes: ``--per-sandbox``) from that
 snapshot, so the policy is shared, not copied. Policy and env run in one process inside
-the sandbox; only one JSON record per episode comes back. Then everything is evaluated
-again: the results come from the cache, and no sandbox starts.
+the sandbox; only one JSON record per episode comes back. The four evaluations run side
+by side (``aevaluate``), sharing the ``--concurrency`` sandboxes, so one's snapshot and
+last few episodes overlap the others' episodes. Then everything is evaluated again: the
+results come from the cache, and no sandbox starts.
 
     python examples/policy_eval_demo.py                      # 4 x 200 episodes
     python examples/policy_eval_demo.py --episodes 500 --concurrency 16
@@ -20,6 +22,7 @@ random opponent. Needs the ``rl`` image (gymnasium + numpy) for CartPole.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
@@ -48,7 +51,7 @@ def main() -> int:
     parser.add_argument("--episodes", type=int,
                         default=int(os.environ.get("CORRAL_DEMO_EPISODES") or 200),
                         help="seeded episodes per policy (default 200, or CORRAL_DEMO_EPISODES)")
-    parser.add_argument("--concurrency", type=int, default=8, help="sandboxes at once (default 8)")
+    parser.add_argument("--concurrency", type=int, default=8, help="sandboxes at once, shared by the four evaluations (default 8)")
     parser.add_argument("--per-sandbox", type=int, default=4,
                         help="CartPole episodes per sandbox (default 4; gymnasium's import "
                         "dominates one episode); tic-tac-toe always runs one per sandbox")
@@ -78,11 +81,7 @@ def main() -> int:
         console.print(f"evaluating {len(plan)} policies x {args.episodes} seeded episodes on "
                       f"{client.url}, {args.concurrency} sandboxes at once")
         started = time.perf_counter()
-        results = []
-        for env, _, policy, per_sandbox in plan:
-            results.append(corral.rl.evaluate(
-                policy, env, seeds=seeds, concurrency=args.concurrency, timeout=60,
-                episodes_per_sandbox=per_sandbox, cache=cache, progress=True, client=client))
+        results = asyncio.run(evaluate_all(plan, seeds, args.concurrency, cache, client))
         elapsed = time.perf_counter() - started
 
         console.print(corral.rl.summary_table(results, title="Policy evaluation (95% CI)"))
@@ -112,6 +111,25 @@ def main() -> int:
             console.print(f"CartPole return distributions: {args.png}")
         left = [sb for r in results for sb in corral.Sandbox.list(tags=[r.tag], client=client)]
     return 1 if infra or left or not same else 0
+
+
+async def evaluate_all(plan: list, seeds: range, concurrency: int, cache: Path,
+                       client: corral.Client) -> list[corral.rl.EvalResult]:
+    """The evaluations of ``plan`` side by side, ``concurrency`` sandboxes among them (a
+    share each, the remainder to the first), with one live line each."""
+    bars: list[corral.rl.EpisodeProgress] = []
+    for env, name, _, _ in plan:
+        bars.append(corral.rl.EpisodeProgress(None, label=f"{name} on {env}",
+                                              below=bars[0] if bars else None))
+    shares = [concurrency // len(plan) + (i < concurrency % len(plan)) for i in range(len(plan))]
+    async with corral.AsyncClient(**client.connect_args) as aclient:
+        with bars[0]:
+            return list(await asyncio.gather(*(
+                corral.rl.aevaluate(policy, env, seeds=seeds, concurrency=max(1, share),
+                                    timeout=60, episodes_per_sandbox=per_sandbox, cache=cache,
+                                    progress=bar, client=aclient)
+                for (env, _, policy, per_sandbox), share, bar in zip(plan, shares, bars,
+                                                                    strict=True))))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,29 @@ def test_exchange_and_exchange_all(client):
         pb.close()
 
 
+def test_consume_ends_the_process_and_its_sandbox(client):
+    """proc.consume: the line, the exit, the sandbox deleted, in one request; typed
+    errors for a bad argument or a streamed process (nothing deleted then)."""
+    once = "import sys\nsys.stdout.write(sys.stdin.readline().upper()); print('left')\n"
+    with corral.Sandbox.create(memory_mb=128, client=client) as sb:
+        proc = sb.spawn(["python3", "-c", once])
+        with pytest.raises(corral.InvalidArgument):
+            proc.consume("x\n", exit_timeout=None)  # type: ignore[arg-type]
+        line, ended = proc.consume("ok\n", timeout=30)
+        assert line == "OK\n" and ended.returncode == 0 and ended.stdout == "left\n"
+        assert proc.result is ended  # ended: closing it sends no kill
+        with pytest.raises(corral.SandboxNotFound):
+            corral.Sandbox.connect(sb.id, client=client)
+    with corral.Sandbox.create(memory_mb=128, client=client) as sb:
+        proc = sb.spawn(["python3", "-c", UPPER])
+        proc.write("a\n")
+        assert proc.readline() == "A\n"
+        with pytest.raises(corral.InvalidState, match="streamed"):
+            proc.consume("b\n")
+        assert sb.exec(["true"]).ok  # refused: the sandbox stays
+        proc.close()
+
+
 def test_errors_are_typed(client):
     with corral.Sandbox.create(memory_mb=128, client=client) as sb:
         with pytest.raises(corral.InvalidArgument):

@@ -79,6 +79,23 @@ def base_layer(rootfs: Path) -> Layer:
     return layer
 
 
+DEPTH = 1500  # past Python's recursion limit (1000), within PATH_MAX ("d/" a level)
+LINKS = 1000
+DEEP = "/".join(["d"] * DEPTH)
+
+
+def deep_layer() -> Layer:
+    """1500 nested directories, a set-user-id file at the bottom and 1000 hard links to
+    it near the top (tests/security/test_deep_image_trees.py)."""
+    layer = Layer().dir("x")
+    for i in range(1, DEPTH + 1):
+        layer.dir("/".join(["d"] * i), mode=0o700)
+    layer.file(f"{DEEP}/f", b"deep\n", mode=0o4700)
+    for i in range(LINKS):
+        layer.hardlink(f"x/h{i}", f"{DEEP}/f")
+    return layer
+
+
 def second_layer() -> Layer:
     """Deletes a file of the base (whiteout), empties a directory (opaque) and refills
     it, changes a file."""

@@ -322,3 +322,25 @@ def test_by_default_a_revoked_tenants_sandboxes_stop():
             info = admin.get(f"/v1/sandboxes/{sid}").json()
             assert info["state"] == "stopped" and info["spec"]["tenant"] == "alice"
             assert admin.delete(f"/v1/sandboxes/{sid}").status_code == 204
+
+
+def test_keep_leaves_a_reserve_to_its_lease(team):
+    """``--on-revoke keep`` ends no lease at the revoke (with ``stop`` they end at once:
+    test_pool_reserve): a rotated token's reserved sandboxes run on until their lease,
+    no longer renewed by the revoked token, expires (as a ``Session(lease=)``'s do)."""
+    team.make_token("kept_reserve")
+    with team.tenant("kept_reserve") as c:
+        made = c.post("/v1/pools", json={"name": "kr", "spec": {"memory_mb": 64},
+                                         "min_ready": 1, "max_size": 2})
+        assert made.status_code == 201, made.text
+        deadline = time.monotonic() + 120
+        while c.get("/v1/pools/kr").json()["ready"] < 1:
+            assert time.monotonic() < deadline, "the pool never filled"
+            time.sleep(0.1)
+        lease = c.post("/v1/leases", json={"ttl": 600}).json()["id"]
+        held = c.post("/v1/pools/kr/reserve", json={"count": 1, "lease": lease}).json()
+        (sid,) = [s["id"] for s in held["sandboxes"]]
+    revoke(team, "kept_reserve")
+    with team.admin() as admin:
+        assert admin.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        assert admin.delete(f"/v1/sandboxes/{sid}").status_code == 204

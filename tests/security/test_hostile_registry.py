@@ -24,8 +24,9 @@ from corral.errors import ImageImportError, RegistryError
 from corral.runtime import image_cache
 from corral.runtime.image_pull import BLOBS, SCRATCH, local_name, pull_image
 from corral.runtime.images import ImageStore
+from corral.runtime.treecopy import remove_tree
 from tests.conftest import requires_root
-from tests.runtime.oci_archives import Layer
+from tests.runtime.oci_archives import DEEP, Layer, deep_layer
 from tests.runtime.registries import write_auth_file
 
 pytestmark = [requires_root, pytest.mark.root, pytest.mark.timeout(120)]
@@ -269,3 +270,19 @@ class _Routes(dict):
 
     def get(self, key, default=None):
         return self._getter(key, default)
+
+
+def test_a_layer_1500_directories_deep_with_1000_hard_links_is_pulled(hostile, store):
+    """Was a RecursionError (os.walk making the layer readable for the sandbox user)
+    after a minute of unpacking (each entry's directories looked up from the root)."""
+    try:
+        image = pull_image(store, hostile.image("deep", [deep_layer().bytes()]))
+        tree = image_cache.layer_store(store.images_dir).path(image.layer_ids[0])
+        assert (tree / "x/h999").stat().st_nlink == 1001
+        bottom = os.open(tree / DEEP[:2000], os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert os.stat(DEEP[2000:].lstrip("/"), dir_fd=bottom).st_mode & 0o005 == 0o005
+        finally:
+            os.close(bottom)
+    finally:
+        remove_tree(store.images_dir)  # pytest's cleanup of tmp_path recurses

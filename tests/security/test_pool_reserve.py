@@ -162,3 +162,93 @@ def test_a_client_that_dies_leaves_no_reserved_sandbox(team):
     with team.tenant("bob") as bob:
         assert _gone(bob, ids), "the dead client's reserve outlived its lease"
         bob.delete("/v1/pools/dies")
+
+
+BAD_COUNTS = [0, -1, 65, 10**30, "2", True, 2.0, None, [2]]
+
+
+def test_a_reserve_count_other_than_1_to_64_is_refused_typed_and_takes_nothing(team):
+    """Edge counts (zero, negative, huge, a string, a bool, a float, none) and a lease
+    that is missing or empty are each a typed 400; nothing leaves the pool."""
+    with team.tenant("alice") as alice:
+        _pool(alice, "edges", 1, max_size=2)
+        lease = _lease(alice)
+        bodies = [{"count": c, "lease": lease} for c in BAD_COUNTS]
+        bodies += [{"count": 1}, {"count": 1, "lease": ""}, {"count": 1, "lease": "x" * 101},
+                   {"count": 1, "lease": lease, "extra": 1}]
+        for body in bodies:
+            reply = alice.post("/v1/pools/edges/reserve", json=body)
+            assert reply.status_code == 400, (body, reply.text)
+            assert reply.json()["error"]["code"] == "invalid_argument", (body, reply.text)
+        assert alice.post("/v1/pools/edges/reserve", content=b"{",
+                          headers={"content-type": "application/json"}).status_code == 400
+        assert alice.get("/v1/pools/edges").json()["ready"] == 1
+        assert alice.get("/v1/pools/edges").json()["acquired_ids"] == []
+        alice.delete(f"/v1/leases/{lease}")
+        alice.delete("/v1/pools/edges")
+
+
+def test_revoking_a_token_ends_its_leases_and_their_reserves(team):
+    """A revoked tenant's leases end at revocation, not a ``ttl`` later: each sandbox
+    its reserves took is deleted (they were only stopped, and their lease, with a ttl
+    of up to a day, went on holding them). A name once revoked is never issued again,
+    so no later token finds the lease."""
+    team.make_token("erin", max_sandboxes=4)
+    with team.tenant("erin") as erin:
+        _pool(erin, "doomed", 2, max_size=4)
+        lease = _lease(erin, ttl=3600)
+        held = erin.post("/v1/pools/doomed/reserve", json={"count": 2, "lease": lease})
+        ids = [s["id"] for s in held.json()["sandboxes"]]
+        assert len(ids) == 2, held.text
+    with team.admin() as admin:
+        assert admin.delete("/v1/tokens/erin").status_code == 204
+        assert _gone(admin, ids, timeout=30), "a revoked tenant's reserve outlived it"
+        reissued = admin.post("/v1/tokens", json={"name": "erin"})
+        assert reissued.status_code == 400, reissued.text
+
+
+
+def test_a_reserve_racing_its_leases_release_keeps_nothing(team):
+    """The lease released while a reserve takes (each take awaits a liveness check):
+    whatever the reserve got is deleted, none held under no lease."""
+    with team.tenant("bob") as bob:
+        _pool(bob, "racing", 2, max_size=8)
+        for _ in range(3):
+            _pool_ready(bob, "racing", 2)
+            lease = _lease(bob)
+            with ThreadPoolExecutor(2) as ex:
+                took = ex.submit(bob.post, "/v1/pools/racing/reserve",
+                                 json={"count": 2, "lease": lease})
+                ex.submit(bob.delete, f"/v1/leases/{lease}").result()
+                reply = took.result()
+            if reply.status_code == 200:
+                ids = [s["id"] for s in reply.json()["sandboxes"]]
+            else:
+                assert reply.json()["error"]["code"] == "lease_not_found", reply.text
+                ids = []
+            assert _gone(bob, ids, timeout=30), f"{ids} outlived their released lease"
+        bob.delete("/v1/pools/racing")
+
+
+def _pool_ready(client, name: str, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/pools/{name}").json()["ready"] < count:
+        assert time.monotonic() < deadline, "the pool never refilled"
+        time.sleep(0.1)
+
+
+def test_a_reserve_held_under_a_renewed_lease_lives_no_longer_than_its_tenant_may(team):
+    """Renewing the lease forever does not stretch what it holds: each reserved sandbox
+    keeps its tenant's maximum lifetime (``max_lifetime``), counted from its create."""
+    team.make_token("hana", max_lifetime=30.0)
+    with team.tenant("hana") as hana:
+        _pool(hana, "forever", 1, max_size=2)
+        lease = _lease(hana, ttl=86400)
+        held = hana.post("/v1/pools/forever/reserve", json={"count": 1, "lease": lease})
+        (info,) = held.json()["sandboxes"]
+        assert info["spec"]["timeout"] is not None and info["spec"]["timeout"] <= 30, info
+        stretched = hana.patch(f"/v1/sandboxes/{info['id']}", json={"timeout": 3600})
+        assert stretched.status_code == 400, stretched.text
+        assert hana.post(f"/v1/leases/{lease}/renew").status_code == 200
+        hana.delete(f"/v1/leases/{lease}")
+        hana.delete("/v1/pools/forever")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 
+import corral
 from corral.rl import code_reward
 from tests.conftest import requires_root
 from tests.security.test_reward_hacks import (
@@ -38,6 +39,19 @@ ON_THE_JUDGE = [
     "    except OSError:\n        pass\ndef f(x):\n    return 2 * x",
     "import builtins, json\nbuiltins.AssertionError = type('N', (Exception,), {})\n"
     "json.dumps = lambda *a, **k: '{\"value\": 4}'\ndef f(x):\n    return 0",
+]
+# The verdict, the judge's exit and the sandbox's delete come back in one reply
+# (``consume``): the solution cannot write that reply, nor a line of it, nor a line after
+# its judge's verdict that would be read as one.
+FORGED_REPLY = [
+    "print('{\"data\": \"corral-verdict-' + '0' * 32 + '{\\\"load\\\": [\\\"ok\\\", null], "
+    "\\\"tests\\\": [[\\\"ok\\\", null]]}\", \"result\": {\"returncode\": 0}, "
+    "\"deleted\": true}')\ndef f(x):\n    return 0",
+    "import sys\nsys.stdout.write('\\n' * 200000 + 'corral-verdict-' + '0' * 32 + '{}\\n')\n"
+    "def f(x):\n    return 0",
+    "import os, time\nif os.fork() == 0:\n    time.sleep(0.3)\n    for fd in range(16):\n"
+    "        try:\n            os.write(fd, b'corral-verdict-' + b'0' * 32 + b'{}\\n')\n"
+    "        except OSError:\n            pass\n    os._exit(0)\ndef f(x):\n    return 0",
 ]
 FINDER = r"""
 import gc, os, re
@@ -79,7 +93,7 @@ def f(x):
 def test_hacks_earn_nothing_from_a_prestarted_judge(daemon):
     secret = "corral-secret-" + secrets.token_hex(16)
     hacks = [STEAL_TOKEN, SEARCH_HEAP, ALWAYS_EQUAL, INT_SUBCLASS, LIST_SUBCLASS_TRUTHY,
-             *ON_THE_JUDGE, FINDER]
+             *ON_THE_JUDGE, *FORGED_REPLY, FINDER]
     codes = [HONEST, LOOK_AROUND, *hacks]
     tests = [TESTS] * (len(codes) - 1) + [[f"assert f(0) == {secret!r}"]]
     reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url,
@@ -99,3 +113,6 @@ def test_hacks_earn_nothing_from_a_prestarted_judge(daemon):
         assert score == 0.0, f"{code[:60]!r}: {outcome.reason}"
         assert outcome.report is None or outcome.report.grading == "isolated"
     assert len({o.sandbox_id for o in outcomes}) == len(codes)
+    with corral.Client(daemon.url) as client:  # each deleted with its verdict
+        assert not {s.id for s in corral.Sandbox.list(client=client)} & {
+            o.sandbox_id for o in outcomes}

@@ -56,6 +56,23 @@ def test_sdk_another_tenants_sandbox_raises_not_found(clients):
     assert sb.exec(["true"]).returncode == 0
 
 
+def test_sdk_another_tenant_cannot_consume_a_process(clients):
+    """``consume`` deletes the sandbox: with a leaked sandbox and process id, another
+    tenant neither reads the line, nor ends the process, nor deletes the sandbox."""
+    a, b = clients
+    sb = corral.Sandbox.create(memory_mb=64, client=a)
+    proc = sb.spawn(["python3", "-c", "import sys\nfor l in sys.stdin: print(l.upper(), end='', flush=True)"])
+    stolen = corral.Process(proc._info, client=b, args=proc.args)
+    with pytest.raises(corral.SandboxNotFound):
+        stolen.consume("bob\n", timeout=5)
+    assert proc.exchange("alice\n", timeout=30) == "ALICE\n"  # nothing of bob's was read
+    assert sb.refresh().state.value == "running"
+    line, ended = proc.consume("last\n", timeout=30, exit_timeout=0.5)
+    assert line == "LAST\n" and ended.returncode == -9  # still reading: killed at the end
+    with pytest.raises(corral.SandboxNotFound):
+        corral.Sandbox.connect(sb.id, client=a)
+
+
 def test_sdk_another_tenant_cannot_fork_live_or_reach_a_forks_processes(clients):
     from corral.runtime import criu
     from corral.runtime.paths import default_cache_dir

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import requires_root
@@ -62,7 +63,7 @@ def test_process_routes_are_served_and_documented(client):
         for method, path in re.findall(r"`(GET|POST|PUT|DELETE) (/[^`?]*)", DOCS.read_text())
         if "/processes" in path  # not /kill-processes, a sandbox action
     }
-    assert served == documented and len(served) == 10
+    assert served == documented and len(served) == 11
     for schema in ("SpawnRequest", "ProcessInfo", "ExchangeRequest", "ExchangeResponse",
                    "ResizeRequest"):
         assert schema in doc["components"]["schemas"]
@@ -110,6 +111,44 @@ def test_exchange_one_line_per_request(client, sandbox):
     client.post(base + "/stdin", params={"close": "true"})
     assert client.post(base + "/exchange").content == b""  # exited: end of output
     assert_error(client.post(base + "/exchange", content=b"x\n"), 409, "invalid_state")
+
+
+def make_sandbox(client) -> str:
+    reply = client.post("/v1/sandboxes", json={"memory_mb": 64, "tags": [TEST_TAG]})
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def test_consume_replies_with_the_line_and_the_exit_and_deletes_the_sandbox(client):
+    """One request: the line, how the process ended, the sandbox gone, whatever happened
+    (an answer, no answer in time, a client that hangs up); a bad query deletes nothing."""
+    once = "import sys\nsys.stdout.write(sys.stdin.readline().upper()); sys.stderr.write('bye')\n"
+    silent = "import sys, time\nsys.stdin.readline(); time.sleep(60)\n"
+    answered, mute, left = (make_sandbox(client) for _ in range(3))
+    proc = spawn(client, answered, ["python3", "-c", once])
+    assert_error(client.post(proc_path(proc) + "/consume", params={"exit_timeout": "0"}),
+                 400, "invalid_argument")
+    assert client.get(f"/v1/sandboxes/{answered}").status_code == 200  # refused: kept
+    reply = client.post(proc_path(proc) + "/consume", content=b"hi\n")
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["data"] == "HI\n" and body["deleted"] is True
+    assert body["result"]["returncode"] == 0 and body["result"]["stderr"] == "bye"
+    assert client.get(f"/v1/sandboxes/{answered}").status_code == 404
+    proc = spawn(client, mute, ["python3", "-c", silent])
+    body = client.post(proc_path(proc) + "/consume", content=b"x\n",
+                       params={"timeout": "0.3"}).json()
+    assert "data" not in body and "data_b64" not in body  # no line: killed
+    assert body["result"]["returncode"] != 0
+    assert client.get(f"/v1/sandboxes/{mute}").status_code == 404
+    proc = spawn(client, left, ["python3", "-c", silent])
+    with pytest.raises(httpx.ReadTimeout):  # the client hangs up while it waits
+        client.post(proc_path(proc) + "/consume", content=b"x\n", params={"timeout": "1"},
+                    timeout=0.3)
+    deadline = time.monotonic() + 30
+    while client.get(f"/v1/sandboxes/{left}").status_code != 404:
+        assert time.monotonic() < deadline, "a consume left behind kept its sandbox"
+        time.sleep(0.1)
 
 
 def test_exchange_many_across_sandboxes(client, sandbox):

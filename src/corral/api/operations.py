@@ -54,6 +54,7 @@ from corral.api.operation import (
 )
 from corral.api.operations_daemon import DAEMON_OPERATIONS
 from corral.api.process_models import (
+    ConsumeResponse,
     ExchangeRequest,
     ExchangeResponse,
     ProcessInfo,
@@ -394,6 +395,17 @@ OPERATIONS: tuple[Operation, ...] = (
         "Write the body to stdin, reply with the next line of stdout (empty: it exited)",
         body=RAW, reply=RAW,
         query=(Query("timeout", "number", "seconds to wait for the line (default: none)"),),
+        errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, NotFound), routing=Routing.SANDBOX,
+    ),
+    Operation(
+        "consume", "POST", _SB + "/processes/{process_id}/consume",
+        "Write the body to stdin, read the next line of stdout, wait for the exit, delete "
+        "the sandbox; reply with the line and the exit (the sandbox is gone whatever happened)",
+        body=RAW, reply=ConsumeResponse,
+        query=(Query("timeout", "number", "seconds to wait for the line (default: none); "
+                     "past it the process is killed"),
+               Query("exit_timeout", "number", "seconds the process may take to exit after "
+                     "its line (default 5); past it, it is killed")),
         errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, NotFound), routing=Routing.SANDBOX,
     ),
     Operation(

@@ -141,3 +141,16 @@ class ExchangeResult(BaseModel):
 
 class ExchangeResponse(BaseModel):
     results: list[ExchangeResult]
+
+
+class ConsumeResponse(BaseModel):
+    """``POST .../consume``: the process's next line (``data``, or ``data_b64`` if not
+    UTF-8; ``""``: it exited first; ``null``: none within the timeout, and it was
+    killed), how it ended (``result``: its exit, the output left unread), and that its
+    sandbox was deleted (``deleted``, always true in a reply: the sandbox is deleted
+    whatever happened, before the reply)."""
+
+    data: str | None = None
+    data_b64: str | None = None
+    result: ExecResponse
+    deleted: bool = True

@@ -40,6 +40,7 @@ _LAZY = {
     "Problem": "corral.rl.envs.codegen",
     "INFRA_ERRORS": "corral.rl.episodes",
     "EpisodeError": "corral.rl.episodes",
+    "EpisodeProgress": "corral.rl._progress",
     "EpisodeResult": "corral.rl.episodes",
     "EpisodeRunner": "corral.rl.episodes",
     "EpisodeStatus": "corral.rl.episodes",

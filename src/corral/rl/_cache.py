@@ -91,6 +91,10 @@ class EpisodeCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
+            # A commit per finished sandbox, on the evaluation's event loop: with WAL,
+            # NORMAL syncs at checkpoints only (a power cut can lose the last records,
+            # never the file), where FULL blocked every episode's loop on an fsync.
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(SCHEMA)
             self._db.commit()
         except (OSError, sqlite3.Error) as exc:

@@ -162,8 +162,16 @@ def check(job):
         print(json.dumps({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000],
                           "at": at}))
         return 3
-    print(json.dumps({"check": "ok", "python": sys.version.split()[0]}))
+    print(json.dumps({"check": "ok", "python": sys.version.split()[0], "uncached": uncached()}))
     return 0
+
+
+def uncached():
+    """How many imported modules have no byte-code file where Python looks for it (a
+    read-only folder without ``__pycache__``): each episode would compile them again."""
+    return sum(1 for m in list(sys.modules.values())
+               if isinstance(getattr(m, "__cached__", None), str)
+               and not os.path.exists(m.__cached__))
 
 
 def main(argv):

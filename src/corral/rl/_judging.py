@@ -159,10 +159,12 @@ async def ajudge(sb: AsyncSandbox, task: Task, options: JudgeOptions, mode: Mode
 
 async def ajudge_prestarted(sb: AsyncSandbox, judge: Prestarted, task: Task,
                             options: JudgeOptions) -> TestReport:
-    """Judge a Python ``task`` with ``judge``, a judge already waiting in ``sb``."""
+    """Judge a Python ``task`` with ``judge``, a judge already waiting in ``sb``, in one
+    request that deletes ``sb`` too. With ``grading="auto"``, a report that
+    :func:`~corral.rl.code.needs_in_process` is to be judged again in a fresh sandbox."""
     _, proc = judge.bind(sb.client)
     return await arun_prestarted(
-        sb, proc, judge.ready, task.snippets, code=task.code, timeout=run_timeout(task, options),
+        proc, judge.ready, task.snippets, code=task.code, timeout=run_timeout(task, options),
         test_timeout=options.test_timeout, grading=options.grading,
         entry_point=task.entry_point,
     )

@@ -15,21 +15,27 @@ STATUS_ORDER = ("ok", "error", "timeout", "infra_error", "cached")
 
 
 class EpisodeProgress:
-    """``with EpisodeProgress(total, label=...) as p: p.advance("ok", extra="...")``."""
+    """``with EpisodeProgress(total, label=...) as p: p.advance("ok", extra="...")``.
+
+    ``below=other`` draws this one as a further line of ``other``'s display (runs going
+    on side by side); only ``other`` is entered."""
 
     def __init__(
         self, total: int | None, *, label: str = "episodes", console: Console | None = None,
-        enabled: bool = True,
+        enabled: bool = True, below: EpisodeProgress | None = None,
     ) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
         self.counts: Counter[str] = Counter()
         self._start = time.perf_counter()
-        self._bar = Progress(
-            TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-            TextColumn("{task.fields[counts]}"), TextColumn("{task.fields[rate]}"),
-            TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
-            console=self.console, disable=not enabled, transient=False,
-        )
+        if below is not None:
+            self.console, self._bar = below.console, below._bar
+        else:
+            self.console = console or Console(stderr=True, highlight=False)
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                TextColumn("{task.fields[counts]}"), TextColumn("{task.fields[rate]}"),
+                TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
+                console=self.console, disable=not enabled, transient=False,
+            )
         self._task = self._bar.add_task(label, total=total, counts="", rate="", extra="")
 
     def set_total(self, total: int | None) -> None:

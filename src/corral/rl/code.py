@@ -42,6 +42,7 @@ from corral.client._models import CommandResult
 from corral.client._sync import Sandbox
 from corral.errors import ExecTimeout, InvalidArgument
 from corral.rl._grading import (
+    END_WAIT_S,
     READY,
     TRUSTED_PATH,
     Grading,
@@ -222,7 +223,6 @@ async def arun_tests(
 
 
 async def arun_prestarted(
-    sb: AsyncSandbox,
     proc: AsyncProcess,
     ready: str,
     tests: Tests,
@@ -234,8 +234,12 @@ async def arun_prestarted(
     entry_point: str | None = None,
 ) -> TestReport:
     """:func:`arun_tests` on a judge already started in a fresh sandbox that has run
-    nothing else (``proc``, which answered ``ready``: :mod:`corral.rl._prestart`): the
-    request goes to it at once. ``grading`` is ``"auto"`` or ``"isolated"``."""
+    nothing else (``proc``, which answered ``ready``: :mod:`corral.rl._prestart`), in
+    ONE request that also deletes the sandbox (``proc.consume``): the request, the
+    verdict, the judge's exit. ``grading`` is ``"auto"`` or ``"isolated"``; with
+    ``"auto"``, tests the judge could not split stay ``"unsplittable"`` in the report
+    (:func:`needs_in_process`): the sandbox is gone, so the caller judges the completion
+    again the usual way (a fresh sandbox, :func:`arun_tests`)."""
     snippets = normalize_tests(tests)
     check_grading(grading)
     if grading == "in_process":
@@ -243,10 +247,17 @@ async def arun_prestarted(
                               "runs the tests in the solution's process instead")
     run = JudgeRun(snippets, code=code, timeout=timeout, test_timeout=test_timeout,
                    entry_point=entry_point)
-    async with proc:
-        report = await _averdict(proc, run, ready)
-    return await _after_judge(sb, report, snippets, grading, code, None, timeout, test_timeout,
-                              None)
+    line, result = await proc.consume(run.request(), timeout=run.timeout,
+                                      exit_timeout=END_WAIT_S)
+    report = run.report(ready if ready.strip() == READY else None, line, result)
+    if grading == "isolated" and needs_in_process(report):
+        return refuse_unsplittable(report)
+    return report
+
+
+def needs_in_process(report: TestReport) -> bool:
+    """Whether a judged report holds tests to run in the solution's process."""
+    return report.status == "ok" and bool(unsplittable(report))
 
 
 async def _averdict(proc: AsyncProcess, run: JudgeRun, ready: str | None) -> TestReport:

@@ -4,8 +4,10 @@ An episode is a function ``episode(sandbox, seed) -> result`` (plain, or ``async
 it gets a running sandbox (fresh from an image, restored from a snapshot, or taken
 from a warm pool) and returns a reward, a dict (``reward``/``return``, ``steps``,
 ``digest``, anything else), or any JSON-able value. The runner keeps ``concurrency``
-episodes in flight, bounds each one's wall time, deletes every sandbox afterwards,
-and yields an :class:`EpisodeResult` per episode, fastest first::
+episodes in flight, bounds each one's wall time, deletes every sandbox afterwards
+(in the background: a worker starts its next episode meanwhile, with at most
+``concurrency`` deletes in flight, all done before the run ends), and yields an
+:class:`EpisodeResult` per episode, fastest first::
 
     def episode(sb: corral.Sandbox, seed: int) -> dict:
         r = sb.exec(["python3", "rollout.py", str(seed)], timeout=60)
@@ -298,6 +300,8 @@ class EpisodeRunner:
         self._aclient: corral.AsyncClient | None = None
         self._sclient: corral.Client | None = None
         self._threads: anyio.CapacityLimiter | None = None
+        self._deleting: set[asyncio.Task[None]] = set()
+        self._delete_slots: asyncio.Semaphore | None = None
         self.sandboxes_created = 0
         """Sandboxes this runner got (created, restored or acquired), all attempts."""
 
@@ -362,6 +366,29 @@ class EpisodeRunner:
             await asyncio.shield(sb.delete())
         except CorralError as exc:  # the run's final sweep tries again
             logger.warning("could not delete sandbox %s: %s", sb.id, exc)
+
+    async def _release_soon(self, sb: corral.AsyncSandbox) -> None:
+        """Delete ``sb`` while the worker goes on to its next sandbox: a delete is a
+        round trip and a teardown nothing waits for. At most ``concurrency`` deletes
+        are in flight (a worker waits for a place), and the run ends only once every
+        one did (:meth:`_drain`), so no sandbox outlives its run."""
+        if self._delete_slots is None:
+            self._delete_slots = asyncio.Semaphore(self.concurrency)
+        slots = self._delete_slots
+        await slots.acquire()
+        task = asyncio.ensure_future(self._release(sb))
+        self._deleting.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._deleting.discard(t)
+            slots.release()
+
+        task.add_done_callback(done)
+
+    async def _drain(self) -> None:
+        """Wait for the deletes :meth:`_release_soon` started."""
+        while self._deleting:
+            await asyncio.gather(*self._deleting, return_exceptions=True)
 
     async def _sweep(self, run_tag: str) -> None:
         """Delete what a run left (a create whose reply was lost still made one)."""
@@ -432,9 +459,12 @@ class EpisodeRunner:
             create_s = t1 - t0
             try:
                 status, value, error = await self._call(sb, seed)
+            except BaseException:
+                await self._release(sb)
+                raise
             finally:
                 run_s = time.perf_counter() - t1
-                await self._release(sb)
+            await self._release_soon(sb)
             if status is EpisodeStatus.INFRA_ERROR:
                 infra.append(error or "")
                 logger.info("episode %s (seed %r) attempt %d: %s", index, seed, attempt, error)
@@ -498,6 +528,7 @@ class EpisodeRunner:
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
+            await self._drain()
             await self._sweep(run_tag)
             if own_bar is not None:
                 own_bar.__exit__(None, None, None)

@@ -94,7 +94,7 @@ from corral.rl._judging import (
 from corral.rl._prestart import JudgePool
 from corral.rl._reward_types import RewardOutcome, RewardStats
 from corral.rl._wandb import log_metrics
-from corral.rl.code import Fallback
+from corral.rl.code import Fallback, needs_in_process
 from corral.rl.episodes import (  # "the machinery failed", shared with episodes
     DEFAULT_RETRIES,
     INFRA_ERRORS,
@@ -369,6 +369,7 @@ class AsyncCodeReward:
         """One sandbox's try: the outcome, or the infrastructure failure and the sandbox
         it hit."""
         sb: AsyncSandbox | None = None
+        live: AsyncSandbox | None = None  # the sandbox to delete after
         code = task.code
         image, memory_mb = sandbox_needs(task.io, self.image, self.memory_mb)
         spec = {**self._spec, "image": image, "memory_mb": memory_mb,
@@ -376,13 +377,18 @@ class AsyncCodeReward:
         judge = self._pool.take() if self._pool is not None and first and not task.io else None
         try:
             if judge is not None:  # made for no other completion, waiting at READY
-                sb = AsyncSandbox(judge.sandbox, client=client)
+                sb = live = AsyncSandbox(judge.sandbox, client=client)
                 self.stats.prestarted += 1
-            else:
-                sb = await AsyncSandbox.create(client=client, **spec)
-            self.stats.sandboxes_created += 1
-            report = await (ajudge(sb, task, self.options, self.mode, fresh=True) if judge is None
-                            else ajudge_prestarted(sb, judge, task, self.options))
+                self.stats.sandboxes_created += 1
+                report = await ajudge_prestarted(sb, judge, task, self.options)
+                live = None  # the verdict's request deleted it
+                self.stats.sandboxes_deleted += 1
+                if needs_in_process(report):  # "auto": judged again, the usual way
+                    judge = None
+            if judge is None:
+                sb = live = await AsyncSandbox.create(client=client, **spec)
+                self.stats.sandboxes_created += 1
+                report = await ajudge(sb, task, self.options, self.mode, fresh=True)
         except ImageNotFound:
             raise  # a configuration error: every completion would fail the same way
         except SandboxProtocolError as exc:  # the completion broke its sandbox: it fails
@@ -394,8 +400,8 @@ class AsyncCodeReward:
                 exc = SandboxLost(f"a pre-started judge's sandbox was gone: {exc}")  # waited
             return exc, sb.id if sb else None
         finally:
-            if sb is not None:
-                await self._delete(sb)
+            if live is not None:
+                await self._delete(live)
         reward = score(report, self.mode)
         if reward is None:
             self.stats.ungradable += 1

@@ -29,6 +29,7 @@ from typing import Any
 
 from corral.errors import InternalError
 from corral.runtime.fsutil import _empty_dir, _rm, _write_atomic
+from corral.runtime.treecopy import ENTER, LEAVE, Walk, fd_path
 
 DEFAULT_PACKAGES = ("python3", "python3-pip", "python3-venv", "ca-certificates")
 DEBOOTSTRAP_TIMEOUT = 30 * 60
@@ -274,26 +275,27 @@ def _shrink(rootfs: Path) -> None:
 
 
 def _make_world_readable(rootfs: Path) -> None:
-    """o+r on files, o+rx on directories: the sandbox user sees host root's as nobody's."""
-    private = {rootfs / p for p in _PRIVATE_PATHS}
-    for dirpath, dirnames, filenames in os.walk(rootfs):
-        base = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if base / d not in private]
-        for name in dirnames:
-            _add_mode(base / name, 0o005)
-        for name in filenames:
-            if base / name not in private:
-                _add_mode(base / name, 0o004)
+    """o+r on files, o+rx on directories: the sandbox user sees host root's as nobody's.
+    Iterative and descriptor-relative (:class:`~corral.runtime.treecopy.Walk`): an
+    image's tree may be thousands of levels deep (os.walk recursed past Python's limit:
+    an import or a pull was a 500)."""
+    private = {tuple(p.split("/")) for p in _PRIVATE_PATHS if "/" in p}
+    tops = frozenset(p for p in _PRIVATE_PATHS if "/" not in p)
+    walk = Walk(rootfs, skip=tops, max_depth=None)
+    for event, parent, name, st, fd in walk:
+        if event == LEAVE or parent == -1 or stat.S_ISLNK(st.st_mode):
+            continue
+        if event == ENTER:
+            _add_mode(st, 0o005, fd)
+        elif len(walk.names) != 1 or (walk.names[0], name) not in private:
+            _add_mode(st, 0o004, fd_path(parent, name))
 
 
-def _add_mode(path: Path, bits: int) -> None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return
+def _add_mode(st: os.stat_result, bits: int, where: int | str) -> None:
     if stat.S_ISREG(st.st_mode) and st.st_mode & 0o100:
         bits |= 0o001  # executables stay executable for everyone
     if stat.S_IMODE(st.st_mode) & bits != bits:
-        os.chmod(path, stat.S_IMODE(st.st_mode) | bits)
+        os.chmod(where, stat.S_IMODE(st.st_mode) | bits)
 
 
 def _installed_packages(rootfs: Path) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from corral.errors import InternalError
 from corral.runtime import syscalls
-from corral.runtime.treecopy import remove_tree
+from corral.runtime.treecopy import listings, remove_tree
 
 
 @contextlib.contextmanager
@@ -92,22 +92,20 @@ def _empty_dir(path: Path) -> None:
 
 
 def _scan_tree(rootfs: Path) -> tuple[int, str]:
-    """Apparent size (hard links once) and a sha256 of the tree's listing."""
+    """Apparent size (hard links once) and a sha256 of the tree's listing (each
+    directory's entries in name order, then its subdirectories', as ``os.walk`` gave
+    them). Iterative and descriptor-relative: an image's tree may be thousands of
+    levels deep (os.walk recursed past Python's limit: an import was a 500)."""
     digest = hashlib.sha256()
     seen: set[tuple[int, int]] = set()
     size = 0
-    for dirpath, dirnames, filenames in os.walk(rootfs):
-        dirnames.sort()
-        for name in sorted(filenames + dirnames):
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            rel = os.path.relpath(path, rootfs)
-            link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
-            digest.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0{st.st_size}\0"
-                          f"{st.st_mtime_ns}\0{link}\n".encode("utf-8", "surrogateescape"))
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                size += st.st_size
+    for rel, fd, name, st in listings(rootfs):
+        link = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else ""
+        digest.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0{st.st_size}\0"
+                      f"{st.st_mtime_ns}\0{link}\n".encode("utf-8", "surrogateescape"))
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            size += st.st_size
     return size, digest.hexdigest()
 
 

@@ -75,7 +75,7 @@ from corral.runtime.layers import LayerStore
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.runtime.rootfs import AGENT_DIR
 from corral.runtime.storage import room_above_reserve
-from corral.runtime.treecopy import Budget
+from corral.runtime.treecopy import Budget, listings
 from corral.schema import DEFAULT_WORKDIR, NetworkMode, SandboxSpec
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ BUILD_PIDS = 4096
 BUILD_INODES = 1 << 20  # files a step may write (pip installs of large packages)
 BUILD_TAG = "corral-build"
 MAX_STEP_OUTPUT = 64 << 20
+MAX_COPY_PATH = 4095  # bytes of a copied file's path in the sandbox (Linux's PATH_MAX)
+MAX_COPY_DEPTH = 256  # levels of directories in a copy source (docs/images.md)
 TAIL_LINES = 40
 TAIL_CHARS = 8000
 _KEY_FORMAT = b"corral-build-1\n"
@@ -324,6 +326,7 @@ class ImageBuild:
         if is_file and dest.endswith("/"):
             dest = posixpath.join(dest, source.name)
         dest = posixpath.normpath(dest)
+        self._check_copy(index, entries, dest)
         try:
             for rel, kind, mode, link in entries:
                 target = posixpath.join(dest, rel) if rel else dest
@@ -349,6 +352,26 @@ class ImageBuild:
                 index, f"{exc.message} (the sandbox user copies: the destination must be "
                 "writable by it, e.g. under /app, /workspace or /home/sandbox)", "", None,
             ) from None
+
+    def _check_copy(self, index: int, entries: list[tuple[str, str, int, str | None]],
+                    dest: str) -> None:
+        """Refuse, before anything is copied, a source deeper than :data:`MAX_COPY_DEPTH`
+        (each entry is made by one request whose path the sandbox resolves name by
+        name: 1100 levels took minutes) or a path the sandbox cannot hold."""
+        depth = max(rel.count("/") + 1 if rel else 0 for rel, *_ in entries)
+        if depth > MAX_COPY_DEPTH:
+            raise self._failed(
+                index, f"the source has directories {depth} levels deep, more than "
+                f"the {MAX_COPY_DEPTH} a copy may have: copy an archive of it and unpack it "
+                "in a run step", "", None)
+        longest = max((posixpath.join(dest, rel) if rel else dest for rel, *_ in entries),
+                      key=lambda p: len(p.encode("utf-8", "surrogateescape")))
+        size = len(longest.encode("utf-8", "surrogateescape"))
+        if size > MAX_COPY_PATH:
+            raise self._failed(
+                index, f"the copied path {longest[:120]!r}... would be {size} bytes, more "
+                f"than a path may have in a sandbox ({MAX_COPY_PATH}): shorten the "
+                "source's directories or copy to a shorter destination", "", None)
 
     def _failed(self, index: int, why: str, output: str, code: int | None) -> ImageBuildError:
         text = self.spec.describe(index)
@@ -438,38 +461,40 @@ def _hash(*parts: bytes) -> str:
 
 def _scan_source(path: Path) -> tuple[list[tuple[str, str, int, str | None]], str]:
     """The entries of a copy source (``(relative path, "f"|"d"|"l", mode, link)``,
-    parents first) and the sha256 of their names, modes and contents."""
+    parents first) and the sha256 of their names, modes and contents. Iterative and
+    descriptor-relative (:func:`~corral.runtime.treecopy.listings`): a sent context
+    may be thousands of levels deep (os.walk recursed past Python's limit: a 500)."""
     h = hashlib.sha256(b"corral-copy-1\n")
     entries: list[tuple[str, str, int, str | None]] = []
 
-    def add(rel: str, p: str, st: os.stat_result) -> None:
+    def add(rel: str, dir_fd: int | None, name: str, st: os.stat_result) -> None:
         mode = stat.S_IMODE(st.st_mode)
         if stat.S_ISDIR(st.st_mode):
             entries.append((rel, "d", mode, None))
             data = b""
         elif stat.S_ISREG(st.st_mode):
             entries.append((rel, "f", mode, None))
-            with open(p, "rb") as f:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW if rel else 0),
+                         dir_fd=dir_fd)
+            with open(fd, "rb") as f:
                 data = hashlib.file_digest(f, "sha256").hexdigest().encode()
         elif stat.S_ISLNK(st.st_mode):
-            link = os.readlink(p)
+            link = os.readlink(name, dir_fd=dir_fd)
             entries.append((rel, "l", 0o777, link))
             data = os.fsencode(link)
         else:
-            raise InvalidArgument(f"cannot copy {p}: only files, directories and symbolic "
-                                  "links can be copied into an image", details={"path": p})
+            where = os.path.join(path, rel) if rel else str(path)
+            raise InvalidArgument(f"cannot copy {where}: only files, directories and "
+                                  "symbolic links can be copied into an image",
+                                  details={"path": where})
         h.update(b"\0".join([os.fsencode(rel), entries[-1][1].encode(), b"%o" % mode, data])
                  + b"\n")
 
     top = os.stat(path)  # a link given as the source itself is followed, like cp
-    add("", str(path), top)
+    add("", None, str(path), top)
     if stat.S_ISDIR(top.st_mode):
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            for n in sorted(dirnames + filenames):
-                p = os.path.join(dirpath, n)
-                add(os.path.relpath(p, path), p, os.lstat(p))
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for rel, dir_fd, name, st in listings(os.path.realpath(path)):
+            add(rel, dir_fd, name, st)
     return entries, h.hexdigest()
 
 

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.runtime.layers import LayerStore
-from corral.runtime.treecopy import sweep
+from corral.runtime.treecopy import discard_tree, sweep
 
 LAYERS = ".layers"
 CACHE = ".build-cache"
@@ -285,7 +284,7 @@ def _collect_pulled_roots(images_dir: Path, found: dict[str, dict[str, Any]],
         doomed = images_dir / f".tmp-{name}-0-{secrets.token_hex(4)}"  # swept if we die
         with contextlib.suppress(OSError):
             os.rename(images_dir / name, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            discard_tree(doomed)  # iterative: an imported tree may be thousands deep
             removed.append(name)
     return removed
 
@@ -314,7 +313,7 @@ def collect(images_dir: Path) -> list[str]:
             # the image now under that name may share: keep it while either is used.
             original = images_dir / str(manifest.get("name", "?")) / "rootfs"
             if not (in_use(images_dir / name, lowers) or in_use(original, lowers)):
-                shutil.rmtree(images_dir / name, ignore_errors=True)
+                discard_tree(images_dir / name)
                 removed.append(name)
         live = {n: m for n, m in found.items() if not n.startswith(RETIRED)}
         removed += _collect_pulled_roots(images_dir, found, lowers)

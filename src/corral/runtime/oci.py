@@ -292,10 +292,11 @@ def apply_layer(root: Path, layer: Path, index: int = 1) -> None:
                 d = _resolve_dir(root, parts[:-1], create=False)
                 if d is not None:
                     _delete(os.path.join(d, gone))
+        known: set[str] = set()
         for parts, m in entries:
             if not parts[-1].startswith(WHITEOUT):
                 try:
-                    _extract(root, tar, parts, m, index)
+                    _extract(root, tar, parts, m, index, known)
                 except OSError as exc:
                     if exc.errno != errno.ENAMETOOLONG:
                         raise
@@ -312,6 +313,7 @@ def apply_overlay_layer(root: Path, stream: Any, index: int = 1) -> None:
     gets ``trusted.overlay.opaque`` (both need root); nothing is deleted. The rules of
     :func:`apply_layer` hold."""
     made: set[tuple[str, ...]] = set()  # what this layer itself put there
+    known: set[str] = set()
     try:
         with tarfile.open(fileobj=stream, mode="r|", bufsize=_CHUNK) as tar:
             for m in tar:
@@ -321,20 +323,20 @@ def apply_overlay_layer(root: Path, stream: Any, index: int = 1) -> None:
                 if parts[-1] == OPAQUE or parts[-1].startswith(WHITEOUT):
                     gone = parts[-1] if parts[-1] == OPAQUE else _whiteout_target(parts, index)
                     if tuple([*parts[:-1], gone]) not in made:  # hides lower layers only
-                        _mark_whiteout(root, parts, index)
+                        _mark_whiteout(root, parts, index, known)
                     continue
-                _extract(root, tar, parts, m, index)
+                _extract(root, tar, parts, m, index, known)
                 made.add(tuple(parts))
     except (tarfile.TarError, EOFError) as exc:
         raise ImageImportError(f"layer {index} is not a valid tar archive ({exc})",
                                details={"layer": index}) from None
 
 
-def _mark_whiteout(root: Path, parts: list[str], index: int) -> None:
+def _mark_whiteout(root: Path, parts: list[str], index: int, known: set[str]) -> None:
     """A whiteout or opaque marker of an OCI layer as overlayfs writes one."""
     if parts[-1] != OPAQUE and not parts[-1].startswith(WHITEOUT):
         return
-    d = _resolve_dir(root, parts[:-1], create=True)
+    d = _resolve_dir(root, parts[:-1], create=True, known=known)
     assert d is not None
     if parts[-1] == OPAQUE:
         os.setxattr(d, OVERLAY_OPAQUE, b"y")
@@ -342,6 +344,7 @@ def _mark_whiteout(root: Path, parts: list[str], index: int) -> None:
     target = os.path.join(d, _whiteout_target(parts, index))
     if os.path.lexists(target):
         _delete(target)
+        _forget(known, root, target)
     os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
 
@@ -382,15 +385,25 @@ def _entry_parts(name: str, index: int) -> list[str]:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _resolve_dir(root: Path, parts: list[str], *, create: bool) -> str | None:
+def _resolve_dir(root: Path, parts: list[str], *, create: bool,
+                 known: set[str] | None = None) -> str | None:
     """The host path of directory ``parts`` inside ``root``, symlinks followed as the
     sandbox will follow them (``/`` is ``root``; ``..`` stops there). Missing
     directories are made (``create``) or give None. Each name is looked up in its
     parent's descriptor (a lookup by the whole path, for each name of each entry, was
-    cubic in the depth: an archive of 1500 nested directories took minutes)."""
+    cubic in the depth: an archive of 1500 nested directories took minutes). ``known``:
+    the directories of a layer being applied reached through no link (a path in the
+    tree, each name a real directory), where a lookup starts (from the root, it was
+    still quadratic in the depth: 1500 nested directories, a minute); the caller
+    forgets what it deletes (:func:`_forget`)."""
     pending = list(reversed(parts))
     done: list[str] = []
-    fd = os.open(root, _DIR_FLAGS)
+    if known is not None and parts:
+        if "/".join(parts) in known:
+            return _under(root, parts)
+        if len(parts) == 1 or "/".join(parts[:-1]) in known:
+            pending, done = [parts[-1]], parts[:-1]
+    fd = os.open(_under(root, done), _DIR_FLAGS)
     hops = 0
     try:
         while pending:
@@ -401,7 +414,7 @@ def _resolve_dir(root: Path, parts: list[str], *, create: bool) -> str | None:
                 if done:
                     done.pop()
                     os.close(fd)
-                    fd = os.open(os.path.join(root, *done), _DIR_FLAGS)
+                    fd = os.open(_under(root, done), _DIR_FLAGS)
                 continue
             try:
                 st = os.lstat(comp, dir_fd=fd)
@@ -430,9 +443,28 @@ def _resolve_dir(root: Path, parts: list[str], *, create: bool) -> str | None:
             os.close(fd)
             fd = nfd
             done.append(comp)
-        return os.path.join(root, *done)
+        if known is not None and hops == 0:  # parts are then the real directories
+            if len(known) >= _KNOWN_MAX:
+                known.clear()
+            known.add("/".join(done))
+        return _under(root, done)
     finally:
         os.close(fd)
+
+
+def _under(root: Path, names: list[str]) -> str:
+    """``root/names...`` (os.path.join, a loop in Python, took seconds on deep trees)."""
+    return "/".join([os.fspath(root), *names])
+
+
+_KNOWN_MAX = 4096  # directories a layer's extraction remembers (each a path of < 4 KiB)
+
+
+def _forget(known: set[str] | None, root: Path, path: str) -> None:
+    """``path`` (in ``root``) is deleted: what :func:`_resolve_dir` knew below it goes."""
+    if known:
+        rel = os.path.relpath(path, root)
+        known.difference_update([k for k in known if k == rel or k.startswith(rel + "/")])
 
 
 def _escapes(parts: list[str], target: str) -> bool:
@@ -449,14 +481,14 @@ def _escapes(parts: list[str], target: str) -> bool:
 
 
 def _extract(root: Path, tar: tarfile.TarFile, parts: list[str], m: tarfile.TarInfo,
-             index: int) -> None:
+             index: int, known: set[str] | None = None) -> None:
     where = f"layer {index}: {'/'.join(parts)}"
     if m.issym() and not m.linkname.startswith("/") and _escapes(parts, m.linkname):
         raise ImageImportError(f"{where} links to {m.linkname!r}, outside the root "
                                "(unsafe archive)", details={"layer": index, "path": m.name})
     if m.ischr() or m.isblk():
         return  # sandboxes get their own /dev; device nodes in an image are never used
-    parent = _resolve_dir(root, parts[:-1], create=True)
+    parent = _resolve_dir(root, parts[:-1], create=True, known=known)
     assert parent is not None
     target = os.path.join(parent, parts[-1])
     try:
@@ -467,11 +499,13 @@ def _extract(root: Path, tar: tarfile.TarFile, parts: list[str], m: tarfile.TarI
         if old is None or not stat.S_ISDIR(old.st_mode):
             if old is not None:
                 _delete(target)
+                _forget(known, root, target)
             os.mkdir(target, 0o700)
         _set_meta(target, m)
         return
     if old is not None:
         _delete(target)
+        _forget(known, root, target)
     if m.isreg():
         fin = tar.extractfile(m)
         assert fin is not None
@@ -485,7 +519,8 @@ def _extract(root: Path, tar: tarfile.TarFile, parts: list[str], m: tarfile.TarI
         os.symlink(m.linkname, target)
     elif m.islnk():
         link_parts = _entry_parts(m.linkname, index)
-        src_dir = _resolve_dir(root, link_parts[:-1], create=False) if link_parts else None
+        src_dir = (_resolve_dir(root, link_parts[:-1], create=False, known=known)
+                   if link_parts else None)
         src = os.path.join(src_dir, link_parts[-1]) if src_dir else None
         if src is None or not os.path.isfile(src) or os.path.islink(src):
             raise ImageImportError(f"{where} is a hard link to {m.linkname!r}, which is not "

@@ -40,6 +40,7 @@ from corral.errors import CorralError
 from corral.runtime import paths
 from corral.runtime.debian import find_debian_mirror, host_codename
 from corral.runtime.rootfs import AGENT_DIR
+from corral.runtime.treecopy import NODE, Walk, fd_path
 
 # Kept in the build sandbox's user namespace by a root step (bwrap --cap-add).
 ROOT_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER",
@@ -117,20 +118,20 @@ def share_copy(images_dir: Path, name: str, data: bytes, mode: int = 0o644) -> P
 
 def strip_privileges(tree: Path) -> int:
     """Remove set-user-id and set-group-id bits from the regular files under ``tree``
-    (a staged layer) and their file capabilities; the number of files changed."""
+    (a staged layer) and their file capabilities; the number of files changed.
+    Iterative and descriptor-relative: a build step may make its tree thousands of
+    levels deep (os.walk recursed past Python's limit: the build was a 500)."""
     changed = 0
-    for dirpath, _dirs, files in os.walk(tree):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            touched = False
-            if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-                touched = True
-            with contextlib.suppress(OSError):  # ENODATA: it has none
-                os.removexattr(path, _CAPS_XATTR, follow_symlinks=False)
-                touched = True
-            changed += touched
+    for event, parent, name, st, _fd in Walk(tree, max_depth=None):
+        if event != NODE or not stat.S_ISREG(st.st_mode):
+            continue
+        touched = False
+        if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            os.chmod(name, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID),
+                     dir_fd=parent)
+            touched = True
+        with contextlib.suppress(OSError):  # ENODATA: it has none
+            os.removexattr(fd_path(parent, name), _CAPS_XATTR, follow_symlinks=False)
+            touched = True
+        changed += touched
     return changed

@@ -24,11 +24,10 @@ image fails with EACCES.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from corral.runtime import syscalls
-from corral.runtime.treecopy import INODE_SLACK
+from corral.runtime.treecopy import INODE_SLACK, discard_tree
 
 AGENT_DIR = ".corral"  # in the sandbox: /.corral/agent
 # mount(2) copies one page of options, its NUL included: with very many lower layers,
@@ -68,4 +67,4 @@ def unmount_root(sandbox_dir: Path) -> None:
     """Unmount anything under ``sandbox_dir`` and remove it. Idempotent."""
     for point in syscalls.mounts_under(str(sandbox_dir)):
         syscalls.umount(point)
-    shutil.rmtree(sandbox_dir, ignore_errors=True)
+    discard_tree(sandbox_dir)  # iterative: what the sandbox wrote may be thousands deep

@@ -262,6 +262,25 @@ class Walk:
             fds.close()
 
 
+def listings(root: str | os.PathLike[str]) -> Iterator[tuple[str, int, str, os.stat_result]]:
+    """Every entry under ``root`` (not ``root`` itself) as ``(relative path, parent fd,
+    name, lstat)`` in ``os.walk``'s top-down order (each directory's entries sorted by
+    name, then its subdirectories' in that order), with no recursion and no path longer
+    than a name: what hashed a tree's listing by ``os.walk`` keeps its digest. ``parent
+    fd`` is valid until the next entry."""
+    prefixes = [""]
+    for event, parent, name, _st, fd in Walk(root, max_depth=None):
+        if event == LEAVE:
+            prefixes.pop()
+            continue
+        if event != ENTER:
+            continue
+        prefix = prefixes[-1] + name + "/" if parent != -1 else ""
+        prefixes.append(prefix)
+        for entry in sorted(os.listdir(fd)):
+            yield prefix + entry, fd, entry, os.stat(entry, dir_fd=fd, follow_symlinks=False)
+
+
 class Place(NamedTuple):
     """Where an entry is: its directory's place (None: the root) and its name. What a
     walk keeps of hard links' first names: a path would cost its length for each (a
@@ -524,6 +543,16 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
         elif kind == LEAVE and parent != -1:
             os.rmdir(name, dir_fd=parent)
     os.rmdir(path)
+
+
+def discard_tree(path: str | os.PathLike[str]) -> None:
+    """:func:`remove_tree`, never raising (work left over, a retired tree: a hostile
+    one is thousands of levels deep, where ``shutil.rmtree`` recursed past Python's
+    limit and raised RecursionError, which its ``ignore_errors`` does not cover)."""
+    try:
+        remove_tree(path)
+    except (OSError, CorralError):
+        pass
 
 
 def sweep(root: str | os.PathLike[str], match: Callable[[str], bool]) -> list[str]:

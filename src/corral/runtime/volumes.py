@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import (
-    CorralError,
     Forbidden,
     InvalidArgument,
     InvalidState,
@@ -64,7 +63,7 @@ from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
 from corral.runtime.oci import apply_layer
 from corral.runtime.storage import room_above_reserve
-from corral.runtime.treecopy import ENTER, LEAVE, Walk, copy_tree, remove_tree
+from corral.runtime.treecopy import ENTER, LEAVE, Walk, copy_tree, discard_tree, remove_tree
 from corral.runtime.uids import CANONICAL_UID
 from corral.volume_schema import VOLUME_NAME_RE, VolumeInfo, parse_mount
 
@@ -239,13 +238,6 @@ def _copy_in(source: Path, name: str, dir_fd: int, mode: int) -> None:
         os.close(out)
 
 
-def _discard(path: Path) -> None:
-    """Remove a tree however deep (an upload makes thousands of levels: shutil.rmtree
-    recursed past Python's limit and left it), never raising."""
-    with contextlib.suppress(OSError, CorralError):
-        remove_tree(path)
-
-
 def _canonical(root: Path) -> tuple[int, int]:
     """Chown the tree to the canonical uid; its (bytes, files). Iterative: an upload
     may have made it thousands of levels deep (os.walk recursed past Python's limit)."""
@@ -385,13 +377,13 @@ class Volumes:
                         self.remove(owner, name, in_use=False)
                     os.rename(work, final)  # atomic; fails if a racing create won
         except BaseException:
-            _discard(work)
+            discard_tree(work)
             raise
         if max_mb is not None:
             try:
                 _mount(final / IMAGE, final / "data")
             except BaseException:
-                _discard(final)
+                discard_tree(final)
                 raise
         return info
 
@@ -429,7 +421,7 @@ class Volumes:
             subprocess.run(["umount", "-l", str(d / "data")], capture_output=True, check=False)
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
-        _discard(trash)
+        discard_tree(trash)
 
     def meta(self, owner: str | None, name: str) -> dict[str, Any]:
         """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""

@@ -61,6 +61,7 @@ from corral.server.peer_layers import (
 from corral.server.peer_volumes import fetch_own_volume, peer_volume
 from corral.server.pool_reserve import acquire_from_pool, reserve_from_pool
 from corral.server.processes import (
+    consume,
     exchange,
     exchange_many,
     get_process,
@@ -136,6 +137,7 @@ HANDLERS: dict[str, Handler] = {h.__name__: h for h in (
     list_images, prune_images, pull_image_route, create_lease, release_lease, renew_lease,
     metrics_endpoint, network_events, update_network, patch_sandbox, sandbox_logs, fetch_image,
     fetch_snapshot, peer_checkpoint, peer_image, peer_layer, peer_snapshot, peer_stats, exchange, exchange_many,
+    consume,
     get_process, kill_process, list_processes, read_output, resize_process, signal_process,
     spawn_process, write_stdin, acquire_from_pool, reserve_from_pool, run_once, create_pool, create_sandbox, delete_pool,
     delete_sandbox, delete_snapshot, download_file, exec_command, exec_stream, fork_sandbox,

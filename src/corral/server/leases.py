@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from corral.api.daemon_models import LeaseInfo
-from corral.errors import CorralError, InvalidArgument, LeaseNotFound
+from corral.errors import CorralError, InvalidArgument, LeaseNotFound, QuotaExceeded
 from corral.runtime.engine import Engine
 
 logger = logging.getLogger("corral.server")
@@ -37,6 +37,7 @@ LEASE_TAG_KEY = "lease"
 MIN_TTL_S = 1.0
 MAX_TTL_S = 86400.0
 SWEEP_S = 0.5  # how often expired leases are looked for
+MAX_LEASES_PER_TENANT = 1024  # a client takes one per session or reserving pool
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
     id TEXT PRIMARY KEY,
@@ -87,11 +88,26 @@ class Leases:
             if owner is not None:
                 raise InvalidArgument(f"lease id {lease_id!r} is taken: leave out id for a "
                                       "new one", details={"field": "id"})
+        self._check_count(tenant)
         lease_id = lease_id or "lease-" + secrets.token_hex(8)
         now = time.time()
         self.db.execute("INSERT INTO leases (id, tenant, ttl, expires_at, created_at) "
                         "VALUES (?, ?, ?, ?, ?)", (lease_id, tenant or "", ttl, now + ttl, now))
         return LeaseInfo(id=lease_id, tag=lease_tag(lease_id), ttl=ttl, expires_at=now + ttl)
+
+    def _check_count(self, tenant: str | None) -> None:
+        """A tenant's leases are rows of the registry, each living up to a day, that the
+        sweep scans: a loop of creates must not grow them without bound."""
+        if not tenant:
+            return  # the admin's
+        used = self.db.execute("SELECT COUNT(*) FROM leases WHERE tenant=?",
+                               (tenant,)).fetchone()[0]
+        if used >= MAX_LEASES_PER_TENANT:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} holds {used} leases, the most a tenant may: release "
+                "those of closed sessions (DELETE /v1/leases/{id}) or let them expire",
+                details={"quota": "max_leases", "limit": MAX_LEASES_PER_TENANT,
+                         "used": used, "requested": 1, "tenant": tenant})
 
     def renew(self, tenant: str | None, lease_id: str) -> LeaseInfo:
         ttl = self._ttl(tenant, lease_id)
@@ -104,6 +120,14 @@ class Leases:
         if self._row(tenant, lease_id) is None:
             return
         await self._end(lease_id, "its lease was released by its client")
+
+    async def end_tenant(self, tenant: str, reason: str) -> int:
+        """End every lease of ``tenant`` now (its token was revoked: nothing may renew
+        them, and a token issued again under its name must not find them); how many."""
+        ids = [r[0] for r in self.db.execute("SELECT id FROM leases WHERE tenant=?", (tenant,))]
+        for lease_id in ids:
+            await self._end(lease_id, reason)
+        return len(ids)
 
     def hold(self, tenant: str | None, lease_id: str, sandbox_ids: Sequence[str]) -> None:
         """Tie sandboxes handed out to a client's reserve (``pool_reserve``) to its lease:

@@ -13,6 +13,10 @@ long-lived process, both one small request per exchange:
   stdout; ``POST /v1/processes/exchange`` does that for many processes, in many
   sandboxes, in one request: writes first, then every line awaited at once, so a
   vector of environments steps concurrently for the price of one round trip.
+- once, for a process that answers one request and exits (a pre-started judge):
+  ``POST .../consume`` writes the body, reads the line, waits for the exit and deletes
+  the sandbox, all in one request: the reply holds the line and the exit, and the
+  sandbox is gone whatever happened (a client that hangs up leaves nothing behind).
 
 A process spawned with ``"pty": true`` runs on a pseudo-terminal (an interactive
 shell: ``corral shell``). It is driven the push way: its output (one stream, stdout)
@@ -39,12 +43,16 @@ from corral.api.process_models import (  # the wire models, shared with the SDK
 from corral.errors import CorralError, ExecTimeout, InvalidArgument
 from corral.runtime.processes import Process, ProcessState, parse_signal
 from corral.runtime.terminal import DEFAULT_COLS, DEFAULT_ROWS, TerminalSize
+from corral.schema import ExecResult
 from corral.server import context as ctx
+from corral.server.caller import caller_of
 from corral.server.context import unless_disconnected
 from corral.server.streaming import start_stream
 from corral.server.wire import read_body
 
 KILL_WAIT_S = 5.0  # how long DELETE waits for a killed process to be reaped
+CONSUME_EXIT_WAIT_S = 5.0
+"""How long ``consume`` waits, by default, for a process to exit after its line."""
 
 
 def _terminal(body: SpawnRequest) -> TerminalSize | None:
@@ -101,8 +109,8 @@ async def read_output(request: Request) -> Response:
     return await start_stream(_process(request).output())
 
 
-def _timeout(request: Request) -> float | None:
-    value = request.query_params.get("timeout")
+def _timeout(request: Request, name: str = "timeout") -> float | None:
+    value = request.query_params.get(name)
     if value is None:
         return None
     try:
@@ -110,7 +118,7 @@ def _timeout(request: Request) -> float | None:
     except ValueError:
         seconds = -1.0
     if not 0 < seconds <= 30 * 86400:
-        raise InvalidArgument(f"timeout must be a number of seconds > 0, got {value!r}")
+        raise InvalidArgument(f"{name} must be a number of seconds > 0, got {value!r}")
     return seconds
 
 
@@ -134,6 +142,54 @@ async def exchange(request: Request) -> Response:
         await proc.write(bytes(data))
     line = await unless_disconnected(request, _reply_line(proc, timeout))
     return Response(line, media_type=RAW)
+
+
+async def consume(request: Request) -> Response:
+    """Write the body, read the next line, wait for the exit, delete the sandbox; reply
+    with the line and the exit. Shielded: a client that hangs up still gets its sandbox
+    deleted (the work goes on without it)."""
+    proc, timeout = _process(request), _timeout(request)
+    exit_wait = _timeout(request, "exit_timeout") or CONSUME_EXIT_WAIT_S
+    data = await read_body(request, request.app.state.settings.max_upload_bytes, "stdin")
+    service, caller = ctx.service(request), caller_of(request)
+
+    async def work() -> tuple[bytes | None, dict[str, Any]]:
+        try:
+            if data:
+                await proc.write(bytes(data))
+            try:
+                line: bytes | None = await asyncio.wait_for(proc.readline(), timeout)
+            except asyncio.TimeoutError:
+                line = None
+            return line, exec_response(await _ended(proc, exit_wait if line else None))
+        finally:
+            await service.delete(proc.sandbox_id, caller)
+
+    task = asyncio.ensure_future(work())
+    task.add_done_callback(_retrieved)  # a hung-up client's: its error is not lost noise
+    line, result = await asyncio.shield(task)
+    reply: dict[str, Any] = {"result": result, "deleted": True}  # a ConsumeResponse
+    if line is not None:
+        text, b64 = text_and_b64(line)
+        reply.update({"data": text} if b64 is None else {"data_b64": b64})
+    return JSONResponse(reply)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _ended(proc: Process, wait: float | None) -> ExecResult:
+    """How ``proc`` ended: waited for ``wait`` seconds (``None``: not at all), then
+    killed."""
+    if wait is not None:
+        try:
+            return await proc.wait(wait)
+        except ExecTimeout:
+            pass
+    proc.signal("SIGKILL")
+    return await proc.wait(KILL_WAIT_S)
 
 
 async def exchange_many(request: Request, body: ExchangeRequest) -> Response:

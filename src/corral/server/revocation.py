@@ -9,7 +9,9 @@ a Ray cluster when a daemon learns of a revoke made on another node:
    (E2B's envd and Code Interpreter access tokens), which die with it anyway;
 2. its pools go (nobody may use them, and their refills would go on);
 3. its running sandboxes are stopped (``--on-revoke stop``, the default) or kept
-   running for the admin (``--on-revoke keep``).
+   running for the admin (``--on-revoke keep``); with ``stop`` its client leases end
+   too (``corral.server.leases``: the sandboxes a pool reserve took are deleted, as when
+   a lease ends); with ``keep`` they end when no longer renewed.
 
 Why stop by default: a revoked token is most often a leaked or abused one, and what it
 started (a background process, a server in a sandbox, a sandbox with the host's
@@ -51,6 +53,10 @@ class Revocation:
         """Tenant ``name``'s token is revoked: end its calls, its pools, its sandboxes."""
         closed = self.door.revoke(name)
         await drop_pools(self.service.pools, name)  # the daemon's own work
+        if self.on_revoke == "stop" and self.service.leases is not None:
+            # its leases end now, not a ttl later (up to a day): a reserve's sandboxes
+            # are deleted with them, a token issued again under the name finds none
+            await self.service.leases.end_tenant(name, "its tenant's token was revoked")
         stopped = await self._stop_sandboxes(name) if self.on_revoke == "stop" else 0
         logger.info("tenant %s revoked: %d open calls ended, %d sandboxes stopped",
                     name, closed, stopped)

@@ -241,6 +241,48 @@ class AsyncProcess:
             lines.append(line.decode(errors="replace") if proc._text else line)
         return lines
 
+    async def consume(
+        self, data: bytes | str, *, timeout: float | None = DEFAULT_READ_TIMEOUT_S,
+        exit_timeout: float = 5.0,
+    ) -> tuple[Any, CommandResult]:
+        """The last exchange with a process that answers one request and exits (a
+        pre-started judge), in one request: write ``data``, read the next line of stdout,
+        wait up to ``exit_timeout`` seconds for the exit, and **delete the sandbox**.
+        Returns the line (``""``: it exited first; ``None``: no line within ``timeout``
+        seconds, and it was killed) and how it ended (its exit, the output it left).
+        The sandbox is deleted whatever happened, before the reply, even if this client
+        hangs up. :class:`~corral.errors.InvalidState` once the output is streamed.
+
+        >>> line, ended = await proc.consume(request + "\n", timeout=10)
+        """
+        content = _validate.content("data", data)
+        timeout = _validate.timeout("timeout", timeout)
+        wait = _validate.timeout("exit_timeout", exit_timeout, optional=False)
+        if self._streamed:
+            raise InvalidState(
+                f"process {self.id}: its output is being streamed (readline, chunks or "
+                "wait was used): consume reads it on the daemon; use it before any read"
+            )
+        params = {"exit_timeout": repr(wait)}
+        if timeout is not None:
+            params["timeout"] = repr(timeout)
+        response = await self._client.call(
+            "consume", self._ids, content=content, params=params,
+            timeout=exec_http_timeout(None if timeout is None else timeout + wait),
+        )
+        body = response.json()
+        self._result = parse_exec(body["result"], args=self.args, sandbox_id=self.sandbox_id,
+                                  timeout=None)
+        if body.get("data_b64") is not None:
+            line: bytes | None = base64.b64decode(body["data_b64"])
+        elif body.get("data") is not None:
+            line = body["data"].encode()
+        else:
+            line = None
+        if line is None or not self._text:
+            return line, self._result
+        return line.decode(errors="replace"), self._result
+
     @property
     def _streamed(self) -> bool:
         """Whether its output is read from the stream (a streamed read came first)."""
