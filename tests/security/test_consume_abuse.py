@@ -143,3 +143,49 @@ def test_consume_of_a_gone_or_anothers_process_is_not_found(client):
         assert client.get(f"/v1/sandboxes/{other}").status_code == 200
     finally:
         client.delete(f"/v1/sandboxes/{other}")
+
+
+def _need_criu():
+    from corral.runtime import criu
+    from corral.runtime.paths import default_cache_dir
+
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+
+
+def test_consume_against_hibernation(client, daemon):
+    """A consume waiting on a process while its sandbox is hibernated, and one sent to a
+    hibernated sandbox: typed answers, the sandbox deleted by the first, kept by the
+    second (nothing was consumed), no traceback."""
+    _need_criu()
+    reply = client.post("/v1/sandboxes", json={"memory_mb": 64, "tags": [TEST_TAG],
+                                               "network": "none", "checkpointable": True})
+    assert reply.status_code == 201, reply.text
+    sid = reply.json()["id"]
+    path = spawn(client, sid, SILENT)
+    replies: list[httpx.Response] = []
+
+    def consume() -> None:
+        with uds_client(daemon.socket) as c:
+            replies.append(c.post(path, content=b"x\n", params={"timeout": "30"}))
+
+    waiting = threading.Thread(target=consume)
+    waiting.start()
+    time.sleep(0.5)
+    hibernated = client.post(f"/v1/sandboxes/{sid}/hibernate")
+    waiting.join(60)
+    assert replies and replies[0].status_code < 500, replies[0].text
+    assert hibernated.status_code < 500, hibernated.text
+    gone(client, sid, within=5)
+
+    reply = client.post("/v1/sandboxes", json={"memory_mb": 64, "tags": [TEST_TAG],
+                                               "network": "none", "checkpointable": True})
+    sid = reply.json()["id"]
+    try:
+        path = spawn(client, sid, SILENT)
+        reply = client.post(f"/v1/sandboxes/{sid}/hibernate")
+        assert reply.status_code == 200, reply.text
+        reply = client.post(path, content=b"x\n", params={"timeout": "5"})
+        assert 400 <= reply.status_code < 500, reply.text
+    finally:
+        client.delete(f"/v1/sandboxes/{sid}")
