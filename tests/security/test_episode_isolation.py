@@ -48,3 +48,43 @@ async def test_a_worker_cancelled_while_waiting_to_delete_still_deletes(daemon):
             await waiting
         await runner._drain()
         assert sb.id not in {s.id for s in await corral.AsyncSandbox.list(client=ac)}
+
+
+CRASHING_RUNNER = """
+import sys, time, corral
+from corral.rl.episodes import run_episodes
+def episode(sb, seed):
+    print(sb.id, flush=True)
+    time.sleep(600)
+for _ in run_episodes(episode, range(2), sandbox={"memory_mb": 64}, concurrency=2,
+                      timeout=20, client=corral.Client(sys.argv[1])):
+    pass
+"""
+
+
+def test_a_killed_runner_leaves_sandboxes_of_bounded_lifetime(daemon):
+    """A trainer killed (SIGKILL) mid-run deletes nothing: what it left ends by its
+    lifetime, the episode's timeout plus the runner's margin, not the default hour."""
+    import os
+    import subprocess
+    import sys
+
+    from corral.rl.episodes import LIFETIME_MARGIN_S
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-c", CRASHING_RUNNER, daemon.url],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        ids = [child.stdout.readline().strip() for _ in range(2)]
+    finally:
+        child.kill()
+        child.wait()
+    assert all(i.startswith("sb-") for i in ids), ids
+    with corral.Client(daemon.url) as client:
+        try:
+            for sid in ids:
+                info = corral.Sandbox.connect(sid, client=client).info
+                assert info.spec.timeout <= 20 + LIFETIME_MARGIN_S, info.spec.timeout
+        finally:
+            for sid in ids:
+                corral.Sandbox.connect(sid, client=client).delete()
