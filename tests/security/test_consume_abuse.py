@@ -70,6 +70,16 @@ def test_a_hung_up_client_without_a_timeout_leaves_no_sandbox(client, daemon):
     gone(client, sid, within=30)
 
 
+def test_a_hung_up_client_does_not_wait_for_a_far_exit(client):
+    """The line came, the process never exits, ``exit_timeout`` is 30 days: the client
+    that hangs up leaves nothing waiting."""
+    sid = sandbox(client)
+    path = spawn(client, sid, "import time\nprint('line', flush=True)\ntime.sleep(600)\n")
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(path, params={"exit_timeout": "2592000"}, timeout=1)
+    gone(client, sid, within=30)
+
+
 def test_a_flood_without_newline_comes_back_bounded(client):
     """A line that never ends: the reply holds at most the process's ``max_buffer``."""
     sid = sandbox(client)
@@ -126,7 +136,7 @@ def test_concurrent_consumes_of_one_process(client, daemon):
     for reply in replies:
         assert reply.status_code in (200, 404, 409, 410), reply.text
         if reply.status_code != 200:
-            assert reply.json()["error"]["code"] in ("not_found", "invalid_state",
+            assert reply.json()["error"]["code"] in ("not_found", "sandbox_not_found", "invalid_state",
                                                      "sandbox_lost"), reply.text
     gone(client, sid, within=1)
 

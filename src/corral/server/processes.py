@@ -16,8 +16,8 @@ long-lived process, both one small request per exchange:
 - once, for a process that answers one request and exits (a pre-started judge):
   ``POST .../consume`` writes the body, reads the line, waits for the exit and deletes
   the sandbox, all in one request: the reply holds the line and the exit, and the
-  sandbox is gone whatever happened (a client that hangs up stops the wait for the line,
-  with or without a ``timeout``: the process is killed and nothing is left behind).
+  sandbox is gone whatever happened (a client that hangs up ends the waits for the line
+  and for the exit, whatever their timeouts: the process is killed, nothing is left).
 
 A process spawned with ``"pty": true`` runs on a pseudo-terminal (an interactive
 shell: ``corral shell``). It is driven the push way: its output (one stream, stdout)
@@ -163,7 +163,12 @@ async def consume(request: Request) -> Response:
                     request, asyncio.wait_for(proc.readline(), timeout))
             except (asyncio.TimeoutError, ClientDisconnect):
                 line = None
-            return line, exec_response(await _ended(proc, exit_wait if line else None))
+            try:  # nor does it wait for the exit (``exit_timeout`` may be 30 days)
+                ended = await unless_disconnected(
+                    request, _ended(proc, exit_wait if line else None))
+            except ClientDisconnect:
+                ended = await _ended(proc, None)
+            return line, exec_response(ended)
         finally:
             await service.delete(proc.sandbox_id, caller)
 
