@@ -252,3 +252,34 @@ def test_a_reserve_held_under_a_renewed_lease_lives_no_longer_than_its_tenant_ma
         assert hana.post(f"/v1/leases/{lease}/renew").status_code == 200
         hana.delete(f"/v1/leases/{lease}")
         hana.delete("/v1/pools/forever")
+
+
+def test_a_reserved_sandbox_consumed_leaves_no_place_taken(team):
+    """``consume`` deletes a reserved sandbox (the way a pre-started judge is used): the
+    pool no longer counts it acquired, the tenant's quota place is free again (carol may
+    run 2), bob cannot consume it, and its lease ends cleanly."""
+    with team.tenant("carol") as carol, team.tenant("bob") as bob:
+        _pool(carol, "judges", 1, max_size=1)
+        lease = _lease(carol)
+        r = carol.post("/v1/pools/judges/reserve", json={"count": 1, "lease": lease})
+        assert r.status_code == 200, r.text
+        sid = r.json()["sandboxes"][0]["id"]
+        spawned = carol.post(f"/v1/sandboxes/{sid}/processes",
+                             json={"cmd": ["python3", "-c", "print(input())"]})
+        assert spawned.status_code == 201, spawned.text
+        path = f"/v1/sandboxes/{sid}/processes/{spawned.json()['id']}/consume"
+        assert bob.post(path, content=b"x\n").status_code == 404
+        reply = carol.post(path, content=b"verdict\n", params={"timeout": "30"})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["data"] == "verdict\n"
+        assert _gone(carol, [sid])
+        assert sid not in carol.get("/v1/pools/judges").json()["acquired_ids"]
+        deadline = time.monotonic() + 120  # the pool refilled its place
+        while carol.get("/v1/pools/judges").json()["ready"] < 1:
+            assert time.monotonic() < deadline, "the pool never refilled"
+            time.sleep(0.1)
+        extra = carol.post("/v1/sandboxes", json=SPEC)  # the pool's 1 + this one: 2
+        assert extra.status_code == 201, extra.text
+        carol.delete(f"/v1/sandboxes/{extra.json()['id']}")
+        assert carol.delete(f"/v1/leases/{lease}").status_code == 204
+        carol.delete("/v1/pools/judges")

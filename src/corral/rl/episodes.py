@@ -375,7 +375,11 @@ class EpisodeRunner:
         if self._delete_slots is None:
             self._delete_slots = asyncio.Semaphore(self.concurrency)
         slots = self._delete_slots
-        await slots.acquire()
+        try:
+            await slots.acquire()
+        except BaseException:  # the run stopped meanwhile: a pool's sandbox has no sweep
+            await self._release(sb)
+            raise
         task = asyncio.ensure_future(self._release(sb))
         self._deleting.add(task)
 

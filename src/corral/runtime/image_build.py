@@ -401,6 +401,10 @@ class ImageBuild:
         if not os.path.lexists(path):
             raise InvalidArgument(f"copy source {src!r} does not exist ({path})",
                                   details={"src": src})
+        if not os.path.exists(path):  # followed like cp: a loop, or a dangling link
+            raise InvalidArgument(f"copy source {src!r} is a symbolic link that leads nowhere "
+                                  "(a loop or a missing target): copy what it points to",
+                                  details={"src": src})
         if self.context_only:  # a link in a sent context may not lead out of it
             assert self.context is not None  # a context_only source is resolved in it above
             real, root = os.path.realpath(path), os.path.realpath(self.context)

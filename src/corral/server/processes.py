@@ -16,7 +16,8 @@ long-lived process, both one small request per exchange:
 - once, for a process that answers one request and exits (a pre-started judge):
   ``POST .../consume`` writes the body, reads the line, waits for the exit and deletes
   the sandbox, all in one request: the reply holds the line and the exit, and the
-  sandbox is gone whatever happened (a client that hangs up leaves nothing behind).
+  sandbox is gone whatever happened (a client that hangs up ends the waits for the line
+  and for the exit, whatever their timeouts: the process is killed, nothing is left).
 
 A process spawned with ``"pty": true`` runs on a pseudo-terminal (an interactive
 shell: ``corral shell``). It is driven the push way: its output (one stream, stdout)
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from corral.api.models import exec_response, text_and_b64
@@ -157,11 +158,17 @@ async def consume(request: Request) -> Response:
         try:
             if data:
                 await proc.write(bytes(data))
-            try:
-                line: bytes | None = await asyncio.wait_for(proc.readline(), timeout)
-            except asyncio.TimeoutError:
+            try:  # a client that hangs up ends the wait (no ``timeout``: it could be forever)
+                line: bytes | None = await unless_disconnected(
+                    request, asyncio.wait_for(proc.readline(), timeout))
+            except (asyncio.TimeoutError, ClientDisconnect):
                 line = None
-            return line, exec_response(await _ended(proc, exit_wait if line else None))
+            try:  # nor does it wait for the exit (``exit_timeout`` may be 30 days)
+                ended = await unless_disconnected(
+                    request, _ended(proc, exit_wait if line else None))
+            except ClientDisconnect:
+                ended = await _ended(proc, None)
+            return line, exec_response(ended)
         finally:
             await service.delete(proc.sandbox_id, caller)
 
