@@ -90,7 +90,7 @@ def child(n: int) -> dict[str, float]:
     import asyncio
 
     from bench_sdk import private_daemon
-    from profile_humaneval import GroupSampler
+    from profile_humaneval import EngineCpu
 
     import corral
 
@@ -99,12 +99,11 @@ def child(n: int) -> dict[str, float]:
         pid = _daemon_pid(url)
 
         def snap() -> tuple[float, float, float, float, float]:
-            return (time.process_time(), *_daemon_cpu(pid), sampler.total(), time.perf_counter())
+            return (time.process_time(), *_daemon_cpu(pid), EngineCpu.usage(group), time.perf_counter())
 
         def since(before: tuple[float, ...]) -> list[float]:
             """What was spent since ``before`` (the wall time up to now)."""
             wall = time.perf_counter() - before[4]
-            time.sleep(0.03)  # the sampler's last look
             return [*(a - b for a, b in zip(snap()[:4], before, strict=False)), wall]
 
         def record(name: str, ops: int, before: tuple[float, ...]) -> None:
@@ -123,8 +122,8 @@ def child(n: int) -> dict[str, float]:
         with corral.Client(url) as client:
             with corral.Sandbox.create(memory_mb=128, client=client) as sb:
                 sb.exec(["true"])
-                sampler = GroupSampler(_engine_group_soon(pid))
-                sampler.start()
+                # the engine's group keeps what its sandboxes used, deleted ones included
+                group = _engine_group_soon(pid)
 
                 def health(k: int) -> None:
                     for _ in range(k):
@@ -172,7 +171,6 @@ def child(n: int) -> dict[str, float]:
 
             lifecycles(2)  # warm
             measure("lifecycle", max(2, n // 2), lifecycles)
-            sampler.stop.set()
     return out
 
 

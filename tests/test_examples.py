@@ -126,8 +126,9 @@ def test_cartpole_reproducibility(daemon):
 @requires_root
 def test_reward_batch(daemon):
     p = subprocess.run(
+        # --timeout 10: at the default 2 s a correct completion timed out at load 40
         [sys.executable, str(EXAMPLES / "reward_batch.py"), "--count", "36", "--concurrency", "4",
-         "--url", daemon.url],
+         "--timeout", "10", "--url", daemon.url],
         capture_output=True, text=True, timeout=600,
     )
     assert p.returncode == 0, p.stdout + p.stderr

@@ -137,7 +137,7 @@ def test_faults_are_per_agent_results(client):
     programs = {
         "rock": ROCK,
         "crash": "def act(observation):\n    raise ValueError('boom')\n",
-        "sleepy": "import time\ndef act(observation):\n    time.sleep(30)\n",
+        "sleepy": "import time\ndef act(observation):\n    time.sleep(600)\n",
         "hungry": "def act(observation):\n    x = b'x' * (1 << 30)\n    return 'rock'\n",
         "lizard": "def act(observation):\n    return 'lizard'\n",
         "nojson": "def act(observation):\n    return {1, 2}\n",
@@ -146,7 +146,8 @@ def test_faults_are_per_agent_results(client):
         "forger": "import os\ndef act(observation):\n    os.write(3, b'[' * 60000)\n"
                   "    return 'rock'\n",
     }
-    with MultiAgentSandboxEnv(RockPaperScissors(rounds=1), programs, act_timeout=2.0,
+    # act_timeout 10 s: at 2 s every agent's first act timed out at load 40
+    with MultiAgentSandboxEnv(RockPaperScissors(rounds=1), programs, act_timeout=10.0,
                               memory_mb=64, fault_penalty=-10.0, client=client) as env:
         env.reset(seed=0)
         _, rewards, _, trunc, infos = env.step()

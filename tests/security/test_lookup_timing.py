@@ -21,9 +21,9 @@ async def test_another_tenants_id_costs_what_an_unknown_id_costs(engine, monkeyp
         parsed = []
         real = registry_module._info
 
-        def counting(row):
+        def counting(row, *rest):
             parsed.append(row[0])
-            return real(row)
+            return real(row, *rest)
 
         monkeypatch.setattr(registry_module, "_info", counting)
         unknown = theirs.id[:-4] + ("0000" if not theirs.id.endswith("0000") else "1111")
