@@ -221,6 +221,6 @@ async def test_a_tenant_reaches_none_of_another_tenants_things(engine, tmp_path)
         await engine.delete(info.id, owner=None)
         await engine.delete_snapshot(snap.id, owner=None)
         await engine.remove_volume("alices-vol", owner="alice")
-        engine.remove_network("alices-net", owner="alice")
+        await engine.remove_network("alices-net", owner="alice")
         if engine.images.exists(image):
             engine.images.remove(image)

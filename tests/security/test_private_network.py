@@ -291,3 +291,20 @@ def test_max_mbps_caps_a_members_traffic_with_the_others_too(episode):
 def _members(bridge_ns: str) -> str:
     return subprocess.run(["ip", "netns", "exec", bridge_ns, "nft", "list", "set", "bridge",
                            "guard", "members"], capture_output=True, text=True).stdout
+
+
+def test_a_network_goes_right_after_its_members_are_deleted(team):
+    """A DELETE replies before its sandbox's teardown (which takes it off its private
+    network) is done: removing the network just after must not see it as still on it,
+    and a sandbox still on it still keeps the network."""
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        for round_ in range(3):
+            net = corral.Network.create(f"brief{round_}", private=True, client=alice)
+            members = [corral.Sandbox.create(network=net.member(f"m{i}"), memory_mb=64,
+                                             client=alice) for i in range(2)]
+            members[0].delete()
+            with pytest.raises(InvalidState, match="delete them first"):
+                net.delete()  # the other is still on it
+            members[1].delete()
+            net.delete()
+            assert f"brief{round_}" not in [n.name for n in corral.Network.list(client=alice)]

@@ -47,6 +47,8 @@ class NetworkOps:
         def _running(self, sandbox_id: str) -> Live: ...
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
+        async def reclaimed(self) -> None: ...
+        _live: dict[str, Live]
 
     def _policy_live(self, sandbox_id: str, owner: OwnerArg) -> Live:
         self._owned(sandbox_id, owner)
@@ -97,12 +99,17 @@ class NetworkOps:
     def get_network(self, name: str, *, owner: OwnerArg = UNSET) -> NetworkInfo:
         return self.networks.get(self.owners.of(owner), name)
 
-    def remove_network(self, name: str, *, owner: OwnerArg = UNSET) -> None:
+    async def remove_network(self, name: str, *, owner: OwnerArg = UNSET) -> None:
         """Remove it (sandboxes made from it keep their copy of its policy); a private
-        one only when no sandbox is on it."""
+        one only when no sandbox is on it. A deleted sandbox leaves it in its teardown,
+        which a DELETE's reply does not wait for: those are waited for here."""
         owner = self.owners.of(owner)
-        if self.networks.get(owner, name).private and (
-                on := self.net.private.members(owner, name)):
+        private = self.networks.get(owner, name).private
+        on = self.net.private.members(owner, name) if private else []
+        if set(on) - set(self._live):  # some were deleted: their teardowns take them off
+            await self.reclaimed()
+            on = self.net.private.members(owner, name)
+        if on:
             raise InvalidState(f"private network {name!r} has {len(on)} sandboxes on it "
                                f"({', '.join(on[:5])}): delete them first",
                                details={"network": name, "sandboxes": on[:100]})

@@ -47,5 +47,5 @@ async def get_network(request: Request) -> Response:
 
 
 async def delete_network(request: Request) -> Response:
-    ctx.engine(request).remove_network(request.path_params["name"], owner=ctx.owner(request))
+    await ctx.engine(request).remove_network(request.path_params["name"], owner=ctx.owner(request))
     return Response(status_code=204)
