@@ -78,6 +78,7 @@ async def test_pruning_one_nodes_cache_leaves_what_another_uses(base):
         assert (await engine.exec(second.id, ["true"])).returncode == 0
     finally:
         await engine.close()
-    assert _layers(HOST / "images") == host_layers
+    # the host's cache lost nothing (tests in other workers may add to it meanwhile)
+    assert host_layers <= _layers(HOST / "images")
     assert ImageStore(HOST / "images").get("rl").digest == host_rl.digest
     assert os.access(HOST / "images" / "python" / "rootfs" / "usr" / "bin" / "python3", os.X_OK)

@@ -260,12 +260,28 @@ def _rmdir(d: Path, timeout: float = 2.0) -> None:
             time.sleep(_POLL_S * 10)
 
 
+_REFREEZE_S = 0.5  # v1: how often a freeze still FREEZING is asked again
+
+
 class CgroupV1(Cgroup):
     """A group on cgroup v1: one directory per controller hierarchy."""
 
     def freeze(self, timeout: float = 5.0) -> None:
-        _write(self._dirs["freezer"] / "freezer.state", "FROZEN")
-        self._wait_frozen(timeout)  # the state goes through FREEZING first
+        # The state goes through FREEZING first; a task asleep in the kernel (a write
+        # throttled under disk pressure) freezes only when it wakes, and v1 sends the
+        # request again to those not frozen yet each time FROZEN is written.
+        deadline = time.monotonic() + timeout
+        while True:
+            _write(self._dirs["freezer"] / "freezer.state", "FROZEN")
+            again = min(time.monotonic() + _REFREEZE_S, deadline)
+            while not self.frozen():
+                if time.monotonic() > again:
+                    break
+                time.sleep(_POLL_S)
+            else:
+                return
+            if time.monotonic() > deadline:
+                raise CgroupError(f"cgroup {self.path} did not freeze within {timeout}s")
 
     def thaw(self) -> None:
         _write(self._dirs["freezer"] / "freezer.state", "THAWED")

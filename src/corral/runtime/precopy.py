@@ -57,6 +57,9 @@ from corral.runtime.treedelta import Record
 ENV = "CORRAL_SNAPSHOT_PRECOPY"  # "0": every commit copies the whole layer frozen
 COARSE_NS = 50_000_000  # older than a coarse timestamp's tick, with margin
 WHOLE = -1  # Staged.recopied when the whole layer was copied frozen
+# a write throttled under disk pressure is frozen only once it wakes: a commit waits
+# for it (the sandbox stops meanwhile) rather than fail
+FREEZE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def stage_running(store: LayerStore, upper: Path, cgroup: Cgroup, *, skip: Itera
         return _whole(store, upper, cgroup, skip=skip, budget=budget, ids=ids)
     start = time.perf_counter()
     try:
-        cgroup.freeze()
+        cgroup.freeze(FREEZE_TIMEOUT_S)
         if writable_shared_maps(cgroup.pids()):
             store.discard(tmp)
             _reset(budget)
@@ -125,7 +128,7 @@ def _whole(store: LayerStore, upper: Path, cgroup: Cgroup, *, skip: tuple[str, .
            budget: Budget, ids: dict[int, int] | None) -> Staged:
     start = time.perf_counter()
     try:
-        cgroup.freeze()
+        cgroup.freeze(FREEZE_TIMEOUT_S)
         tmp = store.stage(upper, skip=skip, budget=budget, ids=ids)
     finally:
         cgroup.thaw()
