@@ -200,12 +200,27 @@ class Reply:
             del buf[:end + 2 + size + 2]
 
     def response(self, request: LeanRequest) -> httpx.Response:
-        """The reply as httpx's :class:`~httpx.Response`; an error reply also names its
-        request (error messages quote its method and path)."""
-        response = httpx.Response(
-            self.status, headers=self.headers, content=bytes(self._body),
+        """The reply as httpx's :class:`~httpx.Response`."""
+        return LeanResponse(
+            request, self.status, headers=self.headers, content=bytes(self._body),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": self.reason},
         )
-        if response.is_error:
-            response.request = httpx.Request(request.method, request.url)
-        return response
+
+
+class LeanResponse(httpx.Response):
+    """An :class:`httpx.Response` whose ``request`` is built only if asked for (error
+    messages quote its method and path; building it costs as much as parsing the reply)."""
+
+    def __init__(self, lean: LeanRequest, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lean = lean
+
+    @property  # type: ignore[override]
+    def request(self) -> httpx.Request:
+        if self._request is None:
+            self._request = httpx.Request(self._lean.method, self._lean.url)
+        return self._request
+
+    @request.setter
+    def request(self, value: httpx.Request) -> None:
+        self._request = value
