@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.api.operations import operation
+from corral.client._async._lean import AsyncLeanPool
 from corral.client._backends import AsyncBackend
 from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
-from corral.client._async._lean import AsyncLeanPool
 from corral.client._unix import AsyncDaemonTransport
 from corral.client._wire import Encoder, LeanRequest
 from corral.errors import DaemonUnavailable, InvalidArgument
