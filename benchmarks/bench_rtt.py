@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import bench_args  # noqa: E402  (a sibling script, not a package)
+from bench_cpu import _tree, tree_daemons  # noqa: E402  (a sibling script, not a package)
 
 HERE = Path(__file__).resolve().parent
 IDLE_S = 0.05
@@ -107,27 +108,10 @@ def _probe_in(src: Path, url: str, n: int, grab: int) -> dict[str, object]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _tree(ref: str, into: Path) -> Path:
-    """A detached worktree of ``ref`` under ``into``; its ``src`` directory."""
-    subprocess.run(["git", "-C", str(HERE.parent), "worktree", "add", "--detach", "-q",
-                    str(into), ref], check=True)
-    return into / "src"
-
-
 def measure(trees: dict[str, Path], rounds: int, n: int, grab: int) -> dict[str, float]:
-    from bench_sdk import private_daemon
-
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     with contextlib.ExitStack() as stack:
-        urls: dict[str, str] = {}
-        saved = os.environ.get("PYTHONPATH")
-        for name, src in trees.items():  # each daemon runs its own tree's code
-            os.environ["PYTHONPATH"] = os.pathsep.join([str(src), str(HERE)])
-            urls[name] = stack.enter_context(private_daemon(f"corral-bench-rtt-{name}-"))
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+        urls = tree_daemons(stack, trees, "corral-bench-rtt-")  # each runs its tree's code
         for i in range(rounds):
             order = list(trees) if i % 2 == 0 else list(reversed(trees))  # ABBA
             for name in order:
