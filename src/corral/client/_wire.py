@@ -215,7 +215,7 @@ class LeanResponse(httpx.Response):
         super().__init__(*args, **kwargs)
         self._lean = lean
 
-    @property  # type: ignore[override]
+    @property
     def request(self) -> httpx.Request:
         if self._request is None:
             self._request = httpx.Request(self._lean.method, self._lean.url)
