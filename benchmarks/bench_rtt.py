@@ -12,8 +12,8 @@ process of that tree's SDK measures, on its daemon:
   next to ``bare``: ``subprocess.run(["/bin/true"])`` in the same probe (the target:
   exec ≤ 1.5× bare; async ≤ sync);
 - ``acquire``: ``pool.acquire()`` back to back from a pool whose ``max_size`` is its
-  ``min_ready`` (no refill in the window); ``acquire_idle``: one acquire 50 ms after
-  the pool is full (``bench_pool.py``'s one-at-a-time figure). Target ≤ 0.5 ms p50.
+  ``min_ready`` (no refill in the window); ``acquire_idle``: the same, each 50 ms
+  after the last (``bench_pool.py``'s one-at-a-time figure). Target ≤ 0.5 ms p50.
 
 Also the probe's CPU per call (``time.process_time``). Medians over every sample of a
 tree; with ``--baseline``, the ratios current/baseline. The host's load is printed.
@@ -72,10 +72,10 @@ def probe(url: str, n: int, grab: int) -> dict[str, object]:
         with corral.Pool(image="python", memory_mb=128, min_ready=grab, max_size=grab,
                          client=client) as pool:
             held: list[corral.Sandbox] = []
-            for key, k, idle in (("acquire", grab, 0.0), ("acquire_idle", 1, IDLE_S)):
+            for key, idle in (("acquire", 0.0), ("acquire_idle", IDLE_S)):
                 pool.wait_ready(timeout=300)
                 time.sleep(0.2)  # the last refill's teardown and bookkeeping done
-                put(key, _timed(lambda: held.append(pool.acquire(timeout=30)), k, idle))
+                put(key, _timed(lambda: held.append(pool.acquire(timeout=30)), grab, idle))
                 for s in held:
                     s.delete()
                 held.clear()
