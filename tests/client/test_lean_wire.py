@@ -228,3 +228,28 @@ def test_an_error_reply_names_its_request(tmp_path):
         assert "GET /v1/health: HTTP 502: oops" in str(info.value)
 
     asyncio.run(main())
+
+
+def test_a_refusal_sent_before_the_body_was_read_is_what_the_caller_sees(tmp_path):
+    """The daemon refuses a body it will not read (413) and hangs up: the write fails
+    part-way, and the reply already sent is still read (as httpcore does)."""
+    async def refuse(reader, writer) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = b'{"error": {"code": "file_too_large", "message": "too big", "details": {}}}'
+        writer.write(b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        await writer.drain()
+        writer.transport.abort()  # gone, the body unread
+
+    async def main() -> None:
+        server = await asyncio.start_unix_server(refuse, path=str(tmp_path / "s.sock"))
+        async with corral.AsyncClient(f"unix://{tmp_path / 's.sock'}") as client:
+            client.reconnect_wait = 0
+            with pytest.raises(corral.CorralError) as info:
+                await client.call("exec_command", {"sandbox_id": "sb-1"},
+                                  content=b"x" * CHUNK_BYTES)
+        server.close()
+        assert isinstance(info.value, corral.FileTooLarge) or "too big" in str(info.value), info.value
+
+    asyncio.run(main())

@@ -51,7 +51,10 @@ class AsyncLeanPool:
             raise _translated(exc) from exc
         reply = Reply(request.method)
         try:
-            await stream.write(request.data, timeout.write)
+            try:
+                await stream.write(request.data, timeout.write)
+            except httpcore.WriteError:  # it may have answered (413) and hung up: read on
+                reply.keep_alive = False
             while not reply.feed(await stream.read(_READ_BYTES, timeout.read)):
                 pass
         except (httpcore.NetworkError, httpcore.TimeoutException) as exc:

@@ -53,7 +53,10 @@ class LeanPool:
             raise _translated(exc) from exc
         reply = Reply(request.method)
         try:
-            stream.write(request.data, timeout.write)
+            try:
+                stream.write(request.data, timeout.write)
+            except httpcore.WriteError:  # it may have answered (413) and hung up: read on
+                reply.keep_alive = False
             while not reply.feed(stream.read(_READ_BYTES, timeout.read)):
                 pass
         except (httpcore.NetworkError, httpcore.TimeoutException) as exc:
