@@ -2,6 +2,7 @@
 benchmark and run as a script inside sandboxes, so both run the very same code.
 
     python3 cartpole_episodes.py FIRST_SEED COUNT    # prints one JSON line per episode
+    python3 cartpole_episodes.py serve               # pre-started: see serve()
 
 Each episode: ``env.reset(seed=s)``, ``env.action_space.seed(s)``, then sampled
 actions until the episode ends. Its record is ``[seed, steps, return, digest]``,
@@ -15,10 +16,13 @@ import json
 import sys
 
 
-def run_episodes(first_seed: int, count: int) -> list[list]:
-    import gymnasium as gym
+def run_episodes(first_seed: int, count: int, env=None) -> list[list]:
+    """Records of ``count`` episodes from ``first_seed`` (in ``env``, else a new one);
+    the env is closed afterwards either way."""
+    if env is None:
+        import gymnasium as gym
 
-    env = gym.make("CartPole-v1")
+        env = gym.make("CartPole-v1")
     records = []
     try:
         for seed in range(first_seed, first_seed + count):
@@ -38,6 +42,23 @@ def run_episodes(first_seed: int, count: int) -> list[list]:
     return records
 
 
-if __name__ == "__main__":
-    for record in run_episodes(int(sys.argv[1]), int(sys.argv[2])):
+def serve() -> None:
+    """A pre-started episode server: import gymnasium and make the env, say ``READY``,
+    then wait for ONE request ``FIRST COUNT`` on stdin, print its records and exit. An
+    episode run this way pays neither the interpreter's start nor the import; the
+    process (and its env) never serves a second request."""
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    print("READY", flush=True)
+    first, count = (int(x) for x in sys.stdin.readline().split())
+    for record in run_episodes(first, count, env):
         print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["serve"]:
+        serve()
+    else:
+        for record in run_episodes(int(sys.argv[1]), int(sys.argv[2])):
+            print(json.dumps(record))
