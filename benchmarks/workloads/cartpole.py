@@ -34,6 +34,10 @@ change of the host's load hits every way alike; each figure is the median over r
   cartpole_episodes.py SEED 1``, delete), ``2 * workers`` at a time, once (last);
   ``cartpole_own_ratio`` is it over the in-process time of as many episodes
   (``cartpole_inprocess_s`` scaled by episodes; ``--own 0`` skips it).
+  ``cartpole_own_prestarted_s`` / ``_ratio``: the same episodes, each sandbox restored
+  from a live snapshot of one whose episode server is at ``READY`` (what
+  ``corral.rl.evaluate``'s ``prestart`` does; the snapshot's making included); absent
+  where the host has no CRIU.
 
 Records (a digest of every observation) must be equal in every way: ``cartpole_match``.
 """
@@ -240,6 +244,38 @@ class _Sandboxes:
         parts = await asyncio.gather(*(one(seed) for seed in range(count)))
         return time.perf_counter() - t, [rec for part in parts for rec in part]
 
+    async def own_live(self, count: int, concurrency: int) -> tuple[float, list[list]] | None:
+        """``count`` episodes, each in a new sandbox of its own restored from a live
+        snapshot of one whose episode server is at READY (what ``evaluate``'s
+        ``prestart`` does); the snapshot's making is in the figure. None without CRIU."""
+        import corral
+
+        script = Path(cartpole_episodes.__file__).read_bytes()
+        gate = asyncio.Semaphore(concurrency)
+        t = time.perf_counter()
+        async with await corral.AsyncSandbox.create(
+                client=self.client, image=self.image, checkpointable=True) as base:
+            await _setup(base, self.wheels, script)
+            (server,) = await _ready_servers([base])
+            try:
+                snap = await base.checkpoint()
+            except corral.errors.Unsupported:
+                return None
+
+        async def one(seed: int) -> list[list]:
+            async with gate:
+                async with await corral.AsyncSandbox.create(client=self.client,
+                                                            snapshot=snap) as sb:
+                    proc = await sb.process(server.id)
+                    await proc.write(f"{seed} 1\n")
+                    return _records([sb], [await proc.wait(timeout=RUN_TIMEOUT_S)])
+
+        try:
+            parts = await asyncio.gather(*(one(seed) for seed in range(count)))
+        finally:
+            await snap.delete()
+        return time.perf_counter() - t, [rec for part in parts for rec in part]
+
 
 def _inprocess(n: int) -> tuple[float, float, list[list]]:
     """(cold s, warm s, records) of ``n`` episodes in a fresh host interpreter."""
@@ -305,12 +341,15 @@ def run(url: str, quick: bool, workers: int | None = None, *,
             out["cartpole_rounds_s"] = {k: [round(x, 4) for x in v] for k, v in
                                         {**boxes.times, **host}.items()
                                         if k not in ("records", "plain")}
-            own_records: list[list] = []
             if own:
                 out["cartpole_own_episodes"] = own
                 out["cartpole_own_s"], own_records = await boxes.own(own, 2 * len(shares))
-            if own_records and own_records != host["records"][:own]:
-                out["cartpole_own_match"] = False
+                live = await boxes.own_live(own, 2 * len(shares))
+                if live is not None:
+                    out["cartpole_own_prestarted_s"], live_records = live
+                    own_records += live_records
+                if own_records != host["records"][:own] * (1 if live is None else 2):
+                    out["cartpole_own_match"] = False
             return boxes.records["cold"] if boxes.records["cold"] == boxes.records[
                 "prestarted"] else []
 
@@ -323,7 +362,10 @@ def run(url: str, quick: bool, workers: int | None = None, *,
     out["cartpole_cold_ratio"] = out["cartpole_cold_s"] / out["cartpole_inprocess_s"]
     out["cartpole_subprocess_ratio"] = out["cartpole_1000_s"] / out["cartpole_subprocess_s"]
     if own:
-        out["cartpole_own_ratio"] = out["cartpole_own_s"] / (out["cartpole_inprocess_s"] * own / n)
+        share = out["cartpole_inprocess_s"] * own / n
+        out["cartpole_own_ratio"] = out["cartpole_own_s"] / share
+        if "cartpole_own_prestarted_s" in out:
+            out["cartpole_own_prestarted_ratio"] = out["cartpole_own_prestarted_s"] / share
     out["cartpole_match"] = (boxed == host["records"] == host["plain"]
                              and out.pop("cartpole_own_match", True))
     out["cartpole_mean_return"] = sum(r[2] for r in host["records"]) / n
