@@ -24,7 +24,9 @@ runner starts in less CPU than a restore costs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 
 import corral
 from corral.errors import CorralError, ExecTimeout, Unsupported
@@ -32,6 +34,8 @@ from corral.errors import CorralError, ExecTimeout, Unsupported
 READY = "READY"
 START_TIMEOUT_S = 180.0
 """Seconds the base's runner may take to load everything (a loaded host)."""
+MAX_STDOUT = 1 << 20
+STDOUT_TAIL = 256 << 10
 
 
 async def live_snapshot(base: corral.AsyncSandbox, argv: list[str], env: dict[str, str],
@@ -57,14 +61,33 @@ async def live_snapshot(base: corral.AsyncSandbox, argv: list[str], env: dict[st
 async def serve(sb: corral.AsyncSandbox, process_id: str, items: list[str],
                 timeout: float) -> corral.CommandResult:
     """Send ``items`` to the restored runner in ``sb`` and wait for its end: how it
-    ended, like ``sb.exec`` (``timed_out`` once past ``timeout`` seconds: killed)."""
+    ended, like ``sb.exec`` (``timed_out`` once past ``timeout`` seconds: killed).
+    Of its stdout the first :data:`MAX_STDOUT` and the last :data:`STDOUT_TAIL` bytes are
+    kept, as ``exec`` keeps its default ``max_output``: the policy shares the runner's
+    stdout, and one printing without end must not fill this process's memory."""
     proc = await sb.process(process_id)
     await proc.write(" ".join(items) + "\n")
+    deadline = time.monotonic() + timeout
+    head, tail = bytearray(), bytearray()
+    timed_out = False
     try:
-        return await proc.wait(timeout=timeout)
+        # the process's own reader: wait() would keep every byte it printed
+        while (chunk := await proc._next_chunk(deadline, "its records")) is not None:
+            if chunk.stream != "stdout":
+                continue
+            room = MAX_STDOUT - len(head)
+            head += chunk.data[:room]
+            tail += chunk.data[room:]
+            del tail[:-STDOUT_TAIL]
     except ExecTimeout:
-        ended = await proc.kill()
-        return dataclasses.replace(ended, timed_out=True)
+        timed_out = True
+        with contextlib.suppress(CorralError):  # it may have ended meanwhile
+            await proc.signal("SIGKILL")
+        while (chunk := await proc._next_chunk(None)) is not None:
+            pass  # what it printed after its time is not its record
+    assert proc.result is not None
+    return dataclasses.replace(proc.result, stdout_bytes=bytes(head + b"\n" + tail),
+                               timed_out=timed_out or proc.result.timed_out)
 
 
 async def _end(proc: corral.AsyncProcess) -> None:
