@@ -20,7 +20,10 @@ How it runs:
    speed): policy and env in one process, one JSON record per episode, through the
    episode runner (:mod:`corral.rl.episodes`): bounded concurrency, timeouts, and
    retries of infrastructure failures only. Those are counted apart
-   (``infra_failures``), never as a return.
+   (``infra_failures``), never as a return. With ``prestart`` (default: for gymnasium
+   envs, where the host can checkpoint) the snapshot is live instead, its runner
+   already loaded and waiting, and each episode's sandbox gets its seeds on that
+   runner's stdin (:mod:`corral.rl._eval_live`).
 3. Records are cached on disk by (policy hash, env spec, seed, episode, corral
    version): evaluating an unchanged policy again runs no sandbox at all. Only for a
    deterministic policy: the first evaluation re-runs one episode in a second sandbox
@@ -544,6 +547,8 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     Options: ``seeds`` (iterable of ints >= 0, or ``"0-99"``; default 0-99),
     ``episodes_per_seed``, ``concurrency`` (sandboxes at once), ``timeout`` (seconds
     per episode), ``retries`` (of infrastructure failures), ``episodes_per_sandbox``,
+    ``prestart`` (restore each sandbox with its runner loaded: default for gymnasium
+    envs; ``False``: a fresh ``python3`` per sandbox),
     ``sandbox`` (spec overrides: ``memory_mb``, ``cpus``, ...), ``adaptive`` with
     ``target_halfwidth``, ``budget_episodes``, ``budget_seconds``, ``batch_size``;
     ``confidence`` (0.95); ``on_error``, how episodes the policy failed (raised or
