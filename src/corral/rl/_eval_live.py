@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 
 import corral
-from corral.errors import CorralError, ExecTimeout, Unsupported
+from corral.errors import CorralError, ExecTimeout
+
+logger = logging.getLogger("corral.rl")
 
 READY = "READY"
 START_TIMEOUT_S = 180.0
@@ -53,7 +56,8 @@ async def live_snapshot(base: corral.AsyncSandbox, argv: list[str], env: dict[st
         return None
     try:
         return await base.checkpoint(), proc.id
-    except Unsupported:
+    except CorralError as exc:  # no CRIU (Unsupported), or it refused what the policy made
+        logger.info("evaluation: no live snapshot of sandbox %s (%s): fresh runners", base.id, exc)
         await _end(proc)
         return None
 
