@@ -39,6 +39,14 @@ change of the host's load hits every way alike; each figure is the median over r
   ``corral.rl.evaluate``'s ``prestart`` does; the snapshot's making included); absent
   where the host has no CRIU.
 
+CPU, which the host's load moves much less than wall time (a loaded host also queues
+the sandboxes in corral's CPU group, which host processes are not in):
+``cartpole_inprocess_cpu_s`` (the fresh interpreter's CPU for the cold run, its start
+included), ``cartpole_cold_cpu_s`` / ``cartpole_prestarted_cpu_s`` (the episode
+processes' CPU, summed over sandboxes, as they report it; a pre-started server's
+includes its start and import, done before the clock; ``cartpole_request_cpu_s`` only
+what it spent after ``READY``), and their ``_cpu_ratio`` to the in-process one.
+
 Records (a digest of every observation) must be equal in every way: ``cartpole_match``.
 """
 
@@ -182,12 +190,21 @@ def _records(boxes: list[Any], results: list[Any]) -> list[list]:
     return records
 
 
+def _cpu(results: list[Any], after_ready: bool = False) -> float:
+    """CPU seconds the episode processes said they used (their last stderr line); with
+    ``after_ready``, only after they said READY (what the request cost)."""
+    said = [json.loads(r.stderr.strip().splitlines()[-1]) for r in results]
+    return sum(d["cpu_s"] - (d["ready_cpu_s"] if after_ready else 0) for d in said)
+
+
 class _Sandboxes:
     """The workload's sandboxes (made once), and what each way of running gave."""
 
     def __init__(self, url: str, shares: list[tuple[int, int]], out: dict[str, Any]) -> None:
         self.url, self.shares, self.out = url, shares, out
-        self.times: dict[str, list[float]] = {"cold": [], "prestarted": [], "prestart": []}
+        self.times: dict[str, list[float]] = {"cold": [], "prestarted": [], "prestart": [],
+                                              "cold_cpu": [], "prestarted_cpu": [],
+                                              "request_cpu": []}
         self.records: dict[str, list[list]] = {}
 
     async def setup(self, stack: contextlib.AsyncExitStack) -> None:
@@ -215,6 +232,7 @@ class _Sandboxes:
     async def cold(self) -> None:
         took, results = await _cold(self.boxes, self.shares)
         self.times["cold"].append(took)
+        self.times["cold_cpu"].append(_cpu(results))
         self.records["cold"] = _records(self.boxes, results)
 
     async def prestarted(self) -> None:
@@ -223,6 +241,8 @@ class _Sandboxes:
         self.times["prestart"].append(time.perf_counter() - t)
         took, results = await _served(procs, self.shares)
         self.times["prestarted"].append(took)
+        self.times["prestarted_cpu"].append(_cpu(results))
+        self.times["request_cpu"].append(_cpu(results, after_ready=True))
         self.records["prestarted"] = _records(self.boxes, results)
 
     async def own(self, count: int, concurrency: int) -> tuple[float, list[list]]:
@@ -277,24 +297,26 @@ class _Sandboxes:
         return time.perf_counter() - t, [rec for part in parts for rec in part]
 
 
-def _inprocess(n: int) -> tuple[float, float, list[list]]:
-    """(cold s, warm s, records) of ``n`` episodes in a fresh host interpreter."""
+def _inprocess(n: int) -> tuple[float, float, list[list], float]:
+    """(cold s, warm s, records, cold CPU s: the interpreter's start included) of ``n``
+    episodes in a fresh host interpreter."""
     code = ("import json, sys, time; sys.path.insert(0, sys.argv[1]); "
             "import cartpole_episodes as c; t = time.perf_counter(); "
             "r = c.run_episodes(0, int(sys.argv[2])); cold = time.perf_counter() - t; "
-            "t = time.perf_counter(); c.run_episodes(0, int(sys.argv[2])); "
-            "print(json.dumps([cold, time.perf_counter() - t, r]))")
+            "cpu = c.cpu_s(); t = time.perf_counter(); c.run_episodes(0, int(sys.argv[2])); "
+            "print(json.dumps([cold, time.perf_counter() - t, r, cpu]))")
     r = subprocess.run([sys.executable, "-c", code, str(Path(cartpole_episodes.__file__).parent),
                         str(n)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=True)
-    cold, warm, records = json.loads(r.stdout)
-    return cold, warm, records
+    cold, warm, records, cpu = json.loads(r.stdout)
+    return cold, warm, records, cpu
 
 
 def _subprocesses(shares: list[tuple[int, int]]) -> tuple[float, list[list]]:
     script = cartpole_episodes.__file__
     t = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, script, str(first), str(count)],
-                              stdout=subprocess.PIPE, text=True) for first, count in shares]
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for first, count in shares]
     outs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
     elapsed = time.perf_counter() - t
     if any(p.returncode for p in procs):
@@ -317,7 +339,8 @@ def run(url: str, quick: bool, workers: int | None = None, *,
     out: dict[str, Any] = {"cartpole_episodes": n, "cartpole_workers": len(shares),
                            "cartpole_wheels": wheel_pins(), "cartpole_rounds": rounds,
                            "cartpole_load": os.getloadavg()[0]}
-    host: dict[str, list[Any]] = {"inprocess": [], "warm": [], "subprocess": []}
+    host: dict[str, list[Any]] = {"inprocess": [], "warm": [], "subprocess": [],
+                                  "inprocess_cpu": []}
 
     async def go() -> list[list]:
         async with contextlib.AsyncExitStack() as stack:
@@ -327,15 +350,16 @@ def run(url: str, quick: bool, workers: int | None = None, *,
             for i in range(rounds):
                 for way in ways if i % 2 == 0 else ways[::-1]:
                     if way == "inprocess":
-                        cold, warm, host["records"] = _inprocess(n)
+                        cold, warm, host["records"], cpu = _inprocess(n)
                         host["inprocess"].append(cold)
+                        host["inprocess_cpu"].append(cpu)
                         host["warm"].append(warm)
                     elif way == "subprocess":
                         took, host["plain"] = _subprocesses(shares)
                         host["subprocess"].append(took)
                     else:
                         await getattr(boxes, way)()
-            for key in ("prestart", "cold"):
+            for key in ("prestart", "cold", "cold_cpu", "prestarted_cpu", "request_cpu"):
                 out[f"cartpole_{key}_s"] = _median(boxes.times[key])
             out["cartpole_1000_s"] = _median(boxes.times["prestarted"])
             out["cartpole_rounds_s"] = {k: [round(x, 4) for x in v] for k, v in
@@ -357,6 +381,10 @@ def run(url: str, quick: bool, workers: int | None = None, *,
     out["cartpole_inprocess_s"] = _median(host["inprocess"])
     out["cartpole_inprocess_warm_s"] = _median(host["warm"])
     out["cartpole_subprocess_s"] = _median(host["subprocess"])
+    out["cartpole_inprocess_cpu_s"] = _median(host["inprocess_cpu"])
+    for way in ("cold", "prestarted", "request"):  # CPU: what the host's load moves least
+        out[f"cartpole_{way}_cpu_ratio"] = (out[f"cartpole_{way}_cpu_s"]
+                                            / out["cartpole_inprocess_cpu_s"])
     out["cartpole_ratio"] = out["cartpole_1000_s"] / out["cartpole_inprocess_s"]
     out["cartpole_warm_ratio"] = out["cartpole_1000_s"] / out["cartpole_inprocess_warm_s"]
     out["cartpole_cold_ratio"] = out["cartpole_cold_s"] / out["cartpole_inprocess_s"]
