@@ -164,7 +164,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         # resumes under way: set when each ends, and its task (delete waits: engine_end)
-        self._resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]] = {}
+        self._resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None, str | None]] = {}
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum

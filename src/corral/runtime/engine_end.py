@@ -93,7 +93,7 @@ class EndOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
-        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None, str | None]]
         registry: Registry
         events: Events
         owners: Owners
@@ -196,7 +196,7 @@ class EndOps:
         """Wait until no resume of ``sandbox_id`` is under way (engine_hibernate: it
         takes the hibernated sandbox out of the table while it creates it again)."""
         while (resuming := self._resuming.get(sandbox_id)) is not None:
-            done, task = resuming
+            done, task, _ = resuming
             if task is asyncio.current_task():  # the resume's own create, cleaning up
                 return
             await done.wait()

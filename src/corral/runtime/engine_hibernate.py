@@ -65,7 +65,7 @@ class HibernateOps:
     if TYPE_CHECKING:
         _live: dict[str, Live]
         _hibernated: dict[str, str]
-        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None, str | None]]
         events: Events
         registry: Registry
         _tasks: set[asyncio.Task[Any]]
@@ -190,7 +190,7 @@ class HibernateOps:
             # room to start again first (CapacityExceeded: hibernated still, untouched)
             gate = nullcontext() if self.resume_gate is None else self.resume_gate(row)
             done = asyncio.Event()  # a delete waits for it
-            self._resuming[sandbox_id] = (done, asyncio.current_task())
+            self._resuming[sandbox_id] = (done, asyncio.current_task(), live.spec.tenant)
             try:
                 info = await self._resume_as(live, row, snap_id, timeout, gate)
             finally:
@@ -229,6 +229,11 @@ class HibernateOps:
         """Restore ``owner``'s hibernated sandbox before it is used (the service layer
         calls this before an exec or a file operation); nothing for any other."""
         owner = self.owners.of(owner)
+        resuming = self._resuming.get(sandbox_id)
+        if resuming is not None and self.owners.sees_owner(resuming[2], owner):
+            # another command woke it: it is out of the table, then pending, until its
+            # resume ends (the verb would say not found, or pending)
+            await self._past_resume(sandbox_id)
         live = self._live.get(sandbox_id)
         if live is not None and live.hibernated is not None and self.owners.sees(live.spec, owner):
             await self.resume(sandbox_id, owner=owner)  # (another's: the verb says not found)

@@ -1,0 +1,60 @@
+"""Hibernate and resume through the daemon's admission (red team 13): a hibernated
+sandbox leaves the host's caps but stays in its tenant's quota, and its resume waits
+for room like a create (``Engine.resume_gate`` -> ``Admission.readmit``).
+
+Attacks, by a tenant with ``max_sandboxes=1``: hibernate its one sandbox to make room
+for a second (refused: the sleeper still counts); then its own resume must not be
+refused by the place it already holds; a delete of the sleeper frees the place as its
+reply comes (a create just after is admitted); a wake storm (many commands at once on
+the sleeper) restores it once and leaves one place taken, not one per wake.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+
+import corral
+from corral.errors import QuotaExceeded
+from corral.runtime import criu
+from corral.runtime.paths import default_cache_dir
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+
+@pytest.fixture(scope="module")
+def team():
+    if criu.find(default_cache_dir()) is None:
+        pytest.skip(f"no cached CRIU: {criu.BUILD}")
+    with team_daemon("--queue-timeout", "1") as t:
+        t.make_token("sleepy", max_sandboxes=1)
+        yield t
+        t.cleanup()
+        no_traceback(t)
+
+
+def test_a_sleeper_keeps_its_place_and_wakes_into_it(team):
+    with corral.Client(team.url, token=team.tokens["sleepy"]) as sleepy:
+        sb = corral.Sandbox.create(network="none", checkpointable=True, memory_mb=64,
+                                   client=sleepy)
+        sb.exec(["sh", "-c", "echo 41 > /tmp/n"])
+        sb.hibernate()
+        with pytest.raises(QuotaExceeded):  # the sleeper still counts
+            corral.Sandbox.create(memory_mb=64, client=sleepy)
+        # a wake storm, commands sent a little apart (some while the first one's resume
+        # is under way): each is answered; the one place taken is the one it held
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = []
+            for _ in range(8):
+                futures.append(pool.submit(lambda: sb.exec(["cat", "/tmp/n"]).stdout))
+                time.sleep(0.03)
+            outs = [f.result() for f in futures]
+        assert outs == ["41\n"] * 8
+        with pytest.raises(QuotaExceeded):  # awake: still one, and only one
+            corral.Sandbox.create(memory_mb=64, client=sleepy)
+        sb.hibernate()
+        sb.delete()
+        other = corral.Sandbox.create(memory_mb=64, client=sleepy)  # the place is free
+        assert other.exec(["true"]).returncode == 0
+        other.delete()
