@@ -6,7 +6,9 @@ Attacks, by a tenant with ``max_sandboxes=1``: hibernate its one sandbox to make
 for a second (refused: the sleeper still counts); then its own resume must not be
 refused by the place it already holds; a delete of the sleeper frees the place as its
 reply comes (a create just after is admitted); a wake storm (many commands at once on
-the sleeper) restores it once and leaves one place taken, not one per wake.
+the sleeper, some while the first one's resume runs) answers every command (one that came
+while the resume ran was refused 'pending': fixed) and leaves one place taken; another
+tenant's command meanwhile is answered not found, as for an unknown id.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 import pytest
 
 import corral
-from corral.errors import QuotaExceeded
+from corral.errors import QuotaExceeded, SandboxNotFound
 from corral.runtime import criu
 from corral.runtime.paths import default_cache_dir
 from tests.security.tenants_helpers import no_traceback, team_daemon
@@ -49,6 +51,9 @@ def test_a_sleeper_keeps_its_place_and_wakes_into_it(team):
             for _ in range(8):
                 futures.append(pool.submit(lambda: sb.exec(["cat", "/tmp/n"]).stdout))
                 time.sleep(0.03)
+            with corral.Client(team.url, token=team.tokens["bob"]) as bob:
+                with pytest.raises(SandboxNotFound):  # another's: not found, not woken
+                    corral.Sandbox.connect(sb.id, client=bob).exec(["true"])
             outs = [f.result() for f in futures]
         assert outs == ["41\n"] * 8
         with pytest.raises(QuotaExceeded):  # awake: still one, and only one
