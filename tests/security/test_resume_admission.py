@@ -63,3 +63,27 @@ def test_a_sleeper_keeps_its_place_and_wakes_into_it(team):
         other = corral.Sandbox.create(memory_mb=64, client=sleepy)  # the place is free
         assert other.exec(["true"]).returncode == 0
         other.delete()
+
+
+def test_a_sandbox_being_resumed_is_never_missing_from_its_owners_view(team):
+    """While a command's wake resumes it, the owner's GET and listing still find it
+    (its row is written again by the resume's create: in between it was missing, and a
+    client polling its state took it for deleted)."""
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(network="none", checkpointable=True, memory_mb=64,
+                                   client=alice)
+        try:
+            for _ in range(2):
+                sb.hibernate()
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    woken = pool.submit(lambda: sb.exec(["true"]).returncode)
+                    seen = []
+                    with team.tenant("alice") as http:
+                        while not woken.done():
+                            seen.append(http.get(f"/v1/sandboxes/{sb.id}").status_code)
+                            listed = http.get("/v1/sandboxes").json()["sandboxes"]
+                            seen.append(200 if sb.id in [s["id"] for s in listed] else 404)
+                    assert woken.result() == 0
+                assert set(seen) <= {200}, seen
+        finally:
+            sb.delete()
