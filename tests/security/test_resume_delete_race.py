@@ -102,3 +102,38 @@ async def test_the_resumes_own_cleanup_does_not_wait_for_itself(engine):
         engine._launch_restore = restore
     assert inner == [True]
     await engine.delete(sb.id)
+
+
+@pytest.mark.parametrize("verb", ["delete", "stop", "wake"])
+async def test_another_tenants_verb_does_not_wait_for_a_resume(engine, verb):
+    """Red team 13: another tenant's delete, stop or wake of an id being resumed answers
+    as for an unknown id, at once (it waited for the resume: its time said the id was
+    someone's, resuming), and leaves the resume alone."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, owner="alice")
+    held, go = asyncio.Event(), asyncio.Event()
+    restore = engine._launch_restore
+
+    async def held_restore(live, slot, lowers):
+        held.set()
+        await go.wait()
+        return await restore(live, slot, lowers)
+
+    engine._launch_restore = held_restore
+    resume = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        acting = asyncio.ensure_future(getattr(engine, verb)(sb.id, owner="bob"))
+        finished, _ = await asyncio.wait({acting}, timeout=30)  # the resume is held
+        assert finished, f"bob's {verb} waited for alice's resume"
+        if verb == "delete":
+            assert acting.result() is False
+        elif verb == "stop":
+            with pytest.raises(SandboxNotFound):
+                acting.result()
+    finally:
+        go.set()
+        await asyncio.wait_for(resume, 60)
+    assert engine.get(sb.id, owner="alice").state == SandboxState.RUNNING
+    await engine.delete(sb.id, owner="alice")

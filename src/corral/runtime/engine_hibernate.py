@@ -88,6 +88,7 @@ class HibernateOps:
                              owner: OwnerArg = UNSET) -> SnapshotInfo: ...
         async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _resume_running(self, sandbox_id: str) -> SandboxInfo: ...
+        async def _past_resume(self, sandbox_id: str, acting: str | None) -> None: ...
         def checkpoint_images(self, snapshot: str, *, owner: OwnerArg = UNSET) -> Path | None: ...
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
                        grace: float, detach: bool = False) -> None: ...
@@ -229,11 +230,9 @@ class HibernateOps:
         """Restore ``owner``'s hibernated sandbox before it is used (the service layer
         calls this before an exec or a file operation); nothing for any other."""
         owner = self.owners.of(owner)
-        resuming = self._resuming.get(sandbox_id)
-        if resuming is not None and self.owners.sees_owner(resuming[2], owner):
-            # another command woke it: it is out of the table, then pending, until its
-            # resume ends (the verb would say not found, or pending)
-            await self._past_resume(sandbox_id)
+        # another command woke it: it is out of the table, then pending, until its
+        # resume ends (the verb would say not found, or pending)
+        await self._past_resume(sandbox_id, owner)
         live = self._live.get(sandbox_id)
         if live is not None and live.hibernated is not None and self.owners.sees(live.spec, owner):
             await self.resume(sandbox_id, owner=owner)  # (another's: the verb says not found)

@@ -124,7 +124,7 @@ class NetworkOps:
             holder = self.net.private.holder(live.spec.tenant, policy.join, policy.alias)
             if holder is not None and holder not in self._live:  # deleted: a DELETE's
                 await self.reclaimed()  # reply does not wait for its teardown (its place)
-        link = await self.net.attach(live.id, live.spec.network, live.spec.tenant)
+        link = await self.net.attach(live.id, policy, live.spec.tenant)
         live.netns = str(link.netns_path)
         # any nameserver does: nftables sends all DNS to corral's resolver
         (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
