@@ -48,8 +48,14 @@ def test_a_sleeper_keeps_its_place_and_wakes_into_it(team):
         # is under way): each is answered; the one place taken is the one it held
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = []
-            for _ in range(8):
-                futures.append(pool.submit(lambda: sb.exec(["cat", "/tmp/n"]).stdout))
+            def read() -> str:
+                return sb.exec(["cat", "/tmp/n"]).stdout
+
+            def resume() -> str:  # an explicit resume among the commands
+                return "41\n" if sb.resume().state.value == "running" else "not running"
+
+            for i in range(8):
+                futures.append(pool.submit(resume if i % 3 == 1 else read))
                 time.sleep(0.03)
             with corral.Client(team.url, token=team.tokens["bob"]) as bob:
                 with pytest.raises(SandboxNotFound):  # another's: not found, not woken

@@ -137,3 +137,49 @@ async def test_another_tenants_verb_does_not_wait_for_a_resume(engine, verb):
         await asyncio.wait_for(resume, 60)
     assert engine.get(sb.id, owner="alice").state == SandboxState.RUNNING
     await engine.delete(sb.id, owner="alice")
+
+
+@pytest.mark.parametrize("where", ["out_of_the_table", "starting"])
+@pytest.mark.parametrize("verb", ["resume", "exec"])
+async def test_its_owners_resume_or_command_during_a_resume_waits_for_it(engine, verb, where):
+    """Red team 13: a second resume, or a command (its wake), by the owner while the
+    first resume runs waited for nothing: it found the sandbox out of the table (not
+    found: held here before the resume's create writes it again) or pending (InvalidState
+    'create a new one': held while it starts). It now waits, and finds it running."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, owner="alice")
+    held, go = asyncio.Event(), asyncio.Event()
+
+    def holding(step):
+        async def held_step(*args):
+            held.set()
+            await go.wait()
+            return await step(*args)
+        return held_step
+
+    if where == "starting":
+        engine._launch_restore = holding(engine._launch_restore)
+    else:
+        engine.snapshots.lowers = holding(engine.snapshots.lowers)
+    resume = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        if verb == "resume":
+            second = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+        else:
+            async def command():  # what the service layer does: wake, then the verb
+                await engine.wake(sb.id, owner="alice")
+                return await engine.exec(sb.id, ["true"], owner="alice")
+            second = asyncio.ensure_future(command())
+        await asyncio.sleep(0.2)
+        go.set()
+        got = await asyncio.wait_for(second, 60)
+    finally:
+        go.set()
+        await asyncio.wait_for(resume, 60)
+    if verb == "resume":
+        assert got.state == SandboxState.RUNNING
+    else:
+        assert got.returncode == 0
+    await engine.delete(sb.id, owner="alice")

@@ -169,6 +169,7 @@ class HibernateOps:
 
     async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Thaw ``owner``'s paused sandbox; restore a hibernated one (same id, a new slot)."""
+        await self._past_resume(sandbox_id, self.owners.of(owner))  # another's, under way
         self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         if live.hibernated is None:
