@@ -183,3 +183,31 @@ async def test_its_owners_resume_or_command_during_a_resume_waits_for_it(engine,
     else:
         assert got.returncode == 0
     await engine.delete(sb.id, owner="alice")
+
+
+async def test_a_sandbox_being_resumed_stays_in_its_owners_view(engine):
+    """Red team 13: its row was deleted as its resume began and written again by the
+    resume's create: a GET or listing in between (an image's layers looked up, a slot
+    taken) answered not found, and a client polling its state took it for deleted."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, owner="alice")
+    held, go = asyncio.Event(), asyncio.Event()
+    lowers = engine.snapshots.lowers
+
+    async def held_lowers(*args):
+        held.set()
+        await go.wait()
+        return await lowers(*args)
+
+    engine.snapshots.lowers = held_lowers
+    resume = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        assert engine.get(sb.id, owner="alice").state == SandboxState.PAUSED
+        assert sb.id in [i.id for i in engine.list(owner="alice")]
+    finally:
+        go.set()
+        await asyncio.wait_for(resume, 60)
+    assert engine.get(sb.id, owner="alice").state == SandboxState.RUNNING
+    await engine.delete(sb.id, owner="alice")

@@ -390,6 +390,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.images = images
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
+            if sandbox_id is not None:  # a resume: its hibernated row, seen until now
+                self.registry.delete(sid)
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             if spec.secrets:  # (masked in the registry) for the next engine to give on
                 self.secret_store.put(sid, spec.secret_env())

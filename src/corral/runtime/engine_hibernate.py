@@ -206,13 +206,13 @@ class HibernateOps:
         """Create hibernated ``live`` again from its checkpoint, under ``gate``."""
         sandbox_id = live.id
         async with gate:  # held until it runs again, or given back if it fails
-            self._live.pop(sandbox_id)
-            self.registry.delete(sandbox_id)  # the create writes it again, running
+            self._live.pop(sandbox_id)  # its row stays until the create writes it again
             try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
                 info = await self.create(
                     live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
                     sandbox_id=sandbox_id, owner=None)
             except BaseException:
+                self.registry.delete(sandbox_id)  # (if the create wrote it)
                 self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
                 if live.spec.secrets:  # (the registry's are masked: its own, from memory)
                     self.secret_store.put(sandbox_id, live.spec.secret_env())
