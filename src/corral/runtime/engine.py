@@ -83,6 +83,7 @@ from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
+from corral.runtime.output_budget import OutputBudget
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.reconcile import remove_cgroup
@@ -152,6 +153,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self.criu_gate = CriuGate(criu_concurrency())  # CRIU dumps and restores at once
+        # commands' output held in memory, per tenant and in all (the server sets its size)
+        self.output_budget = OutputBudget()
         self._live: dict[str, Live] = {}
         self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None

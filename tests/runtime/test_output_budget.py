@@ -1,0 +1,66 @@
+"""The output budget's arithmetic (runtime/output_budget.py): a command reserves both
+streams' cap, a command that does not fit gets a lower cap (never under MIN_GRANT), and
+under that it is refused, typed; tenants are counted apart, releases are idempotent."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.errors import OutputBudgetExceeded, error_from_dict
+from corral.runtime.output_budget import MIN_GRANT, OutputBudget
+
+MiB = 1 << 20
+
+
+def test_a_command_that_fits_gets_what_it_asked():
+    budget = OutputBudget(total=64 * MiB, per_tenant=32 * MiB)
+    hold = budget.reserve("alice", 4 * MiB)
+    assert (hold.max_output, hold.limited, hold.nbytes) == (4 * MiB, False, 8 * MiB)
+    assert budget.used == 8 * MiB and budget.by_tenant == {"alice": 8 * MiB}
+    hold.release()
+    hold.release()  # twice: given back once
+    assert budget.used == 0 and budget.by_tenant == {}
+
+
+def test_a_command_that_does_not_fit_gets_a_lower_cap_then_a_typed_refusal():
+    budget = OutputBudget(total=64 * MiB, per_tenant=16 * MiB)
+    first = budget.reserve("alice", 1 << 30)  # 1 GiB asked: the tenant's share is 16 MiB
+    assert first.limited and first.max_output == 8 * MiB
+    with pytest.raises(OutputBudgetExceeded) as err:
+        budget.reserve("alice", 1 * MiB)
+    assert err.value.status == 429 and err.value.code == "output_budget_exceeded"
+    assert "its tenant's" in str(err.value) and "max_output" in str(err.value)
+    assert err.value.details["tenant_limit"] == 16 * MiB
+    # the error crosses the wire as itself
+    again = error_from_dict({"code": err.value.code, "message": str(err.value)})
+    assert isinstance(again, OutputBudgetExceeded)
+    # another tenant is not touched by alice's share
+    bob = budget.reserve("bob", 4 * MiB)
+    assert not bob.limited
+    first.release()
+    assert not budget.reserve("alice", 1 * MiB).limited
+
+
+def test_the_daemons_total_binds_every_tenant_and_says_so():
+    budget = OutputBudget(total=3 * MIN_GRANT, per_tenant=2 * MIN_GRANT)
+    budget.reserve("alice", MIN_GRANT)
+    with pytest.raises(OutputBudgetExceeded) as err:
+        budget.reserve("bob", MIN_GRANT)  # bob has its share, the daemon has not
+    assert "the daemon's" in str(err.value)
+    zero = budget.reserve("bob", 0)  # no output kept: always fits
+    assert zero.nbytes == 0 and not zero.limited
+
+
+def test_a_reply_holds_only_its_real_size():
+    budget = OutputBudget(total=4 * MiB, per_tenant=4 * MiB)
+    hold = budget.reserve(None, 2 * MiB)
+    hold.shrink(100)
+    hold.shrink(1000)  # never grows
+    assert budget.used == 100 and budget.by_tenant == {None: 100}
+    hold.release()
+    assert budget.used == 0
+
+
+def test_a_budget_smaller_than_one_grant_is_refused():
+    with pytest.raises(ValueError):
+        OutputBudget(total=MIN_GRANT)
