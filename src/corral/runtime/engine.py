@@ -367,8 +367,10 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            # (not for a live snapshot's copy or a resume: its processes are restored)
             entry = (users.entrypoint_argv(image)  # InvalidArgument now, if it has none
-                     if spec.run_entrypoint and image_override is None else None)
+                     if spec.run_entrypoint and image_override is None and images is None
+                     else None)
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
