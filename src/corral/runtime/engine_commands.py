@@ -10,7 +10,7 @@ checked and its timeout and output cap enforced from outside by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -129,7 +129,7 @@ class CommandOps:
         user: str | int | None = None,
         owner: OwnerArg = UNSET,
         output_hold: OutputHold | None = None,
-    ) -> AsyncIterator[ExecEvent]:
+    ) -> AsyncGenerator[ExecEvent, None]:
         """Run a command and yield its output as it happens, then its exit.
 
         Closing the iterator early (or cancelling the task) kills the command's
