@@ -64,3 +64,13 @@ def test_a_reply_holds_only_its_real_size():
 def test_a_budget_smaller_than_one_grant_is_refused():
     with pytest.raises(ValueError):
         OutputBudget(total=MIN_GRANT)
+
+
+def test_a_process_takes_what_fits_and_gives_it_back():
+    budget = OutputBudget(total=4 * MiB, per_tenant=2 * MiB)
+    assert budget.take("alice", 3 * MiB) == 2 * MiB  # her share
+    assert budget.take("alice", 1) == 0  # spent: dropped, never refused
+    assert budget.take("bob", 3 * MiB) == 2 * MiB  # the daemon's rest
+    budget.give("alice", 2 * MiB)
+    budget.give("bob", 2 * MiB)
+    assert budget.used == 0 and budget.by_tenant == {}

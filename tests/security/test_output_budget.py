@@ -153,3 +153,34 @@ def test_run_once_is_budgeted_too(team):
         result = reply.json()["result"]
         assert result["output_limited_to"] == TENANT_MB * MiB // 2
         assert result["stdout_truncated"] and result["stdout"].endswith("z\n")
+
+
+def test_processes_unread_output_counts_against_the_same_budget(team):
+    """Processes' unread output (max_buffer, 16 MiB per stream by default) is held by
+    the daemon too: four printing 8 MiB each, unread, hold at most the tenant's 16 MiB
+    (32 MiB before), the rest is dropped and flagged; forgetting them gives it back."""
+    printer = "import sys\nsys.stdout.buffer.write(b'p' * (8 << 20))\nsys.stdout.flush()"
+    with team.tenant("mallory") as mallory:
+        sid = _sandbox(mallory)
+        base = f"/v1/sandboxes/{sid}/processes"
+        try:
+            ids = [mallory.post(base, json={"cmd": ["python3", "-c", printer]}).json()["id"]
+                   for _ in range(4)]
+            deadline = time.monotonic() + PATIENCE_S
+            while (infos := [mallory.get(f"{base}/{i}").json() for i in ids]) and any(
+                    p["state"] == "running" for p in infos):
+                assert time.monotonic() < deadline, infos
+                time.sleep(0.1)
+            held = sum(p["unread_bytes"] for p in infos)
+            assert held == TENANT_MB * MiB, held  # all her share, no more
+            assert any(p["result"]["stdout_truncated"] for p in infos)
+            # while they hold it, her commands are refused (typed); then they come back
+            refused = mallory.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
+            assert refused.status_code == 429, refused.text
+            for i in ids:
+                assert mallory.delete(f"{base}/{i}").status_code == 204
+            ok = mallory.post(f"/v1/sandboxes/{sid}/exec",
+                              json={"cmd": ["true"], "max_output": 4 * MiB})
+            assert ok.status_code == 200 and ok.json()["output_limited_to"] == 0, ok.text
+        finally:
+            mallory.delete(f"/v1/sandboxes/{sid}")

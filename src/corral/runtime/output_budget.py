@@ -18,6 +18,11 @@ When not even :data:`MIN_GRANT` per stream is left, the command is refused befor
 starts: :class:`~corral.errors.OutputBudgetExceeded` (429), which says whose budget is
 spent and what to do. A result being sent holds only its real size; everything is given
 back once the reply is written (or the client has gone).
+
+An interactive process's unread output (``max_buffer`` per stream) counts against the
+same budgets, by what it really holds (the tenant of its sandbox): output that comes
+while they are spent is dropped like output past ``max_buffer`` (its result's
+``*_truncated``), and reading or dropping it gives the room back.
 """
 
 from __future__ import annotations
@@ -104,6 +109,20 @@ class OutputBudget:
                      "limit": self.total, "tenant_used": tenant_used,
                      "tenant_limit": self.per_tenant, "requested": max_output},
         )
+
+    def take(self, tenant: str | None, nbytes: int) -> int:
+        """Room for up to ``nbytes`` more of a process's unread output: what fits, never
+        refused (0 when the budget is spent); given back with :meth:`give`."""
+        n = max(0, min(nbytes, self.free_for(tenant)))
+        if n:
+            self.used += n
+            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
+        return n
+
+    def give(self, tenant: str | None, nbytes: int) -> None:
+        """Give back what :meth:`take` granted (output read or dropped)."""
+        if nbytes > 0:
+            self._give_back(tenant, nbytes)
 
     def _take(self, tenant: str | None, max_output: int, *, limited: bool) -> OutputHold:
         n = 2 * max_output
