@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import corral
 from tests.conftest import requires_root
 from tests.security.tenants_helpers import no_traceback, team_daemon
 
@@ -145,14 +146,13 @@ def test_a_tenants_share_leaves_room_for_others_and_comes_back(team):
             bob.delete(f"/v1/sandboxes/{b_sid}")
 
 
-def test_run_once_is_budgeted_too(team):
-    with team.tenant("bob") as bob:
-        reply = bob.post("/v1/run", json={"spec": {"memory_mb": 128}, "exec": {
-            "cmd": ["python3", "-c", "print('z' * (9 << 20))"], "max_output": 1 << 30}})
-        assert reply.status_code == 200, reply.text
-        result = reply.json()["result"]
-        assert result["output_limited_to"] == TENANT_MB * MiB // 2
-        assert result["stdout_truncated"] and result["stdout"].endswith("z\n")
+def test_run_once_is_budgeted_too_and_the_sdk_says_so(team):
+    """Through the real SDK: ``CommandResult.output_limited_to`` says the cap it got."""
+    with corral.Client(team.url, token=team.tokens["bob"]) as client:
+        r = corral.Sandbox.run_once(["python3", "-c", "print('z' * (9 << 20))"],
+                                    max_output=1 << 30, memory_mb=128, client=client)
+        assert r.output_limited_to == TENANT_MB * MiB // 2
+        assert r.stdout_truncated and r.stdout.endswith("z\n") and r.ok
 
 
 def test_processes_unread_output_counts_against_the_same_budget(team):
