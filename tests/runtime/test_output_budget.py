@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from corral.errors import OutputBudgetExceeded, error_from_dict
-from corral.runtime.output_budget import MIN_GRANT, OutputBudget
+from corral.runtime.output_budget import MIN_GRANT, OutputBudget, host_output_bytes, memory_limit
 
 MiB = 1 << 20
 
@@ -74,3 +74,19 @@ def test_a_process_takes_what_fits_and_gives_it_back():
     budget.give("alice", 2 * MiB)
     budget.give("bob", 2 * MiB)
     assert budget.used == 0 and budget.by_tenant == {}
+
+
+def test_the_default_follows_the_daemons_own_memory_limit(tmp_path):
+    """A daemon in a container: its cgroup's limit (v2 or v1, or an ancestor's) is what
+    it may use, not the host's RAM."""
+    ram = memory_limit(tmp_path / "none", tmp_path)
+    assert ram > 0 and memory_limit() <= ram and host_output_bytes() <= ram // 8
+    (tmp_path / "v2").write_text("0::/box/daemon\n")
+    (tmp_path / "box" / "daemon").mkdir(parents=True)
+    (tmp_path / "box" / "daemon" / "memory.max").write_text("max\n")
+    (tmp_path / "box" / "memory.max").write_text(f"{512 * MiB}\n")
+    assert memory_limit(tmp_path / "v2", tmp_path) == min(ram, 512 * MiB)
+    (tmp_path / "v1").write_text("5:cpu,cpuacct:/x\n4:memory:/box\n")
+    (tmp_path / "memory" / "box").mkdir(parents=True)
+    (tmp_path / "memory" / "box" / "memory.limit_in_bytes").write_text(f"{256 * MiB}\n")
+    assert memory_limit(tmp_path / "v1", tmp_path) == min(ram, 256 * MiB)

@@ -9,7 +9,8 @@ running many such commands at once could make the daemon hold more than the host
 So each command reserves, before it starts, what it may hold: ``2 × max_output``
 (stdout and stderr). The reservation counts against the tenant of its sandbox
 (``--tenant-output-memory-mb``, default half the daemon's) and the daemon's
-(``--output-memory-mb``, default an eighth of the host's RAM). A command that does not
+(``--output-memory-mb``, default an eighth of the host's RAM, or of the daemon's
+cgroup memory limit where lower). A command that does not
 fit whole gets a lower cap, the same for both streams and never below
 :data:`MIN_GRANT`: its result says so (``output_limited_to``: the bytes per stream it
 kept at most) and a stream longer than that is truncated as any other (its head and its
@@ -28,10 +29,11 @@ while they are spent is dropped like output past ``max_buffer`` (its result's
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from corral.errors import OutputBudgetExceeded
 
-__all__ = ["MIN_GRANT", "OutputBudget", "OutputHold", "host_output_bytes"]
+__all__ = ["MIN_GRANT", "OutputBudget", "OutputHold", "host_output_bytes", "memory_limit"]
 
 MIN_GRANT = 64 << 10
 """The smallest cap per stream a command is lowered to; below it, it is refused."""
@@ -42,8 +44,37 @@ TENANT_SHARE = 2
 
 
 def host_output_bytes() -> int:
-    """The daemon's default output budget: an eighth of the host's RAM."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // HOST_SHARE
+    """The daemon's default output budget: an eighth of the memory it may use (the
+    host's RAM, or its own cgroup's limit where lower: a daemon in a container)."""
+    return memory_limit() // HOST_SHARE
+
+
+def memory_limit(self_cgroup: Path = Path("/proc/self/cgroup"),
+                 cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The host's RAM, or the lowest memory limit of this process's cgroup and its
+    ancestors (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) where lower."""
+    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return limit
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:
+            base, name = cgroup_root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = cgroup_root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            try:
+                value = (base.joinpath(*parts[:depth]) / name).read_text().strip()
+            except OSError:
+                continue
+            if value.isdigit():
+                limit = min(limit, int(value))
+    return limit
 
 
 class OutputHold:

@@ -95,7 +95,8 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         int,
         "MB",
         "memory for commands' output held at once, all tenants together; a command that "
-        "does not fit gets a lower max_output, or 429 (default: an eighth of the RAM)",
+        "does not fit gets a lower max_output, or 429 (default: an eighth of the RAM or of "
+        "the daemon's cgroup memory limit)",
     ),
     (
         "--tenant-output-memory-mb",
