@@ -53,6 +53,20 @@ def _sandbox(client: httpx.Client) -> str:
     return reply.json()["id"]
 
 
+def _nothing_held(team) -> None:
+    """Every byte of the budget came back (the daemon's gauge), once replies are sent."""
+    deadline = time.monotonic() + PATIENCE_S
+    with team.admin() as admin:
+        while True:
+            text = admin.get("/metrics").text
+            line = next(ln for ln in text.splitlines()
+                        if ln.startswith("corral_output_held_bytes "))
+            if float(line.split()[1]) == 0:
+                return
+            assert time.monotonic() < deadline, line
+            time.sleep(0.05)
+
+
 def _status(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -99,6 +113,7 @@ def test_many_commands_printing_a_lot_leave_the_daemons_memory_bounded(team):
                 mallory.delete(f"/v1/sandboxes/{sid}")
     ran = [_check_reply(r) for r in replies]
     assert any(ran), [r.status_code for r in replies]
+    _nothing_held(team)
     # Without the budget the daemon held most of N × ASK (384 MiB) at its peak; with
     # it, the tenant's 16 MiB plus a reply's copies while it is encoded.
     asked = N * ASK
@@ -144,6 +159,7 @@ def test_a_tenants_share_leaves_room_for_others_and_comes_back(team):
         finally:
             alice.delete(f"/v1/sandboxes/{a_sid}")
             bob.delete(f"/v1/sandboxes/{b_sid}")
+    _nothing_held(team)
 
 
 def test_run_once_is_budgeted_too_and_the_sdk_says_so(team):
@@ -153,6 +169,7 @@ def test_run_once_is_budgeted_too_and_the_sdk_says_so(team):
                                     max_output=1 << 30, memory_mb=128, client=client)
         assert r.output_limited_to == TENANT_MB * MiB // 2
         assert r.stdout_truncated and r.stdout.endswith("z\n") and r.ok
+    _nothing_held(team)
 
 
 def test_processes_unread_output_counts_against_the_same_budget(team):
@@ -184,3 +201,4 @@ def test_processes_unread_output_counts_against_the_same_budget(team):
             assert ok.status_code == 200 and ok.json()["output_limited_to"] == 0, ok.text
         finally:
             mallory.delete(f"/v1/sandboxes/{sid}")
+    _nothing_held(team)
