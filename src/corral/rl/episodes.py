@@ -71,6 +71,7 @@ from corral.errors import (
     SandboxTimeout,
     is_sandbox_fault,
 )
+from corral.rl._cleanup import delete_again
 from corral.rl._progress import EpisodeProgress
 from corral.rl._script import (
     DEFAULT_EPISODE_TIMEOUT_S,
@@ -369,7 +370,7 @@ class EpisodeRunner:
             await asyncio.shield(sb.delete())
         except SandboxNotFound:
             pass  # gone already (deleted from outside, or its lifetime ran out)
-        except CorralError as exc:  # the run's end tries again (_delete_left)
+        except CorralError as exc:  # the run's end tries again (_sweep)
             logger.warning("could not delete sandbox %s (tried again at the run's end): %s",
                            sb.id, exc)
             self._undeleted[sb.id] = sb
@@ -407,31 +408,10 @@ class EpisodeRunner:
         (:data:`DELETE_TRIES` times): empty unless the daemon kept refusing."""
         return sorted(self._undeleted)
 
-    async def _delete_left(self) -> None:
-        """Delete again, up to :data:`DELETE_TRIES` times, the sandboxes whose delete
-        failed during the run (a pool's too, which no tag sweep finds)."""
-        error: CorralError | None = None
-        for attempt in range(DELETE_TRIES):
-            if not self._undeleted:
-                return
-            if attempt:
-                await asyncio.sleep(RETRY_BACKOFF_S * attempt)
-            for sid, sb in list(self._undeleted.items()):
-                try:
-                    await sb.delete()
-                except SandboxNotFound:
-                    pass
-                except CorralError as exc:
-                    error = exc
-                    continue
-                self._undeleted.pop(sid, None)
-        if self._undeleted:
-            logger.warning("could not delete sandboxes %s after %d tries: %s",
-                           ", ".join(self.undeleted), DELETE_TRIES, error)
-
     async def _sweep(self, run_tag: str) -> None:
         """Delete what a run left (a create whose reply was lost still made one)."""
-        await self._delete_left()
+        # failed deletes first, a pool's too (no tag sweep finds them)
+        await delete_again(self._undeleted, DELETE_TRIES, RETRY_BACKOFF_S)
         if self._pool is not None:
             return
         try:
