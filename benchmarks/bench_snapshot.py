@@ -35,7 +35,7 @@ from pathlib import Path
 
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
-from corral.runtime import precopy, snapshots
+from corral.runtime import layers, precopy
 from corral.runtime.engine import Engine
 
 MB = 1 << 20
@@ -53,7 +53,7 @@ async def commit_times(engine: Engine, rounds: int,
         for i in range(rounds):
             for way in ("settle_sync", "whole", "default"):
                 os.environ[precopy.ENV] = "0" if way == "whole" else "1"
-                os.environ[snapshots.SETTLE_ENV] = "" if way == "default" else "sync"
+                os.environ[layers.SETTLE_ENV] = "" if way == "default" else "sync"
                 sb = await engine.create(memory_mb=256, disk_mb=256)
                 r = await engine.exec(
                     sb.id, f"head -c {50 * MB} /dev/urandom > /workspace/data-{i}.bin"
@@ -72,7 +72,7 @@ async def commit_times(engine: Engine, rounds: int,
                     copy_once, copy_src, engine.layout.state_dir / "copy-baseline"))
     finally:
         os.environ.pop(precopy.ENV, None)
-        os.environ.pop(snapshots.SETTLE_ENV, None)
+        os.environ.pop(layers.SETTLE_ENV, None)
     await engine.gc_layers()
     return out
 

@@ -83,6 +83,13 @@ _UNSQUASHABLE_XATTRS = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 PENDING = "pending:"  # a layer's digest until it is settled: PENDING + the boot's id
+SETTLE_ENV = "CORRAL_SNAPSHOT_SETTLE"  # "sync": snapshots hash and sync within the commit
+
+
+def settle_later() -> bool:
+    """Whether snapshot commits settle their layer after returning (the default;
+    :mod:`corral.runtime.snapshots`)."""
+    return os.environ.get(SETTLE_ENV, "").strip().lower() != "sync"
 
 
 def is_pending(digest: str) -> bool:
@@ -150,13 +157,15 @@ class LayerStore:
         return self.root / layer_id / TREE
 
     def stage(self, upper: Path, *, skip: Iterable[str] = (), budget: Budget | None = None,
-              ids: dict[int, int] | None = None, record: Record | None = None) -> Path:
+              ids: dict[int, int] | None = None, record: Record | None = None,
+              writeback: bool = True) -> Path:
         """Copy an overlay upper directory (but its top-level entries in ``skip``) into a
         new temporary directory; returns it, for :meth:`seal` or :meth:`discard`. With a
         ``budget`` (the sandbox's limits), stops with SnapshotTooLarge before exceeding
         it; a failed copy leaves nothing behind. ``ids`` translates owners (the
         sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`).
-        ``record``: each entry's signature, for :meth:`restage`."""
+        ``record``: each entry's signature, for :meth:`restage`. ``writeback``: start
+        writing large files back as they are copied (not for a layer settled later)."""
         tmp = self._new_tmp()
         streamed = streamhash.spare_cpu() if self.stream_hash is None else self.stream_hash
         hasher = Hasher() if streamed else None  # seal finds the large files hashed
@@ -164,7 +173,7 @@ class LayerStore:
             self._hashers[tmp.name] = hasher
         try:
             copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget, ids=ids,
-                      hasher=hasher, record=record)
+                      hasher=hasher, record=record, writeback=writeback)
         except BaseException:
             self.discard(tmp)
             raise

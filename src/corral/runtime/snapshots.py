@@ -42,7 +42,6 @@ import builtins
 import contextlib
 import errno
 import logging
-import os
 import re
 import secrets
 import sqlite3
@@ -63,7 +62,7 @@ from corral.errors import (
 from corral.runtime import precopy, rootfs
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
-from corral.runtime.layers import PENDING, TREE, LayerStore, boot_id
+from corral.runtime.layers import PENDING, TREE, LayerStore, boot_id, settle_later
 from corral.runtime.namespaces import pick
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout
@@ -75,16 +74,10 @@ from corral.schema import DEFAULT_IMAGE, SandboxSpec, SnapshotInfo
 log = logging.getLogger(__name__)
 
 MAX_CHAIN_DEPTH = 16
-SETTLE_ENV = "CORRAL_SNAPSHOT_SETTLE"  # "sync": hash and sync within the commit
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ID_PREFIX = "snap-"
 # Fields a restore never inherits from the sandbox the snapshot was taken from.
 _NOT_INHERITED = {"tags", "snapshot", "image", "secrets"}  # secrets are stored masked
-
-
-def settle_later() -> bool:
-    """Whether commits hash and sync their layer after returning (the default)."""
-    return os.environ.get(SETTLE_ENV, "").strip().lower() != "sync"
 
 
 def _new_id() -> str:
@@ -176,11 +169,13 @@ class Snapshots:
     def _stage_frozen(self, upper: Path, cgroup: Cgroup | None, budget: Budget,
                       ids: dict[int, int] | None) -> Path:
         skip = (rootfs.AGENT_DIR,)
+        writeback = not settle_later()  # a layer settled later is written back then
         if cgroup is None:  # paused: nothing changes under the copy
             self.last_frozen_s, self.last_recopied = 0.0, precopy.WHOLE
-            return self.store.stage(upper, skip=skip, budget=budget, ids=ids)
+            return self.store.stage(upper, skip=skip, budget=budget, ids=ids,
+                                    writeback=writeback)
         staged = precopy.stage_running(self.store, upper, cgroup, skip=skip, budget=budget,
-                                       ids=ids)
+                                       ids=ids, writeback=writeback)
         self.last_frozen_s, self.last_recopied = staged.frozen_s, staged.recopied
         return staged.tmp
 
