@@ -127,10 +127,11 @@ class Snapshots:
                     self.registry.settle_layer(lid, self.store.settle(lid))
                     continue
                 except OSError as exc:
-                    log.warning("layer %s could not be settled (%s): dropped", lid, exc)
+                    log.warning("layer %s could not be settled: %s", lid, exc)
+            # the machine restarted before it was durable (or it is unreadable): it may
+            # be torn, so neither it nor a snapshot over it is ever listed
             dropped = self.registry.drop_layer(lid)
-            log.warning("layer %s was not durable when the machine stopped: dropped with the "
-                        "snapshots over it %s", lid, dropped)
+            log.warning("unsettled layer %s dropped with the snapshots over it: %s", lid, dropped)
 
     # ---------------------------------------------------------------- taking
 
