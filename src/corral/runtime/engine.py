@@ -83,6 +83,7 @@ from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
+from corral.runtime.output_budget import OutputBudget
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.reconcile import remove_cgroup
@@ -152,6 +153,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self.criu_gate = CriuGate(criu_concurrency())  # CRIU dumps and restores at once
+        # commands' output held in memory, per tenant and in all (the server sets its size)
+        self.output_budget = OutputBudget()
         self._live: dict[str, Live] = {}
         self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None
@@ -304,6 +307,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             )
         await self._pool.close()
         await asyncio.gather(*list(self._teardowns), return_exceptions=True)
+        await self.snapshots.settled()  # snapshot layers hashed and durable, recorded
         self._releasers.shutdown(wait=False)
         self._hang_ups.shutdown(wait=False)
         await self.net.close(keep=handed)
@@ -364,8 +368,10 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            # (not for a live snapshot's copy or a resume: its processes are restored)
             entry = (users.entrypoint_argv(image)  # InvalidArgument now, if it has none
-                     if spec.run_entrypoint and image_override is None else None)
+                     if spec.run_entrypoint and image_override is None and images is None
+                     else None)
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
