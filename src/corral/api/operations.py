@@ -76,6 +76,7 @@ from corral.errors import (
     NetworkNotFound,
     NoGpuCapacity,
     NotFound,
+    OutputBudgetExceeded,
     PathOutsideSandbox,
     PortClosed,
     QuotaExceeded,
@@ -163,7 +164,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "command's result back); on a cluster it runs on the home node",
         body=RunRequest, reply=RunResponse,
         errors=(
-            *_BODY, CapacityExceeded, QuotaExceeded, NoGpuCapacity, ImageNotFound,
+            *_BODY, CapacityExceeded, QuotaExceeded, NoGpuCapacity, OutputBudgetExceeded,
+            ImageNotFound,
             SnapshotNotFound, RegistryError, SandboxStartError, SandboxTimeout,
         ),
         routing=Routing.HOME,
@@ -353,12 +355,14 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "exec_command", "POST", _SB + "/exec", "Run a command to completion", body=ExecRequest,
-        reply=ExecResponse, errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError),
+        reply=ExecResponse,
+        errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, OutputBudgetExceeded),
         routing=Routing.SANDBOX,
     ),
     Operation(
         "exec_stream", "POST", _SB + "/exec/stream", "Run a command, streaming its output",
-        body=ExecRequest, reply=NDJSON, errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError),
+        body=ExecRequest, reply=NDJSON,
+        errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, OutputBudgetExceeded),
         routing=Routing.SANDBOX,
     ),
     Operation(

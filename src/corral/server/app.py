@@ -311,6 +311,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     engine.snapshots.quota_of = snapshot_quota(tenants.quota_of)  # server/quotas.py
     engine.lifetime_cap = service.lifetime_left  # a hibernated sandbox resumes within it
+    engine.output_budget = settings.output_budget()  # commands' output in memory
     app.state.cluster_tenancy = cluster  # its refresh runs with the daemon (daemon.py)
     revocation = app.state.revocation = Revocation(door, service, settings.on_revoke)
     if cluster is not None:  # a revoke made on another node ends things here too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from corral.errors import (
     StorageFull,
 )
 from corral.runtime.engine_files import FileReading
+from corral.runtime.output_budget import OutputHold
 from corral.runtime.storage import room_above_reserve
 from corral.server.limits import BODY_IDLE_TIMEOUT_S, parse_json
 
@@ -162,3 +164,21 @@ async def read_json(request: Request, what: str, *, required: bool = True) -> di
     if not isinstance(data, dict):
         raise InvalidArgument(f"the {what} must be a JSON object, not {type(data).__name__}")
     return data
+
+
+class HeldJSONResponse(JSONResponse):
+    """A command's result as JSON, holding as much of the output budget
+    (:mod:`corral.runtime.output_budget`) as its body's size until it has been written
+    or the client has gone; a reply never sent gives it back when collected."""
+
+    def __init__(self, content: Any, hold: OutputHold) -> None:
+        super().__init__(content)
+        hold.shrink(len(self.body))
+        self._hold = hold
+        weakref.finalize(self, hold.release)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._hold.release()
