@@ -13,7 +13,9 @@ Each round, in turn (load drifts, so they alternate):
 - ``cold``: ``code_reward`` (isolated grading, a fresh sandbox each) as it is by
   default: create the sandbox, start the judge, judge, delete;
 - ``prestarted``: ``code_reward(prestart=N)`` with its pool filled before the clock
-  starts: the batch pays the request, the verdict and the delete. The refill it starts
+  starts: the batch pays the request and the verdict (each sandbox's deletion goes on
+  after its verdict's reply); ``prestarted_delete_first``: the same, each reply waiting
+  for its sandbox's deletion (as before ``consume?delete=after``). The refill it starts
   in the background is then waited for (``reward.prestart()``) before anything else
   runs, timed apart as ``fill``; ``prestarted_with_fill`` adds it (the whole cost when
   nothing else could be done while the pool fills).
@@ -193,32 +195,39 @@ def main() -> int:
                 walls.setdefault("cold", []).append(time.perf_counter() - t)
                 return [f"cold: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
 
-            def prestarted_batch() -> list[str]:
+            def prestarted_batch(name: str = "prestarted", delete_first: bool = False) -> list[str]:
+                assert warm._pool is not None
+                warm._pool.delete_first = delete_first
                 used = warm.stats.prestarted
                 engine.mark()
                 me, dm = time.process_time(), _proc_cpu(daemon)
                 sent = requests.judge
                 t = time.perf_counter()
                 got = warm(completions=completions, tests=tests, entry_point=entry)
-                walls.setdefault("prestarted", []).append(time.perf_counter() - t)
-                cpu.setdefault("requests_per_completion", []).append((requests.judge - sent) / n)
-                sandboxes = engine.since()
-                cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
-                cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
-                cpu.setdefault("sandboxes", []).append(sandboxes / n * 1000)
-                out = [f"prestarted: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
-                out += [f"prestarted used {warm.stats.prestarted - used}/{n}"] if (
+                walls.setdefault(name, []).append(time.perf_counter() - t)
+                if not delete_first:  # the CPU figures: the default way's
+                    cpu.setdefault("requests_per_completion", []).append(
+                        (requests.judge - sent) / n)
+                    sandboxes = engine.since()
+                    cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
+                    cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
+                    cpu.setdefault("sandboxes", []).append(sandboxes / n * 1000)
+                out = [f"{name}: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
+                out += [f"{name} used {warm.stats.prestarted - used}/{n}"] if (
                     warm.stats.prestarted - used != n) else []
                 # The refill the batch started in the background, waited for here so
                 # that it overlaps nothing measured: what a pool costs between batches.
                 t, sent = time.perf_counter(), requests.fill
                 filled = warm.prestart()
-                walls.setdefault("fill", []).append(time.perf_counter() - t)
-                cpu.setdefault("fill_requests_per_judge", []).append((requests.fill - sent) / n)
+                if not delete_first:
+                    walls.setdefault("fill", []).append(time.perf_counter() - t)
+                    cpu.setdefault("fill_requests_per_judge", []).append(
+                        (requests.fill - sent) / n)
                 return out + ([f"fill: {filled}/{n}"] if filled != n else [])
 
             for r in range(rounds):  # the order reversed every other round: load drifts
-                steps = (plain, plain_weighted, cold_batch, prestarted_batch)
+                steps = (plain, plain_weighted, cold_batch, prestarted_batch,
+                         lambda: prestarted_batch("prestarted_delete_first", True))
                 for step in steps[::1 if r % 2 == 0 else -1]:
                     bad += step()
                 loads.append(os.getloadavg()[0])
@@ -232,6 +241,7 @@ def main() -> int:
         **{f"prestart_{k}_wall_s": v for k, v in med.items()},
         "prestart_cold_ratio": med["cold"] / med["plain"],
         "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
+        "prestart_prestarted_delete_first_ratio": med["prestarted_delete_first"] / med["plain"],
         "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
         **({"prestart_prestarted_weighted_ratio": med["prestarted"] / med["plain_weighted"]}
            if "plain_weighted" in med else {}),

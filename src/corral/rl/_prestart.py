@@ -63,7 +63,12 @@ class JudgePool:
     ``spec`` is the create body of the reward's sandboxes; ``run_timeout`` the seconds
     one completion's run may take (its judge's process lives ``MAX_IDLE_S`` plus that).
     Entries are plain data, so a pool filled on one event loop serves another.
+    ``delete_first``: whether a judge's reply waits for its sandbox's deletion (by
+    default it does not: the deletion, begun by the same request, goes on after the
+    verdict is back, so the batch's next completion does not wait for a teardown).
     """
+
+    delete_first = False
 
     def __init__(self, spec: dict[str, Any], run_timeout: float, lifetime_margin: float) -> None:
         self.run_timeout = run_timeout
