@@ -122,7 +122,7 @@ async def heap_count(engine, sid) -> tuple[int, int]:
 async def _does_not_travel_silently(engine, snap_id, tmp_path):
     """On another node (a second engine) a live snapshot is refused typed, saying where
     it is, rather than imported as files and restored without its processes."""
-    desc = engine.describe_snapshot(snap_id, None)
+    desc = await engine.describe_snapshot(snap_id, None)
     assert desc["kind"] == "live"
     other = await Engine.open(tmp_path / "node-b")
     try:

@@ -304,6 +304,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             )
         await self._pool.close()
         await asyncio.gather(*list(self._teardowns), return_exceptions=True)
+        await self.snapshots.settled()  # snapshot layers hashed and durable, recorded
         self._releasers.shutdown(wait=False)
         self._hang_ups.shutdown(wait=False)
         await self.net.close(keep=handed)

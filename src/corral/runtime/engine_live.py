@@ -153,10 +153,12 @@ class LiveOps:
         live = self.checkpoint_images(snap.id, owner=None) is not None
         return snap.model_copy(update={"kind": "live"}) if live else snap
 
-    def describe_snapshot(self, id_or_name: str, owner: str | None) -> dict[str, Any]:
+    async def describe_snapshot(self, id_or_name: str, owner: str | None) -> dict[str, Any]:
         """What another node needs to restore ``owner``'s snapshot
         (:func:`~corral.runtime.layer_fetch.describe`), with its ``kind``: a live one's
-        process images travel on their own route (:mod:`~corral.runtime.live_travel`)."""
+        process images travel on their own route (:mod:`~corral.runtime.live_travel`).
+        Waits for its layers' digests (:meth:`Snapshots.settled`)."""
+        await self.snapshots.settled(self.snapshots.get(id_or_name, owner=owner).layers)
         desc = layer_fetch.describe(self.snapshots, id_or_name, owner)
         desc["kind"] = self.get_snapshot(desc["id"], owner=owner).kind
         return desc
