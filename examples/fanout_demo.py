@@ -101,7 +101,8 @@ class Trial:
     delete: float
 
 
-def run_one(session: corral.Session, variant: str, code: str, stop: threading.Event) -> Trial | None:
+def run_one(session: corral.Session, variant: str, code: str, stop: threading.Event,
+            exec_timeout: float = EXEC_TIMEOUT) -> Trial | None:
     """One completion in its own sandbox: create, run the tests, delete."""
     if stop.is_set():  # Ctrl-C: start nothing new
         return None
@@ -110,7 +111,7 @@ def run_one(session: corral.Session, variant: str, code: str, stop: threading.Ev
     t1 = time.perf_counter()
     try:
         sb.files.write("solution.py", code + TESTS)
-        r = sb.exec(["python3", "solution.py"], timeout=EXEC_TIMEOUT)
+        r = sb.exec(["python3", "solution.py"], timeout=exec_timeout)
         t2 = time.perf_counter()
     finally:
         sb.delete()
@@ -166,6 +167,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200, help="completions to score (default 200)")
     parser.add_argument("--parallel", type=int, default=32, help="sandboxes at once (default 32)")
     parser.add_argument("--url", help="the daemon (default: CORRAL_URL, else the local one)")
+    parser.add_argument("--exec-timeout", type=float, default=EXEC_TIMEOUT,
+                        help=f"seconds a solution may run (default {EXEC_TIMEOUT:g})")
     args = parser.parse_args()
     # The SDK's shared thread pool runs corral.submit calls; its size is read on first use.
     os.environ["CORRAL_MAX_WORKERS"] = str(args.parallel)
@@ -185,7 +188,8 @@ def main() -> int:
     ) as session:
         console.print(f"scoring {args.count} completions on {client.url}, tag {session.tag}")
         start = time.perf_counter()
-        handles = [corral.submit(run_one, session, name, code, stop) for name, code in completions]
+        handles = [corral.submit(run_one, session, name, code, stop, args.exec_timeout)
+                   for name, code in completions]
         progress = Progress(
             BarColumn(bar_width=16), MofNCompleteColumn(),
             TextColumn("{task.fields[counts]}"), TextColumn("{task.fields[rate]}"),

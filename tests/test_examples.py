@@ -20,7 +20,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def test_fanout_demo(daemon):
     p = subprocess.run(
         [sys.executable, str(EXAMPLES / "fanout_demo.py"), "--count", "12", "--parallel", "4",
-         "--url", daemon.url],
+         "--url", daemon.url, "--exec-timeout", "15"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "120"},
     )
     assert p.returncode == 0, p.stdout + p.stderr
@@ -29,7 +29,8 @@ def test_fanout_demo(daemon):
     counts = {k: int(n) for k, n in re.findall(r"^\W*(pass|fail|timeout|oom|error)\W+(\d+)\W", out, re.M)}
     assert sum(counts.values()) == 12 and counts["error"] == 0
     # The wrong variants fail whatever the machine's load; the looping one times out
-    # and the memory-hungry one is OOM-killed.
+    # and the memory-hungry one is OOM-killed (given 15 s, not the demo's 3 s: on a
+    # loaded host its Python may not reach the allocation within 3 s).
     assert counts["fail"] >= 3 and counts["timeout"] >= 1 and counts["oom"] >= 1
     assert re.search(r"loops-forever\W+1\W+0\.00\W+timeout 1", out)
     assert re.search(r"counting-sort\W+1\W+0\.00\W+oom 1", out)
