@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 
@@ -41,21 +42,35 @@ class Heartbeat:
                                         daemon=True)
         self._thread.start()
 
+    def _attempts(self) -> Iterator[tuple[float, float]]:
+        """Yield once per renewal to send, with its time limit, until :meth:`stop`.
+
+        Renewals start every ``ttl / 3`` seconds counted from the previous one's start
+        (not its end: a slow reply does not push the next one back), at once when one
+        took longer than that. A renewal may take until the lease would expire on the
+        daemon (at least ``ttl / 3``): on a loaded host a reply slower than the interval
+        still renews the lease, where cutting it off would let it lapse."""
+        every = self.ttl / RENEWALS_PER_TTL
+        due = time.monotonic() + every
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            now = time.monotonic()
+            due = now + every
+            yield now, max(every, self.renewed + self.ttl - now)
+
     def _run(self) -> None:
         if self._endpoint.cluster is not None:
             self._run_on_cluster()
             return
-        every = self.ttl / RENEWALS_PER_TTL
         endpoint = self._endpoint
         renew = operation("renew_lease")
         with httpx.Client(base_url=endpoint.base_url, headers=endpoint.headers(),
                           # on a Unix socket: only to root's or this user's (SO_PEERCRED)
                           transport=DaemonTransport(uds=endpoint.uds, limits=httpx.Limits()),
-                          timeout=every) as http:
-            while not self._stop.wait(every):
-                sent = time.monotonic()  # the daemon renews it after this
+                          timeout=self.ttl) as http:
+            for sent, limit in self._attempts():  # the daemon renews it after ``sent``
                 try:
-                    reply = http.request(renew.method, renew.url(lease_id=self.lease_id))
+                    reply = http.request(renew.method, renew.url(lease_id=self.lease_id),
+                                         timeout=limit)
                 except httpx.HTTPError as exc:  # a daemon restarting: the next one may do
                     logger.warning("could not renew lease %s: %s", self.lease_id, exc)
                     continue
@@ -73,12 +88,10 @@ class Heartbeat:
         (``_leases``), since each node's daemon ends its own sandboxes."""
         from corral.client._sync._client import Client  # (it imports this module)
 
-        every = self.ttl / RENEWALS_PER_TTL
-        with Client(self._endpoint.url, token=self._endpoint.token, timeout=every) as client:
-            while not self._stop.wait(every):
-                sent = time.monotonic()
+        with Client(self._endpoint.url, token=self._endpoint.token, timeout=self.ttl) as client:
+            for sent, limit in self._attempts():
                 try:
-                    client.call("renew_lease", {"lease_id": self.lease_id})
+                    client.call("renew_lease", {"lease_id": self.lease_id}, timeout=limit)
                     self.renewed = sent
                 except LeaseNotFound:
                     self._lose()
