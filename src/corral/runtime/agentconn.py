@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import signal
-from typing import Any, AsyncGenerator, Protocol, Sequence
+from typing import Any, AsyncGenerator, Callable, Protocol, Sequence
 
 from corral.errors import (
     CorralError,
@@ -255,9 +255,12 @@ async def _kill(live: _Live, stream: ExecStream, started: float) -> ExecResult:
 
 
 async def command_events(
-    live: _Live, stream: ExecStream, timeout: float | None, cwd: str | None, oom_before: int
+    live: _Live, stream: ExecStream, timeout: float | None, cwd: str | None, oom_before: int,
+    on_start: Callable[[], None] | None = None,
 ) -> AsyncGenerator[ExecEvent, None]:
-    """A command's output events, then its exit; closing early kills its group."""
+    """A command's output events, then its exit; closing early kills its group.
+    ``on_start`` is called when the agent says the command started (after which it
+    can no longer fail to start)."""
     limit = Deadline(live, stream, timeout)
     done = False
     try:
@@ -270,7 +273,10 @@ async def command_events(
                 done = True  # the engine enforced the timeout: a result, not an error
                 yield ExecEvent("exit", result=await limit.enforced)
                 return
-            if reply.msg == Msg.STDOUT:
+            if reply.msg == Msg.STARTED:
+                if on_start is not None:
+                    on_start()
+            elif reply.msg == Msg.STDOUT:
                 yield ExecEvent("stdout", reply.data)
             elif reply.msg == Msg.STDERR:
                 yield ExecEvent("stderr", reply.data)

@@ -10,7 +10,7 @@ checked and its timeout and output cap enforced from outside by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +129,7 @@ class CommandOps:
         user: str | int | None = None,
         owner: OwnerArg = UNSET,
         output_hold: OutputHold | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> AsyncGenerator[ExecEvent, None]:
         """Run a command and yield its output as it happens, then its exit.
 
@@ -138,7 +139,8 @@ class CommandOps:
         over its cap shows its gap as an event with ``dropped`` set, then its tail.
         Events not yet read count against the output budget as :meth:`exec` says: when
         it holds less than ``max_output``, the command gets that lower cap and its
-        result's ``output_limited_to`` says so.
+        result's ``output_limited_to`` says so. ``on_start`` is called once the
+        command has started: before that, it may still fail to (a bad ``cwd``).
         """
         self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
@@ -157,7 +159,7 @@ class CommandOps:
             tap = CommandTap(self.events, live.id, command_argv(cmd))
             with live.activity():
                 async with aclosing(
-                    command_events(live, stream, timeout, cwd, oom_before)
+                    command_events(live, stream, timeout, cwd, oom_before, on_start)
                 ) as events:
                     try:
                         async for ev in events:

@@ -8,6 +8,7 @@ control and the settings on ``request.app.state`` (see :func:`corral.server.crea
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from typing import Any, TypeVar
@@ -295,7 +296,9 @@ async def exec_command(request: Request, body: ExecRequest) -> Response:
 
 
 async def exec_stream(request: Request, body: ExecRequest) -> Response:
-    return await start_stream(ctx.sandboxes(request).exec_stream(_sid(request), **exec_args(body)))
+    started = asyncio.Event()  # the reply waits for the command's start (or its error)
+    return await start_stream(ctx.sandboxes(request).exec_stream(
+        _sid(request), **exec_args(body), on_start=started.set), started)
 
 
 # ----------------------------------------------------------------------- files

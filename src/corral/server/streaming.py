@@ -29,6 +29,10 @@ logger = logging.getLogger("corral.server")
 # How long the first event is awaited before the reply starts: errors the engine
 # raises up front (unknown sandbox, bad arguments) then get their own HTTP status.
 FIRST_EVENT_WAIT_S = 0.05
+# With a ``started`` event (a new command's: the agent says it started, or that it could
+# not, a bad working directory say), the reply waits for that instead, however long a
+# loaded host takes, up to this (only against a hang: the agent always answers one way).
+START_WAIT_S = 300.0
 MAX_HELD_BYTES = 3  # the longest incomplete UTF-8 sequence
 
 
@@ -88,28 +92,39 @@ class StartedStream:
         await _close(self._pending, self._events)
 
 
-async def start_events(events: AsyncIterator[ExecEvent]) -> StartedStream:
-    """Begin a streamed command; raise its error now if it fails at once.
+async def start_events(events: AsyncIterator[ExecEvent],
+                       started: asyncio.Event | None = None) -> StartedStream:
+    """Begin a streamed command; raise its error now if it fails to start.
 
     The engine validates a command when its stream is first advanced, so the first
-    event is awaited briefly: an immediate failure becomes a normal error reply.
+    event is awaited: an immediate failure becomes a normal error reply. Given
+    ``started`` (set by the engine's ``on_start``), until the command started or its
+    stream ended or failed, however slow the host; else briefly.
     """
     first = asyncio.ensure_future(anext(events))
+    waiting: set[asyncio.Future[Any]] = {first}
+    if started is not None:
+        waiting.add(asyncio.ensure_future(started.wait()))
     try:
-        await asyncio.wait({first}, timeout=FIRST_EVENT_WAIT_S)
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED,
+                           timeout=FIRST_EVENT_WAIT_S if started is None else START_WAIT_S)
     except asyncio.CancelledError:
         await _close(first, events)
         raise
+    finally:
+        for each in waiting - {first}:
+            each.cancel()
     if first.done() and first.exception() is not None:
         await _close(first, events)
         first.result()  # raises the error
     return StartedStream(first, events)
 
 
-async def start_stream(events: AsyncIterator[ExecEvent]) -> "NDJSONResponse":
+async def start_stream(events: AsyncIterator[ExecEvent],
+                       started: asyncio.Event | None = None) -> "NDJSONResponse":
     """:func:`start_events`, replied as NDJSON lines (the native API's streams)."""
-    started = await start_events(events)
-    return NDJSONResponse(ndjson_lines(started), cleanup=started.aclose)
+    started_stream = await start_events(events, started)
+    return NDJSONResponse(ndjson_lines(started_stream), cleanup=started_stream.aclose)
 
 
 async def ndjson_lines(stream: StartedStream) -> AsyncIterator[bytes]:

@@ -21,6 +21,7 @@ honoured.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import signal
@@ -149,10 +150,12 @@ async def run_process(request: Request) -> Response:
     sid = _sandbox_id(request)
     req = await _command(request)
     pid = processes(request).next_pid(sid)
+    begun = asyncio.Event()
     started = await start_events(ctx.sandboxes(request).exec_stream(  # a bad command raises now
         sid, req.argv, timeout=req.timeout, env=req.env, cwd=req.working_dir,
         max_output=OUTPUT_CAP_BYTES, output_tail=0,  # the head, as Tensorlake's
-    ))
+        on_start=begun.set,
+    ), begun)
 
     async def events_of_run() -> AsyncIterator[bytes]:
         yield sse({"pid": pid, "started_at": time.time()})
