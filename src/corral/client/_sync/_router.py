@@ -84,6 +84,9 @@ class Router:
         self._images: dict[str, set[str]] = {}  # node id -> the images it has
         self._loaded_at = -LOAD_TTL_S - 1.0
         self._placed: dict[str, tuple[int, int]] = {}  # since the loads were read
+        # creates sent (or about to be) whose reply has not come: (node id, MB) each; a
+        # refresh of the loads keeps them placed, since its infos may predate them
+        self._in_flight: dict[object, tuple[str, int]] = {}
         self.placement_wait = autoscale.placement_wait()
         self._id = uuid.uuid4().hex  # this client's demand entry
         self._waiting = [0, 0]  # creates (and their MB) waiting for room
@@ -229,6 +232,8 @@ class Router:
         gpus = body.get("gpus")  # a count, "all" or a list: nodes with that many GPUs
         target = self.place(memory_mb, gpus=(1 if isinstance(gpus, str) else len(gpus)
                                                    if isinstance(gpus, list) else int(gpus or 0)))
+        flight = object()
+        self._in_flight[flight] = (target.node_id, memory_mb)
         try:
             if snapshot:  # taken on any node: its layers come to this one first
                 _travel.bring_snapshot(self, target, str(snapshot))
@@ -242,6 +247,8 @@ class Router:
             count, mb = self._placed.get(target.node_id, (0, 0))
             self._placed[target.node_id] = (max(0, count - 1), max(0, mb - memory_mb))
             raise
+        finally:
+            self._in_flight.pop(flight, None)
 
     def place(self, memory_mb: int = DEFAULT_MEMORY_MB, image: str | None = None,
                     gpus: int = 0) -> Node:
@@ -328,6 +335,7 @@ class Router:
             return nodes
         with self._lock:  # one refresh at a time; the others use its result
             if time.monotonic() - self._loaded_at > LOAD_TTL_S:
+                flying = dict(self._in_flight)  # the infos may not count these yet
                 quick = {"timeout": INFO_TIMEOUT_S}
                 infos = self._each(nodes, *request_line("info"), quick)
                 images = self._each(nodes, *request_line("list_images"), quick)
@@ -339,7 +347,13 @@ class Router:
                     n.node_id: {i["name"] for i in r.json()["images"]}
                     for n, r in zip(nodes, images, strict=True) if isinstance(r, httpx.Response)
                 }
-                self._placed = {}  # the daemons count them now
+                # the daemons count the creates answered before the infos were asked;
+                # not those in flight then or since (on a loaded host, a create placed
+                # just before a refresh would be forgotten: the next went to the same node)
+                self._placed = {}
+                for node_id, mb in {**flying, **self._in_flight}.values():
+                    count, placed_mb = self._placed.get(node_id, (0, 0))
+                    self._placed[node_id] = (count + 1, placed_mb + mb)
                 self._loaded_at = time.monotonic()
         return nodes
 
