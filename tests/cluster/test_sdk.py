@@ -185,8 +185,9 @@ def test_a_lease_spans_the_nodes_and_ends_every_nodes_sandboxes(client, corral_c
     import sys
     import time
 
-    # ttl 6, not less: each renewal crosses Ray to every node, slow on a loaded host
-    ttl, nodes = 6.0, corral_cluster.node_ids()
+    # ttl 10, not less: the trainer's creates and each renewal cross Ray to every node,
+    # slow on a loaded host (a node's copy must not expire before its create lands)
+    ttl, nodes = 10.0, corral_cluster.node_ids()
     trainer = subprocess.Popen(
         [sys.executable, "-c", TRAINER, f"ray://{corral_cluster.address}", str(ttl), TAG, *nodes],
         stdout=subprocess.PIPE, text=True)
