@@ -3,10 +3,11 @@
 A slot is made in steps: its cgroup in a thread (``SlotPool.spawn``'s ``make``), then a
 launcher that joins it and says it is ready. ``SlotPool.close`` cancels the spawns under
 way; a cancelled ``asyncio.to_thread`` does not stop its thread, so a cgroup made after
-the cancel (and a launcher cancelled while it got ready) used to be nobody's: a
-``slot-…`` cgroup outlived a clean daemon stop. Here the making is held at each step,
-deterministically, until the engine's close has begun; then nothing of the slot may be
-left once close returns and the held work has ended.
+the cancel used to be nobody's: a ``slot-…`` cgroup outlived a clean daemon stop; and a
+create cancelled while its launcher got ready left that launcher waiting, in its
+cgroup, with its uid taken, until the engine closed. Here each step is held,
+deterministically (until the engine's close has begun; until the cancel), and then
+nothing of the slot may be left once close or the cancelled create returns.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ async def test_close_waits_for_a_slot_cgroup_a_cancelled_thread_still_makes(stat
         remove_cgroup(eng.cgroups, eng.cgroup_parent)  # what the bug left: not for the next
 
 
-async def test_close_drops_a_launcher_cancelled_while_it_got_ready(state_dir, monkeypatch):
+async def test_a_create_cancelled_while_its_launcher_got_ready_leaves_nothing(state_dir,
+                                                                           monkeypatch):
     waiting = asyncio.Event()
 
     async def never_ready(fd: int) -> bytes:  # the launcher is up; its "ready" is slow
@@ -99,17 +101,19 @@ async def test_close_drops_a_launcher_cancelled_while_it_got_ready(state_dir, mo
         raise AssertionError("unreachable")
 
     monkeypatch.setattr(launcher, "_read_ready", never_ready)
-    eng = await Engine.open(state_dir, warm_slots=0)
+    eng = await Engine.open(state_dir, warm_slots=0)  # a create spawns its own slot
     free = len(eng.uids._free)
     try:
-        eng._pool.target = 1
-        eng._pool.refill()
+        create = asyncio.create_task(eng.create())
         await asyncio.wait_for(waiting.wait(), 60)
         started = launchers()
         assert started and slot_dirs(eng), "the slot's launcher and cgroup should exist"
-        await eng.close()
-        assert [pid for pid in started if alive(pid)] == [], "its launcher outlived close"
-        assert slot_dirs(eng) == [], "its cgroup outlived close"
+        create.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await create
+        # the engine is still open: nothing else would ever remove them
+        assert [pid for pid in started if alive(pid)] == [], "its launcher outlived the cancel"
+        assert slot_dirs(eng) == [], "its cgroup outlived the cancel"
         assert len(eng.uids._free) == free, "the slot's uid was not given back"
     finally:
         await eng.close()
