@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +21,7 @@ from corral.runtime.layer_fetch import LayerFetcher
 from corral.runtime.paths import default_cache_dir
 from corral.runtime.terminal import TerminalSize
 from corral.schema import SandboxSpec
+from tests.conftest import requires_root
 
 COUNTER = (
     "nohup python3 -c 'import time\nb = bytearray(8 << 20)\ni = 0\nwhile True:\n"
@@ -92,6 +96,47 @@ async def test_without_criu_it_is_unsupported_and_says_how_to_fix_it(engine, tmp
                               launcher_pid=engine._get_live(sb.id).proc.pid)
     assert err.value.details["cause"] == "criu_missing"
     assert (await engine.exec(sb.id, ["true"])).returncode == 0
+
+
+# A launcher like a restored sandbox's CRIU right after a resume: a child of its own
+# still running (its post-resume action script), one exited and not yet reaped, and the
+# sandbox's pid 1 in a pid namespace of its own; it prints that one's pid.
+CRIU_LIKE = """
+import ctypes, os, sys, time
+helper = os.fork()
+if helper == 0:
+    time.sleep(60)
+    os._exit(0)
+if os.fork() == 0:
+    os._exit(0)  # never waited for: a zombie child
+if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
+    sys.exit("unshare: errno %d" % ctypes.get_errno())
+init = os.fork()  # pid 1 of the new namespace
+if init == 0:
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.2)  # (the zombie has exited by then)
+print(init, flush=True)
+sys.stdin.read()
+os.kill(helper, 9)
+os.kill(init, 9)
+"""
+
+
+@requires_root
+def test_the_sandbox_init_is_found_among_a_restoring_criu_s_own_children():
+    """Right after a resume, the restored sandbox's CRIU (its launcher) also has its
+    action script as a child, or that script's zombie: the second hibernate of
+    test_hibernate_frees_the_slot... once failed on "launcher has 2 children" so."""
+    launcher = subprocess.Popen([sys.executable, "-c", CRIU_LIKE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        init = int(launcher.stdout.readline())
+        kids = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+        assert len(kids) == 3, kids  # the helper, the zombie, the init
+        assert checkpoint.sandbox_init(launcher.pid) == init
+    finally:
+        launcher.communicate("", timeout=60)
 
 
 def test_causes_are_read_from_criu_s_log():
