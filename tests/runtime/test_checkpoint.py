@@ -10,6 +10,7 @@ import asyncio
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,36 @@ async def test_without_criu_it_is_unsupported_and_says_how_to_fix_it(engine, tmp
                               launcher_pid=engine._get_live(sb.id).proc.pid)
     assert err.value.details["cause"] == "criu_missing"
     assert (await engine.exec(sb.id, ["true"])).returncode == 0
+
+
+async def test_a_checkpoint_cancelled_while_it_freezes_leaves_the_sandbox_running(engine,
+                                                                                criu_cached):
+    """The freeze before a dump runs in a thread that a cancel (a client that left) does
+    not stop: once the cancelled checkpoint returns, the sandbox must not be frozen."""
+    sb = await engine.create(network="none", checkpointable=True)
+    cgroup = engine._get_live(sb.id).cgroup
+    entered, cancelled, frozen = threading.Event(), threading.Event(), threading.Event()
+    real = cgroup.freeze
+
+    def held_freeze(*args, **kwargs):  # it freezes only once its caller was cancelled
+        entered.set()
+        cancelled.wait(60)
+        try:
+            real(*args, **kwargs)
+        finally:
+            frozen.set()
+
+    cgroup.freeze = held_freeze
+    task = asyncio.create_task(engine.checkpoint(sb.id))
+    assert await asyncio.to_thread(entered.wait, 60)
+    task.cancel()
+    cancelled.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(frozen.wait, 60)
+    assert not cgroup.frozen(), "a cancelled checkpoint left the sandbox frozen"
+    assert (await engine.exec(sb.id, ["true"])).returncode == 0
+    assert engine.list_snapshots() == []
 
 
 # A launcher like a restored sandbox's CRIU right after a resume: a child of its own
