@@ -223,7 +223,8 @@ class LiveOps:
         dest = live.sandbox_dir / RESTORE_DIR
         try:  # whatever ends it here (a refused image, a cancel): the read access goes
             # (on a cancel, the staging ends before _restore_done removes what it staged)
-            await finish_in_thread(lambda: live_images.stage(live.images, dest, uid=live.uid))
+            images, uid = live.images, live.uid
+            await finish_in_thread(lambda: live_images.stage(images, dest, uid=uid))
             live.kdat = str(checkpoint.kdat_cache(self.layout.state_dir, binary))
             live.program = tuple(live_images.restore_argv(
                 binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,
