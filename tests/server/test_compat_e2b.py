@@ -577,10 +577,11 @@ def test_lifecycle_on_timeout_pause_hibernates_at_the_timeout_and_connect_resume
     out = run_script(daemon_ok, """
         import time
         from datetime import datetime, timezone
-        sb = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+        sb = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
         out["lifecycle"] = dict(Sandbox.get_info(sb.sandbox_id).lifecycle)
-        sb.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
-                        "sleep 0.05; done' >/dev/null 2>&1 &")
+        sb.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; "
+                        "mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &")
+        sb.set_timeout(3)  # from now, the counter started (3 s from the create could end first)
         state = "running"
         for _ in range(1200):
             state = Sandbox.get_info(sb.sandbox_id).state.value
