@@ -74,7 +74,7 @@ async def test_closing_a_stream_kills_the_command(engine):
     ev = await gen.__anext__()
     assert ev.data == b"started\n"
     await gen.aclose()
-    for _ in range(50):
+    for _ in range(600):
         r = await engine.exec(info.id, COUNT_SLEEPS)
         if r.stdout.strip() == b"0":
             break
