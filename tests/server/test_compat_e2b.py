@@ -547,8 +547,10 @@ def test_pause_of_a_checkpointable_sandbox_hibernates_and_connect_restores_it(da
         pytest.skip(f"no cached CRIU: {criu.BUILD}")
     out = run_script(daemon_ok, """
         sb = Sandbox.create(metadata={"corral.checkpointable": "true"}, timeout=120)
-        sb.commands.run("python3 -c 'import time\\ni = 0\\nwhile True:\\n    i += 1\\n"
-                        "    open(\\"/tmp/count\\", \\"w\\").write(str(i))\\n    "
+        # (written aside and renamed: never read empty, nor frozen empty by the pause)
+        sb.commands.run("python3 -c 'import os, time\\ni = 0\\nwhile True:\\n    i += 1\\n"
+                        "    open(\\"/tmp/count.new\\", \\"w\\").write(str(i))\\n"
+                        "    os.replace(\\"/tmp/count.new\\", \\"/tmp/count\\")\\n    "
                         "time.sleep(0.05)'", background=True)
         before = ""
         for _ in range(300):
