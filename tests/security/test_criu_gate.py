@@ -161,11 +161,12 @@ async def test_a_checkpoint_and_a_resume_of_one_sandbox_do_not_deadlock_the_gate
         await engine.hibernate(sb.id, **alice)
         async with gate.place("bob"):
             checkpoint = asyncio.ensure_future(engine.checkpoint(sb.id, **alice))
-            for _ in range(1200):  # the checkpoint queued first (a fixed wait could let
-                if gate.waiting or checkpoint.done():  # the resume go first, loaded)
+            live = engine._get_live(sb.id)
+            for _ in range(1200):  # the checkpoint reached the sandbox first (a fixed wait
+                # could let the resume go first, loaded: the checkpoint then succeeded)
+                if live.lock.locked() or gate.waiting or checkpoint.done():
                     break
-                await asyncio.sleep(0.05)
-            assert gate.waiting == 1, "the checkpoint never queued for its place"
+                await asyncio.sleep(0.01)
             resume = asyncio.ensure_future(engine.resume(sb.id, **alice))
             await asyncio.sleep(0.2)
         done, _ = await asyncio.wait({checkpoint, resume}, timeout=120)
