@@ -3,14 +3,17 @@
     python3 benchmarks/bench_snapshot.py [--quick] [--json OUT]
 
 - ``snapshot_commit_ms``: ``engine.snapshot`` of a sandbox whose writable layer holds a
-  fresh 50 MB file (median of 5); baseline: copying a 50 MB file from a tmpfs (where a
-  sandbox's writable layer is) with ``cp -a`` into the state directory's filesystem,
-  plus ``sync``, in turn with the commits. Beside it, alternating:
-  ``commit_hash_at_seal_ms``, the same commit with large files hashed only after the copy
-  (``LayerStore.stream_hash`` False, the way before; the default hashes behind the copy
-  when a CPU is spare); ``commit_whole_frozen_ms``: the commit before precopies, the
-  whole layer copied frozen (``CORRAL_SNAPSHOT_PRECOPY=0``, :mod:`corral.runtime.precopy`);
-  ``snapshot_frozen_ms`` / ``frozen_hash_at_seal_ms`` / ``frozen_whole_ms``: how long
+  fresh 50 MB file (median of 5), until the snapshot is listed and usable; baseline:
+  copying a 50 MB file from a tmpfs (where a sandbox's writable layer is) with ``cp -a``
+  into the state directory's filesystem, plus ``sync``, in turn with the commits.
+  ``commit_durable_ms``: the same commit until its layer is also hashed and durable
+  (it settles in the background: :mod:`corral.runtime.snapshots`; every commit here
+  waits for it before the next measurement, so none runs behind another's).
+  Beside it, alternating: ``commit_settle_sync_ms``, the commit hashing and syncing its
+  layer before it returns (``CORRAL_SNAPSHOT_SETTLE=sync``, the way before);
+  ``commit_whole_frozen_ms``: the commit before precopies, the whole layer copied frozen
+  (``CORRAL_SNAPSHOT_PRECOPY=0``, :mod:`corral.runtime.precopy`, settled in the commit);
+  ``snapshot_frozen_ms`` / ``frozen_settle_sync_ms`` / ``frozen_whole_ms``: how long
   the sandbox stayed frozen in each (issue 30: commit <= 0.8x the copy, frozen <= 10 ms).
 - ``restore_100_s``: 100 sandboxes created concurrently from that snapshot; baseline:
   100 plain creates, same concurrency. Targets (issue: snapshots): commit ≤ 100 ms,
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
-from corral.runtime import precopy
+from corral.runtime import layers, precopy
 from corral.runtime.engine import Engine
 
 MB = 1 << 20
@@ -40,18 +43,17 @@ MB = 1 << 20
 
 async def commit_times(engine: Engine, rounds: int,
                        copy_src: Path | None = None) -> dict[str, list[float]]:
-    """Commits as by default (``default``: a precopy, then the delta frozen; large
-    files hashed behind their copy when a CPU is spare, :mod:`corral.runtime.streamhash`),
-    with them hashed only at seal (``at_seal``) and with the whole layer copied frozen
-    (``whole``: before precopies), alternating; each with the time the sandbox stayed
-    frozen. ``bench_layer_hash.py`` measures the hashing's two ways without a sandbox."""
+    """Commits as by default (``default``: a precopy, then the delta frozen, the layer
+    hashed and made durable after the commit returns: ``default_durable`` until then),
+    with the layer settled within the commit (``settle_sync``, the way before) and with
+    the whole layer copied frozen (``whole``: before precopies), alternating; each with
+    the time the sandbox stayed frozen. ``bench_layer_hash.py`` measures hashing alone."""
     out: dict[str, list[float]] = {}
-    store = engine.snapshots.store
     try:
         for i in range(rounds):
-            for way, streamed in (("at_seal", False), ("whole", None), ("default", None)):
-                store.stream_hash = streamed
+            for way in ("settle_sync", "whole", "default"):
                 os.environ[precopy.ENV] = "0" if way == "whole" else "1"
+                os.environ[layers.SETTLE_ENV] = "" if way == "default" else "sync"
                 sb = await engine.create(memory_mb=256, disk_mb=256)
                 r = await engine.exec(
                     sb.id, f"head -c {50 * MB} /dev/urandom > /workspace/data-{i}.bin"
@@ -60,6 +62,8 @@ async def commit_times(engine: Engine, rounds: int,
                 t = time.perf_counter()
                 snap = await engine.snapshot(sb.id)
                 out.setdefault(way, []).append((time.perf_counter() - t) * 1000)
+                await engine.snapshots.settled()  # nothing left running behind the next one
+                out.setdefault(f"{way}_durable", []).append((time.perf_counter() - t) * 1000)
                 out.setdefault(f"{way}_frozen", []).append(engine.snapshots.last_frozen_s * 1000)
                 await engine.delete(sb.id)
                 await engine.delete_snapshot(snap.id)
@@ -67,8 +71,8 @@ async def commit_times(engine: Engine, rounds: int,
                 out.setdefault("copy", []).append(await asyncio.to_thread(
                     copy_once, copy_src, engine.layout.state_dir / "copy-baseline"))
     finally:
-        store.stream_hash = None
         os.environ.pop(precopy.ENV, None)
+        os.environ.pop(layers.SETTLE_ENV, None)
     await engine.gc_layers()
     return out
 
@@ -116,8 +120,9 @@ async def run(sizes: tuple[int, int]) -> dict[str, float]:
     return {
         "snapshot_commit_ms": statistics.median(commits["default"]),
         "snapshot_frozen_ms": statistics.median(commits["default_frozen"]),
-        "commit_hash_at_seal_ms": statistics.median(commits["at_seal"]),
-        "frozen_hash_at_seal_ms": statistics.median(commits["at_seal_frozen"]),
+        "commit_durable_ms": statistics.median(commits["default_durable"]),
+        "commit_settle_sync_ms": statistics.median(commits["settle_sync"]),
+        "frozen_settle_sync_ms": statistics.median(commits["settle_sync_frozen"]),
         "commit_whole_frozen_ms": statistics.median(commits["whole"]),
         "frozen_whole_ms": statistics.median(commits["whole_frozen"]),
         "load_1min": os.getloadavg()[0],
@@ -138,11 +143,12 @@ def main() -> int:
     res = asyncio.run(run(bench_args.pick(args, (5, 100), (3, 30), (1, 3))))
     rows = [
         ("snapshot_commit_ms", "<= 0.8x", "copy_50mb_ms", "cp -a + sync of 50 MB"),
-        ("commit_hash_at_seal_ms", "", "copy_50mb_ms", "cp -a + sync of 50 MB"),
+        ("commit_durable_ms", "", "copy_50mb_ms", "cp -a + sync of 50 MB"),
+        ("commit_settle_sync_ms", "", "copy_50mb_ms", "cp -a + sync of 50 MB"),
         ("commit_whole_frozen_ms", "", "copy_50mb_ms", "cp -a + sync of 50 MB"),
         ("snapshot_commit_ms", "", "commit_whole_frozen_ms", "whole layer frozen (before)"),
         ("snapshot_frozen_ms", "<= 10 ms", "frozen_whole_ms", "whole layer frozen (before)"),
-        ("frozen_hash_at_seal_ms", "", "frozen_whole_ms", "whole layer frozen (before)"),
+        ("frozen_settle_sync_ms", "", "frozen_whole_ms", "whole layer frozen (before)"),
         ("restore_100_s", "<= 1 s", "plain_create_100_s", "100 plain creates"),
     ]
     print(f"{'figure':22} {'value':>9}  {'target':>9}  baseline (same run)")

@@ -220,6 +220,23 @@ async def profile_sequential(engine: Any, steps: Steps, n: int, gap: float) -> d
     return med
 
 
+def other_libc_rows(engine: Any, launch: list[str]) -> dict[str, Callable[[], Any]]:
+    """The launcher's start built against the other libc (musl <-> glibc), next to the
+    engine's own build: a static glibc start runs its CPUID probes (trapped in a VM)."""
+    from corral.runtime import agentbuild
+
+    def is_musl(libc: str | None) -> bool:
+        found = agentbuild.compiler(libc)
+        return found is not None and found[1] is agentbuild.MUSL_CFLAGS
+
+    other = "glibc" if is_musl(None) else "musl"
+    if other == "musl" and not is_musl("musl"):
+        return {}  # no musl-gcc here
+    path = str(agentbuild.ensure_agent(engine.layout, other))
+    return {f"agent launch ({other} build) -- /bin/true":
+            lambda: bare_exec([path, *launch[1:], "/bin/true"])}
+
+
 def profile_launch_chain(engine: Any, n: int) -> None:
     """Decompose spawn -> READY with launches of /bin/true."""
     from corral.runtime import seccomp
@@ -239,6 +256,7 @@ def profile_launch_chain(engine: Any, n: int) -> None:
         rows = {
             "bare /bin/true (posix_spawn)": lambda: bare_exec(["/bin/true"]),
             "agent launch -- /bin/true": lambda: bare_exec(launch + ["/bin/true"]),
+            **other_libc_rows(engine, launch),
             f"agent launch (join {len(group.procs_files())} cgroups) -- /bin/true":
                 lambda: bare_exec(joined + ["/bin/true"]),
             "bwrap (as root) /bin/true": lambda: run_bwrap(

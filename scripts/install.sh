@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 # chromium: the dashboard's browser test (Playwright drives it; it never downloads a browser)
 # docker-registry, skopeo: a local registry for the image pull tests (docs/agentic.md)
 # zstd: unpacks zstd-compressed image layers (corral.runtime.layer_codec)
-APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium
+# musl-tools: the agent is linked against musl, whose start runs no CPUID probes
+# (corral.runtime.agentbuild; without it, glibc)
+APT_PACKAGES=(bubblewrap debootstrap gcc libc6-dev musl-tools make python3-venv iproute2 nftables util-linux e2fsprogs procps chromium
               docker-registry skopeo zstd)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

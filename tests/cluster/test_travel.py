@@ -99,7 +99,14 @@ def test_a_corrupt_layer_from_a_peer_is_refused_and_nothing_is_left(client, corr
     base = corral.Sandbox.create(memory_mb=64, tags=[TAG], node=a, client=client)
     base.files.write("/tmp/secret", b"the right bytes")
     snap = base.snapshot(name=f"corrupt-{base.id[-6:]}")
-    layer = _layers_dir(corral_cluster, a) / snap.info.layers[0] / "tree" / "tmp" / "secret"
+    top = _layers_dir(corral_cluster, a) / snap.info.layers[0]
+    layer = top / "tree" / "tmp" / "secret"
+    # the layer is hashed just after the commit (its settle writes the manifest): the
+    # rot comes later, as rot does
+    for _ in range(600):
+        if (top / "manifest.json").exists():
+            break
+        time.sleep(0.1)
     try:
         with open(layer, "r+b") as f:  # the peer's copy rots on its disk
             f.write(b"THE")

@@ -135,7 +135,7 @@ async def first_of(pair) -> int:  # noqa: ANN001
 async def _does_not_travel_silently(engine, snap_id, tmp_path):
     """On another node (a second engine) a live snapshot is refused typed, saying where
     it is, rather than imported as files and restored without its processes."""
-    desc = engine.describe_snapshot(snap_id, None)
+    desc = await engine.describe_snapshot(snap_id, None)
     assert desc["kind"] == "live"
     other = await Engine.open(tmp_path / "node-b")
     try:

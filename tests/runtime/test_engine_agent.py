@@ -43,6 +43,24 @@ async def test_argv_shell_env_cwd_stdin(engine):
         await engine.exec(info.id, ["true"], timeout=-1)
 
 
+async def test_commands_are_found_as_glibc_execvp_finds_them(engine):
+    # The agent searches PATH itself (agent/exec.c: exec_path), whichever libc it is
+    # built with: a script without a #! line runs under /bin/sh, a file on PATH
+    # that may not be run is passed over, and reported when nothing else ran.
+    info = await engine.create()
+    await engine.exec(info.id, "mkdir -p /tmp/bin /tmp/locked && printf 'echo plain $1\\n' > /tmp/bin/plain"
+                               " && chmod +x /tmp/bin/plain && cp /tmp/bin/plain /tmp/locked/plain"
+                               " && chmod 0 /tmp/locked/plain && printf 'x' > /tmp/bin/noexec")
+    r = await engine.exec(info.id, ["plain", "arg"], env={"PATH": "/tmp/locked:/tmp/bin"})
+    assert (r.returncode, r.stdout) == (0, b"plain arg\n"), r.stderr
+    r = await engine.exec(info.id, ["/tmp/bin/plain", "x"])
+    assert (r.returncode, r.stdout) == (0, b"plain x\n"), r.stderr
+    r = await engine.exec(info.id, ["plain"], env={"PATH": "/tmp/locked"})
+    assert r.returncode == 126 and b"Permission denied" in r.stderr
+    r = await engine.exec(info.id, ["/tmp/bin/noexec"])
+    assert r.returncode == 126 and b"Permission denied" in r.stderr
+
+
 async def test_large_stdin_is_delivered_whole(engine):
     info = await engine.create()
     data = bytes(range(256)) * 8192  # 2 MiB, more than a pipe holds

@@ -32,6 +32,7 @@ class EvalOptions:
     timeout: float = DEFAULT_EPISODE_TIMEOUT_S
     retries: int = DEFAULT_RETRIES
     episodes_per_sandbox: int = 1
+    prestart: bool | None = None  # None: for gymnasium envs (corral.rl._eval_live)
     sandbox: Mapping[str, Any] | None = None
     adaptive: bool = False
     target_halfwidth: float | None = None

@@ -8,6 +8,7 @@ env is one of its ids), because the sandbox has nothing else: not even corral.
 
     python3 runner.py check                 # load the policy, make the env, step once
     python3 runner.py run SEED:K [SEED:K]   # one JSON record per episode, on stdout
+    python3 runner.py serve                 # pre-started: READY, then ONE line of SEED:K
 
 A record: ``{"seed", "k", "return", "steps", "terminated", "truncated", "digest",
 "seconds"}``, or ``{"seed", "k", "error", "where", "steps", "digest"}`` when the policy
@@ -180,13 +181,20 @@ def main(argv):
     sys.path.insert(0, HERE)
     if argv[:1] == ["check"]:
         return check(job)
-    if argv[:1] != ["run"]:
-        print("usage: runner.py check | run SEED:K ...", file=sys.stderr)
+    if argv[:1] not in (["run"], ["serve"]):
+        print("usage: runner.py check | run SEED:K ... | serve", file=sys.stderr)
         return 2
     act, module = load_policy(job)
     env = make_env(job)
+    items = argv[1:]
+    if argv[0] == "serve":
+        # Pre-started (corral.rl._eval_live): everything is loaded; corral checkpoints
+        # this process here and restores a copy into each episode's sandbox, which is
+        # told its episodes on stdin. One line, then the process ends: never reused.
+        print("READY", flush=True)
+        items = sys.stdin.readline().split()
     try:
-        for item in argv[1:]:
+        for item in items:
             seed, k = (int(x) for x in item.split(":"))
             record = run_episode(env, act, module, seed, k, job["env"].get("max_steps"))
             print(json.dumps(record), flush=True)

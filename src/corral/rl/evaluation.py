@@ -20,7 +20,10 @@ How it runs:
    speed): policy and env in one process, one JSON record per episode, through the
    episode runner (:mod:`corral.rl.episodes`): bounded concurrency, timeouts, and
    retries of infrastructure failures only. Those are counted apart
-   (``infra_failures``), never as a return.
+   (``infra_failures``), never as a return. With ``prestart`` (default: for gymnasium
+   envs, where the host can checkpoint) the snapshot is live instead, its runner
+   already loaded and waiting, and each episode's sandbox gets its seeds on that
+   runner's stdin (:mod:`corral.rl._eval_live`).
 3. Records are cached on disk by (policy hash, env spec, seed, episode, corral
    version): evaluating an unchanged policy again runs no sandbox at all. Only for a
    deterministic policy: the first evaluation re-runs one episode in a second sandbox
@@ -52,6 +55,7 @@ from typing import Any, NoReturn
 import corral
 from corral._bridge import run_sync
 from corral.errors import CorralError, InvalidArgument, SandboxLost
+from corral.rl import _eval_live
 from corral.rl._cache import (
     EpisodeCache,
     default_cache_path,
@@ -122,7 +126,7 @@ class _Evaluation:
 
     def __init__(self, policy: Policy, env: EnvSpec, *, client: Any, timeout: float,
                  concurrency: int, retries: int, per_sandbox: int,
-                 sandbox: Mapping[str, Any]) -> None:
+                 sandbox: Mapping[str, Any], prestart: bool | None = None) -> None:
         self.policy, self.env, self.timeout = policy, env, timeout
         self.per_sandbox, self.retries, self.concurrency = per_sandbox, retries, concurrency
         self.spec = {**DEFAULT_SANDBOX, **sandbox}
@@ -133,6 +137,11 @@ class _Evaluation:
         self._runner: EpisodeRunner | None = None
         self.base_sandboxes = 0
         self.runner_env = dict(RUNNER_ENV)
+        # Pre-started runners (_eval_live): by default where the imports are the cost
+        # (a gymnasium env: ~150 ms of CPU a sandbox); tic-tac-toe's start is cheaper
+        # than a restore. ``served``: the runner's process id in the live snapshot.
+        self.prestart = not env.is_tictactoe if prestart is None else prestart
+        self.served: str | None = None
 
     @property
     def sandboxes_created(self) -> int:
@@ -161,8 +170,9 @@ class _Evaluation:
         """The base sandbox: files in, a check run, a snapshot; then it is deleted."""
         for attempt in range(self.retries + 1):
             try:
+                spec = {**self.spec, "checkpointable": True} if self.prestart else self.spec
                 base = await corral.AsyncSandbox.create(
-                    image=self.env.image, tags=[self.tag], client=self.client(), **self.spec)
+                    image=self.env.image, tags=[self.tag], client=self.client(), **spec)
             except CorralError as exc:
                 if not is_infrastructure_error(exc) or attempt == self.retries:
                     raise
@@ -175,6 +185,13 @@ class _Evaluation:
                 if check.get("uncached"):
                     self.runner_env = {**RUNNER_ENV, **PYCACHE_ENV}
                     await self._check(base)
+                if self.prestart:
+                    live = await _eval_live.live_snapshot(
+                        base, ["python3", RUNNER, "serve"], self.runner_env, "/workspace")
+                    if live is not None:
+                        snapshot, self.served = live
+                        return snapshot
+                    self.prestart = False  # the host cannot: files only
                 return await base.snapshot()
             except CorralError as exc:
                 if not is_infrastructure_error(exc) or attempt == self.retries:
@@ -211,9 +228,12 @@ class _Evaluation:
 
     async def _episode(self, sb: corral.AsyncSandbox, keys: tuple[Key, ...]) -> dict[str, Any]:
         """Run ``keys`` in ``sb``: every record printed, and why any is missing."""
-        argv = ["python3", RUNNER, "run", *(f"{s}:{k}" for s, k in keys)]
-        r = await sb.exec(argv, env=self.runner_env, cwd="/workspace",
-                          timeout=self.timeout * len(keys))
+        items = [f"{s}:{k}" for s, k in keys]
+        if self.served is not None:
+            r = await _eval_live.serve(sb, self.served, items, self.timeout * len(keys))
+        else:
+            r = await sb.exec(["python3", RUNNER, "run", *items], env=self.runner_env,
+                              cwd="/workspace", timeout=self.timeout * len(keys))
         records: dict[Key, dict[str, Any]] = {}
         for line in r.stdout.splitlines():
             try:
@@ -333,7 +353,7 @@ class _EvalLoop:
         self.evaluation = _Evaluation(
             pol, spec, client=opts.client, timeout=opts.timeout, concurrency=opts.concurrency,
             retries=opts.retries, per_sandbox=opts.episodes_per_sandbox,
-            sandbox=opts.sandbox or {},
+            sandbox=opts.sandbox or {}, prestart=opts.prestart,
         )
         self.episodes: dict[Key, EvalEpisode] = {}
         self.cache_hits = 0
@@ -527,6 +547,8 @@ def evaluate(policy: Policy | str | Path, env: EnvSpec | str = "CartPole-v1", **
     Options: ``seeds`` (iterable of ints >= 0, or ``"0-99"``; default 0-99),
     ``episodes_per_seed``, ``concurrency`` (sandboxes at once), ``timeout`` (seconds
     per episode), ``retries`` (of infrastructure failures), ``episodes_per_sandbox``,
+    ``prestart`` (restore each sandbox with its runner loaded: default for gymnasium
+    envs; ``False``: a fresh ``python3`` per sandbox),
     ``sandbox`` (spec overrides: ``memory_mb``, ``cpus``, ...), ``adaptive`` with
     ``target_halfwidth``, ``budget_episodes``, ``budget_seconds``, ``batch_size``;
     ``confidence`` (0.95); ``on_error``, how episodes the policy failed (raised or

@@ -153,10 +153,12 @@ class LiveOps:
         live = self.checkpoint_images(snap.id, owner=None) is not None
         return snap.model_copy(update={"kind": "live"}) if live else snap
 
-    def describe_snapshot(self, id_or_name: str, owner: str | None) -> dict[str, Any]:
+    async def describe_snapshot(self, id_or_name: str, owner: str | None) -> dict[str, Any]:
         """What another node needs to restore ``owner``'s snapshot
         (:func:`~corral.runtime.layer_fetch.describe`), with its ``kind``: a live one's
-        process images travel on their own route (:mod:`~corral.runtime.live_travel`)."""
+        process images travel on their own route (:mod:`~corral.runtime.live_travel`).
+        Waits for its layers' digests (:meth:`Snapshots.settled`)."""
+        await self.snapshots.settled(self.snapshots.get(id_or_name, owner=owner).layers)
         desc = layer_fetch.describe(self.snapshots, id_or_name, owner)
         desc["kind"] = self.get_snapshot(desc["id"], owner=owner).kind
         return desc
@@ -268,7 +270,8 @@ class LiveOps:
         while True:
             try:
                 live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid,
-                                           nofile=live.spec.open_files)
+                                           nofile=live.spec.open_files,
+                                           sandbox_dir=live.sandbox_dir)
                 # every tenant's restores start from these probes: only a confined one's
                 await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
                 return

@@ -31,7 +31,7 @@ from typing import Any
 
 from corral.errors import InvalidArgument, InvalidState, Unsupported
 from corral.runtime import image_cache, layer_wire, live_travel
-from corral.runtime.layers import Layer, LayerStore, layer_id
+from corral.runtime.layers import Layer, LayerStore, is_pending, layer_id
 from corral.runtime.registry import SnapshotRow
 from corral.runtime.snapshots import Snapshots
 from corral.schema import SandboxSpec, SnapshotInfo
@@ -66,6 +66,10 @@ def describe(snapshots: Snapshots, ref: str, owner: str | None) -> dict[str, Any
     row = snapshots.registry.snapshot(info.id)
     assert row is not None
     sizes = snapshots.registry.layer_rows(row.layers)
+    if any(is_pending(sizes[i][0]) for i in row.layers if i in sizes):
+        raise InvalidState(  # its digest is not computed yet: Snapshots.settled() first
+            f"snapshot {row.id} is still being committed: ask again in a moment",
+            details={"snapshot_id": row.id, "cause": "settling"})
     return {
         "id": row.id, "name": row.name, "image": row.image, "image_digest": row.image_digest,
         "created_at": row.created_at, "size_bytes": row.size_bytes,
@@ -95,7 +99,8 @@ def layer_path_for(snapshots: Snapshots, digest: str) -> Any:
     """The tree of the layer ``digest`` if a snapshot or a built image here holds it,
     else None: a peer reads only layers known to this daemon, by digest, never a path."""
     layer_wire.check_digest(digest)
-    lid = layer_id(digest)
+    # a snapshot's own layer is named at random (LayerStore.install_unsealed)
+    lid = snapshots.registry.layer_by_digest(digest) or layer_id(digest)
     row = snapshots.registry.layer_rows([lid]).get(lid)
     if row is not None and row[0] == digest:
         path = snapshots.store.path(lid)

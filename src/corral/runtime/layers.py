@@ -13,7 +13,11 @@ later sandboxes, its markers included, so what was deleted stays deleted::
 
 ``<id>`` is the first 16 hex digits of the digest: layers are content-addressed (a
 tree already stored is not stored twice) and their paths stay short, because every
-lower layer's path goes into one page of overlay mount options.
+lower layer's path goes into one page of overlay mount options. A snapshot's new layer
+is the exception (:meth:`LayerStore.install_unsealed`): it is named at random when
+committed and hashed and made durable just after (:meth:`LayerStore.settle`), off the
+commit's path; until then its registry digest is :data:`PENDING` plus the boot it was
+made in (:mod:`corral.runtime.snapshots` says who waits for it).
 
 The digest is sha256 over a canonical walk (names sorted as bytes): for each entry its
 relative path, type, mode, owner, size, mtime (directories excepted), content hash or
@@ -78,6 +82,29 @@ _TRASH = ".trash-"
 _UNSQUASHABLE_XATTRS = ("trusted.overlay.redirect", "trusted.overlay.metacopy")
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+PENDING = "pending:"  # a layer's digest until it is settled: PENDING + the boot's id
+SETTLE_ENV = "CORRAL_SNAPSHOT_SETTLE"  # "sync": snapshots hash and sync within the commit
+
+
+def settle_later() -> bool:
+    """Whether snapshot commits settle their layer after returning (the default;
+    :mod:`corral.runtime.snapshots`)."""
+    return os.environ.get(SETTLE_ENV, "").strip().lower() != "sync"
+
+
+def is_pending(digest: str) -> bool:
+    """Whether a registry digest is that of a layer not yet hashed nor durable."""
+    return digest.startswith(PENDING)
+
+
+def boot_id() -> str:
+    """This boot of the kernel: its page cache (a layer not yet durable) survives a
+    crash of the daemon, never a crash or restart of the machine."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
 
 
 @dataclass(frozen=True)
@@ -130,13 +157,15 @@ class LayerStore:
         return self.root / layer_id / TREE
 
     def stage(self, upper: Path, *, skip: Iterable[str] = (), budget: Budget | None = None,
-              ids: dict[int, int] | None = None, record: Record | None = None) -> Path:
+              ids: dict[int, int] | None = None, record: Record | None = None,
+              writeback: bool = True) -> Path:
         """Copy an overlay upper directory (but its top-level entries in ``skip``) into a
         new temporary directory; returns it, for :meth:`seal` or :meth:`discard`. With a
         ``budget`` (the sandbox's limits), stops with SnapshotTooLarge before exceeding
         it; a failed copy leaves nothing behind. ``ids`` translates owners (the
         sandbox's own uid to the canonical one: :func:`.uids.canonical_owner`).
-        ``record``: each entry's signature, for :meth:`restage`."""
+        ``record``: each entry's signature, for :meth:`restage`. ``writeback``: start
+        writing large files back as they are copied (not for a layer settled later)."""
         tmp = self._new_tmp()
         streamed = streamhash.spare_cpu() if self.stream_hash is None else self.stream_hash
         hasher = Hasher() if streamed else None  # seal finds the large files hashed
@@ -144,7 +173,7 @@ class LayerStore:
             self._hashers[tmp.name] = hasher
         try:
             copy_tree(str(upper), str(tmp / TREE), skip=frozenset(skip), budget=budget, ids=ids,
-                      hasher=hasher, record=record)
+                      hasher=hasher, record=record, writeback=writeback)
         except BaseException:
             self.discard(tmp)
             raise
@@ -174,29 +203,74 @@ class LayerStore:
             raise
         return tmp
 
-    def seal(self, tmp: Path) -> Sealed:
-        """Checksum a staged tree and make it durable, the disk's writeback overlapping
-        the hashing (which reads the page cache)."""
+    def usage(self, tmp: Path) -> int:
+        """The disk usage of a staged tree (:func:`tree_usage`)."""
+        return tree_usage(tmp / TREE)
+
+    def install_unsealed(self, tmp: Path, size: int) -> Layer:
+        """Move a staged tree (``size``: its :meth:`usage`) to a new random name,
+        neither hashed nor durable yet: :meth:`settle` it. Its digest is :data:`PENDING`
+        + :func:`boot_id`. A crash of the daemon loses nothing (the page cache stays);
+        one of the machine may tear it, which the boot in its digest tells."""
+        while True:
+            lid = secrets.token_hex(ID_HEX // 2)
+            try:
+                os.rename(tmp, self.root / lid)  # onto an existing, non-empty directory: fails
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
         hasher = self._hashers.pop(tmp.name, None)
+        if hasher is not None:  # its hashes are by inode: the rename keeps them
+            self._hashers[lid] = hasher
+        return Layer(lid, PENDING + boot_id(), size, self.path(lid))
+
+    def settle(self, layer_id: str) -> str:
+        """Hash a layer installed unsealed and make it durable (its data and name by a
+        ``syncfs`` overlapping the hashing, then its manifest); returns its digest,
+        which the caller records. Raises OSError if it was removed meanwhile."""
+        where = self.root / layer_id
+        digest, size = self._digest_synced(where, self._hashers.pop(layer_id, None))
+        self._write_manifest(where, layer_id, digest, size, again=True)
+        _fsync_dir(where)
+        return digest
+
+    @staticmethod
+    def _digest_synced(where: Path, hasher: Hasher | None) -> tuple[str, int]:
+        """``tree_digest`` of ``where``'s tree while a ``syncfs`` writes it back (the
+        hashing reads the page cache)."""
         try:
             with ThreadPoolExecutor(max_workers=1) as pool:
-                synced = pool.submit(syscalls.syncfs, str(tmp))
+                synced = pool.submit(syscalls.syncfs, str(where))
                 if hasher is not None:
                     hasher.wait()
-                digest, size = tree_digest(tmp / TREE, hashed=hasher)
+                found = tree_digest(where / TREE, hashed=hasher)
                 synced.result()
         finally:
             if hasher is not None:
                 hasher.close()
-        manifest = {"format": FORMAT, "id": layer_id(digest), "digest": digest,
+        return found
+
+    def seal(self, tmp: Path) -> Sealed:
+        """Checksum a staged tree and make it durable, the disk's writeback overlapping
+        the hashing (which reads the page cache)."""
+        digest, size = self._digest_synced(tmp, self._hashers.pop(tmp.name, None))
+        self._write_manifest(tmp, layer_id(digest), digest, size)
+        return Sealed(tmp, digest, size)
+
+    @staticmethod
+    def _write_manifest(where: Path, lid: str, digest: str, size: int, *,
+                        again: bool = False) -> None:
+        manifest = {"format": FORMAT, "id": lid, "digest": digest,
                     "size_bytes": size, "created_at": time.time()}
-        fd = os.open(tmp / MANIFEST, _O_CREATE, 0o600)
+        # a settle again after a crash (``again``) may find the manifest it wrote
+        flags = _O_CREATE & ~os.O_EXCL | os.O_TRUNC if again else _O_CREATE
+        fd = os.open(where / MANIFEST, flags, 0o600)
         try:
             os.write(fd, json.dumps(manifest, indent=1).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        return Sealed(tmp, digest, size)
 
     def install(self, sealed: Sealed) -> tuple[Layer, bool]:
         """Move a sealed tree to its final name, atomically; if that layer exists (same
@@ -226,6 +300,7 @@ class LayerStore:
 
     def remove(self, layer_id: str) -> None:
         """Delete a layer: renamed away first, so that it is never seen half removed."""
+        self.forget(layer_id)
         trash = self.root / f"{_TRASH}{layer_id}-{secrets.token_hex(4)}"
         try:
             os.rename(self.root / layer_id, trash)
@@ -235,10 +310,14 @@ class LayerStore:
 
     def discard(self, tmp: Path | None) -> None:
         if tmp is not None:
-            hasher = self._hashers.pop(Path(tmp).name, None)
-            if hasher is not None:
-                hasher.close()
+            self.forget(Path(tmp).name)
             sweep(Path(tmp).parent, Path(tmp).name.__eq__)
+
+    def forget(self, name: str) -> None:
+        """Drop the hashes kept for a staged tree or an unsettled layer."""
+        hasher = self._hashers.pop(name, None)
+        if hasher is not None:
+            hasher.close()
 
     def new_tmp(self) -> Path:
         """A fresh temporary directory of the store, for a tree built elsewhere (a
@@ -396,6 +475,12 @@ def tree_digest(root: Path, *, root_form: bool = False,
                   b"%d" % (0 if kind == b"d" else st.st_size), mtime, data, xattrs]
         h.update(b"\0".join(fields) + b"\n")
     return "sha256:" + h.hexdigest(), size
+
+
+def tree_usage(root: Path) -> int:
+    """A tree's disk usage in bytes, as :func:`tree_digest` counts it, without reading
+    a file (the walk's metadata only)."""
+    return sum(st.st_blocks * 512 for event, _p, _n, st, _fd in Walk(root) if event != LEAVE)
 
 
 def _fsync_dir(path: Path) -> None:

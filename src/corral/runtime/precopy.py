@@ -87,31 +87,35 @@ def fine_ctime() -> bool:
 
 
 def stage_running(store: LayerStore, upper: Path, cgroup: Cgroup, *, skip: Iterable[str],
-                  budget: Budget, ids: dict[int, int] | None) -> Staged:
+                  budget: Budget, ids: dict[int, int] | None, writeback: bool = True) -> Staged:
     """Stage the writable layer ``upper`` of a running sandbox (its processes in
-    ``cgroup``), frozen only for the delta (the module docstring). Blocks."""
+    ``cgroup``), frozen only for the delta (the module docstring). Blocks.
+    ``writeback``: :meth:`LayerStore.stage`'s."""
     skip = tuple(skip)
     # a mapping there now may be written through, unseen, and gone by the freeze
     if not enabled() or writable_shared_maps(cgroup.pids()):
-        return _whole(store, upper, cgroup, skip=skip, budget=budget, ids=ids)
+        return _whole(store, upper, cgroup, skip=skip, budget=budget, ids=ids,
+                      writeback=writeback)
     record: Record = {}
     since = None if fine_ctime() else time.time_ns() - COARSE_NS
     try:
-        tmp = store.stage(upper, skip=skip, budget=budget, ids=ids, record=record)
+        tmp = store.stage(upper, skip=skip, budget=budget, ids=ids, record=record,
+                          writeback=writeback)
     except StorageFull:
         raise
     except (OSError, CorralError) as exc:  # it changed under the copy: copy it frozen
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise
         _reset(budget)
-        return _whole(store, upper, cgroup, skip=skip, budget=budget, ids=ids)
+        return _whole(store, upper, cgroup, skip=skip, budget=budget, ids=ids,
+                      writeback=writeback)
     start = time.perf_counter()
     try:
         cgroup.freeze(FREEZE_TIMEOUT_S)
         if writable_shared_maps(cgroup.pids()):
             store.discard(tmp)
             _reset(budget)
-            tmp = store.stage(upper, skip=skip, budget=budget, ids=ids)
+            tmp = store.stage(upper, skip=skip, budget=budget, ids=ids, writeback=writeback)
             recopied = WHOLE
         else:
             recopied = store.restage(tmp, upper, record, skip=skip, budget=budget, ids=ids,
@@ -125,11 +129,11 @@ def stage_running(store: LayerStore, upper: Path, cgroup: Cgroup, *, skip: Itera
 
 
 def _whole(store: LayerStore, upper: Path, cgroup: Cgroup, *, skip: tuple[str, ...],
-           budget: Budget, ids: dict[int, int] | None) -> Staged:
+           budget: Budget, ids: dict[int, int] | None, writeback: bool) -> Staged:
     start = time.perf_counter()
     try:
         cgroup.freeze(FREEZE_TIMEOUT_S)
-        tmp = store.stage(upper, skip=skip, budget=budget, ids=ids)
+        tmp = store.stage(upper, skip=skip, budget=budget, ids=ids, writeback=writeback)
     finally:
         cgroup.thaw()
     return Staged(tmp, time.perf_counter() - start, WHOLE)

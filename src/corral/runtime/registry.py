@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS layers (
     refcount INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS layers_digest ON layers(digest);
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
     name TEXT,
@@ -346,6 +347,38 @@ class Registry:
         """Delete a layer's row if nothing references it (then its files may go)."""
         cur = self._db.execute("DELETE FROM layers WHERE id=? AND refcount<=0", (layer_id,))
         return cur.rowcount == 1
+
+    def pending_layers(self) -> dict[str, str]:
+        """``{id: digest}`` of the layers committed but not yet settled (their digest
+        :data:`~corral.runtime.layers.PENDING` + a boot id)."""
+        return dict(self._db.execute("SELECT id, digest FROM layers WHERE digest LIKE 'pending:%'"))
+
+    def settle_layer(self, layer_id: str, digest: str) -> bool:
+        """Record the digest of a pending layer, now hashed and durable; False if its
+        row is gone (removed meanwhile) or was settled already."""
+        with self._db:
+            cur = self._db.execute(
+                "UPDATE layers SET digest=? WHERE id=? AND digest LIKE 'pending:%'",
+                (digest, layer_id))
+        return cur.rowcount == 1
+
+    def drop_layer(self, layer_id: str) -> builtins.list[str]:
+        """Forget a layer and every snapshot whose chain holds it (a layer torn by a
+        crash of the machine); returns those snapshots' ids. Recount afterwards."""
+        with self._db:
+            self._db.execute("BEGIN")
+            ids = [r[0] for r in self._db.execute(
+                "SELECT id FROM snapshots WHERE EXISTS (SELECT 1 FROM json_each(snapshots.layers) "
+                "WHERE json_each.value = ?)", (layer_id,))]
+            self._db.executemany("DELETE FROM snapshots WHERE id=?", [(i,) for i in ids])
+            self._db.execute("DELETE FROM layers WHERE id=?", (layer_id,))
+        return ids
+
+    def layer_by_digest(self, digest: str) -> str | None:
+        """The id of a settled layer with this digest (a snapshot's layer is named at
+        random when committed: :meth:`LayerStore.install_unsealed`), or None."""
+        row = self._db.execute("SELECT id FROM layers WHERE digest=? LIMIT 1", (digest,)).fetchone()
+        return row[0] if row else None
 
     def layer_ids(self) -> set[str]:
         return {r[0] for r in self._db.execute("SELECT id FROM layers")}

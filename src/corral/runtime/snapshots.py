@@ -8,6 +8,19 @@ sandbox itself started from. A sandbox created from a snapshot mounts
 ``chain + [image]`` as its overlay lower layers and writes into a fresh upper of its
 own, so copies never see each other's writes.
 
+Commit, then settle: the commit returns once the copy is installed and listed; hashing
+it (its content digest) and making it durable (``syncfs``) follow in the background
+(:meth:`Snapshots.settled` waits). The digest is the store's reading of its own copy,
+which no sandbox can write (its sandboxes mount it read-only as a lower layer), so
+taking it later certifies the same bytes. Until then the layer's registry digest is
+``pending:<boot id>``; what needs the real one waits for it: a check against it
+(:meth:`Snapshots.verify`, a first use after a restart) and a peer fetching it
+(:func:`corral.runtime.layer_fetch.describe`, refused while pending). A crash of the
+daemon before it settled loses nothing: the next engine, in the same boot (the page
+cache holds the copy), settles it at :meth:`Snapshots.open`; after a crash of the
+machine, where its bytes may be torn, it and the snapshots over it are dropped, never
+listed half written. ``CORRAL_SNAPSHOT_SETTLE=sync``: hash and sync within the commit.
+
 Lifetimes: every layer's references (snapshots holding it + live sandboxes started
 from them) are counted in the registry. Deleting a snapshot that sandboxes still use
 hides it at once but keeps its layers until the last of them ends; a layer nothing
@@ -28,12 +41,13 @@ import asyncio
 import builtins
 import contextlib
 import errno
+import logging
 import re
 import secrets
 import sqlite3
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from corral.errors import (
     CapacityExceeded,
@@ -48,7 +62,7 @@ from corral.errors import (
 from corral.runtime import precopy, rootfs
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.images import Image, ImageStore
-from corral.runtime.layers import TREE, LayerStore
+from corral.runtime.layers import PENDING, TREE, LayerStore, boot_id, settle_later
 from corral.runtime.namespaces import pick
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout
@@ -56,6 +70,8 @@ from corral.runtime.registry import Registry, SnapshotRow
 from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import Budget
 from corral.schema import DEFAULT_IMAGE, SandboxSpec, SnapshotInfo
+
+log = logging.getLogger(__name__)
 
 MAX_CHAIN_DEPTH = 16
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -82,6 +98,7 @@ class Snapshots:
         self.max_depth = MAX_CHAIN_DEPTH
         self._lock = asyncio.Lock()  # installing layers and rows vs removing them
         self._checked: dict[str, asyncio.Future[bool]] = {}  # layer id -> verification
+        self._settling: dict[str, asyncio.Task[None]] = {}  # layer id -> its settle
         # An owner's snapshot disk quota in bytes (None: none), set by the daemon
         # from its tenants' max_snapshot_mb; checked before a snapshot is committed.
         self.quota_of: Callable[[str | None], int | None] = lambda owner: None
@@ -96,9 +113,25 @@ class Snapshots:
     def open(self, users: dict[str, int] | None = None) -> list[str]:
         """Recount references after a restart (``users``: the sandboxes adopted from
         before, per snapshot) and remove what a crash left behind (half-built or
-        half-removed layers). Returns the names removed."""
+        half-removed layers), settle the layers a crash left pending (or drop them and
+        their snapshots if the machine restarted since). Returns the names removed."""
+        self._settle_left()
         self.registry.recount_snapshots(users)
         return self.store.open(self.registry.layer_ids())
+
+    def _settle_left(self) -> None:
+        boot = boot_id()
+        for lid, digest in self.registry.pending_layers().items():
+            if digest == PENDING + boot and self.store.path(lid).is_dir():
+                try:
+                    self.registry.settle_layer(lid, self.store.settle(lid))
+                    continue
+                except OSError as exc:
+                    log.warning("layer %s could not be settled: %s", lid, exc)
+            # the machine restarted before it was durable (or it is unreadable): it may
+            # be torn, so neither it nor a snapshot over it is ever listed
+            dropped = self.registry.drop_layer(lid)
+            log.warning("unsettled layer %s dropped with the snapshots over it: %s", lid, dropped)
 
     # ---------------------------------------------------------------- taking
 
@@ -137,11 +170,13 @@ class Snapshots:
     def _stage_frozen(self, upper: Path, cgroup: Cgroup | None, budget: Budget,
                       ids: dict[int, int] | None) -> Path:
         skip = (rootfs.AGENT_DIR,)
+        writeback = not settle_later()  # a layer settled later is written back then
         if cgroup is None:  # paused: nothing changes under the copy
             self.last_frozen_s, self.last_recopied = 0.0, precopy.WHOLE
-            return self.store.stage(upper, skip=skip, budget=budget, ids=ids)
+            return self.store.stage(upper, skip=skip, budget=budget, ids=ids,
+                                    writeback=writeback)
         staged = precopy.stage_running(self.store, upper, cgroup, skip=skip, budget=budget,
-                                       ids=ids)
+                                       ids=ids, writeback=writeback)
         self.last_frozen_s, self.last_recopied = staged.frozen_s, staged.recopied
         return staged.tmp
 
@@ -180,15 +215,19 @@ class Snapshots:
                     )
                 below = parent_row.layers
             image = self.images.get(spec.image)
+            later = settle_later()
             if self._needs_squash(len(below) + 1, image):
                 trees = [staged / TREE, *(self.store.path(i) for i in below)]
                 squashed = await asyncio.to_thread(self.store.stage_squashed, trees)
                 await asyncio.to_thread(self.store.discard, staged)
-                staged, below = squashed, []
-            sealed = await asyncio.to_thread(self.store.seal, staged)
+                staged, below, later = squashed, [], False
+            sealed = None if later else await asyncio.to_thread(self.store.seal, staged)
         except BaseException:
             await asyncio.to_thread(self.store.discard, staged)
             raise
+        if sealed is None:  # hashed and made durable after the commit returns
+            return await self._install_unsealed(staged, name=name, spec=spec, below=below,
+                                                image=image, source=source)
         async with self._lock:  # no gc between the layer's rename and its reference
             try:  # under the lock: two snapshots of one owner are counted one after the other
                 sizes = self.registry.layer_rows(below)
@@ -220,6 +259,68 @@ class Snapshots:
             finally:
                 self._installing.pop(id(sealed), None)
         return row
+
+    async def _install_unsealed(self, staged: Path, *, name: str | None, spec: SandboxSpec,
+                                below: builtins.list[str], image: Image,
+                                source: str) -> SnapshotRow | None:
+        """The commit's end when its layer settles later: install the copy under a new
+        name, list the snapshot, and settle the layer in the background."""
+        try:
+            usage = await asyncio.to_thread(self.store.usage, staged)
+        except BaseException:
+            await asyncio.to_thread(self.store.discard, staged)
+            raise
+        layer = None
+        async with self._lock:
+            try:
+                sizes = self.registry.layer_rows(below)
+                adding = {staged.name: usage, **{i: sizes[i][1] for i in below if i in sizes}}
+                self.check_quota(spec.tenant, adding)
+                self._installing[id(staged)] = (spec.tenant, adding)  # until its row is in
+                layer = await asyncio.to_thread(self.store.install_unsealed, staged, usage)
+                new = SnapshotRow(
+                    id=_new_id(), name=name, image=image.name, image_digest=image.digest,
+                    layers=[layer.id, *below], created_at=time.time(),
+                    size_bytes=sum(adding.values()), source_sandbox=source,
+                    spec=spec.model_copy(update={"snapshot": None, "image": image.name}),
+                )
+                try:
+                    self.registry.add_snapshot(new, (layer.id, layer.digest, layer.size_bytes))
+                    row: SnapshotRow | None = new
+                except sqlite3.IntegrityError:
+                    row = None  # the name was taken meanwhile
+            except BaseException:
+                row = None
+                raise
+            finally:
+                self._installing.pop(id(staged), None)
+                if row is None:  # failed or refused: nothing of it stays
+                    await asyncio.to_thread(self.store.discard, staged if layer is None else None)
+                    if layer is not None:
+                        await asyncio.to_thread(self.store.remove, layer.id)
+            assert layer is not None and row is not None
+            self._mark_checked(layer.id)  # its digest will be read from this very copy
+            self._settling[layer.id] = asyncio.ensure_future(self._settle(layer.id))
+        return row
+
+    async def _settle(self, layer_id: str) -> None:
+        try:
+            digest = await asyncio.to_thread(self.store.settle, layer_id)
+        except Exception as exc:  # removed meanwhile, or the disk failed it: stays pending
+            if layer_id in self.registry.layer_rows([layer_id]):
+                log.warning("snapshot layer %s did not settle: %s", layer_id, exc)
+            return
+        finally:
+            self._settling.pop(layer_id, None)
+        async with self._lock:  # gc forgets a row under it: a layer removed stays removed
+            self.registry.settle_layer(layer_id, digest)
+
+    async def settled(self, layer_ids: Iterable[str] | None = None) -> None:
+        """Until the given layers (all if None) are hashed, durable and recorded."""
+        tasks = [t for lid, t in list(self._settling.items())
+                 if layer_ids is None or lid in set(layer_ids)]
+        if tasks:
+            await asyncio.gather(*(asyncio.shield(t) for t in tasks), return_exceptions=True)
 
     def usage_bytes(self, owner: str | None) -> int:
         """What ``owner``'s snapshots hold on disk: each layer once, however many of its
@@ -366,6 +467,8 @@ class Snapshots:
         return row.info()
 
     async def _check(self, row: SnapshotRow) -> None:
+        # a layer to check against its digest: once it exists (a new one needs no check)
+        await self.settled([i for i in row.layers if i not in self._checked])
         rows = self.registry.layer_rows(row.layers)
         for layer_id in row.layers:
             check = self._checked.get(layer_id)

@@ -313,6 +313,7 @@ class CopyState:
     link_base: int | None = None  # the descriptor link paths are relative to
     ids: dict[int, int] | None = None  # owners translated on the way (uids.canonical_owner)
     hasher: Hasher | None = None  # hashes large files' copies as they land (streamhash)
+    writeback: bool = True  # start large files' writeback as they are copied
 
 
 def signature(st: os.stat_result) -> tuple[int, ...]:
@@ -326,17 +327,19 @@ def signature(st: os.stat_result) -> tuple[int, ...]:
 def copy_tree(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
               skip: frozenset[str] = frozenset(), budget: Budget | None = None,
               ids: dict[int, int] | None = None, hasher: Hasher | None = None,
-              record: dict[bytes, tuple[int, ...]] | None = None) -> None:
+              record: dict[bytes, tuple[int, ...]] | None = None,
+              writeback: bool = True) -> None:
     """Copy the directory ``src`` to ``dst`` (which must not exist) as overlayfs needs:
     owners, modes, times, xattrs, symlinks, hard links, holes, whiteouts. ``ids``
     translates owners (uids and gids, in ACLs too); ``hasher`` hashes the copies;
     ``record`` gets each entry's :func:`signature` (taken before it was copied) by its
-    path relative to ``src`` (:meth:`Walk.key`)."""
+    path relative to ``src`` (:meth:`Walk.key`); ``writeback``: :func:`copy_data`'s."""
     os.mkdir(dst, 0o700)  # its real mode once its entries are in
     out = _Fds(os.open(dst, _O_DIR))
     try:
         walk = Walk(src, skip=skip, budget=budget)
-        ctx = CopyState(budget, link_base=out.fds[0], ids=ids, hasher=hasher)
+        ctx = CopyState(budget, link_base=out.fds[0], ids=ids, hasher=hasher,
+                        writeback=writeback)
         for kind, parent, name, st, fd in walk:
             if record is not None and kind != LEAVE:
                 record[walk.key(name if kind == NODE else None)] = signature(st)
@@ -372,7 +375,7 @@ def copy_node(src_dir: int | None, src: str, dst_dir: int | None, dst: str,
                 raise InternalError(f"{src!r} changed while its tree was copied")
             fout = os.open(dst, _O_CREATE, 0o600, dir_fd=dst_dir)
             try:
-                copy_data(fin, fout, st.st_size, ctx.budget, ctx.hasher)
+                copy_data(fin, fout, st.st_size, ctx.budget, ctx.hasher, ctx.writeback)
                 copy_meta(fin, fout, st, ctx.ids)
             finally:
                 os.close(fout)
@@ -413,11 +416,14 @@ def _link(base: int | None, where: str | Place, dst_dir: int | None, dst: str) -
 
 
 def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
-              hasher: Hasher | None = None) -> None:
+              hasher: Hasher | None = None, writeback: bool = True) -> None:
     """Copy a file's data extents only (holes stay holes), each charged to ``budget``
     before it is written; sendfile, as copy_file_range refuses tmpfs -> ext4 (EXDEV).
     A file of one extent is handed to ``hasher`` chunk by chunk as it is written; a
-    large file's chunks are sent to disk as they land (:func:`.syscalls.start_writeback`)."""
+    large file's chunks are sent to disk as they land (:func:`.syscalls.start_writeback`)
+    unless not ``writeback``: for a copy made durable later, off the caller's path,
+    starting it here only slowed the copy (measured, issue 30: 50 MB tmpfs -> ext4 at
+    load ~50, medians of 7 alternating: 190 vs 69 ms, 243 vs 118 ms)."""
     spans = extents(fin, size)
     # lazily: a hostile file may have millions of extents. Its lseek also waits for a
     # write(2) under way (the inode lock): a precopy never reads a file mid-write,
@@ -425,7 +431,7 @@ def copy_data(fin: int, fout: int, size: int, budget: Budget | None,
     first = next(spans, None)
     whole = first == (0, size)  # then the only one
     streamed = hasher.start(fout, size) if hasher is not None and whole else None
-    flushed = size >= streamhash.MIN_SIZE  # its writeback started chunk by chunk
+    flushed = writeback and size >= streamhash.MIN_SIZE  # writeback started chunk by chunk
     chunk = streamhash.CHUNK if streamed is not None or flushed else _CHUNK
     try:
         for start, end in itertools.chain([first] if first else [], spans):

@@ -83,7 +83,7 @@ async def peer_snapshot(request: Request) -> Response:
     engine = ctx.engine(request)
     # ?owner=TENANT: as that tenant finds it (its own only; names in its namespace)
     owner = request.query_params.get("owner") or None
-    desc = engine.describe_snapshot(ref, owner)
+    desc = await engine.describe_snapshot(ref, owner)
     if desc.get("kind") == "live":  # its process images: digest, kernel and CRIU build
         images = engine.checkpoint_images(desc["id"], owner=owner)
         if images is not None:

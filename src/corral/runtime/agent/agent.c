@@ -73,6 +73,9 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#ifndef OPEN_TREE_CLONE /* musl: the new mount API is in the kernel's header only */
+#include <linux/mount.h>
+#endif
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>

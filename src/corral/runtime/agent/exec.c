@@ -75,6 +75,50 @@ static pid_t fork_command(void) {
     return pid;
 }
 
+/* Run PATH's FILE (glibc's execvp, the same whichever libc the agent is built with:
+   musl's searches another default PATH and never falls back to the shell). A file
+   without a #! line or an ELF header (ENOEXEC) runs under /bin/sh; with no PATH in
+   the environment, /bin:/usr/bin; EACCES on one entry keeps looking, and is what is
+   reported when nothing else ran. Returns only on failure, errno set. */
+static void exec_path(char **argv) {
+    const char *file = argv[0];
+    int argc = 0;
+    while (argv[argc]) argc++;
+    char **sh = calloc((size_t)argc + 2, sizeof(char *));
+    char buf[4096];
+    const char *path = getenv("PATH");
+    int denied = 0;
+    if (!*file) { errno = ENOENT; return; }
+    if (!path) path = "/bin:/usr/bin";
+    for (const char *p = strchr(file, '/') ? "" : path;;) {
+        const char *end = strchrnul(p, ':');
+        const char *cand = file;
+        if (!strchr(file, '/')) {
+            size_t n = (size_t)(end - p);
+            if (n + strlen(file) + 2 > sizeof buf) { errno = ENAMETOOLONG; goto next; }
+            memcpy(buf, p, n);
+            snprintf(buf + n, sizeof buf - n, "%s%s", n ? "/" : "", file);
+            cand = buf;
+        }
+        execve(cand, argv, environ);
+        if (errno == ENOEXEC && sh) {
+            sh[0] = (char *)"/bin/sh";
+            sh[1] = (char *)cand;
+            for (int k = 1; k <= argc; k++) sh[k + 1] = argv[k];
+            execve("/bin/sh", sh, environ);
+            errno = ENOEXEC;
+            return;
+        }
+        if (errno == EACCES) denied = 1;
+        else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE && errno != ENODEV &&
+                 errno != ETIMEDOUT) return;
+    next:
+        if (!*end || strchr(file, '/')) break;
+        p = end + 1;
+    }
+    if (denied) errno = EACCES;
+}
+
 static void do_exec(uint32_t id, struct req *r) {
     struct exec_state *e = NULL;
     for (int i = 0; i < MAX_EXECS; i++)
@@ -137,7 +181,7 @@ static void do_exec(uint32_t id, struct req *r) {
            command starts with its stdin, stdout and stderr and nothing else. */
         syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
         environ = envp;
-        execvp(argv[0], argv);
+        exec_path(argv);
         /* Like a shell: 127 for "not found", 126 for "cannot execute". */
         int err = errno;
         dprintf(2, "corral: cannot execute '%s': %s\n", argv[0], strerror(err));
