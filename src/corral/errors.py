@@ -31,6 +31,7 @@ would naturally catch as a builtin also inherit it::
     ├── CapacityExceeded                      503 capacity_exceeded
     │   ├── TooManyRequests                   429 too_many_requests
     │   ├── QuotaExceeded                     429 quota_exceeded
+    │   ├── OutputBudgetExceeded              429 output_budget_exceeded
     │   └── NoGpuCapacity                     503 no_gpu_capacity
     ├── SandboxTimeout (TimeoutError)         408 sandbox_timeout
     ├── ExecTimeout (TimeoutError)            408 exec_timeout
@@ -218,6 +219,16 @@ class QuotaExceeded(CapacityExceeded):
     ``details``: ``quota``, ``limit``, ``used``, ``requested``, ``tenant``."""
 
     code, status = "quota_exceeded", 429
+
+
+class OutputBudgetExceeded(CapacityExceeded):
+    """The daemon's memory for commands' output in flight (``--output-memory-mb``) or
+    its tenant's share (``--tenant-output-memory-mb``) has less than 64 KiB per stream
+    left for one more command: retry when some have ended, or ask a smaller
+    ``max_output``. ``details``: ``used``, ``limit``, ``tenant_used``, ``tenant_limit``,
+    ``requested``, ``tenant``, ``sandbox_id``."""
+
+    code, status = "output_budget_exceeded", 429
 
 
 class NoGpuCapacity(CapacityExceeded):

@@ -319,6 +319,9 @@ class ExecResult:
     A stream that went over ``max_output`` is ``*_truncated``: it holds its head and
     its last ``output_tail`` bytes, and ``*_dropped`` bytes were left out between them
     (with ``output_tail=0``, the head only: the bytes were dropped at its end).
+    ``output_limited_to`` (0: as asked) is the lower cap per stream the daemon gave the
+    command when its output memory budget could not hold ``max_output``
+    (:mod:`corral.runtime.output_budget`).
     """
 
     returncode: int
@@ -332,6 +335,7 @@ class ExecResult:
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     output_tail: int = 0
+    output_limited_to: int = 0
 
     @property
     def truncated(self) -> bool:

@@ -165,7 +165,8 @@ def test_an_exec_result_crosses_the_wire_through_one_model():
     assert set(EXEC_STATUS) <= {f.name for f in dataclasses.fields(CommandResult)}
     sent = ExecResult(returncode=-9, stdout=b"ok\n", stderr=b"\xff\xfe", timed_out=True,
                       oom_killed=True, stdout_truncated=True, stderr_truncated=True,
-                      duration=1.5, stdout_dropped=7, stderr_dropped=8, output_tail=9)
+                      duration=1.5, stdout_dropped=7, stderr_dropped=8, output_tail=9,
+                      output_limited_to=10)
     got = parse_exec(exec_response(sent), args=["x"], sandbox_id="sb-1", timeout=2.0)
     assert (got.stdout_bytes, got.stderr_bytes) == (b"ok\n", b"\xff\xfe")
     for name in EXEC_STATUS:

@@ -235,3 +235,44 @@ async def test_async_script_episode_with_progress(daemon, capsys):
         await asyncio.sleep(0)
     assert sorted(r.reward for r in records) == [0.0, 1.0, 2.0]
     assert "3/3" in capsys.readouterr().err
+
+
+@requires_root
+async def test_a_failed_delete_is_tried_again_at_the_runs_end(client, monkeypatch):
+    """A background delete that fails (here the daemon seems unreachable once per
+    sandbox, injected in the SDK) is tried again when the run ends: a pool's sandboxes,
+    which no tag sweep finds, go back too. One that keeps failing is tried
+    DELETE_TRIES more times and named in ``runner.undeleted``."""
+    from corral.errors import DaemonUnavailable
+    from corral.rl.episodes import DELETE_TRIES
+
+    real = corral.AsyncSandbox.delete
+    tries: Counter[str] = Counter()
+    refuse: set[str] = set()  # refused every time
+
+    async def flaky(self, *args, **kwargs):
+        tries[self.id] += 1
+        if tries[self.id] == 1 or self.id in refuse:
+            raise DaemonUnavailable("injected: the daemon did not answer")
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(corral.AsyncSandbox, "delete", flaky)
+    with corral.Pool(image="python", min_ready=1, max_size=3, client=client, **SMALL) as pool:
+        runner = EpisodeRunner(lambda sb, seed: 1.0, pool=pool, concurrency=2, client=client)
+        records = [r async for r in runner.run(range(3))]
+        assert all(r.ok for r in records)
+        assert {r.sandbox_id for r in records} == set(tries) and set(tries.values()) == {2}
+        assert runner.undeleted == []
+        await runner.aclose()
+        deadline = time.monotonic() + 30  # (a bound, never a measure)
+        while pool.stats().acquired and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert pool.stats().acquired == 0  # before: 3, held until the pool was closed
+
+        runner = EpisodeRunner(lambda sb, seed: refuse.add(sb.id) or 1.0, pool=pool,
+                               client=client)
+        (rec,) = [r async for r in runner.run([0])]
+        assert runner.undeleted == [rec.sandbox_id]
+        assert tries[rec.sandbox_id] == 1 + DELETE_TRIES
+        await runner.aclose()
+        corral.Sandbox.connect(rec.sandbox_id, client=client).delete()  # (the sync SDK's)

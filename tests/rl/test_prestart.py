@@ -89,10 +89,11 @@ def test_no_state_crosses_between_completions(daemon, client):
 
 
 def test_a_judge_that_waited_counts_its_budget_from_the_request(daemon, client):
-    reward = code_reward("fraction", timeout=2, test_timeout=1, url=daemon.url, prestart=2)
+    # (5 s and 3 s: the right completion must pass within them, also under load)
+    reward = code_reward("fraction", timeout=5, test_timeout=3, url=daemon.url, prestart=2)
     try:
         assert reward.prestart() == 2
-        time.sleep(2.5)  # longer than the run's whole timeout, waiting in the pool
+        time.sleep(5.5)  # longer than the run's whole timeout, waiting in the pool
         start = time.monotonic()
         got = reward(completions=[fence("def f(x):\n    return 2 * x"),
                                   fence("def f(x):\n    while True:\n        pass")],
@@ -119,6 +120,13 @@ def test_the_pool_refills_after_a_batch_and_old_judges_are_not_used(daemon, clie
         assert reward.last_outcomes[0].sandbox_id != old.sandbox.id
         assert reward.prestart() == 2  # deletes the stale one, starts another
         assert old.sandbox.id not in {e.sandbox.id for e in pool._ready}
+        # A fill before a batch replaces a judge too old to serve, not the batch.
+        aged = pool._ready[0]
+        pool._ready[0] = dataclasses.replace(aged, born=aged.born - MAX_IDLE_S)
+        assert reward.prestart() == 2
+        assert aged.sandbox.id not in {e.sandbox.id for e in pool._ready}
+        with pytest.raises(corral.SandboxNotFound):
+            corral.Sandbox.connect(aged.sandbox.id, client=client)
         # A copy (pickled to a worker, deep-copied) never shares a waiting judge.
         for twin in (copy.deepcopy(reward), pickle.loads(pickle.dumps(reward))):
             assert len(twin._pool) == 0 and len(pool) == 2

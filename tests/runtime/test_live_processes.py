@@ -36,7 +36,7 @@ async def test_copies_keep_their_processes_under_the_same_ids(engine, criu_cache
     await done.wait(30)
     await echo.write(b"a\nunread\n")
     assert await echo.readline() == b"1 a\n"
-    for _ in range(100):  # "2 unread" reached the engine, nobody read it
+    for _ in range(3000):  # "2 unread" reached the engine, nobody read it
         if echo.unread_bytes:
             break
         await asyncio.sleep(0.02)
@@ -140,3 +140,42 @@ async def test_a_busy_daemons_sandbox_restores(engine, criu_cached):
     assert await asyncio.wait_for(mine.readline(), 30) == b"1 x\n"
     r = await engine.exec(copies[0].id, ["sh", "-c", "ulimit -n"])
     assert r.stdout == b"1024\n"  # the copy's own limit, as before the checkpoint
+
+
+async def test_a_restored_sandbox_does_not_run_its_entrypoint_again(engine, criu_cached, tmp_path):
+    """``run_entrypoint``'s process is restored with the others: a live copy, and a
+    hibernated sandbox resumed, keep the one that ran (before: a second one started)."""
+    from corral.runtime.dockerfile_build import build_dockerfile
+
+    name = f"t-entry-{os.getpid()}-{id(tmp_path) & 0xffff:x}"
+    (tmp_path / "Dockerfile").write_text(
+        'FROM python\nENTRYPOINT ["/bin/sh", "-c"]\n'
+        'CMD ["echo started >> /tmp/runs; exec sleep 600"]\n')
+    await build_dockerfile(engine, tmp_path, name=name)
+    count = "for i in $(seq 100); do test -s /tmp/runs && break; sleep 0.1; done; cat /tmp/runs"
+    sb = await engine.create(image=name, run_entrypoint=True, network="none",
+                             checkpointable=True)
+    copy = None
+    try:
+        assert (await engine.exec(sb.id, ["sh", "-c", count])).stdout == b"started\n"
+        (entry,) = engine.list_processes(sb.id)
+        snap = await engine.checkpoint(sb.id)
+        copy = await engine.create(snapshot=snap.id)
+        assert engine.get(copy.id).spec.run_entrypoint  # the copy's spec still says so
+        for sid in (copy.id, sb.id):
+            if sid == sb.id:
+                await engine.hibernate(sb.id)
+                await engine.resume(sb.id)
+            assert [p.id for p in engine.list_processes(sid)] == [entry.id], sid
+            r = await engine.exec(sid, ["sh", "-c", "sleep 0.3; cat /tmp/runs; "
+                                        "cat /proc/[0-9]*/comm | grep -cx sleep"])
+            assert r.stdout == b"started\n1\n", (sid, r.stdout, r.stderr)
+        await engine.delete(copy.id)
+        copy = None
+        await engine.delete_snapshot(snap.id)
+    finally:
+        if copy is not None:
+            await engine.delete(copy.id)
+        await engine.delete(sb.id)
+        if engine.images.exists(name):
+            engine.images.remove(name)

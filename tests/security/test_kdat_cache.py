@@ -30,7 +30,7 @@ async def test_a_refused_restore_leaves_no_kernel_probes_for_others(engine, monk
     snap = await engine.checkpoint(sb.id)
     cache.unlink(missing_ok=True)  # the next restore is the one to keep them
 
-    def unconfined(pids, *, outer, uid, nofile):
+    def unconfined(pids, *, outer, uid, nofile, **_):
         raise InvalidState("pid 1 is not confined", details={"pid": 1})
 
     try:

@@ -383,3 +383,53 @@ def test_a_deleted_sandboxs_handed_connection_ends(team):
         with team.admin() as admin:
             admin.delete(f"/v1/sandboxes/{sb.id}")
         client.close()
+
+
+def test_a_handed_socket_reconnected_after_the_delete_reaches_nothing(team):
+    """The handed descriptor is a socket made in the sandbox's network namespace. Once
+    the sandbox is deleted, its holder disconnecting it (``connect(AF_UNSPEC)``) and
+    dialling again reaches nothing: not the deleted sandbox's port, not the same port
+    of a sandbox made just after (its link may take the same number), not its address
+    (red team 13)."""
+    import errno
+
+    from corral.runtime import syscalls
+
+    def serving(network):
+        sb = corral.Sandbox.create(memory_mb=64, network=network, client=client)
+        sb.spawn(["python3", "-c", ECHO])
+        deadline = time.monotonic() + 30
+        while sb.exec(["sh", "-c", f"grep -q ':{PORT:04X} ' /proc/net/tcp"]).returncode:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        return sb
+
+    client = corral.Client(team.daemon.url)
+    made = []
+    try:
+        old = serving({"allow": []})
+        made.append(old)
+        status, conn, lease = _raw_handoff(team, None, old.id)
+        assert status == 200
+        old.delete()
+        new = serving({"allow": []})
+        made.append(new)
+        new_ip = new.exec(["hostname", "-I"]).stdout.split()[0]
+        for target in (("127.0.0.1", PORT), (new_ip, PORT)):
+            syscalls.reset_tcp(conn.fileno())
+            conn.settimeout(5)
+            with pytest.raises(OSError) as caught:
+                conn.connect(target)
+                conn.sendall(b"z\n")
+                if not conn.recv(16):
+                    raise ConnectionResetError("ended")
+            assert caught.value.errno != errno.EISCONN, caught.value
+        conn.close()
+        lease.close()
+        rows = new.exec(["cat", "/proc/net/tcp"]).stdout.splitlines()[1:]
+        assert not [r for r in rows if r.split()[3] == "01"], rows  # nothing reached it
+    finally:
+        for sb in made:
+            with team.admin() as admin:
+                admin.delete(f"/v1/sandboxes/{sb.id}")
+        client.close()

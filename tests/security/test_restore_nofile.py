@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import CorralError
+from corral.errors import CorralError, Unsupported
 from corral.runtime import live_images
 from tests.conftest import requires_root
 from tests.security.test_live_checkpoint import _need_criu
@@ -70,6 +70,33 @@ async def test_restored_processes_get_the_new_sandboxs_open_files_limit(engine, 
         # a limit at or above the checkpoint's keeps the processes' own
         copy = await engine.create(snapshot=snap.id, open_files=4096)
         assert set(_host_limits(engine, copy.id).values()) == {(1024, 1024)}
+        await engine.delete(copy.id)
+        await engine.delete_snapshot(snap.id)
+    finally:
+        await engine.delete(sb.id)
+
+
+async def test_a_limit_the_host_cannot_lower_is_a_typed_error_saying_what_to_do(engine, monkeypatch):
+    """Where prlimit is refused (a host whose root lacks CAP_SYS_RESOURCE; here the
+    action script's prlimit runs as nobody, refused the same way, EPERM), the copy is
+    ended as before, but the error says so and what to do, not "forged images"."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, open_files=1024)
+    try:
+        await engine.exec(sb.id, ["sh", "-c", BACKGROUND])
+        snap = await engine.checkpoint(sb.id)
+        monkeypatch.setattr(live_images, "_ACTION_SCRIPT", live_images._ACTION_SCRIPT.replace(
+            'prlimit --pid', 'setpriv --reuid=65534 --regid=65534 --clear-groups prlimit --pid'))
+        with pytest.raises(Unsupported) as err:
+            await engine.create(snapshot=snap.id, open_files=64)
+        assert err.value.details["cause"] == "open_files_not_lowered"
+        assert err.value.details["checkpoint_open_files"] == 1024
+        assert "open_files at least 1024" in err.value.message
+        assert "CAP_SYS_RESOURCE" in err.value.message and "forged" not in err.value.message
+        assert [s.id for s in engine.list() if s.state.value == "running"] == [sb.id]
+        # at or above the checkpoint's limit there is nothing to lower: it restores
+        copy = await engine.create(snapshot=snap.id, open_files=1024)
+        assert (await engine.exec(copy.id, ["sh", "-c", "ulimit -Hn"])).stdout == b"1024\n"
         await engine.delete(copy.id)
         await engine.delete_snapshot(snap.id)
     finally:

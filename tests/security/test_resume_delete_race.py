@@ -102,3 +102,112 @@ async def test_the_resumes_own_cleanup_does_not_wait_for_itself(engine):
         engine._launch_restore = restore
     assert inner == [True]
     await engine.delete(sb.id)
+
+
+@pytest.mark.parametrize("verb", ["delete", "stop", "wake"])
+async def test_another_tenants_verb_does_not_wait_for_a_resume(engine, verb):
+    """Red team 13: another tenant's delete, stop or wake of an id being resumed answers
+    as for an unknown id, at once (it waited for the resume: its time said the id was
+    someone's, resuming), and leaves the resume alone."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, owner="alice")
+    held, go = asyncio.Event(), asyncio.Event()
+    restore = engine._launch_restore
+
+    async def held_restore(live, slot, lowers):
+        held.set()
+        await go.wait()
+        return await restore(live, slot, lowers)
+
+    engine._launch_restore = held_restore
+    resume = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        acting = asyncio.ensure_future(getattr(engine, verb)(sb.id, owner="bob"))
+        finished, _ = await asyncio.wait({acting}, timeout=30)  # the resume is held
+        assert finished, f"bob's {verb} waited for alice's resume"
+        if verb == "delete":
+            assert acting.result() is False
+        elif verb == "stop":
+            with pytest.raises(SandboxNotFound):
+                acting.result()
+    finally:
+        go.set()
+        await asyncio.wait_for(resume, 60)
+    assert engine.get(sb.id, owner="alice").state == SandboxState.RUNNING
+    await engine.delete(sb.id, owner="alice")
+
+
+@pytest.mark.parametrize("where", ["out_of_the_table", "starting"])
+@pytest.mark.parametrize("verb", ["resume", "exec"])
+async def test_its_owners_resume_or_command_during_a_resume_waits_for_it(engine, verb, where):
+    """Red team 13: a second resume, or a command (its wake), by the owner while the
+    first resume runs waited for nothing: it found the sandbox out of the table (not
+    found: held here before the resume's create writes it again) or pending (InvalidState
+    'create a new one': held while it starts). It now waits, and finds it running."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, owner="alice")
+    held, go = asyncio.Event(), asyncio.Event()
+
+    def holding(step):
+        async def held_step(*args):
+            held.set()
+            await go.wait()
+            return await step(*args)
+        return held_step
+
+    if where == "starting":
+        engine._launch_restore = holding(engine._launch_restore)
+    else:
+        engine.snapshots.lowers = holding(engine.snapshots.lowers)
+    resume = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        if verb == "resume":
+            second = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+        else:
+            async def command():  # what the service layer does: wake, then the verb
+                await engine.wake(sb.id, owner="alice")
+                return await engine.exec(sb.id, ["true"], owner="alice")
+            second = asyncio.ensure_future(command())
+        await asyncio.sleep(0.2)
+        go.set()
+        got = await asyncio.wait_for(second, 60)
+    finally:
+        go.set()
+        await asyncio.wait_for(resume, 60)
+    if verb == "resume":
+        assert got.state == SandboxState.RUNNING
+    else:
+        assert got.returncode == 0
+    await engine.delete(sb.id, owner="alice")
+
+
+async def test_a_sandbox_being_resumed_stays_in_its_owners_view(engine):
+    """Red team 13: its row was deleted as its resume began and written again by the
+    resume's create: a GET or listing in between (an image's layers looked up, a slot
+    taken) answered not found, and a client polling its state took it for deleted."""
+    _need_criu()
+    sb = await engine.create(network="none", checkpointable=True, tenant="alice")
+    await engine.hibernate(sb.id, owner="alice")
+    held, go = asyncio.Event(), asyncio.Event()
+    lowers = engine.snapshots.lowers
+
+    async def held_lowers(*args):
+        held.set()
+        await go.wait()
+        return await lowers(*args)
+
+    engine.snapshots.lowers = held_lowers
+    resume = asyncio.ensure_future(engine.resume(sb.id, owner="alice"))
+    try:
+        await asyncio.wait_for(held.wait(), 60)
+        assert engine.get(sb.id, owner="alice").state == SandboxState.PAUSED
+        assert sb.id in [i.id for i in engine.list(owner="alice")]
+    finally:
+        go.set()
+        await asyncio.wait_for(resume, 60)
+    assert engine.get(sb.id, owner="alice").state == SandboxState.RUNNING
+    await engine.delete(sb.id, owner="alice")

@@ -129,6 +129,7 @@ class ExecResponse(BaseModel):
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     output_tail: int = 0
+    output_limited_to: int = 0  # the cap per stream the output budget lowered it to
 
 
 class RunRequest(_Body):

@@ -76,6 +76,7 @@ from corral.errors import (
     NetworkNotFound,
     NoGpuCapacity,
     NotFound,
+    OutputBudgetExceeded,
     PathOutsideSandbox,
     PortClosed,
     QuotaExceeded,
@@ -163,7 +164,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "command's result back); on a cluster it runs on the home node",
         body=RunRequest, reply=RunResponse,
         errors=(
-            *_BODY, CapacityExceeded, QuotaExceeded, NoGpuCapacity, ImageNotFound,
+            *_BODY, CapacityExceeded, QuotaExceeded, NoGpuCapacity, OutputBudgetExceeded,
+            ImageNotFound,
             SnapshotNotFound, RegistryError, SandboxStartError, SandboxTimeout,
         ),
         routing=Routing.HOME,
@@ -353,12 +355,14 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "exec_command", "POST", _SB + "/exec", "Run a command to completion", body=ExecRequest,
-        reply=ExecResponse, errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError),
+        reply=ExecResponse,
+        errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, OutputBudgetExceeded),
         routing=Routing.SANDBOX,
     ),
     Operation(
         "exec_stream", "POST", _SB + "/exec/stream", "Run a command, streaming its output",
-        body=ExecRequest, reply=NDJSON, errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError),
+        body=ExecRequest, reply=NDJSON,
+        errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, OutputBudgetExceeded),
         routing=Routing.SANDBOX,
     ),
     Operation(
@@ -405,7 +409,11 @@ OPERATIONS: tuple[Operation, ...] = (
         query=(Query("timeout", "number", "seconds to wait for the line (default: none); "
                      "past it the process is killed"),
                Query("exit_timeout", "number", "seconds the process may take to exit after "
-                     "its line (default 5); past it, it is killed")),
+                     "its line (default 5); past it, it is killed"),
+               Query("delete", "string", "'before' (default: the sandbox is gone when the "
+                     "reply comes) or 'after' (the reply comes once the line and the exit "
+                     "are known; the deletion, already under way, goes on after it)",
+                     enum=("before", "after"))),
         errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, NotFound), routing=Routing.SANDBOX,
     ),
     Operation(

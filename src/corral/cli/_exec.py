@@ -131,6 +131,9 @@ def exec_command(args: argparse.Namespace, ctx: Context) -> int:
     for name in ("stdout", "stderr"):
         if getattr(result, f"{name}_truncated"):
             out.error(f"{sandbox.id}: {_cut(result, name)}")
+    if result.output_limited_to:
+        out.error(f"{sandbox.id}: the daemon's output memory was short: each stream was "
+                  f"capped at {size(result.output_limited_to)}, not --max-output")
     return exit_status(result, sandbox, args.timeout, out)
 
 

@@ -77,6 +77,9 @@ class CommandResult:
     A stream longer than ``max_output`` is ``*_truncated``: it holds its head and its
     last ``output_tail`` bytes (where a verdict or a traceback is printed), and
     ``*_dropped`` bytes were left out between them (:meth:`head_and_tail` splits it).
+    ``output_limited_to`` (0: as asked): the daemon's output memory budget could not
+    hold ``max_output`` bytes per stream at that moment and gave the command this lower
+    cap (docs/api.md, "Output memory").
 
     >>> r = sb.exec(["python3", "-c", "print(6*7)"], timeout=10)   # doctest: +SKIP
     >>> r.returncode, r.stdout, r.ok                               # doctest: +SKIP
@@ -97,6 +100,7 @@ class CommandResult:
     stdout_dropped: int = 0
     stderr_dropped: int = 0
     output_tail: int = 0
+    output_limited_to: int = 0
 
     @cached_property
     def stdout(self) -> str:

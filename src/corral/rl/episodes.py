@@ -6,7 +6,9 @@ from a warm pool) and returns a reward, a dict (``reward``/``return``, ``steps``
 ``digest``, anything else), or any JSON-able value. The runner keeps ``concurrency``
 episodes in flight, bounds each one's wall time, deletes every sandbox afterwards
 (in the background: a worker starts its next episode meanwhile, with at most
-``concurrency`` deletes in flight, all done before the run ends), and yields an
+``concurrency`` deletes in flight, all done before the run ends; one that fails is
+tried again at the run's end, and :attr:`EpisodeRunner.undeleted` names any still
+left), and yields an
 :class:`EpisodeResult` per episode, fastest first::
 
     def episode(sb: corral.Sandbox, seed: int) -> dict:
@@ -69,6 +71,7 @@ from corral.errors import (
     SandboxTimeout,
     is_sandbox_fault,
 )
+from corral.rl._cleanup import delete_again
 from corral.rl._progress import EpisodeProgress
 from corral.rl._script import (
     DEFAULT_EPISODE_TIMEOUT_S,
@@ -98,6 +101,7 @@ logger = logging.getLogger("corral.rl")
 DEFAULT_CONCURRENCY = 8
 DEFAULT_RETRIES = 2
 RETRY_BACKOFF_S = 0.2
+DELETE_TRIES = 3  # a sandbox whose delete failed is tried again this often at the run's end
 LIFETIME_MARGIN_S = 300.0
 """Added to the episode timeout for a sandbox's lifetime: if this process dies, the
 daemon still stops its sandboxes soon after."""
@@ -302,6 +306,7 @@ class EpisodeRunner:
         self._threads: anyio.CapacityLimiter | None = None
         self._deleting: set[asyncio.Task[None]] = set()
         self._delete_slots: asyncio.Semaphore | None = None
+        self._undeleted: dict[str, corral.AsyncSandbox] = {}  # deletes to try again
         self.sandboxes_created = 0
         """Sandboxes this runner got (created, restored or acquired), all attempts."""
 
@@ -360,12 +365,15 @@ class EpisodeRunner:
             spec["snapshot"] = self._snapshot
         return await corral.AsyncSandbox.create(client=client, **spec)
 
-    @staticmethod
-    async def _release(sb: corral.AsyncSandbox) -> None:
+    async def _release(self, sb: corral.AsyncSandbox) -> None:
         try:
             await asyncio.shield(sb.delete())
-        except CorralError as exc:  # the run's final sweep tries again
-            logger.warning("could not delete sandbox %s: %s", sb.id, exc)
+        except SandboxNotFound:
+            pass  # gone already (deleted from outside, or its lifetime ran out)
+        except CorralError as exc:  # the run's end tries again (_sweep)
+            logger.warning("could not delete sandbox %s (tried again at the run's end): %s",
+                           sb.id, exc)
+            self._undeleted[sb.id] = sb
 
     async def _release_soon(self, sb: corral.AsyncSandbox) -> None:
         """Delete ``sb`` while the worker goes on to its next sandbox: a delete is a
@@ -394,8 +402,16 @@ class EpisodeRunner:
         while self._deleting:
             await asyncio.gather(*self._deleting, return_exceptions=True)
 
+    @property
+    def undeleted(self) -> list[str]:
+        """Ids of sandboxes this runner could not delete, even at its runs' ends
+        (:data:`DELETE_TRIES` times): empty unless the daemon kept refusing."""
+        return sorted(self._undeleted)
+
     async def _sweep(self, run_tag: str) -> None:
         """Delete what a run left (a create whose reply was lost still made one)."""
+        # failed deletes first, a pool's too (no tag sweep finds them)
+        await delete_again(self._undeleted, DELETE_TRIES, RETRY_BACKOFF_S)
         if self._pool is not None:
             return
         try:

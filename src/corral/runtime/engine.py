@@ -83,6 +83,7 @@ from corral.runtime.launcher import DEFAULT_WARM_SLOTS, Slot, SlotPool
 from corral.runtime.live import Live
 from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
+from corral.runtime.output_budget import OutputBudget
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
 from corral.runtime.reconcile import remove_cgroup
@@ -153,6 +154,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.uids = uid_block  # this engine's sandbox uids, machine-wide unique
         self.cpu_picker = CpuPicker()  # the CPUs each sandbox runs on
         self.criu_gate = CriuGate(criu_concurrency())  # CRIU dumps and restores at once
+        # commands' output held in memory, per tenant and in all (the server sets its size)
+        self.output_budget = OutputBudget()
         self._live: dict[str, Live] = {}
         self._handed_links: dict[str, netns.Link] = {}  # live restore: engine_restore.py
         self._reaper: asyncio.Task[None] | None = None
@@ -165,7 +168,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)
         # resumes under way: set when each ends, and its task (delete waits: engine_end)
-        self._resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]] = {}
+        self._resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None, str | None]] = {}
         self._checkpoint_turns: dict[str | None, asyncio.Lock] = {}  # (engine_live)
         # seconds a sandbox may still live under its owner's maximum (the server's): a
         # hibernated one resumes within it (engine_hibernate.py); None: no maximum
@@ -366,8 +369,10 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             image = image_override or self.images.get(spec.image)  # ImageNotFound now
             mounts = self.volumes.mounts(spec.tenant, spec.volumes)  # VolumeNotFound now
             spec = image.apply_defaults(spec)  # the image's env and workdir, unless set
+            # (not for a live snapshot's copy or a resume: its processes are restored)
             entry = (users.entrypoint_argv(image)  # InvalidArgument now, if it has none
-                     if spec.run_entrypoint and image_override is None else None)
+                     if spec.run_entrypoint and image_override is None and images is None
+                     else None)
             grant = self.gpus.assign(sid, spec.gpus, shared=spec.gpu_shared)  # or NoGpuCapacity
             if grant is not None:
                 spec = spec.model_copy(update={"env": grant.env(spec.env)})
@@ -392,6 +397,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.images = images
         live.adoptable = image_override is None and not ro_binds and not build_root
         try:
+            if sandbox_id is not None:  # a resume: its hibernated row, seen until now
+                self.registry.delete(sid)
             info = self.registry.insert(sid, spec, slot.cgroup.path)  # a full disk: StorageFull
             if spec.secrets:  # (masked in the registry) for the next engine to give on
                 self.secret_store.put(sid, spec.secret_env())

@@ -10,7 +10,7 @@ checked and its timeout and output cap enforced from outside by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +26,19 @@ from corral.runtime.agentconn import (
 from corral.runtime.cmdtap import CommandTap
 from corral.runtime.cpus import CpuPicker, thread_env
 from corral.runtime.events import Events
+from corral.runtime.output_budget import OutputBudget, OutputHold
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
 from corral.runtime.terminal import TerminalSize
 from corral.runtime.uids import SANDBOX_HOME
-from corral.schema import DEFAULT_EXEC_TIMEOUT_S, DEFAULT_MAX_OUTPUT, ExecEvent, ExecResult
+from corral.schema import (
+    DEFAULT_EXEC_TIMEOUT_S,
+    DEFAULT_MAX_OUTPUT,
+    ExecEvent,
+    ExecResult,
+    default_output_tail,
+)
 
 if TYPE_CHECKING:
     from corral.runtime.events import Events
@@ -51,6 +58,7 @@ class CommandOps:
         _tasks: set[asyncio.Task[Any]]
         cpu_picker: CpuPicker
         owners: Owners
+        output_budget: OutputBudget
 
         def _owned(self, sandbox_id: str, owner: OwnerArg) -> None: ...
         def _running(self, sandbox_id: str) -> Live: ...
@@ -69,25 +77,43 @@ class CommandOps:
         output_tail: int | None = None,
         user: str | int | None = None,
         owner: OwnerArg = UNSET,
+        output_hold: OutputHold | None = None,
     ) -> ExecResult:
         """Run a command to completion; a timeout or OOM kill is a result, not an error.
         Each stream keeps ``max_output`` bytes at most: past that, its head and its last
-        ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`)."""
+        ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`).
+        The output counts against the output budget (:mod:`corral.runtime.output_budget`)
+        until the result is returned, or, with ``output_hold`` (the caller's
+        :meth:`reserve_output`), until the caller releases it."""
+        hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
         out: list[bytes] = []
         err: list[bytes] = []
-        async for ev in self.exec_stream(
-            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-            max_output=max_output, output_tail=output_tail, user=user, owner=owner,
-        ):
-            if ev.kind == "stdout":
-                out.append(ev.data)
-            elif ev.kind == "stderr":
-                err.append(ev.data)
-            else:
-                assert ev.result is not None
-                ev.result.stdout, ev.result.stderr = b"".join(out), b"".join(err)
-                return ev.result
+        try:
+            async with aclosing(self.exec_stream(
+                sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+                max_output=max_output, output_tail=output_tail, user=user, owner=owner,
+                output_hold=hold,
+            )) as events:
+                async for ev in events:
+                    if ev.kind == "stdout":
+                        out.append(ev.data)
+                    elif ev.kind == "stderr":
+                        err.append(ev.data)
+                    else:
+                        assert ev.result is not None
+                        ev.result.stdout, ev.result.stderr = b"".join(out), b"".join(err)
+                        return ev.result
+        finally:
+            if output_hold is None:
+                hold.release()
         raise SandboxLost(f"sandbox {sandbox_id}: the command's stream ended without an exit")
+
+    def reserve_output(self, sandbox_id: str, max_output: int, *,
+                       owner: OwnerArg = UNSET) -> OutputHold:
+        """Reserve room for a command's output in its caller's output budget (``2 ×
+        max_output``, perhaps lowered); :class:`~corral.errors.OutputBudgetExceeded` if
+        none is left. The caller releases it."""
+        return self.output_budget.reserve(self.owners.of(owner), max_output, sandbox_id)
 
     async def exec_stream(
         self,
@@ -102,35 +128,50 @@ class CommandOps:
         output_tail: int | None = None,
         user: str | int | None = None,
         owner: OwnerArg = UNSET,
-    ) -> AsyncIterator[ExecEvent]:
+        output_hold: OutputHold | None = None,
+    ) -> AsyncGenerator[ExecEvent, None]:
         """Run a command and yield its output as it happens, then its exit.
 
         Closing the iterator early (or cancelling the task) kills the command's
         process group. The engine caps the output and enforces the timeout itself,
         whatever the agent says (:mod:`corral.runtime.agentconn`). A stream that went
         over its cap shows its gap as an event with ``dropped`` set, then its tail.
+        Events not yet read count against the output budget as :meth:`exec` says: when
+        it holds less than ``max_output``, the command gets that lower cap and its
+        result's ``output_limited_to`` says so.
         """
         self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
         tail = output_tail_for(max_output, output_tail)
-        fields = self.command_fields(live, cmd, env, cwd, stdin,
-                                     limit_fields(timeout, max_output, tail), user)
-        assert live.channel is not None
-        oom_before = live.cgroup.oom_kills()
-        stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
-        tap = CommandTap(self.events, live.id, command_argv(cmd))
-        with live.activity():
-            async with aclosing(
-                command_events(live, stream, timeout, cwd, oom_before)
-            ) as events:
-                try:
-                    async for ev in events:
-                        tap.see(ev)
-                        if ev.result is not None:
-                            tap.end()  # announced before the caller sees the exit
-                        yield ev
-                finally:
-                    tap.end()  # CommandEnded: the sandbox's log and metrics hear of it
+        hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
+        try:
+            if hold.limited:
+                max_output = hold.max_output
+                tail = min(tail, max_output) if output_tail is not None \
+                    else default_output_tail(max_output)
+            fields = self.command_fields(live, cmd, env, cwd, stdin,
+                                         limit_fields(timeout, max_output, tail), user)
+            assert live.channel is not None
+            oom_before = live.cgroup.oom_kills()
+            stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
+            tap = CommandTap(self.events, live.id, command_argv(cmd))
+            with live.activity():
+                async with aclosing(
+                    command_events(live, stream, timeout, cwd, oom_before)
+                ) as events:
+                    try:
+                        async for ev in events:
+                            tap.see(ev)
+                            if ev.result is not None:
+                                if hold.limited:
+                                    ev.result.output_limited_to = max_output
+                                tap.end()  # announced before the caller sees the exit
+                            yield ev
+                    finally:
+                        tap.end()  # CommandEnded: the sandbox's log and metrics hear of it
+        finally:
+            if output_hold is None:
+                hold.release()
 
     def command_fields(
         self,

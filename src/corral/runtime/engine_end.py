@@ -93,7 +93,7 @@ class EndOps:
 
     if TYPE_CHECKING:
         _live: dict[str, Live]
-        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None, str | None]]
         registry: Registry
         events: Events
         owners: Owners
@@ -182,7 +182,8 @@ class EndOps:
     ) -> SandboxInfo:
         """Stop: SIGTERM to running commands, SIGKILL after ``grace`` seconds, release
         mounts and cgroups. The record stays (state ``stopped``) until deleted."""
-        await self._past_resume(sandbox_id)  # a resume under way: stop what it leaves
+        # a resume under way: stop what it leaves
+        await self._past_resume(sandbox_id, self.owners.of(owner))
         info = self.get(sandbox_id, owner=owner)  # SandboxNotFound (another owner's too)
         live = self._live.get(sandbox_id)
         if live is None:
@@ -192,12 +193,16 @@ class EndOps:
             await self._end(live, SandboxState.STOPPED, reason, grace=grace)
         return self.get(sandbox_id, owner=None)
 
-    async def _past_resume(self, sandbox_id: str) -> None:
+    async def _past_resume(self, sandbox_id: str, acting: str | None) -> None:
         """Wait until no resume of ``sandbox_id`` is under way (engine_hibernate: it
-        takes the hibernated sandbox out of the table while it creates it again)."""
+        takes the hibernated sandbox out of the table while it creates it again); not
+        for another tenant's (``acting``: the caller), whose verb answers at once, as
+        for an unknown id."""
         while (resuming := self._resuming.get(sandbox_id)) is not None:
-            done, task = resuming
+            done, task, tenant = resuming
             if task is asyncio.current_task():  # the resume's own create, cleaning up
+                return
+            if not self.owners.sees_owner(tenant, acting):
                 return
             await done.wait()
 
@@ -214,7 +219,7 @@ class EndOps:
         acting = self.owners.of(owner)
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
-        await self._past_resume(sandbox_id)  # a resume under way: delete what it leaves
+        await self._past_resume(sandbox_id, acting)  # a resume under way: delete what it leaves
         info = self.registry.get(sandbox_id, owner=acting)
         if acting is not None and info is None:
             return False

@@ -65,7 +65,7 @@ class HibernateOps:
     if TYPE_CHECKING:
         _live: dict[str, Live]
         _hibernated: dict[str, str]
-        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None]]
+        _resuming: dict[str, tuple[asyncio.Event, asyncio.Task[Any] | None, str | None]]
         events: Events
         registry: Registry
         _tasks: set[asyncio.Task[Any]]
@@ -88,6 +88,7 @@ class HibernateOps:
                              owner: OwnerArg = UNSET) -> SnapshotInfo: ...
         async def delete_snapshot(self, id_or_name: str, *, owner: OwnerArg = UNSET) -> bool: ...
         async def _resume_running(self, sandbox_id: str) -> SandboxInfo: ...
+        async def _past_resume(self, sandbox_id: str, acting: str | None) -> None: ...
         def checkpoint_images(self, snapshot: str, *, owner: OwnerArg = UNSET) -> Path | None: ...
         async def _end(self, live: Live, final: SandboxState, reason: str, *,
                        grace: float, detach: bool = False) -> None: ...
@@ -168,6 +169,7 @@ class HibernateOps:
 
     async def resume(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo:
         """Thaw ``owner``'s paused sandbox; restore a hibernated one (same id, a new slot)."""
+        await self._past_resume(sandbox_id, self.owners.of(owner))  # another's, under way
         self._owned(sandbox_id, owner)
         live = self._get_live(sandbox_id)
         if live.hibernated is None:
@@ -190,7 +192,7 @@ class HibernateOps:
             # room to start again first (CapacityExceeded: hibernated still, untouched)
             gate = nullcontext() if self.resume_gate is None else self.resume_gate(row)
             done = asyncio.Event()  # a delete waits for it
-            self._resuming[sandbox_id] = (done, asyncio.current_task())
+            self._resuming[sandbox_id] = (done, asyncio.current_task(), live.spec.tenant)
             try:
                 info = await self._resume_as(live, row, snap_id, timeout, gate)
             finally:
@@ -204,13 +206,13 @@ class HibernateOps:
         """Create hibernated ``live`` again from its checkpoint, under ``gate``."""
         sandbox_id = live.id
         async with gate:  # held until it runs again, or given back if it fails
-            self._live.pop(sandbox_id)
-            self.registry.delete(sandbox_id)  # the create writes it again, running
+            self._live.pop(sandbox_id)  # its row stays until the create writes it again
             try:  # its own spec (tenant, tags, secrets, limits), from its checkpoint
                 info = await self.create(
                     live.spec.model_copy(update={"snapshot": snap_id, "timeout": timeout}),
                     sandbox_id=sandbox_id, owner=None)
             except BaseException:
+                self.registry.delete(sandbox_id)  # (if the create wrote it)
                 self.registry.insert(sandbox_id, row.spec, "")  # hibernated still
                 if live.spec.secrets:  # (the registry's are masked: its own, from memory)
                     self.secret_store.put(sandbox_id, live.spec.secret_env())
@@ -229,6 +231,9 @@ class HibernateOps:
         """Restore ``owner``'s hibernated sandbox before it is used (the service layer
         calls this before an exec or a file operation); nothing for any other."""
         owner = self.owners.of(owner)
+        # another command woke it: it is out of the table, then pending, until its
+        # resume ends (the verb would say not found, or pending)
+        await self._past_resume(sandbox_id, owner)
         live = self._live.get(sandbox_id)
         if live is not None and live.hibernated is not None and self.owners.sees(live.spec, owner):
             await self.resume(sandbox_id, owner=owner)  # (another's: the verb says not found)

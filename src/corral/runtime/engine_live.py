@@ -274,7 +274,8 @@ class LiveOps:
         while True:
             try:
                 live_images.check_restored(live.cgroup.pids(), outer=outer, uid=live.uid,
-                                           nofile=live.spec.open_files)
+                                           nofile=live.spec.open_files,
+                                           sandbox_dir=live.sandbox_dir)
                 # every tenant's restores start from these probes: only a confined one's
                 await asyncio.to_thread(checkpoint.keep_kdat, outer, Path(live.kdat))
                 return

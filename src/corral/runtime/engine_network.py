@@ -117,9 +117,14 @@ class NetworkOps:
 
     async def _attach_network(self, live: Live) -> None:
         """A policy sandbox's link, made before its launcher starts (which joins it)."""
-        if not isinstance(live.spec.network, NetworkPolicy):
+        policy = live.spec.network
+        if not isinstance(policy, NetworkPolicy):
             return
-        link = await self.net.attach(live.id, live.spec.network, live.spec.tenant)
+        if policy.join is not None and policy.alias is not None:
+            holder = self.net.private.holder(live.spec.tenant, policy.join, policy.alias)
+            if holder is not None and holder not in self._live:  # deleted: a DELETE's
+                await self.reclaimed()  # reply does not wait for its teardown (its place)
+        link = await self.net.attach(live.id, policy, live.spec.tenant)
         live.netns = str(link.netns_path)
         # any nameserver does: nftables sends all DNS to corral's resolver
         (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")

@@ -37,6 +37,7 @@ META = "corral.json"
 CRIU_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # CRIU runs ip and iptables-restore
 _COMMON_MAGIC = 0x54564319  # CRIU's images/magic.h: IMG_COMMON_MAGIC
 _USERNS_MAGIC = 0x55474906  # USERNS_MAGIC
+_MAX_SAID = 500  # characters of the action script's errors quoted in an error
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 # CRIU's action script, run for each of its steps (:func:`action_script`).
 # - A checkpointable sandbox's network namespace holds loopback alone (a policy's is
@@ -48,7 +49,8 @@ _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 #   restored and before any runs again (pre-resume, each stopped under CRIU's ptrace),
 #   each one's open files limit is lowered to the new sandbox's own where above it.
 #   Walked from the restored init by /proc's children lists, with the shell's builtins
-#   (a fork only for a limit to lower); a failure fails the check after the restore.
+#   (a fork only for a limit to lower); a failure is written to @ERRORS@ (prlimit's
+#   message) and fails the check after the restore, typed (:func:`check_restored`).
 _ACTION_SCRIPT = """#!/bin/sh
 case "$CRTOOLS_SCRIPT_ACTION" in
 setup-namespaces) exec nsenter --target "$CRTOOLS_INIT_PID" --net ip link set lo up ;;
@@ -75,16 +77,26 @@ while [ -n "$todo" ]; do
     s=$soft
     [ "$s" -gt "$h" ] && s=$h
     if [ "$s:$h" != "$soft:$hard" ]; then
-        prlimit --pid "$p" --nofile="$s:$h" || exit 1
+        if ! err=$(prlimit --pid "$p" --nofile="$s:$h" 2>&1); then
+            echo "$p $hard $err" >> '@ERRORS@'
+            exit 1
+        fi
     fi
 done
 """
 
 
-def action_script(nofile: int) -> str:
-    """CRIU's action script for a restore into a sandbox of ``nofile`` open files (see
-    the comment above)."""
-    return _ACTION_SCRIPT.replace("@NOFILE@", str(int(nofile)))
+NOFILE_ERRORS = "criu-nofile.err"
+"""Where the action script says which limit it could not lower (in the sandbox's
+directory, root's: the sandbox never sees it)."""
+
+
+def action_script(nofile: int, errors: Path) -> str:
+    """CRIU's action script for a restore into a sandbox of ``nofile`` open files, its
+    failures written to ``errors`` (see the comment above)."""
+    if "'" in str(errors):
+        raise ValueError(f"a path with a quote: {errors}")
+    return _ACTION_SCRIPT.replace("@NOFILE@", str(int(nofile))).replace("@ERRORS@", str(errors))
 
 
 def mount_key(point: str, seen: dict[str, int]) -> str:
@@ -259,7 +271,9 @@ def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, i
     files. Run by the launcher, as root, in the new slot's cgroup (it stays CRIU's
     parent: ``-d`` is not given)."""
     script = sandbox_dir / "criu-action.sh"  # not in dest: CRIU runs it after dest is gone
-    script.write_text(action_script(nofile))
+    errors = sandbox_dir / NOFILE_ERRORS
+    errors.unlink(missing_ok=True)
+    script.write_text(action_script(nofile, errors))
     os.chmod(script, 0o500)
     argv = ["/usr/bin/env", "-i", f"PATH={CRIU_PATH}", str(criu), "restore", "-D", str(dest),
             "-o", "restore.log", "--shell-job", "--network-lock", "skip",
@@ -272,14 +286,17 @@ def restore_argv(criu: Path, dest: Path, *, sandbox_dir: Path, meta: dict[str, i
     return argv
 
 
-def check_restored(pids: list[int], *, outer: int, uid: int, nofile: int) -> None:
+def check_restored(pids: list[int], *, outer: int, uid: int, nofile: int,
+                   sandbox_dir: Path | None = None) -> None:
     """After a restore, before the sandbox is handed out: every process of its cgroup
     but ``outer`` (CRIU, its parent) is what a sandbox's processes always are, whatever
     its images said: the slot's host uid or its root's, no capability beyond
     :data:`~corral.runtime.users.ROOT_CAPS` (bounding set included), ``no_new_privs``,
     a seccomp filter and at most ``nofile`` open files (the sandbox's own limit).
     :class:`InvalidState` otherwise (a forged or damaged checkpoint): the caller ends
-    the sandbox."""
+    the sandbox. A limit the restore's action script could not lower (it says so in
+    ``sandbox_dir``'s :data:`NOFILE_ERRORS`) is :class:`Unsupported` instead, saying
+    what to do: the sandbox is ended all the same."""
     allowed = _caps_mask(ROOT_CAPS)
     for pid in pids:
         if pid == outer:
@@ -291,14 +308,35 @@ def check_restored(pids: list[int], *, outer: int, uid: int, nofile: int) -> Non
         fields = dict(ln.split(":", 1) for ln in status.splitlines() if ":" in ln)
         ids = {int(v) for k in ("Uid", "Gid") for v in fields[k].split()}
         caps = [int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")]
-        if (not ids <= {uid, root_uid(uid)} or any(c & ~allowed for c in caps)
-                or fields["NoNewPrivs"].strip() != "1"
-                or fields["Seccomp"].strip() != "2" or _nofile_hard(pid) > nofile):
+        confined = (ids <= {uid, root_uid(uid)} and not any(c & ~allowed for c in caps)
+                    and fields["NoNewPrivs"].strip() == "1" and fields["Seccomp"].strip() == "2")
+        if confined and (hard := _nofile_hard(pid)) > nofile and sandbox_dir is not None:
+            _not_lowered(sandbox_dir / NOFILE_ERRORS, pid, hard, nofile)
+        if not confined or _nofile_hard(pid) > nofile:
             raise InvalidState(
                 f"a restored process (host pid {pid}) is not confined like a sandbox's "
                 "(its ids, capabilities, no_new_privs, seccomp filter or open files limit "
                 "differ): the checkpoint's images were changed; the sandbox was ended",
                 details={"cause": "forged_images", "pid": pid})
+
+
+def _not_lowered(errors: Path, pid: int, hard: int, nofile: int) -> None:
+    """:class:`Unsupported` if the action script wrote that it could not lower a limit
+    (prlimit refused: the host's root may lack ``CAP_SYS_RESOURCE``); else nothing."""
+    try:
+        said = errors.read_text(errors="replace")[:_MAX_SAID].strip()
+    except OSError:
+        return
+    if not said:
+        return
+    raise Unsupported(
+        f"the restored processes' open files limit ({hard}, the checkpoint's) could not be "
+        f"lowered to this sandbox's open_files ({nofile}): prlimit said {said!r}. The "
+        "host's root may lack CAP_SYS_RESOURCE: restore with open_files at least "
+        f"{hard} (or leave it unset), or run the daemon with CAP_SYS_RESOURCE; the "
+        "sandbox was ended",
+        details={"cause": "open_files_not_lowered", "pid": pid, "open_files": nofile,
+                 "checkpoint_open_files": hard})
 
 
 def _nofile_hard(pid: int) -> int:

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from corral.runtime.channel import ExecStream
     from corral.runtime.events import Events
     from corral.runtime.live import Live as _Live
+    from corral.runtime.output_budget import OutputBudget
 
 MAX_EXITED_KEPT = 64
 COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
@@ -88,6 +89,7 @@ class ProcessEngine(Protocol):
 
     _tasks: set[asyncio.Task[Any]]
     events: Events
+    output_budget: OutputBudget
 
     def _running(self, sandbox_id: str) -> _Live: ...
     def command_fields(
@@ -176,6 +178,8 @@ class Process:
         self._reading = False
         # its sandbox's log and the exec metrics hear of it when it ends (CommandEnded)
         self._tap = CommandTap(engine.events, live.id, argv)
+        self._budget = engine.output_budget  # unread output held (runtime/output_budget.py)
+        self._tenant = live.spec.tenant
 
     # ----------------------------------------------------------- properties
 
@@ -284,7 +288,7 @@ class Process:
                 self._check_reader(me)
                 if self._events:
                     event = self._events.popleft()
-                    self._unread[event.kind] -= len(event.data)
+                    self._consumed(event.kind, len(event.data))
                     yield ExecEvent(event.kind, bytes(event.data))
                     continue
                 if self.state == ProcessState.EXITED:
@@ -346,7 +350,7 @@ class Process:
             if tail:
                 kept.append(_Chunk("stdout", tail))
         self._events = kept
-        self._unread["stdout"] -= size
+        self._consumed("stdout", size)
         return b"".join(parts)
 
     def _take_reader(self) -> int:
@@ -401,7 +405,7 @@ class Process:
         while self._events:
             event = self._events.popleft()
             (out if event.kind == "stdout" else err).append(event.data)
-        self._unread = {"stdout": 0, "stderr": 0}
+        self._consumed_all()
         return dataclasses.replace(self.result, stdout=b"".join(out), stderr=b"".join(err))
 
     # --------------------------------------------------------------- pump
@@ -462,6 +466,9 @@ class Process:
         if len(data) > room:
             self._dropped[kind] = True
             data = data[: max(room, 0)]
+        if data and (granted := self._budget.take(self._tenant, len(data))) < len(data):
+            self._dropped[kind] = True  # the output budget is spent: dropped as past the cap
+            data = data[:granted]
         if data:
             # Small writes join the last unread chunk of their stream (up to
             # COALESCE_BYTES): a process writing a byte at a time must not cost the daemon
@@ -496,8 +503,17 @@ class Process:
             return 0  # a reader drains it, then lets it go
         dropped = self.unread_bytes
         self._events.clear()
-        self._unread = {"stdout": 0, "stderr": 0}
+        self._consumed_all()
         return dropped
+
+    def _consumed(self, kind: OutputStream, n: int) -> None:
+        """``n`` bytes of ``kind`` were read: their room goes back to the budget."""
+        self._unread[kind] -= n
+        self._budget.give(self._tenant, n)
+
+    def _consumed_all(self) -> None:
+        self._budget.give(self._tenant, self.unread_bytes)
+        self._unread = {"stdout": 0, "stderr": 0}
 
     # ------------------------------------------------------------ helpers
 
@@ -535,7 +551,9 @@ def kept(live: _Live) -> list[Process]:
 
 
 def forget(live: _Live, process_id: str) -> None:
-    live.processes.pop(process_id, None)
+    proc = live.processes.pop(process_id, None)
+    if isinstance(proc, Process):
+        proc.discard_output()  # nobody can read it any more: its room goes back
 
 
 def release(live: _Live) -> int:
@@ -550,3 +568,4 @@ def _forget_old(live: _Live) -> None:
     ended = [p for p in kept(live) if p.state != ProcessState.RUNNING]
     for proc in ended[: max(0, len(ended) - MAX_EXITED_KEPT)]:
         live.processes.pop(proc.id, None)
+        proc.discard_output()

@@ -91,6 +91,20 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         f"live streams one tenant may hold open (default {DEFAULT_MAX_TENANT_STREAMS})",
     ),
     (
+        "--output-memory-mb",
+        int,
+        "MB",
+        "memory for commands' output held at once, all tenants together; a command that "
+        "does not fit gets a lower max_output, or 429 (default: an eighth of the RAM or of "
+        "the daemon's cgroup memory limit)",
+    ),
+    (
+        "--tenant-output-memory-mb",
+        int,
+        "MB",
+        "the same, per tenant (default: half of --output-memory-mb)",
+    ),
+    (
         "--idle-exit",
         float,
         "SECONDS",

@@ -54,6 +54,7 @@ from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.revocation import Revocation
+from corral.server.route_index import IndexedRouter
 from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
@@ -289,6 +290,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
     )
+    app.router = IndexedRouter(app.router.routes)  # a few candidates per request (route_index.py)
     limits = Limits(
         max_starting=settings.max_starting,
         max_sandboxes=settings.max_sandboxes,
@@ -309,6 +311,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
     app.state.admission, app.state.pools = service.admission, service.pools
     engine.snapshots.quota_of = snapshot_quota(tenants.quota_of)  # server/quotas.py
     engine.lifetime_cap = service.lifetime_left  # a hibernated sandbox resumes within it
+    engine.output_budget = settings.output_budget()  # commands' output in memory
     app.state.cluster_tenancy = cluster  # its refresh runs with the daemon (daemon.py)
     revocation = app.state.revocation = Revocation(door, service, settings.on_revoke)
     if cluster is not None:  # a revoke made on another node ends things here too

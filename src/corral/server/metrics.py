@@ -32,6 +32,8 @@ the rest are summed under ``pool="_other"`` / ``tenant="_other"``.
 ``corral_pool_acquire_seconds``     a successful pool acquire's wait (histogram)
 ``corral_layer_store_bytes``        bytes of committed snapshot layers (gauge)
 ``corral_tenant_sandboxes{tenant}`` live sandboxes per tenant (gauge)
+``corral_output_held_bytes``        commands' and processes' output held (the output budget's use)
+``corral_output_budget_bytes``      the output budget (``--output-memory-mb``) (gauge)
 ``corral_gpus``                     NVIDIA GPUs in the daemon's inventory (gauge)
 ``corral_gpus_held``                GPUs held by sandboxes, exclusively or shared (gauge)
 ``corral_build_info{version}``      always 1
@@ -139,6 +141,13 @@ class _StateCollector:
                                                                           owner=None))
         yield _gauge("corral_tenant_sandboxes", "Live sandboxes of each tenant.", "tenant",
                      bounded(tenants.most_common()))
+        budget = self.engine.output_budget
+        yield GaugeMetricFamily("corral_output_held_bytes",
+                                "Commands' and processes' output held in memory (reserved).",
+                                value=budget.used)
+        yield GaugeMetricFamily("corral_output_budget_bytes",
+                                "The memory commands' output may take (--output-memory-mb).",
+                                value=budget.total)
         gpus = self.engine.gpus
         yield GaugeMetricFamily("corral_gpus", "NVIDIA GPUs in this daemon's inventory.",
                                 value=gpus.total)

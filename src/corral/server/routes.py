@@ -41,7 +41,7 @@ from corral.server.context import unless_disconnected, unless_gone
 from corral.server.reserved_tags import check_tags
 from corral.server.service import Abandoned, check_network
 from corral.server.streaming import start_stream
-from corral.server.wire import body_pieces, file_response
+from corral.server.wire import HeldJSONResponse, body_pieces, file_response
 
 logger = logging.getLogger("corral.server")
 
@@ -284,8 +284,14 @@ def exec_args(body: ExecRequest) -> dict[str, Any]:
 
 
 async def exec_command(request: Request, body: ExecRequest) -> Response:
-    work = ctx.sandboxes(request).exec(_sid(request), **exec_args(body))
-    return JSONResponse(exec_response(await unless_disconnected(request, work)))
+    verbs, sid = ctx.sandboxes(request), _sid(request)
+    hold = verbs.reserve_output(sid, body.max_output)  # kept until the reply is sent
+    try:
+        work = verbs.exec(sid, **exec_args(body), output_hold=hold)
+        return HeldJSONResponse(exec_response(await unless_disconnected(request, work)), hold)
+    except BaseException:
+        hold.release()
+        raise
 
 
 async def exec_stream(request: Request, body: ExecRequest) -> Response:

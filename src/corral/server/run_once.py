@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from corral.api.models import RunRequest, exec_response
+from corral.runtime.output_budget import OutputHold
 from corral.schema import ExecResult, SandboxInfo
 from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.context import unless_disconnected
 from corral.server.routes import exec_args
+from corral.server.wire import HeldJSONResponse
 
 
 async def run_once(request: Request, body: RunRequest) -> Response:
@@ -31,12 +33,21 @@ async def run_once(request: Request, body: RunRequest) -> Response:
                         host_network=ctx.host_network_allowed(request))
     verbs = ctx.sandboxes(request)
 
+    holds: list[OutputHold] = []
+
     async def work() -> tuple[SandboxInfo, ExecResult]:
         info = await service.create(spec, caller)
-        try:
-            return info, await verbs.exec(info.id, **exec_args(body.exec))
+        try:  # the output's room, kept until the reply is sent
+            holds.append(verbs.reserve_output(info.id, body.exec.max_output))
+            return info, await verbs.exec(info.id, **exec_args(body.exec), output_hold=holds[0])
         finally:
             await asyncio.shield(service.delete(info.id, caller))
 
-    info, result = await unless_disconnected(request, work())
-    return JSONResponse({"sandbox_id": info.id, "result": exec_response(result)})
+    try:
+        info, result = await unless_disconnected(request, work())
+        return HeldJSONResponse({"sandbox_id": info.id, "result": exec_response(result)},
+                                holds[0])
+    except BaseException:
+        for hold in holds:
+            hold.release()
+        raise

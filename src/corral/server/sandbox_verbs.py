@@ -19,6 +19,7 @@ from typing import Any
 
 from corral.errors import SandboxNotFound
 from corral.runtime.engine import Engine
+from corral.runtime.output_budget import OutputHold
 from corral.schema import SandboxInfo
 from corral.server.caller import Caller, Scope
 
@@ -84,6 +85,11 @@ class SandboxVerbs:
 
     def exec(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._awake(self._engine.exec, self._check(sandbox_id), *args, **kwargs)
+
+    def reserve_output(self, sandbox_id: str, max_output: int) -> OutputHold:
+        """Room for a command's output in the caller's output budget, for a reply that
+        holds it until sent (``exec(..., output_hold=)``, :class:`~corral.server.wire.HeldJSONResponse`)."""
+        return self._engine.reserve_output(self._check(sandbox_id), max_output, owner=self._owner)
 
     def exec_stream(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._stream_awake(self._check(sandbox_id), *args, **kwargs)

@@ -24,6 +24,7 @@ from typing import Any
 
 from corral.cluster.ids import is_node_id
 from corral.errors import InvalidArgument
+from corral.runtime.output_budget import OutputBudget
 from corral.schema import MAX_TIMEOUT_S
 
 DEFAULT_SOCKET = "/run/corral/corral.sock"
@@ -104,6 +105,10 @@ class ServerSettings:
     # live streams one dashboard session, and one tenant, hold open (server/stream_limits.py)
     max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
     max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
+    # commands' output held in memory at once (runtime/output_budget.py): in all (None:
+    # an eighth of the host's RAM) and per tenant (None: half of that)
+    output_memory_mb: int | None = None
+    tenant_output_memory_mb: int | None = None
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)
     # What a revoked tenant's running sandboxes become (server/revocation.py): "stop"
     # (their records and files stay for the admin) or "keep" (running, the admin's).
@@ -141,6 +146,9 @@ class ServerSettings:
                      "max_session_streams", "max_tenant_streams"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("output_memory_mb", "tenant_output_memory_mb"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_connections is not None and self.max_connections < 1:
             raise InvalidArgument(f"max_connections must be at least 1, got {self.max_connections}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
@@ -176,6 +184,12 @@ class ServerSettings:
                 "serving the cwsandbox API (--grpc) needs a token: pass --token TOKEN or "
                 "set CORRAL_TOKEN (clients then set CWSANDBOX_API_KEY=TOKEN)"
             )
+
+    def output_budget(self) -> OutputBudget:
+        """The memory commands' output may take at once (runtime/output_budget.py)."""
+        def size(mb: int | None) -> int | None:
+            return None if mb is None else mb << 20
+        return OutputBudget(size(self.output_memory_mb), size(self.tenant_output_memory_mb))
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ServerSettings":

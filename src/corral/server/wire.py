@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from corral.errors import (
     StorageFull,
 )
 from corral.runtime.engine_files import FileReading
+from corral.runtime.output_budget import OutputHold
 from corral.runtime.storage import room_above_reserve
 from corral.server.limits import BODY_IDLE_TIMEOUT_S, parse_json
 
@@ -27,10 +29,24 @@ def error_response(err: CorralError, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
 
 
+WHOLE_BODY_BYTES = 64 << 10
+"""A body declared this small is read in one await, within one idle timeout for all of
+it: the piece-by-piece path (three generators and a timer per piece) cost ~3× the CPU
+of a small JSON request's read (docs/performance.md)."""
+
+
 async def read_body(request: Request, limit: int, what: str) -> bytearray:
     """The whole request body, refused with 413 once it is known to exceed ``limit``."""
+    pieces = body_pieces(request, limit, what)  # a declared length over it: refused now
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) <= WHOLE_BODY_BYTES:
+        try:
+            async with asyncio.timeout(BODY_IDLE_TIMEOUT_S):
+                return bytearray(await request.body())
+        except TimeoutError:
+            raise _stalled() from None
     body = bytearray()
-    async for chunk in body_pieces(request, limit, what):
+    async for chunk in pieces:
         body += chunk
     return body
 
@@ -129,10 +145,12 @@ async def paced(request: Request) -> AsyncIterator[bytes]:
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise RequestTimeout(
-                f"no part of the request body arrived for {BODY_IDLE_TIMEOUT_S:g} s"
-            ) from None
+            raise _stalled() from None
         yield chunk
+
+
+def _stalled() -> RequestTimeout:
+    return RequestTimeout(f"no part of the request body arrived for {BODY_IDLE_TIMEOUT_S:g} s")
 
 
 async def read_json(request: Request, what: str, *, required: bool = True) -> dict[str, Any]:
@@ -146,3 +164,21 @@ async def read_json(request: Request, what: str, *, required: bool = True) -> di
     if not isinstance(data, dict):
         raise InvalidArgument(f"the {what} must be a JSON object, not {type(data).__name__}")
     return data
+
+
+class HeldJSONResponse(JSONResponse):
+    """A command's result as JSON, holding as much of the output budget
+    (:mod:`corral.runtime.output_budget`) as its body's size until it has been written
+    or the client has gone; a reply never sent gives it back when collected."""
+
+    def __init__(self, content: Any, hold: OutputHold) -> None:
+        super().__init__(content)
+        hold.shrink(len(self.body))
+        self._hold = hold
+        weakref.finalize(self, hold.release)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._hold.release()

@@ -136,6 +136,12 @@ class PrivateNets:
         group = self.groups.get(key) if key else None
         return (group, group.members[sandbox_id]) if group else None
 
+    def holder(self, owner: str | None, name: str, alias: str) -> str | None:
+        """The sandbox holding ``alias`` on ``owner``'s network ``name``, or None."""
+        group = self.groups.get((owner, name))
+        found = group.find(alias) if group else None
+        return found.sandbox_id if found else None
+
     def lookup(self, sandbox_id: str, name: str) -> str | None:
         """The address of ``name`` (a member's id or alias) on ``sandbox_id``'s private
         network, or None."""

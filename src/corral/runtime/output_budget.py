@@ -1,0 +1,170 @@
+"""Memory the daemon may hold for commands' output: a budget per tenant and in all.
+
+A command run to completion (``exec``, ``POST /v1/run``, the front-ends' exec) keeps up
+to ``max_output`` bytes of each of its two streams in the daemon's memory until its
+result has been sent; a streamed command's events wait in memory for a slow reader,
+bounded the same way. ``max_output`` may be up to 1 GiB, so without a budget a tenant
+running many such commands at once could make the daemon hold more than the host has.
+
+So each command reserves, before it starts, what it may hold: ``2 × max_output``
+(stdout and stderr). The reservation counts against the tenant of its sandbox
+(``--tenant-output-memory-mb``, default half the daemon's) and the daemon's
+(``--output-memory-mb``, default an eighth of the host's RAM, or of the daemon's
+cgroup memory limit where lower). A command that does not
+fit whole gets a lower cap, the same for both streams and never below
+:data:`MIN_GRANT`: its result says so (``output_limited_to``: the bytes per stream it
+kept at most) and a stream longer than that is truncated as any other (its head and its
+tail, ``*_truncated``), so the tail where a verdict or a traceback is printed is kept.
+When not even :data:`MIN_GRANT` per stream is left, the command is refused before it
+starts: :class:`~corral.errors.OutputBudgetExceeded` (429), which says whose budget is
+spent and what to do. A result being sent holds only its real size; everything is given
+back once the reply is written (or the client has gone).
+
+An interactive process's unread output (``max_buffer`` per stream) counts against the
+same budgets, by what it really holds (the tenant of its sandbox): output that comes
+while they are spent is dropped like output past ``max_buffer`` (its result's
+``*_truncated``), and reading or dropping it gives the room back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from corral.errors import OutputBudgetExceeded
+
+__all__ = ["MIN_GRANT", "OutputBudget", "OutputHold", "host_output_bytes", "memory_limit"]
+
+MIN_GRANT = 64 << 10
+"""The smallest cap per stream a command is lowered to; below it, it is refused."""
+HOST_SHARE = 8
+"""The daemon's default budget: the host's RAM divided by this."""
+TENANT_SHARE = 2
+"""A tenant's default budget: the daemon's divided by this."""
+
+
+def host_output_bytes() -> int:
+    """The daemon's default output budget: an eighth of the memory it may use (the
+    host's RAM, or its own cgroup's limit where lower: a daemon in a container)."""
+    return memory_limit() // HOST_SHARE
+
+
+def memory_limit(self_cgroup: Path = Path("/proc/self/cgroup"),
+                 cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The host's RAM, or the lowest memory limit of this process's cgroup and its
+    ancestors (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) where lower."""
+    limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return limit
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:
+            base, name = cgroup_root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = cgroup_root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            try:
+                value = (base.joinpath(*parts[:depth]) / name).read_text().strip()
+            except OSError:
+                continue
+            if value.isdigit():
+                limit = min(limit, int(value))
+    return limit
+
+
+class OutputHold:
+    """What one command (or one reply) holds of the budget; :meth:`release` gives it
+    back (once, whatever calls it again)."""
+
+    __slots__ = ("_budget", "tenant", "nbytes", "max_output", "limited")
+
+    def __init__(self, budget: "OutputBudget | None", tenant: str | None, nbytes: int,
+                 max_output: int, limited: bool) -> None:
+        self._budget = budget
+        self.tenant = tenant
+        self.nbytes = nbytes
+        self.max_output = max_output  # the cap per stream granted
+        self.limited = limited  # lower than asked
+
+    def shrink(self, nbytes: int) -> None:
+        """Keep only ``nbytes`` (a result's real size, while it is sent)."""
+        if self._budget is not None and nbytes < self.nbytes:
+            self._budget._give_back(self.tenant, self.nbytes - nbytes)
+            self.nbytes = nbytes
+
+    def release(self) -> None:
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget._give_back(self.tenant, self.nbytes)
+
+
+class OutputBudget:
+    """Bytes of output held at once: at most ``total`` in all and ``per_tenant`` per
+    tenant (the admin, tenant None, counts as one). See the module docstring."""
+
+    def __init__(self, total: int | None = None, per_tenant: int | None = None) -> None:
+        self.total = host_output_bytes() if total is None else total
+        self.per_tenant = self.total // TENANT_SHARE if per_tenant is None else per_tenant
+        if self.total < 2 * MIN_GRANT or self.per_tenant < 2 * MIN_GRANT:
+            raise ValueError(f"an output budget must be at least {2 * MIN_GRANT} bytes")
+        self.used = 0
+        self.by_tenant: dict[str | None, int] = {}
+
+    def free_for(self, tenant: str | None) -> int:
+        return max(0, min(self.total - self.used,
+                          self.per_tenant - self.by_tenant.get(tenant, 0)))
+
+    def reserve(self, tenant: str | None, max_output: int, sandbox_id: str = "") -> OutputHold:
+        """A command's reservation of ``2 × max_output``, lowered to what is free; a
+        refusal (:class:`OutputBudgetExceeded`) if less than :data:`MIN_GRANT` per
+        stream is free (or less than a smaller ``max_output``)."""
+        free = self.free_for(tenant)
+        if 2 * max_output <= free:
+            return self._take(tenant, max_output, limited=False)
+        if free // 2 >= MIN_GRANT:
+            return self._take(tenant, free // 2, limited=True)
+        tenant_used = self.by_tenant.get(tenant, 0)
+        whose = ("the daemon's" if self.total - self.used < self.per_tenant - tenant_used
+                 else "its tenant's")
+        raise OutputBudgetExceeded(
+            f"sandbox {sandbox_id}: no memory left to hold the command's output: {whose} "
+            f"output budget is taken by commands in flight ({self.used} of {self.total} "
+            f"bytes in all, {tenant_used} of {self.per_tenant} for the tenant); retry when "
+            "some have ended, or ask a smaller max_output (its output_tail keeps the end)",
+            details={"sandbox_id": sandbox_id, "tenant": tenant, "used": self.used,
+                     "limit": self.total, "tenant_used": tenant_used,
+                     "tenant_limit": self.per_tenant, "requested": max_output},
+        )
+
+    def take(self, tenant: str | None, nbytes: int) -> int:
+        """Room for up to ``nbytes`` more of a process's unread output: what fits, never
+        refused (0 when the budget is spent); given back with :meth:`give`."""
+        n = max(0, min(nbytes, self.free_for(tenant)))
+        if n:
+            self.used += n
+            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
+        return n
+
+    def give(self, tenant: str | None, nbytes: int) -> None:
+        """Give back what :meth:`take` granted (output read or dropped)."""
+        if nbytes > 0:
+            self._give_back(tenant, nbytes)
+
+    def _take(self, tenant: str | None, max_output: int, *, limited: bool) -> OutputHold:
+        n = 2 * max_output
+        self.used += n
+        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
+        return OutputHold(self, tenant, n, max_output, limited)
+
+    def _give_back(self, tenant: str | None, nbytes: int) -> None:
+        self.used -= nbytes
+        left = self.by_tenant.get(tenant, 0) - nbytes
+        if left > 0:
+            self.by_tenant[tenant] = left
+        else:
+            self.by_tenant.pop(tenant, None)

@@ -1,0 +1,204 @@
+"""Commands' output cannot exhaust the daemon's memory (runtime/output_budget.py).
+
+The attack: ``max_output`` may be up to 1 GiB per stream, and a command run to
+completion keeps its output in the daemon until the reply is sent. A tenant running
+many commands at once, each printing as much as it may keep, made the daemon hold the
+sum. Now every command reserves its output's room in its tenant's budget and the
+daemon's: one that does not fit runs with a lower cap (``output_limited_to``, its head
+and tail kept, ``stdout_truncated``) or, when not even 64 KiB per stream is left, is
+refused with 429 ``output_budget_exceeded``. Never a 500, never the daemon's memory.
+
+Measured on the daemon's own peak resident memory (``VmHWM``, reset before the attack
+through ``/proc/PID/clear_refs``), relative to what the commands asked it to hold.
+Real daemon, real sandboxes, tenants over TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import corral
+from tests.conftest import requires_root
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+pytestmark = [requires_root, pytest.mark.root]
+
+MiB = 1 << 20
+TOTAL_MB, TENANT_MB = 24, 16  # the daemon's budget and a tenant's (small: a quick test)
+N = 24  # commands at once
+ASK = 16 * MiB  # max_output each asks (per stream)
+PRINT = 24 << 20  # bytes each prints to stdout, then a verdict on stderr
+PRINTER = ("import sys\nb = b'x' * 65536\nfor _ in range(%d): sys.stdout.buffer.write(b)\n"
+           "sys.stdout.flush()\nsys.stderr.write('VERDICT ok\\n')" % (PRINT // 65536))
+PATIENCE_S = 120  # a bound on the polls below, never a measure
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon("--output-memory-mb", str(TOTAL_MB),
+                     "--tenant-output-memory-mb", str(TENANT_MB)) as t:
+        t.make_token("mallory")  # no sandbox quota: N at once
+        yield t
+        no_traceback(t)
+
+
+def _sandbox(client: httpx.Client) -> str:
+    reply = client.post("/v1/sandboxes", json={"memory_mb": 128})
+    assert reply.status_code == 201, reply.text
+    return reply.json()["id"]
+
+
+def _nothing_held(team) -> None:
+    """Every byte of the budget came back (the daemon's gauge), once replies are sent."""
+    deadline = time.monotonic() + PATIENCE_S
+    with team.admin() as admin:
+        while True:
+            text = admin.get("/metrics").text
+            line = next(ln for ln in text.splitlines()
+                        if ln.startswith("corral_output_held_bytes "))
+            if float(line.split()[1]) == 0:
+                return
+            assert time.monotonic() < deadline, line
+            time.sleep(0.05)
+
+
+def _status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key}")
+
+
+async def _flood(url: str, token: str, sids: list[str]) -> list[httpx.Response]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=PATIENCE_S,
+                                 limits=httpx.Limits(max_connections=N)) as client:
+        body = {"cmd": ["python3", "-c", PRINTER], "max_output": ASK, "timeout": 60}
+        return list(await asyncio.gather(
+            *(client.post(f"/v1/sandboxes/{sid}/exec", json=body) for sid in sids)))
+
+
+def _check_reply(reply: httpx.Response) -> bool:
+    """A reply is a lowered cap with head and tail, or a typed refusal; True if it ran."""
+    if reply.status_code == 429:
+        assert reply.json()["error"]["code"] == "output_budget_exceeded", reply.text
+        assert "max_output" in reply.json()["error"]["message"]
+        return False
+    assert reply.status_code == 200, reply.text
+    result = reply.json()
+    granted = result["output_limited_to"]
+    assert 64 << 10 <= granted <= TENANT_MB * MiB // 2, result["output_limited_to"]
+    assert result["stdout_truncated"] and len(result["stdout"]) == granted
+    assert result["stderr"] == "VERDICT ok\n" and result["returncode"] == 0
+    return True
+
+
+def test_many_commands_printing_a_lot_leave_the_daemons_memory_bounded(team):
+    pid = team.daemon.proc.pid
+    with team.tenant("mallory") as mallory:
+        sids = [_sandbox(mallory) for _ in range(N)]
+        try:
+            mallory.post(f"/v1/sandboxes/{sids[0]}/exec", json={"cmd": ["true"]})  # warm-up
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+            base = _status(pid, "VmHWM")
+            replies = asyncio.run(_flood(team.url, team.tokens["mallory"], sids))
+            grown = _status(pid, "VmHWM") - base
+        finally:
+            for sid in sids:
+                mallory.delete(f"/v1/sandboxes/{sid}")
+    ran = [_check_reply(r) for r in replies]
+    assert any(ran), [r.status_code for r in replies]
+    _nothing_held(team)
+    # Without the budget the daemon held most of N × ASK (384 MiB) at its peak; with
+    # it, the tenant's 16 MiB plus a reply's copies while it is encoded.
+    asked = N * ASK
+    assert grown < 0.3 * asked, (grown // MiB, [r.status_code for r in replies])
+
+
+def test_a_tenants_share_leaves_room_for_others_and_comes_back(team):
+    with team.tenant("alice") as alice, team.tenant("bob") as bob:
+        a_sid, b_sid = _sandbox(alice), _sandbox(bob)
+        try:
+            # alice holds her whole share with a streamed command (8 MiB per stream)
+            body = {"cmd": ["sleep", "600"], "max_output": TENANT_MB * MiB // 2}
+            with alice.stream("POST", f"/v1/sandboxes/{a_sid}/exec/stream", json=body) as held:
+                assert held.status_code == 200
+                deadline = time.monotonic() + PATIENCE_S
+                while (more := alice.post(f"/v1/sandboxes/{a_sid}/exec",
+                                          json={"cmd": ["true"]})).status_code == 200:
+                    assert time.monotonic() < deadline, "alice's stream reserved nothing"
+                    time.sleep(0.05)
+                assert more.status_code == 429, more.text
+                details = more.json()["error"]["details"]
+                assert details["tenant_used"] == details["tenant_limit"] == TENANT_MB * MiB
+                # bob's own command still runs whole...
+                small = bob.post(f"/v1/sandboxes/{b_sid}/exec", json={"cmd": ["echo", "hi"]})
+                assert small.status_code == 200 and small.json()["stdout"] == "hi\n"
+                assert small.json()["output_limited_to"] == 0
+                # ...and a big one gets what the daemon has left (24 - 16 MiB: 4 per stream)
+                big = bob.post(f"/v1/sandboxes/{b_sid}/exec", json={
+                    "cmd": ["python3", "-c", "print('y' * (6 << 20))"], "max_output": 8 * MiB,
+                    "output_tail": 1024})
+                assert big.status_code == 200, big.text
+                result = big.json()
+                assert result["output_limited_to"] == 4 * MiB and result["stdout_truncated"]
+                assert len(result["stdout"]) == 4 * MiB and result["output_tail"] == 1024
+                assert result["stdout"].endswith("y\n")
+            # alice's stream closed: the command is killed and her share comes back
+            deadline = time.monotonic() + PATIENCE_S
+            while (again := alice.post(f"/v1/sandboxes/{a_sid}/exec",
+                                       json={"cmd": ["true"]})).status_code == 429:
+                assert time.monotonic() < deadline, again.text
+                time.sleep(0.05)
+            assert again.status_code == 200 and again.json()["output_limited_to"] == 0
+        finally:
+            alice.delete(f"/v1/sandboxes/{a_sid}")
+            bob.delete(f"/v1/sandboxes/{b_sid}")
+    _nothing_held(team)
+
+
+def test_run_once_is_budgeted_too_and_the_sdk_says_so(team):
+    """Through the real SDK: ``CommandResult.output_limited_to`` says the cap it got."""
+    with corral.Client(team.url, token=team.tokens["bob"]) as client:
+        r = corral.Sandbox.run_once(["python3", "-c", "print('z' * (9 << 20))"],
+                                    max_output=1 << 30, memory_mb=128, client=client)
+        assert r.output_limited_to == TENANT_MB * MiB // 2
+        assert r.stdout_truncated and r.stdout.endswith("z\n") and r.ok
+    _nothing_held(team)
+
+
+def test_processes_unread_output_counts_against_the_same_budget(team):
+    """Processes' unread output (max_buffer, 16 MiB per stream by default) is held by
+    the daemon too: four printing 8 MiB each, unread, hold at most the tenant's 16 MiB
+    (32 MiB before), the rest is dropped and flagged; forgetting them gives it back."""
+    printer = "import sys\nsys.stdout.buffer.write(b'p' * (8 << 20))\nsys.stdout.flush()"
+    with team.tenant("mallory") as mallory:
+        sid = _sandbox(mallory)
+        base = f"/v1/sandboxes/{sid}/processes"
+        try:
+            ids = [mallory.post(base, json={"cmd": ["python3", "-c", printer]}).json()["id"]
+                   for _ in range(4)]
+            deadline = time.monotonic() + PATIENCE_S
+            while (infos := [mallory.get(f"{base}/{i}").json() for i in ids]) and any(
+                    p["state"] == "running" for p in infos):
+                assert time.monotonic() < deadline, infos
+                time.sleep(0.1)
+            held = sum(p["unread_bytes"] for p in infos)
+            assert held == TENANT_MB * MiB, held  # all her share, no more
+            assert any(p["result"]["stdout_truncated"] for p in infos)
+            # while they hold it, her commands are refused (typed); then they come back
+            refused = mallory.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": ["true"]})
+            assert refused.status_code == 429, refused.text
+            for i in ids:
+                assert mallory.delete(f"{base}/{i}").status_code == 204
+            ok = mallory.post(f"/v1/sandboxes/{sid}/exec",
+                              json={"cmd": ["true"], "max_output": 4 * MiB})
+            assert ok.status_code == 200 and ok.json()["output_limited_to"] == 0, ok.text
+        finally:
+            mallory.delete(f"/v1/sandboxes/{sid}")
+    _nothing_held(team)
