@@ -37,7 +37,10 @@ def test_downloads_as_root_not_read_hold_their_room_in_the_output_budget(e2b):
                 for _ in range(4):  # each reply left unread: its body stays in flight
                     s = socket.create_connection((url.hostname, url.port), timeout=120)
                     s.sendall(head)
-                    out["status"].append(s.recv(12).decode())
+                    got = b""
+                    while len(got) < 12 and (more := s.recv(12 - len(got))):
+                        got += more
+                    out["status"].append(got.decode())
                     held.append(s)
                 for s in held:
                     s.close()

@@ -226,7 +226,10 @@ def test_replies_not_read_keep_holding_their_room(team):
             for _ in range(3):
                 s = socket.create_connection(("127.0.0.1", team.port), timeout=PATIENCE_S)
                 s.sendall(head + body)
-                status.append(s.recv(12).decode())
+                got = b""
+                while len(got) < 12 and (more := s.recv(12 - len(got))):
+                    got += more
+                status.append(got.decode())
                 held.append(s)
             with team.admin() as admin:
                 gauge = next(ln for ln in admin.get("/metrics").text.splitlines()
