@@ -257,21 +257,12 @@ def paired_trees(batches: int, per: int, baseline: Path) -> dict[str, float]:
     alternated within seconds. The client is this tree's for both. A pool's acquires
     run back to back from a pool whose ``max_size`` is its ``min_ready`` (no refill in
     the window), refilled between batches."""
-    from bench_sdk import private_daemon
-
     import corral
 
     got: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
-        urls: dict[str, str] = {}
-        saved = os.environ.get("PYTHONPATH")
-        for name, src in (("baseline", baseline), ("current", HERE.parent / "src")):
-            os.environ["PYTHONPATH"] = os.pathsep.join([str(src), str(HERE)])
-            urls[name] = stack.enter_context(private_daemon("corral-bench-cpu-"))
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+        urls = tree_daemons(stack, {"baseline": baseline, "current": HERE.parent / "src"},
+                            "corral-bench-cpu-")
         pids = {k: _daemon_pid(u) for k, u in urls.items()}
         clients = {k: stack.enter_context(corral.Client(u)) for k, u in urls.items()}
         sbs = {k: stack.enter_context(corral.Sandbox.create(memory_mb=128, client=c))
@@ -307,6 +298,25 @@ def paired_trees(batches: int, per: int, baseline: Path) -> dict[str, float]:
                     s.delete()
                 held.clear()
     return {k: statistics.median(v) for k, v in got.items()}
+
+
+def tree_daemons(stack: contextlib.ExitStack, trees: dict[str, Path], prefix: str) -> dict[str, str]:
+    """A private daemon of each tree's code (its ``src`` first on ``PYTHONPATH``),
+    stopped with ``stack``; their URLs by tree."""
+    from bench_sdk import private_daemon
+
+    urls: dict[str, str] = {}
+    saved = os.environ.get("PYTHONPATH")
+    try:
+        for name, src in trees.items():
+            os.environ["PYTHONPATH"] = os.pathsep.join([str(src), str(HERE)])
+            urls[name] = stack.enter_context(private_daemon(prefix))
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    return urls
 
 
 def _repeat(k: int, fn, *args) -> None:

@@ -10,10 +10,16 @@ Each round, in turn (load drifts, so they alternate):
 - ``plain_weighted``: the same, each ``python3`` in a CPU cgroup of the weight of
   corral's (:class:`WeightedGroup`: on a loaded host ALL the sandboxes share one
   task's weight of CPU, the plain processes one each);
+- ``plain_beside_engine``: the same, in a CPU cgroup beside the engine's own group
+  (``corral/<engine>``) with its weight: on a host where other daemons' sandboxes load
+  the ``corral`` group (several sessions, their tests), the plain programs then wait
+  in the same run queue as this engine's sandboxes;
 - ``cold``: ``code_reward`` (isolated grading, a fresh sandbox each) as it is by
   default: create the sandbox, start the judge, judge, delete;
 - ``prestarted``: ``code_reward(prestart=N)`` with its pool filled before the clock
-  starts: the batch pays the request, the verdict and the delete. The refill it starts
+  starts: the batch pays the request and the verdict (each sandbox's deletion goes on
+  after its verdict's reply); ``prestarted_delete_first``: the same, each reply waiting
+  for its sandbox's deletion (as before ``consume?delete=after``). The refill it starts
   in the background is then waited for (``reward.prestart()``) before anything else
   runs, timed apart as ``fill``; ``prestarted_with_fill`` adds it (the whole cost when
   nothing else could be done while the pool fills).
@@ -79,21 +85,27 @@ class WeightedGroup:
     ``cpu.weight``): plain ``python3`` run in it gets, on a loaded host, the CPU share
     that ALL of corral's sandboxes get together (each CPU group weighs as one task
     against the host's other runnable tasks), so the walls compare at the same
-    parallelism and the same weight."""
+    parallelism and the same weight. ``engine``: the group goes beside the engine's own
+    group (``corral/<engine>``), with its weight, instead: on a host where other
+    daemons' sandboxes share the ``corral`` group, the plain run then competes with them
+    as this engine's sandboxes do."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: str | None = None) -> None:
         self.path: Path | None = None
         v1 = Path("/sys/fs/cgroup/cpu")
         root, knob = (v1, "cpu.shares") if (v1 / "corral").is_dir() else (
             Path("/sys/fs/cgroup"), "cpu.weight")
+        like = root / "corral"
+        if engine is not None:
+            root, like = like, like / engine
         path = root / f"corral-bench-plain-{os.getpid()}"
         try:
-            weight = (root / "corral" / knob).read_text()
+            weight = (like / knob).read_text()
             path.mkdir(exist_ok=True)
             self.path = path
             (path / knob).write_text(weight)
         except OSError as exc:  # no such group or knob here: that run is left out
-            print(f"plain_weighted left out: {exc}")
+            print(f"a weighted plain run is left out: {exc}")
             self.close()
 
     def close(self) -> None:
@@ -165,6 +177,7 @@ def main() -> int:
         warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
         cold(completions=completions[:2], tests=tests[:2], entry_point=entry[:2])  # warm up
         weighted = WeightedGroup()
+        beside = WeightedGroup(_engine_group(daemon).name)
         try:
             warm.prestart()  # the first fill; each batch's refill is timed below
             engine = EngineCpu(_engine_group(daemon))
@@ -179,13 +192,19 @@ def main() -> int:
                      - kids.children_system) / n * 1000)
                 return [f"plain: {n - ok} failed"] if ok != n else []
 
-            def plain_weighted() -> list[str]:
-                if weighted.path is None:
+            def weighted_plain(name: str, group: WeightedGroup) -> list[str]:
+                if group.path is None:
                     return []
                 t = time.perf_counter()
-                ok = asyncio.run(_plain(python, programs, parallel, weighted.path))
-                walls.setdefault("plain_weighted", []).append(time.perf_counter() - t)
-                return [f"plain_weighted: {n - ok} failed"] if ok != n else []
+                ok = asyncio.run(_plain(python, programs, parallel, group.path))
+                walls.setdefault(name, []).append(time.perf_counter() - t)
+                return [f"{name}: {n - ok} failed"] if ok != n else []
+
+            def plain_weighted() -> list[str]:
+                return weighted_plain("plain_weighted", weighted)
+
+            def plain_beside_engine() -> list[str]:
+                return weighted_plain("plain_beside_engine", beside)
 
             def cold_batch() -> list[str]:
                 t = time.perf_counter()
@@ -193,38 +212,47 @@ def main() -> int:
                 walls.setdefault("cold", []).append(time.perf_counter() - t)
                 return [f"cold: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
 
-            def prestarted_batch() -> list[str]:
+            def prestarted_batch(name: str = "prestarted", delete_first: bool = False) -> list[str]:
+                assert warm._pool is not None
+                warm._pool.delete_first = delete_first
+                warm.prestart()  # judges that waited too long (the steps before) replaced
                 used = warm.stats.prestarted
                 engine.mark()
                 me, dm = time.process_time(), _proc_cpu(daemon)
                 sent = requests.judge
                 t = time.perf_counter()
                 got = warm(completions=completions, tests=tests, entry_point=entry)
-                walls.setdefault("prestarted", []).append(time.perf_counter() - t)
-                cpu.setdefault("requests_per_completion", []).append((requests.judge - sent) / n)
-                sandboxes = engine.since()
-                cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
-                cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
-                cpu.setdefault("sandboxes", []).append(sandboxes / n * 1000)
-                out = [f"prestarted: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
-                out += [f"prestarted used {warm.stats.prestarted - used}/{n}"] if (
+                walls.setdefault(name, []).append(time.perf_counter() - t)
+                if not delete_first:  # the CPU figures: the default way's
+                    cpu.setdefault("requests_per_completion", []).append(
+                        (requests.judge - sent) / n)
+                    sandboxes = engine.since()
+                    cpu.setdefault("client", []).append((time.process_time() - me) / n * 1000)
+                    cpu.setdefault("daemon", []).append((_proc_cpu(daemon) - dm) / n * 1000)
+                    cpu.setdefault("sandboxes", []).append(sandboxes / n * 1000)
+                out = [f"{name}: {got.count(1.0)}/{n}"] if got != [1.0] * n else []
+                out += [f"{name} used {warm.stats.prestarted - used}/{n}"] if (
                     warm.stats.prestarted - used != n) else []
                 # The refill the batch started in the background, waited for here so
                 # that it overlaps nothing measured: what a pool costs between batches.
                 t, sent = time.perf_counter(), requests.fill
                 filled = warm.prestart()
-                walls.setdefault("fill", []).append(time.perf_counter() - t)
-                cpu.setdefault("fill_requests_per_judge", []).append((requests.fill - sent) / n)
+                if not delete_first:
+                    walls.setdefault("fill", []).append(time.perf_counter() - t)
+                    cpu.setdefault("fill_requests_per_judge", []).append(
+                        (requests.fill - sent) / n)
                 return out + ([f"fill: {filled}/{n}"] if filled != n else [])
 
             for r in range(rounds):  # the order reversed every other round: load drifts
-                steps = (plain, plain_weighted, cold_batch, prestarted_batch)
+                steps = (plain, plain_weighted, plain_beside_engine, cold_batch, prestarted_batch,
+                         lambda: prestarted_batch("prestarted_delete_first", True))
                 for step in steps[::1 if r % 2 == 0 else -1]:
                     bad += step()
                 loads.append(os.getloadavg()[0])
         finally:
             warm.close()
             weighted.close()
+            beside.close()
     med = {k: statistics.median(v) for k, v in walls.items()}
     burst_cpu = sum(statistics.median(cpu[k]) for k in ("client", "daemon", "sandboxes"))
     res: dict[str, float | int | str] = {
@@ -232,9 +260,12 @@ def main() -> int:
         **{f"prestart_{k}_wall_s": v for k, v in med.items()},
         "prestart_cold_ratio": med["cold"] / med["plain"],
         "prestart_prestarted_ratio": med["prestarted"] / med["plain"],
+        "prestart_prestarted_delete_first_ratio": med["prestarted_delete_first"] / med["plain"],
         "prestart_prestarted_with_fill_ratio": (med["prestarted"] + med["fill"]) / med["plain"],
         **({"prestart_prestarted_weighted_ratio": med["prestarted"] / med["plain_weighted"]}
            if "plain_weighted" in med else {}),
+        **({"prestart_prestarted_beside_engine_ratio": med["prestarted"] / med["plain_beside_engine"]}
+           if "plain_beside_engine" in med else {}),
         **{f"prestart_{k}" + ("_cpu_ms" if "requests" not in k else ""): statistics.median(v)
            for k, v in cpu.items()},
         "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),

@@ -34,3 +34,23 @@ async def aclient(daemon):
         for sid in leaked:
             await (await corral.AsyncSandbox.connect(sid, client=c)).delete()
         assert not leaked, f"the test left sandboxes behind: {sorted(leaked)}"
+
+
+def streamed_connection(client):
+    """The connection a streamed call (httpx's pool, as a process's output) used;
+    whole replies go on connections of their own (client/_wire.py)."""
+    response = client.stream("GET", "/v1/health")
+    try:
+        response.read()
+        return response.extensions["network_stream"]
+    finally:
+        response.close()
+
+
+async def astreamed_connection(aclient):
+    response = await aclient.stream("GET", "/v1/health")
+    try:
+        await response.aread()
+        return response.extensions["network_stream"]
+    finally:
+        await response.aclose()

@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 import corral
+from tests.client.conftest import astreamed_connection, streamed_connection
 from tests.conftest import requires_root
 
 pytestmark = [requires_root, pytest.mark.root]
@@ -137,23 +138,23 @@ async def test_async_process(aclient):
 
 def test_reading_to_the_exit_keeps_the_connection(client):
     """After a process's exit the SDK reads its output reply to the end, so the next
-    call reuses that connection (closing it cost a new connection per process)."""
+    streamed call reuses that connection (closing it cost a new connection per process)."""
     with corral.Sandbox.create(memory_mb=128, client=client) as sb:
-        stream = client.call("health").extensions["network_stream"]
+        stream = streamed_connection(client)
         for _ in range(2):
             assert sb.spawn(["true"]).wait().returncode == 0
-            assert client.call("health").extensions["network_stream"] is stream
+            assert streamed_connection(client) is stream
 
 
 async def test_async_reading_to_the_exit_keeps_the_connection(aclient):
     sb = await corral.AsyncSandbox.create(memory_mb=128, client=aclient)
     try:
-        stream = (await aclient.call("health")).extensions["network_stream"]
+        stream = await astreamed_connection(aclient)
         for _ in range(2):
             proc = await sb.spawn("echo out; echo err >&2")
             result = await proc.wait()
             assert (result.stdout, result.stderr) == ("out\n", "err\n")
-            assert (await aclient.call("health")).extensions["network_stream"] is stream
+            assert await astreamed_connection(aclient) is stream
             assert await proc.readline() == ""
             with pytest.raises(corral.InvalidState):
                 await proc.write("late\n")

@@ -119,6 +119,13 @@ def test_the_pool_refills_after_a_batch_and_old_judges_are_not_used(daemon, clie
         assert reward.last_outcomes[0].sandbox_id != old.sandbox.id
         assert reward.prestart() == 2  # deletes the stale one, starts another
         assert old.sandbox.id not in {e.sandbox.id for e in pool._ready}
+        # A fill before a batch replaces a judge too old to serve, not the batch.
+        aged = pool._ready[0]
+        pool._ready[0] = dataclasses.replace(aged, born=aged.born - MAX_IDLE_S)
+        assert reward.prestart() == 2
+        assert aged.sandbox.id not in {e.sandbox.id for e in pool._ready}
+        with pytest.raises(corral.SandboxNotFound):
+            corral.Sandbox.connect(aged.sandbox.id, client=client)
         # A copy (pickled to a worker, deep-copied) never shares a waiting judge.
         for twin in (copy.deepcopy(reward), pickle.loads(pickle.dumps(reward))):
             assert len(twin._pool) == 0 and len(pool) == 2

@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -217,3 +218,30 @@ def test_a_local_user_cannot_read_the_registry(team):
     r = subprocess.run([*nobody, "ls", str(team.daemon.state_dir / "layers")],
                        capture_output=True, timeout=30)
     assert r.returncode != 0, r
+
+
+def test_a_consume_that_replies_first_keeps_its_place_until_its_sandbox_is_gone(team):
+    """``consume(delete_first=False)`` (how the code rewards use a pre-started judge)
+    replies before its sandbox's deletion ends: the tenant's place is still taken until
+    then, so a create right after the reply never runs beside the consumed sandbox, with
+    a quota of one sandbox."""
+    team.make_token("quinn", max_sandboxes=1)
+    with corral.Client(team.url, token=team.tokens["quinn"]) as q:
+        sb = corral.Sandbox.create(memory_mb=64, client=q)
+        proc = sb.spawn(["python3", "-c", "print(input().upper())"])
+        line, ended = proc.consume("x\n", timeout=30, delete_first=False)
+        assert line == "X\n" and ended.returncode == 0
+        for _ in range(600):
+            try:
+                new = corral.Sandbox.create(memory_mb=64, client=q)
+            except corral.CapacityExceeded:  # QuotaExceeded too
+                time.sleep(0.05)  # the consumed one still holds the place: as it should
+                continue
+            running = [s.id for s in corral.Sandbox.list(client=q)]
+            assert running == [new.id], f"two sandboxes under a quota of one: {running}"
+            new.delete()
+            break
+        else:
+            pytest.fail("the consumed sandbox never gave its place back")
+    team.cleanup()
+    no_traceback(team)

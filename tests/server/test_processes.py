@@ -151,6 +151,29 @@ def test_consume_replies_with_the_line_and_the_exit_and_deletes_the_sandbox(clie
         time.sleep(0.1)
 
 
+def test_consume_with_delete_after_replies_first_then_the_sandbox_goes(client):
+    """``?delete=after``: the same line and exit, the reply not waiting for the deletion
+    (``deleted`` false), and the sandbox gone moments later. A bad value deletes
+    nothing."""
+    once = "import sys\nsys.stdout.write(sys.stdin.readline().upper())\n"
+    sid = make_sandbox(client)
+    proc = spawn(client, sid, ["python3", "-c", once])
+    assert_error(client.post(proc_path(proc) + "/consume", content=b"x\n",
+                             params={"delete": "later"}), 400, "invalid_argument")
+    assert client.get(f"/v1/sandboxes/{sid}").status_code == 200  # refused: kept
+    reply = client.post(proc_path(proc) + "/consume", content=b"hi\n",
+                        params={"delete": "after", "timeout": "30"})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["data"] == "HI\n" and body["deleted"] is False
+    assert body["result"]["returncode"] == 0
+    deadline = time.monotonic() + 30
+    while client.get(f"/v1/sandboxes/{sid}").status_code != 404:
+        assert time.monotonic() < deadline, "a consume with delete=after kept its sandbox"
+        time.sleep(0.05)
+    assert sid not in [s["id"] for s in client.get("/v1/sandboxes").json()["sandboxes"]]
+
+
 def test_exchange_many_across_sandboxes(client, sandbox):
     other = client.post("/v1/sandboxes", json={"memory_mb": 64, "tags": [TEST_TAG]}).json()["id"]
     try:

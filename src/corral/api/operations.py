@@ -409,7 +409,11 @@ OPERATIONS: tuple[Operation, ...] = (
         query=(Query("timeout", "number", "seconds to wait for the line (default: none); "
                      "past it the process is killed"),
                Query("exit_timeout", "number", "seconds the process may take to exit after "
-                     "its line (default 5); past it, it is killed")),
+                     "its line (default 5); past it, it is killed"),
+               Query("delete", "string", "'before' (default: the sandbox is gone when the "
+                     "reply comes) or 'after' (the reply comes once the line and the exit "
+                     "are known; the deletion, already under way, goes on after it)",
+                     enum=("before", "after"))),
         errors=(*_ON_SANDBOX, *_BODY, SandboxProtocolError, NotFound), routing=Routing.SANDBOX,
     ),
     Operation(

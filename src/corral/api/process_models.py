@@ -146,9 +146,9 @@ class ExchangeResponse(BaseModel):
 class ConsumeResponse(BaseModel):
     """``POST .../consume``: the process's next line (``data``, or ``data_b64`` if not
     UTF-8; ``""``: it exited first; ``null``: none within the timeout, and it was
-    killed), how it ended (``result``: its exit, the output left unread), and that its
-    sandbox was deleted (``deleted``, always true in a reply: the sandbox is deleted
-    whatever happened, before the reply)."""
+    killed), how it ended (``result``: its exit, the output left unread), and whether its
+    sandbox was deleted before the reply (``deleted``: the sandbox is deleted whatever
+    happened, before the reply, or with ``?delete=after`` right after it: then false)."""
 
     data: str | None = None
     data_b64: str | None = None

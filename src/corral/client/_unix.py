@@ -54,7 +54,7 @@ def _pool_options(uds: str, limits: httpx.Limits,
             "socket_options": socket_options}
 
 
-class _SyncBackend(httpcore.SyncBackend):
+class UnixBackend(httpcore.SyncBackend):
     """httpcore's blocking backend, with :func:`check_peer` on each Unix socket."""
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
@@ -78,7 +78,7 @@ class DaemonTransport(httpx.HTTPTransport):
         super().__init__(uds=uds, limits=limits, socket_options=socket_options,
                          verify=uds is None)
         if uds is not None:
-            self._pool = httpcore.ConnectionPool(network_backend=_SyncBackend(),
+            self._pool = httpcore.ConnectionPool(network_backend=UnixBackend(),
                                                  **_pool_options(uds, limits, socket_options))
 
 
@@ -162,7 +162,7 @@ class _SocketStream(httpcore.AsyncNetworkStream):
         return None
 
 
-class _Backend(AnyIOBackend):
+class AsyncUnixBackend(AnyIOBackend):
     """anyio's backend, but Unix sockets under asyncio get a :class:`_SocketStream`."""
 
     async def connect_unix_socket(
@@ -216,5 +216,5 @@ class AsyncDaemonTransport(httpx.AsyncHTTPTransport):
         super().__init__(uds=uds, limits=limits, socket_options=socket_options,
                          verify=uds is None)
         if uds is not None:
-            self._pool = httpcore.AsyncConnectionPool(network_backend=_Backend(),
+            self._pool = httpcore.AsyncConnectionPool(network_backend=AsyncUnixBackend(),
                                                  **_pool_options(uds, limits, socket_options))

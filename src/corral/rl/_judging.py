@@ -158,15 +158,16 @@ async def ajudge(sb: AsyncSandbox, task: Task, options: JudgeOptions, mode: Mode
 
 
 async def ajudge_prestarted(sb: AsyncSandbox, judge: Prestarted, task: Task,
-                            options: JudgeOptions) -> TestReport:
+                            options: JudgeOptions, *, delete_first: bool = False) -> TestReport:
     """Judge a Python ``task`` with ``judge``, a judge already waiting in ``sb``, in one
-    request that deletes ``sb`` too. With ``grading="auto"``, a report that
+    request that deletes ``sb`` too (``delete_first``: before the reply; else right
+    after it). With ``grading="auto"``, a report that
     :func:`~corral.rl.code.needs_in_process` is to be judged again in a fresh sandbox."""
     _, proc = judge.bind(sb.client)
     return await arun_prestarted(
         proc, judge.ready, task.snippets, code=task.code, timeout=run_timeout(task, options),
         test_timeout=options.test_timeout, grading=options.grading,
-        entry_point=task.entry_point,
+        entry_point=task.entry_point, delete_first=delete_first,
     )
 
 

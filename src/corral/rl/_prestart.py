@@ -63,7 +63,12 @@ class JudgePool:
     ``spec`` is the create body of the reward's sandboxes; ``run_timeout`` the seconds
     one completion's run may take (its judge's process lives ``MAX_IDLE_S`` plus that).
     Entries are plain data, so a pool filled on one event loop serves another.
+    ``delete_first``: whether a judge's reply waits for its sandbox's deletion (by
+    default it does not: the deletion, begun by the same request, goes on after the
+    verdict is back, so the batch's next completion does not wait for a teardown).
     """
+
+    delete_first = False
 
     def __init__(self, spec: dict[str, Any], run_timeout: float, lifetime_margin: float) -> None:
         self.run_timeout = run_timeout
@@ -88,13 +93,14 @@ class JudgePool:
     def take(self) -> Prestarted | None:
         """The oldest judge still young enough, or ``None``; older ones are set aside
         for deletion (:meth:`fill` deletes them)."""
+        self._expire()
+        return self._ready.popleft() if self._ready else None
+
+    def _expire(self) -> None:
+        """Set aside the judges too old to serve a completion (oldest first)."""
         now = time.monotonic()
-        while self._ready:
-            entry = self._ready.popleft()
-            if now - entry.born < MAX_IDLE_S - self.run_timeout:
-                return entry
-            self._stale.append(entry.sandbox)
-        return None
+        while self._ready and now - self._ready[0].born >= MAX_IDLE_S - self.run_timeout:
+            self._stale.append(self._ready.popleft().sandbox)
 
     async def start_one(self, client: AsyncClient) -> Prestarted | None:
         """A new sandbox with its judge at ``READY``, or ``None`` (and nothing left
@@ -116,7 +122,10 @@ class JudgePool:
     async def fill(self, client: AsyncClient, size: int, concurrency: int) -> int:
         """Start judges until ``size`` wait (at most ``concurrency`` starting at once;
         another fill's starts count); returns how many wait. Gives up after
-        ``concurrency`` (at least 3) failed starts."""
+        ``concurrency`` (at least 3) failed starts. Judges too old to serve are
+        replaced, so a fill right before a batch leaves none that would send a
+        completion the cold way."""
+        self._expire()
         await self.drop_stale(client)
         gate = asyncio.Semaphore(concurrency)
         failures = 0

@@ -232,11 +232,13 @@ async def arun_prestarted(
     test_timeout: float | None = None,
     grading: Grading = "auto",
     entry_point: str | None = None,
+    delete_first: bool = True,
 ) -> TestReport:
     """:func:`arun_tests` on a judge already started in a fresh sandbox that has run
     nothing else (``proc``, which answered ``ready``: :mod:`corral.rl._prestart`), in
-    ONE request that also deletes the sandbox (``proc.consume``): the request, the
-    verdict, the judge's exit. ``grading`` is ``"auto"`` or ``"isolated"``; with
+    ONE request that also deletes the sandbox (``proc.consume``; ``delete_first=False``:
+    the reply does not wait for the deletion): the request, the verdict, the judge's
+    exit. ``grading`` is ``"auto"`` or ``"isolated"``; with
     ``"auto"``, tests the judge could not split stay ``"unsplittable"`` in the report
     (:func:`needs_in_process`): the sandbox is gone, so the caller judges the completion
     again the usual way (a fresh sandbox, :func:`arun_tests`)."""
@@ -248,7 +250,7 @@ async def arun_prestarted(
     run = JudgeRun(snippets, code=code, timeout=timeout, test_timeout=test_timeout,
                    entry_point=entry_point)
     line, result = await proc.consume(run.request(), timeout=run.timeout,
-                                      exit_timeout=END_WAIT_S)
+                                      exit_timeout=END_WAIT_S, delete_first=delete_first)
     report = run.report(ready if ready.strip() == READY else None, line, result)
     if grading == "isolated" and needs_in_process(report):
         return refuse_unsplittable(report)

@@ -380,7 +380,8 @@ class AsyncCodeReward:
                 sb = live = AsyncSandbox(judge.sandbox, client=client)
                 self.stats.prestarted += 1
                 self.stats.sandboxes_created += 1
-                report = await ajudge_prestarted(sb, judge, task, self.options)
+                report = await ajudge_prestarted(sb, judge, task, self.options,
+                                                 delete_first=self._pool.delete_first)
                 live = None  # the verdict's request deleted it
                 self.stats.sandboxes_deleted += 1
                 if needs_in_process(report):  # "auto": judged again, the usual way

@@ -54,6 +54,7 @@ from corral.server.ops_routes import open_logs
 from corral.server.peer_auth import PeerCredential
 from corral.server.quotas import Quotas, snapshot_quota
 from corral.server.revocation import Revocation
+from corral.server.route_index import IndexedRouter
 from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.service import SandboxService
 from corral.server.settings import ServerSettings
@@ -289,6 +290,7 @@ def create_app(settings: ServerSettings, engine: Engine) -> Starlette:
         ],
         exception_handlers={HTTPException: _http_error, CorralError: _corral_error},
     )
+    app.router = IndexedRouter(app.router.routes)  # a few candidates per request (route_index.py)
     limits = Limits(
         max_starting=settings.max_starting,
         max_sandboxes=settings.max_sandboxes,

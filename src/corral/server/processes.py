@@ -148,38 +148,54 @@ async def exchange(request: Request) -> Response:
 async def consume(request: Request) -> Response:
     """Write the body, read the next line, wait for the exit, delete the sandbox; reply
     with the line and the exit. Shielded: a client that hangs up still gets its sandbox
-    deleted (the work goes on without it)."""
+    deleted (the work goes on without it). ``?delete=after``: the reply goes as soon as
+    the line and the exit are known, and the deletion, already under way, goes on after
+    it (the reply's ``deleted`` is then false; the sandbox is gone moments later)."""
     proc, timeout = _process(request), _timeout(request)
     exit_wait = _timeout(request, "exit_timeout") or CONSUME_EXIT_WAIT_S
+    reply_first = _delete_order(request) == "after"
     data = await read_body(request, request.app.state.settings.max_upload_bytes, "stdin")
     service, caller = ctx.service(request), caller_of(request)
 
+    async def talk() -> tuple[bytes | None, dict[str, Any]]:
+        if data:
+            await proc.write(bytes(data))
+        try:  # a client that hangs up ends the wait (no ``timeout``: it could be forever)
+            line: bytes | None = await unless_disconnected(
+                request, asyncio.wait_for(proc.readline(), timeout))
+        except (asyncio.TimeoutError, ClientDisconnect):
+            line = None
+        try:  # nor does it wait for the exit (``exit_timeout`` may be 30 days)
+            ended = await unless_disconnected(request, _ended(proc, exit_wait if line else None))
+        except ClientDisconnect:
+            ended = await _ended(proc, None)
+        return line, exec_response(ended)
+
+    talked = asyncio.ensure_future(talk())
+
     async def work() -> tuple[bytes | None, dict[str, Any]]:
         try:
-            if data:
-                await proc.write(bytes(data))
-            try:  # a client that hangs up ends the wait (no ``timeout``: it could be forever)
-                line: bytes | None = await unless_disconnected(
-                    request, asyncio.wait_for(proc.readline(), timeout))
-            except (asyncio.TimeoutError, ClientDisconnect):
-                line = None
-            try:  # nor does it wait for the exit (``exit_timeout`` may be 30 days)
-                ended = await unless_disconnected(
-                    request, _ended(proc, exit_wait if line else None))
-            except ClientDisconnect:
-                ended = await _ended(proc, None)
-            return line, exec_response(ended)
-        finally:
+            return await talked
+        finally:  # whatever happened, and whether or not the reply waits for it
             await service.delete(proc.sandbox_id, caller)
 
     task = asyncio.ensure_future(work())
     task.add_done_callback(_retrieved)  # a hung-up client's: its error is not lost noise
-    line, result = await asyncio.shield(task)
-    reply: dict[str, Any] = {"result": result, "deleted": True}  # a ConsumeResponse
+    line, result = await asyncio.shield(talked if reply_first else task)
+    reply: dict[str, Any] = {"result": result, "deleted": not reply_first}  # a ConsumeResponse
     if line is not None:
         text, b64 = text_and_b64(line)
         reply.update({"data": text} if b64 is None else {"data_b64": b64})
     return JSONResponse(reply)
+
+
+def _delete_order(request: Request) -> str:
+    value = request.query_params.get("delete", "before")
+    if value not in ("before", "after"):
+        raise InvalidArgument(
+            f"delete must be 'before' (the sandbox is gone when the reply comes) or 'after' "
+            f"(the reply comes first, the deletion goes on), got {value!r}")
+    return value
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:

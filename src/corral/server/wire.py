@@ -29,10 +29,24 @@ def error_response(err: CorralError, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"error": err.to_dict()}, status_code=err.status, headers=headers)
 
 
+WHOLE_BODY_BYTES = 64 << 10
+"""A body declared this small is read in one await, within one idle timeout for all of
+it: the piece-by-piece path (three generators and a timer per piece) cost ~3× the CPU
+of a small JSON request's read (docs/performance.md)."""
+
+
 async def read_body(request: Request, limit: int, what: str) -> bytearray:
     """The whole request body, refused with 413 once it is known to exceed ``limit``."""
+    pieces = body_pieces(request, limit, what)  # a declared length over it: refused now
+    declared = request.headers.get("content-length")
+    if declared is not None and int(declared) <= WHOLE_BODY_BYTES:
+        try:
+            async with asyncio.timeout(BODY_IDLE_TIMEOUT_S):
+                return bytearray(await request.body())
+        except TimeoutError:
+            raise _stalled() from None
     body = bytearray()
-    async for chunk in body_pieces(request, limit, what):
+    async for chunk in pieces:
         body += chunk
     return body
 
@@ -131,10 +145,12 @@ async def paced(request: Request) -> AsyncIterator[bytes]:
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise RequestTimeout(
-                f"no part of the request body arrived for {BODY_IDLE_TIMEOUT_S:g} s"
-            ) from None
+            raise _stalled() from None
         yield chunk
+
+
+def _stalled() -> RequestTimeout:
+    return RequestTimeout(f"no part of the request body arrived for {BODY_IDLE_TIMEOUT_S:g} s")
 
 
 async def read_json(request: Request, what: str, *, required: bool = True) -> dict[str, Any]:

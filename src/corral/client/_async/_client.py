@@ -10,16 +10,20 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.api.operations import operation
+from corral.client._async._lean import AsyncLeanPool
 from corral.client._backends import AsyncBackend
 from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
 from corral.client._unix import AsyncDaemonTransport
+from corral.client._wire import Encoder, LeanRequest
 from corral.errors import DaemonUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
     from corral.client._async._router import AsyncRouter
+
+Request = httpx.Request | LeanRequest
 
 # Commands run for minutes and fan-out runs hundreds at once: a connection per call in
 # flight (a Unix socket is cheap), and no wait for a free one.
@@ -81,6 +85,10 @@ class AsyncClient:
         self._endpoint = Endpoint.resolve(url, token)
         self.timeout = timeout
         cluster = self._endpoint.cluster
+        # whole replies on the daemon's Unix socket skip httpx's client (client/_wire.py)
+        self._lean: AsyncLeanPool | None = None
+        if transport is None and self._endpoint.uds and cluster is None:
+            self._lean = AsyncLeanPool(self._endpoint.uds)
         if transport is None:
             options = _CLUSTER_OPTIONS if cluster else None if self._endpoint.uds else _TCP_OPTIONS
             transport = AsyncDaemonTransport(
@@ -92,6 +100,7 @@ class AsyncClient:
             timeout=_timeout(timeout),
             transport=transport,
         )
+        self._encoder = Encoder(self._endpoint.base_url, self._http.headers, self._http.timeout)
         self._router: AsyncRouter | None = None
         self._answered = False  # a daemon answered: a later refusal is a restart
         self.reconnect_wait = RECONNECT_WAIT_S
@@ -205,15 +214,20 @@ class AsyncClient:
                 f"node= places a sandbox on a node of a Ray cluster, and {self.url} is one "
                 "daemon: set CORRAL_URL=ray://HOST:PORT (see `corral cluster up`)"
             )
+        if self._lean is not None and not stream:
+            lean = self._encoder.encode(method, path, kwargs)
+            if lean is not None:
+                return await self.send(lean)
         return await self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
-    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+    async def send(self, request: Request, *, stream: bool = False) -> httpx.Response:
         """Send a built request; start the embedded daemon first if it is needed, and
         wait up to :attr:`reconnect_wait` seconds for one that answered before (it is
         restarting) when the request could not be sent.
 
         A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
-        request = bounded(request)
+        if isinstance(request, httpx.Request):
+            request = bounded(request)
         try:
             response = await self._send_once(request, stream)
         except DaemonUnavailable as exc:
@@ -238,7 +252,7 @@ class AsyncClient:
         return response
 
     async def _reconnect(
-        self, request: httpx.Request, stream: bool, first: DaemonUnavailable
+        self, request: Request, stream: bool, first: DaemonUnavailable
     ) -> httpx.Response:
         """Retry a request that never left until the daemon answers again (bounded)."""
         deadline = time.monotonic() + self.reconnect_wait
@@ -251,8 +265,11 @@ class AsyncClient:
                     raise
         raise first
 
-    async def _send_once(self, request: httpx.Request, stream: bool) -> httpx.Response:
+    async def _send_once(self, request: Request, stream: bool) -> httpx.Response:
         with daemon_errors(self._endpoint):
+            if isinstance(request, LeanRequest):
+                assert self._lean is not None
+                return await self._lean.send(request)
             return await self._http.send(request, stream=stream)
 
     def _errors(self) -> Any:
@@ -261,6 +278,8 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """Close the connections (sandboxes stay; only this process's pool closes)."""
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:

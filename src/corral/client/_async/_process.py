@@ -243,7 +243,7 @@ class AsyncProcess:
 
     async def consume(
         self, data: bytes | str, *, timeout: float | None = DEFAULT_READ_TIMEOUT_S,
-        exit_timeout: float = 5.0,
+        exit_timeout: float = 5.0, delete_first: bool = True,
     ) -> tuple[Any, CommandResult]:
         """The last exchange with a process that answers one request and exits (a
         pre-started judge), in one request: write ``data``, read the next line of stdout,
@@ -251,7 +251,10 @@ class AsyncProcess:
         Returns the line (``""``: it exited first; ``None``: no line within ``timeout``
         seconds, and it was killed) and how it ended (its exit, the output it left).
         The sandbox is deleted whatever happened, before the reply, even if this client
-        hangs up. :class:`~corral.errors.InvalidState` once the output is streamed.
+        hangs up; ``delete_first=False``: the reply comes as soon as the line and the
+        exit are known and the deletion goes on after it (the sandbox is gone moments
+        later: a batch's next completion does not wait for it).
+        :class:`~corral.errors.InvalidState` once the output is streamed.
 
         >>> line, ended = await proc.consume(request + "\n", timeout=10)
         """
@@ -264,6 +267,8 @@ class AsyncProcess:
                 "wait was used): consume reads it on the daemon; use it before any read"
             )
         params = {"exit_timeout": repr(wait)}
+        if not _validate.flag("delete_first", delete_first):
+            params["delete"] = "after"
         if timeout is not None:
             params["timeout"] = repr(timeout)
         response = await self._client.call(

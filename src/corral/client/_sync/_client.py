@@ -12,16 +12,20 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.api.operations import operation
+from corral.client._sync._lean import LeanPool
 from corral.client._backends import SyncBackend
 from corral.client._body import bounded
 from corral.client._config import CONNECT_TIMEOUT, DEFAULT_TIMEOUT, UNSET, Endpoint, env_now
 from corral.client._embed import ensure_daemon
 from corral.client._transport import daemon_errors, is_connect_error, raise_for_status
 from corral.client._unix import DaemonTransport
+from corral.client._wire import Encoder, LeanRequest
 from corral.errors import DaemonUnavailable, InvalidArgument
 
 if TYPE_CHECKING:
     from corral.client._sync._router import Router
+
+Request = httpx.Request | LeanRequest
 
 # Commands run for minutes and fan-out runs hundreds at once: a connection per call in
 # flight (a Unix socket is cheap), and no wait for a free one.
@@ -83,6 +87,10 @@ class Client:
         self._endpoint = Endpoint.resolve(url, token)
         self.timeout = timeout
         cluster = self._endpoint.cluster
+        # whole replies on the daemon's Unix socket skip httpx's client (client/_wire.py)
+        self._lean: LeanPool | None = None
+        if transport is None and self._endpoint.uds and cluster is None:
+            self._lean = LeanPool(self._endpoint.uds)
         if transport is None:
             options = _CLUSTER_OPTIONS if cluster else None if self._endpoint.uds else _TCP_OPTIONS
             transport = DaemonTransport(
@@ -94,6 +102,7 @@ class Client:
             timeout=_timeout(timeout),
             transport=transport,
         )
+        self._encoder = Encoder(self._endpoint.base_url, self._http.headers, self._http.timeout)
         self._router: Router | None = None
         self._answered = False  # a daemon answered: a later refusal is a restart
         self.reconnect_wait = RECONNECT_WAIT_S
@@ -207,15 +216,20 @@ class Client:
                 f"node= places a sandbox on a node of a Ray cluster, and {self.url} is one "
                 "daemon: set CORRAL_URL=ray://HOST:PORT (see `corral cluster up`)"
             )
+        if self._lean is not None and not stream:
+            lean = self._encoder.encode(method, path, kwargs)
+            if lean is not None:
+                return self.send(lean)
         return self.send(self._http.build_request(method, path, **kwargs), stream=stream)
 
-    def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+    def send(self, request: Request, *, stream: bool = False) -> httpx.Response:
         """Send a built request; start the embedded daemon first if it is needed, and
         wait up to :attr:`reconnect_wait` seconds for one that answered before (it is
         restarting) when the request could not be sent.
 
         A body held in memory goes out in bounded pieces (:mod:`corral.client._body`)."""
-        request = bounded(request)
+        if isinstance(request, httpx.Request):
+            request = bounded(request)
         try:
             response = self._send_once(request, stream)
         except DaemonUnavailable as exc:
@@ -240,7 +254,7 @@ class Client:
         return response
 
     def _reconnect(
-        self, request: httpx.Request, stream: bool, first: DaemonUnavailable
+        self, request: Request, stream: bool, first: DaemonUnavailable
     ) -> httpx.Response:
         """Retry a request that never left until the daemon answers again (bounded)."""
         deadline = time.monotonic() + self.reconnect_wait
@@ -253,8 +267,11 @@ class Client:
                     raise
         raise first
 
-    def _send_once(self, request: httpx.Request, stream: bool) -> httpx.Response:
+    def _send_once(self, request: Request, stream: bool) -> httpx.Response:
         with daemon_errors(self._endpoint):
+            if isinstance(request, LeanRequest):
+                assert self._lean is not None
+                return self._lean.send(request)
             return self._http.send(request, stream=stream)
 
     def _errors(self) -> Any:
@@ -263,6 +280,8 @@ class Client:
 
     def close(self) -> None:
         """Close the connections (sandboxes stay; only this process's pool closes)."""
+        if self._lean is not None:
+            self._lean.close()
         self._http.close()
 
     def __enter__(self) -> Client:
