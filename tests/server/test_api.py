@@ -194,7 +194,7 @@ def test_exec_stream_disconnect_kills_the_command(client, sandbox):
         break  # leaving the with-block closes the connection mid-stream
     pid = exec_(client, sandbox, cmd="cat /tmp/pid")["stdout"].strip()
     assert pid.isdigit()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while exec_(client, sandbox, cmd=f"test -d /proc/{pid}")["returncode"] == 0:
         assert time.monotonic() < deadline, "the command outlived its client"
         time.sleep(0.1)
@@ -214,7 +214,7 @@ def test_exec_disconnect_kills_a_plain_exec_too(daemon, sandbox):
             )
     with uds_client(daemon.socket) as c:
         pid = exec_(c, sandbox, cmd="cat /tmp/pid2")["stdout"].strip()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while exec_(c, sandbox, cmd=f"test -d /proc/{pid}")["returncode"] == 0:
             assert time.monotonic() < deadline, "the command outlived its client"
             time.sleep(0.1)
