@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_args  # noqa: E402  (a sibling script, not a package)
 from bench_cpu import _daemon_pid  # noqa: E402
@@ -132,9 +134,14 @@ class RequestCount:
         original = AsyncClient.send
 
         async def counted(client, request, **kw):  # type: ignore[no-untyped-def]
-            found = match(request.method, request.url.path)
-            name = found[0].name if found else request.url.path
-            empty = name == "exchange" and not request.content
+            # an httpx.Request, or the lean path's request (its URL a string, its body
+            # after the head in the bytes it writes)
+            path = httpx.URL(str(request.url)).path
+            body = (request.content if isinstance(request, httpx.Request)
+                    else request.data.partition(b"\r\n\r\n")[2])
+            found = match(request.method, path)
+            name = found[0].name if found else path
+            empty = name == "exchange" and not body
             if name in self.FILL or empty:
                 self.fill += 1
             else:

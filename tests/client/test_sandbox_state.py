@@ -27,10 +27,14 @@ def test_state_is_not_running_once_the_lifetime_ran_out(client):
 
 
 def test_a_longer_lifetime_set_later_counts(client):
-    with corral.Sandbox.create(memory_mb=64, timeout=1, client=client) as sb:
+    # 5 s: the set_timeout must reach the daemon before the first lifetime ends (1 s
+    # could run out first under load)
+    made = time.time()
+    with corral.Sandbox.create(memory_mb=64, timeout=5, client=client) as sb:
         sb.set_timeout(600)
-        time.sleep(1.2)
+        time.sleep(max(0.0, made + 5.5 - time.time()))  # past the first lifetime
         assert sb.state == corral.SandboxState.RUNNING
+        assert sb.refresh().state == corral.SandboxState.RUNNING
 
 
 def test_binary_output_comes_back_as_bytes(client):

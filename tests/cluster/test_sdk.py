@@ -86,11 +86,16 @@ def test_a_ray_task_gets_a_local_sandbox_and_uses_a_pickled_one(client, corral_c
     assert ray.get(run_in.remote(sb), timeout=120) == "from-task\n"
 
 
-async def test_async_sandbox_and_session(corral_cluster):
+async def test_async_sandbox_and_session(client, corral_cluster):
+    before = _free_slots(client)  # (an earlier test's sandboxes may still hold places)
     async with corral.AsyncClient(f"ray://{corral_cluster.address}") as c:
         async with corral.AsyncSession({"memory_mb": 64}, tags=[TAG], client=c) as session:
             made = [await session.create() for _ in range(3)]
-            assert len({sb.info.node for sb in made}) == 3
+            # they fill the nodes to one level from where they were: from an equal start,
+            # one on each node
+            per_node = Counter(sb.info.node for sb in made)
+            left = [before[n] - per_node[n] for n in before]
+            assert max(left) - min(left) <= 1, (before, per_node)
             r = await made[1].exec("echo async", timeout=30)
             assert r.stdout == "async\n"
         assert await corral.AsyncSandbox.list(tags=[TAG], client=c) == []

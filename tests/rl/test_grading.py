@@ -102,7 +102,8 @@ def test_in_place_changes_exceptions_generators_and_objects(sandbox):
 
 
 def test_a_looping_test_costs_that_test_only(sandbox):
-    r = judged(sandbox, ["slow(1)", "assert double(1) == 2"], test_timeout=0.5)
+    # 2 s: the test that passes must pass within it too (0.5 s was tight under load)
+    r = judged(sandbox, ["slow(1)", "assert double(1) == 2"], test_timeout=2)
     assert r.tests == ["timeout", "ok"], r.feedback()
 
 

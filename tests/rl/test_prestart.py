@@ -89,10 +89,11 @@ def test_no_state_crosses_between_completions(daemon, client):
 
 
 def test_a_judge_that_waited_counts_its_budget_from_the_request(daemon, client):
-    reward = code_reward("fraction", timeout=2, test_timeout=1, url=daemon.url, prestart=2)
+    # (5 s and 3 s: the right completion must pass within them, also under load)
+    reward = code_reward("fraction", timeout=5, test_timeout=3, url=daemon.url, prestart=2)
     try:
         assert reward.prestart() == 2
-        time.sleep(2.5)  # longer than the run's whole timeout, waiting in the pool
+        time.sleep(5.5)  # longer than the run's whole timeout, waiting in the pool
         start = time.monotonic()
         got = reward(completions=[fence("def f(x):\n    return 2 * x"),
                                   fence("def f(x):\n    while True:\n        pass")],

@@ -170,8 +170,8 @@ async def test_list_by_tags_and_state(engine):
 async def test_lifetime_and_idle_timeouts_are_reaped(engine):
     short = await engine.create(timeout=1)
     idle = await engine.create(idle_timeout=1)
-    busy = await engine.create(idle_timeout=1)
-    run = asyncio.create_task(engine.exec(busy.id, "sleep 2.5"))
+    busy = await engine.create(idle_timeout=2)  # (its exec must come before 2 s idle)
+    run = asyncio.create_task(engine.exec(busy.id, "sleep 4"))
     info = await wait_state(engine, short.id, SandboxState.STOPPED)
     assert "timeout" in info.reason
     info = await wait_state(engine, idle.id, SandboxState.STOPPED)
@@ -254,12 +254,12 @@ async def test_restart_after_kill_9_cleans_up_and_reports_failed(state_dir):
             assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
             # no process of the old sandboxes survives (the paused one included)
             for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
-                try:
+                try:  # (other workers' sandboxes come and go meanwhile)
                     uid = os.stat(f"/proc/{pid}").st_uid
-                except FileNotFoundError:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except (FileNotFoundError, ProcessLookupError):
                     continue
                 if uids.is_sandbox_uid(uid):
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                     assert str(state_dir).encode() not in cmd, f"leaked process {pid}"
         finally:
             await engine.close()

@@ -397,7 +397,7 @@ def test_concurrent_ensure_default_waits_and_shares(tmp_path, monkeypatch):
     try:
         waiter = threading.Thread(target=lambda: result.append(store.ensure_default(log=lines.append)))
         waiter.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not lines and time.monotonic() < deadline:
             time.sleep(0.01)
         assert lines and "waiting for another build" in lines[0]

@@ -36,7 +36,7 @@ async def test_copies_keep_their_processes_under_the_same_ids(engine, criu_cache
     await done.wait(30)
     await echo.write(b"a\nunread\n")
     assert await echo.readline() == b"1 a\n"
-    for _ in range(100):  # "2 unread" reached the engine, nobody read it
+    for _ in range(3000):  # "2 unread" reached the engine, nobody read it
         if echo.unread_bytes:
             break
         await asyncio.sleep(0.02)

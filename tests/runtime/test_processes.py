@@ -182,12 +182,13 @@ async def test_processes_end_with_their_sandbox(engine):
 
 
 async def test_a_live_process_keeps_the_sandbox_busy(engine):
-    info = await engine.create(idle_timeout=1.0)
-    proc = await engine.spawn(info.id, ["sleep", "3"])
-    await asyncio.sleep(2.0)  # past the idle timeout: the running process is activity
+    # 2 s idle: the spawn must come before (1 s could pass first, loaded)
+    info = await engine.create(idle_timeout=2.0)
+    proc = await engine.spawn(info.id, ["sleep", "5"])
+    await asyncio.sleep(3.5)  # past the idle timeout: the running process is activity
     assert engine.get(info.id).state == SandboxState.RUNNING
     await proc.wait()
-    for _ in range(100):  # now idle: the reaper ends it
+    for _ in range(600):  # now idle: the reaper ends it
         if engine.get(info.id).state == SandboxState.STOPPED:
             break
         await asyncio.sleep(0.1)

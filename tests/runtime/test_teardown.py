@@ -47,11 +47,17 @@ def still_running(started: dict[int, int | None]) -> list[int]:
     return running
 
 
-def net_namespaces() -> set[str]:
-    """The network namespaces some process of the host is in."""
+def net_namespaces(engine) -> set[str]:
+    """The network namespaces some process of the host is in, but for the processes of
+    other engines' sandboxes (other test workers'): a namespace's id is an inode number
+    the kernel gives again once it is free, so a sandbox another worker just made may
+    be in a namespace with the id one of ours had."""
     found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            groups = Path(f"/proc/{pid}/cgroup").read_text()
+            if "/corral/" in groups and f"/{engine.cgroup_parent}/" not in groups:
+                continue
             found.add(os.readlink(f"/proc/{pid}/ns/net"))
         except OSError:
             continue
@@ -80,7 +86,7 @@ async def test_a_mass_teardown_leaves_no_process_cgroup_netns_file_or_uid(engine
     assert all(await asyncio.gather(*(engine.delete(live.id, wait=False) for live in lives)))
     # at once: every process and network namespace is gone
     assert not still_running(started), "processes of deleted sandboxes still run"
-    assert not netns & net_namespaces(), "a deleted sandbox's network namespace is in use"
+    assert not netns & net_namespaces(engine), "a deleted sandbox's network namespace is in use"
     assert not {live.id for live in lives} & {i.id for i in engine.list()}
 
     await engine.reclaimed()  # then: the empty cgroups, directories and uids

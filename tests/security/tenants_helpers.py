@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -109,3 +111,27 @@ def no_traceback(team: Team) -> None:
 
 
 TOKEN_RE = re.compile(r"crl_[A-Za-z0-9_-]{43}")
+
+
+def read_by_peer(sock: socket.socket, limit: float = 60.0) -> None:
+    """Wait until the peer of ``sock`` (a daemon on this host, over IPv4) has read all
+    that was sent: nothing left in this end's send queue nor in the peer's receive
+    queue (/proc/net/tcp). A fixed wait before a reset could let the reset discard what
+    a loaded daemon had not read yet."""
+    def key(addr: tuple[str, int]) -> str:
+        return f"{socket.inet_aton(addr[0])[::-1].hex().upper()}:{addr[1]:04X}"
+
+    mine, peer = key(sock.getsockname()), key(sock.getpeername())
+    deadline = time.monotonic() + limit
+    while True:
+        queued = 0
+        with open("/proc/net/tcp") as table:
+            for line in table.readlines()[1:]:
+                fields = line.split()
+                if (fields[1], fields[2]) in ((mine, peer), (peer, mine)):
+                    tx, rx = (int(n, 16) for n in fields[4].split(":"))
+                    queued += tx if fields[1] == mine else rx
+        if not queued:
+            return
+        assert time.monotonic() < deadline, f"{queued} bytes still unread after {limit:g} s"
+        time.sleep(0.05)

@@ -133,7 +133,7 @@ async def test_log_tail_closes_from_another_thread():
     tail.start()
     os.write(w, b"bwrap: something went wrong\n")
     await asyncio.to_thread(tail.close)  # as Slot.discard does
-    for _ in range(100):
+    for _ in range(3000):
         if tail.fd < 0:
             break
         await asyncio.sleep(0.01)

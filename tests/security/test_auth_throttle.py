@@ -124,3 +124,21 @@ def test_a_decoy_credential_header_does_not_dodge_the_name_block():
         print("statuses:", statuses)
         assert statuses.count(401) <= NAME_FREE_FAILURES + 10
         assert statuses.count(429) >= 30  # was: 0 (every guess checked)
+
+
+def test_a_forwarded_for_header_does_not_make_a_guesser_someone_else():
+    """uvicorn's defaults trusted ``X-Forwarded-For`` from 127.0.0.1 (its
+    ``proxy_headers``): a guesser on the host's loopback named a new address in each
+    request and was never throttled. The daemon sits behind no proxy it knows of: the
+    connection's own address counts."""
+    with served() as daemon:
+        requests = [
+            (f"GET /v1/info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer guess-{i:04d}-"
+             + "z" * 40 + f"\r\nX-Forwarded-For: 203.0.113.{1 + i}\r\n"
+             "Connection: close\r\n\r\n").encode() for i in range(GUESSES)]
+        statuses = []
+        for start in range(0, GUESSES, 10):  # one source, a new claimed address each
+            statuses += burst(daemon.port, ["127.0.0.1"] * 10, requests[start:start + 10])
+        print("statuses:", statuses)
+        assert statuses.count(401) <= MAX_CHECKED
+        assert statuses.count(429) >= GUESSES - MAX_CHECKED

@@ -117,12 +117,15 @@ async def test_a_timed_out_sandbox_waiting_for_its_hibernation_runs_no_more(engi
     if criu.find(default_cache_dir()) is None:
         pytest.skip(f"no cached CRIU: {criu.BUILD}")
     engine.criu_gate = gate = CriuGate(1)
-    sb = await engine.create(network="none", checkpointable=True, timeout=1.5,
+    sb = await engine.create(network="none", checkpointable=True, timeout=600,
                              on_timeout="hibernate", tenant="alice")
     try:
         await engine.exec(sb.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"], owner="alice")
         live = engine._get_live(sb.id)
         async with gate.place("bob"):  # bob's dump, as long as the test likes
+            # its lifetime ends now, while bob holds the place (a 1.5 s lifetime from the
+            # create could end before bob took it, loaded: it hibernated at once)
+            await engine.set_timeout(sb.id, 0.5, owner="alice")
             for _ in range(600):
                 if gate.waiting:
                     break
@@ -158,7 +161,12 @@ async def test_a_checkpoint_and_a_resume_of_one_sandbox_do_not_deadlock_the_gate
         await engine.hibernate(sb.id, **alice)
         async with gate.place("bob"):
             checkpoint = asyncio.ensure_future(engine.checkpoint(sb.id, **alice))
-            await asyncio.sleep(0.2)
+            live = engine._get_live(sb.id)
+            for _ in range(1200):  # the checkpoint reached the sandbox first (a fixed wait
+                # could let the resume go first, loaded: the checkpoint then succeeded)
+                if live.lock.locked() or gate.waiting or checkpoint.done():
+                    break
+                await asyncio.sleep(0.01)
             resume = asyncio.ensure_future(engine.resume(sb.id, **alice))
             await asyncio.sleep(0.2)
         done, _ = await asyncio.wait({checkpoint, resume}, timeout=120)

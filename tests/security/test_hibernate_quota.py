@@ -53,8 +53,10 @@ async def test_a_checkpoint_refused_at_its_commit_leaves_no_images(engine):
         await engine.delete(sb.id)
     # the same at its timeout: the sandbox ends, with the cause, and nothing is left
     sb = await engine.create(network="none", checkpointable=True, tenant="alice",
-                             timeout=1.0, on_timeout="hibernate")
+                             timeout=600, on_timeout="hibernate")
     await engine.exec(sb.id, ["sh", "-c", "head -c 1048576 /dev/urandom > /tmp/big"], **alice)
+    # then it times out (a 1 s lifetime from the create could end before the write came)
+    await engine.set_timeout(sb.id, 0.5, **alice)
     for _ in range(1200):
         if engine.get(sb.id).state.terminal:
             break

@@ -293,7 +293,7 @@ async def test_a_hibernated_sandbox_with_edited_images_resumes_confined_or_stays
     info = engine.get(sb.id)
     assert info.state == SandboxState.PAUSED and engine._get_live(sb.id).hibernated
     assert await engine.delete(sb.id)
-    for _ in range(100):
+    for _ in range(3000):
         if not images.exists():
             break
         await asyncio.sleep(0.02)

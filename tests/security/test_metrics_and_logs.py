@@ -40,7 +40,7 @@ def log_lines(d: Daemon, since: int) -> list[dict]:
 
 def access_lines(d: Daemon, since: int, count: int) -> list[dict]:
     """The request lines logged since ``since``, once ``count`` are there."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:
         lines = [e for e in log_lines(d, since) if e["logger"] == "corral.access"]
         if len(lines) >= count or time.monotonic() > deadline:

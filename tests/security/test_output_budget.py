@@ -202,3 +202,44 @@ def test_processes_unread_output_counts_against_the_same_budget(team):
         finally:
             mallory.delete(f"/v1/sandboxes/{sid}")
     _nothing_held(team)
+
+
+def test_replies_not_read_keep_holding_their_room(team):
+    """A client that sends exec after exec and reads none of the replies: each reply's
+    output stays in the daemon until written, so it keeps its room in the budget (the
+    whole body went into uvicorn's buffer in one send, the room given back at once: the
+    gauge said 0 while the daemon held them, and every request ran at full cap). Closing
+    the connections gives the room back."""
+    import json
+    import socket
+
+    printer = "import sys\nsys.stdout.buffer.write(b'x' * (8 << 20))"
+    with team.tenant("mallory") as mallory:
+        sid = _sandbox(mallory)
+        try:
+            body = json.dumps({"cmd": ["python3", "-c", printer], "max_output": 8 * MiB}).encode()
+            head = (f"POST /v1/sandboxes/{sid}/exec HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {team.tokens['mallory']}\r\n"
+                    "Content-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            held, status = [], []
+            for _ in range(3):
+                s = socket.create_connection(("127.0.0.1", team.port), timeout=PATIENCE_S)
+                s.sendall(head + body)
+                got = b""
+                while len(got) < 12 and (more := s.recv(12 - len(got))):
+                    got += more
+                status.append(got.decode())
+                held.append(s)
+            with team.admin() as admin:
+                gauge = next(ln for ln in admin.get("/metrics").text.splitlines()
+                             if ln.startswith("corral_output_held_bytes "))
+            for s in held:
+                s.close()
+            assert status == ["HTTP/1.1 200"] * 3, status
+            # The kernel takes a few MiB of each reply (the client's receive buffer,
+            # the daemon's send buffer); the rest is still the daemon's, and counted.
+            assert float(gauge.split()[1]) >= 2 * MiB, gauge
+        finally:
+            mallory.delete(f"/v1/sandboxes/{sid}")
+    _nothing_held(team)

@@ -312,7 +312,7 @@ def test_one_client_cannot_hold_every_request_slot(make_daemon):
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH,
                           timeout=HANG_GUARD_S) as c:
-            for _ in range(50):  # bounded: until both held requests are counted
+            for _ in range(600):  # bounded: until both held requests are counted
                 reply = c.get("/v1/health")
                 if reply.status_code == 429:
                     break

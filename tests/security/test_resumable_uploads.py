@@ -20,7 +20,7 @@ import pytest
 
 import corral
 from corral.errors import FileTooLarge, InvalidArgument, InvalidState, UploadNotFound
-from tests.security.tenants_helpers import no_traceback, team_daemon
+from tests.security.tenants_helpers import no_traceback, read_by_peer, team_daemon
 
 SIZE = 3 << 20
 
@@ -36,7 +36,7 @@ def _cut_patch(team, token: str, url: str, offset: int, data: bytes, declared: i
     s = socket.create_connection(("127.0.0.1", team.port))
     s.sendall((f"PATCH {url} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
                f"Upload-Offset: {offset}\r\nContent-Length: {declared}\r\n\r\n").encode() + data)
-    time.sleep(0.5)  # the daemon reads what came
+    read_by_peer(s)  # the daemon read what came
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
 
@@ -50,7 +50,7 @@ def test_killed_connection_resumes_from_its_offset(team, tmp_path, monkeypatch):
         up = http.post(base, json={"path": "big.bin", "size": SIZE}).json()
         url = f"{base}/{up['upload_id']}"
         _cut_patch(team, token, url, 0, blob[:(1 << 20) + 1234], SIZE)
-        for _ in range(100):  # the daemon notices the reset
+        for _ in range(1200):  # the daemon notices the reset
             state = http.get(url).json()
             if state["offset"] == (1 << 20) + 1234:
                 break
@@ -135,7 +135,7 @@ def test_open_uploads_cannot_stage_more_than_the_sandbox_or_the_host_holds(team)
         staged = team.daemon.state_dir / "uploads" / f"{up['upload_id']}.part"
         assert staged.stat().st_size == 1 << 20
         sb.delete()  # its uploads go with it (a revoked tenant never sweeps its own)
-        for _ in range(100):
+        for _ in range(1200):
             if not staged.exists():
                 break
             time.sleep(0.05)
@@ -158,7 +158,7 @@ def test_an_upload_abandoned_while_its_bytes_come_is_not_found_not_a_traceback(t
         s.sendall((f"PATCH {base}/{uid} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
                    "\r\nUpload-Offset: 0\r\nContent-Length: 8\r\nConnection: close\r\n\r\n"
                    "1234").encode())
-        for _ in range(100):  # the first bytes arrived
+        for _ in range(1200):  # the first bytes arrived
             if alice.request("GET", f"{base}/{uid}").json()["offset"] == 4:
                 break
             time.sleep(0.05)

@@ -99,7 +99,7 @@ def test_a_block_holds_back_the_uids_processes_still_run_as(tmp_path):
                                  "--clear-groups", "sleep", "600"])
     block = None
     try:
-        for _ in range(1000):  # bounded: until it has dropped to the uid
+        for _ in range(6000):  # bounded: until it has dropped to the uid
             if processes_of(uid):
                 break
             time.sleep(0.01)

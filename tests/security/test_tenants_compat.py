@@ -161,8 +161,9 @@ def test_e2b_auto_paused_sandbox_is_out_of_another_tenants_reach(clean):
         return run(team, env, body, prelude)
 
     made = e2b(team.tokens["alice"], """
-        sb = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+        sb = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
         sb.files.write("/workspace/secret", "alice's")
+        sb.set_timeout(2)  # from now (2 s from the create could end before the write)
         out["sid"] = sb.sandbox_id
         for _ in range(1200):
             if Sandbox.get_info(sb.sandbox_id).state.value == "paused":

@@ -133,7 +133,7 @@ def test_one_address_holds_few_connections_and_few_requests(team):
                     + b"Content-Length: 100\r\n\r\n{") for _ in range(2)]
     try:
         with team.tenant("alice") as alice:
-            for _ in range(50):  # bounded: until both held requests are counted
+            for _ in range(600):  # bounded: until both held requests are counted
                 reply = alice.get("/v1/health")
                 if reply.status_code == 429:
                     break

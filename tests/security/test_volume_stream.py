@@ -19,7 +19,7 @@ import pytest
 
 import corral
 from corral.errors import QuotaExceeded, StorageFull
-from tests.security.tenants_helpers import no_traceback, team_daemon
+from tests.security.tenants_helpers import no_traceback, read_by_peer, team_daemon
 
 BIG = 64 << 20
 
@@ -84,10 +84,10 @@ def test_a_connection_dropped_mid_archive_leaves_nothing(team):
     s.sendall((f"POST /v1/volumes?name=cut HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                f"{team.tokens['alice']}\r\nContent-Length: {8 << 20}\r\n\r\n").encode()
               + b"\0" * (2 << 20))
-    time.sleep(0.3)  # the daemon stages what came
+    read_by_peer(s)  # the daemon staged what came
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
-    for _ in range(200):
+    for _ in range(1200):
         if not _leftovers(team):
             break
         time.sleep(0.05)

@@ -547,8 +547,10 @@ def test_pause_of_a_checkpointable_sandbox_hibernates_and_connect_restores_it(da
         pytest.skip(f"no cached CRIU: {criu.BUILD}")
     out = run_script(daemon_ok, """
         sb = Sandbox.create(metadata={"corral.checkpointable": "true"}, timeout=120)
-        sb.commands.run("python3 -c 'import time\\ni = 0\\nwhile True:\\n    i += 1\\n"
-                        "    open(\\"/tmp/count\\", \\"w\\").write(str(i))\\n    "
+        # (written aside and renamed: never read empty, nor frozen empty by the pause)
+        sb.commands.run("python3 -c 'import os, time\\ni = 0\\nwhile True:\\n    i += 1\\n"
+                        "    open(\\"/tmp/count.new\\", \\"w\\").write(str(i))\\n"
+                        "    os.replace(\\"/tmp/count.new\\", \\"/tmp/count\\")\\n    "
                         "time.sleep(0.05)'", background=True)
         before = ""
         for _ in range(300):
@@ -577,10 +579,11 @@ def test_lifecycle_on_timeout_pause_hibernates_at_the_timeout_and_connect_resume
     out = run_script(daemon_ok, """
         import time
         from datetime import datetime, timezone
-        sb = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+        sb = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
         out["lifecycle"] = dict(Sandbox.get_info(sb.sandbox_id).lifecycle)
-        sb.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
-                        "sleep 0.05; done' >/dev/null 2>&1 &")
+        sb.commands.run("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; "
+                        "mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &")
+        sb.set_timeout(3)  # from now, the counter started (3 s from the create could end first)
         state = "running"
         for _ in range(1200):
             state = Sandbox.get_info(sb.sandbox_id).state.value

@@ -88,7 +88,7 @@ async def test_pools_are_bounded_and_idle_ones_swept_once():
     assert manager.deleted == ["p65"] and pools.has_room()
     assert pools.get(("python", 65)) is None and pools.get(("python", 64)) == "p64"
     pools.used[("python", 64)] -= 10
-    for _ in range(100):  # the sweeper task takes the last one by itself
+    for _ in range(1200):  # the sweeper task takes the last one by itself
         if len(manager.deleted) == 2:
             break
         await asyncio.sleep(0.05)

@@ -428,8 +428,8 @@ def test_suspend_hibernates_a_sandbox_without_network(daemon_ok):
         pytest.skip(f"no cached CRIU: {criu.BUILD}")
     out = run_script(daemon_ok, """
         sb = Sandbox.create(memory_mb=128)
-        sb.run("sh", ["-c", "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; "
-                            "sleep 0.05; done' >/dev/null 2>&1 &"])
+        sb.run("sh", ["-c", "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; "
+                            "mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &"])
         client = SandboxClient(_internal=True)
         client.suspend(sb.sandbox_id)
         out["id"], out["status"] = sb.sandbox_id, client.get(sb.sandbox_id).status.value

@@ -185,8 +185,9 @@ def test_a_paused_sandbox_comes_back_paused_and_resumes(host: Host) -> None:
         sb.delete()
 
 
-COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; "
-           "done' >/dev/null 2>&1 &")
+# (written aside and renamed: a reader never sees the file empty, between truncate and write)
+COUNTER = ("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; "
+           "mv /tmp/count.new /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &")
 
 
 def _snapshots(c: corral.Client) -> list[dict]:

@@ -121,13 +121,17 @@ def test_follow_streams_entries_until_the_sandbox_ends(ops_daemon, sdk):
 
 
 def test_set_timeout_extends_a_sandbox_past_its_deadline(ops_daemon, sdk):
-    sb = corral.Sandbox.create(client=sdk, timeout=2)
+    # 5 s: the set_timeout must come before this first deadline (2 s could pass first
+    # under load)
+    made = time.time()
+    sb = corral.Sandbox.create(client=sdk, timeout=5)
     try:
         info = sb.set_timeout(120)
         assert info.spec.timeout > 100
         run = _cli(ops_daemon, "timeout", sb.id, "90")
         assert run.returncode == 0 and "now ends at" in run.stdout, run.stderr
-        time.sleep(4)  # past its first deadline (the reaper looks every second)
+        time.sleep(max(0.0, made + 7 - time.time()))  # past its first deadline (the
+        # reaper looks every second)
         assert sb.refresh().state.value == "running"
         assert sb.exec(["true"]).returncode == 0
     finally:

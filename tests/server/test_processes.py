@@ -36,12 +36,15 @@ def proc_path(proc: dict) -> str:
     return f"/v1/sandboxes/{proc['sandbox_id']}/processes/{proc['id']}"
 
 
-def read_events(client, proc: dict, until) -> list[dict]:
-    """Lines of the output stream until ``until(events)`` is true (or the stream ends)."""
+def read_events(client, proc: dict, until, opened: threading.Event | None = None) -> list[dict]:
+    """Lines of the output stream until ``until(events)`` is true (or the stream ends);
+    ``opened`` is set once the stream's reply began."""
     events: list[dict] = []
     with client.stream("GET", proc_path(proc) + "/output") as reply:
         assert reply.status_code == 200
         assert reply.headers["content-type"].startswith("application/x-ndjson")
+        if opened is not None:
+            opened.set()
         for line in reply.iter_lines():
             if line.strip():
                 events.append(json.loads(line))
@@ -262,9 +265,12 @@ def test_open_stream_ends_when_the_sandbox_does(client):
     sid = client.post("/v1/sandboxes", json={"memory_mb": 64, "tags": [TEST_TAG]}).json()["id"]
     proc = spawn(client, sid, ["sleep", "60"])
     events: list[dict] = []
-    reader = threading.Thread(target=lambda: events.extend(read_events(client, proc, lambda e: False)))
+    opened = threading.Event()
+    reader = threading.Thread(
+        target=lambda: events.extend(read_events(client, proc, lambda e: False, opened)))
     reader.start()
-    time.sleep(0.3)
+    assert opened.wait(60), "the output stream never opened"  # (a fixed wait: the
+    # delete could come first under load, and the stream then is a 404)
     assert client.delete(f"/v1/sandboxes/{sid}").status_code == 204
     reader.join(30)
     assert not reader.is_alive()

@@ -57,6 +57,35 @@ def eval_tag(policy_hash: str) -> str:
     return f"eval={policy_hash[:12]}"
 
 
+def parse_records(stdout: str) -> dict[Key, dict[str, Any]]:
+    """The runner's records in ``stdout`` (its record channel), by ``(seed, k)``.
+
+    A line that is not a well-formed record is skipped, and a key that got two
+    records keeps neither: an error record in its place. The policy's own prints never
+    reach this channel (``_eval_runner.take_stdout``); two records for one episode
+    mean something in the runner's process wrote to it on purpose."""
+    import json
+
+    records: dict[Key, dict[str, Any]] = {}
+    twice: set[Key] = set()
+    for line in stdout.splitlines():
+        try:
+            rec = json.loads(line)
+            key = (int(rec["seed"]), int(rec["k"]))
+            if "error" not in rec and not math.isfinite(float(rec["return"])):
+                continue
+        except (ValueError, KeyError, TypeError, OverflowError):
+            continue
+        if key in records:
+            twice.add(key)
+        records[key] = rec
+    for seed, k in twice:
+        records[(seed, k)] = {"seed": seed, "k": k, "where": "runner", "error":
+                              "two records for one episode: something in the runner's "
+                              "process wrote to its record channel; neither is scored"}
+    return records
+
+
 @dataclass(frozen=True)
 class EvalEpisode:
     """One evaluated episode: ``status`` as in :class:`~corral.rl.EpisodeStatus`;

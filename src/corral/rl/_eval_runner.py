@@ -10,6 +10,11 @@ env is one of its ids), because the sandbox has nothing else: not even corral.
     python3 runner.py run SEED:K [SEED:K]   # one JSON record per episode, on stdout
     python3 runner.py serve                 # pre-started: READY, then ONE line of SEED:K
 
+Records (and ``READY``, and the check's report) go to the runner's **own** copy of its
+stdout, taken before the policy is loaded; file descriptor 1 then points at stderr, so
+whatever the policy (or anything it starts) prints lands there and is never read as a
+record: a policy printing ``{"seed": 0, "k": 0, "return": 1e9}`` scores nothing.
+
 A record: ``{"seed", "k", "return", "steps", "terminated", "truncated", "digest",
 "seconds"}``, or ``{"seed", "k", "error", "where", "steps", "digest"}`` when the policy
 or the env raised (the next episode still runs; no digest if ``reset`` raised). ``digest`` is a SHA-256 of every
@@ -160,10 +165,9 @@ def check(job):
         frames = traceback.extract_tb(exc.__traceback__)
         at = next((f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames)
                    if f.filename.startswith(HERE)), "")
-        print(json.dumps({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000],
-                          "at": at}))
+        emit({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000], "at": at})
         return 3
-    print(json.dumps({"check": "ok", "python": sys.version.split()[0], "uncached": uncached()}))
+    emit({"check": "ok", "python": sys.version.split()[0], "uncached": uncached()})
     return 0
 
 
@@ -175,7 +179,27 @@ def uncached():
                and not os.path.exists(m.__cached__))
 
 
+RECORDS = None
+
+
+def emit(message):
+    """One line on the record channel (a dict as JSON)."""
+    line = message if isinstance(message, str) else json.dumps(message)
+    os.write(RECORDS, (line + "\n").encode())
+
+
+def take_stdout():
+    """Keep a private copy of stdout for the records, then point file descriptor 1 at
+    stderr: the policy's prints, buffered or not, and its children's, go there."""
+    global RECORDS
+    sys.stdout.flush()
+    RECORDS = os.dup(1)
+    os.set_inheritable(RECORDS, False)  # not in the policy's subprocesses
+    os.dup2(2, 1)
+
+
 def main(argv):
+    take_stdout()
     with open(os.path.join(HERE, "job.json")) as f:
         job = json.load(f)
     sys.path.insert(0, HERE)
@@ -191,13 +215,13 @@ def main(argv):
         # Pre-started (corral.rl._eval_live): everything is loaded; corral checkpoints
         # this process here and restores a copy into each episode's sandbox, which is
         # told its episodes on stdin. One line, then the process ends: never reused.
-        print("READY", flush=True)
+        emit("READY")
         items = sys.stdin.readline().split()
     try:
         for item in items:
             seed, k = (int(x) for x in item.split(":"))
             record = run_episode(env, act, module, seed, k, job["env"].get("max_steps"))
-            print(json.dumps(record), flush=True)
+            emit(record)
     finally:
         env.close()
     return 0

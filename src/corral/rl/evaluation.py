@@ -76,6 +76,7 @@ from corral.rl._eval_result import (
     SeedStats,
     error_scoring,
     eval_tag,
+    parse_records,
 )
 from corral.rl._policy import CODE_FILE, WEIGHTS_FILE, EnvSpec, Policy
 from corral.rl._progress import EpisodeProgress
@@ -234,13 +235,7 @@ class _Evaluation:
         else:
             r = await sb.exec(["python3", RUNNER, "run", *items], env=self.runner_env,
                               cwd="/workspace", timeout=self.timeout * len(keys))
-        records: dict[Key, dict[str, Any]] = {}
-        for line in r.stdout.splitlines():
-            try:
-                rec = json.loads(line)
-                records[(int(rec["seed"]), int(rec["k"]))] = rec
-            except (ValueError, KeyError, TypeError):
-                continue
+        records = parse_records(r.stdout)
         missing: tuple[str, str] | None = None
         if len(records) < len(keys):
             if r.timed_out:

@@ -124,11 +124,26 @@ def images_bytes(state_dir: Path, tenant: str | None) -> int:
 
 
 def sandbox_init(launcher_pid: int) -> int:
-    """The host pid of the sandbox's pid 1: the one child of its bwrap."""
+    """The host pid of the sandbox's pid 1: the one child of its launcher (its bwrap, or
+    the CRIU that restored it) in a pid namespace of its own.
+
+    A restored sandbox's CRIU stays its parent, and has children of its own too for a
+    moment: its action script, run for each step, post-resume included (after the
+    sandbox runs again, so after a resume returned), and then its zombie until CRIU
+    reaps it. Those are in CRIU's own pid namespace: skipped, not counted."""
     children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
-    if len(children) != 1:
-        raise InvalidState(f"the sandbox's launcher has {len(children)} children, not 1")
-    return int(children[0])
+    ours = os.stat(f"/proc/{launcher_pid}/ns/pid").st_ino
+    inits = []
+    for child in children:
+        try:
+            if os.stat(f"/proc/{child}/ns/pid").st_ino != ours:
+                inits.append(int(child))
+        except OSError:
+            continue  # gone (reaped) meanwhile
+    if len(inits) != 1:
+        raise InvalidState(f"the sandbox's launcher has {len(inits)} children in a pid "
+                           f"namespace of their own, not 1 (of {len(children)})")
+    return inits[0]
 
 
 def _ambient_caps() -> str:

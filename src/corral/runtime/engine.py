@@ -92,6 +92,7 @@ from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exp
 from corral.runtime.secret_store import SecretStore
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
+from corral.runtime.threadwork import finish_in_thread
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     CANONICAL_UID,
     SANDBOX_HOME,
@@ -445,8 +446,9 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
         if spec.storage == Storage.DISK:
-            await asyncio.to_thread(make_image, live.sandbox_dir, disk_mb=spec.disk_mb,
-                                    inodes=spec.inodes)
+            # (a cancelled create removes the sandbox's directory once the image is made)
+            await finish_in_thread(lambda: make_image(live.sandbox_dir, disk_mb=spec.disk_mb,
+                                                      inodes=spec.inodes))
         live.log = slot.log
         await self._attach_network(live)  # a policy's namespace (engine_network.py)
         adopted: list[dict[str, Any]] = []  # a restored copy's processes (live_processes)

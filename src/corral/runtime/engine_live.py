@@ -26,6 +26,7 @@ from corral.runtime import checkpoint, criu, layer_fetch, live_images, live_proc
 from corral.runtime.engine_network import made_in
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.storage import room_above_reserve
+from corral.runtime.threadwork import finish_in_thread
 from corral.schema import SandboxInfo, SandboxSpec, SandboxState, SnapshotInfo
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ class LiveOps:
                 for conn in list(live.port_conns):  # CRIU dumps no connected TCP socket
                     syscalls.reset_tcp(conn.fileno())
                 live.port_conns.clear()
-                await asyncio.to_thread(live.cgroup.freeze)
+                # a cancel while it freezes (a client that left) must not leave it frozen
+                await finish_in_thread(live.cgroup.freeze, on_cancel=lambda _: live.cgroup.thaw())
                 try:
                     images = await checkpoint.dump(
                         cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,
@@ -220,7 +222,9 @@ class LiveOps:
         records = live_processes.read(live.images)
         dest = live.sandbox_dir / RESTORE_DIR
         try:  # whatever ends it here (a refused image, a cancel): the read access goes
-            await asyncio.to_thread(live_images.stage, live.images, dest, uid=live.uid)
+            # (on a cancel, the staging ends before _restore_done removes what it staged)
+            images, uid = live.images, live.uid
+            await finish_in_thread(lambda: live_images.stage(images, dest, uid=uid))
             live.kdat = str(checkpoint.kdat_cache(self.layout.state_dir, binary))
             live.program = tuple(live_images.restore_argv(
                 binary.path, dest, sandbox_dir=live.sandbox_dir, meta=meta,

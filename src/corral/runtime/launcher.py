@@ -37,6 +37,7 @@ from corral.runtime import seccomp
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.cpus import CpuPicker
 from corral.runtime.logtail import LogTail
+from corral.runtime.threadwork import finish_in_thread
 from corral.runtime.uids import CANONICAL_UID, UidBlock, root_uid
 from corral.schema import DEFAULT_CPUS, DEFAULT_MEMORY_MB, DEFAULT_PIDS
 
@@ -216,8 +217,12 @@ class SlotPool:
             self._ready.append(slot)
 
     async def _drop(self, slot: Slot) -> None:
-        if await asyncio.to_thread(slot.discard):
-            self.uids.release(slot.uid)
+        def release(gone: bool) -> None:
+            if gone:
+                self.uids.release(slot.uid)
+
+        # (even when cancelled: the pool's close waits for the cgroup to be gone)
+        release(await finish_in_thread(slot.discard, on_cancel=release))
 
     async def spawn(self) -> Slot:
         """Make one slot: a cgroup, a launcher that joined it, and its channels."""
@@ -236,8 +241,11 @@ class SlotPool:
                 raise
             return group
 
+        def unmake(group: Cgroup) -> None:  # made after our caller was cancelled
+            group.remove(children=False)
+
         try:
-            cgroup = await asyncio.to_thread(make)
+            cgroup = await finish_in_thread(make, on_cancel=unmake)
         except BaseException:
             self.uids.release(uid)  # nothing ran as it
             raise
@@ -267,7 +275,7 @@ class SlotPool:
             ours.close()
             r_ours.close()
             log.close()
-            await asyncio.to_thread(cgroup.remove, children=False)
+            await finish_in_thread(lambda: unmake(cgroup))
             self.uids.release(uid)  # the launcher never started
             raise
         finally:
@@ -281,6 +289,9 @@ class SlotPool:
                     r_ours, reattach_fd, log_copy, cpus=cpus)
         try:
             said = await _read_ready(ready_r)
+        except BaseException:  # cancelled: a launcher and its cgroup nobody else knows of
+            await self._drop(slot)
+            raise
         finally:
             os.close(ready_r)
         slot.own_netns = said == b"N"

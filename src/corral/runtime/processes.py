@@ -176,6 +176,7 @@ class Process:
         self._done = asyncio.Event()
         self._reader = 0  # generation of the current reader (output() or readline())
         self._reading = False
+        self._orphaned = False  # forgotten while a reader held it (discard_output)
         # its sandbox's log and the exec metrics hear of it when it ends (CommandEnded)
         self._tap = CommandTap(engine.events, live.id, argv)
         self._budget = engine.output_budget  # unread output held (runtime/output_budget.py)
@@ -370,6 +371,8 @@ class Process:
     def _drop_reader(self, me: int) -> None:
         if self._reader == me:
             self._reading = False
+            if self._orphaned:
+                self.discard_output()
 
     async def _next_event(self) -> None:
         """Wait for more output, the exit, or another reader; raise if the sandbox ended."""
@@ -500,7 +503,10 @@ class Process:
         """Drop the output nobody reads (its sandbox ended and no reader is attached);
         the bytes dropped."""
         if self._reading:
-            return 0  # a reader drains it, then lets it go
+            # a reader drains it; what it leaves (it stopped reading, its client hung
+            # up) is dropped as it lets go: never counted once nobody can read it
+            self._orphaned = True
+            return 0
         dropped = self.unread_bytes
         self._events.clear()
         self._consumed_all()

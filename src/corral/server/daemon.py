@@ -275,6 +275,9 @@ async def run(settings: ServerSettings) -> None:
             # replies wait (pongs to a client that reads nothing: ws_flow.py)
             ws=FlowControlledWebSocket,
             loop="asyncio",
+            # behind no proxy it knows of: a loopback client's X-Forwarded-For would
+            # rename it for the auth throttle and the per-client caps (uvicorn trusts it)
+            proxy_headers=False,
             log_config=None,
             # (--log-format json logs each request itself, with no path: accesslog.py)
             access_log=logger.isEnabledFor(logging.DEBUG) and settings.log_format == "text",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from corral.errors import (
     CorralError,
@@ -166,19 +166,35 @@ async def read_json(request: Request, what: str, *, required: bool = True) -> di
     return data
 
 
-class HeldJSONResponse(JSONResponse):
-    """A command's result as JSON, holding as much of the output budget
+HELD_PIECE = 64 << 10
+"""A held reply is sent in pieces of this size (flow control between them)."""
+
+
+class HeldResponse(Response):
+    """A reply made of a command's output, holding as much of the output budget
     (:mod:`corral.runtime.output_budget`) as its body's size until it has been written
     or the client has gone; a reply never sent gives it back when collected."""
 
-    def __init__(self, content: Any, hold: OutputHold) -> None:
-        super().__init__(content)
+    def __init__(self, content: Any, hold: OutputHold, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
         hold.shrink(len(self.body))
         self._hold = hold
         weakref.finalize(self, hold.release)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # In pieces: uvicorn waits for a paused transport before a send, never after
+        # it, so one send of the whole body returned at once with all of it in the
+        # transport's buffer (a client not reading) and the room given back.
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            body = memoryview(self.body)
+            for at in range(0, max(len(body), 1), HELD_PIECE):
+                await send({"type": "http.response.body", "body": bytes(body[at:at + HELD_PIECE]),
+                            "more_body": at + HELD_PIECE < len(body)})
         finally:
             self._hold.release()
+
+
+class HeldJSONResponse(HeldResponse, JSONResponse):
+    """A command's result as JSON, held like :class:`HeldResponse`."""

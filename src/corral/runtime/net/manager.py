@@ -39,6 +39,7 @@ from corral.runtime.net.policy import Compiled
 from corral.runtime.net.private import PrivateNets, private_subnet
 from corral.runtime.net.proxy import Conn, Proxy, upstream_proxy
 from corral.runtime.net.udp import Flow, UdpRelay
+from corral.runtime.threadwork import finish_in_thread
 
 WARM_LINKS = 4  # links made ahead of time (a namespace is ~7 ms of create otherwise)
 MAX_EVENTS = 1000  # kept per sandbox, oldest dropped first
@@ -181,11 +182,11 @@ class NetworkManager:
         self._refill()
         try:
             if policy.max_mbps is not None:
-                await asyncio.to_thread(netns.shape, link, policy.max_mbps)
+                await finish_in_thread(lambda: netns.shape(link, policy.max_mbps))
             place = None if policy.join is None else self.private.reserve(
                 owner, policy.join, sandbox_id, policy.alias)  # InvalidState now
         except BaseException:
-            await asyncio.to_thread(self._teardown, link)
+            await finish_in_thread(lambda: self._teardown(link))
             raise
         att = Attached(sandbox_id, link, compiled, owner)
         if place is not None:  # linked to the bridge while the sandbox starts, as UDP's
@@ -244,11 +245,12 @@ class NetworkManager:
         return Compiled.of(policy)
 
     async def _make(self) -> netns.Link:
-        link = await asyncio.to_thread(self.links.acquire)
+        # a cancelled create's link is torn down, not left half made: each step ends first
+        link = await finish_in_thread(self.links.acquire, on_cancel=self.links.release)
         try:
-            await asyncio.to_thread(netns.setup, link, self.table)
+            await finish_in_thread(lambda: netns.setup(link, self.table))
         except BaseException:
-            await asyncio.to_thread(self._teardown, link)
+            await finish_in_thread(lambda: self._teardown(link))
             raise
         return link
 

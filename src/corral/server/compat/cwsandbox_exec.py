@@ -132,10 +132,15 @@ async def unary_exec(engine: SandboxVerbs, request: Any, context: Context) -> An
     check_container(request.container)
     max_output = min(request.max_output_bytes or DEFAULT_EXEC_OUTPUT, MAX_EXEC_OUTPUT)
     wire.reachable(engine.get(request.sandbox_id))
+    # The output's room in the budget is held until the call has ended, not only while
+    # the command runs: the reply waits in gRPC for a client that may not read it.
+    hold = engine.reserve_output(request.sandbox_id, max_output)
+    context.add_done_callback(lambda _: hold.release())
     try:
         result = await engine.exec(
             request.sandbox_id, argv, env=dict(request.env), max_output=max_output,
             output_tail=0, timeout=_engine_timeout(context),  # the head, as CoreWeave's
+            output_hold=hold,
         )
     except FileError as exc:
         message = _cannot_run_message(exc)

@@ -29,7 +29,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from corral.errors import CorralError, FileError, FileNotFound, InvalidArgument
+from corral.errors import (
+    CorralError,
+    FileError,
+    FileNotFound,
+    InvalidArgument,
+    OutputBudgetExceeded,
+)
+from corral.runtime.output_budget import OutputHold
 from corral.server import context as ctx
 from corral.server.compat import e2b_watch
 from corral.server.compat.e2b_connect import (
@@ -42,7 +49,7 @@ from corral.server.compat.e2b_connect import (
     unary_message,
 )
 from corral.server.multipart import boundary_of, file_parts
-from corral.server.wire import body_pieces, file_response
+from corral.server.wire import HeldResponse, body_pieces, file_response
 
 SERVICE = "/filesystem.Filesystem/"
 MAX_LISTED = 10_000  # entries a ListDir returns at most
@@ -143,11 +150,18 @@ async def remove(request: Request) -> Response:
 
 
 async def _as_user(engine: Any, sid: str, user: str, argv: list[str], path: str, *,
-                   stdin: bytes | memoryview | None = None, max_output: int = 1 << 16) -> bytes:
+                   stdin: bytes | memoryview | None = None, max_output: int = 1 << 16,
+                   output_hold: OutputHold | None = None) -> bytes:
     """Run a file operation as ``user`` (root: the agent's own file operations are
     the sandbox user's, docs/users.md); its stdout, or :class:`FileError`."""
     result = await engine.exec(sid, argv, timeout=300, user=user, max_output=max_output,
-                               stdin=bytes(stdin) if stdin is not None else None)
+                               stdin=bytes(stdin) if stdin is not None else None,
+                               output_hold=output_hold)
+    if output_hold is not None and output_hold.limited and result.stdout_truncated:
+        raise OutputBudgetExceeded(
+            f"{path}: the daemon's memory for commands' output is taken by replies not "
+            f"yet sent ({output_hold.max_output} bytes left for this one): retry when "
+            "some downloads have ended", details={"path": path, "sandbox_id": sid})
     if result.returncode != 0 or result.stdout_truncated:
         text = result.stderr.decode(errors="replace").strip()[:500]
         if "No such file" in text:
@@ -183,9 +197,17 @@ async def download(request: Request) -> Response:
         raise InvalidArgument("path is required")
     limit = ctx.settings(request).max_upload_bytes
     if user:  # as root: `cat` run by the agent as root (bounded like the agent's read)
-        data = await _as_user(ctx.sandboxes(request), sid, user, ["cat", "--", path], path,
-                              max_output=limit)
-        return Response(data, media_type="application/octet-stream")
+        # The file is in this process's memory until the reply is written: it holds its
+        # room in the output budget until then, as a native exec's result does.
+        verbs = ctx.sandboxes(request)
+        hold = verbs.reserve_output(sid, limit)
+        try:
+            data = await _as_user(verbs, sid, user, ["cat", "--", path], path,
+                                  max_output=limit, output_hold=hold)
+            return HeldResponse(data, hold, media_type="application/octet-stream")
+        except BaseException:
+            hold.release()
+            raise
     return file_response(await ctx.sandboxes(request).open_read(sid, path, max_bytes=limit))
 
 
