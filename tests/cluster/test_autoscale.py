@@ -18,6 +18,9 @@ from tests.cluster.conftest import until
 
 TAG = "test-cluster-autoscale"
 OTHERS = [{"CPU": 1.0}]  # someone else's request_resources: kept throughout
+# each test brings corral down and up on the cluster (and back): minutes on a loaded
+# host, which pytest-timeout counts with the test (300 s by default)
+pytestmark = pytest.mark.timeout(900)
 
 
 
