@@ -69,7 +69,7 @@ def _args(sid: str, tmp: Path) -> dict[str, object]:
         "policy": NetworkPolicy(allow=["example.com"]), "network": {"allow": ["example.com"]},
         "timeout": 1.0, "desc": {"name": "x"}, "open_layer": None, "fetcher": None,
         "node": "n", "size": 1, "source": tmp / "none", "mode": 0o644,
-        "new": "y", "count": 1, "lease": "lease-1",
+        "new": "y", "count": 1, "lease": "lease-1", "max_output": 1,
     }
 
 
