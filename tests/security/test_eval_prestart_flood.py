@@ -23,7 +23,11 @@ FLOOD = ("import sys\nsys.stdin.readline()\nline = 'x' * 65535\n"
 async def _serve(url: str, code: str, timeout: float) -> tuple[corral.CommandResult, int]:
     async with corral.AsyncClient(url) as ac:
         async with await corral.AsyncSandbox.create(client=ac) as sb:
-            proc = await sb.spawn(["python3", "-c", code], timeout=None)
+            # the daemon keeps all of it for a reader that falls behind (a 16 MiB
+            # buffer dropped the record under load): what is bounded here is the
+            # evaluating host's copy
+            proc = await sb.spawn(["python3", "-c", code], timeout=None,
+                                  max_buffer=128 << 20)
             tracemalloc.start()
             try:
                 r = await _eval_live.serve(sb, proc.id, ["0:0"], timeout)
