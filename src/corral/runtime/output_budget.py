@@ -97,6 +97,19 @@ class OutputHold:
             self._budget._give_back(self.tenant, self.nbytes - nbytes)
             self.nbytes = nbytes
 
+    def fit(self, nbytes: int) -> None:
+        """Hold exactly ``nbytes`` (a reply's real size, while it is sent): less gives
+        room back; more (a reply's encoding is larger than the output, ``\\u0001`` for
+        a byte) is counted even past the budget, since those bytes exist already: the
+        next reservation is refused instead."""
+        if self._budget is None or nbytes == self.nbytes:
+            return
+        if nbytes < self.nbytes:
+            self.shrink(nbytes)
+            return
+        self._budget._count(self.tenant, nbytes - self.nbytes)
+        self.nbytes = nbytes
+
     def release(self) -> None:
         budget, self._budget = self._budget, None
         if budget is not None:
@@ -157,9 +170,12 @@ class OutputBudget:
 
     def _take(self, tenant: str | None, max_output: int, *, limited: bool) -> OutputHold:
         n = 2 * max_output
-        self.used += n
-        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
+        self._count(tenant, n)
         return OutputHold(self, tenant, n, max_output, limited)
+
+    def _count(self, tenant: str | None, nbytes: int) -> None:
+        self.used += nbytes
+        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + nbytes
 
     def _give_back(self, tenant: str | None, nbytes: int) -> None:
         self.used -= nbytes

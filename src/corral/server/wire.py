@@ -177,7 +177,7 @@ class HeldResponse(Response):
 
     def __init__(self, content: Any, hold: OutputHold, **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        hold.shrink(len(self.body))
+        hold.fit(len(self.body))  # its JSON may be larger than the output
         self._hold = hold
         weakref.finalize(self, hold.release)
 

@@ -1,0 +1,105 @@
+"""A command's reply is larger than the output it holds room for (runtime/output_budget.py,
+server/wire.py's HeldResponse).
+
+The attack: the output budget counts ``2 × max_output`` for a command, then, while its
+reply is sent, the reply's size where that is smaller. But the reply is JSON: a byte
+``\\x01`` of output is the 6 bytes ``\\u0001`` in it, and output that is not UTF-8 is
+sent twice (as text with U+FFFD, 3 bytes a byte, and as base64). A client printing
+control characters and not reading its replies made the daemon hold ~6 times what the
+budget said (the gauge said 16 MiB while 48 MiB waited), and the next commands ran at
+full cap beside it. Now a reply holds its real size, past the budget if need be (the
+bytes exist already): the next reservation is refused (429) instead."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from corral.api.models import exec_response
+from corral.runtime.output_budget import OutputBudget
+from corral.schema import ExecResult
+from corral.server.wire import HeldJSONResponse
+from tests.conftest import requires_root
+from tests.security.tenants_helpers import no_traceback, team_daemon
+
+MiB = 1 << 20
+PATIENCE_S = 120  # a bound on the waits below, never a measure
+
+
+def _result(stdout: bytes) -> ExecResult:
+    return ExecResult(returncode=0, stdout=stdout, stderr=b"")
+
+
+@pytest.mark.parametrize("byte", [b"\x01", b"\xff", b"\x00"])
+def test_a_reply_holds_its_real_size_even_past_the_reservation(byte):
+    budget = OutputBudget(total=4 * MiB, per_tenant=2 * MiB)
+    hold = budget.reserve("mallory", 256 << 10)  # 512 KiB: both streams
+    reply = HeldJSONResponse(exec_response(_result(byte * (256 << 10))), hold)
+    assert len(reply.body) > 512 << 10  # the encoding grew it
+    assert budget.used == budget.by_tenant["mallory"] == len(reply.body)
+    hold.release()
+    assert budget.used == 0 and not budget.by_tenant
+
+
+def test_a_small_reply_still_gives_back_what_it_does_not_need():
+    budget = OutputBudget(total=4 * MiB, per_tenant=2 * MiB)
+    hold = budget.reserve(None, 256 << 10)
+    reply = HeldJSONResponse(exec_response(_result(b"hi\n")), hold)
+    assert budget.used == len(reply.body) < 1024
+    hold.release()
+    assert budget.used == 0
+
+
+@pytest.fixture(scope="module")
+def team():
+    with team_daemon("--output-memory-mb", "64", "--tenant-output-memory-mb", "32") as t:
+        t.make_token("mallory")
+        yield t
+        no_traceback(t)
+
+
+def _held(team) -> float:
+    with team.admin() as admin:
+        return float(next(ln for ln in admin.get("/metrics").text.splitlines()
+                          if ln.startswith("corral_output_held_bytes ")).split()[1])
+
+
+@requires_root
+@pytest.mark.root
+def test_control_characters_not_read_hold_their_whole_reply(team):
+    printer = "import sys\nsys.stdout.buffer.write(b'\\x01' * (8 << 20))"
+    with team.tenant("mallory") as mallory:
+        reply = mallory.post("/v1/sandboxes", json={"memory_mb": 128})
+        assert reply.status_code == 201, reply.text
+        sid = reply.json()["id"]
+        s = socket.create_connection(("127.0.0.1", team.port), timeout=PATIENCE_S)
+        try:
+            body = json.dumps({"cmd": ["python3", "-c", printer], "max_output": 8 * MiB}).encode()
+            s.sendall((f"POST /v1/sandboxes/{sid}/exec HTTP/1.1\r\nHost: x\r\n"
+                       f"Authorization: Bearer {team.tokens['mallory']}\r\n"
+                       "Content-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            head = b""
+            while b"\r\n\r\n" not in head and (more := s.recv(1)):  # the head only
+                head += more
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            assert length > 40 * MiB  # 8 MiB of output, 6 bytes each in JSON
+            # the reply waits in the daemon (this client reads none of it): all counted
+            assert _held(team) >= length
+            # so the tenant's next command finds its 32 MiB spent, and is refused typed
+            more = mallory.post(f"/v1/sandboxes/{sid}/exec",
+                                json={"cmd": ["true"], "max_output": 1 * MiB})
+            assert more.status_code == 429, more.text
+            assert more.json()["error"]["code"] == "output_budget_exceeded"
+        finally:
+            s.close()
+            deadline = time.monotonic() + PATIENCE_S
+            while _held(team) != 0:  # closing the connection gives it all back
+                assert time.monotonic() < deadline, _held(team)
+                time.sleep(0.05)
+            mallory.delete(f"/v1/sandboxes/{sid}")
