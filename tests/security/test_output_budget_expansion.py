@@ -103,3 +103,68 @@ def test_control_characters_not_read_hold_their_whole_reply(team):
                 assert time.monotonic() < deadline, _held(team)
                 time.sleep(0.05)
             mallory.delete(f"/v1/sandboxes/{sid}")
+
+
+def _raw(team, token: str, method: str, path: str, body: bytes = b"") -> tuple[socket.socket, bytes]:
+    """Send a request and read only its head: the body stays in the daemon."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little of it
+    s.settimeout(PATIENCE_S)
+    s.connect(("127.0.0.1", team.port))
+    s.sendall((f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+               "Content-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    head = b""
+    while b"\r\n\r\n" not in head and (more := s.recv(1)):
+        head += more
+    return s, head
+
+
+@requires_root
+@pytest.mark.root
+@pytest.mark.parametrize("verb", ["exchange", "consume", "exchange_many"])
+def test_a_process_line_not_read_keeps_its_room(team, verb):
+    """A process's unread output holds its room (``max_buffer``); a line read by
+    ``exchange``/``consume`` gave that room back as it was taken, then went whole into
+    the connection's buffer for a client that reads nothing: each such reply, 16 MiB
+    here (96 in JSON), held by the daemon with the gauge at 0, as many as the tenant
+    opened. Now the reply holds its size until written."""
+    printer = ("import sys, time\nsys.stdout.buffer.write(b'\\x01' * (16 << 20) + b'\\n')\n"
+               "sys.stdout.flush(); time.sleep(600)")
+    token = team.tokens["mallory"]
+    with team.tenant("mallory") as mallory:
+        reply = mallory.post("/v1/sandboxes", json={"memory_mb": 128})
+        assert reply.status_code == 201, reply.text
+        sid = reply.json()["id"]
+        held = []
+        try:
+            spawned = mallory.post(f"/v1/sandboxes/{sid}/processes", json={
+                "cmd": ["python3", "-c", printer], "max_buffer": 32 * MiB})
+            assert spawned.status_code == 201, spawned.text
+            pid = spawned.json()["id"]
+            deadline = time.monotonic() + PATIENCE_S
+            while mallory.get(f"/v1/sandboxes/{sid}/processes/{pid}").json()[
+                    "unread_bytes"] < (16 << 20) + 1:
+                assert time.monotonic() < deadline, "the process never printed its line"
+                time.sleep(0.05)
+            if verb == "exchange_many":
+                s, head = _raw(team, token, "POST", "/v1/processes/exchange", json.dumps(
+                    {"items": [{"sandbox_id": sid, "process_id": pid}]}).encode())
+            else:
+                query = "timeout=60&exit_timeout=0.1"
+                s, head = _raw(team, token, "POST",
+                               f"/v1/sandboxes/{sid}/processes/{pid}/{verb}?{query}")
+            held.append(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            assert length > 16 * MiB
+            assert _held(team) >= length - 4 * MiB  # (the kernel's buffers take some)
+        finally:
+            for s in held:
+                s.close()
+            deadline = time.monotonic() + PATIENCE_S
+            mallory.delete(f"/v1/sandboxes/{sid}")
+            while _held(team) != 0:
+                assert time.monotonic() < deadline, _held(team)
+                time.sleep(0.05)

@@ -154,6 +154,11 @@ class OutputBudget:
                      "tenant_limit": self.per_tenant, "requested": max_output},
         )
 
+    def hold(self, tenant: str | None) -> OutputHold:
+        """Room for a reply made of output whose own room was given back as it was read
+        (a process's line): nothing yet, its size counted by :meth:`OutputHold.fit`."""
+        return OutputHold(self, tenant, 0, 0, False)
+
     def take(self, tenant: str | None, nbytes: int) -> int:
         """Room for up to ``nbytes`` more of a process's unread output: what fits, never
         refused (0 when the budget is spent); given back with :meth:`give`."""
