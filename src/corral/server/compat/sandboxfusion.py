@@ -55,6 +55,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     NotFound,
+    OutputBudgetExceeded,
     Unsupported,
 )
 from corral.guest import program
@@ -66,6 +67,7 @@ from corral.server.compat.sandboxfusion_model import (
     FINISHED,
     LANGUAGES,
     MAX_FETCH_BYTES,
+    MAX_FILES,
     MAX_OUTPUT,
     MAX_TIMEOUT_S,
     SANDBOX_ERROR,
@@ -93,7 +95,7 @@ from corral.server.compat.sandboxfusion_submit import (
 from corral.server.door import Credential, Kind
 from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
-from corral.server.wire import read_body
+from corral.server.wire import HeldJSONResponse, read_body
 
 logger = logging.getLogger("corral.server")
 
@@ -107,6 +109,7 @@ MAX_POOLED_MEMORY_MB = 4 * DEFAULT_MEMORY_MB  # bigger sandboxes are not kept id
 MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB gets it
 POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
 MAX_FETCH_TOTAL = 256 << 20
+HOLD_KEY = "corral.sandboxfusion.hold"  # a request's room in the output budget (its scope)
 STDIN_INLINE = 1 << 20  # larger stdin goes through a file
 
 T = TypeVar("T", bound=BaseModel)
@@ -229,14 +232,27 @@ class FusionFrontend:
 
     @staticmethod
     async def fetch(request: Request, sid: str, names: list[str]) -> dict[str, str]:
-        """``names`` that are regular files, base64; missing ones are left out."""
-        engine, out, left = ctx.sandboxes(request), {}, MAX_FETCH_TOTAL
-        if names:
-            await engine.kill_processes(sid)  # nothing changes them while they are read
+        """``names`` that are regular files, base64; missing ones are left out. Their
+        room in the output budget is reserved first (as a command's output; the reply
+        keeps it until written), so a lowered grant fetches less, refused typed."""
+        if not names:
+            return {}
+        engine, out = ctx.sandboxes(request), {}
+        # base64 is 4 bytes for 3: what the reply holds of MAX_FETCH_TOTAL read
+        hold = engine.reserve_output(sid, MAX_FETCH_TOTAL * 2 // 3 + 4 * MAX_FILES)
+        request.scope[HOLD_KEY] = hold
+        left = min(MAX_FETCH_TOTAL, hold.nbytes * 3 // 4 - 3 * MAX_FILES)
+        await engine.kill_processes(sid)  # nothing changes them while they are read
         for name in names:
             try:
                 data = await engine.read_file(sid, name, max_bytes=min(MAX_FETCH_BYTES, left))
             except FileTooLarge:
+                if hold.limited and left < min(MAX_FETCH_BYTES, MAX_FETCH_TOTAL):
+                    raise OutputBudgetExceeded(
+                        f"sandbox {sid}: fetching {name[:200]!r}: the output budget had room "
+                        f"for {left} more bytes of fetched files (the daemon's memory for "
+                        "output is taken by requests in flight): retry when some have "
+                        "ended, or fetch less", details={"sandbox_id": sid}) from None
                 raise  # a SandboxError naming it, never a silently missing file
             except FileError:  # missing, a directory, not a regular file
                 continue
@@ -361,7 +377,18 @@ def _endpoint(
             reply = await ctx.unless_disconnected(request, run(frontend, request, req))
         except CorralError as exc:  # what SandboxFusion's runners would fail on
             reply = failed(SANDBOX_ERROR, exc.message)
-        return JSONResponse(reply)
+        except BaseException:
+            if (held := request.scope.pop(HOLD_KEY, None)) is not None:
+                held.release()
+            raise
+        # the reply holds its room in the output budget until written
+        hold = request.scope.pop(HOLD_KEY, None) or ctx.engine(
+            request).output_budget.hold(ctx.owner(request))
+        try:
+            return HeldJSONResponse(reply, hold)
+        except BaseException:
+            hold.release()
+            raise
 
     return handler
 

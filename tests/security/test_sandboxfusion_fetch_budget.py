@@ -1,0 +1,90 @@
+"""SandboxFusion's ``fetch_files`` and replies outside the output budget
+(server/compat/sandboxfusion.py, runtime/output_budget.py).
+
+The attack: code in the sandbox writes large files and the request names them in
+``fetch_files`` (or the completion being judged writes the file its harness fetches):
+the daemon read up to 256 MiB of them per request into its memory, base64 and JSON on
+top (~1 GiB at its peak), none of it in the output budget, and the reply went whole
+into the connection's buffer for a client that need not read it. Now a fetch reserves
+its room first (lowered or refused typed as a command's output is) and every reply of
+the front-end holds its size until written."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+
+import pytest
+
+from tests.server.conftest import uds_client
+from tests.server.test_compat_sandboxfusion import serving, verl_request
+
+MiB = 1 << 20
+PATIENCE_S = 120  # a bound on the waits below, never a measure
+
+
+@pytest.fixture(scope="module")
+def sf_budget():
+    with serving("--output-memory-mb", "64", "--tenant-output-memory-mb", "32") as d:
+        yield d
+
+
+def _held(d) -> float:
+    with uds_client(d.socket) as c:
+        text = c.get("/metrics").text
+    return float(next(ln for ln in text.splitlines()
+                      if ln.startswith("corral_output_held_bytes ")).split()[1])
+
+
+def _nothing_held(d) -> None:
+    deadline = time.monotonic() + PATIENCE_S
+    while _held(d) != 0:
+        assert time.monotonic() < deadline, _held(d)
+        time.sleep(0.05)
+
+
+def _writer(mib: int) -> str:
+    return f"open('/tmp/big.bin', 'wb').write(b'\\x00' * ({mib} << 20)); print('ok')"
+
+
+def test_a_fetch_past_the_budget_is_refused_typed(sf_budget):
+    r = verl_request(sf_budget, code=_writer(40), stdin="", fetch_files=["/tmp/big.bin"])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "SandboxError", str(body)[:300]
+    assert "output budget" in body["message"], body["message"]
+    _nothing_held(sf_budget)
+    # within it, a fetch is whole
+    r = verl_request(sf_budget, code=_writer(1), stdin="", fetch_files=["/tmp/big.bin"])
+    assert r.json()["status"] == "Success", r.text[:300]
+    assert base64.b64decode(r.json()["files"]["/tmp/big.bin"]) == bytes(MiB)
+    _nothing_held(sf_budget)
+
+
+def test_a_reply_not_read_keeps_its_room(sf_budget):
+    payload = {"compile_timeout": 10, "run_timeout": 10, "code": _writer(9), "stdin": "",
+               "memory_limit_MB": 1024, "language": "python", "files": {},
+               "fetch_files": ["/tmp/big.bin"]}
+    body = json.dumps(payload).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little of it
+    s.settimeout(PATIENCE_S)
+    try:
+        s.connect(("127.0.0.1", sf_budget.port))
+        path = sf_budget.endpoint.split(str(sf_budget.port), 1)[1]
+        s.sendall((f"POST {path}/run_code HTTP/1.1\r\nHost: x\r\n"
+                   "Content-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+        head = b""
+        while b"\r\n\r\n" not in head and (more := s.recv(1)):
+            head += more
+        assert head.startswith(b"HTTP/1.1 200"), head
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        assert length > 12 * MiB  # 9 MiB, in base64
+        assert _held(sf_budget) >= length - 4 * MiB  # (the kernel's buffers take some)
+    finally:
+        s.close()
+    _nothing_held(sf_budget)
