@@ -16,6 +16,7 @@ import json
 import socket
 import time
 
+import httpx
 import pytest
 
 from tests.server.conftest import uds_client
@@ -87,4 +88,22 @@ def test_a_reply_not_read_keeps_its_room(sf_budget):
         assert _held(sf_budget) >= length - 4 * MiB  # (the kernel's buffers take some)
     finally:
         s.close()
+    _nothing_held(sf_budget)
+
+
+def test_cells_results_past_the_budget_are_refused_typed(sf_budget):
+    """The cells' results file is written by the kernel in the sandbox (a cell's value
+    is shown whole): up to 256 MiB of it was read and parsed outside the budget."""
+    r = httpx.post(f"{sf_budget.endpoint}/run_jupyter", json={
+        "cells": ["x = 'a' * (20 << 20)", "x"], "cell_timeout": 60, "total_timeout": 120},
+        timeout=PATIENCE_S)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "SandboxError", str(body)[:300]
+    assert "output budget" in body["message"], body["message"]
+    _nothing_held(sf_budget)
+    small = httpx.post(f"{sf_budget.endpoint}/run_jupyter", json={"cells": ["1 + 1"]},
+                       timeout=PATIENCE_S).json()
+    assert small["status"] == "Success" and small["cells"][0]["display"] == [
+        {"text/plain": "2"}], small
     _nothing_held(sf_budget)

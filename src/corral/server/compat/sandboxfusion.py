@@ -39,7 +39,7 @@ import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -67,7 +67,6 @@ from corral.server.compat.sandboxfusion_model import (
     FINISHED,
     LANGUAGES,
     MAX_FETCH_BYTES,
-    MAX_FILES,
     MAX_OUTPUT,
     MAX_TIMEOUT_S,
     SANDBOX_ERROR,
@@ -96,6 +95,9 @@ from corral.server.door import Credential, Kind
 from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
 from corral.server.wire import HeldJSONResponse, read_body
+
+if TYPE_CHECKING:
+    from corral.runtime.output_budget import OutputHold
 
 logger = logging.getLogger("corral.server")
 
@@ -145,6 +147,35 @@ def _token_ok(request: Request) -> bool:
     """The path's token is the daemon's or a tenant's (the guard identified it; a
     tenant's runs are its own sandboxes, under its quota)."""
     return caller_of(request) is not UNIDENTIFIED
+
+
+def _reserve(request: Request, sid: str, nbytes: int) -> OutputHold:
+    """Room for ``nbytes`` of the request's reply in the output budget (perhaps lowered:
+    its ``nbytes``), kept in its scope until the reply is written (``_endpoint``)."""
+    hold = ctx.sandboxes(request).reserve_output(sid, (nbytes + 1) // 2)
+    request.scope.setdefault(HOLD_KEY, []).append(hold)
+    return hold
+
+
+async def _read_held(request: Request, sid: str, path: str, cap: int,
+                     held: Callable[[int], int]) -> bytes:
+    """A file of the sandbox (at most ``cap`` bytes: FileTooLarge), its room in the
+    output budget reserved before it is read: ``held(n)`` for ``n`` bytes (its copies
+    until the reply is written). :class:`OutputBudgetExceeded` when the budget has room
+    for less than the file."""
+    engine = ctx.sandboxes(request)
+    size = min((await engine.stat(sid, path)).size + (64 << 10), cap)  # (it may grow)
+    hold = _reserve(request, sid, held(size))
+    room = size if not hold.limited else hold.nbytes * size // max(1, held(size))
+    try:
+        return bytes(await engine.read_file(sid, path, max_bytes=min(cap, room)))
+    except FileTooLarge:
+        if room >= cap:
+            raise
+        raise OutputBudgetExceeded(
+            f"sandbox {sid}: reading {path[:200]!r}: the output budget had room for {room} "
+            "bytes of it (the daemon's memory for output is taken by requests in flight): "
+            "retry when some have ended, or fetch less", details={"sandbox_id": sid}) from None
 
 
 def _detail(status: int, detail: Any, *, close: bool = False) -> JSONResponse:
@@ -235,24 +266,14 @@ class FusionFrontend:
         """``names`` that are regular files, base64; missing ones are left out. Their
         room in the output budget is reserved first (as a command's output; the reply
         keeps it until written), so a lowered grant fetches less, refused typed."""
-        if not names:
-            return {}
-        engine, out = ctx.sandboxes(request), {}
-        # base64 is 4 bytes for 3: what the reply holds of MAX_FETCH_TOTAL read
-        hold = engine.reserve_output(sid, MAX_FETCH_TOTAL * 2 // 3 + 4 * MAX_FILES)
-        request.scope[HOLD_KEY] = hold
-        left = min(MAX_FETCH_TOTAL, hold.nbytes * 3 // 4 - 3 * MAX_FILES)
-        await engine.kill_processes(sid)  # nothing changes them while they are read
+        engine, out, left = ctx.sandboxes(request), {}, MAX_FETCH_TOTAL
+        if names:
+            await engine.kill_processes(sid)  # nothing changes them while they are read
         for name in names:
-            try:
-                data = await engine.read_file(sid, name, max_bytes=min(MAX_FETCH_BYTES, left))
+            try:  # held as base64 (4 bytes for 3) until the reply is written
+                data = await _read_held(request, sid, name, min(MAX_FETCH_BYTES, left),
+                                        lambda n: (n + 2) // 3 * 4)
             except FileTooLarge:
-                if hold.limited and left < min(MAX_FETCH_BYTES, MAX_FETCH_TOTAL):
-                    raise OutputBudgetExceeded(
-                        f"sandbox {sid}: fetching {name[:200]!r}: the output budget had room "
-                        f"for {left} more bytes of fetched files (the daemon's memory for "
-                        "output is taken by requests in flight): retry when some have "
-                        "ended, or fetch less", details={"sandbox_id": sid}) from None
                 raise  # a SandboxError naming it, never a silently missing file
             except FileError:  # missing, a directory, not a regular file
                 continue
@@ -311,7 +332,6 @@ class FusionFrontend:
     async def run_jupyter(self, request: Request, req: RunJupyterRequest) -> dict[str, Any]:
         image = self._image(request, "python")
         files = decode_files(req.files)
-        engine = ctx.sandboxes(request)
         nonce = secrets.token_hex(4)
         driver, config, result = (f"/tmp/kernel-{nonce}{x}" for x in (".py", ".json", ".out"))
         job = {"cells": req.cells, "cell_timeout": req.cell_timeout, "result": result}
@@ -324,9 +344,11 @@ class FusionFrontend:
             )
             if ran["status"] != FINISHED or ran["return_code"] != 0:
                 return jupyter_response(FAILED, driver=ran)
-            try:
-                raw = await engine.read_file(sid, result, max_bytes=MAX_FETCH_TOTAL)
+            try:  # the cells' results (their code may write them): in the budget too
+                raw = await _read_held(request, sid, result, MAX_FETCH_TOTAL, lambda n: 2 * n)
                 cells = DriverOutput.model_validate_json(raw).cells
+            except OutputBudgetExceeded:
+                raise  # a SandboxError that says so
             except (CorralError, ValidationError):
                 cells = None
             if cells is None or len(cells) != len(req.cells):  # one result per cell sent
@@ -378,12 +400,15 @@ def _endpoint(
         except CorralError as exc:  # what SandboxFusion's runners would fail on
             reply = failed(SANDBOX_ERROR, exc.message)
         except BaseException:
-            if (held := request.scope.pop(HOLD_KEY, None)) is not None:
+            for held in request.scope.pop(HOLD_KEY, ()):
                 held.release()
             raise
-        # the reply holds its room in the output budget until written
-        hold = request.scope.pop(HOLD_KEY, None) or ctx.engine(
-            request).output_budget.hold(ctx.owner(request))
+        # the reply holds its room in the output budget until written (one hold, sized
+        # to it: the others' room goes back)
+        hold, *others = request.scope.pop(HOLD_KEY, None) or [
+            ctx.engine(request).output_budget.hold(ctx.owner(request))]
+        for held in others:
+            held.release()
         try:
             return HeldJSONResponse(reply, hold)
         except BaseException:
