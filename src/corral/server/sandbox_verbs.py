@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from corral.errors import SandboxNotFound
+from corral.errors import FileTooLarge, OutputBudgetExceeded, SandboxNotFound
 from corral.runtime.engine import Engine
 from corral.runtime.output_budget import OutputHold
 from corral.schema import SandboxInfo
@@ -113,6 +113,35 @@ class SandboxVerbs:
 
     def read_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._awake(self._engine.read_file, self._check(sandbox_id), *args, **kwargs)
+
+    async def read_file_held(self, sandbox_id: str, path: str, cap: int,
+                             held: Callable[[int], int] = lambda n: n,
+                             ) -> tuple[bytes, OutputHold]:
+        """A file read whole into the daemon's memory for a reply (at most ``cap`` bytes:
+        FileTooLarge), its room in the caller's output budget reserved before it is
+        read, sized by its ``stat`` (``held(n)`` for ``n`` bytes: its copies until the
+        reply is written), then kept to what it read; the caller releases the hold once
+        the reply is written. :class:`OutputBudgetExceeded` when the budget has room for
+        less than the file."""
+        size = min((await self.stat(sandbox_id, path)).size + (64 << 10), cap)  # it may grow
+        hold = self.reserve_output(sandbox_id, (held(size) + 1) // 2)
+        room = size if not hold.limited else hold.nbytes * size // max(1, held(size))
+        try:
+            data = bytes(await self.read_file(sandbox_id, path, max_bytes=min(cap, room)))
+        except FileTooLarge:
+            hold.release()
+            if room >= cap:
+                raise
+            raise OutputBudgetExceeded(
+                f"sandbox {sandbox_id}: reading {path[:200]!r}: the output budget had room "
+                f"for {room} bytes of it (the daemon's memory for output is taken by "
+                "requests in flight): retry when some have ended, or read less",
+                details={"sandbox_id": sandbox_id}) from None
+        except BaseException:
+            hold.release()
+            raise
+        hold.shrink(held(len(data)))
+        return data, hold
 
     def write_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._awake(self._engine.write_file, self._check(sandbox_id), *args, **kwargs)

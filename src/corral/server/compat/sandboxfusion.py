@@ -39,7 +39,7 @@ import logging
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
@@ -96,9 +96,6 @@ from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
 from corral.server.wire import HeldJSONResponse, read_body
 
-if TYPE_CHECKING:
-    from corral.runtime.output_budget import OutputHold
-
 logger = logging.getLogger("corral.server")
 
 PREFIX = "/sandboxfusion/"
@@ -149,33 +146,13 @@ def _token_ok(request: Request) -> bool:
     return caller_of(request) is not UNIDENTIFIED
 
 
-def _reserve(request: Request, sid: str, nbytes: int) -> OutputHold:
-    """Room for ``nbytes`` of the request's reply in the output budget (perhaps lowered:
-    its ``nbytes``), kept in its scope until the reply is written (``_endpoint``)."""
-    hold = ctx.sandboxes(request).reserve_output(sid, (nbytes + 1) // 2)
-    request.scope.setdefault(HOLD_KEY, []).append(hold)
-    return hold
-
-
 async def _read_held(request: Request, sid: str, path: str, cap: int,
                      held: Callable[[int], int]) -> bytes:
-    """A file of the sandbox (at most ``cap`` bytes: FileTooLarge), its room in the
-    output budget reserved before it is read: ``held(n)`` for ``n`` bytes (its copies
-    until the reply is written). :class:`OutputBudgetExceeded` when the budget has room
-    for less than the file."""
-    engine = ctx.sandboxes(request)
-    size = min((await engine.stat(sid, path)).size + (64 << 10), cap)  # (it may grow)
-    hold = _reserve(request, sid, held(size))
-    room = size if not hold.limited else hold.nbytes * size // max(1, held(size))
-    try:
-        return bytes(await engine.read_file(sid, path, max_bytes=min(cap, room)))
-    except FileTooLarge:
-        if room >= cap:
-            raise
-        raise OutputBudgetExceeded(
-            f"sandbox {sid}: reading {path[:200]!r}: the output budget had room for {room} "
-            "bytes of it (the daemon's memory for output is taken by requests in flight): "
-            "retry when some have ended, or fetch less", details={"sandbox_id": sid}) from None
+    """A file of the sandbox read with its room in the output budget
+    (:meth:`SandboxVerbs.read_file_held`), kept until the reply is written."""
+    data, hold = await ctx.sandboxes(request).read_file_held(sid, path, cap, held)
+    request.scope.setdefault(HOLD_KEY, []).append(hold)
+    return data
 
 
 def _detail(status: int, detail: Any, *, close: bool = False) -> JSONResponse:
