@@ -13,7 +13,6 @@ bytes exist already): the next reservation is refused (429) instead."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -24,9 +23,9 @@ from corral.schema import ExecResult
 from corral.server.wire import HeldJSONResponse
 from tests.conftest import requires_root
 from tests.security.tenants_helpers import no_traceback, team_daemon
+from tests.security.unread_replies import PATIENCE_S, head_only, held_bytes
 
 MiB = 1 << 20
-PATIENCE_S = 120  # a bound on the waits below, never a measure
 
 
 def _result(stdout: bytes) -> ExecResult:
@@ -63,8 +62,7 @@ def team():
 
 def _held(team) -> float:
     with team.admin() as admin:
-        return float(next(ln for ln in admin.get("/metrics").text.splitlines()
-                          if ln.startswith("corral_output_held_bytes ")).split()[1])
+        return held_bytes(admin)
 
 
 @requires_root
@@ -75,19 +73,11 @@ def test_control_characters_not_read_hold_their_whole_reply(team):
         reply = mallory.post("/v1/sandboxes", json={"memory_mb": 128})
         assert reply.status_code == 201, reply.text
         sid = reply.json()["id"]
-        s = socket.create_connection(("127.0.0.1", team.port), timeout=PATIENCE_S)
+        body = json.dumps({"cmd": ["python3", "-c", printer], "max_output": 8 * MiB}).encode()
+        s, head, length = head_only(team.port, "POST", f"/v1/sandboxes/{sid}/exec", body,
+                                    team.tokens["mallory"])
         try:
-            body = json.dumps({"cmd": ["python3", "-c", printer], "max_output": 8 * MiB}).encode()
-            s.sendall((f"POST /v1/sandboxes/{sid}/exec HTTP/1.1\r\nHost: x\r\n"
-                       f"Authorization: Bearer {team.tokens['mallory']}\r\n"
-                       "Content-Type: application/json\r\n"
-                       f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-            head = b""
-            while b"\r\n\r\n" not in head and (more := s.recv(1)):  # the head only
-                head += more
             assert head.startswith(b"HTTP/1.1 200"), head
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:")))
             assert length > 40 * MiB  # 8 MiB of output, 6 bytes each in JSON
             # the reply waits in the daemon (this client reads none of it): all counted
             assert _held(team) >= length
@@ -103,21 +93,6 @@ def test_control_characters_not_read_hold_their_whole_reply(team):
                 assert time.monotonic() < deadline, _held(team)
                 time.sleep(0.05)
             mallory.delete(f"/v1/sandboxes/{sid}")
-
-
-def _raw(team, token: str, method: str, path: str, body: bytes = b"") -> tuple[socket.socket, bytes]:
-    """Send a request and read only its head: the body stays in the daemon."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little of it
-    s.settimeout(PATIENCE_S)
-    s.connect(("127.0.0.1", team.port))
-    s.sendall((f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-               "Content-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-    head = b""
-    while b"\r\n\r\n" not in head and (more := s.recv(1)):
-        head += more
-    return s, head
 
 
 @requires_root
@@ -148,16 +123,17 @@ def test_a_process_line_not_read_keeps_its_room(team, verb):
                 assert time.monotonic() < deadline, "the process never printed its line"
                 time.sleep(0.05)
             if verb == "exchange_many":
-                s, head = _raw(team, token, "POST", "/v1/processes/exchange", json.dumps(
-                    {"items": [{"sandbox_id": sid, "process_id": pid}]}).encode())
+                s, head, length = head_only(team.port, "POST", "/v1/processes/exchange",
+                                            json.dumps({"items": [{"sandbox_id": sid,
+                                                                   "process_id": pid}]}).encode(),
+                                            token)
             else:
                 query = "timeout=60&exit_timeout=0.1"
-                s, head = _raw(team, token, "POST",
-                               f"/v1/sandboxes/{sid}/processes/{pid}/{verb}?{query}")
+                s, head, length = head_only(
+                    team.port, "POST", f"/v1/sandboxes/{sid}/processes/{pid}/{verb}?{query}",
+                    token=token)
             held.append(s)
             assert head.startswith(b"HTTP/1.1 200"), head
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:")))
             assert length > 16 * MiB
             assert _held(team) >= length - 4 * MiB  # (the kernel's buffers take some)
         finally:

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import time
 
 import httpx
 import pytest
 
+from tests.security.unread_replies import PATIENCE_S, head_only, held_bytes
 from tests.server.conftest import uds_client
 from tests.server.test_compat_sandboxfusion import serving, verl_request
 
 MiB = 1 << 20
-PATIENCE_S = 120  # a bound on the waits below, never a measure
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +33,7 @@ def sf_budget():
 
 def _held(d) -> float:
     with uds_client(d.socket) as c:
-        text = c.get("/metrics").text
-    return float(next(ln for ln in text.splitlines()
-                      if ln.startswith("corral_output_held_bytes ")).split()[1])
+        return held_bytes(c)
 
 
 def _nothing_held(d) -> None:
@@ -68,22 +65,10 @@ def test_a_reply_not_read_keeps_its_room(sf_budget):
     payload = {"compile_timeout": 10, "run_timeout": 10, "code": _writer(9), "stdin": "",
                "memory_limit_MB": 1024, "language": "python", "files": {},
                "fetch_files": ["/tmp/big.bin"]}
-    body = json.dumps(payload).encode()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little of it
-    s.settimeout(PATIENCE_S)
+    path = sf_budget.endpoint.split(str(sf_budget.port), 1)[1] + "/run_code"
+    s, head, length = head_only(sf_budget.port, "POST", path, json.dumps(payload).encode())
     try:
-        s.connect(("127.0.0.1", sf_budget.port))
-        path = sf_budget.endpoint.split(str(sf_budget.port), 1)[1]
-        s.sendall((f"POST {path}/run_code HTTP/1.1\r\nHost: x\r\n"
-                   "Content-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-        head = b""
-        while b"\r\n\r\n" not in head and (more := s.recv(1)):
-            head += more
         assert head.startswith(b"HTTP/1.1 200"), head
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:")))
         assert length > 12 * MiB  # 9 MiB, in base64
         assert _held(sf_budget) >= length - 4 * MiB  # (the kernel's buffers take some)
     finally:
