@@ -107,7 +107,7 @@ class OutputHold:
         if nbytes < self.nbytes:
             self.shrink(nbytes)
             return
-        self._budget._count(self.tenant, nbytes - self.nbytes)
+        self._budget._add(self.tenant, nbytes - self.nbytes)
         self.nbytes = nbytes
 
     def release(self) -> None:
@@ -175,10 +175,10 @@ class OutputBudget:
 
     def _take(self, tenant: str | None, max_output: int, *, limited: bool) -> OutputHold:
         n = 2 * max_output
-        self._count(tenant, n)
+        self._add(tenant, n)
         return OutputHold(self, tenant, n, max_output, limited)
 
-    def _count(self, tenant: str | None, nbytes: int) -> None:
+    def _add(self, tenant: str | None, nbytes: int) -> None:
         self.used += nbytes
         self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + nbytes
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from corral.errors import FileTooLarge, OutputBudgetExceeded, SandboxNotFound
 from corral.runtime.engine import Engine
-from corral.runtime.output_budget import OutputHold
+from corral.runtime.output_budget import MIN_GRANT, OutputHold
 from corral.schema import SandboxInfo
 from corral.server.caller import Caller, Scope
 
@@ -118,14 +118,20 @@ class SandboxVerbs:
                              held: Callable[[int], int] = lambda n: n,
                              ) -> tuple[bytes, OutputHold]:
         """A file read whole into the daemon's memory for a reply (at most ``cap`` bytes:
-        FileTooLarge), its room in the caller's output budget reserved before it is
-        read, sized by its ``stat`` (``held(n)`` for ``n`` bytes: its copies until the
-        reply is written), then kept to what it read; the caller releases the hold once
-        the reply is written. :class:`OutputBudgetExceeded` when the budget has room for
-        less than the file."""
+        FileTooLarge), its room in the caller's output budget taken before it is read,
+        sized by its ``stat`` (``held(n)`` for ``n`` bytes: its copies until the reply is
+        written), lowered to what is free (it then reads less), then kept to what it
+        read; the caller releases the hold once the reply is written.
+        :class:`OutputBudgetExceeded` when the budget has room for less than the file."""
         size = min((await self.stat(sandbox_id, path)).size + (64 << 10), cap)  # it may grow
-        hold = self.reserve_output(sandbox_id, (held(size) + 1) // 2)
-        room = size if not hold.limited else hold.nbytes * size // max(1, held(size))
+        budget = self._engine.output_budget
+        tenant = self._engine.owners.of(self._owner)
+        want, free = held(size), budget.free_for(tenant)
+        if want > free and free < 2 * MIN_GRANT:  # refused as a command would be
+            budget.reserve(tenant, max(want // 2, MIN_GRANT + 1), sandbox_id).release()
+        hold = budget.hold(tenant)
+        hold.fit(min(want, free))
+        room = size if want <= free else free * size // max(1, want)
         try:
             data = bytes(await self.read_file(sandbox_id, path, max_bytes=min(cap, room)))
         except FileTooLarge:
