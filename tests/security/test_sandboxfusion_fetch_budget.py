@@ -54,10 +54,12 @@ def test_a_fetch_past_the_budget_is_refused_typed(sf_budget):
     assert body["status"] == "SandboxError", str(body)[:300]
     assert "output budget" in body["message"], body["message"]
     _nothing_held(sf_budget)
-    # within it, a fetch is whole
-    r = verl_request(sf_budget, code=_writer(1), stdin="", fetch_files=["/tmp/big.bin"])
+    # within it, a fetch is whole; a link's own size (its stat) is no bound on its file
+    code = _writer(1) + "; import os; os.symlink('/tmp/big.bin', '/tmp/link')"
+    r = verl_request(sf_budget, code=code, stdin="", fetch_files=["/tmp/big.bin", "/tmp/link"])
     assert r.json()["status"] == "Success", r.text[:300]
-    assert base64.b64decode(r.json()["files"]["/tmp/big.bin"]) == bytes(MiB)
+    for name in ("/tmp/big.bin", "/tmp/link"):
+        assert base64.b64decode(r.json()["files"][name]) == bytes(MiB)
     _nothing_held(sf_budget)
 
 

@@ -123,29 +123,35 @@ class SandboxVerbs:
         written), lowered to what is free (it then reads less), then kept to what it
         read; the caller releases the hold once the reply is written.
         :class:`OutputBudgetExceeded` when the budget has room for less than the file."""
-        size = min((await self.stat(sandbox_id, path)).size + (64 << 10), cap)  # it may grow
+        info = await self.stat(sandbox_id, path)  # a link's own size: read as the cap
+        size = cap if info.is_symlink else min(info.size + (64 << 10), cap)  # it may grow
         budget = self._engine.output_budget
         tenant = self._engine.owners.of(self._owner)
-        want, free = held(size), budget.free_for(tenant)
-        if want > free and free < 2 * MIN_GRANT:  # refused as a command would be
-            budget.reserve(tenant, max(want // 2, MIN_GRANT + 1), sandbox_id).release()
-        hold = budget.hold(tenant)
-        hold.fit(min(want, free))
-        room = size if want <= free else free * size // max(1, want)
-        try:
-            data = bytes(await self.read_file(sandbox_id, path, max_bytes=min(cap, room)))
-        except FileTooLarge:
-            hold.release()
-            if room >= cap:
+        while True:
+            want, free = held(size), budget.free_for(tenant)
+            if want > free and free < 2 * MIN_GRANT:  # refused as a command would be
+                budget.reserve(tenant, max(want // 2, MIN_GRANT + 1), sandbox_id).release()
+            hold = budget.hold(tenant)
+            hold.fit(min(want, free))
+            room = size if want <= free else free * size // max(1, want)
+            try:
+                data = bytes(await self.read_file(sandbox_id, path, max_bytes=min(cap, room)))
+                break
+            except FileTooLarge:
+                hold.release()
+                if room >= cap:
+                    raise
+                if want <= free:  # it grew since its stat: once more, as large as it may be
+                    size = cap
+                    continue
+                raise OutputBudgetExceeded(
+                    f"sandbox {sandbox_id}: reading {path[:200]!r}: the output budget had "
+                    f"room for {room} bytes of it (the daemon's memory for output is taken "
+                    "by requests in flight): retry when some have ended, or read less",
+                    details={"sandbox_id": sandbox_id}) from None
+            except BaseException:
+                hold.release()
                 raise
-            raise OutputBudgetExceeded(
-                f"sandbox {sandbox_id}: reading {path[:200]!r}: the output budget had room "
-                f"for {room} bytes of it (the daemon's memory for output is taken by "
-                "requests in flight): retry when some have ended, or read less",
-                details={"sandbox_id": sandbox_id}) from None
-        except BaseException:
-            hold.release()
-            raise
         hold.shrink(held(len(data)))
         return data, hold
 
