@@ -179,7 +179,10 @@ class HeldResponse(Response):
         super().__init__(content, **kwargs)
         hold.fit(len(self.body))  # its JSON may be larger than the output
         self._hold = hold
-        weakref.finalize(self, hold.release)
+        if len(self.body) <= HELD_PIECE:  # one piece, written at once: nothing to hold
+            hold.release()
+        else:
+            weakref.finalize(self, hold.release)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # In pieces: uvicorn waits for a paused transport before a send, never after
