@@ -27,6 +27,7 @@ from corral.runtime.processes import Process as EngineProcess
 from corral.server.sandbox_verbs import SandboxVerbs
 
 PROCESS_OUTPUT_CAP_BYTES = 16 << 20  # the lines kept per process
+LINE_COST = 128  # what a kept line holds beyond its text (its object, str and time)
 MAX_LINE_CHARS = 1 << 20  # a line without its newline yet, held at most
 FIRST_PID = 100
 KILLED = {"exit_code": None, "signal": 9, "oom_killed": False, "reason": "signaled"}
@@ -114,7 +115,7 @@ class Process:
         """A line of output, unless its stream is discarded or the cap is reached."""
         if stream in self.discard or self.kept_bytes >= PROCESS_OUTPUT_CAP_BYTES:
             return
-        self.kept_bytes += len(text)
+        self.kept_bytes += len(text) + LINE_COST  # an empty line is not free
         self.lines.append(_Line(stream, text, time.time()))
         self.notify()
 
