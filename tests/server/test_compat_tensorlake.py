@@ -100,11 +100,9 @@ def checked(d: TensorlakeDaemon) -> Iterator[TensorlakeDaemon]:
 
 @pytest.fixture(scope="module")
 def tl_daemon():
-    # a Tensorlake run reserves 2 x 64 MiB of output room while it runs: the default
-    # budget (RAM/16 per tenant) admits a few dozen at once, fewer than the fan-out's 50
-    # when they overlap under load (tests/security/test_output_budget.py tests the budget)
-    with serving("--output-memory-mb", "16384", "--tenant-output-memory-mb", "16384",
-                 env={"CORRAL_COMPAT_IMAGE_MAP": "my-org/agent-env=python"}) as d:
+    # the default output budget: a run holds the bytes it prints, so the fan-out of 50
+    # (64 MiB per stream asked each) fits (tests/security/test_output_budget.py)
+    with serving(env={"CORRAL_COMPAT_IMAGE_MAP": "my-org/agent-env=python"}) as d:
         yield d
 
 
