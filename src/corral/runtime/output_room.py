@@ -62,7 +62,8 @@ class OutputRoom:
         self.hold = hold
         self.keep = keep
         ring = min(tail, hold.floor // 2) if keep else 0
-        self._streams = {m: _Stream(m, hold.floor, ring) for m in (Msg.STDOUT, Msg.STDERR)}
+        self._streams: dict[int, _Stream] = {
+            m: _Stream(m, hold.floor, ring) for m in (Msg.STDOUT, Msg.STDERR)}
 
     def admit(self, reply: Reply) -> list[Reply]:
         """What of ``reply`` goes into the queue now (with what it brings out: a gap, a
