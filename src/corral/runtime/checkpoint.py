@@ -50,6 +50,9 @@ DUMP_TIMEOUT_S = 120.0
 COLLECT_TIMEOUT_S = 60
 FREEZE_TRIES = 20
 """Freezes a dump takes at most to catch the sandbox with no process mid-vfork."""
+FREEZE_TIMEOUT_S = 30.0
+"""A freeze waits this long for a task asleep in the kernel (a write throttled under
+disk pressure freezes only once it wakes), as a commit's does (precopy.py)."""
 _NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
 _MAX_KDAT = 64 << 10  # CRIU's struct kerndat_s is a few KiB
@@ -185,10 +188,21 @@ async def freeze_for_dump(cgroup: _Freezer, sandbox_id: str) -> None:
     """Freeze the sandbox's group with none of its processes mid-vfork (see the module
     docstring): such a freeze is thawed and taken again, a little later each time, up to
     :data:`FREEZE_TRIES` times; then :class:`~corral.errors.Unsupported` (``cause``
-    ``vfork``), the sandbox running. A cancel meanwhile leaves it thawed."""
+    ``vfork``), the sandbox running. A cancel meanwhile, or a freeze that does not
+    complete within :data:`FREEZE_TIMEOUT_S`, leaves it thawed."""
     for attempt in range(FREEZE_TRIES):
-        await finish_in_thread(cgroup.freeze, on_cancel=lambda _: cgroup.thaw())
-        if not (stuck := await asyncio.to_thread(mid_vfork, cgroup.pids())):
+        try:
+            await finish_in_thread(lambda: cgroup.freeze(FREEZE_TIMEOUT_S),
+                                   on_cancel=lambda _: cgroup.thaw())
+        except Exception:  # not frozen in time: not left half frozen either
+            cgroup.thaw()
+            raise
+        try:
+            stuck = mid_vfork(cgroup.pids())  # a few /proc reads: no await while frozen
+        except BaseException:
+            cgroup.thaw()
+            raise
+        if not stuck:
             return
         cgroup.thaw()
         await asyncio.sleep(0.005 * (attempt + 1))  # the child execs, then it is let be
