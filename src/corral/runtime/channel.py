@@ -82,6 +82,10 @@ class StreamDeadline(Exception):
     """The deadline given to :meth:`ExecStream.next` passed with nothing to return."""
 
 
+# The frames that say a command asked to start quietly (Tag.QUIET_START) has started.
+_STARTS_QUIETLY = frozenset({Msg.STDOUT, Msg.STDERR, Msg.TAIL, Msg.EXIT})
+
+
 class ExecStream:
     """Events of one running command, in the order the agent sent them.
 
@@ -96,6 +100,7 @@ class ExecStream:
         self, channel: "AgentChannel", request_id: int, max_output: int | None,
         output_tail: int = 0,
         terminal: bool = False,
+        quiet_start: bool = False,
     ) -> None:
         self.channel = channel
         self.request_id = request_id
@@ -103,6 +108,9 @@ class ExecStream:
         self.terminal = terminal
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
+        # asked for no STARTED (Tag.QUIET_START): the first output or EXIT says it started
+        # (an agent older than the tag sends STARTED all the same: accepted)
+        self.quiet_start = quiet_start
         self.abandoned = False  # closed by its reader: frames still expected, dropped
         self.caps: dict[int, StreamCap] = {
             Msg.STDOUT: StreamCap("stdout", max_output, output_tail),
@@ -333,6 +341,8 @@ class AgentChannel:
     def _on_stream(self, stream: ExecStream, msg: int, fields: Fields) -> None:
         rid = stream.request_id
         data = b""
+        if stream.quiet_start and not stream.started and msg in _STARTS_QUIETLY:
+            stream.started = True  # its first output or exit: it started (checked below)
         if msg == Msg.STARTED:
             if stream.started:
                 raise ProtocolViolation("duplicate_started", f"a second STARTED for request {rid}")
@@ -464,10 +474,15 @@ class AgentChannel:
         max_output: int | None = None,
         output_tail: int = 0,
         terminal: bool = False,
+        quiet_start: bool = False,
     ) -> ExecStream:
+        """Start a command (``fields``: its EXEC fields); ``quiet_start``: the agent sends
+        no STARTED (nobody waits for it: one frame and one wake-up fewer per command)."""
         rid = self._next_id()
-        stream = ExecStream(self, rid, max_output, output_tail, terminal)
+        stream = ExecStream(self, rid, max_output, output_tail, terminal, quiet_start)
         self.streams[rid] = stream
+        if quiet_start:
+            fields = [*fields, (Tag.QUIET_START, b"")]
         try:
             self.send(Msg.EXEC, rid, fields)
         except BaseException:
