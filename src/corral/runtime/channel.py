@@ -11,7 +11,8 @@ a model optimised to earn reward, so whatever arrives may be forged (docs/api.md
   in :mod:`~corral.runtime.protocol`) before reading its payload;
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
-  command gets one STARTED (or one ERR), then output (per stream: its head, at most one
+  command gets one STARTED (or one ERR; a command started with ``quiet_start`` may go
+  straight to its output or EXIT, whose first frame then counts as the start), then output (per stream: its head, at most one
   TAIL and its tail; stdout only, if it runs on a terminal), then exactly one EXIT; a
   file operation exactly one OK or ERR. Anything else (a second EXIT, output after the
   exit, a reply to a request never made) is a violation;
