@@ -145,3 +145,74 @@ def test_a_sandbox_got_as_the_client_left_is_reported_gone():
         got = await context._race_disconnect(request_of(peer), work(), recheck=True)
         assert got == ("sb-3", True)
     asyncio.run(main())
+
+
+def test_work_that_waits_needs_no_task_either():
+    """The hang-up is watched through the future ``receive`` waits on: no task."""
+    async def main() -> None:
+        peer = Peer()
+        before = len(asyncio.all_tasks())
+        seen: list[int] = []
+
+        async def work() -> str:
+            await asyncio.sleep(0.01)
+            seen.append(len(asyncio.all_tasks()))
+            return "sb-4"
+
+        assert await context.unless_disconnected(request_of(peer), work()) == "sb-4"
+        assert seen == [before]
+        assert peer.waiting == 0  # the receive under way was closed, its waiter gone
+        assert not peer.gone._waiters
+    asyncio.run(main())
+
+
+def test_a_message_before_the_hang_up_is_passed_over():
+    """``receive`` may hand over a message nobody asked for (more body) first."""
+    class Chatty(Peer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sent = False
+
+        async def receive(self) -> dict[str, object]:
+            if not self.sent:
+                self.sent = True
+                await asyncio.sleep(0.005)
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return await super().receive()
+
+    async def forever() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    async def main() -> None:
+        peer = Chatty()
+        asyncio.get_running_loop().call_later(0.05, peer.gone.set)
+        with pytest.raises(ClientDisconnect):
+            await context.unless_disconnected(request_of(peer), forever())
+    asyncio.run(main())
+
+
+def test_a_receive_that_waits_on_no_future_is_watched_by_a_task():
+    """Another server's ``receive`` (here: one that polls with ``sleep(0)``, which
+    yields no future) is watched by a task, as before."""
+    gone = {"now": False}
+
+    async def polling() -> dict[str, object]:
+        while not gone["now"]:
+            await asyncio.sleep(0)
+        return {"type": "http.disconnect"}
+
+    async def forever() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.02, gone.update, {"now": True})
+        request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, polling)
+        with pytest.raises(ClientDisconnect):
+            await context.unless_disconnected(request, forever())
+        ev = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.01, ev.set)
+        gone["now"] = False
+        assert await context.unless_disconnected(request, after(ev)) == "sb-2"
+    asyncio.run(main())

@@ -9,7 +9,7 @@ another's private helpers and the import graph has no circles.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Awaitable, Coroutine, Generator
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -121,6 +121,66 @@ async def _watch_disconnect(request: Request) -> None:
         pass
 
 
+class _HangUpWatch:
+    """Calls ``on_hang_up`` once when the client hangs up (or its ``receive`` fails: as
+    good as a hang-up), until :meth:`stop`. ``receive`` is stepped by hand and the
+    future it waits on given a callback: no task, whose start and cancel would cost two
+    turns of the loop per request. A ``receive`` that waits on anything but an asyncio
+    future (another server's) is watched by a task as before."""
+
+    __slots__ = ("_request", "_on_hang_up", "_peek", "_waiting", "_task")
+
+    def __init__(self, request: Request, on_hang_up: Callable[[], None]) -> None:
+        self._request, self._on_hang_up = request, on_hang_up
+        self._peek: Coroutine[Any, Any, Any] | None = None
+        self._waiting: asyncio.Future[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._step()
+
+    def _step(self, _: object = None) -> None:
+        self._waiting = None
+        while True:
+            if self._peek is None:
+                self._peek = self._request.receive()
+            try:
+                waits_on = self._peek.send(None)
+            except StopIteration as got:
+                self._peek = None
+                if got.value.get("type") == "http.disconnect":
+                    self._on_hang_up()
+                    return
+                continue  # a message nobody asked for (more body): wait for the next
+            except BaseException:  # noqa: BLE001 (a failed receive: the client is gone)
+                self._peek = None
+                self._on_hang_up()
+                return
+            if asyncio.isfuture(waits_on):
+                self._waiting = waits_on
+                waits_on.add_done_callback(self._step)
+                return
+            self._peek.close()  # not an asyncio future: a task watches instead
+            self._peek = None
+            self._task = asyncio.ensure_future(_watch_disconnect(self._request))
+            self._task.add_done_callback(self._task_done)
+            return
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled():
+            self._on_hang_up()
+
+    def stop(self) -> None:
+        """No more calls; the ``receive`` under way is closed (nothing is read)."""
+        if self._waiting is not None:
+            self._waiting.remove_done_callback(self._step)
+            self._waiting = None
+        if self._peek is not None:
+            self._peek.close()
+            self._peek = None
+        if self._task is not None:
+            self._task.remove_done_callback(self._task_done)
+            self._task.cancel()
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, cancelling it if the client hangs up first (a queued create
     leaves the queue, a command is killed); then raise :class:`ClientDisconnect`."""
@@ -144,7 +204,7 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
     pool's ready sandbox) and needs neither a task nor a watcher (two tasks, a wait and
     a turn of the loop: ~0.1 ms of the daemon's CPU per call). Work that waits goes on
     in this task (no task of its own: fewer turns of the loop per exec), raced against
-    a watcher of the hang-up, which cancels it."""
+    a watcher of the hang-up (:class:`_HangUpWatch`, no task either), which cancels it."""
     if isinstance(work, Coroutine):
         try:
             first = work.send(None)
@@ -153,28 +213,37 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
         work = _Resumed(work, first)
     current = asyncio.current_task()
     assert current is not None
-    left = False  # the watcher ended (the hang-up read, or it failed: as good as one)
+    loop = asyncio.get_running_loop()
+    left = False  # the client hung up (or its receive failed: as good as one)
+    delivered = False  # the cancel that says so was thrown into ``work``
+    cancelling: asyncio.Handle | None = None
 
-    def on_hang_up(watch: asyncio.Future[None]) -> None:
-        nonlocal left
-        if not watch.cancelled():
-            left = True
-            current.cancel()  # thrown into ``work`` where it waits
+    def deliver() -> None:
+        nonlocal delivered
+        delivered = True
+        current.cancel()  # thrown into ``work`` where it waits
 
-    watch = asyncio.ensure_future(_watch_disconnect(request))
-    watch.add_done_callback(on_hang_up)
+    def on_hang_up() -> None:
+        nonlocal left, cancelling
+        left = True
+        # never cancel this task while it runs (here, when the hang-up is read at once)
+        cancelling = loop.call_soon(deliver)
+
+    watch = _HangUpWatch(request, on_hang_up)
     try:
         result = await work
     except asyncio.CancelledError:
-        if not left:
+        if not delivered:
             raise  # the caller's own cancellation (a revoked token, a shutdown)
         _uncancel(current)
         raise ClientDisconnect() from None
     finally:
-        watch.remove_done_callback(on_hang_up)
-        watch.cancel()
-    if left:  # the work took the cancellation and still ended: the client is gone
+        watch.stop()
+        if cancelling is not None:
+            cancelling.cancel()  # not delivered yet: the work ended first
+    if delivered:  # the work took the cancel and still ended
         _uncancel(current)
+    if left:
         return result, True
     # a hang-up the server has already read, that the watcher had no turn to see
     return result, recheck and _hung_up(request)
