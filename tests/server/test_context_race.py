@@ -147,8 +147,9 @@ def test_a_sandbox_got_as_the_client_left_is_reported_gone():
     asyncio.run(main())
 
 
-def test_work_that_waits_needs_no_task_either():
-    """The hang-up is watched through the future ``receive`` waits on: no task."""
+def test_the_hang_up_is_watched_without_a_task():
+    """The hang-up is watched through the future ``receive`` waits on: the work that
+    waits has its task, the watcher none."""
     async def main() -> None:
         peer = Peer()
         before = len(asyncio.all_tasks())
@@ -160,7 +161,7 @@ def test_work_that_waits_needs_no_task_either():
             return "sb-4"
 
         assert await context.unless_disconnected(request_of(peer), work()) == "sb-4"
-        assert seen == [before]
+        assert seen == [before + 1]
         assert peer.waiting == 0  # the receive under way was closed, its waiter gone
         assert not peer.gone._waiters
     asyncio.run(main())
@@ -216,3 +217,28 @@ def test_a_receive_that_waits_on_no_future_is_watched_by_a_task():
         gone["now"] = False
         assert await context.unless_disconnected(request, after(ev)) == "sb-2"
     asyncio.run(main())
+
+
+def test_a_caller_cancelled_again_and_again_lets_the_work_clean_up():
+    """A revoked token's cancel scope cancels the handler again on every turn of the
+    loop until it returns: the work is cancelled once, and its clean-up (here a wait,
+    like a sandbox's delete) runs to its end."""
+    cleaned: list[str] = []
+
+    async def work() -> str:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.02)  # awaited clean-up: never interrupted
+            cleaned.append("deleted")
+        return "never"
+
+    async def main() -> None:
+        handler = asyncio.ensure_future(context.unless_disconnected(request_of(Peer()), work()))
+        await asyncio.sleep(0.01)
+        while not handler.done():  # as anyio's cancel scope does
+            handler.cancel()
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.1)
+    asyncio.run(main())
+    assert cleaned == ["deleted"]

@@ -203,58 +203,46 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
     ``work`` takes its first step here: most often it finishes without waiting (a
     pool's ready sandbox) and needs neither a task nor a watcher (two tasks, a wait and
     a turn of the loop: ~0.1 ms of the daemon's CPU per call). Work that waits goes on
-    in this task (no task of its own: fewer turns of the loop per exec), raced against
-    a watcher of the hang-up (:class:`_HangUpWatch`, no task either), which cancels it."""
+    in a task, raced against a watcher of the hang-up (:class:`_HangUpWatch`: no task)
+    that cancels it."""
     if isinstance(work, Coroutine):
         try:
             first = work.send(None)
         except StopIteration as done:
             return done.value, recheck and _hung_up(request)
         work = _Resumed(work, first)
-    current = asyncio.current_task()
-    assert current is not None
-    loop = asyncio.get_running_loop()
+    # The work gets a task of its own: a cancel of this one (a revoked token's cancel
+    # scope cancels again every turn until the handler returns) must reach the work
+    # once, so that its clean-up (a sandbox's delete, a command's kill) runs whole.
+    task = asyncio.ensure_future(work)
+    woken = asyncio.get_running_loop().create_future()  # the work's end, or the hang-up
     left = False  # the client hung up (or its receive failed: as good as one)
-    delivered = False  # the cancel that says so was thrown into ``work``
-    cancelling: asyncio.Handle | None = None
 
-    def deliver() -> None:
-        nonlocal delivered
-        delivered = True
-        current.cancel()  # thrown into ``work`` where it waits
+    def wake(_: object = None) -> None:
+        if not woken.done():
+            woken.set_result(None)
 
     def on_hang_up() -> None:
-        nonlocal left, cancelling
+        nonlocal left
         left = True
-        # never cancel this task while it runs (here, when the hang-up is read at once)
-        cancelling = loop.call_soon(deliver)
+        wake()
 
+    task.add_done_callback(wake)
     watch = _HangUpWatch(request, on_hang_up)
     try:
-        result = await work
-    except asyncio.CancelledError:
-        if not delivered:
-            raise  # the caller's own cancellation (a revoked token, a shutdown)
-        _uncancel(current)
-        raise ClientDisconnect() from None
+        await woken
     finally:
         watch.stop()
-        if cancelling is not None:
-            cancelling.cancel()  # not delivered yet: the work ended first
-    if delivered:  # the work took the cancel and still ended
-        _uncancel(current)
+        task.remove_done_callback(wake)
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # let it clean up; never raises
+    if task.cancelled():
+        raise ClientDisconnect()
     if left:
-        return result, True
+        return task.result(), True
     # a hang-up the server has already read, that the watcher had no turn to see
-    return result, recheck and _hung_up(request)
-
-
-def _uncancel(task: asyncio.Task[Any]) -> None:
-    """Take back this module's cancel of ``task`` (Python 3.11+ counts them: an
-    ``asyncio.timeout`` further out would take it for its own)."""
-    uncancel = getattr(task, "uncancel", None)
-    if uncancel is not None:
-        uncancel()
+    return task.result(), recheck and _hung_up(request)
 
 
 async def write_whole(
