@@ -86,7 +86,7 @@ from corral.runtime.networks import Networks
 from corral.runtime.output_budget import OutputBudget
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
-from corral.runtime.reconcile import remove_cgroup
+from corral.runtime.reconcile import engine_cgroup_parent, remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.secret_store import SecretStore
@@ -182,7 +182,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.events.subscribe(SandboxEnded, lambda e: self.secret_store.remove(e.sandbox_id))
         self.events.subscribe(SandboxDeleted, lambda e: self.secret_store.remove(e.sandbox_id))
         self.owners = Owners()  # who sees what: runtime/ownership.py
-        self.cgroup_parent = f"corral/{layout.engine_key}"
+        self.cgroup_parent = engine_cgroup_parent(cgroup_driver, layout.engine_key)
         self.snapshots = Snapshots(layout, registry, images, self.owners)
         self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
