@@ -32,6 +32,10 @@ Each round, in turn (load drifts, so they alternate):
 of its own (as N independent host programs), run through every round and killed (by
 pid) at the end: the outside load, controlled.
 
+``--busy-engine N``: another daemon of this tree beside, N of its sandboxes spinning
+(one ``cpus=1`` each) through every round: another engine's sandboxes loading the host,
+as a test run's daemons beside a benchmark do.
+
 ``parallel`` = the reward's default concurrency (4 per core) for all. Reports the
 median wall time of each, the ratios to ``plain`` and to ``plain_weighted`` (the two
 placements: printed together with the load at the end), the HTTP requests per
@@ -51,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -104,6 +109,26 @@ def burners(n: int) -> list[subprocess.Popen[bytes]]:
     """``n`` CPU burners, each in a session (an autogroup) of its own."""
     return [subprocess.Popen([host_python(), "-c", "while True: pass"], start_new_session=True)
             for _ in range(n)]
+
+
+@contextlib.contextmanager
+def busy_engine(n: int) -> Iterator[None]:
+    """Another daemon with ``n`` sandboxes spinning (none when ``n`` is 0)."""
+    if n == 0:
+        yield
+        return
+    import corral
+
+    with private_daemon("corral-bench-busy-") as url, corral.Client(url) as client:
+        boxes = [corral.Sandbox.create(client=client, cpus=1.0) for _ in range(n)]
+        try:
+            for sb in boxes:
+                sb.spawn(["python3", "-c", "while True: pass"])
+            yield
+        finally:
+            for sb in boxes:
+                with contextlib.suppress(corral.CorralError):
+                    sb.delete()
 
 
 def _tree_cpu() -> float:
@@ -197,6 +222,8 @@ def main() -> int:
     ap = bench_args.parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--burners", type=int, default=0, help="CPU burners beside (outside load)")
+    ap.add_argument("--busy-engine", type=int, default=0,
+                    help="another daemon beside with this many sandboxes spinning")
     ap.add_argument("--lean", action="store_true",
                     help="plain, plain_weighted and prestarted only (no cold, no delete_first)")
     args = ap.parse_args()
@@ -222,7 +249,7 @@ def main() -> int:
     cpu: dict[str, list[float]] = {}
     bad: list[str] = []
     loads = [os.getloadavg()[0]]
-    with private_daemon("corral-bench-prestart-") as url:
+    with busy_engine(args.busy_engine), private_daemon("corral-bench-prestart-") as url:
         daemon = _daemon_pid(url)
         cold = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel)
         warm = rl.code_reward("binary", timeout=30, url=url, concurrency=parallel, prestart=n)
@@ -316,7 +343,7 @@ def main() -> int:
            for k, v in cpu.items()},
         "prestart_prestarted_cpu_ratio": burst_cpu / statistics.median(cpu["plain"]),
         "prestart_load_min": min(loads), "prestart_load_max": max(loads),
-        "prestart_burners": args.burners, "prestart_other_engines_cpus": others,
+        "prestart_burners": args.burners, "prestart_busy_engine": args.busy_engine, "prestart_corral_tree_cpus": others,
         "prestart_cgroup_v1": int(Path("/sys/fs/cgroup/cpu").is_dir()),
         "prestart_autogroup": int(_autogroup()), "prestart_engine_group": str(group),
     }
@@ -327,7 +354,8 @@ def main() -> int:
     print(f"prestarted / plain python3 (this session's group): {res['prestart_prestarted_ratio']:.3f}; "
           + (f"/ plain python3 placed as the sandboxes (a group of the engine's weight beside "
              f"its own): {weighted_ratio:.3f}; " if weighted_ratio else "")
-          + f"load {min(loads):.1f}-{max(loads):.1f}, {args.burners} burners, other engines' "
+          + f"load {min(loads):.1f}-{max(loads):.1f}, {args.burners} burners, {args.busy_engine} "
+          f"sandboxes spinning in another engine; corral's group (engines on the older layout) "
           f"sandboxes {others:.2f} CPUs, CPU per completion {res['prestart_prestarted_cpu_ratio']:.3f}x plain")
     for why in bad:
         print("FAILED:", why)
