@@ -23,7 +23,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from corral import errors
-from corral.runtime.devices import DeviceRule, restrict
+from corral.runtime.devices import DeviceRule, allow_all, restrict
 from corral.runtime.fsutil import unescape_mountinfo
 
 __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
@@ -165,6 +165,11 @@ class Cgroup:
         """Only the device nodes ``rules`` name may be opened by the group's processes
         (:mod:`corral.runtime.devices`); ``"v1"``, ``"v2"`` or ``""`` (no controller)."""
         return restrict(self._dirs, rules)
+
+    def allow_all_devices(self) -> bool:
+        """Undo :meth:`restrict_devices` on v1 (every device the parent allows); False
+        where the group has no v1 devices hierarchy."""
+        return allow_all(self._dirs)
 
     def freeze(self, timeout: float = 5.0) -> None:
         """Stop every process in the group; return once they are all stopped."""
