@@ -243,10 +243,12 @@ class SlotPool:
         devices_set: list[bool] = []
 
         def make() -> Cgroup:
+            # (v1 fills a new group's cpuset with these CPUs: one write, not two)
             group = self.cgroups.create(f"{self.cgroup_parent}/{name}", cpus=DEFAULT_CPUS,
-                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS)
+                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS,
+                                        cpuset=cpus)
             try:
-                if cpus:
+                if cpus and self.cgroups.version != 1:
                     self.cgroups.set_cpus(group, cpus)
                 # v1: a plain sandbox's device list, off its create's path (v2 attaches a
                 # program that a GPU sandbox's could not widen: there, after READY)
