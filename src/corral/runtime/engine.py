@@ -473,7 +473,11 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         if old is not None:  # their output sent on it comes first
             await live_processes.drain_old(old, channel, streams)
         if slot.go_fd >= 0:
-            slot.launch(self._launch_args(live, slot, lowers))
+            args = self._launch_args(live, slot, lowers)
+            slot.launch(args)
+            if not live.build_root and live.images is None and "--lower" in args:
+                # the next warm slots clone these layers while they wait (launch.c)
+                self._pool.prelower = args[args.index("--lower") + 1]
         await channel.start()
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
+from corral.runtime.agentbuild import agent_layer
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.cpus import CpuPicker
 from corral.runtime.devices import standard_rules
@@ -74,6 +75,8 @@ class Slot:
     # its group already allows only the standard device nodes (v1: written while it
     # waited, before its launcher joined; corral.runtime.devices)
     devices_set: bool = False
+    # the layers (a ':' list) its launcher cloned and idmapped while it waited (launch.c)
+    prelower: str = ""
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -178,6 +181,9 @@ class SlotPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff_until = 0.0
         self.closed = False
+        # the layers (``--lower``'s list) a new slot clones and idmaps while it waits:
+        # the agent's, then the engine sets those of the last sandbox it started
+        self.prelower = str(agent_layer(agent_path))
 
     async def take(self, cpus: tuple[int, ...] = ()) -> Slot:
         """A ready slot: a warm one if there is one (one whose cpuset holds ``cpus`` if
@@ -275,9 +281,10 @@ class SlotPool:
         log_r, log_w = os.pipe()
         log_copy = os.dup(log_r)  # (close-on-exec) the warden keeps one: restore.py
         log = LogTail(log_r)
+        prelower = self.prelower
         argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
                 "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID),
-                "--prenet", "1"]
+                "--prenet", "1", "--prelower", prelower]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:
@@ -304,7 +311,8 @@ class SlotPool:
             r_theirs.close()
         log.start()
         slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
-                    r_ours, reattach_fd, log_copy, cpus=cpus, devices_set=any(devices_set))
+                    r_ours, reattach_fd, log_copy, cpus=cpus, devices_set=any(devices_set),
+                    prelower=prelower)
         try:
             said = await _read_ready(ready_r)
         except BaseException:  # cancelled: a launcher and its cgroup nobody else knows of
