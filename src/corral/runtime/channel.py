@@ -36,7 +36,7 @@ import logging
 import select
 import socket
 import subprocess
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
 from corral.runtime.agent_exit import eof_cause
@@ -54,6 +54,9 @@ from corral.runtime.protocol import (
     encode,
     validate,
 )
+
+if TYPE_CHECKING:
+    from corral.runtime.output_room import OutputRoom
 
 logger = logging.getLogger("corral.runtime")
 
@@ -110,6 +113,7 @@ class ExecStream:
         }
         self.queued_bytes = 0  # output waiting in the queue
         self.peak_queued = 0
+        self.room: OutputRoom | None = None  # its room in the output budget (output_room.py)
 
     @property
     def stdout(self) -> StreamCap:
@@ -120,10 +124,13 @@ class ExecStream:
         return self.caps[Msg.STDERR]
 
     def _put(self, item: Reply | BaseException) -> None:
-        if isinstance(item, Reply):
-            self.queued_bytes += len(item.data)
+        if isinstance(item, BaseException):
+            self.queue.put_nowait(item)
+            return
+        for reply in self.room.admit(item) if self.room is not None else (item,):
+            self.queued_bytes += len(reply.data)
             self.peak_queued = max(self.peak_queued, self.queued_bytes)
-        self.queue.put_nowait(item)
+            self.queue.put_nowait(reply)
 
     async def next(self, deadline: float | None = None) -> Reply:
         """The next event; :class:`StreamDeadline` if none came by ``deadline``
@@ -139,6 +146,8 @@ class ExecStream:
         if isinstance(item, BaseException):
             raise item
         self.queued_bytes -= len(item.data)
+        if self.room is not None:
+            self.room.handed(item)
         return item
 
     def send_stdin(self, data: bytes | memoryview) -> None:
