@@ -252,10 +252,8 @@ class Cgroup:
             _rmdir(d)
 
     def _removed_empty(self) -> bool:
-        """Remove each directory while the kernel lets us; whether all went. ``rmdir``
-        of a group that still holds a task fails (EBUSY), so a group whose processes
-        are all gone (a sandbox's, at its teardown) costs no read of its seven
-        ``cgroup.procs`` first; a busy one is left to the kill and the retries."""
+        """Remove each directory while the kernel lets us (a group holding a task
+        answers EBUSY: left to the kill and the retries); whether all went."""
         for d in self._hierarchies():
             try:
                 d.rmdir()
@@ -373,10 +371,9 @@ class CgroupV2(Cgroup):
 
 def _fill_cpuset(d: Path, cpus: Sequence[int] = ()) -> None:
     """A new cpuset group has no CPUs and no memory nodes (v1; on v2 it inherits them):
-    no task could join it. It starts with its parent's, or with ``cpus`` where given
-    (one write of ``cpuset.cpus``, each of which costs the kernel a rebuild of its
-    scheduling domains, instead of two). Idempotent: a concurrent create that finds
-    the group made by another fills it too, rather than race its maker."""
+    no task could join it. It starts with its parent's, or ``cpus`` (one write of
+    ``cpuset.cpus``, a rebuild of the kernel's scheduling domains, not two). Idempotent:
+    a concurrent create that finds the group made by another fills it too."""
     for name in ("cpuset.cpus", "cpuset.mems"):
         if ((d / name).exists() and (d.parent / name).exists()
                 and not _read(d / name).strip()):
