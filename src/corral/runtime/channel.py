@@ -49,6 +49,7 @@ from corral.runtime.protocol import (
     Fields,
     Msg,
     ProtocolViolation,
+    Reply,
     Tag,
     check_header,
     encode,
@@ -68,17 +69,6 @@ SLOW_REQUEST_TIMEOUT_S: dict[int, float] = {Msg.FREMOVE: 330.0}
 tree runs in a child of the agent, killed after 300 s)."""
 READER_LIMIT = 256 << 10
 """Bytes the socket reader buffers ahead (it pauses reading at twice this)."""
-
-
-class Reply:
-    """One frame from the agent. ``data``: an output frame's bytes."""
-
-    __slots__ = ("msg", "fields", "data")
-
-    def __init__(self, msg: int, fields: Fields, data: bytes = b"") -> None:
-        self.msg = msg
-        self.fields = fields
-        self.data = data
 
 
 class StreamDeadline(Exception):

@@ -123,6 +123,19 @@ class OutputHold:
             self._budget._give_back(self.tenant, self.nbytes - nbytes)
             self.nbytes = nbytes
 
+    def fit(self, nbytes: int) -> None:
+        """Hold exactly ``nbytes`` (a reply's real size, while it is sent): less gives
+        room back; more (a reply's encoding is larger than the output, ``\\u0001`` for
+        a byte) is counted even past the budget, since those bytes exist already: the
+        next reservation is refused instead."""
+        if self._budget is None or nbytes == self.nbytes:
+            return
+        if nbytes < self.nbytes:
+            self.shrink(nbytes)
+            return
+        self._budget._add(self.tenant, nbytes - self.nbytes)
+        self.nbytes = nbytes
+
     def release(self) -> None:
         budget, self._budget = self._budget, None
         if budget is not None:
@@ -166,6 +179,11 @@ class OutputBudget:
                      "limit": self.total, "tenant_used": tenant_used,
                      "tenant_limit": self.per_tenant, "requested": max_output},
         )
+
+    def hold(self, tenant: str | None) -> OutputHold:
+        """Room for a reply made of output whose own room was given back as it was read
+        (a process's line): nothing yet, its size counted by :meth:`OutputHold.fit`."""
+        return OutputHold(self, tenant, 0, 0, False)
 
     def take(self, tenant: str | None, nbytes: int) -> int:
         """Room for up to ``nbytes`` more of a process's unread output: what fits, never

@@ -24,9 +24,8 @@ before any of this.
 
 from __future__ import annotations
 
-from corral.runtime.channel import Reply
 from corral.runtime.output_budget import OutputHold
-from corral.runtime.protocol import HEADER, Fields, Msg, Tag, encode
+from corral.runtime.protocol import HEADER, Fields, Msg, Reply, Tag, encode
 from corral.schema import ExecResult
 
 __all__ = ["OutputRoom"]
