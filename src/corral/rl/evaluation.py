@@ -401,7 +401,7 @@ class _EvalLoop:
         extra = f"mean {s.mean:.4g} ± {s.halfwidth:.3g}" if s.n >= 2 else ""
         for e in eps:
             self.bar.advance(status or e.status, extra=extra)
-        self.reporter.update(self.summary("running"))
+        self.reporter.update(lambda: self.summary("running"))
 
     def summary(self, state: str, error: str | None = None) -> dict[str, Any]:
         """The run so far, as the daemon's dashboard shows it (``PUT /v1/evals/{id}``)."""
