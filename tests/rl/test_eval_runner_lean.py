@@ -42,14 +42,16 @@ def _value(rng: random.Random, depth: int = 0) -> object:
     return tuple(_value(rng, depth + 1) for _ in range(rng.randrange(3)))
 
 
-def test_the_runners_json_and_sha256_are_the_standard_ones_byte_for_byte():
+@pytest.mark.parametrize("lean", [True, False], ids=["_json", "json fallback"])
+def test_the_runners_json_and_sha256_are_the_standard_ones_byte_for_byte(lean, monkeypatch):
+    assert _eval_runner._LEAN  # this CPython has the expected _json: the lean path runs
+    monkeypatch.setattr(_eval_runner, "_LEAN", lean)
     rng = random.Random(30)
     for _ in range(3000):
         value = _value(rng)
         text = json.dumps(value)
         assert _eval_runner.dumps(value) == text
         assert json.dumps(_eval_runner.loads(text)) == json.dumps(json.loads(text))
-    assert _eval_runner._make_encoder is not None  # this CPython has _json: the lean path ran
     for bad in (object(), {1j: 1}, [{1, 2}]):
         with pytest.raises(TypeError) as lean:
             _eval_runner.dumps(bad)

@@ -37,12 +37,6 @@ import types
 # half of a fresh runner's CPU in a tic-tac-toe sandbox. Their C cores (``_json``,
 # ``_sha256``) give the same bytes without either; the modules stay the fallback.
 try:
-    from _json import encode_basestring_ascii as _ascii
-    from _json import make_encoder as _make_encoder
-    from _json import make_scanner as _make_scanner
-except ImportError:  # another Python: the json module itself
-    _make_encoder = None
-try:
     from _sha256 import sha256  # CPython <= 3.11
 except ImportError:
     try:
@@ -57,18 +51,6 @@ def _not_json(o):
     raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
 
 
-def dumps(obj):
-    """``json.dumps(obj)`` (its default arguments), byte for byte."""
-    if _make_encoder is None:
-        import json
-
-        return json.dumps(obj)
-    if isinstance(obj, str):
-        return _ascii(obj)
-    # what json.JSONEncoder.iterencode builds for json.dumps's defaults
-    return "".join(_make_encoder({}, _not_json, _ascii, None, ": ", ", ", False, False, True)(obj, 0))
-
-
 class _Context:
     """What ``_json.make_scanner`` reads off a ``json.JSONDecoder`` (its defaults)."""
     strict = True
@@ -80,16 +62,48 @@ class _Context:
         return {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}[name]
 
 
-def loads(text):
-    """``json.loads(text)`` for a document corral wrote (no whitespace around it)."""
-    if _make_encoder is None:
-        import json
+def _lean_dumps(obj):
+    if isinstance(obj, str):
+        return _ascii(obj)
+    # what json.JSONEncoder.iterencode builds for json.dumps's defaults (a new one per
+    # call, as json.dumps makes: a failed call may leave marks in its circularity check)
+    return "".join(_make_encoder({}, _not_json, _ascii, None, ": ", ", ", False, False, True)(obj, 0))
 
-        return json.loads(text)
+
+def _lean_loads(text):
     obj, end = _make_scanner(_Context())(text, 0)
     if end != len(text.rstrip()):
         raise ValueError(f"extra data at {end}")
     return obj
+
+
+try:
+    from _json import encode_basestring_ascii as _ascii
+    from _json import make_encoder as _make_encoder
+    from _json import make_scanner as _make_scanner
+
+    _SAMPLE = '{"a": [1, -2.5, "\\u00e9", null, true, NaN]}'
+    _LEAN = _lean_dumps(_lean_loads(_SAMPLE)) == _SAMPLE  # this Python's _json is as expected
+except Exception:  # another Python (or another _json): the json module itself
+    _LEAN = False
+
+
+def dumps(obj):
+    """``json.dumps(obj)`` (its default arguments), byte for byte."""
+    if _LEAN:
+        return _lean_dumps(obj)
+    import json
+
+    return json.dumps(obj)
+
+
+def loads(text):
+    """``json.loads(text)`` for a document corral wrote (no whitespace around it)."""
+    if _LEAN:
+        return _lean_loads(text)
+    import json
+
+    return json.loads(text)
 
 
 def plain(x):
