@@ -36,7 +36,7 @@ import logging
 import select
 import socket
 import subprocess
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
 from corral.runtime.agent_exit import eof_cause
@@ -49,11 +49,15 @@ from corral.runtime.protocol import (
     Fields,
     Msg,
     ProtocolViolation,
+    Reply,
     Tag,
     check_header,
     encode,
     validate,
 )
+
+if TYPE_CHECKING:
+    from corral.runtime.output_room import OutputRoom
 
 logger = logging.getLogger("corral.runtime")
 
@@ -65,17 +69,6 @@ SLOW_REQUEST_TIMEOUT_S: dict[int, float] = {Msg.FREMOVE: 330.0}
 tree runs in a child of the agent, killed after 300 s)."""
 READER_LIMIT = 256 << 10
 """Bytes the socket reader buffers ahead (it pauses reading at twice this)."""
-
-
-class Reply:
-    """One frame from the agent. ``data``: an output frame's bytes."""
-
-    __slots__ = ("msg", "fields", "data")
-
-    def __init__(self, msg: int, fields: Fields, data: bytes = b"") -> None:
-        self.msg = msg
-        self.fields = fields
-        self.data = data
 
 
 class StreamDeadline(Exception):
@@ -110,6 +103,7 @@ class ExecStream:
         }
         self.queued_bytes = 0  # output waiting in the queue
         self.peak_queued = 0
+        self.room: OutputRoom | None = None  # its room in the output budget (output_room.py)
 
     @property
     def stdout(self) -> StreamCap:
@@ -120,10 +114,13 @@ class ExecStream:
         return self.caps[Msg.STDERR]
 
     def _put(self, item: Reply | BaseException) -> None:
-        if isinstance(item, Reply):
-            self.queued_bytes += len(item.data)
+        if isinstance(item, BaseException):
+            self.queue.put_nowait(item)
+            return
+        for reply in self.room.admit(item) if self.room is not None else (item,):
+            self.queued_bytes += len(reply.data)
             self.peak_queued = max(self.peak_queued, self.queued_bytes)
-        self.queue.put_nowait(item)
+            self.queue.put_nowait(reply)
 
     async def next(self, deadline: float | None = None) -> Reply:
         """The next event; :class:`StreamDeadline` if none came by ``deadline``
@@ -139,6 +136,8 @@ class ExecStream:
         if isinstance(item, BaseException):
             raise item
         self.queued_bytes -= len(item.data)
+        if self.room is not None:
+            self.room.handed(item)
         return item
 
     def send_stdin(self, data: bytes | memoryview) -> None:

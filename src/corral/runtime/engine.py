@@ -422,6 +422,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if isinstance(exc, CorralError) or not isinstance(exc, Exception):
                 raise
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
+        finally:
+            self._pool.refill()  # (deferred by take() past this sandbox's start)
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
         self.events.emit(SandboxStarted(sid, spec.snapshot, spec.tenant))
@@ -436,6 +438,12 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
         spec = live.spec
+        if slot.devices_set and (live.gpus is not None or live.images is not None
+                                 or spec.storage == Storage.DISK):
+            # its launcher opens a loop device, CRIU what it restores: the list comes
+            # after READY, as on v2 (devices.py)
+            slot.cgroup.allow_all_devices()
+            slot.devices_set = False
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
@@ -465,7 +473,11 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         if old is not None:  # their output sent on it comes first
             await live_processes.drain_old(old, channel, streams)
         if slot.go_fd >= 0:
-            slot.launch(self._launch_args(live, slot, lowers))
+            args = self._launch_args(live, slot, lowers)
+            slot.launch(args)
+            if not live.build_root and live.images is None and "--lower" in args:
+                # the next warm slots clone these layers while they wait (launch.c)
+                self._pool.prelower = args[args.index("--lower") + 1]
         await channel.start()
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
@@ -481,10 +493,12 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 details={"sandbox_id": live.id},
             ) from None
         # no sandbox code has run yet (a restore's has: it is checked just below):
-        # from here it opens only its own device nodes
-        rules = devices.standard_rules() + [
-            devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
-        slot.cgroup.restrict_devices(rules)
+        # from here it opens only its own device nodes (a warm slot's group may hold
+        # them already: devices.py)
+        if not slot.devices_set:
+            rules = devices.standard_rules() + [
+                devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
+            slot.cgroup.restrict_devices(rules)
         if live.images is not None:
             await self._restored(live, slot)  # or InvalidState: a forged checkpoint
         if live.ending:  # deleted while it started (its id listed): it never runs

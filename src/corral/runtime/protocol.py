@@ -286,3 +286,14 @@ def decode_entry(raw: bytes) -> tuple[int, int, int, int, int, str]:
     """(mode, size, mtime_ns, uid, gid, name) of an ENTRY field."""
     mode, size, mtime, uid, gid = ENTRY.unpack_from(raw)
     return mode, size, mtime, uid, gid, raw[ENTRY.size :].decode(errors="surrogateescape")
+
+
+class Reply:
+    """One frame from the agent. ``data``: an output frame's bytes."""
+
+    __slots__ = ("msg", "fields", "data")
+
+    def __init__(self, msg: int, fields: Fields, data: bytes = b"") -> None:
+        self.msg = msg
+        self.fields = fields
+        self.data = data
