@@ -11,8 +11,10 @@ a model optimised to earn reward, so whatever arrives may be forged (docs/api.md
   in :mod:`~corral.runtime.protocol`) before reading its payload;
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
-  command gets one STARTED (or one ERR), then output (per stream: its head, at most one
-  TAIL and its tail; stdout only, if it runs on a terminal), then exactly one EXIT; a
+  command gets one STARTED (or one ERR; one started with ``quiet_start`` may go straight
+  to its output or EXIT, whose first frame then counts as the start), then output (per
+  stream: its head, at most one TAIL and its tail; stdout only, if it runs on a
+  terminal), then exactly one EXIT; a
   file operation exactly one OK or ERR. Anything else (a second EXIT, output after the
   exit, a reply to a request never made) is a violation;
 - counts each command's output itself: more than ``max_output`` bytes of a stream, or
@@ -75,6 +77,10 @@ class StreamDeadline(Exception):
     """The deadline given to :meth:`ExecStream.next` passed with nothing to return."""
 
 
+# The frames that say a command asked to start quietly (Tag.QUIET_START) has started.
+_STARTS_QUIETLY = frozenset({Msg.STDOUT, Msg.STDERR, Msg.TAIL, Msg.EXIT})
+
+
 class ExecStream:
     """Events of one running command, in the order the agent sent them.
 
@@ -89,6 +95,7 @@ class ExecStream:
         self, channel: "AgentChannel", request_id: int, max_output: int | None,
         output_tail: int = 0,
         terminal: bool = False,
+        quiet_start: bool = False,
     ) -> None:
         self.channel = channel
         self.request_id = request_id
@@ -96,6 +103,9 @@ class ExecStream:
         self.terminal = terminal
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
+        # asked for no STARTED (Tag.QUIET_START): the first output or EXIT says it started
+        # (an agent older than the tag sends STARTED all the same: accepted)
+        self.quiet_start = quiet_start
         self.abandoned = False  # closed by its reader: frames still expected, dropped
         self.caps: dict[int, StreamCap] = {
             Msg.STDOUT: StreamCap("stdout", max_output, output_tail),
@@ -332,6 +342,8 @@ class AgentChannel:
     def _on_stream(self, stream: ExecStream, msg: int, fields: Fields) -> None:
         rid = stream.request_id
         data = b""
+        if stream.quiet_start and not stream.started and msg in _STARTS_QUIETLY:
+            stream.started = True  # its first output or exit: it started (checked below)
         if msg == Msg.STARTED:
             if stream.started:
                 raise ProtocolViolation("duplicate_started", f"a second STARTED for request {rid}")
@@ -463,10 +475,15 @@ class AgentChannel:
         max_output: int | None = None,
         output_tail: int = 0,
         terminal: bool = False,
+        quiet_start: bool = False,
     ) -> ExecStream:
+        """Start a command (``fields``: its EXEC fields); ``quiet_start``: the agent sends
+        no STARTED (nobody waits for it: one frame and one wake-up fewer per command)."""
         rid = self._next_id()
-        stream = ExecStream(self, rid, max_output, output_tail, terminal)
+        stream = ExecStream(self, rid, max_output, output_tail, terminal, quiet_start)
         self.streams[rid] = stream
+        if quiet_start:
+            fields = [*fields, (Tag.QUIET_START, b"")]
         try:
             self.send(Msg.EXEC, rid, fields)
         except BaseException:

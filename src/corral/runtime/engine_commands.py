@@ -157,7 +157,9 @@ class CommandOps:
                                          limit_fields(timeout, max_output, tail), user)
             assert live.channel is not None
             oom_before = live.cgroup.oom_kills()
-            stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
+            # nobody waits for the command's start: the agent says nothing until output
+            stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail,
+                                            quiet_start=on_start is None)
             room = stream.room = OutputRoom(hold, tail, keep=keep_output)
             tap = CommandTap(self.events, live.id, command_argv(cmd))
             with live.activity():

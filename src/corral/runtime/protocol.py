@@ -84,6 +84,7 @@ class Tag(IntEnum):
     ROWS = 34  # EXEC with ROWS and COLS: on a pseudo-terminal of that size
     COLS = 35
     UID = 36  # EXEC: run as this uid of the sandbox (0 or 1000; default the agent's, 1000)
+    QUIET_START = 37  # EXEC (present: set): no STARTED frame; the first frame says it started
 
 
 Field = tuple[int, "bytes | bytearray | memoryview | str | int"]
