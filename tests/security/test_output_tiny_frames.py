@@ -21,7 +21,7 @@ from tests.conftest import requires_root
 
 pytestmark = [requires_root, pytest.mark.root]
 
-WRITES = 10_000  # paced: each its own frame
+WRITES = 5_000  # paced: each its own frame
 PRINTER = (f"import os, time\nfor _ in range({WRITES}):\n    os.write(1, b'x')\n"
            "    time.sleep(0.0001)\ntime.sleep(60)\n")
 PATIENCE_S = 60  # a bound on the poll below, never a measure
