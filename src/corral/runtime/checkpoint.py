@@ -421,7 +421,28 @@ async def _run_dump(argv: list[str], state_dir: Path, sandbox_id: str) -> int:
         async with asyncio.timeout(DUMP_TIMEOUT_S):
             return await proc.wait()
     except asyncio.TimeoutError:
-        proc.kill()  # CRIU's --leave-running resumes what it froze as it dies
-        await proc.wait()
+        await _stopped(proc)
         raise Unsupported(f"CRIU took over {DUMP_TIMEOUT_S:.0f} s to dump sandbox "
                           f"{sandbox_id}", details={"cause": "timeout"}) from None
+    except BaseException:
+        # a cancel (a client that left): CRIU must not run on past its checkpoint, as
+        # the sandbox's uid, holding its tasks, writing into images being removed, and
+        # leaving the freezer frozen as it found it after the engine thawed it
+        await _stopped(proc)
+        raise
+
+
+async def _stopped(proc: asyncio.subprocess.Process) -> None:
+    """Kill CRIU and wait for its end, whatever cancels the waiter meanwhile (CRIU's
+    --leave-running resumes what it froze as it dies)."""
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    ended = asyncio.ensure_future(proc.wait())
+    while not ended.done():
+        try:
+            await asyncio.shield(ended)
+        except asyncio.CancelledError:
+            continue
