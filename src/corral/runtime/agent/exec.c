@@ -213,10 +213,11 @@ static void do_exec(uint32_t id, struct req *r) {
     e->pty = pty;
     e->cwd = cwd;
     cwd = NULL;
-    set_nonblock(e->report_fd);
-    set_nonblock(e->in_fd);
-    set_nonblock(e->out_fd);
-    set_nonblock(e->err_fd);
+    /* Fresh descriptors (pipe2, or the terminal's master and its dup) have no status
+       flag to keep: one F_SETFL each, no F_GETFL (issue 30: syscalls per exec). */
+    int fresh[] = {e->report_fd, e->in_fd, e->out_fd, e->err_fd};
+    for (size_t k = 0; k < sizeof fresh / sizeof *fresh; k++)
+        if (fresh[k] >= 0) fcntl(fresh[k], F_SETFL, O_NONBLOCK);
     e->max_output = get_u64(r, F_MAX_OUTPUT, 1 << 20);
     /* Of max_output, the last OUTPUT_TAIL bytes of a stream are its end (see drain). */
     uint64_t tail = get_u64(r, F_OUTPUT_TAIL, 0);
