@@ -618,9 +618,10 @@ static int serve(int fd, int keep, int local) {
                 in.len -= off;
             }
             if (pfds[1].revents & POLLIN) {
-                struct signalfd_siginfo si;
-                while (read(sfd, &si, sizeof si) > 0) {}
-                reap();
+                /* One read empties it (SIGCHLD is not queued twice; a later one wakes
+                   the poll again); the reap below, every turn, does the waiting. */
+                struct signalfd_siginfo si[4];
+                if (read(sfd, si, sizeof si) < 0) {}
             }
             for (int i = 3; i < n; i++) {
                 if (!pfds[i].revents) continue;
