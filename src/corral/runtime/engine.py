@@ -59,7 +59,6 @@ from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_end import (  # noqa: F401
     HANG_UP_BATCH,
     HANG_UP_THREADS,
-    RELEASE_BATCH,
     RELEASE_THREADS,
     STOP_WAIT_S,
     TRIM_AFTER_BYTES,
@@ -166,7 +165,6 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = release_pool()
         self._hang_ups = release_pool(HANG_UP_THREADS, "corral-hang-up")  # (engine_end)
-        self._releases = ThreadBatch(self._releasers, RELEASE_BATCH)
         self._agent_stops = ThreadBatch(self._hang_ups, HANG_UP_BATCH)
         self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py

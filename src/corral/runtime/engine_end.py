@@ -8,7 +8,6 @@ A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`)
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import threading
@@ -32,6 +31,7 @@ from corral.schema import TRANSITIONS, SandboxInfo, SandboxState
 
 if TYPE_CHECKING:
     import socket
+    from concurrent.futures import Executor
     from pathlib import Path
 
     from corral.runtime.cgroups import Cgroup
@@ -61,9 +61,6 @@ the release pool they queued behind the removals of sandboxes ended earlier, and
 sandbox's exit waits for its own."""
 HANG_UP_BATCH = 16
 """Sandboxes' agent stops that share one job of the hang-up pool (``ThreadBatch``)."""
-RELEASE_BATCH = 4
-"""Releases (cgroup, mounts, directories, uid) that share one job of the release pool:
-a few, so that a mass teardown still keeps all ``RELEASE_THREADS`` waiting at once."""
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 PRESTART_WAIT_S = 60.0  # the most a release thread waits for its siblings to start
 
@@ -114,7 +111,7 @@ class EndOps:
         snapshots: Snapshots
         gpus: GpuAllocator
         closed: bool
-        _releases: ThreadBatch
+        _releasers: Executor
         _teardowns: set[asyncio.Future[None]]
         _agent_stops: ThreadBatch
 
@@ -324,9 +321,9 @@ class EndOps:
         # nothing of it runs any more (its agent was pid 1 of its pid namespace: the
         # kernel ended the rest before it): the caller need not wait
         detach = detach and not self.closed and (live.proc is None or live.proc.poll() is not None)
-        release = functools.partial(self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
-        teardown = (loop.run_in_executor(None, release) if self.closed  # its pool ended with it
-                    else self._releases.run(release))
+        teardown = loop.run_in_executor(
+            None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
+            self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
         if detach:
             self._teardowns.add(teardown)
             teardown.add_done_callback(_teardown_done(self._teardowns, live.id))
