@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +32,6 @@ from corral.runtime.threadwork import ThreadBatch
 from corral.schema import TRANSITIONS, SandboxInfo, SandboxState
 
 if TYPE_CHECKING:
-    import socket
     from concurrent.futures import Executor
     from pathlib import Path
 
@@ -295,7 +296,8 @@ class EndOps:
         # reattach socket's shutdown (its agent exits once its channel closes too).
         kill = live.channel is not None and (
             live.channel.faulted or not live.channel.ready.done())
-        stop = _agent_stop(live.cgroup, kill, self._forget(live, shut=False))
+        stop = _agent_stop(live.cgroup, kill, self._forget(live, shut=False),
+                           _control_copy(live))
         stopped = None
         if stop is not None:
             stopped = (asyncio.ensure_future(asyncio.to_thread(stop)) if self.closed
@@ -354,11 +356,28 @@ class EndOps:
             self.uids.release(live.uid)
 
 
-def _agent_stop(cgroup: Cgroup | None, kill: bool, reattach: socket.socket | None
-                ) -> Callable[[], None] | None:
+def _control_copy(live: Live) -> socket.socket | None:
+    """A copy of the agent's control socket (its own descriptor) for the stop job to
+    shut down: the agent sees its channel end at once, not when the loop, after every
+    other delete queued with this one, closes the transport (the job never touches the
+    transport's descriptor, which the loop may close, and its number be reused, meanwhile)."""
+    chan = live.channel
+    if chan is None or chan.closed:
+        return None
+    chan.closing = True  # an end the engine asks for (see AgentChannel._hung_up)
+    try:
+        fd = chan.sock.fileno()
+        return None if fd < 0 else socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(fd))
+    except OSError:
+        return None
+
+
+def _agent_stop(cgroup: Cgroup | None, kill: bool, reattach: socket.socket | None,
+                control: socket.socket | None) -> Callable[[], None] | None:
     """What stops an ending sandbox's agent off the loop: its processes killed if asked
-    (``kill``) or frozen, then its reattach socket shut down. Never raises."""
-    if cgroup is None and reattach is None:
+    (``kill``) or frozen, then its control and reattach sockets shut down. Never raises."""
+    if cgroup is None and reattach is None and control is None:
         return None
 
     def stop() -> None:
@@ -368,8 +387,9 @@ def _agent_stop(cgroup: Cgroup | None, kill: bool, reattach: socket.socket | Non
         except (OSError, CorralError):
             pass
         finally:
-            if reattach is not None:
-                hang_up(reattach)
+            for sock in (control, reattach):
+                if sock is not None:
+                    hang_up(sock)
     return stop
 
 
