@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def net_namespaces(engine) -> set[str]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             groups = Path(f"/proc/{pid}/cgroup").read_text()
-            if "/corral/" in groups and f"/{engine.cgroup_parent}/" not in groups:
+            if re.search(r"/corral[-/]e", groups) and f"/{engine.cgroup_parent}/" not in groups:
                 continue
             found.add(os.readlink(f"/proc/{pid}/ns/net"))
         except OSError:
@@ -167,10 +168,10 @@ async def test_paused_sandboxes_deleted_at_once_are_killed_not_waited_for(engine
 
 
 async def test_a_process_joined_from_outside_is_killed_before_its_group_goes(engine):
-    """A release removes a sandbox's cgroup without reading its members once its pid
-    namespace is gone; a process that joined the group from outside that namespace
-    (here: a host process the test puts there) keeps the group busy, and is then killed
-    and the group removed, its uid given back only after that."""
+    """A release removes a sandbox's cgroup without reading its members first; a
+    process that joined the group from outside the sandbox's pid namespace (here: a
+    host process the test puts there) keeps the group busy, and is then killed and the
+    group removed, its uid given back only after that."""
     live = (await busy_sandboxes(engine, 1))[0]
     outsider = subprocess.Popen(["sleep", "1000"])
     try:

@@ -340,11 +340,8 @@ class EndOps:
             syscalls.malloc_trim()
         gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
-            # its outer process gone: its pid namespace is empty (the kernel still
-            # refuses to remove a group that holds a process: then it is emptied)
-            emptied = live.proc is not None and live.proc.poll() is not None
             try:
-                live.cgroup.remove(children=False, emptied=emptied)
+                live.cgroup.remove(children=False)
             except (OSError, CorralError):
                 gone = False
         if live.proc is not None and live.proc.poll() is None:
