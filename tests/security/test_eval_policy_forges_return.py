@@ -52,8 +52,6 @@ def _run(tmp_path: Path, policy: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.xfail(strict=True, reason="open: the policy shares the runner's process "
-                   "(env, records); see the module docstring")
 def test_a_policy_cannot_rewrite_its_own_return(tmp_path):
     (tmp_path / "honest").mkdir()
     (tmp_path / "forger").mkdir()

@@ -2,9 +2,18 @@
 
 corral copies this file (with ``job.json``, the policy's files and, for tic-tac-toe,
 the env) into a base sandbox, snapshots it, and runs it in sandboxes restored from
-that snapshot. Policy and env share this one process, so an episode costs function
-calls, not round trips. It imports only the standard library (and gymnasium when the
-env is one of its ids), because the sandbox has nothing else: not even corral.
+that snapshot. It imports only the standard library (and gymnasium when the env is one
+of its ids), because the sandbox has nothing else: not even corral.
+
+The policy runs in a process of its own, forked before any of its code is imported
+(:func:`start_policy`): the runner (env, seeds, records) makes itself non-dumpable, so
+the policy, of the same uid, cannot open its ``/proc/PID/mem`` or ``fd``, and the
+policy's process holds only a pipe pair: observations in, actions out (one JSON line
+each way a step; numpy arrays as lists with their dtype). The runner accepts from it
+only plain numbers, strings, lists and numeric arrays, a line of at most
+:data:`MAX_MESSAGE` bytes, and never unpickles or evaluates anything: a policy that
+patches ``emit`` or the env patches its own copies. The policy's process keeps a mirror
+of the env (reset and stepped with the same seeds and actions) as its module's ``env``.
 
     python3 runner.py check                 # load the policy, make the env, step once
     python3 runner.py run SEED:K [SEED:K]   # one JSON record per episode, on stdout
@@ -45,6 +54,8 @@ except ImportError:
         from hashlib import sha256
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_MESSAGE = 1 << 20
+"""Bytes of one action line from the policy's process; a longer one ends that process."""
 
 
 def _not_json(o):
@@ -178,11 +189,9 @@ def episode_seed(seed, k):
     return int.from_bytes(sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
 
 
-def run_episode(env, act, module, seed, k, max_steps):
+def run_episode(env, policy, seed, k, max_steps):
     rng_seed = episode_seed(seed, k)
-    random.seed(rng_seed)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed(rng_seed % 2**32)
+    seed_globals(rng_seed)
     started = time.perf_counter()
     steps, total, where = 0, 0.0, "env.reset"
     terminated = truncated = False
@@ -192,12 +201,11 @@ def run_episode(env, act, module, seed, k, max_steps):
         space = getattr(env, "action_space", None)
         if space is not None and hasattr(space, "seed"):
             space.seed(rng_seed)
-        if module is not None:
-            module.env = env
         digest = sha256(dumps(plain(obs)).encode())
+        message = {"reset": [seed, rng_seed], "obs": encode(obs)}
         while not (terminated or truncated):
             where = "policy"
-            action = act(obs)
+            action = policy.ask(message)
             where = "env.step"
             obs, reward, terminated, truncated, _ = env.step(action)
             steps += 1
@@ -205,9 +213,10 @@ def run_episode(env, act, module, seed, k, max_steps):
             digest.update(dumps([plain(action), float(reward), plain(obs)]).encode())
             if max_steps is not None and steps >= max_steps and not terminated:
                 truncated = True
+            message = {"obs": encode(obs)}
     except Exception as exc:  # the policy's (or the env's) failure is this episode's result
-        record = {"seed": seed, "k": k, "error": f"{type(exc).__name__}: {exc}"[:500],
-                  "where": where, "steps": steps}
+        error = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
+        record = {"seed": seed, "k": k, "error": error[:500], "where": where, "steps": steps}
         if digest is not None:  # of the trajectory up to the failure
             record["digest"] = digest.hexdigest()[:16]
         return record
@@ -216,26 +225,37 @@ def run_episode(env, act, module, seed, k, max_steps):
             "seconds": round(time.perf_counter() - started, 6)}
 
 
+def seed_globals(rng_seed):
+    random.seed(rng_seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(rng_seed % 2**32)
+
+
 def check(job):
     """Load everything and take one step, so a broken policy fails once, clearly."""
     try:
-        act, module = load_policy(job)
         env = make_env(job)
+        policy = start_policy(job, env)
+        if policy.load_error is not None:
+            emit(policy.load_error)
+            return 3
         obs, _ = env.reset(seed=0)
-        if module is not None:
-            module.env = env
-        env.step(act(obs))
+        env.step(policy.ask({"reset": [0, None], "obs": encode(obs)}))
         env.close()
     except Exception as exc:
         import traceback
 
-        frames = traceback.extract_tb(exc.__traceback__)
-        at = next((f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames)
-                   if f.filename.startswith(HERE)), "")
-        emit({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000], "at": at})
+        emit({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000],
+              "at": where_in(traceback.extract_tb(exc.__traceback__))})
         return 3
-    emit({"check": "ok", "python": sys.version.split()[0], "uncached": uncached()})
+    emit({"check": "ok", "python": sys.version.split()[0],
+          "uncached": uncached() + policy.uncached})
     return 0
+
+
+def where_in(frames):
+    return next((f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames)
+                 if f.filename.startswith(HERE)), "")
 
 
 def uncached():
@@ -275,23 +295,251 @@ def main(argv):
     if argv[:1] not in (["run"], ["serve"]):
         print("usage: runner.py check | run SEED:K ... | serve", file=sys.stderr)
         return 2
-    act, module = load_policy(job)
     env = make_env(job)
+    policy = start_policy(job, env)
+    if policy.load_error is not None:
+        print(f"the policy did not load: {policy.load_error['error']}", file=sys.stderr)
+        return 3
     items = argv[1:]
     if argv[0] == "serve":
-        # Pre-started (corral.rl._eval_live): everything is loaded; corral checkpoints
-        # this process here and restores a copy into each episode's sandbox, which is
-        # told its episodes on stdin. One line, then the process ends: never reused.
+        # Pre-started (corral.rl._eval_live): everything is loaded, the policy in its
+        # own process; corral checkpoints both here and restores a copy into each
+        # episode's sandbox, which is told its episodes on stdin. One line, then the
+        # processes end: never reused.
         emit("READY")
         items = sys.stdin.readline().split()
     try:
         for item in items:
             seed, k = (int(x) for x in item.split(":"))
-            record = run_episode(env, act, module, seed, k, job["env"].get("max_steps"))
+            record = run_episode(env, policy, seed, k, job["env"].get("max_steps"))
             emit(record)
     finally:
+        policy.close()
         env.close()
     return 0
+
+
+class PolicyError(Exception):
+    """The policy's process failed a step; the message is the episode's error."""
+
+
+def encode(x):
+    """An observation or action as plain JSON (numpy arrays and scalars keep their dtype,
+    tuples and dicts their kind)."""
+    if hasattr(x, "dtype") and hasattr(x, "tolist"):
+        return {"nd" if getattr(x, "ndim", 0) else "np": x.tolist(), "dt": x.dtype.str}
+    if isinstance(x, tuple):
+        return {"t": [encode(v) for v in x]}
+    if isinstance(x, list):
+        return [encode(v) for v in x]
+    if isinstance(x, dict):
+        return {"d": [[str(k), encode(v)] for k, v in x.items()]}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    raise TypeError(f"the policy returned a {type(x).__name__}: not an action")
+
+
+def decode(x, depth=0):
+    """What :func:`encode` made, checked: only numbers, strings, lists, tuples, dicts of
+    them and numeric numpy values; anything else raises ``ValueError``."""
+    if depth > 32:
+        raise ValueError("nested too deep")
+    t = type(x)
+    if x is None or t in (bool, int, float, str):
+        return x
+    if t is list:
+        return [decode(v, depth + 1) for v in x]
+    if t is not dict or len(x) not in (1, 2):
+        raise ValueError(f"not an action: {t.__name__}")
+    if "t" in x and type(x["t"]) is list:
+        return tuple(decode(v, depth + 1) for v in x["t"])
+    if "d" in x and type(x["d"]) is list:
+        return {str(k): decode(v, depth + 1) for k, v in x["d"]}
+    dt, kind = x.get("dt"), "nd" if "nd" in x else "np"
+    if kind not in x or type(dt) is not str or len(x) != 2:
+        raise ValueError("not an action: an unknown object")
+    value = decode(x[kind], depth + 1)
+    np = sys.modules.get("numpy")
+    if np is None:  # an env without numpy gets the plain value
+        return value
+    dtype = np.dtype(dt) if len(dt) <= 4 and dt[:1] in "<>|=" else None
+    if dtype is None or dtype.kind not in "biuf":
+        raise ValueError(f"not a numeric dtype: {dt[:20]!r}")
+    return np.asarray(value, dtype=dtype) if kind == "nd" else dtype.type(value)
+
+
+def non_dumpable():
+    """No ``/proc/PID/mem``, ``fd``, ptrace for processes of this uid (the policy's)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise SystemExit("runner: cannot make itself non-dumpable")
+
+
+class Policy:
+    """The policy's process, seen from the runner: :meth:`ask` sends a message
+    (``{"obs"}``, with ``"reset": [seed, rng_seed]`` at an episode's start) and returns
+    the action, checked. ``load_error``: the check's report when the policy did not load."""
+
+    def __init__(self, pid, to_policy, from_policy):
+        self.pid, self.to_policy, self.from_policy = pid, to_policy, from_policy
+        self.buffer, self.gone = b"", None
+        self.load_error, self.uncached = None, 0
+
+    def send(self, message):
+        data = (dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(self.to_policy, data):]
+
+    def receive(self):
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_MESSAGE:
+                raise PolicyError(f"the policy's process sent more than {MAX_MESSAGE} bytes")
+            chunk = os.read(self.from_policy, 1 << 16)
+            if not chunk:
+                raise PolicyError("the policy's process ended")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        if len(line) > MAX_MESSAGE:
+            raise PolicyError(f"the policy's process sent more than {MAX_MESSAGE} bytes")
+        reply = loads(line.decode())
+        if type(reply) is not dict:
+            raise ValueError("not a reply")
+        return reply
+
+    def ask(self, message):
+        if self.gone is not None:
+            raise PolicyError(self.gone)
+        try:
+            self.send(message)
+            reply = self.receive()
+        except PolicyError as exc:
+            self.end(str(exc))
+            raise
+        except Exception as exc:  # garbage, a broken pipe: the process is done for
+            self.end(f"PolicyProtocolError: the policy's process sent no valid reply "
+                     f"({type(exc).__name__}: {str(exc)[:200]})")
+            raise PolicyError(self.gone) from None
+        if "a" in reply:
+            try:
+                return decode(reply["a"])
+            except Exception as exc:
+                raise PolicyError(f"InvalidAction: {type(exc).__name__}: {str(exc)[:200]}") from None
+        error = reply.get("error")
+        raise PolicyError(error[:500] if type(error) is str else "PolicyProtocolError: no action")
+
+    def end(self, why):
+        self.gone = why
+        self.close()
+
+    def close(self):
+        if self.pid is None:
+            return
+        for fd in (self.to_policy, self.from_policy):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+        self.pid = None
+
+
+def start_policy(job, env):
+    """Fork the policy's process, which loads the policy, and wait for its word. The
+    runner is non-dumpable first; the child keeps stdin /dev/null, stdout and stderr
+    the runner's stderr, and its two pipe ends (3, 4): nothing else."""
+    non_dumpable()
+    obs_r, obs_w = os.pipe()
+    act_r, act_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(2, 1)
+            os.dup2(obs_r, 3)
+            os.dup2(act_w, 4)
+            os.closerange(5, 1 << 16)
+            policy_main(job, env, 3, 4)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(0)
+    os.close(obs_r)
+    os.close(act_w)
+    for fd in (obs_w, act_r):
+        os.set_inheritable(fd, False)
+    policy = Policy(pid, obs_w, act_r)
+    try:
+        word = policy.receive()
+    except Exception as exc:
+        word = {"error": f"the policy's process ended while loading ({exc})"}
+    if "ok" in word and type(word["ok"]) is int:
+        policy.uncached = word["ok"]
+    else:
+        error, at = word.get("error"), word.get("at")
+        policy.load_error = {"check": "error", "error": str(error)[:1000],
+                             "at": at[:200] if type(at) is str else ""}
+        policy.close()
+    return policy
+
+
+def policy_main(job, env, inp, out):
+    """The policy's process: load it, then one action per observation."""
+    global RECORDS
+    RECORDS = None
+
+    def send(message):
+        data = (dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(out, data):]
+
+    try:
+        act, module = load_policy(job)
+    except Exception as exc:
+        import traceback
+
+        send({"error": f"{type(exc).__name__}: {exc}"[:1000],
+              "at": where_in(traceback.extract_tb(exc.__traceback__))})
+        return
+    send({"ok": uncached()})
+    last = None
+    with os.fdopen(inp, "rb") as lines:
+        for line in lines:
+            message = loads(line.decode())
+            if "reset" in message:
+                seed, rng_seed = message["reset"]
+                if rng_seed is not None:
+                    seed_globals(rng_seed)
+                try:
+                    env.reset(seed=seed)
+                except Exception:
+                    pass  # the runner's env is the one that counts
+                space = getattr(env, "action_space", None)
+                if rng_seed is not None and space is not None and hasattr(space, "seed"):
+                    space.seed(rng_seed)
+                if module is not None:
+                    module.env = env
+            elif last is not None:
+                try:
+                    env.step(last)
+                except Exception:
+                    pass
+            try:
+                last = act(decode(message["obs"]))
+                reply = {"a": encode(last)}
+            except Exception as exc:  # the policy's failure is the episode's result
+                reply = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            send(reply)
 
 
 if __name__ == "__main__":
