@@ -1,4 +1,4 @@
-"""Attack (open, xfail): a policy under evaluation rewrites its own returns.
+"""Attack (closed): a policy under evaluation rewrites its own returns.
 
 The evaluation runner (``corral.rl._eval_runner``) loads the policy into the process
 that also runs the env and writes the records: the record channel is kept from the

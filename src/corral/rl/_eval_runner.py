@@ -133,7 +133,8 @@ def load_module(path, name):
     module.__file__ = path
     sys.modules[name] = module
     with open(path) as f:
-        exec(compile(f.read(), path, "exec"), module.__dict__)
+        source = f.read()
+    exec(compile(source, path, "exec"), module.__dict__)
     return module
 
 
@@ -242,6 +243,9 @@ def check(job):
         obs, _ = env.reset(seed=0)
         env.step(policy.ask({"reset": [0, None], "obs": encode(obs)}))
         env.close()
+    except PolicyError as exc:
+        emit({"check": "error", "error": str(exc), "at": exc.at})
+        return 3
     except Exception as exc:
         import traceback
 
@@ -320,7 +324,12 @@ def main(argv):
 
 
 class PolicyError(Exception):
-    """The policy's process failed a step; the message is the episode's error."""
+    """The policy's process failed a step; the message is the episode's error (``at``:
+    where in the policy's files, when it raised)."""
+
+    def __init__(self, message, at=""):
+        super().__init__(message)
+        self.at = at
 
 
 def encode(x):
@@ -358,13 +367,13 @@ def decode(x, depth=0):
     dt, kind = x.get("dt"), "nd" if "nd" in x else "np"
     if kind not in x or type(dt) is not str or len(x) != 2:
         raise ValueError("not an action: an unknown object")
+    if not (len(dt) <= 4 and dt[:1] in "<>|=" and dt[1:2] in "biuf" and dt[2:].isdigit()):
+        raise ValueError(f"not a numeric dtype: {dt[:20]!r}")
     value = decode(x[kind], depth + 1)
     np = sys.modules.get("numpy")
     if np is None:  # an env without numpy gets the plain value
         return value
-    dtype = np.dtype(dt) if len(dt) <= 4 and dt[:1] in "<>|=" else None
-    if dtype is None or dtype.kind not in "biuf":
-        raise ValueError(f"not a numeric dtype: {dt[:20]!r}")
+    dtype = np.dtype(dt)
     return np.asarray(value, dtype=dtype) if kind == "nd" else dtype.type(value)
 
 
@@ -425,8 +434,10 @@ class Policy:
                 return decode(reply["a"])
             except Exception as exc:
                 raise PolicyError(f"InvalidAction: {type(exc).__name__}: {str(exc)[:200]}") from None
-        error = reply.get("error")
-        raise PolicyError(error[:500] if type(error) is str else "PolicyProtocolError: no action")
+        error, at = reply.get("error"), reply.get("at")
+        if type(error) is not str:
+            raise PolicyError("PolicyProtocolError: no action")
+        raise PolicyError(error[:1000], at[:200] if type(at) is str else "")
 
     def end(self, why):
         self.gone = why
@@ -538,7 +549,10 @@ def policy_main(job, env, inp, out):
                 last = act(decode(message["obs"]))
                 reply = {"a": encode(last)}
             except Exception as exc:  # the policy's failure is the episode's result
-                reply = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                import traceback
+
+                reply = {"error": f"{type(exc).__name__}: {exc}"[:1000],
+                         "at": where_in(traceback.extract_tb(exc.__traceback__))}
             send(reply)
 
 
