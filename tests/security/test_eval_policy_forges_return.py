@@ -1,15 +1,13 @@
 """Attack (closed): a policy under evaluation rewrites its own returns.
 
-The evaluation runner (``corral.rl._eval_runner``) loads the policy into the process
-that also runs the env and writes the records: the record channel is kept from the
-policy's *prints*, but not from its code. A policy module that, as it is imported,
-replaces the runner's ``emit`` (``import __main__``) or the env's ``step`` scores
-whatever it likes. DESIGN.md: "a verdict is never decided inside the process being
-judged". Closing it means running the env and the record channel in a process the
-policy cannot reach (a pipe to a separate policy process), at the per-step cost the
-runner's one-process design avoids: left to the runner's owner. This test runs the
-runner as evaluation does (its files in one directory), outside any sandbox: the
-forgery needs nothing the sandbox would stop.
+The evaluation runner (``corral.rl._eval_runner``) once loaded the policy into the
+process that also ran the env and wrote the records: a policy module that, as it is
+imported, replaced the runner's ``emit`` (``import __main__``) or the env's ``step``
+scored whatever it liked. DESIGN.md: "a verdict is never decided inside the process
+being judged". The policy now runs in a process of its own (a pipe pair to the runner);
+its ``__main__.emit`` is its own copy's (more attacks: test_eval_policy_process.py).
+This test runs the runner as evaluation does (its files in one directory), outside
+any sandbox: the forgery needs nothing the sandbox would stop.
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 import corral.rl._eval_runner as runner_module
 import corral.rl.envs.tictactoe as tictactoe_module

@@ -4,7 +4,8 @@ Without them, every episode's sandbox starts ``python3 runner.py run SEED:K`` an
 Python's start-up, gymnasium's and numpy's import, the policy's load and ``make`` before
 its first step: ~150 ms of CPU a CartPole sandbox, most of what it costs. With them, the
 base sandbox (created checkpointable) starts ``runner.py serve`` after the check; that
-process loads everything, says ``READY`` and waits on its stdin. corral then takes a
+process makes the env and forks the policy's process, which loads the policy (both are
+checkpointed and restored), says ``READY`` and waits on its stdin. corral then takes a
 **live** snapshot (CRIU) of the base instead of a files-only one, and every episode's
 sandbox is restored from it with that process already at ``READY``: the episode's keys
 go to its stdin, its records come back on stdout, and it exits.
