@@ -29,8 +29,8 @@ def _drop_ptrace() -> None:
         raise OSError(ctypes.get_errno(), "cannot drop CAP_SYS_PTRACE")
 
 
-def _run(policy: str, items: tuple[str, ...] = ("0:0",), *, no_ptrace: bool = False
-         ) -> tuple[list[dict], subprocess.CompletedProcess]:
+def _run(policy: str, items: tuple[str, ...] = ("0:0",), *, no_ptrace: bool = False,
+         timeout: float | None = None) -> tuple[list[dict], subprocess.CompletedProcess]:
     """The runner's records for ``items`` with ``policy`` (and how it ended)."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -39,7 +39,8 @@ def _run(policy: str, items: tuple[str, ...] = ("0:0",), *, no_ptrace: bool = Fa
         (d / "policy.py").write_text(policy)
         (d / "job.json").write_text(json.dumps({
             "policy": {"kind": "module", "module": "policy.py"},
-            "env": {"id": "corral/TicTacToe-v0", "kwargs": {}, "max_steps": 20}}))
+            "env": {"id": "corral/TicTacToe-v0", "kwargs": {}, "max_steps": 20},
+            "timeout": timeout}))
         # root would read a non-dumpable process's /proc files with CAP_SYS_PTRACE
         # (a sandbox has none): the runner runs without it
         drop = _drop_ptrace if no_ptrace and os.geteuid() == 0 else None
@@ -132,3 +133,15 @@ def test_decode_takes_only_numbers_lists_and_numeric_arrays():
                 {"d": [["a", {"q": 1}]]}, [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]):
         with pytest.raises((ValueError, TypeError)):
             d(bad)
+
+
+def test_a_policy_that_stops_answering_times_out_by_the_runners_clock():
+    # answers the first episode, then sleeps at the second's first step (an empty board)
+    sleeper = "import time\nseen = 0\ndef act(obs):\n    global seen\n" \
+        "    if obs == [0] * 9 and seen:\n        time.sleep(3600)\n" \
+        "    seen += 1\n    return obs.index(0)\n"
+    records, out = _run(sleeper, ("0:0", "1:0", "2:0"), timeout=0.5)
+    assert "return" in records[0], records
+    assert [r.get("timed_out") for r in records[1:]] == [True, True], records
+    assert records[1]["error"] == "the episode ran past its 0.5 s timeout"
+    assert out.returncode == 0

@@ -123,6 +123,10 @@ class EvalEpisode:
     @classmethod
     def from_record(cls, rec: Mapping[str, Any], **extra: Any) -> EvalEpisode:
         """From the in-sandbox runner's record (or a cached one)."""
+        if "error" in rec and rec.get("timed_out") is True:  # the runner's own clock
+            return cls(int(rec["seed"]), int(rec["k"]), EpisodeStatus.TIMEOUT.value,
+                       steps=rec.get("steps"), digest=rec.get("digest"), error=str(rec["error"]),
+                       **extra)
         if "error" in rec:
             return cls(int(rec["seed"]), int(rec["k"]), EpisodeStatus.ERROR.value,
                        steps=rec.get("steps"), digest=rec.get("digest"),

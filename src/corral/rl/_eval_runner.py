@@ -190,10 +190,15 @@ def episode_seed(seed, k):
     return int.from_bytes(sha256(f"{seed}:{k}".encode()).digest()[:4], "big")
 
 
-def run_episode(env, policy, seed, k, max_steps):
+def run_episode(env, policy, seed, k, max_steps, timeout=None):
+    """One episode's record; ``timeout``: its seconds (the policy's process is ended,
+    and the episode timed out, when they pass while the runner waits on it)."""
     rng_seed = episode_seed(seed, k)
     seed_globals(rng_seed)
     started = time.perf_counter()
+    if timeout is not None:
+        policy.deadline = time.monotonic() + timeout
+        policy.timeout_message = f"the episode ran past its {timeout:g} s timeout"
     steps, total, where = 0, 0.0, "env.reset"
     terminated = truncated = False
     digest = None
@@ -218,6 +223,8 @@ def run_episode(env, policy, seed, k, max_steps):
     except Exception as exc:  # the policy's (or the env's) failure is this episode's result
         error = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
         record = {"seed": seed, "k": k, "error": error[:500], "where": where, "steps": steps}
+        if isinstance(exc, PolicyTimeout):
+            record["timed_out"] = True
         if digest is not None:  # of the trajectory up to the failure
             record["digest"] = digest.hexdigest()[:16]
         return record
@@ -315,7 +322,8 @@ def main(argv):
     try:
         for item in items:
             seed, k = (int(x) for x in item.split(":"))
-            record = run_episode(env, policy, seed, k, job["env"].get("max_steps"))
+            record = run_episode(env, policy, seed, k, job["env"].get("max_steps"),
+                                 job.get("timeout"))
             emit(record)
     finally:
         policy.close()
@@ -330,6 +338,10 @@ class PolicyError(Exception):
     def __init__(self, message, at=""):
         super().__init__(message)
         self.at = at
+
+
+class PolicyTimeout(PolicyError):
+    """The policy's process did not answer within its episode's timeout."""
 
 
 def encode(x):
@@ -392,8 +404,10 @@ class Policy:
 
     def __init__(self, pid, to_policy, from_policy):
         self.pid, self.to_policy, self.from_policy = pid, to_policy, from_policy
-        self.buffer, self.gone = b"", None
+        self.buffer, self.gone, self.timed_out = b"", None, False
         self.load_error, self.uncached = None, 0
+        self.deadline = None  # time.monotonic()'s, for the current episode
+        self.timeout_message = "the episode ran past its timeout"
 
     def send(self, message):
         data = (dumps(message) + "\n").encode()
@@ -404,6 +418,12 @@ class Policy:
         while b"\n" not in self.buffer:
             if len(self.buffer) > MAX_MESSAGE:
                 raise PolicyError(f"the policy's process sent more than {MAX_MESSAGE} bytes")
+            if self.deadline is not None:
+                import select
+
+                left = max(0.0, self.deadline - time.monotonic())
+                if not select.select([self.from_policy], [], [], left)[0]:
+                    raise PolicyTimeout(self.timeout_message)
             chunk = os.read(self.from_policy, 1 << 16)
             if not chunk:
                 raise PolicyError("the policy's process ended")
@@ -418,11 +438,12 @@ class Policy:
 
     def ask(self, message):
         if self.gone is not None:
-            raise PolicyError(self.gone)
+            raise (PolicyTimeout if self.timed_out else PolicyError)(self.gone)
         try:
             self.send(message)
             reply = self.receive()
         except PolicyError as exc:
+            self.timed_out = isinstance(exc, PolicyTimeout)
             self.end(str(exc))
             raise
         except Exception as exc:  # garbage, a broken pipe: the process is done for

@@ -160,7 +160,7 @@ class _Evaluation:
 
     def _files(self) -> dict[str, bytes]:
         job = {"env": {"id": self.env.id, "kwargs": dict(self.env.kwargs),
-                       "max_steps": self.env.max_steps},
+                       "max_steps": self.env.max_steps}, "timeout": self.timeout,
                "policy": {"kind": self.policy.kind, "module": CODE_FILE, "weights": WEIGHTS_FILE}}
         here = Path(__file__).parent
         files = {"runner.py": (here / "_eval_runner.py").read_bytes(),
