@@ -345,7 +345,8 @@ class EndOps:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
         await asyncio.get_running_loop().run_in_executor(
-            self._releasers, self._release_resources, live, trim)
+            None if self.closed else self._releasers,  # (closed meanwhile: asyncio's)
+            self._release_resources, live, trim)
 
     def _release_resources(self, live: Live, trim: bool = False) -> None:
         if trim:  # megabytes of unread output were freed: give them back (a few ms)
