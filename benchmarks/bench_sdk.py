@@ -8,9 +8,9 @@ asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the sa
 Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK, in rounds
 alternated with its baseline, raw bwrap's create+exec+destroy (``bench_engine``'s
 ``bwrap_true``: the engine's namespaces, flags and seccomp filter on the image's rootfs,
-running ``/bin/true`` and exiting; also, where corral's CPU cgroup exists, from a group
-under it, at the CPU share corral's sandboxes get: ``*_in_sandbox_cpu_group``), and ``Sandbox.run_once`` (the same three steps in one
-call: ``sdk_run_once_ms``), and an async ``spawn`` → ``wait`` → ``exec`` (a
+running ``/bin/true`` and exiting; also from a CPU cgroup placed as an engine's sandboxes
+are, at their CPU share: ``*_in_sandbox_cpu_group``), and ``Sandbox.run_once`` (the
+same three steps in one call: ``sdk_run_once_ms``), and an async ``spawn`` → ``wait`` → ``exec`` (a
 process read to its exit, then the next call). Where uvloop
 is installed, a second daemon runs on its loop (``CORRAL_DAEMON_LOOP=uvloop``) and the
 exec round trips of the two daemons are timed in alternating rounds (``*_uvloop`` keys,
@@ -130,18 +130,17 @@ def raw_bwrap_cycle() -> Callable[[], None]:
 
 @contextlib.contextmanager
 def in_sandbox_cpu_group() -> Iterator[bool]:
-    """This process (and so what it starts) moved into a CPU cgroup under corral's own
-    (``corral/``, beside the engines' groups, their default weight) and back after:
-    raw bwrap there gets the CPU share corral's sandboxes get (on a loaded host the
-    whole ``corral`` group weighs as one task against each runnable task outside it).
-    Yields False, changing nothing, where there is no such group."""
+    """This process (and so what it starts) moved into a CPU cgroup placed as an
+    engine's sandboxes are — at the top of the hierarchy, beside the engines'
+    ``corral-<key>`` groups, their default weight (docs/performance.md, "CPU share") —
+    and back after: raw bwrap there competes for the CPU as corral's sandboxes do.
+    Yields False, changing nothing, where no such group can be made."""
     v1 = Path("/sys/fs/cgroup/cpu")
-    parent = v1 / "corral" if (v1 / "corral").is_dir() else Path("/sys/fs/cgroup/corral")
-    group = parent / f"corral-bench-sdk-raw-{os.getpid()}"
+    root = v1 if v1.is_dir() else Path("/sys/fs/cgroup")
+    group = root / f"corral-bench-sdk-raw-{os.getpid()}"
     try:
         here = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text()
                     .splitlines() if line.split(":")[1] in ("cpu", "cpu,cpuacct", ""))
-        back = (v1 if parent.parent == v1 else Path("/sys/fs/cgroup")) / here.lstrip("/")
         group.mkdir(exist_ok=True)
         (group / "cgroup.procs").write_text(str(os.getpid()))
     except (OSError, StopIteration):
@@ -152,7 +151,7 @@ def in_sandbox_cpu_group() -> Iterator[bool]:
     try:
         yield True
     finally:
-        (back / "cgroup.procs").write_text(str(os.getpid()))
+        (root / here.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
         group.rmdir()
 
 

@@ -107,7 +107,9 @@ def _engine_group(daemon_pid: int) -> Path:
                 continue
             if b"--cgroup" in argv:
                 group = Path(argv[argv.index(b"--cgroup") + 1].decode()).parent.parent  # .../slot/cgroup.procs
-                v1 = Path("/sys/fs/cgroup/cpuacct") / group.relative_to(group.parents[1])
+                # the engine's group: corral-<key> at a hierarchy's top (corral/<key> before)
+                rel = group.relative_to(group.parents[1 if group.parent.name == "corral" else 0])
+                v1 = Path("/sys/fs/cgroup/cpuacct") / rel
                 return v1 if v1.exists() else group
     raise SystemExit("cannot find the engine's cgroup")
 

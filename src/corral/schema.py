@@ -320,7 +320,7 @@ class ExecResult:
     its last ``output_tail`` bytes, and ``*_dropped`` bytes were left out between them
     (with ``output_tail=0``, the head only: the bytes were dropped at its end).
     ``output_limited_to`` (0: as asked) is the lower cap per stream the daemon gave the
-    command when its output memory budget could not hold ``max_output``
+    command, mid-stream, when its output memory budget could hold no more of it
     (:mod:`corral.runtime.output_budget`).
     """
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from corral.runtime import cgroups
 from corral.runtime.images import DEFAULT_IMAGE
 from corral.runtime.paths import Layout, default_cache_dir
+from corral.runtime.reconcile import engine_cgroup_parent
 
 STAGING = (".tmp-", ".trash-")  # what a crashed commit, build or removal leaves
 START_WAIT_S = 120.0  # only against a hang: a start that never answers
@@ -104,7 +105,8 @@ class Host:
 
     @property
     def cgroup_parent(self) -> str:
-        return f"corral/{self.layout.engine_key}"
+        """The engine's group (``corral-<key>``; an older engine's ``corral/<key>``)."""
+        return engine_cgroup_parent(cgroups.detect(), self.layout.engine_key)
 
     @classmethod
     def make(cls, *extra_args: str, base: Path | None = None) -> "Host":

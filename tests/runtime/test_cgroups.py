@@ -303,6 +303,32 @@ def test_real_kill_all_and_remove_leave_nothing(driver, parent, spawn):
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("joined", ["all", "last"])
+def test_real_remove_without_children_kills_what_is_left_first(driver, parent, spawn, joined):
+    # remove(children=False) tries rmdir before reading cgroup.procs: a group that
+    # still holds a task (in every hierarchy, or only in the last one: a join cut
+    # short) refuses (EBUSY), and the task is killed and the group removed after all.
+    path = f"{parent}/sb-left-{joined}"
+    group = driver.create(path, cpus=1, memory_mb=64, pids=20)
+    if joined == "all":
+        proc = spawn(group, ["/bin/sleep", "60"])
+    else:
+        last = group.procs_files()[-1]
+        proc = subprocess.Popen(["/bin/sh", "-c", f"echo $$ > {shlex.quote(last)}; exec /bin/sleep 60"])
+        deadline = time.monotonic() + 60
+        while proc.pid not in group.pids():
+            assert proc.poll() is None and time.monotonic() < deadline, "did not join"
+            time.sleep(0.001)
+    try:
+        group.remove(children=False)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        assert not any(Path(f).parent.exists() for f in group.procs_files())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.root
 def test_real_remove_takes_child_groups_along(driver, parent, spawn):
     spawn(driver.create(f"{parent}/a/sb-1", cpus=1, memory_mb=32, pids=5), ["/bin/sleep", "60"])
     driver.create(f"{parent}/a/sb-2", cpus=1, memory_mb=32, pids=5)

@@ -137,6 +137,57 @@ async def test_a_checkpoint_cancelled_while_it_freezes_leaves_the_sandbox_runnin
     assert engine.list_snapshots() == []
 
 
+# A parent that never returns from vfork(): its child pauses before any exec (what a
+# freeze catches, for a moment, when dash runs a command)
+VFORK_C = "#include <unistd.h>\nint main(void) { if (vfork() == 0) for (;;) pause(); return 0; }\n"
+
+
+def _vfork_binary(tmp_path: Path) -> bytes:
+    src = tmp_path / "vf.c"
+    src.write_text(VFORK_C)
+    try:
+        subprocess.run(["cc", "-static", "-O2", "-o", str(tmp_path / "vf"), str(src)],
+                       check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no static C toolchain to build the vfork helper: {exc}")
+    return (tmp_path / "vf").read_bytes()
+
+
+async def test_a_sandbox_frozen_mid_vfork_is_refused_at_once_and_runs_on(engine, criu_cached,
+                                                                        tmp_path):
+    """A freeze that caught a process between vfork() and its child's exec cannot be
+    dumped (CRIU stops the child; the parent, waiting for it in the kernel, never stops
+    for CRIU): CRIU gave up after its 60 s timeout ("Timeout reached"), which made the
+    Tensorlake suspend test flaky under load (one dash loop, caught so 2 times in 15).
+    The dump freezes again until no process is mid-vfork; one that stays so is
+    refused, typed, in about a second, and the sandbox runs on."""
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.write_file(sb.id, "/tmp/vf", _vfork_binary(tmp_path), mode=0o755)
+    await engine.exec(sb.id, ["sh", "-c", COUNTER + "\nnohup /tmp/vf >/dev/null 2>&1 &"])
+    before = await count(engine, sb.id)
+    live = engine._get_live(sb.id)
+    for _ in range(100):  # its child is there: the parent waits in vfork for good
+        if checkpoint.mid_vfork(live.cgroup.pids()):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the helper never vforked")
+    with pytest.raises(Unsupported) as err:
+        await engine.checkpoint(sb.id)
+    assert err.value.details["cause"] == "vfork", err.value
+    assert not live.cgroup.frozen()
+    await counts_past(lambda: count(engine, sb.id), before)
+    assert engine.list_snapshots() == []
+    # with the helper gone, the same sandbox is dumped
+    await engine.exec(sb.id, ["sh", "-c", "kill -9 $(pidof vf)"])
+    for _ in range(100):
+        if not checkpoint.mid_vfork(live.cgroup.pids()):
+            break
+        await asyncio.sleep(0.05)
+    snap = await engine.checkpoint(sb.id)
+    assert snap.kind == "live"
+
+
 # A launcher like a restored sandbox's CRIU right after a resume: a child of its own
 # still running (its post-resume action script), one exited and not yet reaped, and the
 # sandbox's pid 1 in a pid namespace of its own; it prints that one's pid.
@@ -185,6 +236,8 @@ def test_causes_are_read_from_criu_s_log():
     code, meaning, line = checkpoint.cause_of(log)
     assert code == "userns_no_root" and line == "Unable to convert uid or gid"
     assert checkpoint.cause_of("garbage")[0] == "criu_error"
+    stuck = "(60.01) Error (criu/cr-dump.c:1500): Timeout reached. Try to interrupt: 0\n"
+    assert checkpoint.cause_of(stuck)[0] == "seize_timeout"
 
 
 HEAP_COUNTER = (

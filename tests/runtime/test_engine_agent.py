@@ -324,3 +324,27 @@ async def test_file_operations(engine):
         await engine.write_file(sid, "/usr/bin/evil", b"x")
     with pytest.raises(FileError):
         await engine.read_file(sid, "/app")  # a directory
+
+
+async def test_a_command_run_to_completion_gets_no_started_frame(engine):
+    """The agent sends STARTED only to a command whose start someone waits for (a
+    stream's ``on_start``); one run to completion (``exec``) asks for none: its first
+    output or its exit says it started, one frame and one wake-up of the engine fewer."""
+    from corral.runtime.agentconn import limit_fields
+    from corral.runtime.protocol import Msg
+
+    info = await engine.create()
+    live = engine._running(info.id)
+    for quiet, first in ((True, Msg.EXIT), (False, Msg.STARTED)):
+        fields = engine.command_fields(live, ["true"], None, None, None,
+                                       limit_fields(10, 1024, 0))
+        stream = live.channel.open_exec(fields, max_output=1024, quiet_start=quiet)
+        try:
+            assert (await asyncio.wait_for(stream.next(), 60)).msg == first
+        finally:
+            stream.close()
+    started: list[bool] = []
+    async for _ in engine.exec_stream(info.id, ["true"], on_start=lambda: started.append(True)):
+        pass
+    assert started == [True]
+    await engine.delete(info.id)

@@ -1,43 +1,129 @@
-"""The output budget's arithmetic (runtime/output_budget.py): a command reserves both
-streams' cap, a command that does not fit gets a lower cap (never under MIN_GRANT), and
-under that it is refused, typed; tenants are counted apart, releases are idempotent."""
+"""The output budget's arithmetic (runtime/output_budget.py, runtime/output_room.py): a
+command takes a floor, then the bytes its output really holds; when the budget has no
+more its stream's cap is lowered there (head and tail kept, or the gap shown to a
+streamed reader); only when not even the floor is free is it refused, typed; tenants
+are counted apart, releases are idempotent."""
 
 from __future__ import annotations
 
 import pytest
 
 from corral.errors import OutputBudgetExceeded, error_from_dict
+from corral.runtime.channel import Reply
 from corral.runtime.output_budget import MIN_GRANT, OutputBudget, host_output_bytes, memory_limit
+from corral.runtime.output_room import OutputRoom
+from corral.runtime.protocol import HEADER, Fields, Msg, Tag, encode
+from corral.schema import ExecResult
 
 MiB = 1 << 20
 
 
-def test_a_command_that_fits_gets_what_it_asked():
+def _frame(msg: int, data: bytes = b"") -> Reply:
+    return Reply(msg, Fields(), data)
+
+
+def _tail(stream: int, dropped: int) -> Reply:
+    raw = encode(Msg.TAIL, 0, [(Tag.STREAM, stream), (Tag.DROPPED, dropped)])
+    return Reply(Msg.TAIL, Fields(raw[HEADER.size:]))
+
+
+def test_a_command_takes_a_floor_then_what_its_output_holds():
     budget = OutputBudget(total=64 * MiB, per_tenant=32 * MiB)
-    hold = budget.reserve("alice", 4 * MiB)
-    assert (hold.max_output, hold.limited, hold.nbytes) == (4 * MiB, False, 8 * MiB)
-    assert budget.used == 8 * MiB and budget.by_tenant == {"alice": 8 * MiB}
+    hold = budget.reserve("alice", 1 << 30)  # 1 GiB asked: only the floor is taken
+    assert (hold.max_output, hold.limited, hold.nbytes) == (1 << 30, False, 2 * MIN_GRANT)
+    small = budget.reserve("alice", 100)  # a cap under the floor: the cap
+    assert small.nbytes == 200
+    room = OutputRoom(hold, 0, keep=True)
+    assert room.admit(_frame(Msg.STDOUT, b"x" * 3 * MIN_GRANT))
+    assert hold.nbytes == 4 * MIN_GRANT  # the floor, then what came past it
+    assert budget.used == 4 * MIN_GRANT + 200 and budget.by_tenant == {"alice": budget.used}
     hold.release()
     hold.release()  # twice: given back once
+    small.release()
     assert budget.used == 0 and budget.by_tenant == {}
 
 
-def test_a_command_that_does_not_fit_gets_a_lower_cap_then_a_typed_refusal():
-    budget = OutputBudget(total=64 * MiB, per_tenant=16 * MiB)
-    first = budget.reserve("alice", 1 << 30)  # 1 GiB asked: the tenant's share is 16 MiB
-    assert first.limited and first.max_output == 8 * MiB
+def test_hundreds_of_small_commands_fit_where_their_caps_would_not():
+    """The Tensorlake case: each asks 64 MiB per stream, prints a line."""
+    budget = OutputBudget(total=64 * MiB, per_tenant=32 * MiB)
+    holds = [budget.reserve("alice", 64 * MiB) for _ in range(100)]
+    for hold in holds:
+        room = OutputRoom(hold, 0, keep=False)
+        assert [r.data for r in room.admit(_frame(Msg.STDOUT, b"42\n"))] == [b"42\n"]
+        assert not hold.limited
+    assert budget.used == 100 * 2 * MIN_GRANT
+    for hold in holds:
+        hold.release()
+    assert budget.used == 0
+
+
+def test_a_kept_stream_is_lowered_mid_stream_to_its_head_and_its_tail():
+    budget = OutputBudget(total=64 * MiB, per_tenant=4 * MiB)
+    hold = budget.reserve("alice", 16 * MiB)
+    room = OutputRoom(hold, 8 * MiB, keep=True)  # the tail asked: 8 MiB; the ring: 32 KiB
+    out = []
+    for i in range(100):  # 100 × 64 KiB: more than her 4 MiB
+        out += room.admit(_frame(Msg.STDOUT, bytes([65 + i % 26]) * (64 << 10)))
+    out += room.admit(_tail(1, 123))  # the agent's own gap: the ring goes on
+    out += room.admit(_frame(Msg.STDOUT, b"VERDICT ok\n"))
+    out += room.admit(_frame(Msg.STDERR, b"warning\n"))  # stderr has its floor
+    out += room.admit(_frame(Msg.EXIT))
+    assert budget.by_tenant["alice"] == 4 * MiB  # all her share, no more
+    stdout = b"".join(r.data for r in out if r.msg == Msg.STDOUT)
+    assert b"".join(r.data for r in out if r.msg == Msg.STDERR) == b"warning\n"
+    assert out[-1].msg == Msg.EXIT and hold.limited
+    assert len(stdout) == hold.max_output == 4 * MiB - MIN_GRANT  # stderr keeps its floor
+    assert stdout.startswith(b"A" * (64 << 10)) and stdout.endswith(b"VERDICT ok\n")
+    result = ExecResult(0, stdout_dropped=123, output_tail=8 * MiB)
+    room.finish(result)
+    assert result.stdout_truncated and not result.stderr_truncated
+    assert result.output_limited_to == 4 * MiB - MIN_GRANT
+    assert result.output_tail == MIN_GRANT // 2
+    assert result.stdout_dropped == 123 + 100 * (64 << 10) + 11 - len(stdout)
+    hold.release()
+    assert budget.used == 0
+
+
+def test_a_streamed_reader_gives_room_back_and_sees_the_gap_it_left():
+    budget = OutputBudget(total=64 * MiB, per_tenant=1 * MiB)
+    hold = budget.reserve("alice", 64 * MiB)
+    room = OutputRoom(hold, 0, keep=False)
+    queued = []
+    for _ in range(32):  # 2 MiB, nobody reading: her 1 MiB is held, the rest dropped
+        queued += room.admit(_frame(Msg.STDOUT, b"y" * (64 << 10)))
+    assert budget.used == 1 * MiB and hold.limited
+    kept = sum(len(r.data) for r in queued)
+    assert kept == 1 * MiB - MIN_GRANT  # stderr's floor aside
+    for r in queued:  # the reader catches up: the room shrinks back to the floor
+        room.handed(r)
+    assert budget.used == 2 * MIN_GRANT
+    after = room.admit(_frame(Msg.STDOUT, b"z"))
+    assert after[0].msg == Msg.TAIL and after[0].fields.u64(Tag.DROPPED) == 2 * MiB - kept
+    assert after[1].data == b"z"
+    result = ExecResult(0)
+    room.finish(result)
+    assert result.stdout_truncated and result.stdout_dropped == 2 * MiB - kept
+    assert result.output_limited_to == 1 * MiB - MIN_GRANT
+    hold.release()
+    assert budget.used == 0
+
+
+def test_only_when_not_even_the_floor_is_free_is_a_command_refused():
+    budget = OutputBudget(total=64 * MiB, per_tenant=4 * MIN_GRANT)
+    first = budget.reserve("alice", 1 << 30)
+    second = budget.reserve("alice", 1 << 30)
     with pytest.raises(OutputBudgetExceeded) as err:
         budget.reserve("alice", 1 * MiB)
     assert err.value.status == 429 and err.value.code == "output_budget_exceeded"
     assert "its tenant's" in str(err.value) and "max_output" in str(err.value)
-    assert err.value.details["tenant_limit"] == 16 * MiB
+    assert err.value.details["tenant_limit"] == 4 * MIN_GRANT
     # the error crosses the wire as itself
     again = error_from_dict({"code": err.value.code, "message": str(err.value)})
     assert isinstance(again, OutputBudgetExceeded)
     # another tenant is not touched by alice's share
-    bob = budget.reserve("bob", 4 * MiB)
-    assert not bob.limited
+    assert budget.reserve("bob", 4 * MiB).nbytes == 2 * MIN_GRANT
     first.release()
+    second.release()
     assert not budget.reserve("alice", 1 * MiB).limited
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def net_namespaces(engine) -> set[str]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             groups = Path(f"/proc/{pid}/cgroup").read_text()
-            if "/corral/" in groups and f"/{engine.cgroup_parent}/" not in groups:
+            if re.search(r"/corral[-/]e", groups) and f"/{engine.cgroup_parent}/" not in groups:
                 continue
             found.add(os.readlink(f"/proc/{pid}/ns/net"))
         except OSError:

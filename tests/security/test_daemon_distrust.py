@@ -690,3 +690,54 @@ def test_the_episode_runner_scores_a_broken_sandbox_and_does_not_retry(daemon):
     assert record.status is EpisodeStatus.ERROR, record
     assert record.attempts == 1 and record.infra_errors == ()
     assert "SandboxProtocolError" in record.error and record.reward is None
+
+
+# ------------------------------------------------------- a command started quietly
+# A command run to completion asks its agent for no STARTED (Tag.QUIET_START): its first
+# output or exit says it started. The rest of the order is checked as before.
+
+
+async def quiet_exec_on(ch: AgentChannel, agent: HostileAgent):
+    stream = ch.open_exec([(Tag.ARGV, "true")], max_output=1024, quiet_start=True)
+    msg, rid, fields = await asyncio.to_thread(agent.read_request)
+    assert (msg, rid) == (Msg.EXEC, stream.request_id)
+    assert Tag.QUIET_START in fields.tags()  # the agent is told
+    return stream
+
+
+async def test_a_quiet_command_starts_with_its_first_output(wire):
+    ch, agent, _ = wire
+    stream = await quiet_exec_on(ch, agent)
+    agent.send(Msg.STDOUT, stream.request_id, [(Tag.DATA, b"hi")])
+    agent.exit(stream.request_id, 0)
+    assert (await stream.next()).msg == Msg.STDOUT
+    assert (await stream.next()).msg == Msg.EXIT
+    assert not ch.faulted
+
+
+async def test_an_agent_that_says_started_anyway_is_believed(wire):
+    """An agent older than the tag (a sandbox restored from before it) sends STARTED."""
+    ch, agent, _ = wire
+    stream = await quiet_exec_on(ch, agent)
+    agent.started(stream.request_id)
+    agent.exit(stream.request_id, 0)
+    assert (await stream.next()).msg == Msg.STARTED
+    assert (await stream.next()).msg == Msg.EXIT
+    assert not ch.faulted
+
+
+@pytest.mark.parametrize("late", ["started", "err"])
+async def test_a_quiet_command_cannot_start_twice_or_fail_after_output(wire, late):
+    """After its first output a quiet command has started: a STARTED then is a second
+    one, an ERR is an error after the start."""
+    ch, agent, _ = wire
+    stream = await quiet_exec_on(ch, agent)
+    agent.send(Msg.STDOUT, stream.request_id, [(Tag.DATA, b"x")])
+    if late == "started":
+        agent.started(stream.request_id)
+    else:
+        agent.send(Msg.ERR, stream.request_id, [(Tag.ERRNO, 2), (Tag.MESSAGE, "no")])
+    assert (await stream.next()).msg == Msg.STDOUT
+    err = await fault_of(ch, stream.next())
+    assert err.details["violation"] == ("duplicate_started" if late == "started"
+                                        else "error_after_start")

@@ -112,3 +112,48 @@ async def test_a_sandbox_without_gpus_cannot_open_any(gpu_engine, distinct_gpus)
     got = probe(gpu_engine.cgroup(info.id), [str(tmp / "nvidia0"), str(tmp / "nvidia1")])
     assert set(got.values()) == {"Operation not permitted"}, got  # (nvidiactl is null's)
     await gpu_engine.delete(info.id)
+
+
+async def _warm_slot(engine):
+    """A warm slot of ``engine``'s pool, still waiting for its sandbox (not taken)."""
+    import asyncio
+
+    for _ in range(600):
+        if engine._pool._ready:
+            return engine._pool._ready[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError("no warm slot became ready in 30 s")
+
+
+@requires_root
+async def test_a_warm_slot_allows_only_the_standard_nodes_before_it_is_used(
+        gpu_engine, distinct_gpus):
+    # On v1 the list is written while the slot waits (off the create's path): its
+    # launcher already sits in a group that refuses everything but the standard nodes.
+    _, tmp = distinct_gpus
+    slot = await _warm_slot(gpu_engine)
+    if "devices" not in slot.cgroup._dirs:
+        assert not slot.devices_set  # v2: the program comes after READY, as before
+        pytest.skip("no v1 devices hierarchy: the list is attached after READY")
+    assert slot.devices_set
+    got = probe(slot.cgroup, ["/dev/null", "/dev/loop-control", str(tmp / "nvidia0")])
+    assert got["/dev/null"] == "ok", got
+    assert got["/dev/loop-control"] == got[str(tmp / "nvidia0")] == "Operation not permitted", got
+
+
+@requires_root
+async def test_a_disk_sandbox_gets_its_loop_device_at_launch_and_not_after(
+        gpu_engine, distinct_gpus):
+    # A warm slot's list would refuse the launcher its loop device: the group is opened
+    # again for the launch and narrowed once the sandbox is READY.
+    _, tmp = distinct_gpus
+    info = await gpu_engine.create(storage="disk", disk_mb=32, inodes=500, memory_mb=64)
+    try:
+        got = probe(gpu_engine.cgroup(info.id),
+                    ["/dev/null", "/dev/loop-control", str(tmp / "nvidia0")])
+        assert got["/dev/null"] == "ok", got
+        assert got["/dev/loop-control"] == got[str(tmp / "nvidia0")] == "Operation not permitted", got
+        r = await gpu_engine.exec(info.id, ["sh", "-c", "echo x > /tmp/f && cat /tmp/f"])
+        assert r.stdout == b"x\n", r
+    finally:
+        await gpu_engine.delete(info.id)

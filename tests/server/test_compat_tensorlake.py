@@ -100,11 +100,9 @@ def checked(d: TensorlakeDaemon) -> Iterator[TensorlakeDaemon]:
 
 @pytest.fixture(scope="module")
 def tl_daemon():
-    # a Tensorlake run reserves 2 x 64 MiB of output room while it runs: the default
-    # budget (RAM/16 per tenant) admits a few dozen at once, fewer than the fan-out's 50
-    # when they overlap under load (tests/security/test_output_budget.py tests the budget)
-    with serving("--output-memory-mb", "16384", "--tenant-output-memory-mb", "16384",
-                 env={"CORRAL_COMPAT_IMAGE_MAP": "my-org/agent-env=python"}) as d:
+    # the default output budget: a run holds the bytes it prints, so the fan-out of 50
+    # (64 MiB per stream asked each) fits (tests/security/test_output_budget.py)
+    with serving(env={"CORRAL_COMPAT_IMAGE_MAP": "my-org/agent-env=python"}) as d:
         yield d
 
 
@@ -430,29 +428,34 @@ def test_suspend_hibernates_a_sandbox_without_network(daemon_ok):
 
     if criu.find(default_cache_dir()) is None:
         pytest.skip(f"no cached CRIU: {criu.BUILD}")
-    out = run_script(daemon_ok, """
-        sb = Sandbox.create(memory_mb=128)
-        sb.run("sh", ["-c", "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; "
-                            "mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &"])
-        client = SandboxClient(_internal=True)
-        client.suspend(sb.sandbox_id)
-        out["id"], out["status"] = sb.sandbox_id, client.get(sb.sandbox_id).status.value
-    """)
-    assert out["status"] == "suspended"
-    with uds_client(daemon_ok.socket) as c:
-        info = c.get(f"/v1/sandboxes/{out['id']}").json()
-    hibernated = (info["state"], info["reason"]) == ("paused", "hibernated")
-    assert hibernated, [line for line in daemon_ok.log.read_text().splitlines()
-                        if "could not hibernate" in line]
-    again = run_script(daemon_ok, f"""
-        client = SandboxClient(_internal=True)
-        client.resume({out["id"]!r})
-        sb = Sandbox.connect({out["id"]!r})
-        n = int(sb.run("cat", ["/tmp/n"]).stdout)
-        for _ in range(300):
-            if int(sb.run("cat", ["/tmp/n"]).stdout) > n:
-                out["counts_on"] = n > 0
-                break
-        sb.terminate()
-    """)
+    try:  # a failed check leaves no sandbox behind for the next test to trip on
+        out = run_script(daemon_ok, """
+            sb = Sandbox.create(memory_mb=128)
+            out["id"] = sb.sandbox_id
+            sb.run("sh", ["-c", "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; "
+                                "mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &"])
+            client = SandboxClient(_internal=True)
+            client.suspend(sb.sandbox_id)
+            out["status"] = client.get(sb.sandbox_id).status.value
+        """)
+        assert out.get("status") == "suspended", out
+        with uds_client(daemon_ok.socket) as c:
+            info = c.get(f"/v1/sandboxes/{out['id']}").json()
+        hibernated = (info["state"], info["reason"]) == ("paused", "hibernated")
+        assert hibernated, [line for line in daemon_ok.log.read_text().splitlines()
+                            if "could not hibernate" in line]
+        again = run_script(daemon_ok, f"""
+            client = SandboxClient(_internal=True)
+            client.resume({out["id"]!r})
+            sb = Sandbox.connect({out["id"]!r})
+            n = int(sb.run("cat", ["/tmp/n"]).stdout)
+            for _ in range(300):
+                if int(sb.run("cat", ["/tmp/n"]).stdout) > n:
+                    out["counts_on"] = n > 0
+                    break
+        """)
+    finally:  # (the module's tests run one at a time: what is left is this one's)
+        with uds_client(daemon_ok.socket) as c:
+            for sid in sandbox_ids(c):
+                c.delete(f"/v1/sandboxes/{sid}")
     assert again == {"counts_on": True}

@@ -78,8 +78,8 @@ class CommandResult:
     last ``output_tail`` bytes (where a verdict or a traceback is printed), and
     ``*_dropped`` bytes were left out between them (:meth:`head_and_tail` splits it).
     ``output_limited_to`` (0: as asked): the daemon's output memory budget could not
-    hold ``max_output`` bytes per stream at that moment and gave the command this lower
-    cap (docs/api.md, "Output memory").
+    hold more of the output at that moment and lowered the command's cap per stream to
+    this, mid-stream (docs/api.md, "Output memory").
 
     >>> r = sb.exec(["python3", "-c", "print(6*7)"], timeout=10)   # doctest: +SKIP
     >>> r.returncode, r.stdout, r.ok                               # doctest: +SKIP

@@ -27,6 +27,11 @@ from corral.client._body import CHUNK_BYTES
 _SAFE_TARGET = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/%?]*")
 # The keyword arguments a lean request understands; any other goes through httpx.
 _KNOWN = frozenset({"json", "content", "params", "headers", "timeout"})
+# Headers that frame the message or the connection: a caller who names one gets httpx
+# (which checks them against the body), never a second copy written here (a request
+# with two lengths, or a length and chunks, reads differently to different parsers).
+_FRAMING = frozenset({"content-length", "transfer-encoding", "host", "connection", "expect",
+                      "upgrade", "te", "trailer"})
 # Replies that never have a body (RFC 9112 section 6.3).
 _NO_BODY = frozenset({204, 304})
 MAX_HEAD_BYTES = 64 << 10  # the daemon's replies have a few short headers
@@ -86,7 +91,10 @@ class Encoder:
         headers = self._headers
         extra = kwargs.get("headers")
         if extra:
-            headers = {**headers, **{k.lower(): v for k, v in dict(extra).items()}}
+            extra = {k.lower(): v for k, v in dict(extra).items()}
+            if not _FRAMING.isdisjoint(extra):
+                return None
+            headers = {**headers, **extra}
         lines = [f"{method} {path} HTTP/1.1\r\nhost: {self._host}\r\n"]
         for key, value in headers.items():
             if "\r" in value or "\n" in value or "\r" in key or "\n" in key:

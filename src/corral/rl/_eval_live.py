@@ -19,7 +19,8 @@ records and digests are the same either way.
 Where the host cannot checkpoint (no CRIU, or CRIU refuses the process) the evaluation
 falls back to the files-only snapshot and fresh runners. ``prestart=False`` never
 pre-starts; the default (``None``) does for gymnasium envs, not for tic-tac-toe, whose
-runner starts in less CPU than a restore costs.
+runner starts in less CPU than a restore costs (``prestart=True`` still may: a restored
+tic-tac-toe sandbox cost 155 ms of CPU in all against a fresh one's 84 ms).
 """
 
 from __future__ import annotations

@@ -139,8 +139,10 @@ class _Evaluation:
         self.base_sandboxes = 0
         self.runner_env = dict(RUNNER_ENV)
         # Pre-started runners (_eval_live): by default where the imports are the cost
-        # (a gymnasium env: ~150 ms of CPU a sandbox); tic-tac-toe's start is cheaper
-        # than a restore. ``served``: the runner's process id in the live snapshot.
+        # (a gymnasium env: ~150 ms of CPU a sandbox). Not for tic-tac-toe: a fresh
+        # runner costs its sandbox ~21 ms of CPU, and a restored sandbox cost 1.8x a
+        # fresh one in all (daemon + sandbox + client, docs/performance.md).
+        # ``served``: the runner's process id in the live snapshot.
         self.prestart = not env.is_tictactoe if prestart is None else prestart
         self.served: str | None = None
 
@@ -401,7 +403,7 @@ class _EvalLoop:
         extra = f"mean {s.mean:.4g} ± {s.halfwidth:.3g}" if s.n >= 2 else ""
         for e in eps:
             self.bar.advance(status or e.status, extra=extra)
-        self.reporter.update(self.summary("running"))
+        self.reporter.update(lambda: self.summary("running"))
 
     def summary(self, state: str, error: str | None = None) -> dict[str, Any]:
         """The run so far, as the daemon's dashboard shows it (``PUT /v1/evals/{id}``)."""

@@ -23,7 +23,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from corral import errors
-from corral.runtime.devices import DeviceRule, restrict
+from corral.runtime.devices import DeviceRule, allow_all, restrict
 from corral.runtime.fsutil import unescape_mountinfo
 
 __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
@@ -89,6 +89,16 @@ def _keyed(path: Path) -> dict[str, int]:
     return out
 
 
+def _count(path: Path, key: str) -> int:
+    """The value of one ``key value`` line of a flat-keyed file (0 if absent)."""
+    for line in _read(path).splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            value = value.strip()
+            return int(value) if value.lstrip("-").isdigit() else 0
+    return 0
+
+
 def _sigkill(pids: Iterable[int]) -> None:
     for pid in pids:
         try:
@@ -134,6 +144,7 @@ class Cgroup:
         self.path = path
         self._dirs = dirs  # controller (or "" on v2) -> directory
         self.limits: tuple[float, int, int] | None = None  # as last written here (set_limits)
+        self._oom_file: Path | None = None  # read before and after each command (oom_kills)
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -165,6 +176,11 @@ class Cgroup:
         """Only the device nodes ``rules`` name may be opened by the group's processes
         (:mod:`corral.runtime.devices`); ``"v1"``, ``"v2"`` or ``""`` (no controller)."""
         return restrict(self._dirs, rules)
+
+    def allow_all_devices(self) -> bool:
+        """Undo :meth:`restrict_devices` on v1 (every device the parent allows); False
+        where the group has no v1 devices hierarchy."""
+        return allow_all(self._dirs)
 
     def freeze(self, timeout: float = 5.0) -> None:
         """Stop every process in the group; return once they are all stopped."""
@@ -239,10 +255,27 @@ class Cgroup:
             for name in _child_names(self._hierarchies()):
                 child = {k: d / name for k, d in self._dirs.items()}
                 type(self)(f"{self.path}/{name}", child).remove()
+        elif self._removed_empty():
+            return
         if self.pids():
             self.kill_all()
         for d in self._hierarchies():
             _rmdir(d)
+
+    def _removed_empty(self) -> bool:
+        """Remove each directory while the kernel lets us (a group holding a task
+        answers EBUSY: left to the kill and the retries); whether all went."""
+        for d in self._hierarchies():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:
+                    return False
+                with _translated("remove cgroup", d):
+                    raise
+        return True
 
 
 def _rmdir(d: Path, timeout: float = 2.0) -> None:
@@ -291,8 +324,11 @@ class CgroupV1(Cgroup):
 
     def oom_kills(self) -> int:
         # The "oom_kill" line of memory.oom_control exists since Linux 4.13; older
-        # kernels do not count kills at all.
-        return _keyed(self._dirs["memory"] / "memory.oom_control").get("oom_kill", 0)
+        # kernels do not count kills at all. Read before every command (its path joined
+        # once: a join and a parse of every line were ~5% of an exec's daemon time).
+        if self._oom_file is None:
+            self._oom_file = self._dirs["memory"] / "memory.oom_control"
+        return _count(self._oom_file, "oom_kill")
 
     def memory_bytes(self) -> int:
         return int(_read(self._dirs["memory"] / "memory.usage_in_bytes"))
@@ -347,14 +383,17 @@ class CgroupV2(Cgroup):
         return _keyed(self._dir / "cpu.stat")["usage_usec"] / 1e6
 
 
-def _fill_cpuset(d: Path) -> None:
+def _fill_cpuset(d: Path, cpus: Sequence[int] = ()) -> None:
     """A new cpuset group has no CPUs and no memory nodes (v1; on v2 it inherits them):
-    no task could join it. It starts with its parent's. Idempotent: a concurrent create
-    that finds the group made by another fills it too, rather than race its maker."""
+    no task could join it. It starts with its parent's, or ``cpus`` (one write of
+    ``cpuset.cpus``, a rebuild of the kernel's scheduling domains, not two). Idempotent:
+    a concurrent create that finds the group made by another fills it too."""
     for name in ("cpuset.cpus", "cpuset.mems"):
         if ((d / name).exists() and (d.parent / name).exists()
                 and not _read(d / name).strip()):
-            _write(d / name, _read(d.parent / name).strip())
+            value = (",".join(str(c) for c in cpus) if cpus and name == "cpuset.cpus"
+                     else _read(d.parent / name).strip())
+            _write(d / name, value)
 
 
 class CgroupDriver:
@@ -378,9 +417,10 @@ class CgroupDriver:
     def _prepare_parent(self, parent: Path) -> None:
         """Called on the parent of every directory on the way to a group, root first."""
 
-    def _made(self, d: Path) -> None:
-        """Called on every directory :meth:`create` made, parents first."""
-        _fill_cpuset(d)
+    def _made(self, d: Path, cpus: Sequence[int] = ()) -> None:
+        """Called on every directory :meth:`create` made, parents first (``cpus``: the
+        group's own cpuset, for its own directory)."""
+        _fill_cpuset(d, cpus)
 
     def set_cpus(self, group: Cgroup, cpus: Sequence[int]) -> bool:
         """Confine ``group`` to the CPUs ``cpus`` (its cpuset); False where the host
@@ -391,23 +431,26 @@ class CgroupDriver:
                 return True
         return False
 
-    def create(self, path: str, *, cpus: float, memory_mb: int, pids: int) -> Cgroup:
+    def create(self, path: str, *, cpus: float, memory_mb: int, pids: int,
+               cpuset: Sequence[int] = ()) -> Cgroup:
         """Make group ``path`` (and missing parents) in every hierarchy and set its limits.
 
         ``cpus`` becomes a CFS quota of ``cpus * 100 ms`` per 100 ms, ``memory_mb`` a
-        hard memory limit with no swap, ``pids`` a cap on tasks. On failure whatever
-        this call created is removed again.
+        hard memory limit with no swap, ``pids`` a cap on tasks; ``cpuset``, where
+        given, the CPUs it may run on (as :meth:`set_cpus`, where a new group's cpuset
+        is filled: v1). On failure whatever this call created is removed again.
         """
         _check_limits(cpus, memory_mb, pids)
         try:
-            return self._create(path, cpus, memory_mb, pids)
+            return self._create(path, cpus, memory_mb, pids, cpuset)
         except CgroupError as exc:  # (a parent removed meanwhile is made again)
             if not isinstance(exc.__cause__, FileNotFoundError):
                 raise
         self._prepared.clear()
-        return self._create(path, cpus, memory_mb, pids)
+        return self._create(path, cpus, memory_mb, pids, cpuset)
 
-    def _create(self, path: str, cpus: float, memory_mb: int, pids: int) -> Cgroup:
+    def _create(self, path: str, cpus: float, memory_mb: int, pids: int,
+                cpuset: Sequence[int]) -> Cgroup:
         dirs = self._dirs(path)
         made: list[Path] = []
         try:
@@ -428,7 +471,7 @@ class CgroupDriver:
                                 raise
                             continue
                         made.append(here)
-                        self._made(here)
+                        self._made(here, cpuset if here == d else ())
             group = self._group_type(path, dirs)
             self._set_limits(group, cpus, memory_mb, pids, None)
             group.limits = (cpus, memory_mb, pids)
@@ -497,9 +540,9 @@ class CgroupV1Driver(CgroupDriver):
         if self._in_cpuset(parent) and parent not in self.mounts.values():
             _fill_cpuset(parent)
 
-    def _made(self, d: Path) -> None:
+    def _made(self, d: Path, cpus: Sequence[int] = ()) -> None:
         if self._in_cpuset(d):
-            _fill_cpuset(d)
+            _fill_cpuset(d, cpus)
 
     def set_cpus(self, group: Cgroup, cpus: Sequence[int]) -> bool:
         d = group._dirs.get("cpuset")
@@ -556,7 +599,7 @@ class CgroupV2Driver(CgroupDriver):
         if any(c not in enabled for c in wanted):
             _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
 
-    def _made(self, d: Path) -> None:
+    def _made(self, d: Path, cpus: Sequence[int] = ()) -> None:
         """Nothing to fill: a v2 group's empty ``cpuset.cpus`` means its parent's
         effective set (and the root group has no ``cpuset.cpus`` to copy)."""
 

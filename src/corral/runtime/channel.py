@@ -11,8 +11,10 @@ a model optimised to earn reward, so whatever arrives may be forged (docs/api.md
   in :mod:`~corral.runtime.protocol`) before reading its payload;
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
-  command gets one STARTED (or one ERR), then output (per stream: its head, at most one
-  TAIL and its tail; stdout only, if it runs on a terminal), then exactly one EXIT; a
+  command gets one STARTED (or one ERR; one started with ``quiet_start`` may go straight
+  to its output or EXIT, whose first frame then counts as the start), then output (per
+  stream: its head, at most one TAIL and its tail; stdout only, if it runs on a
+  terminal), then exactly one EXIT; a
   file operation exactly one OK or ERR. Anything else (a second EXIT, output after the
   exit, a reply to a request never made) is a violation;
 - counts each command's output itself: more than ``max_output`` bytes of a stream, or
@@ -36,7 +38,7 @@ import logging
 import select
 import socket
 import subprocess
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
 from corral.runtime.agent_exit import eof_cause
@@ -49,11 +51,15 @@ from corral.runtime.protocol import (
     Fields,
     Msg,
     ProtocolViolation,
+    Reply,
     Tag,
     check_header,
     encode,
     validate,
 )
+
+if TYPE_CHECKING:
+    from corral.runtime.output_room import OutputRoom
 
 logger = logging.getLogger("corral.runtime")
 
@@ -67,19 +73,12 @@ READER_LIMIT = 256 << 10
 """Bytes the socket reader buffers ahead (it pauses reading at twice this)."""
 
 
-class Reply:
-    """One frame from the agent. ``data``: an output frame's bytes."""
-
-    __slots__ = ("msg", "fields", "data")
-
-    def __init__(self, msg: int, fields: Fields, data: bytes = b"") -> None:
-        self.msg = msg
-        self.fields = fields
-        self.data = data
-
-
 class StreamDeadline(Exception):
     """The deadline given to :meth:`ExecStream.next` passed with nothing to return."""
+
+
+# The frames that say a command asked to start quietly (Tag.QUIET_START) has started.
+_STARTS_QUIETLY = frozenset({Msg.STDOUT, Msg.STDERR, Msg.TAIL, Msg.EXIT})
 
 
 class ExecStream:
@@ -96,6 +95,7 @@ class ExecStream:
         self, channel: "AgentChannel", request_id: int, max_output: int | None,
         output_tail: int = 0,
         terminal: bool = False,
+        quiet_start: bool = False,
     ) -> None:
         self.channel = channel
         self.request_id = request_id
@@ -103,6 +103,9 @@ class ExecStream:
         self.terminal = terminal
         self.queue: asyncio.Queue[Reply | BaseException] = asyncio.Queue()
         self.started = False
+        # asked for no STARTED (Tag.QUIET_START): the first output or EXIT says it started
+        # (an agent older than the tag sends STARTED all the same: accepted)
+        self.quiet_start = quiet_start
         self.abandoned = False  # closed by its reader: frames still expected, dropped
         self.caps: dict[int, StreamCap] = {
             Msg.STDOUT: StreamCap("stdout", max_output, output_tail),
@@ -110,6 +113,7 @@ class ExecStream:
         }
         self.queued_bytes = 0  # output waiting in the queue
         self.peak_queued = 0
+        self.room: OutputRoom | None = None  # its room in the output budget (output_room.py)
 
     @property
     def stdout(self) -> StreamCap:
@@ -120,10 +124,13 @@ class ExecStream:
         return self.caps[Msg.STDERR]
 
     def _put(self, item: Reply | BaseException) -> None:
-        if isinstance(item, Reply):
-            self.queued_bytes += len(item.data)
+        if isinstance(item, BaseException):
+            self.queue.put_nowait(item)
+            return
+        for reply in self.room.admit(item) if self.room is not None else (item,):
+            self.queued_bytes += len(reply.data)
             self.peak_queued = max(self.peak_queued, self.queued_bytes)
-        self.queue.put_nowait(item)
+            self.queue.put_nowait(reply)
 
     async def next(self, deadline: float | None = None) -> Reply:
         """The next event; :class:`StreamDeadline` if none came by ``deadline``
@@ -139,6 +146,8 @@ class ExecStream:
         if isinstance(item, BaseException):
             raise item
         self.queued_bytes -= len(item.data)
+        if self.room is not None:
+            self.room.handed(item)
         return item
 
     def send_stdin(self, data: bytes | memoryview) -> None:
@@ -333,6 +342,8 @@ class AgentChannel:
     def _on_stream(self, stream: ExecStream, msg: int, fields: Fields) -> None:
         rid = stream.request_id
         data = b""
+        if stream.quiet_start and not stream.started and msg in _STARTS_QUIETLY:
+            stream.started = True  # its first output or exit: it started (checked below)
         if msg == Msg.STARTED:
             if stream.started:
                 raise ProtocolViolation("duplicate_started", f"a second STARTED for request {rid}")
@@ -464,10 +475,15 @@ class AgentChannel:
         max_output: int | None = None,
         output_tail: int = 0,
         terminal: bool = False,
+        quiet_start: bool = False,
     ) -> ExecStream:
+        """Start a command (``fields``: its EXEC fields); ``quiet_start``: the agent sends
+        no STARTED (nobody waits for it: one frame and one wake-up fewer per command)."""
         rid = self._next_id()
-        stream = ExecStream(self, rid, max_output, output_tail, terminal)
+        stream = ExecStream(self, rid, max_output, output_tail, terminal, quiet_start)
         self.streams[rid] = stream
+        if quiet_start:
+            fields = [*fields, (Tag.QUIET_START, b"")]
         try:
             self.send(Msg.EXEC, rid, fields)
         except BaseException:

@@ -18,6 +18,13 @@ CRIU runs as the sandbox's own host uid, holding root's capabilities as ambient 
 task of another uid needs it, while a task of the caller's own uid needs nothing
 (:func:`dumper`). Only a checkpointable sandbox (``SandboxSpec.checkpointable``: uid 0
 mapped, one user namespace, the agent's channels made inside) can be dumped.
+
+The engine freezes the sandbox before CRIU runs (:func:`freeze_for_dump`; CRIU is given
+the frozen group, ``--freeze-cgroup``, and leaves it frozen). A group frozen while one of
+its processes was between ``vfork()`` and its child's ``exec`` (``sh``, dash, runs
+commands so; ``posix_spawn`` too) cannot be dumped: CRIU stops the child, and the parent,
+waiting in the kernel for that child, never reaches the stop CRIU waits for, until CRIU's
+``--timeout`` ends the dump. So such a freeze is let go and taken again.
 """
 
 from __future__ import annotations
@@ -31,14 +38,21 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from corral.errors import InvalidState, Unsupported
-from corral.runtime import criu, live_images
+from corral.runtime import criu, live_images, syscalls
+from corral.runtime.threadwork import finish_in_thread
 
 DUMP_TIMEOUT_S = 120.0
 # CRIU's own limit on seizing the tasks (its default, 10 s, ran out on a host at load
 # 30: "Timeout reached. Try to interrupt"); the sandbox is frozen meanwhile either way
 COLLECT_TIMEOUT_S = 60
+FREEZE_TRIES = 20
+"""Freezes a dump takes at most to catch the sandbox with no process mid-vfork."""
+FREEZE_TIMEOUT_S = 30.0
+"""A freeze waits this long for a task asleep in the kernel (a write throttled under
+disk pressure freezes only once it wakes), as a commit's does (precopy.py)."""
 _NS_GET_OWNER_UID = 0xB704  # linux/nsfs.h: _IO(0xb7, 0x4)
 _ADMIN = "_admin"  # the images of sandboxes without a tenant
 _MAX_KDAT = 64 << 10  # CRIU's struct kerndat_s is a few KiB
@@ -60,6 +74,9 @@ CAUSES = (
      f"{criu.BUILD})"),
     ("Unix socket", "agent_socket",
      "the agent's control socket belongs to the host's network namespace"),
+    ("Timeout reached", "seize_timeout",
+     f"CRIU could not stop every process of the sandbox within {COLLECT_TIMEOUT_S} s (one "
+     "held in the kernel); retry"),
 )
 
 
@@ -144,6 +161,56 @@ def sandbox_init(launcher_pid: int) -> int:
         raise InvalidState(f"the sandbox's launcher has {len(inits)} children in a pid "
                            f"namespace of their own, not 1 (of {len(children)})")
     return inits[0]
+
+
+def mid_vfork(pids: list[int]) -> list[int]:
+    """Of ``pids`` (a group's processes), the parents waiting for a vfork child of the
+    group to exec or exit: a child sharing its parent's address space."""
+    stuck = []
+    for pid in pids:
+        try:
+            data = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        ppid = int(data[data.rindex(b")") + 2:].split()[1])
+        if ppid in pids and syscalls.same_vm(pid, ppid):
+            stuck.append(ppid)
+    return stuck
+
+
+class _Freezer(Protocol):
+    def freeze(self, timeout: float = ...) -> None: ...
+    def thaw(self) -> None: ...
+    def pids(self) -> list[int]: ...
+
+
+async def freeze_for_dump(cgroup: _Freezer, sandbox_id: str) -> None:
+    """Freeze the sandbox's group with none of its processes mid-vfork (see the module
+    docstring): such a freeze is thawed and taken again, a little later each time, up to
+    :data:`FREEZE_TRIES` times; then :class:`~corral.errors.Unsupported` (``cause``
+    ``vfork``), the sandbox running. A cancel meanwhile, or a freeze that does not
+    complete within :data:`FREEZE_TIMEOUT_S`, leaves it thawed."""
+    for attempt in range(FREEZE_TRIES):
+        try:
+            await finish_in_thread(lambda: cgroup.freeze(FREEZE_TIMEOUT_S),
+                                   on_cancel=lambda _: cgroup.thaw())
+        except Exception:  # not frozen in time: not left half frozen either
+            cgroup.thaw()
+            raise
+        try:
+            stuck = mid_vfork(cgroup.pids())  # a few /proc reads: no await while frozen
+        except BaseException:
+            cgroup.thaw()
+            raise
+        if not stuck:
+            return
+        cgroup.thaw()
+        await asyncio.sleep(0.005 * (attempt + 1))  # the child execs, then it is let be
+    raise Unsupported(
+        f"sandbox {sandbox_id} cannot be checkpointed now: each time it was frozen, a "
+        f"process of it (pid {stuck[0]} on the host) was waiting for a vfork child to "
+        "exec, which CRIU cannot dump; it keeps running: retry",
+        details={"sandbox_id": sandbox_id, "cause": "vfork"})
 
 
 def _ambient_caps() -> str:

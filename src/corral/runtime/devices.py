@@ -5,9 +5,14 @@ put there, and it cannot ``mknod`` (no ``CAP_MKNOD`` for the host, seccomp). The
 device cgroup is the second wall: even a node that reached the sandbox some other way
 (a volume an admin bound, a bug) cannot be opened unless its number is on the list.
 
-The list is set once the sandbox is READY (before any sandbox code has run; the
-launcher has by then opened what it needed, such as a loop device for
-``storage="disk"``) and holds the standard character devices plus the sandbox's GPUs::
+The list holds the standard character devices plus the sandbox's GPUs. On cgroup v1 a
+warm slot's group gets the standard list while it waits (``launcher.SlotPool``): a
+sandbox without GPUs, a disk or a restore keeps it, and nothing is written on its
+create's path. The others have their group opened again (:func:`allow_all`) before
+their launcher runs and get their list once the sandbox is READY (before any sandbox
+code has run; the launcher has by then opened what it needed, such as a loop device
+for ``storage="disk"``); so does every sandbox on v2, where a second attached program
+could only narrow the first::
 
     rules = standard_rules() + [rule_for(Path("/dev/nvidia0"))]
     restrict(group_dirs, rules)
@@ -31,8 +36,8 @@ from pathlib import Path
 
 from corral import errors
 
-__all__ = ["DeviceRule", "DeviceRulesError", "bpf_program", "restrict", "rule_for",
-           "standard_rules"]
+__all__ = ["DeviceRule", "DeviceRulesError", "allow_all", "bpf_program", "restrict",
+           "rule_for", "standard_rules"]
 
 ANY = -1
 READ, WRITE, MKNOD = 2, 4, 1  # BPF_DEVCG_ACC_*
@@ -101,6 +106,21 @@ def restrict(dirs: dict[str, Path], rules: list[DeviceRule]) -> str:
         attach_bpf(dirs[""], rules)
         return "v2"
     return ""
+
+
+def allow_all(dirs: dict[str, Path]) -> bool:
+    """Open a v1 group (``dirs`` as in :func:`restrict`) to every device its parent
+    allows again, until :func:`restrict` narrows it; False where there is no v1 devices
+    hierarchy (nothing was restricted there beforehand)."""
+    if "devices" not in dirs:
+        return False
+    d = dirs["devices"]
+    try:
+        _write(d / "devices.allow", "a")
+    except OSError as exc:
+        raise DeviceRulesError(f"cannot set the device rules of {d}: {exc.strerror}",
+                               details={"path": str(d), "errno": exc.errno}) from exc
+    return True
 
 
 def _write(path: Path, *values: str) -> None:

@@ -86,7 +86,7 @@ from corral.runtime.networks import Networks
 from corral.runtime.output_budget import OutputBudget
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.paths import Layout, uid_lock_dir
-from corral.runtime.reconcile import remove_cgroup
+from corral.runtime.reconcile import engine_cgroup_parent, remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.secret_store import SecretStore
@@ -182,7 +182,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.events.subscribe(SandboxEnded, lambda e: self.secret_store.remove(e.sandbox_id))
         self.events.subscribe(SandboxDeleted, lambda e: self.secret_store.remove(e.sandbox_id))
         self.owners = Owners()  # who sees what: runtime/ownership.py
-        self.cgroup_parent = f"corral/{layout.engine_key}"
+        self.cgroup_parent = engine_cgroup_parent(cgroup_driver, layout.engine_key)
         self.snapshots = Snapshots(layout, registry, images, self.owners)
         self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
@@ -422,6 +422,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             if isinstance(exc, CorralError) or not isinstance(exc, Exception):
                 raise
             raise SandboxStartError(f"sandbox failed to start: {reason}") from exc
+        finally:
+            self._pool.refill()  # (deferred by take() past this sandbox's start)
         info.state = SandboxState.RUNNING
         info.started_at = live.started_at
         self.events.emit(SandboxStarted(sid, spec.snapshot, spec.tenant))
@@ -436,6 +438,12 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
 
     async def _start(self, live: Live, slot: Slot, lowers: list[Path]) -> None:
         spec = live.spec
+        if slot.devices_set and (live.gpus is not None or live.images is not None
+                                 or spec.storage == Storage.DISK):
+            # its launcher opens a loop device, CRIU what it restores: the list comes
+            # after READY, as on v2 (devices.py)
+            slot.cgroup.allow_all_devices()
+            slot.devices_set = False
         self.cgroups.set_limits(
             slot.cgroup, cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids
         )
@@ -465,7 +473,11 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         if old is not None:  # their output sent on it comes first
             await live_processes.drain_old(old, channel, streams)
         if slot.go_fd >= 0:
-            slot.launch(self._launch_args(live, slot, lowers))
+            args = self._launch_args(live, slot, lowers)
+            slot.launch(args)
+            if not live.build_root and live.images is None and "--lower" in args:
+                # the next warm slots clone these layers while they wait (launch.c)
+                self._pool.prelower = args[args.index("--lower") + 1]
         await channel.start()
         try:
             async with asyncio.timeout(START_TIMEOUT_S):  # wait_for (<3.12) may lose a cancel
@@ -481,10 +493,12 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
                 details={"sandbox_id": live.id},
             ) from None
         # no sandbox code has run yet (a restore's has: it is checked just below):
-        # from here it opens only its own device nodes
-        rules = devices.standard_rules() + [
-            devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
-        slot.cgroup.restrict_devices(rules)
+        # from here it opens only its own device nodes (a warm slot's group may hold
+        # them already: devices.py)
+        if not slot.devices_set:
+            rules = devices.standard_rules() + [
+                devices.rule_for(n) for n in (live.gpus.device_nodes() if live.gpus else ())]
+            slot.cgroup.restrict_devices(rules)
         if live.images is not None:
             await self._restored(live, slot)  # or InvalidState: a forged checkpoint
         if live.ending:  # deleted while it started (its id listed): it never runs

@@ -27,6 +27,7 @@ from corral.runtime.cmdtap import CommandTap
 from corral.runtime.cpus import CpuPicker, thread_env
 from corral.runtime.events import Events
 from corral.runtime.output_budget import OutputBudget, OutputHold
+from corral.runtime.output_room import OutputRoom
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
 from corral.runtime.pathutil import resolve_path
 from corral.runtime.protocol import Field, Tag
@@ -37,7 +38,6 @@ from corral.schema import (
     DEFAULT_MAX_OUTPUT,
     ExecEvent,
     ExecResult,
-    default_output_tail,
 )
 
 if TYPE_CHECKING:
@@ -83,8 +83,10 @@ class CommandOps:
         Each stream keeps ``max_output`` bytes at most: past that, its head and its last
         ``output_tail`` bytes (``None``: half, at most 8 MiB; :mod:`corral.runtime.outputcap`).
         The output counts against the output budget (:mod:`corral.runtime.output_budget`)
-        until the result is returned, or, with ``output_hold`` (the caller's
-        :meth:`reserve_output`), until the caller releases it."""
+        by the bytes held, until the result is returned, or, with ``output_hold`` (the
+        caller's :meth:`reserve_output`), until the caller releases it; when the budget
+        is spent the streams' cap is lowered there (``output_limited_to``: their head
+        and their last bytes, :mod:`corral.runtime.output_room`)."""
         hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
         out: list[bytes] = []
         err: list[bytes] = []
@@ -92,7 +94,7 @@ class CommandOps:
             async with aclosing(self.exec_stream(
                 sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
                 max_output=max_output, output_tail=output_tail, user=user, owner=owner,
-                output_hold=hold,
+                output_hold=hold, keep_output=True,
             )) as events:
                 async for ev in events:
                     if ev.kind == "stdout":
@@ -110,9 +112,9 @@ class CommandOps:
 
     def reserve_output(self, sandbox_id: str, max_output: int, *,
                        owner: OwnerArg = UNSET) -> OutputHold:
-        """Reserve room for a command's output in its caller's output budget (``2 ×
-        max_output``, perhaps lowered); :class:`~corral.errors.OutputBudgetExceeded` if
-        none is left. The caller releases it."""
+        """Take a command's floor in its caller's output budget (it grows by the bytes
+        the command's output holds); :class:`~corral.errors.OutputBudgetExceeded` if not
+        even the floor is left. The caller releases it."""
         return self.output_budget.reserve(self.owners.of(owner), max_output, sandbox_id)
 
     async def exec_stream(
@@ -130,6 +132,7 @@ class CommandOps:
         owner: OwnerArg = UNSET,
         output_hold: OutputHold | None = None,
         on_start: Callable[[], None] | None = None,
+        keep_output: bool = False,
     ) -> AsyncGenerator[ExecEvent, None]:
         """Run a command and yield its output as it happens, then its exit.
 
@@ -137,25 +140,26 @@ class CommandOps:
         process group. The engine caps the output and enforces the timeout itself,
         whatever the agent says (:mod:`corral.runtime.agentconn`). A stream that went
         over its cap shows its gap as an event with ``dropped`` set, then its tail.
-        Events not yet read count against the output budget as :meth:`exec` says: when
-        it holds less than ``max_output``, the command gets that lower cap and its
-        result's ``output_limited_to`` says so. ``on_start`` is called once the
-        command has started: before that, it may still fail to (a bad ``cwd``).
+        Events not yet read count against the output budget (their bytes, given back as
+        they are read; ``keep_output``: the caller keeps them all, as :meth:`exec`):
+        when it has no room for more, what comes is dropped and shown as a gap, and the
+        result's ``output_limited_to`` says so (:mod:`corral.runtime.output_room`).
+        ``on_start`` is called once the command has started: before that, it may still
+        fail to (a bad ``cwd``).
         """
         self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
         tail = output_tail_for(max_output, output_tail)
         hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
         try:
-            if hold.limited:
-                max_output = hold.max_output
-                tail = min(tail, max_output) if output_tail is not None \
-                    else default_output_tail(max_output)
             fields = self.command_fields(live, cmd, env, cwd, stdin,
                                          limit_fields(timeout, max_output, tail), user)
             assert live.channel is not None
             oom_before = live.cgroup.oom_kills()
-            stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail)
+            # nobody waits for the command's start: the agent says nothing until output
+            stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail,
+                                            quiet_start=on_start is None)
+            room = stream.room = OutputRoom(hold, tail, keep=keep_output)
             tap = CommandTap(self.events, live.id, command_argv(cmd))
             with live.activity():
                 async with aclosing(
@@ -165,8 +169,7 @@ class CommandOps:
                         async for ev in events:
                             tap.see(ev)
                             if ev.result is not None:
-                                if hold.limited:
-                                    ev.result.output_limited_to = max_output
+                                room.finish(ev.result)
                                 tap.end()  # announced before the caller sees the exit
                             yield ev
                     finally:

@@ -116,8 +116,9 @@ class LiveOps:
                 for conn in list(live.port_conns):  # CRIU dumps no connected TCP socket
                     syscalls.reset_tcp(conn.fileno())
                 live.port_conns.clear()
-                # a cancel while it freezes (a client that left) must not leave it frozen
-                await finish_in_thread(live.cgroup.freeze, on_cancel=lambda _: live.cgroup.thaw())
+                # frozen with no process mid-vfork (CRIU could not stop it); a cancel
+                # while it freezes (a client that left) does not leave it frozen
+                await checkpoint.freeze_for_dump(live.cgroup, sandbox_id)
                 try:
                     images = await checkpoint.dump(
                         cache_dir=self.layout.cache_dir, state_dir=self.layout.state_dir,

@@ -34,8 +34,10 @@ from pathlib import Path
 
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
+from corral.runtime.agentbuild import agent_layer
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.cpus import CpuPicker
+from corral.runtime.devices import standard_rules
 from corral.runtime.logtail import LogTail
 from corral.runtime.threadwork import finish_in_thread
 from corral.runtime.uids import CANONICAL_UID, UidBlock, root_uid
@@ -70,6 +72,11 @@ class Slot:
     # the CPUs its cgroup's cpuset already holds: the picker's guess for a sandbox of
     # DEFAULT_CPUS when it was made (writing a cpuset costs the kernel a rebuild)
     cpus: tuple[int, ...] = ()
+    # its group already allows only the standard device nodes (v1: written while it
+    # waited, before its launcher joined; corral.runtime.devices)
+    devices_set: bool = False
+    # the layers (a ':' list) its launcher cloned and idmapped while it waited (launch.c)
+    prelower: str = ""
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -174,10 +181,19 @@ class SlotPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff_until = 0.0
         self.closed = False
+        # the layers (``--lower``'s list) a new slot clones and idmaps while it waits:
+        # the agent's, then the engine sets those of the last sandbox it started
+        self.prelower = str(agent_layer(agent_path))
 
     async def take(self, cpus: tuple[int, ...] = ()) -> Slot:
         """A ready slot: a warm one if there is one (one whose cpuset holds ``cpus`` if
-        any does), else one made now."""
+        any does), else one made now.
+
+        The caller calls :meth:`refill` once its sandbox is started: while more than
+        half the target is still ready, the slot taken is replaced only then, so the
+        new launcher's start (its exec, user and network namespaces, cgroup joins, the
+        cgroup ``mkdir``s) does not run on the other core during this sandbox's own
+        start. Below half, the refill starts at once (a burst)."""
         for i, slot in enumerate(self._ready):
             if cpus and slot.cpus == cpus:  # to the front (the others keep their order)
                 del self._ready[i]
@@ -186,7 +202,8 @@ class SlotPool:
         while self._ready:
             slot = self._ready.popleft()
             if slot.alive():
-                self.refill()
+                if len(self._ready) + self._spawning <= self.target // 2:
+                    self.refill()
                 return slot
             await self._drop(slot)
         self.refill()
@@ -229,13 +246,20 @@ class SlotPool:
         name = "slot-" + secrets.token_hex(6)
         uid = self.uids.acquire()
         cpus = self.cpu_picker.peek(DEFAULT_CPUS) if self.cpu_picker is not None else ()
+        devices_set: list[bool] = []
 
         def make() -> Cgroup:
+            # (v1 fills a new group's cpuset with these CPUs: one write, not two)
             group = self.cgroups.create(f"{self.cgroup_parent}/{name}", cpus=DEFAULT_CPUS,
-                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS)
+                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS,
+                                        cpuset=cpus)
             try:
-                if cpus:
+                if cpus and self.cgroups.version != 1:
                     self.cgroups.set_cpus(group, cpus)
+                # v1: a plain sandbox's device list, off its create's path (v2 attaches a
+                # program that a GPU sandbox's could not widen: there, after READY)
+                if self.cgroups.version == 1:
+                    devices_set.append(group.restrict_devices(standard_rules()) == "v1")
             except BaseException:
                 group.remove(children=False)
                 raise
@@ -257,9 +281,10 @@ class SlotPool:
         log_r, log_w = os.pipe()
         log_copy = os.dup(log_r)  # (close-on-exec) the warden keeps one: restore.py
         log = LogTail(log_r)
+        prelower = self.prelower
         argv = [str(self.agent_path), "launch", "--ready", "--uid", str(uid), "--gid", str(uid),
                 "--root-uid", str(root_uid(uid)), "--canonical", str(CANONICAL_UID),
-                "--prenet", "1"]
+                "--prenet", "1", "--prelower", prelower]
         for procs in cgroup.procs_files():
             argv += ["--cgroup", procs]
         try:
@@ -286,7 +311,8 @@ class SlotPool:
             r_theirs.close()
         log.start()
         slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
-                    r_ours, reattach_fd, log_copy, cpus=cpus)
+                    r_ours, reattach_fd, log_copy, cpus=cpus, devices_set=any(devices_set),
+                    prelower=prelower)
         try:
             said = await _read_ready(ready_r)
         except BaseException:  # cancelled: a launcher and its cgroup nobody else knows of

@@ -2,23 +2,32 @@
 
 A command run to completion (``exec``, ``POST /v1/run``, the front-ends' exec) keeps up
 to ``max_output`` bytes of each of its two streams in the daemon's memory until its
-result has been sent; a streamed command's events wait in memory for a slow reader,
-bounded the same way. ``max_output`` may be up to 1 GiB, so without a budget a tenant
-running many such commands at once could make the daemon hold more than the host has.
+result has been sent; a streamed command's events wait in memory for a slow reader.
+``max_output`` may be up to 1 GiB, so without a budget a tenant running many such
+commands at once could make the daemon hold more than the host has.
 
-So each command reserves, before it starts, what it may hold: ``2 × max_output``
-(stdout and stderr). The reservation counts against the tenant of its sandbox
+So what a command's output holds counts against the tenant of its sandbox
 (``--tenant-output-memory-mb``, default half the daemon's) and the daemon's
-(``--output-memory-mb``, default an eighth of the host's RAM, or of the daemon's
-cgroup memory limit where lower). A command that does not
-fit whole gets a lower cap, the same for both streams and never below
-:data:`MIN_GRANT`: its result says so (``output_limited_to``: the bytes per stream it
-kept at most) and a stream longer than that is truncated as any other (its head and its
-tail, ``*_truncated``), so the tail where a verdict or a traceback is printed is kept.
-When not even :data:`MIN_GRANT` per stream is left, the command is refused before it
-starts: :class:`~corral.errors.OutputBudgetExceeded` (429), which says whose budget is
-spent and what to do. A result being sent holds only its real size; everything is given
-back once the reply is written (or the client has gone).
+(``--output-memory-mb``, default an eighth of the host's RAM, or of the daemon's cgroup
+memory limit where lower), by the bytes really held, not by what it may hold:
+
+- before it starts, a command takes a small floor, :data:`MIN_GRANT` per stream (or its
+  ``max_output`` where smaller): when not even that is free it is refused,
+  :class:`~corral.errors.OutputBudgetExceeded` (429), which says whose budget is spent
+  and what to do. So hundreds of commands printing little run at once at any budget;
+- as its output arrives, the command's room grows by the bytes it brings
+  (:mod:`corral.runtime.output_room`); a streamed command gives them back as its reader
+  takes them;
+- when the budget has no more, the stream's cap is lowered there, mid-stream, to what
+  it holds: a command run to completion keeps its head and, in the room it already
+  holds, its last bytes (at most half its floor: where a verdict or a traceback is
+  printed); a streamed command drops what its reader has not made room for and shows
+  the gap as a cap's would. Its result says so: ``output_limited_to`` (the bytes per
+  stream it could hold at most), ``*_truncated``, ``*_dropped``.
+
+A tenant flooding output therefore never makes the daemon hold more than its share (nor
+all tenants more than the daemon's budget). A result being sent holds only its real
+size; everything is given back once the reply is written (or the client has gone).
 
 An interactive process's unread output (``max_buffer`` per stream) counts against the
 same budgets, by what it really holds (the tenant of its sandbox): output that comes
@@ -36,7 +45,9 @@ from corral.errors import OutputBudgetExceeded
 __all__ = ["MIN_GRANT", "OutputBudget", "OutputHold", "host_output_bytes", "memory_limit"]
 
 MIN_GRANT = 64 << 10
-"""The smallest cap per stream a command is lowered to; below it, it is refused."""
+"""The floor a command takes per stream before it starts (its ``max_output`` where
+smaller): the smallest cap it can be lowered to; when not even that is free, it is
+refused."""
 HOST_SHARE = 8
 """The daemon's default budget: the host's RAM divided by this."""
 TENANT_SHARE = 2
@@ -78,24 +89,52 @@ def memory_limit(self_cgroup: Path = Path("/proc/self/cgroup"),
 
 
 class OutputHold:
-    """What one command (or one reply) holds of the budget; :meth:`release` gives it
-    back (once, whatever calls it again)."""
+    """What one command (or one reply) holds of the budget: its floor, then what it
+    grows by (:meth:`grow`); :meth:`release` gives it all back (once, whatever calls it
+    again). ``max_output`` is the cap per stream asked, lowered (``limited``) when the
+    budget could not hold more (:mod:`corral.runtime.output_room`)."""
 
-    __slots__ = ("_budget", "tenant", "nbytes", "max_output", "limited")
+    __slots__ = ("_budget", "tenant", "nbytes", "floor", "max_output", "limited")
 
     def __init__(self, budget: "OutputBudget | None", tenant: str | None, nbytes: int,
-                 max_output: int, limited: bool) -> None:
+                 max_output: int, limited: bool = False) -> None:
         self._budget = budget
         self.tenant = tenant
         self.nbytes = nbytes
-        self.max_output = max_output  # the cap per stream granted
-        self.limited = limited  # lower than asked
+        self.floor = nbytes // 2  # per stream, taken before the command starts
+        self.max_output = max_output  # the cap per stream: as asked, or as lowered
+        self.limited = limited  # lowered from what was asked
+
+    def grow(self, nbytes: int) -> int:
+        """Hold up to ``nbytes`` more: what the tenant's and the daemon's budgets have
+        (0 when spent)."""
+        budget = self._budget
+        n = 0 if budget is None else max(0, min(nbytes, budget.free_for(self.tenant)))
+        if n:
+            assert budget is not None
+            budget._add(self.tenant, n)
+            self.nbytes += n
+        return n
 
     def shrink(self, nbytes: int) -> None:
-        """Keep only ``nbytes`` (a result's real size, while it is sent)."""
+        """Keep only ``nbytes`` (a result's real size, while it is sent; a streamed
+        command's room once its reader has taken the output)."""
         if self._budget is not None and nbytes < self.nbytes:
             self._budget._give_back(self.tenant, self.nbytes - nbytes)
             self.nbytes = nbytes
+
+    def fit(self, nbytes: int) -> None:
+        """Hold exactly ``nbytes`` (a reply's real size, while it is sent): less gives
+        room back; more (a reply's encoding is larger than the output, ``\\u0001`` for
+        a byte) is counted even past the budget, since those bytes exist already: the
+        next reservation is refused instead."""
+        if self._budget is None or nbytes == self.nbytes:
+            return
+        if nbytes < self.nbytes:
+            self.shrink(nbytes)
+            return
+        self._budget._add(self.tenant, nbytes - self.nbytes)
+        self.nbytes = nbytes
 
     def release(self) -> None:
         budget, self._budget = self._budget, None
@@ -120,34 +159,38 @@ class OutputBudget:
                           self.per_tenant - self.by_tenant.get(tenant, 0)))
 
     def reserve(self, tenant: str | None, max_output: int, sandbox_id: str = "") -> OutputHold:
-        """A command's reservation of ``2 × max_output``, lowered to what is free; a
-        refusal (:class:`OutputBudgetExceeded`) if less than :data:`MIN_GRANT` per
-        stream is free (or less than a smaller ``max_output``)."""
-        free = self.free_for(tenant)
-        if 2 * max_output <= free:
-            return self._take(tenant, max_output, limited=False)
-        if free // 2 >= MIN_GRANT:
-            return self._take(tenant, free // 2, limited=True)
+        """A command's floor, ``2 × min(max_output, MIN_GRANT)``; the rest is taken as
+        its output comes (:meth:`OutputHold.grow`). A refusal
+        (:class:`OutputBudgetExceeded`) if not even the floor is free."""
+        floor = 2 * min(max(max_output, 0), MIN_GRANT)
+        if floor <= self.free_for(tenant):
+            self._add(tenant, floor)
+            return OutputHold(self, tenant, floor, max_output)
         tenant_used = self.by_tenant.get(tenant, 0)
         whose = ("the daemon's" if self.total - self.used < self.per_tenant - tenant_used
                  else "its tenant's")
         raise OutputBudgetExceeded(
             f"sandbox {sandbox_id}: no memory left to hold the command's output: {whose} "
-            f"output budget is taken by commands in flight ({self.used} of {self.total} "
+            f"output budget is held by output not yet sent ({self.used} of {self.total} "
             f"bytes in all, {tenant_used} of {self.per_tenant} for the tenant); retry when "
-            "some have ended, or ask a smaller max_output (its output_tail keeps the end)",
+            "some commands have ended or their output has been read, or ask a smaller "
+            "max_output (its output_tail keeps the end)",
             details={"sandbox_id": sandbox_id, "tenant": tenant, "used": self.used,
                      "limit": self.total, "tenant_used": tenant_used,
                      "tenant_limit": self.per_tenant, "requested": max_output},
         )
+
+    def hold(self, tenant: str | None) -> OutputHold:
+        """Room for a reply made of output whose own room was given back as it was read
+        (a process's line): nothing yet, its size counted by :meth:`OutputHold.fit`."""
+        return OutputHold(self, tenant, 0, 0, False)
 
     def take(self, tenant: str | None, nbytes: int) -> int:
         """Room for up to ``nbytes`` more of a process's unread output: what fits, never
         refused (0 when the budget is spent); given back with :meth:`give`."""
         n = max(0, min(nbytes, self.free_for(tenant)))
         if n:
-            self.used += n
-            self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
+            self._add(tenant, n)
         return n
 
     def give(self, tenant: str | None, nbytes: int) -> None:
@@ -155,11 +198,9 @@ class OutputBudget:
         if nbytes > 0:
             self._give_back(tenant, nbytes)
 
-    def _take(self, tenant: str | None, max_output: int, *, limited: bool) -> OutputHold:
-        n = 2 * max_output
-        self.used += n
-        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + n
-        return OutputHold(self, tenant, n, max_output, limited)
+    def _add(self, tenant: str | None, nbytes: int) -> None:
+        self.used += nbytes
+        self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + nbytes
 
     def _give_back(self, tenant: str | None, nbytes: int) -> None:
         self.used -= nbytes

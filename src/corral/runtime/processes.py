@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from corral.runtime.channel import ExecStream
     from corral.runtime.events import Events
     from corral.runtime.live import Live as _Live
-    from corral.runtime.output_budget import OutputBudget
+    from corral.runtime.output_budget import OutputBudget, OutputHold
 
 MAX_EXITED_KEPT = 64
 COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
@@ -516,6 +516,12 @@ class Process:
         """``n`` bytes of ``kind`` were read: their room goes back to the budget."""
         self._unread[kind] -= n
         self._budget.give(self._tenant, n)
+
+    def reply_hold(self) -> OutputHold:
+        """Room in the budget for a reply carrying output just read (its room as unread
+        output went back as it was read), held until the reply is written
+        (:class:`~corral.server.wire.HeldResponse` sizes it)."""
+        return self._budget.hold(self._tenant)
 
     def _consumed_all(self) -> None:
         self._budget.give(self._tenant, self.unread_bytes)

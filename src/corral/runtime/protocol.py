@@ -84,6 +84,7 @@ class Tag(IntEnum):
     ROWS = 34  # EXEC with ROWS and COLS: on a pseudo-terminal of that size
     COLS = 35
     UID = 36  # EXEC: run as this uid of the sandbox (0 or 1000; default the agent's, 1000)
+    QUIET_START = 37  # EXEC (present: set): no STARTED frame; the first frame says it started
 
 
 Field = tuple[int, "bytes | bytearray | memoryview | str | int"]
@@ -286,3 +287,14 @@ def decode_entry(raw: bytes) -> tuple[int, int, int, int, int, str]:
     """(mode, size, mtime_ns, uid, gid, name) of an ENTRY field."""
     mode, size, mtime, uid, gid = ENTRY.unpack_from(raw)
     return mode, size, mtime, uid, gid, raw[ENTRY.size :].decode(errors="surrogateescape")
+
+
+class Reply:
+    """One frame from the agent. ``data``: an output frame's bytes."""
+
+    __slots__ = ("msg", "fields", "data")
+
+    def __init__(self, msg: int, fields: Fields, data: bytes = b"") -> None:
+        self.msg = msg
+        self.fields = fields
+        self.data = data

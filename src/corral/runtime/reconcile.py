@@ -60,6 +60,21 @@ def reconcile(
     return lost
 
 
+def engine_cgroup_parent(cgroups: CgroupDriver, engine_key: str) -> str:
+    """The group an engine's sandboxes' groups go under: ``corral-<key>``, one of its own
+    at the top of each hierarchy, so that each engine weighs as one task group against
+    the host's others (a session's autogroup, a systemd slice) rather than every engine
+    of the host sharing one (docs/performance.md: "CPU share"). ``corral/<key>`` where
+    that exists still: an older engine's, whose sandboxes and leftovers are adopted or
+    cleaned up there; it goes when this engine closes."""
+    legacy = f"corral/{engine_key}"
+    try:
+        cgroups.open(legacy)
+    except CorralError:
+        return f"corral-{engine_key}"
+    return legacy
+
+
 def remove_cgroup(cgroups: CgroupDriver, path: str) -> None:
     """Remove a cgroup, killing what is left in it; one already gone is no error."""
     try:

@@ -305,15 +305,16 @@ class Snapshots:
 
     async def _settle(self, layer_id: str) -> None:
         try:
-            digest = await asyncio.to_thread(self.store.settle, layer_id)
-        except Exception as exc:  # removed meanwhile, or the disk failed it: stays pending
-            if layer_id in self.registry.layer_rows([layer_id]):
-                log.warning("snapshot layer %s did not settle: %s", layer_id, exc)
-            return
-        finally:
+            try:
+                digest = await asyncio.to_thread(self.store.settle, layer_id)
+            except Exception as exc:  # removed meanwhile, or the disk failed it: stays pending
+                if layer_id in self.registry.layer_rows([layer_id]):
+                    log.warning("snapshot layer %s did not settle: %s", layer_id, exc)
+                return
+            async with self._lock:  # gc forgets a row under it: a layer removed stays removed
+                self.registry.settle_layer(layer_id, digest)
+        finally:  # settled() waits until the digest is recorded, not just computed
             self._settling.pop(layer_id, None)
-        async with self._lock:  # gc forgets a row under it: a layer removed stays removed
-            self.registry.settle_layer(layer_id, digest)
 
     async def settled(self, layer_ids: Iterable[str] | None = None) -> None:
         """Until the given layers (all if None) are hashed, durable and recorded."""

@@ -17,6 +17,8 @@ UMOUNT_NOFOLLOW = 0x8
 AT_FDCWD = -100
 RENAME_EXCHANGE = 0x2
 CLONE_NEWNET = 0x40000000
+KCMP_VM = 1
+_KCMP_NR = {"x86_64": 312, "aarch64": 272, "riscv64": 272, "ppc64le": 354, "s390x": 343}
 
 
 @lru_cache(maxsize=1)
@@ -159,3 +161,15 @@ def process_start_time(pid: int) -> int | None:
     # The command name may contain spaces and parentheses: split after the last ')'.
     fields = data[data.rindex(b")") + 2 :].split()
     return int(fields[19])
+
+
+def same_vm(pid_a: int, pid_b: int) -> bool | None:
+    """Whether two processes share one address space: kcmp(2) ``KCMP_VM`` (a vfork
+    child shares its parent's until it execs). None where kcmp cannot tell (an
+    architecture without its number here, a process gone, no permission)."""
+    nr = _KCMP_NR.get(os.uname().machine)
+    if nr is None:
+        return None
+    rc = _libc().syscall(nr, ctypes.c_int(pid_a), ctypes.c_int(pid_b), ctypes.c_int(KCMP_VM),
+                         ctypes.c_ulong(0), ctypes.c_ulong(0))
+    return None if rc < 0 else rc == 0

@@ -94,9 +94,10 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "--output-memory-mb",
         int,
         "MB",
-        "memory for commands' output held at once, all tenants together; a command that "
-        "does not fit gets a lower max_output, or 429 (default: an eighth of the RAM or of "
-        "the daemon's cgroup memory limit)",
+        "memory for commands' output held at once (the bytes held), all tenants together; "
+        "past it a command's cap is lowered mid-stream, and one that cannot get even 64 "
+        "KiB per stream is refused 429 (default: an eighth of the RAM or of the daemon's "
+        "cgroup memory limit)",
     ),
     (
         "--tenant-output-memory-mb",

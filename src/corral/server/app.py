@@ -147,8 +147,8 @@ class Guard:
         client = None
         try:
             on_socket = self.door.on_socket(scope)
-            # an IPv6 client is its /64 (conn_limits.client_key)
-            address = client_key(str((scope.get("client") or ("?",))[0]))
+            # an IPv6 client is its /64 (conn_limits.client_key); on the socket: unused
+            address = "" if on_socket else client_key(str((scope.get("client") or ("?",))[0]))
             # an exposed port's own token, else the door (both put the caller in the scope)
             exposed = self._exposure(scope) is not None
             # what the door will check (an exposed port's traffic is the sandbox app's own)

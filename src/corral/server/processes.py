@@ -49,7 +49,7 @@ from corral.server import context as ctx
 from corral.server.caller import caller_of
 from corral.server.context import unless_disconnected
 from corral.server.streaming import start_stream
-from corral.server.wire import read_body
+from corral.server.wire import HeldJSONResponse, HeldResponse, read_body
 
 KILL_WAIT_S = 5.0  # how long DELETE waits for a killed process to be reaped
 CONSUME_EXIT_WAIT_S = 5.0
@@ -142,7 +142,7 @@ async def exchange(request: Request) -> Response:
     if data:
         await proc.write(bytes(data))
     line = await unless_disconnected(request, _reply_line(proc, timeout))
-    return Response(line, media_type=RAW)
+    return HeldResponse(line, proc.reply_hold(), media_type=RAW)  # held until written
 
 
 async def consume(request: Request) -> Response:
@@ -186,7 +186,7 @@ async def consume(request: Request) -> Response:
     if line is not None:
         text, b64 = text_and_b64(line)
         reply.update({"data": text} if b64 is None else {"data_b64": b64})
-    return JSONResponse(reply)
+    return HeldJSONResponse(reply, proc.reply_hold())
 
 
 def _delete_order(request: Request) -> str:
@@ -245,7 +245,11 @@ async def exchange_many(request: Request, body: ExchangeRequest) -> Response:
         return {"data": text} if b64 is None else {"data_b64": b64}
 
     work = asyncio.gather(*(line(entry) for entry in started))
-    return JSONResponse({"results": await unless_disconnected(request, work)})
+    results = await unless_disconnected(request, work)
+    procs = [entry for entry in started if isinstance(entry, Process)]
+    if not procs:
+        return JSONResponse({"results": results})
+    return HeldJSONResponse({"results": results}, procs[0].reply_hold())  # the caller's
 
 
 async def signal_process(request: Request, body: SignalRequest) -> Response:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from corral.errors import SandboxNotFound
+from corral.errors import FileTooLarge, OutputBudgetExceeded, SandboxNotFound
 from corral.runtime.engine import Engine
-from corral.runtime.output_budget import OutputHold
+from corral.runtime.output_budget import MIN_GRANT, OutputHold
 from corral.schema import SandboxInfo
 from corral.server.caller import Caller, Scope
 
@@ -113,6 +113,47 @@ class SandboxVerbs:
 
     def read_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._awake(self._engine.read_file, self._check(sandbox_id), *args, **kwargs)
+
+    async def read_file_held(self, sandbox_id: str, path: str, cap: int,
+                             held: Callable[[int], int] = lambda n: n,
+                             ) -> tuple[bytes, OutputHold]:
+        """A file read whole into the daemon's memory for a reply (at most ``cap`` bytes:
+        FileTooLarge), its room in the caller's output budget taken before it is read,
+        sized by its ``stat`` (``held(n)`` for ``n`` bytes: its copies until the reply is
+        written), lowered to what is free (it then reads less), then kept to what it
+        read; the caller releases the hold once the reply is written.
+        :class:`OutputBudgetExceeded` when the budget has room for less than the file."""
+        info = await self.stat(sandbox_id, path)  # a link's own size: read as the cap
+        size = cap if info.is_symlink else min(info.size + (64 << 10), cap)  # it may grow
+        budget = self._engine.output_budget
+        tenant = self._engine.owners.of(self._owner)
+        while True:
+            want, free = held(size), budget.free_for(tenant)
+            if want > free and free < 2 * MIN_GRANT:  # refused as a command would be
+                budget.reserve(tenant, max(want // 2, MIN_GRANT + 1), sandbox_id).release()
+            hold = budget.hold(tenant)
+            hold.fit(min(want, free))
+            room = size if want <= free else free * size // max(1, want)
+            try:
+                data = bytes(await self.read_file(sandbox_id, path, max_bytes=min(cap, room)))
+                break
+            except FileTooLarge:
+                hold.release()
+                if room >= cap:
+                    raise
+                if want <= free:  # it grew since its stat: once more, as large as it may be
+                    size = cap
+                    continue
+                raise OutputBudgetExceeded(
+                    f"sandbox {sandbox_id}: reading {path[:200]!r}: the output budget had "
+                    f"room for {room} bytes of it (the daemon's memory for output is taken "
+                    "by requests in flight): retry when some have ended, or read less",
+                    details={"sandbox_id": sandbox_id}) from None
+            except BaseException:
+                hold.release()
+                raise
+        hold.shrink(held(len(data)))
+        return data, hold
 
     def write_file(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._awake(self._engine.write_file, self._check(sandbox_id), *args, **kwargs)

@@ -105,8 +105,9 @@ class ServerSettings:
     # live streams one dashboard session, and one tenant, hold open (server/stream_limits.py)
     max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
     max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
-    # commands' output held in memory at once (runtime/output_budget.py): in all (None:
-    # an eighth of the host's RAM) and per tenant (None: half of that)
+    # commands' output held in memory at once, by the bytes held
+    # (runtime/output_budget.py): in all (None: an eighth of the host's RAM) and per
+    # tenant (None: half of that)
     output_memory_mb: int | None = None
     tenant_output_memory_mb: int | None = None
     allow_host_network: bool = False  # network="host" over TCP (always on the Unix socket)

@@ -177,9 +177,12 @@ class HeldResponse(Response):
 
     def __init__(self, content: Any, hold: OutputHold, **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        hold.shrink(len(self.body))
+        hold.fit(len(self.body))  # its JSON may be larger than the output
         self._hold = hold
-        weakref.finalize(self, hold.release)
+        if len(self.body) <= HELD_PIECE:  # one piece, written at once: nothing to hold
+            hold.release()
+        else:
+            weakref.finalize(self, hold.release)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # In pieces: uvicorn waits for a paused transport before a send, never after

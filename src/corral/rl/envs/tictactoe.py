@@ -24,7 +24,6 @@ default ``python`` image) as well as in those that do.
 
 from __future__ import annotations
 
-import functools
 import random
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -70,9 +69,21 @@ def greedy_move(board: list[int] | tuple[int, ...], player: int, rng: random.Ran
     raise ValueError("no legal move: the board is full")
 
 
-@functools.lru_cache(maxsize=None)
+# Positions' values under perfect play (they never change). A dict, not
+# ``functools.lru_cache``: importing functools costs an episode's sandbox more CPU than
+# the whole game.
+_MINIMAX: dict[tuple[tuple[int, ...], int], int] = {}
+
+
 def _minimax(board: tuple[int, ...], player: int) -> int:
     """The game's value for ``player`` to move (+1 win, 0 draw, -1 loss), perfect play."""
+    value = _MINIMAX.get((board, player))
+    if value is None:
+        value = _MINIMAX[board, player] = _solve(board, player)
+    return value
+
+
+def _solve(board: tuple[int, ...], player: int) -> int:
     w = winner(board)
     if w:
         return w * player

@@ -110,7 +110,7 @@ enum { F_ARGV = 1, F_ENV = 2, F_CWD = 3, F_TIMEOUT_MS = 4, F_MAX_OUTPUT = 5, F_S
        F_PID = 20, F_CODE = 21, F_TIMED_OUT = 22, F_TRUNC_OUT = 23, F_TRUNC_ERR = 24,
        F_DURATION_US = 25, F_ERRNO = 26, F_MESSAGE = 27, F_ENTRY = 28, F_SIZE = 29,
        F_KILLED_BY_SIGNAL = 30, F_OUTPUT_TAIL = 31, F_STREAM = 32, F_DROPPED = 33,
-       F_ROWS = 34, F_COLS = 35, F_UID = 36 };
+       F_ROWS = 34, F_COLS = 35, F_UID = 36, F_QUIET_START = 37 };
 
 #define MAX_EXECS 256
 #define READ_CHUNK 65536
@@ -137,6 +137,7 @@ struct exec_state {
     int report_fd; /* until the child has exec'd (EOF) or failed to chdir (errno) */
     int failed;    /* it failed before exec: an error was sent, no exit will be */
     int pty;       /* on a pseudo-terminal (pty.c): out_fd and in_fd are its master */
+    int quiet_start; /* F_QUIET_START: no STARTED frame (the engine waits for none) */
     char *cwd;
 };
 

@@ -226,6 +226,7 @@ static void do_exec(uint32_t id, struct req *r) {
         e->stdin_len = sn;
     }
     e->stdin_close_after = !get_field(r, F_STDIN_OPEN, &sd, &sn);
+    e->quiet_start = get_field(r, F_QUIET_START, &sd, &sn);
     if (e->stdin_close_after && e->pty) pty_queue_eof(e);
     else if (e->stdin_close_after && e->stdin_len == 0) {
         close(e->in_fd);
@@ -261,6 +262,9 @@ static void check_start(struct exec_state *e) {
         close_fd(&e->err_fd);
         return;
     }
+    /* A command run to completion (the engine's exec) needs no STARTED: its output or
+       EXIT says it started, and the frame would wake the engine once more per command. */
+    if (e->quiet_start) return;
     struct buf b = {0};
     field_u64(&b, F_PID, (uint64_t)e->pid);
     send_frame(RSP_STARTED, e->id, &b);

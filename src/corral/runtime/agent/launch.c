@@ -36,6 +36,11 @@ struct launch_opts {
     const char *stubs[32];  /* empty root-owned files: mount points for bwrap's --ro-bind */
     int n_stubs;
     const char *kdat;       /* CRIU's kernel probes, kept by the engine (seed_kdat) */
+    const char *prelower;   /* --ready: layers (a ':' list, as --lower's) to clone and
+                               idmap while the slot waits (premake_lowers) */
+    int pre_fd[16];         /* their detached clones (-1: none), pre_path[k]'s */
+    char *pre_path[16];
+    int n_pre;
     char **prog;
 };
 
@@ -101,6 +106,7 @@ static int parse_launch(int argc, char **argv, struct launch_opts *o, int *ready
         else if (!strcmp(a, "--volume") && o->n_volumes < 16) o->volumes[o->n_volumes++] = v;
         else if (!strcmp(a, "--stub") && o->n_stubs < 32) o->stubs[o->n_stubs++] = v;
         else if (!strcmp(a, "--kdat")) o->kdat = v;
+        else if (!strcmp(a, "--prelower")) o->prelower = v;
         else { fprintf(stderr, "corral-agent launch: unknown option %s\n", a); return -1; }
     }
     return 0;
@@ -332,19 +338,76 @@ static int sandbox_userns(struct launch_opts *o) {
     return make_userns(map, o->uid);
 }
 
-/* Attach a read-only clone of the directory LOWER at DEST, idmapped through USERNS. */
-static int attach_lower(const char *lower, const char *dest, int userns) {
+/* A detached read-only clone of the directory LOWER, idmapped through USERNS: its
+   descriptor (close-on-exec), or -1 with errno set and WHY saying which step failed. */
+static int clone_lower(const char *lower, int userns, const char **why) {
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, lower, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-    if (fd < 0) return die("clone the layer", lower);
+    *why = "clone the layer";
+    if (fd < 0) return -1;
     struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
     if (userns >= 0) {
         attr.attr_set |= MOUNT_ATTR_IDMAP;
         attr.userns_fd = (uint64_t)userns;
     }
     if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) {
+        int e = errno;
         close(fd);
-        return die("idmap the layer (needs idmapped mounts: Linux 5.19+, ext4/xfs/btrfs/tmpfs)", lower);
+        errno = e;
+        *why = "idmap the layer (needs idmapped mounts: Linux 5.19+, ext4/xfs/btrfs/tmpfs)";
+        return -1;
     }
+    return fd;
+}
+
+/*
+ * A warm slot clones and idmaps the layers it was told a sandbox will likely have (the
+ * agent's, and those of the last sandbox the engine started) while it waits: open_tree
+ * and mount_setattr each take the host's mount lock, which every sandbox starting or
+ * ending on the host contends for. A failure only means the layer is cloned at launch.
+ */
+static void premake_lowers(struct launch_opts *o) {
+    char *list = strdup(o->prelower), *save = NULL;
+    const char *why;
+    if (!list) return;
+    for (char *l = strtok_r(list, ":", &save); l && o->n_pre < 16; l = strtok_r(NULL, ":", &save)) {
+        o->pre_path[o->n_pre] = strdup(l);
+        o->pre_fd[o->n_pre] = o->pre_path[o->n_pre] ? clone_lower(l, o->userns, &why) : -1;
+        o->n_pre++;
+    }
+    free(list);
+}
+
+/* The clone made ahead of time for layer K if it is of LOWER, the very directory that
+   path names now (not one put in its place meanwhile: same device and inode), else -1. */
+static int premade_lower(struct launch_opts *o, int k, const char *lower) {
+    struct stat want, have;
+    if (k >= o->n_pre || o->pre_fd[k] < 0 || strcmp(o->pre_path[k], lower) != 0) return -1;
+    int fd = o->pre_fd[k];
+    o->pre_fd[k] = -1;
+    if (stat(lower, &want) != 0 || fstat(fd, &have) != 0 ||
+        want.st_dev != have.st_dev || want.st_ino != have.st_ino) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void drop_premade(struct launch_opts *o) {
+    for (int k = 0; k < o->n_pre; k++) {
+        if (o->pre_fd[k] >= 0) close(o->pre_fd[k]);
+        o->pre_fd[k] = -1;
+        free(o->pre_path[k]);
+        o->pre_path[k] = NULL;
+    }
+    o->n_pre = 0;
+}
+
+/* Attach a read-only clone of the directory LOWER (layer K) at DEST, idmapped through
+   the layers' idmapping: the one made while the slot waited, where it is LOWER's. */
+static int attach_lower(struct launch_opts *o, int k, const char *lower, const char *dest) {
+    const char *why = "clone the layer";
+    int fd = premade_lower(o, k, lower);
+    if (fd < 0 && (fd = clone_lower(lower, o->userns, &why)) < 0) return die(why, lower);
     if (mkdir(dest, 0700) != 0 || syscall(SYS_move_mount, fd, "", AT_FDCWD, dest, MOVE_MOUNT_F_EMPTY_PATH) != 0) {
         close(fd);
         return die("attach the layer at", dest);
@@ -475,6 +538,7 @@ static int mount_root(struct launch_opts *o) {
        nobody's; what it writes is committed as root's. */
     if (o->root_build && o->uid != (uid_t)-1) {
         uint32_t a[1] = {0}, b[1] = {o->uid};
+        drop_premade(o);  /* made with the layers' idmapping, not this one */
         if (o->userns >= 0) close(o->userns);
         if ((o->userns = idmap_userns(a, b, 1)) < 0) return die("make the root idmapping for uid", NULL);
     }
@@ -517,10 +581,11 @@ static int mount_root(struct launch_opts *o) {
     int i = 0;
     for (char *l = strtok_r(lowers, ":", &save); l; l = strtok_r(NULL, ":", &save), i++) {
         snprintf(path, sizeof path, "rw/%d", i);
-        if (attach_lower(l, path, o->userns) != 0) return -1;
+        if (attach_lower(o, i, l, path) != 0) return -1;
         len += snprintf(data + len, sizeof data - len, "%s%s", i ? ":" : "", path);
     }
     free(lowers);
+    drop_premade(o);
     len += snprintf(data + len, sizeof data - len, ",upperdir=rw/upper,workdir=rw/work");
     if (len >= (int)sizeof data) { errno = E2BIG; return die("overlay options for", "root"); }
     if (mount("corral-root", "root", "overlay", MS_NOSUID | MS_NODEV, data) != 0) return die("mount overlay on", "root");
@@ -572,6 +637,7 @@ static int launch(int argc, char **argv) {
         /* The idmapping costs a fork: made while the slot waits, not at create. */
         if (o.canonical && o.uid != (uid_t)-1 && (o.userns = layer_idmap(&o)) < 0)
             return die("make the idmapping for uid", NULL);
+        if (o.prelower && o.userns >= 0) premake_lowers(&o);
         if (o.root_uid && o.uid != (uid_t)-1 && (o.sb_userns = sandbox_userns(&o)) < 0)
             return die("make the sandbox's user namespace for uid", NULL);
         /* "N": ready, in a network namespace of its own (netns.c); "R": ready */
@@ -588,6 +654,7 @@ static int launch(int argc, char **argv) {
     }
     if (!o.prog || !o.prog[0]) { fprintf(stderr, "corral-agent launch: missing program\n"); return 111; }
     if (o.rootdir && (!o.lower || mount_root(&o) != 0)) return 111;
+    drop_premade(&o);  /* (a restore without a root, or nothing to mount: unused) */
     if (o.rootdir && o.exec_root && o.kdat) seed_kdat(o.kdat);
     /* Inherited by bwrap and the agent (commands go higher still: exec.c). Sandbox
        code is the first thing a host-wide OOM should kill, before the daemon or any

@@ -374,7 +374,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             cwexec.check_container(request.container)
             wire.reachable(self._verbs(context).get(sid))
             limit = min(self._settings.max_upload_bytes, UNARY_FILE_CAP)
-            data = await self._verbs(context).read_file(sid, path, max_bytes=limit)
+            # held in the output budget until the call has ended: the reply waits in
+            # gRPC for a client that may not read it (as unary Exec's output)
+            data, hold = await self._verbs(context).read_file_held(sid, path, limit)
+            context.add_done_callback(lambda _: hold.release())
             return sandbox_pb2.ReadFileResponse(content=data)
 
 

@@ -55,6 +55,7 @@ from corral.errors import (
     ImageNotFound,
     InvalidArgument,
     NotFound,
+    OutputBudgetExceeded,
     Unsupported,
 )
 from corral.guest import program
@@ -93,7 +94,7 @@ from corral.server.compat.sandboxfusion_submit import (
 from corral.server.door import Credential, Kind
 from corral.server.limits import parse_json
 from corral.server.tenants import UNIDENTIFIED, caller_of
-from corral.server.wire import read_body
+from corral.server.wire import HeldJSONResponse, read_body
 
 logger = logging.getLogger("corral.server")
 
@@ -107,6 +108,7 @@ MAX_POOLED_MEMORY_MB = 4 * DEFAULT_MEMORY_MB  # bigger sandboxes are not kept id
 MIN_MEMORY_MB = 16  # a sandbox's least memory_mb: a smaller memory_limit_MB gets it
 POOL_LIFETIME_S = 4 * MAX_TIMEOUT_S  # a pool hands out sandboxes with half left at least
 MAX_FETCH_TOTAL = 256 << 20
+HOLD_KEY = "corral.sandboxfusion.hold"  # a request's room in the output budget (its scope)
 STDIN_INLINE = 1 << 20  # larger stdin goes through a file
 
 T = TypeVar("T", bound=BaseModel)
@@ -142,6 +144,15 @@ def _token_ok(request: Request) -> bool:
     """The path's token is the daemon's or a tenant's (the guard identified it; a
     tenant's runs are its own sandboxes, under its quota)."""
     return caller_of(request) is not UNIDENTIFIED
+
+
+async def _read_held(request: Request, sid: str, path: str, cap: int,
+                     held: Callable[[int], int]) -> bytes:
+    """A file of the sandbox read with its room in the output budget
+    (:meth:`SandboxVerbs.read_file_held`), kept until the reply is written."""
+    data, hold = await ctx.sandboxes(request).read_file_held(sid, path, cap, held)
+    request.scope.setdefault(HOLD_KEY, []).append(hold)
+    return data
 
 
 def _detail(status: int, detail: Any, *, close: bool = False) -> JSONResponse:
@@ -229,13 +240,16 @@ class FusionFrontend:
 
     @staticmethod
     async def fetch(request: Request, sid: str, names: list[str]) -> dict[str, str]:
-        """``names`` that are regular files, base64; missing ones are left out."""
+        """``names`` that are regular files, base64; missing ones are left out. Their
+        room in the output budget is reserved first (as a command's output; the reply
+        keeps it until written), so a lowered grant fetches less, refused typed."""
         engine, out, left = ctx.sandboxes(request), {}, MAX_FETCH_TOTAL
         if names:
             await engine.kill_processes(sid)  # nothing changes them while they are read
         for name in names:
-            try:
-                data = await engine.read_file(sid, name, max_bytes=min(MAX_FETCH_BYTES, left))
+            try:  # held as base64 (4 bytes for 3) until the reply is written
+                data = await _read_held(request, sid, name, min(MAX_FETCH_BYTES, left),
+                                        lambda n: (n + 2) // 3 * 4)
             except FileTooLarge:
                 raise  # a SandboxError naming it, never a silently missing file
             except FileError:  # missing, a directory, not a regular file
@@ -295,7 +309,6 @@ class FusionFrontend:
     async def run_jupyter(self, request: Request, req: RunJupyterRequest) -> dict[str, Any]:
         image = self._image(request, "python")
         files = decode_files(req.files)
-        engine = ctx.sandboxes(request)
         nonce = secrets.token_hex(4)
         driver, config, result = (f"/tmp/kernel-{nonce}{x}" for x in (".py", ".json", ".out"))
         job = {"cells": req.cells, "cell_timeout": req.cell_timeout, "result": result}
@@ -308,9 +321,11 @@ class FusionFrontend:
             )
             if ran["status"] != FINISHED or ran["return_code"] != 0:
                 return jupyter_response(FAILED, driver=ran)
-            try:
-                raw = await engine.read_file(sid, result, max_bytes=MAX_FETCH_TOTAL)
+            try:  # the cells' results (their code may write them): in the budget too
+                raw = await _read_held(request, sid, result, MAX_FETCH_TOTAL, lambda n: 2 * n)
                 cells = DriverOutput.model_validate_json(raw).cells
+            except OutputBudgetExceeded:
+                raise  # a SandboxError that says so
             except (CorralError, ValidationError):
                 cells = None
             if cells is None or len(cells) != len(req.cells):  # one result per cell sent
@@ -361,7 +376,21 @@ def _endpoint(
             reply = await ctx.unless_disconnected(request, run(frontend, request, req))
         except CorralError as exc:  # what SandboxFusion's runners would fail on
             reply = failed(SANDBOX_ERROR, exc.message)
-        return JSONResponse(reply)
+        except BaseException:
+            for held in request.scope.pop(HOLD_KEY, ()):
+                held.release()
+            raise
+        # the reply holds its room in the output budget until written (one hold, sized
+        # to it: the others' room goes back)
+        hold, *others = request.scope.pop(HOLD_KEY, None) or [
+            ctx.engine(request).output_budget.hold(ctx.owner(request))]
+        for held in others:
+            held.release()
+        try:
+            return HeldJSONResponse(reply, hold)
+        except BaseException:
+            hold.release()
+            raise
 
     return handler
 

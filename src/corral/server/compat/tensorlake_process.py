@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.errors import CorralError, NotFound
+from corral.runtime.output_budget import OutputBudget
 from corral.runtime.processes import Process as EngineProcess
 from corral.server.sandbox_verbs import SandboxVerbs
 
 PROCESS_OUTPUT_CAP_BYTES = 16 << 20  # the lines kept per process
+LINE_COST = 128  # what a kept line holds beyond its text (its object, str and time)
 MAX_LINE_CHARS = 1 << 20  # a line without its newline yet, held at most
 FIRST_PID = 100
 KILLED = {"exit_code": None, "signal": 9, "oom_killed": False, "reason": "signaled"}
@@ -100,6 +102,9 @@ class Process:
     ended_at: float | None = None
     task: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # the output budget the kept lines count against (runtime/output_budget.py), and whose
+    budget: OutputBudget | None = None
+    tenant: str | None = None
 
     @property
     def done(self) -> bool:
@@ -114,9 +119,19 @@ class Process:
         """A line of output, unless its stream is discarded or the cap is reached."""
         if stream in self.discard or self.kept_bytes >= PROCESS_OUTPUT_CAP_BYTES:
             return
-        self.kept_bytes += len(text)
+        cost = len(text) + LINE_COST  # an empty line is not free
+        if self.budget is not None and (got := self.budget.take(self.tenant, cost)) < cost:
+            self.budget.give(self.tenant, got)  # the budget is spent: not kept
+            return
+        self.kept_bytes += cost
         self.lines.append(_Line(stream, text, time.time()))
         self.notify()
+
+    def release(self) -> None:
+        """Give the kept lines' room in the output budget back (the record is dropped)."""
+        budget, self.budget = self.budget, None
+        if budget is not None:
+            budget.give(self.tenant, self.kept_bytes)
 
     def info(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -221,6 +236,7 @@ class ProcessTable:
         for proc in self._by_sandbox.pop(sandbox_id, {}).values():
             if proc.task is not None:
                 proc.task.cancel()
+            proc.release()
 
 
 class StreamLines:

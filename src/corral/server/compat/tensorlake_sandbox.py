@@ -198,7 +198,8 @@ async def start_process(request: Request) -> Response:
     if req.stdin_mode != "pipe":
         await engine_proc.close_stdin()
     proc = Process(
-        table.next_pid(sid), req.argv, discard, engine_proc, stdin_open=req.stdin_mode == "pipe"
+        table.next_pid(sid), req.argv, discard, engine_proc, stdin_open=req.stdin_mode == "pipe",
+        budget=_engine(request).output_budget, tenant=ctx.owner(request),  # its kept lines
     )
     table.start(ctx.sandboxes(request), sid, proc)
     return JSONResponse(proc.info())
