@@ -19,8 +19,11 @@ UNSHARE = shutil.which("unshare")
 
 
 def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:  # it exited meanwhile
+        return []
 
 
 def wait_for(check, timeout: float = 30.0) -> None:
