@@ -99,6 +99,8 @@ FIGURES = (
     "teardown_s",
     "teardown_1000_s",
     "teardown_reclaimed_s",
+    "teardown_engine_cpu_s",
+    "teardown_loop_cpu_s",
 )
 
 
@@ -444,16 +446,22 @@ async def phase_density(engine: Any, n: int, fig: dict[str, Any], notes: list[st
     # every process of its sandbox is gone; the empty cgroups, directories and uids
     # follow in the background, done at ``teardown_reclaimed_s``.
     detach = {"wait": False} if "wait" in inspect.signature(engine.delete).parameters else {}
+    # CPU as well as wall: on a shared host the wall swings with the neighbours' load,
+    # the engine's own CPU (all its threads; the loop's thread alone) much less
+    cpu0, loop0 = os.times(), time.thread_time()
     t = time.perf_counter()
     results = await asyncio.gather(*(engine.delete(i, **detach) for i in ids),
                                    return_exceptions=True)
     fig["teardown_s"] = time.perf_counter() - t
+    fig["teardown_loop_cpu_s"] = time.thread_time() - loop0
     reclaimed = getattr(engine, "reclaimed", None)
     if reclaimed is not None:
         await reclaimed()
     elif getattr(engine, "_teardowns", None):  # an engine from before reclaimed()
         await asyncio.gather(*list(engine._teardowns), return_exceptions=True)
     fig["teardown_reclaimed_s"] = time.perf_counter() - t
+    cpu1 = os.times()
+    fig["teardown_engine_cpu_s"] = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     if ids:
         fig["teardown_1000_s"] = fig["teardown_s"] * 1000 / len(ids)
         if len(ids) != 1000:

@@ -11,7 +11,7 @@ import pytest
 from corral.errors import OutputBudgetExceeded, error_from_dict
 from corral.runtime.channel import Reply
 from corral.runtime.output_budget import MIN_GRANT, OutputBudget, host_output_bytes, memory_limit
-from corral.runtime.output_room import OutputRoom
+from corral.runtime.output_room import FRAME_COST, OutputRoom
 from corral.runtime.protocol import HEADER, Fields, Msg, Tag, encode
 from corral.schema import ExecResult
 
@@ -93,7 +93,8 @@ def test_a_streamed_reader_gives_room_back_and_sees_the_gap_it_left():
         queued += room.admit(_frame(Msg.STDOUT, b"y" * (64 << 10)))
     assert budget.used == 1 * MiB and hold.limited
     kept = sum(len(r.data) for r in queued)
-    assert kept == 1 * MiB - MIN_GRANT  # stderr's floor aside
+    # stderr's floor aside; each queued frame counts its objects too (FRAME_COST)
+    assert kept == (1 * MiB - MIN_GRANT) // ((64 << 10) + FRAME_COST) * (64 << 10)
     for r in queued:  # the reader catches up: the room shrinks back to the floor
         room.handed(r)
     assert budget.used == 2 * MIN_GRANT

@@ -126,7 +126,7 @@ CRASHER = textwrap.dedent(
         # are empty), their cgroups, directories and uids stay, and the engine dies in
         # the middle of releasing them
         group = type(eng._live[infos[0].id].cgroup)
-        group.remove = lambda self, children=True: stuck.wait()
+        group.remove = lambda self, **how: stuck.wait()
         done = await asyncio.gather(*(eng.delete(i.id, wait=False) for i in infos[1:]))
         assert all(done) and len(eng._teardowns) == len(infos) - 1, eng._teardowns
         print(json.dumps({"ids": [i.id for i in infos], "pids": pids}), flush=True)
@@ -160,3 +160,41 @@ async def test_a_crash_in_the_middle_of_a_teardown_leaves_nothing_after_restart(
         assert not still_running(started), "processes of the crashed engine's sandboxes run"
     finally:
         await engine.close()
+
+
+async def test_paused_sandboxes_deleted_at_once_are_killed_not_waited_for(engine, monkeypatch):
+    """A frozen sandbox cannot see its channel close: its delete kills it (the freezer
+    is read off the event loop, batched with the agents' hang-ups) instead of waiting
+    ``STOP_WAIT_S`` for an exit, here an hour: a delete that waited would hang."""
+    from corral.runtime import engine_end
+
+    monkeypatch.setattr(engine_end, "STOP_WAIT_S", 3600.0)
+    lives = await busy_sandboxes(engine, 4)
+    started = {p: syscalls.process_start_time(p) for live in lives for p in live.cgroup.pids()}
+    for live in lives[:2]:
+        await engine.pause(live.id)
+    assert all(await asyncio.wait_for(asyncio.gather(
+        *(engine.delete(live.id, wait=False) for live in lives)), 120))
+    assert not still_running(started), "processes of deleted sandboxes still run"
+    await engine.reclaimed()
+    assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
+
+
+async def test_a_process_joined_from_outside_is_killed_before_its_group_goes(engine):
+    """A release removes a sandbox's cgroup without reading its members first; a
+    process that joined the group from outside the sandbox's pid namespace (here: a
+    host process the test puts there) keeps the group busy, and is then killed and the
+    group removed, its uid given back only after that."""
+    live = (await busy_sandboxes(engine, 1))[0]
+    outsider = subprocess.Popen(["sleep", "1000"])
+    try:
+        live.cgroup.add(outsider.pid)
+        assert await engine.delete(live.id, wait=False)
+        await engine.reclaimed()
+        assert outsider.wait(30) == -signal.SIGKILL
+        assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
+        assert live.uid in engine.uids._free and live.uid not in engine.uids._used
+    finally:
+        if outsider.poll() is None:
+            outsider.kill()
+            outsider.wait()

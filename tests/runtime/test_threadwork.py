@@ -62,3 +62,31 @@ async def test_a_thread_that_failed_has_nothing_to_undo():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert undone == []
+
+
+async def test_a_batch_gives_each_caller_its_own_outcome_and_runs_at_its_size():
+    """``ThreadBatch``: steps queued together share executor jobs of ``size`` steps; a
+    step that raises fails its own caller only; a pool shut down meanwhile still runs
+    them (asyncio's), so no caller waits for ever."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from corral.runtime.threadwork import ThreadBatch
+
+    pool = ThreadPoolExecutor(2)
+    batch = ThreadBatch(pool, size=3)
+    threads: list[int] = []
+
+    def step(i: int):
+        def run() -> None:
+            threads.append(threading.get_ident())
+            if i == 4:
+                raise OSError("step 4 fails")
+        return run
+
+    futs = [batch.run(step(i)) for i in range(7)]  # jobs of 3, 3, then 1 at the turn's end
+    results = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), 30)
+    assert [type(r).__name__ for r in results] == ["NoneType"] * 4 + ["OSError"] + ["NoneType"] * 2
+    assert len(threads) == 7
+    pool.shutdown()
+    late = [batch.run(step(i)) for i in range(2)]
+    assert await asyncio.wait_for(asyncio.gather(*late), 30) == [None, None]

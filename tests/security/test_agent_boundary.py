@@ -14,6 +14,7 @@ work, not a broken probe. The calls seccomp denies for everyone (``pidfd_getfd``
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import shlex
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.runtime.terminal import TerminalSize
 from tests.conftest import requires_root
 from tests.security.conftest import agent_host_pid, assert_honest, run_json
 from tests.syscall_probe import PRELUDE, numbers
@@ -284,3 +286,33 @@ async def test_stopping_every_process_cannot_park_the_agent(sandbox):
     await asyncio.wait_for(stopper.wait(), 60)
     assert await engine.read_file(sid, "/tmp/alive") == b"yes"
     await assert_honest(engine, sid)
+
+
+# Issue 30: the agent ignores few signals as pid 1 and its child resets only those; a
+# command must still start as if from a clean exec: no signal ignored, caught or blocked.
+async def test_a_command_starts_with_default_signals_and_an_empty_mask(sandbox):
+    engine, sid = sandbox
+    for run in (
+        lambda: engine.exec(sid, ["cat", "/proc/self/status"]),
+        lambda: engine.exec(sid, ["cat", "/proc/self/status"], stdin="x"),
+    ):
+        r = await run()
+        assert r.returncode == 0, r.stderr
+        fields = dict(line.split(":", 1) for line in r.stdout.decode().splitlines() if ":" in line)
+        for key in ("SigIgn", "SigCgt", "SigBlk", "SigPnd"):
+            assert int(fields[key], 16) == 0, (key, fields[key])
+    # on a terminal too (the child's other path: its own session)
+    proc = await engine.spawn(sid, ["cat", "/proc/self/status"], terminal=TerminalSize(24, 80))
+    text = b""
+    async with asyncio.timeout(60):
+        async for event in proc.output():
+            if event.kind == "exit":
+                break
+            text += event.data
+    fields = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
+    for key in ("SigIgn", "SigCgt", "SigBlk", "SigPnd"):
+            assert int(fields[key], 16) == 0, (key, fields[key])
+    # ...and the agent, pid 1, still ignores what it must (SIGPIPE: a closed reader).
+    r = await engine.exec(sid, ["cat", "/proc/1/status"])
+    fields = dict(line.split(":", 1) for line in r.stdout.decode().splitlines() if ":" in line)
+    assert int(fields["SigIgn"], 16) & (1 << (13 - 1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
+from corral.runtime.processes import CHUNK_COST
 from tests.conftest import requires_root
 
 pytestmark = requires_root
@@ -29,7 +30,8 @@ async def _held_output(engine):
         if proc.unread_bytes >= PRINT:
             break
         await asyncio.sleep(0.05)
-    assert proc.unread_bytes == PRINT and engine.output_budget.used == PRINT
+    held = PRINT + len(proc._events) * CHUNK_COST  # each chunk's objects counted too
+    assert proc.unread_bytes == PRINT and engine.output_budget.used == held
     return info, proc
 
 

@@ -167,13 +167,14 @@ def mid_vfork(pids: list[int]) -> list[int]:
     """Of ``pids`` (a group's processes), the parents waiting for a vfork child of the
     group to exec or exit: a child sharing its parent's address space."""
     stuck = []
+    group = set(pids)  # a sandbox may have 65536 processes: no list scan per process
     for pid in pids:
         try:
             data = Path(f"/proc/{pid}/stat").read_bytes()
         except OSError:
             continue
         ppid = int(data[data.rindex(b")") + 2:].split()[1])
-        if ppid in pids and syscalls.same_vm(pid, ppid):
+        if ppid in group and syscalls.same_vm(pid, ppid):
             stuck.append(ppid)
     return stuck
 
@@ -190,16 +191,20 @@ async def freeze_for_dump(cgroup: _Freezer, sandbox_id: str) -> None:
     :data:`FREEZE_TRIES` times; then :class:`~corral.errors.Unsupported` (``cause``
     ``vfork``), the sandbox running. A cancel meanwhile, or a freeze that does not
     complete within :data:`FREEZE_TIMEOUT_S`, leaves it thawed."""
-    for attempt in range(FREEZE_TRIES):
+    def freeze_and_look() -> list[int]:
+        # in a thread, the walk too: a /proc read per process, and a hostile sandbox's
+        # group may hold tens of thousands of them (not the daemon's event loop's time)
+        cgroup.freeze(FREEZE_TIMEOUT_S)
         try:
-            await finish_in_thread(lambda: cgroup.freeze(FREEZE_TIMEOUT_S),
-                                   on_cancel=lambda _: cgroup.thaw())
-        except Exception:  # not frozen in time: not left half frozen either
+            return mid_vfork(cgroup.pids())
+        except BaseException:
             cgroup.thaw()
             raise
+
+    for attempt in range(FREEZE_TRIES):
         try:
-            stuck = mid_vfork(cgroup.pids())  # a few /proc reads: no await while frozen
-        except BaseException:
+            stuck = await finish_in_thread(freeze_and_look, on_cancel=lambda _: cgroup.thaw())
+        except Exception:  # not frozen in time: not left half frozen either
             cgroup.thaw()
             raise
         if not stuck:
@@ -416,7 +421,28 @@ async def _run_dump(argv: list[str], state_dir: Path, sandbox_id: str) -> int:
         async with asyncio.timeout(DUMP_TIMEOUT_S):
             return await proc.wait()
     except asyncio.TimeoutError:
-        proc.kill()  # CRIU's --leave-running resumes what it froze as it dies
-        await proc.wait()
+        await _stopped(proc)
         raise Unsupported(f"CRIU took over {DUMP_TIMEOUT_S:.0f} s to dump sandbox "
                           f"{sandbox_id}", details={"cause": "timeout"}) from None
+    except BaseException:
+        # a cancel (a client that left): CRIU must not run on past its checkpoint, as
+        # the sandbox's uid, holding its tasks, writing into images being removed, and
+        # leaving the freezer frozen as it found it after the engine thawed it
+        await _stopped(proc)
+        raise
+
+
+async def _stopped(proc: asyncio.subprocess.Process) -> None:
+    """Kill CRIU and wait for its end, whatever cancels the waiter meanwhile (CRIU's
+    --leave-running resumes what it froze as it dies)."""
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    ended = asyncio.ensure_future(proc.wait())
+    while not ended.done():
+        try:
+            await asyncio.shield(ended)
+        except asyncio.CancelledError:
+            continue

@@ -57,6 +57,7 @@ from corral.runtime.criu_gate import CriuGate, criu_concurrency
 from corral.runtime.diskimage import make_image
 from corral.runtime.engine_commands import BASE_PATH, CommandOps  # noqa: F401
 from corral.runtime.engine_end import (  # noqa: F401
+    HANG_UP_BATCH,
     HANG_UP_THREADS,
     RELEASE_THREADS,
     STOP_WAIT_S,
@@ -92,7 +93,7 @@ from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exp
 from corral.runtime.secret_store import SecretStore
 from corral.runtime.snapshots import Snapshots
 from corral.runtime.startup import open_layout
-from corral.runtime.threadwork import finish_in_thread
+from corral.runtime.threadwork import ThreadBatch, finish_in_thread
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     CANONICAL_UID,
     SANDBOX_HOME,
@@ -164,6 +165,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         # unmounts and cgroup removals of ending sandboxes (engine_end.RELEASE_THREADS)
         self._releasers = release_pool()
         self._hang_ups = release_pool(HANG_UP_THREADS, "corral-hang-up")  # (engine_end)
+        self._agent_stops = ThreadBatch(self._hang_ups, HANG_UP_BATCH)
         self._teardowns: set[asyncio.Future[None]] = set()  # deletes' last steps (engine_end)
         self.events = Events()  # StateChanged, SandboxEnded: see runtime/events.py
         self._hibernated: dict[str, str] = {}  # sandbox id -> checkpoint (engine_hibernate)

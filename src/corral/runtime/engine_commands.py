@@ -88,8 +88,9 @@ class CommandOps:
         is spent the streams' cap is lowered there (``output_limited_to``: their head
         and their last bytes, :mod:`corral.runtime.output_room`)."""
         hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
-        out: list[bytes] = []
-        err: list[bytes] = []
+        # one buffer per stream, not a bytes object per frame (~40 bytes each beyond
+        # its data, uncounted: a command printing a byte per write)
+        out, err = bytearray(), bytearray()
         try:
             async with aclosing(self.exec_stream(
                 sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
@@ -98,12 +99,12 @@ class CommandOps:
             )) as events:
                 async for ev in events:
                     if ev.kind == "stdout":
-                        out.append(ev.data)
+                        out += ev.data
                     elif ev.kind == "stderr":
-                        err.append(ev.data)
+                        err += ev.data
                     else:
                         assert ev.result is not None
-                        ev.result.stdout, ev.result.stderr = b"".join(out), b"".join(err)
+                        ev.result.stdout, ev.result.stderr = bytes(out), bytes(err)
                         return ev.result
         finally:
             if output_hold is None:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,17 +24,20 @@ from corral.runtime import processes, rootfs, syscalls
 from corral.runtime.agent_exit import has_exited, namespace_init
 from corral.runtime.agentconn import ended_error
 from corral.runtime.channel import wait_exit as _wait_exit
+from corral.runtime.engine_restore import hang_up
 from corral.runtime.events import SandboxDeleted, SandboxEnded, StateChanged
 from corral.runtime.kept_files import keeps_files
 from corral.runtime.live import Live
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.runtime.protocol import Msg, Tag
+from corral.runtime.threadwork import ThreadBatch
 from corral.schema import TRANSITIONS, SandboxInfo, SandboxState
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
     from pathlib import Path
 
+    from corral.runtime.cgroups import Cgroup
     from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
     from corral.runtime.gpus import GpuAllocator
@@ -53,10 +57,13 @@ spends ~10 ms in the kernel, mostly waiting (RCU grace periods, not CPU): asynci
 default pool (cores + 4 threads) queued a mass teardown behind six of them; 48 took
 200 concurrent deletes from 1.16-1.21 s to 0.63-0.87 s (load 24-34, same engine CPU)."""
 HANG_UP_THREADS = 8
-"""Threads shutting down ending sandboxes' reattach sockets (``Engine._hang_ups``): the
-shutdown wakes the agent, ~1 ms of the loop's time each on a busy host; a pool of their
-own, as in the release pool they queued behind the removals of sandboxes ended earlier,
-and each sandbox's exit waits for its own."""
+"""Threads stopping ending sandboxes' agents (``Engine._hang_ups``): the shutdown of the
+reattach socket wakes the agent, ~1 ms of the loop's time each on a busy host, and the
+read of the freezer's state is a file's open, read and close; a pool of their own, as in
+the release pool they queued behind the removals of sandboxes ended earlier, and each
+sandbox's exit waits for its own."""
+HANG_UP_BATCH = 16
+"""Sandboxes' agent stops that share one job of the hang-up pool (``ThreadBatch``)."""
 TRIM_AFTER_BYTES = 1 << 20  # unread output dropped at a release that makes it give memory back
 PRESTART_WAIT_S = 60.0  # the most a release thread waits for its siblings to start
 
@@ -109,12 +116,11 @@ class EndOps:
         closed: bool
         _releasers: Executor
         _teardowns: set[asyncio.Future[None]]
-        _hang_ups: Executor
+        _agent_stops: ThreadBatch
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
-        def _forget(
-            self, live: Live, executor: Executor | None = None) -> asyncio.Future[None] | None: ...
+        def _forget(self, live: Live, *, shut: bool = True) -> socket.socket | None: ...
 
     def _owned(self, sandbox_id: str, owner: OwnerArg) -> None:
         """Raise :class:`SandboxNotFound` unless ``owner`` may see ``sandbox_id`` (another
@@ -146,13 +152,16 @@ class EndOps:
         live.touch()
         return live
 
-    def _transition(self, live: Live, to: SandboxState, reason: str | None = None) -> None:
+    def _transition(self, live: Live, to: SandboxState, reason: str | None = None, *,
+                    record: bool = True) -> None:
+        """``record=False``: the row is not written (a delete removes it next)."""
         if to not in TRANSITIONS[live.state]:
             raise InvalidState(
                 f"sandbox {live.id} cannot go from {live.state.value} to {to.value}",
                 details={"sandbox_id": live.id, "state": live.state.value},
             )
-        self.registry.set_state(live.id, to, reason)  # first: a full disk changes nothing
+        if record:
+            self.registry.set_state(live.id, to, reason)  # first: a full disk changes nothing
         old, live.state = live.state, to
         self.events.emit(StateChanged(live.id, old, to, reason))
 
@@ -223,16 +232,23 @@ class EndOps:
         # a tenant: another's row is not even read (registry.get), so it costs what an
         # unknown id costs, and answers the same (a row is written before its sandbox lives)
         await self._past_resume(sandbox_id, acting)  # a resume under way: delete what it leaves
-        info = self.registry.get(sandbox_id, owner=acting)
-        if acting is not None and info is None:
-            return False
+        live = self._live.get(sandbox_id)
+        if live is not None and (acting is None or live.spec.tenant == acting):
+            tenant = live.spec.tenant  # one it may delete, in memory: its row need not be read
+        else:
+            info = self.registry.get(sandbox_id, owner=acting)
+            if acting is not None and info is None:
+                return False
+            tenant = info.spec.tenant if info else None
         live = self._live.get(sandbox_id)
         if live is not None:
-            await self._end(live, SandboxState.STOPPED, "deleted", grace=0, detach=not wait)
+            # its row is removed right after: the end's last state is not written
+            await self._end(live, SandboxState.STOPPED, "deleted", grace=0, detach=not wait,
+                            record=False)
         existed = live is not None or self.registry.get(sandbox_id) is not None
         self.registry.delete(sandbox_id)
         if existed:
-            self.events.emit(SandboxDeleted(sandbox_id, info.spec.tenant if info else None))
+            self.events.emit(SandboxDeleted(sandbox_id, tenant))
         return existed
 
     async def reclaimed(self) -> None:
@@ -241,7 +257,7 @@ class EndOps:
         await _settled(self._teardowns)
 
     async def _end(self, live: Live, final: SandboxState, reason: str, *, grace: float,
-                   detach: bool = False) -> None:
+                   detach: bool = False, record: bool = True) -> None:
         async with live.lock:
             if live.ending or self._live.get(live.id) is not live:  # (a resumed one's is new)
                 return
@@ -268,7 +284,7 @@ class EndOps:
                 if live.state == SandboxState.PENDING:
                     live.state = final
                 else:
-                    self._transition(live, final, reason)
+                    self._transition(live, final, reason, record=record)
             finally:
                 self.events.emit(SandboxEnded(live.id, final, reason))
 
@@ -314,23 +330,23 @@ class EndOps:
         """Close the agent's channel (it exits, and with it every process of its pid
         namespace) and wait up to ``STOP_WAIT_S`` for that: for bwrap's exit, or for
         ``init``'s (:func:`~corral.runtime.agent_exit.namespace_init`) where given."""
-        if live.cgroup is not None:
-            try:
-                if live.cgroup.frozen() or (live.channel and (
-                        live.channel.faulted or not live.channel.ready.done())):
-                    # Frozen processes (or a stuck agent, or one not started yet: a
-                    # create cancelled) cannot see their channel close: kill them now
-                    # rather than waiting STOP_WAIT_S for an exit.
-                    await asyncio.to_thread(live.cgroup.kill_all)
-            except (OSError, CorralError):
-                pass
-        # its agent exits once its channel closes too
-        hung_up = self._forget(live, None if self.closed else self._hang_ups)
+        # Frozen processes (or a stuck agent, or one not started yet: a create
+        # cancelled) cannot see their channel close: they are killed first, rather
+        # than waited for STOP_WAIT_S; the freezer is read off the loop, with the
+        # reattach socket's shutdown (its agent exits once its channel closes too).
+        kill = live.channel is not None and (
+            live.channel.faulted or not live.channel.ready.done())
+        stop = _agent_stop(live.cgroup, kill, self._forget(live, shut=False),
+                           _control_copy(live))
+        stopped = None
+        if stop is not None:
+            stopped = (asyncio.ensure_future(asyncio.to_thread(stop)) if self.closed
+                       else self._agent_stops.run(stop))
         self.net.cut_all(live.id)
         if live.channel is not None:
             await live.channel.close()
-        if hung_up is not None:
-            await hung_up
+        if stopped is not None:
+            await asyncio.gather(stopped, return_exceptions=True)
         if live.proc is not None:
             try:
                 await asyncio.wait_for(_wait_exit(live.proc, init), STOP_WAIT_S)
@@ -364,6 +380,43 @@ class EndOps:
         rootfs.remove_dirs(live.sandbox_dir)
         if gone and not live.sandbox_dir.exists():
             self.uids.release(live.uid)
+
+
+def _control_copy(live: Live) -> socket.socket | None:
+    """A copy of the agent's control socket (its own descriptor) for the stop job to
+    shut down: the agent sees its channel end at once, not when the loop, after every
+    other delete queued with this one, closes the transport (the job never touches the
+    transport's descriptor, which the loop may close, and its number be reused, meanwhile)."""
+    chan = live.channel
+    if chan is None or chan.closed:
+        return None
+    chan.closing = True  # an end the engine asks for (see AgentChannel._hung_up)
+    try:
+        fd = chan.sock.fileno()
+        return None if fd < 0 else socket.socket(
+            socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(fd))
+    except OSError:
+        return None
+
+
+def _agent_stop(cgroup: Cgroup | None, kill: bool, reattach: socket.socket | None,
+                control: socket.socket | None) -> Callable[[], None] | None:
+    """What stops an ending sandbox's agent off the loop: its processes killed if asked
+    (``kill``) or frozen, then its control and reattach sockets shut down. Never raises."""
+    if cgroup is None and reattach is None and control is None:
+        return None
+
+    def stop() -> None:
+        try:
+            if cgroup is not None and (kill or cgroup.frozen()):
+                cgroup.kill_all()
+        except (OSError, CorralError):
+            pass
+        finally:
+            for sock in (control, reattach):
+                if sock is not None:
+                    hang_up(sock)
+    return stop
 
 
 async def _settled(pending: set[asyncio.Future[None]]) -> None:

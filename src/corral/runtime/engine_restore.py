@@ -30,8 +30,6 @@ from corral.runtime.reconcile import reconcile
 from corral.schema import SandboxSpec, SandboxState
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
-
     from corral.runtime.cgroups import CgroupDriver
     from corral.runtime.cpus import CpuPicker
     from corral.runtime.events import Events
@@ -71,7 +69,8 @@ def lock_taking_over(state_dir: Path) -> tuple[IO[str], restore.Handover | None]
     return lock_file, (taken[0] if taken else None)
 
 
-def _hang_up(sock: socket.socket) -> None:
+def hang_up(sock: socket.socket) -> None:
+    """Shut a reattach socket down (the agent sees its end at once) and close it."""
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
@@ -246,11 +245,12 @@ class RestoreOps:
         if self._warden is not None and live.adoptable:
             self._warden.keep(live.id, fds)
 
-    def _forget(self, live: Live, executor: Executor | None = None) -> asyncio.Future[None] | None:
+    def _forget(self, live: Live, *, shut: bool = True) -> socket.socket | None:
         """The sandbox ends: nobody may reattach it; its agent exits once its control
-        socket closes too. With ``executor``, its reattach socket is shut down there:
-        the shutdown wakes the agent, and on a busy host that cost the event loop ~1 ms
-        a sandbox, most of its work in a mass teardown (the future to wait for)."""
+        socket closes too. Without ``shut``, its reattach socket is handed back for
+        the caller to shut down off the event loop (:func:`hang_up`): the shutdown wakes
+        the agent, and on a busy host that cost the loop ~1 ms a sandbox, most of its
+        work in a mass teardown."""
         if live.reattach is None:
             return None
         # Shut down, not only closed: the warden's copy is the same socket, and the
@@ -258,10 +258,10 @@ class RestoreOps:
         reattach, live.reattach = live.reattach, None
         if self._warden is not None and live.adoptable:
             self._warden.drop(live.id)
-        if executor is None:
-            _hang_up(reattach)
-            return None
-        return asyncio.get_running_loop().run_in_executor(executor, _hang_up, reattach)
+        if not shut:
+            return reattach
+        hang_up(reattach)
+        return None
 
     async def _hand_over(self) -> set[str]:
         """Close without ending the sandboxes: their agents detach and wait for the

@@ -94,7 +94,7 @@ class OutputHold:
     again). ``max_output`` is the cap per stream asked, lowered (``limited``) when the
     budget could not hold more (:mod:`corral.runtime.output_room`)."""
 
-    __slots__ = ("_budget", "tenant", "nbytes", "floor", "max_output", "limited")
+    __slots__ = ("_budget", "tenant", "nbytes", "floor", "max_output", "limited", "over")
 
     def __init__(self, budget: "OutputBudget | None", tenant: str | None, nbytes: int,
                  max_output: int, limited: bool = False) -> None:
@@ -104,6 +104,7 @@ class OutputHold:
         self.floor = nbytes // 2  # per stream, taken before the command starts
         self.max_output = max_output  # the cap per stream: as asked, or as lowered
         self.limited = limited  # lowered from what was asked
+        self.over = 0  # of nbytes, counted past the tenant's share (OutputBudget.over)
 
     def grow(self, nbytes: int) -> int:
         """Hold up to ``nbytes`` more: what the tenant's and the daemon's budgets have
@@ -120,26 +121,33 @@ class OutputHold:
         """Keep only ``nbytes`` (a result's real size, while it is sent; a streamed
         command's room once its reader has taken the output)."""
         if self._budget is not None and nbytes < self.nbytes:
-            self._budget._give_back(self.tenant, self.nbytes - nbytes)
-            self.nbytes = nbytes
+            less = self.nbytes - nbytes
+            over = min(self.over, less)  # what was past the share goes first
+            self._budget._give_back(self.tenant, less, over)
+            self.nbytes, self.over = nbytes, self.over - over
 
     def fit(self, nbytes: int) -> None:
         """Hold exactly ``nbytes`` (a reply's real size, while it is sent): less gives
         room back; more (a reply's encoding is larger than the output, ``\\u0001`` for
         a byte) is counted even past the budget, since those bytes exist already: the
-        next reservation is refused instead."""
-        if self._budget is None or nbytes == self.nbytes:
+        tenant's next reservation is refused instead. What is past the tenant's own free
+        room counts against the tenant only, not the daemon's total: one tenant's
+        replies never leave the others no room."""
+        budget = self._budget
+        if budget is None or nbytes == self.nbytes:
             return
         if nbytes < self.nbytes:
             self.shrink(nbytes)
             return
-        self._budget._add(self.tenant, nbytes - self.nbytes)
-        self.nbytes = nbytes
+        more = nbytes - self.nbytes
+        over = max(0, more - budget.free_for(self.tenant))
+        budget._add(self.tenant, more, over)
+        self.nbytes, self.over = nbytes, self.over + over
 
     def release(self) -> None:
         budget, self._budget = self._budget, None
         if budget is not None:
-            budget._give_back(self.tenant, self.nbytes)
+            budget._give_back(self.tenant, self.nbytes, self.over)
 
 
 class OutputBudget:
@@ -151,11 +159,12 @@ class OutputBudget:
         self.per_tenant = self.total // TENANT_SHARE if per_tenant is None else per_tenant
         if self.total < 2 * MIN_GRANT or self.per_tenant < 2 * MIN_GRANT:
             raise ValueError(f"an output budget must be at least {2 * MIN_GRANT} bytes")
-        self.used = 0
+        self.used = 0  # bytes held in all
+        self.over = 0  # of them, held by replies past their tenant's share (OutputHold.fit)
         self.by_tenant: dict[str | None, int] = {}
 
     def free_for(self, tenant: str | None) -> int:
-        return max(0, min(self.total - self.used,
+        return max(0, min(self.total - (self.used - self.over),
                           self.per_tenant - self.by_tenant.get(tenant, 0)))
 
     def reserve(self, tenant: str | None, max_output: int, sandbox_id: str = "") -> OutputHold:
@@ -167,7 +176,7 @@ class OutputBudget:
             self._add(tenant, floor)
             return OutputHold(self, tenant, floor, max_output)
         tenant_used = self.by_tenant.get(tenant, 0)
-        whose = ("the daemon's" if self.total - self.used < self.per_tenant - tenant_used
+        whose = ("the daemon's" if self.total - (self.used - self.over) < self.per_tenant - tenant_used
                  else "its tenant's")
         raise OutputBudgetExceeded(
             f"sandbox {sandbox_id}: no memory left to hold the command's output: {whose} "
@@ -198,12 +207,16 @@ class OutputBudget:
         if nbytes > 0:
             self._give_back(tenant, nbytes)
 
-    def _add(self, tenant: str | None, nbytes: int) -> None:
+    def _add(self, tenant: str | None, nbytes: int, over: int = 0) -> None:
+        """Count ``nbytes`` for ``tenant``; ``over`` of them (past its share) held but
+        not taken from the others' room (:meth:`free_for`)."""
         self.used += nbytes
+        self.over += over
         self.by_tenant[tenant] = self.by_tenant.get(tenant, 0) + nbytes
 
-    def _give_back(self, tenant: str | None, nbytes: int) -> None:
+    def _give_back(self, tenant: str | None, nbytes: int, over: int = 0) -> None:
         self.used -= nbytes
+        self.over -= over
         left = self.by_tenant.get(tenant, 0) - nbytes
         if left > 0:
             self.by_tenant[tenant] = left

@@ -28,7 +28,12 @@ from corral.runtime.output_budget import OutputHold
 from corral.runtime.protocol import HEADER, Fields, Msg, Reply, Tag, encode
 from corral.schema import ExecResult
 
-__all__ = ["OutputRoom"]
+__all__ = ["FRAME_COST", "OutputRoom"]
+
+FRAME_COST = 320
+"""What a streamed command's queued frame holds beyond its bytes (its reply, fields and
+bytes objects: ~280 bytes in CPython), counted with them: a command printing a byte per
+write, its reader reading none, made the daemon hold ~280 times the bytes it counted."""
 
 
 class _Stream:
@@ -93,7 +98,7 @@ class OutputRoom:
         s = self._streams.get(reply.msg)
         if s is None or self.keep or not reply.data:
             return
-        s.held -= len(reply.data)
+        s.held -= len(reply.data) + FRAME_COST
         spare = s.room - max(self.hold.floor, s.held)
         if spare > 0:
             s.room -= spare
@@ -126,13 +131,15 @@ class OutputRoom:
                 del s.ring[:over]
             return []
         reserve = s.ring_size if self.keep else 0  # set aside for the ring, within the room
+        if not self.keep:  # queued as a frame of its own until read
+            n += FRAME_COST
         need = s.held + n + reserve - s.room
         if need > 0 and (got := self.hold.grow(need)) < need:
             s.room += got
             self._limit(s)
             if not self.keep:
-                s.gap += n
-                s.dropped += n
+                s.gap += len(data)
+                s.dropped += len(data)
                 return []
             fit = max(0, s.room - reserve - s.held)
             s.held += fit

@@ -77,6 +77,10 @@ if TYPE_CHECKING:
 
 MAX_EXITED_KEPT = 64
 COALESCE_BYTES = 64 << 10  # unread output is kept in chunks of up to this many bytes
+# What a chunk of unread output holds beyond its bytes (its object, a bytes object, a
+# slot of the deque: ~60 bytes), counted in the output budget with them: writes that
+# alternate stdout and stderr make a chunk of each byte
+CHUNK_COST = 128
 STDIN_CHUNK = 1 << 20  # bytes per STDIN frame (the agent appends them in order)
 # A process's output cap for the agent is UNLIMITED_OUTPUT: it forwards everything (no
 # head, no tail: output_tail does not apply), and the engine bounds what is unread
@@ -171,6 +175,7 @@ class Process:
         self._deadline = deadline  # the engine's own enforcement of the spawn's timeout
         self._events: deque[_Chunk] = deque()
         self._unread = {"stdout": 0, "stderr": 0}
+        self._chunks_counted = 0  # chunks whose CHUNK_COST the output budget holds
         self._dropped = {"stdout": False, "stderr": False}
         self._wake = asyncio.Event()
         self._done = asyncio.Event()
@@ -469,15 +474,23 @@ class Process:
         if len(data) > room:
             self._dropped[kind] = True
             data = data[: max(room, 0)]
-        if data and (granted := self._budget.take(self._tenant, len(data))) < len(data):
+        # Small writes join the last unread chunk of their stream (up to
+        # COALESCE_BYTES): a process writing a byte at a time must not cost the daemon
+        # an event object per byte, nor readline() a scan over millions of them.
+        last = self._events[-1] if self._events else None
+        joins = last is not None and last.kind == kind and len(last.data) < COALESCE_BYTES
+        cost = 0 if joins else CHUNK_COST
+        want = len(data) + cost
+        if data and (granted := self._budget.take(self._tenant, want)) < want:
             self._dropped[kind] = True  # the output budget is spent: dropped as past the cap
-            data = data[:granted]
+            if granted <= cost:
+                self._budget.give(self._tenant, granted)
+                granted = cost = 0
+            data = data[:granted - cost]
         if data:
-            # Small writes join the last unread chunk of their stream (up to
-            # COALESCE_BYTES): a process writing a byte at a time must not cost the daemon
-            # an event object per byte, nor readline() a scan over millions of them.
-            last = self._events[-1] if self._events else None
-            if last is not None and last.kind == kind and len(last.data) < COALESCE_BYTES:
+            self._chunks_counted += cost // CHUNK_COST
+            if joins:
+                assert last is not None
                 if not isinstance(last.data, bytearray):
                     last = self._events[-1] = _Chunk(kind, bytearray(last.data))
                 last.data += data
@@ -513,9 +526,12 @@ class Process:
         return dropped
 
     def _consumed(self, kind: OutputStream, n: int) -> None:
-        """``n`` bytes of ``kind`` were read: their room goes back to the budget."""
+        """``n`` bytes of ``kind`` were read: their room goes back to the budget (and
+        that of the chunks gone with them)."""
         self._unread[kind] -= n
-        self._budget.give(self._tenant, n)
+        gone = max(0, self._chunks_counted - len(self._events))
+        self._chunks_counted -= gone
+        self._budget.give(self._tenant, n + gone * CHUNK_COST)
 
     def reply_hold(self) -> OutputHold:
         """Room in the budget for a reply carrying output just read (its room as unread
@@ -524,8 +540,9 @@ class Process:
         return self._budget.hold(self._tenant)
 
     def _consumed_all(self) -> None:
-        self._budget.give(self._tenant, self.unread_bytes)
+        self._budget.give(self._tenant, self.unread_bytes + self._chunks_counted * CHUNK_COST)
         self._unread = {"stdout": 0, "stderr": 0}
+        self._chunks_counted = 0
 
     # ------------------------------------------------------------ helpers
 

@@ -44,6 +44,10 @@ class SecretStore:
         if root.is_symlink() or st.st_uid != os.geteuid():
             raise PermissionError(f"{root} is not a directory of this engine's")
         os.chmod(root, 0o700)
+        # the sandboxes that have a file here (written by this store, or found at its
+        # start): an end or delete of any other removes nothing (two a delete, on the
+        # event loop)
+        self._held = {name for name in os.listdir(root) if not name.startswith(_TMP)}
 
     def _path(self, sandbox_id: str) -> Path:
         if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
@@ -64,6 +68,7 @@ class SecretStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            self._held.add(sandbox_id)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -86,8 +91,15 @@ class SecretStore:
         return {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, str)}
 
     def remove(self, sandbox_id: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        if sandbox_id not in self._held:
+            return
+        try:
             self._path(sandbox_id).unlink()
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            return  # kept: a later remove, or the next start's sweep, tries again
+        self._held.discard(sandbox_id)
 
     def sweep(self, keep: Callable[[str], bool]) -> list[str]:
         """Remove every file but those of sandboxes ``keep`` says still live (a crash
@@ -97,5 +109,6 @@ class SecretStore:
             if name.startswith(_TMP) or not keep(name):
                 with contextlib.suppress(OSError):
                     (self.root / name).unlink()
+                self._held.discard(name)
                 removed.append(name)
         return removed

@@ -148,6 +148,13 @@ static int ctl_dead;      /* the engine's end is gone: detach at the top of the 
    is root's): commands are forked at COMMAND_OOM_SCORE_ADJ (fork_command in exec.c). */
 static int oom_fd = -1;
 static char oom_agent[16];
+/* The signals harden() set to SIG_IGN: the only dispositions a command's child must
+   put back to SIG_DFL before exec (a caught one would be reset by execve itself, but
+   the agent catches none), and what a file job's child ignores (see harden). */
+static sigset_t agent_ignored;
+/* Signals the agent ignores even as pid 1: those it can raise on itself or that the
+   terminal code acts on when ignored (SIGTTIN reads fail with EIO, no stop). */
+static const int always_ignored[] = {SIGHUP, SIGPIPE, SIGTTIN, SIGTTOU, SIGTSTP, SIGXFSZ};
 static size_t oom_agent_len;
 static struct exec_state execs[MAX_EXECS];
 
@@ -374,8 +381,22 @@ static int harden(int fd, int keep) {
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return -1;
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return -1;
     if (keep >= 0 && fcntl(keep, F_SETFD, FD_CLOEXEC) != 0) return -1;
-    for (int s = 1; s < NSIG; s++)
-        if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) signal(s, SIG_IGN);
+    /* As pid 1 of its pid namespace (always, in a sandbox) a signal left at SIG_DFL is
+       dropped as if ignored: the kernel marks the namespace's init SIGNAL_UNKILLABLE
+       and discards every default-action signal to it but SIGKILL/SIGSTOP from an
+       ancestor namespace, and faults are forced either way. So only ALWAYS_IGNORED
+       needs SIG_IGN there, and each command's child resets those few instead of all
+       64 (issue 30: one rt_sigaction each, before every exec). Run as anything else
+       (a test driving the binary directly), it ignores everything as before. */
+    sigemptyset(&agent_ignored);
+    if (getpid() == 1) {
+        for (size_t k = 0; k < sizeof always_ignored / sizeof *always_ignored; k++)
+            sigaddset(&agent_ignored, always_ignored[k]);
+    } else {
+        for (int s = 1; s < NSIG; s++)
+            if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) sigaddset(&agent_ignored, s);
+    }
+    ignore_all(&agent_ignored);
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
@@ -597,9 +618,10 @@ static int serve(int fd, int keep, int local) {
                 in.len -= off;
             }
             if (pfds[1].revents & POLLIN) {
-                struct signalfd_siginfo si;
-                while (read(sfd, &si, sizeof si) > 0) {}
-                reap();
+                /* One read empties it (SIGCHLD is not queued twice; a later one wakes
+                   the poll again); the reap below, every turn, does the waiting. */
+                struct signalfd_siginfo si[4];
+                if (read(sfd, si, sizeof si) < 0) {}
             }
             for (int i = 3; i < n; i++) {
                 if (!pfds[i].revents) continue;

@@ -60,6 +60,12 @@ static int become(uint64_t uid) {
 
 #define COMMAND_OOM_SCORE_ADJ "1000"
 
+/* SIG_IGN for every signal in SET (the agent's own, or a file job's: see harden). */
+static void ignore_all(const sigset_t *set) {
+    for (int s = 1; s < NSIG; s++)
+        if (sigismember(set, s) == 1) signal(s, SIG_IGN);
+}
+
 /*
  * fork() for a command: the child is born at oom_score_adj 1000, above the agent's
  * (launch.c), so the OOM killer of the sandbox's memory cgroup picks a command and the
@@ -160,7 +166,9 @@ static void do_exec(uint32_t id, struct req *r) {
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
-        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+        /* only what the agent ignores: every other disposition is SIG_DFL already */
+        for (int s = 1; s < NSIG; s++)
+            if (sigismember(&agent_ignored, s) == 1) signal(s, SIG_DFL);
         if (pty) pty_session(in_p[0]); /* a session: its group, its terminal */
         else setpgid(0, 0);
         dup2(in_p[0], 0);
@@ -205,10 +213,11 @@ static void do_exec(uint32_t id, struct req *r) {
     e->pty = pty;
     e->cwd = cwd;
     cwd = NULL;
-    set_nonblock(e->report_fd);
-    set_nonblock(e->in_fd);
-    set_nonblock(e->out_fd);
-    set_nonblock(e->err_fd);
+    /* Fresh descriptors (pipe2, or the terminal's master and its dup) have no status
+       flag to keep: one F_SETFL each, no F_GETFL (issue 30: syscalls per exec). */
+    int fresh[] = {e->report_fd, e->in_fd, e->out_fd, e->err_fd};
+    for (size_t k = 0; k < sizeof fresh / sizeof *fresh; k++)
+        if (fresh[k] >= 0) fcntl(fresh[k], F_SETFL, O_NONBLOCK);
     e->max_output = get_u64(r, F_MAX_OUTPUT, 1 << 20);
     /* Of max_output, the last OUTPUT_TAIL bytes of a stream are its end (see drain). */
     uint64_t tail = get_u64(r, F_OUTPUT_TAIL, 0);

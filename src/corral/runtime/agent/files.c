@@ -295,6 +295,10 @@ static void start_job(uint32_t id, int (*fn)(const char *), char *path) {
     pid_t pid = fork();
     if (pid < 0) { send_err(id, errno, "cannot start the file operation"); free(path); return; }
     if (pid == 0) {
+        /* Not pid 1: ignore what the agent would outside a pid namespace's init, as a
+           job's child always did (only SIGKILL and SIGSTOP end or stop it). */
+        for (int s = 1; s < NSIG; s++)
+            if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) signal(s, SIG_IGN);
         int rc = fn(path);
         _exit(rc == 0 ? 0 : (errno > 0 && errno < 256) ? errno : EIO);
     }
