@@ -171,12 +171,15 @@ async def test_paused_sandboxes_deleted_at_once_are_killed_not_waited_for(engine
     monkeypatch.setattr(engine_end, "STOP_WAIT_S", 3600.0)
     lives = await busy_sandboxes(engine, 4)
     started = {p: syscalls.process_start_time(p) for live in lives for p in live.cgroup.pids()}
+    outer = {p: started.pop(p) for p in {live.proc.pid for live in lives}}
     for live in lives[:2]:
         await engine.pause(live.id)
     assert all(await asyncio.wait_for(asyncio.gather(
         *(engine.delete(live.id, wait=False) for live in lives)), 120))
+    # (bwrap's outer process, the engine's, exits after its agent: in the teardown)
     assert not still_running(started), "processes of deleted sandboxes still run"
     await engine.reclaimed()
+    assert not still_running(outer), "bwrap outlived its sandbox's teardown"
     assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
 
 
