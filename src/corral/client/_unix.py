@@ -90,7 +90,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-def _expire(fut: asyncio.Future[None], exc: type[Exception]) -> None:
+def _expire(fut: asyncio.Future[Any], exc: type[Exception]) -> None:
     if not fut.done():
         fut.set_exception(exc("timed out"))
 
