@@ -8,8 +8,9 @@ asyncio SDK, next to a bare ``subprocess.run(["/bin/true"])`` measured in the sa
 Also times a full ``Sandbox.create`` → ``exec`` → ``delete`` through the SDK, in rounds
 alternated with its baseline, raw bwrap's create+exec+destroy (``bench_engine``'s
 ``bwrap_true``: the engine's namespaces, flags and seccomp filter on the image's rootfs,
-running ``/bin/true`` and exiting), and ``Sandbox.run_once`` (the same three steps in one
-call: ``sdk_run_once_ms``), and an async ``spawn`` → ``wait`` → ``exec`` (a
+running ``/bin/true`` and exiting; also from a CPU cgroup placed as an engine's sandboxes
+are, at their CPU share: ``*_in_sandbox_cpu_group``), and ``Sandbox.run_once`` (the
+same three steps in one call: ``sdk_run_once_ms``), and an async ``spawn`` → ``wait`` → ``exec`` (a
 process read to its exit, then the next call). Where uvloop
 is installed, a second daemon runs on its loop (``CORRAL_DAEMON_LOOP=uvloop``) and the
 exec round trips of the two daemons are timed in alternating rounds (``*_uvloop`` keys,
@@ -127,6 +128,33 @@ def raw_bwrap_cycle() -> Callable[[], None]:
     return lambda: run_bwrap([], bwrap, rootfs, agent, bpf)
 
 
+@contextlib.contextmanager
+def in_sandbox_cpu_group() -> Iterator[bool]:
+    """This process (and so what it starts) moved into a CPU cgroup placed as an
+    engine's sandboxes are — at the top of the hierarchy, beside the engines'
+    ``corral-<key>`` groups, their default weight (docs/performance.md, "CPU share") —
+    and back after: raw bwrap there competes for the CPU as corral's sandboxes do.
+    Yields False, changing nothing, where no such group can be made."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    root = v1 if v1.is_dir() else Path("/sys/fs/cgroup")
+    group = root / f"corral-bench-sdk-raw-{os.getpid()}"
+    try:
+        here = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text()
+                    .splitlines() if line.split(":")[1] in ("cpu", "cpu,cpuacct", ""))
+        group.mkdir(exist_ok=True)
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except (OSError, StopIteration):
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        (root / here.lstrip("/") / "cgroup.procs").write_text(str(os.getpid()))
+        group.rmdir()
+
+
 def exec_rtts(url: str, n: int) -> tuple[list[float], list[float], list[float]]:
     """``n`` sync and ``n`` async ``exec(["true"])`` round trips on one sandbox each,
     and ``n`` async ``spawn(["true"])`` + ``wait()`` (then one exec: it finds the
@@ -184,6 +212,7 @@ def main() -> int:
         bwrap_cycle = raw_bwrap_cycle()
         full: list[float] = []
         raw: list[float] = []
+        raw_grouped: list[float] = []
         once: list[float] = []
         with corral.Client(url) as client:
             def lifecycle() -> None:
@@ -197,6 +226,9 @@ def main() -> int:
             run_once()
             for _ in range(ROUNDS):  # alternated: a change of the load hits all three
                 raw += timed(bwrap_cycle, max(4, n // 10 // ROUNDS))
+                with in_sandbox_cpu_group() as grouped:
+                    if grouped:
+                        raw_grouped += timed(bwrap_cycle, max(4, n // 10 // ROUNDS))
                 full += timed(lifecycle, max(4, n // 10 // ROUNDS))
                 once += timed(run_once, max(4, n // 10 // ROUNDS))
         res = {
@@ -213,6 +245,10 @@ def main() -> int:
                                                       / res["raw_bwrap_create_exec_destroy_ms_p50"])
         res["sdk_run_once_vs_raw_bwrap"] = (res["sdk_run_once_ms_p50"]
                                             / res["raw_bwrap_create_exec_destroy_ms_p50"])
+        if raw_grouped:  # the same, raw bwrap at the CPU share of corral's sandboxes
+            res["raw_bwrap_in_sandbox_cpu_group_ms_p50"] = statistics.median(raw_grouped)
+            res["sdk_create_exec_delete_vs_raw_bwrap_in_sandbox_cpu_group"] = (
+                res["sdk_create_exec_delete_ms_p50"] / res["raw_bwrap_in_sandbox_cpu_group_ms_p50"])
         if "uvloop" in loops:
             res["sdk_exec_rtt_ms_p50_uvloop"] = statistics.median(sync["uvloop"])
             res["sdk_async_exec_rtt_ms_p50_uvloop"] = statistics.median(async_rtt["uvloop"])
@@ -222,6 +258,9 @@ def main() -> int:
     for key, value in res.items():
         if key.endswith("_vs_raw_bwrap"):
             print(f"{key:34} {value:8.2f}x (target <= 2x, same run)")
+            continue
+        if "_vs_raw_bwrap_" in key:
+            print(f"{key:34} {value:8.2f}x (raw bwrap at the sandboxes' CPU share)")
             continue
         target = f"<= {targets[key]} ms" if key in targets else ""
         print(f"{key:34} {value:8.2f}  {target:>9}  {value / floor:5.1f}x")

@@ -97,20 +97,52 @@ def _proc_cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def _engine_group(daemon_pid: int) -> Path:
-    """The daemon's engine cgroup directory in the CPU accounting hierarchy."""
-    for child in Path(f"/proc/{daemon_pid}/task").glob("*/children"):
-        for pid in child.read_text().split():
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo and len(out) < 100_000:
+        for child in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
             try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                kids = [int(k) for k in child.read_text().split()]
             except OSError:
                 continue
-            if b"--cgroup" in argv:
-                group = Path(argv[argv.index(b"--cgroup") + 1].decode()).parent.parent  # .../slot/cgroup.procs
-                # the engine's group: corral-<key> at a hierarchy's top (corral/<key> before)
-                rel = group.relative_to(group.parents[1 if group.parent.name == "corral" else 0])
-                v1 = Path("/sys/fs/cgroup/cpuacct") / rel
-                return v1 if v1.exists() else group
+            out += kids
+            todo += kids
+    return out
+
+
+def _group_of(pid: int) -> Path | None:
+    """The engine group (``corral-<key>``, or ``corral/<key>`` before) that ``pid``'s
+    sandbox group sits in, in the CPU accounting hierarchy (v1) or the unified one."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        parts = path.strip("/").split("/")
+        if parts[0].startswith("corral-"):
+            rel = parts[0]
+        elif parts[0] == "corral" and len(parts) > 1:
+            rel = "/".join(parts[:2])
+        else:
+            continue
+        if "cpuacct" in controllers.split(","):
+            return Path("/sys/fs/cgroup/cpuacct") / rel
+        if controllers == "":
+            return Path("/sys/fs/cgroup") / rel
+    return None
+
+
+def _engine_group(daemon_pid: int) -> Path:
+    """The daemon's engine cgroup directory in the CPU accounting hierarchy: read from
+    any process of its sandboxes or warm slots (polled: a slot may be between uses)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in _descendants(daemon_pid):
+            group = _group_of(pid)
+            if group is not None and group.exists():
+                return group
+        time.sleep(0.1)
     raise SystemExit("cannot find the engine's cgroup")
 
 

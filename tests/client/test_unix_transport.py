@@ -94,3 +94,71 @@ def test_a_server_that_hangs_up_is_daemon_unavailable(tmp_path):
                 await asyncio.wait_for(client.health(), 20)
 
     asyncio.run(main())
+
+
+def test_a_connection_the_server_closes_while_idle_is_dropped_without_spinning(tmp_path):
+    """The stream stays registered with the loop between replies; when the server closes
+    an idle one, the loop stops watching it (no busy loop on a readable socket) and the
+    next call goes out on a new connection."""
+    sock = tmp_path / "s.sock"
+
+    async def once(reader, writer) -> None:  # one reply, then hang up
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 15\r\n\r\n{\"status\":\"ok\"}")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await _serve(sock, once)
+        loop = asyncio.get_running_loop()
+        async with corral.AsyncClient(f"unix://{sock}", timeout=5) as client:
+            assert await client.health() == {"status": "ok"}
+            stream = client._lean._idle[-1][1]
+            assert isinstance(stream, _SocketStream) and stream._reading
+            turns = 0
+            run_once = loop._run_once
+
+            def counted() -> None:
+                nonlocal turns
+                turns += 1
+                run_once()
+
+            loop._run_once = counted
+            try:
+                await asyncio.sleep(0.2)  # the server's close arrives while it is idle
+            finally:
+                del loop._run_once
+            assert not stream._reading
+            assert turns < 20  # a readable socket left registered: thousands
+            assert await client.health() == {"status": "ok"}
+            assert client._lean._idle[-1][1] is not stream
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_bytes_received_for_a_cancelled_read_are_read_next():
+    import socket
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        stream = _SocketStream(a, asyncio.get_running_loop())
+        try:
+            task = asyncio.ensure_future(stream.read(100, 5))
+            await asyncio.sleep(0)  # it waits for the socket
+            assert stream._waiter is not None
+            b.send(b"hi")
+            stream._on_readable()  # the loop's callback: receives them for the read
+            task.cancel()  # ... which is cancelled before it runs again
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert stream.get_extra_info("is_readable")
+            assert await stream.read(100, 5) == b"hi"
+            b.send(b"more")
+            assert await stream.read(100, 5) == b"more"
+        finally:
+            await stream.aclose()
+            b.close()
+
+    asyncio.run(main())

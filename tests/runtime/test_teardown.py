@@ -77,20 +77,33 @@ async def test_a_mass_teardown_leaves_no_process_cgroup_netns_file_or_uid(engine
     started = {p: syscalls.process_start_time(p) for live in lives for p in live.cgroup.pids()}
     assert len(started) >= 3 * N  # bwrap, the agent, the sleep
     netns: set[str] = set()
+    # held open here, so that the kernel cannot give a freed namespace's id to a new
+    # one (a warm slot's, another worker's) while it is looked for
+    held: list[int] = []
     for live in lives:  # the agent's network namespace (the outer bwrap is in the host's)
         inner = [p for p in live.cgroup.pids() if p != live.proc.pid]
         netns |= {os.readlink(f"/proc/{p}/ns/net") for p in inner}
+        held += [os.open(f"/proc/{p}/ns/net", os.O_RDONLY) for p in inner]
     assert os.readlink("/proc/self/ns/net") not in netns
     uids = {live.uid for live in lives}
 
-    # (the daemon's deletes: they return once every process is gone)
-    assert all(await asyncio.gather(*(engine.delete(live.id, wait=False) for live in lives)))
-    # at once: every process and network namespace is gone
-    assert not still_running(started), "processes of deleted sandboxes still run"
-    assert not netns & net_namespaces(engine), "a deleted sandbox's network namespace is in use"
+    outer = {p: t for p, t in started.items() if p in {live.proc.pid for live in lives}}
+
+    try:
+        # (the daemon's deletes: they return once every process is gone)
+        assert all(await asyncio.gather(*(engine.delete(live.id, wait=False) for live in lives)))
+        # at once: every process and network namespace is gone (but bwrap's outer
+        # process, the engine's: it reaps its agent and exits after, in the teardown)
+        running = still_running({p: t for p, t in started.items() if p not in outer})
+        assert not running, "processes of deleted sandboxes still run"
+        assert not netns & net_namespaces(engine), "a deleted sandbox's network namespace is in use"
+    finally:
+        for fd in held:
+            os.close(fd)
     assert not {live.id for live in lives} & {i.id for i in engine.list()}
 
-    await engine.reclaimed()  # then: the empty cgroups, directories and uids
+    await engine.reclaimed()  # then: bwrap, the empty cgroups, directories and uids
+    assert not still_running(outer), "bwrap outlived its sandbox's teardown"
     assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
     assert all(not d.exists() for live in lives for d in live.cgroup._dirs.values())
     assert uids <= set(engine.uids._free) and not uids & engine.uids._used
@@ -158,12 +171,15 @@ async def test_paused_sandboxes_deleted_at_once_are_killed_not_waited_for(engine
     monkeypatch.setattr(engine_end, "STOP_WAIT_S", 3600.0)
     lives = await busy_sandboxes(engine, 4)
     started = {p: syscalls.process_start_time(p) for live in lives for p in live.cgroup.pids()}
+    outer = {p: started.pop(p) for p in {live.proc.pid for live in lives}}
     for live in lives[:2]:
         await engine.pause(live.id)
     assert all(await asyncio.wait_for(asyncio.gather(
         *(engine.delete(live.id, wait=False) for live in lives)), 120))
+    # (bwrap's outer process, the engine's, exits after its agent: in the teardown)
     assert not still_running(started), "processes of deleted sandboxes still run"
     await engine.reclaimed()
+    assert not still_running(outer), "bwrap outlived its sandbox's teardown"
     assert leftovers(engine) == {"mounts": [], "cgroups": [], "dirs": []}
 
 

@@ -15,125 +15,37 @@ hierarchy's root mount, wherever the calling process itself sits::
 from __future__ import annotations
 
 import errno
-import os
-import signal
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from corral import errors
+from corral.runtime import cgroup_files
+from corral.runtime.cgroup_files import CFS_PERIOD_US, CgroupError, effective_cpus
 from corral.runtime.devices import DeviceRule, allow_all, restrict
 from corral.runtime.fsutil import unescape_mountinfo
 
 __all__ = ["Cgroup", "CgroupDriver", "CgroupError", "CgroupV1Driver", "CgroupV2Driver", "detect",
            "effective_cpus"]
 
-CFS_PERIOD_US = 100_000
+# the control-file helpers under their names here (cgroup_files.py)
+_translated = cgroup_files.translated
+_write = cgroup_files.write
+_read = cgroup_files.read
+_keyed = cgroup_files.keyed
+_count = cgroup_files.count
+_sigkill = cgroup_files.sigkill
+_child_names = cgroup_files.child_names
+_quota_us = cgroup_files.quota_us
+_check_path = cgroup_files.check_path
+_check_limits = cgroup_files.check_limits
+
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 V1_OPTIONAL_CONTROLLERS = ("cpuacct", "cpuset", "devices")
 V2_CONTROLLERS = ("cpu", "memory", "pids")
 MOUNTINFO = "/proc/self/mountinfo"
 _POLL_S = 0.001
-
-
-class CgroupError(errors.InternalError):
-    """A cgroup operation failed (a limit could not be set, a group would not empty)."""
-
-    code = "cgroup_failed"  # its own: a code names one class (tests/test_error_codes.py)
-
-
-@contextmanager
-def _translated(what: str, path: Path) -> Iterator[None]:
-    """The one place where an ``OSError`` on a cgroup file becomes a :class:`CgroupError`."""
-    try:
-        yield
-    except OSError as exc:
-        details = {"path": str(path), "errno": exc.errno}
-        raise CgroupError(f"cannot {what} {path}: {exc.strerror}", details=details) from exc
-
-
-def _write(path: Path, value: str) -> None:
-    # No O_CREAT: a missing control file means the kernel lacks the feature, and
-    # that must fail loudly instead of leaving a stray regular file.
-    with _translated(f"write {value!r} to", path):
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
-
-
-def _read(path: Path) -> str:
-    # os.read, not Path.read_text: a control file needs no buffered text stream (which
-    # costs an fstat, an ioctl and a seek besides the read)
-    with _translated("read", path):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = chunk = os.read(fd, 65536)
-            while chunk:
-                chunk = os.read(fd, 65536)
-                data += chunk
-        finally:
-            os.close(fd)
-        return data.decode()
-
-
-def _keyed(path: Path) -> dict[str, int]:
-    """Parse a flat-keyed file such as ``cpu.stat`` or ``memory.events``."""
-    out = {}
-    for line in _read(path).splitlines():
-        key, _, value = line.partition(" ")
-        if value.strip().lstrip("-").isdigit():
-            out[key] = int(value)
-    return out
-
-
-def _count(path: Path, key: str) -> int:
-    """The value of one ``key value`` line of a flat-keyed file (0 if absent)."""
-    for line in _read(path).splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            value = value.strip()
-            return int(value) if value.lstrip("-").isdigit() else 0
-    return 0
-
-
-def _sigkill(pids: Iterable[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _child_names(dirs: Iterable[Path]) -> list[str]:
-    # In every version each subdirectory of a group is a child group.
-    return sorted({c.name for d in set(dirs) if d.is_dir() for c in d.iterdir() if c.is_dir()})
-
-
-def _quota_us(cpus: float) -> int:
-    return max(1000, round(cpus * CFS_PERIOD_US))  # the kernel refuses quotas under 1 ms
-
-
-def effective_cpus(cpus: float) -> float:
-    """The CPUs a sandbox asking ``cpus`` gets (at least 0.01: the smallest CFS quota)."""
-    return _quota_us(cpus) / CFS_PERIOD_US
-
-
-def _check_path(path: str) -> str:
-    parts = path.strip("/").split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise errors.InvalidArgument(
-            f"invalid cgroup path {path!r}: use a relative path like 'corral/e1/sb-abc'"
-        )
-    return path
-
-
-def _check_limits(cpus: float, memory_mb: int, pids: int) -> None:
-    if not cpus > 0 or memory_mb <= 0 or pids <= 0:
-        raise errors.InvalidArgument(f"cgroup limits must be positive (cpus={cpus}, "
-                                     f"memory_mb={memory_mb}, pids={pids})")
 
 
 class Cgroup:

@@ -8,6 +8,7 @@ A mixin of :class:`~corral.runtime.engine.Engine` (like :mod:`.engine_lifetime`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidState
 from corral.runtime import processes, rootfs, syscalls
+from corral.runtime.agent_exit import has_exited, namespace_init
 from corral.runtime.agentconn import ended_error
 from corral.runtime.channel import wait_exit as _wait_exit
 from corral.runtime.engine_restore import hang_up
@@ -290,6 +292,44 @@ class EndOps:
         """Kill every process, then unmount and remove the cgroup (``detach``: in the
         background once every process has exited, see :meth:`delete`). Never raises."""
         live.ending = True
+        # its agent, pid 1 of its pid namespace: its exit is the end of every process of
+        # the sandbox, before bwrap's (agent_exit.namespace_init)
+        init = namespace_init(live.proc) if detach and live.proc is not None else None
+        try:
+            await self._stop_processes(live, init)
+            gone = live.proc is None or live.proc.poll() is not None or (
+                init is not None and has_exited(init))
+        finally:
+            if init is not None:
+                os.close(init)
+        if live.log is not None:
+            live.log.close()
+        dropped = processes.release(live)
+        self.cpu_picker.give_back(live.cpus)
+        live.cpus = ()
+        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
+        # thread, many teardowns overlap (and use both cores) instead of queueing.
+        loop = asyncio.get_running_loop()
+        # nothing of it runs any more (its agent was pid 1 of its pid namespace: the
+        # kernel ended the rest before it): the caller need not wait
+        detach = detach and not self.closed and gone
+        trim = dropped >= TRIM_AFTER_BYTES
+        if detach:  # bwrap exits after its agent: its own exit is waited for there
+            teardown: asyncio.Future[None] = asyncio.ensure_future(self._after_exit(live, trim))
+            self._teardowns.add(teardown)
+            teardown.add_done_callback(_teardown_done(self._teardowns, live.id))
+        else:
+            await loop.run_in_executor(
+                None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
+                self._release_resources, live, trim)
+        snapshot_id, live.snapshot_id = live.snapshot_id, None
+        await self.snapshots.release(snapshot_id)
+        self.gpus.release(live.id)  # after its processes are gone
+
+    async def _stop_processes(self, live: Live, init: int | None) -> None:
+        """Close the agent's channel (it exits, and with it every process of its pid
+        namespace) and wait up to ``STOP_WAIT_S`` for that: for bwrap's exit, or for
+        ``init``'s (:func:`~corral.runtime.agent_exit.namespace_init`) where given."""
         # Frozen processes (or a stuck agent, or one not started yet: a create
         # cancelled) cannot see their channel close: they are killed first, rather
         # than waited for STOP_WAIT_S; the freezer is read off the loop, with the
@@ -309,31 +349,20 @@ class EndOps:
             await asyncio.gather(stopped, return_exceptions=True)
         if live.proc is not None:
             try:
-                await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
+                await asyncio.wait_for(_wait_exit(live.proc, init), STOP_WAIT_S)
             except asyncio.TimeoutError:
                 pass
-        if live.log is not None:
-            live.log.close()
-        dropped = processes.release(live)
-        self.cpu_picker.give_back(live.cpus)
-        live.cpus = ()
-        # Removing cgroups and unmounting are blocking syscalls of a few ms each: in a
-        # thread, many teardowns overlap (and use both cores) instead of queueing.
-        loop = asyncio.get_running_loop()
-        # nothing of it runs any more (its agent was pid 1 of its pid namespace: the
-        # kernel ended the rest before it): the caller need not wait
-        detach = detach and not self.closed and (live.proc is None or live.proc.poll() is not None)
-        teardown = loop.run_in_executor(
-            None if self.closed else self._releasers,  # its pool ends with it (then: asyncio's)
-            self._release_resources, live, dropped >= TRIM_AFTER_BYTES)
-        if detach:
-            self._teardowns.add(teardown)
-            teardown.add_done_callback(_teardown_done(self._teardowns, live.id))
-        else:
-            await teardown
-        snapshot_id, live.snapshot_id = live.snapshot_id, None
-        await self.snapshots.release(snapshot_id)
-        self.gpus.release(live.id)  # after its processes are gone
+
+    async def _after_exit(self, live: Live, trim: bool) -> None:
+        """A detached teardown: bwrap's exit (it reaps the agent and unmounts the
+        sandbox's tree; killed in :meth:`_release_resources` if it is not gone within
+        ``STOP_WAIT_S``), then the removals, in a release thread."""
+        if live.proc is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_wait_exit(live.proc), STOP_WAIT_S)
+        await asyncio.get_running_loop().run_in_executor(
+            None if self.closed else self._releasers,  # (closed meanwhile: asyncio's)
+            self._release_resources, live, trim)
 
     def _release_resources(self, live: Live, trim: bool = False) -> None:
         if trim:  # megabytes of unread output were freed: give them back (a few ms)
