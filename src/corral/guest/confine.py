@@ -2,7 +2,9 @@
 
 Sent ahead of a judge program (:func:`corral.guest.program`), so it imports only the
 standard library. :func:`confine` makes the process non-dumpable (no
-``/proc/PID/mem``, ``fd/*``, ``environ``, ``pidfd_getfd`` for processes of its uid),
+``/proc/PID/mem``, ``fd/*``, ``environ``, ``pidfd_getfd`` for processes of its uid;
+a judge keeps no secret in its environment, argv or maps all the same: the tests come on
+stdin after ``READY``),
 ignores SIGINT and SIGKILLs every other process of the sandbox but the agent;
 :func:`kill_others` is also the sweep between two test runs of the stdin/stdout judge.
 """
