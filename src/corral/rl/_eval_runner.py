@@ -97,14 +97,13 @@ try:
     _LEAN = _lean_dumps(_lean_loads(_SAMPLE)) == _SAMPLE  # this Python's _json is as expected
 except Exception:  # another Python (or another _json): the json module itself
     _LEAN = False
+    import json  # now: after the fork the runner imports nothing (start_policy)
 
 
 def dumps(obj):
     """``json.dumps(obj)`` (its default arguments), byte for byte."""
     if _LEAN:
         return _lean_dumps(obj)
-    import json
-
     return json.dumps(obj)
 
 
@@ -112,8 +111,6 @@ def loads(text):
     """``json.loads(text)`` for a document corral wrote (no whitespace around it)."""
     if _LEAN:
         return _lean_loads(text)
-    import json
-
     return json.loads(text)
 
 
@@ -241,6 +238,8 @@ def seed_globals(rng_seed):
 
 def check(job):
     """Load everything and take one step, so a broken policy fails once, clearly."""
+    import traceback  # before the fork: see start_policy
+
     try:
         env = make_env(job)
         policy = start_policy(job, env)
@@ -254,8 +253,6 @@ def check(job):
         emit({"check": "error", "error": str(exc), "at": exc.at})
         return 3
     except Exception as exc:
-        import traceback
-
         emit({"check": "error", "error": f"{type(exc).__name__}: {exc}"[:1000],
               "at": where_in(traceback.extract_tb(exc.__traceback__))})
         return 3
@@ -419,8 +416,6 @@ class Policy:
             if len(self.buffer) > MAX_MESSAGE:
                 raise PolicyError(f"the policy's process sent more than {MAX_MESSAGE} bytes")
             if self.deadline is not None:
-                import select
-
                 left = max(0.0, self.deadline - time.monotonic())
                 if not select.select([self.from_policy], [], [], left)[0]:
                     raise PolicyTimeout(self.timeout_message)
@@ -483,7 +478,16 @@ class Policy:
 def start_policy(job, env):
     """Fork the policy's process, which loads the policy, and wait for its word. The
     runner is non-dumpable first; the child keeps stdin /dev/null, stdout and stderr
-    the runner's stderr, and its two pipe ends (3, 4): nothing else."""
+    the runner's stderr, and its two pipe ends (3, 4): nothing else.
+
+    After the fork the runner imports nothing more: the policy's process shares its
+    directory (``sys.path[0]``, where the policy's files are and which it may write),
+    and a ``select.py`` it planted there ran inside the runner when the runner first
+    imported ``select``. What the runner needs is imported here, before the fork, and
+    its directory leaves ``sys.path`` (tests/security/test_eval_runner_imports.py)."""
+    global select
+    import select
+
     non_dumpable()
     obs_r, obs_w = os.pipe()
     act_r, act_w = os.pipe()
@@ -508,6 +512,7 @@ def start_policy(job, env):
             os._exit(0)
     os.close(obs_r)
     os.close(act_w)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
     for fd in (obs_w, act_r):
         os.set_inheritable(fd, False)
     policy = Policy(pid, obs_w, act_r)
