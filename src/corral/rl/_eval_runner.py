@@ -97,13 +97,14 @@ try:
     _LEAN = _lean_dumps(_lean_loads(_SAMPLE)) == _SAMPLE  # this Python's _json is as expected
 except Exception:  # another Python (or another _json): the json module itself
     _LEAN = False
-    import json  # now: after the fork the runner imports nothing (start_policy)
 
 
 def dumps(obj):
     """``json.dumps(obj)`` (its default arguments), byte for byte."""
     if _LEAN:
         return _lean_dumps(obj)
+    import json  # already in sys.modules after the fork (start_policy)
+
     return json.dumps(obj)
 
 
@@ -111,6 +112,8 @@ def loads(text):
     """``json.loads(text)`` for a document corral wrote (no whitespace around it)."""
     if _LEAN:
         return _lean_loads(text)
+    import json
+
     return json.loads(text)
 
 
@@ -488,6 +491,8 @@ def start_policy(job, env):
     global select
     import select
 
+    if not _LEAN:
+        import json  # noqa: F401 (dumps and loads find it in sys.modules)
     non_dumpable()
     obs_r, obs_w = os.pipe()
     act_r, act_w = os.pipe()
