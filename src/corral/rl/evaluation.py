@@ -181,13 +181,22 @@ class _Evaluation:
                     raise
                 continue
             self.base_sandboxes += 1
+            clean: corral.AsyncSnapshot | None = None
             try:
                 for name, content in self._files().items():
                     await base.files.write(f"{EVAL_DIR}/{name}", content)
+                # Before any of the policy's code runs: the check imports the policy,
+                # which may rewrite the runner next to it (or plant a module), and a
+                # snapshot taken after it would give every episode that runner
+                # (tests/security/test_eval_check_rewrites_runner.py).
+                clean = await base.snapshot()
                 check = await self._check(base)
                 if check.get("uncached"):
+                    # KNOWN GAP: the byte-code is compiled by a run that loaded the
+                    # policy, so this snapshot holds whatever the policy wrote
                     self.runner_env = {**RUNNER_ENV, **PYCACHE_ENV}
                     await self._check(base)
+                    return await base.snapshot()
                 if self.prestart:
                     live = await _eval_live.live_snapshot(
                         base, ["python3", RUNNER, "serve"], self.runner_env, "/workspace")
@@ -195,12 +204,16 @@ class _Evaluation:
                         snapshot, self.served = live
                         return snapshot
                     self.prestart = False  # the host cannot: files only
-                return await base.snapshot()
+                snapshot, clean = clean, None
+                return snapshot
             except CorralError as exc:
                 if not is_infrastructure_error(exc) or attempt == self.retries:
                     raise
             finally:
                 await base.delete()
+                if clean is not None:
+                    with contextlib.suppress(CorralError):
+                        await clean.delete()
         raise AssertionError("unreachable")
 
     async def _check(self, base: corral.AsyncSandbox) -> dict[str, Any]:
