@@ -9,6 +9,8 @@ printed a win for every episode without playing.
 
 from __future__ import annotations
 
+import pytest
+
 import corral
 from corral.rl import evaluate
 from tests.conftest import requires_root
@@ -19,7 +21,11 @@ RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 try:
     with open(RUNNER, "w") as f:
         f.write("""import json, sys
-for item in sys.argv[2:]:
+items = sys.argv[2:]
+if sys.argv[1:] == ["serve"]:  # pre-started: READY, then the items on stdin
+    print("READY", flush=True)
+    items = sys.stdin.readline().split()
+for item in items:
     seed, k = (int(x) for x in item.split(":"))
     print(json.dumps({"seed": seed, "k": k, "return": 1.0, "steps": 1, "terminated": True,
                       "truncated": False, "digest": "0" * 16, "seconds": 0.0}), flush=True)
@@ -33,8 +39,9 @@ def act(obs):
 
 
 @requires_root
-def test_a_policy_that_rewrites_the_runner_during_the_check_scores_its_real_play(daemon):
+@pytest.mark.parametrize("prestart", [False, True], ids=["fresh", "prestarted"])
+def test_a_policy_that_rewrites_the_runner_during_the_check_scores_its_real_play(daemon, prestart):
     with corral.Client(daemon.url) as client:
-        result = evaluate(REWRITER, "tictactoe", seeds=range(2), cache=False, prestart=False,
+        result = evaluate(REWRITER, "tictactoe", seeds=range(2), cache=False, prestart=prestart,
                           client=client)
     assert [e.episode_return for e in result.episodes] == [-1.0, -1.0], result.episodes

@@ -198,6 +198,12 @@ class _Evaluation:
                     await self._check(base)
                     return await base.snapshot()
                 if self.prestart:
+                    # the runner to pre-start comes from the clean files, not the
+                    # checked sandbox's (its own policy process loads in it, after the
+                    # runner imported all it will)
+                    await base.delete()
+                    base = await corral.AsyncSandbox.create(
+                        snapshot=clean, tags=[self.tag], client=self.client(), **spec)
                     live = await _eval_live.live_snapshot(
                         base, ["python3", RUNNER, "serve"], self.runner_env, "/workspace")
                     if live is not None:
