@@ -9,8 +9,9 @@ How it runs:
 
 1. The policy (code defining ``act(obs)``, or a weights file: see
    :class:`~corral.rl.Policy`), the env spec and a small runner script are written
-   ONCE into a base sandbox, which loads the policy and takes one step (a broken
-   policy fails here, once, with its error) and then is snapshotted. Snapshots are
+   ONCE into a base sandbox, which is snapshotted, and then loads the policy and
+   takes one step (a broken policy fails here, once, with its error): the episodes
+   never see what the policy's code did to the base's files. Snapshots are
    content-addressed overlay layers: every episode's sandbox is restored from it and
    shares those files, nothing is copied per episode. Episodes import gymnasium and
    numpy from the image's byte-code; where the image has none (and its folders are
