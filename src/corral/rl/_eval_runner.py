@@ -16,6 +16,7 @@ patches ``emit`` or the env patches its own copies. The policy's process keeps a
 of the env (reset and stepped with the same seeds and actions) as its module's ``env``.
 
     python3 runner.py check                 # load the policy, make the env, step once
+    python3 runner.py warm                  # make the env only (compiles its byte-code)
     python3 runner.py run SEED:K [SEED:K]   # one JSON record per episode, on stdout
     python3 runner.py serve                 # pre-started: READY, then ONE line of SEED:K
 
@@ -303,6 +304,9 @@ def main(argv):
     sys.path.insert(0, HERE)
     if argv[:1] == ["check"]:
         return check(job)
+    if argv[:1] == ["warm"]:  # byte-code for the env's modules; no policy is loaded
+        make_env(job).reset(seed=0)
+        return 0
     if argv[:1] not in (["run"], ["serve"]):
         print("usage: runner.py check | run SEED:K ... | serve", file=sys.stderr)
         return 2

@@ -192,19 +192,23 @@ class _Evaluation:
                 # (tests/security/test_eval_check_rewrites_runner.py).
                 clean = await base.snapshot()
                 check = await self._check(base)
-                if check.get("uncached"):
-                    # KNOWN GAP: the byte-code is compiled by a run that loaded the
-                    # policy, so this snapshot holds whatever the policy wrote
-                    self.runner_env = {**RUNNER_ENV, **PYCACHE_ENV}
-                    await self._check(base)
-                    return await base.snapshot()
-                if self.prestart:
-                    # the runner to pre-start comes from the clean files, not the
-                    # checked sandbox's (its own policy process loads in it, after the
-                    # runner imported all it will)
+                if check.get("uncached") or self.prestart:
+                    # what comes next runs in a copy of the clean files, not in the
+                    # checked sandbox (a pre-started runner's policy process loads
+                    # after the runner imported all it ever will)
                     await base.delete()
                     base = await corral.AsyncSandbox.create(
                         snapshot=clean, tags=[self.tag], client=self.client(), **spec)
+                if check.get("uncached"):
+                    # byte-code compiled by a run that makes the env, never the policy
+                    self.runner_env = {**RUNNER_ENV, **PYCACHE_ENV}
+                    r = await base.exec(["python3", RUNNER, "warm"], env=self.runner_env,
+                                        cwd="/workspace", timeout=max(CHECK_TIMEOUT_S, self.timeout))
+                    if r.ok:
+                        old, clean = clean, await base.snapshot()
+                        with contextlib.suppress(CorralError):
+                            await old.delete()
+                if self.prestart:
                     live = await _eval_live.live_snapshot(
                         base, ["python3", RUNNER, "serve"], self.runner_env, "/workspace")
                     if live is not None:
