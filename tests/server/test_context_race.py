@@ -1,7 +1,6 @@
 """The race of a request's work against its client's hang-up (server/context.py).
 
-Work that finishes without waiting is taken in one step, with no task or watcher; work
-that waits is resumed in a task and raced against the hang-up as before. Both must give
+The work runs in a task of its own, raced against a hang-up watcher that is no task. Both must give
 the work's result, its exception, a cancellation, and the client's hang-up exactly as
 an awaited coroutine would: these run the helper on a real event loop with an ASGI
 ``receive`` of our own (no daemon needed).
@@ -48,7 +47,7 @@ async def after(ev: asyncio.Event, value: str = "sb-2") -> str:
     return value
 
 
-def test_work_done_at_once_needs_no_task():
+def test_work_done_at_once_leaves_nothing_behind():
     async def main() -> None:
         peer = Peer()
         before = len(asyncio.all_tasks())
@@ -56,9 +55,32 @@ def test_work_done_at_once_needs_no_task():
         assert got == ("sb-1", False)
         assert len(asyncio.all_tasks()) == before  # no watcher left behind
         assert peer.waiting == 0  # the peek did not stay parked in receive
-        # a hang-up the server read already is seen without waiting
-        assert await context._race_disconnect(request_of(Peer(gone=True)), at_once(),
-                                              recheck=True) == ("sb-1", True)
+        # a hang-up the server read already is seen before the work starts: never run
+        ran: list[bool] = []
+
+        async def marks() -> str:
+            ran.append(True)
+            return "sb-1"
+
+        with pytest.raises(ClientDisconnect):
+            await context._race_disconnect(request_of(Peer(gone=True)), marks(), recheck=True)
+        assert ran == []
+    asyncio.run(main())
+
+
+def test_a_deadline_the_work_enters_at_once_times_out_the_work_not_the_caller():
+    """``asyncio.timeout`` (and 3.12's ``wait_for``) belongs to the task it is entered
+    in: work stepped once by the caller and resumed in a task of its own had its
+    deadline cancel the caller (CancelledError, no reply) instead of timing out."""
+    async def slow_line() -> str:
+        async with asyncio.timeout(0.05):
+            await asyncio.Event().wait()
+        return "never"
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await context.unless_disconnected(request_of(Peer()), slow_line())
+        assert asyncio.current_task().cancelling() == 0
     asyncio.run(main())
 
 

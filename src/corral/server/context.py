@@ -9,7 +9,7 @@ another's private helpers and the import graph has no circles.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -72,36 +72,6 @@ def host_network_allowed(request: Request) -> bool:
     if door(request).on_socket(request.scope):
         return True
     return settings(request).allow_host_network and caller_of(request).may_use_host_network
-
-
-class _Resumed(Awaitable[T]):
-    """A coroutine that took its first step outside any task (``first``: what it waits
-    for), resumed where it stopped by whoever awaits this: results and exceptions
-    (a cancellation too) go on to it exactly as to an awaited coroutine."""
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, T], first: Any) -> None:
-        self._coro, self._first = coro, first
-
-    def __await__(self) -> Generator[Any, Any, T]:
-        coro, out = self._coro, self._first
-        while True:
-            try:
-                value = yield out
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # noqa: BLE001 (passed on: a cancel too)
-                try:
-                    out = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    out = coro.send(value)
-                except StopIteration as done:
-                    return done.value
 
 
 def _hung_up(request: Request) -> bool:
@@ -200,17 +170,11 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
     """``work``'s result, and whether the client had hung up by the time it came
     (``recheck``); :class:`ClientDisconnect` (``work`` cancelled) if it hung up first.
 
-    ``work`` takes its first step here: most often it finishes without waiting (a
-    pool's ready sandbox) and needs neither a task nor a watcher (two tasks, a wait and
-    a turn of the loop: ~0.1 ms of the daemon's CPU per call). Work that waits goes on
-    in a task, raced against a watcher of the hang-up (:class:`_HangUpWatch`: no task)
-    that cancels it."""
-    if isinstance(work, Coroutine):
-        try:
-            first = work.send(None)
-        except StopIteration as done:
-            return done.value, recheck and _hung_up(request)
-        work = _Resumed(work, first)
+    ``work`` runs in a task of its own from its first step, raced against a watcher of
+    the hang-up (:class:`_HangUpWatch`: no task) that cancels it. (Never a first step
+    taken here and the rest in a task: a deadline the work enters in that step,
+    ``asyncio.timeout`` or 3.12's ``wait_for``, belongs to the task it was entered in,
+    and would cancel this caller instead of the work.)"""
     # The work gets a task of its own: a cancel of this one (a revoked token's cancel
     # scope cancels again every turn until the handler returns) must reach the work
     # once, so that its clean-up (a sandbox's delete, a command's kill) runs whole.
