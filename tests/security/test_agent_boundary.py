@@ -316,3 +316,49 @@ async def test_a_command_starts_with_default_signals_and_an_empty_mask(sandbox):
     r = await engine.exec(sid, ["cat", "/proc/1/status"])
     fields = dict(line.split(":", 1) for line in r.stdout.decode().splitlines() if ":" in line)
     assert int(fields["SigIgn"], 16) & (1 << (13 - 1))
+
+
+def _set_ignored(signals: tuple[int, ...], ignored: bool) -> None:
+    """SIG_IGN (or SIG_DFL) for SIGNALS in this process, through rt_sigaction itself:
+    libc refuses 32 and 33, which a CI runner was seen to hand down ignored."""
+    import ctypes
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 13, "aarch64": 134}.get(platform.machine())
+    if nr is None:
+        pytest.skip(f"rt_sigaction's number not known here ({platform.machine()})")
+    # struct kernel_sigaction: handler, flags, restorer, mask
+    act = (ctypes.c_ulong * 4)(1 if ignored else 0, 0, 0, 0)
+    for s in signals:
+        if libc.syscall(nr, s, ctypes.byref(act), None, 8) != 0:
+            raise OSError(ctypes.get_errno(), f"rt_sigaction({s})")
+
+
+# CI found it: the agent reset only its own six signals in a command's child, trusting
+# every other disposition to be SIG_DFL; but SIG_IGN survives execve, so a daemon started
+# by a process that ignores signal 32 (or SIGINT, as a shell's background job does)
+# handed that down to every command. The engine here starts from such a process.
+async def test_a_command_starts_with_default_signals_whatever_the_daemon_inherited(state_dir):
+    from corral.runtime.engine import Engine
+
+    inherited = (2, 3, 10, 32, 33)  # SIGINT, SIGQUIT, SIGUSR1, glibc's two
+    _set_ignored(inherited, True)
+    try:
+        engine = await Engine.open(state_dir)
+        try:
+            sid = (await engine.create()).id
+            for cmd in (["cat", "/proc/self/status"], ["cat", "/proc/1/status"]):
+                r = await engine.exec(sid, cmd)
+                assert r.returncode == 0, r.stderr
+                fields = dict(ln.split(":", 1) for ln in r.stdout.decode().splitlines() if ":" in ln)
+                ignored = int(fields["SigIgn"], 16)
+                if cmd[1] == "/proc/self/status":
+                    assert ignored == 0, hex(ignored)
+                else:  # the agent: its own six, none of what it inherited
+                    assert all(not ignored & (1 << (s - 1)) for s in inherited), hex(ignored)
+            await assert_honest(engine, sid)
+        finally:
+            await engine.close()
+    finally:
+        _set_ignored(inherited, False)

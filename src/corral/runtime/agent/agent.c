@@ -150,8 +150,10 @@ static int oom_fd = -1;
 static char oom_agent[16];
 /* The signals harden() set to SIG_IGN: the only dispositions a command's child must
    put back to SIG_DFL before exec (a caught one would be reset by execve itself, but
-   the agent catches none), and what a file job's child ignores (see harden). */
-static sigset_t agent_ignored;
+   the agent catches none), and what a file job's child ignores (see harden). A bit
+   mask (bit S-1 for signal S), not a sigset_t: libc's sigaddset refuses the signals
+   it keeps for itself (32 and 33 in glibc), and those can be inherited ignored too. */
+static uint64_t agent_ignored;
 /* Signals the agent ignores even as pid 1: those it can raise on itself or that the
    terminal code acts on when ignored (SIGTTIN reads fail with EIO, no stop). */
 static const int always_ignored[] = {SIGHUP, SIGPIPE, SIGTTIN, SIGTTOU, SIGTSTP, SIGXFSZ};
@@ -388,15 +390,19 @@ static int harden(int fd, int keep) {
        needs SIG_IGN there, and each command's child resets those few instead of all
        64 (issue 30: one rt_sigaction each, before every exec). Run as anything else
        (a test driving the binary directly), it ignores everything as before. */
-    sigemptyset(&agent_ignored);
+    agent_ignored = 0;
     if (getpid() == 1) {
         for (size_t k = 0; k < sizeof always_ignored / sizeof *always_ignored; k++)
-            sigaddset(&agent_ignored, always_ignored[k]);
+            agent_ignored |= SIG_BIT(always_ignored[k]);
+        /* "every other disposition is SIG_DFL" (fork_command) must hold whatever the
+           agent inherited: SIG_IGN survives execve, and a daemon started by a process
+           that ignores a signal (a CI runner ignores 32) hands it down through bwrap. */
+        default_inherited_ignored(agent_ignored);
     } else {
-        for (int s = 1; s < NSIG; s++)
-            if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) sigaddset(&agent_ignored, s);
+        for (int s = 1; s < NSIG && s <= 64; s++)
+            if (s != SIGCHLD && s != SIGKILL && s != SIGSTOP) agent_ignored |= SIG_BIT(s);
     }
-    ignore_all(&agent_ignored);
+    ignore_all(agent_ignored);
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);

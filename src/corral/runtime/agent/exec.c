@@ -60,10 +60,55 @@ static int become(uint64_t uid) {
 
 #define COMMAND_OOM_SCORE_ADJ "1000"
 
+#define SIG_BIT(s) (UINT64_C(1) << ((s) - 1))
+
+/* The kernel's struct sigaction for rt_sigaction(2), called directly: libc's
+   sigaction() refuses the signals it keeps for itself (32 and 33 in glibc, 32-34 in
+   musl), yet those can be inherited ignored and must be reset like any other. */
+struct kernel_sigaction {
+    void (*handler)(int);
+    unsigned long flags;
+    void (*restorer)(void);
+    uint64_t mask;
+};
+
+static int set_disposition(int s, void (*handler)(int)) {
+    struct kernel_sigaction act = {.handler = handler};
+    return (int)syscall(SYS_rt_sigaction, s, &act, NULL, sizeof act.mask);
+}
+
 /* SIG_IGN for every signal in SET (the agent's own, or a file job's: see harden). */
-static void ignore_all(const sigset_t *set) {
-    for (int s = 1; s < NSIG; s++)
-        if (sigismember(set, s) == 1) signal(s, SIG_IGN);
+static void ignore_all(uint64_t set) {
+    for (int s = 1; s <= 64; s++)
+        if (set & SIG_BIT(s)) set_disposition(s, SIG_IGN);
+}
+
+/* SIG_DFL for every signal the agent inherited ignored but KEEP does not name. Read
+   from /proc/self/status (SigIgn: one read, not a query per signal); without it,
+   each signal is asked. */
+static void default_inherited_ignored(uint64_t keep) {
+    uint64_t inherited = 0;
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) close(fd);
+    char *at = NULL;
+    if (n > 0) {
+        buf[n] = 0;
+        at = strstr(buf, "\nSigIgn:\t");
+    }
+    if (at) {
+        inherited = strtoull(at + 9, NULL, 16);
+    } else {
+        for (int s = 1; s <= 64; s++) {
+            struct kernel_sigaction old;
+            if (syscall(SYS_rt_sigaction, s, NULL, &old, sizeof old.mask) == 0 &&
+                old.handler == SIG_IGN)
+                inherited |= SIG_BIT(s);
+        }
+    }
+    for (int s = 1; s <= 64; s++)
+        if ((inherited & SIG_BIT(s)) && !(keep & SIG_BIT(s))) set_disposition(s, SIG_DFL);
 }
 
 /*
@@ -167,8 +212,8 @@ static void do_exec(uint32_t id, struct req *r) {
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
         /* only what the agent ignores: every other disposition is SIG_DFL already */
-        for (int s = 1; s < NSIG; s++)
-            if (sigismember(&agent_ignored, s) == 1) signal(s, SIG_DFL);
+        for (int s = 1; s <= 64; s++)
+            if (agent_ignored & SIG_BIT(s)) set_disposition(s, SIG_DFL);
         if (pty) pty_session(in_p[0]); /* a session: its group, its terminal */
         else setpgid(0, 0);
         dup2(in_p[0], 0);
