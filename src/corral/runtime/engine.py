@@ -318,6 +318,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             t.cancel()
         if not handover:  # (it would kill what is handed over)
             remove_cgroup(self.cgroups, self.cgroup_parent)
+        if stop_sandboxes and not handover:  # nothing left runs on a volume's mount
+            await asyncio.to_thread(self.volumes.unmount_all)
         self.registry.close()
         if self._warden:
             self._warden.stop(handover=handover)
