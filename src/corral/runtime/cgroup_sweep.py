@@ -236,12 +236,17 @@ def sweep(roots: list[Path], lock_dir: Path, *, own: str | None = None,
     deadline = time.monotonic() + seconds
     found = _engine_groups(roots)
     keys = [k for k in sorted(found) if k != own and (only is None or k in only)]
-    named = _named_keys() if keys else set()
+    named: set[str] | None = None  # read once a key's lock is free (rarely: a dead key)
     for n, key in enumerate(keys):
         if n >= max_keys or budget[0] <= 0 or time.monotonic() > deadline:
             swept.left = len(keys) - n
             break
-        fd = None if key in named else _try_hold(lock_dir, key)
+        fd = _try_hold(lock_dir, key)
+        if fd is not None:
+            named = _named_keys() if named is None else named
+            if key in named:  # an older engine's, alive
+                KeyLock(lock_dir, key, fd).release()
+                fd = None
         if fd is None:
             swept.live.append(key)
             continue
