@@ -192,7 +192,8 @@ def _has_processes(d: Path) -> bool:
 
 def _remove_tree(top: Path, swept: Swept, budget: list[int]) -> None:
     """Remove ``top``'s empty groups, children first; report those holding processes."""
-    order, stack = [], [top]
+    order: list[Path] = []
+    stack = [top]
     while stack and len(order) < budget[0]:
         d = stack.pop()
         order.append(d)

@@ -210,7 +210,6 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     write_stall: float | None = None  # seconds (the daemon's: conn_limits.protocol_for)
     _stall_timer: Any = None
     _stall_size = 0  # the transport's buffer at the last check
-    stalled = 0  # connections cut for a write stall (a count of the class: its daemon's)
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         # a response's headers and body leave in one send (corral.server.coalesce)
@@ -253,7 +252,6 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._stall_size = size
             self._stall_timer = self.loop.call_later(self.write_stall, self._check_stall)
             return
-        type(self).stalled += 1
         logger.info("closed a TCP connection from %s: its client read none of its reply "
                     "(%d bytes waiting) for %g s (--write-stall-timeout)",
                     self.client[0] if self.client else "?", size, self.write_stall)
