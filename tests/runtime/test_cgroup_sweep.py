@@ -158,3 +158,25 @@ async def test_an_engine_starting_during_a_sweep_of_its_key_waits_and_keeps_its_
         await engine.close()
     assert not any((r / f"corral-{key}").exists() for r in roots)
     assert not (cgroup_lock_dir() / f"{key}.lock").exists(), "a closed engine left its lock"
+
+
+async def test_an_engine_does_not_start_while_its_key_is_held(state_dir):
+    """A sweep holds a dead key's lock while it removes that key's groups: an engine of
+    that key waits for it, then starts (and neither sees the other's groups go)."""
+    from corral.runtime.cgroup_sweep import KeyLock
+    from corral.runtime.engine import Engine
+    from corral.runtime.paths import Layout, cgroup_lock_dir
+
+    key = Layout(state_dir, state_dir).engine_key
+    held = KeyLock.take(cgroup_lock_dir(), key)
+    opening = asyncio.ensure_future(Engine.open(state_dir, warm_slots=0))
+    try:
+        await asyncio.sleep(0.5)
+        assert not opening.done(), "an engine started while its key was held"
+    finally:
+        held.release(remove=False)
+    engine = await opening
+    try:
+        assert engine.cgroup_key is not None and engine.cgroup_key.key == key
+    finally:
+        await engine.close()
