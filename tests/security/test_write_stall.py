@@ -44,16 +44,17 @@ def _held(daemon) -> int:
     return int(float(re.search(r"^corral_output_held_bytes (\S+)$", text, re.M)[1]))
 
 
-def _ask_big_reply(daemon, output: int, rcvbuf: int) -> socket.socket:
+def _ask_big_reply(daemon, output: int, rcvbuf: int, verb: str = "exec") -> socket.socket:
     """A raw connection that asks for a command's ``output`` bytes of stdout in one reply
-    (with a small receive buffer: the daemon's writes pause soon)."""
+    (``exec/stream``: as a stream), with a small receive buffer: the daemon's writes
+    pause soon."""
     body = json.dumps({"cmd": f"head -c {output} /dev/zero | tr '\\0' a",
                        "max_output": output}).encode()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.settimeout(HANG_GUARD_S)
     s.connect(("127.0.0.1", daemon.port))
-    s.sendall(f"POST /v1/sandboxes/{daemon.sid}/exec HTTP/1.1\r\nHost: x\r\n"
+    s.sendall(f"POST /v1/sandboxes/{daemon.sid}/{verb} HTTP/1.1\r\nHost: x\r\n"
               f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
               f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     return s
@@ -97,6 +98,17 @@ def test_a_client_that_never_reads_is_cut_off_and_what_it_held_goes_back(daemon)
         stalled.close()
     log = daemon.log()
     assert "read none of its reply" in log and "--write-stall-timeout" in log
+
+
+def test_a_stream_nobody_reads_is_cut_off_too(daemon):
+    baseline = _held(daemon)
+    stalled = _ask_big_reply(daemon, 64 << 20, rcvbuf=4096, verb="exec/stream")
+    try:
+        _wait_for(lambda: _held(daemon) > baseline, "the stream never held room")
+        _wait_for(lambda: _held(daemon) <= baseline, "the unread stream's room never came back")
+        assert _closed(stalled), "the stalled stream is still open"
+    finally:
+        stalled.close()
 
 
 def test_a_slow_reader_that_keeps_reading_gets_its_whole_reply(daemon):
