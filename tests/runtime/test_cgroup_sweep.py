@@ -75,7 +75,9 @@ def other_state_dir():
 
 async def test_an_engine_killed_with_its_warden_leaves_groups_the_next_start_sweeps(
         state_dir, other_state_dir):
+    from corral.runtime.cgroup_sweep import KeyLock
     from corral.runtime.engine import Engine
+    from corral.runtime.paths import Layout, cgroup_lock_dir
 
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(state_dir)],
                              stdout=subprocess.PIPE, text=True)
@@ -87,8 +89,13 @@ async def test_an_engine_killed_with_its_warden_leaves_groups_the_next_start_swe
         os.kill(made["warden"], signal.SIGKILL)  # both die: nobody is left to clean up
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
-        _wait(lambda: not _procs(parents), "the dead engine's sandboxes did not end")
-        assert all(Path(g).is_dir() for g in made["groups"]), "nothing was left to sweep"
+        # (held meanwhile, so that no other engine starting on this host sweeps them first)
+        held = KeyLock.take(cgroup_lock_dir(), Layout(state_dir, state_dir).engine_key)
+        try:
+            _wait(lambda: not _procs(parents), "the dead engine's sandboxes did not end")
+            assert all(Path(g).is_dir() for g in made["groups"]), "nothing was left to sweep"
+        finally:
+            held.release(remove=False)
         engine = await Engine.open(other_state_dir, warm_slots=0)
         try:
             left = [p for p in parents if p.exists()]
