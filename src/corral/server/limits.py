@@ -32,8 +32,11 @@ import logging
 import os
 import re
 import resource
+import socket
+import struct
 import time
 from collections import Counter
+from contextlib import suppress
 from http import HTTPStatus
 from itertools import accumulate
 from typing import Any
@@ -255,6 +258,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         logger.info("closed a TCP connection from %s: its client read none of its reply "
                     "(%d bytes waiting) for %g s (--write-stall-timeout)",
                     self.client[0] if self.client else "?", size, self.write_stall)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops the unsent bytes it holds too
+            with suppress(OSError):  # (a plain close would queue a FIN behind them)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()  # the wait in uvicorn's send ends: the reply's holds go
 
     def data_received(self, data: bytes) -> None:
