@@ -129,6 +129,9 @@ class KeyLock:
             time.sleep(0.02)
         return cls(lock_dir, key, fd)
 
+    def __del__(self) -> None:  # an engine that failed to open: let go, as its lock file does
+        self.release(remove=False)
+
     def release(self, *, remove: bool = True) -> None:
         """Let go; with ``remove``, remove the lock's file first (only while no other
         process shares the lock: not when a warden keeps it for a live restore)."""
