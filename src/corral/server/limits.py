@@ -17,7 +17,7 @@ Every bound here is enforced before the expensive step it protects:
 - **While replying** (:class:`BoundedHttpProtocol`, TCP only): a connection whose
   transport stays paused for writing (its buffer above the high-water mark: the client
   reads nothing) for ``--write-stall-timeout`` seconds with none of it read meanwhile
-  is aborted, so a reply nobody reads gives back what it holds (its output budget
+  is reset, so a reply nobody reads gives back what it holds (its output budget
   room, its buffers, its descriptor). A client that reads slowly is not cut: every
   check that finds the buffer smaller than at the last one starts the wait again.
 - **Per client** (:class:`ClientLimiter`): at most ``--max-client-requests`` requests
