@@ -417,6 +417,10 @@ class CgroupDriver:
             raise errors.NotFound(f"cgroup {path} does not exist (cgroup v{self.version})")
         return self._group_type(path, dirs)
 
+    def hierarchies(self) -> list[Path]:
+        """The root directory of each hierarchy groups are made in."""
+        return list(dict.fromkeys(self._roots().values()))
+
     def children(self, parent: str) -> list[str]:
         """Names of the child groups of ``parent`` found in any hierarchy."""
         return _child_names(self._dirs(parent).values())
