@@ -664,7 +664,6 @@ static int serve(int fd, int keep, int local) {
 }
 
 #include "netns.c"
-#include "prune.c"
 #include "launch.c"
 
 int main(int argc, char **argv) {

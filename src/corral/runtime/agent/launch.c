@@ -681,9 +681,6 @@ static int launch(int argc, char **argv) {
         if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0) return die("join network namespace", o.netns);
         close(nfd);
     }
-    /* bwrap's copy of this table, its reads of it and the sandbox's end cost less
-       without the host's mounts it cannot use (prune.c; CRIU's restore keeps all) */
-    if (o.rootdir && !o.exec_root) prune_mounts(o.rootdir, o.prog);
     if (!o.exec_root && o.gid != (gid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(o.gid, o.gid, o.gid) != 0))
         return die("setgid", NULL);
     if (!o.exec_root && o.uid != (uid_t)-1 && setresuid(o.uid, o.uid, o.uid) != 0) return die("setuid", NULL);
