@@ -80,7 +80,8 @@ def recycle(driver: CgroupDriver, group: Cgroup, path: str, *, cpus: float, memo
         try:
             os.rename(d, d.parent / name)
         except OSError:
-            return _give_up(group, moved)
+            _give_up(group, moved)
+            return None
         moved[d] = d.parent / name
     new = type(group)(path, {k: moved[d] for k, d in dirs.items()})
     new.recyclable, new.uses = True, group.uses + 1
@@ -117,7 +118,6 @@ def _give_up(group: Cgroup, moved: dict[Path, Path]) -> None:
             os.rename(now, was)
         except OSError:
             type(group)(group.path, {"": now}).remove(children=False)
-    return None
 
 
 def set_slot_cpus(driver: CgroupDriver, group: Cgroup, cpus: tuple[int, ...]) -> None:

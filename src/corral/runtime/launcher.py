@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -375,7 +376,7 @@ class SlotPool:
         with self._spare_lock:
             spare, self._spare = list(self._spare), deque()
         for group in spare:
-            await finish_in_thread(lambda g=group: g.remove(children=False))
+            await finish_in_thread(functools.partial(group.remove, children=False))
 
 
 async def _read_ready(fd: int) -> bytes:
