@@ -51,7 +51,9 @@ log = logging.getLogger("corral.runtime")
 DEFAULT_WARM_SLOTS = 4
 SPAWN_BACKOFF_S = 1.0
 LOCAL_CHANNELS_TIMEOUT_S = 30.0
-SPARE_GROUPS = 16  # emptied groups kept for the next slots (cgroup_recycle.py), at most
+# emptied groups kept for the next slots (cgroup_recycle.py): at most this many, and at
+# most twice the warm target (none where the engine keeps no warm slots)
+SPARE_GROUPS = 16
 
 
 @dataclass
@@ -255,7 +257,7 @@ class SlotPool:
         (:func:`~corral.runtime.cgroup_recycle.recycle`: only if empty), or False: the
         caller removes it as before. Blocking: called from a release thread."""
         with self._spare_lock:
-            if self.closed or len(self._spare) >= SPARE_GROUPS:
+            if self.closed or len(self._spare) >= min(SPARE_GROUPS, 2 * self.target):
                 return False
         new = recycle(self.cgroups, group, f"{self.cgroup_parent}/slot-{secrets.token_hex(6)}",
                       cpus=DEFAULT_CPUS, memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS)
