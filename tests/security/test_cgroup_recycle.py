@@ -7,9 +7,9 @@ reported with them (an exit blamed on the OOM killer, usage billed or leaked to
 another tenant); a sandbox with tight limits, or one frozen or given every device,
 leaves them for the next; a process left running in the group would share it; and
 anything that still names the old group (the ended sandbox's handle) would reach the
-new sandbox. Each test follows one group from sandbox A to a later sandbox C by the
-inode of its memory directory (a rename keeps it), and fails if no such hand-over
-happened.
+new sandbox. The engine tests follow one group from sandbox A to a later sandbox C by
+the inode of its memory directory (a rename keeps it), and fail if no such hand-over
+happened; the last one calls the recycling itself.
 """
 
 from __future__ import annotations
