@@ -230,7 +230,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
-        ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
+        ``warm_slots`` launchers are kept joined to cgroups of their own, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
         ``network_hosts``: names the resolver of policy sandboxes answers with these
