@@ -92,7 +92,7 @@ from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.secret_store import SecretStore
 from corral.runtime.snapshots import Snapshots
-from corral.runtime.startup import open_layout
+from corral.runtime.startup import open_layout, settle_process
 from corral.runtime.threadwork import ThreadBatch, finish_in_thread
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     CANONICAL_UID,
@@ -244,6 +244,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         bwrap = shutil.which("bwrap")
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
+        settle_process()  # whatever the parent handed down (startup.py)
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
         for staged in layout.state_dir.glob(".volume-upload-*"):  # a killed daemon's archives
@@ -452,9 +453,14 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.cpus = self.cpu_picker.take(spec.cpus, prefer=slot.cpus)
         if live.cpus != slot.cpus:  # (a warm slot's cpuset may hold them already)
             self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
-        live.sandbox_dir.mkdir(mode=0o711)
+        live.sandbox_dir.mkdir()
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
+        # whatever the daemon's umask (a CI runner's 077 made them 0700: bwrap, as the
+        # sandbox's uid, could not reach its root): modes set, not masked
+        for d, mode in ((live.sandbox_dir, 0o711), (live.sandbox_dir / "rw", 0o755),
+                        (live.sandbox_dir / "root", 0o755)):
+            os.chmod(d, mode)
         if spec.storage == Storage.DISK:
             # (a cancelled create removes the sandbox's directory once the image is made)
             await finish_in_thread(lambda: make_image(live.sandbox_dir, disk_mb=spec.disk_mb,

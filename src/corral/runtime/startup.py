@@ -13,16 +13,53 @@ next start removes them, unless a build of another engine on the host is running
 right now (then the next image operation does; see :func:`ImageStore.sweep_debris`).
 A CRIU killed mid-way can leave its ``/run/criu.kdat.tmp``: removed too
 (:func:`criu.drop_kdat_tmp`, which each CRIU run is followed by anyway).
+
+Whatever its parent handed down, the engine's process is made fit first
+(:func:`settle_process`): its soft ``RLIMIT_NOFILE`` raised to its hard limit (a daemon
+holds several descriptors a sandbox: its channels, its log pipe, a warm slot's; the
+soft limit it inherits is often 1024, Debian's default for a service or a login, or
+lower, a CI runner's), and ``SIGCHLD`` back to its default if it came ignored: the
+kernel then reaps every child at once, and each exit status is lost (``subprocess``
+reports 0 for a failed CRIU, ``ip`` or ``mkfs``; asyncio, 255).
 """
 
 from __future__ import annotations
 
 import os
+import resource
+import signal
+import threading
 from pathlib import Path
 
 from corral.runtime import criu, storage
 from corral.runtime.images import ImageStore
 from corral.runtime.paths import Layout, default_cache_dir, default_state_dir
+
+OPEN_FILES_CAP = 1 << 20  # the soft limit raised to the hard one, at most this
+
+
+def settle_process() -> None:
+    """Undo what a parent may have handed down that the engine cannot work with (see
+    the module docstring): a low soft descriptor limit, ``SIGCHLD`` ignored."""
+    raise_open_files()
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        else:  # (Python sets handlers from its main thread only; libc's from any)
+            import ctypes
+
+            ctypes.CDLL(None).signal(int(signal.SIGCHLD), None)  # None: SIG_DFL (0)
+
+
+def raise_open_files() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (at most
+    :data:`OPEN_FILES_CAP`) if it is lower; the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_CAP if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_CAP)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    return soft
 
 
 def open_layout(state_dir: Path | str | None, cache_dir: Path | str | None) -> Layout:

@@ -1,0 +1,112 @@
+"""Whatever a daemon's parent hands down, a sandboxed command starts as a clean exec
+would, and the engine works (CI's runner ignored signal 32 and one test saw it inside a
+sandbox: commit 3a76cdd).
+
+One engine is opened from a parent as unkind as a CI runner can be
+(:mod:`tests.security.hostile_parent`: signals ignored and blocked, umask 077, low soft
+limits and unlimited core dumps, nice 5, one CPU, no terminal, stdin closed, odd locale,
+time zone, ``TMPDIR``, no ``HOME``, ``PYTHONWARNINGS=error``, proxies); it starts a few
+sandboxes and each test reads one property of what their commands saw. What failed
+before, and was fixed with this module: umask 077 (no sandbox could start: its root
+was 0700), umask 000 and the limits (a command inherited them: files 0666, a 1 MiB file
+size limit, unlimited cores), a soft descriptor limit of 48 (the engine ran out with a
+few sandboxes), ``SIGCHLD`` ignored (every helper's exit status read as 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_root
+from tests.security import hostile_parent as hp
+
+pytestmark = [requires_root, pytest.mark.root]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def seen() -> dict:
+    """What an engine opened from the hostile parent, and its sandboxes' commands, saw."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    cpu = min(os.sched_getaffinity(0))
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.security.hostile_parent", "--",
+         sys.executable, "-m", "tests.security.hostile_parent", "--engine"],
+        capture_output=True, env=env, cwd=ROOT, timeout=600, check=False,
+    )
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    out = json.loads(r.stdout)
+    out["cpu"] = cpu
+    assert len(out["commands"]) == hp.SANDBOXES  # the engine held them all (nofile 48)
+    for code, _stdout, stderr in out["commands"]:
+        assert code == 0, stderr
+    parsed = []
+    for _code, stdout, _stderr in out["commands"]:
+        status, limits, environ, nice, modes, agent = stdout.split("@@\n")
+        parsed.append({
+            "status": dict(ln.split(":\t", 1) for ln in status.splitlines() if ":\t" in ln),
+            "limits": {ln[:26].strip(): ln[26:].split()[:2] for ln in limits.splitlines()[1:]},
+            "env": dict(ln.split("=", 1) for ln in environ.splitlines() if "=" in ln),
+            "nice": int(nice), "modes": modes.split(), "agent": agent,
+        })
+    out["parsed"] = parsed
+    return out
+
+
+def test_commands_start_with_default_signals_and_an_empty_mask(seen):
+    for c in seen["parsed"]:
+        assert int(c["status"]["SigIgn"], 16) == 0, c["status"]["SigIgn"]
+        assert int(c["status"]["SigBlk"], 16) == 0, c["status"]["SigBlk"]
+        agent_ignored = int(c["agent"].split()[1], 16)  # its own few, none inherited
+        assert not any(agent_ignored & (1 << (s - 1)) for s in (2, 3, 10, 12, 15, 17, 32, 33))
+
+
+def test_commands_have_the_usual_umask_whatever_the_daemons(seen):
+    for c in seen["parsed"]:
+        assert c["status"]["Umask"].strip() == "0022"
+        assert c["modes"] == ["644", "755"]  # a file and a directory made in /tmp
+
+
+def test_commands_have_the_sandboxes_own_limits_not_the_daemons(seen):
+    for c in seen["parsed"]:
+        lim = c["limits"]
+        assert lim["Max cpu time"] == ["unlimited", "unlimited"]
+        assert lim["Max file size"] == ["unlimited", "unlimited"]
+        assert lim["Max stack size"][0] == str(8 << 20)
+        assert lim["Max core file size"] == ["0", "0"]  # no core dumps, not even raised
+        assert lim["Max processes"][0] != str(hp.SOFT_LIMITS[hp.resource.RLIMIT_NPROC])
+        assert lim["Max locked memory"][0] == str(8 << 20)
+        assert lim["Max open files"] == ["1024", "1024"]  # the sandbox's open_files
+        assert lim["Max nice priority"] == ["0", "0"]
+
+
+def test_commands_see_the_sandboxes_environment_only(seen):
+    for c in seen["parsed"]:
+        env = c["env"]
+        assert env["HOME"] == "/home/sandbox" and env["LANG"] == "C.UTF-8"
+        assert not set(env) & set(hp.ENV) - {"LANG", "SHELL"}, sorted(env)
+        assert env["SHELL"] == "/bin/sh"
+
+
+def test_the_engine_holds_many_sandboxes_from_a_low_descriptor_limit(seen):
+    assert seen["nofile"] == hp.SOFT_LIMITS[hp.resource.RLIMIT_NOFILE]
+    assert seen["nofile_open"] > seen["nofile"]  # raised to the hard limit
+
+
+def test_the_engine_sees_its_helpers_exit_statuses_though_sigchld_came_ignored(seen):
+    assert seen["false_status"] == 1
+    assert seen["timed_out"]  # a timeout still kills from outside
+
+
+def test_commands_run_on_the_daemons_cpus_at_its_nice_level(seen):
+    # deliberately inherited: an operator who pins or renices a daemon means its sandboxes
+    for c in seen["parsed"]:
+        assert c["status"]["Cpus_allowed_list"].strip() == str(seen["cpu"])
+        assert c["nice"] == hp.NICE
