@@ -249,7 +249,21 @@ def _remove_deep_trees(base: Path) -> None:
             pass
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+def _loopback_past_proxies() -> None:
+    """A runner may set ``HTTP_PROXY``/``HTTPS_PROXY``: the third-party clients the
+    tests point at a daemon on loopback (e2b, tensorlake, cwsandbox, harbor) honour it
+    unless ``NO_PROXY`` names loopback. corral's own never use one
+    (tests/security/test_inherited_daemon.py runs them with proxies set)."""
+    for name in ("NO_PROXY", "no_proxy"):
+        have = [h.strip() for h in os.environ.get(name, "").split(",") if h.strip()]
+        os.environ[name] = ",".join(have + [h for h in LOOPBACK_NAMES if h not in have])
+
+
 def pytest_configure(config):
+    _loopback_past_proxies()  # (in each worker too: it inherits the runner's environment)
     if hasattr(config, "workerinput"):
         return
     import getpass

@@ -45,6 +45,7 @@ ENV = {
     "HTTP_PROXY": DEAD_PROXY, "HTTPS_PROXY": DEAD_PROXY, "ALL_PROXY": DEAD_PROXY,
     "all_proxy": DEAD_PROXY, "NO_PROXY": "example.com", "no_proxy": "example.com",
     "SHELL": "/bin/false", "TERM": "dumb",
+    "PATH": "/usr/local/bin:/usr/bin:/bin",  # no sbin (a service's, su's): no nft, no losetup
 }
 SANDBOXES = 10  # ~5 descriptors each: more than 48 hold (test_inherited_state.py)
 # what a command sees: its status, limits, environment, nice level and what it creates
@@ -105,6 +106,10 @@ async def probe_engine() -> dict:
                 out["commands"].append([r.returncode, r.stdout.decode(), r.stderr.decode()])
             r = await engine.exec(ids[0], ["sleep", "30"], timeout=0.5)
             out["timed_out"] = r.timed_out
+            # a network policy: its namespace, link and nftables rules made by host tools
+            sid = (await engine.create(network={"allow": ["192.0.2.1"]})).id
+            r = await engine.exec(sid, ["true"], timeout=60)
+            out["policy"] = [r.returncode, r.stderr.decode()]
         finally:
             await engine.close()
     finally:

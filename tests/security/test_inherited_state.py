@@ -91,8 +91,8 @@ def test_commands_see_the_sandboxes_environment_only(seen):
     for c in seen["parsed"]:
         env = c["env"]
         assert env["HOME"] == "/home/sandbox" and env["LANG"] == "C.UTF-8"
-        assert not set(env) & set(hp.ENV) - {"LANG", "SHELL"}, sorted(env)
-        assert env["SHELL"] == "/bin/sh"
+        assert not set(env) & set(hp.ENV) - {"LANG", "SHELL", "PATH"}, sorted(env)
+        assert env["SHELL"] == "/bin/sh" and env["PATH"] != hp.ENV["PATH"]
 
 
 def test_the_engine_holds_many_sandboxes_from_a_low_descriptor_limit(seen):
@@ -103,6 +103,10 @@ def test_the_engine_holds_many_sandboxes_from_a_low_descriptor_limit(seen):
 def test_the_engine_sees_its_helpers_exit_statuses_though_sigchld_came_ignored(seen):
     assert seen["false_status"] == 1
     assert seen["timed_out"]  # a timeout still kills from outside
+
+
+def test_a_network_policy_works_though_sbin_is_not_on_the_path(seen):
+    assert seen["policy"] == [0, ""]  # PATH without /usr/sbin: nft was not found
 
 
 def test_commands_run_on_the_daemons_cpus_at_its_nice_level(seen):

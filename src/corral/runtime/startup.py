@@ -20,7 +20,9 @@ holds several descriptors a sandbox: its channels, its log pipe, a warm slot's; 
 soft limit it inherits is often 1024, Debian's default for a service or a login, or
 lower, a CI runner's), and ``SIGCHLD`` back to its default if it came ignored: the
 kernel then reaps every child at once, and each exit status is lost (``subprocess``
-reports 0 for a failed CRIU, ``ip`` or ``mkfs``; asyncio, 255).
+reports 0 for a failed CRIU, ``ip`` or ``mkfs``; asyncio, 255); and the system's
+``sbin`` directories on its ``PATH`` (after what is there): a service's or ``su``'s
+``PATH`` may lack them, and ``nft`` lives there ("nft is not installed", it said).
 """
 
 from __future__ import annotations
@@ -36,12 +38,18 @@ from corral.runtime.images import ImageStore
 from corral.runtime.paths import Layout, default_cache_dir, default_state_dir
 
 OPEN_FILES_CAP = 1 << 20  # the soft limit raised to the hard one, at most this
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")  # root's tools (nft, losetup, ...)
 
 
 def settle_process() -> None:
     """Undo what a parent may have handed down that the engine cannot work with (see
-    the module docstring): a low soft descriptor limit, ``SIGCHLD`` ignored."""
+    the module docstring): a low soft descriptor limit, ``SIGCHLD`` ignored, a ``PATH``
+    without the ``sbin`` directories."""
     raise_open_files()
+    path = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    missing = [d for d in SBIN_DIRS if d not in path and os.path.isdir(d)]
+    if missing:
+        os.environ["PATH"] = os.pathsep.join([p for p in path if p] + missing)
     if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
