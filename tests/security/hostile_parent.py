@@ -110,11 +110,28 @@ async def probe_engine() -> dict:
             sid = (await engine.create(network={"allow": ["192.0.2.1"]})).id
             r = await engine.exec(sid, ["true"], timeout=60)
             out["policy"] = [r.returncode, r.stderr.decode()]
+            out["restored"] = await restored_probe(engine)
         finally:
             await engine.close()
     finally:
         shutil.rmtree(state, ignore_errors=True)
     return out
+
+
+async def restored_probe(engine) -> list | None:  # noqa: ANN001
+    """:data:`PROBE` in a sandbox restored from a live checkpoint (CRIU, run by this
+    engine), and the status of a process it restored; None without a cached CRIU."""
+    from corral.runtime import criu
+
+    if criu.find(engine.layout.cache_dir) is None:
+        return None
+    sb = await engine.create(network="none", checkpointable=True)
+    await engine.exec(sb.id, ["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $! > /tmp/pid"])
+    snap = await engine.checkpoint(sb.id, name="hostile")
+    copy = await engine.restore_checkpoint(snap.id)
+    r = await engine.exec(copy.id, ["sh", "-c", PROBE + "; echo @@; cat /proc/$(cat /tmp/pid)/status"
+                                    "; echo @@; cat /proc/$(cat /tmp/pid)/limits"], timeout=60)
+    return [r.returncode, r.stdout.decode(), r.stderr.decode()]
 
 
 def main(argv: list[str]) -> int:

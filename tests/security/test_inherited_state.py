@@ -47,17 +47,31 @@ def seen() -> dict:
     assert len(out["commands"]) == hp.SANDBOXES  # the engine held them all (nofile 48)
     for code, _stdout, stderr in out["commands"]:
         assert code == 0, stderr
-    parsed = []
-    for _code, stdout, _stderr in out["commands"]:
-        status, limits, environ, nice, modes, agent = stdout.split("@@\n")
-        parsed.append({
-            "status": dict(ln.split(":\t", 1) for ln in status.splitlines() if ":\t" in ln),
-            "limits": {ln[:26].strip(): ln[26:].split()[:2] for ln in limits.splitlines()[1:]},
-            "env": dict(ln.split("=", 1) for ln in environ.splitlines() if "=" in ln),
-            "nice": int(nice), "modes": modes.split(), "agent": agent,
-        })
-    out["parsed"] = parsed
+    out["parsed"] = [_parse(stdout) for _code, stdout, _stderr in out["commands"]]
+    if out["restored"] is not None:  # a live checkpoint's copy: its commands, its process
+        code, stdout, stderr = out["restored"]
+        assert code == 0, stderr
+        probe, status, limits = stdout.rsplit("@@\n", 2)
+        out["parsed"].append(_parse(probe))
+        out["restored_process"] = _parse_status(status), _parse_limits(limits)
     return out
+
+
+def _parse_status(text: str) -> dict[str, str]:
+    return {k: v.strip() for k, v in (ln.split(":\t", 1) for ln in text.splitlines() if ":\t" in ln)}
+
+
+def _parse_limits(text: str) -> dict[str, list[str]]:
+    return {ln[:26].strip(): ln[26:].split()[:2] for ln in text.splitlines()[1:]}
+
+
+def _parse(stdout: str) -> dict:
+    status, limits, environ, nice, modes, agent = stdout.split("@@\n")
+    return {
+        "status": _parse_status(status), "limits": _parse_limits(limits),
+        "env": dict(ln.split("=", 1) for ln in environ.splitlines() if "=" in ln),
+        "nice": int(nice), "modes": modes.split(), "agent": agent,
+    }
 
 
 def test_commands_start_with_default_signals_and_an_empty_mask(seen):
@@ -70,13 +84,13 @@ def test_commands_start_with_default_signals_and_an_empty_mask(seen):
 
 def test_commands_have_the_usual_umask_whatever_the_daemons(seen):
     for c in seen["parsed"]:
-        assert c["status"]["Umask"].strip() == "0022"
+        assert c["status"]["Umask"] == "0022"
         assert c["modes"] == ["644", "755"]  # a file and a directory made in /tmp
 
 
 def test_commands_have_the_sandboxes_own_limits_not_the_daemons(seen):
-    for c in seen["parsed"]:
-        lim = c["limits"]
+    restored = [seen["restored_process"][1]] if "restored_process" in seen else []
+    for lim in [c["limits"] for c in seen["parsed"]] + restored:
         assert lim["Max cpu time"] == ["unlimited", "unlimited"]
         assert lim["Max file size"] == ["unlimited", "unlimited"]
         assert lim["Max stack size"][0] == str(8 << 20)
@@ -105,6 +119,15 @@ def test_the_engine_sees_its_helpers_exit_statuses_though_sigchld_came_ignored(s
     assert seen["timed_out"]  # a timeout still kills from outside
 
 
+def test_a_process_restored_by_criu_has_the_sandboxes_umask_and_mask(seen):
+    if "restored_process" not in seen:
+        pytest.skip("no cached CRIU (scripts/build_criu.sh)")
+    status, _limits = seen["restored_process"]
+    # (umask 077 stopped the checkpoint: CRIU found no freezer in the 0700 cgroups)
+    assert status["Umask"] == "0022" and int(status["SigBlk"], 16) == 0
+    assert int(status["SigIgn"], 16) == 0b110  # what sh gives a background job, no more
+
+
 def test_a_network_policy_works_though_sbin_is_not_on_the_path(seen):
     assert seen["policy"] == [0, ""]  # PATH without /usr/sbin: nft was not found
 
@@ -112,5 +135,5 @@ def test_a_network_policy_works_though_sbin_is_not_on_the_path(seen):
 def test_commands_run_on_the_daemons_cpus_at_its_nice_level(seen):
     # deliberately inherited: an operator who pins or renices a daemon means its sandboxes
     for c in seen["parsed"]:
-        assert c["status"]["Cpus_allowed_list"].strip() == str(seen["cpu"])
+        assert c["status"]["Cpus_allowed_list"] == str(seen["cpu"])
         assert c["nice"] == hp.NICE
