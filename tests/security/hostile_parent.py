@@ -7,7 +7,8 @@ resource limits and an unlimited core size, a nice level, one CPU, a session of 
 without a terminal, stdin closed, and an environment with odd locale, time zone,
 ``TMPDIR``, no ``HOME``, ``PYTHONWARNINGS=error`` and proxies that lead nowhere.
 
-``python -m tests.security.hostile_parent --engine`` opens an engine on a private state
+``python -m tests.security.hostile_parent --open-files`` (under ``prlimit``) tries a
+sandbox past the process's hard descriptor limit. ``--engine`` opens an engine on a private state
 directory, starts :data:`SANDBOXES` sandboxes, runs :data:`PROBE` in each and prints
 what they saw (JSON): tests/security/test_inherited_state.py reads it.
 """
@@ -134,9 +135,39 @@ async def restored_probe(engine) -> list | None:  # noqa: ANN001
     return [r.returncode, r.stdout.decode(), r.stderr.decode()]
 
 
+async def probe_open_files() -> dict:
+    """Under a hard RLIMIT_NOFILE below a sandbox's default open_files: what a default
+    create says, and what a sandbox that asks for less gets."""
+    from corral.errors import SandboxStartError
+    from corral.runtime.engine import Engine
+
+    state = Path(tempfile.mkdtemp(prefix="corral-test-hostile-", dir="/tmp"))
+    os.chmod(state, 0o711)
+    out: dict = {}
+    try:
+        engine = await Engine.open(state, warm_slots=0)
+        try:
+            for name, spec in (("default", {}), ("asked", {"open_files": 128})):
+                try:
+                    sid = (await engine.create(spec)).id
+                except SandboxStartError as exc:
+                    out[name] = str(exc)
+                    continue
+                r = await engine.exec(sid, ["sh", "-c", "ulimit -n"], timeout=60)
+                out[name] = int(r.stdout)
+        finally:
+            await engine.close()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--engine"]:
         print(json.dumps(asyncio.run(probe_engine())))
+        return 0
+    if argv[:1] == ["--open-files"]:
+        print(json.dumps(asyncio.run(probe_open_files())))
         return 0
     if argv[:1] != ["--"] or len(argv) < 2:
         print(__doc__, file=sys.stderr)

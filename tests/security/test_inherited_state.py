@@ -31,15 +31,18 @@ pytestmark = [requires_root, pytest.mark.root]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+
+
 @pytest.fixture(scope="module")
 def seen() -> dict:
     """What an engine opened from the hostile parent, and its sandboxes' commands, saw."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     cpu = min(os.sched_getaffinity(0))
     r = subprocess.run(
         [sys.executable, "-m", "tests.security.hostile_parent", "--",
          sys.executable, "-m", "tests.security.hostile_parent", "--engine"],
-        capture_output=True, env=env, cwd=ROOT, timeout=600, check=False,
+        capture_output=True, env=_env(), cwd=ROOT, timeout=600, check=False,
     )
     assert r.returncode == 0, r.stderr.decode()[-3000:]
     out = json.loads(r.stdout)
@@ -130,6 +133,23 @@ def test_a_process_restored_by_criu_has_the_sandboxes_umask_and_mask(seen):
 
 def test_a_network_policy_works_though_sbin_is_not_on_the_path(seen):
     assert seen["policy"] == [0, ""]  # PATH without /usr/sbin: nft was not found
+
+
+def test_a_sandbox_past_the_daemons_hard_descriptor_limit_is_refused_saying_what_to_do():
+    """A daemon whose hard RLIMIT_NOFILE is below a sandbox's open_files can raise it
+    only with CAP_SYS_RESOURCE (root on a host; not in every container). Without, every
+    create failed with "setrlimit: Operation not permitted"."""
+    r = subprocess.run(
+        ["prlimit", "--nofile=256:256", "--", sys.executable, "-m",
+         "tests.security.hostile_parent", "--open-files"],
+        capture_output=True, env=_env(), cwd=ROOT, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    got = json.loads(r.stdout)
+    assert got["asked"] == 128
+    assert got["default"] == 1024 or (  # with CAP_SYS_RESOURCE, or a way out without
+        "open_files 1024 is above the daemon's hard limit on open files (256)" in got["default"]
+        and "ask for open_files <= 256" in got["default"]), got["default"]
 
 
 def test_commands_run_on_the_daemons_cpus_at_its_nice_level(seen):

@@ -6,8 +6,8 @@
  * a 1 MiB stack; each reached every command (tests/security/test_inherited_state.py).
  * Signals are the agent's to reset (exec.c: default_inherited_ignored), the
  * environment is never inherited (launcher.py: env={}); RLIMIT_NOFILE is the
- * sandbox's open_files (launch --nofile). RLIMIT_SIGPENDING stays as it is: the kernel
- * sizes it to the machine's memory at boot, and nothing can make it smaller unasked.
+ * sandbox's open_files (launch --nofile: set_open_files). RLIMIT_SIGPENDING stays as
+ * it is: the kernel sizes it to the machine's memory at boot.
  */
 
 #define SANDBOX_UMASK 022
@@ -56,4 +56,24 @@ static void clean_start(void) {
         if (rl.rlim_cur > rl.rlim_max) rl.rlim_cur = rl.rlim_max;
         if (setrlimit(c->resource, &rl) != 0) {}
     }
+}
+
+static int die(const char *what, const char *arg);
+
+/* RLIMIT_NOFILE: the sandbox's open_files, soft and hard. 0, or 111 with what to do. */
+static int set_open_files(rlim_t n) {
+    struct rlimit rl = {n, n}, now;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0) return 0;
+    int err = errno;
+    if (err == EPERM && getrlimit(RLIMIT_NOFILE, &now) == 0 && now.rlim_max < n) {
+        /* the daemon's own hard limit, and no CAP_SYS_RESOURCE to go past it */
+        fprintf(stderr, "corral-agent launch: open_files %llu is above the daemon's hard "
+                "limit on open files (%llu), which it may not raise here: ask for "
+                "open_files <= %llu, or start the daemon with a higher one (ulimit -Hn; "
+                "systemd: LimitNOFILE=)\n", (unsigned long long)n,
+                (unsigned long long)now.rlim_max, (unsigned long long)now.rlim_max);
+        return 111;
+    }
+    errno = err;
+    return die("setrlimit", NULL);
 }

@@ -666,10 +666,7 @@ static int launch(int argc, char **argv) {
        CAP_SYS_RESOURCE (some containers) raising still works, unpinned. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (oom >= 0) { if (write(oom, AGENT_OOM_SCORE_ADJ, strlen(AGENT_OOM_SCORE_ADJ)) < 0) {} close(oom); }
-    if (o.nofile) {
-        struct rlimit rl = {o.nofile, o.nofile};
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
-    }
+    if (o.nofile && set_open_files(o.nofile) != 0) return 111;
     /* bwrap (0.8) cannot join a network namespace: we join it here, as root, and bwrap
        runs without --unshare-net. The namespace belongs to the host's user namespace,
        so nothing in the sandbox (root in its own user namespace included) may change
