@@ -92,11 +92,12 @@ class Daemon:
 
     def start(self) -> "Daemon":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [*self.wrapper, sys.executable, "-m", "corral.server", "--socket", str(self.socket),
-             "--state-dir", str(self.state_dir), *self.args],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
-        )
+        with open(self.log, "ab") as log:  # (the daemon keeps its own copy)
+            self.proc = subprocess.Popen(
+                [*self.wrapper, sys.executable, "-m", "corral.server", "--socket",
+                 str(self.socket), "--state-dir", str(self.state_dir), *self.args],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
         try:
             _wait_for_socket(self.socket, self.proc)
             if "--tcp" in self.args:  # bound just after the socket: wait for it too

@@ -99,6 +99,11 @@ async def probe_engine() -> dict:
         engine = await Engine.open(state)
         try:
             out["nofile_open"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            # what the daemon may write at once: its registry, layers, checkpoints
+            big = state / "big"
+            big.write_bytes(bytes(2 * SOFT_LIMITS[resource.RLIMIT_FSIZE]))
+            out["wrote"] = big.stat().st_size
+            big.unlink()
             # the exit status of a host-side helper, as the engine's own subprocess calls see it
             out["false_status"] = subprocess.run(["false"], check=False).returncode
             ids = [(await engine.create()).id for _ in range(SANDBOXES)]

@@ -9,7 +9,8 @@ time zone, ``TMPDIR``, no ``HOME``, ``PYTHONWARNINGS=error``, proxies); it start
 sandboxes and each test reads one property of what their commands saw. What failed
 before, and was fixed with this module: umask 077 (no sandbox could start: its root
 was 0700), umask 000 and the limits (a command inherited them: files 0666, a 1 MiB file
-size limit, unlimited cores), a soft descriptor limit of 48 (the engine ran out with a
+size limit, unlimited cores), the engine's own 1 MiB file size limit (its registry
+failed: "disk I/O error"), a soft descriptor limit of 48 (the engine ran out with a
 few sandboxes), ``SIGCHLD`` ignored (every helper's exit status read as 0).
 """
 
@@ -115,6 +116,11 @@ def test_commands_see_the_sandboxes_environment_only(seen):
 def test_the_engine_holds_many_sandboxes_from_a_low_descriptor_limit(seen):
     assert seen["nofile"] == hp.SOFT_LIMITS[hp.resource.RLIMIT_NOFILE]
     assert seen["nofile_open"] > seen["nofile"]  # raised to the hard limit
+
+
+def test_the_engine_writes_files_past_its_parents_file_size_limit(seen):
+    # (a 1 MiB RLIMIT_FSIZE: the registry failed with "disk I/O error" at ~50 sandboxes)
+    assert seen["wrote"] == 2 * hp.SOFT_LIMITS[hp.resource.RLIMIT_FSIZE]
 
 
 def test_the_engine_sees_its_helpers_exit_statuses_though_sigchld_came_ignored(seen):

@@ -18,7 +18,9 @@ Whatever its parent handed down, the engine's process is made fit first
 (:func:`settle_process`): its soft ``RLIMIT_NOFILE`` raised to its hard limit (a daemon
 holds several descriptors a sandbox: its channels, its log pipe, a warm slot's; the
 soft limit it inherits is often 1024, Debian's default for a service or a login, or
-lower, a CI runner's), and ``SIGCHLD`` back to its default if it came ignored: the
+lower, a CI runner's), so are its soft limits on file size (a 1 MiB ``RLIMIT_FSIZE``
+made the registry fail with "disk I/O error"), CPU time and memory (:data:`RAISED`),
+and ``SIGCHLD`` back to its default if it came ignored: the
 kernel then reaps every child at once, and each exit status is lost (``subprocess``
 reports 0 for a failed CRIU, ``ip`` or ``mkfs``; asyncio, 255); and the system's
 ``sbin`` directories on its ``PATH`` (after what is there): a service's or ``su``'s
@@ -38,14 +40,19 @@ from corral.runtime.images import ImageStore
 from corral.runtime.paths import Layout, default_cache_dir, default_state_dir
 
 OPEN_FILES_CAP = 1 << 20  # the soft limit raised to the hard one, at most this
+# soft limits a parent may have lowered that the daemon needs: its descriptors, the size
+# of what it writes (RLIMIT_FSIZE: SQLite's "disk I/O error" at 1 MiB), its CPU time
+# (SIGXCPU would kill it), its memory
+RAISED = (resource.RLIMIT_NOFILE, resource.RLIMIT_FSIZE, resource.RLIMIT_CPU,
+          resource.RLIMIT_DATA, resource.RLIMIT_AS)
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")  # root's tools (nft, losetup, ...)
 
 
 def settle_process() -> None:
     """Undo what a parent may have handed down that the engine cannot work with (see
-    the module docstring): a low soft descriptor limit, ``SIGCHLD`` ignored, a ``PATH``
+    the module docstring): low soft limits, ``SIGCHLD`` ignored, a ``PATH``
     without the ``sbin`` directories."""
-    raise_open_files()
+    raise_soft_limits()
     path = os.environ.get("PATH", os.defpath).split(os.pathsep)
     missing = [d for d in SBIN_DIRS if d not in path and os.path.isdir(d)]
     if missing:
@@ -59,15 +66,17 @@ def settle_process() -> None:
             ctypes.CDLL(None).signal(int(signal.SIGCHLD), None)  # None: SIG_DFL (0)
 
 
-def raise_open_files() -> int:
-    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (at most
-    :data:`OPEN_FILES_CAP`) if it is lower; the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = OPEN_FILES_CAP if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_CAP)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        return want
-    return soft
+def raise_soft_limits() -> None:
+    """Raise this process's soft limits in :data:`RAISED` to its hard ones (the
+    descriptor limit to at most :data:`OPEN_FILES_CAP`) where they are lower."""
+    infinity = resource.RLIM_INFINITY  # (-1 in Python: never compared as a number)
+    for res in RAISED:
+        soft, hard = resource.getrlimit(res)
+        want = hard
+        if res == resource.RLIMIT_NOFILE and (hard == infinity or hard > OPEN_FILES_CAP):
+            want = OPEN_FILES_CAP
+        if soft != infinity and (want == infinity or soft < want):
+            resource.setrlimit(res, (want, hard))
 
 
 def open_layout(state_dir: Path | str | None, cache_dir: Path | str | None) -> Layout:
