@@ -263,8 +263,43 @@ def _loopback_past_proxies() -> None:
         os.environ[name] = ",".join(have + [h for h in LOOPBACK_NAMES if h not in have])
 
 
+def rt_sigaction(signum: int, handler: int | None = None) -> int:
+    """The disposition of ``signum`` (0: SIG_DFL, 1: SIG_IGN, else a handler), set to
+    ``handler`` first if given. Through the syscall itself: libc, and so Python's
+    ``signal``, refuse 32 and 33, which a runner can hand down ignored all the same."""
+    import ctypes
+    import platform
+
+    nr = {"x86_64": 13, "aarch64": 134}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = (ctypes.c_ulong * 4)()  # struct kernel_sigaction: handler, flags, restorer, mask
+    new = None if handler is None else ctypes.byref((ctypes.c_ulong * 4)(handler, 0, 0, 0))
+    if libc.syscall(nr, signum, new, ctypes.byref(old), 8) != 0:
+        raise OSError(ctypes.get_errno(), f"rt_sigaction({signum})")
+    return old[0]
+
+
+def _default_signals() -> None:
+    """A runner may hand down signals ignored or blocked (SIG_IGN and the mask survive
+    ``execve``: CI's ignored signal 32). Every program a test starts would inherit them
+    from this process: with ``SIGCHLD`` ignored, each exit status a test reads is 0;
+    with ``SIGTERM`` ignored or blocked, a helper a test terminates never stops. Put
+    back as a fresh Python has them (``SIGPIPE`` ignored, ``SIGINT`` raising
+    KeyboardInterrupt); tests/security/test_inherited_state.py checks."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for s in set(range(32, 34)) - signal.valid_signals():  # glibc's: unused if ignored
+        if rt_sigaction(s) == 1:
+            rt_sigaction(s, 0)
+    for s in signal.valid_signals():
+        if s in (signal.SIGPIPE, signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if signal.getsignal(s) == signal.SIG_IGN:
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+
+
 def pytest_configure(config):
     _loopback_past_proxies()  # (in each worker too: it inherits the runner's environment)
+    _default_signals()
     if hasattr(config, "workerinput"):
         return
     import getpass

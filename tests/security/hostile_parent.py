@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.conftest import rt_sigaction
+
 IGNORED = (1, 2, 3, 10, 12, 15, 17, 32, 33)  # HUP INT QUIT USR1 USR2 TERM CHLD, glibc's two
 BLOCKED = (2, 10, 14, 15, 17, 34)  # INT USR1 ALRM TERM CHLD RTMIN
 UMASK = 0o077
@@ -55,22 +57,10 @@ PROBE = ("cat /proc/self/status; echo @@; cat /proc/self/limits; echo @@; env; e
          " stat -c %a f d; echo @@; grep SigIgn /proc/1/status")
 
 
-def _sigaction(signals: tuple[int, ...], handler: int) -> None:
-    """rt_sigaction itself: libc (and so Python) refuses 32 and 33."""
-    import ctypes
-    import platform
-
-    nr = {"x86_64": 13, "aarch64": 134}[platform.machine()]
-    libc = ctypes.CDLL(None, use_errno=True)
-    act = (ctypes.c_ulong * 4)(handler, 0, 0, 0)  # handler, flags, restorer, mask
-    for s in signals:
-        if libc.syscall(nr, s, ctypes.byref(act), None, 8) != 0:
-            raise OSError(ctypes.get_errno(), f"rt_sigaction({s})")
-
-
 def make_hostile(env: dict[str, str]) -> dict[str, str]:
     """Put this process in the hostile state; the environment to exec with."""
-    _sigaction(IGNORED, 1)  # SIG_IGN
+    for s in IGNORED:
+        rt_sigaction(s, 1)  # SIG_IGN
     signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)
     os.umask(UMASK)
     for res, soft in SOFT_LIMITS.items():

@@ -158,6 +158,35 @@ def test_a_sandbox_past_the_daemons_hard_descriptor_limit_is_refused_saying_what
         and "ask for open_files <= 256" in got["default"]), got["default"]
 
 
+RUNNER = """
+import json, subprocess
+from pathlib import Path
+from tests.conftest import _default_signals
+_default_signals()  # what pytest_configure does in the runner and each worker
+def status(text):
+    fields = dict(ln.split(":\\t", 1) for ln in text.splitlines() if ":\\t" in ln)
+    return [int(fields[k], 16) for k in ("SigIgn", "SigBlk")]
+child = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True)
+print(json.dumps([status(Path("/proc/self/status").read_text()), status(child.stdout),
+                  subprocess.run(["false"]).returncode]))
+"""
+
+
+def test_the_test_runner_itself_puts_back_default_signals():
+    """The test process from the hostile parent (tests/conftest.py: _default_signals):
+    with SIGCHLD ignored, each exit status a test's subprocess.run read was 0 (a test
+    expecting a failure passed); every program a test started inherited 32 ignored."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.security.hostile_parent", "--",
+         sys.executable, "-c", RUNNER],
+        capture_output=True, env=_env(), cwd=ROOT, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    own, child, false = json.loads(r.stdout)
+    assert own == [1 << (13 - 1), 0], own  # SIGPIPE: Python's own
+    assert child == [0, 0] and false == 1
+
+
 def test_commands_run_on_the_daemons_cpus_at_its_nice_level(seen):
     # deliberately inherited: an operator who pins or renices a daemon means its sandboxes
     for c in seen["parsed"]:
