@@ -297,9 +297,25 @@ def _default_signals() -> None:
             signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
 
 
+def _reachable_tmpdir() -> None:
+    """A runner's ``TMPDIR`` may be private (0700): the state directories tests make
+    there would be out of every sandbox user's reach (the engine refuses to start
+    sandboxes there). Then the first of ``/tmp`` and ``/var/tmp`` they can reach."""
+    from corral.runtime.startup import unreachable_ancestor
+
+    if unreachable_ancestor(Path(tempfile.gettempdir()) / "state") is None:
+        return
+    for cand in ("/tmp", "/var/tmp"):
+        if os.path.isdir(cand) and unreachable_ancestor(Path(cand) / "state") is None:
+            os.environ["TMPDIR"] = cand
+            tempfile.tempdir = None  # computed again from TMPDIR
+            return
+
+
 def pytest_configure(config):
     _loopback_past_proxies()  # (in each worker too: it inherits the runner's environment)
     _default_signals()
+    _reachable_tmpdir()
     if hasattr(config, "workerinput"):
         return
     import getpass

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -185,6 +187,37 @@ def test_the_test_runner_itself_puts_back_default_signals():
     own, child, false = json.loads(r.stdout)
     assert own == [1 << (13 - 1), 0], own  # SIGPIPE: Python's own
     assert child == [0, 0] and false == 1
+
+
+@pytest.fixture
+def private_tmp():
+    """A 0700 directory, as a runner's private TMPDIR is."""
+    d = Path(tempfile.mkdtemp(prefix="corral-test-private-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_a_state_directory_out_of_the_sandboxes_reach_is_refused_saying_why(private_tmp):
+    # before: every create failed in bwrap ("Can't find source path ...: Permission denied")
+    from corral.errors import InvalidState
+    from corral.runtime.engine import Engine
+
+    engine = await Engine.open(private_tmp / "state")
+    try:
+        with pytest.raises(InvalidState, match=r"cannot pass through .*\(mode 0700\)") as err:
+            await engine.create()
+        assert err.value.details["cause"] == "unreachable"
+    finally:
+        await engine.close()
+
+
+def test_the_test_runner_moves_off_a_private_tmpdir(private_tmp):
+    code = ("import tempfile; from tests.conftest import _reachable_tmpdir; "
+            "_reachable_tmpdir(); print(tempfile.gettempdir())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**_env(), "TMPDIR": str(private_tmp)}, cwd=ROOT, timeout=120,
+                       check=True)
+    assert r.stdout.strip() in ("/tmp", "/var/tmp"), r.stdout
 
 
 def test_commands_run_on_the_daemons_cpus_at_its_nice_level(seen):

@@ -92,7 +92,7 @@ from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.secret_store import SecretStore
 from corral.runtime.snapshots import Snapshots
-from corral.runtime.startup import open_layout, settle_process
+from corral.runtime.startup import open_layout, settle_process, unreachable_ancestor
 from corral.runtime.threadwork import ThreadBatch, finish_in_thread
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     CANONICAL_UID,
@@ -209,6 +209,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         # Ended sandboxes (and their kept files) are deleted this long after they ended
         # (None: kept until deleted).
         self.retention: float | None = None
+        self.unreachable: str | None = None  # why sandboxes cannot reach their roots (open)
         self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
 
     # ------------------------------------------------------------------ setup
@@ -271,6 +272,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             restore_grace,
         )
         engine.id_prefix = id_prefix
+        engine.unreachable = unreachable_ancestor(layout.sandboxes_dir)  # (create says it)
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
             detect_gpus))
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
@@ -354,6 +356,13 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         acting = self.owners.of(owner)
         if self.closed:
             raise InvalidState("the engine is closed")
+        if self.unreachable is not None:  # (every start would fail in bwrap: say why)
+            raise InvalidState(
+                f"no sandbox can start under the state directory {self.layout.state_dir}: "
+                f"the sandboxes' users cannot pass through {self.unreachable}; use a state "
+                "directory every user can pass through (the default /var/lib/corral, "
+                "--state-dir), or chmod o+x that directory",
+                details={"state_dir": str(self.layout.state_dir), "cause": "unreachable"})
         for _, dest in ro_binds:
             if dest.count("/") != 3 or not dest.startswith(f"/{rootfs.AGENT_DIR}/") or (
                 ".." in dest.split("/") or ":" in dest

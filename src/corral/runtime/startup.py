@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import stat
 import threading
 from pathlib import Path
 
@@ -77,6 +78,20 @@ def raise_soft_limits() -> None:
             want = OPEN_FILES_CAP
         if soft != infinity and (want == infinity or soft < want):
             resource.setrlimit(res, (want, hard))
+
+
+def unreachable_ancestor(path: Path) -> str | None:
+    """Why the sandboxes' users (every one an "other" to the host's directories) cannot
+    pass through to ``path``: its first ancestor without the others' execute bit, with
+    its mode; None if they can. bwrap, as a sandbox's uid, reaches its root by path."""
+    for d in reversed(path.parents):
+        try:
+            mode = d.stat().st_mode
+        except OSError:
+            return None  # (not there yet: made 0711 by Layout.create)
+        if not mode & stat.S_IXOTH:
+            return f"{d} (mode {stat.S_IMODE(mode):04o})"
+    return None
 
 
 def open_layout(state_dir: Path | str | None, cache_dir: Path | str | None) -> Layout:
