@@ -11,7 +11,7 @@ sees them as its own through its idmapping)::
                                                (loop) at data while the host is up
 
 It is made from a tar archive (:meth:`Volumes.create`, extracted by the same checked
-code as image layers, :func:`corral.runtime.oci.apply_layer`: no path leaves the tree,
+code as image layers, :func:`corral.runtime.oci_layers.apply_layer`: no path leaves the tree,
 no device, no setuid bit), in a temporary directory renamed into place when complete:
 nothing half-made is ever visible. A sandbox mounts it with ``volumes={"/data":
 "NAME"}`` (``"NAME:ro"``, ``"NAME:cow"`` (the default), ``"NAME:rw"``; an admin may
@@ -61,7 +61,7 @@ from corral.errors import (
 )
 from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
-from corral.runtime.oci import apply_layer
+from corral.runtime.oci_layers import apply_layer
 from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import ENTER, LEAVE, Walk, copy_tree, discard_tree, remove_tree
 from corral.runtime.uids import CANONICAL_UID
