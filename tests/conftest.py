@@ -250,17 +250,19 @@ def _remove_deep_trees(base: Path) -> None:
             pass
 
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+              "http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
 
-def _loopback_past_proxies() -> None:
-    """A runner may set ``HTTP_PROXY``/``HTTPS_PROXY``: the third-party clients the
-    tests point at a daemon on loopback (e2b, tensorlake, cwsandbox, harbor) honour it
-    unless ``NO_PROXY`` names loopback. corral's own never use one
-    (tests/security/test_inherited_daemon.py runs them with proxies set)."""
-    for name in ("NO_PROXY", "no_proxy"):
-        have = [h.strip() for h in os.environ.get(name, "").split(",") if h.strip()]
-        os.environ[name] = ",".join(have + [h for h in LOOPBACK_NAMES if h not in have])
+def _no_proxies() -> None:
+    """A runner may set ``HTTP_PROXY``/``HTTPS_PROXY`` (the suite needs no internet:
+    every test talks to loopback or a namespace it made). Followed, it would take the
+    third-party clients' requests to a daemon on loopback (e2b, tensorlake, cwsandbox
+    honour it) and a policy sandbox's allowed traffic (the engine sends it through the
+    host's proxy: docs/network.md) to that proxy. The tests that mean a proxy set their
+    own (test_network_policy, test_inherited_daemon: corral's clients never use one)."""
+    for name in PROXY_VARS:
+        os.environ.pop(name, None)
 
 
 def rt_sigaction(signum: int, handler: int | None = None) -> int:
@@ -313,7 +315,7 @@ def _reachable_tmpdir() -> None:
 
 
 def pytest_configure(config):
-    _loopback_past_proxies()  # (in each worker too: it inherits the runner's environment)
+    _no_proxies()  # (in each worker too: it inherits the runner's environment)
     _default_signals()
     _reachable_tmpdir()
     if hasattr(config, "workerinput"):
