@@ -104,7 +104,7 @@ async def probe_engine() -> dict:
             out["timed_out"] = r.timed_out
             # a network policy: its namespace, link and nftables rules made by host tools
             sid = (await engine.create(network={"allow": ["192.0.2.1"]})).id
-            r = await engine.exec(sid, ["true"], timeout=60)
+            r = await engine.exec(sid, ["cat", "/etc/resolv.conf"], timeout=60)
             out["policy"] = [r.returncode, r.stderr.decode()]
             out["restored"] = await restored_probe(engine)
         finally:

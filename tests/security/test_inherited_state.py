@@ -152,7 +152,8 @@ def test_a_process_restored_by_criu_has_the_sandboxes_umask_and_mask(seen):
 
 
 def test_a_network_policy_works_though_sbin_is_not_on_the_path(seen):
-    assert seen["policy"] == [0, ""]  # PATH without /usr/sbin: nft was not found
+    # PATH without /usr/sbin: nft was not found; umask 077: its resolv.conf was 0600
+    assert seen["policy"] == [0, ""]
 
 
 def test_a_sandbox_past_the_daemons_hard_descriptor_limit_is_refused_saying_what_to_do():
