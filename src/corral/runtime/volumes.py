@@ -423,6 +423,18 @@ class Volumes:
         os.rename(d, trash)
         discard_tree(trash)
 
+    def unmount_all(self) -> list[str]:
+        """Unmount every volume filesystem (``max_mb``) mounted from this store: the
+        engine closes with no sandbox left running, and the next use mounts it again.
+        A loop mount left behind outlived its state dir (a deleted test daemon's, or a
+        user's ``rm -rf``) and every later sandbox copied it into its mount table."""
+        done = []
+        for data in sorted(self.root.glob("*/*/data")):
+            if os.path.ismount(data):
+                subprocess.run(["umount", "-l", str(data)], capture_output=True, check=False)
+                done.append(str(data))
+        return done
+
     def meta(self, owner: str | None, name: str) -> dict[str, Any]:
         """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""
         self.get(owner, name)
