@@ -60,6 +60,27 @@ ISOLATE = (b"content-security-policy",
            b"allow-pointer-lock")
 
 
+# A relayed page shares the daemon's origin (or, E2B's get_host, a host below its
+# domain): a cookie it set for the whole origin reached the dashboard (``/ui``): a
+# tenant's page set its own dashboard session there, and the admin who opened it was
+# logged into the dashboard as that tenant (tests/security/test_expose_cookie_toss.py).
+_ORIGIN_WIDE = {b"clear-site-data"}  # it would drop the dashboard's session too
+
+
+def _own_cookie(value: bytes, own: bytes) -> bool:
+    """Whether a relayed ``Set-Cookie`` stays within the exposure: no ``Domain`` (a
+    parent domain holds the daemon), and under ``/expose/<token>/`` every ``Path``
+    within ``own`` (none: the page's own directory). E2B's host (``own`` ``/``) is a
+    host of its own: any path."""
+    for attr in value.split(b";")[1:]:
+        name, _, arg = attr.partition(b"=")
+        name = name.strip().lower()
+        if name == b"domain" or (name == b"path" and own != b"/"
+                                 and not (arg.strip() + b"/").startswith(own)):
+            return False
+    return True
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
@@ -186,7 +207,9 @@ async def relay_http(request: Request) -> Response:
         finally:
             writer.close()
 
-    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP] + [ISOLATE]
+    own = request.url.path[:request.scope[PREFIX_KEY]].encode() + b"/"
+    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP | _ORIGIN_WIDE
+           and (k.lower() != b"set-cookie" or _own_cookie(v, own))] + [ISOLATE]
     response = StreamingResponse(stream(), status_code=head.status_code)
     response.raw_headers = out
     return response
