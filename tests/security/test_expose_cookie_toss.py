@@ -14,14 +14,12 @@ and host (no ``Domain``); ``Clear-Site-Data`` is not relayed.
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
 
 import corral
-from tests.security.tenants_helpers import ADMIN_TOKEN, team_daemon
-from tests.security.test_expose import CHROMIUM, _serve
+from tests.security.tenants_helpers import team_daemon
+from tests.security.test_expose import _serve, admin_page
 
 SERVER = r"""
 import http.server, sys
@@ -81,9 +79,6 @@ def test_an_exposed_page_cannot_fix_or_end_the_admins_dashboard_session(team, mo
     """``fix``: the page sets the tenant's own session id for ``/ui``; ``clear``: it
     asks the browser to drop the origin's cookies too. The admin, back on the
     dashboard, is still logged in, as the admin."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if CHROMIUM is None:
-        pytest.skip("no chromium")
     with corral.Client(team.url, token=team.tokens["bob"]) as bob, \
             corral.Client(team.url, token=team.tokens["alice"]) as alice:
         other = corral.Sandbox.create(memory_mb=64, client=bob)  # only the admin sees it
@@ -92,23 +87,12 @@ def test_an_exposed_page_cannot_fix_or_end_the_admins_dashboard_session(team, mo
             sb.files.write("/workspace/srv.py", SERVER.encode())
             _serve(sb, f"python3 /workspace/srv.py {_tenant_session(team, 'alice')} {mode}", 8000)
             page_url = sb.expose(8000)
-            with sync_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                            args=["--no-sandbox"] if os.geteuid() == 0 else [])
-                try:
-                    page = browser.new_page()
-                    page.set_default_timeout(60_000)
-                    page.goto(f"{team.url}/ui")  # the admin logs in to the dashboard
-                    page.fill("#token", ADMIN_TOKEN)
-                    page.click("button[type=submit]")
-                    page.wait_for_url(f"{team.url}/ui")
-                    assert other.id in page.content()
-                    page.goto(page_url)  # ... opens a sandbox's exposed page
-                    assert page.title() == "tossed"
-                    page.goto(f"{team.url}/ui")  # ... and goes back to the dashboard
-                    final, html = page.url, page.content()
-                finally:
-                    browser.close()
+            with admin_page(team) as page:  # the admin, logged in to the dashboard,
+                assert other.id in page.content()
+                page.goto(page_url)  # ... opens a sandbox's exposed page
+                assert page.title() == "tossed"
+                page.goto(f"{team.url}/ui")  # ... and goes back to the dashboard
+                final, html = page.url, page.content()
         finally:
             sb.delete()
             other.delete()
