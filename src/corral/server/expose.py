@@ -37,6 +37,7 @@ from corral.server.wire import error_response
 
 PREFIX = "/expose/"
 MAX_PORTS = 64  # exposed at once per sandbox
+WS_MAX_MESSAGE = 1 << 24  # bytes of one message from the sandbox's WebSocket server
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade",
         b"transfer-encoding", b"host", b"content-length", b"proxy-authorization"}
 
@@ -241,7 +242,10 @@ async def relay_websocket(websocket: WebSocket) -> None:
         return
     uri = f"ws://localhost:{exp.port}{_target(websocket.scope).decode()}"
     try:
-        upstream = await connect(uri, sock=sock, max_size=1 << 24, open_timeout=10)
+        # max_queue 1: the sandbox is read only as fast as the client takes what it was
+        # sent (websockets' default queued 16 messages of up to 16 MiB per relay)
+        upstream = await connect(uri, sock=sock, max_size=WS_MAX_MESSAGE, max_queue=1,
+                                 open_timeout=10)
     except (OSError, TimeoutError, InvalidHandshake, InvalidMessage):
         sock.close()
         await websocket.close(code=1011)  # the sandbox's server would not speak WebSocket
@@ -250,11 +254,21 @@ async def relay_websocket(websocket: WebSocket) -> None:
         await websocket.accept()
 
         async def down() -> None:
-            async for msg in upstream:
-                if isinstance(msg, bytes):
-                    await websocket.send_bytes(msg)
-                else:
-                    await websocket.send_text(msg)
+            hold = engine.output_budget.hold(exp.owner)
+            try:
+                async for msg in upstream:
+                    # the message waits in the daemon until the client takes it: its
+                    # room in the tenant's output budget, or the relay ends (1013)
+                    if hold.grow(len(msg)) < len(msg):
+                        await websocket.close(code=1013, reason="output budget spent")
+                        return
+                    if isinstance(msg, bytes):
+                        await websocket.send_bytes(msg)
+                    else:
+                        await websocket.send_text(msg)
+                    hold.shrink(0)
+            finally:
+                hold.release()
             await websocket.close()
 
         async def up() -> None:
