@@ -168,8 +168,8 @@ def _target(scope: Scope) -> bytes:
     return path + (b"?" + query if query else b"")
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    data = b""
+async def _body(request: Request, limit: int) -> bytearray:
+    data = bytearray()  # (bytes += copied all before each chunk: quadratic)
     async for chunk in request.stream():
         data += chunk
         if len(data) > limit:
