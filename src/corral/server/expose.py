@@ -168,29 +168,53 @@ def _target(scope: Scope) -> bytes:
     return path + (b"?" + query if query else b"")
 
 
-async def _body(request: Request, limit: int) -> bytearray:
-    data = bytearray()  # (bytes += copied all before each chunk: quadratic)
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
+def _framing(request: Request, limit: int) -> tuple[bytes, bytes]:
+    """The relayed request's body framing: the client's length (refused past
+    ``limit``), or chunks, or no body."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > limit:
             raise FileTooLarge(f"the request body is over the daemon's upload limit ({limit} "
                                "bytes)")
-    return data
+        return b"content-length", length.encode()
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
+        return b"transfer-encoding", b"chunked"
+    return b"content-length", b"0"
+
+
+async def _send_body(request: Request, conn: h11.Connection, writer: asyncio.StreamWriter,
+                     limit: int) -> None:
+    """The client's body to the sandbox's server as it comes: the daemon holds a piece
+    at a time (it held the whole body, up to ``--max-upload-bytes``, per relay)."""
+    sent = 0
+    async for chunk in request.stream():
+        sent += len(chunk)
+        if sent > limit:
+            raise FileTooLarge(f"the request body is over the daemon's upload limit ({limit} "
+                               "bytes)")
+        if chunk:
+            writer.write(conn.send(h11.Data(data=chunk)))
+            await writer.drain()
+    writer.write(conn.send(h11.EndOfMessage()))
+    await writer.drain()
 
 
 async def relay_http(request: Request) -> Response:
     exp: Exposure = request.scope[KEY]
     engine = ctx.engine(request)
-    body = await _body(request, ctx.settings(request).max_upload_bytes)
+    limit = ctx.settings(request).max_upload_bytes
+    framing = _framing(request, limit)
     reader, writer = await _connect(engine, exp)
     conn = h11.Connection(h11.CLIENT)
     headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
-    headers += [(b"host", b"localhost:%d" % exp.port), (b"connection", b"close"),
-                (b"content-length", b"%d" % len(body))]
-    writer.write(conn.send(h11.Request(method=request.method.encode(),
-                                       target=_target(request.scope), headers=headers)))
-    writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
-    await writer.drain()
+    headers += [(b"host", b"localhost:%d" % exp.port), (b"connection", b"close"), framing]
+    try:
+        writer.write(conn.send(h11.Request(method=request.method.encode(),
+                                           target=_target(request.scope), headers=headers)))
+        await _send_body(request, conn, writer, limit)
+    except BaseException:
+        writer.close()
+        raise
     try:
         head = await _next_event(conn, reader)
     except h11.RemoteProtocolError:  # it closed, or sent what is not HTTP
