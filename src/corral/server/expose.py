@@ -33,6 +33,9 @@ from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
 from corral.server import context as ctx
+from corral.server.caller import UNIDENTIFIED, Caller, caller_of
+from corral.server.caller import Scope as Access
+from corral.server.tenant_model import ADMIN_NAME, Tenant
 from corral.server.wire import error_response
 
 PREFIX = "/expose/"
@@ -49,6 +52,14 @@ class Exposure:
     sandbox_id: str
     port: int
     owner: str | None  # the tenant the sandbox belongs to (None: the admin's)
+    token_id: str = ADMIN_NAME  # the token that exposed it: the URL dies with it
+
+    def holder(self) -> Caller:
+        """Who a relay is held under (``Door.calls``): the exposing token, so that its
+        revoke ends the relays in flight (the admin's cannot be revoked)."""
+        if self.token_id == ADMIN_NAME:
+            return UNIDENTIFIED
+        return Caller(Tenant(""), self.token_id, Access.TENANT)
 
 
 # Every relayed page gets an opaque origin of its own: it is served from the daemon's
@@ -98,14 +109,18 @@ class Exposures:
         for key in [k for k in self._tokens if k[0] == event.sandbox_id]:
             self._by_digest.pop(_digest(self._tokens.pop(key)), None)
 
-    def add(self, sandbox_id: str, port: int, owner: str | None) -> str:
+    def add(self, sandbox_id: str, port: int, owner: str | None,
+            token_id: str = ADMIN_NAME) -> str:
         if (token := self._tokens.get((sandbox_id, port))) is not None:
-            return token
+            if self._by_digest[_digest(token)].token_id == token_id:
+                return token
+            self._by_digest.pop(_digest(self._tokens.pop((sandbox_id, port))))  # (another
+            # token's: a URL of its own, which dies with it)
         if sum(k[0] == sandbox_id for k in self._tokens) >= MAX_PORTS:
             raise CorralError(f"sandbox {sandbox_id} has {MAX_PORTS} ports exposed already")
         token = secrets.token_urlsafe(32)
         self._tokens[(sandbox_id, port)] = token
-        self._by_digest[_digest(token)] = Exposure(sandbox_id, port, owner)
+        self._by_digest[_digest(token)] = Exposure(sandbox_id, port, owner, token_id)
         return token
 
     def find(self, token: str) -> Exposure | None:
@@ -129,6 +144,8 @@ def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | Non
     if path.startswith(PREFIX):
         token = path[len(PREFIX):].split("/", 1)[0]
         exp = exposures(app).find(token) if token else None
+        if exp is not None and app.state.door.by_token_id(exp.token_id) is None:
+            exp = None  # the token that exposed it was revoked
         prefix = len(PREFIX) + len(token)
     elif by_host is not None:
         info = app.state.engine.registry.get(by_host[0])
@@ -148,7 +165,8 @@ async def expose_port(request: Request, body: ExposeRequest) -> Response:
     if info.state.terminal:
         raise InvalidState(f"sandbox {sid} is {info.state.value}: a port of a running "
                            "sandbox can be exposed", details={"sandbox_id": sid})
-    token = exposures(request.app).add(sid, body.port, info.spec.tenant)
+    token = exposures(request.app).add(sid, body.port, info.spec.tenant,
+                                       caller_of(request).token_id)
     url = f"{str(request.base_url).rstrip('/')}{PREFIX}{token}/"
     return JSONResponse({"port": body.port, "token": token, "url": url}, status_code=201)
 
