@@ -21,6 +21,7 @@ from typing import Any
 import httpcore
 import httpx
 from httpcore._backends.anyio import AnyIOBackend
+from httpcore._backends.sync import SyncStream
 from httpcore._utils import is_socket_readable
 
 _PEERCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
@@ -59,13 +60,26 @@ class UnixBackend(httpcore.SyncBackend):
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        stream = super().connect_unix_socket(path, timeout, socket_options)
+        # connected here, not by httpcore's: that one leaves the socket of a failed
+        # connect open (a ResourceWarning each time no daemon answers: an error where
+        # warnings are, as under PYTHONWARNINGS=error or pytest -W error)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            check_peer(stream.get_extra_info("socket"), path)
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(timeout)
+            sock.connect(path)
+            check_peer(sock, path)
+        except TimeoutError as exc:
+            sock.close()
+            raise httpcore.ConnectTimeout(f"connecting to {path} timed out") from exc
+        except OSError as exc:
+            sock.close()
+            raise httpcore.ConnectError(str(exc)) from exc
         except BaseException:
-            stream.close()
+            sock.close()
             raise
-        return stream
+        return SyncStream(sock)
 
 
 class DaemonTransport(httpx.HTTPTransport):
