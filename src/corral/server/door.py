@@ -203,10 +203,11 @@ class Door:
         message = label + token_id.encode() + b"\0" + sandbox_id.encode()
         return hmac.new(self._mint_key, message, hashlib.sha256).hexdigest()
 
-    def opens(self, sandbox_id: str, secret: str, label: bytes = TRAFFIC) -> bool:
-        """Whether ``secret`` is a live per-sandbox token of ``sandbox_id`` (E2B's
-        ``get_host`` addresses carry the traffic token)."""
-        return self._sandbox_token(Credential(secret, Kind.SANDBOX, sandbox_id, label)) is not None
+    def opens(self, sandbox_id: str, secret: str, label: bytes = TRAFFIC) -> Caller | None:
+        """Who ``secret`` is, if it is a live per-sandbox token of ``sandbox_id`` (E2B's
+        ``get_host`` addresses carry the traffic token): its minter's token, under which
+        what it opens is held (:attr:`calls`), so that its revoke ends it; else None."""
+        return self._sandbox_token(Credential(secret, Kind.SANDBOX, sandbox_id, label))
 
     def _sandbox_token(self, cred: Credential) -> Caller | None:
         if not cred.secret or not cred.sandbox_id:

@@ -135,10 +135,10 @@ KEY = "corral.exposure"  # scope key: the Exposure a request is for (set by the 
 PREFIX_KEY = "corral.exposure_prefix"  # and the part of its path that named it
 
 
-def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | None:
+def lift(scope: Scope, by_host: tuple[str, int, str] | None = None) -> Exposure | None:
     """The exposure a request is for, marked on its scope: a path ``/expose/<token>/...``
-    whose token is valid, or ``by_host`` (a sandbox and port a front-end authenticated:
-    E2B's ``get_host``). The guard lets only these through without a bearer token."""
+    whose token is valid, or ``by_host`` (a sandbox, port and token id a front-end
+    authenticated: E2B's ``get_host``; its relays are held under that token). The guard lets only these through without a bearer token."""
     path: str = scope.get("path", "")
     app = scope["app"]
     if path.startswith(PREFIX):
@@ -149,7 +149,7 @@ def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | Non
         prefix = len(PREFIX) + len(token)
     elif by_host is not None:
         info = app.state.engine.registry.get(by_host[0])
-        exp = None if info is None else Exposure(by_host[0], by_host[1], info.spec.tenant)
+        exp = None if info is None else Exposure(*by_host[:2], info.spec.tenant, by_host[2])
         prefix = 0
     else:
         return None

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 
 from corral.errors import Unauthorized
+from corral.server.caller import Caller
 from corral.server.compat import e2b_interpreter
 from corral.server.door import ENVD, TRAFFIC, Credential, Kind
 
@@ -61,12 +62,13 @@ _HOST_RE = re.compile(r"^(\d{1,5})-([a-z0-9-]{1,64})\.")
 
 
 def traffic_target(
-    scope: Scope, opens: Callable[[str, str], bool]
-) -> tuple[str, int] | None:
-    """``(sandbox id, port)`` of a request to ``get_host(port)``'s address (Host
-    ``PORT-ID.domain``) carrying that sandbox's traffic access token
+    scope: Scope, opens: Callable[[str, str], Caller | None]
+) -> tuple[str, int, str] | None:
+    """``(sandbox id, port, minting token's id)`` of a request to ``get_host(port)``'s
+    address (Host ``PORT-ID.domain``) carrying that sandbox's traffic access token
     (``e2b-traffic-access-token``, from the create reply; ``opens`` is the door's
-    check, so a revoked tenant's token opens nothing); None for any other."""
+    check, so a revoked tenant's token opens nothing, and the relay is held under the
+    token that minted it: its revoke ends the relay); None for any other."""
     host, traffic = _header(scope, b"host"), _header(scope, b"e2b-traffic-access-token")
     if host is None or traffic is None or _header(scope, b"e2b-sandbox-id"):
         return None
@@ -74,9 +76,10 @@ def traffic_target(
     if m is None or not 1 <= int(m.group(1)) <= 65535:
         return None
     sandbox_id = m.group(2)
-    if not opens(sandbox_id, traffic):
+    minter = opens(sandbox_id, traffic)
+    if minter is None:
         return None
-    return sandbox_id, int(m.group(1))
+    return sandbox_id, int(m.group(1)), minter.token_id
 
 
 def refusal(scope: Scope, err: Unauthorized, headers: dict[str, str]) -> Response | None:
