@@ -344,3 +344,44 @@ def test_keep_leaves_a_reserve_to_its_lease(team):
     with team.admin() as admin:
         assert admin.get(f"/v1/sandboxes/{sid}").json()["state"] == "running"
         assert admin.delete(f"/v1/sandboxes/{sid}").status_code == 204
+
+
+def test_revoking_ends_e2b_command_and_pty_streams(team, monkeypatch):
+    """envd's streams opened with a tenant's access token, through E2B's own client: a
+    background command's output and a PTY, both followed across the revoke, end at it
+    (the processes are the kept sandbox's, the admin's, and run on)."""
+    pytest.importorskip("e2b")
+    from e2b import PtySize, Sandbox
+
+    for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        monkeypatch.setenv(name, team.url)
+    token = team.make_token("e2b-streams")
+    sb = Sandbox.create(api_key=token, timeout=600)
+    handles = [sb.commands.run(TICK, background=True, timeout=0),
+               sb.pty.create(PtySize(24, 80), timeout=0)]
+    sb.pty.send_stdin(handles[1].pid, f"{TICK}\n".encode())
+    followers = []
+    for handle in handles:
+        seen, ended = threading.Event(), threading.Event()
+
+        def read(handle=handle, seen=seen, ended=ended) -> None:
+            try:
+                for out in handle:
+                    if b"tick" in str(out).encode():
+                        seen.set()
+            except Exception:  # the stream was cut: it ended
+                pass
+            finally:
+                seen.set()
+                ended.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        followers.append((seen, ended))
+    for seen, ended in followers:
+        assert seen.wait(END_S) and not ended.is_set(), "a stream never ticked"
+    revoke(team, "e2b-streams")
+    for what, (_, ended) in zip(("command output", "pty"), followers, strict=True):
+        assert ended.wait(END_S), f"the e2b {what} stream outlived the revoke"
+    with team.admin() as admin:
+        assert admin.get(f"/v1/sandboxes/{sb.sandbox_id}").json()["state"] == "running"
+        admin.delete(f"/v1/sandboxes/{sb.sandbox_id}")
