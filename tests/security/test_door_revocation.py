@@ -13,6 +13,7 @@ the attacker; the default (``stop``) is tested last.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -385,3 +386,35 @@ def test_revoking_ends_e2b_command_and_pty_streams(team, monkeypatch):
     with team.admin() as admin:
         assert admin.get(f"/v1/sandboxes/{sb.sandbox_id}").json()["state"] == "running"
         admin.delete(f"/v1/sandboxes/{sb.sandbox_id}")
+
+
+def test_revoking_ends_an_image_build_in_flight(team):
+    """A build streams its progress to the token that started it; a client that hangs
+    up stops it (test_quota_races). The revoke ended the stream but not the build: it
+    ran on in its sandbox for the revoked token, and its places in the build gate (the
+    host's build slots, the tenant's memory) were never given back."""
+    team.make_token("builder", allow_images=True)
+    nonce = os.urandom(4).hex()
+    body = {"spec": {"base": "python", "memory_mb": 64,
+                     "steps": [{"run": f"sleep 600; : {nonce}"}]}, "name": f"rb-{nonce}"}
+    with team.tenant("builder") as b, b.stream("POST", "/v1/images/build", json=body,
+                                               timeout=120) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()
+        for line in lines:  # until the step runs
+            if line.strip() and json.loads(line).get("type") == "step":
+                break
+        else:
+            raise AssertionError("the build's step never started")
+        with team.admin() as admin:
+            assert admin.get("/v1/info").json().get("builds") == 1
+        revoke(team, "builder")
+        with contextlib.suppress(httpx.HTTPError):
+            for _ in lines:  # the stream ends at the revoke
+                pass
+    with team.admin() as admin:
+        def ended() -> bool:
+            live = admin.get("/v1/sandboxes", params={"tenant": "builder"}).json()
+            return (admin.get("/v1/info").json().get("builds", 0) == 0
+                    and not any(s["state"] == "running" for s in live["sandboxes"]))
+        _poll(ended, "the build ran on after the revoke", END_S)

@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -192,14 +193,18 @@ class NDJSONResponse(StreamingResponse):
         try:
             await asyncio.wait({stream, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (stream, watch):
-                task.cancel()
-            await asyncio.gather(stream, watch, return_exceptions=True)
-            body = self.body_iterator
-            if hasattr(body, "aclose"):
-                await body.aclose()
-            if self._cleanup is not None:  # also if the body never started
-                await self._cleanup()
+            # shielded: a revoke cancels the request's scope (Door.calls), which would
+            # cancel each await here too, and the producer would run on (a build in its
+            # sandbox, its places in the build gate never given back)
+            with anyio.CancelScope(shield=True):
+                for task in (stream, watch):
+                    task.cancel()
+                await asyncio.gather(stream, watch, return_exceptions=True)
+                body = self.body_iterator
+                if hasattr(body, "aclose"):
+                    await body.aclose()
+                if self._cleanup is not None:  # also if the body never started
+                    await self._cleanup()
         if stream.done() and not stream.cancelled() and stream.exception() is not None:
             if not isinstance(stream.exception(), OSError):  # OSError: the client left
                 raise stream.exception()  # type: ignore[misc]
