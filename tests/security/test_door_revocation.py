@@ -388,6 +388,32 @@ def test_revoking_ends_e2b_command_and_pty_streams(team, monkeypatch):
         admin.delete(f"/v1/sandboxes/{sb.sandbox_id}")
 
 
+def test_revoking_kills_the_command_of_an_exec_stream(team):
+    """A revoked token's exec stream ends, and its command with it (as when its client
+    hangs up): a streamed command does not run on in the kept sandbox."""
+    token = team.make_token("exec-killed")
+    with httpx.Client(base_url=team.url, timeout=None,
+                      headers={"Authorization": f"Bearer {token}"}) as c:
+        sid = c.post("/v1/sandboxes", json={"memory_mb": 64, "timeout": 600}).json()["id"]
+        stream = follow(lambda: c.stream("POST", f"/v1/sandboxes/{sid}/exec/stream",
+                                         json={"cmd": f"echo up; {TICK}", "timeout": 600}))
+        with team.admin() as admin:
+            assert _running(admin, sid, "tick")  # (the check sees it)
+            revoke(team, "exec-killed")
+            assert stream.ended.wait(END_S), "the exec stream outlived the revoke"
+            _poll(lambda: not _running(admin, sid, "tick"),
+                  "the streamed command ran on after the revoke", END_S)
+            admin.delete(f"/v1/sandboxes/{sid}")
+
+
+def _running(admin: httpx.Client, sid: str, word: str) -> bool:
+    """Whether a process of the sandbox has ``word`` in its command line."""
+    cmd = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done"
+           f" | grep -c '[d]o echo {word}'")  # ([d]: not the grep's own)
+    got = admin.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": cmd}).json()["stdout"]
+    return int(got) > 0
+
+
 def test_revoking_ends_an_image_build_in_flight(team):
     """A build streams its progress to the token that started it; a client that hangs
     up stops it (test_quota_races). The revoke ended the stream but not the build: it
