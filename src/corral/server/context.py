@@ -178,13 +178,22 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
     # The work gets a task of its own: a cancel of this one (a revoked token's cancel
     # scope cancels again every turn until the handler returns) must reach the work
     # once, so that its clean-up (a sandbox's delete, a command's kill) runs whole.
-    task = asyncio.ensure_future(work)
     woken = asyncio.get_running_loop().create_future()  # the work's end, or the hang-up
     left = False  # the client hung up (or its receive failed: as good as one)
 
     def wake(_: object = None) -> None:
         if not woken.done():
             woken.set_result(None)
+
+    async def run() -> T:
+        try:
+            return await work
+        finally:
+            # woken in the work's last step: the task's done callback would take a
+            # turn of the loop of its own before this one's
+            wake()
+
+    task = asyncio.ensure_future(run())
 
     def on_hang_up() -> None:
         nonlocal left
@@ -202,6 +211,8 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
             task.cancel()
             await asyncio.wait({task})  # let it clean up; never raises
     if task.cancelled():
+        if asyncio.iscoroutine(work):
+            work.close()  # cancelled before its first step: never started, never awaited
         raise ClientDisconnect()
     if left:
         return task.result(), True
