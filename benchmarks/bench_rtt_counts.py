@@ -5,7 +5,7 @@
 Each tree gets a private daemon of its own code; a probe process of that tree's SDK
 makes ``n`` calls of each kind on it — ``exec``: ``exec(["true"])`` on one sandbox
 (blocking SDK), ``async_exec`` (asyncio SDK), ``acquire``: ``pool.acquire()`` from a
-pool of ``n`` ready sandboxes — twice: once with ``strace -c -f`` attached to the
+pool of ``2n`` ready sandboxes (none deleted before the end) — twice: once with ``strace -c -f`` attached to the
 daemon (system calls per call: ``epoll_wait`` is one turn of its event loop,
 ``recvfrom`` one read, ``getpid`` one asyncio loop look-up on Python 3.11), once
 without (the daemon's CPU per call from ``/proc/PID/stat``, the probe's own CPU per
@@ -48,22 +48,16 @@ def _probe(url: str, kind: str, n: int) -> None:
     stack = contextlib.ExitStack()
     loop = asyncio.new_event_loop()
     if kind == "acquire":
-        pool = stack.enter_context(corral.Pool(image="python", memory_mb=128, min_ready=n,
-                                               max_size=n, client=client))
-        held: list[corral.Sandbox] = []
-
-        def prepare() -> None:
-            for s in held:
-                s.delete()
-            held.clear()
-            pool.wait_ready(timeout=300)
-            time.sleep(1.0)  # the deleted sandboxes' teardowns and the refills done
+        # twice n ready, none deleted before the end: no refill and no teardown in either pass
+        pool = stack.enter_context(corral.Pool(image="python", memory_mb=128, min_ready=2 * n,
+                                               max_size=2 * n, client=client))
+        pool.wait_ready(timeout=300)
+        time.sleep(1.0)  # the refills' bookkeeping done
 
         def call() -> None:
-            held.append(pool.acquire(timeout=30))
+            stack.callback(pool.acquire(timeout=30).delete)
     else:
         sb = stack.enter_context(corral.Sandbox.create(memory_mb=128, client=client))
-        prepare = lambda: None  # noqa: E731
         if kind == "exec":
             def call() -> None:
                 sb.exec(["true"])
@@ -75,7 +69,6 @@ def _probe(url: str, kind: str, n: int) -> None:
                 loop.run_until_complete(asb.exec(["true"]))
         for _ in range(5):
             call()
-    prepare()
     print("ready", flush=True)
     for _ in sys.stdin:
         wall, cpu = [], time.process_time()
@@ -86,7 +79,6 @@ def _probe(url: str, kind: str, n: int) -> None:
         cpu = (time.process_time() - cpu) / n * 1000
         print(json.dumps({"wall_ms_p50": statistics.median(wall), "client_cpu_ms": cpu}),
               flush=True)
-        prepare()
     stack.close()
 
 
@@ -170,7 +162,7 @@ def main() -> int:
         print("needs root and strace")
         return 1
     rounds, n = bench_args.pick(args, (4, 200), (2, 100), (1, 3))
-    grab = min(n, 30)  # a pool of this many ready for the acquires
+    grab = min(n, 20)  # acquires a pass (from a pool of twice this many ready)
     trees = {"current": HERE.parent / "src"}
     load = [os.getloadavg()[0]]
     got: dict[str, list[float]] = {}

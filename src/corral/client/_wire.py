@@ -208,11 +208,15 @@ class Reply:
             del buf[:end + 2 + size + 2]
 
     def response(self, request: LeanRequest) -> httpx.Response:
-        """The reply as httpx's :class:`~httpx.Response`."""
-        return LeanResponse(
-            request, self.status, headers=self.headers, content=bytes(self._body),
+        """The reply as httpx's :class:`~httpx.Response`, its body read. (Built on a
+        stream and read: ``content=`` would add headers the reply has and read the body
+        through the same stream, ~2.5x the CPU.)"""
+        response = LeanResponse(
+            request, self.status, headers=self.headers, stream=httpx.ByteStream(bytes(self._body)),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": self.reason},
         )
+        response.read()
+        return response
 
 
 class LeanResponse(httpx.Response):

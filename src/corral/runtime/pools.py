@@ -448,9 +448,10 @@ class PoolManager:
                 for _ in range(pool.to_start(self._concurrency)):
                     task = asyncio.create_task(self._start_one(pool))
                     pool.starting.add(task)
-            try:
-                await asyncio.wait_for(pool.wake.wait(), delay)
-            except asyncio.TimeoutError:
+            try:  # a timeout, not wait_for: no task (three turns of the loop) per wake
+                async with asyncio.timeout(delay):
+                    await pool.wake.wait()
+            except TimeoutError:
                 pass
 
     async def _start_one(self, pool: PoolState) -> None:
