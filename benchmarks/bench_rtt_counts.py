@@ -143,8 +143,9 @@ def one_round(src: Path, url: str, kind: str, n: int, tmp: Path) -> dict[str, fl
         tracer.wait(30)
         counts = _strace_counts(out, start, end)
         out.unlink()
-        for name in (*SYSCALLS, "total"):
-            res[f"{name}_per_call"] = counts.get(name, 0) / n
+        for name in {*SYSCALLS, *counts}:  # the named ones, and any made once a call or more
+            if name in SYSCALLS or name == "total" or counts[name] >= n / 2:
+                res[f"{name}_per_call"] = counts.get(name, 0) / n
     finally:
         probe.stdin.close()
         probe.wait(120)
@@ -186,11 +187,14 @@ def main() -> int:
     res["load_1min_start"], res["load_1min_end"] = load
     print(f"{'per call (median of rounds)':36} {'current':>9}"
           + (f" {'baseline':>9} {'ratio':>6}" if args.baseline else ""))
-    for key in sorted(k.split("_", 1)[1] for k in res if k.startswith("current_")):
-        line = f"{key:36} {res['current_' + key]:9.3f}"
-        if args.baseline and res.get("baseline_" + key):
-            res["ratio_" + key] = res["current_" + key] / res["baseline_" + key]
-            line += f" {res['baseline_' + key]:9.3f} {res['ratio_' + key]:6.2f}"
+    for key in sorted({k.split("_", 1)[1] for k in res if k.startswith(tuple(trees))}):
+        mine, base = res.get("current_" + key), res.get("baseline_" + key)
+        line = f"{key:36} " + (f"{mine:9.3f}" if mine is not None else f"{'-':>9}")
+        if args.baseline:  # a system call only one tree makes: "-" for the other
+            line += f" {base:9.3f}" if base is not None else f" {'-':>9}"
+            if mine is not None and base:
+                res["ratio_" + key] = mine / base
+                line += f" {res['ratio_' + key]:6.2f}"
         print(line)
     print(f"load {load[0]:.1f} -> {load[1]:.1f}")
     if args.json:
