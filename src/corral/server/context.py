@@ -160,6 +160,16 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> SandboxInfo:
     """``work`` gets a sandbox for the client; if the client left meanwhile, delete it."""
     got, gone = await _race_disconnect(request, work, recheck=True)
+    return await _kept(request, got, gone)
+
+
+async def kept_unless_gone(request: Request, got: SandboxInfo) -> SandboxInfo:
+    """``got``, a sandbox taken for the client without waiting (no task: nothing to
+    race); if the server has already read its hang-up, delete it."""
+    return await _kept(request, got, _hung_up(request))
+
+
+async def _kept(request: Request, got: SandboxInfo, gone: bool) -> SandboxInfo:
     if gone:  # it left just as the sandbox became ready
         await service(request).delete(got.id, caller_of(request))
         raise ClientDisconnect()
