@@ -23,7 +23,7 @@ from corral.runtime import rootbuild
 from corral.runtime.fsutil import _scan_tree
 from corral.runtime.image_build import MAX_COPY_DEPTH, MAX_COPY_PATH, _scan_source
 from corral.runtime.images import ImageStore
-from corral.runtime.oci import _sandbox_ready, apply_layer
+from corral.runtime.oci_layers import _sandbox_ready, apply_layer
 from corral.runtime.paths import Layout
 from corral.runtime.treecopy import remove_tree
 from tests.conftest import requires_root

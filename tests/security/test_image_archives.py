@@ -14,7 +14,7 @@ import pytest
 
 from corral.errors import ImageImportError
 from corral.runtime.images import ImageStore
-from corral.runtime.oci import apply_layer
+from corral.runtime.oci_layers import apply_layer
 from corral.runtime.paths import Layout
 from tests.conftest import requires_root
 from tests.runtime.oci_archives import Layer, base_layer, docker_save

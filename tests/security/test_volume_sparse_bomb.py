@@ -73,10 +73,10 @@ def test_a_sparse_entry_is_weighed_against_the_disks_reserve_and_a_cap(
 
 def test_a_sparse_entry_unpacks_with_its_holes_kept(tmp_path, sparse_tar):
     """The extractor every image import, Dockerfile build and volume uses
-    (oci.apply_layer): a sparse entry wrote its full size of zeros (an image import of a
+    (oci_layers.apply_layer): a sparse entry wrote its full size of zeros (an image import of a
     few KB filled the image cache's disk; an import's limit counts the archive's bytes,
     not what its entries claim). Now its holes stay holes: its data, at its offsets."""
-    from corral.runtime.oci import apply_layer, apply_overlay_layer
+    from corral.runtime.oci_layers import apply_layer, apply_overlay_layer
 
     for name, apply in (("file", lambda root: apply_layer(root, sparse_tar)),
                         ("stream", lambda root: apply_overlay_layer(root, sparse_tar.open("rb")))):

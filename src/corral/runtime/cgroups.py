@@ -57,6 +57,11 @@ class Cgroup:
         self._dirs = dirs  # controller (or "" on v2) -> directory
         self.limits: tuple[float, int, int] | None = None  # as last written here (set_limits)
         self._oom_file: Path | None = None  # read before and after each command (oom_kills)
+        # a warm slot's, which may serve a next sandbox once empty (cgroup_recycle.py):
+        # how many it has served, and the OOM kills counted before this one's
+        self.recyclable = False
+        self.uses = 1
+        self.oom_base = 0
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -240,7 +245,7 @@ class CgroupV1(Cgroup):
         # once: a join and a parse of every line were ~5% of an exec's daemon time).
         if self._oom_file is None:
             self._oom_file = self._dirs["memory"] / "memory.oom_control"
-        return _count(self._oom_file, "oom_kill")
+        return _count(self._oom_file, "oom_kill") - self.oom_base
 
     def memory_bytes(self) -> int:
         return int(_read(self._dirs["memory"] / "memory.usage_in_bytes"))
@@ -314,6 +319,7 @@ class CgroupDriver:
     version: int
     _group_type: type[Cgroup]
     _prepared: set[Path]  # parent directories known to exist, prepared (create)
+    memory_resets: tuple[str, ...] | None = None  # v1 counters a recycle zeroes (cgroup_recycle)
 
     def _roots(self) -> dict[str, Path]:
         """Controller (or "" on v2) -> root directory of its hierarchy."""
@@ -416,6 +422,10 @@ class CgroupDriver:
         if not any(d.is_dir() for d in dirs.values()):
             raise errors.NotFound(f"cgroup {path} does not exist (cgroup v{self.version})")
         return self._group_type(path, dirs)
+
+    def hierarchies(self) -> list[Path]:
+        """The root directory of each hierarchy groups are made in."""
+        return list(dict.fromkeys(self._roots().values()))
 
     def children(self, parent: str) -> list[str]:
         """Names of the child groups of ``parent`` found in any hierarchy."""

@@ -5,7 +5,7 @@ stage's ``FROM`` (pulled first when it is a registry reference); earlier stages 
 images named ``<name>.stage<N>`` (kept, so that their steps stay cached), the last (or
 ``target``) is the image ``name``. What a ``COPY``/``ADD`` takes is put where the build
 reads it: a path of the context (never outside it), a tar archive unpacked with the
-OCI import's rules (:func:`corral.runtime.oci.apply_layer`), or files exported from an
+OCI import's rules (:func:`corral.runtime.oci_layers.apply_layer`), or files exported from an
 earlier stage or another image through a sandbox of it (as root of its user namespace,
 so that root's files are readable; bounded by :data:`MAX_EXPORT_BYTES`).
 
@@ -44,7 +44,7 @@ from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import BUILD_TAG, BuildResult, ImageBuild, host_cpus
 from corral.runtime.image_pull import SCRATCH, ensure_scratch, pull_image
 from corral.runtime.layer_codec import copy_bounded, expansion_limit
-from corral.runtime.oci import apply_layer
+from corral.runtime.oci_layers import apply_layer
 from corral.runtime.ownership import UNSET, OwnerArg
 from corral.schema import NetworkMode, SandboxSpec
 

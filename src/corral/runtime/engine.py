@@ -50,6 +50,7 @@ from corral.runtime import (
     warden,
 )
 from corral.runtime.agentbuild import ensure_agent
+from corral.runtime.cgroup_sweep import KeyLock, Swept, sweep
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.channel import AgentChannel
 from corral.runtime.cpus import CpuPicker
@@ -86,7 +87,7 @@ from corral.runtime.net import NetworkManager, netns
 from corral.runtime.networks import Networks
 from corral.runtime.output_budget import OutputBudget
 from corral.runtime.ownership import UNSET, OwnerArg, Owners
-from corral.runtime.paths import Layout, uid_lock_dir
+from corral.runtime.paths import Layout, cgroup_lock_dir, uid_lock_dir
 from corral.runtime.reconcile import engine_cgroup_parent, remove_cgroup
 from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
@@ -185,6 +186,8 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         self.events.subscribe(SandboxDeleted, lambda e: self.secret_store.remove(e.sandbox_id))
         self.owners = Owners()  # who sees what: runtime/ownership.py
         self.cgroup_parent = engine_cgroup_parent(cgroup_driver, layout.engine_key)
+        self.cgroup_key: KeyLock | None = None  # held while the groups are ours (Engine.open)
+        self.swept: Swept | None = None  # dead engines' groups removed at open (cgroup_sweep)
         self.snapshots = Snapshots(layout, registry, images, self.owners)
         self.kept = KeptFiles(layout.state_dir / "stopped", self.snapshots, self.events)
         self._pool = SlotPool(
@@ -227,7 +230,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
     ) -> "Engine":
         """Open the engine on a state directory, reconciling it with reality.
 
-        ``warm_slots`` launchers are kept joined to fresh cgroups, ready to become
+        ``warm_slots`` launchers are kept joined to cgroups of their own, ready to become
         sandboxes (0 turns that off). New sandbox ids start with ``id_prefix`` (a
         cluster's daemons put their node's tag in it, so an id names its node).
         ``network_hosts``: names the resolver of policy sandboxes answers with these
@@ -248,12 +251,22 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
         for staged in layout.state_dir.glob(".volume-upload-*"):  # a killed daemon's archives
             staged.unlink(missing_ok=True)  # (server/volume_stream.py): no request holds them
+        try:  # the engine's cgroups are its own from here (runtime/cgroup_sweep.py)
+            if handover is not None and handover.key_fd >= 0:  # (its warden's, shared)
+                key_lock = KeyLock(cgroup_lock_dir(), layout.engine_key, handover.key_fd)
+            else:
+                key_lock = await asyncio.to_thread(KeyLock.take, cgroup_lock_dir(),
+                                                   layout.engine_key)
+        except BaseException:
+            lock_file.close()
+            raise
         try:
             if handover is not None and handover.uids_fd >= 0:
                 uid_block = UidBlock.adopt(handover.uids_fd)
             else:
                 uid_block = await asyncio.to_thread(UidBlock.lock, uid_lock_dir())
         except BaseException:
+            key_lock.release()
             lock_file.close()
             raise
         engine = cls(
@@ -270,12 +283,15 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             restore_grace,
         )
         engine.id_prefix = id_prefix
+        engine.cgroup_key = key_lock
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
             detect_gpus))
         seccomp.build_filter()  # fail now, not at the first create, on an unknown arch
         engine._warden = warden.Warden.start(
-            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd,),
+            lock_file, engine.cgroups, engine.cgroup_parent, locks=(engine.uids.fd, key_lock.fd),
             state_dir=layout.state_dir, grace=restore_grace)
+        engine.swept = await asyncio.to_thread(  # dead engines' groups (their keys' locks free)
+            sweep, engine.cgroups.hierarchies(), cgroup_lock_dir(), own=layout.engine_key)
         adopting = engine._adoptable(handover)  # the rest is reconciled: lost
         engine._hibernated_back()  # hibernated: nothing to adopt, their checkpoints on disk
         users: dict[str, int] = {}
@@ -318,9 +334,13 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             t.cancel()
         if not handover:  # (it would kill what is handed over)
             remove_cgroup(self.cgroups, self.cgroup_parent)
+        if stop_sandboxes and not handover:  # nothing left runs on a volume's mount
+            await asyncio.to_thread(self.volumes.unmount_all)
         self.registry.close()
         if self._warden:
             self._warden.stop(handover=handover)
+        if self.cgroup_key is not None:  # (a warden keeping a handover holds it on)
+            self.cgroup_key.release(remove=not handover)
         self.uids.close()
         self._lock_file.close()
 

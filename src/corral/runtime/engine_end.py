@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from corral.runtime.events import Events
     from corral.runtime.gpus import GpuAllocator
     from corral.runtime.kept_files import KeptFiles
+    from corral.runtime.launcher import SlotPool
     from corral.runtime.net import NetworkManager
     from corral.runtime.ownership import Owners
     from corral.runtime.registry import Registry
@@ -117,6 +118,7 @@ class EndOps:
         _releasers: Executor
         _teardowns: set[asyncio.Future[None]]
         _agent_stops: ThreadBatch
+        _pool: SlotPool
 
         def get(self, sandbox_id: str, *, owner: OwnerArg = UNSET) -> SandboxInfo: ...
         def upper_dir(self, sandbox_id: str) -> Path: ...
@@ -369,8 +371,9 @@ class EndOps:
             syscalls.malloc_trim()
         gone = True  # then nothing runs as its uid any more: it may be used again
         if live.cgroup is not None:
-            try:
-                live.cgroup.remove(children=False)
+            try:  # emptied: kept for a next warm slot (cgroup_recycle.py), else removed
+                if not self._pool.give_back(live.cgroup):
+                    live.cgroup.remove(children=False)
             except (OSError, CorralError):
                 gone = False
         if live.proc is not None and live.proc.poll() is None:

@@ -4,7 +4,7 @@ A pulled image is stored like a built one (:mod:`corral.runtime.image_build`): n
 root filesystem of its own, but one layer of the host-wide layer store per layer of
 the image, above the empty root image :data:`SCRATCH`. Each OCI layer is unpacked once
 into an overlayfs lower layer (its whiteouts become overlayfs's markers: see
-:func:`corral.runtime.oci.apply_layer`, whose safety rules apply unchanged: no path
+:func:`corral.runtime.oci_layers.apply_layer`, whose safety rules apply unchanged: no path
 out of the layer, no device node, no set-id bit, no extended attribute), so
 
 * two images that share a base layer (same blob digest) store it once, and a second
@@ -59,7 +59,8 @@ from corral.runtime.fsutil import _flock, _remove_tree
 from corral.runtime.image_cache import CacheEntry
 from corral.runtime.images import Image, ImageStore
 from corral.runtime.layer_codec import MAX_BYTES_ENV, max_pull_bytes
-from corral.runtime.oci import _env, _workdir, apply_overlay_layer, choose_platform
+from corral.runtime.oci import _env, _workdir, choose_platform
+from corral.runtime.oci_layers import apply_overlay_layer
 
 SCRATCH = "scratch"
 BLOBS = ".blobs"

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
 import socket
 import subprocess
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from pathlib import Path
 from corral.errors import CorralError, SandboxStartError
 from corral.runtime import seccomp
 from corral.runtime.agentbuild import agent_layer
+from corral.runtime.cgroup_recycle import recycle, set_slot_cpus
 from corral.runtime.cgroups import Cgroup, CgroupDriver
 from corral.runtime.cpus import CpuPicker
 from corral.runtime.devices import standard_rules
@@ -48,6 +51,9 @@ log = logging.getLogger("corral.runtime")
 DEFAULT_WARM_SLOTS = 4
 SPAWN_BACKOFF_S = 1.0
 LOCAL_CHANNELS_TIMEOUT_S = 30.0
+# emptied groups kept for the next slots (cgroup_recycle.py): at most this many, and at
+# most twice the warm target (none where the engine keeps no warm slots)
+SPARE_GROUPS = 16
 
 
 @dataclass
@@ -181,6 +187,11 @@ class SlotPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff_until = 0.0
         self.closed = False
+        # ended sandboxes' groups, emptied, renamed and reset (give_back), for new slots;
+        # given back from release threads
+        self._spare: deque[Cgroup] = deque()
+        self._spare_lock = threading.Lock()
+        self.recycled = 0  # slots made on a recycled group (a figure for tests, benchmarks)
         # the layers (``--lower``'s list) a new slot clones and idmaps while it waits:
         # the agent's, then the engine sets those of the last sandbox it started
         self.prelower = str(agent_layer(agent_path))
@@ -241,18 +252,45 @@ class SlotPool:
         # (even when cancelled: the pool's close waits for the cgroup to be gone)
         release(await finish_in_thread(slot.discard, on_cancel=release))
 
+    def give_back(self, group: Cgroup) -> bool:
+        """An ended sandbox's group: kept for a next slot, renamed and reset
+        (:func:`~corral.runtime.cgroup_recycle.recycle`: only if empty), or False: the
+        caller removes it as before. Blocking: called from a release thread."""
+        with self._spare_lock:
+            if self.closed or len(self._spare) >= min(SPARE_GROUPS, 2 * self.target):
+                return False
+        new = recycle(self.cgroups, group, f"{self.cgroup_parent}/slot-{secrets.token_hex(6)}",
+                      cpus=DEFAULT_CPUS, memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS)
+        if new is None:
+            return False
+        with self._spare_lock:
+            if not self.closed:
+                self._spare.append(new)
+                return True
+        new.remove(children=False)  # the pool closed meanwhile
+        return True
+
+    def _spare_group(self) -> Cgroup | None:
+        with self._spare_lock:
+            return self._spare.popleft() if self._spare else None
+
     async def spawn(self) -> Slot:
-        """Make one slot: a cgroup, a launcher that joined it, and its channels."""
-        name = "slot-" + secrets.token_hex(6)
+        """Make one slot: a cgroup (a recycled one where the pool has one), a launcher
+        that joined it, and its channels."""
         uid = self.uids.acquire()
         cpus = self.cpu_picker.peek(DEFAULT_CPUS) if self.cpu_picker is not None else ()
         devices_set: list[bool] = []
 
         def make() -> Cgroup:
-            # (v1 fills a new group's cpuset with these CPUs: one write, not two)
-            group = self.cgroups.create(f"{self.cgroup_parent}/{name}", cpus=DEFAULT_CPUS,
-                                        memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS,
-                                        cpuset=cpus)
+            group = self._spare_group()
+            if group is not None:
+                self.recycled += 1
+                set_slot_cpus(self.cgroups, group, cpus)  # (its last sandbox's until now)
+            else:  # (v1 fills a new group's cpuset with these CPUs: one write, not two)
+                group = self.cgroups.create(
+                    f"{self.cgroup_parent}/slot-{secrets.token_hex(6)}", cpus=DEFAULT_CPUS,
+                    memory_mb=DEFAULT_MEMORY_MB, pids=DEFAULT_PIDS, cpuset=cpus)
+                group.recyclable = True
             try:
                 if cpus and self.cgroups.version != 1:
                     self.cgroups.set_cpus(group, cpus)
@@ -310,7 +348,7 @@ class SlotPool:
             theirs.close()
             r_theirs.close()
         log.start()
-        slot = Slot(name, cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
+        slot = Slot(cgroup.path.rsplit("/", 1)[-1], cgroup, proc, ours, ctl_fd, seccomp_r, go_w, log, uid,
                     r_ours, reattach_fd, log_copy, cpus=cpus, devices_set=any(devices_set),
                     prelower=prelower)
         try:
@@ -337,6 +375,10 @@ class SlotPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         slots, self._ready = list(self._ready), deque()
         await asyncio.gather(*(self._drop(s) for s in slots))
+        with self._spare_lock:
+            spare, self._spare = list(self._spare), deque()
+        for group in spare:
+            await finish_in_thread(functools.partial(group.remove, children=False))
 
 
 async def _read_ready(fd: int) -> bytes:

@@ -6,7 +6,8 @@ Environment variables (read only here):
 - ``CORRAL_CACHE_DIR``: built images and the compiled agent, shared by every engine on
   the host (default ``/var/cache/corral``).
 - ``CORRAL_RUN_DIR``: machine-wide locks of every engine on the host (the blocks of
-  sandbox uids, :mod:`.uids`); the same for all of them (default ``/run/corral``).
+  sandbox uids, :mod:`.uids`; the cgroups each engine holds, :mod:`.cgroup_sweep`); the
+  same for all of them (default ``/run/corral``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def default_cache_dir() -> Path:
 def uid_lock_dir() -> Path:
     """Where engines lock their blocks of sandbox uids (one directory per host)."""
     return Path(os.environ.get("CORRAL_RUN_DIR", DEFAULT_RUN_DIR)) / "uids"
+
+
+def cgroup_lock_dir() -> Path:
+    """Where engines lock the keys of their cgroups (one directory per host)."""
+    return Path(os.environ.get("CORRAL_RUN_DIR", DEFAULT_RUN_DIR)) / "cgroups"
 
 
 def share_dir(cache_dir: Path) -> Path:

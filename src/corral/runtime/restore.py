@@ -74,6 +74,7 @@ class Handover:
     uids_fd: int
     sandboxes: dict[str, list[int]] = field(default_factory=dict)  # [reattach, log]
     conn: socket.socket | None = None
+    key_fd: int = -1  # the lock on the engine's cgroups (runtime/cgroup_sweep.py)
 
     def ack(self) -> None:
         """Tell the warden everything was received: it exits, touching nothing."""
@@ -126,7 +127,8 @@ def take_over(state_dir: Path) -> Handover | None:
                 raise OSError("the warden hung up during the handover")
             kind, rest = msg[:1], msg[1:]
             if kind == b"L" and handover is None and fds:
-                handover = Handover(fds[0], fds[1] if len(fds) > 1 else -1)
+                handover = Handover(fds[0], fds[1] if len(fds) > 1 else -1,
+                                    key_fd=fds[2] if len(fds) > 2 else -1)
             elif kind == b"S" and handover is not None:
                 handover.sandboxes[rest.decode(errors="replace")] = fds
             elif kind == b"E" and handover is not None:

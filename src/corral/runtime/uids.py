@@ -21,10 +21,10 @@ An engine locks one free block of :data:`BLOCK_SIZE` uids when it opens and hand
 them out in memory. Its warden inherits the lock (:mod:`corral.runtime.warden`): if the
 engine dies, the block stays taken until the warden has killed every sandbox of it.
 Within the block, a uid goes back to the end of the free queue only when its sandbox
-has gone (cgroup removed: no process left; its mounts die with them); one that could
-not be cleaned up stays out of use for the engine's lifetime. And a block is checked
-when locked: a uid some process still runs as (a sandbox that outlived both its engine
-and its warden, both killed) is held back too.
+has gone (its cgroup removed, or found empty and recycled: no process left; its mounts
+die with them); one that could not be cleaned up stays out of use for the engine's
+lifetime. And a block is checked when locked: a uid some process still runs as (a
+sandbox that outlived both its engine and its warden, both killed) is held back too.
 """
 
 from __future__ import annotations

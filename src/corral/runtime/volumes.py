@@ -11,7 +11,7 @@ sees them as its own through its idmapping)::
                                                (loop) at data while the host is up
 
 It is made from a tar archive (:meth:`Volumes.create`, extracted by the same checked
-code as image layers, :func:`corral.runtime.oci.apply_layer`: no path leaves the tree,
+code as image layers, :func:`corral.runtime.oci_layers.apply_layer`: no path leaves the tree,
 no device, no setuid bit), in a temporary directory renamed into place when complete:
 nothing half-made is ever visible. A sandbox mounts it with ``volumes={"/data":
 "NAME"}`` (``"NAME:ro"``, ``"NAME:cow"`` (the default), ``"NAME:rw"``; an admin may
@@ -61,7 +61,7 @@ from corral.errors import (
 )
 from corral.runtime.diskimage import mkfs
 from corral.runtime.fsutil import _write_atomic
-from corral.runtime.oci import apply_layer
+from corral.runtime.oci_layers import apply_layer
 from corral.runtime.storage import room_above_reserve
 from corral.runtime.treecopy import ENTER, LEAVE, Walk, copy_tree, discard_tree, remove_tree
 from corral.runtime.uids import CANONICAL_UID
@@ -422,6 +422,18 @@ class Volumes:
         trash = d.with_name(f".{name}.rm.{os.getpid()}.{time.monotonic_ns()}")
         os.rename(d, trash)
         discard_tree(trash)
+
+    def unmount_all(self) -> list[str]:
+        """Unmount every volume filesystem (``max_mb``) mounted from this store: the
+        engine closes with no sandbox left running, and the next use mounts it again.
+        A loop mount left behind outlived its state dir (a deleted test daemon's, or a
+        user's ``rm -rf``) and every later sandbox copied it into its mount table."""
+        done = []
+        for data in sorted(self.root.glob("*/*/data")):
+            if os.path.ismount(data):
+                subprocess.run(["umount", "-l", str(data)], capture_output=True, check=False)
+                done.append(str(data))
+        return done
 
     def meta(self, owner: str | None, name: str) -> dict[str, Any]:
         """The volume's ``meta.json`` as it is (VolumeInfo's fields and what travel keeps)."""

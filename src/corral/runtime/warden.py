@@ -121,13 +121,15 @@ class Warden:
               locks: tuple[int, ...] = (), *, state_dir: Path | None = None,
               grace: float = 0.0) -> "Warden":
         """Start the warden of the engine that holds ``lock_file`` and the descriptors
-        ``locks`` (its uid block's lock first: other flocks it must keep until its
-        sandboxes are gone). With ``state_dir`` and ``grace`` > 0 it keeps the
+        ``locks`` (its uid block's lock first, then its cgroups' key lock:
+        :mod:`corral.runtime.cgroup_sweep`; flocks it must keep until its sandboxes are
+        gone, and hands over with them). With ``state_dir`` and ``grace`` > 0 it keeps the
         sandboxes for ``grace`` seconds after the engine went away, for the next one."""
         dirs = [str(d) for d in cgroups._dirs(cgroup_parent).values()]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [sys.executable, "-I", "-S", __file__, "--lock", str(lock_file.fileno()),
-                "--uids", str(locks[0] if locks else -1), "--grace", repr(float(grace)),
+                "--uids", str(locks[0] if locks else -1),
+                "--key", str(locks[1] if len(locks) > 1 else -1), "--grace", repr(float(grace)),
                 "--state", str(state_dir or ""), "--", *dirs]
         try:
             proc = subprocess.Popen(
@@ -384,7 +386,8 @@ def main(argv: list[str]) -> int:
         elif kind == b"q":  # a clean stop: its sandboxes are gone already
             return 0
     grace = float(opts.get("--grace", "0") or 0)
-    locks = [int(opts[k]) for k in ("--lock", "--uids") if int(opts.get(k, "-1")) >= 0]
+    locks = [int(opts[k]) for k in ("--lock", "--uids", "--key")
+             if int(opts.get(k, "-1")) >= 0]
     if grace > 0 and opts.get("--state") and held and locks:
         if _hand_over(Path(opts["--state"]), grace, locks, held):
             return 0

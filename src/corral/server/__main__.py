@@ -26,6 +26,7 @@ from corral.server.settings import (
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_SHUTDOWN_GRACE_S,
+    DEFAULT_WRITE_STALL_S,
     MEMORY_OVERCOMMIT,
     ServerSettings,
     parse_tcp,
@@ -104,6 +105,13 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         int,
         "MB",
         "the same, per tenant (default: half of --output-memory-mb)",
+    ),
+    (
+        "--write-stall-timeout",
+        float,
+        "SECONDS",
+        "close a TCP connection whose client has read none of its reply for this long "
+        f"while the reply waits (default {DEFAULT_WRITE_STALL_S:g})",
     ),
     (
         "--idle-exit",

@@ -287,8 +287,12 @@ class GuardedHttpProtocol(BoundedHttpProtocol):
         super().on_response_complete()
 
 
-def protocol_for(book: ConnectionBook, keep_alive: float) -> type[GuardedHttpProtocol]:
+def protocol_for(book: ConnectionBook, keep_alive: float,
+                 write_stall: float | None = None) -> type[GuardedHttpProtocol]:
     """uvicorn's ``http`` protocol class for one daemon, counting into ``book``;
-    authenticated connections are kept alive ``keep_alive`` seconds when idle."""
+    authenticated connections are kept alive ``keep_alive`` seconds when idle, and
+    closed after ``write_stall`` seconds of a reply their client does not read (None:
+    never)."""
     return type("GuardedHttpProtocol", (GuardedHttpProtocol,),
-                {"book": book, "authenticated_keep_alive": keep_alive})
+                {"book": book, "authenticated_keep_alive": keep_alive,
+                 "write_stall": write_stall})

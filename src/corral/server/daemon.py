@@ -269,7 +269,8 @@ async def run(settings: ServerSettings) -> None:
         config = uvicorn.Config(
             app,
             lifespan="off",
-            http=protocol_for(book, KEEP_ALIVE_S),  # httptools, bounded before auth
+            # httptools, bounded before auth; replies no client reads end (write stall)
+            http=protocol_for(book, KEEP_ALIVE_S, settings.write_stall_timeout),
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
             # "websockets" warns of its deprecation; sans-I/O, not read while its
             # replies wait (pongs to a client that reads nothing: ws_flow.py)

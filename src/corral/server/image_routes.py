@@ -49,7 +49,8 @@ from corral.runtime.fsutil import _remove_tree
 from corral.runtime.image_build import BuildResult, ImageBuild, OnEvent, host_cpus
 from corral.runtime.image_pull import prune, pull_image, unique_sizes
 from corral.runtime.images import Image, ImageStore
-from corral.runtime.oci import apply_layer, import_image
+from corral.runtime.oci import import_image
+from corral.runtime.oci_layers import apply_layer
 from corral.schema import SandboxState, validate_model
 from corral.server import context as ctx
 from corral.server.builds import builds_gate

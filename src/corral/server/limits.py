@@ -14,6 +14,12 @@ Every bound here is enforced before the expensive step it protects:
   so neither a deep nesting nor millions of elements reach the parser or pydantic.
 - **While reading** (:func:`corral.server.wire.read_body`): a body that stalls for
   :data:`BODY_IDLE_TIMEOUT_S` is cut (408 ``request_timeout``).
+- **While replying** (:class:`BoundedHttpProtocol`, TCP only): a connection whose
+  transport stays paused for writing (its buffer above the high-water mark: the client
+  reads nothing) for ``--write-stall-timeout`` seconds with none of it read meanwhile
+  is reset, so a reply nobody reads gives back what it holds (its output budget
+  room, its buffers, its descriptor). A client that reads slowly is not cut: every
+  check that finds the buffer smaller than at the last one starts the wait again.
 - **Per client** (:class:`ClientLimiter`): at most ``--max-client-requests`` requests
   in flight per TCP peer address (gRPC calls counted apart, per peer address too);
   more get 429 ``too_many_requests``. The Unix socket is one trusted owner: unlimited.
@@ -22,11 +28,15 @@ Every bound here is enforced before the expensive step it protects:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import resource
+import socket
+import struct
 import time
 from collections import Counter
+from contextlib import suppress
 from http import HTTPStatus
 from itertools import accumulate
 from typing import Any
@@ -36,6 +46,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
 from corral.schema import DEFAULT_TIMEOUT_S, SandboxInfo, SandboxSpec
 from corral.server.coalesce import FLUSH_KEY, CoalescedWrites
+
+logger = logging.getLogger("corral.server")
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 65_536  # values (array elements, object members) in one JSON body
@@ -198,6 +210,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _header_bytes = 0
     _refused = False
     _unix = False
+    write_stall: float | None = None  # seconds (the daemon's: conn_limits.protocol_for)
+    _stall_timer: Any = None
+    _stall_size = 0  # the transport's buffer at the last check
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         # a response's headers and body leave in one send (corral.server.coalesce)
@@ -206,6 +221,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._arm()
 
     def handle_websocket_upgrade(self) -> None:
+        self._unwatch_stall()  # (ws_flow.py bounds what a WebSocket's replies hold)
         # the WebSocket protocol gets the socket's own transport, with nothing held
         if isinstance(self.transport, CoalescedWrites):
             self.transport.flush()
@@ -214,7 +230,39 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._unwatch_stall()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.write_stall and not self._unix and self._stall_timer is None:
+            self._stall_size = self.transport.get_write_buffer_size()
+            self._stall_timer = self.loop.call_later(self.write_stall, self._check_stall)
+
+    def resume_writing(self) -> None:
+        self._unwatch_stall()
+        super().resume_writing()
+
+    def _unwatch_stall(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _check_stall(self) -> None:
+        self._stall_timer = None
+        size = self.transport.get_write_buffer_size()
+        if size < self._stall_size:  # the client read some: slow, not stalled
+            self._stall_size = size
+            self._stall_timer = self.loop.call_later(self.write_stall, self._check_stall)
+            return
+        logger.info("closed a TCP connection from %s: its client read none of its reply "
+                    "(%d bytes waiting) for %g s (--write-stall-timeout)",
+                    self.client[0] if self.client else "?", size, self.write_stall)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops the unsent bytes it holds too
+            with suppress(OSError):  # (a plain close would queue a FIN behind them)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()  # the wait in uvicorn's send ends: the reply's holds go
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:  # else the rest of a refused request: dropped unparsed

@@ -43,6 +43,7 @@ DEFAULT_LOG_RETENTION_S = 86400.0  # a deleted sandbox's logs are kept a day
 DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on SIGTERM
 DEFAULT_RESTORE_GRACE_S = 300.0  # SIGTERM/crash: sandboxes wait this long for the next daemon
 DEFAULT_RETENTION_S = 86400.0  # an ended sandbox's record and kept files, then removed
+DEFAULT_WRITE_STALL_S = 60.0  # a TCP client that reads none of a reply this long: cut
 MEMINFO = "/proc/meminfo"
 
 
@@ -102,6 +103,9 @@ class ServerSettings:
     # unauthenticated ones per client address (server/conn_limits.py)
     max_connections: int | None = None
     max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS
+    # a TCP connection whose replies wait (its transport paused for writing) and whose
+    # client reads none of them for this long is closed (server/limits.py: write stall)
+    write_stall_timeout: float = DEFAULT_WRITE_STALL_S
     # live streams one dashboard session, and one tenant, hold open (server/stream_limits.py)
     max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
     max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
@@ -152,6 +156,9 @@ class ServerSettings:
                 raise InvalidArgument(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_connections is not None and self.max_connections < 1:
             raise InvalidArgument(f"max_connections must be at least 1, got {self.max_connections}")
+        if not 0 < self.write_stall_timeout <= 86400:
+            raise InvalidArgument("write_stall_timeout must be > 0 and <= 86400 seconds, got "
+                                  f"{self.write_stall_timeout:g}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
         if self.default_lease is not None and not 1 <= self.default_lease <= 86400:
