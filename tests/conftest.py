@@ -92,11 +92,12 @@ class Daemon:
 
     def start(self) -> "Daemon":
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [*self.wrapper, sys.executable, "-m", "corral.server", "--socket", str(self.socket),
-             "--state-dir", str(self.state_dir), *self.args],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env,
-        )
+        with open(self.log, "ab") as log:  # (the daemon keeps its own copy)
+            self.proc = subprocess.Popen(
+                [*self.wrapper, sys.executable, "-m", "corral.server", "--socket",
+                 str(self.socket), "--state-dir", str(self.state_dir), *self.args],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
         try:
             _wait_for_socket(self.socket, self.proc)
             if "--tcp" in self.args:  # bound just after the socket: wait for it too
@@ -249,7 +250,74 @@ def _remove_deep_trees(base: Path) -> None:
             pass
 
 
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+              "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def _no_proxies() -> None:
+    """A runner may set ``HTTP_PROXY``/``HTTPS_PROXY`` (the suite needs no internet:
+    every test talks to loopback or a namespace it made). Followed, it would take the
+    third-party clients' requests to a daemon on loopback (e2b, tensorlake, cwsandbox
+    honour it) and a policy sandbox's allowed traffic (the engine sends it through the
+    host's proxy: docs/network.md) to that proxy. The tests that mean a proxy set their
+    own (test_network_policy, test_inherited_daemon: corral's clients never use one)."""
+    for name in PROXY_VARS:
+        os.environ.pop(name, None)
+
+
+def rt_sigaction(signum: int, handler: int | None = None) -> int:
+    """The disposition of ``signum`` (0: SIG_DFL, 1: SIG_IGN, else a handler), set to
+    ``handler`` first if given. Through the syscall itself: libc, and so Python's
+    ``signal``, refuse 32 and 33, which a runner can hand down ignored all the same."""
+    import ctypes
+    import platform
+
+    nr = {"x86_64": 13, "aarch64": 134}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = (ctypes.c_ulong * 4)()  # struct kernel_sigaction: handler, flags, restorer, mask
+    new = None if handler is None else ctypes.byref((ctypes.c_ulong * 4)(handler, 0, 0, 0))
+    if libc.syscall(nr, signum, new, ctypes.byref(old), 8) != 0:
+        raise OSError(ctypes.get_errno(), f"rt_sigaction({signum})")
+    return old[0]
+
+
+def _default_signals() -> None:
+    """A runner may hand down signals ignored or blocked (SIG_IGN and the mask survive
+    ``execve``: CI's ignored signal 32). Every program a test starts would inherit them
+    from this process: with ``SIGCHLD`` ignored, each exit status a test reads is 0;
+    with ``SIGTERM`` ignored or blocked, a helper a test terminates never stops. Put
+    back as a fresh Python has them (``SIGPIPE`` ignored, ``SIGINT`` raising
+    KeyboardInterrupt); tests/security/test_inherited_state.py checks."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for s in set(range(32, 34)) - signal.valid_signals():  # glibc's: unused if ignored
+        if rt_sigaction(s) == 1:
+            rt_sigaction(s, 0)
+    for s in signal.valid_signals():
+        if s in (signal.SIGPIPE, signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if signal.getsignal(s) == signal.SIG_IGN:
+            signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
+
+
+def _reachable_tmpdir() -> None:
+    """A runner's ``TMPDIR`` may be private (0700): the state directories tests make
+    there would be out of every sandbox user's reach (the engine refuses to start
+    sandboxes there). Then the first of ``/tmp`` and ``/var/tmp`` they can reach."""
+    from corral.runtime.startup import unreachable_ancestor
+
+    if unreachable_ancestor(Path(tempfile.gettempdir()) / "state") is None:
+        return
+    for cand in ("/tmp", "/var/tmp"):
+        if os.path.isdir(cand) and unreachable_ancestor(Path(cand) / "state") is None:
+            os.environ["TMPDIR"] = cand
+            tempfile.tempdir = None  # computed again from TMPDIR
+            return
+
+
 def pytest_configure(config):
+    _no_proxies()  # (in each worker too: it inherits the runner's environment)
+    _default_signals()
+    _reachable_tmpdir()
     if hasattr(config, "workerinput"):
         return
     import getpass

@@ -162,3 +162,32 @@ def test_bytes_received_for_a_cancelled_read_are_read_next():
             b.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_no_daemon_leaves_no_socket_open(tmp_path, asynchronous):
+    """A connect that fails closes its socket: httpcore's blocking backend left it open,
+    a ResourceWarning for each call while no daemon answers, which a caller's
+    ``PYTHONWARNINGS=error`` (or ``pytest -W error``) made an error."""
+    import subprocess
+    import sys
+
+    sock = tmp_path / "none.sock"
+    call = ("asyncio.run(corral.AsyncClient(URL).health())" if asynchronous
+            else "corral.Client(URL).health()")
+    code = f"""
+import asyncio, gc, os, corral
+os.environ["CORRAL_NO_EMBED"] = "1"
+URL = "unix://{sock}"
+for _ in range(3):
+    try:
+        {call}
+    except corral.DaemonUnavailable:
+        pass
+gc.collect()
+print("done")
+"""
+    r = subprocess.run([sys.executable, "-X", "dev", "-W", "error", "-c", code],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr[-2000:]
+    assert "ResourceWarning" not in r.stderr, r.stderr[-2000:]

@@ -134,13 +134,14 @@ class Host:
         """Start the daemon; returns the seconds until it answered a request."""
         self.log_file = self.base / "daemon.log"
         started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.server", "--socket", str(self.socket),
-             "--state-dir", str(self.state), "--cache-dir", str(self.cache),
-             *self.extra_args],
-            stdout=open(self.log_file, "ab"), stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        with open(self.log_file, "ab") as log:  # (the daemon keeps its own copy)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "corral.server", "--socket", str(self.socket),
+                 "--state-dir", str(self.state), "--cache-dir", str(self.cache),
+                 *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         deadline = started + START_WAIT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

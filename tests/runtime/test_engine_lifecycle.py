@@ -272,6 +272,7 @@ async def test_restart_after_kill_9_cleans_up_and_reports_failed(state_dir):
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+        owner.stdout.close()
 
 
 async def test_two_engines_cannot_share_a_state_dir(engine, state_dir):

@@ -204,6 +204,7 @@ def server_ns(octet: int, marker: str, *, serve_dir: str | None = None,
         if proc is not None:
             proc.kill()
             proc.wait()
+            proc.stdout.close()
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 

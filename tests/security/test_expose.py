@@ -4,6 +4,7 @@ out (``network="none"`` stays none)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -13,7 +14,7 @@ import pytest
 
 import corral
 from corral.errors import InvalidArgument, InvalidState, PortClosed, SandboxNotFound
-from tests.security.tenants_helpers import no_traceback, team_daemon
+from tests.security.tenants_helpers import ADMIN_TOKEN, no_traceback, team_daemon
 
 # A WebSocket echo server in the standard library (the image has no websockets package):
 # one connection at a time, text frames up to 125 bytes, enough for the test.
@@ -130,6 +131,27 @@ def test_websocket_echo(team):
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@contextlib.contextmanager
+def admin_page(team):
+    """A chromium page logged into the daemon's dashboard (``/ui``) as the admin."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if CHROMIUM is None:
+        pytest.skip("no chromium")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox"] if os.geteuid() == 0 else [])
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{team.url}/ui")
+            page.fill("#token", ADMIN_TOKEN)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{team.url}/ui")
+            yield page
+        finally:
+            browser.close()
 PAGE = """<!doctype html><title>waiting</title><script>
 const ws = new WebSocket(new URLSearchParams(location.search).get("ws") + "chat");
 ws.onopen = () => ws.send("hi");

@@ -11,13 +11,11 @@ WebSockets still work), so the dashboard is another origin to it.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import corral
-from tests.security.tenants_helpers import ADMIN_TOKEN, team_daemon
-from tests.security.test_expose import CHROMIUM, _serve
+from tests.security.tenants_helpers import team_daemon
+from tests.security.test_expose import _serve, admin_page
 
 STEAL = """<!doctype html><title>waiting</title><script>
 fetch("/ui", {credentials: "include"}).then(r => r.text().then(t => {
@@ -34,30 +32,16 @@ def team():
 
 
 def test_an_exposed_page_cannot_read_the_dashboard(team):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if CHROMIUM is None:
-        pytest.skip("no chromium")
     with corral.Client(team.url, token=team.tokens["alice"]) as alice:
         sb = corral.Sandbox.create(memory_mb=256, client=alice)
         try:
             sb.files.write("/workspace/app/index.html", STEAL.encode())
             _serve(sb, "python3 -m http.server 8000 --bind 127.0.0.1 -d /workspace/app", 8000)
             page_url = sb.expose(8000)
-            with sync_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                            args=["--no-sandbox"] if os.geteuid() == 0 else [])
-                try:
-                    page = browser.new_page()
-                    page.set_default_timeout(60_000)
-                    page.goto(f"{team.url}/ui")  # the admin logs in to the dashboard
-                    page.fill("#token", ADMIN_TOKEN)
-                    page.click("button[type=submit]")
-                    page.wait_for_url(f"{team.url}/ui")
-                    page.goto(page_url)  # ... then opens a sandbox's exposed page
-                    page.wait_for_function("document.title !== 'waiting'")
-                    title = page.title()
-                finally:
-                    browser.close()
+            with admin_page(team) as page:  # the admin, logged in to the dashboard,
+                page.goto(page_url)  # ... opens a sandbox's exposed page
+                page.wait_for_function("document.title !== 'waiting'")
+                title = page.title()
         finally:
             sb.delete()
     assert title == "blocked", title

@@ -100,12 +100,24 @@ class UnixBackend(httpcore.SyncBackend):
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
-        stream = super().connect_unix_socket(path, timeout, socket_options)
-        sock = stream.get_extra_info("socket")
+        # connected here, not by httpcore's: that one leaves the socket of a failed
+        # connect open (a ResourceWarning each time no daemon answers: an error where
+        # warnings are, as under PYTHONWARNINGS=error or pytest -W error)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(timeout)
+            sock.connect(path)
             check_peer(sock, path)
+        except TimeoutError as exc:
+            sock.close()
+            raise httpcore.ConnectTimeout(f"connecting to {path} timed out") from exc
+        except OSError as exc:
+            sock.close()
+            raise httpcore.ConnectError(str(exc)) from exc
         except BaseException:
-            stream.close()
+            sock.close()
             raise
         return _BlockingStream(sock)
 

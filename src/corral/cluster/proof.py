@@ -304,14 +304,21 @@ def guard_client(http: httpx.Client | httpx.AsyncClient, pins: Pins) -> None:
 
 
 def proven_client(pins: Pins, **options: Any) -> httpx.Client:
-    """A blocking httpx client that talks only to daemons ``pins`` lists, proven."""
+    """A blocking httpx client that talks only to daemons ``pins`` lists, proven.
+
+    Never through a proxy named in the environment (``HTTP_PROXY``, ``ALL_PROXY``...,
+    which httpx would otherwise mount in front of the guarded transport): the request,
+    its credential with it, would go to the proxy, and no daemon would prove anything."""
+    options.setdefault("trust_env", False)
     http = httpx.Client(**options)
     guard_client(http, pins)
     return http
 
 
 def async_proven_client(pins: Pins, **options: Any) -> httpx.AsyncClient:
-    """An asyncio httpx client that talks only to daemons ``pins`` lists, proven."""
+    """An asyncio httpx client that talks only to daemons ``pins`` lists, proven (never
+    through the environment's proxy: :func:`proven_client`)."""
+    options.setdefault("trust_env", False)
     http = httpx.AsyncClient(**options)
     guard_client(http, pins)
     return http

@@ -15,6 +15,7 @@ hierarchy's root mount, wherever the calling process itself sits::
 from __future__ import annotations
 
 import errno
+import os
 import time
 from collections.abc import Sequence
 from contextlib import suppress
@@ -383,6 +384,9 @@ class CgroupDriver:
                         try:
                             with _translated("create cgroup", here):
                                 here.mkdir()
+                                # 0755 whatever the umask: CRIU (docs/live.md) could not
+                                # find a freezer under a 077 daemon's 0700 groups
+                                os.chmod(here, 0o755)
                         except CgroupError as exc:
                             # another create made the same parent a moment ago
                             if not isinstance(exc.__cause__, FileExistsError):

@@ -185,7 +185,7 @@ def _debootstrap(
     tail: deque[str] = deque(maxlen=40)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", env=env,
-                            start_new_session=True)
+                            start_new_session=True, umask=0o022)  # not the caller's (077?)
     timer = threading.Timer(DEBOOTSTRAP_TIMEOUT, proc.kill)
     timer.start()
     try:

@@ -93,7 +93,7 @@ from corral.runtime.registry import Registry
 from corral.runtime.restore import DEFAULT_RESTORE_GRACE_S  # noqa: F401 (re-exported)
 from corral.runtime.secret_store import SecretStore
 from corral.runtime.snapshots import Snapshots
-from corral.runtime.startup import open_layout
+from corral.runtime.startup import open_layout, settle_process, unreachable_ancestor
 from corral.runtime.threadwork import ThreadBatch, finish_in_thread
 from corral.runtime.uids import (  # noqa: F401  (SANDBOX_UID re-exported)
     CANONICAL_UID,
@@ -212,6 +212,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         # Ended sandboxes (and their kept files) are deleted this long after they ended
         # (None: kept until deleted).
         self.retention: float | None = None
+        self.unreachable: str | None = None  # why sandboxes cannot reach their roots (open)
         self.gpus = GpuAllocator(StaticBackend())  # Engine.open: the host's (runtime.gpus)
 
     # ------------------------------------------------------------------ setup
@@ -247,6 +248,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         bwrap = shutil.which("bwrap")
         if not bwrap:
             raise Unsupported("bubblewrap is not installed: apt-get install bubblewrap")
+        settle_process()  # whatever the parent handed down (startup.py)
         layout = open_layout(state_dir, cache_dir)  # StorageFull if no room to start
         lock_file, handover = await asyncio.to_thread(lock_taking_over, layout.state_dir)
         for staged in layout.state_dir.glob(".volume-upload-*"):  # a killed daemon's archives
@@ -283,6 +285,7 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
             restore_grace,
         )
         engine.id_prefix = id_prefix
+        engine.unreachable = unreachable_ancestor(layout.sandboxes_dir)  # (create says it)
         engine.cgroup_key = key_lock
         engine.gpus = GpuAllocator(gpus if gpus is not None else await asyncio.to_thread(
             detect_gpus))
@@ -373,6 +376,13 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         acting = self.owners.of(owner)
         if self.closed:
             raise InvalidState("the engine is closed")
+        if self.unreachable is not None:  # (every start would fail in bwrap: say why)
+            raise InvalidState(
+                f"no sandbox can start under the state directory {self.layout.state_dir}: "
+                f"the sandboxes' users cannot pass through {self.unreachable}; use a state "
+                "directory every user can pass through (the default /var/lib/corral, "
+                "--state-dir), or chmod o+x that directory",
+                details={"state_dir": str(self.layout.state_dir), "cause": "unreachable"})
         for _, dest in ro_binds:
             if dest.count("/") != 3 or not dest.startswith(f"/{rootfs.AGENT_DIR}/") or (
                 ".." in dest.split("/") or ":" in dest
@@ -472,9 +482,14 @@ class Engine(HibernateOps, LiveOps, SnapshotOps, CommandOps, FileOps, NetworkOps
         live.cpus = self.cpu_picker.take(spec.cpus, prefer=slot.cpus)
         if live.cpus != slot.cpus:  # (a warm slot's cpuset may hold them already)
             self.cgroups.set_cpus(slot.cgroup, live.cpus)  # enforced, where a cpuset exists
-        live.sandbox_dir.mkdir(mode=0o711)
+        live.sandbox_dir.mkdir()
         (live.sandbox_dir / "rw").mkdir()
         (live.sandbox_dir / "root").mkdir()
+        # whatever the daemon's umask (a CI runner's 077 made them 0700: bwrap, as the
+        # sandbox's uid, could not reach its root): modes set, not masked
+        for d, mode in ((live.sandbox_dir, 0o711), (live.sandbox_dir / "rw", 0o755),
+                        (live.sandbox_dir / "root", 0o755)):
+            os.chmod(d, mode)
         if spec.storage == Storage.DISK:
             # (a cancelled create removes the sandbox's directory once the image is made)
             await finish_in_thread(lambda: make_image(live.sandbox_dir, disk_mb=spec.disk_mb,

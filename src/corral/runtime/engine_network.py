@@ -127,7 +127,9 @@ class NetworkOps:
         link = await self.net.attach(live.id, policy, live.spec.tenant)
         live.netns = str(link.netns_path)
         # any nameserver does: nftables sends all DNS to corral's resolver
-        (live.sandbox_dir / "resolv.conf").write_text(f"nameserver {link.host_ip}\n")
+        resolv = live.sandbox_dir / "resolv.conf"
+        resolv.write_text(f"nameserver {link.host_ip}\n")
+        os.chmod(resolv, 0o644)  # whatever the daemon's umask: the sandbox user reads it
 
     async def _settle_network(self, live: Live) -> None:
         if isinstance(live.spec.network, NetworkPolicy):

@@ -128,8 +128,10 @@ class Guard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # an exposed port's (server/expose.py)
-            if self._exposure(scope) is not None:
-                await expose.relay(scope, receive, send)
+            if (exp := self._exposure(scope)) is not None:  # held under its token
+                with anyio.CancelScope() as call, \
+                        self.door.calls.holding(exp.holder(), call.cancel):
+                    await expose.relay(scope, receive, send)
             elif port_socket.match(scope) is not None:  # or a port socket's (port_socket.py)
                 await self._port_socket(scope, receive, send)
             else:
@@ -156,7 +158,8 @@ class Guard:
             # an IPv6 client is its /64 (conn_limits.client_key); on the socket: unused
             address = "" if on_socket else client_key(str((scope.get("client") or ("?",))[0]))
             # an exposed port's own token, else the door (both put the caller in the scope)
-            exposed = self._exposure(scope) is not None
+            exposure = self._exposure(scope)
+            exposed = exposure is not None
             # what the door will check (an exposed port's traffic is the sandbox app's own)
             credential = None if exposed else self.door.presented(scope)
             slow = None if on_socket else self.throttle.refusal(address, credential)
@@ -186,7 +189,8 @@ class Guard:
             if not exposed and port_socket.match_handoff(scope) is not None:  # handed over
                 app = self._handoff
             # the caller is in the scope (caller_of): handlers pass it on explicitly
-            with anyio.CancelScope() as call, self.door.calls.holding(caller, call.cancel):
+            held = caller if exposure is None else exposure.holder()  # (its token's)
+            with anyio.CancelScope() as call, self.door.calls.holding(held, call.cancel):
                 await app(scope, receive, tracked_send)
             if call.cancelled_caught and not started:  # streams just end (the connection too)
                 await error_response(_revoked(), {"Connection": "close"})(scope, receive, send)

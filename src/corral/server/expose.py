@@ -33,10 +33,14 @@ from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
 from corral.server import context as ctx
+from corral.server.caller import UNIDENTIFIED, Caller, caller_of
+from corral.server.caller import Scope as Access
+from corral.server.tenant_model import ADMIN_NAME, Tenant
 from corral.server.wire import error_response
 
 PREFIX = "/expose/"
 MAX_PORTS = 64  # exposed at once per sandbox
+WS_MAX_MESSAGE = 1 << 24  # bytes of one message from the sandbox's WebSocket server
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade",
         b"transfer-encoding", b"host", b"content-length", b"proxy-authorization"}
 
@@ -48,6 +52,14 @@ class Exposure:
     sandbox_id: str
     port: int
     owner: str | None  # the tenant the sandbox belongs to (None: the admin's)
+    token_id: str = ADMIN_NAME  # the token that exposed it: the URL dies with it
+
+    def holder(self) -> Caller:
+        """Who a relay is held under (``Door.calls``): the exposing token, so that its
+        revoke ends the relays in flight (the admin's cannot be revoked)."""
+        if self.token_id == ADMIN_NAME:
+            return UNIDENTIFIED
+        return Caller(Tenant(""), self.token_id, Access.TENANT)
 
 
 # Every relayed page gets an opaque origin of its own: it is served from the daemon's
@@ -58,6 +70,27 @@ class Exposure:
 ISOLATE = (b"content-security-policy",
            b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads "
            b"allow-pointer-lock")
+
+
+# A relayed page shares the daemon's origin (or, E2B's get_host, a host below its
+# domain): a cookie it set for the whole origin reached the dashboard (``/ui``): a
+# tenant's page set its own dashboard session there, and the admin who opened it was
+# logged into the dashboard as that tenant (tests/security/test_expose_cookie_toss.py).
+_ORIGIN_WIDE = {b"clear-site-data"}  # it would drop the dashboard's session too
+
+
+def _own_cookie(value: bytes, own: bytes) -> bool:
+    """Whether a relayed ``Set-Cookie`` stays within the exposure: no ``Domain`` (a
+    parent domain holds the daemon), and under ``/expose/<token>/`` every ``Path``
+    within ``own`` (none: the page's own directory). E2B's host (``own`` ``/``) is a
+    host of its own: any path."""
+    for attr in value.split(b";")[1:]:
+        name, _, arg = attr.partition(b"=")
+        name = name.strip().lower()
+        if name == b"domain" or (name == b"path" and own != b"/"
+                                 and not (arg.strip() + b"/").startswith(own)):
+            return False
+    return True
 
 
 def _digest(token: str) -> bytes:
@@ -76,14 +109,18 @@ class Exposures:
         for key in [k for k in self._tokens if k[0] == event.sandbox_id]:
             self._by_digest.pop(_digest(self._tokens.pop(key)), None)
 
-    def add(self, sandbox_id: str, port: int, owner: str | None) -> str:
+    def add(self, sandbox_id: str, port: int, owner: str | None,
+            token_id: str = ADMIN_NAME) -> str:
         if (token := self._tokens.get((sandbox_id, port))) is not None:
-            return token
+            if self._by_digest[_digest(token)].token_id == token_id:
+                return token
+            self._by_digest.pop(_digest(self._tokens.pop((sandbox_id, port))))  # (another
+            # token's: a URL of its own, which dies with it)
         if sum(k[0] == sandbox_id for k in self._tokens) >= MAX_PORTS:
             raise CorralError(f"sandbox {sandbox_id} has {MAX_PORTS} ports exposed already")
         token = secrets.token_urlsafe(32)
         self._tokens[(sandbox_id, port)] = token
-        self._by_digest[_digest(token)] = Exposure(sandbox_id, port, owner)
+        self._by_digest[_digest(token)] = Exposure(sandbox_id, port, owner, token_id)
         return token
 
     def find(self, token: str) -> Exposure | None:
@@ -107,6 +144,8 @@ def lift(scope: Scope, by_host: tuple[str, int] | None = None) -> Exposure | Non
     if path.startswith(PREFIX):
         token = path[len(PREFIX):].split("/", 1)[0]
         exp = exposures(app).find(token) if token else None
+        if exp is not None and app.state.door.by_token_id(exp.token_id) is None:
+            exp = None  # the token that exposed it was revoked
         prefix = len(PREFIX) + len(token)
     elif by_host is not None:
         info = app.state.engine.registry.get(by_host[0])
@@ -126,7 +165,8 @@ async def expose_port(request: Request, body: ExposeRequest) -> Response:
     if info.state.terminal:
         raise InvalidState(f"sandbox {sid} is {info.state.value}: a port of a running "
                            "sandbox can be exposed", details={"sandbox_id": sid})
-    token = exposures(request.app).add(sid, body.port, info.spec.tenant)
+    token = exposures(request.app).add(sid, body.port, info.spec.tenant,
+                                       caller_of(request).token_id)
     url = f"{str(request.base_url).rstrip('/')}{PREFIX}{token}/"
     return JSONResponse({"port": body.port, "token": token, "url": url}, status_code=201)
 
@@ -146,29 +186,53 @@ def _target(scope: Scope) -> bytes:
     return path + (b"?" + query if query else b"")
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    data = b""
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
+def _framing(request: Request, limit: int) -> tuple[bytes, bytes]:
+    """The relayed request's body framing: the client's length (refused past
+    ``limit``), or chunks, or no body."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > limit:
             raise FileTooLarge(f"the request body is over the daemon's upload limit ({limit} "
                                "bytes)")
-    return data
+        return b"content-length", length.encode()
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
+        return b"transfer-encoding", b"chunked"
+    return b"content-length", b"0"
+
+
+async def _send_body(request: Request, conn: h11.Connection, writer: asyncio.StreamWriter,
+                     limit: int) -> None:
+    """The client's body to the sandbox's server as it comes: the daemon holds a piece
+    at a time (it held the whole body, up to ``--max-upload-bytes``, per relay)."""
+    sent = 0
+    async for chunk in request.stream():
+        sent += len(chunk)
+        if sent > limit:
+            raise FileTooLarge(f"the request body is over the daemon's upload limit ({limit} "
+                               "bytes)")
+        if chunk:
+            writer.write(conn.send(h11.Data(data=chunk)))
+            await writer.drain()
+    writer.write(conn.send(h11.EndOfMessage()))
+    await writer.drain()
 
 
 async def relay_http(request: Request) -> Response:
     exp: Exposure = request.scope[KEY]
     engine = ctx.engine(request)
-    body = await _body(request, ctx.settings(request).max_upload_bytes)
+    limit = ctx.settings(request).max_upload_bytes
+    framing = _framing(request, limit)
     reader, writer = await _connect(engine, exp)
     conn = h11.Connection(h11.CLIENT)
     headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
-    headers += [(b"host", b"localhost:%d" % exp.port), (b"connection", b"close"),
-                (b"content-length", b"%d" % len(body))]
-    writer.write(conn.send(h11.Request(method=request.method.encode(),
-                                       target=_target(request.scope), headers=headers)))
-    writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
-    await writer.drain()
+    headers += [(b"host", b"localhost:%d" % exp.port), (b"connection", b"close"), framing]
+    try:
+        writer.write(conn.send(h11.Request(method=request.method.encode(),
+                                           target=_target(request.scope), headers=headers)))
+        await _send_body(request, conn, writer, limit)
+    except BaseException:
+        writer.close()
+        raise
     try:
         head = await _next_event(conn, reader)
     except h11.RemoteProtocolError:  # it closed, or sent what is not HTTP
@@ -186,7 +250,9 @@ async def relay_http(request: Request) -> Response:
         finally:
             writer.close()
 
-    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP] + [ISOLATE]
+    own = request.url.path[:request.scope[PREFIX_KEY]].encode() + b"/"
+    out = [(k, v) for k, v in head.headers if k.lower() not in _HOP | _ORIGIN_WIDE
+           and (k.lower() != b"set-cookie" or _own_cookie(v, own))] + [ISOLATE]
     response = StreamingResponse(stream(), status_code=head.status_code)
     response.raw_headers = out
     return response
@@ -218,7 +284,10 @@ async def relay_websocket(websocket: WebSocket) -> None:
         return
     uri = f"ws://localhost:{exp.port}{_target(websocket.scope).decode()}"
     try:
-        upstream = await connect(uri, sock=sock, max_size=1 << 24, open_timeout=10)
+        # max_queue 1: the sandbox is read only as fast as the client takes what it was
+        # sent (websockets' default queued 16 messages of up to 16 MiB per relay)
+        upstream = await connect(uri, sock=sock, max_size=WS_MAX_MESSAGE, max_queue=1,
+                                 open_timeout=10)
     except (OSError, TimeoutError, InvalidHandshake, InvalidMessage):
         sock.close()
         await websocket.close(code=1011)  # the sandbox's server would not speak WebSocket
@@ -227,11 +296,21 @@ async def relay_websocket(websocket: WebSocket) -> None:
         await websocket.accept()
 
         async def down() -> None:
-            async for msg in upstream:
-                if isinstance(msg, bytes):
-                    await websocket.send_bytes(msg)
-                else:
-                    await websocket.send_text(msg)
+            hold = engine.output_budget.hold(exp.owner)
+            try:
+                async for msg in upstream:
+                    # the message waits in the daemon until the client takes it: its
+                    # room in the tenant's output budget, or the relay ends (1013)
+                    if hold.grow(len(msg)) < len(msg):
+                        await websocket.close(code=1013, reason="output budget spent")
+                        return
+                    if isinstance(msg, bytes):
+                        await websocket.send_bytes(msg)
+                    else:
+                        await websocket.send_text(msg)
+                    hold.shrink(0)
+            finally:
+                hold.release()
             await websocket.close()
 
         async def up() -> None:

@@ -277,7 +277,8 @@ class Peer:
     @contextlib.contextmanager
     def _get(self, path: str) -> Iterator[httpx.Response]:
         try:
-            http = (httpx.Client(timeout=PEER_TIMEOUT) if self.pins is None
+            # a peer daemon, never through the environment's proxy (cluster/proof.py)
+            http = (httpx.Client(timeout=PEER_TIMEOUT, trust_env=False) if self.pins is None
                     else proven_client(self.pins, timeout=PEER_TIMEOUT))
             with http, http.stream(
                 "GET", self.url + path, headers=self.headers

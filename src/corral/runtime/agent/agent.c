@@ -664,6 +664,7 @@ static int serve(int fd, int keep, int local) {
 }
 
 #include "netns.c"
+#include "clean.c"
 #include "launch.c"
 
 int main(int argc, char **argv) {

@@ -633,6 +633,7 @@ static int launch(int argc, char **argv) {
     struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1, .userns = -1, .sb_userns = -1};
     int ready = 0, host_net_fd = -1, in_prenet = 0;
     if (parse_launch(argc - 2, argv + 2, &o, &ready) != 0) return 111;
+    clean_start(); /* not the daemon's umask and limits (clean.c) */
     if (ready) {
         /* The idmapping costs a fork: made while the slot waits, not at create. */
         if (o.canonical && o.uid != (uid_t)-1 && (o.userns = layer_idmap(&o)) < 0)
@@ -665,10 +666,7 @@ static int launch(int argc, char **argv) {
        CAP_SYS_RESOURCE (some containers) raising still works, unpinned. */
     int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (oom >= 0) { if (write(oom, AGENT_OOM_SCORE_ADJ, strlen(AGENT_OOM_SCORE_ADJ)) < 0) {} close(oom); }
-    if (o.nofile) {
-        struct rlimit rl = {o.nofile, o.nofile};
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return die("setrlimit", NULL);
-    }
+    if (o.nofile && set_open_files(o.nofile) != 0) return 111;
     /* bwrap (0.8) cannot join a network namespace: we join it here, as root, and bwrap
        runs without --unshare-net. The namespace belongs to the host's user namespace,
        so nothing in the sandbox (root in its own user namespace included) may change
