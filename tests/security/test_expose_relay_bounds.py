@@ -91,6 +91,19 @@ def _open(team, url: str) -> socket.socket:
     return s
 
 
+def _settled_growth(pid: int, before: int, checks: int) -> int:
+    """The daemon's growth in MB once it stopped growing (``checks`` x 0.25 s alike)."""
+    grown, last, still = 0, -1, 0
+    for _ in range(240):
+        time.sleep(0.25)
+        grown = _rss_mb(pid) - before
+        still = still + 1 if grown == last and grown > 0 else 0
+        if still >= checks:
+            break
+        last = grown
+    return grown
+
+
 def test_a_sandbox_flooding_an_unread_websocket_is_held_to_a_bounded_copy(team):
     pid = team.daemon.proc.pid
     with corral.Client(team.url, token=team.tokens["alice"]) as alice:
@@ -102,14 +115,7 @@ def test_a_sandbox_flooding_an_unread_websocket_is_held_to_a_bounded_copy(team):
             url = sb.expose(9000) + "x"
             before = _rss_mb(pid)
             socks = [_open(team, url) for _ in range(4)]
-            grown, last, still = 0, -1, 0
-            for _ in range(240):  # until the daemon's memory stops growing (2 s)
-                time.sleep(0.25)
-                grown = _rss_mb(pid) - before
-                still = still + 1 if grown == last and grown > 0 else 0
-                if still >= 8:
-                    break
-                last = grown
+            grown = _settled_growth(pid, before, 8)
         finally:
             for s in socks:
                 s.close()
@@ -296,14 +302,7 @@ def test_a_client_flooding_a_deaf_sandbox_server_is_held_to_a_bounded_copy(team)
             socks = [_open(team, url) for _ in range(4)]
             for s in socks:
                 threading.Thread(target=flood, args=(s,), daemon=True).start()
-            grown, last, still = 0, -1, 0
-            for _ in range(240):  # until the daemon's memory stops growing (3 s: loaded CI)
-                time.sleep(0.25)
-                grown = _rss_mb(pid) - before
-                still = still + 1 if grown == last and grown > 0 else 0
-                if still >= 12:
-                    break
-                last = grown
+            grown = _settled_growth(pid, before, 12)  # (3 s: a loaded CI)
         finally:
             stop.set()
             for s in socks:
