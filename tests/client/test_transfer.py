@@ -19,6 +19,7 @@ import pytest
 
 import corral
 from corral.client._body import CHUNK_BYTES, SyncFileBody
+from corral.client._unix import _BlockingStream
 from tests.conftest import requires_root
 
 MB = 1 << 20
@@ -44,22 +45,25 @@ class _CountingSocket:
 def wire(monkeypatch):
     """``{"largest": biggest buffer one write got, "copied": bytes copied, "sent": ...}``."""
     log = {"largest": 0, "copied": 0, "sent": 0}
-    sync_write = sync_backend.SyncStream.write
     async_write = anyio_backend.AnyIOStream.write
 
-    def write(self, buffer, timeout=None):
-        log["largest"] = max(log["largest"], len(buffer))
-        log["sent"] += len(buffer)
-        if not isinstance(self._sock, _CountingSocket):
-            self._sock = _CountingSocket(self._sock, log)
-        return sync_write(self, buffer, timeout)
+    def counting(sync_write):
+        def write(self, buffer, timeout=None):
+            log["largest"] = max(log["largest"], len(buffer))
+            log["sent"] += len(buffer)
+            if not isinstance(self._sock, _CountingSocket):
+                self._sock = _CountingSocket(self._sock, log)
+            return sync_write(self, buffer, timeout)
+        return write
 
     async def awrite(self, buffer, timeout=None):
         log["largest"] = max(log["largest"], len(buffer))
         log["sent"] += len(buffer)
         return await async_write(self, buffer, timeout)
 
-    monkeypatch.setattr(sync_backend.SyncStream, "write", write)
+    # httpcore's stream (TCP), and the SDK's on the Unix socket (corral.client._unix)
+    monkeypatch.setattr(sync_backend.SyncStream, "write", counting(sync_backend.SyncStream.write))
+    monkeypatch.setattr(_BlockingStream, "write", counting(_BlockingStream.write))
     monkeypatch.setattr(anyio_backend.AnyIOStream, "write", awrite)
 
     def reset() -> dict[str, int]:

@@ -312,6 +312,39 @@ async def test_a_fresh_ready_sandbox_is_checked_by_the_kernel_not_a_round_trip(
     pools.release(got.id)
 
 
+async def test_acquire_now_hands_out_only_what_it_may_trust_without_asking(
+        engine, pools, monkeypatch):
+    """The synchronous hand-out (an acquire's route takes it with no task) gives a ready
+    sandbox only when acquire would trust it without a round trip; otherwise None, and
+    the pool is as it was: a dead one, or one whose agent answered too long ago, is left
+    for acquire to ask about and discard."""
+    pools.create_pool("now", SPEC, min_ready=2, max_size=4)
+    await until(lambda: pools.get_pool("now").ready == 2, "two ready")
+    got = pools.acquire_now("now")
+    assert got is not None and got.state == SandboxState.RUNNING
+    stats = pools.get_pool("now")
+    assert got.id in stats.acquired_ids and got.id not in stats.ready_ids
+    assert stats.acquires == 1 and (await engine.exec(got.id, ["true"])).returncode == 0
+    await engine.delete(got.id)
+    pools.release(got.id)
+    await until(lambda: pools.get_pool("now").ready == 2, "refilled")
+
+    victim = pools.get_pool("now").ready_ids[0]
+    engine.cgroup(victim).kill_all()  # the registry still says running; the kernel knows
+    before = pools.get_pool("now")
+    assert pools.acquire_now("now") is None
+    after = pools.get_pool("now")
+    assert (after.ready_ids, after.acquired_ids, after.acquires) == (
+        before.ready_ids, before.acquired_ids, before.acquires)
+    got = await pools.acquire("now", timeout=60)  # the waiting path discards it
+    assert got.id != victim
+    await engine.delete(got.id)
+    pools.release(got.id)
+
+    monkeypatch.setattr("corral.runtime.pools.TRUSTED_S", 0.0)
+    assert pools.acquire_now("now") is None  # answered too long ago: acquire asks
+
+
 async def test_a_ready_sandbox_whose_agent_stops_answering_is_discarded_in_the_background(
         engine, pools, monkeypatch):
     """Connected but not serving (its cgroup frozen behind the engine's back, so it still

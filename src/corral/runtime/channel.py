@@ -43,17 +43,16 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from corral.errors import SANDBOX_FAULT, CorralError, SandboxLost, SandboxProtocolError
 from corral.runtime.agent_exit import eof_cause
 from corral.runtime.agent_exit import wait_exit as wait_exit  # engine.py imports it from here
+from corral.runtime.agent_wire import AgentWire
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.outputcap import StreamCap
 from corral.runtime.protocol import (
-    HEADER,
     Field,
     Fields,
     Msg,
     ProtocolViolation,
     Reply,
     Tag,
-    check_header,
     encode,
     validate,
 )
@@ -70,7 +69,8 @@ SLOW_REQUEST_TIMEOUT_S: dict[int, float] = {Msg.FREMOVE: 330.0}
 """Requests the agent may legitimately work on longer (a recursive remove of a huge
 tree runs in a child of the agent, killed after 300 s)."""
 READER_LIMIT = 256 << 10
-"""Bytes the socket reader buffers ahead (it pauses reading at twice this)."""
+"""The most bytes one read of the agent's socket returns (asyncio's): the wire holds at
+most a partial frame plus this (:mod:`~corral.runtime.agent_wire`)."""
 
 
 class StreamDeadline(Exception):
@@ -210,11 +210,19 @@ class AgentChannel:
         self.error: CorralError | None = None  # what every waiter got once it ended
         self.reason = "the sandbox's agent exited"  # why it ended, for the sandbox's record
         self.on_close: Callable[[], None] | None = None
-        self.received = 0  # bytes read from the agent
-        self.peak_buffered = 0  # the most bytes the reader held at once
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._wire: AgentWire | None = None
+        self._transport: asyncio.Transport | None = None
+        self._gone: asyncio.Future[None] | None = None  # the hang-up told apart
+
+    @property
+    def received(self) -> int:
+        """Bytes read from the agent."""
+        return self._wire.received if self._wire is not None else 0
+
+    @property
+    def peak_buffered(self) -> int:
+        """The most bytes the wire held at once."""
+        return self._wire.peak_buffered if self._wire is not None else 0
 
     @property
     def faulted(self) -> bool:
@@ -222,10 +230,10 @@ class AgentChannel:
         return isinstance(self.error, SandboxProtocolError)
 
     def unread(self) -> bool:
-        """Whether the agent sent bytes the read loop has not parsed yet (held by the
-        reader, or still in the socket): after the engine's loop stalled, a timer can
-        run in the turn that sees them arrive, before the read loop's turn."""
-        if self._reader is not None and len(getattr(self._reader, "_buffer", b"")):
+        """Whether the agent sent bytes not handed on yet (part of a frame held by the
+        wire, or still in the socket): after the engine's loop stalled, a timer can run
+        in the turn that sees them arrive, before the read's callback."""
+        if self._wire is not None and self._wire.buffered():
             return True
         try:
             return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
@@ -243,7 +251,7 @@ class AgentChannel:
         if self.error is not None or self.closed or not self.ready.done() \
                 or self.pending or self.streams:
             return False
-        if self._reader is not None and len(getattr(self._reader, "_buffer", b"")):
+        if self._wire is not None and self._wire.buffered():
             return False
         poller = select.poll()
         poller.register(self.sock, select.POLLIN | select.POLLPRI | select.POLLRDHUP)
@@ -253,35 +261,33 @@ class AgentChannel:
             return False
 
     async def start(self) -> None:
-        self._reader, self._writer = await asyncio.open_unix_connection(
-            sock=self.sock, limit=READER_LIMIT
-        )
-        self._task = asyncio.create_task(self._read_loop(), name=f"agent-{self.sandbox_id}")
+        loop = asyncio.get_running_loop()
+        self._gone = loop.create_future()
+        wire = AgentWire(self._on_frame, self._on_fault, self._on_lost)
+        self._transport, self._wire = await loop.create_unix_connection(lambda: wire, sock=self.sock)
 
     # ------------------------------------------------------------------ reading
 
-    async def _read_loop(self) -> None:
-        assert self._reader is not None
-        reader = self._reader
-        try:
-            while self.error is None:
-                hdr = await reader.readexactly(HEADER.size)
-                length, msg, rid = HEADER.unpack(hdr)
-                check_header(length, msg)  # before a byte of the payload is read
-                payload = await reader.readexactly(length) if length else b""
-                self.received += HEADER.size + length
-                self.peak_buffered = max(
-                    self.peak_buffered, length + len(getattr(reader, "_buffer", b""))
-                )
-                if self.error is None:
-                    self._dispatch(msg, rid, Fields(payload))
-        except ProtocolViolation as v:
-            self.fault(v.code, f"protocol violation: {v.message}")
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            await self._hung_up()
-        except Exception as exc:  # noqa: BLE001 - a frame our checks missed: still its doing
-            logger.exception("sandbox %s: unexpected frame", self.sandbox_id)
-            self.fault("malformed_frame", f"protocol violation: a malformed frame ({exc!r})")
+    def _on_frame(self, msg: int, rid: int, fields: Fields) -> None:
+        if self.error is None:
+            self._dispatch(msg, rid, fields)
+
+    def _on_fault(self, exc: BaseException) -> None:
+        if isinstance(exc, ProtocolViolation):
+            self.fault(exc.code, f"protocol violation: {exc.message}")
+            return
+        logger.error("sandbox %s: unexpected frame", self.sandbox_id, exc_info=exc)
+        self.fault("malformed_frame", f"protocol violation: a malformed frame ({exc!r})")
+
+    def _on_lost(self) -> None:
+        task = asyncio.ensure_future(self._hung_up())
+        gone = self._gone
+
+        def told(_: object) -> None:
+            if gone is not None and not gone.done():
+                gone.set_result(None)
+
+        task.add_done_callback(told)
 
     async def _hung_up(self) -> None:
         """The agent's end closed. Unless the engine asked for it, find out who did."""
@@ -406,8 +412,10 @@ class AgentChannel:
         if self.error is not None:
             return
         self.error, self.reason, self.closed = err, reason, True
-        if self._writer is not None:
-            self._writer.transport.abort()  # read nothing more from it
+        if self._wire is not None:
+            self._wire.stop()  # read nothing more from it
+        if self._transport is not None:
+            self._transport.abort()
         if not self.ready.done():
             self.ready.set_exception(err)
             self.ready.exception()  # mark retrieved
@@ -425,12 +433,12 @@ class AgentChannel:
     # ----------------------------------------------------------------- sending
 
     def send(self, msg: int, rid: int, fields: Iterable[Field] = ()) -> None:
-        if self.error is not None or self._writer is None:
+        if self.error is not None or self._transport is None:
             raise self.error_copy() if self.error is not None else SandboxLost(
                 f"sandbox {self.sandbox_id} is not connected", details={"sandbox_id": self.sandbox_id}
             )
         if not self.closed:  # closed without an error yet: the end is being told apart
-            self._writer.write(encode(msg, rid, fields))
+            self._transport.write(encode(msg, rid, fields))
 
     def _next_id(self) -> int:
         self.last_id = next(self.ids)
@@ -492,9 +500,9 @@ class AgentChannel:
         return stream
 
     async def _drain(self) -> None:
-        if self._writer is not None and not self.closed:
+        if self._wire is not None and not self.closed:
             try:
-                await self._writer.drain()
+                await self._wire.drain()
             except (ConnectionError, OSError):
                 pass  # the agent hung up: the reader finds out why and fails the waiters
 
@@ -524,13 +532,13 @@ class AgentChannel:
     async def close(self) -> None:
         """Close our end: the agent sees EOF and exits, ending the sandbox."""
         self.closing = True
-        if self._writer is not None:
-            self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
         else:
             self.sock.close()
-        if self._task is not None:
+        if self._gone is not None and self._transport is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), 5)
+                await asyncio.wait_for(asyncio.shield(self._gone), 5)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pass
         self._end(SandboxLost(

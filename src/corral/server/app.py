@@ -41,6 +41,7 @@ from corral.server.admission import Admission, Limits
 from corral.server.auth_throttle import AuthThrottle, retry_headers
 from corral.server.caller import CALLER_KEY, UNIDENTIFIED, Caller
 from corral.server.cluster_tenants import open_tenancy
+from corral.server.coalesce import FLUSH_KEY
 from corral.server.compat import e2b_api as e2b_compat
 from corral.server.compat import e2b_door, e2b_fork
 from corral.server.compat import sandboxfusion as sandboxfusion_compat
@@ -141,10 +142,15 @@ class Guard:
         self.activity.in_flight += 1
         started = False
 
+        flush = scope.get(FLUSH_KEY)
+
         async def tracked_send(message: Message) -> None:
             nonlocal started
             started = True
             await send(message)
+            if flush is not None and message["type"] == "http.response.body" \
+                    and not message.get("more_body"):
+                flush()  # the reply leaves now, not after the handler's unwinding
 
         client = None
         try:

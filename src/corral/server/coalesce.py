@@ -5,7 +5,9 @@ uvicorn writes a response's status line and headers, then its body, in two
 headers, sleeps, and wakes again for the body. :class:`CoalescedWrites` holds the
 writes made during one turn of the event loop and sends them together at its end
 (``loop.call_soon``), so a small response costs the daemon one syscall and the client
-one wake-up. Writes past :data:`FLUSH_BYTES` go out at once, so a streamed response
+one wake-up. A response's last write is sent at once instead (:data:`FLUSH_KEY`: the
+daemon's outermost middleware flushes after it), so the reply does not wait for the
+rest of the handler's step nor for the next turn. Writes past :data:`FLUSH_BYTES` go out at once, so a streamed response
 never piles up here and the real transport's flow control (``pause_writing``) still
 sees every byte. ``close``/``write_eof`` send what is held first; ``abort`` drops it.
 """
@@ -16,25 +18,28 @@ import asyncio
 from typing import Any
 
 FLUSH_BYTES = 64 * 1024  # held bytes past this are sent at once
+FLUSH_KEY = "corral.flush"
+"""Where a request's scope holds its connection's :meth:`CoalescedWrites.flush`."""
 
 
 class CoalescedWrites:
     """Wraps an ``asyncio.Transport``; everything but the writes is the transport's own."""
 
-    __slots__ = ("raw", "_loop", "_held", "_size")
+    __slots__ = ("raw", "_loop", "_held", "_size", "_due")
 
     def __init__(self, raw: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.raw = raw
         self._loop = loop
         self._held: list[bytes] = []
         self._size = 0
+        self._due: asyncio.Handle | None = None  # the flush at the turn's end
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._held:
             if len(data) >= FLUSH_BYTES:
                 self.raw.write(data)
                 return
-            self._loop.call_soon(self.flush)
+            self._due = self._loop.call_soon(self.flush)
         self._held.append(bytes(data))
         self._size += len(data)
         if self._size >= FLUSH_BYTES:
@@ -46,6 +51,9 @@ class CoalescedWrites:
 
     def flush(self) -> None:
         """Send what is held now (a no-op when nothing is)."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         if self._held:
             held, self._held, self._size = self._held, [], 0
             if not self.raw.is_closing():

@@ -160,6 +160,16 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def unless_gone(request: Request, work: Awaitable[SandboxInfo]) -> SandboxInfo:
     """``work`` gets a sandbox for the client; if the client left meanwhile, delete it."""
     got, gone = await _race_disconnect(request, work, recheck=True)
+    return await _kept(request, got, gone)
+
+
+async def kept_unless_gone(request: Request, got: SandboxInfo) -> SandboxInfo:
+    """``got``, a sandbox taken for the client without waiting (no task: nothing to
+    race); if the server has already read its hang-up, delete it."""
+    return await _kept(request, got, _hung_up(request))
+
+
+async def _kept(request: Request, got: SandboxInfo, gone: bool) -> SandboxInfo:
     if gone:  # it left just as the sandbox became ready
         await service(request).delete(got.id, caller_of(request))
         raise ClientDisconnect()
@@ -178,13 +188,22 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
     # The work gets a task of its own: a cancel of this one (a revoked token's cancel
     # scope cancels again every turn until the handler returns) must reach the work
     # once, so that its clean-up (a sandbox's delete, a command's kill) runs whole.
-    task = asyncio.ensure_future(work)
     woken = asyncio.get_running_loop().create_future()  # the work's end, or the hang-up
     left = False  # the client hung up (or its receive failed: as good as one)
 
     def wake(_: object = None) -> None:
         if not woken.done():
             woken.set_result(None)
+
+    async def run() -> T:
+        try:
+            return await work
+        finally:
+            # woken in the work's last step: the task's done callback would take a
+            # turn of the loop of its own before this one's
+            wake()
+
+    task = asyncio.ensure_future(run())
 
     def on_hang_up() -> None:
         nonlocal left
@@ -202,6 +221,8 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
             task.cancel()
             await asyncio.wait({task})  # let it clean up; never raises
     if task.cancelled():
+        if asyncio.iscoroutine(work):
+            work.close()  # cancelled before its first step: never started, never awaited
         raise ClientDisconnect()
     if left:
         return task.result(), True

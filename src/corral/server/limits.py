@@ -45,7 +45,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
 from corral.schema import DEFAULT_TIMEOUT_S, SandboxInfo, SandboxSpec
-from corral.server.coalesce import CoalescedWrites
+from corral.server.coalesce import FLUSH_KEY, CoalescedWrites
 
 logger = logging.getLogger("corral.server")
 
@@ -321,6 +321,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         if self._unix:  # a port's connection may be handed over on it (port_socket.handoff)
             self.scope[UNIX_TRANSPORT_KEY] = self.transport  # type: ignore[literal-required]
+        if isinstance(self.transport, CoalescedWrites):  # a reply's end is sent at once
+            self.scope[FLUSH_KEY] = self.transport.flush  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:

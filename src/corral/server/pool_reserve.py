@@ -23,7 +23,7 @@ from corral.pool_schema import AcquireRequest, ReserveRequest
 from corral.schema import SandboxInfo
 from corral.server import context as ctx
 from corral.server.caller import caller_of
-from corral.server.context import unless_gone
+from corral.server.context import kept_unless_gone, unless_gone
 from corral.server.lease_routes import leases_of
 from corral.server.routes import info_json
 
@@ -42,9 +42,12 @@ async def acquire_from_pool(request: Request, body: AcquireRequest) -> Response:
     that found none ready waits here, and what it gets ends with its lease too."""
     if body.lease is not None:
         leases_of(request).hold(caller_of(request).name, body.lease, ())
-    work = ctx.pools(request).acquire(request.path_params["name"], body.timeout,
-                                      owner=ctx.owner(request))
-    got = await unless_gone(request, work)
+    pools, name, owner = ctx.pools(request), request.path_params["name"], ctx.owner(request)
+    ready = pools.acquire_now(name, owner=owner)  # one ready and trusted: no task, no turn
+    if ready is not None:
+        got = await kept_unless_gone(request, ready)
+    else:  # it waits, or asks an agent: raced against the hang-up in a task of its own
+        got = await unless_gone(request, pools.acquire(name, body.timeout, owner=owner))
     if body.lease is not None:
         await _hold(request, body.lease, [got])
     return JSONResponse(info_json(got, request))
