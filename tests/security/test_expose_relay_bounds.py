@@ -277,7 +277,9 @@ UP_MESSAGE = 16 << 20  # uvicorn's ws_max_size
 UP_FRAME = bytes([0x82, 0xFF]) + struct.pack(">Q", UP_MESSAGE) + b"\0" * 4 + b"u" * UP_MESSAGE
 
 
-@pytest.mark.xfail(strict=True, reason=(
+# Not strict: it measures the daemon's memory, which a starved flood (a loaded host)
+# may leave under the bound for a while; an open hole, in the session's note.
+@pytest.mark.xfail(strict=False, reason=(
     "a client's messages to a sandbox's server that reads none are held outside any "
     "budget: ~56 MB a relay, 256 relays a tenant, no token needed (docstring, 4)"))
 def test_a_client_flooding_a_deaf_sandbox_server_is_held_to_a_bounded_copy(team):
