@@ -2,7 +2,7 @@
 
 On cgroup v1 an ended sandbox's emptied group is renamed, reset and given to a later
 warm slot (runtime/cgroup_recycle.py). The attacks: a sandbox that raises its group's
-memory peak, CPU time and OOM-kill count hopes the next sandbox in that group is
+memory peak and CPU time hopes the next sandbox in that group is
 reported with them (an exit blamed on the OOM killer, usage billed or leaked to
 another tenant); a sandbox with tight limits, or one frozen or given every device,
 leaves them for the next; a process left running in the group would share it; and
@@ -81,18 +81,15 @@ async def test_a_recycled_group_carries_no_usage_of_the_last_sandbox(one_slot_en
     engine = one_slot_engine
     a = await engine.create(memory_mb=96)
     group_a = engine.cgroup(a.id)
-    # memory peak near the limit, then an OOM kill, and a second of CPU
+    # memory peak near the limit and a second of CPU (a group the OOM killer fired in
+    # is never recycled: test_cgroup_recycle_handover.py)
     r = await engine.exec(a.id, ["python3", "-c", "b = bytearray(60 << 20); b[::4096] = b'x' * len(b[::4096])"],
                           timeout=60)
     assert r.returncode == 0, r
-    r = await engine.exec(a.id, ["python3", "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096])"],
-                          timeout=60)
-    assert r.oom_killed or r.returncode != 0, r
     await engine.exec(a.id, ["python3", "-c", "import time\nt = time.process_time()\n"
                              "while time.process_time() - t < 1: pass"], timeout=60)
-    peak_a, cpu_a, oom_a = (group_a.memory_peak_bytes(), group_a.cpu_seconds(),
-                            group_a.oom_kills())
-    assert peak_a > 60 << 20 and cpu_a > 0.8 and oom_a >= 1, (peak_a, cpu_a, oom_a)
+    peak_a, cpu_a = group_a.memory_peak_bytes(), group_a.cpu_seconds()
+    assert peak_a > 60 << 20 and cpu_a > 0.8, (peak_a, cpu_a)
 
     c = await _successor(engine, a.id, _inode(group_a))
     group_c = engine.cgroup(c)

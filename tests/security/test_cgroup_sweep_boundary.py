@@ -3,7 +3,8 @@
 A sweep runs whenever any engine starts, so what it removes must be provably a dead
 engine's and empty: a name that only looks like an engine's group, a dead-looking
 group that still holds someone's process, a key whose lock is held or whose lock file
-was replaced by a link, and a live engine's frozen or empty groups all survive it.
+was replaced by a link, and a live engine's frozen or empty groups all survive it; and sandbox processes with
+megabytes of arguments each do not swell the sweep that reads every process's.
 Every group here has a private random key; the test removes what it made.
 """
 
@@ -142,3 +143,47 @@ async def test_a_live_engines_frozen_and_empty_groups_survive_a_sweep(engine):
     await engine.resume(info.id)
     assert (await engine.exec(info.id, "echo alive")).stdout == b"alive\n"
     assert os.path.isdir(dirs[0])
+
+
+ARGS_EACH, PROCESSES = 4 << 20, 8  # (an exec takes at most 6 MiB of arguments)
+HUGE = """
+import os, resource, sys, time
+n, count = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY,) * 2)  # (a quarter of it)
+fd = os.open("/dev/null", os.O_RDWR)
+for _ in range(count):
+    pid = os.fork()
+    if pid == 0:
+        for k in (0, 1, 2):
+            os.dup2(fd, k)
+        os.execv("/bin/sleep", ["sleep", "120"] + ["k" * 131000] * (n // 131000))
+    while len(open(f"/proc/{pid}/cmdline", "rb").read()) < n // 2:
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "exec failed"
+        time.sleep(0.01)
+"""
+
+
+async def test_a_sandboxs_huge_argument_lists_do_not_swell_a_sweep(sandbox):
+    """Sandbox processes with megabytes of arguments each (visible in the host's /proc)
+    hoped each engine's start, sweeping a dead key, would read them all into the
+    daemon: every process's whole argument list, up to 6 MiB each for every pid of
+    every sandbox, read and split on the start's path while a dead key's group is left."""
+    import tracemalloc
+
+    engine, sid = sandbox
+    r = await engine.exec(sid, ["python3", "-c", HUGE, str(ARGS_EACH), str(PROCESSES)],
+                          timeout=60)
+    assert r.returncode == 0, r.stderr
+    key = _key()
+    made = _plant([f"corral-{key}"])
+    try:
+        tracemalloc.start()
+        try:
+            swept = _sweep(key)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert len(swept.removed) == len(made)  # the dead key was swept all the same
+        assert peak < ARGS_EACH // 4, peak
+    finally:
+        _unplant(made)

@@ -13,6 +13,17 @@ daemon (its RSS and CPU are measured, one test at a time).
 3. Request bodies, memory: the relay read the whole body into the daemon whether or
    not the sandbox's server took any (3 clients, 96 MiB each: +547 MB); it goes to
    the server as it comes, the client read only as fast as the server takes it.
+4. WebSocket, client to sandbox (not fixed: xfail): whoever holds the URL (no token)
+   sends 16 MiB messages (uvicorn's ``ws_max_size``) to a sandbox's server that reads
+   none past its handshake. The daemon grows ~224 MB for 4 relays (~56 MB each: the
+   message in websockets' client transport, masked; another queued in uvicorn's
+   protocol, which pauses reading only once a whole message waits for the app; the
+   frame being parsed), charged to no budget (the other direction holds each message
+   in the tenant's output budget, 1013 once spent). 256 relays a tenant
+   (``--max-tenant-streams``): ~14 GB. A fix must bound it per tenant (hold each
+   client message, and the one uvicorn has queued, in the tenant's budget, or read the
+   client in pieces no larger than the sandbox takes) and keep a relay to about one
+   message in flight.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ from __future__ import annotations
 import base64
 import os
 import socket
+import struct
+import threading
 import time
 
 import httpx
@@ -78,6 +91,19 @@ def _open(team, url: str) -> socket.socket:
     return s
 
 
+def _settled_growth(pid: int, before: int, checks: int) -> int:
+    """The daemon's growth in MB once it stopped growing (``checks`` x 0.25 s alike)."""
+    grown, last, still = 0, -1, 0
+    for _ in range(240):
+        time.sleep(0.25)
+        grown = _rss_mb(pid) - before
+        still = still + 1 if grown == last and grown > 0 else 0
+        if still >= checks:
+            break
+        last = grown
+    return grown
+
+
 def test_a_sandbox_flooding_an_unread_websocket_is_held_to_a_bounded_copy(team):
     pid = team.daemon.proc.pid
     with corral.Client(team.url, token=team.tokens["alice"]) as alice:
@@ -89,14 +115,7 @@ def test_a_sandbox_flooding_an_unread_websocket_is_held_to_a_bounded_copy(team):
             url = sb.expose(9000) + "x"
             before = _rss_mb(pid)
             socks = [_open(team, url) for _ in range(4)]
-            grown, last, still = 0, -1, 0
-            for _ in range(240):  # until the daemon's memory stops growing (2 s)
-                time.sleep(0.25)
-                grown = _rss_mb(pid) - before
-                still = still + 1 if grown == last and grown > 0 else 0
-                if still >= 8:
-                    break
-                last = grown
+            grown = _settled_growth(pid, before, 8)
         finally:
             for s in socks:
                 s.close()
@@ -248,3 +267,48 @@ def test_chunked_and_sized_bodies_arrive_whole_and_too_large_ones_are_refused(te
     assert sized.content.lower().split(b"\r\n\r\n")[1] == b"abc"
     assert b"content-length: 3" in sized.content.lower()
     assert big == b"HTTP/1.1 413", big  # refused by its length, before a byte is relayed
+
+
+# a sandbox's WebSocket server that reads nothing past its handshake (FLOOD's, on 9001)
+WS_DEAF = FLOOD.replace("9000", "9001").replace(
+    "threading\n", "threading, time\n", 1).replace("c.sendall(frame)", "time.sleep(3600)")
+UP_MESSAGE = 16 << 20  # uvicorn's ws_max_size
+# a client's masked binary frame (a zero mask: the payload as it is)
+UP_FRAME = bytes([0x82, 0xFF]) + struct.pack(">Q", UP_MESSAGE) + b"\0" * 4 + b"u" * UP_MESSAGE
+
+
+# Not strict: it measures the daemon's memory, which a starved flood (a loaded host)
+# may leave under the bound for a while; an open hole, in the session's note.
+@pytest.mark.xfail(strict=False, reason=(
+    "a client's messages to a sandbox's server that reads none are held outside any "
+    "budget: ~56 MB a relay, 256 relays a tenant, no token needed (docstring, 4)"))
+def test_a_client_flooding_a_deaf_sandbox_server_is_held_to_a_bounded_copy(team):
+    pid = team.daemon.proc.pid
+    stop = threading.Event()
+
+    def flood(s: socket.socket) -> None:
+        try:
+            while not stop.is_set():
+                s.sendall(UP_FRAME)
+        except OSError:
+            pass
+
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(memory_mb=256, client=alice)
+        socks = []
+        try:
+            sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
+            _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
+            url = sb.expose(9001) + "x"
+            before = _rss_mb(pid)
+            socks = [_open(team, url) for _ in range(4)]
+            for s in socks:
+                threading.Thread(target=flood, args=(s,), daemon=True).start()
+            grown = _settled_growth(pid, before, 12)  # (3 s: a loaded CI)
+        finally:
+            stop.set()
+            for s in socks:
+                s.close()
+            sb.delete()
+    # about one message in flight a relay, not 3 or 4 copies
+    assert grown < 100, f"the daemon grew by {grown} MB for 4 relays to a deaf server"

@@ -23,9 +23,12 @@ What a recycled group carries over, and what it must not:
   for a new group, and a sandbox's own limits follow at its create.
 - **none of the last sandbox's usage**: the counters the kernel lets us reset are
   reset (``memory``/``memsw``/``kmem``/``kmem.tcp`` ``max_usage_in_bytes`` and
-  ``failcnt``, ``cpuacct.usage`` with its per-CPU and user/system split); the OOM-kill
-  count, which cannot be reset, becomes the group's baseline, and
-  :meth:`~corral.runtime.cgroups.Cgroup.oom_kills` counts from it. Memory still
+  ``failcnt``, ``cpuacct.usage`` with its per-CPU and user/system split). The OOM-kill
+  count cannot be reset: a group the OOM killer fired in is removed, not recycled (a
+  baseline kept on the engine's object was lost when a restarted engine took the
+  sandboxes over and opened their groups afresh: the next tenant's sandbox read the
+  last one's kills as its own, and an agent killed from outside was blamed on its
+  memory; tests/security/test_cgroup_recycle_handover.py). Memory still
   charged (kernel objects the last sandbox left, ~100 KB) stays charged; a group
   holding more than :data:`MAX_CHARGE` is removed instead, and so is one that has
   served :data:`MAX_USES` sandboxes, so such leftovers cannot build up. Counters the
@@ -60,7 +63,7 @@ def recycle(driver: CgroupDriver, group: Cgroup, path: str, *, cpus: float, memo
             pids: int) -> Cgroup | None:
     """``group``, empty, under the new name ``path`` (in the same parent) with these
     limits and no usage of its last sandbox's; None where it cannot be (v2, a process
-    left, too much still charged, too many uses, a write refused): then remove it as
+    left, too much still charged, an OOM kill, too many uses, a write refused): then remove it as
     before. Blocking: call it off the event loop."""
     dirs = group._dirs
     parent, name = path.rsplit("/", 1)
@@ -73,6 +76,8 @@ def recycle(driver: CgroupDriver, group: Cgroup, path: str, *, cpus: float, memo
             return None
         if int(cgroup_files.read(dirs["memory"] / "memory.usage_in_bytes")) > MAX_CHARGE:
             return None
+        if cgroup_files.count(dirs["memory"] / "memory.oom_control", "oom_kill"):
+            return None  # (cannot be reset: it would be the next sandbox's)
     except (CgroupError, ValueError):
         return None
     moved: dict[Path, Path] = {}  # (controllers co-mounted share one directory)
@@ -107,7 +112,6 @@ def _reset(driver: CgroupDriver, group: Cgroup) -> None:
     for name in resets:
         cgroup_files.write(memory / name, "0")
     cgroup_files.write(dirs["cpuacct"] / "cpuacct.usage", "0")
-    group.oom_base = cgroup_files.count(memory / "memory.oom_control", "oom_kill")
 
 
 def _give_up(group: Cgroup, moved: dict[Path, Path]) -> None:

@@ -33,7 +33,7 @@ kills nothing: a dead key's group that still holds processes is reported (a warn
 and :attr:`Swept.busy`) and left for the warden or the next engine of that state
 directory (:func:`.reconcile.reconcile`), which know what those processes are.
 Bounded: at most :data:`MAX_KEYS` keys and :data:`MAX_DIRS` directories a sweep, and
-:data:`SWEEP_S` seconds.
+:data:`SWEEP_S` seconds; of each process's arguments, :data:`CMDLINE_BYTES`.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ logger = logging.getLogger("corral.runtime")
 MAX_KEYS = 256  # dead keys looked at in one sweep (the rest: the next start's)
 MAX_DIRS = 20_000  # directories removed or tried in one sweep
 SWEEP_S = 10.0  # and for how long
+# of each process's arguments, read at most (a warden names its groups in ~1 KB; a
+# sandbox's process may have 6 MiB of them, each of its pids, visible in /proc)
+CMDLINE_BYTES = 64 << 10
 HOLD_WAIT_S = 30.0  # how long an engine waits for its key (a sweep, a dead engine's warden)
 LEGACY_PARENT = "corral"
 _KEY = re.compile(r"e[0-9a-f]{10}")  # :attr:`.paths.Layout.engine_key`
@@ -177,7 +180,7 @@ def _named_keys() -> set[str]:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
+                args = f.read(CMDLINE_BYTES).split(b"\0")
         except OSError:
             continue
         for arg in args:

@@ -59,10 +59,9 @@ class Cgroup:
         self.limits: tuple[float, int, int] | None = None  # as last written here (set_limits)
         self._oom_file: Path | None = None  # read before and after each command (oom_kills)
         # a warm slot's, which may serve a next sandbox once empty (cgroup_recycle.py):
-        # how many it has served, and the OOM kills counted before this one's
+        # how many it has served
         self.recyclable = False
         self.uses = 1
-        self.oom_base = 0
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -246,7 +245,7 @@ class CgroupV1(Cgroup):
         # once: a join and a parse of every line were ~5% of an exec's daemon time).
         if self._oom_file is None:
             self._oom_file = self._dirs["memory"] / "memory.oom_control"
-        return _count(self._oom_file, "oom_kill") - self.oom_base
+        return _count(self._oom_file, "oom_kill")
 
     def memory_bytes(self) -> int:
         return int(_read(self._dirs["memory"] / "memory.usage_in_bytes"))

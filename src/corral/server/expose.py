@@ -36,7 +36,7 @@ from corral.server import context as ctx
 from corral.server.caller import UNIDENTIFIED, Caller, caller_of
 from corral.server.caller import Scope as Access
 from corral.server.tenant_model import ADMIN_NAME, Tenant
-from corral.server.wire import error_response
+from corral.server.wire import error_response, paced
 
 PREFIX = "/expose/"
 MAX_PORTS = 64  # exposed at once per sandbox
@@ -203,9 +203,11 @@ def _framing(request: Request, limit: int) -> tuple[bytes, bytes]:
 async def _send_body(request: Request, conn: h11.Connection, writer: asyncio.StreamWriter,
                      limit: int) -> None:
     """The client's body to the sandbox's server as it comes: the daemon holds a piece
-    at a time (it held the whole body, up to ``--max-upload-bytes``, per relay)."""
+    at a time (it held the whole body, up to ``--max-upload-bytes``, per relay), and
+    cuts it (408) once no piece comes for a while, as every body the daemon reads: a
+    client that stopped sending held its relay, and its tenant's stream, for good."""
     sent = 0
-    async for chunk in request.stream():
+    async for chunk in paced(request):
         sent += len(chunk)
         if sent > limit:
             raise FileTooLarge(f"the request body is over the daemon's upload limit ({limit} "
