@@ -127,6 +127,7 @@ CRASHER = textwrap.dedent(
         # the middle of releasing them
         group = type(eng._live[infos[0].id].cgroup)
         group.remove = lambda self, **how: stuck.wait()
+        eng._pool.give_back = lambda group: stuck.wait()  # (or kept for a slot: recycled)
         done = await asyncio.gather(*(eng.delete(i.id, wait=False) for i in infos[1:]))
         assert all(done) and len(eng._teardowns) == len(infos) - 1, eng._teardowns
         print(json.dumps({"ids": [i.id for i in infos], "pids": pids}), flush=True)
