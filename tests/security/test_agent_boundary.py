@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from corral.runtime.terminal import TerminalSize
-from tests.conftest import requires_root
+from tests.conftest import requires_root, rt_sigaction
 from tests.security.conftest import agent_host_pid, assert_honest, run_json
 from tests.syscall_probe import PRELUDE, numbers
 
@@ -320,32 +320,21 @@ async def test_a_command_starts_with_default_signals_and_an_empty_mask(sandbox):
     assert int(fields["SigIgn"], 16) & (1 << (13 - 1))
 
 
-def _set_ignored(signals: tuple[int, ...], ignored: bool) -> None:
-    """SIG_IGN (or SIG_DFL) for SIGNALS in this process, through rt_sigaction itself:
-    libc refuses 32 and 33, which a CI runner was seen to hand down ignored."""
-    import ctypes
-    import platform
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    nr = {"x86_64": 13, "aarch64": 134}.get(platform.machine())
-    if nr is None:
-        pytest.skip(f"rt_sigaction's number not known here ({platform.machine()})")
-    # struct kernel_sigaction: handler, flags, restorer, mask
-    act = (ctypes.c_ulong * 4)(1 if ignored else 0, 0, 0, 0)
-    for s in signals:
-        if libc.syscall(nr, s, ctypes.byref(act), None, 8) != 0:
-            raise OSError(ctypes.get_errno(), f"rt_sigaction({s})")
-
-
 # CI found it: the agent reset only its own six signals in a command's child, trusting
 # every other disposition to be SIG_DFL; but SIG_IGN survives execve, so a daemon started
-# by a process that ignores signal 32 (or SIGINT, as a shell's background job does)
+# by a process that ignores signal 32 (or SIGQUIT, as a shell's background job does)
 # handed that down to every command. The engine here starts from such a process.
 async def test_a_command_starts_with_default_signals_whatever_the_daemon_inherited(state_dir):
     from corral.runtime.engine import Engine
 
-    inherited = (2, 3, 10, 32, 33)  # SIGINT, SIGQUIT, SIGUSR1, glibc's two
-    _set_ignored(inherited, True)
+    # SIGQUIT, SIGUSR1, glibc's two; each put back as it was after (only those at SIG_DFL
+    # or SIG_IGN here: a handler's address could not be put back without its flags;
+    # SIGINT is Python's handler, so this worker's ^C stays a KeyboardInterrupt)
+    was = {s: rt_sigaction(s) for s in (3, 10, 32, 33)}  # (rt_sigaction: libc refuses 32)
+    inherited = tuple(s for s, h in was.items() if h in (0, 1))
+    assert 32 in inherited, was
+    for s in inherited:
+        rt_sigaction(s, 1)
     try:
         engine = await Engine.open(state_dir)
         try:
@@ -363,4 +352,5 @@ async def test_a_command_starts_with_default_signals_whatever_the_daemon_inherit
         finally:
             await engine.close()
     finally:
-        _set_ignored(inherited, False)
+        for s in inherited:
+            rt_sigaction(s, was[s])
