@@ -23,7 +23,7 @@ from tests.security.edge_daemon import HANG_GUARD_S, TOKEN, served
 
 pytestmark = pytest.mark.skipif(not have_root_runtime(), reason="needs root (a real daemon)")
 
-STALL_S = 2  # the daemon's --write-stall-timeout here
+STALL_S = 4  # (a loaded host may starve the slow reader for a while) the daemon's --write-stall-timeout here
 OUTPUT = 6 << 20  # bytes of stdout the stalled reply carries (its JSON: a little more)
 SLOW_OUTPUT = 2 << 20  # ... and the slow reader's
 
@@ -116,7 +116,7 @@ def test_a_slow_reader_that_keeps_reading_gets_its_whole_reply(daemon):
     got = bytearray()
     try:
         reader.settimeout(HANG_GUARD_S)
-        pace = STALL_S / 8  # far more often than the timeout, far slower than it could
+        pace = STALL_S / 16  # far more often than the timeout, far slower than it could
         while not (b"\r\n\r\n" in got and len(got) >= _length(got)):
             chunk = reader.recv(256 << 10)
             assert chunk, f"cut off after {len(got)} bytes though it kept reading"
