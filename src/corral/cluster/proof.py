@@ -104,13 +104,18 @@ def url_key(public: str) -> str:
 def parse_key(text: str) -> str | None:
     """The public key an address's ``key=`` names (either base64 alphabet, padded or
     not), in the directory's form; None if it is not 32 bytes of base64."""
-    # (a standard-alphabet "+" reads as a space once a query string is decoded)
-    text = text.strip().replace(" ", "+").replace("-", "+").replace("_", "/")
-    try:
-        raw = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-    except ValueError:
-        return None
-    return _b64(raw) if len(raw) == 32 else None
+    # (a standard-alphabet "+" reads as a space once a query string is decoded, the
+    # first or last character's too: spaces are "+" before anything is stripped; then,
+    # failing that, spaces around it as pasted)
+    for form in (text.strip("\t\r\n\v\f"), text.strip()):
+        form = form.replace(" ", "+").replace("-", "+").replace("_", "/")
+        try:
+            raw = base64.b64decode(form + "=" * (-len(form) % 4), validate=True)
+        except ValueError:
+            continue
+        if len(raw) == 32:
+            return _b64(raw)
+    return None
 
 
 # ------------------------------------------------------------------ pins
