@@ -45,6 +45,26 @@ async def engine(state_dir):
         await eng.close()
 
 
+def stored_bytes(root: Path, pattern: str = "*") -> list[tuple[Path, bytes]]:
+    """Every regular file under ``root`` whose name matches ``pattern``, with its bytes.
+
+    A shared daemon tears sandboxes down in the background while a test looks, so a
+    directory or file that vanishes mid-walk is skipped, not an error (a recursive
+    ``Path.rglob`` raises FileNotFoundError then: CI failed on it once)."""
+    import fnmatch
+
+    found = []
+    for top, _dirs, names in os.walk(root):  # os.walk ignores vanished directories
+        for name in fnmatch.filter(names, pattern):
+            path = Path(top, name)
+            try:
+                if path.is_file() and not path.is_symlink():
+                    found.append((path, path.read_bytes()))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+    return found
+
+
 def _wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     # Generous: a daemon starts slowly on a loaded host; one that dies fails at once.
     deadline = time.monotonic() + timeout

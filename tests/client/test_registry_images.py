@@ -17,7 +17,7 @@ import pytest
 import corral
 from corral.runtime.image_pull import local_name
 from corral.runtime.paths import default_cache_dir
-from tests.conftest import requires_root
+from tests.conftest import requires_root, stored_bytes
 from tests.runtime.oci_archives import Layer, base_layer, oci_layout, second_layer
 from tests.runtime.registries import Proxy, requires_registry, run_registry, write_auth_file
 
@@ -96,9 +96,8 @@ def test_pull_create_ls_prune_through_the_daemon(setup):
     # credentials: never in the daemon's log or database
     log = daemon.log.read_bytes()
     assert creds[1].encode() not in log
-    for db in daemon.state_dir.rglob("*"):
-        if db.is_file():
-            assert creds[1].encode() not in db.read_bytes(), db
+    for path, data in stored_bytes(daemon.state_dir):
+        assert creds[1].encode() not in data, path
 
 
 def test_two_concurrent_first_uses_pull_once(setup):

@@ -9,16 +9,14 @@ import httpx
 import pytest
 
 import corral
-from tests.conftest import requires_root
+from tests.conftest import requires_root, stored_bytes
 
 pytestmark = requires_root
 
 
 def _state_bytes(daemon) -> bytes:
-    out = b""
-    for path in daemon.state_dir.rglob("registry.db*"):
-        out += path.read_bytes()
-    return out + daemon.log.read_bytes()
+    stored = stored_bytes(daemon.state_dir, "registry.db*")
+    return b"".join(data for _path, data in stored) + daemon.log.read_bytes()
 
 
 def test_secrets_reach_commands_and_nothing_else(daemon):
