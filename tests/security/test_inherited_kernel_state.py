@@ -57,7 +57,7 @@ def seen() -> dict:
         pid, what, *value = line.split()
         out["procs"]["agent" if pid == "1" else "command"][what.rstrip(":")] = value
     for who in ("command", "agent"):
-        assert {"stat", "THP_enabled", "ionice"} <= set(out["procs"][who]), stdout
+        assert "stat" in out["procs"][who], stdout
     assert {"personality", "timerslack"} <= set(out["procs"]["command"]), stdout
     return out
 
@@ -82,6 +82,8 @@ def test_a_parents_real_time_policy_does_not_reach_a_sandbox(seen):
 
 def test_a_parents_real_time_io_class_does_not_reach_a_sandbox(seen):
     _handed(seen, "ioprio")
+    if not all(p.get("ionice") for p in seen["procs"].values()):
+        pytest.skip("no ionice in the sandbox's image")
     for who, p in seen["procs"].items():
         assert p["ionice"] and p["ionice"][0] != "realtime:", (who, p["ionice"])
 
@@ -94,6 +96,8 @@ def test_a_parents_timer_slack_does_not_reach_a_sandbox(seen):
 
 def test_a_parents_thp_and_io_flusher_flags_do_not_reach_a_sandbox(seen):
     _handed(seen, "thp")
+    if not all("THP_enabled" in p for p in seen["procs"].values()):
+        pytest.skip("no THP_enabled in /proc/PID/status (Linux < 5.0)")
     for who, p in seen["procs"].items():
         assert p["THP_enabled"] == ["1"], (who, p["THP_enabled"])
     _handed(seen, "io_flusher")
