@@ -24,7 +24,11 @@ daemon of its own).
    held in the tenant's output budget (1013 once spent:
    ``test_expose_ws_budget.py``), and goes out in fragments each written once the
    last left: ~24 MB a relay (the message, and what malloc keeps of its parsing).
-5. WebSocket, fragments: uvicorn kept a fragmented message as a list of its
+5. WebSocket, many messages: behind the one a relay holds, uvicorn read on and queued
+   all that one read brought (256 KiB: up to 43,690 empty messages, ~8 MB a relay);
+   now nothing is read until the relay asks for its next message, and then 4 KiB at
+   a time.
+6. WebSocket, fragments: uvicorn kept a fragmented message as a list of its
    fragments' bytes: 2 MB sent as 1-byte fragments grew the daemon by 112 MB (and
    empty continuations, which add nothing to the message's size, without end). A
    fragmented message now grows one buffer (server/ws_flow.py).
@@ -103,13 +107,14 @@ def _open(team, url: str) -> socket.socket:
     return s
 
 
-def _settled_growth(pid: int, before: int, checks: int) -> int:
-    """The daemon's growth in MB once it stopped growing (``checks`` x 0.25 s alike)."""
+def _settled_growth(pid: int, before: int, checks: int, *, none: bool = False) -> int:
+    """The daemon's growth in MB once it stopped growing (``checks`` x 0.25 s alike;
+    ``none``: no growth counts, once what grows it was sent)."""
     grown, last, still = 0, -1, 0
     for _ in range(240):
         time.sleep(0.25)
         grown = _rss_mb(pid) - before
-        still = still + 1 if grown == last and grown > 0 else 0
+        still = still + 1 if grown == last and (grown > 0 or none) else 0
         if still >= checks:
             break
         last = grown
@@ -354,3 +359,36 @@ def test_a_message_in_two_million_fragments_is_held_as_its_payload(fresh):
             sb.delete()
     # 2 MB of payload; uvicorn kept each fragment's bytes in a list (~50 bytes a byte)
     assert grown < 40, f"the daemon grew by {grown} MB for 2 MB in 1-byte fragments"
+
+
+EMPTY_MESSAGES = (bytes([0x82, 0x80]) + b"\0" * 4) * 200_000  # 1.2 MB, masked
+
+
+def test_small_messages_behind_one_a_deaf_server_holds_are_not_read(fresh):
+    team = fresh
+    pid = team.daemon.proc.pid
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(memory_mb=256, client=alice)
+        socks = []
+        try:
+            sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
+            _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
+            url = sb.expose(9001) + "x"
+            socks = [_open(team, url) for _ in range(4)]
+            for s in socks:  # the relay's message: it waits, the server reads none
+                s.sendall(UP_FRAME)
+            before = _rss_mb(pid) + _settled_growth(pid, _rss_mb(pid), 12)
+            for s in socks:
+                s.settimeout(3)
+                try:
+                    s.sendall(EMPTY_MESSAGES)
+                except TimeoutError:
+                    pass  # (the daemon reads no more: the TCP window is full)
+            grown = _settled_growth(pid, before, 12, none=True)  # (all it will read)
+        finally:
+            for s in socks:
+                s.close()
+            sb.delete()
+    # before: 33 MB (uvicorn read on as the relay took its message, and queued all of
+    # one read: 43,690 empty messages a relay)
+    assert grown < 16, f"the daemon grew by {grown} MB for empty messages behind 4"

@@ -10,7 +10,9 @@
   took a message, so while an app relayed one (to a sandbox's server that may read
   none) the next, up to ``ws_max_size`` (16 MiB), was read and queued too, and a third
   begun. Here the client is read only while the app waits for a message
-  (:meth:`FlowControlledWebSocket.receive`): one message in flight a connection.
+  (:meth:`FlowControlledWebSocket.receive`): one message in flight a connection. Its
+  pongs then wait unread too: uvicorn's keepalive would cut a client whose message
+  a slow server has not taken in 40 s; here it pings again instead.
 - Many at once: uvicorn fed the parser all that one read brought (256 KiB): up to
   43,690 empty messages, each a queued dict. Here the parser is fed :data:`PIECE` bytes
   at a time; the rest of the read waits, raw, until the app asks for the next message.
@@ -75,6 +77,17 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
         if self._inbound is not None:
             self._inbound.gone.set()
+
+    def keepalive_timeout(self) -> None:
+        # no pong: while the app holds a message (a sandbox's server not taking it) the
+        # client is not read, and its pong waits unread behind its data: no sign that
+        # it has gone. Ping again instead (a write to a client that has gone fails:
+        # connection_lost). A client that reads nothing of ours is cut as uvicorn does.
+        if self.read_paused and not self._held and not self.transport.is_closing():
+            self.pong_timer = None
+            self.send_keepalive_ping()
+            return
+        super().keepalive_timeout()
 
     def pause_writing(self) -> None:
         super().pause_writing()
