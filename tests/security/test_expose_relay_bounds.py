@@ -290,6 +290,13 @@ def test_chunked_and_sized_bodies_arrive_whole_and_too_large_ones_are_refused(te
 WS_DEAF = FLOOD.replace("9000", "9001").replace(
     "threading\n", "threading, time\n", 1).replace("c.sendall(frame)", "time.sleep(3600)")
 UP_MESSAGE = 16 << 20  # uvicorn's ws_max_size
+
+
+def deaf_url(sb: corral.Sandbox) -> str:
+    """The exposed URL of WS_DEAF, serving in ``sb``."""
+    sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
+    _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
+    return sb.expose(9001) + "x"
 # a client's masked binary frame (a zero mask: the payload as it is)
 UP_FRAME = bytes([0x82, 0xFF]) + struct.pack(">Q", UP_MESSAGE) + b"\0" * 4 + b"u" * UP_MESSAGE
 
@@ -310,9 +317,7 @@ def test_a_client_flooding_a_deaf_sandbox_server_is_held_to_a_bounded_copy(fresh
         sb = corral.Sandbox.create(memory_mb=256, client=alice)
         socks = []
         try:
-            sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
-            _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
-            url = sb.expose(9001) + "x"
+            url = deaf_url(sb)
             before = _rss_mb(pid)
             socks = [_open(team, url) for _ in range(4)]
             for s in socks:
@@ -343,9 +348,7 @@ def test_a_message_in_two_million_fragments_is_held_as_its_payload(fresh):
         sb = corral.Sandbox.create(memory_mb=256, client=alice)
         s = None
         try:
-            sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
-            _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
-            url = sb.expose(9001) + "x"
+            url = deaf_url(sb)
             before = _rss_mb(pid)
             s = _open(team, url)
             s.settimeout(600)
@@ -371,9 +374,7 @@ def test_small_messages_behind_one_a_deaf_server_holds_are_not_read(fresh):
         sb = corral.Sandbox.create(memory_mb=256, client=alice)
         socks = []
         try:
-            sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
-            _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
-            url = sb.expose(9001) + "x"
+            url = deaf_url(sb)
             socks = [_open(team, url) for _ in range(4)]
             for s in socks:  # the relay's message: it waits, the server reads none
                 s.sendall(UP_FRAME)

@@ -30,7 +30,13 @@ import pytest
 import corral
 from tests.security.tenants_helpers import team_daemon
 from tests.security.test_expose import _serve
-from tests.security.test_expose_relay_bounds import FLOOD, UP_FRAME, UP_MESSAGE, WS_DEAF, _open
+from tests.security.test_expose_relay_bounds import (
+    FLOOD,
+    UP_FRAME,
+    UP_MESSAGE,
+    _open,
+    deaf_url,
+)
 
 PATIENCE_S = 240  # a loaded host (uvicorn's keepalive: a ping each 20 s, 20 s for a pong)
 
@@ -86,9 +92,7 @@ def test_a_client_flooding_a_deaf_server_spends_the_tenant_budget_and_gets_1013(
         sb = corral.Sandbox.create(memory_mb=256, client=alice)
         socks, threads = [], []
         try:
-            sb.files.write("/workspace/ws_deaf.py", WS_DEAF.encode())
-            _serve(sb, "python3 /workspace/ws_deaf.py", 9001)
-            url = sb.expose(9001) + "x"
+            url = deaf_url(sb)
             for n in (1, 2):
                 socks.append(_open(team, url))
                 threads.append(_send(socks[-1]))
