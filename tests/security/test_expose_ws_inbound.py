@@ -28,7 +28,7 @@ import time
 import pytest
 
 import corral
-from tests.security.tenants_helpers import team_daemon
+from tests.security.tenants_helpers import no_traceback, team_daemon
 from tests.security.test_expose import _serve
 from tests.security.test_expose_relay_bounds import (
     FLOOD,
@@ -112,6 +112,7 @@ def test_a_client_flooding_a_deaf_server_spends_the_tenant_budget_and_gets_1013(
         # the sandbox's server still reads nothing: the relays end as their clients left
         _until(team, lambda held: held == 0, "the relays' holds were not given back")
         sb.delete()
+    no_traceback(team)
 
 
 # a WebSocket server (the standard library) that answers each message, however it was
@@ -189,3 +190,4 @@ def test_messages_of_every_shape_reach_the_sandbox_whole_and_in_order(team):
         finally:
             sb.delete()
         _until(team, lambda held: held == 0, "the relay's hold was not given back")
+    no_traceback(team)
