@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import h11
 from starlette.applications import Starlette
@@ -32,15 +33,26 @@ from corral.api.models import ExposeRequest
 from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
+from corral.runtime.output_budget import OutputHold
 from corral.server import context as ctx
 from corral.server.caller import UNIDENTIFIED, Caller, caller_of
 from corral.server.caller import Scope as Access
 from corral.server.tenant_model import ADMIN_NAME, Tenant
 from corral.server.wire import error_response, paced
+from corral.server.ws_flow import INBOUND, TRY_LATER, Inbound
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 PREFIX = "/expose/"
 MAX_PORTS = 64  # exposed at once per sandbox
 WS_MAX_MESSAGE = 1 << 24  # bytes of one message from the sandbox's WebSocket server
+# A client's message to the sandbox is bounded by uvicorn's ws_max_size, the same 16 MiB
+# (kept: it is the port socket's too, and each relay holds one at a time, in its
+# tenant's output budget); one larger than this goes in fragments of this size, each
+# written once the sandbox's server took the last (not a masked copy of it all)
+WS_FRAGMENT = 1 << 16
+UP_REFUSAL = "output budget spent: the sandbox's server is slow to read; message not relayed"
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade",
         b"transfer-encoding", b"host", b"content-length", b"proxy-authorization"}
 
@@ -273,6 +285,47 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> obj
         return event
 
 
+def _fragments(data: bytes | str) -> bytes | str | Iterator[bytes | str]:
+    """A client's message as ``websockets`` sends it to the sandbox: whole, or past
+    :data:`WS_FRAGMENT` in fragments, each written as the last one left."""
+    if len(data) <= WS_FRAGMENT:
+        return data
+    return (data[at:at + WS_FRAGMENT] for at in range(0, len(data), WS_FRAGMENT))
+
+
+async def _up(websocket: WebSocket, upstream: ClientConnection, hold: OutputHold,
+              inbound: Inbound | None) -> None:
+    """The client's messages to the sandbox's server. Each waits in the daemon until
+    that server has taken it (the client not read meanwhile: ``ws_flow.py``), held in
+    the tenant's output budget: the bytes being parsed, then the message; when the
+    budget has no room, the relay ends (1013) with :data:`UP_REFUSAL`."""
+    from websockets.exceptions import ConnectionClosed
+
+    if inbound is not None:
+        inbound.hold, inbound.refusal = hold, UP_REFUSAL
+    try:
+        while True:
+            msg = await websocket.receive()
+            if msg["type"] == "websocket.disconnect":
+                break
+            data = msg["bytes"] if msg.get("bytes") is not None else msg.get("text", "")
+            del msg  # (nothing else keeps it while it is sent: what Inbound counts)
+            if inbound is None and hold.grow(len(data)) < len(data):
+                await websocket.close(code=TRY_LATER, reason=UP_REFUSAL)
+                return
+            await upstream.send(_fragments(data))
+            del data
+            if inbound is None:
+                hold.shrink(0)
+    except (WebSocketDisconnect, ConnectionClosed):
+        pass
+    finally:
+        if inbound is not None:
+            inbound.hold = None
+        hold.release()
+    await upstream.close()
+
+
 async def relay_websocket(websocket: WebSocket) -> None:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage
@@ -315,19 +368,11 @@ async def relay_websocket(websocket: WebSocket) -> None:
                 hold.release()
             await websocket.close()
 
-        async def up() -> None:
-            try:
-                while True:
-                    msg = await websocket.receive()
-                    if msg["type"] == "websocket.disconnect":
-                        break
-                    await upstream.send(msg["bytes"] if msg.get("bytes") is not None
-                                        else msg.get("text", ""))
-            except WebSocketDisconnect:
-                pass
-            await upstream.close()
-
-        tasks = [asyncio.create_task(down()), asyncio.create_task(up())]
+        inbound: Inbound | None = (websocket.scope.get("extensions") or {}).get(INBOUND)
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(down()), asyncio.create_task(
+            _up(websocket, upstream, engine.output_budget.hold(exp.owner), inbound))]
+        if inbound is not None:  # (a client that left while _up waits on the sandbox)
+            tasks.append(asyncio.create_task(inbound.gone.wait()))
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         except ConnectionClosed:

@@ -1,25 +1,93 @@
-"""WebSockets (an exposed port's, a port socket) that stop reading a client that does
-not read.
+"""WebSockets (an exposed port's, a port socket): what a client can make the daemon hold.
 
-uvicorn's WebSocket protocol answers a ping at once, into the connection's write
-buffer, whether or not the client reads: a client that sends pings (or anything the
-daemon answers) and reads nothing grew the daemon's memory without bound (300 MB of
-pings: +290 MB, ``tests/security/test_port_socket.py``). Here, while the write buffer
-is over its high-water mark, the connection is not read either: the client's own TCP
-window stops it, as a plain socket would.
+- Replies it does not read: uvicorn's WebSocket protocol answers a ping at once, into
+  the connection's write buffer, whether or not the client reads: a client that sent
+  pings (or anything the daemon answers) and read nothing grew the daemon's memory
+  without bound (300 MB of pings: +290 MB, ``tests/security/test_port_socket.py``).
+  Here, while the write buffer is over its high-water mark, the connection is not read
+  either: the client's own TCP window stops it, as a plain socket would.
+- Messages the app has not asked for: uvicorn read the client again as soon as the app
+  took a message, so while an app relayed one (to a sandbox's server that may read
+  none) the next, up to ``ws_max_size`` (16 MiB), was read and queued too, and a third
+  begun. Here the client is read only while the app waits for a message
+  (:meth:`FlowControlledWebSocket.receive`): one message in flight a connection. Its
+  pongs then wait unread too: uvicorn's keepalive would cut a client whose message
+  a slow server has not taken in 40 s; here it pings again instead.
+- Many at once: uvicorn fed the parser all that one read brought (256 KiB): up to
+  43,690 empty messages, each a queued dict. Here the parser is fed :data:`PIECE` bytes
+  at a time; the rest of the read waits, raw, until the app asks for the next message.
+- Fragments: uvicorn kept a fragmented message as a list of its fragments, a byte of
+  payload ~50 of memory, and empty continuation frames (which add nothing to the
+  message's size, so ``ws_max_size`` never stops them) grew it without end. Here a
+  fragmented message grows one buffer.
+- A budget: an app may charge what a connection holds of its client's messages (the
+  bytes being parsed, and the last message it took, until it asks for the next) to a
+  hold of the tenant's output budget (:class:`Inbound`, found in the scope's
+  ``extensions`` under :data:`INBOUND`). When the budget has no room left, the
+  connection is closed with 1013 (try again later) and :attr:`Inbound.refusal`.
 """
 
 from __future__ import annotations
 
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+import asyncio
+from typing import Any
 
-__all__ = ["FlowControlledWebSocket"]
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame
+
+from corral.runtime.output_budget import OutputHold
+
+__all__ = ["INBOUND", "PIECE", "TRY_LATER", "FlowControlledWebSocket", "Inbound"]
+
+PIECE = 4096  # bytes fed to the parser at a time (at most ~680 empty messages)
+INBOUND = "corral.inbound"  # the scope's extensions: the connection's Inbound
+TRY_LATER = 1013
+
+
+class Inbound:
+    """What a connection holds of its client's messages, charged to :attr:`hold` once
+    an app binds one (None: not charged); the app unbinds it before releasing it.
+    :attr:`gone` is set once the connection is lost: an app busy with a message (not
+    reading) learns it there."""
+
+    __slots__ = ("gone", "hold", "refusal")
+
+    def __init__(self) -> None:
+        self.hold: OutputHold | None = None
+        self.refusal = "output budget spent"  # the close reason (1013) when it is
+        self.gone = asyncio.Event()
 
 
 class FlowControlledWebSocket(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol, not read while its replies wait."""
+    """uvicorn's sans-I/O WebSocket protocol, read only while the app waits for a
+    message and its replies do not wait (see the module docstring)."""
 
     _held = False  # the write buffer is over its high-water mark: reading stopped
+    _rest = b""  # read from the client, not parsed yet (the app has not asked)
+    _inbound: Inbound | None = None
+    _joined: bytearray | None = None  # a fragmented message so far (not a list of them)
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)  # (none: the handshake was refused)
+        if scope is not None:
+            self._inbound = scope["extensions"][INBOUND] = Inbound()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._inbound is not None:
+            self._inbound.gone.set()
+
+    def keepalive_timeout(self) -> None:
+        # no pong: while the app holds a message (a sandbox's server not taking it) the
+        # client is not read, and its pong waits unread behind its data: no sign that
+        # it has gone. Ping again instead (a write to a client that has gone fails:
+        # connection_lost). A client that reads nothing of ours is cut as uvicorn does.
+        if self.read_paused and not self._held and not self.transport.is_closing():
+            self.pong_timer = None
+            self.send_keepalive_ping()
+            return
+        super().keepalive_timeout()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -30,9 +98,82 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
         super().resume_writing()
         self._held = False
         if not self.read_paused:  # (uvicorn's own pause: messages the app has not taken)
-            self.transport.resume_reading()
+            self._read_on()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        self._rest = self._rest + data if self._rest else data
+        self._feed()
         if self._held:  # reading was resumed meanwhile (the app took its messages)
             self.transport.pause_reading()
+
+    def _feed(self) -> None:
+        """Parse what the client sent, a piece at a time, while nothing stops reading;
+        what is left waits in :attr:`_rest`."""
+        rest, at = self._rest, 0
+        while at < len(rest) and not (self.read_paused or self._held
+                                      or self.transport.is_closing()):
+            piece = rest[at:at + PIECE] if at or len(rest) > PIECE else rest
+            at += len(piece)
+            super().data_received(piece)
+            self._charge()
+        self._rest = b"" if at >= len(rest) or self.transport.is_closing() else rest[at:]
+
+    def _read_on(self) -> None:
+        self._feed()  # what was read already first: it may hold a whole message
+        if not (self.read_paused or self._held or self.transport.is_closing()):
+            self.transport.resume_reading()
+
+    async def receive(self) -> Any:
+        # (uvicorn resumed reading once the app took a message: the next was read and
+        # queued while the app still held this one)
+        if self.read_paused and self.queue.empty():
+            self.read_paused = False
+            hold = self._inbound.hold if self._inbound is not None else None
+            if hold is not None:  # the app is done with the last message
+                hold.shrink(self._parsing())
+            self._read_on()
+        return await self.queue.get()
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if self._rest and not self.read_paused:  # a close resumed reading: its echo
+            self._read_on()
+
+    def handle_cont(self, event: Frame) -> None:
+        joined = self._joined
+        if joined is None:
+            joined = self._joined = bytearray(self.frames[0])
+            self.frames = []
+        joined += event.data
+        if event.fin:
+            self._joined = None
+            self.frames = [bytes(joined)]
+            del joined
+            self.send_receive_event_to_app()
+
+    def _parsing(self) -> int:
+        """Bytes of the client's messages the parser holds (a frame's, a fragmented
+        message's)."""
+        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames)
+                + len(self._joined or b""))
+
+    def _charge(self) -> None:
+        """Grow the bound hold to what the parser holds (it keeps the message the app
+        takes until the app asks for the next); close with 1013 where it cannot."""
+        inbound = self._inbound
+        if inbound is None or inbound.hold is None or self.close_sent:
+            return
+        hold, need = inbound.hold, self._parsing()
+        if need > hold.nbytes:
+            hold.grow(need - hold.nbytes)  # (what the budgets have: less when spent)
+            if hold.nbytes < need:
+                self._refuse(inbound.refusal)
+
+    def _refuse(self, reason: str) -> None:
+        self.conn.fail(TRY_LATER, reason)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": TRY_LATER,
+                               "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.frames, self._joined = [], None
+        self.transport.close()
