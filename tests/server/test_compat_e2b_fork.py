@@ -84,7 +84,9 @@ def test_fork_runs_the_process_on_in_each_copy_and_refuses_the_uncheckpointable(
     """))
     assert out["kinds"] == ["Sandbox", "Sandbox"]
     assert out["ids"] == 3 and out["tokens"] == [True, True] and out["parent"]
-    assert out["index"] == ["0\n", "1\n"] and out["life"] == 60
+    # The fork's own 60 s, not its parent's 120: counted from when the fork was ready,
+    # which a loaded host reaches seconds after its start (65 s seen in a full run).
+    assert out["index"] == ["0\n", "1\n"] and 55 <= out["life"] < 90
     assert out["meta"] == "true"
     assert out["refused"].startswith("409:") and "corral.checkpointable" in out["refused"]
 
