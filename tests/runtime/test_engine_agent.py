@@ -102,7 +102,8 @@ async def test_closing_a_stream_kills_the_command(engine):
 
 async def test_timeout_kills_the_whole_process_group(engine):
     info = await engine.create()
-    r = await engine.exec(info.id, "sleep 100 & sleep 100 & echo begun; wait", timeout=0.5)
+    # 5 s: "begun" is surely written first, even on a loaded host (0.5 s was not)
+    r = await engine.exec(info.id, "sleep 600 & sleep 600 & echo begun; wait", timeout=5)
     assert r.timed_out and r.returncode == -9 and r.stdout == b"begun\n"
     r = await engine.exec(info.id, COUNT_SLEEPS)
     assert r.stdout.strip() == b"0"
