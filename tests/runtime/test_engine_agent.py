@@ -187,8 +187,9 @@ async def test_a_stream_shows_its_gap_between_head_and_tail(engine):
 async def test_a_timed_out_command_keeps_its_tail(engine):
     """The agent kills the command at its timeout, then sends the tail: where it hung."""
     info = await engine.create()
-    r = await engine.exec(info.id, "seq 1 100000; echo 'stuck in step 7'; exec sleep 60",
-                          timeout=1, max_output=1_000)
+    # 8 s: the seq and the echo are surely done by then on a loaded host (1 s was not)
+    r = await engine.exec(info.id, "seq 1 100000; echo 'stuck in step 7'; exec sleep 600",
+                          timeout=8, max_output=1_000)
     assert r.timed_out and r.stdout.endswith(b"100000\nstuck in step 7\n")
     assert r.stdout_dropped == len(seq_bytes(100_000)) + 16 - 1_000
 

@@ -246,11 +246,13 @@ def test_run_jupyter_cells(daemon_ok):
 
 
 def test_run_jupyter_timeouts_and_files(daemon_ok):
+    # cell_timeout 5 s: the other cells must finish within it on a loaded host (1 s
+    # was tight); the sleep never ends within it
     out = run_script(daemon_ok, """
         import base64
         r = run_jupyter(RunJupyterRequest(
-            cells=["import time", "time.sleep(30)", "open('out.txt', 'w').write(open('in.txt').read() * 2)"],
-            cell_timeout=1, files={"in.txt": base64.b64encode(b"ab").decode()},
+            cells=["import time", "time.sleep(600)", "open('out.txt', 'w').write(open('in.txt').read() * 2)"],
+            cell_timeout=5, files={"in.txt": base64.b64encode(b"ab").decode()},
             fetch_files=["out.txt"]), max_attempts=1)
         out["cells"] = r.dict()
         r = run_jupyter(RunJupyterRequest(cells=["import time; time.sleep(30)"], total_timeout=1),
