@@ -148,9 +148,10 @@ def test_python_with_stdin_and_bash(daemon_ok):
 
 
 def test_timeout_and_nonzero_exit(daemon_ok):
+    # run_timeout 5 s: 'started' is printed within it on a loaded host (1 s was tight)
     out = run_script(daemon_ok, """
-        out["slow"] = code(language="python", run_timeout=1,
-                           code="import time\\nprint('started', flush=True)\\ntime.sleep(60)")
+        out["slow"] = code(language="python", run_timeout=5,
+                           code="import time\\nprint('started', flush=True)\\ntime.sleep(600)")
         out["exit"] = code(language="python", code="import sys\\nprint('x')\\nsys.exit(3)")
         out["raise"] = code(language="python", code="raise ValueError('boom')")
     """)
