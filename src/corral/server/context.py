@@ -221,8 +221,11 @@ async def _race_disconnect(request: Request, work: Awaitable[T], *, recheck: boo
             task.cancel()
             await asyncio.wait({task})  # let it clean up; never raises
     if task.cancelled():
-        if asyncio.iscoroutine(work):
-            work.close()  # cancelled before its first step: never started, never awaited
+        # cancelled before its first step, ``work`` never awaited: a coroutine is
+        # closed unstarted; work already under way (a started command) is ended
+        close = getattr(work, "close", None)
+        if close is not None:
+            close()
         raise ClientDisconnect()
     if left:
         return task.result(), True
