@@ -32,8 +32,10 @@ EMULATED = {
     "ProtectSystem": "/usr, /boot, /etc read-only",
     "ProtectHome": "/home, /root read-only",
     "PrivateTmp": "not reproduced: a fresh /tmp, which corral does not share with anyone",
-    "LockPersonality": "not reproduced: corral never calls personality(2)",
-    "RestrictRealtime": "not reproduced: corral asks for no realtime scheduling",
+    "LockPersonality": ("not reproduced: corral calls personality(2) only to put back "
+                        "PER_LINUX where it inherited another (agent/clean.c)"),
+    "RestrictRealtime": ("not reproduced: corral asks for no realtime scheduling (it only "
+                         "leaves one it inherited: agent/clean.c)"),
     "SystemCallArchitectures": "not reproduced: native only; sandboxes run native code",
 }
 READ_ONLY = {"ProtectSystem": ("/usr", "/boot", "/etc"), "ProtectHome": ("/home", "/root")}

@@ -65,14 +65,16 @@ def test_bad_reserve_arguments_are_refused_before_any_call(client):
 
 
 def test_a_reserve_whose_lease_expired_takes_a_new_one(client):
-    with corral.Pool(memory_mb=64, min_ready=2, max_size=8, reserve=2, reserve_ttl=1,
+    # 15 s: renewed every 5 s while the test uses the reserve (a 1 s lease lapsed on a
+    # loaded host between the acquire and the exec: its sandbox was deleted under it)
+    with corral.Pool(memory_mb=64, min_ready=2, max_size=8, reserve=2, reserve_ttl=15,
                      client=client) as pool:
         settled(pool)
         with pool.acquire(timeout=30) as first:
             first.exec("true")
         left = [info.id for _, info in pool._reserve]
         pool._heartbeat.stop()  # this process "stood still": no renewal
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # its 15 s, then the daemon's sweep and deletes
         while any(s.id in left for s in corral.Sandbox.list(tags=[f"pool={pool.name}"],
                                                              client=client)):
             assert time.monotonic() < deadline, "the expired lease's sandboxes stayed"

@@ -27,12 +27,13 @@ def test_state_is_not_running_once_the_lifetime_ran_out(client):
 
 
 def test_a_longer_lifetime_set_later_counts(client):
-    # 5 s: the set_timeout must reach the daemon before the first lifetime ends (1 s
-    # could run out first under load)
+    # 15 s: the set_timeout must reach the daemon before the first lifetime ends (1 s
+    # could run out first under load, and 5 s is not much more)
     made = time.time()
-    with corral.Sandbox.create(memory_mb=64, timeout=5, client=client) as sb:
+    with corral.Sandbox.create(memory_mb=64, timeout=15, client=client) as sb:
         sb.set_timeout(600)
-        time.sleep(max(0.0, made + 5.5 - time.time()))  # past the first lifetime
+        time.sleep(max(0.0, made + 17 - time.time()))  # past the first lifetime (the
+        # reaper looks every half second)
         assert sb.state == corral.SandboxState.RUNNING
         assert sb.refresh().state == corral.SandboxState.RUNNING
 

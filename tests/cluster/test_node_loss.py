@@ -24,12 +24,16 @@ def test_node_loss(corral_cluster):
 
         def episode(sb: corral.Sandbox, seed: int) -> dict:
             episodes_on.append(sb.info.node)
-            r = sb.exec(f"sleep 4; echo {seed}", timeout=60, check=True)
+            # On the doomed node the command runs until the node dies under it: a
+            # command of a few seconds there could end before the kill on a loaded host
+            # (then nothing was lost, and no episode tried again).
+            hold = "sleep 600; " if sb.info.node == doomed_id else ""
+            r = sb.exec(f"{hold}echo {seed}", timeout=600, check=True)
             return {"reward": float(r.stdout)}
 
         def kill_when_busy() -> None:
-            def busy() -> bool:  # all six started (so some on the doomed node)
-                return len(episodes_on) >= 6
+            def busy() -> bool:  # all six started, some on the doomed node
+                return len(episodes_on) >= 6 and doomed_id in episodes_on
 
             try:
                 until(busy, "episodes running on the doomed node")

@@ -7,6 +7,12 @@ resource limits and an unlimited core size, a nice level, one CPU, a session of 
 without a terminal, stdin closed, and an environment with odd locale, time zone,
 ``TMPDIR``, no ``HOME``, ``PYTHONWARNINGS=error`` and proxies that lead nowhere.
 
+``python -m tests.security.hostile_parent --kernel -- ARGV...`` hands down what the
+kernel keeps across fork and execve beyond that (:func:`make_kernel_hostile`: a
+personality, a real-time scheduling policy and I/O class, a timer slack, THP disabled,
+the IO_FLUSHER flag); ``--one`` starts one sandbox and prints what :data:`KERNEL_PROBE`
+saw in it (tests/security/test_inherited_kernel_state.py).
+
 ``python -m tests.security.hostile_parent --open-files`` (under ``prlimit``) tries a
 sandbox past the process's hard descriptor limit. ``--engine`` opens an engine on a private state
 directory, starts :data:`SANDBOXES` sandboxes, runs :data:`PROBE` in each and prints
@@ -55,6 +61,68 @@ SANDBOXES = 10  # ~5 descriptors each: more than 48 hold (test_inherited_state.p
 PROBE = ("cat /proc/self/status; echo @@; cat /proc/self/limits; echo @@; env; echo @@;"
          " cut -d' ' -f19 /proc/self/stat; echo @@; cd /tmp && echo x > f && mkdir d &&"
          " stat -c %a f d; echo @@; grep SigIgn /proc/1/status")
+
+# the kernel state a parent can hand down (make_kernel_hostile)
+PERSONALITY = 0x0040000  # ADDR_NO_RANDOMIZE (setarch -R)
+RT_PRIORITY = 1  # SCHED_FIFO (chrt -f 1)
+TIMER_SLACK_NS = 20_000_000  # 20 ms (systemd's TimerSlackNSec=)
+PR_SET_TIMERSLACK, PR_SET_THP_DISABLE, PR_SET_IO_FLUSHER = 29, 41, 57
+PF_IO_FLUSHER = 0x00080000 | 0x00100000  # PF_MEMALLOC_NOIO | PF_LOCAL_THROTTLE
+# what a command (and of it, what /proc shows of the agent, pid 1: not its personality
+# or timer slack, it is not dumpable) runs with, a line "WHO WHAT VALUE..." each:
+# /proc/PID/stat's 9th field is the flags, its 41st the policy
+KERNEL_PROBE = ("for p in $$ 1; do echo $p stat $(cut -d' ' -f9,41 /proc/$p/stat);"
+                " echo $p $(grep THP_enabled /proc/$p/status); echo $p ionice $(ionice -p $p);"
+                " done; echo $$ personality $(cat /proc/$$/personality);"
+                " echo $$ timerslack $(cat /proc/self/timerslack_ns)")  # (another's: CAP_SYS_NICE)
+
+
+def make_kernel_hostile() -> list[str]:
+    """Hand down, beside :func:`make_hostile`'s, what the kernel keeps across execve;
+    the names of what this host let us set (a container may refuse real-time policies
+    or IO_FLUSHER)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = ["personality"] if libc.personality(ctypes.c_ulong(PERSONALITY)) >= 0 else []
+    for name, option, value in (("timerslack", PR_SET_TIMERSLACK, TIMER_SLACK_NS),
+                                ("thp", PR_SET_THP_DISABLE, 1),
+                                ("io_flusher", PR_SET_IO_FLUSHER, 1)):
+        zero = ctypes.c_ulong(0)  # (varargs: each a full unsigned long)
+        if libc.prctl(option, ctypes.c_ulong(value), zero, zero, zero) == 0:
+            done.append(name)
+    if subprocess.run(["ionice", "-c", "1", "-n", "0", "-p", str(os.getpid())],
+                      check=False).returncode == 0:
+        done.append("ioprio")
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
+        done.append("fifo")
+    except OSError:
+        pass  # (a cgroup without a real-time budget: EPERM)
+    return done
+
+
+async def probe_one() -> dict:
+    """What one sandbox's command saw (:data:`KERNEL_PROBE`), or why its create failed."""
+    from corral.errors import CorralError
+    from corral.runtime.engine import Engine
+
+    out: dict = {"handed_down": os.environ.get("CORRAL_TEST_HANDED_DOWN", "").split(",")}
+    state = Path(tempfile.mkdtemp(prefix="corral-test-hostile-", dir="/tmp"))
+    os.chmod(state, 0o711)
+    try:
+        engine = await Engine.open(state, warm_slots=0)
+        try:
+            try:
+                sid = (await engine.create()).id
+            except CorralError as exc:
+                return {**out, "create": str(exc)}
+            r = await engine.exec(sid, ["sh", "-c", KERNEL_PROBE], timeout=120)
+            return {**out, "probe": [r.returncode, r.stdout.decode(), r.stderr.decode()]}
+        finally:
+            await engine.close()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def make_hostile(env: dict[str, str]) -> dict[str, str]:
@@ -161,6 +229,12 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--engine"]:
         print(json.dumps(asyncio.run(probe_engine())))
         return 0
+    if argv[:1] == ["--one"]:
+        print(json.dumps(asyncio.run(probe_one())))
+        return 0
+    if argv[:2] == ["--kernel", "--"] and len(argv) > 2:
+        os.environ["CORRAL_TEST_HANDED_DOWN"] = ",".join(make_kernel_hostile())
+        os.execvp(argv[2], argv[2:])
     if argv[:1] == ["--open-files"]:
         print(json.dumps(asyncio.run(probe_open_files())))
         return 0

@@ -175,3 +175,49 @@ async def test_a_group_with_a_process_left_is_removed_not_recycled(state_dir):
                     d.rmdir()
             if (root / parent).exists():
                 (root / parent).rmdir()
+
+
+@requires_root
+def test_a_group_left_holding_memory_is_removed_not_recycled(tmp_path):
+    """Memory a sandbox leaves charged to its group once all its processes are gone
+    (here tmpfs pages of a file it wrote that outlives it, as a volume's page cache or a
+    memfd handed to a sibling sandbox would): recycled, the group would hand the charge
+    to the next sandbox (another tenant's), which would reach its memory limit that much
+    sooner (an OOM kill scored as its own). A group holding more than MAX_CHARGE is
+    removed instead."""
+    from corral.runtime.cgroup_recycle import MAX_CHARGE, recycle
+    from corral.runtime.cgroups import detect
+    from tests.conftest import have_root_runtime
+
+    if not have_root_runtime():
+        pytest.skip("needs root")
+    driver = detect()
+    if driver.version != 1:
+        pytest.skip("groups are recycled on cgroup v1 only")
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm (tmpfs) on this host")
+    parent = f"corral-test-recycle-charge-{os.getpid()}"
+    left = shm / f"corral-test-recycle-charge-{os.getpid()}"
+    size = 8 * MAX_CHARGE
+    group = driver.create(f"{parent}/a", cpus=1.0, memory_mb=64, pids=16)
+    group.recyclable = True
+    try:
+        # a process of the group writes the file, then exits: the pages stay charged
+        writer = subprocess.run(
+            ["python3", "-c", "import os, sys\n"
+             "for procs in sys.argv[2:]:\n    open(procs, 'w').write(str(os.getpid()))\n"
+             f"open(sys.argv[1], 'wb').write(b'x' * {size})", str(left), *group.procs_files()],
+            capture_output=True, text=True, timeout=60)
+        assert writer.returncode == 0, writer.stderr
+        assert not group.pids()
+        assert group.memory_bytes() >= size, group.memory_bytes()
+        assert recycle(driver, group, f"{parent}/b", cpus=1.0, memory_mb=64, pids=16) is None
+        assert group._dirs["memory"].exists()  # left to the caller's removal, as it was
+    finally:
+        left.unlink(missing_ok=True)
+        group.remove(children=False)
+        for root in driver._roots().values():
+            for d in (root / parent / "b", root / parent):
+                if d.exists():
+                    d.rmdir()

@@ -140,10 +140,12 @@ def test_reserved_sandboxes_count_against_the_quota(team):
         carol.delete(f"/v1/sandboxes/{made.json()['id']}")
 
 
+# A 15 s lease: with 1 s, a client that got no CPU for a second between its acquire and
+# its exec (a loaded host) lost the lease, and the sandbox it used was deleted under it.
 CLIENT = textwrap.dedent("""
     import os, sys, corral
     client = corral.Client(sys.argv[1], token=sys.argv[2])
-    pool = corral.Pool(memory_mb=64, min_ready=3, max_size=8, reserve=3, reserve_ttl=1,
+    pool = corral.Pool(memory_mb=64, min_ready=3, max_size=8, reserve=3, reserve_ttl=15,
                        name="dies", client=client)
     pool.wait_ready(timeout=120)
     used = pool.acquire(timeout=60)
@@ -160,7 +162,7 @@ def test_a_client_that_dies_leaves_no_reserved_sandbox(team):
     ids = out.stdout.split()
     assert len(ids) == 3, out.stdout
     with team.tenant("bob") as bob:
-        assert _gone(bob, ids), "the dead client's reserve outlived its lease"
+        assert _gone(bob, ids, timeout=120), "the dead client's reserve outlived its lease"
         bob.delete("/v1/pools/dies")
 
 

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import stored_bytes
 from tests.security.tenants_helpers import (
     ADMIN_TOKEN,
     UNKNOWN,
@@ -194,7 +195,8 @@ def test_a_revoked_token_is_refused_at_once(team):
 
 def test_tokens_are_stored_hashed(team):
     token = team.make_token("hashed")
-    raw = b"".join(p.read_bytes() for p in team.daemon.state_dir.glob("registry.db*"))
+    # (the walk skips what vanishes under it: tests.conftest.stored_bytes)
+    raw = b"".join(data for _path, data in stored_bytes(team.daemon.state_dir, "registry.db*"))
     assert token.encode() not in raw
     assert token[4:].encode() not in raw
     with team.admin() as admin:

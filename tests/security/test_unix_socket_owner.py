@@ -43,6 +43,8 @@ while True:
         data = b""
     with open(sys.argv[2], "ab") as log:
         log.write(data)
+    with open(sys.argv[2] + ".ended", "ab") as ended:  # one byte a connection it saw end
+        ended.write(b".")
     body = b'{"status": "ok", "stdout": "forged"}'
     try:
         c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d"
@@ -72,8 +74,14 @@ def squatter():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _received(log) -> bytes:
-    time.sleep(0.2)  # the squatter writes what it got as the connection ends
+def _received(log, connections: int = 1) -> bytes:
+    """What the squatter got, once it saw ``connections`` connections end (it writes
+    what each sent as it ends: a fixed wait read nothing yet on a loaded host)."""
+    ended = log.with_name(log.name + ".ended")
+    deadline = time.monotonic() + 60
+    while not (ended.exists() and len(ended.read_bytes()) >= connections):
+        assert time.monotonic() < deadline, f"the squatter saw no {connections} connections end"
+        time.sleep(0.05)
     return log.read_bytes() if log.exists() else b""
 
 
@@ -180,8 +188,8 @@ def test_a_lease_heartbeat_sends_nothing_to_a_socket_another_user_serves(squatte
 
     sock, log = squatter
     beat = Heartbeat(f"unix://{sock}", "crl_secret-of-the-heartbeat", "lease-x", ttl=0.3)
-    try:
-        time.sleep(0.5)  # several renewals' time
+    try:  # several renewals (a fixed 0.5 s could see none on a loaded host)
+        got = _received(log, connections=3)
     finally:
         beat.stop()
-    assert b"secret" not in _received(log), "the heartbeat sent its token to another user"
+    assert b"secret" not in got, "the heartbeat sent its token to another user"

@@ -20,6 +20,9 @@ from tests.server.conftest import assert_error, free_port, uds_client
 
 pytestmark = [requires_root, pytest.mark.root]
 
+IDLE_EXIT_S = 10  # (with 1 s, a test process that got no CPU for a second after the
+# daemon listened found it gone: its create was refused)
+
 
 def test_socket_is_owner_only(daemon):
     mode = daemon.socket.stat().st_mode
@@ -124,12 +127,12 @@ def test_sigint_stops_cleanly_and_leaves_nothing(make_daemon):
 
 
 def test_idle_exit(make_daemon):
-    d = make_daemon("--idle-exit", "1")
+    d = make_daemon("--idle-exit", str(IDLE_EXIT_S))
     with uds_client(d.socket) as c:
         sid = c.post("/v1/sandboxes", json={"memory_mb": 64}).json()["id"]
-    time.sleep(1.5)
+    time.sleep(IDLE_EXIT_S + 2)  # no request for longer than --idle-exit (checked each second)
     assert d.proc.poll() is None  # a live sandbox keeps it up
     with uds_client(d.socket) as c:
         assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
-    assert d.proc.wait(15) == 0
+    assert d.proc.wait(IDLE_EXIT_S + 60) == 0
     assert not d.socket.exists()

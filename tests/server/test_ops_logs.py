@@ -15,6 +15,9 @@ import corral
 from tests.server.conftest import assert_error, uds_client
 
 MAX_LIFETIME = 600
+# A deleted sandbox's logs are kept this long: 15 s, so the read just after the delete
+# comes within it (2 s could pass first on a loaded host: the log was swept, a 404)
+LOG_RETENTION_S = 15
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,8 @@ def ops_daemon(tmp_path_factory):
 
     if not have_root_runtime():
         pytest.skip("needs root, bubblewrap and cgroups (CI runs as root)")
-    d = Daemon(_base_dir(), ["--log-retention", "2", "--max-lifetime", str(MAX_LIFETIME)])
+    d = Daemon(_base_dir(), ["--log-retention", str(LOG_RETENTION_S),
+                             "--max-lifetime", str(MAX_LIFETIME)])
     d.start()
     yield d
     d.stop()
@@ -81,13 +85,13 @@ def test_logs_readable_after_a_timeout_stop_and_after_delete(ops_daemon, sdk):
             e["seq"] for e in entries]
     finally:
         sb.delete()
-    # Deleted: still readable for --log-retention (2 s), with a "deleted" event ...
+    # Deleted: still readable for --log-retention, with a "deleted" event ...
     with uds_client(ops_daemon.socket) as http:
         reply = http.get(f"/v1/sandboxes/{sb.id}/logs")
         assert reply.status_code == 200, reply.text
         assert reply.json()["entries"][-1]["event"] == "deleted"
         # ... then swept: the id answers 404 like any unknown one.
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + LOG_RETENTION_S + 120
         while reply.status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.5)
             reply = http.get(f"/v1/sandboxes/{sb.id}/logs")
@@ -121,16 +125,16 @@ def test_follow_streams_entries_until_the_sandbox_ends(ops_daemon, sdk):
 
 
 def test_set_timeout_extends_a_sandbox_past_its_deadline(ops_daemon, sdk):
-    # 5 s: the set_timeout must come before this first deadline (2 s could pass first
-    # under load)
+    # 15 s: the set_timeout must come before this first deadline (2 s could pass first
+    # under load, and 5 s is not much more)
     made = time.time()
-    sb = corral.Sandbox.create(client=sdk, timeout=5)
+    sb = corral.Sandbox.create(client=sdk, timeout=15)
     try:
         info = sb.set_timeout(120)
         assert info.spec.timeout > 100
         run = _cli(ops_daemon, "timeout", sb.id, "90")
         assert run.returncode == 0 and "now ends at" in run.stdout, run.stderr
-        time.sleep(max(0.0, made + 7 - time.time()))  # past its first deadline (the
+        time.sleep(max(0.0, made + 17 - time.time()))  # past its first deadline (the
         # reaper looks every second)
         assert sb.refresh().state.value == "running"
         assert sb.exec(["true"]).returncode == 0

@@ -8,7 +8,10 @@ in the turn the bytes came. What is checked is unchanged: a frame's header is ch
 (:func:`~corral.runtime.protocol.check_header`: its type, its size against its type's
 cap) as soon as the header is here, before any byte of its payload is waited for, and
 the wire holds at most one partial frame plus what one read returned (asyncio reads at
-most 256 KiB at once).
+most 256 KiB at once). A frame longer than a control frame is also put to ``admit``
+then: whether any open request may be answered with that many bytes (the channel's
+:meth:`~corral.runtime.channel.AgentChannel.admit`), so that an agent cannot make the
+daemon hold a reply nobody asked for, up to 16 MiB a sandbox, until its last byte.
 
 The write side is the transport's, with ``drain``'s flow control (the kernel's buffer
 full: wait until the agent reads).
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from corral.runtime.protocol import HEADER, Fields, check_header
+from corral.runtime.protocol import HEADER, MAX_CONTROL_FRAME, Fields, check_header
 
 _HEAD = HEADER.size
 
@@ -27,15 +30,19 @@ _HEAD = HEADER.size
 class AgentWire(asyncio.Protocol):
     """Calls ``on_frame(msg, rid, fields)`` for each frame, ``on_fault(exc)`` once if one
     fails its checks or its handling (then nothing more is read), and ``on_lost()``
-    once when the connection is gone (EOF, an error, or our own close)."""
+    once when the connection is gone (EOF, an error, or our own close); ``admit(msg,
+    rid, length)``, where given, at the header of each frame longer than a control
+    frame (it raises to refuse it)."""
 
     def __init__(
         self,
         on_frame: Callable[[int, int, Fields], None],
         on_fault: Callable[[BaseException], None],
         on_lost: Callable[[], None],
+        admit: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self._on_frame, self._on_fault, self._on_lost = on_frame, on_fault, on_lost
+        self._admit = admit
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._stopped = False  # a fault: what still comes is dropped unread
@@ -68,6 +75,8 @@ class AgentWire(asyncio.Protocol):
             while end - pos >= _HEAD:
                 length, msg, rid = HEADER.unpack_from(view, pos)
                 check_header(length, msg)  # before a byte of the payload is waited for
+                if length > MAX_CONTROL_FRAME and self._admit is not None:
+                    self._admit(msg, rid, length)  # (and one nobody may be sent)
                 if end - pos - _HEAD < length:
                     break
                 start = pos + _HEAD

@@ -7,8 +7,10 @@ Nothing read here is trusted. The agent is pid 1 of a sandbox whose code is writ
 a model optimised to earn reward, so whatever arrives may be forged (docs/api.md,
 "Sandbox faults"). The reader therefore:
 
-- refuses a frame from its header alone (unknown type, or longer than its type's cap
-  in :mod:`~corral.runtime.protocol`) before reading its payload;
+- refuses a frame from its header alone (unknown type, longer than its type's cap
+  in :mod:`~corral.runtime.protocol`, or longer than a control frame where no open
+  request may be answered with so much: :meth:`AgentChannel.admit`) before reading
+  its payload;
 - checks every field (:func:`~corral.runtime.protocol.validate`);
 - accepts frames only for requests it sent and that are still open, in order: a
   command gets one STARTED (or one ERR; one started with ``quiet_start`` may go straight
@@ -47,6 +49,7 @@ from corral.runtime.agent_wire import AgentWire
 from corral.runtime.cgroups import Cgroup
 from corral.runtime.outputcap import StreamCap
 from corral.runtime.protocol import (
+    FIELD,
     Field,
     Fields,
     Msg,
@@ -76,6 +79,11 @@ most a partial frame plus this (:mod:`~corral.runtime.agent_wire`)."""
 class StreamDeadline(Exception):
     """The deadline given to :meth:`ExecStream.next` passed with nothing to return."""
 
+
+# Requests whose OK may be longer than a control frame (AgentChannel.admit), and what
+# an FREAD's OK holds beside its data (its SIZE and DATA fields' headers, SIZE's value)
+_LARGE_REPLIES = frozenset({Msg.FREAD, Msg.FLIST, Msg.FSTAT})
+_FREAD_OVERHEAD = 2 * FIELD.size + 8
 
 # The frames that say a command asked to start quietly (Tag.QUIET_START) has started.
 _STARTS_QUIETLY = frozenset({Msg.STDOUT, Msg.STDERR, Msg.TAIL, Msg.EXIT})
@@ -263,7 +271,7 @@ class AgentChannel:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._gone = loop.create_future()
-        wire = AgentWire(self._on_frame, self._on_fault, self._on_lost)
+        wire = AgentWire(self._on_frame, self._on_fault, self._on_lost, self.admit)
         self._transport, self._wire = await loop.create_unix_connection(lambda: wire, sock=self.sock)
 
     # ------------------------------------------------------------------ reading
@@ -310,6 +318,41 @@ class AgentChannel:
         else:
             self.fault("agent_disconnected", why)
 
+    def admit(self, msg: int, rid: int, length: int) -> None:
+        """A frame of ``length`` bytes (more than a control frame) is coming for ``rid``:
+        :class:`ProtocolViolation` at its header unless an open request may get that
+        much (a command's output, at most its type's cap; an FREAD's reply, its data
+        asked for; a listing's or a stat's). Else a hostile agent made the daemon hold
+        up to :data:`~corral.runtime.protocol.MAX_FRAME` a sandbox, outside any budget,
+        until the frame's last byte showed that nobody had asked for it."""
+        if rid in self.streams:
+            return  # output: bounded by its type's cap (check_header) and its stream's
+        pending = self.pending.get(rid)
+        if pending is None:
+            self._unasked(msg, rid)
+        elif msg != Msg.OK or pending.msg not in _LARGE_REPLIES:
+            raise ProtocolViolation(
+                "frame_too_large", f"a {Msg(msg).name} frame of {length} bytes answering "
+                f"a {Msg(pending.msg).name} request, which is never answered with so much")
+        elif pending.msg == Msg.FREAD and pending.max_data is not None \
+                and length > pending.max_data + _FREAD_OVERHEAD:
+            raise ProtocolViolation(
+                "frame_too_large", f"an FREAD reply of {length} bytes where "
+                f"{pending.max_data} bytes of data were asked")
+
+    def _unasked(self, msg: int, rid: int) -> None:
+        """A frame for ``rid``, which is no open request: the violation it is."""
+        if rid == 0 or rid > self.last_id:
+            raise ProtocolViolation(
+                "unknown_request",
+                f"a {Msg(msg).name} frame for request {rid}, which the engine never sent",
+            )
+        raise ProtocolViolation(
+            "finished_request",
+            f"a {Msg(msg).name} frame for request {rid}, which had already ended "
+            "(a second exit, or output after the exit)",
+        )
+
     def _dispatch(self, msg: int, rid: int, fields: Fields) -> None:
         if msg == Msg.READY:
             if rid != 0 or self.ready.done():
@@ -334,16 +377,7 @@ class AgentChannel:
             if not pending.future.done():  # not abandoned by its caller
                 pending.future.set_result(Reply(msg, fields))
             return
-        if rid == 0 or rid > self.last_id:
-            raise ProtocolViolation(
-                "unknown_request",
-                f"a {Msg(msg).name} frame for request {rid}, which the engine never sent",
-            )
-        raise ProtocolViolation(
-            "finished_request",
-            f"a {Msg(msg).name} frame for request {rid}, which had already ended "
-            "(a second exit, or output after the exit)",
-        )
+        self._unasked(msg, rid)
 
     def _on_stream(self, stream: ExecStream, msg: int, fields: Fields) -> None:
         rid = stream.request_id

@@ -8,7 +8,33 @@
  * environment is never inherited (launcher.py: env={}); RLIMIT_NOFILE is the
  * sandbox's open_files (launch --nofile: set_open_files). RLIMIT_SIGPENDING stays as
  * it is: the kernel sizes it to the machine's memory at boot.
+ *
+ * Other state the kernel hands down across fork and execve is put back too
+ * (clean_kernel_state): a personality (`setarch -R`: no ASLR for the agent or any
+ * command; `linux32`), a real-time scheduling policy (`chrt -f`: with RT group
+ * scheduling no launcher could join its cgroup, EINVAL; without it a command's CPU time
+ * escaped the sandbox's CFS quota), a real-time I/O class (`ionice -c1`: its I/O ahead
+ * of the host's), a timer slack (systemd's TimerSlackNSec=), transparent huge pages
+ * disabled and the IO_FLUSHER flag (prctl). A nice level, SCHED_BATCH or SCHED_IDLE and
+ * a best-effort or idle I/O class stay: an operator who lowers a daemon means its
+ * sandboxes too (docs/inherited.md).
  */
+
+#include <sys/personality.h>
+
+#ifndef SCHED_DEADLINE
+#define SCHED_DEADLINE 6
+#endif
+#ifndef SCHED_RESET_ON_FORK
+#define SCHED_RESET_ON_FORK 0x40000000
+#endif
+#ifndef PR_SET_IO_FLUSHER
+#define PR_SET_IO_FLUSHER 57
+#define PR_GET_IO_FLUSHER 58
+#endif
+#define CLEAN_TIMER_SLACK_NS 50000UL /* the kernel's own (init_task's) */
+#define CLEAN_IOPRIO_CLASS_RT 1
+#define CLEAN_IOPRIO_WHO_PROCESS 1
 
 #define SANDBOX_UMASK 022
 
@@ -37,6 +63,27 @@ static const struct clean_limit clean_limits[] = {
     {RLIMIT_RTPRIO, 0, 0},
     {RLIMIT_RTTIME, RLIM_INFINITY, RLIM_INFINITY},
 };
+
+/* Called first in the launcher, as root, before it joins its cgroups (an RT task may not
+   join a group without an RT budget). Raw syscalls: musl stubs sched_setscheduler. */
+static void clean_kernel_state(void) {
+    if (personality(0xffffffff) != PER_LINUX && personality(PER_LINUX) < 0) {}
+    long policy = syscall(SYS_sched_getscheduler, 0);
+    if (policy >= 0) {
+        policy &= ~(long)SCHED_RESET_ON_FORK;
+        if (policy == SCHED_FIFO || policy == SCHED_RR || policy == SCHED_DEADLINE) {
+            struct sched_param sp = {0}; /* SCHED_OTHER keeps the nice level */
+            if (syscall(SYS_sched_setscheduler, 0, SCHED_OTHER, &sp) != 0) {}
+        }
+    }
+    long io = syscall(SYS_ioprio_get, CLEAN_IOPRIO_WHO_PROCESS, 0);
+    if (io >= 0 && (io >> 13) == CLEAN_IOPRIO_CLASS_RT)
+        if (syscall(SYS_ioprio_set, CLEAN_IOPRIO_WHO_PROCESS, 0, 0) != 0) {} /* none: from nice */
+    if (prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) != (int)CLEAN_TIMER_SLACK_NS)
+        if (prctl(PR_SET_TIMERSLACK, CLEAN_TIMER_SLACK_NS, 0, 0, 0) != 0) {}
+    if (prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) > 0 && prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0) != 0) {}
+    if (prctl(PR_GET_IO_FLUSHER, 0, 0, 0, 0) > 0 && prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) != 0) {}
+}
 
 /* The sandbox's umask and limits, set in the launcher (as root, before it drops to the
    sandbox's uid: raising a hard limit needs CAP_SYS_RESOURCE, which it has on the host

@@ -632,6 +632,7 @@ static char **read_args(int *count) {
 static int launch(int argc, char **argv) {
     struct launch_opts o = {.uid = (uid_t)-1, .gid = (gid_t)-1, .userns = -1, .sb_userns = -1};
     int ready = 0, host_net_fd = -1, in_prenet = 0;
+    clean_kernel_state(); /* before the cgroups are joined (clean.c) */
     if (parse_launch(argc - 2, argv + 2, &o, &ready) != 0) return 111;
     clean_start(); /* not the daemon's umask and limits (clean.c) */
     if (ready) {
