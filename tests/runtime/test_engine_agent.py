@@ -350,3 +350,39 @@ async def test_a_command_run_to_completion_gets_no_started_frame(engine):
         pass
     assert started == [True]
     await engine.delete(info.id)
+
+
+async def test_a_command_started_at_once_is_killed_if_nobody_awaits_it(engine):
+    """``start_exec`` sends the command before it returns (the exec route starts it in
+    its handler and awaits its end in a task): awaited, it is ``exec``; closed
+    unawaited (the handler cancelled before that task ran), the command is killed, its
+    sandbox is neither busy nor blamed, and its output hold is given back."""
+    from corral.runtime.ownership import UNSET
+
+    info = await engine.create()
+    live = engine._running(info.id)
+    r = await engine.start_exec(info.id, "echo hi")
+    assert (r.returncode, r.stdout) == (0, b"hi\n")
+    tenant = engine.owners.of(UNSET)
+    free = engine.output_budget.free_for(tenant)
+    started = engine.start_exec(info.id, "exec sleep 60", timeout=120)
+    assert live.busy == 1 and engine.output_budget.free_for(tenant) < free
+    for _ in range(600):  # it runs with nobody awaiting it
+        if (await engine.exec(info.id, COUNT_SLEEPS)).stdout.strip() == b"1":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the command never started")
+    started.close()
+    assert live.busy == 0 and engine.output_budget.free_for(tenant) == free
+    for _ in range(600):  # killed, and its exit read: its deadline has nothing to end
+        if not live.channel.streams and (
+                await engine.exec(info.id, COUNT_SLEEPS)).stdout.strip() == b"0":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the command was not killed")
+    with pytest.raises(RuntimeError):
+        await started  # closed: never a result
+    assert engine.get(info.id).state.value == "running"
+    await engine.delete(info.id)
