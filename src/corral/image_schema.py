@@ -27,7 +27,6 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -39,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral._model import Model
 from corral.errors import InvalidArgument
 from corral.schema import DEFAULT_IMAGE, validate_model
 
@@ -68,7 +68,7 @@ def validate_image_name(name: str) -> str:
     return name
 
 
-class _Strict(BaseModel):
+class _Strict(Model):
     """Unknown fields refused; numbers strict (no ``"512"`` for 512, no ``true`` for 1);
     text and lists bounded."""
 
@@ -307,7 +307,7 @@ def relative_copy_source(src: str) -> PurePosixPath:
     return p
 
 
-class ImageInfo(BaseModel):
+class ImageInfo(Model):
     """An image: what it is built from and what sandboxes made from it get.
 
     ``kind`` is ``debootstrap`` (the default image), ``rootfs`` (a directory tree added
@@ -331,7 +331,7 @@ class ImageInfo(BaseModel):
     unique_bytes: int | None = None  # in listings: what deleting it alone would free
 
 
-class ImageList(BaseModel):
+class ImageList(Model):
     images: list[ImageInfo]
 
 
@@ -358,7 +358,7 @@ class BuildRequest(_Strict):
         return v
 
 
-class BuildStats(BaseModel):
+class BuildStats(Model):
     """What a build did: ``cached`` steps reused a layer, ``built`` steps ran."""
 
     steps: int
@@ -367,7 +367,7 @@ class BuildStats(BaseModel):
     seconds: float
 
 
-class BuildEvent(BaseModel):
+class BuildEvent(Model):
     """One line of a streamed build: a ``step`` starting (``cached`` if its layer was
     reused), a ``log`` line of its output, the ``image`` built (with ``stats``), or an
     ``error`` (an :class:`~corral.errors.ImageBuildError` names the step)."""
@@ -393,7 +393,7 @@ class PullRequest(_Strict):
     insecure: bool = False
 
 
-class PullEvent(BaseModel):
+class PullEvent(Model):
     """One line of a streamed pull: a ``layer``'s progress (``bytes`` of ``size``,
     ``cached`` if it was stored before), a ``log`` line, the ``image`` pulled, or an
     ``error``."""
@@ -410,7 +410,7 @@ class PullEvent(BaseModel):
     error: dict[str, Any] | None = None
 
 
-class PruneResult(BaseModel):
+class PruneResult(Model):
     """What ``POST /v1/images/prune`` removed: layers no image, cache entry or mounted
     sandbox holds, and abandoned partial downloads."""
 

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from corral._model import Model
 
 __all__ = [
     "ALIAS_RE",
@@ -146,7 +148,7 @@ def parse_rule(rule: str) -> Rule:
     return Rule(RuleKind.DOMAIN, _name(host, rule), port)
 
 
-class NetworkPolicy(BaseModel):
+class NetworkPolicy(Model):
     """``network={"allow": [...], "deny": [...]}``: the sandbox reaches what is allowed,
     through corral's resolver and proxy (see the module's docstring for the rules)."""
 
@@ -190,7 +192,7 @@ class NetworkPolicy(BaseModel):
         return [r for r in self.allow if parse_rule(r).names_special()]
 
 
-class NetworkInfo(BaseModel):
+class NetworkInfo(Model):
     """A named network (``corral.Network``): a policy stored on the daemon, per tenant,
     that sandboxes use by name (``network="NAME"``); each sandbox gets the policy as it
     is when the sandbox is created. A ``private`` one also joins its sandboxes."""

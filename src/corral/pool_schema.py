@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StrictFloat,
@@ -21,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral._model import Model
 from corral.schema import SandboxInfo, SandboxSpec
 
 DEFAULT_MIN_READY = 4
@@ -39,7 +39,7 @@ def pool_tag(name: str) -> str:
     return f"{POOL_TAG_KEY}={name}"
 
 
-class PoolSpec(BaseModel):
+class PoolSpec(Model):
     """``POST /v1/pools``: a pool keeps ``min_ready`` sandboxes of ``spec`` running and
     idle, and never has more than ``max_size`` (ready, starting and handed out) at once.
 
@@ -71,7 +71,7 @@ class PoolSpec(BaseModel):
         return self
 
 
-class AcquireRequest(BaseModel):
+class AcquireRequest(Model):
     """``POST /v1/pools/{name}/acquire``: seconds to wait for a sandbox; with ``lease``
     (the caller's), the sandbox is held under it as a reserve's are (:class:`ReserveRequest`)."""
 
@@ -81,7 +81,7 @@ class AcquireRequest(BaseModel):
     lease: str | None = Field(None, min_length=1, max_length=100)
 
 
-class ReserveRequest(BaseModel):
+class ReserveRequest(Model):
     """``POST /v1/pools/{name}/reserve``: up to ``count`` of the pool's ready sandboxes at
     once (none waited for), held under the caller's lease ``lease``: when the lease ends
     (released, or not renewed: the client died) they end with it, used or not."""
@@ -92,13 +92,13 @@ class ReserveRequest(BaseModel):
     lease: str = Field(min_length=1, max_length=100)
 
 
-class ReserveReply(BaseModel):
+class ReserveReply(Model):
     """The sandboxes a reserve took (maybe none: none was ready)."""
 
     sandboxes: list[SandboxInfo] = Field(default_factory=list)
 
 
-class PoolInfo(BaseModel):
+class PoolInfo(Model):
     """A pool's settings and numbers.
 
     ``ready`` sandboxes wait to be handed out, ``starting`` are being made,
@@ -133,5 +133,5 @@ class PoolDetail(PoolInfo):
     acquired_ids: list[str] = Field(default_factory=list)
 
 
-class PoolList(BaseModel):
+class PoolList(Model):
     pools: list[PoolInfo]

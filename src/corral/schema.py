@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
 )
 
+from corral._model import Model
 from corral.errors import InvalidArgument
 from corral.network_schema import NETWORK_NAME_RE, NetworkPolicy
 from corral.volume_schema import check_volumes
@@ -93,7 +94,7 @@ class NetworkMode(str, Enum):
     HOST = "host"  # the host's network namespace: opt-in, for builds and trusted code
 
 
-class SandboxSpec(BaseModel):
+class SandboxSpec(Model):
     """What a sandbox is made of. Every limit has a default; all are validated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -260,7 +261,7 @@ def validate_model(model: type[BaseModel], data: Any, what: str) -> Any:
         ) from None
 
 
-class SandboxInfo(BaseModel):
+class SandboxInfo(Model):
     """A sandbox as listed: identity, state, spec and timestamps (unix seconds)."""
 
     id: str
@@ -286,7 +287,7 @@ class SandboxInfo(BaseModel):
         return self.spec.image
 
 
-class SnapshotInfo(BaseModel):
+class SnapshotInfo(Model):
     """A snapshot: a sandbox's files, committed so that new sandboxes can start from them.
 
     ``layers`` are the ids of its filesystem layers, top first (the image lies below the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel
+from corral._model import Model
 
 __all__ = ["MAX_VOLUMES", "MODES", "VOLUME_NAME_RE", "VolumeInfo", "check_volumes", "parse_mount"]
 
@@ -16,7 +16,7 @@ MAX_VOLUMES = 16  # per sandbox
 _RESERVED = ("/proc", "/dev", "/sys", "/.corral", "/etc", "/tmp")
 
 
-class VolumeInfo(BaseModel):
+class VolumeInfo(Model):
     name: str
     size_bytes: int
     files: int

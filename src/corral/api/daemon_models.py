@@ -10,7 +10,6 @@ import math
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StrictBool,
@@ -19,6 +18,7 @@ from pydantic import (
     field_validator,
 )
 
+from corral._model import Model
 from corral.schema import MAX_TIMEOUT_S
 from corral.volume_schema import VolumeInfo
 
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-class TokenRequest(BaseModel):
+class TokenRequest(Model):
     """A new tenant: its name and quotas (left out: only the daemon's own caps)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -48,7 +48,7 @@ class TokenRequest(BaseModel):
     max_gpus: StrictInt | None = Field(None, ge=0)
 
 
-class TokenUpdate(BaseModel):
+class TokenUpdate(Model):
     """New quotas of a tenant (``PATCH /v1/tokens/{name}``): only the fields sent
     change; ``null`` drops a quota. ``allow_host_network``: grant or take back the
     right to the host's network (taken back: the tenant's sandboxes using it stop)."""
@@ -66,7 +66,7 @@ class TokenUpdate(BaseModel):
     max_gpus: StrictInt | None = Field(None, ge=0)
 
 
-class TokenInfo(BaseModel):
+class TokenInfo(Model):
     """A tenant as listed: quotas, rights, creation time and current use (never its token)."""
 
     name: str
@@ -88,14 +88,14 @@ class TokenCreated(TokenInfo):
     """The bearer token: shown this once."""
 
 
-class TokenList(BaseModel):
+class TokenList(Model):
     tokens: list[TokenInfo]
 
 
 LEASE_ID_PATTERN = r"^lease-[0-9a-f]{16}$"
 
 
-class LeaseRequest(BaseModel):
+class LeaseRequest(Model):
     """``POST /v1/leases``: how long the lease lives without a renewal."""
 
     ttl: float = Field(description="seconds; renew it more often than this (every ttl/3)")
@@ -105,7 +105,7 @@ class LeaseRequest(BaseModel):
         "of a cluster under one id (taking it again renews it); default: a new one")
 
 
-class LeaseInfo(BaseModel):
+class LeaseInfo(Model):
     """A lease: its id, the tag its sandboxes carry, and when it ends unless renewed."""
 
     id: str
@@ -114,7 +114,7 @@ class LeaseInfo(BaseModel):
     expires_at: float
 
 
-class ClusterNode(BaseModel):
+class ClusterNode(Model):
     node_id: str
     tag: str
     url: str
@@ -123,16 +123,16 @@ class ClusterNode(BaseModel):
     key: str | None = None  # what its daemon proves itself with (cluster/proof.py)
 
 
-class ClusterNodes(BaseModel):
+class ClusterNodes(Model):
     nodes: list[ClusterNode]
 
 
-class RefreshRequest(BaseModel):
+class RefreshRequest(Model):
     model_config = ConfigDict(extra="forbid")
     name: str | None = Field(None, max_length=64)
 
 
-class RefreshReply(BaseModel):
+class RefreshReply(Model):
     tenants: int
     revoked: bool
 
@@ -142,7 +142,7 @@ MAX_TEXT = 300
 MAX_ERROR = 1000
 
 
-class Histogram(BaseModel):
+class Histogram(Model):
     """Counts of returns in ``len(counts)`` equal bins from ``low`` to ``high``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -158,7 +158,7 @@ class Histogram(BaseModel):
         return counts
 
 
-class EvalReport(BaseModel):
+class EvalReport(Model):
     """One evaluation run's progress, as its client reports it (the whole state each time)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -200,14 +200,14 @@ class EvalRun(EvalReport):
     updated_at: float
 
 
-class EvalList(BaseModel):
+class EvalList(Model):
     evals: list[EvalRun]
 
 
 # ------------------------------------------------ daemon to daemon (peer_layers)
 
 
-class _FromPeer(BaseModel):
+class _FromPeer(Model):
     model_config = ConfigDict(extra="forbid")
     node: str = Field(min_length=1, max_length=128)  # a node id (the directory has its URL)
 
@@ -218,13 +218,13 @@ class FetchRequest(_FromPeer):
     snapshot: str = Field(min_length=1, max_length=128)
 
 
-class PeerLayer(BaseModel):
+class PeerLayer(Model):
     id: str
     digest: str
     size_bytes: int
 
 
-class PeerSnapshot(BaseModel):
+class PeerSnapshot(Model):
     """A snapshot as another node restores it: its row, and its layers, top first."""
 
     id: str
@@ -240,7 +240,7 @@ class PeerSnapshot(BaseModel):
     live: dict[str, Any] | None = None  # a live one's images: digest, size, kernel, CRIU
 
 
-class PeerImage(BaseModel):
+class PeerImage(Model):
     """An image as another node pulls it: a built one's manifest (layers top first) and
     its root's content digest, or a root filesystem's ``kind`` and ``content``."""
 
@@ -273,13 +273,13 @@ class PeerVolume(VolumeInfo):
     content: dict[str, Any]
 
 
-class FetchStats(BaseModel):
+class FetchStats(Model):
     layers: int
     bytes: int
     by_digest: dict[str, int]
 
 
-class NodeProof(BaseModel):
+class NodeProof(Model):
     """``GET /v1/cluster/proof``: a node's daemon signs its node id, the address its
     connection arrived at and the client's nonce with its node key (corral.cluster.proof)."""
 

@@ -14,7 +14,6 @@ import os
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StrictBool,
@@ -23,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral._model import Model
 from corral.errors import InvalidArgument
 from corral.network_schema import NetworkInfo, NetworkPolicy
 from corral.pool_schema import PoolInfo
@@ -44,7 +44,7 @@ MAX_STOP_GRACE_S = 300.0
 MAX_FORK = 1024
 
 
-class _Body(BaseModel):
+class _Body(Model):
     """A request body: unknown fields refused; numbers and booleans are strict (no
     ``"512"`` for 512, no ``true`` for 1)."""
 
@@ -113,7 +113,7 @@ class MkdirRequest(_Body):
     mode: StrictInt = Field(0o755, ge=0, le=0o7777)
 
 
-class ExecResponse(BaseModel):
+class ExecResponse(Model):
     """How a command ended, with its output (see the module docstring for ``*_b64``)."""
 
     returncode: int
@@ -140,7 +140,7 @@ class RunRequest(_Body):
     exec: ExecRequest
 
 
-class RunResponse(BaseModel):
+class RunResponse(Model):
     """The command's result, and the id of the sandbox it ran in (deleted already)."""
 
     sandbox_id: str
@@ -161,7 +161,7 @@ def wire_bytes(data: dict[str, Any], key: str) -> bytes:
     return (data.get(key) or "").encode()
 
 
-class StreamEvent(BaseModel):
+class StreamEvent(Model):
     """One line of ``exec/stream``: output (``data`` or ``data_b64``), ``exit`` or ``error``.
     An output line with ``dropped`` (and empty ``data``) marks the gap between a
     stream's head and its tail."""
@@ -174,7 +174,7 @@ class StreamEvent(BaseModel):
     error: "ErrorDetail | None" = None
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(Model):
     """What failed: a stable ``code`` (``corral.errors``), a message, and details."""
 
     code: str
@@ -182,17 +182,17 @@ class ErrorDetail(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-class ErrorResponse(BaseModel):
+class ErrorResponse(Model):
     """The body of every error reply."""
 
     error: ErrorDetail
 
 
-class Health(BaseModel):
+class Health(Model):
     status: Literal["ok"] = "ok"
 
 
-class Capacity(BaseModel):
+class Capacity(Model):
     max_sandboxes: int
     max_starting: int
     max_memory_mb: int
@@ -200,7 +200,7 @@ class Capacity(BaseModel):
     queue_timeout: float
 
 
-class GpuInventory(BaseModel):
+class GpuInventory(Model):
     """``GET /v1/info``'s ``gpus``: the host's GPUs; how many are free and who holds how
     much (``{"2": 1}``: one sandbox with two) are host activity, the admin's only."""
 
@@ -209,7 +209,7 @@ class GpuInventory(BaseModel):
     holding: dict[str, int] | None = None
 
 
-class DaemonInfo(BaseModel):
+class DaemonInfo(Model):
     """``GET /v1/info``: limits and how much of them is in use."""
 
     version: str
@@ -227,7 +227,7 @@ class DaemonInfo(BaseModel):
     cache_dir: str | None = None
 
 
-class Usage(BaseModel):
+class Usage(Model):
     cpu_seconds: float
     memory_mb: float
 
@@ -238,23 +238,22 @@ class SandboxDetail(SandboxInfo):
     usage: Usage | None = None
 
 
-class KilledProcesses(BaseModel):
+class KilledProcesses(Model):
     killed: int = Field(description="processes killed (commands, spawned processes, leftovers)")
 
 
-class SandboxList(BaseModel):
+class SandboxList(Model):
     sandboxes: list[SandboxInfo]
 
 
-class SnapshotList(BaseModel):
+class SnapshotList(Model):
     snapshots: list[SnapshotInfo]
 
 
-class FileList(BaseModel):
+class FileList(Model):
     entries: list[FileInfo]
 
 
-StreamEvent.model_rebuild()
 
 
 def text_and_b64(data: bytes) -> tuple[str, str | None]:

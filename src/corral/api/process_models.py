@@ -10,7 +10,6 @@ import binascii
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     StrictBool,
@@ -19,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from corral._model import Model
 from corral.api.models import MAX_OUTPUT_LIMIT, ErrorDetail, ExecResponse
 from corral.errors import InvalidArgument
 
@@ -37,7 +37,7 @@ MAX_EXCHANGE_ITEMS = 4096
 _MAX_WAIT_S = 30 * 86400
 
 
-class SpawnRequest(BaseModel):
+class SpawnRequest(Model):
     """``POST /v1/sandboxes/{id}/processes``: a shell string runs under ``/bin/sh -c``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -59,7 +59,7 @@ class SpawnRequest(BaseModel):
         return self
 
 
-class ResizeRequest(BaseModel):
+class ResizeRequest(Model):
     """``POST .../processes/{process_id}/resize``: the terminal's new size in cells."""
 
     model_config = ConfigDict(extra="forbid")
@@ -68,7 +68,7 @@ class ResizeRequest(BaseModel):
     cols: StrictInt = Field(ge=1, le=MAX_TERMINAL_SIDE)
 
 
-class SignalRequest(BaseModel):
+class SignalRequest(Model):
     """``POST .../processes/{process_id}/signal``: a number or a name (``SIGTERM``, ``TERM``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -76,7 +76,7 @@ class SignalRequest(BaseModel):
     signal: StrictInt | str  # strict: true is not signal 1
 
 
-class ProcessInfo(BaseModel):
+class ProcessInfo(Model):
     """A process: ``result`` once it has exited, ``error`` if its sandbox ended first."""
 
     id: str
@@ -95,11 +95,11 @@ class ProcessInfo(BaseModel):
     error: ErrorDetail | None = None
 
 
-class ProcessList(BaseModel):
+class ProcessList(Model):
     processes: list[ProcessInfo]
 
 
-class ExchangeItem(BaseModel):
+class ExchangeItem(Model):
     """One process of ``POST /v1/processes/exchange`` and what to write to it first
     (``data`` as text, or ``data_b64``; neither: write nothing, just read a line)."""
 
@@ -121,7 +121,7 @@ class ExchangeItem(BaseModel):
             raise InvalidArgument("an exchange item's data_b64 is not valid base64") from None
 
 
-class ExchangeRequest(BaseModel):
+class ExchangeRequest(Model):
     """``POST /v1/processes/exchange``: ``timeout`` seconds to wait for each line."""
 
     model_config = ConfigDict(extra="forbid")
@@ -130,7 +130,7 @@ class ExchangeRequest(BaseModel):
     timeout: StrictFloat | None = Field(None, gt=0, le=_MAX_WAIT_S)
 
 
-class ExchangeResult(BaseModel):
+class ExchangeResult(Model):
     """One item's line (``data``, or ``data_b64`` if not UTF-8; ``""`` once the process
     has exited and its stdout was all read), or its ``error``."""
 
@@ -139,11 +139,11 @@ class ExchangeResult(BaseModel):
     error: ErrorDetail | None = None
 
 
-class ExchangeResponse(BaseModel):
+class ExchangeResponse(Model):
     results: list[ExchangeResult]
 
 
-class ConsumeResponse(BaseModel):
+class ConsumeResponse(Model):
     """``POST .../consume``: the process's next line (``data``, or ``data_b64`` if not
     UTF-8; ``""``: it exited first; ``null``: none within the timeout, and it was
     killed), how it ended (``result``: its exit, the output left unread), and whether its
