@@ -21,35 +21,10 @@ Where the daemon is: ``CORRAL_URL`` / ``CORRAL_SOCKET`` (see ``corral.client._co
 with neither, the SDK starts a shared local daemon itself.
 """
 
+import typing as _typing
+
+from corral import _lazy
 from corral._version import __version__
-from corral.client._async import (
-    AsyncClient,
-    AsyncExecStream,
-    AsyncFiles,
-    AsyncImage,
-    AsyncNetwork,
-    AsyncPool,
-    AsyncProcess,
-    AsyncSandbox,
-    AsyncSession,
-    AsyncSnapshot,
-    AsyncVolume,
-)
-from corral.client._futures import Handle, as_completed, submit, wait
-from corral.client._models import CommandResult, OutputChunk
-from corral.client._sync import (
-    Client,
-    ExecStream,
-    Files,
-    Image,
-    Network,
-    Pool,
-    Process,
-    Sandbox,
-    Session,
-    Snapshot,
-    Volume,
-)
 from corral.errors import (
     CapacityExceeded,
     CorralError,
@@ -90,18 +65,96 @@ from corral.errors import (
     VolumeFull,
     VolumeNotFound,
 )
-from corral.image_schema import BuildEvent, BuildSpec, ImageInfo, PruneResult, PullEvent
-from corral.network_schema import NetworkPolicy
-from corral.pool_schema import PoolInfo
-from corral.schema import (
-    FileInfo,
-    NetworkMode,
-    SandboxInfo,
-    SandboxSpec,
-    SandboxState,
-    SnapshotInfo,
-    Storage,
-)
+
+# The rest is imported on first use (corral._lazy): errors are what every worker
+# catches, and cost nothing; a sandbox user then pays for the client's sandbox half
+# only, not for the asyncio twin, images, pools, networks or volumes.
+if _typing.TYPE_CHECKING:
+    from corral.client._async import (
+        AsyncClient,
+        AsyncExecStream,
+        AsyncFiles,
+        AsyncImage,
+        AsyncNetwork,
+        AsyncPool,
+        AsyncProcess,
+        AsyncSandbox,
+        AsyncSession,
+        AsyncSnapshot,
+        AsyncVolume,
+    )
+    from corral.client._futures import Handle, as_completed, submit, wait
+    from corral.client._models import CommandResult, OutputChunk
+    from corral.client._sync import (
+        Client,
+        ExecStream,
+        Files,
+        Image,
+        Network,
+        Pool,
+        Process,
+        Sandbox,
+        Session,
+        Snapshot,
+        Volume,
+    )
+    from corral.image_schema import BuildEvent, BuildSpec, ImageInfo, PruneResult, PullEvent
+    from corral.network_schema import NetworkPolicy
+    from corral.pool_schema import PoolInfo
+    from corral.schema import (
+        FileInfo,
+        NetworkMode,
+        SandboxInfo,
+        SandboxSpec,
+        SandboxState,
+        SnapshotInfo,
+        Storage,
+    )
+else:
+    __getattr__, __dir__ = _lazy.attach(__name__, {
+        "AsyncClient": "corral.client._async",
+        "AsyncExecStream": "corral.client._async",
+        "AsyncFiles": "corral.client._async",
+        "AsyncImage": "corral.client._async",
+        "AsyncNetwork": "corral.client._async",
+        "AsyncPool": "corral.client._async",
+        "AsyncProcess": "corral.client._async",
+        "AsyncSandbox": "corral.client._async",
+        "AsyncSession": "corral.client._async",
+        "AsyncSnapshot": "corral.client._async",
+        "AsyncVolume": "corral.client._async",
+        "BuildEvent": "corral.image_schema",
+        "BuildSpec": "corral.image_schema",
+        "Client": "corral.client._sync",
+        "CommandResult": "corral.client._models",
+        "ExecStream": "corral.client._sync",
+        "FileInfo": "corral.schema",
+        "Files": "corral.client._sync",
+        "Handle": "corral.client._futures",
+        "Image": "corral.client._sync",
+        "ImageInfo": "corral.image_schema",
+        "Network": "corral.client._sync",
+        "NetworkMode": "corral.schema",
+        "NetworkPolicy": "corral.network_schema",
+        "OutputChunk": "corral.client._models",
+        "Pool": "corral.client._sync",
+        "PoolInfo": "corral.pool_schema",
+        "Process": "corral.client._sync",
+        "PruneResult": "corral.image_schema",
+        "PullEvent": "corral.image_schema",
+        "Sandbox": "corral.client._sync",
+        "SandboxInfo": "corral.schema",
+        "SandboxSpec": "corral.schema",
+        "SandboxState": "corral.schema",
+        "Session": "corral.client._sync",
+        "Snapshot": "corral.client._sync",
+        "SnapshotInfo": "corral.schema",
+        "Storage": "corral.schema",
+        "Volume": "corral.client._sync",
+        "as_completed": "corral.client._futures",
+        "submit": "corral.client._futures",
+        "wait": "corral.client._futures",
+    })
 
 __all__ = [
     "AsyncClient",
