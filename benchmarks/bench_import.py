@@ -9,7 +9,8 @@ time on a shared host is mostly other people's work. Kinds:
 
 - ``pass``: ``python -c pass``, the interpreter's own start-up: the same-run baseline;
 - ``import``: ``python -c 'import corral'``;
-- ``client``: ``import corral`` plus ``corral.Client(url)`` built (no request);
+- ``sandbox``: what a sandbox user loads: ``import corral``, ``corral.Sandbox`` and
+  ``corral.Client(url)`` built (no request; the public names load on first use);
 - ``cli_help``: ``corral --help`` (``python -m corral.cli.main --help``);
 - ``cli_ls``: ``corral ls`` against a loopback port that refuses (a socket bound, never
   listening): the CLI's imports, one client and one failed connect; exit status 1.
@@ -37,7 +38,7 @@ from pathlib import Path
 import bench_args  # noqa: E402  (a sibling script, not a package)
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("pass", "import", "client", "cli_help", "cli_ls")
+KINDS = ("pass", "import", "sandbox", "cli_help", "cli_ls")
 
 
 def _argv(kind: str, url: str) -> list[str]:
@@ -45,7 +46,7 @@ def _argv(kind: str, url: str) -> list[str]:
     return {
         "pass": [py, "-c", "pass"],
         "import": [py, "-c", "import corral"],
-        "client": [py, "-c", f"import corral; corral.Client({url!r})"],
+        "sandbox": [py, "-c", f"import corral; corral.Sandbox; corral.Client({url!r})"],
         "cli_help": [py, "-m", "corral.cli.main", "--help"],
         "cli_ls": [py, "-m", "corral.cli.main", "--url", url, "ls"],
     }[kind]
