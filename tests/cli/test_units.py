@@ -86,3 +86,16 @@ def test_usage_errors_exit_2(capsys):
     assert main(["--url", "unix:///nonexistent.sock", "cp", "a", "b"]) == 2
     assert "one side of cp must be a sandbox path" in capsys.readouterr().err
     assert main(["--url", "unix:///nonexistent.sock", "create", "-n", "0"]) == 2
+
+
+def test_rich_is_loaded_only_to_print_through_it():
+    """Every ``corral`` call imports the CLI: ``--help``, ``exec``, ``cp`` and ``rm`` never
+    print a table or a bar, so they do not pay for rich (nor httpx's command line)."""
+    probe = ("import sys; from corral.cli.main import build_parser; build_parser(); "
+             "from corral.cli._output import Output; Output().err; "
+             "print(sorted(m for m in ('rich.table', 'rich.progress', 'click', 'pygments') "
+             "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

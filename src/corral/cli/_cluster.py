@@ -16,10 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from rich import box
-from rich.table import Table
-
-from corral.cli._output import Context
+from corral.cli._output import Context, new_table
 
 
 def add_commands(sub: Any) -> None:
@@ -96,7 +93,7 @@ def status(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         ctx.output.json(report)
         return 0
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = new_table()
     for column in ("NODE", "ADDRESS", "ALIVE", "DAEMON", "SANDBOXES", "MAX"):
         table.add_column(column, no_wrap=True)
     for n in report["nodes"]:

@@ -11,12 +11,8 @@ import os
 import time
 from typing import Any
 
-from rich import box
-from rich.markup import escape as _escape
-from rich.table import Table
-
 import corral
-from corral.cli._output import Context, humanize_age
+from corral.cli._output import Context, escape, humanize_age, new_table
 
 
 def add_commands(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -77,9 +73,9 @@ def build(args: argparse.Namespace, ctx: Context) -> int:
         if event.type == "step":
             cached = " [dim](cached)[/dim]" if event.cached else ""
             err.print(f"[bold]step {event.step}/{event.total}[/bold] "
-                      f"{_escape(event.instruction or '')}{cached}")
+                      f"{escape(event.instruction or '')}{cached}")
         elif event.type == "log":
-            err.print("  " + _escape(event.line or ""), soft_wrap=True)
+            err.print("  " + escape(event.line or ""), soft_wrap=True)
 
     if args.file or os.path.isdir(args.spec):
         build_args = {}
@@ -120,7 +116,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     if not images:
         out.line("no images")
         return 0
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = new_table()
     for col in ("NAME", "KIND", "BASE", "LAYERS", "SIZE MB", "SHARED MB", "UNIQUE MB", "AGE"):
         table.add_column(col, no_wrap=True)
     now = time.time()
@@ -170,7 +166,7 @@ def pull(args: argparse.Namespace, ctx: Context) -> int:
 
     def show(event: corral.PullEvent) -> None:
         if event.type == "log" and not args.quiet:
-            progress.console.print(_escape(event.line or ""), soft_wrap=True)
+            progress.console.print(escape(event.line or ""), soft_wrap=True)
         if event.type != "layer" or event.layer is None:
             return
         if event.layer not in tasks:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
-
-from rich import box
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 import corral
-from corral.cli._output import Context, humanize_age
+from corral.cli._output import Context, escape, humanize_age, new_grid, new_table
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -52,7 +51,7 @@ def inspect(args: argparse.Namespace, ctx: Context) -> int:
 
 def _summary(sandbox: corral.Sandbox) -> Table:
     info, now = sandbox.info, time.time()
-    grid = Table.grid(padding=(0, 2))
+    grid = new_grid()
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
     grid.add_row("id", info.id)
@@ -79,8 +78,7 @@ def _summary(sandbox: corral.Sandbox) -> Table:
 
 
 def _process_table(processes: list[dict[str, Any]]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title="processes",
-                  title_justify="left")
+    table = new_table(title="processes", title_justify="left")
     for name in ("PROCESS", "PID", "STATE", "EXIT", "AGE", "COMMAND"):
         table.add_column(name, no_wrap=name != "COMMAND", overflow="fold")
     now = time.time()

@@ -2,7 +2,8 @@
 
 Machine-readable output (ids, JSON, a command's output) goes to stdout as plain text;
 tables go to stdout through rich; progress bars and messages go to stderr, so a pipe
-never sees them.
+never sees them. rich is imported when a command first prints through it (a table, a
+bar): ``corral exec``, ``cp``, ``rm`` or ``--help`` never load it.
 """
 
 from __future__ import annotations
@@ -12,23 +13,14 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import corral
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 T = TypeVar("T")
 
@@ -46,18 +38,45 @@ class UsageError(Exception):
     """A command line that argparse accepted but that makes no sense (exit status 2)."""
 
 
-def _stdout_console() -> Console:
-    # Into a pipe, a table keeps its natural width rather than folding at 80 columns.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else UNLIMITED_WIDTH)
+def new_table(**options: Any) -> Table:
+    """A table in the CLI's style: a rule under the head, no edges."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, **options)
 
 
-@dataclass
+def new_grid() -> Table:
+    """Rows of ``key  value``, as ``info`` and ``inspect`` show them."""
+    from rich.table import Table
+
+    return Table.grid(padding=(0, 2))
+
+
+def escape(text: str) -> str:
+    """``text`` with rich's markup escaped (it is printed as it is)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
 class Output:
-    """Where the CLI writes; the consoles look up ``sys.stdout``/``sys.stderr`` when
-    they print, so a redirected stream (a test's capture) is honoured."""
+    """Where the CLI writes; the consoles (built on first use) look up
+    ``sys.stdout``/``sys.stderr`` when they print, so a redirected stream (a test's
+    capture) is honoured."""
 
-    out: Console = field(default_factory=_stdout_console)
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    @cached_property
+    def out(self) -> Console:
+        from rich.console import Console
+
+        # Into a pipe, a table keeps its natural width rather than folding at 80 columns.
+        return Console(highlight=False, width=None if sys.stdout.isatty() else UNLIMITED_WIDTH)
+
+    @cached_property
+    def err(self) -> Console:
+        from rich.console import Console
+
+        return Console(stderr=True, highlight=False)
 
     def line(self, text: str = "") -> None:
         """One line of plain output: no markup, no wrapping."""
@@ -76,6 +95,14 @@ class Output:
         many run at once); each result, or the :class:`~corral.CorralError` it raised,
         in order. Other exceptions propagate; Ctrl-C cancels the calls not yet started.
         """
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         handles = [corral.submit(call) for call in calls]
         columns = (
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -110,6 +137,15 @@ class Output:
         if not self.err.is_terminal or total < PROGRESS_BYTES:
             yield None
             return
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                    TransferSpeedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=self.err, transient=True) as bar:

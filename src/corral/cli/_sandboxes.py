@@ -7,14 +7,14 @@ import argparse
 import sys
 import time
 from functools import partial
-from typing import Any
-
-from rich import box
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 import corral
-from corral.cli._output import PROGRESS_MIN, Context, UsageError, humanize_age
+from corral.cli._output import PROGRESS_MIN, Context, UsageError, humanize_age, new_grid, new_table
 from corral.client._models import SPEC_FIELDS
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 USAGE_MAX_ROWS = 200
 """``ls`` asks for each live sandbox's usage (one request each) only up to this many rows."""
@@ -101,7 +101,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     if args.json:
         out.json([{**sb.info.model_dump(mode="json"), "usage": sb.usage} for sb in sandboxes])
         return 0
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = new_table()
     table.add_column("ID", no_wrap=True)
     table.add_column("STATE", no_wrap=True)
     table.add_column("IMAGE")
@@ -212,7 +212,7 @@ def info(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     cap = data["capacity"]
     counts = " · ".join(f"{state} {n}" for state, n in data["counts"].items())
-    grid = Table.grid(padding=(0, 2))
+    grid = new_grid()
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("daemon", f"{ctx.client.url} (version {data['version']}, cgroup v{data['cgroup_version']})")
@@ -238,7 +238,7 @@ def info(args: argparse.Namespace, ctx: Context) -> int:
 
 def pool_table(pools: list[dict[str, Any]]) -> Table:
     """Warm pools as ``info`` and ``pool ls`` show them."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = new_table()
     for name in ("POOL", "IMAGE", "MEM MB"):
         table.add_column(name, no_wrap=True)
     for name in ("READY", "STARTING", "ACQUIRED", "WAITING", "MIN", "MAX", "CREATED",

@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich import box
-from rich.table import Table
-
 import corral
-from corral.cli._output import Context, humanize_age
+from corral.cli._output import Context, humanize_age, new_table
 
 
 def create(args: argparse.Namespace, ctx: Context) -> int:
@@ -38,7 +35,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     if not snaps:
         out.line("no snapshots")
         return 0
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = new_table()
     for name in ("ID", "NAME", "KIND", "IMAGE", "LAYERS", "SIZE MB", "AGE", "FROM"):
         table.add_column(name, no_wrap=True)
     now = time.time()

@@ -13,10 +13,7 @@ import argparse
 import time
 from typing import Any
 
-from rich import box
-from rich.table import Table
-
-from corral.cli._output import Context, humanize_age
+from corral.cli._output import Context, humanize_age, new_table
 
 
 def add_parser(sub: Any, conn: list[argparse.ArgumentParser]) -> None:
@@ -118,7 +115,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
     if not tokens:
         ctx.output.line("no tenant tokens")
         return 0
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table = new_table()
     for name in ("TENANT", "SANDBOXES", "MEMORY MB", "CPUS", "GPUS", "SNAPSHOT MB", "BUILDS",
                  "IMAGES", "CREATED"):
         table.add_column(name, no_wrap=True)
