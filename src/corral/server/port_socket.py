@@ -19,10 +19,11 @@ Nothing the sandbox sends is parsed here: bytes pass as they come, at most
 :data:`CHUNK` a message; a client message is bounded by uvicorn's ``ws_max_size``.
 What the daemon holds in between is held in the tenant's output budget, as an exposed
 port's WebSocket holds it (``server/ws_flow.py``): the client's message until the
-sandbox's server has taken it (one in flight), and the sandbox's bytes until the
-client's connection took them; when the budget has no room, the socket is closed with
-1013 and a reason that says so (a sandbox server that reads nothing no longer makes
-the daemon hold 16 MiB a socket outside it).
+sandbox's server has taken it (one in flight), and the sandbox's bytes (the room of
+the largest message yet, at most :data:`CHUNK`, kept while the socket lasts); when
+the budget has no room, the socket is closed with 1013 and a reason that says so (a
+sandbox server that reads nothing no longer makes the daemon hold 16 MiB a socket
+outside it).
 
 On the daemon's own Unix socket (its owner, the admin) there is a quicker way still:
 ``POST .../ports/{port}/handoff`` (:func:`handoff`) makes the same connection and hands
@@ -195,11 +196,12 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
     async def to_client() -> None:
         while data := await reader.read(CHUNK):
-            if out.grow(len(data)) < len(data):
-                await _close(send, TRY_LATER, SPENT)
-                return
+            if len(data) > out.nbytes:  # the largest piece's room is kept (at most
+                out.grow(len(data) - out.nbytes)  # CHUNK: what the socket's buffers
+                if out.nbytes < len(data):  # hold anyway): no budget call a message
+                    await _close(send, TRY_LATER, SPENT)
+                    return
             await send({"type": "websocket.send", "bytes": data})
-            out.shrink(0)
         with contextlib.suppress(Exception):  # the client may be gone already
             await _close(send, 1000)
 

@@ -21,7 +21,8 @@
   message's size, so ``ws_max_size`` never stops them) grew it without end. Here a
   fragmented message grows one buffer.
 - A budget: an app may charge what a connection holds of its client's messages (the
-  bytes being parsed, and the last message it took, until it asks for the next) to a
+  bytes being parsed, and the last message it took, until it asks for the next; up to
+  :data:`PIECE` is kept between messages, so small ones cost no budget call) to a
   hold of the tenant's output budget (:class:`Inbound`, found in the scope's
   ``extensions`` under :data:`INBOUND`). When the budget has no room left, the
   connection is closed with 1013 (try again later) and :attr:`Inbound.refusal`.
@@ -170,8 +171,9 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
         if self.read_paused and self.queue.empty():
             self.read_paused = False
             hold = self._inbound.hold if self._inbound is not None else None
-            if hold is not None:  # the app is done with the last message
-                hold.shrink(self._parsing())
+            if hold is not None and hold.nbytes > PIECE:  # done with the last message
+                hold.shrink(self._parsing())  # (a small one's room is kept: no budget
+                # call a message, as a port socket's gym steps would make)
             self._read_on()
         return await self.queue.get()
 
@@ -195,8 +197,9 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
     def _parsing(self) -> int:
         """Bytes of the client's messages the parser holds (a frame's, a fragmented
         message's)."""
-        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames)
-                + len(self._joined or b""))
+        frames, joined = self.frames, self._joined
+        return (len(self.conn.reader.buffer) + (sum(map(len, frames)) if frames else 0)
+                + (0 if joined is None else len(joined)))
 
     def _charge(self) -> None:
         """Grow the bound hold to what the parser holds (it keeps the message the app
