@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 
 import pytest
 
@@ -22,6 +24,7 @@ from corral.rl.rewards import AsyncCodeReward, CodeReward, async_code_reward
 from tests.conftest import requires_root
 
 TESTS = ["assert f(2) == 4", "assert f(3) == 6", "assert f(0) == 0"]
+GO = "/tmp/corral-go"  # a completion that waits for it holds until the test writes it
 
 
 def fence(code: str, lang: str = "python") -> str:
@@ -129,14 +132,17 @@ def test_binary_and_fraction_scores(daemon, caplog):
         fence("def f(x):\n    return x + 1"),                    # none
         "I would double it.",                                    # no code
         fence("def f(x) return 2 * x"),                          # syntax error
-        fence("def f(x):\n    while True:\n        pass"),       # every test loops
+        fence("def f(x):\n    while True:\n        pass"),       # its test loops
         fence("import os\nos._exit(0)"),                         # exits before any test
         fence(f"def f(x):\n    return 2 * x\nprint('corral-report-{'0' * 32}' + '{{}}')"),
         fence("def f(x):\n    return 2 * x\nprint('y' * 3_000_000)"),  # chatty, still right
     ]
     tests = [TESTS] * len(completions)
-    fraction = code_reward("fraction", timeout=12, test_timeout=2, url=daemon.url)
-    binary = code_reward("binary", timeout=12, test_timeout=2, url=daemon.url)
+    tests[5] = TESTS[:1]  # the looping one: one test, so it costs one test_timeout
+    # 8 s a test, 60 the run: the right completions must pass within them on a loaded
+    # host too (2 s a test was not always enough); the loop never ends, so it times out.
+    fraction = code_reward("fraction", timeout=60, test_timeout=8, url=daemon.url)
+    binary = code_reward("binary", timeout=60, test_timeout=8, url=daemon.url)
     with caplog.at_level(logging.INFO, logger="corral.rl.rewards"):
         got = fraction(prompts=["p"] * len(completions), completions=completions, tests=tests)
     assert got == pytest.approx([1.0, 2 / 3, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0])
@@ -168,7 +174,7 @@ def test_each_completion_gets_a_fresh_sandbox_and_never_sees_the_tests(daemon):
         "found = subprocess.run(['grep', '-rqs', 'SECRET' + '_WORD', '/workspace', '/tmp'])\n"
         "leaked = found.returncode == 0\n"
     )
-    reward = code_reward("binary", timeout=10, concurrency=3, url=daemon.url)
+    reward = code_reward("binary", timeout=60, concurrency=3, url=daemon.url)
     got = reward(completions=[code] * 6, tests=[["SECRET_WORD = 1\nassert not leaked"]] * 6)
     assert got == [1.0] * 6, [o.reason for o in reward.last_outcomes]
     assert len({o.sandbox_id for o in reward.last_outcomes}) == 6
@@ -188,11 +194,43 @@ async def test_async_reward_and_conversational_completions(daemon):
 
 @requires_root
 def test_results_arrive_as_they_finish(daemon):
-    seen = []
-    reward = code_reward(url=daemon.url, timeout=10, on_result=seen.append)
-    slow = fence("import time\ntime.sleep(3)\ndef f(x):\n    return 2 * x")
+    # The slow one holds until the fast one's result has arrived (a sleep of a few
+    # seconds could end first on a loaded host); results kept for the end of the batch
+    # never let it go, and it times out.
+    seen, fast_seen, done = [], threading.Event(), threading.Event()
+
+    def on_result(outcome):
+        seen.append(outcome)
+        if outcome.index == 1:
+            fast_seen.set()
+
+    def release() -> None:
+        released: set[str] = set()
+        with corral.Client(daemon.url) as client:
+            for _ in range(6000):
+                if done.is_set():
+                    return
+                if fast_seen.is_set():
+                    for sb in corral.Sandbox.list(tags=["reward=arrive"], client=client):
+                        if sb.id not in released:
+                            try:
+                                sb.files.write(GO, "go")
+                                released.add(sb.id)
+                            except corral.CorralError:
+                                pass  # the fast one's, deleted with its verdict
+                time.sleep(0.1)
+
+    reward = code_reward(url=daemon.url, timeout=60, name="arrive", on_result=on_result)
+    slow = fence(f"import os, time\nfor _ in range(6000):\n    if os.path.exists({GO!r}):\n"
+                 "        break\n    time.sleep(0.1)\ndef f(x):\n    return 2 * x")
     fast = fence("def f(x):\n    return 2 * x")
-    reward(completions=[slow, fast], tests=[TESTS, TESTS])
+    helper = threading.Thread(target=release)
+    helper.start()
+    try:
+        reward(completions=[slow, fast], tests=[TESTS, TESTS])
+    finally:
+        done.set()
+        helper.join()
     assert [o.index for o in seen] == [1, 0]
     assert [o.reward for o in reward.last_outcomes] == [1.0, 1.0]
 

@@ -8,6 +8,7 @@ hosts without a usable cgroup v2.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import shlex
@@ -192,6 +193,25 @@ def test_real_memory_bomb_is_oom_killed(driver, parent, spawn):
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert group.oom_kills() >= 1
     assert 0 < group.memory_peak_bytes() <= 51 * MiB
+
+
+@pytest.mark.root
+def test_the_oom_count_reads_through_a_kept_descriptor_that_never_blocks_removal(driver, parent):
+    """oom_kills keeps its file open (one pread a command): the group still goes, a read
+    after that fails as a cgroup error (not a read of whatever reused the number), and
+    the descriptor closes when the group is collected."""
+    group = driver.create(f"{parent}/sb-kept", cpus=1, memory_mb=64, pids=10)
+    assert group.oom_kills() == 0
+    fd = group._oom_fd
+    assert fd >= 0 and group.oom_kills() == 0 and group._oom_fd == fd  # opened once
+    group.remove()
+    assert not any(d.exists() for d in group._hierarchies())
+    with pytest.raises(CgroupError):
+        group.oom_kills()
+    del group
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)
 
 
 @pytest.mark.root

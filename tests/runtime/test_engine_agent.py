@@ -102,7 +102,8 @@ async def test_closing_a_stream_kills_the_command(engine):
 
 async def test_timeout_kills_the_whole_process_group(engine):
     info = await engine.create()
-    r = await engine.exec(info.id, "sleep 100 & sleep 100 & echo begun; wait", timeout=0.5)
+    # 5 s: "begun" is surely written first, even on a loaded host (0.5 s was not)
+    r = await engine.exec(info.id, "sleep 600 & sleep 600 & echo begun; wait", timeout=5)
     assert r.timed_out and r.returncode == -9 and r.stdout == b"begun\n"
     r = await engine.exec(info.id, COUNT_SLEEPS)
     assert r.stdout.strip() == b"0"
@@ -186,8 +187,9 @@ async def test_a_stream_shows_its_gap_between_head_and_tail(engine):
 async def test_a_timed_out_command_keeps_its_tail(engine):
     """The agent kills the command at its timeout, then sends the tail: where it hung."""
     info = await engine.create()
-    r = await engine.exec(info.id, "seq 1 100000; echo 'stuck in step 7'; exec sleep 60",
-                          timeout=1, max_output=1_000)
+    # 8 s: the seq and the echo are surely done by then on a loaded host (1 s was not)
+    r = await engine.exec(info.id, "seq 1 100000; echo 'stuck in step 7'; exec sleep 600",
+                          timeout=8, max_output=1_000)
     assert r.timed_out and r.stdout.endswith(b"100000\nstuck in step 7\n")
     assert r.stdout_dropped == len(seq_bytes(100_000)) + 16 - 1_000
 
@@ -347,4 +349,40 @@ async def test_a_command_run_to_completion_gets_no_started_frame(engine):
     async for _ in engine.exec_stream(info.id, ["true"], on_start=lambda: started.append(True)):
         pass
     assert started == [True]
+    await engine.delete(info.id)
+
+
+async def test_a_command_started_at_once_is_killed_if_nobody_awaits_it(engine):
+    """``start_exec`` sends the command before it returns (the exec route starts it in
+    its handler and awaits its end in a task): awaited, it is ``exec``; closed
+    unawaited (the handler cancelled before that task ran), the command is killed, its
+    sandbox is neither busy nor blamed, and its output hold is given back."""
+    from corral.runtime.ownership import UNSET
+
+    info = await engine.create()
+    live = engine._running(info.id)
+    r = await engine.start_exec(info.id, "echo hi")
+    assert (r.returncode, r.stdout) == (0, b"hi\n")
+    tenant = engine.owners.of(UNSET)
+    free = engine.output_budget.free_for(tenant)
+    started = engine.start_exec(info.id, "exec sleep 60", timeout=120)
+    assert live.busy == 1 and engine.output_budget.free_for(tenant) < free
+    for _ in range(600):  # it runs with nobody awaiting it
+        if (await engine.exec(info.id, COUNT_SLEEPS)).stdout.strip() == b"1":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the command never started")
+    started.close()
+    assert live.busy == 0 and engine.output_budget.free_for(tenant) == free
+    for _ in range(600):  # killed, and its exit read: its deadline has nothing to end
+        if not live.channel.streams and (
+                await engine.exec(info.id, COUNT_SLEEPS)).stdout.strip() == b"0":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("the command was not killed")
+    with pytest.raises(RuntimeError):
+        await started  # closed: never a result
+    assert engine.get(info.id).state.value == "running"
     await engine.delete(info.id)

@@ -175,8 +175,10 @@ async def test_list_by_tags_and_state(engine):
 async def test_lifetime_and_idle_timeouts_are_reaped(engine):
     short = await engine.create(timeout=1)
     idle = await engine.create(idle_timeout=1)
-    busy = await engine.create(idle_timeout=2)  # (its exec must come before 2 s idle)
-    run = asyncio.create_task(engine.exec(busy.id, "sleep 4"))
+    # 6 s idle: its exec must come before it, on a loaded host too (2 s could pass);
+    # the command outlives it
+    busy = await engine.create(idle_timeout=6)
+    run = asyncio.create_task(engine.exec(busy.id, "sleep 8"))
     info = await wait_state(engine, short.id, SandboxState.STOPPED)
     assert "timeout" in info.reason
     info = await wait_state(engine, idle.id, SandboxState.STOPPED)

@@ -121,7 +121,8 @@ async def test_a_paused_sandboxs_exec_times_out_at_its_deadline(engine):
     from corral.schema import SandboxState
 
     info = await engine.create()
-    events = engine.exec_stream(info.id, "echo started; exec sleep 600", timeout=1)
+    # 5 s: the echo comes, and the pause below, before it on a loaded host (1 s could not)
+    events = engine.exec_stream(info.id, "echo started; exec sleep 600", timeout=5)
     assert (await asyncio.wait_for(events.__anext__(), 30)).data == b"started\n"
     cg = engine.cgroup(info.id)
     deadline = time.monotonic() + 30  # only against a hang: until the shell has exec'd

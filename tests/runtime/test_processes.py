@@ -182,11 +182,13 @@ async def test_processes_end_with_their_sandbox(engine):
 
 
 async def test_a_live_process_keeps_the_sandbox_busy(engine):
-    # 2 s idle: the spawn must come before (1 s could pass first, loaded)
-    info = await engine.create(idle_timeout=2.0)
-    proc = await engine.spawn(info.id, ["sleep", "5"])
-    await asyncio.sleep(3.5)  # past the idle timeout: the running process is activity
+    # 5 s idle: the spawn must come before (1 s, then 2 s, could pass first, loaded);
+    # the process runs until the test kills it
+    info = await engine.create(idle_timeout=5.0)
+    proc = await engine.spawn(info.id, ["sleep", "600"])
+    await asyncio.sleep(6)  # past the idle timeout: the running process is activity
     assert engine.get(info.id).state == SandboxState.RUNNING
+    proc.signal("SIGKILL")
     await proc.wait()
     for _ in range(600):  # now idle: the reaper ends it
         if engine.get(info.id).state == SandboxState.STOPPED:

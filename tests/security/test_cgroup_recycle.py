@@ -221,3 +221,15 @@ def test_a_group_left_holding_memory_is_removed_not_recycled(tmp_path):
             for d in (root / parent / "b", root / parent):
                 if d.exists():
                     d.rmdir()
+
+
+def test_swapped_out_charge_counts_against_recycling(tmp_path):
+    """Where the kernel accounts swap, memory the last sandbox left that went to swap
+    counts as still charged (``memory.memsw.usage_in_bytes``): a group whose memory
+    alone looks empty is not handed on. (No swap on CI hosts: the files stand in.)"""
+    from corral.runtime.cgroup_recycle import MAX_CHARGE, _charged
+
+    (tmp_path / "memory.usage_in_bytes").write_text("4096\n")
+    assert _charged(tmp_path) == 4096
+    (tmp_path / "memory.memsw.usage_in_bytes").write_text(f"{MAX_CHARGE + 4096}\n")
+    assert _charged(tmp_path) > MAX_CHARGE

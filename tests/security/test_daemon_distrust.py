@@ -556,12 +556,13 @@ def left_in(cgroup) -> list[int]:
 @requires_root
 @pytest.mark.root
 async def test_a_stopped_agent_cannot_stretch_an_exec_timeout(engine):
-    """The agent is stopped while a command runs: exec(timeout=1) still returns
+    """The agent is stopped while a command runs: exec(timeout=5) still returns
     timed_out, its processes are killed from the host, and the sandbox ends as its
     own fault; later calls raise SandboxProtocolError, not an infrastructure error."""
     info = await engine.create()
     cgroup = engine.cgroup(info.id)
-    events = engine.exec_stream(info.id, "echo started; exec sleep 60", timeout=1)
+    # 5 s: the echo comes, and the SIGSTOP, before it on a loaded host (1 s could not)
+    events = engine.exec_stream(info.id, "echo started; exec sleep 600", timeout=5)
     first = await asyncio.wait_for(events.__anext__(), 30)
     assert first.data == b"started\n"
     os.kill(agent_host_pid(engine, info.id), signal.SIGSTOP)
@@ -586,10 +587,11 @@ async def test_a_sandbox_the_engine_froze_is_not_blamed(engine, monkeypatch):
     resume (the freeze was the engine's doing), then the agent reports the timeout."""
     monkeypatch.setattr(agentconn, "EXEC_GRACE_S", 0.5)
     info = await engine.create()
-    events = engine.exec_stream(info.id, "echo started; exec sleep 60", timeout=1)
+    # 4 s: the echo comes, and the pause, before it on a loaded host (1 s could not)
+    events = engine.exec_stream(info.id, "echo started; exec sleep 600", timeout=4)
     assert (await asyncio.wait_for(events.__anext__(), 30)).data == b"started\n"
     await engine.pause(info.id)
-    await asyncio.sleep(3)  # the engine's deadline (1.5 s) passes while it is frozen
+    await asyncio.sleep(6)  # the engine's deadline (4.5 s) passes while it is frozen
     await engine.resume(info.id)
 
     async def rest() -> list:

@@ -27,7 +27,8 @@ def fence(code: str, lang: str = "python") -> str:
 
 
 def reward_of(daemon, code, tests, *, entry_point=None, grading="auto"):
-    reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url, grading=grading)
+    # 16 s a run, 8 a test: honest answers and controls must pass within them, loaded
+    reward = code_reward("fraction", timeout=16, test_timeout=8, url=daemon.url, grading=grading)
     cols = {"entry_point": [entry_point]} if entry_point else {}
     got = reward(completions=[fence(code)], tests=[tests], **cols)
     return got[0], reward.last_outcomes[0]

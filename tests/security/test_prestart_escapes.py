@@ -40,7 +40,8 @@ ESCAPES = {
 
 def test_no_completion_escapes_its_zero(daemon):
     codes = [HONEST, *ESCAPES.values()]
-    reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url,
+    # 16 s a run, 8 a test: the right answer must pass within them on a loaded host
+    reward = code_reward("fraction", timeout=16, test_timeout=8, url=daemon.url,
                          prestart=len(codes))
     try:
         reward.prestart()

@@ -96,7 +96,8 @@ def test_hacks_earn_nothing_from_a_prestarted_judge(daemon):
              *ON_THE_JUDGE, *FORGED_REPLY, FINDER]
     codes = [HONEST, LOOK_AROUND, *hacks]
     tests = [TESTS] * (len(codes) - 1) + [[f"assert f(0) == {secret!r}"]]
-    reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url,
+    # 16 s a run, 8 a test: the right answer must pass within them on a loaded host
+    reward = code_reward("fraction", timeout=16, test_timeout=8, url=daemon.url,
                          prestart=len(codes))
     try:
         assert reward.prestart() == len(codes)

@@ -27,7 +27,8 @@ def fence(code: str) -> str:
 
 
 def score(daemon, code: str, tests=TESTS, grading: str = "auto", **kw) -> list:
-    reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url, grading=grading, **kw)
+    # 16 s a run, 8 a test: honest answers and controls must pass within them, loaded
+    reward = code_reward("fraction", timeout=16, test_timeout=8, url=daemon.url, grading=grading, **kw)
     got = reward(completions=[fence(code)], tests=[tests])
     return got[0], reward.last_outcomes[0]
 
@@ -320,7 +321,7 @@ def test_the_loader_and_top_level_links_cannot_be_replaced(daemon):
 ])
 def test_a_function_named_like_a_builtin_is_the_solutions(daemon, name, code, tests):
     entry_point = code.split("(")[0].removeprefix("def ")
-    reward = code_reward("fraction", timeout=8, test_timeout=2, url=daemon.url)
+    reward = code_reward("fraction", timeout=16, test_timeout=8, url=daemon.url)
     got = reward(completions=[fence(code)], tests=[tests], entry_point=[entry_point])
     assert got == [0.0], f"{name}: {reward.last_outcomes[0].reason}"
     # Without the task's name the judge cannot tell the built-in from the solution's

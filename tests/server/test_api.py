@@ -115,11 +115,13 @@ def test_exec_argv_shell_stdin_env_cwd(client, sandbox):
 
 
 def test_exec_timeout_and_binary_output(client, sandbox):
+    # 5 s: long enough that "before" was surely written first, even on a loaded host
+    # (0.5 s could fire before the shell had run); the sleep never ends within it.
     started = time.monotonic()
-    r = exec_(client, sandbox, cmd="echo before; sleep 30", timeout=0.5)
+    r = exec_(client, sandbox, cmd="echo before; sleep 600", timeout=5)
     assert r["timed_out"] is True and r["returncode"] < 0
     assert r["stdout"] == "before\n"
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 300  # killed, not waited out
 
     code = "import sys; sys.stdout.buffer.write(b'ok\\xff\\xfe'); sys.stderr.write('\u00e9')"
     r = exec_(client, sandbox, cmd=["python3", "-c", code])

@@ -148,9 +148,10 @@ def test_python_with_stdin_and_bash(daemon_ok):
 
 
 def test_timeout_and_nonzero_exit(daemon_ok):
+    # run_timeout 5 s: 'started' is printed within it on a loaded host (1 s was tight)
     out = run_script(daemon_ok, """
-        out["slow"] = code(language="python", run_timeout=1,
-                           code="import time\\nprint('started', flush=True)\\ntime.sleep(60)")
+        out["slow"] = code(language="python", run_timeout=5,
+                           code="import time\\nprint('started', flush=True)\\ntime.sleep(600)")
         out["exit"] = code(language="python", code="import sys\\nprint('x')\\nsys.exit(3)")
         out["raise"] = code(language="python", code="raise ValueError('boom')")
     """)
@@ -246,11 +247,13 @@ def test_run_jupyter_cells(daemon_ok):
 
 
 def test_run_jupyter_timeouts_and_files(daemon_ok):
+    # cell_timeout 5 s: the other cells must finish within it on a loaded host (1 s
+    # was tight); the sleep never ends within it
     out = run_script(daemon_ok, """
         import base64
         r = run_jupyter(RunJupyterRequest(
-            cells=["import time", "time.sleep(30)", "open('out.txt', 'w').write(open('in.txt').read() * 2)"],
-            cell_timeout=1, files={"in.txt": base64.b64encode(b"ab").decode()},
+            cells=["import time", "time.sleep(600)", "open('out.txt', 'w').write(open('in.txt').read() * 2)"],
+            cell_timeout=5, files={"in.txt": base64.b64encode(b"ab").decode()},
             fetch_files=["out.txt"]), max_attempts=1)
         out["cells"] = r.dict()
         r = run_jupyter(RunJupyterRequest(cells=["import time; time.sleep(30)"], total_timeout=1),

@@ -14,7 +14,7 @@ SUBMIT = """
 from sandbox_fusion import SubmitRequest, TestConfig, submit
 def judge(completion, language, tests):
     req = SubmitRequest(dataset="mine", id=7, completion=completion, config=TestConfig(
-        language=language, run_timeout=2,
+        language=language, run_timeout=6,  # right programs run within it, loaded
         provided_data={"test": [{"input": {"stdin": i}, "output": {"stdout": o}} for i, o in tests]}))
     return submit(req, endpoint=os.environ["SANDBOX_FUSION_ENDPOINT"], max_attempts=1).dict()
 """

@@ -264,3 +264,27 @@ def test_a_caller_cancelled_again_and_again_lets_the_work_clean_up():
         await asyncio.sleep(0.1)
     asyncio.run(main())
     assert cleaned == ["deleted"]
+
+
+def test_work_under_way_before_its_task_ran_is_closed_when_the_client_left():
+    """Work already under way when it is handed over (a command the exec route started
+    in its handler: ``StartedExec``) is no coroutine; if the client had gone before its
+    task's first step, its ``close()`` is still called (the command is killed), never
+    left running unawaited."""
+
+    class Started:
+        def __init__(self) -> None:
+            self.closed = False
+
+        def __await__(self):  # type: ignore[no-untyped-def]
+            return at_once().__await__()
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def main() -> None:
+        work = Started()
+        with pytest.raises(ClientDisconnect):
+            await context._race_disconnect(request_of(Peer(gone=True)), work, recheck=False)
+        assert work.closed
+    asyncio.run(main())

@@ -11,7 +11,7 @@ import pytest
 from starlette.routing import Match, Mount, Route, Router
 
 from corral.server import ServerSettings, create_app
-from corral.server.route_index import IndexedRouter, literal_prefix
+from corral.server.route_index import IndexedRouter, literal_prefix, shape
 from tests.server.test_units import FakeEngine
 
 _PARAM = re.compile(r"{([^}:]+)(?::([^}]+))?}")
@@ -71,6 +71,8 @@ def test_every_path_finds_the_route_a_linear_scan_finds():
     assert checked > 200  # most routes were found, not only misses
     # the index narrows: the acquire route is tried among a few, not after ~60 others
     assert len(router.candidates("/v1/pools/p/acquire")) < 10
+    # and by the path's shape: exec is not tried after the other sandbox routes
+    assert len(router.candidates("/v1/sandboxes/sb-1/exec")) < 4
 
 
 def test_routes_added_later_are_found():
@@ -112,3 +114,14 @@ def test_a_route_with_no_literal_prefix_keeps_its_place():
         assert _first_full(router.candidates(path), path, "GET") is _first_full(
             router.routes, path, "GET")
     assert _first_full(router.candidates("/v1/run"), "/v1/run", "GET") is first
+
+
+def test_shapes():
+    """A route's segment count and literal last segment, where its path fixes them."""
+    async def endpoint(request):
+        raise AssertionError
+
+    assert shape(Route("/v1/sandboxes/{sandbox_id}/exec", endpoint)) == (5, "exec")
+    assert shape(Route("/v1/sandboxes/{sandbox_id}", endpoint)) == (4, None)
+    assert shape(Route("/v1/sandboxes/{sandbox_id}/files/{path:path}", endpoint)) is None
+    assert shape(Mount("/expose", app=Router())) is None

@@ -256,12 +256,14 @@ async def _kill(live: _Live, stream: ExecStream, started: float) -> ExecResult:
 
 async def command_events(
     live: _Live, stream: ExecStream, timeout: float | None, cwd: str | None, oom_before: int,
-    on_start: Callable[[], None] | None = None,
+    on_start: Callable[[], None] | None = None, *, limit: Deadline | None = None,
 ) -> AsyncGenerator[ExecEvent, None]:
     """A command's output events, then its exit; closing early kills its group.
     ``on_start`` is called when the agent says the command started (after which it
-    can no longer fail to start)."""
-    limit = Deadline(live, stream, timeout)
+    can no longer fail to start). ``limit``: its deadline, armed when the command was
+    sent (by default, armed now for ``timeout``)."""
+    if limit is None:
+        limit = Deadline(live, stream, timeout)
     done = False
     try:
         while True:

@@ -69,9 +69,25 @@ def keyed(path: Path) -> dict[str, int]:
     return out
 
 
+def pread_text(fd: int, path: Path) -> str:
+    """The whole of the control file open as ``fd`` (``path``: for the error), read from
+    its start: each read at offset 0 makes the kernel show the file afresh."""
+    with translated("read", path):
+        data = chunk = os.pread(fd, 65536, 0)
+        while len(chunk) == 65536:
+            chunk = os.pread(fd, 65536, len(data))
+            data += chunk
+        return data.decode()
+
+
 def count(path: Path, key: str) -> int:
     """The value of one ``key value`` line of a flat-keyed file (0 if absent)."""
-    for line in read(path).splitlines():
+    return count_in(read(path), key)
+
+
+def count_in(text: str, key: str) -> int:
+    """The value of one ``key value`` line of a flat-keyed file's ``text`` (0 if absent)."""
+    for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name == key:
             value = value.strip()

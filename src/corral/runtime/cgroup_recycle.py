@@ -59,6 +59,16 @@ _MEMORY_RESETS = ("memory.max_usage_in_bytes", "memory.failcnt",
                   "memory.kmem.tcp.max_usage_in_bytes", "memory.kmem.tcp.failcnt")
 
 
+def _charged(memory: Path) -> int:
+    """Bytes still charged to the group: memory and swap together where the kernel
+    accounts swap (``memory.memsw``), so shared memory swapped out before the group is
+    looked at is counted too (a red-team pass noted it; this host has no swap)."""
+    memsw = memory / "memory.memsw.usage_in_bytes"
+    if memsw.exists():
+        return int(cgroup_files.read(memsw))
+    return int(cgroup_files.read(memory / "memory.usage_in_bytes"))
+
+
 def recycle(driver: CgroupDriver, group: Cgroup, path: str, *, cpus: float, memory_mb: int,
             pids: int) -> Cgroup | None:
     """``group``, empty, under the new name ``path`` (in the same parent) with these
@@ -74,7 +84,7 @@ def recycle(driver: CgroupDriver, group: Cgroup, path: str, *, cpus: float, memo
     try:
         if any(cgroup_files.read(d / "tasks").strip() for d in group._hierarchies()):
             return None
-        if int(cgroup_files.read(dirs["memory"] / "memory.usage_in_bytes")) > MAX_CHARGE:
+        if _charged(dirs["memory"]) > MAX_CHARGE:
             return None
         if cgroup_files.count(dirs["memory"] / "memory.oom_control", "oom_kill"):
             return None  # (cannot be reset: it would be the next sandbox's)

@@ -10,19 +10,22 @@ checked and its timeout and output cap enforced from outside by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+import signal
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from corral.api.process_models import DEFAULT_MAX_BUFFER
-from corral.errors import InvalidArgument, SandboxLost
+from corral.errors import CorralError, InvalidArgument, SandboxLost
 from corral.runtime import process_start, processes, sweep, users
 from corral.runtime.agentconn import (
+    Deadline,
     command_argv,
     command_events,
     limit_fields,
     output_tail_for,
 )
+from corral.runtime.channel import ExecStream
 from corral.runtime.cmdtap import CommandTap
 from corral.runtime.cpus import CpuPicker, thread_env
 from corral.runtime.events import Events
@@ -87,29 +90,37 @@ class CommandOps:
         caller's :meth:`reserve_output`), until the caller releases it; when the budget
         is spent the streams' cap is lowered there (``output_limited_to``: their head
         and their last bytes, :mod:`corral.runtime.output_room`)."""
-        hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
-        # one buffer per stream, not a bytes object per frame (~40 bytes each beyond
-        # its data, uncounted: a command printing a byte per write)
-        out, err = bytearray(), bytearray()
-        try:
-            async with aclosing(self.exec_stream(
-                sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
-                max_output=max_output, output_tail=output_tail, user=user, owner=owner,
-                output_hold=hold, keep_output=True,
-            )) as events:
-                async for ev in events:
-                    if ev.kind == "stdout":
-                        out += ev.data
-                    elif ev.kind == "stderr":
-                        err += ev.data
-                    else:
-                        assert ev.result is not None
-                        ev.result.stdout, ev.result.stderr = bytes(out), bytes(err)
-                        return ev.result
-        finally:
-            if output_hold is None:
-                hold.release()
-        raise SandboxLost(f"sandbox {sandbox_id}: the command's stream ended without an exit")
+        return await self.start_exec(
+            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+            max_output=max_output, output_tail=output_tail, user=user, owner=owner,
+            output_hold=output_hold)
+
+    def start_exec(
+        self,
+        sandbox_id: str,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = DEFAULT_EXEC_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+        output_tail: int | None = None,
+        user: str | int | None = None,
+        owner: OwnerArg = UNSET,
+        output_hold: OutputHold | None = None,
+    ) -> StartedExec:
+        """:meth:`exec`, its command started before this returns: the EXEC frame is on
+        its way and the command's deadline armed (a loop timer, which holds whatever
+        task awaits the result, or none). Await the returned object for the result; or
+        ``close()`` it unawaited, which kills the command. A handler that starts the
+        command itself and awaits its end in a task of its own gets it to the agent a
+        turn of the loop sooner; nothing here awaits, so no deadline of the caller's
+        task is entered."""
+        return StartedExec(self._open_command(
+            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+            max_output=max_output, output_tail=output_tail, user=user, owner=owner,
+            output_hold=output_hold, on_start=None, keep_output=True))
 
     def reserve_output(self, sandbox_id: str, max_output: int, *,
                        owner: OwnerArg = UNSET) -> OutputHold:
@@ -148,10 +159,28 @@ class CommandOps:
         ``on_start`` is called once the command has started: before that, it may still
         fail to (a bad ``cwd``).
         """
+        run = self._open_command(
+            sandbox_id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+            max_output=max_output, output_tail=output_tail, user=user, owner=owner,
+            output_hold=output_hold, on_start=on_start, keep_output=keep_output)
+        async with aclosing(run.events()) as events:
+            async for ev in events:
+                yield ev
+
+    def _open_command(
+        self, sandbox_id: str, cmd: str | Sequence[str], *, timeout: float | None,
+        env: dict[str, str] | None, cwd: str | None, stdin: bytes | str | None,
+        max_output: int, output_tail: int | None, user: str | int | None, owner: OwnerArg,
+        output_hold: OutputHold | None, on_start: Callable[[], None] | None,
+        keep_output: bool,
+    ) -> RunningCommand:
+        """A command started, synchronously: checked, its EXEC frame sent, its deadline
+        armed at once (:class:`~corral.runtime.agentconn.Deadline`), its sandbox busy."""
         self._owned(sandbox_id, owner)
         live = self._running(sandbox_id)
         tail = output_tail_for(max_output, output_tail)
         hold = output_hold or self.reserve_output(sandbox_id, max_output, owner=owner)
+        own = hold if output_hold is None else None
         try:
             fields = self.command_fields(live, cmd, env, cwd, stdin,
                                          limit_fields(timeout, max_output, tail), user)
@@ -160,24 +189,14 @@ class CommandOps:
             # nobody waits for the command's start: the agent says nothing until output
             stream = live.channel.open_exec(fields, max_output=max_output, output_tail=tail,
                                             quiet_start=on_start is None)
-            room = stream.room = OutputRoom(hold, tail, keep=keep_output)
-            tap = CommandTap(self.events, live.id, command_argv(cmd))
-            with live.activity():
-                async with aclosing(
-                    command_events(live, stream, timeout, cwd, oom_before, on_start)
-                ) as events:
-                    try:
-                        async for ev in events:
-                            tap.see(ev)
-                            if ev.result is not None:
-                                room.finish(ev.result)
-                                tap.end()  # announced before the caller sees the exit
-                            yield ev
-                    finally:
-                        tap.end()  # CommandEnded: the sandbox's log and metrics hear of it
-        finally:
-            if output_hold is None:
-                hold.release()
+        except BaseException:
+            if own is not None:
+                own.release()
+            raise
+        limit = Deadline(live, stream, timeout)  # (no frame can come before this returns)
+        stream.room = OutputRoom(hold, tail, keep=keep_output)
+        return RunningCommand(live, stream, limit, cwd, oom_before, on_start, own,
+                              CommandTap(self.events, live.id, command_argv(cmd)))
 
     def command_fields(
         self,
@@ -265,3 +284,107 @@ class CommandOps:
         live = self._running(sandbox_id)
         assert live.proc is not None
         return await asyncio.to_thread(sweep.kill_sandbox_code, live.cgroup, live.proc.pid)
+
+
+class RunningCommand:
+    """A command whose EXEC frame is sent and whose deadline is armed: :meth:`events`
+    reads its events once (closing that early kills it); :meth:`abandon` ends one
+    whose events will never be read. Either way its sandbox is busy until then, its
+    end is announced (:class:`~corral.runtime.cmdtap.CommandTap`) and an output hold
+    it owns is released."""
+
+    __slots__ = ("_live", "_stream", "_limit", "_cwd", "_oom_before", "_on_start", "_hold",
+                 "_tap", "_activity", "_read")
+
+    def __init__(self, live: Live, stream: ExecStream, limit: Deadline, cwd: str | None,
+                 oom_before: int, on_start: Callable[[], None] | None,
+                 hold: OutputHold | None, tap: CommandTap) -> None:
+        self._live, self._stream, self._limit, self._cwd = live, stream, limit, cwd
+        self._oom_before, self._on_start, self._hold, self._tap = oom_before, on_start, hold, tap
+        self._activity = live.activity()
+        self._activity.__enter__()
+        self._read = False
+
+    async def events(self) -> AsyncGenerator[ExecEvent, None]:
+        if self._read:
+            raise RuntimeError("a command's events are read once")
+        self._read = True
+        tap, room = self._tap, self._stream.room
+        assert room is not None
+        try:
+            async with aclosing(command_events(
+                self._live, self._stream, self._limit.timeout, self._cwd, self._oom_before,
+                self._on_start, limit=self._limit,
+            )) as events:
+                try:
+                    async for ev in events:
+                        tap.see(ev)
+                        if ev.result is not None:
+                            room.finish(ev.result)
+                            tap.end()  # announced before the caller sees the exit
+                        yield ev
+                finally:
+                    tap.end()  # CommandEnded: the sandbox's log and metrics hear of it
+        finally:
+            self._done()
+
+    def abandon(self) -> None:
+        """Its events will never be read: kill it, as a reader that stops early does
+        (its deadline stays armed for an agent that never reports the end)."""
+        if self._read:
+            return
+        self._read = True
+        try:
+            self._stream.signal(signal.SIGKILL)
+        except CorralError:
+            pass
+        self._stream.close()
+        self._tap.end()
+        self._done()
+
+    def _done(self) -> None:
+        self._activity.__exit__(None, None, None)
+        if self._hold is not None:
+            self._hold.release()
+
+
+class StartedExec:
+    """:meth:`CommandOps.start_exec`'s command: await it for its
+    :class:`~corral.schema.ExecResult` (once), or ``close()`` it unawaited to kill it."""
+
+    __slots__ = ("_run", "_result")
+
+    def __init__(self, run: RunningCommand) -> None:
+        self._run = run
+        self._result: Coroutine[Any, Any, ExecResult] | None = None
+
+    def __await__(self) -> Generator[Any, None, ExecResult]:
+        if self._result is None:
+            self._result = self._collect()
+        return self._result.__await__()
+
+    def close(self) -> None:
+        """Kill the command if nothing awaited it yet (else as a coroutine's close)."""
+        if self._result is None:
+            self._run.abandon()
+            self._result = self._collect()
+            self._result.close()  # (awaiting it now raises)
+        else:
+            self._result.close()
+
+    async def _collect(self) -> ExecResult:
+        # one buffer per stream, not a bytes object per frame (~40 bytes each beyond
+        # its data, uncounted: a command printing a byte per write)
+        out, err = bytearray(), bytearray()
+        async with aclosing(self._run.events()) as events:
+            async for ev in events:
+                if ev.kind == "stdout":
+                    out += ev.data
+                elif ev.kind == "stderr":
+                    err += ev.data
+                else:
+                    assert ev.result is not None
+                    ev.result.stdout, ev.result.stderr = bytes(out), bytes(err)
+                    return ev.result
+        raise SandboxLost(f"sandbox {self._run._live.id}: the command's stream ended "
+                          "without an exit")

@@ -239,6 +239,15 @@ class HibernateOps:
         if live is not None and live.hibernated is not None and self.owners.sees(live.spec, owner):
             await self.resume(sandbox_id, owner=owner)  # (another's: the verb says not found)
 
+    def awake(self, sandbox_id: str) -> bool:
+        """Whether a verb on ``sandbox_id`` needs no :meth:`wake` first (no resume of it
+        under way, not hibernated): it may start at once, without awaiting. Any
+        tenant's; the verb itself answers for ownership."""
+        if sandbox_id in self._resuming:
+            return False
+        live = self._live.get(sandbox_id)
+        return live is None or live.hibernated is None
+
     def _hibernated_ended(self, event: SandboxEnded) -> None:
         """A hibernated sandbox ended (stop, delete, timeout, engine close): its
         checkpoint goes with it."""

@@ -288,7 +288,8 @@ async def exec_command(request: Request, body: ExecRequest) -> Response:
     verbs, sid = ctx.sandboxes(request), _sid(request)
     hold = verbs.reserve_output(sid, body.max_output)  # kept until the reply is sent
     try:
-        work = verbs.exec(sid, **exec_args(body), output_hold=hold)
+        # started here (the agent hears of it a turn sooner), its end awaited in a task
+        work = verbs.start_exec(sid, **exec_args(body), output_hold=hold)
         return HeldJSONResponse(exec_response(await unless_disconnected(request, work)), hold)
     except BaseException:
         hold.release()

@@ -90,6 +90,17 @@ class SandboxVerbs:
     def exec(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Any:
         return self._awake(self._engine.exec, self._check(sandbox_id), *args, **kwargs)
 
+    def start_exec(self, sandbox_id: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        """:meth:`exec`, its command started before this returns when the sandbox needs
+        no waking (the EXEC frame on its way, its deadline armed:
+        :meth:`~corral.runtime.engine_commands.CommandOps.start_exec`), else as
+        :meth:`exec` (woken first, by whoever awaits). Await it, or ``close()`` it
+        unawaited: a started command is killed."""
+        sandbox_id = self._check(sandbox_id)
+        if not self._engine.awake(sandbox_id):
+            return self._awake(self._engine.exec, sandbox_id, *args, **kwargs)
+        return self._engine.start_exec(sandbox_id, *args, **kwargs, owner=self._owner)
+
     def reserve_output(self, sandbox_id: str, max_output: int) -> OutputHold:
         """Room for a command's output in the caller's output budget, for a reply that
         holds it until sent (``exec(..., output_hold=)``, :class:`~corral.server.wire.HeldJSONResponse`)."""
