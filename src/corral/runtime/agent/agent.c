@@ -324,6 +324,16 @@ static void free_list(char **l) {
 }
 
 static struct exec_state *find_exec(uint32_t id);
+
+/* Signal a command's process group. The child makes its group (or, on a terminal, its
+   session) first thing, but a SIGNAL read right behind its EXEC can come before the
+   child has run: then there is no group yet, and nothing the command started either,
+   so the child alone is signalled (a kill(-pid) that failed with ESRCH was lost, and a
+   command whose client left at once ran on to its timeout). */
+static void kill_group(pid_t pid, int sig) {
+    if (kill(-pid, sig) < 0 && errno == ESRCH) kill(pid, sig);
+}
+
 #include "pty.c"
 #include "exec.c"
 #include "files.c"
@@ -339,7 +349,7 @@ static void handle(uint8_t type, uint32_t id, struct req *r) {
         int sig = (int)get_u64(r, F_SIGNAL, SIGKILL);
         for (int i = 0; i < MAX_EXECS; i++)
             if (execs[i].used && !execs[i].exited && (id == 0 || execs[i].id == id))
-                kill(-execs[i].pid, sig);
+                kill_group(execs[i].pid, sig);
         break;
     }
     case M_FWRITE: do_fwrite(id, r); break;
@@ -646,7 +656,7 @@ static int serve(int fd, int keep, int local) {
             if (!e->used) continue;
             if (!e->exited && e->deadline_ms && now >= e->deadline_ms) {
                 e->timed_out = 1;
-                kill(-e->pid, SIGKILL); /* the whole process group */
+                kill_group(e->pid, SIGKILL); /* the whole process group */
                 kill(e->pid, SIGKILL);
                 e->deadline_ms = 0;
             }
