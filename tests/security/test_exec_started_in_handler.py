@@ -79,9 +79,9 @@ def _nothing_held(team) -> None:
         time.sleep(0.05)
 
 
-def _request(team, sid: str, body: dict) -> tuple[bytes, bytes]:
+def _request(team, sid: str, body: dict, route: str = "exec") -> tuple[bytes, bytes]:
     data = json.dumps(body).encode()
-    head = (f"POST /v1/sandboxes/{sid}/exec HTTP/1.1\r\nHost: x\r\n"
+    head = (f"POST /v1/sandboxes/{sid}/{route} HTTP/1.1\r\nHost: x\r\n"
             f"Authorization: Bearer {team.tokens['mallory']}\r\n"
             "Content-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode()
@@ -125,12 +125,13 @@ def _half_close(team, head: bytes, data: bytes) -> None:
     s.close()
 
 
+@pytest.mark.parametrize("route", ["exec", "exec/stream"])
 @pytest.mark.parametrize("leave", [_headers_only, _close_at_once, _reset_at_once, _half_close])
-def test_a_client_leaving_as_it_asks_leaves_no_command_and_no_hold(team, leave):
+def test_a_client_leaving_as_it_asks_leaves_no_command_and_no_hold(team, leave, route):
     with team.tenant("mallory") as mallory:
         sid = _sandbox(mallory)
         try:
-            head, data = _request(team, sid, SLEEP)
+            head, data = _request(team, sid, SLEEP, route)
             for _ in range(3):
                 leave(team, head, data)
             _wait_sleepers(mallory, sid, 0)
@@ -142,12 +143,13 @@ def test_a_client_leaving_as_it_asks_leaves_no_command_and_no_hold(team, leave):
     _nothing_held(team)
 
 
+@pytest.mark.parametrize("route", ["exec", "exec/stream"])
 @pytest.mark.parametrize("leave", [socket.socket.close, _reset], ids=["close", "reset"])
-def test_a_client_leaving_once_its_command_runs_leaves_no_command_and_no_hold(team, leave):
+def test_a_client_leaving_once_its_command_runs_leaves_no_command_and_no_hold(team, leave, route):
     with team.tenant("mallory") as mallory:
         sid = _sandbox(mallory)
         try:
-            head, data = _request(team, sid, SLEEP)
+            head, data = _request(team, sid, SLEEP, route)
             s = _connect(team)
             s.sendall(head + data)
             _wait_sleepers(mallory, sid, 1)
