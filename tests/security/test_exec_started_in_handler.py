@@ -44,8 +44,8 @@ def team():
         no_traceback(t)
 
 
-def _sandbox(client: httpx.Client) -> str:
-    reply = client.post("/v1/sandboxes", json={"memory_mb": 128})
+def _sandbox(client: httpx.Client, **spec) -> str:
+    reply = client.post("/v1/sandboxes", json={"memory_mb": 128, **spec})
     assert reply.status_code == 201, reply.text
     return reply.json()["id"]
 
@@ -251,3 +251,84 @@ def test_exec_on_another_tenants_sandbox_starts_nothing_and_holds_nothing(team):
             _nothing_held(team)
         finally:
             alice.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_a_sandbox_paused_under_its_running_exec_times_it_out_and_gives_the_room_back(team):
+    """Its deadline was armed in the handler: a pause past it ends the command there
+    (a timed-out result), and after the resume nothing of it runs on."""
+    with team.tenant("mallory") as mallory:
+        sid = _sandbox(mallory)
+        try:
+            t, got = _exec_in_thread(team, sid, {**SLEEP, "timeout": 3})
+            _wait_sleepers(mallory, sid, 1)
+            assert mallory.post(f"/v1/sandboxes/{sid}/pause").status_code == 200
+            t.join(PATIENCE_S)
+            assert not t.is_alive(), "the paused sandbox's exec was never answered"
+            assert isinstance(got[0], httpx.Response), got[0]
+            assert got[0].status_code == 200 and got[0].json()["timed_out"], got[0].text
+            _nothing_held(team)
+            assert mallory.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
+            _wait_sleepers(mallory, sid, 0)
+        finally:
+            mallory.delete(f"/v1/sandboxes/{sid}")
+    _nothing_held(team)
+
+
+def test_a_sandbox_hibernated_under_its_running_exec_answers_it_and_gives_the_room_back(team):
+    with team.tenant("mallory") as mallory:
+        reply = mallory.post("/v1/sandboxes", json={"memory_mb": 128, "checkpointable": True})
+        if reply.status_code != 201:
+            pytest.skip(f"no checkpointable sandbox here: {reply.text[:200]}")
+        sid = reply.json()["id"]
+        try:
+            t, got = _exec_in_thread(team, sid, SLEEP)
+            _wait_sleepers(mallory, sid, 1)
+            hib = mallory.post(f"/v1/sandboxes/{sid}/hibernate")
+            if hib.status_code != 200:
+                assert hib.status_code < 500, hib.text  # (no CRIU here: refused, typed)
+                pytest.skip(f"hibernate refused here: {hib.text[:200]}")
+            t.join(PATIENCE_S)
+            assert not t.is_alive(), "the hibernated sandbox's exec was never answered"
+            assert isinstance(got[0], httpx.Response), got[0]
+            assert got[0].status_code != 500, got[0].text
+            _nothing_held(team)
+            # its next command restores it; the restored agent was told which requests
+            # it keeps (spawned processes): the exec's is not one of them
+            left = _sleepers(mallory, sid)
+            assert left == 0, (f"{left} command(s) of an exec answered {got[0].status_code} "
+                               f"({got[0].text[:200]}) run on in the restored sandbox")
+        finally:
+            mallory.delete(f"/v1/sandboxes/{sid}")
+    _nothing_held(team)
+
+
+def test_a_live_fork_under_a_running_exec_copies_no_command_nobody_owns(team):
+    """A live fork copies the sandbox's processes: the copy of a running exec's command
+    is nobody's (its request is the parent's; only spawned processes are adopted), so
+    the copy's agent kills it at its restore; the parent's runs on until its client
+    leaves, then ends."""
+    with team.tenant("mallory") as mallory:
+        reply = mallory.post("/v1/sandboxes", json={"memory_mb": 128, "checkpointable": True})
+        if reply.status_code != 201:
+            pytest.skip(f"no checkpointable sandbox here: {reply.text[:200]}")
+        sid, copies = reply.json()["id"], []
+        try:
+            head, data = _request(team, sid, SLEEP)
+            s = _connect(team)
+            s.sendall(head + data)
+            _wait_sleepers(mallory, sid, 1)
+            fork = mallory.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1, "live": True})
+            assert fork.status_code in (200, 201), fork.text
+            got = fork.json()
+            copies = [c["id"] for c in (got["sandboxes"] if isinstance(got, dict) else got)]
+            assert len(copies) == 1, got
+            assert _sleepers(mallory, copies[0]) == 0, "the copy runs the parent's command"
+            assert _sleepers(mallory, sid) == 1  # (the parent's still runs: its client waits)
+            s.close()
+            _wait_sleepers(mallory, sid, 0)
+            _nothing_held(team)
+        finally:
+            mallory.delete(f"/v1/sandboxes/{sid}")
+            for c in copies:
+                mallory.delete(f"/v1/sandboxes/{c}")
+    _nothing_held(team)
