@@ -406,6 +406,40 @@ def test_revoking_kills_the_command_of_an_exec_stream(team):
             admin.delete(f"/v1/sandboxes/{sid}")
 
 
+def test_revoking_kills_the_command_of_a_plain_exec_and_frees_its_room(team):
+    """A command the exec route started in its handler (its end awaited in a task of
+    its own) dies with the revoked token's request, as a streamed one does: it does not
+    run on in the kept sandbox, and the reply's output hold comes back."""
+    token = team.make_token("plain-exec-killed")
+    got: list[object] = []
+
+    def run() -> None:
+        with httpx.Client(base_url=team.url, timeout=None,
+                          headers={"Authorization": f"Bearer {token}"}) as c:
+            try:
+                got.append(c.post(f"/v1/sandboxes/{sid}/exec",
+                                  json={"cmd": TICK, "timeout": 600}).status_code)
+            except httpx.HTTPError as exc:
+                got.append(exc)  # the connection was cut: the request ended
+
+    with httpx.Client(base_url=team.url, timeout=60,
+                      headers={"Authorization": f"Bearer {token}"}) as c:
+        sid = c.post("/v1/sandboxes", json={"memory_mb": 64, "timeout": 600}).json()["id"]
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    with team.admin() as admin:
+        _poll(lambda: _running(admin, sid, "tick"), "the command never started", END_S)
+        revoke(team, "plain-exec-killed")
+        t.join(END_S)
+        assert not t.is_alive(), "the exec outlived the revoke"
+        _poll(lambda: not _running(admin, sid, "tick"),
+              "the exec's command ran on after the revoke", END_S)
+        _poll(lambda: next(float(ln.split()[1]) for ln in admin.get("/metrics").text.splitlines()
+                           if ln.startswith("corral_output_held_bytes ")) == 0,
+              "the exec's output hold was never given back", END_S)
+        admin.delete(f"/v1/sandboxes/{sid}")
+
+
 def _running(admin: httpx.Client, sid: str, word: str) -> bool:
     """Whether a process of the sandbox has ``word`` in its command line."""
     cmd = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done"

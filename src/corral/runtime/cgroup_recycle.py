@@ -90,6 +90,9 @@ def recycle(driver: CgroupDriver, group: Cgroup, path: str, *, cpus: float, memo
             return None  # (cannot be reset: it would be the next sandbox's)
     except (CgroupError, ValueError):
         return None
+    # its OOM counter's kept descriptor would follow the rename to the next sandbox's
+    # (an ended sandbox's late reason, read through it, blamed on that one's OOM kills)
+    group.handed_on = True
     moved: dict[Path, Path] = {}  # (controllers co-mounted share one directory)
     for d in group._hierarchies():
         try:

@@ -62,6 +62,7 @@ class Cgroup:
         # how many it has served
         self.recyclable = False
         self.uses = 1
+        self.handed_on = False  # renamed for the next sandbox: its kept fd reads that one's
 
     def _hierarchies(self) -> list[Path]:
         return list(dict.fromkeys(self._dirs.values()))  # co-mounted controllers share one
@@ -156,7 +157,10 @@ class Cgroup:
         open, two reads and a close (~40 µs of the daemon's loop a command under load).
         The descriptor is closed only when this object is collected, never while a read
         might still use it (a number closed and reused by another file would read that
-        file); a removed group's file answers ENODEV (a :class:`CgroupError`)."""
+        file); a removed group's file answers ENODEV (a :class:`CgroupError`), and so
+        does a group handed on (renamed: the descriptor reads the next sandbox's)."""
+        if self.handed_on:
+            raise CgroupError(f"cannot read {path}: the group serves another sandbox now")
         if self._oom_fd < 0:
             with _translated("open", path):
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -324,6 +324,16 @@ static void free_list(char **l) {
 }
 
 static struct exec_state *find_exec(uint32_t id);
+
+/* Signal a command's process group. The child makes its group (or, on a terminal, its
+   session) first thing, but a SIGNAL read right behind its EXEC can come before the
+   child has run: then there is no group yet, and nothing the command started either,
+   so the child alone is signalled (a kill(-pid) that failed with ESRCH was lost, and a
+   command whose client left at once ran on to its timeout). */
+static void kill_group(pid_t pid, int sig) {
+    if (kill(-pid, sig) < 0 && errno == ESRCH) kill(pid, sig);
+}
+
 #include "pty.c"
 #include "exec.c"
 #include "files.c"
@@ -339,7 +349,7 @@ static void handle(uint8_t type, uint32_t id, struct req *r) {
         int sig = (int)get_u64(r, F_SIGNAL, SIGKILL);
         for (int i = 0; i < MAX_EXECS; i++)
             if (execs[i].used && !execs[i].exited && (id == 0 || execs[i].id == id))
-                kill(-execs[i].pid, sig);
+                kill_group(execs[i].pid, sig);
         break;
     }
     case M_FWRITE: do_fwrite(id, r); break;
@@ -416,7 +426,7 @@ static int harden(int fd, int keep) {
  * read and dropped, their own timeouts still fire; a pipe's stdin gets EOF, as
  * nobody can write to it any more), and drop what was half read.
  */
-static void detach_keeping(struct buf *in, const uint32_t *keep, size_t nkeep) {
+static void detach_keeping(struct buf *in, const uint32_t *keep, size_t nkeep, int kill_rest) {
     close(ctl);
     ctl = -1;
     ctl_dead = 0;
@@ -427,6 +437,10 @@ static void detach_keeping(struct buf *in, const uint32_t *keep, size_t nkeep) {
         int kept = 0;
         for (size_t k = 0; k < nkeep && !kept; k++) kept = e->id != 0 && e->id == keep[k];
         if (kept) continue;
+        /* A restored checkpoint's command nobody adopted: an exec the engine answered
+           when it checkpointed the sandbox (or a live fork's copy of the parent's):
+           killed, never left running unowned with no deadline kept by the host. */
+        if (kill_rest && !e->exited) kill_group(e->pid, SIGKILL);
         e->id = 0;
         free(e->stdin_buf);
         e->stdin_buf = NULL;
@@ -436,7 +450,7 @@ static void detach_keeping(struct buf *in, const uint32_t *keep, size_t nkeep) {
     for (int i = 0; i < MAX_JOBS; i++) jobs[i].id = 0;
 }
 
-static void detach(struct buf *in) { detach_keeping(in, NULL, 0); }
+static void detach(struct buf *in) { detach_keeping(in, NULL, 0, 0); }
 
 /*
  * One message on the reattach socket: a new control socket (SCM_RIGHTS) from the
@@ -444,8 +458,9 @@ static void detach(struct buf *in) { detach_keeping(in, NULL, 0); }
  * in the sandbox's own namespaces for a restored checkpoint, docs/live.md). After 'R'
  * come the ids (u32 each) of the commands the restoring engine adopts (the processes
  * it knew running at the checkpoint): they keep their id, stdin and output on the new
- * socket; every other request is forgotten as at a detach. What was half read from
- * the old socket is dropped either way. 1 when attached, 0 for anything else
+ * socket; every other request is forgotten as at a detach, and its command killed
+ * (nobody will read it, and the host keeps no deadline for it). What was half read
+ * from the old socket is dropped either way. 1 when attached, 0 for anything else
  * (ignored), -1 at EOF.
  */
 static int take_ctl(struct buf *in) {
@@ -482,7 +497,7 @@ static int take_ctl(struct buf *in) {
        read before the freeze) is read by the engine up to this READY, then dropped. */
     if (byte == 'R' && ctl >= 0) send_frame(RSP_READY, 0, NULL);
     /* an engine that took over while the old end lingered; a restored copy's */
-    if (ctl >= 0) detach_keeping(in, keep, nkeep);
+    if (ctl >= 0) detach_keeping(in, keep, nkeep, byte == 'R');
     ctl = got;
     ctl_dead = 0;
     set_nonblock(ctl);
@@ -646,7 +661,7 @@ static int serve(int fd, int keep, int local) {
             if (!e->used) continue;
             if (!e->exited && e->deadline_ms && now >= e->deadline_ms) {
                 e->timed_out = 1;
-                kill(-e->pid, SIGKILL); /* the whole process group */
+                kill_group(e->pid, SIGKILL); /* the whole process group */
                 kill(e->pid, SIGKILL);
                 e->deadline_ms = 0;
             }

@@ -240,6 +240,10 @@ static void do_exec(uint32_t id, struct req *r) {
         dprintf(2, "corral: cannot execute '%s': %s\n", argv[0], strerror(err));
         _exit(err == ENOENT ? 127 : 126);
     }
+    /* Its group made here too (as a shell's job control does), so that a SIGNAL read
+       before the child has run finds it; a terminal's child makes a session, which a
+       group leader cannot (kill_group covers that one). EACCES once it has exec'd. */
+    if (!pty) setpgid(pid, pid);
     close(in_p[0]);
     close(out_p[1]);
     close(err_p[1]);
