@@ -270,7 +270,8 @@ async def run(settings: ServerSettings) -> None:
             app,
             lifespan="off",
             # httptools, bounded before auth; replies no client reads end (write stall)
-            http=protocol_for(book, KEEP_ALIVE_S, settings.write_stall_timeout),
+            http=protocol_for(book, KEEP_ALIVE_S, settings.write_stall_timeout,
+                              settings.write_min_rate),
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
             # "websockets" warns of its deprecation; sans-I/O, not read while its
             # replies wait (pongs to a client that reads nothing: ws_flow.py)
