@@ -14,17 +14,12 @@ Every bound here is enforced before the expensive step it protects:
   so neither a deep nesting nor millions of elements reach the parser or pydantic.
 - **While reading** (:func:`corral.server.wire.read_body`): a body that stalls for
   :data:`BODY_IDLE_TIMEOUT_S` is cut (408 ``request_timeout``).
-- **While replying** (:class:`BoundedHttpProtocol`, TCP and the Unix socket): from
-  when a connection's transport pauses for writing (its buffer above the high-water
-  mark: the client reads less than the daemon sends), it must drain at least
-  ``--write-min-rate`` bytes a second (and at least one byte) on average over each
-  ``--write-stall-timeout`` seconds while it stays paused, or it is reset: a reply
-  nobody reads, or one read a trickle at a time (1.5 KB a minute held a reply open for
-  ever when any byte read restarted the wait), gives back what it holds (its output
-  budget room, its buffers, its descriptor). A client that reads slowly but really
-  (the default minimum, 1 KiB/s, is below any network's rate) gets its whole reply.
-  The window runs on through a resume: a client cannot reset it by draining just the
-  buffer's low-water gap.
+- **While replying** (:class:`corral.server.write_stall.WriteStall`, TCP and the Unix
+  socket, HTTP and WebSocket): a connection paused for writing whose client reads less
+  than ``--write-min-rate`` bytes a second (default 1 KiB/s), or nothing, on average
+  over ``--write-stall-timeout`` (60 s) is reset, so a reply nobody reads, or one read
+  a trickle at a time, gives back what it holds (its output budget room, its buffers,
+  its descriptor); a client that reads slowly but really gets its whole reply.
 - **Per client** (:class:`ClientLimiter`): at most ``--max-client-requests`` requests
   in flight per TCP peer address (gRPC calls counted apart, per peer address too);
   more get 429 ``too_many_requests``. The Unix socket is one trusted owner: unlimited.
@@ -32,18 +27,12 @@ Every bound here is enforced before the expensive step it protects:
 
 from __future__ import annotations
 
-import fcntl
 import json
-import logging
 import os
 import re
 import resource
-import socket
-import struct
-import termios
 import time
 from collections import Counter
-from contextlib import suppress
 from http import HTTPStatus
 from itertools import accumulate
 from typing import Any
@@ -53,8 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
 from corral.schema import DEFAULT_TIMEOUT_S, SandboxInfo, SandboxSpec
 from corral.server.coalesce import FLUSH_KEY, CoalescedWrites
-
-logger = logging.getLogger("corral.server")
+from corral.server.write_stall import WriteStall
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 65_536  # values (array elements, object members) in one JSON body
@@ -210,16 +198,6 @@ UNIX_TRANSPORT_KEY = "corral.unix_transport"
 socket's handoff (``corral.server.port_socket.handoff``) sends a descriptor on it."""
 
 
-def _kernel_queue(transport: Any) -> int:
-    """Bytes the kernel still holds to send on ``transport``'s socket (TCP: unsent and
-    unacknowledged; Unix: unread); 0 if it cannot say."""
-    sock = transport.get_extra_info("socket")
-    try:
-        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
-    except (AttributeError, OSError, ValueError):
-        return 0
-
-
 class BoundedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the pre-authentication bounds of this module."""
 
@@ -229,17 +207,21 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _unix = False
     write_stall: float | None = None  # seconds (the daemon's: conn_limits.protocol_for)
     write_min_rate = 0.0  # bytes a second a paused reply must drain, on average
-    _stall_timer: Any = None
-    _stall_mark = 0  # bytes drained (handed to the kernel) when the window began
+    _stall: WriteStall | None = None
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         # a response's headers and body leave in one send (corral.server.coalesce)
         super().connection_made(CoalescedWrites(transport, self.loop))
         self._unix = isinstance(transport.get_extra_info("sockname"), str)
+        if self.write_stall:
+            who = ("a connection on the Unix socket" if self._unix else
+                   f"a connection from {self.client[0] if self.client else '?'}")
+            self._stall = WriteStall(self.loop, self.write_stall, self.write_min_rate, who)
         self._arm()
 
     def handle_websocket_upgrade(self) -> None:
-        self._unwatch_stall()  # (ws_flow.py bounds what a WebSocket's replies hold)
+        if self._stall is not None:  # (the WebSocket protocol watches its own)
+            self._stall.stop()
         # the WebSocket protocol gets the socket's own transport, with nothing held
         if isinstance(self.transport, CoalescedWrites):
             self.transport.flush()
@@ -248,53 +230,19 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        self._unwatch_stall()
+        if self._stall is not None:
+            self._stall.stop()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self.write_stall and self._stall_timer is None:
-            self._watch()
+        if self._stall is not None:
+            self._stall.paused(self.transport)
 
-    # (no resume_writing: the window runs on; its check ends it if no longer paused)
-
-    def _watch(self) -> None:
-        assert self.write_stall is not None
-        self._stall_mark = self._drained()
-        self._stall_timer = self.loop.call_later(self.write_stall, self._check_stall)
-
-    def _drained(self) -> int:
-        """Bytes of this connection's replies its client has taken so far: all written
-        less what waits in the transport and in the kernel (which holds megabytes on
-        loopback: only its own queue, ``SIOCOUTQ``, shows what the client read)."""
-        written = getattr(self.transport, "written", 0)
-        return written - self.transport.get_write_buffer_size() - _kernel_queue(self.transport)
-
-    def _unwatch_stall(self) -> None:
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-
-    def _check_stall(self) -> None:
-        self._stall_timer = None
-        if not self.flow.write_paused or self.transport.is_closing():
-            return  # the replies caught up: the next pause begins a new window
-        assert self.write_stall is not None
-        drained = self._drained() - self._stall_mark
-        if drained > 0 and drained >= self.write_min_rate * self.write_stall:
-            self._watch()  # slow, not stalled: a new window
-            return
-        logger.info("closed a connection from %s: its client read %d bytes of its reply "
-                    "in %g s (--write-stall-timeout), less than %g a second "
-                    "(--write-min-rate) or none; %d bytes were waiting",
-                    self.client[0] if self.client else "the Unix socket", max(drained, 0),
-                    self.write_stall, self.write_min_rate,
-                    self.transport.get_write_buffer_size())
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and not self._unix:  # a reset: the kernel drops the unsent
-            with suppress(OSError):  # bytes it holds too (a close would queue a FIN)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.transport.abort()  # the wait in uvicorn's send ends: the reply's holds go
+    def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.resumed()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:  # else the rest of a refused request: dropped unparsed
