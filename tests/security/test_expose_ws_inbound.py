@@ -87,30 +87,37 @@ def _close_frame(s) -> tuple[int, bytes]:
     return struct.unpack(">H", frame[2:4])[0], frame[4:2 + frame[1]]
 
 
+def spend_and_refuse(team, open_one) -> None:
+    """Two WebSockets (``open_one()``, raw, to a server that reads nothing) are each
+    sent a 16 MiB message: both held in the tenant's budget (40 MiB); a third is closed
+    with 1013 and the relay's reason; once the clients have gone, all comes back."""
+    socks, threads = [], []
+    try:
+        for n in (1, 2):
+            socks.append(open_one())
+            threads.append(_send(socks[-1]))
+            _until(team, lambda held, n=n: held >= n * UP_MESSAGE - (1 << 16),
+                   f"relay {n}'s message is not held in the budget")
+        socks.append(open_one())
+        threads.append(_send(socks[-1]))
+        code, reason = _close_frame(socks[-1])
+        assert code == 1013 and b"output budget spent" in reason, (code, reason)
+        assert b"not relayed" in reason, reason
+        assert _held(team) <= 40 << 20
+    finally:
+        for s in socks:
+            s.close()
+        for t in threads:
+            t.join(timeout=60)
+    # the sandbox's server still reads nothing: the relays end as their clients left
+    _until(team, lambda held: held == 0, "the relays' holds were not given back")
+
+
 def test_a_client_flooding_a_deaf_server_spends_the_tenant_budget_and_gets_1013(team):
     with corral.Client(team.url, token=team.tokens["alice"]) as alice:
         sb = corral.Sandbox.create(memory_mb=256, client=alice)
-        socks, threads = [], []
-        try:
-            url = deaf_url(sb)
-            for n in (1, 2):
-                socks.append(_open(team, url))
-                threads.append(_send(socks[-1]))
-                _until(team, lambda held, n=n: held >= n * UP_MESSAGE - (1 << 16),
-                       f"relay {n}'s message is not held in the budget")
-            socks.append(_open(team, url))
-            threads.append(_send(socks[-1]))
-            code, reason = _close_frame(socks[-1])
-            assert code == 1013 and b"output budget spent" in reason, (code, reason)
-            assert b"not relayed" in reason, reason
-            assert _held(team) <= 40 << 20
-        finally:
-            for s in socks:
-                s.close()
-            for t in threads:
-                t.join(timeout=60)
-        # the sandbox's server still reads nothing: the relays end as their clients left
-        _until(team, lambda held: held == 0, "the relays' holds were not given back")
+        url = deaf_url(sb)
+        spend_and_refuse(team, lambda: _open(team, url))
         sb.delete()
     no_traceback(team)
 

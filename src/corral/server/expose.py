@@ -33,13 +33,12 @@ from corral.api.models import ExposeRequest
 from corral.errors import CorralError, FileTooLarge, InvalidState
 from corral.runtime.engine import Engine
 from corral.runtime.events import SandboxEnded
-from corral.runtime.output_budget import OutputHold
 from corral.server import context as ctx
 from corral.server.caller import UNIDENTIFIED, Caller, caller_of
 from corral.server.caller import Scope as Access
 from corral.server.tenant_model import ADMIN_NAME, Tenant
 from corral.server.wire import error_response, paced
-from corral.server.ws_flow import INBOUND, TRY_LATER, Inbound
+from corral.server.ws_flow import SPENT, TRY_LATER, UP_REFUSAL, Relayed
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
@@ -52,7 +51,6 @@ WS_MAX_MESSAGE = 1 << 24  # bytes of one message from the sandbox's WebSocket se
 # tenant's output budget); one larger than this goes in fragments of this size, each
 # written once the sandbox's server took the last (not a masked copy of it all)
 WS_FRAGMENT = 1 << 16
-UP_REFUSAL = "output budget spent: the sandbox's server is slow to read; message not relayed"
 # (``expect``: the daemon answers a client's ``Expect: 100-continue`` itself, once the
 # relay first reads the body (uvicorn); the sandbox's server gets the body as it comes)
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade",
@@ -297,16 +295,13 @@ def _fragments(data: bytes | str) -> bytes | str | Iterator[bytes | str]:
     return (data[at:at + WS_FRAGMENT] for at in range(0, len(data), WS_FRAGMENT))
 
 
-async def _up(websocket: WebSocket, upstream: ClientConnection, hold: OutputHold,
-              inbound: Inbound | None) -> None:
+async def _up(websocket: WebSocket, upstream: ClientConnection, held: Relayed) -> None:
     """The client's messages to the sandbox's server. Each waits in the daemon until
     that server has taken it (the client not read meanwhile: ``ws_flow.py``), held in
-    the tenant's output budget: the bytes being parsed, then the message; when the
+    the tenant's output budget (:class:`~corral.server.ws_flow.Relayed`); when the
     budget has no room, the relay ends (1013) with :data:`UP_REFUSAL`."""
     from websockets.exceptions import ConnectionClosed
 
-    if inbound is not None:
-        inbound.hold, inbound.refusal = hold, UP_REFUSAL
     try:
         while True:
             msg = await websocket.receive()
@@ -314,19 +309,16 @@ async def _up(websocket: WebSocket, upstream: ClientConnection, hold: OutputHold
                 break
             data = msg["bytes"] if msg.get("bytes") is not None else msg.get("text", "")
             del msg  # (nothing else keeps it while it is sent: what Inbound counts)
-            if inbound is None and hold.grow(len(data)) < len(data):
+            if not held.took(len(data)):
                 await websocket.close(code=TRY_LATER, reason=UP_REFUSAL)
                 return
             await upstream.send(_fragments(data))
             del data
-            if inbound is None:
-                hold.shrink(0)
+            held.sent()
     except (WebSocketDisconnect, ConnectionClosed):
         pass
     finally:
-        if inbound is not None:
-            inbound.hold = None
-        hold.release()
+        held.release()
     await upstream.close()
 
 
@@ -361,7 +353,7 @@ async def relay_websocket(websocket: WebSocket) -> None:
                     # the message waits in the daemon until the client takes it: its
                     # room in the tenant's output budget, or the relay ends (1013)
                     if hold.grow(len(msg)) < len(msg):
-                        await websocket.close(code=1013, reason="output budget spent")
+                        await websocket.close(code=TRY_LATER, reason=SPENT)
                         return
                     if isinstance(msg, bytes):
                         await websocket.send_bytes(msg)
@@ -372,11 +364,11 @@ async def relay_websocket(websocket: WebSocket) -> None:
                 hold.release()
             await websocket.close()
 
-        inbound: Inbound | None = (websocket.scope.get("extensions") or {}).get(INBOUND)
+        held = Relayed(websocket.scope, engine.output_budget.hold(exp.owner))
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(down()), asyncio.create_task(
-            _up(websocket, upstream, engine.output_budget.hold(exp.owner), inbound))]
-        if inbound is not None:  # (a client that left while _up waits on the sandbox)
-            tasks.append(asyncio.create_task(inbound.gone.wait()))
+            _up(websocket, upstream, held))]
+        if (gone := held.gone()) is not None:  # (a client that left while _up waits on
+            tasks.append(asyncio.ensure_future(gone))  # the sandbox's server)
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         except ConnectionClosed:

@@ -17,6 +17,13 @@ under the caller's credential, so revoking it closes the socket. Each one counts
 live stream of the tenant (``--max-tenant-streams``; over it, close code 1013).
 Nothing the sandbox sends is parsed here: bytes pass as they come, at most
 :data:`CHUNK` a message; a client message is bounded by uvicorn's ``ws_max_size``.
+What the daemon holds in between is held in the tenant's output budget, as an exposed
+port's WebSocket holds it (``server/ws_flow.py``): the client's message until the
+sandbox's server has taken it (one in flight), and the sandbox's bytes (the room of
+the largest message yet, at most :data:`CHUNK`, kept while the socket lasts); when
+the budget has no room, the socket is closed with 1013 and a reason that says so (a
+sandbox server that reads nothing no longer makes the daemon hold 16 MiB a socket
+outside it).
 
 On the daemon's own Unix socket (its owner, the admin) there is a quicker way still:
 ``POST .../ports/{port}/handoff`` (:func:`handoff`) makes the same connection and hands
@@ -42,10 +49,12 @@ from starlette.types import Receive, Scope, Send
 
 from corral.errors import CapacityExceeded, CorralError, InvalidArgument, TooManyRequests
 from corral.runtime import syscalls
+from corral.runtime.output_budget import OutputHold
 from corral.server.coalesce import CoalescedWrites
 from corral.server.limits import UNIX_TRANSPORT_KEY
 from corral.server.sandbox_verbs import SandboxVerbs
 from corral.server.wire import error_response
+from corral.server.ws_flow import SPENT, UP_REFUSAL, Relayed
 
 __all__ = ["CHUNK", "handoff", "match", "match_handoff", "serve"]
 
@@ -155,7 +164,8 @@ async def serve(scope: Scope, receive: Receive, send: Send, verbs: SandboxVerbs,
         reader, writer = await asyncio.open_connection(sock=sock, limit=CHUNK)
         await send({"type": "websocket.accept"})
         try:
-            await _relay(reader, writer, receive, send)
+            await _relay(reader, writer, receive, send,
+                         Relayed(scope, verbs.output_hold()), verbs.output_hold())
         finally:
             writer.close()
     finally:
@@ -164,7 +174,9 @@ async def serve(scope: Scope, receive: Receive, send: Send, verbs: SandboxVerbs,
 
 
 async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 receive: Receive, send: Send) -> None:
+                 receive: Receive, send: Send, held: Relayed, out: OutputHold) -> None:
+    """Both ways until either side ends: ``held`` holds the client's message until the
+    sandbox's server took it, ``out`` the sandbox's bytes until the client's took them."""
     async def to_sandbox() -> None:
         while True:
             message = await receive()
@@ -173,19 +185,35 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             data = message.get("bytes")
             if data is None:
                 data = (message.get("text") or "").encode()
+            del message
+            if not held.took(len(data)):
+                await _close(send, TRY_LATER, UP_REFUSAL)
+                return
             writer.write(data)
+            del data
             await writer.drain()
+            held.sent()
 
     async def to_client() -> None:
         while data := await reader.read(CHUNK):
+            if len(data) > out.nbytes:  # the largest piece's room is kept (at most
+                out.grow(len(data) - out.nbytes)  # CHUNK: what the socket's buffers
+                if out.nbytes < len(data):  # hold anyway): no budget call a message
+                    await _close(send, TRY_LATER, SPENT)
+                    return
             await send({"type": "websocket.send", "bytes": data})
         with contextlib.suppress(Exception):  # the client may be gone already
             await _close(send, 1000)
 
-    tasks = [asyncio.create_task(to_sandbox()), asyncio.create_task(to_client())]
+    tasks: list[asyncio.Future[Any]] = [asyncio.create_task(to_sandbox()),
+                                        asyncio.create_task(to_client())]
+    if (gone := held.gone()) is not None:  # (a client that left while the sandbox's
+        tasks.append(asyncio.ensure_future(gone))  # server does not take its message)
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        held.release()
+        out.release()

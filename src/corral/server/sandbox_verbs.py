@@ -75,6 +75,10 @@ class SandboxVerbs:
     def connect_port(self, sandbox_id: str, port: int) -> Any:
         return self._engine.connect_port(self._check(sandbox_id), port, owner=self._owner)
 
+    def output_hold(self) -> OutputHold:
+        """An empty hold of the caller's output budget (what a relay holds for it)."""
+        return self._engine.output_budget.hold(self._engine.owners.of(self._owner))
+
     def network_events(self, sandbox_id: str) -> Any:
         return self._engine.network_events(self._check(sandbox_id), owner=self._owner)
 

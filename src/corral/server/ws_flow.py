@@ -27,15 +27,19 @@
   them: its close waits for the write buffer to drain, and it never does, so the
   connection, and the app's wait to send, stayed for as long as the client kept it.
 - A budget: an app may charge what a connection holds of its client's messages (the
-  bytes being parsed, and the last message it took, until it asks for the next) to a
+  bytes being parsed, and the last message it took, until it asks for the next; up to
+  :data:`PIECE` is kept between messages, so small ones cost no budget call) to a
   hold of the tenant's output budget (:class:`Inbound`, found in the scope's
   ``extensions`` under :data:`INBOUND`). When the budget has no room left, the
   connection is closed with 1013 (try again later) and :attr:`Inbound.refusal`.
+  :class:`Relayed` is that charge as a relay to a sandbox's server makes it (an
+  exposed port's WebSocket, a port socket): the same hold and refusal for both.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -44,11 +48,14 @@ from websockets.frames import Frame
 from corral.runtime.output_budget import OutputHold
 from corral.server.write_stall import CountedWrites, WriteStall
 
-__all__ = ["INBOUND", "PIECE", "TRY_LATER", "FlowControlledWebSocket", "Inbound", "ws_protocol_for"]
+__all__ = ["INBOUND", "PIECE", "SPENT", "TRY_LATER", "UP_REFUSAL", "FlowControlledWebSocket",
+           "Inbound", "Relayed", "ws_protocol_for"]
 
 PIECE = 4096  # bytes fed to the parser at a time (at most ~680 empty messages)
 INBOUND = "corral.inbound"  # the scope's extensions: the connection's Inbound
 TRY_LATER = 1013
+SPENT = "output budget spent"  # the close reason (1013) of a message to the client
+UP_REFUSAL = "output budget spent: the sandbox's server is slow to read; message not relayed"
 
 
 class Inbound:
@@ -63,6 +70,41 @@ class Inbound:
         self.hold: OutputHold | None = None
         self.refusal = "output budget spent"  # the close reason (1013) when it is
         self.gone = asyncio.Event()
+
+
+class Relayed:
+    """What a relay holds of its client's messages to a sandbox's server, in ``hold``
+    (the tenant's output budget), until that server has taken each: bound to the
+    connection's :class:`Inbound` (the bytes being parsed, then the message), or, on a
+    protocol without one, grown here by each message (:meth:`took`). Closed with 1013
+    and :data:`UP_REFUSAL` when the budget has no room; :meth:`release` once done."""
+
+    __slots__ = ("hold", "inbound")
+
+    def __init__(self, scope: Any, hold: OutputHold) -> None:
+        self.hold = hold
+        self.inbound: Inbound | None = (scope.get("extensions") or {}).get(INBOUND)
+        if self.inbound is not None:
+            self.inbound.hold, self.inbound.refusal = hold, UP_REFUSAL
+
+    def took(self, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` the relay took is held (False: refuse it)."""
+        return self.inbound is not None or self.hold.grow(nbytes) >= nbytes
+
+    def sent(self) -> None:
+        """The sandbox's server has taken the message."""
+        if self.inbound is None:
+            self.hold.shrink(0)
+
+    def gone(self) -> Awaitable[Any] | None:
+        """Done once the client has left (a relay waiting on a deaf server learns it
+        here); None where the protocol does not say."""
+        return None if self.inbound is None else self.inbound.gone.wait()
+
+    def release(self) -> None:
+        if self.inbound is not None:
+            self.inbound.hold = None
+        self.hold.release()
 
 
 class FlowControlledWebSocket(WebSocketsSansIOProtocol):
@@ -151,8 +193,9 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
         if self.read_paused and self.queue.empty():
             self.read_paused = False
             hold = self._inbound.hold if self._inbound is not None else None
-            if hold is not None:  # the app is done with the last message
-                hold.shrink(self._parsing())
+            if hold is not None and hold.nbytes > PIECE:  # done with the last message
+                hold.shrink(self._parsing())  # (a small one's room is kept: no budget
+                # call a message, as a port socket's gym steps would make)
             self._read_on()
         return await self.queue.get()
 
@@ -176,8 +219,9 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
     def _parsing(self) -> int:
         """Bytes of the client's messages the parser holds (a frame's, a fragmented
         message's)."""
-        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames)
-                + len(self._joined or b""))
+        frames, joined = self.frames, self._joined
+        return (len(self.conn.reader.buffer) + (sum(map(len, frames)) if frames else 0)
+                + (0 if joined is None else len(joined)))
 
     def _charge(self) -> None:
         """Grow the bound hold to what the parser holds (it keeps the message the app
