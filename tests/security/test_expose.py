@@ -5,8 +5,10 @@ out (``network="none"`` stays none)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
+import socket
 import time
 
 import httpx
@@ -124,6 +126,74 @@ def test_websocket_echo(team):
                 with pytest.raises(InvalidStatus):  # WebSocket only to an exposed port
                     with connect(base + path, open_timeout=30) as ws:
                         ws.recv(timeout=5)
+        finally:
+            sb.delete()
+    team.cleanup()
+    no_traceback(team)
+
+
+# An upload server in the standard library: HTTP/1.1, so it answers ``Expect:
+# 100-continue`` with a 100 itself; on /hints it sends a 103 Early Hints first too.
+UPLOADS = r"""
+import hashlib, http.server
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_PUT(self):
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/hints":
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
+        body = b"%d %s %s" % (len(data), hashlib.sha256(data).hexdigest().encode(),
+                              (self.headers["Expect"] or "-").encode())
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("127.0.0.1", 8002), H).serve_forever()
+"""
+
+
+def _upload_expecting_100(url: str, path: str, body: bytes) -> tuple[bytes, bytes]:
+    """PUT ``body`` to ``url + path`` as curl does past 1 KiB: ``Expect: 100-continue``,
+    the body only once a 100 came. (the interim head, the final reply)"""
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    target = "/" + url.split("//")[1].split("/", 1)[1] + path
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(f"PUT {target} HTTP/1.1\r\nHost: {host}\r\nExpect: 100-continue\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode())
+        got = b""
+        while b"\r\n\r\n" not in got and (chunk := s.recv(4096)):  # (a timeout: a hang)
+            got += chunk
+        interim, _, got = got.partition(b"\r\n\r\n")
+        if interim.startswith(b"HTTP/1.1 100"):
+            s.sendall(body)
+        while chunk := s.recv(1 << 16):  # (the relay's replies end with Connection: close)
+            got += chunk
+    return interim, got
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while (size := int(data.split(b"\r\n", 1)[0], 16)) > 0:
+        at = data.index(b"\r\n") + 2
+        out, data = out + data[at:at + size], data[at + size + 2:]
+    return out
+
+
+def test_an_upload_that_expects_100_continue_reaches_the_sandbox(team):
+    body = os.urandom(256 << 10)
+    with corral.Client(team.url, token=team.tokens["alice"]) as alice:
+        sb = corral.Sandbox.create(memory_mb=128, client=alice)
+        try:
+            sb.files.write("/workspace/up.py", UPLOADS.encode())
+            _serve(sb, "python3 /workspace/up.py", 8002)
+            url = sb.expose(8002)
+            want = b"%d %s -" % (len(body), hashlib.sha256(body).hexdigest().encode())
+            for path in ("up", "hints"):  # a 1xx from the sandbox's server is skipped
+                interim, reply = _upload_expecting_100(url, path, body)
+                assert interim.startswith(b"HTTP/1.1 100"), interim
+                head, _, chunked = reply.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), reply[:300]
+                assert _dechunk(chunked) == want  # the whole body, and no Expect relayed
         finally:
             sb.delete()
     team.cleanup()

@@ -26,6 +26,7 @@ from corral.server.settings import (
     DEFAULT_QUEUE_SIZE,
     DEFAULT_QUEUE_TIMEOUT_S,
     DEFAULT_SHUTDOWN_GRACE_S,
+    DEFAULT_WRITE_MIN_RATE,
     DEFAULT_WRITE_STALL_S,
     MEMORY_OVERCOMMIT,
     ServerSettings,
@@ -110,8 +111,15 @@ _TUNING: tuple[tuple[str, type, str, str], ...] = (
         "--write-stall-timeout",
         float,
         "SECONDS",
-        "close a TCP connection whose client has read none of its reply for this long "
+        "close a connection whose client has read none of its reply for this long "
         f"while the reply waits (default {DEFAULT_WRITE_STALL_S:g})",
+    ),
+    (
+        "--write-min-rate",
+        float,
+        "BYTES",
+        "... or, on average over --write-stall-timeout, fewer than this many bytes a "
+        f"second of it (default {DEFAULT_WRITE_MIN_RATE}; 0: any byte read is enough)",
     ),
     (
         "--idle-exit",

@@ -25,7 +25,7 @@ FLUSH_KEY = "corral.flush"
 class CoalescedWrites:
     """Wraps an ``asyncio.Transport``; everything but the writes is the transport's own."""
 
-    __slots__ = ("raw", "_loop", "_held", "_size", "_due")
+    __slots__ = ("raw", "written", "_loop", "_held", "_size", "_due")
 
     def __init__(self, raw: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self.raw = raw
@@ -33,8 +33,10 @@ class CoalescedWrites:
         self._held: list[bytes] = []
         self._size = 0
         self._due: asyncio.Handle | None = None  # the flush at the turn's end
+        self.written = 0  # bytes written in all (less the buffer's: those sent on)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += len(data)
         if not self._held:
             if len(data) >= FLUSH_BYTES:
                 self.raw.write(data)
@@ -71,6 +73,7 @@ class CoalescedWrites:
         self.raw.close()
 
     def abort(self) -> None:
+        self.written -= self._size
         self._held, self._size = [], 0
         self.raw.abort()
 

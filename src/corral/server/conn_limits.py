@@ -288,11 +288,12 @@ class GuardedHttpProtocol(BoundedHttpProtocol):
 
 
 def protocol_for(book: ConnectionBook, keep_alive: float,
-                 write_stall: float | None = None) -> type[GuardedHttpProtocol]:
+                 write_stall: float | None = None,
+                 write_min_rate: float = 0.0) -> type[GuardedHttpProtocol]:
     """uvicorn's ``http`` protocol class for one daemon, counting into ``book``;
     authenticated connections are kept alive ``keep_alive`` seconds when idle, and
-    closed after ``write_stall`` seconds of a reply their client does not read (None:
-    never)."""
+    closed after ``write_stall`` seconds of a reply their client reads none of, or less
+    than ``write_min_rate`` bytes a second of (None: never)."""
     return type("GuardedHttpProtocol", (GuardedHttpProtocol,),
                 {"book": book, "authenticated_keep_alive": keep_alive,
-                 "write_stall": write_stall})
+                 "write_stall": write_stall, "write_min_rate": write_min_rate})

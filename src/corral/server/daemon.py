@@ -47,7 +47,7 @@ from corral.server.conn_limits import (
 )
 from corral.server.log_limits import RepeatFilter
 from corral.server.settings import ServerSettings
-from corral.server.ws_flow import FlowControlledWebSocket
+from corral.server.ws_flow import ws_protocol_for
 
 logger = logging.getLogger("corral.server")
 
@@ -270,11 +270,13 @@ async def run(settings: ServerSettings) -> None:
             app,
             lifespan="off",
             # httptools, bounded before auth; replies no client reads end (write stall)
-            http=protocol_for(book, KEEP_ALIVE_S, settings.write_stall_timeout),
+            http=protocol_for(book, KEEP_ALIVE_S, settings.write_stall_timeout,
+                              settings.write_min_rate),
             # WebSocket only to an exposed port (server/expose.py): the guard closes others
             # "websockets" warns of its deprecation; sans-I/O, not read while its
-            # replies wait (pongs to a client that reads nothing: ws_flow.py)
-            ws=FlowControlledWebSocket,
+            # replies wait (pongs to a client that reads nothing: ws_flow.py), reset as
+            # HTTP ones are when their client reads too little of what they send
+            ws=ws_protocol_for(settings.write_stall_timeout, settings.write_min_rate),
             loop="asyncio",
             # behind no proxy it knows of: a loopback client's X-Forwarded-For would
             # rename it for the auth throttle and the per-client caps (uvicorn trusts it)

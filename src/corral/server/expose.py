@@ -51,8 +51,11 @@ WS_MAX_MESSAGE = 1 << 24  # bytes of one message from the sandbox's WebSocket se
 # tenant's output budget); one larger than this goes in fragments of this size, each
 # written once the sandbox's server took the last (not a masked copy of it all)
 WS_FRAGMENT = 1 << 16
+# (``expect``: the daemon answers a client's ``Expect: 100-continue`` itself, once the
+# relay first reads the body (uvicorn); the sandbox's server gets the body as it comes)
 _HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade",
-        b"transfer-encoding", b"host", b"content-length", b"proxy-authorization"}
+        b"transfer-encoding", b"host", b"content-length", b"proxy-authorization",
+        b"expect"}
 
 
 
@@ -245,8 +248,9 @@ async def relay_http(request: Request) -> Response:
     except BaseException:
         writer.close()
         raise
-    try:
-        head = await _next_event(conn, reader)
+    try:  # (a 1xx before the response, a 100 Continue or a 103 Early Hints: skipped)
+        while isinstance(head := await _next_event(conn, reader), h11.InformationalResponse):
+            pass
     except h11.RemoteProtocolError:  # it closed, or sent what is not HTTP
         head = None
     if not isinstance(head, h11.Response):

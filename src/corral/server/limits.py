@@ -14,12 +14,12 @@ Every bound here is enforced before the expensive step it protects:
   so neither a deep nesting nor millions of elements reach the parser or pydantic.
 - **While reading** (:func:`corral.server.wire.read_body`): a body that stalls for
   :data:`BODY_IDLE_TIMEOUT_S` is cut (408 ``request_timeout``).
-- **While replying** (:class:`BoundedHttpProtocol`, TCP only): a connection whose
-  transport stays paused for writing (its buffer above the high-water mark: the client
-  reads nothing) for ``--write-stall-timeout`` seconds with none of it read meanwhile
-  is reset, so a reply nobody reads gives back what it holds (its output budget
-  room, its buffers, its descriptor). A client that reads slowly is not cut: every
-  check that finds the buffer smaller than at the last one starts the wait again.
+- **While replying** (:class:`corral.server.write_stall.WriteStall`, TCP and the Unix
+  socket, HTTP and WebSocket): a connection paused for writing whose client reads less
+  than ``--write-min-rate`` bytes a second (default 1 KiB/s), or nothing, on average
+  over ``--write-stall-timeout`` (60 s) is reset, so a reply nobody reads, or one read
+  a trickle at a time, gives back what it holds (its output budget room, its buffers,
+  its descriptor); a client that reads slowly but really gets its whole reply.
 - **Per client** (:class:`ClientLimiter`): at most ``--max-client-requests`` requests
   in flight per TCP peer address (gRPC calls counted apart, per peer address too);
   more get 429 ``too_many_requests``. The Unix socket is one trusted owner: unlimited.
@@ -28,15 +28,11 @@ Every bound here is enforced before the expensive step it protects:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import resource
-import socket
-import struct
 import time
 from collections import Counter
-from contextlib import suppress
 from http import HTTPStatus
 from itertools import accumulate
 from typing import Any
@@ -46,8 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from corral.errors import CorralError, HeadersTooLarge, InvalidArgument, RequestTimeout
 from corral.schema import DEFAULT_TIMEOUT_S, SandboxInfo, SandboxSpec
 from corral.server.coalesce import FLUSH_KEY, CoalescedWrites
-
-logger = logging.getLogger("corral.server")
+from corral.server.write_stall import WriteStall
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_ITEMS = 65_536  # values (array elements, object members) in one JSON body
@@ -211,17 +206,22 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     _refused = False
     _unix = False
     write_stall: float | None = None  # seconds (the daemon's: conn_limits.protocol_for)
-    _stall_timer: Any = None
-    _stall_size = 0  # the transport's buffer at the last check
+    write_min_rate = 0.0  # bytes a second a paused reply must drain, on average
+    _stall: WriteStall | None = None
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         # a response's headers and body leave in one send (corral.server.coalesce)
         super().connection_made(CoalescedWrites(transport, self.loop))
         self._unix = isinstance(transport.get_extra_info("sockname"), str)
+        if self.write_stall:
+            who = ("a connection on the Unix socket" if self._unix else
+                   f"a connection from {self.client[0] if self.client else '?'}")
+            self._stall = WriteStall(self.loop, self.write_stall, self.write_min_rate, who)
         self._arm()
 
     def handle_websocket_upgrade(self) -> None:
-        self._unwatch_stall()  # (ws_flow.py bounds what a WebSocket's replies hold)
+        if self._stall is not None:  # (the WebSocket protocol watches its own)
+            self._stall.stop()
         # the WebSocket protocol gets the socket's own transport, with nothing held
         if isinstance(self.transport, CoalescedWrites):
             self.transport.flush()
@@ -230,39 +230,19 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        self._unwatch_stall()
+        if self._stall is not None:
+            self._stall.stop()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self.write_stall and not self._unix and self._stall_timer is None:
-            self._stall_size = self.transport.get_write_buffer_size()
-            self._stall_timer = self.loop.call_later(self.write_stall, self._check_stall)
+        if self._stall is not None:
+            self._stall.paused(self.transport)
 
     def resume_writing(self) -> None:
-        self._unwatch_stall()
+        if self._stall is not None:
+            self._stall.resumed()
         super().resume_writing()
-
-    def _unwatch_stall(self) -> None:
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-
-    def _check_stall(self) -> None:
-        self._stall_timer = None
-        size = self.transport.get_write_buffer_size()
-        if size < self._stall_size:  # the client read some: slow, not stalled
-            self._stall_size = size
-            self._stall_timer = self.loop.call_later(self.write_stall, self._check_stall)
-            return
-        logger.info("closed a TCP connection from %s: its client read none of its reply "
-                    "(%d bytes waiting) for %g s (--write-stall-timeout)",
-                    self.client[0] if self.client else "?", size, self.write_stall)
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None:  # a reset: the kernel drops the unsent bytes it holds too
-            with suppress(OSError):  # (a plain close would queue a FIN behind them)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.transport.abort()  # the wait in uvicorn's send ends: the reply's holds go
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:  # else the rest of a refused request: dropped unparsed

@@ -44,6 +44,10 @@ DEFAULT_SHUTDOWN_GRACE_S = 5.0  # in-flight requests get this long to finish on 
 DEFAULT_RESTORE_GRACE_S = 300.0  # SIGTERM/crash: sandboxes wait this long for the next daemon
 DEFAULT_RETENTION_S = 86400.0  # an ended sandbox's record and kept files, then removed
 DEFAULT_WRITE_STALL_S = 60.0  # a TCP client that reads none of a reply this long: cut
+# ... or less than this many bytes a second of it, on average over that long (1 KiB/s:
+# 8 kbit/s, below any network a client really uses (a 2G GPRS link carries ~5 KB/s, a
+# 9600-baud modem 1.2 KB/s) and 40 times a trickle of 1.5 KB a minute)
+DEFAULT_WRITE_MIN_RATE = 1024
 MEMINFO = "/proc/meminfo"
 
 
@@ -106,6 +110,9 @@ class ServerSettings:
     # a TCP connection whose replies wait (its transport paused for writing) and whose
     # client reads none of them for this long is closed (server/limits.py: write stall)
     write_stall_timeout: float = DEFAULT_WRITE_STALL_S
+    # ... and one whose client reads less than this many bytes a second of them, on
+    # average over that long (0: any byte read is enough)
+    write_min_rate: float = DEFAULT_WRITE_MIN_RATE
     # live streams one dashboard session, and one tenant, hold open (server/stream_limits.py)
     max_session_streams: int = DEFAULT_MAX_SESSION_STREAMS
     max_tenant_streams: int = DEFAULT_MAX_TENANT_STREAMS
@@ -159,6 +166,9 @@ class ServerSettings:
         if not 0 < self.write_stall_timeout <= 86400:
             raise InvalidArgument("write_stall_timeout must be > 0 and <= 86400 seconds, got "
                                   f"{self.write_stall_timeout:g}")
+        if not 0 <= self.write_min_rate <= 1 << 30:
+            raise InvalidArgument("write_min_rate must be >= 0 and <= 1 GiB a second, got "
+                                  f"{self.write_min_rate:g}")
         if self.queue_size < 0 or self.queue_timeout < 0 or self.shutdown_grace < 0:
             raise InvalidArgument("queue_size, queue_timeout and shutdown_grace must be >= 0")
         if self.default_lease is not None and not 1 <= self.default_lease <= 86400:

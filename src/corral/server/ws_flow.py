@@ -20,6 +20,12 @@
   payload ~50 of memory, and empty continuation frames (which add nothing to the
   message's size, so ``ws_max_size`` never stops them) grew it without end. Here a
   fragmented message grows one buffer.
+- Replies it reads too slowly, or not at all, while the app waits to send more (an
+  exposed port's relay, holding a message in the tenant's output budget, a live stream
+  of the tenant and the sandbox's server): the HTTP protocol's rule
+  (:mod:`corral.server.write_stall`) holds here too. uvicorn's keepalive did not end
+  them: its close waits for the write buffer to drain, and it never does, so the
+  connection, and the app's wait to send, stayed for as long as the client kept it.
 - A budget: an app may charge what a connection holds of its client's messages (the
   bytes being parsed, and the last message it took, until it asks for the next; up to
   :data:`PIECE` is kept between messages, so small ones cost no budget call) to a
@@ -40,9 +46,10 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.frames import Frame
 
 from corral.runtime.output_budget import OutputHold
+from corral.server.write_stall import CountedWrites, WriteStall
 
 __all__ = ["INBOUND", "PIECE", "SPENT", "TRY_LATER", "UP_REFUSAL", "FlowControlledWebSocket",
-           "Inbound", "Relayed"]
+           "Inbound", "Relayed", "ws_protocol_for"]
 
 PIECE = 4096  # bytes fed to the parser at a time (at most ~680 empty messages)
 INBOUND = "corral.inbound"  # the scope's extensions: the connection's Inbound
@@ -108,6 +115,15 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
     _rest = b""  # read from the client, not parsed yet (the app has not asked)
     _inbound: Inbound | None = None
     _joined: bytearray | None = None  # a fragmented message so far (not a list of them)
+    write_stall: float | None = None  # seconds (the daemon's: ws_protocol_for)
+    write_min_rate = 0.0
+    _stall: WriteStall | None = None
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(CountedWrites(transport))  # (for WriteStall)
+        if self.write_stall:
+            who = f"a WebSocket from {self.client[0]}" if self.client else "a WebSocket"
+            self._stall = WriteStall(self.loop, self.write_stall, self.write_min_rate, who)
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -116,6 +132,8 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
             self._inbound = scope["extensions"][INBOUND] = Inbound()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._stall is not None:
+            self._stall.stop()
         super().connection_lost(exc)
         if self._inbound is not None:
             self._inbound.gone.set()
@@ -135,8 +153,12 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
         super().pause_writing()
         self._held = True
         self.transport.pause_reading()
+        if self._stall is not None:
+            self._stall.paused(self.transport)
 
     def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.resumed()
         super().resume_writing()
         self._held = False
         if not self.read_paused:  # (uvicorn's own pause: messages the app has not taken)
@@ -221,3 +243,12 @@ class FlowControlledWebSocket(WebSocketsSansIOProtocol):
         self.close_sent = True
         self.frames, self._joined = [], None
         self.transport.close()
+
+
+def ws_protocol_for(write_stall: float | None,
+                    write_min_rate: float = 0.0) -> type[FlowControlledWebSocket]:
+    """uvicorn's ``ws`` protocol class for one daemon: its connections are reset after
+    ``write_stall`` seconds of replies their client reads none of, or less than
+    ``write_min_rate`` bytes a second of (None: never)."""
+    return type("FlowControlledWebSocket", (FlowControlledWebSocket,),
+                {"write_stall": write_stall, "write_min_rate": write_min_rate})

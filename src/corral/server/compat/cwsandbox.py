@@ -45,7 +45,7 @@ from corral.server.auth_throttle import AuthThrottle
 from corral.server.caller import Caller
 from corral.server.compat import cwsandbox_exec as cwexec
 from corral.server.compat import cwsandbox_wire as wire
-from corral.server.compat.cwsandbox_edge import GrpcEdge
+from corral.server.compat.cwsandbox_edge import GrpcEdge, cut_if_unread
 from corral.server.compat.cwsandbox_guard import (
     MAX_RECEIVE_BYTES,
     MAX_SEND_BYTES,
@@ -336,7 +336,9 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
 
     async def Exec(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with self._rpc(context, "exec", sandbox_id=request.sandbox_id):
-            return await cwexec.unary_exec(self._verbs(context), request, context)
+            reply = await cwexec.unary_exec(self._verbs(context), request, context)
+            self._bound_unread(context, len(reply.stdout) + len(reply.stderr))
+            return reply
 
     # ---------------------------------------------------------------- files
 
@@ -378,7 +380,13 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             # gRPC for a client that may not read it (as unary Exec's output)
             data, hold = await self._verbs(context).read_file_held(sid, path, limit)
             context.add_done_callback(lambda _: hold.release())
+            self._bound_unread(context, len(data))
             return sandbox_pb2.ReadFileResponse(content=data)
+
+    def _bound_unread(self, context: grpc.aio.ServicerContext, nbytes: int) -> None:
+        """A reply holding its room until its call ends is cut if not taken in time."""
+        cut_if_unread(self._guard.connection(context), context, nbytes,
+                      self._settings.write_stall_timeout, self._settings.write_min_rate)
 
 
 # What corral lacks answers UNIMPLEMENTED (ConnectSandbox too: the client then falls

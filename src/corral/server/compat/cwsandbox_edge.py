@@ -28,6 +28,7 @@ who reached the private socket some other way) is refused.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import shutil
@@ -37,7 +38,9 @@ from typing import Any
 
 from corral.server.conn_limits import Connection, ConnectionBook, client_key
 
-__all__ = ["GrpcEdge", "UNAUTH_LIFETIME_S"]
+__all__ = ["GrpcEdge", "UNAUTH_LIFETIME_S", "cut_if_unread"]
+
+logger = logging.getLogger("corral.server")
 
 UNAUTH_LIFETIME_S = 10.0  # a connection with no authenticated call is closed after this
 COST = 3  # descriptors a relayed connection holds: the client's, the relay's, gRPC's
@@ -218,3 +221,25 @@ class GrpcEdge:
         if front.conn is not None:
             self.book.remove(front.conn)
             self._by_name.pop(front.name, None)
+
+
+def cut_if_unread(conn: Connection | None, context: Any, nbytes: int, seconds: float,
+                  min_rate: float) -> None:
+    """A unary reply of ``nbytes`` just handed to gRPC, whose call holds what it costs
+    (its room in the output budget) until it ends: if the call has not ended within
+    ``seconds + nbytes / min_rate`` (``--write-stall-timeout``, ``--write-min-rate``),
+    its relayed connection ``conn`` is closed, so the call ends and what it held goes
+    back. gRPC tells nothing of what a client read, and HTTP/2 lets a client read its
+    TCP connection and still take none of a reply (a stream window of 0): so the bound
+    is the time a client at the minimum rate would take (``min_rate`` 0: none)."""
+    if conn is None or min_rate <= 0:
+        return
+    timer = asyncio.get_running_loop().call_later(
+        seconds + nbytes / min_rate, _cut_unread, conn, nbytes, seconds + nbytes / min_rate)
+    context.add_done_callback(lambda _: timer.cancel())
+
+
+def _cut_unread(conn: Connection, nbytes: int, waited: float) -> None:
+    logger.info("closed a gRPC connection from %s: a reply of %d bytes was not taken in "
+                "%.0f s (--write-stall-timeout, --write-min-rate)", conn.client, nbytes, waited)
+    conn.close()
