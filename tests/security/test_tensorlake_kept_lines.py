@@ -3,8 +3,8 @@
 Its lines were counted by their text against the 16 MiB a process keeps, so empty ones
 cost nothing and were kept without end: one object each in the daemon's memory, ~150
 bytes, millions a second, until the daemon ran out. Now each line counts what it holds
-beyond its text too, so the cap bounds the memory. No daemon, no root: the table's own
-process record, fed as its pump feeds it."""
+beyond its text too, so the cap bounds the memory. The first tests need no daemon: the
+table's own process record, fed as its pump feeds it; the last runs one (root)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,42 @@ def test_kept_lines_count_against_the_output_budget():
     assert budget.free_for("bob") == (4 << 20)  # another tenant's share is whole
     table.drop("sb-1")
     assert budget.used == 0 and not budget.by_tenant
+
+
+def test_a_sandbox_deleted_outside_tensorlake_gives_its_processes_room_back():
+    """A process's kept lines hold room in the output budget until its sandbox's records
+    are dropped. Only Tensorlake's own delete (and a later ``start_process``'s pruning)
+    dropped them: a sandbox that ended otherwise (a native delete, its lifetime, a
+    revoke) kept its lines and their room in the daemon (924 bytes seen by
+    test_door_revocation after an admin's cleanup). Now any end drops them."""
+    import time
+
+    import httpx
+    import pytest
+
+    from tests.server.test_compat_tensorlake import run_script, serving
+
+    pytest.importorskip("tensorlake.sandbox")
+
+    def held(c: httpx.Client) -> float:
+        return next(float(ln.split()[1]) for ln in c.get("/metrics").text.splitlines()
+                    if ln.startswith("corral_output_held_bytes "))
+
+    with serving() as d:
+        out = run_script(d, """
+            sb = Sandbox.create(memory_mb=64, timeout_secs=600)
+            p = sb.start_process("sh", ["-c", "seq 1 2000; sleep 600"])
+            for _ in range(600):
+                if len(sb.get_stdout(p.pid).lines) == 2000:
+                    break
+                time.sleep(0.1)
+            out["sid"] = sb.sandbox_id
+        """)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(d.socket)),
+                          base_url="http://corral", timeout=60) as c:
+            assert held(c) > 0  # the 2000 lines kept are held
+            assert c.delete(f"/v1/sandboxes/{out['sid']}").status_code in (200, 204)
+            deadline = time.monotonic() + 120  # (bounded only against a hang)
+            while held(c) != 0:
+                assert time.monotonic() < deadline, f"{held(c)} bytes still held"
+                time.sleep(0.1)

@@ -54,6 +54,7 @@ from corral.pool_schema import (
     MAX_ACQUIRE_TIMEOUT_S,
     PoolDetail,
 )
+from corral.runtime.events import SandboxEnded
 from corral.runtime.pools import PoolManager
 from corral.schema import (
     MAX_TIMEOUT_S,
@@ -489,5 +490,9 @@ def mount(app: Starlette) -> None:
     table (and ``/openapi.json``, which documents corral's own API) stays as it is.
     """
     app.state.tensorlake_settings = TensorlakeSettings.from_env()
-    app.state.tensorlake_processes = tensorlake_sandbox.ProcessTable()
+    table = app.state.tensorlake_processes = tensorlake_sandbox.ProcessTable()
+    # A sandbox that ends however it ends (deleted natively, expired, revoked) drops its
+    # processes' kept lines and their room in the output budget, as E2B's front-end does
+    # (they stayed until a later start_process pruned them: tests/security/test_door_revocation).
+    app.state.engine.events.subscribe(SandboxEnded, lambda e: table.drop(e.sandbox_id))
     app.router.default = Router(routes=routes(), default=app.router.default)
